@@ -1,0 +1,78 @@
+"""Activation quantization references (per token, per block along K), seed 000 and llama.cpp q8_1 style.
+
+Two schemes, both producing int8 codes and, per (token, block), the sum of the codes so that the
+block-wise integer GEMM can fold the offset terms without another pass:
+
+* ``"sym"`` (q8_1): d = absmax / 127, q = round(x / d) in [-127, 127], x ~= q * d.
+* ``"asym"`` (seed 000's QuantA): s = (max - min) / 255, o = max - 127 * s, q = round((x - o) / s) in
+  [-128, 127], x ~= q * s + o. A constant block (max == min) gets s = 1 and o = max, so q = 0.
+
+Everything is computed in float32 (the precision the fused GPU kernel uses) from the input cast to float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ACT_MODES = ("sym", "asym")
+
+
+@dataclass(frozen=True)
+class QuantizedActivation:
+    """Per-token, per-block int8 activations.
+
+    q: int8 [M, K]; scales: float32 [M, G]; offsets: float32 [M, G] (zeros for "sym");
+    sums: int32 [M, G], the sum of q over each block; block_size: K // G; mode: "sym" or "asym".
+    The float value is q * scale + offset of its (token, block).
+    """
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+    sums: torch.Tensor
+    block_size: int
+    mode: str
+
+    def dequantize(self) -> torch.Tensor:
+        m, k = self.q.shape
+        g = k // self.block_size
+        q = self.q.double().reshape(m, g, self.block_size)
+        x = q * self.scales.double()[..., None] + self.offsets.double()[..., None]
+        return x.reshape(m, k)
+
+
+def quantize_activation(x: torch.Tensor, block_size: int = -1, mode: str = "sym") -> QuantizedActivation:
+    """Quantize x [M, K] (float) per token and per block of ``block_size`` along K (-1: whole K)."""
+    if mode not in ACT_MODES:
+        raise ValueError(f"activation quantization mode must be one of {ACT_MODES}, got {mode!r}")
+    if x.dim() != 2:
+        raise ValueError(f"activations must be 2-D [M, K], got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"activations must be floating point, got {x.dtype}")
+    m, k = x.shape
+    b = k if block_size in (-1, None) else block_size
+    if k % b:
+        raise ValueError(f"K={k} is not divisible by the activation block size {b}")
+    xb = x.float().reshape(m, k // b, b)
+    if mode == "sym":
+        d = xb.abs().amax(-1) / 127.0
+        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+        q = torch.round(xb * inv[..., None]).clamp(-127, 127)
+        o = torch.zeros_like(d)
+    else:
+        lo, hi = xb.amin(-1), xb.amax(-1)
+        d = (hi - lo) / 255.0
+        d = torch.where(d > 0, d, torch.ones_like(d))
+        o = hi - 127.0 * d
+        q = torch.round((xb - o[..., None]) / d[..., None]).clamp(-128, 127)
+    q = q.to(torch.int8)
+    return QuantizedActivation(
+        q=q.reshape(m, k),
+        scales=d,
+        offsets=o,
+        sums=q.to(torch.int32).sum(-1, dtype=torch.int32),
+        block_size=b,
+        mode=mode,
+    )

@@ -1,0 +1,314 @@
+"""Block quantization of weights along K: the format every mixgemm kernel reads.
+
+A float weight W [N, K] (nn.Linear orientation: N output channels, K input features) is cut,
+per output channel, into runs of ``group_size`` consecutive k. Each run (a *group*, or block)
+shares one scale and, for asymmetric modes, one zero point or offset.
+
+Codes are always stored *unsigned*, q in [0, 2**bits - 1]:
+
+================  ===========================  ======================================
+mode              dequantized value            stored per group
+================  ===========================  ======================================
+``"sym"``         w = (q - 2**(bits-1)) * s    s (q4_0 style: int4 carries the +8 bias,
+                                               int8 the +128 bias)
+``"zero_point"``  w = (q - z) * s              s, z (uint8, integer in [0, 2**bits-1])
+``"offset"``      w = q * s + m                s, m (q4_1 style: m is the block minimum)
+================  ===========================  ======================================
+
+Byte-level packing (``QuantizedWeight.qweight``, uint8 [N, K * bits // 8]):
+
+* 8 bits: byte k of row n is q[n, k].
+* 4 bits: byte j of row n holds q[n, 2j] in its low nibble (bits 0-3) and q[n, 2j+1] in its high
+  nibble (bits 4-7).
+
+That plain layout is the interchange format (save, load, convert). Kernels read their own layouts,
+made from it by explicit functions in :mod:`mixgemm.formats.layouts`.
+
+Rounding is round-half-to-even with clamping to the code range. Scales are rounded *up* when cast to
+the scale dtype (and the offset *down*), so that every weight of a group stays inside the range the
+stored parameters can represent: the quantization error is at most s/2 per element, measured against
+the stored s, z and m.
+
+Non-finite weights (NaN, +-Inf) are rejected with a ValueError naming the first bad position:
+a block scale cannot represent them, and silently saturating would hide a broken checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from mixgemm.formats.packing import pack_codes, unpack_codes
+
+MODES = ("sym", "zero_point", "offset")
+GROUP_SIZES = (32, 64, 128, 256)
+SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+PER_CHANNEL = -1
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How to quantize a weight.
+
+    bits: 4 or 8. group_size: 32, 64, 128, 256, or -1 (None accepted) for per-channel (one group = all K).
+    mode: "sym", "zero_point" or "offset" (see the module docstring). scale_dtype: dtype of s and m.
+    """
+
+    bits: int = 4
+    group_size: int = 128
+    mode: str = "sym"
+    scale_dtype: torch.dtype = torch.float16
+
+    def __post_init__(self):
+        if self.group_size is None:
+            object.__setattr__(self, "group_size", PER_CHANNEL)
+        if self.bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
+        if self.group_size != PER_CHANNEL and self.group_size not in GROUP_SIZES:
+            raise ValueError(
+                f"group_size must be one of {GROUP_SIZES} or -1 (per-channel), got {self.group_size!r}"
+            )
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.scale_dtype not in SCALE_DTYPES:
+            raise ValueError(f"scale_dtype must be one of {SCALE_DTYPES}, got {self.scale_dtype!r}")
+
+    @property
+    def symmetric(self) -> bool:
+        return self.mode == "sym"
+
+    @property
+    def qmax(self) -> int:
+        return (1 << self.bits) - 1
+
+    @property
+    def sym_bias(self) -> int:
+        """The implicit zero point of the symmetric mode: 8 for int4, 128 for int8."""
+        return 1 << (self.bits - 1)
+
+    def groups(self, k: int) -> tuple[int, int]:
+        """(group size, number of groups) for a reduction length k; checks divisibility."""
+        g = k if self.group_size == PER_CHANNEL else self.group_size
+        if k <= 0 or k % g != 0:
+            raise ValueError(f"K={k} is not divisible by group_size={g}")
+        if self.bits == 4 and k % 2 != 0:
+            raise ValueError(f"K={k} must be even for 4-bit packing (two codes per byte)")
+        return g, k // g
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A block-quantized weight W [N, K] in the plain interchange layout.
+
+    qweight: uint8 [N, K * bits // 8], packed as the module docstring says.
+    scales:  scale_dtype [N, K // group_size].
+    zeros:   uint8 [N, K // group_size] for mode "zero_point", else None.
+    offsets: scale_dtype [N, K // group_size] for mode "offset", else None.
+    config:  the QuantConfig; config.group_size may be -1 (per-channel): use ``group_size``.
+    shape:   (N, K).
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    offsets: torch.Tensor | None
+    config: QuantConfig
+    shape: tuple[int, int]
+    _layouts: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def layout(self, name: str, build: Callable[[QuantizedWeight], object]):
+        """The kernel layout ``name`` of this weight, built once by ``build(self)`` and cached.
+
+        Kernels repack the plain layout into their own (interleaved nibbles, transposed tiles...) the
+        first time they see a weight; later calls reuse it. The plain tensors are never modified.
+        """
+        if name not in self._layouts:
+            self._layouts[name] = build(self)
+        return self._layouts[name]
+
+    @property
+    def bits(self) -> int:
+        return self.config.bits
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    @property
+    def out_features(self) -> int:
+        return self.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.shape[1]
+
+    @property
+    def group_size(self) -> int:
+        """The effective group size (K for per-channel)."""
+        return self.config.groups(self.shape[1])[0]
+
+    @property
+    def num_groups(self) -> int:
+        return self.config.groups(self.shape[1])[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    def codes(self) -> torch.Tensor:
+        """Unpacked codes, uint8 [N, K], each in [0, 2**bits - 1]."""
+        return unpack_codes(self.qweight, self.bits, self.shape[1])
+
+    def zero_points(self) -> torch.Tensor:
+        """Integer zero point per group as int32 [N, G] for "sym" and "zero_point"; error for "offset"."""
+        if self.mode == "offset":
+            raise ValueError("mode 'offset' has no integer zero point (w = q * s + m)")
+        if self.mode == "sym":
+            n, g = self.scales.shape
+            return torch.full((n, g), self.config.sym_bias, dtype=torch.int32, device=self.device)
+        return self.zeros.to(torch.int32)
+
+    def group_params_float64(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, m) per group in float64 such that w = q * s + m exactly, for every mode."""
+        s = self.scales.double()
+        if self.mode == "offset":
+            return s, self.offsets.double()
+        return s, -self.zero_points().double() * s
+
+    def to(self, device) -> QuantizedWeight:
+        move = lambda t: None if t is None else t.to(device)
+        return replace(
+            self,
+            _layouts={},
+            qweight=move(self.qweight),
+            scales=move(self.scales),
+            zeros=move(self.zeros),
+            offsets=move(self.offsets),
+        )
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros, self.offsets)
+                   if t is not None)
+
+
+def _check_weight(weight: torch.Tensor) -> None:
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D [N, K] (nn.Linear orientation), got shape {tuple(weight.shape)}")
+    if not weight.is_floating_point():
+        raise TypeError(f"weight must be a floating-point tensor, got dtype {weight.dtype}")
+    finite = torch.isfinite(weight)
+    if not bool(finite.all()):
+        n, k = (int(i) for i in (~finite).nonzero()[0])
+        raise ValueError(
+            f"weight has a non-finite value ({float(weight[n, k])}) at [{n}, {k}]: "
+            "NaN/Inf cannot be block-quantized"
+        )
+
+
+def _round_to(x: torch.Tensor, dtype: torch.dtype, direction: str) -> torch.Tensor:
+    """Cast float64 x to dtype, rounding towards +inf ("up") or -inf ("down")."""
+    y = x.to(dtype)
+    yd = y.double()
+    if direction == "up":
+        bad = yd < x
+        y = torch.where(bad, torch.nextafter(y, torch.full_like(y, float("inf"))), y)
+    else:
+        bad = yd > x
+        y = torch.where(bad, torch.nextafter(y, torch.full_like(y, float("-inf"))), y)
+    if not bool(torch.isfinite(y).all()):
+        raise ValueError(f"a block scale or offset does not fit in {dtype}: weights too large for this scale dtype")
+    return y
+
+
+def quantize_weight(weight: torch.Tensor, config: QuantConfig | None = None, **kwargs) -> QuantizedWeight:
+    """Quantize a float weight [N, K] in blocks along K.
+
+    weight: float16/bfloat16/float32/float64 [N, K], any device, finite. Not modified.
+    config: a QuantConfig, or its fields as keyword arguments (bits=4, group_size=128, mode="sym", ...).
+    Returns a QuantizedWeight on weight's device in the plain layout.
+    """
+    if config is None:
+        config = QuantConfig(**kwargs)
+    elif kwargs:
+        config = replace(config, **kwargs)
+    _check_weight(weight)
+    n, k = weight.shape
+    g, ng = config.groups(k)
+    w = weight.detach().double().reshape(n, ng, g)
+    qmax = config.qmax
+    zeros = offsets = None
+    if config.mode == "sym":
+        qpos = config.sym_bias - 1  # 7 or 127: largest positive code after removing the bias
+        s = _round_to(w.abs().amax(-1) / qpos, config.scale_dtype, "up")
+        sd = s.double()
+        inv = torch.where(sd > 0, 1.0 / sd, torch.zeros_like(sd))
+        q = torch.round(w * inv[..., None]) + config.sym_bias
+    elif config.mode == "zero_point":
+        lo = w.amin(-1).clamp(max=0.0)
+        hi = w.amax(-1).clamp(min=0.0)
+        s = _round_to((hi - lo) / qmax, config.scale_dtype, "up")
+        sd = s.double()
+        inv = torch.where(sd > 0, 1.0 / sd, torch.zeros_like(sd))
+        z = torch.round(-lo * inv).clamp(0, qmax)
+        zeros = z.to(torch.uint8)
+        q = torch.round(w * inv[..., None]) + z[..., None]
+    else:  # offset
+        m = _round_to(w.amin(-1), config.scale_dtype, "down")
+        md = m.double()
+        s = _round_to((w.amax(-1) - md) / qmax, config.scale_dtype, "up")
+        sd = s.double()
+        inv = torch.where(sd > 0, 1.0 / sd, torch.zeros_like(sd))
+        q = torch.round((w - md[..., None]) * inv[..., None])
+        offsets = m
+    q = q.clamp(0, qmax).to(torch.uint8).reshape(n, k)
+    return QuantizedWeight(
+        qweight=pack_codes(q, config.bits),
+        scales=s.contiguous(),
+        zeros=zeros,
+        offsets=offsets,
+        config=config,
+        shape=(n, k),
+    )
+
+
+def dequantize_weight(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Float weight [N, K] of the given dtype, computed exactly in float64 then cast."""
+    n, k = qw.shape
+    s, m = qw.group_params_float64()
+    q = qw.codes().double().reshape(n, qw.num_groups, qw.group_size)
+    w = q * s[..., None] + m[..., None]
+    return w.reshape(n, k).to(dtype)
+
+
+def from_codes(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    config: QuantConfig,
+    zeros: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
+) -> QuantizedWeight:
+    """Build a QuantizedWeight from unpacked codes uint8 [N, K] and group parameters, validating them."""
+    if codes.dim() != 2:
+        raise ValueError(f"codes must be 2-D [N, K], got shape {tuple(codes.shape)}")
+    n, k = codes.shape
+    _, ng = config.groups(k)
+    if tuple(scales.shape) != (n, ng):
+        raise ValueError(f"scales must have shape {(n, ng)}, got {tuple(scales.shape)}")
+    if int(codes.max()) > config.qmax:
+        raise ValueError(f"codes exceed the {config.bits}-bit range [0, {config.qmax}]")
+    if config.mode == "zero_point" and (zeros is None or tuple(zeros.shape) != (n, ng)):
+        raise ValueError(f"mode 'zero_point' needs zeros of shape {(n, ng)}")
+    if config.mode == "offset" and (offsets is None or tuple(offsets.shape) != (n, ng)):
+        raise ValueError(f"mode 'offset' needs offsets of shape {(n, ng)}")
+    return QuantizedWeight(
+        qweight=pack_codes(codes.to(torch.uint8), config.bits),
+        scales=scales.to(config.scale_dtype).contiguous(),
+        zeros=None if config.mode != "zero_point" else zeros.to(torch.uint8).contiguous(),
+        offsets=None if config.mode != "offset" else offsets.to(config.scale_dtype).contiguous(),
+        config=config,
+        shape=(n, k),
+    )

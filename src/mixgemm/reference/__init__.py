@@ -1,0 +1,10 @@
+"""Plain PyTorch references: the oracle for every kernel test and the CPU fallback.
+
+Each is computed in float64 from the exact stored quantized values, on whatever device the inputs are.
+"""
+
+from mixgemm.reference.block_gemm import block_int_gemm, block_int_gemm_parts
+from mixgemm.reference.conv import conv2d
+from mixgemm.reference.matmul import matmul
+
+__all__ = ["block_int_gemm", "block_int_gemm_parts", "conv2d", "matmul"]
