@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from mixgemm import reference
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.weight import QuantizedWeight
@@ -29,7 +28,20 @@ def matmul(
     check_matmul_inputs(x, qweight, bias)
     clamp_bounds(activation)
     if x.device.type == "cpu":
-        return reference.matmul(x, qweight, bias, activation)
+        return _cpu_matmul(x, qweight, bias, activation)
     from mixgemm.ops.dispatch import cuda_matmul
 
     return cuda_matmul(x, qweight, bias, activation)
+
+
+def _cpu_matmul(x, qw: QuantizedWeight, bias, activation):
+    """CPU fallback: dequantize in float32 per call (q * s and -z * s are exact in float32, so each weight is
+    rounded once) and run torch's float32 GEMM; no dequantized copy is kept."""
+    lo, hi = clamp_bounds(activation)
+    n, k = qw.shape
+    s = qw.scales.float()
+    m = qw.offsets.float() if qw.mode == "offset" else -qw.zero_points().float() * s
+    q = qw.codes().float().reshape(n, qw.num_groups, qw.group_size)
+    w = torch.addcmul(m[..., None], q, s[..., None]).reshape(n, k)
+    y = torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float())
+    return y.clamp(lo, hi).to(x.dtype)
