@@ -52,6 +52,11 @@ def quantize_activation(x: torch.Tensor, block_size: int = -1, mode: str = "sym"
     if not x.is_floating_point():
         raise TypeError(f"activations must be floating point, got {x.dtype}")
     m, k = x.shape
+    if block_size not in (-1, None) and (isinstance(block_size, bool) or not isinstance(block_size, int)
+                                         or block_size <= 0):
+        raise ValueError(
+            f"activation block size must be a positive integer or -1 (whole K), got {block_size!r}"
+        )
     b = k if block_size in (-1, None) else block_size
     if k % b:
         raise ValueError(f"K={k} is not divisible by the activation block size {b}")
@@ -64,8 +69,8 @@ def quantize_activation(x: torch.Tensor, block_size: int = -1, mode: str = "sym"
     else:
         lo, hi = xb.amin(-1), xb.amax(-1)
         d = (hi - lo) / 255.0
+        o = torch.where(d > 0, hi - 127.0 * d, hi)  # a constant block: o = max, so q = 0 and x == o exactly
         d = torch.where(d > 0, d, torch.ones_like(d))
-        o = hi - 127.0 * d
         q = torch.round((xb - o[..., None]) / d[..., None]).clamp(-128, 127)
     q = q.to(torch.int8)
     return QuantizedActivation(

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight, dequantize_weight, quantize_weight
+from mixgemm.formats.weight import (
+    PER_CHANNEL,
+    QuantConfig,
+    QuantizedWeight,
+    dequantize_weight,
+    quantize_weight,
+)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ a block scale cannot represent them, and silently saturating would hide a broken
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -46,6 +47,10 @@ MODES = ("sym", "zero_point", "offset")
 GROUP_SIZES = (32, 64, 128, 256)
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 PER_CHANNEL = -1
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -64,9 +69,17 @@ class QuantConfig:
     def __post_init__(self):
         if self.group_size is None:
             object.__setattr__(self, "group_size", PER_CHANNEL)
-        if self.bits not in (4, 8):
+        # Integers only (4.0 or True would pass the membership tests below and fail deep inside later);
+        # numpy integers are normalized to int.
+        for name in ("bits", "group_size"):
+            v = getattr(self, name)
+            if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+                object.__setattr__(self, name, int(v))
+        if not _is_int(self.bits) or self.bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
-        if self.group_size != PER_CHANNEL and self.group_size not in GROUP_SIZES:
+        if not _is_int(self.group_size) or (
+            self.group_size != PER_CHANNEL and self.group_size not in GROUP_SIZES
+        ):
             raise ValueError(
                 f"group_size must be one of {GROUP_SIZES} or -1 (per-channel), got {self.group_size!r}"
             )
@@ -197,9 +210,13 @@ def _check_weight(weight: torch.Tensor) -> None:
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D [N, K] (nn.Linear orientation), got shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be 2-D [N, K] (nn.Linear orientation), got shape {tuple(weight.shape)}"
+        )
     if not weight.is_floating_point():
         raise TypeError(f"weight must be a floating-point tensor, got dtype {weight.dtype}")
+    if weight.device.type == "meta":
+        raise ValueError("weight is on the meta device (a shape without values): it cannot be quantized")
     finite = torch.isfinite(weight)
     if not bool(finite.all()):
         n, k = (int(i) for i in (~finite).nonzero()[0])
@@ -220,7 +237,9 @@ def _round_to(x: torch.Tensor, dtype: torch.dtype, direction: str) -> torch.Tens
         bad = yd > x
         y = torch.where(bad, torch.nextafter(y, torch.full_like(y, float("-inf"))), y)
     if not bool(torch.isfinite(y).all()):
-        raise ValueError(f"a block scale or offset does not fit in {dtype}: weights too large for this scale dtype")
+        raise ValueError(
+            f"a block scale or offset does not fit in {dtype}: weights too large for this scale dtype"
+        )
     return y
 
 
@@ -298,10 +317,16 @@ def from_codes(
     _, ng = config.groups(k)
     if tuple(scales.shape) != (n, ng):
         raise ValueError(f"scales must have shape {(n, ng)}, got {tuple(scales.shape)}")
-    if int(codes.max()) > config.qmax:
+    if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
+        raise TypeError(f"codes must be an integer tensor, got dtype {codes.dtype}")
+    if codes.numel() and (int(codes.max()) > config.qmax or int(codes.min()) < 0):
         raise ValueError(f"codes exceed the {config.bits}-bit range [0, {config.qmax}]")
     if config.mode == "zero_point" and (zeros is None or tuple(zeros.shape) != (n, ng)):
         raise ValueError(f"mode 'zero_point' needs zeros of shape {(n, ng)}")
+    zeros_bad = config.mode == "zero_point" and zeros.numel() and (
+        int(zeros.min()) < 0 or int(zeros.max()) > config.qmax)
+    if zeros_bad:
+        raise ValueError(f"zeros exceed the {config.bits}-bit code range [0, {config.qmax}]")
     if config.mode == "offset" and (offsets is None or tuple(offsets.shape) != (n, ng)):
         raise ValueError(f"mode 'offset' needs offsets of shape {(n, ng)}")
     return QuantizedWeight(

@@ -1,0 +1,55 @@
+"""Shared test fixtures: seeded generators, rel_err, and auto-skip of `gpu`-marked tests without CUDA.
+
+* ``rng``: numpy Generator, seed 0 (fresh per test). ``torch_gen``: torch.Generator (CPU), seed 0.
+* ``rel_err``: fixture returning the function rel_err(a, b) = ||a - b|| / ||b|| in float64
+  (numpy arrays or torch tensors; 0 when both are zero, inf when only b is). Session-scoped, so it is
+  usable in hypothesis tests.
+* ``@pytest.mark.gpu``: such tests are skipped when torch.cuda.is_available() is False.
+* hypothesis profile "mixgemm": no example database (nothing written to .hypothesis/), no deadline.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import settings
+
+# No example database: keeps .hypothesis/ out of the working tree; examples come from the seeds in each test.
+settings.register_profile("mixgemm", database=None, deadline=None)
+settings.load_profile("mixgemm")
+
+
+def _rel_err(a, b) -> float:
+    a = a.detach().cpu().double().numpy() if isinstance(a, torch.Tensor) else np.asarray(a, dtype=np.float64)
+    b = b.detach().cpu().double().numpy() if isinstance(b, torch.Tensor) else np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise AssertionError(f"rel_err: shapes differ, {a.shape} vs {b.shape}")
+    num, den = float(np.linalg.norm((a - b).ravel())), float(np.linalg.norm(b.ravel()))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den
+
+
+@pytest.fixture(scope="session")
+def rel_err():
+    return _rel_err
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+@pytest.fixture
+def torch_gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
