@@ -2,24 +2,47 @@
 
 Contract with the kernels (each module owns its layout through QuantizedWeight.layout):
 * mixgemm.kernels.cuda.gemv.gemv(x2d, qw, bias, lo, hi) -> [M, N]: CUDA-core GEMV, M <= 16.
-* mixgemm.kernels.triton.gemm.gemm(x2d, qw, bias, lo, hi) -> [M, N]: tensor-core GEMM.
+* mixgemm.kernels.triton.gemm.gemm(x2d, qw, bias, lo, hi) -> [M, N]: tensor-core GEMM, any M.
 x2d is [M, K] with unit stride along K; the output is in x2d.dtype.
-The same inputs on the same GPU always take the same path (no run-time autotuning).
+
+The choice comes from the table shipped for the GPU (src/mixgemm/configs/<gpu>.json, see
+mixgemm.ops.configs): M <= gemv_max_m[bits] runs the GEMV (when it is importable and supports the
+problem), everything else the GEMM with the table's tile config. No run-time autotuning: the same
+inputs on the same GPU always take the same path.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.weight import QuantizedWeight
 
-GEMV_MAX_M = 16
+GEMV_MAX_M = 16  # the GEMV's own limit; the table may lower it per bit width
 
 
-def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device) -> str:
+@functools.lru_cache(maxsize=1)
+def _gemv_module():
+    """mixgemm.kernels.cuda.gemv, or None when it cannot be imported (then the GEMM serves every M)."""
+    try:
+        from mixgemm.kernels.cuda import gemv
+    except Exception:  # noqa: BLE001 - any import failure means "no GEMV here"
+        return None
+    return gemv
+
+
+def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device,
+                x_dtype: torch.dtype = torch.float16) -> str:
     """Name of the kernel that runs this problem: "gemv" or "gemm"."""
-    return "gemv" if m <= GEMV_MAX_M else "gemm"
+    from mixgemm.ops.configs import gemv_max_m
+
+    if m <= min(GEMV_MAX_M, gemv_max_m(qw, device)):
+        mod = _gemv_module()
+        if mod is not None and (not hasattr(mod, "gemv_supported") or mod.gemv_supported(m, x_dtype, qw)):
+            return "gemv"
+    return "gemm"
 
 
 def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, activation: str | None):
@@ -29,9 +52,9 @@ def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()  # a copy: the caller's tensor is never touched
     m, k = x2d.shape
-    kernel = pick_kernel(m, qw.out_features, k, qw, x.device)
+    kernel = pick_kernel(m, qw.out_features, k, qw, x.device, x.dtype)
     if kernel == "gemv":
-        from mixgemm.kernels.cuda.gemv import gemv as run
+        run = _gemv_module().gemv
     else:
         from mixgemm.kernels.triton.gemm import gemm as run
     y = run(x2d, qw, bias, lo, hi)

@@ -1,0 +1,1 @@
+"""Shipped per-GPU dispatch tables (JSON), read by mixgemm.ops.configs."""

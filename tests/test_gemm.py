@@ -1,0 +1,257 @@
+"""Tests of the Triton tensor-core GEMM (mixgemm.kernels.triton.gemm), its layout and the dispatcher.
+
+On a machine without CUDA the kernel runs under the Triton CPU interpreter (TRITON_INTERPRET=1, set
+here before the kernel module is imported; no bf16 there, small shapes). On a GPU the `gpu` tests run
+the compiled kernels against the float64 reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from mixgemm.formats.weight import QuantConfig, quantize_weight  # noqa: E402
+from mixgemm.kernels.triton.gemm import default_config, gemm  # noqa: E402
+from mixgemm.kernels.triton.layout import build_triton_gemm_v1, pack_words  # noqa: E402
+from mixgemm.ops import configs as cfgmod  # noqa: E402
+from mixgemm.reference.matmul import matmul as ref_matmul  # noqa: E402
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+ACTS = {None: (-float("inf"), float("inf")), "relu": (0.0, float("inf")), "relu6": (0.0, 6.0)}
+
+
+def _case(m, n, k, bits, gs, mode, dtype, device, seed=0, bias=True, act="relu6", scale_dtype=torch.float16):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.02
+    qw = quantize_weight(w.to(device), bits=bits, group_size=gs, mode=mode, scale_dtype=scale_dtype)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype) if bias else None
+    return qw, x, b, act
+
+
+def _check(qw, x, b, act, rel_err, config=None):
+    x0 = x.clone()
+    lo, hi = ACTS[act]
+    y = gemm(x, qw, b, lo, hi, config)
+    ref = ref_matmul(x, qw, b, act, out_dtype=torch.float64)
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    assert torch.equal(x, x0), "input modified"
+    err = rel_err(y, ref)
+    assert err <= TOL[x.dtype], f"rel err {err:.3e} > {TOL[x.dtype]:.0e}"
+    return y
+
+
+# ---------------------------------------------------------------- layout (CPU, no Triton)
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("ks", [16, 32, 64])
+def test_pack_words_field_order(bits, ks):
+    e = 32 // bits
+    ch = e * ks
+    codes = torch.randint(0, 1 << bits, (3, 2 * ch), dtype=torch.uint8)
+    words = pack_words(codes, bits, ks)
+    assert words.dtype == torch.int32 and words.shape == (3, 2 * ch * bits // 32)
+    w64 = words.to(torch.int64) & 0xFFFFFFFF
+    for c in range(2):
+        for f in range(e):
+            got = (w64[:, c * ks:(c + 1) * ks] >> (f * bits)) & ((1 << bits) - 1)
+            assert torch.equal(got, codes[:, ch * c + f * ks: ch * c + (f + 1) * ks].to(torch.int64))
+
+
+def test_layout_pads_and_transposes():
+    qw = quantize_weight(torch.randn(70, 96) * 0.02, bits=4, group_size=32, mode="zero_point")
+    lay = build_triton_gemm_v1(qw)
+    assert (lay.np_, lay.kp, lay.group_size) == (256, 256, 32)
+    assert lay.words.shape == (256, 256 // 8) and lay.ks == 16
+    assert lay.scales.shape == (8, 256) and torch.equal(lay.scales[:3, :70], qw.scales.T)
+    assert torch.all(lay.scales[3:] == 0) and torch.all(lay.scales[:, 70:] == 0)
+    assert torch.equal(lay.zeros[:3, :70], qw.zeros.T)
+    pc = build_triton_gemm_v1(quantize_weight(torch.randn(8, 100) * 0.02, bits=8, group_size=-1))
+    assert pc.group_size == 0 and pc.scales.shape == (1, 256)
+
+
+# ---------------------------------------------------------------- interpreter (CPU)
+
+INTERP = pytest.mark.skipif(HAS_CUDA, reason="interpreter tests run on CPU-only machines")
+SMALL = dict(BM=16, BN=32, KCH=1, SPLIT_K=1, GROUP_M=2)
+
+
+@INTERP
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("gs", [32, 64, 128, 256, -1])
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+def test_interp_formats(bits, gs, mode, rel_err):
+    k = 256 if gs != -1 else 136
+    qw, x, b, act = _case(17, 37, k, bits, gs, mode, torch.float16, "cpu", seed=bits * 7 + gs)
+    _check(qw, x, b, act, rel_err, dict(SMALL, BM=32))
+
+
+@INTERP
+@pytest.mark.parametrize("m", [1, 3, 16, 33])
+def test_interp_small_m_and_fp32(m, rel_err):
+    qw, x, b, act = _case(m, 40, 128, 4, 32, "offset", torch.float32, "cpu", seed=m)
+    _check(qw, x, b, act, rel_err, SMALL)
+    qw, x, b, act = _case(m, 40, 128, 8, 64, "sym", torch.float16, "cpu", seed=m, act=None)
+    _check(qw, x, b, act, rel_err, SMALL)
+
+
+@INTERP
+@pytest.mark.parametrize("split", [2, 3])
+def test_interp_split_k(split, rel_err):
+    qw, x, b, act = _case(20, 33, 512, 4, 128, "zero_point", torch.float16, "cpu", seed=split, act="relu")
+    _check(qw, x, b, act, rel_err, dict(SMALL, SPLIT_K=split))
+
+
+@INTERP
+def test_interp_bk_odd_k_bf16_scales(rel_err):
+    qw, x, b, act = _case(18, 33, 258, 8, -1, "zero_point", torch.float16, "cpu", scale_dtype=torch.bfloat16)
+    _check(qw, x, b, act, rel_err, dict(SMALL, KCH=2))
+    qw, x, b, act = _case(18, 33, 384, 4, 64, "sym", torch.float16, "cpu", scale_dtype=torch.float32)
+    _check(qw, x, b, act, rel_err, dict(SMALL, KCH=2, SPLIT_K=2))
+
+
+@INTERP
+@pytest.mark.parametrize("ks", [32, 64])
+@pytest.mark.parametrize("fmt", [(4, 32, "zero_point"), (8, 32, "offset"), (4, 128, "sym"), (8, -1, "sym")])
+def test_interp_wide_fields(ks, fmt, rel_err):
+    """KS = 32 / 64 layouts, including groups narrower than a field (parameters per element)."""
+    bits, gs, mode = fmt
+    k = 1024 if gs != -1 else 520
+    qw, x, b, act = _case(9, 33, k, bits, gs, mode, torch.float16, "cpu", seed=ks)
+    _check(qw, x, b, act, rel_err, dict(SMALL, KS=ks))
+    qw, x, b, act = _case(9, 33, k, bits, gs, mode, torch.float32, "cpu", seed=ks + 1)
+    _check(qw, x, b, act, rel_err, dict(SMALL, KS=ks, SPLIT_K=2))
+
+
+@INTERP
+def test_interp_default_config_small(rel_err):
+    qw, x, b, act = _case(5, 40, 256, 4, 128, "sym", torch.float16, "cpu", bias=False)
+    _check(qw, x, b, act, rel_err, None)
+    qw, x, b, act = _case(20, 40, 2048, 8, -1, "sym", torch.float16, "cpu", bias=False)
+    _check(qw, x, b, act, rel_err, cfgmod.load_table("h200")["gemm"]["w8pc"]["*"]["16"])  # SPLIT_K "auto"
+
+
+def test_gemm_rejects_bad_input():
+    qw = quantize_weight(torch.randn(16, 128) * 0.02, bits=4, group_size=32)
+    with pytest.raises(ValueError, match="K=128"):
+        gemm(torch.randn(2, 64, dtype=torch.float16), qw, None, -float("inf"), float("inf"))
+    with pytest.raises(TypeError, match="dtype"):
+        gemm(torch.randn(2, 128, dtype=torch.float64), qw, None, -float("inf"), float("inf"))
+
+
+# ---------------------------------------------------------------- dispatch tables
+
+@pytest.mark.parametrize("name", ["default", "h100", "h200"])
+def test_tables_are_valid(name):
+    table = cfgmod.load_table(name)
+    assert set(table["gemv_max_m"]) <= {"4", "8"}
+    for wkey, shapes in table["gemm"].items():
+        assert wkey in ("w4g", "w4pc", "w8g", "w8pc")
+        # one KS per weight format: a weight is repacked once, whatever M it later meets
+        assert len({cfg["KS"] for b in shapes.values() for cfg in b.values()}) == 1
+        for skey, buckets in shapes.items():
+            assert skey == "*" or all(v.isdigit() for v in skey.split("x"))
+            for bkey, cfg in buckets.items():
+                assert int(bkey) in cfgmod.BUCKETS
+                assert {"KS", "BM", "BN", "KCH", "num_warps", "num_stages"} <= set(cfg)
+                assert 256 % cfg["BN"] == 0 and cfg["BM"] % 16 == 0
+
+
+def test_config_lookup_is_deterministic():
+    qw = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
+    dev = torch.device("cpu")
+    for m in (1, 17, 64, 129, 1000, 4096, 100000):
+        a = cfgmod.gemm_config(m, 28672, 8192, qw, dev)
+        assert a == cfgmod.gemm_config(m, 28672, 8192, qw, dev)
+        assert a == default_config(m, 28672, 8192, 4, False)
+
+
+def test_h200_table_lookup():
+    qw4 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
+    qw8 = quantize_weight(torch.randn(64, 256) * 0.02, bits=8, group_size=-1)
+    table = cfgmod.load_table("h200")
+    assert table["gemv_max_m"] == {"4": 16, "8": 8}
+    entries = table["gemm"]["w4g"]
+    assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 8192, 28672), 33) == entries["8192x28672"]["64"]
+    assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 4096, 14336), 5000) == entries["4096x14336"]["4096"]
+    assert cfgmod._nearest_shape(entries, 100, 100) == entries["*"]
+    assert cfgmod.weight_key(qw4) == "w4g" and cfgmod.weight_key(qw8) == "w8pc"
+
+
+def test_pick_kernel_gemv_range():
+    from mixgemm.ops.dispatch import pick_kernel
+
+    qw = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
+    assert pick_kernel(17, 64, 256, qw, torch.device("cpu")) == "gemm"
+    assert pick_kernel(4096, 64, 256, qw, torch.device("cpu")) == "gemm"
+    assert pick_kernel(1, 64, 256, qw, torch.device("cpu")) in ("gemv", "gemm")
+
+
+# ---------------------------------------------------------------- GPU
+
+GPU_MS = [17, 33, 64, 129, 1000, 4096]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("gs", [32, 64, 128, 256, -1])
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+def test_gpu_formats(bits, gs, mode, rel_err):
+    """Every format, fp16 and bf16, odd N; M cycles through the list (table configs of each bucket)."""
+    i = (bits // 4) * 15 + [32, 64, 128, 256, -1].index(gs) * 3 + ["sym", "zero_point", "offset"].index(mode)
+    m = GPU_MS[i % len(GPU_MS)]
+    k = 1024 if gs != -1 else (1000 if bits == 4 else 999)
+    for dtype in (torch.float16, torch.bfloat16):
+        qw, x, b, act = _case(m, 1001, k, bits, gs, mode, dtype, "cuda", seed=i)
+        _check(qw, x, b, act, rel_err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", GPU_MS + [1, 3, 16])
+@pytest.mark.parametrize("fmt", [(4, 128, "sym"), (8, -1, "sym"), (4, 32, "zero_point")])
+def test_gpu_m_sweep(m, fmt, rel_err):
+    bits, gs, mode = fmt
+    for dtype in (torch.float16, torch.bfloat16):
+        qw, x, b, act = _case(m, 4099 if m < 4096 else 1027, 2048, bits, gs, mode, dtype, "cuda", seed=m)
+        _check(qw, x, b, act, rel_err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", [(4, 64, "offset"), (8, -1, "zero_point")])
+def test_gpu_fp32_and_public_matmul(fmt, rel_err):
+    from mixgemm.ops.matmul import matmul
+
+    bits, gs, mode = fmt
+    qw, x, b, act = _case(129, 515, 1024, bits, gs, mode, torch.float32, "cuda")
+    _check(qw, x, b, act, rel_err)
+    for m in (1, 8, 17, 300):
+        qw, x, b, act = _case(m, 515, 1024, bits, gs, mode, torch.float16, "cuda", seed=m)
+        y = matmul(x.reshape(1, m, 1024), qw, b, act)
+        ref = ref_matmul(x, qw, b, act, out_dtype=torch.float64)
+        assert rel_err(y.reshape(m, -1), ref) <= TOL[torch.float16]
+
+
+@pytest.mark.gpu
+def test_gpu_split_k_and_strided_x(rel_err):
+    qw, x, b, act = _case(40, 1536, 4096, 4, 128, "zero_point", torch.float16, "cuda")
+    for split in (1, 2, 5):
+        _check(qw, x, b, act, rel_err, dict(BM=64, BN=128, KCH=1, SPLIT_K=split, GROUP_M=1,
+                                            num_warps=4, num_stages=4))
+    for ks in (32, 64):  # wider chunk layouts; with g32 and KS=64 the group parameters load per element
+        qw2, x2, b2, act2 = _case(33, 1001, 2048, 4, 32, "zero_point", torch.bfloat16, "cuda", seed=ks)
+        _check(qw2, x2, b2, act2, rel_err, dict(KS=ks, BM=32, BN=128, KCH=1, SPLIT_K=1, GROUP_M=1,
+                                                num_warps=4, num_stages=3))
+    xs = torch.randn(40, 8192, device="cuda", dtype=torch.float16)[:, ::2]
+    assert xs.stride(1) == 2
+    xs = torch.randn(40, 4096 + 64, device="cuda", dtype=torch.float16)[:, 64:]  # row stride != K
+    _check(qw, xs, b, act, rel_err)
+
+
+def test_quantconfig_sanity():
+    assert QuantConfig(bits=8, group_size=-1).group_size == -1
