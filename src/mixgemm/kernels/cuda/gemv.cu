@@ -1,0 +1,332 @@
+// mixgemm weight-only GEMV for decode: y[M, N] = clamp(x[M, K] @ dequant(W[N, K]).T + bias), M = 1..16.
+//
+// Why CUDA C++ with inline PTX and not Triton: on the H200 of benchmarks/benchmark-protocol.md a plain
+// Triton GEMV (shift/mask unpack, convert, tl.sum) reached 15-27% of copy bandwidth and gemlite's tuned
+// Triton W4 ~42% (its W4 time equals its W8 time: the unpack, not memory, limits it). The M = 1 budget is
+// ~4 instructions per weight; Triton cannot emit lop3/prmt magic-number conversions or f16x2 FMAs
+// over a chosen nibble order, which is what fits that budget.
+//
+// Compiled at run time by NVRTC (mixgemm/kernels/cuda/nvrtc.py); needs no CUDA header (raw PTX and
+// 32-bit words only), so only libnvrtc is required. The template arguments arrive as -D macros.
+//
+// Weight layout ("gemv_v1", mixgemm/formats/layouts.py): row n is Kp * BITS / 8 bytes, 16-byte
+// aligned; chunk c of a row = one uint4 = CH consecutive k (CH = 32 for int4, 16 for int8).
+//   int8: byte j of a 32-bit word holds k = 4 * word + j (plain order).
+//   int4: nibble p (bits 4p..4p+3) of a 32-bit word holds k = 8 * word + PERM[p], PERM = [0,2,4,6,1,3,5,7]
+//         (FasterTransformer's interleave), so (w & 0x000f000f) is the pair (k0, k1), (w & 0x00f000f0)
+//         the pair (k2, k3) times 16, and w >> 8 gives (k4, k5), (k6, k7) the same way.
+// Params: per (row, group) one scale (MODE 0, "sym") or a pair (scale, z) (MODE 1, "zero_point") or
+// (scale, m) (MODE 2, "offset"), in the scale dtype (SCL: 0 f16, 1 bf16, 2 f32). Group of chunk c is
+// c >> gshift (gshift = 31 for per-channel: one group).
+//
+// Math. Per chunk and row: P = sum_k x_k * (q_k - zc), with zc = z (zero_point) or 2^(BITS-1)
+// (sym; offset uses it as a centre), exact dequantized integers (q - zc), then in fp32
+// acc += s * P (+ (m + zc * s) * sum_k x_k for offset). So scales and zeros are applied once per chunk
+// (<= once per group), and acc runs in fp32 over the whole K.
+//   ACT 0 (fp16 x): q - zc made in f16x2 (exact: |q - zc| <= 255), P in f16x2 over one chunk (32 or
+//                   16 products per lane-half), then fp32.
+//   ACT 1 (bf16 x), ACT 2 (fp32 x): q - zc made directly in fp32 by fp32 magic numbers (exact), P and
+//                   everything else in fp32 (bf16 x2 math would round the running sum to 8 bits).
+
+#include "gemv_common.cuh"
+
+#ifndef GEMV_BITS
+#define GEMV_BITS 4
+#endif
+#ifndef GEMV_ACT
+#define GEMV_ACT 0
+#endif
+#ifndef GEMV_SCL
+#define GEMV_SCL 0
+#endif
+#ifndef GEMV_MODE
+#define GEMV_MODE 0
+#endif
+#ifndef GEMV_M
+#define GEMV_M 1
+#endif
+#ifndef GEMV_R
+#define GEMV_R 1
+#endif
+#ifndef GEMV_U
+#define GEMV_U 4
+#endif
+#ifndef GEMV_RG
+#define GEMV_RG 8
+#endif
+#ifndef GEMV_KS
+#define GEMV_KS 1
+#endif
+#ifndef GEMV_PF
+#define GEMV_PF 1
+#endif
+
+#define GEMV_THREADS (32 * GEMV_RG * GEMV_KS)
+
+
+using namespace mg;
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
+mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
+             const char* __restrict__ params,  // [N, G] groups of Param::PB bytes
+             const uint4* __restrict__ X,      // [M, ldx4] uint4 (activations, zero-padded to Kp)
+             int ldx4,                          // row stride of X in uint4
+             void* __restrict__ Y,              // [M, ldy] in the activation dtype
+             int ldy,
+             const void* __restrict__ bias,     // [N] or null
+             int bias_kind,                     // 0 none, 1 f16, 2 bf16, 3 f32
+             float lo, float hi,                // output clamp
+             int N, int Kc, int G, int gshift,
+             int Mr) {                          // rows of X and Y actually present, 1 <= Mr <= GEMV_M
+  constexpr int BITS = GEMV_BITS, ACT = GEMV_ACT, SCL = GEMV_SCL, MODE = GEMV_MODE;
+  constexpr int M = GEMV_M, R = GEMV_R, U = GEMV_U, RG = GEMV_RG, KS = GEMV_KS;
+  constexpr int XE = ACT == 2 ? 4 : 2;            // bytes per activation element
+  constexpr int CH = BITS == 4 ? 32 : 16;         // k per chunk (one uint4 of weights)
+  constexpr int XV = CH * XE / 16;                // uint4 of activations per chunk and row
+  constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
+  typedef Param<SCL, MODE> P;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rg = warp % RG, ks = warp / RG;
+  const int row0 = (blockIdx.x * RG + rg) * R;
+
+  const uint4* wrow[R];
+  const char* prow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int n = min(row0 + r, N - 1);  // rows past N read row N-1 (valid memory) and are never stored
+    wrow[r] = W + (size_t)n * Kc;
+    prow[r] = params + (size_t)n * G * P::PB;
+  }
+
+  float acc[M][R];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+
+  // Lanes stride along K (each warp reads 512 contiguous bytes of a row per step: coalesced); the KS
+  // warps of a row group interleave their chunks (split-K inside the block, when N alone cannot fill
+  // the GPU); U chunks per lane are loaded before any is used, so U * R 16-byte loads are in flight.
+  constexpr int STRIDE = KS * 32;
+  // One step = UU chunks per lane: all UU * R weight (and parameter) loads are issued before any is
+  // used, and the steady-state loop has no bounds checks, so the UU chunk bodies interleave (ILP).
+  auto load = [&](auto& wv, auto& pv, int c0) {
+    constexpr int UU = sizeof(wv) / sizeof(wv[0]);
+#pragma unroll
+    for (int u = 0; u < UU; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wv[u][r] = ld_stream(wrow[r] + c0 + u * STRIDE);
+        pv[u][r].load(prow[r], (c0 + u * STRIDE) >> gshift);
+      }
+  };
+  auto compute = [&](const auto& wv, const auto& pv, int c0) {
+    constexpr int UU = sizeof(wv) / sizeof(wv[0]);
+#pragma unroll
+    for (int u = 0; u < UU; ++u) {
+      const int c = c0 + u * STRIDE;
+      float s[R], zc[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        s[r] = pv[u][r].scale();
+        zc[r] = MODE == 1 ? pv[u][r].second() : ZBIAS;
+      }
+      const uint4* xc = X + (size_t)c * XV;
+      if (ACT == 0) {
+        // ---------------- fp16 activations: f16x2 math inside the chunk ----------------
+        // Word by word: one 16-byte activation load per row m serves R weight rows (x reuse: the
+        // L1 activation traffic, 4x the int4 weight bytes per row, is what limits a 1-row warp).
+        u32 zlo[R], zhi[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          zlo[r] = f32_to_h2(1024.f + zc[r]);    // magic 1024 plus zero, removed by one sub
+          zhi[r] = f32_to_h2(-(64.f + zc[r]));   // (1024 + 16q) / 16 - (64 + z) = q - z, one fma
+        }
+        u32 pacc[M][R][2];  // two independent f16x2 chains per (m, r): halves the FMA latency chain
+        u32 xs[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          xs[m] = 0u;
+#pragma unroll
+          for (int r = 0; r < R; ++r) pacc[m][r][0] = pacc[m][r][1] = 0u;
+        }
+#pragma unroll
+        for (int v = 0; v < XV; ++v) {  // XV 16-byte activation pieces = 8 k each
+          u32 xw[M][4];
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const uint4 xv = ld_x(xc + (size_t)min(m, Mr - 1) * ldx4 + v);  // rows >= Mr: never stored
+            xw[m][0] = xv.x; xw[m][1] = xv.y; xw[m][2] = xv.z; xw[m][3] = xv.w;
+            if (MODE == 2) xs[m] = hadd2(hadd2(xs[m], xv.x), hadd2(xv.y, hadd2(xv.z, xv.w)));
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const u32 w4[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+            u32 d[4];  // the f16x2 pairs (k, k+1) for k = 8v + 2t, t = 0..3, exact q - zc
+            if (BITS == 4) {
+              const u32 w = w4[v];
+              const u32 w8 = w >> 8;  // the only shift: brings (k4..k7) to where (k0..k3) were
+              d[0] = hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(w), zlo[r]);
+              d[1] = hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(w), 0x2c002c00u, zhi[r]);  // * 1/16
+              d[2] = hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(w8), zlo[r]);
+              d[3] = hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(w8), 0x2c002c00u, zhi[r]);
+            } else {
+              d[0] = hsub2(prmt<0x5140>(w4[2 * v], 0x64646464u), zlo[r]);
+              d[1] = hsub2(prmt<0x5342>(w4[2 * v], 0x64646464u), zlo[r]);
+              d[2] = hsub2(prmt<0x5140>(w4[2 * v + 1], 0x64646464u), zlo[r]);
+              d[3] = hsub2(prmt<0x5342>(w4[2 * v + 1], 0x64646464u), zlo[r]);
+            }
+#pragma unroll
+            for (int m = 0; m < M; ++m)
+#pragma unroll
+              for (int t = 0; t < 4; ++t) pacc[m][r][t & 1] = hfma2(d[t], xw[m][t], pacc[m][r][t & 1]);
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const float xsum = MODE == 2 ? h2sum_f32(xs[m]) : 0.f;
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            acc[m][r] = fmaf(s[r], h2sum_f32(pacc[m][r][0]) + h2sum_f32(pacc[m][r][1]), acc[m][r]);
+            if (MODE == 2) acc[m][r] = fmaf(fmaf(zc[r], s[r], pv[u][r].second()), xsum, acc[m][r]);
+          }
+        }
+      } else {
+        // ---------------- bf16 / fp32 activations: exact fp32 (q - zc), fp32 math ----------------
+        float d[R][CH];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const u32 w[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+          const float z0 = -(0x1p23f + zc[r]), z1 = -(0x1p19f + zc[r]);
+          const float z2 = -(0x1p15f + zc[r]), z3 = -(0x1p11f + zc[r]);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if (BITS == 4) {
+              // fp32 2^23 (0x4B000000) has ulp 1 at bit 0 and mantissa bits 0-22: one lop3 per weight
+              // puts nibble p (p < 4) of a 16-bit half into (2^23 + 16^p q); one fma by 16^-p with
+              // -(2^23 / 16^p + zc) leaves q - zc exactly. w >> 16 does the same for nibbles 4-7.
+              const u32 wh = w[j] >> 16;  // the only shift per word
+              d[r][8 * j + 0] = as_f32(lop3_and_or<0x0000000fu, 0x4B000000u>(w[j])) + z0;
+              d[r][8 * j + 2] = fmaf(as_f32(lop3_and_or<0x000000f0u, 0x4B000000u>(w[j])), 0x1p-4f, z1);
+              d[r][8 * j + 4] = fmaf(as_f32(lop3_and_or<0x00000f00u, 0x4B000000u>(w[j])), 0x1p-8f, z2);
+              d[r][8 * j + 6] = fmaf(as_f32(lop3_and_or<0x0000f000u, 0x4B000000u>(w[j])), 0x1p-12f, z3);
+              d[r][8 * j + 1] = as_f32(lop3_and_or<0x0000000fu, 0x4B000000u>(wh)) + z0;
+              d[r][8 * j + 3] = fmaf(as_f32(lop3_and_or<0x000000f0u, 0x4B000000u>(wh)), 0x1p-4f, z1);
+              d[r][8 * j + 5] = fmaf(as_f32(lop3_and_or<0x00000f00u, 0x4B000000u>(wh)), 0x1p-8f, z2);
+              d[r][8 * j + 7] = fmaf(as_f32(lop3_and_or<0x0000f000u, 0x4B000000u>(wh)), 0x1p-12f, z3);
+            } else {
+              d[r][4 * j + 0] = as_f32(prmt<0x7540>(w[j], 0x4B000000u)) + z0;
+              d[r][4 * j + 1] = as_f32(prmt<0x7541>(w[j], 0x4B000000u)) + z0;
+              d[r][4 * j + 2] = as_f32(prmt<0x7542>(w[j], 0x4B000000u)) + z0;
+              d[r][4 * j + 3] = as_f32(prmt<0x7543>(w[j], 0x4B000000u)) + z0;
+            }
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float pacc[R][2];  // two independent chains per row
+#pragma unroll
+          for (int r = 0; r < R; ++r) pacc[r][0] = pacc[r][1] = 0.f;
+          float xs = 0.f;
+#pragma unroll
+          for (int v = 0; v < XV; ++v) {
+            const uint4 xv = ld_x(xc + (size_t)min(m, Mr - 1) * ldx4 + v);
+            const u32 xw[4] = {xv.x, xv.y, xv.z, xv.w};
+            constexpr int PER = ACT == 1 ? 8 : 4;  // activations per uint4
+            float xf[PER];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+              if (ACT == 1) {  // bf16 -> fp32 is a shift / mask
+                xf[2 * t] = as_f32(xw[t] << 16);
+                xf[2 * t + 1] = as_f32(xw[t] & 0xffff0000u);
+              } else {
+                xf[t] = as_f32(xw[t]);
+              }
+            }
+#pragma unroll
+            for (int e = 0; e < PER; ++e) {
+#pragma unroll
+              for (int r = 0; r < R; ++r) pacc[r][e & 1] = fmaf(d[r][PER * v + e], xf[e], pacc[r][e & 1]);
+              if (MODE == 2) xs += xf[e];
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            acc[m][r] = fmaf(s[r], pacc[r][0] + pacc[r][1], acc[m][r]);
+            if (MODE == 2) acc[m][r] = fmaf(fmaf(zc[r], s[r], pv[u][r].second()), xs, acc[m][r]);
+          }
+        }
+      }
+    }
+  };
+  int c0 = ks * 32 + lane;
+  uint4 wA[U][R], wB[U][R];
+  P pA[U][R], pB[U][R];
+  if (GEMV_PF && c0 + (U - 1) * STRIDE < Kc) {
+    // Register double buffering: the next step's U * R weight loads are issued before this step's
+    // math, so every warp keeps loads in flight while it computes (latency hidden without needing
+    // more resident warps). Ping-pong written out twice so no buffer is copied.
+    load(wA, pA, c0);
+    while (true) {
+      int c1 = c0 + U * STRIDE;
+      bool more = c1 + (U - 1) * STRIDE < Kc;
+      if (more) load(wB, pB, c1);
+      compute(wA, pA, c0);
+      c0 = c1;
+      if (!more) break;
+      c1 = c0 + U * STRIDE;
+      more = c1 + (U - 1) * STRIDE < Kc;
+      if (more) load(wA, pA, c1);
+      compute(wB, pB, c0);
+      c0 = c1;
+      if (!more) break;
+    }
+  } else {
+    for (; c0 + (U - 1) * STRIDE < Kc; c0 += U * STRIDE) {
+      load(wA, pA, c0);
+      compute(wA, pA, c0);
+    }
+  }
+  for (; c0 < Kc; c0 += STRIDE) {
+    uint4 w1[1][R];
+    P p1[1][R];
+    load(w1, p1, c0);
+    compute(w1, p1, c0);
+  }
+
+  // Epilogue: warp reduce, then the KS k-slices of each row meet in shared memory.
+  __shared__ float red[KS][M][RG * R];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = acc[m][r];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) red[ks][m][rg * R + r] = v;
+    }
+  __syncthreads();
+  for (int t = threadIdx.x; t < M * RG * R; t += GEMV_THREADS) {
+    const int m = t / (RG * R), j = t % (RG * R);
+    const int n = blockIdx.x * RG * R + j;
+    if (n >= N || m >= Mr) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) v += red[k][m][j];
+    if (bias_kind == 1) v += h_to_f32(((const u16*)bias)[n]);
+    else if (bias_kind == 2) v += bf_to_f32(((const u16*)bias)[n]);
+    else if (bias_kind == 3) v += ((const float*)bias)[n];
+    if (v < lo) v = lo;  // compares, not fminf/fmaxf: NaN propagates like torch.clamp
+    if (v > hi) v = hi;
+    const size_t o = (size_t)m * ldy + n;
+    if (ACT == 2) {
+      ((float*)Y)[o] = v;
+    } else {
+      u16 h;
+      if (ACT == 0) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+      else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+      ((u16*)Y)[o] = h;
+    }
+  }
+}

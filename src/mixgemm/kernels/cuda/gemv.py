@@ -1,0 +1,238 @@
+"""Weight-only GEMV for decode (M = 1..16): CUDA C++ / inline PTX kernel (gemv.cu) compiled by NVRTC.
+
+``gemv(x2d, qw, bias, lo, hi)`` computes ``clamp(x2d @ dequant(qw).T + bias, lo, hi)``:
+
+* x2d: float16 / bfloat16 / float32 [M, K] on a CUDA device, 1 <= M <= 16, any strides (a zero-padded
+  aligned copy is made when rows are not 16-byte aligned, not unit-stride, or K is not a multiple of
+  the kernel's chunk -- only possible for per-channel weights).
+* qw: QuantizedWeight [N, K] on the same device, int4 or int8, any group size, any mode, any scale dtype.
+  Its ``gemv_v1`` layout (mixgemm.formats.layouts) is built on first use and cached on the weight.
+* bias: None or float16 / bfloat16 / float32 [N]. lo, hi: output clamp (floats, may be +-inf).
+* Returns [M, N] in x2d.dtype. Launched on torch.cuda.current_stream(); no host synchronization and
+  no allocation other than the output (and the padded copy above), so it is CUDA-graph capturable
+  once the kernel for a shape class has been compiled (first call).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from mixgemm.formats.layouts import GemvLayout, GemvMmaLayout, build_gemv_mma_v1, build_gemv_v1
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.cuda import nvrtc
+
+GEMV_MAX_M = 16
+LAYOUT = "gemv_v1"
+SOURCE = "gemv.cu"
+KERNEL = "mixgemm_gemv"
+WARPS = 8
+
+_ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_MODE = {"sym": 0, "zero_point": 1, "offset": 2}
+_BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
+
+
+def gemv_supported(m: int, x_dtype: torch.dtype, qw: QuantizedWeight) -> bool:
+    """True when this kernel handles the problem (the dispatcher's pre-check)."""
+    return 1 <= m <= GEMV_MAX_M and x_dtype in _ACT and qw.bits in (4, 8)
+
+
+def m_bucket(m: int) -> int:
+    """The compiled M (1, 2, 4, 8 or 16) that serves m rows: fewer kernel variants to compile; rows
+    past m are computed on clamped inputs and never stored."""
+    return 1 << (m - 1).bit_length()
+
+
+MMA_SOURCE = "gemv_mma.cu"
+MMA_KERNEL = "mixgemm_gemv_mma"
+MMA_LAYOUT = "gemv_mma_v1"
+# Tuning hooks for scripts/bench_gemv.py only: force the kernel ("mma" / "simt") or its tile config.
+KERNEL_OVERRIDE: str | None = None
+MMA_CFG_OVERRIDE: dict | None = None
+# Tuning hook for scripts/bench_gemv.py only: a dict {"R", "U", "KS"} forced on every call when set.
+CFG_OVERRIDE: dict | None = None
+
+
+# M = 1, fp16 activations: the fastest (R, U, KS) of a sweep (scripts/bench_gemv.py --sweep) on an H200
+# for the protocol's LLM shapes, keyed by (bits, N, K). Other shapes use the rule in choose_config.
+TUNED_M1 = {
+    (4, 4096, 4096): (2, 2, 2), (4, 14336, 4096): (4, 2, 2), (4, 4096, 14336): (2, 2, 2),
+    (4, 28672, 8192): (4, 2, 2), (4, 8192, 28672): (4, 1, 8),
+    (8, 4096, 4096): (2, 1, 4), (8, 14336, 4096): (2, 1, 4), (8, 4096, 14336): (2, 1, 8),
+    (8, 28672, 8192): (2, 1, 8), (8, 8192, 28672): (2, 1, 8),
+}
+
+
+def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0) -> dict:
+    """Tile choice from the problem size only (deterministic, no autotuning).
+
+    R rows per warp (one activation load serves R weight rows), U chunks in flight per lane and row,
+    KS k-slices per row (split-K inside the block, when N / R alone cannot fill the GPU); a block is
+    8 warps = (8 / KS) row groups x KS k-slices. m is the compiled M bucket, act the activation code.
+    PF (register double buffering) measured slower on H200 (register pressure): off by default.
+    """
+    if CFG_OVERRIDE is not None:
+        r, u, ks = CFG_OVERRIDE["R"], CFG_OVERRIDE["U"], CFG_OVERRIDE["KS"]
+        return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": CFG_OVERRIDE.get("PF", 0)}
+    if m == 1 and act == 0 and (bits, n, k) in TUNED_M1:
+        r, u, ks = TUNED_M1[(bits, n, k)]
+        return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": 0}
+    if m == 1:
+        r = (4 if n >= 8192 else 2) if act == 0 else 2
+        u = 2
+    else:
+        r, u = 2, 1
+    rows = -(-n // r)
+    ks = 1
+    # ~62 warps per SM over the grid (about two waves), each lane keeping >= one full U step
+    while ks < WARPS and rows * ks < num_sms * 62 and kc >= 32 * u * ks * 2:
+        ks *= 2
+    return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": 0}
+
+
+def choose_mma_config(mb: int, n: int, kt: int, num_sms: int) -> dict:
+    """Tensor-core kernel tiles: each warp owns 16 rows; KS warps split K (power of two, <= 16) until
+    the GPU has ~32 warps per SM; U k-tiles (512 B per warp each) in flight per warp."""
+    if MMA_CFG_OVERRIDE is not None:
+        u, ks = MMA_CFG_OVERRIDE["U"], MMA_CFG_OVERRIDE["KS"]
+        return {"U": u, "KS": ks, "RG": max(1, WARPS // ks), "PF": MMA_CFG_OVERRIDE.get("PF", 0)}
+    # measured on H200 (M = 1 and 16, 8192x28672 / 28672x8192): U = 2, KS = 8, no double buffering
+    # was best; KS grows to 16 when the 16-row tiles alone leave the GPU short of ~30 warps per SM
+    nt = -(-n // 16)
+    ks = 1
+    while ks < 16 and (ks < 8 or nt * ks < num_sms * 30) and kt >= 2 * ks:
+        ks *= 2
+    return {"U": 2, "KS": ks, "RG": max(1, WARPS // ks), "PF": 0}
+
+
+def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict) -> dict:
+    return {"MMA_BITS": bits, "MMA_ACT": act, "MMA_SCL": scl, "MMA_MODE": mode, "MMA_MB": mb,
+            "MMA_U": cfg["U"], "MMA_RG": cfg["RG"], "MMA_KS": cfg["KS"], "MMA_PF": cfg.get("PF", 0)}
+
+
+def use_mma(x_dtype: torch.dtype, m: int) -> bool:
+    """Tensor cores for bf16 activations and for fp16 at M >= 2 (measured on H200: at M = 1 the fp16
+    CUDA-core kernel with 4 rows per warp was faster, at M = 16 the mma kernel 7.5x faster); fp32
+    activations stay on exact fp32 CUDA-core math."""
+    if x_dtype == torch.float32:
+        return False
+    if KERNEL_OVERRIDE is not None:
+        return KERNEL_OVERRIDE == "mma"
+    return x_dtype == torch.bfloat16 or m >= 2
+
+
+def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> dict:
+    return {"GEMV_BITS": bits, "GEMV_ACT": act, "GEMV_SCL": scl, "GEMV_MODE": mode, "GEMV_M": m,
+            "GEMV_R": cfg["R"], "GEMV_U": cfg["U"], "GEMV_RG": cfg["RG"], "GEMV_KS": cfg["KS"],
+            "GEMV_PF": cfg.get("PF", 0)}
+
+
+def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
+    """x2d itself when the kernel can read it (unit stride along K, 16-byte aligned rows, K == Kp),
+    else a zero-padded aligned copy [M, Kp] (the caller's tensor is never modified)."""
+    es = x2d.element_size()
+    ok = (x2d.stride(1) == 1 and lay.k_padded == lay.k and (x2d.stride(0) * es) % 16 == 0
+          and x2d.data_ptr() % 16 == 0)
+    if ok:
+        return x2d
+    xp = torch.zeros(x2d.shape[0], lay.k_padded, dtype=x2d.dtype, device=x2d.device)
+    xp[:, : lay.k] = x2d
+    return xp
+
+
+@torch.compiler.disable
+def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float) -> torch.Tensor:
+    """clamp(x2d @ dequant(qw).T + bias, lo, hi) -> [M, N] in x2d.dtype (see the module docstring)."""
+    if not x2d.is_cuda:
+        raise ValueError(f"gemv needs CUDA tensors, x is on {x2d.device}")
+    if x2d.dim() != 2:
+        raise ValueError(f"gemv takes x as 2-D [M, K], got shape {tuple(x2d.shape)}")
+    m, k = x2d.shape
+    n = qw.out_features
+    if k != qw.in_features:
+        raise ValueError(f"shape mismatch: x has K={k}, weight expects K={qw.in_features}")
+    if x2d.dtype not in _ACT:
+        raise TypeError(f"gemv: activation dtype {x2d.dtype} not supported (float16, bfloat16, float32)")
+    if m > GEMV_MAX_M:
+        raise ValueError(f"gemv handles M <= {GEMV_MAX_M}, got M={m}")
+    if qw.device != x2d.device:
+        raise ValueError(f"device mismatch: x on {x2d.device}, weight on {qw.device}")
+    y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+    if m == 0 or n == 0:
+        return y
+    if bias is not None:
+        if bias.dtype not in _BIAS:
+            raise TypeError(f"bias dtype {bias.dtype} not supported (float16, bfloat16, float32)")
+        bias = bias.contiguous()
+    dev = x2d.device
+    props = torch.cuda.get_device_properties(dev)
+    if use_mma(x2d.dtype, m):
+        return _gemv_mma(x2d, qw, bias, lo, hi, y, props.multi_processor_count)
+    lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
+    xk = _prepare_x(x2d, lay)
+    kc = lay.chunks_per_row
+    cfg = choose_config(m_bucket(m), n, kc, props.multi_processor_count, _ACT[x2d.dtype], qw.bits, k)
+    defs = defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
+    fn = nvrtc.get_function(SOURCE, KERNEL, defs, dev)
+    rows_per_block = cfg["RG"] * cfg["R"]
+    grid = (-(-n // rows_per_block), 1, 1)
+    block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
+    args = [
+        ctypes.c_void_p(lay.weight.data_ptr()),
+        ctypes.c_void_p(lay.params.data_ptr()),
+        ctypes.c_void_p(xk.data_ptr()),
+        ctypes.c_int(xk.stride(0) * xk.element_size() // 16),
+        ctypes.c_void_p(y.data_ptr()),
+        ctypes.c_int(y.stride(0)),
+        ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
+        ctypes.c_int(0 if bias is None else _BIAS[bias.dtype]),
+        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
+        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
+        ctypes.c_int(n),
+        ctypes.c_int(kc),
+        ctypes.c_int(lay.num_groups),
+        ctypes.c_int(lay.gshift),
+        ctypes.c_int(m),
+    ]
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        nvrtc.launch(fn, grid, block, args, stream)
+    return y
+
+
+def _gemv_mma(x2d, qw, bias, lo, hi, y, num_sms):
+    m, _ = x2d.shape
+    n = qw.out_features
+    lay: GemvMmaLayout = qw.layout(MMA_LAYOUT, build_gemv_mma_v1)
+    xk = _prepare_x(x2d, lay)
+    mb = 1 if m <= 8 else 2
+    cfg = choose_mma_config(mb, n, lay.k_tiles, num_sms)
+    defs = mma_defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
+    fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, x2d.device)
+    nt = -(-n // 16)
+    grid = (-(-nt // cfg["RG"]), 1, 1)
+    block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
+    args = [
+        ctypes.c_void_p(lay.weight.data_ptr()),
+        ctypes.c_void_p(lay.params.data_ptr()),
+        ctypes.c_void_p(xk.data_ptr()),
+        ctypes.c_int(xk.stride(0) * xk.element_size() // 16),
+        ctypes.c_void_p(y.data_ptr()),
+        ctypes.c_int(y.stride(0)),
+        ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
+        ctypes.c_int(0 if bias is None else _BIAS[bias.dtype]),
+        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
+        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
+        ctypes.c_int(n),
+        ctypes.c_int(lay.k_tiles),
+        ctypes.c_int(lay.num_groups),
+        ctypes.c_int(lay.gk),
+        ctypes.c_int(m),
+    ]
+    with torch.cuda.device(x2d.device):
+        nvrtc.launch(fn, grid, block, args, torch.cuda.current_stream(x2d.device).cuda_stream)
+    return y

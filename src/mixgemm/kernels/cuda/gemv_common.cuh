@@ -1,0 +1,115 @@
+// Shared device helpers of mixgemm's CUDA kernels: raw PTX on 32-bit words, so no CUDA header is needed.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+namespace mg {
+
+__device__ __forceinline__ float as_f32(u32 u) {
+  float f;
+  asm("mov.b32 %0, %1;" : "=f"(f) : "r"(u));
+  return f;
+}
+
+// (a & MASK) | MAGIC in one lop3 (immLut 0xEA = (0xF0 & 0xCC) | 0xAA): one instruction turns two
+// nibbles into two fp16 (or one into an fp32) "magic + q" numbers, no shifts, no int->float convert.
+template <u32 MASK, u32 MAGIC>
+__device__ __forceinline__ u32 lop3_and_or(u32 a) {
+  u32 r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(MASK), "n"(MAGIC));
+  return r;
+}
+
+// prmt picks bytes of {b:a}: one instruction builds two fp16 (1024 + u) from two int8 codes (0x64 is
+// the high byte of fp16 1024, whose ulp is 1), or one fp32 (2^23 + u) with 0x4B000000.
+template <u32 SEL>
+__device__ __forceinline__ u32 prmt(u32 a, u32 b) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "n"(SEL));
+  return r;
+}
+
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+  u32 r;
+  asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+  u32 r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+__device__ __forceinline__ u32 hadd2(u32 a, u32 b) {
+  u32 r;
+  asm("add.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ float h2sum_f32(u32 h) {
+  float a, b;
+  asm("{.reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h;}"
+      : "=f"(a), "=f"(b) : "r"(h));
+  return a + b;
+}
+__device__ __forceinline__ u32 f32_to_h2(float f) {  // {f, f} as f16x2
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(f));
+  return r;
+}
+__device__ __forceinline__ float h_to_f32(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ float bf_to_f32(u16 h) { return as_f32(((u32)h) << 16); }
+
+// Weights are read exactly once: stream them past L1 (no_allocate) so L1 keeps the activations that
+// every warp of the block re-reads.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  // volatile: keeps all of a step's weight loads issued before the compute that uses them
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+// Activations: read-only path, L1-cached (shared by all warps of the block).
+__device__ __forceinline__ uint4 ld_x(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+template <int SCL>
+__device__ __forceinline__ float scl_to_f32(u32 bits16or32) {
+  if (SCL == 0) return h_to_f32((u16)bits16or32);
+  if (SCL == 1) return bf_to_f32((u16)bits16or32);
+  return as_f32(bits16or32);
+}
+
+// Per-(row, group) parameters, loaded raw (one 2-, 4- or 8-byte load) then decoded.
+template <int SCL, int MODE>
+struct Param {
+  static constexpr int SB = SCL == 2 ? 4 : 2;            // bytes per scale-dtype value
+  static constexpr int PB = SB * (MODE == 0 ? 1 : 2);    // bytes per group
+  u32 a, b;
+  __device__ __forceinline__ void load(const char* base, int g) {
+    const char* p = base + (size_t)g * PB;
+    if (PB == 2) {
+      u16 h;
+      asm("ld.global.nc.u16 %0, [%1];" : "=h"(h) : "l"(p));
+      a = h; b = 0;
+    } else if (PB == 4) {
+      u32 w;
+      asm("ld.global.nc.u32 %0, [%1];" : "=r"(w) : "l"(p));
+      if (SB == 2) { a = w & 0xffffu; b = w >> 16; } else { a = w; b = 0; }
+    } else {
+      asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p));
+    }
+  }
+  __device__ __forceinline__ float scale() const { return scl_to_f32<SCL>(a); }
+  __device__ __forceinline__ float second() const { return scl_to_f32<SCL>(b); }
+};
+
+}  // namespace mg

@@ -1,0 +1,310 @@
+// mixgemm weight-only GEMV on tensor cores (mma.sync m16n8k16), fp16 / bf16 activations, M = 1..16.
+//
+// Why tensor cores for a GEMV: the CUDA-core kernel (gemv.cu) pays one activation load per weight
+// row and M times the f16x2 FMAs; here one mma does 16 rows x 16 k x 8 (or 16) activation rows for the
+// cost of one instruction, so the per-weight work is only the dequantization (lop3 / prmt magic
+// numbers, one sub and one mul per pair) and M = 16 costs about what M = 1 does. Triton could not get
+// there: on the H200 of the benchmark protocol a plain Triton GEMV reached 15-27% of copy bandwidth,
+// gemlite's tuned Triton ~42% at W4 (unpack-bound).
+//
+// "Swap AB": A (16 x 16, row) = a 16-row tile of dequantized weights, B (16 x 8, col) = 8 activation
+// rows, C (16 x 8, fp32) = y^T. Lane (g = lane / 4, t = lane % 4) holds A rows g and g + 8.
+// Weight layout "gemv_mma_v1" (mixgemm/formats/layouts.py): tiles of 16 rows x KT k (KT = 64 int4,
+// 32 int8), each tile 512 bytes = one uint4 per lane, tiles ordered [N / 16][Kp / KT]. Lane (g, t) of
+// a tile covers k = KL * t .. KL * t + KL - 1 (KL = KT / 4) of rows g and g + 8, so its activations are
+// one contiguous 2 * KL-byte piece of each x row. The mma k order is permuted (same for A and B, so the
+// product is unchanged): in step s, mma k (2t, 2t+1) is k = KL t + 4s + (0, 1) and mma k (2t+8, 2t+9)
+// is k = KL t + 4s + (2, 3).
+//   int4: word s (s = 0..3) of the lane's uint4 has nibble p = element PERM[p] (PERM = 0,2,4,6,1,3,5,7)
+//         of e = (W[g][k0], W[g][k0+1], W[g+8][k0], W[g+8][k0+1], W[g][k0+2], W[g][k0+3],
+//         W[g+8][k0+2], W[g+8][k0+3]) with k0 = 16t + 4s: one lop3 gives the A register pair.
+//   int8: words 2s / 2s + 1 (s = 0, 1) are the bytes W[g][k0..k0+3] / W[g+8][k0..k0+3], k0 = 8t + 4s.
+// Dequantization: w = (q - zc) * s (+ (m + zc * s) for offset) formed exactly as (q - zc) by magic
+// numbers, then one rounding to fp16 / bf16 (mul, or fma for offset); mma accumulates in fp32 over all K.
+
+#include "gemv_common.cuh"
+
+#ifndef MMA_BITS
+#define MMA_BITS 4
+#endif
+#ifndef MMA_ACT
+#define MMA_ACT 0
+#endif
+#ifndef MMA_SCL
+#define MMA_SCL 0
+#endif
+#ifndef MMA_MODE
+#define MMA_MODE 0
+#endif
+#ifndef MMA_MB
+#define MMA_MB 1
+#endif
+#ifndef MMA_U
+#define MMA_U 2
+#endif
+#ifndef MMA_RG
+#define MMA_RG 2
+#endif
+#ifndef MMA_KS
+#define MMA_KS 4
+#endif
+#ifndef MMA_PF
+#define MMA_PF 1
+#endif
+
+#define MMA_THREADS (32 * MMA_RG * MMA_KS)
+
+using namespace mg;
+
+namespace mgm {
+
+// not volatile: pure arithmetic, free to interleave with the next tile's dequantization
+template <int ACT>
+__device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  if (ACT == 0)
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+  u32 r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// bf16x2 a * b + c (fma.rn.bf16x2 exists from sm_80; sub/mul.bf16x2 only from sm_90)
+__device__ __forceinline__ u32 bfma2(u32 a, u32 b, u32 c) {
+  u32 r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+__device__ __forceinline__ u32 f32_to_bf2(float lo, float hi) {  // {lo, hi} as bf16x2
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Per-row dequantization constants for one group, in the activation's 16-bit type.
+template <int ACT, int MODE>
+struct RowQ {
+  u32 zlo, zhi, s2, off2;
+  __device__ __forceinline__ void set(float s, float zc, float m) {
+    if (ACT == 0) {
+      zlo = f32_to_h2(1024.f + zc);      // (1024 + q) - (1024 + z) = q - z, exact
+      zhi = f32_to_h2(-(64.f + zc));     // (1024 + 16q) / 16 - (64 + z) = q - z, exact
+      s2 = f32_to_h2(s);
+      off2 = MODE == 2 ? f32_to_h2(fmaf(zc, s, m)) : 0u;
+    } else {
+      const u32 nz = f32_to_bf2(-(128.f + zc), -(128.f + zc));  // bf16 128 has ulp 1: exact
+      zlo = nz;
+      zhi = 0u;
+      s2 = f32_to_bf2(s, s);
+      off2 = MODE == 2 ? f32_to_bf2(fmaf(zc, s, m), fmaf(zc, s, m)) : 0x80008000u;  // -0: exact mul
+    }
+  }
+  // d = exact (q - zc) pair -> dequantized pair
+  __device__ __forceinline__ u32 finish(u32 d) const {
+    if (ACT == 0) return MODE == 2 ? hfma2(d, s2, off2) : hmul2(d, s2);
+    return bfma2(d, s2, off2);
+  }
+};
+
+}  // namespace mgm
+
+using namespace mgm;
+
+extern "C" __global__ void __launch_bounds__(MMA_THREADS)
+mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
+                 const char* __restrict__ params,  // [N, G] groups of Param::PB bytes
+                 const uint4* __restrict__ X,      // [M, ldx4] uint4, zero-padded to Kp
+                 int ldx4,
+                 void* __restrict__ Y, int ldy,    // [M, ldy] activation dtype
+                 const void* __restrict__ bias, int bias_kind,
+                 float lo, float hi,
+                 int N, int Kt, int G, int gk,     // gk: group of k is min(k >> gk, G - 1)
+                 int Mr) {
+  constexpr int BITS = MMA_BITS, ACT = MMA_ACT, SCL = MMA_SCL, MODE = MMA_MODE;
+  constexpr int MB = MMA_MB, U = MMA_U, RG = MMA_RG, KS = MMA_KS;
+  constexpr int KT = BITS == 4 ? 64 : 32, KL = KT / 4;
+  constexpr int XV = KL * 2 / 16;  // uint4 of activations per lane, tile and B block (2 or 1)
+  constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
+  typedef Param<SCL, MODE> P;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int rg = warp % RG, ks = warp / RG;
+  const int nt = blockIdx.x * RG + rg;
+  const int Nt = (N + 15) >> 4;
+  const int ntc = min(nt, Nt - 1);  // warps past the last tile redo it and never store
+  const uint4* wt = W + (size_t)ntc * Kt * 32 + lane;
+  const char* prow0 = params + (size_t)min(ntc * 16 + g, N - 1) * G * P::PB;
+  const char* prow1 = params + (size_t)min(ntc * 16 + g + 8, N - 1) * G * P::PB;
+  const uint4* xrow[MB];
+#pragma unroll
+  for (int b = 0; b < MB; ++b) xrow[b] = X + (size_t)min(g + 8 * b, Mr - 1) * ldx4 + t * XV;
+
+  float acc[MB][4];
+#pragma unroll
+  for (int b = 0; b < MB; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
+
+  auto load = [&](auto& wv, auto& p0, auto& p1, auto& xv, int kt0) {
+    constexpr int UU = sizeof(wv) / sizeof(wv[0]);
+    // all loads of a step together: UU weight tiles in flight per lane, activations alongside
+#pragma unroll
+    for (int u = 0; u < UU; ++u) {
+      const int kt = kt0 + u * KS;
+      wv[u] = ld_stream(wt + (size_t)kt * 32);
+      const int grp = min((kt * KT + KL * t) >> gk, G - 1);
+      p0[u].load(prow0, grp);
+      p1[u].load(prow1, grp);
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int v = 0; v < XV; ++v) xv[u][b][v] = ld_x(xrow[b] + (size_t)kt * (KT * 2 / 16) + v);
+    }
+  };
+  auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv) {
+    constexpr int UU = sizeof(wv) / sizeof(wv[0]);
+#pragma unroll
+    for (int u = 0; u < UU; ++u) {
+      RowQ<ACT, MODE> q0, q1;
+      {
+        const float s0 = p0[u].scale(), s1 = p1[u].scale();
+        const float z0 = MODE == 1 ? p0[u].second() : ZBIAS, z1 = MODE == 1 ? p1[u].second() : ZBIAS;
+        q0.set(s0, z0, MODE == 2 ? p0[u].second() : 0.f);
+        q1.set(s1, z1, MODE == 2 ? p1[u].second() : 0.f);
+      }
+      const u32 w[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+      u32 xw[MB][XV * 4];
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int v = 0; v < XV; ++v) {
+          xw[b][4 * v + 0] = xv[u][b][v].x;
+          xw[b][4 * v + 1] = xv[u][b][v].y;
+          xw[b][4 * v + 2] = xv[u][b][v].z;
+          xw[b][4 * v + 3] = xv[u][b][v].w;
+        }
+      constexpr int STEPS = BITS == 4 ? 4 : 2;
+#pragma unroll
+      for (int s = 0; s < STEPS; ++s) {
+        u32 a[4];  // a0: row g k(0,1); a1: row g+8 k(0,1); a2: row g k(2,3); a3: row g+8 k(2,3)
+        if (BITS == 4) {
+          const u32 ws = w[s];
+          if (ACT == 0) {
+            const u32 w8 = ws >> 8;  // the only shift for fp16
+            a[0] = q0.finish(hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(ws), q0.zlo));
+            a[1] = q1.finish(hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(ws), 0x2c002c00u, q1.zhi));
+            a[2] = q0.finish(hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(w8), q0.zlo));
+            a[3] = q1.finish(hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(w8), 0x2c002c00u, q1.zhi));
+          } else {
+            // bf16 has 7 mantissa bits: magic 0x4300 (128, ulp 1) takes only the low nibble of each
+            // half, so three shifts bring nibbles 1..3 down; fma(v, 1, -(128 + z)) is exact.
+            a[0] = q0.finish(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws), 0x3f803f80u, q0.zlo));
+            a[1] = q1.finish(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 4), 0x3f803f80u, q1.zlo));
+            a[2] = q0.finish(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 8), 0x3f803f80u, q0.zlo));
+            a[3] = q1.finish(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 12), 0x3f803f80u, q1.zlo));
+          }
+        } else {
+          const u32 r0 = w[2 * s], r1 = w[2 * s + 1];
+          if (ACT == 0) {
+            a[0] = q0.finish(hsub2(prmt<0x5140>(r0, 0x64646464u), q0.zlo));
+            a[1] = q1.finish(hsub2(prmt<0x5140>(r1, 0x64646464u), q1.zlo));
+            a[2] = q0.finish(hsub2(prmt<0x5342>(r0, 0x64646464u), q0.zlo));
+            a[3] = q1.finish(hsub2(prmt<0x5342>(r1, 0x64646464u), q1.zlo));
+          } else {
+            // bf16 cannot hold 128 + u exactly for u > 127: go through fp32 2^23 + u (exact).
+            const float zz0 = -(0x1p23f + (MODE == 1 ? p0[u].second() : ZBIAS));
+            const float zz1 = -(0x1p23f + (MODE == 1 ? p1[u].second() : ZBIAS));
+            float f[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              f[0][i] = as_f32(i == 0 ? prmt<0x7540>(r0, 0x4B000000u) : prmt<0x7541>(r0, 0x4B000000u)) + zz0;
+              f[1][i] = as_f32(i == 0 ? prmt<0x7540>(r1, 0x4B000000u) : prmt<0x7541>(r1, 0x4B000000u)) + zz1;
+              f[2][i] = as_f32(i == 0 ? prmt<0x7542>(r0, 0x4B000000u) : prmt<0x7543>(r0, 0x4B000000u)) + zz0;
+              f[3][i] = as_f32(i == 0 ? prmt<0x7542>(r1, 0x4B000000u) : prmt<0x7543>(r1, 0x4B000000u)) + zz1;
+            }
+            // q - z (|.| <= 255) is exact in bf16 too: pack, then the shared finish
+            a[0] = q0.finish(f32_to_bf2(f[0][0], f[0][1]));
+            a[1] = q1.finish(f32_to_bf2(f[1][0], f[1][1]));
+            a[2] = q0.finish(f32_to_bf2(f[2][0], f[2][1]));
+            a[3] = q1.finish(f32_to_bf2(f[3][0], f[3][1]));
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < MB; ++b) mma16816<ACT>(acc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
+      }
+    }
+  };
+  int kt0 = ks;
+  uint4 wA[U], wB[U];
+  P a0[U], a1[U], b0[U], b1[U];
+  uint4 xA[U][MB][XV], xB[U][MB][XV];
+  if (MMA_PF && kt0 + (U - 1) * KS < Kt) {
+    // Register double buffering: the next step's loads are in flight while this step computes.
+    load(wA, a0, a1, xA, kt0);
+    while (true) {
+      int kt1 = kt0 + U * KS;
+      bool more = kt1 + (U - 1) * KS < Kt;
+      if (more) load(wB, b0, b1, xB, kt1);
+      compute(wA, a0, a1, xA);
+      kt0 = kt1;
+      if (!more) break;
+      kt1 = kt0 + U * KS;
+      more = kt1 + (U - 1) * KS < Kt;
+      if (more) load(wA, a0, a1, xA, kt1);
+      compute(wB, b0, b1, xB);
+      kt0 = kt1;
+      if (!more) break;
+    }
+  } else {
+    for (; kt0 + (U - 1) * KS < Kt; kt0 += U * KS) {
+      load(wA, a0, a1, xA, kt0);
+      compute(wA, a0, a1, xA);
+    }
+  }
+  for (; kt0 < Kt; kt0 += KS) {
+    uint4 w1[1];
+    P q0[1], q1[1];
+    uint4 x1[1][MB][XV];
+    load(w1, q0, q1, x1, kt0);
+    compute(w1, q0, q1, x1);
+  }
+
+  // Epilogue: C fragment c0 = (n g, m 2t), c1 = (n g, m 2t+1), c2 = (n g+8, m 2t), c3 = (n g+8, m 2t+1);
+  // the KS k-slices meet in shared memory, then bias, clamp, store.
+  __shared__ float red[KS][RG][16][16];
+#pragma unroll
+  for (int b = 0; b < MB; ++b) {
+    red[ks][rg][g][2 * t + 8 * b] = acc[b][0];
+    red[ks][rg][g][2 * t + 1 + 8 * b] = acc[b][1];
+    red[ks][rg][g + 8][2 * t + 8 * b] = acc[b][2];
+    red[ks][rg][g + 8][2 * t + 1 + 8 * b] = acc[b][3];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < RG * 16 * 16; idx += MMA_THREADS) {
+    const int r = idx / 256, m = (idx / 16) % 16, j = idx % 16;  // consecutive threads: consecutive n
+    const int n = (blockIdx.x * RG + r) * 16 + j;
+    if (n >= N || m >= Mr || m >= 8 * MB) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) v += red[k][r][j][m];
+    if (bias_kind == 1) v += h_to_f32(((const u16*)bias)[n]);
+    else if (bias_kind == 2) v += bf_to_f32(((const u16*)bias)[n]);
+    else if (bias_kind == 3) v += ((const float*)bias)[n];
+    if (v < lo) v = lo;  // compares, not fminf/fmaxf: NaN propagates like torch.clamp
+    if (v > hi) v = hi;
+    u16 h;
+    if (ACT == 0) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    ((u16*)Y)[(size_t)m * ldy + n] = h;
+  }
+}

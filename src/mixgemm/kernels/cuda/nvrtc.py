@@ -1,0 +1,170 @@
+"""Run-time compilation (NVRTC) and launching (CUDA driver API) of mixgemm's CUDA C++ kernels.
+
+Users need no CUDA toolkit: only the pip packages ``cuda-bindings`` and ``nvidia-cuda-nvrtc``.
+Kernel sources live beside this file (``*.cu``); each compile key is a set of ``-D`` macros, compiled
+once per (source, macros, architecture) to a cubin, and loaded once per device into the primary
+context that PyTorch uses. Launches go on a given stream (normally ``torch.cuda.current_stream()``),
+take no host synchronization and allocate nothing, so they can be captured in CUDA graphs.
+
+Reusable by any mixgemm CUDA kernel: ``compile_cubin`` (also works without a GPU, for CPU-side
+compile checks), ``get_function`` and ``launch``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+_lock = threading.Lock()
+_modules: dict = {}  # (device index, source, defines, arch) -> (module, function)
+
+
+class NvrtcError(RuntimeError):
+    """NVRTC failed to compile a kernel (the message holds NVRTC's log)."""
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "mixgemm's CUDA kernels need the packages 'cuda-bindings' and 'nvidia-cuda-nvrtc' "
+            "(pip install 'mixgemm[gpu]')"
+        ) from e
+    return nvrtc
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _check(result, what: str):
+    """cuda-bindings calls return (err, *values); raise on error, return the values."""
+    err, *vals = result
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: {err!r}")
+    if not vals:
+        return None
+    return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+@functools.cache
+def read_source(name: str) -> str:
+    """Text of the kernel source ``name`` beside this module."""
+    return (HERE / name).read_text()
+
+
+def arch_of(device) -> str:
+    """'sm_XY' for a torch device (its compute capability)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+@functools.lru_cache(maxsize=256)
+def compile_cubin(source_name: str, defines: tuple[tuple[str, int], ...], arch: str) -> bytes:
+    """Compile the kernel source ``source_name`` with ``-D`` macros for ``arch`` ('sm_80', 'sm_90'...).
+
+    Returns the cubin bytes. Raises NvrtcError with NVRTC's log on failure. Needs no GPU.
+    """
+    nvrtc = _nvrtc()
+    src = read_source(source_name).encode()
+    prog = _check(nvrtc.nvrtcCreateProgram(src, source_name.encode(), 0, [], []), "nvrtcCreateProgram")
+    # No --use_fast_math: the kernels' fp32 math must round exactly as written.
+    opts = [f"--gpu-architecture={arch}", "-default-device", "--std=c++17", "-lineinfo", f"-I{HERE}"]
+    opts += [f"-D{k}={v}" for k, v in defines]
+    opts = [o.encode() for o in opts]
+    try:
+        err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        if int(err) != 0:
+            raise NvrtcError(
+                f"NVRTC could not compile {source_name} for {arch} with {dict(defines)}:\n"
+                f"{log.decode(errors='replace')}"
+            )
+        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+_inited = False
+
+
+def _init_driver():
+    global _inited
+    if not _inited:
+        _check(_driver().cuInit(0), "cuInit")
+        _inited = True
+
+
+def get_function(source_name: str, kernel_name: str, defines: dict, device):
+    """The CUfunction ``kernel_name`` of ``source_name`` compiled with ``defines`` for ``device``.
+
+    Compiled and loaded on first use, cached afterwards (per device, source and macros). Loads into
+    the device's primary context (the one PyTorch uses), made current here.
+    """
+    import torch
+
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    key = (idx, source_name, kernel_name, tuple(sorted(defines.items())))
+    fn = _modules.get(key)
+    if fn is not None:
+        return fn
+    with _lock:
+        fn = _modules.get(key)
+        if fn is not None:
+            return fn
+        arch = arch_of(torch.device("cuda", idx))
+        cubin = compile_cubin(source_name, key[3], arch)
+        drv = _driver()
+        _init_driver()
+        with torch.cuda.device(idx):
+            torch.cuda.init()
+            ctx = _check(drv.cuDevicePrimaryCtxRetain(_check(drv.cuDeviceGet(idx), "cuDeviceGet")),
+                         "cuDevicePrimaryCtxRetain")
+            _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            module = _check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+            fn = _check(drv.cuModuleGetFunction(module, kernel_name.encode()), "cuModuleGetFunction")
+        _modules[key] = fn
+        return fn
+
+
+def launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: list, stream: int,
+           shared_bytes: int = 0) -> None:
+    """Launch ``fn`` on the CUDA stream handle ``stream`` (e.g. torch.cuda.current_stream().cuda_stream).
+
+    args: ctypes values (ctypes.c_void_p for pointers, ctypes.c_int, ctypes.c_float), in the kernel's
+    parameter order. Asynchronous; no synchronization, no allocation (CUDA-graph capturable).
+    """
+    drv = _driver()
+    ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    err, = drv.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
+                              drv.CUstream(stream), ctypes.addressof(ptrs), 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+
+
+def nvrtc_available() -> bool:
+    """True when cuda-bindings and a loadable libnvrtc are present."""
+    try:
+        nvrtc = _nvrtc()
+        err, _, _ = nvrtc.nvrtcVersion()
+        return int(err) == 0
+    except Exception:
+        return False
+
+
+if os.environ.get("MIXGEMM_NVRTC_DEBUG"):  # pragma: no cover
+    print("mixgemm.nvrtc: sources in", HERE)

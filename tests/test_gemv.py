@@ -1,0 +1,299 @@
+"""CUDA GEMV (mixgemm.kernels.cuda.gemv): CPU checks (NVRTC compiles, gemv_v1 layout round trips) and
+GPU checks of every format combination against the float64 reference."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import mixgemm
+import mixgemm.reference as ref
+from mixgemm.formats.layouts import (
+    INT4_PERM,
+    build_gemv_mma_v1,
+    build_gemv_v1,
+    unpack_gemv_mma_v1,
+    unpack_gemv_v1,
+)
+from mixgemm.formats.weight import quantize_weight
+from mixgemm.kernels.cuda import gemv as gemv_mod
+from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, m_bucket, mma_defines_for
+
+BITS = (4, 8)
+ACTS = (0, 1, 2)  # fp16, bf16, fp32 activations
+SCLS = (0, 1, 2)  # fp16, bf16, fp32 scales
+MODES = (0, 1, 2)  # sym, zero_point, offset
+GROUPS = (32, 64, 128, 256, -1)
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
+
+
+# ----------------------------------------------------------------------------------------------- CPU
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_nvrtc_compiles_every_instantiation(arch):
+    """Every (bits, activation dtype, scale dtype, mode) at the M buckets and the tile configs that the
+    dispatcher can pick (split-K on and off) compiles for sm_90 and sm_80."""
+    keys = set()
+    for i, (bits, act, scl, mode) in enumerate(itertools.product(BITS, ACTS, SCLS, MODES)):
+        # every combination at M = 1; the fp16-scale ones (the scale dtype only changes one load) at
+        # every M bucket on sm_90 and at M = 16 on sm_80; tile configs alternate between no split-K
+        # and split-K 8 so both code shapes are compiled (keeps this test near a minute on 2 cores)
+        buckets = [1]
+        if scl == 0:
+            buckets += [2, 4, 8, 16] if arch == "sm_90" else [16]
+        for mb in buckets:
+            n, kc = ((28672, 256), (64, 4096))[(i + mb) % 2]
+            cfg = choose_config(mb, n, kc, 132, act)
+            keys.add(tuple(sorted(defines_for(bits, act, scl, mode, mb, cfg).items())))
+    for key in sorted(keys):
+        cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
+        assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_nvrtc_compiles_mma_instantiations(arch):
+    """Tensor-core kernel: every (bits, fp16/bf16, mode) with fp16 scales at both M blocks (M <= 8, <= 16);
+    bf16 / fp32 scales at M <= 8 (sm_90 only: the scale dtype changes one load)."""
+    keys = set()
+    for i, (bits, act, scl, mode) in enumerate(itertools.product(BITS, (0, 1), SCLS, MODES)):
+        if scl != 0 and arch == "sm_80":
+            continue
+        for mb in ((1, 2) if scl == 0 else (1,)):
+            n, kt = ((28672, 128), (64, 4096))[(i + mb) % 2]
+            cfg = choose_mma_config(mb, n, kt, 132)
+            keys.add(tuple(sorted(mma_defines_for(bits, act, scl, mode, mb, cfg).items())))
+    for key in sorted(keys):
+        cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
+        assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
+
+
+@pytest.mark.parametrize("bits,group,mode,n,k", [
+    (4, 128, "sym", 40, 256), (4, 32, "zero_point", 17, 96), (8, -1, "offset", 5, 40), (8, 64, "sym", 33, 192),
+])
+def test_gemv_mma_layout_round_trip(bits, group, mode, n, k, torch_gen):
+    qw = quantize_weight(torch.randn(n, k, generator=torch_gen) * 0.02, bits=bits, group_size=group, mode=mode)
+    lay = qw.layout("gemv_mma_v1", build_gemv_mma_v1)
+    kt = 64 if bits == 4 else 32
+    assert lay.weight.shape == (-(-n // 16), -(-k // kt), 32, 16)
+    assert torch.equal(unpack_gemv_mma_v1(lay), qw.codes())
+    assert lay.params is qw.layout("gemv_v1", build_gemv_v1).params
+    c = qw.codes().long()
+    if bits == 4:  # lane 5 = (g 1, t 1), word s = 2: e0 = W[1][16 + 8], e1 = W[1][16 + 9], e2 = W[9][16 + 8]
+        by = lay.weight[0, 0, 5].long()
+        word = by[8] | by[9] << 8 | by[10] << 16 | by[11] << 24
+        assert int(word & 0xF) == c[1, 24] and int((word >> 16) & 0xF) == c[1, 25]
+        assert int((word >> 4) & 0xF) == c[9, 24]
+    else:  # lane 1 = (g 0, t 1), word 0 (s 0, row g): bytes W[0][8 .. 11]; word 2 (s 1): W[0][12 .. 15]
+        assert lay.weight[0, 0, 1, 0:4].tolist() == c[0, 8:12].tolist()
+        assert lay.weight[0, 0, 1, 8:12].tolist() == c[0, 12:16].tolist()
+    assert lay.gk == (31 if group == -1 else group.bit_length() - 1)
+
+
+@needs_nvrtc
+def test_nvrtc_error_is_clear():
+    with pytest.raises(nvrtc.NvrtcError, match="GEMV_BITS"):
+        nvrtc.compile_cubin("gemv.cu", (("GEMV_BITS", "x+"),), "sm_90")
+
+
+def test_choose_config_fills_gpu():
+    for n, kc in ((4096, 128), (4096, 448), (28672, 256), (8192, 896), (7, 40), (100000, 8)):
+        for m in (1, 2, 16):
+            cfg = choose_config(m, n, kc, 132)
+            assert cfg["RG"] * cfg["KS"] == 8 and cfg["PF"] in (0, 1)
+            warps = -(-n // cfg["R"]) * cfg["KS"]
+            # split-K stops once the grid has ~62 warps per SM, at 8 slices, or when lanes run dry
+            assert warps >= 132 * 62 or cfg["KS"] == 8 or kc < 32 * cfg["U"] * cfg["KS"] * 2, (n, kc, m, cfg)
+            mcfg = choose_mma_config(1 if m <= 8 else 2, n, kc // 2, 132)
+            assert mcfg["RG"] * mcfg["KS"] >= 8 and mcfg["KS"] <= 16
+    # the tuned table wins for the protocol shapes (M = 1, fp16)
+    assert choose_config(1, 8192, 896, 132, 0, 4, 28672) == {"R": 4, "U": 1, "RG": 1, "KS": 8, "PF": 0}
+    assert [m_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+
+
+@pytest.mark.parametrize("bits,group,mode,k", [
+    (4, 128, "sym", 256), (4, 32, "zero_point", 96), (4, -1, "offset", 72), (4, -1, "zero_point", 40),
+    (8, 64, "zero_point", 192), (8, -1, "sym", 40), (8, 256, "offset", 512),
+])
+def test_gemv_layout_round_trip(bits, group, mode, k, torch_gen):
+    n = 7
+    w = torch.randn(n, k, generator=torch_gen) * 0.02
+    qw = quantize_weight(w, bits=bits, group_size=group, mode=mode)
+    before = qw.qweight.clone()
+    lay = qw.layout("gemv_v1", build_gemv_v1)
+    assert torch.equal(qw.qweight, before)  # plain packing untouched
+    assert qw.layout("gemv_v1", build_gemv_v1) is lay  # cached
+    chunk = 32 if bits == 4 else 16
+    assert lay.k_padded % chunk == 0 and lay.k_padded >= k and lay.k_padded - k < chunk
+    assert lay.weight.shape == (n, lay.k_padded * bits // 8) and lay.weight.dtype == torch.uint8
+    assert torch.equal(unpack_gemv_v1(lay), qw.codes())
+    codes = qw.codes()
+    if bits == 4:  # nibble p of 32-bit word i holds k = 8 i + INT4_PERM[p], read bit by bit here
+        by = lay.weight[:, :4].to(torch.int64)
+        word = by[:, 0] | by[:, 1] << 8 | by[:, 2] << 16 | by[:, 3] << 24
+        for p, e in enumerate(INT4_PERM):
+            assert torch.equal((word >> (4 * p)) & 0xF, codes[:, e].to(torch.int64))
+        # the pair that one lop3 with mask 0x000f000f extracts is (k0, k0+1)
+        assert torch.equal(word & 0xF, codes[:, 0].long())
+        assert torch.equal((word >> 16) & 0xF, codes[:, 1].long())
+    g = qw.group_size
+    if mode == "sym":
+        assert torch.equal(lay.params, qw.scales)
+    else:
+        second = qw.zeros.to(qw.scales.dtype) if mode == "zero_point" else qw.offsets
+        assert torch.equal(lay.params[..., 0], qw.scales) and torch.equal(lay.params[..., 1], second)
+    # group of chunk c is c >> gshift
+    for c in range(lay.chunks_per_row):
+        expect = 0 if group == -1 else (c * chunk) // g
+        assert (c >> lay.gshift) == expect
+    if lay.k_padded > k:  # padding codes are the zero point (offset: 0)
+        pad = unpack_gemv_v1(lay.__class__(**{**lay.__dict__, "k": lay.k_padded}))[:, k:]
+        zc = 0 if mode == "offset" else qw.zero_points()[:, :1]
+        assert torch.equal(pad.long(), (torch.zeros_like(pad).long() + zc))
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+
+def _make(n, k, bits, group, mode, scale_dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(n, k, generator=gen, device="cuda") * 0.02
+    return quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=scale_dtype), gen
+
+
+def _check(x, qw, bias=None, activation=None):
+    y = mixgemm.matmul(x, qw, bias, activation)
+    r = ref.matmul(x, qw, bias, activation, out_dtype=torch.float64)
+    assert y.dtype == x.dtype and y.shape == r.shape
+    err = float((y.double() - r).norm() / r.norm())
+    assert err <= TOL[x.dtype], f"rel err {err:.2e} > {TOL[x.dtype]:.0e}"
+    return err
+
+
+@pytest.fixture(params=["mma", "simt"])
+def kernel(request):
+    """Run a test through the tensor-core kernel (default for fp16/bf16) and the CUDA-core one."""
+    gemv_mod.KERNEL_OVERRIDE = request.param
+    yield request.param
+    gemv_mod.KERNEL_OVERRIDE = None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16, torch.float32])
+def test_gemv_every_format(bits, mode, group, act, kernel):
+    """Odd N (not a multiple of any row tile), K a multiple of the group (per-channel: not a multiple of
+    the 32/16 chunk), M = 1 and 5, with bias and relu6 at M = 5."""
+    k = 200 if group == -1 else 3 * 256
+    qw, gen = _make(203, k, bits, group, mode, torch.float16, 1)
+    for m in (1, 5):
+        x = torch.randn(m, k, generator=gen, device="cuda").to(act)
+        if m == 1:
+            _check(x, qw)
+        else:
+            bias = torch.randn(203, generator=gen, device="cuda").to(act) * 0.1
+            _check(x * 4, qw, bias, "relu6")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bits,mode", [(4, "sym"), (4, "zero_point"), (4, "offset"), (8, "zero_point"),
+                                       (8, "offset")])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16, torch.float32])
+def test_gemv_scale_dtypes(scale_dtype, bits, mode, act, kernel):
+    qw, gen = _make(77, 512, bits, 64, mode, scale_dtype, 2)
+    for m in (1, 16):
+        _check(torch.randn(m, 512, generator=gen, device="cuda").to(act), qw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_gemv_every_m(act, kernel):
+    """M = 1..16 (every bucket and the rows it does not store), bias + relu, a split-K shape."""
+    qw, gen = _make(96, 4096, 4, 128, "zero_point", torch.float16, 3)
+    bias = torch.randn(96, generator=gen, device="cuda").to(act)
+    qw8, _ = _make(96, 4096, 8, -1, "sym", torch.float16, 4)
+    for m in range(1, 17):
+        x = torch.randn(m, 4096, generator=gen, device="cuda").to(act)
+        _check(x, qw, bias, "relu")
+        _check(x, qw8)
+
+
+@pytest.mark.gpu
+def test_gemv_large_shape_split_k(kernel):
+    qw, gen = _make(4096, 14336, 4, 128, "zero_point", torch.float16, 5)
+    for m in (1, 3, 16):
+        _check(torch.randn(m, 14336, generator=gen, device="cuda").half(), qw)
+
+
+@pytest.mark.gpu
+def test_gemv_strided_misaligned_and_3d_inputs(kernel):
+    qw, gen = _make(130, 320, 4, 64, "offset", torch.float16, 6)
+    base = torch.randn(4, 700, generator=gen, device="cuda").half()
+    xs = [
+        base[:, 1:321],                    # misaligned rows (2-byte offset)
+        base[:, :640:2],                   # non-unit stride along K
+        base.t().contiguous().t()[:, :320],  # column-major
+        base[:3, 8:328].reshape(3, 320),
+    ]
+    for x in xs:
+        before = x.clone()
+        _check(x, qw)
+        assert torch.equal(x, before)  # inputs never modified
+    x3 = torch.randn(2, 3, 320, generator=gen, device="cuda").half()
+    y = mixgemm.matmul(x3, qw)
+    assert y.shape == (2, 3, 130)
+    r = ref.matmul(x3, qw, out_dtype=torch.float64)
+    assert float((y.double() - r).norm() / r.norm()) <= 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gemv_bias_dtypes(bias_dtype, kernel):
+    qw, gen = _make(64, 256, 4, 32, "sym", torch.float16, 7)
+    x = torch.randn(2, 256, generator=gen, device="cuda").half()
+    _check(x, qw, torch.randn(64, generator=gen, device="cuda").to(bias_dtype), None)
+    nb = torch.randn(128, generator=gen, device="cuda").to(bias_dtype)[::2]  # non-contiguous bias
+    _check(x, qw, nb, "relu")
+
+
+@pytest.mark.gpu
+def test_gemv_cuda_graph_and_stream(kernel):
+    from mixgemm.kernels.cuda.gemv import gemv
+
+    qw, gen = _make(256, 1024, 4, 128, "zero_point", torch.float16, 8)
+    x = torch.randn(1, 1024, generator=gen, device="cuda").half()
+    y0 = gemv(x, qw, None, -math.inf, math.inf)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y1 = gemv(x, qw, None, -math.inf, math.inf)
+    s.synchronize()
+    assert torch.equal(y0, y1)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        yg = gemv(x, qw, None, -math.inf, math.inf)
+    x.copy_(torch.randn(1, 1024, generator=gen, device="cuda").half())
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(yg, gemv(x, qw, None, -math.inf, math.inf))
+
+
+@pytest.mark.gpu
+def test_gemv_rejects_bad_input():
+    from mixgemm.kernels.cuda.gemv import gemv
+
+    qw, gen = _make(16, 64, 4, 32, "sym", torch.float16, 9)
+    with pytest.raises(ValueError, match="M <= 16"):
+        gemv(torch.randn(17, 64, device="cuda").half(), qw, None, 0.0, 1.0)
+    with pytest.raises(TypeError, match="activation dtype"):
+        gemv(torch.randn(1, 64, device="cuda").double(), qw, None, 0.0, 1.0)
+    with pytest.raises(ValueError, match="K=63"):
+        gemv(torch.randn(1, 63, device="cuda").half(), qw, None, 0.0, 1.0)
