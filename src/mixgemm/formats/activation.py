@@ -62,13 +62,16 @@ def quantize_activation(x: torch.Tensor, block_size: int = -1, mode: str = "sym"
         raise ValueError(f"K={k} is not divisible by the activation block size {b}")
     xb = x.float().reshape(m, k // b, b)
     if mode == "sym":
-        d = xb.abs().amax(-1) / 127.0
+        amax = xb.abs().amax(-1)
+        # divide by a tensor, not a Python scalar: CUDA turns x / scalar into x * (1 / scalar), which
+        # differs in the last bit; true division keeps the reference identical on every device
+        d = amax / torch.full_like(amax, 127.0)
         inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
         q = torch.round(xb * inv[..., None]).clamp(-127, 127)
         o = torch.zeros_like(d)
     else:
         lo, hi = xb.amin(-1), xb.amax(-1)
-        d = (hi - lo) / 255.0
+        d = (hi - lo) / torch.full_like(hi, 255.0)
         o = torch.where(d > 0, hi - 127.0 * d, hi)  # a constant block: o = max, so q = 0 and x == o exactly
         d = torch.where(d > 0, d, torch.ones_like(d))
         q = torch.round((xb - o[..., None]) / d[..., None]).clamp(-128, 127)

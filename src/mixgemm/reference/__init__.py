@@ -5,6 +5,7 @@ Each is computed in float64 from the exact stored quantized values, on whatever 
 
 from mixgemm.reference.block_gemm import block_int_gemm, block_int_gemm_parts
 from mixgemm.reference.conv import conv2d
+from mixgemm.reference.int8_static import int8_static_gemm
 from mixgemm.reference.matmul import matmul
 
-__all__ = ["block_int_gemm", "block_int_gemm_parts", "conv2d", "matmul"]
+__all__ = ["block_int_gemm", "block_int_gemm_parts", "conv2d", "int8_static_gemm", "matmul"]

@@ -1,0 +1,181 @@
+"""Activation-quantized matmuls on the int8 tensor cores (public API).
+
+* :func:`matmul_a8` -- y = act(x @ W.T + bias) with x quantized on the fly per token and per weight group
+  (int8, "sym" = q8_1 or "asym" = seed 000's QuantA), W a QuantizedWeight (4 or 8 bits, any mode, group
+  32..256 or per-channel). Two launches: the fused activation quantizer, then the integer GEMM (int32 per
+  K-block folded into fp32 with sA*sB and the offset terms inside the K loop). M <= 16 takes the same
+  kernel with 16-row tiles and narrow N tiles (the mul_mat_vec_q analogue).
+* :func:`int8_static_gemm` -- static per-tensor INT8 x INT8 -> INT8 (MNN ConvInt8 semantics),
+  reference: mixgemm.reference.int8_static.
+* :func:`make_a8_runner` / :func:`make_static_runner` -- zero-argument callables for the benchmark
+  (layout built once, activation quantization included in every call).
+
+CPU tensors run the float64 references (the CPU fallback); Triton kernels run on CUDA, or on CPU under
+TRITON_INTERPRET=1 when ``force_kernel=True`` (tests).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+from mixgemm._checks import check_matmul_inputs
+from mixgemm.epilogue import clamp_bounds
+from mixgemm.formats.activation import ACT_MODES, quantize_activation
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.reference import int8_static as _sref
+from mixgemm.reference.block_gemm import block_int_gemm
+
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _use_kernel(x: torch.Tensor, force_kernel: bool) -> bool:
+    if x.device.type == "cuda":
+        return True
+    return force_kernel and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def matmul_a8(
+    x: torch.Tensor,
+    qweight: QuantizedWeight,
+    act_mode: str = "sym",
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    out_dtype: torch.dtype | None = None,
+    config: dict | None = None,
+    force_kernel: bool = False,
+) -> torch.Tensor:
+    """y = act(Qa(x) @ W.T + bias), activations quantized to int8 per token and per block (= weight group).
+
+    x: float16 / bfloat16 / float32 [..., K] (on qweight's device). qweight: QuantizedWeight [N, K], 4 or
+    8 bits, mode sym / zero_point / offset, group 32..256 or per-channel. act_mode: "sym" | "asym".
+    bias: float [N] or None. activation: None | "relu" | "relu6". out_dtype: default x.dtype.
+    4-bit weights need K % 64 == 0 (K % 128 for per-channel or group >= 64 unless K % 64 only).
+    Returns [..., N]. Inputs are never modified.
+    """
+    check_matmul_inputs(x, qweight, bias)
+    if act_mode not in ACT_MODES:
+        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
+    lo, hi = clamp_bounds(activation)
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    lead = x.shape[:-1]
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if not _use_kernel(x, force_kernel):
+        a = quantize_activation(x2, qweight.group_size, act_mode)
+        y = block_int_gemm(a, qweight)
+        if bias is not None:
+            y = y + bias.double()[None, :]
+        return y.clamp(lo, hi).to(out_dtype).reshape(*lead, qweight.out_features)
+    from mixgemm.kernels.triton.act_quant import act_quant
+    from mixgemm.kernels.triton.int8_gemm import a8_gemm
+    from mixgemm.kernels.triton.int8_layout import get_int8_layout
+
+    lay = get_int8_layout(qweight)
+    aq, sa, oa, suma = act_quant(x2, lay.group_size, act_mode)
+    y = a8_gemm(aq, sa, oa, suma, lay, act_mode == "asym", bias, lo, hi, out_dtype, config=config)
+    return y.reshape(*lead, qweight.out_features)
+
+
+def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "sym",
+                   bias: torch.Tensor | None = None, activation: str | None = None,
+                   out_dtype: torch.dtype | None = None, config: dict | None = None) -> Callable[[], torch.Tensor]:
+    """For `mixgemm bench`: a zero-argument callable running activation quantization + GEMM on x [M, K]
+    (CUDA), with the weight layout and the output / scratch buffers allocated once (CUDA-graph capturable).
+    Returns the same tensor (overwritten) on every call."""
+    from mixgemm.kernels.triton.act_quant import act_quant
+    from mixgemm.kernels.triton.int8_gemm import a8_gemm
+    from mixgemm.kernels.triton.int8_layout import get_int8_layout
+
+    check_matmul_inputs(x, qweight, bias)
+    if act_mode not in ACT_MODES:
+        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
+    lo, hi = clamp_bounds(activation)
+    x2 = x.reshape(-1, x.shape[-1])
+    lay = get_int8_layout(qweight)
+    m, k = x2.shape
+    g = k // lay.group_size
+    dev = x.device
+    bufs = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, g), dtype=torch.float32, device=dev),
+            torch.empty((m, g), dtype=torch.float32, device=dev), torch.empty((m, g), dtype=torch.int32, device=dev))
+    out = torch.empty((m, lay.n), dtype=out_dtype or x.dtype, device=dev)
+    asym = act_mode == "asym"
+
+    def run():
+        aq, sa, oa, suma = act_quant(x2, lay.group_size, act_mode, out=bufs)
+        return a8_gemm(aq, sa, oa, suma, lay, asym, bias, lo, hi, out.dtype, config=config, out=out)
+
+    return run
+
+
+class Int8Static:
+    """Prepared static INT8 layer (the MNN ConvInt8 Resource): int8 weights [N, K] (signed, symmetric) with
+    per-tensor or per-channel scale, input scale / zero point, output scale / zero point, float bias [N],
+    activation (None | "relu" | "relu6") or explicit integer clamp. Precomputes mq and the fused bias."""
+
+    def __init__(self, w_q: torch.Tensor, w_scale, x_scale: float, x_zero: int, out_scale: float,
+                 out_zero: int, bias: torch.Tensor | None = None, activation: str | None = None,
+                 clamp: tuple[int, int] | None = None):
+        if not isinstance(w_q, torch.Tensor) or w_q.dtype != torch.int8 or w_q.dim() != 2:
+            raise TypeError("w_q must be an int8 tensor [N, K] of signed symmetric codes")
+        if not -128 <= int(out_zero) <= 127:
+            raise ValueError(f"out_zero must be in [-128, 127], got {out_zero}")
+        self.w_q = w_q
+        self.args = (w_scale, x_scale, int(x_zero), out_scale, int(out_zero))
+        self.bias = bias
+        self.mq, self.fused_bias = _sref.static_params(w_q, w_scale, x_scale, x_zero, out_scale, bias)
+        self.lo, self.hi = _sref.quant_clamp(out_scale, out_zero, activation, clamp)
+        self.activation, self.clamp = activation, clamp
+        self._lay = None
+
+    def layout(self):
+        if self._lay is None:
+            from mixgemm.kernels.triton.int8_layout import Int8Layout
+
+            n, k = self.w_q.shape
+            f = torch.zeros((1, n), dtype=torch.float32, device=self.w_q.device)
+            self._lay = Int8Layout(codes=self.w_q.contiguous(), scales=f, dot_scales=f, moff=f, cterm=f,
+                                   csum=torch.zeros((n, 1), dtype=torch.int32, device=self.w_q.device),
+                                   bits=8, group_size=k, num_groups=1, half=0, has_offset=False, n=n, k=k)
+        return self._lay
+
+    def __call__(self, x_q: torch.Tensor, force_kernel: bool = False, config=None, out=None) -> torch.Tensor:
+        if not isinstance(x_q, torch.Tensor) or x_q.dtype != torch.int8 or x_q.dim() != 2:
+            raise TypeError("x_q must be an int8 tensor [M, K]")
+        if x_q.shape[1] != self.w_q.shape[1]:
+            raise ValueError(f"shape mismatch: x_q K={x_q.shape[1]}, weight K={self.w_q.shape[1]}")
+        if x_q.device != self.w_q.device:
+            raise ValueError(f"device mismatch: x_q on {x_q.device}, weight on {self.w_q.device}")
+        if not _use_kernel(x_q, force_kernel):
+            w_scale, x_scale, x_zero, out_scale, out_zero = self.args
+            return _sref.int8_static_gemm(x_q, self.w_q, w_scale, x_scale, x_zero, out_scale, out_zero,
+                                          self.bias, self.activation, self.clamp)
+        from mixgemm.kernels.triton.int8_gemm import static_int8_gemm
+
+        xq = x_q if x_q.stride(1) == 1 else x_q.contiguous()
+        return static_int8_gemm(xq, self.layout(), self.fused_bias, self.mq, self.args[4], self.lo, self.hi,
+                                config=config, out=out)
+
+
+def int8_static_gemm(x_q: torch.Tensor, w_q: torch.Tensor, w_scale, x_scale: float, x_zero: int,
+                     out_scale: float, out_zero: int, bias: torch.Tensor | None = None,
+                     activation: str | None = None, clamp: tuple[int, int] | None = None,
+                     force_kernel: bool = False) -> torch.Tensor:
+    """int8 [M, N] = clamp(round((sI (x_q - zI)) @ (sW w_q).T + bias) / sO) + zO) with MNN's fused integer
+    epilogue (see mixgemm.reference.int8_static for the exact float32 operations).
+    x_q: int8 [M, K]; w_q: int8 [N, K] signed symmetric; w_scale: scalar or [N]; x_scale, out_scale > 0;
+    x_zero, out_zero in [-128, 127]; bias float [N] or None. Prepare an :class:`Int8Static` once to reuse
+    the fused bias across calls."""
+    return Int8Static(w_q, w_scale, x_scale, x_zero, out_scale, out_zero, bias, activation, clamp)(
+        x_q, force_kernel=force_kernel)
+
+
+def make_static_runner(x_q: torch.Tensor, layer: Int8Static, config=None) -> Callable[[], torch.Tensor]:
+    """For `mixgemm bench`: zero-argument callable of the static INT8 GEMM (output buffer allocated once)."""
+    out = torch.empty((x_q.shape[0], layer.w_q.shape[0]), dtype=torch.int8, device=x_q.device)
+    layer.layout()
+    return lambda: layer(x_q, config=config, out=out)
