@@ -35,9 +35,9 @@ import math
 import os
 
 import torch
-
 import triton
 import triton.language as tl
+
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.triton.dequant import MODE_IDS, dequantize, group_params
 from mixgemm.kernels.triton.layout import N_ALIGN, TritonGemmLayout, chunk_k, get_layout
