@@ -1,0 +1,6 @@
+"""mixgemm bench: the scoreboard (shared/benchmark-protocol.md).
+
+protocol: timing (CUDA graph over rotating copies, eager, ceilings); methods: the method registry (mixgemm
+paths and peers); floors: bytes/flops/floor per case; runner: the checked sweep; output: JSON/CSV/Markdown/
+PNG; cli: `python -m mixgemm bench`; report: `python -m mixgemm report` (README table).
+"""

@@ -1,0 +1,244 @@
+"""`python -m mixgemm bench`: the scoreboard (benchmark protocol in shared/benchmark-protocol.md).
+
+Every method (mixgemm's paths and the peers: fp16/bf16 cuBLAS, tinygemm, torch._int_mm, gemlite when
+importable) runs on the same shapes in one process; each output is checked against its float64
+reference before it is timed. Prints a table, writes PREFIX.{json,csv,md} (and PREFIX.png with --plot).
+Without a CUDA GPU it says so and times the CPU path on a small shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from mixgemm.bench import output, protocol
+from mixgemm.bench.conv import CONV_BATCHES, CONV_PRESET, conv_methods
+from mixgemm.bench.methods import BASELINE_CPU, all_methods, select
+from mixgemm.bench.reference_numbers import compare_markdown, protocol_plan
+from mixgemm.bench.runner import SweepConfig, run_sweep
+
+PROTOCOL_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384]
+# K x N of each linear layer (nn.Linear: K in_features, N out_features)
+PRESETS: dict[str, list[tuple[int, int]]] = {
+    "protocol": [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (28672, 8192)],
+    # Llama-3-8B: q/o proj 4096x4096, k/v proj 4096x1024 (8 KV heads), gate/up 4096x14336, down 14336x4096
+    "llama3-8b": [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)],
+    # Llama-3-70B: q/o 8192x8192, k/v 8192x1024, gate/up 8192x28672, down 28672x8192
+    "llama3-70b": [(8192, 8192), (8192, 1024), (8192, 28672), (28672, 8192)],
+}
+# --quick: the protocol table's rows for two shapes (about a minute on an H100/H200)
+QUICK_PLAN = [((4096, 4096), [1, 16, 256, 4096]), ((8192, 28672), [1, 4, 16, 64, 256])]
+CPU_PLAN = [((1024, 2048), [1, 16])]
+DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def parse_shapes(items: list[str]) -> list[tuple[int, int]]:
+    """Preset names and/or explicit KxN (e.g. 4096x14336), comma- or space-separated, duplicates dropped."""
+    out: list[tuple[int, int]] = []
+    for item in (p.strip() for s in items for p in s.split(",")):
+        if not item:
+            continue
+        if item.lower() in PRESETS:
+            shapes = PRESETS[item.lower()]
+        else:
+            try:
+                k, n = (int(v) for v in item.lower().split("x"))
+            except ValueError:
+                raise ValueError(f"shape {item!r}: expected KxN (e.g. 4096x14336) or a preset "
+                                 f"({', '.join(PRESETS)})") from None
+            if k <= 0 or n <= 0:
+                raise ValueError(f"shape {item!r}: K and N must be positive")
+            shapes = [(k, n)]
+        out += [s for s in shapes if s not in out]
+    return out
+
+
+def parse_ints(items: list[str], what: str) -> list[int]:
+    vals: list[int] = []
+    for p in (p.strip() for s in items for p in s.split(",")):
+        if not p:
+            continue
+        try:
+            v = int(p)
+        except ValueError:
+            raise ValueError(f"{what}: {p!r} is not an integer") from None
+        if v <= 0:
+            raise ValueError(f"{what}: {v} must be positive")
+        if v not in vals:
+            vals.append(v)
+    return vals
+
+
+class Progress:
+    """tqdm when importable and enabled, else a one-line counter on stderr."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.n, self.enabled = total, 0, enabled
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="case", file=sys.stderr, dynamic_ncols=True, leave=False)
+            except ImportError:
+                pass
+
+    def __call__(self, label: str) -> None:
+        self.n += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.set_description_str(label[:48])
+            self.bar.update(1)
+        else:
+            sys.stderr.write(f"\r[{self.n}/{self.total}] {label[:60]:<60}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled:
+            sys.stderr.write("\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mixgemm bench", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="presets: " + "; ".join(f"{k}: " + ", ".join(f"{a}x{b}" for a, b in v)
+                                                               for k, v in PRESETS.items()))
+    p.add_argument("--shapes", nargs="+", default=None,
+                   help="presets (protocol, llama3-8b, llama3-70b) and/or KxN; default: protocol")
+    p.add_argument("-m", "--m", nargs="+", default=None, dest="ms",
+                   help="M values (tokens), e.g. 1 16 256 or 1,16,256; default: the protocol's list")
+    p.add_argument("--dtype", default="fp16", choices=sorted(DTYPES),
+                   help="activation dtype of mixgemm's methods")
+    p.add_argument("--bits", nargs="+", default=["4", "8"], help="mixgemm weight bits to run (4 and/or 8)")
+    p.add_argument("--group-size", type=int, default=128,
+                   help="mixgemm W4 group size (32/64/128/256, -1 per-channel)")
+    p.add_argument("--methods", default=None,
+                   help="comma list of method names or substrings ('all'; default: every default method)")
+    p.add_argument("--list-methods", action="store_true", help="list the methods and whether they run here")
+    p.add_argument("--quick", action="store_true",
+                   help="about a minute: 4096x4096 (M 1,16,256,4096) and 8192x28672 (M 1,4,16,64,256)")
+    p.add_argument("--conv", action="store_true",
+                   help="conv layers instead of matmuls: mixgemm.conv2d W4/W8 vs cuDNN fp16 (ResNet-50/UNet layers; "
+                        "-m gives the batch sizes, default 1 8)")
+    p.add_argument("--protocol-rows", action="store_true",
+                   help="exactly the rows (K x N, M) of the protocol's published table, to compare with it")
+    p.add_argument("--out", default=None,
+                   help="output prefix for .json/.csv/.md/.png (default: ./mixgemm-bench-<gpu>[-quick])")
+    p.add_argument("--plot", action="store_true",
+                   help="also write PREFIX.png (speedup vs M per shape + roofline)")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="auto: CUDA when available, else the CPU path")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-mem-gb", type=float, default=20.0, help="cap on the memory of one layer's C copies")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        bits = parse_ints(args.bits, "--bits")
+        if any(b not in (4, 8) for b in bits):
+            raise ValueError(f"--bits: mixgemm supports 4 and 8, got {bits}")
+        shapes = parse_shapes(args.shapes) if args.shapes else None
+        ms = parse_ints(args.ms, "-m") if args.ms else None
+    except ValueError as e:
+        print(f"mixgemm bench: error: {e}", file=sys.stderr)
+        return 2
+    dtype = DTYPES[args.dtype]
+    cuda = torch.cuda.is_available()
+    device = "cuda" if (args.device == "cuda" or (args.device == "auto" and cuda)) else "cpu"
+    if device == "cuda" and not cuda:
+        print("mixgemm bench: error: --device cuda but no CUDA GPU is available", file=sys.stderr)
+        return 2
+    meths_all = conv_methods() if args.conv else all_methods(bits, args.group_size)
+    if args.conv and device == "cpu":
+        print("mixgemm bench: error: --conv times GPU kernels against cuDNN; no CUDA GPU here", file=sys.stderr)
+        return 2
+    spec = args.methods
+    if spec is None and device == "cuda" and dtype == torch.float32:
+        spec = "default," + BASELINE_CPU  # fp32 activations: put fp32 cuBLAS beside them
+    try:
+        if spec and spec.startswith("default,"):
+            chosen = select(meths_all, None, device, args.quick) + select(meths_all, spec[8:], device)
+            chosen = list(dict.fromkeys(chosen))
+        else:
+            chosen = select(meths_all, spec, device, args.quick)
+    except ValueError as e:
+        print(f"mixgemm bench: error: {e}", file=sys.stderr)
+        return 2
+
+    if args.list_methods:
+        from mixgemm.bench.methods import Context
+
+        ctx = Context(torch.device(device), dtype, args.group_size)
+        for m in meths_all:
+            why = m.unavailable(ctx) if (device == "cuda" or m.cpu) else "GPU only"
+            print(f"{m.name:<26}{'runs here' if not why else 'not here: ' + why}   {m.description}")
+        return 0
+
+    if device == "cpu":
+        print("mixgemm bench: no CUDA GPU found (torch.cuda.is_available() is False). The GPU kernels "
+              "cannot be timed here; timing the CPU path (mixgemm's CPU fallback vs float32 torch) on a "
+              "small shape instead (eager wall clock, warm caches: % of floor is not meaningful). "
+              "Run on a CUDA GPU for the scoreboard.", file=sys.stderr)
+        plan = [((k, n), ms or CPU_PLAN[0][1]) for k, n in (shapes or [CPU_PLAN[0][0]])]
+        dtype = torch.float32
+    elif args.conv:
+        plan = [(spec, ms or CONV_BATCHES) for spec in CONV_PRESET]
+    elif shapes or ms:
+        plan = [(s, ms or PROTOCOL_M) for s in (shapes or PRESETS["protocol"])]
+    elif args.protocol_rows:
+        plan = protocol_plan()
+    elif args.quick:
+        plan = QUICK_PLAN
+    else:
+        plan = [(s, PROTOCOL_M) for s in PRESETS["protocol"]]
+    for shape, _ in plan:
+        k = shape[0] if isinstance(shape, tuple) else 2
+        if k % 2 or (4 in bits and args.group_size != -1 and k % args.group_size):
+            print(f"mixgemm bench: note: K={k} does not fit group size {args.group_size}; "
+                  "affected methods report an error for it", file=sys.stderr)
+
+    quick = args.quick
+    cfg = SweepConfig(plan=plan, methods=chosen, device=device, dtype=dtype, group_size=args.group_size,
+                      seed=args.seed, quick=quick, max_bytes=int(args.max_mem_gb * 2**30),
+                      warmup_ms=10 if quick else 25, rep_ms=40 if quick else 100,
+                      extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:]})
+    total = sum(len(m) for _, m in plan) * len(chosen)
+    progress = Progress(total, enabled=not args.no_progress)
+    t0 = time.time()
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    prefix = args.out or f"mixgemm-bench-{protocol.gpu_slug(name) if device == 'cuda' else 'cpu'}" + \
+        ("-quick" if quick else "")
+    if os.path.dirname(prefix):
+        os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    try:
+        data = run_sweep(cfg, progress, checkpoint=lambda part: output.write_json(part, prefix + ".json"))
+    finally:
+        progress.close()
+    print(output.terminal_table(data))
+    print()
+    print(output.pivot_markdown(data))
+    cmp = compare_markdown(data)
+    if cmp:
+        print("\n" + cmp)
+    paths = output.write_all(data, prefix, args.plot)
+    if args.plot and not any(p.endswith(".png") for p in paths):
+        print("mixgemm bench: --plot needs matplotlib (pip install matplotlib); no PNG written",
+              file=sys.stderr)
+    print(f"\nwrote {', '.join(paths)} in {time.time() - t0:.0f} s")
+    bad = [r for r in data["results"] if r["status"] == "wrong"]
+    if bad:
+        print(f"mixgemm bench: {len(bad)} case(s) gave WRONG results (see the table): "
+              + ", ".join(sorted({r['method'] for r in bad})), file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,255 @@
+"""The sweep: every (shape, method, M) case checked against its reference, then timed per the protocol.
+
+Loop order is shape -> method -> M so that only one method's layer copies (and its float64 reference
+weight) live at a time. A case ends in one of these statuses:
+
+* ``ok``: the output matched the reference within the method's tolerance, then was timed.
+* ``wrong``: the output did not match; it is reported with its error and NOT timed.
+* ``error``: the method raised (message in ``note``); ``n/a``: the case does not apply (``note`` says why);
+  ``unavailable``: the method cannot run on this machine (import failed, no GPU...).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from mixgemm.bench import floors, protocol
+from mixgemm.bench.conv import CONV_BASELINE, ConvSpec
+from mixgemm.bench.methods import BASELINE_CPU, BASELINE_GPU, Context, Method
+
+CHECK_ROWS = 256  # rows checked at each end of the output when M > 2 * CHECK_ROWS (bounds reference memory)
+
+
+@dataclass
+class SweepConfig:
+    plan: list[tuple]  # [((K, N), [M, ...]), ...] and/or [(ConvSpec, [batch, ...]), ...]
+    methods: list[Method]
+    device: str = "cuda"
+    dtype: torch.dtype = torch.float16
+    group_size: int = 128
+    seed: int = 0
+    quick: bool = False
+    max_bytes: int = protocol.DEFAULT_MAX_BYTES
+    min_copies: int = protocol.MIN_COPIES
+    warmup_ms: float = 25
+    rep_ms: float = 100
+    extra_meta: dict = field(default_factory=dict)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    den = float(b.norm())
+    num = float((a - b).norm())
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def _x_for(m: int, k: int, seed: int, device: str) -> torch.Tensor:
+    """The activation of case M: float32 N(0, 1), the same for every method (seeded by seed and M)."""
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + m)
+    return torch.randn(m, k, generator=gen, device=device, dtype=torch.float32)
+
+
+def _weight_for(k: int, n: int, seed: int, device: str) -> torch.Tensor:
+    """The layer weight [N, K]: float32 N(0, 0.02^2) like a real projection, never zeros."""
+    gen = torch.Generator(device=device).manual_seed(seed * 7919 + k * 31 + n)
+    return torch.randn(n, k, generator=gen, device=device, dtype=torch.float32) * 0.02
+
+
+def _dims(shape, m: int) -> dict:
+    """Record fields of a case: K, N, M (the implicit GEMM's for a conv, plus layer and batch)."""
+    if isinstance(shape, ConvSpec):
+        mm, k, n = shape.gemm_dims(m)
+        return {"K": k, "N": n, "M": mm, "layer": shape.name, "batch": m}
+    k, n = shape
+    return {"K": k, "N": n, "M": m}
+
+
+def _check_rows(m: int, device) -> torch.Tensor | None:
+    if m <= 2 * CHECK_ROWS:
+        return None
+    return torch.cat([torch.arange(CHECK_ROWS), torch.arange(m - CHECK_ROWS, m)]).to(device)
+
+
+def _short(e: BaseException, limit: int = 300) -> str:
+    msg = f"{type(e).__name__}: {e}".replace("\n", " ")
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
+              checkpoint: Callable[[dict], None] | None = None) -> dict:
+    """Run every case; returns {"meta", "ceilings", "results", "unavailable"} (see output.py for the JSON).
+    checkpoint(partial) is called after each method of each shape with the results so far (so a run cut
+    short by a time limit still leaves its numbers)."""
+    device = cfg.device
+    t_start = time.time()
+    meta = protocol.machine_info(device)
+    meta.update({"quick": cfg.quick, "dtype": str(cfg.dtype).replace("torch.", ""),
+                 "group_size": cfg.group_size, "seed": cfg.seed, "protocol": "shared/benchmark-protocol.md"})
+    meta.update(cfg.extra_meta)
+    ceil = protocol.ceilings(quick=cfg.quick, device=device)
+    l2 = protocol.l2_bytes() if device == "cuda" else 0
+    ctx = Context(torch.device(device), cfg.dtype, cfg.group_size)
+    baseline = BASELINE_GPU if device == "cuda" else BASELINE_CPU
+    results: list[dict] = []
+    unavailable: dict[str, str] = {}
+    methods = []
+    for mth in cfg.methods:
+        why = mth.unavailable(ctx)
+        if why:
+            unavailable[mth.name] = why
+        else:
+            methods.append(mth)
+
+    rate = {"fp16": ceil.get("fp16_flops"), "int8": ceil.get("int8_ops"),
+            "fp32": ceil.get("fp32_flops") or ceil.get("fp16_flops")}
+
+    for shape, ms in cfg.plan:
+        conv = isinstance(shape, ConvSpec)
+        if conv:
+            ctx.notes["conv_spec"] = shape
+            w = shape.weight(cfg.seed, device)
+            label = shape.name
+        else:
+            k, n = shape
+            w = _weight_for(k, n, cfg.seed, device)
+            label = f"{k}x{n}"
+        for mth in methods:
+            if mth.kind != ("conv" if conv else "matmul"):
+                continue
+            base = {"method": mth.name, "family": mth.family, "kind": mth.kind}
+            todo = [m for m in ms]
+            try:
+                prep = mth.prepare(w, ctx)
+                _sync(device)
+            except Exception as e:
+                for m in todo:
+                    results.append({**base, **_dims(shape, m), "status": "error", "note": "prepare: " + _short(e)})
+                    if progress:
+                        progress(f"{label} {mth.name}")
+                _free(device)
+                continue
+            layers = [prep.layer]
+            for m in todo:
+                dims = _dims(shape, m)
+                k, n, mm = dims["K"], dims["N"], dims["M"]
+                rec = {**base, **dims, "status": None, "note": prep.note}
+                t_case = time.time()
+                if progress:
+                    progress(f"{label} {'B' if conv else 'M'}={m} {mth.name}")
+                why = mth.applies(mm, k, n, ctx)
+                if why:
+                    results.append({**rec, "status": "n/a", "note": why})
+                    continue
+                x_in = prep.x_map(shape.x(m, cfg.seed, device) if conv else _x_for(m, k, cfg.seed, device))
+                try:
+                    prep.before_call()
+                    y = prep.layer(x_in)
+                    _sync(device)
+                    wbytes = int(prep.weight_bytes())
+                    y_numel = y.numel()
+                    rows = None if conv else _check_rows(m, x_in.device)
+                    if rows is None:
+                        ys, xs = y, x_in
+                    else:
+                        ys, xs = y.index_select(0, rows), x_in.index_select(0, rows)
+                    err = rel_err(ys, prep.reference(xs))
+                    del y, ys, xs
+                except Exception as e:
+                    results.append({**rec, "status": "error", "note": _short(e)})
+                    _free(device)
+                    continue
+                rec.update({"rel_err": err, "tol": prep.tol, "weight_bytes": wbytes})
+                # bytes: weights as read + the activation tensor in + the output tensor out, each once
+                nbytes = wbytes + x_in.numel() * prep.act_bytes + y_numel * prep.out_bytes
+                flops = floors.matmul_flops(mm, k, n)
+                fl = floors.floor_of(nbytes, flops, ceil["copy_bw"], rate.get(prep.compute))
+                w4_bytes = floors.protocol_w4_bytes(0, k, n) + 2 * (x_in.numel() + y_numel)
+                w4 = floors.floor_of(w4_bytes, 0, ceil["copy_bw"], None)
+                rec.update({"bytes": nbytes, "flops": flops, "floor_us": fl.us, "floor_mem_us": fl.mem_us,
+                            "floor_compute_us": fl.compute_us, "bound": fl.bound, "w4_floor_us": w4.us})
+                if not (err <= prep.tol):  # NaN counts as wrong
+                    results.append({**rec, "status": "wrong",
+                                    "note": f"rel err {err:.3g} > tol {prep.tol:.3g}: not timed"})
+                    continue
+                try:
+                    if device == "cuda":
+                        copy_bytes = max(wbytes, 1)
+                        c = protocol.copies_for(copy_bytes, l2, cfg.min_copies, cfg.max_bytes)
+                        while len(layers) < c:
+                            layers.append(prep.new_copy())
+                        fns = [partial(f, x_in) for f in layers[:c]]
+                        rec["copies"] = c
+                        rec["copies_bytes"] = c * copy_bytes
+                        try:
+                            rec["graph_us"] = protocol.graph_time_us(fns, cfg.warmup_ms, cfg.rep_ms)
+                        except Exception as e:
+                            rec["graph_us"] = None
+                            msg = "graph capture failed: " + _short(e)
+                            rec["note"] = f"{rec['note']}; {msg}" if rec["note"] else msg
+                            torch.cuda.synchronize()
+                        rec["eager_us"] = protocol.eager_time_us(fns, cfg.warmup_ms, cfg.rep_ms)
+                    else:
+                        rec["copies"] = 1
+                        rec["graph_us"] = None
+                        rec["eager_us"] = protocol.cpu_time_us(partial(prep.layer, x_in))
+                    rec["status"] = "ok"
+                except Exception as e:
+                    rec["status"] = "error"
+                    rec["note"] = "timing: " + _short(e)
+                rec["case_s"] = round(time.time() - t_case, 2)
+                results.append(rec)
+                _free(device)
+            prep = layers = None  # drop this method's copies before the next one
+            _free(device)
+            if checkpoint:
+                checkpoint({"meta": {**meta, "partial": True}, "ceilings": ceil, "baseline": baseline,
+                            "results": results, "unavailable": unavailable})
+        w = None
+        _free(device)
+
+    # derived columns: time used for ratios (graph when there is one), % of floor, speedup over the baseline
+    base_t = {}
+    base_name = {"matmul": baseline, "conv": CONV_BASELINE}
+    for r in results:
+        r["time_us"] = r.get("graph_us") if r.get("graph_us") is not None else r.get("eager_us")
+        if r["method"] == base_name[r["kind"]] and r["status"] == "ok":
+            base_t[(r["kind"], r["K"], r["N"], r["M"])] = r
+    for r in results:
+        if r["status"] != "ok":
+            continue
+        r["pct_floor"] = floors.pct_of_floor(r["floor_us"], r["time_us"])
+        b = base_t.get((r["kind"], r["K"], r["N"], r["M"]))
+        r["speedup"] = b["time_us"] / r["time_us"] if b and r["time_us"] else None
+        r["speedup_eager"] = (b["eager_us"] / r["eager_us"]
+                              if b and r.get("eager_us") and b.get("eager_us") else None)
+    meta["wall_s"] = round(time.time() - t_start, 1)
+    if device == "cuda":
+        after = protocol._nvidia_smi()  # clocks under load (the first reading is usually the idle clock)
+        if after:
+            after.pop("driver_version", None)
+            meta["clocks_after"] = after
+    listed = [{"name": m.name, "family": m.family, "description": m.description} for m in cfg.methods]
+    if cfg.plan and all(isinstance(s, ConvSpec) for s, _ in cfg.plan):
+        baseline = CONV_BASELINE
+    return {"meta": meta, "ceilings": ceil, "baseline": baseline, "results": results,
+            "unavailable": unavailable, "methods": listed}
