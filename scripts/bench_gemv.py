@@ -116,15 +116,16 @@ def bench_case(k, n, m, bits, group, mode, bw, dtype=torch.float16, do_peers=Tru
     return row
 
 
-def sweep(bw, shapes, fmts, configs, kind="simt", m=1):
+def sweep(bw, shapes, fmts, configs, kind="simt", m=1, names=None, show=6):
     """Tile sweep at M = m over gemv.CFG_OVERRIDE (simt: R, U, KS) or MMA_CFG_OVERRIDE (mma: U, KS)
     configs; prints the best six and the worst."""
     import mixgemm.kernels.cuda.gemv as G
 
     G.KERNEL_OVERRIDE = kind
-    names = ["R", "U", "KS", "PF"] if kind == "simt" else ["U", "KS", "PF"]
+    names = names or (["R", "U", "KS", "PF"] if kind == "simt" else ["U", "KS", "PF"])
 
     x_cache = {}
+    best = {}
     for k, n in shapes:
         for bits, group, mode in fmts:
             c = copies_for(n * k * bits // 8)
@@ -148,12 +149,14 @@ def sweep(bw, shapes, fmts, configs, kind="simt", m=1):
                 res.append((t * 1e6, cfg, pct, err))
             G.CFG_OVERRIDE = G.MMA_CFG_OVERRIDE = None
             res.sort()
+            best[(k, n, bits)] = dict(zip(names, res[0][1], strict=True))
             print(f"sweep {kind} M={m} {k}x{n} W{bits} g{group} {mode}: " +
-                  "  ".join(f"{c}:{t:.1f}us/{p:.0f}%" for t, c, p, e in res[:6]) +
+                  "  ".join(f"{c}:{t:.1f}us/{p:.0f}%" for t, c, p, e in res[:show]) +
                   f"   worst {res[-1][1]}:{res[-1][0]:.1f}  maxerr {max(e for *_, e in res):.1e}")
             del qws
             torch.cuda.empty_cache()
     G.KERNEL_OVERRIDE = None
+    return best
 
 
 def main():
@@ -163,6 +166,9 @@ def main():
     ap.add_argument("--modes", default="zero_point")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-mma", action="store_true")
+    ap.add_argument("--sweep-l2", action="store_true", help="W4 M=1: L2 prefetch / persistent variants")
+    ap.add_argument("--sweep-xs", action="store_true", help="W4 M=1: x in shared memory / light bookkeeping")
+    ap.add_argument("--m16-big", action="store_true", help="M=16 only on 8192x28672 (with --ms 1)")
     ap.add_argument("--no-table", action="store_true")
     args = ap.parse_args()
     p = torch.cuda.get_device_properties(0)
@@ -175,6 +181,26 @@ def main():
         sweep(bw, SHAPES, [(4, 128, "zero_point")], cfgs)
         w8 = [(2, 1, 4, 0), (2, 1, 8, 0), (2, 1, 4, 1), (2, 1, 8, 1), (2, 2, 4, 1), (2, 2, 8, 1)]
         sweep(bw, SHAPES, [(8, -1, "sym")], w8)
+    if args.sweep_l2:
+        # (R, U, KS, PF, BPF, PST, MINB): BPF L2 prefetch mode, PST persistent grid waves, MINB launch bounds
+        cfgs = [(4, 2, 2, 0, 0, 0, 0), (4, 1, 8, 0, 0, 0, 0), (2, 2, 2, 0, 0, 0, 0), (4, 2, 4, 0, 0, 0, 0),
+                (4, 2, 2, 0, 1, 0, 0), (4, 1, 8, 0, 1, 0, 0), (2, 2, 2, 0, 1, 0, 0), (4, 1, 2, 0, 1, 0, 0),
+                (4, 2, 4, 0, 1, 0, 0), (2, 1, 4, 0, 1, 0, 0), (4, 2, 1, 0, 1, 0, 0),
+                (4, 2, 2, 0, 2, 1, 0), (4, 2, 2, 0, 2, 1, 3), (4, 1, 8, 0, 2, 1, 0), (2, 2, 2, 0, 2, 1, 0),
+                (4, 2, 2, 0, 2, 2, 3), (4, 2, 2, 0, 0, 1, 3), (4, 2, 2, 0, 1, 1, 3)]
+        sweep(bw, SHAPES[1:], [(4, 128, "zero_point")], cfgs,
+              names=["R", "U", "KS", "PF", "BPF", "PST", "MINB"], show=len(cfgs))
+    best = {}
+    if args.sweep_xs:
+        # (R, U, KS, PF, XS, LITE, MINB)
+        cfgs = [(4, 2, 2, 0, 0, 0, 0), (4, 1, 8, 0, 0, 0, 0), (2, 2, 2, 0, 0, 0, 0),
+                (4, 2, 2, 0, 0, 1, 0), (4, 1, 8, 0, 0, 1, 0), (2, 2, 2, 0, 0, 1, 0), (4, 1, 8, 0, 1, 0, 0),
+                (4, 2, 2, 0, 1, 1, 0), (4, 2, 2, 0, 1, 1, 3), (4, 1, 8, 0, 1, 1, 0), (4, 1, 2, 0, 1, 1, 3),
+                (2, 2, 2, 0, 1, 1, 0), (4, 2, 4, 0, 1, 1, 3), (4, 1, 4, 0, 1, 1, 0), (2, 2, 4, 0, 1, 1, 0),
+                (2, 1, 8, 0, 1, 1, 0), (4, 2, 1, 0, 1, 1, 3), (2, 2, 1, 0, 1, 1, 0)]
+        best = sweep(bw, SHAPES, [(4, 128, "zero_point")], cfgs,
+                     names=["R", "U", "KS", "PF", "XS", "LITE", "MINB"], show=len(cfgs))
+        print("best per shape:", {f"{k}x{n}": tuple(c.values()) for (k, n, _), c in best.items()})
     if args.sweep_mma:
         cfgs = [(u, ks, 1) for u in (2, 4) for ks in (4, 8, 16)] + [(2, 8, 0)]
         sweep(bw, SHAPES, [(4, 128, "zero_point"), (8, -1, "sym")], cfgs, kind="mma")
@@ -184,17 +210,27 @@ def main():
     ms = [int(v) for v in args.ms.split(",")]
     rows = []
     shapes = SHAPES[:1] + SHAPES[3:4] if args.quick else SHAPES
+    import mixgemm.kernels.cuda.gemv as G
+
     for k, n in shapes:
-        for m in ms:
+        shape_ms = ms + ([16] if args.m16_big and (k, n) == (8192, 28672) and 16 not in ms else [])
+        for m in shape_ms:
             for mode in args.modes.split(","):
                 first = mode == args.modes.split(",")[0]
                 rows.append(bench_case(k, n, m, 4, 128, mode, bw, do_peers=first))
+                if m == 1 and (k, n, 4) in best:  # the sweep's fastest config, same protocol
+                    G.KERNEL_OVERRIDE, G.CFG_OVERRIDE = "simt", best[(k, n, 4)]
+                    rows.append(bench_case(k, n, m, 4, 128, mode, bw, do_peers=False))
+                    rows[-1]["mode"] = "best " + str(tuple(best[(k, n, 4)].values()))
+                    G.KERNEL_OVERRIDE = G.CFG_OVERRIDE = None
         rows.append(bench_case(k, n, 1, 8, -1, "sym", bw, do_peers=False))
     hdr = (f"{'KxN':>12} {'M':>3} {'fmt':>14} {'us':>8} {'eager':>8} {'floor':>7} {'%floor':>7} "
            f"{'cuBLAS':>8} {'xcuBLAS':>7} {'tinygemm':>8} {'err':>8}")
     print(hdr)
     for r in rows:
         fmt = f"W{r['bits']} g{r['group']} {r['mode'][:4]}"
+        if r["mode"].startswith("best"):
+            fmt = r["mode"]
         cb = r.get("cublas_us", float("nan"))
         print(f"{r['k']:>5}x{r['n']:<6} {r['m']:>3} {fmt:>14} {r['us']:8.2f} {r['eager_us']:8.2f} "
               f"{r['floor_us']:7.2f} {r['pct']:6.1f}% {cb:8.2f} {cb / r['us']:7.2f} "

@@ -114,7 +114,8 @@ def test_choose_config_fills_gpu():
             mcfg = choose_mma_config(1 if m <= 8 else 2, n, kc // 2, 132)
             assert mcfg["RG"] * mcfg["KS"] >= 8 and mcfg["KS"] <= 16
     # the tuned table wins for the protocol shapes (M = 1, fp16)
-    assert choose_config(1, 8192, 896, 132, 0, 4, 28672) == {"R": 4, "U": 1, "RG": 1, "KS": 8, "PF": 0}
+    cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672)
+    assert {k: cfg[k] for k in ("R", "U", "RG", "KS", "PF")} == {"R": 4, "U": 1, "RG": 1, "KS": 8, "PF": 0}
     assert [m_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
 
 
@@ -284,6 +285,77 @@ def test_gemv_cuda_graph_and_stream(kernel):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(yg, gemv(x, qw, None, -math.inf, math.inf))
+
+
+# L2-prefetch / persistent-grid variants of the CUDA-core kernel (R, U, KS, BPF, PST, MINB): BPF 1
+# prefetches a block's own tile, BPF 2 also its next tile; PST launches fewer blocks than tiles so
+# each block loops (N = 12345: ~772 tiles of 16 rows against <= 3 x 132 resident blocks, last tile
+# partial).
+L2_VARIANTS = [(4, 2, 2, 1, 0, 0), (4, 2, 2, 2, 1, 0), (2, 2, 2, 0, 1, 3), (4, 1, 8, 2, 1, 0), (4, 2, 2, 2, 1, 3)]
+# x in shared memory (XS) and light bookkeeping (LITE): (R, U, KS, XS, LITE, MINB)
+XS_VARIANTS = [(4, 2, 2, 1, 1, 0), (4, 2, 2, 1, 1, 3), (4, 1, 8, 1, 0, 0), (2, 2, 2, 0, 1, 0), (2, 1, 8, 1, 1, 0),
+               (4, 1, 2, 1, 1, 3)]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_nvrtc_compiles_l2_variants(arch):
+    for r, u, ks, bpf, pst, minb in L2_VARIANTS:
+        for bits, mode, act in ((4, 1, 0), (8, 0, 2)):
+            cfg = {"R": r, "U": u, "RG": 8 // ks, "KS": ks, "PF": 0, "BPF": bpf, "PST": pst, "MINB": minb}
+            key = tuple(sorted(defines_for(bits, act, 0, mode, 1, cfg).items()))
+            cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
+            assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", L2_VARIANTS)
+@pytest.mark.parametrize("bits,group,mode", [(4, 128, "zero_point"), (4, 64, "sym"), (4, 32, "offset"),
+                                             (8, -1, "sym"), (8, 128, "zero_point")])
+def test_gemv_l2_prefetch_persistent(variant, bits, group, mode):
+    r, u, ks, bpf, pst, minb = variant
+    qw, gen = _make(12345, 512, bits, group, mode, torch.float16, 10)
+    gemv_mod.KERNEL_OVERRIDE = "simt"
+    gemv_mod.CFG_OVERRIDE = {"R": r, "U": u, "KS": ks, "PF": 0, "BPF": bpf, "PST": pst, "MINB": minb}
+    try:
+        for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32), (2, torch.bfloat16)):
+            _check(torch.randn(m, 512, generator=gen, device="cuda").to(act), qw)
+    finally:
+        gemv_mod.KERNEL_OVERRIDE = None
+        gemv_mod.CFG_OVERRIDE = None
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_nvrtc_compiles_xs_variants(arch):
+    for r, u, ks, xs, lite, minb in XS_VARIANTS:
+        for bits, mode, scl in ((4, 1, 0), (8, 0, 0), (4, 2, 1), (8, 1, 2)):
+            cfg = {"R": r, "U": u, "RG": 8 // ks, "KS": ks, "PF": 0, "XS": xs, "LITE": lite, "MINB": minb}
+            key = tuple(sorted(defines_for(bits, 0, scl, mode, 1, cfg).items()))
+            cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
+            assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", XS_VARIANTS)
+@pytest.mark.parametrize("bits,group,mode,scale_dtype", [
+    (4, 128, "zero_point", torch.float16), (4, 64, "sym", torch.float16), (4, 32, "offset", torch.float16),
+    (4, 128, "zero_point", torch.bfloat16), (8, -1, "sym", torch.float16), (8, 128, "zero_point", torch.float16),
+    (8, -1, "zero_point", torch.float32)])
+def test_gemv_xs_lite(variant, bits, group, mode, scale_dtype):
+    """fp16 M = 1 with x in shared memory; K = 200 (per-channel, padded) or 3 * 256 and K = 8192; odd N;
+    M = 3 and fp32 x fall back to the global-memory x path with the same config."""
+    r, u, ks, xs, lite, minb = variant
+    gemv_mod.KERNEL_OVERRIDE = "simt"
+    gemv_mod.CFG_OVERRIDE = {"R": r, "U": u, "KS": ks, "PF": 0, "XS": xs, "LITE": lite, "MINB": minb}
+    try:
+        for n, k in ((203, 200 if group == -1 else 768), (1001, 8192)):
+            qw, gen = _make(n, k, bits, group, mode, scale_dtype, 11)
+            for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32)):
+                _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
+    finally:
+        gemv_mod.KERNEL_OVERRIDE = None
+        gemv_mod.CFG_OVERRIDE = None
 
 
 @pytest.mark.gpu

@@ -60,13 +60,51 @@
 #ifndef GEMV_PF
 #define GEMV_PF 1
 #endif
+// L2 prefetch (gemv_common.cuh prefetch_l2_warp): 0 none; 1 each row group prefetches its own R rows
+// (weights + params) when it starts a tile; 2 also the rows of the block's next tile (persistent grid).
+// Experimental, off by default: 4-30% slower than 0 on H200 (benchmarks/gemv_notes.md v5).
+#ifndef GEMV_BPF
+#define GEMV_BPF 0
+#endif
+// 1: persistent grid (the host launches fewer blocks than tiles; each block loops over tiles). A
+// compile-time switch because the tile loop costs ~20 registers per thread (80 -> 101 at R4 U2).
+// Experimental, off by default: slower on H200 (v5).
+#ifndef GEMV_PST
+#define GEMV_PST 0
+#endif
+// __launch_bounds__ minimum resident blocks per SM (0: none), caps the registers per thread.
+#ifndef GEMV_MINB
+#define GEMV_MINB 0
+#endif
+// 1 (fp16 activations, M = 1 only): the block first copies x into shared memory, piece-major
+// (16-byte piece v of chunk c at v * Kc + c), and reads it from there. Why: a lane needs the 64
+// contiguous bytes of x of its own chunk, so each 16-byte global load of a warp touches 16 different
+// 128-byte lines (16 L1 wavefronts for 512 bytes); from the piece-major copy the same warp load is 512
+// contiguous bytes (4 wavefronts). Needs K * 2 bytes of dynamic shared memory (the host only sets it
+// when that fits). Off by default: on H200 it helped some R = 2 configs (up to 8%) but cost registers
+// (80 -> 97) at R = 4 and never beat the R = 4 defaults (v6).
+#ifndef GEMV_XS
+#define GEMV_XS 0
+#endif
+// 1: lighter per-chunk bookkeeping for fp16 activations with fp16 zero points: (1024 + z) and
+// -(64 + z) built in f16x2 from the raw fp16 z (exact: small integers), and the two f16x2 partial
+// chains added in f16x2 before the one conversion to fp32 (5 fewer instructions per row and chunk).
+// Off by default: within +-3% of 0 on H200 (v6).
+#ifndef GEMV_LITE
+#define GEMV_LITE 0
+#endif
 
 #define GEMV_THREADS (32 * GEMV_RG * GEMV_KS)
 
 
 using namespace mg;
 
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS)
+#if GEMV_MINB > 0
+#define GEMV_BOUNDS __launch_bounds__(GEMV_THREADS, GEMV_MINB)
+#else
+#define GEMV_BOUNDS __launch_bounds__(GEMV_THREADS)
+#endif
+extern "C" __global__ void GEMV_BOUNDS
 mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
              const char* __restrict__ params,  // [N, G] groups of Param::PB bytes
              const uint4* __restrict__ X,      // [M, ldx4] uint4 (activations, zero-padded to Kp)
@@ -88,7 +126,30 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rg = warp % RG, ks = warp / RG;
-  const int row0 = (blockIdx.x * RG + rg) * R;
+#if GEMV_XS
+  static_assert(ACT == 0 && M == 1 && !GEMV_PF && !GEMV_PST, "GEMV_XS: fp16 x, M = 1, PF and PST off");
+  extern __shared__ uint4 xsm[];  // [XV][Kc]: x piece v of chunk c at v * Kc + c
+#endif
+  // Row tiles of RG * R rows; the grid may be smaller than the tile count (persistent grid: each
+  // block loops over tiles blockIdx.x, + gridDim.x, ...; no block launch per tile, no tail of
+  // freshly launched blocks).
+  const int ntiles = (N + RG * R - 1) / (RG * R);
+  auto prefetch_rows = [&](int tile) {  // this row group's R rows of `tile` into L2 (ks == 0 warps)
+    const int r0 = (tile * RG + rg) * R;
+    if (GEMV_BPF == 0 || ks != 0 || tile >= ntiles || r0 >= N) return;
+    const int nr = min(R, N - r0);
+    prefetch_l2_warp(W + (size_t)r0 * Kc, (unsigned long long)nr * Kc * 16, lane);
+    prefetch_l2_warp(params + (size_t)r0 * G * P::PB, (unsigned long long)nr * G * P::PB, lane);
+  };
+#if GEMV_PST
+  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+#else
+  {
+  const int tile = blockIdx.x;
+#endif
+  if (GEMV_BPF == 1 || (GEMV_BPF == 2 && tile == (int)blockIdx.x)) prefetch_rows(tile);
+  if (GEMV_BPF == 2) prefetch_rows(tile + gridDim.x);  // next tile's bytes arrive while this one runs
+  const int row0 = (tile * RG + rg) * R;
 
   const uint4* wrow[R];
   const char* prow[R];
@@ -133,6 +194,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
         zc[r] = MODE == 1 ? pv[u][r].second() : ZBIAS;
       }
       const uint4* xc = X + (size_t)c * XV;
+      (void)xc;
       if (ACT == 0) {
         // ---------------- fp16 activations: f16x2 math inside the chunk ----------------
         // Word by word: one 16-byte activation load per row m serves R weight rows (x reuse: the
@@ -140,8 +202,14 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
         u32 zlo[R], zhi[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          zlo[r] = f32_to_h2(1024.f + zc[r]);    // magic 1024 plus zero, removed by one sub
-          zhi[r] = f32_to_h2(-(64.f + zc[r]));   // (1024 + 16q) / 16 - (64 + z) = q - z, one fma
+          if (GEMV_LITE && MODE == 1 && SCL == 0) {
+            const u32 zz = prmt<0x1010>(pv[u][r].b, 0u);   // {z, z} as f16x2 (z: raw fp16 bits)
+            zlo[r] = hadd2(zz, 0x64006400u);                 // 1024 + z, exact
+            zhi[r] = hfma2(zz, 0xBC00BC00u, 0xD400D400u);    // -z - 64, exact
+          } else {
+            zlo[r] = f32_to_h2(1024.f + zc[r]);    // magic 1024 plus zero, removed by one sub
+            zhi[r] = f32_to_h2(-(64.f + zc[r]));   // (1024 + 16q) / 16 - (64 + z) = q - z, one fma
+          }
         }
         u32 pacc[M][R][2];  // two independent f16x2 chains per (m, r): halves the FMA latency chain
         u32 xs[M];
@@ -156,7 +224,11 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
           u32 xw[M][4];
 #pragma unroll
           for (int m = 0; m < M; ++m) {
+#if GEMV_XS
+            const uint4 xv = xsm[v * Kc + c];  // piece-major copy: 512 contiguous bytes per warp
+#else
             const uint4 xv = ld_x(xc + (size_t)min(m, Mr - 1) * ldx4 + v);  // rows >= Mr: never stored
+#endif
             xw[m][0] = xv.x; xw[m][1] = xv.y; xw[m][2] = xv.z; xw[m][3] = xv.w;
             if (MODE == 2) xs[m] = hadd2(hadd2(xs[m], xv.x), hadd2(xv.y, hadd2(xv.z, xv.w)));
           }
@@ -188,7 +260,10 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
           const float xsum = MODE == 2 ? h2sum_f32(xs[m]) : 0.f;
 #pragma unroll
           for (int r = 0; r < R; ++r) {
-            acc[m][r] = fmaf(s[r], h2sum_f32(pacc[m][r][0]) + h2sum_f32(pacc[m][r][1]), acc[m][r]);
+            if (GEMV_LITE)
+              acc[m][r] = fmaf(s[r], h2sum_f32(hadd2(pacc[m][r][0], pacc[m][r][1])), acc[m][r]);
+            else
+              acc[m][r] = fmaf(s[r], h2sum_f32(pacc[m][r][0]) + h2sum_f32(pacc[m][r][1]), acc[m][r]);
             if (MODE == 2) acc[m][r] = fmaf(fmaf(zc[r], s[r], pv[u][r].second()), xsum, acc[m][r]);
           }
         }
@@ -283,8 +358,27 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
       if (!more) break;
     }
   } else {
+    bool have = false;
+#if GEMV_XS
+    // the first step's weight loads go out before the x copy, so the copy hides under their latency
+    if (c0 + (U - 1) * STRIDE < Kc) { load(wA, pA, c0); have = true; }
+    // batches of 4 loads per thread in flight before their stores (one L2 round trip per batch)
+    for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_THREADS) {
+      uint4 t[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (p0 + i * GEMV_THREADS < Kc * XV) t[i] = ld_x(X + p0 + i * GEMV_THREADS);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int p = p0 + i * GEMV_THREADS;
+        if (p < Kc * XV) xsm[(p % XV) * Kc + p / XV] = t[i];
+      }
+    }
+    __syncthreads();
+#endif
     for (; c0 + (U - 1) * STRIDE < Kc; c0 += U * STRIDE) {
-      load(wA, pA, c0);
+      if (!have) load(wA, pA, c0);
+      have = false;
       compute(wA, pA, c0);
     }
   }
@@ -309,7 +403,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   __syncthreads();
   for (int t = threadIdx.x; t < M * RG * R; t += GEMV_THREADS) {
     const int m = t / (RG * R), j = t % (RG * R);
-    const int n = blockIdx.x * RG * R + j;
+    const int n = tile * RG * R + j;
     if (n >= N || m >= Mr) continue;
     float v = 0.f;
 #pragma unroll
@@ -328,5 +422,9 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
       else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
       ((u16*)Y)[o] = h;
     }
+  }
+#if GEMV_PST
+  if (tile + (int)gridDim.x < ntiles) __syncthreads();  // red[] is rewritten by the next tile
+#endif
   }
 }

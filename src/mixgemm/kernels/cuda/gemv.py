@@ -57,6 +57,11 @@ MMA_CFG_OVERRIDE: dict | None = None
 CFG_OVERRIDE: dict | None = None
 
 
+# GEMV_XS / GEMV_LITE (gemv.cu) for fp16 activations: off by default. Measured on H200 (benchmarks/
+# gemv_notes.md v6): XS only helped R = 2 configs and never beat the R = 4 defaults; LITE within noise.
+DEFAULT_XS = 0
+DEFAULT_LITE = 0
+
 # M = 1, fp16 activations: the fastest (R, U, KS) of a sweep (scripts/bench_gemv.py --sweep) on an H200
 # for the protocol's LLM shapes, keyed by (bits, N, K). Other shapes use the rule in choose_config.
 TUNED_M1 = {
@@ -77,10 +82,17 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     """
     if CFG_OVERRIDE is not None:
         r, u, ks = CFG_OVERRIDE["R"], CFG_OVERRIDE["U"], CFG_OVERRIDE["KS"]
-        return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": CFG_OVERRIDE.get("PF", 0)}
+        cfg = {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": CFG_OVERRIDE.get("PF", 0)}
+        for key in ("BPF", "PST", "MINB", "XS", "LITE"):  # see defines_for
+            if CFG_OVERRIDE.get(key, 0):
+                cfg[key] = CFG_OVERRIDE[key]
+        return cfg
+    # fp16 activations: x staged in shared memory (XS, dropped by gemv() where it does not apply) and
+    # the lighter per-chunk bookkeeping (LITE), when DEFAULT_XS / DEFAULT_LITE turn them on (gemv.cu)
+    extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
     if m == 1 and act == 0 and (bits, n, k) in TUNED_M1:
         r, u, ks = TUNED_M1[(bits, n, k)]
-        return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": 0}
+        return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": 0, **extra}
     if m == 1:
         r = (4 if n >= 8192 else 2) if act == 0 else 2
         u = 2
@@ -91,7 +103,7 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     # ~62 warps per SM over the grid (about two waves), each lane keeping >= one full U step
     while ks < WARPS and rows * ks < num_sms * 62 and kc >= 32 * u * ks * 2:
         ks *= 2
-    return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": 0}
+    return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": 0, **extra}
 
 
 def choose_mma_config(mb: int, n: int, kt: int, num_sms: int) -> dict:
@@ -126,9 +138,67 @@ def use_mma(x_dtype: torch.dtype, m: int) -> bool:
 
 
 def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> dict:
-    return {"GEMV_BITS": bits, "GEMV_ACT": act, "GEMV_SCL": scl, "GEMV_MODE": mode, "GEMV_M": m,
-            "GEMV_R": cfg["R"], "GEMV_U": cfg["U"], "GEMV_RG": cfg["RG"], "GEMV_KS": cfg["KS"],
-            "GEMV_PF": cfg.get("PF", 0)}
+    """NVRTC -D macros of one gemv.cu instantiation. The optional cfg keys BPF (L2 prefetch mode), PST
+    (persistent grid: PST x resident blocks per SM, compiled with the tile loop) and MINB (launch-bounds
+    minimum blocks per SM) only appear in the key when set, so default compile keys are unchanged."""
+    d = {"GEMV_BITS": bits, "GEMV_ACT": act, "GEMV_SCL": scl, "GEMV_MODE": mode, "GEMV_M": m,
+         "GEMV_R": cfg["R"], "GEMV_U": cfg["U"], "GEMV_RG": cfg["RG"], "GEMV_KS": cfg["KS"],
+         "GEMV_PF": cfg.get("PF", 0)}
+    if cfg.get("BPF", 0):
+        d["GEMV_BPF"] = cfg["BPF"]
+    if cfg.get("PST", 0):
+        d["GEMV_PST"] = 1
+    if cfg.get("MINB", 0):
+        d["GEMV_MINB"] = cfg["MINB"]
+    if cfg.get("XS", 0) and m == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0):
+        d["GEMV_XS"] = 1  # (gemv() also drops XS when K * 2 bytes exceed XS_MAX_BYTES)
+    if cfg.get("LITE", 0):
+        d["GEMV_LITE"] = 1
+    return d
+
+
+# x staged in shared memory (GEMV_XS) only up to this many bytes per block (K <= 32768 at fp16), so
+# that three 256-thread blocks still fit on an SM next to L1.
+XS_MAX_BYTES = 64 * 1024
+
+
+def _xs_ok(cfg: dict, mb: int, act: int, kp: int) -> bool:
+    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF / PST, when K * 2 bytes fit."""
+    return mb == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0) and kp * 2 <= XS_MAX_BYTES
+
+
+_smem_set: dict = {}
+
+
+def _allow_smem(fn, nbytes: int) -> None:
+    """Raise fn's dynamic shared memory limit to nbytes (needed above the default 48 KiB)."""
+    if nbytes <= 48 * 1024 or _smem_set.get(id(fn), 0) >= nbytes:
+        return
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    err, = driver.cuFuncSetAttribute(fn, attr, nbytes)
+    if int(err) != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) failed: {err!r}")
+    _smem_set[id(fn)] = nbytes
+
+
+_occupancy: dict = {}
+
+
+def _resident_blocks(fn, threads: int) -> int:
+    """Blocks of `threads` threads of the CUfunction fn that fit on one SM (driver occupancy query)."""
+    key = (id(fn), threads)  # fn objects live for the process in nvrtc's module cache
+    v = _occupancy.get(key)
+    if v is None:
+        from cuda.bindings import driver
+
+        err, v = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err!r}")
+        v = max(1, int(v))
+        _occupancy[key] = v
+    return v
 
 
 def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
@@ -176,11 +246,20 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     xk = _prepare_x(x2d, lay)
     kc = lay.chunks_per_row
     cfg = choose_config(m_bucket(m), n, kc, props.multi_processor_count, _ACT[x2d.dtype], qw.bits, k)
+    if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded):
+        cfg = {**cfg, "XS": 0}
     defs = defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, dev)
     rows_per_block = cfg["RG"] * cfg["R"]
-    grid = (-(-n // rows_per_block), 1, 1)
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
+    tiles = -(-n // rows_per_block)
+    if cfg.get("PST", 0):  # persistent grid: PST x (resident blocks per SM) x SMs blocks loop over the tiles
+        tiles = min(tiles, cfg["PST"] * _resident_blocks(fn, block[0]) * props.multi_processor_count)
+    grid = (tiles, 1, 1)
+    smem = 0
+    if cfg.get("XS", 0):  # x copied into shared memory: K * 2 bytes (fp16, M = 1)
+        smem = lay.k_padded * 2
+        _allow_smem(fn, smem)
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.params.data_ptr()),
@@ -200,7 +279,7 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     ]
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
-        nvrtc.launch(fn, grid, block, args, stream)
+        nvrtc.launch(fn, grid, block, args, stream, smem)
     return y
 
 

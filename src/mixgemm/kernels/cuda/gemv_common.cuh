@@ -81,6 +81,31 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
   return v;
 }
 
+// L2 prefetch of a contiguous byte range, issued by one whole warp (every lane must call it).
+// Why (hypothesis): the warps of a GEMV only keep U * R 16-byte loads per lane in flight and then stall
+// on the math, so HBM might see too few outstanding bytes; a prefetch into L2 asks for a block's whole
+// tile at once, costs no registers, and turns the warps' own loads into L2 hits. Measured slower on
+// H200 (gemv.cu GEMV_BPF, benchmarks/gemv_notes.md v5); kept for experiments.
+// [p, p + bytes) must lie inside one allocation; p is rounded down and the end up to 16 bytes (the
+// CUDA allocators hand out >= 256-byte granules, so the rounding stays inside mapped memory).
+__device__ __forceinline__ void prefetch_l2_warp(const void* p, unsigned long long bytes, int lane) {
+  if (bytes == 0) return;
+  unsigned long long a = (unsigned long long)p;
+  const unsigned long long end = (a + bytes + 15) & ~15ull;
+  a &= ~15ull;
+#if __CUDA_ARCH__ >= 900
+  // sm_90: one TMA bulk prefetch (cp.async.bulk.prefetch.L2) per <= 64 KiB piece, spread over lanes
+  for (unsigned long long o = a + (unsigned long long)lane * 65536ull; o < end; o += 32ull * 65536ull) {
+    const unsigned int n = (unsigned int)min(65536ull, end - o);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(o), "r"(n) : "memory");
+  }
+#else
+  // sm_80: one prefetch.global.L2 per 128-byte line, lanes striding over the lines
+  for (unsigned long long o = (a & ~127ull) + (unsigned long long)lane * 128ull; o < end; o += 32ull * 128ull)
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(o));
+#endif
+}
+
 template <int SCL>
 __device__ __forceinline__ float scl_to_f32(u32 bits16or32) {
   if (SCL == 0) return h_to_f32((u16)bits16or32);
