@@ -18,6 +18,17 @@ from mixgemm.ops import conv2d, matmul
 
 __version__ = "0.1.0"
 
+_LAZY = {"quantize_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api", "W8A16": "mixgemm.quantize_api",
+         "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn"}
+
+
+def __getattr__(name):  # lazy: importing mixgemm does not import the nn / torch.library layer
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mixgemm' has no attribute {name!r}")
+
 __all__ = [
     "QuantConfig",
     "QuantizedActivation",

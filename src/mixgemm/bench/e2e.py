@@ -1,0 +1,116 @@
+"""End-to-end decode benchmark: a Hugging Face Llama (random weights, real shapes) quantized with
+mixgemm.quantize_ against the same model in fp16, both compiled with CUDA graphs.
+
+Method (identical for both models, one process, one GPU):
+* Random fp16 Llama (``mixgemm.integrations.hf``; "llama3-8b" = Llama-3-8B shapes), static KV cache of
+  ``prompt_len + warmup + steps`` tokens, a random prompt of ``prompt_len`` tokens per sequence.
+* Prefill eagerly (not timed), one eager decode step (compiles the kernels and builds their weight layouts
+  outside the graph pool), then the decode step under torch.compile(fullgraph=True, dynamic=False,
+  mode="reduce-overhead") -- inductor + CUDA graphs: ``warmup`` compiled steps, then ``steps`` timed greedy
+  steps (each step = graph replay + argmax of the last logits, as in generation).
+* tokens/s = batch * steps / wall time of the timed loop; fp16 and quantized are measured back to back at
+  each batch size.
+
+``run_e2e`` returns one dict per batch size; ``format_table`` prints them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def _decode_tokens_per_s(model, batch: int, prompt_len: int, warmup: int, steps: int, vocab: int, seed: int,
+                         mode: str | None, backend: str) -> dict:
+    from mixgemm.integrations.hf import decode_step, static_cache
+
+    torch._dynamo.reset()  # a fresh compile per (model, batch): stays clear of the recompile limit
+    dev = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, prompt_len), generator=gen).to(dev)
+    cache = static_cache(model, batch, prompt_len + 1 + warmup + steps)
+    eager = decode_step(model)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        pos = torch.arange(prompt_len, device=dev)
+        logits = model(ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1]
+        tok = logits.argmax(-1, keepdim=True)
+        p = prompt_len
+        tok = eager(tok, torch.tensor([p], device=dev), cache)[:, -1].argmax(-1, keepdim=True)
+        p += 1
+        step = torch.compile(eager, fullgraph=True, dynamic=False, mode=mode, backend=backend)
+        positions = torch.arange(p, p + warmup + steps, device=dev)
+        for i in range(warmup):
+            tok = step(tok, positions[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda d: None)
+        sync(dev)
+        setup_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        for i in range(warmup, warmup + steps):
+            tok = step(tok, positions[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+        sync(dev)  # the argmax feeds the next step, so steps serialize anyway; wall time over the loop
+    ms = (time.perf_counter() - t1) * 1e3
+    return {"tokens_per_s": batch * steps / (ms / 1e3), "ms_per_step": ms / steps, "setup_s": setup_s}
+
+
+def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prompt_len: int = 128,
+            steps: int = 64, warmup: int = 8, num_layers: int | None = None, seed: int = 0,
+            mode: str | None = "reduce-overhead", backend: str = "inductor", time_budget_s: float | None = None,
+            device: str = "cuda", log=print) -> list[dict]:
+    """Decode tokens/s of ``model_name`` ("llama3-8b" or "tiny-llama") at each batch size, fp16 vs quantized.
+
+    config: a mixgemm precision config (default W4A16(group_size=128)); num_layers: override the layer count
+    (None: the model's own, 32 for llama3-8b); mode / backend: torch.compile's ("reduce-overhead" = CUDA
+    graphs); time_budget_s: start no new batch size after this many seconds (its row is marked skipped).
+    device: "cuda" (the benchmark) or "cpu" (a smoke test of the code path only; use mode=None there).
+    Both models stay resident (fp16 + quantized copy: ~21 GB for llama3-8b) so each batch size measures
+    them back to back. Needs a CUDA GPU and transformers. Returns one dict per batch: {"model", "format",
+    "batch", "fp16_tok_s", "quant_tok_s", "speedup", "fp16_ms_step", "quant_ms_step", "gpu", "torch"}
+    ("skipped": True when the budget ran out); ``log`` gets progress lines.
+    """
+    import copy
+
+    import mixgemm
+    from mixgemm.integrations.hf import llama_config, random_llama
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("run_e2e needs a CUDA GPU (it times CUDA-graph decode); device='cpu' only smoke-tests")
+    t_start = time.perf_counter()
+    config = config or mixgemm.W4A16(group_size=128)
+    overrides = {} if num_layers is None else {"num_hidden_layers": num_layers}
+    cfg = llama_config(model_name, **overrides)
+    fp16 = random_llama(cfg, dtype=torch.float16 if device == "cuda" else torch.float32, device=device, seed=seed)
+    quant = copy.deepcopy(fp16)
+    report = mixgemm.quantize_(quant, config)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    log(f"{model_name}: {cfg.num_hidden_layers} layers; quantize_ {config}: {len(report.replaced)} layers replaced, "
+        f"{len(report.skipped)} skipped ({time.perf_counter() - t_start:.0f} s)")
+    rows = []
+    for b in batches:
+        row = {"model": model_name if num_layers is None else f"{model_name} ({num_layers} layers)",
+               "format": config.name, "batch": b, "torch": torch.__version__,
+               "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+        rows.append(row)
+        if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
+            row["skipped"] = True
+            log(f"batch {b}: skipped (time budget)")
+            continue
+        for tag, model in (("fp16", fp16), ("quant", quant)):
+            r = _decode_tokens_per_s(model, b, prompt_len, warmup, steps, cfg.vocab_size, seed, mode, backend)
+            row.update({f"{tag}_tok_s": r["tokens_per_s"], f"{tag}_ms_step": r["ms_per_step"]})
+            log(f"{tag:5s} batch {b:3d}: {r['tokens_per_s']:9.1f} tok/s  {r['ms_per_step']:.3f} ms/step "
+                f"(setup + compile {r['setup_s']:.0f} s)")
+        row["speedup"] = row["quant_tok_s"] / row["fp16_tok_s"]
+        log(f"batch {b}: quantized x{row['speedup']:.2f} vs fp16")
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """A markdown table of run_e2e's rows."""
+    lines = ["| model | format | batch | fp16 tok/s | quant tok/s | speedup |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['format']} | {r['batch']} | {r.get('fp16_tok_s', float('nan')):.1f} | "
+                     f"{r.get('quant_tok_s', float('nan')):.1f} | {r.get('speedup', float('nan')):.2f} |")
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""Hugging Face transformers helpers: Llama configs with random weights, the dequantized-float twin of a
+quantized model, and a greedy decode loop over a static KV cache (eager or torch.compile'd).
+
+Needs ``transformers`` (imported lazily, so that mixgemm itself does not depend on it).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from mixgemm.nn.linear import QuantLinear
+
+# Llama-3-8B's shapes (random weights: no checkpoint is downloaded).
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
+                 rms_norm_eps=1e-5, tie_word_embeddings=False)
+# A tiny Llama for CPU tests: hidden 64 (group sizes 32 / 64 fit every K), 2 layers, GQA.
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+MODELS = {"llama3-8b": LLAMA3_8B, "tiny-llama": TINY}
+
+
+def llama_config(name: str = "tiny-llama", **overrides):
+    """A transformers LlamaConfig with ``name``'s shapes ("llama3-8b" or "tiny-llama"), fields overridable."""
+    from transformers import LlamaConfig
+
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {sorted(MODELS)}")
+    return LlamaConfig(**{**MODELS[name], **overrides})
+
+
+def random_llama(config, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0):
+    """LlamaForCausalLM with transformers' random init (normal, std initializer_range = 0.02), in eval mode,
+    built directly on ``device`` in ``dtype``."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):  # built in place in the target dtype: an 8B model in fp32 would need 32 GB
+        model = LlamaForCausalLM._from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def dequantized_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """A deep copy of ``model`` in which every QuantLinear is an nn.Linear holding its dequantized weight
+    (in ``dtype``, default: the dtype of the model's other float parameters, e.g. its embeddings): the float
+    model that the quantized one must reproduce."""
+    # the kernel-layout caches hang on the qweight buffers (mixgemm.ops.custom_ops): leave them out of the copy
+    stash = {}
+    for m in model.modules():
+        if isinstance(m, QuantLinear) and "_mixgemm_qw" in m.qweight.__dict__:
+            stash[m] = m.qweight.__dict__.pop("_mixgemm_qw")
+    try:
+        twin = copy.deepcopy(model)
+    finally:
+        for m, v in stash.items():
+            m.qweight._mixgemm_qw = v
+    if dtype is None:
+        quant = {id(p) for m in twin.modules() if isinstance(m, QuantLinear) for p in m.parameters()}
+        floats = [p.dtype for p in twin.parameters() if p.is_floating_point() and id(p) not in quant]
+        dtype = floats[0] if floats else torch.float32
+    for name, mod in list(twin.named_modules()):
+        if not isinstance(mod, QuantLinear):
+            continue
+        dt = dtype
+        lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, device="meta")
+        lin.weight = nn.Parameter(mod.dequantize(dt), requires_grad=False)
+        if mod.bias is not None:
+            lin.bias = nn.Parameter(mod.bias.detach().to(dt), requires_grad=False)
+        parent, _, child = name.rpartition(".")
+        setattr(twin.get_submodule(parent), child, lin)
+    return twin
+
+
+def static_cache(model, batch: int, max_len: int):
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=max_len)
+
+
+@torch.no_grad()
+def greedy_decode(model, input_ids: torch.Tensor, new_tokens: int, cache=None, step_fn=None,
+                  max_len: int | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Greedy generation over a static KV cache: one eager prefill, then ``new_tokens - 1`` decode steps
+    through ``step_fn(input_ids [B, 1], cache_position [1], cache) -> logits [B, 1, V]`` (default: the eager
+    model; pass ``compiled_step(model)`` for torch.compile). Returns (tokens [B, new_tokens], the logits of
+    every step as float32 [B, V])."""
+    b, t = input_ids.shape
+    max_len = max_len or t + new_tokens
+    cache = cache if cache is not None else static_cache(model, b, max_len)
+    step_fn = step_fn or decode_step(model)
+    pos = torch.arange(t, device=input_ids.device)
+    logits = model(input_ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1]
+    out, all_logits = [], []
+    for i in range(new_tokens):
+        all_logits.append(logits.float().clone())  # a CUDA-graph replay reuses its output buffer
+        tok = logits.argmax(-1, keepdim=True)
+        out.append(tok)
+        if i == new_tokens - 1:
+            break
+        pos = torch.tensor([t + i], device=input_ids.device)
+        logits = step_fn(tok, pos, cache)[:, -1]
+    return torch.cat(out, dim=1), all_logits
+
+
+def decode_step(model):
+    """The eager decode step: (input_ids [B, 1], cache_position [1], cache) -> logits [B, 1, V]."""
+
+    def step(tok, pos, cache):
+        return model(tok, past_key_values=cache, cache_position=pos, position_ids=pos[None].expand(tok.shape[0], 1),
+                     use_cache=True).logits
+
+    return step
+
+
+def compiled_step(model, mode: str | None = None, fullgraph: bool = True):
+    """decode_step(model) under torch.compile(fullgraph=True, dynamic=False); ``mode="reduce-overhead"``
+    adds CUDA graphs on a GPU. Run one eager decode step first on a GPU, so that the kernels compile and
+    their weight layouts are built outside the graphs' memory pool."""
+    return torch.compile(decode_step(model), fullgraph=fullgraph, dynamic=False, mode=mode)

@@ -1,0 +1,200 @@
+"""QuantLinear: a drop-in replacement for nn.Linear with a block-quantized weight.
+
+The weight lives in buffers (the plain interchange layout of mixgemm.formats.weight), so that
+``state_dict`` / ``load_state_dict`` / safetensors, ``.to()`` / ``.cuda()`` and ``copy.deepcopy`` work as for
+any module; the format (bits, group size, mode, activation quantization) is also stored in the state dict
+(``_extra_state``, an int64 tensor, so safetensors can hold it) and checked on load.
+
+forward(x): x float16 / bfloat16 / float32 [..., in_features] on the module's device -> [..., out_features]
+in x.dtype, through torch.ops.mixgemm.linear_wxa16 (CUDA kernels; the CPU fallback on the CPU) or, for
+activation-quantized formats (W8A8 / W4A8), torch.ops.mixgemm.linear_wxa8 (int8 tensor-core kernels on
+CUDA; the float64 reference on the CPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+import mixgemm.ops.custom_ops  # noqa: F401  (registers torch.ops.mixgemm.*)
+from mixgemm.formats.activation import ACT_MODES
+from mixgemm.formats.weight import (
+    MODES,
+    PER_CHANNEL,
+    QuantConfig,
+    QuantizedWeight,
+    dequantize_weight,
+    quantize_weight,
+)
+from mixgemm.ops.custom_ops import weight_from_tensors
+
+_MODE_ID = {m: i for i, m in enumerate(MODES)}
+_ACT_ID = {None: 0, **{m: i + 1 for i, m in enumerate(ACT_MODES)}}
+_DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+
+
+class QuantLinear(nn.Module):
+    """y = x @ dequant(W).T + bias with W [out_features, in_features] block-quantized along in_features.
+
+    Build it with ``QuantLinear.from_linear(linear, QuantConfig(...))``, ``QuantLinear.from_quantized(qw,
+    bias)``, or empty with the constructor (then ``load_state_dict``).
+
+    Buffers: qweight uint8 [N, K * bits // 8]; scales [N, G] (scale dtype); zeros uint8 [N, G] for mode
+    "zero_point", else empty; offsets [N, G] for mode "offset", else empty. bias: a Parameter [N]
+    (requires_grad=False) or None. ``act_mode`` None (weight-only) or "sym" / "asym" (int8 activations
+    per token and per weight group).
+
+    ``.to(dtype)`` / ``.half()`` convert the bias like nn.Linear does but never the scales and offsets:
+    re-rounding them would change the quantized weight.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, bits: int = 4,
+                 group_size: int = 128, mode: str = "sym", scale_dtype: torch.dtype = torch.float16,
+                 act_mode: str | None = None, device=None, bias_dtype: torch.dtype | None = None):
+        super().__init__()
+        config = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scale_dtype)
+        _, ng = config.groups(in_features)
+        if act_mode is not None and act_mode not in ACT_MODES:
+            raise ValueError(f"act_mode must be None or one of {ACT_MODES}, got {act_mode!r}")
+        self.in_features = int(in_features)
+        self.out_features = int(out_features)
+        self.config = config
+        self.act_mode = act_mode
+        n = self.out_features
+        self.register_buffer("qweight", torch.zeros(n, in_features * bits // 8, dtype=torch.uint8, device=device))
+        self.register_buffer("scales", torch.zeros(n, ng, dtype=scale_dtype, device=device))
+        self.register_buffer("zeros", torch.zeros((n, ng) if mode == "zero_point" else (0,), dtype=torch.uint8,
+                                                  device=device))
+        self.register_buffer("offsets", torch.zeros((n, ng) if mode == "offset" else (0,), dtype=scale_dtype,
+                                                    device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(n, dtype=bias_dtype or scale_dtype, device=device),
+                                     requires_grad=False)
+        else:
+            self.register_parameter("bias", None)
+
+    # ---- construction -------------------------------------------------------------------------------
+    @classmethod
+    def from_quantized(cls, qw: QuantizedWeight, bias: torch.Tensor | None = None,
+                       act_mode: str | None = None) -> QuantLinear:
+        """A QuantLinear holding ``qw`` (its tensors are used as the buffers, not copied) and ``bias`` [N]."""
+        if not isinstance(qw, QuantizedWeight):
+            raise TypeError(f"qw must be a QuantizedWeight, got {type(qw).__name__}")
+        n, k = qw.shape
+        if bias is not None and tuple(bias.shape) != (n,):
+            raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+        c = qw.config
+        mod = cls(k, n, bias=bias is not None, bits=c.bits, group_size=c.group_size, mode=c.mode,
+                  scale_dtype=c.scale_dtype, act_mode=act_mode, device="meta")
+        mod.qweight = qw.qweight
+        mod.scales = qw.scales
+        if qw.zeros is not None:
+            mod.zeros = qw.zeros
+        else:
+            mod.zeros = torch.empty(0, dtype=torch.uint8, device=qw.device)
+        if qw.offsets is not None:
+            mod.offsets = qw.offsets
+        else:
+            mod.offsets = torch.empty(0, dtype=c.scale_dtype, device=qw.device)
+        if bias is not None:
+            mod.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+        return mod
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: QuantConfig | None = None, act_mode: str | None = None,
+                    **kwargs) -> QuantLinear:
+        """Quantize an nn.Linear's weight (on its device) with ``config`` (or QuantConfig(**kwargs)).
+        The bias is copied in its dtype. The nn.Linear is not modified."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
+        qw = quantize_weight(linear.weight.detach(), config, **kwargs)
+        return cls.from_quantized(qw, None if linear.bias is None else linear.bias.detach(), act_mode=act_mode)
+
+    # ---- views --------------------------------------------------------------------------------------
+    @property
+    def bits(self) -> int:
+        return self.config.bits
+
+    @property
+    def group_size(self) -> int:
+        return self.config.group_size
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
+
+    @property
+    def activation_quantized(self) -> bool:
+        """True for W8A8 / W4A8 (int8 activations), False for weight-only formats."""
+        return self.act_mode is not None
+
+    def quantized_weight(self) -> QuantizedWeight:
+        """The QuantizedWeight over this module's buffers (shared, not copied)."""
+        c = self.config
+        return weight_from_tensors(self.qweight, self.scales, self.zeros, self.offsets, c.bits, c.group_size,
+                                   c.mode, self.out_features, self.in_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight [out_features, in_features] this module multiplies by."""
+        return dequantize_weight(self.quantized_weight(), dtype)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """Read-only convenience for code that inspects ``.weight`` (dtype, device, shape): the dequantized
+        weight in the scale dtype. Computed on each access; forward never uses it."""
+        return self.dequantize(self.scales.dtype)
+
+    # ---- forward ------------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        if self.act_mode is None:
+            return torch.ops.mixgemm.linear_wxa16(x, self.qweight, self.scales, self.zeros, self.offsets, self.bias,
+                                                  c.bits, c.group_size, c.mode, self.out_features,
+                                                  self.in_features, -math.inf, math.inf)
+        return torch.ops.mixgemm.linear_wxa8(x, self.qweight, self.scales, self.zeros, self.offsets, self.bias,
+                                             c.bits, c.group_size, c.mode, self.out_features, self.in_features,
+                                             self.act_mode, -math.inf, math.inf)
+
+    # ---- state ---------------------------------------------------------------------------------------
+    def _format_tensor(self) -> torch.Tensor:
+        c = self.config
+        return torch.tensor([1, c.bits, c.group_size, _MODE_ID[c.mode], _DTYPE_ID[c.scale_dtype],
+                             _ACT_ID[self.act_mode], self.out_features, self.in_features], dtype=torch.int64)
+
+    def get_extra_state(self) -> torch.Tensor:
+        """The format as int64 [8]: (version 1, bits, group_size, mode, scale dtype, act mode, N, K)."""
+        return self._format_tensor()
+
+    def set_extra_state(self, state) -> None:
+        mine = self._format_tensor()
+        got = torch.as_tensor(state).to(torch.int64).cpu()
+        if got.shape != mine.shape or not torch.equal(got, mine):
+            names = ("version", "bits", "group_size", "mode", "scale_dtype", "act_mode", "N", "K")
+            diff = [f"{nm}: checkpoint {int(a)} vs module {int(b)}"
+                    for nm, a, b in zip(names, got.flatten().tolist(), mine.tolist(), strict=False) if a != b]
+            raise ValueError("QuantLinear checkpoint format differs from this module (" + "; ".join(diff or
+                             [f"shape {tuple(got.shape)}"]) + ")")
+
+    def _apply(self, fn, recurse=True):
+        # Keep the scale dtype: only move scales / offsets to the device fn would send them to.
+        keep = {id(self.scales), id(self.offsets)}
+
+        def keep_dtype(t):
+            r = fn(t)
+            if id(t) in keep and r.dtype != t.dtype:
+                return t.to(device=r.device)
+            return r
+
+        return super()._apply(keep_dtype, recurse)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        g = "per-channel" if c.group_size == PER_CHANNEL else c.group_size
+        fmt = f"W{c.bits}A{8 if self.act_mode else 16}"
+        s = (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+             f"format={fmt}, group_size={g}, mode={c.mode}, scale_dtype={str(c.scale_dtype).replace('torch.', '')}")
+        if self.act_mode:
+            s += f", act_mode={self.act_mode}"
+        return s

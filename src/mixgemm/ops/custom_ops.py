@@ -1,0 +1,315 @@
+"""mixgemm's ops registered with torch.library, so that torch.compile(fullgraph=True), CUDA graphs and
+torch.export see them as single opaque nodes.
+
+Ops (all take plain tensors; a weight is its plain interchange tensors, see mixgemm.formats.weight):
+
+* ``torch.ops.mixgemm.linear_wxa16(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K,
+  lo, hi)`` -> ``clamp(x @ dequant(W).T + bias, lo, hi)``, [..., N] in x.dtype. Weight-only
+  quantization: CUDA kernels through mixgemm.ops.dispatch.cuda_matmul, the CPU fallback of
+  mixgemm.matmul on the CPU.
+* ``torch.ops.mixgemm.linear_wxa8(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K,
+  act_mode, lo, hi)``: the same with the activations quantized to int8 per token and per block (block =
+  the weight's group size; ``act_mode`` "sym" or "asym"), i.e. W8A8 / W4A8, through
+  mixgemm.ops.int8.matmul_a8: the int8 tensor-core Triton kernels on CUDA, the float64 reference
+  (quantize_activation + block_int_gemm) on the CPU. Layers the kernel cannot take (4-bit with K not a
+  multiple of 64 / 128) run the reference on CUDA too, with a warning.
+* ``torch.ops.mixgemm.conv2d_wxa16(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode,
+  weight_shape, stride, padding, dilation, groups, lo, hi)``: conv2d with a QuantizedConvWeight's matrix
+  (reference path, any device).
+
+Argument conventions: qweight uint8 [N, K * bits // 8]; scales [N, G] (its dtype is the scale dtype);
+zeros uint8 [N, G] for mode "zero_point", otherwise an empty tensor; offsets [N, G] for mode "offset",
+otherwise empty; bias [N] or None; group_size -1 for per-channel; lo / hi the output clamp
+(mixgemm.epilogue.clamp_bounds; +-inf for none).
+
+Kernel layouts. The kernels repack the plain weight once into their own layouts, cached on a
+QuantizedWeight (``QuantizedWeight.layout``). Inside an op we only get raw tensors, so the op rebuilds a
+QuantizedWeight around them (a cheap dataclass, no copy) and must find the cached layouts again. Choice:
+the QuantizedWeight is cached as an attribute *on the qweight tensor object itself*, together with a
+signature (data pointers, in-place version counters, shapes, dtypes, format). Why not a global dict
+keyed by (data_ptr, device), as first planned: a global dict either keeps every weight alive forever
+(dropped models never free their memory) or, with weak entries, can hand a new tensor that reuses a
+freed address the old weight's layout. On the tensor, the cache lives exactly as long as the weight;
+the version counters catch in-place updates (load_state_dict copies into the buffers in place), and
+a different tensor object (after .to(), or a compiler passing a fresh alias) just rebuilds. QuantLinear
+passes its buffers, which are the same objects in eager mode, in torch.compile'd graphs and in CUDA-graph
+replays (where the Python side does not run at all). Passing the layout tensors themselves through the
+op was rejected: each kernel owns its layout (and the dispatcher picks the kernel), so the module would
+have to know every kernel's layout.
+
+CUDA graphs: none of these ops synchronizes with the host; the linear op allocates only its output
+(plus what the kernel documents). The layouts are built on the first (eager / warm-up) call, before
+any capture.
+"""
+
+import math
+import warnings
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from mixgemm.epilogue import ACTIVATIONS
+from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight
+
+_CACHE_ATTR = "_mixgemm_qw"
+_ACT_BY_BOUNDS = {v: k for k, v in ACTIVATIONS.items() if k != "none"}  # (lo, hi) -> activation name
+
+
+def _version(t: Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter (and cannot change outside inference mode)
+        return -1
+
+
+def _sig(t: Tensor) -> tuple:
+    return (t.data_ptr(), _version(t), tuple(t.shape), t.dtype) if t.numel() else (0, 0, tuple(t.shape), t.dtype)
+
+
+def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor, bits: int,
+                        group_size: int, mode: str, n: int, k: int) -> QuantizedWeight:
+    """The QuantizedWeight [N, K] made of these plain tensors (zeros / offsets: empty when the mode has
+    none), cached on ``qweight`` so that its kernel layouts are built once (see the module docstring)."""
+    sig = (qweight.device, _sig(qweight), _sig(scales), _sig(zeros), _sig(offsets), bits, group_size, mode, n, k)
+    hit = getattr(qweight, _CACHE_ATTR, None)
+    if hit is not None and hit[0] == sig:
+        return hit[1]
+    config = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scales.dtype)
+    _, ng = config.groups(k)
+    if qweight.dtype != torch.uint8 or tuple(qweight.shape) != (n, k * bits // 8):
+        raise ValueError(f"qweight must be uint8 [{n}, {k * bits // 8}], got {qweight.dtype} {tuple(qweight.shape)}")
+    if tuple(scales.shape) != (n, ng):
+        raise ValueError(f"scales must be [{n}, {ng}], got {tuple(scales.shape)}")
+    need_z, need_m = mode == "zero_point", mode == "offset"
+    if need_z and (zeros.dtype != torch.uint8 or tuple(zeros.shape) != (n, ng)):
+        raise ValueError(f"mode 'zero_point' needs zeros uint8 [{n}, {ng}], got {zeros.dtype} {tuple(zeros.shape)}")
+    if need_m and (offsets.dtype != scales.dtype or tuple(offsets.shape) != (n, ng)):
+        raise ValueError(f"mode 'offset' needs offsets {scales.dtype} [{n}, {ng}], got {offsets.dtype} "
+                         f"{tuple(offsets.shape)}")
+    for t, name in ((scales, "scales"), (zeros, "zeros"), (offsets, "offsets")):
+        if t.numel() and t.device != qweight.device:
+            raise ValueError(f"device mismatch: {name} on {t.device}, qweight on {qweight.device}")
+    qw = QuantizedWeight(
+        qweight=qweight,
+        scales=scales,
+        zeros=zeros if need_z else None,
+        offsets=offsets if need_m else None,
+        config=config,
+        shape=(n, k),
+    )
+    setattr(qweight, _CACHE_ATTR, (sig, qw))
+    return qw
+
+
+def _activation_for(lo: float, hi: float) -> tuple[str | None, bool]:
+    """(activation name the matmul epilogue fuses, whether an extra clamp is still needed)."""
+    name = _ACT_BY_BOUNDS.get((float(lo), float(hi)))
+    return (name, False) if (name is not None or (lo, hi) == (-math.inf, math.inf)) else (None, True)
+
+
+_warned: set = set()
+
+
+def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation: str | None) -> Tensor:
+    from mixgemm.ops.dispatch import cuda_matmul
+
+    try:
+        return cuda_matmul(x, qw, bias, activation)
+    except ImportError as e:
+        # A kernel module the dispatcher picked is not in this build yet (e.g. the prefill GEMM): run the
+        # dequantized fp GEMM instead, loudly, rather than failing a whole model.
+        key = str(e)
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(f"mixgemm: kernel unavailable ({e}); falling back to a dequantized F.linear", stacklevel=2)
+        from mixgemm.formats.weight import dequantize_weight
+
+        lo, hi = ACTIVATIONS[activation]
+        y = torch.nn.functional.linear(x, dequantize_weight(qw, x.dtype), None if bias is None else bias.to(x.dtype))
+        return y.clamp(lo, hi) if activation is not None else y
+
+
+@torch.library.custom_op("mixgemm::linear_wxa16", mutates_args=())
+def linear_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
+                 bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
+                 bits: int, group_size: int, mode: str, N: int, K: int, lo: float, hi: float) -> Tensor:
+    """clamp(x @ dequant(W).T + bias, lo, hi): x float16/bfloat16/float32 [..., K] -> [..., N] in x.dtype."""
+    qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)
+    activation, extra_clamp = _activation_for(lo, hi)
+    if x.device.type == "cpu":
+        from mixgemm.ops.matmul import matmul
+
+        y = matmul(x, qw, bias, activation)
+    else:
+        from mixgemm._checks import check_matmul_inputs
+
+        check_matmul_inputs(x, qw, bias)
+        y = _cuda_linear(x, qw, bias, activation)
+    return y.clamp(lo, hi) if extra_clamp else y
+
+
+@linear_wxa16.register_fake
+def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, lo, hi):
+    torch._check(x.shape[-1] == K, lambda: f"x has {x.shape[-1]} features, the weight expects K={K}")
+    return x.new_empty((*x.shape[:-1], N))
+
+
+def _plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k) -> QuantizedWeight:
+    """A QuantizedWeight over the tensors without the layout cache (also works on fake tensors)."""
+    return QuantizedWeight(qweight=qweight, scales=scales, zeros=zeros if mode == "zero_point" else None,
+                           offsets=offsets if mode == "offset" else None,
+                           config=QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scales.dtype),
+                           shape=(n, k))
+
+
+def _linear_setup_context(ctx, inputs, output):
+    x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, n, k = inputs[:11]
+    lo, hi = inputs[-2], inputs[-1]
+    ctx.fmt = (bits, group_size, mode, n, k)
+    ctx.bounds = (lo, hi)
+    ctx.x_dtype = x.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.save_for_backward(qweight, scales, zeros, offsets, output if (lo, hi) != (-math.inf, math.inf) else None)
+
+
+def _linear_backward(ctx, grad):
+    """Gradients for x and bias (the quantized weight is frozen: no gradient). dL/dx = g @ dequant(W), with g
+    masked where the output clamp was active; computed in float32 (the straight-through reading of
+    activation quantization for linear_wxa8)."""
+    qweight, scales, zeros, offsets, out = ctx.saved_tensors
+    bits, group_size, mode, n, k = ctx.fmt
+    g = grad
+    if out is not None:
+        lo, hi = ctx.bounds
+        g = g * ((out > lo) & (out < hi)).to(g.dtype)
+    gx = gb = None
+    if ctx.needs_input_grad[0]:
+        from mixgemm.formats.weight import dequantize_weight
+
+        w = dequantize_weight(_plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k),
+                              torch.float32)
+        gx = (g.float() @ w).to(ctx.x_dtype)
+    if ctx.needs_input_grad[5]:
+        gb = g.float().reshape(-1, n).sum(0).to(ctx.bias_dtype)
+    return (gx, None, None, None, None, gb) + (None,) * (len(ctx.needs_input_grad) - 6)
+
+
+linear_wxa16.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+
+def _a8_kernel_fits(qw: QuantizedWeight) -> str | None:
+    """None when the int8 tensor-core kernel (mixgemm.ops.int8.matmul_a8) can take qw, else why not."""
+    try:
+        import mixgemm.kernels.triton.int8_gemm  # noqa: F401
+        from mixgemm.kernels.triton.int8_layout import pick_half
+    except ImportError as e:
+        return f"int8 kernels unavailable ({e})"
+    if qw.bits == 4:
+        try:
+            pick_half(qw.group_size, qw.in_features)
+        except ValueError as e:
+            return str(e)
+    return None
+
+
+def _linear_wxa8_reference(x: Tensor, qw: QuantizedWeight, bias: Optional[Tensor], act_mode: str,  # noqa: UP045
+                           lo: float, hi: float) -> Tensor:
+    """quantize_activation + the block integer GEMM, in float64 (the float64 product of the dequantized
+    operands off the CPU: the same number, and CUDA has no int64 bmm)."""
+    from mixgemm.formats.activation import quantize_activation
+    from mixgemm.formats.weight import dequantize_weight
+    from mixgemm.reference.block_gemm import block_int_gemm
+
+    k = qw.in_features
+    a = quantize_activation(x.reshape(-1, k), qw.group_size, act_mode)
+    y = block_int_gemm(a, qw) if x.device.type == "cpu" else a.dequantize() @ dequantize_weight(qw, torch.float64).T
+    if bias is not None:
+        y = y + bias.double()
+    return y.clamp(lo, hi).to(x.dtype).reshape(*x.shape[:-1], qw.out_features)
+
+
+@torch.library.custom_op("mixgemm::linear_wxa8", mutates_args=())
+def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
+                bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
+                bits: int, group_size: int, mode: str, N: int, K: int, act_mode: str, lo: float,
+                hi: float) -> Tensor:
+    """clamp(quant8(x) @ dequant(W).T + bias, lo, hi) -> [..., N] in x.dtype: mixgemm.ops.int8.matmul_a8 (int8
+    tensor-core Triton kernels on CUDA, the float64 reference on the CPU)."""
+    from mixgemm._checks import check_matmul_inputs
+
+    qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)
+    check_matmul_inputs(x, qw, bias)
+    if act_mode not in ("sym", "asym"):
+        raise ValueError(f"act_mode must be 'sym' or 'asym', got {act_mode!r}")
+    if x.device.type == "cuda":
+        why = _a8_kernel_fits(qw)
+        if why is not None:
+            if why not in _warned:
+                _warned.add(why)
+                warnings.warn(f"mixgemm: int8 kernel cannot run this layer ({why}); using the reference", stacklevel=2)
+            return _linear_wxa8_reference(x, qw, bias, act_mode, lo, hi)
+    from mixgemm.ops.int8 import matmul_a8
+
+    activation, extra_clamp = _activation_for(lo, hi)
+    y = matmul_a8(x, qw, act_mode, bias, activation)
+    return y.clamp(lo, hi) if extra_clamp else y
+
+
+@linear_wxa8.register_fake
+def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, act_mode, lo, hi):
+    torch._check(x.shape[-1] == K, lambda: f"x has {x.shape[-1]} features, the weight expects K={K}")
+    return x.new_empty((*x.shape[:-1], N))
+
+
+linear_wxa8.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+
+def _conv_out(size: int, k: int, s: int, p: int, d: int):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+@torch.library.custom_op("mixgemm::conv2d_wxa16", mutates_args=())
+def conv2d_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
+                 bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
+                 bits: int, group_size: int, mode: str, weight_shape: list[int], stride: list[int],
+                 padding: list[int], dilation: list[int], groups: int, lo: float, hi: float) -> Tensor:
+    """conv2d of x [B, Ci, H, W] with the quantized kernel [Co, Ci_g, Kh, Kw] whose matrix is
+    [Co, Kh * Kw * Ci_g] (mixgemm.formats.conv) -> [B, Co, Ho, Wo] in x's dtype and memory format."""
+    from mixgemm.ops.conv import conv2d
+
+    co, ci_g, kh, kw = weight_shape
+    qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, co, kh * kw * ci_g)
+    qcw = QuantizedConvWeight(qw, (kh, kw), ci_g)
+    activation, extra_clamp = _activation_for(lo, hi)
+    y = conv2d(x, qcw, bias, tuple(stride), tuple(padding), tuple(dilation), groups, activation)
+    return y.clamp(lo, hi) if extra_clamp else y
+
+
+@conv2d_wxa16.register_fake
+def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, weight_shape, stride, padding, dilation,
+      groups, lo, hi):
+    co, _, kh, kw = weight_shape
+    ho = _conv_out(x.shape[2], kh, stride[0], padding[0], dilation[0])
+    wo = _conv_out(x.shape[3], kw, stride[1], padding[1], dilation[1])
+    fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] > 1 \
+        else torch.contiguous_format
+    return torch.empty((x.shape[0], co, ho, wo), dtype=x.dtype, device=x.device, memory_format=fmt)
+
+
+def _empty(like: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.empty(0, dtype=dtype, device=like.device)
+
+
+def weight_args(qw: QuantizedWeight) -> tuple:
+    """The plain-tensor arguments (qweight, scales, zeros, offsets, bits, group_size, mode, N, K) of a
+    QuantizedWeight, for calling the ops directly."""
+    zeros = qw.zeros if qw.zeros is not None else _empty(qw.qweight, torch.uint8)
+    offsets = qw.offsets if qw.offsets is not None else _empty(qw.qweight, qw.scales.dtype)
+    gs = PER_CHANNEL if qw.config.group_size == PER_CHANNEL else qw.config.group_size
+    n, k = qw.shape
+    return qw.qweight, qw.scales, zeros, offsets, qw.bits, gs, qw.mode, n, k
+
+
+__all__ = ["conv2d_wxa16", "linear_wxa8", "linear_wxa16", "weight_args", "weight_from_tensors"]

@@ -1,0 +1,182 @@
+"""``mixgemm.quantize_(model, config, filter_fn=None)``: replace a model's nn.Linear layers by QuantLinear.
+
+Configs are named by precision (weights W, activations A):
+
+=========  =================================  ====================================================
+config     what                               on CUDA
+=========  =================================  ====================================================
+W4A16      int4 weights, fp activations       CUDA GEMV (M <= 16) / Triton GEMM (mixgemm.matmul)
+W8A16      int8 weights, fp activations       same
+W8A8       int8 weights, int8 activations     activation quantizer + int8 tensor-core Triton GEMM
+                                              (mixgemm.ops.int8.matmul_a8)
+W4A8       int4 weights, int8 activations     same; K must be a multiple of 64 (group 32) or 128,
+                                              other layers run the float64 reference (a warning)
+=========  =================================  ====================================================
+
+On the CPU every format runs the reference path (float32 dequantized GEMM for the A16 formats,
+quantize_activation + block_int_gemm in float64 for the A8 ones). ``group_size`` is 32, 64, 128, 256 or -1
+(per-channel); ``mode`` is "sym", "zero_point" or "offset" (mixgemm.formats.weight). The activation
+formats quantize each token per block of the weight's group size (``act_mode`` "sym" or "asym").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from mixgemm.formats.weight import QuantConfig
+from mixgemm.nn.linear import QuantLinear
+
+
+@dataclass(frozen=True)
+class _Precision:
+    group_size: int = 128
+    mode: str = "sym"
+    scale_dtype: torch.dtype = torch.float16
+    bits = 4
+    act_mode = None
+
+    def weight_config(self) -> QuantConfig:
+        return QuantConfig(bits=self.bits, group_size=self.group_size, mode=self.mode, scale_dtype=self.scale_dtype)
+
+    @property
+    def name(self) -> str:
+        """Short label, e.g. "W4A16 g128 sym" or "W8A8 per-channel sym, act sym"."""
+        g = "per-channel" if self.group_size in (-1, None) else f"g{self.group_size}"
+        act = "" if self.act_mode is None else f", act {self.act_mode}"
+        return f"{type(self).__name__} {g} {self.mode}{act}"
+
+    @property
+    def activation_quantized(self) -> bool:
+        return self.act_mode is not None
+
+    def __post_init__(self):
+        self.weight_config()  # validate early
+
+
+@dataclass(frozen=True)
+class W4A16(_Precision):
+    """int4 weights (default group 128, symmetric), fp16/bf16/fp32 activations. Kernel-backed on CUDA."""
+
+    group_size: int = 128
+    bits = 4
+
+
+@dataclass(frozen=True)
+class W8A16(_Precision):
+    """int8 weights (default per-channel, symmetric), fp activations. Kernel-backed on CUDA."""
+
+    group_size: int = -1
+    bits = 8
+
+
+@dataclass(frozen=True)
+class W8A8(_Precision):
+    """int8 weights (default per-channel) and int8 activations per token (per weight group). Int8 tensor-core
+    kernels on CUDA; the float64 reference on the CPU."""
+
+    group_size: int = -1
+    act_mode: str = "sym"
+    bits = 8
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_act(self.act_mode)
+
+
+@dataclass(frozen=True)
+class W4A8(_Precision):
+    """int4 weights (default group 128) and int8 activations per token and group. Int8 tensor-core kernels on
+    CUDA (K a multiple of 64 / 128, else the reference); the float64 reference on the CPU."""
+
+    group_size: int = 128
+    act_mode: str = "sym"
+    bits = 4
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_act(self.act_mode)
+
+
+def _check_act(mode):
+    from mixgemm.formats.activation import ACT_MODES
+
+    if mode not in ACT_MODES:
+        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {mode!r}")
+
+
+@dataclass
+class QuantizeReport:
+    """What quantize_ did: ``replaced`` (names), ``skipped`` ({name: why}), ``excluded`` (filter_fn said no)."""
+
+    config: object
+    replaced: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    excluded: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"quantize_ {self.config}: {len(self.replaced)} replaced, {len(self.skipped)} skipped, "
+                 f"{len(self.excluded)} excluded by filter_fn"]
+        lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def _why_not(linear: nn.Linear, cfg: QuantConfig, tied: set[int]) -> str | None:
+    w = linear.weight
+    if id(w) in tied:
+        return "weight is shared (tied) with another module; quantizing it would untie it"
+    if w.device.type == "meta":
+        return "weight is on the meta device (no values)"
+    if not w.is_floating_point():
+        return f"weight dtype {w.dtype} is not floating point"
+    try:
+        cfg.groups(linear.in_features)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def quantize_(model: nn.Module, config: _Precision,
+              filter_fn: Callable[[nn.Module, str], bool] | None = None) -> QuantizeReport:
+    """Replace, in place, every nn.Linear of ``model`` (for which ``filter_fn(module, name)`` is True, when
+    given) by a QuantLinear in ``config``'s format (W4A16 / W8A16 / W8A8 / W4A8), quantized on the layer's
+    device. Layers it cannot handle (K not divisible by the group size, odd K for 4 bits, tied weights,
+    meta / non-float / non-finite weights) are left as they are and listed in the returned report.
+    """
+    if not isinstance(config, _Precision):
+        raise TypeError(f"config must be W4A16, W8A16, W8A8 or W4A8, got {type(config).__name__}")
+    cfg = config.weight_config()
+    report = QuantizeReport(config=config)
+    counts: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        counts[id(p)] = counts.get(id(p), 0) + 1
+    tied = {i for i, c in counts.items() if c > 1}
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if isinstance(mod, nn.Linear) and not isinstance(mod, QuantLinear)]
+    for name, mod in targets:
+        if name == "":
+            report.skipped["<model>"] = "the model itself is an nn.Linear: use QuantLinear.from_linear"
+            continue
+        if filter_fn is not None and not filter_fn(mod, name):
+            report.excluded.append(name)
+            continue
+        why = _why_not(mod, cfg, tied)
+        if why is not None:
+            report.skipped[name] = why
+            continue
+        try:
+            q = QuantLinear.from_linear(mod, cfg, act_mode=config.act_mode)
+        except ValueError as e:  # quantize_weight's input checks: NaN / Inf weights, scales out of range
+            report.skipped[name] = str(e)
+            continue
+        q.train(mod.training)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, q)
+        report.replaced.append(name)
+    return report
+
+
+__all__ = ["W4A8", "W4A16", "W8A8", "W8A16", "QuantizeReport", "quantize_"]
