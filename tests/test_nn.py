@@ -381,3 +381,28 @@ def test_quantized_model_cuda_compiled_reduce_overhead(cfg, torch_gen, rel_err):
             for _ in range(3):  # warm-up, record, replay
                 got = step(x).clone()
         assert rel_err(got, eager) <= 1e-3
+
+
+def test_quantize_replaces_conv2d_and_matches_dequantized_float(rel_err):
+    """quantize_ covers nn.Conv2d (weight-only configs) and reports convs it cannot take (A8 configs)."""
+    import mixgemm
+    from mixgemm.nn import QuantConv2d
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 32, 1, stride=2),
+                          nn.Flatten(), nn.Linear(32 * 4 * 4, 10))
+    x = torch.randn(2, 64, 8, 8)
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    assert report.replaced == ["0", "2", "4"] and not report.skipped
+    assert isinstance(model[0], QuantConv2d) and isinstance(model[2], QuantConv2d)
+    twin = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 32, 1, stride=2),
+                         nn.Flatten(), nn.Linear(32 * 4 * 4, 10))
+    with torch.no_grad():
+        for i in (0, 2):
+            twin[i].weight.copy_(model[i].dequantized_weight(torch.float32))
+            twin[i].bias.copy_(model[i].bias)
+        twin[4].weight.copy_(model[4].dequantize())
+        twin[4].bias.copy_(model[4].bias)
+        assert rel_err(model(x), twin(x)) < 1e-5
+    a8 = mixgemm.quantize_(nn.Sequential(nn.Conv2d(8, 8, 3), nn.Linear(64, 64)), mixgemm.W8A8())
+    assert list(a8.skipped) == ["0"] and "activation-quantized convolution" in a8.skipped["0"]

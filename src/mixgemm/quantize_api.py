@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from mixgemm.formats.weight import QuantConfig
+from mixgemm.nn.conv import QuantConv2d
 from mixgemm.nn.linear import QuantLinear
 
 
@@ -139,11 +140,24 @@ def _why_not(linear: nn.Linear, cfg: QuantConfig, tied: set[int]) -> str | None:
     return None
 
 
+def _why_not_conv(mod: nn.Conv2d, config: _Precision, tied: set) -> str | None:
+    """Why a Conv2d cannot be quantized with this config, or None. (QuantConv2d.from_conv adapts the group
+    size to Ci/groups, and stores 4-bit kernels with an odd Kh*Kw*Ci_g as 8 bits, each with a warning.)"""
+    if config.act_mode is not None:
+        return "no activation-quantized convolution yet: use a weight-only config (W4A16 / W8A16) for convs"
+    if id(mod.weight) in tied:
+        return "the weight is shared with another module (tied)"
+    if mod.weight.device.type == "meta" or not mod.weight.is_floating_point():
+        return f"weight is {mod.weight.dtype} on {mod.weight.device}: needs real floating-point values"
+    return None
+
+
 def quantize_(model: nn.Module, config: _Precision,
               filter_fn: Callable[[nn.Module, str], bool] | None = None) -> QuantizeReport:
     """Replace, in place, every nn.Linear of ``model`` (for which ``filter_fn(module, name)`` is True, when
     given) by a QuantLinear in ``config``'s format (W4A16 / W8A16 / W8A8 / W4A8), quantized on the layer's
-    device. Layers it cannot handle (K not divisible by the group size, odd K for 4 bits, tied weights,
+    device, and every nn.Conv2d by a QuantConv2d (weight-only configs; blocks along Ci within each tap).
+    Layers it cannot handle (K not divisible by the group size, odd K for 4 bits, tied weights,
     meta / non-float / non-finite weights) are left as they are and listed in the returned report.
     """
     if not isinstance(config, _Precision):
@@ -155,20 +169,21 @@ def quantize_(model: nn.Module, config: _Precision,
         counts[id(p)] = counts.get(id(p), 0) + 1
     tied = {i for i, c in counts.items() if c > 1}
     targets = [(name, mod) for name, mod in model.named_modules()
-               if isinstance(mod, nn.Linear) and not isinstance(mod, QuantLinear)]
+               if (isinstance(mod, nn.Linear) and not isinstance(mod, QuantLinear)) or type(mod) is nn.Conv2d]
     for name, mod in targets:
         if name == "":
-            report.skipped["<model>"] = "the model itself is an nn.Linear: use QuantLinear.from_linear"
+            report.skipped["<model>"] = "the model itself is a single layer: use QuantLinear / QuantConv2d directly"
             continue
         if filter_fn is not None and not filter_fn(mod, name):
             report.excluded.append(name)
             continue
-        why = _why_not(mod, cfg, tied)
+        conv = type(mod) is nn.Conv2d
+        why = _why_not_conv(mod, config, tied) if conv else _why_not(mod, cfg, tied)
         if why is not None:
             report.skipped[name] = why
             continue
         try:
-            q = QuantLinear.from_linear(mod, cfg, act_mode=config.act_mode)
+            q = QuantConv2d.from_conv(mod, cfg) if conv else QuantLinear.from_linear(mod, cfg, act_mode=config.act_mode)
         except ValueError as e:  # quantize_weight's input checks: NaN / Inf weights, scales out of range
             report.skipped[name] = str(e)
             continue

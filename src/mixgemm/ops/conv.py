@@ -1,14 +1,197 @@
-"""mixgemm.conv2d: convolution with a block-quantized kernel (reference on the CPU)."""
+"""mixgemm.conv2d: convolution with a block-quantized kernel.
+
+CUDA dispatch (pick_path, deterministic in shapes and dtypes):
+* depthwise (Ci/groups == 1): the Triton depthwise kernel;
+* opt-in (DEQUANT_MIN_M set; off by default): fp16 / bf16 with M = B*Ho*Wo >= DEQUANT_MIN_M: the weight
+  is dequantized once (one Triton kernel, a
+  transient [Co, Kh*Kw*Ci_g] buffer) and cuDNN runs the convolution (large batches: activation-bound);
+* 1x1 / stride 1 / no padding / groups 1 on channels_last: ``mixgemm.matmul`` on the [B*H*W, Ci] view
+  (no copy) when the Triton GEMM is installed (GEMV for M <= 16);
+* everything else: the Triton implicit GEMM (no im2col buffer), any stride / padding / dilation / groups.
+CPU inputs run the float64 reference (mixgemm.reference.conv2d).
+"""
 
 from __future__ import annotations
 
 import torch
 
 from mixgemm import reference
+from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
 
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-def conv2d(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor | None = None, stride=1,
-           padding=0, dilation=1, groups: int = 1, activation: str | None = None) -> torch.Tensor:
-    """x [B, Ci, H, W] float (NCHW or channels_last) -> [B, Co, Ho, Wo] in x's layout and dtype."""
-    return reference.conv2d(x, qweight, bias, stride, padding, dilation, groups, activation)
+
+def _pair(v, name: str) -> tuple[int, int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v, v)
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        return (int(v[0]), int(v[1]))
+    raise TypeError(f"{name} must be an int or a pair of ints, got {v!r}")
+
+
+def conv_output_size(h: int, w: int, kernel_size, stride, padding, dilation) -> tuple[int, int]:
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+    return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+
+
+def check_conv_inputs(x, qweight, bias, stride, padding, dilation, groups):
+    """Validate and normalise the arguments; returns (stride, padding, dilation) as int pairs."""
+    if not isinstance(qweight, QuantizedConvWeight):
+        raise TypeError(f"qweight must be a mixgemm QuantizedConvWeight, got {type(qweight).__name__}")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}; supported activation dtypes are {ACT_DTYPES}")
+    if x.dim() != 4:
+        raise ValueError(f"conv2d input must be 4-D [B, C, H, W], got shape {tuple(x.shape)}")
+    stride, padding, dilation = (
+        _pair(stride, "stride"),
+        _pair(padding, "padding"),
+        _pair(dilation, "dilation"),
+    )
+    if min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
+        raise ValueError(f"need stride >= 1, dilation >= 1, padding >= 0; got {stride}, {dilation}, {padding}")
+    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups!r}")
+    if x.shape[1] != qweight.in_channels_per_group * groups:
+        raise ValueError(
+            f"shape mismatch: input has {x.shape[1]} channels, the weight expects "
+            f"{qweight.in_channels_per_group} x groups={groups}"
+        )
+    if qweight.out_channels % groups:
+        raise ValueError(f"out_channels={qweight.out_channels} is not divisible by groups={groups}")
+    if x.device != qweight.matrix.device:
+        raise ValueError(f"device mismatch: x is on {x.device} but the weight is on {qweight.matrix.device}")
+    ho, wo = conv_output_size(x.shape[2], x.shape[3], qweight.kernel_size, stride, padding, dilation)
+    if ho < 1 or wo < 1:
+        raise ValueError(
+            f"input {tuple(x.shape[2:])} is too small for kernel {qweight.kernel_size} with "
+            f"padding {padding}, "
+            f"dilation {dilation}: output would be {ho}x{wo}"
+        )
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (qweight.out_channels,):
+            got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"bias must have shape ({qweight.out_channels},), got {got}")
+        if not bias.is_floating_point():
+            raise TypeError(f"bias must be floating point, got {bias.dtype}")
+        if bias.device != x.device:
+            raise ValueError(f"device mismatch: bias is on {bias.device} but x is on {x.device}")
+    return stride, padding, dilation
+
+
+def _out_format(x: torch.Tensor) -> torch.memory_format:
+    # the reference's rule: channels_last in -> channels_last out (a 1-channel tensor counts as NCHW)
+    if x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] > 1:
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _gemm_available() -> bool:
+    try:
+        import mixgemm.kernels.triton.gemm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def conv2d(
+    x: torch.Tensor,
+    qweight: QuantizedConvWeight,
+    bias: torch.Tensor | None = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups: int = 1,
+    activation: str | None = None,
+) -> torch.Tensor:
+    """y = act(conv2d(x, W) + bias) with W block-quantized (INT4/INT8).
+
+    x: float16 / bfloat16 / float32 [B, Ci, H, W], NCHW or channels_last (any strides), on qweight's device.
+    qweight: QuantizedConvWeight [Co, Ci/groups, Kh, Kw] (see mixgemm.formats.conv).
+    bias: float [Co] or None. stride / padding / dilation: int or (h, w). groups: Ci and Co divisible by it.
+    activation: None, "relu" or "relu6" (fused as a min/max clamp).
+    Returns [B, Co, Ho, Wo] in x's dtype and memory format (channels_last in -> channels_last out).
+    CUDA: fp32 accumulation; fp32 inputs use exact fp32 products. Depthwise (Ci/groups == 1) needs
+    per-channel weights (the only grouping QuantizedConvWeight allows there). Inputs are never modified.
+    """
+    stride, padding, dilation = check_conv_inputs(x, qweight, bias, stride, padding, dilation, groups)
+    lo, hi = clamp_bounds(activation)
+    if x.device.type != "cuda":
+        return reference.conv2d(x, qweight, bias, stride, padding, dilation, groups, activation)
+    return cuda_conv2d(x, qweight, bias, stride, padding, dilation, groups, lo, hi, activation)
+
+
+# fp16 / bf16 convolutions with more output pixels than this (M = B*Ho*Wo) dequantize the weight once per call
+# (one kernel, a transient [Co, Kh*Kw*Ci_g] buffer -- the weights, not an im2col buffer) and run cuDNN, as
+# llama.cpp does for large batches: there the activations dominate the bytes and the FLOPs, and measured on
+# the H200 (benchmarks/results/h200-conv.md, 05:22 UTC) the Triton implicit GEMM reached only 0.15-0.8x of
+# cuDNN fp16, the Triton matmul 0.35-0.56x of cuBLAS from M = 256 on. Off by default (None): mixgemm's design
+# dequantizes in registers and never materializes a float weight in memory; set e.g. 65 to opt in.
+DEQUANT_MIN_M: int | None = None
+
+
+def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups) -> str:
+    """ "dequant" (weight dequantized once + cuDNN), "matmul" (1x1 as a GEMM), "dw" (depthwise kernel) or
+    "igemm" (implicit GEMM kernel). Deterministic in the shapes and dtypes."""
+    kh, kw = qweight.kernel_size
+    depthwise = qweight.in_channels_per_group == 1 and groups > 1
+    if depthwise:
+        return "dw"
+    if DEQUANT_MIN_M is not None and x.dtype in (torch.float16, torch.bfloat16) and m >= DEQUANT_MIN_M:
+        return "dequant"
+    pointwise = (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1
+    if pointwise and _out_format(x) == torch.channels_last and _gemm_available():
+        return "matmul"
+    return "igemm"
+
+
+def cuda_conv2d(
+    x, qweight, bias, stride, padding, dilation, groups, lo, hi, activation=None, config=None, path: str | None = None
+):
+    """The CUDA conv (also runs on CPU tensors under TRITON_INTERPRET=1, for tests). Arguments already checked.
+    config: a kernels.triton.conv ConvConfig (implicit GEMM) or DwConfig (depthwise) forcing that kernel's
+    tiles; path: force "igemm" / "dw" / "matmul" / "dequant" (default: pick_path)."""
+    from mixgemm.kernels.triton import conv as K
+
+    b, _, h, w = x.shape
+    kh, kw = qweight.kernel_size
+    co = qweight.out_channels
+    ho, wo = conv_output_size(h, w, (kh, kw), stride, padding, dilation)
+    fmt = _out_format(x)
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()  # a copy: the caller's tensor is untouched
+    depthwise = qweight.in_channels_per_group == 1 and groups > 1
+    if path is None:
+        path = (
+            ("dw" if depthwise else "igemm")
+            if config is not None
+            else pick_path(x, qweight, b * ho * wo, stride, padding, groups)
+        )
+    if b * ho * wo == 0:
+        return torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
+    if path == "matmul":
+        # 1x1 conv on channels_last == GEMM on the [B*H*W, Ci] view (no copy); W is the [Co, Ci] matrix.
+        from mixgemm.ops.matmul import matmul
+
+        y = matmul(x.permute(0, 2, 3, 1).reshape(b * h * w, x.shape[1]), qweight.matrix, bias, activation)
+        return y.reshape(b, h, w, co).permute(0, 3, 1, 2)
+    if path == "dequant":
+        import torch.nn.functional as F
+
+        wm = K.dequantize_matrix(qweight.matrix, x.dtype)  # [Co, Kh*Kw*Ci_g], K order (kh, kw, ci)
+        wt = wm.view(co, kh, kw, qweight.in_channels_per_group).permute(0, 3, 1, 2)  # channels_last strides
+        if fmt != torch.channels_last:
+            wt = wt.contiguous()  # an NCHW weight keeps cuDNN (and the output) in NCHW
+        y = F.conv2d(x, wt, None if bias is None else bias.to(x.dtype), stride, padding, dilation, groups)
+        if lo > float("-inf") or hi < float("inf"):
+            y = y.clamp_(lo, hi)
+        return y.contiguous(memory_format=fmt)
+    out = torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
+    if path == "dw":
+        kw_ = {} if config is None else dict(block_m=config.block_m, block_c=config.block_c, num_warps=config.num_warps)
+        return K.dw_conv2d(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, **kw_)
+    if path != "igemm":
+        raise ValueError(f"unknown conv path {path!r}")
+    return K.igemm_conv2d(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, config)

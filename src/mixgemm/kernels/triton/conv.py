@@ -1,0 +1,786 @@
+"""Triton implicit-GEMM convolution with a block-quantized INT4/INT8 kernel (issue 8).
+
+GEMM view (per conv group g): out[m, n] = sum_k A[m, k] * W[n, k] with
+  m = (b * Ho + oh) * Wo + ow            (output pixel),
+  n = output channel inside group g,
+  k = (kh * Kw + kw) * Ci_g + ci          (QuantizedConvWeight's K order: Ci innermost),
+  A[m, k] = x[b, g * Ci_g + ci, oh * sh - ph + kh * dh, ow * sw - pw + kw * dw]  (0 outside the image).
+A is never materialised (no im2col buffer): each program computes the addresses of its [BLOCK_M, BLOCK_K]
+slice of A from the output-pixel indices and the tap, loads it straight from x (any strides: NCHW or
+channels_last; channels_last makes the Ci run contiguous, so those loads are coalesced and vectorised), and
+dequantizes its [BLOCK_K, BLOCK_N] weight tile in registers right before ``tl.dot`` (tensor cores).
+
+Two K-loop shapes (constexpr TAP_LOOP):
+* TAP_LOOP: Ci_g % BLOCK_K == 0. Each K step lies in one tap, so the spatial offsets / padding mask are
+  one vector per step, and (because BLOCK_K divides the quantization group) one scale per output channel.
+* flat: any Ci_g (the 3-channel stem, Ci_g = 24, ...), per-channel quantization only (a group of 32+ codes
+  that divides Ci_g always allows TAP_LOOP). Tap / channel are decoded per element.
+
+Depthwise (Ci_g == 1) has no GEMM worth the name (N = 1 per group): ``_dwconv_kernel`` is a direct
+CUDA-core kernel over [pixels, channels] tiles with the kernel taps unrolled.
+
+Split-K (SPLIT_K > 1): when the output tiles alone cannot fill the GPU (batch 1, deep layers), each split
+writes fp32 partial sums to a workspace and ``_splitk_reduce_kernel`` sums them and applies the epilogue
+(deterministic: no atomics).
+
+Dequantization: the math of mixgemm.kernels.triton.dequant (its group_params, and a local copy of its
+word unpack + magic-number dequantize: w = (q - z) * s, or q * s + m for "offset", in fp16 for fp16
+activations). The layout keeps s and z (or m) in
+float32 [G, Co] so one program loads a contiguous [BLOCK_N] vector per group; per-channel sym / zero_point
+weights enter the dot as exact integers q - z and the scale multiplies the accumulator once.
+TODO(issue 8): swap the inline unpack/dequant for mixgemm.kernels.triton.dequant once that primitive exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.triton.dequant import MODE_IDS, group_params
+
+LAYOUT_NAME = "conv_triton_v1"
+
+
+# --------------------------------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class ConvLayout:
+    """``conv_triton_v1``: the plain packed codes as int32 words ([Co, KW], see _word_rows) and the
+    per-group parameters as float32 [G, Co] (transposed so a program's BLOCK_N channels of one group are
+    contiguous): w[n, k] = (q[n, k] - shift[g, n]) * scale[g, n] (sym: shift = 2**(bits-1), zero_point: z), or
+    q[n, k] * scale[g, n] + shift[g, n] for mode "offset" (``affine``); g = k // group_size."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+    shift: torch.Tensor
+    n: int
+    k: int
+    bits: int
+    group_size: int
+    num_groups: int
+    affine: bool  # mode "offset": shift is m (w = q * s + m); otherwise shift is the zero point z
+    zero_mode: int  # mixgemm.kernels.triton.dequant.MODE_IDS
+
+
+def build_conv_layout(qw: QuantizedWeight) -> ConvLayout:
+    s = qw.scales.double()
+    if qw.mode == "offset":
+        sh = qw.offsets.double()  # w = q * s + m
+    else:
+        sh = qw.zero_points().double()  # w = (q - z) * s, z an integer (exact in any float dtype)
+    return ConvLayout(
+        weight=_word_rows(qw.qweight),
+        scale=s.t().float().contiguous(),
+        shift=sh.t().float().contiguous(),
+        n=qw.shape[0],
+        k=qw.shape[1],
+        bits=qw.bits,
+        group_size=qw.group_size,
+        num_groups=qw.num_groups,
+        affine=qw.mode == "offset",
+        zero_mode=MODE_IDS[qw.mode],
+    )
+
+
+def _word_rows(qweight: torch.Tensor) -> torch.Tensor:
+    """The packed codes as int32 words [Co, KW] (little-endian: word i holds k = E*i .. E*i + E - 1, E = 32 / bits,
+    code f of the word at bits f*bits: the order the shared dequant primitive unpacks). Rows are padded with zero
+    bytes to a multiple of 4 bytes only when needed (no copy otherwise: a view of the plain packing)."""
+    q = qweight.contiguous()
+    n, kb = q.shape
+    if kb % 4 or q.data_ptr() % 16:
+        pad = torch.zeros(n, (kb + 15) // 16 * 16, dtype=torch.uint8, device=q.device)
+        pad[:, :kb] = q
+        q = pad
+    return q.view(torch.int32)
+
+
+def conv_layout(qw: QuantizedWeight) -> ConvLayout:
+    return qw.layout(LAYOUT_NAME, build_conv_layout)
+
+
+# --------------------------------------------------------------------------------------------- kernels
+@triton.jit
+def _dequantize_words(
+    words,
+    BITS: tl.constexpr,
+    BK: tl.constexpr,
+    ZERO_MODE: tl.constexpr,
+    s,
+    p,
+    OUT_DTYPE: tl.constexpr,
+    SCALE: tl.constexpr,
+):
+    """int32 word tile [BN, BK * BITS // 32] (code f of a word at bits f*BITS = k offset f) -> [BN, BK] weights.
+
+    The math of mixgemm.kernels.triton.dequant (same group_params contract, same magic numbers): kept local
+    because that primitive's signature changed twice while this kernel was written; swap it in once stable.
+    * unpack: each word's E codes land next to each other in one thread's registers (3-D broadcast +
+      reshape), so one dot covers all BK.
+    * ``bitcast(q | MAGIC_BITS)`` is exactly MAGIC + q in the compute dtype (0x6400 = fp16 1024.0, ulp 1):
+      no int->float conversion instructions (1/4 rate on sm_90); ``- (MAGIC + z)`` is the exact q - z.
+    """
+    E: tl.constexpr = 32 // BITS
+    shifts = tl.arange(0, E) * BITS
+    q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1), (words.shape[0], BK))
+    # constants are built in the compute dtype (a bare Python float would promote fp16 math to fp32)
+    if OUT_DTYPE == tl.float16:  # noqa: SIM300
+        h = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+        base = tl.full((), 1024.0, tl.float16)
+        zsym = tl.full((), 1024.0 + (1 << (BITS - 1)), tl.float16)
+    elif OUT_DTYPE == tl.bfloat16 and BITS == 4:  # noqa: SIM300
+        h = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q: exact in bf16's 8 bits
+        base = tl.full((), 128.0, tl.bfloat16)
+        zsym = tl.full((), 128.0 + (1 << (BITS - 1)), tl.bfloat16)
+    else:
+        h = (q | 0x4B000000).to(tl.float32, bitcast=True)  # 2**23 + q
+        base = tl.full((), 8388608.0, tl.float32)
+        zsym = tl.full((), 8388608.0 + (1 << (BITS - 1)), tl.float32)
+    if ZERO_MODE == 0:
+        v = h - zsym
+        if SCALE:
+            v = v * s
+    elif ZERO_MODE == 1:
+        v = h - p
+        if SCALE:
+            v = v * s
+    else:
+        v = h - base
+        if SCALE:
+            v = v * s + p
+    return v.to(OUT_DTYPE)
+
+
+@triton.jit
+def _weight_tile(
+    w_ptr,
+    n_glob,
+    mask_n,
+    k0,
+    KW,
+    s,
+    p,
+    BITS: tl.constexpr,
+    ZERO_MODE: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+    SCALE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """W[n_glob, k0 : k0 + BLOCK_K] dequantized to OUT_DTYPE, [BLOCK_N, BLOCK_K].
+
+    Each channel's K run is contiguous (int32 words, KW per row); the codes go through the shared primitive
+    (mixgemm.kernels.triton.dequant: magic-number unpack, no int->float conversions). s, p: [BLOCK_N, 1]
+    from group_params. SCALE=False yields the exact integers q - z (the caller scales the accumulator).
+    Codes past K (row padding, or the partial last step of the flat loop) meet zero activations."""
+    NW: tl.constexpr = BLOCK_K * BITS // 32  # int32 words per row of the tile
+    offs_w = k0 * BITS // 32 + tl.arange(0, NW)
+    ptrs = w_ptr + n_glob[:, None].to(tl.int64) * KW + offs_w[None, :]
+    words = tl.load(ptrs, mask=mask_n[:, None] & (offs_w[None, :] < KW), other=0)
+    w = _dequantize_words(words, BITS, BLOCK_K, ZERO_MODE, s, p, OUT_DTYPE, SCALE)
+    return w
+
+
+# Geometry (kernel size, stride, padding, dilation, split count) is a run-time argument: one compiled
+# variant serves every layer with the same tiles and format (a ResNet needs a handful of compiles, not one
+# per layer); the per-step scalar arithmetic it costs is negligible next to the tile work.
+@triton.jit(do_not_specialize=["M", "B", "H", "W", "HO", "WO", "SH", "SW", "PH", "PW", "DH", "DW", "SPLIT_K"])
+def _igemm_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    m_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    B,
+    H,
+    W,
+    HO,
+    WO,
+    CO,
+    CI_G,
+    CO_G,
+    K,
+    WROW,
+    GS,
+    sxb,
+    sxc,
+    sxh,
+    sxw,
+    sob,
+    soc,
+    soh,
+    sow,
+    lo,
+    hi,
+    KH,
+    KW,
+    SH,
+    SW,
+    PH,
+    PW,
+    DH,
+    DW,
+    SPLIT_K,
+    BITS: tl.constexpr,
+    PER_CHANNEL: tl.constexpr,
+    TAP_LOOP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_WS: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    ZERO_MODE: tl.constexpr,
+    SCALE_W: tl.constexpr,
+    ACT_DTYPE: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    grp = tl.program_id(1)
+    sk = tl.program_id(2)
+    num_pid_n = tl.cdiv(CO_G, BLOCK_N)
+    # N fastest: the programs that share one A tile (the large operand) run back to back -> L2 hits.
+    pid_n = pid % num_pid_n
+    pid_m = pid // num_pid_n
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    ow = offs_m % WO
+    t = offs_m // WO
+    oh = t % HO
+    bb = t // HO
+    ih0 = oh * SH - PH
+    iw0 = ow * SW - PW
+    x_base = x_ptr + bb.to(tl.int64) * sxb + (grp * CI_G).to(tl.int64) * sxc
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < CO_G
+    n_glob = grp * CO_G + offs_n
+    dt = ACT_DTYPE
+    if PER_CHANNEL:
+        # one group = the whole K: its parameter vectors are loaded once, outside the K loop
+        s_raw = tl.load(s_ptr + n_glob, mask=mask_n, other=0.0)
+        sc, sh = group_params(s_raw, tl.load(m_ptr + n_glob, mask=mask_n, other=0.0), BITS, ZERO_MODE, dt)
+        sc = sc[:, None]
+        sh = sh[:, None]
+    # SWAP_AB computes out^T = W @ A^T: the dequantized weight (made in registers) is then the left operand,
+    # which Hopper's wgmma can read from registers, instead of a round trip through shared memory.
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    steps = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(steps, SPLIT_K)
+    s_lo = sk * per
+    s_hi = tl.minimum(s_lo + per, steps)
+    offs_kk = tl.arange(0, BLOCK_K)
+    cpt = CI_G // BLOCK_K  # K steps per tap (TAP_LOOP)
+    for i in range(s_lo, s_hi):
+        k0 = i * BLOCK_K
+        if TAP_LOOP:
+            # the whole step lies in one tap: one spatial offset / padding mask per output pixel
+            tap = i // cpt
+            c0 = (i - tap * cpt) * BLOCK_K
+            kh = tap // KW
+            kw = tap - kh * KW
+            ih = ih0 + kh * DH
+            iw = iw0 + kw * DW
+            ok = mask_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a_ptrs = x_base[:, None] + (ih * sxh + iw * sxw)[:, None] + (c0 + offs_kk)[None, :].to(tl.int64) * sxc
+            a = tl.load(a_ptrs, mask=ok[:, None], other=0.0)
+        else:
+            kk = k0 + offs_kk
+            tap = kk // CI_G
+            ci = kk - tap * CI_G
+            kh = tap // KW
+            kw = tap - kh * KW
+            ih = ih0[:, None] + (kh * DH)[None, :]
+            iw = iw0[:, None] + (kw * DW)[None, :]
+            ok = mask_m[:, None] & (kk < K)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a = tl.load(x_base[:, None] + ih * sxh + iw * sxw + ci[None, :].to(tl.int64) * sxc, mask=ok, other=0.0)
+        if not PER_CHANNEL:
+            g = k0 // GS  # BLOCK_K divides the group size: one group per step
+            sc, sh = group_params(
+                tl.load(s_ptr + g * CO + n_glob, mask=mask_n, other=0.0),
+                tl.load(m_ptr + g * CO + n_glob, mask=mask_n, other=0.0),
+                BITS,
+                ZERO_MODE,
+                dt,
+            )
+            sc = sc[:, None]
+            sh = sh[:, None]
+        wt = _weight_tile(
+            w_ptr, n_glob, mask_n, k0, WROW, sc, sh, BITS, ZERO_MODE, dt, SCALE_W, BLOCK_K, BLOCK_N
+        )  # [BLOCK_N, BLOCK_K]
+        if SWAP_AB:
+            acc = tl.dot(wt, tl.trans(a), acc, input_precision=DOT_PREC)
+        else:
+            acc = tl.dot(a, tl.trans(wt), acc, input_precision=DOT_PREC)
+
+    if SWAP_AB:
+        acc = tl.trans(acc)
+    if not SCALE_W:
+        acc = acc * s_raw[None, :]
+    if not USE_WS:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + n_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        acc = tl.minimum(tl.maximum(acc, lo), hi)
+        o_ptrs = out_ptr + (bb.to(tl.int64) * sob + oh * soh + ow * sow)[:, None] + n_glob[None, :].to(tl.int64) * soc
+        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    else:
+        # workspace [SPLIT_K, M, CO] float32
+        o_ptrs = out_ptr + (sk * M).to(tl.int64) * CO + offs_m[:, None].to(tl.int64) * CO + n_glob[None, :]
+        tl.store(o_ptrs, acc, mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit(do_not_specialize=["M", "HO", "WO"])
+def _splitk_reduce_kernel(
+    ws_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    HO,
+    WO,
+    CO,
+    sob,
+    soc,
+    soh,
+    sow,
+    lo,
+    hi,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m < M)[:, None] & (offs_n < CO)[None, :]
+    idx = offs_m[:, None].to(tl.int64) * CO + offs_n[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * M.to(tl.int64) * CO + idx, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < CO, other=0.0).to(tl.float32)[None, :]
+    acc = tl.minimum(tl.maximum(acc, lo), hi)
+    ow = offs_m % WO
+    t = offs_m // WO
+    oh = t % HO
+    bb = t // HO
+    o_ptrs = out_ptr + (bb.to(tl.int64) * sob + oh * soh + ow * sow)[:, None] + offs_n[None, :].to(tl.int64) * soc
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "H", "W", "HO", "WO"])
+def _dwconv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    m_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    H,
+    W,
+    HO,
+    WO,
+    CO,
+    CO_G,
+    KB,
+    sxb,
+    sxc,
+    sxh,
+    sxw,
+    sob,
+    soc,
+    soh,
+    sow,
+    lo,
+    hi,
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    SH: tl.constexpr,
+    SW: tl.constexpr,
+    PH: tl.constexpr,
+    PW: tl.constexpr,
+    DH: tl.constexpr,
+    DW: tl.constexpr,
+    AFFINE: tl.constexpr,
+    BITS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Depthwise (Ci_g = 1, per-channel weights): out[m, c] = sum_taps x[m @ tap, c // CO_G] * w[c, tap]."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_m = offs_m < M
+    mask_c = offs_c < CO
+    ow = offs_m % WO
+    t = offs_m // WO
+    oh = t % HO
+    bb = t // HO
+    ih0 = oh * SH - PH
+    iw0 = ow * SW - PW
+    cin = offs_c // CO_G
+    x_base = x_ptr + bb.to(tl.int64)[:, None] * sxb + cin.to(tl.int64)[None, :] * sxc
+    sc = tl.load(s_ptr + offs_c, mask=mask_c, other=0.0)
+    sh = tl.load(m_ptr + offs_c, mask=mask_c, other=0.0)
+    wrow = w_ptr + offs_c.to(tl.int64) * KB
+    acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
+    # taps unrolled at compile time (KH, KW constexpr): all address arithmetic folds to immediates
+    for kh in tl.static_range(KH):
+        ih = ih0 + kh * DH
+        okh = mask_m & (ih >= 0) & (ih < H)
+        for kw in tl.static_range(KW):
+            iw = iw0 + kw * DW
+            ok = okh & (iw >= 0) & (iw < W)
+            tap = kh * KW + kw
+            if BITS == 8:
+                q = tl.load(wrow + tap, mask=mask_c, other=0).to(tl.float32)
+            else:
+                byt = tl.load(wrow + tap // 2, mask=mask_c, other=0)
+                q = ((byt >> (4 * (tap % 2))) & 0xF).to(tl.float32)
+            wv = q * sc + sh if AFFINE else (q - sh) * sc
+            xv = tl.load(x_base + (ih * sxh + iw * sxw)[:, None], mask=ok[:, None] & mask_c[None, :], other=0.0)
+            acc += xv.to(tl.float32) * wv[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+    acc = tl.minimum(tl.maximum(acc, lo), hi)
+    o_ptrs = out_ptr + (bb.to(tl.int64) * sob + oh * soh + ow * sow)[:, None] + offs_c[None, :].to(tl.int64) * soc
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_c[None, :])
+
+
+# --------------------------------------------------------------------------------------------- launch
+@dataclass(frozen=True)
+class ConvConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    swap_ab: bool = False
+
+
+def _num_sms(device) -> int:
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _pow2_at_least(v: int, lo: int) -> int:
+    p = lo
+    while p < v:
+        p *= 2
+    return p
+
+
+def pick_block_k(ci_g: int, group_size: int, per_channel: bool, k: int) -> tuple[int, bool]:
+    """(BLOCK_K, TAP_LOOP). BLOCK_K must divide the quantization group (one scale per step)."""
+    limit = 64 if per_channel else min(64, group_size)
+    for bk in (64, 32, 16):
+        if bk <= limit and ci_g % bk == 0:
+            return bk, True
+    if not per_channel:  # unreachable for valid QuantizedConvWeight (group | Ci_g, group >= 32)
+        raise ValueError(f"group_size={group_size} with Ci_g={ci_g}: no K tile fits; use per-channel")
+    return (32 if k >= 32 else 16), False
+
+
+def pick_config(
+    m: int, n: int, k: int, ci_g: int, group_size: int, per_channel: bool, groups: int, device
+) -> tuple[ConvConfig, bool]:
+    """Deterministic tile choice from the problem shape (no run-time autotuning).
+
+    Small M (<= 256, the weight-bound regime): swap_ab (dequantized weights as wgmma's register operand, M as
+    the MMA's N dimension so 16..64 rows waste nothing), BLOCK_M the power of two >= M (16..64), BLOCK_N 64 or
+    128 and split-K to fill the SMs -- the choices the Triton GEMM's H200 sweep made for M <= 64
+    (src/mixgemm/configs/h200.json). Not yet swept for conv itself (see benchmarks/conv_notes.md).
+    """
+    bk, tap_loop = pick_block_k(ci_g, group_size, per_channel, k)
+    sms = _num_sms(device)
+    if m <= 256:
+        bm = min(64, _pow2_at_least(m, 16))
+        bn = 128 if n >= 128 else 64
+        if triton.cdiv(m, bm) * triton.cdiv(n, bn) * groups < sms // 2:
+            bn = 64  # more programs before splitting K
+        split = auto_split(m, n, k, bm, bn, bk, groups, sms)
+        return ConvConfig(bm, bn, bk, split, 4, 4 if bm <= 32 else 3, swap_ab=True), tap_loop
+    bn = 128 if n >= 128 else _pow2_at_least(n, 16)
+    bm = 128 if m >= 4096 else 64
+    num_warps = 8 if bm * bn >= 128 * 128 else 4
+    split = auto_split(m, n, k, bm, bn, bk, groups, sms)
+    return ConvConfig(bm, bn, bk, split, num_warps, 3 if bk == 64 else 4), tap_loop
+
+
+def auto_split(m: int, n: int, k: int, bm: int, bn: int, bk: int, groups: int, sms: int) -> int:
+    """Split-K factor: enough programs for ~2 waves when the output tiles alone leave SMs idle, keeping at
+    least 4 K steps per split (the partial sums cost an extra fp32 round trip)."""
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn) * groups
+    steps = triton.cdiv(k, bk)
+    if tiles >= sms or steps < 8:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, tiles), steps // 4, 16))
+
+
+@dataclass(frozen=True)
+class DwConfig:
+    """Tiles of the depthwise kernel: output pixels x channels per program."""
+
+    block_m: int
+    block_c: int
+    num_warps: int = 4
+
+
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def _dot_prec(dtype: torch.dtype) -> str:
+    # fp32 activations: exact fp32 products (no silent TF32 rounding); fp16/bf16 ignore this flag.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def igemm_conv2d(
+    x: torch.Tensor,
+    qw: QuantizedConvWeight,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    stride: tuple[int, int],
+    padding: tuple[int, int],
+    dilation: tuple[int, int],
+    groups: int,
+    lo: float,
+    hi: float,
+    config: ConvConfig | None = None,
+) -> torch.Tensor:
+    """Implicit-GEMM conv into ``out`` ([B, Co, Ho, Wo], any strides, x.dtype); args checked by the caller."""
+    lay = conv_layout(qw.matrix)
+    b, _, h, w = x.shape
+    _, co, ho, wo = out.shape
+    kh, kw = qw.kernel_size
+    ci_g = qw.in_channels_per_group
+    co_g = co // groups
+    m = b * ho * wo
+    k = kh * kw * ci_g
+    per_channel = lay.num_groups == 1
+    if config is None:
+        config, tap_loop = pick_config(m, co_g, k, ci_g, lay.group_size, per_channel, groups, x.device)
+    else:
+        bk_ok = ci_g % config.block_k == 0 and (per_channel or lay.group_size % config.block_k == 0)
+        if not per_channel and not bk_ok:
+            raise ValueError(f"config.block_k={config.block_k} must divide Ci_g={ci_g} and the group size")
+        tap_loop = bk_ok
+    bias_t = bias if bias is not None else lay.scale
+    split = config.split_k
+    if split > 1:
+        dst = torch.empty((split, m, co), device=x.device, dtype=torch.float32)
+        dsb = (0, 0, 0, 0)
+    else:
+        dst = out
+        dsb = out.stride()
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(co_g, config.block_n), groups, split)
+    _igemm_kernel[grid](
+        x,
+        lay.weight,
+        lay.scale,
+        lay.shift,
+        bias_t,
+        dst,
+        m,
+        b,
+        h,
+        w,
+        ho,
+        wo,
+        co,
+        ci_g,
+        co_g,
+        k,
+        lay.weight.shape[1],
+        lay.group_size,
+        *x.stride(),
+        *dsb,
+        lo,
+        hi,
+        kh,
+        kw,
+        stride[0],
+        stride[1],
+        padding[0],
+        padding[1],
+        dilation[0],
+        dilation[1],
+        split,
+        BITS=lay.bits,
+        PER_CHANNEL=per_channel,
+        TAP_LOOP=tap_loop,
+        HAS_BIAS=bias is not None,
+        USE_WS=split > 1,
+        DOT_PREC=_dot_prec(x.dtype),
+        ZERO_MODE=lay.zero_mode,
+        # per-channel sym / zero_point: the tiles hold the exact integers q - z and the scale multiplies the
+        # fp32 accumulator once at the end (one multiply per output instead of one per weight)
+        SCALE_W=not (per_channel and lay.zero_mode != MODE_IDS["offset"]),
+        ACT_DTYPE=_TL_DTYPES[x.dtype],
+        SWAP_AB=config.swap_ab,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if split > 1:
+        rbm, rbn = 32, min(128, _pow2_at_least(co, 16))
+        _splitk_reduce_kernel[(triton.cdiv(m, rbm), triton.cdiv(co, rbn))](
+            dst,
+            bias_t,
+            out,
+            m,
+            ho,
+            wo,
+            co,
+            *out.stride(),
+            lo,
+            hi,
+            SPLIT_K=split,
+            HAS_BIAS=bias is not None,
+            BLOCK_M=rbm,
+            BLOCK_N=rbn,
+            num_warps=4,
+        )
+    return out
+
+
+def dw_conv2d(
+    x: torch.Tensor,
+    qw: QuantizedConvWeight,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    stride,
+    padding,
+    dilation,
+    groups: int,
+    lo: float,
+    hi: float,
+    block_m: int | None = None,
+    block_c: int | None = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """Depthwise conv (Ci_g == 1, per-channel weights) into ``out``."""
+    lay = conv_layout(qw.matrix)
+    if lay.num_groups != 1:
+        raise ValueError("depthwise conv needs per-channel quantization (group_size=-1)")
+    b, _, h, w = x.shape
+    _, co, ho, wo = out.shape
+    kh, kw = qw.kernel_size
+    m = b * ho * wo
+    # channel tile: the largest of 64 / 32 / 16 that divides Co (no masked-off lanes), else a power of two
+    block_c = block_c or next((c for c in (64, 32, 16) if co % c == 0), min(64, _pow2_at_least(co, 16)))
+    block_m = block_m or (64 if m >= 64 else _pow2_at_least(m, 16))
+    bias_t = bias if bias is not None else lay.scale
+    _dwconv_kernel[(triton.cdiv(m, block_m), triton.cdiv(co, block_c))](
+        x,
+        lay.weight.view(torch.uint8),
+        lay.scale,
+        lay.shift,
+        bias_t,
+        out,
+        m,
+        h,
+        w,
+        ho,
+        wo,
+        co,
+        co // groups,
+        lay.weight.shape[1] * 4,
+        *x.stride(),
+        *out.stride(),
+        lo,
+        hi,
+        KH=kh,
+        KW=kw,
+        SH=stride[0],
+        SW=stride[1],
+        PH=padding[0],
+        PW=padding[1],
+        DH=dilation[0],
+        DW=dilation[1],
+        AFFINE=lay.affine,
+        BITS=lay.bits,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_C=block_c,
+        num_warps=num_warps,
+    )
+    return out
+
+
+# --------------------------------------------------------------------------------------------- dequantize
+@triton.jit
+def _dequant_matrix_kernel(
+    w_ptr,
+    s_ptr,
+    m_ptr,
+    out_ptr,
+    CO,
+    K,
+    WROW,
+    GS,
+    BITS: tl.constexpr,
+    ZERO_MODE: tl.constexpr,
+    OUT_DTYPE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """out[n, k] = W[n, k] in OUT_DTYPE ([CO, K] row-major): the same unpack / magic-number math as the conv
+    kernel, with a per-element group index (tile-size independent)."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    mask_n = offs_n < CO
+    NW: tl.constexpr = BLOCK_K * BITS // 32
+    offs_w = k0 * BITS // 32 + tl.arange(0, NW)
+    words = tl.load(
+        w_ptr + offs_n[:, None].to(tl.int64) * WROW + offs_w[None, :],
+        mask=mask_n[:, None] & (offs_w[None, :] < WROW),
+        other=0,
+    )
+    pidx = (offs_k // GS)[None, :] * CO + offs_n[:, None]
+    pm = mask_n[:, None] & (offs_k[None, :] < K)
+    s, p = group_params(
+        tl.load(s_ptr + pidx, mask=pm, other=0.0), tl.load(m_ptr + pidx, mask=pm, other=0.0), BITS, ZERO_MODE, OUT_DTYPE
+    )
+    w = _dequantize_words(words, BITS, BLOCK_K, ZERO_MODE, s, p, OUT_DTYPE, True)
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w, mask=pm)
+
+
+def dequantize_matrix(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The weight matrix [N, K] in ``dtype`` (fp16 / bf16 / fp32), one kernel launch, from the cached layout.
+
+    Values equal the conv kernel's in-register dequantization (for fp16: w = (q - z) * s rounded once)."""
+    lay = conv_layout(qw)
+    out = torch.empty((lay.n, lay.k), device=lay.weight.device, dtype=dtype)
+    bn, bk = 32, 64
+    _dequant_matrix_kernel[(triton.cdiv(lay.n, bn), triton.cdiv(lay.k, bk))](
+        lay.weight,
+        lay.scale,
+        lay.shift,
+        out,
+        lay.n,
+        lay.k,
+        lay.weight.shape[1],
+        lay.group_size,
+        BITS=lay.bits,
+        ZERO_MODE=lay.zero_mode,
+        OUT_DTYPE=_TL_DTYPES[dtype],
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=4,
+    )
+    return out

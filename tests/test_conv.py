@@ -1,0 +1,291 @@
+"""conv2d with block-quantized kernels (issue 8): Triton kernels vs the float64 reference.
+
+CPU: the Triton kernels run under the interpreter (TRITON_INTERPRET=1, fp16/fp32, tiny shapes).
+GPU (marked gpu): the same cases plus bf16, ResNet / ConvNeXt layer shapes and an end-to-end ResNet-50.
+Geometries: every stride / padding / dilation / groups combination of ResNet-50 (7x7/2 stem on 3 channels,
+3x3/1 and 3x3/2 with padding 1, 1x1/1 and 1x1/2 downsample), ConvNeXt (7x7 depthwise, padding 3, 4x4/4
+patchify stem, 2x2/2 downsample) and the seeds' example (generic stride, padding, dilation), plus grouped
+convolution, on odd spatial sizes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the kernel module
+
+from mixgemm import quantize_conv_weight, reference  # noqa: E402
+from mixgemm.epilogue import clamp_bounds  # noqa: E402
+from mixgemm.formats.weight import QuantConfig  # noqa: E402
+from mixgemm.nn.conv import QuantConv2d, swap_conv2d  # noqa: E402
+from mixgemm.ops.conv import conv2d, cuda_conv2d  # noqa: E402
+
+GPU = torch.cuda.is_available()
+DEV = "cuda" if GPU else "cpu"
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+
+def _make(b, ci, h, w, co, k, groups, dtype, channels_last, bits, gs, mode, seed, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    kh, kw = (k, k) if isinstance(k, int) else k
+    x = torch.randn(b, ci, h, w, generator=g).to(dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    wt = torch.randn(co, ci // groups, kh, kw, generator=g) * 0.02
+    qw = quantize_conv_weight(wt, QuantConfig(bits=bits, group_size=gs, mode=mode))
+    bt = (torch.randn(co, generator=g) * 0.1).to(dtype) if bias else None
+    return x.to(DEV), qw.to(DEV), None if bt is None else bt.to(DEV)
+
+
+def _check(x, qw, bias, stride, padding, dilation, groups, act, rel_err, config=None, path=None):
+    x_before = x.clone()
+    lo, hi = clamp_bounds(act)
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)
+    y = cuda_conv2d(x, qw, bias, pair(stride), pair(padding), pair(dilation), groups, lo, hi, act, config, path)
+    ref = reference.conv2d(
+        x.cpu(), qw.to("cpu"), None if bias is None else bias.cpu(), stride, padding, dilation, groups, act
+    )
+    assert y.shape == ref.shape and y.dtype == x.dtype
+    assert y.is_contiguous(memory_format=torch.channels_last) == ref.is_contiguous(memory_format=torch.channels_last)
+    err = rel_err(y.cpu(), ref)
+    assert err <= TOL[x.dtype], f"rel err {err:.2e}"
+    assert torch.equal(x, x_before)
+    return y
+
+
+# (b, ci, h, w, co, k, stride, padding, dilation, groups): the geometries of ResNet / ConvNeXt / the seed
+GEOMS = {
+    "resnet_3x3_s1": (2, 32, 7, 9, 24, 3, 1, 1, 1, 1),
+    "resnet_3x3_s2": (1, 32, 9, 7, 40, 3, 2, 1, 1, 1),
+    "resnet_1x1_s1": (2, 64, 5, 3, 48, 1, 1, 0, 1, 1),
+    "resnet_1x1_s2_down": (1, 64, 7, 5, 32, 1, 2, 0, 1, 1),
+    "resnet_stem_7x7_s2": (1, 3, 13, 11, 16, 7, 2, 3, 1, 1),
+    "convnext_dw7x7": (2, 24, 9, 7, 24, 7, 1, 3, 1, 24),
+    "convnext_stem_4x4_s4": (1, 3, 13, 9, 24, 4, 4, 0, 1, 1),
+    "convnext_down_2x2_s2": (1, 32, 7, 9, 48, 2, 2, 0, 1, 1),
+    "seed_s2_p2_d2": (1, 32, 11, 10, 20, 3, 2, 2, 2, 1),
+    "grouped_g2_asym": (1, 64, 6, 9, 32, (3, 5), (1, 2), (2, 1), (1, 2), 2),
+    "dw_mult2_s2": (1, 16, 9, 8, 32, 3, 2, 1, 1, 16),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GEOMS))
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_geometries(name, channels_last, rel_err):
+    b, ci, h, w, co, k, s, p, d, g = GEOMS[name]
+    ci_g = ci // g
+    kk = k * k if isinstance(k, int) else k[0] * k[1]
+    bits = 4 if (kk * ci_g) % 2 == 0 else 8
+    gs = 32 if ci_g % 32 == 0 else -1
+    x, qw, bias = _make(b, ci, h, w, co, k, g, torch.float16, channels_last, bits, gs, "sym", seed=len(name))
+    kernel = "dw" if ci_g == 1 and g > 1 else "igemm"
+    for path in (kernel, "dequant", None):  # the Triton kernel, dequantize + cuDNN, and what dispatch picks
+        _check(x, qw, bias, s, p, d, g, "relu" if channels_last else None, rel_err, path=path)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("gs", [32, 64, 128, 256, -1])
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+def test_formats(bits, gs, mode, rel_err):
+    # Ci = 256 so every group size divides it; odd spatial size, stride 2, padding 1
+    x, qw, bias = _make(1, 256, 5, 3, 24, 3, 1, torch.float16, True, bits, gs, mode, seed=bits + gs)
+    for path in ("igemm", "dequant"):
+        _check(x, qw, bias, 2, 1, 1, 1, "relu6", rel_err, path=path)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if GPU else []))
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_dtypes(dtype, channels_last, rel_err):
+    x, qw, bias = _make(2, 64, 7, 5, 24, 3, 1, dtype, channels_last, 4, 64, "zero_point", seed=3)
+    _check(x, qw, bias, 1, 1, 1, 1, None, rel_err)
+    x, qw, bias = _make(1, 16, 7, 5, 16, 3, 16, dtype, channels_last, 8, -1, "offset", seed=4)
+    _check(x, qw, bias, 1, 1, 1, 16, "relu", rel_err)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+@pytest.mark.parametrize("gs", [32, -1])
+def test_dequantize_matrix(bits, mode, gs):
+    """The dequantize + cuDNN path's weights equal the format's dequantization (rounded once)."""
+    from mixgemm.formats.weight import dequantize_weight
+    from mixgemm.kernels.triton.conv import dequantize_matrix
+
+    g = torch.Generator().manual_seed(11)
+    qw = quantize_conv_weight(torch.randn(40, 64, 3, 3, generator=g) * 0.02, bits=bits, group_size=gs, mode=mode)
+    for dtype in (torch.float16, torch.float32):
+        got = dequantize_matrix(qw.matrix.to(DEV), dtype).cpu()
+        want = dequantize_weight(qw.matrix, dtype)
+        if mode == "offset":
+            # q * s + m in the compute dtype: two roundings of values up to qmax * s (vs one of the exact value)
+            eps = 2.0**-10 if dtype == torch.float16 else 2.0**-23
+            bound = eps * float(qw.matrix.scales.float().max()) * qw.matrix.config.qmax
+            assert float((got.double() - want.double()).abs().max()) <= bound
+        else:  # (q - z) is exact, one rounding of (q - z) * s
+            assert torch.equal(got, want)
+
+
+def test_split_k_and_tiles(rel_err):
+    from mixgemm.kernels.triton.conv import ConvConfig
+
+    x, qw, bias = _make(1, 64, 5, 3, 40, 3, 1, torch.float16, True, 4, 32, "sym", seed=5)
+    for cfg in (
+        ConvConfig(16, 32, 32, split_k=3),
+        ConvConfig(32, 16, 16, split_k=5),
+        ConvConfig(16, 64, 32),
+        ConvConfig(32, 16, 32, swap_ab=True),
+        ConvConfig(16, 32, 16, split_k=2, swap_ab=True),
+    ):
+        _check(x, qw, bias, 1, 1, 1, 1, "relu", rel_err, config=cfg)
+    with pytest.raises(ValueError, match="block_k"):  # a K tile that straddles two quantization groups
+        _check(x, qw, bias, 1, 1, 1, 1, "relu", rel_err, config=ConvConfig(16, 64, 64))
+    # flat K loop (per-channel, Ci_g not a multiple of the K tile) with split-K
+    x, qw, bias = _make(1, 24, 6, 5, 16, 3, 1, torch.float16, False, 8, -1, "sym", seed=6)
+    _check(x, qw, bias, 1, 1, 1, 1, None, rel_err, config=ConvConfig(16, 16, 32, split_k=2))
+
+
+def test_no_bias_and_public_op(rel_err):
+    x, qw, _ = _make(1, 32, 5, 7, 16, 3, 1, torch.float16, False, 8, 32, "sym", seed=7, bias=False)
+    _check(x, qw, None, 1, 1, 1, 1, None, rel_err)
+    y = conv2d(x, qw, None, 1, 1)  # public op (reference on the CPU, kernels on CUDA)
+    assert y.shape == (1, 16, 5, 7)
+
+
+def test_errors():
+    x, qw, bias = _make(1, 32, 5, 5, 16, 3, 1, torch.float16, False, 8, 32, "sym", seed=8)
+    with pytest.raises(ValueError, match="channels"):
+        conv2d(x[:, :16], qw)
+    with pytest.raises(TypeError, match="dtype"):
+        conv2d(x.to(torch.int32), qw)
+    with pytest.raises(ValueError, match="bias"):
+        conv2d(x, qw, bias[:3])
+    with pytest.raises(ValueError, match="too small"):
+        conv2d(x[:, :, :1, :1], qw)
+    with pytest.raises(TypeError, match="stride"):
+        conv2d(x, qw, stride=1.5)
+    with pytest.raises(ValueError, match="group_size"):
+        quantize_conv_weight(torch.randn(8, 48, 3, 3), bits=8, group_size=32)
+    with pytest.raises(ValueError, match="even"):  # depthwise 7x7 with 4 bits: K = 49 codes cannot pack
+        quantize_conv_weight(torch.randn(8, 1, 7, 7), bits=4, group_size=-1)
+
+
+def test_quantconv2d_module(rel_err):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 32, 3, stride=2, padding=1, bias=True).to(DEV)
+    with pytest.warns(UserWarning, match="group_size"):
+        q = QuantConv2d.from_conv(conv, bits=4, group_size=128)  # 128 does not divide 64 -> 64
+    assert q.qconfig.group_size == 64
+    x = torch.randn(2, 64, 7, 5, device=DEV).half().to(memory_format=torch.channels_last)
+    ref = reference.conv2d(x.cpu(), q.quantized_weight().to("cpu"), conv.bias.detach().cpu(), 2, 1)
+    y = q(x)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    if GPU:
+        assert rel_err(y.cpu(), ref) <= 2e-3
+    # quantization error itself is small against the float conv
+    yf = torch.nn.functional.conv2d(x.float(), conv.weight, conv.bias, 2, 1)
+    assert rel_err(y.float().cpu(), yf.cpu()) < 0.1
+    # state dict round trip, and a checkpoint of another format is refused
+    q2 = QuantConv2d(64, 32, 3, 2, 1, bits=4, group_size=64).to(DEV)
+    q2.load_state_dict(q.state_dict())
+    assert torch.equal(q2(x), y)
+    q3 = QuantConv2d(64, 32, 3, 2, 1, bits=8, group_size=64).to(DEV)
+    with pytest.raises((ValueError, RuntimeError)):
+        q3.load_state_dict(q.state_dict())
+    # odd K with 4 bits -> 8 bits (warned), strict refuses
+    dw = torch.nn.Conv2d(16, 16, 7, padding=3, groups=16)
+    with pytest.warns(UserWarning, match="8 bits"):
+        qd = QuantConv2d.from_conv(dw, bits=4, group_size=128)
+    assert qd.qconfig.bits == 8 and qd.qconfig.group_size == -1
+    with pytest.raises(ValueError):
+        QuantConv2d.from_conv(dw, bits=4, group_size=-1, strict=True)
+    with pytest.raises(ValueError, match="padding_mode"):
+        QuantConv2d(4, 4, 3, padding_mode="reflect")
+
+
+def test_swap_conv2d_small_net(rel_err):
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, 2, 1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, 1, 1, groups=32),
+        torch.nn.Conv2d(32, 64, 1),
+        torch.nn.ReLU6(),
+    ).eval()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        swap_conv2d(net, bits=8, group_size=32)
+    assert sum(isinstance(m, QuantConv2d) for m in net.modules()) == 3
+    x = torch.randn(1, 3, 9, 11)
+    with torch.no_grad():
+        y = net(x)
+    ref = x.double()
+    for m in net:
+        if isinstance(m, QuantConv2d):
+            ref = torch.nn.functional.conv2d(
+                ref,
+                m.dequantized_weight(torch.float64),
+                m.bias.double(),
+                m.stride,
+                m.padding,
+                m.dilation,
+                m.groups,
+            )
+        else:
+            ref = m(ref)
+    assert rel_err(y, ref) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------- GPU only
+RESNET_LAYERS = [  # (ci, co, k, stride, hw): ResNet-50 3x3 convs, downsample, stem; ConvNeXt dw
+    (64, 64, 3, 1, 56),
+    (128, 128, 3, 2, 56),
+    (256, 256, 3, 1, 14),
+    (512, 512, 3, 1, 7),
+    (1024, 2048, 1, 2, 14),
+    (256, 64, 1, 1, 56),
+    (3, 64, 7, 2, 57),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layer", RESNET_LAYERS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gpu_layers(layer, dtype, bits, batch, rel_err):
+    ci, co, k, s, hw = layer
+    gs = 128 if ci % 128 == 0 else -1
+    bits = bits if (k * k * ci) % 2 == 0 else 8
+    x, qw, bias = _make(batch, ci, hw, hw, co, k, 1, dtype, True, bits, gs, "sym", seed=ci + co)
+    for path in ("igemm", None):  # the implicit-GEMM kernel, and what dispatch picks (dequant + cuDNN, matmul)
+        _check(x, qw, bias, s, k // 2, 1, 1, "relu", rel_err, path=path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("c,hw", [(96, 56), (384, 15)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_convnext_dw(c, hw, dtype, rel_err):
+    x, qw, bias = _make(2, c, hw, hw, c, 7, c, dtype, True, 8, -1, "sym", seed=c)
+    _check(x, qw, bias, 1, 3, 1, c, None, rel_err)
+
+
+def _load_bench():
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_conv.py"
+    spec = importlib.util.spec_from_file_location("bench_conv", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gpu_resnet50_end_to_end(bits, rel_err):
+    res = _load_bench().resnet50_check(bits=bits, batch=2)
+    assert res["rel_err"] <= 1e-2, res
