@@ -245,8 +245,10 @@ def test_gpu_split_k_and_strided_x(rel_err):
                                             num_warps=4, num_stages=4))
     for ks in (32, 64):  # wider chunk layouts; with g32 and KS=64 the group parameters load per element
         qw2, x2, b2, act2 = _case(33, 1001, 2048, 4, 32, "zero_point", torch.bfloat16, "cuda", seed=ks)
-        _check(qw2, x2, b2, act2, rel_err, dict(KS=ks, BM=32, BN=128, KCH=1, SPLIT_K=1, GROUP_M=1,
-                                                num_warps=4, num_stages=3))
+        # small tiles, 2 stages: a KS=64 chunk is 512 k wide, and BM=32 / BN=128 / 3 stages needed 557 KB of
+        # shared memory on the H200 (limit 227 KB); these layouts are not in the shipped tables
+        _check(qw2, x2, b2, act2, rel_err, dict(KS=ks, BM=16, BN=64, KCH=1, SPLIT_K=1, GROUP_M=1,
+                                                num_warps=4, num_stages=2))
     xs = torch.randn(40, 8192, device="cuda", dtype=torch.float16)[:, ::2]
     assert xs.stride(1) == 2
     xs = torch.randn(40, 4096 + 64, device="cuda", dtype=torch.float16)[:, 64:]  # row stride != K
