@@ -26,6 +26,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
+from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.triton.gemm import auto_split, gemm
 from mixgemm.kernels.triton.layout import get_layout, layout_name
@@ -41,30 +42,13 @@ def env() -> dict:
 
 
 def graph_time(calls, c: int) -> float:
-    """Median us per call of a CUDA graph replaying calls[0..c-1] back to back."""
-    for f in calls:
-        f()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in calls:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in calls:
-            f()
-    t = do_bench(g.replay, warmup=10, rep=60, return_mode="median")
-    del g
-    return t * 1e3 / c
+    """Median us per call (over c calls) of a CUDA graph replaying ``calls`` back to back."""
+    return graph_time_us(calls, warmup_ms=10, rep_ms=60) * len(calls) / c
 
 
 def eager_time(calls, c: int) -> float:
-    def run():
-        for f in calls:
-            f()
-    return do_bench(run, warmup=10, rep=40, return_mode="median") * 1e3 / c
+    """Median us per call (over c calls) of ``calls`` run eagerly back to back."""
+    return eager_time_us(calls, warmup_ms=10, rep_ms=40) * len(calls) / c
 
 
 def copies_for(nbytes: int) -> int:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import mixgemm.reference as ref
+from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda.gemv import gemv
 
@@ -34,28 +35,13 @@ def copy_bandwidth() -> float:
 
 
 def graph_time(fns, rep=200) -> float:
-    """Median time (s) of one call, fns = list of C callables over distinct layer copies."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    t = do_bench(g.replay, warmup=10, rep=rep, return_mode="median") * 1e-3
-    return t / len(fns)
+    """Median time (s) of one call, fns = C callables over distinct layer copies replayed in one CUDA graph."""
+    return graph_time_us(fns, warmup_ms=10, rep_ms=rep) * 1e-6
 
 
 def eager_time(fns) -> float:
-    def run():
-        for f in fns:
-            f()
-
-    return do_bench(run, warmup=10, rep=100, return_mode="median") * 1e-3 / len(fns)
+    """Median time (s) of one call for the C calls run eagerly back to back."""
+    return eager_time_us(fns, warmup_ms=10, rep_ms=100) * 1e-6
 
 
 def copies_for(nbytes: int) -> int:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.activation import quantize_activation
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
 from mixgemm.kernels.triton.act_quant import act_quant
@@ -53,29 +54,13 @@ def matmul_rates() -> tuple[float, float]:
 
 
 def graph_time(fns, rep=200) -> float:
-    """Median time (s) of one call, fns = C callables over distinct layer copies, replayed in one graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    t = do_bench(g.replay, warmup=10, rep=rep, return_mode="median") * 1e-3
-    del g
-    return t / len(fns)
+    """Median time (s) of one call, fns = C callables over distinct layer copies replayed in one CUDA graph."""
+    return graph_time_us(fns, warmup_ms=10, rep_ms=rep) * 1e-6
 
 
 def eager_time(fns, rep=100) -> float:
-    def run():
-        for f in fns:
-            f()
-
-    return do_bench(run, warmup=5, rep=rep, return_mode="median") * 1e-3 / len(fns)
+    """Median time (s) of one call for the C calls run eagerly back to back."""
+    return eager_time_us(fns, warmup_ms=10, rep_ms=rep) * 1e-6
 
 
 def copies_for(nbytes: int) -> int:

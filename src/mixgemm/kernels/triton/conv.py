@@ -41,7 +41,7 @@ import triton.language as tl
 
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.triton.dequant import MODE_IDS, group_params
+from mixgemm.kernels.triton.dequant import MODE_IDS, codes_to_values, group_params
 
 LAYOUT_NAME = "conv_triton_v1"
 
@@ -117,8 +117,8 @@ def _dequantize_words(
 ):
     """int32 word tile [BN, BK * BITS // 32] (code f of a word at bits f*BITS = k offset f) -> [BN, BK] weights.
 
-    The math of mixgemm.kernels.triton.dequant (same group_params contract, same magic numbers): kept local
-    because that primitive's signature changed twice while this kernel was written; swap it in once stable.
+    Only the unpack is this kernel's own; codes become values in the shared
+    mixgemm.kernels.triton.dequant.codes_to_values (same group_params contract, same magic numbers).
     * unpack: each word's E codes land next to each other in one thread's registers (3-D broadcast +
       reshape), so one dot covers all BK.
     * ``bitcast(q | MAGIC_BITS)`` is exactly MAGIC + q in the compute dtype (0x6400 = fp16 1024.0, ulp 1):
@@ -127,32 +127,7 @@ def _dequantize_words(
     E: tl.constexpr = 32 // BITS
     shifts = tl.arange(0, E) * BITS
     q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1), (words.shape[0], BK))
-    # constants are built in the compute dtype (a bare Python float would promote fp16 math to fp32)
-    if OUT_DTYPE == tl.float16:  # noqa: SIM300
-        h = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-        base = tl.full((), 1024.0, tl.float16)
-        zsym = tl.full((), 1024.0 + (1 << (BITS - 1)), tl.float16)
-    elif OUT_DTYPE == tl.bfloat16 and BITS == 4:  # noqa: SIM300
-        h = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q: exact in bf16's 8 bits
-        base = tl.full((), 128.0, tl.bfloat16)
-        zsym = tl.full((), 128.0 + (1 << (BITS - 1)), tl.bfloat16)
-    else:
-        h = (q | 0x4B000000).to(tl.float32, bitcast=True)  # 2**23 + q
-        base = tl.full((), 8388608.0, tl.float32)
-        zsym = tl.full((), 8388608.0 + (1 << (BITS - 1)), tl.float32)
-    if ZERO_MODE == 0:
-        v = h - zsym
-        if SCALE:
-            v = v * s
-    elif ZERO_MODE == 1:
-        v = h - p
-        if SCALE:
-            v = v * s
-    else:
-        v = h - base
-        if SCALE:
-            v = v * s + p
-    return v.to(OUT_DTYPE)
+    return codes_to_values(q, BITS, ZERO_MODE, s, p, OUT_DTYPE, SCALE)
 
 
 @triton.jit

@@ -57,6 +57,16 @@ def dequantize(words, FIELD: tl.constexpr, BITS: tl.constexpr, ZERO_MODE: tl.con
     one group, [BN, KS] when groups are narrower than the tile). SCALE=False: the integer q - z.
     """
     q = (words >> (FIELD * BITS)) & ((1 << BITS) - 1)
+    return codes_to_values(q, BITS, ZERO_MODE, s, p, OUT_DTYPE, SCALE)
+
+
+@triton.jit
+def codes_to_values(q, BITS: tl.constexpr, ZERO_MODE: tl.constexpr, s, p, OUT_DTYPE: tl.constexpr,
+                    SCALE: tl.constexpr):
+    """Unsigned integer codes q (any tile shape, int32) -> weights in OUT_DTYPE, with s, p from group_params
+    broadcast against q. The one place that turns codes into values: every Triton kernel unpacks its own
+    layout into q and calls this. SCALE=False: the integer q - z.
+    """
     # constants are built in the compute dtype (a bare Python float would promote fp16 math to fp32)
     if OUT_DTYPE == tl.float16:  # noqa: SIM300
         h = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q exactly
