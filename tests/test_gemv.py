@@ -55,6 +55,9 @@ def test_nvrtc_compiles_every_instantiation(arch):
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
+    # NVRTC writes its (here 1-byte) log into a buffer we pass: it must not have been a shared bytes object.
+    # b" " * 1 is CPython's cached 1-byte b" "; a corrupted one broke torch.save in the same process.
+    assert (b" " * 1)[0] == 32 and (bytes(1) * 1)[0] == 0
 
 
 @needs_nvrtc

@@ -84,17 +84,19 @@ def compile_cubin(source_name: str, defines: tuple[tuple[str, int], ...], arch: 
     try:
         err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * size
+        # NVRTC writes into the buffer: it must be a fresh mutable one. (b" " * size is immutable and, for a
+        # 1-byte log, CPython's shared b" " singleton: writing into it corrupted bytes constants process-wide.)
+        log = bytearray(max(size, 1))
         nvrtc.nvrtcGetProgramLog(prog, log)
         if int(err) != 0:
             raise NvrtcError(
                 f"NVRTC could not compile {source_name} for {arch} with {dict(defines)}:\n"
-                f"{log.decode(errors='replace')}"
+                f"{bytes(log).rstrip(bytes(1)).decode(errors='replace')}"
             )
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-        return cubin
+        return bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
