@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     y_float = x.double() @ w.double().T
     fp16_bytes = n * k * 2
     where = torch.cuda.get_device_name() if cuda else (
-        "CPU (no CUDA GPU found: kernels are not run; the CPU reference path is used and timed)")
+        "CPU (no CUDA GPU found: kernels are not run; the CPU fallback is used and timed)")
     print(f"mixgemm demo: layer K x N = {k} x {n}, M = {args.tokens}, on {where}")
     print(f"{'format':<24}{'bytes':>12}{'vs fp16':>9}{'weight rel err':>16}{'output rel err':>16}"
           f"{'max err <= s/2':>16}")
