@@ -126,9 +126,9 @@ def conv2d(
 # fp16 / bf16 convolutions with more output pixels than this (M = B*Ho*Wo) dequantize the weight once per call
 # (one kernel, a transient [Co, Kh*Kw*Ci_g] buffer -- the weights, not an im2col buffer) and run cuDNN, as
 # llama.cpp does for large batches: there the activations dominate the bytes and the FLOPs, and measured on
-# the H200 (benchmarks/results/h200-conv.md, 05:22 UTC) the Triton implicit GEMM reached only 0.15-0.8x of
-# cuDNN fp16, the Triton matmul 0.35-0.56x of cuBLAS from M = 256 on. Off by default (None): mixgemm's design
-# dequantizes in registers and never materializes a float weight in memory; set e.g. 65 to opt in.
+# the H200 (benchmarks/results/archive/h200-conv-early-kernel-0522.md) the Triton implicit GEMM reached
+# only 0.15-0.8x of cuDNN fp16, the Triton matmul 0.35-0.56x of cuBLAS from M = 256 on. Off by default (None):
+# mixgemm's design dequantizes in registers and never materializes a float weight in memory; set e.g. 65 to opt in.
 DEQUANT_MIN_M: int | None = None
 
 
