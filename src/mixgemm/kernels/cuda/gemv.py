@@ -260,7 +260,22 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     if cfg.get("XS", 0):  # x copied into shared memory: K * 2 bytes (fp16, M = 1)
         smem = lay.k_padded * 2
         _allow_smem(fn, smem)
-    args = [
+    args = _common_args(lay, xk, y, bias, lo, hi, n) + [
+        ctypes.c_int(kc),
+        ctypes.c_int(lay.num_groups),
+        ctypes.c_int(lay.gshift),
+        ctypes.c_int(m),
+    ]
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        nvrtc.launch(fn, grid, block, args, stream, smem)
+    return y
+
+
+def _common_args(lay, xk, y, bias, lo, hi, n) -> list:
+    """The leading kernel parameters both GEMV kernels share, in their order: weight, params, x, x row stride
+    (16-byte units), y, y row stride, bias, bias dtype code, clamp lo / hi, N."""
+    return [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.params.data_ptr()),
         ctypes.c_void_p(xk.data_ptr()),
@@ -272,15 +287,7 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
         ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
         ctypes.c_float(hi if math.isfinite(hi) else math.inf),
         ctypes.c_int(n),
-        ctypes.c_int(kc),
-        ctypes.c_int(lay.num_groups),
-        ctypes.c_int(lay.gshift),
-        ctypes.c_int(m),
     ]
-    with torch.cuda.device(dev):
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        nvrtc.launch(fn, grid, block, args, stream, smem)
-    return y
 
 
 def _gemv_mma(x2d, qw, bias, lo, hi, y, num_sms):
@@ -295,18 +302,7 @@ def _gemv_mma(x2d, qw, bias, lo, hi, y, num_sms):
     nt = -(-n // 16)
     grid = (-(-nt // cfg["RG"]), 1, 1)
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
-    args = [
-        ctypes.c_void_p(lay.weight.data_ptr()),
-        ctypes.c_void_p(lay.params.data_ptr()),
-        ctypes.c_void_p(xk.data_ptr()),
-        ctypes.c_int(xk.stride(0) * xk.element_size() // 16),
-        ctypes.c_void_p(y.data_ptr()),
-        ctypes.c_int(y.stride(0)),
-        ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
-        ctypes.c_int(0 if bias is None else _BIAS[bias.dtype]),
-        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
-        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
-        ctypes.c_int(n),
+    args = _common_args(lay, xk, y, bias, lo, hi, n) + [
         ctypes.c_int(lay.k_tiles),
         ctypes.c_int(lay.num_groups),
         ctypes.c_int(lay.gk),
