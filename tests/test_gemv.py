@@ -72,7 +72,9 @@ def test_nvrtc_compiles_mma_instantiations(arch):
         for mb in ((1, 2) if scl == 0 else (1,)):
             n, kt = ((28672, 128), (64, 4096))[(i + mb) % 2]
             cfg = choose_mma_config(mb, n, kt, 132)
-            keys.add(tuple(sorted(mma_defines_for(bits, act, scl, mode, mb, cfg).items())))
+            # every scaling scheme (MMA_DEFER 0 / 1 / 2) for fp16 scales, the default one otherwise
+            for defer in ((0, 1) if scl == 0 else (cfg["DEFER"],)):
+                keys.add(tuple(sorted(mma_defines_for(bits, act, scl, mode, mb, {**cfg, "DEFER": defer}).items())))
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
@@ -205,6 +207,33 @@ def test_gemv_every_format(bits, mode, group, act, kernel):
         else:
             bias = torch.randn(203, generator=gen, device="cuda").to(act) * 0.1
             _check(x * 4, qw, bias, "relu6")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("defer", [0, 1])
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_gemv_mma_scaling_schemes(defer, bits, mode, act):
+    """Every scaling scheme of the tensor-core kernel (MMA_DEFER 0 / 1 / 2; int4 group 32 always takes 0)
+    over every group size, M = 1, 7 and 16, odd N, bias + relu6, and activations with a large common offset
+    (x + 3) on a long K."""
+    old = (gemv_mod.KERNEL_OVERRIDE, gemv_mod.DEFAULT_MMA_DEFER)
+    gemv_mod.KERNEL_OVERRIDE, gemv_mod.DEFAULT_MMA_DEFER = "mma", defer
+    try:
+        for group in GROUPS:
+            k = 200 if group == -1 else 3 * 256
+            qw, gen = _make(211, k, bits, group, mode, torch.float16, 11)
+            bias = torch.randn(211, generator=gen, device="cuda").to(act) * 0.1
+            for m in (1, 7, 16):
+                x = torch.randn(m, k, generator=gen, device="cuda").to(act)
+                _check(x, qw)
+                _check(x * 4, qw, bias, "relu6")
+        qw, gen = _make(129, 14336, bits, 128, mode, torch.float16, 12)
+        for m in (1, 16):
+            _check((torch.randn(m, 14336, generator=gen, device="cuda") + 3).to(act), qw)
+    finally:
+        gemv_mod.KERNEL_OVERRIDE, gemv_mod.DEFAULT_MMA_DEFER = old
 
 
 @pytest.mark.gpu

@@ -111,19 +111,34 @@ def choose_mma_config(mb: int, n: int, kt: int, num_sms: int) -> dict:
     the GPU has ~32 warps per SM; U k-tiles (512 B per warp each) in flight per warp."""
     if MMA_CFG_OVERRIDE is not None:
         u, ks = MMA_CFG_OVERRIDE["U"], MMA_CFG_OVERRIDE["KS"]
-        return {"U": u, "KS": ks, "RG": max(1, WARPS // ks), "PF": MMA_CFG_OVERRIDE.get("PF", 0)}
+        return {"U": u, "KS": ks, "RG": max(1, WARPS // ks), "PF": MMA_CFG_OVERRIDE.get("PF", 0),
+                "DEFER": MMA_CFG_OVERRIDE.get("DEFER", DEFAULT_MMA_DEFER)}
     # measured on H200 (M = 1 and 16, 8192x28672 / 28672x8192): U = 2, KS = 8, no double buffering
     # was best; KS grows to 16 when the 16-row tiles alone leave the GPU short of ~30 warps per SM
     nt = -(-n // 16)
     ks = 1
     while ks < 16 and (ks < 8 or nt * ks < num_sms * 30) and kt >= 2 * ks:
         ks *= 2
-    return {"U": 2, "KS": ks, "RG": max(1, WARPS // ks), "PF": 0}
+    return {"U": 2, "KS": ks, "RG": max(1, WARPS // ks), "PF": 0, "DEFER": DEFAULT_MMA_DEFER}
+
+
+# Where the tensor-core kernel applies the scale (gemv_mma.cu MMA_DEFER): 0 per weight pair, 1 exact q - z
+# in the mma and one fp32 scale per tile (same speed on H200, more accurate). 1 needs each 16 x KT
+# tile inside one group (defer_ok).
+DEFAULT_MMA_DEFER = 1
+
+
+def defer_ok(group_size: int, k_tile: int) -> bool:
+    """Deferred scaling needs every k-tile of the mma layout inside one quantization group."""
+    return group_size == -1 or group_size % k_tile == 0
 
 
 def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict) -> dict:
-    return {"MMA_BITS": bits, "MMA_ACT": act, "MMA_SCL": scl, "MMA_MODE": mode, "MMA_MB": mb,
-            "MMA_U": cfg["U"], "MMA_RG": cfg["RG"], "MMA_KS": cfg["KS"], "MMA_PF": cfg.get("PF", 0)}
+    d = {"MMA_BITS": bits, "MMA_ACT": act, "MMA_SCL": scl, "MMA_MODE": mode, "MMA_MB": mb,
+         "MMA_U": cfg["U"], "MMA_RG": cfg["RG"], "MMA_KS": cfg["KS"], "MMA_PF": cfg.get("PF", 0)}
+    if cfg.get("DEFER", 0):  # only in the key when set: DEFER 0 keeps the earlier compile keys
+        d["MMA_DEFER"] = cfg["DEFER"]
+    return d
 
 
 def use_mma(x_dtype: torch.dtype, m: int) -> bool:
@@ -297,6 +312,8 @@ def _gemv_mma(x2d, qw, bias, lo, hi, y, num_sms):
     xk = _prepare_x(x2d, lay)
     mb = 1 if m <= 8 else 2
     cfg = choose_mma_config(mb, n, lay.k_tiles, num_sms)
+    if not defer_ok(lay.group_size, lay.k_tile):
+        cfg = {**cfg, "DEFER": 0}
     defs = mma_defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
     fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, x2d.device)
     nt = -(-n // 16)

@@ -51,6 +51,13 @@
 #ifndef MMA_PF
 #define MMA_PF 1
 #endif
+// MMA_DEFER: where the scale is applied (see "Deferred scaling" below). 0 = per weight pair in fp16/bf16
+// (any group size), 1 = A holds the exact integers q - z and each tile's fp32 mma result is scaled once;
+// 1 needs every 16 x KT tile inside one quantization group (int4: group >= 64; int8: any group;
+// per-channel): the host checks.
+#ifndef MMA_DEFER
+#define MMA_DEFER 0
+#endif
 
 #define MMA_THREADS (32 * MMA_RG * MMA_KS)
 
@@ -171,18 +178,21 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
         for (int v = 0; v < XV; ++v) xv[u][b][v] = ld_x(xrow[b] + (size_t)kt * (KT * 2 / 16) + v);
     }
   };
+  // Deferred scaling (MMA_DEFER 1). Why: the per-pair "* s" rounds every dequantized weight to fp16/bf16
+  // (scales below ~6e-5 lose digits); here A holds the exact integers q - z, the mma sums them times x in
+  // fp32, and one FMA per C element and tile applies the scale: acc += s * C_t (+ (m + zc * s) * X_t for
+  // offset, X_t = the tile's activation sums from one more mma with an all-ones A).
+  // Measured on H200 (gemv_notes v7): the same speed as DEFER 0 (the kernel is not issue-bound), so it is
+  // the default for its accuracy. A variant with the raw magic codes (1024 + q) in A and the bias removed
+  // through X_t was 2x off the fp16 tolerance: the fp32 accumulation inside mma.sync is not exact enough
+  // to subtract 1024 * X_t afterwards.
+  constexpr int DEFER = MMA_DEFER;
+  constexpr bool XSUM = DEFER != 0 && MODE == 2;
+  constexpr u32 ONES = ACT == 0 ? 0x3c003c00u : 0x3f803f80u;  // 1.0 in fp16x2 / bf16x2
   auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
-      RowQ<ACT, MODE> q0, q1;
-      {
-        const float s0 = p0[u].scale(), s1 = p1[u].scale();
-        const float z0 = MODE == 1 ? p0[u].second() : ZBIAS, z1 = MODE == 1 ? p1[u].second() : ZBIAS;
-        q0.set(s0, z0, MODE == 2 ? p0[u].second() : 0.f);
-        q1.set(s1, z1, MODE == 2 ? p1[u].second() : 0.f);
-      }
-      const u32 w[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
       u32 xw[MB][XV * 4];
 #pragma unroll
       for (int b = 0; b < MB; ++b)
@@ -193,6 +203,21 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
           xw[b][4 * v + 2] = xv[u][b][v].z;
           xw[b][4 * v + 3] = xv[u][b][v].w;
         }
+      RowQ<ACT, MODE> q0, q1;
+      const float s0 = p0[u].scale(), s1 = p1[u].scale();
+      const float z0 = MODE == 1 ? p0[u].second() : ZBIAS, z1 = MODE == 1 ? p1[u].second() : ZBIAS;
+      const float m0 = MODE == 2 ? p0[u].second() : 0.f, m1 = MODE == 2 ? p1[u].second() : 0.f;
+      q0.set(s0, z0, m0);
+      q1.set(s1, z1, m1);
+      const u32 w[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+      float cacc[MB][4], xacc[MB][4];  // this tile's mma sums (DEFER) and activation sums (XSUM)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cacc[b][i] = xacc[b][i] = 0.f;
+      // d = exact (q - zc) pair -> what A holds: scaled now (DEFER 0) or later (DEFER 1)
+      auto fin0 = [&](u32 d) { return DEFER ? d : q0.finish(d); };
+      auto fin1 = [&](u32 d) { return DEFER ? d : q1.finish(d); };
       constexpr int STEPS = BITS == 4 ? 4 : 2;
 #pragma unroll
       for (int s = 0; s < STEPS; ++s) {
@@ -201,29 +226,29 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
           const u32 ws = w[s];
           if (ACT == 0) {
             const u32 w8 = ws >> 8;  // the only shift for fp16
-            a[0] = q0.finish(hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(ws), q0.zlo));
-            a[1] = q1.finish(hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(ws), 0x2c002c00u, q1.zhi));
-            a[2] = q0.finish(hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(w8), q0.zlo));
-            a[3] = q1.finish(hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(w8), 0x2c002c00u, q1.zhi));
+            a[0] = fin0(hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(ws), q0.zlo));
+            a[1] = fin1(hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(ws), 0x2c002c00u, q1.zhi));
+            a[2] = fin0(hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(w8), q0.zlo));
+            a[3] = fin1(hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(w8), 0x2c002c00u, q1.zhi));
           } else {
             // bf16 has 7 mantissa bits: magic 0x4300 (128, ulp 1) takes only the low nibble of each
             // half, so three shifts bring nibbles 1..3 down; fma(v, 1, -(128 + z)) is exact.
-            a[0] = q0.finish(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws), 0x3f803f80u, q0.zlo));
-            a[1] = q1.finish(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 4), 0x3f803f80u, q1.zlo));
-            a[2] = q0.finish(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 8), 0x3f803f80u, q0.zlo));
-            a[3] = q1.finish(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 12), 0x3f803f80u, q1.zlo));
+            a[0] = fin0(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws), 0x3f803f80u, q0.zlo));
+            a[1] = fin1(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 4), 0x3f803f80u, q1.zlo));
+            a[2] = fin0(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 8), 0x3f803f80u, q0.zlo));
+            a[3] = fin1(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 12), 0x3f803f80u, q1.zlo));
           }
         } else {
           const u32 r0 = w[2 * s], r1 = w[2 * s + 1];
           if (ACT == 0) {
-            a[0] = q0.finish(hsub2(prmt<0x5140>(r0, 0x64646464u), q0.zlo));
-            a[1] = q1.finish(hsub2(prmt<0x5140>(r1, 0x64646464u), q1.zlo));
-            a[2] = q0.finish(hsub2(prmt<0x5342>(r0, 0x64646464u), q0.zlo));
-            a[3] = q1.finish(hsub2(prmt<0x5342>(r1, 0x64646464u), q1.zlo));
+            a[0] = fin0(hsub2(prmt<0x5140>(r0, 0x64646464u), q0.zlo));
+            a[1] = fin1(hsub2(prmt<0x5140>(r1, 0x64646464u), q1.zlo));
+            a[2] = fin0(hsub2(prmt<0x5342>(r0, 0x64646464u), q0.zlo));
+            a[3] = fin1(hsub2(prmt<0x5342>(r1, 0x64646464u), q1.zlo));
           } else {
             // bf16 cannot hold 128 + u exactly for u > 127: go through fp32 2^23 + u (exact).
-            const float zz0 = -(0x1p23f + (MODE == 1 ? p0[u].second() : ZBIAS));
-            const float zz1 = -(0x1p23f + (MODE == 1 ? p1[u].second() : ZBIAS));
+            const float zz0 = -(0x1p23f + z0);
+            const float zz1 = -(0x1p23f + z1);
             float f[4][2];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
@@ -233,14 +258,40 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
               f[3][i] = as_f32(i == 0 ? prmt<0x7542>(r1, 0x4B000000u) : prmt<0x7543>(r1, 0x4B000000u)) + zz1;
             }
             // q - z (|.| <= 255) is exact in bf16 too: pack, then the shared finish
-            a[0] = q0.finish(f32_to_bf2(f[0][0], f[0][1]));
-            a[1] = q1.finish(f32_to_bf2(f[1][0], f[1][1]));
-            a[2] = q0.finish(f32_to_bf2(f[2][0], f[2][1]));
-            a[3] = q1.finish(f32_to_bf2(f[3][0], f[3][1]));
+            a[0] = fin0(f32_to_bf2(f[0][0], f[0][1]));
+            a[1] = fin1(f32_to_bf2(f[1][0], f[1][1]));
+            a[2] = fin0(f32_to_bf2(f[2][0], f[2][1]));
+            a[3] = fin1(f32_to_bf2(f[3][0], f[3][1]));
           }
         }
 #pragma unroll
-        for (int b = 0; b < MB; ++b) mma16816<ACT>(acc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
+        for (int b = 0; b < MB; ++b) {
+          if (DEFER) mma16816<ACT>(cacc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
+          else mma16816<ACT>(acc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
+          if (XSUM) {
+            const u32 ones[4] = {ONES, ONES, ONES, ONES};
+            mma16816<ACT>(xacc[b], ones, xw[b][2 * s], xw[b][2 * s + 1]);
+          }
+        }
+      }
+      if (DEFER) {
+        // per-row coefficients of this tile (row g: c0, c1; row g + 8: c2, c3)
+        const float al0 = s0, al1 = s1;
+        const float be0 = MODE == 2 ? fmaf(z0, s0, m0) : 0.f, be1 = MODE == 2 ? fmaf(z1, s1, m1) : 0.f;
+#pragma unroll
+        for (int b = 0; b < MB; ++b) {
+          float* ac = acc[b];
+          ac[0] = fmaf(al0, cacc[b][0], ac[0]);
+          ac[1] = fmaf(al0, cacc[b][1], ac[1]);
+          ac[2] = fmaf(al1, cacc[b][2], ac[2]);
+          ac[3] = fmaf(al1, cacc[b][3], ac[3]);
+          if (XSUM) {
+            ac[0] = fmaf(be0, xacc[b][0], ac[0]);
+            ac[1] = fmaf(be0, xacc[b][1], ac[1]);
+            ac[2] = fmaf(be1, xacc[b][2], ac[2]);
+            ac[3] = fmaf(be1, xacc[b][3], ac[3]);
+          }
+        }
       }
     }
   };
