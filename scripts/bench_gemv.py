@@ -152,6 +152,7 @@ def main():
     ap.add_argument("--modes", default="zero_point")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-mma", action="store_true")
+    ap.add_argument("--sweep-lowreg", action="store_true", help="CUDA-core W4 M=1: low-register tiles")
     ap.add_argument("--sweep-defer", action="store_true", help="mma kernel: scaling scheme x tiles, M = 1 and 16")
     ap.add_argument("--sweep-l2", action="store_true", help="W4 M=1: L2 prefetch / persistent variants")
     ap.add_argument("--sweep-xs", action="store_true", help="W4 M=1: x in shared memory / light bookkeeping")
@@ -192,6 +193,12 @@ def main():
         cfgs = [(u, ks, 1) for u in (2, 4) for ks in (4, 8, 16)] + [(2, 8, 0)]
         sweep(bw, SHAPES, [(4, 128, "zero_point"), (8, -1, "sym")], cfgs, kind="mma")
         sweep(bw, SHAPES[3:5], [(4, 128, "zero_point")], cfgs, kind="mma", m=16)
+    if args.sweep_lowreg:
+        # CUDA-core W4 kernel with few registers (full occupancy, like the W8 kernel at 91%): (R, U, KS, PF, XS, LITE)
+        cfgs = [(4, 2, 2, 0, 0, 0), (4, 1, 8, 0, 0, 0), (2, 1, 8, 0, 0, 0), (2, 1, 4, 0, 0, 0),
+                (1, 1, 8, 0, 0, 0), (1, 2, 8, 0, 0, 0), (2, 2, 8, 0, 0, 0), (2, 1, 8, 0, 1, 0), (2, 1, 8, 0, 1, 1),
+                (1, 1, 8, 0, 1, 1), (2, 1, 4, 0, 1, 1), (2, 1, 8, 0, 0, 1)]
+        sweep(bw, SHAPES, [(4, 128, "zero_point")], cfgs, names=["R", "U", "KS", "PF", "XS", "LITE"], show=6)
     if args.sweep_defer:
         # (U, KS, PF, DEFER): DEFER = where the tensor-core kernel applies the scale (gemv_mma.cu)
         cfgs = [(u, ks, 0, d) for d in (0, 1) for u, ks in ((2, 4), (2, 8), (4, 8), (2, 16), (1, 8))]
