@@ -152,6 +152,7 @@ def main():
     ap.add_argument("--modes", default="zero_point")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-mma", action="store_true")
+    ap.add_argument("--pdl", action="store_true", help="default kernels with programmatic dependent launch off/on")
     ap.add_argument("--sweep-lowreg", action="store_true", help="CUDA-core W4 M=1: low-register tiles")
     ap.add_argument("--sweep-defer", action="store_true", help="mma kernel: scaling scheme x tiles, M = 1 and 16")
     ap.add_argument("--sweep-l2", action="store_true", help="W4 M=1: L2 prefetch / persistent variants")
@@ -193,6 +194,20 @@ def main():
         cfgs = [(u, ks, 1) for u in (2, 4) for ks in (4, 8, 16)] + [(2, 8, 0)]
         sweep(bw, SHAPES, [(4, 128, "zero_point"), (8, -1, "sym")], cfgs, kind="mma")
         sweep(bw, SHAPES[3:5], [(4, 128, "zero_point")], cfgs, kind="mma", m=16)
+    if args.pdl:
+        # the same default kernels timed with programmatic dependent launch off and on (protocol graph timing)
+        import mixgemm.kernels.cuda.gemv as G
+
+        rows = []
+        for k, n in SHAPES:
+            for m, bits, group, mode in ((1, 4, 128, "zero_point"), (16, 4, 128, "zero_point"), (1, 8, -1, "sym")):
+                for pdl in (False, True):
+                    G.PDL = pdl
+                    r = bench_case(k, n, m, bits, group, mode, bw, do_peers=False)
+                    rows.append((k, n, m, bits, pdl, r["us"], r["pct"], r["err"]))
+        G.PDL = True
+        for k, n, m, bits, pdl, us, pct, err in rows:
+            print(f"pdl {k}x{n} M={m} W{bits} PDL={int(pdl)}: {us:.2f} us {pct:.0f}% of floor err {err:.1e}")
     if args.sweep_lowreg:
         # CUDA-core W4 kernel with few registers (full occupancy, like the W8 kernel at 91%): (R, U, KS, PF, XS, LITE)
         cfgs = [(4, 2, 2, 0, 0, 0), (4, 1, 8, 0, 0, 0), (2, 1, 8, 0, 0, 0), (2, 1, 4, 0, 0, 0),

@@ -319,6 +319,46 @@ def test_gemv_cuda_graph_and_stream(kernel):
     assert torch.equal(yg, gemv(x, qw, None, -math.inf, math.inf))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_kind", ["simt", "mma"])
+def test_gemv_pdl_dependent_chain(kernel_kind):
+    """Programmatic dependent launch: each GEMV reads the output of the kernel right before it (another GEMV,
+    or a torch elementwise op), eagerly and replayed from a CUDA graph; results equal the PDL-off run bit for
+    bit (the kernels are deterministic), so no GEMV read its x before the producer had finished."""
+    old = (gemv_mod.KERNEL_OVERRIDE, gemv_mod.PDL)
+    gemv_mod.KERNEL_OVERRIDE = kernel_kind
+    try:
+        from mixgemm.kernels.cuda.gemv import gemv
+
+        qa, gen = _make(2048, 2048, 4, 128, "zero_point", torch.float16, 21)
+        qb, _ = _make(2048, 2048, 8, -1, "sym", torch.float16, 22)
+        x0 = torch.randn(1, 2048, generator=gen, device="cuda").half()
+
+        def chain(x):
+            for _ in range(4):
+                x = gemv(x, qa, None, -math.inf, math.inf)
+                x = gemv(x * 0.05, qb, None, -math.inf, math.inf)  # the elementwise op writes gemv's x
+                x = torch.tanh(x)
+            return x
+
+        results = {}
+        for pdl in (False, True):
+            gemv_mod.PDL = pdl
+            eager = chain(x0)
+            xs = x0.clone()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                yg = chain(xs)
+            g.replay()
+            torch.cuda.synchronize()
+            results[pdl] = (eager, yg.clone())
+        assert torch.equal(results[True][0], results[False][0])
+        assert torch.equal(results[True][1], results[False][0])
+        assert torch.equal(results[False][1], results[False][0])
+    finally:
+        gemv_mod.KERNEL_OVERRIDE, gemv_mod.PDL = old
+
+
 # L2-prefetch / persistent-grid variants of the CUDA-core kernel (R, U, KS, BPF, PST, MINB): BPF 1
 # prefetches a block's own tile, BPF 2 also its next tile; PST launches fewer blocks than tiles so
 # each block loops (N = 12345: ~772 tiles of 16 rows against <= 3 x 132 resident blocks, last tile

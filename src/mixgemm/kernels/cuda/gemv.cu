@@ -126,6 +126,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rg = warp % RG, ks = warp / RG;
+  pdl_launch_dependents();
 #if GEMV_XS
   static_assert(ACT == 0 && M == 1 && !GEMV_PF && !GEMV_PST, "GEMV_XS: fp16 x, M = 1, PF and PST off");
   extern __shared__ uint4 xsm[];  // [XV][Kc]: x piece v of chunk c at v * Kc + c
@@ -343,6 +344,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     // math, so every warp keeps loads in flight while it computes (latency hidden without needing
     // more resident warps). Ping-pong written out twice so no buffer is copied.
     load(wA, pA, c0);
+    pdl_wait();  // x is read from here on (see gemv_common.cuh)
     while (true) {
       int c1 = c0 + U * STRIDE;
       bool more = c1 + (U - 1) * STRIDE < Kc;
@@ -359,9 +361,11 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     }
   } else {
     bool have = false;
-#if GEMV_XS
-    // the first step's weight loads go out before the x copy, so the copy hides under their latency
+    // the first step's weight and parameter loads (constant data) go out before the PDL wait, and
+    // before the XS x copy, so both hide under their latency
     if (c0 + (U - 1) * STRIDE < Kc) { load(wA, pA, c0); have = true; }
+    pdl_wait();
+#if GEMV_XS
     // batches of 4 loads per thread in flight before their stores (one L2 round trip per batch)
     for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_THREADS) {
       uint4 t[4];

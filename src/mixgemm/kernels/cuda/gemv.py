@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 
 import torch
 
@@ -25,6 +26,10 @@ from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
 
 GEMV_MAX_M = 16
+# Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
+# launch after a weight's layout was built in this call: its build kernels write the weights the GEMV
+# reads before its griddepcontrol.wait. MIXGEMM_PDL=0 turns it off.
+PDL = os.environ.get("MIXGEMM_PDL", "1") != "0"
 LAYOUT = "gemv_v1"
 SOURCE = "gemv.cu"
 KERNEL = "mixgemm_gemv"
@@ -256,7 +261,8 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     dev = x2d.device
     props = torch.cuda.get_device_properties(dev)
     if use_mma(x2d.dtype, m):
-        return _gemv_mma(x2d, qw, bias, lo, hi, y, props.multi_processor_count)
+        return _gemv_mma(x2d, qw, bias, lo, hi, y, props)
+    fresh = LAYOUT not in qw._layouts
     lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
     xk = _prepare_x(x2d, lay)
     kc = lay.chunks_per_row
@@ -283,7 +289,7 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     ]
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
-        nvrtc.launch(fn, grid, block, args, stream, smem)
+        nvrtc.launch(fn, grid, block, args, stream, smem, pdl=PDL and not fresh and props.major >= 9)
     return y
 
 
@@ -305,9 +311,11 @@ def _common_args(lay, xk, y, bias, lo, hi, n) -> list:
     ]
 
 
-def _gemv_mma(x2d, qw, bias, lo, hi, y, num_sms):
+def _gemv_mma(x2d, qw, bias, lo, hi, y, props):
     m, _ = x2d.shape
     n = qw.out_features
+    num_sms = props.multi_processor_count
+    fresh = MMA_LAYOUT not in qw._layouts
     lay: GemvMmaLayout = qw.layout(MMA_LAYOUT, build_gemv_mma_v1)
     xk = _prepare_x(x2d, lay)
     mb = 1 if m <= 8 else 2
@@ -326,5 +334,6 @@ def _gemv_mma(x2d, qw, bias, lo, hi, y, num_sms):
         ctypes.c_int(m),
     ]
     with torch.cuda.device(x2d.device):
-        nvrtc.launch(fn, grid, block, args, torch.cuda.current_stream(x2d.device).cuda_stream)
+        nvrtc.launch(fn, grid, block, args, torch.cuda.current_stream(x2d.device).cuda_stream,
+                     pdl=PDL and not fresh and props.major >= 9)
     return y

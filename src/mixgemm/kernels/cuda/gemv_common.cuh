@@ -106,6 +106,26 @@ __device__ __forceinline__ void prefetch_l2_warp(const void* p, unsigned long lo
 #endif
 }
 
+// Programmatic dependent launch (sm_90; no-ops when the kernel was launched without the attribute).
+// Why: a GEMV's weights do not depend on the kernel before it, only x does; launched with PDL, the GEMV's
+// blocks start while the previous kernel drains, load their first weights, and wait (griddepcontrol.wait
+// = until the previous grid has finished and its writes are visible) only before touching x, bias or y.
+// launch_dependents at the start lets the next PDL kernel do the same during this kernel's last wave.
+// Nothing that another kernel may write is read or written before pdl_wait().
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+
 template <int SCL>
 __device__ __forceinline__ float scl_to_f32(u32 bits16or32) {
   if (SCL == 0) return h_to_f32((u16)bits16or32);

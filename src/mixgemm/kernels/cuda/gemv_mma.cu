@@ -296,6 +296,13 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
     }
   };
   int kt0 = ks;
+  // PDL (gemv_common.cuh): the first tiles of weights go to L2 while the previous kernel drains; x,
+  // bias and y are touched only after pdl_wait()
+  pdl_launch_dependents();
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (ks + u * KS < Kt) prefetch_l2(wt + (size_t)(ks + u * KS) * 32);
+  pdl_wait();
   uint4 wA[U], wB[U];
   P a0[U], a1[U], b0[U], b1[U];
   uint4 xA[U][MB][XV], xB[U][MB][XV];

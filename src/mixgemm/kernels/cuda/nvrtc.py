@@ -143,19 +143,46 @@ def get_function(source_name: str, kernel_name: str, defines: dict, device):
         return fn
 
 
+_pdl_attrs: list = []
+
+
+def _pdl_attr():
+    """The launch attribute list [programmatic stream serialization allowed] (built once)."""
+    if not _pdl_attrs:
+        drv = _driver()
+        a = drv.CUlaunchAttribute()
+        a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        a.value.programmaticStreamSerializationAllowed = 1
+        _pdl_attrs.append(a)
+    return _pdl_attrs
+
+
 def launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: list, stream: int,
-           shared_bytes: int = 0) -> None:
+           shared_bytes: int = 0, pdl: bool = False) -> None:
     """Launch ``fn`` on the CUDA stream handle ``stream`` (e.g. torch.cuda.current_stream().cuda_stream).
 
     args: ctypes values (ctypes.c_void_p for pointers, ctypes.c_int, ctypes.c_float), in the kernel's
     parameter order. Asynchronous; no synchronization, no allocation (CUDA-graph capturable).
+    pdl: programmatic dependent launch (sm_90): the kernel may start before the previous kernel in the
+    stream has finished, so it must call griddepcontrol.wait before reading anything that kernel may write
+    (the GEMV kernels do; see gemv_common.cuh).
     """
     drv = _driver()
     ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    err, = drv.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
-                              drv.CUstream(stream), ctypes.addressof(ptrs), 0)
+    if pdl:
+        cfg = drv.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = shared_bytes
+        cfg.hStream = drv.CUstream(stream)
+        cfg.attrs = _pdl_attr()
+        cfg.numAttrs = 1
+        err, = drv.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptrs), 0)
+    else:
+        err, = drv.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
+                                  drv.CUstream(stream), ctypes.addressof(ptrs), 0)
     if int(err) != 0:
-        raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+        raise RuntimeError(f"cuLaunchKernel{'Ex (PDL)' if pdl else ''} failed: {err!r}")
 
 
 def nvrtc_available() -> bool:
