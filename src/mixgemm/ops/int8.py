@@ -3,8 +3,9 @@
 * :func:`matmul_a8` -- y = act(x @ W.T + bias) with x quantized on the fly per token and per weight group
   (int8, "sym" = q8_1 or "asym" = seed 000's QuantA), W a QuantizedWeight (4 or 8 bits, any mode, group
   32..256 or per-channel). Two launches: the fused activation quantizer, then the integer GEMM (int32 per
-  K-block folded into fp32 with sA*sB and the offset terms inside the K loop). M <= 16 takes the same
-  kernel with 16-row tiles and narrow N tiles (the mul_mat_vec_q analogue).
+  K-block folded into fp32 with sA*sB and the offset terms inside the K loop). On CUDA, small M takes the
+  fused CUDA GEMV (mixgemm.kernels.cuda.gemv_a8: ONE launch, the activation quantization in its prologue,
+  dp4a products) when it supports the case (A8_GEMV below), else the Triton kernel with 16-row tiles.
 * :func:`int8_static_gemm` -- static per-tensor INT8 x INT8 -> INT8 (MNN ConvInt8 semantics),
   reference: mixgemm.reference.int8_static.
 * :func:`make_a8_runner` / :func:`make_static_runner` -- zero-argument callables for the benchmark
@@ -29,6 +30,37 @@ from mixgemm.reference import int8_static as _sref
 from mixgemm.reference.block_gemm import block_int_gemm
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Small M (<= gemv_a8.MAX_M_DISPATCH) on CUDA: the fused CUDA GEMV (activation quantization + dp4a GEMV in
+# one launch) when True.
+# (scripts/bench_gemv_a8.py switches it off to time the Triton path side by side.)
+A8_GEMV = True
+
+
+def _a8_gemv_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, config: dict | None) -> bool:
+    """True when the fused CUDA GEMV takes this call (small M: gemv_a8.MAX_M_DISPATCH; CUDA; no explicit
+    Triton config)."""
+    if not A8_GEMV or config is not None or not x2.is_cuda:
+        return False
+    from mixgemm.kernels.cuda import gemv_a8
+
+    return gemv_a8.supported(x2.shape[0], x2, qweight, act_mode)
+
+
+# Per-channel (long-block) activation quantization on CUDA: the one-pass CUDA row kernel
+# (mixgemm.kernels.cuda.gemv_a8.act_quant_rows, x read once) instead of the two-pass Triton row kernel.
+ACTQ_ROWS_CUDA = True
+
+
+def _act_quant(x2: torch.Tensor, block: int, act_mode: str, out=None):
+    """(q, scales, offsets, sums) of x2 [M, K] per token and per block (bit-identical either way)."""
+    if ACTQ_ROWS_CUDA and x2.is_cuda and block == x2.shape[1]:
+        from mixgemm.kernels.cuda import gemv_a8
+
+        if gemv_a8.act_quant_rows_supported(x2, block):
+            return gemv_a8.act_quant_rows(x2, act_mode, out=out)
+    from mixgemm.kernels.triton.act_quant import act_quant
+
+    return act_quant(x2, block, act_mode, out=out)
 
 
 def _use_kernel(x: torch.Tensor, force_kernel: bool) -> bool:
@@ -71,12 +103,15 @@ def matmul_a8(
         if bias is not None:
             y = y + bias.double()[None, :]
         return y.clamp(lo, hi).to(out_dtype).reshape(*lead, qweight.out_features)
-    from mixgemm.kernels.triton.act_quant import act_quant
+    if _a8_gemv_ok(x2, qweight, act_mode, config):
+        from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
+
+        return gemv_a8(x2, qweight, act_mode, bias, lo, hi, out_dtype).reshape(*lead, qweight.out_features)
     from mixgemm.kernels.triton.int8_gemm import a8_gemm
     from mixgemm.kernels.triton.int8_layout import get_int8_layout
 
     lay = get_int8_layout(qweight)
-    aq, sa, oa, suma = act_quant(x2, lay.group_size, act_mode)
+    aq, sa, oa, suma = _act_quant(x2, lay.group_size, act_mode)
     y = a8_gemm(aq, sa, oa, suma, lay, act_mode == "asym", bias, lo, hi, out_dtype, config=config)
     return y.reshape(*lead, qweight.out_features)
 
@@ -87,7 +122,6 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     """For `mixgemm bench`: a zero-argument callable running activation quantization + GEMM on x [M, K]
     (CUDA), with the weight layout and the output / scratch buffers allocated once (CUDA-graph capturable).
     Returns the same tensor (overwritten) on every call."""
-    from mixgemm.kernels.triton.act_quant import act_quant
     from mixgemm.kernels.triton.int8_gemm import a8_gemm
     from mixgemm.kernels.triton.int8_layout import get_int8_layout
 
@@ -96,6 +130,11 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
         raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
     lo, hi = clamp_bounds(activation)
     x2 = x.reshape(-1, x.shape[-1])
+    if _a8_gemv_ok(x2, qweight, act_mode, config):
+        from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
+
+        out1 = torch.empty((x2.shape[0], qweight.out_features), dtype=out_dtype or x.dtype, device=x.device)
+        return lambda: gemv_a8(x2, qweight, act_mode, bias, lo, hi, out1.dtype, out=out1)
     lay = get_int8_layout(qweight)
     m, k = x2.shape
     g = k // lay.group_size
@@ -106,7 +145,7 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     asym = act_mode == "asym"
 
     def run():
-        aq, sa, oa, suma = act_quant(x2, lay.group_size, act_mode, out=bufs)
+        aq, sa, oa, suma = _act_quant(x2, lay.group_size, act_mode, out=bufs)
         return a8_gemm(aq, sa, oa, suma, lay, asym, bias, lo, hi, out.dtype, config=config, out=out)
 
     return run

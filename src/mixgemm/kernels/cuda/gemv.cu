@@ -412,20 +412,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     float v = 0.f;
 #pragma unroll
     for (int k = 0; k < KS; ++k) v += red[k][m][j];
-    if (bias_kind == 1) v += h_to_f32(((const u16*)bias)[n]);
-    else if (bias_kind == 2) v += bf_to_f32(((const u16*)bias)[n]);
-    else if (bias_kind == 3) v += ((const float*)bias)[n];
-    if (v < lo) v = lo;  // compares, not fminf/fmaxf: NaN propagates like torch.clamp
-    if (v > hi) v = hi;
-    const size_t o = (size_t)m * ldy + n;
-    if (ACT == 2) {
-      ((float*)Y)[o] = v;
-    } else {
-      u16 h;
-      if (ACT == 0) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-      else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-      ((u16*)Y)[o] = h;
-    }
+    store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
   }
 #if GEMV_PST
   if (tile + (int)gridDim.x < ntiles) __syncthreads();  // red[] is rewritten by the next tile

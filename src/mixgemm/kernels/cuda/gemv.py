@@ -187,40 +187,6 @@ def _xs_ok(cfg: dict, mb: int, act: int, kp: int) -> bool:
     return mb == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0) and kp * 2 <= XS_MAX_BYTES
 
 
-_smem_set: dict = {}
-
-
-def _allow_smem(fn, nbytes: int) -> None:
-    """Raise fn's dynamic shared memory limit to nbytes (needed above the default 48 KiB)."""
-    if nbytes <= 48 * 1024 or _smem_set.get(id(fn), 0) >= nbytes:
-        return
-    from cuda.bindings import driver
-
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    err, = driver.cuFuncSetAttribute(fn, attr, nbytes)
-    if int(err) != 0:
-        raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) failed: {err!r}")
-    _smem_set[id(fn)] = nbytes
-
-
-_occupancy: dict = {}
-
-
-def _resident_blocks(fn, threads: int) -> int:
-    """Blocks of `threads` threads of the CUfunction fn that fit on one SM (driver occupancy query)."""
-    key = (id(fn), threads)  # fn objects live for the process in nvrtc's module cache
-    v = _occupancy.get(key)
-    if v is None:
-        from cuda.bindings import driver
-
-        err, v = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, 0)
-        if int(err) != 0:
-            raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err!r}")
-        v = max(1, int(v))
-        _occupancy[key] = v
-    return v
-
-
 def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
     """x2d itself when the kernel can read it (unit stride along K, 16-byte aligned rows, K == Kp),
     else a zero-padded aligned copy [M, Kp] (the caller's tensor is never modified)."""
@@ -275,12 +241,12 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
     tiles = -(-n // rows_per_block)
     if cfg.get("PST", 0):  # persistent grid: PST x (resident blocks per SM) x SMs blocks loop over the tiles
-        tiles = min(tiles, cfg["PST"] * _resident_blocks(fn, block[0]) * props.multi_processor_count)
+        tiles = min(tiles, cfg["PST"] * nvrtc.resident_blocks(fn, block[0]) * props.multi_processor_count)
     grid = (tiles, 1, 1)
     smem = 0
     if cfg.get("XS", 0):  # x copied into shared memory: K * 2 bytes (fp16, M = 1)
         smem = lay.k_padded * 2
-        _allow_smem(fn, smem)
+        nvrtc.allow_dynamic_smem(fn, smem)
     args = _common_args(lay, xk, y, bias, lo, hi, n) + [
         ctypes.c_int(kc),
         ctypes.c_int(lay.num_groups),

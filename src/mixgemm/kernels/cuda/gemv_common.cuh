@@ -106,6 +106,26 @@ __device__ __forceinline__ void prefetch_l2_warp(const void* p, unsigned long lo
 #endif
 }
 
+// One output element: + bias (bias_kind 0 none, 1 fp16, 2 bf16, 3 fp32), clamp to [lo, hi], store at Y[o] as
+// OUT (0 fp16, 1 bf16, 2 fp32). Shared by the epilogues of every GEMV kernel.
+template <int OUT>
+__device__ __forceinline__ void store_output(void* Y, size_t o, int n, float v, const void* bias, int bias_kind,
+                                             float lo, float hi) {
+  if (bias_kind == 1) v += h_to_f32(((const u16*)bias)[n]);
+  else if (bias_kind == 2) v += bf_to_f32(((const u16*)bias)[n]);
+  else if (bias_kind == 3) v += ((const float*)bias)[n];
+  if (v < lo) v = lo;  // compares, not fminf/fmaxf: NaN propagates like torch.clamp
+  if (v > hi) v = hi;
+  if (OUT == 2) {
+    ((float*)Y)[o] = v;
+    return;
+  }
+  u16 h;
+  if (OUT == 0) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  ((u16*)Y)[o] = h;
+}
+
 // Programmatic dependent launch (sm_90; no-ops when the kernel was launched without the attribute).
 // Why: a GEMV's weights do not depend on the kernel before it, only x does; launched with PDL, the GEMV's
 // blocks start while the previous kernel drains, load their first weights, and wait (griddepcontrol.wait

@@ -355,14 +355,6 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
     float v = 0.f;
 #pragma unroll
     for (int k = 0; k < KS; ++k) v += red[k][r][j][m];
-    if (bias_kind == 1) v += h_to_f32(((const u16*)bias)[n]);
-    else if (bias_kind == 2) v += bf_to_f32(((const u16*)bias)[n]);
-    else if (bias_kind == 3) v += ((const float*)bias)[n];
-    if (v < lo) v = lo;  // compares, not fminf/fmaxf: NaN propagates like torch.clamp
-    if (v > hi) v = hi;
-    u16 h;
-    if (ACT == 0) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-    ((u16*)Y)[(size_t)m * ldy + n] = h;
+    store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
   }
 }

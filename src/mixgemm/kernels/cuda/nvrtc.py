@@ -143,6 +143,38 @@ def get_function(source_name: str, kernel_name: str, defines: dict, device):
         return fn
 
 
+_smem_set: dict = {}
+
+
+def allow_dynamic_smem(fn, nbytes: int) -> None:
+    """Raise fn's dynamic shared memory limit to nbytes (needed above the default 48 KiB); once per function."""
+    if nbytes <= 48 * 1024 or _smem_set.get(id(fn), 0) >= nbytes:
+        return
+    drv = _driver()
+    attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    err, = drv.cuFuncSetAttribute(fn, attr, nbytes)
+    if int(err) != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) failed: {err!r}")
+    _smem_set[id(fn)] = nbytes
+
+
+_occupancy: dict = {}
+
+
+def resident_blocks(fn, threads: int, smem: int = 0) -> int:
+    """Blocks of ``threads`` threads (``smem`` dynamic shared bytes each) of the CUfunction fn that fit on one
+    SM (driver occupancy query, cached; fn objects live for the process in the module cache)."""
+    key = (id(fn), threads, smem)
+    v = _occupancy.get(key)
+    if v is None:
+        err, v = _driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, threads, smem)
+        if int(err) != 0:
+            raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err!r}")
+        v = max(1, int(v))
+        _occupancy[key] = v
+    return v
+
+
 _pdl_attrs: list = []
 
 

@@ -1,0 +1,629 @@
+// mixgemm activation-quantized GEMV for decode (W4A8 / W8A8), M = 1..16, ONE launch:
+//   y[M, N] = clamp(Qa(x)[M, K] @ W[N, K].T + bias), Qa = per-token, per-block int8 quantization of x
+//   (mixgemm.formats.activation.quantize_activation, "sym" = q8_1 or "asym" = seed 000's QuantA).
+//
+// Why a fused CUDA kernel: at M = 1 the Triton path (act-quant launch + 16-row mma.sync GEMM) reached
+// 47-48% of the HBM floor; the separate quantization launch alone is 4.9 us of a 29.5 us floor. x is tiny
+// (K = 8192 -> 16 KB), so every block quantizes the activations itself into shared memory (prologue, issued
+// after the block's first weight loads so it hides under their latency) and then streams the weights.
+//
+// Prologue = exactly the reference's float32 ops (IEEE div / mul / sub intrinsics: NVRTC contracts a*b+c
+// into FMA otherwise; rounding by + 1.5*2^23 = round half to even like torch.round, see quant8), so the int8
+// codes, block sums and scales equal quantize_activation bit for bit. Codes go to shared memory permuted to match the
+// weight layout (below), block scales / offsets / sums beside them.
+//
+// Weight layout "a8gemv_v1" (mixgemm/formats/layouts_a8.py): row n = Kp * BITS / 8 bytes, Kp = K padded to
+// a step (32 lanes x U chunks x CH k; CH = 32 k for int4, 16 k for int8 = one uint4). Chunk kc of the
+// row (k = kc*CH ..) sits at uint4 position (s*U + u)*32 + l of the row where kc = (s*32 + l)*U + u: a warp
+// load (fixed s, u) is 512 contiguous bytes, and lane l's U chunks of step s are consecutive in K, i.e.
+// one "unit" of U*CH k inside one quantization group (U <= group / CH): the int32 dot of a whole unit is
+// folded into fp32 once.
+//   int4: word t of a chunk holds k = 8t..8t+7 of the chunk: byte b = code(k=8t+b) | code(k=8t+4+b) << 4,
+//         UNSIGNED codes q = c + 8. w & 0x0F0F0F0F = the 4 low codes as bytes, w & 0xF0F0F0F0 = 16 x the 4
+//         high codes: one LOP per 4 weights, no shift, no sign extension; dp4a.u32.s32 multiplies the
+//         unsigned bytes with the signed x codes, and 16*lo + hi - 128*sum(xq over the unit) = 16 * sum(c*xq)
+//         exactly (c = q - 8), so the 16 and the +8 bias cost one IMAD each per unit, not per weight.
+//   int8: signed codes c = q - 128, k = 16 per chunk in order; dp4a.s32.s32.
+// Per (row, group) float32 params, [N, Gp] (padded groups are zero): sdot = s (int8) or s / 16 (int4),
+// moff = m, cterm = s * sum(c) + g * m, with w = c * s + m (layout int8_v1's rewrite of every mode).
+// Math per (token m, row n): y = sum_units sA*sdot*dotq + sum_groups (sA*m*sum(xq) + oA*cterm) (the
+// four-term formula of mixgemm.reference.block_gemm with the signed codes).
+
+#include "gemv_common.cuh"
+
+#ifndef A8_BITS
+#define A8_BITS 4
+#endif
+#ifndef A8_XT  // activation dtype: 0 fp16, 1 bf16, 2 fp32
+#define A8_XT 0
+#endif
+#ifndef A8_M  // compiled token count (bucket); rows >= Mr are computed on row Mr - 1 and never stored
+#define A8_M 1
+#endif
+#ifndef A8_G  // quantization group along K (32..256), 0 = per-channel (one group = all K)
+#define A8_G 128
+#endif
+#ifndef A8_U  // chunks per lane and step (layout property)
+#define A8_U 4
+#endif
+#ifndef A8_R  // rows per warp
+#define A8_R 4
+#endif
+#ifndef A8_RG  // row groups (warps along N) per block
+#define A8_RG 8
+#endif
+#ifndef A8_KS  // warps along K per block (split-K inside the block)
+#define A8_KS 1
+#endif
+#ifndef A8_ACTQ  // > 0: compile only the long-row activation quantizer (A8_ACTQ units of 8 k per thread)
+#define A8_ACTQ 0
+#endif
+#ifndef A8_PF  // 1: register double buffering of the weight loads across steps and tiles
+#define A8_PF 0
+#endif
+
+#define A8_THREADS (32 * A8_RG * A8_KS)
+
+using namespace mg;
+
+namespace a8 {
+
+__device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) {
+  int d;
+  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+// a: 4 unsigned bytes (int4 codes or 16x codes), b: 4 signed int8 activation codes
+__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+// |v| < 2^22: v + 0x4B400000 is the fp32 1.5*2^23 + v (ulp 1), so one IADD + FADD replace cvt.rn.f32.s32
+// (a 1/8-rate instruction on sm_90); exact.
+__device__ __forceinline__ float i2f_small(int v) {
+  return __int_as_float(v + 0x4B400000) - 12582912.f;
+}
+__device__ __forceinline__ float x_at(const void* X, size_t i) {
+  if (A8_XT == 0) return h_to_f32(((const u16*)X)[i]);
+  if (A8_XT == 1) return bf_to_f32(((const u16*)X)[i]);
+  return ((const float*)X)[i];
+}
+// 8 activations of row `row` at k (k % 8 == 0): vector loads when all 8 are inside K (rows 16-byte
+// aligned: the host checks), else scalar loads; elements past K read as `pad` (0 for sym: it changes
+// neither the absmax nor the codes; NaN for asym: fmaxf / fminf ignore NaN, and the code is zeroed).
+__device__ __forceinline__ void load8(const void* X, size_t row_off, int k, int K, float pad, float v[8]) {
+  if (k + 8 <= K) {
+    if (A8_XT == 2) {
+      const uint4 a = ld_x((const uint4*)((const float*)X + row_off + k));
+      const uint4 b = ld_x((const uint4*)((const float*)X + row_off + k + 4));
+      v[0] = as_f32(a.x); v[1] = as_f32(a.y); v[2] = as_f32(a.z); v[3] = as_f32(a.w);
+      v[4] = as_f32(b.x); v[5] = as_f32(b.y); v[6] = as_f32(b.z); v[7] = as_f32(b.w);
+    } else {
+      const uint4 a = ld_x((const uint4*)((const u16*)X + row_off + k));
+      const u32 w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (A8_XT == 0) {
+          v[2 * j] = h_to_f32((u16)(w[j] & 0xffffu));
+          v[2 * j + 1] = h_to_f32((u16)(w[j] >> 16));
+        } else {  // bf16 -> fp32 is a shift / mask
+          v[2 * j] = as_f32(w[j] << 16);
+          v[2 * j + 1] = as_f32(w[j] & 0xffff0000u);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = k + j < K ? x_at(X, row_off + k + j) : pad;
+  }
+}
+
+// 8 in-range activations as raw 16-byte words (kept raw until used: 4 registers per 8 fp16 values).
+constexpr int XV = A8_XT == 2 ? 2 : 1;  // uint4 per 8 activations
+__device__ __forceinline__ void load8_raw(const void* X, size_t row_off, int k, uint4 (&raw)[XV]) {
+  const unsigned char* p = (const unsigned char*)X + (row_off + k) * (A8_XT == 2 ? 4 : 2);
+#pragma unroll
+  for (int i = 0; i < XV; ++i) raw[i] = ld_x((const uint4*)p + i);
+}
+__device__ __forceinline__ void raw_to_f32(const uint4 (&raw)[XV], float v[8]) {
+#pragma unroll
+  for (int i = 0; i < XV; ++i) {
+    const u32 w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (A8_XT == 2) {
+        v[4 * i + j] = as_f32(w[j]);
+      } else if (A8_XT == 0) {
+        v[2 * j] = h_to_f32((u16)(w[j] & 0xffffu));
+        v[2 * j + 1] = h_to_f32((u16)(w[j] >> 16));
+      } else {  // bf16 -> fp32 is a shift / mask
+        v[2 * j] = as_f32(w[j] << 16);
+        v[2 * j + 1] = as_f32(w[j] & 0xffff0000u);
+      }
+    }
+  }
+}
+
+// Range of 8 values: sym a = max |v|; asym a = max, b = min.
+template <bool ASYM>
+__device__ __forceinline__ void range8(const float v[8], float& a, float& b) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (!ASYM) a = fmaxf(a, fabsf(v[j]));
+    else { a = fmaxf(a, v[j]); b = fminf(b, v[j]); }
+  }
+}
+
+// Block parameters from the reduced range, exactly as formats/activation.py (float32, IEEE-rounded ops).
+// sym: d = amax / 127, inv = 1 / d (0 if d == 0). asym: d = (hi - lo) / 255, o = hi - 127 d (o = hi,
+// d = 1 for a constant block).
+template <bool ASYM>
+__device__ __forceinline__ void block_params(float a, float b, float& d, float& inv, float& o) {
+  if (!ASYM) {
+    d = __fdiv_rn(a, 127.f);
+    inv = d > 0.f ? __fdiv_rn(1.f, d) : 0.f;
+    o = 0.f;
+  } else {  // a = hi, b = lo
+    const float dd = __fdiv_rn(__fsub_rn(a, b), 255.f);
+    const bool pos = dd > 0.f;
+    o = pos ? __fsub_rn(a, __fmul_rn(127.f, dd)) : a;
+    d = pos ? dd : 1.f;
+    inv = 0.f;
+  }
+}
+
+// 8 codes -> 2 words (byte j = code j) and their sum. Rounding: y + 1.5*2^23 (fp32 ulp 1 there) rounds
+// half to even to an integer, exactly torch.round for |y| < 2^22, and its low byte IS the two's-complement
+// code (bits = 0x4B400000 + q): no cvt (1/4 rate), one prmt per 2 codes. sym needs no clamp: |x| <= amax
+// gives |x * inv| <= 127 (1 + 3 * 2^-24) < 127.5. asym clamps y to [-128, 127] first (same result as
+// clamping the rounded value: the bounds are integers). MASKED (asym, per-channel tail): NaN pads -> 0.
+template <bool ASYM, bool MASKED>
+__device__ __forceinline__ int quant8(const float v[8], float d, float inv, float o, u32& w0, u32& w1) {
+  u32 bits[8];
+  int s = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float y;
+    if (!ASYM) {
+      y = __fmul_rn(v[j], inv);
+    } else {
+      y = __fdiv_rn(__fsub_rn(v[j], o), d);
+      y = fminf(fmaxf(y, -128.f), 127.f);
+    }
+    bits[j] = __float_as_uint(__fadd_rn(y, 12582912.f));
+    if (ASYM && MASKED && !(v[j] == v[j])) bits[j] = 0x4B400000u;  // a pad (NaN): code 0
+    s += (int)bits[j];
+  }
+  s -= 8 * 0x4B400000;  // exact modulo 2^32, and the true sum is small
+  w0 = prmt<0x5410>(prmt<0x0040>(bits[0], bits[1]), prmt<0x0040>(bits[2], bits[3]));
+  w1 = prmt<0x5410>(prmt<0x0040>(bits[4], bits[5]), prmt<0x0040>(bits[6], bits[7]));
+  return s;
+}
+
+}  // namespace a8
+
+using namespace a8;
+
+// ---------------------------------------------------------------------------------------------------------
+// Prologue: quantize x[0:M, 0:K] into shared memory. Shared layout (bytes; the host's smem_bytes matches):
+//   codes [M][Kp] (16-byte pieces permuted like the weight chunks), sA [M][Gp], oA [M][Gp], SAg [M][Gp]
+//   (sum of codes per block), SAu [M][NU] (sum of codes per unit).
+struct Smem {
+  unsigned char* codes;
+  float* sA;
+  float* oA;
+  int* SAg;
+  int* SAu;
+  int Kp, Gp, NU;
+};
+
+template <int U, int CH>
+__device__ __forceinline__ void store_codes(const Smem& sm, int m, int k, u32 w0, u32 w1) {
+  constexpr int NP = CH / 16;
+  const int kc = k / CH, v = (k % CH) / 16, half = (k / 8) & 1;
+  const int s = kc / (32 * U), l = (kc / U) % 32, u = kc % U;
+  const int idx = ((s * U + u) * NP + v) * 32 + l;
+  *(uint2*)(sm.codes + (size_t)m * sm.Kp + (size_t)idx * 16 + half * 8) = make_uint2(w0, w1);
+}
+
+// Group-wise blocks (G <= 256): G / 8 consecutive lanes own one block (8 k each) and reduce it with xor
+// shuffles; NB units per thread are loaded before any is used (NB 16-byte loads in flight per thread).
+template <bool ASYM, int M, int G, int U, int CH, int NT>
+__device__ __forceinline__ void prologue_grouped(const Smem& sm, const void* X, int ldx, int K, int Mr) {
+  constexpr int GL = G / 8, UL = U * CH / 8, NB = 4;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int K8 = sm.Kp / 8, total = M * K8;
+  for (int base = 0; base < total; base += NT * NB) {  // uniform trip count: shuffles see full warps
+    uint4 raw[NB][XV];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const int idx = base + b * NT + tid;
+      const int m = idx / K8, k = (idx % K8) * 8;
+      if (idx < total && k < K) {  // whole blocks are in or out (K % G == 0)
+        load8_raw(X, (size_t)min(m, Mr - 1) * ldx, k, raw[b]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < XV; ++i) raw[b][i] = make_uint4(0u, 0u, 0u, 0u);  // zeros in any dtype
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const int idx = base + b * NT + tid;
+      const bool live = idx < total;
+      const int m = idx / K8, k = (idx % K8) * 8;
+      float vb[8];
+      raw_to_f32(raw[b], vb);
+      float a = ASYM ? vb[0] : 0.f, c = vb[0];
+      range8<ASYM>(vb, a, c);
+#pragma unroll
+      for (int o = 1; o < GL; o <<= 1) {  // max / min are exact: any reduction order equals the reference
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        if (ASYM) c = fminf(c, __shfl_xor_sync(0xffffffffu, c, o));
+      }
+      float d, inv, off;
+      block_params<ASYM>(a, c, d, inv, off);
+      u32 w0, w1;
+      int su = quant8<ASYM, false>(vb, d, inv, off, w0, w1);
+      if (!(live && k < K)) { d = 0.f; off = 0.f; su = 0; w0 = w1 = 0u; }  // padding: zero codes, zero scale
+      if (live) store_codes<U, CH>(sm, m, k, w0, w1);
+#pragma unroll
+      for (int o = 1; o < UL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+      if (live && (lane % UL) == 0) sm.SAu[m * sm.NU + k / (U * CH)] = su;
+#pragma unroll
+      for (int o = UL; o < GL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+      if (live && (lane % GL) == 0) {
+        const int g = k / G;
+        sm.sA[m * sm.Gp + g] = d;
+        sm.oA[m * sm.Gp + g] = off;
+        sm.SAg[m * sm.Gp + g] = su;
+      }
+    }
+  }
+}
+
+// Per-channel (one block = the whole row): pass 1 block-reduces the range, pass 2 quantizes.
+template <bool ASYM, int M, int U, int CH, int NT>
+__device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, int ldx, int K, int Mr,
+                                                 float* pcr, int* pcs) {
+  constexpr int UL = U * CH / 8, NB = 2, NW = NT / 32;
+  const float pad = ASYM ? __int_as_float(0x7fffffff) : 0.f;  // NaN pads for asym (see load8)
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int K8 = sm.Kp / 8, KR8 = (K + 7) / 8;
+  for (int m = 0; m < M; ++m) {
+    const size_t roff = (size_t)min(m, Mr - 1) * ldx;
+    float a = ASYM ? -__int_as_float(0x7f800000) : 0.f, c = __int_as_float(0x7f800000);
+    for (int base = 0; base < KR8; base += NT * NB) {
+      float v[NB][8];
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const int k8 = base + b * NT + tid;
+        if (k8 < KR8) load8(X, roff, k8 * 8, K, pad, v[b]);
+        else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[b][j] = pad;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < NB; ++b) range8<ASYM>(v[b], a, c);
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+      c = fminf(c, __shfl_xor_sync(0xffffffffu, c, o));
+    }
+    if (lane == 0) { pcr[warp] = a; pcr[NW + warp] = c; }
+    if (tid == 0) *pcs = 0;
+    __syncthreads();
+    a = pcr[0]; c = pcr[NW];
+    for (int w = 1; w < NW; ++w) { a = fmaxf(a, pcr[w]); c = fminf(c, pcr[NW + w]); }
+    float d, inv, off;
+    block_params<ASYM>(a, c, d, inv, off);
+    int tot = 0;
+    for (int base = 0; base < K8; base += NT * NB) {
+      float v[NB][8];
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const int k8 = base + b * NT + tid;
+        if (k8 < KR8) load8(X, roff, k8 * 8, K, pad, v[b]);
+        else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[b][j] = pad;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        const int k8 = base + b * NT + tid;
+        u32 w0, w1;
+        int su = quant8<ASYM, true>(v[b], d, inv, off, w0, w1);
+        if (k8 >= KR8) { su = 0; w0 = w1 = 0u; }
+        if (k8 < K8) store_codes<U, CH>(sm, m, k8 * 8, w0, w1);
+        tot += su;
+#pragma unroll
+        for (int o = 1; o < UL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+        if (k8 < K8 && (lane % UL) == 0) sm.SAu[m * sm.NU + k8 * 8 / (U * CH)] = su;
+      }
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+    if (lane == 0) atomicAdd(pcs, tot);  // integer: order-independent
+    __syncthreads();
+    if (tid == 0) { sm.sA[m] = d; sm.oA[m] = off; sm.SAg[m] = *pcs; }
+    __syncthreads();  // pcr / pcs are rewritten for the next row
+  }
+}
+
+#if !A8_ACTQ
+extern "C" __global__ void __launch_bounds__(A8_THREADS)
+mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kp * BITS / 128] uint4, layout a8gemv_v1
+                const float* __restrict__ sdot,     // [N, Gp]
+                const float* __restrict__ moff,     // [N, Gp] or null (no m term)
+                const float* __restrict__ cterm,    // [N, Gp] (read only for asym activations)
+                const void* __restrict__ X,         // [Mr, ldx] activations (fp16 / bf16 / fp32)
+                int ldx,                            // row stride of X in elements (rows 16-byte aligned)
+                void* __restrict__ Y,               // [Mr, ldy] output
+                int ldy,
+                int out_kind,                       // 0 fp16, 1 bf16, 2 fp32
+                const void* __restrict__ bias,      // [N] or null
+                int bias_kind,                      // 0 none, 1 f16, 2 bf16, 3 f32
+                float lo, float hi,                 // output clamp
+                int N, int K, int Kp, int Gp,       // K real, Kp padded, Gp = padded group count
+                int asym,                           // activation mode: 0 sym, 1 asym
+                int Mr) {                           // rows of X / Y present, 1 <= Mr <= A8_M
+  constexpr int BITS = A8_BITS, M = A8_M, G = A8_G, U = A8_U, R = A8_R, RG = A8_RG, KS = A8_KS;
+  constexpr int NT = A8_THREADS;
+  constexpr int CH = BITS == 4 ? 32 : 16;  // k per chunk (one uint4 of weights)
+  constexpr int NP = CH / 16;              // 16-byte pieces of x codes per chunk
+  constexpr int UK = U * CH;               // k per unit (lane, step)
+  static_assert(G == 0 || (G % UK == 0 && G <= 256), "a unit must lie inside one group");
+
+  extern __shared__ uint4 smem4[];
+  Smem sm;
+  sm.Kp = Kp; sm.Gp = Gp; sm.NU = Kp / UK;
+  sm.codes = (unsigned char*)smem4;
+  sm.sA = (float*)(sm.codes + (size_t)M * Kp);
+  sm.oA = sm.sA + M * Gp;
+  sm.SAg = (int*)(sm.oA + M * Gp);
+  sm.SAu = sm.SAg + M * Gp;
+  const uint4* xs = smem4;
+  __shared__ float red[KS][M][RG * R];
+  __shared__ float pcr[2 * (NT / 32)];
+  __shared__ int pcs;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int rg = warp % RG, ks = warp / RG;
+  const int S = Kp / (32 * UK);   // steps per row
+  const int kp16 = Kp / 16;
+  const int ntiles = (N + RG * R - 1) / (RG * R);
+  const size_t rowq = (size_t)Kp * BITS / 128;  // uint4 per weight row
+  const bool offs = asym || moff != nullptr;
+  const int nsteps = ks < S ? (S - ks + KS - 1) / KS : 0;  // this warp's steps per tile
+
+  // One work item = (tile, step): the U x R weight chunks of this lane and the R block scales.
+  auto load = [&](uint4 (&wv)[U][R], float (&sb)[R], int tile, int s) {
+    const int row0 = (tile * RG + rg) * R;
+    const int grp = G ? (s * 32 + lane) * UK / (G ? G : 1) : 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int n = min(row0 + r, N - 1);  // rows past N read row N-1 (valid memory), never stored
+      const uint4* wr = W + (size_t)n * rowq + s * U * 32 + lane;
+#pragma unroll
+      for (int u = 0; u < U; ++u) wv[u][r] = ld_stream(wr + u * 32);
+      sb[r] = __ldg(sdot + (size_t)n * Gp + grp);
+    }
+  };
+  float acc[M][R];
+  auto compute = [&](const uint4 (&wv)[U][R], const float (&sb)[R], int s) {
+    int ia[M][R][2];  // two independent dp4a chains per (token, row)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) ia[m][r][0] = ia[m][r][1] = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int v = 0; v < NP; ++v)
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          // 16 contiguous bytes per lane, 512 per warp: conflict-free shared loads
+          const uint4 xv = xs[(size_t)m * kp16 + ((s * U + u) * NP + v) * 32 + lane];
+          const u32 xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const u32 w4[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
+            if (BITS == 4) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const u32 w = w4[2 * v + h];
+                ia[m][r][0] = dp4a_us(w & 0x0F0F0F0Fu, xw[2 * h], ia[m][r][0]);      // low codes
+                ia[m][r][1] = dp4a_us(w & 0xF0F0F0F0u, xw[2 * h + 1], ia[m][r][1]);  // 16 x high codes
+              }
+            } else {
+#pragma unroll
+              for (int t = 0; t < 4; ++t) ia[m][r][t & 1] = dp4a_ss(w4[t], xw[t], ia[m][r][t & 1]);
+            }
+          }
+        }
+    const int unit = s * 32 + lane;
+    const int grp = G ? unit * UK / (G ? G : 1) : 0;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float sa = sm.sA[m * Gp + grp];
+      const int corr = BITS == 4 ? sm.SAu[m * sm.NU + unit] : 0;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        // int4: 16*lo + hi = 16 sum(q xq); - 128 sum(xq) removes the +8 code bias: 16 sum(c xq), exact
+        const int t = BITS == 4 ? ia[m][r][0] * 16 + ia[m][r][1] - 128 * corr : ia[m][r][0] + ia[m][r][1];
+        acc[m][r] = fmaf(i2f_small(t), sa * sb[r], acc[m][r]);
+      }
+    }
+  };
+
+  uint4 wA[U][R];
+  float sA_[R];
+  int tile = blockIdx.x;
+  if (tile < ntiles && nsteps > 0) load(wA, sA_, tile, ks);  // first weight loads fly during the prologue
+
+  if (G > 0) {
+    if (asym) prologue_grouped<true, M, (G > 0 ? G : 32), U, CH, NT>(sm, X, ldx, K, Mr);
+    else prologue_grouped<false, M, (G > 0 ? G : 32), U, CH, NT>(sm, X, ldx, K, Mr);
+  } else {
+    if (asym) prologue_channel<true, M, U, CH, NT>(sm, X, ldx, K, Mr, pcr, &pcs);
+    else prologue_channel<false, M, U, CH, NT>(sm, X, ldx, K, Mr, pcr, &pcs);
+  }
+  __syncthreads();
+
+  // ------------------------------ main loop: persistent over row tiles ------------------------------
+  for (; tile < ntiles; tile += gridDim.x) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+    for (int j = 0; j < nsteps; ++j) {
+      const int s = ks + j * KS;
+#if A8_PF
+      // Register double buffering: the next work item (next step, or the first step of the block's next
+      // tile) is loaded before this one's math, so the warp keeps weight loads in flight while it computes.
+      uint4 wB[U][R];
+      float sB_[R];
+      const bool last = j + 1 == nsteps;
+      const int nt = last ? tile + (int)gridDim.x : tile;
+      if (nt < ntiles) load(wB, sB_, nt, last ? ks : s + KS);
+      compute(wA, sA_, s);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) wA[u][r] = wB[u][r];
+#pragma unroll
+      for (int r = 0; r < R; ++r) sA_[r] = sB_[r];
+#else
+      if (j > 0 || tile != (int)blockIdx.x) load(wA, sA_, tile, s);
+      compute(wA, sA_, s);
+#endif
+    }
+    if (offs) {
+      // per (row, group): sA * m * sum(xq) + oA * (s sum(c) + g m)
+      const int Gr = G ? K / (G ? G : 1) : 1;
+      const int row0 = (tile * RG + rg) * R;
+      for (int jg = ks * 32 + lane; jg < Gr; jg += 32 * KS) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int n = min(row0 + r, N - 1);
+          const float mb = moff ? __ldg(moff + (size_t)n * Gp + jg) : 0.f;
+          const float ct = asym ? __ldg(cterm + (size_t)n * Gp + jg) : 0.f;
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            const float t1 = sm.sA[m * Gp + jg] * mb * (float)sm.SAg[m * Gp + jg];
+            acc[m][r] += asym ? fmaf(sm.oA[m * Gp + jg], ct, t1) : t1;
+          }
+        }
+      }
+    }
+
+    // epilogue: warp reduce, the KS k-slices of each row meet in shared memory
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float v = acc[m][r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) red[ks][m][rg * R + r] = v;
+      }
+    __syncthreads();
+    for (int t = tid; t < M * RG * R; t += NT) {
+      const int m = t / (RG * R), jr = t % (RG * R);
+      const int n = tile * RG * R + jr;
+      if (n >= N || m >= Mr) continue;
+      float v = 0.f;
+#pragma unroll
+      for (int k = 0; k < KS; ++k) v += red[k][m][jr];
+      const size_t o = (size_t)m * ldy + n;
+      if (out_kind == 0) store_output<0>(Y, o, n, v, bias, bias_kind, lo, hi);
+      else if (out_kind == 1) store_output<1>(Y, o, n, v, bias, bias_kind, lo, hi);
+      else store_output<2>(Y, o, n, v, bias, bias_kind, lo, hi);
+    }
+    __syncthreads();  // red[] is rewritten by the next tile
+  }
+}
+#endif  // !A8_ACTQ
+
+#if A8_ACTQ
+// ---------------------------------------------------------------------------------------------------------
+// Stand-alone per-token quantization of LONG blocks (one block = a whole row of K, K % 8 == 0), for the
+// large-M W8A8 path: one CUDA block per row holds the row in registers (A8_ACTQ 16-byte units per thread),
+// so x is read from HBM once (the Triton row kernel reads it twice). Same float32 ops as
+// formats/activation.py (block_params / quant8 above): codes, sums, scales and offsets are bit-identical.
+#ifndef AQ_NT
+#define AQ_NT 512
+#endif
+template <bool ASYM, int CPT, int NT>
+__device__ __forceinline__ void actq_row(const uint4 (&raw)[CPT][XV], signed char* Q, float* S, float* O, int* SUM,
+                                         size_t m, int ldq, int K8, float* ra, float* rc, int* rs) {
+  constexpr int NW = NT / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float a = ASYM ? -__int_as_float(0x7f800000) : 0.f, c = __int_as_float(0x7f800000);
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    if (tid + i * NT < K8) {
+      float v[8];
+      raw_to_f32(raw[i], v);
+      range8<ASYM>(v, a, c);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    c = fminf(c, __shfl_xor_sync(0xffffffffu, c, o));
+  }
+  if (lane == 0) { ra[warp] = a; rc[warp] = c; }
+  __syncthreads();
+  a = ra[0]; c = rc[0];
+  for (int w = 1; w < NW; ++w) { a = fmaxf(a, ra[w]); c = fminf(c, rc[w]); }  // exact: any order
+  float d, inv, off;
+  block_params<ASYM>(a, c, d, inv, off);
+  int tot = 0;
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    const int u = tid + i * NT;
+    if (u < K8) {
+      float v[8];
+      raw_to_f32(raw[i], v);
+      u32 w0, w1;
+      tot += quant8<ASYM, false>(v, d, inv, off, w0, w1);
+      *(uint2*)(Q + m * ldq + (size_t)u * 8) = make_uint2(w0, w1);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+  if (lane == 0) rs[warp] = tot;
+  __syncthreads();
+  if (tid == 0) {
+    int t = 0;
+    for (int w = 0; w < NW; ++w) t += rs[w];
+    S[m] = d;
+    O[m] = off;
+    SUM[m] = t;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(AQ_NT)
+mixgemm_act_quant_rows(const void* __restrict__ X, int ldx,   // [M, ldx] activations, rows 16-byte aligned
+                       signed char* __restrict__ Q, int ldq,  // [M, ldq] int8 codes (ldq % 8 == 0)
+                       float* __restrict__ S, float* __restrict__ O, int* __restrict__ SUM,  // [M]
+                       int K, int asym) {                     // K % 8 == 0, K <= 8 * A8_ACTQ * AQ_NT
+  constexpr int NT = AQ_NT, CPT = A8_ACTQ;
+  __shared__ float ra[NT / 32], rc[NT / 32];
+  __shared__ int rs[NT / 32];
+  const size_t m = blockIdx.x;
+  const int K8 = K / 8;
+  uint4 raw[CPT][XV];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {  // all loads first: CPT x 16 bytes in flight per thread
+    const int u = threadIdx.x + i * NT;
+    if (u < K8) load8_raw(X, m * ldx, u * 8, raw[i]);
+  }
+  if (asym) actq_row<true, CPT, NT>(raw, Q, S, O, SUM, m, ldq, K8, ra, rc, rs);
+  else actq_row<false, CPT, NT>(raw, Q, S, O, SUM, m, ldq, K8, ra, rc, rs);
+}
+#endif  // A8_ACTQ

@@ -1,0 +1,248 @@
+"""Fused activation-quantized GEMV (W4A8 / W8A8) for decode, M = 1..16: CUDA kernel gemv_a8.cu via NVRTC.
+
+``gemv_a8(x2d, qw, act_mode, bias, lo, hi, out_dtype)`` = clamp(Qa(x2d) @ W.T + bias, lo, hi) in ONE launch:
+every block quantizes the activations it needs (per token, per weight group, exactly
+mixgemm.formats.activation.quantize_activation) into shared memory, then streams the weights
+(layout a8gemv_v1, mixgemm.formats.layouts_a8) with int32 dp4a products per unit folded into fp32.
+
+* x2d: float16 / bfloat16 / float32 [M, K] CUDA, 1 <= M <= 16 (a 16-byte-aligned copy is made when its rows
+  are not unit-stride / 16-byte aligned).
+* qw: QuantizedWeight [N, K] on the same device, 4 or 8 bits, any mode, group 32..256 or per-channel.
+* act_mode: "sym" | "asym". bias: None or fp16 / bf16 / fp32 [N]. lo, hi: output clamp.
+* out_dtype: float16 / bfloat16 / float32. ``out``: optional preallocated [M, N] output.
+Returns [M, N]. Launched on torch.cuda.current_stream(); no host synchronization and no allocation other
+than the output, so it is CUDA-graph capturable after the first call (compilation).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+
+import torch
+
+from mixgemm.formats.layouts_a8 import A8GemvLayout, get_a8gemv_layout
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.cuda import nvrtc
+
+SOURCE = "gemv_a8.cu"
+KERNEL = "mixgemm_gemv_a8"
+MAX_M = 16  # what the kernel handles
+# What the dispatcher (supported / mixgemm.ops.int8) sends here; larger M goes to the Triton tensor-core
+# path. Measured on H200 (benchmarks/int8_notes.md, 2026-11-21): M = 2 wins on both LLM shapes (41.8 vs
+# 59.0 us, 53.0 vs 61.1 us); M = 4 loses on 28672x8192 (76.7 vs 62.2 us) and for W8 per-channel; M = 16
+# is 3.5x slower than Triton's 16-row mma tile (dp4a work grows with M, the tensor-core tile does not).
+MAX_M_DISPATCH = 2
+WARPS = 8
+_XT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
+ROWS_PER_WARP = {1: 4, 2: 4, 4: 2, 8: 2, 16: 1}  # R per M bucket (registers: M * R * 3 accumulators)
+# Tuning hooks for scripts/bench_gemv_a8.py only: {"R", "KS"} forced, and the grid: None = persistent
+# (min(tiles, resident blocks x SMs), balanced), "tiles" = one block per tile, or an int factor of SMs.
+CFG_OVERRIDE: dict | None = None
+GRID_MODE: str | int | None = None
+# M = 1 decode shapes: the fastest config of scripts/bench_gemv_a8.py --sweep (H200, 2026-11-21), keyed by
+# (bits, N, K); the table rows of that run used exactly these (errors 2.1e-4, fp16 output).
+TUNED_M1: dict = {
+    (4, 28672, 8192): {"R": 2, "KS": 1, "NW": 8, "PF": 0},   # 37.0 us, 80% of the HBM floor
+    (4, 8192, 28672): {"R": 2, "KS": 1, "NW": 16, "PF": 1},  # 39.8 us, 74% (x quantized once per SM)
+    (8, 28672, 8192): {"R": 4, "KS": 1, "NW": 16, "PF": 0},  # 64.4 us, 86% (W8 per-channel)
+    (8, 8192, 28672): {"R": 4, "KS": 1, "NW": 16, "PF": 0},  # 68.0 us, 82%
+}
+
+
+def m_bucket(m: int) -> int:
+    return 1 << (m - 1).bit_length()
+
+
+def smem_bytes(lay: A8GemvLayout, mb: int) -> int:
+    """Dynamic shared memory of one block: codes M x Kp bytes + per (token, group) scale, offset and sum +
+    per (token, unit) sum (layout identical to gemv_a8.cu)."""
+    nu = lay.kp // (lay.u * (32 if lay.bits == 4 else 16))
+    return mb * lay.kp + 4 * mb * (3 * lay.gp + nu)
+
+
+def _smem_limit(dev) -> int:
+    props = torch.cuda.get_device_properties(dev)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or 99 * 1024)
+
+
+@functools.cache
+def _nvrtc_ok() -> bool:
+    return nvrtc.nvrtc_available()
+
+
+def supported(m: int, x: torch.Tensor, qw: QuantizedWeight, act_mode: str = "sym") -> bool:
+    """True when this kernel handles the problem (the dispatcher's pre-check; otherwise use the Triton path)."""
+    if not (1 <= m <= MAX_M_DISPATCH and x.is_cuda and x.dtype in _XT and qw.bits in (4, 8)
+            and act_mode in ("sym", "asym")):
+        return False
+    if not _nvrtc_ok():
+        return False
+    n, k = qw.shape
+    if qw.group_size == k and k > 65536:  # per-channel int32 range of the unit sums (see gemv_a8.cu)
+        return False
+    lay = get_a8gemv_layout(qw)
+    return smem_bytes(lay, m_bucket(m)) + 4096 <= _smem_limit(x.device)
+
+
+def choose_config(mb: int, n: int, steps: int, num_sms: int, bits: int = 4, k: int = 0) -> dict:
+    """R rows per warp (by M bucket), KS warps along K per block (split K inside the block while the row
+    tiles alone give fewer than ~32 warps per SM: decode shapes with small N), NW warps per block, PF
+    register double buffering (0 / 1)."""
+    if CFG_OVERRIDE is not None:
+        r, ks = CFG_OVERRIDE["R"], CFG_OVERRIDE["KS"]
+        nw = CFG_OVERRIDE.get("NW", WARPS)
+        return {"R": r, "KS": ks, "RG": nw // ks, "NW": nw, "PF": CFG_OVERRIDE.get("PF", 0)}
+    if mb == 1 and (bits, n, k) in TUNED_M1:
+        return dict(TUNED_M1[(bits, n, k)], RG=TUNED_M1[(bits, n, k)]["NW"] // TUNED_M1[(bits, n, k)]["KS"])
+    r = ROWS_PER_WARP[mb]
+    ks = 1
+    while ks < WARPS and -(-n // r) * ks < num_sms * 32 and steps >= 2 * ks:
+        ks *= 2
+    return {"R": r, "KS": ks, "RG": WARPS // ks, "NW": WARPS, "PF": 0}
+
+
+def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict) -> dict:
+    """NVRTC -D macros of one gemv_a8.cu instantiation."""
+    return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
+            "A8_U": lay.u, "A8_R": cfg["R"], "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg.get("PF", 0)}
+
+
+def _grid(ntiles: int, fn, threads: int, smem: int, num_sms: int) -> int:
+    """Persistent grid: each block quantizes x once, then loops over row tiles; the grid is the resident
+    capacity, shrunk so every block gets the same number of tiles (no half-empty last round)."""
+    mode = GRID_MODE
+    if mode == "tiles":
+        return ntiles
+    cap = (int(mode) if isinstance(mode, int) else nvrtc.resident_blocks(fn, threads, smem)) * num_sms
+    per = -(-ntiles // max(1, cap))
+    return max(1, -(-ntiles // per))
+
+
+def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
+    es = x2d.element_size()
+    if x2d.stride(1) == 1 and (x2d.stride(0) * es) % 16 == 0 and x2d.data_ptr() % 16 == 0:
+        return x2d
+    k = x2d.shape[1]
+    kp = -(-k // 8) * 8
+    xp = torch.zeros(x2d.shape[0], kp, dtype=x2d.dtype, device=x2d.device)
+    xp[:, :k] = x2d
+    return xp
+
+
+@torch.compiler.disable
+def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.Tensor | None, lo: float,
+            hi: float, out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """clamp(Qa(x2d) @ W.T + bias, lo, hi) -> [M, N] out_dtype (see the module docstring)."""
+    if not x2d.is_cuda or x2d.dim() != 2:
+        raise ValueError("gemv_a8 needs a 2-D CUDA x [M, K]")
+    m, k = x2d.shape
+    n = qw.out_features
+    if k != qw.in_features:
+        raise ValueError(f"shape mismatch: x has K={k}, weight expects K={qw.in_features}")
+    if x2d.dtype not in _XT:
+        raise TypeError(f"gemv_a8: activation dtype {x2d.dtype} not supported (float16, bfloat16, float32)")
+    if out_dtype not in _OUT:
+        raise TypeError(f"gemv_a8: out_dtype {out_dtype} not supported")
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"gemv_a8 handles 1 <= M <= {MAX_M}, got M={m}")
+    if act_mode not in ("sym", "asym"):
+        raise ValueError(f"act_mode must be 'sym' or 'asym', got {act_mode!r}")
+    if qw.device != x2d.device:
+        raise ValueError(f"device mismatch: x on {x2d.device}, weight on {qw.device}")
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=x2d.device)
+    if n == 0:
+        return out
+    if bias is not None:
+        if bias.dtype not in _BIAS:
+            raise TypeError(f"bias dtype {bias.dtype} not supported (float16, bfloat16, float32)")
+        bias = bias.contiguous()
+    lay = get_a8gemv_layout(qw)
+    dev = x2d.device
+    mb = m_bucket(m)
+    smem = smem_bytes(lay, mb)
+    if smem + 4096 > _smem_limit(dev):
+        raise ValueError(f"gemv_a8: M={m}, K={k} needs {smem} bytes of shared memory (use the Triton path)")
+    xk = _prepare_x(x2d)
+    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    ch = 32 if lay.bits == 4 else 16
+    steps = lay.kp // (32 * lay.u * ch)
+    cfg = choose_config(mb, n, steps, num_sms, lay.bits, k)
+    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x2d.dtype], mb, cfg), dev)
+    nvrtc.allow_dynamic_smem(fn, smem)
+    threads = 32 * cfg["RG"] * cfg["KS"]
+    ntiles = -(-n // (cfg["RG"] * cfg["R"]))
+    grid = _grid(ntiles, fn, threads, smem, num_sms)
+    args = [
+        ctypes.c_void_p(lay.weight.data_ptr()),
+        ctypes.c_void_p(lay.sdot.data_ptr()),
+        ctypes.c_void_p(0 if lay.moff is None else lay.moff.data_ptr()),
+        ctypes.c_void_p(lay.cterm.data_ptr()),
+        ctypes.c_void_p(xk.data_ptr()),
+        ctypes.c_int(xk.stride(0)),
+        ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_int(out.stride(0)),
+        ctypes.c_int(_OUT[out.dtype]),
+        ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
+        ctypes.c_int(0 if bias is None else _BIAS[bias.dtype]),
+        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
+        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
+        ctypes.c_int(n),
+        ctypes.c_int(k),
+        ctypes.c_int(lay.kp),
+        ctypes.c_int(lay.gp),
+        ctypes.c_int(1 if act_mode == "asym" else 0),
+        ctypes.c_int(m),
+    ]
+    with torch.cuda.device(dev):
+        nvrtc.launch(fn, (grid, 1, 1), (threads, 1, 1), args, torch.cuda.current_stream(dev).cuda_stream, smem)
+    return out
+
+
+# ------------------------------------------------------------------ long-row activation quantization
+
+ACTQ_NT = 512  # threads per row block
+ACTQ_MAX_CPT = 16  # 16-byte units per thread held in registers (K <= 8 * 512 * 16 = 65536)
+ACTQ_MIN_K = 4096  # shorter blocks: the Triton tile kernel already reads x once
+
+
+def act_quant_rows_supported(x: torch.Tensor, block_size: int) -> bool:
+    """True when :func:`act_quant_rows` handles x [M, K] with one block per row (block_size -1 or K)."""
+    if not (x.is_cuda and x.dim() == 2 and x.dtype in _XT and _nvrtc_ok()):
+        return False
+    m, k = x.shape
+    es = x.element_size()
+    return (block_size in (-1, k) and ACTQ_MIN_K < k <= 8 * ACTQ_NT * ACTQ_MAX_CPT and k % 8 == 0 and m >= 1
+            and x.stride(1) == 1 and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0)
+
+
+@torch.compiler.disable
+def act_quant_rows(x: torch.Tensor, mode: str = "sym", out=None):
+    """Per-token quantization of x [M, K] (fp16 / bf16 / fp32 CUDA, one block = the whole row) in one pass:
+    one CUDA block per row keeps the row in registers (x read once). Equal, bit for bit, to
+    mixgemm.formats.activation.quantize_activation(x, -1, mode) and to the Triton act_quant.
+    Returns (q int8 [M, K], scales f32 [M, 1], offsets f32 [M, 1], sums int32 [M, 1]); ``out``: optional
+    preallocated 4-tuple. Needs act_quant_rows_supported(x, -1)."""
+    if mode not in ("sym", "asym"):
+        raise ValueError(f"activation quantization mode must be 'sym' or 'asym', got {mode!r}")
+    if not act_quant_rows_supported(x, -1):
+        raise ValueError("act_quant_rows: needs a CUDA fp16/bf16/fp32 x [M, K], K % 8 == 0, "
+                         f"{ACTQ_MIN_K} < K <= {8 * ACTQ_NT * ACTQ_MAX_CPT}, 16-byte aligned unit-stride rows")
+    m, k = x.shape
+    dev = x.device
+    if out is None:
+        out = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, 1), dtype=torch.float32, device=dev),
+               torch.empty((m, 1), dtype=torch.float32, device=dev), torch.empty((m, 1), dtype=torch.int32, device=dev))
+    q, s, o, sm = out
+    cpt = -(-(k // 8) // ACTQ_NT)
+    fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows", {"A8_ACTQ": cpt, "A8_XT": _XT[x.dtype]}, dev)
+    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(q.data_ptr()),
+            ctypes.c_int(q.stride(0)), ctypes.c_void_p(s.data_ptr()), ctypes.c_void_p(o.data_ptr()),
+            ctypes.c_void_p(sm.data_ptr()), ctypes.c_int(k), ctypes.c_int(1 if mode == "asym" else 0)]
+    with torch.cuda.device(dev):
+        nvrtc.launch(fn, (m, 1, 1), (ACTQ_NT, 1, 1), args, torch.cuda.current_stream(dev).cuda_stream)
+    return out

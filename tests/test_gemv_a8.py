@@ -1,0 +1,355 @@
+"""Fused activation-quantized GEMV (mixgemm.kernels.cuda.gemv_a8, W4A8 / W8A8, M <= 16).
+
+CPU: the a8gemv_v1 layout round trips, a Python emulation of the kernel's unit-wise integer math (layout
+order, int4 nibble order, the -128 sum(xq) bias correction, the per-group offset terms) equals the float64
+reference, and NVRTC compiles every instantiation for sm_80 / sm_90.
+GPU (@pytest.mark.gpu): the kernel against mixgemm.reference.block_int_gemm on fresh random data (every
+group size and per-channel, int4 / int8, every weight mode, sym / asym activations, fp16 / bf16 / fp32,
+bias, relu6, odd N and K, M = 1..16), and an identity-weight test that checks the activation codes exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # as in test_int8.py: when this file is collected first, the interpreter switch must be set before mixgemm
+    # (and with it triton) is imported, or test_int8.py's interpreter tests run compiled-mode Triton and fail
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from mixgemm.formats.activation import quantize_activation
+from mixgemm.formats.layouts_a8 import (
+    CHUNK_K,
+    build_a8gemv_v1,
+    pack_int4_words,
+    pick_u,
+    unpack_int4_words,
+)
+from mixgemm.formats.weight import quantize_weight
+from mixgemm.kernels.cuda import gemv_a8 as ga
+from mixgemm.kernels.cuda import nvrtc
+from mixgemm.reference.block_gemm import block_int_gemm
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
+GROUPS = (32, 64, 128, 256, -1)
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _rel(a, b) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+def _unorder(lay):
+    """Kernel weight bytes -> signed codes int64 [N, Kp] in K order (inverse of the layout's byte order)."""
+    n = lay.n
+    ch = CHUNK_K[lay.bits]
+    kc = lay.kp // ch
+    s = kc // (32 * lay.u)
+    chunks = lay.weight.reshape(n, s, lay.u, 32, 16).permute(0, 1, 3, 2, 4).reshape(n, kc, 16)
+    if lay.bits == 4:
+        return unpack_int4_words(chunks).to(torch.int64) - 8
+    return chunks.view(torch.int8).reshape(n, lay.kp).to(torch.int64)
+
+
+def _emulate(lay, a, x_codes_padded):
+    """The kernel's math in float64 / int64: per unit (lane, step) the int4 path's 16*lo + hi - 128*sum(xq)
+    on the packed bytes, times sA * sdot; plus the per-group offset terms."""
+    n, kp = lay.n, lay.kp
+    m = x_codes_padded.shape[0]
+    uk = lay.u * CHUNK_K[lay.bits]
+    nu = kp // uk
+    g = lay.group_size
+    c = _unorder(lay)  # [N, Kp]
+    xq = x_codes_padded.to(torch.int64)  # [M, Kp]
+    if lay.bits == 4:
+        q = c + 8
+        lo = q.reshape(n, kp // 8, 2, 4)[:, :, 0, :].reshape(n, nu, uk // 2)  # low nibbles
+        hi = q.reshape(n, kp // 8, 2, 4)[:, :, 1, :].reshape(n, nu, uk // 2) * 16  # w & 0xF0 = 16 q_hi
+        xl = xq.reshape(m, kp // 8, 2, 4)[:, :, 0, :].reshape(m, nu, uk // 2)
+        xh = xq.reshape(m, kp // 8, 2, 4)[:, :, 1, :].reshape(m, nu, uk // 2)
+        ilo = torch.einsum("nuk,muk->mnu", lo, xl)
+        ihi = torch.einsum("nuk,muk->mnu", hi, xh)
+        corr = xq.reshape(m, nu, uk).sum(-1)  # [M, NU]
+        t = ilo * 16 + ihi - 128 * corr[:, None, :]
+        assert int(t.abs().max()) < 2**22  # the kernel's magic int -> float conversion range
+    else:
+        t = torch.einsum("nuk,muk->mnu", c.reshape(n, nu, uk), xq.reshape(m, nu, uk))
+    grp = torch.zeros(nu, dtype=torch.int64) if lay.per_channel else torch.arange(nu) * uk // g
+    gr = 1 if lay.per_channel else lay.k // g
+    sa = torch.zeros(m, lay.gp, dtype=torch.float64)
+    sa[:, :gr] = a.scales.double()
+    oa = torch.zeros_like(sa)
+    oa[:, :gr] = a.offsets.double()
+    sums = torch.zeros_like(sa)
+    sums[:, :gr] = a.sums.double()
+    y = (t.double() * sa[:, grp][:, None, :] * lay.sdot.double()[:, grp][None]).sum(-1)
+    mo = lay.moff.double() if lay.moff is not None else torch.zeros(n, lay.gp, dtype=torch.float64)
+    y = y + (sa * sums) @ mo.T + oa @ lay.cterm.double().T
+    return y
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+@pytest.mark.parametrize("group", GROUPS)
+def test_layout_codes_and_emulation(bits, mode, group):
+    k = 1024 if group != -1 else (334 if bits == 4 else 333)
+    n = 13
+    w = torch.randn(n, k, generator=_gen(group + bits)) * 0.02
+    qw = quantize_weight(w, bits=bits, group_size=group, mode=mode)
+    lay = build_a8gemv_v1(qw)
+    c = _unorder(lay)
+    bias = 8 if bits == 4 else 128
+    assert torch.equal(c[:, :k], qw.codes().to(torch.int64) - bias)
+    assert int(c[:, k:].abs().sum()) == 0
+    assert lay.kp % (32 * lay.u * CHUNK_K[bits]) == 0
+    for act in ("sym", "asym"):
+        x = torch.randn(3, k, generator=_gen(7))
+        a = quantize_activation(x, qw.group_size, act)
+        xp = torch.zeros(3, lay.kp, dtype=torch.int8)
+        xp[:, :k] = a.q
+        ref = block_int_gemm(a, qw)
+        assert _rel(_emulate(lay, a, xp), ref) < 1e-6
+
+
+def test_int4_word_pack_roundtrip():
+    q = torch.randint(0, 16, (3, 128), generator=_gen(3), dtype=torch.uint8)
+    assert torch.equal(unpack_int4_words(pack_int4_words(q)), q)
+
+
+def test_pick_u():
+    assert pick_u(4, 8192, 128, False) == 4
+    assert pick_u(4, 28672, 128, False) == 4
+    assert pick_u(8, 8192, -1, True) == 4
+    assert pick_u(4, 1024, 32, False) == 1
+    assert pick_u(4, 4224, 128, False) < 4  # a 4096-k step would nearly double the row
+
+
+def _instantiations(full: bool = True):
+    """The gemv_a8.cu instantiations the dispatcher can build (M buckets up to gemv_a8.MAX_M_DISPATCH): every
+    (bits, group, M bucket, activation dtype) at the default U and KS = 1, U = 1 (short K), the KS splits
+    of choose_config, and the tuned configs. full=False: fp16 activations only (the sm_80 check)."""
+    out = []
+    mbs = [mb for mb in (1, 2, 4, 8, 16) if mb <= ga.MAX_M_DISPATCH]
+    for bits, g, mb, xt in itertools.product((4, 8), (32, 64, 128, 256, 0), mbs, (0, 1, 2) if full else (0,)):
+        ch = CHUNK_K[bits]
+        umax = 4 if g == 0 else max(1, min(4, g // ch))
+        for u in sorted({umax, 1}):
+            if xt != 0 and u != umax:
+                continue
+            cfg = {"R": ga.ROWS_PER_WARP[mb], "KS": 1, "RG": 8, "PF": 0}
+            out.append({"A8_BITS": bits, "A8_XT": xt, "A8_M": mb, "A8_G": g, "A8_U": u, "A8_R": cfg["R"],
+                        "A8_RG": 8, "A8_KS": 1, "A8_PF": 0})
+    for bits, ks, mb in itertools.product((4, 8), (2, 4, 8), mbs):
+        out.append({"A8_BITS": bits, "A8_XT": 0, "A8_M": mb, "A8_G": 128 if bits == 4 else 0, "A8_U": 4,
+                    "A8_R": ga.ROWS_PER_WARP[mb], "A8_RG": 8 // ks, "A8_KS": ks, "A8_PF": 0})
+    for ((bits, _n, _k), cfg), xt in itertools.product(ga.TUNED_M1.items(), (0, 1, 2) if full else (0,)):
+        for g in (32, 64, 128, 256, 0):  # the tuned table is keyed by shape, so any group can meet it
+            ch = CHUNK_K[bits]
+            u = 4 if g == 0 else max(1, min(4, g // ch))
+            out.append({"A8_BITS": bits, "A8_XT": xt, "A8_M": 1, "A8_G": g, "A8_U": u, "A8_R": cfg["R"],
+                        "A8_RG": cfg["NW"] // cfg["KS"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"]})
+    return out
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_nvrtc_compiles_every_instantiation(arch):
+    for d in _instantiations(full=arch == "sm_90"):
+        assert len(nvrtc.compile_cubin(ga.SOURCE, tuple(sorted(d.items())), arch)) > 0
+
+
+def test_choose_config():
+    assert ga.choose_config(1, 28672, 2, 132) == {"R": 4, "KS": 1, "RG": 8, "NW": 8, "PF": 0}
+    cfg = ga.choose_config(1, 8192, 7, 132)
+    assert cfg["KS"] * cfg["RG"] == 8 and cfg["KS"] >= 2
+    assert ga.choose_config(16, 64, 1, 132)["KS"] == 1  # one step: nothing to split
+    assert ga.choose_config(1, 8192, 7, 132, 4, 28672) == {"R": 2, "KS": 1, "NW": 16, "PF": 1, "RG": 16}  # tuned
+
+
+# ----------------------------------------------------------------------------------------------- GPU
+
+
+def _ref(x, qw, act, bias, lo, hi):
+    a = quantize_activation(x.float().cpu(), qw.group_size, act)
+    y = block_int_gemm(a, qw.to("cpu"))
+    if bias is not None:
+        y = y + bias.double().cpu()[None, :]
+    return y.clamp(lo, hi)
+
+
+def _cases():
+    """A covering sample of the format space (not the full product): every (bits, group, act) triple,
+    with M, weight mode, dtypes, bias and clamp cycling through their values."""
+    ms = (1, 3, 16, 2, 7, 9, 4, 13, 1, 16)
+    modes = ("sym", "zero_point", "offset")
+    dts = (torch.float16, torch.bfloat16, torch.float32)
+    out = []
+    for i, (bits, group, act) in enumerate(itertools.product((4, 8), GROUPS, ("sym", "asym"))):
+        out.append((bits, group, act, ms[i % len(ms)], modes[i % 3], dts[(i // 3) % 3], dts[(i // 2) % 3],
+                    i % 2 == 0, i % 4 in (1, 2)))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group,act,m,mode,xdt,odt,use_bias,relu6", _cases())
+def test_gemv_a8_matches_reference(bits, group, act, m, mode, xdt, odt, use_bias, relu6):
+    from mixgemm.epilogue import clamp_bounds
+
+    g = _gen(bits * 1000 + (group + 1) * 7 + m * 3 + (act == "asym"))
+    n = 203
+    k = 768 if group != -1 else (334 if bits == 4 else 333)
+    w = (torch.randn(n, k, generator=g) * 0.02).cuda()
+    qw = quantize_weight(w, bits=bits, group_size=group, mode=mode)
+    x = torch.randn(m, k, generator=g).to(xdt).cuda()
+    x0 = x.clone()
+    bias = (torch.randn(n, generator=g) * 0.5).to(xdt).cuda() if use_bias else None
+    lo, hi = clamp_bounds("relu6" if relu6 else None)
+    assert ga.supported(m, x, qw, act) == (m <= ga.MAX_M_DISPATCH)  # the kernel itself takes M <= 16
+    y = ga.gemv_a8(x, qw, act, bias, lo, hi, odt)
+    assert torch.equal(x, x0)
+    ref = _ref(x, qw, act, bias, lo, hi)
+    assert y.shape == (m, n) and y.dtype == odt
+    assert _rel(y, ref) <= TOL[odt], (_rel(y, ref), bits, group, act, m, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group,k,n,m", [(4, 128, 8192, 1000, 1), (4, 128, 4096, 4096, 16), (8, -1, 8192, 999, 1),
+                                              (8, -1, 4096, 3000, 8), (4, 32, 4096, 517, 3), (8, 256, 2048, 4097, 5)])
+@pytest.mark.parametrize("act", ["sym", "asym"])
+def test_gemv_a8_large(bits, group, k, n, m, act):
+    """Decode-sized K (full steps, U = 4, KS > 1 splits) against the reference."""
+    g = _gen(k + n + m)
+    w = (torch.randn(n, k, generator=g) * 0.02).cuda()
+    qw = quantize_weight(w, bits=bits, group_size=group, mode="zero_point" if act == "asym" else "sym")
+    x = torch.randn(m, k, generator=g).half().cuda()
+    y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), torch.float32)
+    assert _rel(y, _ref(x, qw, act, None, float("-inf"), float("inf"))) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [dict(R=4, KS=1, NW=8, PF=0), dict(R=2, KS=1, NW=8, PF=1),
+                                 dict(R=1, KS=2, NW=8, PF=1), dict(R=4, KS=1, NW=8, PF=1),
+                                 dict(R=2, KS=2, NW=16, PF=1), dict(R=4, KS=1, NW=16, PF=0),
+                                 dict(R=2, KS=4, NW=8, PF=0)])
+@pytest.mark.parametrize("grid", [None, "tiles", 1])
+@pytest.mark.parametrize("bits,group", [(4, 128), (8, -1)])
+def test_gemv_a8_configs(cfg, grid, bits, group):
+    """Every tile config / grid the benchmark sweeps (PF double buffering across steps and tiles, 16-warp
+    blocks, a persistent grid of one block per SM looping over many tiles) against the reference."""
+    g = _gen(bits + 17)
+    n, k = 2500, 8192
+    w = (torch.randn(n, k, generator=g) * 0.02).cuda()
+    qw = quantize_weight(w, bits=bits, group_size=group, mode="offset" if bits == 8 else "sym")
+    try:
+        ga.CFG_OVERRIDE, ga.GRID_MODE = cfg, grid
+        for m, act in ((1, "sym"), (3, "asym")):
+            x = torch.randn(m, k, generator=g).half().cuda()
+            y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), torch.float32)
+            assert _rel(y, _ref(x, qw, act, None, float("-inf"), float("inf"))) <= 1e-5, (m, act)
+    finally:
+        ga.CFG_OVERRIDE, ga.GRID_MODE = None, None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [32, 128, 256, -1])
+@pytest.mark.parametrize("act", ["sym", "asym"])
+@pytest.mark.parametrize("xdt", [torch.float16, torch.bfloat16, torch.float32])
+def test_gemv_a8_codes_exact(group, act, xdt):
+    """W = identity (int8, exact codes 127 on the diagonal): y[m, n] = (xq sA + oA)[m, n] * w, so one
+    activation code off by one would move an output by >= 1/255 of its value; fp32 output must match the
+    float64 reference per element (1e-5 relative + 1e-6 of the row's largest output)."""
+    k = 1024 if group != -1 else 1000
+    g = _gen(group + 5)
+    x = (torch.randn(5, k, generator=g) * torch.rand(5, 1, generator=g) * 3).to(xdt).cuda()
+    qw = quantize_weight(torch.eye(k).cuda(), bits=8, group_size=group, mode="sym", scale_dtype=torch.float32)
+    y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), torch.float32).double().cpu()
+    ref = _ref(x, qw, act, None, float("-inf"), float("inf"))
+    tol = 1e-5 * ref.abs() + 1e-6 * ref.abs().amax(1, keepdim=True)  # per-row: asym terms may cancel
+    assert bool(((y - ref).abs() <= tol).all()), float((y - ref).abs().max())
+
+
+@pytest.mark.gpu
+def test_gemv_a8_unaligned_x_and_out_buffer():
+    g = _gen(11)
+    qw = quantize_weight((torch.randn(77, 256, generator=g) * 0.02).cuda(), bits=4, group_size=64)
+    xb = torch.randn(2, 257, generator=g).half().cuda()
+    x = xb[:, 1:]  # rows not 16-byte aligned: the wrapper copies
+    out = torch.empty(2, 77, dtype=torch.float16, device="cuda")
+    y = ga.gemv_a8(x, qw, "sym", None, float("-inf"), float("inf"), torch.float16, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    assert _rel(y, _ref(x, qw, "sym", None, float("-inf"), float("inf"))) <= 2e-3
+
+
+@pytest.mark.gpu
+def test_matmul_a8_dispatches_small_m():
+    from mixgemm.ops.int8 import matmul_a8
+
+    g = _gen(12)
+    qw = quantize_weight((torch.randn(300, 512, generator=g) * 0.02).cuda(), bits=4, group_size=128)
+    for m in (1, 2, 16, 17):  # M <= MAX_M_DISPATCH: the fused CUDA GEMV, else the Triton path
+        x = torch.randn(m, 512, generator=g).half().cuda()
+        y = matmul_a8(x, qw, "asym", activation="relu")
+        ref = _ref(x, qw, "asym", None, 0.0, float("inf"))
+        assert _rel(y, ref) <= 2e-3, m
+
+
+# ------------------------------------------------------------------ long-row activation quantization
+
+
+def test_act_quant_rows_supported_rules():
+    x = torch.zeros(2, 8192)  # CPU: never
+    assert not ga.act_quant_rows_supported(x, -1)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_nvrtc_compiles_act_quant_rows(arch):
+    for xt in (0, 1, 2):
+        for cpt in (2, 7, 16):
+            assert len(nvrtc.compile_cubin(ga.SOURCE, tuple(sorted({"A8_ACTQ": cpt, "A8_XT": xt}.items())), arch))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [4104, 8192, 12344, 28672])
+@pytest.mark.parametrize("mode", ["sym", "asym"])
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16, torch.float32])
+def test_act_quant_rows_exact(k, mode, dt):
+    """Codes, sums, scales and offsets bit-identical to the CPU reference (and to the Triton act_quant)."""
+    from mixgemm.kernels.triton.act_quant import act_quant
+
+    g = _gen(k + len(mode))
+    x = (torch.randn(37, k, generator=g) * torch.rand(37, 1, generator=g) * 4).to(dt)
+    x[3] = 0.0  # an all-zero row: d = 0 (sym) / a constant row (asym)
+    x[5, :] = 1.5
+    xc = x.cuda()
+    assert ga.act_quant_rows_supported(xc, -1)
+    q, s, o, sm = ga.act_quant_rows(xc, mode)
+    ref = quantize_activation(x.float(), -1, mode)
+    assert torch.equal(q.cpu(), ref.q)
+    assert torch.equal(sm.cpu(), ref.sums)
+    assert torch.equal(s.cpu(), ref.scales)
+    assert torch.equal(o.cpu(), ref.offsets)
+    t = act_quant(xc, -1, mode)
+    assert all(torch.equal(a, b) for a, b in zip((q, s, o, sm), t, strict=True))
+
+
+@pytest.mark.gpu
+def test_matmul_a8_large_m_per_channel_uses_rows_quantizer():
+    from mixgemm.ops.int8 import matmul_a8
+
+    g = _gen(21)
+    k, n, m = 8200, 300, 40
+    qw = quantize_weight((torch.randn(n, k, generator=g) * 0.02).cuda(), bits=8, group_size=-1)
+    x = torch.randn(m, k, generator=g).half().cuda()
+    for act in ("sym", "asym"):
+        y = matmul_a8(x, qw, act, out_dtype=torch.float32)
+        assert _rel(y, _ref(x, qw, act, None, float("-inf"), float("inf"))) <= 1e-5
