@@ -52,6 +52,12 @@ def test_nvrtc_compiles_every_instantiation(arch):
             n, kc = ((28672, 256), (64, 4096))[(i + mb) % 2]
             cfg = choose_config(mb, n, kc, 132, act)
             keys.add(tuple(sorted(defines_for(bits, act, scl, mode, mb, cfg).items())))
+    if arch == "sm_90":  # the tuned M = 1 tables of both GPUs, fp16 activations and scales, every mode
+        for gpu, table in (("NVIDIA H200", gemv_mod.TUNED_M1), ("NVIDIA H100 80GB HBM3", gemv_mod.TUNED_M1_H100)):
+            for (bits, n, k), mode in itertools.product(table, MODES):
+                cfg = choose_config(1, n, k // (32 if bits == 4 else 16), 132, 0, bits, k, gpu)
+                assert cfg["R"] == table[(bits, n, k)][0]
+                keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, cfg).items())))
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key

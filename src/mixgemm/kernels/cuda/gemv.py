@@ -75,9 +75,23 @@ TUNED_M1 = {
     (8, 4096, 4096): (2, 1, 4), (8, 14336, 4096): (2, 1, 4), (8, 4096, 14336): (2, 1, 8),
     (8, 28672, 8192): (2, 1, 8), (8, 8192, 28672): (2, 1, 8),
 }
+# The same sweep on an H100 (benchmarks/gemv_notes.md, "H100"): (R, U, KS, PF); PF = register double buffering,
+# which the W8 kernel gains from there.
+TUNED_M1_H100 = {
+    (4, 4096, 4096): (4, 1, 2, 0), (4, 14336, 4096): (4, 1, 2, 0), (4, 4096, 14336): (4, 2, 2, 0),
+    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): (4, 2, 8, 0),
+    (8, 4096, 4096): (2, 1, 4, 0), (8, 14336, 4096): (2, 1, 8, 0), (8, 4096, 14336): (2, 1, 8, 0),
+    (8, 28672, 8192): (2, 2, 8, 1), (8, 8192, 28672): (2, 1, 8, 1),
+}
 
 
-def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0) -> dict:
+def tuned_m1(gpu_name: str) -> dict:
+    """The M = 1 tile table measured on this GPU model (H100 / H200); H200's for any other GPU."""
+    return TUNED_M1_H100 if "H100" in gpu_name else TUNED_M1
+
+
+def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
+                  gpu_name: str = "") -> dict:
     """Tile choice from the problem size only (deterministic, no autotuning).
 
     R rows per warp (one activation load serves R weight rows), U chunks in flight per lane and row,
@@ -95,9 +109,10 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     # fp16 activations: x staged in shared memory (XS, dropped by gemv() where it does not apply) and
     # the lighter per-chunk bookkeeping (LITE), when DEFAULT_XS / DEFAULT_LITE turn them on (gemv.cu)
     extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
-    if m == 1 and act == 0 and (bits, n, k) in TUNED_M1:
-        r, u, ks = TUNED_M1[(bits, n, k)]
-        return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": 0, **extra}
+    table = tuned_m1(gpu_name)
+    if m == 1 and act == 0 and (bits, n, k) in table:
+        r, u, ks, *pf = table[(bits, n, k)]
+        return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": pf[0] if pf else 0, **extra}
     if m == 1:
         r = (4 if n >= 8192 else 2) if act == 0 else 2
         u = 2
@@ -232,7 +247,7 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
     xk = _prepare_x(x2d, lay)
     kc = lay.chunks_per_row
-    cfg = choose_config(m_bucket(m), n, kc, props.multi_processor_count, _ACT[x2d.dtype], qw.bits, k)
+    cfg = choose_config(m_bucket(m), n, kc, props.multi_processor_count, _ACT[x2d.dtype], qw.bits, k, props.name)
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
     defs = defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
