@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Superseded by scripts/conv_gpu_check.sh (one call: tests + ResNet-50 + layer sweep + measured table, ~140 s).
 # One GPU session for issue 8 (conv): ResNet-50 end-to-end check, conv benchmark (+ tile sweep), GPU tests.
 # Env knobs: OUT (log dir), BENCH_ARGS, BUDGET (s for the bench loop), TEST_K (pytest -k), TEST_T (s).
 set -u

@@ -144,6 +144,11 @@ def test_split_k_and_tiles(rel_err):
         _check(x, qw, bias, 1, 1, 1, 1, "relu", rel_err, config=cfg)
     with pytest.raises(ValueError, match="block_k"):  # a K tile that straddles two quantization groups
         _check(x, qw, bias, 1, 1, 1, 1, "relu", rel_err, config=ConvConfig(16, 64, 64))
+    # splits that start inside a tap and inside a quantization group (Ci = 128, group 64, BK 32: 36 steps, 9 per
+    # split -> starts at steps 9 / 18 / 27): the kernel's loop-carried (kh, kw, channel, group) counters
+    x, qw, bias = _make(1, 128, 5, 4, 24, 3, 1, torch.float16, True, 4, 64, "zero_point", seed=9)
+    for cfg in (ConvConfig(16, 32, 32, split_k=4), ConvConfig(16, 32, 32, split_k=4, swap_ab=True)):
+        _check(x, qw, bias, 1, 1, 1, 1, None, rel_err, config=cfg)
     # flat K loop (per-channel, Ci_g not a multiple of the K tile) with split-K
     x, qw, bias = _make(1, 24, 6, 5, 16, 3, 1, torch.float16, False, 8, -1, "sym", seed=6)
     _check(x, qw, bias, 1, 1, 1, 1, None, rel_err, config=ConvConfig(16, 16, 32, split_k=2))

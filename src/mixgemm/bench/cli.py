@@ -126,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="about a minute: 4096x4096 (M 1,16,256,4096) and 8192x28672 (M 1,4,16,64,256)")
     p.add_argument("--conv", action="store_true",
-                   help="conv layers instead of matmuls: mixgemm.conv2d W4/W8 vs cuDNN fp16 (ResNet-50/UNet layers; "
-                        "-m gives the batch sizes, default 1 8)")
+                   help="conv layers instead of matmuls: mixgemm.conv2d W4/W8 vs cuDNN fp16 (ResNet-50 stages and a "
+                        "ConvNeXt 7x7 depthwise block; -m gives the batch sizes, default "
+                        + " ".join(map(str, CONV_BATCHES)) + ")")
     p.add_argument("--protocol-rows", action="store_true",
                    help="exactly the rows (K x N, M) of the protocol's published table, to compare with it")
     p.add_argument("--out", default=None,

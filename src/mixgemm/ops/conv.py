@@ -6,9 +6,11 @@ CUDA dispatch (pick_path, deterministic in shapes and dtypes):
   is dequantized once (one Triton kernel, a
   transient [Co, Kh*Kw*Ci_g] buffer) and cuDNN runs the convolution (large batches: activation-bound);
 * 1x1 / stride 1 / no padding / groups 1 on channels_last: ``mixgemm.matmul`` on the [B*H*W, Ci] view
-  (no copy) when the Triton GEMM is installed (GEMV for M <= 16);
+  (no copy) when the Triton GEMM is installed (GEMV for M <= 16), unless the measured per-GPU table
+  (kernels/triton/conv_table.py) found the implicit GEMM faster for that layer;
 * everything else: the Triton implicit GEMM (no im2col buffer), any stride / padding / dilation / groups.
 CPU inputs run the float64 reference (mixgemm.reference.conv2d).
+``conv2d_a8``: the INT8-activation variant (activations quantized per pixel and channel block, int8 tensor cores).
 """
 
 from __future__ import annotations
@@ -143,6 +145,13 @@ def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, pad
         return "dequant"
     pointwise = (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1
     if pointwise and _out_format(x) == torch.channels_last and _gemm_available():
+        if x.device.type == "cuda":
+            # the device sweep's measured choice for this layer, when there is one (kernels/triton/conv_table.py)
+            from mixgemm.kernels.triton.conv import tuned_choice
+
+            tuned = tuned_choice(x.device, qweight, stride, groups, m)
+            if tuned is not None:
+                return tuned[0]
         return "matmul"
     return "igemm"
 
@@ -195,3 +204,105 @@ def cuda_conv2d(
     if path != "igemm":
         raise ValueError(f"unknown conv path {path!r}")
     return K.igemm_conv2d(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, config)
+
+
+# ------------------------------------------------------------------------------------------- INT8 activations
+def _a8_act_block(qweight: QuantizedConvWeight, act_block: int | None) -> int:
+    ci_g = qweight.in_channels_per_group
+    if act_block is None:
+        g = qweight.matrix.group_size  # the effective group: K for per-channel weights
+        act_block = g if g < ci_g else ci_g  # the weight's group, else per pixel and conv group
+    if not isinstance(act_block, int) or isinstance(act_block, bool) or act_block <= 0 or ci_g % act_block:
+        raise ValueError(f"act_block_size={act_block!r} must be a positive divisor of Ci/groups={ci_g}")
+    return act_block
+
+
+def _a8_view(x: torch.Tensor) -> torch.Tensor:
+    """x [B, Ci, H, W] -> its channels_last [B*H*W, Ci] view (a copy only when x is not channels_last)."""
+    b, c, h, w = x.shape
+    xc = x.contiguous(memory_format=torch.channels_last)
+    return xc.permute(0, 2, 3, 1).reshape(b * h * w, c)
+
+
+def conv2d_a8(
+    x: torch.Tensor,
+    qweight: QuantizedConvWeight,
+    bias: torch.Tensor | None = None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups: int = 1,
+    activation: str | None = None,
+    act_block_size: int | None = None,
+    act_mode: str = "sym",
+) -> torch.Tensor:
+    """conv2d with INT8-quantized activations and block-quantized INT4/INT8 weights (W8A8 / W4A8 conv).
+
+    The input is quantized per input pixel and per block of ``act_block_size`` channels (default: the weight's
+    group size, or Ci/groups for per-channel weights; it must divide Ci/groups), ``act_mode`` "sym" (q8_1) or
+    "asym" (seed 000's QuantA), exactly as mixgemm.formats.activation.quantize_activation does on the
+    channels_last [B*H*W, Ci] view; the convolution then runs int8 x int8 -> int32 on tensor cores with the
+    per-block scales folded in fp32 (kernels/triton/conv_int8.py). x: fp16 / bf16 / fp32 [B, Ci, H, W]
+    (NCHW inputs are copied to channels_last for the quantization). Depthwise (Ci/groups == 1) is not supported.
+    Output: x's dtype and memory format. CPU: float64 reference on the same quantized activations.
+    """
+    from mixgemm.formats.activation import ACT_MODES
+
+    stride, padding, dilation = check_conv_inputs(x, qweight, bias, stride, padding, dilation, groups)
+    lo, hi = clamp_bounds(activation)
+    if act_mode not in ACT_MODES:
+        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
+    ab = _a8_act_block(qweight, act_block_size)
+    if qweight.in_channels_per_group == 1:
+        raise ValueError("conv2d_a8: depthwise convolution (Ci/groups == 1) has no int8 GEMM; use mixgemm.conv2d")
+    if x.device.type != "cuda":
+        return conv2d_a8_reference(x, qweight, bias, stride, padding, dilation, groups, activation, ab, act_mode)
+    return cuda_conv2d_a8(x, qweight, bias, stride, padding, dilation, groups, lo, hi, ab, act_mode)
+
+
+def conv2d_a8_reference(x, qweight, bias, stride, padding, dilation, groups, activation, act_block, act_mode):
+    """float64 oracle: quantize_activation on the channels_last [B*H*W, Ci] view, dequantize, conv in float64."""
+    from mixgemm.formats.activation import quantize_activation
+
+    b, c, h, w = x.shape
+    qa = quantize_activation(_a8_view(x), act_block, act_mode)
+    xd = qa.dequantize().reshape(b, h, w, c).permute(0, 3, 1, 2)  # float64, channels_last strides
+    if _out_format(x) != torch.channels_last:
+        xd = xd.contiguous()
+    return reference.conv2d(xd, qweight, bias, stride, padding, dilation, groups, activation, out_dtype=x.dtype)
+
+
+def a8_fold_ok(qweight: QuantizedConvWeight, act_block: int) -> bool:
+    """Whether the int8 kernel runs this format: the fold length (kernels/triton/conv_int8.fold_length) must be
+    a multiple of 32 (the int8 tensor-core K step)."""
+    from mixgemm.kernels.triton.conv_int8 import fold_length
+
+    ci_g = qweight.in_channels_per_group
+    kh, kw = qweight.kernel_size
+    return fold_length(ci_g, kh * kw * ci_g, qweight.matrix.group_size, act_block) % 32 == 0
+
+
+def cuda_conv2d_a8(x, qweight, bias, stride, padding, dilation, groups, lo, hi, act_block, act_mode, config=None):
+    """The CUDA INT8-activation conv (also runs on CPU tensors under TRITON_INTERPRET=1). Arguments checked."""
+    from mixgemm.kernels.triton.act_quant import act_quant
+    from mixgemm.kernels.triton.conv_int8 import igemm_conv2d_a8
+
+    if not a8_fold_ok(qweight, act_block):
+        raise ValueError(
+            f"conv2d_a8: Ci/groups={qweight.in_channels_per_group}, weight group {qweight.matrix.group_size} and "
+            f"act_block_size={act_block} leave a constant-scale run that is not a multiple of 32 channels"
+        )
+    b, _, h, w = x.shape
+    co = qweight.out_channels
+    ho, wo = conv_output_size(h, w, qweight.kernel_size, stride, padding, dilation)
+    fmt = _out_format(x)
+    out = torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
+    if out.numel() == 0:
+        return out
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    qa, sa, oa, _ = act_quant(_a8_view(x), act_block, act_mode)
+    return igemm_conv2d_a8(
+        qa, sa, oa, act_block, act_mode == "asym", (h, w), qweight, bias, out, stride, padding, dilation, groups,
+        lo, hi, config,
+    )
