@@ -165,11 +165,17 @@ def _weight_tile(
     if BITS == 8:
         offs = k0 + tl.arange(0, BLOCK_K)
         q = tl.load(rows + offs[None, :], mask=mask_n[:, None] & (offs[None, :] < WROWB), other=0).to(tl.int32)
-    else:
+    elif BLOCK_K >= 32:
         HB: tl.constexpr = BLOCK_K // 2
         offs = k0 // 2 + tl.arange(0, HB)
         b = tl.load(rows + offs[None, :], mask=mask_n[:, None] & (offs[None, :] < WROWB), other=0).to(tl.int32)
         q = tl.reshape(tl.join(b & 0xF, b >> 4), (BLOCK_N, BLOCK_K))  # [.., j, 0/1] -> k = 2j, 2j + 1
+    else:
+        # BLOCK_K = 16 (8 bytes per row): the join + reshape above gave wrong tiles on sm_90 with triton 3.6
+        # (measured: rel err 0.85 for 4-bit, BLOCK_K 16, any split); each k reads its byte and shifts instead
+        kk = k0 + tl.arange(0, BLOCK_K)
+        b = tl.load(rows + (kk // 2)[None, :], mask=mask_n[:, None] & ((kk // 2)[None, :] < WROWB), other=0)
+        q = (b.to(tl.int32) >> ((kk % 2) * 4)[None, :]) & 0xF
     return codes_to_values(q, BITS, ZERO_MODE, s, p, OUT_DTYPE, SCALE)
 
 
