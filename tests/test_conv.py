@@ -20,27 +20,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the kernel module
 
+from conv_cases import make_conv_case  # noqa: E402  (tests/conv_cases.py)
 from mixgemm import quantize_conv_weight, reference  # noqa: E402
 from mixgemm.epilogue import clamp_bounds  # noqa: E402
-from mixgemm.formats.weight import QuantConfig  # noqa: E402
 from mixgemm.nn.conv import QuantConv2d, swap_conv2d  # noqa: E402
 from mixgemm.ops.conv import conv2d, cuda_conv2d  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
-
-
-def _make(b, ci, h, w, co, k, groups, dtype, channels_last, bits, gs, mode, seed, bias=True):
-    g = torch.Generator().manual_seed(seed)
-    kh, kw = (k, k) if isinstance(k, int) else k
-    x = torch.randn(b, ci, h, w, generator=g).to(dtype)
-    if channels_last:
-        x = x.to(memory_format=torch.channels_last)
-    wt = torch.randn(co, ci // groups, kh, kw, generator=g) * 0.02
-    qw = quantize_conv_weight(wt, QuantConfig(bits=bits, group_size=gs, mode=mode))
-    bt = (torch.randn(co, generator=g) * 0.1).to(dtype) if bias else None
-    return x.to(DEV), qw.to(DEV), None if bt is None else bt.to(DEV)
 
 
 def _check(x, qw, bias, stride, padding, dilation, groups, act, rel_err, config=None, path=None):
@@ -83,7 +71,7 @@ def test_geometries(name, channels_last, rel_err):
     kk = k * k if isinstance(k, int) else k[0] * k[1]
     bits = 4 if (kk * ci_g) % 2 == 0 else 8
     gs = 32 if ci_g % 32 == 0 else -1
-    x, qw, bias = _make(b, ci, h, w, co, k, g, torch.float16, channels_last, bits, gs, "sym", seed=len(name))
+    x, qw, bias = make_conv_case(b, ci, h, w, co, k, g, torch.float16, channels_last, bits, gs, "sym", seed=len(name))
     kernel = "dw" if ci_g == 1 and g > 1 else "igemm"
     for path in (kernel, "dequant", None):  # the Triton kernel, dequantize + cuDNN, and what dispatch picks
         _check(x, qw, bias, s, p, d, g, "relu" if channels_last else None, rel_err, path=path)
@@ -94,7 +82,7 @@ def test_geometries(name, channels_last, rel_err):
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 def test_formats(bits, gs, mode, rel_err):
     # Ci = 256 so every group size divides it; odd spatial size, stride 2, padding 1
-    x, qw, bias = _make(1, 256, 5, 3, 24, 3, 1, torch.float16, True, bits, gs, mode, seed=bits + gs)
+    x, qw, bias = make_conv_case(1, 256, 5, 3, 24, 3, 1, torch.float16, True, bits, gs, mode, seed=bits + gs)
     for path in ("igemm", "dequant"):
         _check(x, qw, bias, 2, 1, 1, 1, "relu6", rel_err, path=path)
 
@@ -102,9 +90,9 @@ def test_formats(bits, gs, mode, rel_err):
 @pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if GPU else []))
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_dtypes(dtype, channels_last, rel_err):
-    x, qw, bias = _make(2, 64, 7, 5, 24, 3, 1, dtype, channels_last, 4, 64, "zero_point", seed=3)
+    x, qw, bias = make_conv_case(2, 64, 7, 5, 24, 3, 1, dtype, channels_last, 4, 64, "zero_point", seed=3)
     _check(x, qw, bias, 1, 1, 1, 1, None, rel_err)
-    x, qw, bias = _make(1, 16, 7, 5, 16, 3, 16, dtype, channels_last, 8, -1, "offset", seed=4)
+    x, qw, bias = make_conv_case(1, 16, 7, 5, 16, 3, 16, dtype, channels_last, 8, -1, "offset", seed=4)
     _check(x, qw, bias, 1, 1, 1, 16, "relu", rel_err)
 
 
@@ -133,7 +121,7 @@ def test_dequantize_matrix(bits, mode, gs):
 def test_split_k_and_tiles(rel_err):
     from mixgemm.kernels.triton.conv import ConvConfig
 
-    x, qw, bias = _make(1, 64, 5, 3, 40, 3, 1, torch.float16, True, 4, 32, "sym", seed=5)
+    x, qw, bias = make_conv_case(1, 64, 5, 3, 40, 3, 1, torch.float16, True, 4, 32, "sym", seed=5)
     for cfg in (
         ConvConfig(16, 32, 32, split_k=3),
         ConvConfig(32, 16, 16, split_k=5),
@@ -146,23 +134,23 @@ def test_split_k_and_tiles(rel_err):
         _check(x, qw, bias, 1, 1, 1, 1, "relu", rel_err, config=ConvConfig(16, 64, 64))
     # splits that start inside a tap and inside a quantization group (Ci = 128, group 64, BK 32: 36 steps, 9 per
     # split -> starts at steps 9 / 18 / 27): the kernel's loop-carried (kh, kw, channel, group) counters
-    x, qw, bias = _make(1, 128, 5, 4, 24, 3, 1, torch.float16, True, 4, 64, "zero_point", seed=9)
+    x, qw, bias = make_conv_case(1, 128, 5, 4, 24, 3, 1, torch.float16, True, 4, 64, "zero_point", seed=9)
     for cfg in (ConvConfig(16, 32, 32, split_k=4), ConvConfig(16, 32, 32, split_k=4, swap_ab=True)):
         _check(x, qw, bias, 1, 1, 1, 1, None, rel_err, config=cfg)
     # flat K loop (per-channel, Ci_g not a multiple of the K tile) with split-K
-    x, qw, bias = _make(1, 24, 6, 5, 16, 3, 1, torch.float16, False, 8, -1, "sym", seed=6)
+    x, qw, bias = make_conv_case(1, 24, 6, 5, 16, 3, 1, torch.float16, False, 8, -1, "sym", seed=6)
     _check(x, qw, bias, 1, 1, 1, 1, None, rel_err, config=ConvConfig(16, 16, 32, split_k=2))
 
 
 def test_no_bias_and_public_op(rel_err):
-    x, qw, _ = _make(1, 32, 5, 7, 16, 3, 1, torch.float16, False, 8, 32, "sym", seed=7, bias=False)
+    x, qw, _ = make_conv_case(1, 32, 5, 7, 16, 3, 1, torch.float16, False, 8, 32, "sym", seed=7, bias=False)
     _check(x, qw, None, 1, 1, 1, 1, None, rel_err)
     y = conv2d(x, qw, None, 1, 1)  # public op (reference on the CPU, kernels on CUDA)
     assert y.shape == (1, 16, 5, 7)
 
 
 def test_errors():
-    x, qw, bias = _make(1, 32, 5, 5, 16, 3, 1, torch.float16, False, 8, 32, "sym", seed=8)
+    x, qw, bias = make_conv_case(1, 32, 5, 5, 16, 3, 1, torch.float16, False, 8, 32, "sym", seed=8)
     with pytest.raises(ValueError, match="channels"):
         conv2d(x[:, :16], qw)
     with pytest.raises(TypeError, match="dtype"):
@@ -268,7 +256,7 @@ def test_gpu_layers(layer, dtype, bits, batch, rel_err):
     ci, co, k, s, hw = layer
     gs = 128 if ci % 128 == 0 else -1
     bits = bits if (k * k * ci) % 2 == 0 else 8
-    x, qw, bias = _make(batch, ci, hw, hw, co, k, 1, dtype, True, bits, gs, "sym", seed=ci + co)
+    x, qw, bias = make_conv_case(batch, ci, hw, hw, co, k, 1, dtype, True, bits, gs, "sym", seed=ci + co)
     for path in ("igemm", None):  # the implicit-GEMM kernel, and what dispatch picks (dequant + cuDNN, matmul)
         _check(x, qw, bias, s, k // 2, 1, 1, "relu", rel_err, path=path)
 
@@ -277,7 +265,7 @@ def test_gpu_layers(layer, dtype, bits, batch, rel_err):
 @pytest.mark.parametrize("c,hw", [(96, 56), (384, 15)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_convnext_dw(c, hw, dtype, rel_err):
-    x, qw, bias = _make(2, c, hw, hw, c, 7, c, dtype, True, 8, -1, "sym", seed=c)
+    x, qw, bias = make_conv_case(2, c, hw, hw, c, 7, c, dtype, True, 8, -1, "sym", seed=c)
     _check(x, qw, bias, 1, 3, 1, c, None, rel_err)
 
 

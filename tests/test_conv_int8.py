@@ -15,26 +15,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the kernel modules
 
+from conv_cases import make_conv_case  # noqa: E402  (tests/conv_cases.py)
 from mixgemm import quantize_conv_weight  # noqa: E402
 from mixgemm.epilogue import clamp_bounds  # noqa: E402
-from mixgemm.formats.weight import QuantConfig  # noqa: E402
 from mixgemm.ops.conv import conv2d_a8, conv2d_a8_reference, cuda_conv2d_a8  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
-
-
-def _make(b, ci, h, w, co, k, groups, dtype, channels_last, bits, gs, mode, seed, bias=True):
-    g = torch.Generator().manual_seed(seed)
-    kh, kw = (k, k) if isinstance(k, int) else k
-    x = torch.randn(b, ci, h, w, generator=g).to(dtype)
-    if channels_last:
-        x = x.to(memory_format=torch.channels_last)
-    wt = torch.randn(co, ci // groups, kh, kw, generator=g) * 0.02
-    qw = quantize_conv_weight(wt, QuantConfig(bits=bits, group_size=gs, mode=mode))
-    bt = (torch.randn(co, generator=g) * 0.1).to(dtype) if bias else None
-    return x.to(DEV), qw.to(DEV), None if bt is None else bt.to(DEV)
 
 
 def _check(x, qw, bias, stride, padding, dilation, groups, act, act_block, act_mode, rel_err, config=None):
@@ -70,7 +58,7 @@ GEOMS = {
 @pytest.mark.parametrize("act_mode", ["sym", "asym"])
 def test_geometries(name, act_mode, rel_err):
     b, ci, h, w, co, k, s, p, d, g = GEOMS[name]
-    x, qw, bias = _make(b, ci, h, w, co, k, g, torch.float16, name != "1x1", 4, 32, "sym", seed=len(name))
+    x, qw, bias = make_conv_case(b, ci, h, w, co, k, g, torch.float16, name != "1x1", 4, 32, "sym", seed=len(name))
     _check(x, qw, bias, s, p, d, g, "relu", None, act_mode, rel_err)
 
 
@@ -78,16 +66,16 @@ def test_geometries(name, act_mode, rel_err):
 @pytest.mark.parametrize("gs,act_block", [(32, None), (64, 32), (-1, None), (-1, 64), (128, 64)])
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 def test_formats(bits, gs, act_block, mode, rel_err):
-    x, qw, bias = _make(1, 128, 5, 3, 24, 3, 1, torch.float16, True, bits, gs, mode, seed=bits + gs)
+    x, qw, bias = make_conv_case(1, 128, 5, 3, 24, 3, 1, torch.float16, True, bits, gs, mode, seed=bits + gs)
     _check(x, qw, bias, 2, 1, 1, 1, "relu6", act_block, "asym" if mode == "offset" else "sym", rel_err)
 
 
 def test_fp32_and_tiles(rel_err):
     from mixgemm.kernels.triton.conv_int8 import ConvA8Config
 
-    x, qw, bias = _make(2, 64, 5, 4, 40, 3, 1, torch.float32, False, 8, -1, "zero_point", seed=3)
+    x, qw, bias = make_conv_case(2, 64, 5, 4, 40, 3, 1, torch.float32, False, 8, -1, "zero_point", seed=3)
     _check(x, qw, None, 1, 1, 1, 1, None, 32, "asym", rel_err)
-    x, qw, bias = _make(1, 64, 6, 5, 40, 3, 1, torch.float16, True, 4, 64, "sym", seed=4)
+    x, qw, bias = make_conv_case(1, 64, 6, 5, 40, 3, 1, torch.float16, True, 4, 64, "sym", seed=4)
     for cfg in (ConvA8Config(16, 16, 32), ConvA8Config(32, 64, 64), ConvA8Config(64, 32, 32, 4, 2)):
         _check(x, qw, bias, 1, 1, 1, 1, "relu", None, "sym", rel_err, config=cfg)
 
@@ -104,7 +92,7 @@ def test_reference_close_to_float_conv(rel_err):
 
 
 def test_errors():
-    x, qw, _ = _make(1, 64, 5, 5, 16, 3, 1, torch.float16, True, 8, 32, "sym", seed=8)
+    x, qw, _ = make_conv_case(1, 64, 5, 5, 16, 3, 1, torch.float16, True, 8, 32, "sym", seed=8)
     with pytest.raises(ValueError, match="act_block_size"):
         conv2d_a8(x, qw, act_block_size=48)
     with pytest.raises(ValueError, match="act_mode"):
@@ -128,5 +116,5 @@ def test_errors():
 @pytest.mark.parametrize("batch", [1, 4])
 def test_gpu_layers(layer, dtype, bits, gs, batch, rel_err):
     ci, co, k, s, hw = layer
-    x, qw, bias = _make(batch, ci, hw, hw, co, k, 1, dtype, True, bits, gs, "sym", seed=ci + co)
+    x, qw, bias = make_conv_case(batch, ci, hw, hw, co, k, 1, dtype, True, bits, gs, "sym", seed=ci + co)
     _check(x, qw, bias, s, k // 2, 1, 1, "relu", None, "sym", rel_err)

@@ -134,6 +134,26 @@ def _dequantize_words(
 
 
 @triton.jit
+def out_pixels(offs_m, HO, WO):
+    """Output pixel m of the [B*HO*WO] GEMM row space -> (batch, oh, ow) (shared by every conv kernel)."""
+    ow = offs_m % WO
+    t = offs_m // WO
+    return t // HO, t % HO, ow
+
+
+@triton.jit
+def conv_epilogue(acc, out_ptr, bias_ptr, offs_n, mask_n, bb, oh, ow, mask_m, sob, soc, soh, sow, lo, hi,
+                   HAS_BIAS: tl.constexpr):
+    """+ bias[offs_n], clamp to [lo, hi], store the [BLOCK_M, BLOCK_N] tile (rows: output pixels (bb, oh, ow),
+    columns: output channels offs_n) into out with its NCHW or channels_last strides."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    acc = tl.minimum(tl.maximum(acc, lo), hi)
+    o_ptrs = out_ptr + (bb.to(tl.int64) * sob + oh * soh + ow * sow)[:, None] + offs_n[None, :].to(tl.int64) * soc
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
 def _weight_tile(
     w_ptr,
     n_glob,
@@ -245,10 +265,7 @@ def _igemm_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
-    ow = offs_m % WO
-    t = offs_m // WO
-    oh = t % HO
-    bb = t // HO
+    bb, oh, ow = out_pixels(offs_m, HO, WO)
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
     x_base = x_ptr + bb.to(tl.int64) * sxb + (grp * CI_G).to(tl.int64) * sxc
@@ -347,11 +364,8 @@ def _igemm_kernel(
     if not SCALE_W:
         acc = acc * s_raw[None, :]
     if not USE_WS:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + n_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        acc = tl.minimum(tl.maximum(acc, lo), hi)
-        o_ptrs = out_ptr + (bb.to(tl.int64) * sob + oh * soh + ow * sow)[:, None] + n_glob[None, :].to(tl.int64) * soc
-        tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        conv_epilogue(acc, out_ptr, bias_ptr, n_glob, mask_n, bb, oh, ow, mask_m, sob, soc, soh, sow, lo, hi,
+                       HAS_BIAS)
     else:
         # workspace [SPLIT_K, M, CO] float32
         o_ptrs = out_ptr + (sk * M).to(tl.int64) * CO + offs_m[:, None].to(tl.int64) * CO + n_glob[None, :]
@@ -385,15 +399,9 @@ def _splitk_reduce_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):
         acc += tl.load(ws_ptr + s * M.to(tl.int64) * CO + idx, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < CO, other=0.0).to(tl.float32)[None, :]
-    acc = tl.minimum(tl.maximum(acc, lo), hi)
-    ow = offs_m % WO
-    t = offs_m // WO
-    oh = t % HO
-    bb = t // HO
-    o_ptrs = out_ptr + (bb.to(tl.int64) * sob + oh * soh + ow * sow)[:, None] + offs_n[None, :].to(tl.int64) * soc
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    bb, oh, ow = out_pixels(offs_m, HO, WO)
+    conv_epilogue(acc, out_ptr, bias_ptr, offs_n, offs_n < CO, bb, oh, ow, offs_m < M, sob, soc, soh, sow, lo, hi,
+                   HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["M", "H", "W", "HO", "WO"])
@@ -441,10 +449,7 @@ def _dwconv_kernel(
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_m = offs_m < M
     mask_c = offs_c < CO
-    ow = offs_m % WO
-    t = offs_m // WO
-    oh = t % HO
-    bb = t // HO
+    bb, oh, ow = out_pixels(offs_m, HO, WO)
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
     cin = offs_c // CO_G
@@ -476,11 +481,7 @@ def _dwconv_kernel(
             xv = tl.load(x_ptr + (row0 + ih * sxh + iw * sxw)[:, None] + col[None, :],
                          mask=ok[:, None] & mask_c[None, :], other=0.0)
             acc += xv.to(tl.float32) * wv[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
-    acc = tl.minimum(tl.maximum(acc, lo), hi)
-    o_ptrs = out_ptr + (bb.to(tl.int64) * sob + oh * soh + ow * sow)[:, None] + offs_c[None, :].to(tl.int64) * soc
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_c[None, :])
+    conv_epilogue(acc, out_ptr, bias_ptr, offs_c, mask_c, bb, oh, ow, mask_m, sob, soc, soh, sow, lo, hi, HAS_BIAS)
 
 
 # --------------------------------------------------------------------------------------------- launch

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.triton.conv import conv_epilogue, out_pixels
 
 LAYOUT_NAME = "conv_a8_v1"
 
@@ -150,10 +151,7 @@ def _igemm_a8_kernel(
     pid_m = pid // num_pid_n
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
-    ow = offs_m % WO
-    t = offs_m // WO
-    oh = t % HO
-    bb = t // HO
+    bb, oh, ow = out_pixels(offs_m, HO, WO)
     ih0 = oh * SH - PH
     iw0 = ow * SW - PW
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -198,11 +196,7 @@ def _igemm_a8_kernel(
             if WOFF:
                 wc += m_w * L
             acc += o_a[:, None] * wc[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + n_glob, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    acc = tl.minimum(tl.maximum(acc, lo), hi)
-    o_ptrs = out_ptr + (bb.to(tl.int64) * sob + oh * soh + ow * sow)[:, None] + n_glob[None, :].to(tl.int64) * soc
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    conv_epilogue(acc, out_ptr, bias_ptr, n_glob, mask_n, bb, oh, ow, mask_m, sob, soc, soh, sow, lo, hi, HAS_BIAS)
 
 
 @dataclass(frozen=True)
