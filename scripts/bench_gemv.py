@@ -153,6 +153,7 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-mma", action="store_true")
     ap.add_argument("--pdl", action="store_true", help="default kernels with programmatic dependent launch off/on")
+    ap.add_argument("--sweep-m16", action="store_true", help="tensor-core kernel at M=16: U x KS x DEFER")
     ap.add_argument("--sweep-lowreg", action="store_true", help="CUDA-core W4 M=1: low-register tiles")
     ap.add_argument("--sweep-defer", action="store_true", help="mma kernel: scaling scheme x tiles, M = 1 and 16")
     ap.add_argument("--sweep-l2", action="store_true", help="W4 M=1: L2 prefetch / persistent variants")
@@ -208,6 +209,11 @@ def main():
         G.PDL = True
         for k, n, m, bits, pdl, us, pct, err in rows:
             print(f"pdl {k}x{n} M={m} W{bits} PDL={int(pdl)}: {us:.2f} us {pct:.0f}% of floor err {err:.1e}")
+    if args.sweep_m16:
+        # tensor-core kernel at M = 16 with few k-slices per block (RG = 8 / KS row tiles share x in L1)
+        names = ["U", "KS", "PF", "DEFER"]
+        cfgs = [(u, ks, 0, d) for u in (1, 2, 4) for ks in (1, 2, 8) for d in (0, 1)]
+        sweep(bw, SHAPES[1:], [(4, 128, "zero_point")], cfgs, kind="mma", m=16, names=names, show=6)
     if args.sweep_lowreg:
         # CUDA-core W4 kernel with few registers (full occupancy, like the W8 kernel at 91%): (R, U, KS, PF, XS, LITE)
         cfgs = [(4, 2, 2, 0, 0, 0), (4, 1, 8, 0, 0, 0), (2, 1, 8, 0, 0, 0), (2, 1, 4, 0, 0, 0),
