@@ -282,6 +282,21 @@ __device__ __forceinline__ void prologue_grouped(const Smem& sm, const void* X, 
   }
 }
 
+// NB chunks of 8 activations of one row, chunk index base + b * NT + tid; chunks past the row (KR8) are pad.
+template <int NB, int NT>
+__device__ __forceinline__ void load_chunks(const void* X, size_t roff, int base, int tid, int KR8, int K,
+                                            float pad, float (&v)[NB][8]) {
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    const int k8 = base + b * NT + tid;
+    if (k8 < KR8) load8(X, roff, k8 * 8, K, pad, v[b]);
+    else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[b][j] = pad;
+    }
+  }
+}
+
 // Per-channel (one block = the whole row): pass 1 block-reduces the range, pass 2 quantizes.
 template <bool ASYM, int M, int U, int CH, int NT>
 __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, int ldx, int K, int Mr,
@@ -295,15 +310,7 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
     float a = ASYM ? -__int_as_float(0x7f800000) : 0.f, c = __int_as_float(0x7f800000);
     for (int base = 0; base < KR8; base += NT * NB) {
       float v[NB][8];
-#pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        const int k8 = base + b * NT + tid;
-        if (k8 < KR8) load8(X, roff, k8 * 8, K, pad, v[b]);
-        else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) v[b][j] = pad;
-        }
-      }
+      load_chunks<NB, NT>(X, roff, base, tid, KR8, K, pad, v);
 #pragma unroll
       for (int b = 0; b < NB; ++b) range8<ASYM>(v[b], a, c);
     }
@@ -322,15 +329,7 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
     int tot = 0;
     for (int base = 0; base < K8; base += NT * NB) {
       float v[NB][8];
-#pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        const int k8 = base + b * NT + tid;
-        if (k8 < KR8) load8(X, roff, k8 * 8, K, pad, v[b]);
-        else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) v[b][j] = pad;
-        }
-      }
+      load_chunks<NB, NT>(X, roff, base, tid, KR8, K, pad, v);
 #pragma unroll
       for (int b = 0; b < NB; ++b) {
         const int k8 = base + b * NT + tid;
