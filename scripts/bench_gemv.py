@@ -153,7 +153,6 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-mma", action="store_true")
     ap.add_argument("--pdl", action="store_true", help="default kernels with programmatic dependent launch off/on")
-    ap.add_argument("--sweep-xs16", action="store_true", help="tensor-core kernel at M=16: shared-memory x + split-K")
     ap.add_argument("--sweep-m16", action="store_true", help="tensor-core kernel at M=16: U x KS x DEFER")
     ap.add_argument("--sweep-lowreg", action="store_true", help="CUDA-core W4 M=1: low-register tiles")
     ap.add_argument("--sweep-defer", action="store_true", help="mma kernel: scaling scheme x tiles, M = 1 and 16")
@@ -210,12 +209,6 @@ def main():
         G.PDL = True
         for k, n, m, bits, pdl, us, pct, err in rows:
             print(f"pdl {k}x{n} M={m} W{bits} PDL={int(pdl)}: {us:.2f} us {pct:.0f}% of floor err {err:.1e}")
-    if args.sweep_xs16:
-        # MMA_XS: K split over blocks, x slice in shared memory, 8 row tiles per block: (U, KS, PF, DEFER, XS)
-        names = ["U", "KS", "PF", "DEFER", "XS"]
-        cfgs = [(2, 8, 0, 1, 0), (1, 2, 0, 1, 0)] + [(u, 1, 0, 1, xs) for u in (1, 2) for xs in (2, 4, 8, 16)]
-        sweep(bw, SHAPES[1:], [(4, 128, "zero_point")], cfgs, kind="mma", m=16, names=names, show=6)
-        sweep(bw, SHAPES[3:], [(4, 128, "zero_point")], cfgs, kind="mma", m=8, names=names, show=4)
     if args.sweep_m16:
         # tensor-core kernel at M = 16 with few k-slices per block (RG = 8 / KS row tiles share x in L1)
         names = ["U", "KS", "PF", "DEFER"]

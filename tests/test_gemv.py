@@ -81,9 +81,6 @@ def test_nvrtc_compiles_mma_instantiations(arch):
             # every scaling scheme (MMA_DEFER 0 / 1 / 2) for fp16 scales, the default one otherwise
             for defer in ((0, 1) if scl == 0 else (cfg["DEFER"],)):
                 keys.add(tuple(sorted(mma_defines_for(bits, act, scl, mode, mb, {**cfg, "DEFER": defer}).items())))
-            if scl == 0:  # K split over blocks with x in shared memory (MMA_XS, one k-slice per block)
-                xs_cfg = {**cfg, "KS": 1, "RG": 8, "XS": 4}
-                keys.add(tuple(sorted(mma_defines_for(bits, act, scl, mode, mb, xs_cfg).items())))
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
@@ -243,28 +240,6 @@ def test_gemv_mma_scaling_schemes(defer, bits, mode, act):
             _check((torch.randn(m, 14336, generator=gen, device="cuda") + 3).to(act), qw)
     finally:
         gemv_mod.KERNEL_OVERRIDE, gemv_mod.DEFAULT_MMA_DEFER = old
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("splits,u", [(1, 2), (3, 1), (4, 2), (7, 1)])
-@pytest.mark.parametrize("bits,group,mode", [(4, 128, "zero_point"), (4, 32, "offset"), (8, -1, "sym"),
-                                             (4, -1, "offset")])
-@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
-def test_gemv_mma_split_k_shared_x(splits, u, bits, group, mode, act):
-    """MMA_XS: K split over grid.y with the activation slice in shared memory (fp32 workspace + finalize when
-    splits > 1): N = 1000 / 203 (partial last block), K with 5 k-tiles (uneven splits, a split may be empty),
-    M = 1, 9, 16, bias + relu."""
-    gemv_mod.KERNEL_OVERRIDE = "mma"
-    gemv_mod.MMA_CFG_OVERRIDE = {"U": u, "KS": 1, "XS": splits}
-    try:
-        for n in (1000, 203):
-            k = 200 if group == -1 else 5 * 128
-            qw, gen = _make(n, k, bits, group, mode, torch.float16, 14)
-            bias = torch.randn(n, generator=gen, device="cuda").to(act)
-            for m in (1, 9, 16):
-                _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw, bias, "relu")
-    finally:
-        gemv_mod.KERNEL_OVERRIDE = gemv_mod.MMA_CFG_OVERRIDE = None
 
 
 @pytest.mark.gpu

@@ -132,8 +132,7 @@ def choose_mma_config(mb: int, n: int, kt: int, num_sms: int) -> dict:
     if MMA_CFG_OVERRIDE is not None:
         u, ks = MMA_CFG_OVERRIDE["U"], MMA_CFG_OVERRIDE["KS"]
         return {"U": u, "KS": ks, "RG": max(1, WARPS // ks), "PF": MMA_CFG_OVERRIDE.get("PF", 0),
-                "DEFER": MMA_CFG_OVERRIDE.get("DEFER", DEFAULT_MMA_DEFER),
-                "XS": MMA_CFG_OVERRIDE.get("XS", 0)}
+                "DEFER": MMA_CFG_OVERRIDE.get("DEFER", DEFAULT_MMA_DEFER)}
     # measured on H200 (M = 1 and 16, 8192x28672 / 28672x8192): U = 2, KS = 8, no double buffering
     # was best; KS grows to 16 when the 16-row tiles alone leave the GPU short of ~30 warps per SM
     nt = -(-n // 16)
@@ -159,8 +158,6 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
          "MMA_U": cfg["U"], "MMA_RG": cfg["RG"], "MMA_KS": cfg["KS"], "MMA_PF": cfg.get("PF", 0)}
     if cfg.get("DEFER", 0):  # only in the key when set: DEFER 0 keeps the earlier compile keys
         d["MMA_DEFER"] = cfg["DEFER"]
-    if cfg.get("XS", 0):  # K split across blocks with the activation slice in shared memory (KS must be 1)
-        d["MMA_XS"] = 1
     return d
 
 
@@ -309,29 +306,15 @@ def _gemv_mma(x2d, qw, bias, lo, hi, y, props):
     defs = mma_defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
     fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, x2d.device)
     nt = -(-n // 16)
-    splits = cfg.get("XS", 0)
-    grid = (-(-nt // cfg["RG"]), max(1, splits), 1)
+    grid = (-(-nt // cfg["RG"]), 1, 1)
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
-    smem = 0
-    out = y
-    if splits:
-        tps = -(-lay.k_tiles // splits)
-        smem = 8 * mb * (tps * lay.k_tile * 2 // 16 + 1) * 16  # the block's activation slice (gemv_mma.cu MMA_XS)
-        nvrtc.allow_dynamic_smem(fn, smem)
-        if splits > 1:  # the K splits add into an fp32 workspace; mixgemm_gemv_finalize writes y
-            out = torch.zeros(m, n, dtype=torch.float32, device=x2d.device)
-    args = _common_args(lay, xk, out, bias, lo, hi, n) + [
+    args = _common_args(lay, xk, y, bias, lo, hi, n) + [
         ctypes.c_int(lay.k_tiles),
         ctypes.c_int(lay.num_groups),
         ctypes.c_int(lay.gk),
         ctypes.c_int(m),
     ]
     with torch.cuda.device(x2d.device):
-        stream = torch.cuda.current_stream(x2d.device).cuda_stream
-        nvrtc.launch(fn, grid, block, args, stream, smem, pdl=PDL and not fresh and props.major >= 9)
-        if out is not y:
-            fin = nvrtc.get_function(MMA_SOURCE, "mixgemm_gemv_finalize", defs, x2d.device)
-            fargs = [ctypes.c_void_p(out.data_ptr()), ctypes.c_int(n), ctypes.c_void_p(y.data_ptr()),
-                     ctypes.c_int(y.stride(0))] + _common_args(lay, xk, y, bias, lo, hi, n)[6:] + [ctypes.c_int(m)]
-            nvrtc.launch(fin, (-(-(m * n) // 256), 1, 1), (256, 1, 1), fargs, stream)
+        nvrtc.launch(fn, grid, block, args, torch.cuda.current_stream(x2d.device).cuda_stream,
+                     pdl=PDL and not fresh and props.major >= 9)
     return y

@@ -59,15 +59,6 @@
 #define MMA_DEFER 0
 #endif
 
-// MMA_XS: K split across blocks (grid.y), each block's activation slice staged once in shared memory and read
-// by its RG row-tile warps. Why: with x read per warp from global memory every 16-row tile re-reads x from L2
-// (M = 16, K = 8192: 256 KB per tile, 4x the weight bytes; gemv_notes "next step"). Needs KS = 1; with
-// gridDim.y > 1, Y is an fp32 workspace [M, ldy] that the blocks add into (mixgemm_gemv_finalize applies bias
-// and clamp and converts).
-#ifndef MMA_XS
-#define MMA_XS 0
-#endif
-
 #define MMA_THREADS (32 * MMA_RG * MMA_KS)
 
 using namespace mg;
@@ -166,19 +157,6 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
   const uint4* xrow[MB];
 #pragma unroll
   for (int b = 0; b < MB; ++b) xrow[b] = X + (size_t)min(g + 8 * b, Mr - 1) * ldx4 + t * XV;
-#if MMA_XS
-  static_assert(KS == 1, "MMA_XS: one k-slice per block (the split is grid.y)");
-  constexpr int X4 = KT * 2 / 16;  // uint4 of one activation row per k-tile
-  const int tps = (Kt + (int)gridDim.y - 1) / (int)gridDim.y;
-  const int kbeg = (int)blockIdx.y * tps, kend = min(Kt, kbeg + tps);
-  const int srow = tps * X4 + 1;  // +1 uint4: rows g and g + 1 land on different banks
-  extern __shared__ uint4 xs[];   // [8 * MB][srow]
-  const uint4* xsrow[MB];
-#pragma unroll
-  for (int b = 0; b < MB; ++b) xsrow[b] = xs + (g + 8 * b) * srow + t * XV;
-#else
-  const int kbeg = ks, kend = Kt;
-#endif
 
   float acc[MB][4];
 #pragma unroll
@@ -197,12 +175,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
 #pragma unroll
       for (int b = 0; b < MB; ++b)
 #pragma unroll
-        for (int v = 0; v < XV; ++v)
-#if MMA_XS
-          xv[u][b][v] = xsrow[b][(kt - kbeg) * X4 + v];
-#else
-          xv[u][b][v] = ld_x(xrow[b] + (size_t)kt * (KT * 2 / 16) + v);
-#endif
+        for (int v = 0; v < XV; ++v) xv[u][b][v] = ld_x(xrow[b] + (size_t)kt * (KT * 2 / 16) + v);
     }
   };
   // Deferred scaling (MMA_DEFER 1). Why: the per-pair "* s" rounds every dequantized weight to fp16/bf16
@@ -322,60 +295,41 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
       }
     }
   };
-  int kt0 = kbeg;
+  int kt0 = ks;
   // PDL (gemv_common.cuh): the first tiles of weights go to L2 while the previous kernel drains; x,
   // bias and y are touched only after pdl_wait()
   pdl_launch_dependents();
 #pragma unroll
   for (int u = 0; u < U; ++u)
-    if (kbeg + u * KS < kend) prefetch_l2(wt + (size_t)(kbeg + u * KS) * 32);
+    if (ks + u * KS < Kt) prefetch_l2(wt + (size_t)(ks + u * KS) * 32);
   pdl_wait();
-#if MMA_XS
-  {  // the block's activation slice [8 MB rows][kbeg, kend) into shared memory, 4 loads per thread in flight
-    const int w4 = (kend - kbeg) * X4, total = 8 * MB * w4;
-    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * MMA_THREADS) {
-      uint4 tmp[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int i = i0 + j * MMA_THREADS, row = i / w4;
-        if (i < total) tmp[j] = ld_x(X + (size_t)min(row, Mr - 1) * ldx4 + (size_t)kbeg * X4 + (i - row * w4));
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int i = i0 + j * MMA_THREADS, row = i / w4;
-        if (i < total) xs[row * srow + (i - row * w4)] = tmp[j];
-      }
-    }
-    __syncthreads();
-  }
-#endif
   uint4 wA[U], wB[U];
   P a0[U], a1[U], b0[U], b1[U];
   uint4 xA[U][MB][XV], xB[U][MB][XV];
-  if (MMA_PF && kt0 + (U - 1) * KS < kend) {
+  if (MMA_PF && kt0 + (U - 1) * KS < Kt) {
     // Register double buffering: the next step's loads are in flight while this step computes.
     load(wA, a0, a1, xA, kt0);
     while (true) {
       int kt1 = kt0 + U * KS;
-      bool more = kt1 + (U - 1) * KS < kend;
+      bool more = kt1 + (U - 1) * KS < Kt;
       if (more) load(wB, b0, b1, xB, kt1);
       compute(wA, a0, a1, xA);
       kt0 = kt1;
       if (!more) break;
       kt1 = kt0 + U * KS;
-      more = kt1 + (U - 1) * KS < kend;
+      more = kt1 + (U - 1) * KS < Kt;
       if (more) load(wA, a0, a1, xA, kt1);
       compute(wB, b0, b1, xB);
       kt0 = kt1;
       if (!more) break;
     }
   } else {
-    for (; kt0 + (U - 1) * KS < kend; kt0 += U * KS) {
+    for (; kt0 + (U - 1) * KS < Kt; kt0 += U * KS) {
       load(wA, a0, a1, xA, kt0);
       compute(wA, a0, a1, xA);
     }
   }
-  for (; kt0 < kend; kt0 += KS) {
+  for (; kt0 < Kt; kt0 += KS) {
     uint4 w1[1];
     P q0[1], q1[1];
     uint4 x1[1][MB][XV];
@@ -401,17 +355,6 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
     float v = 0.f;
 #pragma unroll
     for (int k = 0; k < KS; ++k) v += red[k][r][j][m];
-    if (MMA_XS && gridDim.y > 1) atomicAdd((float*)Y + (size_t)m * ldy + n, v);  // partial sum of this K split
-    else store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
+    store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
   }
-}
-
-// The K splits of MMA_XS added into an fp32 workspace [Mr, ldw]: bias, clamp, convert into Y [Mr, ldy].
-extern "C" __global__ void mixgemm_gemv_finalize(const float* __restrict__ ws, int ldw, void* __restrict__ Y, int ldy,
-                                                 const void* __restrict__ bias, int bias_kind, float lo, float hi,
-                                                 int N, int Mr) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= Mr * N) return;
-  const int m = i / N, n = i - m * N;
-  store_output<MMA_ACT>(Y, (size_t)m * ldy + n, n, ws[(size_t)m * ldw + n], bias, bias_kind, lo, hi);
 }
