@@ -141,6 +141,10 @@ class QuantizedWeight:
             self._layouts[name] = build(self)
         return self._layouts[name]
 
+    def has_layout(self, name: str) -> bool:
+        """True when the kernel layout ``name`` was already built (and cached) for this weight."""
+        return name in self._layouts
+
     @property
     def bits(self) -> int:
         return self.config.bits

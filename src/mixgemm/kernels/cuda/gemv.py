@@ -243,7 +243,7 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     props = torch.cuda.get_device_properties(dev)
     if use_mma(x2d.dtype, m):
         return _gemv_mma(x2d, qw, bias, lo, hi, y, props)
-    fresh = LAYOUT not in qw._layouts
+    fresh = not qw.has_layout(LAYOUT)
     lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
     xk = _prepare_x(x2d, lay)
     kc = lay.chunks_per_row
@@ -296,7 +296,7 @@ def _gemv_mma(x2d, qw, bias, lo, hi, y, props):
     m, _ = x2d.shape
     n = qw.out_features
     num_sms = props.multi_processor_count
-    fresh = MMA_LAYOUT not in qw._layouts
+    fresh = not qw.has_layout(MMA_LAYOUT)
     lay: GemvMmaLayout = qw.layout(MMA_LAYOUT, build_gemv_mma_v1)
     xk = _prepare_x(x2d, lay)
     mb = 1 if m <= 8 else 2
