@@ -11,11 +11,12 @@ Floor = (packed weights + 4 bytes per group + fp16 x + fp16 y) / measured copy b
 from __future__ import annotations
 
 import argparse
-import math
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
+
+# the protocol helpers of the int8 benchmark (same folder: python scripts/bench_gemv_a8.py puts it on sys.path)
+from bench_int8 import clone_qw, copies_for, copy_bandwidth
 from triton.testing import do_bench
 
 import mixgemm.ops.int8 as int8_ops
@@ -32,23 +33,7 @@ SWEEP_CFGS = [(4, 1, 8, 0), (2, 1, 8, 0), (2, 1, 8, 1), (1, 1, 8, 1), (4, 1, 8, 
               (2, 2, 8, 1), (1, 2, 8, 1), (4, 2, 8, 0), (2, 2, 16, 1)]
 
 
-def copy_bandwidth() -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median") * 1e-3
-    return 2 * n / t
 
-
-def copies_for(nbytes: int) -> int:
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    return max(2, math.ceil(3 * l2 / nbytes) + 1)
-
-
-def clone_qw(qw):
-    c = lambda t: None if t is None else t.clone()
-    return replace(qw, qweight=c(qw.qweight), scales=c(qw.scales), zeros=c(qw.zeros), offsets=c(qw.offsets),
-                   _layouts={})
 
 
 def floor_us(k, n, m, bits, group, bw):

@@ -22,3 +22,16 @@ def make_conv_case(b, ci, h, w, co, k, groups, dtype, channels_last, bits, gs, m
     qw = quantize_conv_weight(wt, QuantConfig(bits=bits, group_size=gs, mode=mode))
     bt = (torch.randn(co, generator=g) * 0.1).to(dtype) if bias else None
     return x.to(DEV), qw.to(DEV), None if bt is None else bt.to(DEV)
+
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+
+def assert_conv_matches(y, ref, x, x_before, rel_err):
+    """y (kernel output) against ref (reference on the CPU): shape, dtype and memory format equal, relative error
+    within the dtype's tolerance, and the input x unchanged (x_before: its clone taken before the call)."""
+    assert y.shape == ref.shape and y.dtype == x.dtype
+    assert y.is_contiguous(memory_format=torch.channels_last) == ref.is_contiguous(memory_format=torch.channels_last)
+    err = rel_err(y.cpu(), ref)
+    assert err <= TOL[x.dtype], f"rel err {err:.2e}"
+    assert torch.equal(x, x_before)

@@ -20,7 +20,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the kernel module
 
-from conv_cases import make_conv_case  # noqa: E402  (tests/conv_cases.py)
+from conv_cases import assert_conv_matches, make_conv_case  # noqa: E402  (tests/conv_cases.py)
 from mixgemm import quantize_conv_weight, reference  # noqa: E402
 from mixgemm.epilogue import clamp_bounds  # noqa: E402
 from mixgemm.nn.conv import QuantConv2d, swap_conv2d  # noqa: E402
@@ -28,7 +28,6 @@ from mixgemm.ops.conv import conv2d, cuda_conv2d  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
 
 def _check(x, qw, bias, stride, padding, dilation, groups, act, rel_err, config=None, path=None):
@@ -39,11 +38,7 @@ def _check(x, qw, bias, stride, padding, dilation, groups, act, rel_err, config=
     ref = reference.conv2d(
         x.cpu(), qw.to("cpu"), None if bias is None else bias.cpu(), stride, padding, dilation, groups, act
     )
-    assert y.shape == ref.shape and y.dtype == x.dtype
-    assert y.is_contiguous(memory_format=torch.channels_last) == ref.is_contiguous(memory_format=torch.channels_last)
-    err = rel_err(y.cpu(), ref)
-    assert err <= TOL[x.dtype], f"rel err {err:.2e}"
-    assert torch.equal(x, x_before)
+    assert_conv_matches(y, ref, x, x_before, rel_err)
     return y
 
 

@@ -15,14 +15,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the kernel modules
 
-from conv_cases import make_conv_case  # noqa: E402  (tests/conv_cases.py)
+from conv_cases import assert_conv_matches, make_conv_case  # noqa: E402  (tests/conv_cases.py)
 from mixgemm import quantize_conv_weight  # noqa: E402
 from mixgemm.epilogue import clamp_bounds  # noqa: E402
 from mixgemm.ops.conv import conv2d_a8, conv2d_a8_reference, cuda_conv2d_a8  # noqa: E402
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
 
 def _check(x, qw, bias, stride, padding, dilation, groups, act, act_block, act_mode, rel_err, config=None):
@@ -35,11 +34,7 @@ def _check(x, qw, bias, stride, padding, dilation, groups, act, act_block, act_m
         x.cpu(), qw.to("cpu"), None if bias is None else bias.cpu(), pair(stride), pair(padding), pair(dilation),
         groups, act, ab, act_mode,
     )
-    assert y.shape == ref.shape and y.dtype == x.dtype
-    assert y.is_contiguous(memory_format=torch.channels_last) == ref.is_contiguous(memory_format=torch.channels_last)
-    err = rel_err(y.cpu(), ref)
-    assert err <= TOL[x.dtype], f"rel err {err:.2e}"
-    assert torch.equal(x, x_before)
+    assert_conv_matches(y, ref, x, x_before, rel_err)
     return y
 
 
