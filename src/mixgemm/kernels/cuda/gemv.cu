@@ -395,15 +395,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 
   // Epilogue: warp reduce, then the KS k-slices of each row meet in shared memory.
   __shared__ float red[KS][M][RG * R];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float v = acc[m][r];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) red[ks][m][rg * R + r] = v;
-    }
+  warp_sums_to_smem(acc, red[ks], rg, lane);
   __syncthreads();
   for (int t = threadIdx.x; t < M * RG * R; t += GEMV_THREADS) {
     const int m = t / (RG * R), j = t % (RG * R);

@@ -520,15 +520,7 @@ mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kp * BITS / 128] uint
     }
 
     // epilogue: warp reduce, the KS k-slices of each row meet in shared memory
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float v = acc[m][r];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) red[ks][m][rg * R + r] = v;
-      }
+    warp_sums_to_smem(acc, red[ks], rg, lane);
     __syncthreads();
     for (int t = tid; t < M * RG * R; t += NT) {
       const int m = t / (RG * R), jr = t % (RG * R);

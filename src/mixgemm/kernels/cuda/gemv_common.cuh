@@ -106,6 +106,21 @@ __device__ __forceinline__ void prefetch_l2_warp(const void* p, unsigned long lo
 #endif
 }
 
+// CUDA-core GEMV epilogue, first half: each warp sums its lanes' partials acc[m][r] (lanes split K) and lane 0
+// writes them to red_ks[m][rg * R + r], this warp's k-slice of the block's shared reduction buffer.
+template <int M, int R, int W>
+__device__ __forceinline__ void warp_sums_to_smem(const float (&acc)[M][R], float (&red_ks)[M][W], int rg, int lane) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = acc[m][r];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) red_ks[m][rg * R + r] = v;
+    }
+}
+
 // One output element: + bias (bias_kind 0 none, 1 fp16, 2 bf16, 3 fp32), clamp to [lo, hi], store at Y[o] as
 // OUT (0 fp16, 1 bf16, 2 fp32). Shared by the epilogues of every GEMV kernel.
 template <int OUT>
