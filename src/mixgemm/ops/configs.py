@@ -9,6 +9,8 @@ default.json). Its fields:
   ``w8pc`` (bits, grouped or per-channel), shape key ``KxN`` or ``*`` (any shape), M bucket the
   smallest power of two >= M, capped at 16384 (as a string). A shape without its own entry uses the
   entry of the nearest listed shape (by log-distance of K and N), then ``*``.
+* ``wgmma``: the same structure for the Hopper wgmma GEMM (mixgemm.kernels.cuda.gemm_wgmma; keys BM, NWG,
+  STAGES, INFLIGHT, SPLIT, GROUP_M), which serves fp16 / bf16 activations on sm_90 past the GEMV.
 * A missing M bucket takes the nearest listed bucket.
 
 No autotuning at run time: the same (M, N, K, weight format, GPU) always yields the same config.
@@ -107,6 +109,22 @@ def gemm_config(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devic
                 cfg["SPLIT_K"] = auto_split(m, n, k, cfg, sms, qw.bits)
             return cfg
     return default_config(m, n, k, qw.bits, qw.num_groups == 1, sms)
+
+
+def wgmma_config(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device) -> dict:
+    """The Hopper wgmma GEMM's tile config (table section ``wgmma``, same keys as ``gemm``; else its default)."""
+    from mixgemm.kernels.cuda.gemm_wgmma import auto_split, default_config
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    entries = table_for(device).get("wgmma", {}).get(weight_key(qw))
+    if entries:
+        buckets = _nearest_shape(entries, k, n)
+        if buckets:
+            cfg = dict(_nearest_bucket(buckets, m))
+            if cfg.get("SPLIT", "auto") == "auto":
+                cfg["SPLIT"] = auto_split(m, n, k, cfg, sms)
+            return cfg
+    return default_config(m, n, k, sms)
 
 
 def gemv_max_m(qw: QuantizedWeight, device: torch.device) -> int:

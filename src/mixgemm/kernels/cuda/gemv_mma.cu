@@ -22,7 +22,7 @@
 // Dequantization: w = (q - zc) * s (+ (m + zc * s) for offset) formed exactly as (q - zc) by magic
 // numbers, then one rounding to fp16 / bf16 (mul, or fma for offset); mma accumulates in fp32 over all K.
 
-#include "gemv_common.cuh"
+#include "mma_frag.cuh"
 
 #ifndef MMA_BITS
 #define MMA_BITS 4
@@ -81,48 +81,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
-  u32 r;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-// bf16x2 a * b + c (fma.rn.bf16x2 exists from sm_80; sub/mul.bf16x2 only from sm_90)
-__device__ __forceinline__ u32 bfma2(u32 a, u32 b, u32 c) {
-  u32 r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
-__device__ __forceinline__ u32 f32_to_bf2(float lo, float hi) {  // {lo, hi} as bf16x2
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// Per-row dequantization constants for one group, in the activation's 16-bit type.
-template <int ACT, int MODE>
-struct RowQ {
-  u32 zlo, zhi, s2, off2;
-  __device__ __forceinline__ void set(float s, float zc, float m) {
-    if (ACT == 0) {
-      zlo = f32_to_h2(1024.f + zc);      // (1024 + q) - (1024 + z) = q - z, exact
-      zhi = f32_to_h2(-(64.f + zc));     // (1024 + 16q) / 16 - (64 + z) = q - z, exact
-      s2 = f32_to_h2(s);
-      off2 = MODE == 2 ? f32_to_h2(fmaf(zc, s, m)) : 0u;
-    } else {
-      const u32 nz = f32_to_bf2(-(128.f + zc), -(128.f + zc));  // bf16 128 has ulp 1: exact
-      zlo = nz;
-      zhi = 0u;
-      s2 = f32_to_bf2(s, s);
-      off2 = MODE == 2 ? f32_to_bf2(fmaf(zc, s, m), fmaf(zc, s, m)) : 0x80008000u;  // -0: exact mul
-    }
-  }
-  // d = exact (q - zc) pair -> dequantized pair
-  __device__ __forceinline__ u32 finish(u32 d) const {
-    if (ACT == 0) return MODE == 2 ? hfma2(d, s2, off2) : hmul2(d, s2);
-    return bfma2(d, s2, off2);
-  }
-};
 
 }  // namespace mgm
 
@@ -215,55 +173,11 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
       for (int b = 0; b < MB; ++b)
 #pragma unroll
         for (int i = 0; i < 4; ++i) cacc[b][i] = xacc[b][i] = 0.f;
-      // d = exact (q - zc) pair -> what A holds: scaled now (DEFER 0) or later (DEFER 1)
-      auto fin0 = [&](u32 d) { return DEFER ? d : q0.finish(d); };
-      auto fin1 = [&](u32 d) { return DEFER ? d : q1.finish(d); };
       constexpr int STEPS = BITS == 4 ? 4 : 2;
 #pragma unroll
       for (int s = 0; s < STEPS; ++s) {
         u32 a[4];  // a0: row g k(0,1); a1: row g+8 k(0,1); a2: row g k(2,3); a3: row g+8 k(2,3)
-        if (BITS == 4) {
-          const u32 ws = w[s];
-          if (ACT == 0) {
-            const u32 w8 = ws >> 8;  // the only shift for fp16
-            a[0] = fin0(hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(ws), q0.zlo));
-            a[1] = fin1(hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(ws), 0x2c002c00u, q1.zhi));
-            a[2] = fin0(hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(w8), q0.zlo));
-            a[3] = fin1(hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(w8), 0x2c002c00u, q1.zhi));
-          } else {
-            // bf16 has 7 mantissa bits: magic 0x4300 (128, ulp 1) takes only the low nibble of each
-            // half, so three shifts bring nibbles 1..3 down; fma(v, 1, -(128 + z)) is exact.
-            a[0] = fin0(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws), 0x3f803f80u, q0.zlo));
-            a[1] = fin1(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 4), 0x3f803f80u, q1.zlo));
-            a[2] = fin0(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 8), 0x3f803f80u, q0.zlo));
-            a[3] = fin1(bfma2(lop3_and_or<0x000f000fu, 0x43004300u>(ws >> 12), 0x3f803f80u, q1.zlo));
-          }
-        } else {
-          const u32 r0 = w[2 * s], r1 = w[2 * s + 1];
-          if (ACT == 0) {
-            a[0] = fin0(hsub2(prmt<0x5140>(r0, 0x64646464u), q0.zlo));
-            a[1] = fin1(hsub2(prmt<0x5140>(r1, 0x64646464u), q1.zlo));
-            a[2] = fin0(hsub2(prmt<0x5342>(r0, 0x64646464u), q0.zlo));
-            a[3] = fin1(hsub2(prmt<0x5342>(r1, 0x64646464u), q1.zlo));
-          } else {
-            // bf16 cannot hold 128 + u exactly for u > 127: go through fp32 2^23 + u (exact).
-            const float zz0 = -(0x1p23f + z0);
-            const float zz1 = -(0x1p23f + z1);
-            float f[4][2];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              f[0][i] = as_f32(i == 0 ? prmt<0x7540>(r0, 0x4B000000u) : prmt<0x7541>(r0, 0x4B000000u)) + zz0;
-              f[1][i] = as_f32(i == 0 ? prmt<0x7540>(r1, 0x4B000000u) : prmt<0x7541>(r1, 0x4B000000u)) + zz1;
-              f[2][i] = as_f32(i == 0 ? prmt<0x7542>(r0, 0x4B000000u) : prmt<0x7543>(r0, 0x4B000000u)) + zz0;
-              f[3][i] = as_f32(i == 0 ? prmt<0x7542>(r1, 0x4B000000u) : prmt<0x7543>(r1, 0x4B000000u)) + zz1;
-            }
-            // q - z (|.| <= 255) is exact in bf16 too: pack, then the shared finish
-            a[0] = fin0(f32_to_bf2(f[0][0], f[0][1]));
-            a[1] = fin1(f32_to_bf2(f[1][0], f[1][1]));
-            a[2] = fin0(f32_to_bf2(f[2][0], f[2][1]));
-            a[3] = fin1(f32_to_bf2(f[3][0], f[3][1]));
-          }
-        }
+        a_frag_step<BITS, ACT, MODE, DEFER == 0>(w, s, q0, q1, z0, z1, a);
 #pragma unroll
         for (int b = 0; b < MB; ++b) {
           if (DEFER) mma16816<ACT>(cacc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);

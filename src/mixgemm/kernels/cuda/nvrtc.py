@@ -111,16 +111,17 @@ def _init_driver():
         _inited = True
 
 
-def get_function(source_name: str, kernel_name: str, defines: dict, device):
+def get_function(source_name: str, kernel_name: str, defines: dict, device, arch_suffix: str = ""):
     """The CUfunction ``kernel_name`` of ``source_name`` compiled with ``defines`` for ``device``.
 
     Compiled and loaded on first use, cached afterwards (per device, source and macros). Loads into
-    the device's primary context (the one PyTorch uses), made current here.
+    the device's primary context (the one PyTorch uses), made current here. arch_suffix "a" compiles for
+    the architecture-specific target (sm_90a: wgmma, setmaxnreg), which runs only on that exact GPU family.
     """
     import torch
 
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = (idx, source_name, kernel_name, tuple(sorted(defines.items())))
+    key = (idx, source_name, kernel_name, tuple(sorted(defines.items())), arch_suffix)
     fn = _modules.get(key)
     if fn is not None:
         return fn
@@ -128,7 +129,7 @@ def get_function(source_name: str, kernel_name: str, defines: dict, device):
         fn = _modules.get(key)
         if fn is not None:
             return fn
-        arch = arch_of(torch.device("cuda", idx))
+        arch = arch_of(torch.device("cuda", idx)) + arch_suffix
         cubin = compile_cubin(source_name, key[3], arch)
         drv = _driver()
         _init_driver()

@@ -1,0 +1,318 @@
+// mixgemm weight-only GEMM on Hopper tensor cores (wgmma), fp16 / bf16 activations, any M.
+//
+// out.T[n, m] = sum_k W[n, k] x[m, k]: the *weights* are the wgmma A operand, dequantized straight into
+// registers (wgmma may take A from registers, never B), the activations are the B operand in shared memory.
+// Why not Triton: Triton 3.6 waits for every register-A wgmma before the next dequantization
+// (warp_group_dot_wait pendings = 0), so dequantization and tensor cores never overlap inside a warpgroup;
+// measured 0.54-0.71x of fp16 cuBLAS at M >= 256 on H200 (benchmarks/gemm_notes.md). Here each warpgroup
+// dequantizes tile i while its wgmma of tile i - 1 runs (wait_group 1), and the A registers are
+// double-buffered for it (two named arrays, the loop unrolled by two).
+//
+// CTA = NWG warpgroups x 64 weight rows (each warp owns one 16-row tile of the wgmma_v1 layout,
+// formats/layouts_wgmma.py) times BM activation rows (the wgmma N). K loop in 64-k tiles through a
+// STAGES-deep cp.async ring: per stage the BM x 64 activation tile (128-byte swizzled, the layout the wgmma
+// descriptor reads without bank conflicts), every warp's 512 / 1024 weight bytes and its 16 rows' group
+// parameters -- so no register holds a load in flight. A stage is refilled two tiles after it was read: one
+// tile for the wgmma still reading it (wait_group 1), one for the barrier that proves every warpgroup is past it.
+// Scales are applied per weight pair in f16x2 / bf16x2 (mma_frag.cuh), fp32 accumulation over all of K.
+// Split-K (grid.z) adds fp32 partials into a zeroed workspace; the host finishes bias / clamp / cast.
+
+#include "mma_frag.cuh"
+#include "wgmma_ops.cuh"
+
+#ifndef WG_BITS
+#define WG_BITS 4
+#endif
+#ifndef WG_ACT
+#define WG_ACT 0
+#endif
+#ifndef WG_SCL
+#define WG_SCL 0
+#endif
+#ifndef WG_MODE
+#define WG_MODE 0
+#endif
+#ifndef WG_BM
+#define WG_BM 128
+#endif
+#ifndef WG_NWG
+#define WG_NWG 2
+#endif
+#ifndef WG_STAGES
+#define WG_STAGES 4
+#endif
+// WG_G2: group size 32, so a 64-k tile spans two groups (steps 0-1 and 2-3 take different constants)
+#ifndef WG_G2
+#define WG_G2 0
+#endif
+#ifndef WG_SPLIT
+#define WG_SPLIT 0
+#endif
+// WG_FENCE 0: experiment only (formally racy) -- measures what the generic->async proxy fence costs
+#ifndef WG_FENCE
+#define WG_FENCE 1
+#endif
+// WG_PC: per-channel weights (one group): parameters read once, no parameter stream
+#ifndef WG_PC
+#define WG_PC 0
+#endif
+// WG_INFLIGHT: wgmma groups (k-tiles) left in flight per warpgroup (wait_group D); A registers are buffered D + 1
+// deep and a stage is refilled D + 1 tiles after it was read. D = 2 hides more of the wgmma chain latency.
+#ifndef WG_INFLIGHT
+#define WG_INFLIGHT 1
+#endif
+#ifndef WG_GROUP_M
+#define WG_GROUP_M 8
+#endif
+
+#define WG_THREADS (128 * WG_NWG)
+
+using namespace mg;
+
+namespace mgw {
+
+constexpr int BITS = WG_BITS, ACT = WG_ACT, SCL = WG_SCL, MODE = WG_MODE;
+constexpr int BM = WG_BM, NWG = WG_NWG, STAGES = WG_STAGES;
+constexpr bool G2 = WG_G2 != 0;
+constexpr int WARPS = 4 * NWG;
+constexpr int TB = BITS == 4 ? 512 : 1024;   // weight bytes of one 16-row x 64-k tile
+constexpr int SB = SCL == 2 ? 4 : 2;         // bytes per scale-dtype value
+constexpr int PB = SB * (MODE == 0 ? 1 : 2); // parameter bytes per (row, group)
+constexpr int PBLK = 16 * PB;                // one warp's 16 rows of one group
+constexpr int NPB = G2 ? 2 : 1;              // parameter blocks per warp and tile
+constexpr int X_BYTES = BM * 128;            // BM rows x 64 k x 2 bytes
+constexpr int W_BYTES = WARPS * TB;
+constexpr int P_BYTES = WARPS * NPB * PBLK;
+constexpr int STAGE = (X_BYTES + W_BYTES + P_BYTES + 1023) / 1024 * 1024;  // keeps swizzle atoms aligned
+static_assert((WG_THREADS / 8) % 8 == 0, "swizzle phase of a thread's chunks must not change");
+constexpr int INFL = WG_INFLIGHT;
+static_assert(INFL == 1 || INFL == 2, "WG_INFLIGHT is 1 or 2");
+static_assert(STAGES >= INFL + 2, "a stage is reused INFL + 1 tiles after it was read");
+static_assert(BM % 8 == 0 && BM >= 8 && BM <= 256, "BM is the wgmma N: 8..256, a multiple of 8");
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// 16-byte global -> shared copy that bypasses registers and L1; bytes = 0 writes zeros (out-of-range rows / k)
+__device__ __forceinline__ void cp16(u32 dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// cp.async writes through the generic proxy, wgmma reads shared memory through the async proxy
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// pins register values at this point of the program (the compiler must not move their uses across)
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void fence_regs(u32 (&a)[4][4]) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+}
+
+// Shared-memory matrix descriptor of a K-major B tile with 128-byte swizzle: rows of 64 k (128 bytes), row r's
+// 16-byte chunk c stored at chunk c ^ (r % 8); 8-row groups 1024 bytes apart (stride byte offset); the leading
+// byte offset is unused for swizzled K-major layouts. k16 step s starts 32 s bytes into the row.
+__device__ __forceinline__ u64 desc_sw128(u32 addr) {
+  return (u64)((addr >> 4) & 0x3FFFu) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+__device__ __forceinline__ float scl_at(const char* p) {
+  if (SCL == 2) return *(const float*)p;
+  const u16 h = *(const u16*)p;
+  return SCL == 0 ? h_to_f32(h) : bf_to_f32(h);
+}
+
+}  // namespace mgw
+
+using namespace mgw;
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt / 8][Kt][8][TB]
+                   const char* __restrict__ P,      // wgmma_v1 params [Nt / 8][G][8][16][PB]
+                   const char* __restrict__ X,      // [M, ldx] activations, 16-byte aligned rows, K % 8 == 0
+                   int ldx,
+                   void* __restrict__ Y, int ldy,   // [M, ldy] activation dtype
+                   const void* __restrict__ bias, int bias_kind, float lo, float hi,
+                   float* __restrict__ ws,          // WG_SPLIT: fp32 [M, N] zeroed workspace
+                   int N, int M, int K, int Kt, int G, int gk, int kt_per_split) {
+  extern __shared__ char smem_raw[];
+  const u32 raw = smem_addr(smem_raw);
+  const u32 sbase = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment (host adds the slack)
+  const char* sgen = smem_raw + (sbase - raw);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int Nt = (N + 15) >> 4;
+  // grouped raster: WG_GROUP_M consecutive m-tiles walk the n-tiles together, so their activations stay in L2
+  // while each weight tile is read from HBM once per group instead of once per m-tile
+  const int tiles_n = (Nt + WARPS - 1) / WARPS, tiles_m = (M + BM - 1) / BM;
+  const int pid = blockIdx.x, per_group = WG_GROUP_M * tiles_n;
+  const int first_m = (pid / per_group) * WG_GROUP_M;
+  const int gm = min(tiles_m - first_m, WG_GROUP_M);
+  const int pid_m = first_m + (pid % per_group) % gm, pid_n = (pid % per_group) / gm;
+  const int rt_raw = pid_n * WARPS + warp;  // this warp's 16-row tile
+  const int rt = min(rt_raw, Nt - 1);       // warps past the last tile load a valid one and never store
+  const int m0 = pid_m * BM;
+  const int kt0 = blockIdx.z * kt_per_split;
+  const int nk = min(Kt - kt0, kt_per_split);
+  if (nk <= 0) return;
+
+  // Loader state: everything that does not change from tile to tile is computed once (measured: address math
+  // redone per tile made the loop issue-bound, ~280 instructions per warp and k-tile at M = 4096).
+  constexpr int XCH = BM * 8;                                    // 16-byte chunks of an activation tile
+  constexpr int XJ = (XCH + WG_THREADS - 1) / WG_THREADS;        // chunks per thread
+  constexpr int XROWS = WG_THREADS / 8;                          // rows between a thread's chunks
+  const int xr0 = tid >> 3, xch = tid & 7;
+  // row r's chunk c sits at chunk c ^ (r % 8) of its 128-byte row (128-byte swizzle); XROWS % 8 == 0
+  const u32 xdst = xr0 * 128 + ((xch ^ (xr0 & 7)) << 4);
+  const char* xsrc = X + ((size_t)min(m0 + xr0, M - 1) * ldx + (size_t)kt0 * 64 + xch * 8) * 2;
+  const size_t xstep = (size_t)XROWS * ldx * 2;
+  u32 xrow_ok = 0;  // bit j: chunk j's row exists
+#pragma unroll
+  for (int j = 0; j < XJ; ++j)
+    if ((XCH % WG_THREADS == 0 || tid + j * WG_THREADS < XCH) && m0 + xr0 + j * XROWS < M) xrow_ok |= 1u << j;
+  // wgmma_v1 stores 8 row tiles together per k-tile: tile (rt, kt) at ((rt / 8 * Kt + kt) * 8 + rt % 8) * TB
+  const char* wsrc = W + (((size_t)(rt >> 3) * Kt + kt0) * 8 + (rt & 7)) * TB + lane * 16;
+  constexpr bool PC = WG_PC != 0;  // per-channel: one parameter set, read once before the loop
+  constexpr int PCH = PBLK / 16;   // 16-byte pieces of one parameter block
+  const int pb = lane / PCH;
+  // params [Nt / 8][G][8][16 rows]: block (rt, grp) at ((rt / 8 * G + grp) * 8 + rt % 8) * PBLK
+  const char* psrc = P + ((size_t)(rt >> 3) * G * 8 + (rt & 7)) * PBLK + (lane % PCH) * 16;
+  const u32 pdst = X_BYTES + W_BYTES + (warp * NPB + pb) * PBLK + (lane % PCH) * 16;
+  u32 st_issue = sbase;  // stage of the next tile to load
+
+  auto issue = [&](int i) {  // tile kt0 + i into the stage at st_issue (one commit group per call, maybe empty)
+    if (i < nk) {
+      const int k = (kt0 + i) * 64 + xch * 8;
+      const bool kok = k < K;
+#pragma unroll
+      for (int j = 0; j < XJ; ++j)
+        if (XCH % WG_THREADS == 0 || tid + j * WG_THREADS < XCH)
+        {
+          const bool ok = ((xrow_ok >> j) & 1) && kok;  // else zeros, read from nowhere (a valid dummy address)
+          cp16(st_issue + xdst + j * XROWS * 128, ok ? xsrc + j * xstep : X, ok ? 16 : 0);
+        }
+#pragma unroll
+      for (int u = 0; u < TB / 512; ++u) cp16(st_issue + X_BYTES + warp * TB + u * 512 + lane * 16, wsrc + u * 512, 16);
+      if (!PC && lane < NPB * PCH) {
+        const int grp = min(((kt0 + i) * 64 + 32 * pb) >> gk, G - 1);
+        cp16(st_issue + pdst, psrc + (size_t)grp * 8 * PBLK, 16);
+      }
+      xsrc += 128;
+      wsrc += 8 * TB;
+      st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
+    }
+    cp_commit();
+  };
+
+  float acc[BM / 2];
+#pragma unroll
+  for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
+
+  // group constants of rows g, g + 8 (per block b of the tile), decoded only when the group changes
+  RowQ<ACT, MODE> q[NPB][2];
+  float z[NPB][2];
+  auto decode = [&](const char* pbase) {
+#pragma unroll
+    for (int b = 0; b < NPB; ++b)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const char* p = pbase + b * PBLK + (g + 8 * h) * PB;
+        const float s = scl_at(p);
+        const float sec = MODE == 0 ? 0.f : scl_at(p + SB);
+        z[b][h] = MODE == 1 ? sec : (BITS == 4 ? 8.f : 128.f);
+        q[b][h].set(s, z[b][h], MODE == 2 ? sec : 0.f);
+      }
+  };
+  if (PC) decode(P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK);  // G == 1
+  int cur_grp = -1;
+  u32 st_read = sbase;  // stage of the tile being consumed
+
+  auto body = [&](int i, u32(&afr)[4][4]) {
+    cp_wait<STAGES - 2 - INFL>();  // this thread's pieces of tile i have landed
+    if (WG_FENCE) fence_proxy_async();
+    __syncthreads();  // everyone's pieces landed; every warpgroup is past tile i - 1, so wgmma i - 1 - INFL is done
+    issue(i + STAGES - 1 - INFL);  // refills the stage of tile i - 1 - INFL
+    const char* stg = sgen + (st_read - sbase);
+    u32 w[TB / 128];
+    {
+      const uint4 v0 = *(const uint4*)(stg + X_BYTES + warp * TB + lane * 16);
+      w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w;
+      if (TB == 1024) {
+        const uint4 v1 = *(const uint4*)(stg + X_BYTES + warp * TB + 512 + lane * 16);
+        w[TB / 128 - 4] = v1.x, w[TB / 128 - 3] = v1.y, w[TB / 128 - 2] = v1.z, w[TB / 128 - 1] = v1.w;
+      }
+    }
+    if (!PC) {
+      const int grp = ((kt0 + i) * 64) >> gk;  // warp-uniform
+      // (int8 decodes every tile: with the cached constants the fp16 int8 sym / offset kernels returned wrong
+      // results on an H200 -- zero_point, bf16 and int4 were right; not understood, see gemm_wgmma_notes.md)
+      if (G2 || BITS == 8 || grp != cur_grp) {
+        decode(stg + X_BYTES + W_BYTES + warp * NPB * PBLK);
+        cur_grp = grp;
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int b = G2 ? s / 2 : 0;
+      if (BITS == 4) {
+        a_frag_step<4, ACT, MODE, true>(w, s, q[b][0], q[b][1], z[b][0], z[b][1], afr[s]);
+      } else {
+        const u32 wu[4] = {w[4 * (s / 2)], w[4 * (s / 2) + 1], w[4 * (s / 2) + 2], w[4 * (s / 2) + 3]};
+        a_frag_step<8, ACT, MODE, true>(wu, s % 2, q[b][0], q[b][1], z[b][0], z[b][1], afr[s]);
+      }
+    }
+    fence_regs(afr);
+    wg_fence();
+    const u64 desc = desc_sw128(st_read);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(acc, afr[s], desc + 2 * s);  // + 32 bytes per k16 step
+    wg_commit();
+    wg_wait<INFL>();  // the wgmma of tile i - INFL is done: its A registers and its stage may be reused
+    st_read = st_read + STAGE == sbase + STAGES * STAGE ? sbase : st_read + STAGE;
+  };
+
+#pragma unroll
+  for (int i = 0; i < STAGES - 1 - INFL; ++i) issue(i);
+  u32 afr[INFL + 1][4][4];  // A registers of the last INFL + 1 tiles (indices fixed at compile time)
+  int i = 0;
+  for (; i + INFL < nk; i += INFL + 1) {
+#pragma unroll
+    for (int j = 0; j <= INFL; ++j) body(i + j, afr[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < INFL; ++j)
+    if (i + j < nk) body(i + j, afr[j]);
+  wg_wait<0>();
+  fence_regs(acc);
+
+  // acc[4j + 2h + c] = (weight row 16 * (warp % 4) + g + 8 h of the warpgroup, activation row 8 j + 2 t + c)
+  const int nb = rt_raw * 16 + g;
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int n = nb + 8 * h, m = m0 + 8 * j + 2 * t + c;
+        if (n < N && m < M) {
+          if (WG_SPLIT) atomicAdd(ws + (size_t)m * N + n, acc[4 * j + 2 * h + c]);
+          else store_output<ACT>(Y, (size_t)m * ldy + n, n, acc[4 * j + 2 * h + c], bias, bias_kind, lo, hi);
+        }
+      }
+}

@@ -1,0 +1,187 @@
+"""Weight-only GEMM on Hopper wgmma (CUDA C++ / inline PTX, gemm_wgmma.cu, compiled by NVRTC for sm_90a).
+
+``gemm_wgmma(x2d, qw, bias, lo, hi, config=None)`` computes ``clamp(x2d @ dequant(qw).T + bias, lo, hi)``:
+
+* x2d: float16 / bfloat16 [M, K] on an sm_90 GPU, unit stride along K (a zero-padded aligned copy is made
+  when rows are not 16-byte aligned or K % 8 != 0). Any M >= 1.
+* qw: QuantizedWeight [N, K] on the same device: int4 / int8, group 32..256 or per-channel, any mode, any
+  scale dtype. Its ``wgmma_v1`` layout (mixgemm.formats.layouts_wgmma) is built on first use and cached.
+* bias: None or float16 / bfloat16 / float32 [N]. lo, hi: output clamp (may be +-inf).
+* config: None (``default_config``) or a dict: BM (activation rows per CTA = the wgmma N: 8..256, multiple
+  of 8), NWG (warpgroups = 64 weight rows each), STAGES (cp.async ring depth, >= 3), SPLIT (split-K factor
+  or "auto"), GROUP_M (m-tiles rastered together).
+* Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
+  allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from mixgemm.formats.layouts_wgmma import K_TILE, WgmmaLayout, build_wgmma_v1
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.cuda import nvrtc
+
+SOURCE = "gemm_wgmma.cu"
+KERNEL = "mixgemm_gemm_wgmma"
+LAYOUT = "wgmma_v1"
+SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT")
+
+_ACT = {torch.float16: 0, torch.bfloat16: 1}
+_SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_MODE = {"sym": 0, "zero_point": 1, "offset": 2}
+_BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
+
+
+def wgmma_supported(x_dtype: torch.dtype, qw: QuantizedWeight, device: torch.device) -> bool:
+    """True when this kernel runs the problem: an sm_90 GPU, fp16 / bf16 activations, int4 / int8 weights."""
+    if device.type != "cuda" or x_dtype not in _ACT or qw.bits not in (4, 8) or not nvrtc.nvrtc_available():
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def stage_bytes(bm: int, nwg: int, bits: int, scl_bytes: int, mode: str, g2: bool) -> int:
+    """Shared memory of one pipeline stage (must match gemm_wgmma.cu's STAGE)."""
+    warps = 4 * nwg
+    pb = scl_bytes * (1 if mode == "sym" else 2)
+    raw = bm * 128 + warps * (512 if bits == 4 else 1024) + warps * (2 if g2 else 1) * 16 * pb
+    return -(-raw // 1024) * 1024
+
+
+def default_config(m: int, n: int, k: int, sms: int = 132) -> dict:
+    """Tile choice from the problem size (deterministic, no autotuning); the shipped tables override it."""
+    bm = 8
+    while bm < min(m, 128):
+        bm *= 2
+    if m >= 2048:
+        bm = 256
+    cfg = {"BM": bm, "NWG": 2, "STAGES": 4, "GROUP_M": 8}
+    cfg["SPLIT"] = auto_split(m, n, k, cfg, sms)
+    return cfg
+
+
+def auto_split(m: int, n: int, k: int, cfg: dict, sms: int) -> int:
+    """Split-K factor that brings the CTA count to about one wave (1 when the tiles already fill the GPU)."""
+    tiles = math.ceil(n / (64 * cfg["NWG"])) * math.ceil(m / cfg["BM"])
+    kt = math.ceil(k / K_TILE)
+    if tiles >= sms or kt < 16:
+        return 1
+    return max(1, min(8, round(sms / tiles), kt // 8))
+
+
+def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
+    """x2d itself when the kernel can read it (16-byte aligned rows, K % 8 == 0), else a padded copy."""
+    es = x2d.element_size()
+    k = x2d.shape[1]
+    if k % 8 == 0 and (x2d.stride(0) * es) % 16 == 0 and x2d.data_ptr() % 16 == 0:
+        return x2d
+    xp = torch.zeros(x2d.shape[0], -(-k // 8) * 8, dtype=x2d.dtype, device=x2d.device)
+    xp[:, :k] = x2d
+    return xp
+
+
+def _check(x2d: torch.Tensor, qw: QuantizedWeight):
+    if x2d.dim() != 2 or x2d.shape[1] != qw.in_features:
+        raise ValueError(f"x2d must be [M, K={qw.in_features}], got {tuple(x2d.shape)}")
+    if x2d.dtype not in _ACT:
+        raise TypeError(f"the wgmma GEMM takes float16 / bfloat16 activations, got {x2d.dtype}")
+    if x2d.stride(1) != 1:
+        raise ValueError("x2d must have unit stride along K")
+    if not x2d.is_cuda or x2d.device != qw.device:
+        raise ValueError(f"x2d ({x2d.device}) and the weight ({qw.device}) must be on the same CUDA device")
+    if qw.bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {qw.bits}")
+
+
+@torch.compiler.disable
+def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
+               config: dict | None = None, fit: bool = False) -> torch.Tensor:
+    """clamp(x2d @ dequant(qw).T + bias, lo, hi) in x2d.dtype (see the module docstring).
+
+    fit: lower STAGES until the stages fit in shared memory (the dispatcher's table configs are measured on int4
+    fp16-scale weights, whose stages are the smallest); without it an oversized config raises."""
+    _check(x2d, qw)
+    m, k = x2d.shape
+    n = qw.out_features
+    y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+    if m == 0 or n == 0:
+        return y
+    if bias is not None:
+        if bias.dtype not in _BIAS or bias.shape != (n,):
+            raise ValueError(f"bias must be float16/bfloat16/float32 [{n}], got {bias.dtype} {tuple(bias.shape)}")
+        bias = bias.contiguous()
+    props = torch.cuda.get_device_properties(x2d.device)
+    cfg = dict(config) if config is not None else default_config(m, n, k, props.multi_processor_count)
+    bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
+    if bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or stages < 2 + int(cfg.get("INFLIGHT", 1)):
+        raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages}: BM in 8..256 (multiple of 8), "
+                         "NWG 1..4, STAGES >= 2 + INFLIGHT (1 or 2)")
+    lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
+    g2 = lay.group_size == 32
+    sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2)
+    min_stages = 2 + int(cfg.get("INFLIGHT", 1))
+    while fit and stages > min_stages and stages * sb + 1024 > SMEM_LIMIT:
+        stages -= 1
+    smem = stages * sb + 1024  # + slack for the 1024-byte alignment of the stages
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"wgmma tile BM={bm} NWG={nwg} STAGES={stages} needs {smem} bytes of shared memory "
+                         f"(limit {SMEM_LIMIT})")
+    split = cfg.get("SPLIT", 1)
+    if split == "auto":
+        split = auto_split(m, n, k, cfg, props.multi_processor_count)
+    kt = lay.k_tiles
+    split = max(1, min(int(split), kt))
+    kt_per = math.ceil(kt / split)
+    split = math.ceil(kt / kt_per)
+    xk = _prepare_x(x2d)
+    ws = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split > 1 else None
+    defs = {"WG_BITS": lay.bits, "WG_ACT": _ACT[x2d.dtype], "WG_SCL": _SCL[lay.params.dtype],
+            "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
+            "WG_PC": int(lay.num_groups == 1),
+            "WG_SPLIT": int(split > 1), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
+    if int(cfg.get("INFLIGHT", 1)) != 1:
+        defs["WG_INFLIGHT"] = int(cfg["INFLIGHT"])
+    if "FENCE" in cfg:  # experiment switch (scripts/bench_wgmma.py), not for use
+        defs["WG_FENCE"] = int(cfg["FENCE"])
+    fn = nvrtc.get_function(SOURCE, KERNEL, defs, x2d.device, arch_suffix="a")
+    nvrtc.allow_dynamic_smem(fn, smem)
+    tiles_n = math.ceil(lay.row_tiles / (4 * nwg))
+    grid = (tiles_n * math.ceil(m / bm), 1, split)
+    args = [
+        ctypes.c_void_p(lay.weight.data_ptr()),
+        ctypes.c_void_p(lay.params.data_ptr()),
+        ctypes.c_void_p(xk.data_ptr()),
+        ctypes.c_int(xk.stride(0)),
+        ctypes.c_void_p(y.data_ptr()),
+        ctypes.c_int(y.stride(0)),
+        ctypes.c_void_p(0 if bias is None or split > 1 else bias.data_ptr()),
+        ctypes.c_int(0 if bias is None or split > 1 else _BIAS[bias.dtype]),
+        ctypes.c_float(-math.inf if split > 1 or not math.isfinite(lo) else lo),
+        ctypes.c_float(math.inf if split > 1 or not math.isfinite(hi) else hi),
+        ctypes.c_void_p(0 if ws is None else ws.data_ptr()),
+        ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(xk.shape[1]), ctypes.c_int(kt),
+        ctypes.c_int(lay.num_groups), ctypes.c_int(lay.gk), ctypes.c_int(kt_per),
+    ]
+    with torch.cuda.device(x2d.device):
+        nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(x2d.device).cuda_stream, smem)
+    if ws is not None:
+        _finish_split(ws, bias, y, lo, hi)
+    return y
+
+
+def _finish_split(ws: torch.Tensor, bias, y: torch.Tensor, lo: float, hi: float) -> None:
+    """y = clamp(ws + bias, lo, hi) cast to y's dtype (the Triton GEMM's split-K epilogue kernel)."""
+    from mixgemm.kernels.triton.gemm import _splitk_epilogue
+
+    m, n = ws.shape
+    lo_on, hi_on = lo != -math.inf, hi != math.inf
+    block = 1024
+    _splitk_epilogue[(math.ceil(m * n / block),)](
+        ws, bias if bias is not None else ws, y, m, n, y.stride(0), float(lo) if lo_on else 0.0,
+        float(hi) if hi_on else 0.0, BLOCK=block, HAS_BIAS=bias is not None, CLAMP_LO=lo_on, CLAMP_HI=hi_on,
+        num_warps=4,
+    )

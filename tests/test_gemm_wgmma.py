@@ -1,0 +1,227 @@
+"""The Hopper wgmma GEMM (kernels/cuda/gemm_wgmma.cu) and its wgmma_v1 layout.
+
+CPU: the layout decoded the way the kernel's lop3 / prmt steps read it (independent of the packing code),
+NVRTC compile checks for sm_90a, the generated wgmma wrappers up to date. GPU (sm_90): every format, group
+size, mode, activation dtype, odd shapes and tile configs against the float64 reference.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # like the other kernel test files: later Triton imports run interpreted
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from mixgemm.formats.layouts_wgmma import build_wgmma_v1, unpack_wgmma_v1  # noqa: E402
+from mixgemm.formats.weight import quantize_weight  # noqa: E402
+from mixgemm.kernels.cuda import nvrtc  # noqa: E402
+from mixgemm.reference.matmul import matmul as ref_matmul  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+ACTS = {None: (-float("inf"), float("inf")), "relu": (0.0, float("inf")), "relu6": (0.0, 6.0)}
+
+
+def _qw(n, k, bits, gs, mode, device="cpu", seed=0, scale_dtype=torch.float16):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.02
+    return quantize_weight(w.to(device), bits=bits, group_size=gs, mode=mode, scale_dtype=scale_dtype)
+
+
+# ------------------------------------------------------------------------------------------------ CPU
+
+
+@pytest.mark.parametrize("bits,gs,n,k", [(4, 128, 40, 256), (4, 32, 17, 96), (8, 64, 33, 192), (8, -1, 5, 200),
+                                         (4, -1, 16, 72)])
+def test_layout_roundtrip(bits, gs, n, k):
+    qw = _qw(n, k, bits, gs, "zero_point")
+    lay = build_wgmma_v1(qw)
+    assert torch.equal(unpack_wgmma_v1(lay), qw.codes())
+    assert lay.weight.shape == (-(-n // 128), -(-k // 64), 8, 512 if bits == 4 else 1024)
+    assert lay.params.shape[:3] == (-(-n // 128), qw.num_groups, 8)
+
+
+def _a_pairs(words: list[int], bits: int, s: int):
+    """The four A-register pairs of step s as mma_frag.cuh extracts them (lop3 masks / prmt selectors)."""
+    if bits == 4:
+        w = words[s]
+        nib = lambda v, sh: (v >> sh) & 0xF  # noqa: E731
+        return [(nib(w, 0), nib(w, 16)), (nib(w, 4), nib(w, 20)), (nib(w, 8), nib(w, 24)), (nib(w, 12), nib(w, 28))]
+    r0, r1 = words[2 * (s % 2) + 4 * (s // 2)], words[2 * (s % 2) + 1 + 4 * (s // 2)]
+    b = lambda v, i: (v >> (8 * i)) & 0xFF  # noqa: E731
+    return [(b(r0, 0), b(r0, 1)), (b(r1, 0), b(r1, 1)), (b(r0, 2), b(r0, 3)), (b(r1, 2), b(r1, 3))]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_layout_matches_wgmma_a_fragment(bits):
+    """Lane (g, t), step s must find A[g][k0..k0+1], A[g+8][k0..], A[g][k0+8..], A[g+8][k0+8..], k0 = 16 s + 2 t."""
+    qw = _qw(32, 128, bits, 64, "sym", seed=3)
+    codes = qw.codes().to(torch.int64)
+    lay = build_wgmma_v1(qw)
+    for tile_n in range(2):
+        for tile_k in range(2):
+            raw = lay.tile(tile_n, tile_k).to(torch.int64)
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                if bits == 4:
+                    by = raw[lane * 16:(lane + 1) * 16]
+                else:
+                    by = torch.cat([raw[lane * 16:(lane + 1) * 16], raw[512 + lane * 16:512 + (lane + 1) * 16]])
+                words = [int(by[4 * i] | by[4 * i + 1] << 8 | by[4 * i + 2] << 16 | by[4 * i + 3] << 24)
+                         for i in range(len(by) // 4)]
+                for s in range(4):
+                    k0 = tile_k * 64 + 16 * s + 2 * t
+                    r0, r1 = tile_n * 16 + g, tile_n * 16 + g + 8
+                    want = [(codes[r0, k0], codes[r0, k0 + 1]), (codes[r1, k0], codes[r1, k0 + 1]),
+                            (codes[r0, k0 + 8], codes[r0, k0 + 9]), (codes[r1, k0 + 8], codes[r1, k0 + 9])]
+                    got = _a_pairs(words, bits, s)
+                    assert got == [(int(a), int(b)) for a, b in want], (tile_n, tile_k, lane, s)
+
+
+def test_generated_wgmma_wrappers_up_to_date():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/gen_wgmma_ops.py"), "--check"])
+    assert r.returncode == 0, "run scripts/gen_wgmma_ops.py: wgmma_ops.cuh is out of date"
+
+
+COMPILE_CASES = [
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=128, WG_NWG=2, WG_STAGES=4),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=1, WG_MODE=2, WG_BM=256, WG_NWG=2, WG_STAGES=3),
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=0, WG_BM=8, WG_NWG=1, WG_STAGES=6, WG_G2=1, WG_SPLIT=1),
+    dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=40, WG_NWG=1, WG_STAGES=5, WG_SPLIT=1),
+]
+
+
+@pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
+@pytest.mark.parametrize("defs", COMPILE_CASES, ids=lambda d: "-".join(f"{v}" for v in d.values()))
+def test_nvrtc_compiles_sm90a(defs):
+    cubin = nvrtc.compile_cubin("gemm_wgmma.cu", tuple(sorted(defs.items())), "sm_90a")
+    assert len(cubin) > 1000
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+
+def _gpu_ok():
+    if not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_sm90 = pytest.mark.skipif(not _gpu_ok(), reason="needs an sm_90 GPU")
+
+
+def _run(m, n, k, bits, gs, mode, dtype, config=None, act="relu6", bias=True, seed=0, scale_dtype=torch.float16,
+         x=None):
+    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+
+    qw = _qw(n, k, bits, gs, mode, "cuda", seed, scale_dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    if x is None:
+        x = torch.randn(m, k, generator=g).to("cuda", dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to("cuda", dtype) if bias else None
+    x0 = x.clone()
+    lo, hi = ACTS[act]
+    y = gemm_wgmma(x, qw, b, lo, hi, config)
+    ref = ref_matmul(x, qw, b, act, out_dtype=torch.float64)
+    assert torch.equal(x, x0), "input modified"
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    err = float((y.double() - ref).norm() / ref.norm())
+    assert err <= TOL[dtype], f"rel err {err:.3e} > {TOL[dtype]:.0e} (m={m} n={n} k={k} {bits} {gs} {mode} {config})"
+    return err
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+@pytest.mark.parametrize("bits,gs", [(4, 32), (4, 64), (4, 128), (4, 256), (4, -1), (8, 32), (8, 128), (8, -1)])
+def test_formats(bits, gs, mode, dtype):
+    k = 512 if gs != -1 else 200  # per-channel: K not a multiple of the 64-k tile
+    _run(17, 200, k, bits, gs, mode, dtype)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m", [1, 3, 17, 33, 64, 129, 1000])
+def test_m_values(m):
+    _run(m, 1000, 1024, 4, 128, "zero_point", torch.float16, act=None)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("cfg", [
+    dict(BM=8, NWG=1, STAGES=3, SPLIT=1), dict(BM=16, NWG=2, STAGES=6, SPLIT=3), dict(BM=64, NWG=1, STAGES=4, SPLIT=2),
+    dict(BM=128, NWG=2, STAGES=4, SPLIT=1, GROUP_M=2), dict(BM=256, NWG=2, STAGES=3, SPLIT=1),
+    dict(BM=40, NWG=2, STAGES=5, SPLIT="auto"), dict(BM=256, NWG=1, STAGES=4, SPLIT=5),
+    dict(BM=32, NWG=2, STAGES=4, INFLIGHT=2), dict(BM=128, NWG=4, STAGES=6, SPLIT=2, INFLIGHT=2),
+    dict(BM=24, NWG=3, STAGES=5, SPLIT=3, INFLIGHT=2),
+], ids=str)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_configs(cfg, bits):
+    _run(300, 520, 1088, bits, 64, "offset", torch.float16, config=cfg, act="relu")
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_misaligned_and_odd_k():
+    # x a view with a 2-byte offset (not 16-byte aligned) and K % 8 != 0: the padded-copy path
+    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+
+    qw = _qw(96, 100, 8, -1, "sym", "cuda")
+    base = torch.randn(5, 101, device="cuda", dtype=torch.float16)
+    x = base[:, 1:]
+    y = gemm_wgmma(x, qw, None, -float("inf"), float("inf"))
+    ref = ref_matmul(x, qw, None, None, out_dtype=torch.float64)
+    assert float((y.double() - ref).norm() / ref.norm()) <= TOL[torch.float16]
+    _run(33, 96, 160, 4, 32, "zero_point", torch.bfloat16)  # K % 64 != 0 with groups of 32
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
+def test_scale_dtypes(scale_dtype):
+    _run(65, 136, 768, 4, 128, "offset", torch.float16, scale_dtype=scale_dtype)
+    _run(65, 136, 768, 8, -1, "zero_point", torch.bfloat16, scale_dtype=scale_dtype)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_bad_inputs():
+    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+
+    qw = _qw(64, 128, 4, 64, "sym", "cuda")
+    inf = float("inf")
+    with pytest.raises(TypeError, match="float16 / bfloat16"):
+        gemm_wgmma(torch.randn(4, 128, device="cuda"), qw, None, -inf, inf)
+    with pytest.raises(ValueError, match="K=128"):
+        gemm_wgmma(torch.randn(4, 64, device="cuda", dtype=torch.float16), qw, None, -inf, inf)
+    with pytest.raises(ValueError, match="shared memory"):
+        gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
+                   dict(BM=256, NWG=2, STAGES=8))
+    with pytest.raises(ValueError, match="bias"):
+        gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw,
+                   torch.zeros(63, device="cuda"), -inf, inf)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("bits,gs,dtype", [(4, 128, torch.float16), (8, -1, torch.bfloat16), (8, 32, torch.float16)])
+def test_dispatch_uses_wgmma(bits, gs, dtype):
+    """Past the GEMV, fp16 / bf16 on sm_90 go to the wgmma GEMM with the shipped table config (STAGES fitted)."""
+    import mixgemm
+    from mixgemm.ops.dispatch import pick_kernel
+
+    qw = _qw(4096, 1024, bits, gs, "zero_point", "cuda", scale_dtype=torch.float32)
+    for m in (17, 64, 300):
+        assert pick_kernel(m, 4096, 1024, qw, torch.device("cuda"), dtype) == "wgmma"
+        x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+        y = mixgemm.matmul(x, qw)
+        ref = ref_matmul(x, qw, None, None, out_dtype=torch.float64)
+        assert float((y.double() - ref).norm() / ref.norm()) <= TOL[dtype]
+    assert pick_kernel(64, 4096, 1024, qw, torch.device("cuda"), torch.float32) == "gemm"
