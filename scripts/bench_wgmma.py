@@ -151,6 +151,10 @@ def main(argv=None) -> int:
                       f"{e:.0e} {100 * floor_us / t:4.0f}% {cfg}", flush=True)
             del qws
             torch.cuda.empty_cache()
+    from mixgemm.kernels.cuda import gemm_wgmma as G
+
+    if G._warned:
+        print("WARNING: TMA unavailable, cp.async loader used:", G._warned[0])
     if a.out:
         with open(a.out, "w") as f:
             import triton

@@ -94,6 +94,7 @@ COMPILE_CASES = [
     dict(WG_BITS=8, WG_ACT=1, WG_SCL=1, WG_MODE=2, WG_BM=256, WG_NWG=2, WG_STAGES=3),
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=0, WG_BM=8, WG_NWG=1, WG_STAGES=6, WG_G2=1, WG_SPLIT=1),
     dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=40, WG_NWG=1, WG_STAGES=5, WG_SPLIT=1),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_TMA=0, WG_INFLIGHT=2),
 ]
 
 
@@ -161,10 +162,20 @@ def test_m_values(m):
     dict(BM=40, NWG=2, STAGES=5, SPLIT="auto"), dict(BM=256, NWG=1, STAGES=4, SPLIT=5),
     dict(BM=32, NWG=2, STAGES=4, INFLIGHT=2), dict(BM=128, NWG=4, STAGES=6, SPLIT=2, INFLIGHT=2),
     dict(BM=24, NWG=3, STAGES=5, SPLIT=3, INFLIGHT=2),
+    dict(BM=64, NWG=2, STAGES=4, TMA=0), dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, TMA=0),
 ], ids=str)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_configs(cfg, bits):
     _run(300, 520, 1088, bits, 64, "offset", torch.float16, config=cfg, act="relu")
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_m_and_k_tails_zero_filled():
+    # M not a multiple of BM and K not a multiple of 64: the TMA box reads past both and must bring zeros
+    for tma in (1, 0):
+        _run(77, 136, 1000, 8, -1, "zero_point", torch.float16, config=dict(BM=64, NWG=2, STAGES=4, TMA=tma))
+        _run(130, 200, 4160, 4, 64, "sym", torch.bfloat16, config=dict(BM=128, NWG=1, STAGES=3, TMA=tma))
 
 
 @pytest.mark.gpu
@@ -225,3 +236,13 @@ def test_dispatch_uses_wgmma(bits, gs, dtype):
         ref = ref_matmul(x, qw, None, None, out_dtype=torch.float64)
         assert float((y.double() - ref).norm() / ref.norm()) <= TOL[dtype]
     assert pick_kernel(64, 4096, 1024, qw, torch.device("cuda"), torch.float32) == "gemm"
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_tma_loader_is_used():
+    """The default loader is TMA: building the activation tensor map must not fall back to cp.async here."""
+    from mixgemm.kernels.cuda import gemm_wgmma as G
+
+    _run(40, 256, 512, 4, 128, "zero_point", torch.float16, config=dict(BM=64, NWG=2, STAGES=4, TMA=1))
+    assert not G._warned, f"tensor map fell back to cp.async: {G._warned}"

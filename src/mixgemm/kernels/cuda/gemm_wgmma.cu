@@ -48,6 +48,13 @@
 #ifndef WG_SPLIT
 #define WG_SPLIT 0
 #endif
+// WG_TMA 1: the activation tile comes by TMA (2-D tensor map, 128-byte swizzle, zero fill past M / K) and each warp's
+// weight tile and parameter blocks by 1-D bulk copies, all completing on one mbarrier per stage; 0: per-thread cp.async.
+// Why: the cp.async loader cost ~30% of the executed instructions at M = 4096 (8 copies per thread and tile with
+// their address / bounds arithmetic) and ~25% at M = 32 (profiles in benchmarks/results/profiles).
+#ifndef WG_TMA
+#define WG_TMA 1
+#endif
 // WG_FENCE 0: experiment only (formally racy) -- measures what the generic->async proxy fence costs
 #ifndef WG_FENCE
 #define WG_FENCE 1
@@ -106,6 +113,32 @@ __device__ __forceinline__ void cp_wait() {
 }
 // cp.async writes through the generic proxy, wgmma reads shared memory through the async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// mbarrier + TMA (sm_90)
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{ .reg .pred p; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT_%=; }" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_2d(u32 dst, const void* tmap, int c0, int c1, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -138,6 +171,11 @@ __device__ __forceinline__ float scl_at(const char* p) {
   return SCL == 0 ? h_to_f32(h) : bf_to_f32(h);
 }
 
+// a CUtensorMap (opaque 128 bytes, 64-byte aligned), passed by value as a __grid_constant__ kernel parameter
+struct __align__(64) TmaDesc {
+  unsigned long long v[16];
+};
+
 }  // namespace mgw
 
 using namespace mgw;
@@ -150,7 +188,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                    void* __restrict__ Y, int ldy,   // [M, ldy] activation dtype
                    const void* __restrict__ bias, int bias_kind, float lo, float hi,
                    float* __restrict__ ws,          // WG_SPLIT: fp32 [M, N] zeroed workspace
-                   int N, int M, int K, int Kt, int G, int gk, int kt_per_split) {
+                   int N, int M, int K, int Kt, int G, int gk, int kt_per_split,
+                   const __grid_constant__ TmaDesc xmap) {  // WG_TMA: activations [M, K], box 64 k x BM rows
   extern __shared__ char smem_raw[];
   const u32 raw = smem_addr(smem_raw);
   const u32 sbase = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment (host adds the slack)
@@ -196,7 +235,42 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   const u32 pdst = X_BYTES + W_BYTES + (warp * NPB + pb) * PBLK + (lane % PCH) * 16;
   u32 st_issue = sbase;  // stage of the next tile to load
 
+  __shared__ __align__(8) u64 full_bar[STAGES];  // WG_TMA: stage s's bytes have landed (phase flips per use)
+  constexpr u32 STAGE_TX = X_BYTES + W_BYTES + (PC ? 0 : P_BYTES);
+  if (WG_TMA) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < STAGES; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
+  int slot_issue = 0;
+
   auto issue = [&](int i) {  // tile kt0 + i into the stage at st_issue (one commit group per call, maybe empty)
+    if (WG_TMA) {
+      if (i < nk) {
+        const u32 bar = smem_addr(&full_bar[slot_issue]);
+        if (tid == 0) {
+          mbar_expect_tx(bar, STAGE_TX);
+          tma_2d(st_issue, &xmap, (kt0 + i) * 64, m0, bar);
+        }
+        if (lane == 0) {
+          bulk_copy(st_issue + X_BYTES + warp * TB, wsrc - lane * 16, TB, bar);
+          if (!PC)
+#pragma unroll
+            for (int b = 0; b < NPB; ++b) {
+              const int grp = min(((kt0 + i) * 64 + 32 * b) >> gk, G - 1);
+              bulk_copy(st_issue + X_BYTES + W_BYTES + (warp * NPB + b) * PBLK, psrc + (size_t)grp * 8 * PBLK, PBLK,
+                        bar);
+            }
+        }
+        wsrc += 8 * TB;
+        st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
+        slot_issue = slot_issue + 1 == STAGES ? 0 : slot_issue + 1;
+      }
+      return;
+    }
     if (i < nk) {
       const int k = (kt0 + i) * 64 + xch * 8;
       const bool kok = k < K;
@@ -242,10 +316,18 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   if (PC) decode(P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK);  // G == 1
   int cur_grp = -1;
   u32 st_read = sbase;  // stage of the tile being consumed
+  int slot_read = 0;
+  u32 phase = 0;
 
   auto body = [&](int i, u32(&afr)[4][4]) {
-    cp_wait<STAGES - 2 - INFL>();  // this thread's pieces of tile i have landed
-    if (WG_FENCE) fence_proxy_async();
+    if (WG_TMA) {
+      mbar_wait(smem_addr(&full_bar[slot_read]), phase);  // tile i's bytes have landed
+      slot_read = slot_read + 1 == STAGES ? 0 : slot_read + 1;
+      phase ^= slot_read == 0;
+    } else {
+      cp_wait<STAGES - 2 - INFL>();  // this thread's pieces of tile i have landed
+      if (WG_FENCE) fence_proxy_async();
+    }
     __syncthreads();  // everyone's pieces landed; every warpgroup is past tile i - 1, so wgmma i - 1 - INFL is done
     issue(i + STAGES - 1 - INFL);  // refills the stage of tile i - 1 - INFL
     const char* stg = sgen + (st_read - sbase);

@@ -8,8 +8,9 @@
   scale dtype. Its ``wgmma_v1`` layout (mixgemm.formats.layouts_wgmma) is built on first use and cached.
 * bias: None or float16 / bfloat16 / float32 [N]. lo, hi: output clamp (may be +-inf).
 * config: None (``default_config``) or a dict: BM (activation rows per CTA = the wgmma N: 8..256, multiple
-  of 8), NWG (warpgroups = 64 weight rows each), STAGES (cp.async ring depth, >= 3), SPLIT (split-K factor
-  or "auto"), GROUP_M (m-tiles rastered together).
+  of 8), NWG (warpgroups = 64 weight rows each), STAGES (ring depth, >= 2 + INFLIGHT), INFLIGHT (wgmma groups in
+  flight, 1 or 2), SPLIT (split-K factor or "auto"), GROUP_M (m-tiles rastered together), TMA (1: TMA / bulk
+  copies, the default; 0: per-thread cp.async).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1.
 """
@@ -29,7 +30,7 @@ SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA")
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -59,7 +60,9 @@ def default_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         bm *= 2
     if m >= 2048:
         bm = 256
-    cfg = {"BM": bm, "NWG": 2, "STAGES": 4, "GROUP_M": 8}
+    # measured on H200 (gemm_wgmma_notes.md): TMA loader from M = 256 (BM 256), cp.async below
+    cfg = {"BM": bm, "NWG": 2, "STAGES": 5 if bm == 256 else 4, "INFLIGHT": 2 if bm == 256 else 1,
+           "TMA": int(bm == 256), "GROUP_M": 8}
     cfg["SPLIT"] = auto_split(m, n, k, cfg, sms)
     return cfg
 
@@ -82,6 +85,46 @@ def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
     xp = torch.zeros(x2d.shape[0], -(-k // 8) * 8, dtype=x2d.dtype, device=x2d.device)
     xp[:, :k] = x2d
     return xp
+
+
+_TMAPS: dict = {}  # (ptr, M, K, row stride, dtype, BM) -> CUtensorMap of the activations (kept alive here)
+
+
+def _x_tensor_map(xk: torch.Tensor, bm: int):
+    """TMA descriptor of the activations [M, K] for tiles of 64 k x BM rows, 128-byte swizzle (the layout the wgmma
+    descriptor reads), zero fill past M and K. Encoded on the host once per (address, shape, stride, dtype, BM)."""
+    key = (xk.data_ptr(), xk.shape[0], xk.shape[1], xk.stride(0), xk.dtype, bm)
+    t = _TMAPS.get(key)
+    if t is None:
+        drv = nvrtc._driver()
+        dt = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16 if xk.dtype == torch.float16
+              else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16)
+        err, t = drv.cuTensorMapEncodeTiled(
+            dt, 2, xk.data_ptr(), [drv.cuuint64_t(xk.shape[1]), drv.cuuint64_t(xk.shape[0])],
+            [drv.cuuint64_t(xk.stride(0) * xk.element_size())], [drv.cuuint32_t(64), drv.cuuint32_t(bm)],
+            [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        if int(err) != 0:
+            raise RuntimeError(f"cuTensorMapEncodeTiled failed for activations {tuple(xk.shape)} "
+                               f"(row stride {xk.stride(0)}): {err!r}")
+        if len(_TMAPS) >= 1024:
+            _TMAPS.clear()
+        _TMAPS[key] = t
+    return t
+
+
+_warned: list = []
+
+
+def _warn_no_tma(e: Exception) -> None:
+    if not _warned:
+        import warnings
+
+        warnings.warn(f"mixgemm: TMA tensor map unavailable ({e}); the wgmma GEMM uses its cp.async loader",
+                      RuntimeWarning, stacklevel=3)
+        _warned.append(e)
 
 
 def _check(x2d: torch.Tensor, qw: QuantizedWeight):
@@ -145,6 +188,16 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
             "WG_SPLIT": int(split > 1), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
     if int(cfg.get("INFLIGHT", 1)) != 1:
         defs["WG_INFLIGHT"] = int(cfg["INFLIGHT"])
+    tma = int(cfg.get("TMA", 1))
+    xmap = None
+    if tma:
+        try:
+            xmap = _x_tensor_map(xk, bm)
+        except Exception as e:  # noqa: BLE001 - a driver without tensor-map support: the cp.async loader instead
+            _warn_no_tma(e)
+            tma = 0
+    if not tma:  # per-thread cp.async loader instead of TMA / bulk copies
+        defs["WG_TMA"] = 0
     if "FENCE" in cfg:  # experiment switch (scripts/bench_wgmma.py), not for use
         defs["WG_FENCE"] = int(cfg["FENCE"])
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, x2d.device, arch_suffix="a")
@@ -165,6 +218,8 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         ctypes.c_void_p(0 if ws is None else ws.data_ptr()),
         ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(xk.shape[1]), ctypes.c_int(kt),
         ctypes.c_int(lay.num_groups), ctypes.c_int(lay.gk), ctypes.c_int(kt_per),
+        # the 128-byte tensor map by value (zeros when the kernel does not use it)
+        (ctypes.c_ubyte * 128).from_address(xmap.getPtr()) if tma else (ctypes.c_ubyte * 128)(),
     ]
     with torch.cuda.device(x2d.device):
         nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(x2d.device).cuda_stream, smem)
