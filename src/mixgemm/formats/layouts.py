@@ -35,11 +35,12 @@ INT4_PERM = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble p of a 32-bit word holds element 
 
 
 @dataclass(frozen=True)
-class GemvLayout:
-    """The ``gemv_v1`` layout of one weight (see the module docstring)."""
+class KernelLayout:
+    """What every kernel layout of a weight holds: the repacked codes, the per-(row, group) parameters, and the
+    problem they came from. Each layout adds its own addressing fields."""
 
-    weight: torch.Tensor  # uint8 [N, Kp * bits // 8]
-    params: torch.Tensor  # scale dtype [N, G] or [N, G, 2]
+    weight: torch.Tensor  # uint8, layout-specific shape
+    params: torch.Tensor  # scale dtype, layout-specific shape
     n: int
     k: int
     k_padded: int
@@ -47,6 +48,13 @@ class GemvLayout:
     mode: str
     group_size: int  # effective (K for per-channel)
     num_groups: int
+
+
+@dataclass(frozen=True)
+class GemvLayout(KernelLayout):
+    """The ``gemv_v1`` layout of one weight (see the module docstring): weight uint8 [N, Kp * bits // 8], params
+    [N, G] or [N, G, 2]."""
+
     chunk: int  # k per 16-byte chunk
     gshift: int
 
@@ -134,18 +142,10 @@ _MMA_E_INT4 = ((0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3))  
 
 
 @dataclass(frozen=True)
-class GemvMmaLayout:
-    """The ``gemv_mma_v1`` layout of one weight (see the comment above)."""
+class GemvMmaLayout(KernelLayout):
+    """The ``gemv_mma_v1`` layout of one weight (see the comment above): weight uint8 [N_pad / 16, Kp / KT,
+    32 lanes, 16 bytes], params as GemvLayout.params."""
 
-    weight: torch.Tensor  # uint8 [N_pad / 16, Kp / KT, 32 lanes, 16 bytes]
-    params: torch.Tensor  # as GemvLayout.params
-    n: int
-    k: int
-    k_padded: int
-    bits: int
-    mode: str
-    group_size: int
-    num_groups: int
     k_tile: int
     gk: int  # group of k = min(k >> gk, G - 1); 31 for per-channel
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.formats.layouts import INT4_PERM
+from mixgemm.formats.layouts import INT4_PERM, KernelLayout
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 
 K_TILE = 64
@@ -41,18 +41,10 @@ _E_INT4 = ((0, 0), (0, 1), (1, 0), (1, 1), (0, 8), (0, 9), (1, 8), (1, 9))
 
 
 @dataclass(frozen=True)
-class WgmmaLayout:
-    """The ``wgmma_v1`` layout of one weight (see the module docstring)."""
+class WgmmaLayout(KernelLayout):
+    """The ``wgmma_v1`` layout of one weight (see the module docstring): weight uint8 [N_pad / 128, K_pad / 64, 8,
+    tile bytes], params scale dtype [N_pad / 128, G, 8, 16, PW]."""
 
-    weight: torch.Tensor  # uint8 [N_pad / 128, K_pad / 64, 8, tile bytes]
-    params: torch.Tensor  # scale dtype [N_pad / 128, G, 8, 16, PW]
-    n: int
-    k: int
-    k_padded: int
-    bits: int
-    mode: str
-    group_size: int  # effective (K for per-channel)
-    num_groups: int
     gk: int  # group of k = min(k >> gk, G - 1); 31 for per-channel
 
     @property

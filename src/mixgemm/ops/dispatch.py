@@ -29,24 +29,24 @@ GEMV_MAX_M = 16  # the GEMV's own limit; the table may lower it per bit width
 WGMMA = os.environ.get("MIXGEMM_WGMMA", "1") != "0"
 
 
-@functools.lru_cache(maxsize=1)
-def _wgmma_module():
-    """mixgemm.kernels.cuda.gemm_wgmma, or None when it cannot be imported."""
+@functools.cache
+def _optional_module(name: str):
+    """mixgemm.kernels.cuda.<name>, or None when it cannot be imported (e.g. no cuda-bindings): then the next
+    kernel in line serves the problem (the Triton GEMM serves every M)."""
+    import importlib
+
     try:
-        from mixgemm.kernels.cuda import gemm_wgmma
-    except Exception:  # noqa: BLE001 - any import failure means "no wgmma GEMM here"
+        return importlib.import_module(f"mixgemm.kernels.cuda.{name}")
+    except Exception:  # noqa: BLE001 - any import failure means "not here"
         return None
-    return gemm_wgmma
 
 
-@functools.lru_cache(maxsize=1)
 def _gemv_module():
-    """mixgemm.kernels.cuda.gemv, or None when it cannot be imported (then the GEMM serves every M)."""
-    try:
-        from mixgemm.kernels.cuda import gemv
-    except Exception:  # noqa: BLE001 - any import failure means "no GEMV here"
-        return None
-    return gemv
+    return _optional_module("gemv")
+
+
+def _wgmma_module():
+    return _optional_module("gemm_wgmma")
 
 
 def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device,

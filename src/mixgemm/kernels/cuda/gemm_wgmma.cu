@@ -55,10 +55,6 @@
 #ifndef WG_TMA
 #define WG_TMA 1
 #endif
-// WG_FENCE 0: experiment only (formally racy) -- measures what the generic->async proxy fence costs
-#ifndef WG_FENCE
-#define WG_FENCE 1
-#endif
 // WG_PC: per-channel weights (one group): parameters read once, no parameter stream
 #ifndef WG_PC
 #define WG_PC 0
@@ -73,6 +69,11 @@
 #endif
 
 #define WG_THREADS (128 * WG_NWG)
+// WG_MINB: CTAs per SM the register allocation must allow (__launch_bounds__ min blocks); more resident warps
+// for the latency-bound small-M tiles
+#ifndef WG_MINB
+#define WG_MINB 1
+#endif
 
 using namespace mg;
 
@@ -180,7 +181,7 @@ struct __align__(64) TmaDesc {
 
 using namespace mgw;
 
-extern "C" __global__ void __launch_bounds__(WG_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MINB)
 mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt / 8][Kt][8][TB]
                    const char* __restrict__ P,      // wgmma_v1 params [Nt / 8][G][8][16][PB]
                    const char* __restrict__ X,      // [M, ldx] activations, 16-byte aligned rows, K % 8 == 0
@@ -326,7 +327,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       phase ^= slot_read == 0;
     } else {
       cp_wait<STAGES - 2 - INFL>();  // this thread's pieces of tile i have landed
-      if (WG_FENCE) fence_proxy_async();
+      fence_proxy_async();
     }
     __syncthreads();  // everyone's pieces landed; every warpgroup is past tile i - 1, so wgmma i - 1 - INFL is done
     issue(i + STAGES - 1 - INFL);  // refills the stage of tile i - 1 - INFL

@@ -30,7 +30,7 @@ SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB")
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -186,6 +186,8 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
             "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
             "WG_PC": int(lay.num_groups == 1),
             "WG_SPLIT": int(split > 1), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
+    if int(cfg.get("MINB", 1)) != 1:
+        defs["WG_MINB"] = int(cfg["MINB"])
     if int(cfg.get("INFLIGHT", 1)) != 1:
         defs["WG_INFLIGHT"] = int(cfg["INFLIGHT"])
     tma = int(cfg.get("TMA", 1))
@@ -198,8 +200,6 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
             tma = 0
     if not tma:  # per-thread cp.async loader instead of TMA / bulk copies
         defs["WG_TMA"] = 0
-    if "FENCE" in cfg:  # experiment switch (scripts/bench_wgmma.py), not for use
-        defs["WG_FENCE"] = int(cfg["FENCE"])
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, x2d.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
     tiles_n = math.ceil(lay.row_tiles / (4 * nwg))
