@@ -246,3 +246,14 @@ def test_tma_loader_is_used():
 
     _run(40, 256, 512, 4, 128, "zero_point", torch.float16, config=dict(BM=64, NWG=2, STAGES=4, TMA=1))
     assert not G._warned, f"tensor map fell back to cp.async: {G._warned}"
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("tma", [0, 1])
+def test_per_channel_scale_in_epilogue_with_split(tma):
+    """Per-channel sym / zero_point: exact q - z in A, row scale in the epilogue -- also on split-K partials."""
+    cfg = dict(BM=64, NWG=2, STAGES=4, SPLIT=3, TMA=tma)
+    _run(300, 520, 1088, 8, -1, "sym", torch.float16, config=cfg)
+    _run(129, 264, 1000, 4, -1, "zero_point", torch.bfloat16, config=cfg, scale_dtype=torch.float32)
+    _run(129, 264, 1000, 8, -1, "offset", torch.float16, config=cfg)

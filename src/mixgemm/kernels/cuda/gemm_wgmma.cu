@@ -14,7 +14,8 @@
 // descriptor reads without bank conflicts), every warp's 512 / 1024 weight bytes and its 16 rows' group
 // parameters -- so no register holds a load in flight. A stage is refilled two tiles after it was read: one
 // tile for the wgmma still reading it (wait_group 1), one for the barrier that proves every warpgroup is past it.
-// Scales are applied per weight pair in f16x2 / bf16x2 (mma_frag.cuh), fp32 accumulation over all of K.
+// Scales are applied per weight pair in f16x2 / bf16x2 (mma_frag.cuh), fp32 accumulation over all of K; per-channel
+// sym / zero_point weights take the exact q - z and one fp32 scale per row in the epilogue.
 // Split-K (grid.z) adds fp32 partials into a zeroed workspace; the host finishes bias / clamp / cast.
 
 #include "mma_frag.cuh"
@@ -314,7 +315,17 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         q[b][h].set(s, z[b][h], MODE == 2 ? sec : 0.f);
       }
   };
-  if (PC) decode(P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK);  // G == 1
+  // Per-channel sym / zero_point: A holds the exact integers q - z and each row's scale multiplies its fp32 result
+  // once in the epilogue (why: one mul per A register less -- a third of the int8 dequantization -- and no fp16 /
+  // bf16 rounding of the weights). Offset mode needs the per-row m * sum(x) term, so it keeps the scaled path.
+  constexpr bool PCS = PC && MODE != 2;
+  float row_scale[2] = {1.f, 1.f};
+  if (PC) {
+    const char* pp = P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK;  // G == 1
+    decode(pp);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_scale[h] = scl_at(pp + (g + 8 * h) * PB);
+  }
   int cur_grp = -1;
   u32 st_read = sbase;  // stage of the tile being consumed
   int slot_read = 0;
@@ -354,10 +365,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     for (int s = 0; s < 4; ++s) {
       const int b = G2 ? s / 2 : 0;
       if (BITS == 4) {
-        a_frag_step<4, ACT, MODE, true>(w, s, q[b][0], q[b][1], z[b][0], z[b][1], afr[s]);
+        a_frag_step<4, ACT, MODE, !PCS>(w, s, q[b][0], q[b][1], z[b][0], z[b][1], afr[s]);
       } else {
         const u32 wu[4] = {w[4 * (s / 2)], w[4 * (s / 2) + 1], w[4 * (s / 2) + 2], w[4 * (s / 2) + 3]};
-        a_frag_step<8, ACT, MODE, true>(wu, s % 2, q[b][0], q[b][1], z[b][0], z[b][1], afr[s]);
+        a_frag_step<8, ACT, MODE, !PCS>(wu, s % 2, q[b][0], q[b][1], z[b][0], z[b][1], afr[s]);
       }
     }
     fence_regs(afr);
@@ -394,8 +405,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       for (int c = 0; c < 2; ++c) {
         const int n = nb + 8 * h, m = m0 + 8 * j + 2 * t + c;
         if (n < N && m < M) {
-          if (WG_SPLIT) atomicAdd(ws + (size_t)m * N + n, acc[4 * j + 2 * h + c]);
-          else store_output<ACT>(Y, (size_t)m * ldy + n, n, acc[4 * j + 2 * h + c], bias, bias_kind, lo, hi);
+          const float v = PCS ? acc[4 * j + 2 * h + c] * row_scale[h] : acc[4 * j + 2 * h + c];
+          if (WG_SPLIT) atomicAdd(ws + (size_t)m * N + n, v);
+          else store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
         }
       }
 }
