@@ -231,6 +231,23 @@ def test_zero_points_and_group_params(torch_gen):
     assert torch.equal(m, off.offsets.double()) and torch.equal(s, off.scales.double())
 
 
+@pytest.mark.parametrize("bits,gs,mode", [(4, 32, "sym"), (8, 32, "zero_point"), (4, -1, "offset"), (8, 64, "offset")])
+def test_centered_params_and_group_sums(torch_gen, bits, gs, mode):
+    """w = (q - sym_bias) s + m (the integer paths' form) and the per-group sums of c = q - sym_bias."""
+    qw = quantize_weight(torch.randn(5, 128, generator=torch_gen), bits=bits, group_size=gs, mode=mode)
+    n, k = qw.shape
+    g = k // qw.num_groups
+    s, m = qw.centered_params_float64()
+    c = qw.codes().to(torch.int32) - qw.config.sym_bias
+    w = (c.double().reshape(n, -1, g) * s[..., None] + m[..., None]).reshape(n, k)
+    assert torch.allclose(w, dequantize_weight(qw, torch.float64), rtol=0, atol=1e-12)
+    if mode == "sym":
+        assert torch.equal(m, torch.zeros_like(m))
+    csum, cterm = qw.centered_group_sums()
+    assert csum.dtype == torch.int32 and torch.equal(csum, c.reshape(n, -1, g).sum(-1, dtype=torch.int32))
+    assert torch.allclose(cterm, w.reshape(n, -1, g).sum(-1), rtol=1e-12, atol=1e-12)
+
+
 def test_nbytes(torch_gen):
     w = torch.randn(8, 256, generator=torch_gen)
     assert quantize_weight(w, bits=4, group_size=128).nbytes() == 8 * 128 + 8 * 2 * 2

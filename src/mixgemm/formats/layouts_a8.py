@@ -105,16 +105,8 @@ def build_a8gemv_v1(qw: QuantizedWeight) -> A8GemvLayout:
     else:
         chunks = (qp.to(torch.int16) - bias).to(torch.int8).view(torch.uint8).reshape(n, kp // 16, 16)
     weight = order_chunks(chunks, u)
-    c = q.to(torch.int32) - bias
-    s64 = qw.scales.double()
-    if qw.mode == "sym":
-        m64 = torch.zeros_like(s64)
-    elif qw.mode == "zero_point":
-        m64 = (bias - qw.zeros.double()) * s64
-    else:
-        m64 = qw.offsets.double() + bias * s64
-    csum = c.reshape(n, ng, g).sum(-1).double()
-    cterm = s64 * csum + g * m64
+    s64, m64 = qw.centered_params_float64()
+    _, cterm = qw.centered_group_sums()
 
     def padg(t: torch.Tensor) -> torch.Tensor:
         out = torch.zeros((n, gp), dtype=torch.float32, device=dev)

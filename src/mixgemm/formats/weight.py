@@ -194,6 +194,27 @@ class QuantizedWeight:
             return s, self.offsets.double()
         return s, -self.zero_points().double() * s
 
+    def centered_params_float64(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s, m) per group in float64 such that w = (q - sym_bias) * s + m for every mode (m = 0 for "sym"): the
+        form of the integer paths, whose signed codes c = q - sym_bias fit int8."""
+        s = self.scales.double()
+        bias = self.config.sym_bias
+        if self.mode == "sym":
+            return s, torch.zeros_like(s)
+        if self.mode == "zero_point":
+            return s, (bias - self.zeros.double()) * s  # (q - z) s = (q - bias) s + (bias - z) s
+        return s, self.offsets.double() + bias * s  # q s + m0 = (q - bias) s + (m0 + bias s)
+
+    def centered_group_sums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of c, s * sum of c + g * m) per group for c = q - sym_bias: int32 [N, G] and float64 [N, G], the
+        weight-side terms of the block-wise integer GEMM (sum over a group of (c s + m) = s sum(c) + g m)."""
+        n, k = self.shape
+        g, ng = self.config.groups(k)
+        s, m = self.centered_params_float64()
+        c = self.codes().to(torch.int32) - self.config.sym_bias
+        csum = c.reshape(n, ng, g).sum(-1, dtype=torch.int32)
+        return csum, s * csum.double() + g * m
+
     def to(self, device) -> QuantizedWeight:
         move = lambda t: None if t is None else t.to(device)
         return replace(

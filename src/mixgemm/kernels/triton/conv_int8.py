@@ -53,14 +53,7 @@ class ConvA8Layout:
 
 
 def build_conv_a8_layout(qw: QuantizedWeight) -> ConvA8Layout:
-    bias = qw.config.sym_bias
-    s64 = qw.scales.double()
-    if qw.mode == "sym":
-        m64 = torch.zeros_like(s64)
-    elif qw.mode == "zero_point":
-        m64 = (bias - qw.zeros.double()) * s64  # (q - z) s = (q - bias) s + (bias - z) s
-    else:
-        m64 = qw.offsets.double() + bias * s64  # q s + m0 = (q - bias) s + (m0 + bias s)
+    s64, m64 = qw.centered_params_float64()
     codes = qw.qweight.contiguous()  # the plain packing itself (a no-copy view when already contiguous)
     return ConvA8Layout(
         codes=codes,

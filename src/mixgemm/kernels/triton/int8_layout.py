@@ -89,15 +89,8 @@ def build_int8_layout(qw: QuantizedWeight) -> Int8Layout:
     g, ng = qw.group_size, qw.num_groups
     bias = qw.config.sym_bias
     c = (qw.codes().to(torch.int16) - bias).to(torch.int8)  # [N, K] signed
-    s64 = qw.scales.double()
-    if qw.mode == "sym":
-        m64 = torch.zeros_like(s64)
-    elif qw.mode == "zero_point":
-        m64 = (bias - qw.zeros.double()) * s64
-    else:
-        m64 = qw.offsets.double() + bias * s64
-    csum = c.to(torch.int32).reshape(n, ng, g).sum(-1, dtype=torch.int32)
-    cterm = s64 * csum.double() + g * m64
+    s64, m64 = qw.centered_params_float64()
+    csum, cterm = qw.centered_group_sums()
     if qw.bits == 8:
         codes, h = c.contiguous(), 0
     else:
