@@ -54,14 +54,19 @@ def time_runner(x, qws, act, rep=200) -> float:
     return graph_time_us(runs, warmup_ms=10, rep_ms=rep)
 
 
-def row(k, n, m, bits, group, act, bw, rep=200):
-    torch.manual_seed(k + n + m)
+def make_case(k, n, m, bits, group, seed):
+    """Fresh random sym weights (the first of C layer copies whose bytes exceed 3x L2) and activations [M, K]."""
+    torch.manual_seed(seed)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
     qw0 = quantize_weight(w, bits=bits, group_size=group, mode="sym")
     del w
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     c = copies_for(n * k * bits // 8)
-    qws = [qw0] + [clone_qw(qw0) for _ in range(c - 1)]
+    return qw0, x, [qw0] + [clone_qw(qw0) for _ in range(c - 1)], c
+
+
+def row(k, n, m, bits, group, act, bw, rep=200):
+    qw0, x, qws, c = make_case(k, n, m, bits, group, seed=k + n + m)
     int8_ops.A8_GEMV = True
     ga.MAX_M_DISPATCH = 16  # time the CUDA kernel at every M <= 16 (the dispatcher's limit is set from this)
     path = "cuda" if int8_ops._a8_gemv_ok(x, qw0, act, None) else "triton"
@@ -98,13 +103,7 @@ def print_rows(rows):
 
 
 def sweep(k, n, m, bits, group, act, bw, rep=50):
-    torch.manual_seed(1)
-    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-    qw0 = quantize_weight(w, bits=bits, group_size=group, mode="sym")
-    del w
-    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    c = copies_for(n * k * bits // 8)
-    qws = [qw0] + [clone_qw(qw0) for _ in range(c - 1)]
+    qw0, x, qws, _ = make_case(k, n, m, bits, group, seed=1)
     fl = floor_us(k, n, m, bits, group, bw)
     out = []
     for r, ks, nw, pf in SWEEP_CFGS:
@@ -131,18 +130,12 @@ def row_w8_large(k, n, m, bw, rep=100):
     """W8A8 per-channel at large M (Triton GEMM): the one-pass CUDA row quantizer vs the two-pass Triton one."""
     from mixgemm.kernels.triton.act_quant import act_quant
 
-    torch.manual_seed(k + m)
-    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-    qw0 = quantize_weight(w, bits=8, group_size=-1, mode="sym")
-    del w
-    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    qw0, x, qws, _ = make_case(k, n, m, 8, -1, seed=k + m)
     a1 = ga.act_quant_rows(x, "sym")
     a2 = act_quant(x, -1, "sym")
     exact = all(torch.equal(u, v) for u, v in zip(a1, a2, strict=True))
     t_rows = do_bench(lambda: ga.act_quant_rows(x, "sym", out=a1), warmup=10, rep=50, return_mode="median") * 1e3
     t_tri = do_bench(lambda: act_quant(x, -1, "sym", out=a2), warmup=10, rep=50, return_mode="median") * 1e3
-    c = copies_for(n * k)
-    qws = [qw0] + [clone_qw(qw0) for _ in range(c - 1)]
     res = {}
     for flag in (True, False):
         int8_ops.ACTQ_ROWS_CUDA = flag
