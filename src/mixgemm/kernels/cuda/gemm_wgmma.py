@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from mixgemm._checks import check_matmul_inputs
 from mixgemm.formats.layouts_wgmma import K_TILE, WgmmaLayout, build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
@@ -127,17 +128,21 @@ def _warn_no_tma(e: Exception) -> None:
         _warned.append(e)
 
 
-def _check(x2d: torch.Tensor, qw: QuantizedWeight):
-    if x2d.dim() != 2 or x2d.shape[1] != qw.in_features:
-        raise ValueError(f"x2d must be [M, K={qw.in_features}], got {tuple(x2d.shape)}")
+def _check(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None):
+    """The public ops' checks (shape, device, bias) plus what this kernel needs on top."""
+    if x2d.dim() != 2:
+        raise ValueError(f"x2d must be 2-D [M, K], got shape {tuple(x2d.shape)}")
     if x2d.dtype not in _ACT:
         raise TypeError(f"the wgmma GEMM takes float16 / bfloat16 activations, got {x2d.dtype}")
+    check_matmul_inputs(x2d, qw, bias, tuple(_ACT))
     if x2d.stride(1) != 1:
         raise ValueError("x2d must have unit stride along K")
-    if not x2d.is_cuda or x2d.device != qw.device:
-        raise ValueError(f"x2d ({x2d.device}) and the weight ({qw.device}) must be on the same CUDA device")
+    if not x2d.is_cuda:
+        raise ValueError(f"the wgmma GEMM needs CUDA tensors, x2d is on {x2d.device}")
     if qw.bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, got {qw.bits}")
+    if bias is not None and bias.dtype not in _BIAS:
+        raise ValueError(f"bias must be float16/bfloat16/float32, got {bias.dtype}")
 
 
 @torch.compiler.disable
@@ -147,15 +152,13 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
 
     fit: lower STAGES until the stages fit in shared memory (the dispatcher's table configs are measured on int4
     fp16-scale weights, whose stages are the smallest); without it an oversized config raises."""
-    _check(x2d, qw)
+    _check(x2d, qw, bias)
     m, k = x2d.shape
     n = qw.out_features
     y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
     if m == 0 or n == 0:
         return y
     if bias is not None:
-        if bias.dtype not in _BIAS or bias.shape != (n,):
-            raise ValueError(f"bias must be float16/bfloat16/float32 [{n}], got {bias.dtype} {tuple(bias.shape)}")
         bias = bias.contiguous()
     props = torch.cuda.get_device_properties(x2d.device)
     cfg = dict(config) if config is not None else default_config(m, n, k, props.multi_processor_count)
