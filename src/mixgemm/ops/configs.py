@@ -94,37 +94,41 @@ def _nearest_bucket(buckets: dict, m: int) -> dict:
     return buckets[str(pick)]
 
 
+def _table_entry(section: str, m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device) -> dict | None:
+    """A copy of the config the shipped table lists for this problem in ``section`` ("gemm" / "wgmma"), or None."""
+    entries = table_for(device).get(section, {}).get(weight_key(qw))
+    if entries:
+        buckets = _nearest_shape(entries, k, n)
+        if buckets:
+            return dict(_nearest_bucket(buckets, m))
+    return None
+
+
 def gemm_config(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device) -> dict:
     """The GEMM tile config for this problem on this device (table entry, else the kernel's default)."""
     from mixgemm.kernels.triton.gemm import auto_split, default_config, num_sms
 
     sms = num_sms(device)
-    table = table_for(device)
-    entries = table.get("gemm", {}).get(weight_key(qw))
-    if entries:
-        buckets = _nearest_shape(entries, k, n)
-        if buckets:
-            cfg = dict(_nearest_bucket(buckets, m))
-            if cfg.get("SPLIT_K", "auto") == "auto":
-                cfg["SPLIT_K"] = auto_split(m, n, k, cfg, sms, qw.bits)
-            return cfg
-    return default_config(m, n, k, qw.bits, qw.num_groups == 1, sms)
+    cfg = _table_entry("gemm", m, n, k, qw, device)
+    if cfg is None:
+        return default_config(m, n, k, qw.bits, qw.num_groups == 1, sms)
+    if cfg.get("SPLIT_K", "auto") == "auto":
+        cfg["SPLIT_K"] = auto_split(m, n, k, cfg, sms, qw.bits)
+    return cfg
 
 
 def wgmma_config(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device) -> dict:
     """The Hopper wgmma GEMM's tile config (table section ``wgmma``, same keys as ``gemm``; else its default)."""
     from mixgemm.kernels.cuda.gemm_wgmma import auto_split, default_config
+    from mixgemm.kernels.triton.gemm import num_sms
 
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    entries = table_for(device).get("wgmma", {}).get(weight_key(qw))
-    if entries:
-        buckets = _nearest_shape(entries, k, n)
-        if buckets:
-            cfg = dict(_nearest_bucket(buckets, m))
-            if cfg.get("SPLIT", "auto") == "auto":
-                cfg["SPLIT"] = auto_split(m, n, k, cfg, sms)
-            return cfg
-    return default_config(m, n, k, sms)
+    sms = num_sms(device)
+    cfg = _table_entry("wgmma", m, n, k, qw, device)
+    if cfg is None:
+        return default_config(m, n, k, sms)
+    if cfg.get("SPLIT", "auto") == "auto":
+        cfg["SPLIT"] = auto_split(m, n, k, cfg, sms)
+    return cfg
 
 
 def gemv_max_m(qw: QuantizedWeight, device: torch.device) -> int:

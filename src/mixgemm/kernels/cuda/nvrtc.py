@@ -218,8 +218,10 @@ def launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: li
         raise RuntimeError(f"cuLaunchKernel{'Ex (PDL)' if pdl else ''} failed: {err!r}")
 
 
+@functools.cache
 def nvrtc_available() -> bool:
-    """True when cuda-bindings and a loadable libnvrtc are present."""
+    """True when cuda-bindings and a loadable libnvrtc are present (checked once per process: the dispatchers ask
+    on every call)."""
     try:
         nvrtc = _nvrtc()
         err, _, _ = nvrtc.nvrtcVersion()
