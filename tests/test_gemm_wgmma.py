@@ -95,6 +95,8 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=0, WG_BM=8, WG_NWG=1, WG_STAGES=6, WG_G2=1, WG_SPLIT=1),
     dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=40, WG_NWG=1, WG_STAGES=5, WG_SPLIT=1),
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_TMA=0, WG_INFLIGHT=2),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=32, WG_NWG=2, WG_STAGES=4, WG_TMA=0, WG_KT=2),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=2, WG_BM=16, WG_NWG=4, WG_STAGES=3, WG_G2=1, WG_KT=4),
 ]
 
 
@@ -163,10 +165,26 @@ def test_m_values(m):
     dict(BM=32, NWG=2, STAGES=4, INFLIGHT=2), dict(BM=128, NWG=4, STAGES=6, SPLIT=2, INFLIGHT=2),
     dict(BM=24, NWG=3, STAGES=5, SPLIT=3, INFLIGHT=2),
     dict(BM=64, NWG=2, STAGES=4, TMA=0), dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, TMA=0),
+    dict(BM=128, NWG=2, STAGES=3, KT=2), dict(BM=24, NWG=3, STAGES=3, SPLIT=2, KT=4, TMA=0),
 ], ids=str)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_configs(cfg, bits):
     _run(300, 520, 1088, bits, 64, "offset", torch.float16, config=cfg, act="relu")
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("kt", [1, 2, 4])
+@pytest.mark.parametrize("tma", [0, 1])
+@pytest.mark.parametrize("bits,gs,mode,k", [(4, 128, "zero_point", 1152), (4, 32, "offset", 1088), (8, 64, "sym", 1088),
+                                            (8, -1, "zero_point", 1000), (4, -1, "offset", 1000)])
+@pytest.mark.parametrize("split", [1, 3])
+def test_multi_tile_stages(kt, tma, bits, gs, mode, k, split):
+    # KT 64-k tiles per stage; 17 / 18 / 16 k-tiles and split-K 3 leave partial last stages (skipped tiles)
+    cfg = dict(BM=32, NWG=2, STAGES=4, KT=kt, TMA=tma, SPLIT=split)
+    _run(67, 264, k, bits, gs, mode, torch.float16, config=cfg)
+    if bits == 4 and split == 1:
+        _run(9, 72, k, bits, gs, mode, torch.bfloat16, config=dict(cfg, BM=16, NWG=1))
 
 
 @pytest.mark.gpu

@@ -9,11 +9,11 @@
 // double-buffered for it (two named arrays, the loop unrolled by two).
 //
 // CTA = NWG warpgroups x 64 weight rows (each warp owns one 16-row tile of the wgmma_v1 layout,
-// formats/layouts_wgmma.py) times BM activation rows (the wgmma N). K loop in 64-k tiles through a
-// STAGES-deep cp.async ring: per stage the BM x 64 activation tile (128-byte swizzled, the layout the wgmma
+// formats/layouts_wgmma.py) times BM activation rows (the wgmma N). K loop in 64-k tiles, KT of them per stage of a
+// STAGES-deep ring (cp.async or TMA): per tile the BM x 64 activation atom (128-byte swizzled, the layout the wgmma
 // descriptor reads without bank conflicts), every warp's 512 / 1024 weight bytes and its 16 rows' group
-// parameters -- so no register holds a load in flight. A stage is refilled two tiles after it was read: one
-// tile for the wgmma still reading it (wait_group 1), one for the barrier that proves every warpgroup is past it.
+// parameters -- so no register holds a load in flight. A stage is refilled LAG + 1 stages after it was read: LAG
+// for the wgmmas still reading it (wait_group INFLIGHT), one for the barrier that proves every warpgroup is past it.
 // Scales are applied per weight pair in f16x2 / bf16x2 (mma_frag.cuh), fp32 accumulation over all of K; per-channel
 // sym / zero_point weights take the exact q - z and one fp32 scale per row in the epilogue.
 // Split-K (grid.z) adds fp32 partials into a zeroed workspace; the host finishes bias / clamp / cast.
@@ -68,6 +68,13 @@
 #ifndef WG_GROUP_M
 #define WG_GROUP_M 8
 #endif
+// WG_KT: 64-k tiles per pipeline stage (1, 2, 4). Why: every stage pays a fixed cost (the CTA barrier, the copy
+// wait and proxy fence, the loader's bookkeeping) that at small M is as large as the stage's math and memory time
+// (int4, M = 32: the loop with its loads and math removed still took 31 of 70 us; diagnostics in
+// benchmarks/gemm_wgmma_notes.md); more tiles per stage spread it over more bytes.
+#ifndef WG_KT
+#define WG_KT 1
+#endif
 
 #define WG_THREADS (128 * WG_NWG)
 // WG_MINB: CTAs per SM the register allocation must allow (__launch_bounds__ min blocks); more resident warps
@@ -89,14 +96,28 @@ constexpr int SB = SCL == 2 ? 4 : 2;         // bytes per scale-dtype value
 constexpr int PB = SB * (MODE == 0 ? 1 : 2); // parameter bytes per (row, group)
 constexpr int PBLK = 16 * PB;                // one warp's 16 rows of one group
 constexpr int NPB = G2 ? 2 : 1;              // parameter blocks per warp and tile
-constexpr int X_BYTES = BM * 128;            // BM rows x 64 k x 2 bytes
-constexpr int W_BYTES = WARPS * TB;
-constexpr int P_BYTES = WARPS * NPB * PBLK;
+constexpr int KT = WG_KT;
+static_assert(KT == 1 || KT == 2 || KT == 4, "WG_KT is 1, 2 or 4");
+// (KT > 1 with INFLIGHT 2 unrolls 3 stages per loop step, and ptxas then serializes the wgmmas: C7515)
+static_assert(KT == 1 || WG_INFLIGHT == 1, "WG_KT > 1 takes WG_INFLIGHT 1");
+constexpr int X_BYTES = KT * BM * 128;       // KT atoms of BM rows x 64 k x 2 bytes
+constexpr int W_BYTES = KT * WARPS * TB;     // [KT][WARPS][TB]
+constexpr int P_BYTES = KT * WARPS * NPB * PBLK;
 constexpr int STAGE = (X_BYTES + W_BYTES + P_BYTES + 1023) / 1024 * 1024;  // keeps swizzle atoms aligned
 static_assert((WG_THREADS / 8) % 8 == 0, "swizzle phase of a thread's chunks must not change");
 constexpr int INFL = WG_INFLIGHT;
 static_assert(INFL == 1 || INFL == 2, "WG_INFLIGHT is 1 or 2");
-static_assert(STAGES >= INFL + 2, "a stage is reused INFL + 1 tiles after it was read");
+// LAG: stages a stage must wait after it was read before it is refilled (its last INFL k-tiles' wgmmas may still
+// read it); UNR: stages per unrolled loop step, so that a k-tile's A-register buffer ((stage KT + j) % (INFL + 1))
+// is a compile-time index
+constexpr int LAG = (INFL + KT - 1) / KT;
+constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
+constexpr int UNR = (INFL + 1) / gcd(KT, INFL + 1);
+static_assert(STAGES >= LAG + 2, "a stage is reused LAG + 1 stages after it was read");
+template <int V>
+struct IC {
+  static constexpr int value = V;
+};
 static_assert(BM % 8 == 0 && BM >= 8 && BM <= 256, "BM is the wgmma N: 8..256, a multiple of 8");
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
@@ -215,8 +236,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 
   // Loader state: everything that does not change from tile to tile is computed once (measured: address math
   // redone per tile made the loop issue-bound, ~280 instructions per warp and k-tile at M = 4096).
-  constexpr int XCH = BM * 8;                                    // 16-byte chunks of an activation tile
-  constexpr int XJ = (XCH + WG_THREADS - 1) / WG_THREADS;        // chunks per thread
+  constexpr int XCH = BM * 8;                                    // 16-byte chunks of one 64-k activation atom
+  constexpr int XJ = (XCH + WG_THREADS - 1) / WG_THREADS;        // chunks per thread and atom
   constexpr int XROWS = WG_THREADS / 8;                          // rows between a thread's chunks
   const int xr0 = tid >> 3, xch = tid & 7;
   // row r's chunk c sits at chunk c ^ (r % 8) of its 128-byte row (128-byte swizzle); XROWS % 8 == 0
@@ -235,10 +256,11 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // params [Nt / 8][G][8][16 rows]: block (rt, grp) at ((rt / 8 * G + grp) * 8 + rt % 8) * PBLK
   const char* psrc = P + ((size_t)(rt >> 3) * G * 8 + (rt & 7)) * PBLK + (lane % PCH) * 16;
   const u32 pdst = X_BYTES + W_BYTES + (warp * NPB + pb) * PBLK + (lane % PCH) * 16;
-  u32 st_issue = sbase;  // stage of the next tile to load
+  const int nst = (nk + KT - 1) / KT;  // stages of this split (the last one may hold fewer than KT tiles)
+  u32 st_issue = sbase;                // stage buffer of the next stage to load
 
   __shared__ __align__(8) u64 full_bar[STAGES];  // WG_TMA: stage s's bytes have landed (phase flips per use)
-  constexpr u32 STAGE_TX = X_BYTES + W_BYTES + (PC ? 0 : P_BYTES);
+  constexpr u32 TILE_TX = BM * 128 + WARPS * TB + (PC ? 0 : WARPS * NPB * PBLK);
   if (WG_TMA) {
     if (tid == 0) {
 #pragma unroll
@@ -249,51 +271,58 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   }
   int slot_issue = 0;
 
-  auto issue = [&](int i) {  // tile kt0 + i into the stage at st_issue (one commit group per call, maybe empty)
-    if (WG_TMA) {
-      if (i < nk) {
+  auto issue = [&](int sg) {  // stage sg (tiles kt0 + KT sg ..) into st_issue; one commit group per call, maybe empty
+    if (sg < nst) {
+      const int tiles = min(KT, nk - sg * KT);
+      if (WG_TMA) {
         const u32 bar = smem_addr(&full_bar[slot_issue]);
         if (tid == 0) {
-          mbar_expect_tx(bar, STAGE_TX);
-          tma_2d(st_issue, &xmap, (kt0 + i) * 64, m0, bar);
-        }
-        if (lane == 0) {
-          bulk_copy(st_issue + X_BYTES + warp * TB, wsrc - lane * 16, TB, bar);
-          if (!PC)
+          mbar_expect_tx(bar, TILE_TX * tiles);
 #pragma unroll
-            for (int b = 0; b < NPB; ++b) {
-              const int grp = min(((kt0 + i) * 64 + 32 * b) >> gk, G - 1);
-              bulk_copy(st_issue + X_BYTES + W_BYTES + (warp * NPB + b) * PBLK, psrc + (size_t)grp * 8 * PBLK, PBLK,
-                        bar);
-            }
+          for (int j = 0; j < KT; ++j)
+            if (j < tiles) tma_2d(st_issue + j * BM * 128, &xmap, (kt0 + sg * KT + j) * 64, m0, bar);
         }
-        wsrc += 8 * TB;
-        st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
+        // lanes j < KT copy the warp's weight tile j, lanes KT + (j, b) its parameter block b of tile j: the
+        // copies of a stage are issued in parallel, not one after another by one thread
+        if (lane < KT && lane < tiles)
+          bulk_copy(st_issue + X_BYTES + (lane * WARPS + warp) * TB, wsrc - lane * 16 + (size_t)lane * 8 * TB, TB, bar);
+        if (!PC && lane >= KT && lane < KT + KT * NPB) {
+          const int j = (lane - KT) / NPB, b = (lane - KT) % NPB;
+          const int grp = min(((kt0 + sg * KT + j) * 64 + 32 * b) >> gk, G - 1);
+          if (j < tiles)
+            bulk_copy(st_issue + X_BYTES + W_BYTES + ((j * WARPS + warp) * NPB + b) * PBLK,
+                      psrc - (lane % PCH) * 16 + (size_t)grp * 8 * PBLK, PBLK, bar);
+        }
         slot_issue = slot_issue + 1 == STAGES ? 0 : slot_issue + 1;
-      }
-      return;
-    }
-    if (i < nk) {
-      const int k = (kt0 + i) * 64 + xch * 8;
-      const bool kok = k < K;
+      } else {
 #pragma unroll
-      for (int j = 0; j < XJ; ++j)
-        if (XCH % WG_THREADS == 0 || tid + j * WG_THREADS < XCH)
-        {
-          const bool ok = ((xrow_ok >> j) & 1) && kok;  // else zeros, read from nowhere (a valid dummy address)
-          cp16(st_issue + xdst + j * XROWS * 128, ok ? xsrc + j * xstep : X, ok ? 16 : 0);
+        for (int j = 0; j < KT; ++j) {
+          if (j < tiles) {
+            const int k = (kt0 + sg * KT + j) * 64 + xch * 8;
+            const bool kok = k < K;
+#pragma unroll
+            for (int r = 0; r < XJ; ++r)
+              if (XCH % WG_THREADS == 0 || tid + r * WG_THREADS < XCH) {
+                const bool ok = ((xrow_ok >> r) & 1) && kok;  // else zeros, read from nowhere (a valid dummy address)
+                cp16(st_issue + j * BM * 128 + xdst + r * XROWS * 128, ok ? xsrc + j * 128 + r * xstep : X,
+                     ok ? 16 : 0);
+              }
+#pragma unroll
+            for (int u = 0; u < TB / 512; ++u)
+              cp16(st_issue + X_BYTES + (j * WARPS + warp) * TB + u * 512 + lane * 16, wsrc + j * 8 * TB + u * 512,
+                   16);
+            if (!PC && lane < NPB * PCH) {
+              const int grp = min(((kt0 + sg * KT + j) * 64 + 32 * pb) >> gk, G - 1);
+              cp16(st_issue + pdst + j * WARPS * NPB * PBLK, psrc + (size_t)grp * 8 * PBLK, 16);
+            }
+          }
         }
-#pragma unroll
-      for (int u = 0; u < TB / 512; ++u) cp16(st_issue + X_BYTES + warp * TB + u * 512 + lane * 16, wsrc + u * 512, 16);
-      if (!PC && lane < NPB * PCH) {
-        const int grp = min(((kt0 + i) * 64 + 32 * pb) >> gk, G - 1);
-        cp16(st_issue + pdst, psrc + (size_t)grp * 8 * PBLK, 16);
+        xsrc += 128 * KT;
       }
-      xsrc += 128;
-      wsrc += 8 * TB;
+      wsrc += 8 * TB * KT;
       st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
     }
-    cp_commit();
+    if (!WG_TMA) cp_commit();
   };
 
   float acc[BM / 2];
@@ -327,28 +356,22 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     for (int h = 0; h < 2; ++h) row_scale[h] = scl_at(pp + (g + 8 * h) * PB);
   }
   int cur_grp = -1;
-  u32 st_read = sbase;  // stage of the tile being consumed
+  u32 st_read = sbase;  // stage buffer being consumed
   int slot_read = 0;
   u32 phase = 0;
+  u32 afr[INFL + 1][4][4];  // A registers of the last INFL + 1 k-tiles (indices fixed at compile time)
 
-  auto body = [&](int i, u32(&afr)[4][4]) {
-    if (WG_TMA) {
-      mbar_wait(smem_addr(&full_bar[slot_read]), phase);  // tile i's bytes have landed
-      slot_read = slot_read + 1 == STAGES ? 0 : slot_read + 1;
-      phase ^= slot_read == 0;
-    } else {
-      cp_wait<STAGES - 2 - INFL>();  // this thread's pieces of tile i have landed
-      fence_proxy_async();
-    }
-    __syncthreads();  // everyone's pieces landed; every warpgroup is past tile i - 1, so wgmma i - 1 - INFL is done
-    issue(i + STAGES - 1 - INFL);  // refills the stage of tile i - 1 - INFL
+  // one k-tile (tile j of the stage being read): dequantize its A fragments into afr_t, queue its four wgmma k16
+  // steps as one group
+  auto tile = [&](int i, int j, u32(&afr_t)[4][4]) {
     const char* stg = sgen + (st_read - sbase);
     u32 w[TB / 128];
     {
-      const uint4 v0 = *(const uint4*)(stg + X_BYTES + warp * TB + lane * 16);
+      const char* wp = stg + X_BYTES + (j * WARPS + warp) * TB + lane * 16;
+      const uint4 v0 = *(const uint4*)wp;
       w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w;
       if (TB == 1024) {
-        const uint4 v1 = *(const uint4*)(stg + X_BYTES + warp * TB + 512 + lane * 16);
+        const uint4 v1 = *(const uint4*)(wp + 512);
         w[TB / 128 - 4] = v1.x, w[TB / 128 - 3] = v1.y, w[TB / 128 - 2] = v1.z, w[TB / 128 - 1] = v1.w;
       }
     }
@@ -357,7 +380,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       // (int8 decodes every tile: with the cached constants the fp16 int8 sym / offset kernels returned wrong
       // results on an H200 -- zero_point, bf16 and int4 were right; not understood, see gemm_wgmma_notes.md)
       if (G2 || BITS == 8 || grp != cur_grp) {
-        decode(stg + X_BYTES + W_BYTES + warp * NPB * PBLK);
+        decode(stg + X_BYTES + W_BYTES + (j * WARPS + warp) * NPB * PBLK);
         cur_grp = grp;
       }
     }
@@ -365,33 +388,51 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     for (int s = 0; s < 4; ++s) {
       const int b = G2 ? s / 2 : 0;
       if (BITS == 4) {
-        a_frag_step<4, ACT, MODE, !PCS>(w, s, q[b][0], q[b][1], z[b][0], z[b][1], afr[s]);
+        a_frag_step<4, ACT, MODE, !PCS>(w, s, q[b][0], q[b][1], z[b][0], z[b][1], afr_t[s]);
       } else {
         const u32 wu[4] = {w[4 * (s / 2)], w[4 * (s / 2) + 1], w[4 * (s / 2) + 2], w[4 * (s / 2) + 3]};
-        a_frag_step<8, ACT, MODE, !PCS>(wu, s % 2, q[b][0], q[b][1], z[b][0], z[b][1], afr[s]);
+        a_frag_step<8, ACT, MODE, !PCS>(wu, s % 2, q[b][0], q[b][1], z[b][0], z[b][1], afr_t[s]);
       }
     }
-    fence_regs(afr);
+    fence_regs(afr_t);
     wg_fence();
-    const u64 desc = desc_sw128(st_read);
+    const u64 desc = desc_sw128(st_read + j * BM * 128);
 #pragma unroll
-    for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(acc, afr[s], desc + 2 * s);  // + 32 bytes per k16 step
+    for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(acc, afr_t[s], desc + 2 * s);  // + 32 bytes per k16 step
     wg_commit();
-    wg_wait<INFL>();  // the wgmma of tile i - INFL is done: its A registers and its stage may be reused
+    wg_wait<INFL>();  // the wgmma of k-tile i - INFL is done: its A registers may be reused
+  };
+  // one stage: wait for its bytes, refill the stage the wgmmas are done with, run its KT k-tiles. u = the stage's
+  // place in the unrolled loop, so that the A-register buffer of every k-tile is known at compile time.
+  auto stage = [&](int sg, auto u) {
+    if (WG_TMA) {
+      mbar_wait(smem_addr(&full_bar[slot_read]), phase);  // stage sg's bytes have landed
+      slot_read = slot_read + 1 == STAGES ? 0 : slot_read + 1;
+      phase ^= slot_read == 0;
+    } else {
+      cp_wait<STAGES - 2 - LAG>();  // this thread's pieces of stage sg have landed
+      fence_proxy_async();
+    }
+    __syncthreads();  // everyone's pieces landed; every warpgroup is past stage sg - 1, so stage sg - 1 - LAG is free
+    issue(sg + STAGES - 1 - LAG);
+#pragma unroll
+    for (int j = 0; j < KT; ++j) {
+      const int i = sg * KT + j;
+      if (KT == 1 || i < nk) tile(i, j, afr[(decltype(u)::value * KT + j) % (INFL + 1)]);
+    }
     st_read = st_read + STAGE == sbase + STAGES * STAGE ? sbase : st_read + STAGE;
   };
 
 #pragma unroll
-  for (int i = 0; i < STAGES - 1 - INFL; ++i) issue(i);
-  u32 afr[INFL + 1][4][4];  // A registers of the last INFL + 1 tiles (indices fixed at compile time)
-  int i = 0;
-  for (; i + INFL < nk; i += INFL + 1) {
-#pragma unroll
-    for (int j = 0; j <= INFL; ++j) body(i + j, afr[j]);
+  for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s);
+  int sg = 0;
+  for (; sg + UNR <= nst; sg += UNR) {
+    stage(sg, IC<0>{});
+    if (UNR > 1) stage(sg + 1, IC<1 % UNR>{});
+    if (UNR > 2) stage(sg + 2, IC<2 % UNR>{});
   }
-#pragma unroll
-  for (int j = 0; j < INFL; ++j)
-    if (i + j < nk) body(i + j, afr[j]);
+  if (UNR > 1 && sg < nst) stage(sg, IC<0>{});
+  if (UNR > 2 && sg + 1 < nst) stage(sg + 1, IC<1 % UNR>{});
   wg_wait<0>();
   fence_regs(acc);
 
