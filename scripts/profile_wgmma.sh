@@ -17,5 +17,12 @@ run() {  # name, launch spec
   echo "== $1: $(grep -E ' Duration ' "$OUT/ncu_wgmma_$1.txt" | head -1)"
   rm -f "$OUT/wg_$1.ncu-rep"
 }
-run m32 '32,8192,28672,{"BM":32,"NWG":2,"STAGES":6,"INFLIGHT":2,"SPLIT":1,"GROUP_M":1}'
-run m4096 '4096,8192,28672,{"BM":256,"NWG":2,"STAGES":5,"INFLIGHT":2,"SPLIT":1,"GROUP_M":8}'
+# CASES (env): which of these to profile (default: all)
+declare -A SPEC=(
+  [m32]='32,8192,28672,{"BM":32,"NWG":2,"STAGES":6,"INFLIGHT":2,"SPLIT":1,"GROUP_M":1,"TMA":0}'
+  [m32_kt4]='32,8192,28672,{"BM":32,"NWG":2,"STAGES":3,"KT":4,"SPLIT":1,"GROUP_M":1,"TMA":0}'
+  [m64_kt4]='64,8192,28672,{"BM":64,"NWG":4,"STAGES":3,"KT":4,"SPLIT":1,"GROUP_M":1,"TMA":0}'
+  [m4096]='4096,8192,28672,{"BM":256,"NWG":2,"STAGES":5,"INFLIGHT":2,"SPLIT":1,"GROUP_M":8}'
+)
+for c in ${CASES:-m32 m32_kt4 m64_kt4 m4096}; do run "$c" "${SPEC[$c]}"; done
+python scripts/sass_stalls.py "$OUT"/sass_wgmma_*.csv > "$OUT/sass_stalls.txt" 2>&1
