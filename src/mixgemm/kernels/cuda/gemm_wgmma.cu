@@ -109,10 +109,9 @@ constexpr int INFL = WG_INFLIGHT;
 static_assert(INFL == 1 || INFL == 2, "WG_INFLIGHT is 1 or 2");
 // LAG: stages a stage must wait after it was read before it is refilled (its last INFL k-tiles' wgmmas may still
 // read it); UNR: stages per unrolled loop step, so that a k-tile's A-register buffer ((stage KT + j) % (INFL + 1))
-// is a compile-time index
+// is a compile-time index (KT > 1 has INFLIGHT 1: its two buffers repeat within every stage)
 constexpr int LAG = (INFL + KT - 1) / KT;
-constexpr int gcd(int a, int b) { return b == 0 ? a : gcd(b, a % b); }
-constexpr int UNR = (INFL + 1) / gcd(KT, INFL + 1);
+constexpr int UNR = KT == 1 ? INFL + 1 : 1;
 static_assert(STAGES >= LAG + 2, "a stage is reused LAG + 1 stages after it was read");
 template <int V>
 struct IC {
