@@ -111,12 +111,17 @@ def main(argv=None) -> int:
     for shape in a.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
         for fmt in a.formats.split(","):
-            bits, gs = (4, 128) if fmt == "w4g128" else (8, -1)
+            bits, gs = int(fmt[1]), (-1 if fmt.endswith("pc") else int(fmt[3:]))  # w4g128, w8pc, w4pc, w8g128
             qws = weights(n, k, bits, gs)
             for m in (int(v) for v in a.ms.split(",")):
                 x = torch.randn(m, k, device=DEV, dtype=torch.float16)
                 t16 = fp16_us(n, k, x)
                 tt = graph_time_us([lambda q=q, x=x: triton_gemm(x, q, None, -INF, INF) for q in qws], 10, 60)
+                tg = None  # the CUDA GEMV at the same M: the dispatcher's GEMV / GEMM crossover
+                if m <= 16:
+                    from mixgemm.kernels.cuda.gemv import gemv
+
+                    tg = graph_time_us([lambda q=q, x=x: gemv(x, q, None, -INF, INF) for q in qws], 10, 60)
                 cfgs = candidates(m, props.multi_processor_count) if a.sweep else [default_config(m, n, k)]
                 if a.table:
                     from mixgemm.ops.configs import wgmma_config
@@ -143,12 +148,13 @@ def main(argv=None) -> int:
                     print(f"{fmt:7s} {shape:11s} {m:6d} no valid wgmma config", flush=True)
                     continue
                 t, cfg, e = best
-                nbytes = n * k * bits / 8 + n * (k // 128 * 4 if bits == 4 else 2) + 2 * m * (k + n)
+                groups = 1 if gs == -1 else k // gs  # fp16 scale (+ fp16 zero for the W4 zero_point format)
+                nbytes = n * k * bits / 8 + n * groups * (4 if bits == 4 else 2) + 2 * m * (k + n)
                 floor_us = max(nbytes / ceil["copy_bw"], 2 * m * n * k / ceil["fp16_flops"]) * 1e6
                 rows.append(dict(fmt=fmt, shape=shape, m=m, cublas_us=t16, triton_us=tt, wgmma_us=t, cfg=cfg, err=e,
-                                 floor_us=floor_us))
+                                 floor_us=floor_us, gemv_us=tg))
                 print(f"{fmt:7s} {shape:11s} {m:6d} {t16:9.1f} {tt:9.1f} {t:9.1f} {t16 / t:8.2f} {tt / t:8.2f} "
-                      f"{e:.0e} {100 * floor_us / t:4.0f}% {cfg}", flush=True)
+                      f"{e:.0e} {100 * floor_us / t:4.0f}% {cfg}" + (f" gemv {tg:.1f}" if tg else ""), flush=True)
             del qws
             torch.cuda.empty_cache()
     from mixgemm.kernels.cuda import gemm_wgmma as G

@@ -176,7 +176,7 @@ def test_h200_table_lookup():
     qw4 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
     qw8 = quantize_weight(torch.randn(64, 256) * 0.02, bits=8, group_size=-1)
     table = cfgmod.load_table("h200")
-    assert table["gemv_max_m"] == {"4": 16, "8": 8}
+    assert table["gemv_max_m"] == {"4": 8, "8": 8}
     entries = table["gemm"]["w4g"]
     assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 8192, 28672), 33) == entries["8192x28672"]["64"]
     assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 4096, 14336), 5000) == entries["4096x14336"]["4096"]

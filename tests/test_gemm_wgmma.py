@@ -97,6 +97,8 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_TMA=0, WG_INFLIGHT=2),
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=32, WG_NWG=2, WG_STAGES=4, WG_TMA=0, WG_KT=2),
     dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=2, WG_BM=16, WG_NWG=4, WG_STAGES=3, WG_G2=1, WG_KT=4),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=32, WG_NWG=1, WG_STAGES=4, WG_KT=2, WG_G2=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=2, WG_MODE=0, WG_BM=64, WG_NWG=4, WG_STAGES=3, WG_KT=4, WG_PC=1),
 ]
 
 
@@ -163,9 +165,11 @@ def test_m_values(m):
     dict(BM=128, NWG=2, STAGES=4, SPLIT=1, GROUP_M=2), dict(BM=256, NWG=2, STAGES=3, SPLIT=1),
     dict(BM=40, NWG=2, STAGES=5, SPLIT="auto"), dict(BM=256, NWG=1, STAGES=4, SPLIT=5),
     dict(BM=32, NWG=2, STAGES=4, INFLIGHT=2), dict(BM=128, NWG=4, STAGES=6, SPLIT=2, INFLIGHT=2),
-    dict(BM=24, NWG=3, STAGES=5, SPLIT=3, INFLIGHT=2),
+    dict(BM=24, NWG=3, STAGES=5, SPLIT=3, INFLIGHT=2, TMA=0),
     dict(BM=64, NWG=2, STAGES=4, TMA=0), dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, TMA=0),
     dict(BM=128, NWG=2, STAGES=3, KT=2), dict(BM=24, NWG=3, STAGES=3, SPLIT=2, KT=4, TMA=0),
+    dict(BM=64, NWG=4, STAGES=3, KT=2), dict(BM=256, NWG=2, STAGES=4, INFLIGHT=2),
+    dict(BM=16, NWG=1, STAGES=4, SPLIT=3), dict(BM=32, NWG=2, STAGES=6, INFLIGHT=2, GROUP_M=3),
 ], ids=str)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_configs(cfg, bits):
@@ -233,6 +237,9 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="shared memory"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
                    dict(BM=256, NWG=2, STAGES=8))
+    with pytest.raises(ValueError, match="TMA=1"):
+        gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
+                   dict(BM=32, NWG=3, STAGES=4, TMA=1))
     with pytest.raises(ValueError, match="bias"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw,
                    torch.zeros(63, device="cuda"), -inf, inf)

@@ -49,10 +49,14 @@
 #ifndef WG_SPLIT
 #define WG_SPLIT 0
 #endif
-// WG_TMA 1: the activation tile comes by TMA (2-D tensor map, 128-byte swizzle, zero fill past M / K) and each warp's
-// weight tile and parameter blocks by 1-D bulk copies, all completing on one mbarrier per stage; 0: per-thread cp.async.
-// Why: the cp.async loader cost ~30% of the executed instructions at M = 4096 (8 copies per thread and tile with
-// their address / bounds arithmetic) and ~25% at M = 32 (profiles in benchmarks/results/profiles).
+// WG_TMA 1: one thread loads a whole stage: the activation atoms by TMA (2-D tensor map, 128-byte swizzle, zero fill
+// past M / K), the CTA's weights of KT k-tiles as one 1-D bulk copy per 8-tile block (wgmma_v1 stores the 8 row tiles
+// of a k-tile together and k-tiles one after another) and its parameters as one bulk copy of the groups the stage
+// spans, all completing on one mbarrier per stage (NWG 1, 2 or 4). 0: per-thread cp.async.
+// Why: the cp.async loader cost ~30% of the executed instructions at M = 4096 and ~25% at M = 32 (address / bounds
+// arithmetic per 16-byte piece; profiles in benchmarks/results/profiles); an earlier TMA loader with one bulk copy per
+// warp, k-tile and parameter block (17 copies per k-tile at NWG 2) was 8-18% slower than this one at every M and
+// slower than cp.async below M = 256 (H200, benchmarks/gemm_wgmma_notes.md, session 5).
 #ifndef WG_TMA
 #define WG_TMA 1
 #endif
@@ -102,7 +106,13 @@ static_assert(KT == 1 || KT == 2 || KT == 4, "WG_KT is 1, 2 or 4");
 static_assert(KT == 1 || WG_INFLIGHT == 1, "WG_KT > 1 takes WG_INFLIGHT 1");
 constexpr int X_BYTES = KT * BM * 128;       // KT atoms of BM rows x 64 k x 2 bytes
 constexpr int W_BYTES = KT * WARPS * TB;     // [KT][WARPS][TB]
-constexpr int P_BYTES = KT * WARPS * NPB * PBLK;
+// WG_TMA stage layout: weights [WARPS / SEGLEN][KT][SEGLEN][TB] (a segment = the CTA's row tiles inside one 8-tile
+// block of wgmma_v1), parameters [WARPS / SEGLEN][NGMAX][8][PBLK] (whole 8-tile blocks of the groups the stage spans)
+constexpr bool BULK = WG_TMA != 0;
+constexpr int SEGLEN = WARPS < 8 ? WARPS : 8;
+constexpr int NGMAX = NPB * KT;  // groups one stage can span (group size >= 64: <= KT; 32: 2 KT)
+static_assert(!BULK || WARPS % SEGLEN == 0, "WG_TMA takes NWG 1, 2 or 4");
+constexpr int P_BYTES = KT * (BULK ? WARPS / SEGLEN * 8 : WARPS) * NPB * PBLK;
 constexpr int STAGE = (X_BYTES + W_BYTES + P_BYTES + 1023) / 1024 * 1024;  // keeps swizzle atoms aligned
 static_assert((WG_THREADS / 8) % 8 == 0, "swizzle phase of a thread's chunks must not change");
 constexpr int INFL = WG_INFLIGHT;
@@ -226,7 +236,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   const int first_m = (pid / per_group) * WG_GROUP_M;
   const int gm = min(tiles_m - first_m, WG_GROUP_M);
   const int pid_m = first_m + (pid % per_group) % gm, pid_n = (pid % per_group) / gm;
-  const int rt_raw = pid_n * WARPS + warp;  // this warp's 16-row tile
+  const int rt_first = pid_n * WARPS;       // the CTA's first 16-row tile
+  const int rt_raw = rt_first + warp;       // this warp's 16-row tile
   const int rt = min(rt_raw, Nt - 1);       // warps past the last tile load a valid one and never store
   const int m0 = pid_m * BM;
   const int kt0 = blockIdx.z * kt_per_split;
@@ -256,10 +267,11 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   const char* psrc = P + ((size_t)(rt >> 3) * G * 8 + (rt & 7)) * PBLK + (lane % PCH) * 16;
   const u32 pdst = X_BYTES + W_BYTES + (warp * NPB + pb) * PBLK + (lane % PCH) * 16;
   const int nst = (nk + KT - 1) / KT;  // stages of this split (the last one may hold fewer than KT tiles)
+  const int blk0 = rt_first >> 3, nblk = (Nt + 7) >> 3;  // WG_TMA: first 8-tile block, blocks stored
+  const int seg = warp / SEGLEN;                           // WG_TMA: this warp's segment
   u32 st_issue = sbase;                // stage buffer of the next stage to load
 
   __shared__ __align__(8) u64 full_bar[STAGES];  // WG_TMA: stage s's bytes have landed (phase flips per use)
-  constexpr u32 TILE_TX = BM * 128 + WARPS * TB + (PC ? 0 : WARPS * NPB * PBLK);
   if (WG_TMA) {
     if (tid == 0) {
 #pragma unroll
@@ -273,24 +285,37 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   auto issue = [&](int sg) {  // stage sg (tiles kt0 + KT sg ..) into st_issue; one commit group per call, maybe empty
     if (sg < nst) {
       const int tiles = min(KT, nk - sg * KT);
-      if (WG_TMA) {
-        const u32 bar = smem_addr(&full_bar[slot_issue]);
+      if (BULK) {
         if (tid == 0) {
-          mbar_expect_tx(bar, TILE_TX * tiles);
+          const u32 bar = smem_addr(&full_bar[slot_issue]);
+          const int ks = kt0 + sg * KT;  // first k-tile of the stage (a multiple of KT, so groups start aligned)
+          const int g_lo = (ks * 64) >> gk, ng = min(((ks + tiles) * 64 - 1) >> gk, G - 1) - g_lo + 1;
+          u32 bytes = tiles * BM * 128;
+#pragma unroll
+          for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm)
+            if (blk0 + sgm < nblk) bytes += tiles * SEGLEN * TB + (PC ? 0 : ng * 8 * PBLK);
+          mbar_expect_tx(bar, bytes);
 #pragma unroll
           for (int j = 0; j < KT; ++j)
-            if (j < tiles) tma_2d(st_issue + j * BM * 128, &xmap, (kt0 + sg * KT + j) * 64, m0, bar);
-        }
-        // lanes j < KT copy the warp's weight tile j, lanes KT + (j, b) its parameter block b of tile j: the
-        // copies of a stage are issued in parallel, not one after another by one thread
-        if (lane < KT && lane < tiles)
-          bulk_copy(st_issue + X_BYTES + (lane * WARPS + warp) * TB, wsrc - lane * 16 + (size_t)lane * 8 * TB, TB, bar);
-        if (!PC && lane >= KT && lane < KT + KT * NPB) {
-          const int j = (lane - KT) / NPB, b = (lane - KT) % NPB;
-          const int grp = min(((kt0 + sg * KT + j) * 64 + 32 * b) >> gk, G - 1);
-          if (j < tiles)
-            bulk_copy(st_issue + X_BYTES + W_BYTES + ((j * WARPS + warp) * NPB + b) * PBLK,
-                      psrc - (lane % PCH) * 16 + (size_t)grp * 8 * PBLK, PBLK, bar);
+            if (j < tiles) tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 64, m0, bar);
+#pragma unroll
+          for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm) {
+            const int blk = blk0 + sgm;
+            if (blk >= nblk) continue;  // NWG 4 on the last 8-tile block: its warps never store
+            const u32 wd = st_issue + X_BYTES + sgm * KT * SEGLEN * TB;
+            if (SEGLEN == 8) {
+              bulk_copy(wd, W + ((size_t)blk * Kt + ks) * 8 * TB, tiles * 8 * TB, bar);
+            } else {
+#pragma unroll
+              for (int j = 0; j < KT; ++j)
+                if (j < tiles)
+                  bulk_copy(wd + j * SEGLEN * TB, W + (((size_t)blk * Kt + ks + j) * 8 + (rt_first & 7)) * TB,
+                            SEGLEN * TB, bar);
+            }
+            if (!PC)
+              bulk_copy(st_issue + X_BYTES + W_BYTES + sgm * NGMAX * 8 * PBLK, P + ((size_t)blk * G + g_lo) * 8 * PBLK,
+                        ng * 8 * PBLK, bar);
+          }
         }
         slot_issue = slot_issue + 1 == STAGES ? 0 : slot_issue + 1;
       } else {
@@ -331,12 +356,12 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // group constants of rows g, g + 8 (per block b of the tile), decoded only when the group changes
   RowQ<ACT, MODE> q[NPB][2];
   float z[NPB][2];
-  auto decode = [&](const char* pbase) {
+  auto decode = [&](const char* pbase, int bstride) {  // bstride: bytes between the NPB blocks of a tile
 #pragma unroll
     for (int b = 0; b < NPB; ++b)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const char* p = pbase + b * PBLK + (g + 8 * h) * PB;
+        const char* p = pbase + b * bstride + (g + 8 * h) * PB;
         const float s = scl_at(p);
         const float sec = MODE == 0 ? 0.f : scl_at(p + SB);
         z[b][h] = MODE == 1 ? sec : (BITS == 4 ? 8.f : 128.f);
@@ -350,7 +375,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   float row_scale[2] = {1.f, 1.f};
   if (PC) {
     const char* pp = P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK;  // G == 1
-    decode(pp);
+    decode(pp, PBLK);
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_scale[h] = scl_at(pp + (g + 8 * h) * PB);
   }
@@ -366,7 +391,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     const char* stg = sgen + (st_read - sbase);
     u32 w[TB / 128];
     {
-      const char* wp = stg + X_BYTES + (j * WARPS + warp) * TB + lane * 16;
+      const char* wp = stg + X_BYTES + (BULK ? (seg * KT + j) * SEGLEN + warp % SEGLEN : j * WARPS + warp) * TB + lane * 16;
       const uint4 v0 = *(const uint4*)wp;
       w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w;
       if (TB == 1024) {
@@ -379,7 +404,12 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       // (int8 decodes every tile: with the cached constants the fp16 int8 sym / offset kernels returned wrong
       // results on an H200 -- zero_point, bf16 and int4 were right; not understood, see gemm_wgmma_notes.md)
       if (G2 || BITS == 8 || grp != cur_grp) {
-        decode(stg + X_BYTES + W_BYTES + (j * WARPS + warp) * NPB * PBLK);
+        if (BULK) {  // the stage holds whole 8-tile blocks of its groups, from the group of its first k-tile
+          const int gi = grp - (((kt0 + i - j) * 64) >> gk);
+          decode(stg + X_BYTES + W_BYTES + ((seg * NGMAX + gi) * 8 + (rt_raw & 7)) * PBLK, 8 * PBLK);
+        } else {
+          decode(stg + X_BYTES + W_BYTES + (j * WARPS + warp) * NPB * PBLK, PBLK);
+        }
         cur_grp = grp;
       }
     }

@@ -10,7 +10,8 @@
 * config: None (``default_config``) or a dict: BM (activation rows per CTA = the wgmma N: 8..256, multiple
   of 8), NWG (warpgroups = 64 weight rows each), STAGES (ring depth, >= 2 + INFLIGHT), INFLIGHT (wgmma groups in
   flight, 1 or 2), KT (64-k tiles per stage: 1, 2, 4), SPLIT (split-K factor or "auto"), GROUP_M (m-tiles
-  rastered together), TMA (1: TMA / bulk copies, the default; 0: per-thread cp.async).
+  rastered together), TMA (1, the default: one thread loads each stage with TMA and bulk copies, NWG 1, 2 or 4;
+  0: per-thread cp.async).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1.
 """
@@ -46,11 +47,12 @@ def wgmma_supported(x_dtype: torch.dtype, qw: QuantizedWeight, device: torch.dev
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def stage_bytes(bm: int, nwg: int, bits: int, scl_bytes: int, mode: str, g2: bool, kt: int = 1) -> int:
+def stage_bytes(bm: int, nwg: int, bits: int, scl_bytes: int, mode: str, g2: bool, kt: int = 1, tma: int = 0) -> int:
     """Shared memory of one pipeline stage of kt 64-k tiles (must match gemm_wgmma.cu's STAGE)."""
     warps = 4 * nwg
     pb = scl_bytes * (1 if mode == "sym" else 2)
-    raw = kt * (bm * 128 + warps * (512 if bits == 4 else 1024) + warps * (2 if g2 else 1) * 16 * pb)
+    pwarps = max(warps, 8) if tma else warps  # the TMA loader stages whole 8-tile blocks of parameters
+    raw = kt * (bm * 128 + warps * (512 if bits == 4 else 1024) + pwarps * (2 if g2 else 1) * 16 * pb)
     return -(-raw // 1024) * 1024
 
 
@@ -163,16 +165,16 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     props = torch.cuda.get_device_properties(x2d.device)
     cfg = dict(config) if config is not None else default_config(m, n, k, props.multi_processor_count)
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
-    inflight, ktile = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1))
+    inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
-            or (ktile > 1 and inflight != 1) or stages < min_stages):
-        raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile}: BM in "
-                         "8..256 (multiple of 8), NWG 1..4, INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), "
-                         "STAGES >= 2 + ceil(INFLIGHT / KT)")
+            or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)):
+        raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma}: "
+                         "BM in 8..256 (multiple of 8), NWG 1..4, INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT "
+                         "1), STAGES >= 2 + ceil(INFLIGHT / KT), TMA 0 or 1 (1 with NWG 1, 2 or 4)")
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
-    sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile)
+    sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
     while fit and stages > min_stages and stages * sb + 1024 > SMEM_LIMIT:
         stages -= 1
     smem = stages * sb + 1024  # + slack for the 1024-byte alignment of the stages
@@ -198,7 +200,6 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         defs["WG_INFLIGHT"] = inflight
     if ktile != 1:
         defs["WG_KT"] = ktile
-    tma = int(cfg.get("TMA", 1))
     xmap = None
     if tma:
         try:
