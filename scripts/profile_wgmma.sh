@@ -23,6 +23,8 @@ declare -A SPEC=(
   [m32_kt4]='32,8192,28672,{"BM":32,"NWG":2,"STAGES":3,"KT":4,"SPLIT":1,"GROUP_M":1,"TMA":0}'
   [m64_kt4]='64,8192,28672,{"BM":64,"NWG":4,"STAGES":3,"KT":4,"SPLIT":1,"GROUP_M":1,"TMA":0}'
   [m4096]='4096,8192,28672,{"BM":256,"NWG":2,"STAGES":5,"INFLIGHT":2,"SPLIT":1,"GROUP_M":8}'
+  [m16_tma]='16,8192,28672,{"BM":16,"NWG":2,"STAGES":4,"KT":4,"SPLIT":1,"GROUP_M":1,"TMA":1}'
+  [m32_tma]='32,8192,28672,{"BM":32,"NWG":2,"STAGES":3,"KT":4,"SPLIT":1,"GROUP_M":1,"TMA":1}'
 )
 for c in ${CASES:-m32 m32_kt4 m64_kt4 m4096}; do run "$c" "${SPEC[$c]}"; done
 python scripts/sass_stalls.py "$OUT"/sass_wgmma_*.csv > "$OUT/sass_stalls.txt" 2>&1

@@ -8,6 +8,7 @@ the compiled kernels against the float64 reference.
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -176,7 +177,12 @@ def test_h200_table_lookup():
     qw4 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
     qw8 = quantize_weight(torch.randn(64, 256) * 0.02, bits=8, group_size=-1)
     table = cfgmod.load_table("h200")
-    assert table["gemv_max_m"] == {"4": 8, "8": 8}
+    assert table["gemv_max_m"] == {"4": 8, "8": 1} and table["gemv_all_m_below_n"] == 8192
+    dev = torch.device("cpu")
+    with mock.patch.object(cfgmod, "table_for", lambda device: table):
+        assert cfgmod.gemv_max_m(qw4, dev, 28672) == 8 and cfgmod.gemv_max_m(qw8, dev, 14336) == 1
+        assert cfgmod.gemv_max_m(qw4, dev, 4096) == 16 and cfgmod.gemv_max_m(qw8, dev, 4096) == 16
+        assert cfgmod.gemv_max_m(qw4, dev, 28672, wgmma=False) == 16 and cfgmod.gemv_max_m(qw8, dev, 28672, False) == 8
     entries = table["gemm"]["w4g"]
     assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 8192, 28672), 33) == entries["8192x28672"]["64"]
     assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 4096, 14336), 5000) == entries["4096x14336"]["4096"]

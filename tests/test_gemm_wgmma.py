@@ -265,6 +265,26 @@ def test_dispatch_uses_wgmma(bits, gs, dtype):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("bits,gs", [(4, 128), (8, -1)])
+def test_dispatch_crossover_follows_table(bits, gs):
+    """The GEMV serves M up to the table's crossover for the GEMM that takes over: the wgmma GEMM for fp16 (per layer
+    width), the Triton GEMM for fp32 activations."""
+    from mixgemm.ops.configs import gemv_max_m
+    from mixgemm.ops.dispatch import GEMV_MAX_M, pick_kernel
+
+    dev = torch.device("cuda")
+    qw = _qw(64, 256, bits, gs, "zero_point", "cuda")
+    for n in (4096, 28672):
+        lim = gemv_max_m(qw, dev, n)
+        assert pick_kernel(lim, n, 8192, qw, dev, torch.float16) == "gemv"
+        if lim < GEMV_MAX_M:
+            assert pick_kernel(lim + 1, n, 8192, qw, dev, torch.float16) == "wgmma"
+        lim32 = gemv_max_m(qw, dev, n, wgmma=False)
+        assert pick_kernel(lim32, n, 8192, qw, dev, torch.float32) == "gemv"
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_tma_loader_is_used():
     """The default loader is TMA: building the activation tensor map must not fall back to cp.async here."""
     from mixgemm.kernels.cuda import gemm_wgmma as G

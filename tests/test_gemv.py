@@ -173,6 +173,15 @@ def test_gemv_layout_round_trip(bits, group, mode, k, torch_gen):
 
 # ----------------------------------------------------------------------------------------------- GPU
 
+
+@pytest.fixture(autouse=True)
+def _gemv_up_to_m16(monkeypatch):
+    """These tests run the GEMV at every M up to 16 through mixgemm.matmul; the shipped GPU table hands M above its
+    gemv_max_m (H200: 8 for int4, 1 for int8) to the wgmma GEMM, so the dispatch limit is lifted to 16 here."""
+    import mixgemm.ops.configs as configs
+
+    monkeypatch.setattr(configs, "gemv_max_m", lambda qw, device, n=None, wgmma=True: 16)
+
 def _make(n, k, bits, group, mode, scale_dtype, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     w = torch.randn(n, k, generator=gen, device="cuda") * 0.02

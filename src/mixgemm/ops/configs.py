@@ -4,7 +4,10 @@ A table is chosen from the GPU name (``H100`` -> h100.json, ``H200`` -> h200.jso
 default.json). Its fields:
 
 * ``gemv_max_m``: {"4": m, "8": m}: largest M served by the CUDA GEMV per weight bit width (measured
-  crossover; the GEMV supports M <= 16).
+  crossover; the GEMV supports M <= 16). ``gemv_max_m_no_wgmma`` (optional): the same where the Triton GEMM, not the
+  wgmma GEMM, takes over (fp32 activations, MIXGEMM_WGMMA=0).
+* ``gemv_all_m_below_n`` (optional): layers with fewer output features than this keep the GEMV for every M <= 16
+  (their wgmma grid is under one wave and needs split-K, which costs more than it saves at small M).
 * ``gemm``: {weight key: {shape key: {M bucket: config}}}, weight key ``w4g`` / ``w4pc`` / ``w8g`` /
   ``w8pc`` (bits, grouped or per-channel), shape key ``KxN`` or ``*`` (any shape), M bucket the
   smallest power of two >= M, capped at 16384 (as a string). A shape without its own entry uses the
@@ -131,6 +134,11 @@ def wgmma_config(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devi
     return cfg
 
 
-def gemv_max_m(qw: QuantizedWeight, device: torch.device) -> int:
-    """Largest M that goes to the CUDA GEMV on this device (from the table; 16 if not listed)."""
-    return int(table_for(device).get("gemv_max_m", {}).get(str(qw.bits), 16))
+def gemv_max_m(qw: QuantizedWeight, device: torch.device, n: int | None = None, wgmma: bool = True) -> int:
+    """Largest M that goes to the CUDA GEMV on this device for a layer of n output features, when the wgmma GEMM
+    (wgmma=True) or the Triton GEMM serves larger M (from the table; 16 if not listed)."""
+    table = table_for(device)
+    if n is not None and n < table.get("gemv_all_m_below_n", 0):
+        return 16
+    limits = table.get("gemv_max_m", {}) if wgmma else table.get("gemv_max_m_no_wgmma", table.get("gemv_max_m", {}))
+    return int(limits.get(str(qw.bits), 16))

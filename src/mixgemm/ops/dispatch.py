@@ -54,15 +54,13 @@ def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devic
     """Name of the kernel that runs this problem: "gemv", "wgmma" or "gemm" (Triton)."""
     from mixgemm.ops.configs import gemv_max_m
 
-    if m <= min(GEMV_MAX_M, gemv_max_m(qw, device)):
+    wg = WGMMA and (mod := _wgmma_module()) is not None and mod.wgmma_supported(x_dtype, qw, device)
+    # the GEMV / GEMM crossover depends on which GEMM takes over (the wgmma GEMM overtakes the GEMV at smaller M)
+    if m <= min(GEMV_MAX_M, gemv_max_m(qw, device, n, wgmma=wg)):
         mod = _gemv_module()
         if mod is not None and (not hasattr(mod, "gemv_supported") or mod.gemv_supported(m, x_dtype, qw)):
             return "gemv"
-    if WGMMA:
-        mod = _wgmma_module()
-        if mod is not None and mod.wgmma_supported(x_dtype, qw, device):
-            return "wgmma"
-    return "gemm"
+    return "wgmma" if wg else "gemm"
 
 
 def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, activation: str | None):
