@@ -342,8 +342,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
           }
         }
         xsrc += 128 * KT;
+        wsrc += 8 * TB * KT;
       }
-      wsrc += 8 * TB * KT;
       st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
     }
     if (!WG_TMA) cp_commit();

@@ -14,23 +14,6 @@
 
 namespace mg {
 
-__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
-  u32 r;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-// bf16x2 a * b + c (fma.rn.bf16x2 exists from sm_80; sub/mul.bf16x2 only from sm_90)
-__device__ __forceinline__ u32 bfma2(u32 a, u32 b, u32 c) {
-  u32 r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
-__device__ __forceinline__ u32 f32_to_bf2(float lo, float hi) {  // {lo, hi} as bf16x2
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 // Per-row dequantization constants for one group, in the activation's 16-bit type (ACT 0 fp16, 1 bf16;
 // MODE 0 sym, 1 zero_point, 2 offset).
 template <int ACT, int MODE>
