@@ -99,6 +99,12 @@ COMPILE_CASES = [
     dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=2, WG_BM=16, WG_NWG=4, WG_STAGES=3, WG_G2=1, WG_KT=4),
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=32, WG_NWG=1, WG_STAGES=4, WG_KT=2, WG_G2=1),
     dict(WG_BITS=8, WG_ACT=1, WG_SCL=2, WG_MODE=0, WG_BM=64, WG_NWG=4, WG_STAGES=3, WG_KT=4, WG_PC=1),
+    # stream-K: small-M tiles with 2 CTAs per SM, the large-M tile, per-channel row scales, NWG 1
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=32, WG_NWG=2, WG_STAGES=3, WG_KT=4, WG_SK=1, WG_MINB=2),
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_SK=1),
+    dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_PC=1, WG_SK=1,
+         WG_MINB=2),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=2, WG_MODE=2, WG_BM=16, WG_NWG=1, WG_STAGES=4, WG_KT=4, WG_G2=1, WG_SK=1),
 ]
 
 
@@ -193,6 +199,31 @@ def test_multi_tile_stages(kt, tma, bits, gs, mode, k, split):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("m,n,k,cfg", [
+    # tiny grids: every tile shared by many CTAs of one stage or so
+    (67, 264, 1152, dict(BM=32, NWG=2, STAGES=4, KT=1)),
+    (67, 264, 1152, dict(BM=32, NWG=2, STAGES=3, KT=4)),
+    (9, 72, 1088, dict(BM=16, NWG=1, STAGES=4, KT=2)),
+    # ranges of several stages that start and end inside tiles, some whole tiles between
+    (300, 1000, 1024, dict(BM=32, NWG=2, STAGES=4, KT=4)),
+    (1000, 2000, 1024, dict(BM=64, NWG=2, STAGES=4, KT=2)),
+    (2000, 3000, 1088, dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2)),
+    (700, 1500, 2048, dict(BM=128, NWG=4, STAGES=4, KT=2, GROUP_M=3)),
+], ids=str)
+@pytest.mark.parametrize("fmt", [(4, 128, "zero_point", torch.float16), (4, 32, "offset", torch.bfloat16),
+                                 (8, -1, "sym", torch.float16), (4, -1, "offset", torch.float16)], ids=str)
+def test_stream_k(m, n, k, cfg, fmt):
+    """SK 1: CTAs that share a tile leave partials; the last one to count its stages adds them and stores."""
+    bits, gs, mode, dtype = fmt
+    if gs == 32 and k % 64:
+        k += 32
+    cfg = dict(cfg, SK=1, TMA=1)
+    _run(m, n, k, bits, gs, mode, dtype, config=cfg)
+    _run(m, n, k, bits, gs, mode, dtype, config=cfg, seed=5, act=None, bias=False)  # the counts were left zero
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_m_and_k_tails_zero_filled():
     # M not a multiple of BM and K not a multiple of 64: the TMA box reads past both and must bring zeros
     for tma in (1, 0):
@@ -240,6 +271,9 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="TMA=1"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
                    dict(BM=32, NWG=3, STAGES=4, TMA=1))
+    with pytest.raises(ValueError, match="SK 0 or 1"):
+        gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
+                   dict(BM=32, NWG=2, STAGES=4, TMA=0, SK=1))
     with pytest.raises(ValueError, match="bias"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw,
                    torch.zeros(63, device="cuda"), -inf, inf)

@@ -80,6 +80,17 @@
 #define WG_KT 1
 #endif
 
+// WG_SK: stream-K. A persistent grid (the host launches as many CTAs as fit at once) splits the flat sequence of
+// (output tile, k-stage) work evenly: each CTA runs a contiguous range, which may start and end inside a tile, and
+// keeps its stage ring streaming across tile boundaries. A tile that several CTAs share is finished by whichever of
+// them arrives last (an atomic count of its stages): the others leave fp32 partials in a workspace. Never waits on
+// another CTA. Why: with one CTA per output tile, 224 tiles on 132 SMs x 2 CTAs (8192x28672, M <= 64) leave 40
+// SMs at half load, and 112 tiles (4096x14336) leave 20 SMs idle and the rest at one CTA; 448 large-M tiles
+// (4096x14336, M = 1024) are 3.4 waves; split-K pays a memset, atomics and a second kernel instead.
+#ifndef WG_SK
+#define WG_SK 0
+#endif
+
 #define WG_THREADS (128 * WG_NWG)
 // WG_MINB: CTAs per SM the register allocation must allow (__launch_bounds__ min blocks); more resident warps
 // for the latency-bound small-M tiles
@@ -109,6 +120,8 @@ constexpr int W_BYTES = KT * WARPS * TB;     // [KT][WARPS][TB]
 // WG_TMA stage layout: weights [WARPS / SEGLEN][KT][SEGLEN][TB] (a segment = the CTA's row tiles inside one 8-tile
 // block of wgmma_v1), parameters [WARPS / SEGLEN][NGMAX][8][PBLK] (whole 8-tile blocks of the groups the stage spans)
 constexpr bool BULK = WG_TMA != 0;
+constexpr bool SK = WG_SK != 0;
+static_assert(!SK || (BULK && WG_SPLIT == 0), "WG_SK takes the TMA loader (WG_TMA 1) and no split-K");
 constexpr int SEGLEN = WARPS < 8 ? WARPS : 8;
 constexpr int NGMAX = NPB * KT;  // groups one stage can span (group size >= 64: <= KT; 32: 2 KT)
 static_assert(!BULK || WARPS % SEGLEN == 0, "WG_TMA takes NWG 1, 2 or 4");
@@ -219,7 +232,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                    int ldx,
                    void* __restrict__ Y, int ldy,   // [M, ldy] activation dtype
                    const void* __restrict__ bias, int bias_kind, float lo, float hi,
-                   float* __restrict__ ws,          // WG_SPLIT: fp32 [M, N] zeroed workspace
+                   float* __restrict__ ws,          // WG_SPLIT: fp32 [M, N] zeroed workspace;
+                                                    // WG_SK: fp32 [grid][2][BM / 2][WG_THREADS] partials
+                   int* __restrict__ sk_count,      // WG_SK: [tiles] zeroed stage counts (left zeroed again)
                    int N, int M, int K, int Kt, int G, int gk, int kt_per_split,
                    const __grid_constant__ TmaDesc xmap) {  // WG_TMA: activations [M, K], box 64 k x BM rows
   extern __shared__ char smem_raw[];
@@ -232,17 +247,38 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // grouped raster: WG_GROUP_M consecutive m-tiles walk the n-tiles together, so their activations stay in L2
   // while each weight tile is read from HBM once per group instead of once per m-tile
   const int tiles_n = (Nt + WARPS - 1) / WARPS, tiles_m = (M + BM - 1) / BM;
-  const int pid = blockIdx.x, per_group = WG_GROUP_M * tiles_n;
-  const int first_m = (pid / per_group) * WG_GROUP_M;
-  const int gm = min(tiles_m - first_m, WG_GROUP_M);
-  const int pid_m = first_m + (pid % per_group) % gm, pid_n = (pid % per_group) / gm;
-  const int rt_first = pid_n * WARPS;       // the CTA's first 16-row tile
-  const int rt_raw = rt_first + warp;       // this warp's 16-row tile
-  const int rt = min(rt_raw, Nt - 1);       // warps past the last tile load a valid one and never store
-  const int m0 = pid_m * BM;
-  const int kt0 = blockIdx.z * kt_per_split;
-  const int nk = min(Kt - kt0, kt_per_split);
-  if (nk <= 0) return;
+  const int per_group = WG_GROUP_M * tiles_n;
+  auto tile_m0 = [&](int tile) {
+    const int first_m = (tile / per_group) * WG_GROUP_M, gm = min(tiles_m - first_m, WG_GROUP_M);
+    return (first_m + (tile % per_group) % gm) * BM;
+  };
+  auto tile_rt = [&](int tile) {  // the tile's first 16-row tile
+    const int first_m = (tile / per_group) * WG_GROUP_M, gm = min(tiles_m - first_m, WG_GROUP_M);
+    return (tile % per_group) / gm * WARPS;
+  };
+  // Work of this CTA: stages [q0, q1) of the flat (tile, stage) sequence, U stages per tile (WG_SK); else the k-tiles
+  // [kt0, kt0 + nk) of tile blockIdx.x (split-K: blockIdx.z picks the slice)
+  // (the host keeps tiles x U < 2^31). CTA c runs per + (c < rem) stages from c per + min(c, rem).
+  const int U = (Kt + KT - 1) / KT;
+  const int sk_per = tiles_n * tiles_m * U / gridDim.x, sk_rem = tiles_n * tiles_m * U % gridDim.x;
+  int q0 = 0, kt0 = 0, nk = Kt, nst, first_tile;
+  if (SK) {
+    q0 = blockIdx.x * sk_per + min((int)blockIdx.x, sk_rem);
+    nst = sk_per + ((int)blockIdx.x < sk_rem);
+    first_tile = q0 / U;
+  } else {
+    kt0 = blockIdx.z * kt_per_split;
+    nk = min(Kt - kt0, kt_per_split);
+    nst = (nk + KT - 1) / KT;  // stages of this split (the last one may hold fewer than KT tiles)
+    first_tile = blockIdx.x;
+  }
+  if (nst <= 0) return;
+
+  // The consumers' tile: m0, rt_raw (this warp's 16-row tile), rt (clamped: warps past the last tile load a valid
+  // one and never store); cs_sk: the stage of it being read
+  int cs_tile = first_tile, cs_sk = q0 - first_tile * U;
+  int m0 = tile_m0(cs_tile), rt_raw = tile_rt(cs_tile) + warp;
+  int rt = min(rt_raw, Nt - 1);
 
   // Loader state: everything that does not change from tile to tile is computed once (measured: address math
   // redone per tile made the loop issue-bound, ~280 instructions per warp and k-tile at M = 4096).
@@ -260,18 +296,20 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     if ((XCH % WG_THREADS == 0 || tid + j * WG_THREADS < XCH) && m0 + xr0 + j * XROWS < M) xrow_ok |= 1u << j;
   // wgmma_v1 stores 8 row tiles together per k-tile: tile (rt, kt) at ((rt / 8 * Kt + kt) * 8 + rt % 8) * TB
   const char* wsrc = W + (((size_t)(rt >> 3) * Kt + kt0) * 8 + (rt & 7)) * TB + lane * 16;
-  constexpr bool PC = WG_PC != 0;  // per-channel: one parameter set, read once before the loop
+  constexpr bool PC = WG_PC != 0;  // per-channel: one parameter set, read once per tile before its loop
   constexpr int PCH = PBLK / 16;   // 16-byte pieces of one parameter block
   const int pb = lane / PCH;
   // params [Nt / 8][G][8][16 rows]: block (rt, grp) at ((rt / 8 * G + grp) * 8 + rt % 8) * PBLK
   const char* psrc = P + ((size_t)(rt >> 3) * G * 8 + (rt & 7)) * PBLK + (lane % PCH) * 16;
   const u32 pdst = X_BYTES + W_BYTES + (warp * NPB + pb) * PBLK + (lane % PCH) * 16;
-  const int nst = (nk + KT - 1) / KT;  // stages of this split (the last one may hold fewer than KT tiles)
-  const int blk0 = rt_first >> 3, nblk = (Nt + 7) >> 3;  // WG_TMA: first 8-tile block, blocks stored
-  const int seg = warp / SEGLEN;                           // WG_TMA: this warp's segment
-  u32 st_issue = sbase;                // stage buffer of the next stage to load
+  const int nblk = (Nt + 7) >> 3;  // WG_TMA: 8-tile blocks stored
+  const int seg = warp / SEGLEN;   // WG_TMA: this warp's segment
+  u32 st_issue = sbase;            // stage buffer of the next stage to load
+  // the loader's tile (WG_TMA: only thread 0 issues; it may run up to STAGES - 1 stages ahead of the consumers)
+  int ld_tile = cs_tile, ld_sk = cs_sk, ld_m0 = m0, ld_rt = rt_raw - warp;
 
   __shared__ __align__(8) u64 full_bar[STAGES];  // WG_TMA: stage s's bytes have landed (phase flips per use)
+  __shared__ int sk_last;                        // WG_SK: this CTA finishes the tile
   if (WG_TMA) {
     if (tid == 0) {
 #pragma unroll
@@ -282,14 +320,15 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   }
   int slot_issue = 0;
 
-  auto issue = [&](int sg) {  // stage sg (tiles kt0 + KT sg ..) into st_issue; one commit group per call, maybe empty
+  auto issue = [&](int sg) {  // the CTA's stage sg (tile ld_tile, k-tiles kt0 + KT ld_sk ..) into st_issue
     if (sg < nst) {
-      const int tiles = min(KT, nk - sg * KT);
+      const int tiles = min(KT, nk - ld_sk * KT);
       if (BULK) {
         if (tid == 0) {
           const u32 bar = smem_addr(&full_bar[slot_issue]);
-          const int ks = kt0 + sg * KT;  // first k-tile of the stage (a multiple of KT, so groups start aligned)
+          const int ks = kt0 + ld_sk * KT;  // first k-tile of the stage (a multiple of KT, so groups start aligned)
           const int g_lo = (ks * 64) >> gk, ng = min(((ks + tiles) * 64 - 1) >> gk, G - 1) - g_lo + 1;
+          const int blk0 = ld_rt >> 3;
           u32 bytes = tiles * BM * 128;
 #pragma unroll
           for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm)
@@ -297,7 +336,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
           mbar_expect_tx(bar, bytes);
 #pragma unroll
           for (int j = 0; j < KT; ++j)
-            if (j < tiles) tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 64, m0, bar);
+            if (j < tiles) tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 64, ld_m0, bar);
 #pragma unroll
           for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm) {
             const int blk = blk0 + sgm;
@@ -309,7 +348,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
               for (int j = 0; j < KT; ++j)
                 if (j < tiles)
-                  bulk_copy(wd + j * SEGLEN * TB, W + (((size_t)blk * Kt + ks + j) * 8 + (rt_first & 7)) * TB,
+                  bulk_copy(wd + j * SEGLEN * TB, W + (((size_t)blk * Kt + ks + j) * 8 + (ld_rt & 7)) * TB,
                             SEGLEN * TB, bar);
             }
             if (!PC)
@@ -322,7 +361,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
         for (int j = 0; j < KT; ++j) {
           if (j < tiles) {
-            const int k = (kt0 + sg * KT + j) * 64 + xch * 8;
+            const int k = (kt0 + ld_sk * KT + j) * 64 + xch * 8;
             const bool kok = k < K;
 #pragma unroll
             for (int r = 0; r < XJ; ++r)
@@ -336,7 +375,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
               cp16(st_issue + X_BYTES + (j * WARPS + warp) * TB + u * 512 + lane * 16, wsrc + j * 8 * TB + u * 512,
                    16);
             if (!PC && lane < NPB * PCH) {
-              const int grp = min(((kt0 + sg * KT + j) * 64 + 32 * pb) >> gk, G - 1);
+              const int grp = min(((kt0 + ld_sk * KT + j) * 64 + 32 * pb) >> gk, G - 1);
               cp16(st_issue + pdst + j * WARPS * NPB * PBLK, psrc + (size_t)grp * 8 * PBLK, 16);
             }
           }
@@ -345,6 +384,12 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         wsrc += 8 * TB * KT;
       }
       st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
+      if (++ld_sk == U && SK) {  // next tile of the stream-K range
+        ld_sk = 0;
+        ++ld_tile;
+        ld_m0 = tile_m0(ld_tile);
+        ld_rt = tile_rt(ld_tile);
+      }
     }
     if (!WG_TMA) cp_commit();
   };
@@ -373,20 +418,23 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // bf16 rounding of the weights). Offset mode needs the per-row m * sum(x) term, so it keeps the scaled path.
   constexpr bool PCS = PC && MODE != 2;
   float row_scale[2] = {1.f, 1.f};
-  if (PC) {
-    const char* pp = P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK;  // G == 1
-    decode(pp, PBLK);
+  auto tile_params = [&]() {  // per-channel: the tile's one parameter set
+    if (PC) {
+      const char* pp = P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK;  // G == 1
+      decode(pp, PBLK);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) row_scale[h] = scl_at(pp + (g + 8 * h) * PB);
-  }
+      for (int h = 0; h < 2; ++h) row_scale[h] = scl_at(pp + (g + 8 * h) * PB);
+    }
+  };
+  tile_params();
   int cur_grp = -1;
   u32 st_read = sbase;  // stage buffer being consumed
   int slot_read = 0;
   u32 phase = 0;
   u32 afr[INFL + 1][4][4];  // A registers of the last INFL + 1 k-tiles (indices fixed at compile time)
 
-  // one k-tile (tile j of the stage being read): dequantize its A fragments into afr_t, queue its four wgmma k16
-  // steps as one group
+  // one k-tile (tile j of the stage being read, k-tile i of the output tile's range): dequantize its A fragments
+  // into afr_t, queue its four wgmma k16 steps as one group
   auto tile = [&](int i, int j, u32(&afr_t)[4][4]) {
     const char* stg = sgen + (st_read - sbase);
     u32 w[TB / 128];
@@ -446,38 +494,88 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     issue(sg + STAGES - 1 - LAG);
 #pragma unroll
     for (int j = 0; j < KT; ++j) {
-      const int i = sg * KT + j;
+      const int i = cs_sk * KT + j;
       if (KT == 1 || i < nk) tile(i, j, afr[(decltype(u)::value * KT + j) % (INFL + 1)]);
     }
     st_read = st_read + STAGE == sbase + STAGES * STAGE ? sbase : st_read + STAGE;
+    ++cs_sk;
+  };
+
+  // the output tile's epilogue: acc[4j + 2h + c] = (weight row 16 * (warp % 4) + g + 8 h of the warpgroup, activation
+  // row 8 j + 2 t + c). WG_SK: a tile this CTA ran only part of goes through the workspace; the CTA that completes
+  // its stage count adds the others' partials and stores it.
+  auto finish_tile = [&](int k_stages) {  // k_stages: stages of the tile this CTA ran
+    wg_wait<0>();
+    fence_regs(acc);
+    bool store = true;
+    if (SK && k_stages != U) {
+      const int slot = cs_tile == first_tile ? 0 : 1;  // a CTA's range starts and ends inside at most 2 tiles
+      float* mine = ws + (size_t)(blockIdx.x * 2 + slot) * (BM / 2) * WG_THREADS + tid;
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) __stcg(mine + i * WG_THREADS, acc[i]);
+      __threadfence();  // the partial is visible GPU-wide before the count says so
+      __syncthreads();
+      if (tid == 0) sk_last = atomicAdd(sk_count + cs_tile, k_stages) + k_stages == U;
+      __syncthreads();
+      store = sk_last;
+      if (store) {
+        __threadfence();
+        // the tile's other CTAs: those whose ranges hold its first and last stage, and all between
+        const int big = sk_rem * (sk_per + 1);  // stages of the CTAs that run one more
+        auto cta_of = [&](int q) { return q < big ? q / (sk_per + 1) : sk_rem + (q - big) / sk_per; };
+        const int c_hi = cta_of(cs_tile * U + U - 1);
+        for (int c = cta_of(cs_tile * U); c <= c_hi; ++c) {
+          if (c == (int)blockIdx.x) continue;
+          const int c_first = (c * sk_per + min(c, sk_rem)) / U;
+          const float* other = ws + (size_t)(c * 2 + (cs_tile == c_first ? 0 : 1)) * (BM / 2) * WG_THREADS + tid;
+#pragma unroll
+          for (int i = 0; i < BM / 2; ++i) acc[i] += __ldcg(other + i * WG_THREADS);
+        }
+        if (tid == 0) sk_count[cs_tile] = 0;  // every CTA of the tile has counted: zero for the next launch
+      }
+    }
+    if (store) {
+      const int nb = rt_raw * 16 + g;
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int n = nb + 8 * h, m = m0 + 8 * j + 2 * t + c;
+            if (n < N && m < M) {
+              const float v = PCS ? acc[4 * j + 2 * h + c] * row_scale[h] : acc[4 * j + 2 * h + c];
+              if (WG_SPLIT) atomicAdd(ws + (size_t)m * N + n, v);
+              else store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
+            }
+          }
+    }
   };
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s);
   int sg = 0;
-  for (; sg + UNR <= nst; sg += UNR) {
-    stage(sg, IC<0>{});
-    if (UNR > 1) stage(sg + 1, IC<1 % UNR>{});
-    if (UNR > 2) stage(sg + 2, IC<2 % UNR>{});
+  while (true) {  // one output tile (or the CTA's part of it) per pass
+    const int seg_end = SK ? min(nst, sg + U - cs_sk) : nst;
+    const int k_stages = seg_end - sg;
+    for (; sg + UNR <= seg_end; sg += UNR) {
+      stage(sg, IC<0>{});
+      if (UNR > 1) stage(sg + 1, IC<1 % UNR>{});
+      if (UNR > 2) stage(sg + 2, IC<2 % UNR>{});
+    }
+    if (UNR > 1 && sg < seg_end) stage(sg++, IC<0>{});
+    if (UNR > 2 && sg < seg_end) stage(sg++, IC<1 % UNR>{});
+    finish_tile(k_stages);
+    if (!SK || sg >= nst) break;
+    // the next tile (the A-register buffers restart at 0: finish_tile waited for every wgmma)
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
+    ++cs_tile;
+    cs_sk = 0;
+    m0 = tile_m0(cs_tile);
+    rt_raw = tile_rt(cs_tile) + warp;
+    rt = min(rt_raw, Nt - 1);
+    cur_grp = -1;
+    tile_params();
   }
-  if (UNR > 1 && sg < nst) stage(sg, IC<0>{});
-  if (UNR > 2 && sg + 1 < nst) stage(sg + 1, IC<1 % UNR>{});
-  wg_wait<0>();
-  fence_regs(acc);
-
-  // acc[4j + 2h + c] = (weight row 16 * (warp % 4) + g + 8 h of the warpgroup, activation row 8 j + 2 t + c)
-  const int nb = rt_raw * 16 + g;
-#pragma unroll
-  for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int n = nb + 8 * h, m = m0 + 8 * j + 2 * t + c;
-        if (n < N && m < M) {
-          const float v = PCS ? acc[4 * j + 2 * h + c] * row_scale[h] : acc[4 * j + 2 * h + c];
-          if (WG_SPLIT) atomicAdd(ws + (size_t)m * N + n, v);
-          else store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
-        }
-      }
 }

@@ -11,9 +11,12 @@
   of 8), NWG (warpgroups = 64 weight rows each), STAGES (ring depth, >= 2 + INFLIGHT), INFLIGHT (wgmma groups in
   flight, 1 or 2), KT (64-k tiles per stage: 1, 2, 4), SPLIT (split-K factor or "auto"), GROUP_M (m-tiles
   rastered together), TMA (1, the default: one thread loads each stage with TMA and bulk copies, NWG 1, 2 or 4;
-  0: per-thread cp.async).
+  0: per-thread cp.async), SK (1: stream-K -- a persistent grid of as many CTAs as fit at once splits the (tile,
+  k-stage) work evenly, CTAs that share a tile combine fp32 partials; needs TMA 1, ignores SPLIT), MINB (CTAs per SM
+  the register allocation must allow; default 2 for SK tiles of BM <= 64, else 1).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
-  allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1.
+  allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1, or with SK an fp32 partial-tile workspace
+  (2 tiles per CTA) and an int32 stage count per output tile.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK")
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -166,12 +169,15 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     cfg = dict(config) if config is not None else default_config(m, n, k, props.multi_processor_count)
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
     inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
+    sk = int(cfg.get("SK", 0))
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
-            or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)):
-        raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma}: "
-                         "BM in 8..256 (multiple of 8), NWG 1..4, INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT "
-                         "1), STAGES >= 2 + ceil(INFLIGHT / KT), TMA 0 or 1 (1 with NWG 1, 2 or 4)")
+            or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
+            or sk not in (0, 1) or (sk and not tma)):
+        raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
+                         f"SK={sk}: BM in 8..256 (multiple of 8), NWG 1..4, INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with "
+                         "INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0 or 1 "
+                         "(1 with TMA 1)")
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
@@ -181,7 +187,7 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     if smem > SMEM_LIMIT:
         raise ValueError(f"wgmma tile BM={bm} NWG={nwg} STAGES={stages} needs {smem} bytes of shared memory "
                          f"(limit {SMEM_LIMIT})")
-    split = cfg.get("SPLIT", 1)
+    split = 1 if sk else cfg.get("SPLIT", 1)
     if split == "auto":
         split = auto_split(m, n, k, cfg, props.multi_processor_count)
     kt = lay.k_tiles
@@ -194,8 +200,9 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
             "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
             "WG_PC": int(lay.num_groups == 1),
             "WG_SPLIT": int(split > 1), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
-    if int(cfg.get("MINB", 1)) != 1:
-        defs["WG_MINB"] = int(cfg["MINB"])
+    minb = int(cfg.get("MINB", 2 if sk and bm <= 64 else 1))
+    if minb != 1:
+        defs["WG_MINB"] = minb
     if inflight != 1:
         defs["WG_INFLIGHT"] = inflight
     if ktile != 1:
@@ -207,12 +214,25 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         except Exception as e:  # noqa: BLE001 - a driver without tensor-map support: the cp.async loader instead
             _warn_no_tma(e)
             tma = 0
-    if not tma:  # per-thread cp.async loader instead of TMA / bulk copies
+    if not tma:  # per-thread cp.async loader instead of TMA / bulk copies (and no stream-K)
         defs["WG_TMA"] = 0
+        sk = 0
+    if sk:
+        defs["WG_SK"] = 1
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, x2d.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
-    tiles_n = math.ceil(lay.row_tiles / (4 * nwg))
-    grid = (tiles_n * math.ceil(m / bm), 1, split)
+    tiles = math.ceil(lay.row_tiles / (4 * nwg)) * math.ceil(m / bm)
+    sk_count = None
+    if sk:
+        work = tiles * math.ceil(kt / ktile)  # (tile, stage) pairs
+        if work >= 2**31:
+            raise ValueError(f"stream-K work of {work} stages exceeds int32; use SK 0 for M={m}, N={n}, K={k}")
+        ctas = min(work, nvrtc.resident_blocks(fn, 128 * nwg, smem) * props.multi_processor_count)
+        grid = (ctas, 1, 1)
+        ws = torch.empty(ctas * 2 * (bm // 2) * 128 * nwg, dtype=torch.float32, device=x2d.device)
+        sk_count = torch.zeros(tiles, dtype=torch.int32, device=x2d.device)
+    else:
+        grid = (tiles, 1, split)
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.params.data_ptr()),
@@ -225,6 +245,7 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         ctypes.c_float(-math.inf if split > 1 or not math.isfinite(lo) else lo),
         ctypes.c_float(math.inf if split > 1 or not math.isfinite(hi) else hi),
         ctypes.c_void_p(0 if ws is None else ws.data_ptr()),
+        ctypes.c_void_p(0 if sk_count is None else sk_count.data_ptr()),
         ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(xk.shape[1]), ctypes.c_int(kt),
         ctypes.c_int(lay.num_groups), ctypes.c_int(lay.gk), ctypes.c_int(kt_per),
         # the 128-byte tensor map by value (zeros when the kernel does not use it)
@@ -232,7 +253,7 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     ]
     with torch.cuda.device(x2d.device):
         nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(x2d.device).cuda_stream, smem)
-    if ws is not None:
+    if split > 1:
         _finish_split(ws, bias, y, lo, hi)
     return y
 
