@@ -276,7 +276,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 
   // The consumers' tile: m0, rt_raw (this warp's 16-row tile), rt (clamped: warps past the last tile load a valid
   // one and never store); cs_sk: the stage of it being read
-  int cs_tile = first_tile, cs_sk = q0 - first_tile * U;
+  int cs_tile = first_tile, cs_sk = SK ? q0 - first_tile * U : 0;
   int m0 = tile_m0(cs_tile), rt_raw = tile_rt(cs_tile) + warp;
   int rt = min(rt_raw, Nt - 1);
 
