@@ -89,7 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", default="w4g128,w8pc")
     ap.add_argument("--out", default=None)
     ap.add_argument("--table", action="store_true", help="time the dispatcher's table config (mixgemm.ops.configs)")
-    ap.add_argument("--cfgs", default=None, help="JSON list of configs to time instead of the candidates")
+    ap.add_argument("--cfgs", default=None, help="JSON list of configs to time instead of the candidates (keys M, "
+                    "FMT, SHAPE select the cases a config is timed on)")
     ap.add_argument("--launch", default=None, help="M,K,N,CFG_JSON: just launch that case 5 times (for ncu)")
     a = ap.parse_args(argv)
     if a.launch:
@@ -128,7 +129,8 @@ def main(argv=None) -> int:
 
                     cfgs = [dict(wgmma_config(m, n, k, qws[0], x.device), FIT=1)]
                 if a.cfgs:
-                    cfgs = [c for c in json.loads(a.cfgs) if c.get("M", m) == m]
+                    cfgs = [c for c in json.loads(a.cfgs)  # optional filters: M, FMT (w4g128...), SHAPE (KxN)
+                            if c.get("M", m) == m and c.get("FMT", fmt) == fmt and c.get("SHAPE", shape) == shape]
                 best = None
                 for cfg in cfgs:
                     try:
