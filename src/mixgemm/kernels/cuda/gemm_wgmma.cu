@@ -85,8 +85,10 @@
 // keeps its stage ring streaming across tile boundaries. A tile that several CTAs share is finished by whichever of
 // them arrives last (an atomic count of its stages): the others leave fp32 partials in a workspace. Never waits on
 // another CTA. Why: with one CTA per output tile, 224 tiles on 132 SMs x 2 CTAs (8192x28672, M <= 64) leave 40
-// SMs at half load, and 112 tiles (4096x14336) leave 20 SMs idle and the rest at one CTA; 448 large-M tiles
-// (4096x14336, M = 1024) are 3.4 waves; split-K pays a memset, atomics and a second kernel instead.
+// SMs at half load, and K-long layers have too few tiles (28672x8192: 64), where split-K pays a zeroed workspace,
+// atomics and a second kernel. Measured (H200, W4 g128, benchmarks/gemm_wgmma_notes.md, session 6): 28672x8192
+// M = 16 / 32 / 64 68.6 / 73.2 / 89.1 -> 55.5 / 60.7 / 76.8 us, 8192x28672 M = 16 / 32 -3%; slower at large M (the
+// BM 256 partials cost more than the 3.4-wave tail) and on 4096x14336 (as many warps per SM did not help there).
 #ifndef WG_SK
 #define WG_SK 0
 #endif
