@@ -250,22 +250,19 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // while each weight tile is read from HBM once per group instead of once per m-tile
   const int tiles_n = (Nt + WARPS - 1) / WARPS, tiles_m = (M + BM - 1) / BM;
   const int per_group = WG_GROUP_M * tiles_n;
-  auto tile_m0 = [&](int tile) {
+  auto tile_pos = [&](int tile) {  // (first activation row, first 16-row weight tile) of output tile `tile`
     const int first_m = (tile / per_group) * WG_GROUP_M, gm = min(tiles_m - first_m, WG_GROUP_M);
-    return (first_m + (tile % per_group) % gm) * BM;
-  };
-  auto tile_rt = [&](int tile) {  // the tile's first 16-row tile
-    const int first_m = (tile / per_group) * WG_GROUP_M, gm = min(tiles_m - first_m, WG_GROUP_M);
-    return (tile % per_group) / gm * WARPS;
+    return int2{(first_m + (tile % per_group) % gm) * BM, (tile % per_group) / gm * WARPS};
   };
   // Work of this CTA: stages [q0, q1) of the flat (tile, stage) sequence, U stages per tile (WG_SK); else the k-tiles
   // [kt0, kt0 + nk) of tile blockIdx.x (split-K: blockIdx.z picks the slice)
   // (the host keeps tiles x U < 2^31). CTA c runs per + (c < rem) stages from c per + min(c, rem).
   const int U = (Kt + KT - 1) / KT;
   const int sk_per = tiles_n * tiles_m * U / gridDim.x, sk_rem = tiles_n * tiles_m * U % gridDim.x;
+  auto cta_start = [&](int c) { return c * sk_per + min(c, sk_rem); };
   int q0 = 0, kt0 = 0, nk = Kt, nst, first_tile;
   if (SK) {
-    q0 = blockIdx.x * sk_per + min((int)blockIdx.x, sk_rem);
+    q0 = cta_start(blockIdx.x);
     nst = sk_per + ((int)blockIdx.x < sk_rem);
     first_tile = q0 / U;
   } else {
@@ -279,8 +276,12 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // The consumers' tile: m0, rt_raw (this warp's 16-row tile), rt (clamped: warps past the last tile load a valid
   // one and never store); cs_sk: the stage of it being read
   int cs_tile = first_tile, cs_sk = SK ? q0 - first_tile * U : 0;
-  int m0 = tile_m0(cs_tile), rt_raw = tile_rt(cs_tile) + warp;
-  int rt = min(rt_raw, Nt - 1);
+  int m0, rt_raw, rt;
+  auto consumer_tile = [&]() {
+    const int2 p = tile_pos(cs_tile);
+    m0 = p.x, rt_raw = p.y + warp, rt = min(rt_raw, Nt - 1);
+  };
+  consumer_tile();
 
   // Loader state: everything that does not change from tile to tile is computed once (measured: address math
   // redone per tile made the loop issue-bound, ~280 instructions per warp and k-tile at M = 4096).
@@ -388,9 +389,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
       if (++ld_sk == U && SK) {  // next tile of the stream-K range
         ld_sk = 0;
-        ++ld_tile;
-        ld_m0 = tile_m0(ld_tile);
-        ld_rt = tile_rt(ld_tile);
+        const int2 p = tile_pos(++ld_tile);
+        ld_m0 = p.x, ld_rt = p.y;
       }
     }
     if (!WG_TMA) cp_commit();
@@ -528,7 +528,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         const int c_hi = cta_of(cs_tile * U + U - 1);
         for (int c = cta_of(cs_tile * U); c <= c_hi; ++c) {
           if (c == (int)blockIdx.x) continue;
-          const int c_first = (c * sk_per + min(c, sk_rem)) / U;
+          const int c_first = cta_start(c) / U;
           const float* other = ws + (size_t)(c * 2 + (cs_tile == c_first ? 0 : 1)) * (BM / 2) * WG_THREADS + tid;
 #pragma unroll
           for (int i = 0; i < BM / 2; ++i) acc[i] += __ldcg(other + i * WG_THREADS);
@@ -574,9 +574,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
     ++cs_tile;
     cs_sk = 0;
-    m0 = tile_m0(cs_tile);
-    rt_raw = tile_rt(cs_tile) + warp;
-    rt = min(rt_raw, Nt - 1);
+    consumer_tile();
     cur_grp = -1;
     tile_params();
   }
