@@ -212,11 +212,14 @@ def test_multi_tile_stages(kt, tma, bits, gs, mode, k, split):
 ], ids=str)
 @pytest.mark.parametrize("fmt", [(4, 128, "zero_point", torch.float16), (4, 32, "offset", torch.bfloat16),
                                  (8, -1, "sym", torch.float16), (4, -1, "offset", torch.float16)], ids=str)
-def test_stream_k(m, n, k, cfg, fmt):
-    """SK 1: CTAs that share a tile leave partials; the last one to count its stages adds them and stores."""
+@pytest.mark.parametrize("sk", [1, 2])
+def test_stream_k(m, n, k, cfg, fmt, sk):
+    """SK 1: CTAs that share a tile leave partials; the last one to count its stages adds them and stores.
+    SK 2 with waves of 7 CTAs: data-parallel waves first, stream-K over the rest (tiles 9 / 2 / 80 / 256 / 192 / 36:
+    0 / 0 / 70 / 245 / 182 / 28 run data-parallel)."""
     bits, gs, mode, dtype = fmt
     k = k if gs == -1 else -(-k // gs) * gs
-    cfg = dict(cfg, SK=1, TMA=1)
+    cfg = dict(cfg, SK=sk, TMA=1, WAVE=7)
     _run(m, n, k, bits, gs, mode, dtype, config=cfg)
     _run(m, n, k, bits, gs, mode, dtype, config=cfg, seed=5, act=None, bias=False)  # the counts were left zero
 
@@ -270,7 +273,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="TMA=1"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
                    dict(BM=32, NWG=3, STAGES=4, TMA=1))
-    with pytest.raises(ValueError, match="SK 0 or 1"):
+    with pytest.raises(ValueError, match="SK 0, 1"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
                    dict(BM=32, NWG=2, STAGES=4, TMA=0, SK=1))
     with pytest.raises(ValueError, match="bias"):
