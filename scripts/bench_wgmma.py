@@ -91,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--table", action="store_true", help="time the dispatcher's table config (mixgemm.ops.configs)")
     ap.add_argument("--cfgs", default=None, help="JSON list of configs to time instead of the candidates (keys M, "
                     "FMT, SHAPE select the cases a config is timed on)")
+    ap.add_argument("--variants", default=None, help="with --table: JSON list of overrides, each timed as the table "
+                    "config updated with it (keys M, FMT, SHAPE select the cases, as in --cfgs)")
     ap.add_argument("--launch", default=None, help="M,K,N,CFG_JSON: just launch that case 5 times (for ncu)")
     a = ap.parse_args(argv)
     if a.launch:
@@ -128,6 +130,9 @@ def main(argv=None) -> int:
                     from mixgemm.ops.configs import wgmma_config
 
                     cfgs = [dict(wgmma_config(m, n, k, qws[0], x.device), FIT=1)]
+                    for v in json.loads(a.variants or "[]"):
+                        if v.get("M", m) == m and v.get("FMT", fmt) == fmt and v.get("SHAPE", shape) == shape:
+                            cfgs.append({**cfgs[0], **{c: w for c, w in v.items() if c not in ("M", "FMT", "SHAPE")}})
                 if a.cfgs:
                     cfgs = [c for c in json.loads(a.cfgs)  # optional filters: M, FMT (w4g128...), SHAPE (KxN)
                             if c.get("M", m) == m and c.get("FMT", fmt) == fmt and c.get("SHAPE", shape) == shape]
@@ -142,7 +147,7 @@ def main(argv=None) -> int:
                     except Exception as ex:  # noqa: BLE001 - report and go on
                         print(f"  {cfg}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
                         continue
-                    if a.sweep:
+                    if a.sweep or a.variants:
                         print(f"  {fmt} {shape} M={m} {cfg}: {t:.1f} us err {e:.1e}", flush=True)
                     if e < 2e-3 and (best is None or t < best[0]):
                         best = (t, cfg, e)

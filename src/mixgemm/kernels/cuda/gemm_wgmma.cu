@@ -96,6 +96,19 @@
 #define WG_SK 0
 #endif
 
+// WG_FOLD: grouped sym / zero_point weights keep the exact integers q - z in A (no per-pair scale multiply) and wgmma
+// accumulates each group into its own fp32 partial (two, alternating), which is scaled into the accumulator once the
+// group's wgmmas are done: BM / 2 FFMA per thread and group instead of 4 HMUL2 per k16 step, and one dependent
+// instruction less between the weight load and the wgmma. WG_GT: 64-k tiles per group (1 or 2); a stage holds an
+// even number of groups (KT % (2 GT) == 0), so every stage starts a group pair and the partial of each k-tile is
+// known at compile time.
+#ifndef WG_FOLD
+#define WG_FOLD 0
+#endif
+#ifndef WG_GT
+#define WG_GT 1
+#endif
+
 #define WG_THREADS (128 * WG_NWG)
 // WG_MINB: CTAs per SM the register allocation must allow (__launch_bounds__ min blocks); more resident warps
 // for the latency-bound small-M tiles
@@ -146,6 +159,10 @@ struct IC {
   static constexpr int value = V;
 };
 static_assert(BM % 8 == 0 && BM >= 8 && BM <= 256, "BM is the wgmma N: 8..256, a multiple of 8");
+constexpr bool FOLD = WG_FOLD != 0;
+constexpr int GT = WG_GT;
+static_assert(!FOLD || (!G2 && WG_PC == 0 && MODE != 2 && (GT == 1 || GT == 2) && KT % (2 * GT) == 0),
+              "WG_FOLD takes sym / zero_point groups of 64 or 128 (WG_GT 1, 2) and KT a multiple of 2 WG_GT");
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   u32 a;
@@ -408,7 +425,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 
   // group constants of rows g, g + 8 (per block b of the tile), decoded only when the group changes
   RowQ<ACT, MODE> q[NPB][2];
-  float z[NPB][2];
+  float z[NPB][2], rscale[2];  // rscale: the fp32 scales of rows g, g + 8 (block 0)
   auto decode = [&](const char* pbase, int bstride) {  // bstride: bytes between the NPB blocks of a tile
 #pragma unroll
     for (int b = 0; b < NPB; ++b)
@@ -418,8 +435,25 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         const float s = scl_at(p);
         const float sec = MODE == 0 ? 0.f : scl_at(p + SB);
         z[b][h] = MODE == 1 ? sec : (BITS == 4 ? 8.f : 128.f);
-        q[b][h].set(s, z[b][h], MODE == 2 ? sec : 0.f);
+        if (!FOLD) q[b][h].set(s, z[b][h], MODE == 2 ? sec : 0.f);
+        else q[b][h].set_exact(z[b][h]);
+        if (b == 0) rscale[h] = s;
       }
+  };
+  // WG_FOLD: the groups' partial accumulators, their row scales and whether they hold a group not yet folded
+  float tacc[2][BM / 2];  // (unused, and so never allocated, without WG_FOLD)
+  float tscale[2][2];
+  bool tpend[2] = {false, false};
+  auto fold = [&](auto b) {  // acc += tacc[b] x its group's row scales (its wgmmas must be complete)
+    constexpr int B = decltype(b)::value;
+    if constexpr (FOLD) {
+      if (tpend[B]) {
+        fence_regs(tacc[B]);
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf(tacc[B][i], tscale[B][(i >> 1) & 1], acc[i]);
+        tpend[B] = false;
+      }
+    }
   };
   // Per-channel sym / zero_point: A holds the exact integers q - z and each row's scale multiplies its fp32 result
   // once in the epilogue (why: one mul per A register less -- a third of the int8 dequantization -- and no fp16 /
@@ -443,7 +477,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 
   // one k-tile (tile j of the stage being read, k-tile i of the output tile's range): dequantize its A fragments
   // into afr_t, queue its four wgmma k16 steps as one group
-  auto tile = [&](int i, int j, u32(&afr_t)[4][4]) {
+  auto tile = [&](int i, auto jc, u32(&afr_t)[4][4]) {
+    constexpr int j = decltype(jc)::value;
     const char* stg = sgen + (st_read - sbase);
     u32 w[TB / 128];
     {
@@ -469,23 +504,42 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         cur_grp = grp;
       }
     }
+    constexpr bool SCALED = !PCS && !FOLD;
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int b = G2 ? s / 2 : 0;
       if (BITS == 4) {
-        a_frag_step<4, ACT, MODE, !PCS>(w, s, q[b][0], q[b][1], z[b][0], z[b][1], afr_t[s]);
+        a_frag_step<4, ACT, MODE, SCALED>(w, s, q[b][0], q[b][1], z[b][0], z[b][1], afr_t[s]);
       } else {
         const u32 wu[4] = {w[4 * (s / 2)], w[4 * (s / 2) + 1], w[4 * (s / 2) + 2], w[4 * (s / 2) + 3]};
-        a_frag_step<8, ACT, MODE, !PCS>(wu, s % 2, q[b][0], q[b][1], z[b][0], z[b][1], afr_t[s]);
+        a_frag_step<8, ACT, MODE, SCALED>(wu, s % 2, q[b][0], q[b][1], z[b][0], z[b][1], afr_t[s]);
       }
     }
     fence_regs(afr_t);
-    wg_fence();
     const u64 desc = desc_sw128(st_read + j * BM * 128);
+    if constexpr (FOLD) {
+      // partial buffer of this k-tile: the stage starts a group pair, so it is (j / GT) % 2 (j is unrolled)
+      constexpr int B = (j / GT) % 2;
+      constexpr bool FIRST = j % GT == 0;  // the group's first k-tile: overwrite the partial
+      if (FIRST) {
+        // fold the previous group before queueing this one: ptxas serializes every wgmma (C7514) when registers of
+        // a wgmma that may still be in flight are read, and it cannot see that wait_group 1 covered that group
+        wg_wait<0>();
+        fold(IC<1 - B>{});
+        tscale[B][0] = rscale[0], tscale[B][1] = rscale[1], tpend[B] = true;
+      }
+      wg_fence();
 #pragma unroll
-    for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(acc, afr_t[s], desc + 2 * s);  // + 32 bytes per k16 step
-    wg_commit();
-    wg_wait<INFL>();  // the wgmma of k-tile i - INFL is done: its A registers may be reused
+      for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(tacc[B], afr_t[s], desc + 2 * s, FIRST && s == 0 ? 0 : 1);
+      wg_commit();
+      wg_wait<INFL>();
+    } else {
+      wg_fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(acc, afr_t[s], desc + 2 * s);  // + 32 bytes per k16 step
+      wg_commit();
+      wg_wait<INFL>();  // the wgmma of k-tile i - INFL is done: its A registers may be reused
+    }
   };
   // one stage: wait for its bytes, refill the stage the wgmmas are done with, run its KT k-tiles. u = the stage's
   // place in the unrolled loop, so that the A-register buffer of every k-tile is known at compile time.
@@ -500,11 +554,14 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     }
     __syncthreads();  // everyone's pieces landed; every warpgroup is past stage sg - 1, so stage sg - 1 - LAG is free
     issue(sg + STAGES - 1 - LAG);
-#pragma unroll
-    for (int j = 0; j < KT; ++j) {
-      const int i = cs_sk * KT + j;
-      if (KT == 1 || i < nk) tile(i, j, afr[(decltype(u)::value * KT + j) % (INFL + 1)]);
-    }
+    auto run = [&](auto jc) {  // k-tile j of the stage (j a compile-time constant)
+      constexpr int j = decltype(jc)::value;
+      if constexpr (j < KT) {
+        const int i = cs_sk * KT + j;
+        if (KT == 1 || i < nk) tile(i, jc, afr[(decltype(u)::value * KT + j) % (INFL + 1)]);
+      }
+    };
+    run(IC<0>{}), run(IC<1>{}), run(IC<2>{}), run(IC<3>{});
     st_read = st_read + STAGE == sbase + STAGES * STAGE ? sbase : st_read + STAGE;
     ++cs_sk;
   };
@@ -514,6 +571,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // its stage count adds the others' partials and stores it.
   auto finish_tile = [&](int k_stages) {  // k_stages: stages of the tile this CTA ran
     wg_wait<0>();
+    fold(IC<0>{}), fold(IC<1>{});  // WG_FOLD: the last group (and the one before, after a partial last stage)
     fence_regs(acc);
     bool store = true;
     if (SK && k_stages != U) {

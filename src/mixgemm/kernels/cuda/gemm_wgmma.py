@@ -14,8 +14,10 @@
   0: per-thread cp.async), SK (1: stream-K -- a persistent grid of as many CTAs as fit at once splits the (tile,
   k-stage) work evenly, CTAs that share a tile combine fp32 partials; needs TMA 1, ignores SPLIT; 2: data-parallel
   waves first, stream-K only over the last one to two waves of tiles -- two launches), WAVE (SK 2: CTAs per wave;
-  default: as many as fit on the GPU at once), MINB (CTAs per SM the register allocation must allow; default 2 for SK
-  tiles of BM <= 64, else 1).
+  default: as many as fit on the GPU at once), FOLD (1: grouped sym / zero_point weights enter the wgmma as exact
+  integers q - z and each group's fp32 partial is scaled into the accumulator; applies to groups of 64 with KT 2 or 4
+  and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per SM the register allocation must allow; default 2 for
+  SK tiles of BM <= 64 without FOLD, else 1).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1, or with SK an fp32 partial-tile workspace
   (2 tiles per CTA) and an int32 stage count per output tile.
@@ -37,7 +39,7 @@ SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "WAVE")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "WAVE", "FOLD")
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -171,15 +173,15 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     cfg = dict(config) if config is not None else default_config(m, n, k, props.multi_processor_count)
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
     inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
-    sk = int(cfg.get("SK", 0))
+    sk, fold_req = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0))
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
             or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
-            or sk not in (0, 1, 2) or (sk and not tma)):
+            or sk not in (0, 1, 2) or (sk and not tma) or fold_req not in (0, 1)):
         raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
-                         f"SK={sk}: BM in 8..256 (multiple of 8), NWG 1..4, INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with "
-                         "INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0, 1 "
-                         "or 2 (1 and 2 with TMA 1)")
+                         f"SK={sk} FOLD={fold_req}: BM in 8..256 (multiple of 8), NWG 1..4, INFLIGHT 1 or 2, "
+                         "KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), TMA 0 or 1 "
+                         "(1 with NWG 1, 2 or 4), SK 0, 1 or 2 (1 and 2 with TMA 1), FOLD 0 or 1")
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
@@ -202,7 +204,13 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
             "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
             "WG_PC": int(lay.num_groups == 1),
             "WG_SPLIT": int(split > 1), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
-    minb = int(cfg.get("MINB", 2 if sk and bm <= 64 else 1))
+    gt = lay.group_size // K_TILE  # 64-k tiles per group
+    fold = (fold_req == 1 and lay.mode != "offset" and lay.num_groups > 1 and gt in (1, 2)
+            and ktile % (2 * gt) == 0)
+    if fold:
+        defs["WG_FOLD"], defs["WG_GT"] = 1, gt
+    # FOLD's two partial accumulators do not fit 2 CTAs' register budget (ptxas spills)
+    minb = int(cfg.get("MINB", 2 if sk and bm <= 64 and not fold else 1))
     if minb != 1:
         defs["WG_MINB"] = minb
     if inflight != 1:

@@ -33,6 +33,17 @@ struct RowQ {
       off2 = MODE == 2 ? f32_to_bf2(fmaf(zc, s, m), fmaf(zc, s, m)) : 0x80008000u;  // -0: exact mul
     }
   }
+  // only what the exact q - zc needs (A unscaled: the scale is applied to the fp32 result)
+  __device__ __forceinline__ void set_exact(float zc) {
+    if (ACT == 0) {
+      zlo = f32_to_h2(1024.f + zc);
+      zhi = f32_to_h2(-(64.f + zc));
+    } else {
+      zlo = f32_to_bf2(-(128.f + zc), -(128.f + zc));
+      zhi = 0u;
+    }
+    s2 = 0u, off2 = 0u;
+  }
   // d = exact (q - zc) pair -> dequantized pair
   __device__ __forceinline__ u32 finish(u32 d) const {
     if (ACT == 0) return MODE == 2 ? hfma2(d, s2, off2) : hmul2(d, s2);
