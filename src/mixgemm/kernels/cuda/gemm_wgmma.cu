@@ -89,9 +89,6 @@
 // atomics and a second kernel. Measured (H200, W4 g128, benchmarks/gemm_wgmma_notes.md, session 6): 28672x8192
 // M = 16 / 32 / 64 68.6 / 73.2 / 89.1 -> 55.5 / 60.7 / 76.8 us, 8192x28672 M = 16 / 32 -3%; slower at large M (the
 // BM 256 partials cost more than the 3.4-wave tail) and on 4096x14336 (as many warps per SM did not help there).
-// The host's SK 2 runs the first whole waves of tiles data-parallel (this kernel without WG_SK) and only the last one
-// to two waves' worth as stream-K (tile0 = the first of them): the partials shrink to the tail, and the tiles in
-// flight stay neighbours in the raster (whole-grid stream-K at large M spreads its CTAs over every tile at once).
 #ifndef WG_SK
 #define WG_SK 0
 #endif
@@ -257,8 +254,6 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                    float* __restrict__ ws,          // WG_SPLIT: fp32 [M, N] zeroed workspace;
                                                     // WG_SK: fp32 [grid][2][BM / 2][WG_THREADS] partials
                    int* __restrict__ sk_count,      // WG_SK: [tiles] zeroed stage counts (left zeroed again)
-                   int tile0,                       // WG_SK: the stream-K work is tiles [tile0, tiles) (the
-                                                    // tiles before it ran data-parallel in an earlier launch)
                    int N, int M, int K, int Kt, int G, int gk, int kt_per_split,
                    const __grid_constant__ TmaDesc xmap) {  // WG_TMA: activations [M, K], box 64 k x BM rows
   extern __shared__ char smem_raw[];
@@ -280,14 +275,13 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // [kt0, kt0 + nk) of tile blockIdx.x (split-K: blockIdx.z picks the slice)
   // (the host keeps tiles x U < 2^31). CTA c runs per + (c < rem) stages from c per + min(c, rem).
   const int U = (Kt + KT - 1) / KT;
-  const int sk_work = (tiles_n * tiles_m - tile0) * U;  // WG_SK: stages of tiles [tile0, tiles)
-  const int sk_per = sk_work / gridDim.x, sk_rem = sk_work % gridDim.x;
+  const int sk_per = tiles_n * tiles_m * U / gridDim.x, sk_rem = tiles_n * tiles_m * U % gridDim.x;
   auto cta_start = [&](int c) { return c * sk_per + min(c, sk_rem); };
   int q0 = 0, kt0 = 0, nk = Kt, nst, first_tile;
   if (SK) {
     q0 = cta_start(blockIdx.x);
     nst = sk_per + ((int)blockIdx.x < sk_rem);
-    first_tile = tile0 + q0 / U;
+    first_tile = q0 / U;
   } else {
     kt0 = blockIdx.z * kt_per_split;
     nk = min(Kt - kt0, kt_per_split);
@@ -298,7 +292,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 
   // The consumers' tile: m0, rt_raw (this warp's 16-row tile), rt (clamped: warps past the last tile load a valid
   // one and never store); cs_sk: the stage of it being read
-  int cs_tile = first_tile, cs_sk = SK ? q0 - (first_tile - tile0) * U : 0;
+  int cs_tile = first_tile, cs_sk = SK ? q0 - first_tile * U : 0;
   int m0, rt_raw, rt;
   auto consumer_tile = [&]() {
     const int2 p = tile_pos(cs_tile);
@@ -589,11 +583,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         // the tile's other CTAs: those whose ranges hold its first and last stage, and all between
         const int big = sk_rem * (sk_per + 1);  // stages of the CTAs that run one more
         auto cta_of = [&](int q) { return q < big ? q / (sk_per + 1) : sk_rem + (q - big) / sk_per; };
-        const int q_tile = (cs_tile - tile0) * U;  // the tile's first stage in the stream-K sequence
-        const int c_hi = cta_of(q_tile + U - 1);
-        for (int c = cta_of(q_tile); c <= c_hi; ++c) {
+        const int c_hi = cta_of(cs_tile * U + U - 1);
+        for (int c = cta_of(cs_tile * U); c <= c_hi; ++c) {
           if (c == (int)blockIdx.x) continue;
-          const int c_first = tile0 + cta_start(c) / U;
+          const int c_first = cta_start(c) / U;
           const float* other = ws + (size_t)(c * 2 + (cs_tile == c_first ? 0 : 1)) * (BM / 2) * WG_THREADS + tid;
 #pragma unroll
           for (int i = 0; i < BM / 2; ++i) acc[i] += __ldcg(other + i * WG_THREADS);

@@ -12,12 +12,10 @@
   flight, 1 or 2), KT (64-k tiles per stage: 1, 2, 4), SPLIT (split-K factor or "auto"), GROUP_M (m-tiles
   rastered together), TMA (1, the default: one thread loads each stage with TMA and bulk copies, NWG 1, 2 or 4;
   0: per-thread cp.async), SK (1: stream-K -- a persistent grid of as many CTAs as fit at once splits the (tile,
-  k-stage) work evenly, CTAs that share a tile combine fp32 partials; needs TMA 1, ignores SPLIT; 2: data-parallel
-  waves first, stream-K only over the last one to two waves of tiles -- two launches), WAVE (SK 2: CTAs per wave;
-  default: as many as fit on the GPU at once), FOLD (1: grouped sym / zero_point weights enter the wgmma as exact
-  integers q - z and each group's fp32 partial is scaled into the accumulator; applies to groups of 64 with KT 2 or 4
-  and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per SM the register allocation must allow; default 2 for
-  SK tiles of BM <= 64 without FOLD, else 1).
+  k-stage) work evenly, CTAs that share a tile combine fp32 partials; needs TMA 1, ignores SPLIT), FOLD (1: grouped
+  sym / zero_point weights enter the wgmma as exact integers q - z and each group's fp32 partial is scaled into the
+  accumulator; applies to groups of 64 with KT 2 or 4 and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per
+  SM the register allocation must allow; default 2 for SK tiles of BM <= 64 without FOLD, else 1).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1, or with SK an fp32 partial-tile workspace
   (2 tiles per CTA) and an int32 stage count per output tile.
@@ -39,7 +37,7 @@ SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "WAVE", "FOLD")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD")
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -177,11 +175,11 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
             or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
-            or sk not in (0, 1, 2) or (sk and not tma) or fold_req not in (0, 1)):
+            or sk not in (0, 1) or (sk and not tma) or fold_req not in (0, 1)):
         raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
                          f"SK={sk} FOLD={fold_req}: BM in 8..256 (multiple of 8), NWG 1..4, INFLIGHT 1 or 2, "
                          "KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), TMA 0 or 1 "
-                         "(1 with NWG 1, 2 or 4), SK 0, 1 or 2 (1 and 2 with TMA 1), FOLD 0 or 1")
+                         "(1 with NWG 1, 2 or 4), SK 0 or 1 (1 with TMA 1), FOLD 0 or 1")
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
@@ -227,58 +225,42 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     if not tma:  # per-thread cp.async loader instead of TMA / bulk copies (and no stream-K)
         defs["WG_TMA"] = 0
         sk = 0
-    fn = None  # the kernel without stream-K (SK 0, and SK 2's data-parallel waves)
-    if sk != 1:
-        fn = nvrtc.get_function(SOURCE, KERNEL, defs, x2d.device, arch_suffix="a")
-        nvrtc.allow_dynamic_smem(fn, smem)
-    sms = props.multi_processor_count
+    if sk:
+        defs["WG_SK"] = 1
+    fn = nvrtc.get_function(SOURCE, KERNEL, defs, x2d.device, arch_suffix="a")
+    nvrtc.allow_dynamic_smem(fn, smem)
     tiles = math.ceil(lay.row_tiles / (4 * nwg)) * math.ceil(m / bm)
-    tile0 = 0  # SK 2: tiles [0, tile0) run data-parallel first, the stream-K launch takes the rest
-    if sk == 2:
-        wave = int(cfg.get("WAVE", 0)) or nvrtc.resident_blocks(fn, 128 * nwg, smem) * sms
-        if tiles % wave == 0:
-            sk = 0  # whole waves: nothing to balance
-        elif tiles >= 2 * wave:
-            tile0 = (tiles // wave - 1) * wave
-    stream = torch.cuda.current_stream(x2d.device).cuda_stream
-
-    def launch(kernel, grid, ws, sk_count, first_tile: int) -> None:
-        args = [
-            ctypes.c_void_p(lay.weight.data_ptr()),
-            ctypes.c_void_p(lay.params.data_ptr()),
-            ctypes.c_void_p(xk.data_ptr()),
-            ctypes.c_int(xk.stride(0)),
-            ctypes.c_void_p(y.data_ptr()),
-            ctypes.c_int(y.stride(0)),
-            ctypes.c_void_p(0 if bias is None or split > 1 else bias.data_ptr()),
-            ctypes.c_int(0 if bias is None or split > 1 else _BIAS[bias.dtype]),
-            ctypes.c_float(-math.inf if split > 1 or not math.isfinite(lo) else lo),
-            ctypes.c_float(math.inf if split > 1 or not math.isfinite(hi) else hi),
-            ctypes.c_void_p(0 if ws is None else ws.data_ptr()),
-            ctypes.c_void_p(0 if sk_count is None else sk_count.data_ptr()),
-            ctypes.c_int(first_tile),
-            ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(xk.shape[1]), ctypes.c_int(kt),
-            ctypes.c_int(lay.num_groups), ctypes.c_int(lay.gk), ctypes.c_int(kt_per),
-            # the 128-byte tensor map by value (zeros when the kernel does not use it)
-            (ctypes.c_ubyte * 128).from_address(xmap.getPtr()) if tma else (ctypes.c_ubyte * 128)(),
-        ]
-        with torch.cuda.device(x2d.device):
-            nvrtc.launch(kernel, grid, (128 * nwg, 1, 1), args, stream, smem)
-
-    if not sk:
-        launch(fn, (tiles, 1, split), ws, None, 0)
-    else:
-        if tile0:  # the data-parallel waves
-            launch(fn, (tile0, 1, 1), None, None, 0)
-        work = (tiles - tile0) * math.ceil(kt / ktile)  # (tile, stage) pairs
+    sk_count = None
+    if sk:
+        work = tiles * math.ceil(kt / ktile)  # (tile, stage) pairs
         if work >= 2**31:
             raise ValueError(f"stream-K work of {work} stages exceeds int32; use SK 0 for M={m}, N={n}, K={k}")
-        fn_sk = nvrtc.get_function(SOURCE, KERNEL, {**defs, "WG_SK": 1}, x2d.device, arch_suffix="a")
-        nvrtc.allow_dynamic_smem(fn_sk, smem)
-        ctas = min(work, nvrtc.resident_blocks(fn_sk, 128 * nwg, smem) * sms)
+        ctas = min(work, nvrtc.resident_blocks(fn, 128 * nwg, smem) * props.multi_processor_count)
+        grid = (ctas, 1, 1)
         ws = torch.empty(ctas * 2 * (bm // 2) * 128 * nwg, dtype=torch.float32, device=x2d.device)
         sk_count = torch.zeros(tiles, dtype=torch.int32, device=x2d.device)
-        launch(fn_sk, (ctas, 1, 1), ws, sk_count, tile0)
+    else:
+        grid = (tiles, 1, split)
+    args = [
+        ctypes.c_void_p(lay.weight.data_ptr()),
+        ctypes.c_void_p(lay.params.data_ptr()),
+        ctypes.c_void_p(xk.data_ptr()),
+        ctypes.c_int(xk.stride(0)),
+        ctypes.c_void_p(y.data_ptr()),
+        ctypes.c_int(y.stride(0)),
+        ctypes.c_void_p(0 if bias is None or split > 1 else bias.data_ptr()),
+        ctypes.c_int(0 if bias is None or split > 1 else _BIAS[bias.dtype]),
+        ctypes.c_float(-math.inf if split > 1 or not math.isfinite(lo) else lo),
+        ctypes.c_float(math.inf if split > 1 or not math.isfinite(hi) else hi),
+        ctypes.c_void_p(0 if ws is None else ws.data_ptr()),
+        ctypes.c_void_p(0 if sk_count is None else sk_count.data_ptr()),
+        ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(xk.shape[1]), ctypes.c_int(kt),
+        ctypes.c_int(lay.num_groups), ctypes.c_int(lay.gk), ctypes.c_int(kt_per),
+        # the 128-byte tensor map by value (zeros when the kernel does not use it)
+        (ctypes.c_ubyte * 128).from_address(xmap.getPtr()) if tma else (ctypes.c_ubyte * 128)(),
+    ]
+    with torch.cuda.device(x2d.device):
+        nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(x2d.device).cuda_stream, smem)
     if split > 1:
         _finish_split(ws, bias, y, lo, hi)
     return y
