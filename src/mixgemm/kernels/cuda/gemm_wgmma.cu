@@ -93,15 +93,17 @@
 #define WG_SK 0
 #endif
 
-// WG_FOLD: grouped sym / zero_point weights (groups of 64 k or more) keep the exact integers q - z in A (no per-pair
-// scale multiply); wgmma accumulates each group into an fp32 partial that is scaled into the accumulator when the next
-// group starts: BM / 2 FFMA per thread and group instead of 4 HMUL2 per k16 step, and one dependent instruction less
-// between the weight load and the wgmma. The cost: the warpgroup waits for its wgmmas at every group change (ptxas
-// serializes every wgmma (C7514) when it sees accumulator registers read while any wgmma may be in flight).
-// Measured (H200, W4 g128, benchmarks/gemm_wgmma_notes.md, session 7): 4096x14336 M = 16 / 32 20.4 / 21.5 -> 19.2 /
-// 20.4 us, 14336x4096 M = 16 21.3 -> 20.0 us; slower where 2 CTAs per SM must fit (stream-K tiles of 8192x28672).
+// WG_FOLD: grouped sym / zero_point weights keep the exact integers q - z in A (no per-pair scale multiply) and wgmma
+// accumulates each group into its own fp32 partial (two, alternating), which is scaled into the accumulator once the
+// group's wgmmas are done: BM / 2 FFMA per thread and group instead of 4 HMUL2 per k16 step, and one dependent
+// instruction less between the weight load and the wgmma. WG_GT: 64-k tiles per group (1 or 2); a stage holds an
+// even number of groups (KT % (2 GT) == 0), so every stage starts a group pair and the partial of each k-tile is
+// known at compile time.
 #ifndef WG_FOLD
 #define WG_FOLD 0
+#endif
+#ifndef WG_GT
+#define WG_GT 1
 #endif
 
 #define WG_THREADS (128 * WG_NWG)
@@ -155,7 +157,9 @@ struct IC {
 };
 static_assert(BM % 8 == 0 && BM >= 8 && BM <= 256, "BM is the wgmma N: 8..256, a multiple of 8");
 constexpr bool FOLD = WG_FOLD != 0;
-static_assert(!FOLD || (!G2 && WG_PC == 0 && MODE != 2), "WG_FOLD takes sym / zero_point groups of 64 k or more");
+constexpr int GT = WG_GT;
+static_assert(!FOLD || (!G2 && WG_PC == 0 && MODE != 2 && (GT == 1 || GT == 2) && KT % (2 * GT) == 0),
+              "WG_FOLD takes sym / zero_point groups of 64 or 128 (WG_GT 1, 2) and KT a multiple of 2 WG_GT");
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
   u32 a;
@@ -430,17 +434,18 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         if (b == 0) rscale[h] = s;
       }
   };
-  // WG_FOLD: the partial of group tgrp (-1: none) and its row scales
-  float tacc[BM / 2];  // (unused, and so never allocated, without WG_FOLD)
-  float tscale[2];
-  int tgrp = -1;
-  auto fold = [&]() {  // acc += tacc x its group's row scales (its wgmmas must be complete)
+  // WG_FOLD: the groups' partial accumulators, their row scales and whether they hold a group not yet folded
+  float tacc[2][BM / 2];  // (unused, and so never allocated, without WG_FOLD)
+  float tscale[2][2];
+  bool tpend[2] = {false, false};
+  auto fold = [&](auto b) {  // acc += tacc[b] x its group's row scales (its wgmmas must be complete)
+    constexpr int B = decltype(b)::value;
     if constexpr (FOLD) {
-      if (tgrp >= 0) {
-        fence_regs(tacc);
+      if (tpend[B]) {
+        fence_regs(tacc[B]);
 #pragma unroll
-        for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf(tacc[i], tscale[(i >> 1) & 1], acc[i]);
-        tgrp = -1;
+        for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf(tacc[B][i], tscale[B][(i >> 1) & 1], acc[i]);
+        tpend[B] = false;
       }
     }
   };
@@ -507,16 +512,19 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     fence_regs(afr_t);
     const u64 desc = desc_sw128(st_read + j * BM * 128);
     if constexpr (FOLD) {
-      const int grp = ((kt0 + i) * 64) >> gk;  // warp-uniform
-      const bool first = grp != tgrp;          // this CTA's first k-tile of the group: the partial starts at zero
-      if (first) {
-        wg_wait<0>();  // the previous group's wgmmas are done (ptxas cannot see that wait_group INFL covered them)
-        fold();
-        tscale[0] = rscale[0], tscale[1] = rscale[1], tgrp = grp;
+      // partial buffer of this k-tile: the stage starts a group pair, so it is (j / GT) % 2 (j is unrolled)
+      constexpr int B = (j / GT) % 2;
+      constexpr bool FIRST = j % GT == 0;  // the group's first k-tile: overwrite the partial
+      if (FIRST) {
+        // fold the previous group before queueing this one: ptxas serializes every wgmma (C7514) when registers of
+        // a wgmma that may still be in flight are read, and it cannot see that wait_group 1 covered that group
+        wg_wait<0>();
+        fold(IC<1 - B>{});
+        tscale[B][0] = rscale[0], tscale[B][1] = rscale[1], tpend[B] = true;
       }
       wg_fence();
 #pragma unroll
-      for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(tacc, afr_t[s], desc + 2 * s, first && s == 0 ? 0 : 1);
+      for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(tacc[B], afr_t[s], desc + 2 * s, FIRST && s == 0 ? 0 : 1);
       wg_commit();
       wg_wait<INFL>();
     } else {
@@ -557,7 +565,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // its stage count adds the others' partials and stores it.
   auto finish_tile = [&](int k_stages) {  // k_stages: stages of the tile this CTA ran
     wg_wait<0>();
-    fold();  // WG_FOLD: the last group
+    fold(IC<0>{}), fold(IC<1>{});  // WG_FOLD: the last group (and the one before, after a partial last stage)
     fence_regs(acc);
     bool store = true;
     if (SK && k_stages != U) {

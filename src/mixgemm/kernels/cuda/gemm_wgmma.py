@@ -14,8 +14,8 @@
   0: per-thread cp.async), SK (1: stream-K -- a persistent grid of as many CTAs as fit at once splits the (tile,
   k-stage) work evenly, CTAs that share a tile combine fp32 partials; needs TMA 1, ignores SPLIT), FOLD (1: grouped
   sym / zero_point weights enter the wgmma as exact integers q - z and each group's fp32 partial is scaled into the
-  accumulator; groups of 64 or more, ignored for offset / group 32 / per-channel weights), MINB (CTAs per SM the
-  register allocation must allow; default 2 for SK tiles of BM <= 64, else 1).
+  accumulator; applies to groups of 64 with KT 2 or 4 and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per
+  SM the register allocation must allow; default 2 for SK tiles of BM <= 64 without FOLD, else 1).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1, or with SK an fp32 partial-tile workspace
   (2 tiles per CTA) and an int32 stage count per output tile.
@@ -202,10 +202,13 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
             "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
             "WG_PC": int(lay.num_groups == 1),
             "WG_SPLIT": int(split > 1), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
-    fold = fold_req == 1 and lay.mode != "offset" and lay.num_groups > 1 and not g2
+    gt = lay.group_size // K_TILE  # 64-k tiles per group
+    fold = (fold_req == 1 and lay.mode != "offset" and lay.num_groups > 1 and gt in (1, 2)
+            and ktile % (2 * gt) == 0)
     if fold:
-        defs["WG_FOLD"] = 1
-    minb = int(cfg.get("MINB", 2 if sk and bm <= 64 else 1))
+        defs["WG_FOLD"], defs["WG_GT"] = 1, gt
+    # FOLD's two partial accumulators do not fit 2 CTAs' register budget (ptxas spills)
+    minb = int(cfg.get("MINB", 2 if sk and bm <= 64 and not fold else 1))
     if minb != 1:
         defs["WG_MINB"] = minb
     if inflight != 1:
