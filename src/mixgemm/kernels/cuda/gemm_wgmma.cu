@@ -98,7 +98,12 @@
 // group's wgmmas are done: BM / 2 FFMA per thread and group instead of 4 HMUL2 per k16 step, and one dependent
 // instruction less between the weight load and the wgmma. WG_GT: 64-k tiles per group (1 or 2); a stage holds an
 // even number of groups (KT % (2 GT) == 0), so every stage starts a group pair and the partial of each k-tile is
-// known at compile time.
+// known at compile time. Why two partials although the fold waits for every wgmma (wait_group 0 at a group's first
+// k-tile): the next group's wgmmas then write the other partial while the fold's FFMAs still read this one; one
+// partial with a run-time group test measured 2-5% slower (H200, results/gemm_wgmma_sweep_h200_s7_fold_one_partial.log).
+// Measured (W4 g128, H200, session 7): 4096x14336 M = 16 / 32 20.4 / 21.5 -> 19.2 / 20.4 us, 14336x4096 M = 16 21.3 ->
+// 20.0 us; slower on the stream-K tiles of 8192x28672 / 28672x8192 (the partials do not fit the 2 CTAs per SM those
+// need: 53 -> 59-63 us at M = 16), so the table uses it on the mid shapes only.
 #ifndef WG_FOLD
 #define WG_FOLD 0
 #endif
