@@ -29,8 +29,6 @@ declare -A SPEC=(
   [m32_mid_tma]='32,4096,14336,{"BM":32,"NWG":2,"STAGES":4,"KT":4,"SPLIT":1,"GROUP_M":1,"TMA":1}'
   [m32_mid_sk]='32,4096,14336,{"BM":32,"NWG":2,"STAGES":3,"KT":4,"GROUP_M":1,"SK":1}'
   [m1024_mid]='1024,4096,14336,{"BM":256,"NWG":2,"STAGES":5,"INFLIGHT":2,"SPLIT":1,"GROUP_M":8}'
-  [m1024_mid_sk]='1024,4096,14336,{"BM":256,"NWG":2,"STAGES":5,"INFLIGHT":2,"GROUP_M":8,"SK":1}'
-  [m1024_mid_persist]='1024,4096,14336,{"BM":256,"NWG":2,"STAGES":5,"INFLIGHT":2,"GROUP_M":8,"SK":2}'
   [m32_mid_fold]='32,4096,14336,{"BM":32,"NWG":2,"STAGES":4,"KT":4,"SPLIT":1,"GROUP_M":1,"FOLD":1}'
 )
 for c in ${CASES:-m32 m32_kt4 m64_kt4 m4096}; do run "$c" "${SPEC[$c]}"; done

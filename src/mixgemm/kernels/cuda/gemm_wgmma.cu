@@ -89,8 +89,6 @@
 // atomics and a second kernel. Measured (H200, W4 g128, benchmarks/gemm_wgmma_notes.md, session 6): 28672x8192
 // M = 16 / 32 / 64 68.6 / 73.2 / 89.1 -> 55.5 / 60.7 / 76.8 us, 8192x28672 M = 16 / 32 -3%; slower at large M (the
 // BM 256 partials cost more than the 3.4-wave tail) and on 4096x14336 (as many warps per SM did not help there).
-// WG_SK 2: persistent data-parallel -- the same loop, CTA c runs whole tiles c, c + grid, c + 2 grid, ... (no
-// partials); the stage ring streams into the next tile while the consumers store the current one.
 #ifndef WG_SK
 #define WG_SK 0
 #endif
@@ -143,8 +141,6 @@ constexpr int W_BYTES = KT * WARPS * TB;     // [KT][WARPS][TB]
 // block of wgmma_v1), parameters [WARPS / SEGLEN][NGMAX][8][PBLK] (whole 8-tile blocks of the groups the stage spans)
 constexpr bool BULK = WG_TMA != 0;
 constexpr bool SK = WG_SK != 0;
-constexpr bool PERSIST = WG_SK == 2;  // whole tiles, strided by the grid
-static_assert(WG_SK >= 0 && WG_SK <= 2, "WG_SK is 0, 1 (stream-K) or 2 (persistent)");
 static_assert(!SK || (BULK && WG_SPLIT == 0), "WG_SK takes the TMA loader (WG_TMA 1) and no split-K");
 constexpr int SEGLEN = WARPS < 8 ? WARPS : 8;
 constexpr int NGMAX = NPB * KT;  // groups one stage can span (group size >= 64: <= KT; 32: 2 KT)
@@ -287,10 +283,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   const int sk_per = tiles_n * tiles_m * U / gridDim.x, sk_rem = tiles_n * tiles_m * U % gridDim.x;
   auto cta_start = [&](int c) { return c * sk_per + min(c, sk_rem); };
   int q0 = 0, kt0 = 0, nk = Kt, nst, first_tile;
-  if (PERSIST) {
-    nst = ((tiles_n * tiles_m - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x) * U;
-    first_tile = blockIdx.x;
-  } else if (SK) {
+  if (SK) {
     q0 = cta_start(blockIdx.x);
     nst = sk_per + ((int)blockIdx.x < sk_rem);
     first_tile = q0 / U;
@@ -304,8 +297,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 
   // The consumers' tile: m0, rt_raw (this warp's 16-row tile), rt (clamped: warps past the last tile load a valid
   // one and never store); cs_sk: the stage of it being read
-  int cs_tile = first_tile, cs_sk = SK && !PERSIST ? q0 - first_tile * U : 0;
-  const int tile_step = PERSIST ? (int)gridDim.x : 1;  // from one of the CTA's tiles to the next
+  int cs_tile = first_tile, cs_sk = SK ? q0 - first_tile * U : 0;
   int m0, rt_raw, rt;
   auto consumer_tile = [&]() {
     const int2 p = tile_pos(cs_tile);
@@ -419,7 +411,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
       if (++ld_sk == U && SK) {  // next tile of the stream-K range
         ld_sk = 0;
-        const int2 p = tile_pos(ld_tile += tile_step);
+        const int2 p = tile_pos(++ld_tile);
         ld_m0 = p.x, ld_rt = p.y;
       }
     }
@@ -581,7 +573,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     fold(IC<0>{}), fold(IC<1>{});  // WG_FOLD: the last group (and the one before, after a partial last stage)
     fence_regs(acc);
     bool store = true;
-    if (SK && !PERSIST && k_stages != U) {
+    if (SK && k_stages != U) {
       const int slot = cs_tile == first_tile ? 0 : 1;  // a CTA's range starts and ends inside at most 2 tiles
       float* mine = ws + (size_t)(blockIdx.x * 2 + slot) * (BM / 2) * WG_THREADS + tid;
 #pragma unroll
@@ -643,7 +635,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     // the next tile (the A-register buffers restart at 0: finish_tile waited for every wgmma)
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
-    cs_tile += tile_step;
+    ++cs_tile;
     cs_sk = 0;
     consumer_tile();
     cur_grp = -1;

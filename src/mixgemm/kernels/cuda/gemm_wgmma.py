@@ -12,9 +12,7 @@
   flight, 1 or 2), KT (64-k tiles per stage: 1, 2, 4), SPLIT (split-K factor or "auto"), GROUP_M (m-tiles
   rastered together), TMA (1, the default: one thread loads each stage with TMA and bulk copies, NWG 1, 2 or 4;
   0: per-thread cp.async), SK (1: stream-K -- a persistent grid of as many CTAs as fit at once splits the (tile,
-  k-stage) work evenly, CTAs that share a tile combine fp32 partials; 2: persistent -- as many CTAs as fit, each runs
-  whole tiles c, c + grid, ..., its stage ring streaming from one tile into the next; both need TMA 1 and ignore
-  SPLIT), FOLD (1: grouped
+  k-stage) work evenly, CTAs that share a tile combine fp32 partials; needs TMA 1, ignores SPLIT), FOLD (1: grouped
   sym / zero_point weights enter the wgmma as exact integers q - z and each group's fp32 partial is scaled into the
   accumulator; applies to groups of 64 with KT 2 or 4 and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per
   SM the register allocation must allow; default 2 for SK tiles of BM <= 64 without FOLD, else 1).
@@ -177,11 +175,11 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
             or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
-            or sk not in (0, 1, 2) or (sk and not tma) or fold_req not in (0, 1)):
+            or sk not in (0, 1) or (sk and not tma) or fold_req not in (0, 1)):
         raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
                          f"SK={sk} FOLD={fold_req}: BM in 8..256 (multiple of 8), NWG 1..4, INFLIGHT 1 or 2, "
                          "KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), TMA 0 or 1 "
-                         "(1 with NWG 1, 2 or 4), SK 0, 1 or 2 (1, 2 with TMA 1), FOLD 0 or 1")
+                         "(1 with NWG 1, 2 or 4), SK 0 or 1 (1 with TMA 1), FOLD 0 or 1")
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
@@ -228,14 +226,12 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         defs["WG_TMA"] = 0
         sk = 0
     if sk:
-        defs["WG_SK"] = sk
+        defs["WG_SK"] = 1
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, x2d.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
     tiles = math.ceil(lay.row_tiles / (4 * nwg)) * math.ceil(m / bm)
     sk_count = None
-    if sk == 2:
-        grid = (min(tiles, nvrtc.resident_blocks(fn, 128 * nwg, smem) * props.multi_processor_count), 1, 1)
-    elif sk:
+    if sk:
         work = tiles * math.ceil(kt / ktile)  # (tile, stage) pairs
         if work >= 2**31:
             raise ValueError(f"stream-K work of {work} stages exceeds int32; use SK 0 for M={m}, N={n}, K={k}")
