@@ -284,3 +284,28 @@ def test_protocol_reference_numbers_comparison():
     res[2]["time_us"] *= 2  # tinygemm 4096x4096 M=1 twice as slow
     assert sum(not c["within"] for c in rn.compare(data)) == 1
     assert "60/60" not in rn.compare_markdown(data) and "59/60" in rn.compare_markdown(data)
+
+
+def test_weight_bytes_count_the_layouts_a_call_reads_not_their_build():
+    # a layer whose first call builds its layout from another one (as gemv_mma_v1 is made from gemv_v1): the floor
+    # must count the bytes the call reads, not the bytes its first call's build touched too
+    def prep_building(w: torch.Tensor, ctx: Context) -> Prepared:
+        read, built = [], []
+
+        def layer(x):
+            if not built:
+                read.append("build_source")
+                built.append(True)
+            read.append("kernel_layout")
+            return F.linear(x, w)
+
+        sizes = {"build_source": 1000, "kernel_layout": w.numel() * 4}
+        return Prepared(layer=layer, new_copy=lambda: (lambda x: F.linear(x, w)), x_map=lambda x: x,
+                        reference=lambda x: x.double() @ w.double().T, tol=2e-3,
+                        weight_bytes=lambda: sum(sizes[r] for r in set(read)), act_bytes=4, out_bytes=4,
+                        compute="fp32", before_call=read.clear)
+
+    data = run_sweep(SweepConfig(plan=[((64, 32), [1])], methods=[Method("builds", "peer", prep_building, cpu=True)],
+                                 device="cpu", dtype=torch.float32))
+    (r,) = data["results"]
+    assert r["status"] == "ok" and r["weight_bytes"] == 64 * 32 * 4
