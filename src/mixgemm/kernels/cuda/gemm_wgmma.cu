@@ -516,29 +516,22 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     }
     fence_regs(afr_t);
     const u64 desc = desc_sw128(st_read + j * BM * 128);
-    if constexpr (FOLD) {
-      // partial buffer of this k-tile: the stage starts a group pair, so it is (j / GT) % 2 (j is unrolled)
-      constexpr int B = (j / GT) % 2;
-      constexpr bool FIRST = j % GT == 0;  // the group's first k-tile: overwrite the partial
-      if (FIRST) {
-        // fold the previous group before queueing this one: ptxas serializes every wgmma (C7514) when registers of
-        // a wgmma that may still be in flight are read, and it cannot see that wait_group 1 covered that group
-        wg_wait<0>();
-        fold(IC<1 - B>{});
-        tscale[B][0] = rscale[0], tscale[B][1] = rscale[1], tpend[B] = true;
-      }
-      wg_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(tacc[B], afr_t[s], desc + 2 * s, FIRST && s == 0 ? 0 : 1);
-      wg_commit();
-      wg_wait<INFL>();
-    } else {
-      wg_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s) Wgmma<BM, ACT>::mma(acc, afr_t[s], desc + 2 * s);  // + 32 bytes per k16 step
-      wg_commit();
-      wg_wait<INFL>();  // the wgmma of k-tile i - INFL is done: its A registers may be reused
+    // WG_FOLD: this k-tile's partial -- the stage starts a group pair, so it is (j / GT) % 2 (j is unrolled)
+    constexpr int B = (j / GT) % 2;
+    constexpr bool FIRST = FOLD && j % GT == 0;  // the group's first k-tile: overwrite the partial
+    if constexpr (FIRST) {
+      // fold the previous group before queueing this one: ptxas serializes every wgmma (C7514) when registers of
+      // a wgmma that may still be in flight are read, and it cannot see that wait_group 1 covered that group
+      wg_wait<0>();
+      fold(IC<1 - B>{});
+      tscale[B][0] = rscale[0], tscale[B][1] = rscale[1], tpend[B] = true;
     }
+    wg_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s)  // + 32 bytes per k16 step
+      Wgmma<BM, ACT>::mma(FOLD ? tacc[B] : acc, afr_t[s], desc + 2 * s, FIRST && s == 0 ? 0 : 1);
+    wg_commit();
+    wg_wait<INFL>();  // the wgmma of k-tile i - INFL is done: its A registers may be reused
   };
   // one stage: wait for its bytes, refill the stage the wgmmas are done with, run its KT k-tiles. u = the stage's
   // place in the unrolled loop, so that the A-register buffer of every k-tile is known at compile time.
