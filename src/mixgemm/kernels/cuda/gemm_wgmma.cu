@@ -424,7 +424,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 
   // group constants of rows g, g + 8 (per block b of the tile), decoded only when the group changes
   RowQ<ACT, MODE> q[NPB][2];
-  float z[NPB][2], rscale[2];  // rscale: the fp32 scales of rows g, g + 8 (block 0)
+  float z[NPB][2], rscale[2];  // rscale: the fp32 scales of rows g, g + 8 (block 0): FOLD and the PCS epilogue
   auto decode = [&](const char* pbase, int bstride) {  // bstride: bytes between the NPB blocks of a tile
 #pragma unroll
     for (int b = 0; b < NPB; ++b)
@@ -458,14 +458,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // once in the epilogue (why: one mul per A register less -- a third of the int8 dequantization -- and no fp16 /
   // bf16 rounding of the weights). Offset mode needs the per-row m * sum(x) term, so it keeps the scaled path.
   constexpr bool PCS = PC && MODE != 2;
-  float row_scale[2] = {1.f, 1.f};
-  auto tile_params = [&]() {  // per-channel: the tile's one parameter set
-    if (PC) {
-      const char* pp = P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK;  // G == 1
-      decode(pp, PBLK);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) row_scale[h] = scl_at(pp + (g + 8 * h) * PB);
-    }
+  auto tile_params = [&]() {  // per-channel: the tile's one parameter set (and its row scales in rscale)
+    if (PC) decode(P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK, PBLK);  // G == 1
   };
   tile_params();
   int cur_grp = -1;
@@ -602,7 +596,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
           for (int c = 0; c < 2; ++c) {
             const int n = nb + 8 * h, m = m0 + 8 * j + 2 * t + c;
             if (n < N && m < M) {
-              const float v = PCS ? acc[4 * j + 2 * h + c] * row_scale[h] : acc[4 * j + 2 * h + c];
+              const float v = PCS ? acc[4 * j + 2 * h + c] * rscale[h] : acc[4 * j + 2 * h + c];
               if (WG_SPLIT) atomicAdd(ws + (size_t)m * N + n, v);
               else store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
             }

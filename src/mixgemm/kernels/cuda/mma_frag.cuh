@@ -19,30 +19,26 @@ namespace mg {
 template <int ACT, int MODE>
 struct RowQ {
   u32 zlo, zhi, s2, off2;
-  __device__ __forceinline__ void set(float s, float zc, float m) {
-    if (ACT == 0) {
-      zlo = f32_to_h2(1024.f + zc);      // (1024 + q) - (1024 + z) = q - z, exact
-      zhi = f32_to_h2(-(64.f + zc));     // (1024 + 16q) / 16 - (64 + z) = q - z, exact
-      s2 = f32_to_h2(s);
-      off2 = MODE == 2 ? f32_to_h2(fmaf(zc, s, m)) : 0u;
-    } else {
-      const u32 nz = f32_to_bf2(-(128.f + zc), -(128.f + zc));  // bf16 128 has ulp 1: exact
-      zlo = nz;
-      zhi = 0u;
-      s2 = f32_to_bf2(s, s);
-      off2 = MODE == 2 ? f32_to_bf2(fmaf(zc, s, m), fmaf(zc, s, m)) : 0x80008000u;  // -0: exact mul
-    }
-  }
   // only what the exact q - zc needs (A unscaled: the scale is applied to the fp32 result)
   __device__ __forceinline__ void set_exact(float zc) {
     if (ACT == 0) {
-      zlo = f32_to_h2(1024.f + zc);
-      zhi = f32_to_h2(-(64.f + zc));
+      zlo = f32_to_h2(1024.f + zc);   // (1024 + q) - (1024 + z) = q - z, exact
+      zhi = f32_to_h2(-(64.f + zc));  // (1024 + 16q) / 16 - (64 + z) = q - z, exact
     } else {
-      zlo = f32_to_bf2(-(128.f + zc), -(128.f + zc));
+      zlo = f32_to_bf2(-(128.f + zc), -(128.f + zc));  // bf16 128 has ulp 1: exact
       zhi = 0u;
     }
     s2 = 0u, off2 = 0u;
+  }
+  __device__ __forceinline__ void set(float s, float zc, float m) {
+    set_exact(zc);
+    if (ACT == 0) {
+      s2 = f32_to_h2(s);
+      off2 = MODE == 2 ? f32_to_h2(fmaf(zc, s, m)) : 0u;
+    } else {
+      s2 = f32_to_bf2(s, s);
+      off2 = MODE == 2 ? f32_to_bf2(fmaf(zc, s, m), fmaf(zc, s, m)) : 0x80008000u;  // -0: exact mul
+    }
   }
   // d = exact (q - zc) pair -> dequantized pair
   __device__ __forceinline__ u32 finish(u32 d) const {
