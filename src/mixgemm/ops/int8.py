@@ -25,7 +25,7 @@ import torch
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.activation import ACT_MODES, quantize_activation
-from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 from mixgemm.reference import int8_static as _sref
 from mixgemm.reference.block_gemm import block_int_gemm
 
@@ -44,6 +44,24 @@ def _a8_gemv_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, confi
     from mixgemm.kernels.cuda import gemv_a8
 
     return gemv_a8.supported(x2.shape[0], x2, qweight, act_mode)
+
+
+# M from which sym x sym calls with a ``wgmma_a8_v1`` weight (sym int4 / int8 with group 128 / 256, sym int4
+# per-channel) take the CUDA int8 wgmma GEMM (mixgemm.kernels.cuda.gemm_wgmma_a8) instead of the Triton kernel;
+# None: never. int8 per-channel stays on Triton: its persistent TMA kernel measured 1.75x fp16 cuBLAS against the CUDA
+# kernel's 1.43x (H200, 8192x28672, M = 4096, benchmarks/int8_notes.md).
+WGMMA_A8_MIN_M: int | None = 128
+
+
+def _wgmma_a8_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, config: dict | None) -> bool:
+    """True when the CUDA int8 wgmma GEMM takes this call (sm_90, sym x sym, large M, no explicit Triton config)."""
+    if WGMMA_A8_MIN_M is None or config is not None or not x2.is_cuda or x2.shape[0] < WGMMA_A8_MIN_M:
+        return False
+    if qweight.bits == 8 and qweight.config.group_size == PER_CHANNEL:
+        return False
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import wgmma_a8_supported
+
+    return wgmma_a8_supported(x2, qweight, act_mode)
 
 
 # Per-channel (long-block) activation quantization on CUDA: the one-pass CUDA row kernel
@@ -107,6 +125,12 @@ def matmul_a8(
         from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
 
         return gemv_a8(x2, qweight, act_mode, bias, lo, hi, out_dtype).reshape(*lead, qweight.out_features)
+    if _wgmma_a8_ok(x2, qweight, act_mode, config):
+        from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
+
+        aq, sa, _, _ = _act_quant(x2, qweight.config.groups(k)[0], "sym")
+        y = gemm_wgmma_a8(aq, sa, qweight, bias, lo, hi, out_dtype)
+        return y.reshape(*lead, qweight.out_features)
     from mixgemm.kernels.triton.int8_gemm import a8_gemm
     from mixgemm.kernels.triton.int8_layout import get_int8_layout
 
@@ -114,6 +138,12 @@ def matmul_a8(
     aq, sa, oa, suma = _act_quant(x2, lay.group_size, act_mode)
     y = a8_gemm(aq, sa, oa, suma, lay, act_mode == "asym", bias, lo, hi, out_dtype, config=config)
     return y.reshape(*lead, qweight.out_features)
+
+
+def _act_bufs(m: int, k: int, g: int, dev) -> tuple[torch.Tensor, ...]:
+    """Output buffers of the activation quantizer: codes int8 [M, K], scales / offsets float32 [M, G], sums int32."""
+    return (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, g), dtype=torch.float32, device=dev),
+            torch.empty((m, g), dtype=torch.float32, device=dev), torch.empty((m, g), dtype=torch.int32, device=dev))
 
 
 def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "sym",
@@ -135,12 +165,25 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
 
         out1 = torch.empty((x2.shape[0], qweight.out_features), dtype=out_dtype or x.dtype, device=x.device)
         return lambda: gemv_a8(x2, qweight, act_mode, bias, lo, hi, out1.dtype, out=out1)
-    lay = get_int8_layout(qweight)
     m, k = x2.shape
-    g = k // lay.group_size
     dev = x.device
-    bufs = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, g), dtype=torch.float32, device=dev),
-            torch.empty((m, g), dtype=torch.float32, device=dev), torch.empty((m, g), dtype=torch.int32, device=dev))
+    if _wgmma_a8_ok(x2, qweight, act_mode, config):
+        from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
+        from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8
+
+        qweight.layout(LAYOUT, build_wgmma_a8_v1)
+        blk, g = qweight.config.groups(k)
+        qbufs = _act_bufs(m, k, g, dev)
+        out2 = torch.empty((m, qweight.out_features), dtype=out_dtype or x.dtype, device=dev)
+
+        def run_wgmma():
+            aq, sa, _, _ = _act_quant(x2, blk, "sym", out=qbufs)
+            return gemm_wgmma_a8(aq, sa, qweight, bias, lo, hi, out2.dtype, out=out2)
+
+        return run_wgmma
+    lay = get_int8_layout(qweight)
+    g = k // lay.group_size
+    bufs = _act_bufs(m, k, g, dev)
     out = torch.empty((m, lay.n), dtype=out_dtype or x.dtype, device=dev)
     asym = act_mode == "asym"
 

@@ -20,6 +20,7 @@
 
 #include "mma_frag.cuh"
 #include "wgmma_ops.cuh"
+#include "wgmma_common.cuh"
 
 #ifndef WG_BITS
 #define WG_BITS 4
@@ -166,11 +167,6 @@ constexpr int GT = WG_GT;
 static_assert(!FOLD || (!G2 && WG_PC == 0 && MODE != 2 && (GT == 1 || GT == 2) && KT % (2 * GT) == 0),
               "WG_FOLD takes sym / zero_point groups of 64 or 128 (WG_GT 1, 2) and KT a multiple of 2 WG_GT");
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
 // 16-byte global -> shared copy that bypasses registers and L1; bytes = 0 writes zeros (out-of-range rows / k)
 __device__ __forceinline__ void cp16(u32 dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
@@ -180,70 +176,11 @@ template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
-// cp.async writes through the generic proxy, wgmma reads shared memory through the async proxy
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// mbarrier + TMA (sm_90)
-__device__ __forceinline__ void mbar_init(u32 bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-  asm volatile(
-      "{ .reg .pred p; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT_%=; }" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void tma_2d(u32 dst, const void* tmap, int c0, int c1, u32 bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          dst),
-      "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// pins register values at this point of the program (the compiler must not move their uses across)
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void fence_regs(u32 (&a)[4][4]) {
-#pragma unroll
-  for (int s = 0; s < 4; ++s)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
-}
-
-// Shared-memory matrix descriptor of a K-major B tile with 128-byte swizzle: rows of 64 k (128 bytes), row r's
-// 16-byte chunk c stored at chunk c ^ (r % 8); 8-row groups 1024 bytes apart (stride byte offset); the leading
-// byte offset is unused for swizzled K-major layouts. k16 step s starts 32 s bytes into the row.
-__device__ __forceinline__ u64 desc_sw128(u32 addr) {
-  return (u64)((addr >> 4) & 0x3FFFu) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-
 __device__ __forceinline__ float scl_at(const char* p) {
   if (SCL == 2) return *(const float*)p;
   const u16 h = *(const u16*)p;
   return SCL == 0 ? h_to_f32(h) : bf_to_f32(h);
 }
-
-// a CUtensorMap (opaque 128 bytes, 64-byte aligned), passed by value as a __grid_constant__ kernel parameter
-struct __align__(64) TmaDesc {
-  unsigned long long v[16];
-};
 
 }  // namespace mgw
 

@@ -1,0 +1,126 @@
+"""Tile sweep of the int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) beside the Triton int8 GEMM it replaces and
+fp16 cuBLAS, GEMM only (activations quantized once before timing), protocol graph timing (bench_int8.py's helpers:
+C layer copies > 3x L2 in one CUDA graph, median / C). Every config is checked against the float64 reference
+(64 rows) before it is timed.
+
+Usage: PYTHONPATH=src python scripts/bench_wgmma_a8.py [--shapes 8192x28672,...] [--ms 2048,4096]
+       [--formats w4g128,w8pc] [--cfgs '[{"BM":128,...}, ...]']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_int8 import check, clone_qw, copies_for, graph_time  # noqa: E402
+
+from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1  # noqa: E402
+from mixgemm.formats.weight import quantize_weight  # noqa: E402
+from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8  # noqa: E402
+from mixgemm.kernels.triton.act_quant import act_quant  # noqa: E402
+from mixgemm.kernels.triton.int8_gemm import a8_gemm  # noqa: E402
+from mixgemm.kernels.triton.int8_layout import get_int8_layout  # noqa: E402
+
+FORMATS = {"w4g128": (4, 128), "w4g256": (4, 256), "w8g128": (8, 128), "w8pc": (8, -1), "w4pc": (4, -1)}
+DEFAULT_CFGS = [
+    dict(BM=128, NWG=2, STAGES=4, KT=2, NP=2, CVT=0),
+    dict(BM=128, NWG=2, STAGES=4, KT=2, NP=1, CVT=0),
+    dict(BM=128, NWG=2, STAGES=4, KT=2, NP=2, CVT=1),
+    dict(BM=128, NWG=2, STAGES=3, KT=4, NP=2, CVT=0),
+    dict(BM=64, NWG=2, STAGES=5, KT=2, NP=2, CVT=0),
+    dict(BM=128, NWG=1, STAGES=5, KT=2, NP=2, CVT=0),
+]
+
+
+def sweep(k, n, m, bits, group, cfgs, rep=100):
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
+    qw = quantize_weight(w, bits=bits, group_size=group, mode="sym")
+    del w
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    blk = k if group == -1 else group
+    aq, sa, oa, su = act_quant(x, blk, "sym")
+    out = torch.empty((m, n), dtype=torch.float16, device="cuda")
+    lay = qw.layout(LAYOUT, build_wgmma_a8_v1)
+    c = copies_for(lay.weight.numel() + lay.params.numel() * 4)
+    qws = [qw] + [clone_qw(qw) for _ in range(c - 1)]
+    for q in qws:
+        q.layout(LAYOUT, build_wgmma_a8_v1)
+    inf = math.inf
+    rows = []
+    for cfg in cfgs:
+        try:
+            gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=cfg, out=out)
+            err = check(x, qw, "sym", out)
+            t = graph_time([lambda q=q, cfg=cfg: gemm_wgmma_a8(aq, sa, q, None, -inf, inf, torch.float16, config=cfg,
+                                                               out=out) for q in qws], rep) * 1e6
+            rows.append((t, cfg, err))
+            print(f"  {k}x{n} M={m} W{bits} g{group} cuda {cfg}: {t:.1f} us "
+                  f"({2 * m * n * k / t / 1e6:.0f} TOP/s) err {err:.1e}", flush=True)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"  {k}x{n} M={m} W{bits} g{group} cuda {cfg}: FAILED {type(e).__name__}: {str(e)[:300]}",
+                  flush=True)
+    del qws
+    torch.cuda.empty_cache()
+    # peers: the Triton int8 GEMM (its own pick_config) and fp16 cuBLAS
+    lay8 = get_int8_layout(qw)
+    lays = [lay8] + [get_int8_layout(clone_qw(qw)) for _ in range(copies_for(lay8.codes.numel()) - 1)]
+    tt = graph_time([lambda L=L: a8_gemm(aq, sa, oa, su, L, False, None, -inf, inf, torch.float16, out=out)
+                     for L in lays], rep) * 1e6
+    del lays
+    torch.cuda.empty_cache()
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies_for(n * k * 2))]
+    tf = graph_time([lambda w=w: F.linear(x, w) for w in ws], rep) * 1e6
+    del ws
+    torch.cuda.empty_cache()
+    best = min(rows, key=lambda r: r[0]) if rows else (math.nan, None, math.nan)
+    print(f"{k}x{n} M={m} W{bits} g{group}: best cuda {best[0]:.1f} us {best[1]} | triton {tt:.1f} us | fp16 "
+          f"{tf:.1f} us | x fp16: cuda {tf / best[0]:.2f}, triton {tf / tt:.2f}", flush=True)
+    return dict(k=k, n=n, m=m, bits=bits, group=group, cuda=[(t, c, e) for t, c, e in rows], triton_us=tt,
+                fp16_us=tf)
+
+
+def launch(m, k, n, bits, group, cfg):
+    qw = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02, bits=bits, group_size=group,
+                         mode="sym")
+    aq, sa, _, _ = act_quant(torch.randn(m, k, device="cuda", dtype=torch.float16), k if group == -1 else group, "sym")
+    for _ in range(4):
+        gemm_wgmma_a8(aq, sa, qw, None, -math.inf, math.inf, torch.float16, config=cfg)
+    torch.cuda.synchronize()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="8192x28672,28672x8192")
+    ap.add_argument("--ms", default="4096")
+    ap.add_argument("--formats", default="w4g128")
+    ap.add_argument("--cfgs", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--launch", default=None, help="M,K,N,FMT,CFG_JSON: 4 launches only (for a profiler)")
+    args = ap.parse_args()
+    if args.launch:
+        m, k, n, fmt, cfg = args.launch.split(",", 4)
+        launch(int(m), int(k), int(n), *FORMATS[fmt], json.loads(cfg))
+        return
+    p = torch.cuda.get_device_properties(0)
+    print(f"GPU {p.name}, torch {torch.__version__}", flush=True)
+    cfgs = json.loads(args.cfgs) if args.cfgs else DEFAULT_CFGS
+    res = []
+    for shape in args.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        for fmt in args.formats.split(","):
+            bits, group = FORMATS[fmt]
+            for m in (int(v) for v in args.ms.split(",")):
+                res.append(sweep(k, n, m, bits, group, cfgs))
+    if args.out:
+        Path(args.out).write_text(json.dumps(dict(gpu=p.name, torch=torch.__version__, rows=res), indent=1))
+
+
+if __name__ == "__main__":
+    main()

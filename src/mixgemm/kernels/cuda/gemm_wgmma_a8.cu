@@ -1,0 +1,313 @@
+// mixgemm W4A8 / W8A8 GEMM on Hopper int8 tensor cores (wgmma .s8), activations quantized per token and per group.
+//
+// out.T[n, m] = sum_g sW[n, g] sA[m, g] sum_{k in g} c[n, k] a[m, k]: c = the signed weight codes (sym int4 / int8,
+// wgmma_a8_v1 layout, formats/layouts_wgmma_a8.py) as the wgmma A operand in registers, a = the int8 activation codes
+// (TMA, 128-byte swizzle) as B in shared memory, int32 accumulation inside each group, then the fold
+// acc += sW * sA * float(partial) in fp32 -- in one kernel, inside the K loop (issue #6: no GEMM launch + atomic
+// accumulate per block).
+// Why CUDA and not Triton: Triton 3.6 waits for each wgmma before the per-group fold (its int32 result must leave the
+// tensor core), so fold and MMA never overlap in a warpgroup; the Triton kernel measured 0.73-0.84x of fp16 cuBLAS
+// for W4A8 g128 at M >= 2048 on H200 (benchmarks/int8_notes.md) against the issue's 1.5x. Here the next group's
+// wgmmas are queued before the previous group's fold (A8_NP 2: two alternating int32 partials), so the fold's CUDA-core
+// work runs under the tensor-core work of the same warpgroup.
+//
+// CTA = NWG warpgroups x 64 weight rows (a warp: one 16-row tile) times BM tokens (the wgmma N). NWG 4 (BM 64:
+// 4 warps per scheduler instead of 2, the same L2 bytes per MAC as 2 x 128) measured no faster (H200, W4 g128
+// 8192x28672 M = 4096: 2750 vs 2537 us). K in 128-k tiles
+// (128 activation bytes per token = one swizzle row), KT of them per stage of a STAGES-deep ring filled by one thread
+// (TMA for the activations, bulk copies for the weights, their fp32 dot scales and the activation scales), landing
+// on one mbarrier per stage. A stage is refilled two stages after it was read: its wgmmas are complete at the next
+// k-tile's wait_group 0, its scales are read by the fold during the next k-tile, and the CTA barrier of the stage
+// after proves every warpgroup is past both.
+// Groups of 128 (A8_GT 1) or 256 (2) k, or per-channel (A8_GT 0: one int32 sum over all of K, converted once in the
+// epilogue). Exactness: a group's partial is a sum of <= 256 products (16 c) * a with |16 c| <= 128, |a| <= 127:
+// below 2^22, so float(partial) is exact in either conversion.
+
+#include "wgmma_ops.cuh"
+#include "wgmma_common.cuh"
+
+#ifndef A8_BITS
+#define A8_BITS 4
+#endif
+#ifndef A8_OUT
+#define A8_OUT 0  // output dtype: 0 fp16, 1 bf16, 2 fp32
+#endif
+#ifndef A8_BM
+#define A8_BM 128
+#endif
+#ifndef A8_NWG
+#define A8_NWG 2
+#endif
+#ifndef A8_STAGES
+#define A8_STAGES 4
+#endif
+#ifndef A8_KT
+#define A8_KT 2
+#endif
+#ifndef A8_GT
+#define A8_GT 1
+#endif
+// A8_NP: int32 partials per thread. 2: group g + 1's wgmmas write one while the fold reads the other (the fold runs
+// under the MMA); 1: the fold runs before the next group's wgmmas are queued (fewer registers: BM / 2 less)
+#ifndef A8_NP
+#define A8_NP 2
+#endif
+// A8_CVT: int32 partial -> float. 0: cvt.rn.f32.s32 (I2FP) then one multiply by sA; 1: the 2^23 + 2^22 magic number
+// (integer add, then one FFMA with a per-column constant -1.5 * 2^23 * sA)
+#ifndef A8_CVT
+#define A8_CVT 0
+#endif
+#ifndef A8_GROUP_M
+#define A8_GROUP_M 8
+#endif
+#ifndef A8_MINB
+#define A8_MINB 1
+#endif
+
+namespace mga8 {
+
+using namespace mgw;
+
+constexpr int BITS = A8_BITS, OUT = A8_OUT, BM = A8_BM, NWG = A8_NWG, STAGES = A8_STAGES, KT = A8_KT, GT = A8_GT;
+constexpr int NP = A8_NP;
+constexpr bool PC = GT == 0;  // per-channel weights and per-token activation scales
+constexpr int WARPS = 4 * NWG, THREADS = 128 * NWG;
+constexpr int TB = BITS == 4 ? 1024 : 2048;  // weight bytes of one 16-row x 128-k tile
+constexpr int X_BYTES = KT * BM * 128;        // KT swizzle atoms of BM tokens x 128 k
+constexpr int W_BYTES = KT * WARPS * TB;      // [KT][WARPS][TB]
+constexpr int SW_BYTES = PC ? 0 : KT * WARPS * 64;  // [KT][WARPS][16] fp32 dot scales of the k-tile's group
+constexpr int SA_BYTES = PC ? 0 : KT * BM * 4;      // [KT][BM] fp32 activation scales of the k-tile's group
+constexpr int STAGE = (X_BYTES + W_BYTES + SW_BYTES + SA_BYTES + 1023) / 1024 * 1024;
+static_assert(BITS == 4 || BITS == 8, "A8_BITS is 4 or 8");
+static_assert(NWG == 1 || NWG == 2 || NWG == 4, "A8_NWG is 1, 2 or 4");
+// the CTA's row tiles in whole 8-tile blocks of wgmma_a8_v1 (NWG 4: two blocks, one copy each); stage layout
+// [SEGS][KT][SEGW][TB]
+constexpr int SEGW = WARPS < 8 ? WARPS : 8, SEGS = WARPS / SEGW;
+static_assert(KT == 2 || KT == 4, "A8_KT is 2 or 4");
+static_assert(GT == 0 || (GT <= 2 && KT % (NP * GT) == 0), "A8_GT is 0 (per-channel), 1 or 2; KT a multiple of NP GT");
+static_assert(NP == 1 || NP == 2, "A8_NP is 1 or 2");
+static_assert(BM % 16 == 0 && BM >= 16 && BM <= 256, "BM is the wgmma N: 16..256, a multiple of 16");
+static_assert(STAGES >= 3, "a stage is refilled two stages after it was read");
+constexpr float MAGIC = 12582912.f;  // 1.5 * 2^23: its float bits + n (|n| < 2^22) are the float MAGIC + n
+template <int V>
+struct IC {
+  static constexpr int value = V;
+};
+
+__device__ __forceinline__ float to_float(int v) {
+  if (A8_CVT == 0) return (float)v;
+  return __int_as_float(v + 0x4B400000);  // = MAGIC + v exactly; the caller subtracts MAGIC * sA
+}
+
+}  // namespace mga8
+
+using namespace mga8;
+
+extern "C" __global__ void __launch_bounds__(THREADS, A8_MINB)
+mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles [Nt / 8][Kt][8][TB]
+                      const float* __restrict__ P,   // wgmma_a8_v1 dot scales [Nt / 8][G][8][16]
+                      const float* __restrict__ SA,  // activation scales [G][ldsa] (ldsa >= M, a multiple of 4)
+                      int ldsa,
+                      void* __restrict__ Y, int ldy,  // [M, ldy] in the OUT dtype
+                      const void* __restrict__ bias, int bias_kind, float lo, float hi,
+                      int N, int M, int Kt, int G,
+                      const __grid_constant__ TmaDesc xmap) {  // int8 activation codes [M, K], box 128 k x BM rows
+  extern __shared__ char smem_raw[];
+  const u32 raw = smem_addr(smem_raw);
+  const u32 sbase = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment (host adds the slack)
+  const char* sgen = smem_raw + (sbase - raw);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int Nt = (N + 15) >> 4;
+  // grouped raster: A8_GROUP_M consecutive m-tiles walk the n-tiles together (their activations stay in L2)
+  const int tiles_n = (Nt + WARPS - 1) / WARPS, tiles_m = (M + BM - 1) / BM;
+  const int per_group = A8_GROUP_M * tiles_n, tile = blockIdx.x;
+  const int first_m = (tile / per_group) * A8_GROUP_M, gm = min(tiles_m - first_m, A8_GROUP_M);
+  const int m0 = (first_m + (tile % per_group) % gm) * BM, rt0 = (tile % per_group) / gm * WARPS;
+  const int rt_raw = rt0 + warp;
+  const int nst = (Kt + KT - 1) / KT;
+  const int blk = rt0 >> 3, nblk = (Nt + 7) >> 3;  // first 8-tile block of the CTA, blocks stored
+
+  __shared__ __align__(8) u64 full_bar[STAGES];  // stage s's bytes have landed (phase flips per use)
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int sa_rows = min(BM, ldsa - m0);  // activation scales of the tile that exist (x 4 bytes: a multiple of 16)
+  u32 st_issue = sbase;
+  int slot_issue = 0;
+  auto issue = [&](int sg) {  // stage sg: k-tiles KT sg .. into st_issue (thread 0)
+    if (sg < nst && tid == 0) {
+      const u32 bar = smem_addr(&full_bar[slot_issue]);
+      const int ks = sg * KT, tiles = min(KT, Kt - ks);
+      const int segs = min(SEGS, nblk - blk);  // NWG 4 on the last block: its second segment is not stored
+      mbar_expect_tx(bar, tiles * (BM * 128 + (PC ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))));
+#pragma unroll
+      for (int j = 0; j < KT; ++j)
+        if (j < tiles) {
+          tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 128, m0, bar);
+          if (!PC)
+            bulk_copy(st_issue + X_BYTES + W_BYTES + SW_BYTES + j * BM * 4, SA + (size_t)(ks + j) / GT * ldsa + m0,
+                      sa_rows * 4, bar);
+        }
+#pragma unroll
+      for (int sgm = 0; sgm < SEGS; ++sgm) {
+        if (sgm >= segs) continue;
+        const char* wsrc = W + (((size_t)(blk + sgm) * Kt + ks) * 8 + (rt0 & 7)) * TB;
+        const u32 wdst = st_issue + X_BYTES + sgm * KT * SEGW * TB;
+        if (SEGW == 8) {
+          bulk_copy(wdst, wsrc, tiles * 8 * TB, bar);  // the k-tiles' 8-tile blocks are contiguous
+        } else {
+#pragma unroll
+          for (int j = 0; j < KT; ++j)
+            if (j < tiles) bulk_copy(wdst + j * SEGW * TB, wsrc + (size_t)j * 8 * TB, SEGW * TB, bar);
+        }
+        if (!PC) {
+#pragma unroll
+          for (int j = 0; j < KT; ++j)
+            if (j < tiles)
+              bulk_copy(st_issue + X_BYTES + W_BYTES + (j * WARPS + sgm * SEGW) * 64,
+                        P + (((size_t)(blk + sgm) * G + (ks + j) / GT) * 8 + (rt0 & 7)) * 16, SEGW * 64, bar);
+        }
+      }
+    }
+    if (sg < nst) {
+      slot_issue = slot_issue + 1 == STAGES ? 0 : slot_issue + 1;
+      st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
+    }
+  };
+
+  float acc[PC ? 1 : BM / 2];
+#pragma unroll
+  for (int i = 0; i < (PC ? 1 : BM / 2); ++i) acc[i] = 0.f;
+  int part[NP][BM / 2];
+  u32 afr[2][4][4];
+  const float* prev_sw = nullptr;  // scales of the last k-tile queued (the group the next fold finishes)
+  const float* prev_sa = nullptr;
+
+  // acc += sW (rows g, g + 8) x sA (this thread's tokens) x float(part[b]); its wgmmas must be complete
+  auto fold = [&](auto bc) {
+    constexpr int b = decltype(bc)::value;
+    const float sw0 = prev_sw[warp * 16 + g], sw1 = prev_sw[warp * 16 + g + 8];
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 sa = *(const float2*)(prev_sa + 8 * j + 2 * t);
+      const float ms0 = A8_CVT ? -MAGIC * sa.x : 0.f, ms1 = A8_CVT ? -MAGIC * sa.y : 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int i = 4 * j + 2 * h + c;
+          const float v = A8_CVT ? fmaf(to_float(part[b][i]), c ? sa.y : sa.x, c ? ms1 : ms0)
+                                 : to_float(part[b][i]) * (c ? sa.y : sa.x);
+          acc[i] = fmaf(v, h ? sw1 : sw0, acc[i]);
+        }
+    }
+  };
+
+  u32 st_read = sbase;
+  int slot_read = 0;
+  u32 phase = 0;
+
+  // k-tile i (= j of the stage being read): its A fragments, then its four k32 wgmmas as one group
+  auto ktile = [&](int i, auto jc) {
+    constexpr int j = decltype(jc)::value;
+    constexpr int AB = j % 2;                   // A-register buffer (the other may still feed the last k-tile)
+    constexpr int B = PC ? 0 : (j / GT) % NP;   // the partial of this k-tile's group (a stage starts NP groups)
+    constexpr bool FIRST = !PC && j % GT == 0;  // the group's first k-tile: overwrite the partial
+    const char* stg = sgen + (st_read - sbase);
+    const char* wp = stg + X_BYTES + ((warp / SEGW * KT + j) * SEGW + warp % SEGW) * TB + lane * 16;
+    if (BITS == 4) {
+      // bytes 16 c straight from the nibbles: (w << 4) & 0xF0F0F0F0 keeps the low nibbles, w & 0xF0F0F0F0 the high
+      const uint4 v0 = *(const uint4*)wp, v1 = *(const uint4*)(wp + 512);
+      const u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        afr[AB][s][0] = (w[2 * s] << 4) & 0xF0F0F0F0u;
+        afr[AB][s][1] = (w[2 * s + 1] << 4) & 0xF0F0F0F0u;
+        afr[AB][s][2] = w[2 * s] & 0xF0F0F0F0u;
+        afr[AB][s][3] = w[2 * s + 1] & 0xF0F0F0F0u;
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint4 v = *(const uint4*)(wp + 512 * s);
+        afr[AB][s][0] = v.x, afr[AB][s][1] = v.y, afr[AB][s][2] = v.z, afr[AB][s][3] = v.w;
+      }
+    }
+    fence_regs(afr[AB]);
+    const u64 desc = desc_sw128(st_read + j * BM * 128);
+    // every earlier wgmma is complete: the other A buffer is free, and the partial of the group that ended with the
+    // last k-tile is final (ptxas serializes wgmmas whose registers are read while it cannot prove them complete)
+    wg_wait<0>();
+    if constexpr (NP == 1 && FIRST) {
+      if (i > 0) fold(IC<0>{});
+    }
+    wg_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s)  // + 32 bytes per k32 step
+      WgmmaS8<BM>::mma(part[B], afr[AB][s], desc + 2 * s, PC ? (i > 0 || s > 0) : !(FIRST && s == 0));
+    wg_commit();
+    if constexpr (NP == 2 && FIRST) {
+      if (i > 0) fold(IC<1 - B>{});  // under this group's wgmmas
+    }
+    if (!PC) {
+      prev_sw = (const float*)(stg + X_BYTES + W_BYTES + j * WARPS * 64);
+      prev_sa = (const float*)(stg + X_BYTES + W_BYTES + SW_BYTES + j * BM * 4);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; ++s) issue(s);
+  // (Per-stage empty mbarriers instead of the CTA barrier, so that the warpgroups drift apart and one folds while the
+  // other's wgmmas run, measured 19% slower: 2537 -> 3014 us, W4 g128 8192x28672 M = 4096, H200.)
+  for (int sg = 0; sg < nst; ++sg) {
+    mbar_wait(smem_addr(&full_bar[slot_read]), phase);  // stage sg's bytes have landed
+    slot_read = slot_read + 1 == STAGES ? 0 : slot_read + 1;
+    phase ^= slot_read == 0;
+    __syncthreads();  // every warpgroup is past stage sg - 1 (its wgmmas and the fold that read stage sg - 2)
+    issue(sg + STAGES - 2);
+    auto run = [&](auto jc) {
+      constexpr int j = decltype(jc)::value;
+      if constexpr (j < KT) {
+        const int i = sg * KT + j;
+        if (i < Kt) ktile(i, jc);
+      }
+    };
+    run(IC<0>{}), run(IC<1>{}), run(IC<2>{}), run(IC<3>{});
+    st_read = st_read + STAGE == sbase + STAGES * STAGE ? sbase : st_read + STAGE;
+  }
+  wg_wait<0>();
+  if constexpr (!PC) {
+    // the last group's partial: its index is that of the last k-tile's group
+    if (NP == 1 || ((Kt - 1) % KT / GT) % NP == 0) fold(IC<0>{});
+    else fold(IC<NP - 1>{});
+  }
+
+  // epilogue: value i = 4 j + 2 h + c is (weight row 16 warp + g + 8 h, token 8 j + 2 t + c)
+  const int nb = rt_raw * 16 + g;
+  float pw[2] = {0.f, 0.f};
+  if (PC) {
+    const float* pp = P + ((size_t)(rt_raw >> 3) * 8 + (rt_raw & 7)) * 16;  // G == 1
+    pw[0] = pp[g], pw[1] = pp[g + 8];
+  }
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int m = m0 + 8 * j + 2 * t + c;
+      if (m >= M) continue;
+      const float sa = PC ? SA[m] : 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int n = nb + 8 * h, i = 4 * j + 2 * h + c;
+        if (n < N) {
+          const float v = PC ? (float)part[0][i] * sa * pw[h] : acc[i];
+          store_output<OUT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
+        }
+      }
+    }
+}

@@ -1,0 +1,172 @@
+"""W4A8 / W8A8 GEMM on Hopper int8 tensor cores (CUDA C++ / inline PTX, gemm_wgmma_a8.cu, NVRTC for sm_90a).
+
+``gemm_wgmma_a8(aq, sa, qw, bias, lo, hi, out_dtype, config=None, out=None)`` computes
+``clamp(sum_g sA[:, g] * (aq_g @ c_g.T) * sW[:, g] + bias, lo, hi)``:
+
+* aq: int8 [M, K] activation codes (``act_quant(x, group, "sym")``), unit stride along K, row stride a multiple
+  of 16 bytes, on an sm_90 GPU. sa: float32 [M, G] their per-token, per-group scales.
+* qw: a QuantizedWeight [N, K] with ``a8_layout_supported(qw)``: mode "sym", 4 or 8 bits, group 128, 256 or
+  per-channel (then G = 1). Its ``wgmma_a8_v1`` layout is built on first use and cached.
+* bias: None or float16 / bfloat16 / float32 [N]; lo, hi: output clamp (may be +-inf).
+* config: None (``default_config``) or a dict: BM (tokens per CTA = the wgmma N: 16..256, a multiple of 16;
+  grouped weights hold BM / 2 fp32 accumulators and NP x BM / 2 int32 partials per thread, so BM <= 128 there), NWG
+  (warpgroups of 64 weight rows: 1, 2, 4), MINB (CTAs per SM the registers must allow), STAGES (ring depth >= 3),
+  KT (128-k tiles per stage: 2, 4; a multiple of NP x the group's 128-k tiles), NP (int32 partials: 2 = fold under
+  the next group's wgmmas, 1 = before them), CVT (0: cvt.rn.f32.s32, 1: magic number), GROUP_M (m-tiles rastered
+  together).
+* Returns [M, N] in out_dtype (float16 / bfloat16 / float32), or writes ``out``. Launched on the current stream,
+  no host synchronization; allocates the output (unless given) and a transposed copy of sa [G, M_pad].
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from mixgemm.formats.layouts_wgmma_a8 import WgmmaA8Layout, a8_layout_supported, build_wgmma_a8_v1
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.cuda import nvrtc
+
+SOURCE = "gemm_wgmma_a8.cu"
+KERNEL = "mixgemm_gemm_wgmma_a8"
+LAYOUT = "wgmma_a8_v1"
+SMEM_LIMIT = 227 * 1024
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB")
+_OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
+
+
+def wgmma_a8_supported(aq: torch.Tensor, qw: QuantizedWeight, act_mode: str) -> bool:
+    """True when this kernel runs the problem: an sm_90 GPU, sym activations, a ``wgmma_a8_v1`` weight, K % 16 == 0."""
+    if (aq.device.type != "cuda" or act_mode != "sym" or not a8_layout_supported(qw) or aq.shape[-1] % 16
+            or not nvrtc.nvrtc_available()):
+        return False
+    return torch.cuda.get_device_capability(aq.device) == (9, 0)
+
+
+def stage_bytes(bm: int, nwg: int, bits: int, kt: int, per_channel: bool) -> int:
+    """Shared memory of one pipeline stage (must match gemm_wgmma_a8.cu's STAGE)."""
+    warps = 4 * nwg
+    raw = kt * (bm * 128 + warps * (1024 if bits == 4 else 2048) + (0 if per_channel else warps * 64 + bm * 4))
+    return -(-raw // 1024) * 1024
+
+
+def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> dict:
+    """Tile choice from the problem size (deterministic): as many stages as fit, at most 4."""
+    bm = 16
+    while bm < min(m, 128):
+        bm *= 2
+    kt, nwg = 2, 2
+    sb = stage_bytes(bm, nwg, bits, kt, group_size == k)
+    stages = max(3, min(4, (SMEM_LIMIT - 1024) // sb))
+    return {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": 1, "CVT": 0, "GROUP_M": 8}
+
+
+_TMAPS: dict = {}
+
+
+def _tensor_map(aq: torch.Tensor, bm: int):
+    """TMA descriptor of the int8 codes [M, K] for boxes of 128 k x BM rows, 128-byte swizzle, zero fill past M, K."""
+    key = (aq.data_ptr(), aq.shape[0], aq.shape[1], aq.stride(0), bm)
+    t = _TMAPS.get(key)
+    if t is None:
+        drv = nvrtc._driver()
+        err, t = drv.cuTensorMapEncodeTiled(
+            drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, aq.data_ptr(),
+            [drv.cuuint64_t(aq.shape[1]), drv.cuuint64_t(aq.shape[0])], [drv.cuuint64_t(aq.stride(0))],
+            [drv.cuuint32_t(128), drv.cuuint32_t(bm)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        if int(err) != 0:
+            raise RuntimeError(f"cuTensorMapEncodeTiled failed for int8 activations {tuple(aq.shape)}: {err!r}")
+        if len(_TMAPS) >= 1024:
+            _TMAPS.clear()
+        _TMAPS[key] = t
+    return t
+
+
+def _check(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias, out_dtype, out):
+    if aq.dim() != 2 or aq.dtype != torch.int8:
+        raise ValueError(f"aq must be int8 [M, K], got {aq.dtype} {tuple(aq.shape)}")
+    if not aq.is_cuda or aq.device != qw.device:
+        raise ValueError(f"aq ({aq.device}) and the weight ({qw.device}) must be on the same CUDA device")
+    if aq.shape[1] != qw.in_features:
+        raise ValueError(f"shape mismatch: aq has K={aq.shape[1]}, the weight K={qw.in_features}")
+    if aq.stride(1) != 1 or aq.stride(0) % 16 or aq.data_ptr() % 16:
+        raise ValueError("aq needs unit stride along K and 16-byte aligned rows")
+    if not a8_layout_supported(qw):
+        raise ValueError(f"the int8 wgmma GEMM takes sym int4 / int8 weights with group 128, 256 or per-channel, got "
+                         f"mode={qw.mode!r} bits={qw.bits} group_size={qw.config.group_size}")
+    g = qw.config.groups(qw.in_features)[1]
+    if sa.dtype != torch.float32 or tuple(sa.shape) != (aq.shape[0], g) or sa.device != aq.device:
+        raise ValueError(f"sa must be float32 [M, G] = {(aq.shape[0], g)} on {aq.device}, got {sa.dtype} "
+                         f"{tuple(sa.shape)} on {sa.device}")
+    if out_dtype not in _OUT:
+        raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    if bias is not None and (bias.dtype not in _BIAS or tuple(bias.shape) != (qw.out_features,)):
+        raise ValueError(f"bias must be float16/bfloat16/float32 [N={qw.out_features}], got {bias.dtype} "
+                         f"{tuple(bias.shape)}")
+    if out is not None and (out.dtype != out_dtype or tuple(out.shape) != (aq.shape[0], qw.out_features)
+                            or out.stride(1) != 1):
+        raise ValueError("out must be a [M, N] tensor of out_dtype with unit stride along N")
+
+
+@torch.compiler.disable
+def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float,
+                  hi: float, out_dtype: torch.dtype, config: dict | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """See the module docstring."""
+    _check(aq, sa, qw, bias, out_dtype, out)
+    m, k = aq.shape
+    n = qw.out_features
+    y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=aq.device)
+    if m == 0 or n == 0:
+        return y
+    lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
+    cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits)
+    bm, nwg, stages, kt = (int(cfg.get(key, d)) for key, d in (("BM", 128), ("NWG", 2), ("STAGES", 4), ("KT", 2)))
+    np_, cvt, group_m = int(cfg.get("NP", 2)), int(cfg.get("CVT", 0)), int(cfg.get("GROUP_M", 8))
+    minb = int(cfg.get("MINB", 1))
+    gt = 0 if lay.per_channel else lay.group_size // 128
+    if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (2, 4)
+            or stages < 3 or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1 or kt % (np_ * max(gt, 1))
+            or (gt and bm > 128)):
+        raise ValueError(f"bad int8 wgmma tile {cfg}: BM 16..256 (multiple of 16; <= 128 for groups), NWG 1, 2, 4, "
+                         "KT 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3, NP 1 or 2, CVT 0 or 1, "
+                         "GROUP_M >= 1, MINB 1..3")
+    smem = stages * stage_bytes(bm, nwg, lay.bits, kt, lay.per_channel) + 1024
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"int8 wgmma tile {cfg} needs {smem} bytes of shared memory (limit {SMEM_LIMIT})")
+    # activation scales transposed to [G, M_pad] (M_pad % 4 == 0): one bulk copy per (group, m-tile) in the kernel
+    ldsa = -(-m // 4) * 4
+    sat = torch.empty(lay.num_groups, ldsa, dtype=torch.float32, device=aq.device)
+    sat[:, :m].copy_(sa.T)
+    if bias is not None:
+        bias = bias.contiguous()
+    defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
+            "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb}
+    fn = nvrtc.get_function(SOURCE, KERNEL, defs, aq.device, arch_suffix="a")
+    nvrtc.allow_dynamic_smem(fn, smem)
+    xmap = _tensor_map(aq, bm)
+    tiles = math.ceil(lay.row_tiles / (4 * nwg)) * math.ceil(m / bm)
+    args = [
+        ctypes.c_void_p(lay.weight.data_ptr()),
+        ctypes.c_void_p(lay.params.data_ptr()),
+        ctypes.c_void_p(sat.data_ptr()),
+        ctypes.c_int(ldsa),
+        ctypes.c_void_p(y.data_ptr()),
+        ctypes.c_int(y.stride(0)),
+        ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
+        ctypes.c_int(0 if bias is None else _BIAS[bias.dtype]),
+        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
+        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
+        ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(lay.k_tiles), ctypes.c_int(lay.num_groups),
+        (ctypes.c_ubyte * 128).from_address(xmap.getPtr()),
+    ]
+    with torch.cuda.device(aq.device):
+        nvrtc.launch(fn, (tiles, 1, 1), (128 * nwg, 1, 1), args, torch.cuda.current_stream(aq.device).cuda_stream,
+                     smem)
+    return y

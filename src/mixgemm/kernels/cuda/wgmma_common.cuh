@@ -1,0 +1,77 @@
+// PTX helpers shared by the Hopper wgmma GEMMs (gemm_wgmma.cu, gemm_wgmma_a8.cu): shared-memory addresses,
+// mbarriers, TMA / bulk copies, the wgmma fence / commit / wait trio, register pins and the 128-byte-swizzle
+// descriptor of a K-major B tile.
+#pragma once
+
+#include "gemv_common.cuh"
+
+namespace mgw {
+
+using namespace mg;
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// cp.async writes through the generic proxy, wgmma reads shared memory through the async proxy
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// mbarrier + TMA (sm_90)
+__device__ __forceinline__ void mbar_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{ .reg .pred p; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT_%=; }" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_2d(u32 dst, const void* tmap, int c0, int c1, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// pins register values at this point of the program (the compiler must not move their uses across)
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int S, int I>
+__device__ __forceinline__ void fence_regs(u32 (&a)[S][I]) {
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int i = 0; i < I; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+}
+
+// Shared-memory matrix descriptor of a K-major B tile with 128-byte swizzle: rows of 64 k (128 bytes), row r's
+// 16-byte chunk c stored at chunk c ^ (r % 8); 8-row groups 1024 bytes apart (stride byte offset); the leading
+// byte offset is unused for swizzled K-major layouts. k16 step s starts 32 s bytes into the row.
+__device__ __forceinline__ u64 desc_sw128(u32 addr) {
+  return (u64)((addr >> 4) & 0x3FFFu) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// a CUtensorMap (opaque 128 bytes, 64-byte aligned), passed by value as a __grid_constant__ kernel parameter
+struct __align__(64) TmaDesc {
+  unsigned long long v[16];
+};
+
+}  // namespace mgw

@@ -1,0 +1,214 @@
+"""The int8 wgmma GEMM (W4A8 / W8A8 sym x sym, kernels/cuda/gemm_wgmma_a8.cu) and its wgmma_a8_v1 layout.
+
+CPU: the layout round trip, its refusals, NVRTC compile checks of the kernel for sm_90a. GPU (sm_90): the kernel
+against a float64 GEMM of the same quantized operands (the activation codes and scales the kernel reads, the
+dequantized weight), odd shapes, every supported group size, fp16 / bf16 / fp32 output, bias and clamp, every tile
+option, and the dispatch through matmul_a8.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported, build_wgmma_a8_v1, unpack_wgmma_a8_v1
+from mixgemm.formats.weight import dequantize_weight, quantize_weight
+from mixgemm.kernels.cuda import nvrtc
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _qw(n, k, bits, gs, seed=0, device="cpu", scale_dtype=torch.float16):
+    w = torch.randn(n, k, generator=_gen(seed)) * 0.05
+    return quantize_weight(w, bits=bits, group_size=gs, mode="sym", scale_dtype=scale_dtype).to(device)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("gs,n,k", [(128, 136, 384), (256, 17, 512), (-1, 130, 400)])
+def test_layout_roundtrip(bits, gs, n, k):
+    qw = _qw(n, k, bits, gs, seed=n)
+    before = qw.qweight.clone()
+    lay = build_wgmma_a8_v1(qw)
+    assert torch.equal(unpack_wgmma_a8_v1(lay), qw.codes().to(torch.int32) - qw.config.sym_bias)
+    assert torch.equal(qw.qweight, before)
+    s = lay.params.permute(0, 2, 3, 1).reshape(-1, lay.num_groups)[:n]  # [N, G]
+    assert torch.equal(s, qw.scales.float() / (16.0 if bits == 4 else 1.0))
+    assert lay.k_padded % 128 == 0 and lay.weight.shape[-1] == (1024 if bits == 4 else 2048)
+
+
+def test_layout_refuses_other_formats():
+    for bits, gs, mode in ((4, 64, "sym"), (4, 32, "sym"), (4, 128, "zero_point"), (8, 128, "offset")):
+        qw = quantize_weight(torch.randn(16, 256), bits=bits, group_size=gs, mode=mode)
+        assert not a8_layout_supported(qw)
+        with pytest.raises(ValueError, match="sym int4 / int8"):
+            build_wgmma_a8_v1(qw)
+
+
+COMPILE_CASES = [
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=128, A8_NWG=2, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=2, A8_CVT=0),
+    dict(A8_BITS=4, A8_OUT=1, A8_BM=64, A8_NWG=1, A8_STAGES=5, A8_KT=4, A8_GT=2, A8_NP=2, A8_CVT=1),
+    dict(A8_BITS=8, A8_OUT=1, A8_BM=128, A8_NWG=2, A8_STAGES=3, A8_KT=2, A8_GT=2, A8_NP=1, A8_CVT=0),
+    dict(A8_BITS=8, A8_OUT=2, A8_BM=128, A8_NWG=2, A8_STAGES=3, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0),
+    dict(A8_BITS=8, A8_OUT=0, A8_BM=48, A8_NWG=2, A8_STAGES=4, A8_KT=4, A8_GT=1, A8_NP=2, A8_CVT=1),
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=64, A8_NWG=4, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0),
+]
+
+
+@pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
+@pytest.mark.parametrize("defs", COMPILE_CASES, ids=lambda d: "-".join(f"{v}" for v in d.values()))
+def test_nvrtc_compiles_sm90a(defs):
+    cubin = nvrtc.compile_cubin("gemm_wgmma_a8.cu", tuple(sorted(defs.items())), "sm_90a")
+    assert len(cubin) > 1000
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+needs_sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                                reason="needs an sm_90 GPU")
+
+
+def _rel(a, b) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+def _run(m, n, k, bits, gs, out_dtype=torch.float16, config=None, seed=0, bias=True, activation="relu6"):
+    """(kernel output, float64 reference on the same quantized operands)."""
+    from mixgemm.epilogue import clamp_bounds
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
+    from mixgemm.kernels.triton.act_quant import act_quant
+
+    qw = _qw(n, k, bits, gs, seed, "cuda")
+    x = (torch.randn(m, k, generator=_gen(seed + 1)) * 2).to("cuda", torch.float16)
+    b = (torch.randn(n, generator=_gen(seed + 2)) * 0.5).to("cuda", out_dtype) if bias else None
+    blk, g = qw.config.groups(k)
+    aq, sa, _, _ = act_quant(x, blk, "sym")
+    aq0, sa0 = aq.clone(), sa.clone()
+    lo, hi = clamp_bounds(activation)
+    y = gemm_wgmma_a8(aq, sa, qw, b, lo, hi, out_dtype, config=config)
+    assert torch.equal(aq, aq0) and torch.equal(sa, sa0)  # inputs untouched
+    a = aq.cpu().double() * sa.cpu().double().repeat_interleave(blk, 1)
+    ref = a @ dequantize_weight(qw.to("cpu"), torch.float64).T
+    if b is not None:
+        ref = ref + b.cpu().double()
+    return y, ref.clamp(lo, hi)
+
+
+_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("gs", [128, 256, -1])
+@pytest.mark.parametrize("m", [1, 3, 17, 129, 300])
+def test_gpu_matches_reference(bits, gs, m):
+    n, k = 520, 1024 if gs != -1 else 1040
+    for out_dtype, tol in _TOL.items():
+        y, ref = _run(m, n, k, bits, gs, out_dtype, seed=m + bits)
+        assert y.dtype == out_dtype and y.shape == (m, n)
+        assert _rel(y, ref) < tol, (out_dtype, _rel(y, ref))
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [
+    dict(BM=128, NWG=2, STAGES=4, KT=2, NP=2, CVT=0),
+    dict(BM=128, NWG=2, STAGES=3, KT=2, NP=1, CVT=1),
+    dict(BM=64, NWG=1, STAGES=4, KT=4, NP=2, CVT=1, GROUP_M=1, MINB=2),
+    dict(BM=64, NWG=4, STAGES=4, KT=2, NP=1, CVT=0),
+    dict(BM=48, NWG=4, STAGES=3, KT=2, NP=2, CVT=0, GROUP_M=2),
+    dict(BM=48, NWG=2, STAGES=4, KT=4, NP=1, CVT=0, GROUP_M=3),
+    dict(BM=16, NWG=1, STAGES=3, KT=2, NP=2, CVT=0),
+    dict(BM=256, NWG=1, STAGES=3, KT=2, NP=1, CVT=0),
+])
+@pytest.mark.parametrize("bits,gs", [(4, 128), (8, 128), (4, 256), (8, -1)])
+def test_gpu_tile_options(cfg, bits, gs):
+    if (gs == 256 and cfg["KT"] % (2 * cfg["NP"])) or (cfg["BM"] > 128 and gs != -1):
+        # KT is a multiple of NP x the group's 128-k tiles; grouped tiles hold BM / 2 fp32 + NP x BM / 2 int32 values
+        # per thread: BM <= 128
+        with pytest.raises(ValueError, match="bad int8 wgmma tile"):
+            _run(64, 136, 1024, bits, gs, torch.float16, config=cfg)
+        return
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, stage_bytes
+
+    if cfg["STAGES"] * stage_bytes(cfg["BM"], cfg["NWG"], bits, cfg["KT"], gs == -1) + 1024 > SMEM_LIMIT:
+        with pytest.raises(ValueError, match="bytes of shared memory"):
+            _run(64, 136, 1024, bits, gs, torch.float16, config=cfg)
+        return
+    for m, n, k in ((200, 1000, 2048), (77, 136, 768 if gs != 256 else 1024)):
+        y, ref = _run(m, n, k, bits, gs, torch.float16, config=cfg, seed=m)
+        assert _rel(y, ref) < 1e-3, (m, n, k, _rel(y, ref))
+
+
+@needs_sm90
+@pytest.mark.gpu
+def test_gpu_large_k_no_bias():
+    y, ref = _run(64, 384, 8192, 4, 128, torch.bfloat16, bias=False, activation=None)
+    assert _rel(y, ref) < 1e-2
+    y, ref = _run(64, 384, 28672, 8, -1, torch.float16, bias=False, activation="relu")
+    assert _rel(y, ref) < 1e-3
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs", [(4, 128), (8, 256), (4, -1)])
+def test_gpu_dispatch_through_matmul_a8(bits, gs):
+    """M >= WGMMA_A8_MIN_M takes this kernel (the runner too); the result matches the float64 reference and the
+    Triton kernel that it replaces. int8 per-channel stays on Triton."""
+    from mixgemm.formats.activation import quantize_activation
+    from mixgemm.ops import int8 as ops
+
+    n, k = 1000, 2048
+    qw = _qw(n, k, bits, gs, 7, "cuda")
+    x = (torch.randn(300, k, generator=_gen(8)) * 2).to("cuda", torch.float16)
+    bias = torch.randn(n, generator=_gen(9)).to("cuda", torch.float16)
+    y = ops.matmul_a8(x, qw, bias=bias, activation="relu")
+    assert qw._layouts.get("wgmma_a8_v1") is not None
+    a = quantize_activation(x.cpu().float(), qw.config.groups(k)[0], "sym").dequantize()
+    ref = (a.double() @ dequantize_weight(qw.to("cpu"), torch.float64).T + bias.cpu().double()).clamp(min=0)
+    assert _rel(y, ref) < 2e-3
+    y2 = ops.make_a8_runner(x, qw, bias=bias, activation="relu")()
+    assert torch.equal(y, y2)
+    saved = ops.WGMMA_A8_MIN_M
+    try:
+        ops.WGMMA_A8_MIN_M = None
+        y3 = ops.matmul_a8(x, qw, bias=bias, activation="relu")
+    finally:
+        ops.WGMMA_A8_MIN_M = saved
+    assert _rel(y, y3) < 2e-3
+
+
+@needs_sm90
+@pytest.mark.gpu
+def test_gpu_int8_per_channel_stays_on_triton():
+    from mixgemm.ops import int8 as ops
+
+    qw = _qw(256, 1024, 8, -1, 3, "cuda")
+    x = torch.randn(300, 1024, device="cuda", dtype=torch.float16)
+    ops.matmul_a8(x, qw)
+    assert "wgmma_a8_v1" not in qw._layouts
+
+
+@needs_sm90
+@pytest.mark.gpu
+def test_gpu_errors():
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
+
+    qw = _qw(64, 256, 4, 128, 0, "cuda")
+    aq = torch.randint(-127, 128, (5, 256), dtype=torch.int8, device="cuda")
+    sa = torch.rand(5, 2, device="cuda")
+    inf = float("inf")
+    with pytest.raises(ValueError, match="int8"):
+        gemm_wgmma_a8(aq.float(), sa, qw, None, -inf, inf, torch.float16)
+    with pytest.raises(ValueError, match="sa must be float32"):
+        gemm_wgmma_a8(aq, sa[:, :1], qw, None, -inf, inf, torch.float16)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        gemm_wgmma_a8(aq[:, :128], sa, qw, None, -inf, inf, torch.float16)
+    with pytest.raises(ValueError, match="bad int8 wgmma tile"):
+        gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=dict(BM=24))
+    with pytest.raises(ValueError, match="sym int4 / int8"):
+        q64 = quantize_weight(torch.randn(64, 256), bits=4, group_size=64, mode="sym").to("cuda")
+        gemm_wgmma_a8(aq, torch.rand(5, 4, device="cuda"), q64, None, -inf, inf, torch.float16)
