@@ -212,3 +212,14 @@ def test_gpu_errors():
     with pytest.raises(ValueError, match="sym int4 / int8"):
         q64 = quantize_weight(torch.randn(64, 256), bits=4, group_size=64, mode="sym").to("cuda")
         gemm_wgmma_a8(aq, torch.rand(5, 4, device="cuda"), q64, None, -inf, inf, torch.float16)
+
+
+def test_bias_clamp_args():
+    """The shared epilogue parameters of the CUDA kernels: bias pointer / dtype code, clamp bounds."""
+    inf = float("inf")
+    args = nvrtc.bias_clamp_args(None, -inf, 6.0)
+    assert [a.value for a in args] == [None, 0, -inf, 6.0]
+    for dt, code in ((torch.float16, 1), (torch.bfloat16, 2), (torch.float32, 3)):
+        b = torch.zeros(4, dtype=dt)
+        args = nvrtc.bias_clamp_args(b, 0.0, inf)
+        assert args[0].value == b.data_ptr() and args[1].value == code and args[2].value == 0.0 and args[3].value == inf

@@ -27,6 +27,7 @@ the kernel zero-fills x past K; padded rows are never stored).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -40,21 +41,29 @@ GROUP_TILES = 8  # row tiles stored together per k-tile
 _E_INT4 = ((0, 0), (0, 1), (1, 0), (1, 1), (0, 8), (0, 9), (1, 8), (1, 9))
 
 
-@dataclass(frozen=True)
-class WgmmaLayout(KernelLayout):
-    """The ``wgmma_v1`` layout of one weight (see the module docstring): weight uint8 [N_pad / 128, K_pad / 64, 8,
-    tile bytes], params scale dtype [N_pad / 128, G, 8, 16, PW]."""
+class WgmmaTiles:
+    """Tile counts of the wgmma layouts (wgmma_v1, wgmma_a8_v1): 16-row tiles, TILE_K k per k-tile."""
 
-    gk: int  # group of k = min(k >> gk, G - 1); 31 for per-channel
+    TILE_K: ClassVar[int] = K_TILE
+    n: int
+    k_padded: int
 
     @property
     def k_tiles(self) -> int:
-        return self.k_padded // K_TILE
+        return self.k_padded // self.TILE_K
 
     @property
     def row_tiles(self) -> int:
         """16-row tiles holding real rows (the storage pads to a multiple of 8 of them)."""
         return -(-self.n // ROWS)
+
+
+@dataclass(frozen=True)
+class WgmmaLayout(WgmmaTiles, KernelLayout):
+    """The ``wgmma_v1`` layout of one weight (see the module docstring): weight uint8 [N_pad / 128, K_pad / 64, 8,
+    tile bytes], params scale dtype [N_pad / 128, G, 8, 16, PW]."""
+
+    gk: int  # group of k = min(k >> gk, G - 1); 31 for per-channel
 
     def tile(self, nt: int, kt: int) -> torch.Tensor:
         """The bytes of row tile nt, k-tile kt."""

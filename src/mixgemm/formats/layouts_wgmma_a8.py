@@ -24,10 +24,12 @@ Padding: rows to a multiple of 128 and k to a multiple of 128 with c = 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from mixgemm.formats.layouts import KernelLayout
+from mixgemm.formats.layouts_wgmma import WgmmaTiles
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 
 K_TILE = 128
@@ -36,17 +38,11 @@ GROUP_TILES = 8
 
 
 @dataclass(frozen=True)
-class WgmmaA8Layout(KernelLayout):
+class WgmmaA8Layout(WgmmaTiles, KernelLayout):
     """The ``wgmma_a8_v1`` layout (module docstring): weight uint8 [N_pad / 128, K_pad / 128, 8, tile bytes], params
     float32 [N_pad / 128, G, 8, 16]."""
 
-    @property
-    def k_tiles(self) -> int:
-        return self.k_padded // K_TILE
-
-    @property
-    def row_tiles(self) -> int:
-        return -(-self.n // ROWS)
+    TILE_K: ClassVar[int] = K_TILE
 
     @property
     def per_channel(self) -> bool:

@@ -199,20 +199,14 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                    int N, int M, int K, int Kt, int G, int gk, int kt_per_split,
                    const __grid_constant__ TmaDesc xmap) {  // WG_TMA: activations [M, K], box 64 k x BM rows
   extern __shared__ char smem_raw[];
-  const u32 raw = smem_addr(smem_raw);
-  const u32 sbase = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment (host adds the slack)
-  const char* sgen = smem_raw + (sbase - raw);
+  const char* sgen;
+  const u32 sbase = smem_base_1024(smem_raw, sgen);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int Nt = (N + 15) >> 4;
-  // grouped raster: WG_GROUP_M consecutive m-tiles walk the n-tiles together, so their activations stay in L2
-  // while each weight tile is read from HBM once per group instead of once per m-tile
   const int tiles_n = (Nt + WARPS - 1) / WARPS, tiles_m = (M + BM - 1) / BM;
   const int per_group = WG_GROUP_M * tiles_n;
-  auto tile_pos = [&](int tile) {  // (first activation row, first 16-row weight tile) of output tile `tile`
-    const int first_m = (tile / per_group) * WG_GROUP_M, gm = min(tiles_m - first_m, WG_GROUP_M);
-    return int2{(first_m + (tile % per_group) % gm) * BM, (tile % per_group) / gm * WARPS};
-  };
+  auto tile_pos = [&](int tile) { return raster_tile(tile, tiles_m, per_group, WG_GROUP_M, BM, WARPS); };
   // Work of this CTA: stages [q0, q1) of the flat (tile, stage) sequence, U stages per tile (WG_SK); else the k-tiles
   // [kt0, kt0 + nk) of tile blockIdx.x (split-K: blockIdx.z picks the slice)
   // (the host keeps tiles x U < 2^31). CTA c runs per + (c < rem) stages from c per + min(c, rem).

@@ -113,17 +113,14 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
                       int N, int M, int Kt, int G,
                       const __grid_constant__ TmaDesc xmap) {  // int8 activation codes [M, K], box 128 k x BM rows
   extern __shared__ char smem_raw[];
-  const u32 raw = smem_addr(smem_raw);
-  const u32 sbase = (raw + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment (host adds the slack)
-  const char* sgen = smem_raw + (sbase - raw);
+  const char* sgen;
+  const u32 sbase = smem_base_1024(smem_raw, sgen);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int Nt = (N + 15) >> 4;
-  // grouped raster: A8_GROUP_M consecutive m-tiles walk the n-tiles together (their activations stay in L2)
-  const int tiles_n = (Nt + WARPS - 1) / WARPS, tiles_m = (M + BM - 1) / BM;
-  const int per_group = A8_GROUP_M * tiles_n, tile = blockIdx.x;
-  const int first_m = (tile / per_group) * A8_GROUP_M, gm = min(tiles_m - first_m, A8_GROUP_M);
-  const int m0 = (first_m + (tile % per_group) % gm) * BM, rt0 = (tile % per_group) / gm * WARPS;
+  const int2 pos = raster_tile(blockIdx.x, (M + BM - 1) / BM, A8_GROUP_M * ((Nt + WARPS - 1) / WARPS), A8_GROUP_M, BM,
+                               WARPS);
+  const int m0 = pos.x, rt0 = pos.y;
   const int rt_raw = rt0 + warp;
   const int nst = (Kt + KT - 1) / KT;
   const int blk = rt0 >> 3, nblk = (Nt + 7) >> 3;  // first 8-tile block of the CTA, blocks stored

@@ -159,10 +159,7 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
         ctypes.c_int(ldsa),
         ctypes.c_void_p(y.data_ptr()),
         ctypes.c_int(y.stride(0)),
-        ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
-        ctypes.c_int(0 if bias is None else _BIAS[bias.dtype]),
-        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
-        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
+        *nvrtc.bias_clamp_args(bias, lo, hi),
         ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(lay.k_tiles), ctypes.c_int(lay.num_groups),
         (ctypes.c_ubyte * 128).from_address(xmap.getPtr()),
     ]

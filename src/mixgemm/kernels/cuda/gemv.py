@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 
 import torch
@@ -284,10 +283,7 @@ def _common_args(lay, xk, y, bias, lo, hi, n) -> list:
         ctypes.c_int(xk.stride(0) * xk.element_size() // 16),
         ctypes.c_void_p(y.data_ptr()),
         ctypes.c_int(y.stride(0)),
-        ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
-        ctypes.c_int(0 if bias is None else _BIAS[bias.dtype]),
-        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
-        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
+        *nvrtc.bias_clamp_args(bias, lo, hi),
         ctypes.c_int(n),
     ]
 

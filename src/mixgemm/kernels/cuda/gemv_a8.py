@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 
 import torch
 
@@ -187,10 +186,7 @@ def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.T
         ctypes.c_void_p(out.data_ptr()),
         ctypes.c_int(out.stride(0)),
         ctypes.c_int(_OUT[out.dtype]),
-        ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
-        ctypes.c_int(0 if bias is None else _BIAS[bias.dtype]),
-        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
-        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
+        *nvrtc.bias_clamp_args(bias, lo, hi),
         ctypes.c_int(n),
         ctypes.c_int(k),
         ctypes.c_int(lay.kp),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import threading
 from pathlib import Path
@@ -232,3 +233,17 @@ def nvrtc_available() -> bool:
 
 if os.environ.get("MIXGEMM_NVRTC_DEBUG"):  # pragma: no cover
     print("mixgemm.nvrtc: sources in", HERE)
+
+
+_BIAS_CODES = {"torch.float16": 1, "torch.bfloat16": 2, "torch.float32": 3}
+
+
+def bias_clamp_args(bias, lo: float, hi: float) -> list:
+    """The epilogue parameters the CUDA kernels share, in their order: bias pointer (0 for none), bias dtype code
+    (0 none, 1 float16, 2 bfloat16, 3 float32), clamp lo, clamp hi (+-inf for none)."""
+    return [
+        ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
+        ctypes.c_int(0 if bias is None else _BIAS_CODES[str(bias.dtype)]),
+        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
+        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
+    ]

@@ -69,6 +69,23 @@ __device__ __forceinline__ u64 desc_sw128(u32 addr) {
   return (u64)((addr >> 4) & 0x3FFFu) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
 
+// The dynamic shared memory rounded up to 1024 bytes (swizzle atoms need that alignment; the host adds the slack):
+// its shared-space address, and the generic pointer to it in gen.
+__device__ __forceinline__ u32 smem_base_1024(char* raw_ptr, const char*& gen) {
+  const u32 raw = smem_addr(raw_ptr);
+  const u32 base = (raw + 1023u) & ~1023u;
+  gen = raw_ptr + (base - raw);
+  return base;
+}
+
+// Grouped raster of the output tiles: group_m consecutive m-tiles walk the n-tiles together, so their activations
+// stay in L2 while each weight tile is read from HBM once per group instead of once per m-tile. Returns (first
+// activation row, first 16-row weight tile) of output tile `tile`; per_group = group_m x the n-tiles.
+__device__ __forceinline__ int2 raster_tile(int tile, int tiles_m, int per_group, int group_m, int bm, int warps) {
+  const int first_m = (tile / per_group) * group_m, gm = min(tiles_m - first_m, group_m);
+  return int2{(first_m + (tile % per_group) % gm) * bm, (tile % per_group) / gm * warps};
+}
+
 // a CUtensorMap (opaque 128 bytes, 64-byte aligned), passed by value as a __grid_constant__ kernel parameter
 struct __align__(64) TmaDesc {
   unsigned long long v[16];
