@@ -154,29 +154,35 @@ class GemvMmaLayout(KernelLayout):
         return self.k_padded // self.k_tile
 
 
+def lane_slot_index(slots) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row in tile, k in tile) of every slot of every lane of a tile, as two int64 tensors [32, slots per lane];
+    slots(g, t) yields the (row, k) pairs of lane 4 g + t in its slot order."""
+    rows, ks = [], []
+    for lane in range(32):
+        pairs = list(slots(lane // 4, lane % 4))
+        rows.append([r for r, _ in pairs])
+        ks.append([k for _, k in pairs])
+    return torch.tensor(rows), torch.tensor(ks)
+
+
 def _mma_index(bits: int):
     """For each (lane, byte/nibble slot) of a tile, the (row in tile, k in tile) it holds, as two int64
     tensors of shape [32, 32] (int4: 32 nibbles per lane) or [32, 16] (int8: 16 bytes per lane)."""
     kl = 16 if bits == 4 else 8
-    rows, ks = [], []
-    for lane in range(32):
-        g, t = lane // 4, lane % 4
-        rr, kk = [], []
+
+    def slots(g, t):
         if bits == 4:
             for s in range(4):
                 for p in range(8):
                     h, j = _MMA_E_INT4[INT4_PERM[p]]
-                    rr.append(g + 8 * h)
-                    kk.append(kl * t + 4 * s + j)
+                    yield g + 8 * h, kl * t + 4 * s + j
         else:
             for s in range(2):
                 for h in range(2):
                     for j in range(4):
-                        rr.append(g + 8 * h)
-                        kk.append(kl * t + 4 * s + j)
-        rows.append(rr)
-        ks.append(kk)
-    return torch.tensor(rows), torch.tensor(ks)
+                        yield g + 8 * h, kl * t + 4 * s + j
+
+    return lane_slot_index(slots)
 
 
 def build_gemv_mma_v1(qw: QuantizedWeight) -> GemvMmaLayout:

@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import torch
 
-from mixgemm.formats.layouts import KernelLayout
+from mixgemm.formats.layouts import KernelLayout, lane_slot_index
 from mixgemm.formats.layouts_wgmma import WgmmaTiles
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 
@@ -58,27 +58,21 @@ def a8_layout_supported(qw: QuantizedWeight) -> bool:
 def _slot_index(bits: int):
     """(row in tile, k in tile) of every code of a lane's share of a tile, in the lane's code order (int4: nibble
     order, low nibble first; int8: byte order), [32 lanes, 64 or 128]."""
-    rows, ks = [], []
-    for lane in range(32):
-        g, t = lane // 4, lane % 4
-        rr, kk = [], []
-        if bits == 4:
-            for s in range(4):
+
+    def slots(g, t):
+        for s in range(4):
+            if bits == 4:  # byte i of word (s, h): k = 32 s + 4 t + i (low nibble), + 16 (high nibble)
                 for h in range(2):
                     for i in range(4):
-                        for hi in range(2):  # low nibble, then high nibble of byte i
-                            rr.append(g + 8 * h)
-                            kk.append(32 * s + 16 * hi + 4 * t + i)
-        else:
-            for s in range(4):
-                for half in range(2):  # a0, a1 (k), then a2, a3 (k + 16)
+                        for hi in range(2):
+                            yield g + 8 * h, 32 * s + 16 * hi + 4 * t + i
+            else:  # a0, a1 (k), then a2, a3 (k + 16)
+                for half in range(2):
                     for h in range(2):
                         for i in range(4):
-                            rr.append(g + 8 * h)
-                            kk.append(32 * s + 16 * half + 4 * t + i)
-        rows.append(rr)
-        ks.append(kk)
-    return torch.tensor(rows), torch.tensor(ks)
+                            yield g + 8 * h, 32 * s + 16 * half + 4 * t + i
+
+    return lane_slot_index(slots)
 
 
 def build_wgmma_a8_v1(qw: QuantizedWeight) -> WgmmaA8Layout:
