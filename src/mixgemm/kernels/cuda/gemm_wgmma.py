@@ -95,32 +95,33 @@ def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
     return xp
 
 
-_TMAPS: dict = {}  # (ptr, M, K, row stride, dtype, BM) -> CUtensorMap of the activations (kept alive here)
+_TMAPS: dict = {}  # (ptr, rows, cols, row stride, dtype, box) -> CUtensorMap (kept alive here)
+_TMAP_DTYPES = {torch.float16: "FLOAT16", torch.bfloat16: "BFLOAT16", torch.int8: "UINT8"}
 
 
-def _x_tensor_map(xk: torch.Tensor, bm: int):
-    """TMA descriptor of the activations [M, K] for tiles of 64 k x BM rows, 128-byte swizzle (the layout the wgmma
-    descriptor reads), zero fill past M and K. Encoded on the host once per (address, shape, stride, dtype, BM)."""
-    key = (xk.data_ptr(), xk.shape[0], xk.shape[1], xk.stride(0), xk.dtype, bm)
-    t = _TMAPS.get(key)
-    if t is None:
+def swizzled_tensor_map(t: torch.Tensor, box_cols: int, box_rows: int):
+    """TMA descriptor of a row-major 2-D tensor t (float16 / bfloat16 / int8) for boxes of box_cols x box_rows with
+    the 128-byte swizzle (the layout the wgmma descriptor reads), zero fill past the edges. Encoded on the host once
+    per (address, shape, stride, dtype, box); shared by the weight-only and the int8 wgmma GEMMs."""
+    key = (t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), t.dtype, box_cols, box_rows)
+    tm = _TMAPS.get(key)
+    if tm is None:
         drv = nvrtc._driver()
-        dt = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16 if xk.dtype == torch.float16
-              else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16)
-        err, t = drv.cuTensorMapEncodeTiled(
-            dt, 2, xk.data_ptr(), [drv.cuuint64_t(xk.shape[1]), drv.cuuint64_t(xk.shape[0])],
-            [drv.cuuint64_t(xk.stride(0) * xk.element_size())], [drv.cuuint32_t(64), drv.cuuint32_t(bm)],
+        dt = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[t.dtype]}")
+        err, tm = drv.cuTensorMapEncodeTiled(
+            dt, 2, t.data_ptr(), [drv.cuuint64_t(t.shape[1]), drv.cuuint64_t(t.shape[0])],
+            [drv.cuuint64_t(t.stride(0) * t.element_size())], [drv.cuuint32_t(box_cols), drv.cuuint32_t(box_rows)],
             [drv.cuuint32_t(1), drv.cuuint32_t(1)],
             drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
         if int(err) != 0:
-            raise RuntimeError(f"cuTensorMapEncodeTiled failed for activations {tuple(xk.shape)} "
-                               f"(row stride {xk.stride(0)}): {err!r}")
+            raise RuntimeError(f"cuTensorMapEncodeTiled failed for {t.dtype} {tuple(t.shape)} "
+                               f"(row stride {t.stride(0)}): {err!r}")
         if len(_TMAPS) >= 1024:
             _TMAPS.clear()
-        _TMAPS[key] = t
-    return t
+        _TMAPS[key] = tm
+    return tm
 
 
 _warned: list = []
@@ -218,7 +219,7 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     xmap = None
     if tma:
         try:
-            xmap = _x_tensor_map(xk, bm)
+            xmap = swizzled_tensor_map(xk, K_TILE, bm)  # 64 k x BM rows
         except Exception as e:  # noqa: BLE001 - a driver without tensor-map support: the cp.async loader instead
             _warn_no_tma(e)
             tma = 0

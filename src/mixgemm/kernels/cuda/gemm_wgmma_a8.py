@@ -28,11 +28,11 @@ import torch
 from mixgemm.formats.layouts_wgmma_a8 import WgmmaA8Layout, a8_layout_supported, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT, swizzled_tensor_map
 
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
-SMEM_LIMIT = 227 * 1024
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB")
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
@@ -62,30 +62,6 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> di
     sb = stage_bytes(bm, nwg, bits, kt, group_size == k)
     stages = max(3, min(4, (SMEM_LIMIT - 1024) // sb))
     return {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": 1, "CVT": 0, "GROUP_M": 8}
-
-
-_TMAPS: dict = {}
-
-
-def _tensor_map(aq: torch.Tensor, bm: int):
-    """TMA descriptor of the int8 codes [M, K] for boxes of 128 k x BM rows, 128-byte swizzle, zero fill past M, K."""
-    key = (aq.data_ptr(), aq.shape[0], aq.shape[1], aq.stride(0), bm)
-    t = _TMAPS.get(key)
-    if t is None:
-        drv = nvrtc._driver()
-        err, t = drv.cuTensorMapEncodeTiled(
-            drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, aq.data_ptr(),
-            [drv.cuuint64_t(aq.shape[1]), drv.cuuint64_t(aq.shape[0])], [drv.cuuint64_t(aq.stride(0))],
-            [drv.cuuint32_t(128), drv.cuuint32_t(bm)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-        if int(err) != 0:
-            raise RuntimeError(f"cuTensorMapEncodeTiled failed for int8 activations {tuple(aq.shape)}: {err!r}")
-        if len(_TMAPS) >= 1024:
-            _TMAPS.clear()
-        _TMAPS[key] = t
-    return t
 
 
 def _check(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias, out_dtype, out):
@@ -150,7 +126,7 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
             "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb}
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, aq.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
-    xmap = _tensor_map(aq, bm)
+    xmap = swizzled_tensor_map(aq, 128, bm)  # 128 k (bytes) x BM rows
     tiles = math.ceil(lay.row_tiles / (4 * nwg)) * math.ceil(m / bm)
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
