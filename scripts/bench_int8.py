@@ -78,10 +78,11 @@ def lay_bytes(lay) -> int:
     return lay.codes.numel() + lay.num_groups * lay.n * 4  # codes + the float32 scales a sym kernel reads
 
 
-def check(x, qw, act_mode, y, rows=64) -> float:
-    """rel. error of y[:rows] vs float64 (dequantized quantized activations) @ (dequantized weights).T."""
+def check(x, qw, act_mode, y, rows=64, act_block=None) -> float:
+    """rel. error of y[:rows] vs float64 (dequantized quantized activations) @ (dequantized weights).T; activations
+    quantized per act_block (default: the weight's group)."""
     r = min(rows, x.shape[0])
-    a = quantize_activation(x[:r], qw.group_size, act_mode).dequantize()
+    a = quantize_activation(x[:r], act_block or qw.group_size, act_mode).dequantize()
     w = dequantize_weight(qw, torch.float64)
     ref = a @ w.T
     del w

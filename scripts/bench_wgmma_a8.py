@@ -29,6 +29,7 @@ from mixgemm.kernels.triton.int8_gemm import a8_gemm  # noqa: E402
 from mixgemm.kernels.triton.int8_layout import get_int8_layout  # noqa: E402
 
 FORMATS = {"w4g128": (4, 128), "w4g256": (4, 256), "w8g128": (8, 128), "w8pc": (8, -1), "w4pc": (4, -1)}
+# a "t" suffix (w4g128t): per-token activation scales over the grouped weight
 DEFAULT_CFGS = [
     dict(BM=128, NWG=2, STAGES=4, KT=2, NP=2, CVT=0),
     dict(BM=128, NWG=2, STAGES=4, KT=2, NP=1, CVT=0),
@@ -39,12 +40,29 @@ DEFAULT_CFGS = [
 ]
 
 
-def sweep(k, n, m, bits, group, cfgs, rep=100):
+def fmt_spec(fmt: str):
+    """(bits, group, per-token activations) of a --formats entry."""
+    return (*FORMATS[fmt.removesuffix("t")], fmt.endswith("t"))
+
+
+def triton_time(qw, aq, sa, oa, su, out, rep):
+    """Graph time (us) of the Triton int8 GEMM (its own pick_config) on the same operands."""
+    inf = math.inf
+    lay8 = get_int8_layout(qw)
+    lays = [lay8] + [get_int8_layout(clone_qw(qw)) for _ in range(copies_for(lay8.codes.numel()) - 1)]
+    tt = graph_time([lambda L=L: a8_gemm(aq, sa, oa, su, L, False, None, -inf, inf, torch.float16, out=out)
+                     for L in lays], rep) * 1e6
+    del lays
+    torch.cuda.empty_cache()
+    return tt
+
+
+def sweep(k, n, m, bits, group, cfgs, rep=100, per_token=False):
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
     qw = quantize_weight(w, bits=bits, group_size=group, mode="sym")
     del w
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    blk = k if group == -1 else group
+    blk = k if group == -1 or per_token else group
     aq, sa, oa, su = act_quant(x, blk, "sym")
     out = torch.empty((m, n), dtype=torch.float16, device="cuda")
     lay = qw.layout(LAYOUT, build_wgmma_a8_v1)
@@ -57,7 +75,7 @@ def sweep(k, n, m, bits, group, cfgs, rep=100):
     for cfg in cfgs:
         try:
             gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=cfg, out=out)
-            err = check(x, qw, "sym", out)
+            err = check(x, qw, "sym", out, act_block=blk)
             t = graph_time([lambda q=q, cfg=cfg: gemm_wgmma_a8(aq, sa, q, None, -inf, inf, torch.float16, config=cfg,
                                                                out=out) for q in qws], rep) * 1e6
             rows.append((t, cfg, err))
@@ -69,12 +87,10 @@ def sweep(k, n, m, bits, group, cfgs, rep=100):
     del qws
     torch.cuda.empty_cache()
     # peers: the Triton int8 GEMM (its own pick_config) and fp16 cuBLAS
-    lay8 = get_int8_layout(qw)
-    lays = [lay8] + [get_int8_layout(clone_qw(qw)) for _ in range(copies_for(lay8.codes.numel()) - 1)]
-    tt = graph_time([lambda L=L: a8_gemm(aq, sa, oa, su, L, False, None, -inf, inf, torch.float16, out=out)
-                     for L in lays], rep) * 1e6
-    del lays
-    torch.cuda.empty_cache()
+    if per_token:  # the Triton kernel takes activation scales per weight group only
+        tt = math.nan
+    else:
+        tt = triton_time(qw, aq, sa, oa, su, out, rep)
     ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies_for(n * k * 2))]
     tf = graph_time([lambda w=w: F.linear(x, w) for w in ws], rep) * 1e6
     del ws
@@ -86,10 +102,11 @@ def sweep(k, n, m, bits, group, cfgs, rep=100):
                 fp16_us=tf)
 
 
-def launch(m, k, n, bits, group, cfg):
+def launch(m, k, n, bits, group, per_token, cfg):
     qw = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02, bits=bits, group_size=group,
                          mode="sym")
-    aq, sa, _, _ = act_quant(torch.randn(m, k, device="cuda", dtype=torch.float16), k if group == -1 else group, "sym")
+    blk = k if group == -1 or per_token else group
+    aq, sa, _, _ = act_quant(torch.randn(m, k, device="cuda", dtype=torch.float16), blk, "sym")
     for _ in range(4):
         gemm_wgmma_a8(aq, sa, qw, None, -math.inf, math.inf, torch.float16, config=cfg)
     torch.cuda.synchronize()
@@ -106,7 +123,7 @@ def main():
     args = ap.parse_args()
     if args.launch:
         m, k, n, fmt, cfg = args.launch.split(",", 4)
-        launch(int(m), int(k), int(n), *FORMATS[fmt], json.loads(cfg))
+        launch(int(m), int(k), int(n), *fmt_spec(fmt), json.loads(cfg))
         return
     p = torch.cuda.get_device_properties(0)
     print(f"GPU {p.name}, torch {torch.__version__}", flush=True)
@@ -115,9 +132,9 @@ def main():
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
         for fmt in args.formats.split(","):
-            bits, group = FORMATS[fmt]
+            bits, group, per_token = fmt_spec(fmt)
             for m in (int(v) for v in args.ms.split(",")):
-                res.append(sweep(k, n, m, bits, group, cfgs))
+                res.append(sweep(k, n, m, bits, group, cfgs, per_token=per_token))
     if args.out:
         Path(args.out).write_text(json.dumps(dict(gpu=p.name, torch=torch.__version__, rows=res), indent=1))
 

@@ -33,6 +33,8 @@ declare -A SPEC=(
   [m1024_mid]='1024,4096,14336,{"BM":256,"NWG":2,"STAGES":5,"INFLIGHT":2,"SPLIT":1,"GROUP_M":8}'
   [a8_np1]='4096,8192,28672,w4g128,{"BM":128,"NWG":2,"STAGES":4,"KT":2,"NP":1}'
   [a8_np2]='4096,8192,28672,w4g128,{"BM":128,"NWG":2,"STAGES":4,"KT":2,"NP":2}'
+  [a8_ws]='4096,8192,28672,w4g128,{"BM":128,"NWG":2,"STAGES":4,"KT":2,"NP":1,"WS":1,"PP":1}'
+  [a8_ws_t]='4096,8192,28672,w4g128t,{"BM":128,"NWG":2,"STAGES":4,"KT":2,"NP":1,"WS":1,"PP":1}'
   [a8_pc]='4096,8192,28672,w4pc,{"BM":128,"NWG":2,"STAGES":4,"KT":2,"NP":1}'
   [m32_mid_fold]='32,4096,14336,{"BM":32,"NWG":2,"STAGES":4,"KT":4,"SPLIT":1,"GROUP_M":1,"FOLD":1}'
 )

@@ -53,6 +53,9 @@ COMPILE_CASES = [
     dict(A8_BITS=8, A8_OUT=2, A8_BM=128, A8_NWG=2, A8_STAGES=3, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0),
     dict(A8_BITS=8, A8_OUT=0, A8_BM=48, A8_NWG=2, A8_STAGES=4, A8_KT=4, A8_GT=1, A8_NP=2, A8_CVT=1),
     dict(A8_BITS=4, A8_OUT=0, A8_BM=64, A8_NWG=4, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0),
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=128, A8_NWG=2, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0, A8_WS=0),
+    dict(A8_BITS=8, A8_OUT=1, A8_BM=128, A8_NWG=2, A8_STAGES=3, A8_KT=2, A8_GT=2, A8_NP=1, A8_CVT=0, A8_AT=1),
+    dict(A8_BITS=4, A8_OUT=2, A8_BM=64, A8_NWG=1, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=2, A8_CVT=0, A8_AT=1),
 ]
 
 
@@ -74,8 +77,10 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _run(m, n, k, bits, gs, out_dtype=torch.float16, config=None, seed=0, bias=True, activation="relu6"):
-    """(kernel output, float64 reference on the same quantized operands)."""
+def _run(m, n, k, bits, gs, out_dtype=torch.float16, config=None, seed=0, bias=True, activation="relu6",
+         per_token=False):
+    """(kernel output, float64 reference on the same quantized operands); per_token: one activation scale per token
+    (act_quant block = K) over the grouped weight."""
     from mixgemm.epilogue import clamp_bounds
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
     from mixgemm.kernels.triton.act_quant import act_quant
@@ -83,7 +88,7 @@ def _run(m, n, k, bits, gs, out_dtype=torch.float16, config=None, seed=0, bias=T
     qw = _qw(n, k, bits, gs, seed, "cuda")
     x = (torch.randn(m, k, generator=_gen(seed + 1)) * 2).to("cuda", torch.float16)
     b = (torch.randn(n, generator=_gen(seed + 2)) * 0.5).to("cuda", out_dtype) if bias else None
-    blk, g = qw.config.groups(k)
+    blk = k if per_token else qw.config.groups(k)[0]
     aq, sa, _, _ = act_quant(x, blk, "sym")
     aq0, sa0 = aq.clone(), sa.clone()
     lo, hi = clamp_bounds(activation)
@@ -123,6 +128,8 @@ def test_gpu_matches_reference(bits, gs, m):
     dict(BM=48, NWG=2, STAGES=4, KT=4, NP=1, CVT=0, GROUP_M=3),
     dict(BM=16, NWG=1, STAGES=3, KT=2, NP=2, CVT=0),
     dict(BM=256, NWG=1, STAGES=3, KT=2, NP=1, CVT=0),
+    dict(BM=128, NWG=2, STAGES=3, KT=2, NP=1, CVT=0, WS=0),
+    dict(BM=96, NWG=2, STAGES=3, KT=4, NP=2, CVT=0, MINB=2),
 ])
 @pytest.mark.parametrize("bits,gs", [(4, 128), (8, 128), (4, 256), (8, -1)])
 def test_gpu_tile_options(cfg, bits, gs):
@@ -145,6 +152,20 @@ def test_gpu_tile_options(cfg, bits, gs):
 
 @needs_sm90
 @pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs", [(4, 128), (8, 128), (4, 256)])
+@pytest.mark.parametrize("m", [3, 129, 300])
+def test_gpu_per_token_activation_scales(bits, gs, m):
+    """sa [M, 1] (one activation scale per token) over a grouped weight: the fold uses sW only, sA in the epilogue."""
+    for out_dtype, tol in _TOL.items():
+        y, ref = _run(m, 264, 1024, bits, gs, out_dtype, seed=m + gs, per_token=True)
+        assert _rel(y, ref) < tol, (out_dtype, _rel(y, ref))
+    y, ref = _run(200, 1000, 2048, bits, gs, torch.float16, config=dict(BM=64, NWG=1, STAGES=3, KT=4, NP=2),
+                  per_token=True)
+    assert _rel(y, ref) < 1e-3
+
+
+@needs_sm90
+@pytest.mark.gpu
 def test_gpu_large_k_no_bias():
     y, ref = _run(64, 384, 8192, 4, 128, torch.bfloat16, bias=False, activation=None)
     assert _rel(y, ref) < 1e-2
@@ -157,7 +178,7 @@ def test_gpu_large_k_no_bias():
 @pytest.mark.parametrize("bits,gs", [(4, 128), (8, 256), (4, -1)])
 def test_gpu_dispatch_through_matmul_a8(bits, gs):
     """M >= WGMMA_A8_MIN_M takes this kernel (the runner too); the result matches the float64 reference and the
-    Triton kernel that it replaces. int8 per-channel stays on Triton."""
+    Triton kernel that it replaces."""
     from mixgemm.formats.activation import quantize_activation
     from mixgemm.ops import int8 as ops
 
@@ -183,13 +204,17 @@ def test_gpu_dispatch_through_matmul_a8(bits, gs):
 
 @needs_sm90
 @pytest.mark.gpu
-def test_gpu_int8_per_channel_stays_on_triton():
+def test_gpu_int8_per_channel_dispatch():
+    """int8 per-channel: the CUDA kernel for 128 <= M < WGMMA_A8_W8_PER_CHANNEL_MAX_M, the Triton kernel above."""
     from mixgemm.ops import int8 as ops
 
     qw = _qw(256, 1024, 8, -1, 3, "cuda")
-    x = torch.randn(300, 1024, device="cuda", dtype=torch.float16)
-    ops.matmul_a8(x, qw)
+    x = torch.randn(ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M, 1024, device="cuda", dtype=torch.float16)
+    y = ops.matmul_a8(x, qw)
     assert "wgmma_a8_v1" not in qw._layouts
+    y2 = ops.matmul_a8(x[:300], qw)
+    assert "wgmma_a8_v1" in qw._layouts
+    assert _rel(y2, y[:300]) < 1e-3
 
 
 @needs_sm90
@@ -204,7 +229,11 @@ def test_gpu_errors():
     with pytest.raises(ValueError, match="int8"):
         gemm_wgmma_a8(aq.float(), sa, qw, None, -inf, inf, torch.float16)
     with pytest.raises(ValueError, match="sa must be float32"):
-        gemm_wgmma_a8(aq, sa[:, :1], qw, None, -inf, inf, torch.float16)
+        gemm_wgmma_a8(aq, torch.rand(5, 3, device="cuda"), qw, None, -inf, inf, torch.float16)
+    with pytest.raises(ValueError, match="bad int8 wgmma tile"):  # the producer's registers go to NWG 2 consumers
+        gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=dict(NWG=2, MINB=2, WS=1))
+    with pytest.raises(ValueError, match="bad int8 wgmma tile"):
+        gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=dict(NWG=4, BM=64, WS=1))
     with pytest.raises(ValueError, match="shape mismatch"):
         gemm_wgmma_a8(aq[:, :128], sa, qw, None, -inf, inf, torch.float16)
     with pytest.raises(ValueError, match="bad int8 wgmma tile"):

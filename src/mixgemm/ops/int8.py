@@ -46,18 +46,21 @@ def _a8_gemv_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, confi
     return gemv_a8.supported(x2.shape[0], x2, qweight, act_mode)
 
 
-# M from which sym x sym calls with a ``wgmma_a8_v1`` weight (sym int4 / int8 with group 128 / 256, sym int4
-# per-channel) take the CUDA int8 wgmma GEMM (mixgemm.kernels.cuda.gemm_wgmma_a8) instead of the Triton kernel;
-# None: never. int8 per-channel stays on Triton: its persistent TMA kernel measured 1.75x fp16 cuBLAS against the CUDA
-# kernel's 1.43x (H200, 8192x28672, M = 4096, benchmarks/int8_notes.md).
+# M from which sym x sym calls with a ``wgmma_a8_v1`` weight (sym int4 / int8 with group 128 / 256, per-channel)
+# take the CUDA int8 wgmma GEMM (mixgemm.kernels.cuda.gemm_wgmma_a8) instead of the Triton kernel; None: never.
 WGMMA_A8_MIN_M: int | None = 128
+# int8 per-channel weights go back to the Triton kernel from this M: its persistent TMA kernel measured 820 / 6465 us
+# against the CUDA kernel's 893 / 7271 us at M = 2048 / 16384 on 8192x28672 (a tie on 28672x8192), while below it the
+# CUDA kernel wins: 81 vs 160 us at M = 128, a tie at 512 (H200, results/gemm_wgmma_a8_cross_s9_h200.json).
+WGMMA_A8_W8_PER_CHANNEL_MAX_M = 1024
 
 
 def _wgmma_a8_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, config: dict | None) -> bool:
     """True when the CUDA int8 wgmma GEMM takes this call (sm_90, sym x sym, large M, no explicit Triton config)."""
     if WGMMA_A8_MIN_M is None or config is not None or not x2.is_cuda or x2.shape[0] < WGMMA_A8_MIN_M:
         return False
-    if qweight.bits == 8 and qweight.config.group_size == PER_CHANNEL:
+    if (qweight.bits == 8 and qweight.config.group_size == PER_CHANNEL
+            and x2.shape[0] >= WGMMA_A8_W8_PER_CHANNEL_MAX_M):
         return False
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import wgmma_a8_supported
 

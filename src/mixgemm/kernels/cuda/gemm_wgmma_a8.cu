@@ -6,19 +6,21 @@
 // acc += sW * sA * float(partial) in fp32 -- in one kernel, inside the K loop (issue #6: no GEMM launch + atomic
 // accumulate per block).
 // Why CUDA and not Triton: Triton 3.6 waits for each wgmma before the per-group fold (its int32 result must leave the
-// tensor core), so fold and MMA never overlap in a warpgroup; the Triton kernel measured 0.73-0.84x of fp16 cuBLAS
-// for W4A8 g128 at M >= 2048 on H200 (benchmarks/int8_notes.md) against the issue's 1.5x. Here the next group's
-// wgmmas are queued before the previous group's fold (A8_NP 2: two alternating int32 partials), so the fold's CUDA-core
-// work runs under the tensor-core work of the same warpgroup.
+// tensor core) and cannot specialize warps by hand; the Triton kernel measured 0.73-0.84x of fp16 cuBLAS for W4A8 g128
+// at M >= 2048 on H200 (benchmarks/int8_notes.md) against the issue's 1.5x.
 //
-// CTA = NWG warpgroups x 64 weight rows (a warp: one 16-row tile) times BM tokens (the wgmma N). NWG 4 (BM 64:
-// 4 warps per scheduler instead of 2, the same L2 bytes per MAC as 2 x 128) measured no faster (H200, W4 g128
-// 8192x28672 M = 4096: 2750 vs 2537 us). K in 128-k tiles
-// (128 activation bytes per token = one swizzle row), KT of them per stage of a STAGES-deep ring filled by one thread
-// (TMA for the activations, bulk copies for the weights, their fp32 dot scales and the activation scales), landing
-// on one mbarrier per stage. A stage is refilled two stages after it was read: its wgmmas are complete at the next
-// k-tile's wait_group 0, its scales are read by the fold during the next k-tile, and the CTA barrier of the stage
-// after proves every warpgroup is past both.
+// CTA = NWG consumer warpgroups x 64 weight rows (a warp: one 16-row tile) times BM tokens (the wgmma N), plus (A8_WS)
+// one producer warpgroup. K in 128-k tiles (128 activation bytes per token = one swizzle row), KT of them per stage of
+// a STAGES-deep ring: TMA for the activations, bulk copies for the weights, their fp32 dot scales and the activation
+// scales, landing on one full mbarrier per stage.
+// A8_WS 1 (the default for NWG 1 / 2): one producer thread refills a stage as soon as every consumer warp has arrived
+// on its empty mbarrier (after the next stage's first wait_group 0 and fold: its wgmmas and scale reads are done);
+// the warpgroups run free of each other. NWG 2: the producer warpgroup gives its registers to the consumers
+// (setmaxnreg 40 / 232). Measured against A8_WS 0 (thread 0 refills a stage two stages after it was read, a CTA
+// barrier per stage), H200, 8192x28672, M = 4096: W4 g128 2829 -> 2351 us, W4 per-channel 1608 -> 1571 us.
+// Also measured and not kept (the same runs, benchmarks/int8_notes.md "Session 9"): the warpgroups queueing their
+// k-tiles' wgmmas in strict turn (named barriers) 2361 us; the tensor pipe held by one warpgroup at a time, the other
+// folding meanwhile, 2626 us.
 // Groups of 128 (A8_GT 1) or 256 (2) k, or per-channel (A8_GT 0: one int32 sum over all of K, converted once in the
 // epilogue). Exactness: a group's partial is a sum of <= 256 products (16 c) * a with |16 c| <= 128, |a| <= 127:
 // below 2^22, so float(partial) is exact in either conversion.
@@ -57,6 +59,16 @@
 #ifndef A8_CVT
 #define A8_CVT 0
 #endif
+// A8_WS 1: warp-specialized -- one extra producer warp fills the ring, consumers release each stage on its own empty
+// mbarrier; 0: thread 0 of the consumers fills it and a CTA barrier per stage proves a stage free
+#ifndef A8_WS
+#define A8_WS (A8_NWG == 1 || (A8_NWG == 2 && A8_MINB == 1))
+#endif
+// A8_AT 1 (grouped weights): the activations have one scale per token (act_quant block = K), applied in the epilogue;
+// the fold is then acc += sW * float(partial), 2 instructions per element instead of 3
+#ifndef A8_AT
+#define A8_AT 0
+#endif
 #ifndef A8_GROUP_M
 #define A8_GROUP_M 8
 #endif
@@ -70,13 +82,22 @@ using namespace mgw;
 
 constexpr int BITS = A8_BITS, OUT = A8_OUT, BM = A8_BM, NWG = A8_NWG, STAGES = A8_STAGES, KT = A8_KT, GT = A8_GT;
 constexpr int NP = A8_NP;
-constexpr bool PC = GT == 0;  // per-channel weights and per-token activation scales
-constexpr int WARPS = 4 * NWG, THREADS = 128 * NWG;
+constexpr bool PC = GT == 0;    // per-channel weights and per-token activation scales
+constexpr bool AT = PC || A8_AT;  // per-token activation scales (in the epilogue)
+constexpr bool WS = A8_WS;
+// WS: warpgroup NWG produces (one thread issues the copies). NWG 2: it gives its registers to the consumers
+// (setmaxnreg 40 / 232: 384 threads would otherwise cap every thread at 168, and the consumers' BM / 2 fp32
+// accumulators + BM / 2 int32 partials + A fragments then spill, which also serializes the wgmmas)
+constexpr int WARPS = 4 * NWG, THREADS = 128 * NWG + (WS ? 128 : 0);
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+constexpr bool REALLOC = WS && NWG == 2;
+static_assert(!WS || NWG == 1 || (NWG == 2 && A8_MINB == 1),
+              "A8_WS: NWG 1, or NWG 2 with one CTA per SM (the consumers take the producer's registers)");
 constexpr int TB = BITS == 4 ? 1024 : 2048;  // weight bytes of one 16-row x 128-k tile
 constexpr int X_BYTES = KT * BM * 128;        // KT swizzle atoms of BM tokens x 128 k
 constexpr int W_BYTES = KT * WARPS * TB;      // [KT][WARPS][TB]
 constexpr int SW_BYTES = PC ? 0 : KT * WARPS * 64;  // [KT][WARPS][16] fp32 dot scales of the k-tile's group
-constexpr int SA_BYTES = PC ? 0 : KT * BM * 4;      // [KT][BM] fp32 activation scales of the k-tile's group
+constexpr int SA_BYTES = PC ? 0 : KT * BM * 4;      // [KT][BM] fp32 activation scales of the k-tile's group (unused: AT)
 constexpr int STAGE = (X_BYTES + W_BYTES + SW_BYTES + SA_BYTES + 1023) / 1024 * 1024;
 static_assert(BITS == 4 || BITS == 8, "A8_BITS is 4 or 8");
 static_assert(NWG == 1 || NWG == 2 || NWG == 4, "A8_NWG is 1, 2 or 4");
@@ -125,28 +146,30 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   const int nst = (Kt + KT - 1) / KT;
   const int blk = rt0 >> 3, nblk = (Nt + 7) >> 3;  // first 8-tile block of the CTA, blocks stored
 
-  __shared__ __align__(8) u64 full_bar[STAGES];  // stage s's bytes have landed (phase flips per use)
+  __shared__ __align__(8) u64 full_bar[STAGES];   // stage s's bytes have landed (phase flips per use)
+  __shared__ __align__(8) u64 empty_bar[STAGES];  // WS: every consumer warp is done with stage s
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < STAGES; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(smem_addr(&full_bar[s]), 1);
+      if (WS) mbar_init(smem_addr(&empty_bar[s]), WARPS);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
   const int sa_rows = min(BM, ldsa - m0);  // activation scales of the tile that exist (x 4 bytes: a multiple of 16)
-  u32 st_issue = sbase;
-  int slot_issue = 0;
-  auto issue = [&](int sg) {  // stage sg: k-tiles KT sg .. into st_issue (thread 0)
-    if (sg < nst && tid == 0) {
+  auto issue = [&](int sg, int slot_issue, u32 st_issue) {  // stage sg: k-tiles KT sg .. into ring slot slot_issue
+    {
       const u32 bar = smem_addr(&full_bar[slot_issue]);
       const int ks = sg * KT, tiles = min(KT, Kt - ks);
       const int segs = min(SEGS, nblk - blk);  // NWG 4 on the last block: its second segment is not stored
-      mbar_expect_tx(bar, tiles * (BM * 128 + (PC ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))));
+      mbar_expect_tx(bar, tiles * (BM * 128 + (AT ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))));
 #pragma unroll
       for (int j = 0; j < KT; ++j)
         if (j < tiles) {
           tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 128, m0, bar);
-          if (!PC)
+          if (!AT)
             bulk_copy(st_issue + X_BYTES + W_BYTES + SW_BYTES + j * BM * 4, SA + (size_t)(ks + j) / GT * ldsa + m0,
                       sa_rows * 4, bar);
         }
@@ -171,11 +194,20 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
         }
       }
     }
-    if (sg < nst) {
-      slot_issue = slot_issue + 1 == STAGES ? 0 : slot_issue + 1;
-      st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
-    }
   };
+
+  if (WS && warp >= WARPS) {  // the producer: stage sg into slot sg % STAGES once its last use is released
+    if (REALLOC) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
+    if (warp == WARPS && lane == 0)
+      for (int sg = 0, slot = 0; sg < nst; ++sg) {
+        if (sg >= STAGES) mbar_wait(smem_addr(&empty_bar[slot]), (sg / STAGES - 1) & 1);
+        issue(sg, slot, sbase + slot * STAGE);
+        slot = slot + 1 == STAGES ? 0 : slot + 1;
+      }
+    return;
+  }
+  if (REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+  const int wg = warp >> 2;
 
   float acc[PC ? 1 : BM / 2];
 #pragma unroll
@@ -189,6 +221,11 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   auto fold = [&](auto bc) {
     constexpr int b = decltype(bc)::value;
     const float sw0 = prev_sw[warp * 16 + g], sw1 = prev_sw[warp * 16 + g + 8];
+    if (AT) {
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) acc[i] = fmaf((float)part[b][i], (i & 2) ? sw1 : sw0, acc[i]);
+      return;
+    }
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
       const float2 sa = *(const float2*)(prev_sa + 8 * j + 2 * t);
@@ -206,7 +243,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   };
 
   u32 st_read = sbase;
-  int slot_read = 0;
+  int slot_read = 0, slot_prev = 0;
   u32 phase = 0;
 
   // k-tile i (= j of the stage being read): its A fragments, then its four k32 wgmmas as one group
@@ -251,22 +288,29 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     if constexpr (NP == 2 && FIRST) {
       if (i > 0) fold(IC<1 - B>{});  // under this group's wgmmas
     }
+    if (WS && j == 0 && i > 0) {
+      // the last stage is done: its wgmmas completed at the wait above and the fold that read its scales ran
+      __syncwarp();
+      if (lane == 0) mbar_arrive(smem_addr(&empty_bar[slot_prev]));
+    }
     if (!PC) {
       prev_sw = (const float*)(stg + X_BYTES + W_BYTES + j * WARPS * 64);
       prev_sa = (const float*)(stg + X_BYTES + W_BYTES + SW_BYTES + j * BM * 4);
     }
   };
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 2; ++s) issue(s);
-  // (Per-stage empty mbarriers instead of the CTA barrier, so that the warpgroups drift apart and one folds while the
-  // other's wgmmas run, measured 19% slower: 2537 -> 3014 us, W4 g128 8192x28672 M = 4096, H200.)
+  if (!WS && tid == 0)
+    for (int s = 0; s < STAGES - 2 && s < nst; ++s) issue(s, s, sbase + s * STAGE);
   for (int sg = 0; sg < nst; ++sg) {
     mbar_wait(smem_addr(&full_bar[slot_read]), phase);  // stage sg's bytes have landed
+    const int slot_now = slot_read;
     slot_read = slot_read + 1 == STAGES ? 0 : slot_read + 1;
     phase ^= slot_read == 0;
-    __syncthreads();  // every warpgroup is past stage sg - 1 (its wgmmas and the fold that read stage sg - 2)
-    issue(sg + STAGES - 2);
+    if (!WS) {
+      __syncthreads();  // every warpgroup is past stage sg - 1 (its wgmmas and the fold that read stage sg - 2)
+      const int sn = sg + STAGES - 2, slot = sn % STAGES;
+      if (sn < nst && tid == 0) issue(sn, slot, sbase + slot * STAGE);
+    }
     auto run = [&](auto jc) {
       constexpr int j = decltype(jc)::value;
       if constexpr (j < KT) {
@@ -275,6 +319,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
       }
     };
     run(IC<0>{}), run(IC<1>{}), run(IC<2>{}), run(IC<3>{});
+    slot_prev = slot_now;
     st_read = st_read + STAGE == sbase + STAGES * STAGE ? sbase : st_read + STAGE;
   }
   wg_wait<0>();
@@ -297,12 +342,12 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     for (int c = 0; c < 2; ++c) {
       const int m = m0 + 8 * j + 2 * t + c;
       if (m >= M) continue;
-      const float sa = PC ? SA[m] : 0.f;
+      const float sa = AT ? SA[m] : 0.f;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int n = nb + 8 * h, i = 4 * j + 2 * h + c;
         if (n < N) {
-          const float v = PC ? (float)part[0][i] * sa * pw[h] : acc[i];
+          const float v = PC ? (float)part[0][i] * sa * pw[h] : AT ? acc[i] * sa : acc[i];
           store_output<OUT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
         }
       }

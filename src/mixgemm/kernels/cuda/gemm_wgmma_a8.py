@@ -4,7 +4,8 @@
 ``clamp(sum_g sA[:, g] * (aq_g @ c_g.T) * sW[:, g] + bias, lo, hi)``:
 
 * aq: int8 [M, K] activation codes (``act_quant(x, group, "sym")``), unit stride along K, row stride a multiple
-  of 16 bytes, on an sm_90 GPU. sa: float32 [M, G] their per-token, per-group scales.
+  of 16 bytes, on an sm_90 GPU. sa: float32 [M, G] their per-token, per-group scales, or [M, 1] one scale per
+  token (``act_quant(x, K, "sym")``; over a grouped weight the fold is then sW * partial only, sA in the epilogue).
 * qw: a QuantizedWeight [N, K] with ``a8_layout_supported(qw)``: mode "sym", 4 or 8 bits, group 128, 256 or
   per-channel (then G = 1). Its ``wgmma_a8_v1`` layout is built on first use and cached.
 * bias: None or float16 / bfloat16 / float32 [N]; lo, hi: output clamp (may be +-inf).
@@ -13,7 +14,8 @@
   (warpgroups of 64 weight rows: 1, 2, 4), MINB (CTAs per SM the registers must allow), STAGES (ring depth >= 3),
   KT (128-k tiles per stage: 2, 4; a multiple of NP x the group's 128-k tiles), NP (int32 partials: 2 = fold under
   the next group's wgmmas, 1 = before them), CVT (0: cvt.rn.f32.s32, 1: magic number), GROUP_M (m-tiles rastered
-  together).
+  together), WS (1: a producer warpgroup and per-stage empty barriers, the default for NWG 1 and for NWG 2 with
+  MINB 1; 0: thread 0 refills and a CTA barrier per stage).
 * Returns [M, N] in out_dtype (float16 / bfloat16 / float32), or writes ``out``. Launched on the current stream,
   no host synchronization; allocates the output (unless given) and a transposed copy of sa [G, M_pad].
 """
@@ -33,7 +35,7 @@ from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT, swizzled_tensor_map
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS")
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 
@@ -77,9 +79,9 @@ def _check(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias, out_dt
         raise ValueError(f"the int8 wgmma GEMM takes sym int4 / int8 weights with group 128, 256 or per-channel, got "
                          f"mode={qw.mode!r} bits={qw.bits} group_size={qw.config.group_size}")
     g = qw.config.groups(qw.in_features)[1]
-    if sa.dtype != torch.float32 or tuple(sa.shape) != (aq.shape[0], g) or sa.device != aq.device:
-        raise ValueError(f"sa must be float32 [M, G] = {(aq.shape[0], g)} on {aq.device}, got {sa.dtype} "
-                         f"{tuple(sa.shape)} on {sa.device}")
+    if sa.dtype != torch.float32 or sa.shape not in ((aq.shape[0], g), (aq.shape[0], 1)) or sa.device != aq.device:
+        raise ValueError(f"sa must be float32 [M, G] = {(aq.shape[0], g)} (per group) or [M, 1] (per token) on "
+                         f"{aq.device}, got {sa.dtype} {tuple(sa.shape)} on {sa.device}")
     if out_dtype not in _OUT:
         raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
     if bias is not None and (bias.dtype not in _BIAS or tuple(bias.shape) != (qw.out_features,)):
@@ -104,26 +106,29 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
     cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits)
     bm, nwg, stages, kt = (int(cfg.get(key, d)) for key, d in (("BM", 128), ("NWG", 2), ("STAGES", 4), ("KT", 2)))
-    np_, cvt, group_m = int(cfg.get("NP", 2)), int(cfg.get("CVT", 0)), int(cfg.get("GROUP_M", 8))
+    np_, cvt, group_m = int(cfg.get("NP", 1)), int(cfg.get("CVT", 0)), int(cfg.get("GROUP_M", 8))
     minb = int(cfg.get("MINB", 1))
+    ws = int(cfg.get("WS", int(nwg == 1 or (nwg == 2 and minb == 1))))
     gt = 0 if lay.per_channel else lay.group_size // 128
     if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (2, 4)
             or stages < 3 or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1 or kt % (np_ * max(gt, 1))
-            or (gt and bm > 128)):
+            or (gt and bm > 128) or ws not in (0, 1) or (ws and (nwg == 4 or (nwg == 2 and minb != 1)))):
         raise ValueError(f"bad int8 wgmma tile {cfg}: BM 16..256 (multiple of 16; <= 128 for groups), NWG 1, 2, 4, "
                          "KT 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3, NP 1 or 2, CVT 0 or 1, "
-                         "GROUP_M >= 1, MINB 1..3")
+                         "GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1)")
     smem = stages * stage_bytes(bm, nwg, lay.bits, kt, lay.per_channel) + 1024
     if smem > SMEM_LIMIT:
         raise ValueError(f"int8 wgmma tile {cfg} needs {smem} bytes of shared memory (limit {SMEM_LIMIT})")
     # activation scales transposed to [G, M_pad] (M_pad % 4 == 0): one bulk copy per (group, m-tile) in the kernel
     ldsa = -(-m // 4) * 4
-    sat = torch.empty(lay.num_groups, ldsa, dtype=torch.float32, device=aq.device)
+    at = int(sa.shape[1] == 1 and lay.num_groups > 1)  # per-token activation scales over grouped weights
+    sat = torch.empty(sa.shape[1], ldsa, dtype=torch.float32, device=aq.device)
     sat[:, :m].copy_(sa.T)
     if bias is not None:
         bias = bias.contiguous()
     defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
-            "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb}
+            "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb,
+            "A8_WS": ws, "A8_AT": at}
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, aq.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
     xmap = swizzled_tensor_map(aq, 128, bm)  # 128 k (bytes) x BM rows
@@ -140,6 +145,7 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
         (ctypes.c_ubyte * 128).from_address(xmap.getPtr()),
     ]
     with torch.cuda.device(aq.device):
-        nvrtc.launch(fn, (tiles, 1, 1), (128 * nwg, 1, 1), args, torch.cuda.current_stream(aq.device).cuda_stream,
-                     smem)
+        # WS: one more warpgroup, the producer
+        nvrtc.launch(fn, (tiles, 1, 1), (128 * (nwg + ws), 1, 1), args,
+                     torch.cuda.current_stream(aq.device).cuda_stream, smem)
     return y
