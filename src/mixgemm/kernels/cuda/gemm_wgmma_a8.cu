@@ -59,8 +59,8 @@
 #ifndef A8_CVT
 #define A8_CVT 0
 #endif
-// A8_WS 1: warp-specialized -- one extra producer warp fills the ring, consumers release each stage on its own empty
-// mbarrier; 0: thread 0 of the consumers fills it and a CTA barrier per stage proves a stage free
+// A8_WS 1: warp-specialized -- one extra producer warpgroup fills the ring, consumers release each stage on its own
+// empty mbarrier; 0: thread 0 of the consumers fills it and a CTA barrier per stage proves a stage free
 #ifndef A8_WS
 #define A8_WS (A8_NWG == 1 || (A8_NWG == 2 && A8_MINB == 1))
 #endif
@@ -160,38 +160,36 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
 
   const int sa_rows = min(BM, ldsa - m0);  // activation scales of the tile that exist (x 4 bytes: a multiple of 16)
   auto issue = [&](int sg, int slot_issue, u32 st_issue) {  // stage sg: k-tiles KT sg .. into ring slot slot_issue
-    {
-      const u32 bar = smem_addr(&full_bar[slot_issue]);
-      const int ks = sg * KT, tiles = min(KT, Kt - ks);
-      const int segs = min(SEGS, nblk - blk);  // NWG 4 on the last block: its second segment is not stored
-      mbar_expect_tx(bar, tiles * (BM * 128 + (AT ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))));
+    const u32 bar = smem_addr(&full_bar[slot_issue]);
+    const int ks = sg * KT, tiles = min(KT, Kt - ks);
+    const int segs = min(SEGS, nblk - blk);  // NWG 4 on the last block: its second segment is not stored
+    mbar_expect_tx(bar, tiles * (BM * 128 + (AT ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))));
 #pragma unroll
-      for (int j = 0; j < KT; ++j)
-        if (j < tiles) {
-          tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 128, m0, bar);
-          if (!AT)
-            bulk_copy(st_issue + X_BYTES + W_BYTES + SW_BYTES + j * BM * 4, SA + (size_t)(ks + j) / GT * ldsa + m0,
-                      sa_rows * 4, bar);
-        }
+    for (int j = 0; j < KT; ++j)
+      if (j < tiles) {
+        tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 128, m0, bar);
+        if (!AT)
+          bulk_copy(st_issue + X_BYTES + W_BYTES + SW_BYTES + j * BM * 4, SA + (size_t)(ks + j) / GT * ldsa + m0,
+                    sa_rows * 4, bar);
+      }
 #pragma unroll
-      for (int sgm = 0; sgm < SEGS; ++sgm) {
-        if (sgm >= segs) continue;
-        const char* wsrc = W + (((size_t)(blk + sgm) * Kt + ks) * 8 + (rt0 & 7)) * TB;
-        const u32 wdst = st_issue + X_BYTES + sgm * KT * SEGW * TB;
-        if (SEGW == 8) {
-          bulk_copy(wdst, wsrc, tiles * 8 * TB, bar);  // the k-tiles' 8-tile blocks are contiguous
-        } else {
+    for (int sgm = 0; sgm < SEGS; ++sgm) {
+      if (sgm >= segs) continue;
+      const char* wsrc = W + (((size_t)(blk + sgm) * Kt + ks) * 8 + (rt0 & 7)) * TB;
+      const u32 wdst = st_issue + X_BYTES + sgm * KT * SEGW * TB;
+      if (SEGW == 8) {
+        bulk_copy(wdst, wsrc, tiles * 8 * TB, bar);  // the k-tiles' 8-tile blocks are contiguous
+      } else {
 #pragma unroll
-          for (int j = 0; j < KT; ++j)
-            if (j < tiles) bulk_copy(wdst + j * SEGW * TB, wsrc + (size_t)j * 8 * TB, SEGW * TB, bar);
-        }
-        if (!PC) {
+        for (int j = 0; j < KT; ++j)
+          if (j < tiles) bulk_copy(wdst + j * SEGW * TB, wsrc + (size_t)j * 8 * TB, SEGW * TB, bar);
+      }
+      if (!PC) {
 #pragma unroll
-          for (int j = 0; j < KT; ++j)
-            if (j < tiles)
-              bulk_copy(st_issue + X_BYTES + W_BYTES + (j * WARPS + sgm * SEGW) * 64,
-                        P + (((size_t)(blk + sgm) * G + (ks + j) / GT) * 8 + (rt0 & 7)) * 16, SEGW * 64, bar);
-        }
+        for (int j = 0; j < KT; ++j)
+          if (j < tiles)
+            bulk_copy(st_issue + X_BYTES + W_BYTES + (j * WARPS + sgm * SEGW) * 64,
+                      P + (((size_t)(blk + sgm) * G + (ks + j) / GT) * 8 + (rt0 & 7)) * 16, SEGW * 64, bar);
       }
     }
   };
@@ -207,7 +205,6 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     return;
   }
   if (REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-  const int wg = warp >> 2;
 
   float acc[PC ? 1 : BM / 2];
 #pragma unroll
