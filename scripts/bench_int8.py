@@ -89,26 +89,29 @@ def check(x, qw, act_mode, y, rows=64, act_block=None) -> float:
     return float((y[:r].double() - ref).norm() / ref.norm())
 
 
-def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peers=True, rep=200):
-    """One protocol row: mixgemm (act quant + GEMM) vs fp16 F.linear and torch._int_mm."""
+def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peers=True, rep=200, act_block="group"):
+    """One protocol row: mixgemm (act quant + GEMM) vs fp16 F.linear and torch._int_mm; act_block "token": one
+    activation scale per token (matmul_a8's act_block)."""
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
     qw0 = quantize_weight(w, bits=bits, group_size=group, mode=mode)
     del w
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     lay0 = get_int8_layout(qw0)
-    run0 = make_a8_runner(x, qw0, act_mode, config=config)
-    err = check(x, qw0, act_mode, run0())
+    run0 = make_a8_runner(x, qw0, act_mode, config=config, act_block=act_block)
+    blk = k if act_block == "token" else group
+    err = check(x, qw0, act_mode, run0(), act_block=blk)
     c = copies_for(lay_bytes(lay0))
     qws = [qw0] + [clone_qw(qw0) for _ in range(c - 1)]
-    runs = [run0] + [make_a8_runner(x, q, act_mode, config=config) for q in qws[1:]]
+    runs = [run0] + [make_a8_runner(x, q, act_mode, config=config, act_block=act_block) for q in qws[1:]]
     t = graph_time(runs, rep)
     te = eager_time(runs)
-    row = dict(k=k, n=n, m=m, bits=bits, group=group, act=act_mode, us=t * 1e6, eager_us=te * 1e6, err=err, C=c)
+    row = dict(k=k, n=n, m=m, bits=bits, group=group, act=act_mode + ("/token" if act_block == "token" else ""),
+               us=t * 1e6, eager_us=te * 1e6, err=err, C=c)
     del runs, qws, run0
     torch.cuda.empty_cache()
     # activation quantization alone (included above)
-    q = act_quant(x, group, act_mode)
-    row["actq_us"] = do_bench(lambda: act_quant(x, group, act_mode, out=q), warmup=10, rep=50,
+    q = act_quant(x, blk, act_mode)
+    row["actq_us"] = do_bench(lambda: act_quant(x, blk, act_mode, out=q), warmup=10, rep=50,
                               return_mode="median") * 1e3
     if peers:
         cc = copies_for(n * k * 2)
@@ -141,7 +144,7 @@ def print_rows(rows, bw, top8):
     for r in rows:
         fl = floor_us(r["k"], r["n"], r["m"], r["bits"], r["group"], bw, top8)
         f16 = r.get("fp16_us", float("nan"))
-        fmt = f"W{r['bits']}A8 g{r['group']} {r['act'][:2]}"
+        fmt = f"W{r['bits']}A8 g{r['group']} {r['act'][:2]}" + ("tk" if r["act"].endswith("token") else "")
         print(f"{r['k']:>5}x{r['n']:<6} {r['m']:>5} {fmt:>12} "
               f"{r['us']:9.1f} {r['eager_us']:9.1f} {r['actq_us']:7.1f} {f16:9.1f} {f16 / r['us']:6.2f} "
               f"{r.get('intmm_us', float('nan')):9.1f} {100 * fl / r['us']:5.0f}% {r['err']:8.1e} {r['C']}",
@@ -190,6 +193,7 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--accept", action="store_true")
     ap.add_argument("--ms", default="1,16,256,2048,4096,16384")
+    ap.add_argument("--token", action="store_true", help="--accept: the W4A8 g128 rows with per-token activations only")
     args = ap.parse_args()
     p = torch.cuda.get_device_properties(0)
     import triton
@@ -270,7 +274,14 @@ def main():
             print("BEST W8A8 M=1", k, n, r[:3], flush=True)
             if r:
                 best[("w8m1", k)] = r[0][1]
-    if args.accept:
+    if args.accept and args.token:
+        rows = []
+        for k, n in ACCEPT_SHAPES:
+            for m in (1, 2048, 4096, 16384):
+                rows.append(bench_a8(k, n, m, 4, 128, rep=100, act_block="token"))
+                print_rows(rows[-1:], bw, top8)
+        print_rows(rows, bw, top8)
+    elif args.accept:
         rows = []
         for ms in ((2048, 4096), (16384,)):
             for k, n in ACCEPT_SHAPES:

@@ -157,6 +157,11 @@ def _instantiations(full: bool = True):
             u = 4 if g == 0 else max(1, min(4, g // ch))
             out.append({"A8_BITS": bits, "A8_XT": xt, "A8_M": 1, "A8_G": g, "A8_U": u, "A8_R": cfg["R"],
                         "A8_RG": cfg["NW"] // cfg["KS"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"]})
+    # per-token activation scales over grouped weights (act_block "token")
+    for bits, g, mb, xt in itertools.product((4, 8), (32, 128, 256), mbs, (0, 1, 2) if full else (0,)):
+        u = max(1, min(4, g // CHUNK_K[bits]))
+        out.append({"A8_BITS": bits, "A8_XT": xt, "A8_M": mb, "A8_G": g, "A8_U": u, "A8_R": ga.ROWS_PER_WARP[mb],
+                    "A8_RG": 8, "A8_KS": 1, "A8_PF": 0, "A8_AT": 1})
     return out
 
 
@@ -178,8 +183,8 @@ def test_choose_config():
 # ----------------------------------------------------------------------------------------------- GPU
 
 
-def _ref(x, qw, act, bias, lo, hi):
-    a = quantize_activation(x.float().cpu(), qw.group_size, act)
+def _ref(x, qw, act, bias, lo, hi, per_token=False):
+    a = quantize_activation(x.float().cpu(), -1 if per_token else qw.group_size, act)
     y = block_int_gemm(a, qw.to("cpu"))
     if bias is not None:
         y = y + bias.double().cpu()[None, :]
@@ -275,6 +280,28 @@ def test_gemv_a8_codes_exact(group, act, xdt):
     ref = _ref(x, qw, act, None, float("-inf"), float("inf"))
     tol = 1e-5 * ref.abs() + 1e-6 * ref.abs().amax(1, keepdim=True)  # per-row: asym terms may cancel
     assert bool(((y - ref).abs() <= tol).all()), float((y - ref).abs().max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group,mode", [(4, 128, "sym"), (4, 32, "zero_point"), (8, 256, "offset"),
+                                             (4, 256, "sym"), (8, 64, "sym")])
+@pytest.mark.parametrize("act", ["sym", "asym"])
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_gemv_a8_per_token(bits, group, mode, act, m):
+    """act_block "token": one activation scale per token over grouped weights (A8_AT), every dtype."""
+    g = _gen(bits * 31 + group + m + (act == "asym"))
+    n, k = 517, 2048
+    qw = quantize_weight((torch.randn(n, k, generator=g) * 0.02).cuda(), bits=bits, group_size=group, mode=mode)
+    for xdt, odt in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)):
+        x = (torch.randn(m, k, generator=g) * torch.linspace(0.1, 3, k)).to(xdt).cuda()
+        y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), odt, per_token=True)
+        ref = _ref(x, qw, act, None, float("-inf"), float("inf"), per_token=True)
+        assert _rel(y, ref) <= TOL[odt], (_rel(y, ref), xdt)
+    # fp32 output: equal to the reference up to float32 rounding (one code off would show)
+    y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), torch.float32, per_token=True)
+    assert _rel(y, ref) <= 1e-5
+    # and different from the per-group quantization of the same x (the flag is not ignored)
+    assert _rel(y, _ref(x, qw, act, None, float("-inf"), float("inf"))) > 1e-5
 
 
 @pytest.mark.gpu

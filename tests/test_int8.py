@@ -165,6 +165,43 @@ def test_a8_integer_parts_exact():
         assert torch.equal(y.to(torch.int64), signed.sum(0))
 
 
+@needs_kernel
+@pytest.mark.parametrize("bits,gs,mode", [(4, 128, "sym"), (4, 32, "zero_point"), (8, 64, "offset"), (8, 256, "sym")])
+@pytest.mark.parametrize("act_mode", ["sym", "asym"])
+@pytest.mark.parametrize("m", [3, 17])
+def test_a8_gemm_per_token_activations(bits, gs, mode, act_mode, m):
+    """act_block "token" on the Triton kernel: per-token activation parameters described per weight group."""
+    from mixgemm.ops.int8 import matmul_a8
+
+    x, qw, bias = _case(bits, gs, mode, m, 40, 512, seed=gs + m)
+    x = x * torch.linspace(0.2, 4, 512)  # uneven column ranges: per-token and per-group scales differ
+    ref = block_int_gemm(quantize_activation(x, -1, act_mode), qw) + bias.double()
+    y = matmul_a8(x, qw, act_mode=act_mode, bias=bias, out_dtype=torch.float32, force_kernel=True,
+                  act_block="token")
+    assert _rel(y, ref) < 1e-5
+    per_group = block_int_gemm(quantize_activation(x, qw.group_size, act_mode), qw) + bias.double()
+    assert _rel(y, per_group) > 1e-4  # the option is not ignored
+
+
+def test_per_token_reference_regroups():
+    """The block reference over per-token activations equals the float64 product of the dequantized operands
+    (regroup keeps the values: scales repeated, sums per weight group)."""
+    from mixgemm.formats.weight import dequantize_weight
+
+    x, qw, _ = _case(4, 64, "offset", 5, 12, 256, seed=3)
+    a = quantize_activation(x, -1, "asym")
+    r = a.regroup(64)
+    assert r.block_size == 64 and r.scales.shape == (5, 4) and torch.equal(r.q, a.q)
+    assert torch.equal(r.sums.sum(1), a.sums[:, 0])
+    assert torch.allclose(r.dequantize(), a.dequantize(), rtol=0, atol=0)
+    ref = a.dequantize() @ dequantize_weight(qw, torch.float64).T
+    assert _rel(block_int_gemm(a, qw), ref) < 1e-12
+    with pytest.raises(ValueError, match="regroup"):
+        quantize_activation(x, 64, "sym").regroup(48)
+    with pytest.raises(ValueError, match="multiple of the weight group"):
+        block_int_gemm(quantize_activation(x, 32, "sym"), qw)
+
+
 def test_a8_cpu_fallback_and_errors():
     from mixgemm.ops.int8 import matmul_a8
 
@@ -174,6 +211,11 @@ def test_a8_cpu_fallback_and_errors():
     assert _rel(y, ref) < 1e-6
     with pytest.raises(ValueError, match="act_mode"):
         matmul_a8(x, qw, act_mode="int4")
+    with pytest.raises(ValueError, match="act_block"):
+        matmul_a8(x, qw, act_block="channel")
+    y = matmul_a8(x, qw, act_mode="sym", bias=bias, act_block="token")
+    ref = block_int_gemm(quantize_activation(x, -1, "sym"), qw) + bias.double()
+    assert _rel(y, ref) < 1e-6
     with pytest.raises(ValueError, match="shape mismatch"):
         matmul_a8(x[:, :128], qw)
     with pytest.raises(ValueError, match="activation"):
@@ -257,11 +299,12 @@ def test_gpu_act_quant_exact(mode, b, dt):
         assert torch.equal(s, r.scales) and torch.equal(o, r.offsets)
 
 
-def _f64_ref(x, qw, act_mode, bias):
-    """float64 GEMM of the same quantized operands (dequantized activations x dequantized weights)."""
+def _f64_ref(x, qw, act_mode, bias, act_block=None):
+    """float64 GEMM of the same quantized operands (dequantized activations x dequantized weights); act_block:
+    the activation block (default: the weight group; -1: per token)."""
     from mixgemm.formats.weight import dequantize_weight
 
-    a = quantize_activation(x, qw.group_size, act_mode).dequantize()
+    a = quantize_activation(x, qw.group_size if act_block is None else act_block, act_mode).dequantize()
     return a @ dequantize_weight(qw, torch.float64).T + bias.double()
 
 
@@ -282,6 +325,26 @@ def test_gpu_a8_gemm(bits, gs, mode, act_mode, m):
         y = matmul_a8(x, qw, act_mode=act_mode, bias=bias, activation="relu")
         assert y.dtype == dt
         assert _rel(y, ref) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs,mode", [(4, 128, "sym"), (4, 256, "sym"), (8, 128, "sym"), (4, 64, "zero_point"),
+                                          (8, 32, "offset")])
+@pytest.mark.parametrize("act_mode", ["sym", "asym"])
+@pytest.mark.parametrize("m", [1, 2, 3, 17, 129, 300])
+def test_gpu_a8_per_token(bits, gs, mode, act_mode, m):
+    """matmul_a8(act_block="token") on every CUDA path: the GEMV (M <= 2), the Triton kernel (asym, small M, other
+    groups), the int8 wgmma GEMM (sym x sym group 128 / 256, M >= 128), fp16 and bf16."""
+    from mixgemm.ops.int8 import matmul_a8
+
+    n, k = 520, 1024
+    for dt, tol in ((torch.float16, 1e-3), (torch.bfloat16, 1e-2)):
+        x, qw, bias = _cuda_case(bits, gs, mode, m, n, k, dt, seed=m + gs)
+        x0 = x.clone()
+        ref = _f64_ref(x, qw, act_mode, bias, act_block=-1)
+        y = matmul_a8(x, qw, act_mode=act_mode, bias=bias, act_block="token")
+        assert torch.equal(x, x0) and y.dtype == dt
+        assert _rel(y, ref) < tol, (_rel(y, ref), dt)
 
 
 @pytest.mark.gpu

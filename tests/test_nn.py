@@ -158,7 +158,8 @@ def test_quantize_report_and_filter(torch_gen):
         W4A16(group_size=100)
 
 
-@pytest.mark.parametrize("cfg", [W8A8(), W4A8(group_size=32), W8A8(group_size=64, act_mode="asym")])
+@pytest.mark.parametrize("cfg", [W8A8(), W4A8(group_size=32), W8A8(group_size=64, act_mode="asym"),
+                                 W4A8(act_block="token"), W4A8(group_size=64, act_mode="asym", act_block="token")])
 def test_activation_quantized_formats_match_block_int_gemm(cfg, torch_gen, rel_err):
     lin = _linear(128, 24, True, torch_gen)
     model = nn.Sequential(lin)
@@ -167,8 +168,14 @@ def test_activation_quantized_formats_match_block_int_gemm(cfg, torch_gen, rel_e
     assert rep.replaced == ["0"] and cfg.activation_quantized and model[0].activation_quantized
     x = torch.randn(2, 3, 128, generator=torch_gen)
     qw = model[0].quantized_weight()
-    a = quantize_activation(x.reshape(6, 128), qw.group_size, cfg.act_mode)
+    a = quantize_activation(x.reshape(6, 128), -1 if cfg.act_block == "token" else qw.group_size, cfg.act_mode)
     want = (ref.block_int_gemm(a, qw) + lin.bias.double()).reshape(2, 3, 24)
+    assert model[0].act_block == cfg.act_block and ("act_block=token" in repr(model[0])) == (cfg.act_block == "token")
+    state = model[0].state_dict()  # the activation block is part of the format: a per-group module refuses it
+    other = QuantLinear(128, 24, bits=cfg.bits, group_size=cfg.group_size, act_mode=cfg.act_mode,
+                        act_block="group" if cfg.act_block == "token" else "token")
+    with pytest.raises(ValueError, match="act_mode"):
+        other.load_state_dict(state)
     assert rel_err(model(x), want) <= 1e-6
     assert rel_err(model(x), float_model(x)) < (0.15 if cfg.bits == 4 else 0.03)
 
@@ -250,6 +257,8 @@ def test_opcheck_linear_wxa8(torch_gen):
         qt, s, z, o, bits, g, mode, n, k = weight_args(qw)
         torch.library.opcheck(torch.ops.mixgemm.linear_wxa8.default,
                               (x, qt, s, z, o, b, bits, g, mode, n, k, "asym", -math.inf, math.inf))
+        torch.library.opcheck(torch.ops.mixgemm.linear_wxa8.default,
+                              (x, qt, s, z, o, b, bits, g, mode, n, k, "sym", -math.inf, math.inf, "token"))
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -352,7 +361,7 @@ def test_opcheck_linear_cuda(m, torch_gen, rel_err):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [W8A8(), W4A8(group_size=128), W4A16(group_size=128)])
+@pytest.mark.parametrize("cfg", [W8A8(), W4A8(group_size=128), W4A16(group_size=128), W4A8(act_block="token")])
 def test_quantized_model_cuda_compiled_reduce_overhead(cfg, torch_gen, rel_err):
     """A small model quantized on CUDA (every format; the A8 ones run the int8 tensor-core kernels) against
     the float64 reference, then torch.compile(fullgraph=True, mode="reduce-overhead") (CUDA graphs) equals
@@ -374,7 +383,7 @@ def test_quantized_model_cuda_compiled_reduce_overhead(cfg, torch_gen, rel_err):
                 if cfg.act_mode is None:
                     want = ref.matmul(x, qw, layer.bias, out_dtype=torch.float64)
                 else:
-                    a = quantize_activation(x, qw.group_size, cfg.act_mode)
+                    a = quantize_activation(x, -1 if cfg.act_block == "token" else qw.group_size, cfg.act_mode)
                     want = a.dequantize() @ dequantize_weight(qw, torch.float64).T + layer.bias.double()
                 assert rel_err(layer(x), want) <= 2e-3
             step = torch.compile(model, fullgraph=True, mode="reduce-overhead")

@@ -16,7 +16,9 @@ W4A8       int4 weights, int8 activations     same; K must be a multiple of 64 (
 On the CPU every format runs the reference path (float32 dequantized GEMM for the A16 formats,
 quantize_activation + block_int_gemm in float64 for the A8 ones). ``group_size`` is 32, 64, 128, 256 or -1
 (per-channel); ``mode`` is "sym", "zero_point" or "offset" (mixgemm.formats.weight). The activation
-formats quantize each token per block of the weight's group size (``act_mode`` "sym" or "asym").
+formats quantize each token per block of the weight's group size (``act_mode`` "sym" or "asym"), or with
+``act_block="token"`` once per token over the whole row (e.g. ``W4A8(act_block="token")``: int4 group-128 weights
+with per-token int8 activations, torchao's "8da4w").
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class _Precision:
     scale_dtype: torch.dtype = torch.float16
     bits = 4
     act_mode = None
+    act_block = "group"
 
     def weight_config(self) -> QuantConfig:
         return QuantConfig(bits=self.bits, group_size=self.group_size, mode=self.mode, scale_dtype=self.scale_dtype)
@@ -47,7 +50,8 @@ class _Precision:
     def name(self) -> str:
         """Short label, e.g. "W4A16 g128 sym" or "W8A8 per-channel sym, act sym"."""
         g = "per-channel" if self.group_size in (-1, None) else f"g{self.group_size}"
-        act = "" if self.act_mode is None else f", act {self.act_mode}"
+        act = "" if self.act_mode is None else f", act {self.act_mode}" + (" per token" if self.act_block == "token"
+                                                                             else "")
         return f"{type(self).__name__} {g} {self.mode}{act}"
 
     @property
@@ -81,32 +85,37 @@ class W8A8(_Precision):
 
     group_size: int = -1
     act_mode: str = "sym"
+    act_block: str = "group"
     bits = 8
 
     def __post_init__(self):
         super().__post_init__()
-        _check_act(self.act_mode)
+        _check_act(self.act_mode, self.act_block)
 
 
 @dataclass(frozen=True)
 class W4A8(_Precision):
-    """int4 weights (default group 128) and int8 activations per token and group. Int8 tensor-core kernels on
-    CUDA (K a multiple of 64 / 128, else the reference); the float64 reference on the CPU."""
+    """int4 weights (default group 128) and int8 activations per token and group (``act_block="token"``: per
+    token). Int8 tensor-core kernels on CUDA (K a multiple of 64 / 128, else the reference); the float64
+    reference on the CPU."""
 
     group_size: int = 128
     act_mode: str = "sym"
+    act_block: str = "group"
     bits = 4
 
     def __post_init__(self):
         super().__post_init__()
-        _check_act(self.act_mode)
+        _check_act(self.act_mode, self.act_block)
 
 
-def _check_act(mode):
-    from mixgemm.formats.activation import ACT_MODES
+def _check_act(mode, block="group"):
+    from mixgemm.formats.activation import ACT_BLOCKS, ACT_MODES
 
     if mode not in ACT_MODES:
         raise ValueError(f"act_mode must be one of {ACT_MODES}, got {mode!r}")
+    if block not in ACT_BLOCKS:
+        raise ValueError(f"act_block must be one of {ACT_BLOCKS}, got {block!r}")
 
 
 @dataclass
@@ -183,7 +192,8 @@ def quantize_(model: nn.Module, config: _Precision,
             report.skipped[name] = why
             continue
         try:
-            q = QuantConv2d.from_conv(mod, cfg) if conv else QuantLinear.from_linear(mod, cfg, act_mode=config.act_mode)
+            q = QuantConv2d.from_conv(mod, cfg) if conv else QuantLinear.from_linear(mod, cfg, act_mode=config.act_mode,
+                                                                                      act_block=config.act_block)
         except ValueError as e:  # quantize_weight's input checks: NaN / Inf weights, scales out of range
             report.skipped[name] = str(e)
             continue

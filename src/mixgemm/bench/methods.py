@@ -356,9 +356,9 @@ def _prep_mixgemm_weight_only(bits: int, group_size: int | None):
     return prepare
 
 
-def _prep_mixgemm_a8(bits: int, group_size: int | None):
-    """mixgemm.ops.int8.matmul_a8(x, qw, "sym"): activations quantized per token and per weight group to int8
-    inside the call (fused quantizer + int8 tensor-core GEMM), W{bits} symmetric."""
+def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group"):
+    """mixgemm.ops.int8.matmul_a8(x, qw, "sym"): activations quantized per token and per weight group (act_block
+    "token": per token) to int8 inside the call (fused quantizer + int8 tensor-core GEMM), W{bits} symmetric."""
 
     def prepare(w: torch.Tensor, ctx: Context) -> Prepared:
         from mixgemm.formats import dequantize_weight, quantize_activation, quantize_weight
@@ -373,7 +373,8 @@ def _prep_mixgemm_a8(bits: int, group_size: int | None):
             # The exact result of the int8 scheme: x quantized like the kernel does (float32 math, per token and
             # per weight group), then the float64 product; equal to mixgemm.reference.block_int_gemm without its
             # [G, M, N] int64 intermediate (too large for 8192 x 28672).
-            return quantize_activation(x, qw0.group_size, "sym").dequantize() @ w64.T
+            blk = -1 if act_block == "token" else qw0.group_size
+            return quantize_activation(x, blk, "sym").dequantize() @ w64.T
 
         def clone():
             c = lambda t: None if t is None else t.clone()
@@ -381,7 +382,7 @@ def _prep_mixgemm_a8(bits: int, group_size: int | None):
                                        offsets=c(qw0.offsets), _layouts=_TrackedLayouts())
 
         def make(qw):
-            return lambda x: matmul_a8(x, qw, "sym")
+            return lambda x: matmul_a8(x, qw, "sym", act_block=act_block)
 
         def weight_bytes() -> int:
             read = first._layouts.read
@@ -392,7 +393,8 @@ def _prep_mixgemm_a8(bits: int, group_size: int | None):
         return Prepared(
             layer=make(first), new_copy=lambda: make(clone()), x_map=lambda x: x.to(dtype), reference=reference,
             tol=TOL[dtype], weight_bytes=weight_bytes, act_bytes=es, out_bytes=es, compute="int8",
-            before_call=first._layouts.read.clear, note="int8 activations per token and group, made in the call",
+            before_call=first._layouts.read.clear,
+            note=f"int8 activations per token{' and group' if act_block == 'group' else ''}, made in the call",
         )
 
     return prepare
@@ -474,6 +476,13 @@ def mixgemm_methods(bits_list: list[int], group_size: int) -> list[Method]:
                                               "mixgemm.kernels.triton.act_quant"),
                           applies=_a8_applies(bits, g),
                           description=f"mixgemm.ops.int8.matmul_a8, W{bits} sym, int8 activations (sym) per token"))
+        if g != -1:  # one activation scale per token over the grouped weight (torchao's 8da4w); same thing per-channel
+            out.append(Method(f"mixgemm W{bits}A8 {gname} act per-token", "mixgemm", _prep_mixgemm_a8(bits, g, "token"),
+                              _module_unavailable("mixgemm.ops.int8", "mixgemm.kernels.triton.int8_gemm",
+                                                  "mixgemm.kernels.triton.act_quant"),
+                              applies=_a8_applies(bits, g), default=False,
+                              description=f"mixgemm.ops.int8.matmul_a8(act_block='token'), W{bits} sym {gname}, "
+                                          "int8 activations (sym) with one scale per token"))
     return out
 
 

@@ -17,6 +17,10 @@ from dataclasses import dataclass
 import torch
 
 ACT_MODES = ("sym", "asym")
+# How activation blocks relate to the weight's groups (mixgemm.ops.int8.matmul_a8's ``act_block``): "group" = one
+# scale per token and weight group (seed 000's per-block scheme), "token" = one scale per token over the whole row
+# (the usual dynamic W8A8 / W4A8 activation quantization, e.g. torchao's int8 dynamic activations).
+ACT_BLOCKS = ("group", "token")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,20 @@ class QuantizedActivation:
         q = self.q.double().reshape(m, g, self.block_size)
         x = q * self.scales.double()[..., None] + self.offsets.double()[..., None]
         return x.reshape(m, k)
+
+    def regroup(self, block_size: int) -> QuantizedActivation:
+        """The same codes described per block of ``block_size`` (a divisor of this block size): scales and
+        offsets repeated, sums recomputed per new block. The float values are unchanged."""
+        m, k = self.q.shape
+        if block_size == self.block_size:
+            return self
+        if block_size <= 0 or self.block_size % block_size:
+            raise ValueError(f"cannot regroup activation blocks of {self.block_size} into blocks of {block_size}")
+        r = self.block_size // block_size
+        sums = self.q.to(torch.int32).reshape(m, k // block_size, block_size).sum(-1, dtype=torch.int32)
+        return QuantizedActivation(q=self.q, scales=self.scales.repeat_interleave(r, dim=1),
+                                   offsets=self.offsets.repeat_interleave(r, dim=1), sums=sums,
+                                   block_size=block_size, mode=self.mode)
 
 
 def quantize_activation(x: torch.Tensor, block_size: int = -1, mode: str = "sym") -> QuantizedActivation:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import mixgemm.ops.custom_ops  # noqa: F401  (registers torch.ops.mixgemm.*)
-from mixgemm.formats.activation import ACT_MODES
+from mixgemm.formats.activation import ACT_BLOCKS, ACT_MODES
 from mixgemm.formats.weight import (
     MODES,
     PER_CHANNEL,
@@ -31,7 +31,9 @@ from mixgemm.formats.weight import (
 from mixgemm.ops.custom_ops import weight_from_tensors
 
 _MODE_ID = {m: i for i, m in enumerate(MODES)}
-_ACT_ID = {None: 0, **{m: i + 1 for i, m in enumerate(ACT_MODES)}}
+# (act_mode, act_block) -> the id in the format tensor; ids 0-2 are the version-1 ones (per weight group)
+_ACT_ID = {(None, "group"): 0, **{(m, "group"): i + 1 for i, m in enumerate(ACT_MODES)},
+           **{(m, "token"): i + 1 + len(ACT_MODES) for i, m in enumerate(ACT_MODES)}}
 _DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
@@ -44,7 +46,7 @@ class QuantLinear(nn.Module):
     Buffers: qweight uint8 [N, K * bits // 8]; scales [N, G] (scale dtype); zeros uint8 [N, G] for mode
     "zero_point", else empty; offsets [N, G] for mode "offset", else empty. bias: a Parameter [N]
     (requires_grad=False) or None. ``act_mode`` None (weight-only) or "sym" / "asym" (int8 activations
-    per token and per weight group).
+    per token and per weight group, or per token over the whole row with ``act_block="token"``).
 
     ``.to(dtype)`` / ``.half()`` convert the bias like nn.Linear does but never the scales and offsets:
     re-rounding them would change the quantized weight.
@@ -52,16 +54,20 @@ class QuantLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, bits: int = 4,
                  group_size: int = 128, mode: str = "sym", scale_dtype: torch.dtype = torch.float16,
-                 act_mode: str | None = None, device=None, bias_dtype: torch.dtype | None = None):
+                 act_mode: str | None = None, device=None, bias_dtype: torch.dtype | None = None,
+                 act_block: str = "group"):
         super().__init__()
         config = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scale_dtype)
         _, ng = config.groups(in_features)
         if act_mode is not None and act_mode not in ACT_MODES:
             raise ValueError(f"act_mode must be None or one of {ACT_MODES}, got {act_mode!r}")
+        if act_block not in ACT_BLOCKS:
+            raise ValueError(f"act_block must be one of {ACT_BLOCKS}, got {act_block!r}")
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.config = config
         self.act_mode = act_mode
+        self.act_block = act_block if act_mode is not None else "group"
         n = self.out_features
         self.register_buffer("qweight", torch.zeros(n, in_features * bits // 8, dtype=torch.uint8, device=device))
         self.register_buffer("scales", torch.zeros(n, ng, dtype=scale_dtype, device=device))
@@ -78,7 +84,7 @@ class QuantLinear(nn.Module):
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
     def from_quantized(cls, qw: QuantizedWeight, bias: torch.Tensor | None = None,
-                       act_mode: str | None = None) -> QuantLinear:
+                       act_mode: str | None = None, act_block: str = "group") -> QuantLinear:
         """A QuantLinear holding ``qw`` (its tensors are used as the buffers, not copied) and ``bias`` [N]."""
         if not isinstance(qw, QuantizedWeight):
             raise TypeError(f"qw must be a QuantizedWeight, got {type(qw).__name__}")
@@ -87,7 +93,7 @@ class QuantLinear(nn.Module):
             raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
         c = qw.config
         mod = cls(k, n, bias=bias is not None, bits=c.bits, group_size=c.group_size, mode=c.mode,
-                  scale_dtype=c.scale_dtype, act_mode=act_mode, device="meta")
+                  scale_dtype=c.scale_dtype, act_mode=act_mode, device="meta", act_block=act_block)
         mod.qweight = qw.qweight
         mod.scales = qw.scales
         if qw.zeros is not None:
@@ -104,13 +110,14 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: QuantConfig | None = None, act_mode: str | None = None,
-                    **kwargs) -> QuantLinear:
+                    act_block: str = "group", **kwargs) -> QuantLinear:
         """Quantize an nn.Linear's weight (on its device) with ``config`` (or QuantConfig(**kwargs)).
         The bias is copied in its dtype. The nn.Linear is not modified."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
         qw = quantize_weight(linear.weight.detach(), config, **kwargs)
-        return cls.from_quantized(qw, None if linear.bias is None else linear.bias.detach(), act_mode=act_mode)
+        return cls.from_quantized(qw, None if linear.bias is None else linear.bias.detach(), act_mode=act_mode,
+                                  act_block=act_block)
 
     # ---- views --------------------------------------------------------------------------------------
     @property
@@ -155,13 +162,14 @@ class QuantLinear(nn.Module):
                                                   self.in_features, -math.inf, math.inf)
         return torch.ops.mixgemm.linear_wxa8(x, self.qweight, self.scales, self.zeros, self.offsets, self.bias,
                                              c.bits, c.group_size, c.mode, self.out_features, self.in_features,
-                                             self.act_mode, -math.inf, math.inf)
+                                             self.act_mode, -math.inf, math.inf, self.act_block)
 
     # ---- state ---------------------------------------------------------------------------------------
     def _format_tensor(self) -> torch.Tensor:
         c = self.config
         return torch.tensor([1, c.bits, c.group_size, _MODE_ID[c.mode], _DTYPE_ID[c.scale_dtype],
-                             _ACT_ID[self.act_mode], self.out_features, self.in_features], dtype=torch.int64)
+                             _ACT_ID[(self.act_mode, self.act_block)], self.out_features, self.in_features],
+                            dtype=torch.int64)
 
     def get_extra_state(self) -> torch.Tensor:
         """The format as int64 [8]: (version 1, bits, group_size, mode, scale dtype, act mode, N, K)."""
@@ -196,5 +204,5 @@ class QuantLinear(nn.Module):
         s = (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
              f"format={fmt}, group_size={g}, mode={c.mode}, scale_dtype={str(c.scale_dtype).replace('torch.', '')}")
         if self.act_mode:
-            s += f", act_mode={self.act_mode}"
+            s += f", act_mode={self.act_mode}" + (", act_block=token" if self.act_block == "token" else "")
         return s

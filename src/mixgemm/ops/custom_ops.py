@@ -166,7 +166,8 @@ def _plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k)
 
 def _linear_setup_context(ctx, inputs, output):
     x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, n, k = inputs[:11]
-    lo, hi = inputs[-2], inputs[-1]
+    # linear_wxa16: (..., lo, hi); linear_wxa8: (..., act_mode, lo, hi, act_block)
+    lo, hi = inputs[-3:-1] if isinstance(inputs[-1], str) else inputs[-2:]
     ctx.fmt = (bits, group_size, mode, n, k)
     ctx.bounds = (lo, hi)
     ctx.x_dtype = x.dtype
@@ -215,7 +216,7 @@ def _a8_kernel_fits(qw: QuantizedWeight) -> str | None:
 
 
 def _linear_wxa8_reference(x: Tensor, qw: QuantizedWeight, bias: Optional[Tensor], act_mode: str,  # noqa: UP045
-                           lo: float, hi: float) -> Tensor:
+                           lo: float, hi: float, act_block: str = "group") -> Tensor:
     """quantize_activation + the block integer GEMM, in float64 (the float64 product of the dequantized
     operands off the CPU: the same number, and CUDA has no int64 bmm)."""
     from mixgemm.formats.activation import quantize_activation
@@ -223,7 +224,7 @@ def _linear_wxa8_reference(x: Tensor, qw: QuantizedWeight, bias: Optional[Tensor
     from mixgemm.reference.block_gemm import block_int_gemm
 
     k = qw.in_features
-    a = quantize_activation(x.reshape(-1, k), qw.group_size, act_mode)
+    a = quantize_activation(x.reshape(-1, k), -1 if act_block == "token" else qw.group_size, act_mode)
     y = block_int_gemm(a, qw) if x.device.type == "cpu" else a.dequantize() @ dequantize_weight(qw, torch.float64).T
     if bias is not None:
         y = y + bias.double()
@@ -234,31 +235,33 @@ def _linear_wxa8_reference(x: Tensor, qw: QuantizedWeight, bias: Optional[Tensor
 def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
                 bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                 bits: int, group_size: int, mode: str, N: int, K: int, act_mode: str, lo: float,
-                hi: float) -> Tensor:
+                hi: float, act_block: str = "group") -> Tensor:
     """clamp(quant8(x) @ dequant(W).T + bias, lo, hi) -> [..., N] in x.dtype: mixgemm.ops.int8.matmul_a8 (int8
-    tensor-core Triton kernels on CUDA, the float64 reference on the CPU)."""
+    tensor-core kernels on CUDA, the float64 reference on the CPU); act_block "group" | "token" (see matmul_a8)."""
     from mixgemm._checks import check_matmul_inputs
 
     qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)
     check_matmul_inputs(x, qw, bias)
     if act_mode not in ("sym", "asym"):
         raise ValueError(f"act_mode must be 'sym' or 'asym', got {act_mode!r}")
+    if act_block not in ("group", "token"):
+        raise ValueError(f"act_block must be 'group' or 'token', got {act_block!r}")
     if x.device.type == "cuda":
         why = _a8_kernel_fits(qw)
         if why is not None:
             if why not in _warned:
                 _warned.add(why)
                 warnings.warn(f"mixgemm: int8 kernel cannot run this layer ({why}); using the reference", stacklevel=2)
-            return _linear_wxa8_reference(x, qw, bias, act_mode, lo, hi)
+            return _linear_wxa8_reference(x, qw, bias, act_mode, lo, hi, act_block)
     from mixgemm.ops.int8 import matmul_a8
 
     activation, extra_clamp = _activation_for(lo, hi)
-    y = matmul_a8(x, qw, act_mode, bias, activation)
+    y = matmul_a8(x, qw, act_mode, bias, activation, act_block=act_block)
     return y.clamp(lo, hi) if extra_clamp else y
 
 
 @linear_wxa8.register_fake
-def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, act_mode, lo, hi):
+def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, act_mode, lo, hi, act_block="group"):
     torch._check(x.shape[-1] == K, lambda: f"x has {x.shape[-1]} features, the weight expects K={K}")
     return x.new_empty((*x.shape[:-1], N))
 

@@ -1,7 +1,8 @@
 """Activation-quantized matmuls on the int8 tensor cores (public API).
 
 * :func:`matmul_a8` -- y = act(x @ W.T + bias) with x quantized on the fly per token and per weight group
-  (int8, "sym" = q8_1 or "asym" = seed 000's QuantA), W a QuantizedWeight (4 or 8 bits, any mode, group
+  (int8, "sym" = q8_1 or "asym" = seed 000's QuantA; or with ``act_block="token"`` one scale per token over the
+  whole row), W a QuantizedWeight (4 or 8 bits, any mode, group
   32..256 or per-channel). Two launches: the fused activation quantizer, then the integer GEMM (int32 per
   K-block folded into fp32 with sA*sB and the offset terms inside the K loop). On CUDA, small M takes the
   fused CUDA GEMV (mixgemm.kernels.cuda.gemv_a8: ONE launch, the activation quantization in its prologue,
@@ -24,7 +25,7 @@ import torch
 
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
-from mixgemm.formats.activation import ACT_MODES, quantize_activation
+from mixgemm.formats.activation import ACT_BLOCKS, ACT_MODES, quantize_activation
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 from mixgemm.reference import int8_static as _sref
 from mixgemm.reference.block_gemm import block_int_gemm
@@ -34,6 +35,28 @@ OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # one launch) when True.
 # (scripts/bench_gemv_a8.py switches it off to time the Triton path side by side.)
 A8_GEMV = True
+
+
+def _check_act(act_mode: str, act_block: str) -> None:
+    if act_mode not in ACT_MODES:
+        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
+    if act_block not in ACT_BLOCKS:
+        raise ValueError(f"act_block must be one of {ACT_BLOCKS}, got {act_block!r}")
+
+
+def act_block_size(qweight: QuantizedWeight, k: int, act_block: str) -> int:
+    """The activation quantization block along K: the weight's group (K for per-channel weights), or K ("token")."""
+    return k if act_block == "token" else qweight.config.groups(k)[0]
+
+
+def _per_group(q: torch.Tensor, sa: torch.Tensor, oa: torch.Tensor, group: int):
+    """Per-token activation parameters ([M, 1]) described per weight group ([M, G]) for the Triton kernel, which
+    takes them per group: scales and offsets broadcast, code sums per group (one extra pass over the codes; the
+    CUDA kernels take per-token scales directly)."""
+    m, k = q.shape
+    g = k // group
+    sums = q.view(m, g, group).sum(-1, dtype=torch.int32)
+    return sa.expand(m, g).contiguous(), oa.expand(m, g).contiguous(), sums
 
 
 def _a8_gemv_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, config: dict | None) -> bool:
@@ -99,18 +122,20 @@ def matmul_a8(
     out_dtype: torch.dtype | None = None,
     config: dict | None = None,
     force_kernel: bool = False,
+    act_block: str = "group",
 ) -> torch.Tensor:
-    """y = act(Qa(x) @ W.T + bias), activations quantized to int8 per token and per block (= weight group).
+    """y = act(Qa(x) @ W.T + bias), activations quantized to int8 per token and per block.
 
     x: float16 / bfloat16 / float32 [..., K] (on qweight's device). qweight: QuantizedWeight [N, K], 4 or
     8 bits, mode sym / zero_point / offset, group 32..256 or per-channel. act_mode: "sym" | "asym".
+    act_block: "group" (one activation scale per token and weight group, the default) or "token" (one per token
+    over the whole row; the int32 products are still folded per weight group). The same for per-channel weights.
     bias: float [N] or None. activation: None | "relu" | "relu6". out_dtype: default x.dtype.
     4-bit weights need K % 64 == 0 (K % 128 for per-channel or group >= 64 unless K % 64 only).
     Returns [..., N]. Inputs are never modified.
     """
     check_matmul_inputs(x, qweight, bias)
-    if act_mode not in ACT_MODES:
-        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
+    _check_act(act_mode, act_block)
     lo, hi = clamp_bounds(activation)
     out_dtype = out_dtype or x.dtype
     if out_dtype not in OUT_DTYPES:
@@ -118,8 +143,9 @@ def matmul_a8(
     lead = x.shape[:-1]
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
+    blk = act_block_size(qweight, k, act_block)
     if not _use_kernel(x, force_kernel):
-        a = quantize_activation(x2, qweight.group_size, act_mode)
+        a = quantize_activation(x2, blk, act_mode)
         y = block_int_gemm(a, qweight)
         if bias is not None:
             y = y + bias.double()[None, :]
@@ -127,18 +153,21 @@ def matmul_a8(
     if _a8_gemv_ok(x2, qweight, act_mode, config):
         from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
 
-        return gemv_a8(x2, qweight, act_mode, bias, lo, hi, out_dtype).reshape(*lead, qweight.out_features)
+        y = gemv_a8(x2, qweight, act_mode, bias, lo, hi, out_dtype, per_token=blk == k)
+        return y.reshape(*lead, qweight.out_features)
     if _wgmma_a8_ok(x2, qweight, act_mode, config):
         from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
 
-        aq, sa, _, _ = _act_quant(x2, qweight.config.groups(k)[0], "sym")
+        aq, sa, _, _ = _act_quant(x2, blk, "sym")
         y = gemm_wgmma_a8(aq, sa, qweight, bias, lo, hi, out_dtype)
         return y.reshape(*lead, qweight.out_features)
     from mixgemm.kernels.triton.int8_gemm import a8_gemm
     from mixgemm.kernels.triton.int8_layout import get_int8_layout
 
     lay = get_int8_layout(qweight)
-    aq, sa, oa, suma = _act_quant(x2, lay.group_size, act_mode)
+    aq, sa, oa, suma = _act_quant(x2, blk, act_mode)
+    if blk != lay.group_size:
+        sa, oa, suma = _per_group(aq, sa, oa, lay.group_size)
     y = a8_gemm(aq, sa, oa, suma, lay, act_mode == "asym", bias, lo, hi, out_dtype, config=config)
     return y.reshape(*lead, qweight.out_features)
 
@@ -151,7 +180,8 @@ def _act_bufs(m: int, k: int, g: int, dev) -> tuple[torch.Tensor, ...]:
 
 def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "sym",
                    bias: torch.Tensor | None = None, activation: str | None = None,
-                   out_dtype: torch.dtype | None = None, config: dict | None = None) -> Callable[[], torch.Tensor]:
+                   out_dtype: torch.dtype | None = None, config: dict | None = None,
+                   act_block: str = "group") -> Callable[[], torch.Tensor]:
     """For `mixgemm bench`: a zero-argument callable running activation quantization + GEMM on x [M, K]
     (CUDA), with the weight layout and the output / scratch buffers allocated once (CUDA-graph capturable).
     Returns the same tensor (overwritten) on every call."""
@@ -159,23 +189,23 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     from mixgemm.kernels.triton.int8_layout import get_int8_layout
 
     check_matmul_inputs(x, qweight, bias)
-    if act_mode not in ACT_MODES:
-        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
+    _check_act(act_mode, act_block)
     lo, hi = clamp_bounds(activation)
     x2 = x.reshape(-1, x.shape[-1])
+    m, k = x2.shape
+    blk = act_block_size(qweight, k, act_block)
     if _a8_gemv_ok(x2, qweight, act_mode, config):
         from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
 
         out1 = torch.empty((x2.shape[0], qweight.out_features), dtype=out_dtype or x.dtype, device=x.device)
-        return lambda: gemv_a8(x2, qweight, act_mode, bias, lo, hi, out1.dtype, out=out1)
-    m, k = x2.shape
+        return lambda: gemv_a8(x2, qweight, act_mode, bias, lo, hi, out1.dtype, out=out1, per_token=blk == k)
     dev = x.device
     if _wgmma_a8_ok(x2, qweight, act_mode, config):
         from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
         from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8
 
         qweight.layout(LAYOUT, build_wgmma_a8_v1)
-        blk, g = qweight.config.groups(k)
+        g = k // blk
         qbufs = _act_bufs(m, k, g, dev)
         out2 = torch.empty((m, qweight.out_features), dtype=out_dtype or x.dtype, device=dev)
 
@@ -185,13 +215,14 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
 
         return run_wgmma
     lay = get_int8_layout(qweight)
-    g = k // lay.group_size
-    bufs = _act_bufs(m, k, g, dev)
+    bufs = _act_bufs(m, k, k // blk, dev)
     out = torch.empty((m, lay.n), dtype=out_dtype or x.dtype, device=dev)
     asym = act_mode == "asym"
 
     def run():
-        aq, sa, oa, suma = _act_quant(x2, lay.group_size, act_mode, out=bufs)
+        aq, sa, oa, suma = _act_quant(x2, blk, act_mode, out=bufs)
+        if blk != lay.group_size:
+            sa, oa, suma = _per_group(aq, sa, oa, lay.group_size)
         return a8_gemm(aq, sa, oa, suma, lay, asym, bias, lo, hi, out.dtype, config=config, out=out)
 
     return run

@@ -55,6 +55,9 @@
 #ifndef A8_KS  // warps along K per block (split-K inside the block)
 #define A8_KS 1
 #endif
+#ifndef A8_AT  // 1 (grouped weights): one activation scale per token over the whole row (act_block "token"),
+#define A8_AT 0  // quantized like per-channel, then written per group (scale repeated, code sums per group)
+#endif
 #ifndef A8_ACTQ  // > 0: compile only the long-row activation quantizer (A8_ACTQ units of 8 k per thread)
 #define A8_ACTQ 0
 #endif
@@ -297,8 +300,10 @@ __device__ __forceinline__ void load_chunks(const void* X, size_t roff, int base
   }
 }
 
-// Per-channel (one block = the whole row): pass 1 block-reduces the range, pass 2 quantizes.
-template <bool ASYM, int M, int U, int CH, int NT>
+// One block = the whole row (per-channel weights, G = 0; or per-token activations over groups of G): pass 1
+// block-reduces the range, pass 2 quantizes. G > 0: the row's scale / offset are written for every group and the
+// code sums per group are the sums of the group's unit sums.
+template <bool ASYM, int M, int U, int CH, int NT, int G>
 __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, int ldx, int K, int Mr,
                                                  float* pcr, int* pcs) {
   constexpr int UL = U * CH / 8, NB = 2, NW = NT / 32;
@@ -347,7 +352,20 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
     for (int o = 1; o < 32; o <<= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
     if (lane == 0) atomicAdd(pcs, tot);  // integer: order-independent
     __syncthreads();
-    if (tid == 0) { sm.sA[m] = d; sm.oA[m] = off; sm.SAg[m] = *pcs; }
+    if (G == 0) {
+      if (tid == 0) { sm.sA[m] = d; sm.oA[m] = off; sm.SAg[m] = *pcs; }
+    } else {
+      constexpr int UPG = G > 0 ? G / (U * CH) : 1;  // units per group
+      const int Gr = K / (G > 0 ? G : 1);
+      for (int gi = tid; gi < sm.Gp; gi += NT) {   // padded groups: zero scale and sum, like prologue_grouped
+        int su = 0;
+        if (gi < Gr)
+          for (int u = 0; u < UPG; ++u) su += sm.SAu[m * sm.NU + gi * UPG + u];
+        sm.sA[m * sm.Gp + gi] = gi < Gr ? d : 0.f;
+        sm.oA[m * sm.Gp + gi] = gi < Gr ? off : 0.f;
+        sm.SAg[m * sm.Gp + gi] = su;
+      }
+    }
     __syncthreads();  // pcr / pcs are rewritten for the next row
   }
 }
@@ -463,12 +481,12 @@ mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kp * BITS / 128] uint
   int tile = blockIdx.x;
   if (tile < ntiles && nsteps > 0) load(wA, sA_, tile, ks);  // first weight loads fly during the prologue
 
-  if (G > 0) {
+  if (G > 0 && !A8_AT) {
     if (asym) prologue_grouped<true, M, (G > 0 ? G : 32), U, CH, NT>(sm, X, ldx, K, Mr);
     else prologue_grouped<false, M, (G > 0 ? G : 32), U, CH, NT>(sm, X, ldx, K, Mr);
   } else {
-    if (asym) prologue_channel<true, M, U, CH, NT>(sm, X, ldx, K, Mr, pcr, &pcs);
-    else prologue_channel<false, M, U, CH, NT>(sm, X, ldx, K, Mr, pcr, &pcs);
+    if (asym) prologue_channel<true, M, U, CH, NT, G>(sm, X, ldx, K, Mr, pcr, &pcs);
+    else prologue_channel<false, M, U, CH, NT, G>(sm, X, ldx, K, Mr, pcr, &pcs);
   }
   __syncthreads();
 

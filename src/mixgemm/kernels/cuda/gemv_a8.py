@@ -8,7 +8,9 @@ mixgemm.formats.activation.quantize_activation) into shared memory, then streams
 * x2d: float16 / bfloat16 / float32 [M, K] CUDA, 1 <= M <= 16 (a 16-byte-aligned copy is made when its rows
   are not unit-stride / 16-byte aligned).
 * qw: QuantizedWeight [N, K] on the same device, 4 or 8 bits, any mode, group 32..256 or per-channel.
-* act_mode: "sym" | "asym". bias: None or fp16 / bf16 / fp32 [N]. lo, hi: output clamp.
+* act_mode: "sym" | "asym". per_token: one activation scale per token over the whole row (act_block "token")
+  instead of one per token and weight group (same thing for per-channel weights).
+* bias: None or fp16 / bf16 / fp32 [N]. lo, hi: output clamp.
 * out_dtype: float16 / bfloat16 / float32. ``out``: optional preallocated [M, N] output.
 Returns [M, N]. Launched on torch.cuda.current_stream(); no host synchronization and no allocation other
 than the output, so it is CUDA-graph capturable after the first call (compilation).
@@ -104,10 +106,11 @@ def choose_config(mb: int, n: int, steps: int, num_sms: int, bits: int = 4, k: i
     return {"R": r, "KS": ks, "RG": WARPS // ks, "NW": WARPS, "PF": 0}
 
 
-def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict) -> dict:
+def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict, per_token: bool = False) -> dict:
     """NVRTC -D macros of one gemv_a8.cu instantiation."""
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
-            "A8_U": lay.u, "A8_R": cfg["R"], "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg.get("PF", 0)}
+            "A8_U": lay.u, "A8_R": cfg["R"], "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg.get("PF", 0),
+            "A8_AT": int(per_token and not lay.per_channel)}
 
 
 def _grid(ntiles: int, fn, threads: int, smem: int, num_sms: int) -> int:
@@ -134,7 +137,8 @@ def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
 
 @torch.compiler.disable
 def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.Tensor | None, lo: float,
-            hi: float, out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+            hi: float, out_dtype: torch.dtype, out: torch.Tensor | None = None,
+            per_token: bool = False) -> torch.Tensor:
     """clamp(Qa(x2d) @ W.T + bias, lo, hi) -> [M, N] out_dtype (see the module docstring)."""
     if not x2d.is_cuda or x2d.dim() != 2:
         raise ValueError("gemv_a8 needs a 2-D CUDA x [M, K]")
@@ -171,7 +175,7 @@ def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.T
     ch = 32 if lay.bits == 4 else 16
     steps = lay.kp // (32 * lay.u * ch)
     cfg = choose_config(mb, n, steps, num_sms, lay.bits, k)
-    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x2d.dtype], mb, cfg), dev)
+    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x2d.dtype], mb, cfg, per_token), dev)
     nvrtc.allow_dynamic_smem(fn, smem)
     threads = 32 * cfg["RG"] * cfg["KS"]
     ntiles = -(-n // (cfg["RG"] * cfg["R"]))
