@@ -241,8 +241,9 @@ def test_quantize_activation_errors():
 def test_block_int_gemm_errors(qw):
     with pytest.raises(ValueError, match=r"shape mismatch: activations have K=96, weight has K=64"):
         block_int_gemm(quantize_activation(torch.randn(2, 96), 32), qw)
-    with pytest.raises(ValueError, match=r"activation block size 64 must equal the weight group size 32"):
-        block_int_gemm(quantize_activation(torch.randn(2, 64), 64), qw)
+    with pytest.raises(ValueError, match=r"activation block size 16 must be a multiple of the weight group size 32"):
+        block_int_gemm(quantize_activation(torch.randn(2, 64), 16), qw)
+    block_int_gemm(quantize_activation(torch.randn(2, 64), 64), qw)  # per-token over groups of 32: regrouped
 
 
 # --------------------------------------------------------------------------- conv
