@@ -55,7 +55,7 @@ class QuantizedActivation:
         if block_size <= 0 or self.block_size % block_size:
             raise ValueError(f"cannot regroup activation blocks of {self.block_size} into blocks of {block_size}")
         r = self.block_size // block_size
-        sums = self.q.to(torch.int32).reshape(m, k // block_size, block_size).sum(-1, dtype=torch.int32)
+        sums = self.q.reshape(m, k // block_size, block_size).sum(-1, dtype=torch.int32)
         return QuantizedActivation(q=self.q, scales=self.scales.repeat_interleave(r, dim=1),
                                    offsets=self.offsets.repeat_interleave(r, dim=1), sums=sums,
                                    block_size=block_size, mode=self.mode)

@@ -25,7 +25,7 @@ import torch
 
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
-from mixgemm.formats.activation import ACT_BLOCKS, ACT_MODES, quantize_activation
+from mixgemm.formats.activation import ACT_BLOCKS, ACT_MODES, QuantizedActivation, quantize_activation
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 from mixgemm.reference import int8_static as _sref
 from mixgemm.reference.block_gemm import block_int_gemm
@@ -49,14 +49,12 @@ def act_block_size(qweight: QuantizedWeight, k: int, act_block: str) -> int:
     return k if act_block == "token" else qweight.config.groups(k)[0]
 
 
-def _per_group(q: torch.Tensor, sa: torch.Tensor, oa: torch.Tensor, group: int):
+def _per_group(q: torch.Tensor, sa: torch.Tensor, oa: torch.Tensor, sums: torch.Tensor, act_mode: str, group: int):
     """Per-token activation parameters ([M, 1]) described per weight group ([M, G]) for the Triton kernel, which
-    takes them per group: scales and offsets broadcast, code sums per group (one extra pass over the codes; the
-    CUDA kernels take per-token scales directly)."""
-    m, k = q.shape
-    g = k // group
-    sums = q.view(m, g, group).sum(-1, dtype=torch.int32)
-    return sa.expand(m, g).contiguous(), oa.expand(m, g).contiguous(), sums
+    takes them per group (QuantizedActivation.regroup: one extra pass over the codes for the sums; the CUDA kernels
+    take per-token scales directly)."""
+    r = QuantizedActivation(q, sa, oa, sums, q.shape[1], act_mode).regroup(group)
+    return r.scales, r.offsets, r.sums
 
 
 def _a8_gemv_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, config: dict | None) -> bool:
@@ -167,7 +165,7 @@ def matmul_a8(
     lay = get_int8_layout(qweight)
     aq, sa, oa, suma = _act_quant(x2, blk, act_mode)
     if blk != lay.group_size:
-        sa, oa, suma = _per_group(aq, sa, oa, lay.group_size)
+        sa, oa, suma = _per_group(aq, sa, oa, suma, act_mode, lay.group_size)
     y = a8_gemm(aq, sa, oa, suma, lay, act_mode == "asym", bias, lo, hi, out_dtype, config=config)
     return y.reshape(*lead, qweight.out_features)
 
@@ -222,7 +220,7 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     def run():
         aq, sa, oa, suma = _act_quant(x2, blk, act_mode, out=bufs)
         if blk != lay.group_size:
-            sa, oa, suma = _per_group(aq, sa, oa, lay.group_size)
+            sa, oa, suma = _per_group(aq, sa, oa, suma, act_mode, lay.group_size)
         return a8_gemm(aq, sa, oa, suma, lay, asym, bias, lo, hi, out.dtype, config=config, out=out)
 
     return run
