@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from mixgemm.formats.activation import check_act
 from mixgemm.formats.weight import QuantConfig
 from mixgemm.nn.conv import QuantConv2d
 from mixgemm.nn.linear import QuantLinear
@@ -90,7 +91,7 @@ class W8A8(_Precision):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_act(self.act_mode, self.act_block)
+        check_act(self.act_mode, self.act_block)
 
 
 @dataclass(frozen=True)
@@ -106,16 +107,7 @@ class W4A8(_Precision):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_act(self.act_mode, self.act_block)
-
-
-def _check_act(mode, block="group"):
-    from mixgemm.formats.activation import ACT_BLOCKS, ACT_MODES
-
-    if mode not in ACT_MODES:
-        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {mode!r}")
-    if block not in ACT_BLOCKS:
-        raise ValueError(f"act_block must be one of {ACT_BLOCKS}, got {block!r}")
+        check_act(self.act_mode, self.act_block)
 
 
 @dataclass

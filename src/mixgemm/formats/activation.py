@@ -23,6 +23,21 @@ ACT_MODES = ("sym", "asym")
 ACT_BLOCKS = ("group", "token")
 
 
+def check_act(act_mode: str | None, act_block: str = "group", optional: bool = False) -> None:
+    """ValueError naming the bad argument unless act_mode is in ACT_MODES (or None when ``optional``: weight-only)
+    and act_block in ACT_BLOCKS."""
+    if not (act_mode in ACT_MODES or (optional and act_mode is None)):
+        raise ValueError(f"act_mode must be {'None or ' if optional else ''}one of {ACT_MODES}, got {act_mode!r}")
+    if act_block not in ACT_BLOCKS:
+        raise ValueError(f"act_block must be one of {ACT_BLOCKS}, got {act_block!r}")
+
+
+def act_block_size(k: int, group_size: int, act_block: str) -> int:
+    """The activation quantization block along K for a weight with ``group_size`` (-1: per-channel): the weight's
+    group (K for per-channel weights), or K for "token"."""
+    return k if act_block == "token" or group_size == -1 else group_size
+
+
 @dataclass(frozen=True)
 class QuantizedActivation:
     """Per-token, per-block int8 activations.

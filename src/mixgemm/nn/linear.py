@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import mixgemm.ops.custom_ops  # noqa: F401  (registers torch.ops.mixgemm.*)
-from mixgemm.formats.activation import ACT_BLOCKS, ACT_MODES
+from mixgemm.formats.activation import ACT_MODES, check_act
 from mixgemm.formats.weight import (
     MODES,
     PER_CHANNEL,
@@ -59,10 +59,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         config = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scale_dtype)
         _, ng = config.groups(in_features)
-        if act_mode is not None and act_mode not in ACT_MODES:
-            raise ValueError(f"act_mode must be None or one of {ACT_MODES}, got {act_mode!r}")
-        if act_block not in ACT_BLOCKS:
-            raise ValueError(f"act_block must be one of {ACT_BLOCKS}, got {act_block!r}")
+        check_act(act_mode, act_block, optional=True)
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.config = config

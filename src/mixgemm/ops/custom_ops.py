@@ -219,12 +219,12 @@ def _linear_wxa8_reference(x: Tensor, qw: QuantizedWeight, bias: Optional[Tensor
                            lo: float, hi: float, act_block: str = "group") -> Tensor:
     """quantize_activation + the block integer GEMM, in float64 (the float64 product of the dequantized
     operands off the CPU: the same number, and CUDA has no int64 bmm)."""
-    from mixgemm.formats.activation import quantize_activation
+    from mixgemm.formats.activation import act_block_size, quantize_activation
     from mixgemm.formats.weight import dequantize_weight
     from mixgemm.reference.block_gemm import block_int_gemm
 
     k = qw.in_features
-    a = quantize_activation(x.reshape(-1, k), -1 if act_block == "token" else qw.group_size, act_mode)
+    a = quantize_activation(x.reshape(-1, k), act_block_size(k, qw.group_size, act_block), act_mode)
     y = block_int_gemm(a, qw) if x.device.type == "cpu" else a.dequantize() @ dequantize_weight(qw, torch.float64).T
     if bias is not None:
         y = y + bias.double()
@@ -239,13 +239,11 @@ def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offse
     """clamp(quant8(x) @ dequant(W).T + bias, lo, hi) -> [..., N] in x.dtype: mixgemm.ops.int8.matmul_a8 (int8
     tensor-core kernels on CUDA, the float64 reference on the CPU); act_block "group" | "token" (see matmul_a8)."""
     from mixgemm._checks import check_matmul_inputs
+    from mixgemm.formats.activation import check_act
 
     qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)
     check_matmul_inputs(x, qw, bias)
-    if act_mode not in ("sym", "asym"):
-        raise ValueError(f"act_mode must be 'sym' or 'asym', got {act_mode!r}")
-    if act_block not in ("group", "token"):
-        raise ValueError(f"act_block must be 'group' or 'token', got {act_block!r}")
+    check_act(act_mode, act_block)
     if x.device.type == "cuda":
         why = _a8_kernel_fits(qw)
         if why is not None:

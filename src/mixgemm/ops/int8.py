@@ -25,7 +25,7 @@ import torch
 
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
-from mixgemm.formats.activation import ACT_BLOCKS, ACT_MODES, QuantizedActivation, quantize_activation
+from mixgemm.formats.activation import QuantizedActivation, act_block_size, check_act, quantize_activation
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 from mixgemm.reference import int8_static as _sref
 from mixgemm.reference.block_gemm import block_int_gemm
@@ -35,18 +35,6 @@ OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # one launch) when True.
 # (scripts/bench_gemv_a8.py switches it off to time the Triton path side by side.)
 A8_GEMV = True
-
-
-def _check_act(act_mode: str, act_block: str) -> None:
-    if act_mode not in ACT_MODES:
-        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
-    if act_block not in ACT_BLOCKS:
-        raise ValueError(f"act_block must be one of {ACT_BLOCKS}, got {act_block!r}")
-
-
-def act_block_size(qweight: QuantizedWeight, k: int, act_block: str) -> int:
-    """The activation quantization block along K: the weight's group (K for per-channel weights), or K ("token")."""
-    return k if act_block == "token" else qweight.config.groups(k)[0]
 
 
 def _per_group(q: torch.Tensor, sa: torch.Tensor, oa: torch.Tensor, sums: torch.Tensor, act_mode: str, group: int):
@@ -133,7 +121,7 @@ def matmul_a8(
     Returns [..., N]. Inputs are never modified.
     """
     check_matmul_inputs(x, qweight, bias)
-    _check_act(act_mode, act_block)
+    check_act(act_mode, act_block)
     lo, hi = clamp_bounds(activation)
     out_dtype = out_dtype or x.dtype
     if out_dtype not in OUT_DTYPES:
@@ -141,7 +129,7 @@ def matmul_a8(
     lead = x.shape[:-1]
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
-    blk = act_block_size(qweight, k, act_block)
+    blk = act_block_size(k, qweight.group_size, act_block)
     if not _use_kernel(x, force_kernel):
         a = quantize_activation(x2, blk, act_mode)
         y = block_int_gemm(a, qweight)
@@ -187,11 +175,11 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     from mixgemm.kernels.triton.int8_layout import get_int8_layout
 
     check_matmul_inputs(x, qweight, bias)
-    _check_act(act_mode, act_block)
+    check_act(act_mode, act_block)
     lo, hi = clamp_bounds(activation)
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
-    blk = act_block_size(qweight, k, act_block)
+    blk = act_block_size(k, qweight.group_size, act_block)
     if _a8_gemv_ok(x2, qweight, act_mode, config):
         from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
 
