@@ -42,15 +42,15 @@ def floor_us(k, n, m, bits, group, bw):
     return byts / bw * 1e6
 
 
-def err_of(x, qw, act, y, rows=16) -> float:
+def err_of(x, qw, act, y, rows=16, block="group") -> float:
     r = min(rows, x.shape[0])
-    a = quantize_activation(x[:r].float().cpu(), qw.group_size, act).dequantize().cuda()
+    a = quantize_activation(x[:r].float().cpu(), -1 if block == "token" else qw.group_size, act).dequantize().cuda()
     ref = a @ dequantize_weight(qw, torch.float64).T
     return float((y[:r].double() - ref).norm() / ref.norm())
 
 
-def time_runner(x, qws, act, rep=200) -> float:
-    runs = [make_a8_runner(x, q, act) for q in qws]
+def time_runner(x, qws, act, rep=200, block="group") -> float:
+    runs = [make_a8_runner(x, q, act, act_block=block) for q in qws]
     return graph_time_us(runs, warmup_ms=10, rep_ms=rep)
 
 
@@ -102,28 +102,50 @@ def print_rows(rows):
               f"{r['err_tri']:8.1e} {r['C']} {r['path']}", flush=True)
 
 
-def sweep(k, n, m, bits, group, act, bw, rep=50):
+def sweep(k, n, m, bits, group, act, bw, rep=50, cfgs=None, block="group"):
+    """Time each config (dict of gemv_a8.CFG_OVERRIDE keys, plus "grid") on one problem; fastest first."""
     qw0, x, qws, _ = make_case(k, n, m, bits, group, seed=1)
     fl = floor_us(k, n, m, bits, group, bw)
     out = []
-    for r, ks, nw, pf in SWEEP_CFGS:
-        for grid in (None, "tiles") if (r, ks, nw, pf) == (4, 1, 8, 0) else (None,):
-            ga.CFG_OVERRIDE = {"R": r, "KS": ks, "NW": nw, "PF": pf}
-            ga.GRID_MODE = grid
-            try:
-                t = time_runner(x, qws, act, rep)
-            except Exception as e:  # noqa: BLE001  (a config that does not launch: report, go on)
-                print(f"  sweep R{r} KS{ks} NW{nw} PF{pf} grid {grid}: {type(e).__name__}: {e}", flush=True)
-                continue
-            out.append((t, r, ks, nw, pf, grid))
-            print(f"  sweep {k}x{n} M{m} W{bits} g{group} R{r} KS{ks} NW{nw} PF{pf} grid {grid!s:>5}: {t:7.1f} us "
-                  f"({100 * fl / t:.0f}% floor)", flush=True)
+    if cfgs is None:
+        cfgs = [dict(R=r, KS=ks, NW=nw, PF=pf) for r, ks, nw, pf in SWEEP_CFGS] + [dict(R=4, KS=1, NW=8, PF=0,
+                                                                                         grid="tiles")]
+    for cfg in cfgs:
+        cfg = dict(cfg)
+        ga.GRID_MODE = cfg.pop("grid", None)
+        ga.CFG_OVERRIDE = cfg
+        try:
+            t = time_runner(x, qws, act, rep, block)
+            y = make_a8_runner(x, qw0, act, act_block=block)()
+            e = err_of(x, qw0, act, y, block=block)
+        except Exception as ex:  # noqa: BLE001  (a config that does not launch: report, go on)
+            print(f"  sweep {cfg} grid {ga.GRID_MODE}: {type(ex).__name__}: {ex}", flush=True)
+            continue
+        out.append((t, dict(cfg, grid=ga.GRID_MODE)))
+        print(f"  sweep {k}x{n} M{m} W{bits} g{group} {act} act {block} {cfg} grid {ga.GRID_MODE!s:>5}: {t:7.1f} us "
+              f"({100 * fl / t:.0f}% floor) err {e:.1e}", flush=True)
     ga.CFG_OVERRIDE = None
     ga.GRID_MODE = None
     del qws
     torch.cuda.empty_cache()
     out.sort(key=lambda v: v[0])
     return out
+
+
+def prologue_sweep(bw, rep):
+    """M = 1 W4A8 g128, per-token and per-group activations, both shapes: the one-pass row prologue (OP) and
+    programmatic dependent launch (gemv_a8.PDL) on and off, at the tuned config and its neighbours."""
+    for k, n in SHAPES:
+        base = dict(ga.TUNED_M1[(4, n, k)])
+        others = [c for c in (dict(R=2, KS=1, NW=8, PF=0), dict(R=2, KS=1, NW=16, PF=1), dict(R=4, KS=1, NW=16, PF=0))
+                  if c != base]
+        for block in ("token", "group"):
+            cfgs = [dict(base, OP=op) for op in ((0, 1) if block == "token" else (1,))] + others
+            for pdl in (False, True):
+                ga.PDL = pdl
+                res = sweep(k, n, 1, 4, 128, "sym", bw, rep, cfgs, block)
+                print(f"best {k}x{n} act {block} PDL {pdl}: {[(round(t, 1), c) for t, c in res[:2]]}", flush=True)
+    ga.PDL = True
 
 
 def row_w8_large(k, n, m, bw, rep=100):
@@ -160,18 +182,22 @@ def main():
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--sweep-rep", type=int, default=50)
     ap.add_argument("--large", action="store_true", help="also W8A8 per-channel M = 2048 (act-quant variants)")
+    ap.add_argument("--prologue", action="store_true", help="only the one-pass prologue / PDL sweep (M = 1)")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
     bw = copy_bandwidth()
     print(f"GPU {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB, "
           f"copy {bw / 1e12:.2f} TB/s, torch {torch.__version__}", flush=True)
+    if args.prologue:
+        prologue_sweep(bw, args.sweep_rep)
+        return
     if args.sweep:
         for k, n in SHAPES:
             for bits, group in ((4, 128), (8, -1)):
                 res = sweep(k, n, 1, bits, group, "sym", bw, args.sweep_rep)
-                t, r, ks, nw, pf, grid = next(v for v in res if v[5] is None)  # the tuned table has no grid mode
-                ga.TUNED_M1[(bits, n, k)] = {"R": r, "KS": ks, "NW": nw, "PF": pf}
-                print(f"best {k}x{n} W{bits}: {[(round(v[0], 1),) + v[1:] for v in res[:3]]}", flush=True)
+                t, cfg = next(v for v in res if v[1]["grid"] is None)  # the tuned table has no grid mode
+                ga.TUNED_M1[(bits, n, k)] = {key: v for key, v in cfg.items() if key != "grid"}
+                print(f"best {k}x{n} W{bits}: {[(round(t, 1), c) for t, c in res[:3]]}", flush=True)
         print("TUNED_M1 =", ga.TUNED_M1, flush=True)
     rows = []
     for k, n in SHAPES:

@@ -25,6 +25,7 @@ from mixgemm.formats.activation import quantize_activation
 from mixgemm.formats.layouts_a8 import (
     CHUNK_K,
     build_a8gemv_v1,
+    get_a8gemv_layout,
     pack_int4_words,
     pick_u,
     unpack_int4_words,
@@ -162,6 +163,12 @@ def _instantiations(full: bool = True):
         u = max(1, min(4, g // CHUNK_K[bits]))
         out.append({"A8_BITS": bits, "A8_XT": xt, "A8_M": mb, "A8_G": g, "A8_U": u, "A8_R": ga.ROWS_PER_WARP[mb],
                     "A8_RG": 8, "A8_KS": 1, "A8_PF": 0, "A8_AT": 1})
+    # the one-pass row prologue (per-channel weights, per-token activations)
+    for bits, g, opc, xt in itertools.product((4, 8), (128, 0), (1, 4, 8), (0, 1, 2) if full else (0,)):
+        if opc * (2 if xt == 2 else 1) > ga.OPC_MAX:
+            continue
+        out.append({"A8_BITS": bits, "A8_XT": xt, "A8_M": 1, "A8_G": g, "A8_U": 4, "A8_R": 2, "A8_RG": 16,
+                    "A8_KS": 1, "A8_PF": int(opc != 4), "A8_AT": int(g > 0), "A8_OPC": opc})
     return out
 
 
@@ -177,7 +184,22 @@ def test_choose_config():
     cfg = ga.choose_config(1, 8192, 7, 132)
     assert cfg["KS"] * cfg["RG"] == 8 and cfg["KS"] >= 2
     assert ga.choose_config(16, 64, 1, 132)["KS"] == 1  # one step: nothing to split
-    assert ga.choose_config(1, 8192, 7, 132, 4, 28672) == {"R": 2, "KS": 1, "NW": 16, "PF": 1, "RG": 16}  # tuned
+    assert ga.choose_config(1, 8192, 7, 132, 4, 28672) == {"R": 4, "KS": 1, "NW": 16, "PF": 0, "RG": 16}  # tuned
+
+
+def test_one_pass_chunks():
+    """A8_OPC: the row's 8-k chunks per thread when they fit in OPC_MAX registers' worth, row-wide blocks only."""
+    g = _gen(4)
+    lay = get_a8gemv_layout(quantize_weight(torch.randn(40, 28672, generator=g), bits=4, group_size=128))
+    assert ga.one_pass_chunks(lay, 0, 512, True) == 7  # 3584 chunks over 512 threads
+    assert ga.one_pass_chunks(lay, 0, 256, True) == 0  # 14 > OPC_MAX: two passes
+    assert ga.one_pass_chunks(lay, 2, 512, True) == 0  # fp32 x: 2 x 16 bytes per chunk
+    assert ga.one_pass_chunks(lay, 0, 512, False) == 0  # per-group activations: blocks are not rows
+    odd = get_a8gemv_layout(quantize_weight(torch.randn(40, 333, generator=g), bits=8, group_size=-1))
+    assert ga.one_pass_chunks(odd, 0, 256, True) == 0  # K % 8 != 0: the scalar tail needs the two-pass loads
+    cfg = ga.choose_config(1, 8192, 7, 132, 4, 28672)  # 16 warps
+    assert ga.defines_for(lay, 0, 1, cfg, per_token=True)["A8_OPC"] == 7
+    assert ga.defines_for(lay, 0, 1, dict(cfg, OP=0), per_token=True)["A8_OPC"] == 0
 
 
 # ----------------------------------------------------------------------------------------------- GPU
@@ -244,7 +266,7 @@ def test_gemv_a8_large(bits, group, k, n, m, act):
 @pytest.mark.parametrize("cfg", [dict(R=4, KS=1, NW=8, PF=0), dict(R=2, KS=1, NW=8, PF=1),
                                  dict(R=1, KS=2, NW=8, PF=1), dict(R=4, KS=1, NW=8, PF=1),
                                  dict(R=2, KS=2, NW=16, PF=1), dict(R=4, KS=1, NW=16, PF=0),
-                                 dict(R=2, KS=4, NW=8, PF=0)])
+                                 dict(R=2, KS=4, NW=8, PF=0), dict(R=4, KS=1, NW=16, PF=0, OP=0)])
 @pytest.mark.parametrize("grid", [None, "tiles", 1])
 @pytest.mark.parametrize("bits,group", [(4, 128), (8, -1)])
 def test_gemv_a8_configs(cfg, grid, bits, group):
@@ -302,6 +324,76 @@ def test_gemv_a8_per_token(bits, group, mode, act, m):
     assert _rel(y, ref) <= 1e-5
     # and different from the per-group quantization of the same x (the flag is not ignored)
     assert _rel(y, _ref(x, qw, act, None, float("-inf"), float("inf"))) > 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group,k", [(4, 128, 28672), (4, 128, 8192), (8, -1, 28672), (4, 256, 4608),
+                                          (8, -1, 8200)])
+@pytest.mark.parametrize("act", ["sym", "asym"])
+@pytest.mark.parametrize("xdt", [torch.float16, torch.bfloat16, torch.float32])
+def test_gemv_a8_one_pass_prologue(bits, group, k, act, xdt):
+    """Row-wide activation blocks (per-token over groups, per-channel weights): the one-pass prologue (OP 1, x held
+    in registers) gives the same bits as the two-pass one (OP 0) and matches the reference, on 8- and 16-warp blocks
+    and with KS 2 (fp32 x at K = 28672 and 8-warp blocks at K = 28672 fall back to two passes)."""
+    g = _gen(bits + group + k + len(act))
+    n, m = 1031, 1
+    qw = quantize_weight((torch.randn(n, k, generator=g) * 0.02).cuda(), bits=bits, group_size=group,
+                         mode="zero_point" if act == "asym" else "sym")
+    x = (torch.randn(m, k, generator=g) * torch.linspace(0.1, 3, k)).to(xdt).cuda()
+    per_token = group != -1
+    ref = _ref(x, qw, act, None, float("-inf"), float("inf"), per_token=per_token)
+    outs = []
+    try:
+        for cfg in (dict(R=2, KS=1, NW=16, PF=1, OP=0), dict(R=2, KS=1, NW=16, PF=1, OP=1),
+                    dict(R=4, KS=1, NW=16, PF=0, OP=1), dict(R=2, KS=1, NW=8, PF=0, OP=1),
+                    dict(R=4, KS=2, NW=8, PF=0, OP=1)):
+            ga.CFG_OVERRIDE = cfg
+            y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), torch.float32, per_token=per_token)
+            assert _rel(y, ref) <= 1e-5, cfg
+            outs.append(y)
+    finally:
+        ga.CFG_OVERRIDE = None
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pf", [0, 1])
+def test_gemv_a8_pdl_dependent_chain(pf):
+    """Programmatic dependent launch: each GEMV reads the output of the kernel right before it (another GEMV, or a
+    torch elementwise op), eagerly and replayed from a CUDA graph; equal bit for bit to the PDL-off run, so no GEMV
+    quantized its x before the producer had finished."""
+    g = _gen(31)
+    qa = quantize_weight((torch.randn(2048, 2048, generator=g) * 0.02).cuda(), bits=4, group_size=128)
+    qb = quantize_weight((torch.randn(2048, 2048, generator=g) * 0.02).cuda(), bits=8, group_size=-1, mode="offset")
+    x0 = torch.randn(1, 2048, generator=g).half().cuda()
+    inf = float("inf")
+
+    def chain(x):
+        for _ in range(4):
+            x = ga.gemv_a8(x, qa, "sym", None, -inf, inf, torch.float16, per_token=True)
+            x = ga.gemv_a8(x * 0.05, qb, "asym", None, -inf, inf, torch.float16)  # the elementwise op writes x
+            x = torch.tanh(x)
+        return x
+
+    results = {}
+    old = ga.PDL
+    try:
+        ga.CFG_OVERRIDE = dict(R=2, KS=1, NW=8, PF=pf)
+        for pdl in (False, True):
+            ga.PDL = pdl
+            eager = chain(x0)
+            xs = x0.clone()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                yg = chain(xs)
+            graph.replay()
+            torch.cuda.synchronize()
+            results[pdl] = (eager, yg.clone())
+    finally:
+        ga.PDL, ga.CFG_OVERRIDE = old, None
+    assert torch.equal(results[True][0], results[False][0])
+    assert torch.equal(results[True][1], results[False][1])
+    assert torch.equal(results[True][0], results[True][1])
 
 
 @pytest.mark.gpu

@@ -64,6 +64,10 @@
 #ifndef A8_PF  // 1: register double buffering of the weight loads across steps and tiles
 #define A8_PF 0
 #endif
+#ifndef A8_OPC  // > 0 (row-wide activation blocks, K % 8 == 0, Kp <= 8 * A8_OPC * threads): one-pass prologue,
+#define A8_OPC 0  // each thread holds A8_OPC 8-k chunks of the row in registers (x read once, not twice)
+#endif
+
 
 #define A8_THREADS (32 * A8_RG * A8_KS)
 
@@ -300,24 +304,50 @@ __device__ __forceinline__ void load_chunks(const void* X, size_t roff, int base
   }
 }
 
-// One block = the whole row (per-channel weights, G = 0; or per-token activations over groups of G): pass 1
-// block-reduces the range, pass 2 quantizes. G > 0: the row's scale / offset are written for every group and the
-// code sums per group are the sums of the group's unit sums.
-template <bool ASYM, int M, int U, int CH, int NT, int G>
+// One block = the whole row (per-channel weights, G = 0; or per-token activations over groups of G): the range is
+// block-reduced, then the row is quantized. OPC > 0: each thread keeps its OPC chunks of 8 k in registers between the
+// two (x read once from L2; the host sets it when K % 8 == 0 and Kp <= 8 * OPC * NT); OPC = 0: two passes over x.
+// G > 0: the row's scale / offset are written for every group and the code sums per group are the sums of the
+// group's unit sums.
+template <bool ASYM, int M, int U, int CH, int NT, int G, int OPC>
 __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, int ldx, int K, int Mr,
                                                  float* pcr, int* pcs) {
   constexpr int UL = U * CH / 8, NB = 2, NW = NT / 32;
   const float pad = ASYM ? __int_as_float(0x7fffffff) : 0.f;  // NaN pads for asym (see load8)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int K8 = sm.Kp / 8, KR8 = (K + 7) / 8;
+  // the one-pass form needs whole chunks (no scalar tail) and the row inside the registers; else two passes
+  const bool one = OPC > 0 && (K & 7) == 0 && K8 <= OPC * NT;
   for (int m = 0; m < M; ++m) {
     const size_t roff = (size_t)min(m, Mr - 1) * ldx;
     float a = ASYM ? -__int_as_float(0x7f800000) : 0.f, c = __int_as_float(0x7f800000);
-    for (int base = 0; base < KR8; base += NT * NB) {
-      float v[NB][8];
-      load_chunks<NB, NT>(X, roff, base, tid, KR8, K, pad, v);
+    uint4 raw[OPC > 0 ? OPC : 1][XV];
+    if (one) {  // every load first: OPC x 16 bytes in flight per thread
 #pragma unroll
-      for (int b = 0; b < NB; ++b) range8<ASYM>(v[b], a, c);
+      for (int i = 0; i < OPC; ++i) {
+        const int k8 = tid + i * NT;
+        if (k8 < KR8) {
+          load8_raw(X, roff, k8 * 8, raw[i]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < XV; ++j) raw[i][j] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < OPC; ++i) {
+        if (tid + i * NT < KR8) {
+          float v[8];
+          raw_to_f32(raw[i], v);
+          range8<ASYM>(v, a, c);
+        }
+      }
+    } else {
+      for (int base = 0; base < KR8; base += NT * NB) {
+        float v[NB][8];
+        load_chunks<NB, NT>(X, roff, base, tid, KR8, K, pad, v);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) range8<ASYM>(v[b], a, c);
+      }
     }
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -332,20 +362,30 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
     float d, inv, off;
     block_params<ASYM>(a, c, d, inv, off);
     int tot = 0;
-    for (int base = 0; base < K8; base += NT * NB) {
-      float v[NB][8];
-      load_chunks<NB, NT>(X, roff, base, tid, KR8, K, pad, v);
+    // chunk k8 (8 values, padded past K) -> codes in shared memory, unit sums, the thread's running total
+    auto emit = [&](int k8, const float (&v)[8]) {
+      u32 w0, w1;
+      int su = quant8<ASYM, true>(v, d, inv, off, w0, w1);
+      if (k8 >= KR8) { su = 0; w0 = w1 = 0u; }
+      if (k8 < K8) store_codes<U, CH>(sm, m, k8 * 8, w0, w1);
+      tot += su;
 #pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        const int k8 = base + b * NT + tid;
-        u32 w0, w1;
-        int su = quant8<ASYM, true>(v[b], d, inv, off, w0, w1);
-        if (k8 >= KR8) { su = 0; w0 = w1 = 0u; }
-        if (k8 < K8) store_codes<U, CH>(sm, m, k8 * 8, w0, w1);
-        tot += su;
+      for (int o = 1; o < UL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+      if (k8 < K8 && (lane % UL) == 0) sm.SAu[m * sm.NU + k8 * 8 / (U * CH)] = su;
+    };
+    if (one) {
 #pragma unroll
-        for (int o = 1; o < UL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
-        if (k8 < K8 && (lane % UL) == 0) sm.SAu[m * sm.NU + k8 * 8 / (U * CH)] = su;
+      for (int i = 0; i < OPC; ++i) {
+        float v[8];
+        raw_to_f32(raw[i], v);
+        emit(tid + i * NT, v);
+      }
+    } else {
+      for (int base = 0; base < K8; base += NT * NB) {
+        float v[NB][8];
+        load_chunks<NB, NT>(X, roff, base, tid, KR8, K, pad, v);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) emit(base + b * NT + tid, v[b]);
       }
     }
 #pragma unroll
@@ -476,17 +516,20 @@ mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kp * BITS / 128] uint
     }
   };
 
+  int tile = blockIdx.x;
+  // PDL (sm_90, launched with programmatic stream serialization): the next kernel may start its own weight loads
+  // during this one's last wave; this one loads only weights (never written by other kernels) before pdl_wait()
+  pdl_launch_dependents();
   uint4 wA[U][R];
   float sA_[R];
-  int tile = blockIdx.x;
   if (tile < ntiles && nsteps > 0) load(wA, sA_, tile, ks);  // first weight loads fly during the prologue
-
+  pdl_wait();  // x, bias and y belong to other kernels: nothing touches them before this
   if (G > 0 && !A8_AT) {
     if (asym) prologue_grouped<true, M, (G > 0 ? G : 32), U, CH, NT>(sm, X, ldx, K, Mr);
     else prologue_grouped<false, M, (G > 0 ? G : 32), U, CH, NT>(sm, X, ldx, K, Mr);
   } else {
-    if (asym) prologue_channel<true, M, U, CH, NT, G>(sm, X, ldx, K, Mr, pcr, &pcs);
-    else prologue_channel<false, M, U, CH, NT, G>(sm, X, ldx, K, Mr, pcr, &pcs);
+    if (asym) prologue_channel<true, M, U, CH, NT, G, A8_OPC>(sm, X, ldx, K, Mr, pcr, &pcs);
+    else prologue_channel<false, M, U, CH, NT, G, A8_OPC>(sm, X, ldx, K, Mr, pcr, &pcs);
   }
   __syncthreads();
 

@@ -20,16 +20,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 import torch
 
-from mixgemm.formats.layouts_a8 import A8GemvLayout, get_a8gemv_layout
+from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
 
 SOURCE = "gemv_a8.cu"
 KERNEL = "mixgemm_gemv_a8"
 MAX_M = 16  # what the kernel handles
+# Programmatic dependent launch on sm_90+ (as the W4A16 GEMV, kernels/cuda/gemv.py; MIXGEMM_PDL=0 turns it off):
+# the kernel loads its first weights before griddepcontrol.wait, so it is not used for the first launch after the
+# weight's layout was built (the build kernels write those weights).
+PDL = os.environ.get("MIXGEMM_PDL", "1") != "0"
 # What the dispatcher (supported / mixgemm.ops.int8) sends here; larger M goes to the Triton tensor-core
 # path. Measured on H200 (benchmarks/int8_notes.md, 2026-11-21): M = 2 wins on both LLM shapes (41.8 vs
 # 59.0 us, 53.0 vs 61.1 us); M = 4 loses on 28672x8192 (76.7 vs 62.2 us) and for W8 per-channel; M = 16
@@ -47,8 +52,10 @@ GRID_MODE: str | int | None = None
 # M = 1 decode shapes: the fastest config of scripts/bench_gemv_a8.py --sweep (H200, 2026-11-21), keyed by
 # (bits, N, K); the table rows of that run used exactly these (errors 2.1e-4, fp16 output).
 TUNED_M1: dict = {
-    (4, 28672, 8192): {"R": 2, "KS": 1, "NW": 8, "PF": 0},   # 37.0 us, 80% of the HBM floor
-    (4, 8192, 28672): {"R": 2, "KS": 1, "NW": 16, "PF": 1},  # 39.8 us, 74% (x quantized once per SM)
+    (4, 28672, 8192): {"R": 2, "KS": 1, "NW": 8, "PF": 0},   # 36.1-36.4 us, 81% of the HBM floor (session 11)
+    # 28672x8192: 38.1-38.2 us with per-token, 39.0 with per-group activations (77% / 75%; session 11, one-pass
+    # prologue + PDL; the session-7 entry R 2, NW 16, PF 1 measured 38.5 / 39.4 in the same runs)
+    (4, 8192, 28672): {"R": 4, "KS": 1, "NW": 16, "PF": 0},
     (8, 28672, 8192): {"R": 4, "KS": 1, "NW": 16, "PF": 0},  # 64.4 us, 86% (W8 per-channel)
     (8, 8192, 28672): {"R": 4, "KS": 1, "NW": 16, "PF": 0},  # 68.0 us, 82%
 }
@@ -96,7 +103,8 @@ def choose_config(mb: int, n: int, steps: int, num_sms: int, bits: int = 4, k: i
     if CFG_OVERRIDE is not None:
         r, ks = CFG_OVERRIDE["R"], CFG_OVERRIDE["KS"]
         nw = CFG_OVERRIDE.get("NW", WARPS)
-        return {"R": r, "KS": ks, "RG": nw // ks, "NW": nw, "PF": CFG_OVERRIDE.get("PF", 0)}
+        return {"R": r, "KS": ks, "RG": nw // ks, "NW": nw, "PF": CFG_OVERRIDE.get("PF", 0),
+                "OP": CFG_OVERRIDE.get("OP", 1)}
     if mb == 1 and (bits, n, k) in TUNED_M1:
         return dict(TUNED_M1[(bits, n, k)], RG=TUNED_M1[(bits, n, k)]["NW"] // TUNED_M1[(bits, n, k)]["KS"])
     r = ROWS_PER_WARP[mb]
@@ -106,11 +114,27 @@ def choose_config(mb: int, n: int, steps: int, num_sms: int, bits: int = 4, k: i
     return {"R": r, "KS": ks, "RG": WARPS // ks, "NW": WARPS, "PF": 0}
 
 
+OPC_MAX = 8  # one-pass prologue: at most 8 x 16 bytes of x per thread held in registers (32 registers)
+
+
+def one_pass_chunks(lay: A8GemvLayout, xt: int, threads: int, row_wide: bool) -> int:
+    """A8_OPC of the one-pass row prologue (activation blocks = whole rows: per-channel weights or per-token
+    activations): 8-k chunks of x per thread held in registers between the range and the quantization, so x is
+    read once instead of twice; 0 (two passes) when K % 8 != 0 or the row does not fit in OPC_MAX x 16 bytes."""
+    if not row_wide or lay.k % 8:
+        return 0
+    opc = -(-(lay.kp // 8) // threads)
+    return opc if opc * (2 if xt == 2 else 1) <= OPC_MAX else 0
+
+
 def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict, per_token: bool = False) -> dict:
-    """NVRTC -D macros of one gemv_a8.cu instantiation."""
+    """NVRTC -D macros of one gemv_a8.cu instantiation (cfg: choose_config's dict; "OP" 0 turns the one-pass
+    prologue off)."""
+    threads = 32 * cfg["RG"] * cfg["KS"]
+    opc = one_pass_chunks(lay, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
             "A8_U": lay.u, "A8_R": cfg["R"], "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg.get("PF", 0),
-            "A8_AT": int(per_token and not lay.per_channel)}
+            "A8_AT": int(per_token and not lay.per_channel), "A8_OPC": opc}
 
 
 def _grid(ntiles: int, fn, threads: int, smem: int, num_sms: int) -> int:
@@ -164,6 +188,7 @@ def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.T
         if bias.dtype not in _BIAS:
             raise TypeError(f"bias dtype {bias.dtype} not supported (float16, bfloat16, float32)")
         bias = bias.contiguous()
+    fresh = not qw.has_layout(LAYOUT_NAME)  # its build kernels write the weights read before pdl_wait: no PDL
     lay = get_a8gemv_layout(qw)
     dev = x2d.device
     mb = m_bucket(m)
@@ -199,7 +224,8 @@ def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.T
         ctypes.c_int(m),
     ]
     with torch.cuda.device(dev):
-        nvrtc.launch(fn, (grid, 1, 1), (threads, 1, 1), args, torch.cuda.current_stream(dev).cuda_stream, smem)
+        nvrtc.launch(fn, (grid, 1, 1), (threads, 1, 1), args, torch.cuda.current_stream(dev).cuda_stream, smem,
+                     pdl=PDL and not fresh and torch.cuda.get_device_capability(dev)[0] >= 9)
     return out
 
 
