@@ -22,6 +22,7 @@ from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import gemv as gemv_mod
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, m_bucket, mma_defines_for
+from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
 BITS = (4, 8)
 ACTS = (0, 1, 2)  # fp16, bf16, fp32 activations
@@ -340,7 +341,7 @@ def test_gemv_pdl_dependent_chain(kernel_kind):
     """Programmatic dependent launch: each GEMV reads the output of the kernel right before it (another GEMV,
     or a torch elementwise op), eagerly and replayed from a CUDA graph; results equal the PDL-off run bit for
     bit (the kernels are deterministic), so no GEMV read its x before the producer had finished."""
-    old = (gemv_mod.KERNEL_OVERRIDE, gemv_mod.PDL)
+    old = gemv_mod.KERNEL_OVERRIDE
     gemv_mod.KERNEL_OVERRIDE = kernel_kind
     try:
         from mixgemm.kernels.cuda.gemv import gemv
@@ -356,22 +357,9 @@ def test_gemv_pdl_dependent_chain(kernel_kind):
                 x = torch.tanh(x)
             return x
 
-        results = {}
-        for pdl in (False, True):
-            gemv_mod.PDL = pdl
-            eager = chain(x0)
-            xs = x0.clone()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                yg = chain(xs)
-            g.replay()
-            torch.cuda.synchronize()
-            results[pdl] = (eager, yg.clone())
-        assert torch.equal(results[True][0], results[False][0])
-        assert torch.equal(results[True][1], results[False][0])
-        assert torch.equal(results[False][1], results[False][0])
+        assert_pdl_chain_matches(gemv_mod, chain, x0)
     finally:
-        gemv_mod.KERNEL_OVERRIDE, gemv_mod.PDL = old
+        gemv_mod.KERNEL_OVERRIDE = old
 
 
 # L2-prefetch / persistent-grid variants of the CUDA-core kernel (R, U, KS, BPF, PST, MINB): BPF 1

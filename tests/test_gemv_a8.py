@@ -34,6 +34,7 @@ from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import gemv_a8 as ga
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.reference.block_gemm import block_int_gemm
+from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
 GROUPS = (32, 64, 128, 256, -1)
@@ -375,25 +376,11 @@ def test_gemv_a8_pdl_dependent_chain(pf):
             x = torch.tanh(x)
         return x
 
-    results = {}
-    old = ga.PDL
     try:
         ga.CFG_OVERRIDE = dict(R=2, KS=1, NW=8, PF=pf)
-        for pdl in (False, True):
-            ga.PDL = pdl
-            eager = chain(x0)
-            xs = x0.clone()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                yg = chain(xs)
-            graph.replay()
-            torch.cuda.synchronize()
-            results[pdl] = (eager, yg.clone())
+        assert_pdl_chain_matches(ga, chain, x0)
     finally:
-        ga.PDL, ga.CFG_OVERRIDE = old, None
-    assert torch.equal(results[True][0], results[False][0])
-    assert torch.equal(results[True][1], results[False][1])
-    assert torch.equal(results[True][0], results[True][1])
+        ga.CFG_OVERRIDE = None
 
 
 @pytest.mark.gpu
