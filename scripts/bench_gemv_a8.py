@@ -142,10 +142,12 @@ def prologue_sweep(bw, rep):
         for block in ("token", "group"):
             cfgs = [dict(base, OP=op) for op in ((0, 1) if block == "token" else (1,))] + others
             for pdl in (False, True):
-                ga.PDL = pdl
-                res = sweep(k, n, 1, 4, 128, "sym", bw, rep, cfgs, block)
+                old, ga.PDL = ga.PDL, pdl
+                try:
+                    res = sweep(k, n, 1, 4, 128, "sym", bw, rep, cfgs, block)
+                finally:
+                    ga.PDL = old  # as the process set it (MIXGEMM_PDL)
                 print(f"best {k}x{n} act {block} PDL {pdl}: {[(round(t, 1), c) for t, c in res[:2]]}", flush=True)
-    ga.PDL = True
 
 
 def row_w8_large(k, n, m, bw, rep=100):

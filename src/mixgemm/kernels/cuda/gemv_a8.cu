@@ -68,7 +68,6 @@
 #define A8_OPC 0  // each thread holds A8_OPC 8-k chunks of the row in registers (x read once, not twice)
 #endif
 
-
 #define A8_THREADS (32 * A8_RG * A8_KS)
 
 using namespace mg;
