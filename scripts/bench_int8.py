@@ -28,7 +28,7 @@ from mixgemm.formats.weight import dequantize_weight, quantize_weight
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
 from mixgemm.kernels.triton.int8_layout import get_int8_layout
-from mixgemm.ops.int8 import make_a8_runner
+from mixgemm.ops.int8 import _act_quant, make_a8_runner
 
 ACCEPT_SHAPES = [(8192, 28672), (28672, 8192)]  # K x N
 
@@ -109,9 +109,11 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
                us=t * 1e6, eager_us=te * 1e6, err=err, C=c)
     del runs, qws, run0
     torch.cuda.empty_cache()
-    # activation quantization alone (included above)
-    q = act_quant(x, blk, act_mode)
-    row["actq_us"] = do_bench(lambda: act_quant(x, blk, act_mode, out=q), warmup=10, rep=50,
+    # activation quantization alone (included above): the quantizer the runner calls (ops.int8._act_quant: the CUDA
+    # row kernel for per-token blocks of K > 4096, else the Triton one; until session 12 this column timed the Triton
+    # kernel for every row, 25.5 / 76.1 us at M = 2048 where the runner's CUDA kernel takes 19 / 49 us)
+    q = _act_quant(x, blk, act_mode)
+    row["actq_us"] = do_bench(lambda: _act_quant(x, blk, act_mode, out=q), warmup=10, rep=50,
                               return_mode="median") * 1e3
     if peers:
         cc = copies_for(n * k * 2)
@@ -188,12 +190,41 @@ def C(bm, bn, bk, w, s, gm=8, tma=False):
     return d
 
 
+def actq_rows_sweep(bw):
+    """Per-token quantization of x [M, K] fp16 by gemv_a8.act_quant_rows at each block size: time and bandwidth
+    (bytes = 2 MK read + MK written), beside the copy bandwidth."""
+    from mixgemm.kernels.cuda import gemv_a8 as ga
+
+    nt0 = ga.ACTQ_NT
+    try:
+        for k in (8192, 28672):
+            for m in (2048, 4096):
+                x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+                ref = None
+                for nt in (256, 512, 1024):
+                    ga.ACTQ_NT = nt
+                    q = ga.act_quant_rows(x, "sym")
+                    if ref is None:
+                        ref = q
+                    same = all(torch.equal(a, b) for a, b in zip(q, ref, strict=True))
+                    t = do_bench(lambda q=q, x=x: ga.act_quant_rows(x, "sym", out=q), warmup=10, rep=50,
+                                 return_mode="median") * 1e-3
+                    print(f"actq rows K={k} M={m} NT={nt}: {t * 1e6:.1f} us, {3 * m * k / t / 1e12:.2f} TB/s "
+                          f"({3 * m * k / t / bw:.0%} of copy), identical {same}", flush=True)
+                del x, ref
+    finally:
+        ga.ACTQ_NT = nt0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--accept", action="store_true")
     ap.add_argument("--ms", default="1,16,256,2048,4096,16384")
     ap.add_argument("--token", action="store_true", help="--accept: the W4A8 g128 rows with per-token activations only")
+    ap.add_argument("--actq-rows", action="store_true",
+                    help="only the CUDA per-token row quantizer (what matmul_a8 runs for per-token blocks) at "
+                         "block sizes 256 / 512 / 1024 threads")
     args = ap.parse_args()
     p = torch.cuda.get_device_properties(0)
     import triton
@@ -203,6 +234,9 @@ def main():
     bw = copy_bandwidth()
     tf16, top8 = matmul_rates()
     print(f"copy {bw / 1e12:.3f} TB/s; fp16 matmul {tf16:.0f} TFLOP/s; _int_mm {top8:.0f} TOP/s", flush=True)
+    if args.actq_rows:
+        actq_rows_sweep(bw)
+        return
     best = {}
     if args.sweep:
         import mixgemm.kernels.triton.act_quant as AQ

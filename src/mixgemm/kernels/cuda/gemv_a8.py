@@ -264,11 +264,13 @@ def act_quant_rows(x: torch.Tensor, mode: str = "sym", out=None):
         out = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, 1), dtype=torch.float32, device=dev),
                torch.empty((m, 1), dtype=torch.float32, device=dev), torch.empty((m, 1), dtype=torch.int32, device=dev))
     q, s, o, sm = out
-    cpt = -(-(k // 8) // ACTQ_NT)
-    fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows", {"A8_ACTQ": cpt, "A8_XT": _XT[x.dtype]}, dev)
+    nt = ACTQ_NT  # threads per row (the .cu's AQ_NT; 256 measured the same as 512 on H200, session 12)
+    cpt = -(-(k // 8) // nt)
+    fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows", {"A8_ACTQ": cpt, "A8_XT": _XT[x.dtype], "AQ_NT": nt},
+                            dev)
     args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(q.data_ptr()),
             ctypes.c_int(q.stride(0)), ctypes.c_void_p(s.data_ptr()), ctypes.c_void_p(o.data_ptr()),
             ctypes.c_void_p(sm.data_ptr()), ctypes.c_int(k), ctypes.c_int(1 if mode == "asym" else 0)]
     with torch.cuda.device(dev):
-        nvrtc.launch(fn, (m, 1, 1), (ACTQ_NT, 1, 1), args, torch.cuda.current_stream(dev).cuda_stream)
+        nvrtc.launch(fn, (m, 1, 1), (nt, 1, 1), args, torch.cuda.current_stream(dev).cuda_stream)
     return out
