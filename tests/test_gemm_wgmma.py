@@ -110,6 +110,12 @@ COMPILE_CASES = [
          WG_GT=2),
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_FOLD=1, WG_GT=1),
     dict(WG_BITS=8, WG_ACT=0, WG_SCL=2, WG_MODE=1, WG_BM=16, WG_NWG=1, WG_STAGES=4, WG_KT=4, WG_FOLD=1, WG_GT=2),
+    # implicit-GEMM convolution (im2col TMA loader): plain, stream-K, split-K, multi-tile stages with FOLD
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_CONV=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=1, WG_STAGES=4, WG_PC=1, WG_SK=1, WG_CONV=1),
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=2, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_SPLIT=1, WG_CONV=1),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_KT=4, WG_FOLD=1, WG_GT=2,
+         WG_CONV=1),
 ]
 
 

@@ -2,6 +2,8 @@
 
 CUDA dispatch (pick_path, deterministic in shapes and dtypes):
 * depthwise (Ci/groups == 1): the Triton depthwise kernel;
+* sm_90, fp16 / bf16 channels_last input, Ci % 64 == 0, groups 1: the wgmma implicit GEMM (kernels/cuda/conv_wgmma.py:
+  im2col TMA loads into the weight-only GEMM's pipeline), unless the per-GPU table measured the layer faster below;
 * opt-in (DEQUANT_MIN_M set; off by default): fp16 / bf16 with M = B*Ho*Wo >= DEQUANT_MIN_M: the weight
   is dequantized once (one Triton kernel, a
   transient [Co, Kh*Kw*Ci_g] buffer) and cuDNN runs the convolution (large batches: activation-bound);
@@ -134,15 +136,29 @@ def conv2d(
 DEQUANT_MIN_M: int | None = None
 
 
-def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups) -> str:
-    """ "dequant" (weight dequantized once + cuDNN), "matmul" (1x1 as a GEMM), "dw" (depthwise kernel) or
-    "igemm" (implicit GEMM kernel). Deterministic in the shapes and dtypes."""
+# The Hopper wgmma implicit GEMM for the convolutions it takes (see pick_path); False restores the Triton kernels.
+WGMMA_CONV: bool = True
+
+
+def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
+              dilation=(1, 1)) -> str:
+    """ "dequant" (weight dequantized once + cuDNN), "wgmma" (the Hopper wgmma implicit GEMM), "matmul" (1x1 as a
+    GEMM), "dw" (depthwise kernel) or "igemm" (Triton implicit GEMM). Deterministic in the shapes and dtypes."""
     kh, kw = qweight.kernel_size
     depthwise = qweight.in_channels_per_group == 1 and groups > 1
     if depthwise:
         return "dw"
     if DEQUANT_MIN_M is not None and x.dtype in (torch.float16, torch.bfloat16) and m >= DEQUANT_MIN_M:
         return "dequant"
+    if WGMMA_CONV and x.device.type == "cuda":
+        from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma_supported, tuned_config
+
+        # sm_90, fp16 / bf16 channels_last, Ci % 64 == 0, groups 1: the wgmma path unless this GPU's sweep measured
+        # the layer slower there than on the kernels below (kernels/triton/conv_table.py, _H200_WGMMA)
+        if conv_wgmma_supported(x, qweight, stride, padding, dilation, groups):
+            measured, cfg = tuned_config(x.device, qweight, stride, m)
+            if cfg is not None or not measured:
+                return "wgmma"
     pointwise = (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1
     if pointwise and _out_format(x) == torch.channels_last and _gemm_available():
         if x.device.type == "cuda":
@@ -161,7 +177,8 @@ def cuda_conv2d(
 ):
     """The CUDA conv (also runs on CPU tensors under TRITON_INTERPRET=1, for tests). Arguments already checked.
     config: a kernels.triton.conv ConvConfig (implicit GEMM) or DwConfig (depthwise) forcing that kernel's
-    tiles; path: force "igemm" / "dw" / "matmul" / "dequant" (default: pick_path)."""
+    tiles, or a dict of wgmma tiles (path "wgmma"); path: force "igemm" / "dw" / "matmul" / "dequant" / "wgmma"
+    (default: pick_path)."""
     from mixgemm.kernels.triton import conv as K
 
     b, _, h, w = x.shape
@@ -176,7 +193,7 @@ def cuda_conv2d(
         path = (
             ("dw" if depthwise else "igemm")
             if config is not None
-            else pick_path(x, qweight, b * ho * wo, stride, padding, groups)
+            else pick_path(x, qweight, b * ho * wo, stride, padding, groups, dilation)
         )
     if b * ho * wo == 0:
         return torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
@@ -186,6 +203,10 @@ def cuda_conv2d(
 
         y = matmul(x.permute(0, 2, 3, 1).reshape(b * h * w, x.shape[1]), qweight.matrix, bias, activation)
         return y.reshape(b, h, w, co).permute(0, 3, 1, 2)
+    if path == "wgmma":  # implicit GEMM on the Hopper wgmma kernel (fp16 / bf16 channels_last, Ci % 64 == 0)
+        from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma
+
+        return conv_wgmma(x, qweight, bias, stride, padding, dilation, lo, hi, config)
     if path == "dequant":
         import torch.nn.functional as F
 

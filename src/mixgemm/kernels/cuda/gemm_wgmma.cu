@@ -108,6 +108,15 @@
 #ifndef WG_FOLD
 #define WG_FOLD 0
 #endif
+
+// WG_CONV: implicit-GEMM convolution (issue 8) on this same kernel. The activations are a channels_last input
+// [B, H, W, Ci] read through an im2col tensor map: for BM consecutive output pixels TMA gathers the 64 channels of one
+// filter tap straight into the swizzled B atom the wgmma reads, zero-filling the padding. Why: no im2col buffer and
+// no per-thread gather arithmetic -- the loader stays one thread per stage, exactly as for the GEMM. The weight's K
+// order (kh, kw, ci) with Ci % 64 == 0 puts every 64-k tile inside one tap. Needs WG_TMA 1.
+#ifndef WG_CONV
+#define WG_CONV 0
+#endif
 #ifndef WG_GT
 #define WG_GT 1
 #endif
@@ -164,6 +173,13 @@ struct IC {
 static_assert(BM % 8 == 0 && BM >= 8 && BM <= 256, "BM is the wgmma N: 8..256, a multiple of 8");
 constexpr bool FOLD = WG_FOLD != 0;
 constexpr int GT = WG_GT;
+constexpr bool CONV = WG_CONV != 0;
+static_assert(!CONV || BULK, "WG_CONV takes the TMA loader (WG_TMA 1)");
+// WG_CONV geometry: output pixel m = (n * P + p) * Q + q reads input pixel (q sw - pw + kw dw, p sh - ph + kh dh) of
+// image n for tap (kh, kw); k-tile kk is channels 64 (kk % cpt) .. of tap kk / cpt = kh * kw_taps + kw.
+struct ConvGeo {
+  int cpt, kw_taps, q, pq, sw, sh, pw, ph, dw, dh;
+};
 static_assert(!FOLD || (!G2 && WG_PC == 0 && MODE != 2 && (GT == 1 || GT == 2) && KT % (2 * GT) == 0),
               "WG_FOLD takes sym / zero_point groups of 64 or 128 (WG_GT 1, 2) and KT a multiple of 2 WG_GT");
 
@@ -197,7 +213,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                                                     // WG_SK: fp32 [grid][2][BM / 2][WG_THREADS] partials
                    int* __restrict__ sk_count,      // WG_SK: [tiles] zeroed stage counts (left zeroed again)
                    int N, int M, int K, int Kt, int G, int gk, int kt_per_split,
-                   const __grid_constant__ TmaDesc xmap) {  // WG_TMA: activations [M, K], box 64 k x BM rows
+                   const __grid_constant__ TmaDesc xmap,  // WG_TMA: activations [M, K], box 64 k x BM rows;
+                                                          // WG_CONV: im2col map of the input, 64 channels x BM pixels
+                   const ConvGeo cg) {                    // WG_CONV: the convolution's geometry
   extern __shared__ char smem_raw[];
   const char* sgen;
   const u32 sbase = smem_base_1024(smem_raw, sgen);
@@ -264,6 +282,21 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   // the loader's tile (WG_TMA: only thread 0 issues; it may run up to STAGES - 1 stages ahead of the consumers)
   int ld_tile = cs_tile, ld_sk = cs_sk, ld_m0 = m0, ld_rt = rt_raw - warp;
 
+  // WG_CONV loader cursor (thread 0): the next k-tile's channel tile, filter column and filter row, and the input
+  // pixel under the filter's top-left corner for the output tile's first pixel. Loop-carried, so that the main loop
+  // does no run-time integer division (measured in SASS: the divisions inline cost 31 registers at BM 32).
+  int cv_c = 0, cv_s = 0, cv_r = 0, cv_w0 = 0, cv_h0 = 0, cv_img = 0;
+  auto conv_cursor = [&](int m0_, int kk) {  // output tile from pixel m0_, at its k-tile kk
+    if (CONV && tid == 0) {
+      cv_img = m0_ / cg.pq;
+      const int pix = m0_ - cv_img * cg.pq, p = pix / cg.q;
+      cv_w0 = (pix - p * cg.q) * cg.sw - cg.pw, cv_h0 = p * cg.sh - cg.ph;
+      const int tap = kk / cg.cpt;
+      cv_c = kk - tap * cg.cpt, cv_r = tap / cg.kw_taps, cv_s = tap - cv_r * cg.kw_taps;
+    }
+  };
+  conv_cursor(ld_m0, kt0 + ld_sk * KT);
+
   __shared__ __align__(8) u64 full_bar[STAGES];  // WG_TMA: stage s's bytes have landed (phase flips per use)
   __shared__ int sk_last;                        // WG_SK: this CTA finishes the tile
   if (WG_TMA) {
@@ -290,9 +323,22 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
           for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm)
             if (blk0 + sgm < nblk) bytes += tiles * SEGLEN * TB + (PC ? 0 : ng * 8 * PBLK);
           mbar_expect_tx(bar, bytes);
+          if (CONV) {
 #pragma unroll
-          for (int j = 0; j < KT; ++j)
-            if (j < tiles) tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 64, ld_m0, bar);
+            for (int j = 0; j < KT; ++j)
+              if (j < tiles) {
+                tma_im2col_4d(st_issue + j * BM * 128, &xmap, cv_c * 64, cv_w0, cv_h0, cv_img, (u16)(cv_s * cg.dw),
+                              (u16)(cv_r * cg.dh), bar);
+                if (++cv_c == cg.cpt) {  // next tap: filter column, then row
+                  cv_c = 0;
+                  if (++cv_s == cg.kw_taps) cv_s = 0, ++cv_r;
+                }
+              }
+          } else {
+#pragma unroll
+            for (int j = 0; j < KT; ++j)
+              if (j < tiles) tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 64, ld_m0, bar);
+          }
 #pragma unroll
           for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm) {
             const int blk = blk0 + sgm;
@@ -344,6 +390,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         ld_sk = 0;
         const int2 p = tile_pos(++ld_tile);
         ld_m0 = p.x, ld_rt = p.y;
+        conv_cursor(ld_m0, 0);
       }
     }
     if (!WG_TMA) cp_commit();

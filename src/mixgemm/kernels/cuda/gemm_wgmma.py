@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -162,13 +163,47 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     fp16-scale weights, whose stages are the smallest); without it an oversized config raises."""
     _check(x2d, qw, bias)
     m, k = x2d.shape
-    n = qw.out_features
-    y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-    if m == 0 or n == 0:
+    y = torch.empty(m, qw.out_features, dtype=x2d.dtype, device=x2d.device)
+    if m == 0 or qw.out_features == 0:
         return y
+    xk = _prepare_x(x2d)
+    return run(qw, xk, None, y, bias, lo, hi, config, fit)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """WG_CONV: the implicit GEMM's view of a convolution (gemm_wgmma.cu's ConvGeo, in its field order).
+
+    Output pixel m = (n * P + p) * Q + q; 64-k tile kk covers channels 64 * (kk % cpt) .. of filter tap kk // cpt =
+    kh * Kw + kw, read at input pixel (q * sw - pw + kw * dw, p * sh - ph + kh * dh)."""
+
+    cpt: int  # 64-channel k-tiles per tap (Ci / 64)
+    kw: int  # filter width (taps per filter row)
+    q: int  # output width Q
+    pq: int  # output pixels per image P * Q
+    sw: int
+    sh: int
+    pw: int
+    ph: int
+    dw: int
+    dh: int
+
+    def as_ctypes(self):
+        return (ctypes.c_int * 10)(*astuple(self))
+
+
+def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tensor, bias, lo: float, hi: float,
+        config: dict | None, fit: bool) -> torch.Tensor:
+    """Launch the kernel into y [M, N] (row-major; y's rows need not be contiguous with each other).
+
+    GEMM: xk is the [M, K] activation matrix (16-byte aligned rows, K % 8 == 0), conv None.
+    Convolution (WG_CONV): xk is the channels_last input tensor, conv = (ConvGeometry, make_map) with make_map(bm)
+    the im2col tensor map for boxes of 64 channels x bm pixels; M = y.shape[0] output pixels."""
+    m, n = y.shape
+    k = qw.in_features
     if bias is not None:
         bias = bias.contiguous()
-    props = torch.cuda.get_device_properties(x2d.device)
+    props = torch.cuda.get_device_properties(y.device)
     cfg = dict(config) if config is not None else default_config(m, n, k, props.multi_processor_count)
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
     inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
@@ -197,9 +232,8 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     split = max(1, min(int(split), kt))
     kt_per = -(-math.ceil(kt / split) // ktile) * ktile  # whole stages per split
     split = math.ceil(kt / kt_per)
-    xk = _prepare_x(x2d)
-    ws = torch.zeros(m, n, dtype=torch.float32, device=x2d.device) if split > 1 else None
-    defs = {"WG_BITS": lay.bits, "WG_ACT": _ACT[x2d.dtype], "WG_SCL": _SCL[lay.params.dtype],
+    ws = torch.zeros(m, n, dtype=torch.float32, device=y.device) if split > 1 else None
+    defs = {"WG_BITS": lay.bits, "WG_ACT": _ACT[xk.dtype], "WG_SCL": _SCL[lay.params.dtype],
             "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
             "WG_PC": int(lay.num_groups == 1),
             "WG_SPLIT": int(split > 1), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
@@ -217,7 +251,12 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
     if ktile != 1:
         defs["WG_KT"] = ktile
     xmap = None
-    if tma:
+    if conv is not None:
+        if not tma:
+            raise ValueError("the wgmma convolution loads its activations by TMA: config TMA must be 1")
+        xmap = conv[1](bm)  # 64 channels x BM output pixels of one filter tap
+        defs["WG_CONV"] = 1
+    elif tma:
         try:
             xmap = swizzled_tensor_map(xk, K_TILE, bm)  # 64 k x BM rows
         except Exception as e:  # noqa: BLE001 - a driver without tensor-map support: the cp.async loader instead
@@ -228,7 +267,7 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         sk = 0
     if sk:
         defs["WG_SK"] = 1
-    fn = nvrtc.get_function(SOURCE, KERNEL, defs, x2d.device, arch_suffix="a")
+    fn = nvrtc.get_function(SOURCE, KERNEL, defs, y.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
     tiles = math.ceil(lay.row_tiles / (4 * nwg)) * math.ceil(m / bm)
     sk_count = None
@@ -238,15 +277,15 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
             raise ValueError(f"stream-K work of {work} stages exceeds int32; use SK 0 for M={m}, N={n}, K={k}")
         ctas = min(work, nvrtc.resident_blocks(fn, 128 * nwg, smem) * props.multi_processor_count)
         grid = (ctas, 1, 1)
-        ws = torch.empty(ctas * 2 * (bm // 2) * 128 * nwg, dtype=torch.float32, device=x2d.device)
-        sk_count = torch.zeros(tiles, dtype=torch.int32, device=x2d.device)
+        ws = torch.empty(ctas * 2 * (bm // 2) * 128 * nwg, dtype=torch.float32, device=y.device)
+        sk_count = torch.zeros(tiles, dtype=torch.int32, device=y.device)
     else:
         grid = (tiles, 1, split)
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.params.data_ptr()),
         ctypes.c_void_p(xk.data_ptr()),
-        ctypes.c_int(xk.stride(0)),
+        ctypes.c_int(0 if conv is not None else xk.stride(0)),
         ctypes.c_void_p(y.data_ptr()),
         ctypes.c_int(y.stride(0)),
         ctypes.c_void_p(0 if bias is None or split > 1 else bias.data_ptr()),
@@ -255,16 +294,20 @@ def gemm_wgmma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         ctypes.c_float(math.inf if split > 1 or not math.isfinite(hi) else hi),
         ctypes.c_void_p(0 if ws is None else ws.data_ptr()),
         ctypes.c_void_p(0 if sk_count is None else sk_count.data_ptr()),
-        ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(xk.shape[1]), ctypes.c_int(kt),
+        ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(k if conv is not None else xk.shape[1]), ctypes.c_int(kt),
         ctypes.c_int(lay.num_groups), ctypes.c_int(lay.gk), ctypes.c_int(kt_per),
         # the 128-byte tensor map by value (zeros when the kernel does not use it)
         (ctypes.c_ubyte * 128).from_address(xmap.getPtr()) if tma else (ctypes.c_ubyte * 128)(),
+        (conv[0] if conv is not None else _NO_CONV).as_ctypes(),
     ]
-    with torch.cuda.device(x2d.device):
-        nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(x2d.device).cuda_stream, smem)
+    with torch.cuda.device(y.device):
+        nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(y.device).cuda_stream, smem)
     if split > 1:
         _finish_split(ws, bias, y, lo, hi)
     return y
+
+
+_NO_CONV = ConvGeometry(1, 1, 1, 1, 1, 1, 0, 0, 1, 1)
 
 
 def _finish_split(ws: torch.Tensor, bias, y: torch.Tensor, lo: float, hi: float) -> None:

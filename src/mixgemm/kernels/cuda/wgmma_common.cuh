@@ -39,6 +39,17 @@ __device__ __forceinline__ void tma_2d(u32 dst, const void* tmap, int c0, int c1
       "l"(tmap), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+// im2col TMA of a 4-D channels_last tensor (c, w, h, n): the box's pixels start at input pixel (w, h, n) -- the filter's
+// top-left corner for the first output pixel, padding included -- and walk the map's bounding box at the conv stride;
+// (ow, oh) is the filter tap's offset (kw, kh) x dilation. Pixels outside the tensor (padding) read as zeros.
+__device__ __forceinline__ void tma_im2col_4d(u32 dst, const void* tmap, int c, int w, int h, int n, u16 ow, u16 oh,
+                                              u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6], {%7, %8};" ::"r"(dst),
+      "l"(tmap), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar), "h"(ow), "h"(oh)
+      : "memory");
+}
 __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)

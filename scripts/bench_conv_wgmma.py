@@ -1,0 +1,189 @@
+"""Issue 8: the wgmma implicit-GEMM conv (kernels/cuda/conv_wgmma.py) vs cuDNN fp16 and the Triton conv, per layer.
+
+Every ResNet-50 layer of mixgemm.bench.conv.CONV_PRESET that the path takes (Ci % 64 == 0, groups 1) at batch 1 and
+32, W8A16 per-channel and W4A16 g128 (g64 where Ci = 64): cuDNN fp16 channels_last, what mixgemm.conv2d picks without
+this path ("triton": the table's Triton implicit GEMM or 1x1 matmul), and the wgmma path with each candidate tile.
+Protocol as scripts/conv_gpu_check.py: C copies of input + weights (> 3 x L2) in one CUDA graph, median replay / C;
+each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized weights first (> 2e-3: not timed).
+
+  PYTHONPATH=src python scripts/bench_conv_wgmma.py [--batches 1 32] [--bits 8 4] [--json out.json] [--budget-s S]
+Prints one row per layer and format (us, x cuDNN) and, with --table, the fastest wgmma tile per layer as table entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from conv_gpu_check import _inputs, _rel, qconfig  # noqa: E402
+
+from mixgemm import quantize_conv_weight  # noqa: E402
+from mixgemm.bench.conv import CONV_PRESET  # noqa: E402
+from mixgemm.bench.protocol import graph_time_us, l2_bytes  # noqa: E402
+from mixgemm.ops import conv as conv_ops  # noqa: E402
+from mixgemm.ops.conv import cuda_conv2d  # noqa: E402
+
+DEV = "cuda"
+TOL = 2e-3
+WARM_MS, REP_MS = 10, 25
+INF = float("inf")
+SWEEP = os.environ.get("CONV_SWEEP", "")
+
+
+def candidates(m: int, co: int, k: int) -> list[dict]:
+    """wgmma tiles worth timing for a layer (the default rule's choice is always among them)."""
+    nwgs = [1] if co <= 64 else [1, 2]
+    out = []
+    if SWEEP == "occ":  # more CTAs per SM: shallow rings and register caps (session 13, call 3)
+        if m >= 1024:
+            out += [dict(BM=128, NWG=1, STAGES=4), dict(BM=128, NWG=1, STAGES=3, MINB=3),
+                    dict(BM=128, NWG=1, STAGES=4, MINB=2), dict(BM=128, NWG=1, STAGES=3, KT=2, MINB=3),
+                    dict(BM=64, NWG=1, STAGES=4, MINB=4), dict(BM=64, NWG=1, STAGES=3, KT=2, MINB=4)]
+            if co > 64:
+                out += [dict(BM=128, NWG=2, STAGES=4), dict(BM=128, NWG=2, STAGES=3, MINB=2),
+                        dict(BM=128, NWG=2, STAGES=4, MINB=2), dict(BM=128, NWG=2, STAGES=3, KT=2, MINB=2),
+                        dict(BM=64, NWG=2, STAGES=4, MINB=3), dict(BM=64, NWG=2, STAGES=3, KT=2, MINB=3)]
+        else:
+            out += [dict(BM=32, NWG=1, STAGES=3, KT=4, SK=1, MINB=2), dict(BM=32, NWG=1, STAGES=3, KT=4, SK=1, MINB=4),
+                    dict(BM=64, NWG=1, STAGES=3, KT=2, SK=1, MINB=4), dict(BM=64, NWG=1, STAGES=4, MINB=4),
+                    dict(BM=16, NWG=1, STAGES=3, KT=4, SK=1, MINB=4), dict(BM=64, NWG=1, STAGES=3, KT=4, SK=1, MINB=2)]
+    elif m >= 1024 and SWEEP == "stages":  # deeper rings / multi-tile stages (session 13, call 2)
+        for nwg in nwgs:
+            out += [dict(BM=128, NWG=nwg, STAGES=s) for s in (4, 6, 8)]
+            out += [dict(BM=128, NWG=nwg, STAGES=4, KT=2), dict(BM=128, NWG=nwg, STAGES=8, INFLIGHT=2),
+                    dict(BM=64, NWG=nwg, STAGES=8), dict(BM=128, NWG=nwg, STAGES=8, SK=1),
+                    dict(BM=64, NWG=nwg, STAGES=8, SK=1)]
+        if co > 64:
+            out += [dict(BM=256, NWG=2, STAGES=6), dict(BM=64, NWG=4, STAGES=8)]
+    elif m >= 1024:
+        for nwg in nwgs:
+            out += [dict(BM=256, NWG=nwg, STAGES=5, INFLIGHT=2), dict(BM=128, NWG=nwg, STAGES=4),
+                    dict(BM=128, NWG=nwg, STAGES=4, SK=1), dict(BM=64, NWG=nwg, STAGES=4, SK=1)]
+    else:
+        for nwg in nwgs:
+            out += [dict(BM=64, NWG=nwg, STAGES=4, SK=1), dict(BM=32, NWG=nwg, STAGES=3, KT=4, SK=1, MINB=2),
+                    dict(BM=64, NWG=nwg, STAGES=4)]
+    return [{"TMA": 1, "GROUP_M": 8, **c} for c in out]
+
+
+def _name(cfg) -> str:
+    if cfg is None:
+        return "default"
+    return "".join(f"{k[0]}{v}" for k, v in cfg.items() if k not in ("TMA", "GROUP_M"))
+
+
+def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
+    ho = spec.out_hw
+    m = batch * ho * ho
+    per = batch * spec.ci * spec.hw**2 * 2 + batch * spec.co * ho * ho * 2 + spec.co * spec.ci * spec.k**2 // 2
+    copies = max(3, min(400, 3 * l2 // per + 1))
+    xs, w = _inputs(spec, batch, copies)
+    p = spec.padding
+    st, pd, dl = (spec.stride,) * 2, (p, p), (1, 1)
+    qc = qconfig(spec, bits)
+    q0 = quantize_conv_weight(w, qc)
+    qws = [q0] + [q0.to("cpu").to(DEV) for _ in range(copies - 1)]
+    row = dict(layer=spec.name, batch=batch, M=m, N=spec.co, K=spec.ci * spec.k**2, bits=bits,
+               fmt=f"int{qc.bits} {'pc' if qc.group_size == -1 else f'g{qc.group_size}'}", copies=copies)
+    torch.backends.cudnn.benchmark = True
+    whs = [w.half().contiguous(memory_format=torch.channels_last) for _ in range(copies)]
+    row["cudnn"] = graph_time_us(
+        [lambda i=i, whs=whs: F.conv2d(xs[i], whs[i], None, spec.stride, p, 1, spec.groups) for i in range(copies)],
+        WARM_MS, REP_MS)
+    whs = None
+    torch.backends.cudnn.allow_tf32 = False
+    ref = F.conv2d(xs[0].float(), q0.dequantize(torch.float32), None, spec.stride, p, 1, spec.groups)
+
+    def call(x, qw, path, cfg):
+        if path == "no-wgmma":  # the dispatch without the wgmma path (the Triton kernels and the 1x1 matmul)
+            conv_ops.WGMMA_CONV = False
+            try:
+                return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, None)
+            finally:
+                conv_ops.WGMMA_CONV = True
+        return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, path)
+
+    eligible = spec.groups == 1 and spec.ci % 64 == 0
+    if SWEEP == "final":  # what mixgemm.conv2d runs now ("auto") and before this path existed ("triton")
+        variants = [("auto", None, None), ("triton", "no-wgmma", None)] if eligible else [("auto", None, None)]
+    else:
+        variants = [("triton", "no-wgmma", None), ("wgmma:default", "wgmma", None)]
+        variants += [(f"wgmma:{_name(c)}", "wgmma", c) for c in candidates(m, spec.co, spec.ci * spec.k**2)]
+    times, errs = {}, {}
+    for label, path, cfg in variants:
+        try:
+            err = _rel(call(xs[0], q0, path, cfg), ref)
+            errs[label] = err
+            if not err <= TOL:
+                times[label] = f"WRONG {err:.2e}"
+                continue
+            times[label] = graph_time_us(
+                [lambda i=i, pa=path, c=cfg: call(xs[i], qws[i], pa, c) for i in range(copies)], WARM_MS, REP_MS)
+        except Exception as e:  # noqa: BLE001 - report and go on with the other variants
+            times[label] = f"ERROR {type(e).__name__}: {str(e)[:160]}"
+    row["times"], row["errs"] = times, errs
+    ok = {k: v for k, v in times.items() if (k.startswith("wgmma") or k == "auto") and isinstance(v, float)}
+    if ok:
+        best = min(ok, key=ok.get)
+        row["wgmma_best"], row["wgmma_best_us"] = best, ok[best]
+        row["wgmma_best_cfg"] = next((c for lbl, _, c in variants if lbl == best), None)
+    return row
+
+
+def fmt_row(r) -> str:
+    t = r["times"]
+    tri = t.get("triton")
+    dfl = t.get("wgmma:default", t.get("auto"))
+    best = r.get("wgmma_best_us")
+    cud = r["cudnn"]
+
+    def x(v):
+        return f"{v:8.1f} ({cud / v:4.2f})" if isinstance(v, float) else f"{str(v)[:24]:>15}"
+
+    return (f"| {r['layer']:<32} | {r['batch']:>2} | {r['fmt']:<8} | {cud:7.1f} | {x(tri)} | {x(dfl)} | {x(best)} "
+            f"{r.get('wgmma_best', '')} |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", type=int, nargs="+", default=[32, 1])
+    ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--only", default=None, help="substring of the layer names to run")
+    a = ap.parse_args()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    l2 = l2_bytes()
+    t0 = time.time()
+    rows = []
+    mid = "auto (mixgemm.conv2d)" if SWEEP == "final" else "wgmma default"
+    print(f"| layer | B | format | cuDNN us | without wgmma (x cuDNN) | {mid} | best | best variant |")
+    print("|---|---|---|---|---|---|---|---|")
+    for batch in a.batches:
+        for spec in CONV_PRESET:
+            eligible = spec.groups == 1 and spec.ci % 64 == 0
+            if (not eligible and SWEEP != "final") or (a.only and a.only not in spec.name):
+                continue
+            for bits in a.bits:
+                if time.time() - t0 > a.budget_s:
+                    print("# budget reached", flush=True)
+                    break
+                r = run_layer(spec, batch, bits, l2)
+                rows.append(r)
+                print(fmt_row(r), flush=True)
+                torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

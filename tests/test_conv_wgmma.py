@@ -1,0 +1,187 @@
+"""Implicit-GEMM convolution on the Hopper wgmma kernel (kernels/cuda/conv_wgmma.py, gemm_wgmma.cu WG_CONV).
+
+CPU: which convolutions the path takes (conv_wgmma_supported), its default tiles, its errors; the NVRTC compile
+checks of the WG_CONV builds are in test_gemm_wgmma.py. GPU (sm_90, marked gpu): every format (int4 / int8, every
+group size, sym / zero_point / offset), fp16 / bf16, the ResNet geometries (1x1, 1x1/2, 3x3, 3x3/2, 7x7 with padding
+3) plus dilation, asymmetric stride / padding and odd spatial sizes, M tails, every tile kind (BM, NWG, stream-K,
+split-K, multi-tile stages with FOLD) -- against the float64 reference on the same quantized weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conv_cases import assert_conv_matches, make_conv_case
+from mixgemm import quantize_conv_weight, reference
+from mixgemm.epilogue import clamp_bounds
+from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma, conv_wgmma_supported, default_conv_config
+from mixgemm.ops.conv import cuda_conv2d
+
+GPU_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_sm90 = pytest.mark.skipif(not GPU_SM90, reason="needs an sm_90 GPU")
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _check(x, qw, bias, stride, padding, dilation, act, rel_err, config=None, path="wgmma"):
+    x_before = x.clone()
+    lo, hi = clamp_bounds(act)
+    y = cuda_conv2d(x, qw, bias, _pair(stride), _pair(padding), _pair(dilation), 1, lo, hi, act, config, path)
+    ref = reference.conv2d(x.cpu(), qw.to("cpu"), None if bias is None else bias.cpu(), stride, padding, dilation, 1,
+                           act)
+    assert_conv_matches(y, ref, x, x_before, rel_err)
+    return y
+
+
+# ------------------------------------------------------------------------------------------------ CPU
+
+
+def test_supported_needs_channels_last_ci64_groups1_cuda():
+    g = torch.Generator().manual_seed(0)
+    qw = quantize_conv_weight(torch.randn(32, 64, 3, 3, generator=g) * 0.02, bits=4, group_size=64)
+    x = torch.randn(1, 64, 5, 5, generator=g).half().contiguous(memory_format=torch.channels_last)
+    one = (1, 1)
+    assert not conv_wgmma_supported(x, qw, one, one, one, 1)  # a CPU tensor
+    if GPU_SM90:
+        xc = x.cuda()
+        qc = qw.to("cuda")
+        assert conv_wgmma_supported(xc, qc, one, one, one, 1)
+        assert not conv_wgmma_supported(xc.contiguous(), qc, one, one, one, 1)  # NCHW
+        assert not conv_wgmma_supported(xc.float(), qc, one, one, one, 1)  # fp32
+        assert not conv_wgmma_supported(xc, qc, one, one, one, 2)  # grouped
+        assert not conv_wgmma_supported(xc, qc, one, (200, 1), one, 1)  # padding past the im2col corner range
+        assert not conv_wgmma_supported(xc, qc, (9, 1), one, one, 1)  # traversal stride > 8
+        q48 = quantize_conv_weight(torch.randn(32, 48, 3, 3, generator=g) * 0.02, bits=8, group_size=-1).to("cuda")
+        x48 = torch.randn(1, 48, 5, 5, device="cuda").half().contiguous(memory_format=torch.channels_last)
+        assert not conv_wgmma_supported(x48, q48, one, one, one, 1)  # Ci % 64 != 0
+
+
+def test_default_config():
+    big = default_conv_config(100352, 64, 576)
+    assert big == {"TMA": 1, "GROUP_M": 8, "BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3}
+    assert default_conv_config(25088, 128, 1152)["NWG"] == 2
+    deep = default_conv_config(49, 512, 4608)  # batch-1 deep layer: stream-K over 16-pixel tiles
+    assert deep["SK"] == 1 and deep["BM"] == 16 and deep["KT"] == 4
+    assert "SK" not in default_conv_config(196, 1024, 256)  # short K: one tile per CTA
+
+
+def test_table_entries_are_valid_wgmma_tiles():
+    """Every measured entry is a tile the launcher accepts (same checks as gemm_wgmma.run, without a GPU)."""
+    from mixgemm.kernels.triton.conv_table import WGMMA_TABLES
+
+    for table in WGMMA_TABLES.values():
+        assert table
+        for key, cfg in table.items():
+            if cfg is None:
+                continue
+            assert set(cfg) <= {"BM", "NWG", "STAGES", "KT", "SK", "MINB", "INFLIGHT", "SPLIT", "FOLD"}, key
+            assert cfg["BM"] % 8 == 0 and 8 <= cfg["BM"] <= 256 and cfg["NWG"] in (1, 2, 4), key
+            kt, infl = cfg.get("KT", 1), cfg.get("INFLIGHT", 1)
+            assert kt in (1, 2, 4) and (kt == 1 or infl == 1) and cfg["STAGES"] >= 2 + -(-infl // kt), key
+
+
+def test_unsupported_input_is_rejected_with_a_clear_error():
+    g = torch.Generator().manual_seed(1)
+    qw = quantize_conv_weight(torch.randn(16, 64, 1, 1, generator=g) * 0.02, bits=8, group_size=-1)
+    x = torch.randn(1, 64, 4, 4, generator=g).half()
+    with pytest.raises(ValueError, match="channels_last"):
+        conv_wgmma(x, qw, None, (1, 1), (0, 0), (1, 1), float("-inf"), float("inf"))
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+@pytest.mark.parametrize("bits,gs", [(4, 32), (4, 64), (4, 128), (4, 256), (4, -1), (8, 32), (8, 128), (8, -1)])
+def test_formats(bits, gs, mode, dtype, rel_err):
+    # Ci = 256 (every group divides it), 3x3 / stride 2 / padding 1 on an odd 9 x 7 input, batch 2, relu6
+    x, qw, bias = make_conv_case(2, 256, 9, 7, 72, 3, 1, dtype, True, bits, gs, mode, seed=bits * 7 + gs)
+    _check(x, qw, bias, 2, 1, 1, "relu6", rel_err)
+
+
+# (b, ci, h, w, co, k, stride, padding, dilation)
+GEOMS = {
+    "r50_1x1": (3, 64, 7, 9, 80, 1, 1, 0, 1),
+    "r50_1x1_s2_down": (2, 128, 9, 11, 48, 1, 2, 0, 1),
+    "r50_3x3": (2, 64, 11, 9, 40, 3, 1, 1, 1),
+    "r50_3x3_s2": (3, 128, 13, 15, 64, 3, 2, 1, 1),
+    "7x7_p3": (1, 64, 12, 10, 24, 7, 1, 3, 1),
+    "7x7_s2_p3": (2, 64, 17, 13, 32, 7, 2, 3, 1),
+    "dilation2": (1, 64, 11, 12, 56, 3, 1, 2, 2),
+    "s2_p2_d2": (2, 64, 11, 10, 20, 3, 2, 2, 2),
+    "asym_k3x5_s1x2_p2x1_d1x2": (2, 64, 9, 13, 40, (3, 5), (1, 2), (2, 1), (1, 2)),
+    "no_padding_3x3": (2, 128, 6, 5, 24, 3, 1, 0, 1),
+    "stride4_4x4_patchify": (2, 64, 16, 12, 48, 4, 4, 0, 1),
+}
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("name", sorted(GEOMS))
+@pytest.mark.parametrize("bits", [4, 8])
+def test_geometries(name, bits, rel_err):
+    b, ci, h, w, co, k, s, p, d = GEOMS[name]
+    gs = 64 if bits == 4 else -1
+    x, qw, bias = make_conv_case(b, ci, h, w, co, k, 1, torch.float16, True, bits, gs, "zero_point", seed=len(name))
+    _check(x, qw, bias, s, p, d, "relu", rel_err)
+
+
+# configs: every tile kind; the 3x3 / 128 -> 200 conv on 2 x 17 x 13 has M = 442 (tails for every BM), N = 200 (a
+# partial last 64-row warpgroup), K = 1152 = 18 k-tiles in 9 taps of 2 channel tiles
+CONFIGS = [
+    dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2),
+    dict(BM=128, NWG=2, STAGES=4),
+    dict(BM=64, NWG=1, STAGES=4),
+    dict(BM=8, NWG=1, STAGES=4),
+    dict(BM=40, NWG=4, STAGES=3),
+    dict(BM=128, NWG=2, STAGES=4, SK=1),
+    dict(BM=64, NWG=1, STAGES=4, SK=1),
+    dict(BM=32, NWG=2, STAGES=3, KT=4, SK=1, MINB=2),
+    dict(BM=64, NWG=2, STAGES=4, SPLIT=3),
+    dict(BM=32, NWG=2, STAGES=3, KT=2, SPLIT=4),
+    dict(BM=64, NWG=2, STAGES=4, KT=2, FOLD=1),
+    dict(BM=32, NWG=2, STAGES=3, KT=4, FOLD=1, SK=1),
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("fmt", [(4, 64, "zero_point"), (8, -1, "sym"), (4, 128, "offset")])
+def test_configs(cfg, fmt, rel_err):
+    bits, gs, mode = fmt
+    x, qw, bias = make_conv_case(2, 128, 17, 13, 200, 3, 1, torch.float16, True, bits, gs, mode, seed=len(cfg))
+    for _ in range(2):  # twice: stream-K counters must be left at zero
+        _check(x, qw, bias, 1, 1, 1, None, rel_err, config={"TMA": 1, "GROUP_M": 8, **cfg})
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layer", [(64, 64, 3, 1, 56), (128, 128, 3, 2, 28), (256, 1024, 1, 1, 14),
+                                   (512, 512, 3, 1, 7), (2048, 512, 1, 1, 7), (256, 512, 1, 2, 27)])
+def test_resnet_layers_default_tiles(layer, dtype, batch, rel_err):
+    ci, co, k, s, hw = layer
+    x, qw, bias = make_conv_case(batch, ci, hw, hw, co, k, 1, dtype, True, 4, 128 if ci >= 128 else 64,
+                                 "zero_point", seed=ci + co + k)
+    _check(x, qw, bias, s, k // 2, 1, "relu", rel_err)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_fp64_bias_and_no_bias(rel_err):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 128, 9, 8, generator=g).half().cuda().contiguous(memory_format=torch.channels_last)
+    qw = quantize_conv_weight(torch.randn(40, 128, 3, 3, generator=g) * 0.02, bits=4, group_size=128).to("cuda")
+    bias = torch.randn(40, generator=g, dtype=torch.float64).cuda() * 0.1
+    bias0 = bias.clone()
+    _check(x, qw, bias, 1, 1, 1, None, rel_err)
+    assert torch.equal(bias, bias0)
+    _check(x, qw, None, 1, 1, 1, "relu6", rel_err)
