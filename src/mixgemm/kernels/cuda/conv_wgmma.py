@@ -23,6 +23,7 @@ import torch
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.kernels.cuda import gemm_wgmma as G
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.ops.conv import conv_output_size
 
 CHANNELS_PER_TILE = 64  # one 64-k tile = 64 channels of one tap = one 128-byte swizzled row per pixel
 _CORNER = (-128, 127)  # im2col bounding-box corner range of a 4-D tensor map
@@ -121,8 +122,6 @@ def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor
                          "groups 1, stride <= 8 and padding / dilation within the im2col map's corner range")
     b, ci, h, w = x.shape
     (kh, kw) = qweight.kernel_size
-    from mixgemm.ops.conv import conv_output_size
-
     ho, wo = conv_output_size(h, w, (kh, kw), stride, padding, dilation)
     co = qweight.out_channels
     m = b * ho * wo
