@@ -151,12 +151,13 @@ def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, pad
     if DEQUANT_MIN_M is not None and x.dtype in (torch.float16, torch.bfloat16) and m >= DEQUANT_MIN_M:
         return "dequant"
     if WGMMA_CONV and x.device.type == "cuda":
-        from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma_supported, tuned_config
+        from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma_supported
+        from mixgemm.kernels.triton.conv import tuned_wgmma_choice
 
         # sm_90, fp16 / bf16 channels_last, Ci % 64 == 0, groups 1: the wgmma path unless this GPU's sweep measured
         # the layer slower there than on the kernels below (kernels/triton/conv_table.py, _H200_WGMMA)
         if conv_wgmma_supported(x, qweight, stride, padding, dilation, groups):
-            measured, cfg = tuned_config(x.device, qweight, stride, m)
+            measured, cfg = tuned_wgmma_choice(x.device, qweight, stride, m)
             if cfg is not None or not measured:
                 return "wgmma"
     pointwise = (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1

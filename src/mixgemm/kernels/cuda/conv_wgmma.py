@@ -27,6 +27,7 @@ from mixgemm.ops.conv import conv_output_size
 
 CHANNELS_PER_TILE = 64  # one 64-k tile = 64 channels of one tap = one 128-byte swizzled row per pixel
 _CORNER = (-128, 127)  # im2col bounding-box corner range of a 4-D tensor map
+_BASE = {"TMA": 1, "GROUP_M": 8}  # every conv tile: TMA loader (the im2col map needs it), grouped raster
 
 
 def conv_wgmma_supported(x: torch.Tensor, qweight: QuantizedConvWeight, stride, padding, dilation,
@@ -34,8 +35,7 @@ def conv_wgmma_supported(x: torch.Tensor, qweight: QuantizedConvWeight, stride, 
     """True when conv_wgmma runs this convolution (see the module docstring); the dispatcher asks before calling."""
     if groups != 1 or x.dtype not in G._ACT or qweight.matrix.bits not in (4, 8) or not x.is_cuda:
         return False
-    b, ci, h, w = x.shape
-    if ci % CHANNELS_PER_TILE or x.stride(1) != 1 or not x.is_contiguous(memory_format=torch.channels_last):
+    if x.shape[1] % CHANNELS_PER_TILE or x.stride(1) != 1 or not x.is_contiguous(memory_format=torch.channels_last):
         return False
     if x.data_ptr() % 16 or max(stride) > 8:
         return False
@@ -48,18 +48,13 @@ def conv_wgmma_supported(x: torch.Tensor, qweight: QuantizedConvWeight, stride, 
     return torch.cuda.get_device_capability(x.device) == (9, 0)
 
 
-_MAPS: dict = {}
-
-
 def im2col_tensor_map(x: torch.Tensor, kernel_size, stride, padding, dilation, box_pixels: int):
     """im2col TMA descriptor of the channels_last input x for boxes of 64 channels x box_pixels output pixels (128-byte
     swizzle, zero fill outside the tensor). Bounding box of the filter's top-left corner: [-pad, dim + pad - (K - 1)
     dilation); traversal stride = the conv stride. Encoded once per (address, shape, strides, geometry, box)."""
     b, c, h, w = x.shape
-    key = (x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype, kernel_size, stride, padding, dilation,
-           box_pixels)
-    tm = _MAPS.get(key)
-    if tm is None:
+
+    def encode():
         drv = nvrtc._driver()
         es = x.element_size()
         dt = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{G._TMAP_DTYPES[x.dtype]}")
@@ -76,10 +71,11 @@ def im2col_tensor_map(x: torch.Tensor, kernel_size, stride, padding, dilation, b
             raise RuntimeError(f"cuTensorMapEncodeIm2col failed for {x.dtype} {tuple(x.shape)} strides "
                                f"{tuple(x.stride())}, kernel {kernel_size}, stride {stride}, padding {padding}, "
                                f"dilation {dilation}, box {box_pixels}: {err!r}")
-        if len(_MAPS) >= 1024:
-            _MAPS.clear()
-        _MAPS[key] = tm
-    return tm
+        return tm
+
+    key = ("im2col", x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype, kernel_size, stride, padding,
+           dilation, box_pixels)
+    return G.cached_tensor_map(key, encode)
 
 
 def default_conv_config(m: int, co: int, k: int) -> dict:
@@ -97,20 +93,7 @@ def default_conv_config(m: int, co: int, k: int) -> dict:
         cfg = {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4}
     else:
         cfg = {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4}
-    return {"TMA": 1, "GROUP_M": 8, **cfg}
-
-
-def tuned_config(device, qweight: QuantizedConvWeight, stride, m: int) -> tuple[bool, dict | None]:
-    """(measured, config) for this layer (M = B*Ho*Wo output pixels) from this GPU's table
-    (kernels/triton/conv_table.py, _H200_WGMMA); see conv_table.lookup_wgmma."""
-    from mixgemm.kernels.triton import conv_table
-
-    kh, kw = qweight.kernel_size
-    sh, sw = stride
-    q = qweight.matrix
-    key = conv_table.conv_key(q.bits, conv_table.key_group(q), kh, kw, sh if sh == sw else f"{sh}x{sw}",
-                              qweight.in_channels_per_group, qweight.out_channels, m)
-    return conv_table.lookup_wgmma(torch.cuda.get_device_name(device), key)
+    return {**_BASE, **cfg}
 
 
 def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor | None, stride, padding, dilation,
@@ -134,11 +117,10 @@ def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor
     if bias is not None and bias.dtype not in G._BIAS:
         bias = bias.to(torch.float32)  # a copy: the kernel reads fp16 / bf16 / fp32 bias
     if config is None:
-        _, config = tuned_config(x.device, qweight, stride, m)
-        if config is None:
-            config = default_conv_config(m, co, qweight.matrix.in_features)
-        else:
-            config = {"TMA": 1, "GROUP_M": 8, **config}
+        from mixgemm.kernels.triton.conv import tuned_wgmma_choice
+
+        _, tuned = tuned_wgmma_choice(x.device, qweight, stride, m)
+        config = default_conv_config(m, co, qweight.matrix.in_features) if tuned is None else {**_BASE, **tuned}
 
     def make_map(bm: int):
         return im2col_tensor_map(x, (kh, kw), tuple(stride), tuple(padding), tuple(dilation), bm)

@@ -96,7 +96,7 @@ def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
     return xp
 
 
-_TMAPS: dict = {}  # (ptr, rows, cols, row stride, dtype, box) -> CUtensorMap (kept alive here)
+_TMAPS: dict = {}  # key -> CUtensorMap (kept alive here): 2-D swizzled maps and the conv's im2col maps
 _TMAP_DTYPES = {torch.float16: "FLOAT16", torch.bfloat16: "BFLOAT16", torch.int8: "UINT8"}
 
 
@@ -104,9 +104,8 @@ def swizzled_tensor_map(t: torch.Tensor, box_cols: int, box_rows: int):
     """TMA descriptor of a row-major 2-D tensor t (float16 / bfloat16 / int8) for boxes of box_cols x box_rows with
     the 128-byte swizzle (the layout the wgmma descriptor reads), zero fill past the edges. Encoded on the host once
     per (address, shape, stride, dtype, box); shared by the weight-only and the int8 wgmma GEMMs."""
-    key = (t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), t.dtype, box_cols, box_rows)
-    tm = _TMAPS.get(key)
-    if tm is None:
+
+    def encode():
         drv = nvrtc._driver()
         dt = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[t.dtype]}")
         err, tm = drv.cuTensorMapEncodeTiled(
@@ -119,6 +118,17 @@ def swizzled_tensor_map(t: torch.Tensor, box_cols: int, box_rows: int):
         if int(err) != 0:
             raise RuntimeError(f"cuTensorMapEncodeTiled failed for {t.dtype} {tuple(t.shape)} "
                                f"(row stride {t.stride(0)}): {err!r}")
+        return tm
+
+    return cached_tensor_map((t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), t.dtype, box_cols, box_rows), encode)
+
+
+def cached_tensor_map(key: tuple, encode):
+    """The tensor map for key, encoded by encode() on first use (host-side, once per address / shape / box); the
+    cache holds the maps alive and is emptied when it reaches 1024 entries."""
+    tm = _TMAPS.get(key)
+    if tm is None:
+        tm = encode()
         if len(_TMAPS) >= 1024:
             _TMAPS.clear()
         _TMAPS[key] = tm

@@ -569,16 +569,18 @@ def tuned_choice(device, qw: QuantizedConvWeight, stride, groups: int, m: int) -
     path "igemm" comes with its ConvConfig, "matmul" (1x1 through the shared GEMM) with None."""
     from mixgemm.kernels.triton import conv_table
 
-    kh, kw = qw.kernel_size
-    sh, sw = stride
-    q = qw.matrix
-    key = conv_table.conv_key(q.bits, conv_table.key_group(q), kh, kw, sh if sh == sw else f"{sh}x{sw}",
-                              qw.in_channels_per_group, qw.out_channels // groups, m)
-    hit = conv_table.lookup(_gpu_name(device), key)
+    hit = conv_table.lookup(_gpu_name(device), conv_table.layer_key(qw, stride, groups, m))
     if hit is None:
         return None
     path, cfg = hit
     return path, (None if cfg is None else ConvConfig(*cfg))
+
+
+def tuned_wgmma_choice(device, qw: QuantizedConvWeight, stride, m: int) -> tuple[bool, dict | None]:
+    """(measured, config) of the wgmma conv for this layer on this GPU (conv_table.lookup_wgmma; groups 1)."""
+    from mixgemm.kernels.triton import conv_table
+
+    return conv_table.lookup_wgmma(_gpu_name(device), conv_table.layer_key(qw, stride, 1, m))
 
 
 def default_config(device, qw: QuantizedConvWeight, stride, groups: int, m: int) -> tuple[ConvConfig, bool]:

@@ -307,6 +307,15 @@ def conv_key(bits: int, group_size: int, kh: int, kw: int, stride: int, ci_g: in
     return f"w{bits}{fmt}|{kh}x{kw}/{stride}|{ci_g}-{co_g}|M{_bucket(m)}"
 
 
+def layer_key(qw, stride, groups: int, m: int) -> str:
+    """conv_key of a QuantizedConvWeight run with stride (h, w) and groups over M = B*Ho*Wo output pixels."""
+    kh, kw = qw.kernel_size
+    sh, sw = stride
+    q = qw.matrix
+    return conv_key(q.bits, key_group(q), kh, kw, sh if sh == sw else f"{sh}x{sw}", qw.in_channels_per_group,
+                    qw.out_channels // groups, m)
+
+
 def gpu_table(gpu_name: str) -> dict[str, tuple]:
     name = gpu_name.lower()
     for key, table in TABLES.items():
