@@ -7,6 +7,9 @@ Protocol as scripts/conv_gpu_check.py: C copies of input + weights (> 3 x L2) in
 each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized weights first (> 2e-3: not timed).
 
   PYTHONPATH=src python scripts/bench_conv_wgmma.py [--batches 1 32] [--bits 8 4] [--json out.json] [--budget-s S]
+  CONV_SWEEP=all: the default and the "occ" candidate tiles together (the session-14 re-sweep with the TMA-store
+  epilogue). CONV_SWEEP=tstore: the dispatch's choice with the TMA-store epilogue against the same tiles with
+  per-element stores.
 Prints one row per layer and format (us, x cuDNN) and, with --table, the fastest wgmma tile per layer as table entries.
 """
 
@@ -28,6 +31,8 @@ from conv_gpu_check import _inputs, _rel, qconfig  # noqa: E402
 from mixgemm import quantize_conv_weight  # noqa: E402
 from mixgemm.bench.conv import CONV_PRESET  # noqa: E402
 from mixgemm.bench.protocol import graph_time_us, l2_bytes  # noqa: E402
+from mixgemm.kernels.cuda import gemm_wgmma as G  # noqa: E402
+from mixgemm.kernels.triton import conv_table  # noqa: E402
 from mixgemm.ops import conv as conv_ops  # noqa: E402
 from mixgemm.ops.conv import cuda_conv2d  # noqa: E402
 
@@ -38,11 +43,15 @@ INF = float("inf")
 SWEEP = os.environ.get("CONV_SWEEP", "")
 
 
-def candidates(m: int, co: int, k: int) -> list[dict]:
-    """wgmma tiles worth timing for a layer (the default rule's choice is always among them)."""
+def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
+    """wgmma tiles worth timing for a layer (the default rule's choice is always among them). sweep "all": the
+    default candidates and the "occ" ones together."""
+    if sweep == "all":
+        both = candidates(m, co, k, "") + candidates(m, co, k, "occ")
+        return [c for i, c in enumerate(both) if c not in both[:i]]
     nwgs = [1] if co <= 64 else [1, 2]
     out = []
-    if SWEEP == "occ":  # more CTAs per SM: shallow rings and register caps (session 13, call 3)
+    if sweep == "occ":  # more CTAs per SM: shallow rings and register caps (session 13, call 3)
         if m >= 1024:
             out += [dict(BM=128, NWG=1, STAGES=4), dict(BM=128, NWG=1, STAGES=3, MINB=3),
                     dict(BM=128, NWG=1, STAGES=4, MINB=2), dict(BM=128, NWG=1, STAGES=3, KT=2, MINB=3),
@@ -55,7 +64,7 @@ def candidates(m: int, co: int, k: int) -> list[dict]:
             out += [dict(BM=32, NWG=1, STAGES=3, KT=4, SK=1, MINB=2), dict(BM=32, NWG=1, STAGES=3, KT=4, SK=1, MINB=4),
                     dict(BM=64, NWG=1, STAGES=3, KT=2, SK=1, MINB=4), dict(BM=64, NWG=1, STAGES=4, MINB=4),
                     dict(BM=16, NWG=1, STAGES=3, KT=4, SK=1, MINB=4), dict(BM=64, NWG=1, STAGES=3, KT=4, SK=1, MINB=2)]
-    elif m >= 1024 and SWEEP == "stages":  # deeper rings / multi-tile stages (session 13, call 2)
+    elif m >= 1024 and sweep == "stages":  # deeper rings / multi-tile stages (session 13, call 2)
         for nwg in nwgs:
             out += [dict(BM=128, NWG=nwg, STAGES=s) for s in (4, 6, 8)]
             out += [dict(BM=128, NWG=nwg, STAGES=4, KT=2), dict(BM=128, NWG=nwg, STAGES=8, INFLIGHT=2),
@@ -92,6 +101,7 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
     q0 = quantize_conv_weight(w, qc)
     qws = [q0] + [q0.to("cpu").to(DEV) for _ in range(copies - 1)]
     row = dict(layer=spec.name, batch=batch, M=m, N=spec.co, K=spec.ci * spec.k**2, bits=bits,
+               key=conv_table.layer_key(q0, (spec.stride,) * 2, spec.groups, m),
                fmt=f"int{qc.bits} {'pc' if qc.group_size == -1 else f'g{qc.group_size}'}", copies=copies)
     torch.backends.cudnn.benchmark = True
     whs = [w.half().contiguous(memory_format=torch.channels_last) for _ in range(copies)]
@@ -103,6 +113,12 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
     ref = F.conv2d(xs[0].float(), q0.dequantize(torch.float32), None, spec.stride, p, 1, spec.groups)
 
     def call(x, qw, path, cfg):
+        if path == "no-tstore":  # the dispatch with the wgmma epilogue's per-element stores (before WG_TSTORE)
+            G.TSTORE = False
+            try:
+                return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, None)
+            finally:
+                G.TSTORE = True
         if path == "no-wgmma":  # the dispatch without the wgmma path (the Triton kernels and the 1x1 matmul)
             conv_ops.WGMMA_CONV = False
             try:
@@ -112,7 +128,9 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
         return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, path)
 
     eligible = spec.groups == 1 and spec.ci % 64 == 0
-    if SWEEP == "final":  # what mixgemm.conv2d runs now ("auto") and before this path existed ("triton")
+    if SWEEP == "tstore":  # the dispatch with and without the TMA-store epilogue, same run
+        variants = [("auto", None, None), ("no-tstore", "no-tstore", None)]
+    elif SWEEP == "final":  # what mixgemm.conv2d runs now ("auto") and before this path existed ("triton")
         variants = [("auto", None, None), ("triton", "no-wgmma", None)] if eligible else [("auto", None, None)]
     else:
         variants = [("triton", "no-wgmma", None), ("wgmma:default", "wgmma", None)]
@@ -140,7 +158,7 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
 
 def fmt_row(r) -> str:
     t = r["times"]
-    tri = t.get("triton")
+    tri = t.get("triton", t.get("no-tstore"))
     dfl = t.get("wgmma:default", t.get("auto"))
     best = r.get("wgmma_best_us")
     cud = r["cudnn"]
@@ -164,8 +182,9 @@ def main():
     l2 = l2_bytes()
     t0 = time.time()
     rows = []
-    mid = "auto (mixgemm.conv2d)" if SWEEP == "final" else "wgmma default"
-    print(f"| layer | B | format | cuDNN us | without wgmma (x cuDNN) | {mid} | best | best variant |")
+    mid = "auto (mixgemm.conv2d)" if SWEEP in ("final", "tstore") else "wgmma default"
+    before = "per-element stores" if SWEEP == "tstore" else "without wgmma"
+    print(f"| layer | B | format | cuDNN us | {before} (x cuDNN) | {mid} | best | best variant |")
     print("|---|---|---|---|---|---|---|---|")
     for batch in a.batches:
         for spec in CONV_PRESET:

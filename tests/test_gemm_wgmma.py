@@ -116,6 +116,13 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=2, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_SPLIT=1, WG_CONV=1),
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_KT=4, WG_FOLD=1, WG_GT=2,
          WG_CONV=1),
+    # TMA-store epilogue: GEMM (fp16, per-channel scale in the epilogue), conv (bf16), NWG 4, FOLD, multi-tile stages
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_TSTORE=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_PC=1, WG_CONV=1,
+         WG_TSTORE=1),
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=2, WG_BM=64, WG_NWG=4, WG_STAGES=3, WG_KT=2, WG_TSTORE=1),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=16, WG_NWG=1, WG_STAGES=4, WG_KT=4, WG_FOLD=1, WG_GT=2,
+         WG_TSTORE=1),
 ]
 
 
@@ -255,6 +262,52 @@ def test_fold(cfg, fmt):
     for m, n, k in ((67, 264, 1152), (5, 200, 1088 if gs in (32, 64, -1) else 1152), (130, 1000, 2048)):
         k = k if gs == -1 else -(-k // gs) * gs
         _run(m, n, k, bits, gs, mode, dtype, config=cfg)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m,n,k,cfg", [
+    (300, 520, 1152, dict(BM=128, NWG=2, STAGES=4)),  # partial row and column boxes
+    (1, 200, 512, dict(BM=16, NWG=1, STAGES=4, KT=4)),  # one row; N = 200: the last warpgroup box is 8 columns wide
+    (257, 136, 640, dict(BM=256, NWG=2, STAGES=4, INFLIGHT=2)),  # the second warpgroup's box starts past N
+    (77, 1000, 768, dict(BM=64, NWG=4, STAGES=3, KT=2)),
+    (129, 264, 1024, dict(BM=32, NWG=2, STAGES=4, KT=4, FOLD=1)),
+], ids=str)
+@pytest.mark.parametrize("fmt", [(4, 128, "zero_point", torch.float16, "relu6"), (8, -1, "sym", torch.bfloat16, None),
+                                 (4, 64, "offset", torch.bfloat16, "relu")], ids=str)
+def test_tma_store_epilogue(m, n, k, cfg, fmt):
+    # TSTORE 1 (stmatrix into the freed ring + one TMA store per warpgroup) against TSTORE 0 (one store per element):
+    # the same fp32 values through the same bias / clamp / rounding, so equal bit for bit, and both right
+    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+
+    bits, gs, mode, dtype, act = fmt
+    qw = _qw(n, k, bits, gs, mode, "cuda", 3)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(m, k, generator=g).to("cuda", dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to("cuda", torch.float32)
+    lo, hi = ACTS[act]
+    y1 = gemm_wgmma(x, qw, b, lo, hi, {**cfg, "TSTORE": 1})
+    y0 = gemm_wgmma(x, qw, b, lo, hi, {**cfg, "TSTORE": 0})
+    assert torch.equal(y1, y0)
+    ref = ref_matmul(x, qw, b, act, out_dtype=torch.float64)
+    assert float((y1.double() - ref).norm() / ref.norm()) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_tma_store_applies_only_to_addressable_outputs():
+    # rows of N = 100 fp16 values are 200 bytes apart (not a multiple of 16): the TMA cannot address them, so the
+    # per-element epilogue runs; BM = 40 (not a multiple of 16) likewise
+    from mixgemm.kernels.cuda.gemm_wgmma import tstore_fits
+
+    y = torch.empty(64, 100, device="cuda", dtype=torch.float16)
+    assert not tstore_fits(y, 64, 2, 1 << 20)
+    assert not tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 40, 2, 1 << 20)
+    assert not tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float32), 64, 2, 1 << 20)
+    assert not tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 256, 2, 2 * 256 * 128 - 1024)
+    assert tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 256, 2, 2 * 256 * 128)
+    _run(70, 100, 512, 4, 128, "sym", torch.float16, config=dict(BM=64, NWG=2, STAGES=4))
+    _run(70, 200, 512, 4, 128, "sym", torch.float16, config=dict(BM=40, NWG=2, STAGES=4))
 
 
 @pytest.mark.gpu

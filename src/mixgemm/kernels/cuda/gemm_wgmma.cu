@@ -117,6 +117,19 @@
 #ifndef WG_CONV
 #define WG_CONV 0
 #endif
+// WG_TSTORE: the epilogue stages each warpgroup's 64-channel x BM-row output tile in shared memory (stmatrix .trans,
+// 128-byte swizzle, in the ring the main loop has finished with) and writes it with one TMA store, instead of one
+// 2-byte store per element. Why: the accumulator holds two consecutive *rows* of one output column per register pair,
+// so the direct stores cover 16 contiguous bytes per row and warp instruction (BM / 2 store instructions per thread);
+// the TMA store writes whole 128-byte lines. Layers with little K per output byte (1x1 convolutions, K = 64..256)
+// are bound by those stores. Needs WG_TMA 1, no split-K / stream-K, a 16-bit output and BM % 16 == 0.
+// Measured (H200, session 14, same-run A/B, results/*tstore*_s14.log): conv batch 32 1x1 64->256 W4 47.2 -> 31.9 us,
+// 1x1/2 256->512 31.6 -> 23.6 us, 3x3 64->64 27.6 -> 24.4 us; GEMM W4 g128 M = 1024 695-706 -> 672-679 us
+// (8192x28672) and 198-203 -> 187-192 us (4096x14336), W8 per-channel M = 4096 2950 -> 2655 us (8192x28672).
+#ifndef WG_TSTORE
+#define WG_TSTORE 0
+#endif
+
 #ifndef WG_GT
 #define WG_GT 1
 #endif
@@ -175,6 +188,9 @@ constexpr bool FOLD = WG_FOLD != 0;
 constexpr int GT = WG_GT;
 constexpr bool CONV = WG_CONV != 0;
 static_assert(!CONV || BULK, "WG_CONV takes the TMA loader (WG_TMA 1)");
+constexpr bool TSTORE = WG_TSTORE != 0;
+static_assert(!TSTORE || (BULK && !SK && WG_SPLIT == 0 && ACT != 2 && BM % 16 == 0 && STAGES * STAGE >= NWG * BM * 128),
+              "WG_TSTORE: TMA loader, no split-K / stream-K, fp16 / bf16 output, BM % 16 == 0, ring >= the staging tiles");
 // WG_CONV geometry: output pixel m = (n * P + p) * Q + q reads input pixel (q sw - pw + kw dw, p sh - ph + kh dh) of
 // image n for tap (kh, kw); k-tile kk is channels 64 (kk % cpt) .. of tap kk / cpt = kh * kw_taps + kw.
 struct ConvGeo {
@@ -215,7 +231,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                    int N, int M, int K, int Kt, int G, int gk, int kt_per_split,
                    const __grid_constant__ TmaDesc xmap,  // WG_TMA: activations [M, K], box 64 k x BM rows;
                                                           // WG_CONV: im2col map of the input, 64 channels x BM pixels
-                   const ConvGeo cg) {                    // WG_CONV: the convolution's geometry
+                   const ConvGeo cg,                      // WG_CONV: the convolution's geometry
+                   const __grid_constant__ TmaDesc ymap) {  // WG_TSTORE: Y [M, N], box 64 columns x BM rows
   extern __shared__ char smem_raw[];
   const char* sgen;
   const u32 sbase = smem_base_1024(smem_raw, sgen);
@@ -564,7 +581,39 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         if (tid == 0) sk_count[cs_tile] = 0;  // every CTA of the tile has counted: zero for the next launch
       }
     }
-    if (store) {
+    if (TSTORE && store) {
+      // every warpgroup's wgmmas are complete and every stage was consumed: the ring holds the staging tiles
+      __syncthreads();
+      const int wg = warp >> 2, wq = warp & 3;
+      const u32 stg = sbase + wg * (BM * 128);  // [BM rows][64 columns] of 2 bytes, 128-byte swizzle (1024-aligned)
+      const int nb = rt_raw * 16 + g;
+      float bv[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) bv[h] = bias_kind && nb + 8 * h < N ? bias_at(bias, bias_kind, nb + 8 * h) : 0.f;
+      auto val = [&](int i, int h) {
+        const float v = PCS ? acc[i] * rscale[h] : acc[i];
+        return (u32)to_out16<ACT>(clamp_lo_hi(v + bv[h], lo, hi));
+      };
+      // lane l addresses row l % 8 of matrix l / 8 = (row block j + l / 16, column half (l / 8) % 2)
+      const int mi = lane >> 3, r8 = lane & 7, chunk = 2 * wq + (mi & 1);
+#pragma unroll
+      for (int j = 0; j < BM / 8; j += 2) {
+        u32 r[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int jj = j + i / 2, h = i & 1;
+          r[i] = val(4 * jj + 2 * h, h) | (val(4 * jj + 2 * h + 1, h) << 16);
+        }
+        const int row = 8 * (j + (mi >> 1)) + r8;
+        stmatrix_x4_trans(stg + row * 128 + ((chunk ^ (row & 7)) << 4), r[0], r[1], r[2], r[3]);
+      }
+      fence_proxy_async();  // the generic-proxy smem writes are visible to the TMA engine
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+      if ((tid & 127) == 0) {
+        tma_store_2d(&ymap, stg, (rt_raw - wq) * 16, m0);
+        tma_store_wait_read();  // the smem is read before the CTA exits
+      }
+    } else if (store) {
       const int nb = rt_raw * 16 + g;
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j)

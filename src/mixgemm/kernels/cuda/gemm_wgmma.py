@@ -15,7 +15,9 @@
   k-stage) work evenly, CTAs that share a tile combine fp32 partials; needs TMA 1, ignores SPLIT), FOLD (1: grouped
   sym / zero_point weights enter the wgmma as exact integers q - z and each group's fp32 partial is scaled into the
   accumulator; applies to groups of 64 with KT 2 or 4 and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per
-  SM the register allocation must allow; default 2 for SK tiles of BM <= 64 without FOLD, else 1).
+  SM the register allocation must allow; default 2 for SK tiles of BM <= 64 without FOLD, else 1), TSTORE (1, the
+  default: the epilogue writes each warpgroup's output tile with one TMA store from shared memory where it applies
+  -- TMA 1, no SK / split-K, BM % 16 == 0, 16-byte aligned output rows; 0: one store per element).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1, or with SK an fp32 partial-tile workspace
   (2 tiles per CTA) and an int32 stage count per output tile.
@@ -38,7 +40,7 @@ SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE")
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -95,6 +97,9 @@ def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
     xp[:, :k] = x2d
     return xp
 
+
+# TSTORE default when the config does not say (benchmarks flip it for same-run A/B timings)
+TSTORE = True
 
 _TMAPS: dict = {}  # key -> CUtensorMap (kept alive here): 2-D swizzled maps and the conv's im2col maps
 _TMAP_DTYPES = {torch.float16: "FLOAT16", torch.bfloat16: "BFLOAT16", torch.int8: "UINT8"}
@@ -277,6 +282,13 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         sk = 0
     if sk:
         defs["WG_SK"] = 1
+    ymap = None
+    if tma and not sk and split == 1 and tstore_fits(y, bm, nwg, stages * sb) and int(cfg.get("TSTORE", TSTORE)):
+        try:
+            ymap = swizzled_tensor_map(y, K_TILE, bm)  # 64 output columns x BM rows
+            defs["WG_TSTORE"] = 1
+        except Exception as e:  # noqa: BLE001 - no tensor-map support: the per-element stores
+            _warn_no_tma(e)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, y.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
     tiles = math.ceil(lay.row_tiles / (4 * nwg)) * math.ceil(m / bm)
@@ -309,6 +321,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         # the 128-byte tensor map by value (zeros when the kernel does not use it)
         (ctypes.c_ubyte * 128).from_address(xmap.getPtr()) if tma else (ctypes.c_ubyte * 128)(),
         (conv[0] if conv is not None else _NO_CONV).as_ctypes(),
+        (ctypes.c_ubyte * 128).from_address(ymap.getPtr()) if ymap is not None else (ctypes.c_ubyte * 128)(),
     ]
     with torch.cuda.device(y.device):
         nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(y.device).cuda_stream, smem)
@@ -318,6 +331,13 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
 
 
 _NO_CONV = ConvGeometry(1, 1, 1, 1, 1, 1, 0, 0, 1, 1)
+
+
+def tstore_fits(y: torch.Tensor, bm: int, nwg: int, ring_bytes: int) -> bool:
+    """WG_TSTORE applies: a 16-bit output whose rows the TMA can address (16-byte aligned base and row stride, unit
+    column stride), BM % 16 == 0, and a stage ring that holds the NWG staging tiles of BM rows x 128 bytes."""
+    return (y.dtype in (torch.float16, torch.bfloat16) and y.stride(1) == 1 and (y.stride(0) * 2) % 16 == 0
+            and y.data_ptr() % 16 == 0 and bm % 16 == 0 and ring_bytes >= nwg * bm * 128)
 
 
 def _finish_split(ws: torch.Tensor, bias, y: torch.Tensor, lo: float, hi: float) -> None:

@@ -137,24 +137,39 @@ __device__ __forceinline__ void warp_sums_to_smem(const float (&acc)[M][R], floa
     }
 }
 
-// One output element: + bias (bias_kind 0 none, 1 fp16, 2 bf16, 3 fp32), clamp to [lo, hi], store at Y[o] as
-// OUT (0 fp16, 1 bf16, 2 fp32). Shared by the epilogues of every GEMV kernel.
+// Bias of output column n: bias_kind 0 none, 1 fp16, 2 bf16, 3 fp32.
+__device__ __forceinline__ float bias_at(const void* bias, int bias_kind, int n) {
+  if (bias_kind == 1) return h_to_f32(((const u16*)bias)[n]);
+  if (bias_kind == 2) return bf_to_f32(((const u16*)bias)[n]);
+  if (bias_kind == 3) return ((const float*)bias)[n];
+  return 0.f;
+}
+// v clamped to [lo, hi] -- compares, not fminf/fmaxf: NaN propagates like torch.clamp
+__device__ __forceinline__ float clamp_lo_hi(float v, float lo, float hi) {
+  if (v < lo) v = lo;
+  if (v > hi) v = hi;
+  return v;
+}
+// v rounded to the 16-bit OUT dtype (0 fp16, 1 bf16)
+template <int OUT>
+__device__ __forceinline__ u16 to_out16(float v) {
+  u16 h;
+  if (OUT == 0) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+  return h;
+}
+
+// One output element: + bias, clamp to [lo, hi], store at Y[o] as OUT (0 fp16, 1 bf16, 2 fp32). Shared by the
+// epilogues of every GEMV kernel.
 template <int OUT>
 __device__ __forceinline__ void store_output(void* Y, size_t o, int n, float v, const void* bias, int bias_kind,
                                              float lo, float hi) {
   if (bias_kind == 1) v += h_to_f32(((const u16*)bias)[n]);
   else if (bias_kind == 2) v += bf_to_f32(((const u16*)bias)[n]);
   else if (bias_kind == 3) v += ((const float*)bias)[n];
-  if (v < lo) v = lo;  // compares, not fminf/fmaxf: NaN propagates like torch.clamp
-  if (v > hi) v = hi;
-  if (OUT == 2) {
-    ((float*)Y)[o] = v;
-    return;
-  }
-  u16 h;
-  if (OUT == 0) asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  else asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
-  ((u16*)Y)[o] = h;
+  v = clamp_lo_hi(v, lo, hi);
+  if (OUT == 2) ((float*)Y)[o] = v;
+  else ((u16*)Y)[o] = to_out16<OUT>(v);
 }
 
 // Programmatic dependent launch (sm_90; no-ops when the kernel was launched without the attribute).

@@ -56,6 +56,23 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u
                : "memory");
 }
 
+// TMA store of a 2-D box from shared memory (the tensor map's swizzle applies); out-of-range parts of the box are
+// dropped. The smem must stay untouched until tma_store_wait_read() returns.
+__device__ __forceinline__ void tma_store_2d(const void* tmap, u32 src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(tmap), "r"(src),
+               "r"(c0), "r"(c1)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// Four 8 x 8 b16 matrices, each stored transposed: memory row k of matrix i (address from lane 8 i + k) gets column k
+// of the fragment whose row g, columns 2t, 2t + 1 are register r[i] of lane 4 g + t (the mma / wgmma C layout).
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>

@@ -156,6 +156,8 @@ TABLES: dict[str, dict[str, tuple]] = {"h200": _H200}
 # session-13 sweeps (scripts/bench_conv_wgmma.py, three device runs: results/conv_wgmma_h200_s13_*.json) when it beat
 # what the table above picks (the Triton implicit GEMM or the 1x1 matmul) in the same run, else None (measured and
 # slower: the table above decides). A layer missing here takes the wgmma path with conv_wgmma.default_conv_config.
+# Session 14: the batch-32 1x1 layers re-swept with the TMA-store epilogue (WG_TSTORE; CONV_SWEEP=all,
+# results/conv_wgmma_h200_s14_1x1_b32.json): every one of them now runs faster on the wgmma path.
 _H200_WGMMA: dict[str, dict | None] = {
     # r50.s1 1x1 256-64 @56 b1: wgmma 4.9 us, Triton / matmul 10.0 us, cuDNN 4.7 us
     "w4g128|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
@@ -221,30 +223,30 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|512-512|M64": None,
     # r50.s4 3x3/2 512-512 @14 b1: wgmma 10.9 us, Triton / matmul 11.7 us, cuDNN 13.1 us
     "w8pc|3x3/2|512-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s1 1x1 256-64 @56 b32: wgmma 26.8 us, Triton / matmul 26.4 us, cuDNN 21.1 us
-    "w4g128|1x1/1|256-64|M131072": None,
-    # r50.s1 1x1 256-64 @56 b32: wgmma 27.7 us, Triton / matmul 26.0 us, cuDNN 20.9 us
-    "w8pc|1x1/1|256-64|M131072": None,
-    # r50.s1 1x1 64-256 @56 b32: wgmma 47.0 us, Triton / matmul 54.5 us, cuDNN 22.3 us
-    "w4pc|1x1/1|64-256|M131072": {"BM": 64, "NWG": 2, "STAGES": 4, "MINB": 3},
-    # r50.s1 1x1 64-256 @56 b32: wgmma 48.1 us, Triton / matmul 40.0 us, cuDNN 22.7 us
-    "w8pc|1x1/1|64-256|M131072": None,
-    # r50.s1 1x1 64-64 @56 b32: wgmma 15.5 us, Triton / matmul 13.6 us, cuDNN 8.7 us
-    "w4pc|1x1/1|64-64|M131072": None,
-    # r50.s1 1x1 64-64 @56 b32: wgmma 15.8 us, Triton / matmul 13.5 us, cuDNN 8.8 us
-    "w8pc|1x1/1|64-64|M131072": None,
+    # r50.s1 1x1 256-64 @56 b32: wgmma 23.9 us, Triton / matmul 26.7 us, cuDNN 21.0 us (s14, TSTORE)
+    "w4g128|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s1 1x1 256-64 @56 b32: wgmma 24.0 us, Triton / matmul 26.3 us, cuDNN 21.1 us (s14, TSTORE)
+    "w8pc|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s1 1x1 64-256 @56 b32: wgmma 31.4 us, Triton / matmul 37.3 us, cuDNN 24.3 us (s14, TSTORE)
+    "w4pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s1 1x1 64-256 @56 b32: wgmma 31.7 us, Triton / matmul 40.0 us, cuDNN 24.1 us (s14, TSTORE)
+    "w8pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s1 1x1 64-64 @56 b32: wgmma 11.1 us, Triton / matmul 13.6 us, cuDNN 8.7 us (s14, TSTORE)
+    "w4pc|1x1/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s1 1x1 64-64 @56 b32: wgmma 11.3 us, Triton / matmul 13.5 us, cuDNN 8.7 us (s14, TSTORE)
+    "w8pc|1x1/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
     # r50.s1 3x3 64-64 @56 b32: wgmma 27.6 us, Triton / matmul 35.5 us, cuDNN 24.7 us
     "w4g64|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
     # r50.s1 3x3 64-64 @56 b32: wgmma 29.1 us, Triton / matmul 33.0 us, cuDNN 24.7 us
     "w8pc|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
-    # r50.s2 1x1 128-512 @28 b32: wgmma 26.7 us, Triton / matmul 29.9 us, cuDNN 13.8 us
-    "w4pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 3, "MINB": 2},
-    # r50.s2 1x1 128-512 @28 b32: wgmma 27.2 us, Triton / matmul 23.9 us, cuDNN 13.9 us
-    "w8pc|1x1/1|128-512|M32768": None,
-    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 31.5 us, Triton / matmul 33.2 us, cuDNN 21.6 us
+    # r50.s2 1x1 128-512 @28 b32: wgmma 17.7 us, Triton / matmul 20.6 us, cuDNN 14.0 us (s14, TSTORE)
+    "w4pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s2 1x1 128-512 @28 b32: wgmma 17.8 us, Triton / matmul 24.0 us, cuDNN 14.0 us (s14, TSTORE)
+    "w8pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
+    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 23.7 us, Triton / matmul 33.3 us, cuDNN 21.3 us (s14, TSTORE)
     "w4g128|1x1/2|256-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 32.4 us, Triton / matmul 32.2 us, cuDNN 21.3 us
-    "w8pc|1x1/2|256-512|M32768": None,
+    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 23.4 us, Triton / matmul 32.4 us, cuDNN 21.2 us (s14, TSTORE)
+    "w8pc|1x1/2|256-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
     # r50.s2 3x3 128-128 @28 b32: wgmma 21.3 us, Triton / matmul 31.2 us, cuDNN 18.5 us
     "w4g128|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s2 3x3 128-128 @28 b32: wgmma 19.8 us, Triton / matmul 27.5 us, cuDNN 18.5 us
@@ -253,14 +255,14 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s2 3x3/2 128-128 @56 b32: wgmma 21.3 us, Triton / matmul 28.2 us, cuDNN 19.8 us
     "w8pc|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 13.3 us, Triton / matmul 18.2 us, cuDNN 8.5 us
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 12.3 us, Triton / matmul 18.4 us, cuDNN 8.6 us (s14, TSTORE)
     "w4g128|1x1/1|1024-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 12.8 us, Triton / matmul 22.2 us, cuDNN 8.6 us
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 11.8 us, Triton / matmul 22.5 us, cuDNN 8.6 us (s14, TSTORE)
     "w8pc|1x1/1|1024-256|M8192": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 16.6 us, Triton / matmul 20.1 us, cuDNN 9.6 us
-    "w4g128|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 17.6 us, Triton / matmul 22.0 us, cuDNN 9.6 us
-    "w8pc|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 13.1 us, Triton / matmul 15.3 us, cuDNN 9.6 us (s14, TSTORE)
+    "w4g128|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 13.2 us, Triton / matmul 15.7 us, cuDNN 9.6 us (s14, TSTORE)
+    "w8pc|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s3 3x3 256-256 @14 b32: wgmma 21.9 us, Triton / matmul 36.2 us, cuDNN 17.9 us
     "w4g128|3x3/1|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s3 3x3 256-256 @14 b32: wgmma 20.0 us, Triton / matmul 26.1 us, cuDNN 17.9 us
@@ -269,13 +271,13 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s3 3x3/2 256-256 @28 b32: wgmma 20.3 us, Triton / matmul 26.7 us, cuDNN 19.0 us
     "w8pc|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 17.5 us, Triton / matmul 22.3 us, cuDNN 8.3 us
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 15.9 us, Triton / matmul 22.4 us, cuDNN 8.2 us (s14, TSTORE)
     "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 1, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 15.4 us, Triton / matmul 21.2 us, cuDNN 8.3 us
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 14.9 us, Triton / matmul 21.4 us, cuDNN 8.2 us (s14, TSTORE)
     "w8pc|1x1/1|2048-512|M2048": {"BM": 64, "NWG": 2, "STAGES": 8},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 12.7 us, Triton / matmul 13.3 us, cuDNN 8.8 us
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 10.9 us, Triton / matmul 10.8 us, cuDNN 8.8 us (s14, TSTORE)
     "w4g128|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 12.7 us, Triton / matmul 15.3 us, cuDNN 8.8 us
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 10.5 us, Triton / matmul 15.3 us, cuDNN 8.8 us (s14, TSTORE)
     "w8pc|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
     # r50.s4 3x3 512-512 @7 b32: wgmma 29.9 us, Triton / matmul 37.6 us, cuDNN 17.7 us
     "w4g128|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 8, "SK": 1},
