@@ -113,19 +113,16 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
     ref = F.conv2d(xs[0].float(), q0.dequantize(torch.float32), None, spec.stride, p, 1, spec.groups)
 
     def call(x, qw, path, cfg):
-        if path == "no-tstore":  # the dispatch with the wgmma epilogue's per-element stores (before WG_TSTORE)
-            G.TSTORE = False
-            try:
-                return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, None)
-            finally:
-                G.TSTORE = True
-        if path == "no-wgmma":  # the dispatch without the wgmma path (the Triton kernels and the 1x1 matmul)
-            conv_ops.WGMMA_CONV = False
-            try:
-                return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, None)
-            finally:
-                conv_ops.WGMMA_CONV = True
-        return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, path)
+        # "no-wgmma": the dispatch without the wgmma path (the Triton kernels and the 1x1 matmul); "no-tstore": the
+        # dispatch with the wgmma epilogue's per-element stores (before WG_TSTORE)
+        switch = {"no-wgmma": (conv_ops, "WGMMA_CONV"), "no-tstore": (G, "TSTORE")}.get(path)
+        if switch is None:
+            return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, path)
+        setattr(*switch, False)
+        try:
+            return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, None)
+        finally:
+            setattr(*switch, True)
 
     eligible = spec.groups == 1 and spec.ci % 64 == 0
     if SWEEP == "tstore":  # the dispatch with and without the TMA-store epilogue, same run
