@@ -7,6 +7,9 @@ Protocol as scripts/conv_gpu_check.py: C copies of input + weights (> 3 x L2) in
 each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized weights first (> 2e-3: not timed).
 
   PYTHONPATH=src python scripts/bench_conv_wgmma.py [--batches 1 32] [--bits 8 4] [--json out.json] [--budget-s S]
+  CONV_SWEEP=dw: the depthwise kernel, default and candidate tiles.
+  CONV_SWEEP=smallk: the small-K kernel (kernels/triton/conv_smallk.py) with candidate tiles, on every layer whose
+  padded K fits it, beside the dispatch without it.
   CONV_SWEEP=all: the default and the "occ" candidate tiles together (the session-14 re-sweep with the TMA-store
   epilogue). CONV_SWEEP=tstore: the dispatch's choice with the TMA-store epilogue against the same tiles with
   per-element stores.
@@ -16,6 +19,7 @@ Prints one row per layer and format (us, x cuDNN) and, with --table, the fastest
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -32,7 +36,9 @@ from mixgemm import quantize_conv_weight  # noqa: E402
 from mixgemm.bench.conv import CONV_PRESET  # noqa: E402
 from mixgemm.bench.protocol import graph_time_us, l2_bytes  # noqa: E402
 from mixgemm.kernels.cuda import gemm_wgmma as G  # noqa: E402
-from mixgemm.kernels.triton import conv_table  # noqa: E402
+from mixgemm.kernels.triton import conv_smallk, conv_table  # noqa: E402
+from mixgemm.kernels.triton.conv import DwConfig  # noqa: E402
+from mixgemm.kernels.triton.conv_smallk import SmallKConfig  # noqa: E402
 from mixgemm.ops import conv as conv_ops  # noqa: E402
 from mixgemm.ops.conv import cuda_conv2d  # noqa: E402
 
@@ -41,6 +47,16 @@ TOL = 2e-3
 WARM_MS, REP_MS = 10, 25
 INF = float("inf")
 SWEEP = os.environ.get("CONV_SWEEP", "")
+
+
+# CONV_SWEEP=smallk: small-K tiles (block_m, block_n, num_warps, num_stages, programs per SM)
+SMALLK_CANDIDATES = [SmallKConfig(*c) for c in (
+    (128, 64, 8, 2, 2), (128, 64, 4, 2, 2), (64, 64, 4, 2, 4), (64, 64, 4, 3, 4), (256, 64, 8, 2, 1),
+    (128, 64, 8, 3, 2), (128, 64, 8, 1, 2), (64, 64, 8, 2, 2), (32, 64, 4, 2, 8))]
+
+
+# CONV_SWEEP=dw: depthwise tiles (block_m pixels, block_c channels, num_warps)
+DW_CANDIDATES = [DwConfig(*c) for c in ((32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (32, 64, 4))]
 
 
 def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
@@ -125,7 +141,15 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
             setattr(*switch, True)
 
     eligible = spec.groups == 1 and spec.ci % 64 == 0
-    if SWEEP == "tstore":  # the dispatch with and without the TMA-store epilogue, same run
+    if SWEEP == "dw":  # depthwise: the default and candidate tiles
+        variants = [("auto", None, None)] + [(f"dw:{c.block_m}x{c.block_c}w{c.num_warps}", "dw", c)
+                                             for c in DW_CANDIDATES]
+    elif SWEEP == "smallk":  # the small-K kernel (default and candidate tiles) beside what the dispatch ran before it
+        before = ("triton", "igemm", None) if spec.ci <= conv_smallk.SMALLK_MAX_CI else ("auto", None, None)
+        variants = [before, ("smallk:default", "smallk", None)]
+        variants += [(f"smallk:{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}p{c.programs_per_sm}", "smallk", c)
+                     for c in SMALLK_CANDIDATES]
+    elif SWEEP == "tstore":  # the dispatch with and without the TMA-store epilogue, same run
         variants = [("auto", None, None), ("no-tstore", "no-tstore", None)]
     elif SWEEP == "final":  # what mixgemm.conv2d runs now ("auto") and before this path existed ("triton")
         variants = [("auto", None, None), ("triton", "no-wgmma", None)] if eligible else [("auto", None, None)]
@@ -145,7 +169,7 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
         except Exception as e:  # noqa: BLE001 - report and go on with the other variants
             times[label] = f"ERROR {type(e).__name__}: {str(e)[:160]}"
     row["times"], row["errs"] = times, errs
-    ok = {k: v for k, v in times.items() if (k.startswith("wgmma") or k == "auto") and isinstance(v, float)}
+    ok = {k: v for k, v in times.items() if k.startswith(("wgmma", "smallk", "dw", "auto")) and isinstance(v, float)}
     if ok:
         best = min(ok, key=ok.get)
         row["wgmma_best"], row["wgmma_best_us"] = best, ok[best]
@@ -186,6 +210,10 @@ def main():
     for batch in a.batches:
         for spec in CONV_PRESET:
             eligible = spec.groups == 1 and spec.ci % 64 == 0
+            if SWEEP == "dw":
+                eligible = spec.groups > 1
+            if SWEEP == "smallk":  # layers whose padded K fits one small-K tile (the stem, 1x1 with Ci <= 256)
+                eligible = spec.groups == 1 and spec.ci * spec.k**2 <= conv_smallk.MAX_K_PAD
             if (not eligible and SWEEP != "final") or (a.only and a.only not in spec.name):
                 continue
             for bits in a.bits:
@@ -195,10 +223,13 @@ def main():
                 r = run_layer(spec, batch, bits, l2)
                 rows.append(r)
                 print(fmt_row(r), flush=True)
+                if SWEEP in ("smallk", "dw"):
+                    print("    " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                             for k, v in r["times"].items()), flush=True)
                 torch.cuda.empty_cache()
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        with open(a.json, "w") as f:  # configs: wgmma dicts, or small-K dataclasses (as dicts)
+            json.dump(rows, f, indent=1, default=lambda o: dataclasses.asdict(o))
 
 
 if __name__ == "__main__":

@@ -67,8 +67,8 @@ def test_geometries(name, channels_last, rel_err):
     bits = 4 if (kk * ci_g) % 2 == 0 else 8
     gs = 32 if ci_g % 32 == 0 else -1
     x, qw, bias = make_conv_case(b, ci, h, w, co, k, g, torch.float16, channels_last, bits, gs, "sym", seed=len(name))
-    kernel = "dw" if ci_g == 1 and g > 1 else "igemm"
-    for path in (kernel, "dequant", None):  # the Triton kernel, dequantize + cuDNN, and what dispatch picks
+    kernels = ("dw",) if ci_g == 1 and g > 1 else ("igemm", "smallk") if ci_g <= 8 and g == 1 else ("igemm",)
+    for path in (*kernels, "dequant", None):  # the Triton kernels, dequantize + cuDNN, and what dispatch picks
         _check(x, qw, bias, s, p, d, g, "relu" if channels_last else None, rel_err, path=path)
 
 
@@ -135,6 +135,35 @@ def test_split_k_and_tiles(rel_err):
     # flat K loop (per-channel, Ci_g not a multiple of the K tile) with split-K
     x, qw, bias = make_conv_case(1, 24, 6, 5, 16, 3, 1, torch.float16, False, 8, -1, "sym", seed=6)
     _check(x, qw, bias, 1, 1, 1, 1, None, rel_err, config=ConvConfig(16, 16, 32, split_k=2))
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("bits,mode", [(8, "sym"), (4, "zero_point"), (4, "offset"), (8, "offset")])
+def test_smallk_tiles_and_formats(channels_last, bits, mode, rel_err):
+    """The small-K stem kernel: tiles smaller than Co and than the output (several N programs, a persistent loop of
+    several output tiles per program, a partial last tile), every zero mode, dilation, and the runs of both layouts."""
+    from mixgemm.kernels.triton.conv_smallk import SmallKConfig
+
+    ci = 3 if bits == 8 else 4  # 4-bit codes pack in pairs: K = 49 Ci must be even
+    x, qw, bias = make_conv_case(2, ci, 15, 13, 40, 7, 1, torch.float16, channels_last, bits, -1, mode, seed=bits)
+    for cfg in (SmallKConfig(16, 16, 4, 1, 1), SmallKConfig(32, 32, 4, 2, 1), SmallKConfig(64, 64, 4, 2, 2)):
+        _check(x, qw, bias, 2, 3, 1, 1, "relu6", rel_err, config=cfg)
+    x, qw, bias = make_conv_case(1, 4, 11, 9, 24, (3, 5), 1, torch.float16, channels_last, bits, -1, mode, seed=5)
+    _check(x, qw, bias, (1, 2), (2, 1), (2, 1), 1, None, rel_err, path="smallk")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if GPU else []))
+def test_smallk_dtypes(dtype, rel_err):
+    x, qw, bias = make_conv_case(1, 3, 12, 10, 16, 4, 1, dtype, True, 8, -1, "sym", seed=12)
+    _check(x, qw, bias, 4, 0, 1, 1, "relu", rel_err, path="smallk")
+    x, qw, bias = make_conv_case(1, 2, 9, 11, 16, 3, 1, dtype, False, 4, -1, "zero_point", seed=13)
+    _check(x, qw, bias, 1, 1, 1, 1, None, rel_err, path="smallk")
+
+
+def test_smallk_refuses_large_k():
+    x, qw, bias = make_conv_case(1, 32, 5, 5, 16, 3, 1, torch.float16, True, 8, 32, "sym", seed=14)
+    with pytest.raises(ValueError, match="smallk"):  # K = 288 > 256
+        cuda_conv2d(x, qw, bias, (1, 1), (1, 1), (1, 1), 1, float("-inf"), float("inf"), path="smallk")
 
 
 def test_no_bias_and_public_op(rel_err):

@@ -10,6 +10,8 @@ CUDA dispatch (pick_path, deterministic in shapes and dtypes):
 * 1x1 / stride 1 / no padding / groups 1 on channels_last: ``mixgemm.matmul`` on the [B*H*W, Ci] view
   (no copy) when the Triton GEMM is installed (GEMV for M <= 16), unless the measured per-GPU table
   (kernels/triton/conv_table.py) found the implicit GEMM faster for that layer;
+* at most SMALLK_MAX_CI input channels per group (the 3-channel stems), padded K <= 256: the small-K kernel
+  (kernels/triton/conv_smallk.py: the weight dequantized once per program, the whole K gathered in one tile);
 * everything else: the Triton implicit GEMM (no im2col buffer), any stride / padding / dilation / groups.
 CPU inputs run the float64 reference (mixgemm.reference.conv2d).
 ``conv2d_a8``: the INT8-activation variant (activations quantized per pixel and channel block, int8 tensor cores).
@@ -143,7 +145,8 @@ WGMMA_CONV: bool = True
 def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
               dilation=(1, 1)) -> str:
     """ "dequant" (weight dequantized once + cuDNN), "wgmma" (the Hopper wgmma implicit GEMM), "matmul" (1x1 as a
-    GEMM), "dw" (depthwise kernel) or "igemm" (Triton implicit GEMM). Deterministic in the shapes and dtypes."""
+    GEMM), "dw" (depthwise kernel), "smallk" (whole-K tile for a few input channels) or "igemm" (Triton
+    implicit GEMM). Deterministic in the shapes and dtypes."""
     kh, kw = qweight.kernel_size
     depthwise = qweight.in_channels_per_group == 1 and groups > 1
     if depthwise:
@@ -160,6 +163,11 @@ def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, pad
             measured, cfg = tuned_wgmma_choice(x.device, qweight, stride, m)
             if cfg is not None or not measured:
                 return "wgmma"
+    from mixgemm.kernels.triton.conv_smallk import SMALLK_MAX_CI, smallk_supported
+
+    # a few input channels (the 3-channel stems): the whole K in one tile, not a K loop (conv_smallk.py)
+    if qweight.in_channels_per_group <= SMALLK_MAX_CI and smallk_supported(x, qweight, groups):
+        return "smallk"
     pointwise = (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1
     if pointwise and _out_format(x) == torch.channels_last and _gemm_available():
         if x.device.type == "cuda":
@@ -178,8 +186,8 @@ def cuda_conv2d(
 ):
     """The CUDA conv (also runs on CPU tensors under TRITON_INTERPRET=1, for tests). Arguments already checked.
     config: a kernels.triton.conv ConvConfig (implicit GEMM) or DwConfig (depthwise) forcing that kernel's
-    tiles, or a dict of wgmma tiles (path "wgmma"); path: force "igemm" / "dw" / "matmul" / "dequant" / "wgmma"
-    (default: pick_path)."""
+    tiles, a conv_smallk.SmallKConfig (path "smallk"), or a dict of wgmma tiles (path "wgmma"); path: force "igemm" /
+    "dw" / "smallk" / "matmul" / "dequant" / "wgmma" (default: pick_path)."""
     from mixgemm.kernels.triton import conv as K
 
     b, _, h, w = x.shape
@@ -191,8 +199,10 @@ def cuda_conv2d(
         bias = bias.contiguous()  # a copy: the caller's tensor is untouched
     depthwise = qweight.in_channels_per_group == 1 and groups > 1
     if path is None:
+        from mixgemm.kernels.triton.conv_smallk import SmallKConfig
+
         path = (
-            ("dw" if depthwise else "igemm")
+            ("smallk" if isinstance(config, SmallKConfig) else "dw" if depthwise else "igemm")
             if config is not None
             else pick_path(x, qweight, b * ho * wo, stride, padding, groups, dilation)
         )
@@ -220,6 +230,13 @@ def cuda_conv2d(
             y = y.clamp_(lo, hi)
         return y.contiguous(memory_format=fmt)
     out = torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
+    if path == "smallk":
+        from mixgemm.kernels.triton.conv_smallk import smallk_conv2d, smallk_supported
+
+        if not smallk_supported(x, qweight, groups):
+            raise ValueError(f"conv path 'smallk' needs groups 1 and a padded K <= 256, got groups={groups}, "
+                             f"kernel {qweight.kernel_size}, Ci_g={qweight.in_channels_per_group}")
+        return smallk_conv2d(x, qweight, bias, out, stride, padding, dilation, lo, hi, config)
     if path == "dw":
         kw_ = {} if config is None else dict(block_m=config.block_m, block_c=config.block_c, num_warps=config.num_warps)
         return K.dw_conv2d(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, **kw_)

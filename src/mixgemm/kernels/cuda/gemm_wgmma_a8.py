@@ -63,6 +63,8 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> di
     kt, nwg = 2, 2
     sb = stage_bytes(bm, nwg, bits, kt, group_size == k)
     stages = max(3, min(4, (SMEM_LIMIT - 1024) // sb))
+    # NP 1: folding a group while the warpgroup's own next wgmmas run (NP 2) measured 23-28% slower, also with the
+    # four wgmmas issued back to back (benchmarks/int8_notes.md "Session 15")
     return {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": 1, "CVT": 0, "GROUP_M": 8}
 
 
