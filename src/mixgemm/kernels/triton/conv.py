@@ -68,6 +68,12 @@ class ConvLayout:
     affine: bool  # mode "offset": shift is m (w = q * s + m); otherwise shift is the zero point z
     zero_mode: int  # mixgemm.kernels.triton.dequant.MODE_IDS
 
+    @property
+    def scale_in_tile(self) -> bool:
+        """False for per-channel sym / zero_point weights: the kernels' tiles then hold the exact integers q - z and
+        the scale multiplies the fp32 accumulator once at the end (one multiply per output instead of per weight)."""
+        return not (self.num_groups == 1 and self.zero_mode != MODE_IDS["offset"])
+
 
 def build_conv_layout(qw: QuantizedWeight) -> ConvLayout:
     s = qw.scales.double()
@@ -701,9 +707,7 @@ def igemm_conv2d(
         USE_WS=split > 1,
         DOT_PREC=_dot_prec(x.dtype),
         ZERO_MODE=lay.zero_mode,
-        # per-channel sym / zero_point: the tiles hold the exact integers q - z and the scale multiplies the
-        # fp32 accumulator once at the end (one multiply per output instead of one per weight)
-        SCALE_W=not (per_channel and lay.zero_mode != MODE_IDS["offset"]),
+        SCALE_W=lay.scale_in_tile,
         ACT_DTYPE=_TL_DTYPES[x.dtype],
         SWAP_AB=config.swap_ab,
         BLOCK_M=config.block_m,

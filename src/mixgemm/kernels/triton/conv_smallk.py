@@ -41,7 +41,7 @@ from mixgemm.kernels.triton.conv import (
     conv_layout,
     out_pixels,
 )
-from mixgemm.kernels.triton.dequant import MODE_IDS, codes_to_values, group_params
+from mixgemm.kernels.triton.dequant import codes_to_values, group_params
 
 # the dispatcher sends convs with at most this many input channels per group here (stems: 3, 4); wider inputs keep
 # the K-loop kernels, whose tap-aligned steps load whole channel vectors
@@ -182,7 +182,6 @@ def smallk_conv2d(
         raise ValueError(f"smallk conv: padded K {k_pad} > {MAX_K_PAD} (Kh={kh}, Kw={kw}, Ci={ci})")
     m = b * ho * wo
     cfg = config or default_smallk_config(x.device, m, co)
-    per_channel = lay.num_groups == 1
     n_tiles = triton.cdiv(co, cfg.block_n)
     progs = max(1, min(triton.cdiv(m, cfg.block_m), cfg.programs_per_sm * _num_sms(x.device) // n_tiles))
     _smallk_conv_kernel[(progs, n_tiles)](
@@ -192,8 +191,7 @@ def smallk_conv2d(
         stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1],
         CI=ci, KH=kh, KW=kw, CL=cl, RUN=run,
         BITS=lay.bits, ZERO_MODE=lay.zero_mode,
-        # per-channel sym / zero_point: exact integers q - z in the dot, the fp32 accumulator scaled once
-        SCALE_W=not (per_channel and lay.zero_mode != MODE_IDS["offset"]),
+        SCALE_W=lay.scale_in_tile,
         HAS_BIAS=bias is not None, ACT_DTYPE=_TL_DTYPES[x.dtype], DOT_PREC=_dot_prec(x.dtype),
         K_PAD=k_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
