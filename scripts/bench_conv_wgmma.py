@@ -10,6 +10,7 @@ each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized w
   CONV_SWEEP=dw: the depthwise kernel, default and candidate tiles.
   CONV_SWEEP=smallk: the small-K kernel (kernels/triton/conv_smallk.py) with candidate tiles, on every layer whose
   padded K fits it, beside the dispatch without it.
+  CONV_SWEEP=longk: split-K and stream-K tiles on the few-tile, long-K layers (use with --only / --batches 32).
   CONV_SWEEP=all: the default and the "occ" candidate tiles together (the session-14 re-sweep with the TMA-store
   epilogue). CONV_SWEEP=tstore: the dispatch's choice with the TMA-store epilogue against the same tiles with
   per-element stores.
@@ -80,6 +81,12 @@ def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
             out += [dict(BM=32, NWG=1, STAGES=3, KT=4, SK=1, MINB=2), dict(BM=32, NWG=1, STAGES=3, KT=4, SK=1, MINB=4),
                     dict(BM=64, NWG=1, STAGES=3, KT=2, SK=1, MINB=4), dict(BM=64, NWG=1, STAGES=4, MINB=4),
                     dict(BM=16, NWG=1, STAGES=3, KT=4, SK=1, MINB=4), dict(BM=64, NWG=1, STAGES=3, KT=4, SK=1, MINB=2)]
+    elif sweep == "longk":  # few output tiles over a long K (batch-32 stage-3/4 layers): split-K as one cluster
+        out += [dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, SPLIT=4)]  # the workspace split-K, for reference
+        clustered = [(128, 2, 4, 2, 2), (128, 2, 5, 2, 2), (128, 2, 4, 1, 2), (128, 4, 4, 1, 4), (128, 4, 4, 2, 2),
+                     (128, 4, 4, 2, 4), (64, 4, 4, 2, 2), (192, 2, 4, 1, 3), (192, 2, 4, 2, 2), (256, 2, 4, 2, 4)]
+        out += [dict(BM=bm, NWG=nwg, STAGES=st, KT=kt, SPLIT=sp, CLUSTER=1) for bm, nwg, st, kt, sp in clustered]
+        out += [dict(BM=128, NWG=2, STAGES=3, KT=4, FOLD=1, SPLIT=2, CLUSTER=1)]
     elif m >= 1024 and sweep == "stages":  # deeper rings / multi-tile stages (session 13, call 2)
         for nwg in nwgs:
             out += [dict(BM=128, NWG=nwg, STAGES=s) for s in (4, 6, 8)]
@@ -102,7 +109,10 @@ def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
 def _name(cfg) -> str:
     if cfg is None:
         return "default"
-    return "".join(f"{k[0]}{v}" for k, v in cfg.items() if k not in ("TMA", "GROUP_M"))
+    # the rest by their first letter (SK: the second "S")
+    short = {"SPLIT": "sp", "GROUP_M": "g", "TSTORE": "t", "CLUSTER": "c"}
+    return "".join(f"{short.get(k, k[0])}{v}" for k, v in cfg.items()
+                   if k != "TMA" and not (k == "GROUP_M" and v == 8))
 
 
 def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
@@ -197,7 +207,7 @@ def main():
     ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--json", default=None)
     ap.add_argument("--budget-s", type=float, default=1e9)
-    ap.add_argument("--only", default=None, help="substring of the layer names to run")
+    ap.add_argument("--only", default=None, help="comma-separated substrings of the layer names to run")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     l2 = l2_bytes()
@@ -214,7 +224,7 @@ def main():
                 eligible = spec.groups > 1
             if SWEEP == "smallk":  # layers whose padded K fits one small-K tile (the stem, 1x1 with Ci <= 256)
                 eligible = spec.groups == 1 and spec.ci * spec.k**2 <= conv_smallk.MAX_K_PAD
-            if (not eligible and SWEEP != "final") or (a.only and a.only not in spec.name):
+            if (not eligible and SWEEP != "final") or (a.only and not any(o in spec.name for o in a.only.split(","))):
                 continue
             for bits in a.bits:
                 if time.time() - t0 > a.budget_s:
@@ -223,7 +233,7 @@ def main():
                 r = run_layer(spec, batch, bits, l2)
                 rows.append(r)
                 print(fmt_row(r), flush=True)
-                if SWEEP in ("smallk", "dw"):
+                if SWEEP in ("smallk", "dw", "longk"):
                     print("    " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                              for k, v in r["times"].items()), flush=True)
                 torch.cuda.empty_cache()

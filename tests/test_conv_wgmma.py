@@ -71,6 +71,10 @@ def test_default_config():
     deep = default_conv_config(49, 512, 4608)  # batch-1 deep layer: stream-K over 16-pixel tiles
     assert deep["SK"] == 1 and deep["BM"] == 16 and deep["KT"] == 4
     assert "SK" not in default_conv_config(196, 1024, 256)  # short K: one tile per CTA
+    few = default_conv_config(1568, 512, 4608)  # batch-32 stage 4: 52 tiles of 128 x 128, K halves as 2-CTA clusters
+    assert few["SPLIT"] == 2 and few["CLUSTER"] == 1 and few["BM"] == 128
+    assert "CLUSTER" not in default_conv_config(6272, 256, 1024)  # 98 tiles: no split
+    assert "CLUSTER" not in default_conv_config(1568, 512, 512)  # short K: no split
 
 
 def test_table_entries_are_valid_wgmma_tiles():
@@ -82,7 +86,7 @@ def test_table_entries_are_valid_wgmma_tiles():
         for key, cfg in table.items():
             if cfg is None:
                 continue
-            assert set(cfg) <= {"BM", "NWG", "STAGES", "KT", "SK", "MINB", "INFLIGHT", "SPLIT", "FOLD"}, key
+            assert set(cfg) <= {"BM", "NWG", "STAGES", "KT", "SK", "MINB", "INFLIGHT", "SPLIT", "FOLD", "CLUSTER"}, key
             assert cfg["BM"] % 8 == 0 and 8 <= cfg["BM"] <= 256 and cfg["NWG"] in (1, 2, 4), key
             kt, infl = cfg.get("KT", 1), cfg.get("INFLIGHT", 1)
             assert kt in (1, 2, 4) and (kt == 1 or infl == 1) and cfg["STAGES"] >= 2 + -(-infl // kt), key
@@ -152,6 +156,9 @@ CONFIGS = [
     dict(BM=32, NWG=2, STAGES=3, KT=2, SPLIT=4),
     dict(BM=64, NWG=2, STAGES=4, KT=2, FOLD=1),
     dict(BM=32, NWG=2, STAGES=3, KT=4, FOLD=1, SK=1),
+    dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, SPLIT=4, CLUSTER=1),
+    dict(BM=128, NWG=2, STAGES=4, SPLIT=3, CLUSTER=1),
+    dict(BM=64, NWG=2, STAGES=4, KT=2, FOLD=1, SPLIT=2, CLUSTER=1),
 ]
 
 
@@ -168,11 +175,12 @@ def test_configs(cfg, fmt, rel_err):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 32])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("layer", [(64, 64, 3, 1, 56), (128, 128, 3, 2, 28), (256, 1024, 1, 1, 14),
                                    (512, 512, 3, 1, 7), (2048, 512, 1, 1, 7), (256, 512, 1, 2, 27)])
 def test_resnet_layers_default_tiles(layer, dtype, batch, rel_err):
+    # batch 32 takes the table's batch-32 tiles (stage 4: split-K 2 as clusters)
     ci, co, k, s, hw = layer
     x, qw, bias = make_conv_case(batch, ci, hw, hw, co, k, 1, dtype, True, 4, 128 if ci >= 128 else 64,
                                  "zero_point", seed=ci + co + k)

@@ -123,6 +123,15 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=2, WG_BM=64, WG_NWG=4, WG_STAGES=3, WG_KT=2, WG_TSTORE=1),
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=16, WG_NWG=1, WG_STAGES=4, WG_KT=4, WG_FOLD=1, WG_GT=2,
          WG_TSTORE=1),
+    # split-K slices as one cluster (partials through distributed shared memory): GEMM, conv, per-channel, FOLD,
+    # cp.async, TMA store
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_SPLIT=2),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_PC=1, WG_SPLIT=2, WG_CONV=1),
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_FOLD=1, WG_GT=1,
+         WG_SPLIT=2),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=2, WG_MODE=2, WG_BM=24, WG_NWG=1, WG_STAGES=4, WG_TMA=0, WG_G2=1, WG_SPLIT=2),
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_SPLIT=2,
+         WG_TSTORE=1, WG_CONV=1),
 ]
 
 
@@ -213,6 +222,32 @@ def test_multi_tile_stages(kt, tma, bits, gs, mode, k, split):
     _run(67, 264, k, bits, gs, mode, torch.float16, config=cfg)
     if bits == 4 and split == 1:
         _run(9, 72, k, bits, gs, mode, torch.bfloat16, config=dict(cfg, BM=16, NWG=1))
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m,n,k,cfg", [
+    # split 2 / 3 / 4 / 8: bands of BM / split rows, an uneven last slice (18 k-tiles / 4), a band past M (m = 67)
+    (300, 520, 1152, dict(BM=128, NWG=2, STAGES=4, SPLIT=4)),
+    (67, 264, 1152, dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, SPLIT=2)),
+    (1000, 200, 2048, dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, SPLIT=8)),
+    (129, 1000, 1152, dict(BM=24, NWG=1, STAGES=4, SPLIT=3)),  # BM / 8 = 3 rows of 8 over 3 CTAs
+    (300, 520, 1152, dict(BM=64, NWG=2, STAGES=3, KT=4, SPLIT=3)),  # partial last stages
+    (300, 520, 1152, dict(BM=64, NWG=4, STAGES=4, TMA=0, SPLIT=2)),
+    (17, 520, 4096, dict(BM=16, NWG=1, STAGES=4, SPLIT=20)),  # more than a cluster holds: capped at 8
+    (300, 520, 1152, dict(BM=128, NWG=2, STAGES=4, SPLIT=4, TSTORE=0)),  # per-element stores where TSTORE applies
+], ids=str)
+@pytest.mark.parametrize("fmt", [(4, 128, "zero_point", torch.float16), (4, 32, "offset", torch.bfloat16),
+                                 (8, -1, "sym", torch.float16), (4, 64, "sym", torch.bfloat16)], ids=str)
+def test_cluster_split(m, n, k, cfg, fmt):
+    """CLUSTER 1: the split-K slices of a tile are one cluster; each CTA adds its peers' partials of one band through
+    distributed shared memory and stores it (bias, clamp, row scales) -- by TMA where the band is whole 16-row pairs
+    (BM 128 / 4, 256 / 2, 256 / 8), else per element; FOLD where it applies."""
+    bits, gs, mode, dtype = fmt
+    k = k if gs == -1 else -(-k // gs) * gs
+    cfg = dict(cfg, CLUSTER=1, FOLD=int(cfg.get("KT", 1) > 1))
+    _run(m, n, k, bits, gs, mode, dtype, config=cfg)
+    _run(m, n, k, bits, gs, mode, dtype, config=cfg, seed=3, act=None, bias=False)
 
 
 @pytest.mark.gpu

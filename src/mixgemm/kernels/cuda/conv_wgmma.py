@@ -18,6 +18,8 @@ Limits of the im2col map (checked by ``conv_wgmma_supported``): corner offsets -
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mixgemm.formats.conv import QuantizedConvWeight
@@ -78,13 +80,16 @@ def im2col_tensor_map(x: torch.Tensor, kernel_size, stride, padding, dilation, b
     return G.cached_tensor_map(key, encode)
 
 
-def default_conv_config(m: int, co: int, k: int) -> dict:
-    """Tiles for a layer the measured table does not hold (deterministic), from the H200 sweeps of session 13
+def default_conv_config(m: int, co: int, k: int, sms: int = 132) -> dict:
+    """Tiles for a layer the measured table does not hold (deterministic), from the H200 sweeps of sessions 13 and 16
     (benchmarks/conv_notes.md): the path is latency-bound per CTA, so shallow rings with a register cap that lets
-    2-3 CTAs share an SM win at large M (one CTA's epilogue and pipeline fill overlap another's main loop); small M
-    with a long K runs stream-K over 16-pixel tiles with 4 k-tiles per stage (a stage's fixed cost spread over
-    more bytes), short K one 64-pixel tile per CTA."""
-    if m >= 1024:
+    2-3 CTAs share an SM win at large M (one CTA's epilogue and pipeline fill overlap another's main loop); at large M
+    with 128 x 128 tiles for at most half the SMs and a long K, the K halves of each tile run as a 2-CTA cluster
+    (split-K without a workspace); small M with a long K runs stream-K over 16-pixel tiles with 4 k-tiles per stage (a
+    stage's fixed cost spread over more bytes), short K one 64-pixel tile per CTA."""
+    if m >= 1024 and co > 64 and 2 * math.ceil(m / 128) * math.ceil(co / 128) <= sms and k >= 16 * CHANNELS_PER_TILE:
+        cfg = {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1}
+    elif m >= 1024:
         if co > 64:
             cfg = {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2}
         else:

@@ -47,6 +47,15 @@
 #ifndef WG_G2
 #define WG_G2 0
 #endif
+// WG_SPLIT: 0 none; 1 split-K into a zeroed fp32 workspace by atomics, the host finishes; 2 the split-K slices of a
+// tile (grid.z) run as one thread-block cluster: each CTA leaves its fp32 partial in its own (drained) ring, and each
+// adds the peers' partials of one band of BM / split rows through distributed shared memory and stores that band
+// with the full epilogue. Why: few output tiles over a long K (batch-32 conv stage 3 / 4, M ~ 1568..6272, N 256-512)
+// leave most SMs idle, and the workspace route paid a zeroed M x N workspace, M x N x split atomics and a second
+// kernel: H200, 1x1 conv 2048->512 @7 b32 W4, BM 256 split 4 took 19.7 us, of which the main loop is ~4.5 us.
+// Measured with it (H200, session 16, BM 128 KT 2 split 2): conv b32 3x3 512->512 W8 27.1 -> 19.6 us, W4 30.1 -> 22.1
+// us; 1x1 2048->512 W4 15.8 -> 13.2 us. The band goes out by TMA store when BM / split is whole 16-row pairs: the
+// per-element epilogue (~7000 SASS instructions, run once per CTA) stalled on instruction fetch (41% of the samples).
 #ifndef WG_SPLIT
 #define WG_SPLIT 0
 #endif
@@ -165,6 +174,8 @@ constexpr int W_BYTES = KT * WARPS * TB;     // [KT][WARPS][TB]
 constexpr bool BULK = WG_TMA != 0;
 constexpr bool SK = WG_SK != 0;
 static_assert(!SK || (BULK && WG_SPLIT == 0), "WG_SK takes the TMA loader (WG_TMA 1) and no split-K");
+constexpr bool CSPLIT = WG_SPLIT == 2;  // split-K slices of a tile as one cluster, partials added through DSMEM
+static_assert(WG_SPLIT >= 0 && WG_SPLIT <= 2, "WG_SPLIT is 0, 1 or 2");
 constexpr int SEGLEN = WARPS < 8 ? WARPS : 8;
 constexpr int NGMAX = NPB * KT;  // groups one stage can span (group size >= 64: <= KT; 32: 2 KT)
 static_assert(!BULK || WARPS % SEGLEN == 0, "WG_TMA takes NWG 1, 2 or 4");
@@ -189,8 +200,9 @@ constexpr int GT = WG_GT;
 constexpr bool CONV = WG_CONV != 0;
 static_assert(!CONV || BULK, "WG_CONV takes the TMA loader (WG_TMA 1)");
 constexpr bool TSTORE = WG_TSTORE != 0;
-static_assert(!TSTORE || (BULK && !SK && WG_SPLIT == 0 && ACT != 2 && BM % 16 == 0 && STAGES * STAGE >= NWG * BM * 128),
-              "WG_TSTORE: TMA loader, no split-K / stream-K, fp16 / bf16 output, BM % 16 == 0, ring >= the staging tiles");
+static_assert(!TSTORE || (BULK && !SK && WG_SPLIT != 1 && ACT != 2 && BM % 16 == 0 && STAGES * STAGE >= NWG * BM * 128),
+              "WG_TSTORE: TMA loader, no workspace split-K / stream-K, fp16 / bf16 output, BM % 16 == 0, ring >= the "
+              "staging tiles");
 // WG_CONV geometry: output pixel m = (n * P + p) * Q + q reads input pixel (q sw - pw + kw dw, p sh - ph + kh dh) of
 // image n for tap (kh, kw); k-tile kk is channels 64 (kk % cpt) .. of tap kk / cpt = kh * kw_taps + kw.
 struct ConvGeo {
@@ -555,6 +567,35 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     fold(IC<0>{}), fold(IC<1>{});  // WG_FOLD: the last group (and the one before, after a partial last stage)
     fence_regs(acc);
     bool store = true;
+    int jlo = 0, jhi = BM / 8;  // WG_SPLIT 2: the band of accumulator rows (8 activation rows each) this CTA stores
+    if (CSPLIT) {
+      // Each CTA owns a band of jb accumulator rows (8 activation rows each) and receives the peers' partials of it in
+      // its ring: slot s (the senders in rank order, itself left out) holds [jb][THREADS] float4 (a thread's
+      // acc[4 j .. 4 j + 3]: 16-byte accesses, conflict-free, the same thread on both sides). Why push (remote stores)
+      // and not pull: a remote load stalls its thread for the round trip, and the loads went out one at a time
+      // (H200: +7 us for BM 256 / split 4); stores do not wait.
+      const int S = cluster_nctarank(), r = cluster_ctarank(), jb = (BM / 8 + S - 1) / S;
+      jlo = r * jb, jhi = min(BM / 8, jlo + jb);
+      cluster_sync();  // every CTA is past its main loop (its ring is free) and running (its shared memory exists)
+      for (int o = 0; o < S; ++o) {
+        if (o == r) continue;
+        const u32 dst = mapa_cluster(sbase, o) + ((r < o ? r : r - 1) * jb * WG_THREADS + tid) * 16;
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+          if (j >= o * jb && j < o * jb + jb)
+            st_cluster_v4(dst + (j - o * jb) * WG_THREADS * 16, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2],
+                          acc[4 * j + 3]);
+      }
+      cluster_sync();  // every band has landed
+      for (int q = 0; q < S - 1; ++q) {
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j)
+          if (j >= jlo && j < jhi) {
+            const float4 v = ld_shared_v4(sbase + ((q * jb + j - jlo) * WG_THREADS + tid) * 16);
+            acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
+          }
+      }  // (TSTORE: its CTA barrier keeps the staging writes behind these reads)
+    }
     if (SK && k_stages != U) {
       const int slot = cs_tile == first_tile ? 0 : 1;  // a CTA's range starts and ends inside at most 2 tiles
       float* mine = ws + (size_t)(blockIdx.x * 2 + slot) * (BM / 2) * WG_THREADS + tid;
@@ -598,19 +639,21 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       const int mi = lane >> 3, r8 = lane & 7, chunk = 2 * wq + (mi & 1);
 #pragma unroll
       for (int j = 0; j < BM / 8; j += 2) {
+        // WG_SPLIT 2: this CTA's band only (the host makes it whole 16-row pairs), staged from row 0 of the tile
+        if (CSPLIT && (j < jlo || j >= jhi)) continue;
         u32 r[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int jj = j + i / 2, h = i & 1;
           r[i] = val(4 * jj + 2 * h, h) | (val(4 * jj + 2 * h + 1, h) << 16);
         }
-        const int row = 8 * (j + (mi >> 1)) + r8;
+        const int row = 8 * (j - jlo + (mi >> 1)) + r8;
         stmatrix_x4_trans(stg + row * 128 + ((chunk ^ (row & 7)) << 4), r[0], r[1], r[2], r[3]);
       }
       fence_proxy_async();  // the generic-proxy smem writes are visible to the TMA engine
       asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-      if ((tid & 127) == 0) {
-        tma_store_2d(&ymap, stg, (rt_raw - wq) * 16, m0);
+      if ((tid & 127) == 0) {  // (WG_SPLIT 2: the map's box is the band, BM / split rows)
+        tma_store_2d(&ymap, stg, (rt_raw - wq) * 16, m0 + 8 * jlo);
         tma_store_wait_read();  // the smem is read before the CTA exits
       }
     } else if (store) {
@@ -622,9 +665,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int n = nb + 8 * h, m = m0 + 8 * j + 2 * t + c;
-            if (n < N && m < M) {
+            if (n < N && m < M && (!CSPLIT || (j >= jlo && j < jhi))) {
               const float v = PCS ? acc[4 * j + 2 * h + c] * rscale[h] : acc[4 * j + 2 * h + c];
-              if (WG_SPLIT) atomicAdd(ws + (size_t)m * N + n, v);
+              if (WG_SPLIT == 1) atomicAdd(ws + (size_t)m * N + n, v);
               else store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
             }
           }

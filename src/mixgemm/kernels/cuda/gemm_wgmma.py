@@ -17,10 +17,14 @@
   accumulator; applies to groups of 64 with KT 2 or 4 and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per
   SM the register allocation must allow; default 2 for SK tiles of BM <= 64 without FOLD, else 1), TSTORE (1, the
   default: the epilogue writes each warpgroup's output tile with one TMA store from shared memory where it applies
-  -- TMA 1, no SK / split-K, BM % 16 == 0, 16-byte aligned output rows; 0: one store per element).
+  -- TMA 1, no SK / workspace split-K, BM % 16 == 0 (CLUSTER: BM / SPLIT % 16 == 0), 16-byte aligned output rows;
+  0: one store per element), CLUSTER (1: the
+  SPLIT <= 8 k-slices of an output tile run as one thread-block cluster and add their fp32 partials through
+  distributed shared memory, each CTA storing a band of BM / SPLIT rows with the full epilogue; 0, the default: an
+  fp32 workspace and a second kernel).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
-  allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1, or with SK an fp32 partial-tile workspace
-  (2 tiles per CTA) and an int32 stage count per output tile.
+  allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER, or with SK an fp32
+  partial-tile workspace (2 tiles per CTA) and an int32 stage count per output tile.
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
+               "CLUSTER")
+CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -222,15 +228,15 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     cfg = dict(config) if config is not None else default_config(m, n, k, props.multi_processor_count)
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
     inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
-    sk, fold_req = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0))
+    sk, fold_req, cluster = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0)), int(cfg.get("CLUSTER", 0))
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
             or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
-            or sk not in (0, 1) or (sk and not tma) or fold_req not in (0, 1)):
+            or sk not in (0, 1) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)):
         raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
-                         f"SK={sk} FOLD={fold_req}: BM in 8..256 (multiple of 8), NWG 1..4, INFLIGHT 1 or 2, "
-                         "KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), TMA 0 or 1 "
-                         "(1 with NWG 1, 2 or 4), SK 0 or 1 (1 with TMA 1), FOLD 0 or 1")
+                         f"SK={sk} FOLD={fold_req} CLUSTER={cluster}: BM in 8..256 (multiple of 8), NWG 1..4, "
+                         "INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), "
+                         "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0 or 1 (1 with TMA 1), FOLD 0 or 1, CLUSTER 0 or 1")
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
@@ -244,14 +250,21 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     if split == "auto":
         split = auto_split(m, n, k, cfg, props.multi_processor_count)
     kt = lay.k_tiles
-    split = max(1, min(int(split), kt))
+    split = max(1, min(int(split), kt, CLUSTER_MAX if cluster else kt))
     kt_per = -(-math.ceil(kt / split) // ktile) * ktile  # whole stages per split
     split = math.ceil(kt / kt_per)
-    ws = torch.zeros(m, n, dtype=torch.float32, device=y.device) if split > 1 else None
+    csplit = cluster == 1 and split > 1  # the slices of a tile as one cluster (WG_SPLIT 2), else a workspace
+    wsplit = split > 1 and not csplit
+    if csplit:  # the ring holds the CTA's fp32 partial after the main loop
+        smem = max(smem, (bm // 8) * 128 * nwg * 16 + 1024)
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"wgmma tile BM={bm} NWG={nwg} CLUSTER=1 needs {smem} bytes of shared memory "
+                             f"(limit {SMEM_LIMIT})")
+    ws = torch.zeros(m, n, dtype=torch.float32, device=y.device) if wsplit else None
     defs = {"WG_BITS": lay.bits, "WG_ACT": _ACT[xk.dtype], "WG_SCL": _SCL[lay.params.dtype],
             "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
             "WG_PC": int(lay.num_groups == 1),
-            "WG_SPLIT": int(split > 1), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
+            "WG_SPLIT": 2 if csplit else int(wsplit), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
     gt = lay.group_size // K_TILE  # 64-k tiles per group
     fold = (fold_req == 1 and lay.mode != "offset" and lay.num_groups > 1 and gt in (1, 2)
             and ktile % (2 * gt) == 0)
@@ -283,9 +296,11 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     if sk:
         defs["WG_SK"] = 1
     ymap = None
-    if tma and not sk and split == 1 and tstore_fits(y, bm, nwg, stages * sb) and int(cfg.get("TSTORE", TSTORE)):
+    band = bm // split if csplit else bm  # rows each CTA stores (CLUSTER: its band of the tile, whole 16-row pairs)
+    if (tma and not sk and not wsplit and band * split == bm and band % 16 == 0
+            and tstore_fits(y, bm, nwg, stages * sb) and int(cfg.get("TSTORE", TSTORE))):
         try:
-            ymap = swizzled_tensor_map(y, K_TILE, bm)  # 64 output columns x BM rows
+            ymap = swizzled_tensor_map(y, K_TILE, band)  # 64 output columns x band rows
             defs["WG_TSTORE"] = 1
         except Exception as e:  # noqa: BLE001 - no tensor-map support: the per-element stores
             _warn_no_tma(e)
@@ -310,10 +325,10 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         ctypes.c_int(0 if conv is not None else xk.stride(0)),
         ctypes.c_void_p(y.data_ptr()),
         ctypes.c_int(y.stride(0)),
-        ctypes.c_void_p(0 if bias is None or split > 1 else bias.data_ptr()),
-        ctypes.c_int(0 if bias is None or split > 1 else _BIAS[bias.dtype]),
-        ctypes.c_float(-math.inf if split > 1 or not math.isfinite(lo) else lo),
-        ctypes.c_float(math.inf if split > 1 or not math.isfinite(hi) else hi),
+        ctypes.c_void_p(0 if bias is None or wsplit else bias.data_ptr()),
+        ctypes.c_int(0 if bias is None or wsplit else _BIAS[bias.dtype]),
+        ctypes.c_float(-math.inf if wsplit or not math.isfinite(lo) else lo),
+        ctypes.c_float(math.inf if wsplit or not math.isfinite(hi) else hi),
         ctypes.c_void_p(0 if ws is None else ws.data_ptr()),
         ctypes.c_void_p(0 if sk_count is None else sk_count.data_ptr()),
         ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(k if conv is not None else xk.shape[1]), ctypes.c_int(kt),
@@ -324,8 +339,9 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         (ctypes.c_ubyte * 128).from_address(ymap.getPtr()) if ymap is not None else (ctypes.c_ubyte * 128)(),
     ]
     with torch.cuda.device(y.device):
-        nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(y.device).cuda_stream, smem)
-    if split > 1:
+        nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(y.device).cuda_stream, smem,
+                     cluster=(1, 1, split) if csplit else None)
+    if wsplit:
         _finish_split(ws, bias, y, lo, hi)
     return y
 

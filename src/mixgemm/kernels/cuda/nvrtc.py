@@ -177,6 +177,16 @@ def resident_blocks(fn, threads: int, smem: int = 0) -> int:
     return v
 
 
+@functools.cache
+def _cluster_attr(dims: tuple[int, int, int]) -> list:
+    """The launch attribute list [thread-block cluster dimensions] (built once per dims)."""
+    drv = _driver()
+    a = drv.CUlaunchAttribute()
+    a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = dims
+    return [a]
+
+
 _pdl_attrs: list = []
 
 
@@ -192,7 +202,7 @@ def _pdl_attr():
 
 
 def launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: list, stream: int,
-           shared_bytes: int = 0, pdl: bool = False) -> None:
+           shared_bytes: int = 0, pdl: bool = False, cluster: tuple[int, int, int] | None = None) -> None:
     """Launch ``fn`` on the CUDA stream handle ``stream`` (e.g. torch.cuda.current_stream().cuda_stream).
 
     args: ctypes values (ctypes.c_void_p for pointers, ctypes.c_int, ctypes.c_float), in the kernel's
@@ -200,23 +210,26 @@ def launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: li
     pdl: programmatic dependent launch (sm_90): the kernel may start before the previous kernel in the
     stream has finished, so it must call griddepcontrol.wait before reading anything that kernel may write
     (the GEMV kernels do; see gemv_common.cuh).
+    cluster: thread-block cluster dimensions (sm_90; each grid dimension a multiple of its cluster dimension).
     """
     drv = _driver()
     ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    if pdl:
+    ex = pdl or cluster is not None
+    if ex:
         cfg = drv.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
         cfg.sharedMemBytes = shared_bytes
         cfg.hStream = drv.CUstream(stream)
-        cfg.attrs = _pdl_attr()
-        cfg.numAttrs = 1
+        attrs = (_pdl_attr() if pdl else []) + (_cluster_attr(tuple(cluster)) if cluster is not None else [])
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
         err, = drv.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptrs), 0)
     else:
         err, = drv.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
                                   drv.CUstream(stream), ctypes.addressof(ptrs), 0)
     if int(err) != 0:
-        raise RuntimeError(f"cuLaunchKernel{'Ex (PDL)' if pdl else ''} failed: {err!r}")
+        raise RuntimeError(f"cuLaunchKernel{'Ex' if ex else ''} (PDL {pdl}, cluster {cluster}) failed: {err!r}")
 
 
 @functools.cache

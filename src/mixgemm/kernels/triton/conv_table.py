@@ -271,22 +271,22 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s3 3x3/2 256-256 @28 b32: wgmma 20.3 us, Triton / matmul 26.7 us, cuDNN 19.0 us
     "w8pc|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 15.9 us, Triton / matmul 22.4 us, cuDNN 8.2 us (s14, TSTORE)
-    "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 1, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 14.9 us, Triton / matmul 21.4 us, cuDNN 8.2 us (s14, TSTORE)
-    "w8pc|1x1/1|2048-512|M2048": {"BM": 64, "NWG": 2, "STAGES": 8},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 13.2-13.3 us (s14 tile: 15.8), cuDNN 8.3 us (s16, split-K 2 as clusters)
+    "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 12.4-12.5 us (s14 tile: 14.9), cuDNN 8.3 us (s16, split-K 2 as clusters)
+    "w8pc|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 1x1 512-2048 @7 b32: wgmma 10.9 us, Triton / matmul 10.8 us, cuDNN 8.8 us (s14, TSTORE)
     "w4g128|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s4 1x1 512-2048 @7 b32: wgmma 10.5 us, Triton / matmul 15.3 us, cuDNN 8.8 us (s14, TSTORE)
     "w8pc|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 29.9 us, Triton / matmul 37.6 us, cuDNN 17.7 us
-    "w4g128|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 8, "SK": 1},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 27.1 us, Triton / matmul 38.5 us, cuDNN 17.8 us
-    "w8pc|3x3/1|512-512|M2048": {"BM": 64, "NWG": 2, "STAGES": 4, "SK": 1},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 30.3 us, Triton / matmul 37.8 us, cuDNN 18.3 us
-    "w4g128|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 8, "SK": 1},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 27.5 us, Triton / matmul 39.9 us, cuDNN 18.3 us
-    "w8pc|3x3/2|512-512|M2048": {"BM": 64, "NWG": 2, "STAGES": 4, "SK": 1},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 22.1 us (stream-K: 30.1), cuDNN 17.5-18.6 us (s16, split-K 2 as clusters)
+    "w4g128|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 19.6-19.7 us (stream-K: 27.2), cuDNN 17.5-18.6 us (s16)
+    "w8pc|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 22.1-22.4 us (stream-K: 30.3), cuDNN 17.8-18.5 us (s16)
+    "w4g128|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 19.7-19.9 us (stream-K: 27.6), cuDNN 17.8-18.5 us (s16)
+    "w8pc|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
 }
 
 WGMMA_TABLES: dict[str, dict[str, dict | None]] = {"h200": _H200_WGMMA}
