@@ -255,8 +255,9 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     split = math.ceil(kt / kt_per)
     csplit = cluster == 1 and split > 1  # the slices of a tile as one cluster (WG_SPLIT 2), else a workspace
     wsplit = split > 1 and not csplit
-    if csplit:  # the ring holds the CTA's fp32 partial after the main loop
-        smem = max(smem, (bm // 8) * 128 * nwg * 16 + 1024)
+    if csplit:  # after the main loop the ring receives the peers' partials of this CTA's band: (split - 1) slots of
+        # ceil(BM / 8 / split) rows of 8 x [128 NWG threads] float4
+        smem = max(smem, (split - 1) * -(-(bm // 8) // split) * 128 * nwg * 16 + 1024)
         if smem > SMEM_LIMIT:
             raise ValueError(f"wgmma tile BM={bm} NWG={nwg} CLUSTER=1 needs {smem} bytes of shared memory "
                              f"(limit {SMEM_LIMIT})")
