@@ -48,9 +48,9 @@
 #define WG_G2 0
 #endif
 // WG_SPLIT: 0 none; 1 split-K into a zeroed fp32 workspace by atomics, the host finishes; 2 the split-K slices of a
-// tile (grid.z) run as one thread-block cluster: each CTA leaves its fp32 partial in its own (drained) ring, and each
-// adds the peers' partials of one band of BM / split rows through distributed shared memory and stores that band
-// with the full epilogue. Why: few output tiles over a long K (batch-32 conv stage 3 / 4, M ~ 1568..6272, N 256-512)
+// tile (grid.z) run as one thread-block cluster: each CTA owns a band of BM / split rows, pushes its fp32 partials of
+// the other bands into their owners' (drained) rings through distributed shared memory, adds what it received for
+// its own band and stores that band with the full epilogue. Why: few output tiles over a long K (batch-32 conv stage 3 / 4, M ~ 1568..6272, N 256-512)
 // leave most SMs idle, and the workspace route paid a zeroed M x N workspace, M x N x split atomics and a second
 // kernel: H200, 1x1 conv 2048->512 @7 b32 W4, BM 256 split 4 took 19.7 us, of which the main loop is ~4.5 us.
 // Measured with it (H200, session 16, BM 128 KT 2 split 2): conv b32 3x3 512->512 W8 27.1 -> 19.6 us, W4 30.1 -> 22.1

@@ -18,10 +18,9 @@
   SM the register allocation must allow; default 2 for SK tiles of BM <= 64 without FOLD, else 1), TSTORE (1, the
   default: the epilogue writes each warpgroup's output tile with one TMA store from shared memory where it applies
   -- TMA 1, no SK / workspace split-K, BM % 16 == 0 (CLUSTER: BM / SPLIT % 16 == 0), 16-byte aligned output rows;
-  0: one store per element), CLUSTER (1: the
-  SPLIT <= 8 k-slices of an output tile run as one thread-block cluster and add their fp32 partials through
-  distributed shared memory, each CTA storing a band of BM / SPLIT rows with the full epilogue; 0, the default: an
-  fp32 workspace and a second kernel).
+  0: one store per element), CLUSTER (1: the SPLIT <= 8 k-slices of an output tile run as one thread-block cluster
+  and add their fp32 partials through distributed shared memory, each CTA storing a band of BM / SPLIT rows with the
+  full epilogue; 0, the default: an fp32 workspace and a second kernel).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER, or with SK an fp32
   partial-tile workspace (2 tiles per CTA) and an int32 stage count per output tile.
@@ -243,9 +242,6 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     while fit and stages > min_stages and stages * sb + 1024 > SMEM_LIMIT:
         stages -= 1
     smem = stages * sb + 1024  # + slack for the 1024-byte alignment of the stages
-    if smem > SMEM_LIMIT:
-        raise ValueError(f"wgmma tile BM={bm} NWG={nwg} STAGES={stages} needs {smem} bytes of shared memory "
-                         f"(limit {SMEM_LIMIT})")
     split = 1 if sk else cfg.get("SPLIT", 1)
     if split == "auto":
         split = auto_split(m, n, k, cfg, props.multi_processor_count)
@@ -258,9 +254,9 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     if csplit:  # after the main loop the ring receives the peers' partials of this CTA's band: (split - 1) slots of
         # ceil(BM / 8 / split) rows of 8 x [128 NWG threads] float4
         smem = max(smem, (split - 1) * -(-(bm // 8) // split) * 128 * nwg * 16 + 1024)
-        if smem > SMEM_LIMIT:
-            raise ValueError(f"wgmma tile BM={bm} NWG={nwg} CLUSTER=1 needs {smem} bytes of shared memory "
-                             f"(limit {SMEM_LIMIT})")
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"wgmma tile BM={bm} NWG={nwg} STAGES={stages}{' CLUSTER=1' if csplit else ''} needs {smem} "
+                         f"bytes of shared memory (limit {SMEM_LIMIT})")
     ws = torch.zeros(m, n, dtype=torch.float32, device=y.device) if wsplit else None
     defs = {"WG_BITS": lay.bits, "WG_ACT": _ACT[xk.dtype], "WG_SCL": _SCL[lay.params.dtype],
             "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
