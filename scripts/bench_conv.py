@@ -310,6 +310,55 @@ def resnet50(seed: int = 0) -> ResNet50:
     return net.eval()
 
 
+@torch.no_grad()
+def fold_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
+    """conv followed by eval-mode bn as one conv with bias (w * g / sqrt(var + eps), b = beta - mean * that scale)."""
+    s = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    out = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, conv.dilation,
+                    conv.groups, bias=True).to(conv.weight.device)
+    out.weight.copy_(conv.weight * s[:, None, None, None])
+    out.bias.copy_(bn.bias - bn.running_mean * s + (conv.bias * s if conv.bias is not None else 0))
+    return out
+
+
+class DeployedBottleneck(nn.Module):
+    """A Bottleneck with its BNs folded into the convs (as inference engines run it): conv1 / conv2 are
+    Sequential(conv, ReLU), so that fuse_conv_relu can move each ReLU into its conv's epilogue."""
+
+    def __init__(self, b: Bottleneck):
+        super().__init__()
+        self.conv1 = nn.Sequential(fold_bn(b.conv1, b.bn1), nn.ReLU())
+        self.conv2 = nn.Sequential(fold_bn(b.conv2, b.bn2), nn.ReLU())
+        self.conv3 = fold_bn(b.conv3, b.bn3)
+        self.downsample = fold_bn(*b.downsample) if b.downsample is not None else None
+
+    def forward(self, x):
+        idt = x if self.downsample is None else self.downsample(x)
+        return torch.relu(self.conv3(self.conv2(self.conv1(x))) + idt)
+
+
+def deployed(net: ResNet50) -> ResNet50:
+    """The network with every BN folded into its conv (same function in eval mode); the stem's BN too."""
+    net.conv1, net.bn1 = fold_bn(net.conv1, net.bn1), nn.Identity()
+    for name in ("layer1", "layer2", "layer3", "layer4"):
+        setattr(net, name, nn.Sequential(*[DeployedBottleneck(b) for b in getattr(net, name)]))
+    return net
+
+
+def fuse_conv_relu(qnet: nn.Module) -> int:
+    """Each Sequential(QuantConv2d, ReLU) becomes the QuantConv2d with activation "relu" (its epilogue clamps);
+    returns how many were fused."""
+    n = 0
+    for mod in list(qnet.modules()):
+        for name, ch in list(mod.named_children()):
+            if (isinstance(ch, nn.Sequential) and len(ch) == 2 and isinstance(ch[0], QuantConv2d)
+                    and isinstance(ch[1], nn.ReLU) and ch[0].activation is None):
+                ch[0].activation = "relu"
+                setattr(mod, name, ch[0])
+                n += 1
+    return n
+
+
 def quantize_model(net: nn.Module, bits: int, group_size: int = 128) -> tuple[nn.Module, str]:
     """mixgemm.quantize_ (W4A16 / W8A16) on the model, then mixgemm.nn.conv.swap_conv2d on any nn.Conv2d it
     left (quantize_ handles nn.Linear; the conv hook is swap_conv2d until the lead wires it in)."""
@@ -353,7 +402,8 @@ def dequantized_copy(qnet: nn.Module) -> nn.Module:
                     conv.weight.copy_(ch.dequantized_weight(torch.float32))
                     if ch.bias is not None:
                         conv.bias.copy_(ch.bias)
-                setattr(mod, name, conv)
+                act = {"relu": nn.ReLU(), "relu6": nn.ReLU6()}.get(ch.activation)  # a fused activation: after it
+                setattr(mod, name, conv if act is None else nn.Sequential(conv, act))
     return net
 
 

@@ -13,7 +13,8 @@ each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized w
   CONV_SWEEP=longk: split-K and stream-K tiles on the few-tile, long-K layers (use with --only / --batches 32).
   CONV_SWEEP=all: the default and the "occ" candidate tiles together (the session-14 re-sweep with the TMA-store
   epilogue). CONV_SWEEP=tstore: the dispatch's choice with the TMA-store epilogue against the same tiles with
-  per-element stores.
+  per-element stores. CONV_SWEEP=pdl: the dispatch's choice with and without programmatic dependent launch of the
+  wgmma kernels (gemm_wgmma.PDL).
 Prints one row per layer and format (us, x cuDNN) and, with --table, the fastest wgmma tile per layer as table entries.
 """
 
@@ -141,14 +142,16 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
     def call(x, qw, path, cfg):
         # "no-wgmma": the dispatch without the wgmma path (the Triton kernels and the 1x1 matmul); "no-tstore": the
         # dispatch with the wgmma epilogue's per-element stores (before WG_TSTORE)
-        switch = {"no-wgmma": (conv_ops, "WGMMA_CONV"), "no-tstore": (G, "TSTORE")}.get(path)
+        switch = {"no-wgmma": (conv_ops, "WGMMA_CONV", False), "no-tstore": (G, "TSTORE", False),
+                  "no-pdl": (G, "PDL", False)}.get(path)
         if switch is None:
             return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, path)
-        setattr(*switch, False)
+        old = getattr(*switch[:2])
+        setattr(*switch)
         try:
             return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, None)
         finally:
-            setattr(*switch, True)
+            setattr(*switch[:2], old)
 
     eligible = spec.groups == 1 and spec.ci % 64 == 0
     if SWEEP == "dw":  # depthwise: the default and candidate tiles
@@ -161,6 +164,8 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
                      for c in SMALLK_CANDIDATES]
     elif SWEEP == "tstore":  # the dispatch with and without the TMA-store epilogue, same run
         variants = [("auto", None, None), ("no-tstore", "no-tstore", None)]
+    elif SWEEP == "pdl":  # the dispatch with and without PDL of the wgmma kernels, same run
+        variants = [("auto", None, None), ("no-pdl", "no-pdl", None)]
     elif SWEEP == "final":  # what mixgemm.conv2d runs now ("auto") and before this path existed ("triton")
         variants = [("auto", None, None), ("triton", "no-wgmma", None)] if eligible else [("auto", None, None)]
     else:
@@ -179,7 +184,8 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
         except Exception as e:  # noqa: BLE001 - report and go on with the other variants
             times[label] = f"ERROR {type(e).__name__}: {str(e)[:160]}"
     row["times"], row["errs"] = times, errs
-    ok = {k: v for k, v in times.items() if k.startswith(("wgmma", "smallk", "dw", "auto")) and isinstance(v, float)}
+    ok = {k: v for k, v in times.items()
+          if k.startswith(("wgmma", "smallk", "dw", "auto")) and isinstance(v, float)}
     if ok:
         best = min(ok, key=ok.get)
         row["wgmma_best"], row["wgmma_best_us"] = best, ok[best]
@@ -189,7 +195,7 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
 
 def fmt_row(r) -> str:
     t = r["times"]
-    tri = t.get("triton", t.get("no-tstore"))
+    tri = t.get("triton", t.get("no-tstore", t.get("no-pdl")))
     dfl = t.get("wgmma:default", t.get("auto"))
     best = r.get("wgmma_best_us")
     cud = r["cudnn"]

@@ -7,7 +7,8 @@ Sub-commands (PYTHONPATH=src):
   resnet --out DIR              ResNet-50 (random weights) quantized with mixgemm.quantize_ (W8A16 per-channel,
                                 W4A16 g128) on fp16 channels_last input vs the same net with dequantized float
                                 weights: rel err (vs fp32, TF32 off) and CUDA-graph time at batch 1 and 32 vs the
-                                dequantized net in fp16 channels_last (cuDNN)
+                                dequantized net in fp16 channels_last (cuDNN). --deployed: the BNs folded into the
+                                convs and the ReLUs after conv1 / conv2 fused into the quantized convs' epilogues
   bench --out DIR [--budget-s S]
                                 every layer of mixgemm.bench.conv.CONV_PRESET (ResNet-50 stages + ConvNeXt 7x7
                                 depthwise) at batch 1 and 32: cuDNN fp16 channels_last vs mixgemm W8A16 (per-channel)
@@ -281,8 +282,12 @@ def cmd_resnet(a):
         res = dict(bits=bits)
         try:
             net = bc.resnet50().to(DEV)
+            if a.deployed:  # BNs folded into the convs, ReLUs after conv1 / conv2 / stem fused into their epilogues
+                net = bc.deployed(net)
             qnet, nrep = _quantize_net(net, bits)
             res["replaced"] = nrep
+            if a.deployed:
+                res["deployed"], res["relu_fused"] = True, bc.fuse_conv_relu(qnet)
             res["n_quantconv"] = sum(isinstance(m, QuantConv2d) for m in qnet.modules())
             res["formats"] = sorted(
                 {f"int{m.qconfig.bits}/g{m.qconfig.group_size}" for m in qnet.modules() if isinstance(m, QuantConv2d)}
@@ -452,6 +457,9 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/conv_out"))
     ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--deployed", action="store_true", help="resnet: BN folded into the convs and the ReLUs that "
+                    "follow conv1 / conv2 fused into their epilogues (the fp16 twin: the same folded convs, separate "
+                    "ReLUs)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     if a.cmd == "table":  # re-print the table of a bench.json

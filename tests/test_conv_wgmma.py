@@ -198,3 +198,28 @@ def test_fp64_bias_and_no_bias(rel_err):
     _check(x, qw, bias, 1, 1, 1, None, rel_err)
     assert torch.equal(bias, bias0)
     _check(x, qw, None, 1, 1, 1, "relu6", rel_err)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("cfg", [None, {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1}],
+                         ids=["default", "cluster"])
+def test_pdl_dependent_chain(cfg):
+    """Programmatic dependent launch: each conv reads the output of the kernel right before it (another conv or a torch
+    elementwise op), eagerly and from a CUDA graph; bit-equal to the PDL-off run (gemm_wgmma.PDL)."""
+    from mixgemm.kernels.cuda import gemm_wgmma as G
+    from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
+
+    x0, qa, bias = make_conv_case(8, 128, 14, 14, 128, 3, 1, torch.float16, True, 4, 128, "zero_point", seed=31)
+    _, qb, _ = make_conv_case(1, 128, 3, 3, 128, 1, 1, torch.float16, False, 8, -1, "sym", seed=32)
+
+    def chain(x):
+        for _ in range(3):
+            x = conv_wgmma(x, qa, bias, (1, 1), (1, 1), (1, 1), 0.0, float("inf"), cfg)
+            x = conv_wgmma(x, qb, None, (1, 1), (0, 0), (1, 1), -float("inf"), float("inf"), cfg)
+            x = torch.tanh(x * 0.5)
+        return x
+
+    chain(x0)  # builds the layouts: the first launch after a build runs without PDL
+    torch.cuda.synchronize()
+    assert_pdl_chain_matches(G, chain, x0)

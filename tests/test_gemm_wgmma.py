@@ -132,6 +132,16 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=2, WG_MODE=2, WG_BM=24, WG_NWG=1, WG_STAGES=4, WG_TMA=0, WG_G2=1, WG_SPLIT=2),
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_SPLIT=2,
          WG_TSTORE=1, WG_CONV=1),
+    # programmatic dependent launch (weights before griddepcontrol.wait): GEMM + TMA store, stream-K across tiles,
+    # conv in a cluster, workspace split-K with FOLD
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_TSTORE=1, WG_PDL=1),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=32, WG_NWG=2, WG_STAGES=3, WG_KT=4, WG_SK=1, WG_MINB=2,
+         WG_PDL=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_PC=1, WG_SPLIT=2,
+         WG_CONV=1, WG_TSTORE=1, WG_PDL=1),
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_FOLD=1, WG_GT=1,
+         WG_SPLIT=1, WG_PDL=1),
+    dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=2, WG_BM=64, WG_NWG=4, WG_STAGES=4, WG_KT=2, WG_SK=1, WG_PDL=1),
 ]
 
 
@@ -459,3 +469,42 @@ def test_per_channel_scale_in_epilogue_with_split(tma):
     _run(300, 520, 1088, 8, -1, "sym", torch.float16, config=cfg)
     _run(129, 264, 1000, 4, -1, "zero_point", torch.bfloat16, config=cfg, scale_dtype=torch.float32)
     _run(129, 264, 1000, 8, -1, "offset", torch.float16, config=cfg)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("cfg", [
+    dict(BM=128, NWG=2, STAGES=4),                              # TMA-store epilogue, several waves of CTAs
+    dict(BM=32, NWG=2, STAGES=3, KT=4, SK=1),                   # stream-K: the first stages span tiles
+    dict(BM=128, NWG=2, STAGES=4, KT=2, SPLIT=4, CLUSTER=1),    # split-K as clusters
+    dict(BM=64, NWG=2, STAGES=4, KT=2, SPLIT=3, FOLD=1),        # workspace split-K (zeroed by the kernel before)
+    dict(BM=16, NWG=1, STAGES=6, KT=1),                         # more prologue stages than a small M needs
+], ids=str)
+def test_pdl_dependent_chain(cfg):
+    """Programmatic dependent launch (PDL 1): each GEMM reads the output of the kernel right before it (another GEMM
+    or a torch elementwise op), eagerly and replayed from a CUDA graph; results equal the PDL-off run bit for bit, so
+    no GEMM read its activations, bias or workspace, or wrote its output, before the producer had finished. Stream-K
+    and the workspace split-K add partials in a run-dependent order: within the fp16 tolerance instead. The layouts
+    are built before the chain (the first launch after a build runs without PDL)."""
+    from mixgemm.kernels.cuda import gemm_wgmma as G
+    from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
+
+    k = 1024
+    qa, qb = _qw(k, k, 4, 128, "zero_point", "cuda", 21), _qw(k, k, 8, -1, "sym", "cuda", 22)
+    g = torch.Generator().manual_seed(23)
+    x0 = torch.randn(300, k, generator=g).to("cuda", torch.float16)
+    ba = (torch.randn(k, generator=g) * 0.1).to("cuda", torch.float16)
+    inf = float("inf")
+
+    def chain(x):
+        for _ in range(3):
+            x = G.gemm_wgmma(x, qa, ba, -inf, inf, cfg)
+            x = G.gemm_wgmma(x, qb, None, 0.0, inf, cfg)  # reads the GEMM right before it (PDL on both)
+            x = torch.tanh(x * 0.5)  # an elementwise op writes the next GEMM's x
+        return x
+
+    chain(x0)  # builds both layouts
+    torch.cuda.synchronize()
+    assert qa.has_layout(G.LAYOUT) and qb.has_layout(G.LAYOUT)
+    exact = not cfg.get("SK") and (cfg.get("SPLIT", 1) == 1 or cfg.get("CLUSTER"))
+    assert_pdl_chain_matches(G, chain, x0, 0.0 if exact else TOL[torch.float16])

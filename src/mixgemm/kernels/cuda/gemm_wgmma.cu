@@ -146,6 +146,14 @@
 #define WG_THREADS (128 * WG_NWG)
 // WG_MINB: CTAs per SM the register allocation must allow (__launch_bounds__ min blocks); more resident warps
 // for the latency-bound small-M tiles
+// WG_PDL: programmatic dependent launch (as the GEMVs, gemv_common.cuh). Why: at batch-32 conv and mid-M GEMM sizes
+// a launch's fixed cost (barrier setup, the ring's first weight loads, the previous kernel's tail wave) is 3.7-5 us of
+// a 10-20 us kernel; the weights and parameters never depend on the previous kernel, so thread 0 queues the first
+// stages' weight bulk copies before griddepcontrol.wait and only the activation loads (and every global write,
+// the bias read included) come after it. Needs WG_TMA 1. A no-op when launched without the PDL attribute.
+#ifndef WG_PDL
+#define WG_PDL 0
+#endif
 #ifndef WG_MINB
 #define WG_MINB 1
 #endif
@@ -199,6 +207,11 @@ constexpr bool FOLD = WG_FOLD != 0;
 constexpr int GT = WG_GT;
 constexpr bool CONV = WG_CONV != 0;
 static_assert(!CONV || BULK, "WG_CONV takes the TMA loader (WG_TMA 1)");
+constexpr bool PDL = WG_PDL != 0;
+// the loader's parts of a stage (issue() in the kernel): W = its barrier (all its bytes expected) and its weight /
+// parameter copies, X = its activation loads
+constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;
+static_assert(!PDL || BULK, "WG_PDL takes the TMA loader (WG_TMA 1)");
 constexpr bool TSTORE = WG_TSTORE != 0;
 static_assert(!TSTORE || (BULK && !SK && WG_SPLIT != 1 && ACT != 2 && BM % 16 == 0 && STAGES * STAGE >= NWG * BM * 128),
               "WG_TSTORE: TMA loader, no workspace split-K / stream-K, fp16 / bf16 output, BM % 16 == 0, ring >= the "
@@ -245,6 +258,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                                                           // WG_CONV: im2col map of the input, 64 channels x BM pixels
                    const ConvGeo cg,                      // WG_CONV: the convolution's geometry
                    const __grid_constant__ TmaDesc ymap) {  // WG_TSTORE: Y [M, N], box 64 columns x BM rows
+  // the next PDL kernel may launch once every CTA of this grid runs (it then waits in griddepcontrol.wait for this
+  // grid to finish): its CTAs take the SMs this grid leaves idle and load their first weights meanwhile
+  if (PDL) pdl_launch_dependents();
   extern __shared__ char smem_raw[];
   const char* sgen;
   const u32 sbase = smem_base_1024(smem_raw, sgen);
@@ -338,7 +354,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   }
   int slot_issue = 0;
 
-  auto issue = [&](int sg) {  // the CTA's stage sg (tile ld_tile, k-tiles kt0 + KT ld_sk ..) into st_issue
+  // part: ISSUE_W / ISSUE_X / ISSUE_ALL (WG_PDL issues the first stages in two passes); either way the loader moves
+  // to the next stage
+  auto issue = [&](int sg, int part = ISSUE_ALL) {  // the CTA's stage sg (tile ld_tile, k-tiles kt0 + KT ld_sk ..)
     if (sg < nst) {
       const int tiles = min(KT, nk - ld_sk * KT);
       if (BULK) {
@@ -351,8 +369,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
           for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm)
             if (blk0 + sgm < nblk) bytes += tiles * SEGLEN * TB + (PC ? 0 : ng * 8 * PBLK);
-          mbar_expect_tx(bar, bytes);
-          if (CONV) {
+          if (part & ISSUE_W) mbar_expect_tx(bar, bytes);
+          if (!(part & ISSUE_X)) {
+          } else if (CONV) {
 #pragma unroll
             for (int j = 0; j < KT; ++j)
               if (j < tiles) {
@@ -371,7 +390,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
           for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm) {
             const int blk = blk0 + sgm;
-            if (blk >= nblk) continue;  // NWG 4 on the last 8-tile block: its warps never store
+            if (blk >= nblk || !(part & ISSUE_W)) continue;  // NWG 4 on the last 8-tile block: its warps never store
             const u32 wd = st_issue + X_BYTES + sgm * KT * SEGLEN * TB;
             if (SEGLEN == 8) {
               bulk_copy(wd, W + ((size_t)blk * Kt + ks) * 8 * TB, tiles * 8 * TB, bar);
@@ -419,7 +438,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         ld_sk = 0;
         const int2 p = tile_pos(++ld_tile);
         ld_m0 = p.x, ld_rt = p.y;
-        conv_cursor(ld_m0, 0);
+        if (part & ISSUE_X) conv_cursor(ld_m0, 0);  // (read by the activation loads only)
       }
     }
     if (!WG_TMA) cp_commit();
@@ -674,8 +693,21 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     }
   };
 
+  if (PDL) {
+    // the first stages' weights go out before the wait; then the loader rewinds and queues their activations
+    // (measured the same: stage 0's weights only, or an L2 prefetch of them -- benchmarks/conv_notes.md, session 17)
+    const u32 st0 = st_issue;
+    const int slot0 = slot_issue, sk0 = ld_sk, tile0 = ld_tile, m00 = ld_m0, rt0 = ld_rt;
 #pragma unroll
-  for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s);
+    for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s, ISSUE_W);
+    st_issue = st0, slot_issue = slot0, ld_sk = sk0, ld_tile = tile0, ld_m0 = m00, ld_rt = rt0;
+    pdl_wait();  // every thread: x (by TMA), y, bias and the split / stream-K workspaces belong to other kernels
+#pragma unroll
+    for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s, ISSUE_X);
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s);
+  }
   int sg = 0;
   while (true) {  // one output tile (or the CTA's part of it) per pass
     const int seg_end = SK ? min(nst, sg + U - cs_sk) : nst;

@@ -20,7 +20,10 @@
   -- TMA 1, no SK / workspace split-K, BM % 16 == 0 (CLUSTER: BM / SPLIT % 16 == 0), 16-byte aligned output rows;
   0: one store per element), CLUSTER (1: the SPLIT <= 8 k-slices of an output tile run as one thread-block cluster
   and add their fp32 partials through distributed shared memory, each CTA storing a band of BM / SPLIT rows with the
-  full epilogue; 0, the default: an fp32 workspace and a second kernel).
+  full epilogue; 0, the default: an fp32 workspace and a second kernel), PDL (1, the default on sm_90 unless
+  MIXGEMM_PDL=0: programmatic dependent launch -- the first stages' weights are loaded before griddepcontrol.wait,
+  everything else after it; never on the first launch after the layout was built, whose build kernels write those
+  weights; TMA 1 only).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER, or with SK an fp32
   partial-tile workspace (2 tiles per CTA) and an int32 stage count per output tile.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 from dataclasses import astuple, dataclass
 
 import torch
@@ -44,8 +48,10 @@ KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
-               "CLUSTER")
+               "CLUSTER", "PDL")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
+# Programmatic dependent launch (as the GEMVs, kernels/cuda/gemv.py): the default of config key PDL; MIXGEMM_PDL=0 off
+PDL = os.environ.get("MIXGEMM_PDL", "1") != "0"
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -228,14 +234,18 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
     inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
     sk, fold_req, cluster = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0)), int(cfg.get("CLUSTER", 0))
+    pdl_req = int(cfg.get("PDL", int(PDL)))
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
             or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
-            or sk not in (0, 1) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)):
+            or sk not in (0, 1) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)
+            or pdl_req not in (0, 1)):
         raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
                          f"SK={sk} FOLD={fold_req} CLUSTER={cluster}: BM in 8..256 (multiple of 8), NWG 1..4, "
                          "INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), "
-                         "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0 or 1 (1 with TMA 1), FOLD 0 or 1, CLUSTER 0 or 1")
+                         "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0 or 1 (1 with TMA 1), FOLD 0 or 1, CLUSTER 0 or 1, "
+                         "PDL 0 or 1")
+    fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
@@ -292,6 +302,9 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         sk = 0
     if sk:
         defs["WG_SK"] = 1
+    pdl = bool(pdl_req and tma and props.major >= 9)
+    if pdl:
+        defs["WG_PDL"] = 1
     ymap = None
     band = bm // split if csplit else bm  # rows each CTA stores (CLUSTER: its band of the tile, whole 16-row pairs)
     if (tma and not sk and not wsplit and band * split == bm and band % 16 == 0
@@ -337,7 +350,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     ]
     with torch.cuda.device(y.device):
         nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(y.device).cuda_stream, smem,
-                     cluster=(1, 1, split) if csplit else None)
+                     pdl=pdl and not fresh, cluster=(1, 1, split) if csplit else None)
     if wsplit:
         _finish_split(ws, bias, y, lo, hi)
     return y
