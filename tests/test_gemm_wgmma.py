@@ -475,7 +475,7 @@ def test_per_channel_scale_in_epilogue_with_split(tma):
 @needs_sm90
 @pytest.mark.parametrize("cfg", [
     dict(BM=128, NWG=2, STAGES=4),                              # TMA-store epilogue, several waves of CTAs
-    dict(BM=32, NWG=2, STAGES=3, KT=4, SK=1),                   # stream-K: the first stages span tiles
+    dict(BM=32, NWG=2, STAGES=3, KT=4, SK=1, PDL=1),            # stream-K (PDL off by default): stages span tiles
     dict(BM=128, NWG=2, STAGES=4, KT=2, SPLIT=4, CLUSTER=1),    # split-K as clusters
     dict(BM=64, NWG=2, STAGES=4, KT=2, SPLIT=3, FOLD=1),        # workspace split-K (zeroed by the kernel before)
     dict(BM=16, NWG=1, STAGES=6, KT=1),                         # more prologue stages than a small M needs

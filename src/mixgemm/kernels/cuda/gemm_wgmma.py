@@ -20,10 +20,10 @@
   -- TMA 1, no SK / workspace split-K, BM % 16 == 0 (CLUSTER: BM / SPLIT % 16 == 0), 16-byte aligned output rows;
   0: one store per element), CLUSTER (1: the SPLIT <= 8 k-slices of an output tile run as one thread-block cluster
   and add their fp32 partials through distributed shared memory, each CTA storing a band of BM / SPLIT rows with the
-  full epilogue; 0, the default: an fp32 workspace and a second kernel), PDL (1, the default on sm_90 unless
-  MIXGEMM_PDL=0: programmatic dependent launch -- the first stages' weights are loaded before griddepcontrol.wait,
-  everything else after it; never on the first launch after the layout was built, whose build kernels write those
-  weights; TMA 1 only).
+  full epilogue; 0, the default: an fp32 workspace and a second kernel), PDL (programmatic dependent launch, sm_90,
+  TMA 1: the first stages' weights are loaded before griddepcontrol.wait, everything else after it; never on the
+  first launch after the layout was built, whose build kernels write those weights. Default 1, but 0 with SK: a
+  stream-K grid fills every SM slot, and measured 0.4-4 us slower with it; MIXGEMM_PDL=0 turns it off everywhere).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER, or with SK an fp32
   partial-tile workspace (2 tiles per CTA) and an int32 stage count per output tile.
@@ -50,7 +50,8 @@ SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
                "CLUSTER", "PDL")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
-# Programmatic dependent launch (as the GEMVs, kernels/cuda/gemv.py): the default of config key PDL; MIXGEMM_PDL=0 off
+# Programmatic dependent launch (as the GEMVs, kernels/cuda/gemv.py): False (MIXGEMM_PDL=0) turns it off for every
+# config; True lets config key PDL decide (default: on, but off for stream-K -- see the docstring)
 PDL = os.environ.get("MIXGEMM_PDL", "1") != "0"
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
@@ -234,7 +235,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
     inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
     sk, fold_req, cluster = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0)), int(cfg.get("CLUSTER", 0))
-    pdl_req = int(cfg.get("PDL", int(PDL)))
+    pdl_req = int(cfg.get("PDL", int(not sk)))
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
             or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
@@ -302,7 +303,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         sk = 0
     if sk:
         defs["WG_SK"] = 1
-    pdl = bool(pdl_req and tma and props.major >= 9)
+    pdl = bool(PDL and pdl_req and tma and props.major >= 9)
     if pdl:
         defs["WG_PDL"] = 1
     ymap = None
