@@ -144,8 +144,6 @@
 #endif
 
 #define WG_THREADS (128 * WG_NWG)
-// WG_MINB: CTAs per SM the register allocation must allow (__launch_bounds__ min blocks); more resident warps
-// for the latency-bound small-M tiles
 // WG_PDL: programmatic dependent launch (as the GEMVs, gemv_common.cuh). Why: at batch-32 conv and mid-M GEMM sizes
 // a launch's fixed cost (barrier setup, the ring's first weight loads, the previous kernel's tail wave) is 3.7-5 us of
 // a 10-20 us kernel; the weights and parameters never depend on the previous kernel, so thread 0 queues the first
@@ -154,6 +152,8 @@
 #ifndef WG_PDL
 #define WG_PDL 0
 #endif
+// WG_MINB: CTAs per SM the register allocation must allow (__launch_bounds__ min blocks); more resident warps
+// for the latency-bound small-M tiles
 #ifndef WG_MINB
 #define WG_MINB 1
 #endif
@@ -370,8 +370,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
           for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm)
             if (blk0 + sgm < nblk) bytes += tiles * SEGLEN * TB + (PC ? 0 : ng * 8 * PBLK);
           if (part & ISSUE_W) mbar_expect_tx(bar, bytes);
-          if (!(part & ISSUE_X)) {
-          } else if (CONV) {
+          if ((part & ISSUE_X) && CONV) {
 #pragma unroll
             for (int j = 0; j < KT; ++j)
               if (j < tiles) {
@@ -382,7 +381,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                   if (++cv_s == cg.kw_taps) cv_s = 0, ++cv_r;
                 }
               }
-          } else {
+          } else if (part & ISSUE_X) {
 #pragma unroll
             for (int j = 0; j < KT; ++j)
               if (j < tiles) tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 64, ld_m0, bar);
