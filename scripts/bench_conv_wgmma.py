@@ -38,6 +38,7 @@ from mixgemm import quantize_conv_weight  # noqa: E402
 from mixgemm.bench.conv import CONV_PRESET  # noqa: E402
 from mixgemm.bench.protocol import graph_time_us, l2_bytes  # noqa: E402
 from mixgemm.kernels.cuda import gemm_wgmma as G  # noqa: E402
+from mixgemm.kernels.cuda.dwconv import DwCudaConfig  # noqa: E402
 from mixgemm.kernels.triton import conv_smallk, conv_table  # noqa: E402
 from mixgemm.kernels.triton.conv import DwConfig  # noqa: E402
 from mixgemm.kernels.triton.conv_smallk import SmallKConfig  # noqa: E402
@@ -57,8 +58,10 @@ SMALLK_CANDIDATES = [SmallKConfig(*c) for c in (
     (128, 64, 8, 3, 2), (128, 64, 8, 1, 2), (64, 64, 8, 2, 2), (32, 64, 4, 2, 8))]
 
 
-# CONV_SWEEP=dw: depthwise tiles (block_m pixels, block_c channels, num_warps)
-DW_CANDIDATES = [DwConfig(*c) for c in ((32, 128, 4), (16, 128, 4), (64, 128, 4), (64, 128, 8), (32, 64, 4))]
+# CONV_SWEEP=dw: Triton depthwise tiles (block_m pixels, block_c channels, num_warps) and CUDA depthwise windows
+# (tw output pixels per thread, cb channels per block)
+DW_CANDIDATES = [DwConfig(*c) for c in ((32, 128, 4), (16, 128, 4))]
+DW_CUDA_CANDIDATES = [DwCudaConfig(tw, cb) for tw in (2, 4, 8, 16, 32) for cb in (8, 16, 32, 64)]
 
 
 def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
@@ -157,6 +160,7 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
     if SWEEP == "dw":  # depthwise: the default and candidate tiles
         variants = [("auto", None, None)] + [(f"dw:{c.block_m}x{c.block_c}w{c.num_warps}", "dw", c)
                                              for c in DW_CANDIDATES]
+        variants += [(f"dwcuda:{c.tw}x{c.cb}", "dw_cuda", c) for c in DW_CUDA_CANDIDATES if spec.ci % c.cb == 0]
     elif SWEEP == "smallk":  # the small-K kernel (default and candidate tiles) beside what the dispatch ran before it
         before = ("triton", "igemm", None) if spec.ci <= conv_smallk.SMALLK_MAX_CI else ("auto", None, None)
         variants = [before, ("smallk:default", "smallk", None)]

@@ -88,6 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="8192x28672,4096x14336", help="KxN list")
     ap.add_argument("--formats", default="w4g128,w8pc")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-triton", action="store_true", help="skip the Triton GEMM column (slow at large M)")
     ap.add_argument("--table", action="store_true", help="time the dispatcher's table config (mixgemm.ops.configs)")
     ap.add_argument("--cfgs", default=None, help="JSON list of configs to time instead of the candidates (keys M, "
                     "FMT, SHAPE select the cases a config is timed on)")
@@ -119,7 +120,8 @@ def main(argv=None) -> int:
             for m in (int(v) for v in a.ms.split(",")):
                 x = torch.randn(m, k, device=DEV, dtype=torch.float16)
                 t16 = fp16_us(n, k, x)
-                tt = graph_time_us([lambda q=q, x=x: triton_gemm(x, q, None, -INF, INF) for q in qws], 10, 60)
+                tt = INF if a.no_triton else graph_time_us(
+                    [lambda q=q, x=x: triton_gemm(x, q, None, -INF, INF) for q in qws], 10, 60)
                 tg = None  # the CUDA GEMV at the same M: the dispatcher's GEMV / GEMM crossover
                 if m <= 16:
                     from mixgemm.kernels.cuda.gemv import gemv

@@ -293,6 +293,89 @@ def test_gpu_convnext_dw(c, hw, dtype, rel_err):
     _check(x, qw, bias, 1, 3, 1, c, None, rel_err)
 
 
+# depthwise geometries of the CUDA kernel (b, c, h, w, k, stride, padding, dilation): ConvNeXt's 7x7, a strided 3x3
+# (MobileNet), a dilated 5x5, an asymmetric kernel / stride / padding / dilation, few channels (2-channel blocks) and a
+# row wider than any window (runs that end inside a row)
+DW_CUDA_GEOMS = {
+    "convnext_7x7": (2, 24, 9, 7, 7, 1, 3, 1),
+    "mobilenet_3x3_s2": (1, 32, 9, 8, 3, 2, 1, 1),
+    "dilated_5x5_d2": (1, 16, 11, 10, 5, 1, 4, 2),
+    "asym_3x4_s21_p12_d12": (1, 18, 8, 9, (3, 4), (2, 1), (1, 2), (1, 2)),
+    "six_channels": (3, 6, 5, 13, 3, 1, 1, 1),
+    "wide_row": (1, 96, 5, 37, 7, 1, 3, 1),
+    "patch_4x4": (1, 32, 10, 11, 4, 1, 2, 1),
+    "down_2x2_s2": (2, 16, 9, 9, 2, 2, 0, 1),
+}
+_DW_FORMATS = [(8, "sym"), (8, "zero_point"), (8, "offset"), (4, "sym"), (4, "zero_point"), (4, "offset")]
+
+
+def _taps(k) -> int:
+    return k * k if isinstance(k, int) else k[0] * k[1]
+
+
+# int4 packs two codes per byte along K = the taps: only kernels with an even number of taps have an int4 format
+DW_CUDA_CASES = [(name, bits, mode) for name in sorted(DW_CUDA_GEOMS) for bits, mode in _DW_FORMATS
+                 if bits == 8 or _taps(DW_CUDA_GEOMS[name][4]) % 2 == 0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,bits,mode", DW_CUDA_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_dw_cuda(name, dtype, bits, mode, rel_err):
+    from mixgemm.ops.conv import pick_path
+
+    b, c, h, w, k, s, p, d = DW_CUDA_GEOMS[name]
+    x, qw, bias = make_conv_case(b, c, h, w, c, k, c, dtype, True, bits, -1, mode, seed=c + bits)
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)
+    assert pick_path(x, qw, 0, pair(s), pair(p), c, pair(d)) == "dw_cuda"
+    for act, with_bias in ((None, True), ("relu6", False)):
+        _check(x, qw, bias if with_bias else None, s, p, d, c, act, rel_err, path="dw_cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_dw_cuda_configs_and_fallbacks(rel_err):
+    from mixgemm.kernels.cuda.dwconv import DwCudaConfig
+    from mixgemm.ops.conv import pick_path
+
+    x, qw, bias = make_conv_case(2, 48, 7, 23, 48, 7, 48, torch.float16, True, 8, -1, "zero_point", seed=7)
+    for cfg in (DwCudaConfig(1, 2), DwCudaConfig(3, 16), DwCudaConfig(16, 64), DwCudaConfig(32, 32)):
+        _check(x, qw, bias, 1, 3, 1, 48, "relu", rel_err, config=cfg)
+    with pytest.raises(ValueError, match="cb="):
+        _check(x, qw, bias, 1, 3, 1, 48, None, rel_err, config=DwCudaConfig(4, 6))
+    # NCHW input, fp32, odd channel counts and channel multipliers stay on the Triton kernel
+    xn = x.contiguous()
+    assert pick_path(xn, qw, 0, (1, 1), (3, 3), 48) == "dw"
+    assert pick_path(x.float(), qw, 0, (1, 1), (3, 3), 48) == "dw"
+    with pytest.raises(ValueError, match="dw_cuda"):
+        _check(xn, qw, bias, 1, 3, 1, 48, None, rel_err, path="dw_cuda")
+    _check(xn, qw, bias, 1, 3, 1, 48, None, rel_err)
+    x3, qw3, b3 = make_conv_case(1, 5, 6, 7, 5, 3, 5, torch.float16, True, 8, -1, "sym", seed=8)
+    assert pick_path(x3, qw3, 0, (1, 1), (1, 1), 5) == "dw"
+    _check(x3, qw3, b3, 1, 1, 1, 5, None, rel_err)
+    # a sliced channels_last view is not channels_last-contiguous (its output would be NCHW): the Triton kernel
+    assert pick_path(x[:, :, 1:6, 2:21], qw, 0, (1, 1), (3, 3), 48) == "dw"
+
+
+def nvrtc_ok() -> bool:
+    from mixgemm.kernels.cuda.nvrtc import nvrtc_available
+
+    return nvrtc_available()
+
+
+@pytest.mark.skipif(not nvrtc_ok(), reason="needs cuda-bindings + nvidia-cuda-nvrtc")
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_dw_cuda_compiles(arch):
+    """The CUDA depthwise kernel compiles for the geometries the GPU tests and ConvNeXt use (CPU-side check)."""
+    from mixgemm.kernels.cuda import nvrtc
+
+    for kh, kw, sw, dw, tw, cb, act, bits, aff in ((7, 7, 1, 1, 16, 32, 0, 8, 0), (7, 7, 1, 1, 4, 64, 1, 4, 1),
+                                                    (3, 3, 2, 1, 8, 16, 0, 4, 0), (3, 5, 1, 2, 3, 2, 1, 8, 1)):
+        defs = dict(DW_KH=kh, DW_KW=kw, DW_SW=sw, DW_DW=dw, DW_TW=tw, DW_CB=cb, DW_ACT=act, DW_BITS=bits,
+                    DW_AFFINE=aff)
+        cubin = nvrtc.compile_cubin("dwconv.cu", tuple(sorted(defs.items())), arch)
+        assert cubin[:4] == b"\x7fELF", defs
+
+
 def _load_bench():
     path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_conv.py"
     spec = importlib.util.spec_from_file_location("bench_conv", path)

@@ -145,12 +145,15 @@ WGMMA_CONV: bool = True
 def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
               dilation=(1, 1)) -> str:
     """ "dequant" (weight dequantized once + cuDNN), "wgmma" (the Hopper wgmma implicit GEMM), "matmul" (1x1 as a
-    GEMM), "dw" (depthwise kernel), "smallk" (whole-K tile for a few input channels) or "igemm" (Triton
-    implicit GEMM). Deterministic in the shapes and dtypes."""
+    GEMM), "dw" / "dw_cuda" (depthwise kernels: Triton / CUDA), "smallk" (whole-K tile for a few input channels) or
+    "igemm" (Triton implicit GEMM). Deterministic in the shapes and dtypes."""
     kh, kw = qweight.kernel_size
     depthwise = qweight.in_channels_per_group == 1 and groups > 1
     if depthwise:
-        return "dw"
+        from mixgemm.kernels.cuda.dwconv import dwconv_supported
+
+        # fp16 / bf16 channels_last, channel multiplier 1: the CUDA direct conv (kernels/cuda/dwconv.cu says why)
+        return "dw_cuda" if dwconv_supported(x, qweight, groups) else "dw"
     if DEQUANT_MIN_M is not None and x.dtype in (torch.float16, torch.bfloat16) and m >= DEQUANT_MIN_M:
         return "dequant"
     if WGMMA_CONV and x.device.type == "cuda":
@@ -186,8 +189,9 @@ def cuda_conv2d(
 ):
     """The CUDA conv (also runs on CPU tensors under TRITON_INTERPRET=1, for tests). Arguments already checked.
     config: a kernels.triton.conv ConvConfig (implicit GEMM) or DwConfig (depthwise) forcing that kernel's
-    tiles, a conv_smallk.SmallKConfig (path "smallk"), or a dict of wgmma tiles (path "wgmma"); path: force "igemm" /
-    "dw" / "smallk" / "matmul" / "dequant" / "wgmma" (default: pick_path)."""
+    tiles, a conv_smallk.SmallKConfig (path "smallk"), a cuda.dwconv.DwCudaConfig (path "dw_cuda"), or a dict of wgmma
+    tiles (path "wgmma"); path: force "igemm" / "dw" / "dw_cuda" / "smallk" / "matmul" / "dequant" / "wgmma" (default:
+    pick_path)."""
     from mixgemm.kernels.triton import conv as K
 
     b, _, h, w = x.shape
@@ -199,10 +203,12 @@ def cuda_conv2d(
         bias = bias.contiguous()  # a copy: the caller's tensor is untouched
     depthwise = qweight.in_channels_per_group == 1 and groups > 1
     if path is None:
+        from mixgemm.kernels.cuda.dwconv import DwCudaConfig
         from mixgemm.kernels.triton.conv_smallk import SmallKConfig
 
         path = (
-            ("smallk" if isinstance(config, SmallKConfig) else "dw" if depthwise else "igemm")
+            ("smallk" if isinstance(config, SmallKConfig) else "dw_cuda" if isinstance(config, DwCudaConfig)
+             else "dw" if depthwise else "igemm")
             if config is not None
             else pick_path(x, qweight, b * ho * wo, stride, padding, groups, dilation)
         )
@@ -237,6 +243,15 @@ def cuda_conv2d(
             raise ValueError(f"conv path 'smallk' needs groups 1 and a padded K <= 256, got groups={groups}, "
                              f"kernel {qweight.kernel_size}, Ci_g={qweight.in_channels_per_group}")
         return smallk_conv2d(x, qweight, bias, out, stride, padding, dilation, lo, hi, config)
+    if path == "dw_cuda":
+        from mixgemm.kernels.cuda.dwconv import dwconv_cuda, dwconv_supported
+
+        if not dwconv_supported(x, qweight, groups, out):
+            raise ValueError("conv path 'dw_cuda' needs a CUDA fp16 / bf16 channels_last input with an even channel "
+                             "count and even strides, groups == Ci == Co, and int4 / int8 per-channel weights; got "
+                             f"{x.dtype} on {x.device}, strides {tuple(x.stride())}, groups={groups}, "
+                             f"Co={co}, group_size={qweight.matrix.group_size}")
+        return dwconv_cuda(x, qweight, bias, out, stride, padding, dilation, lo, hi, config)
     if path == "dw":
         kw_ = {} if config is None else dict(block_m=config.block_m, block_c=config.block_c, num_warps=config.num_warps)
         return K.dw_conv2d(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, **kw_)
