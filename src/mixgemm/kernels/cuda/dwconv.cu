@@ -12,7 +12,8 @@
 //
 // Thread = 2 adjacent channels (one 32-bit fp16x2 / bf16x2 load: a warp reads 64 contiguous channels) x DW_TW
 // consecutive output pixels of one output row. Block = 128 threads = (DW_CB / 2 channel pairs) x (segments).
-// grid.x: runs of DW_TW output pixels (batch, row, column), grid.y: blocks of DW_CB channels.
+// grid.y: blocks of DW_CB channels; grid.x: blocks that walk the runs of DW_TW output pixels (batch, row, column) with a
+// grid stride.
 //
 // Compile-time: DW_KH, DW_KW (kernel), DW_SW, DW_DW (stride and dilation along W, which shape the window),
 // DW_TW, DW_CB, DW_ACT (0 fp16, 1 bf16), DW_BITS (4, 8), DW_AFFINE (0: w = (q - z) * s, 1: w = q * s + m).

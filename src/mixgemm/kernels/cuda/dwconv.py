@@ -44,8 +44,6 @@ def _even(*vals: int) -> bool:
 
 def dwconv_supported(x: torch.Tensor, qw, groups: int, out: torch.Tensor | None = None) -> bool:
     """True when this kernel runs the problem (else the Triton depthwise kernel does)."""
-    from mixgemm.kernels.triton.conv import conv_layout
-
     c = x.shape[1]
     kh, kw = qw.kernel_size
     ok = (
@@ -63,8 +61,6 @@ def dwconv_supported(x: torch.Tensor, qw, groups: int, out: torch.Tensor | None 
     )
     if ok and out is not None:
         ok = out.is_contiguous(memory_format=torch.channels_last) and _even(out.data_ptr() // out.element_size())
-    if ok:
-        ok = conv_layout(qw.matrix).weight.data_ptr() % 4 == 0
     return bool(ok)
 
 
@@ -92,7 +88,6 @@ def dwconv_cuda(x, qw, bias, out, stride, padding, dilation, lo: float, hi: floa
     _, _, ho, wo = out.shape
     kh, kw = qw.kernel_size
     props = torch.cuda.get_device_properties(x.device)
-    # runs_w counts whole windows of one output row, so a run never crosses rows: runs = B * HO * runs_w
     cfg = config or default_config(c, b * ho * wo, wo, kh * kw, props.multi_processor_count)
     if cfg.cb % 2 or not 2 <= cfg.cb <= 2 * THREADS or (2 * THREADS) % cfg.cb or kh * kw * cfg.cb * 4 > _SMEM_LIMIT:
         raise ValueError(f"dwconv_cuda: bad channel block cb={cfg.cb} for a {kh}x{kw} kernel")
@@ -103,7 +98,7 @@ def dwconv_cuda(x, qw, bias, out, stride, padding, dilation, lo: float, hi: floa
         "DW_ACT": _ACT[x.dtype], "DW_BITS": lay.bits, "DW_AFFINE": int(lay.affine),
     }
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, x.device)
-    runs_w = -(-wo // cfg.tw)
+    runs_w = -(-wo // cfg.tw)  # windows per output row: a run never crosses rows
     runs = b * ho * runs_w
     per_block = THREADS // (cfg.cb // 2)
     cblocks = -(-c // cfg.cb)
