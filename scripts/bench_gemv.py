@@ -151,6 +151,8 @@ def main():
     ap.add_argument("--ms", default="1,16")
     ap.add_argument("--modes", default="zero_point")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-mode", default="zero_point", help="W4 mode of --sweep (sym, zero_point, offset)")
+    ap.add_argument("--sweep-shapes", default=None, help="KxN list for --sweep (default: every protocol shape)")
     ap.add_argument("--sweep-mma", action="store_true")
     ap.add_argument("--pdl", action="store_true", help="default kernels with programmatic dependent launch off/on")
     ap.add_argument("--sweep-m16", action="store_true", help="tensor-core kernel at M=16: U x KS x DEFER")
@@ -168,9 +170,11 @@ def main():
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s")
     if args.sweep:
         cfgs = [(r, u, ks, pf) for r, u in ((2, 2), (4, 1), (4, 2)) for ks in (1, 2, 4, 8) for pf in (0, 1)]
-        sweep(bw, SHAPES, [(4, 128, "zero_point")], cfgs)
+        shapes = SHAPES if not args.sweep_shapes else [tuple(int(v) for v in s.split("x"))
+                                                         for s in args.sweep_shapes.split(",")]
+        sweep(bw, shapes, [(4, 128, args.sweep_mode)], cfgs)
         w8 = [(2, 1, 4, 0), (2, 1, 8, 0), (2, 1, 4, 1), (2, 1, 8, 1), (2, 2, 4, 1), (2, 2, 8, 1)]
-        sweep(bw, SHAPES, [(8, -1, "sym")], w8)
+        sweep(bw, shapes, [(8, -1, "sym")], w8)
     if args.sweep_l2:
         # (R, U, KS, PF, BPF, PST, MINB): BPF L2 prefetch mode, PST persistent grid waves, MINB launch bounds
         cfgs = [(4, 2, 2, 0, 0, 0, 0), (4, 1, 8, 0, 0, 0, 0), (2, 2, 2, 0, 0, 0, 0), (4, 2, 4, 0, 0, 0, 0),

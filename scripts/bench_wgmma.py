@@ -136,7 +136,8 @@ def main(argv=None) -> int:
                         if v.get("M", m) == m and v.get("FMT", fmt) == fmt and v.get("SHAPE", shape) == shape:
                             cfgs.append({**cfgs[0], **{c: w for c, w in v.items() if c not in ("M", "FMT", "SHAPE")}})
                 if a.cfgs:
-                    cfgs = [c for c in json.loads(a.cfgs)  # optional filters: M, FMT (w4g128...), SHAPE (KxN)
+                    cfgs = [{key: w for key, w in c.items() if key not in ("M", "FMT", "SHAPE")}
+                            for c in json.loads(a.cfgs)  # optional filters: M, FMT (w4g128...), SHAPE (KxN)
                             if c.get("M", m) == m and c.get("FMT", fmt) == fmt and c.get("SHAPE", shape) == shape]
                 best = None
                 for cfg in cfgs:
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
                     except Exception as ex:  # noqa: BLE001 - report and go on
                         print(f"  {cfg}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
                         continue
-                    if a.sweep or a.variants:
+                    if a.sweep or a.variants or a.cfgs:
                         print(f"  {fmt} {shape} M={m} {cfg}: {t:.1f} us err {e:.1e}", flush=True)
                     if e < 2e-3 and (best is None or t < best[0]):
                         best = (t, cfg, e)

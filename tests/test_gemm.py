@@ -152,6 +152,9 @@ def test_gemm_rejects_bad_input():
 def test_tables_are_valid(name):
     table = cfgmod.load_table(name)
     assert set(table["gemv_max_m"]) <= {"4", "8"}
+    for wkey, shapes in table.get("wgmma_from_m", {}).items():  # exact weight keys, exact shapes
+        assert wkey.startswith(("w4", "w8")) and (wkey[2:] == "pc" or int(wkey[3:]) in (32, 64, 128, 256))
+        assert all(all(v.isdigit() for v in s.split("x")) and 1 <= m <= 16 for s, m in shapes.items())
     for wkey, shapes in table["gemm"].items():
         assert wkey in ("w4g", "w4pc", "w8g", "w8pc")
         # one KS per weight format: a weight is repacked once, whatever M it later meets
@@ -188,6 +191,24 @@ def test_h200_table_lookup():
     assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 4096, 14336), 5000) == entries["4096x14336"]["4096"]
     assert cfgmod._nearest_shape(entries, 100, 100) == entries["*"]
     assert cfgmod.weight_key(qw4) == "w4g" and cfgmod.weight_key(qw8) == "w8pc"
+
+
+def test_h100_wgmma_from_m():
+    """wgmma_from_m: an exact layer shape and weight format (group size included) goes to the wgmma GEMM from that M;
+    other group sizes and shapes, and the Triton-GEMM route, keep the per-bit-width crossover."""
+    table = cfgmod.load_table("h100")
+    assert table["wgmma_from_m"] == {"w4g128": {"8192x28672": 1}}
+    g128 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
+    g64 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=64)
+    dev = torch.device("cpu")
+    assert cfgmod.exact_weight_key(g128) == "w4g128" and cfgmod.exact_weight_key(g64) == "w4g64"
+    with mock.patch.object(cfgmod, "table_for", lambda device: table):
+        assert cfgmod.gemv_max_m(g128, dev, 28672, k=8192) == 0
+        assert cfgmod.gemv_max_m(g128, dev, 28672) == 8 and cfgmod.gemv_max_m(g128, dev, 28672, k=4096) == 8
+        assert cfgmod.gemv_max_m(g64, dev, 28672, k=8192) == 8
+        assert cfgmod.gemv_max_m(g128, dev, 28672, wgmma=False, k=8192) == 16
+    for bucket in ("1", "2", "4", "8", "16"):  # the entries those M meet
+        assert table["wgmma"]["w4g"]["8192x28672"][bucket]["FOLD"] == 1
 
 
 def test_pick_kernel_gemv_range():

@@ -142,6 +142,10 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_FOLD=1, WG_GT=1,
          WG_SPLIT=1, WG_PDL=1),
     dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=2, WG_BM=64, WG_NWG=4, WG_STAGES=4, WG_KT=2, WG_SK=1, WG_PDL=1),
+    # serial split-K (WG_SPLIT 3): the H100 M = 1 tile with FOLD, and a TMA-store tile
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=8, WG_NWG=2, WG_STAGES=4, WG_KT=4, WG_FOLD=1, WG_GT=2,
+         WG_SPLIT=3, WG_GROUP_M=1, WG_PDL=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_PC=1, WG_SPLIT=3, WG_TSTORE=1),
 ]
 
 
@@ -263,6 +267,40 @@ def test_cluster_split(m, n, k, cfg, fmt):
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("m,n,k,cfg", [
+    (1, 1000, 4608, dict(BM=8, NWG=2, STAGES=4, KT=4, SPLIT=4)),  # the H100 M = 1 shape class; partial row box
+    (3, 520, 2304, dict(BM=8, NWG=2, STAGES=4, KT=4, SPLIT=3)),  # an uneven last slice (36 k-tiles = 16 + 16 + 4)
+    (16, 1000, 4608, dict(BM=16, NWG=2, STAGES=4, KT=4, SPLIT=8)),
+    (300, 520, 1152, dict(BM=128, NWG=2, STAGES=4, SPLIT=4)),  # TMA store of the summed tile; a tile past M
+    (129, 264, 1152, dict(BM=64, NWG=4, STAGES=3, KT=2, SPLIT=2, TSTORE=0)),
+    (67, 200, 1024, dict(BM=32, NWG=1, STAGES=4, TMA=0, SPLIT=5)),  # cp.async loader, more slices than stages fit
+], ids=str)
+@pytest.mark.parametrize("fmt", [(4, 128, "zero_point", torch.float16), (4, 128, "sym", torch.bfloat16),
+                                 (4, 32, "offset", torch.float16), (8, -1, "sym", torch.bfloat16)], ids=str)
+def test_serial_split(m, n, k, cfg, fmt):
+    """SERIAL 1: each split-K slice leaves its partial tile in a workspace and the last one to count adds them in
+    slice order and stores (bias, clamp, row scales; FOLD where it applies). The tile counters are left zero for the
+    next launch: a second call with other operands and a third with the first again are right, and the third is
+    bit-identical to the first (the sum order does not depend on which slice finishes last)."""
+    from mixgemm.kernels.cuda import gemm_wgmma as G
+
+    bits, gs, mode, dtype = fmt
+    k = k if gs == -1 else -(-k // gs) * gs
+    cfg = dict(cfg, SERIAL=1, FOLD=int(cfg.get("KT", 1) > 1))
+    qw = _qw(n, k, bits, gs, mode, "cuda", 0)
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    b = (torch.randn(n, device="cuda") * 0.1).to(dtype)
+    y1 = G.gemm_wgmma(x, qw, b, 0.0, 6.0, cfg)
+    _run(m, n, k, bits, gs, mode, dtype, config=cfg, seed=3, act=None, bias=False)
+    _run(m, n, k, bits, gs, mode, dtype, config=cfg)
+    y3 = G.gemm_wgmma(x, qw, b, 0.0, 6.0, cfg)
+    assert torch.equal(y1, y3)
+    torch.cuda.synchronize()
+    assert all(int(c.abs().sum()) == 0 for c in G._COUNTERS.values()), "tile counters left non-zero"
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m,n,k,cfg", [
     # tiny grids: every tile shared by many CTAs of one stage or so
     (67, 264, 1152, dict(BM=32, NWG=2, STAGES=4, KT=1)),
     (67, 264, 1152, dict(BM=32, NWG=2, STAGES=3, KT=4)),
@@ -307,6 +345,31 @@ def test_fold(cfg, fmt):
     for m, n, k in ((67, 264, 1152), (5, 200, 1088 if gs in (32, 64, -1) else 1152), (130, 1000, 2048)):
         k = k if gs == -1 else -(-k // gs) * gs
         _run(m, n, k, bits, gs, mode, dtype, config=cfg)
+
+
+def _h100_small_m_entries():
+    """The small-M W4 entries of the H100 table that session 19 measured (FOLD without stream-K, BM 8 / 16 / 32)."""
+    from mixgemm.ops.configs import load_table
+
+    w4g = load_table("h100")["wgmma"]["w4g"]
+    return [(shape, int(b), cfg) for shape in ("8192x28672", "28672x8192", "4096x14336")
+            for b, cfg in w4g[shape].items() if int(b) <= 32]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("entry", _h100_small_m_entries(), ids=lambda e: f"{e[0]}-M{e[1]}")
+@pytest.mark.parametrize("fmt", [(4, 128, "zero_point", torch.float16), (4, 128, "sym", torch.bfloat16),
+                                 (4, 64, "zero_point", torch.float16), (4, 32, "sym", torch.float16)], ids=str)
+def test_h100_small_m_entries(entry, fmt):
+    """The shipped H100 small-M configs (any sm_90 runs them) on odd shapes at every M of their bucket's range:
+    M = 1 and 3 on the BM 8 tiles, up to the bucket; N = 1000 leaves a partial warpgroup box, K = 2304 / 2240 a partial
+    last stage (FOLD, split-K slices that start inside a group)."""
+    _, bucket, cfg = entry
+    bits, gs, mode, dtype = fmt
+    k = 2304 if gs != 32 else 2240
+    for m in sorted({1, 3, max(1, bucket // 2 + 1), bucket}):
+        _run(m, 1000, k, bits, gs, mode, dtype, config=cfg, seed=m)
 
 
 @pytest.mark.gpu
@@ -407,6 +470,9 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="SK 0 or 1"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
                    dict(BM=32, NWG=2, STAGES=4, TMA=0, SK=1))
+    with pytest.raises(ValueError, match="not with CLUSTER 1"):
+        gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
+                   dict(BM=32, NWG=2, STAGES=4, SPLIT=2, CLUSTER=1, SERIAL=1))
     with pytest.raises(ValueError, match="bias"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw,
                    torch.zeros(63, device="cuda"), -inf, inf)
@@ -442,8 +508,9 @@ def test_dispatch_crossover_follows_table(bits, gs):
     dev = torch.device("cuda")
     qw = _qw(64, 256, bits, gs, "zero_point", "cuda")
     for n in (4096, 28672):
-        lim = gemv_max_m(qw, dev, n)
-        assert pick_kernel(lim, n, 8192, qw, dev, torch.float16) == "gemv"
+        lim = gemv_max_m(qw, dev, n, k=8192)  # (the H100 table sends W4 g128 8192x28672 to the wgmma GEMM from M = 1)
+        if lim >= 1:
+            assert pick_kernel(lim, n, 8192, qw, dev, torch.float16) == "gemv"
         if lim < GEMV_MAX_M:
             assert pick_kernel(lim + 1, n, 8192, qw, dev, torch.float16) == "wgmma"
         lim32 = gemv_max_m(qw, dev, n, wgmma=False)

@@ -56,8 +56,10 @@ def test_nvrtc_compiles_every_instantiation(arch):
     if arch == "sm_90":  # the tuned M = 1 tables of both GPUs, fp16 activations and scales, every mode
         for gpu, table in (("NVIDIA H200", gemv_mod.TUNED_M1), ("NVIDIA H100 80GB HBM3", gemv_mod.TUNED_M1_H100)):
             for (bits, n, k), mode in itertools.product(table, MODES):
-                cfg = choose_config(1, n, k // (32 if bits == 4 else 16), 132, 0, bits, k, gpu)
-                assert cfg["R"] == table[(bits, n, k)][0]
+                cfg = choose_config(1, n, k // (32 if bits == 4 else 16), 132, 0, bits, k, gpu,
+                                    ("sym", "zero_point", "offset")[mode])
+                sym = gemv_mod.TUNED_M1_H100_SYM if "H100" in gpu and mode == 0 else {}
+                assert (cfg["R"], cfg["U"], cfg["KS"]) == sym.get((bits, n, k), table[(bits, n, k)])[:3]
                 keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, cfg).items())))
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
@@ -181,7 +183,7 @@ def _gemv_up_to_m16(monkeypatch):
     gemv_max_m (H200: 8 for int4, 1 for int8) to the wgmma GEMM, so the dispatch limit is lifted to 16 here."""
     import mixgemm.ops.configs as configs
 
-    monkeypatch.setattr(configs, "gemv_max_m", lambda qw, device, n=None, wgmma=True: 16)
+    monkeypatch.setattr(configs, "gemv_max_m", lambda qw, device, n=None, wgmma=True, k=None: 16)
 
 def _make(n, k, bits, group, mode, scale_dtype, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)

@@ -8,6 +8,9 @@ default.json). Its fields:
   wgmma GEMM, takes over (fp32 activations, MIXGEMM_WGMMA=0).
 * ``gemv_all_m_below_n`` (optional): layers with fewer output features than this keep the GEMV for every M <= 16
   (their wgmma grid is under one wave and needs split-K, which costs more than it saves at small M).
+* ``wgmma_from_m`` (optional): {exact weight key (``w4g128``, ``w8pc``...): {"KxN": m}}: on that exact layer shape
+  and weight format the wgmma GEMM serves every M >= m (measured there to beat the GEMV down to that M); it takes
+  precedence over the two rules above and applies only where the wgmma GEMM runs.
 * ``gemm``: {weight key: {shape key: {M bucket: config}}}, weight key ``w4g`` / ``w4pc`` / ``w8g`` /
   ``w8pc`` (bits, grouped or per-channel), shape key ``KxN`` or ``*`` (any shape), M bucket the
   smallest power of two >= M, capped at 16384 (as a string). A shape without its own entry uses the
@@ -134,10 +137,20 @@ def wgmma_config(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devi
     return cfg
 
 
-def gemv_max_m(qw: QuantizedWeight, device: torch.device, n: int | None = None, wgmma: bool = True) -> int:
-    """Largest M that goes to the CUDA GEMV on this device for a layer of n output features, when the wgmma GEMM
-    (wgmma=True) or the Triton GEMM serves larger M (from the table; 16 if not listed)."""
+def exact_weight_key(qw: QuantizedWeight) -> str:
+    """``w<bits>g<group size>`` or ``w<bits>pc``: the key of the per-shape fields that depend on the group size."""
+    return f"w{qw.bits}pc" if qw.num_groups == 1 else f"w{qw.bits}g{qw.group_size}"
+
+
+def gemv_max_m(qw: QuantizedWeight, device: torch.device, n: int | None = None, wgmma: bool = True,
+               k: int | None = None) -> int:
+    """Largest M that goes to the CUDA GEMV on this device for a layer of n output features and k input features,
+    when the wgmma GEMM (wgmma=True) or the Triton GEMM serves larger M (from the table; 16 if not listed)."""
     table = table_for(device)
+    if wgmma and n is not None and k is not None:
+        from_m = table.get("wgmma_from_m", {}).get(exact_weight_key(qw), {}).get(f"{k}x{n}")
+        if from_m is not None:
+            return int(from_m) - 1
     if n is not None and n < table.get("gemv_all_m_below_n", 0):
         return 16
     limits = table.get("gemv_max_m", {}) if wgmma else table.get("gemv_max_m_no_wgmma", table.get("gemv_max_m", {}))

@@ -56,7 +56,7 @@ def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devic
 
     wg = WGMMA and (mod := _wgmma_module()) is not None and mod.wgmma_supported(x_dtype, qw, device)
     # the GEMV / GEMM crossover depends on which GEMM takes over (the wgmma GEMM overtakes the GEMV at smaller M)
-    if m <= min(GEMV_MAX_M, gemv_max_m(qw, device, n, wgmma=wg)):
+    if m <= min(GEMV_MAX_M, gemv_max_m(qw, device, n, wgmma=wg, k=k)):
         mod = _gemv_module()
         if mod is not None and (not hasattr(mod, "gemv_supported") or mod.gemv_supported(m, x_dtype, qw)):
             return "gemv"

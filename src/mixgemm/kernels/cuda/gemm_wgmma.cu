@@ -56,6 +56,11 @@
 // Measured with it (H200, session 16, BM 128 KT 2 split 2): conv b32 3x3 512->512 W8 27.1 -> 19.6 us, W4 30.1 -> 22.1
 // us; 1x1 2048->512 W4 15.8 -> 13.2 us. The band goes out by TMA store when BM / split is whole 16-row pairs: the
 // per-element epilogue (~7000 SASS instructions, run once per CTA) stalled on instruction fetch (41% of the samples).
+// WG_SPLIT 3 (serial split-K): each slice leaves its fp32 partial tile in a workspace, counts itself on the tile's
+// counter, and the slice that counts last adds the S partials in slice order (the same sum whichever CTA is last) and
+// stores the tile with the full epilogue, then zeroes the counter for the next launch. Why: the atomic route's zeroed
+// M x N workspace and finishing kernel cost about 5 us per call at M = 1 (H100, W4 g128 28672x8192 M = 1, split 4: 53.1
+// us, against 48.1 us for the same work as 224 unsplit tiles on 8192x28672; benchmarks/gemv_notes.md, session 19).
 #ifndef WG_SPLIT
 #define WG_SPLIT 0
 #endif
@@ -183,7 +188,8 @@ constexpr bool BULK = WG_TMA != 0;
 constexpr bool SK = WG_SK != 0;
 static_assert(!SK || (BULK && WG_SPLIT == 0), "WG_SK takes the TMA loader (WG_TMA 1) and no split-K");
 constexpr bool CSPLIT = WG_SPLIT == 2;  // split-K slices of a tile as one cluster, partials added through DSMEM
-static_assert(WG_SPLIT >= 0 && WG_SPLIT <= 2, "WG_SPLIT is 0, 1 or 2");
+constexpr bool SSPLIT = WG_SPLIT == 3;  // serial split-K: the last slice of a tile adds the partials and stores it
+static_assert(WG_SPLIT >= 0 && WG_SPLIT <= 3, "WG_SPLIT is 0, 1, 2 or 3");
 constexpr int SEGLEN = WARPS < 8 ? WARPS : 8;
 constexpr int NGMAX = NPB * KT;  // groups one stage can span (group size >= 64: <= KT; 32: 2 KT)
 static_assert(!BULK || WARPS % SEGLEN == 0, "WG_TMA takes NWG 1, 2 or 4");
@@ -250,9 +256,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                    int ldx,
                    void* __restrict__ Y, int ldy,   // [M, ldy] activation dtype
                    const void* __restrict__ bias, int bias_kind, float lo, float hi,
-                   float* __restrict__ ws,          // WG_SPLIT: fp32 [M, N] zeroed workspace;
+                   float* __restrict__ ws,          // WG_SPLIT 1: fp32 [M, N] zeroed workspace;
+                                                    // WG_SPLIT 3: fp32 [tiles][S][BM / 2][WG_THREADS] partials;
                                                     // WG_SK: fp32 [grid][2][BM / 2][WG_THREADS] partials
-                   int* __restrict__ sk_count,      // WG_SK: [tiles] zeroed stage counts (left zeroed again)
+                   int* __restrict__ sk_count,      // WG_SK / WG_SPLIT 3: [tiles] zeroed counts (left zeroed again)
                    int N, int M, int K, int Kt, int G, int gk, int kt_per_split,
                    const __grid_constant__ TmaDesc xmap,  // WG_TMA: activations [M, K], box 64 k x BM rows;
                                                           // WG_CONV: im2col map of the input, 64 channels x BM pixels
@@ -613,6 +620,27 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
             acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
           }
       }  // (TSTORE: its CTA barrier keeps the staging writes behind these reads)
+    }
+    if (SSPLIT) {
+      const int S = (Kt + kt_per_split - 1) / kt_per_split, z = blockIdx.z;
+      float* part = ws + (size_t)blockIdx.x * S * (BM / 2) * WG_THREADS + tid;  // [S][BM / 2][WG_THREADS] of the tile
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) __stcg(part + ((size_t)z * (BM / 2) + i) * WG_THREADS, acc[i]);
+      __threadfence();  // the partial is visible GPU-wide before the count says so
+      __syncthreads();
+      if (tid == 0) sk_last = atomicAdd(sk_count + blockIdx.x, 1) == S - 1;
+      __syncthreads();
+      store = sk_last;
+      if (store) {
+        __threadfence();
+#pragma unroll
+        for (int i = 0; i < BM / 2; ++i) {
+          float v = 0.f;
+          for (int q = 0; q < S; ++q) v += q == z ? acc[i] : __ldcg(part + ((size_t)q * (BM / 2) + i) * WG_THREADS);
+          acc[i] = v;
+        }
+        if (tid == 0) sk_count[blockIdx.x] = 0;  // every slice has counted: zero for the next launch
+      }
     }
     if (SK && k_stages != U) {
       const int slot = cs_tile == first_tile ? 0 : 1;  // a CTA's range starts and ends inside at most 2 tiles

@@ -20,13 +20,18 @@
   -- TMA 1, no SK / workspace split-K, BM % 16 == 0 (CLUSTER: BM / SPLIT % 16 == 0), 16-byte aligned output rows;
   0: one store per element), CLUSTER (1: the SPLIT <= 8 k-slices of an output tile run as one thread-block cluster
   and add their fp32 partials through distributed shared memory, each CTA storing a band of BM / SPLIT rows with the
-  full epilogue; 0, the default: an fp32 workspace and a second kernel), PDL (programmatic dependent launch, sm_90,
+  full epilogue; 0, the default: an fp32 workspace and a second kernel), SERIAL (1, without CLUSTER: serial split-K
+  -- each slice writes its fp32 partial tile to a workspace and the slice that finishes last adds them in slice order
+  and stores the tile with the full epilogue, in the same kernel; 0, the default: the zeroed workspace of atomics and a
+  second kernel), PDL (programmatic dependent launch, sm_90,
   TMA 1: the first stages' weights are loaded before griddepcontrol.wait, everything else after it; never on the
   first launch after the layout was built, whose build kernels write those weights. Default 1, but 0 with SK: a
   stream-K grid fills every SM slot, and measured 0.4-4 us slower with it; MIXGEMM_PDL=0 turns it off everywhere).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
-  allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER, or with SK an fp32
-  partial-tile workspace (2 tiles per CTA) and an int32 stage count per output tile.
+  allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER or SERIAL, with SERIAL an
+  fp32 [tiles, SPLIT] partial-tile workspace (and a per-device, per-stream int32 counter per tile, allocated zeroed
+  once and left zeroed by every launch), or with SK an fp32 partial-tile workspace (2 tiles per CTA) and an int32
+  stage count per output tile.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
-               "CLUSTER", "PDL")
+               "CLUSTER", "SERIAL", "PDL")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
 # Programmatic dependent launch (as the GEMVs, kernels/cuda/gemv.py): False (MIXGEMM_PDL=0) turns it off for every
 # config; True lets config key PDL decide (default: on, but off for stream-K -- see the docstring)
@@ -235,17 +240,18 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
     inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
     sk, fold_req, cluster = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0)), int(cfg.get("CLUSTER", 0))
+    serial = int(cfg.get("SERIAL", 0))
     pdl_req = int(cfg.get("PDL", int(not sk)))
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
             or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
             or sk not in (0, 1) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)
-            or pdl_req not in (0, 1)):
+            or serial not in (0, 1) or (serial and cluster) or pdl_req not in (0, 1)):
         raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
                          f"SK={sk} FOLD={fold_req} CLUSTER={cluster}: BM in 8..256 (multiple of 8), NWG 1..4, "
                          "INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), "
                          "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0 or 1 (1 with TMA 1), FOLD 0 or 1, CLUSTER 0 or 1, "
-                         "PDL 0 or 1")
+                         "SERIAL 0 or 1 (not with CLUSTER 1), PDL 0 or 1")
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
@@ -261,7 +267,8 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     kt_per = -(-math.ceil(kt / split) // ktile) * ktile  # whole stages per split
     split = math.ceil(kt / kt_per)
     csplit = cluster == 1 and split > 1  # the slices of a tile as one cluster (WG_SPLIT 2), else a workspace
-    wsplit = split > 1 and not csplit
+    ssplit = split > 1 and serial == 1  # the slices of a tile meet in a workspace; the last one stores (WG_SPLIT 3)
+    wsplit = split > 1 and not csplit and not ssplit
     if csplit:  # after the main loop the ring receives the peers' partials of this CTA's band: (split - 1) slots of
         # ceil(BM / 8 / split) rows of 8 x [128 NWG threads] float4
         smem = max(smem, (split - 1) * -(-(bm // 8) // split) * 128 * nwg * 16 + 1024)
@@ -272,7 +279,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     defs = {"WG_BITS": lay.bits, "WG_ACT": _ACT[xk.dtype], "WG_SCL": _SCL[lay.params.dtype],
             "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
             "WG_PC": int(lay.num_groups == 1),
-            "WG_SPLIT": 2 if csplit else int(wsplit), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
+            "WG_SPLIT": 2 if csplit else 3 if ssplit else int(wsplit), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
     gt = lay.group_size // K_TILE  # 64-k tiles per group
     fold = (fold_req == 1 and lay.mode != "offset" and lay.num_groups > 1 and gt in (1, 2)
             and ktile % (2 * gt) == 0)
@@ -308,7 +315,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         defs["WG_PDL"] = 1
     ymap = None
     band = bm // split if csplit else bm  # rows each CTA stores (CLUSTER: its band of the tile, whole 16-row pairs)
-    if (tma and not sk and not wsplit and band * split == bm and band % 16 == 0
+    if (tma and not sk and not wsplit and (not csplit or band * split == bm) and band % 16 == 0
             and tstore_fits(y, bm, nwg, stages * sb) and int(cfg.get("TSTORE", TSTORE))):
         try:
             ymap = swizzled_tensor_map(y, K_TILE, band)  # 64 output columns x band rows
@@ -329,6 +336,9 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         sk_count = torch.zeros(tiles, dtype=torch.int32, device=y.device)
     else:
         grid = (tiles, 1, split)
+        if ssplit:
+            ws = torch.empty(tiles * split * (bm // 2) * 128 * nwg, dtype=torch.float32, device=y.device)
+            sk_count = _tile_counters(y.device, tiles)
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.params.data_ptr()),
@@ -365,6 +375,22 @@ def tstore_fits(y: torch.Tensor, bm: int, nwg: int, ring_bytes: int) -> bool:
     column stride), BM % 16 == 0, and a stage ring that holds the NWG staging tiles of BM rows x 128 bytes."""
     return (y.dtype in (torch.float16, torch.bfloat16) and y.stride(1) == 1 and (y.stride(0) * 2) % 16 == 0
             and y.data_ptr() % 16 == 0 and bm % 16 == 0 and ring_bytes >= nwg * bm * 128)
+
+
+_COUNTERS: dict = {}
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """An int32 counter per output tile for the serial split-K (WG_SPLIT 3), zero on entry and left zero by every
+    launch (the last slice of a tile resets its counter), so it is allocated and zeroed once, not per call. One
+    buffer per device and stream: launches on one stream run in order (a PDL launch touches it only after
+    griddepcontrol.wait), while two streams could run two launches at once."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def _finish_split(ws: torch.Tensor, bias, y: torch.Tensor, lo: float, hi: float) -> None:

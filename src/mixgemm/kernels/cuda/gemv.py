@@ -84,13 +84,24 @@ TUNED_M1_H100 = {
 }
 
 
-def tuned_m1(gpu_name: str) -> dict:
-    """The M = 1 tile table measured on this GPU model (H100 / H200); H200's for any other GPU."""
-    return TUNED_M1_H100 if "H100" in gpu_name else TUNED_M1
+# Symmetric int4 on an H100: without zero points a lane holds fewer registers per row, and one chunk in flight per
+# lane and row (U 1) with more split-K measured fastest (scripts/bench_gemv.py --sweep --sweep-mode sym, session 19,
+# results/gemv_sym_sweep_h100_s19.log; us against the zero-point tiles above): 28672x8192 47.5 vs 49.6, 14336x4096
+# 13.2 vs 14.9, 4096x14336 12.8 vs 13.4. Keyed like the tables above; entries override them for mode "sym".
+TUNED_M1_H100_SYM = {
+    (4, 8192, 28672): (4, 1, 8, 0), (4, 4096, 14336): (4, 1, 4, 0), (4, 14336, 4096): (4, 1, 1, 0),
+}
+
+
+def tuned_m1(gpu_name: str, mode: str = "") -> dict:
+    """The M = 1 tile table measured on this GPU model (H100 / H200) for this weight mode; H200's for any other GPU."""
+    if "H100" in gpu_name:
+        return {**TUNED_M1_H100, **TUNED_M1_H100_SYM} if mode == "sym" else TUNED_M1_H100
+    return TUNED_M1
 
 
 def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
-                  gpu_name: str = "") -> dict:
+                  gpu_name: str = "", mode: str = "") -> dict:
     """Tile choice from the problem size only (deterministic, no autotuning).
 
     R rows per warp (one activation load serves R weight rows), U chunks in flight per lane and row,
@@ -108,7 +119,7 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     # fp16 activations: x staged in shared memory (XS, dropped by gemv() where it does not apply) and
     # the lighter per-chunk bookkeeping (LITE), when DEFAULT_XS / DEFAULT_LITE turn them on (gemv.cu)
     extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
-    table = tuned_m1(gpu_name)
+    table = tuned_m1(gpu_name, mode)
     if m == 1 and act == 0 and (bits, n, k) in table:
         r, u, ks, *pf = table[(bits, n, k)]
         return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": pf[0] if pf else 0, **extra}
@@ -246,7 +257,8 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
     xk = _prepare_x(x2d, lay)
     kc = lay.chunks_per_row
-    cfg = choose_config(m_bucket(m), n, kc, props.multi_processor_count, _ACT[x2d.dtype], qw.bits, k, props.name)
+    cfg = choose_config(m_bucket(m), n, kc, props.multi_processor_count, _ACT[x2d.dtype], qw.bits, k, props.name,
+                        qw.mode)
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
     defs = defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
