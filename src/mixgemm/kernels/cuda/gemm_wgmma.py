@@ -248,7 +248,8 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
             or sk not in (0, 1) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)
             or serial not in (0, 1) or (serial and cluster) or pdl_req not in (0, 1)):
         raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
-                         f"SK={sk} FOLD={fold_req} CLUSTER={cluster}: BM in 8..256 (multiple of 8), NWG 1..4, "
+                         f"SK={sk} FOLD={fold_req} CLUSTER={cluster} SERIAL={serial}: BM in 8..256 (multiple of 8), "
+                         "NWG 1..4, "
                          "INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), "
                          "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0 or 1 (1 with TMA 1), FOLD 0 or 1, CLUSTER 0 or 1, "
                          "SERIAL 0 or 1 (not with CLUSTER 1), PDL 0 or 1")
