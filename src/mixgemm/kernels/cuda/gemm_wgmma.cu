@@ -58,9 +58,10 @@
 // per-element epilogue (~7000 SASS instructions, run once per CTA) stalled on instruction fetch (41% of the samples).
 // WG_SPLIT 3 (serial split-K): each slice leaves its fp32 partial tile in a workspace, counts itself on the tile's
 // counter, and the slice that counts last adds the S partials in slice order (the same sum whichever CTA is last) and
-// stores the tile with the full epilogue, then zeroes the counter for the next launch. Why: the atomic route's zeroed
-// M x N workspace and finishing kernel cost about 5 us per call at M = 1 (H100, W4 g128 28672x8192 M = 1, split 4: 53.1
-// us, against 48.1 us for the same work as 224 unsplit tiles on 8192x28672; benchmarks/gemv_notes.md, session 19).
+// stores the tile with the full epilogue, then zeroes the counter for the next launch. Why: one kernel instead of the
+// atomic route's memset + kernel + finishing kernel, and a sum that does not depend on which slice finishes last.
+// Measured (H100, W4 g128 28672x8192, split 4, session 19): M = 1 52.9 -> 52.1 us, M = 16 54.5 -> 54.3 us -- the two
+// extra launches were not the 4 us this split costs against 8192x28672's 224 unsplit tiles (48.1 us).
 #ifndef WG_SPLIT
 #define WG_SPLIT 0
 #endif

@@ -91,12 +91,13 @@ TUNED_M1_H100 = {
 TUNED_M1_H100_SYM = {
     (4, 8192, 28672): (4, 1, 8, 0), (4, 4096, 14336): (4, 1, 4, 0), (4, 14336, 4096): (4, 1, 1, 0),
 }
+_TUNED_M1_H100_SYM_ALL = {**TUNED_M1_H100, **TUNED_M1_H100_SYM}  # merged once, not per call
 
 
 def tuned_m1(gpu_name: str, mode: str = "") -> dict:
     """The M = 1 tile table measured on this GPU model (H100 / H200) for this weight mode; H200's for any other GPU."""
     if "H100" in gpu_name:
-        return {**TUNED_M1_H100, **TUNED_M1_H100_SYM} if mode == "sym" else TUNED_M1_H100
+        return _TUNED_M1_H100_SYM_ALL if mode == "sym" else TUNED_M1_H100
     return TUNED_M1
 
 
