@@ -54,9 +54,10 @@ def quant_layer(k, n, bits, group, mode):
     return quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
 
 
-def floor_bytes(k, n, m, bits, group, act_bytes=2):
+def floor_bytes(k, n, m, bits, group, act_bytes=2, mode="zero_point"):
     g = k if group == -1 else group
-    params = n * (k // g) * 4 if group != -1 else n * 2  # fp16 s + z per group; per-channel: s only
+    # fp16 s + z (or s + m) per group; sym and per-channel: s only
+    params = n * (k // g) * (2 if mode == "sym" or group == -1 else 4)
     return n * k * bits // 8 + params + m * k * act_bytes + m * n * act_bytes
 
 
@@ -73,7 +74,7 @@ def bench_case(k, n, m, bits, group, mode, bw, dtype=torch.float16, do_peers=Tru
         gemv(x, q, None, -math.inf, math.inf)
     t = graph_time([lambda q=q: gemv(x, q, None, -math.inf, math.inf) for q in qws])
     te = eager_time([lambda q=q: gemv(x, q, None, -math.inf, math.inf) for q in qws])
-    fb = floor_bytes(k, n, m, bits, group)
+    fb = floor_bytes(k, n, m, bits, group, mode=mode)
     floor = fb / bw
     row = dict(k=k, n=n, m=m, bits=bits, group=group, mode=mode, us=t * 1e6, eager_us=te * 1e6,
                floor_us=floor * 1e6, pct=100 * floor / t, err=err)
@@ -131,7 +132,7 @@ def sweep(bw, shapes, fmts, configs, kind="simt", m=1, names=None, show=6):
                 except Exception as e:
                     print("cfg", cfg, "failed", str(e)[:100])
                     continue
-                pct = 100 * floor_bytes(k, n, m, bits, group) / bw / t
+                pct = 100 * floor_bytes(k, n, m, bits, group, mode=mode) / bw / t
                 res.append((t * 1e6, cfg, pct, err))
             G.CFG_OVERRIDE = G.MMA_CFG_OVERRIDE = None
             res.sort()

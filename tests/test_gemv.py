@@ -58,7 +58,7 @@ def test_nvrtc_compiles_every_instantiation(arch):
             for (bits, n, k), mode in itertools.product(table, MODES):
                 cfg = choose_config(1, n, k // (32 if bits == 4 else 16), 132, 0, bits, k, gpu,
                                     ("sym", "zero_point", "offset")[mode])
-                sym = gemv_mod.TUNED_M1_H100_SYM if "H100" in gpu and mode == 0 else {}
+                sym = {} if mode else gemv_mod.TUNED_M1_H100_SYM if "H100" in gpu else gemv_mod.TUNED_M1_SYM
                 assert (cfg["R"], cfg["U"], cfg["KS"]) == sym.get((bits, n, k), table[(bits, n, k)])[:3]
                 keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, cfg).items())))
     for key in sorted(keys):
@@ -129,8 +129,19 @@ def test_choose_config_fills_gpu():
             assert mcfg["RG"] * mcfg["KS"] >= 8 and mcfg["KS"] <= 16
     # the tuned table wins for the protocol shapes (M = 1, fp16)
     cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672)
-    assert {k: cfg[k] for k in ("R", "U", "RG", "KS", "PF")} == {"R": 4, "U": 1, "RG": 1, "KS": 8, "PF": 0}
+    assert {k: cfg[k] for k in ("R", "U", "RG", "KS", "PF")} == {"R": 4, "U": 1, "RG": 1, "KS": 7, "PF": 0}
+    cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672, "NVIDIA H200", "sym")
+    assert {k: cfg[k] for k in ("R", "U", "RG", "KS", "PF")} == {"R": 4, "U": 1, "RG": 4, "KS": 2, "PF": 0}
     assert [m_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+    # H100 tiles with non-power-of-two k-slices, their own row groups, launch bounds and LITE (session 20)
+    h100 = "NVIDIA H100 80GB HBM3"
+    for mode, want in (("sym", {"KS": 14, "RG": 1, "MINB": 2, "LITE": 1}),
+                       ("zero_point", {"KS": 7, "RG": 1, "MINB": 4, "LITE": 1})):
+        cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672, h100, mode)
+        assert {k: cfg.get(k) for k in want} == want, (mode, cfg)
+    cfg = choose_config(1, 4096, 448, 132, 0, 4, 14336, h100, "offset")
+    assert (cfg["KS"], cfg["RG"], cfg["MINB"]) == (7, 2, 2) and not cfg.get("LITE")
+    assert "MINB" not in choose_config(1, 4096, 448, 132, 0, 4, 14336, h100, "sym")
 
 
 @pytest.mark.parametrize("bits,group,mode,k", [
@@ -428,6 +439,31 @@ def test_gemv_xs_lite(variant, bits, group, mode, scale_dtype):
     try:
         for n, k in ((203, 200 if group == -1 else 768), (1001, 8192)):
             qw, gen = _make(n, k, bits, group, mode, scale_dtype, 11)
+            for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32)):
+                _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
+    finally:
+        gemv_mod.KERNEL_OVERRIDE = None
+        gemv_mod.CFG_OVERRIDE = None
+
+
+M1_TABLES = (gemv_mod.TUNED_M1, gemv_mod.TUNED_M1_SYM, gemv_mod.TUNED_M1_H100, gemv_mod.TUNED_M1_H100_SYM)
+M1_TILES = sorted({t for table in M1_TABLES for t in table.values() if isinstance(t, gemv_mod.M1Tile)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", M1_TILES)
+@pytest.mark.parametrize("bits,group,mode,scale_dtype", [
+    (4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.float16), (4, 32, "offset", torch.bfloat16),
+    (4, -1, "zero_point", torch.float32), (8, 64, "sym", torch.float16), (8, -1, "offset", torch.float16)])
+def test_gemv_shipped_m1_tiles(tile, bits, group, mode, scale_dtype):
+    """The shipped M = 1 tiles with non-power-of-two k-slices (KS 7 / 14), their own row groups, launch bounds
+    and LITE, forced on any GPU: K = 14336 (every lane the same steps) and K = 14336 - 128 * 3 (uneven), odd N,
+    M = 1 fp16 (the tile's case) and M = 3 / fp32 x with the same tile."""
+    gemv_mod.KERNEL_OVERRIDE = "simt"
+    gemv_mod.CFG_OVERRIDE = dict(tile._asdict(), RG=tile.RG or 8 // tile.KS)
+    try:
+        for k in (14336, 14336 - 384):
+            qw, gen = _make(1001, k, bits, group, mode, scale_dtype, 13)
             for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32)):
                 _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
     finally:

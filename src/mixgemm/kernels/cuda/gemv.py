@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -66,19 +67,38 @@ CFG_OVERRIDE: dict | None = None
 DEFAULT_XS = 0
 DEFAULT_LITE = 0
 
+class M1Tile(NamedTuple):
+    """One tuned M = 1 tile (fp16 activations): R rows per warp, U chunks in flight per lane and row, KS k-slices,
+    PF register double buffering, RG row groups per block (0: 8 warps per block, RG = 8 / KS), MINB launch-bounds
+    blocks per SM (0: none), LITE f16x2 sum of the two partial chains (gemv.cu)."""
+
+    R: int
+    U: int
+    KS: int
+    PF: int = 0
+    RG: int = 0
+    MINB: int = 0
+    LITE: int = 0
+
+
 # M = 1, fp16 activations: the fastest (R, U, KS) of a sweep (scripts/bench_gemv.py --sweep) on an H200
 # for the protocol's LLM shapes, keyed by (bits, N, K). Other shapes use the rule in choose_config.
+# Session 20 (results/gemv_ks_sweep_h200_s20.log): zero point on 28672x8192 with KS 7 (see the H100 note below)
+# 43.2 -> 37.6 us, 14336x4096 (4, 2, 2) 13.4 -> 11.7 us.
 TUNED_M1 = {
-    (4, 4096, 4096): (2, 2, 2), (4, 14336, 4096): (4, 2, 2), (4, 4096, 14336): (2, 2, 2),
-    (4, 28672, 8192): (4, 2, 2), (4, 8192, 28672): (4, 1, 8),
+    (4, 4096, 4096): (2, 2, 2), (4, 14336, 4096): (4, 2, 2), (4, 4096, 14336): (4, 2, 2),
+    (4, 28672, 8192): (4, 2, 2), (4, 8192, 28672): M1Tile(4, 1, 7, RG=1, MINB=4, LITE=1),
     (8, 4096, 4096): (2, 1, 4), (8, 14336, 4096): (2, 1, 4), (8, 4096, 14336): (2, 1, 8),
     (8, 28672, 8192): (2, 1, 8), (8, 8192, 28672): (2, 1, 8),
 }
 # The same sweep on an H100 (benchmarks/gemv_notes.md, "H100"): (R, U, KS, PF); PF = register double buffering,
 # which the W8 kernel gains from there.
+# Session 20 (results/gemv_ks_sweep*_h100_s20.log): on K = 28672 / 14336 the zero-point kernel wants k-slices that
+# give every lane the same number of steps (KS 7: Kc = 896 = 4 x 7 x 32 chunks, 448 = 2 x 7 x 32; with the power-of-two
+# KS 8 half the warps of a block idle for the last step): 28672x8192 50.8 -> 49.0 us, 14336x4096 14.4 -> 13.7 us.
 TUNED_M1_H100 = {
-    (4, 4096, 4096): (4, 1, 2, 0), (4, 14336, 4096): (4, 1, 2, 0), (4, 4096, 14336): (4, 2, 2, 0),
-    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): (4, 2, 8, 0),
+    (4, 4096, 4096): (4, 1, 2, 0), (4, 14336, 4096): (4, 1, 2, 0), (4, 4096, 14336): M1Tile(4, 1, 7, RG=2, MINB=2),
+    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): M1Tile(4, 1, 7, RG=1, MINB=4, LITE=1),
     (8, 4096, 4096): (2, 1, 4, 0), (8, 14336, 4096): (2, 1, 8, 0), (8, 4096, 14336): (2, 1, 8, 0),
     (8, 28672, 8192): (2, 2, 8, 1), (8, 8192, 28672): (2, 1, 8, 1),
 }
@@ -88,17 +108,29 @@ TUNED_M1_H100 = {
 # lane and row (U 1) with more split-K measured fastest (scripts/bench_gemv.py --sweep --sweep-mode sym, session 19,
 # results/gemv_sym_sweep_h100_s19.log; us against the zero-point tiles above): 28672x8192 47.5 vs 49.6, 14336x4096
 # 13.2 vs 14.9, 4096x14336 12.8 vs 13.4. Keyed like the tables above; entries override them for mode "sym".
+# Session 20: 28672x8192 KS 14 (two even steps per lane, 448-thread blocks, two per SM) with LITE:
+# 48.1-48.4 -> 47.2-47.4 us.
 TUNED_M1_H100_SYM = {
-    (4, 8192, 28672): (4, 1, 8, 0), (4, 4096, 14336): (4, 1, 4, 0), (4, 14336, 4096): (4, 1, 1, 0),
+    (4, 8192, 28672): M1Tile(4, 1, 14, RG=1, MINB=2, LITE=1), (4, 4096, 14336): (4, 1, 4, 0),
+    (4, 14336, 4096): (4, 1, 1, 0),
 }
-_TUNED_M1_H100_SYM_ALL = {**TUNED_M1_H100, **TUNED_M1_H100_SYM}  # merged once, not per call
+# The same for symmetric int4 on an H200 (session 20, results/gemv_sym_sweep_h200_s20.log and
+# gemv_ks_sweep_h200_s20.log; us against the table above): 4096x4096 4.2 vs 4.7, 4096x14336 10.9 vs 11.6,
+# 14336x4096 10.6 vs 13.8, 8192x28672 36.1 vs 37.1, 28672x8192 35.1 vs 36.4.
+TUNED_M1_SYM = {
+    (4, 4096, 4096): (4, 2, 2), (4, 14336, 4096): (4, 1, 1), (4, 4096, 14336): (4, 1, 4),
+    (4, 28672, 8192): (4, 2, 4), (4, 8192, 28672): (4, 1, 2),
+}
+# merged once, not per call
+_TUNED_M1_SYM_ALL = {"H100": {**TUNED_M1_H100, **TUNED_M1_H100_SYM}, "": {**TUNED_M1, **TUNED_M1_SYM}}
 
 
 def tuned_m1(gpu_name: str, mode: str = "") -> dict:
     """The M = 1 tile table measured on this GPU model (H100 / H200) for this weight mode; H200's for any other GPU."""
-    if "H100" in gpu_name:
-        return _TUNED_M1_H100_SYM_ALL if mode == "sym" else TUNED_M1_H100
-    return TUNED_M1
+    gpu = "H100" if "H100" in gpu_name else ""
+    if mode == "sym":
+        return _TUNED_M1_SYM_ALL[gpu]
+    return TUNED_M1_H100 if gpu else TUNED_M1
 
 
 def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
@@ -112,7 +144,7 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     """
     if CFG_OVERRIDE is not None:
         r, u, ks = CFG_OVERRIDE["R"], CFG_OVERRIDE["U"], CFG_OVERRIDE["KS"]
-        cfg = {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": CFG_OVERRIDE.get("PF", 0)}
+        cfg = {"R": r, "U": u, "RG": CFG_OVERRIDE.get("RG", WARPS // ks), "KS": ks, "PF": CFG_OVERRIDE.get("PF", 0)}
         for key in ("BPF", "PST", "MINB", "XS", "LITE"):  # see defines_for
             if CFG_OVERRIDE.get(key, 0):
                 cfg[key] = CFG_OVERRIDE[key]
@@ -122,8 +154,13 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
     table = tuned_m1(gpu_name, mode)
     if m == 1 and act == 0 and (bits, n, k) in table:
-        r, u, ks, *pf = table[(bits, n, k)]
-        return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": pf[0] if pf else 0, **extra}
+        t = M1Tile(*table[(bits, n, k)])
+        cfg = {"R": t.R, "U": t.U, "RG": t.RG or WARPS // t.KS, "KS": t.KS, "PF": t.PF, **extra}
+        if t.MINB:
+            cfg["MINB"] = t.MINB
+        if t.LITE:
+            cfg["LITE"] = 1
+        return cfg
     if m == 1:
         r = (4 if n >= 8192 else 2) if act == 0 else 2
         u = 2
