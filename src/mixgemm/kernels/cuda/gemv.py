@@ -67,6 +67,7 @@ CFG_OVERRIDE: dict | None = None
 DEFAULT_XS = 0
 DEFAULT_LITE = 0
 
+
 class M1Tile(NamedTuple):
     """One tuned M = 1 tile (fp16 activations): R rows per warp, U chunks in flight per lane and row, KS k-slices,
     PF register double buffering, RG row groups per block (0: 8 warps per block, RG = 8 / KS), MINB launch-bounds
