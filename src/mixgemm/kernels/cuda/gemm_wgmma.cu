@@ -351,7 +351,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   conv_cursor(ld_m0, kt0 + ld_sk * KT);
 
   __shared__ __align__(8) u64 full_bar[STAGES];  // WG_TMA: stage s's bytes have landed (phase flips per use)
-  __shared__ int sk_last;                        // WG_SK: this CTA finishes the tile
+  __shared__ int sk_last;                        // WG_SK / WG_SPLIT 3: this CTA finishes the tile
   if (WG_TMA) {
     if (tid == 0) {
 #pragma unroll
@@ -592,6 +592,20 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     wg_wait<0>();
     fold(IC<0>{}), fold(IC<1>{});  // WG_FOLD: the last group (and the one before, after a partial last stage)
     fence_regs(acc);
+    // WG_SPLIT 3 / WG_SK: write this thread's partial tile (acc, BM / 2 floats at stride WG_THREADS from p), add
+    // `count` to the tile's counter, and return in every thread whether this CTA's count completed `total` (it then
+    // finishes the tile; the fence after the count makes the other CTAs' partials visible to its loads)
+    auto publish_partial = [&](float* p, int* counter, int count, int total) {
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i) __stcg(p + i * WG_THREADS, acc[i]);
+      __threadfence();  // the partial is visible GPU-wide before the count says so
+      __syncthreads();
+      if (tid == 0) sk_last = atomicAdd(counter, count) + count == total;
+      __syncthreads();
+      const bool last = sk_last != 0;
+      if (last) __threadfence();
+      return last;
+    };
     bool store = true;
     int jlo = 0, jhi = BM / 8;  // WG_SPLIT 2: the band of accumulator rows (8 activation rows each) this CTA stores
     if (CSPLIT) {
@@ -625,15 +639,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     if (SSPLIT) {
       const int S = (Kt + kt_per_split - 1) / kt_per_split, z = blockIdx.z;
       float* part = ws + (size_t)blockIdx.x * S * (BM / 2) * WG_THREADS + tid;  // [S][BM / 2][WG_THREADS] of the tile
-#pragma unroll
-      for (int i = 0; i < BM / 2; ++i) __stcg(part + ((size_t)z * (BM / 2) + i) * WG_THREADS, acc[i]);
-      __threadfence();  // the partial is visible GPU-wide before the count says so
-      __syncthreads();
-      if (tid == 0) sk_last = atomicAdd(sk_count + blockIdx.x, 1) == S - 1;
-      __syncthreads();
-      store = sk_last;
+      store = publish_partial(part + (size_t)z * (BM / 2) * WG_THREADS, sk_count + blockIdx.x, 1, S);
       if (store) {
-        __threadfence();
 #pragma unroll
         for (int i = 0; i < BM / 2; ++i) {
           float v = 0.f;
@@ -646,15 +653,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     if (SK && k_stages != U) {
       const int slot = cs_tile == first_tile ? 0 : 1;  // a CTA's range starts and ends inside at most 2 tiles
       float* mine = ws + (size_t)(blockIdx.x * 2 + slot) * (BM / 2) * WG_THREADS + tid;
-#pragma unroll
-      for (int i = 0; i < BM / 2; ++i) __stcg(mine + i * WG_THREADS, acc[i]);
-      __threadfence();  // the partial is visible GPU-wide before the count says so
-      __syncthreads();
-      if (tid == 0) sk_last = atomicAdd(sk_count + cs_tile, k_stages) + k_stages == U;
-      __syncthreads();
-      store = sk_last;
+      store = publish_partial(mine, sk_count + cs_tile, k_stages, U);
       if (store) {
-        __threadfence();
         // the tile's other CTAs: those whose ranges hold its first and last stage, and all between
         const int big = sk_rem * (sk_per + 1);  // stages of the CTAs that run one more
         auto cta_of = [&](int q) { return q < big ? q / (sk_per + 1) : sk_rem + (q - big) / sk_per; };
