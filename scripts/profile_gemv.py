@@ -2,12 +2,14 @@
 
 Usage: PYTHONPATH=src python scripts/profile_gemv.py K N M BITS GROUP KERNEL [CFG_JSON]
 KERNEL: simt | mma; CFG_JSON: optional tile override ({"R":4,"U":2,"KS":2} or {"U":2,"KS":8,"DEFER":1}).
+Weight mode: zero point for int4 and sym for int8 unless GEMV_PROFILE_MODE names one (sym, zero_point, offset).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 import torch
@@ -26,8 +28,8 @@ def main():
         else:
             G.MMA_CFG_OVERRIDE = cfg
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-    qws = [quantize_weight(w, bits=bits, group_size=group, mode="zero_point" if bits == 4 else "sym")
-           for _ in range(3)]
+    mode = os.environ.get("GEMV_PROFILE_MODE") or ("zero_point" if bits == 4 else "sym")
+    qws = [quantize_weight(w, bits=bits, group_size=group, mode=mode) for _ in range(3)]
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     for i in range(6):  # ncu --launch-skip 3 --launch-count 1 picks one launch on a cold-ish weight copy
         G.gemv(x, qws[i % 3], None, -math.inf, math.inf)

@@ -61,6 +61,13 @@ def test_nvrtc_compiles_every_instantiation(arch):
                 sym = {} if mode else gemv_mod.TUNED_M1_H100_SYM if "H100" in gpu else gemv_mod.TUNED_M1_SYM
                 assert (cfg["R"], cfg["U"], cfg["KS"]) == sym.get((bits, n, k), table[(bits, n, k)])[:3]
                 keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, cfg).items())))
+                if cfg.get("BULK"):  # gemv() adds BPAR where a row's parameters are whole 16-byte units
+                    keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, {**cfg, "BPAR": 1}).items())))
+        # the bulk ring's test tiles with every activation dtype (M buckets 1, 4, 2), parameters by bulk copy
+        for i, tile in enumerate(BULK_TILES):
+            for act, mb in ((0, 1), (1, 4), (2, 2)):
+                cfg = {**tile._asdict(), "BPAR": 1}
+                keys.add(tuple(sorted(defines_for((4, 8)[i % 2], act, act, (i + act) % 3, mb, cfg).items())))
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
@@ -128,15 +135,18 @@ def test_choose_config_fills_gpu():
             mcfg = choose_mma_config(1 if m <= 8 else 2, n, kc // 2, 132)
             assert mcfg["RG"] * mcfg["KS"] >= 8 and mcfg["KS"] <= 16
     # the tuned table wins for the protocol shapes (M = 1, fp16)
-    cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672)
-    assert {k: cfg[k] for k in ("R", "U", "RG", "KS", "PF")} == {"R": 4, "U": 1, "RG": 1, "KS": 7, "PF": 0}
-    cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672, "NVIDIA H200", "sym")
-    assert {k: cfg[k] for k in ("R", "U", "RG", "KS", "PF")} == {"R": 4, "U": 1, "RG": 4, "KS": 2, "PF": 0}
+    for mode in ("", "sym"):  # K = 28672: the bulk-copy ring tile (session 21)
+        cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672, "NVIDIA H200", mode)
+        assert {k: cfg.get(k) for k in ("R", "U", "RG", "KS", "PF", "BULK")} == {"R": 8, "U": 1, "RG": 1, "KS": 7,
+                                                                                 "PF": 0, "BULK": 2}
+    cfg = choose_config(1, 28672, 256, 132, 0, 4, 8192, "NVIDIA H200", "sym")
+    assert {k: cfg[k] for k in ("R", "U", "RG", "KS", "PF")} == {"R": 4, "U": 2, "RG": 2, "KS": 4, "PF": 0}
     assert [m_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
     # H100 tiles with non-power-of-two k-slices, their own row groups, launch bounds and LITE (session 20)
     h100 = "NVIDIA H100 80GB HBM3"
-    for mode, want in (("sym", {"KS": 14, "RG": 1, "MINB": 2, "LITE": 1}),
-                       ("zero_point", {"KS": 7, "RG": 1, "MINB": 4, "LITE": 1})):
+    # and, K = 28672, the bulk-copy ring with 8 rows per warp (session 21)
+    for mode in ("sym", "zero_point"):
+        want = {"R": 8, "KS": 7, "RG": 1, "MINB": 2, "LITE": 1, "BULK": 2}
         cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672, h100, mode)
         assert {k: cfg.get(k) for k in want} == want, (mode, cfg)
     cfg = choose_config(1, 4096, 448, 132, 0, 4, 14336, h100, "offset")
@@ -466,6 +476,52 @@ def test_gemv_shipped_m1_tiles(tile, bits, group, mode, scale_dtype):
             qw, gen = _make(1001, k, bits, group, mode, scale_dtype, 13)
             for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32)):
                 _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
+    finally:
+        gemv_mod.KERNEL_OVERRIDE = None
+        gemv_mod.CFG_OVERRIDE = None
+
+
+def test_bulk_config_needs_sm90_room_and_whole_param_rows():
+    """BULK runs only on sm_90 with a ring that fits one block; BPAR only where a row's parameters are whole 16-byte
+    units (the bulk copy's granule) and the config does not say BPAR 0."""
+    from types import SimpleNamespace
+
+    from mixgemm.kernels.cuda.gemv import BULK_MAX_BYTES, _bulk_config, bulk_smem_bytes
+
+    hopper, ampere = SimpleNamespace(major=9), SimpleNamespace(major=8)
+    tile = {"R": 8, "U": 1, "KS": 7, "RG": 1, "BULK": 2}
+    assert bulk_smem_bytes(tile) == 2 * 8 * 7 * 32 * 16
+    assert _bulk_config(tile, hopper, 448, 0) == {**tile, "BPAR": 1}
+    assert bulk_smem_bytes({**tile, "BPAR": 1}, 448) == 2 * 8 * 7 * 32 * 16 + 2 * 8 * 448
+    assert _bulk_config(tile, hopper, 2, 0)["BPAR"] == 0  # per-channel sym: 2 bytes per row
+    assert _bulk_config({**tile, "BPAR": 0}, hopper, 448, 0)["BPAR"] == 0
+    assert _bulk_config(tile, ampere, 448, 0)["BULK"] == 0
+    assert _bulk_config(tile, hopper, 448, BULK_MAX_BYTES)["BULK"] == 0  # with x in shared memory it cannot fit
+    assert _bulk_config({"R": 4, "U": 1, "KS": 7, "RG": 1}, ampere, 448, 0) == {"R": 4, "U": 1, "KS": 7, "RG": 1}
+
+
+# Bulk-copy ring tiles (GEMV_BULK): one row per warp up to 8, U 1 / 2, rings of 2..6 stages, 7 / 8 / 14 k-slices.
+BULK_TILES = [gemv_mod.M1Tile(4, 1, 14, RG=1, BULK=4), gemv_mod.M1Tile(2, 2, 8, RG=2, BULK=3),
+              gemv_mod.M1Tile(4, 2, 4, RG=2, BULK=2, LITE=1), gemv_mod.M1Tile(8, 1, 7, RG=1, BULK=6, MINB=1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", BULK_TILES)
+@pytest.mark.parametrize("bits,group,mode,scale_dtype", [
+    (4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.float16), (4, 32, "offset", torch.bfloat16),
+    (4, -1, "zero_point", torch.float32), (8, 64, "sym", torch.float16), (8, -1, "offset", torch.float16)])
+def test_gemv_bulk_ring(tile, bits, group, mode, scale_dtype):
+    """The bulk-copy ring (sm_90; elsewhere the host falls back to register loads): N = 4099 gives each persistent
+    block several tiles (the ring and its phases run on across tiles) and a last tile past N; K = 14336 and
+    14336 - 384 give whole and partial last stages; M = 1 / 3 fp16, bf16 and fp32 x."""
+    gemv_mod.KERNEL_OVERRIDE = "simt"
+    gemv_mod.CFG_OVERRIDE = dict(tile._asdict(), RG=tile.RG or 8 // tile.KS)
+    try:
+        for k in (14336, 14336 - 384):
+            qw, gen = _make(4099, k, bits, group, mode, scale_dtype, 17)
+            for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.bfloat16), (2, torch.float32)):
+                _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw,
+                       torch.randn(4099, generator=gen, device="cuda").to(act), "relu" if m == 3 else None)
     finally:
         gemv_mod.KERNEL_OVERRIDE = None
         gemv_mod.CFG_OVERRIDE = None

@@ -29,6 +29,9 @@
 //                   everything else in fp32 (bf16 x2 math would round the running sum to 8 bits).
 
 #include "gemv_common.cuh"
+#if GEMV_BULK
+#include "wgmma_common.cuh"  // mbarrier and bulk-copy helpers
+#endif
 
 #ifndef GEMV_BITS
 #define GEMV_BITS 4
@@ -94,7 +97,24 @@
 #define GEMV_LITE 0
 #endif
 
-#define GEMV_THREADS (32 * GEMV_RG * GEMV_KS)
+// S > 0 (sm_90): warp-specialized bulk-copy ring of S stages. One producer warp streams each block's weight rows
+// into shared memory with cp.async.bulk (one instruction per row and stage, completion counted on an mbarrier);
+// the RG x KS consumer warps read their chunks from there and compute; the grid is persistent (blocks loop
+// over row tiles, so the ring runs on across tiles). Why: with registers as the only load buffer, a warp has
+// no load in flight while it does its math, and the register-fed kernel plateaued at 82.5% of the copy
+// floor on H100 28672x8192 W4 while a no-math read of the same bytes in the same pattern reached 93-97%
+// (benchmarks/gemv_notes.md, session 21). The ring keeps S stages of bytes in flight during the math.
+#ifndef GEMV_BULK
+#define GEMV_BULK 0
+#endif
+// 1 (with GEMV_BULK): the producer also bulk-copies each tile's parameters into shared memory (needs each row's
+// parameters, G * PB bytes, to be a multiple of 16; the host checks).
+#ifndef GEMV_BPAR
+#define GEMV_BPAR 0
+#endif
+
+#define GEMV_CTHREADS (32 * GEMV_RG * GEMV_KS)  // compute warps
+#define GEMV_THREADS (GEMV_CTHREADS + (GEMV_BULK ? 32 : 0))
 
 
 using namespace mg;
@@ -127,62 +147,34 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rg = warp % RG, ks = warp / RG;
   pdl_launch_dependents();
+  // dynamic shared memory: the bulk ring [GEMV_BULK][RG * R][KS * 32 * U] (GEMV_BULK), then x (GEMV_XS)
+  extern __shared__ __align__(128) uint4 dsm[];
 #if GEMV_XS
   static_assert(ACT == 0 && M == 1 && !GEMV_PF && !GEMV_PST, "GEMV_XS: fp16 x, M = 1, PF and PST off");
-  extern __shared__ uint4 xsm[];  // [XV][Kc]: x piece v of chunk c at v * Kc + c
-#endif
-  // Row tiles of RG * R rows; the grid may be smaller than the tile count (persistent grid: each
-  // block loops over tiles blockIdx.x, + gridDim.x, ...; no block launch per tile, no tail of
-  // freshly launched blocks).
-  const int ntiles = (N + RG * R - 1) / (RG * R);
-  auto prefetch_rows = [&](int tile) {  // this row group's R rows of `tile` into L2 (ks == 0 warps)
-    const int r0 = (tile * RG + rg) * R;
-    if (GEMV_BPF == 0 || ks != 0 || tile >= ntiles || r0 >= N) return;
-    const int nr = min(R, N - r0);
-    prefetch_l2_warp(W + (size_t)r0 * Kc, (unsigned long long)nr * Kc * 16, lane);
-    prefetch_l2_warp(params + (size_t)r0 * G * P::PB, (unsigned long long)nr * G * P::PB, lane);
+  // [XV][Kc]: x piece v of chunk c at v * Kc + c, after the bulk ring and its parameter buffers
+  uint4* const xsm = dsm + GEMV_BULK * RG * R * KS * 32 * U + (GEMV_BPAR ? 2 * RG * R * G * Param<SCL, MODE>::PB / 16 : 0);
+  // batches of 4 loads per thread in flight before their stores (one L2 round trip per batch); the caller syncs
+  auto stage_x = [&]() {
+    for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_CTHREADS) {
+      uint4 t[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (p0 + i * GEMV_CTHREADS < Kc * XV) t[i] = ld_x(X + p0 + i * GEMV_CTHREADS);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int p = p0 + i * GEMV_CTHREADS;
+        if (p < Kc * XV) xsm[(p % XV) * Kc + p / XV] = t[i];
+      }
+    }
   };
-#if GEMV_PST
-  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-#else
-  {
-  const int tile = blockIdx.x;
 #endif
-  if (GEMV_BPF == 1 || (GEMV_BPF == 2 && tile == (int)blockIdx.x)) prefetch_rows(tile);
-  if (GEMV_BPF == 2) prefetch_rows(tile + gridDim.x);  // next tile's bytes arrive while this one runs
-  const int row0 = (tile * RG + rg) * R;
-
-  const uint4* wrow[R];
-  const char* prow[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int n = min(row0 + r, N - 1);  // rows past N read row N-1 (valid memory) and are never stored
-    wrow[r] = W + (size_t)n * Kc;
-    prow[r] = params + (size_t)n * G * P::PB;
-  }
-
-  float acc[M][R];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
-
+  float acc[M][R];  // per tile: zeroed at its start
   // Lanes stride along K (each warp reads 512 contiguous bytes of a row per step: coalesced); the KS
   // warps of a row group interleave their chunks (split-K inside the block, when N alone cannot fill
   // the GPU); U chunks per lane are loaded before any is used, so U * R 16-byte loads are in flight.
   constexpr int STRIDE = KS * 32;
   // One step = UU chunks per lane: all UU * R weight (and parameter) loads are issued before any is
   // used, and the steady-state loop has no bounds checks, so the UU chunk bodies interleave (ILP).
-  auto load = [&](auto& wv, auto& pv, int c0) {
-    constexpr int UU = sizeof(wv) / sizeof(wv[0]);
-#pragma unroll
-    for (int u = 0; u < UU; ++u)
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        wv[u][r] = ld_stream(wrow[r] + c0 + u * STRIDE);
-        pv[u][r].load(prow[r], (c0 + u * STRIDE) >> gshift);
-      }
-  };
   auto compute = [&](const auto& wv, const auto& pv, int c0) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
 #pragma unroll
@@ -336,6 +328,198 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
       }
     }
   };
+  // Row tiles of RG * R rows; the grid may be smaller than the tile count (persistent grid: each
+  // block loops over tiles blockIdx.x, + gridDim.x, ...; no block launch per tile, no tail of
+  // freshly launched blocks).
+  const int ntiles = (N + RG * R - 1) / (RG * R);
+  // The KS partial sums of each row of a tile (red: [KS][M][RG * R], written by warp_sums_to_smem and
+  // synchronized by the caller) summed and stored by the compute threads.
+  auto store_tile = [&](int tile, const float (*red)[M][RG * R]) {
+    for (int t = threadIdx.x; t < M * RG * R; t += GEMV_CTHREADS) {
+      const int m = t / (RG * R), j = t % (RG * R);
+      const int n = tile * RG * R + j;
+      if (n >= N || m >= Mr) continue;
+      float v = 0.f;
+#pragma unroll
+      for (int k = 0; k < KS; ++k) v += red[k][m][j];
+      store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
+    }
+  };
+#if GEMV_BULK
+  static_assert(!GEMV_PF && !GEMV_BPF && !GEMV_PST, "GEMV_BULK: PF, BPF and PST off");
+  using namespace mgw;
+  constexpr int S = GEMV_BULK;     // ring stages
+  constexpr int SC = STRIDE * U;   // chunks per row and stage: one U step of every k-slice warp
+  constexpr int TR = RG * R;       // rows per tile
+  constexpr int CW = RG * KS;      // compute warps
+  uint4* const ring = dsm;         // [S][TR][SC] (bulk-copy targets: 16-byte aligned)
+  const int prow_bytes = G * P::PB;  // one row's parameters (GEMV_BPAR: a multiple of 16)
+  // GEMV_BPAR: each tile's parameters, [2 (tile parity)][TR][G * PB] bytes after the ring, one bulk copy per
+  // row. Why: read as 2-8 byte loads spread over the tile, the 3% of bytes that are parameters cost H100
+  // 28672x8192 W4 g128 2.5 us (per-channel 44.8 us, g128 47.3), twice their share of the copy floor.
+  char* const pbuf = (char*)(ring + S * TR * SC);
+  __shared__ __align__(8) unsigned long long bars[2 * S + 2];  // full[S], empty[S], params empty[2]
+  __shared__ float red[2][KS][M][TR];  // by tile parity, so one consumer barrier per tile suffices
+  const u32 full0 = smem_addr(&bars[0]), empty0 = smem_addr(&bars[S]), pempty0 = smem_addr(&bars[2 * S]);
+  const int nst = (Kc + SC - 1) / SC;  // stages per tile (the last may be partial)
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full0 + 8 * s, 1);    // the producer's arrive (+ the copies' bytes)
+      mbar_init(empty0 + 8 * s, CW);  // one arrive per compute warp
+    }
+    mbar_init(pempty0, CW);
+    mbar_init(pempty0 + 8, CW);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();  // the last block-wide barrier: the producer warp leaves early
+  if (warp == CW) {
+    // Producer: one lane issues TR row copies per stage, for every tile of this block, up to S stages
+    // ahead of the slowest compute warp (and, GEMV_BPAR, the tile's parameters with its first stage).
+    // Weights and parameters are constant, so no PDL wait is needed here.
+    if (lane == 0) {
+      int it = 0, tl = 0;
+      for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, ++tl)
+        for (int j = 0; j < nst; ++j, ++it) {
+          const int s = it % S;
+          if (it >= S) mbar_wait(empty0 + 8 * s, ((it / S) - 1) & 1);
+          const bool par = GEMV_BPAR && j == 0;
+          if (par && tl >= 2) mbar_wait(pempty0 + 8 * (tl & 1), ((tl >> 1) - 1) & 1);  // tile tl - 2 done
+          const int c0 = j * SC, nc = min(SC, Kc - c0);
+          mbar_expect_tx(full0 + 8 * s, (u32)(TR * nc * 16 + (par ? TR * prow_bytes : 0)));
+          for (int r = 0; r < TR; ++r) {
+            const int n = min(tile * TR + r, N - 1);  // rows past N: row N-1, never stored
+            bulk_copy(smem_addr(ring + ((size_t)s * TR + r) * SC), W + (size_t)n * Kc + c0, (u32)nc * 16,
+                      full0 + 8 * s);
+            if (par)
+              bulk_copy(smem_addr(pbuf + ((tl & 1) * TR + r) * prow_bytes), params + (size_t)n * prow_bytes,
+                        (u32)prow_bytes, full0 + 8 * s);
+          }
+        }
+    }
+    return;
+  }
+  // Release a slot the bulk copies will overwrite. The proxy fence orders this warp's generic-proxy reads
+  // of it before the async-proxy writes that follow the producer's wait: without it H100 returned stale
+  // or overwritten chunks (rel err up to 0.19 in fp32, session 21), with it the error is fp32 rounding.
+  auto release = [&](u32 bar) {
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+  };
+  const int lc = ks * 32 + lane;  // this lane's first chunk inside a stage's row slice
+  // Without GEMV_BPAR the parameters come straight from global memory, one stage ahead of their use so their
+  // latency hides under a stage of math; group indices past the row are clamped (never used).
+  auto load_params = [&](P (&pv)[U][R], int tile, int j) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const char* prow = params + (size_t)min((tile * RG + rg) * R + r, N - 1) * prow_bytes;
+#pragma unroll
+      for (int u = 0; u < U; ++u) pv[u][r].load(prow, min(j * SC + lc + u * STRIDE, Kc - 1) >> gshift);
+    }
+  };
+  P pn[U][R];
+  if (!GEMV_BPAR && blockIdx.x < ntiles) load_params(pn, blockIdx.x, 0);
+  pdl_wait();  // x is read from here on
+#if GEMV_XS
+  stage_x();  // once per (persistent) block
+  asm volatile("bar.sync 1, %0;" ::"n"(GEMV_CTHREADS) : "memory");
+#endif
+  int it = 0, tl = 0;
+  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, ++tl) {
+    const char* tpar = pbuf + ((tl & 1) * TR + rg * R) * prow_bytes;  // this warp's rows' parameters
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+    for (int j = 0; j < nst; ++j, ++it) {
+      const int s = it % S;
+      const int c0 = j * SC + lc;
+      P pc[U][R];
+      if (!GEMV_BPAR) {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int r = 0; r < R; ++r) pc[u][r] = pn[u][r];
+        if (j + 1 < nst) load_params(pn, tile, j + 1);
+        else if (tile + (int)gridDim.x < ntiles) load_params(pn, tile + gridDim.x, 0);
+      }
+      mbar_wait(full0 + 8 * s, (it / S) & 1);
+      if (GEMV_BPAR) {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+            pc[u][r].load_generic(tpar + r * prow_bytes, min(c0 + u * STRIDE, Kc - 1) >> gshift);
+      }
+      const uint4* st = ring + ((size_t)s * TR + rg * R) * SC + lc;
+      uint4 wv[U][R];
+      const bool full = c0 + (U - 1) * STRIDE < Kc;  // every chunk of this lane inside the row
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          if (full || c0 + u * STRIDE < Kc) wv[u][r] = st[r * SC + u * STRIDE];
+      release(empty0 + 8 * s);  // the slot is free once every lane has its chunks
+      if (full) {
+        compute(wv, pc, c0);
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (c0 + u * STRIDE >= Kc) break;
+          uint4 w1[1][R];
+          P p1[1][R];
+#pragma unroll
+          for (int r = 0; r < R; ++r) { w1[0][r] = wv[u][r]; p1[0][r] = pc[u][r]; }
+          compute(w1, p1, c0 + u * STRIDE);
+        }
+      }
+    }
+    if (GEMV_BPAR) release(pempty0 + 8 * (tl & 1));  // this tile's parameters are read
+    warp_sums_to_smem(acc, red[tl & 1][ks], rg, lane);
+    asm volatile("bar.sync 1, %0;" ::"n"(GEMV_CTHREADS) : "memory");  // compute warps only
+    store_tile(tile, red[tl & 1]);
+  }
+#else
+  auto prefetch_rows = [&](int tile) {  // this row group's R rows of `tile` into L2 (ks == 0 warps)
+    const int r0 = (tile * RG + rg) * R;
+    if (GEMV_BPF == 0 || ks != 0 || tile >= ntiles || r0 >= N) return;
+    const int nr = min(R, N - r0);
+    prefetch_l2_warp(W + (size_t)r0 * Kc, (unsigned long long)nr * Kc * 16, lane);
+    prefetch_l2_warp(params + (size_t)r0 * G * P::PB, (unsigned long long)nr * G * P::PB, lane);
+  };
+#if GEMV_PST
+  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+#else
+  {
+  const int tile = blockIdx.x;
+#endif
+  if (GEMV_BPF == 1 || (GEMV_BPF == 2 && tile == (int)blockIdx.x)) prefetch_rows(tile);
+  if (GEMV_BPF == 2) prefetch_rows(tile + gridDim.x);  // next tile's bytes arrive while this one runs
+  const int row0 = (tile * RG + rg) * R;
+
+  const uint4* wrow[R];
+  const char* prow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int n = min(row0 + r, N - 1);  // rows past N read row N-1 (valid memory) and are never stored
+    wrow[r] = W + (size_t)n * Kc;
+    prow[r] = params + (size_t)n * G * P::PB;
+  }
+
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+  auto load = [&](auto& wv, auto& pv, int c0) {
+    constexpr int UU = sizeof(wv) / sizeof(wv[0]);
+#pragma unroll
+    for (int u = 0; u < UU; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wv[u][r] = ld_stream(wrow[r] + c0 + u * STRIDE);
+        pv[u][r].load(prow[r], (c0 + u * STRIDE) >> gshift);
+      }
+  };
   int c0 = ks * 32 + lane;
   uint4 wA[U][R], wB[U][R];
   P pA[U][R], pB[U][R];
@@ -366,18 +550,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     if (c0 + (U - 1) * STRIDE < Kc) { load(wA, pA, c0); have = true; }
     pdl_wait();
 #if GEMV_XS
-    // batches of 4 loads per thread in flight before their stores (one L2 round trip per batch)
-    for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_THREADS) {
-      uint4 t[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (p0 + i * GEMV_THREADS < Kc * XV) t[i] = ld_x(X + p0 + i * GEMV_THREADS);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int p = p0 + i * GEMV_THREADS;
-        if (p < Kc * XV) xsm[(p % XV) * Kc + p / XV] = t[i];
-      }
-    }
+    stage_x();
     __syncthreads();
 #endif
     for (; c0 + (U - 1) * STRIDE < Kc; c0 += U * STRIDE) {
@@ -397,17 +570,10 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   __shared__ float red[KS][M][RG * R];
   warp_sums_to_smem(acc, red[ks], rg, lane);
   __syncthreads();
-  for (int t = threadIdx.x; t < M * RG * R; t += GEMV_THREADS) {
-    const int m = t / (RG * R), j = t % (RG * R);
-    const int n = tile * RG * R + j;
-    if (n >= N || m >= Mr) continue;
-    float v = 0.f;
-#pragma unroll
-    for (int k = 0; k < KS; ++k) v += red[k][m][j];
-    store_output<ACT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
-  }
+  store_tile(tile, red);
 #if GEMV_PST
   if (tile + (int)gridDim.x < ntiles) __syncthreads();  // red[] is rewritten by the next tile
 #endif
   }
+#endif  // GEMV_BULK
 }

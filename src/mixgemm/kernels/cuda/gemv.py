@@ -39,6 +39,7 @@ _ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _MODE = {"sym": 0, "zero_point": 1, "offset": 2}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
+_PARAM_BYTES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}  # per scale (and per zero / offset)
 
 
 def gemv_supported(m: int, x_dtype: torch.dtype, qw: QuantizedWeight) -> bool:
@@ -71,7 +72,8 @@ DEFAULT_LITE = 0
 class M1Tile(NamedTuple):
     """One tuned M = 1 tile (fp16 activations): R rows per warp, U chunks in flight per lane and row, KS k-slices,
     PF register double buffering, RG row groups per block (0: 8 warps per block, RG = 8 / KS), MINB launch-bounds
-    blocks per SM (0: none), LITE f16x2 sum of the two partial chains (gemv.cu)."""
+    blocks per SM (0: none), LITE f16x2 sum of the two partial chains, BULK stages of the bulk-copy ring (0: weights
+    loaded into registers; sm_90 only, persistent grid; gemv.cu GEMV_BULK)."""
 
     R: int
     U: int
@@ -80,15 +82,19 @@ class M1Tile(NamedTuple):
     RG: int = 0
     MINB: int = 0
     LITE: int = 0
+    BULK: int = 0
 
 
 # M = 1, fp16 activations: the fastest (R, U, KS) of a sweep (scripts/bench_gemv.py --sweep) on an H200
 # for the protocol's LLM shapes, keyed by (bits, N, K). Other shapes use the rule in choose_config.
 # Session 20 (results/gemv_ks_sweep_h200_s20.log): zero point on 28672x8192 with KS 7 (see the H100 note below)
 # 43.2 -> 37.6 us, 14336x4096 (4, 2, 2) 13.4 -> 11.7 us.
+# Session 21 (results/gemv_bulk_sweep_h200_s21.log): K = 28672 takes the bulk-copy ring tile of the H100 (below),
+# zero point 37.7 -> 36.0 us, sym 35.3 -> 34.8 us.
+_K28672_BULK = M1Tile(8, 1, 7, RG=1, MINB=2, LITE=1, BULK=2)
 TUNED_M1 = {
     (4, 4096, 4096): (2, 2, 2), (4, 14336, 4096): (4, 2, 2), (4, 4096, 14336): (4, 2, 2),
-    (4, 28672, 8192): (4, 2, 2), (4, 8192, 28672): M1Tile(4, 1, 7, RG=1, MINB=4, LITE=1),
+    (4, 28672, 8192): (4, 2, 2), (4, 8192, 28672): _K28672_BULK,
     (8, 4096, 4096): (2, 1, 4), (8, 14336, 4096): (2, 1, 4), (8, 4096, 14336): (2, 1, 8),
     (8, 28672, 8192): (2, 1, 8), (8, 8192, 28672): (2, 1, 8),
 }
@@ -97,9 +103,12 @@ TUNED_M1 = {
 # Session 20 (results/gemv_ks_sweep*_h100_s20.log): on K = 28672 / 14336 the zero-point kernel wants k-slices that
 # give every lane the same number of steps (KS 7: Kc = 896 = 4 x 7 x 32 chunks, 448 = 2 x 7 x 32; with the power-of-two
 # KS 8 half the warps of a block idle for the last step): 28672x8192 50.8 -> 49.0 us, 14336x4096 14.4 -> 13.7 us.
+# Session 21 (results/gemv_bulk_sweep_h100_s21.log): on K = 28672 the bulk-copy ring with each tile's parameters
+# copied in bulk (BULK, gemv.cu GEMV_BULK / GEMV_BPAR), 8 rows per warp: zero point 48.9 -> 47.4 us, sym 47.3 -> 46.1.
+_H100_K28672 = _K28672_BULK
 TUNED_M1_H100 = {
     (4, 4096, 4096): (4, 1, 2, 0), (4, 14336, 4096): (4, 1, 2, 0), (4, 4096, 14336): M1Tile(4, 1, 7, RG=2, MINB=2),
-    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): M1Tile(4, 1, 7, RG=1, MINB=4, LITE=1),
+    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): _H100_K28672,
     (8, 4096, 4096): (2, 1, 4, 0), (8, 14336, 4096): (2, 1, 8, 0), (8, 4096, 14336): (2, 1, 8, 0),
     (8, 28672, 8192): (2, 2, 8, 1), (8, 8192, 28672): (2, 1, 8, 1),
 }
@@ -112,7 +121,7 @@ TUNED_M1_H100 = {
 # Session 20: 28672x8192 KS 14 (two even steps per lane, 448-thread blocks, two per SM) with LITE:
 # 48.1-48.4 -> 47.2-47.4 us.
 TUNED_M1_H100_SYM = {
-    (4, 8192, 28672): M1Tile(4, 1, 14, RG=1, MINB=2, LITE=1), (4, 4096, 14336): (4, 1, 4, 0),
+    (4, 8192, 28672): _H100_K28672, (4, 4096, 14336): (4, 1, 4, 0),
     (4, 14336, 4096): (4, 1, 1, 0),
 }
 # The same for symmetric int4 on an H200 (session 20, results/gemv_sym_sweep_h200_s20.log and
@@ -120,7 +129,7 @@ TUNED_M1_H100_SYM = {
 # 14336x4096 10.6 vs 13.8, 8192x28672 36.1 vs 37.1, 28672x8192 35.1 vs 36.4.
 TUNED_M1_SYM = {
     (4, 4096, 4096): (4, 2, 2), (4, 14336, 4096): (4, 1, 1), (4, 4096, 14336): (4, 1, 4),
-    (4, 28672, 8192): (4, 2, 4), (4, 8192, 28672): (4, 1, 2),
+    (4, 28672, 8192): (4, 2, 4), (4, 8192, 28672): _K28672_BULK,
 }
 # merged once, not per call
 _TUNED_M1_SYM_ALL = {"H100": {**TUNED_M1_H100, **TUNED_M1_H100_SYM}, "": {**TUNED_M1, **TUNED_M1_SYM}}
@@ -146,7 +155,7 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     if CFG_OVERRIDE is not None:
         r, u, ks = CFG_OVERRIDE["R"], CFG_OVERRIDE["U"], CFG_OVERRIDE["KS"]
         cfg = {"R": r, "U": u, "RG": CFG_OVERRIDE.get("RG", WARPS // ks), "KS": ks, "PF": CFG_OVERRIDE.get("PF", 0)}
-        for key in ("BPF", "PST", "MINB", "XS", "LITE"):  # see defines_for
+        for key in ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR"):  # see defines_for
             if CFG_OVERRIDE.get(key, 0):
                 cfg[key] = CFG_OVERRIDE[key]
         return cfg
@@ -161,6 +170,8 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
             cfg["MINB"] = t.MINB
         if t.LITE:
             cfg["LITE"] = 1
+        if t.BULK:
+            cfg["BULK"] = t.BULK
         return cfg
     if m == 1:
         r = (4 if n >= 8192 else 2) if act == 0 else 2
@@ -238,7 +249,35 @@ def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> 
         d["GEMV_XS"] = 1  # (gemv() also drops XS when K * 2 bytes exceed XS_MAX_BYTES)
     if cfg.get("LITE", 0):
         d["GEMV_LITE"] = 1
+    if cfg.get("BULK", 0):
+        d["GEMV_BULK"] = cfg["BULK"]
+        if cfg.get("BPAR", 0):
+            d["GEMV_BPAR"] = 1
     return d
+
+
+def bulk_smem_bytes(cfg: dict, param_row_bytes: int = 0) -> int:
+    """Dynamic shared memory of a GEMV_BULK ring: BULK stages x (RG x R rows) x (KS x 32 x U chunks of 16 bytes), plus
+    with BPAR two tiles' parameters (RG x R rows of param_row_bytes each)."""
+    rows = cfg["RG"] * cfg["R"]
+    ring = cfg["BULK"] * rows * cfg["KS"] * 32 * cfg["U"] * 16
+    return ring + (2 * rows * param_row_bytes if cfg.get("BPAR", 0) else 0)
+
+
+def _bulk_config(cfg: dict, props, param_row_bytes: int, x_smem: int) -> dict:
+    """cfg with BULK dropped where it cannot run (before sm_90, or a ring too big for one block) and BPAR (the
+    parameters by bulk copy) set where each row's parameters are a whole number of 16-byte units, unless the
+    config says BPAR 0."""
+    if not cfg.get("BULK", 0):
+        return cfg
+    cfg = {**cfg, "BPAR": int(cfg.get("BPAR", 1) and param_row_bytes % 16 == 0)}
+    if props.major < 9 or bulk_smem_bytes(cfg, param_row_bytes) + x_smem > BULK_MAX_BYTES:
+        return {**cfg, "BULK": 0, "BPAR": 0}
+    return cfg
+
+
+# The bulk-copy ring must fit one block's dynamic shared memory on sm_90 (227 KiB) with room for the static part.
+BULK_MAX_BYTES = 224 * 1024
 
 
 # x staged in shared memory (GEMV_XS) only up to this many bytes per block (K <= 32768 at fp16), so
@@ -300,18 +339,23 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
                         qw.mode)
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
+    x_smem = lay.k_padded * 2 if cfg.get("XS", 0) else 0
+    param_row_bytes = lay.num_groups * _PARAM_BYTES[qw.scales.dtype] * (1 if qw.mode == "sym" else 2)
+    cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
     defs = defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, dev)
     rows_per_block = cfg["RG"] * cfg["R"]
-    block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
+    block = (32 * cfg["RG"] * cfg["KS"] + (32 if cfg.get("BULK", 0) else 0), 1, 1)  # + the bulk producer warp
     tiles = -(-n // rows_per_block)
+    # dynamic shared memory: the bulk ring, then x when it is staged there (K * 2 bytes: fp16, M = 1)
+    smem = (bulk_smem_bytes(cfg, param_row_bytes) if cfg.get("BULK", 0) else 0) + x_smem
+    if smem:
+        nvrtc.allow_dynamic_smem(fn, smem)
+    if cfg.get("BULK", 0):  # persistent grid of as many blocks as fit, each looping over tiles through its ring
+        tiles = min(tiles, nvrtc.resident_blocks(fn, block[0], smem) * props.multi_processor_count)
     if cfg.get("PST", 0):  # persistent grid: PST x (resident blocks per SM) x SMs blocks loop over the tiles
         tiles = min(tiles, cfg["PST"] * nvrtc.resident_blocks(fn, block[0]) * props.multi_processor_count)
     grid = (tiles, 1, 1)
-    smem = 0
-    if cfg.get("XS", 0):  # x copied into shared memory: K * 2 bytes (fp16, M = 1)
-        smem = lay.k_padded * 2
-        nvrtc.allow_dynamic_smem(fn, smem)
     args = _common_args(lay, xk, y, bias, lo, hi, n) + [
         ctypes.c_int(kc),
         ctypes.c_int(lay.num_groups),

@@ -220,6 +220,15 @@ struct Param {
       asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p));
     }
   }
+  // the same from any address space (GEMV_BULK's parameters in shared memory)
+  __device__ __forceinline__ void load_generic(const char* base, int g) {
+    const char* p = base + (size_t)g * PB;
+    if (PB == 2) { a = *(const u16*)p; b = 0; }
+    else if (PB == 4) {
+      const u32 w = *(const u32*)p;
+      if (SB == 2) { a = w & 0xffffu; b = w >> 16; } else { a = w; b = 0; }
+    } else { const uint2 v = *(const uint2*)p; a = v.x; b = v.y; }
+  }
   __device__ __forceinline__ float scale() const { return scl_to_f32<SCL>(a); }
   __device__ __forceinline__ float second() const { return scl_to_f32<SCL>(b); }
 };
