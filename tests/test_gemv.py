@@ -456,15 +456,17 @@ def test_gemv_xs_lite(variant, bits, group, mode, scale_dtype):
         gemv_mod.CFG_OVERRIDE = None
 
 
+# The formats a forced tile runs in: both int widths, every mode, per-channel and grouped, every scale dtype.
+TILE_FORMATS = [(4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.float16),
+                (4, 32, "offset", torch.bfloat16), (4, -1, "zero_point", torch.float32),
+                (8, 64, "sym", torch.float16), (8, -1, "offset", torch.float16)]
 M1_TABLES = (gemv_mod.TUNED_M1, gemv_mod.TUNED_M1_SYM, gemv_mod.TUNED_M1_H100, gemv_mod.TUNED_M1_H100_SYM)
 M1_TILES = sorted({t for table in M1_TABLES for t in table.values() if isinstance(t, gemv_mod.M1Tile)})
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", M1_TILES)
-@pytest.mark.parametrize("bits,group,mode,scale_dtype", [
-    (4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.float16), (4, 32, "offset", torch.bfloat16),
-    (4, -1, "zero_point", torch.float32), (8, 64, "sym", torch.float16), (8, -1, "offset", torch.float16)])
+@pytest.mark.parametrize("bits,group,mode,scale_dtype", TILE_FORMATS)
 def test_gemv_shipped_m1_tiles(tile, bits, group, mode, scale_dtype):
     """The shipped M = 1 tiles with non-power-of-two k-slices (KS 7 / 14), their own row groups, launch bounds
     and LITE, forced on any GPU: K = 14336 (every lane the same steps) and K = 14336 - 128 * 3 (uneven), odd N,
@@ -507,9 +509,7 @@ BULK_TILES = [gemv_mod.M1Tile(4, 1, 14, RG=1, BULK=4), gemv_mod.M1Tile(2, 2, 8, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", BULK_TILES)
-@pytest.mark.parametrize("bits,group,mode,scale_dtype", [
-    (4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.float16), (4, 32, "offset", torch.bfloat16),
-    (4, -1, "zero_point", torch.float32), (8, 64, "sym", torch.float16), (8, -1, "offset", torch.float16)])
+@pytest.mark.parametrize("bits,group,mode,scale_dtype", TILE_FORMATS)
 def test_gemv_bulk_ring(tile, bits, group, mode, scale_dtype):
     """The bulk-copy ring (sm_90; elsewhere the host falls back to register loads): N = 4099 gives each persistent
     block several tiles (the ring and its phases run on across tiles) and a last tile past N; K = 14336 and
