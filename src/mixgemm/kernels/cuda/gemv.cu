@@ -147,12 +147,15 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rg = warp % RG, ks = warp / RG;
   pdl_launch_dependents();
-  // dynamic shared memory: the bulk ring [GEMV_BULK][RG * R][KS * 32 * U] (GEMV_BULK), then x (GEMV_XS)
+  // dynamic shared memory: the bulk ring [GEMV_BULK][RG * R][KS * 32 * U] (GEMV_BULK), two tiles' parameters
+  // [2][RG * R][G * PB] bytes (GEMV_BPAR), then x (GEMV_XS)
   extern __shared__ __align__(128) uint4 dsm[];
+  const int prow_bytes = G * P::PB;  // one row's parameters (GEMV_BPAR: a multiple of 16)
+  char* const pbuf = (char*)(dsm + GEMV_BULK * RG * R * KS * 32 * U);
 #if GEMV_XS
   static_assert(ACT == 0 && M == 1 && !GEMV_PF && !GEMV_PST, "GEMV_XS: fp16 x, M = 1, PF and PST off");
-  // [XV][Kc]: x piece v of chunk c at v * Kc + c, after the bulk ring and its parameter buffers
-  uint4* const xsm = dsm + GEMV_BULK * RG * R * KS * 32 * U + (GEMV_BPAR ? 2 * RG * R * G * Param<SCL, MODE>::PB / 16 : 0);
+  // [XV][Kc]: x piece v of chunk c at v * Kc + c
+  uint4* const xsm = (uint4*)(pbuf + (GEMV_BPAR ? 2 * RG * R * prow_bytes : 0));
   // batches of 4 loads per thread in flight before their stores (one L2 round trip per batch); the caller syncs
   auto stage_x = [&]() {
     for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_CTHREADS) {
@@ -353,11 +356,9 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   constexpr int TR = RG * R;       // rows per tile
   constexpr int CW = RG * KS;      // compute warps
   uint4* const ring = dsm;         // [S][TR][SC] (bulk-copy targets: 16-byte aligned)
-  const int prow_bytes = G * P::PB;  // one row's parameters (GEMV_BPAR: a multiple of 16)
-  // GEMV_BPAR: each tile's parameters, [2 (tile parity)][TR][G * PB] bytes after the ring, one bulk copy per
-  // row. Why: read as 2-8 byte loads spread over the tile, the 3% of bytes that are parameters cost H100
-  // 28672x8192 W4 g128 2.5 us (per-channel 44.8 us, g128 47.3), twice their share of the copy floor.
-  char* const pbuf = (char*)(ring + S * TR * SC);
+  // GEMV_BPAR: each tile's parameters go to pbuf[tile parity], one bulk copy per row. Why: read as 2-8 byte
+  // loads spread over the tile, the 3% of bytes that are parameters cost H100 28672x8192 W4 g128 2.5 us
+  // (per-channel 44.8 us, g128 47.3), twice their share of the copy floor.
   __shared__ __align__(8) unsigned long long bars[2 * S + 2];  // full[S], empty[S], params empty[2]
   __shared__ float red[2][KS][M][TR];  // by tile parity, so one consumer barrier per tile suffices
   const u32 full0 = smem_addr(&bars[0]), empty0 = smem_addr(&bars[S]), pempty0 = smem_addr(&bars[2 * S]);

@@ -39,7 +39,6 @@ _ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _MODE = {"sym": 0, "zero_point": 1, "offset": 2}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
-_PARAM_BYTES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}  # per scale (and per zero / offset)
 
 
 def gemv_supported(m: int, x_dtype: torch.dtype, qw: QuantizedWeight) -> bool:
@@ -104,11 +103,11 @@ TUNED_M1 = {
 # give every lane the same number of steps (KS 7: Kc = 896 = 4 x 7 x 32 chunks, 448 = 2 x 7 x 32; with the power-of-two
 # KS 8 half the warps of a block idle for the last step): 28672x8192 50.8 -> 49.0 us, 14336x4096 14.4 -> 13.7 us.
 # Session 21 (results/gemv_bulk_sweep_h100_s21.log): on K = 28672 the bulk-copy ring with each tile's parameters
-# copied in bulk (BULK, gemv.cu GEMV_BULK / GEMV_BPAR), 8 rows per warp: zero point 48.9 -> 47.4 us, sym 47.3 -> 46.1.
-_H100_K28672 = _K28672_BULK
+# copied in bulk (_K28672_BULK: gemv.cu GEMV_BULK / GEMV_BPAR), 8 rows per warp: zero point 48.9 -> 47.4 us, sym
+# 47.3 -> 46.1.
 TUNED_M1_H100 = {
     (4, 4096, 4096): (4, 1, 2, 0), (4, 14336, 4096): (4, 1, 2, 0), (4, 4096, 14336): M1Tile(4, 1, 7, RG=2, MINB=2),
-    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): _H100_K28672,
+    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): _K28672_BULK,
     (8, 4096, 4096): (2, 1, 4, 0), (8, 14336, 4096): (2, 1, 8, 0), (8, 4096, 14336): (2, 1, 8, 0),
     (8, 28672, 8192): (2, 2, 8, 1), (8, 8192, 28672): (2, 1, 8, 1),
 }
@@ -118,10 +117,9 @@ TUNED_M1_H100 = {
 # lane and row (U 1) with more split-K measured fastest (scripts/bench_gemv.py --sweep --sweep-mode sym, session 19,
 # results/gemv_sym_sweep_h100_s19.log; us against the zero-point tiles above): 28672x8192 47.5 vs 49.6, 14336x4096
 # 13.2 vs 14.9, 4096x14336 12.8 vs 13.4. Keyed like the tables above; entries override them for mode "sym".
-# Session 20: 28672x8192 KS 14 (two even steps per lane, 448-thread blocks, two per SM) with LITE:
-# 48.1-48.4 -> 47.2-47.4 us.
+# 28672x8192 then took KS 14 with LITE (session 20: 47.2-47.4 us), and since session 21 the bulk-copy ring tile (46.1).
 TUNED_M1_H100_SYM = {
-    (4, 8192, 28672): _H100_K28672, (4, 4096, 14336): (4, 1, 4, 0),
+    (4, 8192, 28672): _K28672_BULK, (4, 4096, 14336): (4, 1, 4, 0),
     (4, 14336, 4096): (4, 1, 1, 0),
 }
 # The same for symmetric int4 on an H200 (session 20, results/gemv_sym_sweep_h200_s20.log and
@@ -143,6 +141,15 @@ def tuned_m1(gpu_name: str, mode: str = "") -> dict:
     return TUNED_M1_H100 if gpu else TUNED_M1
 
 
+# Config keys that only appear when set (defines_for adds their macros only then, so default compile keys stay put).
+OPTIONAL_KEYS = ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR")
+
+
+def _with_optional_keys(cfg: dict, src: dict) -> dict:
+    """cfg plus the OPTIONAL_KEYS that src (a tuning override or a tuned tile's fields) sets to a non-zero value."""
+    return {**cfg, **{key: src[key] for key in OPTIONAL_KEYS if src.get(key, 0)}}
+
+
 def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
                   gpu_name: str = "", mode: str = "") -> dict:
     """Tile choice from the problem size only (deterministic, no autotuning).
@@ -155,10 +162,7 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     if CFG_OVERRIDE is not None:
         r, u, ks = CFG_OVERRIDE["R"], CFG_OVERRIDE["U"], CFG_OVERRIDE["KS"]
         cfg = {"R": r, "U": u, "RG": CFG_OVERRIDE.get("RG", WARPS // ks), "KS": ks, "PF": CFG_OVERRIDE.get("PF", 0)}
-        for key in ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR"):  # see defines_for
-            if CFG_OVERRIDE.get(key, 0):
-                cfg[key] = CFG_OVERRIDE[key]
-        return cfg
+        return _with_optional_keys(cfg, CFG_OVERRIDE)
     # fp16 activations: x staged in shared memory (XS, dropped by gemv() where it does not apply) and
     # the lighter per-chunk bookkeeping (LITE), when DEFAULT_XS / DEFAULT_LITE turn them on (gemv.cu)
     extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
@@ -166,13 +170,7 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     if m == 1 and act == 0 and (bits, n, k) in table:
         t = M1Tile(*table[(bits, n, k)])
         cfg = {"R": t.R, "U": t.U, "RG": t.RG or WARPS // t.KS, "KS": t.KS, "PF": t.PF, **extra}
-        if t.MINB:
-            cfg["MINB"] = t.MINB
-        if t.LITE:
-            cfg["LITE"] = 1
-        if t.BULK:
-            cfg["BULK"] = t.BULK
-        return cfg
+        return _with_optional_keys(cfg, t._asdict())
     if m == 1:
         r = (4 if n >= 8192 else 2) if act == 0 else 2
         u = 2
@@ -340,7 +338,7 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
     x_smem = lay.k_padded * 2 if cfg.get("XS", 0) else 0
-    param_row_bytes = lay.num_groups * _PARAM_BYTES[qw.scales.dtype] * (1 if qw.mode == "sym" else 2)
+    param_row_bytes = lay.params.stride(0) * lay.params.element_size()  # [N, G] or [N, G, 2], contiguous
     cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
     defs = defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, dev)
