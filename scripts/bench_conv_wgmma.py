@@ -11,11 +11,14 @@ each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized w
   CONV_SWEEP=smallk: the small-K kernel (kernels/triton/conv_smallk.py) with candidate tiles, on every layer whose
   padded K fits it, beside the dispatch without it.
   CONV_SWEEP=longk: split-K and stream-K tiles on the few-tile, long-K layers (use with --only / --batches 32).
+  CONV_SWEEP=persist: the dispatch beside persistent whole-tile configs (SK 2, stores in flight under the next tile).
+  CONV_SWEEP=table: "all" plus the persistent tiles, cluster split-K on few long tiles and KT 2 (a new GPU's table).
   CONV_SWEEP=all: the default and the "occ" candidate tiles together (the session-14 re-sweep with the TMA-store
   epilogue). CONV_SWEEP=tstore: the dispatch's choice with the TMA-store epilogue against the same tiles with
   per-element stores. CONV_SWEEP=pdl: the dispatch's choice with and without programmatic dependent launch of the
   wgmma kernels (gemm_wgmma.PDL).
-Prints one row per layer and format (us, x cuDNN) and, with --table, the fastest wgmma tile per layer as table entries.
+Prints one row per layer and format (us, x cuDNN). `--emit-table A.json [B.json ...]` prints conv_table entries (the
+fastest wgmma tile per layer, or None where the Triton kernel / 1x1 matmul was faster) from sweep JSON files.
 """
 
 from __future__ import annotations
@@ -67,8 +70,15 @@ DW_CUDA_CANDIDATES = [DwCudaConfig(tw, cb) for tw in (2, 4, 8, 16, 32) for cb in
 def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
     """wgmma tiles worth timing for a layer (the default rule's choice is always among them). sweep "all": the
     default candidates and the "occ" ones together."""
-    if sweep == "all":
+    if sweep in ("all", "table"):
         both = candidates(m, co, k, "") + candidates(m, co, k, "occ")
+        if sweep == "table":  # a new GPU's table: also the persistent tiles, and cluster split-K for few long tiles
+            both += candidates(m, co, k, "persist") if m >= 1024 else []
+            both += candidates(m, co, k, "longk")[1:4] if m >= 1024 and k >= 2048 and m * co <= 2048 * 512 else []
+            if m >= 1024 and k >= 512:
+                both += [dict(TMA=1, GROUP_M=8, BM=128, NWG=2, STAGES=4, KT=2),
+                         dict(TMA=1, GROUP_M=8, BM=128, NWG=2, STAGES=3, KT=4, FOLD=1),
+                         dict(TMA=1, GROUP_M=8, BM=128, NWG=2, STAGES=3, KT=4, FOLD=1, SPLIT=2, CLUSTER=1)]
         return [c for i, c in enumerate(both) if c not in both[:i]]
     nwgs = [1] if co <= 64 else [1, 2]
     out = []
@@ -91,6 +101,19 @@ def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
                      (128, 4, 4, 2, 4), (64, 4, 4, 2, 2), (192, 2, 4, 1, 3), (192, 2, 4, 2, 2), (256, 2, 4, 2, 4)]
         out += [dict(BM=bm, NWG=nwg, STAGES=st, KT=kt, SPLIT=sp, CLUSTER=1) for bm, nwg, st, kt, sp in clustered]
         out += [dict(BM=128, NWG=2, STAGES=3, KT=4, FOLD=1, SPLIT=2, CLUSTER=1)]
+    elif sweep == "persist":  # persistent whole tiles (SK 2), TMA stores in flight under the next tile
+        out += [dict(BM=128, NWG=nwg, STAGES=4, SK=2) for nwg in nwgs]
+        out += [dict(BM=128, NWG=nwg, STAGES=3, SK=2, MINB=2) for nwg in nwgs]
+        out += [dict(BM=64, NWG=nwg, STAGES=4, SK=2, MINB=2) for nwg in nwgs]
+        if co > 64:
+            out += [dict(BM=256, NWG=2, STAGES=3, SK=2)]
+        if co >= 256:
+            out += [dict(BM=128, NWG=4, STAGES=3, SK=2)]
+        if k >= 128:
+            out += [dict(BM=128, NWG=nwg, STAGES=3, KT=2, SK=2) for nwg in nwgs]
+            out += [dict(BM=128, NWG=2, STAGES=3, KT=2, SK=2, MINB=2), dict(BM=256, NWG=2, STAGES=3, KT=2, SK=2)]
+        if k >= 512:
+            out += [dict(BM=128, NWG=2, STAGES=3, KT=4, FOLD=1, SK=2), dict(BM=128, NWG=2, STAGES=4, KT=2, SK=2)]
     elif m >= 1024 and sweep == "stages":  # deeper rings / multi-tile stages (session 13, call 2)
         for nwg in nwgs:
             out += [dict(BM=128, NWG=nwg, STAGES=s) for s in (4, 6, 8)]
@@ -113,8 +136,8 @@ def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
 def _name(cfg) -> str:
     if cfg is None:
         return "default"
-    # the rest by their first letter (SK: the second "S")
-    short = {"SPLIT": "sp", "GROUP_M": "g", "TSTORE": "t", "CLUSTER": "c"}
+    # the rest by their first letter
+    short = {"SPLIT": "sp", "GROUP_M": "g", "TSTORE": "t", "CLUSTER": "c", "SK": "sk"}
     return "".join(f"{short.get(k, k[0])}{v}" for k, v in cfg.items()
                    if k != "TMA" and not (k == "GROUP_M" and v == 8))
 
@@ -172,6 +195,9 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
         variants = [("auto", None, None), ("no-pdl", "no-pdl", None)]
     elif SWEEP == "final":  # what mixgemm.conv2d runs now ("auto") and before this path existed ("triton")
         variants = [("auto", None, None), ("triton", "no-wgmma", None)] if eligible else [("auto", None, None)]
+    elif SWEEP == "persist":
+        variants = [("auto", None, None)]
+        variants += [(f"wgmma:{_name(c)}", "wgmma", c) for c in candidates(m, spec.co, spec.ci * spec.k**2)]
     else:
         variants = [("triton", "no-wgmma", None), ("wgmma:default", "wgmma", None)]
         variants += [(f"wgmma:{_name(c)}", "wgmma", c) for c in candidates(m, spec.co, spec.ci * spec.k**2)]
@@ -211,7 +237,39 @@ def fmt_row(r) -> str:
             f"{r.get('wgmma_best', '')} |")
 
 
+def emit_table(paths: list[str]) -> None:
+    """Print conv_table entries (key: wgmma config, or None where the Triton kernel / 1x1 matmul measured faster)
+    from sweep JSON files (CONV_SWEEP=table); a later file's row replaces an earlier one's for the same key."""
+    from mixgemm.kernels.cuda.conv_wgmma import default_conv_config
+
+    rows = {}
+    for path in paths:
+        with open(path) as f:
+            rows.update({r["key"]: r for r in json.load(f)})
+    for key in sorted(rows):
+        r = rows[key]
+        t = {k: v for k, v in r["times"].items() if isinstance(v, float)}
+        wg = {k: v for k, v in t.items() if k.startswith("wgmma")}
+        best = min(wg, key=wg.get)
+        tri = t.get("triton", float("inf"))
+        note = (f"{r['layer']} b{r['batch']}: wgmma {wg[best]:.1f} us, Triton / matmul {tri:.1f} us, "
+                f"cuDNN {r['cudnn']:.1f} us")
+        if tri < wg[best]:
+            cfg = None
+        elif best == "wgmma:default":
+            cfg = default_conv_config(r["M"], r["N"], r["K"])
+        else:
+            cfg = r["wgmma_best_cfg"] if r.get("wgmma_best") == best else None
+            if cfg is None:  # the row's best was not a wgmma label: find the config by its label
+                cfg = next(c for c in candidates(r["M"], r["N"], r["K"], "table") if f"wgmma:{_name(c)}" == best)
+        if cfg is not None:
+            cfg = {k: v for k, v in cfg.items() if k != "TMA" and not (k == "GROUP_M" and v == 8)}
+        print(f"    # {note}\n    {key!r}: {cfg!r},".replace("'", '"'))
+
+
 def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--emit-table":
+        return emit_table(sys.argv[2:])
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, nargs="+", default=[32, 1])
     ap.add_argument("--bits", type=int, nargs="+", default=[4, 8])
@@ -243,7 +301,7 @@ def main():
                 r = run_layer(spec, batch, bits, l2)
                 rows.append(r)
                 print(fmt_row(r), flush=True)
-                if SWEEP in ("smallk", "dw", "longk"):
+                if SWEEP in ("smallk", "dw", "longk", "persist", "table"):
                     print("    " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                              for k, v in r["times"].items()), flush=True)
                 torch.cuda.empty_cache()

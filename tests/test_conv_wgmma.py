@@ -175,6 +175,23 @@ def test_configs(cfg, fmt, rel_err):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("layer", [(64, 256, 1, 1, 56, 8), (128, 200, 3, 2, 29, 6), (256, 64, 1, 1, 15, 16)])
+@pytest.mark.parametrize("cfg", [dict(BM=128, NWG=2, STAGES=4), dict(BM=64, NWG=1, STAGES=3, MINB=2),
+                                 dict(BM=128, NWG=2, STAGES=3, KT=2)], ids=str)
+def test_persistent_whole_tiles(layer, cfg, rel_err):
+    """SK 2 (each CTA runs every grid-th tile whole, TMA stores in flight under the next tile) on layers with many
+    tiles per CTA: within tolerance of the reference and bit-equal to one CTA per tile."""
+    ci, co, k, s, hw, batch = layer
+    x, qw, bias = make_conv_case(batch, ci, hw, hw, co, k, 1, torch.float16, True, 4, 64, "zero_point", seed=ci + co)
+    cfg = {"TMA": 1, "GROUP_M": 8, **cfg}
+    y = _check(x, qw, bias, s, k // 2, 1, "relu", rel_err, config={**cfg, "SK": 2})
+    lo, hi = clamp_bounds("relu")
+    y1 = cuda_conv2d(x, qw, bias, _pair(s), _pair(k // 2), (1, 1), 1, lo, hi, "relu", cfg, "wgmma")
+    assert torch.equal(y, y1)
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("batch", [1, 3, 32])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("layer", [(64, 64, 3, 1, 56), (128, 128, 3, 2, 28), (256, 1024, 1, 1, 14),

@@ -7,6 +7,7 @@ size, mode, activation dtype, odd shapes and tile configs against the float64 re
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -146,6 +147,13 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=8, WG_NWG=2, WG_STAGES=4, WG_KT=4, WG_FOLD=1, WG_GT=2,
          WG_SPLIT=3, WG_GROUP_M=1, WG_PDL=1),
     dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_PC=1, WG_SPLIT=3, WG_TSTORE=1),
+    # persistent whole tiles (WG_SK 2): conv + TMA store in flight across tiles, GEMM with per-element stores, FOLD
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_SK=2, WG_CONV=1, WG_TSTORE=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=1, WG_STAGES=3, WG_PC=1, WG_SK=2, WG_TSTORE=1,
+         WG_MINB=2),
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=2, WG_BM=40, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_SK=2),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=2, WG_STAGES=3, WG_KT=4, WG_FOLD=1, WG_GT=2,
+         WG_SK=2, WG_TSTORE=1, WG_PDL=1),
 ]
 
 
@@ -324,6 +332,35 @@ def test_stream_k(m, n, k, cfg, fmt):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("m,n,k,cfg", [
+    (8000, 1000, 64, dict(BM=32, NWG=1, STAGES=4)),             # one stage per tile, several tiles per CTA
+    (3001, 777, 192, dict(BM=128, NWG=2, STAGES=3, MINB=2)),     # tails in M and N, 3 k-tiles
+    (1500, 2000, 1088, dict(BM=64, NWG=2, STAGES=4, KT=2)),      # several stages per tile, a partial last stage
+    (2000, 3000, 1024, dict(BM=192, NWG=2, STAGES=4, INFLIGHT=2)),
+    (900, 520, 512, dict(BM=40, NWG=4, STAGES=3)),               # BM % 16 != 0: per-element stores
+    (5000, 1000, 256, dict(BM=64, NWG=2, STAGES=3, KT=4, FOLD=1)),
+], ids=str)
+@pytest.mark.parametrize("fmt", [(4, 64, "zero_point", torch.float16), (8, -1, "sym", torch.bfloat16),
+                                 (4, 32, "offset", torch.float16)], ids=str)
+def test_persistent_whole_tiles(m, n, k, cfg, fmt):
+    """SK 2: a CTA runs every grid-th output tile whole and its TMA stores stay in flight under the next tile. The
+    same sums in the same order as one CTA per tile, so the output is bit-equal to that; and within tolerance."""
+    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+
+    bits, gs, mode, dtype = fmt
+    k = k if gs == -1 else -(-k // gs) * gs
+    cfg = dict(cfg, TMA=1)
+    _run(m, n, k, bits, gs, mode, dtype, config=dict(cfg, SK=2))
+    qw = _qw(n, k, bits, gs, mode, "cuda", 7, torch.float16)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(m, k, generator=g).to("cuda", dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to("cuda", dtype)
+    for lo, hi in ((0.0, 6.0), (-math.inf, math.inf)):
+        assert torch.equal(gemm_wgmma(x, qw, b, lo, hi, dict(cfg, SK=2)), gemm_wgmma(x, qw, b, lo, hi, cfg))
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("cfg", [
     dict(BM=32, NWG=2, STAGES=3, KT=4), dict(BM=16, NWG=1, STAGES=4, KT=2), dict(BM=64, NWG=2, STAGES=3, KT=4, SPLIT=3),
     dict(BM=32, NWG=2, STAGES=3, KT=4, SK=1), dict(BM=8, NWG=4, STAGES=3, KT=4, SK=1),
@@ -467,7 +504,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="TMA=1"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
                    dict(BM=32, NWG=3, STAGES=4, TMA=1))
-    with pytest.raises(ValueError, match="SK 0 or 1"):
+    with pytest.raises(ValueError, match="SK 0, 1 or 2"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
                    dict(BM=32, NWG=2, STAGES=4, TMA=0, SK=1))
     with pytest.raises(ValueError, match="not with CLUSTER 1"):

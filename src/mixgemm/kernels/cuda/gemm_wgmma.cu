@@ -105,6 +105,16 @@
 // atomics and a second kernel. Measured (H200, W4 g128, benchmarks/gemm_wgmma_notes.md, session 6): 28672x8192
 // M = 16 / 32 / 64 68.6 / 73.2 / 89.1 -> 55.5 / 60.7 / 76.8 us, 8192x28672 M = 16 / 32 -3%; slower at large M (the
 // BM 256 partials cost more than the 3.4-wave tail) and on 4096x14336 (as many warps per SM did not help there).
+// WG_SK 2: persistent whole tiles. The same persistent grid and tile loop, but CTA c runs output tiles c, c + grid,
+// c + 2 grid, ... from their first stage to their last (no partials, no workspace, no counters); with WG_TSTORE each
+// warpgroup stages its tile in a buffer of its own past the ring, and the TMA store stays in flight under the next
+// tile's loads and wgmmas (waited for only before the buffer is written again). Why: on output-bound layers (1x1
+// convolutions with K = 64..256 per output: 64 -> 256 writes 4x the bytes it reads) a CTA per tile is a serial chain
+// of launch, first load, a few wgmmas and a store whose read of shared memory the CTA waits for before it exits; the
+// persistent ring loads the next tiles while the current one is computed and stored. Measured (session 22, protocol
+// graph timing, conv batch 32): 1x1 64->256 @56 34.5 -> 28.3 us on an H100 and 29.9 -> 23.8 us on an H200 (cuDNN
+// 28.7 / 24.0), 1x1 256->64 22.6 -> 21.4 us (H200); it loses where K is long or the tiles are few (3x3 512, 1x1
+// 2048->512: one CTA per SM holds no second tile's epilogue under a main loop), so the tables choose per layer.
 #ifndef WG_SK
 #define WG_SK 0
 #endif
@@ -137,7 +147,8 @@
 // 2-byte store per element. Why: the accumulator holds two consecutive *rows* of one output column per register pair,
 // so the direct stores cover 16 contiguous bytes per row and warp instruction (BM / 2 store instructions per thread);
 // the TMA store writes whole 128-byte lines. Layers with little K per output byte (1x1 convolutions, K = 64..256)
-// are bound by those stores. Needs WG_TMA 1, no split-K / stream-K, a 16-bit output and BM % 16 == 0.
+// are bound by those stores. Needs WG_TMA 1, no split-K / stream-K (WG_SK 2 is fine), a 16-bit output and
+// BM % 16 == 0.
 // Measured (H200, session 14, same-run A/B, results/*tstore*_s14.log): conv batch 32 1x1 64->256 W4 47.2 -> 31.9 us,
 // 1x1/2 256->512 31.6 -> 23.6 us, 3x3 64->64 27.6 -> 24.4 us; GEMM W4 g128 M = 1024 695-706 -> 672-679 us
 // (8192x28672) and 198-203 -> 187-192 us (4096x14336), W8 per-channel M = 4096 2950 -> 2655 us (8192x28672).
@@ -186,7 +197,9 @@ constexpr int W_BYTES = KT * WARPS * TB;     // [KT][WARPS][TB]
 // WG_TMA stage layout: weights [WARPS / SEGLEN][KT][SEGLEN][TB] (a segment = the CTA's row tiles inside one 8-tile
 // block of wgmma_v1), parameters [WARPS / SEGLEN][NGMAX][8][PBLK] (whole 8-tile blocks of the groups the stage spans)
 constexpr bool BULK = WG_TMA != 0;
-constexpr bool SK = WG_SK != 0;
+constexpr bool SK = WG_SK != 0;   // a persistent grid whose CTAs loop over output tiles (stream-K or whole tiles)
+constexpr bool SKW = WG_SK == 2;  // whole tiles: a CTA runs each of its tiles start to finish
+static_assert(WG_SK >= 0 && WG_SK <= 2, "WG_SK is 0, 1 or 2");
 static_assert(!SK || (BULK && WG_SPLIT == 0), "WG_SK takes the TMA loader (WG_TMA 1) and no split-K");
 constexpr bool CSPLIT = WG_SPLIT == 2;  // split-K slices of a tile as one cluster, partials added through DSMEM
 constexpr bool SSPLIT = WG_SPLIT == 3;  // serial split-K: the last slice of a tile adds the partials and stores it
@@ -220,9 +233,10 @@ constexpr bool PDL = WG_PDL != 0;
 constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;
 static_assert(!PDL || BULK, "WG_PDL takes the TMA loader (WG_TMA 1)");
 constexpr bool TSTORE = WG_TSTORE != 0;
-static_assert(!TSTORE || (BULK && !SK && WG_SPLIT != 1 && ACT != 2 && BM % 16 == 0 && STAGES * STAGE >= NWG * BM * 128),
-              "WG_TSTORE: TMA loader, no workspace split-K / stream-K, fp16 / bf16 output, BM % 16 == 0, ring >= the "
-              "staging tiles");
+static_assert(!TSTORE || (BULK && (!SK || SKW) && WG_SPLIT != 1 && ACT != 2 && BM % 16 == 0 &&
+                           (SKW || STAGES * STAGE >= NWG * BM * 128)),
+              "WG_TSTORE: TMA loader, no workspace split-K / stream-K (WG_SK 2 is fine), fp16 / bf16 output, "
+              "BM % 16 == 0, ring >= the staging tiles (WG_SK 2: staging past the ring)");
 // WG_CONV geometry: output pixel m = (n * P + p) * Q + q reads input pixel (q sw - pw + kw dw, p sh - ph + kh dh) of
 // image n for tap (kh, kw); k-tile kk is channels 64 (kk % cpt) .. of tap kk / cpt = kh * kw_taps + kw.
 struct ConvGeo {
@@ -284,8 +298,15 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   const int U = (Kt + KT - 1) / KT;
   const int sk_per = tiles_n * tiles_m * U / gridDim.x, sk_rem = tiles_n * tiles_m * U % gridDim.x;
   auto cta_start = [&](int c) { return c * sk_per + min(c, sk_rem); };
+  // the step from one of the CTA's tiles to its next: WG_SK 2 strides by the grid (tiles running at the same time are
+  // neighbours in the raster, as without a persistent grid), stream-K ranges are contiguous (host: grid <= tiles)
+  const int tile_step = SKW ? (int)gridDim.x : 1;
   int q0 = 0, kt0 = 0, nk = Kt, nst, first_tile;
-  if (SK) {
+  if (SKW) {
+    first_tile = blockIdx.x;
+    q0 = first_tile * U;
+    nst = ((tiles_n * tiles_m - 1 - (int)blockIdx.x) / (int)gridDim.x + 1) * U;
+  } else if (SK) {
     q0 = cta_start(blockIdx.x);
     nst = sk_per + ((int)blockIdx.x < sk_rem);
     first_tile = q0 / U;
@@ -443,7 +464,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       st_issue = st_issue + STAGE == sbase + STAGES * STAGE ? sbase : st_issue + STAGE;
       if (++ld_sk == U && SK) {  // next tile of the stream-K range
         ld_sk = 0;
-        const int2 p = tile_pos(++ld_tile);
+        const int2 p = tile_pos(ld_tile += tile_step);
         ld_m0 = p.x, ld_rt = p.y;
         if (part & ISSUE_X) conv_cursor(ld_m0, 0);  // (read by the activation loads only)
       }
@@ -650,7 +671,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         if (tid == 0) sk_count[blockIdx.x] = 0;  // every slice has counted: zero for the next launch
       }
     }
-    if (SK && k_stages != U) {
+    if (SK && !SKW && k_stages != U) {
       const int slot = cs_tile == first_tile ? 0 : 1;  // a CTA's range starts and ends inside at most 2 tiles
       float* mine = ws + (size_t)(blockIdx.x * 2 + slot) * (BM / 2) * WG_THREADS + tid;
       store = publish_partial(mine, sk_count + cs_tile, k_stages, U);
@@ -670,10 +691,16 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       }
     }
     if (TSTORE && store) {
-      // every warpgroup's wgmmas are complete and every stage was consumed: the ring holds the staging tiles
-      __syncthreads();
       const int wg = warp >> 2, wq = warp & 3;
-      const u32 stg = sbase + wg * (BM * 128);  // [BM rows][64 columns] of 2 bytes, 128-byte swizzle (1024-aligned)
+      // [BM rows][64 columns] of 2 bytes, 128-byte swizzle (1024-aligned)
+      const u32 stg = sbase + (SKW ? STAGES * STAGE : 0) + wg * (BM * 128);
+      if (SKW) {
+        // the warpgroup's own buffer past the ring: its previous tile's TMA store may still be reading it
+        if ((tid & 127) == 0) tma_store_wait_read();
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+      } else {
+        __syncthreads();  // every warpgroup's wgmmas are complete and every stage was consumed: the ring is free
+      }
       const int nb = rt_raw * 16 + g;
       float bv[2];
 #pragma unroll
@@ -701,7 +728,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
       if ((tid & 127) == 0) {  // (WG_SPLIT 2: the map's box is the band, BM / split rows)
         tma_store_2d(&ymap, stg, (rt_raw - wq) * 16, m0 + 8 * jlo);
-        tma_store_wait_read();  // the smem is read before the CTA exits
+        if (!SKW) tma_store_wait_read();  // the smem is read before the CTA exits (WG_SK 2: after its last tile)
       }
     } else if (store) {
       const int nb = rt_raw * 16 + g;
@@ -752,10 +779,11 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     // the next tile (the A-register buffers restart at 0: finish_tile waited for every wgmma)
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) acc[i] = 0.f;
-    ++cs_tile;
+    cs_tile += tile_step;
     cs_sk = 0;
     consumer_tile();
     cur_grp = -1;
     tile_params();
   }
+  if (TSTORE && SKW && (tid & 127) == 0) tma_store_wait_read();  // the last tile's store has read its smem
 }

@@ -12,12 +12,14 @@
   flight, 1 or 2), KT (64-k tiles per stage: 1, 2, 4), SPLIT (split-K factor or "auto"), GROUP_M (m-tiles
   rastered together), TMA (1, the default: one thread loads each stage with TMA and bulk copies, NWG 1, 2 or 4;
   0: per-thread cp.async), SK (1: stream-K -- a persistent grid of as many CTAs as fit at once splits the (tile,
-  k-stage) work evenly, CTAs that share a tile combine fp32 partials; needs TMA 1, ignores SPLIT), FOLD (1: grouped
+  k-stage) work evenly, CTAs that share a tile combine fp32 partials; 2: persistent whole tiles -- the same grid, each
+  CTA runs every grid-th output tile start to finish, and with TSTORE its TMA stores stay in flight under the next
+  tile (a staging buffer of NWG x BM x 128 bytes past the ring); SK needs TMA 1 and ignores SPLIT), FOLD (1: grouped
   sym / zero_point weights enter the wgmma as exact integers q - z and each group's fp32 partial is scaled into the
   accumulator; applies to groups of 64 with KT 2 or 4 and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per
-  SM the register allocation must allow; default 2 for SK tiles of BM <= 64 without FOLD, else 1), TSTORE (1, the
+  SM the register allocation must allow; default 2 for SK 1 tiles of BM <= 64 without FOLD, else 1), TSTORE (1, the
   default: the epilogue writes each warpgroup's output tile with one TMA store from shared memory where it applies
-  -- TMA 1, no SK / workspace split-K, BM % 16 == 0 (CLUSTER: BM / SPLIT % 16 == 0), 16-byte aligned output rows;
+  -- TMA 1, no SK 1 / workspace split-K, BM % 16 == 0 (CLUSTER: BM / SPLIT % 16 == 0), 16-byte aligned output rows;
   0: one store per element), CLUSTER (1: the SPLIT <= 8 k-slices of an output tile run as one thread-block cluster
   and add their fp32 partials through distributed shared memory, each CTA storing a band of BM / SPLIT rows with the
   full epilogue; 0, the default: an fp32 workspace and a second kernel), SERIAL (1, without CLUSTER: serial split-K
@@ -26,7 +28,8 @@
   second kernel), PDL (programmatic dependent launch, sm_90,
   TMA 1: the first stages' weights are loaded before griddepcontrol.wait, everything else after it; never on the
   first launch after the layout was built, whose build kernels write those weights. Default 1, but 0 with SK: a
-  stream-K grid fills every SM slot, and measured 0.4-4 us slower with it; MIXGEMM_PDL=0 turns it off everywhere).
+  persistent grid fills every SM slot, and stream-K measured 0.4-4 us slower with it; MIXGEMM_PDL=0 turns it off
+  everywhere).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER or SERIAL, with SERIAL an
   fp32 [tiles, SPLIT] partial-tile workspace (and a per-device, per-stream int32 counter per tile, allocated zeroed
@@ -245,21 +248,25 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
             or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
-            or sk not in (0, 1) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)
+            or sk not in (0, 1, 2) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)
             or serial not in (0, 1) or (serial and cluster) or pdl_req not in (0, 1)):
         raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
                          f"SK={sk} FOLD={fold_req} CLUSTER={cluster} SERIAL={serial}: BM in 8..256 (multiple of 8), "
                          "NWG 1..4, "
                          "INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), "
-                         "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0 or 1 (1 with TMA 1), FOLD 0 or 1, CLUSTER 0 or 1, "
+                         "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0, 1 or 2 (1, 2 with TMA 1), FOLD 0 or 1, "
+                         "CLUSTER 0 or 1, "
                          "SERIAL 0 or 1 (not with CLUSTER 1), PDL 0 or 1")
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
-    while fit and stages > min_stages and stages * sb + 1024 > SMEM_LIMIT:
+    want_tstore = bool(tma and int(cfg.get("TSTORE", TSTORE)))
+    # SK 2 stages its TMA stores past the ring (they stay in flight under the next tile): a buffer per warpgroup
+    staging = nwg * bm * 128 if sk == 2 and want_tstore and tstore_fits(y, bm, nwg) else 0
+    while fit and stages > min_stages and stages * sb + staging + 1024 > SMEM_LIMIT:
         stages -= 1
-    smem = stages * sb + 1024  # + slack for the 1024-byte alignment of the stages
+    smem = stages * sb + staging + 1024  # + slack for the 1024-byte alignment of the stages
     split = 1 if sk else cfg.get("SPLIT", 1)
     if split == "auto":
         split = auto_split(m, n, k, cfg, props.multi_processor_count)
@@ -287,7 +294,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     if fold:
         defs["WG_FOLD"], defs["WG_GT"] = 1, gt
     # FOLD's two partial accumulators do not fit 2 CTAs' register budget (ptxas spills)
-    minb = int(cfg.get("MINB", 2 if sk and bm <= 64 and not fold else 1))
+    minb = int(cfg.get("MINB", 2 if sk == 1 and bm <= 64 and not fold else 1))
     if minb != 1:
         defs["WG_MINB"] = minb
     if inflight != 1:
@@ -310,14 +317,18 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         defs["WG_TMA"] = 0
         sk = 0
     if sk:
-        defs["WG_SK"] = 1
+        defs["WG_SK"] = sk
     pdl = bool(PDL and pdl_req and tma and props.major >= 9)
     if pdl:
         defs["WG_PDL"] = 1
     ymap = None
     band = bm // split if csplit else bm  # rows each CTA stores (CLUSTER: its band of the tile, whole 16-row pairs)
-    if (tma and not sk and not wsplit and (not csplit or band * split == bm) and band % 16 == 0
-            and tstore_fits(y, bm, nwg, stages * sb) and int(cfg.get("TSTORE", TSTORE))):
+    if sk == 2:
+        tstore = staging > 0
+    else:
+        tstore = (want_tstore and tma and not sk and not wsplit and (not csplit or band * split == bm)
+                  and band % 16 == 0 and tstore_fits(y, bm, nwg, stages * sb))
+    if tstore:
         try:
             ymap = swizzled_tensor_map(y, K_TILE, band)  # 64 output columns x band rows
             defs["WG_TSTORE"] = 1
@@ -330,11 +341,13 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     if sk:
         work = tiles * math.ceil(kt / ktile)  # (tile, stage) pairs
         if work >= 2**31:
-            raise ValueError(f"stream-K work of {work} stages exceeds int32; use SK 0 for M={m}, N={n}, K={k}")
-        ctas = min(work, nvrtc.resident_blocks(fn, 128 * nwg, smem) * props.multi_processor_count)
+            raise ValueError(f"persistent-grid work of {work} stages exceeds int32; use SK 0 for M={m}, N={n}, K={k}")
+        # SK 2: at most one CTA per tile (each runs whole tiles)
+        ctas = min(work if sk == 1 else tiles, nvrtc.resident_blocks(fn, 128 * nwg, smem) * props.multi_processor_count)
         grid = (ctas, 1, 1)
-        ws = torch.empty(ctas * 2 * (bm // 2) * 128 * nwg, dtype=torch.float32, device=y.device)
-        sk_count = torch.zeros(tiles, dtype=torch.int32, device=y.device)
+        if sk == 1:
+            ws = torch.empty(ctas * 2 * (bm // 2) * 128 * nwg, dtype=torch.float32, device=y.device)
+            sk_count = torch.zeros(tiles, dtype=torch.int32, device=y.device)
     else:
         grid = (tiles, 1, split)
         if ssplit:
@@ -371,11 +384,12 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
 _NO_CONV = ConvGeometry(1, 1, 1, 1, 1, 1, 0, 0, 1, 1)
 
 
-def tstore_fits(y: torch.Tensor, bm: int, nwg: int, ring_bytes: int) -> bool:
+def tstore_fits(y: torch.Tensor, bm: int, nwg: int, ring_bytes: int | None = None) -> bool:
     """WG_TSTORE applies: a 16-bit output whose rows the TMA can address (16-byte aligned base and row stride, unit
-    column stride), BM % 16 == 0, and a stage ring that holds the NWG staging tiles of BM rows x 128 bytes."""
+    column stride), BM % 16 == 0, and (ring_bytes given: the tiles are staged in the ring) a stage ring that holds the
+    NWG staging tiles of BM rows x 128 bytes."""
     return (y.dtype in (torch.float16, torch.bfloat16) and y.stride(1) == 1 and (y.stride(0) * 2) % 16 == 0
-            and y.data_ptr() % 16 == 0 and bm % 16 == 0 and ring_bytes >= nwg * bm * 128)
+            and y.data_ptr() % 16 == 0 and bm % 16 == 0 and (ring_bytes is None or ring_bytes >= nwg * bm * 128))
 
 
 _COUNTERS: dict = {}

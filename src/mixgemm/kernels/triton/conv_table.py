@@ -157,7 +157,9 @@ TABLES: dict[str, dict[str, tuple]] = {"h200": _H200}
 # what the table above picks (the Triton implicit GEMM or the 1x1 matmul) in the same run, else None (measured and
 # slower: the table above decides). A layer missing here takes the wgmma path with conv_wgmma.default_conv_config.
 # Session 14: the batch-32 1x1 layers re-swept with the TMA-store epilogue (WG_TSTORE; CONV_SWEEP=all,
-# results/conv_wgmma_h200_s14_1x1_b32.json): every one of them now runs faster on the wgmma path.
+# results/conv_wgmma_h200_s14_1x1_b32.json): every one of them now runs faster on the wgmma path. Session 22: the
+# batch-32 layers re-swept with persistent whole tiles (CONV_SWEEP=persist, results/conv_persist_sweep_h200_s22.json);
+# the four entries where they won by more than 1.5% take them.
 _H200_WGMMA: dict[str, dict | None] = {
     # r50.s1 1x1 256-64 @56 b1: wgmma 4.9 us, Triton / matmul 10.0 us, cuDNN 4.7 us
     "w4g128|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
@@ -223,14 +225,14 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|512-512|M64": None,
     # r50.s4 3x3/2 512-512 @14 b1: wgmma 10.9 us, Triton / matmul 11.7 us, cuDNN 13.1 us
     "w8pc|3x3/2|512-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s1 1x1 256-64 @56 b32: wgmma 23.9 us, Triton / matmul 26.7 us, cuDNN 21.0 us (s14, TSTORE)
-    "w4g128|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s1 1x1 256-64 @56 b32: wgmma 24.0 us, Triton / matmul 26.3 us, cuDNN 21.1 us (s14, TSTORE)
-    "w8pc|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s1 1x1 64-256 @56 b32: wgmma 31.4 us, Triton / matmul 37.3 us, cuDNN 24.3 us (s14, TSTORE)
-    "w4pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
-    # r50.s1 1x1 64-256 @56 b32: wgmma 31.7 us, Triton / matmul 40.0 us, cuDNN 24.1 us (s14, TSTORE)
-    "w8pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s1 1x1 256-64 @56 b32: wgmma 21.4 us (s14 tile: 22.6), cuDNN 20.9 us (s22, persistent whole tiles SK 2)
+    "w4g128|1x1/1|256-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 4, "SK": 2},
+    # r50.s1 1x1 256-64 @56 b32: wgmma 21.8 us (s14 tile: 22.2), cuDNN 21.0 us (s22, SK 2)
+    "w8pc|1x1/1|256-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 4, "SK": 2},
+    # r50.s1 1x1 64-256 @56 b32: wgmma 23.8 us (s14 tile: 29.9), cuDNN 24.0 us (s22, SK 2)
+    "w4pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
+    # r50.s1 1x1 64-256 @56 b32: wgmma 23.7 us (s14 tile: 30.2), cuDNN 24.0 us (s22, SK 2)
+    "w8pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
     # r50.s1 1x1 64-64 @56 b32: wgmma 11.1 us, Triton / matmul 13.6 us, cuDNN 8.7 us (s14, TSTORE)
     "w4pc|1x1/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
     # r50.s1 1x1 64-64 @56 b32: wgmma 11.3 us, Triton / matmul 13.5 us, cuDNN 8.7 us (s14, TSTORE)
@@ -257,8 +259,8 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s3 1x1 1024-256 @14 b32: wgmma 12.3 us, Triton / matmul 18.4 us, cuDNN 8.6 us (s14, TSTORE)
     "w4g128|1x1/1|1024-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 11.8 us, Triton / matmul 22.5 us, cuDNN 8.6 us (s14, TSTORE)
-    "w8pc|1x1/1|1024-256|M8192": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 10.1 us (s14 tile: 11.5), cuDNN 8.5 us (s22 re-sweep, CONV_SWEEP=table)
+    "w8pc|1x1/1|1024-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s3 1x1 256-1024 @14 b32: wgmma 13.1 us, Triton / matmul 15.3 us, cuDNN 9.6 us (s14, TSTORE)
     "w4g128|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s3 1x1 256-1024 @14 b32: wgmma 13.2 us, Triton / matmul 15.7 us, cuDNN 9.6 us (s14, TSTORE)
@@ -289,7 +291,143 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
 }
 
-WGMMA_TABLES: dict[str, dict[str, dict | None]] = {"h200": _H200_WGMMA}
+# NVIDIA H100 80GB HBM3 (132 SMs), torch 2.11 / triton 3.6, session 22: scripts/bench_conv_wgmma.py with
+# CONV_SWEEP=table (the default, "occ", persistent whole-tile (SK 2), cluster split-K and KT 2 / FOLD tiles beside the
+# Triton kernels; batch 1 and 32, W4 g128 (g64 at 64 channels) and W8 per-channel), entries printed by its
+# --emit-table. Raw data: benchmarks/results/conv_table_sweep_h100_s22_b{1,32,32_more}.json. Before it, the H100 ran
+# every layer on default_conv_config.
+_H100_WGMMA: dict[str, dict | None] = {
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 7.8 us, Triton / matmul 14.6 us, cuDNN 4.4 us
+    "w4g128|1x1/1|1024-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 11.6 us, Triton / matmul 24.6 us, cuDNN 9.8 us
+    "w4g128|1x1/1|1024-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 12.6 us, Triton / matmul 20.6 us, cuDNN 10.8 us
+    "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 9.0 us, Triton / matmul 9.3 us, cuDNN 5.7 us
+    "w4g128|1x1/1|2048-512|M64": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
+    # r50.s3 1x1 256-1024 @14 b1: wgmma 4.1 us, Triton / matmul 6.2 us, cuDNN 4.5 us
+    "w4g128|1x1/1|256-1024|M256": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 12.1 us, Triton / matmul 15.1 us, cuDNN 10.1 us
+    "w4g128|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s1 1x1 256-64 @56 b32: wgmma 27.3 us, Triton / matmul 33.4 us, cuDNN 27.7 us
+    "w4g128|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s1 1x1 256-64 @56 b1: wgmma 3.5 us, Triton / matmul 6.3 us, cuDNN 5.3 us
+    "w4g128|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 9.9 us, Triton / matmul 10.5 us, cuDNN 9.0 us
+    "w4g128|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s4 1x1 512-2048 @7 b1: wgmma 5.2 us, Triton / matmul 4.4 us, cuDNN 5.3 us
+    "w4g128|1x1/1|512-2048|M64": None,
+    # r50.s2 1x1/2 256-512 @56 (down) b1: wgmma 4.1 us, Triton / matmul 6.1 us, cuDNN 5.2 us
+    "w4g128|1x1/2|256-512|M1024": {"BM": 64, "NWG": 1, "STAGES": 4},
+    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 24.8 us, Triton / matmul 34.8 us, cuDNN 23.0 us
+    "w4g128|1x1/2|256-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
+    # r50.s2 3x3 128-128 @28 b1: wgmma 8.9 us, Triton / matmul 10.8 us, cuDNN 6.8 us
+    "w4g128|3x3/1|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
+    # r50.s2 3x3 128-128 @28 b32: wgmma 18.6 us, Triton / matmul 31.7 us, cuDNN 19.0 us
+    "w4g128|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s3 3x3 256-256 @14 b1: wgmma 10.5 us, Triton / matmul 12.3 us, cuDNN 8.4 us
+    "w4g128|3x3/1|256-256|M256": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
+    # r50.s3 3x3 256-256 @14 b32: wgmma 19.7 us, Triton / matmul 43.9 us, cuDNN 17.9 us
+    "w4g128|3x3/1|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 21.2 us, Triton / matmul 43.5 us, cuDNN 18.2 us
+    "w4g128|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3 512-512 @7 b1: wgmma 13.6 us, Triton / matmul 12.6 us, cuDNN 13.1 us
+    "w4g128|3x3/1|512-512|M64": None,
+    # r50.s2 3x3/2 128-128 @56 b1: wgmma 8.9 us, Triton / matmul 10.9 us, cuDNN 6.7 us
+    "w4g128|3x3/2|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
+    # r50.s2 3x3/2 128-128 @56 b32: wgmma 22.0 us, Triton / matmul 32.7 us, cuDNN 21.4 us
+    "w4g128|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 10.4 us, Triton / matmul 12.4 us, cuDNN 8.4 us
+    "w4g128|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 20.1 us, Triton / matmul 45.1 us, cuDNN 18.5 us
+    "w4g128|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 21.4 us, Triton / matmul 44.6 us, cuDNN 18.0 us
+    "w4g128|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 13.6 us, Triton / matmul 13.0 us, cuDNN 12.0 us
+    "w4g128|3x3/2|512-512|M64": None,
+    # r50.s1 3x3 64-64 @56 b32: wgmma 25.7 us, Triton / matmul 37.0 us, cuDNN 27.9 us
+    "w4g64|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s1 3x3 64-64 @56 b1: wgmma 6.2 us, Triton / matmul 7.6 us, cuDNN 6.0 us
+    "w4g64|3x3/1|64-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
+    # r50.s2 1x1 128-512 @28 b1: wgmma 2.9 us, Triton / matmul 5.3 us, cuDNN 3.9 us
+    "w4pc|1x1/1|128-512|M1024": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s2 1x1 128-512 @28 b32: wgmma 17.1 us, Triton / matmul 21.1 us, cuDNN 14.6 us
+    "w4pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
+    # r50.s1 1x1 64-256 @56 b32: wgmma 28.2 us, Triton / matmul 40.1 us, cuDNN 28.7 us
+    "w4pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "SK": 2, "MINB": 2},
+    # r50.s1 1x1 64-256 @56 b1: wgmma 2.4 us, Triton / matmul 4.8 us, cuDNN 5.8 us
+    "w4pc|1x1/1|64-256|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
+    # r50.s1 1x1 64-64 @56 b32: wgmma 10.6 us, Triton / matmul 17.3 us, cuDNN 10.1 us
+    "w4pc|1x1/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s1 1x1 64-64 @56 b1: wgmma 2.3 us, Triton / matmul 4.4 us, cuDNN 3.9 us
+    "w4pc|1x1/1|64-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 6.8 us, Triton / matmul 14.8 us, cuDNN 4.4 us
+    "w8pc|1x1/1|1024-256|M256": {"BM": 64, "NWG": 1, "STAGES": 4},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 10.7 us, Triton / matmul 24.8 us, cuDNN 9.8 us
+    "w8pc|1x1/1|1024-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s2 1x1 128-512 @28 b1: wgmma 2.9 us, Triton / matmul 5.3 us, cuDNN 3.9 us
+    "w8pc|1x1/1|128-512|M1024": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s2 1x1 128-512 @28 b32: wgmma 17.4 us, Triton / matmul 21.2 us, cuDNN 14.6 us
+    "w8pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 11.6 us, Triton / matmul 20.8 us, cuDNN 10.7 us
+    "w8pc|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 9.3 us, Triton / matmul 9.7 us, cuDNN 5.7 us
+    "w8pc|1x1/1|2048-512|M64": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
+    # r50.s3 1x1 256-1024 @14 b1: wgmma 3.8 us, Triton / matmul 6.1 us, cuDNN 4.5 us
+    "w8pc|1x1/1|256-1024|M256": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 11.8 us, Triton / matmul 14.6 us, cuDNN 9.9 us
+    "w8pc|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s1 1x1 256-64 @56 b32: wgmma 27.4 us, Triton / matmul 33.0 us, cuDNN 27.7 us
+    "w8pc|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s1 1x1 256-64 @56 b1: wgmma 3.4 us, Triton / matmul 6.1 us, cuDNN 5.2 us
+    "w8pc|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 9.4 us, Triton / matmul 10.6 us, cuDNN 8.9 us
+    "w8pc|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s4 1x1 512-2048 @7 b1: wgmma 4.7 us, Triton / matmul 4.5 us, cuDNN 5.3 us
+    "w8pc|1x1/1|512-2048|M64": None,
+    # r50.s1 1x1 64-256 @56 b32: wgmma 28.4 us, Triton / matmul 40.2 us, cuDNN 28.7 us
+    "w8pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
+    # r50.s1 1x1 64-256 @56 b1: wgmma 2.5 us, Triton / matmul 4.9 us, cuDNN 5.9 us
+    "w8pc|1x1/1|64-256|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
+    # r50.s1 1x1 64-64 @56 b32: wgmma 10.6 us, Triton / matmul 17.4 us, cuDNN 10.1 us
+    "w8pc|1x1/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s1 1x1 64-64 @56 b1: wgmma 2.4 us, Triton / matmul 4.4 us, cuDNN 3.6 us
+    "w8pc|1x1/1|64-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
+    # r50.s2 1x1/2 256-512 @56 (down) b1: wgmma 3.8 us, Triton / matmul 5.9 us, cuDNN 5.2 us
+    "w8pc|1x1/2|256-512|M1024": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
+    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 24.2 us, Triton / matmul 34.0 us, cuDNN 23.4 us
+    "w8pc|1x1/2|256-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
+    # r50.s2 3x3 128-128 @28 b1: wgmma 8.0 us, Triton / matmul 10.4 us, cuDNN 6.7 us
+    "w8pc|3x3/1|128-128|M1024": {"BM": 64, "NWG": 1, "STAGES": 4},
+    # r50.s2 3x3 128-128 @28 b32: wgmma 17.0 us, Triton / matmul 28.6 us, cuDNN 18.7 us
+    "w8pc|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
+    # r50.s3 3x3 256-256 @14 b1: wgmma 10.8 us, Triton / matmul 12.0 us, cuDNN 8.4 us
+    "w8pc|3x3/1|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s3 3x3 256-256 @14 b32: wgmma 17.1 us, Triton / matmul 39.5 us, cuDNN 17.3 us
+    "w8pc|3x3/1|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 18.6 us, Triton / matmul 37.7 us, cuDNN 18.2 us
+    "w8pc|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3 512-512 @7 b1: wgmma 11.1 us, Triton / matmul 12.4 us, cuDNN 13.0 us
+    "w8pc|3x3/1|512-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s1 3x3 64-64 @56 b32: wgmma 25.1 us, Triton / matmul 34.1 us, cuDNN 27.7 us
+    "w8pc|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 4, "SK": 2},
+    # r50.s1 3x3 64-64 @56 b1: wgmma 5.0 us, Triton / matmul 7.2 us, cuDNN 6.0 us
+    "w8pc|3x3/1|64-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
+    # r50.s2 3x3/2 128-128 @56 b1: wgmma 7.6 us, Triton / matmul 10.5 us, cuDNN 6.7 us
+    "w8pc|3x3/2|128-128|M1024": {"BM": 64, "NWG": 1, "STAGES": 4},
+    # r50.s2 3x3/2 128-128 @56 b32: wgmma 21.0 us, Triton / matmul 30.0 us, cuDNN 21.6 us
+    "w8pc|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 10.8 us, Triton / matmul 12.0 us, cuDNN 8.4 us
+    "w8pc|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 17.8 us, Triton / matmul 40.3 us, cuDNN 17.9 us
+    "w8pc|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 18.8 us, Triton / matmul 36.9 us, cuDNN 18.1 us
+    "w8pc|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 11.0 us, Triton / matmul 12.4 us, cuDNN 12.0 us
+    "w8pc|3x3/2|512-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+}
+
+WGMMA_TABLES: dict[str, dict[str, dict | None]] = {"h200": _H200_WGMMA, "h100": _H100_WGMMA}
 
 
 def _bucket(m: int) -> int:
