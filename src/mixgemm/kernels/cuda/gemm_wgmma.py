@@ -325,7 +325,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     band = bm // split if csplit else bm  # rows each CTA stores (CLUSTER: its band of the tile, whole 16-row pairs)
     if sk == 2:
         tstore = staging > 0
-    else:
+    else:  # (tma again: a driver without tensor maps turned it off above, and SK 2 with it)
         tstore = (want_tstore and tma and not sk and not wsplit and (not csplit or band * split == bm)
                   and band % 16 == 0 and tstore_fits(y, bm, nwg, stages * sb))
     if tstore:
