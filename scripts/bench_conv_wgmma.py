@@ -12,6 +12,9 @@ each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized w
   padded K fits it, beside the dispatch without it.
   CONV_SWEEP=longk: split-K and stream-K tiles on the few-tile, long-K layers (use with --only / --batches 32).
   CONV_SWEEP=persist: the dispatch beside persistent whole-tile configs (SK 2, stores in flight under the next tile).
+  CONV_SWEEP=wave: the dispatch beside tiles whose BM (any multiple of 8) makes the CTA count fill whole waves of the
+  SMs (one or two CTAs per SM, cluster split-K 2 on long K).
+  CONV_SWEEP=auto: only what the dispatch runs (for A/B runs of two source trees beside cuDNN).
   CONV_SWEEP=table: "all" plus the persistent tiles, cluster split-K on few long tiles and KT 2 (a new GPU's table).
   CONV_SWEEP=all: the default and the "occ" candidate tiles together (the session-14 re-sweep with the TMA-store
   epilogue). CONV_SWEEP=tstore: the dispatch's choice with the TMA-store epilogue against the same tiles with
@@ -114,6 +117,28 @@ def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
             out += [dict(BM=128, NWG=2, STAGES=3, KT=2, SK=2, MINB=2), dict(BM=256, NWG=2, STAGES=3, KT=2, SK=2)]
         if k >= 512:
             out += [dict(BM=128, NWG=2, STAGES=3, KT=4, FOLD=1, SK=2), dict(BM=128, NWG=2, STAGES=4, KT=2, SK=2)]
+    elif sweep == "wave":  # BM (any multiple of 8) sized so the CTAs fill whole waves of the SMs
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+        for nwg in nwgs:
+            ct = -(-co // (64 * nwg))
+            for per_sm, split in ((1, 1), (2, 1), (1, 2)):
+                if split > 1 and k < 1024:
+                    continue
+                fits = []
+                for bm in range(64, 257, 8):
+                    units = -(-m // bm) * ct * split
+                    waves = -(-units // (sms * per_sm))
+                    if waves <= 8 and (split == 1 or units <= sms):
+                        fits.append((units / (waves * sms * per_sm), bm % 16 == 0, bm))
+                for eff, _, bm in sorted(fits, reverse=True)[:2]:
+                    if eff < 0.9:
+                        continue
+                    c = dict(BM=bm, NWG=nwg, STAGES=4 if per_sm == 1 else 3, KT=2 if k >= 512 else 1)
+                    if per_sm == 2:
+                        c["MINB"] = 2
+                    if split > 1:
+                        c.update(SPLIT=split, CLUSTER=1)
+                    out.append(c)
     elif m >= 1024 and sweep == "stages":  # deeper rings / multi-tile stages (session 13, call 2)
         for nwg in nwgs:
             out += [dict(BM=128, NWG=nwg, STAGES=s) for s in (4, 6, 8)]
@@ -195,7 +220,9 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
         variants = [("auto", None, None), ("no-pdl", "no-pdl", None)]
     elif SWEEP == "final":  # what mixgemm.conv2d runs now ("auto") and before this path existed ("triton")
         variants = [("auto", None, None), ("triton", "no-wgmma", None)] if eligible else [("auto", None, None)]
-    elif SWEEP == "persist":
+    elif SWEEP == "auto":  # only what mixgemm.conv2d runs now (A/B runs of two source trees)
+        variants = [("auto", None, None)]
+    elif SWEEP in ("persist", "wave"):
         variants = [("auto", None, None)]
         variants += [(f"wgmma:{_name(c)}", "wgmma", c) for c in candidates(m, spec.co, spec.ci * spec.k**2)]
     else:

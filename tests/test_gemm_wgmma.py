@@ -440,6 +440,28 @@ def test_tma_store_epilogue(m, n, k, cfg, fmt):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_clamp_keeps_nan(dtype, act):
+    # the TMA-store epilogue clamps the rounded 16-bit pairs with NaN-propagating min / max: a NaN in x must reach
+    # its output row through relu / relu6 (as torch.clamp), exactly as the per-element epilogue's compares do
+    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+
+    qw = _qw(256, 256, 4, 128, "sym", "cuda", 5)
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(6)).to("cuda", dtype)
+    x[3, 5] = float("nan")
+    lo, hi = ACTS[act]
+    cfg = dict(BM=64, NWG=2, STAGES=4)
+    y1 = gemm_wgmma(x, qw, None, lo, hi, {**cfg, "TSTORE": 1})
+    y0 = gemm_wgmma(x, qw, None, lo, hi, {**cfg, "TSTORE": 0})
+    assert bool(y1[3].isnan().all()) and bool(y0[3].isnan().all())
+    rest = torch.arange(64, device="cuda") != 3
+    assert torch.equal(y1[rest], y0[rest]) and not bool(y1[rest].isnan().any())
+    assert float(y1[rest].min()) >= lo and float(y1[rest].max()) <= hi
+
+
+@pytest.mark.gpu
+@needs_sm90
 def test_tma_store_applies_only_to_addressable_outputs():
     # rows of N = 100 fp16 values are 200 bytes apart (not a multiple of 16): the TMA cannot address them, so the
     # per-element epilogue runs; BM = 40 (not a multiple of 16) likewise

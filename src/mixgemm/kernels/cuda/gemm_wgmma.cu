@@ -485,6 +485,15 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const char* p = pbase + b * bstride + (g + 8 * h) * PB;
+        if constexpr (ACT == 0 && SCL == 0 && MODE == 0 && !FOLD) {
+          // fp16 sym: the scale's bits straight into the half2 pair, compile-time magic constants (no cvt per group:
+          // the W4 g128 convs decode a group every 2 k-tiles)
+          const u32 bits = *(const u16*)p;
+          z[b][h] = BITS == 4 ? 8.f : 128.f;
+          q[b][h].template set_sym_f16_bits<BITS == 4 ? 8 : 128>(bits);
+          if (b == 0) rscale[h] = h_to_f32((u16)bits);
+          continue;
+        }
         const float s = scl_at(p);
         const float sec = MODE == 0 ? 0.f : scl_at(p + SB);
         z[b][h] = MODE == 1 ? sec : (BITS == 4 ? 8.f : 128.f);
@@ -515,7 +524,6 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   auto tile_params = [&]() {  // per-channel: the tile's one parameter set (and its row scales in rscale)
     if (PC) decode(P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * PBLK, PBLK);  // G == 1
   };
-  tile_params();
   int cur_grp = -1;
   u32 st_read = sbase;  // stage buffer being consumed
   int slot_read = 0;
@@ -705,9 +713,16 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       float bv[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) bv[h] = bias_kind && nb + 8 * h < N ? bias_at(bias, bias_kind, nb + 8 * h) : 0.f;
-      auto val = [&](int i, int h) {
-        const float v = PCS ? acc[i] * rscale[h] : acc[i];
-        return (u32)to_out16<ACT>(clamp_lo_hi(v + bv[h], lo, hi));
+      // Values i, i + 1 (one row pair of column h) as a clamped 16-bit pair: scale and bias in one FFMA, one cvt for
+      // the pair, then the clamp on the rounded pair with NaN-propagating min / max (NaN stays NaN, as torch.clamp).
+      // Rounding is monotone, so clamp(round(v)) == round(clamp(v)) for any lo <= hi. Why: compare-and-select per
+      // value (FSETP + FSEL, two each) was 26-30% of the executed instructions of the K = 128..256 1x1 convs, whose
+      // epilogue outweighs their main loop (ncu, H100, session 23).
+      const u32 lo2 = pack_out16x2<ACT>(lo, lo), hi2 = pack_out16x2<ACT>(hi, hi);
+      auto val2 = [&](int i, int h) {
+        const float v0 = PCS ? fmaf(acc[i], rscale[h], bv[h]) : acc[i] + bv[h];
+        const float v1 = PCS ? fmaf(acc[i + 1], rscale[h], bv[h]) : acc[i + 1] + bv[h];
+        return clamp_out16x2<ACT>(pack_out16x2<ACT>(v0, v1), lo2, hi2);
       };
       // lane l addresses row l % 8 of matrix l / 8 = (row block j + l / 16, column half (l / 8) % 2)
       const int mi = lane >> 3, r8 = lane & 7, chunk = 2 * wq + (mi & 1);
@@ -719,7 +734,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int jj = j + i / 2, h = i & 1;
-          r[i] = val(4 * jj + 2 * h, h) | (val(4 * jj + 2 * h + 1, h) << 16);
+          r[i] = val2(4 * jj + 2 * h, h);
         }
         const int row = 8 * (j - jlo + (mi >> 1)) + r8;
         stmatrix_x4_trans(stg + row * 128 + ((chunk ^ (row & 7)) << 4), r[0], r[1], r[2], r[3]);
@@ -763,6 +778,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
     for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s);
   }
+  // the first tile's per-channel parameters: read from global memory after the first stages are queued, so that
+  // their latency overlaps the loads' (before the queueing, the scale loads' wait was 5-8% of the stall samples of
+  // the one-tile-per-CTA 1x1 convs: ncu, H100, session 23)
+  tile_params();
   int sg = 0;
   while (true) {  // one output tile (or the CTA's part of it) per pass
     const int seg_end = SK ? min(nst, sg + U - cs_sk) : nst;

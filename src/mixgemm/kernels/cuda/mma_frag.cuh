@@ -14,6 +14,15 @@
 
 namespace mg {
 
+// fp16 bits of a nonzero integer |v| < 2048 (exact), at compile time
+__host__ __device__ constexpr u32 h16_int(int v) {
+  const u32 a = v < 0 ? -v : v;
+  int e = 0;
+  while ((a >> (e + 1)) != 0) ++e;
+  return (v < 0 ? 0x8000u : 0u) | (u32)(e + 15) << 10 | ((a << (10 - e)) & 0x3ffu);
+}
+static_assert(h16_int(1032) == 0x6408u && h16_int(-72) == 0xd480u && h16_int(1152) == 0x6480u, "fp16 bits");
+
 // Per-row dequantization constants for one group, in the activation's 16-bit type (ACT 0 fp16, 1 bf16;
 // MODE 0 sym, 1 zero_point, 2 offset).
 template <int ACT, int MODE>
@@ -39,6 +48,17 @@ struct RowQ {
       s2 = f32_to_bf2(s, s);
       off2 = MODE == 2 ? f32_to_bf2(fmaf(zc, s, m), fmaf(zc, s, m)) : 0x80008000u;  // -0: exact mul
     }
+  }
+  // Symmetric fp16 weights from an fp16 scale's raw bits: the scale duplicated into both halves (no fp32 round
+  // trip) and the magic-number constants of the fixed zero point Z (8 / 128) known at compile time, so a group
+  // decode costs no cvt. Same values as set(h_to_f32(bits), Z, 0).
+  template <int Z>
+  __device__ __forceinline__ void set_sym_f16_bits(u32 bits) {
+    static_assert(ACT == 0 && MODE == 0, "fp16 sym only");
+    zlo = h16_int(1024 + Z) * 0x10001u;
+    zhi = h16_int(-(64 + Z)) * 0x10001u;
+    s2 = bits | (bits << 16);
+    off2 = 0u;
   }
   // d = exact (q - zc) pair -> dequantized pair
   __device__ __forceinline__ u32 finish(u32 d) const {

@@ -45,6 +45,26 @@ __device__ __forceinline__ float4 ld_shared_v4(u32 a) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
   return v;
 }
+// {lo, hi} rounded to the 16-bit output type ACT (0 fp16, 1 bf16), lo in the low half: one cvt for two values
+template <int ACT>
+__device__ __forceinline__ u32 pack_out16x2(float lo, float hi) {
+  u32 r;
+  if (ACT == 0) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// a 16-bit pair clamped to [lo2, hi2] per half; NaN propagates (as torch.clamp), one instruction per bound
+template <int ACT>
+__device__ __forceinline__ u32 clamp_out16x2(u32 v, u32 lo2, u32 hi2) {
+  if (ACT == 0) {
+    asm("max.NaN.f16x2 %0, %0, %1;" : "+r"(v) : "r"(lo2));
+    asm("min.NaN.f16x2 %0, %0, %1;" : "+r"(v) : "r"(hi2));
+  } else {
+    asm("max.NaN.bf16x2 %0, %0, %1;" : "+r"(v) : "r"(lo2));
+    asm("min.NaN.bf16x2 %0, %0, %1;" : "+r"(v) : "r"(hi2));
+  }
+  return v;
+}
 // cp.async writes through the generic proxy, wgmma reads shared memory through the async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // mbarrier + TMA (sm_90)

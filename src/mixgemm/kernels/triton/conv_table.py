@@ -295,20 +295,21 @@ _H200_WGMMA: dict[str, dict | None] = {
 # CONV_SWEEP=table (the default, "occ", persistent whole-tile (SK 2), cluster split-K and KT 2 / FOLD tiles beside the
 # Triton kernels; batch 1 and 32, W4 g128 (g64 at 64 channels) and W8 per-channel), entries printed by its
 # --emit-table. Raw data: benchmarks/results/conv_table_sweep_h100_s22_b{1,32,32_more}.json. Before it, the H100 ran
-# every layer on default_conv_config.
+# every layer on default_conv_config. Entries ending "s23": session 23's CONV_SWEEP=wave (tiles whose BM, any multiple
+# of 8, makes the CTAs fill whole waves of the 132 SMs), benchmarks/results/conv_wave_sweep_h100_s23.json.
 _H100_WGMMA: dict[str, dict | None] = {
     # r50.s3 1x1 1024-256 @14 b1: wgmma 7.8 us, Triton / matmul 14.6 us, cuDNN 4.4 us
     "w4g128|1x1/1|1024-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 11.6 us, Triton / matmul 24.6 us, cuDNN 9.8 us
-    "w4g128|1x1/1|1024-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 10.6 us (BM 96: 132 CTAs, one wave; BM 128 11.3), cuDNN 9.7 us; s23
+    "w4g128|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s4 1x1 2048-512 @7 b32: wgmma 12.6 us, Triton / matmul 20.6 us, cuDNN 10.8 us
     "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 1x1 2048-512 @7 b1: wgmma 9.0 us, Triton / matmul 9.3 us, cuDNN 5.7 us
     "w4g128|1x1/1|2048-512|M64": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 4.1 us, Triton / matmul 6.2 us, cuDNN 4.5 us
     "w4g128|1x1/1|256-1024|M256": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 12.1 us, Triton / matmul 15.1 us, cuDNN 10.1 us
-    "w4g128|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 10.4 us (BM 192: 264 CTAs: one wave at 2 per SM; was 11.9), cuDNN 10.1 us; s23
+    "w4g128|1x1/1|256-1024|M8192": {"BM": 192, "NWG": 2, "STAGES": 3, "MINB": 2},
     # r50.s1 1x1 256-64 @56 b32: wgmma 27.3 us, Triton / matmul 33.4 us, cuDNN 27.7 us
     "w4g128|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s1 1x1 256-64 @56 b1: wgmma 3.5 us, Triton / matmul 6.3 us, cuDNN 5.3 us
@@ -327,10 +328,10 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s3 3x3 256-256 @14 b1: wgmma 10.5 us, Triton / matmul 12.3 us, cuDNN 8.4 us
     "w4g128|3x3/1|256-256|M256": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
-    # r50.s3 3x3 256-256 @14 b32: wgmma 19.7 us, Triton / matmul 43.9 us, cuDNN 17.9 us
-    "w4g128|3x3/1|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 21.2 us, Triton / matmul 43.5 us, cuDNN 18.2 us
-    "w4g128|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s3 3x3 256-256 @14 b32: wgmma 18.0 us (BM 96: 132 CTAs; BM 128 19.5), cuDNN 17.7 us; s23
+    "w4g128|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 20.9 us (BM 104 split 2: 128 CTAs; BM 128 21.5), cuDNN 18.3 us; s23
+    "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 3x3 512-512 @7 b1: wgmma 13.6 us, Triton / matmul 12.6 us, cuDNN 13.1 us
     "w4g128|3x3/1|512-512|M64": None,
     # r50.s2 3x3/2 128-128 @56 b1: wgmma 8.9 us, Triton / matmul 10.9 us, cuDNN 6.7 us
@@ -339,8 +340,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s3 3x3/2 256-256 @28 b1: wgmma 10.4 us, Triton / matmul 12.4 us, cuDNN 8.4 us
     "w4g128|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s3 3x3/2 256-256 @28 b32: wgmma 20.1 us, Triton / matmul 45.1 us, cuDNN 18.5 us
-    "w4g128|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 18.4 us (BM 96: 132 CTAs; BM 128 20.1), cuDNN 18.8 us; s23
+    "w4g128|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s4 3x3/2 512-512 @14 b32: wgmma 21.4 us, Triton / matmul 44.6 us, cuDNN 18.0 us
     "w4g128|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 3x3/2 512-512 @14 b1: wgmma 13.6 us, Triton / matmul 13.0 us, cuDNN 12.0 us
@@ -363,8 +364,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4pc|1x1/1|64-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
     # r50.s3 1x1 1024-256 @14 b1: wgmma 6.8 us, Triton / matmul 14.8 us, cuDNN 4.4 us
     "w8pc|1x1/1|1024-256|M256": {"BM": 64, "NWG": 1, "STAGES": 4},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 10.7 us, Triton / matmul 24.8 us, cuDNN 9.8 us
-    "w8pc|1x1/1|1024-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.9 us (BM 96: 132 CTAs, one wave; BM 128 10.8), cuDNN 9.8 us; s23
+    "w8pc|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s2 1x1 128-512 @28 b1: wgmma 2.9 us, Triton / matmul 5.3 us, cuDNN 3.9 us
     "w8pc|1x1/1|128-512|M1024": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s2 1x1 128-512 @28 b32: wgmma 17.4 us, Triton / matmul 21.2 us, cuDNN 14.6 us
@@ -375,8 +376,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|1x1/1|2048-512|M64": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 3.8 us, Triton / matmul 6.1 us, cuDNN 4.5 us
     "w8pc|1x1/1|256-1024|M256": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 11.8 us, Triton / matmul 14.6 us, cuDNN 9.9 us
-    "w8pc|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 10.3 us (BM 192: 264 CTAs: one wave at 2 per SM; was 11.6), cuDNN 10.0 us; s23
+    "w8pc|1x1/1|256-1024|M8192": {"BM": 192, "NWG": 2, "STAGES": 3, "MINB": 2},
     # r50.s1 1x1 256-64 @56 b32: wgmma 27.4 us, Triton / matmul 33.0 us, cuDNN 27.7 us
     "w8pc|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s1 1x1 256-64 @56 b1: wgmma 3.4 us, Triton / matmul 6.1 us, cuDNN 5.2 us
@@ -403,8 +404,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
     # r50.s3 3x3 256-256 @14 b1: wgmma 10.8 us, Triton / matmul 12.0 us, cuDNN 8.4 us
     "w8pc|3x3/1|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s3 3x3 256-256 @14 b32: wgmma 17.1 us, Triton / matmul 39.5 us, cuDNN 17.3 us
-    "w8pc|3x3/1|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 3x3 256-256 @14 b32: wgmma 15.7 us (BM 96: 132 CTAs; BM 128 17.4), cuDNN 17.9 us; s23
+    "w8pc|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s4 3x3 512-512 @7 b32: wgmma 18.6 us, Triton / matmul 37.7 us, cuDNN 18.2 us
     "w8pc|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 3x3 512-512 @7 b1: wgmma 11.1 us, Triton / matmul 12.4 us, cuDNN 13.0 us
@@ -419,8 +420,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
     # r50.s3 3x3/2 256-256 @28 b1: wgmma 10.8 us, Triton / matmul 12.0 us, cuDNN 8.4 us
     "w8pc|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s3 3x3/2 256-256 @28 b32: wgmma 17.8 us, Triton / matmul 40.3 us, cuDNN 17.9 us
-    "w8pc|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 16.4 us (BM 96: 132 CTAs; BM 128 17.8), cuDNN 18.8 us; s23
+    "w8pc|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s4 3x3/2 512-512 @14 b32: wgmma 18.8 us, Triton / matmul 36.9 us, cuDNN 18.1 us
     "w8pc|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 3x3/2 512-512 @14 b1: wgmma 11.0 us, Triton / matmul 12.4 us, cuDNN 12.0 us
