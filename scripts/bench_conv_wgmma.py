@@ -14,6 +14,7 @@ each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized w
   CONV_SWEEP=persist: the dispatch beside persistent whole-tile configs (SK 2, stores in flight under the next tile).
   CONV_SWEEP=wave: the dispatch beside tiles whose BM (any multiple of 8) makes the CTA count fill whole waves of the
   SMs (one or two CTAs per SM, cluster split-K 2 on long K).
+  CONV_SWEEP=custom: the dispatch beside the tiles of the JSON list in CONV_CANDIDATES.
   CONV_SWEEP=auto: only what the dispatch runs (for A/B runs of two source trees beside cuDNN).
   CONV_SWEEP=table: "all" plus the persistent tiles, cluster split-K on few long tiles and KT 2 (a new GPU's table).
   CONV_SWEEP=all: the default and the "occ" candidate tiles together (the session-14 re-sweep with the TMA-store
@@ -222,6 +223,10 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
         variants = [("auto", None, None), ("triton", "no-wgmma", None)] if eligible else [("auto", None, None)]
     elif SWEEP == "auto":  # only what mixgemm.conv2d runs now (A/B runs of two source trees)
         variants = [("auto", None, None)]
+    elif SWEEP == "custom":  # the dispatch beside the tiles given as a JSON list in CONV_CANDIDATES
+        variants = [("auto", None, None)]
+        variants += [(f"wgmma:{_name(c)}", "wgmma", {"TMA": 1, "GROUP_M": 8, **c})
+                     for c in json.loads(os.environ.get("CONV_CANDIDATES", "[]"))]
     elif SWEEP in ("persist", "wave"):
         variants = [("auto", None, None)]
         variants += [(f"wgmma:{_name(c)}", "wgmma", c) for c in candidates(m, spec.co, spec.ci * spec.k**2)]

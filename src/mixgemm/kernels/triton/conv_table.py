@@ -159,7 +159,9 @@ TABLES: dict[str, dict[str, tuple]] = {"h200": _H200}
 # Session 14: the batch-32 1x1 layers re-swept with the TMA-store epilogue (WG_TSTORE; CONV_SWEEP=all,
 # results/conv_wgmma_h200_s14_1x1_b32.json): every one of them now runs faster on the wgmma path. Session 22: the
 # batch-32 layers re-swept with persistent whole tiles (CONV_SWEEP=persist, results/conv_persist_sweep_h200_s22.json);
-# the four entries where they won by more than 1.5% take them.
+# the four entries where they won by more than 1.5% take them. Session 23: entries ending "s23" won by more than 1.5%
+# in CONV_SWEEP=wave (BM any multiple of 8, sized so the CTAs fill whole waves of the 132 SMs) or CONV_SWEEP=custom
+# (BM 104 KT 4 cluster split-K for the W4 stage-4 3x3s): results/conv_{wave,w4longk}_sweep_h200_s23.json.
 _H200_WGMMA: dict[str, dict | None] = {
     # r50.s1 1x1 256-64 @56 b1: wgmma 4.9 us, Triton / matmul 10.0 us, cuDNN 4.7 us
     "w4g128|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
@@ -243,8 +245,8 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
     # r50.s2 1x1 128-512 @28 b32: wgmma 17.7 us, Triton / matmul 20.6 us, cuDNN 14.0 us (s14, TSTORE)
     "w4pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s2 1x1 128-512 @28 b32: wgmma 17.8 us, Triton / matmul 24.0 us, cuDNN 14.0 us (s14, TSTORE)
-    "w8pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
+    # r50.s2 1x1 128-512 @28 b32: wgmma 14.4 us (B192N2S3K1M2; was 14.7), cuDNN 13.8 us; s23
+    "w8pc|1x1/1|128-512|M32768": {"BM": 192, "NWG": 2, "STAGES": 3, "KT": 1, "MINB": 2},
     # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 23.7 us, Triton / matmul 33.3 us, cuDNN 21.3 us (s14, TSTORE)
     "w4g128|1x1/2|256-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 23.4 us, Triton / matmul 32.4 us, cuDNN 21.2 us (s14, TSTORE)
@@ -257,36 +259,36 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s2 3x3/2 128-128 @56 b32: wgmma 21.3 us, Triton / matmul 28.2 us, cuDNN 19.8 us
     "w8pc|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 12.3 us, Triton / matmul 18.4 us, cuDNN 8.6 us (s14, TSTORE)
-    "w4g128|1x1/1|1024-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 10.1 us (s14 tile: 11.5), cuDNN 8.5 us (s22 re-sweep, CONV_SWEEP=table)
-    "w8pc|1x1/1|1024-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 13.1 us, Triton / matmul 15.3 us, cuDNN 9.6 us (s14, TSTORE)
-    "w4g128|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 13.2 us, Triton / matmul 15.7 us, cuDNN 9.6 us (s14, TSTORE)
-    "w8pc|1x1/1|256-1024|M8192": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 3x3 256-256 @14 b32: wgmma 21.9 us, Triton / matmul 36.2 us, cuDNN 17.9 us
-    "w4g128|3x3/1|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s3 3x3 256-256 @14 b32: wgmma 20.0 us, Triton / matmul 26.1 us, cuDNN 17.9 us
-    "w8pc|3x3/1|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s3 3x3/2 256-256 @28 b32: wgmma 22.0 us, Triton / matmul 36.2 us, cuDNN 18.9 us
-    "w4g128|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s3 3x3/2 256-256 @28 b32: wgmma 20.3 us, Triton / matmul 26.7 us, cuDNN 19.0 us
-    "w8pc|3x3/2|256-256|M8192": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.9 us (B96N2S4K2; was 10.7), cuDNN 8.6 us; s23
+    "w4g128|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.1 us (B96N2S4K2; was 9.9), cuDNN 8.5 us; s23
+    "w8pc|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 9.7 us (B192N2S3K1M2; was 11.5), cuDNN 9.6 us; s23
+    "w4g128|1x1/1|256-1024|M8192": {"BM": 192, "NWG": 2, "STAGES": 3, "KT": 1, "MINB": 2},
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 9.6 us (B192N2S3K1M2; was 10.9), cuDNN 9.5 us; s23
+    "w8pc|1x1/1|256-1024|M8192": {"BM": 192, "NWG": 2, "STAGES": 3, "KT": 1, "MINB": 2},
+    # r50.s3 3x3 256-256 @14 b32: wgmma 16.7 us (B192N2S4K2sp2c1; was 19.0), cuDNN 17.8 us; s23
+    "w4g128|3x3/1|256-256|M8192": {"BM": 192, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s3 3x3 256-256 @14 b32: wgmma 15.2 us (B96N2S4K2; was 16.7), cuDNN 17.8 us; s23
+    "w8pc|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 17.3 us (B192N2S4K2sp2c1; was 19.3), cuDNN 18.2 us; s23
+    "w4g128|3x3/2|256-256|M8192": {"BM": 192, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 15.7 us (B96N2S4K2; was 17.1), cuDNN 18.1 us; s23
+    "w8pc|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s4 1x1 2048-512 @7 b32: wgmma 13.2-13.3 us (s14 tile: 15.8), cuDNN 8.3 us (s16, split-K 2 as clusters)
     "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 1x1 2048-512 @7 b32: wgmma 12.4-12.5 us (s14 tile: 14.9), cuDNN 8.3 us (s16, split-K 2 as clusters)
     "w8pc|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 10.9 us, Triton / matmul 10.8 us, cuDNN 8.8 us (s14, TSTORE)
-    "w4g128|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 10.5 us, Triton / matmul 15.3 us, cuDNN 8.8 us (s14, TSTORE)
-    "w8pc|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 22.1 us (stream-K: 30.1), cuDNN 17.5-18.6 us (s16, split-K 2 as clusters)
-    "w4g128|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.4 us (B208N2S4K2; was 9.2), cuDNN 8.7 us; s23
+    "w4g128|1x1/1|512-2048|M2048": {"BM": 208, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.3 us (B208N2S4K2; was 8.5), cuDNN 8.8 us; s23
+    "w8pc|1x1/1|512-2048|M2048": {"BM": 208, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 19.8 us (B104N2S3K4sp2c1; was 20.8), cuDNN 17.2 us; s23
+    "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 3x3 512-512 @7 b32: wgmma 19.6-19.7 us (stream-K: 27.2), cuDNN 17.5-18.6 us (s16)
     "w8pc|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 22.1-22.4 us (stream-K: 30.3), cuDNN 17.8-18.5 us (s16)
-    "w4g128|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 19.7 us (B104N2S3K4sp2c1; was 20.7), cuDNN 18.4 us; s23
+    "w4g128|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 3x3/2 512-512 @14 b32: wgmma 19.7-19.9 us (stream-K: 27.6), cuDNN 17.8-18.5 us (s16)
     "w8pc|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
 }
@@ -296,7 +298,8 @@ _H200_WGMMA: dict[str, dict | None] = {
 # Triton kernels; batch 1 and 32, W4 g128 (g64 at 64 channels) and W8 per-channel), entries printed by its
 # --emit-table. Raw data: benchmarks/results/conv_table_sweep_h100_s22_b{1,32,32_more}.json. Before it, the H100 ran
 # every layer on default_conv_config. Entries ending "s23": session 23's CONV_SWEEP=wave (tiles whose BM, any multiple
-# of 8, makes the CTAs fill whole waves of the 132 SMs), benchmarks/results/conv_wave_sweep_h100_s23.json.
+# of 8, makes the CTAs fill whole waves of the 132 SMs), benchmarks/results/conv_wave_sweep_h100_s23.json, and
+# CONV_SWEEP=custom runs for the W4 stage-4 layers (conv_{w4longk,split3}_sweep_h100_s23.json).
 _H100_WGMMA: dict[str, dict | None] = {
     # r50.s3 1x1 1024-256 @14 b1: wgmma 7.8 us, Triton / matmul 14.6 us, cuDNN 4.4 us
     "w4g128|1x1/1|1024-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
@@ -330,8 +333,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/1|256-256|M256": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s3 3x3 256-256 @14 b32: wgmma 18.0 us (BM 96: 132 CTAs; BM 128 19.5), cuDNN 17.7 us; s23
     "w4g128|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 20.9 us (BM 104 split 2: 128 CTAs; BM 128 21.5), cuDNN 18.3 us; s23
-    "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 19.7-20.4 us (BM 104 KT 4 split 2; BM 128 KT 2 20.7-21.5), cuDNN 18.4; s23
+    "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 3x3 512-512 @7 b1: wgmma 13.6 us, Triton / matmul 12.6 us, cuDNN 13.1 us
     "w4g128|3x3/1|512-512|M64": None,
     # r50.s2 3x3/2 128-128 @56 b1: wgmma 8.9 us, Triton / matmul 10.9 us, cuDNN 6.7 us
@@ -342,8 +345,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
     # r50.s3 3x3/2 256-256 @28 b32: wgmma 18.4 us (BM 96: 132 CTAs; BM 128 20.1), cuDNN 18.8 us; s23
     "w4g128|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 21.4 us, Triton / matmul 44.6 us, cuDNN 18.0 us
-    "w4g128|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 20.3-20.5 (BM 104 KT 4 split 2; BM 128 KT 2 21.4-21.5), cuDNN 18.2; s23
+    "w4g128|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1},
     # r50.s4 3x3/2 512-512 @14 b1: wgmma 13.6 us, Triton / matmul 13.0 us, cuDNN 12.0 us
     "w4g128|3x3/2|512-512|M64": None,
     # r50.s1 3x3 64-64 @56 b32: wgmma 25.7 us, Triton / matmul 37.0 us, cuDNN 27.9 us
