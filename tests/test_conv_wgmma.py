@@ -192,6 +192,27 @@ def test_persistent_whole_tiles(layer, cfg, rel_err):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("layer,cfg", [
+    ((512, 512, 3, 1, 7, 32), dict(BM=104, NWG=2, STAGES=3, KT=4, SPLIT=2, CLUSTER=1)),  # im2col, cluster split-K
+    ((512, 512, 3, 2, 14, 5), dict(BM=64, NWG=2, STAGES=4, KT=2)),                       # stride 2, M tail
+    ((256, 1024, 1, 1, 14, 8), dict(BM=192, NWG=2, STAGES=3)),                           # BM 192, 1x1
+    ((128, 200, 3, 1, 17, 3), dict(BM=128, NWG=2, STAGES=3, SK=2)),                      # persistent whole tiles
+], ids=str)
+def test_producer_warp(layer, cfg, rel_err):
+    """WS 1 (a warp that only loads; slots released on mbarriers, no CTA barrier per stage) on the conv: within
+    tolerance of the reference and bit-equal to WS 0."""
+    ci, co, k, s, hw, batch = layer
+    x, qw, bias = make_conv_case(batch, ci, hw, hw, co, k, 1, torch.float16, True, 4, 128 if ci >= 128 else 64,
+                                 "zero_point", seed=ci + co + s)
+    cfg = {"TMA": 1, "GROUP_M": 8, **cfg}
+    y = _check(x, qw, bias, s, k // 2, 1, "relu", rel_err, config={**cfg, "WS": 1})
+    lo, hi = clamp_bounds("relu")
+    y0 = cuda_conv2d(x, qw, bias, _pair(s), _pair(k // 2), (1, 1), 1, lo, hi, "relu", cfg, "wgmma")
+    assert torch.equal(y, y0)
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("batch", [1, 3, 32])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("layer", [(64, 64, 3, 1, 56), (128, 128, 3, 2, 28), (256, 1024, 1, 1, 14),

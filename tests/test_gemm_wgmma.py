@@ -147,6 +147,17 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=8, WG_NWG=2, WG_STAGES=4, WG_KT=4, WG_FOLD=1, WG_GT=2,
          WG_SPLIT=3, WG_GROUP_M=1, WG_PDL=1),
     dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_PC=1, WG_SPLIT=3, WG_TSTORE=1),
+    # a producer warp (WG_WS): conv in a cluster with PDL, GEMM + TMA store, persistent whole tiles, stream-K, serial
+    # split-K, FOLD
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=104, WG_NWG=2, WG_STAGES=3, WG_KT=4, WG_SPLIT=2, WG_CONV=1,
+         WG_PDL=1, WG_WS=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=96, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_PC=1, WG_TSTORE=1,
+         WG_WS=1),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=128, WG_NWG=2, WG_STAGES=3, WG_SK=2, WG_TSTORE=1, WG_WS=1),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=32, WG_NWG=2, WG_STAGES=3, WG_KT=4, WG_SK=1, WG_WS=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_PC=1, WG_SPLIT=3, WG_WS=1),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=4, WG_STAGES=3, WG_KT=4, WG_FOLD=1, WG_GT=2,
+         WG_WS=1),
     # persistent whole tiles (WG_SK 2): conv + TMA store in flight across tiles, GEMM with per-element stores, FOLD
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_SK=2, WG_CONV=1, WG_TSTORE=1),
     dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=1, WG_STAGES=3, WG_PC=1, WG_SK=2, WG_TSTORE=1,
@@ -361,6 +372,40 @@ def test_persistent_whole_tiles(m, n, k, cfg, fmt):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("m,n,k,cfg", [
+    (300, 520, 1152, dict(BM=128, NWG=2, STAGES=4)),                          # M / N tails, TMA store
+    (1568, 512, 2048, dict(BM=104, NWG=2, STAGES=4, KT=2, SPLIT=2, CLUSTER=1)),  # cluster split-K, per-element band
+    (257, 136, 640, dict(BM=256, NWG=2, STAGES=4, INFLIGHT=2, SPLIT=3, SERIAL=1)),  # serial split-K
+    (3001, 777, 192, dict(BM=128, NWG=2, STAGES=3, SK=2)),                     # persistent whole tiles
+    (33, 8192, 1024, dict(BM=32, NWG=2, STAGES=3, KT=4, SK=1)),               # stream-K
+    (129, 264, 1024, dict(BM=32, NWG=2, STAGES=4, KT=4, FOLD=1)),
+    (77, 1000, 768, dict(BM=64, NWG=4, STAGES=3, KT=2)),                       # 17 warps: 4 warpgroups + the producer
+], ids=str)
+@pytest.mark.parametrize("fmt", [(4, 128, "zero_point", torch.float16), (8, -1, "sym", torch.bfloat16),
+                                 (4, 64, "offset", torch.bfloat16)], ids=str)
+def test_producer_warp(m, n, k, cfg, fmt):
+    """WS 1: one more warp only loads, each slot refilled once every consumer warp released it on an mbarrier (no CTA
+    barrier per stage). The same wgmmas in the same order: bit-equal to WS 0, and within tolerance."""
+    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+
+    bits, gs, mode, dtype = fmt
+    k = k if gs == -1 else -(-k // gs) * gs
+    cfg = dict(cfg, TMA=1)
+    _run(m, n, k, bits, gs, mode, dtype, config=dict(cfg, WS=1))
+    if cfg.get("SK") == 1:  # stream-K adds a shared tile's partials in arrival order: not bit-reproducible, WS or not
+        _run(m, n, k, bits, gs, mode, dtype, config=dict(cfg, WS=1))  # (and its counters were left zeroed)
+        return
+    qw = _qw(n, k, bits, gs, mode, "cuda", 9, torch.float16)
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(m, k, generator=g).to("cuda", dtype)
+    b = (torch.randn(n, generator=g) * 0.1).to("cuda", dtype)
+    for lo, hi in ((0.0, 6.0), (-math.inf, math.inf)):
+        for _ in range(2):  # repeated calls: the serial split-K counters are left zeroed
+            assert torch.equal(gemm_wgmma(x, qw, b, lo, hi, dict(cfg, WS=1)), gemm_wgmma(x, qw, b, lo, hi, cfg))
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("cfg", [
     dict(BM=32, NWG=2, STAGES=3, KT=4), dict(BM=16, NWG=1, STAGES=4, KT=2), dict(BM=64, NWG=2, STAGES=3, KT=4, SPLIT=3),
     dict(BM=32, NWG=2, STAGES=3, KT=4, SK=1), dict(BM=8, NWG=4, STAGES=3, KT=4, SK=1),
@@ -532,6 +577,9 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="not with CLUSTER 1"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
                    dict(BM=32, NWG=2, STAGES=4, SPLIT=2, CLUSTER=1, SERIAL=1))
+    with pytest.raises(ValueError, match="WS 0 or 1 \\(1 with TMA 1 and MINB 1"):
+        gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw, None, -inf, inf,
+                   dict(BM=32, NWG=2, STAGES=4, MINB=2, WS=1))
     with pytest.raises(ValueError, match="bias"):
         gemm_wgmma(torch.randn(4, 128, device="cuda", dtype=torch.float16), qw,
                    torch.zeros(63, device="cuda"), -inf, inf)

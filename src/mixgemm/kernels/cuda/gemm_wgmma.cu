@@ -161,6 +161,17 @@
 #endif
 
 #define WG_THREADS (128 * WG_NWG)
+// WG_WS: warp specialization -- one more warp (after the consumer warpgroups) only loads: it waits for a slot's
+// "empty" mbarrier (each consumer warp arrives once the wgmmas that read the slot are complete) and refills it, so the
+// consumers never wait for each other per stage and no consumer thread issues copies. Why: the per-stage CTA barrier
+// was 15-22% of the stall samples of the one-CTA-per-SM long-K W4 convs (ncu, H100, session 23), and the same
+// release with the loader inside warpgroup 0 was 10-60% slower (its waits held that warpgroup's wgmmas).
+// Measured (H100, conv batch 32, same runs): W4 3x3 512 @7 20.4 -> 18.7 us, 3x3/2 512 20.6 -> 19.5 us, 1x1 2048->512
+// 12.7 -> 12.0-12.2 us (W8 11.6 -> 11.1). Costs 32 threads' registers: MINB 1 only.
+#ifndef WG_WS
+#define WG_WS 0
+#endif
+#define WG_CTA_THREADS (WG_THREADS + (WG_WS ? 32 : 0))
 // WG_PDL: programmatic dependent launch (as the GEMVs, gemv_common.cuh). Why: at batch-32 conv and mid-M GEMM sizes
 // a launch's fixed cost (barrier setup, the ring's first weight loads, the previous kernel's tail wave) is 3.7-5 us of
 // a 10-20 us kernel; the weights and parameters never depend on the previous kernel, so thread 0 queues the first
@@ -232,6 +243,14 @@ constexpr bool PDL = WG_PDL != 0;
 // parameter copies, X = its activation loads
 constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;
 static_assert(!PDL || BULK, "WG_PDL takes the TMA loader (WG_TMA 1)");
+constexpr bool WS = WG_WS != 0;
+static_assert(!WS || BULK, "WG_WS takes the TMA loader (WG_TMA 1)");
+constexpr int LOADER = WS ? WG_THREADS : 0;  // the thread that issues every stage's copies
+// the consumer warps only (WG_WS: the producer warp may have exited): named barrier 8 (1..4 are the warpgroups')
+__device__ __forceinline__ void consumer_sync() {
+  if (WS) asm volatile("bar.sync 8, %0;" ::"n"(WG_THREADS) : "memory");
+  else __syncthreads();
+}
 constexpr bool TSTORE = WG_TSTORE != 0;
 static_assert(!TSTORE || (BULK && (!SK || SKW) && WG_SPLIT != 1 && ACT != 2 && BM % 16 == 0 &&
                            (SKW || STAGES * STAGE >= NWG * BM * 128)),
@@ -264,7 +283,7 @@ __device__ __forceinline__ float scl_at(const char* p) {
 
 using namespace mgw;
 
-extern "C" __global__ void __launch_bounds__(WG_THREADS, WG_MINB)
+extern "C" __global__ void __launch_bounds__(WG_CTA_THREADS, WG_MINB)
 mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt / 8][Kt][8][TB]
                    const char* __restrict__ P,      // wgmma_v1 params [Nt / 8][G][8][16][PB]
                    const char* __restrict__ X,      // [M, ldx] activations, 16-byte aligned rows, K % 8 == 0
@@ -353,15 +372,15 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   const int nblk = (Nt + 7) >> 3;  // WG_TMA: 8-tile blocks stored
   const int seg = warp / SEGLEN;   // WG_TMA: this warp's segment
   u32 st_issue = sbase;            // stage buffer of the next stage to load
-  // the loader's tile (WG_TMA: only thread 0 issues; it may run up to STAGES - 1 stages ahead of the consumers)
+  // the loader's tile (WG_TMA: only thread LOADER issues; it may run up to STAGES - 1 stages ahead of the consumers)
   int ld_tile = cs_tile, ld_sk = cs_sk, ld_m0 = m0, ld_rt = rt_raw - warp;
 
-  // WG_CONV loader cursor (thread 0): the next k-tile's channel tile, filter column and filter row, and the input
+  // WG_CONV loader cursor (the loading thread): the next k-tile's channel tile, filter column and filter row, and the input
   // pixel under the filter's top-left corner for the output tile's first pixel. Loop-carried, so that the main loop
   // does no run-time integer division (measured in SASS: the divisions inline cost 31 registers at BM 32).
   int cv_c = 0, cv_s = 0, cv_r = 0, cv_w0 = 0, cv_h0 = 0, cv_img = 0;
   auto conv_cursor = [&](int m0_, int kk) {  // output tile from pixel m0_, at its k-tile kk
-    if (CONV && tid == 0) {
+    if (CONV && tid == LOADER) {
       cv_img = m0_ / cg.pq;
       const int pix = m0_ - cv_img * cg.pq, p = pix / cg.q;
       cv_w0 = (pix - p * cg.q) * cg.sw - cg.pw, cv_h0 = p * cg.sh - cg.ph;
@@ -372,11 +391,16 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   conv_cursor(ld_m0, kt0 + ld_sk * KT);
 
   __shared__ __align__(8) u64 full_bar[STAGES];  // WG_TMA: stage s's bytes have landed (phase flips per use)
+  __shared__ __align__(8) u64 empty_bar[WS ? STAGES : 1];  // WG_WS: every consumer warp is done with slot s
   __shared__ int sk_last;                        // WG_SK / WG_SPLIT 3: this CTA finishes the tile
   if (WG_TMA) {
     if (tid == 0) {
 #pragma unroll
       for (int s = 0; s < STAGES; ++s) mbar_init(smem_addr(&full_bar[s]), 1);
+      if (WS) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) mbar_init(smem_addr(&empty_bar[s]), WARPS);
+      }
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -389,7 +413,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     if (sg < nst) {
       const int tiles = min(KT, nk - ld_sk * KT);
       if (BULK) {
-        if (tid == 0) {
+        if (tid == LOADER) {
+          // WG_WS: the slot's previous stage (sg - STAGES) was released by every consumer warp (round r = sg / STAGES
+          // waits for the empty barrier's r-th phase completion: parity (r - 1) & 1)
+          if (WS && sg >= STAGES) mbar_wait(smem_addr(&empty_bar[slot_issue]), ((sg / STAGES) & 1) ^ 1);
           const u32 bar = smem_addr(&full_bar[slot_issue]);
           const int ks = kt0 + ld_sk * KT;  // first k-tile of the stage (a multiple of KT, so groups start aligned)
           const int g_lo = (ks * 64) >> gk, ng = min(((ks + tiles) * 64 - 1) >> gk, G - 1) - g_lo + 1;
@@ -526,7 +553,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   };
   int cur_grp = -1;
   u32 st_read = sbase;  // stage buffer being consumed
-  int slot_read = 0;
+  int slot_read = 0, slot_rel = 0;  // slot_rel (WG_WS): the slot of the next stage this warp releases
   u32 phase = 0;
   u32 afr[INFL + 1][4][4];  // A registers of the last INFL + 1 k-tiles (indices fixed at compile time)
 
@@ -600,8 +627,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       cp_wait<STAGES - 2 - LAG>();  // this thread's pieces of stage sg have landed
       fence_proxy_async();
     }
-    __syncthreads();  // everyone's pieces landed; every warpgroup is past stage sg - 1, so stage sg - 1 - LAG is free
-    issue(sg + STAGES - 1 - LAG);
+    if (!WS) {
+      __syncthreads();  // everyone's pieces landed; every warpgroup is past stage sg - 1, so stage sg - 1 - LAG is free
+      issue(sg + STAGES - 1 - LAG);
+    }
     auto run = [&](auto jc) {  // k-tile j of the stage (j a compile-time constant)
       constexpr int j = decltype(jc)::value;
       if constexpr (j < KT) {
@@ -610,6 +639,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       }
     };
     run(IC<0>{}), run(IC<1>{}), run(IC<2>{}), run(IC<3>{});
+    if (WS && sg >= LAG) {  // the wgmmas of stage sg - LAG are complete (wait_group INFLIGHT, LAG KT >= INFLIGHT)
+      if (lane == 0) mbar_arrive(smem_addr(&empty_bar[slot_rel]));
+      slot_rel = slot_rel + 1 == STAGES ? 0 : slot_rel + 1;
+    }
     st_read = st_read + STAGE == sbase + STAGES * STAGE ? sbase : st_read + STAGE;
     ++cs_sk;
   };
@@ -628,9 +661,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) __stcg(p + i * WG_THREADS, acc[i]);
       __threadfence();  // the partial is visible GPU-wide before the count says so
-      __syncthreads();
+      consumer_sync();
       if (tid == 0) sk_last = atomicAdd(counter, count) + count == total;
-      __syncthreads();
+      consumer_sync();
       const bool last = sk_last != 0;
       if (last) __threadfence();
       return last;
@@ -707,7 +740,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         if ((tid & 127) == 0) tma_store_wait_read();
         asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
       } else {
-        __syncthreads();  // every warpgroup's wgmmas are complete and every stage was consumed: the ring is free
+        consumer_sync();  // every warpgroup's wgmmas are complete and every stage was consumed: the ring is free
       }
       const int nb = rt_raw * 16 + g;
       float bv[2];
@@ -777,6 +810,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   } else {
 #pragma unroll
     for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s);
+  }
+  if (WS && warp == WARPS) {  // the producer warp: every further stage, each into a slot its consumers released
+    for (int q = STAGES - 1 - LAG; q < nst; ++q) issue(q);
+    return;  // (cluster barriers count non-exited threads only; the consumers' CTA barriers are named, WARPS warps)
   }
   // the first tile's per-channel parameters: read from global memory after the first stages are queued, so that
   // their latency overlaps the loads' (before the queueing, the scale loads' wait was 5-8% of the stall samples of

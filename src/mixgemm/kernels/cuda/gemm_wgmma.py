@@ -29,7 +29,8 @@
   TMA 1: the first stages' weights are loaded before griddepcontrol.wait, everything else after it; never on the
   first launch after the layout was built, whose build kernels write those weights. Default 1, but 0 with SK: a
   persistent grid fills every SM slot, and stream-K measured 0.4-4 us slower with it; MIXGEMM_PDL=0 turns it off
-  everywhere).
+  everywhere), WS (TMA 1: one more warp only loads, refilling each slot once its consumers released it on an mbarrier;
+  no CTA barrier per stage; needs MINB 1; default 0).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER or SERIAL, with SERIAL an
   fp32 [tiles, SPLIT] partial-tile workspace (and a per-device, per-stream int32 counter per tile, allocated zeroed
@@ -56,7 +57,7 @@ KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
-               "CLUSTER", "SERIAL", "PDL")
+               "CLUSTER", "SERIAL", "PDL", "WS")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
 # Programmatic dependent launch (as the GEMVs, kernels/cuda/gemv.py): False (MIXGEMM_PDL=0) turns it off for every
 # config; True lets config key PDL decide (default: on, but off for stream-K -- see the docstring)
@@ -245,18 +246,21 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     sk, fold_req, cluster = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0)), int(cfg.get("CLUSTER", 0))
     serial = int(cfg.get("SERIAL", 0))
     pdl_req = int(cfg.get("PDL", int(not sk)))
+    ws_req = int(cfg.get("WS", 0))
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
             or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
             or sk not in (0, 1, 2) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)
-            or serial not in (0, 1) or (serial and cluster) or pdl_req not in (0, 1)):
+            or serial not in (0, 1) or (serial and cluster) or pdl_req not in (0, 1) or ws_req not in (0, 1)
+            or (ws_req and (not tma or int(cfg.get("MINB", 1)) != 1))):
         raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
                          f"SK={sk} FOLD={fold_req} CLUSTER={cluster} SERIAL={serial}: BM in 8..256 (multiple of 8), "
                          "NWG 1..4, "
                          "INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), "
                          "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0, 1 or 2 (1, 2 with TMA 1), FOLD 0 or 1, "
                          "CLUSTER 0 or 1, "
-                         "SERIAL 0 or 1 (not with CLUSTER 1), PDL 0 or 1")
+                         "SERIAL 0 or 1 (not with CLUSTER 1), PDL 0 or 1, "
+                         "WS 0 or 1 (1 with TMA 1 and MINB 1: with the producer warp, two CTAs per SM lack registers)")
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
@@ -313,9 +317,13 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         except Exception as e:  # noqa: BLE001 - a driver without tensor-map support: the cp.async loader instead
             _warn_no_tma(e)
             tma = 0
-    if not tma:  # per-thread cp.async loader instead of TMA / bulk copies (and no stream-K)
+    if not tma:  # per-thread cp.async loader instead of TMA / bulk copies (and no stream-K, no producer warp)
         defs["WG_TMA"] = 0
         sk = 0
+        ws_req = 0
+    if ws_req:
+        defs["WG_WS"] = 1
+    threads = 128 * nwg + 32 * ws_req
     if sk:
         defs["WG_SK"] = sk
     pdl = bool(PDL and pdl_req and tma and props.major >= 9)
@@ -343,7 +351,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         if work >= 2**31:
             raise ValueError(f"persistent-grid work of {work} stages exceeds int32; use SK 0 for M={m}, N={n}, K={k}")
         # SK 2: at most one CTA per tile (each runs whole tiles)
-        ctas = min(work if sk == 1 else tiles, nvrtc.resident_blocks(fn, 128 * nwg, smem) * props.multi_processor_count)
+        ctas = min(work if sk == 1 else tiles, nvrtc.resident_blocks(fn, threads, smem) * props.multi_processor_count)
         grid = (ctas, 1, 1)
         if sk == 1:
             ws = torch.empty(ctas * 2 * (bm // 2) * 128 * nwg, dtype=torch.float32, device=y.device)
@@ -374,7 +382,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         (ctypes.c_ubyte * 128).from_address(ymap.getPtr()) if ymap is not None else (ctypes.c_ubyte * 128)(),
     ]
     with torch.cuda.device(y.device):
-        nvrtc.launch(fn, grid, (128 * nwg, 1, 1), args, torch.cuda.current_stream(y.device).cuda_stream, smem,
+        nvrtc.launch(fn, grid, (threads, 1, 1), args, torch.cuda.current_stream(y.device).cuda_stream, smem,
                      pdl=pdl and not fresh, cluster=(1, 1, split) if csplit else None)
     if wsplit:
         _finish_split(ws, bias, y, lo, hi)

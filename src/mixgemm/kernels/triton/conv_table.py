@@ -305,8 +305,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|1x1/1|1024-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
     # r50.s3 1x1 1024-256 @14 b32: wgmma 10.6 us (BM 96: 132 CTAs, one wave; BM 128 11.3), cuDNN 9.7 us; s23
     "w4g128|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 12.6 us, Triton / matmul 20.6 us, cuDNN 10.8 us
-    "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 12.0 us (split 2, producer warp, 5 stages; was 12.7), cuDNN 10.7; s23
+    "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
     # r50.s4 1x1 2048-512 @7 b1: wgmma 9.0 us, Triton / matmul 9.3 us, cuDNN 5.7 us
     "w4g128|1x1/1|2048-512|M64": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 4.1 us, Triton / matmul 6.2 us, cuDNN 4.5 us
@@ -333,8 +333,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/1|256-256|M256": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s3 3x3 256-256 @14 b32: wgmma 18.0 us (BM 96: 132 CTAs; BM 128 19.5), cuDNN 17.7 us; s23
     "w4g128|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 19.7-20.4 us (BM 104 KT 4 split 2; BM 128 KT 2 20.7-21.5), cuDNN 18.4; s23
-    "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 18.7 us (BM 104 KT 4 split 2, producer warp; without it 20.4), cuDNN 18.5; s23
+    "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
     # r50.s4 3x3 512-512 @7 b1: wgmma 13.6 us, Triton / matmul 12.6 us, cuDNN 13.1 us
     "w4g128|3x3/1|512-512|M64": None,
     # r50.s2 3x3/2 128-128 @56 b1: wgmma 8.9 us, Triton / matmul 10.9 us, cuDNN 6.7 us
@@ -345,8 +345,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
     # r50.s3 3x3/2 256-256 @28 b32: wgmma 18.4 us (BM 96: 132 CTAs; BM 128 20.1), cuDNN 18.8 us; s23
     "w4g128|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 20.3-20.5 (BM 104 KT 4 split 2; BM 128 KT 2 21.4-21.5), cuDNN 18.2; s23
-    "w4g128|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 19.5 us (BM 104 KT 4 split 2, producer warp; without it 20.6), cuDNN 18.4; s23
+    "w4g128|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
     # r50.s4 3x3/2 512-512 @14 b1: wgmma 13.6 us, Triton / matmul 13.0 us, cuDNN 12.0 us
     "w4g128|3x3/2|512-512|M64": None,
     # r50.s1 3x3 64-64 @56 b32: wgmma 25.7 us, Triton / matmul 37.0 us, cuDNN 27.9 us
@@ -373,8 +373,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|1x1/1|128-512|M1024": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s2 1x1 128-512 @28 b32: wgmma 17.4 us, Triton / matmul 21.2 us, cuDNN 14.6 us
     "w8pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 11.6 us, Triton / matmul 20.8 us, cuDNN 10.7 us
-    "w8pc|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 11.1 us (split 2, producer warp, 5 stages; was 11.6), cuDNN 10.7; s23
+    "w8pc|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
     # r50.s4 1x1 2048-512 @7 b1: wgmma 9.3 us, Triton / matmul 9.7 us, cuDNN 5.7 us
     "w8pc|1x1/1|2048-512|M64": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 3.8 us, Triton / matmul 6.1 us, cuDNN 4.5 us
@@ -425,8 +425,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
     # r50.s3 3x3/2 256-256 @28 b32: wgmma 16.4 us (BM 96: 132 CTAs; BM 128 17.8), cuDNN 18.8 us; s23
     "w8pc|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 18.8 us, Triton / matmul 36.9 us, cuDNN 18.1 us
-    "w8pc|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 18.5 us (split 2, producer warp; was 18.9), cuDNN 18.5; s23
+    "w8pc|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
     # r50.s4 3x3/2 512-512 @14 b1: wgmma 11.0 us, Triton / matmul 12.4 us, cuDNN 12.0 us
     "w8pc|3x3/2|512-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
 }
