@@ -86,8 +86,10 @@ def test_table_entries_are_valid_wgmma_tiles():
         for key, cfg in table.items():
             if cfg is None:
                 continue
-            assert set(cfg) <= {"BM", "NWG", "STAGES", "KT", "SK", "MINB", "INFLIGHT", "SPLIT", "FOLD", "CLUSTER"}, key
+            assert set(cfg) <= {"BM", "NWG", "STAGES", "KT", "SK", "MINB", "INFLIGHT", "SPLIT", "FOLD", "CLUSTER",
+                                "WS"}, key
             assert cfg["BM"] % 8 == 0 and 8 <= cfg["BM"] <= 256 and cfg["NWG"] in (1, 2, 4), key
+            assert cfg.get("WS", 0) in (0, 1) and (not cfg.get("WS") or cfg.get("MINB", 1) == 1), key
             kt, infl = cfg.get("KT", 1), cfg.get("INFLIGHT", 1)
             assert kt in (1, 2, 4) and (kt == 1 or infl == 1) and cfg["STAGES"] >= 2 + -(-infl // kt), key
 
