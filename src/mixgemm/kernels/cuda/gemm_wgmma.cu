@@ -372,11 +372,11 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   const int nblk = (Nt + 7) >> 3;  // WG_TMA: 8-tile blocks stored
   const int seg = warp / SEGLEN;   // WG_TMA: this warp's segment
   u32 st_issue = sbase;            // stage buffer of the next stage to load
-  // the loader's tile (WG_TMA: only thread LOADER issues; it may run up to STAGES - 1 stages ahead of the consumers)
+  // the loader's tile (WG_TMA: only thread LOADER issues; it runs up to STAGES - 1 stages ahead of the consumers)
   int ld_tile = cs_tile, ld_sk = cs_sk, ld_m0 = m0, ld_rt = rt_raw - warp;
 
-  // WG_CONV loader cursor (the loading thread): the next k-tile's channel tile, filter column and filter row, and the input
-  // pixel under the filter's top-left corner for the output tile's first pixel. Loop-carried, so that the main loop
+  // WG_CONV loader cursor (the loading thread): the next k-tile's channel tile, filter column and filter row, and the
+  // input pixel under the filter's top-left corner for the output tile's first pixel. Loop-carried, so that the main loop
   // does no run-time integer division (measured in SASS: the divisions inline cost 31 registers at BM 32).
   int cv_c = 0, cv_s = 0, cv_r = 0, cv_w0 = 0, cv_h0 = 0, cv_img = 0;
   auto conv_cursor = [&](int m0_, int kk) {  // output tile from pixel m0_, at its k-tile kk
