@@ -175,6 +175,16 @@ def test_configs(cfg, fmt, rel_err):
         _check(x, qw, bias, 1, 1, 1, None, rel_err, config={"TMA": 1, "GROUP_M": 8, **cfg})
 
 
+def _check_variant_bit_equal(x, qw, bias, stride, k, cfg, variant, rel_err):
+    """The tile cfg with `variant` keys added (same sums in the same order): within tolerance of the reference and
+    bit-equal to cfg alone. Padding k // 2, relu."""
+    cfg = {"TMA": 1, "GROUP_M": 8, **cfg}
+    y = _check(x, qw, bias, stride, k // 2, 1, "relu", rel_err, config={**cfg, **variant})
+    lo, hi = clamp_bounds("relu")
+    y0 = cuda_conv2d(x, qw, bias, _pair(stride), _pair(k // 2), (1, 1), 1, lo, hi, "relu", cfg, "wgmma")
+    assert torch.equal(y, y0)
+
+
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("layer", [(64, 256, 1, 1, 56, 8), (128, 200, 3, 2, 29, 6), (256, 64, 1, 1, 15, 16)])
@@ -185,11 +195,7 @@ def test_persistent_whole_tiles(layer, cfg, rel_err):
     tiles per CTA: within tolerance of the reference and bit-equal to one CTA per tile."""
     ci, co, k, s, hw, batch = layer
     x, qw, bias = make_conv_case(batch, ci, hw, hw, co, k, 1, torch.float16, True, 4, 64, "zero_point", seed=ci + co)
-    cfg = {"TMA": 1, "GROUP_M": 8, **cfg}
-    y = _check(x, qw, bias, s, k // 2, 1, "relu", rel_err, config={**cfg, "SK": 2})
-    lo, hi = clamp_bounds("relu")
-    y1 = cuda_conv2d(x, qw, bias, _pair(s), _pair(k // 2), (1, 1), 1, lo, hi, "relu", cfg, "wgmma")
-    assert torch.equal(y, y1)
+    _check_variant_bit_equal(x, qw, bias, s, k, cfg, {"SK": 2}, rel_err)
 
 
 @pytest.mark.gpu
@@ -206,11 +212,7 @@ def test_producer_warp(layer, cfg, rel_err):
     ci, co, k, s, hw, batch = layer
     x, qw, bias = make_conv_case(batch, ci, hw, hw, co, k, 1, torch.float16, True, 4, 128 if ci >= 128 else 64,
                                  "zero_point", seed=ci + co + s)
-    cfg = {"TMA": 1, "GROUP_M": 8, **cfg}
-    y = _check(x, qw, bias, s, k // 2, 1, "relu", rel_err, config={**cfg, "WS": 1})
-    lo, hi = clamp_bounds("relu")
-    y0 = cuda_conv2d(x, qw, bias, _pair(s), _pair(k // 2), (1, 1), 1, lo, hi, "relu", cfg, "wgmma")
-    assert torch.equal(y, y0)
+    _check_variant_bit_equal(x, qw, bias, s, k, cfg, {"WS": 1}, rel_err)
 
 
 @pytest.mark.gpu
