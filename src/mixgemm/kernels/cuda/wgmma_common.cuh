@@ -48,9 +48,9 @@ __device__ __forceinline__ float4 ld_shared_v4(u32 a) {
 // {lo, hi} rounded to the 16-bit output type ACT (0 fp16, 1 bf16), lo in the low half: one cvt for two values
 template <int ACT>
 __device__ __forceinline__ u32 pack_out16x2(float lo, float hi) {
+  if (ACT != 0) return f32_to_bf2(lo, hi);
   u32 r;
-  if (ACT == 0) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
 // a 16-bit pair clamped to [lo2, hi2] per half; NaN propagates (as torch.clamp), one instruction per bound
