@@ -297,8 +297,9 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
             and ktile % (2 * gt) == 0)
     if fold:
         defs["WG_FOLD"], defs["WG_GT"] = 1, gt
-    # FOLD's two partial accumulators do not fit 2 CTAs' register budget (ptxas spills)
-    minb = int(cfg.get("MINB", 2 if sk == 1 and bm <= 64 and not fold else 1))
+    # FOLD's two partial accumulators do not fit 2 CTAs' register budget (ptxas spills); WS takes MINB 1 (checked above
+    # for an explicit MINB, so the default must not pick 2 either)
+    minb = int(cfg.get("MINB", 2 if sk == 1 and bm <= 64 and not fold and not ws_req else 1))
     if minb != 1:
         defs["WG_MINB"] = minb
     if inflight != 1:
