@@ -68,8 +68,11 @@ def test_default_config():
     big = default_conv_config(100352, 64, 576)
     assert big == {"TMA": 1, "GROUP_M": 8, "BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3}
     assert default_conv_config(25088, 128, 1152)["NWG"] == 2
-    deep = default_conv_config(49, 512, 4608)  # batch-1 deep layer: stream-K over 16-pixel tiles
-    assert deep["SK"] == 1 and deep["BM"] == 16 and deep["KT"] == 4
+    deep = default_conv_config(49, 512, 4608)  # batch-1 deep layer: 8 K slices of one 56-pixel tile as a cluster
+    assert deep["SPLIT"] == 8 and deep["CLUSTER"] == 1 and deep["BM"] == 56 and deep["WS"] == 1
+    assert "WS" not in default_conv_config(49, 512, 2048)  # one stage per slice: no producer warp
+    mid = default_conv_config(784, 128, 1152)  # M > 256 with a long K: stream-K over 16-pixel tiles
+    assert mid["SK"] == 1 and mid["BM"] == 16 and mid["KT"] == 4
     assert "SK" not in default_conv_config(196, 1024, 256)  # short K: one tile per CTA
     few = default_conv_config(1568, 512, 4608)  # batch-32 stage 4: 52 tiles of 128 x 128, K halves as 2-CTA clusters
     assert few["SPLIT"] == 2 and few["CLUSTER"] == 1 and few["BM"] == 128
@@ -161,6 +164,7 @@ CONFIGS = [
     dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, SPLIT=4, CLUSTER=1),
     dict(BM=128, NWG=2, STAGES=4, SPLIT=3, CLUSTER=1),
     dict(BM=64, NWG=2, STAGES=4, KT=2, FOLD=1, SPLIT=2, CLUSTER=1),
+    dict(BM=56, NWG=1, STAGES=3, KT=4, SPLIT=8, CLUSTER=1, WS=1),  # the batch-1 tile: 5 slices of 4 + 2 k-tiles
 ]
 
 

@@ -124,6 +124,10 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=2, WG_BM=64, WG_NWG=4, WG_STAGES=3, WG_KT=2, WG_TSTORE=1),
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=16, WG_NWG=1, WG_STAGES=4, WG_KT=4, WG_FOLD=1, WG_GT=2,
          WG_TSTORE=1),
+    # ... BM % 16 == 8 (stmatrix .x2 for the last block); uneven cluster bands, one store per 8-row block
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=1, WG_BM=104, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_TSTORE=1),
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=104, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_SPLIT=2, WG_CONV=1,
+         WG_TSTORE=1, WG_TS_BOX=8, WG_WS=1),
     # split-K slices as one cluster (partials through distributed shared memory): GEMM, conv, per-channel, FOLD,
     # cp.async, TMA store
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_SPLIT=2),
@@ -236,6 +240,7 @@ def test_m_values(m):
     dict(BM=128, NWG=2, STAGES=3, KT=2), dict(BM=24, NWG=3, STAGES=3, SPLIT=2, KT=4, TMA=0),
     dict(BM=64, NWG=4, STAGES=3, KT=2), dict(BM=256, NWG=2, STAGES=4, INFLIGHT=2),
     dict(BM=16, NWG=1, STAGES=4, SPLIT=3), dict(BM=32, NWG=2, STAGES=6, INFLIGHT=2, GROUP_M=3),
+    dict(BM=104, NWG=2, STAGES=4, KT=2), dict(BM=40, NWG=1, STAGES=4),  # TMA store, BM % 16 == 8
 ], ids=str)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_configs(cfg, bits):
@@ -264,7 +269,9 @@ def test_multi_tile_stages(kt, tma, bits, gs, mode, k, split):
     (300, 520, 1152, dict(BM=128, NWG=2, STAGES=4, SPLIT=4)),
     (67, 264, 1152, dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, SPLIT=2)),
     (1000, 200, 2048, dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, SPLIT=8)),
-    (129, 1000, 1152, dict(BM=24, NWG=1, STAGES=4, SPLIT=3)),  # BM / 8 = 3 rows of 8 over 3 CTAs
+    (129, 1000, 1152, dict(BM=24, NWG=1, STAGES=4, SPLIT=3)),  # 3 blocks of 8 rows: TMA-store bands 16, 8, none
+    (1568, 512, 2048, dict(BM=104, NWG=2, STAGES=4, KT=2, SPLIT=2)),  # TMA-store bands 64 + 40, 8 rows per store
+    (300, 520, 1152, dict(BM=40, NWG=2, STAGES=4, SPLIT=4)),  # bands 16, 16, 8, none
     (300, 520, 1152, dict(BM=64, NWG=2, STAGES=3, KT=4, SPLIT=3)),  # partial last stages
     (300, 520, 1152, dict(BM=64, NWG=4, STAGES=4, TMA=0, SPLIT=2)),
     (17, 520, 4096, dict(BM=16, NWG=1, STAGES=4, SPLIT=20)),  # more than a cluster holds: capped at 8
@@ -274,8 +281,9 @@ def test_multi_tile_stages(kt, tma, bits, gs, mode, k, split):
                                  (8, -1, "sym", torch.float16), (4, 64, "sym", torch.bfloat16)], ids=str)
 def test_cluster_split(m, n, k, cfg, fmt):
     """CLUSTER 1: the split-K slices of a tile are one cluster; each CTA adds its peers' partials of one band through
-    distributed shared memory and stores it (bias, clamp, row scales) -- by TMA where the band is whole 16-row pairs
-    (BM 128 / 4, 256 / 2, 256 / 8), else per element; FOLD where it applies."""
+    distributed shared memory and stores it (bias, clamp, row scales) -- by TMA (bands of whole 16-row pairs, the last
+    ones shorter or empty; one store per band where all are equal, else per 8-row block), per element with TSTORE 0
+    or the cp.async loader; FOLD where it applies."""
     bits, gs, mode, dtype = fmt
     k = k if gs == -1 else -(-k // gs) * gs
     cfg = dict(cfg, CLUSTER=1, FOLD=int(cfg.get("KT", 1) > 1))
@@ -374,7 +382,7 @@ def test_persistent_whole_tiles(m, n, k, cfg, fmt):
 @needs_sm90
 @pytest.mark.parametrize("m,n,k,cfg", [
     (300, 520, 1152, dict(BM=128, NWG=2, STAGES=4)),                          # M / N tails, TMA store
-    (1568, 512, 2048, dict(BM=104, NWG=2, STAGES=4, KT=2, SPLIT=2, CLUSTER=1)),  # cluster split-K, per-element band
+    (1568, 512, 2048, dict(BM=104, NWG=2, STAGES=4, KT=2, SPLIT=2, CLUSTER=1)),  # cluster split-K, uneven bands
     (257, 136, 640, dict(BM=256, NWG=2, STAGES=4, INFLIGHT=2, SPLIT=3, SERIAL=1)),  # serial split-K
     (3001, 777, 192, dict(BM=128, NWG=2, STAGES=3, SK=2)),                     # persistent whole tiles
     (33, 8192, 1024, dict(BM=32, NWG=2, STAGES=3, KT=4, SK=1)),               # stream-K
@@ -509,12 +517,12 @@ def test_clamp_keeps_nan(dtype, act):
 @needs_sm90
 def test_tma_store_applies_only_to_addressable_outputs():
     # rows of N = 100 fp16 values are 200 bytes apart (not a multiple of 16): the TMA cannot address them, so the
-    # per-element epilogue runs; BM = 40 (not a multiple of 16) likewise
+    # per-element epilogue runs; BM = 40 (BM % 16 == 8: its last 8-row block goes through stmatrix .x2) does not
     from mixgemm.kernels.cuda.gemm_wgmma import tstore_fits
 
     y = torch.empty(64, 100, device="cuda", dtype=torch.float16)
     assert not tstore_fits(y, 64, 2, 1 << 20)
-    assert not tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 40, 2, 1 << 20)
+    assert tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 40, 2, 1 << 20)
     assert not tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float32), 64, 2, 1 << 20)
     assert not tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 256, 2, 2 * 256 * 128 - 1024)
     assert tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 256, 2, 2 * 256 * 128)

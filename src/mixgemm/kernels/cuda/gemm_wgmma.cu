@@ -54,7 +54,7 @@
 // leave most SMs idle, and the workspace route paid a zeroed M x N workspace, M x N x split atomics and a second
 // kernel: H200, 1x1 conv 2048->512 @7 b32 W4, BM 256 split 4 took 19.7 us, of which the main loop is ~4.5 us.
 // Measured with it (H200, session 16, BM 128 KT 2 split 2): conv b32 3x3 512->512 W8 27.1 -> 19.6 us, W4 30.1 -> 22.1
-// us; 1x1 2048->512 W4 15.8 -> 13.2 us. The band goes out by TMA store when BM / split is whole 16-row pairs: the
+// us; 1x1 2048->512 W4 15.8 -> 13.2 us. The band goes out by TMA store (bands of whole 16-row pairs, WG_TS_BOX): the
 // per-element epilogue (~7000 SASS instructions, run once per CTA) stalled on instruction fetch (41% of the samples).
 // WG_SPLIT 3 (serial split-K): each slice leaves its fp32 partial tile in a workspace, counts itself on the tile's
 // counter, and the slice that counts last adds the S partials in slice order (the same sum whichever CTA is last) and
@@ -147,13 +147,20 @@
 // 2-byte store per element. Why: the accumulator holds two consecutive *rows* of one output column per register pair,
 // so the direct stores cover 16 contiguous bytes per row and warp instruction (BM / 2 store instructions per thread);
 // the TMA store writes whole 128-byte lines. Layers with little K per output byte (1x1 convolutions, K = 64..256)
-// are bound by those stores. Needs WG_TMA 1, no split-K / stream-K (WG_SK 2 is fine), a 16-bit output and
-// BM % 16 == 0.
+// are bound by those stores. Needs WG_TMA 1, no split-K / stream-K (WG_SK 2 is fine) and a 16-bit output. An odd
+// last 8-row block (BM % 16 == 8) goes through stmatrix .x2.
 // Measured (H200, session 14, same-run A/B, results/*tstore*_s14.log): conv batch 32 1x1 64->256 W4 47.2 -> 31.9 us,
 // 1x1/2 256->512 31.6 -> 23.6 us, 3x3 64->64 27.6 -> 24.4 us; GEMM W4 g128 M = 1024 695-706 -> 672-679 us
 // (8192x28672) and 198-203 -> 187-192 us (4096x14336), W8 per-channel M = 4096 2950 -> 2655 us (8192x28672).
 #ifndef WG_TSTORE
 #define WG_TSTORE 0
+#endif
+// WG_TS_BOX: rows per TMA store box (the output map's box): the CTA's rows in one store (BM; WG_SPLIT 2: the band
+// when every band has the same whole 16-row pairs), else 8, one store per 8-row block. Why: with bands of unequal
+// size (BM 104 / split 2: 64 + 40 rows) one box cannot fit both, and a box past the band would overwrite the next
+// tile's rows; before, such tiles took the per-element epilogue.
+#ifndef WG_TS_BOX
+#define WG_TS_BOX WG_BM
 #endif
 
 #ifndef WG_GT
@@ -252,10 +259,10 @@ __device__ __forceinline__ void consumer_sync() {
   else __syncthreads();
 }
 constexpr bool TSTORE = WG_TSTORE != 0;
-static_assert(!TSTORE || (BULK && (!SK || SKW) && WG_SPLIT != 1 && ACT != 2 && BM % 16 == 0 &&
+static_assert(!TSTORE || (BULK && (!SK || SKW) && WG_SPLIT != 1 && ACT != 2 && WG_TS_BOX % 8 == 0 &&
                            (SKW || STAGES * STAGE >= NWG * BM * 128)),
               "WG_TSTORE: TMA loader, no workspace split-K / stream-K (WG_SK 2 is fine), fp16 / bf16 output, "
-              "BM % 16 == 0, ring >= the staging tiles (WG_SK 2: staging past the ring)");
+              "WG_TS_BOX % 8 == 0, ring >= the staging tiles (WG_SK 2: staging past the ring)");
 // WG_CONV geometry: output pixel m = (n * P + p) * Q + q reads input pixel (q sw - pw + kw dw, p sh - ph + kh dh) of
 // image n for tap (kh, kw); k-tile kk is channels 64 (kk % cpt) .. of tap kk / cpt = kh * kw_taps + kw.
 struct ConvGeo {
@@ -676,7 +683,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       // acc[4 j .. 4 j + 3]: 16-byte accesses, conflict-free, the same thread on both sides). Why push (remote stores)
       // and not pull: a remote load stalls its thread for the round trip, and the loads went out one at a time
       // (H200: +7 us for BM 256 / split 4); stores do not wait.
-      const int S = cluster_nctarank(), r = cluster_ctarank(), jb = (BM / 8 + S - 1) / S;
+      // (TSTORE: whole 16-row pairs per band, so each band's stmatrix .x4 pairs start at an even block)
+      const int S = cluster_nctarank(), r = cluster_ctarank();
+      const int jb = TSTORE ? 2 * ((BM / 16 + BM / 8 % 2 + S - 1) / S) : (BM / 8 + S - 1) / S;
       jlo = r * jb, jhi = min(BM / 8, jlo + jb);
       cluster_sync();  // every CTA is past its main loop (its ring is free) and running (its shared memory exists)
       for (int o = 0; o < S; ++o) {
@@ -761,21 +770,29 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       const int mi = lane >> 3, r8 = lane & 7, chunk = 2 * wq + (mi & 1);
 #pragma unroll
       for (int j = 0; j < BM / 8; j += 2) {
-        // WG_SPLIT 2: this CTA's band only (the host makes it whole 16-row pairs), staged from row 0 of the tile
+        // WG_SPLIT 2: this CTA's band only (it starts at an even block), staged from row 0 of the tile
         if (CSPLIT && (j < jlo || j >= jhi)) continue;
-        u32 r[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int jj = j + i / 2, h = i & 1;
-          r[i] = val2(4 * jj + 2 * h, h);
-        }
         const int row = 8 * (j - jlo + (mi >> 1)) + r8;
-        stmatrix_x4_trans(stg + row * 128 + ((chunk ^ (row & 7)) << 4), r[0], r[1], r[2], r[3]);
+        const u32 dst = stg + row * 128 + ((chunk ^ (row & 7)) << 4);
+        if (j + 1 < BM / 8) {
+          u32 r[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int jj = j + i / 2, h = i & 1;
+            r[i] = val2(4 * jj + 2 * h, h);
+          }
+          stmatrix_x4_trans(dst, r[0], r[1], r[2], r[3]);
+        } else {  // BM % 16 == 8: the last block alone (lanes 0-15 address its two column halves)
+          stmatrix_x2_trans(dst, val2(4 * j, 0), val2(4 * j + 2, 1));
+        }
       }
       fence_proxy_async();  // the generic-proxy smem writes are visible to the TMA engine
       asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-      if ((tid & 127) == 0) {  // (WG_SPLIT 2: the map's box is the band, BM / split rows)
-        tma_store_2d(&ymap, stg, (rt_raw - wq) * 16, m0 + 8 * jlo);
+      if ((tid & 127) == 0) {
+        // one store per WG_TS_BOX rows of the CTA's rows (WG_SPLIT 2: its band; an empty band stores nothing)
+        const int rows = CSPLIT ? 8 * (jhi - jlo) : BM;
+        for (int r0 = 0; r0 < rows; r0 += WG_TS_BOX)
+          tma_store_2d(&ymap, stg + r0 * 128, (rt_raw - wq) * 16, m0 + 8 * jlo + r0);
         if (!SKW) tma_store_wait_read();  // the smem is read before the CTA exits (WG_SK 2: after its last tile)
       }
     } else if (store) {

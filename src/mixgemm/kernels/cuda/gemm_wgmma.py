@@ -19,13 +19,13 @@
   accumulator; applies to groups of 64 with KT 2 or 4 and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per
   SM the register allocation must allow; default 2 for SK 1 tiles of BM <= 64 without FOLD, else 1), TSTORE (1, the
   default: the epilogue writes each warpgroup's output tile with one TMA store from shared memory where it applies
-  -- TMA 1, no SK 1 / workspace split-K, BM % 16 == 0 (CLUSTER: BM / SPLIT % 16 == 0), 16-byte aligned output rows;
-  0: one store per element), CLUSTER (1: the SPLIT <= 8 k-slices of an output tile run as one thread-block cluster
-  and add their fp32 partials through distributed shared memory, each CTA storing a band of BM / SPLIT rows with the
-  full epilogue; 0, the default: an fp32 workspace and a second kernel), SERIAL (1, without CLUSTER: serial split-K
-  -- each slice writes its fp32 partial tile to a workspace and the slice that finishes last adds them in slice order
-  and stores the tile with the full epilogue, in the same kernel; 0, the default: the zeroed workspace of atomics and a
-  second kernel), PDL (programmatic dependent launch, sm_90,
+  -- TMA 1, no SK 1 / workspace split-K, 16-byte aligned output rows; 0: one store per element), CLUSTER (1: the
+  SPLIT <= 8 k-slices of an output tile run as one thread-block cluster and add their fp32 partials through
+  distributed shared memory, each CTA storing a band of about BM / SPLIT rows (with TSTORE whole 16-row pairs, so the
+  last bands may be shorter) with the full epilogue; 0, the default: an fp32 workspace and a second kernel), SERIAL
+  (1, without CLUSTER: serial split-K -- each slice writes its fp32 partial tile to a workspace and the slice that
+  finishes last adds them in slice order and stores the tile with the full epilogue, in the same kernel; 0, the
+  default: the zeroed workspace of atomics and a second kernel), PDL (programmatic dependent launch, sm_90,
   TMA 1: the first stages' weights are loaded before griddepcontrol.wait, everything else after it; never on the
   first launch after the layout was built, whose build kernels write those weights. Default 1, but 0 with SK: a
   persistent grid fills every SM slot, and stream-K measured 0.4-4 us slower with it; MIXGEMM_PDL=0 turns it off
@@ -281,9 +281,10 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     csplit = cluster == 1 and split > 1  # the slices of a tile as one cluster (WG_SPLIT 2), else a workspace
     ssplit = split > 1 and serial == 1  # the slices of a tile meet in a workspace; the last one stores (WG_SPLIT 3)
     wsplit = split > 1 and not csplit and not ssplit
+    band_blocks = cluster_band_blocks(bm, split) if csplit else bm // 8
     if csplit:  # after the main loop the ring receives the peers' partials of this CTA's band: (split - 1) slots of
-        # ceil(BM / 8 / split) rows of 8 x [128 NWG threads] float4
-        smem = max(smem, (split - 1) * -(-(bm // 8) // split) * 128 * nwg * 16 + 1024)
+        # band_blocks rows of 8 x [128 NWG threads] float4
+        smem = max(smem, (split - 1) * band_blocks * 128 * nwg * 16 + 1024)
     if smem > SMEM_LIMIT:
         raise ValueError(f"wgmma tile BM={bm} NWG={nwg} STAGES={stages}{' CLUSTER=1' if csplit else ''} needs {smem} "
                          f"bytes of shared memory (limit {SMEM_LIMIT})")
@@ -331,16 +332,18 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     if pdl:
         defs["WG_PDL"] = 1
     ymap = None
-    band = bm // split if csplit else bm  # rows each CTA stores (CLUSTER: its band of the tile, whole 16-row pairs)
     if sk == 2:
         tstore = staging > 0
     else:  # (tma again: a driver without tensor maps turned it off above, and SK 2 with it)
-        tstore = (want_tstore and tma and not sk and not wsplit and (not csplit or band * split == bm)
-                  and band % 16 == 0 and tstore_fits(y, bm, nwg, stages * sb))
+        tstore = want_tstore and tma and not sk and not wsplit and tstore_fits(y, bm, nwg, stages * sb)
     if tstore:
+        # rows per TMA store: all of the CTA's rows (CLUSTER: its band, when every band is as large), else 8 per store
+        box = 8 * band_blocks if not csplit or band_blocks * split == bm // 8 else 8
         try:
-            ymap = swizzled_tensor_map(y, K_TILE, band)  # 64 output columns x band rows
+            ymap = swizzled_tensor_map(y, K_TILE, box)  # 64 output columns x box rows
             defs["WG_TSTORE"] = 1
+            if box != bm:
+                defs["WG_TS_BOX"] = box
         except Exception as e:  # noqa: BLE001 - no tensor-map support: the per-element stores
             _warn_no_tma(e)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, y.device, arch_suffix="a")
@@ -393,12 +396,19 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
 _NO_CONV = ConvGeometry(1, 1, 1, 1, 1, 1, 0, 0, 1, 1)
 
 
+def cluster_band_blocks(bm: int, split: int) -> int:
+    """WG_SPLIT 2: 8-row blocks of the band each CTA of a split-`split` cluster stores, whole 16-row pairs (the
+    stmatrix .x4 pairs of the TMA-store epilogue start at an even block); the last bands may be shorter or empty."""
+    pairs = -(-bm // 16)
+    return 2 * -(-pairs // split)
+
+
 def tstore_fits(y: torch.Tensor, bm: int, nwg: int, ring_bytes: int | None = None) -> bool:
     """WG_TSTORE applies: a 16-bit output whose rows the TMA can address (16-byte aligned base and row stride, unit
-    column stride), BM % 16 == 0, and (ring_bytes given: the tiles are staged in the ring) a stage ring that holds the
+    column stride), and (ring_bytes given: the tiles are staged in the ring) a stage ring that holds the
     NWG staging tiles of BM rows x 128 bytes."""
     return (y.dtype in (torch.float16, torch.bfloat16) and y.stride(1) == 1 and (y.stride(0) * 2) % 16 == 0
-            and y.data_ptr() % 16 == 0 and bm % 16 == 0 and (ring_bytes is None or ring_bytes >= nwg * bm * 128))
+            and y.data_ptr() % 16 == 0 and (ring_bytes is None or ring_bytes >= nwg * bm * 128))
 
 
 _COUNTERS: dict = {}

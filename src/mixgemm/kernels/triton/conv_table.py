@@ -299,16 +299,18 @@ _H200_WGMMA: dict[str, dict | None] = {
 # --emit-table. Raw data: benchmarks/results/conv_table_sweep_h100_s22_b{1,32,32_more}.json. Before it, the H100 ran
 # every layer on default_conv_config. Entries ending "s23": session 23's CONV_SWEEP=wave (tiles whose BM, any multiple
 # of 8, makes the CTAs fill whole waves of the 132 SMs), benchmarks/results/conv_wave_sweep_h100_s23.json, and
-# CONV_SWEEP=custom runs for the W4 stage-4 layers (conv_{w4longk,split3}_sweep_h100_s23.json).
+# CONV_SWEEP=custom runs for the W4 stage-4 layers (conv_{w4longk,split3}_sweep_h100_s23.json). Entries ending "s24":
+# CONV_SWEEP=custom runs once tiles of BM % 16 == 8 and uneven cluster bands had the TMA-store epilogue
+# (benchmarks/results/conv_{2048,1024,3x3w8,512,128}_sweep_h100_s24.json).
 _H100_WGMMA: dict[str, dict | None] = {
-    # r50.s3 1x1 1024-256 @14 b1: wgmma 7.8 us, Triton / matmul 14.6 us, cuDNN 4.4 us
-    "w4g128|1x1/1|1024-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 10.6 us (BM 96: 132 CTAs, one wave; BM 128 11.3), cuDNN 9.7 us; s23
-    "w4g128|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 12.0 us (split 2, producer warp, 5 stages; was 12.7), cuDNN 10.7; s23
-    "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 1x1 2048-512 @7 b1: wgmma 9.0 us, Triton / matmul 9.3 us, cuDNN 5.7 us
-    "w4g128|1x1/1|2048-512|M64": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 4.5 us (8 K slices as a cluster; was 7.8), cuDNN 4.4-6.9 us; s24
+    "w4g128|1x1/1|1024-256|M256": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 10.2 us (BM 104, producer warp; BM 96 10.5), cuDNN 9.8 us; s24
+    "w4g128|1x1/1|1024-256|M8192": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "WS": 1},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 11.4 us (BM 112: TMA-store bands of 64 + 48 rows; BM 128 12.3), cuDNN 10.9; s24
+    "w4g128|1x1/1|2048-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 5.1 us (8 K slices as a cluster; stream-K 9.2), cuDNN 5.7-8.2 us; s24
+    "w4g128|1x1/1|2048-512|M64": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 4.1 us, Triton / matmul 6.2 us, cuDNN 4.5 us
     "w4g128|1x1/1|256-1024|M256": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s3 1x1 256-1024 @14 b32: wgmma 10.4 us (BM 192: 264 CTAs: one wave at 2 per SM; was 11.9), cuDNN 10.1 us; s23
@@ -317,8 +319,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s1 1x1 256-64 @56 b1: wgmma 3.5 us, Triton / matmul 6.3 us, cuDNN 5.3 us
     "w4g128|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 9.9 us, Triton / matmul 10.5 us, cuDNN 9.0 us
-    "w4g128|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.5 us (BM 200: 128 CTAs; BM 128 9.4), cuDNN 9.0 us; s24
+    "w4g128|1x1/1|512-2048|M2048": {"BM": 200, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s4 1x1 512-2048 @7 b1: wgmma 5.2 us, Triton / matmul 4.4 us, cuDNN 5.3 us
     "w4g128|1x1/1|512-2048|M64": None,
     # r50.s2 1x1/2 256-512 @56 (down) b1: wgmma 4.1 us, Triton / matmul 6.1 us, cuDNN 5.2 us
@@ -329,26 +331,28 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/1|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s2 3x3 128-128 @28 b32: wgmma 18.6 us, Triton / matmul 31.7 us, cuDNN 19.0 us
     "w4g128|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 3x3 256-256 @14 b1: wgmma 10.5 us, Triton / matmul 12.3 us, cuDNN 8.4 us
-    "w4g128|3x3/1|256-256|M256": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
+    # r50.s3 3x3 256-256 @14 b1: wgmma 6.3 us (8 K slices as a cluster; stream-K 10.6), cuDNN 8.2 us; s24
+    "w4g128|3x3/1|256-256|M256": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s3 3x3 256-256 @14 b32: wgmma 18.0 us (BM 96: 132 CTAs; BM 128 19.5), cuDNN 17.7 us; s23
     "w4g128|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 18.7 us (BM 104 KT 4 split 2, producer warp; without it 20.4), cuDNN 18.5; s23
+    # r50.s4 3x3 512-512 @7 b32: wgmma 17.7 us (BM 104 KT 4 split 2, producer warp, TMA-store bands: s24; 18.7 with
+    # per-element bands, 20.4 without the producer warp), cuDNN 18.3-18.5; s23
     "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3 512-512 @7 b1: wgmma 13.6 us, Triton / matmul 12.6 us, cuDNN 13.1 us
-    "w4g128|3x3/1|512-512|M64": None,
+    # r50.s4 3x3 512-512 @7 b1: wgmma 7.0 us (8 K slices as a cluster; Triton 12.6-13.0), cuDNN 11.9-13.1 us; s24
+    "w4g128|3x3/1|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s2 3x3/2 128-128 @56 b1: wgmma 8.9 us, Triton / matmul 10.9 us, cuDNN 6.7 us
     "w4g128|3x3/2|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s2 3x3/2 128-128 @56 b32: wgmma 22.0 us, Triton / matmul 32.7 us, cuDNN 21.4 us
     "w4g128|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 3x3/2 256-256 @28 b1: wgmma 10.4 us, Triton / matmul 12.4 us, cuDNN 8.4 us
-    "w4g128|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 6.3 us (8 K slices as a cluster; stream-K 10.6), cuDNN 8.4 us; s24
+    "w4g128|3x3/2|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s3 3x3/2 256-256 @28 b32: wgmma 18.4 us (BM 96: 132 CTAs; BM 128 20.1), cuDNN 18.8 us; s23
     "w4g128|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 19.5 us (BM 104 KT 4 split 2, producer warp; without it 20.6), cuDNN 18.4; s23
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 18.1 us (BM 104 KT 4 split 2, producer warp, TMA-store bands: s24; 19.5 with
+    # per-element bands, 20.6 without the producer warp), cuDNN 18.2-18.4; s23
     "w4g128|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3/2 512-512 @14 b1: wgmma 13.6 us, Triton / matmul 13.0 us, cuDNN 12.0 us
-    "w4g128|3x3/2|512-512|M64": None,
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 7.0 us (8 K slices as a cluster; Triton 13.0), cuDNN 12.0-13.2 us; s24
+    "w4g128|3x3/2|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s1 3x3 64-64 @56 b32: wgmma 25.7 us, Triton / matmul 37.0 us, cuDNN 27.9 us
     "w4g64|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
     # r50.s1 3x3 64-64 @56 b1: wgmma 6.2 us, Triton / matmul 7.6 us, cuDNN 6.0 us
@@ -365,18 +369,18 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4pc|1x1/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
     # r50.s1 1x1 64-64 @56 b1: wgmma 2.3 us, Triton / matmul 4.4 us, cuDNN 3.9 us
     "w4pc|1x1/1|64-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
-    # r50.s3 1x1 1024-256 @14 b1: wgmma 6.8 us, Triton / matmul 14.8 us, cuDNN 4.4 us
-    "w8pc|1x1/1|1024-256|M256": {"BM": 64, "NWG": 1, "STAGES": 4},
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 4.2 us (8 K slices as a cluster; was 6.7), cuDNN 4.4 us; s24
+    "w8pc|1x1/1|1024-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s3 1x1 1024-256 @14 b32: wgmma 9.9 us (BM 96: 132 CTAs, one wave; BM 128 10.8), cuDNN 9.8 us; s23
     "w8pc|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s2 1x1 128-512 @28 b1: wgmma 2.9 us, Triton / matmul 5.3 us, cuDNN 3.9 us
     "w8pc|1x1/1|128-512|M1024": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s2 1x1 128-512 @28 b32: wgmma 17.4 us, Triton / matmul 21.2 us, cuDNN 14.6 us
     "w8pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 11.1 us (split 2, producer warp, 5 stages; was 11.6), cuDNN 10.7; s23
-    "w8pc|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 1x1 2048-512 @7 b1: wgmma 9.3 us, Triton / matmul 9.7 us, cuDNN 5.7 us
-    "w8pc|1x1/1|2048-512|M64": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 10.9 us (BM 112, TMA-store bands; BM 128 11.5), cuDNN 10.7-11.7; s24
+    "w8pc|1x1/1|2048-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 4.7 us (8 K slices as a cluster; stream-K 9.1), cuDNN 5.7-8.1 us; s24
+    "w8pc|1x1/1|2048-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 3.8 us, Triton / matmul 6.1 us, cuDNN 4.5 us
     "w8pc|1x1/1|256-1024|M256": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s3 1x1 256-1024 @14 b32: wgmma 10.3 us (BM 192: 264 CTAs: one wave at 2 per SM; was 11.6), cuDNN 10.0 us; s23
@@ -385,8 +389,8 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s1 1x1 256-64 @56 b1: wgmma 3.4 us, Triton / matmul 6.1 us, cuDNN 5.2 us
     "w8pc|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 9.4 us, Triton / matmul 10.6 us, cuDNN 8.9 us
-    "w8pc|1x1/1|512-2048|M2048": {"BM": 128, "NWG": 2, "STAGES": 4},
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.5 us (BM 200: 128 CTAs; BM 128 9.0), cuDNN 9.1 us; s24
+    "w8pc|1x1/1|512-2048|M2048": {"BM": 200, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s4 1x1 512-2048 @7 b1: wgmma 4.7 us, Triton / matmul 4.5 us, cuDNN 5.3 us
     "w8pc|1x1/1|512-2048|M64": None,
     # r50.s1 1x1 64-256 @56 b32: wgmma 28.4 us, Triton / matmul 40.2 us, cuDNN 28.7 us
@@ -405,14 +409,14 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/1|128-128|M1024": {"BM": 64, "NWG": 1, "STAGES": 4},
     # r50.s2 3x3 128-128 @28 b32: wgmma 17.0 us, Triton / matmul 28.6 us, cuDNN 18.7 us
     "w8pc|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
-    # r50.s3 3x3 256-256 @14 b1: wgmma 10.8 us, Triton / matmul 12.0 us, cuDNN 8.4 us
-    "w8pc|3x3/1|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s3 3x3 256-256 @14 b1: wgmma 5.0 us (8 K slices as a cluster; stream-K 10.9), cuDNN 8.3 us; s24
+    "w8pc|3x3/1|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s3 3x3 256-256 @14 b32: wgmma 15.7 us (BM 96: 132 CTAs; BM 128 17.4), cuDNN 17.9 us; s23
     "w8pc|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 18.6 us, Triton / matmul 37.7 us, cuDNN 18.2 us
-    "w8pc|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s4 3x3 512-512 @7 b1: wgmma 11.1 us, Triton / matmul 12.4 us, cuDNN 13.0 us
-    "w8pc|3x3/1|512-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 17.7 us (BM 112, producer warp, TMA-store bands; BM 128 18.5), cuDNN 18.2; s24
+    "w8pc|3x3/1|512-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
+    # r50.s4 3x3 512-512 @7 b1: wgmma 5.8 us (8 K slices as a cluster; stream-K 10.7), cuDNN 11.9-13.0 us; s24
+    "w8pc|3x3/1|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s1 3x3 64-64 @56 b32: wgmma 25.1 us, Triton / matmul 34.1 us, cuDNN 27.7 us
     "w8pc|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 4, "SK": 2},
     # r50.s1 3x3 64-64 @56 b1: wgmma 5.0 us, Triton / matmul 7.2 us, cuDNN 6.0 us
@@ -421,14 +425,14 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/2|128-128|M1024": {"BM": 64, "NWG": 1, "STAGES": 4},
     # r50.s2 3x3/2 128-128 @56 b32: wgmma 21.0 us, Triton / matmul 30.0 us, cuDNN 21.6 us
     "w8pc|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
-    # r50.s3 3x3/2 256-256 @28 b1: wgmma 10.8 us, Triton / matmul 12.0 us, cuDNN 8.4 us
-    "w8pc|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 5.1 us (8 K slices as a cluster; stream-K 10.8), cuDNN 8.3 us; s24
+    "w8pc|3x3/2|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s3 3x3/2 256-256 @28 b32: wgmma 16.4 us (BM 96: 132 CTAs; BM 128 17.8), cuDNN 18.8 us; s23
     "w8pc|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 18.5 us (split 2, producer warp; was 18.9), cuDNN 18.5; s23
-    "w8pc|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3/2 512-512 @14 b1: wgmma 11.0 us, Triton / matmul 12.4 us, cuDNN 12.0 us
-    "w8pc|3x3/2|512-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 17.6 us (BM 104, TMA-store bands; BM 128 18.8-19.0), cuDNN 18.1 us; s24
+    "w8pc|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 5.8 us (8 K slices as a cluster; stream-K 10.8), cuDNN 12.0-13.9 us; s24
+    "w8pc|3x3/2|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
 }
 
 WGMMA_TABLES: dict[str, dict[str, dict | None]] = {"h200": _H200_WGMMA, "h100": _H100_WGMMA}
