@@ -517,12 +517,13 @@ def test_clamp_keeps_nan(dtype, act):
 @needs_sm90
 def test_tma_store_applies_only_to_addressable_outputs():
     # rows of N = 100 fp16 values are 200 bytes apart (not a multiple of 16): the TMA cannot address them, so the
-    # per-element epilogue runs; BM = 40 (BM % 16 == 8: its last 8-row block goes through stmatrix .x2) does not
+    # per-element epilogue runs, and for BM = 8; BM = 40 (its last 8-row block goes through stmatrix .x2) does not
     from mixgemm.kernels.cuda.gemm_wgmma import tstore_fits
 
     y = torch.empty(64, 100, device="cuda", dtype=torch.float16)
     assert not tstore_fits(y, 64, 2, 1 << 20)
     assert tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 40, 2, 1 << 20)
+    assert not tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 8, 2, 1 << 20)  # BM 8
     assert not tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float32), 64, 2, 1 << 20)
     assert not tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 256, 2, 2 * 256 * 128 - 1024)
     assert tstore_fits(torch.empty(64, 128, device="cuda", dtype=torch.float16), 256, 2, 2 * 256 * 128)

@@ -161,7 +161,9 @@ TABLES: dict[str, dict[str, tuple]] = {"h200": _H200}
 # batch-32 layers re-swept with persistent whole tiles (CONV_SWEEP=persist, results/conv_persist_sweep_h200_s22.json);
 # the four entries where they won by more than 1.5% take them. Session 23: entries ending "s23" won by more than 1.5%
 # in CONV_SWEEP=wave (BM any multiple of 8, sized so the CTAs fill whole waves of the 132 SMs) or CONV_SWEEP=custom
-# (BM 104 KT 4 cluster split-K for the W4 stage-4 3x3s): results/conv_{wave,w4longk}_sweep_h200_s23.json.
+# (BM 104 KT 4 cluster split-K for the W4 stage-4 3x3s): results/conv_{wave,w4longk}_sweep_h200_s23.json. Entries
+# ending "s24": CONV_SWEEP=custom with the H100 session-24 winners (TMA-store bands for BM % 16 == 8, the producer
+# warp, batch-1 8-slice clusters): results/conv_*_sweep_h200_s24.json.
 _H200_WGMMA: dict[str, dict | None] = {
     # r50.s1 1x1 256-64 @56 b1: wgmma 4.9 us, Triton / matmul 10.0 us, cuDNN 4.7 us
     "w4g128|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
@@ -195,38 +197,38 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s2 3x3/2 128-128 @56 b1: wgmma 8.7 us, Triton / matmul 10.4 us, cuDNN 7.9 us
     "w8pc|3x3/2|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
-    # r50.s3 1x1 1024-256 @14 b1: wgmma 7.7 us, Triton / matmul 8.9 us, cuDNN 4.4 us
-    "w4g128|1x1/1|1024-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s3 1x1 1024-256 @14 b1: wgmma 7.7 us, Triton / matmul 7.7 us, cuDNN 4.4 us
-    "w8pc|1x1/1|1024-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 4.3 us (8 K slices as a cluster; was 7.7), cuDNN 4.4 us; s24
+    "w4g128|1x1/1|1024-256|M256": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 3.9 us (8 K slices as a cluster; was 7.4), cuDNN 4.4 us; s24
+    "w8pc|1x1/1|1024-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 4.8 us, Triton / matmul 4.4 us, cuDNN 5.1 us
     "w4g128|1x1/1|256-1024|M256": None,
     # r50.s3 1x1 256-1024 @14 b1: wgmma 5.3 us, Triton / matmul 3.9 us, cuDNN 5.1 us
     "w8pc|1x1/1|256-1024|M256": None,
-    # r50.s3 3x3 256-256 @14 b1: wgmma 10.2 us, Triton / matmul 12.1 us, cuDNN 8.5 us
-    "w4g128|3x3/1|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s3 3x3 256-256 @14 b1: wgmma 10.5 us, Triton / matmul 9.6 us, cuDNN 8.5 us
-    "w8pc|3x3/1|256-256|M256": None,
-    # r50.s3 3x3/2 256-256 @28 b1: wgmma 10.2 us, Triton / matmul 12.1 us, cuDNN 8.5 us
-    "w4g128|3x3/2|256-256|M256": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s3 3x3/2 256-256 @28 b1: wgmma 10.5 us, Triton / matmul 9.6 us, cuDNN 8.5 us
-    "w8pc|3x3/2|256-256|M256": None,
-    # r50.s4 1x1 2048-512 @7 b1: wgmma 8.8 us, Triton / matmul 10.9 us, cuDNN 5.8 us
-    "w4g128|1x1/1|2048-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s4 1x1 2048-512 @7 b1: wgmma 9.1 us, Triton / matmul 9.0 us, cuDNN 5.8 us
-    "w8pc|1x1/1|2048-512|M64": None,
+    # r50.s3 3x3 256-256 @14 b1: wgmma 5.7 us (8 K slices as a cluster; was 10.2), cuDNN 8.6 us; s24
+    "w4g128|3x3/1|256-256|M256": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
+    # r50.s3 3x3 256-256 @14 b1: wgmma 5.0 us (8 K slices as a cluster; was 9.7), cuDNN 8.6 us; s24
+    "w8pc|3x3/1|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 5.7 us (8 K slices as a cluster; was 10.3), cuDNN 8.5 us; s24
+    "w4g128|3x3/2|256-256|M256": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 5.0 us (8 K slices as a cluster; was 9.7), cuDNN 8.5 us; s24
+    "w8pc|3x3/2|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 4.8 us (8 K slices as a cluster; was 8.9), cuDNN 5.8 us; s24
+    "w4g128|1x1/1|2048-512|M64": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 4.4 us (8 K slices as a cluster; was 9.1), cuDNN 5.8 us; s24
+    "w8pc|1x1/1|2048-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s4 1x1 512-2048 @7 b1: wgmma 6.6 us, Triton / matmul 7.2 us, cuDNN 5.3 us
     "w4g128|1x1/1|512-2048|M64": {"BM": 64, "NWG": 1, "STAGES": 4},
     # r50.s4 1x1 512-2048 @7 b1: wgmma 6.8 us, Triton / matmul 5.2 us, cuDNN 5.3 us
     "w8pc|1x1/1|512-2048|M64": None,
-    # r50.s4 3x3 512-512 @7 b1: wgmma 13.4 us, Triton / matmul 12.8 us, cuDNN 13.2 us
-    "w4g128|3x3/1|512-512|M64": None,
-    # r50.s4 3x3 512-512 @7 b1: wgmma 10.8 us, Triton / matmul 11.7 us, cuDNN 13.1 us
-    "w8pc|3x3/1|512-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
-    # r50.s4 3x3/2 512-512 @14 b1: wgmma 13.3 us, Triton / matmul 12.8 us, cuDNN 13.1 us
-    "w4g128|3x3/2|512-512|M64": None,
-    # r50.s4 3x3/2 512-512 @14 b1: wgmma 10.9 us, Triton / matmul 11.7 us, cuDNN 13.1 us
-    "w8pc|3x3/2|512-512|M64": {"BM": 16, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 4},
+    # r50.s4 3x3 512-512 @7 b1: wgmma 6.6 us (8 K slices as a cluster; was 12.7), cuDNN 12.1 us; s24
+    "w4g128|3x3/1|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
+    # r50.s4 3x3 512-512 @7 b1: wgmma 5.8 us (8 K slices as a cluster; was 10.6), cuDNN 12.1 us; s24
+    "w8pc|3x3/1|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 6.6 us (8 K slices as a cluster; was 12.7), cuDNN 13.1 us; s24
+    "w4g128|3x3/2|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 5.8 us (8 K slices as a cluster; was 10.7), cuDNN 13.2 us; s24
+    "w8pc|3x3/2|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s1 1x1 256-64 @56 b32: wgmma 21.4 us (s14 tile: 22.6), cuDNN 20.9 us (s22, persistent whole tiles SK 2)
     "w4g128|1x1/1|256-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 4, "SK": 2},
     # r50.s1 1x1 256-64 @56 b32: wgmma 21.8 us (s14 tile: 22.2), cuDNN 21.0 us (s22, SK 2)
@@ -259,10 +261,10 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s2 3x3/2 128-128 @56 b32: wgmma 21.3 us, Triton / matmul 28.2 us, cuDNN 19.8 us
     "w8pc|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.9 us (B96N2S4K2; was 10.7), cuDNN 8.6 us; s23
-    "w4g128|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.1 us (B96N2S4K2; was 9.9), cuDNN 8.5 us; s23
-    "w8pc|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.6 us (BM 104, producer warp; was 9.9), cuDNN 12.4 us; s24
+    "w4g128|1x1/1|1024-256|M8192": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "WS": 1},
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.0 us (BM 104, producer warp; was 9.1), cuDNN 8.6 us; s24
+    "w8pc|1x1/1|1024-256|M8192": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "WS": 1},
     # r50.s3 1x1 256-1024 @14 b32: wgmma 9.7 us (B192N2S3K1M2; was 11.5), cuDNN 9.6 us; s23
     "w4g128|1x1/1|256-1024|M8192": {"BM": 192, "NWG": 2, "STAGES": 3, "KT": 1, "MINB": 2},
     # r50.s3 1x1 256-1024 @14 b32: wgmma 9.6 us (B192N2S3K1M2; was 10.9), cuDNN 9.5 us; s23
@@ -275,22 +277,22 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|256-256|M8192": {"BM": 192, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
     # r50.s3 3x3/2 256-256 @28 b32: wgmma 15.7 us (B96N2S4K2; was 17.1), cuDNN 18.1 us; s23
     "w8pc|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 13.2-13.3 us (s14 tile: 15.8), cuDNN 8.3 us (s16, split-K 2 as clusters)
-    "w4g128|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 12.4-12.5 us (s14 tile: 14.9), cuDNN 8.3 us (s16, split-K 2 as clusters)
-    "w8pc|1x1/1|2048-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.4 us (B208N2S4K2; was 9.2), cuDNN 8.7 us; s23
-    "w4g128|1x1/1|512-2048|M2048": {"BM": 208, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.3 us (B208N2S4K2; was 8.5), cuDNN 8.8 us; s23
-    "w8pc|1x1/1|512-2048|M2048": {"BM": 208, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 19.8 us (B104N2S3K4sp2c1; was 20.8), cuDNN 17.2 us; s23
-    "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 19.6-19.7 us (stream-K: 27.2), cuDNN 17.5-18.6 us (s16)
-    "w8pc|3x3/1|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 19.7 us (B104N2S3K4sp2c1; was 20.7), cuDNN 18.4 us; s23
-    "w4g128|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 19.7-19.9 us (stream-K: 27.6), cuDNN 17.8-18.5 us (s16)
-    "w8pc|3x3/2|512-512|M2048": {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 10.6 us (BM 112, producer warp; was 12.0), cuDNN 8.3 us; s24
+    "w4g128|1x1/1|2048-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 10.3 us (BM 112, producer warp; was 11.0), cuDNN 8.3 us; s24
+    "w8pc|1x1/1|2048-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.2 us (BM 200; was 8.4), cuDNN 8.8 us; s24
+    "w4g128|1x1/1|512-2048|M2048": {"BM": 200, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.1 us (BM 200; was 8.3), cuDNN 8.8 us; s24
+    "w8pc|1x1/1|512-2048|M2048": {"BM": 200, "NWG": 2, "STAGES": 4, "KT": 2},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 17.2 us (BM 104, producer warp; was 18.4), cuDNN 17.3 us; s24
+    "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
+    # r50.s4 3x3 512-512 @7 b32: wgmma 16.9 us (BM 104, producer warp; was 18.1), cuDNN 17.3 us; s24
+    "w8pc|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 17.2 us (BM 104, producer warp; was 18.5), cuDNN 18.0 us; s24
+    "w4g128|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 16.9 us (BM 104, producer warp; was 18.3), cuDNN 17.7 us; s24
+    "w8pc|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
 }
 
 # NVIDIA H100 80GB HBM3 (132 SMs), torch 2.11 / triton 3.6, session 22: scripts/bench_conv_wgmma.py with
