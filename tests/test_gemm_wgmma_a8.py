@@ -56,6 +56,12 @@ COMPILE_CASES = [
     dict(A8_BITS=4, A8_OUT=0, A8_BM=128, A8_NWG=2, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0, A8_WS=0),
     dict(A8_BITS=8, A8_OUT=1, A8_BM=128, A8_NWG=2, A8_STAGES=3, A8_KT=2, A8_GT=2, A8_NP=1, A8_CVT=0, A8_AT=1),
     dict(A8_BITS=4, A8_OUT=2, A8_BM=64, A8_NWG=1, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=2, A8_CVT=0, A8_AT=1),
+    # the TMA-store epilogue: producer warpgroup (NWG 2), NWG 4 without it, per-channel bf16, per-token, BM 48
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=128, A8_NWG=2, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0, A8_TSTORE=1),
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=64, A8_NWG=4, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0, A8_TSTORE=1),
+    dict(A8_BITS=8, A8_OUT=1, A8_BM=256, A8_NWG=1, A8_STAGES=3, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0, A8_TSTORE=1),
+    dict(A8_BITS=4, A8_OUT=1, A8_BM=48, A8_NWG=2, A8_STAGES=4, A8_KT=4, A8_GT=1, A8_NP=1, A8_CVT=0, A8_AT=1,
+         A8_TSTORE=1),
 ]
 
 
@@ -162,6 +168,27 @@ def test_gpu_per_token_activation_scales(bits, gs, m):
     y, ref = _run(200, 1000, 2048, bits, gs, torch.float16, config=dict(BM=64, NWG=1, STAGES=3, KT=4, NP=2),
                   per_token=True)
     assert _rel(y, ref) < 1e-3
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs,per_token", [(4, 128, False), (4, 128, True), (8, -1, False), (8, 256, False)])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
+def test_gpu_tma_store_epilogue(bits, gs, per_token, out_dtype):
+    """TSTORE 1 (each warpgroup's tile staged in the drained ring, one TMA store) is bit-equal to the per-element
+    stores (TSTORE 0), with M and N tails, bias and relu6, and within tolerance of the reference; an output whose rows
+    the TMA cannot address (N = 100: 200-byte rows) takes the per-element stores."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+
+    k = 1024
+    for m, n, cfg in ((129, 264, None), (77, 1000, dict(BM=48, NWG=2, STAGES=3, KT=2, NP=1, CVT=0)),
+                      (70, 520, dict(BM=32, NWG=4, STAGES=3, KT=2, NP=1, CVT=0)),
+                      (300, 136, dict(BM=128, NWG=2, STAGES=3, KT=2, NP=1, CVT=0, WS=0)), (33, 100, None)):
+        cfg = cfg or default_config(m, n, k, k if gs == -1 else gs, bits)
+        y1, ref = _run(m, n, k, bits, gs, out_dtype, config=dict(cfg, TSTORE=1), seed=m, per_token=per_token)
+        y0, _ = _run(m, n, k, bits, gs, out_dtype, config=dict(cfg, TSTORE=0), seed=m, per_token=per_token)
+        assert torch.equal(y1, y0), (m, n, cfg)
+        assert _rel(y1, ref) < _TOL[out_dtype], (m, n, _rel(y1, ref))
 
 
 @needs_sm90

@@ -766,26 +766,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         const float v1 = PCS ? fmaf(acc[i + 1], rscale[h], bv[h]) : acc[i + 1] + bv[h];
         return clamp_out16x2<ACT>(pack_out16x2<ACT>(v0, v1), lo2, hi2);
       };
-      // lane l addresses row l % 8 of matrix l / 8 = (row block j + l / 16, column half (l / 8) % 2)
-      const int mi = lane >> 3, r8 = lane & 7, chunk = 2 * wq + (mi & 1);
-#pragma unroll
-      for (int j = 0; j < BM / 8; j += 2) {
-        // WG_SPLIT 2: this CTA's band only (it starts at an even block), staged from row 0 of the tile
-        if (CSPLIT && (j < jlo || j >= jhi)) continue;
-        const int row = 8 * (j - jlo + (mi >> 1)) + r8;
-        const u32 dst = stg + row * 128 + ((chunk ^ (row & 7)) << 4);
-        if (j + 1 < BM / 8) {
-          u32 r[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int jj = j + i / 2, h = i & 1;
-            r[i] = val2(4 * jj + 2 * h, h);
-          }
-          stmatrix_x4_trans(dst, r[0], r[1], r[2], r[3]);
-        } else {  // BM % 16 == 8: the last block alone (lanes 0-15 address its two column halves)
-          stmatrix_x2_trans(dst, val2(4 * j, 0), val2(4 * j + 2, 1));
-        }
-      }
+      // WG_SPLIT 2: this CTA's band only (it starts at an even block), staged from row 0 of the tile
+      stage_out_tile<BM / 8>(stg, wq, lane, jlo, jhi, val2);
       fence_proxy_async();  // the generic-proxy smem writes are visible to the TMA engine
       asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
       if ((tid & 127) == 0) {

@@ -75,6 +75,13 @@
 #ifndef A8_MINB
 #define A8_MINB 1
 #endif
+// A8_TSTORE 1 (fp16 / bf16 output): the epilogue stages each warpgroup's 64-channel x BM-token tile in the drained
+// ring (stmatrix .trans, 128-byte swizzle) and writes it with one TMA store, as gemm_wgmma.cu's WG_TSTORE. Why: the
+// accumulator holds two consecutive *tokens* of one output column per register pair, so per-element stores write 2
+// bytes per row and instruction (16 contiguous bytes per warp); the TMA store writes whole 128-byte lines.
+#ifndef A8_TSTORE
+#define A8_TSTORE 0
+#endif
 
 namespace mga8 {
 
@@ -109,6 +116,9 @@ static_assert(GT == 0 || (GT <= 2 && KT % (NP * GT) == 0), "A8_GT is 0 (per-chan
 static_assert(NP == 1 || NP == 2, "A8_NP is 1 or 2");
 static_assert(BM % 16 == 0 && BM >= 16 && BM <= 256, "BM is the wgmma N: 16..256, a multiple of 16");
 static_assert(STAGES >= 3, "a stage is refilled two stages after it was read");
+constexpr bool TSTORE = A8_TSTORE != 0;
+static_assert(!TSTORE || (OUT != 2 && STAGES * STAGE >= NWG * BM * 128),
+              "A8_TSTORE: fp16 / bf16 output, a ring that holds the NWG staging tiles of BM rows x 128 bytes");
 constexpr float MAGIC = 12582912.f;  // 1.5 * 2^23: its float bits + n (|n| < 2^22) are the float MAGIC + n
 template <int V>
 struct IC {
@@ -132,7 +142,8 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
                       void* __restrict__ Y, int ldy,  // [M, ldy] in the OUT dtype
                       const void* __restrict__ bias, int bias_kind, float lo, float hi,
                       int N, int M, int Kt, int G,
-                      const __grid_constant__ TmaDesc xmap) {  // int8 activation codes [M, K], box 128 k x BM rows
+                      const __grid_constant__ TmaDesc xmap,  // int8 activation codes [M, K], box 128 k x BM rows
+                      const __grid_constant__ TmaDesc ymap) {  // A8_TSTORE: Y [M, N], box 64 columns x BM rows
   extern __shared__ char smem_raw[];
   const char* sgen;
   const u32 sbase = smem_base_1024(smem_raw, sgen);
@@ -333,6 +344,35 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     const float* pp = P + ((size_t)(rt_raw >> 3) * 8 + (rt_raw & 7)) * 16;  // G == 1
     pw[0] = pp[g], pw[1] = pp[g + 8];
   }
+  auto value = [&](int i, int h, float sa) {  // before bias and clamp
+    return PC ? (float)part[0][i] * sa * pw[h] : AT ? acc[i] * sa : acc[i];
+  };
+  if (TSTORE) {
+    // every consumer warp is past its last wgmma, so the ring is free (WS: the producer has issued its last stage and
+    // returned; barrier 1 counts the consumer warps only)
+    asm volatile("bar.sync 1, %0;" ::"n"(WARPS * 32) : "memory");
+    const int wg = warp >> 2, wq = warp & 3;
+    const u32 stg = sbase + wg * (BM * 128);
+    float bv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) bv[h] = bias_kind && nb + 8 * h < N ? bias_at(bias, bias_kind, nb + 8 * h) : 0.f;
+    // tokens i, i + 1 of column h as a clamped 16-bit pair; clamping the rounded pair equals rounding the clamped
+    // values (rounding is monotone), so the output is bit-equal to the per-element stores
+    const u32 lo2 = pack_out16x2<OUT>(lo, lo), hi2 = pack_out16x2<OUT>(hi, hi);
+    auto pair = [&](int i, int h) {
+      const int m = m0 + 8 * (i >> 2) + 2 * t;
+      const float sa0 = AT && m < M ? SA[m] : 0.f, sa1 = AT && m + 1 < M ? SA[m + 1] : 0.f;
+      return clamp_out16x2<OUT>(pack_out16x2<OUT>(value(i, h, sa0) + bv[h], value(i + 1, h, sa1) + bv[h]), lo2, hi2);
+    };
+    stage_out_tile<BM / 8>(stg, wq, lane, 0, BM / 8, pair);
+    fence_proxy_async();  // the generic-proxy smem writes are visible to the TMA engine
+    asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
+    if ((tid & 127) == 0) {
+      tma_store_2d(&ymap, stg, (rt_raw - wq) * 16, m0);  // rows past M and columns past N are dropped
+      tma_store_wait_read();  // the smem is read before the CTA exits
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
@@ -343,10 +383,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int n = nb + 8 * h, i = 4 * j + 2 * h + c;
-        if (n < N) {
-          const float v = PC ? (float)part[0][i] * sa * pw[h] : AT ? acc[i] * sa : acc[i];
-          store_output<OUT>(Y, (size_t)m * ldy + n, n, v, bias, bias_kind, lo, hi);
-        }
+        if (n < N) store_output<OUT>(Y, (size_t)m * ldy + n, n, value(i, h, sa), bias, bias_kind, lo, hi);
       }
     }
 }

@@ -15,7 +15,9 @@
   KT (128-k tiles per stage: 2, 4; a multiple of NP x the group's 128-k tiles), NP (int32 partials: 2 = fold under
   the next group's wgmmas, 1 = before them), CVT (0: cvt.rn.f32.s32, 1: magic number), GROUP_M (m-tiles rastered
   together), WS (1: a producer warpgroup and per-stage empty barriers, the default for NWG 1 and for NWG 2 with
-  MINB 1; 0: thread 0 refills and a CTA barrier per stage).
+  MINB 1; 0: thread 0 refills and a CTA barrier per stage), TSTORE (1, the default: a 16-bit output whose rows the
+  TMA can address goes out by one TMA store per warpgroup tile, staged in the drained ring; 0: one store per
+  element; the two are bit-equal).
 * Returns [M, N] in out_dtype (float16 / bfloat16 / float32), or writes ``out``. Launched on the current stream,
   no host synchronization; allocates the output (unless given) and a transposed copy of sa [G, M_pad].
 """
@@ -30,12 +32,12 @@ import torch
 from mixgemm.formats.layouts_wgmma_a8 import WgmmaA8Layout, a8_layout_supported, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT, swizzled_tensor_map
+from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT, swizzled_tensor_map, tstore_fits
 
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE")
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 
@@ -118,7 +120,8 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
         raise ValueError(f"bad int8 wgmma tile {cfg}: BM 16..256 (multiple of 16; <= 128 for groups), NWG 1, 2, 4, "
                          "KT 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3, NP 1 or 2, CVT 0 or 1, "
                          "GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1)")
-    smem = stages * stage_bytes(bm, nwg, lay.bits, kt, lay.per_channel) + 1024
+    ring = stages * stage_bytes(bm, nwg, lay.bits, kt, lay.per_channel)
+    smem = ring + 1024
     if smem > SMEM_LIMIT:
         raise ValueError(f"int8 wgmma tile {cfg} needs {smem} bytes of shared memory (limit {SMEM_LIMIT})")
     # activation scales transposed to [G, M_pad] (M_pad % 4 == 0): one bulk copy per (group, m-tile) in the kernel
@@ -131,6 +134,10 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
             "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb,
             "A8_WS": ws, "A8_AT": at}
+    ymap = None
+    if int(cfg.get("TSTORE", 1)) and tstore_fits(y, bm, nwg, ring):
+        ymap = swizzled_tensor_map(y, 64, bm)  # 64 output columns (128 bytes) x BM rows
+        defs["A8_TSTORE"] = 1
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, aq.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
     xmap = swizzled_tensor_map(aq, 128, bm)  # 128 k (bytes) x BM rows
@@ -145,6 +152,8 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
         *nvrtc.bias_clamp_args(bias, lo, hi),
         ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(lay.k_tiles), ctypes.c_int(lay.num_groups),
         (ctypes.c_ubyte * 128).from_address(xmap.getPtr()),
+        # the output's tensor map by value (zeros when the kernel does not use it)
+        (ctypes.c_ubyte * 128).from_address(ymap.getPtr()) if ymap is not None else (ctypes.c_ubyte * 128)(),
     ]
     with torch.cuda.device(aq.device):
         # WS: one more warpgroup, the producer
