@@ -767,7 +767,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         return clamp_out16x2<ACT>(pack_out16x2<ACT>(v0, v1), lo2, hi2);
       };
       // WG_SPLIT 2: this CTA's band only (it starts at an even block), staged from row 0 of the tile
-      stage_out_tile<BM / 8>(stg, wq, lane, jlo, jhi, val2);
+      stage_out_tile<BM / 8>(stg, wq, lane, jlo, jhi,
+                             [&](int j) { return make_uint2(val2(4 * j, 0), val2(4 * j + 2, 1)); });
       fence_proxy_async();  // the generic-proxy smem writes are visible to the TMA engine
       asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
       if ((tid & 127) == 0) {

@@ -281,9 +281,9 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     csplit = cluster == 1 and split > 1  # the slices of a tile as one cluster (WG_SPLIT 2), else a workspace
     ssplit = split > 1 and serial == 1  # the slices of a tile meet in a workspace; the last one stores (WG_SPLIT 3)
     wsplit = split > 1 and not csplit and not ssplit
-    band_blocks = cluster_band_blocks(bm, split) if csplit else bm // 8
     if csplit:  # after the main loop the ring receives the peers' partials of this CTA's band: (split - 1) slots of
         # band_blocks rows of 8 x [128 NWG threads] float4
+        band_blocks = cluster_band_blocks(bm, split)
         smem = max(smem, (split - 1) * band_blocks * 128 * nwg * 16 + 1024)
     if smem > SMEM_LIMIT:
         raise ValueError(f"wgmma tile BM={bm} NWG={nwg} STAGES={stages}{' CLUSTER=1' if csplit else ''} needs {smem} "
@@ -338,7 +338,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         tstore = want_tstore and tma and not sk and not wsplit and tstore_fits(y, bm, nwg, stages * sb)
     if tstore:
         # rows per TMA store: all of the CTA's rows (CLUSTER: its band, when every band is as large), else 8 per store
-        box = 8 * band_blocks if not csplit or band_blocks * split == bm // 8 else 8
+        box = bm if not csplit else 8 * band_blocks if band_blocks * split == bm // 8 else 8
         try:
             ymap = swizzled_tensor_map(y, K_TILE, box)  # 64 output columns x box rows
             defs["WG_TSTORE"] = 1

@@ -356,15 +356,20 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     float bv[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) bv[h] = bias_kind && nb + 8 * h < N ? bias_at(bias, bias_kind, nb + 8 * h) : 0.f;
-    // tokens i, i + 1 of column h as a clamped 16-bit pair; clamping the rounded pair equals rounding the clamped
-    // values (rounding is monotone), so the output is bit-equal to the per-element stores
+    // block j's tokens m, m + 1 of each column half h as a clamped 16-bit pair; clamping the rounded pair equals
+    // rounding the clamped values (rounding is monotone), so the output is bit-equal to the per-element stores
     const u32 lo2 = pack_out16x2<OUT>(lo, lo), hi2 = pack_out16x2<OUT>(hi, hi);
-    auto pair = [&](int i, int h) {
-      const int m = m0 + 8 * (i >> 2) + 2 * t;
-      const float sa0 = AT && m < M ? SA[m] : 0.f, sa1 = AT && m + 1 < M ? SA[m + 1] : 0.f;
-      return clamp_out16x2<OUT>(pack_out16x2<OUT>(value(i, h, sa0) + bv[h], value(i + 1, h, sa1) + bv[h]), lo2, hi2);
+    auto block = [&](int j) {
+      const int m = m0 + 8 * j + 2 * t;
+      const float sa0 = AT && m < M ? SA[m] : 0.f, sa1 = AT && m + 1 < M ? SA[m + 1] : 0.f;  // one load per token
+      auto pair = [&](int h) {
+        const int i = 4 * j + 2 * h;
+        return clamp_out16x2<OUT>(pack_out16x2<OUT>(value(i, h, sa0) + bv[h], value(i + 1, h, sa1) + bv[h]), lo2,
+                                  hi2);
+      };
+      return make_uint2(pair(0), pair(1));
     };
-    stage_out_tile<BM / 8>(stg, wq, lane, 0, BM / 8, pair);
+    stage_out_tile<BM / 8>(stg, wq, lane, 0, BM / 8, block);
     fence_proxy_async();  // the generic-proxy smem writes are visible to the TMA engine
     asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
     if ((tid & 127) == 0) {

@@ -131,11 +131,12 @@ __device__ __forceinline__ void stmatrix_x2_trans(u32 addr, u32 r0, u32 r1) {
 }
 
 // The TMA-store epilogue's staging (WG_TSTORE / A8_TSTORE): warp wq of a warpgroup writes 8-row blocks [jlo, jhi)
-// (jlo even) of its 16-row C-layout tile, as 16-bit pairs pair(i, h) (value i = 4 j + 2 h + c and i + 1), transposed
-// into stg: [rows][64 columns] x 2 bytes, 128-byte swizzle, block jlo at row 0 -- the box a TMA store writes out.
-// BM8 = the accumulator's 8-row blocks; an odd last block goes through stmatrix .x2.
-template <int BM8, class Pair>
-__device__ __forceinline__ void stage_out_tile(u32 stg, int wq, int lane, int jlo, int jhi, Pair pair) {
+// (jlo even) of its 16-row C-layout tile, transposed into stg: [rows][64 columns] x 2 bytes, 128-byte swizzle, block
+// jlo at row 0 -- the box a TMA store writes out. block(j) returns block j's two 16-bit pairs, column half h = 0 / 1
+// (values 4 j + 2 h and 4 j + 2 h + 1). BM8 = the accumulator's 8-row blocks; an odd last block goes through
+// stmatrix .x2.
+template <int BM8, class Block>
+__device__ __forceinline__ void stage_out_tile(u32 stg, int wq, int lane, int jlo, int jhi, Block block) {
   // lane l addresses row l % 8 of matrix l / 8 = (row block j + l / 16, column half (l / 8) % 2)
   const int mi = lane >> 3, r8 = lane & 7, chunk = 2 * wq + (mi & 1);
 #pragma unroll
@@ -143,10 +144,13 @@ __device__ __forceinline__ void stage_out_tile(u32 stg, int wq, int lane, int jl
     if (j < jlo || j >= jhi) continue;
     const int row = 8 * (j - jlo + (mi >> 1)) + r8;
     const u32 dst = stg + row * 128 + ((chunk ^ (row & 7)) << 4);
-    if (j + 1 < BM8)
-      stmatrix_x4_trans(dst, pair(4 * j, 0), pair(4 * j + 2, 1), pair(4 * j + 4, 0), pair(4 * j + 6, 1));
-    else  // lanes 0-15 address the block's two column halves
-      stmatrix_x2_trans(dst, pair(4 * j, 0), pair(4 * j + 2, 1));
+    const uint2 a = block(j);
+    if (j + 1 < BM8) {
+      const uint2 b = block(j + 1);
+      stmatrix_x4_trans(dst, a.x, a.y, b.x, b.y);
+    } else {  // lanes 0-15 address the block's two column halves
+      stmatrix_x2_trans(dst, a.x, a.y);
+    }
   }
 }
 
