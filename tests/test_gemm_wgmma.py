@@ -291,6 +291,59 @@ def test_cluster_split(m, n, k, cfg, fmt):
     _run(m, n, k, bits, gs, mode, dtype, config=cfg, seed=3, act=None, bias=False)
 
 
+def test_tail_rows():
+    """TAIL: the first launch takes the weight rows whose tiles fill whole waves (rounded down to the layout's 128-row
+    block); off without TAIL, with SK / SPLIT, below one wave, or with no partial wave left. "auto" splits the rest in
+    two where its tiles fill at most half the SMs."""
+    from mixgemm.kernels.cuda.gemm_wgmma import default_config, tail_rows
+
+    cfg = dict(BM=256, NWG=2, TAIL=2)
+    # 4096 x 14336 at M = 1024: 112 x 4 tiles = 3.4 waves of 132 -> 99 x 4 = 396 tiles in whole waves
+    assert tail_rows(1024, 14336, cfg, 132) == (99 * 128, 2)
+    assert tail_rows(1024, 14336, dict(cfg, TAIL=3), 132) == (99 * 128, 3)
+    assert tail_rows(1024, 14336, dict(cfg, TAIL=0), 132) == (0, 0)
+    assert tail_rows(1024, 14336, dict(BM=256, NWG=2), 132) == (0, 0)
+    assert tail_rows(1024, 14336, dict(cfg, SK=2), 132) == (0, 0)
+    assert tail_rows(1024, 14336, dict(cfg, SPLIT=2), 132) == (0, 0)
+    assert tail_rows(256, 4096, cfg, 132) == (0, 0)  # 32 tiles: less than a wave
+    assert tail_rows(1024, 128 * 132, cfg, 132) == (0, 0)  # 132 x 4 tiles: whole waves, no tail
+    # NWG 1 (64-row tiles): 33 tiles of 64 rows in whole waves are rounded down to 16 blocks of 128
+    assert tail_rows(300, 2900, dict(BM=80, NWG=1, TAIL=2), 132) == (2048, 2)
+    assert tail_rows(1024, 14336, dict(cfg, MINB=2), 132) == (66 * 128, 2)  # two CTAs per SM: one wave of 264 tiles
+    auto = dict(cfg, TAIL="auto")
+    assert tail_rows(1024, 14336, auto, 132) == (99 * 128, 2)  # 52 tail tiles: at most half of 132
+    assert tail_rows(512, 28672, auto, 132) == (198 * 128, 2)  # 224 x 2 tiles: the same 3.4 waves
+    assert tail_rows(2048, 14336, auto, 132) == (0, 0)  # 6.8 waves: 104 tail tiles, more than half
+    assert tail_rows(4096, 14336, auto, 132) == (0, 0)  # 13.6 waves: 80 tail tiles
+    assert default_config(2048, 14336, 4096)["TAIL"] == "auto"
+    with pytest.raises(ValueError, match="TAIL"):
+        tail_rows(1024, 14336, dict(cfg, TAIL=9), 132)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("m,n,k,cfg", [
+    (300, 3900, 1152, dict(BM=64, NWG=2, STAGES=4, TAIL=2)),  # 31 x 5 tiles: 26 row tiles, then 572 rows split 2
+    (300, 2900, 1152, dict(BM=80, NWG=1, STAGES=4, TAIL=3)),  # NWG 1: the cut rounded to 128 rows; split 3
+    (300, 8500, 1024, dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, TAIL=2)),  # the table's large-M tile; 52 tail rows
+    (600, 7000, 1152, dict(BM=128, NWG=4, STAGES=3, KT=2, TAIL=4, TSTORE=0)),  # per-element stores; FOLD at g64
+], ids=str)
+@pytest.mark.parametrize("fmt", [(4, 128, "zero_point", torch.float16), (4, 32, "offset", torch.bfloat16),
+                                 (8, -1, "sym", torch.float16), (4, 64, "sym", torch.bfloat16)], ids=str)
+def test_tail_launch(m, n, k, cfg, fmt):
+    """TAIL: whole waves of tiles over the first weight rows, then the rest as a cluster split-K launch from a row
+    offset into the layout, the output columns, and the bias -- against the reference, with and without bias."""
+    from mixgemm.kernels.cuda.gemm_wgmma import tail_rows
+
+    bits, gs, mode, dtype = fmt
+    k = k if gs == -1 else -(-k // gs) * gs
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert 0 < tail_rows(m, n, cfg, sms)[0] < n, "the case must exercise both launches"
+    cfg = dict(cfg, FOLD=int(cfg.get("KT", 1) > 1))
+    _run(m, n, k, bits, gs, mode, dtype, config=cfg)
+    _run(m, n, k, bits, gs, mode, dtype, config=cfg, seed=3, act=None, bias=False)
+
+
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("m,n,k,cfg", [

@@ -30,7 +30,10 @@
   first launch after the layout was built, whose build kernels write those weights. Default 1, but 0 with SK: a
   persistent grid fills every SM slot, and stream-K measured 0.4-4 us slower with it; MIXGEMM_PDL=0 turns it off
   everywhere), WS (TMA 1: one more warp only loads, refilling each slot once its consumers released it on an mbarrier;
-  no CTA barrier per stage; needs MINB 1; default 0).
+  no CTA barrier per stage; needs MINB 1; default 0), TAIL (2..8 or "auto", not with SK or SPLIT: the tiles of whole
+  waves run as one launch over the first weight rows, and the rows of the last partial wave as a second, CLUSTER
+  split-K launch of TAIL slices per tile, which finishes in about 1 / TAIL of a tile's time; "auto": split 2 where the
+  partial wave fills at most half the SMs, else one launch (`tail_rows`); default 0).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER or SERIAL, with SERIAL an
   fp32 [tiles, SPLIT] partial-tile workspace (and a per-device, per-stream int32 counter per tile, allocated zeroed
@@ -57,7 +60,7 @@ KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
-               "CLUSTER", "SERIAL", "PDL", "WS")
+               "CLUSTER", "SERIAL", "PDL", "WS", "TAIL")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
 # Programmatic dependent launch (as the GEMVs, kernels/cuda/gemv.py): False (MIXGEMM_PDL=0) turns it off for every
 # config; True lets config key PDL decide (default: on, but off for stream-K -- see the docstring)
@@ -95,6 +98,8 @@ def default_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     # measured on H200 (gemm_wgmma_notes.md): TMA loader from M = 256 (BM 256), cp.async below
     cfg = {"BM": bm, "NWG": 2, "STAGES": 5 if bm == 256 else 4, "INFLIGHT": 2 if bm == 256 else 1,
            "TMA": int(bm == 256), "GROUP_M": 8}
+    if bm == 256:
+        cfg["TAIL"] = "auto"  # a partial last wave of at most half the SMs runs as split-K pairs (tail_rows)
     cfg["SPLIT"] = auto_split(m, n, k, cfg, sms)
     return cfg
 
@@ -241,6 +246,51 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
         bias = bias.contiguous()
     props = torch.cuda.get_device_properties(y.device)
     cfg = dict(config) if config is not None else default_config(m, n, k, props.multi_processor_count)
+    n0, tail_split = tail_rows(m, n, cfg, props.multi_processor_count) if conv is None else (0, 0)
+    if not n0:
+        return _launch(qw, xk, conv, y, bias, lo, hi, cfg, fit, props, 0)
+    # TAIL: the whole waves of tiles over weight rows [0, n0), then the rows past n0 as a cluster split-K launch: the
+    # last partial wave's tiles run as TAIL k-slices each, so that wave takes about 1 / TAIL of a tile's time
+    cut = {**cfg, "TAIL": 0}
+    _launch(qw, xk, None, y[:, :n0], None if bias is None else bias[:n0], lo, hi, cut, fit, props, 0)
+    tail = {**cut, "SPLIT": tail_split, "CLUSTER": 1, "SERIAL": 0}
+    _launch(qw, xk, None, y[:, n0:], None if bias is None else bias[n0:], lo, hi, tail, fit, props, n0)
+    return y
+
+
+def tail_rows(m: int, n: int, cfg: dict, sms: int) -> tuple[int, int]:
+    """Config key TAIL: (n0, split) -- the first n0 weight rows run as whole waves of tiles, the rest as split-K
+    clusters of `split` slices; (0, 0) when TAIL is off or does not apply (stream-K, split-K, less than one wave of
+    tiles, or no partial wave left). n0 is rounded down to a multiple of 128, the layout's row block, where the
+    second launch's weight pointers start.
+
+    TAIL 2..8 forces that split; "auto" takes split 2 where the partial wave's tiles fill at most half the SMs, as
+    their halves then all run at once: measured on the H100 (gemm_wgmma_notes.md, session 25), split 2 turned 4096 x
+    14336 M = 1024 (3.4 waves) from 197 into 178 us, and lost 4-11% where the partial wave was 0.6-0.8 full (the halves
+    then need two rounds) as did splits 3 and 4 (their cluster reduction costs more than the rounds they save)."""
+    split = cfg.get("TAIL", 0)
+    if split != "auto" and int(split) not in (0, 1, *range(2, CLUSTER_MAX + 1)):
+        raise ValueError(f"bad wgmma TAIL={split}: 0 (off), 'auto' or a split-K factor 2..{CLUSTER_MAX}")
+    if split in (0, 1, "0", "1") or int(cfg.get("SK", 0)) or cfg.get("SPLIT", 1) not in (1, "1"):
+        return 0, 0
+    rows = 64 * int(cfg.get("NWG", 2))
+    tiles_n, tiles_m = -(-n // rows), -(-m // int(cfg["BM"]))
+    slots = sms * int(cfg.get("MINB", 1))
+    waves = tiles_n * tiles_m // slots
+    n0 = waves * slots // tiles_m * rows // 128 * 128  # the launches meet at a 128-row block of the layout
+    if not 0 < n0 < n:
+        return 0, 0
+    if split == "auto":
+        tail_tiles = -(-(n - n0) // rows) * tiles_m
+        return (n0, 2) if 2 * tail_tiles <= slots else (0, 0)
+    return n0, int(split)
+
+
+def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tensor, bias, lo: float, hi: float,
+            cfg: dict, fit: bool, props, row0: int) -> torch.Tensor:
+    """One launch into y [M, N'] = the output columns of weight rows [row0, row0 + N') (row0: a multiple of 128)."""
+    m, n = y.shape
+    k = qw.in_features
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
     inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
     sk, fold_req, cluster = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0)), int(cfg.get("CLUSTER", 0))
@@ -348,7 +398,7 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
             _warn_no_tma(e)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, y.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
-    tiles = math.ceil(lay.row_tiles / (4 * nwg)) * math.ceil(m / bm)
+    tiles = math.ceil(math.ceil(n / 16) / (4 * nwg)) * math.ceil(m / bm)
     sk_count = None
     if sk:
         work = tiles * math.ceil(kt / ktile)  # (tile, stage) pairs
@@ -366,8 +416,9 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
             ws = torch.empty(tiles * split * (bm // 2) * 128 * nwg, dtype=torch.float32, device=y.device)
             sk_count = _tile_counters(y.device, tiles)
     args = [
-        ctypes.c_void_p(lay.weight.data_ptr()),
-        ctypes.c_void_p(lay.params.data_ptr()),
+        # row0 / 128 blocks of 128 weight rows in: both tensors are [N_pad / 128, ...]
+        ctypes.c_void_p(lay.weight.data_ptr() + row0 // 128 * lay.weight.stride(0) * lay.weight.element_size()),
+        ctypes.c_void_p(lay.params.data_ptr() + row0 // 128 * lay.params.stride(0) * lay.params.element_size()),
         ctypes.c_void_p(xk.data_ptr()),
         ctypes.c_int(0 if conv is not None else xk.stride(0)),
         ctypes.c_void_p(y.data_ptr()),
