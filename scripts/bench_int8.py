@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 from dataclasses import replace
 
@@ -89,9 +90,11 @@ def check(x, qw, act_mode, y, rows=64, act_block=None) -> float:
     return float((y[:r].double() - ref).norm() / ref.norm())
 
 
-def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peers=True, rep=200, act_block="group"):
+def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peers=True, rep=200, act_block="group",
+             repeat=1):
     """One protocol row: mixgemm (act quant + GEMM) vs fp16 F.linear and torch._int_mm; act_block "token": one
-    activation scale per token (matmul_a8's act_block)."""
+    activation scale per token (matmul_a8's act_block). repeat > 1: mixgemm and fp16 cuBLAS are timed in turn that
+    many times and the medians reported (single cuBLAS timings move by up to 15% within a run)."""
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
     qw0 = quantize_weight(w, bits=bits, group_size=group, mode=mode)
     del w
@@ -103,10 +106,19 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     c = copies_for(lay_bytes(lay0))
     qws = [qw0] + [clone_qw(qw0) for _ in range(c - 1)]
     runs = [run0] + [make_a8_runner(x, q, act_mode, config=config, act_block=act_block) for q in qws[1:]]
-    t = graph_time(runs, rep)
+    ws = None
+    if peers:
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies_for(n * k * 2))]
+    ts, t16s = [], []
+    for _ in range(max(1, repeat)):
+        ts.append(graph_time(runs, rep) * 1e6)
+        if peers:
+            t16s.append(graph_time([lambda w=w: F.linear(x, w) for w in ws], rep) * 1e6)
     te = eager_time(runs)
     row = dict(k=k, n=n, m=m, bits=bits, group=group, act=act_mode + ("/token" if act_block == "token" else ""),
-               us=t * 1e6, eager_us=te * 1e6, err=err, C=c)
+               us=statistics.median(ts), eager_us=te * 1e6, err=err, C=c)
+    if repeat > 1:
+        row["rounds_us"], row["fp16_rounds_us"] = ts, t16s
     del runs, qws, run0
     torch.cuda.empty_cache()
     # activation quantization alone (included above): the quantizer the runner calls (ops.int8._act_quant: the CUDA
@@ -116,9 +128,7 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     row["actq_us"] = do_bench(lambda: _act_quant(x, blk, act_mode, out=q), warmup=10, rep=50,
                               return_mode="median") * 1e3
     if peers:
-        cc = copies_for(n * k * 2)
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(cc)]
-        row["fp16_us"] = graph_time([lambda w=w: F.linear(x, w) for w in ws], rep) * 1e6
+        row["fp16_us"] = statistics.median(t16s)
         row["fp16_eager_us"] = eager_time([lambda w=w: F.linear(x, w) for w in ws]) * 1e6
         del ws
         torch.cuda.empty_cache()
@@ -221,6 +231,8 @@ def main():
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--accept", action="store_true")
     ap.add_argument("--ms", default="1,16,256,2048,4096,16384")
+    ap.add_argument("--repeat", type=int, default=1, help="--accept: rounds of (mixgemm, fp16 cuBLAS) timed in turn; "
+                    "the medians are reported")
     ap.add_argument("--token", action="store_true", help="--accept: the W4A8 g128 rows with per-token activations only")
     ap.add_argument("--actq-rows", action="store_true",
                     help="only the CUDA per-token row quantizer (what matmul_a8 runs for per-token blocks) at "
@@ -312,7 +324,7 @@ def main():
         rows = []
         for k, n in ACCEPT_SHAPES:
             for m in (1, 2048, 4096, 16384):
-                rows.append(bench_a8(k, n, m, 4, 128, rep=100, act_block="token"))
+                rows.append(bench_a8(k, n, m, 4, 128, rep=100, act_block="token", repeat=args.repeat))
                 print_rows(rows[-1:], bw, top8)
         print_rows(rows, bw, top8)
     elif args.accept:
@@ -320,11 +332,11 @@ def main():
         for ms in ((2048, 4096), (16384,)):
             for k, n in ACCEPT_SHAPES:
                 for m in ms:
-                    rows.append(bench_a8(k, n, m, 8, -1, config=best.get("w8"), rep=100))
+                    rows.append(bench_a8(k, n, m, 8, -1, config=best.get("w8"), rep=100, repeat=args.repeat))
                     print_rows(rows[-1:], bw, top8)
                 for m in ((1,) if ms[0] == 2048 else ()) + ms:
                     cfg = best.get(("w4m1", k)) if m == 1 else best.get("w4")
-                    rows.append(bench_a8(k, n, m, 4, 128, config=cfg, rep=100))
+                    rows.append(bench_a8(k, n, m, 4, 128, config=cfg, rep=100, repeat=args.repeat))
                     print_rows(rows[-1:], bw, top8)
         k, n = ACCEPT_SHAPES[0]
         for bits, group, m in ((8, -1, 1), (8, -1, 16), (4, 128, 16), (8, -1, 256), (4, 128, 256)):
