@@ -62,6 +62,18 @@ COMPILE_CASES = [
     dict(A8_BITS=8, A8_OUT=1, A8_BM=256, A8_NWG=1, A8_STAGES=3, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0, A8_TSTORE=1),
     dict(A8_BITS=4, A8_OUT=1, A8_BM=48, A8_NWG=2, A8_STAGES=4, A8_KT=4, A8_GT=1, A8_NP=1, A8_CVT=0, A8_AT=1,
          A8_TSTORE=1),
+    # 2-CTA clusters multicasting the activation tile: per-token TMA store, per-group fp32, int8 per-channel, NWG 1
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=128, A8_NWG=2, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0, A8_AT=1,
+         A8_TSTORE=1, A8_MC=2),
+    dict(A8_BITS=4, A8_OUT=2, A8_BM=128, A8_NWG=2, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0, A8_MC=2),
+    dict(A8_BITS=8, A8_OUT=1, A8_BM=128, A8_NWG=2, A8_STAGES=3, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0, A8_TSTORE=1,
+         A8_MC=2),
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=64, A8_NWG=1, A8_STAGES=4, A8_KT=4, A8_GT=2, A8_NP=2, A8_CVT=0, A8_MC=2),
+    # programmatic dependent launch: with and without the cluster, per-group activation scales (copied after the wait)
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=128, A8_NWG=2, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0, A8_AT=1,
+         A8_TSTORE=1, A8_MC=2, A8_PDL=1),
+    dict(A8_BITS=8, A8_OUT=1, A8_BM=128, A8_NWG=2, A8_STAGES=3, A8_KT=2, A8_GT=2, A8_NP=1, A8_CVT=0, A8_PDL=1),
+    dict(A8_BITS=4, A8_OUT=2, A8_BM=64, A8_NWG=1, A8_STAGES=5, A8_KT=2, A8_GT=1, A8_NP=2, A8_CVT=0, A8_PDL=1),
 ]
 
 
@@ -193,6 +205,69 @@ def test_gpu_tma_store_epilogue(bits, gs, per_token, out_dtype):
 
 @needs_sm90
 @pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs,per_token", [(4, 128, True), (4, 128, False), (8, -1, False), (8, 256, False),
+                                               (4, 256, True)])
+def test_gpu_cluster_multicast(bits, gs, per_token):
+    """MC 2 (two CTAs of the same tokens as a cluster, each loading half of the activation box and multicasting it)
+    is bit-equal to MC 1: M tails where the box's second half holds some tokens (M = 200), none (M = 150 and M = 3:
+    that half is skipped by both CTAs), a last CTA pair with rows past N (N = 1000), both epilogues, NWG 1 and 2."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+
+    k = 2048 if gs != 256 else 1536
+    for m, n, cfg in ((200, 1024, None), (150, 1000, None), (3, 1024, None), (300, 512, dict(TSTORE=0)),
+                      (77, 1000, dict(BM=64, NWG=1, STAGES=4, KT=2, NP=1, CVT=0)),
+                      (129, 500, dict(BM=32, NWG=1, STAGES=3, KT=2, NP=1, CVT=0, GROUP_M=2))):
+        cfg = {**default_config(m, n, k, k if gs == -1 else gs, bits), **(cfg or {})}
+        y2, ref = _run(m, n, k, bits, gs, torch.float16, config=dict(cfg, MC=2), seed=m + n, per_token=per_token)
+        y1, _ = _run(m, n, k, bits, gs, torch.float16, config=dict(cfg, MC=1), seed=m + n, per_token=per_token)
+        assert torch.equal(y2, y1), (m, n, cfg)
+        assert _rel(y2, ref) < 1e-3, (m, n, _rel(y2, ref))
+    cfg = dict(default_config(129, 1024, k, k if gs == -1 else gs, bits), MC=2)
+    y2, ref = _run(129, 1024, k, bits, gs, torch.bfloat16, config=cfg, seed=5, per_token=per_token)
+    assert _rel(y2, ref) < 1e-2
+
+
+def test_default_config_cluster_multicast():
+    """default_config takes MC 2 (activation multicast over 2-CTA clusters) at long K and large M, where it measured
+    faster, and only when the CTA column tiles pair up."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import MC_MIN_K, MC_MIN_M, default_config
+
+    assert default_config(2048, 8192, 28672, 128).get("MC") == 2
+    assert default_config(16384, 8192, 28672, 28672, 8).get("MC") == 2
+    assert "MC" not in default_config(2048, 28672, 8192, 128)  # K below MC_MIN_K
+    assert "MC" not in default_config(MC_MIN_M // 2, 8192, 28672, 128)
+    assert "MC" not in default_config(4096, 8200, MC_MIN_K, 128)  # 513 row tiles: 65 CTA column tiles of 128 rows
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("mc", [1, 2])
+def test_gpu_pdl_chain(mc):
+    """PDL (the weights of the first stages queued before griddepcontrol.wait): a chain quantizer -> GEMM -> quantizer
+    -> GEMM ..., each GEMM reading the codes the kernel right before it wrote, eager and in a CUDA graph, equals the
+    PDL-off chain bit for bit."""
+    from mixgemm.kernels.cuda import gemm_wgmma as G
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, gemm_wgmma_a8
+    from mixgemm.kernels.cuda.gemv_a8 import act_quant_rows
+    from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
+
+    k = n = 8192
+    qws = [_qw(n, k, 4, 128, seed, "cuda") for seed in range(3)]
+    cfg = dict(default_config(300, n, k, 128), MC=mc, PDL=1)
+    inf = float("inf")
+
+    def chain(x):
+        for qw in qws:
+            aq, sa, _, _ = act_quant_rows(x)
+            x = gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=cfg)
+        return x
+
+    x0 = (torch.randn(300, k, generator=_gen(4))).to("cuda", torch.float16)
+    assert_pdl_chain_matches(G, chain, x0)
+
+
+@needs_sm90
+@pytest.mark.gpu
 def test_gpu_large_k_no_bias():
     y, ref = _run(64, 384, 8192, 4, 128, torch.bfloat16, bias=False, activation=None)
     assert _rel(y, ref) < 1e-2
@@ -265,6 +340,14 @@ def test_gpu_errors():
         gemm_wgmma_a8(aq[:, :128], sa, qw, None, -inf, inf, torch.float16)
     with pytest.raises(ValueError, match="bad int8 wgmma tile"):
         gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=dict(BM=24))
+    with pytest.raises(ValueError, match="bad int8 wgmma tile"):  # the cluster's producers multicast: WS only
+        gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=dict(NWG=2, MC=2, WS=0))
+    with pytest.raises(ValueError, match="bad int8 wgmma tile"):
+        gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=dict(MC=3))
+    with pytest.raises(ValueError, match="bad int8 wgmma tile"):  # the producer queues the weights before the wait
+        gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=dict(NWG=2, PDL=1, WS=0))
+    with pytest.raises(ValueError, match="MC 2 pairs the CTAs along N"):  # N = 64: one column tile of 128 rows
+        gemm_wgmma_a8(aq, sa, qw, None, -inf, inf, torch.float16, config=dict(MC=2))
     with pytest.raises(ValueError, match="sym int4 / int8"):
         q64 = quantize_weight(torch.randn(64, 256), bits=4, group_size=64, mode="sym").to("cuda")
         gemm_wgmma_a8(aq, torch.rand(5, 4, device="cuda"), q64, None, -inf, inf, torch.float16)

@@ -82,6 +82,23 @@
 #ifndef A8_TSTORE
 #define A8_TSTORE 0
 #endif
+// A8_MC 2 (with A8_WS): the two CTAs of a thread-block cluster take adjacent 64 x NWG-row weight tiles of the same BM
+// tokens; each producer loads half of every activation box and multicasts it to both CTAs, and a ring slot is
+// refilled only once the consumer warps of both CTAs released it (each consumer warp arrives on the slot's empty
+// mbarrier in both CTAs). Why: the activation tile (BM x 128 bytes per k-tile, 16 KB at BM 128) is twice the int4
+// weight tile, so the CTAs of one token tile re-reading it from L2 are most of the L2 -> SM traffic; the cluster
+// reads it once per pair (24.5 -> 16.5 KB per CTA and k-tile at BM 128, NWG 2, int4).
+#ifndef A8_MC
+#define A8_MC 1
+#endif
+// A8_PDL 1 (with A8_WS): programmatic dependent launch, as gemm_wgmma.cu's WG_PDL. Why: the kernel before this one is
+// the activation quantizer, which triggers its dependents at its start; the CTAs then start during the quantizer's
+// last wave, and the producer queues the first stages' weights and weight scales (never written by other kernels)
+// before griddepcontrol.wait, their activation codes and scales after it. Consumers wait before touching global
+// memory. A no-op when launched without the PDL attribute.
+#ifndef A8_PDL
+#define A8_PDL 0
+#endif
 
 namespace mga8 {
 
@@ -92,6 +109,11 @@ constexpr int NP = A8_NP;
 constexpr bool PC = GT == 0;    // per-channel weights and per-token activation scales
 constexpr bool AT = PC || A8_AT;  // per-token activation scales (in the epilogue)
 constexpr bool WS = A8_WS;
+constexpr int MC = A8_MC;
+static_assert(MC == 1 || (MC == 2 && WS), "A8_MC 2 takes the producer warpgroup (A8_WS 1)");
+constexpr bool PDL = A8_PDL != 0;
+static_assert(!PDL || WS, "A8_PDL takes the producer warpgroup (A8_WS 1)");
+constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;  // the parts of a stage issue() queues
 // WS: warpgroup NWG produces (one thread issues the copies). NWG 2: it gives its registers to the consumers
 // (setmaxnreg 40 / 232: 384 threads would otherwise cap every thread at 168, and the consumers' BM / 2 fp32
 // accumulators + BM / 2 int32 partials + A fragments then spill, which also serializes the wgmmas)
@@ -144,15 +166,20 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
                       int N, int M, int Kt, int G,
                       const __grid_constant__ TmaDesc xmap,  // int8 activation codes [M, K], box 128 k x BM rows
                       const __grid_constant__ TmaDesc ymap) {  // A8_TSTORE: Y [M, N], box 64 columns x BM rows
+  // the next PDL kernel may launch once every CTA of this grid runs (it waits in griddepcontrol.wait for this grid)
+  if (PDL) pdl_launch_dependents();
   extern __shared__ char smem_raw[];
   const char* sgen;
   const u32 sbase = smem_base_1024(smem_raw, sgen);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int Nt = (N + 15) >> 4;
-  const int2 pos = raster_tile(blockIdx.x, (M + BM - 1) / BM, A8_GROUP_M * ((Nt + WARPS - 1) / WARPS), A8_GROUP_M, BM,
-                               WARPS);
-  const int m0 = pos.x, rt0 = pos.y;
+  // MC 2: the cluster (CTAs 2 c, 2 c + 1) is one raster tile of MC x WARPS row tiles; CTA rank r takes the r-th WARPS
+  // (the host launches MC 2 only when the CTA column tiles pair up: ceil(Nt / WARPS) % MC == 0)
+  const int rank = MC > 1 ? cluster_ctarank() : 0;
+  const int2 pos = raster_tile(blockIdx.x / MC, (M + BM - 1) / BM, A8_GROUP_M * ((Nt + MC * WARPS - 1) / (MC * WARPS)),
+                               A8_GROUP_M, BM, MC * WARPS);
+  const int m0 = pos.x, rt0 = pos.y + rank * WARPS;
   const int rt_raw = rt0 + warp;
   const int nst = (Kt + KT - 1) / KT;
   const int blk = rt0 >> 3, nblk = (Nt + 7) >> 3;  // first 8-tile block of the CTA, blocks stored
@@ -163,29 +190,41 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(smem_addr(&full_bar[s]), 1);
-      if (WS) mbar_init(smem_addr(&empty_bar[s]), WARPS);
+      if (WS) mbar_init(smem_addr(&empty_bar[s]), WARPS * MC);  // MC 2: the consumer warps of both CTAs
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  if (MC > 1) cluster_sync();  // the peer's mbarriers exist before any multicast or remote arrival reaches them
+  else __syncthreads();
 
   const int sa_rows = min(BM, ldsa - m0);  // activation scales of the tile that exist (x 4 bytes: a multiple of 16)
-  auto issue = [&](int sg, int slot_issue, u32 st_issue) {  // stage sg: k-tiles KT sg .. into ring slot slot_issue
+  // MC 2: the activation box's halves (BM / 2 tokens each) that hold a token < M are loaded, by CTA rank h; a half of
+  // tokens >= M only is skipped by both CTAs (its rows are never stored), so every CTA expects the same bytes
+  constexpr int XH = BM / MC;
+  const int x_rows = MC == 1 || m0 + XH < M ? BM : XH;
+  const bool x_mine = MC == 1 || m0 + rank * XH < M;
+  // stage sg: k-tiles KT sg .. into ring slot slot_issue; part ISSUE_W: the expected bytes of the whole stage, the
+  // weights and their scales; ISSUE_X: the activation codes (and per-group scales). PDL queues the two apart.
+  auto issue = [&](int sg, int slot_issue, u32 st_issue, int part) {
     const u32 bar = smem_addr(&full_bar[slot_issue]);
     const int ks = sg * KT, tiles = min(KT, Kt - ks);
     const int segs = min(SEGS, nblk - blk);  // NWG 4 on the last block: its second segment is not stored
-    mbar_expect_tx(bar, tiles * (BM * 128 + (AT ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))));
+    if (part & ISSUE_W)
+      mbar_expect_tx(bar, tiles * (x_rows * 128 + (AT ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))));
 #pragma unroll
     for (int j = 0; j < KT; ++j)
-      if (j < tiles) {
-        tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 128, m0, bar);
+      if (j < tiles && (part & ISSUE_X)) {
+        if (MC == 1) tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 128, m0, bar);
+        else if (x_mine)  // rows rank x XH.. of the box, at the same offset in both CTAs (XH x 128: 1024-byte aligned)
+          tma_2d_multicast(st_issue + j * BM * 128 + rank * XH * 128, &xmap, (ks + j) * 128, m0 + rank * XH, bar,
+                           (1 << MC) - 1);
         if (!AT)
           bulk_copy(st_issue + X_BYTES + W_BYTES + SW_BYTES + j * BM * 4, SA + (size_t)(ks + j) / GT * ldsa + m0,
                     sa_rows * 4, bar);
       }
 #pragma unroll
     for (int sgm = 0; sgm < SEGS; ++sgm) {
-      if (sgm >= segs) continue;
+      if (sgm >= segs || !(part & ISSUE_W)) continue;
       const char* wsrc = W + (((size_t)(blk + sgm) * Kt + ks) * 8 + (rt0 & 7)) * TB;
       const u32 wdst = st_issue + X_BYTES + sgm * KT * SEGW * TB;
       if (SEGW == 8) {
@@ -207,15 +246,25 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
 
   if (WS && warp >= WARPS) {  // the producer: stage sg into slot sg % STAGES once its last use is released
     if (REALLOC) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
-    if (warp == WARPS && lane == 0)
-      for (int sg = 0, slot = 0; sg < nst; ++sg) {
+    if (warp == WARPS && lane == 0) {
+      int sg = 0, slot = 0;
+      if (PDL) {  // the first stages' weights before the wait, their activations after it
+        const int pre = min(STAGES, nst);
+        for (int s = 0; s < pre; ++s) issue(s, s, sbase + s * STAGE, ISSUE_W);
+        pdl_wait();
+        for (int s = 0; s < pre; ++s) issue(s, s, sbase + s * STAGE, ISSUE_X);
+        sg = pre, slot = pre == STAGES ? 0 : pre;
+      }
+      for (; sg < nst; ++sg) {
         if (sg >= STAGES) mbar_wait(smem_addr(&empty_bar[slot]), (sg / STAGES - 1) & 1);
-        issue(sg, slot, sbase + slot * STAGE);
+        issue(sg, slot, sbase + slot * STAGE, ISSUE_ALL);
         slot = slot + 1 == STAGES ? 0 : slot + 1;
       }
+    }
     return;
   }
   if (REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
+  if (PDL) pdl_wait();  // the activation scales, bias and output belong to other kernels
 
   float acc[PC ? 1 : BM / 2];
 #pragma unroll
@@ -299,7 +348,14 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     if (WS && j == 0 && i > 0) {
       // the last stage is done: its wgmmas completed at the wait above and the fold that read its scales ran
       __syncwarp();
-      if (lane == 0) mbar_arrive(smem_addr(&empty_bar[slot_prev]));
+      if (lane == 0) {
+        if (MC == 1) {
+          mbar_arrive(smem_addr(&empty_bar[slot_prev]));
+        } else {  // both CTAs' producers multicast into this slot: release it to each
+#pragma unroll
+          for (int r = 0; r < MC; ++r) mbar_arrive_cluster(mapa_cluster(smem_addr(&empty_bar[slot_prev]), r));
+        }
+      }
     }
     if (!PC) {
       prev_sw = (const float*)(stg + X_BYTES + W_BYTES + j * WARPS * 64);
@@ -308,7 +364,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   };
 
   if (!WS && tid == 0)
-    for (int s = 0; s < STAGES - 2 && s < nst; ++s) issue(s, s, sbase + s * STAGE);
+    for (int s = 0; s < STAGES - 2 && s < nst; ++s) issue(s, s, sbase + s * STAGE, ISSUE_ALL);
   for (int sg = 0; sg < nst; ++sg) {
     mbar_wait(smem_addr(&full_bar[slot_read]), phase);  // stage sg's bytes have landed
     const int slot_now = slot_read;
@@ -317,7 +373,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     if (!WS) {
       __syncthreads();  // every warpgroup is past stage sg - 1 (its wgmmas and the fold that read stage sg - 2)
       const int sn = sg + STAGES - 2, slot = sn % STAGES;
-      if (sn < nst && tid == 0) issue(sn, slot, sbase + slot * STAGE);
+      if (sn < nst && tid == 0) issue(sn, slot, sbase + slot * STAGE, ISSUE_ALL);
     }
     auto run = [&](auto jc) {
       constexpr int j = decltype(jc)::value;
@@ -336,6 +392,8 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     if (NP == 1 || ((Kt - 1) % KT / GT) % NP == 0) fold(IC<0>{});
     else fold(IC<NP - 1>{});
   }
+  // MC 2: this thread's last remote access (an empty-barrier arrival) is behind it; the wait is at the exits
+  if (MC > 1) cluster_arrive();
 
   // epilogue: value i = 4 j + 2 h + c is (weight row 16 warp + g + 8 h, token 8 j + 2 t + c)
   const int nb = rt_raw * 16 + g;
@@ -376,6 +434,10 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
       tma_store_2d(&ymap, stg, (rt_raw - wq) * 16, m0);  // rows past M and columns past N are dropped
       tma_store_wait_read();  // the smem is read before the CTA exits
     }
+    if (MC > 1) {  // the warp converged again: .aligned
+      __syncwarp();
+      cluster_wait();
+    }
     return;
   }
 #pragma unroll
@@ -391,4 +453,5 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
         if (n < N) store_output<OUT>(Y, (size_t)m * ldy + n, n, value(i, h, sa), bias, bias_kind, lo, hi);
       }
     }
+  if (MC > 1) cluster_wait();
 }

@@ -17,9 +17,15 @@
   together), WS (1: a producer warpgroup and per-stage empty barriers, the default for NWG 1 and for NWG 2 with
   MINB 1; 0: thread 0 refills and a CTA barrier per stage), TSTORE (1, the default: a 16-bit output whose rows the
   TMA can address goes out by one TMA store per warpgroup tile, staged in the drained ring; 0: one store per
-  element; the two are bit-equal).
+  element; the two are bit-equal), MC (1, or 2: two CTAs of the same tokens as a thread-block cluster, each loading
+  half of the activation tile and multicasting it to both; needs WS and an even number of CTA column tiles,
+  ceil(N / 16 / (4 NWG)); bit-equal to MC 1), PDL (1, the default with WS: programmatic dependent launch -- the
+  first stages' weights are queued before griddepcontrol.wait, so the kernel starts during the activation
+  quantizer's last wave; never on the first call after the layout is built, whose build kernels write the weights;
+  MIXGEMM_PDL=0 turns it off everywhere).
 * Returns [M, N] in out_dtype (float16 / bfloat16 / float32), or writes ``out``. Launched on the current stream,
-  no host synchronization; allocates the output (unless given) and a transposed copy of sa [G, M_pad].
+  no host synchronization; allocates the output (unless given) and, for per-group activation scales (or a [M, 1]
+  sa whose column is not contiguous), a transposed copy of sa [G, M_pad].
 """
 
 from __future__ import annotations
@@ -31,13 +37,13 @@ import torch
 
 from mixgemm.formats.layouts_wgmma_a8 import WgmmaA8Layout, a8_layout_supported, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda import gemm_wgmma, nvrtc
 from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT, swizzled_tensor_map, tstore_fits
 
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL")
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 
@@ -48,6 +54,10 @@ def wgmma_a8_supported(aq: torch.Tensor, qw: QuantizedWeight, act_mode: str) -> 
             or not nvrtc.nvrtc_available()):
         return False
     return torch.cuda.get_device_capability(aq.device) == (9, 0)
+
+
+# default_config: MC 2 from this K and M (see there)
+MC_MIN_K, MC_MIN_M = 16384, 2048
 
 
 def stage_bytes(bm: int, nwg: int, bits: int, kt: int, per_channel: bool) -> int:
@@ -67,7 +77,12 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> di
     stages = max(3, min(4, (SMEM_LIMIT - 1024) // sb))
     # NP 1: folding a group while the warpgroup's own next wgmmas run (NP 2) measured 23-28% slower, also with the
     # four wgmmas issued back to back (benchmarks/int8_notes.md "Session 15")
-    return {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": 1, "CVT": 0, "GROUP_M": 8}
+    cfg = {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": 1, "CVT": 0, "GROUP_M": 8}
+    # MC 2 (activation tile multicast over 2-CTA clusters) where it measured faster: long K at large M (H100, session
+    # 26: 28672x8192 W4 g128 M = 2048 / 4096 -3 / -5..8%, 8192x28672 +2 / 0%); the CTA column tiles must pair up
+    if k >= MC_MIN_K and m >= MC_MIN_M and math.ceil(-(-n // 16) / (4 * nwg)) % 2 == 0:
+        cfg["MC"] = 2
+    return cfg
 
 
 def _check(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias, out_dtype, out):
@@ -107,41 +122,58 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=aq.device)
     if m == 0 or n == 0:
         return y
+    fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
     cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits)
     bm, nwg, stages, kt = (int(cfg.get(key, d)) for key, d in (("BM", 128), ("NWG", 2), ("STAGES", 4), ("KT", 2)))
     np_, cvt, group_m = int(cfg.get("NP", 1)), int(cfg.get("CVT", 0)), int(cfg.get("GROUP_M", 8))
     minb = int(cfg.get("MINB", 1))
     ws = int(cfg.get("WS", int(nwg == 1 or (nwg == 2 and minb == 1))))
+    mc = int(cfg.get("MC", 1))
+    pdl_req = int(cfg.get("PDL", ws))
     gt = 0 if lay.per_channel else lay.group_size // 128
     if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (2, 4)
             or stages < 3 or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1 or kt % (np_ * max(gt, 1))
-            or (gt and bm > 128) or ws not in (0, 1) or (ws and (nwg == 4 or (nwg == 2 and minb != 1)))):
+            or (gt and bm > 128) or ws not in (0, 1) or (ws and (nwg == 4 or (nwg == 2 and minb != 1)))
+            or mc not in (1, 2) or (mc == 2 and not ws) or pdl_req not in (0, 1) or (pdl_req and not ws)):
         raise ValueError(f"bad int8 wgmma tile {cfg}: BM 16..256 (multiple of 16; <= 128 for groups), NWG 1, 2, 4, "
                          "KT 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3, NP 1 or 2, CVT 0 or 1, "
-                         "GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1)")
+                         "GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1), MC 1 or 2 (MC 2: WS), "
+                         "PDL 0 or 1 (PDL 1: WS)")
+    col_tiles = math.ceil(lay.row_tiles / (4 * nwg))  # CTAs along N
+    if col_tiles % mc:
+        raise ValueError(f"int8 wgmma tile {cfg}: MC {mc} pairs the CTAs along N, but N = {n} makes {col_tiles} "
+                         f"column tiles of {64 * nwg} rows (not a multiple of {mc})")
     ring = stages * stage_bytes(bm, nwg, lay.bits, kt, lay.per_channel)
     smem = ring + 1024
     if smem > SMEM_LIMIT:
         raise ValueError(f"int8 wgmma tile {cfg} needs {smem} bytes of shared memory (limit {SMEM_LIMIT})")
-    # activation scales transposed to [G, M_pad] (M_pad % 4 == 0): one bulk copy per (group, m-tile) in the kernel
+    # activation scales transposed to [G, M_pad] (M_pad % 4 == 0): one bulk copy per (group, m-tile) in the kernel.
+    # One scale per token ([M, 1]: per-channel weights, or AT) is read as SA[m] in the epilogue only, so a contiguous
+    # column goes in as it is (no transpose kernel between the quantizer and the GEMM)
     ldsa = -(-m // 4) * 4
     at = int(sa.shape[1] == 1 and lay.num_groups > 1)  # per-token activation scales over grouped weights
-    sat = torch.empty(sa.shape[1], ldsa, dtype=torch.float32, device=aq.device)
-    sat[:, :m].copy_(sa.T)
+    if sa.shape[1] == 1 and (sa.stride(0) == 1 or m == 1):
+        sat = sa
+    else:
+        sat = torch.empty(sa.shape[1], ldsa, dtype=torch.float32, device=aq.device)
+        sat[:, :m].copy_(sa.T)
     if bias is not None:
         bias = bias.contiguous()
     defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
             "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb,
-            "A8_WS": ws, "A8_AT": at}
+            "A8_WS": ws, "A8_AT": at, "A8_MC": mc}
+    pdl = bool(gemm_wgmma.PDL and pdl_req)
+    if pdl:
+        defs["A8_PDL"] = 1
     ymap = None
     if int(cfg.get("TSTORE", 1)) and tstore_fits(y, bm, nwg, ring):
         ymap = swizzled_tensor_map(y, 64, bm)  # 64 output columns (128 bytes) x BM rows
         defs["A8_TSTORE"] = 1
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, aq.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
-    xmap = swizzled_tensor_map(aq, 128, bm)  # 128 k (bytes) x BM rows
-    tiles = math.ceil(lay.row_tiles / (4 * nwg)) * math.ceil(m / bm)
+    xmap = swizzled_tensor_map(aq, 128, bm // mc)  # 128 k (bytes) x BM rows (MC 2: each CTA loads half)
+    tiles = col_tiles * math.ceil(m / bm)
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.params.data_ptr()),
@@ -158,5 +190,6 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     with torch.cuda.device(aq.device):
         # WS: one more warpgroup, the producer
         nvrtc.launch(fn, (tiles, 1, 1), (128 * (nwg + ws), 1, 1), args,
-                     torch.cuda.current_stream(aq.device).cuda_stream, smem)
+                     torch.cuda.current_stream(aq.device).cuda_stream, smem, pdl=pdl and not fresh,
+                     cluster=(mc, 1, 1) if mc > 1 else None)
     return y

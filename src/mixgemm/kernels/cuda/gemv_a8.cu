@@ -664,6 +664,9 @@ mixgemm_act_quant_rows(const void* __restrict__ X, int ldx,   // [M, ldx] activa
                        float* __restrict__ S, float* __restrict__ O, int* __restrict__ SUM,  // [M]
                        int K, int asym) {                     // K % 8 == 0, K <= 8 * A8_ACTQ * AQ_NT
   constexpr int NT = AQ_NT, CPT = A8_ACTQ;
+  // the next kernel, if launched with PDL (the int8 wgmma GEMM, A8_PDL), may start once every row block runs: it
+  // loads its first weights during this grid's last wave and waits (griddepcontrol.wait) before reading the codes
+  pdl_launch_dependents();
   __shared__ float ra[NT / 32], rc[NT / 32];
   __shared__ int rs[NT / 32];
   const size_t m = blockIdx.x;

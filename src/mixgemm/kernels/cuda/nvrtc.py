@@ -232,6 +232,21 @@ def launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: li
         raise RuntimeError(f"cuLaunchKernel{'Ex' if ex else ''} (PDL {pdl}, cluster {cluster}) failed: {err!r}")
 
 
+def max_active_clusters(fn, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
+                        cluster: tuple[int, int, int]) -> int:
+    """How many thread-block clusters of ``cluster`` CTAs of ``fn`` (with this block and dynamic shared memory) the
+    GPU holds at once (cuOccupancyMaxActiveClusters): the wave size of a cluster launch."""
+    drv = _driver()
+    cfg = drv.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+    cfg.sharedMemBytes = shared_bytes
+    attrs = _cluster_attr(tuple(cluster))
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
+    return int(_check(drv.cuOccupancyMaxActiveClusters(fn, cfg), "cuOccupancyMaxActiveClusters"))
+
+
 @functools.cache
 def nvrtc_available() -> bool:
     """True when cuda-bindings and a loadable libnvrtc are present (checked once per process: the dispatchers ask

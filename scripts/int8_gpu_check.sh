@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Issue 6 (the int8 path) on a GPU in one call: its GPU tests, a same-run GEMM-only A/B of int8 wgmma tiles, and the
+# acceptance rows (activation quantization included), logs under OUTDIR.
+#
+#   bash scripts/int8_gpu_check.sh OUTDIR [STEPS]   STEPS: any of tests,ab,accept,nopdl,acceptall (default: all)
+#
+# tests: tests/test_gemm_wgmma_a8.py, tests/test_int8.py and the quantizer / PDL cases of tests/test_gemv_a8.py
+# (-m gpu, 8 processes, INT8_TEST_S seconds, 240); ab: scripts/bench_wgmma_a8.py --repeat 3 on the acceptance shapes,
+# GEMM only, configs in INT8_AB_CFGS (JSON list; default: the default tile with MC 1 and MC 2, PDL off);
+# accept: bench_int8.py --accept --token --repeat 3 (W4A8 g128 per-token rows); nopdl: the same with MIXGEMM_PDL=0;
+# acceptall: bench_int8.py --accept --repeat 3 (W8A8 and per-group W4A8 rows). Exit status: the tests' status.
+set -uo pipefail
+OUT=${1:?usage: bash scripts/int8_gpu_check.sh OUTDIR [tests,ab,accept,acceptall]}
+STEPS=${2:-tests,ab,accept,nopdl,acceptall}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv \
+  > "$OUT/int8_env.txt" 2>&1
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" \
+  >> "$OUT/int8_env.txt" 2>&1
+cat "$OUT/int8_env.txt"
+rc=0
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+if has tests; then
+  t0=$(date +%s)
+  timeout -k 10 "${INT8_TEST_S:-240}" "$PY" scripts/par_pytest.py 8 -m gpu tests/test_gemm_wgmma_a8.py tests/test_int8.py \
+    tests/test_gemv_a8.py -k "not test_gemv_a8.py or act_quant_rows or pdl" > "$OUT/int8_tests.log" 2>&1
+  rc=$?
+  echo "== tests rc=$rc in $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|error" "$OUT/int8_tests.log" | tail -n 12
+fi
+if has ab; then
+  CFGS=${INT8_AB_CFGS:-'[{"BM":128,"NWG":2,"STAGES":4,"KT":2,"NP":1,"MC":1,"PDL":0},{"BM":128,"NWG":2,"STAGES":4,"KT":2,"NP":1,"MC":2,"PDL":0}]'}
+  timeout -k 10 "${INT8_AB_S:-300}" "$PY" scripts/bench_wgmma_a8.py --shapes 28672x8192,8192x28672 --ms 2048,4096 \
+    --formats ${INT8_AB_FORMATS:-w4g128t,w4g128} --cfgs "$CFGS" --repeat 3 --no-triton --out "$OUT/int8_ab.json" > "$OUT/int8_ab.log" 2>&1
+  echo "== ab rc=$?"; grep -E "cuda \{|FAILED" "$OUT/int8_ab.log" | sed 's/  */ /g' | cut -c1-200
+fi
+if has accept; then
+  timeout -k 10 "${INT8_ACCEPT_S:-300}" "$PY" scripts/bench_int8.py --accept --token --repeat 3 > "$OUT/int8_accept_token.log" 2>&1
+  echo "== accept --token rc=$?"; tail -n 10 "$OUT/int8_accept_token.log"
+fi
+if has nopdl; then
+  MIXGEMM_PDL=0 timeout -k 10 "${INT8_ACCEPT_S:-300}" "$PY" scripts/bench_int8.py --accept --token --repeat 3 \
+    > "$OUT/int8_accept_token_nopdl.log" 2>&1
+  echo "== accept --token, MIXGEMM_PDL=0 rc=$?"; tail -n 9 "$OUT/int8_accept_token_nopdl.log"
+fi
+if has acceptall; then
+  timeout -k 10 "${INT8_ACCEPTALL_S:-420}" "$PY" scripts/bench_int8.py --accept --repeat 3 > "$OUT/int8_accept.log" 2>&1
+  echo "== accept rc=$?"; tail -n 20 "$OUT/int8_accept.log"
+fi
+exit $rc
