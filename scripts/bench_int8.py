@@ -142,6 +142,38 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     return row
 
 
+def pdl_ab(k, n, m, rounds=5, rep=100):
+    """W4A8 g128 per-token (act quant + int8 wgmma GEMM, the runner's default tile): the same runners timed with
+    programmatic dependent launch on and off (gemm_wgmma.PDL) in alternating rounds, fp16 cuBLAS in each round too;
+    prints every round and the medians."""
+    from mixgemm.kernels.cuda import gemm_wgmma
+
+    qw0 = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02, bits=4, group_size=128)
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    c = copies_for(lay_bytes(get_int8_layout(qw0)))
+    qws = [qw0] + [clone_qw(qw0) for _ in range(c - 1)]
+    runs = [make_a8_runner(x, q, "sym", act_block="token") for q in qws]
+    for r in runs:
+        r()  # builds the layouts (the first call after a build never uses PDL)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies_for(n * k * 2))]
+    old, res = gemm_wgmma.PDL, {"on": [], "off": [], "fp16": []}
+    try:
+        for i in range(rounds):
+            for key, flag in (("on", True), ("off", False)) if i % 2 == 0 else (("off", False), ("on", True)):
+                gemm_wgmma.PDL = flag
+                res[key].append(graph_time(runs, rep) * 1e6)
+            res["fp16"].append(graph_time([lambda w=w: F.linear(x, w) for w in ws], rep) * 1e6)
+            print(f"  {k}x{n} M={m} round {i}: PDL on {res['on'][-1]:.1f}, off {res['off'][-1]:.1f}, "
+                  f"fp16 {res['fp16'][-1]:.1f} us", flush=True)
+    finally:
+        gemm_wgmma.PDL = old
+    med = {key: statistics.median(v) for key, v in res.items()}
+    print(f"{k}x{n} M={m} W4A8 g128 per-token: PDL on {med['on']:.1f} us ({med['fp16'] / med['on']:.3f}x fp16), "
+          f"off {med['off']:.1f} us ({med['fp16'] / med['off']:.3f}x), fp16 {med['fp16']:.1f} us", flush=True)
+    del runs, qws, ws
+    torch.cuda.empty_cache()
+
+
 def floor_us(k, n, m, bits, group, bw, int8_tops):
     """max(bytes / copy bandwidth, ops / measured _int_mm rate); bytes = packed weights + 4 bytes of
     scale(+zero) per group + fp16 activations in + fp16 output."""
@@ -234,6 +266,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="--accept: rounds of (mixgemm, fp16 cuBLAS) timed in turn; "
                     "the medians are reported")
     ap.add_argument("--token", action="store_true", help="--accept: the W4A8 g128 rows with per-token activations only")
+    ap.add_argument("--pdl-ab", action="store_true", help="W4A8 g128 per-token at --ms (>= 128) on the acceptance "
+                    "shapes: PDL on / off in alternating rounds (--repeat rounds, at least 5)")
     ap.add_argument("--actq-rows", action="store_true",
                     help="only the CUDA per-token row quantizer (what matmul_a8 runs for per-token blocks) at "
                          "block sizes 256 / 512 / 1024 threads")
@@ -248,6 +282,11 @@ def main():
     print(f"copy {bw / 1e12:.3f} TB/s; fp16 matmul {tf16:.0f} TFLOP/s; _int_mm {top8:.0f} TOP/s", flush=True)
     if args.actq_rows:
         actq_rows_sweep(bw)
+        return
+    if args.pdl_ab:
+        for k, n in ACCEPT_SHAPES:
+            for m in (int(v) for v in args.ms.split(",")):
+                pdl_ab(k, n, m, rounds=max(5, args.repeat))
         return
     best = {}
     if args.sweep:

@@ -232,7 +232,7 @@ def test_default_config_cluster_multicast():
     faster, and only when the CTA column tiles pair up."""
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import MC_MIN_K, MC_MIN_M, default_config
 
-    assert default_config(2048, 8192, 28672, 128).get("MC") == 2
+    assert default_config(2048, 8192, 28672, 128)["MC"] == 2
     assert default_config(16384, 8192, 28672, 28672, 8).get("MC") == 2
     assert "MC" not in default_config(2048, 28672, 8192, 128)  # K below MC_MIN_K
     assert "MC" not in default_config(MC_MIN_M // 2, 8192, 28672, 128)

@@ -87,7 +87,10 @@
 // refilled only once the consumer warps of both CTAs released it (each consumer warp arrives on the slot's empty
 // mbarrier in both CTAs). Why: the activation tile (BM x 128 bytes per k-tile, 16 KB at BM 128) is twice the int4
 // weight tile, so the CTAs of one token tile re-reading it from L2 are most of the L2 -> SM traffic; the cluster
-// reads it once per pair (24.5 -> 16.5 KB per CTA and k-tile at BM 128, NWG 2, int4).
+// reads it once per pair (24.5 -> 16.5 KB per CTA and k-tile at BM 128, NWG 2, int4). Measured (GEMM only, W4 g128
+// per-token, same-run medians of 3, benchmarks/int8_notes.md "Session 26"): 28672x8192 M = 2048 / 4096 H100
+// 925 -> 877 / 1857 -> 1742 us, H200 914 -> 882 / 1878 -> 1796 us; 8192x28672 (K = 8192) -1..+2%: the host's default
+// takes MC 2 for K >= 16384. The first build, whose remote arrivals carried .release.cluster, ran 1.9x slower.
 #ifndef A8_MC
 #define A8_MC 1
 #endif
@@ -95,7 +98,8 @@
 // the activation quantizer, which triggers its dependents at its start; the CTAs then start during the quantizer's
 // last wave, and the producer queues the first stages' weights and weight scales (never written by other kernels)
 // before griddepcontrol.wait, their activation codes and scales after it. Consumers wait before touching global
-// memory. A no-op when launched without the PDL attribute.
+// memory. A no-op when launched without the PDL attribute. Measured neutral (H100, quantizer + GEMM, 5 alternating
+// rounds: -3.6..+0.5%, inside a round-to-round spread of 8%); on by default like the other CUDA kernels' PDL.
 #ifndef A8_PDL
 #define A8_PDL 0
 #endif

@@ -78,8 +78,11 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> di
     # NP 1: folding a group while the warpgroup's own next wgmmas run (NP 2) measured 23-28% slower, also with the
     # four wgmmas issued back to back (benchmarks/int8_notes.md "Session 15")
     cfg = {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": 1, "CVT": 0, "GROUP_M": 8}
-    # MC 2 (activation tile multicast over 2-CTA clusters) where it measured faster: long K at large M (H100, session
-    # 26: 28672x8192 W4 g128 M = 2048 / 4096 -3 / -5..8%, 8192x28672 +2 / 0%); the CTA column tiles must pair up
+    # MC 2 (activation tile multicast over 2-CTA clusters) where it measured faster: long K at large M (session 26,
+    # GEMM only, W4 g128 per-token, same-run medians: 28672x8192 M = 2048 / 4096 H100 925 -> 877 / 1857 -> 1742 us,
+    # H200 914 -> 882 / 1878 -> 1796 us; 8192x28672 H100 +0.5..2%, H200 -1%); GROUP_M stays 8 (H100 28672x8192 with
+    # MC 2, GROUP_M 8 / 16 / 4 / 2: M = 2048 873 / 864-866 / 905 / 921 us, M = 4096 1728 / 1799 us). The CTA column
+    # tiles must pair up.
     if k >= MC_MIN_K and m >= MC_MIN_M and math.ceil(-(-n // 16) / (4 * nwg)) % 2 == 0:
         cfg["MC"] = 2
     return cfg
