@@ -202,8 +202,8 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   else __syncthreads();
 
   const int sa_rows = min(BM, ldsa - m0);  // activation scales of the tile that exist (x 4 bytes: a multiple of 16)
-  // MC 2: the activation box's halves (BM / 2 tokens each) that hold a token < M are loaded, by CTA rank h; a half of
-  // tokens >= M only is skipped by both CTAs (its rows are never stored), so every CTA expects the same bytes
+  // MC 2: CTA rank h loads half h of the activation box (BM / 2 tokens) for both CTAs; a half of tokens >= M only is
+  // skipped (its rows are never stored), so both CTAs expect the same bytes
   constexpr int XH = BM / MC;
   const int x_rows = MC == 1 || m0 + XH < M ? BM : XH;
   const bool x_mine = MC == 1 || m0 + rank * XH < M;

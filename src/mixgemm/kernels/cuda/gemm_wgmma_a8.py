@@ -60,6 +60,11 @@ def wgmma_a8_supported(aq: torch.Tensor, qw: QuantizedWeight, act_mode: str) -> 
 MC_MIN_K, MC_MIN_M = 16384, 2048
 
 
+def column_tiles(n: int, nwg: int) -> int:
+    """CTAs along N: 64 x NWG weight rows each (MC 2 pairs them, so it needs an even count)."""
+    return math.ceil(-(-n // 16) / (4 * nwg))
+
+
 def stage_bytes(bm: int, nwg: int, bits: int, kt: int, per_channel: bool) -> int:
     """Shared memory of one pipeline stage (must match gemm_wgmma_a8.cu's STAGE)."""
     warps = 4 * nwg
@@ -83,7 +88,7 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> di
     # H200 914 -> 882 / 1878 -> 1796 us; 8192x28672 H100 +0.5..2%, H200 -1%); GROUP_M stays 8 (H100 28672x8192 with
     # MC 2, GROUP_M 8 / 16 / 4 / 2: M = 2048 873 / 864-866 / 905 / 921 us, M = 4096 1728 / 1799 us). The CTA column
     # tiles must pair up.
-    if k >= MC_MIN_K and m >= MC_MIN_M and math.ceil(-(-n // 16) / (4 * nwg)) % 2 == 0:
+    if k >= MC_MIN_K and m >= MC_MIN_M and column_tiles(n, nwg) % 2 == 0:
         cfg["MC"] = 2
     return cfg
 
@@ -143,7 +148,7 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
                          "KT 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3, NP 1 or 2, CVT 0 or 1, "
                          "GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1), MC 1 or 2 (MC 2: WS), "
                          "PDL 0 or 1 (PDL 1: WS)")
-    col_tiles = math.ceil(lay.row_tiles / (4 * nwg))  # CTAs along N
+    col_tiles = column_tiles(n, nwg)
     if col_tiles % mc:
         raise ValueError(f"int8 wgmma tile {cfg}: MC {mc} pairs the CTAs along N, but N = {n} makes {col_tiles} "
                          f"column tiles of {64 * nwg} rows (not a multiple of {mc})")

@@ -25,10 +25,15 @@ __device__ __forceinline__ int cluster_nctarank() {
   asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
   return (int)r;
 }
+// The cluster barrier in two halves: arrive (release) after this thread's last access to another CTA's shared memory,
+// wait (acquire) before anything that needs every CTA past its arrive -- e.g. exiting, so no CTA leaves while a peer
+// may still write into its shared memory or arrive on its mbarriers.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 // every thread of every CTA of the cluster: shared-memory writes before are visible to (remote) reads after
 __device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  cluster_arrive();
+  cluster_wait();
 }
 // the shared::cluster address of this CTA's shared::cta address a in CTA `rank` of the cluster
 __device__ __forceinline__ u32 mapa_cluster(u32 a, int rank) {
@@ -116,10 +121,6 @@ __device__ __forceinline__ void tma_2d_multicast(u32 dst, const void* tmap, int 
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-// the split halves of cluster_sync: arrive after this thread's last access to another CTA's shared memory, wait
-// before exiting (so no CTA leaves while a peer may still write into its shared memory or arrive on its mbarriers)
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 __device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
