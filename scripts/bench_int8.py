@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from mixgemm.bench.protocol import eager_time_us, graph_time_us
-from mixgemm.formats.activation import quantize_activation
+from mixgemm.formats.activation import act_block_size, quantize_activation
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
@@ -103,6 +103,9 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     run0 = make_a8_runner(x, qw0, act_mode, config=config, act_block=act_block)
     blk = k if act_block == "token" else group
     err = check(x, qw0, act_mode, run0(), act_block=blk)
+    # the block the runner quantizes with (per-channel weights: the whole row; until session 27 the actq column timed
+    # block -1 there, which takes the Triton quantizer: 89.6 us at K = 28672, M = 2048 against the row kernel's 66)
+    qblk = act_block_size(k, qw0.group_size, act_block)
     c = copies_for(lay_bytes(lay0))
     qws = [qw0] + [clone_qw(qw0) for _ in range(c - 1)]
     runs = [run0] + [make_a8_runner(x, q, act_mode, config=config, act_block=act_block) for q in qws[1:]]
@@ -124,8 +127,8 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     # activation quantization alone (included above): the quantizer the runner calls (ops.int8._act_quant: the CUDA
     # row kernel for per-token blocks of K > 4096, else the Triton one; until session 12 this column timed the Triton
     # kernel for every row, 25.5 / 76.1 us at M = 2048 where the runner's CUDA kernel takes 19 / 49 us)
-    q = _act_quant(x, blk, act_mode)
-    row["actq_us"] = do_bench(lambda: _act_quant(x, blk, act_mode, out=q), warmup=10, rep=50,
+    q = _act_quant(x, qblk, act_mode)
+    row["actq_us"] = do_bench(lambda: _act_quant(x, qblk, act_mode, out=q), warmup=10, rep=50,
                               return_mode="median") * 1e3
     if peers:
         row["fp16_us"] = statistics.median(t16s)
@@ -193,6 +196,10 @@ def print_rows(rows, bw, top8):
               f"{r['us']:9.1f} {r['eager_us']:9.1f} {r['actq_us']:7.1f} {f16:9.1f} {f16 / r['us']:6.2f} "
               f"{r.get('intmm_us', float('nan')):9.1f} {100 * fl / r['us']:5.0f}% {r['err']:8.1e} {r['C']}",
               flush=True)
+        if len(rows) == 1 and r.get("fp16_rounds_us"):  # the rounds behind the medians (each printed row once)
+            pairs = zip(r["rounds_us"], r["fp16_rounds_us"], strict=True)
+            print("    rounds (us, x fp16):", "  ".join(f"{t:.1f} / {t16:.1f} = {t16 / t:.2f}" for t, t16 in pairs),
+                  flush=True)
 
 
 def sweep_configs(k, n, m, bits, group, configs, rep=100):
@@ -265,6 +272,9 @@ def main():
     ap.add_argument("--ms", default="1,16,256,2048,4096,16384")
     ap.add_argument("--repeat", type=int, default=1, help="--accept: rounds of (mixgemm, fp16 cuBLAS) timed in turn; "
                     "the medians are reported")
+    ap.add_argument("--rep-ms", type=int, default=100, help="--accept: each timing's window (ms of graph replays, "
+                    "do_bench's rep); the H100 runs these rows at its 700 W cap with the SM clock moving between 1.1 "
+                    "and 1.9 GHz within 200 ms (session 27), so longer windows average over that")
     ap.add_argument("--token", action="store_true", help="--accept: the W4A8 g128 rows with per-token activations only")
     ap.add_argument("--pdl-ab", action="store_true", help="W4A8 g128 per-token at --ms (>= 128) on the acceptance "
                     "shapes: PDL on / off in alternating rounds (--repeat rounds, at least 5)")
@@ -363,7 +373,7 @@ def main():
         rows = []
         for k, n in ACCEPT_SHAPES:
             for m in (1, 2048, 4096, 16384):
-                rows.append(bench_a8(k, n, m, 4, 128, rep=100, act_block="token", repeat=args.repeat))
+                rows.append(bench_a8(k, n, m, 4, 128, rep=args.rep_ms, act_block="token", repeat=args.repeat))
                 print_rows(rows[-1:], bw, top8)
         print_rows(rows, bw, top8)
     elif args.accept:
@@ -371,11 +381,11 @@ def main():
         for ms in ((2048, 4096), (16384,)):
             for k, n in ACCEPT_SHAPES:
                 for m in ms:
-                    rows.append(bench_a8(k, n, m, 8, -1, config=best.get("w8"), rep=100, repeat=args.repeat))
+                    rows.append(bench_a8(k, n, m, 8, -1, config=best.get("w8"), rep=args.rep_ms, repeat=args.repeat))
                     print_rows(rows[-1:], bw, top8)
                 for m in ((1,) if ms[0] == 2048 else ()) + ms:
                     cfg = best.get(("w4m1", k)) if m == 1 else best.get("w4")
-                    rows.append(bench_a8(k, n, m, 4, 128, config=cfg, rep=100, repeat=args.repeat))
+                    rows.append(bench_a8(k, n, m, 4, 128, config=cfg, rep=args.rep_ms, repeat=args.repeat))
                     print_rows(rows[-1:], bw, top8)
         k, n = ACCEPT_SHAPES[0]
         for bits, group, m in ((8, -1, 1), (8, -1, 16), (4, 128, 16), (8, -1, 256), (4, 128, 256)):

@@ -82,13 +82,19 @@ def _warm(fns: Sequence[Callable[[], object]]) -> None:
     torch.cuda.synchronize()
 
 
-def graph_time_us(fns: Sequence[Callable[[], object]], warmup_ms: float = 25, rep_ms: float = 100) -> float:
-    """Median time of one call (us) when C calls over distinct layer copies replay as one CUDA graph."""
+def capture_graph(fns: Sequence[Callable[[], object]]) -> torch.cuda.CUDAGraph:
+    """One CUDA graph of the calls fns back to back (warmed up first, outside the capture)."""
     _warm(fns)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for f in fns:
             f()
+    return g
+
+
+def graph_time_us(fns: Sequence[Callable[[], object]], warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of one call (us) when C calls over distinct layer copies replay as one CUDA graph."""
+    g = capture_graph(fns)
     try:
         return _do_bench(g.replay, warmup_ms, rep_ms) * 1e3 / len(fns)
     finally:
