@@ -6,7 +6,7 @@ activation, since a conv's activations are usually larger than its weights -- so
 (no graph) is the second column. Every method runs on the same shapes in the same process; the ratio to cuDNN
 is the result. Correctness is checked first against fp32 cuDNN (TF32 off) on the dequantized weights.
 
-Usage:  PYTHONPATH=src python scripts/bench_conv.py [--batches 1 32] [--bits 8 4] [--sweep] [--quick]
+Usage:  PYTHONPATH=src python scripts/bench_conv.py [--batches 1 32] [--bits 8 4] [--sweep] [--only NAME]
         [--json out.json] [--budget-s 200]
 The harness entry points: ``conv_cases()`` (the layer list) and ``bench_case(case, batch, bits)``.
 ``resnet50()`` builds a plain-torch ResNet-50 (v1.5: stride on the 3x3); ``resnet50_check()`` quantizes it and
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mixgemm import quantize_conv_weight
+from mixgemm.bench.protocol import capture_graph
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.weight import QuantConfig
 from mixgemm.nn.conv import QuantConv2d, fit_conv_config, swap_conv2d
@@ -88,16 +89,7 @@ def time_calls(fns, eager: bool = True) -> tuple[float, float]:
         f()
     torch.cuda.synchronize()
     eager = _do_bench(lambda: [f() for f in fns]) / len(fns) if eager else float("nan")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
+    g = capture_graph(fns)
     graph = _do_bench(g.replay) / len(fns)
     del g
     return graph, eager

@@ -101,11 +101,10 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     lay0 = get_int8_layout(qw0)
     run0 = make_a8_runner(x, qw0, act_mode, config=config, act_block=act_block)
-    blk = k if act_block == "token" else group
-    err = check(x, qw0, act_mode, run0(), act_block=blk)
     # the block the runner quantizes with (per-channel weights: the whole row; until session 27 the actq column timed
     # block -1 there, which takes the Triton quantizer: 89.6 us at K = 28672, M = 2048 against the row kernel's 66)
-    qblk = act_block_size(k, qw0.group_size, act_block)
+    blk = act_block_size(k, qw0.group_size, act_block)
+    err = check(x, qw0, act_mode, run0(), act_block=blk)
     c = copies_for(lay_bytes(lay0))
     qws = [qw0] + [clone_qw(qw0) for _ in range(c - 1)]
     runs = [run0] + [make_a8_runner(x, q, act_mode, config=config, act_block=act_block) for q in qws[1:]]
@@ -127,8 +126,8 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     # activation quantization alone (included above): the quantizer the runner calls (ops.int8._act_quant: the CUDA
     # row kernel for per-token blocks of K > 4096, else the Triton one; until session 12 this column timed the Triton
     # kernel for every row, 25.5 / 76.1 us at M = 2048 where the runner's CUDA kernel takes 19 / 49 us)
-    q = _act_quant(x, qblk, act_mode)
-    row["actq_us"] = do_bench(lambda: _act_quant(x, qblk, act_mode, out=q), warmup=10, rep=50,
+    q = _act_quant(x, blk, act_mode)
+    row["actq_us"] = do_bench(lambda: _act_quant(x, blk, act_mode, out=q), warmup=10, rep=50,
                               return_mode="median") * 1e3
     if peers:
         row["fp16_us"] = statistics.median(t16s)

@@ -74,21 +74,23 @@ def main():
     wi = [torch.randint(-127, 128, (k, n), dtype=torch.int8, device="cuda").t().contiguous().t() for _ in range(3)]
     methods["torch._int_mm"] = ([lambda w=w: torch._int_mm(xi, w) for w in wi], len(wi))
     graphs = {name: (capture_graph(fns), c) for name, (fns, c) in methods.items()}
-    log = Path(tempfile.mkstemp(suffix=".csv")[1])
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                            "-lms", "100"], stdout=log.open("w"), stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(1.0)
-        windows = {}
-        for rnd in range(2):  # two rounds, methods in turn
-            for name, (g, c) in graphs.items():
-                windows[(rnd, name)] = run_for(g, c, args.seconds)
-                time.sleep(0.5)
-    finally:
-        smi.terminate()
-        smi.wait()
+    windows = {}
+    with tempfile.NamedTemporaryFile("w+", suffix=".csv") as log:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw",
+                                "--format=csv,noheader,nounits", "-lms", "100"], stdout=log, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(1.0)
+            for rnd in range(2):  # two rounds, methods in turn
+                for name, (g, c) in graphs.items():
+                    windows[(rnd, name)] = run_for(g, c, args.seconds)
+                    time.sleep(0.5)
+        finally:
+            smi.terminate()
+            smi.wait()
+        log.seek(0)
+        lines = log.read().splitlines()
     samples = []
-    for line in log.read_text().splitlines():
+    for line in lines:
         p = [v.strip() for v in line.split(",")]
         try:
             samples.append((datetime.datetime.strptime(p[0], "%Y/%m/%d %H:%M:%S.%f"), float(p[1]), float(p[2])))
