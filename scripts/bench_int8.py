@@ -29,6 +29,7 @@ from mixgemm.formats.weight import dequantize_weight, quantize_weight
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
 from mixgemm.kernels.triton.int8_layout import get_int8_layout
+from mixgemm.ops import int8 as int8_ops
 from mixgemm.ops.int8 import _act_quant, make_a8_runner
 
 ACCEPT_SHAPES = [(8192, 28672), (28672, 8192)]  # K x N
@@ -280,7 +281,12 @@ def main():
     ap.add_argument("--actq-rows", action="store_true",
                     help="only the CUDA per-token row quantizer (what matmul_a8 runs for per-token blocks) at "
                          "block sizes 256 / 512 / 1024 threads")
+    ap.add_argument("--w8-cuda", action="store_true", help="int8 per-channel weights take the CUDA wgmma kernel at "
+                    "every M (ops.int8.WGMMA_A8_W8_PER_CHANNEL_MAX_M = None)")
+    ap.add_argument("--w8-only", action="store_true", help="--accept: the W8A8 rows only")
     args = ap.parse_args()
+    if args.w8_cuda:
+        int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M = None
     p = torch.cuda.get_device_properties(0)
     import triton
 
@@ -382,12 +388,13 @@ def main():
                 for m in ms:
                     rows.append(bench_a8(k, n, m, 8, -1, config=best.get("w8"), rep=args.rep_ms, repeat=args.repeat))
                     print_rows(rows[-1:], bw, top8)
-                for m in ((1,) if ms[0] == 2048 else ()) + ms:
+                for m in () if args.w8_only else ((1,) if ms[0] == 2048 else ()) + ms:
                     cfg = best.get(("w4m1", k)) if m == 1 else best.get("w4")
                     rows.append(bench_a8(k, n, m, 4, 128, config=cfg, rep=args.rep_ms, repeat=args.repeat))
                     print_rows(rows[-1:], bw, top8)
         k, n = ACCEPT_SHAPES[0]
-        for bits, group, m in ((8, -1, 1), (8, -1, 16), (4, 128, 16), (8, -1, 256), (4, 128, 256)):
+        for bits, group, m in () if args.w8_only else ((8, -1, 1), (8, -1, 16), (4, 128, 16), (8, -1, 256),
+                                                        (4, 128, 256)):
             cfg = best.get(("w8m1", k)) if (bits, m) == (8, 1) else None
             rows.append(bench_a8(k, n, m, bits, group, config=cfg, rep=100))
             print_rows(rows[-1:], bw, top8)

@@ -2,20 +2,22 @@
 # Issue 6 (the int8 path) on a GPU in one call: its GPU tests, a same-run GEMM-only A/B of int8 wgmma tiles, and the
 # acceptance rows (activation quantization included), logs under OUTDIR.
 #
-#   bash scripts/int8_gpu_check.sh OUTDIR [STEPS]   STEPS: any of tests,ab,accept,nopdl,acceptall,power (default: all)
+#   bash scripts/int8_gpu_check.sh OUTDIR [STEPS]
+#   STEPS: any of tests,ab,accept,nopdl,acceptall,acceptw8,power (default: all)
 #
 # tests: tests/test_gemm_wgmma_a8.py, tests/test_int8.py and the quantizer / PDL cases of tests/test_gemv_a8.py
 # (-m gpu, 8 processes, INT8_TEST_S seconds, 240); ab: scripts/bench_wgmma_a8.py --repeat 3 on the acceptance shapes,
 # GEMM only, configs in INT8_AB_CFGS (JSON list; default: the default tile with MC 1 and MC 2, PDL off);
 # accept: bench_int8.py --accept --token --repeat R (W4A8 g128 per-token rows); nopdl: the same with MIXGEMM_PDL=0;
-# acceptall: bench_int8.py --accept --repeat R (W8A8 and per-group W4A8 rows); power: scripts/power_probe.py (3 s
+# acceptall: bench_int8.py --accept --repeat R (W8A8 and per-group W4A8 rows); acceptw8: the W8A8 rows as dispatched
+# and with int8 per-channel on the CUDA kernel at every M (--w8-cuda); power: scripts/power_probe.py (3 s
 # sustained windows per method: clock, power, energy per call) on 28672x8192 M 2048 and 8192x28672 M 4096.
 # INT8_REPEAT: the rounds R of the accept steps (3); INT8_REP_MS: each timing's window (ms, 100). nvidia-smi samples
 # the SM clock, power and throttle reasons every 200 ms into int8_smi.csv throughout, int8_steps.txt the step starts
 # (the acceptance rows run at the 700 W cap: the clock under load says how hard). Exit status: the tests' status.
 set -uo pipefail
-OUT=${1:?usage: bash scripts/int8_gpu_check.sh OUTDIR [tests,ab,accept,nopdl,acceptall,power]}
-STEPS=${2:-tests,ab,accept,nopdl,acceptall,power}
+OUT=${1:?usage: bash scripts/int8_gpu_check.sh OUTDIR [tests,ab,accept,nopdl,acceptall,acceptw8,power]}
+STEPS=${2:-tests,ab,accept,nopdl,acceptall,acceptw8,power}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
@@ -65,6 +67,15 @@ if has acceptall; then
   step acceptall
   timeout -k 10 "${INT8_ACCEPTALL_S:-420}" "$PY" scripts/bench_int8.py --accept --repeat "$R" --rep-ms "$RMS" > "$OUT/int8_accept.log" 2>&1
   echo "== accept rc=$?"; tail -n 20 "$OUT/int8_accept.log"
+fi
+if has acceptw8; then
+  step acceptw8
+  for v in triton cuda; do  # the W8A8 rows as dispatched today (Triton from M = 1024), then on the CUDA kernel
+    flag=""; [[ $v == cuda ]] && flag="--w8-cuda"
+    timeout -k 10 "${INT8_ACCEPT_S:-300}" "$PY" scripts/bench_int8.py --accept --w8-only $flag --repeat "$R" \
+      --rep-ms "$RMS" > "$OUT/int8_accept_w8_$v.log" 2>&1
+    echo "== accept W8A8 ($v) rc=$?"; tail -n 7 "$OUT/int8_accept_w8_$v.log"
+  done
 fi
 if has power; then
   step power

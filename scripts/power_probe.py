@@ -27,6 +27,7 @@ from bench_int8 import clone_qw, copies_for, lay_bytes  # noqa: E402
 from mixgemm.bench.protocol import capture_graph  # noqa: E402
 from mixgemm.formats.weight import quantize_weight  # noqa: E402
 from mixgemm.kernels.triton.int8_layout import get_int8_layout  # noqa: E402
+from mixgemm.ops import int8 as int8_ops  # noqa: E402
 from mixgemm.ops.int8 import make_a8_runner  # noqa: E402
 
 
@@ -60,13 +61,22 @@ def main():
     m = args.m
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     methods = {}
-    for name, bits, group, act_block in (("W4A8 g128 per-token", 4, 128, "token"), ("W8A8 per-channel", 8, -1, "group"),
-                                         ("W4A8 g128 per-group act", 4, 128, "group")):
+    w8_max_m = int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M
+    # the dispatcher's choice for each, and int8 per-channel on the CUDA wgmma kernel (the Triton kernel takes it from
+    # WGMMA_A8_W8_PER_CHANNEL_MAX_M)
+    for name, bits, group, act_block, w8_cuda in (("W4A8 g128 per-token", 4, 128, "token", False),
+                                                  ("W8A8 per-channel", 8, -1, "group", False),
+                                                  ("W8A8 per-channel, CUDA kernel", 8, -1, "group", True),
+                                                  ("W4A8 g128 per-group act", 4, 128, "group", False)):
         qw = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02, bits=bits, group_size=group,
                              mode="sym")
         c = copies_for(lay_bytes(get_int8_layout(qw)))
         qws = [qw] + [clone_qw(qw) for _ in range(c - 1)]
-        runs = [make_a8_runner(x, q, "sym", act_block=act_block) for q in qws]
+        int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M = None if w8_cuda else w8_max_m
+        try:
+            runs = [make_a8_runner(x, q, "sym", act_block=act_block) for q in qws]
+        finally:
+            int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M = w8_max_m
         methods[name] = (runs, c)
     ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies_for(n * k * 2))]
     methods["fp16 cuBLAS"] = ([lambda w=w: F.linear(x, w) for w in ws], len(ws))
@@ -74,15 +84,24 @@ def main():
     wi = [torch.randint(-127, 128, (k, n), dtype=torch.int8, device="cuda").t().contiguous().t() for _ in range(3)]
     methods["torch._int_mm"] = ([lambda w=w: torch._int_mm(xi, w) for w in wi], len(wi))
     graphs = {name: (capture_graph(fns), c) for name, (fns, c) in methods.items()}
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; {k}x{n} M = {m}, "
+          f"{args.seconds} s per window")
+    print_rows(probe(graphs, args.seconds), 2 * m * n * k)
+
+
+def probe(graphs: dict, seconds: float, rounds: int = 2) -> list[tuple]:
+    """Replays each (graph, calls per replay) of `graphs` for `seconds`, `rounds` times in turn, while nvidia-smi
+    samples every 100 ms; returns (name, round, us per call, mean SM MHz, mean W) per window, the means over the
+    samples after the window's first 0.5 s (the power controller takes that long to settle)."""
     windows = {}
     with tempfile.NamedTemporaryFile("w+", suffix=".csv") as log:
         smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw",
                                 "--format=csv,noheader,nounits", "-lms", "100"], stdout=log, stderr=subprocess.DEVNULL)
         try:
             time.sleep(1.0)
-            for rnd in range(2):  # two rounds, methods in turn
+            for rnd in range(rounds):
                 for name, (g, c) in graphs.items():
-                    windows[(rnd, name)] = run_for(g, c, args.seconds)
+                    windows[(rnd, name)] = run_for(g, c, seconds)
                     time.sleep(0.5)
         finally:
             smi.terminate()
@@ -96,17 +115,22 @@ def main():
             samples.append((datetime.datetime.strptime(p[0], "%Y/%m/%d %H:%M:%S.%f"), float(p[1]), float(p[2])))
         except (ValueError, IndexError):
             continue
-    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; {k}x{n} M = {m}, "
-          f"{args.seconds} s per window")
-    print(f"{'method':>26} {'round':>5} {'us/call':>9} {'MHz':>6} {'W':>6} {'mJ/call':>8} {'TOP/s':>7}")
+    rows = []
     for (rnd, name), (t0, t1, us) in windows.items():
-        # skip the first 0.5 s of each window: the power controller takes that long to settle
         inside = [s for s in samples if t0 + datetime.timedelta(seconds=0.5) <= s[0] <= t1]
         mhz = statistics.mean(s[1] for s in inside) if inside else float("nan")
         w = statistics.mean(s[2] for s in inside) if inside else float("nan")
-        print(f"{name:>26} {rnd:>5} {us:9.1f} {mhz:6.0f} {w:6.0f} {w * us * 1e-3:8.1f} {2 * m * n * k / us / 1e6:7.0f}",
-              flush=True)
+        rows.append((name, rnd, us, mhz, w))
+    return rows
 
+
+def print_rows(rows: list[tuple], ops: float) -> None:
+    """One line per probe() window: time, clock, power, energy per call and the rate of `ops` operations per call."""
+    width = max(26, *(len(r[0]) for r in rows))
+    print(f"{'method':>{width}} {'round':>5} {'us/call':>9} {'MHz':>6} {'W':>6} {'mJ/call':>8} {'TOP/s':>7}")
+    for name, rnd, us, mhz, w in rows:
+        print(f"{name:>{width}} {rnd:>5} {us:9.1f} {mhz:6.0f} {w:6.0f} {w * us * 1e-3:8.1f} {ops / us / 1e6:7.0f}",
+              flush=True)
 
 if __name__ == "__main__":
     main()

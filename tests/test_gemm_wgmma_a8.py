@@ -74,6 +74,11 @@ COMPILE_CASES = [
          A8_TSTORE=1, A8_MC=2, A8_PDL=1),
     dict(A8_BITS=8, A8_OUT=1, A8_BM=128, A8_NWG=2, A8_STAGES=3, A8_KT=2, A8_GT=2, A8_NP=1, A8_CVT=0, A8_PDL=1),
     dict(A8_BITS=4, A8_OUT=2, A8_BM=64, A8_NWG=1, A8_STAGES=5, A8_KT=2, A8_GT=1, A8_NP=2, A8_CVT=0, A8_PDL=1),
+    # one k-tile per stage (the A buffers alternate by stage parity); the two-stage ring of int8 per-channel BM 256
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=128, A8_NWG=2, A8_STAGES=4, A8_KT=1, A8_GT=1, A8_NP=1, A8_CVT=0, A8_AT=1,
+         A8_TSTORE=1, A8_MC=2),
+    dict(A8_BITS=8, A8_OUT=0, A8_BM=256, A8_NWG=2, A8_STAGES=2, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0, A8_TSTORE=1,
+         A8_MC=2, A8_PDL=1),
 ]
 
 
@@ -148,6 +153,9 @@ def test_gpu_matches_reference(bits, gs, m):
     dict(BM=256, NWG=1, STAGES=3, KT=2, NP=1, CVT=0),
     dict(BM=128, NWG=2, STAGES=3, KT=2, NP=1, CVT=0, WS=0),
     dict(BM=96, NWG=2, STAGES=3, KT=4, NP=2, CVT=0, MINB=2),
+    dict(BM=256, NWG=2, STAGES=2, KT=2, NP=1, CVT=0),
+    dict(BM=128, NWG=2, STAGES=4, KT=1, NP=1, CVT=0),
+    dict(BM=256, NWG=2, STAGES=4, KT=1, NP=1, CVT=0, MC=2),
 ])
 @pytest.mark.parametrize("bits,gs", [(4, 128), (8, 128), (4, 256), (8, -1)])
 def test_gpu_tile_options(cfg, bits, gs):
@@ -163,7 +171,10 @@ def test_gpu_tile_options(cfg, bits, gs):
         with pytest.raises(ValueError, match="bytes of shared memory"):
             _run(64, 136, 1024, bits, gs, torch.float16, config=cfg)
         return
-    for m, n, k in ((200, 1000, 2048), (77, 136, 768 if gs != 256 else 1024)):
+    # KT 1 runs its stages in pairs: 9 k-tiles leave the last pair one stage short
+    shapes = ((200, 1000, 2048), (77, 136, 768 if gs != 256 else 1024))
+    shapes += ((129, 250, 1152),) if cfg["KT"] == 1 else ()
+    for m, n, k in shapes:
         y, ref = _run(m, n, k, bits, gs, torch.float16, config=cfg, seed=m)
         assert _rel(y, ref) < 1e-3, (m, n, k, _rel(y, ref))
 
@@ -239,6 +250,21 @@ def test_default_config_cluster_multicast():
     assert "MC" not in default_config(4096, 8200, MC_MIN_K, 128)  # 513 row tiles: 65 CTA column tiles of 128 rows
 
 
+def test_default_config_int8_per_channel_long_k():
+    """int8 per-channel weights in the MC 2 region take BM 256 tokens per CTA with a 2-stage ring (fits the shared
+    memory); grouped or int4 weights and shorter K keep BM 128."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, default_config, int8_long_k_tile, stage_bytes
+
+    cfg = default_config(2048, 8192, 28672, 28672, 8)
+    assert (cfg["BM"], cfg["KT"], cfg["STAGES"], cfg["MC"]) == (256, 2, 2, 2)
+    assert cfg["STAGES"] * stage_bytes(256, cfg["NWG"], 8, cfg["KT"], True) + 1024 <= SMEM_LIMIT
+    assert default_config(2048, 8192, 28672, 128, 8)["BM"] == 128
+    assert default_config(2048, 8192, 28672, 28672, 4)["BM"] == 128
+    assert default_config(4096, 28672, 8192, 8192, 8)["BM"] == 128
+    assert int8_long_k_tile(2048, 8192, 28672) and not int8_long_k_tile(2048, 28672, 8192)
+    assert not int8_long_k_tile(1024, 8192, 28672) and not int8_long_k_tile(2048, 8200, 28672)
+
+
 @needs_sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("mc", [1, 2])
@@ -264,6 +290,21 @@ def test_gpu_pdl_chain(mc):
 
     x0 = (torch.randn(300, k, generator=_gen(4))).to("cuda", torch.float16)
     assert_pdl_chain_matches(G, chain, x0)
+
+
+@needs_sm90
+@pytest.mark.gpu
+def test_gpu_int8_per_channel_long_k_default():
+    """The default tile at long K and large M (int8 per-channel: BM 256, two stages, MC 2) against the float64
+    reference and bit for bit against BM 128."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+
+    m, n, k = 2048, 250, 16384
+    assert default_config(m, n, k, k, 8)["BM"] == 256
+    y, ref = _run(m, n, k, 8, -1, torch.bfloat16, seed=5)
+    assert _rel(y, ref) < 1e-2
+    y128, _ = _run(m, n, k, 8, -1, torch.bfloat16, seed=5, config=dict(default_config(m, n, k, k, 8), BM=128, STAGES=3))
+    assert torch.equal(y, y128)
 
 
 @needs_sm90
@@ -307,7 +348,9 @@ def test_gpu_dispatch_through_matmul_a8(bits, gs):
 @needs_sm90
 @pytest.mark.gpu
 def test_gpu_int8_per_channel_dispatch():
-    """int8 per-channel: the CUDA kernel for 128 <= M < WGMMA_A8_W8_PER_CHANNEL_MAX_M, the Triton kernel above."""
+    """int8 per-channel: the CUDA kernel for 128 <= M < WGMMA_A8_W8_PER_CHANNEL_MAX_M, the Triton kernel above, except
+    at long K (int8_long_k_tile), where the CUDA kernel keeps every M."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import MC_MIN_K, MC_MIN_M
     from mixgemm.ops import int8 as ops
 
     qw = _qw(256, 1024, 8, -1, 3, "cuda")
@@ -317,6 +360,12 @@ def test_gpu_int8_per_channel_dispatch():
     y2 = ops.matmul_a8(x[:300], qw)
     assert "wgmma_a8_v1" in qw._layouts
     assert _rel(y2, y[:300]) < 1e-3
+    qw = _qw(250, MC_MIN_K, 8, -1, 4, "cuda")
+    x = torch.randn(MC_MIN_M, MC_MIN_K, device="cuda", dtype=torch.float16)
+    y = ops.matmul_a8(x, qw)
+    assert "wgmma_a8_v1" in qw._layouts
+    y_triton = ops.matmul_a8(x, qw, config={})  # an explicit Triton config keeps the Triton kernel
+    assert _rel(y, y_triton) < 1e-3
 
 
 @needs_sm90

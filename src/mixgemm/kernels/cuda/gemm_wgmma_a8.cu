@@ -137,11 +137,11 @@ static_assert(NWG == 1 || NWG == 2 || NWG == 4, "A8_NWG is 1, 2 or 4");
 // the CTA's row tiles in whole 8-tile blocks of wgmma_a8_v1 (NWG 4: two blocks, one copy each); stage layout
 // [SEGS][KT][SEGW][TB]
 constexpr int SEGW = WARPS < 8 ? WARPS : 8, SEGS = WARPS / SEGW;
-static_assert(KT == 2 || KT == 4, "A8_KT is 2 or 4");
+static_assert(KT == 1 || KT == 2 || KT == 4, "A8_KT is 1, 2 or 4");
 static_assert(GT == 0 || (GT <= 2 && KT % (NP * GT) == 0), "A8_GT is 0 (per-channel), 1 or 2; KT a multiple of NP GT");
 static_assert(NP == 1 || NP == 2, "A8_NP is 1 or 2");
 static_assert(BM % 16 == 0 && BM >= 16 && BM <= 256, "BM is the wgmma N: 16..256, a multiple of 16");
-static_assert(STAGES >= 3, "a stage is refilled two stages after it was read");
+static_assert(STAGES >= 3 || (WS && STAGES == 2), "A8_WS 0 refills a stage two stages after it was read");
 constexpr bool TSTORE = A8_TSTORE != 0;
 static_assert(!TSTORE || (OUT != 2 && STAGES * STAGE >= NWG * BM * 128),
               "A8_TSTORE: fp16 / bf16 output, a ring that holds the NWG staging tiles of BM rows x 128 bytes");
@@ -308,9 +308,10 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   u32 phase = 0;
 
   // k-tile i (= j of the stage being read): its A fragments, then its four k32 wgmmas as one group
-  auto ktile = [&](int i, auto jc) {
+  auto ktile = [&](int i, auto jc, auto abc) {
     constexpr int j = decltype(jc)::value;
-    constexpr int AB = j % 2;                   // A-register buffer (the other may still feed the last k-tile)
+    // A-register buffer (the other may still feed the last k-tile); KT 1 alternates it by stage parity (abc)
+    constexpr int AB = (j + decltype(abc)::value) % 2;
     constexpr int B = PC ? 0 : (j / GT) % NP;   // the partial of this k-tile's group (a stage starts NP groups)
     constexpr bool FIRST = !PC && j % GT == 0;  // the group's first k-tile: overwrite the partial
     const char* stg = sgen + (st_read - sbase);
@@ -369,7 +370,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
 
   if (!WS && tid == 0)
     for (int s = 0; s < STAGES - 2 && s < nst; ++s) issue(s, s, sbase + s * STAGE, ISSUE_ALL);
-  for (int sg = 0; sg < nst; ++sg) {
+  auto stage = [&](int sg, auto abc) {
     mbar_wait(smem_addr(&full_bar[slot_read]), phase);  // stage sg's bytes have landed
     const int slot_now = slot_read;
     slot_read = slot_read + 1 == STAGES ? 0 : slot_read + 1;
@@ -383,12 +384,20 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
       constexpr int j = decltype(jc)::value;
       if constexpr (j < KT) {
         const int i = sg * KT + j;
-        if (i < Kt) ktile(i, jc);
+        if (i < Kt) ktile(i, jc, abc);
       }
     };
     run(IC<0>{}), run(IC<1>{}), run(IC<2>{}), run(IC<3>{});
     slot_prev = slot_now;
     st_read = st_read + STAGE == sbase + STAGES * STAGE ? sbase : st_read + STAGE;
+  };
+  if constexpr (KT == 1) {  // two stages per iteration, so each k-tile's A buffer is known at compile time
+    for (int sg = 0; sg < nst; sg += 2) {
+      stage(sg, IC<0>{});
+      if (sg + 1 < nst) stage(sg + 1, IC<1>{});
+    }
+  } else {
+    for (int sg = 0; sg < nst; ++sg) stage(sg, IC<0>{});
   }
   wg_wait<0>();
   if constexpr (!PC) {

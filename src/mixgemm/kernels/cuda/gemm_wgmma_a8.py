@@ -11,10 +11,10 @@
 * bias: None or float16 / bfloat16 / float32 [N]; lo, hi: output clamp (may be +-inf).
 * config: None (``default_config``) or a dict: BM (tokens per CTA = the wgmma N: 16..256, a multiple of 16;
   grouped weights hold BM / 2 fp32 accumulators and NP x BM / 2 int32 partials per thread, so BM <= 128 there), NWG
-  (warpgroups of 64 weight rows: 1, 2, 4), MINB (CTAs per SM the registers must allow), STAGES (ring depth >= 3),
-  KT (128-k tiles per stage: 2, 4; a multiple of NP x the group's 128-k tiles), NP (int32 partials: 2 = fold under
-  the next group's wgmmas, 1 = before them), CVT (0: cvt.rn.f32.s32, 1: magic number), GROUP_M (m-tiles rastered
-  together), WS (1: a producer warpgroup and per-stage empty barriers, the default for NWG 1 and for NWG 2 with
+  (warpgroups of 64 weight rows: 1, 2, 4), MINB (CTAs per SM the registers must allow), STAGES (ring depth >= 3; 2
+  with WS), KT (128-k tiles per stage: 1, 2, 4; a multiple of NP x the group's 128-k tiles), NP (int32 partials: 2 =
+  fold under the next group's wgmmas, 1 = before them), CVT (0: cvt.rn.f32.s32, 1: magic number), GROUP_M (m-tiles
+  rastered together), WS (1: a producer warpgroup and per-stage empty barriers, the default for NWG 1 and for NWG 2 with
   MINB 1; 0: thread 0 refills and a CTA barrier per stage), TSTORE (1, the default: a 16-bit output whose rows the
   TMA can address goes out by one TMA store per warpgroup tile, staged in the drained ring; 0: one store per
   element; the two are bit-equal), MC (1, or 2: two CTAs of the same tokens as a thread-block cluster, each loading
@@ -65,6 +65,12 @@ def column_tiles(n: int, nwg: int) -> int:
     return math.ceil(-(-n // 16) / (4 * nwg))
 
 
+def int8_long_k_tile(m: int, n: int, k: int) -> bool:
+    """int8 per-channel weights where default_config takes BM 256 with MC 2 (long K, large M, CTA column tiles that pair
+    up); the dispatcher keeps this kernel there at every M (ops.int8.WGMMA_A8_W8_PER_CHANNEL_MAX_M)."""
+    return k >= MC_MIN_K and m >= MC_MIN_M and column_tiles(n, 2) % 2 == 0
+
+
 def stage_bytes(bm: int, nwg: int, bits: int, kt: int, per_channel: bool) -> int:
     """Shared memory of one pipeline stage (must match gemm_wgmma_a8.cu's STAGE)."""
     warps = 4 * nwg
@@ -90,6 +96,12 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> di
     # tiles must pair up.
     if k >= MC_MIN_K and m >= MC_MIN_M and column_tiles(n, nwg) % 2 == 0:
         cfg["MC"] = 2
+        if bits == 8 and group_size == k and int8_long_k_tile(m, n, k):
+            # int8 per-channel there: BM 256 tokens per CTA halves the weight bytes each CTA pulls from L2 per MAC (the
+            # kernel moves ~7.5 TB/s from L2 at BM 128); its 96 KB stage leaves room for 2, which the producer
+            # warpgroup keeps full. Measured (session 28, H100, GEMM only, 3 s sustained windows, bit-equal):
+            # 28672x8192 M = 2048 745 -> 720 us, 505 -> 488 mJ per call. K = 8192 (no MC) was +2% at M = 4096.
+            cfg.update(BM=256, KT=2, STAGES=2)
     return cfg
 
 
@@ -140,14 +152,15 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     mc = int(cfg.get("MC", 1))
     pdl_req = int(cfg.get("PDL", ws))
     gt = 0 if lay.per_channel else lay.group_size // 128
-    if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (2, 4)
-            or stages < 3 or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1 or kt % (np_ * max(gt, 1))
+    if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (1, 2, 4)
+            or stages < (2 if ws else 3) or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1
+            or kt % (np_ * max(gt, 1))
             or (gt and bm > 128) or ws not in (0, 1) or (ws and (nwg == 4 or (nwg == 2 and minb != 1)))
             or mc not in (1, 2) or (mc == 2 and not ws) or pdl_req not in (0, 1) or (pdl_req and not ws)):
         raise ValueError(f"bad int8 wgmma tile {cfg}: BM 16..256 (multiple of 16; <= 128 for groups), NWG 1, 2, 4, "
-                         "KT 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3, NP 1 or 2, CVT 0 or 1, "
-                         "GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1), MC 1 or 2 (MC 2: WS), "
-                         "PDL 0 or 1 (PDL 1: WS)")
+                         "KT 1, 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3 (2 with WS), NP 1 or 2, "
+                         "CVT 0 or 1, GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1), MC 1 or 2 "
+                         "(MC 2: WS), PDL 0 or 1 (PDL 1: WS)")
     col_tiles = column_tiles(n, nwg)
     if col_tiles % mc:
         raise ValueError(f"int8 wgmma tile {cfg}: MC {mc} pairs the CTAs along N, but N = {n} makes {col_tiles} "
