@@ -132,5 +132,6 @@ def print_rows(rows: list[tuple], ops: float) -> None:
         print(f"{name:>{width}} {rnd:>5} {us:9.1f} {mhz:6.0f} {w:6.0f} {w * us * 1e-3:8.1f} {ops / us / 1e6:7.0f}",
               flush=True)
 
+
 if __name__ == "__main__":
     main()

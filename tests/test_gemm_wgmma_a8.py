@@ -253,7 +253,7 @@ def test_default_config_cluster_multicast():
 def test_default_config_int8_per_channel_long_k():
     """int8 per-channel weights in the MC 2 region take BM 256 tokens per CTA with a 2-stage ring (fits the shared
     memory); grouped or int4 weights and shorter K keep BM 128."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, default_config, int8_long_k_tile, stage_bytes
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, default_config, multicast_region, stage_bytes
 
     cfg = default_config(2048, 8192, 28672, 28672, 8)
     assert (cfg["BM"], cfg["KT"], cfg["STAGES"], cfg["MC"]) == (256, 2, 2, 2)
@@ -261,8 +261,8 @@ def test_default_config_int8_per_channel_long_k():
     assert default_config(2048, 8192, 28672, 128, 8)["BM"] == 128
     assert default_config(2048, 8192, 28672, 28672, 4)["BM"] == 128
     assert default_config(4096, 28672, 8192, 8192, 8)["BM"] == 128
-    assert int8_long_k_tile(2048, 8192, 28672) and not int8_long_k_tile(2048, 28672, 8192)
-    assert not int8_long_k_tile(1024, 8192, 28672) and not int8_long_k_tile(2048, 8200, 28672)
+    assert multicast_region(2048, 8192, 28672) and not multicast_region(2048, 28672, 8192)
+    assert not multicast_region(1024, 8192, 28672) and not multicast_region(2048, 8200, 28672)
 
 
 @needs_sm90
@@ -349,7 +349,7 @@ def test_gpu_dispatch_through_matmul_a8(bits, gs):
 @pytest.mark.gpu
 def test_gpu_int8_per_channel_dispatch():
     """int8 per-channel: the CUDA kernel for 128 <= M < WGMMA_A8_W8_PER_CHANNEL_MAX_M, the Triton kernel above, except
-    at long K (int8_long_k_tile), where the CUDA kernel keeps every M."""
+    at long K (multicast_region), where the CUDA kernel keeps every M."""
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import MC_MIN_K, MC_MIN_M
     from mixgemm.ops import int8 as ops
 

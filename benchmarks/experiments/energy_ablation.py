@@ -25,6 +25,7 @@ from power_probe import print_rows, probe  # noqa: E402
 
 from mixgemm.bench.protocol import capture_graph  # noqa: E402
 from mixgemm.formats.weight import quantize_weight  # noqa: E402
+from mixgemm.kernels.cuda import nvrtc  # noqa: E402
 from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, gemm_wgmma_a8  # noqa: E402
 from mixgemm.kernels.triton.int8_layout import get_int8_layout  # noqa: E402
 from mixgemm.ops.int8 import _act_bufs, _act_quant  # noqa: E402
@@ -79,8 +80,6 @@ def main():
         "w8bm256kt1mc1": ("W8 per-channel BM 256 KT 1 ST 4 MC 1", (8, -1),
                           {"BM": 256, "KT": 1, "STAGES": 4, "MC": 1}, False),
     }
-    from mixgemm.kernels.cuda import nvrtc
-
     hooks = "A8_ABLATE" in nvrtc.read_source("gemm_wgmma_a8.cu")
     needs = [v for v in args.variants.split(",") if v in table and set(table[v][2]) & {"ABLATE", "PP"}]
     if needs and not hooks:

@@ -65,9 +65,10 @@ def column_tiles(n: int, nwg: int) -> int:
     return math.ceil(-(-n // 16) / (4 * nwg))
 
 
-def int8_long_k_tile(m: int, n: int, k: int) -> bool:
-    """int8 per-channel weights where default_config takes BM 256 with MC 2 (long K, large M, CTA column tiles that pair
-    up); the dispatcher keeps this kernel there at every M (ops.int8.WGMMA_A8_W8_PER_CHANNEL_MAX_M)."""
+def multicast_region(m: int, n: int, k: int) -> bool:
+    """Where default_config takes MC 2 (long K, large M, CTA column tiles of its NWG 2 that pair up), and int8
+    per-channel weights BM 256; the dispatcher keeps int8 per-channel on this kernel there at every M
+    (ops.int8.WGMMA_A8_W8_PER_CHANNEL_MAX_M)."""
     return k >= MC_MIN_K and m >= MC_MIN_M and column_tiles(n, 2) % 2 == 0
 
 
@@ -94,9 +95,9 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> di
     # H200 914 -> 882 / 1878 -> 1796 us; 8192x28672 H100 +0.5..2%, H200 -1%); GROUP_M stays 8 (H100 28672x8192 with
     # MC 2, GROUP_M 8 / 16 / 4 / 2: M = 2048 873 / 864-866 / 905 / 921 us, M = 4096 1728 / 1799 us). The CTA column
     # tiles must pair up.
-    if k >= MC_MIN_K and m >= MC_MIN_M and column_tiles(n, nwg) % 2 == 0:
+    if multicast_region(m, n, k):
         cfg["MC"] = 2
-        if bits == 8 and group_size == k and int8_long_k_tile(m, n, k):
+        if bits == 8 and group_size == k:
             # int8 per-channel there: BM 256 tokens per CTA halves the weight bytes each CTA pulls from L2 per MAC (the
             # kernel moves ~7.5 TB/s from L2 at BM 128); its 96 KB stage leaves room for 2, which the producer
             # warpgroup keeps full. Measured (session 28, H100, GEMM only, 3 s sustained windows, bit-equal):
