@@ -25,6 +25,7 @@ from triton.testing import do_bench
 
 from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.activation import act_block_size, quantize_activation
+from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
@@ -92,12 +93,16 @@ def check(x, qw, act_mode, y, rows=64, act_block=None) -> float:
 
 
 def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peers=True, rep=200, act_block="group",
-             repeat=1):
+             repeat=1, int_scales=False):
     """One protocol row: mixgemm (act quant + GEMM) vs fp16 F.linear and torch._int_mm; act_block "token": one
     activation scale per token (matmul_a8's act_block). repeat > 1: mixgemm and fp16 cuBLAS are timed in turn that
-    many times and the medians reported (single cuBLAS timings move by up to 15% within a run)."""
+    many times and the medians reported (single cuBLAS timings move by up to 15% within a run). int_scales: int4
+    weights with integer group scales (formats/int_scales.py)."""
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-    qw0 = quantize_weight(w, bits=bits, group_size=group, mode=mode)
+    if int_scales:
+        qw0 = quantize_weight_int_scales(w, group_size=group)
+    else:
+        qw0 = quantize_weight(w, bits=bits, group_size=group, mode=mode)
     del w
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     lay0 = get_int8_layout(qw0)
@@ -118,7 +123,8 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
         if peers:
             t16s.append(graph_time([lambda w=w: F.linear(x, w) for w in ws], rep) * 1e6)
     te = eager_time(runs)
-    row = dict(k=k, n=n, m=m, bits=bits, group=group, act=act_mode + ("/token" if act_block == "token" else ""),
+    act = act_mode + ("/token" if act_block == "token" else "") + ("/iscale" if int_scales else "")
+    row = dict(k=k, n=n, m=m, bits=bits, group=group, act=act,
                us=statistics.median(ts), eager_us=te * 1e6, err=err, C=c)
     if repeat > 1:
         row["rounds_us"], row["fp16_rounds_us"] = ts, t16s
@@ -284,6 +290,8 @@ def main():
     ap.add_argument("--w8-cuda", action="store_true", help="int8 per-channel weights take the CUDA wgmma kernel at "
                     "every M (ops.int8.WGMMA_A8_W8_PER_CHANNEL_MAX_M = None)")
     ap.add_argument("--w8-only", action="store_true", help="--accept: the W8A8 rows only")
+    ap.add_argument("--int-scales", action="store_true", help="--accept --token: int4 weights with integer group "
+                    "scales (formats/int_scales.py: no per-group fold in the int8 wgmma GEMM)")
     args = ap.parse_args()
     if args.w8_cuda:
         int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M = None
@@ -378,7 +386,8 @@ def main():
         rows = []
         for k, n in ACCEPT_SHAPES:
             for m in (1, 2048, 4096, 16384):
-                rows.append(bench_a8(k, n, m, 4, 128, rep=args.rep_ms, act_block="token", repeat=args.repeat))
+                rows.append(bench_a8(k, n, m, 4, 128, rep=args.rep_ms, act_block="token", repeat=args.repeat,
+                                     int_scales=args.int_scales))
                 print_rows(rows[-1:], bw, top8)
         print_rows(rows, bw, top8)
     elif args.accept:

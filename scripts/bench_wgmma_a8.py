@@ -25,6 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_int8 import check, clone_qw, copies_for, graph_time  # noqa: E402
 
+from mixgemm.formats.int_scales import quantize_weight_int_scales  # noqa: E402
 from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1  # noqa: E402
 from mixgemm.formats.weight import quantize_weight  # noqa: E402
 from mixgemm.kernels.cuda import nvrtc  # noqa: E402
@@ -34,7 +35,8 @@ from mixgemm.kernels.triton.int8_gemm import a8_gemm  # noqa: E402
 from mixgemm.kernels.triton.int8_layout import get_int8_layout  # noqa: E402
 
 FORMATS = {"w4g128": (4, 128), "w4g256": (4, 256), "w8g128": (8, 128), "w8pc": (8, -1), "w4pc": (4, -1)}
-# a "t" suffix (w4g128t): per-token activation scales over the grouped weight
+# a "t" suffix (w4g128t): per-token activation scales over the grouped weight; a "q" before it (w4g128qt): int4 with
+# integer group scales (formats/int_scales.py)
 DEFAULT_CFGS = [
     dict(BM=128, NWG=2, STAGES=4, KT=2, NP=2, CVT=0),
     dict(BM=128, NWG=2, STAGES=4, KT=2, NP=1, CVT=0),
@@ -46,8 +48,16 @@ DEFAULT_CFGS = [
 
 
 def fmt_spec(fmt: str):
-    """(bits, group, per-token activations) of a --formats entry."""
-    return (*FORMATS[fmt.removesuffix("t")], fmt.endswith("t"))
+    """(bits, group, per-token activations, integer group scales) of a --formats entry."""
+    base = fmt.removesuffix("t")
+    return (*FORMATS[base.removesuffix("q")], fmt.endswith("t"), base.endswith("q"))
+
+
+def make_weight(n, k, bits, group, int_scales=False):
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
+    if int_scales:
+        return quantize_weight_int_scales(w, group_size=group)
+    return quantize_weight(w, bits=bits, group_size=group, mode="sym")
 
 
 def triton_time(qw, aq, sa, oa, su, out, rep):
@@ -84,10 +94,8 @@ def cluster_wave(run) -> str:
     return f", {waves} clusters of {cluster[0]} at once ({grid[0] // cluster[0]} in the grid)"
 
 
-def sweep(k, n, m, bits, group, cfgs, rep=100, per_token=False, repeat=1, triton=True):
-    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-    qw = quantize_weight(w, bits=bits, group_size=group, mode="sym")
-    del w
+def sweep(k, n, m, bits, group, cfgs, rep=100, per_token=False, repeat=1, triton=True, int_scales=False):
+    qw = make_weight(n, k, bits, group, int_scales)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     blk = k if group == -1 or per_token else group
     aq, sa, oa, su = act_quant(x, blk, "sym")
@@ -140,9 +148,8 @@ def sweep(k, n, m, bits, group, cfgs, rep=100, per_token=False, repeat=1, triton
                 fp16_us=tf, rounds_us=[times[i] for i in range(len(live))], fp16_rounds_us=tfs)
 
 
-def launch(m, k, n, bits, group, per_token, cfg):
-    qw = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02, bits=bits, group_size=group,
-                         mode="sym")
+def launch(m, k, n, bits, group, per_token, int_scales, cfg):
+    qw = make_weight(n, k, bits, group, int_scales)
     blk = k if group == -1 or per_token else group
     aq, sa, _, _ = act_quant(torch.randn(m, k, device="cuda", dtype=torch.float16), blk, "sym")
     for _ in range(4):
@@ -172,10 +179,10 @@ def main():
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
         for fmt in args.formats.split(","):
-            bits, group, per_token = fmt_spec(fmt)
+            bits, group, per_token, int_scales = fmt_spec(fmt)
             for m in (int(v) for v in args.ms.split(",")):
                 res.append(sweep(k, n, m, bits, group, cfgs, per_token=per_token, repeat=args.repeat,
-                                 triton=not args.no_triton))
+                                 triton=not args.no_triton, int_scales=int_scales))
     if args.out:
         Path(args.out).write_text(json.dumps(dict(gpu=p.name, torch=torch.__version__, rows=res), indent=1))
 

@@ -3,12 +3,13 @@
 # acceptance rows (activation quantization included), logs under OUTDIR.
 #
 #   bash scripts/int8_gpu_check.sh OUTDIR [STEPS]
-#   STEPS: any of tests,ab,accept,nopdl,acceptall,acceptw8,power (default: all)
+#   STEPS: any of tests,ab,accept,acceptqs,nopdl,acceptall,acceptw8,power (default: all)
 #
 # tests: tests/test_gemm_wgmma_a8.py, tests/test_int8.py and the quantizer / PDL cases of tests/test_gemv_a8.py
 # (-m gpu, 8 processes, INT8_TEST_S seconds, 240); ab: scripts/bench_wgmma_a8.py --repeat 3 on the acceptance shapes,
 # GEMM only, configs in INT8_AB_CFGS (JSON list; default: the default tile with MC 1 and MC 2, PDL off);
-# accept: bench_int8.py --accept --token --repeat R (W4A8 g128 per-token rows); nopdl: the same with MIXGEMM_PDL=0;
+# accept: bench_int8.py --accept --token --repeat R (W4A8 g128 per-token rows); acceptqs: the same rows with int4
+# weights of integer group scales (--int-scales: formats/int_scales.py, the GEMM without the per-group fold); nopdl: the same with MIXGEMM_PDL=0;
 # acceptall: bench_int8.py --accept --repeat R (W8A8 and per-group W4A8 rows); acceptw8: the W8A8 rows as dispatched
 # and with int8 per-channel on the CUDA kernel at every M (--w8-cuda); power: scripts/power_probe.py (3 s
 # sustained windows per method: clock, power, energy per call) on 28672x8192 M 2048 and 8192x28672 M 4096.
@@ -16,8 +17,8 @@
 # the SM clock, power and throttle reasons every 200 ms into int8_smi.csv throughout, int8_steps.txt the step starts
 # (the acceptance rows run at the 700 W cap: the clock under load says how hard). Exit status: the tests' status.
 set -uo pipefail
-OUT=${1:?usage: bash scripts/int8_gpu_check.sh OUTDIR [tests,ab,accept,nopdl,acceptall,acceptw8,power]}
-STEPS=${2:-tests,ab,accept,nopdl,acceptall,acceptw8,power}
+OUT=${1:?usage: bash scripts/int8_gpu_check.sh OUTDIR [tests,ab,accept,acceptqs,nopdl,acceptall,acceptw8,power]}
+STEPS=${2:-tests,ab,accept,acceptqs,nopdl,acceptall,acceptw8,power}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
@@ -56,6 +57,12 @@ if has accept; then
   step accept
   timeout -k 10 "${INT8_ACCEPT_S:-300}" "$PY" scripts/bench_int8.py --accept --token --repeat "$R" --rep-ms "$RMS" > "$OUT/int8_accept_token.log" 2>&1
   echo "== accept --token rc=$?"; tail -n 10 "$OUT/int8_accept_token.log"
+fi
+if has acceptqs; then
+  step acceptqs
+  timeout -k 10 "${INT8_ACCEPT_S:-300}" "$PY" scripts/bench_int8.py --accept --token --int-scales --repeat "$R" \
+    --rep-ms "$RMS" > "$OUT/int8_accept_token_qs.log" 2>&1
+  echo "== accept --token --int-scales rc=$?"; tail -n 10 "$OUT/int8_accept_token_qs.log"
 fi
 if has nopdl; then
   step nopdl

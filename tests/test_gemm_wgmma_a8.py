@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported, build_wgmma_a8_v1, unpack_wgmma_a8_v1
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
 from mixgemm.kernels.cuda import nvrtc
@@ -20,8 +21,10 @@ def _gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def _qw(n, k, bits, gs, seed=0, device="cpu", scale_dtype=torch.float16):
+def _qw(n, k, bits, gs, seed=0, device="cpu", scale_dtype=torch.float16, int_scales=False):
     w = torch.randn(n, k, generator=_gen(seed)) * 0.05
+    if int_scales:
+        return quantize_weight_int_scales(w, group_size=gs, scale_dtype=scale_dtype).to(device)
     return quantize_weight(w, bits=bits, group_size=gs, mode="sym", scale_dtype=scale_dtype).to(device)
 
 
@@ -79,6 +82,12 @@ COMPILE_CASES = [
          A8_TSTORE=1, A8_MC=2),
     dict(A8_BITS=8, A8_OUT=0, A8_BM=256, A8_NWG=2, A8_STAGES=2, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0, A8_TSTORE=1,
          A8_MC=2, A8_PDL=1),
+    # integer group scales (no fold): the shipped tile, BM 256 with group 256, fp32 per-element stores, NWG 1, KT 1
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=128, A8_NWG=2, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=1, A8_CVT=0, A8_AT=1,
+         A8_TSTORE=1, A8_MC=2, A8_PDL=1, A8_QS=1),
+    dict(A8_BITS=4, A8_OUT=1, A8_BM=256, A8_NWG=2, A8_STAGES=2, A8_KT=2, A8_GT=2, A8_NP=1, A8_CVT=0, A8_AT=1,
+         A8_TSTORE=1, A8_MC=2, A8_QS=1),
+    dict(A8_BITS=4, A8_OUT=2, A8_BM=64, A8_NWG=1, A8_STAGES=4, A8_KT=1, A8_GT=1, A8_NP=1, A8_CVT=0, A8_AT=1, A8_QS=1),
 ]
 
 
@@ -101,14 +110,14 @@ def _rel(a, b) -> float:
 
 
 def _run(m, n, k, bits, gs, out_dtype=torch.float16, config=None, seed=0, bias=True, activation="relu6",
-         per_token=False):
+         per_token=False, int_scales=False):
     """(kernel output, float64 reference on the same quantized operands); per_token: one activation scale per token
     (act_quant block = K) over the grouped weight."""
     from mixgemm.epilogue import clamp_bounds
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
     from mixgemm.kernels.triton.act_quant import act_quant
 
-    qw = _qw(n, k, bits, gs, seed, "cuda")
+    qw = _qw(n, k, bits, gs, seed, "cuda", int_scales=int_scales)
     x = (torch.randn(m, k, generator=_gen(seed + 1)) * 2).to("cuda", torch.float16)
     b = (torch.randn(n, generator=_gen(seed + 2)) * 0.5).to("cuda", out_dtype) if bias else None
     blk = k if per_token else qw.config.groups(k)[0]
@@ -195,6 +204,65 @@ def test_gpu_per_token_activation_scales(bits, gs, m):
 
 @needs_sm90
 @pytest.mark.gpu
+@pytest.mark.parametrize("gs", [128, 256])
+@pytest.mark.parametrize("m", [3, 17, 129, 300])
+def test_gpu_int_scales(gs, m):
+    """QS (int4 with integer group scales, per-token activations: codes x multiples as int8 in registers, no fold)
+    against the float64 reference for every output dtype; the same weight with QS 0 (the fold) agrees; per-group
+    activation scales over it take the fold."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+
+    n, k = 1000, 1152 if gs == 128 else 1536
+    for out_dtype, tol in _TOL.items():
+        y, ref = _run(m, n, k, 4, gs, out_dtype, seed=m + gs, per_token=True, int_scales=True)
+        assert _rel(y, ref) < tol, (out_dtype, _rel(y, ref))
+    cfg = default_config(m, n, k, gs, 4)
+    y0, ref = _run(m, n, k, 4, gs, torch.float32, config=dict(cfg, QS=0), seed=m, per_token=True, int_scales=True)
+    y1, _ = _run(m, n, k, 4, gs, torch.float32, config=dict(cfg, QS=1), seed=m, per_token=True, int_scales=True)
+    assert _rel(y1, ref) < 1e-5 and _rel(y0, ref) < 1e-5 and _rel(y1, y0) < 1e-5
+    y, ref = _run(m, n, k, 4, gs, torch.float16, seed=m, per_token=False, int_scales=True)
+    assert _rel(y, ref) < 1e-3
+
+
+def test_default_config_int_scales():
+    """QS (no fold) takes BM 256 / KT 2 / 2 stages where they make QS_BM256_MIN_TILES CTAs, with MC 2 where the CTA
+    column tiles pair up and K is long or M large; elsewhere the grouped default."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+
+    for k, n in ((28672, 8192), (8192, 28672)):
+        cfg = default_config(2048, n, k, 128, 4, qs=True)
+        assert (cfg["BM"], cfg["KT"], cfg["STAGES"], cfg.get("MC")) == (256, 2, 2, 2)
+    assert default_config(1024, 8192, 28672, 128, 4, qs=True).get("MC") == 2  # long K
+    cfg = default_config(1024, 28672, 8192, 128, 4, qs=True)
+    assert cfg["BM"] == 256 and "MC" not in cfg
+    assert "MC" not in default_config(4096, 8200, 8192, 128, 4, qs=True)  # 65 CTA column tiles
+    assert default_config(256, 14336, 4096, 128, 4, qs=True)["BM"] == 256  # 112 CTAs
+    for m, n, k in ((256, 8192, 28672), (256, 4096, 14336), (200, 28672, 8192)):  # 64, 32 CTAs; M < 256
+        assert default_config(m, n, k, 128, 4, qs=True) == default_config(m, n, k, 128, 4)
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [
+    dict(BM=256, NWG=2, STAGES=2, KT=2, NP=1),
+    dict(BM=256, NWG=2, STAGES=2, KT=2, NP=1, MC=2, TSTORE=0),
+    dict(BM=128, NWG=2, STAGES=4, KT=1, NP=1, MC=2),
+    dict(BM=64, NWG=1, STAGES=4, KT=4, NP=1, GROUP_M=2),
+    dict(BM=48, NWG=4, STAGES=3, KT=2, NP=1),
+    dict(BM=128, NWG=2, STAGES=3, KT=2, NP=1, WS=0),
+])
+def test_gpu_int_scales_tiles(cfg):
+    """QS on other tiles (BM 256, which the fold's accumulators do not fit, clusters, KT 1 with an odd stage count,
+    NWG 1 / 4, no producer warpgroup), M and N tails, group 128 and 256."""
+    for m, n, k, gs in ((200, 1000, 2048, 128), (77, 1024, 1152, 128), (300, 1016, 1536, 256)):
+        if gs == 256 and cfg["KT"] == 1:
+            continue
+        y, ref = _run(m, n, k, 4, gs, torch.float16, config=cfg, seed=m, per_token=True, int_scales=True)
+        assert _rel(y, ref) < 1e-3, (m, n, k, _rel(y, ref))
+
+
+@needs_sm90
+@pytest.mark.gpu
 @pytest.mark.parametrize("bits,gs,per_token", [(4, 128, False), (4, 128, True), (8, -1, False), (8, 256, False)])
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
 def test_gpu_tma_store_epilogue(bits, gs, per_token, out_dtype):
@@ -250,17 +318,29 @@ def test_default_config_cluster_multicast():
     assert "MC" not in default_config(4096, 8200, MC_MIN_K, 128)  # 513 row tiles: 65 CTA column tiles of 128 rows
 
 
-def test_default_config_int8_per_channel_long_k():
-    """int8 per-channel weights in the MC 2 region take BM 256 tokens per CTA with a 2-stage ring (fits the shared
-    memory); grouped or int4 weights and shorter K keep BM 128."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, default_config, multicast_region, stage_bytes
+def test_default_config_int8_per_channel_wide():
+    """int8 per-channel weights in w8_wide_region (K >= 8192, M >= 2048, pairing column tiles) take BM 256 tokens
+    per CTA with a 2-stage ring (fits the shared memory) and MC 2; grouped or int4 weights, shorter K and smaller M
+    keep BM 128."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import (
+        SMEM_LIMIT,
+        W8_WIDE_MIN_K,
+        default_config,
+        multicast_region,
+        stage_bytes,
+        w8_wide_region,
+    )
 
-    cfg = default_config(2048, 8192, 28672, 28672, 8)
-    assert (cfg["BM"], cfg["KT"], cfg["STAGES"], cfg["MC"]) == (256, 2, 2, 2)
+    for n, k in ((8192, 28672), (28672, 8192)):
+        cfg = default_config(2048, n, k, k, 8)
+        assert (cfg["BM"], cfg["KT"], cfg["STAGES"], cfg["MC"]) == (256, 2, 2, 2)
     assert cfg["STAGES"] * stage_bytes(256, cfg["NWG"], 8, cfg["KT"], True) + 1024 <= SMEM_LIMIT
     assert default_config(2048, 8192, 28672, 128, 8)["BM"] == 128
     assert default_config(2048, 8192, 28672, 28672, 4)["BM"] == 128
-    assert default_config(4096, 28672, 8192, 8192, 8)["BM"] == 128
+    assert default_config(4096, 28672, W8_WIDE_MIN_K // 2, W8_WIDE_MIN_K // 2, 8)["BM"] == 128
+    assert default_config(1024, 28672, 8192, 8192, 8)["BM"] == 128
+    assert w8_wide_region(2048, 28672, 8192) and not w8_wide_region(2048, 8200, 8192)
+    assert not w8_wide_region(1024, 8192, 28672) and not w8_wide_region(2048, 8192, W8_WIDE_MIN_K - 128)
     assert multicast_region(2048, 8192, 28672) and not multicast_region(2048, 28672, 8192)
     assert not multicast_region(1024, 8192, 28672) and not multicast_region(2048, 8200, 28672)
 
@@ -318,6 +398,26 @@ def test_gpu_large_k_no_bias():
 
 @needs_sm90
 @pytest.mark.gpu
+def test_gpu_int_scales_through_matmul_a8():
+    """matmul_a8 with act_block "token" over an integer-scale weight, at a size where default_config takes BM 256
+    (QS), against the float64 reference on the same quantized operands, and the runner bit-equal to it."""
+    from mixgemm.formats.activation import quantize_activation
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+    from mixgemm.ops import int8 as ops
+
+    m, n, k = 300, 14336, 1024
+    assert default_config(m, n, k, 128, 4, qs=True)["BM"] == 256
+    qw = _qw(n, k, 4, 128, 11, "cuda", int_scales=True)
+    x = (torch.randn(m, k, generator=_gen(12)) * 2).to("cuda", torch.bfloat16)
+    y = ops.matmul_a8(x, qw, act_block="token")
+    a = quantize_activation(x.cpu().float(), k, "sym").dequantize()
+    ref = a.double() @ dequantize_weight(qw.to("cpu"), torch.float64).T
+    assert y.dtype == torch.bfloat16 and _rel(y, ref) < 1e-2
+    assert torch.equal(ops.make_a8_runner(x, qw, act_block="token")(), y)
+
+
+@needs_sm90
+@pytest.mark.gpu
 @pytest.mark.parametrize("bits,gs", [(4, 128), (8, 256), (4, -1)])
 def test_gpu_dispatch_through_matmul_a8(bits, gs):
     """M >= WGMMA_A8_MIN_M takes this kernel (the runner too); the result matches the float64 reference and the
@@ -349,8 +449,8 @@ def test_gpu_dispatch_through_matmul_a8(bits, gs):
 @pytest.mark.gpu
 def test_gpu_int8_per_channel_dispatch():
     """int8 per-channel: the CUDA kernel for 128 <= M < WGMMA_A8_W8_PER_CHANNEL_MAX_M, the Triton kernel above, except
-    at long K (multicast_region), where the CUDA kernel keeps every M."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import MC_MIN_K, MC_MIN_M
+    where its BM 256 / MC 2 tiles apply (w8_wide_region), where the CUDA kernel keeps every M."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import MC_MIN_M, W8_WIDE_MIN_K
     from mixgemm.ops import int8 as ops
 
     qw = _qw(256, 1024, 8, -1, 3, "cuda")
@@ -360,8 +460,8 @@ def test_gpu_int8_per_channel_dispatch():
     y2 = ops.matmul_a8(x[:300], qw)
     assert "wgmma_a8_v1" in qw._layouts
     assert _rel(y2, y[:300]) < 1e-3
-    qw = _qw(250, MC_MIN_K, 8, -1, 4, "cuda")
-    x = torch.randn(MC_MIN_M, MC_MIN_K, device="cuda", dtype=torch.float16)
+    qw = _qw(250, W8_WIDE_MIN_K, 8, -1, 4, "cuda")
+    x = torch.randn(MC_MIN_M, W8_WIDE_MIN_K, device="cuda", dtype=torch.float16)
     y = ops.matmul_a8(x, qw)
     assert "wgmma_a8_v1" in qw._layouts
     y_triton = ops.matmul_a8(x, qw, config={})  # an explicit Triton config keeps the Triton kernel

@@ -156,10 +156,14 @@ def test_quantize_report_and_filter(torch_gen):
         quantize_(model, QuantConfig())
     with pytest.raises(ValueError, match="group_size"):
         W4A16(group_size=100)
+    for bad in (dict(group_size=-1), dict(mode="zero_point")):
+        with pytest.raises(ValueError, match="int_scales"):
+            W4A8(int_scales=True, **bad)
 
 
 @pytest.mark.parametrize("cfg", [W8A8(), W4A8(group_size=32), W8A8(group_size=64, act_mode="asym"),
-                                 W4A8(act_block="token"), W4A8(group_size=64, act_mode="asym", act_block="token")])
+                                 W4A8(act_block="token"), W4A8(group_size=64, act_mode="asym", act_block="token"),
+                                 W4A8(act_block="token", int_scales=True)])
 def test_activation_quantized_formats_match_block_int_gemm(cfg, torch_gen, rel_err):
     lin = _linear(128, 24, True, torch_gen)
     model = nn.Sequential(lin)
@@ -361,7 +365,8 @@ def test_opcheck_linear_cuda(m, torch_gen, rel_err):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [W8A8(), W4A8(group_size=128), W4A16(group_size=128), W4A8(act_block="token")])
+@pytest.mark.parametrize("cfg", [W8A8(), W4A8(group_size=128), W4A16(group_size=128), W4A8(act_block="token"),
+                                 W4A8(act_block="token", int_scales=True)])
 def test_quantized_model_cuda_compiled_reduce_overhead(cfg, torch_gen, rel_err):
     """A small model quantized on CUDA (every format; the A8 ones run the int8 tensor-core kernels) against
     the float64 reference, then torch.compile(fullgraph=True, mode="reduce-overhead") (CUDA graphs) equals

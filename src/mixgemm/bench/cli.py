@@ -181,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         from mixgemm.bench.methods import Context
 
         ctx = Context(torch.device(device), dtype, args.group_size)
+        width = max(len(m.name) for m in meths_all) + 2
         for m in meths_all:
             why = m.unavailable(ctx) if (device == "cuda" or m.cpu) else "GPU only"
-            print(f"{m.name:<26}{'runs here' if not why else 'not here: ' + why}   {m.description}")
+            print(f"{m.name:<{width}}{'runs here' if not why else 'not here: ' + why}   {m.description}")
         return 0
 
     if device == "cpu":

@@ -356,16 +356,21 @@ def _prep_mixgemm_weight_only(bits: int, group_size: int | None):
     return prepare
 
 
-def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group"):
+def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group", int_scales: bool = False):
     """mixgemm.ops.int8.matmul_a8(x, qw, "sym"): activations quantized per token and per weight group (act_block
-    "token": per token) to int8 inside the call (fused quantizer + int8 tensor-core GEMM), W{bits} symmetric."""
+    "token": per token) to int8 inside the call (fused quantizer + int8 tensor-core GEMM), W{bits} symmetric;
+    int_scales: int4 weights with integer group scales (formats/int_scales.py)."""
 
     def prepare(w: torch.Tensor, ctx: Context) -> Prepared:
         from mixgemm.formats import dequantize_weight, quantize_activation, quantize_weight
+        from mixgemm.formats.int_scales import quantize_weight_int_scales
         from mixgemm.ops.int8 import matmul_a8
 
         g = ctx.group_size if group_size is None else group_size
-        qw0 = quantize_weight(w, bits=bits, group_size=g, mode="sym", scale_dtype=torch.float16)
+        if int_scales:
+            qw0 = quantize_weight_int_scales(w, group_size=g, scale_dtype=torch.float16)
+        else:
+            qw0 = quantize_weight(w, bits=bits, group_size=g, mode="sym", scale_dtype=torch.float16)
         first = dataclasses.replace(qw0, _layouts=_TrackedLayouts())
         w64 = dequantize_weight(qw0, torch.float64)
 
@@ -483,6 +488,14 @@ def mixgemm_methods(bits_list: list[int], group_size: int) -> list[Method]:
                               applies=_a8_applies(bits, g), default=False,
                               description=f"mixgemm.ops.int8.matmul_a8(act_block='token'), W{bits} sym {gname}, "
                                           "int8 activations (sym) with one scale per token"))
+        if g != -1 and bits == 4:  # the same with integer group scales: the int8 GEMM runs without the per-group fold
+            out.append(Method(f"mixgemm W4A8 {gname} int-scales act per-token", "mixgemm",
+                              _prep_mixgemm_a8(4, g, "token", int_scales=True),
+                              _module_unavailable("mixgemm.ops.int8", "mixgemm.kernels.triton.int8_gemm",
+                                                  "mixgemm.kernels.triton.act_quant"),
+                              applies=_a8_applies(4, g), default=False,
+                              description=f"mixgemm.ops.int8.matmul_a8(act_block='token'), W4 sym {gname} with "
+                                          "integer group scales (formats/int_scales.py), int8 activations per token"))
     return out
 
 

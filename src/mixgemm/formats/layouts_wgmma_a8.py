@@ -16,6 +16,10 @@ k; a2 = row g, k + 16; a3 = row g + 8, k + 16 (4 codes per 32-bit register, k as
 * params: float32 [N_pad / 128, G, 8, 16]: the dot scale s / 16 (int4) or s (int8) of each row and group, so that
   w = c * s = (16 c) * (s / 16) exactly.
 
+* mults / channel_steps (int4 groups whose scales factor as step * m, m in 1..16: formats/int_scales.py; else None):
+  int32 [N_pad / 128, G, 8, 16] the multipliers m and float32 [N_pad / 128, 1, 8, 16] the steps, in the params'
+  order, for the kernel's A8_QS mode (bytes c * m in registers, the step in the epilogue).
+
 Only the symmetric mode (w = (q - sym_bias) * s), groups of 128 or 256 or per-channel: the kernel's int32 partial
 of one group must stay below 2^22 in magnitude for its exact int-to-float step (16 c * a <= 128 * 127 per product).
 Padding: rows to a multiple of 128 and k to a multiple of 128 with c = 0.
@@ -28,6 +32,7 @@ from typing import ClassVar
 
 import torch
 
+from mixgemm.formats.int_scales import int_group_scales
 from mixgemm.formats.layouts import KernelLayout, lane_slot_index
 from mixgemm.formats.layouts_wgmma import WgmmaTiles
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
@@ -43,6 +48,8 @@ class WgmmaA8Layout(WgmmaTiles, KernelLayout):
     float32 [N_pad / 128, G, 8, 16]."""
 
     TILE_K: ClassVar[int] = K_TILE
+    mults: torch.Tensor | None = None
+    channel_steps: torch.Tensor | None = None
 
     @property
     def per_channel(self) -> bool:
@@ -101,12 +108,21 @@ def build_wgmma_a8_v1(qw: QuantizedWeight) -> WgmmaA8Layout:
     weight = packed.reshape(nt8, GROUP_TILES, ktl, -1).transpose(1, 2).contiguous()
     _, ng = qw.config.groups(k)
     s = qw.scales.to(torch.float32) / (16.0 if bits == 4 else 1.0)
-    params = torch.zeros(np_, ng, dtype=torch.float32, device=qw.device)
-    params[:n] = s
-    params = params.reshape(nt8, GROUP_TILES, ROWS, ng).permute(0, 3, 1, 2).contiguous()
+
+    def tiled(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [N, G'] -> [N_pad / 128, G', 8, 16]
+        t = torch.zeros(np_, v.shape[1], dtype=dtype, device=qw.device)
+        t[:n] = v
+        return t.reshape(nt8, GROUP_TILES, ROWS, v.shape[1]).permute(0, 3, 1, 2).contiguous()
+
+    params = tiled(s, torch.float32)
+    isc = int_group_scales(qw)
+    mults = steps = None
+    if isc is not None:
+        mults = tiled(isc.mult, torch.int32)
+        steps = tiled(isc.step[:, None], torch.float32)
     g = k if ng == 1 else qw.group_size
     return WgmmaA8Layout(weight=weight, params=params, n=n, k=k, k_padded=kp, bits=bits, mode=qw.mode,
-                         group_size=g, num_groups=ng)
+                         group_size=g, num_groups=ng, mults=mults, channel_steps=steps)
 
 
 def unpack_wgmma_a8_v1(layout: WgmmaA8Layout) -> torch.Tensor:

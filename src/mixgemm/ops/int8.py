@@ -61,10 +61,12 @@ WGMMA_A8_MIN_M: int | None = 128
 # int8 per-channel weights go back to the Triton kernel from this M: its persistent TMA kernel measured 820 / 6465 us
 # against the CUDA kernel's 893 / 7271 us at M = 2048 / 16384 on 8192x28672 (a tie on 28672x8192), while below it the
 # CUDA kernel wins: 81 vs 160 us at M = 128, a tie at 512 (H200, results/gemm_wgmma_a8_cross_s9_h200.json).
-# Except at long K (gemm_wgmma_a8.multicast_region: BM 256, MC 2), where the CUDA kernel measured faster (session 28,
-# H100, activation quantization included): 28672x8192 M = 2048 / 4096 / 16384 833 / 1683 / 6580 -> 800 / 1591 / 6061
-# us (100 ms windows), M = 2048 sustained 852 -> 804 us (benchmarks/results/int8_accept_w8_*_h100_s28.log,
-# power_probe_*_w8ab_h100_s28.log); 8192x28672 stays Triton (M = 4096 sustained 1705 against 1740 us).
+# Except where its BM 256 / MC 2 tiles apply (gemm_wgmma_a8.w8_wide_region: K >= 8192, M >= 2048), where the CUDA
+# kernel measured faster: session 28 (H100, activation quantization included) 28672x8192 M = 2048 / 4096 / 16384
+# 833 / 1683 / 6580 -> 800 / 1591 / 6061 us (100 ms windows), M = 2048 sustained 852 -> 804 us
+# (benchmarks/results/int8_accept_w8_*_h100_s28.log, power_probe_*_w8ab_h100_s28.log); session 29 (H100, GEMM only,
+# same-run medians of 3) 8192x28672 M = 2048 / 4096 Triton 786 / 1587 us, CUDA BM 256 MC 2 735 / 1501 us
+# (benchmarks/results/int8_w8_wide_mc_h100_s29.log).
 WGMMA_A8_W8_PER_CHANNEL_MAX_M: int | None = 1024  # None: the CUDA kernel at every M
 
 
@@ -72,11 +74,11 @@ def _wgmma_a8_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, conf
     """True when the CUDA int8 wgmma GEMM takes this call (sm_90, sym x sym, large M, no explicit Triton config)."""
     if WGMMA_A8_MIN_M is None or config is not None or not x2.is_cuda or x2.shape[0] < WGMMA_A8_MIN_M:
         return False
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import multicast_region, wgmma_a8_supported
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import w8_wide_region, wgmma_a8_supported
 
     if (qweight.bits == 8 and qweight.config.group_size == PER_CHANNEL and WGMMA_A8_W8_PER_CHANNEL_MAX_M is not None
             and x2.shape[0] >= WGMMA_A8_W8_PER_CHANNEL_MAX_M
-            and not multicast_region(x2.shape[0], qweight.out_features, qweight.in_features)):
+            and not w8_wide_region(x2.shape[0], qweight.out_features, qweight.in_features)):
         return False
 
     return wgmma_a8_supported(x2, qweight, act_mode)

@@ -69,6 +69,15 @@
 #ifndef A8_AT
 #define A8_AT 0
 #endif
+// A8_QS 1 (int4 groups, per-token activation scales, weights from formats/int_scales.py): every group scale is an
+// integer multiple m (1..16) of one step per channel, so each k-tile's codes become the int8 c * m in registers
+// (|c m| <= 128) and one int32 sum runs over all of K, as per-channel weights: no fold at all, sW = step in the
+// epilogue. Why: the fold (I2FP + FFMA per accumulator element and group) is a quarter of the grouped kernel's energy
+// at the H100's power cap (benchmarks/int8_notes.md "Session 28"); the dequantization is 7 instructions per 8 codes
+// of a tile shared by BM tokens. Exact while K * 128 * 127 < 2^31 (the host checks K).
+#ifndef A8_QS
+#define A8_QS 0
+#endif
 #ifndef A8_GROUP_M
 #define A8_GROUP_M 8
 #endif
@@ -112,6 +121,9 @@ constexpr int BITS = A8_BITS, OUT = A8_OUT, BM = A8_BM, NWG = A8_NWG, STAGES = A
 constexpr int NP = A8_NP;
 constexpr bool PC = GT == 0;    // per-channel weights and per-token activation scales
 constexpr bool AT = PC || A8_AT;  // per-token activation scales (in the epilogue)
+constexpr bool QS = A8_QS != 0;
+static_assert(!QS || (A8_BITS == 4 && A8_GT >= 1 && A8_AT), "A8_QS: int4 groups with per-token activation scales");
+constexpr bool NOFOLD = PC || QS;  // one int32 sum over all of K, scaled in the epilogue
 constexpr bool WS = A8_WS;
 constexpr int MC = A8_MC;
 static_assert(MC == 1 || (MC == 2 && WS), "A8_MC 2 takes the producer warpgroup (A8_WS 1)");
@@ -162,7 +174,8 @@ using namespace mga8;
 
 extern "C" __global__ void __launch_bounds__(THREADS, A8_MINB)
 mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles [Nt / 8][Kt][8][TB]
-                      const float* __restrict__ P,   // wgmma_a8_v1 dot scales [Nt / 8][G][8][16]
+                      const float* __restrict__ P,   // wgmma_a8_v1 dot scales [Nt / 8][G][8][16] (QS: int32 m)
+                      const float* __restrict__ CS,  // QS: the channel steps [Nt / 8][8][16]
                       const float* __restrict__ SA,  // activation scales [G][ldsa] (ldsa >= M, a multiple of 4)
                       int ldsa,
                       void* __restrict__ Y, int ldy,  // [M, ldy] in the OUT dtype
@@ -270,9 +283,9 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   if (REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
   if (PDL) pdl_wait();  // the activation scales, bias and output belong to other kernels
 
-  float acc[PC ? 1 : BM / 2];
+  float acc[NOFOLD ? 1 : BM / 2];
 #pragma unroll
-  for (int i = 0; i < (PC ? 1 : BM / 2); ++i) acc[i] = 0.f;
+  for (int i = 0; i < (NOFOLD ? 1 : BM / 2); ++i) acc[i] = 0.f;
   int part[NP][BM / 2];
   u32 afr[2][4][4];
   const float* prev_sw = nullptr;  // scales of the last k-tile queued (the group the next fold finishes)
@@ -312,11 +325,27 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     constexpr int j = decltype(jc)::value;
     // A-register buffer (the other may still feed the last k-tile); KT 1 alternates it by stage parity (abc)
     constexpr int AB = (j + decltype(abc)::value) % 2;
-    constexpr int B = PC ? 0 : (j / GT) % NP;   // the partial of this k-tile's group (a stage starts NP groups)
-    constexpr bool FIRST = !PC && j % GT == 0;  // the group's first k-tile: overwrite the partial
+    constexpr int B = NOFOLD ? 0 : (j / GT) % NP;   // the partial of this k-tile's group (a stage starts NP groups)
+    constexpr bool FIRST = !NOFOLD && j % GT == 0;  // the group's first k-tile: overwrite the partial
     const char* stg = sgen + (st_read - sbase);
     const char* wp = stg + X_BYTES + ((warp / SEGW * KT + j) * SEGW + warp % SEGW) * TB + lane * 16;
-    if (BITS == 4) {
+    if (QS) {
+      // bytes c m of rows g, g + 8 (this k-tile's group multipliers m0, m1): u = c + 8 = nibble ^ 8 (0..15) per byte,
+      // u m + 128 - 8 m = c m + 128 in 0..240 (no carry between bytes, one IMAD for 4 codes), ^ 0x80: the signed byte
+      const int* mq = (const int*)(stg + X_BYTES + W_BYTES + j * WARPS * 64) + warp * 16 + g;
+      const u32 m0 = (u32)mq[0], m1 = (u32)mq[8];
+      const u32 add0 = (128u - 8u * m0) * 0x01010101u, add1 = (128u - 8u * m1) * 0x01010101u;
+      const uint4 v0 = *(const uint4*)wp, v1 = *(const uint4*)(wp + 512);
+      const u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+      auto deq = [](u32 u, u32 m, u32 add) { return (u * m + add) ^ 0x80808080u; };
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        afr[AB][s][0] = deq((w[2 * s] & 0x0F0F0F0Fu) ^ 0x08080808u, m0, add0);
+        afr[AB][s][1] = deq((w[2 * s + 1] & 0x0F0F0F0Fu) ^ 0x08080808u, m1, add1);
+        afr[AB][s][2] = deq(((w[2 * s] >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u, m0, add0);
+        afr[AB][s][3] = deq(((w[2 * s + 1] >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u, m1, add1);
+      }
+    } else if (BITS == 4) {
       // bytes 16 c straight from the nibbles: (w << 4) & 0xF0F0F0F0 keeps the low nibbles, w & 0xF0F0F0F0 the high
       const uint4 v0 = *(const uint4*)wp, v1 = *(const uint4*)(wp + 512);
       const u32 w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
@@ -345,7 +374,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     wg_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s)  // + 32 bytes per k32 step
-      WgmmaS8<BM>::mma(part[B], afr[AB][s], desc + 2 * s, PC ? (i > 0 || s > 0) : !(FIRST && s == 0));
+      WgmmaS8<BM>::mma(part[B], afr[AB][s], desc + 2 * s, NOFOLD ? (i > 0 || s > 0) : !(FIRST && s == 0));
     wg_commit();
     if constexpr (NP == 2 && FIRST) {
       if (i > 0) fold(IC<1 - B>{});  // under this group's wgmmas
@@ -362,7 +391,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
         }
       }
     }
-    if (!PC) {
+    if (!NOFOLD) {
       prev_sw = (const float*)(stg + X_BYTES + W_BYTES + j * WARPS * 64);
       prev_sa = (const float*)(stg + X_BYTES + W_BYTES + SW_BYTES + j * BM * 4);
     }
@@ -400,7 +429,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     for (int sg = 0; sg < nst; ++sg) stage(sg, IC<0>{});
   }
   wg_wait<0>();
-  if constexpr (!PC) {
+  if constexpr (!NOFOLD) {
     // the last group's partial: its index is that of the last k-tile's group
     if (NP == 1 || ((Kt - 1) % KT / GT) % NP == 0) fold(IC<0>{});
     else fold(IC<NP - 1>{});
@@ -411,12 +440,12 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   // epilogue: value i = 4 j + 2 h + c is (weight row 16 warp + g + 8 h, token 8 j + 2 t + c)
   const int nb = rt_raw * 16 + g;
   float pw[2] = {0.f, 0.f};
-  if (PC) {
-    const float* pp = P + ((size_t)(rt_raw >> 3) * 8 + (rt_raw & 7)) * 16;  // G == 1
+  if (NOFOLD) {
+    const float* pp = (QS ? CS : P) + ((size_t)(rt_raw >> 3) * 8 + (rt_raw & 7)) * 16;  // G == 1
     pw[0] = pp[g], pw[1] = pp[g + 8];
   }
   auto value = [&](int i, int h, float sa) {  // before bias and clamp
-    return PC ? (float)part[0][i] * sa * pw[h] : AT ? acc[i] * sa : acc[i];
+    return NOFOLD ? (float)part[0][i] * sa * pw[h] : AT ? acc[i] * sa : acc[i];
   };
   if (TSTORE) {
     // every consumer warp is past its last wgmma, so the ring is free (WS: the producer has issued its last stage and

@@ -22,7 +22,9 @@
   ceil(N / 16 / (4 NWG)); bit-equal to MC 1), PDL (1, the default with WS: programmatic dependent launch -- the
   first stages' weights are queued before griddepcontrol.wait, so the kernel starts during the activation
   quantizer's last wave; never on the first call after the layout is built, whose build kernels write the weights;
-  MIXGEMM_PDL=0 turns it off everywhere).
+  MIXGEMM_PDL=0 turns it off everywhere), QS (1, the default: an int4 grouped weight whose scales are integer
+  multiples of a per-channel step (formats/int_scales.py), under per-token activation scales and K <= QS_MAX_K, runs
+  without the per-group fold -- codes times multiples as int8 in registers, one int32 sum over K; 0: the fold).
 * Returns [M, N] in out_dtype (float16 / bfloat16 / float32), or writes ``out``. Launched on the current stream,
   no host synchronization; allocates the output (unless given) and, for per-group activation scales (or a [M, 1]
   sa whose column is not contiguous), a transposed copy of sa [G, M_pad].
@@ -43,7 +45,8 @@ from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT, swizzled_tensor_map, tst
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL", "QS")
+QS_MAX_K = (2**31 - 1) // (128 * 127)  # A8_QS: one int32 sum of K products |c m a| <= 128 * 127
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 
@@ -66,10 +69,26 @@ def column_tiles(n: int, nwg: int) -> int:
 
 
 def multicast_region(m: int, n: int, k: int) -> bool:
-    """Where default_config takes MC 2 (long K, large M, CTA column tiles of its NWG 2 that pair up), and int8
-    per-channel weights BM 256; the dispatcher keeps int8 per-channel on this kernel there at every M
-    (ops.int8.WGMMA_A8_W8_PER_CHANNEL_MAX_M)."""
+    """Where default_config takes MC 2 for grouped weights (long K, large M, CTA column tiles of its NWG 2 that pair
+    up)."""
     return k >= MC_MIN_K and m >= MC_MIN_M and column_tiles(n, 2) % 2 == 0
+
+
+# int8 per-channel weights: BM 256 tiles with MC 2 from this K (measured at K = 8192 and 28672)
+W8_WIDE_MIN_K = 8192
+
+
+def w8_wide_region(m: int, n: int, k: int) -> bool:
+    """Where default_config takes BM 256 / KT 2 / 2 stages with MC 2 for int8 per-channel weights (K >= W8_WIDE_MIN_K,
+    M >= MC_MIN_M, CTA column tiles that pair up); the dispatcher keeps int8 per-channel on this kernel there at
+    every M (ops.int8.WGMMA_A8_W8_PER_CHANNEL_MAX_M)."""
+    return k >= W8_WIDE_MIN_K and m >= MC_MIN_M and column_tiles(n, 2) % 2 == 0
+
+
+def qs_layout(lay: WgmmaA8Layout) -> bool:
+    """True when A8_QS can run this layout (int4 groups with integer multiples of a channel step, K <= QS_MAX_K);
+    it then takes per-token activation scales."""
+    return lay.mults is not None and lay.k_padded <= QS_MAX_K
 
 
 def stage_bytes(bm: int, nwg: int, bits: int, kt: int, per_channel: bool) -> int:
@@ -79,8 +98,13 @@ def stage_bytes(bm: int, nwg: int, bits: int, kt: int, per_channel: bool) -> int
     return -(-raw // 1024) * 1024
 
 
-def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> dict:
-    """Tile choice from the problem size (deterministic): as many stages as fit, at most 4."""
+# default_config with QS (no fold): BM 256 tiles where they make at least this many CTAs (H100 / H200: 132 SMs)
+QS_BM256_MIN_TILES = 96
+
+
+def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: bool = False) -> dict:
+    """Tile choice from the problem size (deterministic): as many stages as fit, at most 4. qs: the call runs A8_QS
+    (qs_layout and per-token activation scales)."""
     bm = 16
     while bm < min(m, 128):
         bm *= 2
@@ -95,14 +119,29 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4) -> di
     # H200 914 -> 882 / 1878 -> 1796 us; 8192x28672 H100 +0.5..2%, H200 -1%); GROUP_M stays 8 (H100 28672x8192 with
     # MC 2, GROUP_M 8 / 16 / 4 / 2: M = 2048 873 / 864-866 / 905 / 921 us, M = 4096 1728 / 1799 us). The CTA column
     # tiles must pair up.
+    if qs and m >= 256 and column_tiles(n, nwg) * -(-m // 256) >= QS_BM256_MIN_TILES:
+        # no fold, so no fp32 accumulators: BM 256 tokens per CTA fits the registers and halves the weight bytes each
+        # CTA pulls from L2 per MAC; MC 2 halves the activation bytes where K is long or M large. Session 29, H100,
+        # GEMM only, same-run medians of 3, us, BM 128 MC 2 / BM 256 MC 1 / BM 256 MC 2: 28672x8192 M = 1024 / 2048 /
+        # 4096 406 / 355 / 345, 787 / 755 / 672, 1558 / 1590 / 1361; 8192x28672 M = 1024 / 2048 / 4096 437 / 379 /
+        # 383, 871 / 805 / 741, 1640 / 1610 / 1488. BM 128 MC 1 against BM 256 MC 1 at M = 256: 8192x28672 (224 BM 256
+        # CTAs) 123 / 108, 4096x14336 (112) 33.5 / 30.4, 28672x8192 (64) 101 / 159, 14336x4096 (32) 46 / 78
+        cfg.update(BM=256, KT=2, STAGES=2)
+        if column_tiles(n, nwg) % 2 == 0 and (m >= MC_MIN_M or k >= MC_MIN_K):
+            cfg["MC"] = 2
+        return cfg
+    if bits == 8 and group_size == k and w8_wide_region(m, n, k):
+        # int8 per-channel: BM 256 tokens per CTA halves the weight bytes each CTA pulls from L2 per MAC (the kernel
+        # moves ~7.5 TB/s from L2 at BM 128); its 96 KB stage leaves room for 2, which the producer warpgroup keeps
+        # full; MC 2 halves the activation bytes. Measured (session 28, H100, GEMM only, 3 s sustained windows,
+        # bit-equal): 28672x8192 M = 2048 745 -> 720 us, 505 -> 488 mJ per call. Session 29 (H100, GEMM only, same-run
+        # medians of 3, us, BM 128 MC 1 / BM 128 MC 2 / BM 256 MC 1 / BM 256 MC 2 / the Triton kernel): 8192x28672
+        # M = 2048 802 / 807 / 833 / 735 / 786, M = 4096 1596 / 1571 / 1672 / 1501 / 1587; 28672x8192 M = 2048
+        # 738 / 724 / 791 / 694 / 761, M = 4096 1518 / 1445 / 1632 / 1385 / 1589: BM 256 pays only with MC 2
+        cfg.update(BM=256, KT=2, STAGES=2, MC=2)
+        return cfg
     if multicast_region(m, n, k):
         cfg["MC"] = 2
-        if bits == 8 and group_size == k:
-            # int8 per-channel there: BM 256 tokens per CTA halves the weight bytes each CTA pulls from L2 per MAC (the
-            # kernel moves ~7.5 TB/s from L2 at BM 128); its 96 KB stage leaves room for 2, which the producer
-            # warpgroup keeps full. Measured (session 28, H100, GEMM only, 3 s sustained windows, bit-equal):
-            # 28672x8192 M = 2048 745 -> 720 us, 505 -> 488 mJ per call. K = 8192 (no MC) was +2% at M = 4096.
-            cfg.update(BM=256, KT=2, STAGES=2)
     return cfg
 
 
@@ -145,7 +184,9 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
         return y
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
-    cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits)
+    at = int(sa.shape[1] == 1 and lay.num_groups > 1)  # per-token activation scales over grouped weights
+    cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits,
+                                                                 qs=bool(at) and qs_layout(lay))
     bm, nwg, stages, kt = (int(cfg.get(key, d)) for key, d in (("BM", 128), ("NWG", 2), ("STAGES", 4), ("KT", 2)))
     np_, cvt, group_m = int(cfg.get("NP", 1)), int(cfg.get("CVT", 0)), int(cfg.get("GROUP_M", 8))
     minb = int(cfg.get("MINB", 1))
@@ -153,15 +194,18 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     mc = int(cfg.get("MC", 1))
     pdl_req = int(cfg.get("PDL", ws))
     gt = 0 if lay.per_channel else lay.group_size // 128
+    qs_req = int(cfg.get("QS", 1))
+    qs = bool(qs_req == 1 and at and qs_layout(lay))
     if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (1, 2, 4)
             or stages < (2 if ws else 3) or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1
             or kt % (np_ * max(gt, 1))
-            or (gt and bm > 128) or ws not in (0, 1) or (ws and (nwg == 4 or (nwg == 2 and minb != 1)))
-            or mc not in (1, 2) or (mc == 2 and not ws) or pdl_req not in (0, 1) or (pdl_req and not ws)):
-        raise ValueError(f"bad int8 wgmma tile {cfg}: BM 16..256 (multiple of 16; <= 128 for groups), NWG 1, 2, 4, "
-                         "KT 1, 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3 (2 with WS), NP 1 or 2, "
-                         "CVT 0 or 1, GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1), MC 1 or 2 "
-                         "(MC 2: WS), PDL 0 or 1 (PDL 1: WS)")
+            or (gt and not qs and bm > 128) or ws not in (0, 1) or (ws and (nwg == 4 or (nwg == 2 and minb != 1)))
+            or mc not in (1, 2) or (mc == 2 and not ws) or pdl_req not in (0, 1) or (pdl_req and not ws)
+            or qs_req not in (0, 1)):
+        raise ValueError(f"bad int8 wgmma tile {cfg}: BM 16..256 (multiple of 16; <= 128 for groups but QS), NWG 1, "
+                         "2, 4, KT 1, 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3 (2 with WS), NP 1 "
+                         "or 2, CVT 0 or 1, GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1), MC 1 "
+                         "or 2 (MC 2: WS), PDL 0 or 1 (PDL 1: WS), QS 0 or 1")
     col_tiles = column_tiles(n, nwg)
     if col_tiles % mc:
         raise ValueError(f"int8 wgmma tile {cfg}: MC {mc} pairs the CTAs along N, but N = {n} makes {col_tiles} "
@@ -174,7 +218,6 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     # One scale per token ([M, 1]: per-channel weights, or AT) is read as SA[m] in the epilogue only, so a contiguous
     # column goes in as it is (no transpose kernel between the quantizer and the GEMM)
     ldsa = -(-m // 4) * 4
-    at = int(sa.shape[1] == 1 and lay.num_groups > 1)  # per-token activation scales over grouped weights
     if sa.shape[1] == 1 and (sa.stride(0) == 1 or m == 1):
         sat = sa
     else:
@@ -184,7 +227,7 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
         bias = bias.contiguous()
     defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
             "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb,
-            "A8_WS": ws, "A8_AT": at, "A8_MC": mc}
+            "A8_WS": ws, "A8_AT": at, "A8_MC": mc, "A8_QS": int(qs)}
     pdl = bool(gemm_wgmma.PDL and pdl_req)
     if pdl:
         defs["A8_PDL"] = 1
@@ -198,7 +241,8 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     tiles = col_tiles * math.ceil(m / bm)
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
-        ctypes.c_void_p(lay.params.data_ptr()),
+        ctypes.c_void_p((lay.mults if qs else lay.params).data_ptr()),
+        ctypes.c_void_p((lay.channel_steps if qs else lay.params).data_ptr()),
         ctypes.c_void_p(sat.data_ptr()),
         ctypes.c_int(ldsa),
         ctypes.c_void_p(y.data_ptr()),
