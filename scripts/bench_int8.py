@@ -81,6 +81,13 @@ def lay_bytes(lay) -> int:
     return lay.codes.numel() + lay.num_groups * lay.n * 4  # codes + the float32 scales a sym kernel reads
 
 
+def make_weight(w, bits, group, mode="sym", int_scales=False):
+    """The QuantizedWeight of w: int4 with integer group scales (formats/int_scales.py) or quantize_weight's."""
+    if int_scales:
+        return quantize_weight_int_scales(w, group_size=group)
+    return quantize_weight(w, bits=bits, group_size=group, mode=mode)
+
+
 def check(x, qw, act_mode, y, rows=64, act_block=None) -> float:
     """rel. error of y[:rows] vs float64 (dequantized quantized activations) @ (dequantized weights).T; activations
     quantized per act_block (default: the weight's group)."""
@@ -99,10 +106,7 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     many times and the medians reported (single cuBLAS timings move by up to 15% within a run). int_scales: int4
     weights with integer group scales (formats/int_scales.py)."""
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-    if int_scales:
-        qw0 = quantize_weight_int_scales(w, group_size=group)
-    else:
-        qw0 = quantize_weight(w, bits=bits, group_size=group, mode=mode)
+    qw0 = make_weight(w, bits, group, mode, int_scales)
     del w
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     lay0 = get_int8_layout(qw0)

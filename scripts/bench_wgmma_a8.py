@@ -23,11 +23,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_int8 import check, clone_qw, copies_for, graph_time  # noqa: E402
+from bench_int8 import check, clone_qw, copies_for, graph_time, make_weight  # noqa: E402
 
-from mixgemm.formats.int_scales import quantize_weight_int_scales  # noqa: E402
 from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1  # noqa: E402
-from mixgemm.formats.weight import quantize_weight  # noqa: E402
 from mixgemm.kernels.cuda import nvrtc  # noqa: E402
 from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8  # noqa: E402
 from mixgemm.kernels.triton.act_quant import act_quant  # noqa: E402
@@ -52,12 +50,6 @@ def fmt_spec(fmt: str):
     base = fmt.removesuffix("t")
     return (*FORMATS[base.removesuffix("q")], fmt.endswith("t"), base.endswith("q"))
 
-
-def make_weight(n, k, bits, group, int_scales=False):
-    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-    if int_scales:
-        return quantize_weight_int_scales(w, group_size=group)
-    return quantize_weight(w, bits=bits, group_size=group, mode="sym")
 
 
 def triton_time(qw, aq, sa, oa, su, out, rep):
@@ -95,7 +87,7 @@ def cluster_wave(run) -> str:
 
 
 def sweep(k, n, m, bits, group, cfgs, rep=100, per_token=False, repeat=1, triton=True, int_scales=False):
-    qw = make_weight(n, k, bits, group, int_scales)
+    qw = make_weight(torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02, bits, group, int_scales=int_scales)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     blk = k if group == -1 or per_token else group
     aq, sa, oa, su = act_quant(x, blk, "sym")
@@ -149,7 +141,7 @@ def sweep(k, n, m, bits, group, cfgs, rep=100, per_token=False, repeat=1, triton
 
 
 def launch(m, k, n, bits, group, per_token, int_scales, cfg):
-    qw = make_weight(n, k, bits, group, int_scales)
+    qw = make_weight(torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02, bits, group, int_scales=int_scales)
     blk = k if group == -1 or per_token else group
     aq, sa, _, _ = act_quant(torch.randn(m, k, device="cuda", dtype=torch.float16), blk, "sym")
     for _ in range(4):

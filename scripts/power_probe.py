@@ -22,11 +22,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_int8 import clone_qw, copies_for, lay_bytes  # noqa: E402
+from bench_int8 import clone_qw, copies_for, lay_bytes, make_weight  # noqa: E402
 
 from mixgemm.bench.protocol import capture_graph  # noqa: E402
-from mixgemm.formats.int_scales import quantize_weight_int_scales  # noqa: E402
-from mixgemm.formats.weight import quantize_weight  # noqa: E402
 from mixgemm.kernels.triton.int8_layout import get_int8_layout  # noqa: E402
 from mixgemm.ops import int8 as int8_ops  # noqa: E402
 from mixgemm.ops.int8 import make_a8_runner  # noqa: E402
@@ -70,12 +68,9 @@ def main():
                                                   ("W8A8 per-channel", 8, -1, "group", False),
                                                   ("W8A8 per-channel, CUDA kernel", 8, -1, "group", True),
                                                   ("W4A8 g128 per-group act", 4, 128, "group", False)):
-        w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-        if "int scales" in name:  # formats/int_scales.py: the int8 wgmma GEMM runs without the per-group fold
-            qw = quantize_weight_int_scales(w, group_size=group)
-        else:
-            qw = quantize_weight(w, bits=bits, group_size=group, mode="sym")
-        del w
+        # "int scales" (formats/int_scales.py): the int8 wgmma GEMM runs without the per-group fold
+        qw = make_weight(torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02, bits, group,
+                         int_scales="int scales" in name)
         c = copies_for(lay_bytes(get_int8_layout(qw)))
         qws = [qw] + [clone_qw(qw) for _ in range(c - 1)]
         int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M = None if w8_cuda else w8_max_m

@@ -185,8 +185,8 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
     at = int(sa.shape[1] == 1 and lay.num_groups > 1)  # per-token activation scales over grouped weights
-    cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits,
-                                                                 qs=bool(at) and qs_layout(lay))
+    qs_ok = bool(at) and qs_layout(lay)
+    cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits, qs=qs_ok)
     bm, nwg, stages, kt = (int(cfg.get(key, d)) for key, d in (("BM", 128), ("NWG", 2), ("STAGES", 4), ("KT", 2)))
     np_, cvt, group_m = int(cfg.get("NP", 1)), int(cfg.get("CVT", 0)), int(cfg.get("GROUP_M", 8))
     minb = int(cfg.get("MINB", 1))
@@ -195,7 +195,7 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     pdl_req = int(cfg.get("PDL", ws))
     gt = 0 if lay.per_channel else lay.group_size // 128
     qs_req = int(cfg.get("QS", 1))
-    qs = bool(qs_req == 1 and at and qs_layout(lay))
+    qs = qs_req == 1 and qs_ok
     if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (1, 2, 4)
             or stages < (2 if ws else 3) or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1
             or kt % (np_ * max(gt, 1))
