@@ -1,0 +1,58 @@
+"""The contract between the checkpoint loader and each quantized-checkpoint format.
+
+A format (GPTQ, AWQ, compressed-tensors, mixgemm's own, ...) turns the tensors a checkpoint stores for one
+linear layer into a ``ConvertedLinear``: a QuantizedWeight in mixgemm's plain interchange layout, exactly
+equal to the checkpoint's own dequantization wherever mixgemm's formats can hold it, plus the bias and,
+for act-order checkpoints, the permutation of the input features that makes the groups contiguous.
+The loader builds the model skeleton, asks ``formats.find`` which format a ``quantization_config``
+names, and calls ``convert_linear`` once per quantized layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from mixgemm.formats.weight import QuantizedWeight
+
+
+@dataclass
+class ConvertedLinear:
+    """One linear layer in mixgemm's terms.
+
+    weight: the QuantizedWeight [N, K] (columns already in ``input_perm`` order when that is set).
+    bias: float [N] or None.
+    input_perm: int64 [K] or None. When set, the layer computes ``x[..., input_perm] @ dequant(weight).T``:
+        act-order (GPTQ ``desc_act``) checkpoints store groups scattered along K (``g_idx``); sorting K by
+        group once at load makes every group a contiguous run, as mixgemm's kernels need.
+    """
+
+    weight: QuantizedWeight
+    bias: torch.Tensor | None = None
+    input_perm: torch.Tensor | None = None
+
+
+class TensorSource(Protocol):
+    """Read access to a checkpoint's tensors by name, loaded lazily (e.g. over safetensors' safe_open)."""
+
+    def keys(self) -> Iterable[str]: ...
+
+    def get(self, name: str) -> torch.Tensor: ...
+
+
+class CheckpointFormat(Protocol):
+    """One quantized-checkpoint format."""
+
+    name: str
+
+    def matches(self, quantization_config: dict) -> bool:
+        """True when a config.json ``quantization_config`` describes this format."""
+
+    def quantized_linears(self, source: TensorSource, quantization_config: dict) -> list[str]:
+        """Module paths (e.g. "model.layers.0.self_attn.q_proj") of the layers this checkpoint stores quantized."""
+
+    def convert_linear(self, source: TensorSource, prefix: str, quantization_config: dict) -> ConvertedLinear:
+        """The layer at ``prefix`` as a ConvertedLinear; a ValueError naming the tensor when it cannot be held."""
