@@ -223,6 +223,20 @@ def gpu_slug(name: str) -> str:
     return out.strip("-") or "gpu"
 
 
+def gpu_dir(name: str) -> str:
+    """The results folder of a device: the model, without vendor words or memory size ('NVIDIA H100 80GB HBM3' ->
+    'h100', 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'); 'cpu' for a CPU run."""
+    words = [w for w in name.lower().replace("(", " ").split() if w not in ("nvidia", "geforce", "tesla")]
+    if not words or words[0] == "cpu":
+        return "cpu"
+    keep = []
+    for w in words:
+        keep.append(w)
+        if any(ch.isdigit() for ch in w):
+            break
+    return gpu_slug(" ".join(keep))
+
+
 def fmt_rate(v: float | None, unit: str) -> str:
     if v is None or not math.isfinite(v):
         return "n/a"
