@@ -1,4 +1,4 @@
-"""conv2d with block-quantized kernels (issue 8): Triton kernels vs the float64 reference.
+"""conv2d with block-quantized kernels: Triton kernels vs the float64 reference.
 
 CPU: the Triton kernels run under the interpreter (TRITON_INTERPRET=1, fp16/fp32, tiny shapes).
 GPU (marked gpu): the same cases plus bf16, ResNet / ConvNeXt layer shapes and an end-to-end ResNet-50.

@@ -491,7 +491,7 @@ def test_fold(cfg, fmt):
 
 
 def _h100_small_m_entries():
-    """The small-M W4 entries of the H100 table that session 19 measured (FOLD without stream-K, BM 8 / 16 / 32)."""
+    """The small-M W4 entries of the H100 table (FOLD without stream-K, BM 8 / 16 / 32)."""
     from mixgemm.ops.configs import load_table
 
     w4g = load_table("h100")["wgmma"]["w4g"]

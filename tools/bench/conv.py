@@ -1,6 +1,6 @@
-"""Conv benchmark (issue 8): mixgemm W8A16 / W4A16 conv vs torch fp16 conv2d (cuDNN, channels_last).
+"""Conv benchmark: mixgemm W8A16 / W4A16 conv vs torch fp16 conv2d (cuDNN, channels_last).
 
-Protocol (/work/shared/benchmark-protocol.md, adapted to conv): C copies of the layer -- weights AND input
+Protocol (docs/benchmarking.md, adapted to conv): C copies of the layer -- weights AND input
 activation, since a conv's activations are usually larger than its weights -- so that C x (fp16 weight + input
 + output bytes) > 3 x L2; one CUDA graph runs the C calls back to back; median replay time / C. Eager time
 (no graph) is the second column. Every method runs on the same shapes in the same process; the ratio to cuDNN

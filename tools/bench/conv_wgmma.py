@@ -1,4 +1,4 @@
-"""Issue 8: the wgmma implicit-GEMM conv (kernels/cuda/conv_wgmma.py) vs cuDNN fp16 and the Triton conv, per layer.
+"""The wgmma implicit-GEMM conv (kernels/cuda/conv_wgmma.py) vs cuDNN fp16 and the Triton conv, per layer.
 
 Every ResNet-50 layer of mixgemm.bench.conv.CONV_PRESET that the path takes (Ci % 64 == 0, groups 1) at batch 1 and
 32, W8A16 per-channel and W4A16 g128 (g64 where Ci = 64): cuDNN fp16 channels_last, what mixgemm.conv2d picks without
@@ -17,8 +17,8 @@ each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized w
   CONV_SWEEP=custom: the dispatch beside the tiles of the JSON list in CONV_CANDIDATES.
   CONV_SWEEP=auto: only what the dispatch runs (for A/B runs of two source trees beside cuDNN).
   CONV_SWEEP=table: "all" plus the persistent tiles, cluster split-K on few long tiles and KT 2 (a new GPU's table).
-  CONV_SWEEP=all: the default and the "occ" candidate tiles together (the session-14 re-sweep with the TMA-store
-  epilogue). CONV_SWEEP=tstore: the dispatch's choice with the TMA-store epilogue against the same tiles with
+  CONV_SWEEP=all: the default and the "occ" candidate tiles together (a full re-sweep, e.g. after an epilogue
+  change). CONV_SWEEP=tstore: the dispatch's choice with the TMA-store epilogue against the same tiles with
   per-element stores. CONV_SWEEP=pdl: the dispatch's choice with and without programmatic dependent launch of the
   wgmma kernels (gemm_wgmma.PDL).
 Prints one row per layer and format (us, x cuDNN). `--emit-table A.json [B.json ...]` prints conv_table entries (the
@@ -83,7 +83,7 @@ def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
         return [c for i, c in enumerate(both) if c not in both[:i]]
     nwgs = [1] if co <= 64 else [1, 2]
     out = []
-    if sweep == "occ":  # more CTAs per SM: shallow rings and register caps (session 13, call 3)
+    if sweep == "occ":  # more CTAs per SM: shallow rings and register caps
         if m >= 1024:
             out += [dict(BM=128, NWG=1, STAGES=4), dict(BM=128, NWG=1, STAGES=3, MINB=3),
                     dict(BM=128, NWG=1, STAGES=4, MINB=2), dict(BM=128, NWG=1, STAGES=3, KT=2, MINB=3),
@@ -137,7 +137,7 @@ def candidates(m: int, co: int, k: int, sweep: str = SWEEP) -> list[dict]:
                     if split > 1:
                         c.update(SPLIT=split, CLUSTER=1)
                     out.append(c)
-    elif m >= 1024 and sweep == "stages":  # deeper rings / multi-tile stages (session 13, call 2)
+    elif m >= 1024 and sweep == "stages":  # deeper rings / multi-tile stages
         for nwg in nwgs:
             out += [dict(BM=128, NWG=nwg, STAGES=s) for s in (4, 6, 8)]
             out += [dict(BM=128, NWG=nwg, STAGES=4, KT=2), dict(BM=128, NWG=nwg, STAGES=8, INFLIGHT=2),

@@ -1,6 +1,6 @@
 """Protocol-style timing of the CUDA GEMV (mixgemm.kernels.cuda.gemv) against fp16 cuBLAS and tinygemm.
 
-Method (shared/benchmark-protocol.md): C copies of each layer exceeding 3x L2, one CUDA graph calling
+Method (docs/benchmarking.md): C copies of each layer exceeding 3x L2, one CUDA graph calling
 the C layers back to back on the same activation, median replay time (triton.testing.do_bench) / C.
 Eager (no graph) time as a second column. Copy ceiling: 1 GiB device-to-device copy, bytes read +
 written / time. Floor = bytes(packed weights + scales/zeros + activations + output) / copy bandwidth;

@@ -1,7 +1,7 @@
 """Protocol-style timing of the activation-quantized int8 path (mixgemm.ops.int8) against fp16 cuBLAS and
 torch._int_mm.
 
-Method (shared/benchmark-protocol.md): C copies of each layer exceeding 3x L2, one CUDA graph calling the
+Method (docs/benchmarking.md): C copies of each layer exceeding 3x L2, one CUDA graph calling the
 C layers back to back on the same activation, median replay (triton.testing.do_bench) / C; eager time as a
 second column. mixgemm timings always include the activation quantization kernel (x fp16 -> int8 codes,
 scales, sums) as well as the GEMM. torch._int_mm is timed alone on pre-quantized int8 (no quantization,
@@ -111,8 +111,8 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     lay0 = get_int8_layout(qw0)
     run0 = make_a8_runner(x, qw0, act_mode, config=config, act_block=act_block)
-    # the block the runner quantizes with (per-channel weights: the whole row; until session 27 the actq column timed
-    # block -1 there, which takes the Triton quantizer: 89.6 us at K = 28672, M = 2048 against the row kernel's 66)
+    # the block the runner quantizes with (per-channel weights: the whole row, not block -1, which would time the
+    # Triton quantizer instead of the row kernel the runner calls)
     blk = act_block_size(k, qw0.group_size, act_block)
     err = check(x, qw0, act_mode, run0(), act_block=blk)
     c = copies_for(lay_bytes(lay0))
@@ -135,8 +135,7 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
     del runs, qws, run0
     torch.cuda.empty_cache()
     # activation quantization alone (included above): the quantizer the runner calls (ops.int8._act_quant: the CUDA
-    # row kernel for per-token blocks of K > 4096, else the Triton one; until session 12 this column timed the Triton
-    # kernel for every row, 25.5 / 76.1 us at M = 2048 where the runner's CUDA kernel takes 19 / 49 us)
+    # row kernel for per-token blocks of K > 4096, else the Triton one), so the column matches what the runner pays
     q = _act_quant(x, blk, act_mode)
     row["actq_us"] = do_bench(lambda: _act_quant(x, blk, act_mode, out=q), warmup=10, rep=50,
                               return_mode="median") * 1e3
@@ -284,7 +283,7 @@ def main():
                     "the medians are reported")
     ap.add_argument("--rep-ms", type=int, default=100, help="--accept: each timing's window (ms of graph replays, "
                     "do_bench's rep); the H100 runs these rows at its 700 W cap with the SM clock moving between 1.1 "
-                    "and 1.9 GHz within 200 ms (session 27), so longer windows average over that")
+                    "and 1.9 GHz within 200 ms (measured on the H100), so longer windows average over that")
     ap.add_argument("--token", action="store_true", help="--accept: the W4A8 g128 rows with per-token activations only")
     ap.add_argument("--pdl-ab", action="store_true", help="W4A8 g128 per-token at --ms (>= 128) on the acceptance "
                     "shapes: PDL on / off in alternating rounds (--repeat rounds, at least 5)")

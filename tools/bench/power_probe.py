@@ -1,8 +1,8 @@
-"""Sustained power draw and SM clock of the acceptance kernels on the H100 / H200 (issue #6): each method replays a
+"""Sustained power draw and SM clock of the acceptance kernels on the H100 / H200: each method replays a
 CUDA graph of C layer copies (the benchmark protocol's graph) for SECONDS seconds while nvidia-smi samples the SM
 clock and the board power every 100 ms; prints per method the time per call, the mean clock and power of the samples
 inside its window, and the energy per call. Why: the acceptance rows run at the 700 W cap, where the clock moves
-between 1.1 and 1.9 GHz (session 27), so the ratio to fp16 cuBLAS is set by energy per call as much as by cycles.
+between 1.1 and 1.9 GHz, so the ratio to fp16 cuBLAS is set by energy per call as much as by cycles.
 
 Usage: PYTHONPATH=src python -m tools.bench.power_probe [--shape 28672x8192] [--m 2048] [--seconds 3]
 """

@@ -1,4 +1,4 @@
-"""Issue 8 GPU session helper (driven by tools/checks/conv_gpu_check.sh): compile warm-up, ResNet-50, conv timing.
+"""The conv GPU check (driven by tools/checks/conv_gpu_check.sh): compile warm-up, ResNet-50, conv timing.
 
 Sub-commands (PYTHONPATH=src):
   warm --worker I --workers N   compile every kernel variant the other stages use (task i % N == I), one call

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8 in ONE device call: conv GPU tests, ResNet-50 (quantize_, W8A16 / W4A16) vs dequantized float,
+# The conv path in ONE device call: conv GPU tests, ResNet-50 (quantize_, W8A16 / W4A16) vs dequantized float,
 # conv layer timing (ResNet-50 stages + ConvNeXt 7x7 dw, batch 1 and 32) vs cuDNN fp16 channels_last + tile sweep.
 #   OUT=/tmp/x bash tools/checks/conv_gpu_check.sh        (logs, bench.json, resnet.json, conv_table_<gpu>.json in $OUT)
 # Phase A (parallel, GPU shared, nothing timed): pytest groups of tests/test_conv.py (+ test_conv_int8.py if present)

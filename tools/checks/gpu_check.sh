@@ -6,11 +6,12 @@
 # For a GPU machine with torch + triton preinstalled and no network; runs mixgemm from this source tree
 # (PYTHONPATH=src, nothing is installed from the network). Optional wheels in .whl/ (e.g. gemlite, a
 # pure-Python peer: `pip wheel --no-deps --no-build-isolation -w .whl gemlite`) are installed offline into
-# a private folder first. Output (7 files, no subfolders): env.txt, tests.log, bench.log, bench.json,
-# bench.csv, bench.md, bench.png. Exit status: 0 when the tests pass and the benchmark found no wrong result.
+# a private folder first. Output: env.txt, tests.log, bench.log and the quick benchmark's results/<gpu>/quick.{json,md,png}
+# (the layout of benchmarks/results: copy results/<gpu> there and run `python -m mixgemm report --write` to publish).
+# Exit status: 0 when the tests pass and the benchmark found no wrong result.
 # Time: the tests are capped at 240 s (8 processes) and the benchmark at 240 s (< 8 minutes in all; override with
-# GPU_CHECK_TEST_S / GPU_CHECK_BENCH_S). The quick benchmark took 150 s on an H200 (most of it Triton
-# compilation/autotuning of gemlite and mixgemm kernels on a fresh machine).
+# GPU_CHECK_TEST_S / GPU_CHECK_BENCH_S). Most of the quick benchmark's time on a fresh machine is Triton
+# compilation/autotuning of gemlite and mixgemm kernels.
 set -uo pipefail
 OUT=${1:?usage: bash tools/checks/gpu_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -44,13 +45,14 @@ t1=$(date +%s)
 echo "== tests: rc=$rc_tests in $((t1 - t0)) s ($OUT/tests.log); last lines:"
 tail -n 15 "$OUT/tests.log"
 
-timeout -k 10 "${GPU_CHECK_BENCH_S:-240}" "$PY" -m mixgemm bench --quick --plot --no-progress --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+timeout -k 10 "${GPU_CHECK_BENCH_S:-240}" "$PY" -m mixgemm bench --quick --plot --no-progress --out "$OUT/results" > "$OUT/bench.log" 2>&1
 rc_bench=$?
 t2=$(date +%s)
 echo "== bench --quick: rc=$rc_bench in $((t2 - t1)) s ($OUT/bench.log); the table:"
-if [ -f "$OUT/bench.md" ]; then
-  sed -n '/^| K x N | M | W4 floor/,/^$/p' "$OUT/bench.md"
-  sed -n '/ratios within/,$p' "$OUT/bench.md" | head -n 8
+MD=$(ls "$OUT"/results/*/quick.md 2>/dev/null | head -n 1)
+if [ -n "$MD" ]; then
+  sed -n '/^| K x N | M | W4 floor/,/^$/p' "$MD"
+  sed -n '/ratios within/,$p' "$MD" | head -n 8
 else
   tail -n 40 "$OUT/bench.log"
 fi

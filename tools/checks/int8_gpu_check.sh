@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6 (the int8 path) on a GPU in one call: its GPU tests, a same-run GEMM-only A/B of int8 wgmma tiles, and the
+# The int8 path on a GPU in one call: its GPU tests, a same-run GEMM-only A/B of int8 wgmma tiles, and the
 # acceptance rows (activation quantization included), logs under OUTDIR.
 #
 #   bash tools/checks/int8_gpu_check.sh OUTDIR [STEPS]

@@ -1,7 +1,8 @@
-"""Issue 7 on one GPU, in one call: the GPU tests of tests/test_nn.py and tests/test_hf_llama.py (QuantLinear
-vs reference, CUDA-graph capture, Llama-3-8B-shape compiled decode == eager), the end-to-end decode benchmark
-(mixgemm.bench.e2e.run_e2e, llama3-8b, batch 1 / 4 / 16), then, if time remains, the compiled == eager
-decode check on the full 32-layer model. Stops starting new work at --budget seconds; logs go to $OUT.
+"""QuantLinear and the HF integration on one GPU, in one call: the GPU tests of tests/test_nn.py and
+tests/test_hf_llama.py (QuantLinear vs reference, CUDA-graph capture, Llama-3-8B-shape compiled decode == eager),
+the end-to-end decode benchmark (mixgemm.bench.e2e.run_e2e, llama3-8b, batch 1 / 4 / 16), then, if time remains, the
+compiled == eager decode check on the full 32-layer model. Stops starting new work at --budget seconds; logs go to
+$OUT.
 
     PYTHONPATH=src python -m tools.checks.nn_gpu_check --budget 270
 """

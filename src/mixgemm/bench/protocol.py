@@ -1,4 +1,4 @@
-"""Timing per the benchmark protocol (shared/benchmark-protocol.md).
+"""Timing per the benchmark protocol (docs/benchmarking.md).
 
 * ``graph_time_us(fns)``: ``fns`` are C callables, one per layer copy (the copies together exceed 3x L2).
   One CUDA graph calls them back to back; the median replay time (triton.testing.do_bench,

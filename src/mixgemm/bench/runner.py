@@ -104,7 +104,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
     t_start = time.time()
     meta = protocol.machine_info(device)
     meta.update({"quick": cfg.quick, "dtype": str(cfg.dtype).replace("torch.", ""),
-                 "group_size": cfg.group_size, "seed": cfg.seed, "protocol": "shared/benchmark-protocol.md"})
+                 "group_size": cfg.group_size, "seed": cfg.seed, "protocol": "docs/benchmarking.md"})
     meta.update(cfg.extra_meta)
     ceil = protocol.ceilings(quick=cfg.quick, device=device)
     l2 = protocol.l2_bytes() if device == "cuda" else 0
