@@ -1,1 +1,1 @@
-"""Developer tools of mixgemm (run from the repository root: python -m tools.<group>.<name>)."""
+"""mixgemm developer tools (tools/README.md): run from the repository root as python -m tools.<group>.<name>."""

@@ -1,1 +1,1 @@
-"""Developer tools of mixgemm (run from the repository root: python -m tools.<group>.<name>)."""
+"""Kernel benchmarks under the benchmark protocol (docs/benchmarking.md)."""

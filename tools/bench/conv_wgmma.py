@@ -37,17 +37,17 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mixgemm import quantize_conv_weight  # noqa: E402
-from mixgemm.bench.conv import CONV_PRESET  # noqa: E402
-from mixgemm.bench.protocol import graph_time_us, l2_bytes  # noqa: E402
-from mixgemm.kernels.cuda import gemm_wgmma as G  # noqa: E402
-from mixgemm.kernels.cuda.dwconv import DwCudaConfig  # noqa: E402
-from mixgemm.kernels.triton import conv_smallk, conv_table  # noqa: E402
-from mixgemm.kernels.triton.conv import DwConfig  # noqa: E402
-from mixgemm.kernels.triton.conv_smallk import SmallKConfig  # noqa: E402
-from mixgemm.ops import conv as conv_ops  # noqa: E402
-from mixgemm.ops.conv import cuda_conv2d  # noqa: E402
-from tools.checks.conv_gpu_check import _inputs, _rel, qconfig  # noqa: E402
+from mixgemm import quantize_conv_weight
+from mixgemm.bench.conv import CONV_PRESET
+from mixgemm.bench.protocol import graph_time_us, l2_bytes
+from mixgemm.kernels.cuda import gemm_wgmma as G
+from mixgemm.kernels.cuda.dwconv import DwCudaConfig
+from mixgemm.kernels.triton import conv_smallk, conv_table
+from mixgemm.kernels.triton.conv import DwConfig
+from mixgemm.kernels.triton.conv_smallk import SmallKConfig
+from mixgemm.ops import conv as conv_ops
+from mixgemm.ops.conv import cuda_conv2d
+from tools.checks.conv_gpu_check import _inputs, _rel, qconfig
 
 DEV = "cuda"
 TOL = 2e-3

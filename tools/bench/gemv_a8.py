@@ -5,7 +5,7 @@ copies > 3x L2, median / C). Activation quantization is inside every mixgemm tim
     PYTHONPATH=src python -m tools.bench.gemv_a8            # table
     PYTHONPATH=src python -m tools.bench.gemv_a8 --sweep    # + grid / tile sweep on the acceptance shapes
 
-Floor = (packed weights + 4 bytes per group + fp16 x + fp16 y) / measured copy bandwidth (as bench_int8.py).
+Floor = (packed weights + 4 bytes per group + fp16 x + fp16 y) / measured copy bandwidth (as tools.bench.int8).
 """
 
 from __future__ import annotations

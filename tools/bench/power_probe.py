@@ -19,11 +19,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mixgemm.bench.protocol import capture_graph  # noqa: E402
-from mixgemm.kernels.triton.int8_layout import get_int8_layout  # noqa: E402
-from mixgemm.ops import int8 as int8_ops  # noqa: E402
-from mixgemm.ops.int8 import make_a8_runner  # noqa: E402
-from tools.bench.int8 import clone_qw, copies_for, lay_bytes, make_weight  # noqa: E402
+from mixgemm.bench.protocol import capture_graph
+from mixgemm.kernels.triton.int8_layout import get_int8_layout
+from mixgemm.ops import int8 as int8_ops
+from mixgemm.ops.int8 import make_a8_runner
+from tools.bench.int8 import clone_qw, copies_for, lay_bytes, make_weight
 
 
 def run_for(g, calls_per_replay, seconds):

@@ -1,5 +1,5 @@
 """Tile sweep of the int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) beside the Triton int8 GEMM it replaces and
-fp16 cuBLAS, GEMM only (activations quantized once before timing), protocol graph timing (bench_int8.py's helpers:
+fp16 cuBLAS, GEMM only (activations quantized once before timing), protocol graph timing (tools.bench.int8's helpers:
 C layer copies > 3x L2 in one CUDA graph, median / C). Every config is checked against the float64 reference
 (64 rows) before it is timed.
 
@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1  # noqa: E402
-from mixgemm.kernels.cuda import nvrtc  # noqa: E402
-from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8  # noqa: E402
-from mixgemm.kernels.triton.act_quant import act_quant  # noqa: E402
-from mixgemm.kernels.triton.int8_gemm import a8_gemm  # noqa: E402
-from mixgemm.kernels.triton.int8_layout import get_int8_layout  # noqa: E402
-from tools.bench.int8 import check, clone_qw, copies_for, graph_time, make_weight  # noqa: E402
+from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
+from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8
+from mixgemm.kernels.triton.act_quant import act_quant
+from mixgemm.kernels.triton.int8_gemm import a8_gemm
+from mixgemm.kernels.triton.int8_layout import get_int8_layout
+from tools.bench.int8 import check, clone_qw, copies_for, graph_time, make_weight
 
 FORMATS = {"w4g128": (4, 128), "w4g256": (4, 256), "w8g128": (8, 128), "w8pc": (8, -1), "w4pc": (4, -1)}
 # a "t" suffix (w4g128t): per-token activation scales over the grouped weight; a "q" before it (w4g128qt): int4 with

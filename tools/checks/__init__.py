@@ -1,1 +1,1 @@
-"""Developer tools of mixgemm (run from the repository root: python -m tools.<group>.<name>)."""
+"""GPU checks: one call runs a path's GPU tests and measurements and leaves logs in a folder."""

@@ -8,9 +8,9 @@
 # tests: tests/test_gemm_wgmma_a8.py, tests/test_int8.py and the quantizer / PDL cases of tests/test_gemv_a8.py
 # (-m gpu, 8 processes, INT8_TEST_S seconds, 240); ab: tools/bench/wgmma_a8.py --repeat 3 on the acceptance shapes,
 # GEMM only, configs in INT8_AB_CFGS (JSON list; default: the default tile with MC 1 and MC 2, PDL off);
-# accept: bench_int8.py --accept --token --repeat R (W4A8 g128 per-token rows); acceptqs: the same rows with int4
+# accept: tools.bench.int8 --accept --token --repeat R (W4A8 g128 per-token rows); acceptqs: the same rows with int4
 # weights of integer group scales (--int-scales: formats/int_scales.py, the GEMM without the per-group fold); nopdl: the same with MIXGEMM_PDL=0;
-# acceptall: bench_int8.py --accept --repeat R (W8A8 and per-group W4A8 rows); acceptw8: the W8A8 rows as dispatched
+# acceptall: tools.bench.int8 --accept --repeat R (W8A8 and per-group W4A8 rows); acceptw8: the W8A8 rows as dispatched
 # and with int8 per-channel on the CUDA kernel at every M (--w8-cuda); power: tools/bench/power_probe.py (3 s
 # sustained windows per method: clock, power, energy per call) on 28672x8192 M 2048 and 8192x28672 M 4096.
 # INT8_REPEAT: the rounds R of the accept steps (3); INT8_REP_MS: each timing's window (ms, 100). nvidia-smi samples

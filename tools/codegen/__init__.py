@@ -1,1 +1,1 @@
-"""Developer tools of mixgemm (run from the repository root: python -m tools.<group>.<name>)."""
+"""Code generators for the CUDA sources."""

@@ -13,10 +13,10 @@ import sys
 
 import torch
 
-from mixgemm import quantize_conv_weight  # noqa: E402
-from mixgemm.bench.conv import CONV_PRESET  # noqa: E402
-from mixgemm.ops.conv import cuda_conv2d  # noqa: E402
-from tools.checks.conv_gpu_check import _inputs, qconfig  # noqa: E402
+from mixgemm import quantize_conv_weight
+from mixgemm.bench.conv import CONV_PRESET
+from mixgemm.ops.conv import cuda_conv2d
+from tools.checks.conv_gpu_check import _inputs, qconfig
 
 
 def main():
