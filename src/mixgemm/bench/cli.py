@@ -3,7 +3,7 @@
 Every method (mixgemm's paths and the peers: fp16/bf16 cuBLAS, tinygemm, torch._int_mm, gemlite when
 importable) runs on the same shapes in one process; each output is checked against its float64
 reference before it is timed. Prints a table and writes OUT/<gpu>/<suite>.{json,md} (.png with --plot,
-.csv with --csv), the layout of benchmarks/results/. Without a CUDA GPU it says so and times the CPU
+.csv with --csv), the layout of the committed benchmarks/results. Without a CUDA GPU it says so and times the CPU
 fallback on a small shape.
 """
 
