@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import replace
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
+from mixgemm.bench import protocol
 from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.triton.gemm import auto_split, gemm
@@ -52,8 +52,8 @@ def eager_time(calls, c: int) -> float:
 
 
 def copies_for(nbytes: int) -> int:
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    return max(1, math.ceil(3 * l2 / nbytes) + 1) if nbytes < 3 * l2 else 2
+    """Layer copies that together exceed 3x L2 (at least 2)."""
+    return protocol.copies_for(nbytes, protocol.l2_bytes(), min_copies=2)
 
 
 def make_weights(k: int, n: int, bits: int, gs: int, mode: str, ks_list=(16, 32, 64)):

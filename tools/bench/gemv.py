@@ -16,9 +16,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 import mixgemm.reference as ref
+from mixgemm.bench import protocol
 from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda.gemv import gemv
@@ -27,11 +27,7 @@ SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (28672, 819
 
 
 def copy_bandwidth() -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median") * 1e-3
-    return 2 * n / t
+    return protocol.copy_bandwidth(warmup_ms=50, rep_ms=300)
 
 
 def graph_time(fns, rep=200) -> float:
@@ -45,8 +41,8 @@ def eager_time(fns) -> float:
 
 
 def copies_for(nbytes: int) -> int:
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    return max(2, math.ceil(3 * l2 / nbytes) + 1)
+    """Layer copies that together exceed 3x L2 (at least 2)."""
+    return protocol.copies_for(nbytes, protocol.l2_bytes(), min_copies=2)
 
 
 def quant_layer(k, n, bits, group, mode):

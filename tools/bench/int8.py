@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+from mixgemm.bench import protocol
 from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.activation import act_block_size, quantize_activation
 from mixgemm.formats.int_scales import quantize_weight_int_scales
@@ -37,11 +38,7 @@ ACCEPT_SHAPES = [(8192, 28672), (28672, 8192)]  # K x N
 
 
 def copy_bandwidth() -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median") * 1e-3
-    return 2 * n / t
+    return protocol.copy_bandwidth(warmup_ms=50, rep_ms=300)
 
 
 def matmul_rates() -> tuple[float, float]:
@@ -67,8 +64,8 @@ def eager_time(fns, rep=100) -> float:
 
 
 def copies_for(nbytes: int) -> int:
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    return max(2, math.ceil(3 * l2 / nbytes) + 1)
+    """Layer copies that together exceed 3x L2 (at least 2)."""
+    return protocol.copies_for(nbytes, protocol.l2_bytes(), min_copies=2)
 
 
 def clone_qw(qw):
