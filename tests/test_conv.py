@@ -1,4 +1,4 @@
-"""conv2d with block-quantized kernels (issue 8): Triton kernels vs the float64 reference.
+"""conv2d with block-quantized kernels: Triton kernels vs the float64 reference.
 
 CPU: the Triton kernels run under the interpreter (TRITON_INTERPRET=1, fp16/fp32, tiny shapes).
 GPU (marked gpu): the same cases plus bf16, ResNet / ConvNeXt layer shapes and an end-to-end ResNet-50.
@@ -377,8 +377,8 @@ def test_dw_cuda_compiles(arch):
 
 
 def _load_bench():
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_conv.py"
-    spec = importlib.util.spec_from_file_location("bench_conv", path)
+    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "bench" / "conv.py"
+    spec = importlib.util.spec_from_file_location("tools_bench_conv", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -86,8 +86,8 @@ def test_layout_matches_wgmma_a_fragment(bits):
 
 
 def test_generated_wgmma_wrappers_up_to_date():
-    r = subprocess.run([sys.executable, str(ROOT / "scripts/gen_wgmma_ops.py"), "--check"])
-    assert r.returncode == 0, "run scripts/gen_wgmma_ops.py: wgmma_ops.cuh is out of date"
+    r = subprocess.run([sys.executable, "-m", "tools.codegen.wgmma_ops", "--check"], cwd=ROOT)
+    assert r.returncode == 0, "run python -m tools.codegen.wgmma_ops: wgmma_ops.cuh is out of date"
 
 
 COMPILE_CASES = [
@@ -491,7 +491,7 @@ def test_fold(cfg, fmt):
 
 
 def _h100_small_m_entries():
-    """The small-M W4 entries of the H100 table that session 19 measured (FOLD without stream-K, BM 8 / 16 / 32)."""
+    """The small-M W4 entries of the H100 table (FOLD without stream-K, BM 8 / 16 / 32)."""
     from mixgemm.ops.configs import load_table
 
     w4g = load_table("h100")["wgmma"]["w4g"]

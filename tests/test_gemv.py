@@ -135,16 +135,16 @@ def test_choose_config_fills_gpu():
             mcfg = choose_mma_config(1 if m <= 8 else 2, n, kc // 2, 132)
             assert mcfg["RG"] * mcfg["KS"] >= 8 and mcfg["KS"] <= 16
     # the tuned table wins for the protocol shapes (M = 1, fp16)
-    for mode in ("", "sym"):  # K = 28672: the bulk-copy ring tile (session 21)
+    for mode in ("", "sym"):  # K = 28672: the bulk-copy ring tile
         cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672, "NVIDIA H200", mode)
         assert {k: cfg.get(k) for k in ("R", "U", "RG", "KS", "PF", "BULK")} == {"R": 8, "U": 1, "RG": 1, "KS": 7,
                                                                                  "PF": 0, "BULK": 2}
     cfg = choose_config(1, 28672, 256, 132, 0, 4, 8192, "NVIDIA H200", "sym")
     assert {k: cfg[k] for k in ("R", "U", "RG", "KS", "PF")} == {"R": 4, "U": 2, "RG": 2, "KS": 4, "PF": 0}
     assert [m_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
-    # H100 tiles with non-power-of-two k-slices, their own row groups, launch bounds and LITE (session 20)
+    # H100 tiles with non-power-of-two k-slices, their own row groups, launch bounds and LITE
     h100 = "NVIDIA H100 80GB HBM3"
-    # and, K = 28672, the bulk-copy ring with 8 rows per warp (session 21)
+    # and, K = 28672, the bulk-copy ring with 8 rows per warp
     for mode in ("sym", "zero_point"):
         want = {"R": 8, "KS": 7, "RG": 1, "MINB": 2, "LITE": 1, "BULK": 2}
         cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672, h100, mode)

@@ -1,4 +1,4 @@
-"""The float64 references: matmul, seed 000's block integer GEMM, activation quantization, conv2d."""
+"""The float64 references: matmul, the block-wise integer GEMM, activation quantization, conv2d."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_matmul_activation_clamp(activation, lo, hi, torch_gen, rel_err):
         assert float(y.max()) == hi
 
 
-# --------------------------------------------------------------------------- block_int_gemm (seed 000)
+# --------------------------------------------------------------------------- block_int_gemm
 
 @pytest.mark.parametrize("act_mode", ("sym", "asym"))
 @pytest.mark.parametrize("bits", (4, 8))

@@ -1,7 +1,7 @@
 """`python -m mixgemm [demo|bench|report] ...` (also the `mixgemm` console script).
 
 demo (the default when no subcommand is given): quantize a layer and show bytes, error and speed.
-bench: the scoreboard (benchmark protocol). report: render benchmarks/results/*.json into README.md.
+bench: the scoreboard (benchmark protocol). report: render each GPU's quick run (benchmarks/results) into README.md.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ USAGE = """usage: mixgemm [demo|bench|report] [options]
 
   demo    quantize an LLM layer, report bytes/error, time it beside fp16 cuBLAS (default)
   bench   the scoreboard: mixgemm vs cuBLAS/tinygemm/int_mm/gemlite per the benchmark protocol
-  report  render benchmarks/results/*.json into a Markdown table (--write updates README.md)
+  report  render each GPU's quick run (benchmarks/results) into a Markdown table (--write updates README.md)
 
 `mixgemm COMMAND --help` for the options of each."""
 

@@ -1,4 +1,4 @@
-"""mixgemm bench: the scoreboard (shared/benchmark-protocol.md).
+"""mixgemm bench: the scoreboard (docs/benchmarking.md).
 
 protocol: timing (CUDA graph over rotating copies, eager, ceilings); methods: the method registry (mixgemm
 paths and peers); floors: bytes/flops/floor per case; runner: the checked sweep; output: JSON/CSV/Markdown/

@@ -1,9 +1,10 @@
-"""`python -m mixgemm bench`: the scoreboard (benchmark protocol in shared/benchmark-protocol.md).
+"""`python -m mixgemm bench`: the scoreboard (benchmark protocol: docs/benchmarking.md).
 
 Every method (mixgemm's paths and the peers: fp16/bf16 cuBLAS, tinygemm, torch._int_mm, gemlite when
 importable) runs on the same shapes in one process; each output is checked against its float64
-reference before it is timed. Prints a table, writes PREFIX.{json,csv,md} (and PREFIX.png with --plot).
-Without a CUDA GPU it says so and times the CPU path on a small shape.
+reference before it is timed. Prints a table and writes OUT/<gpu>/<suite>.{json,md} (.png with --plot,
+.csv with --csv), the layout of the committed benchmarks/results. Without a CUDA GPU it says so and times the CPU
+fallback on a small shape.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ PRESETS: dict[str, list[tuple[int, int]]] = {
 }
 # --quick: the protocol table's rows for two shapes (about a minute on an H100/H200)
 QUICK_PLAN = [((4096, 4096), [1, 16, 256, 4096]), ((8192, 28672), [1, 4, 16, 64, 256])]
+# the CPU fallback is eager PyTorch: one small layer keeps a CPU run to seconds
 CPU_PLAN = [((1024, 2048), [1, 16])]
+DEFAULT_OUT = "mixgemm-results"
 DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp32": torch.float32, "float32": torch.float32}
 
@@ -131,16 +134,34 @@ def build_parser() -> argparse.ArgumentParser:
                         + " ".join(map(str, CONV_BATCHES)) + ")")
     p.add_argument("--protocol-rows", action="store_true",
                    help="exactly the rows (K x N, M) of the protocol's published table, to compare with it")
-    p.add_argument("--out", default=None,
-                   help="output prefix for .json/.csv/.md/.png (default: ./mixgemm-bench-<gpu>[-quick])")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"results folder: files go to OUT/<gpu>/<suite>.json and .md (default: ./{DEFAULT_OUT}; "
+                        "--out benchmarks/results refreshes the committed results)")
+    p.add_argument("--suite", default=None,
+                   help="file name of this run inside OUT/<gpu>/ (default: quick, protocol, protocol-rows, conv, "
+                        "custom when --shapes/-m choose, cpu on a CPU)")
     p.add_argument("--plot", action="store_true",
-                   help="also write PREFIX.png (speedup vs M per shape + roofline)")
+                   help="also write <suite>.png (speedup vs M per shape + roofline)")
+    p.add_argument("--csv", action="store_true", help="also write <suite>.csv (one row per case)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: CUDA when available, else the CPU path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-mem-gb", type=float, default=20.0, help="cap on the memory of one layer's C copies")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def suite_name(args: argparse.Namespace, device: str, shapes, ms) -> str:
+    """The default file name of a run: what it measured."""
+    if device == "cpu":
+        return "cpu"
+    if args.conv:
+        return "conv"
+    if shapes or ms:
+        return "custom"
+    if args.protocol_rows:
+        return "protocol-rows"
+    return "quick" if args.quick else "protocol"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,11 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if device == "cpu":
-        print("mixgemm bench: no CUDA GPU found (torch.cuda.is_available() is False). The GPU kernels "
-              "cannot be timed here; timing the CPU path (mixgemm's CPU fallback vs float32 torch) on a "
-              "small shape instead (eager wall clock, warm caches: % of floor is not meaningful). "
-              "Run on a CUDA GPU for the scoreboard.", file=sys.stderr)
         plan = [((k, n), ms or CPU_PLAN[0][1]) for k, n in (shapes or [CPU_PLAN[0][0]])]
+        what = "; ".join(f"{k}x{n} at M = {', '.join(map(str, m))}" for (k, n), m in plan)
+        why = ("the shapes you named" if shapes else
+               "one small layer, not the GPU plan: the CPU fallback is eager PyTorch and the GPU shapes would take "
+               "minutes per case (--shapes / -m choose others)")
+        print(f"mixgemm bench: no CUDA GPU{' used' if cuda else ' found'}, so this run times mixgemm's CPU "
+              f"fallback (float32, eager wall clock, warm caches) beside float32 torch.nn.functional.linear on "
+              f"{what}: {why}. No floors or % of floor: they describe the GPU kernels. Run on a CUDA GPU for the "
+              "scoreboard.", file=sys.stderr)
         dtype = torch.float32
     elif args.conv:
         plan = [(spec, ms or CONV_BATCHES) for spec in CONV_PRESET]
@@ -219,10 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(total, enabled=not args.no_progress)
     t0 = time.time()
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    prefix = args.out or f"mixgemm-bench-{protocol.gpu_slug(name) if device == 'cuda' else 'cpu'}" + \
-        ("-quick" if quick else "")
-    if os.path.dirname(prefix):
-        os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    suite = args.suite or suite_name(args, device, shapes, ms)
+    prefix = os.path.join(args.out, protocol.gpu_dir(name), suite)
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
     try:
         data = run_sweep(cfg, progress, checkpoint=lambda part: output.write_json(part, prefix + ".json"))
     finally:
@@ -233,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     cmp = compare_markdown(data)
     if cmp:
         print("\n" + cmp)
-    paths = output.write_all(data, prefix, args.plot)
+    paths = output.write_all(data, prefix, args.plot, csv_too=args.csv)
     if args.plot and not any(p.endswith(".png") for p in paths):
         print("mixgemm bench: --plot needs matplotlib (pip install matplotlib); no PNG written",
               file=sys.stderr)

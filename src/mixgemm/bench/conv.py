@@ -49,7 +49,7 @@ class ConvSpec:
         return torch.randn(batch, self.ci, self.hw, self.hw, generator=gen, device=device)
 
 
-# Issue 8's benchmark layers: every distinct conv shape of ResNet-50 (v1.5: stride on the 3x3) but the 1x1
+# The conv benchmark's layers: every distinct conv shape of ResNet-50 (v1.5: stride on the 3x3) but the 1x1
 # repeats of the stem, by stage, and ConvNeXt-T's 7x7 depthwise conv at stages 1 and 3. Batch 1 and 32.
 CONV_PRESET = [
     ConvSpec("r50.stem 7x7/2 3-64 @224", 3, 64, 7, 2, 224),

@@ -46,6 +46,12 @@ def write_csv(data: dict, path: str) -> None:
             w.writerow({k: r.get(k) for k in CSV_FIELDS})
 
 
+def on_gpu(data: dict) -> bool:
+    """Floors and % of floor are columns only for GPU runs: a CPU run is eager wall clock with warm caches, so
+    the HBM-style floor means nothing there and the tables leave those columns out."""
+    return data["meta"].get("device", "cuda") != "cpu"
+
+
 def _fmt_us(v) -> str:
     if v is None:
         return "-"
@@ -108,13 +114,14 @@ def pivot_markdown(data: dict, speedups: bool = True) -> str:
     for r in data["results"]:
         if r.get("w4_floor_us") is not None:
             w4[(r["K"], r["N"], r["M"])] = r["w4_floor_us"]
-    head = ["K x N", "M", "W4 floor"] + meths
+    gpu = on_gpu(data)
+    head = ["K x N", "M"] + (["W4 floor"] if gpu else []) + meths
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     layer = {(r["K"], r["N"], r["M"]): (r["layer"], r["batch"]) for r in data["results"] if r.get("layer")}
     for k, n, m in cases:
         lab = layer.get((k, n, m))
         kn, mm = (f"{lab[0]} ({k}x{n})", f"B={lab[1]} ({m})") if lab else (f"{k}x{n}", str(m))
-        row = [kn, mm, _fmt_us(w4.get((k, n, m)))]
+        row = [kn, mm] + ([_fmt_us(w4.get((k, n, m)))] if gpu else [])
         for meth in meths:
             r = by.get((k, n, m, meth))
             cell = _cell(r)
@@ -128,19 +135,21 @@ def pivot_markdown(data: dict, speedups: bool = True) -> str:
 
 def long_markdown(data: dict) -> str:
     """One row per case: graph and eager time, floor, % of floor, speedup, error."""
-    head = ["K x N", "M", "method", "graph us", "eager us", "floor us", "% floor", "speedup", "rel err",
-            "note"]
+    gpu = on_gpu(data)
+    head = ["K x N", "M", "method", "graph us", "eager us"] + (["floor us", "% floor"] if gpu else []) + \
+        ["speedup", "rel err", "note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {m: i for i, m in enumerate(method_order(data))}
     rows = sorted(data["results"], key=lambda r: (r["K"], r["N"], r["M"], order.get(r["method"], 99)))
     for r in rows:
         ok = r["status"] == "ok"
+        floor = [_fmt_us(r.get("floor_us")), f"{r['pct_floor']:.0f}%" if ok and r.get("pct_floor") else ""]
         lines.append("| " + " | ".join([
             f"{r['layer']} ({r['K']}x{r['N']})" if r.get("layer") else f"{r['K']}x{r['N']}",
             f"B={r['batch']} ({r['M']})" if r.get("layer") else str(r["M"]), r["method"],
             _fmt_us(r.get("graph_us")) if ok else r["status"].upper(),
             _fmt_us(r.get("eager_us")) if ok else "",
-            _fmt_us(r.get("floor_us")), f"{r['pct_floor']:.0f}%" if ok and r.get("pct_floor") else "",
+            *(floor if gpu else []),
             f"{r['speedup']:.2f}" if ok and r.get("speedup") else "",
             f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else "",
             (r.get("note") or "").replace("|", "/"),
@@ -149,12 +158,15 @@ def long_markdown(data: dict) -> str:
 
 
 def to_markdown(data: dict) -> str:
+    if on_gpu(data):
+        how = ("Times in microseconds per call: CUDA graph over rotating layer copies > 3x L2, median (docs/"
+               f"benchmarking.md). `(x)` = speedup over {data.get('baseline')}. W4 floor = int4 weights + fp16 g128 "
+               "scales and zeros + activations + output at copy bandwidth.")
+    else:
+        how = ("CPU run: eager wall clock in microseconds per call, warm caches, mixgemm's CPU fallback beside "
+               f"{data.get('baseline')} (`(x)` = speedup over it). No floors: they describe the GPU kernels.")
     out = [f"# mixgemm bench: {data['meta'].get('gpu')}", "", header_line(data), "", ceilings_line(data), "",
-           "Times in microseconds per call: CUDA graph over rotating layer copies > 3x L2, median "
-           "(benchmark protocol); on a CPU, eager wall clock. `(x)` = speedup over "
-           f"{data.get('baseline')}. W4 floor = int4 weights + fp16 g128 scales and zeros + activations + "
-           "output at copy bandwidth.", "", pivot_markdown(data), "", "## Every case", "",
-           long_markdown(data)]
+           how, "", pivot_markdown(data), "", "## Every case", "", long_markdown(data)]
     from mixgemm.bench.reference_numbers import compare_markdown
 
     cmp = compare_markdown(data)
@@ -167,8 +179,10 @@ def to_markdown(data: dict) -> str:
 
 def terminal_table(data: dict) -> str:
     """Plain-text table for the terminal: one row per case and method."""
-    head = (f"{'K x N':>12} {'M':>6}  {'method':<22}{'graph us':>10}{'eager us':>10}{'floor us':>10}"
-            f"{'%floor':>8}{'speedup':>8}  status")
+    gpu = on_gpu(data)
+    floor_head = f"{'floor us':>10}{'%floor':>8}" if gpu else ""
+    head = (f"{'K x N':>12} {'M':>6}  {'method':<22}{'graph us':>10}{'eager us':>10}{floor_head}"
+            f"{'speedup':>8}  status")
     lines = [header_line(data), ceilings_line(data), head, "-" * len(head)]
     order = {m: i for i, m in enumerate(method_order(data))}
     rows = sorted(data["results"], key=lambda r: (r["K"], r["N"], r["M"], order.get(r["method"], 99)))
@@ -182,12 +196,12 @@ def terminal_table(data: dict) -> str:
         status = "ok" if ok else f"{r['status'].upper()}: {r.get('note', '')}"
         if ok and r.get("note", "").startswith("graph capture failed"):
             status = "ok (" + r["note"][:60] + ")"
+        floor = (f"{_fmt_us(r.get('floor_us')):>10}"
+                 f"{(format(r['pct_floor'], '.0f') + '%') if ok and r.get('pct_floor') else '':>8}") if gpu else ""
         lines.append(
             f"{r['K']:>5}x{r['N']:<6} {r['M']:>6}  {r['method'][:22]:<22}"
             f"{_fmt_us(r.get('graph_us')) if ok else '':>10}{_fmt_us(r.get('eager_us')) if ok else '':>10}"
-            f"{_fmt_us(r.get('floor_us')):>10}"
-            f"{(format(r['pct_floor'], '.0f') + '%') if ok and r.get('pct_floor') else '':>8}"
-            f"{format(r['speedup'], '.2f') if ok and r.get('speedup') else '':>8}  {status}")
+            f"{floor}{format(r['speedup'], '.2f') if ok and r.get('speedup') else '':>8}  {status}")
     if data.get("unavailable"):
         lines.append("")
         lines += [f"not run: {k}: {v}" for k, v in data["unavailable"].items()]
@@ -269,16 +283,19 @@ def write_plot(data: dict, path: str) -> str | None:
     return path
 
 
-def write_all(data: dict, prefix: str, plot: bool) -> list[str]:
-    """Write PREFIX.json, PREFIX.csv, PREFIX.md (and PREFIX.png with plot=True); returns the paths."""
+def write_all(data: dict, prefix: str, plot: bool, csv_too: bool = False) -> list[str]:
+    """Write PREFIX.json and PREFIX.md (PREFIX.png with plot=True, PREFIX.csv with csv_too=True); returns the
+    paths."""
     d = os.path.dirname(prefix)
     if d:
         os.makedirs(d, exist_ok=True)
-    paths = [prefix + ".json", prefix + ".csv", prefix + ".md"]
+    paths = [prefix + ".json", prefix + ".md"]
     write_json(data, paths[0])
-    write_csv(data, paths[1])
-    with open(paths[2], "w") as f:
+    with open(paths[1], "w") as f:
         f.write(to_markdown(data))
+    if csv_too:
+        write_csv(data, prefix + ".csv")
+        paths.append(prefix + ".csv")
     if plot:
         p = write_plot(data, prefix + ".png")
         if p:

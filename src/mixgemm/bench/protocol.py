@@ -1,4 +1,4 @@
-"""Timing per the benchmark protocol (shared/benchmark-protocol.md).
+"""Timing per the benchmark protocol (docs/benchmarking.md).
 
 * ``graph_time_us(fns)``: ``fns`` are C callables, one per layer copy (the copies together exceed 3x L2).
   One CUDA graph calls them back to back; the median replay time (triton.testing.do_bench,
@@ -123,6 +123,15 @@ def cpu_time_us(fn: Callable[[], object], min_reps: int = 3, budget_s: float = 0
     return statistics.median(times) * 1e6
 
 
+def copy_bandwidth(warmup_ms: float = 25, rep_ms: float = 100, device: str = "cuda") -> float:
+    """Device-to-device copy bandwidth in bytes/s (1 GiB, bytes read + written / median time): the memory ceiling
+    every floor is measured against."""
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    t = _do_bench(partial(torch.Tensor.copy_, torch.empty_like(src), src), warmup_ms, rep_ms) * 1e-3
+    return 2 * n / t
+
+
 def ceilings(quick: bool = False, device: str = "cuda") -> dict:
     """The ceilings of this run.
 
@@ -138,10 +147,7 @@ def ceilings(quick: bool = False, device: str = "cuda") -> dict:
         tm = cpu_time_us(partial(torch.mm, torch.randn(s, s), torch.randn(s, s)), budget_s=0.1) * 1e-6
         return {"copy_bw": 2 * n / t, "fp16_flops": None, "fp32_flops": 2 * s**3 / tm, "int8_ops": None}
     warm, rep = (10, 40) if quick else (25, 100)
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    t_copy = _do_bench(partial(torch.Tensor.copy_, torch.empty_like(src), src), warm, rep) * 1e-3
-    src = None
+    copy_bw = copy_bandwidth(warm, rep, device)
     s = 8192
     gen = torch.Generator(device=device).manual_seed(1234)
     # Random data, not zeros: tensor-core power and clocks depend on the bit patterns.
@@ -156,7 +162,7 @@ def ceilings(quick: bool = False, device: str = "cuda") -> dict:
     except (RuntimeError, AttributeError):
         pass
     torch.cuda.empty_cache()
-    return {"copy_bw": 2 * n / t_copy, "fp16_flops": 2 * s**3 / t_mm, "int8_ops": int8_ops}
+    return {"copy_bw": copy_bw, "fp16_flops": 2 * s**3 / t_mm, "int8_ops": int8_ops}
 
 
 def _nvidia_smi() -> dict:
@@ -221,6 +227,20 @@ def gpu_slug(name: str) -> str:
     while "--" in out:
         out = out.replace("--", "-")
     return out.strip("-") or "gpu"
+
+
+def gpu_dir(name: str) -> str:
+    """The results folder of a device: the model, without vendor words or memory size ('NVIDIA H100 80GB HBM3' ->
+    'h100', 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'); 'cpu' for a CPU run."""
+    words = [w for w in name.lower().replace("(", " ").split() if w not in ("nvidia", "geforce", "tesla")]
+    if not words or words[0] == "cpu":
+        return "cpu"
+    keep = []
+    for w in words:
+        keep.append(w)
+        if any(ch.isdigit() for ch in w):
+            break
+    return gpu_slug(" ".join(keep))
 
 
 def fmt_rate(v: float | None, unit: str) -> str:

@@ -1,4 +1,4 @@
-"""The protocol's published peer numbers (shared/benchmark-protocol.md, NVIDIA H200, torch 2.11, triton 3.6)
+"""The protocol's published peer numbers (docs/benchmarking.md, NVIDIA H200, torch 2.11, triton 3.6)
 and the comparison of a run's peer ratios against them (the acceptance check: same order, ratios within 15%).
 
 Absolute times move between machines; the ratio of each peer to fp16 cuBLAS in the same run is what must

@@ -104,7 +104,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
     t_start = time.time()
     meta = protocol.machine_info(device)
     meta.update({"quick": cfg.quick, "dtype": str(cfg.dtype).replace("torch.", ""),
-                 "group_size": cfg.group_size, "seed": cfg.seed, "protocol": "shared/benchmark-protocol.md"})
+                 "group_size": cfg.group_size, "seed": cfg.seed, "protocol": "docs/benchmarking.md"})
     meta.update(cfg.extra_meta)
     ceil = protocol.ceilings(quick=cfg.quick, device=device)
     l2 = protocol.l2_bytes() if device == "cuda" else 0
@@ -242,7 +242,9 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
     for r in results:
         if r["status"] != "ok":
             continue
-        r["pct_floor"] = floors.pct_of_floor(r["floor_us"], r["time_us"])
+        # % of the memory/compute floor means something only for the GPU kernels timed under the protocol; a CPU
+        # run is eager wall clock with warm caches, so it gets no % of floor
+        r["pct_floor"] = floors.pct_of_floor(r["floor_us"], r["time_us"]) if device == "cuda" else None
         b = base_t.get((r["kind"], r["K"], r["N"], r["M"]))
         r["speedup"] = b["time_us"] / r["time_us"] if b and r["time_us"] else None
         r["speedup_eager"] = (b["eager_us"] / r["eager_us"]

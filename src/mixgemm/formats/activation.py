@@ -1,10 +1,11 @@
-"""Activation quantization references (per token, per block along K), seed 000 and llama.cpp q8_1 style.
+"""Activation quantization references (per token, per block along K): symmetric (llama.cpp q8_1) and
+asymmetric (min/max with an offset).
 
 Two schemes, both producing int8 codes and, per (token, block), the sum of the codes so that the
 block-wise integer GEMM can fold the offset terms without another pass:
 
 * ``"sym"`` (q8_1): d = absmax / 127, q = round(x / d) in [-127, 127], x ~= q * d.
-* ``"asym"`` (seed 000's QuantA): s = (max - min) / 255, o = max - 127 * s, q = round((x - o) / s) in
+* ``"asym"`` (min/max): s = (max - min) / 255, o = max - 127 * s, q = round((x - o) / s) in
   [-128, 127], x ~= q * s + o. A constant block (max == min) gets s = 1 and o = max, so q = 0.
 
 Everything is computed in float32 (the precision the fused GPU kernel uses) from the input cast to float32.
@@ -18,7 +19,7 @@ import torch
 
 ACT_MODES = ("sym", "asym")
 # How activation blocks relate to the weight's groups (mixgemm.ops.int8.matmul_a8's ``act_block``): "group" = one
-# scale per token and weight group (seed 000's per-block scheme), "token" = one scale per token over the whole row
+# scale per token and weight group (block-wise integer GEMM), "token" = one scale per token over the whole row
 # (the usual dynamic W8A8 / W4A8 activation quantization, e.g. torchao's int8 dynamic activations).
 ACT_BLOCKS = ("group", "token")
 

@@ -2,7 +2,7 @@
 
 The reordered weight is flattened to a matrix [Co, Kh * Kw * Ci_g] whose K index is
 (kh * Kw + kw) * Ci_g + ci: the implicit-GEMM reduction order, with Ci innermost so that one block of
-``group_size`` codes lies inside a single (kh, kw) tap (seed 000's layout, coalesced along Ci).
+``group_size`` codes lies inside a single (kh, kw) tap (loads coalesced along Ci).
 The group size must therefore divide Ci_g; per-channel (-1) makes one group of the whole K.
 """
 

@@ -1,4 +1,5 @@
-"""Seed 000's block-wise integer GEMM, recovered with the offset terms.
+"""Block-wise integer GEMM (int8 activations x int4/int8 weights, each quantized per block along K with a scale
+and an offset), recovered with the offset terms.
 
 With A = Aq * sA + oA per (token m, block i) and W = Bq * sB + oB per (channel n, block i), block i of
 C = A @ W.T is

@@ -1,4 +1,4 @@
-"""Static per-tensor INT8 x INT8 -> INT8 GEMM (MNN ConvInt8 semantics, seed 000): the CPU reference.
+"""Static per-tensor INT8 x INT8 -> INT8 GEMM (MNN ConvInt8 semantics): the CPU reference.
 
 Real values: x = sI (xq - zI) (per tensor), w = sW[n] wq (symmetric, signed int8; sW per tensor or per
 output channel), y = x @ w.T + bias, output yq = clamp(round(y / sO) + zO, lo, hi).

@@ -1,0 +1,1 @@
+"""Kernel benchmarks under the benchmark protocol (docs/benchmarking.md)."""

@@ -1,0 +1,200 @@
+"""The wgmma GEMM against fp16 cuBLAS and the Triton GEMM, benchmark protocol (CUDA graph over C weight copies
+exceeding 3x L2, median / C), plus a layout diagnostic that shows where a wrong result comes from.
+
+    PYTHONPATH=src python -m tools.bench.wgmma --diag                 # one-hot check of the fragment mapping
+    PYTHONPATH=src python -m tools.bench.wgmma --out r.json [--quick] # timing table (W4 g128, W8 per-channel)
+    PYTHONPATH=src python -m tools.bench.wgmma --sweep --ms 32,64 --shapes 8192x28672
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from mixgemm.bench.protocol import ceilings, copies_for, graph_time_us
+from mixgemm.formats.weight import quantize_weight
+from mixgemm.kernels.cuda.gemm_wgmma import default_config, gemm_wgmma
+from mixgemm.kernels.triton.gemm import gemm as triton_gemm
+from mixgemm.reference.matmul import matmul as ref_matmul
+
+INF = float("inf")
+DEV = "cuda"
+
+
+def diag() -> bool:
+    """x = identity rows, so out[m, n] = Wdeq[n, m]: prints where each wrong output value really lives."""
+    ok = True
+    for bits in (4, 8):
+        n = k = 64
+        qw = quantize_weight(torch.randn(n, k, device=DEV) * 0.02, bits=bits, group_size=64, mode="sym")
+        from mixgemm.formats.weight import dequantize_weight
+
+        wd = dequantize_weight(qw).float()  # [n, k]
+        x = torch.eye(64, k, device=DEV, dtype=torch.float16)
+        y = gemm_wgmma(x, qw, None, -INF, INF, dict(BM=64, NWG=1, STAGES=3, SPLIT=1)).float()
+        want = wd.t()[:64]  # [m, n]
+        bad = ((y - want).abs() > 1e-3 * want.abs().max()).nonzero()
+        print(f"diag bits={bits}: {len(bad)} of {y.numel()} wrong")
+        if len(bad):
+            ok = False
+            for m, nn in bad[:12].tolist():
+                v = y[m, nn]
+                idx = (wd - v).abs().argmin()
+                print(f"  out[m={m}, n={nn}] = {v:.5f}: want W[{nn}, {m}] = {want[m, nn]:.5f}; "
+                      f"value found at W[{int(idx) // k}, {int(idx) % k}]")
+    return ok
+
+
+def fp16_us(n, k, x) -> float:
+    c = copies_for(n * k * 2, torch.cuda.get_device_properties(0).L2_cache_size)
+    ws = [torch.randn(n, k, device=DEV, dtype=torch.float16) * 0.02 for _ in range(c)]
+    t = graph_time_us([lambda w=w: F.linear(x, w) for w in ws], warmup_ms=10, rep_ms=60)
+    del ws
+    return t
+
+
+def weights(n, k, bits, gs):
+    nbytes = n * k * bits // 8
+    c = copies_for(nbytes, torch.cuda.get_device_properties(0).L2_cache_size)
+    mode = "zero_point" if bits == 4 else "sym"  # the protocol's formats: W4 g128 asymmetric, W8 per-channel sym
+    return [quantize_weight(torch.randn(n, k, device=DEV) * 0.02, bits=bits, group_size=gs, mode=mode)
+            for _ in range(c)]
+
+
+def err_of(y, x, qw) -> float:
+    r = ref_matmul(x[:64], qw, None, None, out_dtype=torch.float64)
+    return float((y[:64].double() - r).norm() / r.norm())
+
+
+def candidates(m: int, sms: int) -> list[dict]:
+    if m <= 64:
+        bm = -(-m // 8) * 8
+        base = [(1, 8, 1), (2, 12, 1), (4, 8, 1), (2, 6, 2), (4, 8, 2)]
+        return [dict(BM=bm, NWG=nwg, STAGES=st, INFLIGHT=d, SPLIT=s, GROUP_M=1) for nwg, st, d in base
+                for s in (1, 2)]
+    tiles = [(128, 4, 4, 1), (256, 2, 4, 1), (256, 2, 5, 2)]
+    return [dict(BM=bm, NWG=nwg, STAGES=st, INFLIGHT=d, SPLIT=1, GROUP_M=8) for bm, nwg, st, d in tiles]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--diag", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="time every candidate config (else default + a few)")
+    ap.add_argument("--ms", default="32,64,256,1024,4096,16384")
+    ap.add_argument("--shapes", default="8192x28672,4096x14336", help="KxN list")
+    ap.add_argument("--formats", default="w4g128,w8pc")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--no-triton", action="store_true", help="skip the Triton GEMM column (slow at large M)")
+    ap.add_argument("--table", action="store_true", help="time the dispatcher's table config (mixgemm.ops.configs)")
+    ap.add_argument("--cfgs", default=None, help="JSON list of configs to time instead of the candidates (keys M, "
+                    "FMT, SHAPE select the cases a config is timed on)")
+    ap.add_argument("--variants", default=None, help="with --table: JSON list of overrides, each timed as the table "
+                    "config updated with it (keys M, FMT, SHAPE select the cases, as in --cfgs)")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of (fp16 cuBLAS, every config) timed in turn; "
+                    "the medians are reported (cuBLAS moves by up to 15%% between timings in one run)")
+    ap.add_argument("--launch", default=None, help="M,K,N,CFG_JSON: just launch that case 5 times (for ncu)")
+    a = ap.parse_args(argv)
+    if a.launch:
+        m, k, n, cfg = a.launch.split(",", 3)
+        q = quantize_weight(torch.randn(int(n), int(k), device=DEV) * 0.02, bits=4, group_size=128, mode="sym")
+        x = torch.randn(int(m), int(k), device=DEV, dtype=torch.float16)
+        for _ in range(5):
+            gemm_wgmma(x, q, None, -INF, INF, json.loads(cfg))
+        torch.cuda.synchronize()
+        return 0
+    if a.diag:
+        return 0 if diag() else 1
+    props = torch.cuda.get_device_properties(0)
+    ceil = ceilings(quick=True)
+    print(f"ceilings: copy {ceil['copy_bw'] / 1e12:.2f} TB/s, fp16 matmul {ceil['fp16_flops'] / 1e12:.0f} TFLOP/s")
+    rows = []
+    print(f"{'fmt':7s} {'KxN':11s} {'M':>6s} {'cuBLAS':>9s} {'triton':>9s} {'wgmma':>9s} {'x cuBLAS':>8s} "
+          f"{'x triton':>8s} err  %floor config", flush=True)
+    for shape in a.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        for fmt in a.formats.split(","):
+            bits, gs = int(fmt[1]), (-1 if fmt.endswith("pc") else int(fmt[3:]))  # w4g128, w8pc, w4pc, w8g128
+            qws = weights(n, k, bits, gs)
+            for m in (int(v) for v in a.ms.split(",")):
+                x = torch.randn(m, k, device=DEV, dtype=torch.float16)
+                t16s = [fp16_us(n, k, x)]
+                tt = INF if a.no_triton else graph_time_us(
+                    [lambda q=q, x=x: triton_gemm(x, q, None, -INF, INF) for q in qws], 10, 60)
+                tg = None  # the CUDA GEMV at the same M: the dispatcher's GEMV / GEMM crossover
+                if m <= 16:
+                    from mixgemm.kernels.cuda.gemv import gemv
+
+                    tg = graph_time_us([lambda q=q, x=x: gemv(x, q, None, -INF, INF) for q in qws], 10, 60)
+                cfgs = candidates(m, props.multi_processor_count) if a.sweep else [default_config(m, n, k)]
+                if a.table:
+                    from mixgemm.ops.configs import wgmma_config
+
+                    cfgs = [dict(wgmma_config(m, n, k, qws[0], x.device), FIT=1)]
+                    for v in json.loads(a.variants or "[]"):
+                        if v.get("M", m) == m and v.get("FMT", fmt) == fmt and v.get("SHAPE", shape) == shape:
+                            cfgs.append({**cfgs[0], **{c: w for c, w in v.items() if c not in ("M", "FMT", "SHAPE")}})
+                if a.cfgs:
+                    cfgs = [{key: w for key, w in c.items() if key not in ("M", "FMT", "SHAPE")}
+                            for c in json.loads(a.cfgs)  # optional filters: M, FMT (w4g128...), SHAPE (KxN)
+                            if c.get("M", m) == m and c.get("FMT", fmt) == fmt and c.get("SHAPE", shape) == shape]
+                best = None
+                timed = {}  # config index -> (times, err); --repeat: rounds of cuBLAS then every config, medians
+                for rnd in range(a.repeat):
+                    if rnd:
+                        t16s.append(fp16_us(n, k, x))
+                    for i, cfg in enumerate(cfgs):
+                        if rnd and i not in timed:
+                            continue  # failed in the first round
+                        fit = bool(cfg.get("FIT", 0))
+                        try:
+                            if not rnd:  # checked once against the reference; later rounds only time it
+                                timed[i] = ([], err_of(gemm_wgmma(x, qws[0], None, -INF, INF, cfg, fit=fit), x, qws[0]))
+                            timed[i][0].append(graph_time_us(
+                                [lambda q=q, c=cfg, x=x, f=fit: gemm_wgmma(x, q, None, -INF, INF, c, fit=f)
+                                 for q in qws], 10, 60))
+                        except Exception as ex:  # noqa: BLE001 - report and go on
+                            print(f"  {cfg}: {type(ex).__name__}: {str(ex)[:200]}", flush=True)
+                            timed.pop(i, None)
+                t16 = statistics.median(t16s)
+                for i, (ts, e) in sorted(timed.items()):
+                    t, cfg = statistics.median(ts), cfgs[i]
+                    if a.sweep or a.variants or a.cfgs:
+                        fmt_ts = lambda v: " / ".join(f"{u:.1f}" for u in v)  # noqa: E731
+                        runs = f" (rounds {fmt_ts(ts)}, cuBLAS {fmt_ts(t16s)})"
+                        print(f"  {fmt} {shape} M={m} {cfg}: {t:.1f} us err {e:.1e}"
+                              + (runs if a.repeat > 1 else ""), flush=True)
+                    if e < 2e-3 and (best is None or t < best[0]):
+                        best = (t, cfg, e, ts)
+                if best is None:
+                    print(f"{fmt:7s} {shape:11s} {m:6d} no valid wgmma config", flush=True)
+                    continue
+                t, cfg, e, t_rounds = best
+                groups = 1 if gs == -1 else k // gs  # fp16 scale (+ fp16 zero for the W4 zero_point format)
+                nbytes = n * k * bits / 8 + n * groups * (4 if bits == 4 else 2) + 2 * m * (k + n)
+                floor_us = max(nbytes / ceil["copy_bw"], 2 * m * n * k / ceil["fp16_flops"]) * 1e6
+                rows.append(dict(fmt=fmt, shape=shape, m=m, cublas_us=t16, triton_us=tt, wgmma_us=t, cfg=cfg, err=e,
+                                 floor_us=floor_us, gemv_us=tg, cublas_rounds=t16s, wgmma_rounds=t_rounds))
+                print(f"{fmt:7s} {shape:11s} {m:6d} {t16:9.1f} {tt:9.1f} {t:9.1f} {t16 / t:8.2f} {tt / t:8.2f} "
+                      f"{e:.0e} {100 * floor_us / t:4.0f}% {cfg}" + (f" gemv {tg:.1f}" if tg else ""), flush=True)
+            del qws
+            torch.cuda.empty_cache()
+    from mixgemm.kernels.cuda import gemm_wgmma as G
+
+    if G._warned:
+        print("WARNING: TMA unavailable, cp.async loader used:", G._warned[0])
+    if a.out:
+        with open(a.out, "w") as f:
+            import triton
+
+            json.dump(dict(gpu=props.name, torch=torch.__version__, triton=triton.__version__,
+                           ceilings=ceil, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

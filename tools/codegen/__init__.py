@@ -1,0 +1,1 @@
+"""Code generators for the CUDA sources."""

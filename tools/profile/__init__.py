@@ -1,0 +1,1 @@
+"""Launchers and summaries for Nsight Compute profiles."""
