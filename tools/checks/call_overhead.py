@@ -5,7 +5,7 @@ synchronize at the end) at M = 0, 1, 16 and 512; the wall time per call is the l
 overhead and the GPU time, which is what decides eager ``model.generate()`` speed. The same is measured for
 ``nn.Linear`` in the same process, and for the module under ``torch.compile`` without CUDA graphs.
 
-    python tools/checks/call_overhead.py --out DIR
+    PYTHONPATH=src python -m tools.checks.call_overhead --out DIR
 
 Writes DIR/call_overhead.json and prints a table. Exits non-zero only when an output is wrong (M = 0 shape,
 or a result off the dequantized F.linear), never on speed: speed is reported, not asserted.
