@@ -183,7 +183,9 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.config
         if self.input_perm is not None:
-            x = x.index_select(-1, self.input_perm)  # one small gather, no host sync: CUDA-graph safe
+            # one gather kernel, no host sync (CUDA-graph safe); on an H100 at M = 1 advanced indexing takes
+            # ~3.2 us, index_select ~4.4 us, take_along_dim ~6.4 us
+            x = x[..., self.input_perm]
         if self.act_mode is None:
             return torch.ops.mixgemm.linear_wxa16(x, self.qweight, self.scales, self.zeros, self.offsets, self.bias,
                                                   c.bits, c.group_size, c.mode, self.out_features,
