@@ -51,6 +51,9 @@ def test_state_dict_round_trip(tmp_path, torch_gen):
     plain = QuantLinear(128, 24, bits=4, group_size=32, mode="zero_point")
     with pytest.raises(ValueError, match="act-order .* present in the checkpoint and absent in the module"):
         plain.load_state_dict(sd, strict=False)
+    corrupt = {**sd, "input_perm": torch.zeros_like(perm)}
+    with pytest.raises(ValueError, match="not a permutation"):
+        fresh.load_state_dict(corrupt)
     plain_sd = plain.state_dict()
     with pytest.raises(ValueError, match="act-order .* absent in the checkpoint and present in the module"):
         fresh.load_state_dict(plain_sd, strict=False)

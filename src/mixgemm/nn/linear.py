@@ -223,6 +223,9 @@ class QuantLinear(nn.Module):
                     for nm, a, b in zip(names, got.flatten().tolist(), mine.tolist(), strict=False) if a != b]
             raise ValueError("QuantLinear checkpoint format differs from this module (" + "; ".join(diff or
                              [f"shape {tuple(got.shape)}"]) + ")")
+        if self.input_perm is not None and self.input_perm.device.type != "meta":
+            # load_state_dict copies the buffers before the extra state: a corrupt permutation is caught here
+            _check_perm(self.input_perm, self.in_features)
 
     def _apply(self, fn, recurse=True):
         # Keep the scale dtype: only move scales / offsets to the device fn would send them to.
