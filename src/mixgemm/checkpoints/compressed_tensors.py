@@ -1,0 +1,152 @@
+"""compressed-tensors checkpoints in the ``pack-quantized`` format (llm-compressor's W4A16 / W8A16 exports,
+transformers' ``quant_method: "compressed-tensors"``).
+
+Per quantized linear ``<prefix>``: ``weight_packed`` int32 [N, ceil(K * bits / 32)] (codes packed along K,
+code k in field k % (32 / bits) of word k // (32 / bits), stored as the signed code + 2**(bits-1));
+``weight_scale`` [N, G] (G = 1 for the channel strategy, [1] for the tensor one) in its stored dtype;
+``weight_shape`` [2] = (N, K); for asymmetric schemes ``weight_zero_point``, signed, packed the same way along
+N (int32 [ceil(N * bits / 32), G]; older versions store it unpacked, int8 [N, G]); older act-order exports
+add ``weight_g_idx`` [K]; optional ``bias``. The weight is w = (c - zp) * s for the signed code c = q - 2**(bits-1),
+i.e. (q - z) * s with z = zp + 2**(bits-1).
+
+The scheme of a layer is the ``config_groups`` entry whose ``targets`` match its name (an exact name, a
+``re:`` regex, or the class name "Linear"); the most specific match wins.
+
+Lossless: codes, zero points and scales (fp16 / bf16 / fp32) are taken over unchanged: symmetric -> mode
+"sym", asymmetric -> "zero_point", channel and tensor strategies -> per-channel. Not held: other formats
+(int-quantized, float8, nvfp4, ...), bits other than 4 / 8, float weights, activation quantization, block /
+token strategies, group sizes other than 32 / 64 / 128 / 256, each a ValueError naming the tensor.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from mixgemm.checkpoints.base import ConvertedLinear, TensorSource
+from mixgemm.checkpoints.packed_int32 import (
+    act_order_perm,
+    check_bits,
+    group_count,
+    to_quantized_weight,
+    unpack_int32,
+)
+from mixgemm.formats.weight import PER_CHANNEL
+
+PACK_QUANTIZED = "pack-quantized"
+
+
+def _target_rank(target: str, name: str) -> int:
+    """How specifically ``target`` names the linear layer ``name``: 3 exact name, 2 regex, 1 class, 0 no match
+    (compressed_tensors.utils.match_name's rules; a linear layer's class matches "Linear")."""
+    if target.startswith("re:"):
+        return 2 if re.match(target[3:], name) else 0
+    if target == name:
+        return 3
+    return 1 if target == "Linear" else 0
+
+
+def layer_scheme(quantization_config: dict, name: str) -> dict:
+    """The config_groups scheme (a dict: targets, weights, input_activations, format...) for layer ``name``."""
+    groups = quantization_config.get("config_groups") or {}
+    ranked = []
+    for key, scheme in groups.items():
+        rank = max((_target_rank(t, name) for t in scheme.get("targets", [])), default=0)
+        if rank:
+            ranked.append((rank, key, scheme))
+    if not ranked:
+        raise ValueError(f"{name}: stored quantized, but no compressed-tensors config_groups entry targets it")
+    best = max(r for r, _, _ in ranked)
+    top = [(k, s) for r, k, s in ranked if r == best]
+    if len(top) > 1 and any(s.get("weights") != top[0][1].get("weights") for _, s in top):
+        raise ValueError(f"{name}: config_groups {[k for k, _ in top]} all target it with different weight schemes")
+    return top[0][1]
+
+
+class CompressedTensorsFormat:
+    name = "compressed-tensors"
+
+    def matches(self, quantization_config: dict) -> bool:
+        return str(quantization_config.get("quant_method", "")).lower() == "compressed-tensors"
+
+    def quantized_linears(self, source: TensorSource, quantization_config: dict) -> list[str]:
+        keys = set(source.keys())  # a TensorSource has keys(), not necessarily iteration
+        return sorted(k[: -len(".weight_packed")] for k in keys if k.endswith(".weight_packed"))
+
+    def convert_linear(self, source: TensorSource, prefix: str, quantization_config: dict) -> ConvertedLinear:
+        scheme = layer_scheme(quantization_config, prefix)
+        fmt = scheme.get("format") or quantization_config.get("format")
+        if fmt != PACK_QUANTIZED:
+            raise ValueError(f"{prefix}.weight_packed: compressed-tensors format {fmt!r} is not supported "
+                             f"(only {PACK_QUANTIZED!r})")
+        args = scheme.get("weights") or {}
+        if scheme.get("input_activations") or scheme.get("output_activations"):
+            raise ValueError(f"{prefix}: activation quantization in the compressed-tensors scheme is not supported "
+                             "(weight-only pack-quantized schemes only)")
+        if args.get("type", "int") != "int":
+            raise ValueError(f"{prefix}.weight_packed: weight type {args.get('type')!r} is not supported (int only)")
+        bits = check_bits(args.get("num_bits"), f"{prefix}.weight_packed (num_bits)")
+        strategy = args.get("strategy") or ("group" if args.get("group_size") else "tensor")
+        symmetric = args.get("symmetric", True)
+
+        keys = set(source.keys())
+        packed = source.get(prefix + ".weight_packed")
+        scale = source.get(prefix + ".weight_scale")
+        shape = source.get(prefix + ".weight_shape").tolist() if prefix + ".weight_shape" in keys else None
+        if shape is None or len(shape) != 2:
+            raise ValueError(f"{prefix}.weight_shape: expected (N, K), got {shape}")
+        n, k = (int(v) for v in shape)
+        if packed.dim() != 2 or packed.shape[0] != n:
+            raise ValueError(f"{prefix}.weight_packed: expected {n} rows (weight_shape {shape}), "
+                             f"got shape {tuple(packed.shape)}")
+        if strategy == "group":
+            group_size = int(args.get("group_size") or 0)
+        elif strategy in ("channel", "tensor"):
+            group_size = PER_CHANNEL
+        else:
+            raise ValueError(f"{prefix}.weight_scale: strategy {strategy!r} is not supported (group, channel, tensor)")
+        g, ng = group_count(k, group_size, f"{prefix}.weight_scale (group_size)")
+        if strategy == "tensor":
+            if scale.numel() != 1:
+                raise ValueError(f"{prefix}.weight_scale: the tensor strategy needs one scale, "
+                                 f"got {tuple(scale.shape)}")
+            scale = scale.reshape(1, 1).expand(n, 1)
+        if tuple(scale.shape) != (n, ng):
+            raise ValueError(f"{prefix}.weight_scale: expected shape {(n, ng)} ({strategy} strategy, K={k}), "
+                             f"got {tuple(scale.shape)}")
+
+        codes = unpack_int32(packed, bits, k, 1, prefix + ".weight_packed")  # [N, K], signed code + 2**(bits-1)
+        zeros = None
+        if not symmetric:
+            zeros = self._zero_points(source, prefix, bits, n, ng, strategy)
+        perm = None
+        if prefix + ".weight_g_idx" in keys:
+            perm = act_order_perm(source.get(prefix + ".weight_g_idx"), g, prefix + ".weight_g_idx")
+            if perm is not None:
+                codes = codes.index_select(1, perm)
+        weight = to_quantized_weight(codes, scale, zeros, bits, group_size, prefix)
+        bias = source.get(prefix + ".bias") if prefix + ".bias" in keys else None
+        return ConvertedLinear(weight=weight, bias=bias, input_perm=perm)
+
+    @staticmethod
+    def _zero_points(source: TensorSource, prefix: str, bits: int, n: int, ng: int, strategy: str) -> torch.Tensor:
+        """Unsigned zero points int32 [N, G] (the signed zero point + 2**(bits-1))."""
+        name = prefix + ".weight_zero_point"
+        if name not in set(source.keys()):
+            raise ValueError(f"{name}: missing for an asymmetric scheme")
+        zp = source.get(name)
+        if strategy == "tensor":
+            if zp.numel() != 1:
+                raise ValueError(f"{name}: the tensor strategy needs one zero point, got {tuple(zp.shape)}")
+            zp = zp.reshape(1, 1).expand(n, 1)
+        if zp.dtype == torch.int32 and zp.dim() == 2 and tuple(zp.shape) != (n, ng):
+            # packed along N like the weight along K; stored unsigned (+ 2**(bits-1)) by pack_to_int32
+            return unpack_int32(zp, bits, n, 0, name).to(torch.int32)
+        if zp.is_floating_point() or tuple(zp.shape) != (n, ng):
+            raise ValueError(f"{name}: expected integer zero points [{n}, {ng}] or int32 packed along N, "
+                             f"got {zp.dtype} {tuple(zp.shape)}")
+        return zp.to(torch.int32) + (1 << (bits - 1))
+
+
+COMPRESSED_TENSORS = CompressedTensorsFormat()
