@@ -194,8 +194,8 @@ def _synthetic(big_w4_pct=90.0, small_w8_pct=75.0, m16=1.2, gemm=(1.1, 1.2), a8=
         for meth in accept.ACT_QUANT:
             for m in (2048, 4096):
                 res.append(_case(k, n, m, meth, 100.0 / a8, speedup=a8))
-    return {"meta": {"gpu": "Test GPU", "device": "cuda"}, "baseline": BASELINE_GPU, "results": res,
-            "layers": {"8192x8192": "q_proj, o_proj"}}
+    return {"meta": {"gpu": "Test GPU", "device": "cuda"}, "ceilings": {"copy_bw": 3e12, "fp16_flops": 6e14},
+            "baseline": BASELINE_GPU, "results": res, "layers": {"8192x8192": "q_proj, o_proj"}}
 
 
 def _verdicts(data, **kw):
@@ -243,3 +243,29 @@ def test_acceptance_markdown_shows_sizes_ratios_and_medians():
     assert "| 8192x8192 | q_proj, o_proj | 32.0 | 90% / 90% / 90% | 1.25 / 1.25 / 1.25 | 1.10 / 1.10 / 1.10 | " \
            "1.70 / 1.70 | 1.50 |" in md  # the best peer (tinygemm 15 us) over mixgemm W4 (10 us)
     assert "| mixgemm W4A16 g128 | 1.10 | 1.20 | 1.20 |" in md and md.count("**PASS**") == 4
+
+
+def test_report_prints_the_acceptance_view_of_a_results_file(tmp_path, capsys):
+    path = tmp_path / "model-shapes.json"
+    path.write_text(json.dumps(_synthetic(big_w4_pct=84.0)))
+    assert mixgemm_main(["report", "--accept", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "## Acceptance view: Test GPU" in out and "**FAIL**" in out
+    assert mixgemm_main(["report", "--accept", str(path), "--read-ceiling-pct", "89"]) == 0
+    assert "**FAIL**" not in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text("{}")
+    assert mixgemm_main(["report", "--accept", str(tmp_path / "bad.json")]) == 2
+    assert "not a `mixgemm bench` results file" in capsys.readouterr().err
+
+
+def test_report_writes_the_readme_block_of_model_runs(tmp_path, capsys):
+    gpu_dir = tmp_path / "results" / "test-gpu"
+    gpu_dir.mkdir(parents=True)
+    (gpu_dir / "model-shapes.json").write_text(json.dumps(_synthetic()))
+    readme = tmp_path / "README.md"
+    readme.write_text("top\n<!-- model-shapes:start -->\nold\n<!-- model-shapes:end -->\nbottom\n")
+    assert mixgemm_main(["report", "--results", str(tmp_path / "results"), "--suite", "model-shapes",
+                         "--markers", "model-shapes", "--readme", str(readme), "--write"]) == 0
+    text = readme.read_text()
+    assert text.startswith("top\n<!-- model-shapes:start -->\n**Test GPU") and "old" not in text
+    assert "| 8192x8192 | q_proj, o_proj | 32.0 |" in text and text.endswith("<!-- model-shapes:end -->\nbottom\n")

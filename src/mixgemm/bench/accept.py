@@ -234,11 +234,11 @@ def shape_table(data: dict, bars: Bars | None = None) -> str:
 
 
 def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | None = None,
-                max_items: int = 12) -> str:
+                max_items: int = 12, title: bool = True) -> str:
     """The acceptance view: the verdict of each line (with its failures), the medians and the per-shape table."""
     bars = bars or Bars()
     lines_ = evaluate(data, bars, read_ceiling_pct)
-    out = [f"## Acceptance view: {data['meta'].get('gpu')}", "",
+    out = ([f"## Acceptance view: {data['meta'].get('gpu')}", ""] if title else []) + [
            f"{len(Cases(data).shapes)} shapes; M measured: {', '.join(map(str, Cases(data).ms))}. Sizes in MiB of "
            "int4 codes; % of floor = floor / time (docs/benchmarking.md); ratios = fp16 cuBLAS time / time, same run.",
            "", "| line | bar | verdict | cases | failures | missing |", "|---|---|---|---|---|---|"]

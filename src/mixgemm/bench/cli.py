@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=128,
                    help="mixgemm W4 group size (32/64/128/256, -1 per-channel)")
     p.add_argument("--methods", default=None,
-                   help="comma list of method names or substrings ('all'; default: every default method)")
+                   help="comma list of method names or substrings ('all'; 'accept': only those the acceptance "
+                        "view of --model reads; default: every default method, with --model also those)")
     p.add_argument("--list-methods", action="store_true", help="list the methods and whether they run here")
     p.add_argument("--quick", action="store_true",
                    help="about a minute: 4096x4096 (M 1,16,256,4096) and 8192x28672 (M 1,4,16,64,256)")
@@ -168,10 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def suite_name(args: argparse.Namespace, device: str, shapes, ms) -> str:
+def suite_name(args: argparse.Namespace, device: str, shapes, ms, model_suite: str | None = None) -> str:
     """The default file name of a run: what it measured."""
-    if getattr(args, "model_suite", None):
-        return args.model_suite
+    if model_suite:
+        return model_suite
     if device == "cpu":
         return "cpu"
     if args.conv:
@@ -183,11 +184,24 @@ def suite_name(args: argparse.Namespace, device: str, shapes, ms) -> str:
     return "quick" if args.quick else "protocol"
 
 
-def estimate_seconds(cases: int) -> tuple[float, float]:
-    """A range for a GPU run: each case is two do_bench windows (graph and eager, warm-up 25 ms + 100 ms each)
-    plus the check, the copies and a graph capture: ~0.3 s for decode shapes, ~0.6 s when one call takes
-    milliseconds (M >= 4096 on the big layers)."""
-    return 0.3 * cases, 0.6 * cases
+def estimate_seconds(plan: list[tuple], n_methods: int, warmup_ms: float = 25, rep_ms: float = 100,
+                     l2_bytes: int = 50 << 20, copy_bw: float = 3.0e12, matmul_rate: float = 6.0e14) -> float:
+    """Rough duration of a GPU matmul run under the protocol (H100 defaults). A case is two do_bench windows (graph
+    and eager), each the warm-up and repetition time plus about 6 extra replays of the C copies (one call, then 5
+    to estimate); C * weight bytes > 3 x L2. One call is priced as fp16 cuBLAS: max(fp16 bytes / copy bandwidth,
+    2MNK / fp16 rate). Plus ~0.15 s a case for the check, the copies and the capture."""
+    total = 0.0
+    for shape, ms in plan:
+        if not isinstance(shape, tuple):
+            continue
+        k, n = shape
+        w = 2 * k * n
+        copies = max(protocol.MIN_COPIES, 3 * l2_bytes // w + 1)
+        for m in ms:
+            call = max((w + 2 * m * (k + n)) / copy_bw, 2 * m * k * n / matmul_rate)
+            window = (warmup_ms + rep_ms) / 1e3 + 6 * copies * call
+            total += n_methods * (2 * window + 0.15)
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         print("mixgemm bench: error: --model and --shapes both choose the shapes; give one", file=sys.stderr)
         return 2
     by_shape = models.model_layers(chosen_models) if chosen_models else {}
+    model_suite = None
     if chosen_models:
         every = any(p.strip().lower() == models.ALL for s in args.model for p in s.split(","))
-        args.model_suite = models.suite_for(chosen_models, every)
+        model_suite = models.suite_for(chosen_models, every)
     dtype = DTYPES[args.dtype]
     cuda = torch.cuda.is_available()
     device = "cuda" if (args.device == "cuda" or (args.device == "auto" and cuda)) else "cpu"
@@ -229,11 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = args.methods
     if spec is None and device == "cuda" and dtype == torch.float32:
         spec = "default," + BASELINE_CPU  # fp32 activations: put fp32 cuBLAS beside them
-    elif spec is None and chosen_models:
-        spec = "default," + ",".join(accept.METHODS)  # the peers and every method the acceptance view needs
+    # the methods the acceptance view reads, as far as --bits / --group-size give them
+    accept_names = ",".join(n for n in accept.METHODS if any(m.name == n for m in meths_all))
+    if spec is None and chosen_models:
+        spec = "default," + accept_names  # the peers and every method the acceptance view needs
+    elif spec == "accept":
+        spec = accept_names
     try:
         if spec and spec.startswith("default,"):
-            chosen = select(meths_all, None, device, args.quick) + select(meths_all, spec[8:], device)
+            # a model run has many shapes: leave out the methods too slow to set up for each (as --quick does)
+            slow_out = args.quick or bool(chosen_models)
+            chosen = select(meths_all, None, device, slow_out) + select(meths_all, spec[8:], device)
             chosen = list(dict.fromkeys(chosen))
         else:
             chosen = select(meths_all, spec, device, args.quick)
@@ -293,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quick = args.quick
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    suite = args.suite or suite_name(args, device, shapes, ms)
+    suite = args.suite or suite_name(args, device, shapes, ms, model_suite)
     prefix = os.path.join(args.out, protocol.gpu_dir(name), suite)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
     labels = {f"{k}x{n}": models.shape_label(lays, len(chosen_models) > 1) for (k, n), lays in by_shape.items()}
@@ -322,9 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                       extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:]})
     total = sum(len(m) for _, m in plan) * len(chosen)
     if device == "cuda" and total:
-        lo, hi = estimate_seconds(total)
-        print(f"mixgemm bench: {len(plan)} shape(s), {total} cases: about {lo / 60:.0f}-{hi / 60:.0f} min on an "
-              "H100 (protocol timing ~0.3-0.6 s a case; first calls compile kernels)", file=sys.stderr)
+        est = estimate_seconds(plan, len(chosen), cfg.warmup_ms, cfg.rep_ms)
+        print(f"mixgemm bench: {len(plan)} shape(s), {total} cases: roughly {est / 60:.0f} min on an H100 (more "
+              "when slow peers run at large M, or kernels compile)", file=sys.stderr)
     progress = Progress(total, enabled=not args.no_progress)
     try:
         data = run_sweep(cfg, progress,
