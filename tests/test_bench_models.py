@@ -87,6 +87,8 @@ def test_config_json_variants(tmp_path):
     ({"hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 3},
      "not a multiple of num_key_value_heads"),
     ({"hidden_size": 66, "intermediate_size": 64, "num_attention_heads": 4}, "no 'head_dim'"),
+    ({"hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "num_experts": 60,
+      "moe_intermediate_size": 32}, "mixture-of-experts config"),
 ])
 def test_bad_config_names_the_field(tmp_path, cfg, needle):
     path = _write(tmp_path, cfg)
@@ -269,3 +271,14 @@ def test_report_writes_the_readme_block_of_model_runs(tmp_path, capsys):
     text = readme.read_text()
     assert text.startswith("top\n<!-- model-shapes:start -->\n**Test GPU") and "old" not in text
     assert "| 8192x8192 | q_proj, o_proj | 32.0 |" in text and text.endswith("<!-- model-shapes:end -->\nbottom\n")
+
+
+def test_cli_time_budget_lists_the_shapes_left_out(tmp_path, capsys):
+    cfg = _write(tmp_path, TINY, "tiny")
+    assert mixgemm_main(["bench", "--device", "cpu", "--model", str(cfg), "--methods", "accept", "-m", "1",
+                         "--time-budget", "0.001", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    assert "5 shape(s) not run" in capsys.readouterr().err
+    data = json.loads((tmp_path / "out" / "cpu" / "model-tiny.json").read_text())
+    assert data["results"] == [] and len(data["meta"]["not_run"]) == 5
+    # 'accept' names the acceptance methods; on a CPU only the weight-only ones run
+    assert [m["name"] for m in data["methods"]] == [accept.W4_SYM, accept.W4_ZP, accept.W8]

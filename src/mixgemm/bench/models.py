@@ -20,6 +20,9 @@ from importlib import resources
 CATALOG_FILE = "model_shapes.json"
 ALL = "all"
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads")
+# expert layouts other than Mixtral's (experts of intermediate_size each): their MLP shapes come from other fields,
+# so deriving dense layers from intermediate_size would silently time the wrong shapes
+OTHER_MOE_FIELDS = ("moe_intermediate_size", "n_routed_experts", "num_experts")
 # model_type values whose checkpoints hold the fused projections as their own modules
 FUSED_NATIVE = {"phi3"}
 
@@ -65,6 +68,11 @@ def from_hf_config(cfg: dict, name: str, where: str | None = None) -> ModelConfi
         raise ValueError(f"{where}: a config is a JSON object, got {type(cfg).__name__}")
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "source": cfg.get("source", "")}
+    other_moe = [k for k in OTHER_MOE_FIELDS if cfg.get(k) is not None]
+    if other_moe and cfg.get("num_local_experts") is None:
+        raise ValueError(f"{where}: mixture-of-experts config ({', '.join(other_moe)}) is not supported: only "
+                         "experts of intermediate_size each (num_local_experts, as Mixtral) are; pass the shapes "
+                         "with --shapes")
     for key in REQUIRED:
         if cfg.get(key) is None:
             raise ValueError(f"{where}: config has no {key!r} (needed to derive the linear layers)")
