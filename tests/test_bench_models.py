@@ -132,10 +132,16 @@ def test_cli_model_on_cpu_names_the_layers(tmp_path, capsys):
 
     # --merge: the file holds every case of this plan, so nothing is timed again and the file keeps them
     assert mixgemm_main(argv + ["--merge"]) == 0
-    assert "skipping them" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "skipping them" in err and "nothing left to run" in err
     again = json.loads((out / "cpu" / "model-tiny.json").read_text())
-    assert {(r["K"], r["N"], r["method"]) for r in again["results"]} == got
-    assert len(again["meta"]["runs"]) == 2
+    assert again["results"] == data["results"]
+    # a part at another M is measured and merged beside the first
+    assert mixgemm_main(argv[:6] + ["2"] + argv[7:] + ["--merge"]) == 0
+    merged = json.loads((out / "cpu" / "model-tiny.json").read_text())
+    assert {(r["K"], r["N"], r["M"], r["method"]) for r in merged["results"]} == \
+        {(k, n, m, meth) for k, n, meth in got for m in (1, 2)}
+    assert len(merged["meta"]["runs"]) == 2 and merged["layers"] == data["layers"]
 
 
 def test_cli_model_errors(tmp_path, capsys):

@@ -346,13 +346,17 @@ def main(argv: list[str] | None = None) -> int:
         est = estimate_seconds(plan, len(chosen), cfg.warmup_ms, cfg.rep_ms)
         print(f"mixgemm bench: {len(plan)} shape(s), {total} cases: roughly {est / 60:.0f} min on an H100 (more "
               "when slow peers run at large M, or kernels compile)", file=sys.stderr)
-    progress = Progress(total, enabled=not args.no_progress)
-    try:
-        data = run_sweep(cfg, progress,
-                         checkpoint=lambda part: output.write_json(finish(part), prefix + ".json"))
-    finally:
-        progress.close()
-    data = finish(data)
+    if previous and not plan:
+        print(f"mixgemm bench: --merge: nothing left to run; rendering {prefix}.json", file=sys.stderr)
+        data = previous
+    else:
+        progress = Progress(total, enabled=not args.no_progress)
+        try:
+            data = run_sweep(cfg, progress,
+                             checkpoint=lambda part: output.write_json(finish(part), prefix + ".json"))
+        finally:
+            progress.close()
+        data = finish(data)
     print(output.terminal_table(data))
     print()
     print(output.pivot_markdown(data))
