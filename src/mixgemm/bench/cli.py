@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from mixgemm.bench import output, protocol
+from mixgemm.bench import accept, merge, models, output, protocol
 from mixgemm.bench.conv import CONV_BATCHES, CONV_PRESET, conv_methods
 from mixgemm.bench.methods import BASELINE_CPU, all_methods, select
 from mixgemm.bench.reference_numbers import compare_markdown, protocol_plan
@@ -35,6 +35,10 @@ PRESETS: dict[str, list[tuple[int, int]]] = {
 QUICK_PLAN = [((4096, 4096), [1, 16, 256, 4096]), ((8192, 28672), [1, 4, 16, 64, 256])]
 # the CPU fallback is eager PyTorch: one small layer keeps a CPU run to seconds
 CPU_PLAN = [((1024, 2048), [1, 16])]
+# --model on a CPU: only layers up to this many weights (the big ones take minutes per case in eager PyTorch)
+CPU_MODEL_MAX_WEIGHTS = 1 << 22
+# --model: decode (1, 16) and the GEMM range of the acceptance (256-16384, 2048 for the int8-activation line)
+MODEL_M = [1, 16, 256, 1024, 2048, 4096, 16384]
 DEFAULT_OUT = "mixgemm-results"
 DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -116,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
                                                                for k, v in PRESETS.items()))
     p.add_argument("--shapes", nargs="+", default=None,
                    help="presets (protocol, llama3-8b, llama3-70b) and/or KxN; default: protocol")
+    p.add_argument("--model", nargs="+", default=None,
+                   help="a model's layer shapes: a Hugging Face config.json (or its folder), a model of the "
+                        "committed list (e.g. llama-3-8b, qwen2.5-7b; see --list-models) or 'all'; default M: "
+                        + ",".join(map(str, MODEL_M)) + "; the report adds the acceptance view")
+    p.add_argument("--list-models", action="store_true", help="list the committed models and their layer shapes")
+    p.add_argument("--time-budget", type=float, default=None, metavar="S",
+                   help="start no new shape after S seconds; the shapes left out are listed (rerun with --merge)")
+    p.add_argument("--merge", action="store_true",
+                   help="merge into OUT/<gpu>/<suite>.json: skip shapes whose cases it already holds, replace the "
+                        "cases this run measures, keep the rest (split a long run: --m 1,16 then --m 256,...)")
+    p.add_argument("--read-ceiling-pct", type=float, default=None, metavar="PCT",
+                   help="measured no-math read ceiling in %% of the copy bandwidth (e.g. 89 on the H200): the big "
+                        "layers' decode bar becomes min(85%%, 92%% of it)")
     p.add_argument("-m", "--m", nargs="+", default=None, dest="ms",
                    help="M values (tokens), e.g. 1 16 256 or 1,16,256; default: the protocol's list")
     p.add_argument("--dtype", default="fp16", choices=sorted(DTYPES),
@@ -124,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=128,
                    help="mixgemm W4 group size (32/64/128/256, -1 per-channel)")
     p.add_argument("--methods", default=None,
-                   help="comma list of method names or substrings ('all'; default: every default method)")
+                   help="comma list of method names or substrings ('all'; 'accept': only those the acceptance "
+                        "view of --model reads; default: every default method, with --model also those)")
     p.add_argument("--list-methods", action="store_true", help="list the methods and whether they run here")
     p.add_argument("--quick", action="store_true",
                    help="about a minute: 4096x4096 (M 1,16,256,4096) and 8192x28672 (M 1,4,16,64,256)")
@@ -151,8 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def suite_name(args: argparse.Namespace, device: str, shapes, ms) -> str:
+def suite_name(args: argparse.Namespace, device: str, shapes, ms, model_suite: str | None = None) -> str:
     """The default file name of a run: what it measured."""
+    if model_suite:
+        return model_suite
     if device == "cpu":
         return "cpu"
     if args.conv:
@@ -164,6 +184,26 @@ def suite_name(args: argparse.Namespace, device: str, shapes, ms) -> str:
     return "quick" if args.quick else "protocol"
 
 
+def estimate_seconds(plan: list[tuple], n_methods: int, warmup_ms: float = 25, rep_ms: float = 100,
+                     l2_bytes: int = 50 << 20, copy_bw: float = 3.0e12, matmul_rate: float = 6.0e14) -> float:
+    """Rough duration of a GPU matmul run under the protocol (H100 defaults). A case is two do_bench windows (graph
+    and eager), each the warm-up and repetition time plus about 6 extra replays of the C copies (one call, then 5
+    to estimate); C * weight bytes > 3 x L2. One call is priced as fp16 cuBLAS: max(fp16 bytes / copy bandwidth,
+    2MNK / fp16 rate). Plus ~0.15 s a case for the check, the copies and the capture."""
+    total = 0.0
+    for shape, ms in plan:
+        if not isinstance(shape, tuple):
+            continue
+        k, n = shape
+        w = 2 * k * n
+        copies = max(protocol.MIN_COPIES, 3 * l2_bytes // w + 1)
+        for m in ms:
+            call = max((w + 2 * m * (k + n)) / copy_bw, 2 * m * k * n / matmul_rate)
+            window = (warmup_ms + rep_ms) / 1e3 + 6 * copies * call
+            total += n_methods * (2 * window + 0.15)
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -172,9 +212,25 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--bits: mixgemm supports 4 and 8, got {bits}")
         shapes = parse_shapes(args.shapes) if args.shapes else None
         ms = parse_ints(args.ms, "-m") if args.ms else None
+        chosen_models = models.resolve(args.model) if args.model else None
+        if args.time_budget is not None and args.time_budget <= 0:
+            raise ValueError(f"--time-budget: {args.time_budget} must be positive")
     except ValueError as e:
         print(f"mixgemm bench: error: {e}", file=sys.stderr)
         return 2
+    if args.list_models:
+        for m in models.catalog().values():
+            layers = ", ".join(f"{lay.name} {lay.k}x{lay.n}" for lay in models.linear_layers(m))
+            print(f"{m.name:<14} {m.source:<36} {layers}")
+        return 0
+    if chosen_models and shapes:
+        print("mixgemm bench: error: --model and --shapes both choose the shapes; give one", file=sys.stderr)
+        return 2
+    by_shape = models.model_layers(chosen_models) if chosen_models else {}
+    model_suite = None
+    if chosen_models:
+        every = any(p.strip().lower() == models.ALL for s in args.model for p in s.split(","))
+        model_suite = models.suite_for(chosen_models, every)
     dtype = DTYPES[args.dtype]
     cuda = torch.cuda.is_available()
     device = "cuda" if (args.device == "cuda" or (args.device == "auto" and cuda)) else "cpu"
@@ -188,9 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = args.methods
     if spec is None and device == "cuda" and dtype == torch.float32:
         spec = "default," + BASELINE_CPU  # fp32 activations: put fp32 cuBLAS beside them
+    # the methods the acceptance view reads, as far as --bits / --group-size give them
+    accept_names = ",".join(n for n in accept.METHODS if any(m.name == n for m in meths_all))
+    if spec is None and chosen_models:
+        spec = "default," + accept_names  # the peers and every method the acceptance view needs
+    elif spec == "accept":
+        spec = accept_names
     try:
         if spec and spec.startswith("default,"):
-            chosen = select(meths_all, None, device, args.quick) + select(meths_all, spec[8:], device)
+            # a model run has many shapes: leave out the methods too slow to set up for each (as --quick does)
+            slow_out = args.quick or bool(chosen_models)
+            chosen = select(meths_all, None, device, slow_out) + select(meths_all, spec[8:], device)
             chosen = list(dict.fromkeys(chosen))
         else:
             chosen = select(meths_all, spec, device, args.quick)
@@ -208,7 +272,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:<{width}}{'runs here' if not why else 'not here: ' + why}   {m.description}")
         return 0
 
-    if device == "cpu":
+    if device == "cpu" and chosen_models:
+        small = [s for s in by_shape if s[0] * s[1] <= CPU_MODEL_MAX_WEIGHTS]
+        plan = [(s, ms or CPU_PLAN[0][1]) for s in small]
+        print(f"mixgemm bench: no CUDA GPU{' used' if cuda else ' found'}: timing mixgemm's CPU fallback (float32, "
+              f"eager wall clock) on the {len(small)} of {len(by_shape)} layer shapes with at most "
+              f"{CPU_MODEL_MAX_WEIGHTS:,} weights (larger ones take minutes per case in eager PyTorch). No floors: "
+              "the acceptance view needs a CUDA GPU.", file=sys.stderr)
+        if not plan:
+            print("mixgemm bench: nothing to run on the CPU", file=sys.stderr)
+            return 2
+        dtype = torch.float32
+    elif chosen_models:
+        plan = [(s, ms or MODEL_M) for s in by_shape]
+    elif device == "cpu":
         plan = [((k, n), ms or CPU_PLAN[0][1]) for k, n in (shapes or [CPU_PLAN[0][0]])]
         what = "; ".join(f"{k}x{n} at M = {', '.join(map(str, m))}" for (k, n), m in plan)
         why = ("the shapes you named" if shapes else
@@ -236,28 +313,64 @@ def main(argv: list[str] | None = None) -> int:
                   "affected methods report an error for it", file=sys.stderr)
 
     quick = args.quick
-    cfg = SweepConfig(plan=plan, methods=chosen, device=device, dtype=dtype, group_size=args.group_size,
-                      seed=args.seed, quick=quick, max_bytes=int(args.max_mem_gb * 2**30),
-                      warmup_ms=10 if quick else 25, rep_ms=40 if quick else 100,
-                      extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:]})
-    total = sum(len(m) for _, m in plan) * len(chosen)
-    progress = Progress(total, enabled=not args.no_progress)
-    t0 = time.time()
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    suite = args.suite or suite_name(args, device, shapes, ms)
+    suite = args.suite or suite_name(args, device, shapes, ms, model_suite)
     prefix = os.path.join(args.out, protocol.gpu_dir(name), suite)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    labels = {f"{k}x{n}": models.shape_label(lays, len(chosen_models) > 1) for (k, n), lays in by_shape.items()}
     try:
-        data = run_sweep(cfg, progress, checkpoint=lambda part: output.write_json(part, prefix + ".json"))
-    finally:
-        progress.close()
+        previous = merge.load(prefix + ".json", name) if args.merge else None
+    except ValueError as e:
+        print(f"mixgemm bench: error: {e}", file=sys.stderr)
+        return 2
+    if previous:
+        plan, done = merge.remaining(plan, [m.name for m in chosen], previous)
+        if done:
+            print(f"mixgemm bench: --merge: {prefix}.json already holds {len(done)} shape(s) of this plan; "
+                  "skipping them", file=sys.stderr)
+
+    def finish(part: dict) -> dict:
+        """This run's data as written: with the layer names, merged into the previous file when asked."""
+        if labels:
+            part["layers"] = labels
+        return merge.combine(previous, part) if previous else part
+
+    t0 = time.time()
+    deadline = t0 + args.time_budget if args.time_budget else None
+    cfg = SweepConfig(plan=plan, methods=chosen, device=device, dtype=dtype, group_size=args.group_size,
+                      seed=args.seed, quick=quick, max_bytes=int(args.max_mem_gb * 2**30),
+                      warmup_ms=10 if quick else 25, rep_ms=40 if quick else 100, deadline=deadline,
+                      extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:]})
+    total = sum(len(m) for _, m in plan) * len(chosen)
+    if device == "cuda" and total:
+        est = estimate_seconds(plan, len(chosen), cfg.warmup_ms, cfg.rep_ms)
+        print(f"mixgemm bench: {len(plan)} shape(s), {total} cases: roughly {est / 60:.0f} min on an H100 (more "
+              "when slow peers run at large M, or kernels compile)", file=sys.stderr)
+    if previous and not plan:
+        print(f"mixgemm bench: --merge: nothing left to run; rendering {prefix}.json", file=sys.stderr)
+        data = previous
+    else:
+        progress = Progress(total, enabled=not args.no_progress)
+        try:
+            data = run_sweep(cfg, progress,
+                             checkpoint=lambda part: output.write_json(finish(part), prefix + ".json"))
+        finally:
+            progress.close()
+        data = finish(data)
     print(output.terminal_table(data))
     print()
     print(output.pivot_markdown(data))
     cmp = compare_markdown(data)
     if cmp:
         print("\n" + cmp)
+    if chosen_models and device == "cuda":
+        data["accept"] = {"read_ceiling_pct": args.read_ceiling_pct}
+        print("\n" + accept.to_markdown(data, read_ceiling_pct=args.read_ceiling_pct))
     paths = output.write_all(data, prefix, args.plot, csv_too=args.csv)
+    if data["meta"].get("not_run"):
+        left = data["meta"]["not_run"]
+        print(f"mixgemm bench: --time-budget: {len(left)} shape(s) not run ({', '.join(left[:8])}"
+              f"{', ...' if len(left) > 8 else ''}); run the same command with --merge to add them", file=sys.stderr)
     if args.plot and not any(p.endswith(".png") for p in paths):
         print("mixgemm bench: --plot needs matplotlib (pip install matplotlib); no PNG written",
               file=sys.stderr)

@@ -316,15 +316,16 @@ class _TrackedLayouts(dict):
         return super().__getitem__(key)
 
 
-def _prep_mixgemm_weight_only(bits: int, group_size: int | None):
-    """mixgemm.matmul(x, qw): W{bits}A16, symmetric; group_size None = the context's (W4) group size."""
+def _prep_mixgemm_weight_only(bits: int, group_size: int | None, mode: str = "sym"):
+    """mixgemm.matmul(x, qw): W{bits}A16 in weight mode ``mode`` ("sym" or "zero_point"); group_size None = the
+    context's (W4) group size."""
 
     def prepare(w: torch.Tensor, ctx: Context) -> Prepared:
         import mixgemm
         from mixgemm.formats import dequantize_weight, quantize_weight
 
         g = ctx.group_size if group_size is None else group_size
-        qw0 = quantize_weight(w, bits=bits, group_size=g, mode="sym", scale_dtype=torch.float16)
+        qw0 = quantize_weight(w, bits=bits, group_size=g, mode=mode, scale_dtype=torch.float16)
         first = dataclasses.replace(qw0, _layouts=_TrackedLayouts())
         w64 = dequantize_weight(qw0, torch.float64)
 
@@ -423,9 +424,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
 
 
-def mixgemm_weight_only_name(bits: int, group_size: int) -> str:
+def mixgemm_weight_only_name(bits: int, group_size: int, mode: str = "sym") -> str:
     g = "per-channel" if group_size == -1 else f"g{group_size}"
-    return f"mixgemm W{bits}A16 {g}"
+    return f"mixgemm W{bits}A16 {g}" + ("" if mode == "sym" else " " + mode.replace("_", "-"))
 
 
 BASELINE_GPU = "fp16 cuBLAS"
@@ -473,6 +474,11 @@ def mixgemm_methods(bits_list: list[int], group_size: int) -> list[Method]:
         out.append(Method(mixgemm_weight_only_name(bits, g), "mixgemm", _prep_mixgemm_weight_only(bits, g),
                           _module_unavailable("mixgemm.ops.matmul"), cpu=True,
                           description=f"mixgemm.matmul, W{bits} sym, GEMV (M <= 16) / GEMM dispatch"))
+        if bits == 4 and g != -1:  # the asymmetric format (GPTQ/AWQ-style zero points): an acceptance target too
+            out.append(Method(mixgemm_weight_only_name(bits, g, "zero_point"), "mixgemm",
+                              _prep_mixgemm_weight_only(bits, g, "zero_point"),
+                              _module_unavailable("mixgemm.ops.matmul"), cpu=True, default=False,
+                              description=f"mixgemm.matmul, W{bits} with uint8 zero points per group"))
     for bits in bits_list:
         g = group_size if bits == 4 else -1
         gname = "per-channel" if g == -1 else f"g{g}"
@@ -519,7 +525,8 @@ def select(methods: list[Method], spec: str | None, device: str, quick: bool = F
     'all' for every method; None for the defaults, less the slow ones with quick). On the CPU only CPU
     methods run."""
     if spec in (None, "", "default"):
-        chosen = [m for m in methods if (m.default and (m.quick or not quick)) or (device == "cpu" and m.cpu)]
+        chosen = [m for m in methods
+                  if (m.default and (m.quick or not quick)) or (device == "cpu" and m.name == BASELINE_CPU)]
     elif spec == "all":
         chosen = list(methods)
     else:

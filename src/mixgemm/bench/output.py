@@ -115,13 +115,15 @@ def pivot_markdown(data: dict, speedups: bool = True) -> str:
         if r.get("w4_floor_us") is not None:
             w4[(r["K"], r["N"], r["M"])] = r["w4_floor_us"]
     gpu = on_gpu(data)
-    head = ["K x N", "M"] + (["W4 floor"] if gpu else []) + meths
+    names = data.get("layers") or {}  # a --model run: the model layers of each K x N
+    head = ["K x N"] + (["layer"] if names else []) + ["M"] + (["W4 floor"] if gpu else []) + meths
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     layer = {(r["K"], r["N"], r["M"]): (r["layer"], r["batch"]) for r in data["results"] if r.get("layer")}
     for k, n, m in cases:
         lab = layer.get((k, n, m))
         kn, mm = (f"{lab[0]} ({k}x{n})", f"B={lab[1]} ({m})") if lab else (f"{k}x{n}", str(m))
-        row = [kn, mm] + ([_fmt_us(w4.get((k, n, m)))] if gpu else [])
+        row = [kn] + ([names.get(f"{k}x{n}", "")] if names else []) + [mm] + \
+            ([_fmt_us(w4.get((k, n, m)))] if gpu else [])
         for meth in meths:
             r = by.get((k, n, m, meth))
             cell = _cell(r)
@@ -172,6 +174,12 @@ def to_markdown(data: dict) -> str:
     cmp = compare_markdown(data)
     if cmp:
         out += ["", "## Against the protocol's published peer numbers", "", cmp]
+    if data.get("accept") is not None and on_gpu(data):
+        from mixgemm.bench import accept
+
+        out += ["", accept.to_markdown(data, read_ceiling_pct=data["accept"].get("read_ceiling_pct")).rstrip()]
+    if data["meta"].get("not_run"):
+        out += ["", "## Not run (time budget)", "", ", ".join(data["meta"]["not_run"])]
     if data.get("unavailable"):
         out += ["", "## Not run here", ""] + [f"- {k}: {v}" for k, v in data["unavailable"].items()]
     return "\n".join(out) + "\n"
@@ -186,11 +194,15 @@ def terminal_table(data: dict) -> str:
     lines = [header_line(data), ceilings_line(data), head, "-" * len(head)]
     order = {m: i for i, m in enumerate(method_order(data))}
     rows = sorted(data["results"], key=lambda r: (r["K"], r["N"], r["M"], order.get(r["method"], 99)))
+    names = data.get("layers") or {}
     last = None
     for r in rows:
         key = (r["K"], r["N"], r["M"])
         if last is not None and key != last:
             lines.append("")
+        kn = f"{r['K']}x{r['N']}"
+        if names.get(kn) and (last is None or key[:2] != last[:2]):
+            lines.append(f"{kn}: {names[kn]}")
         last = key
         ok = r["status"] == "ok"
         status = "ok" if ok else f"{r['status'].upper()}: {r.get('note', '')}"

@@ -41,6 +41,7 @@ class SweepConfig:
     warmup_ms: float = 25
     rep_ms: float = 100
     extra_meta: dict = field(default_factory=dict)
+    deadline: float | None = None  # time.time() after which no new shape starts (the run ends short)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -123,8 +124,12 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
     rate = {"fp16": ceil.get("fp16_flops"), "int8": ceil.get("int8_ops"),
             "fp32": ceil.get("fp32_flops") or ceil.get("fp16_flops")}
 
+    not_run: list[str] = []
     for shape, ms in cfg.plan:
         conv = isinstance(shape, ConvSpec)
+        if cfg.deadline is not None and time.time() > cfg.deadline:
+            not_run.append(shape.name if conv else f"{shape[0]}x{shape[1]}")
+            continue
         if conv:
             ctx.notes["conv_spec"] = shape
             w = shape.weight(cfg.seed, device)
@@ -227,12 +232,31 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
             prep = layers = None  # drop this method's copies before the next one
             _free(device)
             if checkpoint:
+                derive(results, baseline, device)
                 checkpoint({"meta": {**meta, "partial": True}, "ceilings": ceil, "baseline": baseline,
                             "results": results, "unavailable": unavailable})
         w = None
         _free(device)
 
-    # derived columns: time used for ratios (graph when there is one), % of floor, speedup over the baseline
+    derive(results, baseline, device)
+    if not_run:
+        meta["not_run"] = not_run  # shapes a time budget left out
+    meta["wall_s"] = round(time.time() - t_start, 1)
+    if device == "cuda":
+        after = protocol._nvidia_smi()  # clocks under load (the first reading is usually the idle clock)
+        if after:
+            after.pop("driver_version", None)
+            meta["clocks_after"] = after
+    listed = [{"name": m.name, "family": m.family, "description": m.description} for m in cfg.methods]
+    if cfg.plan and all(isinstance(s, ConvSpec) for s, _ in cfg.plan):
+        baseline = CONV_BASELINE
+    return {"meta": meta, "ceilings": ceil, "baseline": baseline, "results": results,
+            "unavailable": unavailable, "methods": listed}
+
+
+def derive(results: list[dict], baseline: str, device: str) -> None:
+    """The derived columns of each case, in place: time_us (graph when there is one), % of floor and the speedup
+    over the baseline measured on the same case (K, N, M)."""
     base_t = {}
     base_name = {"matmul": baseline, "conv": CONV_BASELINE}
     for r in results:
@@ -249,14 +273,3 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
         r["speedup"] = b["time_us"] / r["time_us"] if b and r["time_us"] else None
         r["speedup_eager"] = (b["eager_us"] / r["eager_us"]
                               if b and r.get("eager_us") and b.get("eager_us") else None)
-    meta["wall_s"] = round(time.time() - t_start, 1)
-    if device == "cuda":
-        after = protocol._nvidia_smi()  # clocks under load (the first reading is usually the idle clock)
-        if after:
-            after.pop("driver_version", None)
-            meta["clocks_after"] = after
-    listed = [{"name": m.name, "family": m.family, "description": m.description} for m in cfg.methods]
-    if cfg.plan and all(isinstance(s, ConvSpec) for s, _ in cfg.plan):
-        baseline = CONV_BASELINE
-    return {"meta": meta, "ceilings": ceil, "baseline": baseline, "results": results,
-            "unavailable": unavailable, "methods": listed}

@@ -1,0 +1,265 @@
+"""The acceptance view of a model-shapes run (issue 40): one row per (K, N) layer shape and a verdict per line.
+
+Computed from the JSON `mixgemm bench --model ...` writes (one run, or several merged with --merge):
+
+* decode (M = 1): W4A16 g128 (sym and zero-point) and W8A16 per-channel reach >= 85% of the floor on layers whose
+  int4 weight is >= 16 MiB and >= 70% on 4-16 MiB layers (smaller layers: reported, no bar). With a measured
+  no-math read ceiling (``read_ceiling_pct``, % of the copy bandwidth), the bar of the big layers is
+  min(85%, 92% of that ceiling): the H200 reads at ~89% of its copy rate.
+* M = 16 costs at most 1.4x the M = 1 time on layers of >= 16 MiB (same three methods).
+* every M in [256, 16384]: the weight-only methods >= 0.95x fp16 cuBLAS on every shape, and the median over the
+  shapes >= 1.05x for each M.
+* W8A8 per-token and W4A8 per-token with integer group scales (activation quantization inside the call): >= 1.6x
+  fp16 cuBLAS for M >= 2048 on every shape with N and K >= 4096.
+
+A line PASSes when every case it needs was measured and meets its bar, FAILs when a measured case misses it (or a
+case was WRONG or raised), and is INCOMPLETE when cases are missing but none failed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from mixgemm.bench.methods import BASELINE_GPU, mixgemm_weight_only_name
+
+MIB = 2**20
+W4_SYM = mixgemm_weight_only_name(4, 128)
+W4_ZP = mixgemm_weight_only_name(4, 128, "zero_point")
+W8 = mixgemm_weight_only_name(8, -1)
+W8A8 = "mixgemm W8A8 per-channel"
+W4A8 = "mixgemm W4A8 g128 int-scales act per-token"
+WEIGHT_ONLY = (W4_SYM, W4_ZP, W8)
+ACT_QUANT = (W8A8, W4A8)
+METHODS = (BASELINE_GPU, *WEIGHT_ONLY, *ACT_QUANT)  # what the acceptance needs measured
+
+
+@dataclass(frozen=True)
+class Bars:
+    big_mib: float = 16.0  # int4 weight size from which the big-layer bars hold
+    small_mib: float = 4.0
+    big_pct: float = 85.0
+    small_pct: float = 70.0
+    read_ceiling_share: float = 0.92  # of a measured no-math read ceiling
+    m16_ratio: float = 1.4
+    gemm_m: tuple[int, int] = (256, 16384)
+    gemm_min: float = 0.95
+    gemm_median: float = 1.05
+    a8_min_m: int = 2048
+    a8_min_kn: int = 4096
+    a8_min: float = 1.6
+
+
+@dataclass
+class Line:
+    """One acceptance line: its verdict and the cases behind it."""
+
+    name: str
+    bar: str
+    failures: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    checked: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        if self.failures:
+            return "FAIL"
+        if self.missing or not self.checked:
+            return "INCOMPLETE"
+        return "PASS"
+
+
+def int4_mib(k: int, n: int) -> float:
+    """Size of the int4 codes of a K x N layer in MiB (the size class of the decode bars)."""
+    return k * n / 2 / MIB
+
+
+class Cases:
+    """The results of a run indexed by (K, N, M, method)."""
+
+    def __init__(self, data: dict):
+        self.by = {(r["K"], r["N"], r["M"], r["method"]): r for r in data["results"] if r.get("kind", "matmul")
+                   == "matmul"}
+        self.shapes = sorted({(k, n) for k, n, _, _ in self.by})
+        self.ms = sorted({m for _, _, m, _ in self.by})
+        self.peers = sorted({r["method"] for r in data["results"]
+                             if r.get("family") == "peer" and r["method"] != data.get("baseline")})
+
+    def get(self, k: int, n: int, m: int, method: str) -> dict | None:
+        return self.by.get((k, n, m, method))
+
+    def value(self, line: Line, what: str, k: int, n: int, m: int, method: str, key: str) -> float | None:
+        """r[key] of an ok case; a missing case is noted as missing, a wrong/error one as a failure."""
+        r = self.get(k, n, m, method)
+        where = f"{k}x{n} M={m} {method}"
+        if r is None:
+            line.missing.append(f"{where}: not measured")
+            return None
+        if r["status"] != "ok":
+            if r["status"] in ("wrong", "error"):
+                line.failures.append(f"{where}: {r['status'].upper()} ({(r.get('note') or '')[:80]})")
+            else:
+                line.missing.append(f"{where}: {r['status']} ({(r.get('note') or '')[:80]})")
+            return None
+        v = r.get(key)
+        if v is None:
+            line.missing.append(f"{where}: no {what}")
+        return v
+
+
+def _decode_bar(mib: float, bars: Bars, read_ceiling_pct: float | None) -> float | None:
+    if mib >= bars.big_mib:
+        if read_ceiling_pct:
+            return min(bars.big_pct, bars.read_ceiling_share * read_ceiling_pct)
+        return bars.big_pct
+    if mib >= bars.small_mib:
+        return bars.small_pct
+    return None
+
+
+def evaluate(data: dict, bars: Bars | None = None, read_ceiling_pct: float | None = None) -> list[Line]:
+    """The four acceptance lines of the run in data (see the module docstring)."""
+    bars = bars or Bars()
+    cs = Cases(data)
+    big = (f"min({bars.big_pct:.0f}%, {bars.read_ceiling_share:.0%} of the read ceiling {read_ceiling_pct:.0f}%)"
+           if read_ceiling_pct else f"{bars.big_pct:.0f}%")
+    decode = Line("M = 1, % of floor", f"W4A16 g128 sym / zero-point and W8A16 per-channel: >= {big} of the floor "
+                  f"when the int4 weight is >= {bars.big_mib:.0f} MiB, >= {bars.small_pct:.0f}% for "
+                  f"{bars.small_mib:.0f}-{bars.big_mib:.0f} MiB")
+    m16 = Line("M = 16 / M = 1 time", f"<= {bars.m16_ratio}x on layers >= {bars.big_mib:.0f} MiB (same methods)")
+    lo, hi = bars.gemm_m
+    gemm = Line(f"M {lo}-{hi} vs fp16 cuBLAS", f"W4A16 / W8A16 >= {bars.gemm_min}x on every shape and M, median "
+                f"over the shapes >= {bars.gemm_median}x per M")
+    a8 = Line("W8A8 / W4A8 per-token vs fp16 cuBLAS", f">= {bars.a8_min}x for M >= {bars.a8_min_m} on shapes with "
+              f"N and K >= {bars.a8_min_kn} (activation quantization included)")
+    for k, n in cs.shapes:
+        mib = int4_mib(k, n)
+        bar = _decode_bar(mib, bars, read_ceiling_pct)
+        for meth in WEIGHT_ONLY:
+            if bar is not None:
+                pct = cs.value(decode, "% of floor", k, n, 1, meth, "pct_floor")
+                if pct is not None:
+                    decode.checked += 1
+                    if pct < bar:
+                        decode.failures.append(f"{k}x{n} ({mib:.1f} MiB) {meth}: {pct:.1f}% < {bar:.1f}%")
+            if mib >= bars.big_mib:
+                t1 = cs.value(m16, "time", k, n, 1, meth, "time_us")
+                t16 = cs.value(m16, "time", k, n, 16, meth, "time_us")
+                if t1 and t16:
+                    m16.checked += 1
+                    if t16 / t1 > bars.m16_ratio:
+                        m16.failures.append(f"{k}x{n} {meth}: {t16 / t1:.2f}x")
+            for m in (m for m in cs.ms if lo <= m <= hi):
+                s = cs.value(gemm, "speedup", k, n, m, meth, "speedup")
+                if s is not None:
+                    gemm.checked += 1
+                    if s < bars.gemm_min:
+                        gemm.failures.append(f"{k}x{n} M={m} {meth}: {s:.2f}x")
+        if k >= bars.a8_min_kn and n >= bars.a8_min_kn:
+            for meth in ACT_QUANT:
+                for m in (m for m in cs.ms if m >= bars.a8_min_m):
+                    s = cs.value(a8, "speedup", k, n, m, meth, "speedup")
+                    if s is not None:
+                        a8.checked += 1
+                        if s < bars.a8_min:
+                            a8.failures.append(f"{k}x{n} M={m} {meth}: {s:.2f}x")
+    for meth, m, med in gemm_medians(cs, bars):
+        if med < bars.gemm_median:
+            gemm.failures.append(f"{meth} M={m}: median over the shapes {med:.2f}x < {bars.gemm_median}x")
+    if not any(m >= bars.a8_min_m for m in cs.ms):
+        a8.missing.append(f"no M >= {bars.a8_min_m} in this run")
+    if not any(lo <= m <= hi for m in cs.ms):
+        gemm.missing.append(f"no M in [{lo}, {hi}] in this run")
+    return [decode, m16, gemm, a8]
+
+
+def gemm_medians(cs: Cases, bars: Bars) -> list[tuple[str, int, float]]:
+    """(method, M, median over the shapes of the speedup over fp16 cuBLAS) for the weight-only methods."""
+    lo, hi = bars.gemm_m
+    out = []
+    for meth in WEIGHT_ONLY:
+        for m in (m for m in cs.ms if lo <= m <= hi):
+            vals = [r["speedup"] for k, n in cs.shapes if (r := cs.get(k, n, m, meth)) and r["status"] == "ok"
+                    and r.get("speedup") is not None]
+            if vals:
+                out.append((meth, m, statistics.median(vals)))
+    return out
+
+
+def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if v is None else format(v, spec) + suffix
+
+
+def _ok(r: dict | None, key: str) -> float | None:
+    return r.get(key) if r is not None and r["status"] == "ok" else None
+
+
+def _worst(cs: Cases, k: int, n: int, meth: str, ms: list[int]) -> float | None:
+    """The smallest speedup over fp16 cuBLAS of meth on K x N over the M in ms (None when none was measured)."""
+    vals = [v for m in ms if (v := _ok(cs.get(k, n, m, meth), "speedup")) is not None]
+    return min(vals) if vals else None
+
+
+def shape_table(data: dict, bars: Bars | None = None) -> str:
+    """Markdown: per shape its layers, int4 size, M = 1 % of floor, M16/M1, the worst ratio to fp16 cuBLAS over
+    M in the GEMM range (weight-only) and over M >= 2048 (int8 activations), and the best W4 peer's time over
+    mixgemm W4's at M = 1."""
+    bars = bars or Bars()
+    cs = Cases(data)
+    lo, hi = bars.gemm_m
+    labels = data.get("layers") or {}
+    head = ["K x N", "layers", "int4 MiB", "M=1 % floor W4 sym / zp / W8", "M16/M1 W4 sym / zp / W8",
+            f"min x cuBLAS M {lo}-{hi} W4 sym / zp / W8", f"min x cuBLAS M>={bars.a8_min_m} W8A8 / W4A8",
+            "M=1 W4 sym speedup over the best peer"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for k, n in cs.shapes:
+        pct = [_ok(cs.get(k, n, 1, m), "pct_floor") for m in WEIGHT_ONLY]
+        ratio = []
+        for m in WEIGHT_ONLY:
+            t1, t16 = _ok(cs.get(k, n, 1, m), "time_us"), _ok(cs.get(k, n, 16, m), "time_us")
+            ratio.append(t16 / t1 if t1 and t16 else None)
+
+        gm = [_worst(cs, k, n, m, [x for x in cs.ms if lo <= x <= hi]) for m in WEIGHT_ONLY]
+        a8 = [_worst(cs, k, n, m, [x for x in cs.ms if x >= bars.a8_min_m]) for m in ACT_QUANT]
+        peers = [t for p in cs.peers if (t := _ok(cs.get(k, n, 1, p), "time_us"))]
+        mine = _ok(cs.get(k, n, 1, W4_SYM), "time_us")
+        peer = min(peers) / mine if peers and mine else None
+        lines.append("| " + " | ".join([
+            f"{k}x{n}", labels.get(f"{k}x{n}", ""), f"{int4_mib(k, n):.1f}",
+            " / ".join(_fmt(v, ".0f", "%") for v in pct), " / ".join(_fmt(v, ".2f") for v in ratio),
+            " / ".join(_fmt(v, ".2f") for v in gm), " / ".join(_fmt(v, ".2f") for v in a8), _fmt(peer, ".2f"),
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | None = None,
+                max_items: int = 12, title: bool = True) -> str:
+    """The acceptance view: the verdict of each line (with its failures), the medians and the per-shape table."""
+    bars = bars or Bars()
+    lines_ = evaluate(data, bars, read_ceiling_pct)
+    out = ([f"## Acceptance view: {data['meta'].get('gpu')}", ""] if title else []) + [
+           f"{len(Cases(data).shapes)} shapes; M measured: {', '.join(map(str, Cases(data).ms))}. Sizes in MiB of "
+           "int4 codes; % of floor = floor / time (docs/benchmarking.md); ratios = fp16 cuBLAS time / time, same run.",
+           "", "| line | bar | verdict | cases | failures | missing |", "|---|---|---|---|---|---|"]
+    for ln in lines_:
+        out.append(f"| {ln.name} | {ln.bar} | **{ln.verdict}** | {ln.checked} | {len(ln.failures)} | "
+                   f"{len(ln.missing)} |")
+    for ln in lines_:
+        if ln.failures or ln.missing or ln.notes:
+            out += ["", f"**{ln.name}** ({ln.verdict})"]
+            for what, items in (("", ln.notes), ("fail: ", ln.failures), ("missing: ", ln.missing)):
+                out += [f"- {what}{x}" for x in items[:max_items]]
+                if len(items) > max_items:
+                    out.append(f"- {what}... and {len(items) - max_items} more")
+    meds = gemm_medians(Cases(data), bars)
+    if meds:
+        ms = sorted({m for _, m, _ in meds})
+        table = {(meth, m): v for meth, m, v in meds}
+        out += ["", "Median over the shapes of the ratio to fp16 cuBLAS:", "",
+                "| method | " + " | ".join(f"M={m}" for m in ms) + " |", "|---|" + "---|" * len(ms)]
+        for meth in WEIGHT_ONLY:
+            if any((meth, m) in table for m in ms):
+                out.append(f"| {meth} | " + " | ".join(_fmt(table.get((meth, m)), ".2f") for m in ms) + " |")
+    out += ["", shape_table(data, bars)]
+    return "\n".join(out) + "\n"
