@@ -42,7 +42,7 @@ def _weight(n, k, seed=0):
 @pytest.mark.parametrize("world", [2, 4])
 def test_shards_reassemble_the_weight_exactly(bits, mode, group, world):
     scale_dtype = torch.bfloat16 if mode == "offset" else torch.float16
-    qw = quantize_weight(_weight(48 * world, 1024),
+    qw = quantize_weight(_weight(48 * world, 512),
                          bits=bits, group_size=group, mode=mode, scale_dtype=scale_dtype)
     full = dequantize_weight(qw, torch.float64)
     for dim in (0, 1):

@@ -19,6 +19,7 @@ Models (float32, random weights):
 from __future__ import annotations
 
 import copy
+import datetime
 import os
 import socket
 
@@ -242,7 +243,7 @@ def _error_cases(mesh, directory: str, cases: dict, res: dict) -> None:
 def worker(rank: int, world: int, port: int, directory: str, cases: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
     from torch.distributed.device_mesh import DeviceMesh
 
     results: dict = {}
