@@ -118,6 +118,7 @@ def test_bad_splits_name_the_layer_and_sizes():
     with pytest.raises(ValueError, match=r"w: row-parallel.*K=6.*K=3 per rank.*even"):
         check_split((16, 6), QuantConfig(bits=4, group_size=-1), 1, 2, "w")
     check_split((16, 6), QuantConfig(bits=8, group_size=-1), 1, 2, "w")  # int8 per-channel: any K split is exact
+    assert check_split((8, 96), cfg, 0, 1) == 8 and check_split((8, 96), cfg, 1, 1) == 96  # one rank: no split
     qw = quantize_weight(_weight(64, 256), bits=4, group_size=64)
     for rank, world in ((2, 2), (-1, 2), (0, 0)):
         with pytest.raises(ValueError, match="rank"):
@@ -180,6 +181,9 @@ def test_activation_quantized_error_within_1_25x(tp, case, world):
     err_1 = float((c["ref"].double() - c["ref64"]).norm())
     assert err_1 > 0 and err_tp <= 1.25 * err_1
     assert all(torch.equal(g, got[0]) for g in got[1:])
+    cfg = c["config"]
+    if cfg.group_size != -1 and cfg.act_block == "group":  # activation blocks = weight groups: none is cut
+        assert _rel(got[0], c["ref"]) <= EXACT
     if "token int-scales" in case:
         routes = [x for r in ranks[:world] for x in r[world][case]["int_scale_routes"]]
         assert routes and all(routes)

@@ -54,6 +54,8 @@ def check_split(shape: tuple[int, int], config: QuantConfig, dim: int, world: in
     _check_rank(0, world)
     n, k = shape
     size = shape[dim]
+    if world == 1:  # nothing is split
+        return size
     what = "N (out_features)" if dim == COLWISE else "K (in_features)"
     if size % world:
         raise ValueError(f"{layer}: {_DIM_NAME[dim]} split of [N={n}, K={k}] over {world} ranks: {what}={size} is not "
