@@ -230,3 +230,13 @@ def test_bad_plans_raise_on_every_rank(tp):
     assert "model.layers.0.self_attn.q_proj" in e["error style"] and "'sequence_parallel'" in e["error style"]
     assert e["error group"].startswith("model.layers.0.self_attn.o_proj: row-parallel split of [N=512, K=512] over 4 "
                                        "ranks gives K=128 per rank, not a multiple of the group size 256")
+
+
+def test_model_plan_is_the_models_own():
+    from mixgemm.distributed import model_tp_plan
+    from mixgemm.integrations.hf import llama_config, random_llama
+
+    plan = model_tp_plan(random_llama(llama_config()))
+    assert plan["model.layers.*.self_attn.q_proj"] == "colwise" and plan["model.layers.*.mlp.down_proj"] == "rowwise"
+    assert plan["lm_head"] in ("colwise_rep", "colwise_gather_output")  # transformers' name for it changed
+    assert len(plan) == 8

@@ -92,24 +92,29 @@ def _tied(model: nn.Module) -> set[int]:
     return {i for i, c in counts.items() if c > 1}
 
 
-def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int) -> None:
+def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int, given: bool) -> None:
+    """The split ``style`` makes of ``module`` is exact (QuantLinear: check_split; float Linear / Embedding: the split
+    dimension divides by ``world``). ``given``: the plan held the style object itself (any module is then left to
+    it), not a style name."""
+    ours = isinstance(style, ColwiseParallel | RowwiseParallel)
     if isinstance(module, QuantLinear):
-        if not isinstance(style, ColwiseParallel | RowwiseParallel):
+        if not ours:
             raise ValueError(f"{name}: {type(style).__name__} ({type(style).__module__}) cannot shard a QuantLinear; "
                              "use mixgemm.distributed.ColwiseParallel / RowwiseParallel (torch's options)")
         dim = COLWISE if isinstance(style, ColwiseParallel) else ROWWISE
         check_split((module.out_features, module.in_features), module.config, dim, world, name)
-        return
-    if isinstance(module, nn.Linear | nn.Embedding):
-        size = module.out_features if isinstance(module, nn.Linear) else module.num_embeddings
-        if isinstance(style, ColwiseParallel | RowwiseParallel) and isinstance(module, nn.Linear):
-            size = module.out_features if isinstance(style, ColwiseParallel) else module.in_features
+    elif ours and isinstance(module, nn.Linear | nn.Embedding):
+        colwise = isinstance(style, ColwiseParallel)
+        if isinstance(module, nn.Linear):
+            size = module.out_features if colwise else module.in_features
+        else:
+            size = module.embedding_dim if colwise else module.num_embeddings
         if size % world:
-            raise ValueError(f"{name}: {type(style).__name__} over {world} ranks: dimension {size} of "
+            raise ValueError(f"{name}: {type(style).__name__} over {world} ranks: the split dimension ({size}) of "
                              f"{type(module).__name__} is not divisible by {world}")
-        return
-    raise ValueError(f"{name}: {type(style).__name__} cannot shard a {type(module).__name__} (it shards QuantLinear, "
-                     "nn.Linear and nn.Embedding)")
+    elif not given:
+        raise ValueError(f"{name}: {type(style).__name__} cannot shard a {type(module).__name__} (it shards "
+                         "QuantLinear, nn.Linear and nn.Embedding)")
 
 
 def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | None = None, *,
@@ -142,7 +147,7 @@ def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | Non
         if any(id(p) in tied for p in module.parameters(recurse=False)):
             report.skipped[name] = f"{plan[key]}: its parameters are tied to another module"
             continue
-        _check_module(name, module, style, world)
+        _check_module(name, module, style, world, given=isinstance(plan[key], ParallelStyle))
         resolved[name] = style
         report.sharded[name] = plan[key] if isinstance(plan[key], str) else repr(plan[key])
     parallelize_module(model, device_mesh, resolved, src_data_rank=src_data_rank)
