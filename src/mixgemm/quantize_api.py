@@ -173,6 +173,15 @@ def _why_not_conv(mod: nn.Conv2d, config: _Precision, tied: set) -> str | None:
     return None
 
 
+def _is_sharded(linear: nn.Module) -> bool:
+    """True when the Linear's weight is a DTensor (a tensor-parallel shard)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(linear.weight, DTensor)
+
+
 def quantize_(model: nn.Module, config: _Precision,
               filter_fn: Callable[[nn.Module, str], bool] | None = None) -> QuantizeReport:
     """Replace, in place, every nn.Linear of ``model`` (for which ``filter_fn(module, name)`` is True, when
@@ -180,6 +189,9 @@ def quantize_(model: nn.Module, config: _Precision,
     device, and every nn.Conv2d by a QuantConv2d (weight-only configs; blocks along Ci within each tap).
     Layers it cannot handle (K not divisible by the group size, odd K for 4 bits, tied weights,
     meta / non-float / non-finite weights) are left as they are and listed in the returned report.
+    A Linear already sharded by mixgemm.distributed (tensor parallel, its weight a DTensor) is quantized from its
+    full weight and sharded the same way, so quantizing before or after sharding gives the same model (call it on
+    every rank, as the sharding itself).
     """
     if not isinstance(config, _Precision):
         raise TypeError(f"config must be W4A16, W8A16, W8A8 or W4A8, got {type(config).__name__}")
@@ -199,6 +211,11 @@ def quantize_(model: nn.Module, config: _Precision,
             report.excluded.append(name)
             continue
         conv = type(mod) is nn.Conv2d
+        reshard = None
+        if not conv and _is_sharded(mod):  # tensor-parallel: quantize the full weight, then shard it the same way
+            from mixgemm.distributed.styles import sharded_linear_source
+
+            mod, reshard = sharded_linear_source(mod, name)
         why = _why_not_conv(mod, config, tied) if conv else _why_not(mod, cfg, tied)
         if why is not None:
             report.skipped[name] = why
@@ -216,6 +233,8 @@ def quantize_(model: nn.Module, config: _Precision,
             report.skipped[name] = str(e)
             continue
         q.train(mod.training)
+        if reshard is not None:
+            q = reshard(q)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, q)
         report.replaced.append(name)

@@ -1,0 +1,157 @@
+"""``tensor_parallel_(model, device_mesh)``: shard a Hugging Face model along its own tensor-parallel plan.
+
+The plan is the model's: ``config.base_model_tp_plan`` (keys relative to the base model, e.g.
+``"layers.*.self_attn.q_proj": "colwise"``) plus the head's class-level ``_tp_plan`` (e.g. ``lm_head``), or one
+passed in. Its string styles map to mixgemm's ColwiseParallel / RowwiseParallel (mixgemm.distributed.styles), which
+shard QuantLinear layers and hand float nn.Linear / nn.Embedding layers to torch's own styles; the plan is applied
+with torch's ``parallelize_module``. Every split is checked, for every rank alike, before anything is sharded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+from mixgemm.distributed.shard import COLWISE, ROWWISE, check_split
+from mixgemm.distributed.styles import ColwiseParallel, RowwiseParallel
+from mixgemm.nn.linear import QuantLinear
+
+# transformers' style names (transformers.distributed.tensor_parallel) that this module implements
+_STYLES = {
+    "colwise": lambda: ColwiseParallel(),
+    "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+    "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+    "rowwise": lambda: RowwiseParallel(),
+    "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+    "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate()),
+    "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+}
+
+
+@dataclass
+class TensorParallelReport:
+    """What tensor_parallel_ did: ``sharded`` {module name: style}, ``skipped`` {module name: why}."""
+
+    world_size: int
+    sharded: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"tensor_parallel_ over {self.world_size} ranks: {len(self.sharded)} modules sharded, "
+                 f"{len(self.skipped)} left replicated"]
+        lines += [f"  replicated {name}: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def model_tp_plan(model: nn.Module) -> dict[str, str | ParallelStyle]:
+    """The model's own plan with keys relative to ``model``: its config's ``base_model_tp_plan`` (prefixed with the
+    base model's attribute name when ``model`` wraps it, as LlamaForCausalLM wraps ``model``) and the class-level
+    ``_tp_plan`` of the head (e.g. {"lm_head": "colwise_gather_output"})."""
+    config = getattr(model, "config", None)
+    base = dict(getattr(config, "base_model_tp_plan", None) or {})
+    prefix = getattr(model, "base_model_prefix", "")
+    if prefix and isinstance(getattr(model, prefix, None), nn.Module):
+        base = {f"{prefix}.{k}": v for k, v in base.items()}
+    head = dict(getattr(type(model), "_tp_plan", None) or {})
+    head = {k: v for k, v in head.items() if not (prefix and k.startswith(prefix + "."))}
+    return {**base, **head}
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """parallelize_module's matching: dotted tokens, each an fnmatch pattern."""
+    p, n = pattern.split("."), name.split(".")
+    return len(p) == len(n) and all(fnmatch(a, b) for a, b in zip(n, p, strict=True))
+
+
+def _style_of(value, name: str) -> ParallelStyle:
+    if isinstance(value, ParallelStyle):
+        return value
+    if value not in _STYLES:
+        raise ValueError(f"{name}: tensor-parallel style {value!r} is not supported by mixgemm.distributed "
+                         f"(supported: {sorted(_STYLES)}); pass a plan without it, or a ParallelStyle object")
+    return _STYLES[value]()
+
+
+def _check_heads(config, world: int) -> None:
+    for attr in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, attr, None)
+        if isinstance(heads, int) and heads % world:
+            raise ValueError(f"{attr}={heads} is not divisible by the tensor-parallel size {world}: attention heads "
+                             "are split whole across ranks")
+
+
+def _tied(model: nn.Module) -> set[int]:
+    counts: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        counts[id(p)] = counts.get(id(p), 0) + 1
+    return {i for i, c in counts.items() if c > 1}
+
+
+def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int, given: bool) -> None:
+    """The split ``style`` makes of ``module`` is exact (QuantLinear: check_split; float Linear / Embedding: the split
+    dimension divides by ``world``). ``given``: the plan held the style object itself (any module is then left to
+    it), not a style name."""
+    ours = isinstance(style, ColwiseParallel | RowwiseParallel)
+    if isinstance(module, QuantLinear):
+        if not ours:
+            raise ValueError(f"{name}: {type(style).__name__} ({type(style).__module__}) cannot shard a QuantLinear; "
+                             "use mixgemm.distributed.ColwiseParallel / RowwiseParallel (torch's options)")
+        dim = COLWISE if isinstance(style, ColwiseParallel) else ROWWISE
+        check_split((module.out_features, module.in_features), module.config, dim, world, name)
+    elif ours and isinstance(module, nn.Linear | nn.Embedding):
+        colwise = isinstance(style, ColwiseParallel)
+        if isinstance(module, nn.Linear):
+            size = module.out_features if colwise else module.in_features
+        else:
+            size = module.embedding_dim if colwise else module.num_embeddings
+        if size % world:
+            raise ValueError(f"{name}: {type(style).__name__} over {world} ranks: the split dimension ({size}) of "
+                             f"{type(module).__name__} is not divisible by {world}")
+    elif not given:
+        raise ValueError(f"{name}: {type(style).__name__} cannot shard a {type(module).__name__} (it shards "
+                         "QuantLinear, nn.Linear and nn.Embedding)")
+
+
+def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | None = None, *,
+                     src_data_rank: int | None = 0) -> TensorParallelReport:
+    """Shard ``model`` in place over the 1-D ``device_mesh`` along ``plan`` (default: the model's own,
+    ``model_tp_plan``; values are transformers' style names or ParallelStyle objects). Quantize before (QuantLinear
+    layers are sliced) or after (quantize_ quantizes a sharded nn.Linear's full weight, then shards it the same way).
+
+    Checked first, on every rank alike (ValueError naming the module and the sizes): attention head counts divisible
+    by the mesh size, every split exact (mixgemm.distributed.shard.check_split), every style supported. Modules
+    whose parameters are tied to another module stay replicated (listed in the report's ``skipped``).
+    ``src_data_rank``: as parallelize_module's (rank 0's weights are broadcast; None: each rank uses its own).
+    """
+    if not isinstance(device_mesh, DeviceMesh) or device_mesh.ndim != 1:
+        raise ValueError(f"device_mesh must be a 1-D torch DeviceMesh, got {device_mesh!r}")
+    world = device_mesh.size()
+    plan = model_tp_plan(model) if plan is None else dict(plan)
+    if not plan:
+        raise ValueError(f"{type(model).__name__} has no tensor-parallel plan (config.base_model_tp_plan); pass one")
+    _check_heads(getattr(model, "config", None), world)
+    report = TensorParallelReport(world_size=world)
+    tied = _tied(model)
+    resolved: dict[str, ParallelStyle] = {}
+    for name, module in model.named_modules():
+        keys = [k for k in plan if _matches(k, name)]
+        if not keys:
+            continue
+        key = keys[-1]  # later entries override earlier ones (the head's after the base model's)
+        style = _style_of(plan[key], name)
+        if any(id(p) in tied for p in module.parameters(recurse=False)):
+            report.skipped[name] = f"{plan[key]}: its parameters are tied to another module"
+            continue
+        _check_module(name, module, style, world, given=isinstance(plan[key], ParallelStyle))
+        resolved[name] = style
+        report.sharded[name] = plan[key] if isinstance(plan[key], str) else repr(plan[key])
+    parallelize_module(model, device_mesh, resolved, src_data_rank=src_data_rank)
+    return report
+
+
+__all__ = ["TensorParallelReport", "model_tp_plan", "tensor_parallel_"]

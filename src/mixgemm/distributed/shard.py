@@ -1,0 +1,154 @@
+"""Slicing a block-quantized weight, or a QuantLinear, into one rank's tensor-parallel shard.
+
+Pure functions of (weight, rank, world): no process group is needed, so every check can be tested in one
+process, and every rank reaches the same verdict (a bad split raises on all ranks, before any collective).
+
+* Column parallel (``dim=0``, split along N): each rank keeps N / world whole output rows: their packed codes,
+  scales, zeros / offsets and bias. N / world must be a multiple of ``N_GRANULARITY`` rows.
+* Row parallel (``dim=1``, split along K): each rank keeps K / world input features of every row. The split must
+  fall on group boundaries (K / world a multiple of the group size), so every group's scale, zero point and offset
+  go with it whole; int4 codes split on byte boundaries (two codes per byte). A per-channel weight (group -1: one
+  group spanning K) splits anywhere on a byte boundary: each shard keeps the channel's scale (and zero / offset)
+  for its slice, and w = (q - z) s is still exact element by element. Integer group scales (W4A8,
+  mixgemm.formats.int_scales) stay integer multiples of their row's step in any subset of the groups.
+  The partial products of the shards are summed by an all-reduce, so the bias must be added once: rank 0 keeps
+  it, the other ranks hold zeros (the same state-dict keys and shapes on every rank).
+
+An optional ``input_perm`` (act-order: the layer reads ``x[..., input_perm]``) is kept whole by a column split (the
+input is replicated). A row split can keep it only when each rank's slice of the permutation stays inside that
+rank's own slice of the input (then it becomes a local permutation); otherwise the shard would need inputs that
+live on another rank and the split is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight
+from mixgemm.nn.linear import QuantLinear
+
+# Smallest row count a column shard may have: the row tile of the GEMV / MMA weight layouts (they pad N to 16; the
+# wgmma GEMM pads to 128 rows, which stays exact but wastes the padded rows' work on smaller shards).
+N_GRANULARITY = 16
+COLWISE, ROWWISE = 0, 1
+_DIM_NAME = {COLWISE: "column-parallel (split along N, the output features)",
+             ROWWISE: "row-parallel (split along K, the input features)"}
+
+
+def _check_rank(rank: int, world: int) -> None:
+    if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+        raise ValueError(f"need 0 <= rank < world with world >= 1, got rank={rank!r}, world={world!r}")
+
+
+def _check_dim(dim: int) -> None:
+    if dim not in _DIM_NAME:
+        raise ValueError(f"dim must be 0 (column-parallel, along N) or 1 (row-parallel, along K), got {dim!r}")
+
+
+def check_split(shape: tuple[int, int], config: QuantConfig, dim: int, world: int, layer: str = "weight") -> int:
+    """Check that an [N, K] weight in ``config`` splits exactly into ``world`` shards along ``dim`` (0: N, 1: K);
+    return the shard's size along that dim. Raises ValueError naming ``layer`` and the sizes otherwise."""
+    _check_dim(dim)
+    _check_rank(0, world)
+    n, k = shape
+    size = shape[dim]
+    if world == 1:  # nothing is split
+        return size
+    what = "N (out_features)" if dim == COLWISE else "K (in_features)"
+    if size % world:
+        raise ValueError(f"{layer}: {_DIM_NAME[dim]} split of [N={n}, K={k}] over {world} ranks: {what}={size} is not "
+                         f"divisible by {world}")
+    local = size // world
+    if dim == COLWISE:
+        if local % N_GRANULARITY:
+            raise ValueError(f"{layer}: column-parallel split of [N={n}, K={k}] over {world} ranks gives N={local} "
+                             f"rows per rank, not a multiple of the kernels' row tile of {N_GRANULARITY}")
+        return local
+    g = k if config.group_size == PER_CHANNEL else config.group_size
+    if config.group_size != PER_CHANNEL and local % g:
+        raise ValueError(f"{layer}: row-parallel split of [N={n}, K={k}] over {world} ranks gives K={local} per rank, "
+                         f"not a multiple of the group size {g}: a group (its scale, zero point / offset) would be "
+                         "cut in two")
+    if (local * config.bits) % 8:
+        raise ValueError(f"{layer}: row-parallel split of [N={n}, K={k}] over {world} ranks gives K={local} per rank: "
+                         f"{config.bits}-bit codes packed two per byte need an even K per rank")
+    return local
+
+
+def _take(t: torch.Tensor | None, dim: int, start: int, stop: int) -> torch.Tensor | None:
+    """A compact copy of t[start:stop] along dim (a copy, so the full tensor can be freed)."""
+    if t is None:
+        return None
+    return t.narrow(dim, start, stop - start).clone(memory_format=torch.contiguous_format)
+
+
+def shard_quantized_weight(qw: QuantizedWeight, dim: int, rank: int, world: int,
+                           layer: str = "weight") -> QuantizedWeight:
+    """Rank ``rank``'s shard (of ``world``) of ``qw`` along ``dim`` (0: N rows, 1: K columns), as a new
+    QuantizedWeight [N / world, K] or [N, K / world] with its own copies of the tensors; ``qw`` is not modified.
+    Raises ValueError (naming ``layer`` and the sizes) when the split cannot be exact (module docstring)."""
+    if not isinstance(qw, QuantizedWeight):
+        raise TypeError(f"{layer}: expected a QuantizedWeight, got {type(qw).__name__}")
+    _check_rank(rank, world)
+    local = check_split(qw.shape, qw.config, dim, world, layer)
+    n, k = qw.shape
+    a, b = rank * local, (rank + 1) * local
+    if dim == COLWISE:
+        return replace(qw, _layouts={}, qweight=_take(qw.qweight, 0, a, b), scales=_take(qw.scales, 0, a, b),
+                       zeros=_take(qw.zeros, 0, a, b), offsets=_take(qw.offsets, 0, a, b), shape=(local, k))
+    per_byte = 8 // qw.bits
+    if qw.config.group_size == PER_CHANNEL:  # one group spans K: every shard keeps the channel's parameters
+        ga, gb = 0, 1
+    else:
+        ga, gb = a // qw.config.group_size, b // qw.config.group_size
+    return replace(qw, _layouts={}, qweight=_take(qw.qweight, 1, a // per_byte, b // per_byte),
+                   scales=_take(qw.scales, 1, ga, gb), zeros=_take(qw.zeros, 1, ga, gb),
+                   offsets=_take(qw.offsets, 1, ga, gb), shape=(n, local))
+
+
+def _shard_perm(perm: torch.Tensor, dim: int, rank: int, world: int, layer: str) -> torch.Tensor:
+    if dim == COLWISE:
+        return perm.clone()
+    local = perm.numel() // world
+    a = rank * local
+    mine = perm[a:a + local]
+    if world > 1 and not bool(((perm.view(world, local) // local)
+                               == torch.arange(world, device=perm.device)[:, None]).all()):
+        raise ValueError(f"{layer}: row-parallel split of a layer with an input permutation (act-order) over {world} "
+                         "ranks: the permutation moves input features across rank slices, so a rank would need inputs "
+                         "held by another rank; shard it column-parallel, or keep it replicated")
+    return (mine - a).clone()
+
+
+def shard_quant_linear(module: QuantLinear, dim: int, rank: int, world: int, layer: str = "") -> QuantLinear:
+    """Rank ``rank``'s shard of a QuantLinear as a new, ordinary QuantLinear (its own buffers, its own N / K in the
+    state dict); ``module`` is not modified. dim 0: column parallel (rows of N, bias sliced with them); dim 1: row
+    parallel (K slice; the bias on rank 0 only, zeros elsewhere, so the summed partial outputs add it once)."""
+    if not isinstance(module, QuantLinear):
+        raise TypeError(f"{layer or 'module'}: expected a QuantLinear, got {type(module).__name__}")
+    layer = layer or f"QuantLinear(in_features={module.in_features}, out_features={module.out_features})"
+    _check_dim(dim)
+    _check_rank(rank, world)
+    qw = shard_quantized_weight(module.quantized_weight(), dim, rank, world, layer)
+    bias = module.bias
+    if bias is not None:
+        bias = bias.detach()
+        if dim == COLWISE:
+            bias = _take(bias, 0, rank * qw.shape[0], (rank + 1) * qw.shape[0])
+        elif rank != 0:
+            bias = torch.zeros_like(bias)
+    perm = getattr(module, "input_perm", None)
+    if perm is not None:
+        perm = _shard_perm(perm, dim, rank, world, layer)
+    shard = QuantLinear.from_quantized(qw, bias, act_mode=module.act_mode, act_block=module.act_block)
+    if perm is not None:
+        if "input_perm" in shard._buffers:
+            shard.input_perm = perm
+        else:
+            shard.register_buffer("input_perm", perm)
+    return shard.train(module.training)
+
+
+__all__ = ["COLWISE", "N_GRANULARITY", "ROWWISE", "check_split", "shard_quant_linear", "shard_quantized_weight"]

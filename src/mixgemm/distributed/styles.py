@@ -1,0 +1,178 @@
+"""ColwiseParallel / RowwiseParallel for QuantLinear: drop-in for torch's styles in ``parallelize_module``.
+
+They are torch's own ``ColwiseParallel`` / ``RowwiseParallel`` (same keyword options ``input_layouts``,
+``output_layouts``, ``use_local_output``, same defaults and same meaning) extended to QuantLinear; an ``nn.Linear`` or
+``nn.Embedding`` is handed to torch's implementation unchanged, so one plan can mix float and quantized layers.
+
+How a QuantLinear is sharded. Its buffers stay plain local tensors (the CUDA kernels read plain tensors): each rank
+holds an ordinary, smaller QuantLinear (mixgemm.distributed.shard), and the module's forward runs the single-GPU
+kernels on that shard. Hooks around it do what DTensor sharding propagation does for torch's styles:
+
+* before forward: the input (a local tensor laid out as ``input_layouts``, or a DTensor) is redistributed to what
+  the shard needs (Replicate for column parallel, Shard(-1) for row parallel) and handed over as a local tensor;
+* after forward: the local output is the DTensor Shard(-1) (column parallel) or Partial (row parallel: a sum over
+  ranks; rank 0 carries the bias) and is redistributed to ``output_layouts`` (all-gather, all-reduce or
+  reduce-scatter, by torch.distributed), returned as a local tensor when ``use_local_output`` (default) or as the
+  DTensor.
+When no communication is needed (a local input already in the needed layout, a column-parallel output left sharded)
+no DTensor is built at all.
+
+``src_data_rank`` (set by ``parallelize_module``, default 0): the rank whose weights are the reference; the others
+receive its tensors by a broadcast before slicing (None: every rank slices its own copy, which must then be equal).
+"""
+
+from __future__ import annotations
+
+import weakref
+from functools import partial
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwise
+from torch.distributed.tensor.parallel import RowwiseParallel as _TorchRowwise
+
+from mixgemm.distributed.shard import COLWISE, ROWWISE, shard_quant_linear
+from mixgemm.nn.linear import QuantLinear
+
+# nn.Linear -> (style, mesh) for the Linears our styles handed to torch: quantize_ after sharding quantizes the full
+# weight and shards the QuantLinear with the same style (weak keys: a dropped model takes its entries with it).
+_LINEAR_STYLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _check_mesh(device_mesh: DeviceMesh, module: nn.Module) -> tuple[int, int]:
+    if not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(f"device_mesh must be a torch DeviceMesh, got {type(device_mesh).__name__}")
+    if device_mesh.ndim != 1:
+        raise ValueError(f"tensor parallelism takes a 1-D DeviceMesh (slice an N-D mesh, e.g. mesh['tp']), got "
+                         f"{device_mesh.ndim}-D mesh {tuple(device_mesh.shape)}")
+    dev = module.qweight.device.type
+    if dev != device_mesh.device_type:
+        raise ValueError(f"{module}: weights on {dev} but the DeviceMesh is on {device_mesh.device_type}")
+    return device_mesh.get_local_rank(), device_mesh.size()
+
+
+def _broadcast_from(module: QuantLinear, device_mesh: DeviceMesh, src: int) -> QuantLinear:
+    """A copy of ``module`` holding rank ``src``'s tensors (``module`` itself is not modified)."""
+    group = device_mesh.get_group()
+    full = QuantLinear.from_quantized(module.quantized_weight(), None if module.bias is None else module.bias.detach(),
+                                      act_mode=module.act_mode, act_block=module.act_block)
+    for name in ("qweight", "scales", "zeros", "offsets", "input_perm"):
+        t = getattr(module, name, None)
+        if t is None:
+            continue
+        t = t.clone()
+        if t.numel():
+            dist.broadcast(t, group=group, group_src=src)
+        if name in full._buffers:
+            setattr(full, name, t)
+        else:
+            full.register_buffer(name, t)
+    if full.bias is not None:
+        dist.broadcast(full.bias.data, group=group, group_src=src)
+    return full.train(module.training)
+
+
+def _adopt(module: QuantLinear, shard: QuantLinear) -> None:
+    """Make ``module`` the shard in place (parallelize_module keeps the module objects it is given)."""
+    module.in_features, module.out_features = shard.in_features, shard.out_features
+    for name, buf in shard._buffers.items():
+        module._buffers[name] = buf
+    if shard.bias is not None:
+        module.bias = shard.bias
+
+
+def _shard_in_place(module: QuantLinear, device_mesh: DeviceMesh, dim: int, src_data_rank: int | None) -> None:
+    if getattr(module, "_distribute_module_applied", False):
+        raise RuntimeError(f"{module} is already sharded: a module is parallelized once")
+    rank, world = _check_mesh(device_mesh, module)
+    full = module if src_data_rank is None or world == 1 else _broadcast_from(module, device_mesh, src_data_rank)
+    _adopt(module, shard_quant_linear(full, dim, rank, world))
+    module._distribute_module_applied = True  # torch's flag: distribute_module refuses a second pass too
+
+
+def _local_input(input_layouts, desired_layouts, device_mesh, module, inputs):
+    x = inputs[0]
+    if not isinstance(x, DTensor):
+        if input_layouts == desired_layouts:
+            return inputs
+        x = DTensor.from_local(x, device_mesh, input_layouts, run_check=False)
+    if x.placements != desired_layouts:
+        x = x.redistribute(device_mesh, desired_layouts)
+    return (x.to_local(), *inputs[1:])
+
+
+def _output(local_layouts, output_layouts, use_local_output, device_mesh, module, inputs, out):
+    if use_local_output and local_layouts == output_layouts:
+        return out
+    y = DTensor.from_local(out, device_mesh, local_layouts, run_check=False)
+    if y.placements != output_layouts:
+        y = y.redistribute(device_mesh, output_layouts)
+    return y.to_local() if use_local_output else y
+
+
+def _apply_quant(style, module: QuantLinear, device_mesh: DeviceMesh, dim: int) -> QuantLinear:
+    _shard_in_place(module, device_mesh, dim, style.src_data_rank)
+    needed, local_out = ((Replicate(),), (Shard(-1),)) if dim == COLWISE else ((Shard(-1),), (Partial(),))
+    module.register_forward_pre_hook(partial(_local_input, style.input_layouts, needed, device_mesh))
+    module.register_forward_hook(partial(_output, local_out, style.output_layouts, style.use_local_output,
+                                         device_mesh))
+    return module
+
+
+class ColwiseParallel(_TorchColwise):
+    """torch's ColwiseParallel (same options: input_layouts default Replicate, output_layouts default Shard(-1),
+    use_local_output default True) that also shards QuantLinear: each rank keeps N / world output rows."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if isinstance(module, QuantLinear):
+            return _apply_quant(self, module, device_mesh, COLWISE)
+        if isinstance(module, nn.Linear):
+            _LINEAR_STYLES[module] = (self, device_mesh)
+        return super()._apply(module, device_mesh)
+
+
+class RowwiseParallel(_TorchRowwise):
+    """torch's RowwiseParallel (same options: input_layouts default Shard(-1), output_layouts default Replicate,
+    use_local_output default True) that also shards QuantLinear: each rank keeps K / world input features (whole
+    groups), the partial outputs are summed by torch.distributed, the bias is added once."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if isinstance(module, QuantLinear):
+            return _apply_quant(self, module, device_mesh, ROWWISE)
+        if isinstance(module, nn.Linear):
+            _LINEAR_STYLES[module] = (self, device_mesh)
+        return super()._apply(module, device_mesh)
+
+
+def sharded_linear_source(linear: nn.Linear, name: str = "linear"):
+    """For an nn.Linear that a mixgemm style sharded (its weight a DTensor): (a plain nn.Linear holding the full
+    weight and bias, a function that shards a QuantLinear made from it the same way, in place). quantize_ uses it
+    to quantize after sharding exactly as before. Raises ValueError for a Linear sharded some other way."""
+    entry = _LINEAR_STYLES.get(linear)
+    if entry is None:
+        raise ValueError(f"{name}: its weight is a DTensor, sharded by something other than mixgemm.distributed's "
+                         "styles; quantize before sharding, or shard with mixgemm.distributed (tensor_parallel_ or "
+                         "its ColwiseParallel / RowwiseParallel)")
+    style, mesh = entry
+
+    def full(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    plain = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+    plain.weight = nn.Parameter(full(linear.weight.detach()), requires_grad=False)
+    if linear.bias is not None:
+        plain.bias = nn.Parameter(full(linear.bias.detach()), requires_grad=False)
+    plain.train(linear.training)
+
+    def shard_like(q: QuantLinear) -> QuantLinear:
+        local = type(style)(input_layouts=style.input_layouts[0], output_layouts=style.output_layouts[0],
+                            use_local_output=style.use_local_output)
+        local.src_data_rank = None  # the full weight was gathered from the shards: the same on every rank
+        return local._apply(q, mesh)
+
+    return plain, shard_like
+
+
+__all__ = ["ColwiseParallel", "RowwiseParallel", "sharded_linear_source"]
