@@ -11,6 +11,7 @@ import torch
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.cpu import cpu_can_run, cpu_linear, dequant_linear
 
 
 def matmul(
@@ -37,8 +38,6 @@ def matmul(
 def _cpu_matmul(x, qw: QuantizedWeight, bias, activation):
     """The CPU branch: torch's int4 / int8 kernels where they take the problem (mixgemm.kernels.cpu.linear:
     bfloat16 activations), else the blockwise dequantizing float32 GEMM (mixgemm.kernels.cpu.dequant)."""
-    from mixgemm.kernels.cpu import cpu_can_run, cpu_linear, dequant_linear
-
     if cpu_can_run(x, qw)[0]:
         return cpu_linear(x, qw, bias, activation)
     return dequant_linear(x, qw, bias, activation)
