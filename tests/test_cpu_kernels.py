@@ -48,16 +48,20 @@ def test_int4_kernel_matches_reference(group, mode, torch_gen, rel_err):
 
 @pytest.mark.parametrize("group,mode", [(-1, "sym"), (-1, "zero_point"), (-1, "offset"), (32, "sym"),
                                         (128, "zero_point"), (256, "offset")])
-def test_int8_kernel_matches_reference(group, mode, torch_gen, rel_err):
-    x, qw, b = _problem(37, 256, 3, 8, group, mode, torch.bfloat16, torch_gen)
+@pytest.mark.parametrize("n", [37, 48])
+def test_int8_kernel_matches_reference(group, mode, n, torch_gen, rel_err):
+    x, qw, b = _problem(n, 256, 3, 8, group, mode, torch.bfloat16, torch_gen)
     ok, why = cpu_can_run(x, qw)
     assert ok, why
-    assert "int8" in why
+    # one group (per-channel, or group = K): the int8 kernel; several: the nibble split through the int4 kernel
+    # (N % 16 == 0) or the int8 kernel once per group
+    want = "_weight_int8pack_mm, bfloat16" if qw.num_groups == 1 else "nibbles" if n % 16 == 0 else "one per group"
+    assert want in why
     _check(cpu_linear(x, qw, b, "relu"), x, qw, b, "relu", rel_err)
 
 
 @pytest.mark.parametrize("m", [0, 1, 3, 17, 129])
-@pytest.mark.parametrize("bits,group", [(4, 128), (8, -1)])
+@pytest.mark.parametrize("bits,group", [(4, 128), (8, -1), (8, 64)])
 def test_kernel_rows(m, bits, group, torch_gen, rel_err):
     x, qw, b = _problem(64, 256, m, bits, group, "sym", torch.bfloat16, torch_gen)
     y = mixgemm.matmul(x.reshape(1, m, 256) if m else x, qw, b, "relu6")

@@ -15,10 +15,14 @@ Routes (neither dequantizes the whole weight per call):
   w = (q - 8) * s + m' (QuantizedWeight.centered_params_float64): zero is passed as 0 and the m' term is added
   after the kernel, in float32, as (x summed per group) @ m' -- exact, where folding m' into the kernel's
   bfloat16 zero would round it. N must be a multiple of 16 (the kernel's layout).
-* 8 bits: ``torch._weight_int8pack_mm`` (x @ (c * s).T for c int8 [N, K], one scale per row) with c = q - 128
-  and unit scales, once per weight group; the real scales s (and m') are applied after, in float32, so they are
-  used exactly. K (or the group) must be a multiple of 32: torch 2.13's kernel read past the end of rows of other
-  lengths (wrong results and crashes, measured with K = 33 on an AVX2 CPU).
+* 8 bits, per-channel: ``torch._weight_int8pack_mm`` (x @ (c * s).T for c int8 [N, K], one scale per row) with
+  c = q - 128 and unit scales; the real scales s (and m') are applied after, in float32, so they are used exactly.
+  K must be a multiple of 32: torch 2.13's kernel read past the end of rows of other lengths (wrong results and
+  crashes, measured with K = 33 on an AVX2 CPU).
+* 8 bits, grouped: each code split into two nibbles, q = 16 q_hi + q_lo, so that
+  (q - 128) s = (q_hi - 8) (16 s) + (q_lo - 8) s + 8 s: a 4-bit weight [N, 2K] (the high nibbles, then the low
+  ones, with scales 16 s and s) times [x, x], through the int4 kernel in one call (8 s joins m'). Where N is not a
+  multiple of 16, ``torch._weight_int8pack_mm`` once per group instead (one call per group: slow at small M).
 
 Precision: the kernels take scales in the activation dtype, so int4 scales are rounded to bfloat16 when their
 dtype is not bfloat16 (a relative change of at most 2**-9 per group scale, the order of bfloat16's own rounding
@@ -28,8 +32,9 @@ rounding float32 / float16 activations to bfloat16 would lose more than their dt
 
 Layouts, built once per weight and cached on it (QuantizedWeight.layout): the int4 layout is uint8 [N, K / 2],
 the same size as the codes, plus 4 bytes (bf16 scale and zero) per kernel group and 4 bytes (float32 m') per
-group for the asymmetric modes; the int8 layout is int8 [G, N, group], the size of the codes, plus 4 bytes per
-group (float32 scale) and 4 more for m'. The plain tensors stay, so the CPU layout doubles the codes' memory.
+group for the asymmetric modes; the int8 layouts (int8 [G, N, group], or the nibbles in the int4 layout) are the
+size of the codes, plus 4 to 12 bytes per group (scales, m'). The plain tensors stay, so the CPU layout doubles
+the codes' memory.
 """
 
 from __future__ import annotations
@@ -48,14 +53,16 @@ INT8_K_MULTIPLE = 32
 
 @dataclass(frozen=True)
 class Int4CpuLayout:
-    """packed: uint8 [N, K / 2] (torch's CPU int4 layout); scales_and_zeros: bfloat16 [K / kernel_group, N, 2]
+    """packed: uint8 [N, K' / 2] (torch's CPU int4 layout); scales_and_zeros: bfloat16 [K' / kernel_group, N, 2]
     holding (s, 0); kernel_group: the kernel's group size; offsets: float32 [G, N], the m' of
-    w = (q - 8) s + m' per weight group, or None for "sym"."""
+    w = (q - 8) s + m' per weight group, or None for "sym". nibbles: True for an 8-bit weight split into two
+    nibbles (K' = 2K, multiplied by [x, x]), False for a 4-bit weight (K' = K)."""
 
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
     kernel_group: int
     offsets: torch.Tensor | None
+    nibbles: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,24 @@ def build_int4_layout(qw: QuantizedWeight) -> Int4CpuLayout:
     return Int4CpuLayout(packed, scales_and_zeros, kg, _offsets(qw))
 
 
+def build_int8_nibbles_layout(qw: QuantizedWeight) -> Int4CpuLayout:
+    """A grouped 8-bit weight as the 4-bit weight [N, 2K] of its high and low nibbles (module docstring)."""
+    kg = _kernel_group(qw.group_size)
+    if qw.bits != 8 or kg is None or qw.out_features % INT4_N_MULTIPLE:
+        raise ValueError(f"no CPU nibble layout for bits={qw.bits}, group={qw.group_size}, N={qw.out_features}")
+    q = qw.codes().to(torch.int32)
+    packed = torch._convert_weight_to_int4pack_for_cpu(torch.cat((q >> 4, q & 15), dim=1), 1)
+    s = qw.scales.to(torch.bfloat16)  # 16 s is then exact in bfloat16 too
+    s2 = torch.cat((s * 16, s), dim=1).repeat_interleave(qw.group_size // kg, dim=1).T  # [2K / kg, N]
+    scales_and_zeros = torch.stack((s2, torch.zeros_like(s2)), dim=-1).contiguous()
+    m = qw.centered_params_float64()[1].T + 8 * s.double().T  # (q - 128) s + m' = ... + 8 s + m'
+    return Int4CpuLayout(packed, scales_and_zeros, kg, m.float().contiguous(), nibbles=True)
+
+
+def _nibbles_fit(qw: QuantizedWeight) -> bool:
+    return qw.num_groups > 1 and _kernel_group(qw.group_size) is not None and qw.out_features % INT4_N_MULTIPLE == 0
+
+
 def build_int8_layout(qw: QuantizedWeight) -> Int8CpuLayout:
     """Signed int8 codes per weight group and float32 scales (see the module docstring)."""
     n, k = qw.shape
@@ -121,6 +146,9 @@ def cpu_can_run(x: torch.Tensor, qw: QuantizedWeight) -> tuple[bool, str]:
     if qw.group_size % INT8_K_MULTIPLE:
         return False, (f"group of {qw.group_size} is not a multiple of {INT8_K_MULTIPLE} (torch's CPU int8 kernel "
                        "misreads other row lengths)")
+    if _nibbles_fit(qw):
+        return True, (f"torch._weight_int4pack_mm_for_cpu on the two nibbles of each code, bfloat16, kernel group "
+                      f"{_kernel_group(qw.group_size)}")
     calls = "" if qw.num_groups == 1 else f", {qw.num_groups} calls (one per group)"
     return True, f"torch._weight_int8pack_mm, bfloat16{calls}"
 
@@ -142,9 +170,11 @@ def cpu_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     x2 = x.reshape(-1, k).contiguous()
     if x2.shape[0] == 0:
         return x.new_zeros(*lead, n)
-    if qw.bits == 4:
-        lay = qw.layout("cpu_int4", build_int4_layout)
-        y = torch._weight_int4pack_mm_for_cpu(x2, lay.packed, lay.kernel_group, lay.scales_and_zeros)
+    if qw.bits == 4 or _nibbles_fit(qw):
+        lay = (qw.layout("cpu_int4", build_int4_layout) if qw.bits == 4
+               else qw.layout("cpu_int8_nibbles", build_int8_nibbles_layout))
+        xk = torch.cat((x2, x2), dim=1) if lay.nibbles else x2
+        y = torch._weight_int4pack_mm_for_cpu(xk, lay.packed, lay.kernel_group, lay.scales_and_zeros)
         if lay.offsets is None and bias is None and activation is None:
             return y.reshape(*lead, n)
         y = y.float()
@@ -165,4 +195,5 @@ def cpu_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     return y.clamp_(lo, hi).to(x.dtype).reshape(*lead, n)
 
 
-__all__ = ["Int4CpuLayout", "Int8CpuLayout", "build_int4_layout", "build_int8_layout", "cpu_can_run", "cpu_linear"]
+__all__ = ["Int4CpuLayout", "Int8CpuLayout", "build_int4_layout", "build_int8_layout", "build_int8_nibbles_layout",
+           "cpu_can_run", "cpu_linear"]
