@@ -8,7 +8,9 @@ any module; the format (bits, group size, mode, activation quantization) is also
 forward(x): x float16 / bfloat16 / float32 [..., in_features] on the module's device -> [..., out_features]
 in x.dtype, through torch.ops.mixgemm.linear_wxa16 (CUDA kernels; the CPU fallback on the CPU) or, for
 activation-quantized formats (W8A8 / W4A8), torch.ops.mixgemm.linear_wxa8 (int8 tensor-core kernels on
-CUDA; the float64 reference on the CPU).
+CUDA; the float64 reference on the CPU). An eager weight-only forward on the CPU with nothing for autograd to
+record calls mixgemm.matmul directly: the same computation as the op's CPU implementation, without torch.library's
+dispatch wrapper, whose first call imports torch._dynamo and with it triton.
 """
 
 from __future__ import annotations
