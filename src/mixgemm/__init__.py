@@ -19,7 +19,8 @@ from mixgemm.ops import conv2d, matmul
 __version__ = "0.1.0"
 
 _LAZY = {"quantize_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api", "W8A16": "mixgemm.quantize_api",
-         "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn"}
+         "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn",
+         "QuantConv2d": "mixgemm.nn"}
 
 
 def __getattr__(name):  # lazy: importing mixgemm does not import the nn / torch.library layer

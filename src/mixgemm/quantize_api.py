@@ -13,8 +13,9 @@ W4A8       int4 weights, int8 activations     same; K must be a multiple of 64 (
                                               other layers run the float64 reference (a warning)
 =========  =================================  ====================================================
 
-On the CPU every format runs the reference path (float32 dequantized GEMM for the A16 formats,
-quantize_activation + block_int_gemm in float64 for the A8 ones). ``group_size`` is 32, 64, 128, 256 or -1
+On the CPU the A16 formats run PyTorch's own int4 / int8 CPU kernels on bfloat16 activations and a blockwise
+dequantized float32 GEMM otherwise (mixgemm.kernels.cpu); the A8 ones run the reference (quantize_activation +
+block_int_gemm in float64). ``group_size`` is 32, 64, 128, 256 or -1
 (per-channel); ``mode`` is "sym", "zero_point" or "offset" (mixgemm.formats.weight). The activation
 formats quantize each token per block of the weight's group size (``act_mode`` "sym" or "asym"), or with
 ``act_block="token"`` once per token over the whole row (e.g. ``W4A8(act_block="token")``: int4 group-128 weights
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from mixgemm._checks import ACT_DTYPES
 from mixgemm.formats.activation import check_act
 from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.weight import QuantConfig
@@ -146,6 +148,12 @@ class QuantizeReport:
         return "\n".join(lines)
 
 
+# A layer computes in its weight's dtype; mixgemm's layers take fp16 / bf16 / fp32 activations only, so a float64
+# layer, once replaced, would reject the inputs the model feeds it.
+_FLOAT_DTYPE_REASON = ("weight dtype {dtype}: mixgemm layers take float16 / bfloat16 / float32 activations; "
+                       "convert the model (e.g. model.float()) before quantize_")
+
+
 def _why_not(linear: nn.Linear, cfg: QuantConfig, tied: set[int]) -> str | None:
     w = linear.weight
     if id(w) in tied:
@@ -154,6 +162,8 @@ def _why_not(linear: nn.Linear, cfg: QuantConfig, tied: set[int]) -> str | None:
         return "weight is on the meta device (no values)"
     if not w.is_floating_point():
         return f"weight dtype {w.dtype} is not floating point"
+    if w.dtype not in ACT_DTYPES:
+        return _FLOAT_DTYPE_REASON.format(dtype=w.dtype)
     try:
         cfg.groups(linear.in_features)
     except ValueError as e:
@@ -170,6 +180,8 @@ def _why_not_conv(mod: nn.Conv2d, config: _Precision, tied: set) -> str | None:
         return "the weight is shared with another module (tied)"
     if mod.weight.device.type == "meta" or not mod.weight.is_floating_point():
         return f"weight is {mod.weight.dtype} on {mod.weight.device}: needs real floating-point values"
+    if mod.weight.dtype not in ACT_DTYPES:
+        return _FLOAT_DTYPE_REASON.format(dtype=mod.weight.dtype)
     return None
 
 
@@ -188,7 +200,7 @@ def quantize_(model: nn.Module, config: _Precision,
     given) by a QuantLinear in ``config``'s format (W4A16 / W8A16 / W8A8 / W4A8), quantized on the layer's
     device, and every nn.Conv2d by a QuantConv2d (weight-only configs; blocks along Ci within each tap).
     Layers it cannot handle (K not divisible by the group size, odd K for 4 bits, tied weights,
-    meta / non-float / non-finite weights) are left as they are and listed in the returned report.
+    meta / non-float / float64 / non-finite weights) are left as they are and listed in the returned report.
     A Linear already sharded by mixgemm.distributed (tensor parallel, its weight a DTensor) is quantized from its
     full weight and sharded the same way, so quantizing before or after sharding gives the same model (call it on
     every rank, as the sharding itself).

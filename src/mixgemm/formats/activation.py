@@ -55,6 +55,11 @@ class QuantizedActivation:
     block_size: int
     mode: str
 
+    def __repr__(self) -> str:
+        m, k = self.q.shape
+        return (f"QuantizedActivation(shape=({m}, {k}), block_size={self.block_size}, mode={self.mode!r}, "
+                f"device={self.q.device})")
+
     def dequantize(self) -> torch.Tensor:
         m, k = self.q.shape
         g = k // self.block_size

@@ -141,6 +141,12 @@ class QuantizedWeight:
             self._layouts[name] = build(self)
         return self._layouts[name]
 
+    def __repr__(self) -> str:
+        n, k = self.shape
+        g = "per-channel" if self.config.group_size == PER_CHANNEL else self.config.group_size
+        return (f"QuantizedWeight(shape=({n}, {k}), bits={self.bits}, group_size={g}, mode={self.mode!r}, "
+                f"scale_dtype={self.config.scale_dtype}, device={self.device}, nbytes={self.nbytes()})")
+
     def has_layout(self, name: str) -> bool:
         """True when the kernel layout ``name`` was already built (and cached) for this weight."""
         return name in self._layouts

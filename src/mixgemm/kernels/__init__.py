@@ -1,1 +1,2 @@
-"""Kernels: Triton (GEMM, int8, conv; testable under the interpreter) and CUDA C++ compiled by NVRTC (GEMV)."""
+"""Kernels: Triton (GEMM, int8, conv; testable under the interpreter), CUDA C++ compiled by NVRTC (GEMV), and the
+CPU entry (mixgemm.kernels.cpu: PyTorch's own int4 / int8 CPU kernels)."""

@@ -8,7 +8,9 @@ any module; the format (bits, group size, mode, activation quantization) is also
 forward(x): x float16 / bfloat16 / float32 [..., in_features] on the module's device -> [..., out_features]
 in x.dtype, through torch.ops.mixgemm.linear_wxa16 (CUDA kernels; the CPU fallback on the CPU) or, for
 activation-quantized formats (W8A8 / W4A8), torch.ops.mixgemm.linear_wxa8 (int8 tensor-core kernels on
-CUDA; the float64 reference on the CPU).
+CUDA; the float64 reference on the CPU). An eager weight-only forward on the CPU with nothing for autograd to
+record calls mixgemm.matmul directly: the same computation as the op's CPU implementation, without torch.library's
+dispatch wrapper, whose first call imports torch._dynamo and with it triton.
 
 Act-order (GPTQ ``desc_act``) layers carry ``input_perm`` int64 [in_features]: forward computes
 ``x[..., input_perm] @ dequant(W).T`` with W's columns stored in that order, so that every weight group is a
@@ -33,12 +35,23 @@ from mixgemm.formats.weight import (
     quantize_weight,
 )
 from mixgemm.ops.custom_ops import weight_from_tensors
+from mixgemm.ops.matmul import matmul
 
 _MODE_ID = {m: i for i, m in enumerate(MODES)}
 # (act_mode, act_block) -> the id in the format tensor; ids 0-2 are the version-1 ones (per weight group)
 _ACT_ID = {(None, "group"): 0, **{(m, "group"): i + 1 for i, m in enumerate(ACT_MODES)},
            **{(m, "token"): i + 1 + len(ACT_MODES) for i, m in enumerate(ACT_MODES)}}
 _DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+
+
+def _eager_cpu_inference(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """True for a plain CPU tensor in eager mode with no gradient to record: no compiler, tracer, tensor
+    subclass (fake / functional tensors) or dispatch mode that needs the op as one node, no autograd."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
+    return (type(x) is torch.Tensor and x.device.type == "cpu" and not needs_grad
+            and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None)
 
 
 class QuantLinear(nn.Module):
@@ -186,6 +199,10 @@ class QuantLinear(nn.Module):
             # one gather kernel, no host sync (CUDA-graph safe); on an H100 at M = 1 advanced indexing takes
             # ~3.2 us, index_select ~4.4 us, take_along_dim ~6.4 us
             x = x[..., self.input_perm]
+        if self.act_mode is None and _eager_cpu_inference(x, self.bias):
+            # The op's result without the torch.library dispatch, whose first call imports torch._dynamo and
+            # through it triton (seconds), for nothing on the CPU.
+            return matmul(x, self.quantized_weight(), self.bias)
         if self.act_mode is None:
             return torch.ops.mixgemm.linear_wxa16(x, self.qweight, self.scales, self.zeros, self.offsets, self.bias,
                                                   c.bits, c.group_size, c.mode, self.out_features,

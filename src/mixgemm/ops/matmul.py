@@ -1,7 +1,7 @@
 """mixgemm.matmul: the one public entry for activations x quantized weights.
 
-The dispatcher (mixgemm.ops.dispatch) picks GEMV / GEMM kernels on CUDA; on the CPU the float64
-reference runs (the CPU fallback).
+The dispatcher (mixgemm.ops.dispatch) picks GEMV / GEMM kernels on CUDA; on the CPU, torch's own int4 / int8
+kernels or a dequantizing float32 GEMM run (mixgemm.kernels.cpu). Nothing GPU-related is imported on the CPU.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.cpu import cpu_can_run, cpu_linear, dequant_linear
 
 
 def matmul(
@@ -35,13 +36,8 @@ def matmul(
 
 
 def _cpu_matmul(x, qw: QuantizedWeight, bias, activation):
-    """CPU fallback: dequantize in float32 per call (q * s and -z * s are exact in float32, so each weight is
-    rounded once) and run torch's float32 GEMM; no dequantized copy is kept."""
-    lo, hi = clamp_bounds(activation)
-    n, k = qw.shape
-    s = qw.scales.float()
-    m = qw.offsets.float() if qw.mode == "offset" else -qw.zero_points().float() * s
-    q = qw.codes().float().reshape(n, qw.num_groups, qw.group_size)
-    w = torch.addcmul(m[..., None], q, s[..., None]).reshape(n, k)
-    y = torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float())
-    return y.clamp(lo, hi).to(x.dtype)
+    """The CPU branch: torch's int4 / int8 kernels where they take the problem (mixgemm.kernels.cpu.linear:
+    bfloat16 activations), else the blockwise dequantizing float32 GEMM (mixgemm.kernels.cpu.dequant)."""
+    if cpu_can_run(x, qw)[0]:
+        return cpu_linear(x, qw, bias, activation)
+    return dequant_linear(x, qw, bias, activation)

@@ -1,0 +1,50 @@
+"""The CPU fallback for what PyTorch's int4 / int8 kernels cannot take (fp32 / fp16 activations, odd shapes):
+dequantize in float32 and run torch's float32 GEMM, one block of output channels at a time.
+
+Each block's weights are dequantized into a buffer of at most ``BLOCK_ELEMS`` floats (16 MiB) and used at once;
+no dequantized copy outlives the call, and the temporaries stay bounded (dequantizing the whole weight at once
+needed about 2.5x its float32 size). Blocks are not made cache-sized: each op is a parallel region, and with
+hundreds of small blocks the synchronisation cost dominated (4 MiB blocks were 1.7x slower than 16 MiB ones on a
+2-core machine shared with other work). q * s and -z * s are exact in float32 for
+fp16 / bf16 scales, so each weight is rounded at most once (for fp32 scales, where the addition rounds).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mixgemm.epilogue import clamp_bounds
+from mixgemm.formats.packing import unpack_codes
+from mixgemm.formats.weight import QuantizedWeight
+
+BLOCK_ELEMS = 1 << 22
+
+
+def _float32_params(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, m) float32 [N, G] with w = q * s + m (cached on the weight: 8 bytes per group)."""
+    s = qw.scales.float()
+    m = qw.offsets.float() if qw.mode == "offset" else -qw.zero_points().float() * s
+    return s, m
+
+
+def dequant_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
+                   activation: str | None) -> torch.Tensor:
+    """act(x @ dequant(W).T + bias) for any CPU problem: x [..., K] float -> [..., N] in x.dtype, computed in
+    float32."""
+    lo, hi = clamp_bounds(activation)
+    n, k = qw.shape
+    ng, g = qw.num_groups, qw.group_size
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).float()
+    s, m = qw.layout("cpu_dequant_params", _float32_params)
+    y = torch.empty(x2.shape[0], n, dtype=torch.float32)
+    rows = max(1, BLOCK_ELEMS // k)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        q = unpack_codes(qw.qweight[r0:r1], qw.bits, k).float().view(r1 - r0, ng, g)
+        w = torch.addcmul(m[r0:r1, :, None], q, s[r0:r1, :, None]).view(r1 - r0, k)
+        y[:, r0:r1] = F.linear(x2, w)
+    if bias is not None:
+        y += bias.float()
+    return y.clamp_(lo, hi).to(x.dtype).reshape(*lead, n)
