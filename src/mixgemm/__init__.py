@@ -1,7 +1,8 @@
 """mixgemm: floating-point activations x block-quantized INT4/INT8 weights on NVIDIA GPUs.
 
 Entry points: ``quantize_weight`` (formats), ``matmul`` (dispatching op), ``reference`` (CPU oracle),
-``ggml`` (llama.cpp blocks), ``nn`` (modules), ``bench`` (the scoreboard).
+``ggml`` (llama.cpp blocks), ``nn`` (modules), ``quantize_`` (models), ``from_pretrained`` (quantized checkpoints:
+GGUF, mixgemm's own format; mixgemm.checkpoints), ``bench`` (the scoreboard).
 """
 
 from mixgemm._hf_hook import install as _install_hf_hook
