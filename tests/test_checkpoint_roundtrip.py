@@ -65,11 +65,12 @@ def test_round_trip_bit_exact(name, tmp_path):
     _assert_same(model, mixgemm.from_pretrained(str(tmp_path / "again"), progress=False))
 
 
-def test_tied_embeddings_stay_tied(tmp_path):
+def test_tied_embeddings_stay_tied_and_shards_load(tmp_path):
     model = _quantized(mixgemm.W4A16(group_size=32), tie_word_embeddings=True)
     assert type(model.lm_head) is torch.nn.Linear
-    model.save_pretrained(tmp_path)
-    ours = mixgemm.from_pretrained(str(tmp_path), progress=False)
+    model.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    ours = mixgemm.from_pretrained(str(tmp_path))  # with the progress bar
     assert ours.lm_head.weight is ours.model.embed_tokens.weight
     _assert_same(model, ours)
 

@@ -292,6 +292,12 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     """
     from mixgemm.checkpoints.native import attach_quantization_config
 
+    if quantization_config is not None:
+        from mixgemm.quantize_api import _Precision
+
+        if not isinstance(quantization_config, _Precision):
+            raise TypeError(f"quantization_config must be mixgemm.W4A16, W8A16, W8A8 or W4A8, got "
+                            f"{type(quantization_config).__name__}")
     device = _device(device)
     if gguf_file is not None or str(path).endswith(".gguf"):
         directory, name = _gguf_location(path, gguf_file)
