@@ -9,6 +9,9 @@ carries a ``quantization_config``:
      "layers": {"model.layers.0.self_attn.q_proj": {"bits": 4, "group_size": 128, "mode": "sym",
                 "scale_dtype": "float16", "act_mode": null, "act_block": "group", "bias": false}, ...}}
 
+(plus ``"input_perm": true`` for a layer that permutes its input features, act-order checkpoints; its
+``<layer>.input_perm`` int64 [K] tensor is then in the state dict.)
+
 ``quantization_config(model)`` builds that dict from a model (quantize_ and from_pretrained set it on
 ``model.config``); ``MixgemmFormat`` reads the layers back, checking every tensor's dtype and shape and the
 stored format tensor against the config, so that a mismatch names the tensor instead of loading a wrong model.
@@ -31,9 +34,12 @@ _LAYER_KEYS = ("bits", "group_size", "mode", "scale_dtype", "act_mode", "act_blo
 def layer_format(module) -> dict:
     """The per-layer entry of the quantization_config for a QuantLinear."""
     c = module.config
-    return {"bits": c.bits, "group_size": c.group_size, "mode": c.mode,
-            "scale_dtype": str(c.scale_dtype).replace("torch.", ""), "act_mode": module.act_mode,
-            "act_block": module.act_block, "bias": module.bias is not None}
+    fmt = {"bits": c.bits, "group_size": c.group_size, "mode": c.mode,
+           "scale_dtype": str(c.scale_dtype).replace("torch.", ""), "act_mode": module.act_mode,
+           "act_block": module.act_block, "bias": module.bias is not None}
+    if getattr(module, "input_perm", None) is not None:  # act-order layers (GPTQ desc_act) permute their input
+        fmt["input_perm"] = True
+    return fmt
 
 
 def quantization_config(model: nn.Module) -> dict:
@@ -82,9 +88,14 @@ def empty_quant_linear(fmt: dict, in_features: int, out_features: int, device="m
     from mixgemm.nn.linear import QuantLinear
 
     c = weight_config(fmt, name)
-    return QuantLinear(in_features, out_features, bias=fmt["bias"], bits=c.bits, group_size=c.group_size,
-                       mode=c.mode, scale_dtype=c.scale_dtype, act_mode=fmt["act_mode"], act_block=fmt["act_block"],
-                       device=device)
+    ql = QuantLinear(in_features, out_features, bias=fmt["bias"], bits=c.bits, group_size=c.group_size,
+                     mode=c.mode, scale_dtype=c.scale_dtype, act_mode=fmt["act_mode"], act_block=fmt["act_block"],
+                     device=device)
+    if fmt.get("input_perm"):
+        if not hasattr(ql, "input_perm"):
+            raise ValueError(f"layer {name!r} permutes its input (act-order), which this QuantLinear cannot hold")
+        ql.input_perm = torch.empty(in_features, dtype=torch.int64, device=device)
+    return ql
 
 
 def _expect(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
