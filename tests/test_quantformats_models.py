@@ -191,8 +191,6 @@ def test_checkpoint_loads_and_matches_library_dequantization(case, tmp_path):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_from_pretrained_reads_the_checkpoint(case, tmp_path):
-    # The loader is written on another branch; this runs once both are merged (then this guard goes).
-    pytest.importorskip("mixgemm.checkpoints.loader")
     import mixgemm
 
     reference = write_checkpoint(case, tmp_path)

@@ -1,9 +1,11 @@
 """mixgemm: floating-point activations x block-quantized INT4/INT8 weights on NVIDIA GPUs.
 
 Entry points: ``quantize_weight`` (formats), ``matmul`` (dispatching op), ``reference`` (CPU oracle),
-``ggml`` (llama.cpp blocks), ``nn`` (modules), ``bench`` (the scoreboard).
+``ggml`` (llama.cpp blocks), ``nn`` (modules), ``quantize_`` (models), ``from_pretrained`` (quantized checkpoints:
+GGUF, mixgemm's own format; mixgemm.checkpoints), ``bench`` (the scoreboard).
 """
 
+from mixgemm._hf_hook import install as _install_hf_hook
 from mixgemm.formats import (
     QuantConfig,
     QuantizedActivation,
@@ -18,9 +20,12 @@ from mixgemm.ops import conv2d, matmul
 
 __version__ = "0.1.0"
 
+_install_hf_hook()  # transformers' AutoModel*.from_pretrained reads mixgemm checkpoints (never imports transformers)
+
 _LAZY = {"quantize_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api", "W8A16": "mixgemm.quantize_api",
          "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn",
-         "QuantConv2d": "mixgemm.nn"}
+         "QuantConv2d": "mixgemm.nn",
+         "from_pretrained": "mixgemm.checkpoints.loader"}
 
 
 def __getattr__(name):  # lazy: importing mixgemm does not import the nn / torch.library layer

@@ -233,14 +233,7 @@ def quantize_(model: nn.Module, config: _Precision,
             report.skipped[name] = why
             continue
         try:
-            if conv:
-                q = QuantConv2d.from_conv(mod, cfg)
-            elif getattr(config, "uses_int_scales", False):
-                qw = quantize_weight_int_scales(mod.weight.detach(), cfg.group_size, cfg.scale_dtype)
-                q = QuantLinear.from_quantized(qw, None if mod.bias is None else mod.bias.detach(),
-                                               act_mode=config.act_mode, act_block=config.act_block)
-            else:
-                q = QuantLinear.from_linear(mod, cfg, act_mode=config.act_mode, act_block=config.act_block)
+            q = QuantConv2d.from_conv(mod, cfg) if conv else quantize_linear(mod, config)
         except ValueError as e:  # quantize_weight's input checks: NaN / Inf weights, scales out of range
             report.skipped[name] = str(e)
             continue
@@ -250,7 +243,22 @@ def quantize_(model: nn.Module, config: _Precision,
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, q)
         report.replaced.append(name)
+    if report.replaced:
+        from mixgemm.checkpoints.native import attach_quantization_config
+
+        attach_quantization_config(model)  # transformers models: save_pretrained records every layer's format
     return report
 
 
-__all__ = ["W4A8", "W4A16", "W8A8", "W8A16", "QuantizeReport", "quantize_"]
+def quantize_linear(linear: nn.Linear, config: _Precision) -> QuantLinear:
+    """One nn.Linear as a QuantLinear in ``config``'s format (integer group scales where the config uses them),
+    quantized on the layer's device; the nn.Linear is not modified. ValueError from quantize_weight's checks."""
+    cfg = config.weight_config()
+    if getattr(config, "uses_int_scales", False):
+        qw = quantize_weight_int_scales(linear.weight.detach(), cfg.group_size, cfg.scale_dtype)
+        return QuantLinear.from_quantized(qw, None if linear.bias is None else linear.bias.detach(),
+                                          act_mode=config.act_mode, act_block=config.act_block)
+    return QuantLinear.from_linear(linear, cfg, act_mode=config.act_mode, act_block=config.act_block)
+
+
+__all__ = ["W4A8", "W4A16", "W8A8", "W8A16", "QuantizeReport", "quantize_", "quantize_linear"]

@@ -28,11 +28,15 @@ class ConvertedLinear:
     input_perm: int64 [K] or None. When set, the layer computes ``x[..., input_perm] @ dequant(weight).T``:
         act-order (GPTQ ``desc_act``) checkpoints store groups scattered along K (``g_idx``); sorting K by
         group once at load makes every group a contiguous run, as mixgemm's kernels need.
+    act_mode, act_block: the activation quantization the layer runs with (QuantLinear's arguments); None and
+        "group" (weight-only) unless the checkpoint stores an activation-quantized layer (mixgemm's own format).
     """
 
     weight: QuantizedWeight
     bias: torch.Tensor | None = None
     input_perm: torch.Tensor | None = None
+    act_mode: str | None = None
+    act_block: str = "group"
 
 
 class TensorSource(Protocol):

@@ -1,0 +1,86 @@
+"""mixgemm's checkpoint format registered with transformers, so that a plain
+``AutoModelForCausalLM.from_pretrained(dir)`` of a directory written by ``save_pretrained`` from a mixgemm model
+rebuilds its QuantLinear layers (``quant_method: "mixgemm"``).
+
+``register()`` adds ``MixgemmConfig`` and ``MixgemmHfQuantizer`` to transformers' registries
+(``register_quantization_config`` / ``register_quantizer``). ``import mixgemm`` arranges for it to run when
+transformers' quantizer registry is imported (mixgemm._hf_hook), so importing mixgemm never imports transformers.
+"""
+
+from __future__ import annotations
+
+from transformers.quantizers.auto import (
+    AUTO_QUANTIZATION_CONFIG_MAPPING,
+    AUTO_QUANTIZER_MAPPING,
+    register_quantization_config,
+    register_quantizer,
+)
+from transformers.quantizers.base import HfQuantizer
+from transformers.utils.quantization_config import QuantizationConfigMixin
+
+from mixgemm.checkpoints import native
+
+
+class MixgemmConfig(QuantizationConfigMixin):
+    """A mixgemm quantization_config: ``layers`` maps module paths to their format (mixgemm.checkpoints.native)."""
+
+    def __init__(self, layers: dict | None = None, format_version: int = native.FORMAT_VERSION, **kwargs):
+        self.quant_method = native.QUANT_METHOD
+        self.format_version = format_version
+        self.layers = dict(layers or {})
+        native.check_config(self.to_dict())
+
+    def to_dict(self) -> dict:
+        return {"quant_method": native.QUANT_METHOD, "format_version": self.format_version,
+                "layers": self.layers}
+
+
+class MixgemmHfQuantizer(HfQuantizer):
+    """Loads mixgemm checkpoints: the skeleton's listed Linears become empty QuantLinear before the weights load."""
+
+    requires_calibration = False
+
+    def validate_environment(self, *args, **kwargs):
+        if not self.pre_quantized:
+            raise ValueError("MixgemmConfig describes a saved mixgemm checkpoint; to quantize a float checkpoint "
+                             "while loading use mixgemm.from_pretrained(path, quantization_config=mixgemm.W4A16())")
+
+    def _process_model_before_weight_loading(self, model, **kwargs):
+        from torch import nn
+
+        from mixgemm.checkpoints import skeleton
+
+        for name, fmt in self.quantization_config.layers.items():
+            try:
+                linear = model.get_submodule(name)
+            except AttributeError:
+                raise ValueError(f"the mixgemm quantization_config lists {name!r}, which the model lacks") from None
+            if not isinstance(linear, nn.Linear):
+                raise ValueError(f"the mixgemm quantization_config lists {name!r}, which is a "
+                                 f"{type(linear).__name__}, not a Linear")
+            ql = native.empty_quant_linear(fmt, linear.in_features, linear.out_features, name=name)
+            if ql.bias is not None:  # the float bias loads in the model's dtype, as nn.Linear's would
+                ql.bias = nn.Parameter(ql.bias.to(linear.weight.dtype), requires_grad=False)
+            skeleton.put_module(model, name, ql)
+        return model
+
+    def _process_model_after_weight_loading(self, model, **kwargs):
+        return model
+
+    def is_serializable(self, *args, **kwargs) -> bool:
+        return True
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+
+def register() -> None:
+    """Register the config and the quantizer under "mixgemm" (once; later calls do nothing)."""
+    if native.QUANT_METHOD not in AUTO_QUANTIZATION_CONFIG_MAPPING:
+        register_quantization_config(native.QUANT_METHOD)(MixgemmConfig)
+    if native.QUANT_METHOD not in AUTO_QUANTIZER_MAPPING:
+        register_quantizer(native.QUANT_METHOD)(MixgemmHfQuantizer)
+
+
+__all__ = ["MixgemmConfig", "MixgemmHfQuantizer", "register"]

