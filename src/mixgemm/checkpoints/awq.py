@@ -13,7 +13,14 @@ Marlin packings, and ``zero_point: false``, each a ValueError naming the tensor.
 from __future__ import annotations
 
 from mixgemm.checkpoints.base import ConvertedLinear, TensorSource
-from mixgemm.checkpoints.packed_int32 import check_bits, check_int32, group_count, to_quantized_weight, unpack_int32
+from mixgemm.checkpoints.packed_int32 import (
+    check_bits,
+    check_int32,
+    group_count,
+    layers_with,
+    to_quantized_weight,
+    unpack_int32,
+)
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's WQLinear_GEMM.pack: field i holds channel AWQ_ORDER[i]
 
@@ -25,9 +32,7 @@ class AWQFormat:
         return str(quantization_config.get("quant_method", "")).lower() == "awq"
 
     def quantized_linears(self, source: TensorSource, quantization_config: dict) -> list[str]:
-        keys = set(source.keys())
-        return sorted(k[: -len(".qweight")] for k in keys
-                      if k.endswith(".qweight") and k[: -len("qweight")] + "qzeros" in keys)
+        return layers_with(source.keys(), ".qweight", ".qzeros")
 
     def convert_linear(self, source: TensorSource, prefix: str, quantization_config: dict) -> ConvertedLinear:
         qc = quantization_config

@@ -29,6 +29,7 @@ from mixgemm.checkpoints.packed_int32 import (
     act_order_perm,
     check_bits,
     group_count,
+    layers_with,
     to_quantized_weight,
     unpack_int32,
 )
@@ -71,8 +72,7 @@ class CompressedTensorsFormat:
         return str(quantization_config.get("quant_method", "")).lower() == "compressed-tensors"
 
     def quantized_linears(self, source: TensorSource, quantization_config: dict) -> list[str]:
-        keys = set(source.keys())  # a TensorSource has keys(), not necessarily iteration
-        return sorted(k[: -len(".weight_packed")] for k in keys if k.endswith(".weight_packed"))
+        return layers_with(source.keys(), ".weight_packed")
 
     def convert_linear(self, source: TensorSource, prefix: str, quantization_config: dict) -> ConvertedLinear:
         scheme = layer_scheme(quantization_config, prefix)

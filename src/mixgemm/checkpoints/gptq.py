@@ -24,6 +24,7 @@ from mixgemm.checkpoints.packed_int32 import (
     check_bits,
     check_int32,
     group_count,
+    layers_with,
     to_quantized_weight,
     unpack_int32,
 )
@@ -38,9 +39,7 @@ class GPTQFormat:
         return str(quantization_config.get("quant_method", "")).lower() == "gptq"
 
     def quantized_linears(self, source: TensorSource, quantization_config: dict) -> list[str]:
-        keys = set(source.keys())
-        return sorted(k[: -len(".qweight")] for k in keys
-                      if k.endswith(".qweight") and k[: -len("qweight")] + "qzeros" in keys)
+        return layers_with(source.keys(), ".qweight", ".qzeros")
 
     def convert_linear(self, source: TensorSource, prefix: str, quantization_config: dict) -> ConvertedLinear:
         qc = quantization_config

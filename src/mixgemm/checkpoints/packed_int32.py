@@ -15,6 +15,14 @@ import torch
 from mixgemm.formats.weight import GROUP_SIZES, PER_CHANNEL, QuantConfig, QuantizedWeight, from_codes
 
 
+def layers_with(keys, *suffixes: str) -> list[str]:
+    """The module paths that hold a tensor for every one of ``suffixes`` (e.g. ".qweight", ".qzeros"), sorted."""
+    keys = set(keys)
+    first, *rest = suffixes
+    return sorted(p for p in (k[: -len(first)] for k in keys if k.endswith(first))
+                  if all(p + s in keys for s in rest))
+
+
 def check_bits(bits, what: str) -> int:
     """bits as an int if mixgemm holds it (4 or 8), else a ValueError naming ``what``."""
     if isinstance(bits, bool) or not isinstance(bits, int) or bits not in (4, 8):
