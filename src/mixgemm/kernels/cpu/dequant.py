@@ -22,7 +22,8 @@ BLOCK_ELEMS = 1 << 22
 
 
 def _float32_params(qw: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s, m) float32 [N, G] with w = q * s + m (cached on the weight: 8 bytes per group)."""
+    """(s, m) float32 [N, G] with w = q * s + m. Made per call (N x G values, small beside the codes), not cached:
+    the fallback keeps nothing resident beside the plain weight."""
     s = qw.scales.float()
     m = qw.offsets.float() if qw.mode == "offset" else -qw.zero_points().float() * s
     return s, m
@@ -37,7 +38,7 @@ def dequant_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | No
     ng, g = qw.num_groups, qw.group_size
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).float()
-    s, m = qw.layout("cpu_dequant_params", _float32_params)
+    s, m = _float32_params(qw)
     y = torch.empty(x2.shape[0], n, dtype=torch.float32)
     rows = max(1, BLOCK_ELEMS // k)
     for r0 in range(0, n, rows):
