@@ -202,6 +202,8 @@ def cuda_conv2d(
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # a copy: the caller's tensor is untouched
     depthwise = qweight.in_channels_per_group == 1 and groups > 1
+    if b * ho * wo == 0 or co == 0:  # empty batch / output: no path choice (its tables index by M) and no launch
+        return torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
     if path is None:
         from mixgemm.kernels.cuda.dwconv import DwCudaConfig
         from mixgemm.kernels.triton.conv_smallk import SmallKConfig
@@ -212,8 +214,6 @@ def cuda_conv2d(
             if config is not None
             else pick_path(x, qweight, b * ho * wo, stride, padding, groups, dilation)
         )
-    if b * ho * wo == 0:
-        return torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
     if path == "matmul":
         # 1x1 conv on channels_last == GEMM on the [B*H*W, Ci] view (no copy); W is the [Co, Ci] matrix.
         from mixgemm.ops.matmul import matmul

@@ -244,6 +244,8 @@ def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offse
     qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)
     check_matmul_inputs(x, qw, bias)
     check_act(act_mode, act_block)
+    if x.shape[:-1].numel() == 0:  # empty batch: [..., 0, N] on every path
+        return x.new_empty((*x.shape[:-1], N))
     if x.device.type == "cuda":
         why = _a8_kernel_fits(qw)
         if why is not None:

@@ -66,6 +66,8 @@ def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devic
 def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, activation: str | None):
     lo, hi = clamp_bounds(activation)
     lead = x.shape[:-1]
+    if lead.numel() == 0 or qw.out_features == 0:  # empty batch: no kernel math (tile and split-K rules divide by M)
+        return x.new_empty((*lead, qw.out_features))
     x2d = x.reshape(-1, x.shape[-1])
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()  # a copy: the caller's tensor is never touched

@@ -138,6 +138,8 @@ def matmul_a8(
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     blk = act_block_size(k, qweight.group_size, act_block)
+    if x2.shape[0] == 0 or qweight.out_features == 0:  # empty batch: no quantizer or kernel launch
+        return x.new_empty((*lead, qweight.out_features), dtype=out_dtype)
     if not _use_kernel(x, force_kernel):
         a = quantize_activation(x2, blk, act_mode)
         y = block_int_gemm(a, qweight)
@@ -188,6 +190,9 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     blk = act_block_size(k, qweight.group_size, act_block)
+    if m == 0:  # empty batch: nothing to launch
+        empty = torch.empty((0, qweight.out_features), dtype=out_dtype or x.dtype, device=x.device)
+        return lambda: empty
     if _a8_gemv_ok(x2, qweight, act_mode, config):
         from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
 
