@@ -1,7 +1,8 @@
 """mixgemm: floating-point activations x block-quantized INT4/INT8 weights on NVIDIA GPUs.
 
 Entry points: ``quantize_weight`` (formats), ``matmul`` (dispatching op), ``reference`` (CPU oracle),
-``ggml`` (llama.cpp blocks), ``nn`` (modules), ``bench`` (the scoreboard).
+``ggml`` (llama.cpp blocks), ``nn`` (modules), ``bench`` (the scoreboard); ``explain`` / ``explain_conv`` (which
+kernel runs a call and why), ``kernel_options`` (overrides of that choice), ``resident_bytes`` (weight memory).
 """
 
 from mixgemm.formats import (
@@ -19,7 +20,9 @@ from mixgemm.ops import conv2d, matmul
 __version__ = "0.1.0"
 
 _LAZY = {"quantize_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api", "W8A16": "mixgemm.quantize_api",
-         "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn"}
+         "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn",
+         "explain": "mixgemm.kernels.explain", "explain_conv": "mixgemm.kernels.explain",
+         "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.options"}
 
 
 def __getattr__(name):  # lazy: importing mixgemm does not import the nn / torch.library layer

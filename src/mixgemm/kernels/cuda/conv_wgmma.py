@@ -23,9 +23,9 @@ import math
 import torch
 
 from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.kernels.conv import conv_output_size
 from mixgemm.kernels.cuda import gemm_wgmma as G
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.ops.conv import conv_output_size
 
 CHANNELS_PER_TILE = 64  # one 64-k tile = 64 channels of one tap = one 128-byte swizzled row per pixel
 _CORNER = (-128, 127)  # im2col bounding-box corner range of a 4-D tensor map
@@ -107,6 +107,12 @@ def default_conv_config(m: int, co: int, k: int, sms: int = 132) -> dict:
     return {**_BASE, **cfg}
 
 
+def conv_config(m: int, co: int, k: int, tuned: dict | None) -> dict:
+    """The tile config of a layer: the conv sweep's entry (``tuned``, from kernels.triton.conv.tuned_wgmma_choice)
+    on the base keys, else default_conv_config."""
+    return default_conv_config(m, co, k) if tuned is None else {**_BASE, **tuned}
+
+
 def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor | None, stride, padding, dilation,
                lo: float, hi: float, config: dict | None = None, fit: bool = True) -> torch.Tensor:
     """clamp(conv2d(x, dequant(qweight), bias) , lo, hi), channels_last out (see the module docstring).
@@ -130,8 +136,7 @@ def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor
     if config is None:
         from mixgemm.kernels.triton.conv import tuned_wgmma_choice
 
-        _, tuned = tuned_wgmma_choice(x.device, qweight, stride, m)
-        config = default_conv_config(m, co, qweight.matrix.in_features) if tuned is None else {**_BASE, **tuned}
+        config = conv_config(m, co, qweight.matrix.in_features, tuned_wgmma_choice(x.device, qweight, stride, m)[1])
 
     def make_map(bm: int):
         return im2col_tensor_map(x, (kh, kw), tuple(stride), tuple(padding), tuple(dilation), bm)

@@ -1,0 +1,83 @@
+"""Overrides of the kernel choice: one context manager, :func:`kernel_options`, instead of module flags.
+
+    with mixgemm.kernel_options(force="triton_gemm"):             # this kernel wherever it can run
+        ...
+    with mixgemm.kernel_options(disable={"cuda_wgmma"}):           # never this one (MIXGEMM_WGMMA=0 does the same)
+        ...
+    with mixgemm.kernel_options(configs={"cuda_wgmma": {"BM": 64, "NWG": 2}}):   # this config for that kernel
+        ...
+
+Forcing an entry skips the other entries of its op and the tuning-based declines of the forced one (a "soft"
+decline, e.g. the GEMV / GEMM crossover), never what the kernel cannot do (a "hard" decline raises, naming it).
+The options live in a context variable, so they are per thread / task and restored on exit; plans cached on a
+weight are only used under the default options.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """force: entry names preferred over the op's ordered list (one per op at most); disable: entry names never
+    picked; configs: entry name -> the config it is handed instead of its own choice; conv_dequant_min_m: the conv's
+    opt-in "dequantize once + cuDNN" path from this many output pixels (None: off)."""
+
+    force: frozenset = frozenset()
+    disable: frozenset = frozenset()
+    configs: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    conv_dequant_min_m: int | None = None
+
+    @property
+    def is_default(self) -> bool:
+        return self == _DEFAULT
+
+
+# MIXGEMM_WGMMA=0: the Hopper wgmma GEMM stays off unless forced (the environment's default options)
+_DEFAULT = KernelOptions(disable=frozenset() if os.environ.get("MIXGEMM_WGMMA", "1") != "0"
+                         else frozenset({"cuda_wgmma"}))
+_current: contextvars.ContextVar[KernelOptions] = contextvars.ContextVar("mixgemm_kernel_options", default=_DEFAULT)
+
+
+def current_options() -> KernelOptions:
+    return _current.get()
+
+
+def _names(v: str | Iterable[str] | None) -> frozenset:
+    if v is None:
+        return frozenset()
+    return frozenset((v,) if isinstance(v, str) else v)
+
+
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def kernel_options(force: str | Iterable[str] | None = None, disable: str | Iterable[str] | None = None,
+                   configs: Mapping[str, dict] | None = None, conv_dequant_min_m=_UNSET):
+    """Within the block, mixgemm's dispatchers honour these overrides (added to the enclosing block's; see the
+    module docstring). Unknown entry names raise ValueError."""
+    from mixgemm.kernels.registry import entry_names
+
+    known = entry_names()
+    for name in _names(force) | _names(disable) | frozenset(configs or {}):
+        if name not in known:
+            raise ValueError(f"unknown kernel {name!r}; the registry has {sorted(known)}")
+    old = _current.get()
+    new = KernelOptions(
+        force=old.force | _names(force),
+        disable=(old.disable | _names(disable)) - _names(force),
+        configs=MappingProxyType({**old.configs, **{k: dict(v) for k, v in (configs or {}).items()}}),
+        conv_dequant_min_m=old.conv_dequant_min_m if conv_dequant_min_m is _UNSET else conv_dequant_min_m,
+    )
+    token = _current.set(new)
+    try:
+        yield new
+    finally:
+        _current.reset(token)
