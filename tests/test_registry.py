@@ -215,3 +215,43 @@ def test_resident_bytes():
     assert r["plain"] > 0 and set(r["by_precision"]) == {"w4"} and r["by_precision"]["w4"]["plain"] == r["plain"]
     with pytest.raises(TypeError, match="resident_bytes takes"):
         mixgemm.resident_bytes(torch.zeros(3))
+
+
+@pytest.mark.parametrize("scheme", ["W4A16", "W8A16", "W8A8", "W4A8"])
+def test_eager_forward_matches_the_ops(scheme):
+    """QuantLinear's eager fast path (ops/eager.py; here through the Triton entries under the interpreter) equals the
+    custom op's result, checks K, and answers an empty batch."""
+    from mixgemm.ops.eager import eager_forward
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64))
+    mixgemm.quantize_(model, getattr(mixgemm, scheme)(**({"act_block": "token"} if scheme == "W4A8" else {})))
+    q, x = model[0], torch.randn(2, 3, 256)
+    y, r = eager_forward(q, x), q(x)
+    assert y.shape == r.shape == (2, 3, 64) and float((y - r).norm() / r.norm()) <= 1e-5
+    assert eager_forward(q, torch.randn(0, 256)).shape == (0, 64)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        eager_forward(q, torch.randn(2, 255))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["W4A16", "W8A16", "W8A8", "W4A8"])
+def test_eager_forward_cuda_matches_ops_and_keeps_grads(scheme):
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048)).half().cuda()
+    mixgemm.quantize_(model, getattr(mixgemm, scheme)(**({"act_block": "token"} if scheme == "W4A8" else {})))
+    q = model[0]
+    c = q.config
+    for m in (1, 16, 512):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.float16)
+        y = model(x)  # the fast path
+        if q.act_mode is None:
+            r = torch.ops.mixgemm.linear_wxa16(x, q.qweight, q.scales, q.zeros, q.offsets, q.bias, c.bits,
+                                               c.group_size, c.mode, 2048, 2048, -float("inf"), float("inf"))
+        else:
+            r = torch.ops.mixgemm.linear_wxa8(x, q.qweight, q.scales, q.zeros, q.offsets, q.bias, c.bits,
+                                              c.group_size, c.mode, 2048, 2048, q.act_mode, -float("inf"),
+                                              float("inf"), q.act_block)
+        assert torch.equal(y, r), m
+    x = torch.randn(4, 2048, device="cuda", dtype=torch.float16, requires_grad=True)
+    model(x).float().sum().backward()  # x needs a gradient: the op with its backward
+    assert x.grad is not None and x.grad.shape == x.shape

@@ -29,6 +29,7 @@ from mixgemm.formats.weight import (
     quantize_weight,
 )
 from mixgemm.ops.custom_ops import weight_from_tensors
+from mixgemm.ops.eager import eager_applies, eager_forward
 
 _MODE_ID = {m: i for i, m in enumerate(MODES)}
 # (act_mode, act_block) -> the id in the format tensor; ids 0-2 are the version-1 ones (per weight group)
@@ -152,6 +153,10 @@ class QuantLinear(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if eager_applies(x):  # eager CUDA without autograd: the weight's cached plan, no op dispatch (ops/eager.py)
+            y = eager_forward(self, x)
+            if y is not None:
+                return y
         c = self.config
         if self.act_mode is None:
             return torch.ops.mixgemm.linear_wxa16(x, self.qweight, self.scales, self.zeros, self.offsets, self.bias,

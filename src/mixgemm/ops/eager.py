@@ -1,0 +1,69 @@
+"""The eager CUDA fast path of QuantLinear.forward: the weight's cached call plan, without the torch.library dispatch.
+
+A call looks the QuantizedWeight up on its qweight buffer (identity and version counters: mixgemm.ops.custom_ops.
+weight_from_tensors), the plan up on the weight (mixgemm.ops.dispatch: a dict keyed by M, dtype, device and the
+activation format), checks the inputs in full only when it makes a plan, and launches. It applies outside
+torch.compile (whose graphs keep the custom ops) and when no gradient to x is needed (the ops carry the backward);
+QuantLinear falls back to the ops when eager_forward returns None (no kernel of this build takes the layer: the ops
+then run their fallbacks, with their warnings).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mixgemm._checks import check_matmul_inputs
+from mixgemm.formats.activation import act_block_size, check_act
+from mixgemm.kernels.registry import NoKernel
+from mixgemm.ops.custom_ops import weight_from_tensors
+from mixgemm.ops.dispatch import cached_choice
+
+_INF = float("inf")
+
+
+def eager_applies(x: torch.Tensor) -> bool:
+    """True when QuantLinear may take the fast path for x: CUDA, not compiling, no gradient to x needed."""
+    return x.is_cuda and not torch.compiler.is_compiling() and not (x.requires_grad and torch.is_grad_enabled())
+
+
+def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
+    """QuantLinear ``mod``'s output for x through the cached plan, or None to take the ops."""
+    c = mod.config
+    n, k = mod.out_features, mod.in_features
+    qw = weight_from_tensors(mod.qweight, mod.scales, mod.zeros, mod.offsets, c.bits, c.group_size, c.mode, n, k)
+    lead = x.shape[:-1]
+    if x.dim() < 1 or x.shape[-1] != k:
+        check_matmul_inputs(x, qw, mod.bias)  # raises, naming the shapes
+    m = lead.numel()
+    if m == 0:
+        return x.new_empty((*lead, n))
+    x2d = x.reshape(m, k)
+    if x2d.stride(-1) != 1:
+        x2d = x2d.contiguous()  # a copy: the caller's tensor is never touched
+    act_mode, bias = mod.act_mode, mod.bias
+
+    def checked(problem):
+        def make():
+            check_matmul_inputs(x, qw, bias)
+            if act_mode is not None:
+                check_act(act_mode, mod.act_block)
+            return problem()
+        return make
+
+    try:
+        if act_mode is None:
+            from mixgemm.kernels.linear import linear_problem
+
+            choice = cached_choice(qw, ("linear", m, x.dtype, x.device),
+                                   checked(lambda: linear_problem(m, qw, x.dtype, x.device)))
+            y = choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config)
+        else:
+            from mixgemm.kernels.a8 import a8_problem
+
+            per_token = act_block_size(k, qw.group_size, mod.act_block) == k
+            choice = cached_choice(qw, ("linear_a8", m, x.dtype, x.device, act_mode, per_token),
+                                   checked(lambda: a8_problem(m, qw, x.dtype, x.device, act_mode, per_token)))
+            y = choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config, choice.problem, x.dtype)
+    except NoKernel:
+        return None
+    return y.reshape(*lead, n)
