@@ -46,7 +46,8 @@ from mixgemm.bench.conv import CONV_PRESET  # noqa: E402
 from mixgemm.bench.protocol import graph_time_us, l2_bytes  # noqa: E402
 from mixgemm.kernels.cuda import gemm_wgmma as G  # noqa: E402
 from mixgemm.kernels.cuda.dwconv import DwCudaConfig  # noqa: E402
-from mixgemm.kernels.triton import conv_smallk, conv_table  # noqa: E402
+from mixgemm.kernels.triton import conv_smallk  # noqa: E402
+from mixgemm.tuning import conv_table  # noqa: E402
 from mixgemm.kernels.triton.conv import DwConfig  # noqa: E402
 from mixgemm.kernels.triton.conv_smallk import SmallKConfig  # noqa: E402
 from mixgemm.ops import conv as conv_ops  # noqa: E402

@@ -43,7 +43,7 @@ from mixgemm import quantize_conv_weight  # noqa: E402
 from mixgemm.bench.conv import CONV_BATCHES, CONV_PRESET, ConvSpec  # noqa: E402
 from mixgemm.bench.protocol import graph_time_us, l2_bytes  # noqa: E402
 from mixgemm.formats.weight import QuantConfig  # noqa: E402
-from mixgemm.kernels.triton import conv_table  # noqa: E402
+from mixgemm.tuning import conv_table  # noqa: E402
 from mixgemm.kernels.triton.conv import ConvConfig, DwConfig, _bk_fits, default_config  # noqa: E402
 from mixgemm.kernels.triton.conv_int8 import fold_length  # noqa: E402
 from mixgemm.nn.conv import fit_conv_config  # noqa: E402

@@ -23,6 +23,7 @@ from mixgemm.kernels.cuda import gemv as gemv_mod
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, m_bucket, mma_defines_for
 from mixgemm.kernels.options import kernel_options
+from mixgemm.tuning import gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
 BITS = (4, 8)
@@ -55,11 +56,11 @@ def test_nvrtc_compiles_every_instantiation(arch):
             cfg = choose_config(mb, n, kc, 132, act)
             keys.add(tuple(sorted(defines_for(bits, act, scl, mode, mb, cfg).items())))
     if arch == "sm_90":  # the tuned M = 1 tables of both GPUs, fp16 activations and scales, every mode
-        for gpu, table in (("NVIDIA H200", gemv_mod.TUNED_M1), ("NVIDIA H100 80GB HBM3", gemv_mod.TUNED_M1_H100)):
+        for gpu, table in (("NVIDIA H200", gemv_m1.TUNED_M1), ("NVIDIA H100 80GB HBM3", gemv_m1.TUNED_M1_H100)):
             for (bits, n, k), mode in itertools.product(table, MODES):
                 cfg = choose_config(1, n, k // (32 if bits == 4 else 16), 132, 0, bits, k, gpu,
                                     ("sym", "zero_point", "offset")[mode])
-                sym = {} if mode else gemv_mod.TUNED_M1_H100_SYM if "H100" in gpu else gemv_mod.TUNED_M1_SYM
+                sym = {} if mode else gemv_m1.TUNED_M1_H100_SYM if "H100" in gpu else gemv_m1.TUNED_M1_SYM
                 assert (cfg["R"], cfg["U"], cfg["KS"]) == sym.get((bits, n, k), table[(bits, n, k)])[:3]
                 keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, cfg).items())))
                 if cfg.get("BULK"):  # gemv() adds BPAR where a row's parameters are whole 16-byte units
@@ -448,8 +449,8 @@ def test_gemv_xs_lite(variant, bits, group, mode, scale_dtype):
 TILE_FORMATS = [(4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.float16),
                 (4, 32, "offset", torch.bfloat16), (4, -1, "zero_point", torch.float32),
                 (8, 64, "sym", torch.float16), (8, -1, "offset", torch.float16)]
-M1_TABLES = (gemv_mod.TUNED_M1, gemv_mod.TUNED_M1_SYM, gemv_mod.TUNED_M1_H100, gemv_mod.TUNED_M1_H100_SYM)
-M1_TILES = sorted({t for table in M1_TABLES for t in table.values() if isinstance(t, gemv_mod.M1Tile)})
+M1_TABLES = (gemv_m1.TUNED_M1, gemv_m1.TUNED_M1_SYM, gemv_m1.TUNED_M1_H100, gemv_m1.TUNED_M1_H100_SYM)
+M1_TILES = sorted({t for table in M1_TABLES for t in table.values() if isinstance(t, gemv_m1.M1Tile)})
 
 
 @pytest.mark.gpu
@@ -486,8 +487,8 @@ def test_bulk_config_needs_sm90_room_and_whole_param_rows():
 
 
 # Bulk-copy ring tiles (GEMV_BULK): one row per warp up to 8, U 1 / 2, rings of 2..6 stages, 7 / 8 / 14 k-slices.
-BULK_TILES = [gemv_mod.M1Tile(4, 1, 14, RG=1, BULK=4), gemv_mod.M1Tile(2, 2, 8, RG=2, BULK=3),
-              gemv_mod.M1Tile(4, 2, 4, RG=2, BULK=2, LITE=1), gemv_mod.M1Tile(8, 1, 7, RG=1, BULK=6, MINB=1)]
+BULK_TILES = [gemv_m1.M1Tile(4, 1, 14, RG=1, BULK=4), gemv_m1.M1Tile(2, 2, 8, RG=2, BULK=3),
+              gemv_m1.M1Tile(4, 2, 4, RG=2, BULK=2, LITE=1), gemv_m1.M1Tile(8, 1, 7, RG=1, BULK=6, MINB=1)]
 
 
 @pytest.mark.gpu

@@ -35,7 +35,7 @@ from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import gemv_a8 as ga
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.reference.block_gemm import block_int_gemm
-from mixgemm.tuning import A8_GEMV_MAX_M
+from mixgemm.tuning import A8_GEMV_MAX_M, gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
@@ -155,7 +155,7 @@ def _instantiations(full: bool = True):
     for bits, ks, mb in itertools.product((4, 8), (2, 4, 8), mbs):
         out.append({"A8_BITS": bits, "A8_XT": 0, "A8_M": mb, "A8_G": 128 if bits == 4 else 0, "A8_U": 4,
                     "A8_R": ga.ROWS_PER_WARP[mb], "A8_RG": 8 // ks, "A8_KS": ks, "A8_PF": 0})
-    for ((bits, _n, _k), cfg), xt in itertools.product(ga.TUNED_M1.items(), (0, 1, 2) if full else (0,)):
+    for ((bits, _n, _k), cfg), xt in itertools.product(gemv_m1.A8_TUNED_M1.items(), (0, 1, 2) if full else (0,)):
         for g in (32, 64, 128, 256, 0):  # the tuned table is keyed by shape, so any group can meet it
             ch = CHUNK_K[bits]
             u = 4 if g == 0 else max(1, min(4, g // ch))

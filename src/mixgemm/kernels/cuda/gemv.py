@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import NamedTuple
 
 import torch
 
@@ -25,6 +24,7 @@ from mixgemm.formats.layouts import GemvLayout, GemvMmaLayout, build_gemv_mma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.options import current_options
+from mixgemm.tuning.gemv_m1 import M1Tile, tuned_m1
 
 GEMV_MAX_M = 16
 # Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
@@ -62,79 +62,6 @@ MMA_LAYOUT = "gemv_mma_v1"
 # gemv_notes.md v6): XS only helped R = 2 configs and never beat the R = 4 defaults; LITE within noise.
 DEFAULT_XS = 0
 DEFAULT_LITE = 0
-
-
-class M1Tile(NamedTuple):
-    """One tuned M = 1 tile (fp16 activations): R rows per warp, U chunks in flight per lane and row, KS k-slices,
-    PF register double buffering, RG row groups per block (0: 8 warps per block, RG = 8 / KS), MINB launch-bounds
-    blocks per SM (0: none), LITE f16x2 sum of the two partial chains, BULK stages of the bulk-copy ring (0: weights
-    loaded into registers; sm_90 only, persistent grid; gemv.cu GEMV_BULK)."""
-
-    R: int
-    U: int
-    KS: int
-    PF: int = 0
-    RG: int = 0
-    MINB: int = 0
-    LITE: int = 0
-    BULK: int = 0
-
-
-# M = 1, fp16 activations: the fastest (R, U, KS) of a sweep (scripts/bench_gemv.py --sweep) on an H200
-# for the protocol's LLM shapes, keyed by (bits, N, K). Other shapes use the rule in choose_config.
-# Session 20 (results/gemv_ks_sweep_h200_s20.log): zero point on 28672x8192 with KS 7 (see the H100 note below)
-# 43.2 -> 37.6 us, 14336x4096 (4, 2, 2) 13.4 -> 11.7 us.
-# Session 21 (results/gemv_bulk_sweep_h200_s21.log): K = 28672 takes the bulk-copy ring tile of the H100 (below),
-# zero point 37.7 -> 36.0 us, sym 35.3 -> 34.8 us.
-_K28672_BULK = M1Tile(8, 1, 7, RG=1, MINB=2, LITE=1, BULK=2)
-TUNED_M1 = {
-    (4, 4096, 4096): (2, 2, 2), (4, 14336, 4096): (4, 2, 2), (4, 4096, 14336): (4, 2, 2),
-    (4, 28672, 8192): (4, 2, 2), (4, 8192, 28672): _K28672_BULK,
-    (8, 4096, 4096): (2, 1, 4), (8, 14336, 4096): (2, 1, 4), (8, 4096, 14336): (2, 1, 8),
-    (8, 28672, 8192): (2, 1, 8), (8, 8192, 28672): (2, 1, 8),
-}
-# The same sweep on an H100 (benchmarks/gemv_notes.md, "H100"): (R, U, KS, PF); PF = register double buffering,
-# which the W8 kernel gains from there.
-# Session 20 (results/gemv_ks_sweep*_h100_s20.log): on K = 28672 / 14336 the zero-point kernel wants k-slices that
-# give every lane the same number of steps (KS 7: Kc = 896 = 4 x 7 x 32 chunks, 448 = 2 x 7 x 32; with the power-of-two
-# KS 8 half the warps of a block idle for the last step): 28672x8192 50.8 -> 49.0 us, 14336x4096 14.4 -> 13.7 us.
-# Session 21 (results/gemv_bulk_sweep_h100_s21.log): on K = 28672 the bulk-copy ring with each tile's parameters
-# copied in bulk (_K28672_BULK: gemv.cu GEMV_BULK / GEMV_BPAR), 8 rows per warp: zero point 48.9 -> 47.4 us, sym
-# 47.3 -> 46.1.
-TUNED_M1_H100 = {
-    (4, 4096, 4096): (4, 1, 2, 0), (4, 14336, 4096): (4, 1, 2, 0), (4, 4096, 14336): M1Tile(4, 1, 7, RG=2, MINB=2),
-    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): _K28672_BULK,
-    (8, 4096, 4096): (2, 1, 4, 0), (8, 14336, 4096): (2, 1, 8, 0), (8, 4096, 14336): (2, 1, 8, 0),
-    (8, 28672, 8192): (2, 2, 8, 1), (8, 8192, 28672): (2, 1, 8, 1),
-}
-
-
-# Symmetric int4 on an H100: without zero points a lane holds fewer registers per row, and one chunk in flight per
-# lane and row (U 1) with more split-K measured fastest (scripts/bench_gemv.py --sweep --sweep-mode sym, session 19,
-# results/gemv_sym_sweep_h100_s19.log; us against the zero-point tiles above): 28672x8192 47.5 vs 49.6, 14336x4096
-# 13.2 vs 14.9, 4096x14336 12.8 vs 13.4. Keyed like the tables above; entries override them for mode "sym".
-# 28672x8192 then took KS 14 with LITE (session 20: 47.2-47.4 us), and since session 21 the bulk-copy ring tile (46.1).
-TUNED_M1_H100_SYM = {
-    (4, 8192, 28672): _K28672_BULK, (4, 4096, 14336): (4, 1, 4, 0),
-    (4, 14336, 4096): (4, 1, 1, 0),
-}
-# The same for symmetric int4 on an H200 (session 20, results/gemv_sym_sweep_h200_s20.log and
-# gemv_ks_sweep_h200_s20.log; us against the table above): 4096x4096 4.2 vs 4.7, 4096x14336 10.9 vs 11.6,
-# 14336x4096 10.6 vs 13.8, 8192x28672 36.1 vs 37.1, 28672x8192 35.1 vs 36.4.
-TUNED_M1_SYM = {
-    (4, 4096, 4096): (4, 2, 2), (4, 14336, 4096): (4, 1, 1), (4, 4096, 14336): (4, 1, 4),
-    (4, 28672, 8192): (4, 2, 4), (4, 8192, 28672): _K28672_BULK,
-}
-# merged once, not per call
-_TUNED_M1_SYM_ALL = {"H100": {**TUNED_M1_H100, **TUNED_M1_H100_SYM}, "": {**TUNED_M1, **TUNED_M1_SYM}}
-
-
-def tuned_m1(gpu_name: str, mode: str = "") -> dict:
-    """The M = 1 tile table measured on this GPU model (H100 / H200) for this weight mode; H200's for any other GPU."""
-    gpu = "H100" if "H100" in gpu_name else ""
-    if mode == "sym":
-        return _TUNED_M1_SYM_ALL[gpu]
-    return TUNED_M1_H100 if gpu else TUNED_M1
 
 
 # Config keys that only appear when set (defines_for adds their macros only then, so default compile keys stay put).

@@ -27,6 +27,7 @@ import torch
 from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.tuning.gemv_m1 import A8_TUNED_M1
 
 SOURCE = "gemv_a8.cu"
 KERNEL = "mixgemm_gemv_a8"
@@ -40,18 +41,6 @@ _XT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 ROWS_PER_WARP = {1: 4, 2: 4, 4: 2, 8: 2, 16: 1}  # R per M bucket (registers: M * R * 3 accumulators)
-# M = 1 decode shapes: the fastest config of scripts/bench_gemv_a8.py --sweep (H200, 2026-11-21), keyed by
-# (bits, N, K); the table rows of that run used exactly these (errors 2.1e-4, fp16 output).
-TUNED_M1: dict = {
-    (4, 28672, 8192): {"R": 2, "KS": 1, "NW": 8, "PF": 0},   # 36.1-36.4 us, 81% of the HBM floor (session 11)
-    # 28672x8192: 38.1-38.2 us with per-token, 39.0 with per-group activations (77% / 75%; session 11, one-pass
-    # prologue + PDL; the session-7 entry R 2, NW 16, PF 1 measured 38.5 / 39.4 in the same runs)
-    (4, 8192, 28672): {"R": 4, "KS": 1, "NW": 16, "PF": 0},
-    (8, 28672, 8192): {"R": 4, "KS": 1, "NW": 16, "PF": 0},  # 64.4 us, 86% (W8 per-channel)
-    (8, 8192, 28672): {"R": 4, "KS": 1, "NW": 16, "PF": 0},  # 68.0 us, 82%
-}
-
-
 def m_bucket(m: int) -> int:
     return 1 << (m - 1).bit_length()
 
@@ -77,8 +66,9 @@ def choose_config(mb: int, n: int, steps: int, num_sms: int, bits: int = 4, k: i
     """R rows per warp (by M bucket), KS warps along K per block (split K inside the block while the row
     tiles alone give fewer than ~32 warps per SM: decode shapes with small N), NW warps per block, PF
     register double buffering (0 / 1)."""
-    if mb == 1 and (bits, n, k) in TUNED_M1:
-        return dict(TUNED_M1[(bits, n, k)], RG=TUNED_M1[(bits, n, k)]["NW"] // TUNED_M1[(bits, n, k)]["KS"])
+    tuned = A8_TUNED_M1.get((bits, n, k)) if mb == 1 else None
+    if tuned is not None:
+        return dict(tuned, RG=tuned["NW"] // tuned["KS"])
     r = ROWS_PER_WARP[mb]
     ks = 1
     while ks < WARPS and -(-n // r) * ks < num_sms * 32 and steps >= 2 * ks:

@@ -573,7 +573,7 @@ def _gpu_name(device) -> str:
 def tuned_choice(device, qw: QuantizedConvWeight, stride, groups: int, m: int) -> tuple[str, ConvConfig | None] | None:
     """The measured (path, config) for this layer on this GPU from conv_table (None: not measured here).
     path "igemm" comes with its ConvConfig, "matmul" (1x1 through the shared GEMM) with None."""
-    from mixgemm.kernels.triton import conv_table
+    from mixgemm.tuning import conv_table
 
     hit = conv_table.lookup(_gpu_name(device), conv_table.layer_key(qw, stride, groups, m))
     if hit is None:
@@ -584,7 +584,7 @@ def tuned_choice(device, qw: QuantizedConvWeight, stride, groups: int, m: int) -
 
 def tuned_wgmma_choice(device, qw: QuantizedConvWeight, stride, m: int) -> tuple[bool, dict | None]:
     """(measured, config) of the wgmma conv for this layer on this GPU (conv_table.lookup_wgmma; groups 1)."""
-    from mixgemm.kernels.triton import conv_table
+    from mixgemm.tuning import conv_table
 
     return conv_table.lookup_wgmma(_gpu_name(device), conv_table.layer_key(qw, stride, 1, m))
 
