@@ -498,17 +498,12 @@ def test_gemv_bulk_ring(tile, bits, group, mode, scale_dtype):
     """The bulk-copy ring (sm_90; elsewhere the host falls back to register loads): N = 4099 gives each persistent
     block several tiles (the ring and its phases run on across tiles) and a last tile past N; K = 14336 and
     14336 - 384 give whole and partial last stages; M = 1 / 3 fp16, bf16 and fp32 x."""
-    gemv_mod.KERNEL_OVERRIDE = "simt"
-    gemv_mod.CFG_OVERRIDE = dict(tile._asdict(), RG=tile.RG or 8 // tile.KS)
-    try:
+    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": dict(tile._asdict(), RG=tile.RG or 8 // tile.KS)}):
         for k in (14336, 14336 - 384):
             qw, gen = _make(4099, k, bits, group, mode, scale_dtype, 17)
             for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.bfloat16), (2, torch.float32)):
                 _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw,
                        torch.randn(4099, generator=gen, device="cuda").to(act), "relu" if m == 3 else None)
-    finally:
-        gemv_mod.KERNEL_OVERRIDE = None
-        gemv_mod.CFG_OVERRIDE = None
 
 
 @pytest.mark.gpu

@@ -239,7 +239,7 @@ def act_quant_rows(x: torch.Tensor, mode: str = "sym", out=None):
         out = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, 1), dtype=torch.float32, device=dev),
                torch.empty((m, 1), dtype=torch.float32, device=dev), torch.empty((m, 1), dtype=torch.int32, device=dev))
     q, s, o, sm = out
-    nt = ACTQ_NT  # threads per row (the .cu's AQ_NT; 256 measured the same as 512 on H200, session 12)
+    nt = ACTQ_NT  # threads per row (the .cu's AQ_NT; 256 measured the same as 512 on H200)
     cpt = -(-(k // 8) // nt)
     fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows", {"A8_ACTQ": cpt, "A8_XT": _XT[x.dtype], "AQ_NT": nt},
                             dev)
