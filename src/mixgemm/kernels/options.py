@@ -36,7 +36,8 @@ class KernelOptions:
 
     @property
     def is_default(self) -> bool:
-        return self == _DEFAULT
+        """True outside any kernel_options block (an identity test: it runs on every call)."""
+        return self is _DEFAULT
 
 
 # MIXGEMM_WGMMA=0: the Hopper wgmma GEMM stays off unless forced (the environment's default options)

@@ -33,6 +33,11 @@ def plans_of(qw: QuantizedWeight) -> dict:
     return plans
 
 
+def device_key(device: torch.device) -> int:
+    """The plan key's device: the CUDA index, -1 off CUDA (what Tensor.get_device() returns, the eager path's key)."""
+    return device.index if device.type == "cuda" and device.index is not None else -1
+
+
 def cached_choice(qw: QuantizedWeight, key: tuple, make_problem) -> Choice:
     """The plan under ``key`` on qw, chosen by the registry for make_problem() on a miss; no caching under
     non-default kernel options."""
@@ -56,7 +61,7 @@ def linear_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: tor
     """The registry's choice (entry + config) for a weight-only linear of M rows, cached on qw."""
     from mixgemm.kernels.linear import linear_problem
 
-    return cached_choice(qw, ("linear", m, x_dtype, device),
+    return cached_choice(qw, ("linear", m, x_dtype, device_key(device)),
                          lambda: linear_problem(m, qw, x_dtype, device_info(device)))
 
 

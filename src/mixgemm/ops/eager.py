@@ -54,14 +54,14 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
         if act_mode is None:
             from mixgemm.kernels.linear import linear_problem
 
-            choice = cached_choice(qw, ("linear", m, x.dtype, x.device),
+            choice = cached_choice(qw, ("linear", m, x.dtype, x.get_device()),
                                    checked(lambda: linear_problem(m, qw, x.dtype, x.device)))
             y = choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config)
         else:
             from mixgemm.kernels.a8 import a8_problem
 
             per_token = act_block_size(k, qw.group_size, mod.act_block) == k
-            choice = cached_choice(qw, ("linear_a8", m, x.dtype, x.device, act_mode, per_token),
+            choice = cached_choice(qw, ("linear_a8", m, x.dtype, x.get_device(), act_mode, per_token),
                                    checked(lambda: a8_problem(m, qw, x.dtype, x.device, act_mode, per_token)))
             y = choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config, choice.problem, x.dtype)
     except NoKernel:

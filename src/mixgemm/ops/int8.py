@@ -94,7 +94,7 @@ def a8_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.d
     from mixgemm.kernels.a8 import a8_problem
     from mixgemm.kernels.options import kernel_options
     from mixgemm.kernels.registry import choose, device_info
-    from mixgemm.ops.dispatch import cached_choice
+    from mixgemm.ops.dispatch import cached_choice, device_key
 
     def problem():
         return a8_problem(m, qw, x_dtype, device_info(device), act_mode, per_token)
@@ -102,7 +102,7 @@ def a8_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.d
     if config is not None:
         with kernel_options(force="triton_a8", configs={"triton_a8": config}):
             return choose(problem())
-    return cached_choice(qw, ("linear_a8", m, x_dtype, device, act_mode, per_token), problem)
+    return cached_choice(qw, ("linear_a8", m, x_dtype, device_key(device), act_mode, per_token), problem)
 
 
 def _act_bufs(m: int, k: int, g: int, dev) -> tuple[torch.Tensor, ...]:
