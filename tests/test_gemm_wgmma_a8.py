@@ -424,7 +424,7 @@ def test_gpu_dispatch_through_matmul_a8(bits, gs):
     Triton kernel that it replaces."""
     import mixgemm
     from mixgemm.formats.activation import quantize_activation
-    from mixgemm.kernels.options import kernel_options
+    from mixgemm.kernels.registry import kernel_options
     from mixgemm.ops import int8 as ops
 
     n, k = 1000, 2048

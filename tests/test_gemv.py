@@ -22,7 +22,7 @@ from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import gemv as gemv_mod
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, m_bucket, mma_defines_for
-from mixgemm.kernels.options import kernel_options
+from mixgemm.kernels.registry import kernel_options
 from mixgemm.tuning import gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 

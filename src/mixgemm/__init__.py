@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 _LAZY = {"quantize_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api", "W8A16": "mixgemm.quantize_api",
          "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn",
          "explain": "mixgemm.kernels.explain", "explain_conv": "mixgemm.kernels.explain",
-         "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.options"}
+         "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.registry"}
 
 
 def __getattr__(name):  # lazy: importing mixgemm does not import the nn / torch.library layer

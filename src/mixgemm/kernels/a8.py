@@ -15,11 +15,21 @@ from __future__ import annotations
 
 import torch
 
-from mixgemm import tuning
+import mixgemm.tuning as tuning
 from mixgemm.formats.activation import QuantizedActivation
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.linear import nvrtc_ok, triton_device_ok, triton_ok
-from mixgemm.kernels.registry import OK, DeviceInfo, KernelEntry, Layout, Problem, device_info, no, prefer_not
+from mixgemm.kernels.registry import (
+    OK,
+    DeviceInfo,
+    KernelEntry,
+    Layout,
+    Problem,
+    device_info,
+    no,
+    prefer_not,
+    register,
+)
 
 _XT = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -197,4 +207,4 @@ ENTRIES = (
                 Layout("int8_v1", _build("mixgemm.kernels.triton.int8_layout", "build_int8_layout")),
                 "Triton int8 tensor-core GEMM, any M"),
 )
-
+register("linear_a8", ENTRIES)

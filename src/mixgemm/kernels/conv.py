@@ -23,21 +23,10 @@ from __future__ import annotations
 import torch
 
 from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.kernels.conv_geometry import conv_output_size, out_format  # noqa: F401  (re-exported)
 from mixgemm.kernels.linear import triton_ok
 from mixgemm.kernels.options import current_options
-from mixgemm.kernels.registry import OK, ConvShape, KernelEntry, Problem, device_info, no, prefer_not
-
-
-def conv_output_size(h: int, w: int, kernel_size, stride, padding, dilation) -> tuple[int, int]:
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
-    return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-
-
-def out_format(x: torch.Tensor) -> torch.memory_format:
-    """The reference's rule: channels_last in -> channels_last out (a 1-channel tensor counts as NCHW)."""
-    if x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] > 1:
-        return torch.channels_last
-    return torch.contiguous_format
+from mixgemm.kernels.registry import OK, ConvShape, KernelEntry, Problem, device_info, no, prefer_not, register
 
 
 def conv_problem(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
@@ -214,3 +203,4 @@ PATH_NAMES = {"cuda_dwconv": "dw_cuda", "triton_dwconv": "dw", "dequant_cudnn": 
               "cuda_conv_wgmma": "wgmma", "triton_conv_smallk": "smallk", "conv_as_matmul": "matmul",
               "triton_conv_igemm": "igemm"}
 BY_PATH = {v: k for k, v in PATH_NAMES.items()}
+register("conv", ENTRIES)

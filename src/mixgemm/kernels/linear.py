@@ -18,10 +18,20 @@ import os
 
 import torch
 
-from mixgemm import tuning
+import mixgemm.tuning as tuning
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.options import current_options
-from mixgemm.kernels.registry import OK, DeviceInfo, KernelEntry, Layout, Problem, device_info, no, prefer_not
+from mixgemm.kernels.registry import (
+    OK,
+    DeviceInfo,
+    KernelEntry,
+    Layout,
+    Problem,
+    device_info,
+    no,
+    prefer_not,
+    register,
+)
 
 GEMV_MAX_M = 16  # the GEMVs' own limit; the tuning table may lower it per bit width
 _HALF = (torch.float16, torch.bfloat16)
@@ -227,3 +237,4 @@ ENTRIES = (
                 Layout("triton_gemm_v1_ks16", _build("mixgemm.kernels.triton.layout", "get_layout")),
                 "Triton tensor-core GEMM, any M"),
 )
+register("linear", ENTRIES)

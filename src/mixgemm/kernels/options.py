@@ -1,4 +1,5 @@
-"""Overrides of the kernel choice: one context manager, :func:`kernel_options`, instead of module flags.
+"""Overrides of the kernel choice: one context manager, ``mixgemm.kernel_options`` (defined with the registry, which
+knows the entry names), instead of module flags; here the options' state.
 
     with mixgemm.kernel_options(force="triton_gemm"):             # this kernel wherever it can run
         ...
@@ -15,10 +16,9 @@ weight are only used under the default options.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -50,35 +50,10 @@ def current_options() -> KernelOptions:
     return _current.get()
 
 
-def _names(v: str | Iterable[str] | None) -> frozenset:
-    if v is None:
-        return frozenset()
-    return frozenset((v,) if isinstance(v, str) else v)
+def push_options(new: KernelOptions):
+    """Make ``new`` current; returns the token for pop_options (mixgemm.kernels.registry.kernel_options uses these)."""
+    return _current.set(new)
 
 
-_UNSET = object()
-
-
-@contextlib.contextmanager
-def kernel_options(force: str | Iterable[str] | None = None, disable: str | Iterable[str] | None = None,
-                   configs: Mapping[str, dict] | None = None, conv_dequant_min_m=_UNSET):
-    """Within the block, mixgemm's dispatchers honour these overrides (added to the enclosing block's; see the
-    module docstring). Unknown entry names raise ValueError."""
-    from mixgemm.kernels.registry import entry_names
-
-    known = entry_names()
-    for name in _names(force) | _names(disable) | frozenset(configs or {}):
-        if name not in known:
-            raise ValueError(f"unknown kernel {name!r}; the registry has {sorted(known)}")
-    old = _current.get()
-    new = KernelOptions(
-        force=old.force | _names(force),
-        disable=(old.disable | _names(disable)) - _names(force),
-        configs=MappingProxyType({**old.configs, **{k: dict(v) for k, v in (configs or {}).items()}}),
-        conv_dequant_min_m=old.conv_dequant_min_m if conv_dequant_min_m is _UNSET else conv_dequant_min_m,
-    )
-    token = _current.set(new)
-    try:
-        yield new
-    finally:
-        _current.reset(token)
+def pop_options(token) -> None:
+    _current.reset(token)

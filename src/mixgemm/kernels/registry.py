@@ -13,18 +13,22 @@ An entry (:class:`KernelEntry`) says
 Ops (``Problem.op``): "linear" (weight-only, x float), "linear_a8" (activations quantized to int8), "conv". The
 dispatcher (:func:`choose`) walks the op's list and takes the first entry that can run; :func:`explain` returns
 that choice with the config and why each earlier entry declined. The lists are built on first use from the modules
-that define them, so importing the registry imports no kernel.
+that define them (mixgemm.kernels.linear, .a8, .conv: each registers its list when the mixgemm.kernels package is
+imported), so importing the registry imports no kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 
-from mixgemm.kernels.options import KernelOptions, current_options
+import mixgemm.tuning as tuning
+from mixgemm.kernels.options import KernelOptions, current_options, pop_options, push_options
 
 OPS = ("linear", "linear_a8", "conv")
 
@@ -51,8 +55,6 @@ class DeviceInfo:
     @property
     def table(self) -> dict:
         """The per-GPU tuning table (mixgemm.tuning)."""
-        from mixgemm import tuning
-
         return tuning.load_table(tuning.table_name_for(self.name) if self.is_cuda else "default")
 
 
@@ -190,15 +192,20 @@ class NoKernel(ValueError):
 _ENTRIES: dict[str, tuple[KernelEntry, ...]] = {}
 
 
+def register(op: str, ordered: Iterable[KernelEntry]) -> None:
+    """Install ``op``'s ordered entry list (called once by the module that defines it)."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops: {OPS}")
+    ordered = tuple(ordered)
+    if any(e.op != op for e in ordered):
+        raise ValueError(f"entries of op {op!r} must say op={op!r}")
+    _ENTRIES[op] = ordered
+
+
 def entries(op: str) -> tuple[KernelEntry, ...]:
     """The ordered entry list of ``op``."""
     if op not in _ENTRIES:
-        import importlib
-
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; ops: {OPS}")
-        mod = importlib.import_module(f"mixgemm.kernels.{ {'linear': 'linear', 'linear_a8': 'a8', 'conv': 'conv'}[op]}")
-        _ENTRIES[op] = tuple(mod.ENTRIES)
+        raise ValueError(f"unknown op {op!r}; ops: {tuple(_ENTRIES)}")
     return _ENTRIES[op]
 
 
@@ -247,3 +254,38 @@ def _config(e: KernelEntry, problem: Problem, opts: KernelOptions) -> dict | Non
     if forced is None:
         return e.config(problem)
     return e.complete(problem, dict(forced)) if e.complete is not None else dict(forced)
+
+
+def _names(v: str | Iterable[str] | None) -> frozenset:
+    if v is None:
+        return frozenset()
+    return frozenset((v,) if isinstance(v, str) else v)
+
+
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def kernel_options(force: str | Iterable[str] | None = None, disable: str | Iterable[str] | None = None,
+                   configs: Mapping[str, dict] | None = None, conv_dequant_min_m=_UNSET):
+    """Within the block, mixgemm's dispatchers honour these overrides, added to the enclosing block's (see
+    mixgemm.kernels.options): ``force`` entry names (one per op) preferred over the op's list, also past their tuning
+    declines; ``disable`` entry names never picked; ``configs`` {entry name: config} handed to that entry instead of
+    its own choice (completed by the entry where partial); ``conv_dequant_min_m`` the opt-in dequantize + cuDNN conv
+    from that many output pixels (None: off). Unknown entry names raise ValueError."""
+    known = entry_names()
+    for name in _names(force) | _names(disable) | frozenset(configs or {}):
+        if name not in known:
+            raise ValueError(f"unknown kernel {name!r}; the registry has {sorted(known)}")
+    old = current_options()
+    new = KernelOptions(
+        force=old.force | _names(force),
+        disable=(old.disable | _names(disable)) - _names(force),
+        configs=MappingProxyType({**old.configs, **{k: dict(v) for k, v in (configs or {}).items()}}),
+        conv_dequant_min_m=old.conv_dequant_min_m if conv_dequant_min_m is _UNSET else conv_dequant_min_m,
+    )
+    token = push_options(new)
+    try:
+        yield new
+    finally:
+        pop_options(token)

@@ -13,8 +13,8 @@ import torch
 from mixgemm import reference
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
-from mixgemm.kernels.conv import conv_output_size
-from mixgemm.kernels.conv import out_format as _out_format
+from mixgemm.kernels.conv_geometry import conv_output_size
+from mixgemm.kernels.conv_geometry import out_format as _out_format
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

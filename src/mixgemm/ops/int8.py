@@ -92,8 +92,7 @@ def a8_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.d
     """The registry's choice for an int8-activation linear (cached on qw); an explicit ``config`` is a Triton
     kernel config, so it forces that entry."""
     from mixgemm.kernels.a8 import a8_problem
-    from mixgemm.kernels.options import kernel_options
-    from mixgemm.kernels.registry import choose, device_info
+    from mixgemm.kernels.registry import choose, device_info, kernel_options
     from mixgemm.ops.dispatch import cached_choice, device_key
 
     def problem():

@@ -23,7 +23,7 @@ import math
 import torch
 
 from mixgemm.formats.conv import QuantizedConvWeight
-from mixgemm.kernels.conv import conv_output_size
+from mixgemm.kernels.conv_geometry import conv_output_size
 from mixgemm.kernels.cuda import gemm_wgmma as G
 from mixgemm.kernels.cuda import nvrtc
 
