@@ -82,7 +82,7 @@ def test_default_config():
 
 def test_table_entries_are_valid_wgmma_tiles():
     """Every measured entry is a tile the launcher accepts (same checks as gemm_wgmma.run, without a GPU)."""
-    from mixgemm.kernels.triton.conv_table import WGMMA_TABLES
+    from mixgemm.tuning.conv_table import WGMMA_TABLES
 
     for table in WGMMA_TABLES.values():
         assert table

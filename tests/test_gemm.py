@@ -8,7 +8,6 @@ the compiled kernels against the float64 reference.
 from __future__ import annotations
 
 import os
-from unittest import mock
 
 import pytest
 import torch
@@ -17,10 +16,10 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from mixgemm import tuning as cfgmod  # noqa: E402
 from mixgemm.formats.weight import QuantConfig, quantize_weight  # noqa: E402
 from mixgemm.kernels.triton.gemm import default_config, gemm  # noqa: E402
 from mixgemm.kernels.triton.layout import build_triton_gemm_v1, pack_words  # noqa: E402
-from mixgemm.ops import configs as cfgmod  # noqa: E402
 from mixgemm.reference.matmul import matmul as ref_matmul  # noqa: E402
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
@@ -168,11 +167,18 @@ def test_tables_are_valid(name):
 
 
 def test_config_lookup_is_deterministic():
+    """The registry's Triton GEMM entry on a device without a table (the CPU interpreter): the kernel's rule."""
+    from dataclasses import replace
+
+    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.registry import entry
+
     qw = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
-    dev = torch.device("cpu")
+    triton = entry("triton_gemm")
     for m in (1, 17, 64, 129, 1000, 4096, 100000):
-        a = cfgmod.gemm_config(m, 28672, 8192, qw, dev)
-        assert a == cfgmod.gemm_config(m, 28672, 8192, qw, dev)
+        p = replace(linear_problem(m, qw, torch.float16, torch.device("cpu")), n=28672, k=8192)
+        a = triton.config(p)
+        assert a == triton.config(p)
         assert a == default_config(m, 28672, 8192, 4, False)
 
 
@@ -181,11 +187,10 @@ def test_h200_table_lookup():
     qw8 = quantize_weight(torch.randn(64, 256) * 0.02, bits=8, group_size=-1)
     table = cfgmod.load_table("h200")
     assert table["gemv_max_m"] == {"4": 8, "8": 1} and table["gemv_all_m_below_n"] == 8192
-    dev = torch.device("cpu")
-    with mock.patch.object(cfgmod, "table_for", lambda device: table):
-        assert cfgmod.gemv_max_m(qw4, dev, 28672) == 8 and cfgmod.gemv_max_m(qw8, dev, 14336) == 1
-        assert cfgmod.gemv_max_m(qw4, dev, 4096) == 16 and cfgmod.gemv_max_m(qw8, dev, 4096) == 16
-        assert cfgmod.gemv_max_m(qw4, dev, 28672, wgmma=False) == 16 and cfgmod.gemv_max_m(qw8, dev, 28672, False) == 8
+    t = table
+    assert cfgmod.gemv_max_m(t, qw4, 28672) == 8 and cfgmod.gemv_max_m(t, qw8, 14336) == 1
+    assert cfgmod.gemv_max_m(t, qw4, 4096) == 16 and cfgmod.gemv_max_m(t, qw8, 4096) == 16
+    assert cfgmod.gemv_max_m(t, qw4, 28672, wgmma=False) == 16 and cfgmod.gemv_max_m(t, qw8, 28672, False) == 8
     entries = table["gemm"]["w4g"]
     assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 8192, 28672), 33) == entries["8192x28672"]["64"]
     assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 4096, 14336), 5000) == entries["4096x14336"]["4096"]
@@ -200,13 +205,12 @@ def test_h100_wgmma_from_m():
     assert table["wgmma_from_m"] == {"w4g128": {"8192x28672": 1}}
     g128 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
     g64 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=64)
-    dev = torch.device("cpu")
+    t = table
     assert cfgmod.exact_weight_key(g128) == "w4g128" and cfgmod.exact_weight_key(g64) == "w4g64"
-    with mock.patch.object(cfgmod, "table_for", lambda device: table):
-        assert cfgmod.gemv_max_m(g128, dev, 28672, k=8192) == 0
-        assert cfgmod.gemv_max_m(g128, dev, 28672) == 8 and cfgmod.gemv_max_m(g128, dev, 28672, k=4096) == 8
-        assert cfgmod.gemv_max_m(g64, dev, 28672, k=8192) == 8
-        assert cfgmod.gemv_max_m(g128, dev, 28672, wgmma=False, k=8192) == 16
+    assert cfgmod.gemv_max_m(t, g128, 28672, k=8192) == 0
+    assert cfgmod.gemv_max_m(t, g128, 28672) == 8 and cfgmod.gemv_max_m(t, g128, 28672, k=4096) == 8
+    assert cfgmod.gemv_max_m(t, g64, 28672, k=8192) == 8
+    assert cfgmod.gemv_max_m(t, g128, 28672, wgmma=False, k=8192) == 16
     for bucket in ("1", "2", "4", "8", "16"):  # the entries those M meet
         assert table["wgmma"]["w4g"]["8192x28672"][bucket]["FOLD"] == 1
 

@@ -492,7 +492,7 @@ def test_fold(cfg, fmt):
 
 def _h100_small_m_entries():
     """The small-M W4 entries of the H100 table (FOLD without stream-K, BM 8 / 16 / 32)."""
-    from mixgemm.ops.configs import load_table
+    from mixgemm.tuning import load_table
 
     w4g = load_table("h100")["wgmma"]["w4g"]
     return [(shape, int(b), cfg) for shape in ("8192x28672", "28672x8192", "4096x14336")
@@ -671,18 +671,19 @@ def test_dispatch_uses_wgmma(bits, gs, dtype):
 def test_dispatch_crossover_follows_table(bits, gs):
     """The GEMV serves M up to the table's crossover for the GEMM that takes over: the wgmma GEMM for fp16 (per layer
     width), the Triton GEMM for fp32 activations."""
-    from mixgemm.ops.configs import gemv_max_m
     from mixgemm.ops.dispatch import GEMV_MAX_M, pick_kernel
+    from mixgemm.tuning import gemv_max_m, table_for
 
     dev = torch.device("cuda")
     qw = _qw(64, 256, bits, gs, "zero_point", "cuda")
     for n in (4096, 28672):
-        lim = gemv_max_m(qw, dev, n, k=8192)  # (the H100 table sends W4 g128 8192x28672 to the wgmma GEMM from M = 1)
+        # (the H100 table sends W4 g128 8192x28672 to the wgmma GEMM from M = 1)
+        lim = gemv_max_m(table_for(dev), qw, n, k=8192)
         if lim >= 1:
             assert pick_kernel(lim, n, 8192, qw, dev, torch.float16) == "gemv"
         if lim < GEMV_MAX_M:
             assert pick_kernel(lim + 1, n, 8192, qw, dev, torch.float16) == "wgmma"
-        lim32 = gemv_max_m(qw, dev, n, wgmma=False)
+        lim32 = gemv_max_m(table_for(dev), qw, n, wgmma=False)
         assert pick_kernel(lim32, n, 8192, qw, dev, torch.float32) == "gemv"
 
 

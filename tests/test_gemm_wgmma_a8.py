@@ -420,9 +420,11 @@ def test_gpu_int_scales_through_matmul_a8():
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits,gs", [(4, 128), (8, 256), (4, -1)])
 def test_gpu_dispatch_through_matmul_a8(bits, gs):
-    """M >= WGMMA_A8_MIN_M takes this kernel (the runner too); the result matches the float64 reference and the
+    """M >= tuning.A8_WGMMA_MIN_M takes this kernel (the runner too); the result matches the float64 reference and the
     Triton kernel that it replaces."""
+    import mixgemm
     from mixgemm.formats.activation import quantize_activation
+    from mixgemm.kernels.registry import kernel_options
     from mixgemm.ops import int8 as ops
 
     n, k = 1000, 2048
@@ -436,25 +438,23 @@ def test_gpu_dispatch_through_matmul_a8(bits, gs):
     assert _rel(y, ref) < 2e-3
     y2 = ops.make_a8_runner(x, qw, bias=bias, activation="relu")()
     assert torch.equal(y, y2)
-    saved = ops.WGMMA_A8_MIN_M
-    try:
-        ops.WGMMA_A8_MIN_M = None
+    with kernel_options(disable="cuda_wgmma_a8"):
+        assert mixgemm.explain(x, qw, act_mode="sym").kernel == "triton_a8"
         y3 = ops.matmul_a8(x, qw, bias=bias, activation="relu")
-    finally:
-        ops.WGMMA_A8_MIN_M = saved
     assert _rel(y, y3) < 2e-3
 
 
 @needs_sm90
 @pytest.mark.gpu
 def test_gpu_int8_per_channel_dispatch():
-    """int8 per-channel: the CUDA kernel for 128 <= M < WGMMA_A8_W8_PER_CHANNEL_MAX_M, the Triton kernel above, except
+    """int8 per-channel: the CUDA kernel for 128 <= M < A8_W8_PER_CHANNEL_TRITON_FROM_M, the Triton kernel above, except
     where its BM 256 / MC 2 tiles apply (w8_wide_region), where the CUDA kernel keeps every M."""
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import MC_MIN_M, W8_WIDE_MIN_K
     from mixgemm.ops import int8 as ops
+    from mixgemm.tuning import A8_W8_PER_CHANNEL_TRITON_FROM_M
 
     qw = _qw(256, 1024, 8, -1, 3, "cuda")
-    x = torch.randn(ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M, 1024, device="cuda", dtype=torch.float16)
+    x = torch.randn(A8_W8_PER_CHANNEL_TRITON_FROM_M, 1024, device="cuda", dtype=torch.float16)
     y = ops.matmul_a8(x, qw)
     assert "wgmma_a8_v1" not in qw._layouts
     y2 = ops.matmul_a8(x[:300], qw)

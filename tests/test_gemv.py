@@ -22,6 +22,8 @@ from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import gemv as gemv_mod
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, m_bucket, mma_defines_for
+from mixgemm.kernels.registry import kernel_options
+from mixgemm.tuning import gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
 BITS = (4, 8)
@@ -54,11 +56,11 @@ def test_nvrtc_compiles_every_instantiation(arch):
             cfg = choose_config(mb, n, kc, 132, act)
             keys.add(tuple(sorted(defines_for(bits, act, scl, mode, mb, cfg).items())))
     if arch == "sm_90":  # the tuned M = 1 tables of both GPUs, fp16 activations and scales, every mode
-        for gpu, table in (("NVIDIA H200", gemv_mod.TUNED_M1), ("NVIDIA H100 80GB HBM3", gemv_mod.TUNED_M1_H100)):
+        for gpu, table in (("NVIDIA H200", gemv_m1.TUNED_M1), ("NVIDIA H100 80GB HBM3", gemv_m1.TUNED_M1_H100)):
             for (bits, n, k), mode in itertools.product(table, MODES):
                 cfg = choose_config(1, n, k // (32 if bits == 4 else 16), 132, 0, bits, k, gpu,
                                     ("sym", "zero_point", "offset")[mode])
-                sym = {} if mode else gemv_mod.TUNED_M1_H100_SYM if "H100" in gpu else gemv_mod.TUNED_M1_SYM
+                sym = {} if mode else gemv_m1.TUNED_M1_H100_SYM if "H100" in gpu else gemv_m1.TUNED_M1_SYM
                 assert (cfg["R"], cfg["U"], cfg["KS"]) == sym.get((bits, n, k), table[(bits, n, k)])[:3]
                 keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, cfg).items())))
                 if cfg.get("BULK"):  # gemv() adds BPAR where a row's parameters are whole 16-byte units
@@ -202,9 +204,9 @@ def test_gemv_layout_round_trip(bits, group, mode, k, torch_gen):
 def _gemv_up_to_m16(monkeypatch):
     """These tests run the GEMV at every M up to 16 through mixgemm.matmul; the shipped GPU table hands M above its
     gemv_max_m (H200: 8 for int4, 1 for int8) to the wgmma GEMM, so the dispatch limit is lifted to 16 here."""
-    import mixgemm.ops.configs as configs
+    import mixgemm.kernels.linear as linear
 
-    monkeypatch.setattr(configs, "gemv_max_m", lambda qw, device, n=None, wgmma=True, k=None: 16)
+    monkeypatch.setattr(linear, "gemv_limit", lambda problem: 16)
 
 def _make(n, k, bits, group, mode, scale_dtype, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -221,12 +223,15 @@ def _check(x, qw, bias=None, activation=None):
     return err
 
 
+# the GEMV entries a kernel kind forces (fp32 activations take the CUDA-core kernel either way)
+FORCE = {"mma": ("cuda_gemv_mma", "cuda_gemv"), "simt": "cuda_gemv"}
+
+
 @pytest.fixture(params=["mma", "simt"])
 def kernel(request):
     """Run a test through the tensor-core kernel (default for fp16/bf16) and the CUDA-core one."""
-    gemv_mod.KERNEL_OVERRIDE = request.param
-    yield request.param
-    gemv_mod.KERNEL_OVERRIDE = None
+    with kernel_options(force=FORCE[request.param]):
+        yield request.param
 
 
 @pytest.mark.gpu
@@ -257,9 +262,7 @@ def test_gemv_mma_scaling_schemes(defer, bits, mode, act):
     """Every scaling scheme of the tensor-core kernel (MMA_DEFER 0 / 1 / 2; int4 group 32 always takes 0)
     over every group size, M = 1, 7 and 16, odd N, bias + relu6, and activations with a large common offset
     (x + 3) on a long K."""
-    old = (gemv_mod.KERNEL_OVERRIDE, gemv_mod.DEFAULT_MMA_DEFER)
-    gemv_mod.KERNEL_OVERRIDE, gemv_mod.DEFAULT_MMA_DEFER = "mma", defer
-    try:
+    with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": {"DEFER": defer}}):
         for group in GROUPS:
             k = 200 if group == -1 else 3 * 256
             qw, gen = _make(211, k, bits, group, mode, torch.float16, 11)
@@ -271,8 +274,6 @@ def test_gemv_mma_scaling_schemes(defer, bits, mode, act):
         qw, gen = _make(129, 14336, bits, 128, mode, torch.float16, 12)
         for m in (1, 16):
             _check((torch.randn(m, 14336, generator=gen, device="cuda") + 3).to(act), qw)
-    finally:
-        gemv_mod.KERNEL_OVERRIDE, gemv_mod.DEFAULT_MMA_DEFER = old
 
 
 @pytest.mark.gpu
@@ -364,9 +365,7 @@ def test_gemv_pdl_dependent_chain(kernel_kind):
     """Programmatic dependent launch: each GEMV reads the output of the kernel right before it (another GEMV,
     or a torch elementwise op), eagerly and replayed from a CUDA graph; results equal the PDL-off run bit for
     bit (the kernels are deterministic), so no GEMV read its x before the producer had finished."""
-    old = gemv_mod.KERNEL_OVERRIDE
-    gemv_mod.KERNEL_OVERRIDE = kernel_kind
-    try:
+    with kernel_options(force=FORCE[kernel_kind]):
         from mixgemm.kernels.cuda.gemv import gemv
 
         qa, gen = _make(2048, 2048, 4, 128, "zero_point", torch.float16, 21)
@@ -381,8 +380,6 @@ def test_gemv_pdl_dependent_chain(kernel_kind):
             return x
 
         assert_pdl_chain_matches(gemv_mod, chain, x0)
-    finally:
-        gemv_mod.KERNEL_OVERRIDE = old
 
 
 # L2-prefetch / persistent-grid variants of the CUDA-core kernel (R, U, KS, BPF, PST, MINB): BPF 1
@@ -413,14 +410,10 @@ def test_nvrtc_compiles_l2_variants(arch):
 def test_gemv_l2_prefetch_persistent(variant, bits, group, mode):
     r, u, ks, bpf, pst, minb = variant
     qw, gen = _make(12345, 512, bits, group, mode, torch.float16, 10)
-    gemv_mod.KERNEL_OVERRIDE = "simt"
-    gemv_mod.CFG_OVERRIDE = {"R": r, "U": u, "KS": ks, "PF": 0, "BPF": bpf, "PST": pst, "MINB": minb}
-    try:
+    cfg = {"R": r, "U": u, "KS": ks, "PF": 0, "BPF": bpf, "PST": pst, "MINB": minb}
+    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": cfg}):
         for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32), (2, torch.bfloat16)):
             _check(torch.randn(m, 512, generator=gen, device="cuda").to(act), qw)
-    finally:
-        gemv_mod.KERNEL_OVERRIDE = None
-        gemv_mod.CFG_OVERRIDE = None
 
 
 @needs_nvrtc
@@ -444,24 +437,20 @@ def test_gemv_xs_lite(variant, bits, group, mode, scale_dtype):
     """fp16 M = 1 with x in shared memory; K = 200 (per-channel, padded) or 3 * 256 and K = 8192; odd N;
     M = 3 and fp32 x fall back to the global-memory x path with the same config."""
     r, u, ks, xs, lite, minb = variant
-    gemv_mod.KERNEL_OVERRIDE = "simt"
-    gemv_mod.CFG_OVERRIDE = {"R": r, "U": u, "KS": ks, "PF": 0, "XS": xs, "LITE": lite, "MINB": minb}
-    try:
+    cfg = {"R": r, "U": u, "KS": ks, "PF": 0, "XS": xs, "LITE": lite, "MINB": minb}
+    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": cfg}):
         for n, k in ((203, 200 if group == -1 else 768), (1001, 8192)):
             qw, gen = _make(n, k, bits, group, mode, scale_dtype, 11)
             for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32)):
                 _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
-    finally:
-        gemv_mod.KERNEL_OVERRIDE = None
-        gemv_mod.CFG_OVERRIDE = None
 
 
 # The formats a forced tile runs in: both int widths, every mode, per-channel and grouped, every scale dtype.
 TILE_FORMATS = [(4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.float16),
                 (4, 32, "offset", torch.bfloat16), (4, -1, "zero_point", torch.float32),
                 (8, 64, "sym", torch.float16), (8, -1, "offset", torch.float16)]
-M1_TABLES = (gemv_mod.TUNED_M1, gemv_mod.TUNED_M1_SYM, gemv_mod.TUNED_M1_H100, gemv_mod.TUNED_M1_H100_SYM)
-M1_TILES = sorted({t for table in M1_TABLES for t in table.values() if isinstance(t, gemv_mod.M1Tile)})
+M1_TABLES = (gemv_m1.TUNED_M1, gemv_m1.TUNED_M1_SYM, gemv_m1.TUNED_M1_H100, gemv_m1.TUNED_M1_H100_SYM)
+M1_TILES = sorted({t for table in M1_TABLES for t in table.values() if isinstance(t, gemv_m1.M1Tile)})
 
 
 @pytest.mark.gpu
@@ -471,16 +460,11 @@ def test_gemv_shipped_m1_tiles(tile, bits, group, mode, scale_dtype):
     """The shipped M = 1 tiles with non-power-of-two k-slices (KS 7 / 14), their own row groups, launch bounds
     and LITE, forced on any GPU: K = 14336 (every lane the same steps) and K = 14336 - 128 * 3 (uneven), odd N,
     M = 1 fp16 (the tile's case) and M = 3 / fp32 x with the same tile."""
-    gemv_mod.KERNEL_OVERRIDE = "simt"
-    gemv_mod.CFG_OVERRIDE = dict(tile._asdict(), RG=tile.RG or 8 // tile.KS)
-    try:
+    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": dict(tile._asdict(), RG=tile.RG or 8 // tile.KS)}):
         for k in (14336, 14336 - 384):
             qw, gen = _make(1001, k, bits, group, mode, scale_dtype, 13)
             for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32)):
                 _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
-    finally:
-        gemv_mod.KERNEL_OVERRIDE = None
-        gemv_mod.CFG_OVERRIDE = None
 
 
 def test_bulk_config_needs_sm90_room_and_whole_param_rows():
@@ -503,8 +487,8 @@ def test_bulk_config_needs_sm90_room_and_whole_param_rows():
 
 
 # Bulk-copy ring tiles (GEMV_BULK): one row per warp up to 8, U 1 / 2, rings of 2..6 stages, 7 / 8 / 14 k-slices.
-BULK_TILES = [gemv_mod.M1Tile(4, 1, 14, RG=1, BULK=4), gemv_mod.M1Tile(2, 2, 8, RG=2, BULK=3),
-              gemv_mod.M1Tile(4, 2, 4, RG=2, BULK=2, LITE=1), gemv_mod.M1Tile(8, 1, 7, RG=1, BULK=6, MINB=1)]
+BULK_TILES = [gemv_m1.M1Tile(4, 1, 14, RG=1, BULK=4), gemv_m1.M1Tile(2, 2, 8, RG=2, BULK=3),
+              gemv_m1.M1Tile(4, 2, 4, RG=2, BULK=2, LITE=1), gemv_m1.M1Tile(8, 1, 7, RG=1, BULK=6, MINB=1)]
 
 
 @pytest.mark.gpu
@@ -514,17 +498,12 @@ def test_gemv_bulk_ring(tile, bits, group, mode, scale_dtype):
     """The bulk-copy ring (sm_90; elsewhere the host falls back to register loads): N = 4099 gives each persistent
     block several tiles (the ring and its phases run on across tiles) and a last tile past N; K = 14336 and
     14336 - 384 give whole and partial last stages; M = 1 / 3 fp16, bf16 and fp32 x."""
-    gemv_mod.KERNEL_OVERRIDE = "simt"
-    gemv_mod.CFG_OVERRIDE = dict(tile._asdict(), RG=tile.RG or 8 // tile.KS)
-    try:
+    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": dict(tile._asdict(), RG=tile.RG or 8 // tile.KS)}):
         for k in (14336, 14336 - 384):
             qw, gen = _make(4099, k, bits, group, mode, scale_dtype, 17)
             for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.bfloat16), (2, torch.float32)):
                 _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw,
                        torch.randn(4099, generator=gen, device="cuda").to(act), "relu" if m == 3 else None)
-    finally:
-        gemv_mod.KERNEL_OVERRIDE = None
-        gemv_mod.CFG_OVERRIDE = None
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
     # (and with it triton) is imported, or test_int8.py's interpreter tests run compiled-mode Triton and fail
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import mixgemm
 from mixgemm.formats.activation import quantize_activation
 from mixgemm.formats.layouts_a8 import (
     CHUNK_K,
@@ -34,6 +35,7 @@ from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import gemv_a8 as ga
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.reference.block_gemm import block_int_gemm
+from mixgemm.tuning import A8_GEMV_MAX_M, gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
@@ -136,11 +138,11 @@ def test_pick_u():
 
 
 def _instantiations(full: bool = True):
-    """The gemv_a8.cu instantiations the dispatcher can build (M buckets up to gemv_a8.MAX_M_DISPATCH): every
+    """The gemv_a8.cu instantiations the dispatcher can build (M buckets up to tuning.A8_GEMV_MAX_M): every
     (bits, group, M bucket, activation dtype) at the default U and KS = 1, U = 1 (short K), the KS splits
     of choose_config, and the tuned configs. full=False: fp16 activations only (the sm_80 check)."""
     out = []
-    mbs = [mb for mb in (1, 2, 4, 8, 16) if mb <= ga.MAX_M_DISPATCH]
+    mbs = [mb for mb in (1, 2, 4, 8, 16) if mb <= A8_GEMV_MAX_M]
     for bits, g, mb, xt in itertools.product((4, 8), (32, 64, 128, 256, 0), mbs, (0, 1, 2) if full else (0,)):
         ch = CHUNK_K[bits]
         umax = 4 if g == 0 else max(1, min(4, g // ch))
@@ -153,7 +155,7 @@ def _instantiations(full: bool = True):
     for bits, ks, mb in itertools.product((4, 8), (2, 4, 8), mbs):
         out.append({"A8_BITS": bits, "A8_XT": 0, "A8_M": mb, "A8_G": 128 if bits == 4 else 0, "A8_U": 4,
                     "A8_R": ga.ROWS_PER_WARP[mb], "A8_RG": 8 // ks, "A8_KS": ks, "A8_PF": 0})
-    for ((bits, _n, _k), cfg), xt in itertools.product(ga.TUNED_M1.items(), (0, 1, 2) if full else (0,)):
+    for ((bits, _n, _k), cfg), xt in itertools.product(gemv_m1.A8_TUNED_M1.items(), (0, 1, 2) if full else (0,)):
         for g in (32, 64, 128, 256, 0):  # the tuned table is keyed by shape, so any group can meet it
             ch = CHUNK_K[bits]
             u = 4 if g == 0 else max(1, min(4, g // ch))
@@ -241,7 +243,8 @@ def test_gemv_a8_matches_reference(bits, group, act, m, mode, xdt, odt, use_bias
     x0 = x.clone()
     bias = (torch.randn(n, generator=g) * 0.5).to(xdt).cuda() if use_bias else None
     lo, hi = clamp_bounds("relu6" if relu6 else None)
-    assert ga.supported(m, x, qw, act) == (m <= ga.MAX_M_DISPATCH)  # the kernel itself takes M <= 16
+    # the dispatcher sends M <= A8_GEMV_MAX_M here (the kernel itself takes M <= 16)
+    assert (mixgemm.explain(x, qw, act_mode=act).kernel == "cuda_gemv_a8") == (m <= A8_GEMV_MAX_M)
     y = ga.gemv_a8(x, qw, act, bias, lo, hi, odt)
     assert torch.equal(x, x0)
     ref = _ref(x, qw, act, bias, lo, hi)
@@ -277,14 +280,10 @@ def test_gemv_a8_configs(cfg, grid, bits, group):
     n, k = 2500, 8192
     w = (torch.randn(n, k, generator=g) * 0.02).cuda()
     qw = quantize_weight(w, bits=bits, group_size=group, mode="offset" if bits == 8 else "sym")
-    try:
-        ga.CFG_OVERRIDE, ga.GRID_MODE = cfg, grid
-        for m, act in ((1, "sym"), (3, "asym")):
-            x = torch.randn(m, k, generator=g).half().cuda()
-            y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), torch.float32)
-            assert _rel(y, _ref(x, qw, act, None, float("-inf"), float("inf"))) <= 1e-5, (m, act)
-    finally:
-        ga.CFG_OVERRIDE, ga.GRID_MODE = None, None
+    for m, act in ((1, "sym"), (3, "asym")):
+        x = torch.randn(m, k, generator=g).half().cuda()
+        y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), torch.float32, config=dict(cfg, GRID=grid))
+        assert _rel(y, _ref(x, qw, act, None, float("-inf"), float("inf"))) <= 1e-5, (m, act)
 
 
 @pytest.mark.gpu
@@ -344,16 +343,13 @@ def test_gemv_a8_one_pass_prologue(bits, group, k, act, xdt):
     per_token = group != -1
     ref = _ref(x, qw, act, None, float("-inf"), float("inf"), per_token=per_token)
     outs = []
-    try:
-        for cfg in (dict(R=2, KS=1, NW=16, PF=1, OP=0), dict(R=2, KS=1, NW=16, PF=1, OP=1),
-                    dict(R=4, KS=1, NW=16, PF=0, OP=1), dict(R=2, KS=1, NW=8, PF=0, OP=1),
-                    dict(R=4, KS=2, NW=8, PF=0, OP=1)):
-            ga.CFG_OVERRIDE = cfg
-            y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), torch.float32, per_token=per_token)
-            assert _rel(y, ref) <= 1e-5, cfg
-            outs.append(y)
-    finally:
-        ga.CFG_OVERRIDE = None
+    for cfg in (dict(R=2, KS=1, NW=16, PF=1, OP=0), dict(R=2, KS=1, NW=16, PF=1, OP=1),
+                dict(R=4, KS=1, NW=16, PF=0, OP=1), dict(R=2, KS=1, NW=8, PF=0, OP=1),
+                dict(R=4, KS=2, NW=8, PF=0, OP=1)):
+        y = ga.gemv_a8(x, qw, act, None, float("-inf"), float("inf"), torch.float32, per_token=per_token,
+                       config=cfg)
+        assert _rel(y, ref) <= 1e-5, cfg
+        outs.append(y)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
@@ -369,18 +365,16 @@ def test_gemv_a8_pdl_dependent_chain(pf):
     x0 = torch.randn(1, 2048, generator=g).half().cuda()
     inf = float("inf")
 
+    cfg = dict(R=2, KS=1, NW=8, PF=pf)
+
     def chain(x):
         for _ in range(4):
-            x = ga.gemv_a8(x, qa, "sym", None, -inf, inf, torch.float16, per_token=True)
-            x = ga.gemv_a8(x * 0.05, qb, "asym", None, -inf, inf, torch.float16)  # the elementwise op writes x
+            x = ga.gemv_a8(x, qa, "sym", None, -inf, inf, torch.float16, per_token=True, config=cfg)
+            x = ga.gemv_a8(x * 0.05, qb, "asym", None, -inf, inf, torch.float16, config=cfg)  # the op writes x
             x = torch.tanh(x)
         return x
 
-    try:
-        ga.CFG_OVERRIDE = dict(R=2, KS=1, NW=8, PF=pf)
-        assert_pdl_chain_matches(ga, chain, x0)
-    finally:
-        ga.CFG_OVERRIDE = None
+    assert_pdl_chain_matches(ga, chain, x0)
 
 
 @pytest.mark.gpu
@@ -401,7 +395,7 @@ def test_matmul_a8_dispatches_small_m():
 
     g = _gen(12)
     qw = quantize_weight((torch.randn(300, 512, generator=g) * 0.02).cuda(), bits=4, group_size=128)
-    for m in (1, 2, 16, 17):  # M <= MAX_M_DISPATCH: the fused CUDA GEMV, else the Triton path
+    for m in (1, 2, 16, 17):  # M <= A8_GEMV_MAX_M: the fused CUDA GEMV, else the Triton path
         x = torch.randn(m, 512, generator=g).half().cuda()
         y = matmul_a8(x, qw, "asym", activation="relu")
         ref = _ref(x, qw, "asym", None, 0.0, float("inf"))

@@ -2,7 +2,9 @@
 
 Entry points: ``quantize_weight`` (formats), ``matmul`` (dispatching op), ``reference`` (CPU oracle),
 ``ggml`` (llama.cpp blocks), ``nn`` (modules), ``quantize_`` (models), ``from_pretrained`` (quantized checkpoints:
-GGUF, mixgemm's own format; mixgemm.checkpoints), ``bench`` (the scoreboard).
+GGUF, GPTQ, AWQ, compressed-tensors, mixgemm's own format; mixgemm.checkpoints), ``distributed`` (tensor parallel),
+``bench`` (the scoreboard); ``explain`` / ``explain_conv`` (which kernel runs a call and why), ``kernel_options``
+(overrides of that choice), ``resident_bytes`` (weight memory).
 """
 
 from mixgemm._hf_hook import install as _install_hf_hook
@@ -25,7 +27,9 @@ _install_hf_hook()  # transformers' AutoModel*.from_pretrained reads mixgemm che
 _LAZY = {"quantize_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api", "W8A16": "mixgemm.quantize_api",
          "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn",
          "QuantConv2d": "mixgemm.nn",
-         "from_pretrained": "mixgemm.checkpoints.loader"}
+         "from_pretrained": "mixgemm.checkpoints.loader",
+         "explain": "mixgemm.kernels.explain", "explain_conv": "mixgemm.kernels.explain",
+         "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.registry"}
 
 
 def __getattr__(name):  # lazy: importing mixgemm does not import the nn / torch.library layer

@@ -42,11 +42,12 @@ from mixgemm.bench.conv import CONV_PRESET
 from mixgemm.bench.protocol import graph_time_us, l2_bytes
 from mixgemm.kernels.cuda import gemm_wgmma as G
 from mixgemm.kernels.cuda.dwconv import DwCudaConfig
-from mixgemm.kernels.triton import conv_smallk, conv_table
+from mixgemm.kernels.triton import conv_smallk
 from mixgemm.kernels.triton.conv import DwConfig
 from mixgemm.kernels.triton.conv_smallk import SmallKConfig
 from mixgemm.ops import conv as conv_ops
 from mixgemm.ops.conv import cuda_conv2d
+from mixgemm.tuning import conv_table
 from tools.checks.conv_gpu_check import _inputs, _rel, qconfig
 
 DEV = "cuda"

@@ -28,11 +28,12 @@ from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.activation import act_block_size, quantize_activation
 from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
+from mixgemm.kernels.a8 import act_quant as _act_quant
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
 from mixgemm.kernels.triton.int8_layout import get_int8_layout
 from mixgemm.ops import int8 as int8_ops
-from mixgemm.ops.int8 import _act_quant, make_a8_runner
+from mixgemm.ops.int8 import make_a8_runner
 
 ACCEPT_SHAPES = [(8192, 28672), (28672, 8192)]  # K x N
 

@@ -132,9 +132,9 @@ def main(argv=None) -> int:
                     tg = graph_time_us([lambda q=q, x=x: gemv(x, q, None, -INF, INF) for q in qws], 10, 60)
                 cfgs = candidates(m, props.multi_processor_count) if a.sweep else [default_config(m, n, k)]
                 if a.table:
-                    from mixgemm.ops.configs import wgmma_config
+                    import mixgemm
 
-                    cfgs = [dict(wgmma_config(m, n, k, qws[0], x.device), FIT=1)]
+                    cfgs = [dict(mixgemm.explain(x, qws[0]).config, FIT=1)]
                     for v in json.loads(a.variants or "[]"):
                         if v.get("M", m) == m and v.get("FMT", fmt) == fmt and v.get("SHAPE", shape) == shape:
                             cfgs.append({**cfgs[0], **{c: w for c, w in v.items() if c not in ("M", "FMT", "SHAPE")}})

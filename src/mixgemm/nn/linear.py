@@ -35,23 +35,13 @@ from mixgemm.formats.weight import (
     quantize_weight,
 )
 from mixgemm.ops.custom_ops import weight_from_tensors
-from mixgemm.ops.matmul import matmul
+from mixgemm.ops.eager import eager_applies, eager_forward
 
 _MODE_ID = {m: i for i, m in enumerate(MODES)}
 # (act_mode, act_block) -> the id in the format tensor; ids 0-2 are the version-1 ones (per weight group)
 _ACT_ID = {(None, "group"): 0, **{(m, "group"): i + 1 for i, m in enumerate(ACT_MODES)},
            **{(m, "token"): i + 1 + len(ACT_MODES) for i, m in enumerate(ACT_MODES)}}
 _DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
-
-
-def _eager_cpu_inference(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """True for a plain CPU tensor in eager mode with no gradient to record: no compiler, tracer, tensor
-    subclass (fake / functional tensors) or dispatch mode that needs the op as one node, no autograd."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
-    return (type(x) is torch.Tensor and x.device.type == "cpu" and not needs_grad
-            and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None)
 
 
 class QuantLinear(nn.Module):
@@ -194,15 +184,15 @@ class QuantLinear(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.config
         if self.input_perm is not None:
             # one gather kernel, no host sync (CUDA-graph safe); on an H100 at M = 1 advanced indexing takes
             # ~3.2 us, index_select ~4.4 us, take_along_dim ~6.4 us
             x = x[..., self.input_perm]
-        if self.act_mode is None and _eager_cpu_inference(x, self.bias):
-            # The op's result without the torch.library dispatch, whose first call imports torch._dynamo and
-            # through it triton (seconds), for nothing on the CPU.
-            return matmul(x, self.quantized_weight(), self.bias)
+        if eager_applies(x, self.bias):  # eager, nothing for autograd to record: no op dispatch (ops/eager.py)
+            y = eager_forward(self, x)
+            if y is not None:
+                return y
+        c = self.config
         if self.act_mode is None:
             return torch.ops.mixgemm.linear_wxa16(x, self.qweight, self.scales, self.zeros, self.offsets, self.bias,
                                                   c.bits, c.group_size, c.mode, self.out_features,

@@ -1,18 +1,7 @@
 """mixgemm.conv2d: convolution with a block-quantized kernel.
 
-CUDA dispatch (pick_path, deterministic in shapes and dtypes):
-* depthwise (Ci/groups == 1): the Triton depthwise kernel;
-* sm_90, fp16 / bf16 channels_last input, Ci % 64 == 0, groups 1: the wgmma implicit GEMM (kernels/cuda/conv_wgmma.py:
-  im2col TMA loads into the weight-only GEMM's pipeline), unless the per-GPU table measured the layer faster below;
-* opt-in (DEQUANT_MIN_M set; off by default): fp16 / bf16 with M = B*Ho*Wo >= DEQUANT_MIN_M: the weight
-  is dequantized once (one Triton kernel, a
-  transient [Co, Kh*Kw*Ci_g] buffer) and cuDNN runs the convolution (large batches: activation-bound);
-* 1x1 / stride 1 / no padding / groups 1 on channels_last: ``mixgemm.matmul`` on the [B*H*W, Ci] view
-  (no copy) when the Triton GEMM is installed (GEMV for M <= 16), unless the measured per-GPU table
-  (kernels/triton/conv_table.py) found the implicit GEMM faster for that layer;
-* at most SMALLK_MAX_CI input channels per group (the 3-channel stems), padded K <= 256: the small-K kernel
-  (kernels/triton/conv_smallk.py: the weight dequantized once per program, the whole K gathered in one tile);
-* everything else: the Triton implicit GEMM (no im2col buffer), any stride / padding / dilation / groups.
+CUDA dispatch: the registry's conv entries (mixgemm.kernels.conv lists them in order, with when each applies;
+``mixgemm.explain_conv`` says which runs and why the earlier ones declined), deterministic in shapes and dtypes.
 CPU inputs run the float64 reference (mixgemm.reference.conv2d).
 ``conv2d_a8``: the INT8-activation variant (activations quantized per pixel and channel block, int8 tensor cores).
 """
@@ -24,6 +13,8 @@ import torch
 from mixgemm import reference
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.kernels.conv_geometry import conv_output_size
+from mixgemm.kernels.conv_geometry import out_format as _out_format
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -34,11 +25,6 @@ def _pair(v, name: str) -> tuple[int, int]:
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
         return (int(v[0]), int(v[1]))
     raise TypeError(f"{name} must be an int or a pair of ints, got {v!r}")
-
-
-def conv_output_size(h: int, w: int, kernel_size, stride, padding, dilation) -> tuple[int, int]:
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
-    return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
 
 
 def check_conv_inputs(x, qweight, bias, stride, padding, dilation, groups):
@@ -87,21 +73,6 @@ def check_conv_inputs(x, qweight, bias, stride, padding, dilation, groups):
     return stride, padding, dilation
 
 
-def _out_format(x: torch.Tensor) -> torch.memory_format:
-    # the reference's rule: channels_last in -> channels_last out (a 1-channel tensor counts as NCHW)
-    if x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] > 1:
-        return torch.channels_last
-    return torch.contiguous_format
-
-
-def _gemm_available() -> bool:
-    try:
-        import mixgemm.kernels.triton.gemm  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def conv2d(
     x: torch.Tensor,
     qweight: QuantizedConvWeight,
@@ -129,59 +100,23 @@ def conv2d(
     return cuda_conv2d(x, qweight, bias, stride, padding, dilation, groups, lo, hi, activation)
 
 
-# fp16 / bf16 convolutions with more output pixels than this (M = B*Ho*Wo) dequantize the weight once per call
-# (one kernel, a transient [Co, Kh*Kw*Ci_g] buffer -- the weights, not an im2col buffer) and run cuDNN, as
-# llama.cpp does for large batches: there the activations dominate the bytes and the FLOPs, and measured on
-# the H200 (benchmarks/results/archive/h200-conv-early-kernel-0522.md) the Triton implicit GEMM reached
-# only 0.15-0.8x of cuDNN fp16, the Triton matmul 0.35-0.56x of cuBLAS from M = 256 on. Off by default (None):
-# mixgemm's design dequantizes in registers and never materializes a float weight in memory; set e.g. 65 to opt in.
-DEQUANT_MIN_M: int | None = None
+def conv_choice(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups, dilation=(1, 1)):
+    """The registry's choice (mixgemm.kernels.conv) for this convolution: entry, config, declined entries."""
+    from mixgemm.kernels.conv import conv_problem
+    from mixgemm.kernels.registry import choose
 
-
-# The Hopper wgmma implicit GEMM for the convolutions it takes (see pick_path); False restores the Triton kernels.
-WGMMA_CONV: bool = True
+    return choose(conv_problem(x, qweight, m, stride, padding, groups, dilation))
 
 
 def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
               dilation=(1, 1)) -> str:
     """ "dequant" (weight dequantized once + cuDNN), "wgmma" (the Hopper wgmma implicit GEMM), "matmul" (1x1 as a
     GEMM), "dw" / "dw_cuda" (depthwise kernels: Triton / CUDA), "smallk" (whole-K tile for a few input channels) or
-    "igemm" (Triton implicit GEMM). Deterministic in the shapes and dtypes."""
-    kh, kw = qweight.kernel_size
-    depthwise = qweight.in_channels_per_group == 1 and groups > 1
-    if depthwise:
-        from mixgemm.kernels.cuda.dwconv import dwconv_supported
+    "igemm" (Triton implicit GEMM): the path name of the registry's choice. Deterministic in the shapes and
+    dtypes."""
+    from mixgemm.kernels.conv import PATH_NAMES
 
-        # fp16 / bf16 channels_last, channel multiplier 1: the CUDA direct conv (kernels/cuda/dwconv.cu says why)
-        return "dw_cuda" if dwconv_supported(x, qweight, groups) else "dw"
-    if DEQUANT_MIN_M is not None and x.dtype in (torch.float16, torch.bfloat16) and m >= DEQUANT_MIN_M:
-        return "dequant"
-    if WGMMA_CONV and x.device.type == "cuda":
-        from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma_supported
-        from mixgemm.kernels.triton.conv import tuned_wgmma_choice
-
-        # sm_90, fp16 / bf16 channels_last, Ci % 64 == 0, groups 1: the wgmma path unless this GPU's sweep measured
-        # the layer slower there than on the kernels below (kernels/triton/conv_table.py, _H200_WGMMA)
-        if conv_wgmma_supported(x, qweight, stride, padding, dilation, groups):
-            measured, cfg = tuned_wgmma_choice(x.device, qweight, stride, m)
-            if cfg is not None or not measured:
-                return "wgmma"
-    from mixgemm.kernels.triton.conv_smallk import SMALLK_MAX_CI, smallk_supported
-
-    # a few input channels (the 3-channel stems): the whole K in one tile, not a K loop (conv_smallk.py)
-    if qweight.in_channels_per_group <= SMALLK_MAX_CI and smallk_supported(x, qweight, groups):
-        return "smallk"
-    pointwise = (kh, kw) == (1, 1) and stride == (1, 1) and padding == (0, 0) and groups == 1
-    if pointwise and _out_format(x) == torch.channels_last and _gemm_available():
-        if x.device.type == "cuda":
-            # the device sweep's measured choice for this layer, when there is one (kernels/triton/conv_table.py)
-            from mixgemm.kernels.triton.conv import tuned_choice
-
-            tuned = tuned_choice(x.device, qweight, stride, groups, m)
-            if tuned is not None:
-                return tuned[0]
-        return "matmul"
-    return "igemm"
+    return PATH_NAMES[conv_choice(x, qweight, m, stride, padding, groups, dilation).kernel]
 
 
 def cuda_conv2d(
@@ -192,72 +127,33 @@ def cuda_conv2d(
     tiles, a conv_smallk.SmallKConfig (path "smallk"), a cuda.dwconv.DwCudaConfig (path "dw_cuda"), or a dict of wgmma
     tiles (path "wgmma"); path: force "igemm" / "dw" / "dw_cuda" / "smallk" / "matmul" / "dequant" / "wgmma" (default:
     pick_path)."""
-    from mixgemm.kernels.triton import conv as K
+    from mixgemm.kernels.conv import BY_PATH
+    from mixgemm.kernels.registry import entry
 
     b, _, h, w = x.shape
-    kh, kw = qweight.kernel_size
     co = qweight.out_channels
-    ho, wo = conv_output_size(h, w, (kh, kw), stride, padding, dilation)
+    ho, wo = conv_output_size(h, w, qweight.kernel_size, stride, padding, dilation)
     fmt = _out_format(x)
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()  # a copy: the caller's tensor is untouched
-    depthwise = qweight.in_channels_per_group == 1 and groups > 1
-    if path is None:
+    if b * ho * wo == 0 or co == 0:  # empty batch / output: no path choice (its tables index by M) and no launch
+        return torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
+    if path is None and config is not None:  # a kernel config names its kernel
         from mixgemm.kernels.cuda.dwconv import DwCudaConfig
         from mixgemm.kernels.triton.conv_smallk import SmallKConfig
 
-        path = (
-            ("smallk" if isinstance(config, SmallKConfig) else "dw_cuda" if isinstance(config, DwCudaConfig)
-             else "dw" if depthwise else "igemm")
-            if config is not None
-            else pick_path(x, qweight, b * ho * wo, stride, padding, groups, dilation)
-        )
-    if b * ho * wo == 0:
-        return torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
-    if path == "matmul":
-        # 1x1 conv on channels_last == GEMM on the [B*H*W, Ci] view (no copy); W is the [Co, Ci] matrix.
-        from mixgemm.ops.matmul import matmul
-
-        y = matmul(x.permute(0, 2, 3, 1).reshape(b * h * w, x.shape[1]), qweight.matrix, bias, activation)
-        return y.reshape(b, h, w, co).permute(0, 3, 1, 2)
-    if path == "wgmma":  # implicit GEMM on the Hopper wgmma kernel (fp16 / bf16 channels_last, Ci % 64 == 0)
-        from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma
-
-        return conv_wgmma(x, qweight, bias, stride, padding, dilation, lo, hi, config)
-    if path == "dequant":
-        import torch.nn.functional as F
-
-        wm = K.dequantize_matrix(qweight.matrix, x.dtype)  # [Co, Kh*Kw*Ci_g], K order (kh, kw, ci)
-        wt = wm.view(co, kh, kw, qweight.in_channels_per_group).permute(0, 3, 1, 2)  # channels_last strides
-        if fmt != torch.channels_last:
-            wt = wt.contiguous()  # an NCHW weight keeps cuDNN (and the output) in NCHW
-        y = F.conv2d(x, wt, None if bias is None else bias.to(x.dtype), stride, padding, dilation, groups)
-        if lo > float("-inf") or hi < float("inf"):
-            y = y.clamp_(lo, hi)
-        return y.contiguous(memory_format=fmt)
-    out = torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
-    if path == "smallk":
-        from mixgemm.kernels.triton.conv_smallk import smallk_conv2d, smallk_supported
-
-        if not smallk_supported(x, qweight, groups):
-            raise ValueError(f"conv path 'smallk' needs groups 1 and a padded K <= 256, got groups={groups}, "
-                             f"kernel {qweight.kernel_size}, Ci_g={qweight.in_channels_per_group}")
-        return smallk_conv2d(x, qweight, bias, out, stride, padding, dilation, lo, hi, config)
-    if path == "dw_cuda":
-        from mixgemm.kernels.cuda.dwconv import dwconv_cuda, dwconv_supported
-
-        if not dwconv_supported(x, qweight, groups, out):
-            raise ValueError("conv path 'dw_cuda' needs a CUDA fp16 / bf16 channels_last input with an even channel "
-                             "count and even strides, groups == Ci == Co, and int4 / int8 per-channel weights; got "
-                             f"{x.dtype} on {x.device}, strides {tuple(x.stride())}, groups={groups}, "
-                             f"Co={co}, group_size={qweight.matrix.group_size}")
-        return dwconv_cuda(x, qweight, bias, out, stride, padding, dilation, lo, hi, config)
-    if path == "dw":
-        kw_ = {} if config is None else dict(block_m=config.block_m, block_c=config.block_c, num_warps=config.num_warps)
-        return K.dw_conv2d(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, **kw_)
-    if path != "igemm":
+        depthwise = qweight.in_channels_per_group == 1 and groups > 1
+        path = ("smallk" if isinstance(config, SmallKConfig) else "dw_cuda" if isinstance(config, DwCudaConfig)
+                else "dw" if depthwise else "igemm")
+    if path is None:
+        choice = conv_choice(x, qweight, b * ho * wo, stride, padding, groups, dilation)
+        ent, config = choice.entry, choice.config
+    elif path in BY_PATH:
+        ent = entry(BY_PATH[path])
+    else:
         raise ValueError(f"unknown conv path {path!r}")
-    return K.igemm_conv2d(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, config)
+    out = torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
+    return ent.run(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, activation, config)
 
 
 # ------------------------------------------------------------------------------------------- INT8 activations

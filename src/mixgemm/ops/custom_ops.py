@@ -72,9 +72,16 @@ def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor, offsets:
                         group_size: int, mode: str, n: int, k: int) -> QuantizedWeight:
     """The QuantizedWeight [N, K] made of these plain tensors (zeros / offsets: empty when the mode has
     none), cached on ``qweight`` so that its kernel layouts are built once (see the module docstring)."""
-    sig = (qweight.device, _sig(qweight), _sig(scales), _sig(zeros), _sig(offsets), bits, group_size, mode, n, k)
     hit = getattr(qweight, _CACHE_ATTR, None)
-    if hit is not None and hit[0] == sig:
+    fmt = (bits, group_size, mode, n, k)
+    # fast path (every eager call): the same tensor objects, unchanged in place -- identity and version counters
+    if hit is not None and hit[2] is scales and hit[3] is zeros and hit[4] is offsets and hit[5] == _fast_key(
+            qweight, scales, zeros, offsets, fmt):
+        return hit[1]
+    sig = (qweight.device, _sig(qweight), _sig(scales), _sig(zeros), _sig(offsets), *fmt)
+    if hit is not None and hit[0] == sig:  # equal tensors through other objects (aliases): keep the layouts
+        setattr(qweight, _CACHE_ATTR, (sig, hit[1], scales, zeros, offsets, _fast_key(qweight, scales, zeros,
+                                                                                      offsets, fmt)))
         return hit[1]
     config = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scales.dtype)
     _, ng = config.groups(k)
@@ -99,8 +106,20 @@ def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor, offsets:
         config=config,
         shape=(n, k),
     )
-    setattr(qweight, _CACHE_ATTR, (sig, qw))
+    setattr(qweight, _CACHE_ATTR, (sig, qw, scales, zeros, offsets, _fast_key(qweight, scales, zeros, offsets, fmt)))
     return qw
+
+
+def _fast_key(qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor, fmt: tuple) -> tuple:
+    # (.data reassignment swaps the storage without a version bump: the data pointers catch it)
+    return (_version(qweight), _version(scales), _version(zeros), _version(offsets), qweight.data_ptr(),
+            scales.data_ptr(), fmt)
+
+
+def cached_weight(qweight: Tensor) -> QuantizedWeight | None:
+    """The QuantizedWeight the ops cached on this qweight tensor (with its kernel layouts), or None."""
+    hit = getattr(qweight, _CACHE_ATTR, None)
+    return None if hit is None else hit[1]
 
 
 def _activation_for(lo: float, hi: float) -> tuple[str | None, bool]:
@@ -113,13 +132,14 @@ _warned: set = set()
 
 
 def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation: str | None) -> Tensor:
+    from mixgemm.kernels.registry import NoKernel
     from mixgemm.ops.dispatch import cuda_matmul
 
     try:
         return cuda_matmul(x, qw, bias, activation)
-    except ImportError as e:
-        # A kernel module the dispatcher picked is not in this build yet (e.g. the prefill GEMM): run the
-        # dequantized fp GEMM instead, loudly, rather than failing a whole model.
+    except (ImportError, NoKernel) as e:
+        # No kernel of this build takes the layer (e.g. no Triton for the prefill GEMM): run the dequantized fp GEMM
+        # instead, loudly, rather than failing a whole model.
         key = str(e)
         if key not in _warned:
             _warned.add(key)
@@ -200,18 +220,18 @@ def _linear_backward(ctx, grad):
 linear_wxa16.register_autograd(_linear_backward, setup_context=_linear_setup_context)
 
 
-def _a8_kernel_fits(qw: QuantizedWeight) -> str | None:
-    """None when the int8 tensor-core kernel (mixgemm.ops.int8.matmul_a8) can take qw, else why not."""
+def _a8_kernel_fits(x: Tensor, qw: QuantizedWeight, act_mode: str, act_block: str) -> str | None:
+    """None when an int8 kernel of the registry (mixgemm.kernels.a8) takes this call, else why not."""
+    from mixgemm.formats.activation import act_block_size
+    from mixgemm.kernels.registry import NoKernel
+    from mixgemm.ops.int8 import a8_choice
+
+    k = qw.in_features
+    per_token = act_block_size(k, qw.group_size, act_block) == k
     try:
-        import mixgemm.kernels.triton.int8_gemm  # noqa: F401
-        from mixgemm.kernels.triton.int8_layout import pick_half
-    except ImportError as e:
-        return f"int8 kernels unavailable ({e})"
-    if qw.bits == 4:
-        try:
-            pick_half(qw.group_size, qw.in_features)
-        except ValueError as e:
-            return str(e)
+        a8_choice(x.shape[:-1].numel(), qw, x.dtype, x.device, act_mode, per_token)
+    except NoKernel as e:
+        return str(e)
     return None
 
 
@@ -244,8 +264,10 @@ def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offse
     qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)
     check_matmul_inputs(x, qw, bias)
     check_act(act_mode, act_block)
+    if x.shape[:-1].numel() == 0:  # empty batch: [..., 0, N] on every path
+        return x.new_empty((*x.shape[:-1], N))
     if x.device.type == "cuda":
-        why = _a8_kernel_fits(qw)
+        why = _a8_kernel_fits(x, qw, act_mode, act_block)
         if why is not None:
             if why not in _warned:
                 _warned.add(why)

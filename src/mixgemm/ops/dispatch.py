@@ -1,85 +1,93 @@
-"""Pick the CUDA kernel for a matmul from M, N, K, the weight format and the GPU.
+"""The CUDA side of mixgemm.matmul: the registry's choice for the problem, cached per weight as a call plan.
 
-Contract with the kernels (each module owns its layout through QuantizedWeight.layout):
-* mixgemm.kernels.cuda.gemv.gemv(x2d, qw, bias, lo, hi) -> [M, N]: CUDA-core GEMV, M <= 16.
-* mixgemm.kernels.cuda.gemm_wgmma.gemm_wgmma(x2d, qw, bias, lo, hi, config) -> [M, N]: Hopper wgmma GEMM
-  (sm_90, fp16 / bf16 activations), any M; measured 1.2-1.9x faster than the Triton GEMM on H200 at M = 32..4096
-  (benchmarks/gemm_wgmma_notes.md). MIXGEMM_WGMMA=0 turns it off.
-* mixgemm.kernels.triton.gemm.gemm(x2d, qw, bias, lo, hi) -> [M, N]: tensor-core GEMM, any M, any GPU and
-  activation dtype (fp32 activations, pre-Hopper GPUs).
-x2d is [M, K] with unit stride along K; the output is in x2d.dtype.
-
-The choice comes from the table shipped for the GPU (src/mixgemm/configs/<gpu>.json, see
-mixgemm.ops.configs): M <= gemv_max_m[bits] runs the GEMV (when it is importable and supports the
-problem), everything else the GEMM with the table's tile config. No run-time autotuning: the same
-inputs on the same GPU always take the same path.
+Which kernel runs is the registry's business (mixgemm.kernels.registry, the entry lists in mixgemm.kernels.linear
+and .a8); here a call looks its plan up on the weight -- a dict keyed by (op, M, activation dtype, device, ...),
+holding the chosen entry and its config -- and launches. Plans are made under the default kernel options only
+(a ``mixgemm.kernel_options`` block chooses afresh on every call) and live as long as the weight object; a weight's
+plan table holds at most MAX_PLANS entries (prefill lengths vary) and is emptied when full.
 """
 
 from __future__ import annotations
 
-import functools
-import os
+from dataclasses import replace
 
 import torch
 
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.options import current_options
+from mixgemm.kernels.registry import Choice, choose, device_info
 
-GEMV_MAX_M = 16  # the GEMV's own limit; the table may lower it per bit width
-WGMMA = os.environ.get("MIXGEMM_WGMMA", "1") != "0"
-
-
-@functools.cache
-def _optional_module(name: str):
-    """mixgemm.kernels.cuda.<name>, or None when it cannot be imported (e.g. no cuda-bindings): then the next
-    kernel in line serves the problem (the Triton GEMM serves every M)."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"mixgemm.kernels.cuda.{name}")
-    except Exception:  # noqa: BLE001 - any import failure means "not here"
-        return None
+GEMV_MAX_M = 16  # the GEMVs' own limit (mixgemm.kernels.linear.GEMV_MAX_M)
+MAX_PLANS = 256
+_PLANS_ATTR = "_mixgemm_plans"
+_OLD_NAMES = {"cuda_gemv": "gemv", "cuda_gemv_mma": "gemv", "cuda_wgmma": "wgmma", "triton_gemm": "gemm"}
 
 
-def _gemv_module():
-    return _optional_module("gemv")
+def plans_of(qw: QuantizedWeight) -> dict:
+    """The plan table of a weight (created on first use; a new weight object starts empty)."""
+    plans = qw.__dict__.get(_PLANS_ATTR)
+    if plans is None:
+        plans = {}
+        qw.__dict__[_PLANS_ATTR] = plans
+    return plans
 
 
-def _wgmma_module():
-    return _optional_module("gemm_wgmma")
+def device_key(device: torch.device) -> int:
+    """The plan key's device: the CUDA index, -1 off CUDA (what Tensor.get_device() returns, the eager path's key)."""
+    return device.index if device.type == "cuda" and device.index is not None else -1
+
+
+def cached_choice(qw: QuantizedWeight, key: tuple, make_problem) -> Choice:
+    """The plan under ``key`` on qw, chosen by the registry for make_problem() on a miss; no caching under
+    non-default kernel options."""
+    opts = current_options()
+    if not opts.is_default:
+        return choose(make_problem(), opts)
+    plans = plans_of(qw)
+    hit = plans.get(key)
+    if hit is None:
+        hit = choose(make_problem(), opts)
+        # the plan must not hold the weight it is cached on (a reference cycle would keep freed models alive
+        # until the next garbage collection)
+        hit = replace(hit, problem=replace(hit.problem, qw=None))
+        if len(plans) >= MAX_PLANS:
+            plans.clear()
+        plans[key] = hit
+    return hit
+
+
+def linear_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device) -> Choice:
+    """The registry's choice (entry + config) for a weight-only linear of M rows, cached on qw."""
+    from mixgemm.kernels.linear import linear_problem
+
+    return cached_choice(qw, ("linear", m, x_dtype, device_key(device)),
+                         lambda: linear_problem(m, qw, x_dtype, device_info(device)))
 
 
 def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device,
                 x_dtype: torch.dtype = torch.float16) -> str:
-    """Name of the kernel that runs this problem: "gemv", "wgmma" or "gemm" (Triton)."""
-    from mixgemm.ops.configs import gemv_max_m
+    """The kernel family that runs an [M, K] x [N, K] problem with qw's weight format: "gemv", "wgmma" or "gemm"
+    (Triton); mixgemm.explain gives the entry, its config and the reasons."""
+    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.registry import NoKernel
 
-    wg = WGMMA and (mod := _wgmma_module()) is not None and mod.wgmma_supported(x_dtype, qw, device)
-    # the GEMV / GEMM crossover depends on which GEMM takes over (the wgmma GEMM overtakes the GEMV at smaller M)
-    if m <= min(GEMV_MAX_M, gemv_max_m(qw, device, n, wgmma=wg, k=k)):
-        mod = _gemv_module()
-        if mod is not None and (not hasattr(mod, "gemv_supported") or mod.gemv_supported(m, x_dtype, qw)):
-            return "gemv"
-    return "wgmma" if wg else "gemm"
+    # n, k may describe another layer than qw's shape: qw gives the format (bits, group, mode)
+    problem = replace(linear_problem(m, qw, x_dtype, device_info(device)), n=n, k=k)
+    try:
+        return _OLD_NAMES[choose(problem).kernel]
+    except NoKernel:
+        return "gemm"  # no GPU kernel here (CPU without the Triton interpreter): the Triton GEMM is the fallback
 
 
 def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, activation: str | None):
     lo, hi = clamp_bounds(activation)
     lead = x.shape[:-1]
+    if lead.numel() == 0 or qw.out_features == 0:  # empty batch: no kernel math (tile and split-K rules divide by M)
+        return x.new_empty((*lead, qw.out_features))
     x2d = x.reshape(-1, x.shape[-1])
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()  # a copy: the caller's tensor is never touched
-    m, k = x2d.shape
-    kernel = pick_kernel(m, qw.out_features, k, qw, x.device, x.dtype)
-    if kernel == "gemv":
-        y = _gemv_module().gemv(x2d, qw, bias, lo, hi)
-    elif kernel == "wgmma":
-        from mixgemm.ops.configs import wgmma_config
-
-        y = _wgmma_module().gemm_wgmma(x2d, qw, bias, lo, hi, wgmma_config(m, qw.out_features, k, qw, x.device),
-                                           fit=True)
-    else:
-        from mixgemm.kernels.triton.gemm import gemm
-
-        y = gemm(x2d, qw, bias, lo, hi)
+    choice = linear_choice(x2d.shape[0], qw, x.dtype, x.device)
+    y = choice.entry.run(x2d, qw, bias, lo, hi, choice.config)
     return y.reshape(*lead, qw.out_features)

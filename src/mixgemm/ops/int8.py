@@ -6,7 +6,8 @@
   32..256 or per-channel). Two launches: the fused activation quantizer, then the integer GEMM (int32 per
   K-block folded into fp32 with sA*sB and the offset terms inside the K loop). On CUDA, small M takes the
   fused CUDA GEMV (mixgemm.kernels.cuda.gemv_a8: ONE launch, the activation quantization in its prologue,
-  dp4a products) when it supports the case (A8_GEMV below), else the Triton kernel with 16-row tiles.
+  dp4a products) when it supports the case, large M the Hopper int8 wgmma GEMM, else the Triton kernel: the
+  registry's entries, mixgemm.kernels.a8.
 * :func:`int8_static_gemm` -- static per-tensor INT8 x INT8 -> INT8 (MNN ConvInt8 semantics),
   reference: mixgemm.reference.int8_static.
 * :func:`make_a8_runner` / :func:`make_static_runner` -- zero-argument callables for the benchmark
@@ -25,80 +26,13 @@ import torch
 
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
-from mixgemm.formats.activation import QuantizedActivation, act_block_size, check_act, quantize_activation
-from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
+from mixgemm.formats.activation import act_block_size, check_act, quantize_activation
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.a8 import act_quant, per_group_params
 from mixgemm.reference import int8_static as _sref
 from mixgemm.reference.block_gemm import block_int_gemm
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Small M (<= gemv_a8.MAX_M_DISPATCH) on CUDA: the fused CUDA GEMV (activation quantization + dp4a GEMV in
-# one launch) when True.
-# (scripts/bench_gemv_a8.py switches it off to time the Triton path side by side.)
-A8_GEMV = True
-
-
-def _per_group(q: torch.Tensor, sa: torch.Tensor, oa: torch.Tensor, sums: torch.Tensor, act_mode: str, group: int):
-    """Per-token activation parameters ([M, 1]) described per weight group ([M, G]) for the Triton kernel, which
-    takes them per group (QuantizedActivation.regroup: one extra pass over the codes for the sums; the CUDA kernels
-    take per-token scales directly)."""
-    r = QuantizedActivation(q, sa, oa, sums, q.shape[1], act_mode).regroup(group)
-    return r.scales, r.offsets, r.sums
-
-
-def _a8_gemv_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, config: dict | None) -> bool:
-    """True when the fused CUDA GEMV takes this call (small M: gemv_a8.MAX_M_DISPATCH; CUDA; no explicit
-    Triton config)."""
-    if not A8_GEMV or config is not None or not x2.is_cuda:
-        return False
-    from mixgemm.kernels.cuda import gemv_a8
-
-    return gemv_a8.supported(x2.shape[0], x2, qweight, act_mode)
-
-
-# M from which sym x sym calls with a ``wgmma_a8_v1`` weight (sym int4 / int8 with group 128 / 256, per-channel)
-# take the CUDA int8 wgmma GEMM (mixgemm.kernels.cuda.gemm_wgmma_a8) instead of the Triton kernel; None: never.
-WGMMA_A8_MIN_M: int | None = 128
-# int8 per-channel weights go back to the Triton kernel from this M: its persistent TMA kernel measured 820 / 6465 us
-# against the CUDA kernel's 893 / 7271 us at M = 2048 / 16384 on 8192x28672 (a tie on 28672x8192), while below it the
-# CUDA kernel wins: 81 vs 160 us at M = 128, a tie at 512 (H200, results/gemm_wgmma_a8_cross_s9_h200.json).
-# Except where its BM 256 / MC 2 tiles apply (gemm_wgmma_a8.w8_wide_region: K >= 8192, M >= 2048), where the CUDA
-# kernel measured faster: session 28 (H100, activation quantization included) 28672x8192 M = 2048 / 4096 / 16384
-# 833 / 1683 / 6580 -> 800 / 1591 / 6061 us (100 ms windows), M = 2048 sustained 852 -> 804 us
-# (benchmarks/results/int8_accept_w8_*_h100_s28.log, power_probe_*_w8ab_h100_s28.log); session 29 (H100, GEMM only,
-# same-run medians of 3) 8192x28672 M = 2048 / 4096 Triton 786 / 1587 us, CUDA BM 256 MC 2 735 / 1501 us
-# (benchmarks/results/int8_w8_wide_mc_h100_s29.log).
-WGMMA_A8_W8_PER_CHANNEL_MAX_M: int | None = 1024  # None: the CUDA kernel at every M
-
-
-def _wgmma_a8_ok(x2: torch.Tensor, qweight: QuantizedWeight, act_mode: str, config: dict | None) -> bool:
-    """True when the CUDA int8 wgmma GEMM takes this call (sm_90, sym x sym, large M, no explicit Triton config)."""
-    if WGMMA_A8_MIN_M is None or config is not None or not x2.is_cuda or x2.shape[0] < WGMMA_A8_MIN_M:
-        return False
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import w8_wide_region, wgmma_a8_supported
-
-    if (qweight.bits == 8 and qweight.config.group_size == PER_CHANNEL and WGMMA_A8_W8_PER_CHANNEL_MAX_M is not None
-            and x2.shape[0] >= WGMMA_A8_W8_PER_CHANNEL_MAX_M
-            and not w8_wide_region(x2.shape[0], qweight.out_features, qweight.in_features)):
-        return False
-
-    return wgmma_a8_supported(x2, qweight, act_mode)
-
-
-# Per-channel (long-block) activation quantization on CUDA: the one-pass CUDA row kernel
-# (mixgemm.kernels.cuda.gemv_a8.act_quant_rows, x read once) instead of the two-pass Triton row kernel.
-ACTQ_ROWS_CUDA = True
-
-
-def _act_quant(x2: torch.Tensor, block: int, act_mode: str, out=None):
-    """(q, scales, offsets, sums) of x2 [M, K] per token and per block (bit-identical either way)."""
-    if ACTQ_ROWS_CUDA and x2.is_cuda and block == x2.shape[1]:
-        from mixgemm.kernels.cuda import gemv_a8
-
-        if gemv_a8.act_quant_rows_supported(x2, block):
-            return gemv_a8.act_quant_rows(x2, act_mode, out=out)
-    from mixgemm.kernels.triton.act_quant import act_quant
-
-    return act_quant(x2, block, act_mode, out=out)
 
 
 def _use_kernel(x: torch.Tensor, force_kernel: bool) -> bool:
@@ -138,32 +72,36 @@ def matmul_a8(
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     blk = act_block_size(k, qweight.group_size, act_block)
+    if x2.shape[0] == 0 or qweight.out_features == 0:  # empty batch: no quantizer or kernel launch
+        return x.new_empty((*lead, qweight.out_features), dtype=out_dtype)
     if not _use_kernel(x, force_kernel):
         a = quantize_activation(x2, blk, act_mode)
         y = block_int_gemm(a, qweight)
         if bias is not None:
             y = y + bias.double()[None, :]
         return y.clamp(lo, hi).to(out_dtype).reshape(*lead, qweight.out_features)
-    if _a8_gemv_ok(x2, qweight, act_mode, config):
-        from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
-
-        y = gemv_a8(x2, qweight, act_mode, bias, lo, hi, out_dtype, per_token=blk == k)
-        return y.reshape(*lead, qweight.out_features)
-    if _wgmma_a8_ok(x2, qweight, act_mode, config):
-        from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
-
-        aq, sa, _, _ = _act_quant(x2, blk, "sym")
-        y = gemm_wgmma_a8(aq, sa, qweight, bias, lo, hi, out_dtype)
-        return y.reshape(*lead, qweight.out_features)
-    from mixgemm.kernels.triton.int8_gemm import a8_gemm
-    from mixgemm.kernels.triton.int8_layout import get_int8_layout
-
-    lay = get_int8_layout(qweight)
-    aq, sa, oa, suma = _act_quant(x2, blk, act_mode)
-    if blk != lay.group_size:
-        sa, oa, suma = _per_group(aq, sa, oa, suma, act_mode, lay.group_size)
-    y = a8_gemm(aq, sa, oa, suma, lay, act_mode == "asym", bias, lo, hi, out_dtype, config=config)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()  # a copy: the caller's tensor is never touched
+    choice = a8_choice(x2.shape[0], qweight, x.dtype, x.device, act_mode, blk == k, config)
+    y = choice.entry.run(x2, qweight, bias, lo, hi, choice.config, choice.problem, out_dtype)
     return y.reshape(*lead, qweight.out_features)
+
+
+def a8_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device, act_mode: str,
+              per_token: bool, config: dict | None = None):
+    """The registry's choice for an int8-activation linear (cached on qw); an explicit ``config`` is a Triton
+    kernel config, so it forces that entry."""
+    from mixgemm.kernels.a8 import a8_problem
+    from mixgemm.kernels.registry import choose, device_info, kernel_options
+    from mixgemm.ops.dispatch import cached_choice, device_key
+
+    def problem():
+        return a8_problem(m, qw, x_dtype, device_info(device), act_mode, per_token)
+
+    if config is not None:
+        with kernel_options(force="triton_a8", configs={"triton_a8": config}):
+            return choose(problem())
+    return cached_choice(qw, ("linear_a8", m, x_dtype, device_key(device), act_mode, per_token), problem)
 
 
 def _act_bufs(m: int, k: int, g: int, dev) -> tuple[torch.Tensor, ...]:
@@ -188,36 +126,38 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     blk = act_block_size(k, qweight.group_size, act_block)
-    if _a8_gemv_ok(x2, qweight, act_mode, config):
+    if m == 0:  # empty batch: nothing to launch
+        empty = torch.empty((0, qweight.out_features), dtype=out_dtype or x.dtype, device=x.device)
+        return lambda: empty
+    choice = a8_choice(m, qweight, x.dtype, x.device, act_mode, blk == k, config)
+    cfg, dev = choice.config, x.device
+    out = torch.empty((m, qweight.out_features), dtype=out_dtype or x.dtype, device=dev)
+    if choice.kernel == "cuda_gemv_a8":
         from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
 
-        out1 = torch.empty((x2.shape[0], qweight.out_features), dtype=out_dtype or x.dtype, device=x.device)
-        return lambda: gemv_a8(x2, qweight, act_mode, bias, lo, hi, out1.dtype, out=out1, per_token=blk == k)
-    dev = x.device
-    if _wgmma_a8_ok(x2, qweight, act_mode, config):
+        return lambda: gemv_a8(x2, qweight, act_mode, bias, lo, hi, out.dtype, out=out, per_token=blk == k,
+                               config=cfg)
+    if choice.kernel == "cuda_wgmma_a8":
         from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
         from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8
 
         qweight.layout(LAYOUT, build_wgmma_a8_v1)
-        g = k // blk
-        qbufs = _act_bufs(m, k, g, dev)
-        out2 = torch.empty((m, qweight.out_features), dtype=out_dtype or x.dtype, device=dev)
+        qbufs = _act_bufs(m, k, k // blk, dev)
 
         def run_wgmma():
-            aq, sa, _, _ = _act_quant(x2, blk, "sym", out=qbufs)
-            return gemm_wgmma_a8(aq, sa, qweight, bias, lo, hi, out2.dtype, out=out2)
+            aq, sa, _, _ = act_quant(x2, blk, "sym", out=qbufs)
+            return gemm_wgmma_a8(aq, sa, qweight, bias, lo, hi, out.dtype, config=cfg, out=out)
 
         return run_wgmma
     lay = get_int8_layout(qweight)
     bufs = _act_bufs(m, k, k // blk, dev)
-    out = torch.empty((m, lay.n), dtype=out_dtype or x.dtype, device=dev)
     asym = act_mode == "asym"
 
     def run():
-        aq, sa, oa, suma = _act_quant(x2, blk, act_mode, out=bufs)
+        aq, sa, oa, suma = act_quant(x2, blk, act_mode, out=bufs)
         if blk != lay.group_size:
-            sa, oa, suma = _per_group(aq, sa, oa, suma, act_mode, lay.group_size)
-        return a8_gemm(aq, sa, oa, suma, lay, asym, bias, lo, hi, out.dtype, config=config, out=out)
+            sa, oa, suma = per_group_params(aq, sa, oa, suma, act_mode, lay.group_size)
+        return a8_gemm(aq, sa, oa, suma, lay, asym, bias, lo, hi, out.dtype, config=cfg, out=out)
 
     return run
 

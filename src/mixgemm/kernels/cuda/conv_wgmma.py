@@ -23,9 +23,9 @@ import math
 import torch
 
 from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.kernels.conv_geometry import conv_output_size
 from mixgemm.kernels.cuda import gemm_wgmma as G
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.ops.conv import conv_output_size
 
 CHANNELS_PER_TILE = 64  # one 64-k tile = 64 channels of one tap = one 128-byte swizzled row per pixel
 _CORNER = (-128, 127)  # im2col bounding-box corner range of a 4-D tensor map
@@ -81,14 +81,14 @@ def im2col_tensor_map(x: torch.Tensor, kernel_size, stride, padding, dilation, b
 
 
 def default_conv_config(m: int, co: int, k: int, sms: int = 132) -> dict:
-    """Tiles for a layer the measured table does not hold (deterministic), from the H200 sweeps of sessions 13 and 16
+    """Tiles for a layer the measured table does not hold (deterministic), from the H200 sweeps
     (benchmarks/conv_notes.md): the path is latency-bound per CTA, so shallow rings with a register cap that lets
     2-3 CTAs share an SM win at large M (one CTA's epilogue and pipeline fill overlap another's main loop); at large M
     with 128 x 128 tiles for at most half the SMs and a long K, the K halves of each tile run as a 2-CTA cluster
     (split-K without a workspace); small M with a long K runs stream-K over 16-pixel tiles with 4 k-tiles per stage (a
     stage's fixed cost spread over more bytes), short K one 64-pixel tile per CTA. Batch-1 deep layers (M <= 256, K >=
     1024) run 8 K slices of each 56-pixel tile as one cluster, with the producer warp when a slice holds several
-    stages: H100 session 24, stage-3/4 layers 1.3-2.4x cuDNN where stream-K was 0.76-1.2x (benchmarks/conv_notes.md)."""
+    stages: H100, stage-3/4 layers 1.3-2.4x cuDNN where stream-K was 0.76-1.2x (benchmarks/conv_notes.md)."""
     if m <= 256 and k >= 16 * CHANNELS_PER_TILE:
         cfg = {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1}
         if k > 32 * CHANNELS_PER_TILE:  # more than one 4-k-tile stage per slice
@@ -105,6 +105,12 @@ def default_conv_config(m: int, co: int, k: int, sms: int = 132) -> dict:
     else:
         cfg = {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4}
     return {**_BASE, **cfg}
+
+
+def conv_config(m: int, co: int, k: int, tuned: dict | None) -> dict:
+    """The tile config of a layer: the conv sweep's entry (``tuned``, from kernels.triton.conv.tuned_wgmma_choice)
+    on the base keys, else default_conv_config."""
+    return default_conv_config(m, co, k) if tuned is None else {**_BASE, **tuned}
 
 
 def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor | None, stride, padding, dilation,
@@ -130,8 +136,7 @@ def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor
     if config is None:
         from mixgemm.kernels.triton.conv import tuned_wgmma_choice
 
-        _, tuned = tuned_wgmma_choice(x.device, qweight, stride, m)
-        config = default_conv_config(m, co, qweight.matrix.in_features) if tuned is None else {**_BASE, **tuned}
+        config = conv_config(m, co, qweight.matrix.in_features, tuned_wgmma_choice(x.device, qweight, stride, m)[1])
 
     def make_map(bm: int):
         return im2col_tensor_map(x, (kh, kw), tuple(stride), tuple(padding), tuple(dilation), bm)

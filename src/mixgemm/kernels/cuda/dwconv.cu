@@ -4,10 +4,10 @@
 // Why not the Triton kernel (kernels/triton/conv.py, _dwconv_kernel): it loads, converts and multiplies one
 // [pixels, channels] tile per tap, i.e. 49 loads and 49 fp16 -> fp32 conversions per output of a 7x7, and it took
 // 124 us / 36 us for ConvNeXt's 7x7 96 @ 56 / 384 @ 14 at batch 32 on the H200 against cuDNN's 71 / 23 us
-// (0.57x / 0.64x, benchmarks/results/conv_final_h200_s17.log; its tile sweeps in session 15 found nothing faster).
+// (0.57x / 0.64x; its tile sweeps found nothing faster).
 // Here each input value is loaded and converted once per kernel row and feeds every output of the thread's run
 // that uses it (a sliding window unrolled at compile time), the weights are dequantized once per block into
-// shared memory, and the sums stay in fp32. Measured (H200, session 18, conv_dw_final_h200_s18.log): 62.9 / 21.1 us at
+// shared memory, and the sums stay in fp32. Measured (H200): 62.9 / 21.1 us at
 // batch 32 (1.12x / 1.10x cuDNN), 6.8 / 5.9 us at batch 1 (2.2x / 2.0x).
 //
 // Thread = 2 adjacent channels (one 32-bit fp16x2 / bf16x2 load: a warp reads 64 contiguous channels) x DW_TW

@@ -53,14 +53,14 @@
 // its own band and stores that band with the full epilogue. Why: few output tiles over a long K (batch-32 conv stage 3 / 4, M ~ 1568..6272, N 256-512)
 // leave most SMs idle, and the workspace route paid a zeroed M x N workspace, M x N x split atomics and a second
 // kernel: H200, 1x1 conv 2048->512 @7 b32 W4, BM 256 split 4 took 19.7 us, of which the main loop is ~4.5 us.
-// Measured with it (H200, session 16, BM 128 KT 2 split 2): conv b32 3x3 512->512 W8 27.1 -> 19.6 us, W4 30.1 -> 22.1
+// Measured with it (H200, BM 128 KT 2 split 2): conv b32 3x3 512->512 W8 27.1 -> 19.6 us, W4 30.1 -> 22.1
 // us; 1x1 2048->512 W4 15.8 -> 13.2 us. The band goes out by TMA store (bands of whole 16-row pairs, WG_TS_BOX): the
 // per-element epilogue (~7000 SASS instructions, run once per CTA) stalled on instruction fetch (41% of the samples).
 // WG_SPLIT 3 (serial split-K): each slice leaves its fp32 partial tile in a workspace, counts itself on the tile's
 // counter, and the slice that counts last adds the S partials in slice order (the same sum whichever CTA is last) and
 // stores the tile with the full epilogue, then zeroes the counter for the next launch. Why: one kernel instead of the
 // atomic route's memset + kernel + finishing kernel, and a sum that does not depend on which slice finishes last.
-// Measured (H100, W4 g128 28672x8192, split 4, session 19): M = 1 52.9 -> 52.1 us, M = 16 54.5 -> 54.3 us -- the two
+// Measured (H100, W4 g128 28672x8192, split 4): M = 1 52.9 -> 52.1 us, M = 16 54.5 -> 54.3 us -- the two
 // extra launches were not the 4 us this split costs against 8192x28672's 224 unsplit tiles (48.1 us).
 #ifndef WG_SPLIT
 #define WG_SPLIT 0
@@ -70,9 +70,9 @@
 // of a k-tile together and k-tiles one after another) and its parameters as one bulk copy of the groups the stage
 // spans, all completing on one mbarrier per stage (NWG 1, 2 or 4). 0: per-thread cp.async.
 // Why: the cp.async loader cost ~30% of the executed instructions at M = 4096 and ~25% at M = 32 (address / bounds
-// arithmetic per 16-byte piece; profiles in benchmarks/results/profiles); an earlier TMA loader with one bulk copy per
+// arithmetic per 16-byte piece, ncu); an earlier TMA loader with one bulk copy per
 // warp, k-tile and parameter block (17 copies per k-tile at NWG 2) was 8-18% slower than this one at every M and
-// slower than cp.async below M = 256 (H200, benchmarks/gemm_wgmma_notes.md, session 5).
+// slower than cp.async below M = 256 (H200, benchmarks/gemm_wgmma_notes.md).
 #ifndef WG_TMA
 #define WG_TMA 1
 #endif
@@ -102,7 +102,7 @@
 // them arrives last (an atomic count of its stages): the others leave fp32 partials in a workspace. Never waits on
 // another CTA. Why: with one CTA per output tile, 224 tiles on 132 SMs x 2 CTAs (8192x28672, M <= 64) leave 40
 // SMs at half load, and K-long layers have too few tiles (28672x8192: 64), where split-K pays a zeroed workspace,
-// atomics and a second kernel. Measured (H200, W4 g128, benchmarks/gemm_wgmma_notes.md, session 6): 28672x8192
+// atomics and a second kernel. Measured (H200, W4 g128, benchmarks/gemm_wgmma_notes.md): 28672x8192
 // M = 16 / 32 / 64 68.6 / 73.2 / 89.1 -> 55.5 / 60.7 / 76.8 us, 8192x28672 M = 16 / 32 -3%; slower at large M (the
 // BM 256 partials cost more than the 3.4-wave tail) and on 4096x14336 (as many warps per SM did not help there).
 // WG_SK 2: persistent whole tiles. The same persistent grid and tile loop, but CTA c runs output tiles c, c + grid,
@@ -111,7 +111,7 @@
 // tile's loads and wgmmas (waited for only before the buffer is written again). Why: on output-bound layers (1x1
 // convolutions with K = 64..256 per output: 64 -> 256 writes 4x the bytes it reads) a CTA per tile is a serial chain
 // of launch, first load, a few wgmmas and a store whose read of shared memory the CTA waits for before it exits; the
-// persistent ring loads the next tiles while the current one is computed and stored. Measured (session 22, protocol
+// persistent ring loads the next tiles while the current one is computed and stored. Measured (protocol
 // graph timing, conv batch 32): 1x1 64->256 @56 34.5 -> 28.3 us on an H100 and 29.9 -> 23.8 us on an H200 (cuDNN
 // 28.7 / 24.0), 1x1 256->64 22.6 -> 21.4 us (H200); it loses where K is long or the tiles are few (3x3 512, 1x1
 // 2048->512: one CTA per SM holds no second tile's epilogue under a main loop), so the tables choose per layer.
@@ -126,8 +126,8 @@
 // even number of groups (KT % (2 GT) == 0), so every stage starts a group pair and the partial of each k-tile is
 // known at compile time. Why two partials although the fold waits for every wgmma (wait_group 0 at a group's first
 // k-tile): the next group's wgmmas then write the other partial while the fold's FFMAs still read this one; one
-// partial with a run-time group test measured 2-5% slower (H200, results/gemm_wgmma_sweep_h200_s7_fold_one_partial.log).
-// Measured (W4 g128, H200, session 7): 4096x14336 M = 16 / 32 20.4 / 21.5 -> 19.2 / 20.4 us, 14336x4096 M = 16 21.3 ->
+// partial with a run-time group test measured 2-5% slower (H200).
+// Measured (W4 g128, H200): 4096x14336 M = 16 / 32 20.4 / 21.5 -> 19.2 / 20.4 us, 14336x4096 M = 16 21.3 ->
 // 20.0 us; slower on the stream-K tiles of 8192x28672 / 28672x8192 (the partials do not fit the 2 CTAs per SM those
 // need: 53 -> 59-63 us at M = 16), so the table uses it on the mid shapes only.
 #ifndef WG_FOLD
@@ -149,7 +149,7 @@
 // the TMA store writes whole 128-byte lines. Layers with little K per output byte (1x1 convolutions, K = 64..256)
 // are bound by those stores. Needs WG_TMA 1, no split-K / stream-K (WG_SK 2 is fine) and a 16-bit output. An odd
 // last 8-row block (BM % 16 == 8) goes through stmatrix .x2.
-// Measured (H200, session 14, same-run A/B, results/*tstore*_s14.log): conv batch 32 1x1 64->256 W4 47.2 -> 31.9 us,
+// Measured (H200, same-run A/B): conv batch 32 1x1 64->256 W4 47.2 -> 31.9 us,
 // 1x1/2 256->512 31.6 -> 23.6 us, 3x3 64->64 27.6 -> 24.4 us; GEMM W4 g128 M = 1024 695-706 -> 672-679 us
 // (8192x28672) and 198-203 -> 187-192 us (4096x14336), W8 per-channel M = 4096 2950 -> 2655 us (8192x28672).
 #ifndef WG_TSTORE
@@ -171,7 +171,7 @@
 // WG_WS: warp specialization -- one more warp (after the consumer warpgroups) only loads: it waits for a slot's
 // "empty" mbarrier (each consumer warp arrives once the wgmmas that read the slot are complete) and refills it, so the
 // consumers never wait for each other per stage and no consumer thread issues copies. Why: the per-stage CTA barrier
-// was 15-22% of the stall samples of the one-CTA-per-SM long-K W4 convs (ncu, H100, session 23), and the same
+// was 15-22% of the stall samples of the one-CTA-per-SM long-K W4 convs (ncu, H100), and the same
 // release with the loader inside warpgroup 0 was 10-60% slower (its waits held that warpgroup's wgmmas).
 // Measured (H100, conv batch 32, same runs): W4 3x3 512 @7 20.4 -> 18.7 us, 3x3/2 512 20.6 -> 19.5 us, 1x1 2048->512
 // 12.7 -> 12.0-12.2 us (W8 11.6 -> 11.1). Costs 32 threads' registers: MINB 1 only.
@@ -759,7 +759,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       // the pair, then the clamp on the rounded pair with NaN-propagating min / max (NaN stays NaN, as torch.clamp).
       // Rounding is monotone, so clamp(round(v)) == round(clamp(v)) for any lo <= hi. Why: compare-and-select per
       // value (FSETP + FSEL, two each) was 26-30% of the executed instructions of the K = 128..256 1x1 convs, whose
-      // epilogue outweighs their main loop (ncu, H100, session 23).
+      // epilogue outweighs their main loop (ncu, H100).
       const u32 lo2 = pack_out16x2<ACT>(lo, lo), hi2 = pack_out16x2<ACT>(hi, hi);
       auto val2 = [&](int i, int h) {
         const float v0 = PCS ? fmaf(acc[i], rscale[h], bv[h]) : acc[i] + bv[h];
@@ -798,7 +798,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 
   if (PDL) {
     // the first stages' weights go out before the wait; then the loader rewinds and queues their activations
-    // (measured the same: stage 0's weights only, or an L2 prefetch of them -- benchmarks/conv_notes.md, session 17)
+    // (measured the same: stage 0's weights only, or an L2 prefetch of them -- benchmarks/conv_notes.md)
     const u32 st0 = st_issue;
     const int slot0 = slot_issue, sk0 = ld_sk, tile0 = ld_tile, m00 = ld_m0, rt0 = ld_rt;
 #pragma unroll
@@ -817,7 +817,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   }
   // the first tile's per-channel parameters: read from global memory after the first stages are queued, so that
   // their latency overlaps the loads' (before the queueing, the scale loads' wait was 5-8% of the stall samples of
-  // the one-tile-per-CTA 1x1 convs: ncu, H100, session 23)
+  // the one-tile-per-CTA 1x1 convs: ncu, H100)
   tile_params();
   int sg = 0;
   while (true) {  // one output tile (or the CTA's part of it) per pass

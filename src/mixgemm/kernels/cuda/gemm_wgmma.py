@@ -265,7 +265,7 @@ def tail_rows(m: int, n: int, cfg: dict, sms: int) -> tuple[int, int]:
     second launch's weight pointers start.
 
     TAIL 2..8 forces that split; "auto" takes split 2 where the partial wave's tiles fill at most half the SMs, as
-    their halves then all run at once: measured on the H100 (gemm_wgmma_notes.md, session 25), split 2 turned 4096 x
+    their halves then all run at once: measured on the H100 (gemm_wgmma_notes.md), split 2 turned 4096 x
     14336 M = 1024 (3.4 waves) from 197 into 178 us, and lost 4-11% where the partial wave was 0.6-0.8 full (the halves
     then need two rounds) as did splits 3 and 4 (their cluster reduction costs more than the rounds they save)."""
     split = cfg.get("TAIL", 0)
@@ -459,7 +459,7 @@ def tstore_fits(y: torch.Tensor, bm: int, nwg: int, ring_bytes: int | None = Non
     column stride), BM >= 16, and (ring_bytes given: the tiles are staged in the ring) a stage ring that holds the
     NWG staging tiles of BM rows x 128 bytes."""
     # BM 8 (one 8-row block) keeps the per-element stores: the staging round trip measured 0.3 us slower there (H100,
-    # W4 g128 8192 x 28672, M = 1: 47.1 -> 47.4 us, session 24)
+    # W4 g128 8192 x 28672, M = 1: 47.1 -> 47.4 us)
     return (y.dtype in (torch.float16, torch.bfloat16) and y.stride(1) == 1 and (y.stride(0) * 2) % 16 == 0
             and y.data_ptr() % 16 == 0 and bm >= 16 and (ring_bytes is None or ring_bytes >= nwg * bm * 128))
 

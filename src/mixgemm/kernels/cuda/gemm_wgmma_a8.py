@@ -81,7 +81,7 @@ W8_WIDE_MIN_K = 8192
 def w8_wide_region(m: int, n: int, k: int) -> bool:
     """Where default_config takes BM 256 / KT 2 / 2 stages with MC 2 for int8 per-channel weights (K >= W8_WIDE_MIN_K,
     M >= MC_MIN_M, CTA column tiles that pair up); the dispatcher keeps int8 per-channel on this kernel there at
-    every M (ops.int8.WGMMA_A8_W8_PER_CHANNEL_MAX_M)."""
+    every M (mixgemm.tuning.A8_W8_PER_CHANNEL_TRITON_FROM_M)."""
     return k >= W8_WIDE_MIN_K and m >= MC_MIN_M and column_tiles(n, 2) % 2 == 0
 
 
@@ -112,16 +112,16 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: b
     sb = stage_bytes(bm, nwg, bits, kt, group_size == k)
     stages = max(3, min(4, (SMEM_LIMIT - 1024) // sb))
     # NP 1: folding a group while the warpgroup's own next wgmmas run (NP 2) measured 23-28% slower, also with the
-    # four wgmmas issued back to back (benchmarks/int8_notes.md "Session 15")
+    # four wgmmas issued back to back (benchmarks/int8_notes.md)
     cfg = {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": 1, "CVT": 0, "GROUP_M": 8}
-    # MC 2 (activation tile multicast over 2-CTA clusters) where it measured faster: long K at large M (session 26,
-    # GEMM only, W4 g128 per-token, same-run medians: 28672x8192 M = 2048 / 4096 H100 925 -> 877 / 1857 -> 1742 us,
+    # MC 2 (activation tile multicast over 2-CTA clusters) where it measured faster: long K at large M (GEMM only,
+    # W4 g128 per-token, same-run medians: 28672x8192 M = 2048 / 4096 H100 925 -> 877 / 1857 -> 1742 us,
     # H200 914 -> 882 / 1878 -> 1796 us; 8192x28672 H100 +0.5..2%, H200 -1%); GROUP_M stays 8 (H100 28672x8192 with
     # MC 2, GROUP_M 8 / 16 / 4 / 2: M = 2048 873 / 864-866 / 905 / 921 us, M = 4096 1728 / 1799 us). The CTA column
     # tiles must pair up.
     if qs and m >= 256 and column_tiles(n, nwg) * -(-m // 256) >= QS_BM256_MIN_TILES:
         # no fold, so no fp32 accumulators: BM 256 tokens per CTA fits the registers and halves the weight bytes each
-        # CTA pulls from L2 per MAC; MC 2 halves the activation bytes where K is long or M large. Session 29, H100,
+        # CTA pulls from L2 per MAC; MC 2 halves the activation bytes where K is long or M large. H100,
         # GEMM only, same-run medians of 3, us, BM 128 MC 2 / BM 256 MC 1 / BM 256 MC 2: 28672x8192 M = 1024 / 2048 /
         # 4096 406 / 355 / 345, 787 / 755 / 672, 1558 / 1590 / 1361; 8192x28672 M = 1024 / 2048 / 4096 437 / 379 /
         # 383, 871 / 805 / 741, 1640 / 1610 / 1488. BM 128 MC 1 against BM 256 MC 1 at M = 256: 8192x28672 (224 BM 256
@@ -133,8 +133,8 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: b
     if bits == 8 and group_size == k and w8_wide_region(m, n, k):
         # int8 per-channel: BM 256 tokens per CTA halves the weight bytes each CTA pulls from L2 per MAC (the kernel
         # moves ~7.5 TB/s from L2 at BM 128); its 96 KB stage leaves room for 2, which the producer warpgroup keeps
-        # full; MC 2 halves the activation bytes. Measured (session 28, H100, GEMM only, 3 s sustained windows,
-        # bit-equal): 28672x8192 M = 2048 745 -> 720 us, 505 -> 488 mJ per call. Session 29 (H100, GEMM only, same-run
+        # full; MC 2 halves the activation bytes. Measured (H100, GEMM only, 3 s sustained windows,
+        # bit-equal): 28672x8192 M = 2048 745 -> 720 us, 505 -> 488 mJ per call. Then (H100, GEMM only, same-run
         # medians of 3, us, BM 128 MC 1 / BM 128 MC 2 / BM 256 MC 1 / BM 256 MC 2 / the Triton kernel): 8192x28672
         # M = 2048 802 / 807 / 833 / 735 / 786, M = 4096 1596 / 1571 / 1672 / 1501 / 1587; 28672x8192 M = 2048
         # 738 / 724 / 791 / 694 / 761, M = 4096 1518 / 1445 / 1632 / 1385 / 1589: BM 256 pays only with MC 2

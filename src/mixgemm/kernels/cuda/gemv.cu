@@ -103,7 +103,7 @@
 // over row tiles, so the ring runs on across tiles). Why: with registers as the only load buffer, a warp has
 // no load in flight while it does its math, and the register-fed kernel plateaued at 82.5% of the copy
 // floor on H100 28672x8192 W4 while a no-math read of the same bytes in the same pattern reached 93-97%
-// (benchmarks/gemv_notes.md, session 21). The ring keeps S stages of bytes in flight during the math.
+// (benchmarks/gemv_notes.md). The ring keeps S stages of bytes in flight during the math.
 #ifndef GEMV_BULK
 #define GEMV_BULK 0
 #endif
@@ -401,7 +401,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   }
   // Release a slot the bulk copies will overwrite. The proxy fence orders this warp's generic-proxy reads
   // of it before the async-proxy writes that follow the producer's wait: without it H100 returned stale
-  // or overwritten chunks (rel err up to 0.19 in fp32, session 21), with it the error is fp32 rounding.
+  // or overwritten chunks (rel err up to 0.19 in fp32), with it the error is fp32 rounding.
   auto release = [&](u32 bar) {
     fence_proxy_async();
     __syncwarp();

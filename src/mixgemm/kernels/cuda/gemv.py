@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import NamedTuple
 
 import torch
 
 from mixgemm.formats.layouts import GemvLayout, GemvMmaLayout, build_gemv_mma_v1, build_gemv_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.options import current_options
+from mixgemm.tuning.gemv_m1 import M1Tile, tuned_m1
 
 GEMV_MAX_M = 16
 # Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
@@ -55,90 +56,12 @@ def m_bucket(m: int) -> int:
 MMA_SOURCE = "gemv_mma.cu"
 MMA_KERNEL = "mixgemm_gemv_mma"
 MMA_LAYOUT = "gemv_mma_v1"
-# Tuning hooks for scripts/bench_gemv.py only: force the kernel ("mma" / "simt") or its tile config.
-KERNEL_OVERRIDE: str | None = None
-MMA_CFG_OVERRIDE: dict | None = None
-# Tuning hook for scripts/bench_gemv.py only: a dict {"R", "U", "KS"} forced on every call when set.
-CFG_OVERRIDE: dict | None = None
 
 
 # GEMV_XS / GEMV_LITE (gemv.cu) for fp16 activations: off by default. Measured on H200 (benchmarks/
 # gemv_notes.md v6): XS only helped R = 2 configs and never beat the R = 4 defaults; LITE within noise.
 DEFAULT_XS = 0
 DEFAULT_LITE = 0
-
-
-class M1Tile(NamedTuple):
-    """One tuned M = 1 tile (fp16 activations): R rows per warp, U chunks in flight per lane and row, KS k-slices,
-    PF register double buffering, RG row groups per block (0: 8 warps per block, RG = 8 / KS), MINB launch-bounds
-    blocks per SM (0: none), LITE f16x2 sum of the two partial chains, BULK stages of the bulk-copy ring (0: weights
-    loaded into registers; sm_90 only, persistent grid; gemv.cu GEMV_BULK)."""
-
-    R: int
-    U: int
-    KS: int
-    PF: int = 0
-    RG: int = 0
-    MINB: int = 0
-    LITE: int = 0
-    BULK: int = 0
-
-
-# M = 1, fp16 activations: the fastest (R, U, KS) of a sweep (scripts/bench_gemv.py --sweep) on an H200
-# for the protocol's LLM shapes, keyed by (bits, N, K). Other shapes use the rule in choose_config.
-# Session 20 (results/gemv_ks_sweep_h200_s20.log): zero point on 28672x8192 with KS 7 (see the H100 note below)
-# 43.2 -> 37.6 us, 14336x4096 (4, 2, 2) 13.4 -> 11.7 us.
-# Session 21 (results/gemv_bulk_sweep_h200_s21.log): K = 28672 takes the bulk-copy ring tile of the H100 (below),
-# zero point 37.7 -> 36.0 us, sym 35.3 -> 34.8 us.
-_K28672_BULK = M1Tile(8, 1, 7, RG=1, MINB=2, LITE=1, BULK=2)
-TUNED_M1 = {
-    (4, 4096, 4096): (2, 2, 2), (4, 14336, 4096): (4, 2, 2), (4, 4096, 14336): (4, 2, 2),
-    (4, 28672, 8192): (4, 2, 2), (4, 8192, 28672): _K28672_BULK,
-    (8, 4096, 4096): (2, 1, 4), (8, 14336, 4096): (2, 1, 4), (8, 4096, 14336): (2, 1, 8),
-    (8, 28672, 8192): (2, 1, 8), (8, 8192, 28672): (2, 1, 8),
-}
-# The same sweep on an H100 (benchmarks/gemv_notes.md, "H100"): (R, U, KS, PF); PF = register double buffering,
-# which the W8 kernel gains from there.
-# Session 20 (results/gemv_ks_sweep*_h100_s20.log): on K = 28672 / 14336 the zero-point kernel wants k-slices that
-# give every lane the same number of steps (KS 7: Kc = 896 = 4 x 7 x 32 chunks, 448 = 2 x 7 x 32; with the power-of-two
-# KS 8 half the warps of a block idle for the last step): 28672x8192 50.8 -> 49.0 us, 14336x4096 14.4 -> 13.7 us.
-# Session 21 (results/gemv_bulk_sweep_h100_s21.log): on K = 28672 the bulk-copy ring with each tile's parameters
-# copied in bulk (_K28672_BULK: gemv.cu GEMV_BULK / GEMV_BPAR), 8 rows per warp: zero point 48.9 -> 47.4 us, sym
-# 47.3 -> 46.1.
-TUNED_M1_H100 = {
-    (4, 4096, 4096): (4, 1, 2, 0), (4, 14336, 4096): (4, 1, 2, 0), (4, 4096, 14336): M1Tile(4, 1, 7, RG=2, MINB=2),
-    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): _K28672_BULK,
-    (8, 4096, 4096): (2, 1, 4, 0), (8, 14336, 4096): (2, 1, 8, 0), (8, 4096, 14336): (2, 1, 8, 0),
-    (8, 28672, 8192): (2, 2, 8, 1), (8, 8192, 28672): (2, 1, 8, 1),
-}
-
-
-# Symmetric int4 on an H100: without zero points a lane holds fewer registers per row, and one chunk in flight per
-# lane and row (U 1) with more split-K measured fastest (scripts/bench_gemv.py --sweep --sweep-mode sym, session 19,
-# results/gemv_sym_sweep_h100_s19.log; us against the zero-point tiles above): 28672x8192 47.5 vs 49.6, 14336x4096
-# 13.2 vs 14.9, 4096x14336 12.8 vs 13.4. Keyed like the tables above; entries override them for mode "sym".
-# 28672x8192 then took KS 14 with LITE (session 20: 47.2-47.4 us), and since session 21 the bulk-copy ring tile (46.1).
-TUNED_M1_H100_SYM = {
-    (4, 8192, 28672): _K28672_BULK, (4, 4096, 14336): (4, 1, 4, 0),
-    (4, 14336, 4096): (4, 1, 1, 0),
-}
-# The same for symmetric int4 on an H200 (session 20, results/gemv_sym_sweep_h200_s20.log and
-# gemv_ks_sweep_h200_s20.log; us against the table above): 4096x4096 4.2 vs 4.7, 4096x14336 10.9 vs 11.6,
-# 14336x4096 10.6 vs 13.8, 8192x28672 36.1 vs 37.1, 28672x8192 35.1 vs 36.4.
-TUNED_M1_SYM = {
-    (4, 4096, 4096): (4, 2, 2), (4, 14336, 4096): (4, 1, 1), (4, 4096, 14336): (4, 1, 4),
-    (4, 28672, 8192): (4, 2, 4), (4, 8192, 28672): _K28672_BULK,
-}
-# merged once, not per call
-_TUNED_M1_SYM_ALL = {"H100": {**TUNED_M1_H100, **TUNED_M1_H100_SYM}, "": {**TUNED_M1, **TUNED_M1_SYM}}
-
-
-def tuned_m1(gpu_name: str, mode: str = "") -> dict:
-    """The M = 1 tile table measured on this GPU model (H100 / H200) for this weight mode; H200's for any other GPU."""
-    gpu = "H100" if "H100" in gpu_name else ""
-    if mode == "sym":
-        return _TUNED_M1_SYM_ALL[gpu]
-    return TUNED_M1_H100 if gpu else TUNED_M1
 
 
 # Config keys that only appear when set (defines_for adds their macros only then, so default compile keys stay put).
@@ -150,6 +73,23 @@ def _with_optional_keys(cfg: dict, src: dict) -> dict:
     return {**cfg, **{key: src[key] for key in OPTIONAL_KEYS if src.get(key, 0)}}
 
 
+def simt_override(forced: dict) -> dict:
+    """A forced CUDA-core tile (kernel_options(configs={"cuda_gemv": {...}})): R, U and KS given, RG (default 8 warps
+    / KS) and PF (default 0) completed, and the OPTIONAL_KEYS it sets."""
+    r, u, ks = forced["R"], forced["U"], forced["KS"]
+    cfg = {"R": r, "U": u, "RG": forced.get("RG", WARPS // ks), "KS": ks, "PF": forced.get("PF", 0)}
+    return _with_optional_keys(cfg, forced)
+
+
+def mma_override(base: dict, forced: dict) -> dict:
+    """A forced tensor-core config (kernel_options(configs={"cuda_gemv_mma": {...}})): its keys over ``base``, RG
+    following a forced KS unless given."""
+    cfg = {**base, **forced}
+    if "KS" in forced and "RG" not in forced:
+        cfg["RG"] = max(1, WARPS // cfg["KS"])
+    return cfg
+
+
 def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
                   gpu_name: str = "", mode: str = "") -> dict:
     """Tile choice from the problem size only (deterministic, no autotuning).
@@ -159,10 +99,6 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     8 warps = (8 / KS) row groups x KS k-slices. m is the compiled M bucket, act the activation code.
     PF (register double buffering) measured slower on H200 (register pressure): off by default.
     """
-    if CFG_OVERRIDE is not None:
-        r, u, ks = CFG_OVERRIDE["R"], CFG_OVERRIDE["U"], CFG_OVERRIDE["KS"]
-        cfg = {"R": r, "U": u, "RG": CFG_OVERRIDE.get("RG", WARPS // ks), "KS": ks, "PF": CFG_OVERRIDE.get("PF", 0)}
-        return _with_optional_keys(cfg, CFG_OVERRIDE)
     # fp16 activations: x staged in shared memory (XS, dropped by gemv() where it does not apply) and
     # the lighter per-chunk bookkeeping (LITE), when DEFAULT_XS / DEFAULT_LITE turn them on (gemv.cu)
     extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
@@ -187,10 +123,6 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
 def choose_mma_config(mb: int, n: int, kt: int, num_sms: int) -> dict:
     """Tensor-core kernel tiles: each warp owns 16 rows; KS warps split K (power of two, <= 16) until
     the GPU has ~32 warps per SM; U k-tiles (512 B per warp each) in flight per warp."""
-    if MMA_CFG_OVERRIDE is not None:
-        u, ks = MMA_CFG_OVERRIDE["U"], MMA_CFG_OVERRIDE["KS"]
-        return {"U": u, "KS": ks, "RG": max(1, WARPS // ks), "PF": MMA_CFG_OVERRIDE.get("PF", 0),
-                "DEFER": MMA_CFG_OVERRIDE.get("DEFER", DEFAULT_MMA_DEFER)}
     # measured on H200 (M = 1 and 16, 8192x28672 / 28672x8192): U = 2, KS = 8, no double buffering
     # was best; KS grows to 16 when the 16-row tiles alone leave the GPU short of ~30 warps per SM
     nt = -(-n // 16)
@@ -225,8 +157,6 @@ def use_mma(x_dtype: torch.dtype, m: int) -> bool:
     activations stay on exact fp32 CUDA-core math."""
     if x_dtype == torch.float32:
         return False
-    if KERNEL_OVERRIDE is not None:
-        return KERNEL_OVERRIDE == "mma"
     return x_dtype == torch.bfloat16 or m >= 2
 
 
@@ -301,15 +231,38 @@ def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
     return xp
 
 
-@torch.compiler.disable
-def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float) -> torch.Tensor:
-    """clamp(x2d @ dequant(qw).T + bias, lo, hi) -> [M, N] in x2d.dtype (see the module docstring)."""
+def chunks_per_row(bits: int, k: int) -> int:
+    """16-byte chunks per row of the gemv_v1 layout (K padded to a whole chunk: 32 k at 4 bits, 16 at 8)."""
+    chunk = 32 if bits == 4 else 16
+    return -(-k // chunk)
+
+
+def mma_k_tiles(bits: int, k: int) -> int:
+    """k-tiles per row of the gemv_mma_v1 layout (64 k at 4 bits, 32 at 8)."""
+    kt = 64 if bits == 4 else 32
+    return -(-k // kt)
+
+
+def simt_config(m: int, n: int, k: int, bits: int, x_dtype: torch.dtype, mode: str, num_sms: int,
+                gpu_name: str) -> dict:
+    """The CUDA-core GEMV's config for this problem (choose_config on the compiled M bucket)."""
+    return choose_config(m_bucket(m), n, chunks_per_row(bits, k), num_sms, _ACT[x_dtype], bits, k, gpu_name, mode)
+
+
+def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int) -> dict:
+    """The tensor-core GEMV's config (choose_mma_config; DEFER off where a k-tile straddles groups)."""
+    cfg = choose_mma_config(1 if m <= 8 else 2, n, mma_k_tiles(bits, k), num_sms)
+    if not defer_ok(group_size, 64 if bits == 4 else 32):
+        cfg = {**cfg, "DEFER": 0}
+    return cfg
+
+
+def _check_gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None):
     if not x2d.is_cuda:
         raise ValueError(f"gemv needs CUDA tensors, x is on {x2d.device}")
     if x2d.dim() != 2:
         raise ValueError(f"gemv takes x as 2-D [M, K], got shape {tuple(x2d.shape)}")
     m, k = x2d.shape
-    n = qw.out_features
     if k != qw.in_features:
         raise ValueError(f"shape mismatch: x has K={k}, weight expects K={qw.in_features}")
     if x2d.dtype not in _ACT:
@@ -318,23 +271,52 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
         raise ValueError(f"gemv handles M <= {GEMV_MAX_M}, got M={m}")
     if qw.device != x2d.device:
         raise ValueError(f"device mismatch: x on {x2d.device}, weight on {qw.device}")
-    y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-    if m == 0 or n == 0:
-        return y
     if bias is not None:
         if bias.dtype not in _BIAS:
             raise TypeError(f"bias dtype {bias.dtype} not supported (float16, bfloat16, float32)")
         bias = bias.contiguous()
+    return bias
+
+
+@torch.compiler.disable
+def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float) -> torch.Tensor:
+    """clamp(x2d @ dequant(qw).T + bias, lo, hi) -> [M, N] in x2d.dtype (see the module docstring): the tensor-core
+    kernel where use_mma says so, else the CUDA-core one, each with its own config rule."""
+    bias = _check_gemv(x2d, qw, bias)
+    m, k = x2d.shape
+    n = qw.out_features
+    if m == 0 or n == 0:
+        return torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+    props = torch.cuda.get_device_properties(x2d.device)
+    opts = current_options()  # kernel_options: force "cuda_gemv_mma" / "cuda_gemv", or a config for either
+    forced_mma = "cuda_gemv_mma" in opts.force or ("cuda_gemv" not in opts.force and use_mma(x2d.dtype, m))
+    if x2d.dtype != torch.float32 and forced_mma:
+        cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count)
+        forced = opts.configs.get("cuda_gemv_mma")
+        return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced))
+    forced = opts.configs.get("cuda_gemv")
+    cfg = simt_override(forced) if forced is not None else simt_config(m, n, k, qw.bits, x2d.dtype, qw.mode,
+                                                                          props.multi_processor_count, props.name)
+    return gemv_simt(x2d, qw, bias, lo, hi, cfg)
+
+
+@torch.compiler.disable
+def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
+              cfg: dict) -> torch.Tensor:
+    """The CUDA-core GEMV with the tile config ``cfg`` (simt_config's keys); XS and BULK are dropped where they
+    cannot run."""
+    bias = _check_gemv(x2d, qw, bias)
+    m, k = x2d.shape
+    n = qw.out_features
+    y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+    if m == 0 or n == 0:
+        return y
     dev = x2d.device
     props = torch.cuda.get_device_properties(dev)
-    if use_mma(x2d.dtype, m):
-        return _gemv_mma(x2d, qw, bias, lo, hi, y, props)
     fresh = not qw.has_layout(LAYOUT)
     lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
     xk = _prepare_x(x2d, lay)
     kc = lay.chunks_per_row
-    cfg = choose_config(m_bucket(m), n, kc, props.multi_processor_count, _ACT[x2d.dtype], qw.bits, k, props.name,
-                        qw.mode)
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
     x_smem = lay.k_padded * 2 if cfg.get("XS", 0) else 0
@@ -381,16 +363,24 @@ def _common_args(lay, xk, y, bias, lo, hi, n) -> list:
     ]
 
 
-def _gemv_mma(x2d, qw, bias, lo, hi, y, props):
+@torch.compiler.disable
+def gemv_mma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
+             cfg: dict) -> torch.Tensor:
+    """The tensor-core GEMV (fp16 / bf16 activations) with the config ``cfg`` (mma_config's keys)."""
+    if x2d.dtype == torch.float32:
+        raise TypeError("the tensor-core GEMV takes float16 / bfloat16 activations, got float32")
+    bias = _check_gemv(x2d, qw, bias)
     m, _ = x2d.shape
     n = qw.out_features
-    num_sms = props.multi_processor_count
+    y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
+    if m == 0 or n == 0:
+        return y
+    props = torch.cuda.get_device_properties(x2d.device)
     fresh = not qw.has_layout(MMA_LAYOUT)
     lay: GemvMmaLayout = qw.layout(MMA_LAYOUT, build_gemv_mma_v1)
     xk = _prepare_x(x2d, lay)
     mb = 1 if m <= 8 else 2
-    cfg = choose_mma_config(mb, n, lay.k_tiles, num_sms)
-    if not defer_ok(lay.group_size, lay.k_tile):
+    if cfg.get("DEFER", 0) and not defer_ok(lay.group_size, lay.k_tile):
         cfg = {**cfg, "DEFER": 0}
     defs = mma_defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
     fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, x2d.device)

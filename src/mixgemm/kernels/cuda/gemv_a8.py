@@ -27,6 +27,7 @@ import torch
 from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.tuning.gemv_m1 import A8_TUNED_M1
 
 SOURCE = "gemv_a8.cu"
 KERNEL = "mixgemm_gemv_a8"
@@ -35,32 +36,11 @@ MAX_M = 16  # what the kernel handles
 # the kernel loads its first weights before griddepcontrol.wait, so it is not used for the first launch after the
 # weight's layout was built (the build kernels write those weights).
 PDL = os.environ.get("MIXGEMM_PDL", "1") != "0"
-# What the dispatcher (supported / mixgemm.ops.int8) sends here; larger M goes to the Triton tensor-core
-# path. Measured on H200 (benchmarks/int8_notes.md, 2026-11-21): M = 2 wins on both LLM shapes (41.8 vs
-# 59.0 us, 53.0 vs 61.1 us); M = 4 loses on 28672x8192 (76.7 vs 62.2 us) and for W8 per-channel; M = 16
-# is 3.5x slower than Triton's 16-row mma tile (dp4a work grows with M, the tensor-core tile does not).
-MAX_M_DISPATCH = 2
 WARPS = 8
 _XT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 ROWS_PER_WARP = {1: 4, 2: 4, 4: 2, 8: 2, 16: 1}  # R per M bucket (registers: M * R * 3 accumulators)
-# Tuning hooks for scripts/bench_gemv_a8.py only: {"R", "KS"} forced, and the grid: None = persistent
-# (min(tiles, resident blocks x SMs), balanced), "tiles" = one block per tile, or an int factor of SMs.
-CFG_OVERRIDE: dict | None = None
-GRID_MODE: str | int | None = None
-# M = 1 decode shapes: the fastest config of scripts/bench_gemv_a8.py --sweep (H200, 2026-11-21), keyed by
-# (bits, N, K); the table rows of that run used exactly these (errors 2.1e-4, fp16 output).
-TUNED_M1: dict = {
-    (4, 28672, 8192): {"R": 2, "KS": 1, "NW": 8, "PF": 0},   # 36.1-36.4 us, 81% of the HBM floor (session 11)
-    # 28672x8192: 38.1-38.2 us with per-token, 39.0 with per-group activations (77% / 75%; session 11, one-pass
-    # prologue + PDL; the session-7 entry R 2, NW 16, PF 1 measured 38.5 / 39.4 in the same runs)
-    (4, 8192, 28672): {"R": 4, "KS": 1, "NW": 16, "PF": 0},
-    (8, 28672, 8192): {"R": 4, "KS": 1, "NW": 16, "PF": 0},  # 64.4 us, 86% (W8 per-channel)
-    (8, 8192, 28672): {"R": 4, "KS": 1, "NW": 16, "PF": 0},  # 68.0 us, 82%
-}
-
-
 def m_bucket(m: int) -> int:
     return 1 << (m - 1).bit_length()
 
@@ -82,36 +62,32 @@ def _nvrtc_ok() -> bool:
     return nvrtc.nvrtc_available()
 
 
-def supported(m: int, x: torch.Tensor, qw: QuantizedWeight, act_mode: str = "sym") -> bool:
-    """True when this kernel handles the problem (the dispatcher's pre-check; otherwise use the Triton path)."""
-    if not (1 <= m <= MAX_M_DISPATCH and x.is_cuda and x.dtype in _XT and qw.bits in (4, 8)
-            and act_mode in ("sym", "asym")):
-        return False
-    if not _nvrtc_ok():
-        return False
-    n, k = qw.shape
-    if qw.group_size == k and k > 65536:  # per-channel int32 range of the unit sums (see gemv_a8.cu)
-        return False
-    lay = get_a8gemv_layout(qw)
-    return smem_bytes(lay, m_bucket(m)) + 4096 <= _smem_limit(x.device)
-
-
 def choose_config(mb: int, n: int, steps: int, num_sms: int, bits: int = 4, k: int = 0) -> dict:
     """R rows per warp (by M bucket), KS warps along K per block (split K inside the block while the row
     tiles alone give fewer than ~32 warps per SM: decode shapes with small N), NW warps per block, PF
     register double buffering (0 / 1)."""
-    if CFG_OVERRIDE is not None:
-        r, ks = CFG_OVERRIDE["R"], CFG_OVERRIDE["KS"]
-        nw = CFG_OVERRIDE.get("NW", WARPS)
-        return {"R": r, "KS": ks, "RG": nw // ks, "NW": nw, "PF": CFG_OVERRIDE.get("PF", 0),
-                "OP": CFG_OVERRIDE.get("OP", 1)}
-    if mb == 1 and (bits, n, k) in TUNED_M1:
-        return dict(TUNED_M1[(bits, n, k)], RG=TUNED_M1[(bits, n, k)]["NW"] // TUNED_M1[(bits, n, k)]["KS"])
+    tuned = A8_TUNED_M1.get((bits, n, k)) if mb == 1 else None
+    if tuned is not None:
+        return dict(tuned, RG=tuned["NW"] // tuned["KS"])
     r = ROWS_PER_WARP[mb]
     ks = 1
     while ks < WARPS and -(-n // r) * ks < num_sms * 32 and steps >= 2 * ks:
         ks *= 2
     return {"R": r, "KS": ks, "RG": WARPS // ks, "NW": WARPS, "PF": 0}
+
+
+def complete_config(cfg: dict) -> dict:
+    """A given tile config (R and KS; NW warps per block, default 8; PF, default 0; OP, default 1; GRID: None =
+    persistent -- min(tiles, resident blocks x SMs), balanced --, "tiles" = one block per tile, or an int factor of
+    SMs) with RG = NW / KS filled in."""
+    nw = cfg.get("NW", WARPS)
+    return {**cfg, "NW": nw, "RG": cfg.get("RG", nw // cfg["KS"]), "PF": cfg.get("PF", 0), "OP": cfg.get("OP", 1)}
+
+
+def config_for(lay: A8GemvLayout, m: int, n: int, k: int, num_sms: int) -> dict:
+    """choose_config for this layout and M (the dispatcher hands the result to gemv_a8)."""
+    ch = 32 if lay.bits == 4 else 16
+    return choose_config(m_bucket(m), n, lay.kp // (32 * lay.u * ch), num_sms, lay.bits, k)
 
 
 OPC_MAX = 8  # one-pass prologue: at most 8 x 16 bytes of x per thread held in registers (32 registers)
@@ -137,10 +113,10 @@ def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict, per_token: bool 
             "A8_AT": int(per_token and not lay.per_channel), "A8_OPC": opc}
 
 
-def _grid(ntiles: int, fn, threads: int, smem: int, num_sms: int) -> int:
-    """Persistent grid: each block quantizes x once, then loops over row tiles; the grid is the resident
-    capacity, shrunk so every block gets the same number of tiles (no half-empty last round)."""
-    mode = GRID_MODE
+def _grid(ntiles: int, fn, threads: int, smem: int, num_sms: int, mode: str | int | None = None) -> int:
+    """Persistent grid (mode None): each block quantizes x once, then loops over row tiles; the grid is the resident
+    capacity, shrunk so every block gets the same number of tiles (no half-empty last round). "tiles": one block per
+    tile; an int: that many blocks per SM."""
     if mode == "tiles":
         return ntiles
     cap = (int(mode) if isinstance(mode, int) else nvrtc.resident_blocks(fn, threads, smem)) * num_sms
@@ -162,8 +138,9 @@ def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
 @torch.compiler.disable
 def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.Tensor | None, lo: float,
             hi: float, out_dtype: torch.dtype, out: torch.Tensor | None = None,
-            per_token: bool = False) -> torch.Tensor:
-    """clamp(Qa(x2d) @ W.T + bias, lo, hi) -> [M, N] out_dtype (see the module docstring)."""
+            per_token: bool = False, config: dict | None = None) -> torch.Tensor:
+    """clamp(Qa(x2d) @ W.T + bias, lo, hi) -> [M, N] out_dtype (see the module docstring). config: the tile config
+    (complete_config's keys; default: config_for)."""
     if not x2d.is_cuda or x2d.dim() != 2:
         raise ValueError("gemv_a8 needs a 2-D CUDA x [M, K]")
     m, k = x2d.shape
@@ -197,14 +174,12 @@ def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.T
         raise ValueError(f"gemv_a8: M={m}, K={k} needs {smem} bytes of shared memory (use the Triton path)")
     xk = _prepare_x(x2d)
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    ch = 32 if lay.bits == 4 else 16
-    steps = lay.kp // (32 * lay.u * ch)
-    cfg = choose_config(mb, n, steps, num_sms, lay.bits, k)
+    cfg = complete_config(config) if config is not None else config_for(lay, m, n, k, num_sms)
     fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x2d.dtype], mb, cfg, per_token), dev)
     nvrtc.allow_dynamic_smem(fn, smem)
     threads = 32 * cfg["RG"] * cfg["KS"]
     ntiles = -(-n // (cfg["RG"] * cfg["R"]))
-    grid = _grid(ntiles, fn, threads, smem, num_sms)
+    grid = _grid(ntiles, fn, threads, smem, num_sms, cfg.get("GRID"))
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.sdot.data_ptr()),
@@ -264,7 +239,7 @@ def act_quant_rows(x: torch.Tensor, mode: str = "sym", out=None):
         out = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, 1), dtype=torch.float32, device=dev),
                torch.empty((m, 1), dtype=torch.float32, device=dev), torch.empty((m, 1), dtype=torch.int32, device=dev))
     q, s, o, sm = out
-    nt = ACTQ_NT  # threads per row (the .cu's AQ_NT; 256 measured the same as 512 on H200, session 12)
+    nt = ACTQ_NT  # threads per row (the .cu's AQ_NT; 256 measured the same as 512 on H200)
     cpt = -(-(k // 8) // nt)
     fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows", {"A8_ACTQ": cpt, "A8_XT": _XT[x.dtype], "AQ_NT": nt},
                             dev)

@@ -161,7 +161,7 @@ __device__ __forceinline__ u16 to_out16(float v) {
 
 // One output element: + bias, clamp to [lo, hi], store at Y[o] as OUT (0 fp16, 1 bf16, 2 fp32). Shared by the
 // epilogues of every GEMV kernel. (The bias chain is bias_at's, written out: calling bias_at here grew the wgmma GEMM's
-// BM 256 build from 8247 to 13263 SASS instructions, session 14.)
+// BM 256 build from 8247 to 13263 SASS instructions.)
 template <int OUT>
 __device__ __forceinline__ void store_output(void* Y, size_t o, int n, float v, const void* bias, int bias_kind,
                                              float lo, float hi) {

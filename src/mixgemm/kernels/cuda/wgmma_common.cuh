@@ -117,7 +117,7 @@ __device__ __forceinline__ void tma_2d_multicast(u32 dst, const void* tmap, int 
 }
 // one arrival on the mbarrier at shared::cluster address bar (mapa_cluster: any CTA of the cluster, this one included),
 // with the default .release.cta semantics, as CUTLASS's consumer release: .release.cluster puts a cluster-scope fence
-// in front of every arrival (measured: the int8 GEMM's MC 2 build ran 1.9x slower with it, H100 session 26)
+// in front of every arrival (measured: the int8 GEMM's MC 2 build ran 1.9x slower with it, H100)
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
 }

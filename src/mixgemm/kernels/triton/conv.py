@@ -552,7 +552,7 @@ def pick_config(
         return ConvConfig(bm, bn, bk, split, 4, 4 if bm <= 32 else 3, swap_ab=True), tap_loop
     bn = 128 if n >= 128 else _pow2_at_least(n, 16)
     bm = 128 if m >= 4096 else 64
-    # 4 warps even for 128 x 128 tiles: measured on the H200 (benchmarks/conv_notes.md, 2026-11-21 sweep), 8 warps
+    # 4 warps even for 128 x 128 tiles: measured on the H200 (benchmarks/conv_notes.md), 8 warps
     # were 15-40% slower on every batch-32 layer (more CTAs per SM hide the in-register dequantization better)
     split = auto_split(m, n, k, bm, bn, bk, groups, sms)
     return ConvConfig(bm, bn, bk, split, 4, 3 if bk == 64 else 4), tap_loop
@@ -573,7 +573,7 @@ def _gpu_name(device) -> str:
 def tuned_choice(device, qw: QuantizedConvWeight, stride, groups: int, m: int) -> tuple[str, ConvConfig | None] | None:
     """The measured (path, config) for this layer on this GPU from conv_table (None: not measured here).
     path "igemm" comes with its ConvConfig, "matmul" (1x1 through the shared GEMM) with None."""
-    from mixgemm.kernels.triton import conv_table
+    from mixgemm.tuning import conv_table
 
     hit = conv_table.lookup(_gpu_name(device), conv_table.layer_key(qw, stride, groups, m))
     if hit is None:
@@ -584,7 +584,7 @@ def tuned_choice(device, qw: QuantizedConvWeight, stride, groups: int, m: int) -
 
 def tuned_wgmma_choice(device, qw: QuantizedConvWeight, stride, m: int) -> tuple[bool, dict | None]:
     """(measured, config) of the wgmma conv for this layer on this GPU (conv_table.lookup_wgmma; groups 1)."""
-    from mixgemm.kernels.triton import conv_table
+    from mixgemm.tuning import conv_table
 
     return conv_table.lookup_wgmma(_gpu_name(device), conv_table.layer_key(qw, stride, 1, m))
 
@@ -761,12 +761,12 @@ def dw_conv2d(
     _, co, ho, wo = out.shape
     kh, kw = qw.kernel_size
     m = b * ho * wo
-    # tiles of <= 32 pixels x 128 channels: measured on the H200 (2026-11-21 sweep, ConvNeXt 7x7 dw at batch 32),
+    # tiles of <= 32 pixels x 128 channels: measured on the H200 (ConvNeXt 7x7 dw at batch 32),
     # every tile with 64+ pixels (64x64, 128x32, 128x64, 256x32) ran 25-40x slower than 32x128 / 16x128 (146 vs
     # 4300-5800 us): keep the pixel tile short and the (contiguous, channels_last) channel run long
     block_c = block_c or min(128, _pow2_at_least(co, 16))
     # 16 pixels up to 4096 of them (batch 1): ConvNeXt 7x7 dw at batch 1, 96 @ 56 / 384 @ 14 channels, 16.7 -> 15.3 /
-    # 16.4 -> 15.2 us (H200, session 15, CONV_SWEEP=dw); at batch 32 (6272+ pixels) 32 stays faster (34.6 vs 39.8 us)
+    # 16.4 -> 15.2 us (H200, CONV_SWEEP=dw); at batch 32 (6272+ pixels) 32 stays faster (34.6 vs 39.8 us)
     block_m = block_m or (32 if m > 4096 else 16)
     bias_t = bias if bias is not None else lay.scale
     _dwconv_kernel[(triton.cdiv(m, block_m), triton.cdiv(co, block_c))](

@@ -8,9 +8,9 @@
   mode "sym" / "zero_point" / "offset", any scale dtype. Its ``triton_gemm_v1_ks<KS>`` layout (layout.py) is
   built on first use and cached on the weight.
 * bias: None or float [N]. lo, hi: output clamp bounds (floats, may be +-inf).
-* config: None (look it up: mixgemm.ops.configs, fixed per GPU / shape / M bucket, no autotuning) or a
-  dict with KS (layout: words per chunk row), BM, BN, KCH (chunks per K tile), SPLIT_K, GROUP_M,
-  num_warps, num_stages.
+* config: None (the kernel's own rule, default_config; the dispatcher hands the per-GPU table's config from
+  mixgemm.tuning, which mixgemm.explain shows) or a dict with KS (layout: words per chunk row), BM, BN, KCH (chunks
+  per K tile), SPLIT_K, GROUP_M, num_warps, num_stages.
 * Returns [M, N] in x2d.dtype; fp32 accumulation. No host synchronization (CUDA-graph capturable once
   compiled); allocations: the output, plus an fp32 [M, N] workspace when SPLIT_K > 1.
 
@@ -233,9 +233,7 @@ def gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     if m == 0:
         return out
     if config is None:
-        from mixgemm.ops.configs import gemm_config
-
-        config = gemm_config(m, n, k, qw, x2d.device)
+        config = default_config(m, n, k, qw.bits, qw.num_groups == 1, num_sms(x2d.device))
     cfg = dict(config)
     lay: TritonGemmLayout = get_layout(qw, cfg.get("KS", DEFAULT_KS))
     bm, bn, kch = cfg["BM"], cfg["BN"], cfg.get("KCH", 1)

@@ -1,4 +1,9 @@
-"""The shipped GEMM dispatch tables (src/mixgemm/configs/<gpu>.json) and their lookup.
+"""mixgemm's tuning data and its lookup: the one place where measured numbers live.
+
+The kernels never look tuning up: the registry's entries (mixgemm.kernels.registry) read it here and hand each
+kernel its config. Data: the per-GPU tables (src/mixgemm/tuning/<gpu>.json, below; each file's "gpu" field and
+each section's "source" say which benchmark measured it), mixgemm.tuning.gemv_m1 (the GEMV's M = 1 tiles) and
+mixgemm.tuning.conv_table (the convolution sweeps).
 
 A table is chosen from the GPU name (``H100`` -> h100.json, ``H200`` -> h200.json, anything else ->
 default.json). Its fields:
@@ -46,7 +51,12 @@ def m_bucket(m: int) -> int:
 def gpu_table_name(device: torch.device) -> str:
     if device.type != "cuda":
         return "default"
-    name = torch.cuda.get_device_name(device).upper()
+    return table_name_for(torch.cuda.get_device_name(device))
+
+
+def table_name_for(gpu_name: str) -> str:
+    """The table of a GPU model name ("NVIDIA H100 80GB HBM3" -> "h100"; unknown GPUs -> "default")."""
+    name = gpu_name.upper()
     for key in ("H200", "H100"):
         if key in name:
             return key.lower()
@@ -56,9 +66,9 @@ def gpu_table_name(device: torch.device) -> str:
 @functools.cache
 def load_table(name: str) -> dict:
     """The parsed table ``name`` (h100, h200, default)."""
-    path = resources.files("mixgemm.configs").joinpath(f"{name}.json")
+    path = resources.files("mixgemm.tuning").joinpath(f"{name}.json")
     if not path.is_file():
-        path = resources.files("mixgemm.configs").joinpath("default.json")
+        path = resources.files("mixgemm.tuning").joinpath("default.json")
     return json.loads(path.read_text())
 
 
@@ -100,9 +110,9 @@ def _nearest_bucket(buckets: dict, m: int) -> dict:
     return buckets[str(pick)]
 
 
-def _table_entry(section: str, m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device) -> dict | None:
-    """A copy of the config the shipped table lists for this problem in ``section`` ("gemm" / "wgmma"), or None."""
-    entries = table_for(device).get(section, {}).get(weight_key(qw))
+def table_entry(table: dict, section: str, m: int, n: int, k: int, qw: QuantizedWeight) -> dict | None:
+    """A copy of the config ``table`` lists for this problem in ``section`` ("gemm" / "wgmma"), or None."""
+    entries = table.get(section, {}).get(weight_key(qw))
     if entries:
         buckets = _nearest_shape(entries, k, n)
         if buckets:
@@ -110,43 +120,15 @@ def _table_entry(section: str, m: int, n: int, k: int, qw: QuantizedWeight, devi
     return None
 
 
-def gemm_config(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device) -> dict:
-    """The GEMM tile config for this problem on this device (table entry, else the kernel's default)."""
-    from mixgemm.kernels.triton.gemm import auto_split, default_config, num_sms
-
-    sms = num_sms(device)
-    cfg = _table_entry("gemm", m, n, k, qw, device)
-    if cfg is None:
-        return default_config(m, n, k, qw.bits, qw.num_groups == 1, sms)
-    if cfg.get("SPLIT_K", "auto") == "auto":
-        cfg["SPLIT_K"] = auto_split(m, n, k, cfg, sms, qw.bits)
-    return cfg
-
-
-def wgmma_config(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device) -> dict:
-    """The Hopper wgmma GEMM's tile config (table section ``wgmma``, same keys as ``gemm``; else its default)."""
-    from mixgemm.kernels.cuda.gemm_wgmma import auto_split, default_config
-    from mixgemm.kernels.triton.gemm import num_sms
-
-    sms = num_sms(device)
-    cfg = _table_entry("wgmma", m, n, k, qw, device)
-    if cfg is None:
-        return default_config(m, n, k, sms)
-    if cfg.get("SPLIT", "auto") == "auto":
-        cfg["SPLIT"] = auto_split(m, n, k, cfg, sms)
-    return cfg
-
-
 def exact_weight_key(qw: QuantizedWeight) -> str:
     """``w<bits>g<group size>`` or ``w<bits>pc``: the key of the per-shape fields that depend on the group size."""
     return f"w{qw.bits}pc" if qw.num_groups == 1 else f"w{qw.bits}g{qw.group_size}"
 
 
-def gemv_max_m(qw: QuantizedWeight, device: torch.device, n: int | None = None, wgmma: bool = True,
+def gemv_max_m(table: dict, qw: QuantizedWeight, n: int | None = None, wgmma: bool = True,
                k: int | None = None) -> int:
-    """Largest M that goes to the CUDA GEMV on this device for a layer of n output features and k input features,
-    when the wgmma GEMM (wgmma=True) or the Triton GEMM serves larger M (from the table; 16 if not listed)."""
-    table = table_for(device)
+    """Largest M that goes to the CUDA GEMV for a layer of n output features and k input features, when the wgmma
+    GEMM (wgmma=True) or the Triton GEMM serves larger M (from ``table``, a GPU's table; 16 if not listed)."""
     if wgmma and n is not None and k is not None:
         from_m = table.get("wgmma_from_m", {}).get(exact_weight_key(qw), {}).get(f"{k}x{n}")
         if from_m is not None:
@@ -155,3 +137,19 @@ def gemv_max_m(qw: QuantizedWeight, device: torch.device, n: int | None = None, 
         return 16
     limits = table.get("gemv_max_m", {}) if wgmma else table.get("gemv_max_m_no_wgmma", table.get("gemv_max_m", {}))
     return int(limits.get(str(qw.bits), 16))
+
+
+# ------------------------------------------------------------------ int8-activation linear: kernel ranges by M
+# Source: scripts/bench_gemv_a8.py and scripts/bench_int8.py (H200, then H100), the fused CUDA GEMV against the
+# Triton kernel's 16-row mma tile: M = 2 won on both LLM shapes, M = 4 lost on 28672x8192 and for W8 per-channel,
+# M = 16 was 3.5x slower (the dp4a work grows with M, the tensor-core tile's does not).
+A8_GEMV_MAX_M = 2
+# Source: scripts/bench_wgmma_a8.py (H200 / H100): from this M the sym x sym calls with a wgmma_a8_v1 weight take
+# the CUDA int8 wgmma GEMM instead of the Triton kernel.
+A8_WGMMA_MIN_M = 128
+# Source: scripts/bench_wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
+# this M (its persistent TMA kernel was ~10% faster at M = 2048 / 16384 on 8192x28672, a tie on 28672x8192; below
+# it the CUDA kernel won, 2x at M = 128), except where the CUDA kernel's BM 256 / MC 2 tiles apply
+# (gemm_wgmma_a8.w8_wide_region: K >= 8192, M >= 2048), where scripts/bench_int8.py --w8-cuda measured it 4-8%
+# faster (H100).
+A8_W8_PER_CHANNEL_TRITON_FROM_M = 1024

@@ -11,10 +11,9 @@ Only GPUs whose name contains a table's key use it (an H100 table is not applied
 
 from __future__ import annotations
 
-# NVIDIA H200 (132 SMs), torch 2.11 / triton 3.6, session 2 (lead's rerun after the K-loop rewrite, device log 14):
-# scripts/conv_gpu_check.sh, protocol graph timing; per layer of mixgemm.bench.conv.CONV_PRESET at batch 1 and 32,
-# the fastest correct variant of the sweep (comment: its time, and the time of what the run's dispatch picked).
-# Raw data: benchmarks/results/h200-conv-sweep.json.
+# NVIDIA H200 (132 SMs), torch 2.11 / triton 3.6. Source: scripts/conv_gpu_check.sh (after the K-loop rewrite),
+# protocol graph timing; per layer of mixgemm.bench.conv.CONV_PRESET at batch 1 and 32, the fastest correct variant
+# of the sweep (comment: its time, and the time of what the run's dispatch picked).
 _H200: dict[str, tuple] = {
     # r50.s3 1x1 1024-256 @14 b1: 9.01 us (the run's dispatch: 10.60)
     "w4g128|1x1/1|1024-256|M256": ("igemm", (64, 64, 64, 4, 4, 4, True)),
@@ -153,17 +152,16 @@ _H200: dict[str, tuple] = {
 TABLES: dict[str, dict[str, tuple]] = {"h200": _H200}
 
 # The Hopper wgmma implicit GEMM (kernels/cuda/conv_wgmma.py), same keys. Value: the fastest wgmma tile of the
-# session-13 sweeps (scripts/bench_conv_wgmma.py, three device runs: results/conv_wgmma_h200_s13_*.json) when it beat
+# sweeps (source: scripts/bench_conv_wgmma.py, three device runs) when it beat
 # what the table above picks (the Triton implicit GEMM or the 1x1 matmul) in the same run, else None (measured and
 # slower: the table above decides). A layer missing here takes the wgmma path with conv_wgmma.default_conv_config.
-# Session 14: the batch-32 1x1 layers re-swept with the TMA-store epilogue (WG_TSTORE; CONV_SWEEP=all,
-# results/conv_wgmma_h200_s14_1x1_b32.json): every one of them now runs faster on the wgmma path. Session 22: the
-# batch-32 layers re-swept with persistent whole tiles (CONV_SWEEP=persist, results/conv_persist_sweep_h200_s22.json);
-# the four entries where they won by more than 1.5% take them. Session 23: entries ending "s23" won by more than 1.5%
-# in CONV_SWEEP=wave (BM any multiple of 8, sized so the CTAs fill whole waves of the 132 SMs) or CONV_SWEEP=custom
-# (BM 104 KT 4 cluster split-K for the W4 stage-4 3x3s): results/conv_{wave,w4longk}_sweep_h200_s23.json. Entries
-# ending "s24": CONV_SWEEP=custom with the H100 session-24 winners (TMA-store bands for BM % 16 == 8, the producer
-# warp, batch-1 8-slice clusters): results/conv_*_sweep_h200_s24.json.
+# The batch-32 1x1 layers were re-swept with the TMA-store epilogue (WG_TSTORE; CONV_SWEEP=all; "TMA-store tile" in
+# the comments): every one of them runs faster on the wgmma path. The batch-32 layers were re-swept with persistent
+# whole tiles (CONV_SWEEP=persist; "SK 2" in the comments); the four entries where they won by more than 1.5% take
+# them. Entries marked "wave" won by more than 1.5% in CONV_SWEEP=wave (BM any multiple of 8, sized so the CTAs
+# fill whole waves of the 132 SMs) or CONV_SWEEP=custom (BM 104 KT 4 cluster split-K for the W4 stage-4 3x3s).
+# Entries marked "custom": CONV_SWEEP=custom with the H100's winners (TMA-store bands for BM % 16 == 8, the
+# producer warp, batch-1 8-slice clusters).
 _H200_WGMMA: dict[str, dict | None] = {
     # r50.s1 1x1 256-64 @56 b1: wgmma 4.9 us, Triton / matmul 10.0 us, cuDNN 4.7 us
     "w4g128|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
@@ -197,61 +195,61 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s2 3x3/2 128-128 @56 b1: wgmma 8.7 us, Triton / matmul 10.4 us, cuDNN 7.9 us
     "w8pc|3x3/2|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
-    # r50.s3 1x1 1024-256 @14 b1: wgmma 4.3 us (8 K slices as a cluster; was 7.7), cuDNN 4.4 us; s24
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 4.3 us (8 K slices as a cluster; was 7.7), cuDNN 4.4 us; custom
     "w4g128|1x1/1|1024-256|M256": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
-    # r50.s3 1x1 1024-256 @14 b1: wgmma 3.9 us (8 K slices as a cluster; was 7.4), cuDNN 4.4 us; s24
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 3.9 us (8 K slices as a cluster; was 7.4), cuDNN 4.4 us; custom
     "w8pc|1x1/1|1024-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 4.8 us, Triton / matmul 4.4 us, cuDNN 5.1 us
     "w4g128|1x1/1|256-1024|M256": None,
     # r50.s3 1x1 256-1024 @14 b1: wgmma 5.3 us, Triton / matmul 3.9 us, cuDNN 5.1 us
     "w8pc|1x1/1|256-1024|M256": None,
-    # r50.s3 3x3 256-256 @14 b1: wgmma 5.7 us (8 K slices as a cluster; was 10.2), cuDNN 8.6 us; s24
+    # r50.s3 3x3 256-256 @14 b1: wgmma 5.7 us (8 K slices as a cluster; was 10.2), cuDNN 8.6 us; custom
     "w4g128|3x3/1|256-256|M256": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
-    # r50.s3 3x3 256-256 @14 b1: wgmma 5.0 us (8 K slices as a cluster; was 9.7), cuDNN 8.6 us; s24
+    # r50.s3 3x3 256-256 @14 b1: wgmma 5.0 us (8 K slices as a cluster; was 9.7), cuDNN 8.6 us; custom
     "w8pc|3x3/1|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
-    # r50.s3 3x3/2 256-256 @28 b1: wgmma 5.7 us (8 K slices as a cluster; was 10.3), cuDNN 8.5 us; s24
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 5.7 us (8 K slices as a cluster; was 10.3), cuDNN 8.5 us; custom
     "w4g128|3x3/2|256-256|M256": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
-    # r50.s3 3x3/2 256-256 @28 b1: wgmma 5.0 us (8 K slices as a cluster; was 9.7), cuDNN 8.5 us; s24
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 5.0 us (8 K slices as a cluster; was 9.7), cuDNN 8.5 us; custom
     "w8pc|3x3/2|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
-    # r50.s4 1x1 2048-512 @7 b1: wgmma 4.8 us (8 K slices as a cluster; was 8.9), cuDNN 5.8 us; s24
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 4.8 us (8 K slices as a cluster; was 8.9), cuDNN 5.8 us; custom
     "w4g128|1x1/1|2048-512|M64": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
-    # r50.s4 1x1 2048-512 @7 b1: wgmma 4.4 us (8 K slices as a cluster; was 9.1), cuDNN 5.8 us; s24
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 4.4 us (8 K slices as a cluster; was 9.1), cuDNN 5.8 us; custom
     "w8pc|1x1/1|2048-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s4 1x1 512-2048 @7 b1: wgmma 6.6 us, Triton / matmul 7.2 us, cuDNN 5.3 us
     "w4g128|1x1/1|512-2048|M64": {"BM": 64, "NWG": 1, "STAGES": 4},
     # r50.s4 1x1 512-2048 @7 b1: wgmma 6.8 us, Triton / matmul 5.2 us, cuDNN 5.3 us
     "w8pc|1x1/1|512-2048|M64": None,
-    # r50.s4 3x3 512-512 @7 b1: wgmma 6.6 us (8 K slices as a cluster; was 12.7), cuDNN 12.1 us; s24
+    # r50.s4 3x3 512-512 @7 b1: wgmma 6.6 us (8 K slices as a cluster; was 12.7), cuDNN 12.1 us; custom
     "w4g128|3x3/1|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3 512-512 @7 b1: wgmma 5.8 us (8 K slices as a cluster; was 10.6), cuDNN 12.1 us; s24
+    # r50.s4 3x3 512-512 @7 b1: wgmma 5.8 us (8 K slices as a cluster; was 10.6), cuDNN 12.1 us; custom
     "w8pc|3x3/1|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3/2 512-512 @14 b1: wgmma 6.6 us (8 K slices as a cluster; was 12.7), cuDNN 13.1 us; s24
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 6.6 us (8 K slices as a cluster; was 12.7), cuDNN 13.1 us; custom
     "w4g128|3x3/2|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3/2 512-512 @14 b1: wgmma 5.8 us (8 K slices as a cluster; was 10.7), cuDNN 13.2 us; s24
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 5.8 us (8 K slices as a cluster; was 10.7), cuDNN 13.2 us; custom
     "w8pc|3x3/2|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
-    # r50.s1 1x1 256-64 @56 b32: wgmma 21.4 us (s14 tile: 22.6), cuDNN 20.9 us (s22, persistent whole tiles SK 2)
+    # r50.s1 1x1 256-64 @56 b32: wgmma 21.4 us (TMA-store tile: 22.6), cuDNN 20.9 us (persistent whole tiles, SK 2)
     "w4g128|1x1/1|256-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 4, "SK": 2},
-    # r50.s1 1x1 256-64 @56 b32: wgmma 21.8 us (s14 tile: 22.2), cuDNN 21.0 us (s22, SK 2)
+    # r50.s1 1x1 256-64 @56 b32: wgmma 21.8 us (TMA-store tile: 22.2), cuDNN 21.0 us (SK 2)
     "w8pc|1x1/1|256-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 4, "SK": 2},
-    # r50.s1 1x1 64-256 @56 b32: wgmma 23.8 us (s14 tile: 29.9), cuDNN 24.0 us (s22, SK 2)
+    # r50.s1 1x1 64-256 @56 b32: wgmma 23.8 us (TMA-store tile: 29.9), cuDNN 24.0 us (SK 2)
     "w4pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
-    # r50.s1 1x1 64-256 @56 b32: wgmma 23.7 us (s14 tile: 30.2), cuDNN 24.0 us (s22, SK 2)
+    # r50.s1 1x1 64-256 @56 b32: wgmma 23.7 us (TMA-store tile: 30.2), cuDNN 24.0 us (SK 2)
     "w8pc|1x1/1|64-256|M131072": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
-    # r50.s1 1x1 64-64 @56 b32: wgmma 11.1 us, Triton / matmul 13.6 us, cuDNN 8.7 us (s14, TSTORE)
+    # r50.s1 1x1 64-64 @56 b32: wgmma 11.1 us, Triton / matmul 13.6 us, cuDNN 8.7 us (TMA-store tile)
     "w4pc|1x1/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
-    # r50.s1 1x1 64-64 @56 b32: wgmma 11.3 us, Triton / matmul 13.5 us, cuDNN 8.7 us (s14, TSTORE)
+    # r50.s1 1x1 64-64 @56 b32: wgmma 11.3 us, Triton / matmul 13.5 us, cuDNN 8.7 us (TMA-store tile)
     "w8pc|1x1/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
     # r50.s1 3x3 64-64 @56 b32: wgmma 27.6 us, Triton / matmul 35.5 us, cuDNN 24.7 us
     "w4g64|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
     # r50.s1 3x3 64-64 @56 b32: wgmma 29.1 us, Triton / matmul 33.0 us, cuDNN 24.7 us
     "w8pc|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
-    # r50.s2 1x1 128-512 @28 b32: wgmma 17.7 us, Triton / matmul 20.6 us, cuDNN 14.0 us (s14, TSTORE)
+    # r50.s2 1x1 128-512 @28 b32: wgmma 17.7 us, Triton / matmul 20.6 us, cuDNN 14.0 us (TMA-store tile)
     "w4pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s2 1x1 128-512 @28 b32: wgmma 14.4 us (B192N2S3K1M2; was 14.7), cuDNN 13.8 us; s23
+    # r50.s2 1x1 128-512 @28 b32: wgmma 14.4 us (B192N2S3K1M2; was 14.7), cuDNN 13.8 us; wave
     "w8pc|1x1/1|128-512|M32768": {"BM": 192, "NWG": 2, "STAGES": 3, "KT": 1, "MINB": 2},
-    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 23.7 us, Triton / matmul 33.3 us, cuDNN 21.3 us (s14, TSTORE)
+    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 23.7 us, Triton / matmul 33.3 us, cuDNN 21.3 us (TMA-store tile)
     "w4g128|1x1/2|256-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 23.4 us, Triton / matmul 32.4 us, cuDNN 21.2 us (s14, TSTORE)
+    # r50.s2 1x1/2 256-512 @56 (down) b32: wgmma 23.4 us, Triton / matmul 32.4 us, cuDNN 21.2 us (TMA-store tile)
     "w8pc|1x1/2|256-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
     # r50.s2 3x3 128-128 @28 b32: wgmma 21.3 us, Triton / matmul 31.2 us, cuDNN 18.5 us
     "w4g128|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
@@ -261,67 +259,65 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
     # r50.s2 3x3/2 128-128 @56 b32: wgmma 21.3 us, Triton / matmul 28.2 us, cuDNN 19.8 us
     "w8pc|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.6 us (BM 104, producer warp; was 9.9), cuDNN 12.4 us; s24
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.6 us (BM 104, producer warp; was 9.9), cuDNN 12.4 us; custom
     "w4g128|1x1/1|1024-256|M8192": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "WS": 1},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.0 us (BM 104, producer warp; was 9.1), cuDNN 8.6 us; s24
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.0 us (BM 104, producer warp; was 9.1), cuDNN 8.6 us; custom
     "w8pc|1x1/1|1024-256|M8192": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "WS": 1},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 9.7 us (B192N2S3K1M2; was 11.5), cuDNN 9.6 us; s23
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 9.7 us (B192N2S3K1M2; was 11.5), cuDNN 9.6 us; wave
     "w4g128|1x1/1|256-1024|M8192": {"BM": 192, "NWG": 2, "STAGES": 3, "KT": 1, "MINB": 2},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 9.6 us (B192N2S3K1M2; was 10.9), cuDNN 9.5 us; s23
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 9.6 us (B192N2S3K1M2; was 10.9), cuDNN 9.5 us; wave
     "w8pc|1x1/1|256-1024|M8192": {"BM": 192, "NWG": 2, "STAGES": 3, "KT": 1, "MINB": 2},
-    # r50.s3 3x3 256-256 @14 b32: wgmma 16.7 us (B192N2S4K2sp2c1; was 19.0), cuDNN 17.8 us; s23
+    # r50.s3 3x3 256-256 @14 b32: wgmma 16.7 us (B192N2S4K2sp2c1; was 19.0), cuDNN 17.8 us; wave
     "w4g128|3x3/1|256-256|M8192": {"BM": 192, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s3 3x3 256-256 @14 b32: wgmma 15.2 us (B96N2S4K2; was 16.7), cuDNN 17.8 us; s23
+    # r50.s3 3x3 256-256 @14 b32: wgmma 15.2 us (B96N2S4K2; was 16.7), cuDNN 17.8 us; wave
     "w8pc|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s3 3x3/2 256-256 @28 b32: wgmma 17.3 us (B192N2S4K2sp2c1; was 19.3), cuDNN 18.2 us; s23
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 17.3 us (B192N2S4K2sp2c1; was 19.3), cuDNN 18.2 us; wave
     "w4g128|3x3/2|256-256|M8192": {"BM": 192, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1},
-    # r50.s3 3x3/2 256-256 @28 b32: wgmma 15.7 us (B96N2S4K2; was 17.1), cuDNN 18.1 us; s23
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 15.7 us (B96N2S4K2; was 17.1), cuDNN 18.1 us; wave
     "w8pc|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 10.6 us (BM 112, producer warp; was 12.0), cuDNN 8.3 us; s24
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 10.6 us (BM 112, producer warp; was 12.0), cuDNN 8.3 us; custom
     "w4g128|1x1/1|2048-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 10.3 us (BM 112, producer warp; was 11.0), cuDNN 8.3 us; s24
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 10.3 us (BM 112, producer warp; was 11.0), cuDNN 8.3 us; custom
     "w8pc|1x1/1|2048-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.2 us (BM 200; was 8.4), cuDNN 8.8 us; s24
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.2 us (BM 200; was 8.4), cuDNN 8.8 us; custom
     "w4g128|1x1/1|512-2048|M2048": {"BM": 200, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.1 us (BM 200; was 8.3), cuDNN 8.8 us; s24
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.1 us (BM 200; was 8.3), cuDNN 8.8 us; custom
     "w8pc|1x1/1|512-2048|M2048": {"BM": 200, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 17.2 us (BM 104, producer warp; was 18.4), cuDNN 17.3 us; s24
+    # r50.s4 3x3 512-512 @7 b32: wgmma 17.2 us (BM 104, producer warp; was 18.4), cuDNN 17.3 us; custom
     "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 16.9 us (BM 104, producer warp; was 18.1), cuDNN 17.3 us; s24
+    # r50.s4 3x3 512-512 @7 b32: wgmma 16.9 us (BM 104, producer warp; was 18.1), cuDNN 17.3 us; custom
     "w8pc|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 17.2 us (BM 104, producer warp; was 18.5), cuDNN 18.0 us; s24
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 17.2 us (BM 104, producer warp; was 18.5), cuDNN 18.0 us; custom
     "w4g128|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 16.9 us (BM 104, producer warp; was 18.3), cuDNN 17.7 us; s24
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 16.9 us (BM 104, producer warp; was 18.3), cuDNN 17.7 us; custom
     "w8pc|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
 }
 
-# NVIDIA H100 80GB HBM3 (132 SMs), torch 2.11 / triton 3.6, session 22: scripts/bench_conv_wgmma.py with
+# NVIDIA H100 80GB HBM3 (132 SMs), torch 2.11 / triton 3.6. Source: scripts/bench_conv_wgmma.py with
 # CONV_SWEEP=table (the default, "occ", persistent whole-tile (SK 2), cluster split-K and KT 2 / FOLD tiles beside the
 # Triton kernels; batch 1 and 32, W4 g128 (g64 at 64 channels) and W8 per-channel), entries printed by its
-# --emit-table. Raw data: benchmarks/results/conv_table_sweep_h100_s22_b{1,32,32_more}.json. Before it, the H100 ran
-# every layer on default_conv_config. Entries ending "s23": session 23's CONV_SWEEP=wave (tiles whose BM, any multiple
-# of 8, makes the CTAs fill whole waves of the 132 SMs), benchmarks/results/conv_wave_sweep_h100_s23.json, and
-# CONV_SWEEP=custom runs for the W4 stage-4 layers (conv_{w4longk,split3}_sweep_h100_s23.json). Entries ending "s24":
-# CONV_SWEEP=custom runs once tiles of BM % 16 == 8 and uneven cluster bands had the TMA-store epilogue
-# (benchmarks/results/conv_{2048,1024,3x3w8,512,128}_sweep_h100_s24.json).
+# --emit-table (layers it did not list run default_conv_config). Entries marked "wave": CONV_SWEEP=wave (tiles
+# whose BM, any multiple of 8, makes the CTAs fill whole waves of the 132 SMs) and CONV_SWEEP=custom runs for the W4
+# stage-4 layers. Entries marked "custom": CONV_SWEEP=custom runs once tiles of BM % 16 == 8 and uneven cluster
+# bands had the TMA-store epilogue.
 _H100_WGMMA: dict[str, dict | None] = {
-    # r50.s3 1x1 1024-256 @14 b1: wgmma 4.5 us (8 K slices as a cluster; was 7.8), cuDNN 4.4-6.9 us; s24
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 4.5 us (8 K slices as a cluster; was 7.8), cuDNN 4.4-6.9 us; custom
     "w4g128|1x1/1|1024-256|M256": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 10.2 us (BM 104, producer warp; BM 96 10.5), cuDNN 9.8 us; s24
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 10.2 us (BM 104, producer warp; BM 96 10.5), cuDNN 9.8 us; custom
     "w4g128|1x1/1|1024-256|M8192": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "WS": 1},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 11.4 us (BM 112: TMA-store bands of 64 + 48 rows; BM 128 12.3), cuDNN 10.9; s24
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 11.4 us (BM 112: TMA-store bands of 64 + 48; BM 128 12.3), cuDNN 10.9; custom
     "w4g128|1x1/1|2048-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 1x1 2048-512 @7 b1: wgmma 5.1 us (8 K slices as a cluster; stream-K 9.2), cuDNN 5.7-8.2 us; s24
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 5.1 us (8 K slices as a cluster; stream-K 9.2), cuDNN 5.7-8.2 us; custom
     "w4g128|1x1/1|2048-512|M64": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 4.1 us, Triton / matmul 6.2 us, cuDNN 4.5 us
     "w4g128|1x1/1|256-1024|M256": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 10.4 us (BM 192: 264 CTAs: one wave at 2 per SM; was 11.9), cuDNN 10.1 us; s23
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 10.4 us (BM 192: 264 CTAs: one wave at 2 per SM; was 11.9), cuDNN 10.1 us; wave
     "w4g128|1x1/1|256-1024|M8192": {"BM": 192, "NWG": 2, "STAGES": 3, "MINB": 2},
     # r50.s1 1x1 256-64 @56 b32: wgmma 27.3 us, Triton / matmul 33.4 us, cuDNN 27.7 us
     "w4g128|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s1 1x1 256-64 @56 b1: wgmma 3.5 us, Triton / matmul 6.3 us, cuDNN 5.3 us
     "w4g128|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.5 us (BM 200: 128 CTAs; BM 128 9.4), cuDNN 9.0 us; s24
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.5 us (BM 200: 128 CTAs; BM 128 9.4), cuDNN 9.0 us; custom
     "w4g128|1x1/1|512-2048|M2048": {"BM": 200, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s4 1x1 512-2048 @7 b1: wgmma 5.2 us, Triton / matmul 4.4 us, cuDNN 5.3 us
     "w4g128|1x1/1|512-2048|M64": None,
@@ -333,27 +329,27 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4g128|3x3/1|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s2 3x3 128-128 @28 b32: wgmma 18.6 us, Triton / matmul 31.7 us, cuDNN 19.0 us
     "w4g128|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 3x3 256-256 @14 b1: wgmma 6.3 us (8 K slices as a cluster; stream-K 10.6), cuDNN 8.2 us; s24
+    # r50.s3 3x3 256-256 @14 b1: wgmma 6.3 us (8 K slices as a cluster; stream-K 10.6), cuDNN 8.2 us; custom
     "w4g128|3x3/1|256-256|M256": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
-    # r50.s3 3x3 256-256 @14 b32: wgmma 18.0 us (BM 96: 132 CTAs; BM 128 19.5), cuDNN 17.7 us; s23
+    # r50.s3 3x3 256-256 @14 b32: wgmma 18.0 us (BM 96: 132 CTAs; BM 128 19.5), cuDNN 17.7 us; wave
     "w4g128|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 17.7 us (BM 104 KT 4 split 2, producer warp, TMA-store bands: s24; 18.7 with
-    # per-element bands, 20.4 without the producer warp), cuDNN 18.3-18.5; s23
+    # r50.s4 3x3 512-512 @7 b32: wgmma 17.7 us (BM 104 KT 4 split 2, producer warp, TMA-store bands, custom; 18.7 with
+    # per-element bands, 20.4 without the producer warp), cuDNN 18.3-18.5; wave
     "w4g128|3x3/1|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3 512-512 @7 b1: wgmma 7.0 us (8 K slices as a cluster; Triton 12.6-13.0), cuDNN 11.9-13.1 us; s24
+    # r50.s4 3x3 512-512 @7 b1: wgmma 7.0 us (8 K slices as a cluster; Triton 12.6-13.0), cuDNN 11.9-13.1 us; custom
     "w4g128|3x3/1|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s2 3x3/2 128-128 @56 b1: wgmma 8.9 us, Triton / matmul 10.9 us, cuDNN 6.7 us
     "w4g128|3x3/2|128-128|M1024": {"BM": 32, "NWG": 1, "STAGES": 3, "KT": 4, "SK": 1, "MINB": 2},
     # r50.s2 3x3/2 128-128 @56 b32: wgmma 22.0 us, Triton / matmul 32.7 us, cuDNN 21.4 us
     "w4g128|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4},
-    # r50.s3 3x3/2 256-256 @28 b1: wgmma 6.3 us (8 K slices as a cluster; stream-K 10.6), cuDNN 8.4 us; s24
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 6.3 us (8 K slices as a cluster; stream-K 10.6), cuDNN 8.4 us; custom
     "w4g128|3x3/2|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
-    # r50.s3 3x3/2 256-256 @28 b32: wgmma 18.4 us (BM 96: 132 CTAs; BM 128 20.1), cuDNN 18.8 us; s23
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 18.4 us (BM 96: 132 CTAs; BM 128 20.1), cuDNN 18.8 us; wave
     "w4g128|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 18.1 us (BM 104 KT 4 split 2, producer warp, TMA-store bands: s24; 19.5 with
-    # per-element bands, 20.6 without the producer warp), cuDNN 18.2-18.4; s23
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 18.1 us (BM 104 KT 4 split 2, producer warp, TMA-store bands; 19.5 with
+    # per-element bands, 20.6 without the producer warp), cuDNN 18.2-18.4; wave
     "w4g128|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 3, "KT": 4, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3/2 512-512 @14 b1: wgmma 7.0 us (8 K slices as a cluster; Triton 13.0), cuDNN 12.0-13.2 us; s24
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 7.0 us (8 K slices as a cluster; Triton 13.0), cuDNN 12.0-13.2 us; custom
     "w4g128|3x3/2|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s1 3x3 64-64 @56 b32: wgmma 25.7 us, Triton / matmul 37.0 us, cuDNN 27.9 us
     "w4g64|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
@@ -371,27 +367,27 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w4pc|1x1/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 3, "MINB": 3},
     # r50.s1 1x1 64-64 @56 b1: wgmma 2.3 us, Triton / matmul 4.4 us, cuDNN 3.9 us
     "w4pc|1x1/1|64-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 3, "KT": 2, "MINB": 4},
-    # r50.s3 1x1 1024-256 @14 b1: wgmma 4.2 us (8 K slices as a cluster; was 6.7), cuDNN 4.4 us; s24
+    # r50.s3 1x1 1024-256 @14 b1: wgmma 4.2 us (8 K slices as a cluster; was 6.7), cuDNN 4.4 us; custom
     "w8pc|1x1/1|1024-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
-    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.9 us (BM 96: 132 CTAs, one wave; BM 128 10.8), cuDNN 9.8 us; s23
+    # r50.s3 1x1 1024-256 @14 b32: wgmma 9.9 us (BM 96: 132 CTAs, one wave; BM 128 10.8), cuDNN 9.8 us; wave
     "w8pc|1x1/1|1024-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s2 1x1 128-512 @28 b1: wgmma 2.9 us, Triton / matmul 5.3 us, cuDNN 3.9 us
     "w8pc|1x1/1|128-512|M1024": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s2 1x1 128-512 @28 b32: wgmma 17.4 us, Triton / matmul 21.2 us, cuDNN 14.6 us
     "w8pc|1x1/1|128-512|M32768": {"BM": 128, "NWG": 2, "STAGES": 3, "SK": 2, "MINB": 2},
-    # r50.s4 1x1 2048-512 @7 b32: wgmma 10.9 us (BM 112, TMA-store bands; BM 128 11.5), cuDNN 10.7-11.7; s24
+    # r50.s4 1x1 2048-512 @7 b32: wgmma 10.9 us (BM 112, TMA-store bands; BM 128 11.5), cuDNN 10.7-11.7; custom
     "w8pc|1x1/1|2048-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 1x1 2048-512 @7 b1: wgmma 4.7 us (8 K slices as a cluster; stream-K 9.1), cuDNN 5.7-8.1 us; s24
+    # r50.s4 1x1 2048-512 @7 b1: wgmma 4.7 us (8 K slices as a cluster; stream-K 9.1), cuDNN 5.7-8.1 us; custom
     "w8pc|1x1/1|2048-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1},
     # r50.s3 1x1 256-1024 @14 b1: wgmma 3.8 us, Triton / matmul 6.1 us, cuDNN 4.5 us
     "w8pc|1x1/1|256-1024|M256": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s3 1x1 256-1024 @14 b32: wgmma 10.3 us (BM 192: 264 CTAs: one wave at 2 per SM; was 11.6), cuDNN 10.0 us; s23
+    # r50.s3 1x1 256-1024 @14 b32: wgmma 10.3 us (BM 192: 264 CTAs: one wave at 2 per SM; was 11.6), cuDNN 10.0 us; wave
     "w8pc|1x1/1|256-1024|M8192": {"BM": 192, "NWG": 2, "STAGES": 3, "MINB": 2},
     # r50.s1 1x1 256-64 @56 b32: wgmma 27.4 us, Triton / matmul 33.0 us, cuDNN 27.7 us
     "w8pc|1x1/1|256-64|M131072": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
     # r50.s1 1x1 256-64 @56 b1: wgmma 3.4 us, Triton / matmul 6.1 us, cuDNN 5.2 us
     "w8pc|1x1/1|256-64|M4096": {"BM": 64, "NWG": 1, "STAGES": 4, "MINB": 4},
-    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.5 us (BM 200: 128 CTAs; BM 128 9.0), cuDNN 9.1 us; s24
+    # r50.s4 1x1 512-2048 @7 b32: wgmma 8.5 us (BM 200: 128 CTAs; BM 128 9.0), cuDNN 9.1 us; custom
     "w8pc|1x1/1|512-2048|M2048": {"BM": 200, "NWG": 2, "STAGES": 4, "KT": 2},
     # r50.s4 1x1 512-2048 @7 b1: wgmma 4.7 us, Triton / matmul 4.5 us, cuDNN 5.3 us
     "w8pc|1x1/1|512-2048|M64": None,
@@ -411,13 +407,13 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/1|128-128|M1024": {"BM": 64, "NWG": 1, "STAGES": 4},
     # r50.s2 3x3 128-128 @28 b32: wgmma 17.0 us, Triton / matmul 28.6 us, cuDNN 18.7 us
     "w8pc|3x3/1|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
-    # r50.s3 3x3 256-256 @14 b1: wgmma 5.0 us (8 K slices as a cluster; stream-K 10.9), cuDNN 8.3 us; s24
+    # r50.s3 3x3 256-256 @14 b1: wgmma 5.0 us (8 K slices as a cluster; stream-K 10.9), cuDNN 8.3 us; custom
     "w8pc|3x3/1|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
-    # r50.s3 3x3 256-256 @14 b32: wgmma 15.7 us (BM 96: 132 CTAs; BM 128 17.4), cuDNN 17.9 us; s23
+    # r50.s3 3x3 256-256 @14 b32: wgmma 15.7 us (BM 96: 132 CTAs; BM 128 17.4), cuDNN 17.9 us; wave
     "w8pc|3x3/1|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3 512-512 @7 b32: wgmma 17.7 us (BM 112, producer warp, TMA-store bands; BM 128 18.5), cuDNN 18.2; s24
+    # r50.s4 3x3 512-512 @7 b32: wgmma 17.7 us (BM 112, producer warp, TMA-store bands; BM 128 18.5), cuDNN 18.2; custom
     "w8pc|3x3/1|512-512|M2048": {"BM": 112, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3 512-512 @7 b1: wgmma 5.8 us (8 K slices as a cluster; stream-K 10.7), cuDNN 11.9-13.0 us; s24
+    # r50.s4 3x3 512-512 @7 b1: wgmma 5.8 us (8 K slices as a cluster; stream-K 10.7), cuDNN 11.9-13.0 us; custom
     "w8pc|3x3/1|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
     # r50.s1 3x3 64-64 @56 b32: wgmma 25.1 us, Triton / matmul 34.1 us, cuDNN 27.7 us
     "w8pc|3x3/1|64-64|M131072": {"BM": 128, "NWG": 1, "STAGES": 4, "SK": 2},
@@ -427,13 +423,13 @@ _H100_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/2|128-128|M1024": {"BM": 64, "NWG": 1, "STAGES": 4},
     # r50.s2 3x3/2 128-128 @56 b32: wgmma 21.0 us, Triton / matmul 30.0 us, cuDNN 21.6 us
     "w8pc|3x3/2|128-128|M32768": {"BM": 128, "NWG": 2, "STAGES": 4, "MINB": 2},
-    # r50.s3 3x3/2 256-256 @28 b1: wgmma 5.1 us (8 K slices as a cluster; stream-K 10.8), cuDNN 8.3 us; s24
+    # r50.s3 3x3/2 256-256 @28 b1: wgmma 5.1 us (8 K slices as a cluster; stream-K 10.8), cuDNN 8.3 us; custom
     "w8pc|3x3/2|256-256|M256": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
-    # r50.s3 3x3/2 256-256 @28 b32: wgmma 16.4 us (BM 96: 132 CTAs; BM 128 17.8), cuDNN 18.8 us; s23
+    # r50.s3 3x3/2 256-256 @28 b32: wgmma 16.4 us (BM 96: 132 CTAs; BM 128 17.8), cuDNN 18.8 us; wave
     "w8pc|3x3/2|256-256|M8192": {"BM": 96, "NWG": 2, "STAGES": 4, "KT": 2},
-    # r50.s4 3x3/2 512-512 @14 b32: wgmma 17.6 us (BM 104, TMA-store bands; BM 128 18.8-19.0), cuDNN 18.1 us; s24
+    # r50.s4 3x3/2 512-512 @14 b32: wgmma 17.6 us (BM 104, TMA-store bands; BM 128 18.8-19.0), cuDNN 18.1 us; custom
     "w8pc|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 5, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
-    # r50.s4 3x3/2 512-512 @14 b1: wgmma 5.8 us (8 K slices as a cluster; stream-K 10.8), cuDNN 12.0-13.9 us; s24
+    # r50.s4 3x3/2 512-512 @14 b1: wgmma 5.8 us (8 K slices as a cluster; stream-K 10.8), cuDNN 12.0-13.9 us; custom
     "w8pc|3x3/2|512-512|M64": {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1},
 }
 

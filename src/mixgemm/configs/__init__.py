@@ -1,1 +1,0 @@
-"""Shipped per-GPU dispatch tables (JSON), read by mixgemm.ops.configs."""

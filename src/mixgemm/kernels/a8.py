@@ -1,0 +1,210 @@
+"""Int8-activation linear (W4A8 / W8A8: x quantized to int8 per token and block): the registry's entries, in order.
+
+* ``cuda_gemv_a8``: the fused CUDA GEMV (kernels/cuda/gemv_a8.cu: activation quantization in its prologue, dp4a),
+  one launch, M <= mixgemm.tuning.A8_GEMV_MAX_M.
+* ``cuda_wgmma_a8``: the Hopper int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) after the activation quantizer,
+  sym x sym with a ``wgmma_a8_v1`` weight, from M = mixgemm.tuning.A8_WGMMA_MIN_M (int8 per-channel weights go back
+  to the Triton kernel from A8_W8_PER_CHANNEL_TRITON_FROM_M outside the BM 256 / MC 2 region).
+* ``triton_a8``: the Triton int8 tensor-core kernel after the activation quantizer, any M.
+
+Run contract: ``run(x2d, qw, bias, lo, hi, config, problem, out_dtype) -> [M, N]`` (problem carries act_mode and
+per_token; x2d [M, K], M >= 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import mixgemm.tuning as tuning
+from mixgemm.formats.activation import QuantizedActivation
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.linear import nvrtc_ok, triton_device_ok, triton_ok
+from mixgemm.kernels.registry import (
+    OK,
+    DeviceInfo,
+    KernelEntry,
+    Layout,
+    Problem,
+    device_info,
+    no,
+    prefer_not,
+    register,
+)
+
+_XT = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def a8_problem(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device | DeviceInfo, act_mode: str,
+               per_token: bool) -> Problem:
+    n, k = qw.shape
+    g, ng = qw.config.groups(k)
+    dev = device if isinstance(device, DeviceInfo) else device_info(device)
+    return Problem("linear_a8", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, act_mode, per_token or ng == 1, qw=qw)
+
+
+# ------------------------------------------------------------------------------------ activation quantizer
+def act_quant(x2d: torch.Tensor, block: int, act_mode: str, out=None):
+    """(q, scales, offsets, sums) of x2d [M, K] per token and per block (bit-identical either way): the one-pass CUDA
+    row kernel (x read once) for whole-row blocks where it applies, else the Triton tile kernel."""
+    if x2d.is_cuda and block == x2d.shape[1]:
+        from mixgemm.kernels.cuda import gemv_a8
+
+        if gemv_a8.act_quant_rows_supported(x2d, block):
+            return gemv_a8.act_quant_rows(x2d, act_mode, out=out)
+    from mixgemm.kernels.triton.act_quant import act_quant as triton_act_quant
+
+    return triton_act_quant(x2d, block, act_mode, out=out)
+
+
+def per_group_params(q: torch.Tensor, sa: torch.Tensor, oa: torch.Tensor, sums: torch.Tensor, act_mode: str,
+                     group: int):
+    """Per-token activation parameters ([M, 1]) described per weight group ([M, G]) for the Triton kernel, which
+    takes them per group (QuantizedActivation.regroup: one extra pass over the codes for the sums; the CUDA kernels
+    take per-token scales directly)."""
+    r = QuantizedActivation(q, sa, oa, sums, q.shape[1], act_mode).regroup(group)
+    return r.scales, r.offsets, r.sums
+
+
+# ----------------------------------------------------------------------------------------------- fused GEMV
+def _gemv_a8_can_run(p: Problem):
+    from mixgemm.kernels.cuda import gemv_a8
+
+    if not p.device.is_cuda:
+        return no("needs a CUDA device")
+    if p.x_dtype not in _XT or p.bits not in (4, 8) or p.act_mode not in ("sym", "asym"):
+        return no(f"activation dtype {p.x_dtype}, {p.bits}-bit weights, act_mode {p.act_mode!r}")
+    if not 1 <= p.m <= gemv_a8.MAX_M:
+        return no(f"M={p.m} outside the kernel's 1..{gemv_a8.MAX_M}")
+    if not nvrtc_ok():
+        return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
+    if p.per_channel and p.k > 65536:
+        return no(f"per-channel K={p.k} > 65536 (int32 range of the unit sums)")
+    if p.m > tuning.A8_GEMV_MAX_M:  # (before the shared-memory check, which builds the layout)
+        return prefer_not(f"M={p.m} above the fused GEMV's range M <= {tuning.A8_GEMV_MAX_M} (tuning)")
+    lay = gemv_a8.get_a8gemv_layout(p.qw)
+    smem = gemv_a8.smem_bytes(lay, gemv_a8.m_bucket(p.m)) + 4096
+    if smem > p.device.smem_optin:
+        return no(f"needs {smem} bytes of shared memory, the GPU has {p.device.smem_optin} per block")
+    return OK
+
+
+def _gemv_a8_config(p: Problem) -> dict:
+    from mixgemm.kernels.cuda import gemv_a8
+
+    lay = gemv_a8.get_a8gemv_layout(p.qw)
+    return gemv_a8.config_for(lay, p.m, p.n, p.k, p.device.sm_count)
+
+
+def _gemv_a8_complete(p: Problem, forced: dict) -> dict:
+    from mixgemm.kernels.cuda.gemv_a8 import complete_config
+
+    return complete_config(forced)
+
+
+def _run_gemv_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
+    from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
+
+    return gemv_a8(x2d, qw, p.act_mode, bias, lo, hi, out_dtype, per_token=p.per_token, config=config)
+
+
+# ---------------------------------------------------------------------------------------------- wgmma GEMM
+def _wgmma_a8_can_run(p: Problem):
+    from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
+
+    if not p.device.is_cuda:
+        return no("needs a CUDA device")
+    if p.act_mode != "sym":
+        return no(f"act_mode {p.act_mode!r} (takes sym activations)")
+    if not a8_layout_supported(p.qw):
+        return no(f"the wgmma_a8_v1 layout takes sym int4 / int8 weights with group 128, 256 or per-channel, got "
+                  f"mode={p.mode!r} bits={p.bits} group={p.group_size}")
+    if p.k % 16:
+        return no(f"K={p.k} not a multiple of 16")
+    if not nvrtc_ok():
+        return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
+    if not p.device.sm90:
+        return no(f"needs sm_90, the GPU is sm_{p.device.capability[0]}{p.device.capability[1]}")
+    if p.m < tuning.A8_WGMMA_MIN_M:
+        return prefer_not(f"M={p.m} below M={tuning.A8_WGMMA_MIN_M}, where the CUDA int8 GEMM takes over (tuning)")
+    if p.bits == 8 and p.per_channel and p.m >= tuning.A8_W8_PER_CHANNEL_TRITON_FROM_M:
+        from mixgemm.kernels.cuda.gemm_wgmma_a8 import w8_wide_region
+
+        if not w8_wide_region(p.m, p.n, p.k):
+            return prefer_not(f"int8 per-channel at M={p.m} >= {tuning.A8_W8_PER_CHANNEL_TRITON_FROM_M} outside the "
+                              "BM 256 / MC 2 region: the Triton kernel measured faster (tuning)")
+    return OK
+
+
+def _wgmma_a8_config(p: Problem) -> dict:
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, build_wgmma_a8_v1, default_config, qs_layout
+
+    lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
+    qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
+    return default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
+
+
+def _run_wgmma_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
+
+    aq, sa, _, _ = act_quant(x2d, p.k if p.per_token else p.group_size, "sym")
+    return gemm_wgmma_a8(aq, sa, qw, bias, lo, hi, out_dtype, config=config)
+
+
+# ----------------------------------------------------------------------------------------------- Triton int8
+def _triton_a8_can_run(p: Problem):
+    if not triton_device_ok(p):
+        return no("needs a CUDA device (or TRITON_INTERPRET=1)")
+    if not (triton_ok("mixgemm.kernels.triton.int8_gemm") and triton_ok("mixgemm.kernels.triton.int8_layout")):
+        return no("Triton unavailable")
+    if p.bits == 4:
+        from mixgemm.kernels.triton.int8_layout import pick_half
+
+        try:
+            pick_half(p.group_size, p.k)
+        except ValueError as e:
+            return no(str(e))
+    return OK
+
+
+def _triton_a8_config(p: Problem) -> dict:
+    from mixgemm.kernels.triton.int8_gemm import pick_config
+    from mixgemm.kernels.triton.int8_layout import pick_half
+
+    half = pick_half(p.group_size, p.k) if p.bits == 4 else 0
+    return pick_config(p.m, p.n, p.k, p.bits, p.group_size, p.per_channel, half)
+
+
+def _run_triton_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
+    from mixgemm.kernels.triton.int8_gemm import a8_gemm
+    from mixgemm.kernels.triton.int8_layout import get_int8_layout
+
+    lay = get_int8_layout(qw)
+    blk = p.k if p.per_token else p.group_size
+    aq, sa, oa, suma = act_quant(x2d, blk, p.act_mode)
+    if blk != lay.group_size:
+        sa, oa, suma = per_group_params(aq, sa, oa, suma, p.act_mode, lay.group_size)
+    return a8_gemm(aq, sa, oa, suma, lay, p.act_mode == "asym", bias, lo, hi, out_dtype, config=config)
+
+
+def _build(module: str, fn: str):
+    def build(qw):
+        import importlib
+
+        return getattr(importlib.import_module(module), fn)(qw)
+
+    build.__name__ = fn
+    return build
+
+
+ENTRIES = (
+    KernelEntry("cuda_gemv_a8", "linear_a8", _gemv_a8_can_run, _gemv_a8_config, _run_gemv_a8,
+                Layout("a8gemv_v1", _build("mixgemm.formats.layouts_a8", "build_a8gemv_v1")),
+                "fused activation-quantizing GEMV, small M", _gemv_a8_complete),
+    KernelEntry("cuda_wgmma_a8", "linear_a8", _wgmma_a8_can_run, _wgmma_a8_config, _run_wgmma_a8,
+                Layout("wgmma_a8_v1", _build("mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1")),
+                "Hopper int8 wgmma GEMM, large M"),
+    KernelEntry("triton_a8", "linear_a8", _triton_a8_can_run, _triton_a8_config, _run_triton_a8,
+                Layout("int8_v1", _build("mixgemm.kernels.triton.int8_layout", "build_int8_layout")),
+                "Triton int8 tensor-core GEMM, any M"),
+)
+register("linear_a8", ENTRIES)

@@ -1,0 +1,240 @@
+"""Weight-only linear (x float, W int4 / int8): the registry's entries, in the order the dispatcher tries them.
+
+* ``cuda_gemv_mma``: the tensor-core GEMV (kernels/cuda/gemv_mma.cu), M <= 16, fp16 / bf16 (fp16 from M = 2: at
+  M = 1 the CUDA-core kernel measured faster).
+* ``cuda_gemv``: the CUDA-core GEMV (kernels/cuda/gemv.cu), M <= 16, any activation dtype.
+  Both GEMVs serve M up to the GPU table's crossover (mixgemm.tuning.gemv_max_m), which depends on whether the wgmma
+  GEMM or the Triton GEMM takes over above it.
+* ``cuda_wgmma``: the Hopper wgmma GEMM (kernels/cuda/gemm_wgmma.cu), sm_90, fp16 / bf16, any M.
+* ``triton_gemm``: the Triton tensor-core GEMM, any M, any GPU and activation dtype.
+
+Run contract: ``run(x2d, qw, bias, lo, hi, config) -> [M, N]`` with x2d [M, K] unit stride along K, M >= 1.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+import mixgemm.tuning as tuning
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.options import current_options
+from mixgemm.kernels.registry import (
+    OK,
+    DeviceInfo,
+    KernelEntry,
+    Layout,
+    Problem,
+    device_info,
+    no,
+    prefer_not,
+    register,
+)
+
+GEMV_MAX_M = 16  # the GEMVs' own limit; the tuning table may lower it per bit width
+_HALF = (torch.float16, torch.bfloat16)
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def linear_problem(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device | DeviceInfo) -> Problem:
+    n, k = qw.shape
+    g, ng = qw.config.groups(k)
+    dev = device if isinstance(device, DeviceInfo) else device_info(device)
+    return Problem("linear", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, qw=qw)
+
+
+@functools.cache
+def nvrtc_ok() -> bool:
+    from mixgemm.kernels.cuda import nvrtc
+
+    return nvrtc.nvrtc_available()
+
+
+@functools.cache
+def triton_ok(module: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def triton_device_ok(p: Problem) -> bool:
+    return p.device.is_cuda or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# ------------------------------------------------------------------------------------------------------ GEMVs
+def _gemv_common(p: Problem, dtypes) -> str | None:
+    if not p.device.is_cuda:
+        return "needs a CUDA device"
+    if p.x_dtype not in dtypes:
+        return f"activation dtype {p.x_dtype} (takes {', '.join(str(d) for d in dtypes)})"
+    if p.bits not in (4, 8):
+        return f"{p.bits}-bit weights"
+    if not 1 <= p.m <= GEMV_MAX_M:
+        return f"M={p.m} outside the GEMV's 1..{GEMV_MAX_M}"
+    if not nvrtc_ok():
+        return "NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable"
+    return None
+
+
+def gemv_limit(p: Problem) -> int:
+    """Largest M the GEMVs serve on this GPU (the table's crossover against the GEMM that takes over)."""
+    wg = "cuda_wgmma" not in current_options().disable and _wgmma_can_run(p).ok
+    return tuning.gemv_max_m(p.device.table, p.qw, p.n, wgmma=wg, k=p.k)
+
+
+def _gemv_crossover(p: Problem) -> str | None:
+    lim = gemv_limit(p)
+    if p.m > lim:
+        return f"M={p.m} above the GEMV / GEMM crossover M={lim} ({tuning.table_name_for(p.device.name)} table)"
+    return None
+
+
+def _gemv_mma_can_run(p: Problem):
+    why = _gemv_common(p, _HALF)
+    if why:
+        return no(why)
+    why = _gemv_crossover(p)
+    if why:
+        return prefer_not(why)
+    if p.x_dtype == torch.float16 and p.m == 1:
+        return prefer_not("fp16 at M = 1: the CUDA-core GEMV measured faster")
+    return OK
+
+
+def _gemv_can_run(p: Problem):
+    why = _gemv_common(p, _FLOAT)
+    if why:
+        return no(why)
+    why = _gemv_crossover(p)
+    return prefer_not(why) if why else OK
+
+
+def _gemv_mma_config(p: Problem) -> dict:
+    from mixgemm.kernels.cuda.gemv import mma_config
+
+    return mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count)
+
+
+def _gemv_config(p: Problem) -> dict:
+    from mixgemm.kernels.cuda.gemv import simt_config
+
+    return simt_config(p.m, p.n, p.k, p.bits, p.x_dtype, p.mode, p.device.sm_count, p.device.name)
+
+
+def _gemv_mma_complete(p: Problem, forced: dict) -> dict:
+    from mixgemm.kernels.cuda.gemv import mma_override
+
+    return mma_override(_gemv_mma_config(p), forced)
+
+
+def _gemv_complete(p: Problem, forced: dict) -> dict:
+    from mixgemm.kernels.cuda.gemv import simt_override
+
+    return simt_override(forced)
+
+
+def _run_gemv_mma(x2d, qw, bias, lo, hi, config):
+    from mixgemm.kernels.cuda.gemv import gemv_mma
+
+    return gemv_mma(x2d, qw, bias, lo, hi, config)
+
+
+def _run_gemv(x2d, qw, bias, lo, hi, config):
+    from mixgemm.kernels.cuda.gemv import gemv_simt
+
+    return gemv_simt(x2d, qw, bias, lo, hi, config)
+
+
+# ------------------------------------------------------------------------------------------------ wgmma GEMM
+def _wgmma_can_run(p: Problem):
+    if not p.device.is_cuda:
+        return no("needs a CUDA device")
+    if not p.device.sm90:
+        return no(f"needs sm_90, the GPU is sm_{p.device.capability[0]}{p.device.capability[1]}")
+    if p.x_dtype not in _HALF:
+        return no(f"activation dtype {p.x_dtype} (takes float16 / bfloat16)")
+    if p.bits not in (4, 8):
+        return no(f"{p.bits}-bit weights")
+    if not nvrtc_ok():
+        return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
+    return OK
+
+
+def _wgmma_config(p: Problem) -> dict:
+    from mixgemm.kernels.cuda.gemm_wgmma import auto_split, default_config
+
+    cfg = tuning.table_entry(p.device.table, "wgmma", p.m, p.n, p.k, p.qw)
+    if cfg is None:
+        return default_config(p.m, p.n, p.k, p.device.sm_count)
+    if cfg.get("SPLIT", "auto") == "auto":
+        cfg["SPLIT"] = auto_split(p.m, p.n, p.k, cfg, p.device.sm_count)
+    return cfg
+
+
+def _run_wgmma(x2d, qw, bias, lo, hi, config):
+    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+
+    # fit: the table's configs were measured on int4 fp16-scale weights, whose stages are the smallest
+    return gemm_wgmma(x2d, qw, bias, lo, hi, config, fit=True)
+
+
+# ----------------------------------------------------------------------------------------------- Triton GEMM
+def _triton_can_run(p: Problem):
+    if not triton_device_ok(p):
+        return no("needs a CUDA device (or TRITON_INTERPRET=1)")
+    if p.bits not in (4, 8):
+        return no(f"{p.bits}-bit weights")
+    if not triton_ok("mixgemm.kernels.triton.gemm"):
+        return no("Triton unavailable")
+    return OK
+
+
+def _triton_config(p: Problem) -> dict:
+    from mixgemm.kernels.triton.gemm import auto_split, default_config
+
+    sms = p.device.sm_count
+    cfg = tuning.table_entry(p.device.table, "gemm", p.m, p.n, p.k, p.qw)
+    if cfg is None:
+        return default_config(p.m, p.n, p.k, p.bits, p.per_channel, sms)
+    if cfg.get("SPLIT_K", "auto") == "auto":
+        cfg["SPLIT_K"] = auto_split(p.m, p.n, p.k, cfg, sms, p.bits)
+    return cfg
+
+
+def _run_triton(x2d, qw, bias, lo, hi, config):
+    from mixgemm.kernels.triton.gemm import gemm
+
+    return gemm(x2d, qw, bias, lo, hi, config)
+
+
+def _build(module: str, fn: str):
+    def build(qw):
+        import importlib
+
+        return getattr(importlib.import_module(module), fn)(qw)
+
+    build.__name__ = fn
+    return build
+
+
+ENTRIES = (
+    KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma,
+                Layout("gemv_mma_v1", _build("mixgemm.formats.layouts", "build_gemv_mma_v1")),
+                "tensor-core GEMV, M <= 16", _gemv_mma_complete),
+    KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
+                Layout("gemv_v1", _build("mixgemm.formats.layouts", "build_gemv_v1")), "CUDA-core GEMV, M <= 16",
+                _gemv_complete),
+    KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma,
+                Layout("wgmma_v1", _build("mixgemm.formats.layouts_wgmma", "build_wgmma_v1")),
+                "Hopper wgmma GEMM, any M"),
+    KernelEntry("triton_gemm", "linear", _triton_can_run, _triton_config, _run_triton,
+                Layout("triton_gemm_v1_ks16", _build("mixgemm.kernels.triton.layout", "get_layout")),
+                "Triton tensor-core GEMM, any M"),
+)
+register("linear", ENTRIES)

@@ -1,0 +1,291 @@
+"""The kernel registry: every kernel is one entry with one contract, and one ordered list per op.
+
+An entry (:class:`KernelEntry`) says
+
+* ``can_run(problem) -> Decision(ok, reason, soft)``: whether it takes the problem, and if not why ("soft" when the
+  reason is tuning -- a measured crossover -- that :func:`mixgemm.kernel_options` ``force`` may override, "hard"
+  when the kernel cannot run it);
+* ``layout``: the QuantizedWeight layout it reads (name and builder), for the memory accounting;
+* ``config(problem) -> dict | None``: the config it is handed (from mixgemm.tuning or the kernel's rule);
+* ``run``: the launch, with the op's own argument list (mixgemm.kernels.linear / a8 / conv say which);
+* ``complete``: how a config forced through kernel_options is completed (e.g. a partial tile).
+
+Ops (``Problem.op``): "linear" (weight-only, x float), "linear_a8" (activations quantized to int8), "conv". The
+dispatcher (:func:`choose`) walks the op's list and takes the first entry that can run; :func:`explain` returns
+that choice with the config and why each earlier entry declined. The lists are built on first use from the modules
+that define them (mixgemm.kernels.linear, .a8, .conv: each registers its list when the mixgemm.kernels package is
+imported), so importing the registry imports no kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+import mixgemm.tuning as tuning
+from mixgemm.kernels.options import KernelOptions, current_options, pop_options, push_options
+
+OPS = ("linear", "linear_a8", "conv")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the dispatch decisions read about a device (read once per device; see :func:`device_info`)."""
+
+    type: str
+    index: int | None
+    capability: tuple[int, int] = (0, 0)
+    sm_count: int = 132
+    name: str = ""
+    smem_optin: int = 99 * 1024  # opt-in shared memory per block
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.type == "cuda"
+
+    @property
+    def sm90(self) -> bool:
+        return self.capability == (9, 0)
+
+    @property
+    def table(self) -> dict:
+        """The per-GPU tuning table (mixgemm.tuning)."""
+        return tuning.load_table(tuning.table_name_for(self.name) if self.is_cuda else "default")
+
+
+@functools.cache
+def _device_info(type_: str, index: int | None) -> DeviceInfo:
+    if type_ != "cuda":
+        return DeviceInfo(type_, index)
+    dev = torch.device(type_, index) if index is not None else torch.device(type_)
+    props = torch.cuda.get_device_properties(dev)
+    return DeviceInfo(type_, index, tuple(torch.cuda.get_device_capability(dev)), props.multi_processor_count,
+                      torch.cuda.get_device_name(dev),
+                      int(getattr(props, "shared_memory_per_block_optin", 0) or 99 * 1024))
+
+
+def device_info(device: torch.device) -> DeviceInfo:
+    """The DeviceInfo of ``device`` (cached; ``device_info.cache_clear()`` after mocking torch.cuda in tests)."""
+    return _device_info(device.type, device.index)
+
+
+device_info.cache_clear = _device_info.cache_clear  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One call as the dispatchers see it. ``qw`` (and for conv ``conv``) are the weight objects, for the few
+    checks that read the weight's layout geometry; they are not part of equality."""
+
+    op: str
+    m: int
+    n: int
+    k: int
+    x_dtype: torch.dtype
+    device: DeviceInfo
+    bits: int
+    group_size: int  # the effective group (K for per-channel)
+    num_groups: int
+    mode: str
+    act_mode: str | None = None  # linear_a8: "sym" | "asym"
+    per_token: bool = False  # linear_a8: one activation scale per token (act_block "token", or per-channel weights)
+    conv: ConvShape | None = None
+    qw: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def per_channel(self) -> bool:
+        return self.num_groups == 1
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A convolution's geometry and input properties (ops "conv")."""
+
+    ci_g: int
+    groups: int
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    channels_last_out: bool
+    x: object = field(default=None, compare=False, repr=False)  # the input (alignment / stride checks)
+    weight: object = field(default=None, compare=False, repr=False)  # the QuantizedConvWeight
+
+    @property
+    def depthwise(self) -> bool:
+        return self.ci_g == 1 and self.groups > 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    ok: bool
+    reason: str = ""
+    soft: bool = False  # a tuning decline (a measured crossover), which forcing the entry overrides
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+OK = Decision(True)
+
+
+def no(reason: str) -> Decision:
+    """A hard decline: the kernel cannot run the problem."""
+    return Decision(False, reason)
+
+
+def prefer_not(reason: str) -> Decision:
+    """A soft decline: the kernel could run it, but the tuning data sends the problem elsewhere."""
+    return Decision(False, reason, soft=True)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The weight layout an entry reads: QuantizedWeight.layout(name, builder) builds and caches it."""
+
+    name: str
+    builder: Callable
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    name: str
+    op: str
+    can_run: Callable[[Problem], Decision]
+    config: Callable[[Problem], dict | None]
+    run: Callable
+    layout: Layout | None = None
+    doc: str = ""
+    # a config forced through kernel_options -> the config handed to run (completes partial configs); default: as is
+    complete: Callable[[Problem, dict], dict] | None = None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The dispatcher's answer: the entry, the config it is handed, and the entries before it with why they
+    declined (also the ones the options skipped)."""
+
+    entry: KernelEntry
+    config: dict | None
+    declined: tuple[tuple[str, str], ...] = ()
+    problem: Problem | None = None
+
+    @property
+    def kernel(self) -> str:
+        return self.entry.name
+
+    def __str__(self) -> str:
+        lines = [f"{self.entry.op}: {self.entry.name} with config {self.config}"]
+        lines += [f"  {name} declined: {why}" for name, why in self.declined]
+        return "\n".join(lines)
+
+
+class NoKernel(ValueError):
+    """No entry of the op takes the problem; the message lists every entry's reason."""
+
+
+_ENTRIES: dict[str, tuple[KernelEntry, ...]] = {}
+
+
+def register(op: str, ordered: Iterable[KernelEntry]) -> None:
+    """Install ``op``'s ordered entry list (called once by the module that defines it)."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops: {OPS}")
+    ordered = tuple(ordered)
+    if any(e.op != op for e in ordered):
+        raise ValueError(f"entries of op {op!r} must say op={op!r}")
+    _ENTRIES[op] = ordered
+
+
+def entries(op: str) -> tuple[KernelEntry, ...]:
+    """The ordered entry list of ``op``."""
+    if op not in _ENTRIES:
+        raise ValueError(f"unknown op {op!r}; ops: {tuple(_ENTRIES)}")
+    return _ENTRIES[op]
+
+
+def entry(name: str) -> KernelEntry:
+    for op in OPS:
+        for e in entries(op):
+            if e.name == name:
+                return e
+    raise ValueError(f"unknown kernel {name!r}; the registry has {sorted(entry_names())}")
+
+
+def entry_names() -> frozenset:
+    return frozenset(e.name for op in OPS for e in entries(op))
+
+
+def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
+    """The first entry of the problem's op that can run it (after the options' force / disable), with its config.
+    Raises NoKernel when none can (a forced entry that cannot run raises too, with its reason)."""
+    opts = current_options() if options is None else options
+    declined: list[tuple[str, str]] = []
+    lst = entries(problem.op)
+    forced = [e for e in lst if e.name in opts.force]
+    for e in forced:
+        d = e.can_run(problem)
+        if d.ok or d.soft:
+            return Choice(e, _config(e, problem, opts), tuple(declined), problem)
+        declined.append((e.name, d.reason))
+    if forced:
+        raise NoKernel(f"forced kernel cannot run this {problem.op} problem: "
+                       + "; ".join(f"{n}: {r}" for n, r in declined))
+    for e in lst:
+        if e.name in opts.disable:
+            declined.append((e.name, "disabled by kernel_options"))
+            continue
+        d = e.can_run(problem)
+        if d.ok:
+            return Choice(e, _config(e, problem, opts), tuple(declined), problem)
+        declined.append((e.name, d.reason))
+    raise NoKernel(f"no kernel takes this {problem.op} problem (m={problem.m}, n={problem.n}, k={problem.k}, "
+                   f"{problem.bits}-bit, group {problem.group_size}, x {problem.x_dtype}): "
+                   + "; ".join(f"{n}: {r}" for n, r in declined))
+
+
+def _config(e: KernelEntry, problem: Problem, opts: KernelOptions) -> dict | None:
+    forced = opts.configs.get(e.name)
+    if forced is None:
+        return e.config(problem)
+    return e.complete(problem, dict(forced)) if e.complete is not None else dict(forced)
+
+
+def _names(v: str | Iterable[str] | None) -> frozenset:
+    if v is None:
+        return frozenset()
+    return frozenset((v,) if isinstance(v, str) else v)
+
+
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def kernel_options(force: str | Iterable[str] | None = None, disable: str | Iterable[str] | None = None,
+                   configs: Mapping[str, dict] | None = None, conv_dequant_min_m=_UNSET):
+    """Within the block, mixgemm's dispatchers honour these overrides, added to the enclosing block's (see
+    mixgemm.kernels.options): ``force`` entry names (one per op) preferred over the op's list, also past their tuning
+    declines; ``disable`` entry names never picked; ``configs`` {entry name: config} handed to that entry instead of
+    its own choice (completed by the entry where partial); ``conv_dequant_min_m`` the opt-in dequantize + cuDNN conv
+    from that many output pixels (None: off). Unknown entry names raise ValueError."""
+    known = entry_names()
+    for name in _names(force) | _names(disable) | frozenset(configs or {}):
+        if name not in known:
+            raise ValueError(f"unknown kernel {name!r}; the registry has {sorted(known)}")
+    old = current_options()
+    new = KernelOptions(
+        force=old.force | _names(force),
+        disable=(old.disable | _names(disable)) - _names(force),
+        configs=MappingProxyType({**old.configs, **{k: dict(v) for k, v in (configs or {}).items()}}),
+        conv_dequant_min_m=old.conv_dequant_min_m if conv_dequant_min_m is _UNSET else conv_dequant_min_m,
+    )
+    token = push_options(new)
+    try:
+        yield new
+    finally:
+        pop_options(token)

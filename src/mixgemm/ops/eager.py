@@ -1,0 +1,81 @@
+"""The eager fast path of QuantLinear.forward: the weight's cached call plan, without the torch.library dispatch.
+
+A call looks the QuantizedWeight up on its qweight buffer (identity and version counters: mixgemm.ops.custom_ops.
+weight_from_tensors), the plan up on the weight (mixgemm.ops.dispatch: a dict keyed by M, dtype, device and the
+activation format), checks the inputs in full only when it makes a plan, and launches. It applies outside
+torch.compile (whose graphs keep the custom ops) and when no gradient to x is needed (the ops carry the backward);
+QuantLinear falls back to the ops when eager_forward returns None (no kernel of this build takes the layer: the ops
+then run their fallbacks, with their warnings). On the CPU a weight-only layer calls mixgemm.matmul directly: the
+op's own CPU computation, without torch.library's dispatch wrapper, whose first call imports torch._dynamo and
+through it triton (seconds, for nothing on the CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from mixgemm._checks import check_matmul_inputs
+from mixgemm.formats.activation import act_block_size, check_act
+from mixgemm.kernels.registry import NoKernel
+from mixgemm.ops.custom_ops import weight_from_tensors
+from mixgemm.ops.dispatch import cached_choice
+from mixgemm.ops.matmul import matmul
+
+_INF = float("inf")
+
+
+def eager_applies(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """True when QuantLinear may take the fast path for x: a plain tensor in eager mode with no gradient to record
+    (no compiler, tracer, tensor subclass such as fake / functional tensors, or dispatch mode that needs the op as
+    one node; no autograd through x or the bias)."""
+    if type(x) is not torch.Tensor or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)))
+
+
+def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
+    """QuantLinear ``mod``'s output for x through the cached plan, or None to take the ops."""
+    if not x.is_cuda:
+        if mod.act_mode is not None or x.device.type != "cpu":
+            return None  # the activation-quantized CPU reference lives in the op
+        return matmul(x, mod.quantized_weight(), mod.bias)
+    c = mod.config
+    n, k = mod.out_features, mod.in_features
+    qw = weight_from_tensors(mod.qweight, mod.scales, mod.zeros, mod.offsets, c.bits, c.group_size, c.mode, n, k)
+    lead = x.shape[:-1]
+    if x.dim() < 1 or x.shape[-1] != k:
+        check_matmul_inputs(x, qw, mod.bias)  # raises, naming the shapes
+    m = lead.numel()
+    if m == 0:
+        return x.new_empty((*lead, n))
+    x2d = x.reshape(m, k)
+    if x2d.stride(-1) != 1:
+        x2d = x2d.contiguous()  # a copy: the caller's tensor is never touched
+    act_mode, bias = mod.act_mode, mod.bias
+
+    def checked(problem):
+        def make():
+            check_matmul_inputs(x, qw, bias)
+            if act_mode is not None:
+                check_act(act_mode, mod.act_block)
+            return problem()
+        return make
+
+    try:
+        if act_mode is None:
+            from mixgemm.kernels.linear import linear_problem
+
+            choice = cached_choice(qw, ("linear", m, x.dtype, x.get_device()),
+                                   checked(lambda: linear_problem(m, qw, x.dtype, x.device)))
+            y = choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config)
+        else:
+            from mixgemm.kernels.a8 import a8_problem
+
+            per_token = act_block_size(k, qw.group_size, mod.act_block) == k
+            choice = cached_choice(qw, ("linear_a8", m, x.dtype, x.get_device(), act_mode, per_token),
+                                   checked(lambda: a8_problem(m, qw, x.dtype, x.device, act_mode, per_token)))
+            y = choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config, choice.problem, x.dtype)
+    except NoKernel:
+        return None
+    return y.reshape(*lead, n)

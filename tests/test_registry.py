@@ -1,0 +1,262 @@
+"""The kernel registry (mixgemm.kernels.registry): every entry's reasons to decline, the walk order, kernel_options
+(force / disable / configs), mixgemm.explain, the per-weight plans, the weight cache of the ops and resident_bytes.
+
+GPU decisions are checked on the CPU against DeviceInfo descriptions of an H100 and an A100 (what the dispatchers
+read of a device); NVRTC is declared available so the decisions do not depend on this machine's install."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton entries run on CPU tensors under the interpreter
+
+import mixgemm  # noqa: E402
+from mixgemm import QuantConfig, quantize_conv_weight, quantize_weight  # noqa: E402
+from mixgemm.kernels import a8 as a8_entries  # noqa: E402
+from mixgemm.kernels import linear as linear_entries  # noqa: E402
+from mixgemm.kernels.registry import DeviceInfo, NoKernel, entries, entry, entry_names  # noqa: E402
+
+# CPU tensors through the Triton entries need the interpreter (set above when there is no GPU)
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                                       reason="runs Triton on CPU tensors (TRITON_INTERPRET=1)")
+H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+A100 = DeviceInfo("cuda", 0, (8, 0), 108, "NVIDIA A100-SXM4-80GB", 163 * 1024)
+
+
+@pytest.fixture(autouse=True)
+def _nvrtc_present(monkeypatch):
+    monkeypatch.setattr(linear_entries, "nvrtc_ok", lambda: True)
+    monkeypatch.setattr(a8_entries, "nvrtc_ok", lambda: True)
+
+
+def _qw(n, k, bits=4, group_size=128, mode="sym", seed=0):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    return quantize_weight(w, QuantConfig(bits=bits, group_size=group_size, mode=mode))
+
+
+def _explain(m, qw, dtype=torch.float16, device=H100, **kw):
+    return mixgemm.explain(torch.empty(m, qw.in_features, dtype=dtype), qw, device=device, **kw)
+
+
+def _reasons(choice) -> dict:
+    return dict(choice.declined)
+
+
+def test_every_entry_is_listed_once_in_order():
+    names = [e.name for op in ("linear", "linear_a8", "conv") for e in entries(op)]
+    assert len(names) == len(set(names)) == len(entry_names())
+    assert [e.name for e in entries("linear")] == ["cuda_gemv_mma", "cuda_gemv", "cuda_wgmma", "triton_gemm"]
+    assert [e.name for e in entries("linear_a8")] == ["cuda_gemv_a8", "cuda_wgmma_a8", "triton_a8"]
+    for name in ("cuda_gemv_mma", "cuda_gemv", "cuda_wgmma", "cuda_gemv_a8", "cuda_wgmma_a8", "triton_a8"):
+        assert entry(name).layout is not None and entry(name).layout.name  # the layout each reads, for accounting
+
+
+def test_linear_entries_reasons():
+    qw = _qw(2048, 2048)
+    c = _explain(1, qw)  # fp16 M = 1: the CUDA-core GEMV, the tensor-core one declines softly
+    assert c.kernel == "cuda_gemv" and "fp16 at M = 1" in _reasons(c)["cuda_gemv_mma"]
+    assert _explain(1, qw, torch.bfloat16).kernel == "cuda_gemv_mma"
+    c = _explain(4, qw, torch.float32)
+    assert c.kernel == "cuda_gemv" and "activation dtype torch.float32" in _reasons(c)["cuda_gemv_mma"]
+    c = _explain(17, qw)
+    assert c.kernel == "cuda_wgmma" and "outside the GEMV's 1..16" in _reasons(c)["cuda_gemv"]
+    assert c.config["BM"] >= 17 and "SPLIT" in c.config
+    c = _explain(17, qw, device=A100)
+    assert c.kernel == "triton_gemm" and "needs sm_90" in _reasons(c)["cuda_wgmma"]
+    c = _explain(64, qw, torch.float32)
+    assert c.kernel == "triton_gemm" and "activation dtype" in _reasons(c)["cuda_wgmma"]
+    big = _qw(28672, 256)  # N >= 8192 on the H100 table: the GEMV stops at the int4 crossover M = 8
+    c = _explain(9, big)
+    assert c.kernel == "cuda_wgmma" and "crossover M=8" in _reasons(c)["cuda_gemv"]
+    assert _explain(9, big, torch.float32).kernel == "cuda_gemv"  # the Triton GEMM's crossover is 16
+
+
+def test_triton_entry_needs_cuda_or_interpreter(monkeypatch):
+    qw = _qw(64, 256)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(NoKernel, match="triton_gemm: needs a CUDA device"):
+        _explain(3, qw, device=torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    c = _explain(3, qw, device=torch.device("cpu"))
+    assert c.kernel == "triton_gemm" and _reasons(c)["cuda_gemv"] == "needs a CUDA device"
+
+
+def test_a8_entries_reasons():
+    qw = _qw(2048, 2048)
+    c = _explain(1, qw, act_mode="sym", act_block="token")
+    assert c.kernel == "cuda_gemv_a8" and {"R", "KS", "RG", "NW"} <= set(c.config)
+    c = _explain(4, qw, act_mode="sym")
+    assert c.kernel == "triton_a8"
+    assert "above the fused GEMV's range" in _reasons(c)["cuda_gemv_a8"]
+    assert "below M=128" in _reasons(c)["cuda_wgmma_a8"]
+    assert _explain(17, qw, act_mode="sym").declined[0] == ("cuda_gemv_a8", "M=17 outside the kernel's 1..16")
+    assert _explain(512, qw, act_mode="sym").kernel == "cuda_wgmma_a8"
+    c = _explain(512, qw, act_mode="asym")
+    assert c.kernel == "triton_a8" and "act_mode 'asym'" in _reasons(c)["cuda_wgmma_a8"]
+    c = _explain(512, _qw(256, 512, mode="zero_point"), act_mode="sym")
+    assert "wgmma_a8_v1 layout takes sym" in _reasons(c)["cuda_wgmma_a8"]
+    assert "needs sm_90" in _reasons(_explain(512, qw, act_mode="sym", device=A100))["cuda_wgmma_a8"]
+    w8 = _qw(256, 1024, bits=8, group_size=-1)
+    assert _explain(1023, w8, act_mode="sym").kernel == "cuda_wgmma_a8"
+    c = _explain(1024, w8, act_mode="sym")  # int8 per-channel outside the BM 256 / MC 2 region
+    assert c.kernel == "triton_a8" and "Triton kernel measured faster" in _reasons(c)["cuda_wgmma_a8"]
+    long_pc = _qw(2, 65600, bits=8, group_size=-1)
+    assert "int32 range" in _reasons(_explain(1, long_pc, act_mode="sym"))["cuda_gemv_a8"]
+    with pytest.raises(NoKernel, match="triton_a8: 4-bit int8_v1 layout needs K % 128 == 0"):
+        _explain(64, _qw(64, 192, group_size=64), act_mode="sym")
+
+
+def test_conv_entries_reasons():
+    from mixgemm.ops.conv import conv_choice
+
+    def choice(ci, co, groups, k, x, stride=1, pad=0, bits=4, gs=-1):
+        qw = quantize_conv_weight(torch.randn(co, ci // groups, k, k), QuantConfig(bits=bits, group_size=gs))
+        return conv_choice(x, qw, x.shape[0] * 9, (stride, stride), (pad, pad), groups)
+
+    cl = torch.randn(1, 64, 3, 3).to(memory_format=torch.channels_last)
+    c = choice(64, 32, 1, 1, cl)
+    assert c.kernel == "conv_as_matmul"
+    assert _reasons(c)["cuda_conv_wgmma"] == "needs a CUDA device"
+    assert _reasons(c)["triton_dwconv"].startswith("not depthwise")
+    assert "off (opt in" in _reasons(c)["dequant_cudnn"]
+    c = choice(64, 32, 1, 1, torch.randn(1, 64, 3, 3))
+    assert c.kernel == "triton_conv_igemm" and "not channels_last" in _reasons(c)["conv_as_matmul"]
+    c = choice(3, 16, 1, 3, torch.randn(1, 3, 5, 5), pad=1, bits=8)
+    assert c.kernel == "triton_conv_smallk"
+    c = choice(16, 16, 16, 3, torch.randn(1, 16, 5, 5), pad=1, bits=8)
+    assert c.kernel == "triton_dwconv" and "channel multiplier 1" in _reasons(c)["cuda_dwconv"]
+    with mixgemm.kernel_options(conv_dequant_min_m=1):
+        assert choice(64, 32, 1, 3, cl.half(), pad=1).kernel == "dequant_cudnn"
+        c = choice(64, 32, 1, 3, cl, pad=1)
+        assert "activation dtype torch.float32" in _reasons(c)["dequant_cudnn"]
+
+
+def test_kernel_options_force_disable_configs():
+    qw = _qw(2048, 2048)
+    with mixgemm.kernel_options(force="cuda_gemv_mma"):  # a soft decline is overridden
+        assert _explain(1, qw).kernel == "cuda_gemv_mma"
+        with pytest.raises(NoKernel, match="forced kernel cannot run.*activation dtype"):  # a hard one is not
+            _explain(1, qw, torch.float32)
+    with mixgemm.kernel_options(disable={"cuda_wgmma"}):
+        c = _explain(64, qw)
+        assert c.kernel == "triton_gemm" and _reasons(c)["cuda_wgmma"] == "disabled by kernel_options"
+        with mixgemm.kernel_options(force="cuda_wgmma"):  # forcing lifts an enclosing disable
+            assert _explain(64, qw).kernel == "cuda_wgmma"
+        assert _explain(64, qw).kernel == "triton_gemm"
+    assert _explain(64, qw).kernel == "cuda_wgmma"  # restored on exit
+    with mixgemm.kernel_options(configs={"cuda_gemv": {"R": 2, "U": 1, "KS": 4, "LITE": 1}}):
+        assert _explain(1, qw).config == {"R": 2, "U": 1, "RG": 2, "KS": 4, "PF": 0, "LITE": 1}
+    with mixgemm.kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": {"DEFER": 0}}):
+        assert _explain(3, qw).config["DEFER"] == 0
+    with mixgemm.kernel_options(configs={"cuda_wgmma": {"BM": 64, "NWG": 2}}):
+        assert _explain(300, qw).config == {"BM": 64, "NWG": 2}
+    with pytest.raises(ValueError, match="unknown kernel 'gemv'"), mixgemm.kernel_options(force="gemv"):
+        pass
+
+
+def test_explain_cpu_and_str():
+    qw = _qw(64, 256)
+    c = mixgemm.explain(torch.randn(2, 256), qw)
+    assert c.kernel == "cpu_reference"
+    s = str(_explain(1, _qw(2048, 2048)))
+    assert s.startswith("linear: cuda_gemv with config") and "cuda_gemv_mma declined: fp16 at M = 1" in s
+
+
+@needs_interpreter
+def test_plans_cached_per_weight_without_the_weight():
+    from mixgemm.ops import dispatch
+
+    qw = _qw(64, 256)
+    dev = torch.device("cpu")  # the Triton entry under the interpreter
+    a = dispatch.linear_choice(5, qw, torch.float16, dev)
+    assert dispatch.linear_choice(5, qw, torch.float16, dev) is a  # one dict lookup per call
+    assert a.problem.qw is None  # no reference cycle through the plan
+    assert dispatch.linear_choice(6, qw, torch.float16, dev) is not a
+    with mixgemm.kernel_options(disable="cuda_gemv"):
+        assert dispatch.linear_choice(5, qw, torch.float16, dev) is not a  # options: chosen afresh, not cached
+    assert len(dispatch.plans_of(qw)) == 2
+    for m in range(dispatch.MAX_PLANS + 5):
+        dispatch.linear_choice(m + 1, qw, torch.float16, dev)
+    assert len(dispatch.plans_of(qw)) <= dispatch.MAX_PLANS
+    x = torch.randn(3, 256)
+    y = dispatch.cuda_matmul(x, qw, None, None)  # the plan's launch (Triton under the interpreter)
+    r = mixgemm.matmul(x, qw)  # the CPU fallback
+    assert float((y - r).norm() / r.norm()) <= 1e-5
+
+
+def test_weight_cache_fast_path():
+    from mixgemm.ops.custom_ops import cached_weight, weight_args, weight_from_tensors
+
+    qw = _qw(32, 128, mode="zero_point")
+    args = weight_args(qw)
+    a = weight_from_tensors(*args)
+    assert weight_from_tensors(*args) is a and cached_weight(args[0]) is a
+    alias = (args[0], args[1].view_as(args[1]), *args[2:])  # equal tensors through another object: same weight
+    assert weight_from_tensors(*alias) is a
+    args[1].mul_(2)  # an in-place change: a fresh weight over the changed tensors
+    b = weight_from_tensors(*args)
+    assert b is not a and b.scales is args[1]
+
+
+def test_resident_bytes():
+    from mixgemm.formats.layouts import build_gemv_v1
+
+    qw = _qw(64, 256, mode="zero_point")
+    r = mixgemm.resident_bytes(qw)
+    assert r["plain"] == qw.nbytes() and r["layouts"] == {} and r["ratio"] == 1.0
+    lay = qw.layout("gemv_v1", build_gemv_v1)
+    r = mixgemm.resident_bytes(qw)
+    assert r["layouts"]["gemv_v1"] == lay.weight.numel() + lay.params.numel() * lay.params.element_size()
+    assert r["total"] == r["plain"] + r["layouts"]["gemv_v1"]
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.Linear(64, 32))
+    mixgemm.quantize_(model, mixgemm.W4A16())
+    model(torch.randn(2, 256))
+    r = mixgemm.resident_bytes(model)
+    assert r["plain"] > 0 and set(r["by_precision"]) == {"w4"} and r["by_precision"]["w4"]["plain"] == r["plain"]
+    with pytest.raises(TypeError, match="resident_bytes takes"):
+        mixgemm.resident_bytes(torch.zeros(3))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("scheme", ["W4A16", "W8A16", "W8A8", "W4A8"])
+def test_eager_forward_matches_the_ops(scheme):
+    """QuantLinear's eager fast path (ops/eager.py; here through the Triton entries under the interpreter) equals the
+    custom op's result, checks K, and answers an empty batch."""
+    from mixgemm.ops.eager import eager_forward
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 64))
+    mixgemm.quantize_(model, getattr(mixgemm, scheme)(**({"act_block": "token"} if scheme == "W4A8" else {})))
+    q, x = model[0], torch.randn(2, 3, 256)
+    y, r = eager_forward(q, x), q(x)
+    assert y.shape == r.shape == (2, 3, 64) and float((y - r).norm() / r.norm()) <= 1e-5
+    assert eager_forward(q, torch.randn(0, 256)).shape == (0, 64)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        eager_forward(q, torch.randn(2, 255))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scheme", ["W4A16", "W8A16", "W8A8", "W4A8"])
+def test_eager_forward_cuda_matches_ops_and_keeps_grads(scheme):
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048)).half().cuda()
+    mixgemm.quantize_(model, getattr(mixgemm, scheme)(**({"act_block": "token"} if scheme == "W4A8" else {})))
+    q = model[0]
+    c = q.config
+    for m in (1, 16, 512):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.float16)
+        y = model(x)  # the fast path
+        if q.act_mode is None:
+            r = torch.ops.mixgemm.linear_wxa16(x, q.qweight, q.scales, q.zeros, q.offsets, q.bias, c.bits,
+                                               c.group_size, c.mode, 2048, 2048, -float("inf"), float("inf"))
+        else:
+            r = torch.ops.mixgemm.linear_wxa8(x, q.qweight, q.scales, q.zeros, q.offsets, q.bias, c.bits,
+                                              c.group_size, c.mode, 2048, 2048, q.act_mode, -float("inf"),
+                                              float("inf"), q.act_block)
+        assert torch.equal(y, r), m
+    x = torch.randn(4, 2048, device="cuda", dtype=torch.float16, requires_grad=True)
+    model(x).float().sum().backward()  # x needs a gradient: the op with its backward
+    assert x.grad is not None and x.grad.shape == x.shape
