@@ -16,16 +16,14 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-import mixgemm  # noqa: E402
-import mixgemm.reference as ref  # noqa: E402
-from mixgemm.kernels.cuda import gemv as G  # noqa: E402
-from mixgemm.kernels.cuda import nvrtc  # noqa: E402
-from mixgemm.kernels.registry import NoKernel  # noqa: E402
-from mixgemm.ops.int8 import a8_choice  # noqa: E402
-from tools.bench.int8 import a8_runner, check, w8_cuda_options  # noqa: E402
-from tools.bench.kernel_choice import entry_config, gemv_options  # noqa: E402
+import mixgemm
+import mixgemm.reference as ref
+from mixgemm.kernels.cuda import gemv as G
+from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.registry import NoKernel
+from mixgemm.ops.int8 import a8_choice
+from tools.bench.int8 import a8_runner, check, w8_cuda_options
+from tools.bench.kernel_choice import entry_config, gemv_options
 
 INF = math.inf
 DEV = torch.device("cuda")
