@@ -276,4 +276,9 @@ def test_cli_jobs_and_bad_arguments(capsys):
         with pytest.raises(ValueError, match="--shapes"):
             tune.parse_shapes(bad)
     assert tune.main(["--shapes", "4096x4096", "--formats", "W8A8"]) == 2
+    args = tune.build_parser().parse_args(["--shapes", "4096x4096,4096x14336", "14336x4096"])
+    jobs = tune.jobs_from_args(args)  # by shape, then format, then M: one layer's copies serve its jobs in a row
+    assert [(j.k, j.n, j.m, j.fmt) for j in jobs[:4]] == [(4096, 4096, 1, "W4A16"), (4096, 4096, 16, "W4A16"),
+                                                          (4096, 4096, 256, "W4A16"), (4096, 4096, 1, "W8A16")]
+    assert len(jobs) == 3 * 3 * 2
     assert "weight-only formats" in capsys.readouterr().err

@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", nargs="+", help="config.json path(s), folders holding one, names of the committed "
                      "list, or 'all' (mixgemm bench --model's list)")
-    src.add_argument("--shapes", help="KxN,... (K in_features, N out_features)")
+    src.add_argument("--shapes", nargs="+", help="KxN,... (K in_features, N out_features)")
     p.add_argument("-m", nargs="+", type=int, default=[1, 16, 256], help="token counts M (default 1 16 256)")
     p.add_argument("--formats", default="W4A16,W8A16", help="weight formats (default W4A16,W8A16)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="activation dtype (default fp16)")
@@ -142,7 +142,7 @@ def jobs_from_args(args) -> list[Job]:
     from mixgemm.bench import models
 
     if args.shapes:
-        shapes = {s: "" for s in parse_shapes(args.shapes)}
+        shapes = {s: "" for s in parse_shapes(",".join(args.shapes))}
     else:
         grouped = models.model_layers(models.resolve(args.model))
         shapes = {s: models.shape_label(layers) for s, layers in grouped.items()}
@@ -159,20 +159,29 @@ def _reference_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return rel_err(y, ref)
 
 
-def _measure(job: Job, l2: int):
-    """(problem, entry, default config, time_us, check) of one job on the GPU."""
-    from mixgemm.bench import protocol
-    from mixgemm.bench.methods import TOL
-    from mixgemm.formats import dequantize_weight, quantize_weight
-    from mixgemm.kernels.linear import linear_problem
-    from mixgemm.kernels.registry import choose
+@dataclass
+class LayerCopies:
+    """One layer's random quantized weight and its copies (together over 3x L2), kept while the jobs of that
+    (shape, format) run: the jobs are ordered shape, format, then M."""
 
+    key: tuple
+    weights: list
+    w64: torch.Tensor  # the dequantized weight (float64), for the reference
+
+
+def _layer(job: Job, l2: int, last: LayerCopies | None) -> LayerCopies:
+    from mixgemm.bench import protocol
+    from mixgemm.formats import dequantize_weight, quantize_weight
+
+    key = (job.k, job.n, job.fmt)
+    if last is not None and last.key == key:
+        return last
+    del last
+    torch.cuda.empty_cache()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(job.k * 7919 + job.n)
     w = torch.randn(job.n, job.k, device=dev, generator=gen)
     qw0 = quantize_weight(w, WEIGHT_ONLY[job.fmt]().weight_config())
-    x = torch.randn(job.m, job.k, device=dev, generator=gen).to(job.x_dtype)
-    ref = x.double() @ dequantize_weight(qw0, torch.float64).T
     copies = protocol.copies_for(qw0.nbytes(), l2)
 
     def clone():
@@ -180,7 +189,22 @@ def _measure(job: Job, l2: int):
         return dataclasses.replace(qw0, qweight=c(qw0.qweight), scales=c(qw0.scales), zeros=c(qw0.zeros),
                                    offsets=c(qw0.offsets), _layouts={})
 
-    weights = [qw0] + [clone() for _ in range(copies - 1)]
+    return LayerCopies(key, [qw0] + [clone() for _ in range(copies - 1)], dequantize_weight(qw0, torch.float64))
+
+
+def _measure(job: Job, layer: LayerCopies):
+    """(problem, entry, default config, time_us, check) of one job on the GPU."""
+    from mixgemm.bench import protocol
+    from mixgemm.bench.methods import TOL
+    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.registry import choose
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(job.m)
+    x = torch.randn(job.m, job.k, device=dev, generator=gen).to(job.x_dtype)
+    ref = x.double() @ layer.w64.T
+    weights = layer.weights
+    qw0 = weights[0]
     problem = linear_problem(job.m, qw0, job.x_dtype, dev)
     chosen = choose(problem)
     entry = chosen.entry
@@ -194,7 +218,7 @@ def _measure(job: Job, l2: int):
     def check(cfg: dict) -> str | None:
         try:
             y = entry.run(x, qw0, None, ninf, inf, cfg)
-        except (ValueError, RuntimeError) as e:
+        except Exception as e:  # a candidate that fails to compile or launch is dropped like a wrong one
             return f"raised {type(e).__name__}: {e}"
         err = _reference_error(y, ref)
         tol = TOL[job.x_dtype]
@@ -203,16 +227,15 @@ def _measure(job: Job, l2: int):
     return problem, entry, default, time_us, check
 
 
-def _source(gpu: str) -> dict:
+def _source(gpu: str, argv: list[str]) -> dict:
     import mixgemm
 
     return {"gpu": gpu, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "mixgemm": mixgemm.__version__, "command": "mixgemm tune " + shlex.join(sys.argv[2:] if
-                                                                                 sys.argv[1:2] == ["tune"]
-                                                                                 else sys.argv[1:])}
+            "mixgemm": mixgemm.__version__, "command": "mixgemm tune " + shlex.join(argv)}
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
         jobs = jobs_from_args(args)
@@ -222,7 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(f"mixgemm tune: {NO_GPU}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print("mixgemm tune: needs tqdm for its progress bar (pip install tqdm, or mixgemm[gpu])", file=sys.stderr)
+        return 2
 
     from mixgemm.bench import protocol
     from mixgemm.tuning import cache as tcache
@@ -232,17 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     cache = tcache.load(path)
     if cache is None or cache.gpu != gpu:
         cache = tcache.TuningCache(gpu, path)
-    source = _source(gpu)
+    source = _source(gpu, argv)
     l2 = protocol.l2_bytes()
     t0 = time.monotonic()
     done: set[str] = set()
     improved = 0
+    layer = None
     bar = tqdm(jobs, desc="mixgemm tune", unit="bucket")
     for job in bar:
         if args.time_budget is not None and time.monotonic() - t0 > args.time_budget:
             tqdm.write(f"time budget of {args.time_budget:g} s spent: {len(jobs) - bar.n} buckets left untuned")
             break
-        problem, entry, default, time_us, check = _measure(job, l2)
+        layer = _layer(job, l2, layer)
+        problem, entry, default, time_us, check = _measure(job, layer)
         key = tcache.bucket_key(problem, entry.name)
         bar.set_postfix_str(f"{job.fmt} K={job.k} N={job.n} M={job.m} {entry.name}")
         if key in done:  # another shape of this run fell into the same bucket: measured once
@@ -262,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
         improved += 1
         tqdm.write(f"{key}: {dflt.median:.2f} -> {verdict.best.median:.2f} us ({verdict.reason}): "
                    f"{verdict.best.config}")
-        torch.cuda.empty_cache()
     bar.close()
     written = tcache.save(cache, path)
     print(f"mixgemm tune: {improved} bucket(s) improved, {len(cache.entries)} entries in {written}")
