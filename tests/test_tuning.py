@@ -282,3 +282,13 @@ def test_cli_jobs_and_bad_arguments(capsys):
                                                           (4096, 4096, 256, "W4A16"), (4096, 4096, 1, "W8A16")]
     assert len(jobs) == 3 * 3 * 2
     assert "weight-only formats" in capsys.readouterr().err
+
+
+def test_bucket_winner_confirmed_on_other_shapes():
+    default, win = {"BM": 64}, {"BM": 32}
+    ok = _fake([(default, [10.0] * 3), (win, [9.5] * 3)])
+    assert tune.confirm(default, win, ok, lambda c: None, log=lambda s: None)
+    slower = _fake([(default, [10.0] * 3), (win, [10.4] * 3)])
+    assert not tune.confirm(default, win, slower, lambda c: None, log=lambda s: None)
+    logs = []
+    assert not tune.confirm(default, win, ok, lambda c: "wrong output", log=logs.append) and "DROPPED" in logs[0]

@@ -87,6 +87,21 @@ def tune_bucket(default_config: dict, candidates: list[dict], time_us: Callable[
     return default, pick(default, ok, margin)
 
 
+def confirm(default_config: dict, winner: dict, time_us: Callable[[dict], float], check: Callable[[dict], str | None],
+            rounds: int = 3, log: Callable[[str], None] = print) -> bool:
+    """Whether a bucket's cached config still holds on another shape of the bucket: its output is right and its
+    median time is below the default's there."""
+    why = check(winner)
+    if why is not None:
+        log(f"DROPPED the bucket's config {winner}: {why}")
+        return False
+    d, w = Timed(dict(default_config)), Timed(dict(winner))
+    for _ in range(rounds):
+        for t in (d, w):
+            t.times_us.append(time_us(t.config))
+    return w.median < d.median
+
+
 # ------------------------------------------------------------------------------------------------ the CLI
 @dataclass(frozen=True)
 class Job:
@@ -169,15 +184,11 @@ class LayerCopies:
     w64: torch.Tensor  # the dequantized weight (float64), for the reference
 
 
-def _layer(job: Job, l2: int, last: LayerCopies | None) -> LayerCopies:
+def _layer(job: Job, l2: int) -> LayerCopies:
     from mixgemm.bench import protocol
     from mixgemm.formats import dequantize_weight, quantize_weight
 
     key = (job.k, job.n, job.fmt)
-    if last is not None and last.key == key:
-        return last
-    del last
-    torch.cuda.empty_cache()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(job.k * 7919 + job.n)
     w = torch.randn(job.n, job.k, device=dev, generator=gen)
@@ -262,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     source = _source(gpu, argv)
     l2 = protocol.l2_bytes()
     t0 = time.monotonic()
-    done: set[str] = set()
+    done: dict[str, dict | None] = {}  # bucket -> the config cached for it in this run (None: the default kept)
     improved = 0
     layer = None
     bar = tqdm(jobs, desc="mixgemm tune", unit="bucket")
@@ -270,13 +281,28 @@ def main(argv: list[str] | None = None) -> int:
         if args.time_budget is not None and time.monotonic() - t0 > args.time_budget:
             tqdm.write(f"time budget of {args.time_budget:g} s spent: {len(jobs) - bar.n} buckets left untuned")
             break
-        layer = _layer(job, l2, layer)
+        if layer is None or layer.key != (job.k, job.n, job.fmt):
+            layer = None  # the previous layer's copies are freed before the next one's are made
+            torch.cuda.empty_cache()
+            layer = _layer(job, l2)
         problem, entry, default, time_us, check = _measure(job, layer)
         key = tcache.bucket_key(problem, entry.name)
         bar.set_postfix_str(f"{job.fmt} K={job.k} N={job.n} M={job.m} {entry.name}")
-        if key in done:  # another shape of this run fell into the same bucket: measured once
+        why = check(default)
+        if why is not None:
+            tqdm.write(f"{key}: WRONG DEFAULT config {default} on {job.k}x{job.n} M={job.m}: {why}; not tuned")
+            cache.entries.pop(key, None)
+            done[key] = None
             continue
-        done.add(key)
+        if key in done:  # another shape of this run in a tuned bucket: the bucket's winner must hold here too
+            winner = done[key]
+            if winner is not None and not confirm(default, winner, time_us, check, args.rounds, tqdm.write):
+                cache.entries.pop(key, None)
+                done[key] = None
+                improved -= 1
+                tqdm.write(f"{key}: entry dropped: not faster than the default on {job.k}x{job.n} M={job.m}")
+            continue
+        done[key] = None
         cands = entry.candidates(problem) if entry.candidates is not None else []
         if not cands:
             tqdm.write(f"{key}: {entry.name} has no candidates here; default kept")
@@ -288,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cache.put(key, verdict.best.config, dflt.median, verdict.best.median, {**source, "shape": f"{job.k}x{job.n}",
                                                                               "m": job.m})
+        done[key] = verdict.best.config
         improved += 1
         tqdm.write(f"{key}: {dflt.median:.2f} -> {verdict.best.median:.2f} us ({verdict.reason}): "
                    f"{verdict.best.config}")
