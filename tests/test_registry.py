@@ -161,7 +161,9 @@ def test_kernel_options_force_disable_configs():
 def test_explain_cpu_and_str():
     qw = _qw(64, 256)
     c = mixgemm.explain(torch.randn(2, 256), qw)
-    assert c.kernel == "cpu_reference"
+    assert c.kernel == "cpu_dequant" and "bfloat16" in dict(c.declined)["cpu_torch_kernels"]
+    assert mixgemm.explain(torch.randn(2, 256, dtype=torch.bfloat16), qw).kernel == "cpu_torch_kernels"
+    assert mixgemm.explain(torch.randn(2, 256), qw, act_mode="sym").kernel == "cpu_reference"
     s = str(_explain(1, _qw(2048, 2048)))
     assert s.startswith("linear: cuda_gemv with config") and "cuda_gemv_mma declined: fp16 at M = 1" in s
 

@@ -18,9 +18,7 @@ import mixgemm.__main__
 from mixgemm import QuantConfig, quantize_weight
 from mixgemm.bench import tune
 from mixgemm.kernels import linear as linear_entries
-from mixgemm.kernels.cuda.gemm_wgmma import tile_error as wgmma_tile_error
 from mixgemm.kernels.registry import DeviceInfo, choose, entries
-from mixgemm.kernels.triton.gemm import tile_error as triton_tile_error
 from mixgemm.tuning import cache as tcache
 
 H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
@@ -189,6 +187,20 @@ def test_cache_read_once_until_reload(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- candidates
+def wgmma_tile_error(cfg):
+    from mixgemm.kernels.cuda.gemm_wgmma import tile_error
+
+    return tile_error(cfg)
+
+
+def triton_tile_error(cfg):
+    # imported late: the Triton module reads TRITON_INTERPRET when imported, which other test modules set when
+    # collected
+    from mixgemm.kernels.triton.gemm import tile_error
+
+    return tile_error(cfg)
+
+
 def test_candidates_are_small_legal_and_not_the_default():
     seen = set()
     for m, n, k, bits, g, mode, dt, dev in GRID:

@@ -37,7 +37,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mixgemm import quantize_conv_weight
+from mixgemm import kernel_options, quantize_conv_weight
 from mixgemm.bench.conv import CONV_PRESET
 from mixgemm.bench.protocol import graph_time_us, l2_bytes
 from mixgemm.kernels.cuda import gemm_wgmma as G
@@ -45,7 +45,6 @@ from mixgemm.kernels.cuda.dwconv import DwCudaConfig
 from mixgemm.kernels.triton import conv_smallk
 from mixgemm.kernels.triton.conv import DwConfig
 from mixgemm.kernels.triton.conv_smallk import SmallKConfig
-from mixgemm.ops import conv as conv_ops
 from mixgemm.ops.conv import cuda_conv2d
 from mixgemm.tuning import conv_table
 from tools.checks.conv_gpu_check import _inputs, _rel, qconfig
@@ -191,9 +190,11 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
 
     def call(x, qw, path, cfg):
         # "no-wgmma": the dispatch without the wgmma path (the Triton kernels and the 1x1 matmul); "no-tstore": the
-        # dispatch with the wgmma epilogue's per-element stores (before WG_TSTORE)
-        switch = {"no-wgmma": (conv_ops, "WGMMA_CONV", False), "no-tstore": (G, "TSTORE", False),
-                  "no-pdl": (G, "PDL", False)}.get(path)
+        # dispatch with the wgmma epilogue's per-element stores (before WG_TSTORE); "no-pdl": without PDL
+        if path == "no-wgmma":
+            with kernel_options(disable="cuda_conv_wgmma"):
+                return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, None)
+        switch = {"no-tstore": (G, "TSTORE", False), "no-pdl": (G, "PDL", False)}.get(path)
         if switch is None:
             return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, path)
         old = getattr(*switch[:2])

@@ -30,6 +30,7 @@ from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.triton.gemm import auto_split, gemm
 from mixgemm.kernels.triton.layout import get_layout, layout_name
+from tools.bench.kernel_choice import entry_config
 
 INF = float("inf")
 DEV = torch.device("cuda")
@@ -221,8 +222,10 @@ def run_final(args):
             te = eager_time(calls, len(qws))
             row = dict(bits=bits, gs=gs, mode=mode, k=k, n=n, m=m, path=path, us=t, eager_us=te, fp16_us=f16,
                        fp16_eager_us=f16e, ratio=f16 / t)
-            if m <= 32:  # crossover: the GEMM at the same M (the dispatcher may have picked the GEMV)
-                tg = graph_time([lambda q=q, x=x: gemm(x, q, None, -INF, INF) for q in qws], len(qws))
+            if m <= 32:  # crossover: the GEMM at the same M (the dispatcher may have picked the GEMV), with the
+                # config the dispatcher hands it (called without one it uses its own rule)
+                cfg = entry_config(x, qws[0], "triton_gemm")
+                tg = graph_time([lambda q=q, x=x, cfg=cfg: gemm(x, q, None, -INF, INF, cfg) for q in qws], len(qws))
                 row["gemm_us"] = tg
             rows.append(row)
             print(f"W{bits} g{gs} {k}x{n} M={m:5d} {path:4s} {t:9.1f} us (eager {te:9.1f})  fp16 {f16:9.1f}"

@@ -22,6 +22,7 @@ from mixgemm.bench import protocol
 from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda.gemv import gemv
+from tools.bench.kernel_choice import gemv_options
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (28672, 8192)]  # K x N
 
@@ -100,11 +101,8 @@ def bench_case(k, n, m, bits, group, mode, bw, dtype=torch.float16, do_peers=Tru
 
 
 def sweep(bw, shapes, fmts, configs, kind="simt", m=1, names=None, show=6):
-    """Tile sweep at M = m over gemv.CFG_OVERRIDE (simt: R, U, KS) or MMA_CFG_OVERRIDE (mma: U, KS)
-    configs; prints the best six and the worst."""
-    import mixgemm.kernels.cuda.gemv as G
-
-    G.KERNEL_OVERRIDE = kind
+    """Tile sweep at M = m of the ``kind`` kernel (simt: R, U, KS, ...; mma: U, KS, ...) over ``configs``, each
+    forced through kernel_options (tools.bench.kernel_choice.gemv_options); prints the best six and the worst."""
     names = names or (["R", "U", "KS", "PF"] if kind == "simt" else ["U", "KS", "PF"])
 
     x_cache = {}
@@ -117,20 +115,16 @@ def sweep(bw, shapes, fmts, configs, kind="simt", m=1, names=None, show=6):
             r = ref.matmul(x, qws[0], out_dtype=torch.float64)
             res = []
             for cfg in configs:
-                if kind == "simt":
-                    G.CFG_OVERRIDE = dict(zip(names, cfg, strict=True))
-                else:
-                    G.MMA_CFG_OVERRIDE = dict(zip(names, cfg, strict=True))
                 try:
-                    y = gemv(x, qws[0], None, -math.inf, math.inf)
-                    err = float((y.double() - r).norm() / r.norm())
-                    t = graph_time([lambda q=q, x=x: gemv(x, q, None, -math.inf, math.inf) for q in qws], rep=40)
+                    with gemv_options(kind, dict(zip(names, cfg, strict=True))):
+                        y = gemv(x, qws[0], None, -math.inf, math.inf)
+                        err = float((y.double() - r).norm() / r.norm())
+                        t = graph_time([lambda q=q, x=x: gemv(x, q, None, -math.inf, math.inf) for q in qws], rep=40)
                 except Exception as e:
                     print("cfg", cfg, "failed", str(e)[:100])
                     continue
                 pct = 100 * floor_bytes(k, n, m, bits, group, mode=mode) / bw / t
                 res.append((t * 1e6, cfg, pct, err))
-            G.CFG_OVERRIDE = G.MMA_CFG_OVERRIDE = None
             res.sort()
             best[(k, n, bits)] = dict(zip(names, res[0][1], strict=True))
             print(f"sweep {kind} M={m} {k}x{n} W{bits} g{group} {mode}: " +
@@ -138,7 +132,6 @@ def sweep(bw, shapes, fmts, configs, kind="simt", m=1, names=None, show=6):
                   f"   worst {res[-1][1]}:{res[-1][0]:.1f}  maxerr {max(e for *_, e in res):.1e}")
             del qws
             torch.cuda.empty_cache()
-    G.KERNEL_OVERRIDE = None
     return best
 
 
@@ -233,8 +226,6 @@ def main():
     ms = [int(v) for v in args.ms.split(",")]
     rows = []
     shapes = SHAPES[:1] + SHAPES[3:4] if args.quick else SHAPES
-    import mixgemm.kernels.cuda.gemv as G
-
     for k, n in shapes:
         shape_ms = ms + ([16] if args.m16_big and (k, n) == (8192, 28672) and 16 not in ms else [])
         for m in shape_ms:
@@ -242,10 +233,9 @@ def main():
                 first = mode == args.modes.split(",")[0]
                 rows.append(bench_case(k, n, m, 4, 128, mode, bw, do_peers=first))
                 if m == 1 and (k, n, 4) in best:  # the sweep's fastest config, same protocol
-                    G.KERNEL_OVERRIDE, G.CFG_OVERRIDE = "simt", best[(k, n, 4)]
-                    rows.append(bench_case(k, n, m, 4, 128, mode, bw, do_peers=False))
+                    with gemv_options("simt", best[(k, n, 4)]):
+                        rows.append(bench_case(k, n, m, 4, 128, mode, bw, do_peers=False))
                     rows[-1]["mode"] = "best " + str(tuple(best[(k, n, 4)].values()))
-                    G.KERNEL_OVERRIDE = G.CFG_OVERRIDE = None
         rows.append(bench_case(k, n, 1, 8, -1, "sym", bw, do_peers=False))
     hdr = (f"{'KxN':>12} {'M':>3} {'fmt':>14} {'us':>8} {'eager':>8} {'floor':>7} {'%floor':>7} "
            f"{'cuBLAS':>8} {'xcuBLAS':>7} {'tinygemm':>8} {'err':>8}")

@@ -5,6 +5,9 @@ copies > 3x L2, median / C). Activation quantization is inside every mixgemm tim
     PYTHONPATH=src python -m tools.bench.gemv_a8            # table
     PYTHONPATH=src python -m tools.bench.gemv_a8 --sweep    # + grid / tile sweep on the acceptance shapes
 
+The CUDA column forces the fused GEMV (registry entry cuda_gemv_a8) at every M <= 16 where it can run, past its tuned
+range (mixgemm.tuning.A8_GEMV_MAX_M); the Triton column is the dispatch with that entry disabled. Tile configs go in
+through mixgemm.kernel_options(configs={"cuda_gemv_a8": ...}) (gemv_a8.complete_config's keys, GRID included).
 Floor = (packed weights + 4 bytes per group + fp16 x + fp16 y) / measured copy bandwidth (as tools.bench.int8).
 """
 
@@ -16,22 +19,21 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-import mixgemm.ops.int8 as int8_ops
+import mixgemm
 from mixgemm.bench.protocol import graph_time_us
 from mixgemm.formats.activation import quantize_activation
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
 from mixgemm.kernels.cuda import gemv_a8 as ga
+from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.int8 import make_a8_runner
+from mixgemm.tuning.gemv_m1 import A8_TUNED_M1
 from tools.bench.int8 import clone_qw, copies_for, copy_bandwidth
 
 SHAPES = [(8192, 28672), (28672, 8192)]  # K x N
-DISPATCH0 = ga.MAX_M_DISPATCH
+GEMV_A8 = "cuda_gemv_a8"  # the fused GEMV's registry entry
 # (R, KS, NW, PF) candidates of the M = 1 sweep
 SWEEP_CFGS = [(4, 1, 8, 0), (2, 1, 8, 0), (2, 1, 8, 1), (1, 1, 8, 1), (4, 1, 8, 1), (2, 1, 16, 1), (4, 1, 16, 0),
               (2, 2, 8, 1), (1, 2, 8, 1), (4, 2, 8, 0), (2, 2, 16, 1)]
-
-
-
 
 
 def floor_us(k, n, m, bits, group, bw):
@@ -63,20 +65,28 @@ def make_case(k, n, m, bits, group, seed):
     return qw0, x, [qw0] + [clone_qw(qw0) for _ in range(c - 1)], c
 
 
-def row(k, n, m, bits, group, act, bw, rep=200):
+def row(k, n, m, bits, group, act, bw, rep=200, tuned=None):
+    """One table row; tuned: {(bits, N, K): M = 1 config} (the --sweep's picks) used instead of A8_TUNED_M1's."""
     qw0, x, qws, c = make_case(k, n, m, bits, group, seed=k + n + m)
-    int8_ops.A8_GEMV = True
-    ga.MAX_M_DISPATCH = 16  # time the CUDA kernel at every M <= 16 (the dispatcher's limit is set from this)
-    path = "cuda" if int8_ops._a8_gemv_ok(x, qw0, act, None) else "triton"
-    y = make_a8_runner(x, qw0, act)()
-    err = err_of(x, qw0, act, y)
-    t_cuda = time_runner(x, qws, act, rep)
-    ga.MAX_M_DISPATCH = DISPATCH0
-    int8_ops.A8_GEMV = False
-    y2 = make_a8_runner(x, qw0, act)()
-    err2 = err_of(x, qw0, act, y2)
-    t_tri = time_runner(x, qws, act, rep)
-    int8_ops.A8_GEMV = True
+    cfg = (tuned or {}).get((bits, n, k)) if m == 1 else None
+    cuda_opts = dict(force=GEMV_A8, configs=None if cfg is None else {GEMV_A8: cfg})
+    path = "cuda"
+    try:  # the CUDA kernel at every M <= 16 where it can run: forced past the dispatcher's tuned M range
+        with mixgemm.kernel_options(**cuda_opts):
+            make_a8_runner(x, qw0, act)()
+    except (NoKernel, ValueError) as ex:
+        # it cannot (a forced entry's hard decline, or gemv_a8's own check: shared memory at large M x K, which the
+        # entry's tuning decline above A8_GEMV_MAX_M comes before): both columns time the dispatch without it
+        print(f"  {k}x{n} M{m} W{bits}A8: the fused GEMV cannot run it ({ex}); Triton in both columns", flush=True)
+        path, cuda_opts = "triton", dict(disable=GEMV_A8)
+    with mixgemm.kernel_options(**cuda_opts):
+        y = make_a8_runner(x, qw0, act)()
+        err = err_of(x, qw0, act, y)
+        t_cuda = time_runner(x, qws, act, rep)
+    with mixgemm.kernel_options(disable=GEMV_A8):
+        y2 = make_a8_runner(x, qw0, act)()
+        err2 = err_of(x, qw0, act, y2)
+        t_tri = time_runner(x, qws, act, rep)
     for q in qws:
         q._layouts.clear()
     del qws
@@ -101,29 +111,28 @@ def print_rows(rows):
 
 
 def sweep(k, n, m, bits, group, act, bw, rep=50, cfgs=None, block="group"):
-    """Time each config (dict of gemv_a8.CFG_OVERRIDE keys, plus "grid") on one problem; fastest first."""
+    """Time each config of the fused GEMV (gemv_a8.complete_config's keys: R, KS, NW, PF, OP, and GRID: absent / None =
+    persistent, "tiles" = one block per tile, an int = blocks per SM) on one problem, the entry forced with that
+    config; fastest first."""
     qw0, x, qws, _ = make_case(k, n, m, bits, group, seed=1)
     fl = floor_us(k, n, m, bits, group, bw)
     out = []
     if cfgs is None:
         cfgs = [dict(R=r, KS=ks, NW=nw, PF=pf) for r, ks, nw, pf in SWEEP_CFGS] + [dict(R=4, KS=1, NW=8, PF=0,
-                                                                                         grid="tiles")]
+                                                                                         GRID="tiles")]
     for cfg in cfgs:
-        cfg = dict(cfg)
-        ga.GRID_MODE = cfg.pop("grid", None)
-        ga.CFG_OVERRIDE = cfg
+        tile = {key: v for key, v in cfg.items() if key != "GRID"}
         try:
-            t = time_runner(x, qws, act, rep, block)
-            y = make_a8_runner(x, qw0, act, act_block=block)()
+            with mixgemm.kernel_options(force=GEMV_A8, configs={GEMV_A8: cfg}):
+                t = time_runner(x, qws, act, rep, block)
+                y = make_a8_runner(x, qw0, act, act_block=block)()
             e = err_of(x, qw0, act, y, block=block)
         except Exception as ex:  # noqa: BLE001  (a config that does not launch: report, go on)
-            print(f"  sweep {cfg} grid {ga.GRID_MODE}: {type(ex).__name__}: {ex}", flush=True)
+            print(f"  sweep {tile} grid {cfg.get('GRID')}: {type(ex).__name__}: {ex}", flush=True)
             continue
-        out.append((t, dict(cfg, grid=ga.GRID_MODE)))
-        print(f"  sweep {k}x{n} M{m} W{bits} g{group} {act} act {block} {cfg} grid {ga.GRID_MODE!s:>5}: {t:7.1f} us "
-              f"({100 * fl / t:.0f}% floor) err {e:.1e}", flush=True)
-    ga.CFG_OVERRIDE = None
-    ga.GRID_MODE = None
+        out.append((t, dict(cfg)))
+        print(f"  sweep {k}x{n} M{m} W{bits} g{group} {act} act {block} {tile} grid {cfg.get('GRID')!s:>5}: "
+              f"{t:7.1f} us ({100 * fl / t:.0f}% floor) err {e:.1e}", flush=True)
     del qws
     torch.cuda.empty_cache()
     out.sort(key=lambda v: v[0])
@@ -134,7 +143,7 @@ def prologue_sweep(bw, rep):
     """M = 1 W4A8 g128, per-token and per-group activations, both shapes: the one-pass row prologue (OP) and
     programmatic dependent launch (gemv_a8.PDL) on and off, at the tuned config and its neighbours."""
     for k, n in SHAPES:
-        base = dict(ga.TUNED_M1[(4, n, k)])
+        base = dict(A8_TUNED_M1[(4, n, k)])
         others = [c for c in (dict(R=2, KS=1, NW=8, PF=0), dict(R=2, KS=1, NW=16, PF=1), dict(R=4, KS=1, NW=16, PF=0))
                   if c != base]
         for block in ("token", "group"):
@@ -149,7 +158,9 @@ def prologue_sweep(bw, rep):
 
 
 def row_w8_large(k, n, m, bw, rep=100):
-    """W8A8 per-channel at large M (Triton GEMM): the one-pass CUDA row quantizer vs the two-pass Triton one."""
+    """W8A8 per-channel at large M: the one-pass CUDA row quantizer against the two-pass Triton one, alone (time and
+    bit-equality), and the dispatch end to end (it always quantizes with the CUDA row kernel where that applies; the
+    end-to-end run with the Triton quantizer has no switch any more)."""
     from mixgemm.kernels.triton.act_quant import act_quant
 
     qw0, x, qws, _ = make_case(k, n, m, 8, -1, seed=k + m)
@@ -158,22 +169,17 @@ def row_w8_large(k, n, m, bw, rep=100):
     exact = all(torch.equal(u, v) for u, v in zip(a1, a2, strict=True))
     t_rows = do_bench(lambda: ga.act_quant_rows(x, "sym", out=a1), warmup=10, rep=50, return_mode="median") * 1e3
     t_tri = do_bench(lambda: act_quant(x, -1, "sym", out=a2), warmup=10, rep=50, return_mode="median") * 1e3
-    res = {}
-    for flag in (True, False):
-        int8_ops.ACTQ_ROWS_CUDA = flag
-        y = make_a8_runner(x, qw0, "sym")()
-        res[flag] = (time_runner(x, qws, "sym", rep), err_of(x, qw0, "sym", y))
-    int8_ops.ACTQ_ROWS_CUDA = True
+    kernel = mixgemm.explain(x, qw0, act_mode="sym").kernel
+    y = make_a8_runner(x, qw0, "sym")()
+    t, err = time_runner(x, qws, "sym", rep), err_of(x, qw0, "sym", y)
     del qws
     torch.cuda.empty_cache()
     ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies_for(n * k * 2))]
     t16 = graph_time_us([lambda w=w: F.linear(x, w) for w in ws], warmup_ms=10, rep_ms=rep)
     del ws
     torch.cuda.empty_cache()
-    print(f"W8A8 per-ch {k}x{n} M{m}: rows-actq {res[True][0]:.1f} us ({t16 / res[True][0]:.2f}x fp16) | "
-          f"triton-actq {res[False][0]:.1f} us ({t16 / res[False][0]:.2f}x) | fp16 {t16:.1f} us | actq alone: "
-          f"rows {t_rows:.1f} us, triton {t_tri:.1f} us, identical {exact} | err {res[True][1]:.1e} "
-          f"{res[False][1]:.1e}", flush=True)
+    print(f"W8A8 per-ch {k}x{n} M{m}: {kernel} {t:.1f} us ({t16 / t:.2f}x fp16) | fp16 {t16:.1f} us | actq alone: "
+          f"rows {t_rows:.1f} us, triton {t_tri:.1f} us, identical {exact} | err {err:.1e}", flush=True)
 
 
 def main():
@@ -181,7 +187,8 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="sweep M = 1 configs first; the table uses the best")
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--sweep-rep", type=int, default=50)
-    ap.add_argument("--large", action="store_true", help="also W8A8 per-channel M = 2048 (act-quant variants)")
+    ap.add_argument("--large", action="store_true", help="also W8A8 per-channel M = 2048 (end to end, and the CUDA row "
+                    "quantizer against the Triton one alone)")
     ap.add_argument("--prologue", action="store_true", help="only the one-pass prologue / PDL sweep (M = 1)")
     args = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
@@ -191,19 +198,20 @@ def main():
     if args.prologue:
         prologue_sweep(bw, args.sweep_rep)
         return
+    tuned = {}  # the sweep's M = 1 picks, which the table rows run instead of A8_TUNED_M1's
     if args.sweep:
         for k, n in SHAPES:
             for bits, group in ((4, 128), (8, -1)):
                 res = sweep(k, n, 1, bits, group, "sym", bw, args.sweep_rep)
-                t, cfg = next(v for v in res if v[1]["grid"] is None)  # the tuned table has no grid mode
-                ga.TUNED_M1[(bits, n, k)] = {key: v for key, v in cfg.items() if key != "grid"}
+                t, cfg = next(v for v in res if v[1].get("GRID") is None)  # the tuned table has no grid mode
+                tuned[(bits, n, k)] = {key: v for key, v in cfg.items() if key != "GRID"}
                 print(f"best {k}x{n} W{bits}: {[(round(t, 1), c) for t, c in res[:3]]}", flush=True)
-        print("TUNED_M1 =", ga.TUNED_M1, flush=True)
+        print("A8_TUNED_M1 (mixgemm.tuning.gemv_m1) =", {**A8_TUNED_M1, **tuned}, flush=True)
     rows = []
     for k, n in SHAPES:
         for bits, group, act, m in ((4, 128, "sym", 1), (4, 128, "asym", 1), (8, -1, "sym", 1), (4, 128, "sym", 2),
                                     (4, 128, "sym", 4), (8, -1, "sym", 4), (4, 128, "sym", 8)):
-            rows.append(row(k, n, m, bits, group, act, bw, args.rep))
+            rows.append(row(k, n, m, bits, group, act, bw, args.rep, tuned))
             print_rows(rows[-1:])
     print("\n== table ==")
     print_rows(rows)

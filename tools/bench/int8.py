@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+import mixgemm
+import mixgemm.tuning as tuning
 from mixgemm.bench import protocol
 from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.activation import act_block_size, quantize_activation
@@ -32,7 +34,6 @@ from mixgemm.kernels.a8 import act_quant as _act_quant
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
 from mixgemm.kernels.triton.int8_layout import get_int8_layout
-from mixgemm.ops import int8 as int8_ops
 from mixgemm.ops.int8 import make_a8_runner
 
 ACCEPT_SHAPES = [(8192, 28672), (28672, 8192)]  # K x N
@@ -75,6 +76,24 @@ def clone_qw(qw):
                    _layouts={})
 
 
+def w8_cuda_options(bits: int, group: int, m: int) -> dict | None:
+    """--w8-cuda: the kernel_options arguments under which int8 per-channel weights take the CUDA int8 wgmma GEMM at
+    every M it serves (M >= mixgemm.tuning.A8_WGMMA_MIN_M), past the tuned hand-over to the Triton kernel
+    (A8_W8_PER_CHANNEL_TRITON_FROM_M); None (the dispatch's own choice) for other weights and smaller M."""
+    if bits == 8 and group == -1 and m >= tuning.A8_WGMMA_MIN_M:
+        return {"force": "cuda_wgmma_a8"}
+    return None
+
+
+def a8_runner(x, qw, act_mode, options: dict | None = None, **kw):
+    """make_a8_runner(x, qw, act_mode, **kw) chosen under mixgemm.kernel_options(**options) when given (the runner
+    keeps the kernel and config chosen there)."""
+    if not options:
+        return make_a8_runner(x, qw, act_mode, **kw)
+    with mixgemm.kernel_options(**options):
+        return make_a8_runner(x, qw, act_mode, **kw)
+
+
 def lay_bytes(lay) -> int:
     return lay.codes.numel() + lay.num_groups * lay.n * 4  # codes + the float32 scales a sym kernel reads
 
@@ -98,24 +117,25 @@ def check(x, qw, act_mode, y, rows=64, act_block=None) -> float:
 
 
 def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peers=True, rep=200, act_block="group",
-             repeat=1, int_scales=False):
+             repeat=1, int_scales=False, options=None):
     """One protocol row: mixgemm (act quant + GEMM) vs fp16 F.linear and torch._int_mm; act_block "token": one
     activation scale per token (matmul_a8's act_block). repeat > 1: mixgemm and fp16 cuBLAS are timed in turn that
     many times and the medians reported (single cuBLAS timings move by up to 15% within a run). int_scales: int4
-    weights with integer group scales (formats/int_scales.py)."""
+    weights with integer group scales (formats/int_scales.py). options: mixgemm.kernel_options arguments the runners
+    are chosen under (a8_runner)."""
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
     qw0 = make_weight(w, bits, group, mode, int_scales)
     del w
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     lay0 = get_int8_layout(qw0)
-    run0 = make_a8_runner(x, qw0, act_mode, config=config, act_block=act_block)
+    run0 = a8_runner(x, qw0, act_mode, options, config=config, act_block=act_block)
     # the block the runner quantizes with (per-channel weights: the whole row, not block -1, which would time the
     # Triton quantizer instead of the row kernel the runner calls)
     blk = act_block_size(k, qw0.group_size, act_block)
     err = check(x, qw0, act_mode, run0(), act_block=blk)
     c = copies_for(lay_bytes(lay0))
     qws = [qw0] + [clone_qw(qw0) for _ in range(c - 1)]
-    runs = [run0] + [make_a8_runner(x, q, act_mode, config=config, act_block=act_block) for q in qws[1:]]
+    runs = [run0] + [a8_runner(x, q, act_mode, options, config=config, act_block=act_block) for q in qws[1:]]
     ws = None
     if peers:
         ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies_for(n * k * 2))]
@@ -288,14 +308,18 @@ def main():
     ap.add_argument("--actq-rows", action="store_true",
                     help="only the CUDA per-token row quantizer (what matmul_a8 runs for per-token blocks) at "
                          "block sizes 256 / 512 / 1024 threads")
-    ap.add_argument("--w8-cuda", action="store_true", help="int8 per-channel weights take the CUDA wgmma kernel at "
-                    "every M (ops.int8.WGMMA_A8_W8_PER_CHANNEL_MAX_M = None)")
+    ap.add_argument("--w8-cuda", action="store_true", help="int8 per-channel weights without a --sweep config take the "
+                    "CUDA int8 wgmma kernel at every M from mixgemm.tuning.A8_WGMMA_MIN_M (kernel_options(force="
+                    "'cuda_wgmma_a8'), past the tuned hand-over to the Triton kernel)")
     ap.add_argument("--w8-only", action="store_true", help="--accept: the W8A8 rows only")
     ap.add_argument("--int-scales", action="store_true", help="--accept --token: int4 weights with integer group "
                     "scales (formats/int_scales.py: no per-group fold in the int8 wgmma GEMM)")
     args = ap.parse_args()
-    if args.w8_cuda:
-        int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M = None
+
+    def w8_options(bits, group, m, config):
+        # --w8-cuda; an explicit (Triton) config forces the Triton kernel, as before
+        return w8_cuda_options(bits, group, m) if args.w8_cuda and config is None else None
+
     p = torch.cuda.get_device_properties(0)
     import triton
 
@@ -396,7 +420,9 @@ def main():
         for ms in ((2048, 4096), (16384,)):
             for k, n in ACCEPT_SHAPES:
                 for m in ms:
-                    rows.append(bench_a8(k, n, m, 8, -1, config=best.get("w8"), rep=args.rep_ms, repeat=args.repeat))
+                    cfg = best.get("w8")
+                    rows.append(bench_a8(k, n, m, 8, -1, config=cfg, rep=args.rep_ms, repeat=args.repeat,
+                                         options=w8_options(8, -1, m, cfg)))
                     print_rows(rows[-1:], bw, top8)
                 for m in () if args.w8_only else ((1,) if ms[0] == 2048 else ()) + ms:
                     cfg = best.get(("w4m1", k)) if m == 1 else best.get("w4")
@@ -406,7 +432,7 @@ def main():
         for bits, group, m in () if args.w8_only else ((8, -1, 1), (8, -1, 16), (4, 128, 16), (8, -1, 256),
                                                         (4, 128, 256)):
             cfg = best.get(("w8m1", k)) if (bits, m) == (8, 1) else None
-            rows.append(bench_a8(k, n, m, bits, group, config=cfg, rep=100))
+            rows.append(bench_a8(k, n, m, bits, group, config=cfg, rep=100, options=w8_options(bits, group, m, cfg)))
             print_rows(rows[-1:], bw, top8)
         print("best configs:", best)
         print_rows(rows, bw, top8)

@@ -21,9 +21,7 @@ import torch.nn.functional as F
 
 from mixgemm.bench.protocol import capture_graph
 from mixgemm.kernels.triton.int8_layout import get_int8_layout
-from mixgemm.ops import int8 as int8_ops
-from mixgemm.ops.int8 import make_a8_runner
-from tools.bench.int8 import clone_qw, copies_for, lay_bytes, make_weight
+from tools.bench.int8 import a8_runner, clone_qw, copies_for, lay_bytes, make_weight, w8_cuda_options
 
 
 def run_for(g, calls_per_replay, seconds):
@@ -56,9 +54,8 @@ def main():
     m = args.m
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     methods = {}
-    w8_max_m = int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M
-    # the dispatcher's choice for each, and int8 per-channel on the CUDA wgmma kernel (the Triton kernel takes it from
-    # WGMMA_A8_W8_PER_CHANNEL_MAX_M)
+    # the dispatcher's choice for each, and int8 per-channel on the CUDA wgmma kernel (the dispatcher hands it to the
+    # Triton kernel from mixgemm.tuning.A8_W8_PER_CHANNEL_TRITON_FROM_M; tools.bench.int8.w8_cuda_options)
     for name, bits, group, act_block, w8_cuda in (("W4A8 g128 per-token", 4, 128, "token", False),
                                                   ("W4A8 g128 int scales, per-token", 4, 128, "token", False),
                                                   ("W8A8 per-channel", 8, -1, "group", False),
@@ -69,11 +66,8 @@ def main():
                          int_scales="int scales" in name)
         c = copies_for(lay_bytes(get_int8_layout(qw)))
         qws = [qw] + [clone_qw(qw) for _ in range(c - 1)]
-        int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M = None if w8_cuda else w8_max_m
-        try:
-            runs = [make_a8_runner(x, q, "sym", act_block=act_block) for q in qws]
-        finally:
-            int8_ops.WGMMA_A8_W8_PER_CHANNEL_MAX_M = w8_max_m
+        options = w8_cuda_options(bits, group, m) if w8_cuda else None
+        runs = [a8_runner(x, q, "sym", options, act_block=act_block) for q in qws]
         methods[name] = (runs, c)
     ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies_for(n * k * 2))]
     methods["fp16 cuBLAS"] = ([lambda w=w: F.linear(x, w) for w in ws], len(ws))

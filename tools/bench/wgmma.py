@@ -21,6 +21,7 @@ from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda.gemm_wgmma import default_config, gemm_wgmma
 from mixgemm.kernels.triton.gemm import gemm as triton_gemm
 from mixgemm.reference.matmul import matmul as ref_matmul
+from tools.bench.kernel_choice import entry_config
 
 INF = float("inf")
 DEV = "cuda"
@@ -90,7 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--formats", default="w4g128,w8pc")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton GEMM column (slow at large M)")
-    ap.add_argument("--table", action="store_true", help="time the dispatcher's table config (mixgemm.ops.configs)")
+    ap.add_argument("--table", action="store_true", help="time the config the dispatcher hands the wgmma GEMM (its "
+                    "per-GPU table in mixgemm.tuning, else the kernel's default)")
     ap.add_argument("--cfgs", default=None, help="JSON list of configs to time instead of the candidates (keys M, "
                     "FMT, SHAPE select the cases a config is timed on)")
     ap.add_argument("--variants", default=None, help="with --table: JSON list of overrides, each timed as the table "
@@ -123,18 +125,18 @@ def main(argv=None) -> int:
             for m in (int(v) for v in a.ms.split(",")):
                 x = torch.randn(m, k, device=DEV, dtype=torch.float16)
                 t16s = [fp16_us(n, k, x)]
+                # the Triton GEMM with the config the dispatcher hands it (called without one it uses its own rule)
+                tcfg = None if a.no_triton else entry_config(x, qws[0], "triton_gemm")
                 tt = INF if a.no_triton else graph_time_us(
-                    [lambda q=q, x=x: triton_gemm(x, q, None, -INF, INF) for q in qws], 10, 60)
+                    [lambda q=q, x=x, c=tcfg: triton_gemm(x, q, None, -INF, INF, c) for q in qws], 10, 60)
                 tg = None  # the CUDA GEMV at the same M: the dispatcher's GEMV / GEMM crossover
                 if m <= 16:
                     from mixgemm.kernels.cuda.gemv import gemv
 
                     tg = graph_time_us([lambda q=q, x=x: gemv(x, q, None, -INF, INF) for q in qws], 10, 60)
                 cfgs = candidates(m, props.multi_processor_count) if a.sweep else [default_config(m, n, k)]
-                if a.table:
-                    import mixgemm
-
-                    cfgs = [dict(mixgemm.explain(x, qws[0]).config, FIT=1)]
+                if a.table:  # (forced: at small M the dispatcher itself may pick a GEMV)
+                    cfgs = [dict(entry_config(x, qws[0], "cuda_wgmma"), FIT=1)]
                     for v in json.loads(a.variants or "[]"):
                         if v.get("M", m) == m and v.get("FMT", fmt) == fmt and v.get("SHAPE", shape) == shape:
                             cfgs.append({**cfgs[0], **{c: w for c, w in v.items() if c not in ("M", "FMT", "SHAPE")}})

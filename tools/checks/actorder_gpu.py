@@ -9,7 +9,7 @@ permutation from a random g_idx through mixgemm.checkpoints.packed_int32.act_ord
 Checks: every act-order layer's output equals the plain layer applied to x[..., perm] (bit for bit: the same
 kernel on the same numbers), and the act-order stack is at most --tolerance (3%) slower than the plain one.
 
-    python tools/checks/actorder_gpu.py --out DIR [--blocks 4]
+    PYTHONPATH=src python -m tools.checks.actorder_gpu --out DIR [--blocks 4]
 
 Prints a table, writes DIR/actorder_gpu.json, exits 1 when a check fails.
 """
@@ -24,11 +24,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-
-from mixgemm.checkpoints.packed_int32 import act_order_perm  # noqa: E402
-from mixgemm.formats.weight import QuantConfig, from_codes  # noqa: E402
-from mixgemm.nn.linear import QuantLinear  # noqa: E402
+from mixgemm.checkpoints.packed_int32 import act_order_perm
+from mixgemm.formats.weight import QuantConfig, from_codes
+from mixgemm.nn.linear import QuantLinear
 
 HIDDEN, INTER, KV = 4096, 14336, 1024
 GROUP = 128

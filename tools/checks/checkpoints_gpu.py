@@ -13,7 +13,8 @@ Parts 2 and 3 need the ``gguf`` package (3: also the GGUF file and ``accelerate`
 missing is a failure unless --skip-missing. Prints a table, writes checkpoints_gpu.json into --out, exits non-zero
 on a failure.
 
-    python tools/checks/checkpoints_gpu.py --out DIR [--gguf PATH] [--skip-missing] [--parts roundtrip,tiny-gguf]
+    PYTHONPATH=src python -m tools.checks.checkpoints_gpu --out DIR [--gguf PATH] [--skip-missing]
+        [--parts roundtrip,tiny-gguf]
 
 (--device cpu runs the same code on the CPU reference path: a dry run, slow for smollm2.)
 """
@@ -31,11 +32,7 @@ import traceback
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "src"))
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # gguf_fixtures
-
-import mixgemm  # noqa: E402
+import mixgemm
 
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEVICE = "cuda"
@@ -87,9 +84,8 @@ def roundtrip(rows):
 
 
 def tiny_gguf(rows):
+    from tests.gguf_fixtures import write_tiny_llama  # run from the repository root (python -m tools.checks...)
     from transformers import AutoModelForCausalLM
-
-    from gguf_fixtures import write_tiny_llama
 
     with tempfile.TemporaryDirectory() as d:
         f = write_tiny_llama(d)

@@ -2,7 +2,7 @@
 under torch.compile without CUDA graphs, at M = 1 / 16 / 512 on a 2048x2048 layer for W4A16, W8A16, W8A8 and
 W4A8(act_block="token"); the chosen kernel of each (mixgemm.explain); results equal to the custom op; M = 0.
 
-    python tools/checks/registry_check.py --out DIR
+    PYTHONPATH=src python -m tools.checks.registry_check --out DIR
 
 Prints a table, writes DIR/registry_check.json, exits non-zero when a result differs from the op path or an empty
 batch fails. The acceptance line (at most 1.3x nn.Linear's eager time) is reported per row, not enforced."""

@@ -3,7 +3,7 @@
 torch.compile with CUDA graphs (mode "reduce-overhead"), TP 2 over NCCL (mixgemm.distributed.tensor_parallel_) against
 TP 1 (the same model on rank 0's GPU alone).
 
-    torchrun --nproc-per-node 2 tools/checks/tp_gpu.py --out DIR
+    PYTHONPATH=src torchrun --nproc-per-node 2 -m tools.checks.tp_gpu --out DIR
 
 Checks (exit status 1 when one fails):
 * speedup: decode tokens/s at TP 2 >= 1.6x TP 1 (mixgemm.bench.e2e's decode loop: eager prefill, one eager step,

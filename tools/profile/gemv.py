@@ -1,7 +1,8 @@
 """Launch one GEMV case a few times so that Nsight Compute can profile it (tools/profile/gemv.sh).
 
 Usage: PYTHONPATH=src python -m tools.profile.gemv K N M BITS GROUP KERNEL [CFG_JSON]
-KERNEL: simt | mma; CFG_JSON: optional tile override ({"R":4,"U":2,"KS":2} or {"U":2,"KS":8,"DEFER":1}).
+KERNEL: simt | mma (the registry entries cuda_gemv / cuda_gemv_mma, forced through mixgemm.kernel_options);
+CFG_JSON: optional tile config for that kernel ({"R":4,"U":2,"KS":2} or {"U":2,"KS":8,"DEFER":1}).
 Weight mode: zero point for int4 and sym for int8 unless GEMV_PROFILE_MODE names one (sym, zero_point, offset).
 """
 
@@ -16,23 +17,20 @@ import torch
 
 import mixgemm.kernels.cuda.gemv as G
 from mixgemm.formats.weight import quantize_weight
+from tools.bench.kernel_choice import gemv_options
 
 
 def main():
     k, n, m, bits, group = (int(v) for v in sys.argv[1:6])
-    G.KERNEL_OVERRIDE = sys.argv[6]
-    if len(sys.argv) > 7:
-        cfg = json.loads(sys.argv[7])
-        if sys.argv[6] == "simt":
-            G.CFG_OVERRIDE = cfg
-        else:
-            G.MMA_CFG_OVERRIDE = cfg
+    kind = sys.argv[6]
+    cfg = json.loads(sys.argv[7]) if len(sys.argv) > 7 else None
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
     mode = os.environ.get("GEMV_PROFILE_MODE") or ("zero_point" if bits == 4 else "sym")
     qws = [quantize_weight(w, bits=bits, group_size=group, mode=mode) for _ in range(3)]
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    for i in range(6):  # ncu --launch-skip 3 --launch-count 1 picks one launch on a cold-ish weight copy
-        G.gemv(x, qws[i % 3], None, -math.inf, math.inf)
+    with gemv_options(kind, cfg):
+        for i in range(6):  # ncu --launch-skip 3 --launch-count 1 picks one launch on a cold-ish weight copy
+            G.gemv(x, qws[i % 3], None, -math.inf, math.inf)
     torch.cuda.synchronize()
 
 

@@ -1,4 +1,5 @@
-"""The acceptance view of a model-shapes run (issue 40): one row per (K, N) layer shape and a verdict per line.
+"""The acceptance view of a model-shapes run (the targets in docs/benchmarking.md, "Model layer shapes"): one
+row per (K, N) layer shape and a verdict per line.
 
 Computed from the JSON `mixgemm bench --model ...` writes (one run, or several merged with --merge):
 

@@ -23,7 +23,7 @@ from functools import partial
 
 import torch
 
-MIN_COPIES = 3  # the issue asks for at least 2-3 copies even when one copy already exceeds 3x L2
+MIN_COPIES = 3  # the protocol asks for at least 2-3 copies even when one copy already exceeds 3x L2
 DEFAULT_MAX_BYTES = 20 * 2**30  # cap on the memory the C copies of one layer may take
 
 

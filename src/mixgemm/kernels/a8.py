@@ -186,25 +186,15 @@ def _run_triton_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
     return a8_gemm(aq, sa, oa, suma, lay, p.act_mode == "asym", bias, lo, hi, out_dtype, config=config)
 
 
-def _build(module: str, fn: str):
-    def build(qw):
-        import importlib
-
-        return getattr(importlib.import_module(module), fn)(qw)
-
-    build.__name__ = fn
-    return build
-
-
 ENTRIES = (
     KernelEntry("cuda_gemv_a8", "linear_a8", _gemv_a8_can_run, _gemv_a8_config, _run_gemv_a8,
-                Layout("a8gemv_v1", _build("mixgemm.formats.layouts_a8", "build_a8gemv_v1")),
+                Layout.lazy("a8gemv_v1", "mixgemm.formats.layouts_a8", "build_a8gemv_v1"),
                 "fused activation-quantizing GEMV, small M", _gemv_a8_complete),
     KernelEntry("cuda_wgmma_a8", "linear_a8", _wgmma_a8_can_run, _wgmma_a8_config, _run_wgmma_a8,
-                Layout("wgmma_a8_v1", _build("mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1")),
+                Layout.lazy("wgmma_a8_v1", "mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1"),
                 "Hopper int8 wgmma GEMM, large M"),
     KernelEntry("triton_a8", "linear_a8", _triton_a8_can_run, _triton_a8_config, _run_triton_a8,
-                Layout("int8_v1", _build("mixgemm.kernels.triton.int8_layout", "build_int8_layout")),
+                Layout.lazy("int8_v1", "mixgemm.kernels.triton.int8_layout", "build_int8_layout"),
                 "Triton int8 tensor-core GEMM, any M"),
 )
 register("linear_a8", ENTRIES)

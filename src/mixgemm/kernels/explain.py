@@ -12,6 +12,20 @@ from mixgemm.kernels.registry import Choice, DeviceInfo, KernelEntry, choose, de
 
 CPU_FALLBACK = KernelEntry("cpu_reference", "cpu", lambda p: None, lambda p: None, None,
                            doc="the CPU fallback (mixgemm.ops.matmul / reference)")
+CPU_KERNELS = KernelEntry("cpu_torch_kernels", "cpu", lambda p: None, lambda p: None, None,
+                          doc="PyTorch's int4 / int8 CPU kernels (mixgemm.kernels.cpu.linear)")
+CPU_DEQUANT = KernelEntry("cpu_dequant", "cpu", lambda p: None, lambda p: None, None,
+                          doc="the blockwise dequantizing float32 GEMM (mixgemm.kernels.cpu.dequant)")
+
+
+def _cpu_choice(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None) -> Choice:
+    gpu = ("GPU kernels", f"x is on {x.device}")
+    if act_mode is not None:  # activation-quantized formats run the block-wise integer reference on the CPU
+        return Choice(CPU_FALLBACK, None, (gpu,))
+    from mixgemm.kernels.cpu.linear import cpu_can_run
+
+    ok, why = cpu_can_run(x, qweight)
+    return Choice(CPU_KERNELS, None, (gpu,)) if ok else Choice(CPU_DEQUANT, None, (gpu, (CPU_KERNELS.name, why)))
 
 
 def _device(x: torch.Tensor, device) -> DeviceInfo | None:
@@ -31,7 +45,7 @@ def explain(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None = No
 
     dev = _device(x, device)
     if dev is None:
-        return Choice(CPU_FALLBACK, None, (("GPU kernels", f"x is on {x.device}"),))
+        return _cpu_choice(x, qweight, act_mode)
     m = x.shape[:-1].numel()
     if act_mode is None:
         return choose(linear_problem(m, qweight, x.dtype, dev))

@@ -296,28 +296,18 @@ def _run_triton(x2d, qw, bias, lo, hi, config):
     return gemm(x2d, qw, bias, lo, hi, config)
 
 
-def _build(module: str, fn: str):
-    def build(qw):
-        import importlib
-
-        return getattr(importlib.import_module(module), fn)(qw)
-
-    build.__name__ = fn
-    return build
-
-
 ENTRIES = (
     KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma,
-                Layout("gemv_mma_v1", _build("mixgemm.formats.layouts", "build_gemv_mma_v1")),
+                Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1"),
                 "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
-                Layout("gemv_v1", _build("mixgemm.formats.layouts", "build_gemv_v1")), "CUDA-core GEMV, M <= 16",
+                Layout.lazy("gemv_v1", "mixgemm.formats.layouts", "build_gemv_v1"), "CUDA-core GEMV, M <= 16",
                 _gemv_complete, _gemv_candidates),
     KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma,
-                Layout("wgmma_v1", _build("mixgemm.formats.layouts_wgmma", "build_wgmma_v1")),
+                Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1"),
                 "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates),
     KernelEntry("triton_gemm", "linear", _triton_can_run, _triton_config, _run_triton,
-                Layout("triton_gemm_v1_ks16", _build("mixgemm.kernels.triton.layout", "get_layout")),
+                Layout.lazy("triton_gemm_v1_ks16", "mixgemm.kernels.triton.layout", "get_layout"),
                 "Triton tensor-core GEMM, any M", candidates=_triton_candidates),
 )
 register("linear", ENTRIES)

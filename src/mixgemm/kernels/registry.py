@@ -153,6 +153,19 @@ class Layout:
     name: str
     builder: Callable
 
+    @classmethod
+    def lazy(cls, name: str, module: str, fn: str) -> Layout:
+        """The layout ``name`` built by ``module.fn(qw)``, imported on the first build (listing an entry imports no
+        kernel module)."""
+
+        def build(qw):
+            import importlib
+
+            return getattr(importlib.import_module(module), fn)(qw)
+
+        build.__name__ = fn
+        return cls(name, build)
+
 
 @dataclass(frozen=True)
 class KernelEntry:

@@ -188,7 +188,7 @@ class QuantLinear(nn.Module):
             # one gather kernel, no host sync (CUDA-graph safe); on an H100 at M = 1 advanced indexing takes
             # ~3.2 us, index_select ~4.4 us, take_along_dim ~6.4 us
             x = x[..., self.input_perm]
-        if eager_applies(x, self.bias):  # eager, nothing for autograd to record: no op dispatch (ops/eager.py)
+        if eager_applies(self, x):  # eager, nothing for autograd to record: no op dispatch (ops/eager.py)
             y = eager_forward(self, x)
             if y is not None:
                 return y

@@ -190,7 +190,7 @@ def conv2d_a8(
 
     The input is quantized per input pixel and per block of ``act_block_size`` channels (default: the weight's
     group size, or Ci/groups for per-channel weights; it must divide Ci/groups), ``act_mode`` "sym" (q8_1) or
-    "asym" (seed 000's QuantA), exactly as mixgemm.formats.activation.quantize_activation does on the
+    "asym" (min / max with an offset), exactly as mixgemm.formats.activation.quantize_activation does on the
     channels_last [B*H*W, Ci] view; the convolution then runs int8 x int8 -> int32 on tensor cores with the
     per-block scales folded in fp32 (kernels/triton/conv_int8.py). x: fp16 / bf16 / fp32 [B, Ci, H, W]
     (NCHW inputs are copied to channels_last for the quantization). Depthwise (Ci/groups == 1) is not supported.

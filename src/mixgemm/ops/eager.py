@@ -25,20 +25,22 @@ from mixgemm.ops.matmul import matmul
 _INF = float("inf")
 
 
-def eager_applies(x: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """True when QuantLinear may take the fast path for x: a plain tensor in eager mode with no gradient to record
-    (no compiler, tracer, tensor subclass such as fake / functional tensors, or dispatch mode that needs the op as
-    one node; no autograd through x or the bias)."""
+def eager_applies(mod, x: torch.Tensor) -> bool:
+    """True when QuantLinear ``mod`` may take the fast path for x: a plain tensor in eager mode with no gradient to
+    record (no compiler, tracer, tensor subclass such as fake / functional tensors, or dispatch mode that needs the
+    op as one node; no autograd through x or the bias), on CUDA, or on the CPU for a weight-only layer (the
+    activation-quantized CPU reference lives in the op)."""
     if type(x) is not torch.Tensor or torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return False
+    if not (x.is_cuda or (x.device.type == "cpu" and mod.act_mode is None)):
+        return False
+    bias = mod.bias
     return not (torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)))
 
 
 def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
     """QuantLinear ``mod``'s output for x through the cached plan, or None to take the ops."""
-    if not x.is_cuda:
-        if mod.act_mode is not None or x.device.type != "cpu":
-            return None  # the activation-quantized CPU reference lives in the op
+    if x.device.type == "cpu" and mod.act_mode is None:
         return matmul(x, mod.quantized_weight(), mod.bias)
     c = mod.config
     n, k = mod.out_features, mod.in_features

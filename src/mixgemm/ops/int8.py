@@ -1,7 +1,7 @@
 """Activation-quantized matmuls on the int8 tensor cores (public API).
 
 * :func:`matmul_a8` -- y = act(x @ W.T + bias) with x quantized on the fly per token and per weight group
-  (int8, "sym" = q8_1 or "asym" = seed 000's QuantA; or with ``act_block="token"`` one scale per token over the
+  (int8, "sym" = q8_1 or "asym" = min / max with an offset; or with ``act_block="token"`` one scale per token over the
   whole row), W a QuantizedWeight (4 or 8 bits, any mode, group
   32..256 or per-channel). Two launches: the fused activation quantizer, then the integer GEMM (int32 per
   K-block folded into fp32 with sA*sB and the offset terms inside the K loop). On CUDA, small M takes the

@@ -140,16 +140,16 @@ def gemv_max_m(table: dict, qw: QuantizedWeight, n: int | None = None, wgmma: bo
 
 
 # ------------------------------------------------------------------ int8-activation linear: kernel ranges by M
-# Source: scripts/bench_gemv_a8.py and scripts/bench_int8.py (H200, then H100), the fused CUDA GEMV against the
+# Source: tools/bench/gemv_a8.py and tools/bench/int8.py (H200, then H100), the fused CUDA GEMV against the
 # Triton kernel's 16-row mma tile: M = 2 won on both LLM shapes, M = 4 lost on 28672x8192 and for W8 per-channel,
 # M = 16 was 3.5x slower (the dp4a work grows with M, the tensor-core tile's does not).
 A8_GEMV_MAX_M = 2
-# Source: scripts/bench_wgmma_a8.py (H200 / H100): from this M the sym x sym calls with a wgmma_a8_v1 weight take
+# Source: tools/bench/wgmma_a8.py (H200 / H100): from this M the sym x sym calls with a wgmma_a8_v1 weight take
 # the CUDA int8 wgmma GEMM instead of the Triton kernel.
 A8_WGMMA_MIN_M = 128
-# Source: scripts/bench_wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
+# Source: tools/bench/wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
 # this M (its persistent TMA kernel was ~10% faster at M = 2048 / 16384 on 8192x28672, a tie on 28672x8192; below
 # it the CUDA kernel won, 2x at M = 128), except where the CUDA kernel's BM 256 / MC 2 tiles apply
-# (gemm_wgmma_a8.w8_wide_region: K >= 8192, M >= 2048), where scripts/bench_int8.py --w8-cuda measured it 4-8%
+# (gemm_wgmma_a8.w8_wide_region: K >= 8192, M >= 2048), where tools/bench/int8.py --w8-cuda measured it 4-8%
 # faster (H100).
 A8_W8_PER_CHANNEL_TRITON_FROM_M = 1024

@@ -1,6 +1,6 @@
-"""Measured tile choices for the implicit-GEMM conv kernel (issue 8), per GPU: no run-time autotuning.
+"""Measured tile choices for the implicit-GEMM conv kernel, per GPU: no run-time autotuning.
 
-``lookup`` returns the fastest entry of the device sweep (scripts/conv_gpu_check.py) for a layer shape, or
+``lookup`` returns the fastest entry of the device sweep (tools/checks/conv_gpu_check.py) for a layer shape, or
 None (then kernels.triton.conv.pick_config's heuristic decides). Key: ``conv_key(...)`` =
 "w{bits}{pc|g<group>}|{kh}x{kw}/{stride}|{ci_g}-{co_g}|M{bucket}" with bucket the power of two >= M, so a
 batch that lands in the same bucket (e.g. 24..32 at a given spatial size) reuses the measured config.
@@ -11,7 +11,7 @@ Only GPUs whose name contains a table's key use it (an H100 table is not applied
 
 from __future__ import annotations
 
-# NVIDIA H200 (132 SMs), torch 2.11 / triton 3.6. Source: scripts/conv_gpu_check.sh (after the K-loop rewrite),
+# NVIDIA H200 (132 SMs), torch 2.11 / triton 3.6. Source: tools/checks/conv_gpu_check.sh (after the K-loop rewrite),
 # protocol graph timing; per layer of mixgemm.bench.conv.CONV_PRESET at batch 1 and 32, the fastest correct variant
 # of the sweep (comment: its time, and the time of what the run's dispatch picked).
 _H200: dict[str, tuple] = {
@@ -152,7 +152,7 @@ _H200: dict[str, tuple] = {
 TABLES: dict[str, dict[str, tuple]] = {"h200": _H200}
 
 # The Hopper wgmma implicit GEMM (kernels/cuda/conv_wgmma.py), same keys. Value: the fastest wgmma tile of the
-# sweeps (source: scripts/bench_conv_wgmma.py, three device runs) when it beat
+# sweeps (source: tools/bench/conv_wgmma.py, three device runs) when it beat
 # what the table above picks (the Triton implicit GEMM or the 1x1 matmul) in the same run, else None (measured and
 # slower: the table above decides). A layer missing here takes the wgmma path with conv_wgmma.default_conv_config.
 # The batch-32 1x1 layers were re-swept with the TMA-store epilogue (WG_TSTORE; CONV_SWEEP=all; "TMA-store tile" in
@@ -293,7 +293,7 @@ _H200_WGMMA: dict[str, dict | None] = {
     "w8pc|3x3/2|512-512|M2048": {"BM": 104, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1, "WS": 1},
 }
 
-# NVIDIA H100 80GB HBM3 (132 SMs), torch 2.11 / triton 3.6. Source: scripts/bench_conv_wgmma.py with
+# NVIDIA H100 80GB HBM3 (132 SMs), torch 2.11 / triton 3.6. Source: tools/bench/conv_wgmma.py with
 # CONV_SWEEP=table (the default, "occ", persistent whole-tile (SK 2), cluster split-K and KT 2 / FOLD tiles beside the
 # Triton kernels; batch 1 and 32, W4 g128 (g64 at 64 channels) and W8 per-channel), entries printed by its
 # --emit-table (layers it did not list run default_conv_config). Entries marked "wave": CONV_SWEEP=wave (tiles

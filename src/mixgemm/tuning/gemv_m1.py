@@ -1,6 +1,6 @@
 """The CUDA-core GEMV's measured M = 1 tiles (fp16 activations), per GPU model and weight mode.
 
-Source: scripts/bench_gemv.py --sweep (and --sweep-mode sym) on an H200 and an H100 for the protocol's LLM shapes,
+Source: tools/bench/gemv.py --sweep (and --sweep-mode sym) on an H200 and an H100 for the protocol's LLM shapes,
 keyed by (bits, N, K); the fastest (R, U, KS, ...) of each sweep. Other shapes use the rule in
 mixgemm.kernels.cuda.gemv.choose_config.
 """
@@ -26,7 +26,7 @@ class M1Tile(NamedTuple):
     BULK: int = 0
 
 
-# H200, M = 1, fp16 activations (source: scripts/bench_gemv.py --sweep, its KS and bulk-copy sweeps). K = 28672 takes
+# H200, M = 1, fp16 activations (source: tools/bench/gemv.py --sweep, its KS and bulk-copy sweeps). K = 28672 takes
 # the H100's bulk-copy ring tile (below): 28672x8192 zero point 37.7 -> 36.0 us, sym 35.3 -> 34.8 us.
 _K28672_BULK = M1Tile(8, 1, 7, RG=1, MINB=2, LITE=1, BULK=2)
 TUNED_M1 = {
@@ -49,7 +49,7 @@ TUNED_M1_H100 = {
 }
 
 
-# Symmetric int4 on an H100 (source: scripts/bench_gemv.py --sweep --sweep-mode sym): without zero points a lane
+# Symmetric int4 on an H100 (source: tools/bench/gemv.py --sweep --sweep-mode sym): without zero points a lane
 # holds fewer registers per row, and one chunk in flight per lane and row (U 1) with more split-K measured fastest (us
 # against the zero-point tiles above): 28672x8192 47.5 vs 49.6, 14336x4096 13.2 vs 14.9, 4096x14336 12.8 vs 13.4;
 # 28672x8192 then takes the bulk-copy ring tile (46.1). Keyed like the tables above; entries override them for mode
@@ -77,7 +77,7 @@ def tuned_m1(gpu_name: str, mode: str = "") -> dict:
 
 
 # The fused activation-quantizing GEMV (W4A8 / W8A8, kernels/cuda/gemv_a8.cu) at M = 1, fp16 output, keyed by
-# (bits, N, K) (source: scripts/bench_gemv_a8.py --sweep, H200; one-pass prologue with PDL). Times and fractions of
+# (bits, N, K) (source: tools/bench/gemv_a8.py --sweep, H200; one-pass prologue with PDL). Times and fractions of
 # the HBM floor: W4 N 28672 / K 8192 36.1-36.4 us (81%); W4 N 8192 / K 28672 38.1-38.2 us with per-token, 39.0 us
 # with per-group activations (77% / 75%); W8 per-channel N 28672 / K 8192 64.4 us (86%), N 8192 / K 28672 68.0 us
 # (82%).

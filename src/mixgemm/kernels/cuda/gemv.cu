@@ -65,7 +65,7 @@
 #endif
 // L2 prefetch (gemv_common.cuh prefetch_l2_warp): 0 none; 1 each row group prefetches its own R rows
 // (weights + params) when it starts a tile; 2 also the rows of the block's next tile (persistent grid).
-// Experimental, off by default: 4-30% slower than 0 on H200 (benchmarks/gemv_notes.md v5).
+// Experimental, off by default: 4-30% slower than 0 on H200 (docs/design.md v5).
 #ifndef GEMV_BPF
 #define GEMV_BPF 0
 #endif
@@ -103,7 +103,7 @@
 // over row tiles, so the ring runs on across tiles). Why: with registers as the only load buffer, a warp has
 // no load in flight while it does its math, and the register-fed kernel plateaued at 82.5% of the copy
 // floor on H100 28672x8192 W4 while a no-math read of the same bytes in the same pattern reached 93-97%
-// (benchmarks/gemv_notes.md). The ring keeps S stages of bytes in flight during the math.
+// (docs/design.md). The ring keeps S stages of bytes in flight during the math.
 #ifndef GEMV_BULK
 #define GEMV_BULK 0
 #endif

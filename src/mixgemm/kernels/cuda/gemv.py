@@ -58,8 +58,8 @@ MMA_KERNEL = "mixgemm_gemv_mma"
 MMA_LAYOUT = "gemv_mma_v1"
 
 
-# GEMV_XS / GEMV_LITE (gemv.cu) for fp16 activations: off by default. Measured on H200 (benchmarks/
-# gemv_notes.md v6): XS only helped R = 2 configs and never beat the R = 4 defaults; LITE within noise.
+# GEMV_XS / GEMV_LITE (gemv.cu) for fp16 activations: off by default. Measured on H200 (docs/design.md):
+# XS only helped R = 2 configs and never beat the R = 4 defaults; LITE within noise.
 DEFAULT_XS = 0
 DEFAULT_LITE = 0
 

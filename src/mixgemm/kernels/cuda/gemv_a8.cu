@@ -1,6 +1,6 @@
 // mixgemm activation-quantized GEMV for decode (W4A8 / W8A8), M = 1..16, ONE launch:
 //   y[M, N] = clamp(Qa(x)[M, K] @ W[N, K].T + bias), Qa = per-token, per-block int8 quantization of x
-//   (mixgemm.formats.activation.quantize_activation, "sym" = q8_1 or "asym" = seed 000's QuantA).
+//   (mixgemm.formats.activation.quantize_activation, "sym" = q8_1 or "asym" = min / max with an offset).
 //
 // Why a fused CUDA kernel: at M = 1 the Triton path (act-quant launch + 16-row mma.sync GEMM) reached
 // 47-48% of the HBM floor; the separate quantization launch alone is 4.9 us of a 29.5 us floor. x is tiny

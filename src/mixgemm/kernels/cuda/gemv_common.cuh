@@ -101,7 +101,7 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
 // Why (hypothesis): the warps of a GEMV only keep U * R 16-byte loads per lane in flight and then stall
 // on the math, so HBM might see too few outstanding bytes; a prefetch into L2 asks for a block's whole
 // tile at once, costs no registers, and turns the warps' own loads into L2 hits. Measured slower on
-// H200 (gemv.cu GEMV_BPF, benchmarks/gemv_notes.md v5); kept for experiments.
+// H200 (gemv.cu GEMV_BPF, docs/design.md v5); kept for experiments.
 // [p, p + bytes) must lie inside one allocation; p is rounded down and the end up to 16 bytes (the
 // CUDA allocators hand out >= 256-byte granules, so the rounding stays inside mapped memory).
 __device__ __forceinline__ void prefetch_l2_warp(const void* p, unsigned long long bytes, int lane) {

@@ -35,7 +35,7 @@ from mixgemm.formats.activation import ACT_MODES
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # Long-block policy: blocks up to MAX_TILE_BLOCK elements are held whole in registers (one read of x);
 # longer ones take the two-pass row kernel with ROW_CH-element chunks and ROW_WARPS warps.
-# Tuned by scripts/bench_int8.py (act-quant variants), see benchmarks/int8_notes.md.
+# Tuned by tools/bench/int8.py (act-quant variants), see docs/design.md.
 LONG_BLOCK = {"MAX_TILE_BLOCK": 4096, "ROW_CH": 8192, "ROW_WARPS": 8}
 
 
@@ -158,7 +158,7 @@ def _act_quant_row_kernel(x_ptr, q_ptr, s_ptr, o_ptr, sum_ptr, K, G, B, stride_x
 
 def act_quant(x: torch.Tensor, block_size: int = -1, mode: str = "sym", out=None):
     """Quantize x [M, K] (fp16 / bf16 / fp32, CUDA or interpreter, unit stride along K) per token and per
-    block of ``block_size`` along K (-1: whole K). mode: "sym" (q8_1) or "asym" (seed 000's QuantA).
+    block of ``block_size`` along K (-1: whole K). mode: "sym" (q8_1) or "asym" (min / max with an offset).
 
     Returns (q int8 [M, K], scales f32 [M, G], offsets f32 [M, G], sums int32 [M, G]); equal to
     mixgemm.formats.activation.quantize_activation. ``out``: optional preallocated 4-tuple of the same.

@@ -1,4 +1,4 @@
-"""INT8-activation implicit-GEMM convolution (issue 8, deliver 2: "an INT8-activation variant").
+"""INT8-activation implicit-GEMM convolution (int8 activations quantized on the fly).
 
 y = conv2d(x, W) with x quantized per output-pixel-independent *input pixel* and per block of ``ABLK`` input
 channels (mixgemm.kernels.triton.act_quant on the channels_last [B*H*W, Ci] view: x[p, c] ~= qa * sA + oA of

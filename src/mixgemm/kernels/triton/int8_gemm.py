@@ -1,6 +1,6 @@
 """Integer tensor-core GEMMs for quantized activations (Triton): W8A8 / W4A8 block-wise and static INT8.
 
-C[m, n] = sum over K-blocks i of  sA sB Cq_i + sA mB sum(qA_i) + oA sB sum(cB_i) + g oA mB   (seed 000)
+C[m, n] = sum over K-blocks i of  sA sB Cq_i + sA mB sum(qA_i) + oA sB sum(cB_i) + g oA mB
 
 with A = qA sA + oA per (token, block), B = cB sB + mB per (channel, block) (int8_layout's signed codes).
 One kernel: int8 x int8 -> int32 ``tl.dot`` inside each K-block, folded into an fp32 accumulator with
@@ -317,7 +317,7 @@ def _num_sms(device) -> int:
     return _NUM_SMS[idx]
 
 
-# Chosen from the sweeps in scripts/bench_int8.py (H200, triton 3.6; see benchmarks/int8_notes.md).
+# Chosen from the sweeps in tools/bench/int8.py (H200, triton 3.6; see docs/design.md).
 SMALL_M_CTAS_PER_SM = 6
 
 
