@@ -16,6 +16,7 @@ File format (JSON): {"version": 1, "gpu": name, "entries": {bucket key: {"config
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -57,7 +58,12 @@ def bucket_key(problem, entry_name: str) -> str:
 
 def default_path(gpu_name: str) -> str:
     """$MIXGEMM_TUNING_CACHE, else ~/.cache/mixgemm/tuning/<gpu-slug>.json."""
-    env = os.environ.get(ENV)
+    return _path(os.environ.get(ENV), os.environ.get("HOME"), gpu_name)
+
+
+@functools.lru_cache(maxsize=16)
+def _path(env: str | None, home: str | None, gpu_name: str) -> str:
+    # cached on what it reads: the registry asks on every choice of a tunable entry
     if env:
         return env
     from mixgemm.bench.protocol import gpu_slug
