@@ -6,9 +6,14 @@
   usable in hypothesis tests.
 * ``@pytest.mark.gpu``: such tests are skipped when torch.cuda.is_available() is False.
 * hypothesis profile "mixgemm": no example database (nothing written to .hypothesis/), no deadline.
+* MIXGEMM_TUNING_CACHE points at a file that does not exist: the tests see the untuned dispatch, whatever
+  `mixgemm tune` wrote on this machine (tests/test_tuning.py points it at its own files).
 """
 
 from __future__ import annotations
+
+import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -18,6 +23,8 @@ from hypothesis import settings
 # No example database: keeps .hypothesis/ out of the working tree; examples come from the seeds in each test.
 settings.register_profile("mixgemm", database=None, deadline=None)
 settings.load_profile("mixgemm")
+os.environ["MIXGEMM_TUNING_CACHE"] = os.path.join(tempfile.gettempdir(), f"mixgemm-tests-{os.getpid()}",
+                                                  "no-tuning-cache.json")
 
 
 def _rel_err(a, b) -> float:

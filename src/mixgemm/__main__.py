@@ -1,17 +1,19 @@
-"""`python -m mixgemm [demo|bench|report] ...` (also the `mixgemm` console script).
+"""`python -m mixgemm [demo|bench|tune|report] ...` (also the `mixgemm` console script).
 
 demo (the default when no subcommand is given): quantize a layer and show bytes, error and speed.
-bench: the scoreboard (benchmark protocol). report: render each GPU's quick run (benchmarks/results) into README.md.
+bench: the scoreboard (benchmark protocol). tune: measure candidate kernel configs for a model's layers on this GPU
+(per-GPU tuning cache). report: render each GPU's quick run (benchmarks/results) into README.md.
 """
 
 from __future__ import annotations
 
 import sys
 
-USAGE = """usage: mixgemm [demo|bench|report] [options]
+USAGE = """usage: mixgemm [demo|bench|tune|report] [options]
 
   demo    quantize an LLM layer, report bytes/error, time it beside fp16 cuBLAS (default)
   bench   the scoreboard: mixgemm vs cuBLAS/tinygemm/int_mm/gemlite per the benchmark protocol
+  tune    measure candidate kernel configs for a model's layer shapes on this GPU, write the tuning cache
   report  render each GPU's quick run (benchmarks/results) into a Markdown table (--write updates README.md)
 
 `mixgemm COMMAND --help` for the options of each."""
@@ -32,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         from mixgemm.bench import cli
 
         return cli.main(rest)
+    if cmd == "tune":
+        from mixgemm.bench import tune
+
+        return tune.main(rest)
     if cmd == "report":
         from mixgemm.bench import report
 

@@ -139,6 +139,46 @@ def _gemv_complete(p: Problem, forced: dict) -> dict:
     return simt_override(forced)
 
 
+def one_axis_variants(base: dict, axes: dict, legal) -> list[dict]:
+    """Tuning candidates: ``base`` with one key of ``axes`` ({key: values}) changed at a time, kept where
+    ``legal(config)``; no duplicates, base itself left out (the tuner times it as the default)."""
+    out: list[dict] = []
+    for key, values in axes.items():
+        for v in values:
+            cfg = {**base, key: v}
+            if cfg != base and cfg not in out and legal(cfg):
+                out.append(cfg)
+    return out
+
+
+def _pow2_neighbours(v: int, lo: int, hi: int) -> list[int]:
+    return [x for x in (v // 2, v * 2) if lo <= x <= hi]
+
+
+def _gemv_mma_candidates(p: Problem) -> list[dict]:
+    from mixgemm.kernels.cuda.gemv import WARPS, mma_k_tiles
+
+    base = _gemv_mma_config(p)
+    kt = mma_k_tiles(p.bits, p.k)
+    # the choose_mma_config space: KS a power of two <= 16 with kt >= 2 KS, RG = 8 warps / KS; U 1 or 2 k-tiles
+    out = [{**base, "KS": ks, "RG": max(1, WARPS // ks)} for ks in _pow2_neighbours(base["KS"], 1, 16)
+           if kt >= 2 * ks]
+    return out + one_axis_variants(base, {"U": (1, 2)}, lambda c: True)
+
+
+def _gemv_candidates(p: Problem) -> list[dict]:
+    from mixgemm.kernels.cuda.gemv import WARPS
+
+    base = _gemv_config(p)
+    if any(base.get(k, 0) for k in ("BULK", "PST", "BPF")) or base["RG"] * base["KS"] != WARPS:
+        return []  # a hand-tuned special tile (bulk ring, persistent grid): not varied
+    # the choose_config space: KS a power of two <= 8 with RG = 8 warps / KS; at M = 1 R 2 or 4 and U 1 or 2
+    out = [{**base, "KS": ks, "RG": WARPS // ks} for ks in _pow2_neighbours(base["KS"], 1, WARPS)]
+    if p.m == 1:
+        out += one_axis_variants(base, {"R": (2, 4), "U": (1, 2)}, lambda c: True)
+    return out
+
+
 def _run_gemv_mma(x2d, qw, bias, lo, hi, config):
     from mixgemm.kernels.cuda.gemv import gemv_mma
 
@@ -177,6 +217,34 @@ def _wgmma_config(p: Problem) -> dict:
     return cfg
 
 
+def _wgmma_candidates(p: Problem) -> list[dict]:
+    from mixgemm.kernels.cuda.gemm_wgmma import auto_split, stage_bytes, tile_error
+
+    base = _wgmma_config(p)
+    bits, bm = p.bits, int(base["BM"])
+    scl = p.qw.scales.element_size() if p.qw is not None else 2
+
+    def legal(cfg: dict) -> bool:
+        if tile_error(cfg) is not None:
+            return False
+        # stages that do not fit would be cut back at launch (fit=True) and time the default's depth again
+        sb = stage_bytes(int(cfg["BM"]), int(cfg.get("NWG", 2)), bits, scl, p.mode, p.group_size == 32,
+                         int(cfg.get("KT", 1)), int(cfg.get("TMA", 1)))
+        return int(cfg.get("STAGES", 4)) * sb + 1024 <= p.device.smem_optin
+
+    def with_bm(v: int) -> dict:
+        cfg = {**base, "BM": v}
+        cfg["SPLIT"] = auto_split(p.m, p.n, p.k, cfg, p.device.sm_count)
+        return cfg
+
+    stages = int(base.get("STAGES", 4))
+    out = [c for c in (with_bm(v) for v in _pow2_neighbours(bm, 8, 256)) if legal(c)]
+    axes = {"STAGES": (stages - 1, stages + 1), "GROUP_M": (1, 8)}
+    if not int(base.get("SK", 0)):  # stream-K ignores SPLIT
+        axes["SPLIT"] = (1, 2, 4, 8)
+    return out + [c for c in one_axis_variants(base, axes, legal) if c not in out]
+
+
 def _run_wgmma(x2d, qw, bias, lo, hi, config):
     from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
 
@@ -207,6 +275,21 @@ def _triton_config(p: Problem) -> dict:
     return cfg
 
 
+def _triton_candidates(p: Problem) -> list[dict]:
+    from mixgemm.kernels.triton.gemm import auto_split, tile_error
+
+    base = _triton_config(p)
+
+    def resplit(cfg: dict) -> dict:
+        return {**cfg, "SPLIT_K": auto_split(p.m, p.n, p.k, cfg, p.device.sm_count, p.bits)}
+
+    tiles = [resplit({**base, "BM": v}) for v in _pow2_neighbours(int(base["BM"]), 16, 128)]
+    tiles += [resplit({**base, "BN": v}) for v in _pow2_neighbours(int(base["BN"]), 32, 256)]
+    out = [c for c in tiles if tile_error(c) is None]
+    axes = {"num_stages": (2, 3, 4), "num_warps": (4, 8), "SPLIT_K": (1, 2, 4)}
+    return out + [c for c in one_axis_variants(base, axes, lambda c: tile_error(c) is None) if c not in out]
+
+
 def _run_triton(x2d, qw, bias, lo, hi, config):
     from mixgemm.kernels.triton.gemm import gemm
 
@@ -216,15 +299,15 @@ def _run_triton(x2d, qw, bias, lo, hi, config):
 ENTRIES = (
     KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma,
                 Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1"),
-                "tensor-core GEMV, M <= 16", _gemv_mma_complete),
+                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
                 Layout.lazy("gemv_v1", "mixgemm.formats.layouts", "build_gemv_v1"), "CUDA-core GEMV, M <= 16",
-                _gemv_complete),
+                _gemv_complete, _gemv_candidates),
     KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma,
                 Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1"),
-                "Hopper wgmma GEMM, any M"),
+                "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates),
     KernelEntry("triton_gemm", "linear", _triton_can_run, _triton_config, _run_triton,
                 Layout.lazy("triton_gemm_v1_ks16", "mixgemm.kernels.triton.layout", "get_layout"),
-                "Triton tensor-core GEMM, any M"),
+                "Triton tensor-core GEMM, any M", candidates=_triton_candidates),
 )
 register("linear", ENTRIES)

@@ -8,7 +8,9 @@ An entry (:class:`KernelEntry`) says
 * ``layout``: the QuantizedWeight layout it reads (name and builder), for the memory accounting;
 * ``config(problem) -> dict | None``: the config it is handed (from mixgemm.tuning or the kernel's rule);
 * ``run``: the launch, with the op's own argument list (mixgemm.kernels.linear / a8 / conv say which);
-* ``complete``: how a config forced through kernel_options is completed (e.g. a partial tile).
+* ``complete``: how a config forced through kernel_options is completed (e.g. a partial tile);
+* ``candidates(problem) -> list[dict]`` (tunable entries only): a small set of legal configs beside the default,
+  which `mixgemm tune` times (mixgemm.tuning.cache holds what it measured faster; the config step uses it).
 
 Ops (``Problem.op``): "linear" (weight-only, x float), "linear_a8" (activations quantized to int8), "conv". The
 dispatcher (:func:`choose`) walks the op's list and takes the first entry that can run; :func:`explain` returns
@@ -176,6 +178,8 @@ class KernelEntry:
     doc: str = ""
     # a config forced through kernel_options -> the config handed to run (completes partial configs); default: as is
     complete: Callable[[Problem, dict], dict] | None = None
+    # a small set of legal configs besides the default for `mixgemm tune` (None: not tunable)
+    candidates: Callable[[Problem], list[dict]] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,13 +191,15 @@ class Choice:
     config: dict | None
     declined: tuple[tuple[str, str], ...] = ()
     problem: Problem | None = None
+    config_source: str = ""  # where the config came from when not the entry's own rule (kernel_options, a cache file)
 
     @property
     def kernel(self) -> str:
         return self.entry.name
 
     def __str__(self) -> str:
-        lines = [f"{self.entry.op}: {self.entry.name} with config {self.config}"]
+        lines = [f"{self.entry.op}: {self.entry.name} with config {self.config}"
+                 + (f" (from {self.config_source})" if self.config_source else "")]
         lines += [f"  {name} declined: {why}" for name, why in self.declined]
         return "\n".join(lines)
 
@@ -244,7 +250,8 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
     for e in forced:
         d = e.can_run(problem)
         if d.ok or d.soft:
-            return Choice(e, _config(e, problem, opts), tuple(declined), problem)
+            cfg, source = _config(e, problem, opts)
+            return Choice(e, cfg, tuple(declined), problem, source)
         declined.append((e.name, d.reason))
     if forced:
         raise NoKernel(f"forced kernel cannot run this {problem.op} problem: "
@@ -255,18 +262,29 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
             continue
         d = e.can_run(problem)
         if d.ok:
-            return Choice(e, _config(e, problem, opts), tuple(declined), problem)
+            cfg, source = _config(e, problem, opts)
+            return Choice(e, cfg, tuple(declined), problem, source)
         declined.append((e.name, d.reason))
     raise NoKernel(f"no kernel takes this {problem.op} problem (m={problem.m}, n={problem.n}, k={problem.k}, "
                    f"{problem.bits}-bit, group {problem.group_size}, x {problem.x_dtype}): "
                    + "; ".join(f"{n}: {r}" for n, r in declined))
 
 
-def _config(e: KernelEntry, problem: Problem, opts: KernelOptions) -> dict | None:
+def _config(e: KernelEntry, problem: Problem, opts: KernelOptions) -> tuple[dict | None, str]:
+    """The config handed to the chosen entry and where it came from: kernel_options(configs=...), else the tuning
+    cache's entry for the problem's bucket (mixgemm.tuning.cache), else the entry's own rule ("")."""
+    from mixgemm.tuning import cache
+
     forced = opts.configs.get(e.name)
+    source = "kernel_options(configs=...)"
+    if forced is None and e.candidates is not None:
+        hit = cache.lookup(problem, e.name)
+        if hit is not None:
+            forced, path = hit
+            source = f"tuning cache {path}"
     if forced is None:
-        return e.config(problem)
-    return e.complete(problem, dict(forced)) if e.complete is not None else dict(forced)
+        return e.config(problem), ""
+    return (e.complete(problem, dict(forced)) if e.complete is not None else dict(forced)), source
 
 
 def _names(v: str | Iterable[str] | None) -> frozenset:

@@ -286,6 +286,30 @@ def tail_rows(m: int, n: int, cfg: dict, sms: int) -> tuple[int, int]:
     return n0, int(split)
 
 
+def tile_error(cfg: dict) -> str | None:
+    """Why the tile config cannot run (None when it can): the launch's own check, also used to keep tuning
+    candidates legal. Shared-memory fit is checked at launch (it depends on the weight's layout)."""
+    bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
+    inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
+    sk, fold_req, cluster = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0)), int(cfg.get("CLUSTER", 0))
+    serial = int(cfg.get("SERIAL", 0))
+    pdl_req = int(cfg.get("PDL", int(not sk)))
+    ws_req = int(cfg.get("WS", 0))
+    min_stages = 2 + -(-inflight // ktile)
+    if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
+            or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
+            or sk not in (0, 1, 2) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)
+            or serial not in (0, 1) or (serial and cluster) or pdl_req not in (0, 1) or ws_req not in (0, 1)
+            or (ws_req and (not tma or int(cfg.get("MINB", 1)) != 1))):
+        return (f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
+                f"SK={sk} FOLD={fold_req} CLUSTER={cluster} SERIAL={serial}: BM in 8..256 (multiple of 8), NWG 1..4, "
+                "INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), "
+                "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0, 1 or 2 (1, 2 with TMA 1), FOLD 0 or 1, CLUSTER 0 or 1, "
+                "SERIAL 0 or 1 (not with CLUSTER 1), PDL 0 or 1, "
+                "WS 0 or 1 (1 with TMA 1 and MINB 1: with the producer warp, two CTAs per SM lack registers)")
+    return None
+
+
 def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tensor, bias, lo: float, hi: float,
             cfg: dict, fit: bool, props, row0: int) -> torch.Tensor:
     """One launch into y [M, N'] = the output columns of weight rows [row0, row0 + N') (row0: a multiple of 128)."""
@@ -298,19 +322,9 @@ def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.
     pdl_req = int(cfg.get("PDL", int(not sk)))
     ws_req = int(cfg.get("WS", 0))
     min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
-    if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
-            or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
-            or sk not in (0, 1, 2) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)
-            or serial not in (0, 1) or (serial and cluster) or pdl_req not in (0, 1) or ws_req not in (0, 1)
-            or (ws_req and (not tma or int(cfg.get("MINB", 1)) != 1))):
-        raise ValueError(f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
-                         f"SK={sk} FOLD={fold_req} CLUSTER={cluster} SERIAL={serial}: BM in 8..256 (multiple of 8), "
-                         "NWG 1..4, "
-                         "INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), "
-                         "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0, 1 or 2 (1, 2 with TMA 1), FOLD 0 or 1, "
-                         "CLUSTER 0 or 1, "
-                         "SERIAL 0 or 1 (not with CLUSTER 1), PDL 0 or 1, "
-                         "WS 0 or 1 (1 with TMA 1 and MINB 1: with the producer warp, two CTAs per SM lack registers)")
+    why = tile_error(cfg)
+    if why:
+        raise ValueError(why)
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32

@@ -223,6 +223,14 @@ def _check(x2d: torch.Tensor, qw: QuantizedWeight):
         raise ValueError("the Triton GEMM needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter)")
 
 
+def tile_error(cfg: dict) -> str | None:
+    """Why the tile config cannot run (None when it can); also keeps tuning candidates legal."""
+    bm, bn, kch = cfg["BM"], cfg["BN"], cfg.get("KCH", 1)
+    if bn > N_ALIGN or N_ALIGN % bn or kch not in (1, 2) or bm < 16 or bm % 16:
+        return f"bad tile BM={bm} BN={bn} KCH={kch}: BN must divide 256, KCH be 1 or 2, BM >= 16"
+    return None
+
+
 def gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
          config: dict | None = None) -> torch.Tensor:
     """clamp(x2d @ dequant(qw).T + bias, lo, hi) in x2d.dtype (see the module docstring)."""
@@ -236,9 +244,10 @@ def gemm(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
         config = default_config(m, n, k, qw.bits, qw.num_groups == 1, num_sms(x2d.device))
     cfg = dict(config)
     lay: TritonGemmLayout = get_layout(qw, cfg.get("KS", DEFAULT_KS))
+    why = tile_error(cfg)
+    if why:
+        raise ValueError(why)
     bm, bn, kch = cfg["BM"], cfg["BN"], cfg.get("KCH", 1)
-    if bn > N_ALIGN or N_ALIGN % bn or kch not in (1, 2) or bm < 16 or bm % 16:
-        raise ValueError(f"bad tile BM={bm} BN={bn} KCH={kch}: BN must divide 256, KCH be 1 or 2, BM >= 16")
     bk = chunk_k(lay.bits, lay.ks) * kch
     kt = math.ceil(k / bk)
     if cfg.get("SPLIT_K", 1) == "auto":

@@ -1,0 +1,324 @@
+"""`mixgemm tune`: measure the registry entries' candidate configs on this GPU for a model's layer shapes and write
+the per-GPU tuning cache (mixgemm.tuning.cache) that the dispatcher reads.
+
+For each (layer shape, M, weight format) the registry says which entry runs the problem and what config it is
+handed today (the default); the entry's candidates (KernelEntry.candidates) are checked once against the float64
+reference (a wrong one is dropped, loudly), then the default and the candidates are timed in rounds with the
+benchmark protocol's graph timing over rotating layer copies (mixgemm.bench.protocol). A bucket gets a cache entry
+only when its best candidate beats the default by more than the margin and more than the measured spread
+(:func:`pick`): tuning can only make a measured shape faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+import mixgemm.quantize_api as qapi
+
+WEIGHT_ONLY = {"W4A16": qapi.W4A16, "W8A16": qapi.W8A16}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+NO_GPU = "mixgemm tune measures kernels on a CUDA GPU and none is available here: there is nothing to tune on a CPU"
+
+
+@dataclass
+class Timed:
+    config: dict
+    times_us: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times_us)
+
+    @property
+    def spread(self) -> float:
+        """Run-to-run spread relative to the median: (max - min) / median."""
+        return (max(self.times_us) - min(self.times_us)) / self.median
+
+
+@dataclass
+class Verdict:
+    best: Timed | None  # the candidate to cache, None to keep the default
+    reason: str
+
+
+def pick(default: Timed, candidates: list[Timed], margin: float) -> Verdict:
+    """The candidate that beats the default clearly, or none: its median must be faster by more than ``margin``
+    (a fraction) and by more than the spread of either measurement, and its slowest run faster than the default's
+    fastest."""
+    if not candidates:
+        return Verdict(None, "no candidate")
+    best = min(candidates, key=lambda t: t.median)
+    gain = 1.0 - best.median / default.median
+    noise = max(default.spread, best.spread)
+    if gain <= margin:
+        return Verdict(None, f"best candidate {gain:+.1%} against the default (needs > {margin:.0%})")
+    if gain <= noise or max(best.times_us) >= min(default.times_us):
+        return Verdict(None, f"best candidate {gain:+.1%} within the run-to-run spread ({noise:.1%})")
+    return Verdict(best, f"{gain:+.1%} against the default (spread {noise:.1%})")
+
+
+def tune_bucket(default_config: dict, candidates: list[dict], time_us: Callable[[dict], float],
+                check: Callable[[dict], str | None], rounds: int = 3, margin: float = 0.03,
+                log: Callable[[str], None] = print) -> tuple[Timed, Verdict]:
+    """Check each candidate (check(config) -> None when its output matches the reference, else why not; a failing
+    one is dropped with a message), time the default and the survivors in ``rounds`` interleaved rounds
+    (time_us(config) -> us), and :func:`pick`."""
+    ok = []
+    for cfg in candidates:
+        why = check(cfg)
+        if why is None:
+            ok.append(Timed(dict(cfg)))
+        else:
+            log(f"DROPPED candidate {cfg}: {why}")
+    default = Timed(dict(default_config))
+    for _ in range(rounds):
+        for t in (default, *ok):
+            t.times_us.append(time_us(t.config))
+    return default, pick(default, ok, margin)
+
+
+def confirm(default_config: dict, winner: dict, time_us: Callable[[dict], float], check: Callable[[dict], str | None],
+            rounds: int = 3, log: Callable[[str], None] = print) -> bool:
+    """Whether a bucket's cached config still holds on another shape of the bucket: its output is right and its
+    median time is below the default's there."""
+    why = check(winner)
+    if why is not None:
+        log(f"DROPPED the bucket's config {winner}: {why}")
+        return False
+    d, w = Timed(dict(default_config)), Timed(dict(winner))
+    for _ in range(rounds):
+        for t in (d, w):
+            t.times_us.append(time_us(t.config))
+    return w.median < d.median
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+@dataclass(frozen=True)
+class Job:
+    k: int
+    n: int
+    m: int
+    fmt: str  # a WEIGHT_ONLY name
+    x_dtype: torch.dtype
+    layers: str = ""  # which model layers have this shape (for the log)
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'4096x4096,4096x14336' -> [(K, N), ...] (K = in_features, N = out_features)."""
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        parts = item.lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--shapes {item!r}: write each shape as KxN with positive integers (K in, N out)")
+        out.append((int(parts[0]), int(parts[1])))
+    if not out:
+        raise ValueError("--shapes: no shape given")
+    return out
+
+
+def parse_formats(text: str) -> list[str]:
+    names = [s.strip().upper() for s in text.split(",") if s.strip()]
+    for nm in names:
+        if nm not in WEIGHT_ONLY:
+            raise ValueError(f"--formats {nm}: tune covers the weight-only formats {', '.join(WEIGHT_ONLY)} (the "
+                             "int8-activation entries have no candidates yet)")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mixgemm tune", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", nargs="+", help="config.json path(s), folders holding one, names of the committed "
+                     "list, or 'all' (mixgemm bench --model's list)")
+    src.add_argument("--shapes", nargs="+", help="KxN,... (K in_features, N out_features)")
+    p.add_argument("-m", nargs="+", type=int, default=[1, 16, 256], help="token counts M (default 1 16 256)")
+    p.add_argument("--formats", default="W4A16,W8A16", help="weight formats (default W4A16,W8A16)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="activation dtype (default fp16)")
+    p.add_argument("--out", help="cache file (default $MIXGEMM_TUNING_CACHE or ~/.cache/mixgemm/tuning/<gpu>.json)")
+    p.add_argument("--time-budget", type=float, default=None, help="stop starting new buckets after S seconds")
+    p.add_argument("--margin", type=float, default=0.03, help="required gain over the default (default 0.03)")
+    p.add_argument("--rounds", type=int, default=3, help="timing rounds per config (default 3)")
+    return p
+
+
+def jobs_from_args(args) -> list[Job]:
+    from mixgemm.bench import models
+
+    if args.shapes:
+        shapes = {s: "" for s in parse_shapes(",".join(args.shapes))}
+    else:
+        grouped = models.model_layers(models.resolve(args.model))
+        shapes = {s: models.shape_label(layers) for s, layers in grouped.items()}
+    if any(m < 1 for m in args.m):
+        raise ValueError(f"-m: token counts must be >= 1, got {args.m}")
+    fmts = parse_formats(args.formats)
+    return [Job(k, n, m, f, DTYPES[args.dtype], label) for (k, n), label in shapes.items() for f in fmts
+            for m in sorted(set(args.m))]
+
+
+def _reference_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    from mixgemm.bench.runner import rel_err
+
+    return rel_err(y, ref)
+
+
+@dataclass
+class LayerCopies:
+    """One layer's random quantized weight and its copies (together over 3x L2), kept while the jobs of that
+    (shape, format) run: the jobs are ordered shape, format, then M."""
+
+    key: tuple
+    weights: list
+    w64: torch.Tensor  # the dequantized weight (float64), for the reference
+
+
+def _layer(job: Job, l2: int) -> LayerCopies:
+    from mixgemm.bench import protocol
+    from mixgemm.formats import dequantize_weight, quantize_weight
+
+    key = (job.k, job.n, job.fmt)
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(job.k * 7919 + job.n)
+    w = torch.randn(job.n, job.k, device=dev, generator=gen)
+    qw0 = quantize_weight(w, WEIGHT_ONLY[job.fmt]().weight_config())
+    copies = protocol.copies_for(qw0.nbytes(), l2)
+
+    def clone():
+        c = lambda t: None if t is None else t.clone()  # noqa: E731
+        return dataclasses.replace(qw0, qweight=c(qw0.qweight), scales=c(qw0.scales), zeros=c(qw0.zeros),
+                                   offsets=c(qw0.offsets), _layouts={})
+
+    return LayerCopies(key, [qw0] + [clone() for _ in range(copies - 1)], dequantize_weight(qw0, torch.float64))
+
+
+def _measure(job: Job, layer: LayerCopies):
+    """(problem, entry, default config, time_us, check) of one job on the GPU."""
+    from mixgemm.bench import protocol
+    from mixgemm.bench.methods import TOL
+    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.registry import choose
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(job.m)
+    x = torch.randn(job.m, job.k, device=dev, generator=gen).to(job.x_dtype)
+    ref = x.double() @ layer.w64.T
+    weights = layer.weights
+    qw0 = weights[0]
+    problem = linear_problem(job.m, qw0, job.x_dtype, dev)
+    chosen = choose(problem)
+    entry = chosen.entry
+    default = entry.config(problem)  # the entry's own rule: what the dispatcher picks without a tuning cache
+    ninf, inf = -math.inf, math.inf
+
+    def time_us(cfg: dict) -> float:
+        fns = [lambda q=q: entry.run(x, q, None, ninf, inf, cfg) for q in weights]
+        return protocol.graph_time_us(fns, warmup_ms=10, rep_ms=40)
+
+    def check(cfg: dict) -> str | None:
+        try:
+            y = entry.run(x, qw0, None, ninf, inf, cfg)
+        except Exception as e:  # a candidate that fails to compile or launch is dropped like a wrong one
+            return f"raised {type(e).__name__}: {e}"
+        err = _reference_error(y, ref)
+        tol = TOL[job.x_dtype]
+        return None if err <= tol else f"relative error {err:.3g} > {tol:.3g} against the float64 reference"
+
+    return problem, entry, default, time_us, check
+
+
+def _source(gpu: str, argv: list[str]) -> dict:
+    import mixgemm
+
+    return {"gpu": gpu, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "mixgemm": mixgemm.__version__, "command": "mixgemm tune " + shlex.join(argv)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        jobs = jobs_from_args(args)
+    except ValueError as e:
+        print(f"mixgemm tune: {e}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print(f"mixgemm tune: {NO_GPU}", file=sys.stderr)
+        return 2
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print("mixgemm tune: needs tqdm for its progress bar (pip install tqdm, or mixgemm[gpu])", file=sys.stderr)
+        return 2
+
+    from mixgemm.bench import protocol
+    from mixgemm.tuning import cache as tcache
+
+    gpu = torch.cuda.get_device_name(0)
+    path = args.out or tcache.default_path(gpu)
+    cache = tcache.load(path)
+    if cache is None or cache.gpu != gpu:
+        cache = tcache.TuningCache(gpu, path)
+    source = _source(gpu, argv)
+    l2 = protocol.l2_bytes()
+    t0 = time.monotonic()
+    done: dict[str, dict | None] = {}  # bucket -> the config cached for it in this run (None: the default kept)
+    improved = 0
+    layer = None
+    bar = tqdm(jobs, desc="mixgemm tune", unit="bucket")
+    for job in bar:
+        if args.time_budget is not None and time.monotonic() - t0 > args.time_budget:
+            tqdm.write(f"time budget of {args.time_budget:g} s spent: {len(jobs) - bar.n} buckets left untuned")
+            break
+        if layer is None or layer.key != (job.k, job.n, job.fmt):
+            layer = None  # the previous layer's copies are freed before the next one's are made
+            torch.cuda.empty_cache()
+            layer = _layer(job, l2)
+        problem, entry, default, time_us, check = _measure(job, layer)
+        key = tcache.bucket_key(problem, entry.name)
+        bar.set_postfix_str(f"{job.fmt} K={job.k} N={job.n} M={job.m} {entry.name}")
+        why = check(default)
+        if why is not None:
+            tqdm.write(f"{key}: WRONG DEFAULT config {default} on {job.k}x{job.n} M={job.m}: {why}; not tuned")
+            cache.entries.pop(key, None)
+            done[key] = None
+            continue
+        if key in done:  # another shape of this run in a tuned bucket: the bucket's winner must hold here too
+            winner = done[key]
+            if winner is not None and not confirm(default, winner, time_us, check, args.rounds, tqdm.write):
+                cache.entries.pop(key, None)
+                done[key] = None
+                improved -= 1
+                tqdm.write(f"{key}: entry dropped: not faster than the default on {job.k}x{job.n} M={job.m}")
+            continue
+        done[key] = None
+        cands = entry.candidates(problem) if entry.candidates is not None else []
+        if not cands:
+            tqdm.write(f"{key}: {entry.name} has no candidates here; default kept")
+            continue
+        dflt, verdict = tune_bucket(default, cands, time_us, check, args.rounds, args.margin, tqdm.write)
+        if verdict.best is None:
+            cache.entries.pop(key, None)  # a re-run that no longer beats the default drops the old entry
+            tqdm.write(f"{key}: default kept ({dflt.median:.2f} us; {verdict.reason})")
+            continue
+        cache.put(key, verdict.best.config, dflt.median, verdict.best.median, {**source, "shape": f"{job.k}x{job.n}",
+                                                                              "m": job.m})
+        done[key] = verdict.best.config
+        improved += 1
+        tqdm.write(f"{key}: {dflt.median:.2f} -> {verdict.best.median:.2f} us ({verdict.reason}): "
+                   f"{verdict.best.config}")
+    bar.close()
+    written = tcache.save(cache, path)
+    print(f"mixgemm tune: {improved} bucket(s) improved, {len(cache.entries)} entries in {written}")
+    return 0

@@ -1,0 +1,167 @@
+"""The per-GPU tuning cache that `mixgemm tune` writes and the registry reads (mixgemm.kernels.registry).
+
+Where: ``$MIXGEMM_TUNING_CACHE`` when set, else ``~/.cache/mixgemm/tuning/<gpu-slug>.json`` (the slug of the GPU's
+name, mixgemm.bench.protocol.gpu_slug). Read once per process (:func:`reload` reads it again; plans a weight has
+already made keep their config).
+
+Keys are buckets, never exact shapes: a problem falls into the bucket of (op, weight format, activation dtype, entry
+name, K bucket, N bucket, M bucket), K and N on a half-octave grid (round(2 log2 K)), M on the tables' power-of-two
+grid (mixgemm.tuning.m_bucket). Each entry holds the config, the measured times (default and tuned) and where it came
+from (GPU, date, mixgemm version, the command). The registry uses an entry only for the entry it names, only on the
+GPU the file was measured on, and an explicit ``kernel_options(configs=...)`` still wins.
+
+File format (JSON): {"version": 1, "gpu": name, "entries": {bucket key: {"config": {...}, "default_us": t,
+"tuned_us": t, "source": {...}}}}. A file that cannot be read or parsed gives a warning and is ignored.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from mixgemm.tuning import m_bucket
+
+VERSION = 1
+ENV = "MIXGEMM_TUNING_CACHE"
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def half_octave(v: int) -> int:
+    """The half-octave bucket of a positive size: round(2 log2 v) (4096 -> 24, 5120 -> 25, 6144 -> 25)."""
+    if v < 1:
+        raise ValueError(f"a layer size must be positive, got {v}")
+    return round(2 * math.log2(v))
+
+
+def format_key(bits: int, group_size: int, num_groups: int, mode: str) -> str:
+    """``w4g128-sym`` / ``w8pc-zero_point``: the weight format a bucket is measured with."""
+    grouping = "pc" if num_groups == 1 else f"g{group_size}"
+    return f"w{bits}{grouping}-{mode}"
+
+
+def bucket_key(problem, entry_name: str) -> str:
+    """The cache key of a registry Problem for ``entry_name``: op, weight format, activation dtype, entry, then K, N
+    (half-octave buckets) and M (power-of-two bucket)."""
+    p = problem
+    dtype = _DTYPES.get(p.x_dtype, str(p.x_dtype).replace("torch.", ""))
+    fmt = format_key(p.bits, p.group_size, p.num_groups, p.mode)
+    extra = f"/{p.act_mode}{'-token' if p.per_token else ''}" if p.op == "linear_a8" else ""
+    return (f"{p.op}{extra}/{fmt}/{dtype}/{entry_name}/k{half_octave(p.k)}/n{half_octave(p.n)}"
+            f"/m{m_bucket(max(p.m, 1))}")
+
+
+def default_path(gpu_name: str) -> str:
+    """$MIXGEMM_TUNING_CACHE, else ~/.cache/mixgemm/tuning/<gpu-slug>.json."""
+    return _path(os.environ.get(ENV), os.environ.get("HOME"), gpu_name)
+
+
+@functools.lru_cache(maxsize=16)
+def _path(env: str | None, home: str | None, gpu_name: str) -> str:
+    # cached on what it reads: the registry asks on every choice of a tunable entry
+    if env:
+        return env
+    from mixgemm.bench.protocol import gpu_slug
+
+    return os.path.join(os.path.expanduser("~"), ".cache", "mixgemm", "tuning", f"{gpu_slug(gpu_name)}.json")
+
+
+@dataclass
+class TuningCache:
+    gpu: str
+    path: str = ""
+    entries: dict = field(default_factory=dict)
+
+    def lookup(self, problem, entry_name: str) -> dict | None:
+        """A copy of the tuned config of the problem's bucket for ``entry_name``, or None."""
+        hit = self.entries.get(bucket_key(problem, entry_name))
+        return dict(hit["config"]) if hit else None
+
+    def put(self, key: str, config: dict, default_us: float, tuned_us: float, source: dict) -> None:
+        self.entries[key] = {"config": dict(config), "default_us": round(default_us, 3),
+                             "tuned_us": round(tuned_us, 3), "source": dict(source)}
+
+    def to_json(self) -> dict:
+        return {"version": VERSION, "gpu": self.gpu, "entries": dict(sorted(self.entries.items()))}
+
+
+def _validate(data, path: str) -> TuningCache:
+    if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("gpu"), str):
+        raise ValueError(f"not a version-{VERSION} mixgemm tuning cache (needs 'version', 'gpu', 'entries')")
+    entries = data.get("entries")
+    if not isinstance(entries, dict):
+        raise ValueError("'entries' must be an object")
+    for key, val in entries.items():
+        if not isinstance(val, dict) or not isinstance(val.get("config"), dict):
+            raise ValueError(f"entry {key!r} has no 'config' object")
+    return TuningCache(data["gpu"], path, dict(entries))
+
+
+def load(path: str) -> TuningCache | None:
+    """The cache at ``path``; None when there is no file. A corrupt file warns and gives None (never raises)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return _validate(json.load(f), path)
+    except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        warnings.warn(f"mixgemm: ignoring the tuning cache {path}: {e}", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def save(cache: TuningCache, path: str | None = None) -> str:
+    """Write the cache (atomically: a temporary file renamed over the old one); returns the path."""
+    path = path or cache.path or default_path(cache.gpu)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(cache.to_json(), f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    cache.path = path
+    return path
+
+
+_LOADED: dict[str, TuningCache | None] = {}
+_WARNED: set = set()
+
+
+def for_gpu(gpu_name: str) -> TuningCache | None:
+    """The cache this process uses for a GPU (read on first use; None when absent, corrupt, or measured on another
+    GPU -- that one warns once)."""
+    path = default_path(gpu_name)
+    if path not in _LOADED:
+        _LOADED[path] = load(path)
+    cache = _LOADED[path]
+    if cache is None:
+        return None
+    if cache.gpu != gpu_name:
+        if (path, gpu_name) not in _WARNED:
+            _WARNED.add((path, gpu_name))
+            warnings.warn(f"mixgemm: ignoring the tuning cache {path} on {gpu_name}: it was measured on {cache.gpu}",
+                          RuntimeWarning, stacklevel=2)
+        return None
+    return cache
+
+
+def lookup(problem, entry_name: str) -> tuple[dict, str] | None:
+    """(config, cache file) for the problem's bucket and entry on its GPU, or None (CPU problems: None)."""
+    dev = problem.device
+    if not dev.is_cuda or not dev.name:
+        return None
+    cache = for_gpu(dev.name)
+    if cache is None:
+        return None
+    cfg = cache.lookup(problem, entry_name)
+    return (cfg, cache.path) if cfg is not None else None
+
+
+def reload() -> None:
+    """Forget the caches read so far: the next lookup reads the file again."""
+    _LOADED.clear()
+    _WARNED.clear()

@@ -1,0 +1,306 @@
+"""`mixgemm tune` and its cache (mixgemm.tuning.cache): the bucket keys, load / save / corrupt files, the registry's
+config step reading the cache (explain names the file; kernel_options(configs=...) still wins; without a cache the
+choices are the entries' own rules), the candidates' legality, the tuner's "only improve" rule with a fake timer,
+and the CLI without a GPU. GPU decisions are checked on the CPU against a DeviceInfo of an H100 (as test_registry)."""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+
+import mixgemm
+import mixgemm.__main__
+from mixgemm import QuantConfig, quantize_weight
+from mixgemm.bench import tune
+from mixgemm.kernels import linear as linear_entries
+from mixgemm.kernels.registry import DeviceInfo, choose, entries
+from mixgemm.tuning import cache as tcache
+
+H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+A100 = DeviceInfo("cuda", 0, (8, 0), 108, "NVIDIA A100-SXM4-80GB", 163 * 1024)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.setattr(linear_entries, "nvrtc_ok", lambda: True)
+    monkeypatch.setenv(tcache.ENV, str(tmp_path / "tuning.json"))
+    tcache.reload()
+    yield
+    tcache.reload()
+
+
+def _qw(n, k, bits=4, group_size=128, mode="sym", seed=0):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+    return quantize_weight(w, QuantConfig(bits=bits, group_size=group_size, mode=mode))
+
+
+def _problem(m, qw, dtype=torch.float16, device=H100):
+    return linear_entries.linear_problem(m, qw, dtype, device)
+
+
+# ------------------------------------------------------------------------------------------------ buckets
+def test_half_octave_buckets():
+    assert [tcache.half_octave(v) for v in (4096, 5120, 6887, 6889, 8192)] == [24, 25, 25, 26, 26]
+    with pytest.raises(ValueError, match="positive"):
+        tcache.half_octave(0)
+
+
+def test_every_shape_has_a_bucket_and_neighbours_share_it():
+    qw = _qw(64, 256)
+    rnd = random.Random(0)
+    for _ in range(200):
+        k, n, m = rnd.randint(1, 1 << 17), rnd.randint(1, 1 << 17), rnd.randint(1, 1 << 16)
+        key = tcache.bucket_key(replace(_problem(m, qw), k=k, n=n), "cuda_wgmma")
+        assert f"/k{tcache.half_octave(k)}/n{tcache.half_octave(n)}/" in key
+    p = _problem(16, qw)
+    base = tcache.bucket_key(replace(p, k=4096, n=14336), "cuda_wgmma")
+    # neighbouring layer sizes and token counts fall into the same bucket, so no key names one exact shape
+    assert tcache.bucket_key(replace(p, k=4160, n=14200, m=13), "cuda_wgmma") == base
+    assert tcache.bucket_key(replace(p, k=8192, n=14336), "cuda_wgmma") != base
+    assert tcache.bucket_key(replace(p, m=17, k=4096, n=14336), "cuda_wgmma") != base
+    assert tcache.bucket_key(replace(p, k=4096, n=14336), "triton_gemm") != base  # per entry
+    assert "4096" not in base and "14336" not in base
+    # the weight format and the activation dtype are part of the key
+    q8 = replace(_problem(16, _qw(64, 256, bits=8, group_size=-1)), k=4096, n=14336)
+    assert "/w8pc-sym/" in tcache.bucket_key(q8, "cuda_wgmma")
+    assert "/bf16/" in tcache.bucket_key(replace(p, k=4096, n=14336, x_dtype=torch.bfloat16), "cuda_wgmma")
+
+
+# ------------------------------------------------------------------------------------------- load / save
+def test_save_load_roundtrip_and_missing_file(tmp_path):
+    path = str(tmp_path / "sub" / "c.json")
+    assert tcache.load(path) is None
+    c = tcache.TuningCache(H100.name)
+    c.put("k1", {"BM": 64}, 10.0, 9.0, {"gpu": H100.name, "command": "mixgemm tune --shapes 4096x4096"})
+    assert tcache.save(c, path) == path
+    back = tcache.load(path)
+    assert back.gpu == H100.name and back.entries == c.entries and back.path == path
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"version": 1, "gpu": "x"}', '{"version": 99, "gpu": "x", '
+                                  '"entries": {}}', '{"version": 1, "gpu": "x", "entries": {"k": {"cfg": 1}}}'])
+def test_corrupt_file_warns_and_is_ignored(tmp_path, text):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.warns(RuntimeWarning, match="ignoring the tuning cache .*bad.json"):
+        assert tcache.load(str(path)) is None
+
+
+def test_corrupt_cache_does_not_break_dispatch(tmp_path, monkeypatch):
+    path = tmp_path / "bad.json"
+    path.write_text("{oops")
+    monkeypatch.setenv(tcache.ENV, str(path))
+    tcache.reload()
+    qw = _qw(2048, 2048)
+    with pytest.warns(RuntimeWarning, match="ignoring the tuning cache"):
+        c = choose(_problem(64, qw))
+    assert c.config == c.entry.config(_problem(64, qw)) and c.config_source == ""
+
+
+def test_default_path_uses_env_then_home(monkeypatch, tmp_path):
+    assert tcache.default_path(H100.name) == str(tmp_path / "tuning.json")
+    monkeypatch.delenv(tcache.ENV)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert tcache.default_path(H100.name) == str(tmp_path / ".cache/mixgemm/tuning/h100-80gb-hbm3.json")
+
+
+# ----------------------------------------------------------------------------------- the registry reads it
+GRID = [(m, n, k, bits, g, mode, dt, dev)
+        for m in (1, 3, 16, 64, 300, 4096) for (n, k) in ((2048, 2048), (28672, 256), (4096, 14336))
+        for bits, g, mode in ((4, 128, "sym"), (8, -1, "zero_point")) for dt in (torch.float16, torch.float32)
+        for dev in (H100, A100)]
+
+
+def _grid_problem(m, n, k, bits, g, mode, dt, dev):
+    """A problem of an N x K layer in the format of a small weight (the decisions read the format from it; quantizing
+    the full-size layers on the CPU would take most of the test's time)."""
+    p = _problem(m, _qw(128, 256, bits, g, mode), dt, dev)
+    return replace(p, n=n, k=k, group_size=k if g == -1 else g, num_groups=1 if g == -1 else k // g)
+
+
+def test_without_a_cache_the_choice_is_the_entry_rule():
+    for m, n, k, bits, g, mode, dt, dev in GRID:
+        p = _grid_problem(m, n, k, bits, g, mode, dt, dev)
+        c = choose(p)
+        assert c.config == c.entry.config(p) and c.config_source == "", (m, n, k, bits, dt, dev.name)
+
+
+def _write_cache(path, gpu, entries_):
+    c = tcache.TuningCache(gpu)
+    for key, cfg in entries_.items():
+        c.put(key, cfg, 10.0, 9.0, {"gpu": gpu, "command": "test"})
+    tcache.save(c, str(path))
+    tcache.reload()
+
+
+def test_cached_config_is_used_explained_and_overridden(tmp_path):
+    qw = _qw(2048, 2048)
+    p = _problem(64, qw)
+    assert choose(p).kernel == "cuda_wgmma"
+    tuned = {**choose(p).config, "STAGES": choose(p).config["STAGES"] + 1}
+    assert tuned != choose(p).config
+    _write_cache(tmp_path / "tuning.json", H100.name, {tcache.bucket_key(p, "cuda_wgmma"): tuned})
+    x = torch.empty(64, 2048, dtype=torch.float16)
+    c = mixgemm.explain(x, qw, device=H100)
+    assert c.kernel == "cuda_wgmma" and c.config == tuned
+    assert f"from tuning cache {tmp_path / 'tuning.json'}" in str(c)
+    # a neighbouring shape in the same bucket takes it too, another M bucket does not
+    assert mixgemm.explain(torch.empty(60, 2176, dtype=torch.float16), _qw(2000, 2176), device=H100).config == tuned
+    assert mixgemm.explain(torch.empty(200, 2048, dtype=torch.float16), qw, device=H100).config != tuned
+    with mixgemm.kernel_options(configs={"cuda_wgmma": {"BM": 32, "NWG": 2}}):
+        c = mixgemm.explain(x, qw, device=H100)
+        assert c.config == {"BM": 32, "NWG": 2} and "kernel_options" in str(c)
+    # the cache never changes which entry runs: with wgmma disabled, Triton runs with its own config
+    with mixgemm.kernel_options(disable="cuda_wgmma"):
+        c = mixgemm.explain(x, qw, device=H100)
+        assert c.kernel == "triton_gemm" and c.config_source == ""
+
+
+def test_cache_of_another_gpu_is_ignored(tmp_path):
+    qw = _qw(2048, 2048)
+    p = _problem(64, qw)
+    _write_cache(tmp_path / "tuning.json", A100.name, {tcache.bucket_key(p, "cuda_wgmma"): {"BM": 32}})
+    with pytest.warns(RuntimeWarning, match="measured on NVIDIA A100"):
+        assert choose(p).config == choose(p).entry.config(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per process
+        choose(p)
+
+
+def test_cache_read_once_until_reload(tmp_path):
+    qw = _qw(2048, 2048)
+    p = _problem(64, qw)
+    default = choose(p).config
+    path = tmp_path / "tuning.json"
+    tuned = {**default, "GROUP_M": 8}
+    c = tcache.TuningCache(H100.name)
+    c.put(tcache.bucket_key(p, "cuda_wgmma"), tuned, 10.0, 9.0, {})
+    tcache.save(c, str(path))  # written after this process looked (no file then): not seen until reload
+    assert choose(p).config == default
+    tcache.reload()
+    assert choose(p).config == tuned
+
+
+# ------------------------------------------------------------------------------------------- candidates
+def wgmma_tile_error(cfg):
+    from mixgemm.kernels.cuda.gemm_wgmma import tile_error
+
+    return tile_error(cfg)
+
+
+def triton_tile_error(cfg):
+    # imported late: the Triton module reads TRITON_INTERPRET when imported, which other test modules set when
+    # collected
+    from mixgemm.kernels.triton.gemm import tile_error
+
+    return tile_error(cfg)
+
+
+def test_candidates_are_small_legal_and_not_the_default():
+    seen = set()
+    for m, n, k, bits, g, mode, dt, dev in GRID:
+        p = _grid_problem(m, n, k, bits, g, mode, dt, dev)
+        e = choose(p).entry
+        cands = e.candidates(p)
+        default = e.config(p)
+        assert len(cands) <= 12 and default not in cands
+        assert all(cands.count(c) == 1 for c in cands)
+        for c in cands:
+            if e.name == "cuda_wgmma":
+                assert wgmma_tile_error(c) is None
+            elif e.name == "triton_gemm":
+                assert triton_tile_error(c) is None
+            else:
+                assert c["RG"] * c["KS"] == 8 or (e.name == "cuda_gemv_mma" and c["KS"] == 16 and c["RG"] == 1)
+        seen.add(e.name)
+        if cands:
+            seen.add(e.name + "+")
+    assert {"cuda_gemv", "cuda_gemv_mma", "cuda_wgmma", "triton_gemm"} <= {s.rstrip("+") for s in seen}
+    assert all(e.candidates is not None for e in entries("linear"))
+
+
+def test_tile_errors_reject_illegal_tiles():
+    assert wgmma_tile_error({"BM": 12}) and wgmma_tile_error({"BM": 64, "STAGES": 2, "INFLIGHT": 2})
+    assert wgmma_tile_error({"BM": 64, "NWG": 2, "STAGES": 4}) is None
+    assert triton_tile_error({"BM": 16, "BN": 96}) and triton_tile_error({"BM": 16, "BN": 128}) is None
+
+
+# ------------------------------------------------------------------------------------- only improve
+def _fake(times: dict):
+    """A timer that returns the next of each config's listed times."""
+    its = {json.dumps(k, sort_keys=True): iter(v) for k, v in times}
+    return lambda cfg: next(its[json.dumps(cfg, sort_keys=True)])
+
+
+@pytest.mark.parametrize("cand_times, accept", [
+    ([12.0, 12.1, 11.9], False),  # slower
+    ([9.8, 9.9, 9.85], False),  # 1.5 % faster: under the 3 % margin
+    ([9.0, 9.1, 9.05], True),  # 9.5 % faster, tight runs
+])
+def test_only_improve_margin(cand_times, accept):
+    default, cand = {"BM": 64}, {"BM": 32}
+    timer = _fake([(default, [10.0, 10.05, 9.95]), (cand, cand_times)])
+    d, v = tune.tune_bucket(default, [cand], timer, lambda c: None, rounds=3, margin=0.03, log=lambda s: None)
+    assert d.median == 10.0
+    assert (v.best is not None) == accept
+    if accept:
+        assert v.best.config == cand
+
+
+def test_only_improve_noise():
+    # 8 % faster at the median, but the default's runs spread 30 %: within noise, no entry
+    default, cand = {"BM": 64}, {"BM": 32}
+    timer = _fake([(default, [10.0, 8.5, 11.5]), (cand, [9.2, 9.0, 9.4])])
+    _, v = tune.tune_bucket(default, [cand], timer, lambda c: None, rounds=3, log=lambda s: None)
+    assert v.best is None and "spread" in v.reason
+
+
+def test_wrong_candidates_are_dropped_loudly():
+    default, bad, good = {"BM": 64}, {"BM": 16}, {"BM": 32}
+    timer = _fake([(default, [10.0] * 3), (good, [9.0] * 3), (bad, [1.0] * 3)])
+    logs = []
+    _, v = tune.tune_bucket(default, [bad, good], timer, lambda c: "wrong output" if c == bad else None,
+                            log=logs.append)
+    assert v.best.config == good
+    assert len(logs) == 1 and "DROPPED" in logs[0] and "wrong output" in logs[0]
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+def test_cli_without_gpu_exits_nonzero(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert mixgemm.__main__.main(["tune", "--shapes", "4096x4096", "-m", "1", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA GPU" in err and "nothing to tune on a CPU" in err
+
+
+def test_cli_jobs_and_bad_arguments(capsys):
+    args = tune.build_parser().parse_args(["--model", "llama-3-8b", "-m", "1", "16", "--formats", "w4a16"])
+    jobs = tune.jobs_from_args(args)
+    assert {(j.k, j.n) for j in jobs} >= {(4096, 4096), (4096, 14336), (14336, 4096)}
+    assert {j.m for j in jobs} == {1, 16} and {j.fmt for j in jobs} == {"W4A16"}
+    assert tune.parse_shapes("4096x14336, 14336x4096") == [(4096, 14336), (14336, 4096)]
+    for bad in ("4096", "4096x0", "axb", ""):
+        with pytest.raises(ValueError, match="--shapes"):
+            tune.parse_shapes(bad)
+    assert tune.main(["--shapes", "4096x4096", "--formats", "W8A8"]) == 2
+    args = tune.build_parser().parse_args(["--shapes", "4096x4096,4096x14336", "14336x4096"])
+    jobs = tune.jobs_from_args(args)  # by shape, then format, then M: one layer's copies serve its jobs in a row
+    assert [(j.k, j.n, j.m, j.fmt) for j in jobs[:4]] == [(4096, 4096, 1, "W4A16"), (4096, 4096, 16, "W4A16"),
+                                                          (4096, 4096, 256, "W4A16"), (4096, 4096, 1, "W8A16")]
+    assert len(jobs) == 3 * 3 * 2
+    assert "weight-only formats" in capsys.readouterr().err
+
+
+def test_bucket_winner_confirmed_on_other_shapes():
+    default, win = {"BM": 64}, {"BM": 32}
+    ok = _fake([(default, [10.0] * 3), (win, [9.5] * 3)])
+    assert tune.confirm(default, win, ok, lambda c: None, log=lambda s: None)
+    slower = _fake([(default, [10.0] * 3), (win, [10.4] * 3)])
+    assert not tune.confirm(default, win, slower, lambda c: None, log=lambda s: None)
+    logs = []
+    assert not tune.confirm(default, win, ok, lambda c: "wrong output", log=logs.append) and "DROPPED" in logs[0]
