@@ -62,7 +62,8 @@ def main() -> int:
             model = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False)).half().cuda()
             mixgemm.quantize_(model, make())
             q = model[0]
-            compiled = torch.compile(model, mode="max-autotune-no-cudagraphs", fullgraph=True)
+            torch._dynamo.reset()  # a fresh compile per scheme: 4 shapes each stay under the recompile limit
+            compiled = torch.compile(model, fullgraph=True, dynamic=False)  # inductor, no CUDA graphs
             for m in MS:
                 x = torch.randn(m, K, device="cuda", dtype=torch.float16)
                 y = model(x)
