@@ -34,6 +34,7 @@ from mixgemm.formats.layouts_a8 import (
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import gemv_a8 as ga
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.registry import NoKernel
 from mixgemm.reference.block_gemm import block_int_gemm
 from mixgemm.tuning import A8_GEMV_MAX_M, gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
@@ -244,7 +245,11 @@ def test_gemv_a8_matches_reference(bits, group, act, m, mode, xdt, odt, use_bias
     bias = (torch.randn(n, generator=g) * 0.5).to(xdt).cuda() if use_bias else None
     lo, hi = clamp_bounds("relu6" if relu6 else None)
     # the dispatcher sends M <= A8_GEMV_MAX_M here (the kernel itself takes M <= 16)
-    assert (mixgemm.explain(x, qw, act_mode=act).kernel == "cuda_gemv_a8") == (m <= A8_GEMV_MAX_M)
+    try:
+        chosen = mixgemm.explain(x, qw, act_mode=act).kernel
+    except NoKernel:  # no kernel takes the layer (e.g. 4-bit with K % 64 != 0 above the GEMV's M): the reference runs
+        chosen = None
+    assert (chosen == "cuda_gemv_a8") == (m <= A8_GEMV_MAX_M)
     y = ga.gemv_a8(x, qw, act, bias, lo, hi, odt)
     assert torch.equal(x, x0)
     ref = _ref(x, qw, act, bias, lo, hi)

@@ -67,7 +67,10 @@ def main() -> int:
             for m in MS:
                 x = torch.randn(m, K, device="cuda", dtype=torch.float16)
                 y = model(x)
-                if not torch.equal(y, op_path(q, x)):
+                # split-K tiles reduce with atomics, so two calls of either path may differ in the last bits:
+                # compare within the fp16 tolerance
+                r = op_path(q, x).float()
+                if not float((y.float() - r).norm() / r.norm()) <= 1e-3:
                     failed.append(f"{name} M={m}: the eager plan path differs from the custom op")
                 c = mixgemm.explain(x, q.quantized_weight(), act_mode=q.act_mode, act_block=q.act_block)
                 lin, eag, comp = eager_us(ref, x), eager_us(model, x), eager_us(compiled, x)
