@@ -258,7 +258,9 @@ def test_eager_forward_cuda_matches_ops_and_keeps_grads(scheme):
             r = torch.ops.mixgemm.linear_wxa8(x, q.qweight, q.scales, q.zeros, q.offsets, q.bias, c.bits,
                                               c.group_size, c.mode, 2048, 2048, q.act_mode, -float("inf"),
                                               float("inf"), q.act_block)
-        assert torch.equal(y, r), m
+        # the split-K wgmma tiles (M = 512 here) reduce with atomics: two calls of the same path may differ in the
+        # last bits, so the paths agree within the fp16 tolerance rather than bit for bit
+        assert float((y.double() - r.double()).norm() / r.double().norm()) <= 1e-3, m
     x = torch.randn(4, 2048, device="cuda", dtype=torch.float16, requires_grad=True)
     model(x).float().sum().backward()  # x needs a gradient: the op with its backward
     assert x.grad is not None and x.grad.shape == x.shape
