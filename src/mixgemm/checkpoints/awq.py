@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from mixgemm.checkpoints.base import ConvertedLinear, TensorSource
 from mixgemm.checkpoints.packed_int32 import (
+    PackedInt32Format,
     check_bits,
     check_int32,
     group_count,
-    layers_with,
     to_quantized_weight,
     unpack_int32,
 )
@@ -25,14 +25,9 @@ from mixgemm.checkpoints.packed_int32 import (
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's WQLinear_GEMM.pack: field i holds channel AWQ_ORDER[i]
 
 
-class AWQFormat:
+class AWQFormat(PackedInt32Format):
     name = "awq"
-
-    def matches(self, quantization_config: dict) -> bool:
-        return str(quantization_config.get("quant_method", "")).lower() == "awq"
-
-    def quantized_linears(self, source: TensorSource, quantization_config: dict) -> list[str]:
-        return layers_with(source.keys(), ".qweight", ".qzeros")
+    layer_tensors = (".qweight", ".qzeros")
 
     def convert_linear(self, source: TensorSource, prefix: str, quantization_config: dict) -> ConvertedLinear:
         qc = quantization_config

@@ -26,10 +26,10 @@ import torch
 
 from mixgemm.checkpoints.base import ConvertedLinear, TensorSource
 from mixgemm.checkpoints.packed_int32 import (
+    PackedInt32Format,
     act_order_perm,
     check_bits,
     group_count,
-    layers_with,
     to_quantized_weight,
     unpack_int32,
 )
@@ -65,14 +65,9 @@ def layer_scheme(quantization_config: dict, name: str) -> dict:
     return top[0][1]
 
 
-class CompressedTensorsFormat:
+class CompressedTensorsFormat(PackedInt32Format):
     name = "compressed-tensors"
-
-    def matches(self, quantization_config: dict) -> bool:
-        return str(quantization_config.get("quant_method", "")).lower() == "compressed-tensors"
-
-    def quantized_linears(self, source: TensorSource, quantization_config: dict) -> list[str]:
-        return layers_with(source.keys(), ".weight_packed")
+    layer_tensors = (".weight_packed",)
 
     def convert_linear(self, source: TensorSource, prefix: str, quantization_config: dict) -> ConvertedLinear:
         scheme = layer_scheme(quantization_config, prefix)

@@ -20,11 +20,11 @@ import torch
 
 from mixgemm.checkpoints.base import ConvertedLinear, TensorSource
 from mixgemm.checkpoints.packed_int32 import (
+    PackedInt32Format,
     act_order_perm,
     check_bits,
     check_int32,
     group_count,
-    layers_with,
     to_quantized_weight,
     unpack_int32,
 )
@@ -32,14 +32,9 @@ from mixgemm.checkpoints.packed_int32 import (
 _V1, _V2 = "gptq", "gptq_v2"
 
 
-class GPTQFormat:
+class GPTQFormat(PackedInt32Format):
     name = "gptq"
-
-    def matches(self, quantization_config: dict) -> bool:
-        return str(quantization_config.get("quant_method", "")).lower() == "gptq"
-
-    def quantized_linears(self, source: TensorSource, quantization_config: dict) -> list[str]:
-        return layers_with(source.keys(), ".qweight", ".qzeros")
+    layer_tensors = (".qweight", ".qzeros")
 
     def convert_linear(self, source: TensorSource, prefix: str, quantization_config: dict) -> ConvertedLinear:
         qc = quantization_config

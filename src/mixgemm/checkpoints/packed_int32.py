@@ -23,6 +23,20 @@ def layers_with(keys, *suffixes: str) -> list[str]:
                   if all(p + s in keys for s in rest))
 
 
+class PackedInt32Format:
+    """What GPTQ, AWQ and compressed-tensors share: a checkpoint is theirs when its ``quant_method`` is their
+    ``name``, and its quantized layers are the module paths that hold every tensor of ``layer_tensors``."""
+
+    name: str
+    layer_tensors: tuple[str, ...]
+
+    def matches(self, quantization_config: dict) -> bool:
+        return str(quantization_config.get("quant_method", "")).lower() == self.name
+
+    def quantized_linears(self, source, quantization_config: dict) -> list[str]:
+        return layers_with(source.keys(), *self.layer_tensors)
+
+
 def check_bits(bits, what: str) -> int:
     """bits as an int if mixgemm holds it (4 or 8), else a ValueError naming ``what``."""
     if isinstance(bits, bool) or not isinstance(bits, int) or bits not in (4, 8):
