@@ -107,6 +107,14 @@ def _run_gemv_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
     return gemv_a8(x2d, qw, p.act_mode, bias, lo, hi, out_dtype, per_token=p.per_token, config=config)
 
 
+def _prepare_gemv_a8(p: Problem, qw, config):
+    from mixgemm.kernels.cuda.gemv_a8 import prepare_gemv_a8
+
+    # a plan's output dtype is its activation dtype (the linear ops return x.dtype)
+    return prepare_gemv_a8(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), p.act_mode, p.x_dtype,
+                           p.per_token, config)
+
+
 # ---------------------------------------------------------------------------------------------- wgmma GEMM
 def _wgmma_a8_can_run(p: Problem):
     from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
@@ -150,6 +158,30 @@ def _run_wgmma_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
     return gemm_wgmma_a8(aq, sa, qw, bias, lo, hi, out_dtype, config=config)
 
 
+def _prepare_wgmma_a8(p: Problem, qw, config):
+    from mixgemm.kernels.cuda import gemv_a8
+    from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8
+
+    dev = torch.device("cuda", p.device.index)
+    k, per_token = p.k, p.per_token
+    rows_quantizer = None
+    if per_token and k % 8 == 0 and k <= 8 * gemv_a8.ACTQ_NT * gemv_a8.ACTQ_MAX_CPT:
+        # prepared, the one-pass row kernel costs no more host time than the GEMM launch at any K
+        rows_quantizer = gemv_a8.prepare_act_quant_rows(p.m, k, p.x_dtype, dev, "sym")
+    gemm = prepare_wgmma_a8(qw, p.m, k, per_token, OutputRows(p.x_dtype, p.n, True, dev), config)
+    m, n, x_dtype, block = p.m, p.n, p.x_dtype, k if per_token else p.group_size
+
+    def launch(x2d, bias, lo, hi):
+        if rows_quantizer is not None and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * x2d.element_size()) % 16 == 0:
+            aq, sa, _, _ = rows_quantizer(x2d)
+        else:
+            aq, sa, _, _ = act_quant(x2d, block, "sym")
+        return gemm(aq, sa, bias, lo, hi, torch.empty((m, n), dtype=x_dtype, device=dev))
+
+    return launch
+
+
 # ----------------------------------------------------------------------------------------------- Triton int8
 def _triton_a8_can_run(p: Problem):
     if not triton_device_ok(p):
@@ -189,10 +221,10 @@ def _run_triton_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
 ENTRIES = (
     KernelEntry("cuda_gemv_a8", "linear_a8", _gemv_a8_can_run, _gemv_a8_config, _run_gemv_a8,
                 Layout.lazy("a8gemv_v1", "mixgemm.formats.layouts_a8", "build_a8gemv_v1"),
-                "fused activation-quantizing GEMV, small M", _gemv_a8_complete),
+                "fused activation-quantizing GEMV, small M", _gemv_a8_complete, prepare=_prepare_gemv_a8),
     KernelEntry("cuda_wgmma_a8", "linear_a8", _wgmma_a8_can_run, _wgmma_a8_config, _run_wgmma_a8,
                 Layout.lazy("wgmma_a8_v1", "mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1"),
-                "Hopper int8 wgmma GEMM, large M"),
+                "Hopper int8 wgmma GEMM, large M", prepare=_prepare_wgmma_a8),
     KernelEntry("triton_a8", "linear_a8", _triton_a8_can_run, _triton_a8_config, _run_triton_a8,
                 Layout.lazy("int8_v1", "mixgemm.kernels.triton.int8_layout", "build_int8_layout"),
                 "Triton int8 tensor-core GEMM, any M"),

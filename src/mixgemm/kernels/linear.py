@@ -191,6 +191,18 @@ def _run_gemv(x2d, qw, bias, lo, hi, config):
     return gemv_simt(x2d, qw, bias, lo, hi, config)
 
 
+def _prepare_gemv_mma(p: Problem, qw, config):
+    from mixgemm.kernels.cuda.gemv import prepare_mma
+
+    return prepare_mma(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), config)
+
+
+def _prepare_gemv(p: Problem, qw, config):
+    from mixgemm.kernels.cuda.gemv import prepare_simt
+
+    return prepare_simt(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), config)
+
+
 # ------------------------------------------------------------------------------------------------ wgmma GEMM
 def _wgmma_can_run(p: Problem):
     if not p.device.is_cuda:
@@ -252,6 +264,12 @@ def _run_wgmma(x2d, qw, bias, lo, hi, config):
     return gemm_wgmma(x2d, qw, bias, lo, hi, config, fit=True)
 
 
+def _prepare_wgmma(p: Problem, qw, config):
+    from mixgemm.kernels.cuda.gemm_wgmma import prepare_wgmma
+
+    return prepare_wgmma(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), config, fit=True)
+
+
 # ----------------------------------------------------------------------------------------------- Triton GEMM
 def _triton_can_run(p: Problem):
     if not triton_device_ok(p):
@@ -299,13 +317,13 @@ def _run_triton(x2d, qw, bias, lo, hi, config):
 ENTRIES = (
     KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma,
                 Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1"),
-                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates),
+                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates, _prepare_gemv_mma),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
                 Layout.lazy("gemv_v1", "mixgemm.formats.layouts", "build_gemv_v1"), "CUDA-core GEMV, M <= 16",
-                _gemv_complete, _gemv_candidates),
+                _gemv_complete, _gemv_candidates, _prepare_gemv),
     KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma,
                 Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1"),
-                "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates),
+                "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates, prepare=_prepare_wgmma),
     KernelEntry("triton_gemm", "linear", _triton_can_run, _triton_config, _run_triton,
                 Layout.lazy("triton_gemm_v1_ks16", "mixgemm.kernels.triton.layout", "get_layout"),
                 "Triton tensor-core GEMM, any M", candidates=_triton_candidates),

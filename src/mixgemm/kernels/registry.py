@@ -8,6 +8,9 @@ An entry (:class:`KernelEntry`) says
 * ``layout``: the QuantizedWeight layout it reads (name and builder), for the memory accounting;
 * ``config(problem) -> dict | None``: the config it is handed (from mixgemm.tuning or the kernel's rule);
 * ``run``: the launch, with the op's own argument list (mixgemm.kernels.linear / a8 / conv say which);
+* ``prepare(problem, qw, config)`` (optional): the launch built once for a call plan -- compiled kernel, grid and
+  parameters with the weight's pointers in place -- returned as ``launch(x2d, bias, lo, hi) -> y``, which a cached
+  plan (mixgemm.ops.dispatch) calls instead of ``run``;
 * ``complete``: how a config forced through kernel_options is completed (e.g. a partial tile);
 * ``candidates(problem) -> list[dict]`` (tunable entries only): a small set of legal configs beside the default,
   which `mixgemm tune` times (mixgemm.tuning.cache holds what it measured faster; the config step uses it).
@@ -180,6 +183,8 @@ class KernelEntry:
     complete: Callable[[Problem, dict], dict] | None = None
     # a small set of legal configs besides the default for `mixgemm tune` (None: not tunable)
     candidates: Callable[[Problem], list[dict]] | None = None
+    # (problem, qw, config) -> launch(x2d, bias, lo, hi) -> y, built once per call plan (None: run on every call)
+    prepare: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,7 @@ class Choice:
     declined: tuple[tuple[str, str], ...] = ()
     problem: Problem | None = None
     config_source: str = ""  # where the config came from when not the entry's own rule (kernel_options, a cache file)
+    launch: Callable | None = field(default=None, compare=False, repr=False)  # the prepared launch of a cached plan
 
     @property
     def kernel(self) -> str:

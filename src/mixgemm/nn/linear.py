@@ -184,7 +184,7 @@ class QuantLinear(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input_perm is not None:
+        if self._buffers.get("input_perm") is not None:
             # one gather kernel, no host sync (CUDA-graph safe); on an H100 at M = 1 advanced indexing takes
             # ~3.2 us, index_select ~4.4 us, take_along_dim ~6.4 us
             x = x[..., self.input_perm]

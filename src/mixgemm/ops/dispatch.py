@@ -4,7 +4,8 @@ Which kernel runs is the registry's business (mixgemm.kernels.registry, the entr
 and .a8); here a call looks its plan up on the weight -- a dict keyed by (op, M, activation dtype, device, ...),
 holding the chosen entry and its config -- and launches. Plans are made under the default kernel options only
 (a ``mixgemm.kernel_options`` block chooses afresh on every call) and live as long as the weight object; a weight's
-plan table holds at most MAX_PLANS entries (prefill lengths vary) and is emptied when full.
+plan table holds at most MAX_PLANS entries (prefill lengths vary) and is emptied when full. Entries that can prepare
+their launch (KernelEntry.prepare) keep it in the plan: a call then writes its pointers and launches.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import replace
 
 import torch
 
+from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.options import current_options
@@ -48,9 +50,12 @@ def cached_choice(qw: QuantizedWeight, key: tuple, make_problem) -> Choice:
     hit = plans.get(key)
     if hit is None:
         hit = choose(make_problem(), opts)
+        launch = None
+        if hit.entry.prepare is not None and hit.problem.device.is_cuda:
+            launch = hit.entry.prepare(hit.problem, qw, hit.config)
         # the plan must not hold the weight it is cached on (a reference cycle would keep freed models alive
-        # until the next garbage collection)
-        hit = replace(hit, problem=replace(hit.problem, qw=None))
+        # until the next garbage collection); its launch holds only the layout tensors the kernel reads
+        hit = replace(hit, problem=replace(hit.problem, qw=None), launch=launch)
         if len(plans) >= MAX_PLANS:
             plans.clear()
         plans[key] = hit
@@ -81,13 +86,29 @@ def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devic
 
 
 def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, activation: str | None):
+    """The weight-only product on CUDA through the weight's cached plan. The inputs are checked in full when a plan is
+    made; a call on an existing plan checks only what the plan key does not fix (K, the bias' shape and device)."""
     lo, hi = clamp_bounds(activation)
-    lead = x.shape[:-1]
-    if lead.numel() == 0 or qw.out_features == 0:  # empty batch: no kernel math (tile and split-K rules divide by M)
-        return x.new_empty((*lead, qw.out_features))
-    x2d = x.reshape(-1, x.shape[-1])
+    shape = x.shape
+    n, k = qw.shape
+    if len(shape) < 1 or shape[-1] != k or (bias is not None and (bias.shape != (n,) or bias.device != x.device)):
+        check_matmul_inputs(x, qw, bias)  # raises, naming the problem
+    m = x.numel() // k if k else shape[:-1].numel()
+    if m == 0 or n == 0:  # empty batch: no kernel math (tile and split-K rules divide by M)
+        return x.new_empty((*shape[:-1], n))
+    x2d = x.reshape(m, k)
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()  # a copy: the caller's tensor is never touched
-    choice = linear_choice(x2d.shape[0], qw, x.dtype, x.device)
-    y = choice.entry.run(x2d, qw, bias, lo, hi, choice.config)
-    return y.reshape(*lead, qw.out_features)
+
+    def make_problem():
+        from mixgemm.kernels.linear import linear_problem
+
+        check_matmul_inputs(x, qw, bias)
+        return linear_problem(m, qw, x.dtype, device_info(x.device))
+
+    choice = cached_choice(qw, ("linear", m, x.dtype, device_key(x.device)), make_problem)
+    if choice.launch is not None:
+        y = choice.launch(x2d, bias, lo, hi)
+    else:
+        y = choice.entry.run(x2d, qw, bias, lo, hi, choice.config)
+    return y if len(shape) == 2 else y.view(*shape[:-1], n)

@@ -34,27 +34,32 @@ def eager_applies(mod, x: torch.Tensor) -> bool:
         return False
     if not (x.is_cuda or (x.device.type == "cpu" and mod.act_mode is None)):
         return False
-    bias = mod.bias
+    bias = mod._parameters.get("bias")
     return not (torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)))
 
 
 def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
-    """QuantLinear ``mod``'s output for x through the cached plan, or None to take the ops."""
-    if x.device.type == "cpu" and mod.act_mode is None:
-        return matmul(x, mod.quantized_weight(), mod.bias)
+    """QuantLinear ``mod``'s output for x through the cached plan, or None to take the ops.
+
+    Runs on every eager call of every quantized layer, so it reads the module's buffers from its dicts (nn.Module's
+    attribute fallback costs a microsecond or two per name) and checks the inputs in full only when it makes a plan."""
+    b = mod._buffers
+    bias = mod._parameters.get("bias")
     c = mod.config
     n, k = mod.out_features, mod.in_features
-    qw = weight_from_tensors(mod.qweight, mod.scales, mod.zeros, mod.offsets, c.bits, c.group_size, c.mode, n, k)
-    lead = x.shape[:-1]
-    if x.dim() < 1 or x.shape[-1] != k:
-        check_matmul_inputs(x, qw, mod.bias)  # raises, naming the shapes
-    m = lead.numel()
+    qw = weight_from_tensors(b["qweight"], b["scales"], b["zeros"], b["offsets"], c.bits, c.group_size, c.mode, n, k)
+    act_mode = mod.act_mode
+    if x.device.type == "cpu" and act_mode is None:
+        return matmul(x, qw, bias)
+    shape = x.shape
+    if len(shape) < 1 or shape[-1] != k:
+        check_matmul_inputs(x, qw, bias)  # raises, naming the shapes
+    m = x.numel() // k if k else shape[:-1].numel()
     if m == 0:
-        return x.new_empty((*lead, n))
+        return x.new_empty((*shape[:-1], n))
     x2d = x.reshape(m, k)
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()  # a copy: the caller's tensor is never touched
-    act_mode, bias = mod.act_mode, mod.bias
 
     def checked(problem):
         def make():
@@ -66,18 +71,30 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
 
     try:
         if act_mode is None:
-            from mixgemm.kernels.linear import linear_problem
-
             choice = cached_choice(qw, ("linear", m, x.dtype, x.get_device()),
-                                   checked(lambda: linear_problem(m, qw, x.dtype, x.device)))
-            y = choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config)
+                                   checked(lambda: _linear_problem(m, qw, x.dtype, x.device)))
+            launch = choice.launch
+            y = (launch(x2d, bias, -_INF, _INF) if launch is not None
+                 else choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config))
         else:
-            from mixgemm.kernels.a8 import a8_problem
-
             per_token = act_block_size(k, qw.group_size, mod.act_block) == k
             choice = cached_choice(qw, ("linear_a8", m, x.dtype, x.get_device(), act_mode, per_token),
-                                   checked(lambda: a8_problem(m, qw, x.dtype, x.device, act_mode, per_token)))
-            y = choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config, choice.problem, x.dtype)
+                                   checked(lambda: _a8_problem(m, qw, x.dtype, x.device, act_mode, per_token)))
+            launch = choice.launch
+            y = (launch(x2d, bias, -_INF, _INF) if launch is not None
+                 else choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config, choice.problem, x.dtype))
     except NoKernel:
         return None
-    return y.reshape(*lead, n)
+    return y if len(shape) == 2 else y.view(*shape[:-1], n)
+
+
+def _linear_problem(m, qw, x_dtype, device):
+    from mixgemm.kernels.linear import linear_problem
+
+    return linear_problem(m, qw, x_dtype, device)
+
+
+def _a8_problem(m, qw, x_dtype, device, act_mode, per_token):
+    from mixgemm.kernels.a8 import a8_problem
+
+    return a8_problem(m, qw, x_dtype, device, act_mode, per_token)

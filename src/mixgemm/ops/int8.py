@@ -83,7 +83,10 @@ def matmul_a8(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()  # a copy: the caller's tensor is never touched
     choice = a8_choice(x2.shape[0], qweight, x.dtype, x.device, act_mode, blk == k, config)
-    y = choice.entry.run(x2, qweight, bias, lo, hi, choice.config, choice.problem, out_dtype)
+    if choice.launch is not None and out_dtype == x.dtype:  # a plan's launch writes x.dtype
+        y = choice.launch(x2, bias, lo, hi)
+    else:
+        y = choice.entry.run(x2, qweight, bias, lo, hi, choice.config, choice.problem, out_dtype)
     return y.reshape(*lead, qweight.out_features)
 
 

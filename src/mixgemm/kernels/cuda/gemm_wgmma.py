@@ -46,6 +46,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import weakref
 from dataclasses import astuple, dataclass
 
 import torch
@@ -53,6 +54,7 @@ import torch
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.formats.layouts_wgmma import K_TILE, WgmmaLayout, build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.cuda import launch as cuda_launch
 from mixgemm.kernels.cuda import nvrtc
 
 SOURCE = "gemm_wgmma.cu"
@@ -135,23 +137,28 @@ def swizzled_tensor_map(t: torch.Tensor, box_cols: int, box_rows: int):
     """TMA descriptor of a row-major 2-D tensor t (float16 / bfloat16 / int8) for boxes of box_cols x box_rows with
     the 128-byte swizzle (the layout the wgmma descriptor reads), zero fill past the edges. Encoded on the host once
     per (address, shape, stride, dtype, box); shared by the weight-only and the int8 wgmma GEMMs."""
+    key = (t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), t.dtype, box_cols, box_rows)
+    return cached_tensor_map(key, lambda: encode_tensor_map(t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), t.dtype,
+                                                            box_cols, box_rows))
 
-    def encode():
-        drv = nvrtc._driver()
-        dt = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[t.dtype]}")
-        err, tm = drv.cuTensorMapEncodeTiled(
-            dt, 2, t.data_ptr(), [drv.cuuint64_t(t.shape[1]), drv.cuuint64_t(t.shape[0])],
-            [drv.cuuint64_t(t.stride(0) * t.element_size())], [drv.cuuint32_t(box_cols), drv.cuuint32_t(box_rows)],
-            [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-        if int(err) != 0:
-            raise RuntimeError(f"cuTensorMapEncodeTiled failed for {t.dtype} {tuple(t.shape)} "
-                               f"(row stride {t.stride(0)}): {err!r}")
-        return tm
 
-    return cached_tensor_map((t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), t.dtype, box_cols, box_rows), encode)
+def encode_tensor_map(ptr: int, rows: int, cols: int, row_stride: int, dtype: torch.dtype, box_cols: int,
+                      box_rows: int):
+    """The swizzled_tensor_map of a [rows, cols] matrix at address ptr with row_stride elements per row."""
+    drv = nvrtc._driver()
+    dt = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[dtype]}")
+    es = torch.empty((), dtype=dtype).element_size()
+    err, tm = drv.cuTensorMapEncodeTiled(
+        dt, 2, ptr, [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],
+        [drv.cuuint64_t(row_stride * es)], [drv.cuuint32_t(box_cols), drv.cuuint32_t(box_rows)],
+        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if int(err) != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed for {dtype} ({rows}, {cols}) (row stride {row_stride}): "
+                           f"{err!r}")
+    return tm
 
 
 def cached_tensor_map(key: tuple, encode):
@@ -240,22 +247,78 @@ def run(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tens
     GEMM: xk is the [M, K] activation matrix (16-byte aligned rows, K % 8 == 0), conv None.
     Convolution (WG_CONV): xk is the channels_last input tensor, conv = (ConvGeometry, make_map) with make_map(bm)
     the im2col tensor map for boxes of 64 channels x bm pixels; M = y.shape[0] output pixels."""
-    m, n = y.shape
-    k = qw.in_features
     if bias is not None:
         bias = bias.contiguous()
     props = torch.cuda.get_device_properties(y.device)
-    cfg = dict(config) if config is not None else default_config(m, n, k, props.multi_processor_count)
+    parts = _prepare_parts(qw, y.shape[0], y.shape[1], xk.dtype, xk.stride(0), xk.shape[1], conv,
+                           OutputRows(y.dtype, y.stride(0), y.data_ptr() % 16 == 0, y.device), config, fit, props)
+    for part in parts:
+        part(xk, y, bias, lo, hi)
+    return y
+
+
+@dataclass(frozen=True)
+class OutputRows:
+    """What a launch's epilogue choice reads about the output: its dtype, row stride (elements), whether its base is
+    16-byte aligned, and its device."""
+
+    dtype: torch.dtype
+    row_stride: int
+    aligned: bool
+    device: torch.device
+
+    def tstore_fits(self, bm: int, nwg: int, ring_bytes: int | None = None) -> bool:
+        """tstore_fits for an output with these rows."""
+        return (self.dtype in (torch.float16, torch.bfloat16) and (self.row_stride * 2) % 16 == 0 and self.aligned
+                and bm >= 16 and (ring_bytes is None or ring_bytes >= nwg * bm * 128))
+
+
+def _prepare_parts(qw: QuantizedWeight, m: int, n: int, x_dtype: torch.dtype, x_row_stride: int, x_cols: int,
+                   conv: tuple | None, out: OutputRows, config: dict | None, fit: bool, props) -> list:
+    """The launches of one product into an [M, N] output: one, or two with TAIL (whole waves, then the tail rows)."""
+    cfg = dict(config) if config is not None else default_config(m, n, qw.in_features, props.multi_processor_count)
     n0, tail_split = tail_rows(m, n, cfg, props.multi_processor_count) if conv is None else (0, 0)
+    args = (qw, m, x_dtype, x_row_stride, x_cols, conv, out)
     if not n0:
-        return _launch(qw, xk, conv, y, bias, lo, hi, cfg, fit, props, 0)
+        return [_prepare_launch(*args, n, cfg, fit, props, 0)]
     # TAIL: the whole waves of tiles over weight rows [0, n0), then the rows past n0 as a cluster split-K launch: the
     # last partial wave's tiles run as TAIL k-slices each, so that wave takes about 1 / TAIL of a tile's time
     cut = {**cfg, "TAIL": 0}
-    _launch(qw, xk, None, y[:, :n0], None if bias is None else bias[:n0], lo, hi, cut, fit, props, 0)
     tail = {**cut, "SPLIT": tail_split, "CLUSTER": 1, "SERIAL": 0}
-    _launch(qw, xk, None, y[:, n0:], None if bias is None else bias[n0:], lo, hi, tail, fit, props, n0)
-    return y
+    return [_prepare_launch(*args, n0, cut, fit, props, 0), _prepare_launch(*args, n - n0, tail, fit, props, n0)]
+
+
+def prepare_wgmma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, config: dict | None,
+                  fit: bool) -> WgmmaLaunch:
+    """The GEMM's launches for M rows of x_dtype (a fresh contiguous output, x rows of the padded K), built once for a
+    call plan; call the result with x2d, bias, lo, hi."""
+    props = torch.cuda.get_device_properties(dev)
+    k = qw.in_features
+    kx = -(-k // 8) * 8  # _prepare_x's row length
+    parts = _prepare_parts(qw, m, qw.out_features, x_dtype, kx, kx, None,
+                           OutputRows(x_dtype, qw.out_features, True, dev), config, fit, props)
+    return WgmmaLaunch(parts, m, qw.out_features, kx, x_dtype, dev, config, fit, qw)
+
+
+class WgmmaLaunch:
+    """The GEMM prepared for one weight, M and activation dtype (a call plan's launch). x rows of another stride than
+    prepared for (a strided view) take the unprepared route, run()."""
+
+    def __init__(self, parts, m, n, kx, dtype, device, config, fit, qw):
+        self.parts, self.m, self.n, self.kx, self.dtype, self.device = parts, m, n, kx, dtype, device
+        self._config, self._fit = config, fit
+        self._qw = weakref.ref(qw)  # for the unprepared route only (the plan must not keep its weight alive)
+
+    def __call__(self, x2d: torch.Tensor, bias, lo: float, hi: float) -> torch.Tensor:
+        xk = _prepare_x(x2d)
+        y = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        if xk.stride(0) != self.kx:
+            return run(self._qw(), xk, None, y, bias, lo, hi, self._config, self._fit)
+        for part in self.parts:
+            part(xk, y, bias, lo, hi)
+        return y
 
 
 def tail_rows(m: int, n: int, cfg: dict, sms: int) -> tuple[int, int]:
@@ -310,10 +373,10 @@ def tile_error(cfg: dict) -> str | None:
     return None
 
 
-def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.Tensor, bias, lo: float, hi: float,
-            cfg: dict, fit: bool, props, row0: int) -> torch.Tensor:
-    """One launch into y [M, N'] = the output columns of weight rows [row0, row0 + N') (row0: a multiple of 128)."""
-    m, n = y.shape
+def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_stride: int, x_cols: int,
+                    conv: tuple | None, out: OutputRows, n: int, cfg: dict, fit: bool, props, row0: int) -> WgmmaPart:
+    """One launch into the output columns of weight rows [row0, row0 + n) (row0: a multiple of 128), everything but the
+    activation / output / bias pointers and the workspaces fixed."""
     k = qw.in_features
     bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
     inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
@@ -331,7 +394,7 @@ def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
     want_tstore = bool(tma and int(cfg.get("TSTORE", TSTORE)))
     # SK 2 stages its TMA stores past the ring (they stay in flight under the next tile): a buffer per warpgroup
-    staging = nwg * bm * 128 if sk == 2 and want_tstore and tstore_fits(y, bm, nwg) else 0
+    staging = nwg * bm * 128 if sk == 2 and want_tstore and out.tstore_fits(bm, nwg) else 0
     while fit and stages > min_stages and stages * sb + staging + 1024 > SMEM_LIMIT:
         stages -= 1
     smem = stages * sb + staging + 1024  # + slack for the 1024-byte alignment of the stages
@@ -345,6 +408,7 @@ def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.
     csplit = cluster == 1 and split > 1  # the slices of a tile as one cluster (WG_SPLIT 2), else a workspace
     ssplit = split > 1 and serial == 1  # the slices of a tile meet in a workspace; the last one stores (WG_SPLIT 3)
     wsplit = split > 1 and not csplit and not ssplit
+    band_blocks = 0
     if csplit:  # after the main loop the ring receives the peers' partials of this CTA's band: (split - 1) slots of
         # band_blocks rows of 8 x [128 NWG threads] float4
         band_blocks = cluster_band_blocks(bm, split)
@@ -352,8 +416,7 @@ def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.
     if smem > SMEM_LIMIT:
         raise ValueError(f"wgmma tile BM={bm} NWG={nwg} STAGES={stages}{' CLUSTER=1' if csplit else ''} needs {smem} "
                          f"bytes of shared memory (limit {SMEM_LIMIT})")
-    ws = torch.zeros(m, n, dtype=torch.float32, device=y.device) if wsplit else None
-    defs = {"WG_BITS": lay.bits, "WG_ACT": _ACT[xk.dtype], "WG_SCL": _SCL[lay.params.dtype],
+    defs = {"WG_BITS": lay.bits, "WG_ACT": _ACT[x_dtype], "WG_SCL": _SCL[lay.params.dtype],
             "WG_MODE": _MODE[lay.mode], "WG_BM": bm, "WG_NWG": nwg, "WG_STAGES": stages, "WG_G2": int(g2),
             "WG_PC": int(lay.num_groups == 1),
             "WG_SPLIT": 2 if csplit else 3 if ssplit else int(wsplit), "WG_GROUP_M": int(cfg.get("GROUP_M", 8))}
@@ -378,8 +441,8 @@ def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.
         xmap = conv[1](bm)  # 64 channels x BM output pixels of one filter tap
         defs["WG_CONV"] = 1
     elif tma:
-        try:
-            xmap = swizzled_tensor_map(xk, K_TILE, bm)  # 64 k x BM rows
+        try:  # 64 k x BM rows; the address is written per call
+            xmap = encode_tensor_map(_MAP_PLACEHOLDER, m, x_cols, x_row_stride, x_dtype, K_TILE, bm)
         except Exception as e:  # noqa: BLE001 - a driver without tensor-map support: the cp.async loader instead
             _warn_no_tma(e)
             tma = 0
@@ -399,21 +462,21 @@ def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.
     if sk == 2:
         tstore = staging > 0
     else:  # (tma again: a driver without tensor maps turned it off above, and SK 2 with it)
-        tstore = want_tstore and tma and not sk and not wsplit and tstore_fits(y, bm, nwg, stages * sb)
+        tstore = want_tstore and tma and not sk and not wsplit and out.tstore_fits(bm, nwg, stages * sb)
     if tstore:
         # rows per TMA store: all of the CTA's rows (CLUSTER: its band, when every band is as large), else 8 per store
         box = bm if not csplit else 8 * band_blocks if band_blocks * split == bm // 8 else 8
-        try:
-            ymap = swizzled_tensor_map(y, K_TILE, box)  # 64 output columns x box rows
+        try:  # 64 output columns x box rows; the address is written per call
+            ymap = encode_tensor_map(_MAP_PLACEHOLDER, m, n, out.row_stride, out.dtype, K_TILE, box)
             defs["WG_TSTORE"] = 1
             if box != bm:
                 defs["WG_TS_BOX"] = box
         except Exception as e:  # noqa: BLE001 - no tensor-map support: the per-element stores
             _warn_no_tma(e)
-    fn = nvrtc.get_function(SOURCE, KERNEL, defs, y.device, arch_suffix="a")
+    fn = nvrtc.get_function(SOURCE, KERNEL, defs, out.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
     tiles = math.ceil(math.ceil(n / 16) / (4 * nwg)) * math.ceil(m / bm)
-    sk_count = None
+    ws_floats, counters = (m * n if wsplit else 0), None
     if sk:
         work = tiles * math.ceil(kt / ktile)  # (tile, stage) pairs
         if work >= 2**31:
@@ -422,40 +485,95 @@ def _launch(qw: QuantizedWeight, xk: torch.Tensor, conv: tuple | None, y: torch.
         ctas = min(work if sk == 1 else tiles, nvrtc.resident_blocks(fn, threads, smem) * props.multi_processor_count)
         grid = (ctas, 1, 1)
         if sk == 1:
-            ws = torch.empty(ctas * 2 * (bm // 2) * 128 * nwg, dtype=torch.float32, device=y.device)
-            sk_count = torch.zeros(tiles, dtype=torch.int32, device=y.device)
+            ws_floats, counters = ctas * 2 * (bm // 2) * 128 * nwg, "zeroed"
     else:
         grid = (tiles, 1, split)
         if ssplit:
-            ws = torch.empty(tiles * split * (bm // 2) * 128 * nwg, dtype=torch.float32, device=y.device)
-            sk_count = _tile_counters(y.device, tiles)
+            ws_floats, counters = tiles * split * (bm // 2) * 128 * nwg, "kept"
+    xparam = TensorMapParam(xmap) if tma else None  # the conv's map has its address; the GEMM's is written per call
+    yparam = TensorMapParam(ymap) if ymap is not None else None
     args = [
         # row0 / 128 blocks of 128 weight rows in: both tensors are [N_pad / 128, ...]
         ctypes.c_void_p(lay.weight.data_ptr() + row0 // 128 * lay.weight.stride(0) * lay.weight.element_size()),
         ctypes.c_void_p(lay.params.data_ptr() + row0 // 128 * lay.params.stride(0) * lay.params.element_size()),
-        ctypes.c_void_p(xk.data_ptr()),
-        ctypes.c_int(0 if conv is not None else xk.stride(0)),
-        ctypes.c_void_p(y.data_ptr()),
-        ctypes.c_int(y.stride(0)),
-        ctypes.c_void_p(0 if bias is None or wsplit else bias.data_ptr()),
-        ctypes.c_int(0 if bias is None or wsplit else _BIAS[bias.dtype]),
-        ctypes.c_float(-math.inf if wsplit or not math.isfinite(lo) else lo),
-        ctypes.c_float(math.inf if wsplit or not math.isfinite(hi) else hi),
-        ctypes.c_void_p(0 if ws is None else ws.data_ptr()),
-        ctypes.c_void_p(0 if sk_count is None else sk_count.data_ptr()),
-        ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(k if conv is not None else xk.shape[1]), ctypes.c_int(kt),
+        ctypes.c_void_p(0),  # x (per call)
+        ctypes.c_int(0 if conv is not None else x_row_stride),
+        ctypes.c_void_p(0),  # y (per call)
+        ctypes.c_int(out.row_stride),
+        *nvrtc.bias_clamp_args(None, -math.inf, math.inf),  # per call (none with the workspace split)
+        ctypes.c_void_p(0),  # workspace (per call)
+        ctypes.c_void_p(0),  # tile counters (per call)
+        ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(k if conv is not None else x_cols), ctypes.c_int(kt),
         ctypes.c_int(lay.num_groups), ctypes.c_int(lay.gk), ctypes.c_int(kt_per),
-        # the 128-byte tensor map by value (zeros when the kernel does not use it)
-        (ctypes.c_ubyte * 128).from_address(xmap.getPtr()) if tma else (ctypes.c_ubyte * 128)(),
+        # the 128-byte tensor maps by value (zeros when unused)
+        xparam.value if xparam is not None else (ctypes.c_ubyte * 128)(),
         (conv[0] if conv is not None else _NO_CONV).as_ctypes(),
-        (ctypes.c_ubyte * 128).from_address(ymap.getPtr()) if ymap is not None else (ctypes.c_ubyte * 128)(),
+        yparam.value if yparam is not None else (ctypes.c_ubyte * 128)(),
     ]
-    with torch.cuda.device(y.device):
-        nvrtc.launch(fn, grid, (threads, 1, 1), args, torch.cuda.current_stream(y.device).cuda_stream, smem,
-                     pdl=pdl and not fresh, cluster=(1, 1, split) if csplit else None)
-    if wsplit:
-        _finish_split(ws, bias, y, lo, hi)
-    return y
+    launch = nvrtc.prepare_launch(fn, grid, (threads, 1, 1), args, smem, pdl=pdl, first_without_pdl=fresh,
+                                  cluster=(1, 1, split) if csplit else None)
+    return WgmmaPart(launch, lay, m, n, row0, wsplit, ws_floats, counters, tiles,
+                     xparam if conv is None else None, yparam)
+
+
+_MAP_PLACEHOLDER = 1 << 12  # a 16-byte aligned address to encode a map with; each call writes the real one
+
+
+class TensorMapParam:
+    """A 128-byte CUtensorMap kept as a kernel parameter value (64-byte aligned, as the driver's type is), whose
+    global address a call replaces (cuTensorMapReplaceAddress: the shape, strides and box stay)."""
+
+    def __init__(self, tm):
+        self._buf = (ctypes.c_ubyte * 192)()
+        addr = -(-ctypes.addressof(self._buf) // 64) * 64
+        self.value = (ctypes.c_ubyte * 128).from_address(addr)
+        self.addr = addr
+        if tm is not None:
+            ctypes.memmove(addr, tm.getPtr(), 128)
+
+    def point_to(self, ptr: int) -> None:
+        cuda_launch.replace_tensor_map_address(self.addr, ptr)
+
+
+class WgmmaPart:
+    """One prepared launch of the GEMM over weight rows [row0, row0 + n): a call writes the activation, output and
+    bias pointers (and the tensor maps' addresses), allocates the workspaces its split needs, launches, and for the
+    workspace split-K adds the fp32 partials into the output. Holds the layout, so the weight pointers stay valid."""
+
+    def __init__(self, launch, layout, m, n, row0, wsplit, ws_floats, counters, tiles, xmap, ymap):
+        self.launch, self.layout, self.m, self.n, self.row0 = launch, layout, m, n, row0
+        self.wsplit, self.ws_floats, self.counters, self.tiles = wsplit, ws_floats, counters, tiles
+        self.xmap, self.ymap = xmap, ymap
+        self._vals = launch.params.values
+
+    def __call__(self, xk: torch.Tensor, y: torch.Tensor, bias, lo: float, hi: float) -> None:
+        dev = y.device
+        v = self._vals
+        y_ptr = y.data_ptr() + self.row0 * y.element_size()  # this launch's output columns
+        v[2].value = xk.data_ptr()
+        v[4].value = y_ptr
+        if self.xmap is not None:
+            self.xmap.point_to(xk.data_ptr())
+        if self.ymap is not None:
+            self.ymap.point_to(y_ptr)
+        part_bias = None if bias is None else bias[self.row0:self.row0 + self.n]
+        nvrtc.set_bias_clamp(v, 6, None if self.wsplit else part_bias, -math.inf if self.wsplit else lo,
+                             math.inf if self.wsplit else hi)
+        ws = None
+        if self.wsplit:
+            ws = torch.zeros(self.m, self.n, dtype=torch.float32, device=dev)
+        elif self.ws_floats:
+            ws = torch.empty(self.ws_floats, dtype=torch.float32, device=dev)
+        v[10].value = 0 if ws is None else ws.data_ptr()
+        if self.counters == "zeroed":
+            v[11].value = torch.zeros(self.tiles, dtype=torch.int32, device=dev).data_ptr()
+        elif self.counters == "kept":
+            v[11].value = _tile_counters(dev, self.tiles).data_ptr()
+        else:
+            v[11].value = 0
+        self.launch(torch._C._cuda_getCurrentRawStream(dev.index))
+        if self.wsplit:
+            _finish_split(ws, part_bias, y[:, self.row0:self.row0 + self.n], lo, hi)
 
 
 _NO_CONV = ConvGeometry(1, 1, 1, 1, 1, 1, 0, 0, 1, 1)

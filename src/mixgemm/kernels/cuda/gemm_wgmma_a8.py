@@ -40,7 +40,7 @@ import torch
 from mixgemm.formats.layouts_wgmma_a8 import WgmmaA8Layout, a8_layout_supported, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import gemm_wgmma, nvrtc
-from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT, swizzled_tensor_map, tstore_fits
+from mixgemm.kernels.cuda.gemm_wgmma import _MAP_PLACEHOLDER, SMEM_LIMIT, TensorMapParam, encode_tensor_map
 
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
@@ -182,9 +182,20 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     y = out if out is not None else torch.empty(m, n, dtype=out_dtype, device=aq.device)
     if m == 0 or n == 0:
         return y
+    rows = gemm_wgmma.OutputRows(out_dtype, y.stride(0), y.data_ptr() % 16 == 0, aq.device)
+    launch = prepare_wgmma_a8(qw, m, aq.stride(0), sa.shape[1] == 1, rows, config)
+    return launch(aq, sa, bias, lo, hi, y)
+
+
+def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token: bool,
+                     out: gemm_wgmma.OutputRows, config: dict | None) -> WgmmaA8Launch:
+    """The int8 GEMM's launch for M rows of codes (rows aq_row_stride apart) and per-token (sa [M, 1]) or per-group
+    activation scales into an output with the rows ``out``, built once; call it with aq, sa, bias, lo, hi, y."""
+    n, k = qw.out_features, qw.in_features
+    out_dtype = out.dtype
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
-    at = int(sa.shape[1] == 1 and lay.num_groups > 1)  # per-token activation scales over grouped weights
+    at = int(sa_per_token and lay.num_groups > 1)  # per-token activation scales over grouped weights
     qs_ok = bool(at) and qs_layout(lay)
     cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits, qs=qs_ok)
     bm, nwg, stages, kt = (int(cfg.get(key, d)) for key, d in (("BM", 128), ("NWG", 2), ("STAGES", 4), ("KT", 2)))
@@ -218,13 +229,6 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     # One scale per token ([M, 1]: per-channel weights, or AT) is read as SA[m] in the epilogue only, so a contiguous
     # column goes in as it is (no transpose kernel between the quantizer and the GEMM)
     ldsa = -(-m // 4) * 4
-    if sa.shape[1] == 1 and (sa.stride(0) == 1 or m == 1):
-        sat = sa
-    else:
-        sat = torch.empty(sa.shape[1], ldsa, dtype=torch.float32, device=aq.device)
-        sat[:, :m].copy_(sa.T)
-    if bias is not None:
-        bias = bias.contiguous()
     defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
             "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb,
             "A8_WS": ws, "A8_AT": at, "A8_MC": mc, "A8_QS": int(qs)}
@@ -232,30 +236,63 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
     if pdl:
         defs["A8_PDL"] = 1
     ymap = None
-    if int(cfg.get("TSTORE", 1)) and tstore_fits(y, bm, nwg, ring):
-        ymap = swizzled_tensor_map(y, 64, bm)  # 64 output columns (128 bytes) x BM rows
+    if int(cfg.get("TSTORE", 1)) and out.tstore_fits(bm, nwg, ring):
+        # 64 output columns (128 bytes) x BM rows; the address is written per call
+        ymap = TensorMapParam(encode_tensor_map(_MAP_PLACEHOLDER, m, n, out.row_stride, out_dtype, 64, bm))
         defs["A8_TSTORE"] = 1
-    fn = nvrtc.get_function(SOURCE, KERNEL, defs, aq.device, arch_suffix="a")
+    fn = nvrtc.get_function(SOURCE, KERNEL, defs, out.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
-    xmap = swizzled_tensor_map(aq, 128, bm // mc)  # 128 k (bytes) x BM rows (MC 2: each CTA loads half)
+    # 128 k (bytes) x BM rows (MC 2: each CTA loads half); the address is written per call
+    xmap = TensorMapParam(encode_tensor_map(_MAP_PLACEHOLDER, m, k, aq_row_stride, torch.int8, 128, bm // mc))
     tiles = col_tiles * math.ceil(m / bm)
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p((lay.mults if qs else lay.params).data_ptr()),
         ctypes.c_void_p((lay.channel_steps if qs else lay.params).data_ptr()),
-        ctypes.c_void_p(sat.data_ptr()),
+        ctypes.c_void_p(0),  # activation scales (per call)
         ctypes.c_int(ldsa),
-        ctypes.c_void_p(y.data_ptr()),
-        ctypes.c_int(y.stride(0)),
-        *nvrtc.bias_clamp_args(bias, lo, hi),
+        ctypes.c_void_p(0),  # y (per call)
+        ctypes.c_int(out.row_stride),
+        *nvrtc.bias_clamp_args(None, -math.inf, math.inf),  # per call
         ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(lay.k_tiles), ctypes.c_int(lay.num_groups),
-        (ctypes.c_ubyte * 128).from_address(xmap.getPtr()),
+        xmap.value,
         # the output's tensor map by value (zeros when the kernel does not use it)
-        (ctypes.c_ubyte * 128).from_address(ymap.getPtr()) if ymap is not None else (ctypes.c_ubyte * 128)(),
+        ymap.value if ymap is not None else (ctypes.c_ubyte * 128)(),
     ]
-    with torch.cuda.device(aq.device):
-        # WS: one more warpgroup, the producer
-        nvrtc.launch(fn, (tiles, 1, 1), (128 * (nwg + ws), 1, 1), args,
-                     torch.cuda.current_stream(aq.device).cuda_stream, smem, pdl=pdl and not fresh,
-                     cluster=(mc, 1, 1) if mc > 1 else None)
-    return y
+    # WS: one more warpgroup, the producer
+    launch = nvrtc.prepare_launch(fn, (tiles, 1, 1), (128 * (nwg + ws), 1, 1), args, smem, pdl=pdl,
+                                  first_without_pdl=fresh, cluster=(mc, 1, 1) if mc > 1 else None)
+    return WgmmaA8Launch(launch, lay, m, n, ldsa, xmap, ymap, out.device)
+
+
+class WgmmaA8Launch:
+    """The int8 GEMM prepared for one weight and M (a call plan's second step): a call writes the code, scale, output
+    and bias pointers and the tensor maps' addresses, and launches. Holds the layout, so the weight pointers stay
+    valid. Scales given per group (or per token but strided) are transposed to [G, M_pad] per call."""
+
+    def __init__(self, launch, layout, m, n, ldsa, xmap, ymap, device):
+        self.launch, self.layout, self.m, self.n, self.ldsa = launch, layout, m, n, ldsa
+        self.xmap, self.ymap, self.device = xmap, ymap, device
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self._vals = launch.params.values
+
+    def __call__(self, aq: torch.Tensor, sa: torch.Tensor, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        # One scale per token ([M, 1]: per-channel weights, or AT) is read as SA[m] in the epilogue only, so a
+        # contiguous column goes in as it is (no transpose kernel between the quantizer and the GEMM)
+        if sa.shape[1] == 1 and (sa.stride(0) == 1 or m == 1):
+            sat = sa
+        else:
+            sat = torch.empty(sa.shape[1], self.ldsa, dtype=torch.float32, device=aq.device)
+            sat[:, :m].copy_(sa.T)
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        v = self._vals
+        v[3].value = sat.data_ptr()
+        v[5].value = y.data_ptr()
+        nvrtc.set_bias_clamp(v, 7, bias, lo, hi)
+        self.xmap.point_to(aq.data_ptr())
+        if self.ymap is not None:
+            self.ymap.point_to(y.data_ptr())
+        self.launch(torch._C._cuda_getCurrentRawStream(self.index))
+        return y

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 
 import torch
@@ -306,23 +307,25 @@ def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     """The CUDA-core GEMV with the tile config ``cfg`` (simt_config's keys); XS and BULK are dropped where they
     cannot run."""
     bias = _check_gemv(x2d, qw, bias)
-    m, k = x2d.shape
+    m = x2d.shape[0]
+    if m == 0 or qw.out_features == 0:
+        return torch.empty(m, qw.out_features, dtype=x2d.dtype, device=x2d.device)
+    return prepare_simt(qw, m, x2d.dtype, x2d.device, cfg)(x2d, bias, lo, hi)
+
+
+def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, cfg: dict) -> GemvLaunch:
+    """The CUDA-core GEMV's launch for M rows of x_dtype with the tile config ``cfg``, built once (layout, compiled
+    kernel, grid, parameters); call it with x2d, bias, lo, hi."""
     n = qw.out_features
-    y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-    if m == 0 or n == 0:
-        return y
-    dev = x2d.device
     props = torch.cuda.get_device_properties(dev)
     fresh = not qw.has_layout(LAYOUT)
     lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
-    xk = _prepare_x(x2d, lay)
-    kc = lay.chunks_per_row
-    if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded):
+    if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x_dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
     x_smem = lay.k_padded * 2 if cfg.get("XS", 0) else 0
     param_row_bytes = lay.params.stride(0) * lay.params.element_size()  # [N, G] or [N, G, 2], contiguous
     cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
-    defs = defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
+    defs = defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, dev)
     rows_per_block = cfg["RG"] * cfg["R"]
     block = (32 * cfg["RG"] * cfg["KS"] + (32 if cfg.get("BULK", 0) else 0), 1, 1)  # + the bulk producer warp
@@ -335,32 +338,15 @@ def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         tiles = min(tiles, nvrtc.resident_blocks(fn, block[0], smem) * props.multi_processor_count)
     if cfg.get("PST", 0):  # persistent grid: PST x (resident blocks per SM) x SMs blocks loop over the tiles
         tiles = min(tiles, cfg["PST"] * nvrtc.resident_blocks(fn, block[0]) * props.multi_processor_count)
-    grid = (tiles, 1, 1)
-    args = _common_args(lay, xk, y, bias, lo, hi, n) + [
-        ctypes.c_int(kc),
+    args = _common_args(lay, n) + [
+        ctypes.c_int(lay.chunks_per_row),
         ctypes.c_int(lay.num_groups),
         ctypes.c_int(lay.gshift),
         ctypes.c_int(m),
     ]
-    with torch.cuda.device(dev):
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        nvrtc.launch(fn, grid, block, args, stream, smem, pdl=PDL and not fresh and props.major >= 9)
-    return y
-
-
-def _common_args(lay, xk, y, bias, lo, hi, n) -> list:
-    """The leading kernel parameters both GEMV kernels share, in their order: weight, params, x, x row stride
-    (16-byte units), y, y row stride, bias, bias dtype code, clamp lo / hi, N."""
-    return [
-        ctypes.c_void_p(lay.weight.data_ptr()),
-        ctypes.c_void_p(lay.params.data_ptr()),
-        ctypes.c_void_p(xk.data_ptr()),
-        ctypes.c_int(xk.stride(0) * xk.element_size() // 16),
-        ctypes.c_void_p(y.data_ptr()),
-        ctypes.c_int(y.stride(0)),
-        *nvrtc.bias_clamp_args(bias, lo, hi),
-        ctypes.c_int(n),
-    ]
+    pdl = PDL and props.major >= 9
+    return GemvLaunch(nvrtc.prepare_launch(fn, (tiles, 1, 1), block, args, smem, pdl=pdl, first_without_pdl=fresh),
+                      lay, m, n, x_dtype, dev)
 
 
 @torch.compiler.disable
@@ -370,30 +356,81 @@ def gemv_mma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, 
     if x2d.dtype == torch.float32:
         raise TypeError("the tensor-core GEMV takes float16 / bfloat16 activations, got float32")
     bias = _check_gemv(x2d, qw, bias)
-    m, _ = x2d.shape
+    m = x2d.shape[0]
+    if m == 0 or qw.out_features == 0:
+        return torch.empty(m, qw.out_features, dtype=x2d.dtype, device=x2d.device)
+    return prepare_mma(qw, m, x2d.dtype, x2d.device, cfg)(x2d, bias, lo, hi)
+
+
+def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, cfg: dict) -> GemvLaunch:
+    """The tensor-core GEMV's launch for M rows of x_dtype (float16 / bfloat16) with the config ``cfg``, built once;
+    call it with x2d, bias, lo, hi."""
     n = qw.out_features
-    y = torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-    if m == 0 or n == 0:
-        return y
-    props = torch.cuda.get_device_properties(x2d.device)
+    props = torch.cuda.get_device_properties(dev)
     fresh = not qw.has_layout(MMA_LAYOUT)
     lay: GemvMmaLayout = qw.layout(MMA_LAYOUT, build_gemv_mma_v1)
-    xk = _prepare_x(x2d, lay)
     mb = 1 if m <= 8 else 2
     if cfg.get("DEFER", 0) and not defer_ok(lay.group_size, lay.k_tile):
         cfg = {**cfg, "DEFER": 0}
-    defs = mma_defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
-    fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, x2d.device)
+    defs = mma_defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
+    fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, dev)
     nt = -(-n // 16)
     grid = (-(-nt // cfg["RG"]), 1, 1)
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
-    args = _common_args(lay, xk, y, bias, lo, hi, n) + [
+    args = _common_args(lay, n) + [
         ctypes.c_int(lay.k_tiles),
         ctypes.c_int(lay.num_groups),
         ctypes.c_int(lay.gk),
         ctypes.c_int(m),
     ]
-    with torch.cuda.device(x2d.device):
-        nvrtc.launch(fn, grid, block, args, torch.cuda.current_stream(x2d.device).cuda_stream,
-                     pdl=PDL and not fresh and props.major >= 9)
-    return y
+    pdl = PDL and props.major >= 9
+    return GemvLaunch(nvrtc.prepare_launch(fn, grid, block, args, pdl=pdl, first_without_pdl=fresh),
+                      lay, m, n, x_dtype, dev)
+
+
+# the per-call parameters of both GEMV kernels: their positions in _common_args
+_X, _XSTRIDE, _Y, _YSTRIDE, _EPILOGUE = 2, 3, 4, 5, 6
+
+
+def _common_args(lay, n: int) -> list:
+    """The leading kernel parameters both GEMV kernels share, in their order: weight, params, then x, x row stride
+    (16-byte units), y, y row stride, bias, bias dtype code, clamp lo / hi (written per call by GemvLaunch), N."""
+    return [
+        ctypes.c_void_p(lay.weight.data_ptr()),
+        ctypes.c_void_p(lay.params.data_ptr()),
+        ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(0),
+        *nvrtc.bias_clamp_args(None, -math.inf, math.inf),
+        ctypes.c_int(n),
+    ]
+
+
+class GemvLaunch:
+    """A GEMV launch prepared for one weight, M and activation dtype (a call plan's launch): a call makes the output,
+    writes the x / y / bias / clamp parameters and launches on the current stream. It holds the layout, so the
+    weight pointers in its parameters stay valid as long as it lives."""
+
+    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "index", "_vals", "_direct_x")
+
+    def __init__(self, launch, layout, m: int, n: int, dtype: torch.dtype, device: torch.device):
+        self.launch, self.layout, self.m, self.n, self.dtype, self.device = launch, layout, m, n, dtype, device
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self._vals = launch.params.values
+        self._direct_x = layout.k_padded == layout.k  # else x always goes through a zero-padded copy
+
+    def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float) -> torch.Tensor:
+        """clamp(x2d @ dequant(W).T + bias, lo, hi) for x2d [M, K] (unit stride along K) of the prepared M and
+        dtype."""
+        es = x2d.element_size()
+        if self._direct_x and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * es) % 16 == 0:
+            xk = x2d
+        else:
+            xk = _prepare_x(x2d, self.layout)
+        y = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
+        v = self._vals
+        v[_X].value = xk.data_ptr()
+        v[_XSTRIDE].value = xk.stride(0) * es // 16
+        v[_Y].value = y.data_ptr()
+        v[_YSTRIDE].value = self.n
+        nvrtc.set_bias_clamp(v, _EPILOGUE, bias, lo, hi)
+        self.launch(torch._C._cuda_getCurrentRawStream(self.index))
+        return y

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 
 import torch
@@ -165,17 +166,24 @@ def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.T
         if bias.dtype not in _BIAS:
             raise TypeError(f"bias dtype {bias.dtype} not supported (float16, bfloat16, float32)")
         bias = bias.contiguous()
+    return prepare_gemv_a8(qw, m, x2d.dtype, x2d.device, act_mode, out_dtype, per_token, config)(x2d, bias, lo, hi,
+                                                                                                   out)
+
+
+def prepare_gemv_a8(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, act_mode: str,
+                    out_dtype: torch.dtype, per_token: bool, config: dict | None) -> GemvA8Launch:
+    """The fused GEMV's launch for M rows of x_dtype, built once (layout, compiled kernel, grid, parameters); call it
+    with x2d, bias, lo, hi (and optionally out)."""
+    n, k = qw.out_features, qw.in_features
     fresh = not qw.has_layout(LAYOUT_NAME)  # its build kernels write the weights read before pdl_wait: no PDL
     lay = get_a8gemv_layout(qw)
-    dev = x2d.device
     mb = m_bucket(m)
     smem = smem_bytes(lay, mb)
     if smem + 4096 > _smem_limit(dev):
         raise ValueError(f"gemv_a8: M={m}, K={k} needs {smem} bytes of shared memory (use the Triton path)")
-    xk = _prepare_x(x2d)
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cfg = complete_config(config) if config is not None else config_for(lay, m, n, k, num_sms)
-    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x2d.dtype], mb, cfg, per_token), dev)
+    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x_dtype], mb, cfg, per_token), dev)
     nvrtc.allow_dynamic_smem(fn, smem)
     threads = 32 * cfg["RG"] * cfg["KS"]
     ntiles = -(-n // (cfg["RG"] * cfg["R"]))
@@ -185,12 +193,12 @@ def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.T
         ctypes.c_void_p(lay.sdot.data_ptr()),
         ctypes.c_void_p(0 if lay.moff is None else lay.moff.data_ptr()),
         ctypes.c_void_p(lay.cterm.data_ptr()),
-        ctypes.c_void_p(xk.data_ptr()),
-        ctypes.c_int(xk.stride(0)),
-        ctypes.c_void_p(out.data_ptr()),
-        ctypes.c_int(out.stride(0)),
-        ctypes.c_int(_OUT[out.dtype]),
-        *nvrtc.bias_clamp_args(bias, lo, hi),
+        ctypes.c_void_p(0),  # x (per call)
+        ctypes.c_int(0),  # x row stride (per call)
+        ctypes.c_void_p(0),  # out (per call)
+        ctypes.c_int(0),  # out row stride (per call)
+        ctypes.c_int(_OUT[out_dtype]),
+        *nvrtc.bias_clamp_args(None, -math.inf, math.inf),  # per call
         ctypes.c_int(n),
         ctypes.c_int(k),
         ctypes.c_int(lay.kp),
@@ -198,26 +206,57 @@ def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.T
         ctypes.c_int(1 if act_mode == "asym" else 0),
         ctypes.c_int(m),
     ]
-    with torch.cuda.device(dev):
-        nvrtc.launch(fn, (grid, 1, 1), (threads, 1, 1), args, torch.cuda.current_stream(dev).cuda_stream, smem,
-                     pdl=PDL and not fresh and torch.cuda.get_device_capability(dev)[0] >= 9)
-    return out
+    pdl = PDL and torch.cuda.get_device_capability(dev)[0] >= 9
+    launch = nvrtc.prepare_launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem, pdl=pdl, first_without_pdl=fresh)
+    return GemvA8Launch(launch, lay, m, n, out_dtype, dev)
+
+
+class GemvA8Launch:
+    """The fused GEMV's launch prepared for one weight, M and dtypes (a call plan's launch); it holds the layout, so
+    the weight pointers in its parameters stay valid as long as it lives."""
+
+    __slots__ = ("launch", "layout", "m", "n", "out_dtype", "device", "index", "_vals")
+
+    def __init__(self, launch, layout, m: int, n: int, out_dtype: torch.dtype, device: torch.device):
+        self.launch, self.layout, self.m, self.n, self.out_dtype, self.device = launch, layout, m, n, out_dtype, device
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self._vals = launch.params.values
+
+    def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        xk = _prepare_x(x2d)
+        if out is None:
+            out = torch.empty((self.m, self.n), dtype=self.out_dtype, device=self.device)
+        v = self._vals
+        v[4].value = xk.data_ptr()
+        v[5].value = xk.stride(0)
+        v[6].value = out.data_ptr()
+        v[7].value = out.stride(0)
+        nvrtc.set_bias_clamp(v, 9, bias, lo, hi)
+        self.launch(torch._C._cuda_getCurrentRawStream(self.index))
+        return out
 
 
 # ------------------------------------------------------------------ long-row activation quantization
 
-ACTQ_NT = 512  # threads per row block
+ACTQ_NT = 512  # threads per row block (at most: shorter rows take fewer, actq_threads)
 ACTQ_MAX_CPT = 16  # 16-byte units per thread held in registers (K <= 8 * 512 * 16 = 65536)
-ACTQ_MIN_K = 4096  # shorter blocks: the Triton tile kernel already reads x once
+ACTQ_MIN_K = 4096  # shorter blocks: the Triton tile kernel already reads x once (act_quant_rows_supported)
 
 
-def act_quant_rows_supported(x: torch.Tensor, block_size: int) -> bool:
-    """True when :func:`act_quant_rows` handles x [M, K] with one block per row (block_size -1 or K)."""
+def actq_threads(k: int) -> int:
+    """Threads per row for K: one 8-element unit each up to ACTQ_NT (a power of two >= 32), then more per thread."""
+    return min(ACTQ_NT, max(32, 1 << (-(-k // 8) - 1).bit_length()))
+
+
+def act_quant_rows_supported(x: torch.Tensor, block_size: int, min_k: int = ACTQ_MIN_K) -> bool:
+    """True when :func:`act_quant_rows` handles x [M, K] with one block per row (block_size -1 or K). min_k: below it
+    the Triton tile kernel is as fast (a call plan, whose launch is prepared, takes the row kernel from any K)."""
     if not (x.is_cuda and x.dim() == 2 and x.dtype in _XT and _nvrtc_ok()):
         return False
     m, k = x.shape
     es = x.element_size()
-    return (block_size in (-1, k) and ACTQ_MIN_K < k <= 8 * ACTQ_NT * ACTQ_MAX_CPT and k % 8 == 0 and m >= 1
+    return (block_size in (-1, k) and min_k < k <= 8 * ACTQ_NT * ACTQ_MAX_CPT and k % 8 == 0 and m >= 1
             and x.stride(1) == 1 and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0)
 
 
@@ -230,22 +269,44 @@ def act_quant_rows(x: torch.Tensor, mode: str = "sym", out=None):
     preallocated 4-tuple. Needs act_quant_rows_supported(x, -1)."""
     if mode not in ("sym", "asym"):
         raise ValueError(f"activation quantization mode must be 'sym' or 'asym', got {mode!r}")
-    if not act_quant_rows_supported(x, -1):
+    if not act_quant_rows_supported(x, -1, 0):
         raise ValueError("act_quant_rows: needs a CUDA fp16/bf16/fp32 x [M, K], K % 8 == 0, "
-                         f"{ACTQ_MIN_K} < K <= {8 * ACTQ_NT * ACTQ_MAX_CPT}, 16-byte aligned unit-stride rows")
-    m, k = x.shape
-    dev = x.device
-    if out is None:
-        out = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, 1), dtype=torch.float32, device=dev),
-               torch.empty((m, 1), dtype=torch.float32, device=dev), torch.empty((m, 1), dtype=torch.int32, device=dev))
-    q, s, o, sm = out
-    nt = ACTQ_NT  # threads per row (the .cu's AQ_NT; 256 measured the same as 512 on H200)
+                         f"K <= {8 * ACTQ_NT * ACTQ_MAX_CPT}, 16-byte aligned unit-stride rows")
+    return prepare_act_quant_rows(x.shape[0], x.shape[1], x.dtype, x.device, mode)(x, out)
+
+
+def prepare_act_quant_rows(m: int, k: int, x_dtype: torch.dtype, dev: torch.device, mode: str) -> ActQuantRowsLaunch:
+    """act_quant_rows' launch for M rows of K, built once (a call plan's first step)."""
+    nt = actq_threads(k)
     cpt = -(-(k // 8) // nt)
-    fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows", {"A8_ACTQ": cpt, "A8_XT": _XT[x.dtype], "AQ_NT": nt},
+    fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows", {"A8_ACTQ": cpt, "A8_XT": _XT[x_dtype], "AQ_NT": nt},
                             dev)
-    args = [ctypes.c_void_p(x.data_ptr()), ctypes.c_int(x.stride(0)), ctypes.c_void_p(q.data_ptr()),
-            ctypes.c_int(q.stride(0)), ctypes.c_void_p(s.data_ptr()), ctypes.c_void_p(o.data_ptr()),
-            ctypes.c_void_p(sm.data_ptr()), ctypes.c_int(k), ctypes.c_int(1 if mode == "asym" else 0)]
-    with torch.cuda.device(dev):
-        nvrtc.launch(fn, (m, 1, 1), (nt, 1, 1), args, torch.cuda.current_stream(dev).cuda_stream)
-    return out
+    args = [ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_void_p(0),
+            ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_int(1 if mode == "asym" else 0)]
+    return ActQuantRowsLaunch(nvrtc.prepare_launch(fn, (m, 1, 1), (nt, 1, 1), args), m, k, dev)
+
+
+class ActQuantRowsLaunch:
+    """The per-token quantizer prepared for M rows of K: a call makes (or takes) the four outputs, writes the
+    pointers, launches on the current stream."""
+
+    __slots__ = ("launch", "m", "k", "device", "index", "_vals")
+
+    def __init__(self, launch, m: int, k: int, device: torch.device):
+        self.launch, self.m, self.k, self.device = launch, m, k, device
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self._vals = launch.params.values
+
+    def __call__(self, x: torch.Tensor, out=None):
+        m, k, dev = self.m, self.k, self.device
+        if out is None:
+            f32 = torch.float32
+            out = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, 1), dtype=f32, device=dev),
+                   torch.empty((m, 1), dtype=f32, device=dev), torch.empty((m, 1), dtype=torch.int32, device=dev))
+        q, s, o, sm = out
+        v = self._vals
+        v[0].value, v[1].value = x.data_ptr(), x.stride(0)
+        v[2].value, v[3].value = q.data_ptr(), q.stride(0)
+        v[4].value, v[5].value, v[6].value = s.data_ptr(), o.data_ptr(), sm.data_ptr()
+        self.launch(torch._C._cuda_getCurrentRawStream(self.index))
+        return out

@@ -8,14 +8,20 @@ take no host synchronization and allocate nothing, so they can be captured in CU
 
 Reusable by any mixgemm CUDA kernel: ``compile_cubin`` (also works without a GPU, for CPU-side
 compile checks), ``get_function`` and ``launch``.
+
+Compiled cubins are also kept on disk (``$MIXGEMM_CUBIN_CACHE``, else ``~/.cache/mixgemm/cubin``; ``0`` turns it
+off), keyed by a hash of the sources, the macros, the architecture and the NVRTC version: a new process (a restarted
+server, each test worker) loads a kernel in milliseconds instead of recompiling it for seconds.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import math
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -69,12 +75,61 @@ def arch_of(device) -> str:
     return f"sm_{major}{minor}"
 
 
+CUBIN_CACHE_ENV = "MIXGEMM_CUBIN_CACHE"
+
+
+def cubin_cache_dir() -> Path | None:
+    """Where compiled cubins are kept across processes: $MIXGEMM_CUBIN_CACHE ('0' or '' for none), else
+    ~/.cache/mixgemm/cubin."""
+    env = os.environ.get(CUBIN_CACHE_ENV)
+    if env is not None:
+        return None if env in ("", "0") else Path(env)
+    return Path(os.path.expanduser("~")) / ".cache" / "mixgemm" / "cubin"
+
+
+@functools.cache
+def _sources_digest() -> str:
+    """Hash of every kernel source and header beside this module (a kernel's includes are among them)."""
+    h = hashlib.sha256()
+    for f in sorted(HERE.glob("*.cu*")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _cubin_key(source_name: str, defines: tuple, arch: str) -> str:
+    err, major, minor = _nvrtc().nvrtcVersion()
+    text = repr((_sources_digest(), source_name, defines, arch, int(major), int(minor)))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 @functools.lru_cache(maxsize=256)
 def compile_cubin(source_name: str, defines: tuple[tuple[str, int], ...], arch: str) -> bytes:
     """Compile the kernel source ``source_name`` with ``-D`` macros for ``arch`` ('sm_80', 'sm_90'...).
 
-    Returns the cubin bytes. Raises NvrtcError with NVRTC's log on failure. Needs no GPU.
+    Returns the cubin bytes, from the on-disk cache when an earlier process compiled the same thing. Raises
+    NvrtcError with NVRTC's log on failure. Needs no GPU.
     """
+    d = cubin_cache_dir()
+    path = d / f"{source_name}.{arch}.{_cubin_key(source_name, defines, arch)}.cubin" if d is not None else None
+    if path is not None and path.is_file():
+        try:
+            return path.read_bytes()
+        except OSError:
+            pass  # unreadable: compile afresh
+    cubin = _compile(source_name, defines, arch)
+    if path is not None:
+        try:  # write beside, then rename: concurrent processes never read a half-written file
+            d.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(cubin)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home: the in-process cache still holds it
+    return cubin
+
+
+def _compile(source_name: str, defines: tuple[tuple[str, int], ...], arch: str) -> bytes:
     nvrtc = _nvrtc()
     src = read_source(source_name).encode()
     prog = _check(nvrtc.nvrtcCreateProgram(src, source_name.encode(), 0, [], []), "nvrtcCreateProgram")
@@ -133,12 +188,9 @@ def get_function(source_name: str, kernel_name: str, defines: dict, device, arch
         arch = arch_of(torch.device("cuda", idx)) + arch_suffix
         cubin = compile_cubin(source_name, key[3], arch)
         drv = _driver()
-        _init_driver()
         with torch.cuda.device(idx):
             torch.cuda.init()
-            ctx = _check(drv.cuDevicePrimaryCtxRetain(_check(drv.cuDeviceGet(idx), "cuDeviceGet")),
-                         "cuDevicePrimaryCtxRetain")
-            _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            make_primary_context_current(idx)
             module = _check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
             fn = _check(drv.cuModuleGetFunction(module, kernel_name.encode()), "cuModuleGetFunction")
         _modules[key] = fn
@@ -187,20 +239,6 @@ def _cluster_attr(dims: tuple[int, int, int]) -> list:
     return [a]
 
 
-_pdl_attrs: list = []
-
-
-def _pdl_attr():
-    """The launch attribute list [programmatic stream serialization allowed] (built once)."""
-    if not _pdl_attrs:
-        drv = _driver()
-        a = drv.CUlaunchAttribute()
-        a.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        a.value.programmaticStreamSerializationAllowed = 1
-        _pdl_attrs.append(a)
-    return _pdl_attrs
-
-
 def launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: list, stream: int,
            shared_bytes: int = 0, pdl: bool = False, cluster: tuple[int, int, int] | None = None) -> None:
     """Launch ``fn`` on the CUDA stream handle ``stream`` (e.g. torch.cuda.current_stream().cuda_stream).
@@ -211,25 +249,31 @@ def launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: li
     stream has finished, so it must call griddepcontrol.wait before reading anything that kernel may write
     (the GEMV kernels do; see gemv_common.cuh).
     cluster: thread-block cluster dimensions (sm_90; each grid dimension a multiple of its cluster dimension).
+    A call plan launching the same kernel again keeps a mixgemm.kernels.cuda.launch.PreparedLaunch instead.
     """
+    from mixgemm.kernels.cuda.launch import Params, launch_config, raw_launch
+
+    params = Params(args)
+    raw_launch(int(fn), grid, block, shared_bytes, stream, params.addr,
+               launch_config(grid, block, shared_bytes, pdl, cluster))
+
+
+def prepare_launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: list, shared_bytes: int = 0,
+                   pdl: bool = False, cluster: tuple[int, int, int] | None = None, first_without_pdl: bool = False):
+    """The launch of :func:`launch`, kept for repeated calls (mixgemm.kernels.cuda.launch.PreparedLaunch): call it
+    with a stream handle after writing the changing parameters into ``.params.values``."""
+    from mixgemm.kernels.cuda.launch import Params, PreparedLaunch
+
+    return PreparedLaunch(int(fn), tuple(grid), tuple(block), shared_bytes, Params(args), pdl,
+                          None if cluster is None else tuple(cluster), first_without_pdl)
+
+
+def make_primary_context_current(idx: int) -> None:
+    """Make device idx's primary context (the one PyTorch uses) current on this thread."""
     drv = _driver()
-    ptrs = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
-    ex = pdl or cluster is not None
-    if ex:
-        cfg = drv.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
-        cfg.sharedMemBytes = shared_bytes
-        cfg.hStream = drv.CUstream(stream)
-        attrs = (_pdl_attr() if pdl else []) + (_cluster_attr(tuple(cluster)) if cluster is not None else [])
-        cfg.attrs = attrs
-        cfg.numAttrs = len(attrs)
-        err, = drv.cuLaunchKernelEx(cfg, fn, ctypes.addressof(ptrs), 0)
-    else:
-        err, = drv.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_bytes,
-                                  drv.CUstream(stream), ctypes.addressof(ptrs), 0)
-    if int(err) != 0:
-        raise RuntimeError(f"cuLaunchKernel{'Ex' if ex else ''} (PDL {pdl}, cluster {cluster}) failed: {err!r}")
+    _init_driver()
+    ctx = _check(drv.cuDevicePrimaryCtxRetain(_check(drv.cuDeviceGet(idx), "cuDeviceGet")), "cuDevicePrimaryCtxRetain")
+    _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 def max_active_clusters(fn, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
@@ -263,6 +307,11 @@ if os.environ.get("MIXGEMM_NVRTC_DEBUG"):  # pragma: no cover
     print("mixgemm.nvrtc: sources in", HERE)
 
 
+def bias_code(dtype) -> int:
+    """The kernels' bias dtype code: 1 float16, 2 bfloat16, 3 float32 (0: no bias)."""
+    return _BIAS_CODES[str(dtype)]
+
+
 _BIAS_CODES = {"torch.float16": 1, "torch.bfloat16": 2, "torch.float32": 3}
 
 
@@ -271,7 +320,19 @@ def bias_clamp_args(bias, lo: float, hi: float) -> list:
     (0 none, 1 float16, 2 bfloat16, 3 float32), clamp lo, clamp hi (+-inf for none)."""
     return [
         ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
-        ctypes.c_int(0 if bias is None else _BIAS_CODES[str(bias.dtype)]),
+        ctypes.c_int(0 if bias is None else bias_code(bias.dtype)),
         ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
         ctypes.c_float(hi if math.isfinite(hi) else math.inf),
     ]
+
+
+def set_bias_clamp(vals: list, at: int, bias, lo: float, hi: float) -> None:
+    """Write bias_clamp_args' four parameters for this call into a prepared launch's values, from position ``at``."""
+    if bias is None:
+        vals[at].value, vals[at + 1].value = 0, 0
+    else:
+        if not bias.is_contiguous():
+            raise ValueError(f"the bias must be contiguous, got strides {bias.stride()}")
+        vals[at].value, vals[at + 1].value = bias.data_ptr(), _BIAS_CODES[str(bias.dtype)]
+    vals[at + 2].value = lo if math.isfinite(lo) else -math.inf
+    vals[at + 3].value = hi if math.isfinite(hi) else math.inf

@@ -1,0 +1,150 @@
+"""Kernel launches straight into libcuda, and launches prepared once per call plan.
+
+Why not cuda-bindings' ``cuLaunchKernel`` on every call: each call there builds Python wrapper objects (the stream,
+the launch config and its attribute list) and converts every argument, tens of microseconds per launch -- more than a
+decode-sized kernel runs. Here the driver entry points are called through ctypes with prebuilt C structs, and a
+:class:`PreparedLaunch` keeps a kernel's whole parameter buffer between calls: a call writes only the pointers that
+change (activations, output) and enters the driver once.
+
+The driver is loaded as a ``ctypes.PyDLL``: the call keeps the GIL, so two Python threads sharing one prepared
+parameter buffer cannot interleave their writes with the driver's read of it (the driver copies the parameters
+before it returns).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass, field
+
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+
+class LaunchAttributeValue(ctypes.Union):
+    """CUlaunchAttributeValue: a 64-byte union (8-byte aligned: some members hold pointers)."""
+
+    _fields_ = [("pad", ctypes.c_char * 64), ("align", ctypes.c_uint64), ("dims", ctypes.c_uint * 3),
+                ("flag", ctypes.c_int)]
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: the attribute id, padding to 8 bytes, the value."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", LaunchAttributeValue)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig, the first argument of cuLaunchKernelEx."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+@functools.cache
+def _libcuda():
+    lib = ctypes.PyDLL("libcuda.so.1")
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuLaunchKernelEx.restype = ctypes.c_int
+    lib.cuTensorMapReplaceAddress.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuTensorMapReplaceAddress.restype = ctypes.c_int
+    return lib
+
+
+def launch_config(grid, block, smem: int, pdl: bool, cluster) -> LaunchConfig | None:
+    """The cuLaunchKernelEx config for a launch with programmatic dependent launch and / or a cluster shape; None
+    when neither is asked (a plain cuLaunchKernel then). The attribute array lives on the returned struct."""
+    attrs = []
+    if pdl:
+        a = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        a.value.flag = 1
+        attrs.append(a)
+    if cluster is not None:
+        a = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+        a.value.dims[:] = list(cluster)
+        attrs.append(a)
+    if not attrs:
+        return None
+    arr = (LaunchAttribute * len(attrs))(*attrs)
+    cfg = LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(*block), smem=smem,
+                       attrs=ctypes.cast(arr, ctypes.POINTER(LaunchAttribute)), num_attrs=len(attrs))
+    cfg._keep = arr  # the struct points into this array
+    return cfg
+
+
+def _retry_in_context(call):
+    """Run call(); on CUDA_ERROR_INVALID_CONTEXT (a thread on which PyTorch has not yet made the device's primary
+    context current) make it current and run it once more. The common path costs nothing."""
+    err = call()
+    if err == CUDA_ERROR_INVALID_CONTEXT:
+        import torch
+
+        from mixgemm.kernels.cuda.nvrtc import make_primary_context_current
+
+        make_primary_context_current(torch.cuda.current_device())
+        err = call()
+    return err
+
+
+def raw_launch(fn: int, grid, block, smem: int, stream: int, params_addr: int, config: LaunchConfig | None) -> None:
+    """Launch the CUfunction handle fn with the void*[] parameter array at params_addr on the stream handle."""
+    lib = _libcuda()
+    if config is None:
+        err = _retry_in_context(lambda: lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                                                           smem, stream, params_addr, None))
+    else:
+        config.stream = stream
+        err = _retry_in_context(lambda: lib.cuLaunchKernelEx(ctypes.byref(config), fn, params_addr, None))
+    if err:
+        raise RuntimeError(f"cuLaunchKernel{'Ex' if config is not None else ''} failed: CUresult {err}")
+
+
+def replace_tensor_map_address(map_addr: int, ptr: int) -> None:
+    """Point the 128-byte CUtensorMap at map_addr to the global address ptr (same shape and strides)."""
+    err = _libcuda().cuTensorMapReplaceAddress(map_addr, ptr)
+    if err:
+        raise RuntimeError(f"cuTensorMapReplaceAddress failed: CUresult {err}")
+
+
+class Params:
+    """A kernel's parameter buffer: the ctypes value of each parameter (kept alive here, in the kernel's order) and
+    the void* array of their addresses that the driver reads. Values are written in place between launches."""
+
+    def __init__(self, values: list):
+        self.values = values
+        self.array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        self.addr = ctypes.addressof(self.array)
+
+
+@dataclass
+class PreparedLaunch:
+    """One kernel launch with everything but the per-call pointers fixed: function, grid, block, dynamic shared
+    memory, parameters, and the launch attributes (PDL, cluster). ``first_without_pdl``: the first launch goes without
+    programmatic dependent launch (the weight's layout was just built by kernels that write what a PDL kernel reads
+    before its dependency wait)."""
+
+    fn: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    params: Params
+    pdl: bool = False
+    cluster: tuple[int, int, int] | None = None
+    first_without_pdl: bool = False
+    _config: LaunchConfig | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        self._config = launch_config(self.grid, self.block, self.smem, self.pdl, self.cluster)
+        if self.first_without_pdl and self.pdl:
+            self._first = launch_config(self.grid, self.block, self.smem, False, self.cluster)
+        else:
+            self.first_without_pdl = False
+
+    def __call__(self, stream: int) -> None:
+        cfg = self._config
+        if self.first_without_pdl:
+            cfg, self.first_without_pdl = self._first, False
+        raw_launch(self.fn, self.grid, self.block, self.smem, stream, self.params.addr, cfg)

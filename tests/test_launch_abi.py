@@ -1,0 +1,60 @@
+"""The ctypes mirrors of the driver's launch structs (mixgemm.kernels.cuda.launch) against cuda-bindings' own:
+byte for byte, so that cuLaunchKernelEx reads the grid, the stream and the PDL / cluster attributes it is given."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+driver = pytest.importorskip("cuda.bindings.driver")
+
+from mixgemm.kernels.cuda.launch import (  # noqa: E402
+    LaunchAttribute,
+    LaunchConfig,
+    Params,
+    launch_config,
+)
+
+
+def _attr(kind: str):
+    a = driver.CUlaunchAttribute()
+    if kind == "cluster":
+        a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = 1, 2, 3
+    else:
+        a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        a.value.programmaticStreamSerializationAllowed = 1
+    return ctypes.string_at(a.getPtr(), ctypes.sizeof(LaunchAttribute))
+
+
+@pytest.mark.parametrize("pdl, cluster", [(True, None), (False, (1, 2, 3)), (True, (1, 2, 3))])
+def test_launch_config_matches_the_driver_structs(pdl, cluster):
+    grid, block, smem, stream = (5, 6, 7), (384, 1, 1), 200_000, 0xABCDEF
+    cfg = launch_config(grid, block, smem, pdl, cluster)
+    cfg.stream = stream
+    want_attrs = ([_attr("pdl")] if pdl else []) + ([_attr("cluster")] if cluster else [])
+    got_attrs = ctypes.string_at(ctypes.addressof(cfg.attrs.contents), len(want_attrs) * ctypes.sizeof(LaunchAttribute))
+    assert got_attrs == b"".join(want_attrs)
+    c = driver.CUlaunchConfig()
+    c.gridDimX, c.gridDimY, c.gridDimZ = grid
+    c.blockDimX, c.blockDimY, c.blockDimZ = block
+    c.sharedMemBytes = smem
+    c.hStream = driver.CUstream(stream)
+    c.numAttrs = len(want_attrs)
+    want = ctypes.string_at(c.getPtr(), ctypes.sizeof(LaunchConfig))
+    got = ctypes.string_at(ctypes.addressof(cfg), ctypes.sizeof(LaunchConfig))
+    attrs_at = LaunchConfig.attrs.offset
+    assert got[:attrs_at] == want[:attrs_at] and got[attrs_at + 8:] == want[attrs_at + 8:]  # all but the pointer
+
+
+def test_no_attributes_means_a_plain_launch():
+    assert launch_config((1, 1, 1), (32, 1, 1), 0, False, None) is None
+
+
+def test_params_point_at_their_values_and_see_writes():
+    vals = [ctypes.c_void_p(16), ctypes.c_int(3), ctypes.c_float(0.5)]
+    p = Params(vals)
+    assert [p.array[i] for i in range(3)] == [ctypes.addressof(v) for v in vals]
+    vals[0].value = 4096  # a call writes its pointers in place; the driver reads them through the same array
+    assert ctypes.c_void_p.from_address(p.array[0]).value == 4096

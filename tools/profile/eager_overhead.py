@@ -1,0 +1,99 @@
+"""Host time of one eager QuantLinear call, piece by piece, beside nn.Linear: back-to-back calls without a sync (the
+rate an eager decode loop issues layers at), then the per-call pieces of the plan path (weight lookup, plan lookup,
+the prepared launch alone), and a cProfile of the call.
+
+    PYTHONPATH=src python -m tools.profile.eager_overhead --out DIR
+
+Writes DIR/eager_overhead.json and DIR/eager_overhead.prof.txt."""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import time
+
+import torch
+
+import mixgemm
+from mixgemm.ops.custom_ops import weight_from_tensors
+from mixgemm.ops.dispatch import plans_of
+
+N = K = 2048
+
+
+def rate_us(fn, iters=2000) -> float:
+    """Host microseconds per call of back-to-back calls (the GPU keeps up: these layers run a few us)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / iters * 1e6)
+        torch.cuda.synchronize()
+    return best
+
+
+def measure(name: str, q, lin, m: int) -> dict:
+    x = torch.randn(m, K, device="cuda", dtype=torch.float16)
+    q(x)
+    c = q.config
+    qw = weight_from_tensors(q.qweight, q.scales, q.zeros, q.offsets, c.bits, c.group_size, c.mode, N, K)
+    plan = next(v for key, v in plans_of(qw).items() if key[1] == m)
+    r = dict(scheme=name, M=m, kernel=plan.kernel,
+             linear=rate_us(lambda: lin(x)), F_linear=rate_us(lambda: torch.nn.functional.linear(x, lin.weight)),
+             quantlinear=rate_us(lambda: q(x)), forward=rate_us(lambda: q.forward(x)),
+             weight_lookup=rate_us(lambda: weight_from_tensors(q.qweight, q.scales, q.zeros, q.offsets, c.bits,
+                                                               c.group_size, c.mode, N, K)),
+             empty=rate_us(lambda: torch.empty((m, N), dtype=torch.float16, device="cuda")))
+    if plan.launch is not None:
+        r["launch_only"] = rate_us(lambda: plan.launch(x, None, -float("inf"), float("inf")))
+    r["ratio"] = r["quantlinear"] / r["linear"]
+    return r
+
+
+def profile(q, m: int) -> str:
+    x = torch.randn(m, K, device="cuda", dtype=torch.float16)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(2000):
+        q(x)
+    pr.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(25)
+    return text.getvalue()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rows, prof = [], []
+    with torch.no_grad():
+        lin = torch.nn.Linear(K, N, bias=False).half().cuda()
+        for name, cfg in (("W4A16", mixgemm.W4A16()), ("W8A8", mixgemm.W8A8())):
+            model = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False)).half().cuda()
+            mixgemm.quantize_(model, cfg)
+            for m in (1, 16, 512):
+                r = measure(name, model[0], lin, m)
+                rows.append(r)
+                print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
+            prof.append(f"== {name} M=1\n" + profile(model[0], 1))
+    with open(os.path.join(a.out, "eager_overhead.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    with open(os.path.join(a.out, "eager_overhead.prof.txt"), "w") as f:
+        f.write("\n".join(prof))
+    print("\n".join(prof)[:8000])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
