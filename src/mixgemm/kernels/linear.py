@@ -8,7 +8,10 @@
 * ``cuda_wgmma``: the Hopper wgmma GEMM (kernels/cuda/gemm_wgmma.cu), sm_90, fp16 / bf16, any M.
 * ``triton_gemm``: the Triton tensor-core GEMM, any M, any GPU and activation dtype.
 
-Run contract: ``run(x2d, qw, bias, lo, hi, config) -> [M, N]`` with x2d [M, K] unit stride along K, M >= 1.
+Run contract: ``run(x2d, qw, bias, lo, hi, config) -> [M, N]`` with x2d [M, K] unit stride along K, M >= 1; the
+GEMVs also take ``perm=`` (an act-order layer's kernel permutation, mixgemm.ops.dispatch.kernel_perm) and gather x
+through it while reading it. The GEMMs do not (their reason says so): the caller gathers x before them, which costs
+little next to a prefill GEMM.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ _HALF = (torch.float16, torch.bfloat16)
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def linear_problem(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device | DeviceInfo) -> Problem:
+def linear_problem(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device | DeviceInfo,
+                   act_order: bool = False) -> Problem:
     n, k = qw.shape
     g, ng = qw.config.groups(k)
     dev = device if isinstance(device, DeviceInfo) else device_info(device)
-    return Problem("linear", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, qw=qw)
+    return Problem("linear", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, act_order=act_order, qw=qw)
 
 
 @functools.cache
@@ -179,16 +183,22 @@ def _gemv_candidates(p: Problem) -> list[dict]:
     return out
 
 
-def _run_gemv_mma(x2d, qw, bias, lo, hi, config):
+def _gemv_perm(p: Problem) -> str | None:
+    # both GEMVs read x after their PDL wait, so a gather there costs loads, not a kernel launch; the CUDA-core one
+    # gathers once per block into shared memory at M = 1 (fp16), otherwise each lane gathers its own pieces
+    return None
+
+
+def _run_gemv_mma(x2d, qw, bias, lo, hi, config, perm=None):
     from mixgemm.kernels.cuda.gemv import gemv_mma
 
-    return gemv_mma(x2d, qw, bias, lo, hi, config)
+    return gemv_mma(x2d, qw, bias, lo, hi, config, perm)
 
 
-def _run_gemv(x2d, qw, bias, lo, hi, config):
+def _run_gemv(x2d, qw, bias, lo, hi, config, perm=None):
     from mixgemm.kernels.cuda.gemv import gemv_simt
 
-    return gemv_simt(x2d, qw, bias, lo, hi, config)
+    return gemv_simt(x2d, qw, bias, lo, hi, config, perm)
 
 
 # ------------------------------------------------------------------------------------------------ wgmma GEMM
@@ -296,18 +306,22 @@ def _run_triton(x2d, qw, bias, lo, hi, config):
     return gemm(x2d, qw, bias, lo, hi, config)
 
 
+def _gemm_perm(p: Problem) -> str:
+    return "the GEMMs read x in tiles without a gather; the separate gather is small next to a prefill GEMM"
+
+
 ENTRIES = (
     KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma,
                 Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1"),
-                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates),
+                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates, _gemv_perm),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
                 Layout.lazy("gemv_v1", "mixgemm.formats.layouts", "build_gemv_v1"), "CUDA-core GEMV, M <= 16",
-                _gemv_complete, _gemv_candidates),
+                _gemv_complete, _gemv_candidates, _gemv_perm),
     KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma,
                 Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1"),
-                "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates),
+                "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates, input_perm=_gemm_perm),
     KernelEntry("triton_gemm", "linear", _triton_can_run, _triton_config, _run_triton,
                 Layout.lazy("triton_gemm_v1_ks16", "mixgemm.kernels.triton.layout", "get_layout"),
-                "Triton tensor-core GEMM, any M", candidates=_triton_candidates),
+                "Triton tensor-core GEMM, any M", candidates=_triton_candidates, input_perm=_gemm_perm),
 )
 register("linear", ENTRIES)

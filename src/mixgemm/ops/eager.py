@@ -19,7 +19,7 @@ from mixgemm._checks import check_matmul_inputs
 from mixgemm.formats.activation import act_block_size, check_act
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.custom_ops import weight_from_tensors
-from mixgemm.ops.dispatch import cached_choice
+from mixgemm.ops.dispatch import cached_choice, run_linear
 from mixgemm.ops.matmul import matmul
 
 _INF = float("inf")
@@ -40,8 +40,9 @@ def eager_applies(mod, x: torch.Tensor) -> bool:
 
 def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
     """QuantLinear ``mod``'s output for x through the cached plan, or None to take the ops."""
+    perm = mod.input_perm if mod.act_mode is None else None  # act-order (weight-only): x[..., perm] @ W.T
     if x.device.type == "cpu" and mod.act_mode is None:
-        return matmul(x, mod.quantized_weight(), mod.bias)
+        return matmul(x if perm is None else x[..., perm], mod.quantized_weight(), mod.bias)
     c = mod.config
     n, k = mod.out_features, mod.in_features
     qw = weight_from_tensors(mod.qweight, mod.scales, mod.zeros, mod.offsets, c.bits, c.group_size, c.mode, n, k)
@@ -68,9 +69,10 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
         if act_mode is None:
             from mixgemm.kernels.linear import linear_problem
 
-            choice = cached_choice(qw, ("linear", m, x.dtype, x.get_device()),
-                                   checked(lambda: linear_problem(m, qw, x.dtype, x.device)))
-            y = choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config)
+            act_order = perm is not None
+            choice = cached_choice(qw, ("linear", m, x.dtype, x.get_device(), act_order),
+                                   checked(lambda: linear_problem(m, qw, x.dtype, x.device, act_order)))
+            y = run_linear(choice, x2d, qw, bias, -_INF, _INF, perm)
         else:
             from mixgemm.kernels.a8 import a8_problem
 

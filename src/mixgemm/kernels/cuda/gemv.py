@@ -8,6 +8,9 @@
 * qw: QuantizedWeight [N, K] on the same device, int4 or int8, any group size, any mode, any scale dtype.
   Its ``gemv_v1`` layout (mixgemm.formats.layouts) is built on first use and cached on the weight.
 * bias: None or float16 / bfloat16 / float32 [N]. lo, hi: output clamp (floats, may be +-inf).
+* perm (``gemv_simt`` / ``gemv_mma``): None, or an act-order layer's input permutation as int32 [>= Kp] padded
+  with the identity (mixgemm.ops.dispatch.kernel_perm): the kernel then multiplies x2d[:, perm[k]] where it reads
+  x2d[:, k] (GEMV_PERM / MMA_PERM), with no separate gather.
 * Returns [M, N] in x2d.dtype. Launched on torch.cuda.current_stream(); no host synchronization and
   no allocation other than the output (and the padded copy above), so it is CUDA-graph capturable
   once the kernel for a shape class has been compiled (first call).
@@ -148,6 +151,8 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
          "MMA_U": cfg["U"], "MMA_RG": cfg["RG"], "MMA_KS": cfg["KS"], "MMA_PF": cfg.get("PF", 0)}
     if cfg.get("DEFER", 0):  # only in the key when set: DEFER 0 keeps the earlier compile keys
         d["MMA_DEFER"] = cfg["DEFER"]
+    if cfg.get("PERM", 0):
+        d["MMA_PERM"] = 1
     return d
 
 
@@ -158,6 +163,13 @@ def use_mma(x_dtype: torch.dtype, m: int) -> bool:
     if x_dtype == torch.float32:
         return False
     return x_dtype == torch.bfloat16 or m >= 2
+
+
+def perm_config(cfg: dict, mb: int, act: int, kp: int) -> dict:
+    """cfg for an act-order call: x staged in shared memory (XS) where it can be, since the block then gathers x
+    through the permutation once, instead of every lane for each of its pieces."""
+    cfg = {**cfg, "PERM": 1}
+    return {**cfg, "XS": 1} if _xs_ok(cfg, mb, act, kp) else cfg
 
 
 def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> dict:
@@ -177,6 +189,8 @@ def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> 
         d["GEMV_XS"] = 1  # (gemv() also drops XS when K * 2 bytes exceed XS_MAX_BYTES)
     if cfg.get("LITE", 0):
         d["GEMV_LITE"] = 1
+    if cfg.get("PERM", 0):
+        d["GEMV_PERM"] = 1
     if cfg.get("BULK", 0):
         d["GEMV_BULK"] = cfg["BULK"]
         if cfg.get("BPAR", 0):
@@ -257,6 +271,18 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int)
     return cfg
 
 
+def _check_perm(perm: torch.Tensor | None, x2d: torch.Tensor, lay) -> None:
+    """An act-order call's kernel permutation: int32 on x's device, contiguous, covering the layout's padded K."""
+    if perm is None:
+        return
+    if perm.dtype != torch.int32 or perm.device != x2d.device or not perm.is_contiguous() or perm.dim() != 1:
+        raise ValueError(f"gemv: perm must be a contiguous int32 [Kp] tensor on {x2d.device} (see "
+                         f"ops.dispatch.kernel_perm), got {perm.dtype} {tuple(perm.shape)} on {perm.device}")
+    if perm.numel() < lay.k_padded or perm.data_ptr() % 16:
+        raise ValueError(f"gemv: perm must hold >= {lay.k_padded} entries (K padded to the layout) and be 16-byte "
+                         f"aligned, got {perm.numel()}")
+
+
 def _check_gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None):
     if not x2d.is_cuda:
         raise ValueError(f"gemv needs CUDA tensors, x is on {x2d.device}")
@@ -279,9 +305,11 @@ def _check_gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | Non
 
 
 @torch.compiler.disable
-def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float) -> torch.Tensor:
+def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
+         perm: torch.Tensor | None = None) -> torch.Tensor:
     """clamp(x2d @ dequant(qw).T + bias, lo, hi) -> [M, N] in x2d.dtype (see the module docstring): the tensor-core
-    kernel where use_mma says so, else the CUDA-core one, each with its own config rule."""
+    kernel where use_mma says so, else the CUDA-core one, each with its own config rule; perm: see the module
+    docstring."""
     bias = _check_gemv(x2d, qw, bias)
     m, k = x2d.shape
     n = qw.out_features
@@ -293,18 +321,18 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     if x2d.dtype != torch.float32 and forced_mma:
         cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count)
         forced = opts.configs.get("cuda_gemv_mma")
-        return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced))
+        return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced), perm)
     forced = opts.configs.get("cuda_gemv")
     cfg = simt_override(forced) if forced is not None else simt_config(m, n, k, qw.bits, x2d.dtype, qw.mode,
                                                                           props.multi_processor_count, props.name)
-    return gemv_simt(x2d, qw, bias, lo, hi, cfg)
+    return gemv_simt(x2d, qw, bias, lo, hi, cfg, perm)
 
 
 @torch.compiler.disable
 def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
-              cfg: dict) -> torch.Tensor:
+              cfg: dict, perm: torch.Tensor | None = None) -> torch.Tensor:
     """The CUDA-core GEMV with the tile config ``cfg`` (simt_config's keys); XS and BULK are dropped where they
-    cannot run."""
+    cannot run. perm: an act-order layer's kernel permutation (module docstring), applied while x is read."""
     bias = _check_gemv(x2d, qw, bias)
     m, k = x2d.shape
     n = qw.out_features
@@ -317,6 +345,9 @@ def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
     xk = _prepare_x(x2d, lay)
     kc = lay.chunks_per_row
+    _check_perm(perm, x2d, lay)
+    if perm is not None:
+        cfg = perm_config(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded)
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
     x_smem = lay.k_padded * 2 if cfg.get("XS", 0) else 0
@@ -341,6 +372,7 @@ def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         ctypes.c_int(lay.num_groups),
         ctypes.c_int(lay.gshift),
         ctypes.c_int(m),
+        ctypes.c_void_p(0 if perm is None else perm.data_ptr()),
     ]
     with torch.cuda.device(dev):
         stream = torch.cuda.current_stream(dev).cuda_stream
@@ -365,8 +397,9 @@ def _common_args(lay, xk, y, bias, lo, hi, n) -> list:
 
 @torch.compiler.disable
 def gemv_mma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
-             cfg: dict) -> torch.Tensor:
-    """The tensor-core GEMV (fp16 / bf16 activations) with the config ``cfg`` (mma_config's keys)."""
+             cfg: dict, perm: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensor-core GEMV (fp16 / bf16 activations) with the config ``cfg`` (mma_config's keys); perm: an
+    act-order layer's kernel permutation (module docstring), applied while x is read."""
     if x2d.dtype == torch.float32:
         raise TypeError("the tensor-core GEMV takes float16 / bfloat16 activations, got float32")
     bias = _check_gemv(x2d, qw, bias)
@@ -382,6 +415,8 @@ def gemv_mma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, 
     mb = 1 if m <= 8 else 2
     if cfg.get("DEFER", 0) and not defer_ok(lay.group_size, lay.k_tile):
         cfg = {**cfg, "DEFER": 0}
+    _check_perm(perm, x2d, lay)
+    cfg = {**cfg, "PERM": int(perm is not None)}
     defs = mma_defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
     fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, x2d.device)
     nt = -(-n // 16)
@@ -392,6 +427,7 @@ def gemv_mma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, 
         ctypes.c_int(lay.num_groups),
         ctypes.c_int(lay.gk),
         ctypes.c_int(m),
+        ctypes.c_void_p(0 if perm is None else perm.data_ptr()),
     ]
     with torch.cuda.device(x2d.device):
         nvrtc.launch(fn, grid, block, args, torch.cuda.current_stream(x2d.device).cuda_stream,
