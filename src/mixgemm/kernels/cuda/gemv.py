@@ -165,11 +165,15 @@ def use_mma(x_dtype: torch.dtype, m: int) -> bool:
     return x_dtype == torch.bfloat16 or m >= 2
 
 
+# Act-order calls stage x in shared memory (XS) where they can: the block then gathers x through the permutation
+# once, instead of every lane for each of its pieces. 0: per-lane gathers everywhere (for A/B measurements).
+PERM_XS = 1
+
+
 def perm_config(cfg: dict, mb: int, act: int, kp: int) -> dict:
-    """cfg for an act-order call: x staged in shared memory (XS) where it can be, since the block then gathers x
-    through the permutation once, instead of every lane for each of its pieces."""
+    """cfg for an act-order call: PERM on, and XS where PERM_XS says so and it can run."""
     cfg = {**cfg, "PERM": 1}
-    return {**cfg, "XS": 1} if _xs_ok(cfg, mb, act, kp) else cfg
+    return {**cfg, "XS": 1} if PERM_XS and _xs_ok(cfg, mb, act, kp) else cfg
 
 
 def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> dict:
