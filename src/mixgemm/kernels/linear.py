@@ -183,10 +183,38 @@ def _gemv_candidates(p: Problem) -> list[dict]:
     return out
 
 
-def _gemv_perm(p: Problem) -> str | None:
-    # both GEMVs read x after their PDL wait, so a gather there costs loads, not a kernel launch; the CUDA-core one
-    # gathers once per block into shared memory at M = 1 (fp16), otherwise each lane gathers its own pieces
-    return None
+# Act-order layers (Problem.act_order): where the GEMVs gather x through the permutation themselves (no gather kernel
+# before them; the gather's loads come after their PDL wait, under the weight stream), else the caller gathers first.
+# The CUDA-core GEMV gathers where x is staged in shared memory (fp16, M = 1, gemv.perm_config): once per block, from
+# shared memory. Its per-lane gathers from global memory (32 random addresses per warp load) are off unless
+# SIMT_PER_LANE_GATHER. The tensor-core GEMV gathers per lane up to MMA_GATHER_MAX_M rows: lanes of one k-quad share
+# indices, so a warp load touches 4 * M addresses of x. Unmeasured beyond M = 1: tools/checks/actorder_gpu.py --m /
+# --dtype times both ways.
+# GATHER_IN_KERNEL False: no GEMV gathers (the caller always does; for A/B measurements).
+GATHER_IN_KERNEL = True
+SIMT_PER_LANE_GATHER = False
+MMA_GATHER_MAX_M = 1
+
+
+def _gemv_perm(p: Problem, config: dict | None) -> str | None:
+    from mixgemm.kernels.cuda.gemv import stages_perm
+
+    if not GATHER_IN_KERNEL:
+        return "GATHER_IN_KERNEL is off"
+    if config is not None and stages_perm(config, p.m, p.x_dtype, p.bits, p.k):
+        return None
+    if SIMT_PER_LANE_GATHER:
+        return None
+    return ("x is not staged in shared memory here (fp16 M = 1 and K * 4 bytes <= 64 KiB only), and per-lane gathers "
+            "from global memory are off (SIMT_PER_LANE_GATHER)")
+
+
+def _gemv_mma_perm(p: Problem, config: dict | None) -> str | None:
+    if not GATHER_IN_KERNEL:
+        return "GATHER_IN_KERNEL is off"
+    if p.m <= MMA_GATHER_MAX_M:
+        return None
+    return f"M={p.m} above MMA_GATHER_MAX_M={MMA_GATHER_MAX_M} (per-lane gathers touch 4 * M addresses per load)"
 
 
 def _run_gemv_mma(x2d, qw, bias, lo, hi, config, perm=None):
@@ -306,14 +334,14 @@ def _run_triton(x2d, qw, bias, lo, hi, config):
     return gemm(x2d, qw, bias, lo, hi, config)
 
 
-def _gemm_perm(p: Problem) -> str:
+def _gemm_perm(p: Problem, config: dict | None) -> str:
     return "the GEMMs read x in tiles without a gather; the separate gather is small next to a prefill GEMM"
 
 
 ENTRIES = (
     KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma,
                 Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1"),
-                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates, _gemv_perm),
+                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates, _gemv_mma_perm),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
                 Layout.lazy("gemv_v1", "mixgemm.formats.layouts", "build_gemv_v1"), "CUDA-core GEMV, M <= 16",
                 _gemv_complete, _gemv_candidates, _gemv_perm),

@@ -11,9 +11,9 @@ An entry (:class:`KernelEntry`) says
 * ``complete``: how a config forced through kernel_options is completed (e.g. a partial tile);
 * ``candidates(problem) -> list[dict]`` (tunable entries only): a small set of legal configs beside the default,
   which `mixgemm tune` times (mixgemm.tuning.cache holds what it measured faster; the config step uses it);
-* ``input_perm(problem) -> str | None`` (linear): for act-order problems (``Problem.act_order``), None when ``run``
-  applies the input permutation itself while reading x (it is then handed ``perm=``), else why not: the caller
-  gathers x first (mixgemm.ops.dispatch.run_linear). Entries without it never apply one.
+* ``input_perm(problem, config) -> str | None`` (linear): for act-order problems (``Problem.act_order``), None when
+  ``run`` with that config applies the input permutation itself while reading x (it is then handed ``perm=``), else
+  why not: the caller gathers x first (mixgemm.ops.dispatch.run_linear). Entries without it never apply one.
 
 Ops (``Problem.op``): "linear" (weight-only, x float), "linear_a8" (activations quantized to int8), "conv". The
 dispatcher (:func:`choose`) walks the op's list and takes the first entry that can run; :func:`explain` returns
@@ -184,14 +184,16 @@ class KernelEntry:
     complete: Callable[[Problem, dict], dict] | None = None
     # a small set of legal configs besides the default for `mixgemm tune` (None: not tunable)
     candidates: Callable[[Problem], list[dict]] | None = None
-    # act-order problems: None when run applies the input permutation itself (run(..., perm=)), else why not
-    input_perm: Callable[[Problem], str | None] | None = None
+    # act-order problems: None when run with the config applies the input permutation itself (run(..., perm=)), else
+    # why not
+    input_perm: Callable[[Problem, dict | None], str | None] | None = None
 
-    def perm_reason(self, problem: Problem) -> str | None:
-        """None when this entry gathers x through an act-order problem's permutation itself, else why not."""
+    def perm_reason(self, problem: Problem, config: dict | None) -> str | None:
+        """None when this entry, run with ``config``, gathers x through an act-order problem's permutation itself,
+        else why not."""
         if self.input_perm is None:
             return "applies no input permutation"
-        return self.input_perm(problem)
+        return self.input_perm(problem, config)
 
 
 @dataclass(frozen=True)
@@ -268,7 +270,7 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
         d = e.can_run(problem)
         if d.ok or d.soft:
             cfg, source = _config(e, problem, opts)
-            return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem))
+            return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
         declined.append((e.name, d.reason))
     if forced:
         raise NoKernel(f"forced kernel cannot run this {problem.op} problem: "
@@ -280,18 +282,18 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
         d = e.can_run(problem)
         if d.ok:
             cfg, source = _config(e, problem, opts)
-            return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem))
+            return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
         declined.append((e.name, d.reason))
     raise NoKernel(f"no kernel takes this {problem.op} problem (m={problem.m}, n={problem.n}, k={problem.k}, "
                    f"{problem.bits}-bit, group {problem.group_size}, x {problem.x_dtype}): "
                    + "; ".join(f"{n}: {r}" for n, r in declined))
 
 
-def _perm_fields(e: KernelEntry, problem: Problem) -> tuple[bool, str]:
-    """(perm_in_kernel, perm_note) of a Choice of ``e`` for ``problem`` (nothing unless act-order)."""
+def _perm_fields(e: KernelEntry, problem: Problem, config: dict | None) -> tuple[bool, str]:
+    """(perm_in_kernel, perm_note) of a Choice of ``e`` with ``config`` for ``problem`` (nothing unless act-order)."""
     if not problem.act_order:
         return False, ""
-    why = e.perm_reason(problem)
+    why = e.perm_reason(problem, config)
     return why is None, "gathered in the kernel" if why is None else f"separate gather before the kernel ({why})"
 
 

@@ -114,8 +114,9 @@
 #endif
 
 // 1: act-order layer: the kernel multiplies x[perm[k]] (perm: the last kernel parameter, int32; gemv_common.cuh
-// ld_perm / gather_x) where it reads x[k] otherwise. With GEMV_XS the gather happens once per block while x is
-// staged into shared memory (the main loop is unchanged); without it each lane gathers its own pieces of x.
+// ld_perm / gather_x) where it reads x[k] otherwise. With GEMV_XS the block gathers x once while staging it into
+// shared memory (K * 4 bytes there: x as it is, then gathered; the main loop is unchanged); without it each lane
+// gathers its own pieces from global memory.
 #ifndef GEMV_PERM
 #define GEMV_PERM 0
 #endif
@@ -165,31 +166,48 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // [XV][Kc]: x piece v of chunk c at v * Kc + c
   uint4* const xsm = (uint4*)(pbuf + (GEMV_BPAR ? 2 * RG * R * prow_bytes : 0));
   // batches of 4 loads per thread in flight before their stores (one L2 round trip per batch); the caller syncs
-  auto stage_x = [&]() {
+  auto copy_x = [&](uint4* dst, bool piece_major) {
     for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_CTHREADS) {
       uint4 t[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (p0 + i * GEMV_CTHREADS < Kc * XV) t[i] = ld_x(X + p0 + i * GEMV_CTHREADS);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int p = p0 + i * GEMV_CTHREADS;
+        if (p < Kc * XV) dst[piece_major ? (p % XV) * Kc + p / XV : p] = t[i];
+      }
+    }
+  };
 #if GEMV_PERM
-      // act-order: piece p holds x[perm[8p .. 8p + 7]]; all 4 pieces' indices are loaded before any x gather, so
-      // the batch costs two dependent L2 round trips, not eight
-      int pk[4][8];
+  // act-order: x is first copied as it is (coalesced) to xraw behind xsm, then piece p of xsm gathered from there:
+  // x[perm[8p .. 8p + 7]]. Why from shared memory: a warp's 2-byte gather from global memory touches ~32 L1 lines
+  // (one wavefront each), from shared memory a few bank conflicts; the host sizes the dynamic shared memory for both.
+  const u16* const xraw = (const u16*)(xsm + Kc * XV);
+  auto stage_x = [&]() {
+    copy_x(xsm + Kc * XV, false);
+    asm volatile("bar.sync 1, %0;" ::"n"(GEMV_CTHREADS) : "memory");  // compute warps (GEMV_BULK: not the producer)
+    for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_CTHREADS) {
+      int pk[4][8];  // 4 pieces' indices in flight before any gather (coalesced: piece p's 32 bytes at 32 p)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         if (p0 + i * GEMV_CTHREADS < Kc * XV) ld_perm(perm, (p0 + i * GEMV_CTHREADS) * 8, pk[i]);
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (p0 + i * GEMV_CTHREADS < Kc * XV) t[i] = gather_x((const char*)X, pk[i]);
-#else
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (p0 + i * GEMV_CTHREADS < Kc * XV) t[i] = ld_x(X + p0 + i * GEMV_CTHREADS);
-#endif
-#pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int p = p0 + i * GEMV_CTHREADS;
-        if (p < Kc * XV) xsm[(p % XV) * Kc + p / XV] = t[i];
+        if (p >= Kc * XV) continue;
+        u32 w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = (u32)xraw[pk[i][2 * j]] | ((u32)xraw[pk[i][2 * j + 1]] << 16);
+        uint4 v;
+        v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
+        xsm[(p % XV) * Kc + p / XV] = v;
       }
     }
   };
+#else
+  auto stage_x = [&]() { copy_x(xsm, true); };
+#endif
 #endif
   float acc[M][R];  // per tile: zeroed at its start
   // Lanes stride along K (each warp reads 512 contiguous bytes of a row per step: coalesced); the KS

@@ -165,15 +165,18 @@ def use_mma(x_dtype: torch.dtype, m: int) -> bool:
     return x_dtype == torch.bfloat16 or m >= 2
 
 
-# Act-order calls stage x in shared memory (XS) where they can: the block then gathers x through the permutation
-# once, instead of every lane for each of its pieces. 0: per-lane gathers everywhere (for A/B measurements).
-PERM_XS = 1
-
-
 def perm_config(cfg: dict, mb: int, act: int, kp: int) -> dict:
-    """cfg for an act-order call: PERM on, and XS where PERM_XS says so and it can run."""
+    """cfg for an act-order call: PERM on, and x staged in shared memory (XS) where it can be: the block then gathers
+    x through the permutation once, from shared memory, instead of every lane its pieces from global memory."""
     cfg = {**cfg, "PERM": 1}
-    return {**cfg, "XS": 1} if PERM_XS and _xs_ok(cfg, mb, act, kp) else cfg
+    return {**cfg, "XS": 1} if _xs_ok(cfg, mb, act, kp) else cfg
+
+
+def stages_perm(cfg: dict, m: int, x_dtype: torch.dtype, bits: int, k: int) -> bool:
+    """True when an act-order call of the CUDA-core GEMV with this config gathers x into shared memory (perm_config
+    sets XS), False when its lanes would gather from global memory."""
+    kp = chunks_per_row(bits, k) * (32 if bits == 4 else 16)
+    return bool(perm_config(cfg, m_bucket(m), _ACT[x_dtype], kp).get("XS", 0))
 
 
 def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> dict:
@@ -231,9 +234,15 @@ BULK_MAX_BYTES = 224 * 1024
 XS_MAX_BYTES = 64 * 1024
 
 
+def x_smem_bytes(cfg: dict, kp: int) -> int:
+    """Dynamic shared memory of GEMV_XS: x in fp16 (K * 2 bytes), twice with PERM (x as it is, then gathered)."""
+    return kp * 2 * (2 if cfg.get("PERM", 0) else 1)
+
+
 def _xs_ok(cfg: dict, mb: int, act: int, kp: int) -> bool:
-    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF / PST, when K * 2 bytes fit."""
-    return mb == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0) and kp * 2 <= XS_MAX_BYTES
+    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF / PST, when x_smem_bytes fit."""
+    return (mb == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0)
+            and x_smem_bytes(cfg, kp) <= XS_MAX_BYTES)
 
 
 def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
@@ -354,7 +363,7 @@ def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         cfg = perm_config(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded)
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x2d.dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
-    x_smem = lay.k_padded * 2 if cfg.get("XS", 0) else 0
+    x_smem = x_smem_bytes(cfg, lay.k_padded) if cfg.get("XS", 0) else 0
     param_row_bytes = lay.params.stride(0) * lay.params.element_size()  # [N, G] or [N, G, 2], contiguous
     cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
     defs = defines_for(qw.bits, _ACT[x2d.dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
@@ -362,7 +371,7 @@ def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     rows_per_block = cfg["RG"] * cfg["R"]
     block = (32 * cfg["RG"] * cfg["KS"] + (32 if cfg.get("BULK", 0) else 0), 1, 1)  # + the bulk producer warp
     tiles = -(-n // rows_per_block)
-    # dynamic shared memory: the bulk ring, then x when it is staged there (K * 2 bytes: fp16, M = 1)
+    # dynamic shared memory: the bulk ring, then x when it is staged there (x_smem_bytes: fp16, M = 1)
     smem = (bulk_smem_bytes(cfg, param_row_bytes) if cfg.get("BULK", 0) else 0) + x_smem
     if smem:
         nvrtc.allow_dynamic_smem(fn, smem)
