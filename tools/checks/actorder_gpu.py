@@ -15,7 +15,8 @@ for those rules at other M (--m) and bf16 (--dtype).
 
 Checks: every act-order layer's output equals the plain layer applied to x[..., perm] in every variant (bit for bit:
 the same arithmetic on the same numbers, only where x is read from differs), at M = 1 every act-order layer gathers in
-its kernel, and the act-order stack (default rules) is at most --tolerance (3%) slower than the plain one.
+its kernel and the act-order stack (default rules) is at most --tolerance (3%) slower than the plain one (other M:
+times reported, not checked).
 
     PYTHONPATH=src python -m tools.checks.actorder_gpu --out DIR [--blocks 4] [--m 1] [--dtype float16]
 
@@ -194,8 +195,9 @@ def main() -> int:
         "layer_mismatches": mismatches, "outputs_finite": finite, "paths": paths,
         "not_gathered_in_kernel": not_in_kernel,
     }
-    # decode (M = 1) must gather in the kernel on every layer; other M report where they gather
-    ok = ratio <= 1.0 + args.tolerance and not mismatches and finite and (args.m > 1 or not not_in_kernel)
+    # the acceptance line is decode (M = 1): every layer gathers in its kernel, within the tolerance of plain; other M
+    # check the outputs and report the times
+    ok = not mismatches and finite and (args.m > 1 or (ratio <= 1.0 + args.tolerance and not not_in_kernel))
     result["ok"] = ok
     (args.out / "actorder_gpu.json").write_text(json.dumps(result, indent=2))
 
