@@ -159,10 +159,12 @@ def test_quantlinear_gathers_in_the_gemv(dtype, torch_gen):
             via_op = torch.ops.mixgemm.linear_wxa16(x, layer.qweight, layer.scales, layer.zeros, layer.offsets,
                                                     layer.bias, 4, 128, "zero_point", n, k, -math.inf, math.inf,
                                                     layer.input_perm)
-        err = float((got.double() - want.double()).norm() / want.double().norm())
-        assert err <= TOL[dtype], (m, err)
-        assert torch.equal(got, via_op)
         choice = mixgemm.explain(x, layer.quantized_weight(), act_order=True)
+        for y in (got, via_op):
+            err = float((y.double() - want.double()).norm() / want.double().norm())
+            assert err <= TOL[dtype], (m, err)
+        if choice.kernel.startswith("cuda_gemv"):  # the GEMVs reduce without atomics: the two paths agree exactly
+            assert torch.equal(got, via_op)
         assert choice.perm_in_kernel or m > 1, str(choice)  # decode gathers in the GEMV
         plan = plans_of(layer.quantized_weight())[("linear", m, dtype, x.get_device(), True)]
         assert plan.perm_in_kernel == choice.perm_in_kernel
