@@ -4,6 +4,7 @@ state-dict round trips, and that ordinary layers' state dicts are unchanged."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -34,6 +35,29 @@ def test_forward_and_weight_follow_the_permutation(bits, group_size, mode, torch
     assert torch.equal(layer.weight[:, perm], dequantize_weight(qw, qw.config.scale_dtype))
     torch.testing.assert_close(F.linear(x, layer.dequantize(), b), want, rtol=1e-5, atol=1e-5)
     assert layer.act_order and "act_order=True" in repr(layer)
+
+
+def test_op_takes_the_permutation_and_its_gradient(torch_gen):
+    """With a gradient to record, forward goes through torch.library's op, which takes the permutation itself (the
+    GEMVs gather x while reading it); its backward returns the gradient in the original input order."""
+    layer, qw, perm, b = _layer(torch_gen, k=256, n=37)
+    stored = dequantize_weight(qw, torch.float32)
+    x = torch.randn(3, 256, generator=torch_gen, requires_grad=True)
+    ref_x = x.detach().clone().requires_grad_(True)
+    want = F.linear(ref_x[..., perm], stored, b)
+    y = layer(x)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    g = torch.randn(want.shape, generator=torch_gen)
+    y.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-5)
+    args = (layer.qweight, layer.scales, layer.zeros, layer.offsets, layer.bias, 4, 32, "zero_point", 37, 256,
+            -math.inf, math.inf)
+    torch.testing.assert_close(torch.ops.mixgemm.linear_wxa16(x.detach(), *args, perm), want.detach(), rtol=1e-5,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match=r"input_perm must be int64 \[256\]"):
+        torch.ops.mixgemm.linear_wxa16(x.detach(), *args, perm.int())
+    torch.library.opcheck(torch.ops.mixgemm.linear_wxa16.default, (x.detach(), *args, perm))
 
 
 def test_state_dict_round_trip(tmp_path, torch_gen):

@@ -75,6 +75,58 @@ def test_linear_entries_reasons():
     assert _explain(9, big, torch.float32).kernel == "cuda_gemv"  # the Triton GEMM's crossover is 16
 
 
+def test_act_order_choice_says_who_gathers(monkeypatch):
+    """Act-order problems: the GEMVs gather x through the permutation in the kernel, the GEMMs say why not (the
+    caller gathers first); plain problems carry no permutation note."""
+    qw = _qw(2048, 2048)
+    # decode: fp16 M = 1 stages x in shared memory (the CUDA-core GEMV), bf16 M = 1 gathers per lane (tensor cores)
+    for m, dtype, kernel in ((1, torch.float16, "cuda_gemv"), (1, torch.bfloat16, "cuda_gemv_mma")):
+        c = _explain(m, qw, dtype, act_order=True)
+        assert c.kernel == kernel and c.perm_in_kernel and "gathered in the kernel" in str(c)
+    c = _explain(1, _qw(64, 16384 + 128), act_order=True)  # x and its gathered copy exceed 64 KiB
+    assert c.kernel == "cuda_gemv" and not c.perm_in_kernel and "not staged in shared memory" in c.perm_note
+    for m, dtype, device, kernel, why in ((4, torch.float16, H100, "cuda_gemv_mma", "MMA_GATHER_MAX_M"),
+                                          (16, torch.float32, H100, "cuda_gemv", "SIMT_PER_LANE_GATHER"),
+                                          (17, torch.float16, H100, "cuda_wgmma", "GEMMs"),
+                                          (64, torch.float16, A100, "triton_gemm", "GEMMs")):
+        c = _explain(m, qw, dtype, device=device, act_order=True)
+        assert c.kernel == kernel and not c.perm_in_kernel and why in c.perm_note
+        assert "separate gather before the kernel" in c.perm_note and c.perm_note in str(c)
+    monkeypatch.setattr(linear_entries, "MMA_GATHER_MAX_M", 16)
+    monkeypatch.setattr(linear_entries, "SIMT_PER_LANE_GATHER", True)
+    assert _explain(4, qw, act_order=True).perm_in_kernel
+    assert _explain(16, qw, torch.float32, act_order=True).perm_in_kernel
+    monkeypatch.setattr(linear_entries, "GATHER_IN_KERNEL", False)
+    assert not _explain(1, qw, act_order=True).perm_in_kernel
+    plain = _explain(1, qw)
+    assert not plain.perm_in_kernel and plain.perm_note == "" and "permutation" not in str(plain)
+    with mixgemm.kernel_options(force="cuda_wgmma"):  # a forced entry answers for itself too
+        assert not _explain(1, qw, act_order=True).perm_in_kernel
+
+
+def test_run_linear_gathers_only_for_entries_that_cannot(torch_gen):
+    from dataclasses import replace
+
+    from mixgemm.ops.dispatch import kernel_perm, run_linear
+
+    calls = []
+
+    def run(x2d, qw, bias, lo, hi, config, perm=None):
+        calls.append((x2d, perm))
+        return x2d
+
+    c = _explain(1, _qw(64, 256), act_order=True)
+    x = torch.randn(1, 256, generator=torch_gen)
+    perm = torch.randperm(256, generator=torch_gen)
+    gathering = replace(c, entry=replace(c.entry, run=run))
+    run_linear(gathering, x, None, None, 0.0, 0.0, perm)
+    assert calls[-1][0] is x and calls[-1][1] is kernel_perm(perm)
+    run_linear(replace(gathering, perm_in_kernel=False), x, None, None, 0.0, 0.0, perm)
+    assert torch.equal(calls[-1][0], x[:, perm]) and calls[-1][1] is None
+    run_linear(gathering, x, None, None, 0.0, 0.0, None)
+    assert calls[-1][0] is x and calls[-1][1] is None
+
+
 def test_triton_entry_needs_cuda_or_interpreter(monkeypatch):
     qw = _qw(64, 256)
     monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -35,10 +35,12 @@ def _device(x: torch.Tensor, device) -> DeviceInfo | None:
 
 
 def explain(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None = None, act_block: str = "group",
-            device: DeviceInfo | torch.device | str | None = None) -> Choice:
+            device: DeviceInfo | torch.device | str | None = None, act_order: bool = False) -> Choice:
     """The kernel mixgemm.matmul (act_mode None) or mixgemm.ops.int8.matmul_a8 (act_mode "sym" / "asym", act_block
     "group" / "token") runs for x [..., K] and qweight on x's device -- or on ``device`` (a DeviceInfo describes a
     GPU that is not here) -- with its config and the declined entries' reasons. str(result) prints it.
+    act_order: the call of an act-order weight-only layer (QuantLinear with input_perm): the choice then says whether
+    the kernel gathers x through the permutation itself (``perm_in_kernel``, ``perm_note``).
     Under kernel_options, the options' choice."""
     from mixgemm.kernels.a8 import a8_problem
     from mixgemm.kernels.linear import linear_problem
@@ -48,7 +50,7 @@ def explain(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None = No
         return _cpu_choice(x, qweight, act_mode)
     m = x.shape[:-1].numel()
     if act_mode is None:
-        return choose(linear_problem(m, qweight, x.dtype, dev))
+        return choose(linear_problem(m, qweight, x.dtype, dev, act_order))
     k = qweight.in_features
     return choose(a8_problem(m, qweight, x.dtype, dev, act_mode, act_block_size(k, qweight.group_size, act_block) == k))
 

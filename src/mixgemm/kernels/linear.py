@@ -8,7 +8,10 @@
 * ``cuda_wgmma``: the Hopper wgmma GEMM (kernels/cuda/gemm_wgmma.cu), sm_90, fp16 / bf16, any M.
 * ``triton_gemm``: the Triton tensor-core GEMM, any M, any GPU and activation dtype.
 
-Run contract: ``run(x2d, qw, bias, lo, hi, config) -> [M, N]`` with x2d [M, K] unit stride along K, M >= 1.
+Run contract: ``run(x2d, qw, bias, lo, hi, config) -> [M, N]`` with x2d [M, K] unit stride along K, M >= 1; the
+GEMVs also take ``perm=`` (an act-order layer's kernel permutation, mixgemm.ops.dispatch.kernel_perm) and gather x
+through it while reading it. The GEMMs do not (their reason says so): the caller gathers x before them, which costs
+little next to a prefill GEMM.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ _HALF = (torch.float16, torch.bfloat16)
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def linear_problem(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device | DeviceInfo) -> Problem:
+def linear_problem(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device | DeviceInfo,
+                   act_order: bool = False) -> Problem:
     n, k = qw.shape
     g, ng = qw.config.groups(k)
     dev = device if isinstance(device, DeviceInfo) else device_info(device)
-    return Problem("linear", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, qw=qw)
+    return Problem("linear", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, act_order=act_order, qw=qw)
 
 
 @functools.cache
@@ -179,28 +183,64 @@ def _gemv_candidates(p: Problem) -> list[dict]:
     return out
 
 
-def _run_gemv_mma(x2d, qw, bias, lo, hi, config):
+# Act-order layers (Problem.act_order): where the GEMVs gather x through the permutation themselves (no gather kernel
+# before them; the gather's loads come after their PDL wait, under the weight stream), else the caller gathers first.
+# The CUDA-core GEMV gathers where x is staged in shared memory (fp16, M = 1, gemv.perm_config): once per block, from
+# shared memory. Its per-lane gathers from global memory (32 random addresses per warp load) are off unless
+# SIMT_PER_LANE_GATHER. The tensor-core GEMV gathers per lane up to MMA_GATHER_MAX_M rows: lanes of one k-quad share
+# indices, so a warp load touches 4 * M addresses of x. Unmeasured beyond M = 1: tools/checks/actorder_gpu.py --m /
+# --dtype times both ways.
+# GATHER_IN_KERNEL False: no GEMV gathers (the caller always does; for A/B measurements).
+GATHER_IN_KERNEL = True
+SIMT_PER_LANE_GATHER = False
+MMA_GATHER_MAX_M = 1
+
+
+def _gemv_perm(p: Problem, config: dict | None) -> str | None:
+    from mixgemm.kernels.cuda.gemv import stages_perm
+
+    if not GATHER_IN_KERNEL:
+        return "GATHER_IN_KERNEL is off"
+    if config is not None and stages_perm(config, p.m, p.x_dtype, p.bits, p.k):
+        return None
+    if SIMT_PER_LANE_GATHER:
+        return None
+    return ("x is not staged in shared memory here (fp16 M = 1 and K * 4 bytes <= 64 KiB only), and per-lane gathers "
+            "from global memory are off (SIMT_PER_LANE_GATHER)")
+
+
+def _gemv_mma_perm(p: Problem, config: dict | None) -> str | None:
+    if not GATHER_IN_KERNEL:
+        return "GATHER_IN_KERNEL is off"
+    if p.m <= MMA_GATHER_MAX_M:
+        return None
+    return f"M={p.m} above MMA_GATHER_MAX_M={MMA_GATHER_MAX_M} (per-lane gathers touch 4 * M addresses per load)"
+
+
+def _run_gemv_mma(x2d, qw, bias, lo, hi, config, perm=None):
     from mixgemm.kernels.cuda.gemv import gemv_mma
 
-    return gemv_mma(x2d, qw, bias, lo, hi, config)
+    return gemv_mma(x2d, qw, bias, lo, hi, config, perm)
 
 
-def _run_gemv(x2d, qw, bias, lo, hi, config):
+def _run_gemv(x2d, qw, bias, lo, hi, config, perm=None):
     from mixgemm.kernels.cuda.gemv import gemv_simt
 
-    return gemv_simt(x2d, qw, bias, lo, hi, config)
+    return gemv_simt(x2d, qw, bias, lo, hi, config, perm)
 
 
 def _prepare_gemv_mma(p: Problem, qw, config):
     from mixgemm.kernels.cuda.gemv import prepare_mma
 
-    return prepare_mma(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), config)
+    gathers = p.act_order and _gemv_mma_perm(p, config) is None
+    return prepare_mma(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), config, gathers)
 
 
 def _prepare_gemv(p: Problem, qw, config):
     from mixgemm.kernels.cuda.gemv import prepare_simt
 
-    return prepare_simt(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), config)
+    gathers = p.act_order and _gemv_perm(p, config) is None
+    return prepare_simt(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), config, gathers)
 
 
 # ------------------------------------------------------------------------------------------------ wgmma GEMM
@@ -314,18 +354,24 @@ def _run_triton(x2d, qw, bias, lo, hi, config):
     return gemm(x2d, qw, bias, lo, hi, config)
 
 
+def _gemm_perm(p: Problem, config: dict | None) -> str:
+    return "the GEMMs read x in tiles without a gather; the separate gather is small next to a prefill GEMM"
+
+
 ENTRIES = (
     KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma,
                 Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1"),
-                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates, _prepare_gemv_mma),
+                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates, _gemv_mma_perm,
+                prepare=_prepare_gemv_mma),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
                 Layout.lazy("gemv_v1", "mixgemm.formats.layouts", "build_gemv_v1"), "CUDA-core GEMV, M <= 16",
-                _gemv_complete, _gemv_candidates, _prepare_gemv),
+                _gemv_complete, _gemv_candidates, _gemv_perm, prepare=_prepare_gemv),
     KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma,
                 Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1"),
-                "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates, prepare=_prepare_wgmma),
+                "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates, input_perm=_gemm_perm,
+                prepare=_prepare_wgmma),
     KernelEntry("triton_gemm", "linear", _triton_can_run, _triton_config, _run_triton,
                 Layout.lazy("triton_gemm_v1_ks16", "mixgemm.kernels.triton.layout", "get_layout"),
-                "Triton tensor-core GEMM, any M", candidates=_triton_candidates),
+                "Triton tensor-core GEMM, any M", candidates=_triton_candidates, input_perm=_gemm_perm),
 )
 register("linear", ENTRIES)

@@ -13,7 +13,10 @@ An entry (:class:`KernelEntry`) says
   plan (mixgemm.ops.dispatch) calls instead of ``run``;
 * ``complete``: how a config forced through kernel_options is completed (e.g. a partial tile);
 * ``candidates(problem) -> list[dict]`` (tunable entries only): a small set of legal configs beside the default,
-  which `mixgemm tune` times (mixgemm.tuning.cache holds what it measured faster; the config step uses it).
+  which `mixgemm tune` times (mixgemm.tuning.cache holds what it measured faster; the config step uses it);
+* ``input_perm(problem, config) -> str | None`` (linear): for act-order problems (``Problem.act_order``), None when
+  ``run`` with that config applies the input permutation itself while reading x (it is then handed ``perm=``), else
+  why not: the caller gathers x first (mixgemm.ops.dispatch.run_linear). Entries without it never apply one.
 
 Ops (``Problem.op``): "linear" (weight-only, x float), "linear_a8" (activations quantized to int8), "conv". The
 dispatcher (:func:`choose`) walks the op's list and takes the first entry that can run; :func:`explain` returns
@@ -100,6 +103,7 @@ class Problem:
     act_mode: str | None = None  # linear_a8: "sym" | "asym"
     per_token: bool = False  # linear_a8: one activation scale per token (act_block "token", or per-channel weights)
     conv: ConvShape | None = None
+    act_order: bool = False  # linear: the layer multiplies x[..., input_perm] (GPTQ desc_act)
     qw: object = field(default=None, compare=False, repr=False)
 
     @property
@@ -183,8 +187,18 @@ class KernelEntry:
     complete: Callable[[Problem, dict], dict] | None = None
     # a small set of legal configs besides the default for `mixgemm tune` (None: not tunable)
     candidates: Callable[[Problem], list[dict]] | None = None
-    # (problem, qw, config) -> launch(x2d, bias, lo, hi) -> y, built once per call plan (None: run on every call)
+    # act-order problems: None when run with the config applies the input permutation itself (run(..., perm=)), else
+    # why not
+    input_perm: Callable[[Problem, dict | None], str | None] | None = None
+    # (problem, qw, config) -> launch(x2d, bias, lo, hi[, perm]) -> y, built once per call plan (None: run per call)
     prepare: Callable | None = None
+
+    def perm_reason(self, problem: Problem, config: dict | None) -> str | None:
+        """None when this entry, run with ``config``, gathers x through an act-order problem's permutation itself,
+        else why not."""
+        if self.input_perm is None:
+            return "applies no input permutation"
+        return self.input_perm(problem, config)
 
 
 @dataclass(frozen=True)
@@ -197,6 +211,9 @@ class Choice:
     declined: tuple[tuple[str, str], ...] = ()
     problem: Problem | None = None
     config_source: str = ""  # where the config came from when not the entry's own rule (kernel_options, a cache file)
+    # act-order problems: True when the entry applies the input permutation itself; perm_note says how x is permuted
+    perm_in_kernel: bool = False
+    perm_note: str = ""
     launch: Callable | None = field(default=None, compare=False, repr=False)  # the prepared launch of a cached plan
 
     @property
@@ -206,6 +223,8 @@ class Choice:
     def __str__(self) -> str:
         lines = [f"{self.entry.op}: {self.entry.name} with config {self.config}"
                  + (f" (from {self.config_source})" if self.config_source else "")]
+        if self.perm_note:
+            lines.append(f"  input permutation: {self.perm_note}")
         lines += [f"  {name} declined: {why}" for name, why in self.declined]
         return "\n".join(lines)
 
@@ -257,7 +276,7 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
         d = e.can_run(problem)
         if d.ok or d.soft:
             cfg, source = _config(e, problem, opts)
-            return Choice(e, cfg, tuple(declined), problem, source)
+            return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
         declined.append((e.name, d.reason))
     if forced:
         raise NoKernel(f"forced kernel cannot run this {problem.op} problem: "
@@ -269,11 +288,19 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
         d = e.can_run(problem)
         if d.ok:
             cfg, source = _config(e, problem, opts)
-            return Choice(e, cfg, tuple(declined), problem, source)
+            return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
         declined.append((e.name, d.reason))
     raise NoKernel(f"no kernel takes this {problem.op} problem (m={problem.m}, n={problem.n}, k={problem.k}, "
                    f"{problem.bits}-bit, group {problem.group_size}, x {problem.x_dtype}): "
                    + "; ".join(f"{n}: {r}" for n, r in declined))
+
+
+def _perm_fields(e: KernelEntry, problem: Problem, config: dict | None) -> tuple[bool, str]:
+    """(perm_in_kernel, perm_note) of a Choice of ``e`` with ``config`` for ``problem`` (nothing unless act-order)."""
+    if not problem.act_order:
+        return False, ""
+    why = e.perm_reason(problem, config)
+    return why is None, "gathered in the kernel" if why is None else f"separate gather before the kernel ({why})"
 
 
 def _config(e: KernelEntry, problem: Problem, opts: KernelOptions) -> tuple[dict | None, str]:

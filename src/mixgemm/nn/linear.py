@@ -184,10 +184,11 @@ class QuantLinear(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._buffers.get("input_perm") is not None:
-            # one gather kernel, no host sync (CUDA-graph safe); on an H100 at M = 1 advanced indexing takes
-            # ~3.2 us, index_select ~4.4 us, take_along_dim ~6.4 us
-            x = x[..., self.input_perm]
+        # act-order weight-only layers hand input_perm to the kernels (the GEMVs gather x while reading it, the
+        # GEMMs after one gather: mixgemm.ops.dispatch.run_linear); activation-quantized ones gather here
+        perm = self._buffers.get("input_perm")
+        if perm is not None and self.act_mode is not None:
+            x, perm = x[..., perm], None
         if eager_applies(self, x):  # eager, nothing for autograd to record: no op dispatch (ops/eager.py)
             y = eager_forward(self, x)
             if y is not None:
@@ -196,7 +197,7 @@ class QuantLinear(nn.Module):
         if self.act_mode is None:
             return torch.ops.mixgemm.linear_wxa16(x, self.qweight, self.scales, self.zeros, self.offsets, self.bias,
                                                   c.bits, c.group_size, c.mode, self.out_features,
-                                                  self.in_features, -math.inf, math.inf)
+                                                  self.in_features, -math.inf, math.inf, perm)
         return torch.ops.mixgemm.linear_wxa8(x, self.qweight, self.scales, self.zeros, self.offsets, self.bias,
                                              c.bits, c.group_size, c.mode, self.out_features, self.in_features,
                                              self.act_mode, -math.inf, math.inf, self.act_block)

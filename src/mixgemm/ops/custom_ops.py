@@ -4,9 +4,10 @@ torch.export see them as single opaque nodes.
 Ops (all take plain tensors; a weight is its plain interchange tensors, see mixgemm.formats.weight):
 
 * ``torch.ops.mixgemm.linear_wxa16(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K,
-  lo, hi)`` -> ``clamp(x @ dequant(W).T + bias, lo, hi)``, [..., N] in x.dtype. Weight-only
+  lo, hi, input_perm=None)`` -> ``clamp(x @ dequant(W).T + bias, lo, hi)``, [..., N] in x.dtype. Weight-only
   quantization: CUDA kernels through mixgemm.ops.dispatch.cuda_matmul, the CPU fallback of
-  mixgemm.matmul on the CPU.
+  mixgemm.matmul on the CPU. ``input_perm`` (int64 [K], act-order layers): x[..., input_perm] is multiplied
+  instead of x; the GEMVs gather it while reading x (no separate kernel, mixgemm.ops.dispatch.run_linear).
 * ``torch.ops.mixgemm.linear_wxa8(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K,
   act_mode, lo, hi)``: the same with the activations quantized to int8 per token and per block (block =
   the weight's group size; ``act_mode`` "sym" or "asym"), i.e. W8A8 / W4A8, through
@@ -131,12 +132,13 @@ def _activation_for(lo: float, hi: float) -> tuple[str | None, bool]:
 _warned: set = set()
 
 
-def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation: str | None) -> Tensor:
+def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation: str | None,
+                 input_perm: Tensor | None = None) -> Tensor:
     from mixgemm.kernels.registry import NoKernel
     from mixgemm.ops.dispatch import cuda_matmul
 
     try:
-        return cuda_matmul(x, qw, bias, activation)
+        return cuda_matmul(x, qw, bias, activation, input_perm)
     except (ImportError, NoKernel) as e:
         # No kernel of this build takes the layer (e.g. no Triton for the prefill GEMM): run the dequantized fp GEMM
         # instead, loudly, rather than failing a whole model.
@@ -147,6 +149,8 @@ def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation
         from mixgemm.formats.weight import dequantize_weight
 
         lo, hi = ACTIVATIONS[activation]
+        if input_perm is not None:
+            x = x[..., input_perm]
         y = torch.nn.functional.linear(x, dequantize_weight(qw, x.dtype), None if bias is None else bias.to(x.dtype))
         return y.clamp(lo, hi) if activation is not None else y
 
@@ -154,21 +158,35 @@ def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation
 @torch.library.custom_op("mixgemm::linear_wxa16", mutates_args=())
 def linear_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
                  bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
-                 bits: int, group_size: int, mode: str, N: int, K: int, lo: float, hi: float) -> Tensor:
-    """clamp(x @ dequant(W).T + bias, lo, hi): x float16/bfloat16/float32 [..., K] -> [..., N] in x.dtype."""
+                 bits: int, group_size: int, mode: str, N: int, K: int, lo: float, hi: float,
+                 input_perm: Optional[Tensor] = None) -> Tensor:  # noqa: UP045
+    """clamp(x[..., input_perm] @ dequant(W).T + bias, lo, hi): x float16/bfloat16/float32 [..., K] -> [..., N] in
+    x.dtype (input_perm None: x itself)."""
     qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)
     activation, extra_clamp = _activation_for(lo, hi)
+    _check_input_perm(input_perm, x, K)
     if x.device.type == "cpu":
         from mixgemm.ops.matmul import matmul
 
-        y = matmul(x, qw, bias, activation)
+        y = matmul(x if input_perm is None else x[..., input_perm], qw, bias, activation)
     else:
-        y = _cuda_linear(x, qw, bias, activation)  # checks the inputs (in full when it makes the weight's plan)
+        # checks the inputs (in full when it makes the weight's plan)
+        y = _cuda_linear(x, qw, bias, activation, input_perm)
     return y.clamp(lo, hi) if extra_clamp else y
 
 
+def _check_input_perm(perm: Optional[Tensor], x: Tensor, k: int) -> None:  # noqa: UP045
+    """An act-order input permutation argument: int64 [K] on x's device (its values are checked where the module
+    gets it: QuantLinear)."""
+    if perm is None:
+        return
+    if perm.dtype != torch.int64 or tuple(perm.shape) != (k,) or perm.device != x.device:
+        raise ValueError(f"input_perm must be int64 [{k}] on {x.device}, got {perm.dtype} {tuple(perm.shape)} on "
+                         f"{perm.device}")
+
+
 @linear_wxa16.register_fake
-def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, lo, hi):
+def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, lo, hi, input_perm=None):
     torch._check(x.shape[-1] == K, lambda: f"x has {x.shape[-1]} features, the weight expects K={K}")
     return x.new_empty((*x.shape[:-1], N))
 
@@ -183,20 +201,23 @@ def _plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k)
 
 def _linear_setup_context(ctx, inputs, output):
     x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, n, k = inputs[:11]
-    # linear_wxa16: (..., lo, hi); linear_wxa8: (..., act_mode, lo, hi, act_block)
-    lo, hi = inputs[-3:-1] if isinstance(inputs[-1], str) else inputs[-2:]
+    # linear_wxa16: (..., lo, hi[, input_perm]); linear_wxa8: (..., act_mode, lo, hi[, act_block])
+    a8 = isinstance(inputs[11], str)
+    lo, hi = inputs[12:14] if a8 else inputs[11:13]
+    perm = None if a8 or len(inputs) < 14 else inputs[13]
     ctx.fmt = (bits, group_size, mode, n, k)
     ctx.bounds = (lo, hi)
     ctx.x_dtype = x.dtype
     ctx.bias_dtype = None if bias is None else bias.dtype
-    ctx.save_for_backward(qweight, scales, zeros, offsets, output if (lo, hi) != (-math.inf, math.inf) else None)
+    ctx.save_for_backward(qweight, scales, zeros, offsets, output if (lo, hi) != (-math.inf, math.inf) else None,
+                          perm)
 
 
 def _linear_backward(ctx, grad):
     """Gradients for x and bias (the quantized weight is frozen: no gradient). dL/dx = g @ dequant(W), with g
     masked where the output clamp was active; computed in float32 (the straight-through reading of
     activation quantization for linear_wxa8)."""
-    qweight, scales, zeros, offsets, out = ctx.saved_tensors
+    qweight, scales, zeros, offsets, out, perm = ctx.saved_tensors
     bits, group_size, mode, n, k = ctx.fmt
     g = grad
     if out is not None:
@@ -209,6 +230,8 @@ def _linear_backward(ctx, grad):
         w = dequantize_weight(_plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k),
                               torch.float32)
         gx = (g.float() @ w).to(ctx.x_dtype)
+        if perm is not None:  # the product read x[..., perm]: input feature perm[j] gets stored column j's gradient
+            gx = torch.empty_like(gx).index_copy_(-1, perm, gx)
     if ctx.needs_input_grad[5]:
         gb = g.float().reshape(-1, n).sum(0).to(ctx.bias_dtype)
     return (gx, None, None, None, None, gb) + (None,) * (len(ctx.needs_input_grad) - 6)

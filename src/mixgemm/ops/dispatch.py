@@ -62,12 +62,53 @@ def cached_choice(qw: QuantizedWeight, key: tuple, make_problem) -> Choice:
     return hit
 
 
-def linear_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device) -> Choice:
-    """The registry's choice (entry + config) for a weight-only linear of M rows, cached on qw."""
+def linear_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device,
+                  act_order: bool = False) -> Choice:
+    """The registry's choice (entry + config) for a weight-only linear of M rows, cached on qw (act-order layers
+    share their weight object with plain views of it: act_order is part of the key)."""
     from mixgemm.kernels.linear import linear_problem
 
-    return cached_choice(qw, ("linear", m, x_dtype, device_key(device)),
-                         lambda: linear_problem(m, qw, x_dtype, device_info(device)))
+    return cached_choice(qw, ("linear", m, x_dtype, device_key(device), act_order),
+                         lambda: linear_problem(m, qw, x_dtype, device_info(device), act_order))
+
+
+PERM_PAD = 64  # the largest k-chunk of the GEMV layouts (gemv_mma_v1 int4 k-tile)
+_PERM_ATTR = "_mixgemm_kernel_perm"
+
+
+def kernel_perm(perm: torch.Tensor) -> torch.Tensor:
+    """An act-order layer's input permutation (int64 [K]) as the GEMVs read it: int32, padded with the identity to a
+    multiple of PERM_PAD (padded k then read the zero-padded x, like plain layers: no bounds checks in the kernel).
+    Made once and cached on the perm tensor itself (checked against its data pointer and version counter, like
+    mixgemm.ops.custom_ops.weight_from_tensors), so calls and CUDA-graph replays convert nothing."""
+    sig = (perm.data_ptr(), perm._version if not perm.is_inference() else -1, perm.numel(), perm.device)
+    hit = getattr(perm, _PERM_ATTR, None)
+    if hit is not None and hit[0] == sig:
+        return hit[1]
+    k = perm.numel()
+    kp = -(-k // PERM_PAD) * PERM_PAD
+    out = torch.arange(kp, dtype=torch.int32, device=perm.device)
+    out[:k] = perm
+    setattr(perm, _PERM_ATTR, (sig, out))
+    return out
+
+
+def run_linear(choice: Choice, x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float,
+               hi: float, perm: torch.Tensor | None = None) -> torch.Tensor:
+    """The chosen entry's output for x2d [M, K] (an act-order layer's input permutation ``perm`` applied: by the
+    kernel where the entry gathers x itself, else by one gather before it)."""
+    launch = choice.launch
+    if perm is None:
+        return launch(x2d, bias, lo, hi) if launch is not None else choice.entry.run(x2d, qw, bias, lo, hi,
+                                                                                       choice.config)
+    if choice.perm_in_kernel:
+        kp = kernel_perm(perm)
+        return (launch(x2d, bias, lo, hi, kp) if launch is not None
+                else choice.entry.run(x2d, qw, bias, lo, hi, choice.config, perm=kp))
+    # one gather kernel, no host sync (CUDA-graph safe); on an H100 at M = 1 advanced indexing took ~3.2 us,
+    # index_select ~4.4 us, take_along_dim ~6.4 us
+    x2d = x2d[:, perm]
+    return launch(x2d, bias, lo, hi) if launch is not None else choice.entry.run(x2d, qw, bias, lo, hi, choice.config)
 
 
 def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device,
@@ -85,9 +126,11 @@ def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devic
         return "gemm"  # no GPU kernel here (CPU without the Triton interpreter): the Triton GEMM is the fallback
 
 
-def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, activation: str | None):
-    """The weight-only product on CUDA through the weight's cached plan. The inputs are checked in full when a plan is
-    made; a call on an existing plan checks only what the plan key does not fix (K, the bias' shape and device)."""
+def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, activation: str | None,
+                input_perm: torch.Tensor | None = None):
+    """clamp(x[..., input_perm] @ dequant(qw).T + bias) on CUDA (input_perm None: x as is), through the weight's cached
+    plan. The inputs are checked in full when a plan is made; a call on an existing plan checks only what the plan key
+    does not fix (K, the bias' shape and device)."""
     lo, hi = clamp_bounds(activation)
     shape = x.shape
     n, k = qw.shape
@@ -104,11 +147,8 @@ def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         from mixgemm.kernels.linear import linear_problem
 
         check_matmul_inputs(x, qw, bias)
-        return linear_problem(m, qw, x.dtype, device_info(x.device))
+        return linear_problem(m, qw, x.dtype, device_info(x.device), input_perm is not None)
 
-    choice = cached_choice(qw, ("linear", m, x.dtype, device_key(x.device)), make_problem)
-    if choice.launch is not None:
-        y = choice.launch(x2d, bias, lo, hi)
-    else:
-        y = choice.entry.run(x2d, qw, bias, lo, hi, choice.config)
+    choice = cached_choice(qw, ("linear", m, x.dtype, device_key(x.device), input_perm is not None), make_problem)
+    y = run_linear(choice, x2d, qw, bias, lo, hi, input_perm)
     return y if len(shape) == 2 else y.view(*shape[:-1], n)

@@ -19,7 +19,7 @@ from mixgemm._checks import check_matmul_inputs
 from mixgemm.formats.activation import act_block_size, check_act
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.custom_ops import weight_from_tensors
-from mixgemm.ops.dispatch import cached_choice
+from mixgemm.ops.dispatch import cached_choice, run_linear
 from mixgemm.ops.matmul import matmul
 
 _INF = float("inf")
@@ -49,8 +49,9 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
     n, k = mod.out_features, mod.in_features
     qw = weight_from_tensors(b["qweight"], b["scales"], b["zeros"], b["offsets"], c.bits, c.group_size, c.mode, n, k)
     act_mode = mod.act_mode
+    perm = b.get("input_perm") if act_mode is None else None  # act-order (weight-only): x[..., perm] @ W.T
     if x.device.type == "cpu" and act_mode is None:
-        return matmul(x, qw, bias)
+        return matmul(x if perm is None else x[..., perm], qw, bias)
     shape = x.shape
     if len(shape) < 1 or shape[-1] != k:
         check_matmul_inputs(x, qw, bias)  # raises, naming the shapes
@@ -71,11 +72,10 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
 
     try:
         if act_mode is None:
-            choice = cached_choice(qw, ("linear", m, x.dtype, x.get_device()),
-                                   checked(lambda: _linear_problem(m, qw, x.dtype, x.device)))
-            launch = choice.launch
-            y = (launch(x2d, bias, -_INF, _INF) if launch is not None
-                 else choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config))
+            act_order = perm is not None
+            choice = cached_choice(qw, ("linear", m, x.dtype, x.get_device(), act_order),
+                                   checked(lambda: _linear_problem(m, qw, x.dtype, x.device, act_order)))
+            y = run_linear(choice, x2d, qw, bias, -_INF, _INF, perm)
         else:
             per_token = act_block_size(k, qw.group_size, mod.act_block) == k
             choice = cached_choice(qw, ("linear_a8", m, x.dtype, x.get_device(), act_mode, per_token),
@@ -88,10 +88,10 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
     return y if len(shape) == 2 else y.view(*shape[:-1], n)
 
 
-def _linear_problem(m, qw, x_dtype, device):
+def _linear_problem(m, qw, x_dtype, device, act_order):
     from mixgemm.kernels.linear import linear_problem
 
-    return linear_problem(m, qw, x_dtype, device)
+    return linear_problem(m, qw, x_dtype, device, act_order)
 
 
 def _a8_problem(m, qw, x_dtype, device, act_mode, per_token):

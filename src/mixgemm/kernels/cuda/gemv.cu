@@ -113,6 +113,14 @@
 #define GEMV_BPAR 0
 #endif
 
+// 1: act-order layer: the kernel multiplies x[perm[k]] (perm: the last kernel parameter, int32; gemv_common.cuh
+// ld_perm / gather_x) where it reads x[k] otherwise. With GEMV_XS the block gathers x once while staging it into
+// shared memory (K * 4 bytes there: x as it is, then gathered; the main loop is unchanged); without it each lane
+// gathers its own pieces from global memory.
+#ifndef GEMV_PERM
+#define GEMV_PERM 0
+#endif
+
 #define GEMV_CTHREADS (32 * GEMV_RG * GEMV_KS)  // compute warps
 #define GEMV_THREADS (GEMV_CTHREADS + (GEMV_BULK ? 32 : 0))
 
@@ -135,7 +143,8 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
              int bias_kind,                     // 0 none, 1 f16, 2 bf16, 3 f32
              float lo, float hi,                // output clamp
              int N, int Kc, int G, int gshift,
-             int Mr) {                          // rows of X and Y actually present, 1 <= Mr <= GEMV_M
+             int Mr,                            // rows of X and Y actually present, 1 <= Mr <= GEMV_M
+             const int* __restrict__ perm) {    // GEMV_PERM: [Kp] input permutation (else unused, may be null)
   constexpr int BITS = GEMV_BITS, ACT = GEMV_ACT, SCL = GEMV_SCL, MODE = GEMV_MODE;
   constexpr int M = GEMV_M, R = GEMV_R, U = GEMV_U, RG = GEMV_RG, KS = GEMV_KS;
   constexpr int XE = ACT == 2 ? 4 : 2;            // bytes per activation element
@@ -157,7 +166,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // [XV][Kc]: x piece v of chunk c at v * Kc + c
   uint4* const xsm = (uint4*)(pbuf + (GEMV_BPAR ? 2 * RG * R * prow_bytes : 0));
   // batches of 4 loads per thread in flight before their stores (one L2 round trip per batch); the caller syncs
-  auto stage_x = [&]() {
+  auto copy_x = [&](uint4* dst, bool piece_major) {
     for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_CTHREADS) {
       uint4 t[4];
 #pragma unroll
@@ -166,16 +175,65 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int p = p0 + i * GEMV_CTHREADS;
-        if (p < Kc * XV) xsm[(p % XV) * Kc + p / XV] = t[i];
+        if (p < Kc * XV) dst[piece_major ? (p % XV) * Kc + p / XV : p] = t[i];
       }
     }
   };
+#if GEMV_PERM
+  // act-order: x is first copied as it is (coalesced) to xraw behind xsm, then piece p of xsm gathered from there:
+  // x[perm[8p .. 8p + 7]]. Why from shared memory: a warp's 2-byte gather from global memory touches ~32 L1 lines
+  // (one wavefront each), from shared memory a few bank conflicts; the host sizes the dynamic shared memory for both.
+  const u16* const xraw = (const u16*)(xsm + Kc * XV);
+  auto stage_x = [&]() {
+    // 4 pieces' indices in flight before any gather (coalesced: piece p's 32 bytes at 32 p). They are prefetched into
+    // L1 while x is copied, so the loads after the barrier are L1 hits: loading them into registers there instead
+    // took the R4 KS2 tile from 74 to 98 registers (ptxas, sm_90).
+    int pk[4][8];
+    auto load_pk = [&](int p0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (p0 + i * GEMV_CTHREADS < Kc * XV) ld_perm(perm, (p0 + i * GEMV_CTHREADS) * 8, pk[i]);
+    };
+    for (int p = threadIdx.x; p < Kc * XV; p += GEMV_CTHREADS)
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(perm + 8 * p));
+    copy_x(xsm + Kc * XV, false);
+    asm volatile("bar.sync 1, %0;" ::"n"(GEMV_CTHREADS) : "memory");  // compute warps (GEMV_BULK: not the producer)
+    for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_CTHREADS) {
+      load_pk(p0);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int p = p0 + i * GEMV_CTHREADS;
+        if (p >= Kc * XV) continue;
+        u32 w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = (u32)xraw[pk[i][2 * j]] | ((u32)xraw[pk[i][2 * j + 1]] << 16);
+        uint4 v;
+        v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
+        xsm[(p % XV) * Kc + p / XV] = v;
+      }
+    }
+  };
+#else
+  auto stage_x = [&]() { copy_x(xsm, true); };
+#endif
 #endif
   float acc[M][R];  // per tile: zeroed at its start
   // Lanes stride along K (each warp reads 512 contiguous bytes of a row per step: coalesced); the KS
   // warps of a row group interleave their chunks (split-K inside the block, when N alone cannot fill
   // the GPU); U chunks per lane are loaded before any is used, so U * R 16-byte loads are in flight.
   constexpr int STRIDE = KS * 32;
+  constexpr int PER = 16 / XE;  // activations per 16-byte piece
+  // Piece v of chunk c of x row m from global memory (rows >= Mr read row Mr - 1 and are never stored). Act-order
+  // (GEMV_PERM) gathers it through the indices pk of that piece, loaded once by the caller for all M rows.
+  auto x_piece = [&](int m, int c, int v, const int (&pk)[PER]) -> uint4 {
+    const uint4* row = X + (size_t)min(m, Mr - 1) * ldx4;
+    if constexpr (GEMV_PERM) return gather_x((const char*)row, pk);
+    else return ld_x(row + (size_t)c * XV + v);
+  };
+  // act-order: the indices of piece v of chunk c (pieces are contiguous: it starts at k = PER * (c * XV + v))
+  auto piece_perm = [&](int c, int v, int (&pk)[PER]) {
+    if constexpr (GEMV_PERM) ld_perm(perm, (c * XV + v) * PER, pk);
+  };
   // One step = UU chunks per lane: all UU * R weight (and parameter) loads are issued before any is
   // used, and the steady-state loop has no bounds checks, so the UU chunk bodies interleave (ILP).
   auto compute = [&](const auto& wv, const auto& pv, int c0) {
@@ -189,8 +247,6 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
         s[r] = pv[u][r].scale();
         zc[r] = MODE == 1 ? pv[u][r].second() : ZBIAS;
       }
-      const uint4* xc = X + (size_t)c * XV;
-      (void)xc;
       if (ACT == 0) {
         // ---------------- fp16 activations: f16x2 math inside the chunk ----------------
         // Word by word: one 16-byte activation load per row m serves R weight rows (x reuse: the
@@ -218,12 +274,14 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 #pragma unroll
         for (int v = 0; v < XV; ++v) {  // XV 16-byte activation pieces = 8 k each
           u32 xw[M][4];
+          int pk[PER];
+          if (!GEMV_XS) piece_perm(c, v, pk);
 #pragma unroll
           for (int m = 0; m < M; ++m) {
 #if GEMV_XS
             const uint4 xv = xsm[v * Kc + c];  // piece-major copy: 512 contiguous bytes per warp
 #else
-            const uint4 xv = ld_x(xc + (size_t)min(m, Mr - 1) * ldx4 + v);  // rows >= Mr: never stored
+            const uint4 xv = x_piece(m, c, v, pk);
 #endif
             xw[m][0] = xv.x; xw[m][1] = xv.y; xw[m][2] = xv.z; xw[m][3] = xv.w;
             if (MODE == 2) xs[m] = hadd2(hadd2(xs[m], xv.x), hadd2(xv.y, hadd2(xv.z, xv.w)));
@@ -302,9 +360,10 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
           float xs = 0.f;
 #pragma unroll
           for (int v = 0; v < XV; ++v) {
-            const uint4 xv = ld_x(xc + (size_t)min(m, Mr - 1) * ldx4 + v);
+            int pk[PER];
+            piece_perm(c, v, pk);  // (reloaded per row m: L1 hits; hoisting them costs 32 registers)
+            const uint4 xv = x_piece(m, c, v, pk);
             const u32 xw[4] = {xv.x, xv.y, xv.z, xv.w};
-            constexpr int PER = ACT == 1 ? 8 : 4;  // activations per uint4
             float xf[PER];
 #pragma unroll
             for (int t = 0; t < 4; ++t) {

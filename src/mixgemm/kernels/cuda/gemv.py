@@ -8,6 +8,9 @@
 * qw: QuantizedWeight [N, K] on the same device, int4 or int8, any group size, any mode, any scale dtype.
   Its ``gemv_v1`` layout (mixgemm.formats.layouts) is built on first use and cached on the weight.
 * bias: None or float16 / bfloat16 / float32 [N]. lo, hi: output clamp (floats, may be +-inf).
+* perm (``gemv_simt`` / ``gemv_mma``): None, or an act-order layer's input permutation as int32 [>= Kp] padded
+  with the identity (mixgemm.ops.dispatch.kernel_perm): the kernel then multiplies x2d[:, perm[k]] where it reads
+  x2d[:, k] (GEMV_PERM / MMA_PERM), with no separate gather.
 * Returns [M, N] in x2d.dtype. Launched on torch.cuda.current_stream(); no host synchronization and
   no allocation other than the output (and the padded copy above), so it is CUDA-graph capturable
   once the kernel for a shape class has been compiled (first call).
@@ -149,6 +152,8 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
          "MMA_U": cfg["U"], "MMA_RG": cfg["RG"], "MMA_KS": cfg["KS"], "MMA_PF": cfg.get("PF", 0)}
     if cfg.get("DEFER", 0):  # only in the key when set: DEFER 0 keeps the earlier compile keys
         d["MMA_DEFER"] = cfg["DEFER"]
+    if cfg.get("PERM", 0):
+        d["MMA_PERM"] = 1
     return d
 
 
@@ -159,6 +164,20 @@ def use_mma(x_dtype: torch.dtype, m: int) -> bool:
     if x_dtype == torch.float32:
         return False
     return x_dtype == torch.bfloat16 or m >= 2
+
+
+def perm_config(cfg: dict, mb: int, act: int, kp: int) -> dict:
+    """cfg for an act-order call: PERM on, and x staged in shared memory (XS) where it can be: the block then gathers
+    x through the permutation once, from shared memory, instead of every lane its pieces from global memory."""
+    cfg = {**cfg, "PERM": 1}
+    return {**cfg, "XS": 1} if _xs_ok(cfg, mb, act, kp) else cfg
+
+
+def stages_perm(cfg: dict, m: int, x_dtype: torch.dtype, bits: int, k: int) -> bool:
+    """True when an act-order call of the CUDA-core GEMV with this config gathers x into shared memory (perm_config
+    sets XS), False when its lanes would gather from global memory."""
+    kp = chunks_per_row(bits, k) * (32 if bits == 4 else 16)
+    return bool(perm_config(cfg, m_bucket(m), _ACT[x_dtype], kp).get("XS", 0))
 
 
 def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> dict:
@@ -178,6 +197,8 @@ def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> 
         d["GEMV_XS"] = 1  # (gemv() also drops XS when K * 2 bytes exceed XS_MAX_BYTES)
     if cfg.get("LITE", 0):
         d["GEMV_LITE"] = 1
+    if cfg.get("PERM", 0):
+        d["GEMV_PERM"] = 1
     if cfg.get("BULK", 0):
         d["GEMV_BULK"] = cfg["BULK"]
         if cfg.get("BPAR", 0):
@@ -214,9 +235,15 @@ BULK_MAX_BYTES = 224 * 1024
 XS_MAX_BYTES = 64 * 1024
 
 
+def x_smem_bytes(cfg: dict, kp: int) -> int:
+    """Dynamic shared memory of GEMV_XS: x in fp16 (K * 2 bytes), twice with PERM (x as it is, then gathered)."""
+    return kp * 2 * (2 if cfg.get("PERM", 0) else 1)
+
+
 def _xs_ok(cfg: dict, mb: int, act: int, kp: int) -> bool:
-    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF / PST, when K * 2 bytes fit."""
-    return mb == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0) and kp * 2 <= XS_MAX_BYTES
+    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF / PST, when x_smem_bytes fit."""
+    return (mb == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0)
+            and x_smem_bytes(cfg, kp) <= XS_MAX_BYTES)
 
 
 def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
@@ -258,6 +285,18 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int)
     return cfg
 
 
+def _check_perm(perm: torch.Tensor | None, x2d: torch.Tensor, lay) -> None:
+    """An act-order call's kernel permutation: int32 on x's device, contiguous, covering the layout's padded K."""
+    if perm is None:
+        return
+    if perm.dtype != torch.int32 or perm.device != x2d.device or not perm.is_contiguous() or perm.dim() != 1:
+        raise ValueError(f"gemv: perm must be a contiguous int32 [Kp] tensor on {x2d.device} (see "
+                         f"ops.dispatch.kernel_perm), got {perm.dtype} {tuple(perm.shape)} on {perm.device}")
+    if perm.numel() < lay.k_padded or perm.data_ptr() % 16:
+        raise ValueError(f"gemv: perm must hold >= {lay.k_padded} entries (K padded to the layout) and be 16-byte "
+                         f"aligned, got {perm.numel()}")
+
+
 def _check_gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None):
     if not x2d.is_cuda:
         raise ValueError(f"gemv needs CUDA tensors, x is on {x2d.device}")
@@ -280,9 +319,11 @@ def _check_gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | Non
 
 
 @torch.compiler.disable
-def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float) -> torch.Tensor:
+def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
+         perm: torch.Tensor | None = None) -> torch.Tensor:
     """clamp(x2d @ dequant(qw).T + bias, lo, hi) -> [M, N] in x2d.dtype (see the module docstring): the tensor-core
-    kernel where use_mma says so, else the CUDA-core one, each with its own config rule."""
+    kernel where use_mma says so, else the CUDA-core one, each with its own config rule; perm: see the module
+    docstring."""
     bias = _check_gemv(x2d, qw, bias)
     m, k = x2d.shape
     n = qw.out_features
@@ -294,35 +335,40 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     if x2d.dtype != torch.float32 and forced_mma:
         cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count)
         forced = opts.configs.get("cuda_gemv_mma")
-        return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced))
+        return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced), perm)
     forced = opts.configs.get("cuda_gemv")
     cfg = simt_override(forced) if forced is not None else simt_config(m, n, k, qw.bits, x2d.dtype, qw.mode,
                                                                           props.multi_processor_count, props.name)
-    return gemv_simt(x2d, qw, bias, lo, hi, cfg)
+    return gemv_simt(x2d, qw, bias, lo, hi, cfg, perm)
 
 
 @torch.compiler.disable
 def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
-              cfg: dict) -> torch.Tensor:
+              cfg: dict, perm: torch.Tensor | None = None) -> torch.Tensor:
     """The CUDA-core GEMV with the tile config ``cfg`` (simt_config's keys); XS and BULK are dropped where they
-    cannot run."""
+    cannot run. perm: an act-order layer's kernel permutation (module docstring), applied while x is read."""
     bias = _check_gemv(x2d, qw, bias)
     m = x2d.shape[0]
     if m == 0 or qw.out_features == 0:
         return torch.empty(m, qw.out_features, dtype=x2d.dtype, device=x2d.device)
-    return prepare_simt(qw, m, x2d.dtype, x2d.device, cfg)(x2d, bias, lo, hi)
+    launch = prepare_simt(qw, m, x2d.dtype, x2d.device, cfg, perm is not None)
+    _check_perm(perm, x2d, launch.layout)
+    return launch(x2d, bias, lo, hi, perm)
 
 
-def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, cfg: dict) -> GemvLaunch:
+def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, cfg: dict,
+                 act_order: bool = False) -> GemvLaunch:
     """The CUDA-core GEMV's launch for M rows of x_dtype with the tile config ``cfg``, built once (layout, compiled
-    kernel, grid, parameters); call it with x2d, bias, lo, hi."""
+    kernel, grid, parameters); call it with x2d, bias, lo, hi (and an act_order layer's kernel permutation)."""
     n = qw.out_features
     props = torch.cuda.get_device_properties(dev)
     fresh = not qw.has_layout(LAYOUT)
     lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
+    if act_order:
+        cfg = perm_config(cfg, m_bucket(m), _ACT[x_dtype], lay.k_padded)
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x_dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
-    x_smem = lay.k_padded * 2 if cfg.get("XS", 0) else 0
+    x_smem = x_smem_bytes(cfg, lay.k_padded) if cfg.get("XS", 0) else 0
     param_row_bytes = lay.params.stride(0) * lay.params.element_size()  # [N, G] or [N, G, 2], contiguous
     cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
     defs = defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
@@ -330,7 +376,7 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
     rows_per_block = cfg["RG"] * cfg["R"]
     block = (32 * cfg["RG"] * cfg["KS"] + (32 if cfg.get("BULK", 0) else 0), 1, 1)  # + the bulk producer warp
     tiles = -(-n // rows_per_block)
-    # dynamic shared memory: the bulk ring, then x when it is staged there (K * 2 bytes: fp16, M = 1)
+    # dynamic shared memory: the bulk ring, then x when it is staged there (x_smem_bytes: fp16, M = 1)
     smem = (bulk_smem_bytes(cfg, param_row_bytes) if cfg.get("BULK", 0) else 0) + x_smem
     if smem:
         nvrtc.allow_dynamic_smem(fn, smem)
@@ -343,6 +389,7 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
         ctypes.c_int(lay.num_groups),
         ctypes.c_int(lay.gshift),
         ctypes.c_int(m),
+        ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
     pdl = PDL and props.major >= 9
     return GemvLaunch(nvrtc.prepare_launch(fn, (tiles, 1, 1), block, args, smem, pdl=pdl, first_without_pdl=fresh),
@@ -351,20 +398,24 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
 
 @torch.compiler.disable
 def gemv_mma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
-             cfg: dict) -> torch.Tensor:
-    """The tensor-core GEMV (fp16 / bf16 activations) with the config ``cfg`` (mma_config's keys)."""
+             cfg: dict, perm: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensor-core GEMV (fp16 / bf16 activations) with the config ``cfg`` (mma_config's keys); perm: an
+    act-order layer's kernel permutation (module docstring), applied while x is read."""
     if x2d.dtype == torch.float32:
         raise TypeError("the tensor-core GEMV takes float16 / bfloat16 activations, got float32")
     bias = _check_gemv(x2d, qw, bias)
     m = x2d.shape[0]
     if m == 0 or qw.out_features == 0:
         return torch.empty(m, qw.out_features, dtype=x2d.dtype, device=x2d.device)
-    return prepare_mma(qw, m, x2d.dtype, x2d.device, cfg)(x2d, bias, lo, hi)
+    launch = prepare_mma(qw, m, x2d.dtype, x2d.device, cfg, perm is not None)
+    _check_perm(perm, x2d, launch.layout)
+    return launch(x2d, bias, lo, hi, perm)
 
 
-def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, cfg: dict) -> GemvLaunch:
+def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, cfg: dict,
+                act_order: bool = False) -> GemvLaunch:
     """The tensor-core GEMV's launch for M rows of x_dtype (float16 / bfloat16) with the config ``cfg``, built once;
-    call it with x2d, bias, lo, hi."""
+    call it with x2d, bias, lo, hi (and an act_order layer's kernel permutation)."""
     n = qw.out_features
     props = torch.cuda.get_device_properties(dev)
     fresh = not qw.has_layout(MMA_LAYOUT)
@@ -372,6 +423,7 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     mb = 1 if m <= 8 else 2
     if cfg.get("DEFER", 0) and not defer_ok(lay.group_size, lay.k_tile):
         cfg = {**cfg, "DEFER": 0}
+    cfg = {**cfg, "PERM": int(act_order)}
     defs = mma_defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
     fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, dev)
     nt = -(-n // 16)
@@ -382,14 +434,15 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         ctypes.c_int(lay.num_groups),
         ctypes.c_int(lay.gk),
         ctypes.c_int(m),
+        ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
     pdl = PDL and props.major >= 9
     return GemvLaunch(nvrtc.prepare_launch(fn, grid, block, args, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
 
 
-# the per-call parameters of both GEMV kernels: their positions in _common_args
-_X, _XSTRIDE, _Y, _YSTRIDE, _EPILOGUE = 2, 3, 4, 5, 6
+# the per-call parameters of both GEMV kernels: their positions in _common_args, and the permutation (last)
+_X, _XSTRIDE, _Y, _YSTRIDE, _EPILOGUE, _PERM = 2, 3, 4, 5, 6, -1
 
 
 def _common_args(lay, n: int) -> list:
@@ -417,9 +470,10 @@ class GemvLaunch:
         self._vals = launch.params.values
         self._direct_x = layout.k_padded == layout.k  # else x always goes through a zero-padded copy
 
-    def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float) -> torch.Tensor:
+    def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
+                 perm: torch.Tensor | None = None) -> torch.Tensor:
         """clamp(x2d @ dequant(W).T + bias, lo, hi) for x2d [M, K] (unit stride along K) of the prepared M and
-        dtype."""
+        dtype; perm: the kernel permutation of a launch prepared for an act-order layer (None otherwise)."""
         es = x2d.element_size()
         if self._direct_x and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * es) % 16 == 0:
             xk = x2d
@@ -432,5 +486,6 @@ class GemvLaunch:
         v[_Y].value = y.data_ptr()
         v[_YSTRIDE].value = self.n
         nvrtc.set_bias_clamp(v, _EPILOGUE, bias, lo, hi)
+        v[_PERM].value = 0 if perm is None else perm.data_ptr()
         self.launch(torch._C._cuda_getCurrentRawStream(self.index))
         return y

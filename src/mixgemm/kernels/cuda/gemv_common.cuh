@@ -97,6 +97,42 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
   return v;
 }
 
+// Act-order layers (GPTQ desc_act) multiply x[perm[k]] where plain ones read x[k]: the GEMVs gather x through perm
+// while loading it (no separate gather kernel). perm: int32, padded by the host with the identity to a multiple of
+// 64 k (so padded k read the zero-padded x like plain layers, no bounds checks), 16-byte aligned; it is read only
+// after pdl_wait() (the host may have just written it).
+// The loads are volatile asm: kept after pdl_wait() (a pure asm could be hoisted above it).
+// ld_perm: the PER indices perm[k0 .. k0 + PER - 1] (k0 a multiple of 4: whole 16-byte loads).
+template <int PER>
+__device__ __forceinline__ void ld_perm(const int* perm, int k0, int (&idx)[PER]) {
+#pragma unroll
+  for (int i = 0; i < PER; i += 4)
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(idx[i]), "=r"(idx[i + 1]), "=r"(idx[i + 2]), "=r"(idx[i + 3]) : "l"(perm + k0 + i));
+}
+// gather_x: the 16 bytes x_row[idx[0]], ..., x_row[idx[PER - 1]] (elements of XE = 16 / PER bytes) packed like one
+// plain 16-byte load of x: same registers, same element order, so the math after it is unchanged.
+template <int PER>
+__device__ __forceinline__ uint4 gather_x(const char* xrow, const int (&idx)[PER]) {
+  u32 w[4];
+  if constexpr (PER == 8) {  // 16-bit elements: two per word, low half first
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      u16 lo, hi;
+      asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(lo) : "l"(xrow + 2 * (size_t)idx[2 * j]));
+      asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(hi) : "l"(xrow + 2 * (size_t)idx[2 * j + 1]));
+      w[j] = (u32)lo | ((u32)hi << 16);
+    }
+  } else {  // 32-bit elements
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(w[j]) : "l"(xrow + 4 * (size_t)idx[j]));
+  }
+  uint4 r;
+  r.x = w[0]; r.y = w[1]; r.z = w[2]; r.w = w[3];
+  return r;
+}
+
 // L2 prefetch of a contiguous byte range, issued by one whole warp (every lane must call it).
 // Why (hypothesis): the warps of a GEMV only keep U * R 16-byte loads per lane in flight and then stall
 // on the math, so HBM might see too few outstanding bytes; a prefetch into L2 asks for a block's whole

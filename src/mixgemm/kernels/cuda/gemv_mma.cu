@@ -59,6 +59,12 @@
 #define MMA_DEFER 0
 #endif
 
+// 1: act-order layer: x[perm[k]] where x[k] is read otherwise (perm: the last kernel parameter, int32; gemv_common.cuh
+// ld_perm / gather_x); each lane gathers its own pieces, the indices loaded once for all its B rows.
+#ifndef MMA_PERM
+#define MMA_PERM 0
+#endif
+
 #define MMA_THREADS (32 * MMA_RG * MMA_KS)
 
 using namespace mg;
@@ -95,7 +101,8 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
                  const void* __restrict__ bias, int bias_kind,
                  float lo, float hi,
                  int N, int Kt, int G, int gk,     // gk: group of k is min(k >> gk, G - 1)
-                 int Mr) {
+                 int Mr,
+                 const int* __restrict__ perm) {   // MMA_PERM: [Kp] input permutation (else unused, may be null)
   constexpr int BITS = MMA_BITS, ACT = MMA_ACT, SCL = MMA_SCL, MODE = MMA_MODE;
   constexpr int MB = MMA_MB, U = MMA_U, RG = MMA_RG, KS = MMA_KS;
   constexpr int KT = BITS == 4 ? 64 : 32, KL = KT / 4;
@@ -112,9 +119,9 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
   const uint4* wt = W + (size_t)ntc * Kt * 32 + lane;
   const char* prow0 = params + (size_t)min(ntc * 16 + g, N - 1) * G * P::PB;
   const char* prow1 = params + (size_t)min(ntc * 16 + g + 8, N - 1) * G * P::PB;
-  const uint4* xrow[MB];
+  const uint4* xrow[MB];  // this lane's piece of each B row (MMA_PERM: the row itself)
 #pragma unroll
-  for (int b = 0; b < MB; ++b) xrow[b] = X + (size_t)min(g + 8 * b, Mr - 1) * ldx4 + t * XV;
+  for (int b = 0; b < MB; ++b) xrow[b] = X + (size_t)min(g + 8 * b, Mr - 1) * ldx4 + (MMA_PERM ? 0 : t * XV);
 
   float acc[MB][4];
 #pragma unroll
@@ -130,10 +137,21 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
       const int grp = min((kt * KT + KL * t) >> gk, G - 1);
       p0[u].load(prow0, grp);
       p1[u].load(prow1, grp);
+#if MMA_PERM
+      // act-order: piece v of the lane's activations starts at k = KT kt + KL t + 8 v in the stored (permuted) order
+#pragma unroll
+      for (int v = 0; v < XV; ++v) {
+        int pk[8];
+        ld_perm(perm, kt * KT + KL * t + 8 * v, pk);
+#pragma unroll
+        for (int b = 0; b < MB; ++b) xv[u][b][v] = gather_x((const char*)xrow[b], pk);
+      }
+#else
 #pragma unroll
       for (int b = 0; b < MB; ++b)
 #pragma unroll
         for (int v = 0; v < XV; ++v) xv[u][b][v] = ld_x(xrow[b] + (size_t)kt * (KT * 2 / 16) + v);
+#endif
     }
   };
   // Deferred scaling (MMA_DEFER 1). Why: the per-pair "* s" rounds every dequantized weight to fp16/bf16
