@@ -171,13 +171,20 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
         rows_quantizer = gemv_a8.prepare_act_quant_rows(p.m, k, p.x_dtype, dev, "sym")
     gemm = prepare_wgmma_a8(qw, p.m, k, per_token, OutputRows(p.x_dtype, p.n, True, dev), config)
     m, n, x_dtype, block = p.m, p.n, p.x_dtype, k if per_token else p.group_size
+    scales_at = m * k  # a multiple of 16 (K % 16 == 0): the scales' float32 [M] start aligned
 
     def launch(x2d, bias, lo, hi):
+        y = torch.empty((m, n), dtype=x_dtype, device=dev)
         if rows_quantizer is not None and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * x2d.element_size()) % 16 == 0:
-            aq, sa, _, _ = rows_quantizer(x2d)
-        else:
-            aq, sa, _, _ = act_quant(x2d, block, "sym")
-        return gemm(aq, sa, bias, lo, hi, torch.empty((m, n), dtype=x_dtype, device=dev))
+            # the codes, the scales and (unused by the sym GEMM, one slot for both) the offsets and sums: one
+            # allocation, consumed by the GEMM right after on the same stream
+            buf = torch.empty(scales_at + 8 * m, dtype=torch.uint8, device=dev)
+            base = buf.data_ptr()
+            rows_quantizer.launch_into(x2d, base, k, base + scales_at, base + scales_at + 4 * m,
+                                       base + scales_at + 4 * m)
+            return gemm.launch_from(base, base + scales_at, bias, lo, hi, y)
+        aq, sa, _, _ = act_quant(x2d, block, "sym")
+        return gemm(aq, sa, bias, lo, hi, y)
 
     return launch
 

@@ -512,8 +512,21 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     ]
     launch = nvrtc.prepare_launch(fn, grid, (threads, 1, 1), args, smem, pdl=pdl, first_without_pdl=fresh,
                                   cluster=(1, 1, split) if csplit else None)
-    return WgmmaPart(launch, lay, m, n, row0, wsplit, ws_floats, counters, tiles,
-                     xparam if conv is None else None, yparam)
+    finish = _prepare_finish(m, n, out) if wsplit else None
+    return WgmmaPart(launch, lay, m, n, row0, ws_floats, counters, tiles, xparam if conv is None else None, yparam,
+                     finish)
+
+
+_OUT_CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+
+
+def _prepare_finish(m: int, n: int, out: OutputRows):
+    """The workspace split-K's second kernel (splitk_finish.cu): y = clamp(ws + bias, lo, hi) as y's dtype."""
+    fn = nvrtc.get_function("splitk_finish.cu", "mixgemm_splitk_finish", {"SF_OUT": _OUT_CODES[out.dtype]},
+                            out.device)
+    args = [ctypes.c_void_p(0), *nvrtc.bias_clamp_args(None, -math.inf, math.inf), ctypes.c_void_p(0),
+            ctypes.c_int(out.row_stride), ctypes.c_int(m), ctypes.c_int(n)]
+    return nvrtc.prepare_launch(fn, (-(-m * -(-n // 4) // 256), 1, 1), (256, 1, 1), args)
 
 
 _MAP_PLACEHOLDER = 1 << 12  # a 16-byte aligned address to encode a map with; each call writes the real one
@@ -537,17 +550,19 @@ class TensorMapParam:
 
 class WgmmaPart:
     """One prepared launch of the GEMM over weight rows [row0, row0 + n): a call writes the activation, output and
-    bias pointers (and the tensor maps' addresses), allocates the workspaces its split needs, launches, and for the
-    workspace split-K adds the fp32 partials into the output. Holds the layout, so the weight pointers stay valid."""
+    bias pointers (and the tensor maps' addresses), allocates the workspace its split needs, launches, and for the
+    workspace split-K zeroes the workspace first and adds the fp32 partials into the output after (``finish``). Holds
+    the layout, so the weight pointers stay valid."""
 
-    def __init__(self, launch, layout, m, n, row0, wsplit, ws_floats, counters, tiles, xmap, ymap):
+    def __init__(self, launch, layout, m, n, row0, ws_floats, counters, tiles, xmap, ymap, finish):
         self.launch, self.layout, self.m, self.n, self.row0 = launch, layout, m, n, row0
-        self.wsplit, self.ws_floats, self.counters, self.tiles = wsplit, ws_floats, counters, tiles
-        self.xmap, self.ymap = xmap, ymap
+        self.ws_floats, self.counters, self.tiles = ws_floats, counters, tiles
+        self.xmap, self.ymap, self.finish = xmap, ymap, finish
         self._vals = launch.params.values
 
     def __call__(self, xk: torch.Tensor, y: torch.Tensor, bias, lo: float, hi: float) -> None:
         dev = y.device
+        stream = torch._C._cuda_getCurrentRawStream(dev.index)
         v = self._vals
         y_ptr = y.data_ptr() + self.row0 * y.element_size()  # this launch's output columns
         v[2].value = xk.data_ptr()
@@ -556,14 +571,16 @@ class WgmmaPart:
             self.xmap.point_to(xk.data_ptr())
         if self.ymap is not None:
             self.ymap.point_to(y_ptr)
-        part_bias = None if bias is None else bias[self.row0:self.row0 + self.n]
-        nvrtc.set_bias_clamp(v, 6, None if self.wsplit else part_bias, -math.inf if self.wsplit else lo,
-                             math.inf if self.wsplit else hi)
-        ws = None
-        if self.wsplit:
-            ws = torch.zeros(self.m, self.n, dtype=torch.float32, device=dev)
-        elif self.ws_floats:
-            ws = torch.empty(self.ws_floats, dtype=torch.float32, device=dev)
+        if bias is None:
+            bias_ptr = bias_code = 0
+        else:  # this launch's rows of the bias
+            bias_ptr, bias_code = bias.data_ptr() + self.row0 * bias.element_size(), nvrtc.bias_code(bias.dtype)
+        ws = torch.empty(self.ws_floats, dtype=torch.float32, device=dev) if self.ws_floats else None
+        if self.finish is not None:  # the slices add into a zeroed workspace; the bias and clamp come after
+            cuda_launch.memset_zero_async(ws.data_ptr(), self.ws_floats * 4, stream)
+            nvrtc.write_epilogue(v, 6, 0, 0, -math.inf, math.inf)
+        else:
+            nvrtc.write_epilogue(v, 6, bias_ptr, bias_code, lo, hi)
         v[10].value = 0 if ws is None else ws.data_ptr()
         if self.counters == "zeroed":
             v[11].value = torch.zeros(self.tiles, dtype=torch.int32, device=dev).data_ptr()
@@ -571,9 +588,13 @@ class WgmmaPart:
             v[11].value = _tile_counters(dev, self.tiles).data_ptr()
         else:
             v[11].value = 0
-        self.launch(torch._C._cuda_getCurrentRawStream(dev.index))
-        if self.wsplit:
-            _finish_split(ws, part_bias, y[:, self.row0:self.row0 + self.n], lo, hi)
+        self.launch(stream)
+        if self.finish is not None:
+            f = self.finish.params.values
+            f[0].value = ws.data_ptr()
+            nvrtc.write_epilogue(f, 1, bias_ptr, bias_code, lo, hi)
+            f[5].value = y_ptr
+            self.finish(stream)
 
 
 _NO_CONV = ConvGeometry(1, 1, 1, 1, 1, 1, 0, 0, 1, 1)
@@ -610,17 +631,3 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
         buf = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
     return buf
-
-
-def _finish_split(ws: torch.Tensor, bias, y: torch.Tensor, lo: float, hi: float) -> None:
-    """y = clamp(ws + bias, lo, hi) cast to y's dtype (the Triton GEMM's split-K epilogue kernel)."""
-    from mixgemm.kernels.triton.gemm import _splitk_epilogue
-
-    m, n = ws.shape
-    lo_on, hi_on = lo != -math.inf, hi != math.inf
-    block = 1024
-    _splitk_epilogue[(math.ceil(m * n / block),)](
-        ws, bias if bias is not None else ws, y, m, n, y.stride(0), float(lo) if lo_on else 0.0,
-        float(hi) if hi_on else 0.0, BLOCK=block, HAS_BIAS=bias is not None, CLAMP_LO=lo_on, CLAMP_HI=hi_on,
-        num_warps=4,
-    )

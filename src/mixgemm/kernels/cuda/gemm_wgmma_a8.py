@@ -287,11 +287,16 @@ class WgmmaA8Launch:
             sat[:, :m].copy_(sa.T)
         if bias is not None and not bias.is_contiguous():
             bias = bias.contiguous()
+        return self.launch_from(aq.data_ptr(), sat.data_ptr(), bias, lo, hi, y)
+
+    def launch_from(self, aq_ptr: int, sat_ptr: int, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
+        """The product from codes at aq_ptr (rows as prepared) and activation scales at sat_ptr (float32 [M] per
+        token, or [G, M_pad])."""
         v = self._vals
-        v[3].value = sat.data_ptr()
+        v[3].value = sat_ptr
         v[5].value = y.data_ptr()
         nvrtc.set_bias_clamp(v, 7, bias, lo, hi)
-        self.xmap.point_to(aq.data_ptr())
+        self.xmap.point_to(aq_ptr)
         if self.ymap is not None:
             self.ymap.point_to(y.data_ptr())
         self.launch(torch._C._cuda_getCurrentRawStream(self.index))

@@ -304,9 +304,14 @@ class ActQuantRowsLaunch:
             out = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, 1), dtype=f32, device=dev),
                    torch.empty((m, 1), dtype=f32, device=dev), torch.empty((m, 1), dtype=torch.int32, device=dev))
         q, s, o, sm = out
+        self.launch_into(x, q.data_ptr(), q.stride(0), s.data_ptr(), o.data_ptr(), sm.data_ptr())
+        return out
+
+    def launch_into(self, x: torch.Tensor, q_ptr: int, ldq: int, s_ptr: int, o_ptr: int, sums_ptr: int) -> None:
+        """Quantize x into the given device addresses (codes [M, ldq] int8, scales / offsets float32 [M], sums int32
+        [M]): a caller that consumes them at once keeps them in one allocation of its own."""
         v = self._vals
         v[0].value, v[1].value = x.data_ptr(), x.stride(0)
-        v[2].value, v[3].value = q.data_ptr(), q.stride(0)
-        v[4].value, v[5].value, v[6].value = s.data_ptr(), o.data_ptr(), sm.data_ptr()
+        v[2].value, v[3].value = q_ptr, ldq
+        v[4].value, v[5].value, v[6].value = s_ptr, o_ptr, sums_ptr
         self.launch(torch._C._cuda_getCurrentRawStream(self.index))
-        return out

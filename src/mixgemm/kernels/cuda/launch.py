@@ -51,6 +51,8 @@ def _libcuda():
     lib.cuLaunchKernelEx.restype = ctypes.c_int
     lib.cuTensorMapReplaceAddress.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.cuTensorMapReplaceAddress.restype = ctypes.c_int
+    lib.cuMemsetD32Async.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+    lib.cuMemsetD32Async.restype = ctypes.c_int
     return lib
 
 
@@ -75,31 +77,41 @@ def launch_config(grid, block, smem: int, pdl: bool, cluster) -> LaunchConfig | 
     return cfg
 
 
-def _retry_in_context(call):
-    """Run call(); on CUDA_ERROR_INVALID_CONTEXT (a thread on which PyTorch has not yet made the device's primary
-    context current) make it current and run it once more. The common path costs nothing."""
-    err = call()
-    if err == CUDA_ERROR_INVALID_CONTEXT:
-        import torch
-
-        from mixgemm.kernels.cuda.nvrtc import make_primary_context_current
-
-        make_primary_context_current(torch.cuda.current_device())
-        err = call()
-    return err
-
-
 def raw_launch(fn: int, grid, block, smem: int, stream: int, params_addr: int, config: LaunchConfig | None) -> None:
     """Launch the CUfunction handle fn with the void*[] parameter array at params_addr on the stream handle."""
     lib = _libcuda()
-    if config is None:
-        err = _retry_in_context(lambda: lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                                                           smem, stream, params_addr, None))
-    else:
-        config.stream = stream
-        err = _retry_in_context(lambda: lib.cuLaunchKernelEx(ctypes.byref(config), fn, params_addr, None))
+    for _ in range(2):
+        if config is None:
+            err = lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
+                                     params_addr, None)
+        else:
+            config.stream = stream
+            err = lib.cuLaunchKernelEx(ctypes.byref(config), fn, params_addr, None)
+        if err != CUDA_ERROR_INVALID_CONTEXT:
+            break
+        # a thread on which PyTorch has not yet made the device's primary context current: make it so, once
+        _make_context_current()
     if err:
         raise RuntimeError(f"cuLaunchKernel{'Ex' if config is not None else ''} failed: CUresult {err}")
+
+
+def _make_context_current() -> None:
+    import torch
+
+    from mixgemm.kernels.cuda.nvrtc import make_primary_context_current
+
+    make_primary_context_current(torch.cuda.current_device())
+
+
+def memset_zero_async(ptr: int, nbytes: int, stream: int) -> None:
+    """Zero nbytes (a multiple of 4) at the device address ptr, in stream order (one driver call, no kernel launch
+    from the host side)."""
+    err = _libcuda().cuMemsetD32Async(ptr, 0, nbytes // 4, stream)
+    if err == CUDA_ERROR_INVALID_CONTEXT:
+        _make_context_current()
+        err = _libcuda().cuMemsetD32Async(ptr, 0, nbytes // 4, stream)
+    if err:
+        raise RuntimeError(f"cuMemsetD32Async failed: CUresult {err}")
 
 
 def replace_tensor_map_address(map_addr: int, ptr: int) -> None:

@@ -309,7 +309,10 @@ if os.environ.get("MIXGEMM_NVRTC_DEBUG"):  # pragma: no cover
 
 def bias_code(dtype) -> int:
     """The kernels' bias dtype code: 1 float16, 2 bfloat16, 3 float32 (0: no bias)."""
-    return _BIAS_CODES[str(dtype)]
+    code = _BIAS_CODES.get(str(dtype))
+    if code is None:
+        raise TypeError(f"bias dtype {dtype} is not supported (float16, bfloat16, float32)")
+    return code
 
 
 _BIAS_CODES = {"torch.float16": 1, "torch.bfloat16": 2, "torch.float32": 3}
@@ -329,10 +332,15 @@ def bias_clamp_args(bias, lo: float, hi: float) -> list:
 def set_bias_clamp(vals: list, at: int, bias, lo: float, hi: float) -> None:
     """Write bias_clamp_args' four parameters for this call into a prepared launch's values, from position ``at``."""
     if bias is None:
-        vals[at].value, vals[at + 1].value = 0, 0
+        write_epilogue(vals, at, 0, 0, lo, hi)
     else:
         if not bias.is_contiguous():
             raise ValueError(f"the bias must be contiguous, got strides {bias.stride()}")
-        vals[at].value, vals[at + 1].value = bias.data_ptr(), _BIAS_CODES[str(bias.dtype)]
+        write_epilogue(vals, at, bias.data_ptr(), bias_code(bias.dtype), lo, hi)
+
+
+def write_epilogue(vals: list, at: int, bias_ptr: int, code: int, lo: float, hi: float) -> None:
+    """set_bias_clamp with the bias as an address and its dtype code."""
+    vals[at].value, vals[at + 1].value = bias_ptr, code
     vals[at + 2].value = lo if math.isfinite(lo) else -math.inf
     vals[at + 3].value = hi if math.isfinite(hi) else math.inf
