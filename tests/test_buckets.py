@@ -26,7 +26,6 @@ import mixgemm
 import mixgemm.tuning as tuning
 from mixgemm import QuantConfig, quantize_weight
 from mixgemm.kernels import linear as linear_entries
-from mixgemm.kernels.cuda import gemv, gemv_a8
 from mixgemm.kernels.registry import DeviceInfo, choose
 from mixgemm.tuning import buckets, conv_table, gemv_m1
 from mixgemm.tuning import cache as tcache
@@ -144,7 +143,16 @@ def test_gemv_crossover_gives_the_old_limit_on_measured_layers(gpu):
                         == _old_gemv_max_m(old, fmt, bits, n, k, wg)), (gpu, fmt, k, n, wg)
 
 
+def _kernels():
+    """The GEMV modules, imported late: gemv_a8 imports Triton kernels, which read TRITON_INTERPRET when imported
+    (other test modules set it when collected)."""
+    from mixgemm.kernels.cuda import gemv, gemv_a8
+
+    return gemv, gemv_a8
+
+
 def _old_m1_config(tile: list) -> dict:
+    gemv, _ = _kernels()
     t = gemv_m1.M1Tile(*tile)
     cfg = {"R": t.R, "U": t.U, "RG": t.RG or gemv.WARPS // t.KS, "KS": t.KS, "PF": t.PF,
            "XS": gemv.DEFAULT_XS, "LITE": gemv.DEFAULT_LITE}
@@ -154,6 +162,7 @@ def _old_m1_config(tile: list) -> dict:
 @pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 def test_gemv_m1_tiles_unchanged_on_measured_layers(gpu, mode):
+    gemv, _ = _kernels()
     old = OLD["gemv_m1"]
     base = old["TUNED_M1_H100" if "H100" in gpu else "TUNED_M1"]
     table = {**base, **old["TUNED_M1_H100_SYM" if "H100" in gpu else "TUNED_M1_SYM"]} if mode == "sym" else base
@@ -170,6 +179,7 @@ def test_gemv_m1_tiles_unchanged_on_measured_layers(gpu, mode):
 
 
 def test_gemv_a8_m1_tiles_unchanged_on_measured_layers():
+    _, gemv_a8 = _kernels()
     for key, tuned in OLD["gemv_m1"]["A8_TUNED_M1"].items():
         bits, n, k = (int(v) for v in key.split(","))
         cfg = gemv_a8.choose_config(1, n, 64, 132, bits, k)
@@ -261,6 +271,7 @@ FORMATS = [(4, 128, "sym"), (4, 128, "zero_point"), (4, -1, "sym"), (8, -1, "sym
 
 def _legal(p, choice) -> str | None:
     """Why the chosen config cannot run on the problem's layer (None when it can)."""
+    gemv, _ = _kernels()
     cfg, k = choice.config, p.k
     if choice.kernel == "cuda_wgmma":
         from mixgemm.kernels.cuda.gemm_wgmma import K_TILE, tile_error

@@ -138,9 +138,10 @@ def table_entry(table: dict, section: str, m: int, n: int, k: int, qw: Quantized
     hit = find(entries, bucket)
     if hit is None:
         return None
-    mb = m_bucket(m)
-    where = f"{table.get('name', '?')} table, {section} {weight_key(qw)}, M bucket {mb}, {hit.where(bucket)}"
-    return SourcedConfig(nearest_m(hit.value, m), where)
+    mb, listed = m_bucket(m), nearest_m(hit.value, m)
+    m_text = f"M bucket {mb}" + (f" (the entry's nearest listed: {listed})" if listed != mb else "")
+    where = f"{table.get('name', '?')} table, {section} {weight_key(qw)}, {m_text}, {hit.where(bucket)}"
+    return SourcedConfig(hit.value[str(listed)], where)
 
 
 def exact_weight_key(qw: QuantizedWeight) -> str:

@@ -199,13 +199,11 @@ def check_partition(entries, where: str, complete: bool) -> None:
                 raise ValueError(f"{where}: {b.describe()} is in no entry")
 
 
-def nearest_m(configs: dict, m: int):
-    """The value of the M bucket of m in ``configs`` ({M bucket (str or int): value}), else of the nearest listed
-    bucket (log distance; ties to the larger)."""
+def nearest_m(configs: dict, m: int) -> int:
+    """The M bucket of m if ``configs`` ({M bucket (str or int): value}) lists it, else the nearest listed bucket (log
+    distance; ties to the larger)."""
     b = m_bucket(m)
-    keys = sorted(int(x) for x in configs)
-    pick = min(keys, key=lambda v: (abs(math.log2(v) - math.log2(b)), -v))
-    return configs[str(pick)] if str(pick) in configs else configs[pick]
+    return min((int(x) for x in configs), key=lambda v: (abs(math.log2(v) - math.log2(b)), -v))
 
 
 class SourcedConfig(dict):
