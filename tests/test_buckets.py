@@ -344,3 +344,20 @@ def test_explain_names_the_bucket_and_the_source():
     # the GEMV's measured M = 1 tile
     c = choose(replace(p, m=1, k=4096, n=4096, mode="zero_point"))
     assert c.kernel == "cuda_gemv" and "gemv_m1 H100 W4" in c.config_source
+
+
+def test_tuning_cache_entries_are_bucket_keyed_and_explained(tmp_path):
+    """A `mixgemm tune` entry is stored under the layer's bucket key (no exact shape in it) and explain names the key
+    and the layer it was measured on; a neighbouring layer in the bucket takes it."""
+    qw = quantize_weight(torch.randn(512, 256), QuantConfig(bits=4, group_size=128))
+    p = replace(linear_entries.linear_problem(16, qw, torch.float16, H100), k=4096, n=14336)
+    key = tcache.bucket_key(p, "cuda_wgmma")
+    assert key.endswith("/k24/n28/m16") and "4096" not in key and "14336" not in key
+    tuned = {**choose(p).config, "STAGES": 3}
+    c = tcache.TuningCache(H100.name)
+    c.put(key, tuned, 10.0, 9.0, {"gpu": H100.name, "shape": "4096x14336", "m": 16,
+                                  "bucket": buckets.ShapeBucket.of(4096, 14336).describe()})
+    tcache.save(c, os.environ[tcache.ENV])
+    tcache.reload()
+    got = choose(replace(p, k=4200, n=15000, m=9))
+    assert got.config == tuned and f"{key} (measured on K x N 4096x14336)" in got.config_source

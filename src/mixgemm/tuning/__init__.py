@@ -24,10 +24,12 @@ default.json). Its fields:
   entries of a weight key partition all shapes (checked on load). The measured layers are the protocol's
   up-projections K x N = 4096 x 14336 and 8192 x 28672 and down-projections 14336 x 4096 and 28672 x 8192; their
   entries reach over the buckets of their kind: layers of size class k + n >= 48 (4096 x 4096 and up), wide (aspect
-  n - k >= 0) ones split at K 6888 | 6889 (k class 25 | 26, the half-way point of 4096 and 8192), tall (aspect < 0)
-  ones at K 19483 | 19484 (k class 28 | 29, half-way between 14336 and 28672). The ``'*'`` entry takes the smaller
-  layers and, in a weight key without measured down-projections, the tall ones, as the old "nearest measured shape
-  within a factor of 4, else '*'" rule did for every protocol shape.
+  n - k >= 0) ones split at K 6888 | 6889 (k class 25 | 26), tall (aspect < 0) ones at K 19483 | 19484 (k class
+  28 | 29): the class boundary nearest the geometric mean of the two measured K (5793, a tie between 24 | 25 and
+  25 | 26; 20274). The split is by K because what the tiles tune (pipeline depth, KT, FOLD, split-K, stream-K)
+  follows the k-tiles per CTA; N is left to the configs' "auto" split, computed from the N tiles against the SMs.
+  The ``'*'`` entry takes the smaller layers and, in a weight key without measured down-projections, the tall ones,
+  as the old "nearest measured shape within a factor of 4, else '*'" rule did for every protocol shape.
 * ``wgmma``: the same structure for the Hopper wgmma GEMM (mixgemm.kernels.cuda.gemm_wgmma; keys BM, NWG,
   STAGES, INFLIGHT, SPLIT, GROUP_M...), which serves fp16 / bf16 activations on sm_90 past the GEMV.
 * ``gemm_source`` / ``wgmma_source``: the benchmarks behind the sections (each entry's source points there).
