@@ -134,7 +134,8 @@ def test_interp_default_config_small(rel_err):
     qw, x, b, act = _case(5, 40, 256, 4, 128, "sym", torch.float16, "cpu", bias=False)
     _check(qw, x, b, act, rel_err, None)
     qw, x, b, act = _case(20, 40, 2048, 8, -1, "sym", torch.float16, "cpu", bias=False)
-    _check(qw, x, b, act, rel_err, cfgmod.load_table("h200")["gemm"]["w8pc"]["*"]["16"])  # SPLIT_K "auto"
+    star = cfgmod.load_table("h200")["gemm"]["w8pc"][-1]  # the '*' entry (layers without a measured bucket)
+    _check(qw, x, b, act, rel_err, star.value["16"])  # SPLIT_K "auto"
 
 
 def test_gemm_rejects_bad_input():
@@ -149,18 +150,20 @@ def test_gemm_rejects_bad_input():
 
 @pytest.mark.parametrize("name", ["default", "h100", "h200"])
 def test_tables_are_valid(name):
+    """The tables load (their bucket regions checked: mixgemm.tuning.buckets), every entry has a source, every config
+    is a tile the kernel accepts."""
     table = cfgmod.load_table(name)
     assert set(table["gemv_max_m"]) <= {"4", "8"}
-    for wkey, shapes in table.get("wgmma_from_m", {}).items():  # exact weight keys, exact shapes
+    for wkey, entries in table.get("wgmma_from_m", {}).items():  # weight format keys, bucket entries
         assert wkey.startswith(("w4", "w8")) and (wkey[2:] == "pc" or int(wkey[3:]) in (32, 64, 128, 256))
-        assert all(all(v.isdigit() for v in s.split("x")) and 1 <= m <= 16 for s, m in shapes.items())
-    for wkey, shapes in table["gemm"].items():
+        assert all(1 <= e.value <= 16 and e.source for e in entries)
+    for wkey, entries in table["gemm"].items():
         assert wkey in ("w4g", "w4pc", "w8g", "w8pc")
         # one KS per weight format: a weight is repacked once, whatever M it later meets
-        assert len({cfg["KS"] for b in shapes.values() for cfg in b.values()}) == 1
-        for skey, buckets in shapes.items():
-            assert skey == "*" or all(v.isdigit() for v in skey.split("x"))
-            for bkey, cfg in buckets.items():
+        assert len({cfg["KS"] for e in entries for cfg in e.value.values()}) == 1
+        for e in entries:
+            assert e.source
+            for bkey, cfg in e.value.items():
                 assert int(bkey) in cfgmod.BUCKETS
                 assert {"KS", "BM", "BN", "KCH", "num_warps", "num_stages"} <= set(cfg)
                 assert 256 % cfg["BN"] == 0 and cfg["BM"] % 16 == 0
@@ -191,28 +194,37 @@ def test_h200_table_lookup():
     assert cfgmod.gemv_max_m(t, qw4, 28672) == 8 and cfgmod.gemv_max_m(t, qw8, 14336) == 1
     assert cfgmod.gemv_max_m(t, qw4, 4096) == 16 and cfgmod.gemv_max_m(t, qw8, 4096) == 16
     assert cfgmod.gemv_max_m(t, qw4, 28672, wgmma=False) == 16 and cfgmod.gemv_max_m(t, qw8, 28672, False) == 8
-    entries = table["gemm"]["w4g"]
-    assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 8192, 28672), 33) == entries["8192x28672"]["64"]
-    assert cfgmod._nearest_bucket(cfgmod._nearest_shape(entries, 4096, 14336), 5000) == entries["4096x14336"]["4096"]
-    assert cfgmod._nearest_shape(entries, 100, 100) == entries["*"]
+    up_small, up_large, star = table["gemm"]["w4g"]  # measured on 4096 x 14336, 8192 x 28672, and the '*' tiles
+    assert up_small.measured == (4096, 14336) and up_large.measured == (8192, 28672) and star.measured is None
+    # the M bucket of M = 33 is 64; 5000's (8192) is not listed: the nearest, 4096
+    assert cfgmod.table_entry(t, "gemm", 33, 28672, 8192, qw4) == up_large.value["64"]
+    assert cfgmod.table_entry(t, "gemm", 5000, 14336, 4096, qw4) == up_small.value["4096"]
+    # neighbours in the region: Llama-2-13B's up-projection (5120 x 13824) takes the 4096 x 14336 entry, Qwen2.5-72B's
+    # (8192 x 29568) the 8192 x 28672 one; small layers and down-projections the '*' tiles
+    assert cfgmod.table_entry(t, "gemm", 64, 13824, 5120, qw4) == up_small.value["64"]
+    assert cfgmod.table_entry(t, "gemm", 64, 29568, 8192, qw4) == up_large.value["64"]
+    assert cfgmod.table_entry(t, "gemm", 64, 100, 100, qw4) == star.value["64"]
+    assert cfgmod.table_entry(t, "gemm", 64, 4096, 14336, qw4) == star.value["64"]
     assert cfgmod.weight_key(qw4) == "w4g" and cfgmod.weight_key(qw8) == "w8pc"
 
 
 def test_h100_wgmma_from_m():
-    """wgmma_from_m: an exact layer shape and weight format (group size included) goes to the wgmma GEMM from that M;
-    other group sizes and shapes, and the Triton-GEMM route, keep the per-bit-width crossover."""
+    """wgmma_from_m: the bucket of a measured layer in one weight format (group size included) goes to the wgmma GEMM
+    from that M; other group sizes and buckets, and the Triton-GEMM route, keep the per-bit-width crossover."""
     table = cfgmod.load_table("h100")
-    assert table["wgmma_from_m"] == {"w4g128": {"8192x28672": 1}}
+    (entry,) = table["wgmma_from_m"]["w4g128"]
+    assert entry.value == 1 and entry.measured == (8192, 28672) and set(table["wgmma_from_m"]) == {"w4g128"}
     g128 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
     g64 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=64)
     t = table
     assert cfgmod.exact_weight_key(g128) == "w4g128" and cfgmod.exact_weight_key(g64) == "w4g64"
     assert cfgmod.gemv_max_m(t, g128, 28672, k=8192) == 0
+    assert cfgmod.gemv_max_m(t, g128, 29568, k=8192) == 0  # Qwen2.5-72B's up-projection: the same bucket
     assert cfgmod.gemv_max_m(t, g128, 28672) == 8 and cfgmod.gemv_max_m(t, g128, 28672, k=4096) == 8
     assert cfgmod.gemv_max_m(t, g64, 28672, k=8192) == 8
     assert cfgmod.gemv_max_m(t, g128, 28672, wgmma=False, k=8192) == 16
-    for bucket in ("1", "2", "4", "8", "16"):  # the entries those M meet
-        assert table["wgmma"]["w4g"]["8192x28672"][bucket]["FOLD"] == 1
+    for m in (1, 2, 4, 8, 16):  # the entries those M meet
+        assert cfgmod.table_entry(t, "wgmma", m, 28672, 8192, g128)["FOLD"] == 1
 
 
 def test_pick_kernel_gemv_range():

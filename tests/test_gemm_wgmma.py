@@ -495,8 +495,9 @@ def _h100_small_m_entries():
     from mixgemm.tuning import load_table
 
     w4g = load_table("h100")["wgmma"]["w4g"]
-    return [(shape, int(b), cfg) for shape in ("8192x28672", "28672x8192", "4096x14336")
-            for b, cfg in w4g[shape].items() if int(b) <= 32]
+    return [(f"{e.measured[0]}x{e.measured[1]}", int(b), cfg) for e in w4g
+            if e.measured in ((8192, 28672), (28672, 8192), (4096, 14336))
+            for b, cfg in e.value.items() if int(b) <= 32]
 
 
 @pytest.mark.gpu

@@ -55,14 +55,15 @@ def test_nvrtc_compiles_every_instantiation(arch):
             n, kc = ((28672, 256), (64, 4096))[(i + mb) % 2]
             cfg = choose_config(mb, n, kc, 132, act)
             keys.add(tuple(sorted(defines_for(bits, act, scl, mode, mb, cfg).items())))
-    if arch == "sm_90":  # the tuned M = 1 tables of both GPUs, fp16 activations and scales, every mode
-        for gpu, table in (("NVIDIA H200", gemv_m1.TUNED_M1), ("NVIDIA H100 80GB HBM3", gemv_m1.TUNED_M1_H100)):
-            for (bits, n, k), mode in itertools.product(table, MODES):
-                cfg = choose_config(1, n, k // (32 if bits == 4 else 16), 132, 0, bits, k, gpu,
-                                    ("sym", "zero_point", "offset")[mode])
-                sym = {} if mode else gemv_m1.TUNED_M1_H100_SYM if "H100" in gpu else gemv_m1.TUNED_M1_SYM
-                assert (cfg["R"], cfg["U"], cfg["KS"]) == sym.get((bits, n, k), table[(bits, n, k)])[:3]
-                keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, cfg).items())))
+    if arch == "sm_90":  # the tuned M = 1 tiles of both GPUs on their measured layers, fp16 activations and scales
+        for gpu, mode in itertools.product(("NVIDIA H200", "NVIDIA H100 80GB HBM3"), range(len(MODES))):
+            mode_name = ("sym", "zero_point", "offset")[mode]
+            for bits, entries in gemv_m1.tuned_m1(gpu, mode_name).items():
+                for e in entries:
+                    k, n = e.measured
+                    cfg = choose_config(1, n, k // (32 if bits == 4 else 16), 132, 0, bits, k, gpu, mode_name)
+                    assert (cfg["R"], cfg["U"], cfg["KS"]) == e.value[:3]
+                    keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, cfg).items())))
                 if cfg.get("BULK"):  # gemv() adds BPAR where a row's parameters are whole 16-byte units
                     keys.add(tuple(sorted(defines_for(bits, 0, 0, mode, 1, {**cfg, "BPAR": 1}).items())))
         # the bulk ring's test tiles with every activation dtype (M buckets 1, 4, 2), parameters by bulk copy
@@ -449,8 +450,9 @@ def test_gemv_xs_lite(variant, bits, group, mode, scale_dtype):
 TILE_FORMATS = [(4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.float16),
                 (4, 32, "offset", torch.bfloat16), (4, -1, "zero_point", torch.float32),
                 (8, 64, "sym", torch.float16), (8, -1, "offset", torch.float16)]
-M1_TABLES = (gemv_m1.TUNED_M1, gemv_m1.TUNED_M1_SYM, gemv_m1.TUNED_M1_H100, gemv_m1.TUNED_M1_H100_SYM)
-M1_TILES = sorted({t for table in M1_TABLES for t in table.values() if isinstance(t, gemv_m1.M1Tile)})
+# the tiles with their own row groups, launch bounds, LITE or bulk ring (KS 7 among them)
+M1_TILES = sorted({e.value for table in gemv_m1.TABLES.values() for entries in table.values() for e in entries
+                   if e.value.RG or e.value.MINB or e.value.LITE or e.value.BULK})
 
 
 @pytest.mark.gpu

@@ -156,8 +156,9 @@ def _instantiations(full: bool = True):
     for bits, ks, mb in itertools.product((4, 8), (2, 4, 8), mbs):
         out.append({"A8_BITS": bits, "A8_XT": 0, "A8_M": mb, "A8_G": 128 if bits == 4 else 0, "A8_U": 4,
                     "A8_R": ga.ROWS_PER_WARP[mb], "A8_RG": 8 // ks, "A8_KS": ks, "A8_PF": 0})
-    for ((bits, _n, _k), cfg), xt in itertools.product(gemv_m1.A8_TUNED_M1.items(), (0, 1, 2) if full else (0,)):
-        for g in (32, 64, 128, 256, 0):  # the tuned table is keyed by shape, so any group can meet it
+    tuned = [(bits, e.value) for bits, entries in gemv_m1.A8_M1.items() for e in entries]
+    for (bits, cfg), xt in itertools.product(tuned, (0, 1, 2) if full else (0,)):
+        for g in (32, 64, 128, 256, 0):  # the tuned entries are keyed by bucket, so any group can meet them
             ch = CHUNK_K[bits]
             u = 4 if g == 0 else max(1, min(4, g // ch))
             out.append({"A8_BITS": bits, "A8_XT": xt, "A8_M": 1, "A8_G": g, "A8_U": u, "A8_R": cfg["R"],

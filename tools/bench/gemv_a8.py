@@ -26,7 +26,7 @@ from mixgemm.formats.weight import dequantize_weight, quantize_weight
 from mixgemm.kernels.cuda import gemv_a8 as ga
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.int8 import make_a8_runner
-from mixgemm.tuning.gemv_m1 import A8_TUNED_M1
+from mixgemm.tuning.gemv_m1 import a8_m1_entry
 from tools.bench.int8 import clone_qw, copies_for, copy_bandwidth
 
 SHAPES = [(8192, 28672), (28672, 8192)]  # K x N
@@ -66,9 +66,10 @@ def make_case(k, n, m, bits, group, seed):
 
 
 def row(k, n, m, bits, group, act, bw, rep=200, tuned=None):
-    """One table row; tuned: {(bits, N, K): M = 1 config} (the --sweep's picks) used instead of A8_TUNED_M1's."""
+    """One table row; tuned: {(bits, K, N): M = 1 config} (this run's --sweep picks for the benchmarked layers) used
+    instead of the shipped bucket entries (mixgemm.tuning.gemv_m1.A8_M1)."""
     qw0, x, qws, c = make_case(k, n, m, bits, group, seed=k + n + m)
-    cfg = (tuned or {}).get((bits, n, k)) if m == 1 else None
+    cfg = (tuned or {}).get((bits, k, n)) if m == 1 else None
     cuda_opts = dict(force=GEMV_A8, configs=None if cfg is None else {GEMV_A8: cfg})
     path = "cuda"
     try:  # the CUDA kernel at every M <= 16 where it can run: forced past the dispatcher's tuned M range
@@ -143,7 +144,7 @@ def prologue_sweep(bw, rep):
     """M = 1 W4A8 g128, per-token and per-group activations, both shapes: the one-pass row prologue (OP) and
     programmatic dependent launch (gemv_a8.PDL) on and off, at the tuned config and its neighbours."""
     for k, n in SHAPES:
-        base = dict(A8_TUNED_M1[(4, n, k)])
+        base = dict(a8_m1_entry(4, k, n).value)
         others = [c for c in (dict(R=2, KS=1, NW=8, PF=0), dict(R=2, KS=1, NW=16, PF=1), dict(R=4, KS=1, NW=16, PF=0))
                   if c != base]
         for block in ("token", "group"):
@@ -198,15 +199,16 @@ def main():
     if args.prologue:
         prologue_sweep(bw, args.sweep_rep)
         return
-    tuned = {}  # the sweep's M = 1 picks, which the table rows run instead of A8_TUNED_M1's
+    tuned = {}  # the sweep's M = 1 picks, which the table rows run instead of the shipped entries'
     if args.sweep:
         for k, n in SHAPES:
             for bits, group in ((4, 128), (8, -1)):
                 res = sweep(k, n, 1, bits, group, "sym", bw, args.sweep_rep)
                 t, cfg = next(v for v in res if v[1].get("GRID") is None)  # the tuned table has no grid mode
-                tuned[(bits, n, k)] = {key: v for key, v in cfg.items() if key != "GRID"}
+                tuned[(bits, k, n)] = {key: v for key, v in cfg.items() if key != "GRID"}
                 print(f"best {k}x{n} W{bits}: {[(round(t, 1), c) for t, c in res[:3]]}", flush=True)
-        print("A8_TUNED_M1 (mixgemm.tuning.gemv_m1) =", {**A8_TUNED_M1, **tuned}, flush=True)
+        print("A8_M1 entries (mixgemm.tuning.gemv_m1: bits, measured K, N, config) =",
+              [(bits, k, n, cfg) for (bits, k, n), cfg in tuned.items()], flush=True)
     rows = []
     for k, n in SHAPES:
         for bits, group, act, m in ((4, 128, "sym", 1), (4, 128, "asym", 1), (8, -1, "sym", 1), (4, 128, "sym", 2),

@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mixgemm.bench import protocol
     from mixgemm.tuning import cache as tcache
+    from mixgemm.tuning.buckets import ShapeBucket
 
     gpu = torch.cuda.get_device_name(0)
     path = args.out or tcache.default_path(gpu)
@@ -312,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
             cache.entries.pop(key, None)  # a re-run that no longer beats the default drops the old entry
             tqdm.write(f"{key}: default kept ({dflt.median:.2f} us; {verdict.reason})")
             continue
-        cache.put(key, verdict.best.config, dflt.median, verdict.best.median, {**source, "shape": f"{job.k}x{job.n}",
-                                                                              "m": job.m})
+        cache.put(key, verdict.best.config, dflt.median, verdict.best.median,
+                  {**source, "shape": f"{job.k}x{job.n}", "m": job.m,
+                   "bucket": ShapeBucket.of(job.k, job.n).describe()})
         done[key] = verdict.best.config
         improved += 1
         tqdm.write(f"{key}: {dflt.median:.2f} -> {verdict.best.median:.2f} us ({verdict.reason}): "

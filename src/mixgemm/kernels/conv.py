@@ -88,8 +88,15 @@ def _tuned_wgmma(p: Problem):
 
 def _wgmma_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.conv_wgmma import conv_config
+    from mixgemm.tuning import conv_table
+    from mixgemm.tuning.buckets import SourcedConfig
 
-    return conv_config(p.m, p.n, p.k, _tuned_wgmma(p)[1])
+    tuned = _tuned_wgmma(p)[1]
+    cfg = conv_config(p.m, p.n, p.k, tuned)
+    if tuned is None:
+        return cfg
+    key = conv_table.layer_key(p.conv.weight, p.conv.stride, 1, p.m)
+    return SourcedConfig(cfg, conv_table.measured_on(p.device.name, key, wgmma=True))
 
 
 def _smallk_can_run(p: Problem):

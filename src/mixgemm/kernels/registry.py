@@ -210,7 +210,8 @@ class Choice:
     config: dict | None
     declined: tuple[tuple[str, str], ...] = ()
     problem: Problem | None = None
-    config_source: str = ""  # where the config came from when not the entry's own rule (kernel_options, a cache file)
+    # where the config came from: kernel_options, a tuning cache file, a shipped table's bucket entry ("": a rule)
+    config_source: str = ""
     # act-order problems: True when the entry applies the input permutation itself; perm_note says how x is permuted
     perm_in_kernel: bool = False
     perm_note: str = ""
@@ -305,7 +306,8 @@ def _perm_fields(e: KernelEntry, problem: Problem, config: dict | None) -> tuple
 
 def _config(e: KernelEntry, problem: Problem, opts: KernelOptions) -> tuple[dict | None, str]:
     """The config handed to the chosen entry and where it came from: kernel_options(configs=...), else the tuning
-    cache's entry for the problem's bucket (mixgemm.tuning.cache), else the entry's own rule ("")."""
+    cache's entry for the problem's bucket (mixgemm.tuning.cache), else the entry's own choice: a shipped tuning
+    table's bucket entry (its bucket and source) or the kernel's rule ("")."""
     from mixgemm.tuning import cache
 
     forced = opts.configs.get(e.name)
@@ -316,7 +318,8 @@ def _config(e: KernelEntry, problem: Problem, opts: KernelOptions) -> tuple[dict
             forced, path = hit
             source = f"tuning cache {path}"
     if forced is None:
-        return e.config(problem), ""
+        cfg = e.config(problem)  # a tuning-table config carries its bucket and source (mixgemm.tuning.buckets)
+        return (None if cfg is None else dict(cfg)), getattr(cfg, "source", "")
     return (e.complete(problem, dict(forced)) if e.complete is not None else dict(forced)), source
 
 

@@ -1,9 +1,11 @@
 """mixgemm's tuning data and its lookup: the one place where measured numbers live.
 
 The kernels never look tuning up: the registry's entries (mixgemm.kernels.registry) read it here and hand each
-kernel its config. Data: the per-GPU tables (src/mixgemm/tuning/<gpu>.json, below; each file's "gpu" field and
-each section's "source" say which benchmark measured it), mixgemm.tuning.gemv_m1 (the GEMV's M = 1 tiles) and
-mixgemm.tuning.conv_table (the convolution sweeps).
+kernel its config. Data: the per-GPU tables (src/mixgemm/tuning/<gpu>.json, below), mixgemm.tuning.gemv_m1 (the
+GEMV's M = 1 tiles) and mixgemm.tuning.conv_table (the convolution sweeps). All of it is keyed by buckets
+(mixgemm.tuning.buckets: half-octave classes of K and N, regions of them, power-of-two M buckets), never by an exact
+layer shape, and every entry says where its numbers came from (``source``; ``measured``: the layer it was measured
+on). :func:`table_entry` returns the config with that provenance attached (mixgemm.explain prints it).
 
 A table is chosen from the GPU name (``H100`` -> h100.json, ``H200`` -> h200.json, anything else ->
 default.json). Its fields:
@@ -13,15 +15,24 @@ default.json). Its fields:
   wgmma GEMM, takes over (fp32 activations, MIXGEMM_WGMMA=0).
 * ``gemv_all_m_below_n`` (optional): layers with fewer output features than this keep the GEMV for every M <= 16
   (their wgmma grid is under one wave and needs split-K, which costs more than it saves at small M).
-* ``wgmma_from_m`` (optional): {exact weight key (``w4g128``, ``w8pc``...): {"KxN": m}}: on that exact layer shape
-  and weight format the wgmma GEMM serves every M >= m (measured there to beat the GEMV down to that M); it takes
-  precedence over the two rules above and applies only where the wgmma GEMM runs.
-* ``gemm``: {weight key: {shape key: {M bucket: config}}}, weight key ``w4g`` / ``w4pc`` / ``w8g`` /
-  ``w8pc`` (bits, grouped or per-channel), shape key ``KxN`` or ``*`` (any shape), M bucket the
-  smallest power of two >= M, capped at 16384 (as a string). A shape without its own entry uses the
-  entry of the nearest listed shape (by log-distance of K and N), then ``*``.
+* ``wgmma_from_m`` (optional): a list of entries {"format": ``w4g128`` / ``w8pc``... (bits and group size),
+  "region", "from_m", "measured", "source"}: layers of that format in the region go to the wgmma GEMM for every
+  M >= from_m (measured to beat the GEMV down to that M); it takes precedence over the two rules above and applies
+  only where the wgmma GEMM runs. The regions are single buckets (a partial section: other layers keep the rules).
+* ``gemm``: {weight key: [entry, ...]}, weight key ``w4g`` / ``w4pc`` / ``w8g`` / ``w8pc`` (bits, grouped or
+  per-channel); each entry {"region", "measured" (optional), "source", "configs": {M bucket: config}}. The
+  entries of a weight key partition all shapes (checked on load). The measured layers are the protocol's
+  up-projections K x N = 4096 x 14336 and 8192 x 28672 and down-projections 14336 x 4096 and 28672 x 8192; their
+  entries reach over the buckets of their kind: layers of size class k + n >= 48 (4096 x 4096 and up), wide (aspect
+  n - k >= 0) ones split at K 6888 | 6889 (k class 25 | 26), tall (aspect < 0) ones at K 19483 | 19484 (k class
+  28 | 29): the class boundary nearest the geometric mean of the two measured K (5793, a tie between 24 | 25 and
+  25 | 26; 20274). The split is by K because what the tiles tune (pipeline depth, KT, FOLD, split-K, stream-K)
+  follows the k-tiles per CTA; N is left to the configs' "auto" split, computed from the N tiles against the SMs.
+  The ``'*'`` entry takes the smaller layers and, in a weight key without measured down-projections, the tall ones,
+  as the old "nearest measured shape within a factor of 4, else '*'" rule did for every protocol shape.
 * ``wgmma``: the same structure for the Hopper wgmma GEMM (mixgemm.kernels.cuda.gemm_wgmma; keys BM, NWG,
-  STAGES, INFLIGHT, SPLIT, GROUP_M), which serves fp16 / bf16 activations on sm_90 past the GEMV.
+  STAGES, INFLIGHT, SPLIT, GROUP_M...), which serves fp16 / bf16 activations on sm_90 past the GEMV.
+* ``gemm_source`` / ``wgmma_source``: the benchmarks behind the sections (each entry's source points there).
 * A missing M bucket takes the nearest listed bucket.
 
 No autotuning at run time: the same (M, N, K, weight format, GPU) always yields the same config.
@@ -31,21 +42,24 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from importlib import resources
 
 import torch
 
 from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.tuning.buckets import (
+    M_BUCKETS,
+    BucketEntry,
+    Region,
+    ShapeBucket,
+    SourcedConfig,
+    check_partition,
+    find,
+    m_bucket,
+    nearest_m,
+)
 
-BUCKETS = tuple(1 << i for i in range(15))  # 1 .. 16384
-
-
-def m_bucket(m: int) -> int:
-    for b in BUCKETS:
-        if m <= b:
-            return b
-    return BUCKETS[-1]
+BUCKETS = M_BUCKETS  # the M buckets (1 .. 16384)
 
 
 def gpu_table_name(device: torch.device) -> str:
@@ -63,13 +77,43 @@ def table_name_for(gpu_name: str) -> str:
     return "default"
 
 
+def _entry(raw: dict, value, where: str) -> BucketEntry:
+    measured = raw.get("measured")
+    if not isinstance(raw.get("source"), str) or not raw["source"]:
+        raise ValueError(f"{where}: every entry needs a 'source' string")
+    return BucketEntry(Region.parse(raw.get("region"), where), value, raw["source"],
+                       None if measured is None else (int(measured["k"]), int(measured["n"])))
+
+
+def parse_table(raw: dict, name: str) -> dict:
+    """The table ``raw`` (parsed JSON) with its bucket sections as BucketEntry lists, checked: in "gemm" and
+    "wgmma" each weight key's entries partition all shapes, "wgmma_from_m" entries of one format are disjoint."""
+    table = dict(raw)
+    for section in ("gemm", "wgmma"):
+        parsed = {}
+        for wkey, lst in raw.get(section, {}).items():
+            where = f"{name}.json {section} {wkey}"
+            parsed[wkey] = tuple(_entry(e, e["configs"], f"{where} entry {i}") for i, e in enumerate(lst))
+            check_partition(parsed[wkey], where, complete=True)
+        table[section] = parsed
+    by_format: dict[str, list] = {}
+    for i, e in enumerate(raw.get("wgmma_from_m", [])):
+        by_format.setdefault(e["format"], []).append(_entry(e, int(e["from_m"]), f"{name}.json wgmma_from_m {i}"))
+    for fmt, lst in by_format.items():
+        check_partition(lst, f"{name}.json wgmma_from_m {fmt}", complete=False)
+    table["wgmma_from_m"] = {fmt: tuple(lst) for fmt, lst in by_format.items()}
+    table["name"] = name
+    return table
+
+
 @functools.cache
 def load_table(name: str) -> dict:
-    """The parsed table ``name`` (h100, h200, default)."""
+    """The parsed, checked table ``name`` (h100, h200, default)."""
     path = resources.files("mixgemm.tuning").joinpath(f"{name}.json")
     if not path.is_file():
+        name = "default"
         path = resources.files("mixgemm.tuning").joinpath("default.json")
-    return json.loads(path.read_text())
+    return parse_table(json.loads(path.read_text()), name)
 
 
 @functools.cache
@@ -86,42 +130,24 @@ def weight_key(qw: QuantizedWeight) -> str:
     return f"w{qw.bits}{'pc' if qw.num_groups == 1 else 'g'}"
 
 
-def _nearest_shape(entries: dict, k: int, n: int):
-    exact = f"{k}x{n}"
-    if exact in entries:
-        return entries[exact]
-    best, best_d = None, math.inf
-    for key, val in entries.items():
-        if key == "*":
-            continue
-        kk, nn = (int(v) for v in key.split("x"))
-        d = abs(math.log(kk / k)) + abs(math.log(nn / n))
-        if d < best_d:
-            best, best_d = val, d
-    if best is None or best_d > math.log(4.0):
-        return entries.get("*", best)
-    return best
-
-
-def _nearest_bucket(buckets: dict, m: int) -> dict:
-    b = m_bucket(m)
-    keys = sorted(int(x) for x in buckets)
-    pick = min(keys, key=lambda v: (abs(math.log2(v) - math.log2(b)), -v))
-    return buckets[str(pick)]
-
-
-def table_entry(table: dict, section: str, m: int, n: int, k: int, qw: QuantizedWeight) -> dict | None:
-    """A copy of the config ``table`` lists for this problem in ``section`` ("gemm" / "wgmma"), or None."""
+def table_entry(table: dict, section: str, m: int, n: int, k: int, qw: QuantizedWeight) -> SourcedConfig | None:
+    """A copy of the config ``table`` lists for this problem in ``section`` ("gemm" / "wgmma"), or None; its
+    ``source`` names the table, the bucket, the entry's region and where the entry's numbers came from."""
     entries = table.get(section, {}).get(weight_key(qw))
-    if entries:
-        buckets = _nearest_shape(entries, k, n)
-        if buckets:
-            return dict(_nearest_bucket(buckets, m))
-    return None
+    if not entries:
+        return None
+    bucket = ShapeBucket.of(k, n)
+    hit = find(entries, bucket)
+    if hit is None:
+        return None
+    mb, listed = m_bucket(m), nearest_m(hit.value, m)
+    m_text = f"M bucket {mb}" + (f" (the entry's nearest listed: {listed})" if listed != mb else "")
+    where = f"{table.get('name', '?')} table, {section} {weight_key(qw)}, {m_text}, {hit.where(bucket)}"
+    return SourcedConfig(hit.value[str(listed)], where)
 
 
 def exact_weight_key(qw: QuantizedWeight) -> str:
-    """``w<bits>g<group size>`` or ``w<bits>pc``: the key of the per-shape fields that depend on the group size."""
+    """``w<bits>g<group size>`` or ``w<bits>pc``: the format key of the fields that depend on the group size."""
     return f"w{qw.bits}pc" if qw.num_groups == 1 else f"w{qw.bits}g{qw.group_size}"
 
 
@@ -130,9 +156,9 @@ def gemv_max_m(table: dict, qw: QuantizedWeight, n: int | None = None, wgmma: bo
     """Largest M that goes to the CUDA GEMV for a layer of n output features and k input features, when the wgmma
     GEMM (wgmma=True) or the Triton GEMM serves larger M (from ``table``, a GPU's table; 16 if not listed)."""
     if wgmma and n is not None and k is not None:
-        from_m = table.get("wgmma_from_m", {}).get(exact_weight_key(qw), {}).get(f"{k}x{n}")
-        if from_m is not None:
-            return int(from_m) - 1
+        hit = find(table.get("wgmma_from_m", {}).get(exact_weight_key(qw), ()), ShapeBucket.of(k, n))
+        if hit is not None:
+            return hit.value - 1
     if n is not None and n < table.get("gemv_all_m_below_n", 0):
         return 16
     limits = table.get("gemv_max_m", {}) if wgmma else table.get("gemv_max_m_no_wgmma", table.get("gemv_max_m", {}))

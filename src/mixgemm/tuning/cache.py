@@ -5,9 +5,11 @@ name, mixgemm.bench.protocol.gpu_slug). Read once per process (:func:`reload` re
 already made keep their config).
 
 Keys are buckets, never exact shapes: a problem falls into the bucket of (op, weight format, activation dtype, entry
-name, K bucket, N bucket, M bucket), K and N on a half-octave grid (round(2 log2 K)), M on the tables' power-of-two
-grid (mixgemm.tuning.m_bucket). Each entry holds the config, the measured times (default and tuned) and where it came
-from (GPU, date, mixgemm version, the command). The registry uses an entry only for the entry it names, only on the
+name, K class, N class, M bucket), with the shipped tables' bucket scheme (mixgemm.tuning.buckets: K and N as
+half-octave classes round(2 log2 v), M as its power-of-two bucket). A cache entry, measured on one layer, covers
+that layer's bucket (a shipped table's entry may cover a region of buckets). Each entry holds the config, the
+measured times (default and tuned) and where it came from (GPU, date, mixgemm version, the command, the layer and
+the bucket's K / N ranges). The registry uses an entry only for the entry it names, only on the
 GPU the file was measured on, and an explicit ``kernel_options(configs=...)`` still wins.
 
 File format (JSON): {"version": 1, "gpu": name, "entries": {bucket key: {"config": {...}, "default_us": t,
@@ -18,25 +20,18 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from mixgemm.tuning import m_bucket
+from mixgemm.tuning.buckets import ShapeBucket, m_bucket
+from mixgemm.tuning.buckets import half_octave as half_octave  # the K / N classes of the keys
 
 VERSION = 1
 ENV = "MIXGEMM_TUNING_CACHE"
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-
-
-def half_octave(v: int) -> int:
-    """The half-octave bucket of a positive size: round(2 log2 v) (4096 -> 24, 5120 -> 25, 6144 -> 25)."""
-    if v < 1:
-        raise ValueError(f"a layer size must be positive, got {v}")
-    return round(2 * math.log2(v))
 
 
 def format_key(bits: int, group_size: int, num_groups: int, mode: str) -> str:
@@ -46,14 +41,13 @@ def format_key(bits: int, group_size: int, num_groups: int, mode: str) -> str:
 
 
 def bucket_key(problem, entry_name: str) -> str:
-    """The cache key of a registry Problem for ``entry_name``: op, weight format, activation dtype, entry, then K, N
-    (half-octave buckets) and M (power-of-two bucket)."""
+    """The cache key of a registry Problem for ``entry_name``: op, weight format, activation dtype, entry, then the
+    (K, N) bucket (half-octave classes) and M (power-of-two bucket)."""
     p = problem
     dtype = _DTYPES.get(p.x_dtype, str(p.x_dtype).replace("torch.", ""))
     fmt = format_key(p.bits, p.group_size, p.num_groups, p.mode)
     extra = f"/{p.act_mode}{'-token' if p.per_token else ''}" if p.op == "linear_a8" else ""
-    return (f"{p.op}{extra}/{fmt}/{dtype}/{entry_name}/k{half_octave(p.k)}/n{half_octave(p.n)}"
-            f"/m{m_bucket(max(p.m, 1))}")
+    return f"{p.op}{extra}/{fmt}/{dtype}/{entry_name}/{ShapeBucket.of(p.k, p.n).key}/m{m_bucket(p.m)}"
 
 
 def default_path(gpu_name: str) -> str:
@@ -150,15 +144,20 @@ def for_gpu(gpu_name: str) -> TuningCache | None:
 
 
 def lookup(problem, entry_name: str) -> tuple[dict, str] | None:
-    """(config, cache file) for the problem's bucket and entry on its GPU, or None (CPU problems: None)."""
+    """(config, where: the cache file, the bucket key and the layer it was measured on) for the problem's bucket and
+    entry on its GPU, or None (CPU problems: None)."""
     dev = problem.device
     if not dev.is_cuda or not dev.name:
         return None
     cache = for_gpu(dev.name)
     if cache is None:
         return None
-    cfg = cache.lookup(problem, entry_name)
-    return (cfg, cache.path) if cfg is not None else None
+    key = bucket_key(problem, entry_name)
+    hit = cache.entries.get(key)
+    if hit is None:
+        return None
+    shape = hit.get("source", {}).get("shape")
+    return dict(hit["config"]), f"{cache.path}, {key}" + (f" (measured on K x N {shape})" if shape else "")
 
 
 def reload() -> None:

@@ -1,15 +1,22 @@
-"""Measured tile choices for the implicit-GEMM conv kernel, per GPU: no run-time autotuning.
+"""Measured tile choices for the implicit-GEMM conv kernels, per GPU: no run-time autotuning.
 
-``lookup`` returns the fastest entry of the device sweep (tools/checks/conv_gpu_check.py) for a layer shape, or
-None (then kernels.triton.conv.pick_config's heuristic decides). Key: ``conv_key(...)`` =
-"w{bits}{pc|g<group>}|{kh}x{kw}/{stride}|{ci_g}-{co_g}|M{bucket}" with bucket the power of two >= M, so a
-batch that lands in the same bucket (e.g. 24..32 at a given spatial size) reuses the measured config.
+``lookup`` returns the fastest entry of the device sweep (tools/checks/conv_gpu_check.py) for a layer's bucket, or
+None (then kernels.triton.conv.pick_config's heuristic decides). The tables below are written with the key of the
+layer each entry was measured on (``conv_key(...)`` = "w{bits}{pc|g<group>}|{kh}x{kw}/{stride}|{ci_g}-{co_g}|M{m}",
+M the power of two >= B*Ho*Wo; the sweeps print entries in that form), but lookups go by bucket (``bucket_of``): the
+channel counts become their half-octave classes (mixgemm.tuning.buckets.half_octave, about +-19% around the measured
+count: 256 channels -> class 16 covers 220..310), so a layer of any channel count near a measured one, at a batch
+that lands in the same M bucket (e.g. 24..32 at a given spatial size), reuses the measured config. Weight format,
+kernel size and stride are categories and stay exact. The measured keys of one table fall into distinct buckets
+(checked on import; ResNet-50's channel counts are powers of two, each its own class).
 Value: (path, config) where path is "igemm" or "matmul" (1x1 convs: the shared Triton GEMM), config a
 tuple (block_m, block_n, block_k, split_k, num_warps, num_stages, swap_ab) for "igemm", None for "matmul".
 Only GPUs whose name contains a table's key use it (an H100 table is not applied to other GPUs).
 """
 
 from __future__ import annotations
+
+from mixgemm.tuning.buckets import half_octave, pow2_at_least
 
 # NVIDIA H200 (132 SMs), torch 2.11 / triton 3.6. Source: tools/checks/conv_gpu_check.sh (after the K-loop rewrite),
 # protocol graph timing; per layer of mixgemm.bench.conv.CONV_PRESET at batch 1 and 32, the fastest correct variant
@@ -436,21 +443,15 @@ _H100_WGMMA: dict[str, dict | None] = {
 WGMMA_TABLES: dict[str, dict[str, dict | None]] = {"h200": _H200_WGMMA, "h100": _H100_WGMMA}
 
 
-def _bucket(m: int) -> int:
-    b = 1
-    while b < m:
-        b *= 2
-    return b
-
-
 def key_group(q) -> int:
     """The group size a QuantizedWeight is keyed by: -1 when it has one group per channel."""
     return q.group_size if q.num_groups > 1 else -1
 
 
 def conv_key(bits: int, group_size: int, kh: int, kw: int, stride: int, ci_g: int, co_g: int, m: int) -> str:
+    """The key of one layer at M = B*Ho*Wo output pixels (how the tables name the layer an entry was measured on)."""
     fmt = "pc" if group_size == -1 else f"g{group_size}"
-    return f"w{bits}{fmt}|{kh}x{kw}/{stride}|{ci_g}-{co_g}|M{_bucket(m)}"
+    return f"w{bits}{fmt}|{kh}x{kw}/{stride}|{ci_g}-{co_g}|M{pow2_at_least(m)}"
 
 
 def layer_key(qw, stride, groups: int, m: int) -> str:
@@ -462,23 +463,56 @@ def layer_key(qw, stride, groups: int, m: int) -> str:
                     qw.out_channels // groups, m)
 
 
-def gpu_table(gpu_name: str) -> dict[str, tuple]:
+def bucket_of(key: str) -> str:
+    """The bucket of a layer key: its channel counts replaced by their half-octave classes
+    ("w4g128|3x3/1|256-256|M8192" -> "w4g128|3x3/1|c16-c16|M8192")."""
+    fmt, geometry, channels, mb = key.split("|")
+    ci, co = (int(c) for c in channels.split("-"))
+    return f"{fmt}|{geometry}|c{half_octave(ci)}-c{half_octave(co)}|{mb}"
+
+
+def _by_bucket(table: dict, name: str) -> dict:
+    """{bucket: (measured key, value)} of a table; two measured layers in one bucket are an error."""
+    out: dict = {}
+    for key, value in table.items():
+        b = bucket_of(key)
+        if b in out:
+            raise ValueError(f"conv_table {name}: {key} and {out[b][0]} fall into one bucket {b}")
+        out[b] = (key, value)
+    return out
+
+
+_BUCKETS = {gpu: _by_bucket(t, gpu) for gpu, t in TABLES.items()}
+_WGMMA_BUCKETS = {gpu: _by_bucket(t, f"{gpu} wgmma") for gpu, t in WGMMA_TABLES.items()}
+
+
+def _find(tables: dict, gpu_name: str, key: str) -> tuple[str, object] | None:
+    """(measured key, value) of the layer's bucket in the first table whose GPU key is in the GPU's name."""
     name = gpu_name.lower()
-    for key, table in TABLES.items():
-        if key in name:
-            return table
-    return {}
+    for gpu, table in tables.items():
+        if gpu in name:
+            return table.get(bucket_of(key))
+    return None
 
 
 def lookup(gpu_name: str, key: str) -> tuple | None:
-    return gpu_table(gpu_name).get(key)
+    """The measured (path, config) of the layer's bucket on this GPU, or None."""
+    hit = _find(_BUCKETS, gpu_name, key)
+    return None if hit is None else hit[1]
 
 
 def lookup_wgmma(gpu_name: str, key: str) -> tuple[bool, dict | None]:
-    """(measured, config) of the wgmma conv for this layer: (False, None) when this GPU's table has no entry,
+    """(measured, config) of the wgmma conv for this layer's bucket: (False, None) when this GPU's table has no entry,
     (True, None) when the wgmma path was measured slower than the other kernels, (True, config) when it won."""
-    name = gpu_name.lower()
-    for gpu, table in WGMMA_TABLES.items():
-        if gpu in name and key in table:
-            return True, table[key]
-    return False, None
+    hit = _find(_WGMMA_BUCKETS, gpu_name, key)
+    return (False, None) if hit is None else (True, hit[1])
+
+
+def measured_on(gpu_name: str, key: str, wgmma: bool = False) -> str:
+    """Where the entry of the layer's bucket came from ("" when none): the bucket, the layer it was measured on and
+    the sweep (the source comment of its table)."""
+    hit = _find(_WGMMA_BUCKETS if wgmma else _BUCKETS, gpu_name, key)
+    if hit is None:
+        return ""
+    tool = "tools/bench/conv_wgmma.py" if wgmma else "tools/checks/conv_gpu_check.py"
+    return f"conv_table bucket {bucket_of(key)}, measured on {hit[0]} by {tool} (conv_table.py)"

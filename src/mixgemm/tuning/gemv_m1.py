@@ -1,13 +1,17 @@
-"""The CUDA-core GEMV's measured M = 1 tiles (fp16 activations), per GPU model and weight mode.
+"""The CUDA-core GEMV's measured M = 1 tiles (fp16 activations), per GPU model and weight mode, as bucket entries.
 
-Source: tools/bench/gemv.py --sweep (and --sweep-mode sym) on an H200 and an H100 for the protocol's LLM shapes,
-keyed by (bits, N, K); the fastest (R, U, KS, ...) of each sweep. Other shapes use the rule in
-mixgemm.kernels.cuda.gemv.choose_config.
+Source: tools/bench/gemv.py --sweep (and --sweep-mode sym) on an H200 and an H100 for the protocol's LLM layers; the
+fastest (R, U, KS, ...) of each sweep. Each entry covers the half-octave bucket of the layer it was measured on
+(mixgemm.tuning.buckets: K and N each within about +-19% of the measured sizes) for its weight bit width; layers in
+other buckets use the rule in mixgemm.kernels.cuda.gemv.choose_config. A tile is legal for any K (the k-slices
+stride over the row's chunks), so a neighbour in the bucket runs it as is.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from mixgemm.tuning.buckets import BucketEntry, Region, ShapeBucket, check_partition, find
 
 
 class M1Tile(NamedTuple):
@@ -26,64 +30,107 @@ class M1Tile(NamedTuple):
     BULK: int = 0
 
 
-# H200, M = 1, fp16 activations (source: tools/bench/gemv.py --sweep, its KS and bulk-copy sweeps). K = 28672 takes
-# the H100's bulk-copy ring tile (below): 28672x8192 zero point 37.7 -> 36.0 us, sym 35.3 -> 34.8 us.
+def _entries(source: str, measured: list) -> dict[int, tuple[BucketEntry, ...]]:
+    """{bits: entries} from [(bits, K, N, tile), ...]: each tile covers the bucket of the K x N layer it was measured
+    on."""
+    out: dict[int, list] = {}
+    for bits, k, n, tile in measured:
+        out.setdefault(bits, []).append(BucketEntry(Region.cell(k, n), M1Tile(*tile), source, (k, n)))
+    return {bits: tuple(lst) for bits, lst in out.items()}
+
+
+# The bulk-copy ring tile with 8 rows per warp and KS 7 for the K = 28672 bucket (gemv.cu GEMV_BULK / GEMV_BPAR).
 _K28672_BULK = M1Tile(8, 1, 7, RG=1, MINB=2, LITE=1, BULK=2)
-TUNED_M1 = {
-    (4, 4096, 4096): (2, 2, 2), (4, 14336, 4096): (4, 2, 2), (4, 4096, 14336): (4, 2, 2),
-    (4, 28672, 8192): (4, 2, 2), (4, 8192, 28672): _K28672_BULK,
-    (8, 4096, 4096): (2, 1, 4), (8, 14336, 4096): (2, 1, 4), (8, 4096, 14336): (2, 1, 8),
-    (8, 28672, 8192): (2, 1, 8), (8, 8192, 28672): (2, 1, 8),
-}
-# H100 (source: the same sweeps there): (R, U, KS, PF); PF = register double buffering, which the W8 kernel gains
-# from there. On K = 28672 / 14336 the zero-point kernel wants k-slices that give every lane the same number of steps
+
+# H200, M = 1, fp16 activations: tools/bench/gemv.py --sweep, its KS and bulk-copy sweeps. The K = 28672 bucket takes
+# the H100's bulk-copy ring tile (below): K 28672 x N 8192 zero point 37.7 -> 36.0 us, sym 35.3 -> 34.8 us.
+H200 = _entries("tools/bench/gemv.py --sweep on the H200 (M = 1, fp16 activations; KS and bulk-copy sweeps)", [
+    # (bits, K, N, tile (R, U, KS, ...))
+    (4, 4096, 4096, (2, 2, 2)), (4, 4096, 14336, (4, 2, 2)), (4, 14336, 4096, (4, 2, 2)),
+    (4, 8192, 28672, (4, 2, 2)), (4, 28672, 8192, _K28672_BULK),
+    (8, 4096, 4096, (2, 1, 4)), (8, 4096, 14336, (2, 1, 4)), (8, 14336, 4096, (2, 1, 8)),
+    (8, 8192, 28672, (2, 1, 8)), (8, 28672, 8192, (2, 1, 8)),
+])
+# H100: the same sweeps there; (R, U, KS, PF), PF = register double buffering, which the W8 kernel gains from there.
+# On the K = 28672 / 14336 buckets the zero-point kernel wants k-slices that give every lane the same number of steps
 # (KS 7: Kc = 896 = 4 x 7 x 32 chunks, 448 = 2 x 7 x 32; with the power-of-two KS 8 half the warps of a block idle for
-# the last step): 28672x8192 50.8 -> 49.0 us, 14336x4096 14.4 -> 13.7 us. On K = 28672 the bulk-copy ring with each
-# tile's parameters copied in bulk (_K28672_BULK: gemv.cu GEMV_BULK / GEMV_BPAR), 8 rows per warp: zero point
-# 48.9 -> 47.4 us, sym 47.3 -> 46.1.
-TUNED_M1_H100 = {
-    (4, 4096, 4096): (4, 1, 2, 0), (4, 14336, 4096): (4, 1, 2, 0), (4, 4096, 14336): M1Tile(4, 1, 7, RG=2, MINB=2),
-    (4, 28672, 8192): (4, 2, 4, 0), (4, 8192, 28672): _K28672_BULK,
-    (8, 4096, 4096): (2, 1, 4, 0), (8, 14336, 4096): (2, 1, 8, 0), (8, 4096, 14336): (2, 1, 8, 0),
-    (8, 28672, 8192): (2, 2, 8, 1), (8, 8192, 28672): (2, 1, 8, 1),
+# the last step): K 28672 x N 8192 50.8 -> 49.0 us, K 14336 x N 4096 14.4 -> 13.7 us. On the K = 28672 bucket the
+# bulk-copy ring with each tile's parameters copied in bulk, 8 rows per warp: zero point 48.9 -> 47.4 us, sym
+# 47.3 -> 46.1.
+H100 = _entries("tools/bench/gemv.py --sweep on the H100 (M = 1, fp16 activations; KS and bulk-copy sweeps)", [
+    (4, 4096, 4096, (4, 1, 2, 0)), (4, 4096, 14336, (4, 1, 2, 0)), (4, 14336, 4096, M1Tile(4, 1, 7, RG=2, MINB=2)),
+    (4, 8192, 28672, (4, 2, 4, 0)), (4, 28672, 8192, _K28672_BULK),
+    (8, 4096, 4096, (2, 1, 4, 0)), (8, 4096, 14336, (2, 1, 8, 0)), (8, 14336, 4096, (2, 1, 8, 0)),
+    (8, 8192, 28672, (2, 2, 8, 1)), (8, 28672, 8192, (2, 1, 8, 1)),
+])
+# Symmetric int4 on an H100 (tools/bench/gemv.py --sweep --sweep-mode sym): without zero points a lane holds fewer
+# registers per row, and one chunk in flight per lane and row (U 1) with more split-K measured fastest (us against the
+# zero-point tiles above): 28672x8192 47.5 vs 49.6, 14336x4096 13.2 vs 14.9, 4096x14336 12.8 vs 13.4; the K = 28672
+# bucket then takes the bulk-copy ring tile (46.1). These entries replace the zero-point tables'
+# entries of the same bucket for mode "sym".
+H100_SYM = _entries("tools/bench/gemv.py --sweep --sweep-mode sym on the H100 (M = 1, fp16 activations)", [
+    (4, 28672, 8192, _K28672_BULK), (4, 14336, 4096, (4, 1, 4, 0)), (4, 4096, 14336, (4, 1, 1, 0)),
+])
+# The same for symmetric int4 on an H200 (the sym and KS sweeps there; us against the table above): 4096x4096 4.2 vs
+# 4.7, 4096x14336 10.9 vs 11.6, 14336x4096 10.6 vs 13.8, 8192x28672 36.1 vs 37.1, 28672x8192 35.1 vs 36.4.
+H200_SYM = _entries("tools/bench/gemv.py --sweep --sweep-mode sym, KS sweeps on the H200 (M = 1, fp16 activations)", [
+    (4, 4096, 4096, (4, 2, 2)), (4, 4096, 14336, (4, 1, 1)), (4, 14336, 4096, (4, 1, 4)),
+    (4, 8192, 28672, (4, 2, 4)), (4, 28672, 8192, _K28672_BULK),
+])
+
+
+def _with_sym(base: dict, sym: dict) -> dict:
+    """base's entries with sym's replacing those of the same bucket."""
+    out = {}
+    for bits in set(base) | set(sym):
+        over = sym.get(bits, ())
+        out[bits] = over + tuple(e for e in base.get(bits, ()) if all(e.region != o.region for o in over))
+    return out
+
+
+# {(gpu, sym?): {bits: entries}}, merged once, not per call
+TABLES = {("H100", False): H100, ("H100", True): _with_sym(H100, H100_SYM),
+          ("H200", False): H200, ("H200", True): _with_sym(H200, H200_SYM)}
+
+
+def _check() -> None:
+    for (gpu, sym), table in TABLES.items():
+        for bits, entries in table.items():
+            check_partition(entries, f"gemv_m1 {gpu}{' sym' if sym else ''} W{bits}", complete=False)
+
+
+_check()
+
+
+def tuned_m1(gpu_name: str, mode: str = "") -> dict[int, tuple[BucketEntry, ...]]:
+    """The M = 1 tile entries ({bits: entries}) measured on this GPU model (H100 / H200) for this weight mode; the
+    H200's for any other GPU."""
+    return TABLES[("H100" if "H100" in gpu_name else "H200", mode == "sym")]
+
+
+def m1_entry(gpu_name: str, mode: str, bits: int, k: int, n: int) -> BucketEntry | None:
+    """The measured M = 1 tile entry whose bucket holds a K x N layer of this bit width, or None."""
+    return find(tuned_m1(gpu_name, mode).get(bits, ()), ShapeBucket.of(k, n))
+
+
+# The fused activation-quantizing GEMV (W4A8 / W8A8, kernels/cuda/gemv_a8.cu) at M = 1, fp16 output (source:
+# tools/bench/gemv_a8.py --sweep, H200; one-pass prologue with PDL). Times and fractions of the HBM floor: W4 K 8192 x
+# N 28672 36.1-36.4 us (81%); W4 K 28672 x N 8192 38.1-38.2 us with per-token, 39.0 us with per-group activations
+# (77% / 75%); W8 per-channel K 8192 x N 28672 64.4 us (86%), K 28672 x N 8192 68.0 us (82%).
+_A8_SOURCE = "tools/bench/gemv_a8.py --sweep on the H200 (M = 1, fp16 output; one-pass prologue with PDL)"
+A8_M1: dict[int, tuple[BucketEntry, ...]] = {
+    bits: tuple(BucketEntry(Region.cell(k, n), cfg, _A8_SOURCE, (k, n)) for b, k, n, cfg in (
+        (4, 8192, 28672, {"R": 2, "KS": 1, "NW": 8, "PF": 0}),
+        (4, 28672, 8192, {"R": 4, "KS": 1, "NW": 16, "PF": 0}),
+        (8, 8192, 28672, {"R": 4, "KS": 1, "NW": 16, "PF": 0}),
+        (8, 28672, 8192, {"R": 4, "KS": 1, "NW": 16, "PF": 0}),
+    ) if b == bits)
+    for bits in (4, 8)
 }
+for _bits, _entries_a8 in A8_M1.items():
+    check_partition(_entries_a8, f"gemv_a8 M = 1 W{_bits}", complete=False)
 
 
-# Symmetric int4 on an H100 (source: tools/bench/gemv.py --sweep --sweep-mode sym): without zero points a lane
-# holds fewer registers per row, and one chunk in flight per lane and row (U 1) with more split-K measured fastest (us
-# against the zero-point tiles above): 28672x8192 47.5 vs 49.6, 14336x4096 13.2 vs 14.9, 4096x14336 12.8 vs 13.4;
-# 28672x8192 then takes the bulk-copy ring tile (46.1). Keyed like the tables above; entries override them for mode
-# "sym".
-TUNED_M1_H100_SYM = {
-    (4, 8192, 28672): _K28672_BULK, (4, 4096, 14336): (4, 1, 4, 0),
-    (4, 14336, 4096): (4, 1, 1, 0),
-}
-# The same for symmetric int4 on an H200 (source: the sym and KS sweeps there; us against the table above): 4096x4096
-# 4.2 vs 4.7, 4096x14336 10.9 vs 11.6, 14336x4096 10.6 vs 13.8, 8192x28672 36.1 vs 37.1, 28672x8192 35.1 vs 36.4.
-TUNED_M1_SYM = {
-    (4, 4096, 4096): (4, 2, 2), (4, 14336, 4096): (4, 1, 1), (4, 4096, 14336): (4, 1, 4),
-    (4, 28672, 8192): (4, 2, 4), (4, 8192, 28672): _K28672_BULK,
-}
-# merged once, not per call
-_TUNED_M1_SYM_ALL = {"H100": {**TUNED_M1_H100, **TUNED_M1_H100_SYM}, "": {**TUNED_M1, **TUNED_M1_SYM}}
-
-
-def tuned_m1(gpu_name: str, mode: str = "") -> dict:
-    """The M = 1 tile table measured on this GPU model (H100 / H200) for this weight mode; H200's for any other GPU."""
-    gpu = "H100" if "H100" in gpu_name else ""
-    if mode == "sym":
-        return _TUNED_M1_SYM_ALL[gpu]
-    return TUNED_M1_H100 if gpu else TUNED_M1
-
-
-# The fused activation-quantizing GEMV (W4A8 / W8A8, kernels/cuda/gemv_a8.cu) at M = 1, fp16 output, keyed by
-# (bits, N, K) (source: tools/bench/gemv_a8.py --sweep, H200; one-pass prologue with PDL). Times and fractions of
-# the HBM floor: W4 N 28672 / K 8192 36.1-36.4 us (81%); W4 N 8192 / K 28672 38.1-38.2 us with per-token, 39.0 us
-# with per-group activations (77% / 75%); W8 per-channel N 28672 / K 8192 64.4 us (86%), N 8192 / K 28672 68.0 us
-# (82%).
-A8_TUNED_M1: dict = {
-    (4, 28672, 8192): {"R": 2, "KS": 1, "NW": 8, "PF": 0},
-    (4, 8192, 28672): {"R": 4, "KS": 1, "NW": 16, "PF": 0},
-    (8, 28672, 8192): {"R": 4, "KS": 1, "NW": 16, "PF": 0},
-    (8, 8192, 28672): {"R": 4, "KS": 1, "NW": 16, "PF": 0},
-}
+def a8_m1_entry(bits: int, k: int, n: int) -> BucketEntry | None:
+    """The measured M = 1 tile entry of the fused int8-activation GEMV whose bucket holds a K x N layer, or None."""
+    return find(A8_M1.get(bits, ()), ShapeBucket.of(k, n))

@@ -28,7 +28,8 @@ from mixgemm.formats.layouts import GemvLayout, GemvMmaLayout, build_gemv_mma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.options import current_options
-from mixgemm.tuning.gemv_m1 import M1Tile, tuned_m1
+from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
+from mixgemm.tuning.gemv_m1 import m1_entry
 
 GEMV_MAX_M = 16
 # Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
@@ -96,7 +97,8 @@ def mma_override(base: dict, forced: dict) -> dict:
 
 def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
                   gpu_name: str = "", mode: str = "") -> dict:
-    """Tile choice from the problem size only (deterministic, no autotuning).
+    """Tile choice from the problem size only (deterministic, no autotuning): the measured tile of the layer's
+    bucket at M = 1 with fp16 activations (mixgemm.tuning.gemv_m1; k = 0: none), else the rule below.
 
     R rows per warp (one activation load serves R weight rows), U chunks in flight per lane and row,
     KS k-slices per row (split-K inside the block, when N / R alone cannot fill the GPU); a block is
@@ -106,11 +108,14 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     # fp16 activations: x staged in shared memory (XS, dropped by gemv() where it does not apply) and
     # the lighter per-chunk bookkeeping (LITE), when DEFAULT_XS / DEFAULT_LITE turn them on (gemv.cu)
     extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
-    table = tuned_m1(gpu_name, mode)
-    if m == 1 and act == 0 and (bits, n, k) in table:
-        t = M1Tile(*table[(bits, n, k)])
+    hit = m1_entry(gpu_name, mode, bits, k, n) if m == 1 and act == 0 and k > 0 else None
+    # the measured tile of the layer's bucket (mixgemm.tuning.gemv_m1), where each of its k-slices gets at least one
+    # full step of U chunks per lane, as on the layer it was measured on (a shorter K in the bucket takes the rule)
+    if hit is not None and kc >= 32 * hit.value.U * hit.value.KS:
+        t = hit.value
         cfg = {"R": t.R, "U": t.U, "RG": t.RG or WARPS // t.KS, "KS": t.KS, "PF": t.PF, **extra}
-        return _with_optional_keys(cfg, t._asdict())
+        where = f"gemv_m1 {'H100' if 'H100' in gpu_name else 'H200'} W{bits}, {hit.where(ShapeBucket.of(k, n))}"
+        return SourcedConfig(_with_optional_keys(cfg, t._asdict()), where)
     if m == 1:
         r = (4 if n >= 8192 else 2) if act == 0 else 2
         u = 2

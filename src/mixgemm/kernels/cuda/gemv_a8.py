@@ -28,7 +28,8 @@ import torch
 from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.tuning.gemv_m1 import A8_TUNED_M1
+from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
+from mixgemm.tuning.gemv_m1 import a8_m1_entry
 
 SOURCE = "gemv_a8.cu"
 KERNEL = "mixgemm_gemv_a8"
@@ -67,9 +68,11 @@ def choose_config(mb: int, n: int, steps: int, num_sms: int, bits: int = 4, k: i
     """R rows per warp (by M bucket), KS warps along K per block (split K inside the block while the row
     tiles alone give fewer than ~32 warps per SM: decode shapes with small N), NW warps per block, PF
     register double buffering (0 / 1)."""
-    tuned = A8_TUNED_M1.get((bits, n, k)) if mb == 1 else None
-    if tuned is not None:
-        return dict(tuned, RG=tuned["NW"] // tuned["KS"])
+    hit = a8_m1_entry(bits, k, n) if mb == 1 and k > 0 else None
+    if hit is not None:  # the measured tile of the layer's bucket (mixgemm.tuning.gemv_m1.A8_M1)
+        tuned = hit.value
+        return SourcedConfig(dict(tuned, RG=tuned["NW"] // tuned["KS"]),
+                             f"gemv_a8 M = 1 W{bits}, {hit.where(ShapeBucket.of(k, n))}")
     r = ROWS_PER_WARP[mb]
     ks = 1
     while ks < WARPS and -(-n // r) * ks < num_sms * 32 and steps >= 2 * ks:
