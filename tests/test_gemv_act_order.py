@@ -41,7 +41,7 @@ SIMT_VARIANTS = [
     (4, 1, 1, 2, 4, choose_config(4, 4096, 128, 132, 1)),
     (8, 2, 2, 1, 16, choose_config(16, 4096, 256, 132, 2, 8)),
 ]
-BULK_VARIANT = (4, 0, 0, 1, 1, {**gemv_m1.TUNED_M1[(4, 8192, 28672)]._asdict(), "XS": 1, "BPAR": 1})
+BULK_VARIANT = (4, 0, 0, 1, 1, {**gemv_m1._K28672_BULK._asdict(), "XS": 1, "BPAR": 1})
 MMA_VARIANTS = [(4, 0, 0, 1, 1, {**choose_mma_config(1, 4096, 64, 132), "DEFER": 1}),
                 (8, 1, 1, 0, 2, {**choose_mma_config(2, 4096, 128, 132), "DEFER": 0})]
 
