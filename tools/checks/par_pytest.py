@@ -1,8 +1,14 @@
 """Run the collected tests of a pytest selection in N parallel processes (Triton compiles in-process and
-single-threaded: N processes compile N kernels at a time). Usage: python -m tools.checks.par_pytest N ARGS..."""
+single-threaded: N processes compile N kernels at a time).
+
+    python -m tools.checks.par_pytest N [--logs DIR] ARGS...
+
+With --logs, each process writes its verbose log (one PASSED / FAILED line per test as it finishes) to
+DIR/chunk_<i>.log, so a run cut short by a time limit still says which tests passed and which failed."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,21 +16,34 @@ import sys
 def main():
     n = int(sys.argv[1])
     args = sys.argv[2:]
+    logs = None
+    if args[:1] == ["--logs"]:
+        logs, args = args[1], args[2:]
+        os.makedirs(logs, exist_ok=True)
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], capture_output=True,
                          text=True).stdout
     ids = [line for line in out.splitlines() if "::" in line]
-    chunks = [ids[i::n] for i in range(n)]
+    chunks = [c for c in (ids[i::n] for i in range(n)) if c]
     # the node ids are already selected (-m, -k applied at collection): run them as they are
-    procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *c],
-                              stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for c in chunks if c]
+    procs, files = [], []
+    for i, c in enumerate(chunks):
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *c]
+        if logs is None:
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        else:
+            f = open(os.path.join(logs, f"chunk_{i}.log"), "w")  # noqa: SIM115 - closed below
+            files.append(f)
+            procs.append(subprocess.Popen([*cmd, "-v", "--tb=short"], stdout=f, stderr=subprocess.STDOUT, text=True))
     rc = 0
     for p in procs:
         o, _ = p.communicate()
-        tail = o.strip().splitlines()
-        print("\n".join(line for line in tail if "FAILED" in line or "Error" in line or "passed" in line
-                        or "failed" in line or "skipped" in line)[-3000:])
+        if o is not None:
+            tail = o.strip().splitlines()
+            print("\n".join(line for line in tail if "FAILED" in line or "Error" in line or "passed" in line
+                            or "failed" in line or "skipped" in line)[-3000:])
         rc |= p.returncode
+    for f in files:
+        f.close()
     sys.exit(rc)
 
 
