@@ -537,9 +537,10 @@ class TensorMapParam:
     global address a call replaces (cuTensorMapReplaceAddress: the shape, strides and box stay)."""
 
     def __init__(self, tm):
-        self._buf = (ctypes.c_ubyte * 192)()
-        addr = -(-ctypes.addressof(self._buf) // 64) * 64
-        self.value = (ctypes.c_ubyte * 128).from_address(addr)
+        buf = (ctypes.c_ubyte * 192)()
+        addr = -(-ctypes.addressof(buf) // 64) * 64
+        # from_buffer (not from_address): the value keeps its memory alive for as long as a parameter list holds it
+        self.value = (ctypes.c_ubyte * 128).from_buffer(buf, addr - ctypes.addressof(buf))
         self.addr = addr
         if tm is not None:
             ctypes.memmove(addr, tm.getPtr(), 128)
