@@ -22,8 +22,8 @@ packed size.
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
 replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
-are finite and have cosine > 0.9 with fp16's. The speed and memory targets are reported, enforced only with
---strict.
+are finite and have cosine > 0.99 with its dequantized float twin's (mixgemm.integrations.hf.dequantized_copy). The
+speed and memory targets and cosine > 0.9 against the fp16 model are reported, enforced only with --strict.
 
     PYTHONPATH=src python -m tools.checks.generate_e2e --out DIR [--models qwen2-7b,llama3-8b] [--new-tokens 64]
         [--modes generate,static,compiled | --skip-compiled] [--strict]
@@ -55,7 +55,11 @@ MODES = ("generate", "static", "compiled")
 TARGETS = {"generate": 1.0, "static": 1.0, "compiled": 2.2}
 MEMORY_MS = (1, 8, 16, 256, 4096)
 MEMORY_TARGET = 1.10
-MIN_COSINE = 0.9
+# first-step logits: against the dequantized twin the only differences are rounding (and W8A8's activation
+# quantization), a hard check; against fp16 the 4-bit quantization error, which a random-weight model amplifies layer
+# after layer (hidden 512, 4-28 layers: cosine 0.83-0.93), so that one is reported beside its target
+MIN_COSINE_DEQUANTIZED = 0.99
+MIN_COSINE_FP16 = 0.9
 PACKED_BUFFERS = ("qweight", "scales", "zeros", "offsets", "input_perm")
 # --tiny: the same architectures at CPU sizes; hidden 128 so that every K holds a group of 128
 TINY_NAMES = {"qwen2-7b": "tiny-qwen2", "llama3-8b": "tiny-llama"}
@@ -123,10 +127,22 @@ def quantize(model, config) -> dict:
     return {"replaced": len(report.replaced), "quantize_s": time.perf_counter() - t0}
 
 
-def compare(ref: torch.Tensor, got: torch.Tensor) -> dict:
-    cos = float(torch.nn.functional.cosine_similarity(ref.double(), got.double(), dim=0))
-    return {"cosine": cos, "finite": bool(torch.isfinite(got).all()), "argmax_equal": int(ref.argmax()) ==
-            int(got.argmax())}
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
+
+
+def first_step(model, ids, fp16_logits: torch.Tensor, s: Settings) -> dict:
+    """The quantized model's logits of the last prompt token against the fp16 model's (quantization error and all)
+    and against its dequantized float twin's (the same weights: what the kernels must reproduce)."""
+    from mixgemm.integrations.hf import dequantized_copy
+
+    got = last_logits(model, ids)
+    twin = dequantized_copy(model)
+    want = last_logits(twin, ids)
+    del twin
+    free_memory(s)
+    return {"cosine": cosine(fp16_logits, got), "cosine_dequantized": cosine(want, got),
+            "finite": bool(torch.isfinite(got).all()), "argmax_equal": int(fp16_logits.argmax()) == int(got.argmax())}
 
 
 @torch.no_grad()
@@ -189,8 +205,9 @@ def speed(res: dict, modes, s: Settings, log):
             res["quantize"] = quantize(model, mixgemm.W4A16(group_size=128))
             free_memory(s)
             res["w4a16_gb"] = allocated_gb(s)
-            res["first_step"] = compare(ref, last_logits(model, ids))
-            log(f"{name}: W4A16 g128 first-step logits cosine {res['first_step']['cosine']:.4f}")
+            f = res["first_step"] = first_step(model, ids, ref, s)
+            log(f"{name}: W4A16 g128 first-step logits cosine {f['cosine']:.4f} vs fp16, "
+                f"{f['cosine_dequantized']:.5f} vs the dequantized twin")
         for mode in modes:
             try:
                 r = run_mode(mode, model, ids, s)
@@ -241,7 +258,7 @@ def memory(res: dict, config, s: Settings, log):
     ref = last_logits(model, ids)
     res["quantize"] = quantize(model, config)
     free_memory(s)
-    res["first_step"] = compare(ref, last_logits(model, ids))
+    res["first_step"] = first_step(model, ids, ref, s)
     after_quant = torch.cuda.memory_allocated() if s.cuda else 0
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(s.seed + 2)
@@ -263,8 +280,9 @@ def memory(res: dict, config, s: Settings, log):
                    allocated_after_sweep_gb=after / 1e9, quantized_cuda_bytes=held, cuda_ratio=held / packed)
     ratio = res.get("cuda_ratio", res["resident_ratio"])
     res["meets"] = ratio <= MEMORY_TARGET
-    log(f"{name} {config.name}: packed {packed / 1e6:.1f} MB, resident x{res['resident_ratio']:.3f}"
-        + (f", cuda x{res['cuda_ratio']:.3f}" if s.cuda else "") + f", cosine {res['first_step']['cosine']:.4f}")
+    cuda = f", cuda x{res['cuda_ratio']:.3f}" if s.cuda else ""
+    log(f"{name} {config.name}: packed {packed / 1e6:.1f} MB, resident x{res['resident_ratio']:.3f}{cuda}, "
+        f"cosine {res['first_step']['cosine']:.4f} vs fp16, {res['first_step']['cosine_dequantized']:.5f} vs twin")
     del model
     free_memory(s)
 
@@ -273,13 +291,17 @@ def failures(results: dict) -> list[str]:
     bad = [f"{phase}: {err.splitlines()[-1]}" for phase, err in results["errors"].items()]
     bad += [f"speed {r['model']} {key}: {err.splitlines()[-1]}" for r in results["speed"]
             for key, err in r.get("errors", {}).items()]
-    firsts = [(r["model"] + " W4A16", r.get("first_step")) for r in results["speed"]]
-    firsts += [(f"{r['model']} {r['format']}", r.get("first_step")) for r in results["memory"]]
-    for what, f in firsts:
-        if f is not None and not (f["finite"] and f["cosine"] > MIN_COSINE):
-            bad.append(f"{what}: first-step logits cosine {f['cosine']:.4f} (finite {f['finite']}) vs fp16, "
-                       f"needs > {MIN_COSINE}")
+    for what, f in first_steps(results):
+        if not (f["finite"] and f["cosine_dequantized"] > MIN_COSINE_DEQUANTIZED):
+            bad.append(f"{what}: first-step logits cosine {f['cosine_dequantized']:.5f} (finite {f['finite']}) "
+                       f"against the dequantized float model, needs > {MIN_COSINE_DEQUANTIZED}")
     return bad
+
+
+def first_steps(results: dict) -> list[tuple[str, dict]]:
+    found = [(r["model"] + " W4A16", r.get("first_step")) for r in results["speed"]]
+    found += [(f"{r['model']} {r['format']}", r.get("first_step")) for r in results["memory"]]
+    return [(what, f) for what, f in found if f is not None]
 
 
 def misses(results: dict) -> list[str]:
@@ -287,6 +309,8 @@ def misses(results: dict) -> list[str]:
            for mode, m in r.get("modes", {}).items() if "ratio" in m and not m["meets"]]
     out += [f"{r['model']} {r['format']}: weights x{r.get('cuda_ratio', r['resident_ratio']):.3f} > "
             f"{MEMORY_TARGET}x packed" for r in results["memory"] if r.get("meets") is False]
+    out += [f"{what}: first-step logits cosine {f['cosine']:.4f} vs fp16 <= {MIN_COSINE_FP16}"
+            for what, f in first_steps(results) if not f["cosine"] > MIN_COSINE_FP16]
     return out
 
 
@@ -305,13 +329,14 @@ def table(results: dict) -> str:
                          f" | {q['tokens_per_s']:.1f} | {gb(q['model_gb'])}/{gb(q['peak_gb'])} | {m['ratio']:.2f} | "
                          f">= {m['target']} {'ok' if m['meets'] else 'MISS'} |")
     lines += ["", "| model | format | packed MB | resident / packed | cuda-held / packed | allocated after sweep GB |"
-              " cosine |", "|---|---|---|---|---|---|---|"]
+              " cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
     for r in results["memory"]:
         if "meets" not in r:
             continue
         cuda = f"{r['cuda_ratio']:.3f}" if "cuda_ratio" in r else "-"
         lines.append(f"| {r['model']} | {r['format']} | {r['packed_bytes'] / 1e6:.1f} | {r['resident_ratio']:.3f} | "
-                     f"{cuda} | {gb(r.get('allocated_after_sweep_gb'))} | {r['first_step']['cosine']:.4f} |")
+                     f"{cuda} | {gb(r.get('allocated_after_sweep_gb'))} | {r['first_step']['cosine']:.4f} / "
+                     f"{r['first_step']['cosine_dequantized']:.5f} |")
     return "\n".join(lines)
 
 
