@@ -22,8 +22,9 @@ packed size.
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
 replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
-are finite and have cosine > 0.99 with its dequantized float twin's (mixgemm.integrations.hf.dequantized_copy). The
-speed and memory targets and cosine > 0.9 against the fp16 model are reported, enforced only with --strict.
+are finite and have cosine > 0.99 (W8A8: 0.95, its activations are quantized too) with its dequantized float twin's
+(mixgemm.integrations.hf.dequantized_copy). The speed and memory targets and cosine > 0.9 against the fp16 model are
+reported, enforced only with --strict.
 
     PYTHONPATH=src python -m tools.checks.generate_e2e --out DIR [--models qwen2-7b,llama3-8b] [--new-tokens 64]
         [--modes generate,static,compiled | --skip-compiled] [--strict]
@@ -55,10 +56,12 @@ MODES = ("generate", "static", "compiled")
 TARGETS = {"generate": 1.0, "static": 1.0, "compiled": 2.2}
 MEMORY_MS = (1, 8, 16, 256, 4096)
 MEMORY_TARGET = 1.10
-# first-step logits: against the dequantized twin the only differences are rounding (and W8A8's activation
-# quantization), a hard check; against fp16 the 4-bit quantization error, which a random-weight model amplifies layer
-# after layer (hidden 512, 4-28 layers: cosine 0.83-0.93), so that one is reported beside its target
-MIN_COSINE_DEQUANTIZED = 0.99
+# First-step logits. Against the dequantized float twin only rounding differs, and for W8A8 / W4A8 also the
+# activation quantization (~1% per layer, which a random-weight model carries on: cosine 0.996 at 4 layers of Qwen2-7B
+# width on the CPU), so the hard check is looser there; a wrong kernel lands far below both. Against fp16 4-bit
+# round-to-nearest adds ~12% per linear layer on random weights (cosine 0.75 at 4 layers of that width), so that one is
+# reported beside its target.
+MIN_COSINE_DEQUANTIZED = {"weight-only": 0.99, "activation-quantized": 0.95}
 MIN_COSINE_FP16 = 0.9
 PACKED_BUFFERS = ("qweight", "scales", "zeros", "offsets", "input_perm")
 # --tiny: the same architectures at CPU sizes; hidden 128 so that every K holds a group of 128
@@ -131,7 +134,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
 
 
-def first_step(model, ids, fp16_logits: torch.Tensor, s: Settings) -> dict:
+def first_step(model, ids, fp16_logits: torch.Tensor, config, s: Settings) -> dict:
     """The quantized model's logits of the last prompt token against the fp16 model's (quantization error and all)
     and against its dequantized float twin's (the same weights: what the kernels must reproduce)."""
     from mixgemm.integrations.hf import dequantized_copy
@@ -141,7 +144,9 @@ def first_step(model, ids, fp16_logits: torch.Tensor, s: Settings) -> dict:
     want = last_logits(twin, ids)
     del twin
     free_memory(s)
+    kind = "activation-quantized" if config.activation_quantized else "weight-only"
     return {"cosine": cosine(fp16_logits, got), "cosine_dequantized": cosine(want, got),
+            "min_cosine_dequantized": MIN_COSINE_DEQUANTIZED[kind],
             "finite": bool(torch.isfinite(got).all()), "argmax_equal": int(fp16_logits.argmax()) == int(got.argmax())}
 
 
@@ -202,10 +207,11 @@ def speed(res: dict, modes, s: Settings, log):
     res["fp16_gb"] = allocated_gb(s)
     for tag in ("fp16", "w4a16"):
         if tag == "w4a16":
-            res["quantize"] = quantize(model, mixgemm.W4A16(group_size=128))
+            config = mixgemm.W4A16(group_size=128)
+            res["quantize"] = quantize(model, config)
             free_memory(s)
             res["w4a16_gb"] = allocated_gb(s)
-            f = res["first_step"] = first_step(model, ids, ref, s)
+            f = res["first_step"] = first_step(model, ids, ref, config, s)
             log(f"{name}: W4A16 g128 first-step logits cosine {f['cosine']:.4f} vs fp16, "
                 f"{f['cosine_dequantized']:.5f} vs the dequantized twin")
         for mode in modes:
@@ -258,7 +264,7 @@ def memory(res: dict, config, s: Settings, log):
     ref = last_logits(model, ids)
     res["quantize"] = quantize(model, config)
     free_memory(s)
-    res["first_step"] = first_step(model, ids, ref, s)
+    res["first_step"] = first_step(model, ids, ref, config, s)
     after_quant = torch.cuda.memory_allocated() if s.cuda else 0
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(s.seed + 2)
@@ -292,9 +298,9 @@ def failures(results: dict) -> list[str]:
     bad += [f"speed {r['model']} {key}: {err.splitlines()[-1]}" for r in results["speed"]
             for key, err in r.get("errors", {}).items()]
     for what, f in first_steps(results):
-        if not (f["finite"] and f["cosine_dequantized"] > MIN_COSINE_DEQUANTIZED):
+        if not (f["finite"] and f["cosine_dequantized"] > f["min_cosine_dequantized"]):
             bad.append(f"{what}: first-step logits cosine {f['cosine_dequantized']:.5f} (finite {f['finite']}) "
-                       f"against the dequantized float model, needs > {MIN_COSINE_DEQUANTIZED}")
+                       f"against the dequantized float model, needs > {f['min_cosine_dequantized']}")
     return bad
 
 
