@@ -361,7 +361,8 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-ms", default=",".join(map(str, MEMORY_MS)), help="token counts of the memory sweep")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="tiny configs of the same architectures (CPU test)")
-    ap.add_argument("--strict", action="store_true", help="also exit 1 when a speed or memory target is missed")
+    ap.add_argument("--strict", action="store_true",
+                    help="also exit 1 when a target is missed (speed, memory, cosine against fp16)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
