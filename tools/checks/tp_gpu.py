@@ -128,7 +128,7 @@ def main() -> int:
         dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(minutes=30))
     from torch.distributed.device_mesh import init_device_mesh
 
-    from mixgemm.bench.e2e import _decode_tokens_per_s
+    from mixgemm.bench.e2e import decode_tokens_per_s
     from mixgemm.bench.protocol import ceilings
     from mixgemm.distributed import tensor_parallel_
     from mixgemm.integrations.hf import greedy_decode
@@ -146,7 +146,7 @@ def main() -> int:
         torch._dynamo.reset()
         tokens, _ = greedy_decode(model, prompt, 16)  # eager: the tokens both runs are then fed
         ref = forced_logits(model, prompt, tokens, mode)
-        res["tp1"] = _decode_tokens_per_s(model, 1, args.prompt, args.warmup, args.steps, vocab, 0, mode, backend)
+        res["tp1"] = decode_tokens_per_s(model, 1, args.prompt, args.warmup, args.steps, vocab, 0, mode, backend)
         obj = [tokens.cpu()]
     else:
         obj = [None]
@@ -155,7 +155,7 @@ def main() -> int:
     mesh = init_device_mesh(dev.type, (world,))
     report = tensor_parallel_(model, mesh)
     got = forced_logits(model, prompt, tokens, mode)
-    res[f"tp{world}"] = _decode_tokens_per_s(model, 1, args.prompt, args.warmup, args.steps, vocab, 0, mode, backend)
+    res[f"tp{world}"] = decode_tokens_per_s(model, 1, args.prompt, args.warmup, args.steps, vocab, 0, mode, backend)
     bw = None if smoke else ceilings(quick=True)["copy_bw"]
     rows = [] if smoke else layer_times(model, bw)
     with open(os.path.join(args.out, f"layers_rank{rank}.json"), "w") as f:

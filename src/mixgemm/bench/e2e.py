@@ -21,7 +21,7 @@ import time
 import torch
 
 
-def _decode_tokens_per_s(model, batch: int, prompt_len: int, warmup: int, steps: int, vocab: int, seed: int,
+def decode_tokens_per_s(model, batch: int, prompt_len: int, warmup: int, steps: int, vocab: int, seed: int,
                          mode: str | None, backend: str) -> dict:
     from mixgemm.integrations.hf import decode_step, static_cache
 
@@ -98,7 +98,7 @@ def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prom
             log(f"batch {b}: skipped (time budget)")
             continue
         for tag, model in (("fp16", fp16), ("quant", quant)):
-            r = _decode_tokens_per_s(model, b, prompt_len, warmup, steps, cfg.vocab_size, seed, mode, backend)
+            r = decode_tokens_per_s(model, b, prompt_len, warmup, steps, cfg.vocab_size, seed, mode, backend)
             row.update({f"{tag}_tok_s": r["tokens_per_s"], f"{tag}_ms_step": r["ms_per_step"]})
             log(f"{tag:5s} batch {b:3d}: {r['tokens_per_s']:9.1f} tok/s  {r['ms_per_step']:.3f} ms/step "
                 f"(setup + compile {r['setup_s']:.0f} s)")

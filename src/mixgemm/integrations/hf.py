@@ -1,4 +1,4 @@
-"""Hugging Face transformers helpers: Llama configs with random weights, the dequantized-float twin of a
+"""Hugging Face transformers helpers: Llama / Qwen2 configs with random weights, the dequantized-float twin of a
 quantized model, and a greedy decode loop over a static KV cache (eager or torch.compile'd).
 
 Needs ``transformers`` (imported lazily, so that mixgemm itself does not depend on it).
@@ -17,30 +17,47 @@ from mixgemm.nn.linear import QuantLinear
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rope_theta=500000.0,
                  rms_norm_eps=1e-5, tie_word_embeddings=False)
-# A tiny Llama for CPU tests: hidden 64 (group sizes 32 / 64 fit every K), 2 layers, GQA.
+# Qwen2-7B's shapes (q / k / v carry biases in transformers' Qwen2 architecture).
+QWEN2_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1000000.0,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False)
+# A tiny model for CPU tests: hidden 64 (group sizes 32 / 64 fit every K), 2 layers, GQA.
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
-MODELS = {"llama3-8b": LLAMA3_8B, "tiny-llama": TINY}
+MODELS = {"llama3-8b": LLAMA3_8B, "tiny-llama": TINY, "qwen2-7b": QWEN2_7B, "tiny-qwen2": TINY}
+# transformers model_type of each entry (the rest are "llama")
+ARCHITECTURES = {"qwen2-7b": "qwen2", "tiny-qwen2": "qwen2"}
+
+
+def model_config(name: str = "tiny-llama", **overrides):
+    """A transformers config (LlamaConfig or Qwen2Config, ARCHITECTURES) with ``name``'s shapes (MODELS), fields
+    overridable."""
+    from transformers import AutoConfig
+
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {sorted(MODELS)}")
+    return AutoConfig.for_model(ARCHITECTURES.get(name, "llama"), **{**MODELS[name], **overrides})
 
 
 def llama_config(name: str = "tiny-llama", **overrides):
     """A transformers LlamaConfig with ``name``'s shapes ("llama3-8b" or "tiny-llama"), fields overridable."""
-    from transformers import LlamaConfig
-
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; known: {sorted(MODELS)}")
-    return LlamaConfig(**{**MODELS[name], **overrides})
+    if ARCHITECTURES.get(name, "llama") != "llama":
+        raise ValueError(f"{name!r} is a {ARCHITECTURES[name]} model, not a Llama: use model_config")
+    return model_config(name, **overrides)
 
 
-def random_llama(config, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0):
-    """LlamaForCausalLM with transformers' random init (normal, std initializer_range = 0.02), in eval mode,
-    built directly on ``device`` in ``dtype``."""
-    from transformers import LlamaForCausalLM
+def random_model(config, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0):
+    """The causal LM of ``config``'s architecture with transformers' random init (normal, std initializer_range =
+    0.02), in eval mode, built directly on ``device`` in ``dtype`` (seconds for an 8B model on a GPU)."""
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     with torch.device(device):  # built in place in the target dtype: an 8B model in fp32 would need 32 GB
-        model = LlamaForCausalLM._from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
+
+
+random_llama = random_model  # the name the Llama-only helpers had
 
 
 def dequantized_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:

@@ -1,0 +1,72 @@
+"""tools/checks/generate_e2e.py (generate speed and weight memory of 7-8B HF models, fp16 vs quantized) on the CPU
+with tiny configs of the same architectures; and the Qwen2 entry of mixgemm.integrations.hf."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import pytest
+
+from mixgemm.integrations.hf import llama_config, model_config, random_model
+from mixgemm.nn import QuantLinear
+
+TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "checks" / "generate_e2e.py"
+ARGS = ["--device", "cpu", "--tiny", "--models", "qwen2-7b", "--new-tokens", "3", "--prompt-len", "5",
+        "--warmup", "1"]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("generate_e2e_tool", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_qwen2_config_and_random_model():
+    cfg = model_config("qwen2-7b")
+    assert (type(cfg).__name__, cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers,
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size) == (
+        "Qwen2Config", 3584, 18944, 28, 28, 4, 152064)
+    model = random_model(model_config("tiny-qwen2"), seed=3)
+    attn = model.model.layers[0].self_attn
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert attn.q_proj.bias is not None and attn.o_proj.bias is None
+    assert attn.q_proj.bias.abs().sum() == 0  # transformers' init zeroes biases; the weights are random
+    assert attn.q_proj.weight.std() > 0.01
+    with pytest.raises(ValueError, match="qwen2 model, not a Llama"):
+        llama_config("qwen2-7b")
+    with pytest.raises(ValueError, match="unknown model"):
+        model_config("qwen3")
+
+
+def test_generate_e2e_tool_on_cpu(tmp_path):
+    rc = _tool().main([*ARGS, "--out", str(tmp_path), "--memory-ms", "1,16"])
+    res = json.loads((tmp_path / "generate_e2e.json").read_text())
+    assert rc == 0 and not res["errors"] and not res["failures"]
+    (speed,) = res["speed"]
+    assert set(speed["modes"]) == {"generate", "static", "compiled"}
+    for m in speed["modes"].values():
+        assert m["fp16"]["tokens_per_s"] > 0 and m["w4a16"]["tokens_per_s"] > 0
+        assert m["ratio"] == pytest.approx(m["w4a16"]["tokens_per_s"] / m["fp16"]["tokens_per_s"])
+    assert speed["first_step"]["cosine_dequantized"] > 0.99 and speed["quantize"]["replaced"] == 2 * 7 + 1
+    assert [r["format"].split()[0] for r in res["memory"]] == ["W4A16", "W8A8"]
+    for r in res["memory"]:
+        # the CPU path builds no kernel layouts: resident = the plain buffers = the packed size
+        assert r["resident"]["plain"] == r["packed_bytes"] == r["resident"]["total"] and r["meets"]
+
+
+def test_generate_e2e_tool_fails_on_wrong_quantized_model(tmp_path, monkeypatch):
+    tool = _tool()
+    forward = QuantLinear.forward
+
+    def wrong(self, x):  # output channels reversed: a wrong kernel result from the right weights, that still runs
+        return forward(self, x).flip(-1)
+
+    monkeypatch.setattr(QuantLinear, "forward", wrong)
+    rc = tool.main([*ARGS, "--out", str(tmp_path), "--modes", "generate", "--skip-memory"])
+    res = json.loads((tmp_path / "generate_e2e.json").read_text())
+    assert rc == 1 and any("against the dequantized float model" in f for f in res["failures"])

@@ -1,0 +1,433 @@
+"""End-to-end generation speed and weight memory of 7-8B Hugging Face models (random weights, real shapes), fp16
+against mixgemm.quantize_, batch 1.
+
+Speed, per model (--models: "qwen2-7b", "llama3-8b"; mixgemm.integrations.hf), fp16 first, then the same model
+quantized in place with W4A16(group_size=128):
+* "generate": ``model.generate(ids, max_new_tokens=N, min_new_tokens=N, do_sample=False)`` with its default cache;
+* "static": the same with ``cache_implementation="static"`` (on a GPU transformers then compiles the decode
+  forward itself, mode "reduce-overhead": CUDA graphs);
+* "compiled": mixgemm.bench.e2e.decode_tokens_per_s, the decode step under torch.compile(fullgraph=True) with CUDA
+  graphs over a static cache.
+A random prompt of --prompt-len tokens; each generate mode is warmed up once (which compiles, where it compiles),
+then timed --repeats times (median; tokens/s = N / wall time, the prefill included, as a user sees it). Memory: the
+model's torch.cuda.memory_allocated and the peak while a mode ran. Ratios quantized / fp16; targets (issue 39):
+>= 1.0x for both generate modes, >= 2.2x compiled.
+
+Memory, for the first model: rebuilt, quantized (W4A16 g128, then W8A8), then forward passes of M = 1, 8, 16, 256,
+4096 tokens (batch 1, no cache: every layer sees each M and builds the kernel layouts it needs). Reported:
+mixgemm.resident_bytes (plain + cached kernel layouts), the packed size (the QuantLinear layers' qweight / scales /
+zeros / offsets), and from torch.cuda.memory_allocated: what the quantized weights hold = allocated after the sweep
+- allocated before the model was built - the model's other tensors (embeddings, norms, biases). Target: <= 1.10x the
+packed size.
+
+Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
+replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
+are finite and have cosine > 0.99 (W8A8: 0.95, its activations are quantized too) with its dequantized float twin's
+(mixgemm.integrations.hf.dequantized_copy). The speed and memory targets and cosine > 0.9 against the fp16 model are
+reported, enforced only with --strict.
+
+    PYTHONPATH=src python -m tools.checks.generate_e2e --out DIR [--models qwen2-7b,llama3-8b] [--new-tokens 64]
+        [--modes generate,static,compiled | --skip-compiled] [--strict]
+    PYTHONPATH=src python -m tools.checks.generate_e2e --out DIR --device cpu --tiny     (the logic, tiny shapes)
+
+Prints a table, writes DIR/generate_e2e.json (rewritten after every measurement: a run cut short keeps what it had).
+Runtime is mostly compilation: "static" and "compiled" each compile the whole model once per precision (tens of
+seconds each for a 7-8B model); --skip-compiled, --modes or one model per call keep a run short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+import mixgemm
+from mixgemm.nn.linear import QuantLinear
+
+MODES = ("generate", "static", "compiled")
+TARGETS = {"generate": 1.0, "static": 1.0, "compiled": 2.2}
+MEMORY_MS = (1, 8, 16, 256, 4096)
+MEMORY_TARGET = 1.10
+# First-step logits. Against the dequantized float twin only rounding differs, and for W8A8 / W4A8 also the
+# activation quantization (~1% per layer, which a random-weight model carries on: cosine 0.996 at 4 layers of Qwen2-7B
+# width on the CPU), so the hard check is looser there; a wrong kernel lands far below both. Against fp16 4-bit
+# round-to-nearest adds ~12% per linear layer on random weights (cosine 0.75 at 4 layers of that width), so that one is
+# reported beside its target.
+MIN_COSINE_DEQUANTIZED = {"weight-only": 0.99, "activation-quantized": 0.95}
+MIN_COSINE_FP16 = 0.9
+PACKED_BUFFERS = ("qweight", "scales", "zeros", "offsets", "input_perm")
+# --tiny: the same architectures at CPU sizes; hidden 128 so that every K holds a group of 128
+TINY_NAMES = {"qwen2-7b": "tiny-qwen2", "llama3-8b": "tiny-llama"}
+TINY_OVERRIDES = dict(hidden_size=128, intermediate_size=256)
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str
+    dtype: torch.dtype
+    tiny: bool
+    new_tokens: int
+    prompt_len: int
+    repeats: int
+    warmup: int
+    seed: int
+    memory_ms: tuple[int, ...] = MEMORY_MS
+
+    @property
+    def cuda(self) -> bool:
+        return self.device == "cuda"
+
+
+def sync(s: Settings):
+    if s.cuda:
+        torch.cuda.synchronize()
+
+
+def allocated_gb(s: Settings) -> float | None:
+    return torch.cuda.memory_allocated() / 1e9 if s.cuda else None
+
+
+def free_memory(s: Settings):
+    torch._dynamo.reset()  # compiled code and CUDA-graph pools hold the previous model's tensors
+    gc.collect()
+    if s.cuda:
+        torch.cuda.empty_cache()
+
+
+def build(name: str, s: Settings):
+    from mixgemm.integrations.hf import model_config, random_model
+
+    cfg = model_config(TINY_NAMES[name], **TINY_OVERRIDES) if s.tiny else model_config(name)
+    return random_model(cfg, dtype=s.dtype, device=s.device, seed=s.seed)
+
+
+def prompt(model, s: Settings) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(s.seed + 1)
+    return torch.randint(0, model.config.vocab_size, (1, s.prompt_len), generator=gen).to(s.device)
+
+
+@torch.no_grad()
+def last_logits(model, ids) -> torch.Tensor:
+    return model(ids, use_cache=False).logits[0, -1].float().cpu()
+
+
+def quantize(model, config) -> dict:
+    """quantize_ in place; every Linear must be replaced (else the comparison would not be the one asked for)."""
+    t0 = time.perf_counter()
+    report = mixgemm.quantize_(model, config)
+    if hasattr(model, "_compiled_call"):  # transformers' compiled forward (static-cache generate) saw the fp16 layers
+        del model._compiled_call
+    if report.skipped:
+        raise RuntimeError(f"quantize_ {config.name} left layers unquantized: {report.skipped}")
+    return {"replaced": len(report.replaced), "quantize_s": time.perf_counter() - t0}
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
+
+
+def first_step(model, ids, fp16_logits: torch.Tensor, config, s: Settings) -> dict:
+    """The quantized model's logits of the last prompt token against the fp16 model's (quantization error and all)
+    and against its dequantized float twin's (the same weights: what the kernels must reproduce)."""
+    from mixgemm.integrations.hf import dequantized_copy
+
+    got = last_logits(model, ids)
+    twin = dequantized_copy(model)
+    want = last_logits(twin, ids)
+    del twin
+    free_memory(s)
+    kind = "activation-quantized" if config.activation_quantized else "weight-only"
+    return {"cosine": cosine(fp16_logits, got), "cosine_dequantized": cosine(want, got),
+            "min_cosine_dequantized": MIN_COSINE_DEQUANTIZED[kind],
+            "finite": bool(torch.isfinite(got).all()), "argmax_equal": int(fp16_logits.argmax()) == int(got.argmax())}
+
+
+@torch.no_grad()
+def time_generate(model, ids, s: Settings, static: bool) -> dict:
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=s.new_tokens, min_new_tokens=s.new_tokens,
+                  do_sample=False, pad_token_id=0)
+    if static:
+        kwargs["cache_implementation"] = "static"
+    t0 = time.perf_counter()
+    out = model.generate(ids, **kwargs)  # warm-up (compiles, for the static cache on a GPU)
+    sync(s)
+    warmup_s = time.perf_counter() - t0
+    times = []
+    for _ in range(s.repeats):
+        t0 = time.perf_counter()
+        out = model.generate(ids, **kwargs)
+        sync(s)
+        times.append(time.perf_counter() - t0)
+    new = out.shape[1] - ids.shape[1]
+    if new != s.new_tokens:
+        raise RuntimeError(f"generate gave {new} new tokens, asked for {s.new_tokens}")
+    sec = statistics.median(times)
+    # transformers compiles the decode forward itself for a static cache on a GPU (and keeps it on the model)
+    return {"tokens_per_s": s.new_tokens / sec, "s": sec, "warmup_s": warmup_s,
+            "auto_compiled": static and hasattr(model, "_compiled_call")}
+
+
+def time_compiled(model, s: Settings) -> dict:
+    from mixgemm.bench.e2e import decode_tokens_per_s
+
+    mode, backend = ("reduce-overhead", "inductor") if s.cuda else (None, "eager")
+    r = decode_tokens_per_s(model, 1, s.prompt_len, s.warmup, s.new_tokens, model.config.vocab_size, s.seed, mode,
+                            backend)
+    return {**r, "mode": mode, "backend": backend}
+
+
+def run_mode(mode: str, model, ids, s: Settings) -> dict:
+    free_memory(s)
+    if s.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    if mode == "compiled":
+        r = time_compiled(model, s)
+    else:
+        r = time_generate(model, ids, s, static=mode == "static")
+    r["model_gb"] = allocated_gb(s)
+    r["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9 if s.cuda else None
+    return r
+
+
+def speed(res: dict, modes, s: Settings, log):
+    """fp16 then W4A16 (in place) tokens/s of the model res["model"] in each mode, filled into ``res`` as they come."""
+    name = res["model"]
+    res["modes"] = {m: {} for m in modes}
+    model = build(name, s)
+    ids = prompt(model, s)
+    ref = last_logits(model, ids)
+    res["fp16_gb"] = allocated_gb(s)
+    for tag in ("fp16", "w4a16"):
+        if tag == "w4a16":
+            config = mixgemm.W4A16(group_size=128)
+            res["quantize"] = quantize(model, config)
+            free_memory(s)
+            res["w4a16_gb"] = allocated_gb(s)
+            f = res["first_step"] = first_step(model, ids, ref, config, s)
+            log(f"{name}: W4A16 g128 first-step logits cosine {f['cosine']:.4f} vs fp16, "
+                f"{f['cosine_dequantized']:.5f} vs the dequantized twin")
+        for mode in modes:
+            try:
+                r = run_mode(mode, model, ids, s)
+            except Exception:  # one mode failing (a compile error, say) leaves the others to run
+                res.setdefault("errors", {})[f"{tag} {mode}"] = err = traceback.format_exc()
+                log(f"{name} {tag} {mode}: ERROR\n{err}")
+                free_memory(s)
+                continue
+            res["modes"][mode][tag] = r
+            if tag == "w4a16" and "fp16" in res["modes"][mode]:
+                m = res["modes"][mode]
+                m.update(ratio=r["tokens_per_s"] / m["fp16"]["tokens_per_s"], target=TARGETS[mode])
+                m["meets"] = m["ratio"] >= TARGETS[mode]
+            mem = "" if r["peak_gb"] is None else f"  model {r['model_gb']:.1f} GB, peak {r['peak_gb']:.1f} GB"
+            how = " (transformers compiled the decode forward)" if r.get("auto_compiled") else ""
+            log(f"{name} {tag:5s} {mode:8s}: {r['tokens_per_s']:8.1f} tok/s{mem}{how}")
+    del model
+    free_memory(s)
+
+
+def other_bytes(model) -> int:
+    """Bytes of the model's tensors other than the quantized layers' packed buffers (storages counted once)."""
+    packed = {id(getattr(m, b)) for m in model.modules() if isinstance(m, QuantLinear) for b in PACKED_BUFFERS
+              if getattr(m, b, None) is not None}
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in packed or t.untyped_storage().data_ptr() in seen:
+            continue
+        seen.add(t.untyped_storage().data_ptr())
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def packed_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, QuantLinear)
+               for t in (getattr(m, b) for b in PACKED_BUFFERS) if t is not None)
+
+
+@torch.no_grad()
+def memory(res: dict, config, s: Settings, log):
+    """Weight memory after M = s.memory_ms have run through every layer of a fresh ``config``-quantized model
+    res["model"], filled into ``res``."""
+    name = res["model"]
+    free_memory(s)
+    before = torch.cuda.memory_allocated() if s.cuda else 0
+    model = build(name, s)
+    ids = prompt(model, s)
+    ref = last_logits(model, ids)
+    res["quantize"] = quantize(model, config)
+    free_memory(s)
+    res["first_step"] = first_step(model, ids, ref, config, s)
+    after_quant = torch.cuda.memory_allocated() if s.cuda else 0
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(s.seed + 2)
+    for m in s.memory_ms:
+        x = torch.randint(0, vocab, (1, m), generator=gen).to(s.device)
+        logits = model(x, use_cache=False).logits
+        if not torch.isfinite(logits).all():
+            raise RuntimeError(f"{config.name}: non-finite logits at M = {m}")
+        del logits
+    sync(s)
+    gc.collect()
+    after = torch.cuda.memory_allocated() if s.cuda else 0
+    rb = mixgemm.resident_bytes(model)
+    packed, others = packed_bytes(model), other_bytes(model)
+    res.update(packed_bytes=packed, other_bytes=others, resident=rb, resident_ratio=rb["total"] / packed)
+    if s.cuda:
+        held = after - before - others
+        res.update(allocated_before_gb=before / 1e9, allocated_after_quantize_gb=after_quant / 1e9,
+                   allocated_after_sweep_gb=after / 1e9, quantized_cuda_bytes=held, cuda_ratio=held / packed)
+    ratio = res.get("cuda_ratio", res["resident_ratio"])
+    res["meets"] = ratio <= MEMORY_TARGET
+    cuda = f", cuda x{res['cuda_ratio']:.3f}" if s.cuda else ""
+    log(f"{name} {config.name}: packed {packed / 1e6:.1f} MB, resident x{res['resident_ratio']:.3f}{cuda}, "
+        f"cosine {res['first_step']['cosine']:.4f} vs fp16, {res['first_step']['cosine_dequantized']:.5f} vs twin")
+    del model
+    free_memory(s)
+
+
+def failures(results: dict) -> list[str]:
+    bad = [f"{phase}: {err.splitlines()[-1]}" for phase, err in results["errors"].items()]
+    bad += [f"speed {r['model']} {key}: {err.splitlines()[-1]}" for r in results["speed"]
+            for key, err in r.get("errors", {}).items()]
+    for what, f in first_steps(results):
+        if not (f["finite"] and f["cosine_dequantized"] > f["min_cosine_dequantized"]):
+            bad.append(f"{what}: first-step logits cosine {f['cosine_dequantized']:.5f} (finite {f['finite']}) "
+                       f"against the dequantized float model, needs > {f['min_cosine_dequantized']}")
+    return bad
+
+
+def first_steps(results: dict) -> list[tuple[str, dict]]:
+    found = [(r["model"] + " W4A16", r.get("first_step")) for r in results["speed"]]
+    found += [(f"{r['model']} {r['format']}", r.get("first_step")) for r in results["memory"]]
+    return [(what, f) for what, f in found if f is not None]
+
+
+def misses(results: dict) -> list[str]:
+    out = [f"{r['model']} {mode}: x{m['ratio']:.2f} < {m['target']}x" for r in results["speed"]
+           for mode, m in r.get("modes", {}).items() if "ratio" in m and not m["meets"]]
+    out += [f"{r['model']} {r['format']}: weights x{r.get('cuda_ratio', r['resident_ratio']):.3f} > "
+            f"{MEMORY_TARGET}x packed" for r in results["memory"] if r.get("meets") is False]
+    out += [f"{what}: first-step logits cosine {f['cosine']:.4f} vs fp16 <= {MIN_COSINE_FP16}"
+            for what, f in first_steps(results) if not f["cosine"] > MIN_COSINE_FP16]
+    return out
+
+
+def table(results: dict) -> str:
+    def gb(x):
+        return "-" if x is None else f"{x:.1f}"
+
+    lines = ["| model | mode | fp16 tok/s | fp16 GB model/peak | W4A16 tok/s | W4A16 GB model/peak | ratio | target |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results["speed"]:
+        for mode, m in r.get("modes", {}).items():
+            if "ratio" not in m:
+                continue
+            f, q = m["fp16"], m["w4a16"]
+            lines.append(f"| {r['model']} | {mode} | {f['tokens_per_s']:.1f} | {gb(f['model_gb'])}/{gb(f['peak_gb'])}"
+                         f" | {q['tokens_per_s']:.1f} | {gb(q['model_gb'])}/{gb(q['peak_gb'])} | {m['ratio']:.2f} | "
+                         f">= {m['target']} {'ok' if m['meets'] else 'MISS'} |")
+    lines += ["", "| model | format | packed MB | resident / packed | cuda-held / packed | allocated after sweep GB |"
+              " cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
+    for r in results["memory"]:
+        if "meets" not in r:
+            continue
+        cuda = f"{r['cuda_ratio']:.3f}" if "cuda_ratio" in r else "-"
+        lines.append(f"| {r['model']} | {r['format']} | {r['packed_bytes'] / 1e6:.1f} | {r['resident_ratio']:.3f} | "
+                     f"{cuda} | {gb(r.get('allocated_after_sweep_gb'))} | {r['first_step']['cosine']:.4f} / "
+                     f"{r['first_step']['cosine_dequantized']:.5f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="qwen2-7b,llama3-8b", help=f"comma list of {sorted(TINY_NAMES)}; the "
+                    "first also gets the memory measurement")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=1, help="timed generate calls per mode (median)")
+    ap.add_argument("--warmup", type=int, default=8, help="compiled decode steps before timing")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
+    ap.add_argument("--skip-compiled", action="store_true", help="leave out the compiled + CUDA graphs mode")
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--memory-ms", default=",".join(map(str, MEMORY_MS)), help="token counts of the memory sweep")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--tiny", action="store_true", help="tiny configs of the same architectures (CPU test)")
+    ap.add_argument("--strict", action="store_true",
+                    help="also exit 1 when a target is missed (speed, memory, cosine against fp16)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    modes = [m for m in args.modes.split(",") if m and not (args.skip_compiled and m == "compiled")]
+    unknown = [m for m in models if m not in TINY_NAMES] + [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"unknown model / mode {unknown}; models: {sorted(TINY_NAMES)}, modes: {MODES}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda needs a CUDA GPU (use --device cpu --tiny for the logic)")
+    s = Settings(device=args.device, dtype=torch.float16 if args.device == "cuda" else torch.float32, tiny=args.tiny,
+                 new_tokens=args.new_tokens, prompt_len=args.prompt_len, repeats=args.repeats, warmup=args.warmup,
+                 seed=args.seed, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", flush=True)
+
+    results: dict = {"settings": {**asdict(s), "dtype": str(s.dtype), "modes": modes, "models": models},
+                     "gpu": torch.cuda.get_device_name() if s.cuda else "cpu", "torch": torch.__version__,
+                     "speed": [], "memory": [], "errors": {}}
+    try:
+        import transformers
+
+        results["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+
+    def save():
+        results["elapsed_s"] = time.perf_counter() - t_start
+        (out / "generate_e2e.json").write_text(json.dumps(results, indent=1, default=str))
+
+    def phase(key, fn, *a):
+        try:
+            fn(*a)
+        except Exception:  # a failed phase is recorded and the next one still runs (one GPU call, many results)
+            results["errors"][key] = traceback.format_exc()
+            log(f"{key}: ERROR\n{results['errors'][key]}")
+            free_memory(s)
+        save()
+
+    def log_and_save(msg):
+        log(msg)
+        save()
+
+    if modes:
+        for name in models:
+            results["speed"].append(res := {"model": name})
+            phase(f"speed {name}", speed, res, modes, s, log_and_save)
+    if not args.skip_memory and models:
+        for config in (mixgemm.W4A16(group_size=128), mixgemm.W8A8()):
+            results["memory"].append(res := {"model": models[0], "format": config.name})
+            phase(f"memory {models[0]} {config.name}", memory, res, config, s, log_and_save)
+    bad, missed = failures(results), misses(results)
+    results["failures"], results["missed_targets"] = bad, missed
+    save()
+    print(table(results))
+    for line in missed:
+        print(f"target missed: {line}")
+    for line in bad:
+        print(f"FAILED: {line}")
+    print(f"total {time.perf_counter() - t_start:.0f} s; {out / 'generate_e2e.json'}")
+    return 1 if bad or (args.strict and missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
