@@ -58,3 +58,26 @@ def test_params_point_at_their_values_and_see_writes():
     assert [p.array[i] for i in range(3)] == [ctypes.addressof(v) for v in vals]
     vals[0].value = 4096  # a call writes its pointers in place; the driver reads them through the same array
     assert ctypes.c_void_p.from_address(p.array[0]).value == 4096
+
+
+def test_a_tensor_map_parameter_keeps_its_memory():
+    """A parameter list holds only the 128-byte value of a TensorMapParam: the value alone must keep its memory alive
+    (the conv's im2col map was freed before its launch when it did not) and stay 64-byte aligned."""
+    import gc
+
+    from mixgemm.kernels.cuda.gemm_wgmma import TensorMapParam
+
+    class FakeMap:  # what cuda-bindings' CUtensorMap offers: the address of its 128 bytes
+        def __init__(self):
+            self.raw = (ctypes.c_ubyte * 128)(*range(128))
+
+        def getPtr(self):  # noqa: N802 - cuda-bindings' name
+            return ctypes.addressof(self.raw)
+
+    params = Params([TensorMapParam(FakeMap()).value])
+    gc.collect()
+    for _ in range(64):  # churn the allocator over any freed block
+        (ctypes.c_ubyte * 192)(*([255] * 192))
+    value = params.values[0]
+    assert ctypes.addressof(value) % 64 == 0 and params.array[0] == ctypes.addressof(value)
+    assert bytes(value) == bytes(range(128))

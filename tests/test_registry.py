@@ -316,3 +316,48 @@ def test_eager_forward_cuda_matches_ops_and_keeps_grads(scheme):
     x = torch.randn(4, 2048, device="cuda", dtype=torch.float16, requires_grad=True)
     model(x).float().sum().backward()  # x needs a gradient: the op with its backward
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_plans_keep_a_prepared_launch_and_calls_use_it(torch_gen):
+    """An entry with ``prepare`` gets its launch built once, when the plan is made (CUDA problems only), and
+    run_linear calls that launch instead of ``run`` -- with the kernel permutation when the entry gathers x itself."""
+    from dataclasses import replace
+
+    from mixgemm.ops import dispatch
+
+    qw = _qw(64, 256)
+    c = _explain(1, qw, act_order=True)
+    prepared, launched = [], []
+
+    def prepare(problem, weight, config):
+        prepared.append((problem.m, weight is qw, config))
+
+        def launch(x2d, bias, lo, hi, perm=None):
+            launched.append((x2d, perm))
+            return x2d
+
+        return launch
+
+    def run(*a, **k):
+        raise AssertionError("a plan with a prepared launch must not call run")
+
+    entry = replace(c.entry, prepare=prepare, run=run)
+    chosen = replace(c, entry=entry)
+    plans = dispatch.plans_of(qw)
+    plans.clear()
+    key = ("linear", 1, torch.float16, 0, True)
+    orig = dispatch.choose
+    try:
+        dispatch.choose = lambda problem, opts=None: chosen
+        plan = dispatch.cached_choice(qw, key, lambda: c.problem)
+        assert dispatch.cached_choice(qw, key, lambda: c.problem) is plan  # built once
+    finally:
+        dispatch.choose = orig
+    assert prepared == [(1, True, c.config)] and plan.launch is not None and plan.problem.qw is None
+    x = torch.randn(1, 256, generator=torch_gen)
+    perm = torch.randperm(256, generator=torch_gen)
+    dispatch.run_linear(plan, x, qw, None, 0.0, 0.0, perm)
+    assert launched[-1][0] is x and launched[-1][1] is dispatch.kernel_perm(perm)
+    dispatch.run_linear(replace(plan, perm_in_kernel=False), x, qw, None, 0.0, 0.0, perm)
+    assert torch.equal(launched[-1][0], x[:, perm]) and launched[-1][1] is None
+    plans.clear()

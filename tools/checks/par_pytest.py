@@ -27,13 +27,14 @@ def main():
     # the node ids are already selected (-m, -k applied at collection): run them as they are
     procs, files = [], []
     for i, c in enumerate(chunks):
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *c]
         if logs is None:
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *c]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         else:
+            cmd = [sys.executable, "-m", "pytest", "-v", "--tb=short", "-p", "no:cacheprovider", *c]
             f = open(os.path.join(logs, f"chunk_{i}.log"), "w")  # noqa: SIM115 - closed below
             files.append(f)
-            procs.append(subprocess.Popen([*cmd, "-v", "--tb=short"], stdout=f, stderr=subprocess.STDOUT, text=True))
+            procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True))
     rc = 0
     for p in procs:
         o, _ = p.communicate()
