@@ -352,11 +352,16 @@ def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
               cfg: dict, perm: torch.Tensor | None = None) -> torch.Tensor:
     """The CUDA-core GEMV with the tile config ``cfg`` (simt_config's keys); XS and BULK are dropped where they
     cannot run. perm: an act-order layer's kernel permutation (module docstring), applied while x is read."""
+    return _prepare_and_run(prepare_simt, x2d, qw, bias, lo, hi, cfg, perm)
+
+
+def _prepare_and_run(prepare, x2d, qw, bias, lo, hi, cfg, perm):
+    """One unplanned GEMV call: the inputs checked, the launch prepared (prepare_simt / prepare_mma), then run."""
     bias = _check_gemv(x2d, qw, bias)
     m = x2d.shape[0]
     if m == 0 or qw.out_features == 0:
         return torch.empty(m, qw.out_features, dtype=x2d.dtype, device=x2d.device)
-    launch = prepare_simt(qw, m, x2d.dtype, x2d.device, cfg, perm is not None)
+    launch = prepare(qw, m, x2d.dtype, x2d.device, cfg, perm is not None)
     _check_perm(perm, x2d, launch.layout)
     return launch(x2d, bias, lo, hi, perm)
 
@@ -408,13 +413,7 @@ def gemv_mma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, 
     act-order layer's kernel permutation (module docstring), applied while x is read."""
     if x2d.dtype == torch.float32:
         raise TypeError("the tensor-core GEMV takes float16 / bfloat16 activations, got float32")
-    bias = _check_gemv(x2d, qw, bias)
-    m = x2d.shape[0]
-    if m == 0 or qw.out_features == 0:
-        return torch.empty(m, qw.out_features, dtype=x2d.dtype, device=x2d.device)
-    launch = prepare_mma(qw, m, x2d.dtype, x2d.device, cfg, perm is not None)
-    _check_perm(perm, x2d, launch.layout)
-    return launch(x2d, bias, lo, hi, perm)
+    return _prepare_and_run(prepare_mma, x2d, qw, bias, lo, hi, cfg, perm)
 
 
 def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, cfg: dict,
