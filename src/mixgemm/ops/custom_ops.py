@@ -131,6 +131,29 @@ def _activation_for(lo: float, hi: float) -> tuple[str | None, bool]:
 
 _warned: set = set()
 
+# The ops are defined through a torch.library.Library with one Python kernel for every device
+# (CompositeExplicitAutograd), their fake (meta) functions and backward registered with torch.library.register_fake /
+# register_autograd. Why not @torch.library.custom_op: its per-call wrappers (an output-aliasing check, a boxed
+# redispatch below autograd) made a call of linear_wxa16's signature cost 27 us of dispatch against 18 here (2-core
+# CPU, tools/profile/op_dispatch.py), paid per layer and token under torch.compile without CUDA graphs. What
+# custom_op checked at every call -- the output is a new tensor, never an input or a view of one -- each kernel here
+# guarantees (every path allocates its output).
+_LIB = torch.library.Library("mixgemm", "FRAGMENT")
+
+
+def _op(schema: str):
+    """Define torch.ops.mixgemm.<name> with ``schema`` ("name(args) -> Tensor") and the decorated function as its
+    kernel on every device; the function is returned unchanged."""
+    name = schema.split("(", 1)[0]
+
+    def register(fn):
+        _LIB.define(schema)
+        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+        return fn
+
+    return register
+
+
 
 def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation: str | None,
                  input_perm: Tensor | None = None) -> Tensor:
@@ -155,7 +178,8 @@ def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation
         return y.clamp(lo, hi) if activation is not None else y
 
 
-@torch.library.custom_op("mixgemm::linear_wxa16", mutates_args=())
+@_op("linear_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, Tensor offsets, Tensor? bias, SymInt bits, "
+     "SymInt group_size, str mode, SymInt N, SymInt K, float lo, float hi, Tensor? input_perm=None) -> Tensor")
 def linear_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
                  bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                  bits: int, group_size: int, mode: str, N: int, K: int, lo: float, hi: float,
@@ -185,7 +209,7 @@ def _check_input_perm(perm: Optional[Tensor], x: Tensor, k: int) -> None:  # noq
                          f"{perm.device}")
 
 
-@linear_wxa16.register_fake
+@torch.library.register_fake("mixgemm::linear_wxa16")
 def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, lo, hi, input_perm=None):
     torch._check(x.shape[-1] == K, lambda: f"x has {x.shape[-1]} features, the weight expects K={K}")
     return x.new_empty((*x.shape[:-1], N))
@@ -237,7 +261,7 @@ def _linear_backward(ctx, grad):
     return (gx, None, None, None, None, gb) + (None,) * (len(ctx.needs_input_grad) - 6)
 
 
-linear_wxa16.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+torch.library.register_autograd("mixgemm::linear_wxa16", _linear_backward, setup_context=_linear_setup_context)
 
 
 def _a8_kernel_fits(x: Tensor, qw: QuantizedWeight, act_mode: str, act_block: str) -> str | None:
@@ -271,7 +295,9 @@ def _linear_wxa8_reference(x: Tensor, qw: QuantizedWeight, bias: Optional[Tensor
     return y.clamp(lo, hi).to(x.dtype).reshape(*x.shape[:-1], qw.out_features)
 
 
-@torch.library.custom_op("mixgemm::linear_wxa8", mutates_args=())
+@_op("linear_wxa8(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, Tensor offsets, Tensor? bias, SymInt bits, "
+     "SymInt group_size, str mode, SymInt N, SymInt K, str act_mode, float lo, float hi, str act_block=\"group\") "
+     "-> Tensor")
 def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
                 bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                 bits: int, group_size: int, mode: str, N: int, K: int, act_mode: str, lo: float,
@@ -300,20 +326,22 @@ def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offse
     return y.clamp(lo, hi) if extra_clamp else y
 
 
-@linear_wxa8.register_fake
+@torch.library.register_fake("mixgemm::linear_wxa8")
 def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, act_mode, lo, hi, act_block="group"):
     torch._check(x.shape[-1] == K, lambda: f"x has {x.shape[-1]} features, the weight expects K={K}")
     return x.new_empty((*x.shape[:-1], N))
 
 
-linear_wxa8.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+torch.library.register_autograd("mixgemm::linear_wxa8", _linear_backward, setup_context=_linear_setup_context)
 
 
 def _conv_out(size: int, k: int, s: int, p: int, d: int):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-@torch.library.custom_op("mixgemm::conv2d_wxa16", mutates_args=())
+@_op("conv2d_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, Tensor offsets, Tensor? bias, SymInt bits, "
+     "SymInt group_size, str mode, SymInt[] weight_shape, SymInt[] stride, SymInt[] padding, SymInt[] dilation, "
+     "SymInt groups, float lo, float hi) -> Tensor")
 def conv2d_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
                  bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                  bits: int, group_size: int, mode: str, weight_shape: list[int], stride: list[int],
@@ -330,7 +358,7 @@ def conv2d_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offs
     return y.clamp(lo, hi) if extra_clamp else y
 
 
-@conv2d_wxa16.register_fake
+@torch.library.register_fake("mixgemm::conv2d_wxa16")
 def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, weight_shape, stride, padding, dilation,
       groups, lo, hi):
     co, _, kh, kw = weight_shape
