@@ -66,8 +66,11 @@ def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prom
     device: "cuda" (the benchmark) or "cpu" (a smoke test of the code path only; use mode=None there).
     Both models stay resident (fp16 + quantized copy: ~21 GB for llama3-8b) so each batch size measures
     them back to back. Needs a CUDA GPU and transformers. Returns one dict per batch: {"model", "format",
-    "batch", "fp16_tok_s", "quant_tok_s", "speedup", "fp16_ms_step", "quant_ms_step", "gpu", "torch"}
-    ("skipped": True when the budget ran out); ``log`` gets progress lines.
+    "batch", "fp16_tok_s", "quant_tok_s", "speedup", "fp16_ms_step", "quant_ms_step", "fp16_weight_gb",
+    "quant_weight_gb", "quant_layout_ratio", "gpu", "torch"} ("skipped": True when the budget ran out); the weight
+    memory is measured after the batch's decode: the fp16 model's parameters and buffers against the quantized
+    model's (its quantized weights counted with every kernel layout the decode built, mixgemm.resident_bytes, whose
+    total over the plain packed bytes is quant_layout_ratio); ``log`` gets progress lines.
     """
     import copy
 
@@ -103,14 +106,47 @@ def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prom
             log(f"{tag:5s} batch {b:3d}: {r['tokens_per_s']:9.1f} tok/s  {r['ms_per_step']:.3f} ms/step "
                 f"(setup + compile {r['setup_s']:.0f} s)")
         row["speedup"] = row["quant_tok_s"] / row["fp16_tok_s"]
-        log(f"batch {b}: quantized x{row['speedup']:.2f} vs fp16")
+        row.update(weight_memory(fp16, quant))
+        log(f"batch {b}: quantized x{row['speedup']:.2f} vs fp16; weights {row['quant_weight_gb']:.2f} GB "
+            f"(layouts {row['quant_layout_ratio']:.2f}x the packed bytes) vs {row['fp16_weight_gb']:.2f} GB")
     return rows
+
+
+def weight_memory(fp16: torch.nn.Module, quant: torch.nn.Module) -> dict:
+    """GB the fp16 model's weights hold and GB the quantized model's hold: its float parameters and buffers other
+    than the quantized layers' plus, for those, mixgemm.resident_bytes (plain packed tensors and every cached kernel
+    layout); quant_layout_ratio = that quantized total over the plain packed bytes."""
+    import mixgemm
+    from mixgemm.ops.custom_ops import cached_weight
+
+    def tensor_bytes(module, skip=frozenset()):
+        seen, total = set(), 0
+        for t in list(module.parameters()) + list(module.buffers()):
+            if t.data_ptr() in seen or id(t) in skip:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        return total
+
+    res = mixgemm.resident_bytes(quant)
+    packed = set()
+    for mod in quant.modules():
+        qweight = mod._buffers.get("qweight") if hasattr(mod, "_buffers") else None
+        if qweight is not None and cached_weight(qweight) is not None:
+            packed.update(id(t) for t in mod.buffers())
+    return {"fp16_weight_gb": tensor_bytes(fp16) / 1e9,
+            "quant_weight_gb": (tensor_bytes(quant, frozenset(packed)) + res["total"]) / 1e9,
+            "quant_layout_ratio": res["ratio"]}
 
 
 def format_table(rows: list[dict]) -> str:
     """A markdown table of run_e2e's rows."""
-    lines = ["| model | format | batch | fp16 tok/s | quant tok/s | speedup |", "|---|---|---|---|---|---|"]
+    nan = float("nan")
+    lines = ["| model | format | batch | fp16 tok/s | quant tok/s | speedup | fp16 weights GB | quant weights GB "
+             "(layouts / packed) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['format']} | {r['batch']} | {r.get('fp16_tok_s', float('nan')):.1f} | "
-                     f"{r.get('quant_tok_s', float('nan')):.1f} | {r.get('speedup', float('nan')):.2f} |")
+        lines.append(f"| {r['model']} | {r['format']} | {r['batch']} | {r.get('fp16_tok_s', nan):.1f} | "
+                     f"{r.get('quant_tok_s', nan):.1f} | {r.get('speedup', nan):.2f} | "
+                     f"{r.get('fp16_weight_gb', nan):.2f} | {r.get('quant_weight_gb', nan):.2f} "
+                     f"({r.get('quant_layout_ratio', nan):.2f}x) |")
     return "\n".join(lines)
