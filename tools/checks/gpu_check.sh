@@ -11,8 +11,8 @@
 # Exit status: 0 when the tests pass and the benchmark found no wrong result.
 # Time: the tests are capped at 600 s (16 processes sharing one on-disk cubin cache; a fresh H100 machine needs about
 # 9-10 minutes for the whole GPU suite, most of it compiling) and the benchmark at 240 s; override with
-# GPU_CHECK_TEST_S / GPU_CHECK_BENCH_S / GPU_CHECK_PROCS. Each test process's verbose log lands in OUTDIR/tests-logs.tgz, so
-# a run cut short still says which tests passed. Most of the quick benchmark's time on a fresh machine is Triton
+# GPU_CHECK_TEST_S / GPU_CHECK_BENCH_S / GPU_CHECK_PROCS. tests.log lists each test's result as it lands, so a run
+# cut short still says which tests passed. Most of the quick benchmark's time on a fresh machine is Triton
 # compilation/autotuning of gemlite and mixgemm kernels.
 set -uo pipefail
 OUT=${1:?usage: bash tools/checks/gpu_check.sh OUTDIR}
@@ -39,12 +39,20 @@ cat "$OUT/env.txt"
 
 t0=$(date +%s)
 # the GPU tests in GPU_CHECK_PROCS processes (kernel compilation, NVRTC and Triton, is the slow part and
-# single-threaded per process); tools/checks/par_pytest.py prints each process's summary line
+# single-threaded per process). With pytest-xdist, work stealing keeps every process busy to the end (the
+# compile-heavy files no longer pile up at the tail of fixed chunks) and -v logs each result as it lands, so a run
+# cut short still says which tests passed; without it, tools/checks/par_pytest.py splits the tests in fixed chunks.
 export MIXGEMM_CUBIN_CACHE=${MIXGEMM_CUBIN_CACHE:-${TMPDIR:-/tmp}/mixgemm-cubin}
-timeout -k 10 "${GPU_CHECK_TEST_S:-600}" "$PY" -m tools.checks.par_pytest "${GPU_CHECK_PROCS:-16}" --logs "$OUT/tests" \
-  -m gpu tests > "$OUT/tests.log" 2>&1
-rc_tests=$?
-tar czf "$OUT/tests-logs.tgz" -C "$OUT" tests && rm -rf "$OUT/tests"  # one file instead of one per process
+if "$PY" -c "import xdist" 2> /dev/null; then
+  timeout -k 10 "${GPU_CHECK_TEST_S:-600}" "$PY" -m pytest -q -v -p no:cacheprovider -n "${GPU_CHECK_PROCS:-16}" \
+    --dist worksteal -m gpu tests > "$OUT/tests.log" 2>&1
+  rc_tests=$?
+else
+  timeout -k 10 "${GPU_CHECK_TEST_S:-600}" "$PY" -m tools.checks.par_pytest "${GPU_CHECK_PROCS:-16}" --logs "$OUT/tests" \
+    -m gpu tests > "$OUT/tests.log" 2>&1
+  rc_tests=$?
+  tar czf "$OUT/tests-logs.tgz" -C "$OUT" tests && rm -rf "$OUT/tests"  # one file instead of one per process
+fi
 [ "$rc_tests" -eq 5 ] && { echo "(no gpu-marked tests collected)" >> "$OUT/tests.log"; rc_tests=0; }
 t1=$(date +%s)
 echo "== tests: rc=$rc_tests in $((t1 - t0)) s ($OUT/tests.log); last lines:"
