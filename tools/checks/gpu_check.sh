@@ -44,7 +44,7 @@ t0=$(date +%s)
 # cut short still says which tests passed; without it, tools/checks/par_pytest.py splits the tests in fixed chunks.
 export MIXGEMM_CUBIN_CACHE=${MIXGEMM_CUBIN_CACHE:-${TMPDIR:-/tmp}/mixgemm-cubin}
 if "$PY" -c "import xdist" 2> /dev/null; then
-  timeout -k 10 "${GPU_CHECK_TEST_S:-600}" "$PY" -m pytest -q -v -p no:cacheprovider -n "${GPU_CHECK_PROCS:-16}" \
+  timeout -k 10 "${GPU_CHECK_TEST_S:-600}" "$PY" -m pytest -v -p no:cacheprovider -n "${GPU_CHECK_PROCS:-16}" \
     --dist worksteal -m gpu tests > "$OUT/tests.log" 2>&1
   rc_tests=$?
 else
