@@ -510,7 +510,7 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
         (conv[0] if conv is not None else _NO_CONV).as_ctypes(),
         yparam.value if yparam is not None else (ctypes.c_ubyte * 128)(),
     ]
-    launch = nvrtc.prepare_launch(fn, grid, (threads, 1, 1), args, smem, pdl=pdl, first_without_pdl=fresh,
+    launch = nvrtc.prepare_launch(fn, out.device, grid, (threads, 1, 1), args, smem, pdl=pdl, first_without_pdl=fresh,
                                   cluster=(1, 1, split) if csplit else None)
     finish = _prepare_finish(m, n, out) if wsplit else None
     return WgmmaPart(launch, lay, m, n, row0, ws_floats, counters, tiles, xparam if conv is None else None, yparam,
@@ -526,7 +526,7 @@ def _prepare_finish(m: int, n: int, out: OutputRows):
                             out.device)
     args = [ctypes.c_void_p(0), *nvrtc.bias_clamp_args(None, -math.inf, math.inf), ctypes.c_void_p(0),
             ctypes.c_int(out.row_stride), ctypes.c_int(m), ctypes.c_int(n)]
-    return nvrtc.prepare_launch(fn, (-(-m * -(-n // 4) // 256), 1, 1), (256, 1, 1), args)
+    return nvrtc.prepare_launch(fn, out.device, (-(-m * -(-n // 4) // 256), 1, 1), (256, 1, 1), args)
 
 
 _MAP_PLACEHOLDER = 1 << 12  # a 16-byte aligned address to encode a map with; each call writes the real one
@@ -563,7 +563,7 @@ class WgmmaPart:
 
     def __call__(self, xk: torch.Tensor, y: torch.Tensor, bias, lo: float, hi: float) -> None:
         dev = y.device
-        stream = torch._C._cuda_getCurrentRawStream(dev.index)
+        stream = self.launch.current_stream()
         v = self._vals
         y_ptr = y.data_ptr() + self.row0 * y.element_size()  # this launch's output columns
         v[2].value = xk.data_ptr()

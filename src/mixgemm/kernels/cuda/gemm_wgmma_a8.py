@@ -260,7 +260,7 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
         ymap.value if ymap is not None else (ctypes.c_ubyte * 128)(),
     ]
     # WS: one more warpgroup, the producer
-    launch = nvrtc.prepare_launch(fn, (tiles, 1, 1), (128 * (nwg + ws), 1, 1), args, smem, pdl=pdl,
+    launch = nvrtc.prepare_launch(fn, out.device, (tiles, 1, 1), (128 * (nwg + ws), 1, 1), args, smem, pdl=pdl,
                                   first_without_pdl=fresh, cluster=(mc, 1, 1) if mc > 1 else None)
     return WgmmaA8Launch(launch, lay, m, n, ldsa, xmap, ymap, out.device)
 
@@ -273,7 +273,6 @@ class WgmmaA8Launch:
     def __init__(self, launch, layout, m, n, ldsa, xmap, ymap, device):
         self.launch, self.layout, self.m, self.n, self.ldsa = launch, layout, m, n, ldsa
         self.xmap, self.ymap, self.device = xmap, ymap, device
-        self.index = device.index if device.index is not None else torch.cuda.current_device()
         self._vals = launch.params.values
 
     def __call__(self, aq: torch.Tensor, sa: torch.Tensor, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
@@ -299,5 +298,5 @@ class WgmmaA8Launch:
         self.xmap.point_to(aq_ptr)
         if self.ymap is not None:
             self.ymap.point_to(y.data_ptr())
-        self.launch(torch._C._cuda_getCurrentRawStream(self.index))
+        self.launch()
         return y

@@ -402,7 +402,7 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
         ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
     pdl = PDL and props.major >= 9
-    return GemvLaunch(nvrtc.prepare_launch(fn, (tiles, 1, 1), block, args, smem, pdl=pdl, first_without_pdl=fresh),
+    return GemvLaunch(nvrtc.prepare_launch(fn, dev, (tiles, 1, 1), block, args, smem, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
 
 
@@ -441,7 +441,7 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
     pdl = PDL and props.major >= 9
-    return GemvLaunch(nvrtc.prepare_launch(fn, grid, block, args, pdl=pdl, first_without_pdl=fresh),
+    return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
 
 
@@ -466,11 +466,10 @@ class GemvLaunch:
     writes the x / y / bias / clamp parameters and launches on the current stream. It holds the layout, so the
     weight pointers in its parameters stay valid as long as it lives."""
 
-    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "index", "_vals", "_direct_x")
+    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "_vals", "_direct_x")
 
     def __init__(self, launch, layout, m: int, n: int, dtype: torch.dtype, device: torch.device):
         self.launch, self.layout, self.m, self.n, self.dtype, self.device = launch, layout, m, n, dtype, device
-        self.index = device.index if device.index is not None else torch.cuda.current_device()
         self._vals = launch.params.values
         self._direct_x = layout.k_padded == layout.k  # else x always goes through a zero-padded copy
 
@@ -491,5 +490,5 @@ class GemvLaunch:
         v[_YSTRIDE].value = self.n
         nvrtc.set_bias_clamp(v, _EPILOGUE, bias, lo, hi)
         v[_PERM].value = 0 if perm is None else perm.data_ptr()
-        self.launch(torch._C._cuda_getCurrentRawStream(self.index))
+        self.launch()
         return y

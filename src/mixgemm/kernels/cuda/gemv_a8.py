@@ -210,7 +210,8 @@ def prepare_gemv_a8(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torc
         ctypes.c_int(m),
     ]
     pdl = PDL and torch.cuda.get_device_capability(dev)[0] >= 9
-    launch = nvrtc.prepare_launch(fn, (grid, 1, 1), (threads, 1, 1), args, smem, pdl=pdl, first_without_pdl=fresh)
+    launch = nvrtc.prepare_launch(fn, dev, (grid, 1, 1), (threads, 1, 1), args, smem, pdl=pdl,
+                                  first_without_pdl=fresh)
     return GemvA8Launch(launch, lay, m, n, out_dtype, dev)
 
 
@@ -218,11 +219,10 @@ class GemvA8Launch:
     """The fused GEMV's launch prepared for one weight, M and dtypes (a call plan's launch); it holds the layout, so
     the weight pointers in its parameters stay valid as long as it lives."""
 
-    __slots__ = ("launch", "layout", "m", "n", "out_dtype", "device", "index", "_vals")
+    __slots__ = ("launch", "layout", "m", "n", "out_dtype", "device", "_vals")
 
     def __init__(self, launch, layout, m: int, n: int, out_dtype: torch.dtype, device: torch.device):
         self.launch, self.layout, self.m, self.n, self.out_dtype, self.device = launch, layout, m, n, out_dtype, device
-        self.index = device.index if device.index is not None else torch.cuda.current_device()
         self._vals = launch.params.values
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
@@ -236,7 +236,7 @@ class GemvA8Launch:
         v[6].value = out.data_ptr()
         v[7].value = out.stride(0)
         nvrtc.set_bias_clamp(v, 9, bias, lo, hi)
-        self.launch(torch._C._cuda_getCurrentRawStream(self.index))
+        self.launch()
         return out
 
 
@@ -286,18 +286,17 @@ def prepare_act_quant_rows(m: int, k: int, x_dtype: torch.dtype, dev: torch.devi
                             dev)
     args = [ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_void_p(0),
             ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_int(1 if mode == "asym" else 0)]
-    return ActQuantRowsLaunch(nvrtc.prepare_launch(fn, (m, 1, 1), (nt, 1, 1), args), m, k, dev)
+    return ActQuantRowsLaunch(nvrtc.prepare_launch(fn, dev, (m, 1, 1), (nt, 1, 1), args), m, k, dev)
 
 
 class ActQuantRowsLaunch:
     """The per-token quantizer prepared for M rows of K: a call makes (or takes) the four outputs, writes the
     pointers, launches on the current stream."""
 
-    __slots__ = ("launch", "m", "k", "device", "index", "_vals")
+    __slots__ = ("launch", "m", "k", "device", "_vals")
 
     def __init__(self, launch, m: int, k: int, device: torch.device):
         self.launch, self.m, self.k, self.device = launch, m, k, device
-        self.index = device.index if device.index is not None else torch.cuda.current_device()
         self._vals = launch.params.values
 
     def __call__(self, x: torch.Tensor, out=None):
@@ -317,4 +316,4 @@ class ActQuantRowsLaunch:
         v[0].value, v[1].value = x.data_ptr(), x.stride(0)
         v[2].value, v[3].value = q_ptr, ldq
         v[4].value, v[5].value, v[6].value = s_ptr, o_ptr, sums_ptr
-        self.launch(torch._C._cuda_getCurrentRawStream(self.index))
+        self.launch()

@@ -17,6 +17,8 @@ import ctypes
 import functools
 from dataclasses import dataclass, field
 
+import torch
+
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CUDA_ERROR_INVALID_CONTEXT = 201
@@ -77,39 +79,37 @@ def launch_config(grid, block, smem: int, pdl: bool, cluster) -> LaunchConfig | 
     return cfg
 
 
+def _in_context(call, *args) -> int:
+    """call(*args), a stream-ordered driver call; on CUDA_ERROR_INVALID_CONTEXT (a thread on which PyTorch has not yet
+    made the device's primary context current) make it current and call once more. Returns the CUresult."""
+    err = call(*args)
+    if err == CUDA_ERROR_INVALID_CONTEXT:
+        import torch
+
+        from mixgemm.kernels.cuda.nvrtc import make_primary_context_current
+
+        make_primary_context_current(torch.cuda.current_device())
+        err = call(*args)
+    return err
+
+
 def raw_launch(fn: int, grid, block, smem: int, stream: int, params_addr: int, config: LaunchConfig | None) -> None:
     """Launch the CUfunction handle fn with the void*[] parameter array at params_addr on the stream handle."""
     lib = _libcuda()
-    for _ in range(2):
-        if config is None:
-            err = lib.cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream,
-                                     params_addr, None)
-        else:
-            config.stream = stream
-            err = lib.cuLaunchKernelEx(ctypes.byref(config), fn, params_addr, None)
-        if err != CUDA_ERROR_INVALID_CONTEXT:
-            break
-        # a thread on which PyTorch has not yet made the device's primary context current: make it so, once
-        _make_context_current()
+    if config is None:
+        err = _in_context(lib.cuLaunchKernel, fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem,
+                          stream, params_addr, None)
+    else:
+        config.stream = stream
+        err = _in_context(lib.cuLaunchKernelEx, ctypes.byref(config), fn, params_addr, None)
     if err:
         raise RuntimeError(f"cuLaunchKernel{'Ex' if config is not None else ''} failed: CUresult {err}")
-
-
-def _make_context_current() -> None:
-    import torch
-
-    from mixgemm.kernels.cuda.nvrtc import make_primary_context_current
-
-    make_primary_context_current(torch.cuda.current_device())
 
 
 def memset_zero_async(ptr: int, nbytes: int, stream: int) -> None:
     """Zero nbytes (a multiple of 4) at the device address ptr, in stream order (one driver call, no kernel launch
     from the host side)."""
-    err = _libcuda().cuMemsetD32Async(ptr, 0, nbytes // 4, stream)
-    if err == CUDA_ERROR_INVALID_CONTEXT:
-        _make_context_current()
-        err = _libcuda().cuMemsetD32Async(ptr, 0, nbytes // 4, stream)
+    err = _in_context(_libcuda().cuMemsetD32Async, ptr, 0, nbytes // 4, stream)
     if err:
         raise RuntimeError(f"cuMemsetD32Async failed: CUresult {err}")
 
@@ -134,11 +134,12 @@ class Params:
 @dataclass
 class PreparedLaunch:
     """One kernel launch with everything but the per-call pointers fixed: function, grid, block, dynamic shared
-    memory, parameters, and the launch attributes (PDL, cluster). ``first_without_pdl``: the first launch goes without
-    programmatic dependent launch (the weight's layout was just built by kernels that write what a PDL kernel reads
-    before its dependency wait)."""
+    memory, parameters, and the launch attributes (PDL, cluster), on the CUDA device ``device_index`` (calls go on its
+    current stream). ``first_without_pdl``: the first launch goes without programmatic dependent launch (the weight's
+    layout was just built by kernels that write what a PDL kernel reads before its dependency wait)."""
 
     fn: int
+    device_index: int
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem: int
@@ -155,8 +156,14 @@ class PreparedLaunch:
         else:
             self.first_without_pdl = False
 
-    def __call__(self, stream: int) -> None:
+    def current_stream(self) -> int:
+        """The handle of the device's current stream (PyTorch's: graph capture and stream contexts included)."""
+        return torch._C._cuda_getCurrentRawStream(self.device_index)
+
+    def __call__(self, stream: int | None = None) -> None:
+        """Launch on ``stream`` (default: the device's current stream)."""
         cfg = self._config
         if self.first_without_pdl:
             cfg, self.first_without_pdl = self._first, False
-        raw_launch(self.fn, self.grid, self.block, self.smem, stream, self.params.addr, cfg)
+        raw_launch(self.fn, self.grid, self.block, self.smem, self.current_stream() if stream is None else stream,
+                   self.params.addr, cfg)

@@ -258,13 +258,18 @@ def launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: li
                launch_config(grid, block, shared_bytes, pdl, cluster))
 
 
-def prepare_launch(fn, grid: tuple[int, int, int], block: tuple[int, int, int], args: list, shared_bytes: int = 0,
-                   pdl: bool = False, cluster: tuple[int, int, int] | None = None, first_without_pdl: bool = False):
-    """The launch of :func:`launch`, kept for repeated calls (mixgemm.kernels.cuda.launch.PreparedLaunch): call it
-    with a stream handle after writing the changing parameters into ``.params.values``."""
+def prepare_launch(fn, device, grid: tuple[int, int, int], block: tuple[int, int, int], args: list,
+                   shared_bytes: int = 0, pdl: bool = False, cluster: tuple[int, int, int] | None = None,
+                   first_without_pdl: bool = False):
+    """The launch of :func:`launch` on the CUDA ``device``, kept for repeated calls
+    (mixgemm.kernels.cuda.launch.PreparedLaunch): call it after writing the changing parameters into
+    ``.params.values``; it goes on the device's current stream."""
+    import torch
+
     from mixgemm.kernels.cuda.launch import Params, PreparedLaunch
 
-    return PreparedLaunch(int(fn), tuple(grid), tuple(block), shared_bytes, Params(args), pdl,
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return PreparedLaunch(int(fn), idx, tuple(grid), tuple(block), shared_bytes, Params(args), pdl,
                           None if cluster is None else tuple(cluster), first_without_pdl)
 
 
@@ -324,9 +329,13 @@ def bias_clamp_args(bias, lo: float, hi: float) -> list:
     return [
         ctypes.c_void_p(0 if bias is None else bias.data_ptr()),
         ctypes.c_int(0 if bias is None else bias_code(bias.dtype)),
-        ctypes.c_float(lo if math.isfinite(lo) else -math.inf),
-        ctypes.c_float(hi if math.isfinite(hi) else math.inf),
+        *map(ctypes.c_float, _clamp_bounds(lo, hi)),
     ]
+
+
+def _clamp_bounds(lo: float, hi: float) -> tuple[float, float]:
+    """The kernels' clamp parameters: a bound that is not finite means none (-inf / +inf)."""
+    return (lo if math.isfinite(lo) else -math.inf), (hi if math.isfinite(hi) else math.inf)
 
 
 def set_bias_clamp(vals: list, at: int, bias, lo: float, hi: float) -> None:
@@ -342,5 +351,4 @@ def set_bias_clamp(vals: list, at: int, bias, lo: float, hi: float) -> None:
 def write_epilogue(vals: list, at: int, bias_ptr: int, code: int, lo: float, hi: float) -> None:
     """set_bias_clamp with the bias as an address and its dtype code."""
     vals[at].value, vals[at + 1].value = bias_ptr, code
-    vals[at + 2].value = lo if math.isfinite(lo) else -math.inf
-    vals[at + 3].value = hi if math.isfinite(hi) else math.inf
+    vals[at + 2].value, vals[at + 3].value = _clamp_bounds(lo, hi)
