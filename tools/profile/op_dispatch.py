@@ -8,24 +8,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 
 import torch
 
 import mixgemm
 from mixgemm.ops import custom_ops
-
-
-def rate_us(fn, iters: int = 20000) -> float:
-    for _ in range(200):
-        fn()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / iters * 1e6)
-    return best
+from tools.profile.eager_overhead import rate_us
 
 
 def main() -> int:
@@ -56,11 +44,11 @@ def main() -> int:
     args = (torch.randn(1, 64, device=a.device), qw.qweight, qw.scales, torch.empty(0, device=a.device),
             torch.empty(0, device=a.device), None, 4, 32, "sym", 64, 64, -math.inf, math.inf)
     with torch.no_grad():
-        rows = {"python call": rate_us(lambda: trivial(*args)),
+        rows = {"python call": rate_us(lambda: trivial(*args), 20000),
                 "torch.ops.mixgemm (Library kernel + register_autograd)":
-                    rate_us(lambda: torch.ops.mixgemm.dispatch_probe.default(*args)),
+                    rate_us(lambda: torch.ops.mixgemm.dispatch_probe.default(*args), 20000),
                 "torch.library.custom_op + register_autograd":
-                    rate_us(lambda: torch.ops.mixgemm_probe.custom.default(*args))}
+                    rate_us(lambda: torch.ops.mixgemm_probe.custom.default(*args), 20000)}
     for name, us in rows.items():
         print(f"{name:58s} {us:7.2f} us")
     return 0

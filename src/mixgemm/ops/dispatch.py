@@ -126,6 +126,14 @@ def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devic
         return "gemm"  # no GPU kernel here (CPU without the Triton interpreter): the Triton GEMM is the fallback
 
 
+def flat_rows(x: torch.Tensor, k: int) -> tuple[int, torch.Tensor]:
+    """(M, x as [M, K] with unit stride along K) for x [..., K]: a view where one exists, a copy only when the last
+    dimension is strided (the caller's tensor is never touched)."""
+    m = x.numel() // k if k else x.shape[:-1].numel()
+    x2d = x.reshape(m, k)
+    return m, (x2d if x2d.stride(-1) == 1 else x2d.contiguous())
+
+
 def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, activation: str | None,
                 input_perm: torch.Tensor | None = None):
     """clamp(x[..., input_perm] @ dequant(qw).T + bias) on CUDA (input_perm None: x as is), through the weight's cached
@@ -136,12 +144,9 @@ def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     n, k = qw.shape
     if len(shape) < 1 or shape[-1] != k or (bias is not None and (bias.shape != (n,) or bias.device != x.device)):
         check_matmul_inputs(x, qw, bias)  # raises, naming the problem
-    m = x.numel() // k if k else shape[:-1].numel()
+    m, x2d = flat_rows(x, k)
     if m == 0 or n == 0:  # empty batch: no kernel math (tile and split-K rules divide by M)
         return x.new_empty((*shape[:-1], n))
-    x2d = x.reshape(m, k)
-    if x2d.stride(-1) != 1:
-        x2d = x2d.contiguous()  # a copy: the caller's tensor is never touched
 
     def make_problem():
         from mixgemm.kernels.linear import linear_problem

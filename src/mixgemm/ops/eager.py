@@ -19,7 +19,7 @@ from mixgemm._checks import check_matmul_inputs
 from mixgemm.formats.activation import act_block_size, check_act
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.custom_ops import weight_from_tensors
-from mixgemm.ops.dispatch import cached_choice, run_linear
+from mixgemm.ops.dispatch import cached_choice, cuda_matmul, flat_rows
 from mixgemm.ops.matmul import matmul
 
 _INF = float("inf")
@@ -50,51 +50,33 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
     qw = weight_from_tensors(b["qweight"], b["scales"], b["zeros"], b["offsets"], c.bits, c.group_size, c.mode, n, k)
     act_mode = mod.act_mode
     perm = b.get("input_perm") if act_mode is None else None  # act-order (weight-only): x[..., perm] @ W.T
-    if x.device.type == "cpu" and act_mode is None:
-        return matmul(x if perm is None else x[..., perm], qw, bias)
+    if act_mode is None:
+        if x.device.type == "cpu":
+            return matmul(x if perm is None else x[..., perm], qw, bias)
+        try:
+            return cuda_matmul(x, qw, bias, None, perm)  # the same plans as the op's
+        except NoKernel:
+            return None
     shape = x.shape
     if len(shape) < 1 or shape[-1] != k:
         check_matmul_inputs(x, qw, bias)  # raises, naming the shapes
-    m = x.numel() // k if k else shape[:-1].numel()
+    m, x2d = flat_rows(x, k)
     if m == 0:
         return x.new_empty((*shape[:-1], n))
-    x2d = x.reshape(m, k)
-    if x2d.stride(-1) != 1:
-        x2d = x2d.contiguous()  # a copy: the caller's tensor is never touched
 
-    def checked(problem):
-        def make():
-            check_matmul_inputs(x, qw, bias)
-            if act_mode is not None:
-                check_act(act_mode, mod.act_block)
-            return problem()
-        return make
+    def make_problem():
+        check_matmul_inputs(x, qw, bias)
+        check_act(act_mode, mod.act_block)
+        from mixgemm.kernels.a8 import a8_problem
 
+        return a8_problem(m, qw, x.dtype, x.device, act_mode, per_token)
+
+    per_token = act_block_size(k, qw.group_size, mod.act_block) == k
     try:
-        if act_mode is None:
-            act_order = perm is not None
-            choice = cached_choice(qw, ("linear", m, x.dtype, x.get_device(), act_order),
-                                   checked(lambda: _linear_problem(m, qw, x.dtype, x.device, act_order)))
-            y = run_linear(choice, x2d, qw, bias, -_INF, _INF, perm)
-        else:
-            per_token = act_block_size(k, qw.group_size, mod.act_block) == k
-            choice = cached_choice(qw, ("linear_a8", m, x.dtype, x.get_device(), act_mode, per_token),
-                                   checked(lambda: _a8_problem(m, qw, x.dtype, x.device, act_mode, per_token)))
-            launch = choice.launch
-            y = (launch(x2d, bias, -_INF, _INF) if launch is not None
-                 else choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config, choice.problem, x.dtype))
+        choice = cached_choice(qw, ("linear_a8", m, x.dtype, x.get_device(), act_mode, per_token), make_problem)
+        launch = choice.launch
+        y = (launch(x2d, bias, -_INF, _INF) if launch is not None
+             else choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config, choice.problem, x.dtype))
     except NoKernel:
         return None
     return y if len(shape) == 2 else y.view(*shape[:-1], n)
-
-
-def _linear_problem(m, qw, x_dtype, device, act_order):
-    from mixgemm.kernels.linear import linear_problem
-
-    return linear_problem(m, qw, x_dtype, device, act_order)
-
-
-def _a8_problem(m, qw, x_dtype, device, act_mode, per_token):
-    from mixgemm.kernels.a8 import a8_problem
-
-    return a8_problem(m, qw, x_dtype, device, act_mode, per_token)
