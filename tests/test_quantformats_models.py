@@ -196,4 +196,51 @@ def test_from_pretrained_reads_the_checkpoint(case, tmp_path):
     reference = write_checkpoint(case, tmp_path)
     model = mixgemm.from_pretrained(str(tmp_path), dtype=torch.float32, progress=False)
     assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 7 * CONFIG["num_hidden_layers"]
+    downs = [f"model.layers.{i}.mlp.down_proj" for i in range(CONFIG["num_hidden_layers"])]
+    if case.name == "gptq-v2-actorder-g32":  # down's permutation went into gate / up; q / k / v / o keep theirs
+        assert model.mixgemm_report.perm_folded == downs
+        assert not any(model.get_submodule(d).act_order for d in downs)
+        assert model.get_submodule("model.layers.0.self_attn.q_proj").act_order
+    else:
+        assert model.mixgemm_report.perm_folded == []
     _assert_same_logits(model, reference)
+
+
+class _NotGated(nn.Module):
+    """Layers named like a gated MLP's, combined otherwise: its down permutation must stay."""
+
+    def __init__(self, qw_gate, qw_up, qw_down, perm):
+        super().__init__()
+        self.gate_proj = QuantLinear.from_quantized(qw_gate)
+        self.up_proj = QuantLinear.from_quantized(qw_up)
+        self.down_proj = QuantLinear.from_quantized(qw_down, input_perm=perm)
+
+    def forward(self, x):
+        return self.down_proj(self.gate_proj(x) + self.up_proj(x))
+
+
+def test_fold_leaves_other_mlps_and_the_input_tensors_alone():
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms, is_gated_mlp
+
+    gen = torch.Generator().manual_seed(3)
+    cfg = QuantConfig(bits=4, group_size=32, mode="zero_point")
+    gate, up = (quantize_weight(torch.randn(96, 64, generator=gen), cfg) for _ in range(2))
+    down = quantize_weight(torch.randn(64, 96, generator=gen), cfg)
+    perm = torch.randperm(96, generator=gen)
+    odd = _NotGated(gate, up, down, perm)
+    assert not is_gated_mlp(odd) and is_gated_mlp(LlamaMLP(llama_config(**CONFIG)))
+    assert fold_mlp_input_perms(odd) == [] and odd.down_proj.act_order
+
+    mlp = LlamaMLP(llama_config(**{**CONFIG, "hidden_size": 64, "intermediate_size": 96}))
+    mlp.gate_proj, mlp.up_proj = QuantLinear.from_quantized(gate), QuantLinear.from_quantized(up)
+    mlp.down_proj = QuantLinear.from_quantized(down, input_perm=perm)
+    x = torch.randn(5, 64, generator=gen)
+    before_rows = gate.qweight.clone()
+    want = mlp(x)
+    assert fold_mlp_input_perms(mlp) == ["down_proj"]
+    assert not mlp.down_proj.act_order
+    assert torch.equal(gate.qweight, before_rows)  # the QuantizedWeight handed in is not modified
+    assert torch.equal(mlp.gate_proj.qweight, before_rows[perm])
+    torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-6)

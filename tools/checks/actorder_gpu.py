@@ -10,13 +10,14 @@ permutation from a random g_idx through mixgemm.checkpoints.packed_int32.act_ord
 The act-order layers run the GEMVs that gather x through the permutation while reading it (gemv.cu GEMV_PERM: at
 M = 1 fp16 the block gathers x once into shared memory; gemv_mma.cu MMA_PERM: each lane its pieces), where
 mixgemm.kernels.linear's rules say so. The table also times the act-order stack with every gather left to a separate
-kernel and with every GEMV gathering itself (per-lane where x is not staged), and prints each layer's path: the data
-for those rules at other M (--m) and bf16 (--dtype).
+kernel and with every GEMV gathering itself (per-lane where x is not staged), each layer kind alone, and the stack
+as mixgemm.from_pretrained loads it (down's permutation folded into gate / up, mixgemm.checkpoints.fold_perm: down
+then runs plain), and prints each layer's path: the data for those rules at other M (--m) and bf16 (--dtype).
 
 Checks: every act-order layer's output equals the plain layer applied to x[..., perm] in every variant (bit for bit:
 the same arithmetic on the same numbers, only where x is read from differs), at M = 1 every act-order layer gathers in
-its kernel and the act-order stack (default rules) is at most --tolerance (3%) slower than the plain one (other M:
-times reported, not checked).
+its kernel and the act-order stack as loaded is at most --tolerance (3%) slower than the plain one (other M: times
+reported, not checked).
 
     PYTHONPATH=src python -m tools.checks.actorder_gpu --out DIR [--blocks 4] [--m 1] [--dtype float16]
 
@@ -122,6 +123,10 @@ VARIANTS = {"act_order": {}, "act_order_separate_gather": {"GATHER_IN_KERNEL": F
             "act_order_all_in_kernel": {"MMA_GATHER_MAX_M": 16, "SIMT_PER_LANE_GATHER": True}}
 
 
+# variants also timed layer kind by layer kind
+PER_LAYER = ("act_order",)
+
+
 @contextlib.contextmanager
 def gather_settings(layers, settings: dict):
     """mixgemm.kernels.linear's gather settings changed inside the block; the layers' cached plans are dropped on the
@@ -177,6 +182,17 @@ def main() -> int:
                     # which kernel the layer runs and whether it gathers x itself
                     paths.setdefault(label, {})[name] = str(mixgemm.explain(xl, lo.quantized_weight(), act_order=True))
                 graphs[label], outs[label] = graph_of(lambda t: stack_forward(ordered, t), x)
+                if label in PER_LAYER:
+                    for name, _n, k, _ in BLOCK:  # each layer kind alone: the blocks' layers of that kind in a row
+                        xl = torch.randn(args.m, k, device=device, dtype=dtype)
+                        graphs[f"{name}:{label}"], _ = graph_of(
+                            lambda t, nm=name: [b[nm](t) for b in ordered], xl)
+                        if label == "act_order":
+                            graphs[f"{name}:plain"], _ = graph_of(lambda t, nm=name: [b[nm](t) for b in plain], xl)
+        # as mixgemm.from_pretrained loads it: down's permutation folded into gate / up's output rows
+        # (mixgemm.checkpoints.fold_perm; exact), so down runs as a plain layer
+        folded = [{**o, "down": p["down"]} for o, p in zip(ordered, plain, strict=True)]
+        graphs["act_order_as_loaded"], outs["act_order_as_loaded"] = graph_of(lambda t: stack_forward(folded, t), x)
         gather_x = torch.randn(args.m, INTER, device=device, dtype=dtype)
         perm = ordered[0]["down"].input_perm
         # one separate gather, 50 in one graph so that the graph launch does not count
@@ -187,7 +203,7 @@ def main() -> int:
     not_in_kernel = [name for name, p in paths["act_order"].items() if "gathered in the kernel" not in p]
     finite = all(bool(torch.isfinite(o).all()) for o in outs.values())
     weight_bytes = sum(m.quantized_weight().nbytes() for b in plain for m in b.values())
-    ratio = times["act_order"] / times["plain"]
+    ratio = times["act_order_as_loaded"] / times["plain"]
     result = {
         "device": torch.cuda.get_device_name(), "blocks": args.blocks, "layers_per_block": len(BLOCK), "m": args.m,
         "dtype": args.dtype, "times_us": times, "ratio": ratio, "weight_bytes": weight_bytes,
@@ -202,14 +218,19 @@ def main() -> int:
     (args.out / "actorder_gpu.json").write_text(json.dumps(result, indent=2))
 
     print(f"{f'stack (M = {args.m}, {args.dtype}, CUDA graph)':40s} {'us':>9s} {'GB/s':>8s} {'/ plain':>8s}")
-    for label in ("plain", *VARIANTS):
+    for label in ("plain", *VARIANTS, "act_order_as_loaded"):
         print(f"{label:40s} {times[label]:9.1f} {weight_bytes / times[label] / 1e3:8.0f} "
               f"{times[label] / times['plain']:8.3f}")
+    print(f"per layer kind ({args.blocks} layers each, us): plain | " + " | ".join(PER_LAYER))
+    for name, *_ in BLOCK:
+        print(f"  {name:6s} {times[f'{name}:plain']:8.1f} | "
+              + " | ".join(f"{times[f'{name}:{v}']:8.1f} ({times[f'{name}:{v}'] / times[f'{name}:plain']:.3f})"
+                           for v in PER_LAYER))
     print(f"{f'one separate gather (K = {INTER})':40s} {times['one_gather']:9.1f}")
     for name, p in paths["act_order"].items():
         lines = p.splitlines()
         print(f"{name}: {lines[0]} | {lines[1].strip() if len(lines) > 1 else ''}")
-    print(f"act-order / plain = {ratio:.4f} (limit {1 + args.tolerance:.2f}); per-layer outputs "
+    print(f"act-order as loaded / plain = {ratio:.4f} (limit {1 + args.tolerance:.2f}); per-layer outputs "
           f"{'equal' if not mismatches else 'DIFFER: ' + ', '.join(mismatches)}; finite {finite}; "
           f"gathered in the kernel: {'all layers' if not not_in_kernel else 'NOT ' + ', '.join(not_in_kernel)}")
     print("PASS" if ok else "FAIL")

@@ -197,6 +197,8 @@ def run(path: str, device: torch.device, dtype: torch.dtype, speed: bool = True)
     ref = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).to(device).eval()
     env["ref_load_s"] = round(time.perf_counter() - t, 2)
     tok = load_tokenizer(d, gguf_file=f)
+    if tok.pad_token is None:  # the GGUF tokenizer has none; batched prompts are left-padded with end of sequence
+        tok.pad_token = tok.eos_token
     log("models loaded", start)
     check_weights(ours, ref, dtype, report)
     record_kernels(ours, tok, device, dtype, report)

@@ -1,8 +1,10 @@
 """Host time of one eager QuantLinear call, piece by piece, beside nn.Linear: back-to-back calls without a sync (the
 rate an eager decode loop issues layers at), then the per-call pieces of the plan path (weight lookup, plan lookup,
-the prepared launch alone), and a cProfile of the call.
+the prepared launch alone), the GPU time of the same call (replayed from a CUDA graph: what back-to-back calls cannot
+go below), with --compiled the same calls under torch.compile without CUDA graphs, and a cProfile of the call.
+Schemes: W4A16, W8A16, W8A8 and W4A8 (per-token activations), on a 2048x2048 fp16 layer at M = 1, 16 and 512.
 
-    PYTHONPATH=src python -m tools.profile.eager_overhead --out DIR
+    PYTHONPATH=src python -m tools.profile.eager_overhead --out DIR [--compiled]
 
 Writes DIR/eager_overhead.json and DIR/eager_overhead.prof.txt."""
 
@@ -42,7 +44,27 @@ def rate_us(fn, iters=2000) -> float:
     return best
 
 
-def measure(name: str, q, lin, m: int) -> dict:
+def graph_us(fn, calls=20, reps=20) -> float:
+    """GPU microseconds per call of fn, from a CUDA graph of `calls` calls replayed `reps` times (median)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    return sorted(times)[len(times) // 2]
+
+
+def measure(name: str, q, lin, m: int, compiled: bool) -> dict:
     x = torch.randn(m, K, device="cuda", dtype=torch.float16)
     q(x)
     c = q.config
@@ -56,7 +78,14 @@ def measure(name: str, q, lin, m: int) -> dict:
              empty=rate_us(lambda: torch.empty((m, N), dtype=torch.float16, device="cuda")))
     if plan.launch is not None:
         r["launch_only"] = rate_us(lambda: plan.launch(x, None, -float("inf"), float("inf")))
+    r["gpu_quantlinear"] = graph_us(lambda: q(x))
+    r["gpu_linear"] = graph_us(lambda: lin(x))
     r["ratio"] = r["quantlinear"] / r["linear"]
+    if compiled:  # torch.compile without CUDA graphs: the op's dispatch through the compiled graph
+        cq, cl = torch.compile(q, dynamic=False), torch.compile(lin, dynamic=False)
+        r["compiled_quantlinear"] = rate_us(lambda: cq(x), iters=1000)
+        r["compiled_linear"] = rate_us(lambda: cl(x), iters=1000)
+        r["compiled_ratio"] = r["compiled_quantlinear"] / r["compiled_linear"]
     return r
 
 
@@ -76,19 +105,23 @@ def profile(q, m: int) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--compiled", action="store_true", help="also time the calls under torch.compile (no graphs)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows, prof = [], []
     with torch.no_grad():
         lin = torch.nn.Linear(K, N, bias=False).half().cuda()
-        for name, cfg in (("W4A16", mixgemm.W4A16()), ("W8A8", mixgemm.W8A8())):
+        schemes = (("W4A16", mixgemm.W4A16()), ("W8A16", mixgemm.W8A16()), ("W8A8", mixgemm.W8A8()),
+                   ("W4A8-token", mixgemm.W4A8(act_block="token")))
+        for name, cfg in schemes:
             model = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False)).half().cuda()
             mixgemm.quantize_(model, cfg)
             for m in (1, 16, 512):
-                r = measure(name, model[0], lin, m)
+                r = measure(name, model[0], lin, m, a.compiled)
                 rows.append(r)
                 print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
-            prof.append(f"== {name} M=1\n" + profile(model[0], 1))
+            for m in (1, 16):
+                prof.append(f"== {name} M={m}\n" + profile(model[0], m))
     with open(os.path.join(a.out, "eager_overhead.json"), "w") as f:
         json.dump(rows, f, indent=1)
     with open(os.path.join(a.out, "eager_overhead.prof.txt"), "w") as f:

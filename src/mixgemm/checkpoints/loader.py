@@ -21,23 +21,28 @@ from torch import nn
 
 from mixgemm.checkpoints import skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
+from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
 
 
 @dataclass
 class LoadReport:
     """What from_pretrained did: ``source`` (the format read), ``quantized`` (layer names, with ``inexact``
-    the ones whose weights are a re-quantization, e.g. GGUF Q6_K), ``skipped`` ({name: why} for Linears left float)
-    and ``ignored`` (checkpoint tensors that the model has no place for)."""
+    the ones whose weights are a re-quantization, e.g. GGUF Q6_K), ``skipped`` ({name: why} for Linears left float),
+    ``ignored`` (checkpoint tensors that the model has no place for) and ``perm_folded`` (act-order down
+    projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)
     inexact: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
+    perm_folded: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"from_pretrained ({self.source}): {len(self.quantized)} QuantLinear ({len(self.inexact)} "
-                 f"re-quantized), {len(self.skipped)} Linear left float, {len(self.ignored)} tensors ignored"]
+                 f"re-quantized), {len(self.skipped)} Linear left float, {len(self.ignored)} tensors ignored"
+                 + (f", {len(self.perm_folded)} act-order permutations folded into gate / up" if self.perm_folded
+                    else "")]
         lines += [f"  re-quantized {n}: {why}" for n, why in self.inexact.items()]
         lines += [f"  float {n}: {why}" for n, why in self.skipped.items()]
         return "\n".join(lines)
@@ -288,7 +293,9 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     The model is in eval mode; ``model.mixgemm_report`` (a LoadReport) lists what was quantized and what not, and
     ``model.config.quantization_config`` describes every QuantLinear, so ``model.save_pretrained`` writes a
     checkpoint that this function (or ``AutoModelForCausalLM.from_pretrained`` after ``import mixgemm``)
-    reads back bit for bit. The tokenizer: ``mixgemm.checkpoints.load_tokenizer(path, gguf_file)``.
+    reads back bit for bit. The tokenizer: ``mixgemm.checkpoints.load_tokenizer(path, gguf_file)``. Act-order down
+    projections of gated MLPs get their input permutation folded into gate / up's rows (exact; listed in
+    ``model.mixgemm_report.perm_folded``), so they decode without gathering x.
     """
     from mixgemm.checkpoints.native import attach_quantization_config
 
@@ -316,6 +323,7 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
         model, report = _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress,
                                           trust_remote_code)
     skeleton.finish(model, device)
+    report.perm_folded = fold_mlp_input_perms(model)
     if report.ignored:
         warnings.warn(f"from_pretrained: {len(report.ignored)} checkpoint tensors have no place in the model and were "
                       f"ignored, e.g. {report.ignored[:5]}", stacklevel=2)

@@ -184,18 +184,21 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // x[perm[8p .. 8p + 7]]. Why from shared memory: a warp's 2-byte gather from global memory touches ~32 L1 lines
   // (one wavefront each), from shared memory a few bank conflicts; the host sizes the dynamic shared memory for both.
   const u16* const xraw = (const u16*)(xsm + Kc * XV);
+  // The indices are constant: they are prefetched into L1 before the PDL wait (while the previous kernel drains, or
+  // under this block's first weight loads), so the gathers after the x copy find them there. Loading them into
+  // registers instead took the R4 KS2 tile from 74 to 98 registers (ptxas, sm_90).
+  auto prefetch_perm = [&]() {
+    for (int p = threadIdx.x; p < Kc * XV; p += GEMV_CTHREADS)
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(perm + 8 * p));
+  };
   auto stage_x = [&]() {
-    // 4 pieces' indices in flight before any gather (coalesced: piece p's 32 bytes at 32 p). They are prefetched into
-    // L1 while x is copied, so the loads after the barrier are L1 hits: loading them into registers there instead
-    // took the R4 KS2 tile from 74 to 98 registers (ptxas, sm_90).
+    // 4 pieces' indices in flight before any gather (coalesced: piece p's 32 bytes at 32 p)
     int pk[4][8];
     auto load_pk = [&](int p0) {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         if (p0 + i * GEMV_CTHREADS < Kc * XV) ld_perm(perm, (p0 + i * GEMV_CTHREADS) * 8, pk[i]);
     };
-    for (int p = threadIdx.x; p < Kc * XV; p += GEMV_CTHREADS)
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(perm + 8 * p));
     copy_x(xsm + Kc * XV, false);
     asm volatile("bar.sync 1, %0;" ::"n"(GEMV_CTHREADS) : "memory");  // compute warps (GEMV_BULK: not the producer)
     for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_CTHREADS) {
@@ -214,6 +217,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     }
   };
 #else
+  auto prefetch_perm = [&]() {};
   auto stage_x = [&]() { copy_x(xsm, true); };
 #endif
 #endif
@@ -479,6 +483,9 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   };
   P pn[U][R];
   if (!GEMV_BPAR && blockIdx.x < ntiles) load_params(pn, blockIdx.x, 0);
+#if GEMV_XS
+  prefetch_perm();
+#endif
   pdl_wait();  // x is read from here on
 #if GEMV_XS
   stage_x();  // once per (persistent) block
@@ -608,6 +615,9 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     // the first step's weight and parameter loads (constant data) go out before the PDL wait, and
     // before the XS x copy, so both hide under their latency
     if (c0 + (U - 1) * STRIDE < Kc) { load(wA, pA, c0); have = true; }
+#if GEMV_XS
+    prefetch_perm();
+#endif
     pdl_wait();
 #if GEMV_XS
     stage_x();
