@@ -12,7 +12,9 @@ M = 1 fp16 the block gathers x once into shared memory; gemv_mma.cu MMA_PERM: ea
 mixgemm.kernels.linear's rules say so. The table also times the act-order stack with every gather left to a separate
 kernel and with every GEMV gathering itself (per-lane where x is not staged), each layer kind alone, and the stack
 as mixgemm.from_pretrained loads it (down's permutation folded into gate / up, mixgemm.checkpoints.fold_perm: down
-then runs plain), and prints each layer's path: the data for those rules at other M (--m) and bf16 (--dtype).
+then runs plain), and that stack with one torch gather per shared input instead of q / k / v's and gate / up's
+in-kernel gathers (what folding those permutations into the norms before them would leave), and prints each layer's
+path: the data for those rules at other M (--m) and bf16 (--dtype).
 
 Checks: every act-order layer's output equals the plain layer applied to x[..., perm] in every variant (bit for bit:
 the same arithmetic on the same numbers, only where x is read from differs), at M = 1 every act-order layer gathers in
@@ -85,6 +87,21 @@ def stack_forward(blocks, x):
         b["k"](h), b["v"](h)  # attention's other inputs: in the graph like in a model, their values unused here
         a = b["o"](q)
         h = b["down"](b["gate"](a) * b["up"](a))
+    return h
+
+
+def stack_forward_shared_gather(plain, ordered, x):
+    """The act-order stack with one gather per shared input (q / k / v's, gate / up's: x[..., perm] once, then the
+    plain layers on it), o gathering in its kernel and down folded: what folding the permutations into the norms
+    that feed q / k / v and gate / up would leave."""
+    h = x
+    for p, o in zip(plain, ordered, strict=True):
+        hq = h.index_select(-1, o["q"].input_perm)
+        q = p["q"](hq)
+        p["k"](hq), p["v"](hq)
+        a = o["o"](q)
+        am = a.index_select(-1, o["gate"].input_perm)
+        h = p["down"](p["gate"](am) * p["up"](am))
     return h
 
 
@@ -193,12 +210,17 @@ def main() -> int:
         # (mixgemm.checkpoints.fold_perm; exact), so down runs as a plain layer
         folded = [{**o, "down": p["down"]} for o, p in zip(ordered, plain, strict=True)]
         graphs["act_order_as_loaded"], outs["act_order_as_loaded"] = graph_of(lambda t: stack_forward(folded, t), x)
+        graphs["act_order_shared_gather"], outs["act_order_shared_gather"] = graph_of(
+            lambda t: stack_forward_shared_gather(plain, ordered, t), x)
         gather_x = torch.randn(args.m, INTER, device=device, dtype=dtype)
         perm = ordered[0]["down"].input_perm
         # one separate gather, 50 in one graph so that the graph launch does not count
         graphs["gathers"], _ = graph_of(lambda t: [t[..., perm] for _ in range(GATHERS)], gather_x)
         times = time_graphs(graphs, args.reps, args.inner)
         times["one_gather"] = times.pop("gathers") / GATHERS
+        # (graph outputs hold values once replayed, as they now have been, on the same x)
+        if not torch.equal(outs["act_order_shared_gather"], outs["act_order_as_loaded"]):
+            mismatches.append("the stack with shared gathers")
 
     not_in_kernel = [name for name, p in paths["act_order"].items() if "gathered in the kernel" not in p]
     finite = all(bool(torch.isfinite(o).all()) for o in outs.values())
@@ -218,7 +240,7 @@ def main() -> int:
     (args.out / "actorder_gpu.json").write_text(json.dumps(result, indent=2))
 
     print(f"{f'stack (M = {args.m}, {args.dtype}, CUDA graph)':40s} {'us':>9s} {'GB/s':>8s} {'/ plain':>8s}")
-    for label in ("plain", *VARIANTS, "act_order_as_loaded"):
+    for label in ("plain", *VARIANTS, "act_order_as_loaded", "act_order_shared_gather"):
         print(f"{label:40s} {times[label]:9.1f} {weight_bytes / times[label] / 1e3:8.0f} "
               f"{times[label] / times['plain']:8.3f}")
     print(f"per layer kind ({args.blocks} layers each, us): plain | " + " | ".join(PER_LAYER))
