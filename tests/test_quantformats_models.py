@@ -222,7 +222,7 @@ class _NotGated(nn.Module):
 def test_fold_leaves_other_mlps_and_the_input_tensors_alone():
     from transformers.models.llama.modeling_llama import LlamaMLP
 
-    from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms, is_gated_mlp
+    from mixgemm.checkpoints.fold_perm import GATED_MLPS, fold_mlp_input_perms, gated_mlp_form
 
     gen = torch.Generator().manual_seed(3)
     cfg = QuantConfig(bits=4, group_size=32, mode="zero_point")
@@ -230,7 +230,7 @@ def test_fold_leaves_other_mlps_and_the_input_tensors_alone():
     down = quantize_weight(torch.randn(64, 96, generator=gen), cfg)
     perm = torch.randperm(96, generator=gen)
     odd = _NotGated(gate, up, down, perm)
-    assert not is_gated_mlp(odd) and is_gated_mlp(LlamaMLP(llama_config(**CONFIG)))
+    assert gated_mlp_form(odd) is None and gated_mlp_form(LlamaMLP(llama_config(**CONFIG))) is GATED_MLPS[0]
     assert fold_mlp_input_perms(odd) == [] and odd.down_proj.act_order
 
     mlp = LlamaMLP(llama_config(**{**CONFIG, "hidden_size": 64, "intermediate_size": 96}))
@@ -243,4 +243,25 @@ def test_fold_leaves_other_mlps_and_the_input_tensors_alone():
     assert not mlp.down_proj.act_order
     assert torch.equal(gate.qweight, before_rows)  # the QuantizedWeight handed in is not modified
     assert torch.equal(mlp.gate_proj.qweight, before_rows[perm])
+    torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_fold_into_a_fused_gate_up_projection():
+    from transformers import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+    from mixgemm.checkpoints.fold_perm import GATED_MLPS, fold_mlp_input_perms, gated_mlp_form
+
+    gen = torch.Generator().manual_seed(4)
+    cfg = QuantConfig(bits=4, group_size=32, mode="sym")
+    mlp = Phi3MLP(Phi3Config(hidden_size=64, intermediate_size=96))
+    assert gated_mlp_form(mlp) is GATED_MLPS[1]
+    mlp.gate_up_proj = QuantLinear.from_quantized(quantize_weight(torch.randn(192, 64, generator=gen), cfg),
+                                                  torch.randn(192, generator=gen))
+    mlp.down_proj = QuantLinear.from_quantized(quantize_weight(torch.randn(64, 96, generator=gen), cfg),
+                                               input_perm=torch.randperm(96, generator=gen))
+    x = torch.randn(5, 64, generator=gen)
+    want = mlp(x)
+    assert fold_mlp_input_perms(mlp) == ["down_proj"]
+    assert not mlp.down_proj.act_order
     torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-6)
