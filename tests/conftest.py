@@ -8,6 +8,8 @@
 * hypothesis profile "mixgemm": no example database (nothing written to .hypothesis/), no deadline.
 * MIXGEMM_TUNING_CACHE points at a file that does not exist: the tests see the untuned dispatch, whatever
   `mixgemm tune` wrote on this machine (tests/test_tuning.py points it at its own files).
+* ``isolated_tuning``: NVRTC reported available and the tuning cache at the test's tmp_path / "tuning.json", for
+  registry tests (``pytestmark = pytest.mark.usefixtures("isolated_tuning")``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def torch_gen() -> torch.Generator:
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture
+def isolated_tuning(monkeypatch, tmp_path):
+    """Registry tests without a GPU or the user's tuning: NVRTC reported available, the tuning cache at
+    tmp_path / "tuning.json" (absent until a test writes it), reloaded before and after."""
+    from mixgemm.kernels import linear as linear_entries
+    from mixgemm.tuning import cache as tcache
+
+    monkeypatch.setattr(linear_entries, "nvrtc_ok", lambda: True)
+    monkeypatch.setenv(tcache.ENV, str(tmp_path / "tuning.json"))
+    tcache.reload()
+    yield
+    tcache.reload()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -40,13 +40,7 @@ with open(os.path.join(os.path.dirname(__file__), "data", "tuning_before_buckets
     OLD = json.load(_f)
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setattr(linear_entries, "nvrtc_ok", lambda: True)
-    monkeypatch.setenv(tcache.ENV, str(tmp_path / "no-cache.json"))
-    tcache.reload()
-    yield
-    tcache.reload()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")  # (conftest.py)
 
 
 # ----------------------------------------------------------------------- the old exact-shape rules, frozen

@@ -25,13 +25,7 @@ H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
 A100 = DeviceInfo("cuda", 0, (8, 0), 108, "NVIDIA A100-SXM4-80GB", 163 * 1024)
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setattr(linear_entries, "nvrtc_ok", lambda: True)
-    monkeypatch.setenv(tcache.ENV, str(tmp_path / "tuning.json"))
-    tcache.reload()
-    yield
-    tcache.reload()
+pytestmark = pytest.mark.usefixtures("isolated_tuning")  # (conftest.py)
 
 
 def _qw(n, k, bits=4, group_size=128, mode="sym", seed=0):
