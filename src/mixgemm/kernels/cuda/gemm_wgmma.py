@@ -349,26 +349,52 @@ def tail_rows(m: int, n: int, cfg: dict, sms: int) -> tuple[int, int]:
     return n0, int(split)
 
 
+@dataclass(frozen=True)
+class TileKeys:
+    """A wgmma tile config's keys as ints, with their defaults: BM, NWG, STAGES, INFLIGHT, KT, TMA, SK, FOLD,
+    CLUSTER, SERIAL, PDL (default: on unless SK), WS (the field order of ``astuple``)."""
+
+    bm: int
+    nwg: int
+    stages: int
+    inflight: int
+    ktile: int
+    tma: int
+    sk: int
+    fold: int
+    cluster: int
+    serial: int
+    pdl: int
+    ws: int
+
+    @classmethod
+    def of(cls, cfg: dict) -> TileKeys:
+        sk = int(cfg.get("SK", 0))
+        return cls(int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4)), int(cfg.get("INFLIGHT", 1)),
+                   int(cfg.get("KT", 1)), int(cfg.get("TMA", 1)), sk, int(cfg.get("FOLD", 0)),
+                   int(cfg.get("CLUSTER", 0)), int(cfg.get("SERIAL", 0)), int(cfg.get("PDL", int(not sk))),
+                   int(cfg.get("WS", 0)))
+
+    @property
+    def min_stages(self) -> int:
+        """A stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read."""
+        return 2 + -(-self.inflight // self.ktile)
+
+
 def tile_error(cfg: dict) -> str | None:
     """Why the tile config cannot run (None when it can): the launch's own check, also used to keep tuning
     candidates legal. Shared-memory fit is checked at launch (it depends on the weight's layout)."""
-    bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
-    inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
-    sk, fold_req, cluster = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0)), int(cfg.get("CLUSTER", 0))
-    serial = int(cfg.get("SERIAL", 0))
-    pdl_req = int(cfg.get("PDL", int(not sk)))
-    ws_req = int(cfg.get("WS", 0))
-    min_stages = 2 + -(-inflight // ktile)
-    if (bm % 8 or not 8 <= bm <= 256 or nwg not in (1, 2, 3, 4) or inflight not in (1, 2) or ktile not in (1, 2, 4)
-            or (ktile > 1 and inflight != 1) or stages < min_stages or tma not in (0, 1) or (tma and nwg == 3)
-            or sk not in (0, 1, 2) or (sk and not tma) or fold_req not in (0, 1) or cluster not in (0, 1)
-            or serial not in (0, 1) or (serial and cluster) or pdl_req not in (0, 1) or ws_req not in (0, 1)
-            or (ws_req and (not tma or int(cfg.get("MINB", 1)) != 1))):
-        return (f"bad wgmma tile BM={bm} NWG={nwg} STAGES={stages} INFLIGHT={inflight} KT={ktile} TMA={tma} "
-                f"SK={sk} FOLD={fold_req} CLUSTER={cluster} SERIAL={serial}: BM in 8..256 (multiple of 8), NWG 1..4, "
-                "INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT / KT), "
-                "TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0, 1 or 2 (1, 2 with TMA 1), FOLD 0 or 1, CLUSTER 0 or 1, "
-                "SERIAL 0 or 1 (not with CLUSTER 1), PDL 0 or 1, "
+    t = TileKeys.of(cfg)
+    if (t.bm % 8 or not 8 <= t.bm <= 256 or t.nwg not in (1, 2, 3, 4) or t.inflight not in (1, 2)
+            or t.ktile not in (1, 2, 4) or (t.ktile > 1 and t.inflight != 1) or t.stages < t.min_stages
+            or t.tma not in (0, 1) or (t.tma and t.nwg == 3) or t.sk not in (0, 1, 2) or (t.sk and not t.tma)
+            or t.fold not in (0, 1) or t.cluster not in (0, 1) or t.serial not in (0, 1) or (t.serial and t.cluster)
+            or t.pdl not in (0, 1) or t.ws not in (0, 1) or (t.ws and (not t.tma or int(cfg.get("MINB", 1)) != 1))):
+        return (f"bad wgmma tile BM={t.bm} NWG={t.nwg} STAGES={t.stages} INFLIGHT={t.inflight} KT={t.ktile} "
+                f"TMA={t.tma} SK={t.sk} FOLD={t.fold} CLUSTER={t.cluster} SERIAL={t.serial}: BM in 8..256 (multiple "
+                "of 8), NWG 1..4, INFLIGHT 1 or 2, KT 1, 2 or 4 (KT > 1 with INFLIGHT 1), STAGES >= 2 + ceil(INFLIGHT "
+                "/ KT), TMA 0 or 1 (1 with NWG 1, 2 or 4), SK 0, 1 or 2 (1, 2 with TMA 1), FOLD 0 or 1, CLUSTER 0 or "
+                "1, SERIAL 0 or 1 (not with CLUSTER 1), PDL 0 or 1, "
                 "WS 0 or 1 (1 with TMA 1 and MINB 1: with the producer warp, two CTAs per SM lack registers)")
     return None
 
@@ -378,16 +404,13 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     """One launch into the output columns of weight rows [row0, row0 + n) (row0: a multiple of 128), everything but the
     activation / output / bias pointers and the workspaces fixed."""
     k = qw.in_features
-    bm, nwg, stages = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("STAGES", 4))
-    inflight, ktile, tma = int(cfg.get("INFLIGHT", 1)), int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
-    sk, fold_req, cluster = int(cfg.get("SK", 0)), int(cfg.get("FOLD", 0)), int(cfg.get("CLUSTER", 0))
-    serial = int(cfg.get("SERIAL", 0))
-    pdl_req = int(cfg.get("PDL", int(not sk)))
-    ws_req = int(cfg.get("WS", 0))
-    min_stages = 2 + -(-inflight // ktile)  # a stage is refilled ceil(INFLIGHT / KT) + 1 stages after it was read
     why = tile_error(cfg)
     if why:
         raise ValueError(why)
+    keys = TileKeys.of(cfg)
+    # (stages, tma, sk and ws_req may be lowered below to what this GPU and weight allow)
+    bm, nwg, stages, inflight, ktile, tma, sk, fold_req, cluster, serial, pdl_req, ws_req = astuple(keys)
+    min_stages = keys.min_stages
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
