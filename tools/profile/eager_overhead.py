@@ -21,10 +21,12 @@ import time
 import torch
 
 import mixgemm
+from mixgemm.bench.protocol import graph_time_us
 from mixgemm.ops.custom_ops import weight_from_tensors
 from mixgemm.ops.dispatch import plans_of
 
 N = K = 2048
+GRAPH_CALLS = 20
 
 
 def rate_us(fn, iters=2000) -> float:
@@ -44,26 +46,6 @@ def rate_us(fn, iters=2000) -> float:
     return best
 
 
-def graph_us(fn, calls=20, reps=20) -> float:
-    """GPU microseconds per call of fn, from a CUDA graph of `calls` calls replayed `reps` times (median)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    return sorted(times)[len(times) // 2]
-
-
 def measure(name: str, q, lin, m: int, compiled: bool) -> dict:
     x = torch.randn(m, K, device="cuda", dtype=torch.float16)
     q(x)
@@ -78,8 +60,9 @@ def measure(name: str, q, lin, m: int, compiled: bool) -> dict:
              empty=rate_us(lambda: torch.empty((m, N), dtype=torch.float16, device="cuda")))
     if plan.launch is not None:
         r["launch_only"] = rate_us(lambda: plan.launch(x, None, -float("inf"), float("inf")))
-    r["gpu_quantlinear"] = graph_us(lambda: q(x))
-    r["gpu_linear"] = graph_us(lambda: lin(x))
+    # GPU time: GRAPH_CALLS calls as one CUDA graph, the benchmark protocol's timing
+    r["gpu_quantlinear"] = graph_time_us([lambda: q(x)] * GRAPH_CALLS)
+    r["gpu_linear"] = graph_time_us([lambda: lin(x)] * GRAPH_CALLS)
     r["ratio"] = r["quantlinear"] / r["linear"]
     if compiled:  # torch.compile without CUDA graphs: the op's dispatch through the compiled graph
         cq, cl = torch.compile(q, dynamic=False), torch.compile(lin, dynamic=False)
