@@ -120,9 +120,9 @@ class MixgemmFormat:
         fmt = check_config(quantization_config)[prefix]
         c = weight_config(fmt, prefix)
         state = source.get(f"{prefix}._extra_state")
-        if state.dtype != torch.int64 or state.dim() != 1 or state.numel() != 8:
+        if state.dtype != torch.int64 or state.dim() != 1 or state.numel() not in (8, 9):
             raise ValueError(f"tensor {prefix + '._extra_state'!r} is {state.dtype} {tuple(state.shape)}, not the "
-                             "int64 [8] format tensor of a QuantLinear")
+                             "int64 [8] (act-order: [9]) format tensor of a QuantLinear")
         n, k = int(state[6]), int(state[7])
         want = empty_quant_linear(fmt, k, n, name=prefix).get_extra_state()
         if not torch.equal(state.cpu(), want):
@@ -147,6 +147,9 @@ class MixgemmFormat:
         perm_name = f"{prefix}.input_perm"
         stored = source.keys()
         perm = source.get(perm_name) if perm_name in stored else None
+        if (perm is None) == bool(fmt.get("input_perm")):
+            raise ValueError(f"tensor {perm_name!r} is {'missing' if perm is None else 'present'}, but the "
+                             f"quantization_config says the layer is {'' if perm is None else 'not '}act-order")
         qw = QuantizedWeight(qweight=qweight, scales=scales, zeros=zeros, offsets=offsets, config=c, shape=(n, k))
         return ConvertedLinear(weight=qw, bias=bias, input_perm=perm, act_mode=fmt["act_mode"],
                                act_block=fmt["act_block"])
