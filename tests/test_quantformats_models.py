@@ -71,10 +71,19 @@ def _codes(w: torch.Tensor, bits: int, group: int, sym: bool, g_idx: torch.Tenso
     return codes.long(), qw.zero_points().long(), qw.scales
 
 
-def _gptq(prefix, w, qc, gen):
+# Layers that read the same tensor share GPTQ's act-order g_idx (the same Hessian of their inputs): q / k / v, gate / up
+SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+
+
+def _gptq(prefix, w, qc, gen, shared):
     bits, group, v1 = qc["bits"], qc["group_size"], qc["checkpoint_format"] == "gptq"
     k = w.shape[1]
-    g_idx = act_order_g_idx(k, group, gen) if qc["desc_act"] else (torch.arange(k) // group).to(torch.int32)
+    if qc["desc_act"]:
+        parent, _, child = prefix.rpartition(".")
+        key = (parent.rpartition(".")[0], SHARED_INPUT[child]) if child in SHARED_INPUT else prefix
+        g_idx = shared.setdefault(key, act_order_g_idx(k, group, gen)).clone()
+    else:
+        g_idx = (torch.arange(k) // group).to(torch.int32)
     codes, zeros, scales = _codes(w, bits, group, qc["sym"], g_idx)
     qweight, qzeros = gptq_pack(codes, zeros, bits, v1)
     t = {"qweight": qweight, "qzeros": qzeros, "scales": scales.T.contiguous(), "g_idx": g_idx}
@@ -83,7 +92,7 @@ def _gptq(prefix, w, qc, gen):
     return t, native, exact
 
 
-def _awq(prefix, w, qc, gen):
+def _awq(prefix, w, qc, gen, shared):
     codes, zeros, scales = _codes(w, 4, qc["group_size"], False)
     t = {"qweight": awq_pack_rows(codes.T), "qzeros": awq_pack_rows(zeros.T), "scales": scales.T.contiguous()}
     native = awq_dequant(t["qweight"], t["qzeros"], t["scales"], qc["group_size"])
@@ -91,7 +100,7 @@ def _awq(prefix, w, qc, gen):
     return t, native, exact
 
 
-def _compressed_tensors(prefix, w, qc, gen):
+def _compressed_tensors(prefix, w, qc, gen, shared):
     from compressed_tensors.compressors import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from compressed_tensors.quantization.utils import calculate_qparams
@@ -116,11 +125,11 @@ def write_checkpoint(case: Case, directory, seed=0):
     dequantization of every quantized layer, exact in float32)."""
     gen = torch.Generator().manual_seed(seed)
     model = random_llama(llama_config(**CONFIG), seed=seed)
-    tensors, quantized = {}, set()
+    tensors, quantized, shared = {}, set(), {}
     for name, mod in list(model.named_modules()):
         if not isinstance(mod, nn.Linear) or name == "lm_head":
             continue
-        t, native, exact = WRITERS[case.fmt](name, mod.weight.detach(), case.quantization_config, gen)
+        t, native, exact = WRITERS[case.fmt](name, mod.weight.detach(), case.quantization_config, gen, shared)
         assert native.dtype != torch.float32 and torch.equal(exact.to(native.dtype), native)
         tensors.update({f"{name}.{key}": v for key, v in t.items()})
         quantized.add(name)
@@ -201,6 +210,14 @@ def test_from_pretrained_reads_the_checkpoint(case, tmp_path):
         assert model.mixgemm_report.perm_folded == downs
         assert not any(model.get_submodule(d).act_order for d in downs)
         assert model.get_submodule("model.layers.0.self_attn.q_proj").act_order
+        _assert_same_logits(model, reference)
+        # opt-in: q / k / v and gate / up (the checkpoint gives them shared permutations) take theirs from the norm
+        assert mixgemm.gather_act_order_at_norms(model) == [
+            f"model.layers.{i}.{name}" for i in range(CONFIG["num_hidden_layers"])
+            for name in ("self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")]
+        q = model.get_submodule("model.layers.0.self_attn.q_proj")
+        assert q.act_order and q.input_gathered_by == "model.layers.0.input_layernorm"
+        assert model.get_submodule("model.layers.0.self_attn.o_proj").input_gathered_by is None
     else:
         assert model.mixgemm_report.perm_folded == []
     _assert_same_logits(model, reference)
@@ -265,3 +282,47 @@ def test_fold_into_a_fused_gate_up_projection():
     assert fold_mlp_input_perms(mlp) == ["down_proj"]
     assert not mlp.down_proj.act_order
     torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_act_order_model_saves_and_reloads(tmp_path):
+    """A loaded act-order GPTQ model (down folded, q / k / v and gate / up gathered by their norms) written by
+    save_pretrained reads back with the same logits, through mixgemm.from_pretrained and through transformers'
+    AutoModelForCausalLM (the registered quantizer): each layer's permutation is in the checkpoint, the norms'
+    gathers (runtime only) are not, so the reloaded layers gather in their kernels again; down stays folded."""
+    import transformers
+
+    import mixgemm
+
+    case = next(c for c in CASES if c.name == "gptq-v2-actorder-g32")
+    src, out = tmp_path / "gptq", tmp_path / "saved"
+    src.mkdir()
+    reference = write_checkpoint(case, src)
+    model = mixgemm.from_pretrained(str(src), dtype=torch.float32, progress=False)
+    assert mixgemm.gather_act_order_at_norms(model)
+    assert not any("mixgemm_output_perm" in key for key in model.state_dict())
+    model.save_pretrained(str(out))
+    for again in (mixgemm.from_pretrained(str(out), progress=False),
+                  transformers.AutoModelForCausalLM.from_pretrained(str(out))):
+        layers = {n: m for n, m in again.named_modules() if isinstance(m, QuantLinear)}
+        assert {n: m.act_order for n, m in layers.items()} == {
+            n: m.act_order for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+        assert not any(m.input_gathered_by for m in layers.values())
+        _assert_same_logits(again, reference)
+
+
+def test_saved_act_order_layer_without_its_permutation_is_an_error(tmp_path):
+    from safetensors.torch import load_file
+
+    import mixgemm
+
+    case = next(c for c in CASES if c.name == "gptq-v2-actorder-g32")
+    src, out = tmp_path / "gptq", tmp_path / "saved"
+    src.mkdir()
+    write_checkpoint(case, src)
+    mixgemm.from_pretrained(str(src), dtype=torch.float32, progress=False).save_pretrained(str(out))
+    (path,) = out.glob("*.safetensors")
+    tensors = load_file(str(path))
+    del tensors["model.layers.1.self_attn.o_proj.input_perm"]
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="'model.layers.1.self_attn.o_proj.input_perm' is missing"):
+        mixgemm.from_pretrained(str(out), progress=False)

@@ -295,7 +295,9 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     checkpoint that this function (or ``AutoModelForCausalLM.from_pretrained`` after ``import mixgemm``)
     reads back bit for bit. The tokenizer: ``mixgemm.checkpoints.load_tokenizer(path, gguf_file)``. Act-order down
     projections of gated MLPs get their input permutation folded into gate / up's rows (exact; listed in
-    ``model.mixgemm_report.perm_folded``), so they decode without gathering x.
+    ``model.mixgemm_report.perm_folded``), so they decode without gathering x. For compiled decoding,
+    ``mixgemm.gather_act_order_at_norms(model)`` also hands q / k / v and gate / up their input gathered once by
+    the norm that feeds them.
     """
     from mixgemm.checkpoints.native import attach_quantization_config
 

@@ -140,6 +140,10 @@ def shard_quant_linear(module: QuantLinear, dim: int, rank: int, world: int, lay
         elif rank != 0:
             bias = torch.zeros_like(bias)
     perm = getattr(module, "input_perm", None)
+    if module.input_gathered_by is not None and dim != COLWISE:
+        raise ValueError(f"{layer}: row-parallel split of a layer whose input arrives gathered through its "
+                         f"act-order permutation by {module.input_gathered_by} (only column splits keep that input "
+                         "whole)")
     if perm is not None:
         perm = _shard_perm(perm, dim, rank, world, layer)
     shard = QuantLinear.from_quantized(qw, bias, act_mode=module.act_mode, act_block=module.act_block)
@@ -148,6 +152,7 @@ def shard_quant_linear(module: QuantLinear, dim: int, rank: int, world: int, lay
             shard.input_perm = perm
         else:
             shard.register_buffer("input_perm", perm)
+        shard.input_gathered_by = module.input_gathered_by  # a column split reads the same gathered input
     return shard.train(module.training)
 
 

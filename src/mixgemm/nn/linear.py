@@ -14,7 +14,9 @@ dispatch wrapper, whose first call imports torch._dynamo and with it triton.
 
 Act-order (GPTQ ``desc_act``) layers carry ``input_perm`` int64 [in_features]: forward computes
 ``x[..., input_perm] @ dequant(W).T`` with W's columns stored in that order, so that every weight group is a
-contiguous run of K. Ordinary layers have no ``input_perm`` (None, left out of the state dict).
+contiguous run of K. Ordinary layers have no ``input_perm`` (None, left out of the state dict). When the module
+that feeds an act-order layer already gathers its output through the same permutation
+(mixgemm.checkpoints.gather_at_norm), ``input_gathered_by`` names it and forward takes x as already gathered.
 """
 
 from __future__ import annotations
@@ -58,7 +60,13 @@ class QuantLinear(nn.Module):
 
     ``.to(dtype)`` / ``.half()`` convert the bias like nn.Linear does but never the scales and offsets:
     re-rounding them would change the quantized weight.
+
+    ``input_gathered_by``: None, or (act-order layers) the name of the module whose output arrives already gathered
+    through ``input_perm`` (mixgemm.checkpoints.gather_at_norm): forward then multiplies x as it comes. Not part of
+    the state dict, which keeps ``input_perm``.
     """
+
+    input_gathered_by: str | None = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, bits: int = 4,
                  group_size: int = 128, mode: str = "sym", scale_dtype: torch.dtype = torch.float16,
@@ -186,7 +194,7 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # act-order weight-only layers hand input_perm to the kernels (the GEMVs gather x while reading it, the
         # GEMMs after one gather: mixgemm.ops.dispatch.run_linear); activation-quantized ones gather here
-        perm = self._buffers.get("input_perm")
+        perm = self._buffers.get("input_perm") if self.input_gathered_by is None else None
         if perm is not None and self.act_mode is not None:
             x, perm = x[..., perm], None
         if eager_applies(self, x):  # eager, nothing for autograd to record: no op dispatch (ops/eager.py)
@@ -257,6 +265,8 @@ class QuantLinear(nn.Module):
             s += f", act_mode={self.act_mode}" + (", act_block=token" if self.act_block == "token" else "")
         if self.act_order:
             s += ", act_order=True"
+        if self.input_gathered_by:
+            s += f", input gathered by {self.input_gathered_by}"
         return s
 
 

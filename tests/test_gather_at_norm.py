@@ -1,0 +1,172 @@
+"""mixgemm.checkpoints.gather_at_norm: act-order layers that share a norm's output take it gathered once by the
+norm. On transformers' own decoder layers (several architectures) the fold finds exactly the layers reading a
+norm's output and leaves the logits bit-equal; anything the analysis cannot prove (another use of the tensor,
+different permutations, a layer called elsewhere or shared) is left alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import mixgemm
+from mixgemm.checkpoints.gather_at_norm import PERM_BUFFER, gather_act_order_at_norms
+from mixgemm.distributed.shard import COLWISE, ROWWISE, shard_quant_linear
+from mixgemm.formats.weight import QuantConfig, quantize_weight
+from mixgemm.nn.linear import QuantLinear
+
+# Layers that read the same tensor (GPTQ gives them one act-order permutation)
+SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, head_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+ARCHES = {
+    "llama": ("self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
+    "mistral": ("self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
+    "qwen2": ("self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
+    "qwen3": ("self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
+    "gemma2": ("self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
+    "phi3": ("self_attn.qkv_proj", "mlp.gate_up_proj"),
+}
+
+
+def tiny_model(arch: str) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **TINY), dtype=torch.float32).eval()
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32, mode="zero_point"),
+                               filter_fn=lambda mod, name: not name.endswith("lm_head"))
+    assert report.replaced and not report.skipped
+    return model
+
+
+def with_act_order(model: nn.Module, seed: int = 1, shared: bool = True) -> nn.Module:
+    """Every QuantLinear gets an input permutation (the same stored weight); with ``shared`` the layers reading one
+    tensor get the same one, as GPTQ gives them."""
+    gen = torch.Generator().manual_seed(seed)
+    perms = {}
+    for name, layer in list(model.named_modules()):
+        if not isinstance(layer, QuantLinear):
+            continue
+        parent, _, child = name.rpartition(".")
+        key = (parent.rpartition(".")[0], SHARED_INPUT[child]) if shared and child in SHARED_INPUT else name
+        perm = perms.setdefault(key, torch.randperm(layer.in_features, generator=gen))
+        bias = None if layer.bias is None else layer.bias.detach()
+        setattr(model.get_submodule(parent), child,
+                QuantLinear.from_quantized(layer.quantized_weight(), bias, input_perm=perm.clone()))
+    return model
+
+
+def logits(model) -> torch.Tensor:
+    ids = torch.randint(0, TINY["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+def test_fold_on_transformers_decoder_layers(arch):
+    model = with_act_order(tiny_model(arch))
+    keys = set(model.state_dict())
+    want = logits(model)
+    changed = gather_act_order_at_norms(model)
+    assert changed == [f"model.layers.{i}.{name}" for i in range(TINY["num_hidden_layers"]) for name in ARCHES[arch]]
+    for name in changed:
+        layer = model.get_submodule(name)
+        assert layer.act_order and layer.input_gathered_by is not None
+        norm = model.get_submodule(layer.input_gathered_by)
+        assert torch.equal(norm._buffers[PERM_BUFFER], layer.input_perm)
+    assert torch.equal(logits(model), want)  # the same numbers, gathered once by the norm
+    assert set(model.state_dict()) == keys  # the permutation stays in each layer's state; nothing new is saved
+    assert gather_act_order_at_norms(model) == []  # a second pass finds nothing left to do
+    assert torch.equal(logits(model), want)
+
+
+def test_layers_with_different_permutations_keep_their_gather():
+    model = with_act_order(tiny_model("llama"), shared=False)
+    want = logits(model)
+    assert gather_act_order_at_norms(model) == []
+    assert not any(m.input_gathered_by for m in model.modules() if isinstance(m, QuantLinear))
+    assert torch.equal(logits(model), want)
+
+
+def _ql(k, n, gen, perm=None):
+    qw = quantize_weight(torch.randn(n, k, generator=gen), QuantConfig(bits=4, group_size=32, mode="sym"))
+    return QuantLinear.from_quantized(qw, input_perm=perm)
+
+
+class Block(nn.Module):
+    def __init__(self, k, gen, perm):
+        super().__init__()
+        self.a_proj, self.b_proj = _ql(k, 32, gen, perm.clone()), _ql(k, 32, gen, perm.clone())
+
+    def forward(self, x):
+        return self.a_proj(x) + self.b_proj(x)
+
+
+class LeakyBlock(Block):
+    def forward(self, x):
+        return self.a_proj(x) + self.b_proj(x) + x.sum(-1, keepdim=True)  # x used beyond the two layers
+
+
+class TwiceBlock(Block):
+    def forward(self, x):
+        return self.a_proj(x) + self.b_proj(x) + self.a_proj(torch.flip(x, (-1,)))  # a_proj sees another input
+
+
+class Layer(nn.Module):
+    def __init__(self, block, k):
+        super().__init__()
+        self.norm = nn.LayerNorm(k)
+        self.block = block
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.block(h)
+
+
+class ResidualLayer(Layer):
+    def forward(self, x):
+        h = self.norm(x)
+        return self.block(h) + h.sum(-1, keepdim=True)  # the norm's output is used twice
+
+
+@pytest.mark.parametrize("layer_cls, block_cls, folds", [
+    (Layer, Block, True), (ResidualLayer, Block, False), (Layer, LeakyBlock, False), (Layer, TwiceBlock, False)])
+def test_the_analysis_declines_what_it_cannot_prove(layer_cls, block_cls, folds):
+    gen = torch.Generator().manual_seed(2)
+    k = 64
+    perm = torch.randperm(k, generator=gen)
+    model = layer_cls(block_cls(k, gen, perm), k)
+    with torch.no_grad():
+        model.norm.weight.normal_(generator=gen)
+    x = torch.randn(3, k, generator=gen)
+    before_x = x.clone()
+    want = model(x)
+    changed = gather_act_order_at_norms(model)
+    assert changed == (["block.a_proj", "block.b_proj"] if folds else [])
+    torch.testing.assert_close(model(x), want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(x, before_x)
+
+
+def test_a_layer_shared_by_two_parents_keeps_its_gather():
+    gen = torch.Generator().manual_seed(3)
+    k = 64
+    perm = torch.randperm(k, generator=gen)
+    first = Layer(Block(k, gen, perm), k)
+    second = Layer(Block(k, gen, perm), k)
+    second.block.a_proj = first.block.a_proj
+    model = nn.Sequential(first, second)
+    assert gather_act_order_at_norms(model) == []
+
+
+def test_tensor_parallel_shards_keep_the_gathered_input():
+    gen = torch.Generator().manual_seed(4)
+    k = 64
+    layer = _ql(k, 32, gen, torch.randperm(k, generator=gen))
+    layer.input_gathered_by = "model.norm"
+    x = torch.randn(2, k, generator=gen)
+    shard = shard_quant_linear(layer, COLWISE, 1, 2, "q_proj")
+    assert shard.input_gathered_by == "model.norm"
+    torch.testing.assert_close(shard(x), layer(x)[:, 16:], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="q_proj: row-parallel split .* gathered .* by model.norm"):
+        shard_quant_linear(layer, ROWWISE, 0, 2, "q_proj")
