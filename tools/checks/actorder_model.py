@@ -1,0 +1,260 @@
+"""Act-order at model level: a GPTQ act-order model as mixgemm.from_pretrained leaves it decodes as fast as the same
+model without act-order (target: within 3%), batch 1, eager ``model.generate()`` and compiled with CUDA graphs.
+
+Per model (--models, mixgemm.integrations.hf shapes, random fp16 weights): quantize_ with W4A16 g128 zero-point,
+time it ("plain"), then give every QuantLinear an input permutation as GPTQ's desc_act does (a random g_idx per
+input tensor: q / k / v share one, gate / up share one, o and down each their own; the same stored codes, scales and
+zeros, so the arithmetic per layer is unchanged), in two deep copies made before any call:
+* "act-order, in-kernel": every layer gathers x in its kernel (no folds);
+* "act-order, as loaded": as mixgemm.from_pretrained leaves it: down's permutation folded into gate / up's rows
+  (mixgemm.checkpoints.fold_perm), the other layers gathering in their kernels;
+* "act-order, norms gather": that, plus the opt-in mixgemm.gather_act_order_at_norms (q / k / v's and gate / up's
+  shared permutation applied once by the norm that feeds them); o keeps its in-kernel gather.
+
+Modes: "generate" (``model.generate`` with its default cache, eager; host-bound, so the three models take turns,
+--repeats rounds, median) and "compiled" (mixgemm.bench.e2e
+.decode_tokens_per_s: the decode step under torch.compile(fullgraph=True, mode="reduce-overhead") over a static
+cache), the same timing as tools.checks.generate_e2e. Checks (exit 1): the as-loaded model's logits for one token
+(M = 1: the GEMVs) equal the in-kernel model's bit for bit (the folds change where numbers sit, not the arithmetic;
+the prompt's logits, through GEMMs whose split-K tiles add with atomics, are reported), and with --strict,
+as-loaded tokens/s >= (1 - --tolerance) x plain in every mode (the "norms gather" ratio is reported).
+
+    PYTHONPATH=src python -m tools.checks.actorder_model --out DIR [--models llama3-8b] [--modes generate,compiled]
+    PYTHONPATH=src python -m tools.checks.actorder_model --out DIR --device cpu --tiny     (the logic, tiny shapes)
+
+Prints a table, writes DIR/actorder_model.json (rewritten after every measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+import mixgemm
+from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
+from mixgemm.checkpoints.gather_at_norm import gather_act_order_at_norms
+from mixgemm.checkpoints.packed_int32 import act_order_perm
+from mixgemm.nn.linear import QuantLinear
+from tools.checks.generate_e2e import TINY_NAMES, Settings, build, free_memory, last_logits, prompt, run_mode, sync
+
+MODES = ("generate", "compiled")
+GROUP = 128
+# Layers that read the same tensor get the same GPTQ act-order permutation (the same Hessian of their inputs)
+SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
+VARIANTS = ("plain", "act-order, in-kernel", "act-order, as loaded", "act-order, norms gather")
+
+
+def add_act_order(model, seed: int) -> int:
+    """Give every QuantLinear of ``model`` a GPTQ-style input permutation in place (module docstring); returns how
+    many layers changed."""
+    gen = torch.Generator().manual_seed(seed)
+    perms: dict[tuple[str, str], torch.Tensor] = {}
+    changed = 0
+    for name, layer in list(model.named_modules()):
+        if not isinstance(layer, QuantLinear):
+            continue
+        parent_name, _, child = name.rpartition(".")
+        key = (parent_name.rpartition(".")[0], SHARED_INPUT[child]) if child in SHARED_INPUT else (name, "")
+        if key not in perms:
+            k = layer.in_features
+            g_idx = torch.randperm(k, generator=gen) // GROUP  # desc_act: each group's features scattered over K
+            perm = act_order_perm(g_idx, GROUP, f"{name}.g_idx")  # as the GPTQ converter makes it
+            if perm is None:  # (one group: --tiny) any order is an act-order permutation
+                perm = torch.randperm(k, generator=gen)
+            perms[key] = perm.to(layer.qweight.device)
+        bias = None if layer.bias is None else layer.bias.detach()
+        ordered = QuantLinear.from_quantized(layer.quantized_weight(), bias, input_perm=perms[key])
+        setattr(model.get_submodule(parent_name), child, ordered)
+        changed += 1
+    return changed
+
+
+def variants(name: str, s: Settings, log) -> dict:
+    """The models of VARIANTS: one quantize_'d model and deep copies of it made before any call (no kernel layout or
+    plan is cached yet), each then turned into its variant."""
+    model = build(name, s)
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=GROUP, mode="zero_point"))
+    if report.skipped:
+        raise RuntimeError(f"quantize_ left layers unquantized: {report.skipped}")
+    free_memory(s)
+    models = {"plain": model}
+    for variant in VARIANTS[1:]:
+        m = models[variant] = copy.deepcopy(model)
+        add_act_order(m, s.seed + 3)  # the same permutations in both act-order copies
+    folded = [len(fold_mlp_input_perms(models[v])) for v in VARIANTS[2:]]
+    at_norm = len(gather_act_order_at_norms(models["act-order, norms gather"]))
+    log(f"{name}: folded {folded[0]} down projections, {at_norm} layers fed gathered by their norm")
+    return models
+
+
+def eager_profile(model, ids, s: Settings, top: int) -> str:
+    """cProfile of one eager generate call, the ``top`` functions by own time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    time_generate_once(model, ids, s)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+@torch.no_grad()
+def time_generate_once(model, ids, s: Settings) -> float:
+    t0 = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.new_tokens,
+                         min_new_tokens=s.new_tokens, do_sample=False, pad_token_id=0)
+    sync(s)
+    if out.shape[1] - ids.shape[1] != s.new_tokens:
+        raise RuntimeError(f"generate gave {out.shape[1] - ids.shape[1]} new tokens, asked for {s.new_tokens}")
+    return time.perf_counter() - t0
+
+
+def measure(res: dict, name: str, modes, s: Settings, log, profile_top: int):
+    res["variants"] = {v: {} for v in VARIANTS}
+    models = variants(name, s, log)
+    ids = prompt(models["plain"], s)
+    logits = {v: (last_logits(m, ids[:, :1]), last_logits(m, ids)) for v, m in models.items()}
+    a1, a = logits["act-order, in-kernel"]
+    # M = 1: the GEMVs, the same arithmetic on the same numbers; the prompt (M = prompt_len): the GEMMs, whose split-K
+    # tiles add partial sums with atomics in any order
+    res["m1_logits_equal"] = all(bool(torch.equal(a1, logits[v][0])) for v in VARIANTS[2:])
+    res["prompt_logits_max_rel"] = max(float((a - logits[v][1]).abs().max() / a.abs().max().clamp_min(1e-30))
+                                       for v in VARIANTS[2:])
+    if "generate" in modes:
+        # eager: host-bound, so the variants take turns (a drift of the host's speed hits each alike)
+        for model in models.values():
+            time_generate_once(model, ids, s)  # warm-up: kernels compiled, plans made
+        times = {v: [] for v in VARIANTS}
+        for _ in range(s.repeats):
+            for v, model in models.items():
+                times[v].append(time_generate_once(model, ids, s))
+        for v in VARIANTS:
+            sec = statistics.median(times[v])
+            res["variants"][v]["generate"] = {"tokens_per_s": s.new_tokens / sec, "s": sec, "runs_s": times[v]}
+            log(f"{name} {v:22s} generate : {s.new_tokens / sec:8.1f} tok/s (runs {[round(t, 3) for t in times[v]]})")
+        if profile_top:
+            res["eager_profile"] = {v: eager_profile(m, ids, s, profile_top) for v, m in models.items()}
+            for v, text in res["eager_profile"].items():
+                log(f"--- eager profile, {v}\n{text}")
+    if "compiled" in modes:
+        for v, model in models.items():
+            try:
+                r = run_mode("compiled", model, ids, s)
+            except Exception:  # one failing variant leaves the others to run
+                res.setdefault("errors", {})[f"{v} compiled"] = err = traceback.format_exc()
+                log(f"{name} {v} compiled: ERROR\n{err}")
+                free_memory(s)
+                continue
+            res["variants"][v]["compiled"] = r
+            log(f"{name} {v:22s} compiled : {r['tokens_per_s']:8.1f} tok/s")
+    del models
+    free_memory(s)
+
+
+def table(results: dict, tolerance: float) -> tuple[str, list[str]]:
+    lines = ["| model | mode | plain tok/s | in-kernel | as loaded | norms gather | as loaded / plain | norms gather / "
+             "plain | target |", "|---|---|---|---|---|---|---|---|---|"]
+    misses = []
+
+    def tps(x):
+        return x["tokens_per_s"] if x else float("nan")
+
+    for r in results["models"]:
+        v = r.get("variants", {})
+        for mode in results["settings"]["modes"]:
+            p, k, a, g = (v.get(x, {}).get(mode) for x in VARIANTS)
+            if not (p and a):
+                continue
+            ratio = a["tokens_per_s"] / p["tokens_per_s"]
+            ok = ratio >= 1 - tolerance
+            if not ok:
+                misses.append(f"{r['model']} {mode}: as loaded x{ratio:.3f} of plain < {1 - tolerance:.2f}")
+            lines.append(f"| {r['model']} | {mode} | {p['tokens_per_s']:.1f} | {tps(k):.1f} | {tps(a):.1f} | "
+                         f"{tps(g):.1f} | {ratio:.3f} | {tps(g) / p['tokens_per_s']:.3f} | "
+                         f">= {1 - tolerance:.2f} {'ok' if ok else 'MISS'} |")
+    return "\n".join(lines), misses
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="llama3-8b", help=f"comma list of {sorted(TINY_NAMES)}")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3, help="timed generate calls per mode (median)")
+    ap.add_argument("--warmup", type=int, default=8, help="compiled decode steps before timing")
+    ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--tiny", action="store_true", help="tiny configs of the same architectures (CPU test)")
+    ap.add_argument("--strict", action="store_true", help="also exit 1 when as loaded misses the tolerance")
+    ap.add_argument("--profile-eager", type=int, default=0, metavar="TOP",
+                    help="also profile one eager generate per variant (cProfile, the TOP functions by own time)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in models if m not in TINY_NAMES] + [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"unknown model / mode {unknown}; models: {sorted(TINY_NAMES)}, modes: {MODES}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda needs a CUDA GPU (use --device cpu --tiny for the logic)")
+    s = Settings(device=args.device, dtype=torch.float16 if args.device == "cuda" else torch.float32, tiny=args.tiny,
+                 new_tokens=args.new_tokens, prompt_len=args.prompt_len, repeats=args.repeats, warmup=args.warmup,
+                 seed=args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    results: dict = {"settings": {**asdict(s), "dtype": str(s.dtype), "modes": modes, "models": models,
+                                  "tolerance": args.tolerance},
+                     "gpu": torch.cuda.get_device_name() if s.cuda else "cpu", "torch": torch.__version__,
+                     "models": [], "errors": {}}
+
+    def save():
+        results["elapsed_s"] = time.perf_counter() - t_start
+        (out / "actorder_model.json").write_text(json.dumps(results, indent=1, default=str))
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", flush=True)
+        save()
+
+    for name in models:
+        results["models"].append(res := {"model": name})
+        try:
+            measure(res, name, modes, s, log, args.profile_eager)
+        except Exception:
+            results["errors"][name] = traceback.format_exc()
+            log(f"{name}: ERROR\n{results['errors'][name]}")
+            free_memory(s)
+    text, misses = table(results, args.tolerance)
+    bad = [f"{k}: {v.splitlines()[-1]}" for k, v in results["errors"].items()]
+    bad += [f"{r['model']} {k}: {v.splitlines()[-1]}" for r in results["models"]
+            for k, v in r.get("errors", {}).items()]
+    # the folds move numbers, not arithmetic: one token through the GEMVs gives the same logits bit for bit
+    bad += [f"{r['model']}: one-token logits of the folded models differ from the in-kernel one's (prompt: "
+            f"{r['prompt_logits_max_rel']:.2e} relative)" for r in results["models"]
+            if r.get("m1_logits_equal") is False]
+    results["failures"], results["missed"] = bad, misses
+    save()
+    print(text)
+    for line in misses:
+        print(f"target missed: {line}")
+    for line in bad:
+        print(f"FAILED: {line}")
+    return 1 if bad or (args.strict and misses) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
