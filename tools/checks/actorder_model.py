@@ -4,18 +4,19 @@ model without act-order (target: within 3%), batch 1, eager ``model.generate()``
 Per model (--models, mixgemm.integrations.hf shapes, random fp16 weights): quantize_ with W4A16 g128 zero-point,
 time it ("plain"), then give every QuantLinear an input permutation as GPTQ's desc_act does (a random g_idx per
 input tensor: q / k / v share one, gate / up share one, o and down each their own; the same stored codes, scales and
-zeros, so the arithmetic per layer is unchanged), in two deep copies made before any call:
+zeros, so the arithmetic per layer is unchanged; lm_head, which GPTQ checkpoints keep float, stays plain), in deep
+copies made before any call:
 * "act-order, in-kernel": every layer gathers x in its kernel (no folds);
 * "act-order, as loaded": as mixgemm.from_pretrained leaves it: down's permutation folded into gate / up's rows
   (mixgemm.checkpoints.fold_perm), the other layers gathering in their kernels;
 * "act-order, norms gather": that, plus the opt-in mixgemm.gather_act_order_at_norms (q / k / v's and gate / up's
   shared permutation applied once by the norm that feeds them); o keeps its in-kernel gather.
 
-Modes: "generate" (``model.generate`` with its default cache, eager; host-bound, so the three models take turns,
---repeats rounds, median) and "compiled" (mixgemm.bench.e2e
-.decode_tokens_per_s: the decode step under torch.compile(fullgraph=True, mode="reduce-overhead") over a static
-cache), the same timing as tools.checks.generate_e2e. Checks (exit 1): the as-loaded model's logits for one token
-(M = 1: the GEMVs) equal the in-kernel model's bit for bit (the folds change where numbers sit, not the arithmetic;
+Modes: "generate" (``model.generate`` with its default cache, eager; host-bound, so the models take turns,
+--repeats rounds, median) and "compiled" (mixgemm.bench.e2e.decode_tokens_per_s: the decode step under
+torch.compile(fullgraph=True, mode="reduce-overhead") over a static cache), the same timing as
+tools.checks.generate_e2e. Checks (exit 1): the folded models' logits for one token (M = 1: the GEMVs) equal the
+in-kernel model's bit for bit (the folds change where numbers sit, not the arithmetic;
 the prompt's logits, through GEMMs whose split-K tiles add with atomics, are reported), and with --strict,
 as-loaded tokens/s >= (1 - --tolerance) x plain in every mode (the "norms gather" ratio is reported).
 
@@ -57,14 +58,14 @@ VARIANTS = ("plain", "act-order, in-kernel", "act-order, as loaded", "act-order,
 
 
 def add_act_order(model, seed: int) -> int:
-    """Give every QuantLinear of ``model`` a GPTQ-style input permutation in place (module docstring); returns how
-    many layers changed."""
+    """Give every QuantLinear of ``model`` but lm_head a GPTQ-style input permutation in place (module docstring);
+    returns how many layers changed."""
     gen = torch.Generator().manual_seed(seed)
     perms: dict[tuple[str, str], torch.Tensor] = {}
     changed = 0
     for name, layer in list(model.named_modules()):
-        if not isinstance(layer, QuantLinear):
-            continue
+        if not isinstance(layer, QuantLinear) or name.endswith("lm_head"):
+            continue  # (GPTQ checkpoints keep lm_head float: here it stays the plain quantized layer in every variant)
         parent_name, _, child = name.rpartition(".")
         key = (parent_name.rpartition(".")[0], SHARED_INPUT[child]) if child in SHARED_INPUT else (name, "")
         if key not in perms:
