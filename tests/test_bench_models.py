@@ -244,6 +244,12 @@ def test_acceptance_missing_and_wrong_cases():
             r["status"], r["note"] = "wrong", "rel err 1 > tol"
     assert accept.evaluate(data)[3].verdict == "FAIL"
     assert accept.evaluate({"meta": {}, "results": []})[0].verdict == "INCOMPLETE"
+    data = _synthetic()  # shapes a --time-budget run left out are missing from the lines they fall under
+    data["meta"]["not_run"] = ["8192x28672", "1024x1024"]
+    lines = accept.evaluate(data)
+    assert [ln.verdict for ln in lines] == ["INCOMPLETE"] * 4
+    assert [len(ln.missing) for ln in lines] == [1, 1, 2, 1]  # 1024x1024 (0.5 MiB): GEMM line only
+    assert lines[0].missing == ["8192x28672: not run (--time-budget; rerun with --merge)"]
 
 
 def test_acceptance_markdown_shows_sizes_ratios_and_medians():

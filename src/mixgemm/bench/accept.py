@@ -168,6 +168,14 @@ def evaluate(data: dict, bars: Bars | None = None, read_ceiling_pct: float | Non
     for meth, m, med in gemm_medians(cs, bars):
         if med < bars.gemm_median:
             gemm.failures.append(f"{meth} M={m}: median over the shapes {med:.2f}x < {bars.gemm_median}x")
+    for shape in data.get("meta", {}).get("not_run", []):  # shapes a --time-budget run left out
+        k, n = (int(v) for v in shape.split("x"))
+        why = f"{shape}: not run (--time-budget; rerun with --merge)"
+        for ln, applies in ((decode, _decode_bar(int4_mib(k, n), bars, read_ceiling_pct) is not None),
+                            (m16, int4_mib(k, n) >= bars.big_mib), (gemm, True),
+                            (a8, k >= bars.a8_min_kn and n >= bars.a8_min_kn)):
+            if applies:
+                ln.missing.append(why)
     if not any(m >= bars.a8_min_m for m in cs.ms):
         a8.missing.append(f"no M >= {bars.a8_min_m} in this run")
     if not any(lo <= m <= hi for m in cs.ms):
