@@ -48,7 +48,17 @@ from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
 from mixgemm.checkpoints.gather_at_norm import gather_act_order_at_norms
 from mixgemm.checkpoints.packed_int32 import act_order_perm
 from mixgemm.nn.linear import QuantLinear
-from tools.checks.generate_e2e import TINY_NAMES, Settings, build, free_memory, last_logits, prompt, run_mode, sync
+from tools.checks.generate_e2e import (
+    TINY_NAMES,
+    Settings,
+    build,
+    free_memory,
+    last_logits,
+    prompt,
+    run_mode,
+    settings_from,
+    sync,
+)
 
 MODES = ("generate", "compiled")
 GROUP = 128
@@ -205,16 +215,8 @@ def main(argv=None) -> int:
                     help="also profile one eager generate per variant (cProfile, the TOP functions by own time)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
-    unknown = [m for m in models if m not in TINY_NAMES] + [m for m in modes if m not in MODES]
-    if unknown:
-        ap.error(f"unknown model / mode {unknown}; models: {sorted(TINY_NAMES)}, modes: {MODES}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda needs a CUDA GPU (use --device cpu --tiny for the logic)")
-    s = Settings(device=args.device, dtype=torch.float16 if args.device == "cuda" else torch.float32, tiny=args.tiny,
-                 new_tokens=args.new_tokens, prompt_len=args.prompt_len, repeats=args.repeats, warmup=args.warmup,
-                 seed=args.seed)
+    models, s = settings_from(ap, args, modes, MODES)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()

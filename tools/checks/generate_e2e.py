@@ -86,6 +86,22 @@ class Settings:
         return self.device == "cuda"
 
 
+def settings_from(ap: argparse.ArgumentParser, args: argparse.Namespace, modes: list[str], known_modes: tuple,
+                  **extra) -> tuple[list[str], Settings]:
+    """The models of ``args.models`` and the run's Settings from the common options (--device, --tiny,
+    --new-tokens, --prompt-len, --repeats, --warmup, --seed; also tools.checks.actorder_model's); ap.error on an
+    unknown model or mode, or --device cuda without a GPU."""
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in TINY_NAMES] + [m for m in modes if m not in known_modes]
+    if unknown:
+        ap.error(f"unknown model / mode {unknown}; models: {sorted(TINY_NAMES)}, modes: {known_modes}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda needs a CUDA GPU (use --device cpu --tiny for the logic)")
+    return models, Settings(device=args.device, dtype=torch.float16 if args.device == "cuda" else torch.float32,
+                            tiny=args.tiny, new_tokens=args.new_tokens, prompt_len=args.prompt_len,
+                            repeats=args.repeats, warmup=args.warmup, seed=args.seed, **extra)
+
+
 def sync(s: Settings):
     if s.cuda:
         torch.cuda.synchronize()
@@ -365,16 +381,8 @@ def main(argv=None) -> int:
                     help="also exit 1 when a target is missed (speed, memory, cosine against fp16)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    models = [m for m in args.models.split(",") if m]
     modes = [m for m in args.modes.split(",") if m and not (args.skip_compiled and m == "compiled")]
-    unknown = [m for m in models if m not in TINY_NAMES] + [m for m in modes if m not in MODES]
-    if unknown:
-        ap.error(f"unknown model / mode {unknown}; models: {sorted(TINY_NAMES)}, modes: {MODES}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda needs a CUDA GPU (use --device cpu --tiny for the logic)")
-    s = Settings(device=args.device, dtype=torch.float16 if args.device == "cuda" else torch.float32, tiny=args.tiny,
-                 new_tokens=args.new_tokens, prompt_len=args.prompt_len, repeats=args.repeats, warmup=args.warmup,
-                 seed=args.seed, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")))
+    models, s = settings_from(ap, args, modes, MODES, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
