@@ -49,9 +49,12 @@ def test_generate_e2e_tool_on_cpu(tmp_path):
     assert rc == 0 and not res["errors"] and not res["failures"]
     (speed,) = res["speed"]
     assert set(speed["modes"]) == {"generate", "static", "compiled"}
-    for m in speed["modes"].values():
+    for mode, m in speed["modes"].items():
         assert m["fp16"]["tokens_per_s"] > 0 and m["w4a16"]["tokens_per_s"] > 0
         assert m["ratio"] == pytest.approx(m["w4a16"]["tokens_per_s"] / m["fp16"]["tokens_per_s"])
+        assert 0 < m["w4a16"]["weight_gb"] < m["fp16"]["weight_gb"]  # both models resident, each counted alone
+        if mode != "compiled":  # the generate modes time the two models in turns
+            assert len(m["fp16"]["runs_s"]) == len(m["w4a16"]["runs_s"]) == 1
     assert speed["first_step"]["cosine_dequantized"] > 0.99 and speed["quantize"]["replaced"] == 2 * 7 + 1
     assert [r["format"].split()[0] for r in res["memory"]] == ["W4A16", "W8A8"]
     for r in res["memory"]:

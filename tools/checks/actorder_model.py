@@ -34,7 +34,6 @@ import cProfile
 import io
 import json
 import pstats
-import statistics
 import sys
 import time
 import traceback
@@ -53,11 +52,11 @@ from tools.checks.generate_e2e import (
     Settings,
     build,
     free_memory,
+    generate_once,
     last_logits,
     prompt,
     run_mode,
     settings_from,
-    sync,
 )
 
 MODES = ("generate", "compiled")
@@ -114,22 +113,11 @@ def eager_profile(model, ids, s: Settings, top: int) -> str:
     """cProfile of one eager generate call, the ``top`` functions by own time."""
     prof = cProfile.Profile()
     prof.enable()
-    time_generate_once(model, ids, s)
+    generate_once(model, ids, s, static=False)
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
-
-
-@torch.no_grad()
-def time_generate_once(model, ids, s: Settings) -> float:
-    t0 = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.new_tokens,
-                         min_new_tokens=s.new_tokens, do_sample=False, pad_token_id=0)
-    sync(s)
-    if out.shape[1] - ids.shape[1] != s.new_tokens:
-        raise RuntimeError(f"generate gave {out.shape[1] - ids.shape[1]} new tokens, asked for {s.new_tokens}")
-    return time.perf_counter() - t0
 
 
 def measure(res: dict, name: str, modes, s: Settings, log, profile_top: int):
@@ -143,33 +131,22 @@ def measure(res: dict, name: str, modes, s: Settings, log, profile_top: int):
     res["m1_logits_equal"] = all(bool(torch.equal(a1, logits[v][0])) for v in VARIANTS[2:])
     res["prompt_logits_max_rel"] = max(float((a - logits[v][1]).abs().max() / a.abs().max().clamp_min(1e-30))
                                        for v in VARIANTS[2:])
-    if "generate" in modes:
-        # eager: host-bound, so the variants take turns (a drift of the host's speed hits each alike)
-        for model in models.values():
-            time_generate_once(model, ids, s)  # warm-up: kernels compiled, plans made
-        times = {v: [] for v in VARIANTS}
-        for _ in range(s.repeats):
-            for v, model in models.items():
-                times[v].append(time_generate_once(model, ids, s))
+    for mode in modes:  # generate: the models in turns (generate_e2e.time_generate); compiled: one after the other
+        try:
+            r = run_mode(mode, models, ids, s)
+        except Exception:  # one failing mode leaves the other to run
+            res.setdefault("errors", {})[mode] = err = traceback.format_exc()
+            log(f"{name} {mode}: ERROR\n{err}")
+            free_memory(s)
+            continue
         for v in VARIANTS:
-            sec = statistics.median(times[v])
-            res["variants"][v]["generate"] = {"tokens_per_s": s.new_tokens / sec, "s": sec, "runs_s": times[v]}
-            log(f"{name} {v:22s} generate : {s.new_tokens / sec:8.1f} tok/s (runs {[round(t, 3) for t in times[v]]})")
-        if profile_top:
-            res["eager_profile"] = {v: eager_profile(m, ids, s, profile_top) for v, m in models.items()}
-            for v, text in res["eager_profile"].items():
-                log(f"--- eager profile, {v}\n{text}")
-    if "compiled" in modes:
-        for v, model in models.items():
-            try:
-                r = run_mode("compiled", model, ids, s)
-            except Exception:  # one failing variant leaves the others to run
-                res.setdefault("errors", {})[f"{v} compiled"] = err = traceback.format_exc()
-                log(f"{name} {v} compiled: ERROR\n{err}")
-                free_memory(s)
-                continue
-            res["variants"][v]["compiled"] = r
-            log(f"{name} {v:22s} compiled : {r['tokens_per_s']:8.1f} tok/s")
+            res["variants"][v][mode] = r[v]
+            runs = f" (runs {[round(t, 3) for t in r[v]['runs_s']]})" if "runs_s" in r[v] else ""
+            log(f"{name} {v:22s} {mode:9s}: {r[v]['tokens_per_s']:8.1f} tok/s{runs}")
+    if profile_top and "generate" in modes:
+        res["eager_profile"] = {v: eager_profile(m, ids, s, profile_top) for v, m in models.items()}
+        for v, text in res["eager_profile"].items():
+            log(f"--- eager profile, {v}\n{text}")
     del models
     free_memory(s)
 
