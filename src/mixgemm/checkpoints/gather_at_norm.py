@@ -27,6 +27,7 @@ checkpoint as without it.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -52,13 +53,15 @@ class NormFeed:
 def _forward_def(module: nn.Module) -> ast.FunctionDef | None:
     if "forward" in vars(module):  # an instance-level forward (e.g. a wrapping hook library): not the class's source
         return None
+    return _class_forward_def(type(module))
+
+
+@functools.lru_cache(maxsize=256)
+def _class_forward_def(cls: type) -> ast.FunctionDef | None:
+    """The parsed ``forward`` of a module class (once per class: a model repeats its decoder layer class)."""
     try:
-        source = textwrap.dedent(inspect.getsource(type(module).forward))
-    except (OSError, TypeError):
-        return None
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+    except (OSError, TypeError, SyntaxError):
         return None
     fn = tree.body[0] if tree.body else None
     return fn if isinstance(fn, ast.FunctionDef) else None
@@ -159,6 +162,7 @@ def _consumers(parent: nn.Module, feed: NormFeed) -> list[tuple[str, QuantLinear
     return found if all(isinstance(layer, QuantLinear) for _, layer in found) else None
 
 
+@functools.lru_cache(maxsize=1024)
 def _self_references(cls: type, name: str) -> int:
     """How many times the source of cls (every method it defines) reads ``self.<name>`` (assignments aside)."""
     try:
