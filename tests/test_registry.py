@@ -75,7 +75,7 @@ def test_linear_entries_reasons():
     assert _explain(9, big, torch.float32).kernel == "cuda_gemv"  # the Triton GEMM's crossover is 16
 
 
-def test_act_order_choice_says_who_gathers(monkeypatch):
+def test_act_order_choice_says_who_gathers():
     """Act-order problems: the GEMVs gather x through the permutation in the kernel, the GEMMs say why not (the
     caller gathers first); plain problems carry no permutation note."""
     qw = _qw(2048, 2048)
@@ -86,18 +86,21 @@ def test_act_order_choice_says_who_gathers(monkeypatch):
     c = _explain(1, _qw(64, 16384 + 128), act_order=True)  # x and its gathered copy exceed 64 KiB
     assert c.kernel == "cuda_gemv" and not c.perm_in_kernel and "not staged in shared memory" in c.perm_note
     for m, dtype, device, kernel, why in ((4, torch.float16, H100, "cuda_gemv_mma", "MMA_GATHER_MAX_M"),
-                                          (16, torch.float32, H100, "cuda_gemv", "SIMT_PER_LANE_GATHER"),
+                                          (16, torch.float32, H100, "cuda_gemv", "act_order_gather='kernel'"),
                                           (17, torch.float16, H100, "cuda_wgmma", "GEMMs"),
                                           (64, torch.float16, A100, "triton_gemm", "GEMMs")):
         c = _explain(m, qw, dtype, device=device, act_order=True)
         assert c.kernel == kernel and not c.perm_in_kernel and why in c.perm_note
         assert "separate gather before the kernel" in c.perm_note and c.perm_note in str(c)
-    monkeypatch.setattr(linear_entries, "MMA_GATHER_MAX_M", 16)
-    monkeypatch.setattr(linear_entries, "SIMT_PER_LANE_GATHER", True)
-    assert _explain(4, qw, act_order=True).perm_in_kernel
-    assert _explain(16, qw, torch.float32, act_order=True).perm_in_kernel
-    monkeypatch.setattr(linear_entries, "GATHER_IN_KERNEL", False)
-    assert not _explain(1, qw, act_order=True).perm_in_kernel
+    with mixgemm.kernel_options(act_order_gather="kernel"):  # every GEMV gathers (A/B measurements)
+        assert _explain(4, qw, act_order=True).perm_in_kernel
+        assert _explain(16, qw, torch.float32, act_order=True).perm_in_kernel
+    with mixgemm.kernel_options(act_order_gather="caller"):  # no kernel gathers
+        c = _explain(1, qw, act_order=True)
+        assert not c.perm_in_kernel and "act_order_gather='caller'" in c.perm_note
+    with pytest.raises(ValueError, match="act_order_gather must be one of"), \
+            mixgemm.kernel_options(act_order_gather="never"):
+        pass
     plain = _explain(1, qw)
     assert not plain.perm_in_kernel and plain.perm_note == "" and "permutation" not in str(plain)
     with mixgemm.kernel_options(force="cuda_wgmma"):  # a forced entry answers for itself too

@@ -10,7 +10,8 @@ permutation from a random g_idx through mixgemm.checkpoints.packed_int32.act_ord
 The act-order layers run the GEMVs that gather x through the permutation while reading it (gemv.cu GEMV_PERM: at
 M = 1 fp16 the block gathers x once into shared memory; gemv_mma.cu MMA_PERM: each lane its pieces), where
 mixgemm.kernels.linear's rules say so. The table also times the act-order stack with every gather left to a separate
-kernel and with every GEMV gathering itself (per-lane where x is not staged), each layer kind alone, and the stack
+kernel and with every GEMV gathering itself (per-lane where x is not staged; kernel_options(act_order_gather=
+"caller" / "kernel")), each layer kind alone, and the stack
 as mixgemm.from_pretrained loads it (down's permutation folded into gate / up, mixgemm.checkpoints.fold_perm: down
 then runs plain), and that stack with one torch gather per shared input instead of q / k / v's and gate / up's
 in-kernel gathers (what folding those permutations into the norms before them would leave), and prints each layer's
@@ -29,7 +30,6 @@ Prints a table, writes DIR/actorder_gpu.json, exits 1 when a check fails.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -40,9 +40,7 @@ import torch
 import mixgemm
 from mixgemm.checkpoints.packed_int32 import act_order_perm
 from mixgemm.formats.weight import QuantConfig, from_codes
-from mixgemm.kernels import linear as linear_entries
 from mixgemm.nn.linear import QuantLinear
-from mixgemm.ops.dispatch import plans_of
 
 HIDDEN, INTER, KV = 4096, 14336, 1024
 GROUP = 128
@@ -134,35 +132,14 @@ def time_graphs(graphs, reps, inner):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-# The act-order stack's variants (mixgemm.kernels.linear's gather settings, plans re-made for each): the defaults,
-# every GEMV leaving the gather to a separate kernel, and every GEMV gathering itself (per-lane where x is not staged).
-VARIANTS = {"act_order": {}, "act_order_separate_gather": {"GATHER_IN_KERNEL": False},
-            "act_order_all_in_kernel": {"MMA_GATHER_MAX_M": 16, "SIMT_PER_LANE_GATHER": True}}
+# The act-order stack's variants: kernel_options(act_order_gather=...) for each (mixgemm.kernels.options: the
+# defaults, every GEMV leaving the gather to a separate kernel, every GEMV gathering itself, per lane where x is not
+# staged); calls under non-default options choose afresh, so each variant's graph is captured with its own choice.
+VARIANTS = {"act_order": "auto", "act_order_separate_gather": "caller", "act_order_all_in_kernel": "kernel"}
 
 
 # variants also timed layer kind by layer kind
 PER_LAYER = ("act_order",)
-
-
-@contextlib.contextmanager
-def gather_settings(layers, settings: dict):
-    """mixgemm.kernels.linear's gather settings changed inside the block; the layers' cached plans are dropped on the
-    way in and out so that they are made again under the settings in force."""
-    old = {key: getattr(linear_entries, key) for key in settings}
-
-    def replan():
-        for layer in layers:
-            plans_of(layer.quantized_weight()).clear()
-
-    for key, value in settings.items():
-        setattr(linear_entries, key, value)
-    replan()
-    try:
-        yield
-    finally:
-        for key, value in old.items():
-            setattr(linear_entries, key, value)
-        replan()
 
 
 def main() -> int:
@@ -182,14 +159,13 @@ def main() -> int:
     device = torch.device("cuda")
     dtype = getattr(torch, args.dtype)
     plain, ordered = build(args.blocks, device)
-    layers = [layer for b in plain + ordered for layer in b.values()]
 
     mismatches, paths, graphs, outs = [], {}, {}, {}
     with torch.no_grad():
         x = torch.randn(args.m, HIDDEN, device=device, dtype=dtype)
         graphs["plain"], outs["plain"] = graph_of(lambda t: stack_forward(plain, t), x)
-        for label, settings in VARIANTS.items():
-            with gather_settings(layers, settings):
+        for label, gather in VARIANTS.items():
+            with mixgemm.kernel_options(act_order_gather=gather):
                 # correctness: act-order layer(x) == plain layer(x[..., perm]), bit for bit
                 for name, _n, k, _ in BLOCK:
                     xl = torch.randn(args.m, k, device=device, dtype=dtype)

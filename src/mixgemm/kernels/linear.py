@@ -186,35 +186,38 @@ def _gemv_candidates(p: Problem) -> list[dict]:
 # Act-order layers (Problem.act_order): where the GEMVs gather x through the permutation themselves (no gather kernel
 # before them; the gather's loads come after their PDL wait, under the weight stream), else the caller gathers first.
 # The CUDA-core GEMV gathers where x is staged in shared memory (fp16, M = 1, gemv.perm_config): once per block, from
-# shared memory. Its per-lane gathers from global memory (32 random addresses per warp load) are off unless
-# SIMT_PER_LANE_GATHER. The tensor-core GEMV gathers per lane up to MMA_GATHER_MAX_M rows: lanes of one k-quad share
-# indices, so a warp load touches 4 * M addresses of x. Unmeasured beyond M = 1: tools/checks/actorder_gpu.py --m /
-# --dtype times both ways.
-# GATHER_IN_KERNEL False: no GEMV gathers (the caller always does; for A/B measurements).
-GATHER_IN_KERNEL = True
-SIMT_PER_LANE_GATHER = False
-MMA_GATHER_MAX_M = 1
+# shared memory; its per-lane gathers from global memory (32 random addresses per warp load) only under
+# kernel_options(act_order_gather="kernel"). The tensor-core GEMV gathers per lane up to tuning.MMA_GATHER_MAX_M rows
+# (lanes of one k-quad share indices, so a warp load touches 4 * M addresses of x), any M under "kernel";
+# act_order_gather="caller" keeps every gather out of the kernels (tools/checks/actorder_gpu.py times the three).
+def _gather_mode() -> str:
+    from mixgemm.kernels.options import current_options
+
+    return current_options().act_order_gather
 
 
 def _gemv_perm(p: Problem, config: dict | None) -> str | None:
     from mixgemm.kernels.cuda.gemv import stages_perm
 
-    if not GATHER_IN_KERNEL:
-        return "GATHER_IN_KERNEL is off"
+    mode = _gather_mode()
+    if mode == "caller":
+        return "kernel_options(act_order_gather='caller')"
     if config is not None and stages_perm(config, p.m, p.x_dtype, p.bits, p.k):
         return None
-    if SIMT_PER_LANE_GATHER:
+    if mode == "kernel":
         return None
     return ("x is not staged in shared memory here (fp16 M = 1 and K * 4 bytes <= 64 KiB only), and per-lane gathers "
-            "from global memory are off (SIMT_PER_LANE_GATHER)")
+            "from global memory run only under kernel_options(act_order_gather='kernel')")
 
 
 def _gemv_mma_perm(p: Problem, config: dict | None) -> str | None:
-    if not GATHER_IN_KERNEL:
-        return "GATHER_IN_KERNEL is off"
-    if p.m <= MMA_GATHER_MAX_M:
+    mode = _gather_mode()
+    if mode == "caller":
+        return "kernel_options(act_order_gather='caller')"
+    if mode == "kernel" or p.m <= tuning.MMA_GATHER_MAX_M:
         return None
-    return f"M={p.m} above MMA_GATHER_MAX_M={MMA_GATHER_MAX_M} (per-lane gathers touch 4 * M addresses per load)"
+    return (f"M={p.m} above MMA_GATHER_MAX_M={tuning.MMA_GATHER_MAX_M} (per-lane gathers touch 4 * M addresses per "
+            "load; tuning)")
 
 
 def _run_gemv_mma(x2d, qw, bias, lo, hi, config, perm=None):

@@ -7,6 +7,8 @@ knows the entry names), instead of module flags; here the options' state.
         ...
     with mixgemm.kernel_options(configs={"cuda_wgmma": {"BM": 64, "NWG": 2}}):   # this config for that kernel
         ...
+    with mixgemm.kernel_options(act_order_gather="caller"):       # act-order: one gather before every kernel
+        ...
 
 Forcing an entry skips the other entries of its op and the tuning-based declines of the forced one (a "soft"
 decline, e.g. the GEMV / GEMM crossover), never what the kernel cannot do (a "hard" decline raises, naming it).
@@ -27,18 +29,25 @@ from types import MappingProxyType
 class KernelOptions:
     """force: entry names preferred over the op's ordered list (one per op at most); disable: entry names never
     picked; configs: entry name -> the config it is handed instead of its own choice; conv_dequant_min_m: the conv's
-    opt-in "dequantize once + cuDNN" path from this many output pixels (None: off)."""
+    opt-in "dequantize once + cuDNN" path from this many output pixels (None: off); act_order_gather: where an
+    act-order layer's input permutation is applied (ACT_ORDER_GATHER)."""
 
     force: frozenset = frozenset()
     disable: frozenset = frozenset()
     configs: Mapping = field(default_factory=lambda: MappingProxyType({}))
     conv_dequant_min_m: int | None = None
+    act_order_gather: str = "auto"
 
     @property
     def is_default(self) -> bool:
         """True outside any kernel_options block (an identity test: it runs on every call)."""
         return self is _DEFAULT
 
+
+# Where act-order layers (QuantLinear.input_perm) gather x: "auto" where the GEMVs measured to pay for it
+# (mixgemm.kernels.linear), "kernel" in every GEMV that can (per lane where x is not staged in shared memory),
+# "caller" never in a kernel (one gather before it). The last two are for A/B measurements.
+ACT_ORDER_GATHER = ("auto", "kernel", "caller")
 
 # MIXGEMM_WGMMA=0: the Hopper wgmma GEMM stays off unless forced (the environment's default options)
 _DEFAULT = KernelOptions(disable=frozenset() if os.environ.get("MIXGEMM_WGMMA", "1") != "0"

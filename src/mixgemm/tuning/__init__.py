@@ -165,6 +165,12 @@ def gemv_max_m(table: dict, qw: QuantizedWeight, n: int | None = None, wgmma: bo
     return int(limits.get(str(qw.bits), 16))
 
 
+# ------------------------------------------------------------------ act-order: where the tensor-core GEMV gathers x
+# Source: none measured beyond the decode case: the tensor-core GEMV gathers per lane at M = 1; larger M keep one
+# gather before the kernel until tools/checks/actorder_gpu.py --m M --dtype bfloat16 (which times both) says otherwise.
+MMA_GATHER_MAX_M = 1
+
+
 # ------------------------------------------------------------------ int8-activation linear: kernel ranges by M
 # Source: tools/bench/gemv_a8.py and tools/bench/int8.py (H200, then H100), the fused CUDA GEMV against the
 # Triton kernel's 16-row mma tile: M = 2 won on both LLM shapes, M = 4 lost on 28672x8192 and for W8 per-channel,
