@@ -3,35 +3,35 @@ which each one reads the output of the kernel right before it."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
 
 
-def assert_pdl_chain_matches(module, chain: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor,
+def assert_pdl_chain_matches(chain: Callable[[torch.Tensor], torch.Tensor], x0: torch.Tensor,
                              rel_tol: float = 0.0) -> None:
-    """Run ``chain(x0)`` eagerly and replayed from a CUDA graph, with ``module.PDL`` off and on. Every result must
-    equal the PDL-off eager one bit for bit (the kernels are deterministic), so no kernel read its input before the
-    kernel producing it had finished. ``module.PDL`` is restored afterwards.
+    """Run ``chain(x0)`` eagerly and replayed from a CUDA graph, under kernel_options(pdl=False) and then with the
+    default options (PDL on unless MIXGEMM_PDL=0; calls through mixgemm's ops use their cached plans and prepared
+    launches there). Every result must equal the PDL-off eager one bit for bit (the kernels are deterministic), so no
+    kernel read its input before the kernel producing it had finished.
 
     rel_tol > 0: for kernels whose fp32 sums are added in a run-dependent order (stream-K, atomic split-K), each result
     must instead be within rel_tol relative error (Frobenius norm) of the first; an input read too early gives a
     different chain, far outside it."""
-    old = module.PDL
+    import mixgemm
+
     results = []
-    try:
-        for pdl in (False, True):
-            module.PDL = pdl
+    for options in (mixgemm.kernel_options(pdl=False), contextlib.nullcontext()):
+        with options:
             eager = chain(x0)
             xs = x0.clone()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 yg = chain(xs)
-            graph.replay()
-            torch.cuda.synchronize()
-            results += [eager, yg.clone()]
-    finally:
-        module.PDL = old
+        graph.replay()
+        torch.cuda.synchronize()
+        results += [eager, yg.clone()]
     for i, r in enumerate(results[1:], 1):
         what = f"run {i} (PDL {'on' if i >= 2 else 'off'}, {'graph' if i % 2 else 'eager'})"
         if rel_tol == 0.0:

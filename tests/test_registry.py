@@ -190,6 +190,25 @@ def test_conv_entries_reasons():
         assert "activation dtype torch.float32" in _reasons(c)["dequant_cudnn"]
 
 
+def test_kernel_options_pdl_and_act_order_gather_nest():
+    """pdl and act_order_gather live in the options (no module flags): a block sets them, an inner block inherits
+    them, leaving restores the defaults (pdl from MIXGEMM_PDL)."""
+    import os
+
+    from mixgemm.kernels.options import current_options
+
+    default = current_options()
+    assert default.is_default and default.pdl == (os.environ.get("MIXGEMM_PDL", "1") != "0")
+    assert default.act_order_gather == "auto"
+    with mixgemm.kernel_options(pdl=False, act_order_gather="caller"):
+        with mixgemm.kernel_options(force="cuda_gemv"):
+            inner = current_options()
+            assert (inner.pdl, inner.act_order_gather, inner.force) == (False, "caller", frozenset({"cuda_gemv"}))
+        with mixgemm.kernel_options(pdl=True):
+            assert current_options().pdl and current_options().act_order_gather == "caller"
+    assert current_options() is default
+
+
 def test_kernel_options_force_disable_configs():
     qw = _qw(2048, 2048)
     with mixgemm.kernel_options(force="cuda_gemv_mma"):  # a soft decline is overridden

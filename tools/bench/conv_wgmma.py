@@ -20,7 +20,7 @@ each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized w
   CONV_SWEEP=all: the default and the "occ" candidate tiles together (a full re-sweep, e.g. after an epilogue
   change). CONV_SWEEP=tstore: the dispatch's choice with the TMA-store epilogue against the same tiles with
   per-element stores. CONV_SWEEP=pdl: the dispatch's choice with and without programmatic dependent launch of the
-  wgmma kernels (gemm_wgmma.PDL).
+  wgmma kernels (kernel_options(pdl=False)).
 Prints one row per layer and format (us, x cuDNN). `--emit-table A.json [B.json ...]` prints conv_table entries (the
 fastest wgmma tile per layer, or None where the Triton kernel / 1x1 matmul was faster) from sweep JSON files.
 """
@@ -194,7 +194,10 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
         if path == "no-wgmma":
             with kernel_options(disable="cuda_conv_wgmma"):
                 return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, None)
-        switch = {"no-tstore": (G, "TSTORE", False), "no-pdl": (G, "PDL", False)}.get(path)
+        if path == "no-pdl":
+            with kernel_options(pdl=False):
+                return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, None)
+        switch = {"no-tstore": (G, "TSTORE", False)}.get(path)
         if switch is None:
             return cuda_conv2d(x, qw, None, st, pd, dl, spec.groups, -INF, INF, None, cfg, path)
         old = getattr(*switch[:2])

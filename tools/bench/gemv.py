@@ -191,16 +191,15 @@ def main():
         sweep(bw, SHAPES[3:5], [(4, 128, "zero_point")], cfgs, kind="mma", m=16)
     if args.pdl:
         # the same default kernels timed with programmatic dependent launch off and on (protocol graph timing)
-        import mixgemm.kernels.cuda.gemv as G
+        import mixgemm
 
         rows = []
         for k, n in SHAPES:
             for m, bits, group, mode in ((1, 4, 128, "zero_point"), (16, 4, 128, "zero_point"), (1, 8, -1, "sym")):
                 for pdl in (False, True):
-                    G.PDL = pdl
-                    r = bench_case(k, n, m, bits, group, mode, bw, do_peers=False)
+                    with mixgemm.kernel_options(pdl=pdl):
+                        r = bench_case(k, n, m, bits, group, mode, bw, do_peers=False)
                     rows.append((k, n, m, bits, pdl, r["us"], r["pct"], r["err"]))
-        G.PDL = True
         for k, n, m, bits, pdl, us, pct, err in rows:
             print(f"pdl {k}x{n} M={m} W{bits} PDL={int(pdl)}: {us:.2f} us {pct:.0f}% of floor err {err:.1e}")
     if args.sweep_m16:

@@ -142,7 +142,9 @@ def sweep(k, n, m, bits, group, act, bw, rep=50, cfgs=None, block="group"):
 
 def prologue_sweep(bw, rep):
     """M = 1 W4A8 g128, per-token and per-group activations, both shapes: the one-pass row prologue (OP) and
-    programmatic dependent launch (gemv_a8.PDL) on and off, at the tuned config and its neighbours."""
+    programmatic dependent launch (kernel_options(pdl=...)) on and off, at the tuned config and its neighbours."""
+    import mixgemm
+
     for k, n in SHAPES:
         base = dict(a8_m1_entry(4, k, n).value)
         others = [c for c in (dict(R=2, KS=1, NW=8, PF=0), dict(R=2, KS=1, NW=16, PF=1), dict(R=4, KS=1, NW=16, PF=0))
@@ -150,11 +152,8 @@ def prologue_sweep(bw, rep):
         for block in ("token", "group"):
             cfgs = [dict(base, OP=op) for op in ((0, 1) if block == "token" else (1,))] + others
             for pdl in (False, True):
-                old, ga.PDL = ga.PDL, pdl
-                try:
+                with mixgemm.kernel_options(pdl=pdl):
                     res = sweep(k, n, 1, 4, 128, "sym", bw, rep, cfgs, block)
-                finally:
-                    ga.PDL = old  # as the process set it (MIXGEMM_PDL)
                 print(f"best {k}x{n} act {block} PDL {pdl}: {[(round(t, 1), c) for t, c in res[:2]]}", flush=True)
 
 

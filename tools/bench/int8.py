@@ -174,9 +174,9 @@ def bench_a8(k, n, m, bits, group, act_mode="sym", mode="sym", config=None, peer
 
 def pdl_ab(k, n, m, rounds=5, rep=100):
     """W4A8 g128 per-token (act quant + int8 wgmma GEMM, the runner's default tile): the same runners timed with
-    programmatic dependent launch on and off (gemm_wgmma.PDL) in alternating rounds, fp16 cuBLAS in each round too;
-    prints every round and the medians."""
-    from mixgemm.kernels.cuda import gemm_wgmma
+    programmatic dependent launch on and off (kernel_options(pdl=...)) in alternating rounds, fp16 cuBLAS in each
+    round too; prints every round and the medians."""
+    import mixgemm
 
     qw0 = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02, bits=4, group_size=128)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -186,17 +186,14 @@ def pdl_ab(k, n, m, rounds=5, rep=100):
     for r in runs:
         r()  # builds the layouts (the first call after a build never uses PDL)
     ws = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies_for(n * k * 2))]
-    old, res = gemm_wgmma.PDL, {"on": [], "off": [], "fp16": []}
-    try:
-        for i in range(rounds):
-            for key, flag in (("on", True), ("off", False)) if i % 2 == 0 else (("off", False), ("on", True)):
-                gemm_wgmma.PDL = flag
+    res = {"on": [], "off": [], "fp16": []}
+    for i in range(rounds):
+        for key, flag in (("on", True), ("off", False)) if i % 2 == 0 else (("off", False), ("on", True)):
+            with mixgemm.kernel_options(pdl=flag):  # the runners prepare each call's launch, so this reaches them
                 res[key].append(graph_time(runs, rep) * 1e6)
-            res["fp16"].append(graph_time([lambda w=w: F.linear(x, w) for w in ws], rep) * 1e6)
-            print(f"  {k}x{n} M={m} round {i}: PDL on {res['on'][-1]:.1f}, off {res['off'][-1]:.1f}, "
-                  f"fp16 {res['fp16'][-1]:.1f} us", flush=True)
-    finally:
-        gemm_wgmma.PDL = old
+        res["fp16"].append(graph_time([lambda w=w: F.linear(x, w) for w in ws], rep) * 1e6)
+        print(f"  {k}x{n} M={m} round {i}: PDL on {res['on'][-1]:.1f}, off {res['off'][-1]:.1f}, "
+              f"fp16 {res['fp16'][-1]:.1f} us", flush=True)
     med = {key: statistics.median(v) for key, v in res.items()}
     print(f"{k}x{n} M={m} W4A8 g128 per-token: PDL on {med['on']:.1f} us ({med['fp16'] / med['on']:.3f}x fp16), "
           f"off {med['off']:.1f} us ({med['fp16'] / med['off']:.3f}x), fp16 {med['fp16']:.1f} us", flush=True)

@@ -9,6 +9,8 @@ knows the entry names), instead of module flags; here the options' state.
         ...
     with mixgemm.kernel_options(act_order_gather="caller"):       # act-order: one gather before every kernel
         ...
+    with mixgemm.kernel_options(pdl=False):                        # no programmatic dependent launch (A/B runs)
+        ...
 
 Forcing an entry skips the other entries of its op and the tuning-based declines of the forced one (a "soft"
 decline, e.g. the GEMV / GEMM crossover), never what the kernel cannot do (a "hard" decline raises, naming it).
@@ -30,13 +32,15 @@ class KernelOptions:
     """force: entry names preferred over the op's ordered list (one per op at most); disable: entry names never
     picked; configs: entry name -> the config it is handed instead of its own choice; conv_dequant_min_m: the conv's
     opt-in "dequantize once + cuDNN" path from this many output pixels (None: off); act_order_gather: where an
-    act-order layer's input permutation is applied (ACT_ORDER_GATHER)."""
+    act-order layer's input permutation is applied (ACT_ORDER_GATHER); pdl: programmatic dependent launch on sm_90+
+    for the kernels that use it (the GEMVs, the wgmma GEMMs; default from MIXGEMM_PDL, "0" turns it off)."""
 
     force: frozenset = frozenset()
     disable: frozenset = frozenset()
     configs: Mapping = field(default_factory=lambda: MappingProxyType({}))
     conv_dequant_min_m: int | None = None
     act_order_gather: str = "auto"
+    pdl: bool = True
 
     @property
     def is_default(self) -> bool:
@@ -49,9 +53,10 @@ class KernelOptions:
 # "caller" never in a kernel (one gather before it). The last two are for A/B measurements.
 ACT_ORDER_GATHER = ("auto", "kernel", "caller")
 
-# MIXGEMM_WGMMA=0: the Hopper wgmma GEMM stays off unless forced (the environment's default options)
+# The environment's default options: MIXGEMM_WGMMA=0 keeps the Hopper wgmma GEMM off unless forced; MIXGEMM_PDL=0
+# launches nothing with programmatic dependent launch
 _DEFAULT = KernelOptions(disable=frozenset() if os.environ.get("MIXGEMM_WGMMA", "1") != "0"
-                         else frozenset({"cuda_wgmma"}))
+                         else frozenset({"cuda_wgmma"}), pdl=os.environ.get("MIXGEMM_PDL", "1") != "0")
 _current: contextvars.ContextVar[KernelOptions] = contextvars.ContextVar("mixgemm_kernel_options", default=_DEFAULT)
 
 

@@ -341,13 +341,14 @@ _UNSET = object()
 @contextlib.contextmanager
 def kernel_options(force: str | Iterable[str] | None = None, disable: str | Iterable[str] | None = None,
                    configs: Mapping[str, dict] | None = None, conv_dequant_min_m=_UNSET,
-                   act_order_gather: str | None = None):
+                   act_order_gather: str | None = None, pdl: bool | None = None):
     """Within the block, mixgemm's dispatchers honour these overrides, added to the enclosing block's (see
     mixgemm.kernels.options): ``force`` entry names (one per op) preferred over the op's list, also past their tuning
     declines; ``disable`` entry names never picked; ``configs`` {entry name: config} handed to that entry instead of
     its own choice (completed by the entry where partial); ``conv_dequant_min_m`` the opt-in dequantize + cuDNN conv
     from that many output pixels (None: off); ``act_order_gather`` where act-order layers gather x ("auto",
-    "kernel", "caller": mixgemm.kernels.options.ACT_ORDER_GATHER). Unknown entry names raise ValueError."""
+    "kernel", "caller": mixgemm.kernels.options.ACT_ORDER_GATHER); ``pdl`` programmatic dependent launch on / off.
+    Unknown entry names raise ValueError."""
     known = entry_names()
     for name in _names(force) | _names(disable) | frozenset(configs or {}):
         if name not in known:
@@ -361,6 +362,7 @@ def kernel_options(force: str | Iterable[str] | None = None, disable: str | Iter
         configs=MappingProxyType({**old.configs, **{k: dict(v) for k, v in (configs or {}).items()}}),
         conv_dequant_min_m=old.conv_dequant_min_m if conv_dequant_min_m is _UNSET else conv_dequant_min_m,
         act_order_gather=old.act_order_gather if act_order_gather is None else act_order_gather,
+        pdl=old.pdl if pdl is None else bool(pdl),
     )
     token = push_options(new)
     try:

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import weakref
 from dataclasses import astuple, dataclass
 
@@ -56,6 +55,7 @@ from mixgemm.formats.layouts_wgmma import K_TILE, WgmmaLayout, build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import launch as cuda_launch
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.options import current_options
 
 SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
@@ -64,9 +64,8 @@ SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
                "CLUSTER", "SERIAL", "PDL", "WS", "TAIL")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
-# Programmatic dependent launch (as the GEMVs, kernels/cuda/gemv.py): False (MIXGEMM_PDL=0) turns it off for every
-# config; True lets config key PDL decide (default: on, but off for stream-K -- see the docstring)
-PDL = os.environ.get("MIXGEMM_PDL", "1") != "0"
+# Programmatic dependent launch (as the GEMVs, kernels/cuda/gemv.py): kernel_options(pdl=False) (MIXGEMM_PDL=0) turns
+# it off for every config; else config key PDL decides (default: on, but off for stream-K -- see the docstring)
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -478,7 +477,7 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     threads = 128 * nwg + 32 * ws_req
     if sk:
         defs["WG_SK"] = sk
-    pdl = bool(PDL and pdl_req and tma and props.major >= 9)
+    pdl = bool(current_options().pdl and pdl_req and tma and props.major >= 9)
     if pdl:
         defs["WG_PDL"] = 1
     ymap = None

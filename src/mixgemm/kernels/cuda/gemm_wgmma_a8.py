@@ -41,6 +41,7 @@ from mixgemm.formats.layouts_wgmma_a8 import WgmmaA8Layout, a8_layout_supported,
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import gemm_wgmma, nvrtc
 from mixgemm.kernels.cuda.gemm_wgmma import _MAP_PLACEHOLDER, SMEM_LIMIT, TensorMapParam, encode_tensor_map
+from mixgemm.kernels.options import current_options
 
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
@@ -232,7 +233,7 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
             "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb,
             "A8_WS": ws, "A8_AT": at, "A8_MC": mc, "A8_QS": int(qs)}
-    pdl = bool(gemm_wgmma.PDL and pdl_req)
+    pdl = bool(current_options().pdl and pdl_req)
     if pdl:
         defs["A8_PDL"] = 1
     ymap = None

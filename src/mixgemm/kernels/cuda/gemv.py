@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 
 import torch
 
@@ -34,8 +33,7 @@ from mixgemm.tuning.gemv_m1 import m1_entry
 GEMV_MAX_M = 16
 # Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
 # launch after a weight's layout was built in this call: its build kernels write the weights the GEMV
-# reads before its griddepcontrol.wait. MIXGEMM_PDL=0 turns it off.
-PDL = os.environ.get("MIXGEMM_PDL", "1") != "0"
+# reads before its griddepcontrol.wait. Off under kernel_options(pdl=False) (and MIXGEMM_PDL=0).
 LAYOUT = "gemv_v1"
 SOURCE = "gemv.cu"
 KERNEL = "mixgemm_gemv"
@@ -401,7 +399,7 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
         ctypes.c_int(m),
         ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
-    pdl = PDL and props.major >= 9
+    pdl = current_options().pdl and props.major >= 9
     return GemvLaunch(nvrtc.prepare_launch(fn, dev, (tiles, 1, 1), block, args, smem, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
 
@@ -440,7 +438,7 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         ctypes.c_int(m),
         ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
-    pdl = PDL and props.major >= 9
+    pdl = current_options().pdl and props.major >= 9
     return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
 

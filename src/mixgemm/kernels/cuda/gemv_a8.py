@@ -21,23 +21,22 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 
 import torch
 
 from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.options import current_options
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
 from mixgemm.tuning.gemv_m1 import a8_m1_entry
 
 SOURCE = "gemv_a8.cu"
 KERNEL = "mixgemm_gemv_a8"
 MAX_M = 16  # what the kernel handles
-# Programmatic dependent launch on sm_90+ (as the W4A16 GEMV, kernels/cuda/gemv.py; MIXGEMM_PDL=0 turns it off):
-# the kernel loads its first weights before griddepcontrol.wait, so it is not used for the first launch after the
-# weight's layout was built (the build kernels write those weights).
-PDL = os.environ.get("MIXGEMM_PDL", "1") != "0"
+# Programmatic dependent launch on sm_90+ (as the W4A16 GEMV, kernels/cuda/gemv.py; off under
+# kernel_options(pdl=False)): the kernel loads its first weights before griddepcontrol.wait, so it is not used for the
+# first launch after the weight's layout was built (the build kernels write those weights).
 WARPS = 8
 _XT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -209,7 +208,7 @@ def prepare_gemv_a8(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torc
         ctypes.c_int(1 if act_mode == "asym" else 0),
         ctypes.c_int(m),
     ]
-    pdl = PDL and torch.cuda.get_device_capability(dev)[0] >= 9
+    pdl = current_options().pdl and torch.cuda.get_device_capability(dev)[0] >= 9
     launch = nvrtc.prepare_launch(fn, dev, (grid, 1, 1), (threads, 1, 1), args, smem, pdl=pdl,
                                   first_without_pdl=fresh)
     return GemvA8Launch(launch, lay, m, n, out_dtype, dev)
