@@ -64,8 +64,6 @@ SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
                "CLUSTER", "SERIAL", "PDL", "WS", "TAIL")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
-# Programmatic dependent launch (as the GEMVs, kernels/cuda/gemv.py): kernel_options(pdl=False) (MIXGEMM_PDL=0) turns
-# it off for every config; else config key PDL decides (default: on, but off for stream-K -- see the docstring)
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
 _SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -477,6 +475,8 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     threads = 128 * nwg + 32 * ws_req
     if sk:
         defs["WG_SK"] = sk
+    # programmatic dependent launch (as the GEMVs): off for every config under kernel_options(pdl=False)
+    # (MIXGEMM_PDL=0), else config key PDL decides (default: on, but off for stream-K -- see the docstring)
     pdl = bool(current_options().pdl and pdl_req and tma and props.major >= 9)
     if pdl:
         defs["WG_PDL"] = 1
