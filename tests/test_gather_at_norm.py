@@ -130,8 +130,15 @@ class ResidualLayer(Layer):
         return self.block(h) + h.sum(-1, keepdim=True)  # the norm's output is used twice
 
 
+class NormTwiceLayer(Layer):
+    def forward(self, x):
+        h = self.norm(x)
+        return self.block(h) + self.norm(x * 2.0).sum(-1, keepdim=True)  # the norm also runs on another input
+
+
 @pytest.mark.parametrize("layer_cls, block_cls, folds", [
-    (Layer, Block, True), (ResidualLayer, Block, False), (Layer, LeakyBlock, False), (Layer, TwiceBlock, False)])
+    (Layer, Block, True), (ResidualLayer, Block, False), (NormTwiceLayer, Block, False), (Layer, LeakyBlock, False),
+    (Layer, TwiceBlock, False)])
 def test_the_analysis_declines_what_it_cannot_prove(layer_cls, block_cls, folds):
     gen = torch.Generator().manual_seed(2)
     k = 64
@@ -148,7 +155,7 @@ def test_the_analysis_declines_what_it_cannot_prove(layer_cls, block_cls, folds)
     assert torch.equal(x, before_x)
 
 
-def test_a_layer_shared_by_two_parents_keeps_its_gather():
+def test_a_layer_or_norm_shared_by_two_parents_keeps_its_gather():
     gen = torch.Generator().manual_seed(3)
     k = 64
     perm = torch.randperm(k, generator=gen)
@@ -157,6 +164,9 @@ def test_a_layer_shared_by_two_parents_keeps_its_gather():
     second.block.a_proj = first.block.a_proj
     model = nn.Sequential(first, second)
     assert gather_act_order_at_norms(model) == []
+    third, fourth = Layer(Block(k, gen, perm), k), Layer(Block(k, gen, perm), k)
+    fourth.norm = third.norm  # a norm shared by two parents: its hook would reach both
+    assert gather_act_order_at_norms(nn.Sequential(third, fourth)) == []
 
 
 def test_tensor_parallel_shards_keep_the_gathered_input():

@@ -18,7 +18,8 @@ Which layers a norm feeds is read from the forward sources (``ast``), not from m
 forward, ``v = self.<norm>(...)`` must be used exactly once before ``v`` is reassigned, as an argument of a call to
 a child ``self.<block>(...)``; in the block's forward, that parameter must be used only as the sole argument of
 calls ``self.<layer>(p)`` (and for ``p.shape``), never reassigned, and each such layer read nowhere else in the
-block's class. Every such layer must be an act-order QuantLinear with the same permutation, held by no other module.
+block's class (nor the norm in the parent's). Every such layer must be an act-order QuantLinear with the same
+permutation, held by no other module (nor the norm).
 Anything else (another use of the tensor, a branch, a layer without the permutation) leaves the model as it was. The
 permutation stays in each layer's state dict and the hook is not saved: ``save_pretrained`` writes the same
 checkpoint as without it.
@@ -189,6 +190,8 @@ def gather_act_order_at_norms(model: nn.Module) -> list[str]:
             norm = getattr(parent, feed.norm, None)
             if not isinstance(norm, nn.Module) or isinstance(norm, QuantLinear) or PERM_BUFFER in norm._buffers:
                 continue
+            if seen[id(norm)] != 1 or _self_references(type(parent), feed.norm) != 1:
+                continue  # a norm run elsewhere too (another call, another parent) would gather those outputs as well
             consumers = _consumers(parent, feed)
             if not consumers or any(seen[id(layer)] != 1 for _, layer in consumers):
                 continue  # (a layer shared by two parents sees other inputs too)
