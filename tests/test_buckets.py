@@ -263,6 +263,17 @@ def _model_layers() -> list[tuple[int, int]]:
 FORMATS = [(4, 128, "sym"), (4, 128, "zero_point"), (4, -1, "sym"), (8, -1, "sym"), (8, 64, "offset")]
 
 
+def _tile_or_split_error(cfg: dict, tile_error, split_key: str, steps: int, unit: str) -> str | None:
+    """A GEMM config's tile error, else why its split of K (key split_key) does not fit the layer's ``steps``."""
+    err = tile_error(cfg)
+    if err:
+        return err
+    split = cfg.get(split_key, 1)
+    if not (isinstance(split, int) and 1 <= split <= max(1, steps)):
+        return f"{split_key} {split} for {steps} {unit}"
+    return None
+
+
 def _legal(p, choice) -> str | None:
     """Why the chosen config cannot run on the problem's layer (None when it can)."""
     gemv, _ = _kernels()
@@ -270,23 +281,12 @@ def _legal(p, choice) -> str | None:
     if choice.kernel == "cuda_wgmma":
         from mixgemm.kernels.cuda.gemm_wgmma import K_TILE, tile_error
 
-        kt = math.ceil(k / K_TILE)
-        split = cfg.get("SPLIT", 1)
-        if tile_error(cfg):
-            return tile_error(cfg)
-        if not (isinstance(split, int) and 1 <= split <= max(1, kt)):
-            return f"SPLIT {split} for {kt} k-tiles"
-        return None
+        return _tile_or_split_error(cfg, tile_error, "SPLIT", math.ceil(k / K_TILE), "k-tiles")
     if choice.kernel == "triton_gemm":
         from mixgemm.kernels.triton.gemm import DEFAULT_KS, chunk_k, tile_error
 
-        split = cfg.get("SPLIT_K", 1)
-        kt = math.ceil(k / (chunk_k(p.bits, cfg.get("KS", DEFAULT_KS)) * cfg.get("KCH", 1)))
-        if tile_error(cfg):
-            return tile_error(cfg)
-        if not (isinstance(split, int) and 1 <= split <= max(1, kt)):
-            return f"SPLIT_K {split} for {kt} k-chunks"
-        return None
+        steps = math.ceil(k / (chunk_k(p.bits, cfg.get("KS", DEFAULT_KS)) * cfg.get("KCH", 1)))
+        return _tile_or_split_error(cfg, tile_error, "SPLIT_K", steps, "k-chunks")
     if choice.kernel == "cuda_gemv":
         if not all(isinstance(cfg[key], int) and cfg[key] >= 1 for key in ("R", "U", "KS", "RG")):
             return "R, U, KS, RG must be positive"
