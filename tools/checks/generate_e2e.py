@@ -33,8 +33,9 @@ reported, enforced only with --strict.
 
 Prints a table, writes DIR/generate_e2e.json (rewritten after every measurement: a run cut short keeps what it had).
 Runtime is mostly compilation: "static" and "compiled" each compile the whole model once per precision (tens of
-seconds each for a 7-8B model); --skip-compiled, --modes or one model per call keep a run short. GPU memory: the fp16
-model, then briefly two fp16 copies while the second is quantized (32 GB for an 8B model).
+seconds each for a 7-8B model); --skip-compiled, --modes or one model per call keep a run short. GPU memory at its peak:
+the fp16 model, the quantized copy and, for the first-step check, its dequantized fp16 twin (about 38 GB for an 8B
+model).
 """
 
 from __future__ import annotations

@@ -190,16 +190,10 @@ def _gemv_candidates(p: Problem) -> list[dict]:
 # kernel_options(act_order_gather="kernel"). The tensor-core GEMV gathers per lane up to tuning.MMA_GATHER_MAX_M rows
 # (lanes of one k-quad share indices, so a warp load touches 4 * M addresses of x), any M under "kernel";
 # act_order_gather="caller" keeps every gather out of the kernels (tools/checks/actorder_gpu.py times the three).
-def _gather_mode() -> str:
-    from mixgemm.kernels.options import current_options
-
-    return current_options().act_order_gather
-
-
 def _gemv_perm(p: Problem, config: dict | None) -> str | None:
     from mixgemm.kernels.cuda.gemv import stages_perm
 
-    mode = _gather_mode()
+    mode = current_options().act_order_gather
     if mode == "caller":
         return "kernel_options(act_order_gather='caller')"
     if config is not None and stages_perm(config, p.m, p.x_dtype, p.bits, p.k):
@@ -211,7 +205,7 @@ def _gemv_perm(p: Problem, config: dict | None) -> str | None:
 
 
 def _gemv_mma_perm(p: Problem, config: dict | None) -> str | None:
-    mode = _gather_mode()
+    mode = current_options().act_order_gather
     if mode == "caller":
         return "kernel_options(act_order_gather='caller')"
     if mode == "kernel" or p.m <= tuning.MMA_GATHER_MAX_M:
