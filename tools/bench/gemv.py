@@ -150,6 +150,8 @@ def main():
     ap.add_argument("--sweep-defer", action="store_true", help="mma kernel: scaling scheme x tiles, M = 1 and 16")
     ap.add_argument("--sweep-l2", action="store_true", help="W4 M=1: L2 prefetch / persistent variants")
     ap.add_argument("--sweep-xs", action="store_true", help="W4 M=1: x in shared memory / light bookkeeping")
+    ap.add_argument("--sweep-wide", action="store_true",
+                    help="W4 M=1 (--sweep-mode, --sweep-shapes): register tiles R x U x KS and bulk-copy rings")
     ap.add_argument("--m16-big", action="store_true", help="M=16 only on 8192x28672 (with --ms 1)")
     ap.add_argument("--no-table", action="store_true")
     args = ap.parse_args()
@@ -185,6 +187,17 @@ def main():
         best = sweep(bw, SHAPES, [(4, 128, "zero_point")], cfgs,
                      names=["R", "U", "KS", "PF", "XS", "LITE", "MINB"], show=len(cfgs))
         print("best per shape:", {f"{k}x{n}": tuple(c.values()) for (k, n, _), c in best.items()})
+    if args.sweep_wide:
+        # (R, U, KS, RG, BULK, LITE, MINB): register-fed tiles of 8 warps, then bulk-copy rings (persistent grid,
+        # RG x KS compute warps + the producer); rings too big for one block fall back to registers and are skipped
+        cfgs = [(r, u, ks, 8 // ks, 0, 0, 0) for r, u in ((2, 2), (2, 4), (4, 1), (4, 2), (8, 1))
+                for ks in (1, 2, 4, 8)]
+        cfgs += [(r, 1, ks, rg, bulk, 1, 2) for r in (4, 8) for ks in (2, 4, 8) for rg in (1, 2) for bulk in (2, 4)
+                 if bulk * rg * r * ks * 32 * 16 <= 200 * 1024]
+        shapes = SHAPES if not args.sweep_shapes else [tuple(int(v) for v in s.split("x"))
+                                                         for s in args.sweep_shapes.split(",")]
+        sweep(bw, shapes, [(4, 128, args.sweep_mode)], cfgs, names=["R", "U", "KS", "RG", "BULK", "LITE", "MINB"],
+              show=10)
     if args.sweep_mma:
         cfgs = [(u, ks, 1) for u in (2, 4) for ks in (4, 8, 16)] + [(2, 8, 0)]
         sweep(bw, SHAPES, [(4, 128, "zero_point"), (8, -1, "sym")], cfgs, kind="mma")

@@ -144,6 +144,43 @@ VARIANTS = {"act_order": None, "act_order_separate_gather": "caller", "act_order
 PER_LAYER = ("act_order",)
 
 
+def sweep_configs(args, plain, ordered, device, dtype) -> int:
+    """Each layer kind, plain and act-order, under each forced GEMV tile (kernel_options(configs=...)) beside the
+    defaults: which tiles make the in-kernel gather cheap (the per-block x staging is paid once per block)."""
+    rows, graphs, failed = [], {}, []
+    with torch.no_grad():
+        for name, _n, k, _ in BLOCK:
+            xl = torch.randn(args.m, k, device=device, dtype=dtype)
+            graphs[(name, "default", "plain")], _ = graph_of(lambda t, nm=name: [b[nm](t) for b in plain], xl)
+            graphs[(name, "default", "act")], _ = graph_of(lambda t, nm=name: [b[nm](t) for b in ordered], xl)
+            for i, cfg in enumerate(args.configs):
+                with mixgemm.kernel_options(configs={"cuda_gemv": cfg}):
+                    lp, lo = plain[0][name], ordered[0][name]
+                    try:
+                        if not torch.equal(lo(xl), lp(xl.index_select(-1, lo.input_perm))):
+                            failed.append(f"{name} {cfg}: act-order output differs")
+                        for kind, stack in (("plain", plain), ("act", ordered)):
+                            graphs[(name, i, kind)], _ = graph_of(lambda t, nm=name, s=stack: [b[nm](t) for b in s],
+                                                                  xl)
+                    except Exception as e:  # noqa: BLE001 - a tile this layer cannot take: reported, skipped
+                        failed.append(f"{name} {cfg}: {type(e).__name__}: {str(e)[:120]}")
+        times = time_graphs(graphs, args.reps, args.inner)
+    print(f"{'layer':6s} {'tile':60s} {'plain us':>9s} {'act us':>8s} {'act/plain':>9s} {'act/default plain':>17s}")
+    for name, *_ in BLOCK:
+        base = times[(name, "default", "plain")] / args.blocks
+        for i, label in [("default", "default"), *((i, json.dumps(c)) for i, c in enumerate(args.configs))]:
+            if (name, i, "act") not in times:
+                continue
+            tp, ta = times[(name, i, "plain")] / args.blocks, times[(name, i, "act")] / args.blocks
+            rows.append(dict(layer=name, tile=label, plain_us=tp, act_us=ta))
+            print(f"{name:6s} {label:60s} {tp:9.2f} {ta:8.2f} {ta / tp:9.3f} {ta / base:17.3f}")
+    for f in failed:
+        print("FAILED:", f)
+    (args.out / "actorder_tiles.json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows,
+                                                                  failed=failed), indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path)
@@ -153,6 +190,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--configs", type=json.loads, default=None, metavar="JSON",
+                    help="a list of CUDA-core GEMV tiles (R, U, KS, ... as kernel_options(configs=) takes them): time "
+                         "each layer kind plain and act-order under each, beside the defaults, and stop")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("actorder_gpu: needs a CUDA device", file=sys.stderr)
@@ -161,6 +201,8 @@ def main() -> int:
     device = torch.device("cuda")
     dtype = getattr(torch, args.dtype)
     plain, ordered = build(args.blocks, device)
+    if args.configs:
+        return sweep_configs(args, plain, ordered, device, dtype)
 
     mismatches, paths, graphs, outs = [], {}, {}, {}
     with torch.no_grad():
