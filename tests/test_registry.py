@@ -144,13 +144,13 @@ def test_a8_entries_reasons():
     qw = _qw(2048, 2048)
     c = _explain(1, qw, act_mode="sym", act_block="token")
     assert c.kernel == "cuda_gemv_a8" and {"R", "KS", "RG", "NW"} <= set(c.config)
-    c = _explain(4, qw, act_mode="sym")  # int4 weights: the CUDA int8 GEMM also at small M (tuning)
+    c = _explain(4, qw, act_mode="sym")  # the CUDA int8 GEMM also at small M (tuning)
     assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 64
     assert "above the fused GEMV's range" in _reasons(c)["cuda_gemv_a8"]
     c = _explain(100, qw, act_mode="sym")
-    assert c.kernel == "triton_a8" and "below M=128 (int4 weights: also M 3..64)" in _reasons(c)["cuda_wgmma_a8"]
+    assert c.kernel == "triton_a8" and "outside M 3..64 and below M=128" in _reasons(c)["cuda_wgmma_a8"]
     c = _explain(4, _qw(256, 1024, bits=8, group_size=-1), act_mode="sym")
-    assert c.kernel == "triton_a8" and "below M=128," in _reasons(c)["cuda_wgmma_a8"]
+    assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 64
     assert _explain(17, qw, act_mode="sym").declined[0] == ("cuda_gemv_a8", "M=17 outside the kernel's 1..16")
     assert _explain(512, qw, act_mode="sym").kernel == "cuda_wgmma_a8"
     c = _explain(512, qw, act_mode="asym")

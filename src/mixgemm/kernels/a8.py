@@ -3,8 +3,8 @@
 * ``cuda_gemv_a8``: the fused CUDA GEMV (kernels/cuda/gemv_a8.cu: activation quantization in its prologue, dp4a),
   one launch, M <= mixgemm.tuning.A8_GEMV_MAX_M.
 * ``cuda_wgmma_a8``: the Hopper int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) after the activation quantizer,
-  sym x sym with a ``wgmma_a8_v1`` weight, from M = mixgemm.tuning.A8_WGMMA_MIN_M, int4 weights also in
-  mixgemm.tuning.A8_WGMMA_INT4_SMALL_M (int8 per-channel weights go back
+  sym x sym with a ``wgmma_a8_v1`` weight, in mixgemm.tuning.A8_WGMMA_SMALL_M and from M =
+  mixgemm.tuning.A8_WGMMA_MIN_M (int8 per-channel weights go back
   to the Triton kernel from A8_W8_PER_CHANNEL_TRITON_FROM_M outside the BM 256 / MC 2 region).
 * ``triton_a8``: the Triton int8 tensor-core kernel after the activation quantizer, any M.
 
@@ -133,11 +133,10 @@ def _wgmma_a8_can_run(p: Problem):
         return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
     if not p.device.sm90:
         return no(f"needs sm_90, the GPU is sm_{p.device.capability[0]}{p.device.capability[1]}")
-    lo, hi = tuning.A8_WGMMA_INT4_SMALL_M
-    if p.m < tuning.A8_WGMMA_MIN_M and not (p.bits == 4 and lo <= p.m <= hi):
-        small = f" (int4 weights: also M {lo}..{hi})" if p.bits == 4 else ""
-        return prefer_not(f"M={p.m} below M={tuning.A8_WGMMA_MIN_M}{small}, where the CUDA int8 GEMM takes over "
-                          "(tuning)")
+    lo, hi = tuning.A8_WGMMA_SMALL_M
+    if p.m < tuning.A8_WGMMA_MIN_M and not lo <= p.m <= hi:
+        return prefer_not(f"M={p.m} outside M {lo}..{hi} and below M={tuning.A8_WGMMA_MIN_M}, where the Triton int8 "
+                          "kernel runs (tuning)")
     if p.bits == 8 and p.per_channel and p.m >= tuning.A8_W8_PER_CHANNEL_TRITON_FROM_M:
         from mixgemm.kernels.cuda.gemm_wgmma_a8 import w8_wide_region
 

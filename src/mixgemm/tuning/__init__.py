@@ -182,9 +182,9 @@ A8_WGMMA_MIN_M = 128
 # Source: tools/bench/wgmma_a8.py --ms 4,16,64 --formats w4g128t,w4g128qt (H100, GEMM only): int4 weights at M = 4..64
 # with BM 64 tiles (default_config) ran 6.3 / 11.5 / 16.5 / 35 us on 2048x2048 / 4096x4096 / 4096x14336 / 14336x4096
 # (K x N; fp16 cuBLAS 6.9 / 18.7 / 48.4 / 50.6), where the Triton int8 kernel's W4A8 per-token call took 16.2 us at
-# M = 16 on 2048x2048 (tools.profile.eager_overhead) and two Python launches: sym int4 calls take the CUDA kernel in
-# this M range too (M 65..127 were not measured and stay with the Triton kernel; int8 weights keep A8_WGMMA_MIN_M).
-A8_WGMMA_INT4_SMALL_M = (A8_GEMV_MAX_M + 1, 64)
+# M = 16 on 2048x2048 (tools.profile.eager_overhead) and two Python launches: sym calls take the CUDA kernel in this
+# M range too (M 65..127 were not measured and stay with the Triton kernel).
+A8_WGMMA_SMALL_M = (A8_GEMV_MAX_M + 1, 64)
 # Source: tools/bench/wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
 # this M (its persistent TMA kernel was ~10% faster at M = 2048 / 16384 on 8192x28672, a tie on 28672x8192; below
 # it the CUDA kernel won, 2x at M = 128), except where the CUDA kernel's BM 256 / MC 2 tiles apply

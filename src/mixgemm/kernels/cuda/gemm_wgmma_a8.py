@@ -104,12 +104,11 @@ QS_BM256_MIN_TILES = 96
 
 
 def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: bool = False) -> dict:
-    """Tile choice from the problem size (deterministic): int4 weights at M <= 64 one BM 64 tile with up to 5
-    stages, else as many stages as fit, at most 4. qs: the call runs A8_QS (qs_layout and per-token activation
-    scales)."""
+    """Tile choice from the problem size (deterministic): at M <= 64 one BM 64 tile with up to 5 stages, else as
+    many stages as fit, at most 4. qs: the call runs A8_QS (qs_layout and per-token activation scales)."""
     kt, nwg = 2, 2
-    if m <= 64 and bits == 4:
-        # small M (int4): one BM 64 tile of tokens, five stages, the group fold overlapping the next wgmmas (NP 2):
+    if m <= 64:
+        # small M: one BM 64 tile of tokens, five stages, the group fold overlapping the next wgmmas (NP 2):
         # the fastest of tools/bench/wgmma_a8.py's tiles at M = 4 / 16 / 64 on 2048x2048 .. 14336x4096 (H100; BM 128
         # with NP 1 ran 1.2-1.4x longer)
         stages = max(2, min(5, (SMEM_LIMIT - 1024) // stage_bytes(64, nwg, bits, kt, group_size == k)))
