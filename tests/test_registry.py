@@ -144,13 +144,20 @@ def test_a8_entries_reasons():
     qw = _qw(2048, 2048)
     c = _explain(1, qw, act_mode="sym", act_block="token")
     assert c.kernel == "cuda_gemv_a8" and {"R", "KS", "RG", "NW"} <= set(c.config)
-    c = _explain(4, qw, act_mode="sym")  # the CUDA int8 GEMM also at small M (tuning)
+    c = _explain(4, qw, act_mode="sym", act_block="token")  # the CUDA int8 GEMM also at small M (tuning)
     assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 64
     assert "above the fused GEMV's range" in _reasons(c)["cuda_gemv_a8"]
-    c = _explain(100, qw, act_mode="sym")
-    assert c.kernel == "triton_a8" and "outside M 3..64 and below M=128" in _reasons(c)["cuda_wgmma_a8"]
+    c = _explain(100, qw, act_mode="sym", act_block="token")
+    assert c.kernel == "triton_a8" and "below M=128 and outside M 3..64" in _reasons(c)["cuda_wgmma_a8"]
     c = _explain(4, _qw(256, 1024, bits=8, group_size=-1), act_mode="sym")
     assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 64
+    # per-block activation scales stay with the Triton kernel at small M
+    c = _explain(16, qw, act_mode="sym", act_block="group")
+    assert c.kernel == "triton_a8" and "activation scales per block" in _reasons(c)["cuda_wgmma_a8"]
+    # a long K over few CTAs: each CTA would stream K x 128 weight bytes alone
+    c = _explain(16, _qw(4096, 14336, bits=8, group_size=-1), act_mode="sym")  # (N, K)
+    assert c.kernel == "triton_a8" and "each streaming 1792 KiB" in _reasons(c)["cuda_wgmma_a8"]
+    assert _explain(16, _qw(14336, 4096, bits=8, group_size=-1), act_mode="sym").kernel == "cuda_wgmma_a8"
     assert _explain(17, qw, act_mode="sym").declined[0] == ("cuda_gemv_a8", "M=17 outside the kernel's 1..16")
     assert _explain(512, qw, act_mode="sym").kernel == "cuda_wgmma_a8"
     c = _explain(512, qw, act_mode="asym")

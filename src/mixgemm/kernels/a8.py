@@ -134,9 +134,11 @@ def _wgmma_a8_can_run(p: Problem):
     if not p.device.sm90:
         return no(f"needs sm_90, the GPU is sm_{p.device.capability[0]}{p.device.capability[1]}")
     lo, hi = tuning.A8_WGMMA_SMALL_M
-    if p.m < tuning.A8_WGMMA_MIN_M and not lo <= p.m <= hi:
-        return prefer_not(f"M={p.m} outside M {lo}..{hi} and below M={tuning.A8_WGMMA_MIN_M}, where the Triton int8 "
-                          "kernel runs (tuning)")
+    if p.m < tuning.A8_WGMMA_MIN_M:
+        why = _small_m_decline(p, lo, hi)
+        if why:
+            return prefer_not(f"M={p.m} below M={tuning.A8_WGMMA_MIN_M} and {why}, where the Triton int8 kernel runs "
+                              "(tuning)")
     if p.bits == 8 and p.per_channel and p.m >= tuning.A8_W8_PER_CHANNEL_TRITON_FROM_M:
         from mixgemm.kernels.cuda.gemm_wgmma_a8 import w8_wide_region
 
@@ -144,6 +146,22 @@ def _wgmma_a8_can_run(p: Problem):
             return prefer_not(f"int8 per-channel at M={p.m} >= {tuning.A8_W8_PER_CHANNEL_TRITON_FROM_M} outside the "
                               "BM 256 / MC 2 region: the Triton kernel measured faster (tuning)")
     return OK
+
+
+def _small_m_decline(p: Problem, lo: int, hi: int) -> str | None:
+    """Why a call below A8_WGMMA_MIN_M stays off the CUDA int8 GEMM (tuning.A8_WGMMA_SMALL_M's rule), None if not."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import column_tiles
+
+    if not lo <= p.m <= hi:
+        return f"outside M {lo}..{hi}"
+    if not p.per_token:
+        return "activation scales per block (the per-group fold loses at small M)"
+    ctas = column_tiles(p.n, 2)
+    cta_bytes = p.k * 128 * p.bits // 8
+    if cta_bytes > tuning.A8_WGMMA_SMALL_M_CTA_BYTES and 2 * ctas < p.device.sm_count:
+        return (f"{ctas} CTAs (under half the SMs) each streaming {cta_bytes >> 10} KiB of weights (above "
+                f"{tuning.A8_WGMMA_SMALL_M_CTA_BYTES >> 10} KiB; the Triton kernel splits K)")
+    return None
 
 
 def _wgmma_a8_config(p: Problem) -> dict:

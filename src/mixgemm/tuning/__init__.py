@@ -179,12 +179,17 @@ A8_GEMV_MAX_M = 2
 # Source: tools/bench/wgmma_a8.py (H200 / H100): from this M the sym x sym calls with a wgmma_a8_v1 weight take
 # the CUDA int8 wgmma GEMM instead of the Triton kernel.
 A8_WGMMA_MIN_M = 128
-# Source: tools/bench/wgmma_a8.py --ms 4,16,64 --formats w4g128t,w4g128qt (H100, GEMM only): int4 weights at M = 4..64
-# with BM 64 tiles (default_config) ran 6.3 / 11.5 / 16.5 / 35 us on 2048x2048 / 4096x4096 / 4096x14336 / 14336x4096
-# (K x N; fp16 cuBLAS 6.9 / 18.7 / 48.4 / 50.6), where the Triton int8 kernel's W4A8 per-token call took 16.2 us at
-# M = 16 on 2048x2048 (tools.profile.eager_overhead) and two Python launches: sym calls take the CUDA kernel in this
-# M range too (M 65..127 were not measured and stay with the Triton kernel).
+# Source: tools/bench/wgmma_a8.py --ms 4,16,64 (H100, GEMM only, medians of 3, BM 64 tiles of default_config against
+# the Triton int8 kernel, us). Per-token activation scales (int8 per-channel weights: the same): W8 per-channel
+# 2048x2048 5.3-5.5 vs 7.0-8.9, 4096x4096 10.7-10.8 vs 12.0-15.8, 4096x14336 26.1-26.7 vs 29.8-32.5 (K x N), where the
+# CUDA call also saves the Triton kernel's Python launch (eager W8A8 M = 16 on 2048x2048: 6.7x -> 2.0x nn.Linear,
+# tools/checks/registry_check.py); but 14336x4096 (32 CTAs, each streaming 1.8 MB of weights) 32.9 vs 29.3 at M = 4:
+# the Triton kernel splits K there. Per-block activation scales lose at every size (W4 / W8 g128 2048x2048 10.8-11.8
+# vs 7.4-7.8; the per-group fold): they stay with the Triton kernel. So: sym calls with per-token scales in this M
+# range take the CUDA kernel where each CTA streams at most A8_WGMMA_SMALL_M_CTA_BYTES of weights (K x 128 rows) or
+# the CTAs fill half the SMs (M 65..127 were not measured and stay with the Triton kernel).
 A8_WGMMA_SMALL_M = (A8_GEMV_MAX_M + 1, 64)
+A8_WGMMA_SMALL_M_CTA_BYTES = 512 * 1024
 # Source: tools/bench/wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
 # this M (its persistent TMA kernel was ~10% faster at M = 2048 / 16384 on 8192x28672, a tie on 28672x8192; below
 # it the CUDA kernel won, 2x at M = 128), except where the CUDA kernel's BM 256 / MC 2 tiles apply
