@@ -337,3 +337,9 @@ def test_weight_bytes_count_the_layouts_a_call_reads_not_their_build():
                                  device="cpu", dtype=torch.float32))
     (r,) = data["results"]
     assert r["status"] == "ok" and r["weight_bytes"] == 64 * 32 * 4
+
+
+def test_synced_call_us_runs_warmup_then_batches():
+    calls = []
+    t = protocol.synced_call_us(lambda: calls.append(1), calls=3, repeats=4, warmup=2)
+    assert len(calls) == 2 + 3 * 4 and t > 0

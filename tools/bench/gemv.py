@@ -160,13 +160,13 @@ def main():
     print(f"GPU {p.name}, {p.multi_processor_count} SMs, L2 {p.L2_cache_size >> 20} MiB, "
           f"torch {torch.__version__}")
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s")
+    sweep_shapes = SHAPES if not args.sweep_shapes else [tuple(int(v) for v in s.split("x"))
+                                                         for s in args.sweep_shapes.split(",")]
     if args.sweep:
         cfgs = [(r, u, ks, pf) for r, u in ((2, 2), (4, 1), (4, 2)) for ks in (1, 2, 4, 8) for pf in (0, 1)]
-        shapes = SHAPES if not args.sweep_shapes else [tuple(int(v) for v in s.split("x"))
-                                                         for s in args.sweep_shapes.split(",")]
-        sweep(bw, shapes, [(4, 128, args.sweep_mode)], cfgs)
+        sweep(bw, sweep_shapes, [(4, 128, args.sweep_mode)], cfgs)
         w8 = [(2, 1, 4, 0), (2, 1, 8, 0), (2, 1, 4, 1), (2, 1, 8, 1), (2, 2, 4, 1), (2, 2, 8, 1)]
-        sweep(bw, shapes, [(8, -1, "sym")], w8)
+        sweep(bw, sweep_shapes, [(8, -1, "sym")], w8)
     if args.sweep_l2:
         # (R, U, KS, PF, BPF, PST, MINB): BPF L2 prefetch mode, PST persistent grid waves, MINB launch bounds
         cfgs = [(4, 2, 2, 0, 0, 0, 0), (4, 1, 8, 0, 0, 0, 0), (2, 2, 2, 0, 0, 0, 0), (4, 2, 4, 0, 0, 0, 0),
@@ -194,9 +194,7 @@ def main():
                 for ks in (1, 2, 4, 8)]
         cfgs += [(r, 1, ks, rg, bulk, 1, 2) for r in (4, 8) for ks in (2, 4, 8) for rg in (1, 2) for bulk in (2, 4)
                  if bulk * rg * r * ks * 32 * 16 <= 200 * 1024]
-        shapes = SHAPES if not args.sweep_shapes else [tuple(int(v) for v in s.split("x"))
-                                                         for s in args.sweep_shapes.split(",")]
-        sweep(bw, shapes, [(4, 128, args.sweep_mode)], cfgs, names=["R", "U", "KS", "RG", "BULK", "LITE", "MINB"],
+        sweep(bw, sweep_shapes, [(4, 128, args.sweep_mode)], cfgs, names=["R", "U", "KS", "RG", "BULK", "LITE", "MINB"],
               show=10)
     if args.sweep_mma:
         cfgs = [(u, ks, 1) for u in (2, 4) for ks in (4, 8, 16)] + [(2, 8, 0)]

@@ -15,31 +15,17 @@ import argparse
 import json
 import os
 import sys
-import time
+from functools import partial
 
 import torch
 
 import mixgemm
+from mixgemm.bench.protocol import synced_call_us
 
 SCHEMES = {"W4A16": lambda: mixgemm.W4A16(), "W8A16": lambda: mixgemm.W8A16(), "W8A8": lambda: mixgemm.W8A8(),
            "W4A8": lambda: mixgemm.W4A8(act_block="token")}
 MS = (1, 16, 512)
 N = K = 2048
-
-
-def eager_us(fn, x, iters=200) -> float:
-    """Median of per-call wall times (each call synchronized): what an eager caller waits for one layer."""
-    for _ in range(20):
-        fn(x)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn(x)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2] * 1e6
 
 
 def op_path(q, x):
@@ -77,8 +63,8 @@ def main() -> int:
                 if not float((y.float() - r).norm() / r.norm()) <= 1e-3:
                     failed.append(f"{name} M={m}: the eager plan path differs from the custom op")
                 c = mixgemm.explain(x, q.quantized_weight(), act_mode=q.act_mode, act_block=q.act_block)
-                lin, eag, comp = eager_us(ref, x), eager_us(model, x), eager_us(compiled, x)
-                lin_comp = eager_us(compiled_ref, x)
+                lin, eag, comp, lin_comp = (synced_call_us(partial(f, x))
+                                            for f in (ref, model, compiled, compiled_ref))
                 rows.append(dict(scheme=name, M=m, kernel=c.kernel, config=c.config, linear_us=lin, eager_us=eag,
                                  linear_compiled_us=lin_comp, compiled_us=comp, eager_x=eag / lin,
                                  compiled_x=comp / lin_comp, accept=eag / lin <= 1.3 and comp / lin_comp <= 1.3))

@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import statistics
-import time
+from functools import partial
 
 import torch
 from torch import nn
 
 import mixgemm
+from mixgemm.bench.protocol import synced_call_us
 from mixgemm.checkpoints.gather_at_norm import gather_act_order_at_norms
 from mixgemm.nn.linear import QuantLinear
 
@@ -42,20 +42,6 @@ class Layer(nn.Module):
     def forward(self, hidden_states):
         hidden_states = self.input_layernorm(hidden_states)
         return self.self_attn(hidden_states=hidden_states)
-
-
-def per_call_us(fn, x, calls, repeats):
-    for _ in range(20):
-        fn(x)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn(x)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(times)
 
 
 def main(argv=None):
@@ -84,7 +70,7 @@ def main(argv=None):
         cases.update({"norm + 3 plain": layer_plain, "norm + 3 in-kernel": layer_kernel,
                       "norm hook + 3 gathered": layer_norm})
         for name, fn in cases.items():
-            print(f"{name:26s} {per_call_us(fn, x, args.calls, args.repeats):8.1f} us/call", flush=True)
+            print(f"{name:26s} {synced_call_us(partial(fn, x), args.calls, args.repeats):8.1f} us/call", flush=True)
         torch.testing.assert_close(layer_norm(x), layer_kernel(x), rtol=0, atol=0)
         if args.profile:
             for name in ("act-order in-kernel", "norm hook + 3 gathered"):

@@ -8,6 +8,8 @@
 * ``ceilings()``: device-to-device copy of 1 GiB (bytes read + written / time), an 8192^3 fp16 matmul
   (flop/s) and an 8192^3 ``torch._int_mm`` (int op/s), measured in the same run.
 * ``cpu_time_us(fn)``: the CPU path (median wall-clock time), for machines without a GPU.
+* ``synced_call_us(fn)``: host wall time per eager call, the device synchronized after each batch of calls (what an
+  eager caller waits for; per-call overhead checks, not the protocol's kernel timing).
 """
 
 from __future__ import annotations
@@ -121,6 +123,23 @@ def cpu_time_us(fn: Callable[[], object], min_reps: int = 3, budget_s: float = 0
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e6
+
+
+def synced_call_us(fn: Callable[[], object], calls: int = 1, repeats: int = 200, warmup: int = 20) -> float:
+    """Median over ``repeats`` of the wall time (us) per call of ``calls`` back-to-back calls of fn followed by a device
+    synchronize; calls = 1: what an eager caller waits for one synchronized call."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(times)
 
 
 def copy_bandwidth(warmup_ms: float = 25, rep_ms: float = 100, device: str = "cuda") -> float:

@@ -133,9 +133,8 @@ def _wgmma_a8_can_run(p: Problem):
         return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
     if not p.device.sm90:
         return no(f"needs sm_90, the GPU is sm_{p.device.capability[0]}{p.device.capability[1]}")
-    lo, hi = tuning.A8_WGMMA_SMALL_M
     if p.m < tuning.A8_WGMMA_MIN_M:
-        why = _small_m_decline(p, lo, hi)
+        why = _small_m_decline(p)
         if why:
             return prefer_not(f"M={p.m} below M={tuning.A8_WGMMA_MIN_M} and {why}, where the Triton int8 kernel runs "
                               "(tuning)")
@@ -148,10 +147,11 @@ def _wgmma_a8_can_run(p: Problem):
     return OK
 
 
-def _small_m_decline(p: Problem, lo: int, hi: int) -> str | None:
+def _small_m_decline(p: Problem) -> str | None:
     """Why a call below A8_WGMMA_MIN_M stays off the CUDA int8 GEMM (tuning.A8_WGMMA_SMALL_M's rule), None if not."""
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import column_tiles
 
+    lo, hi = tuning.A8_WGMMA_SMALL_M
     if not lo <= p.m <= hi:
         return f"outside M {lo}..{hi}"
     if not p.per_token:

@@ -84,8 +84,6 @@ def _in_context(call, *args) -> int:
     made the device's primary context current) make it current and call once more. Returns the CUresult."""
     err = call(*args)
     if err == CUDA_ERROR_INVALID_CONTEXT:
-        import torch
-
         from mixgemm.kernels.cuda.nvrtc import make_primary_context_current
 
         make_primary_context_current(torch.cuda.current_device())
