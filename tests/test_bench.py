@@ -343,3 +343,29 @@ def test_synced_call_us_runs_warmup_then_batches():
     calls = []
     t = protocol.synced_call_us(lambda: calls.append(1), calls=3, repeats=4, warmup=2)
     assert len(calls) == 2 + 3 * 4 and t > 0
+
+
+def test_kernel_profile_names_one_row_per_kernel():
+    from mixgemm.bench.kernel_profile import kernel_name
+
+    assert kernel_name("void gemv_kernel<4, 128>(half const*, int)") == "gemv_kernel"
+    assert kernel_name("void at::native::(anonymous namespace)::index_select_kernel<float>(float*)") == \
+        "at::native::::index_select_kernel"
+    # Triton's numeric suffix (one kernel compiled for several shapes) is cut; other names stay as they are
+    assert kernel_name("triton_red_fused_add_mean_mul_pow_rsqrt_3") == "triton_red_fused_add_mean_mul_pow_rsqrt"
+    assert kernel_name("ampere_fp16_s16816gemm_fp16_64x64_ldg8_f2f_stages_64x5_tn") == \
+        "ampere_fp16_s16816gemm_fp16_64x64_ldg8_f2f_stages_64x5_tn"
+
+
+def test_decode_tokens_per_s_times_each_repeat_on_cpu():
+    pytest.importorskip("transformers")
+    from mixgemm.bench.e2e import decode_tokens_per_s
+    from mixgemm.integrations.hf import model_config, random_model
+
+    model = random_model(model_config("tiny-llama", hidden_size=64, intermediate_size=128, num_hidden_layers=1),
+                         seed=1).eval()
+    # kernel_steps is CUDA only (the CPU run leaves it out); the cache holds the prompt, warm-up and every loop
+    r = decode_tokens_per_s(model, 1, 5, 2, 3, model.config.vocab_size, 0, None, "eager", kernel_steps=2, repeats=3)
+    assert len(r["runs_tokens_per_s"]) == 3 and all(t > 0 for t in r["runs_tokens_per_s"])
+    assert sorted(r["runs_tokens_per_s"])[1] == pytest.approx(r["tokens_per_s"])
+    assert "kernels" not in r

@@ -69,7 +69,8 @@ def test_perm_config_stages_x_where_it_can():
     assert gemv_mod.perm_config({**cfg, "PF": 1}, 1, 0, 4096) == {**cfg, "PF": 1, "PERM": 1}
     assert gemv_mod.perm_config(cfg, 1, 0, 16384) == {**cfg, "PERM": 1, "XS": 1}
     assert gemv_mod.perm_config(cfg, 1, 0, 16384 + 32) == {**cfg, "PERM": 1}  # x twice exceeds 64 KiB
-    assert gemv_mod.x_smem_bytes({**cfg, "PERM": 1, "XS": 1}, 4096) == 2 * gemv_mod.x_smem_bytes({**cfg, "XS": 1}, 4096)
+    # x as it is, x gathered, and the int32 indices
+    assert gemv_mod.x_smem_bytes({**cfg, "PERM": 1, "XS": 1}, 4096) == 4 * gemv_mod.x_smem_bytes({**cfg, "XS": 1}, 4096)
 
 
 def test_kernel_perm_is_int32_identity_padded_and_cached(torch_gen):

@@ -91,9 +91,9 @@ def add_act_order(model, seed: int) -> int:
     return changed
 
 
-def variants(name: str, s: Settings, log) -> dict:
-    """The models of VARIANTS: one quantize_'d model and deep copies of it made before any call (no kernel layout or
-    plan is cached yet), each then turned into its variant."""
+def variants(name: str, s: Settings, log, chosen=VARIANTS) -> dict:
+    """The models of the ``chosen`` VARIANTS ("plain" always): one quantize_'d model and deep copies of it made
+    before any call (no kernel layout or plan is cached yet), each then turned into its variant."""
     model = build(name, s)
     report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=GROUP, mode="zero_point"))
     if report.skipped:
@@ -101,11 +101,12 @@ def variants(name: str, s: Settings, log) -> dict:
     free_memory(s)
     models = {"plain": model}
     for variant in VARIANTS[1:]:
-        m = models[variant] = copy.deepcopy(model)
-        add_act_order(m, s.seed + 3)  # the same permutations in both act-order copies
-    folded = [len(fold_mlp_input_perms(models[v])) for v in VARIANTS[2:]]
-    at_norm = len(gather_act_order_at_norms(models["act-order, norms gather"]))
-    log(f"{name}: folded {folded[0]} down projections, {at_norm} layers fed gathered by their norm")
+        if variant in chosen:
+            m = models[variant] = copy.deepcopy(model)
+            add_act_order(m, s.seed + 3)  # the same permutations in every act-order copy
+    folded = [len(fold_mlp_input_perms(models[v])) for v in VARIANTS[2:] if v in models]
+    at_norm = len(gather_act_order_at_norms(models[VARIANTS[3]])) if VARIANTS[3] in models else 0
+    log(f"{name}: folded {folded[:1]} down projections, {at_norm} layers fed gathered by their norm")
     return models
 
 
@@ -120,17 +121,19 @@ def eager_profile(model, ids, s: Settings, top: int) -> str:
     return text.getvalue()
 
 
-def measure(res: dict, name: str, modes, s: Settings, log, profile_top: int):
+def measure(res: dict, name: str, modes, s: Settings, log, profile_top: int, chosen=VARIANTS):
     res["variants"] = {v: {} for v in VARIANTS}
-    models = variants(name, s, log)
+    models = variants(name, s, log, chosen)
     ids = prompt(models["plain"], s)
     logits = {v: (last_logits(m, ids[:, :1]), last_logits(m, ids)) for v, m in models.items()}
-    a1, a = logits["act-order, in-kernel"]
-    # M = 1: the GEMVs, the same arithmetic on the same numbers; the prompt (M = prompt_len): the GEMMs, whose split-K
-    # tiles add partial sums with atomics in any order
-    res["m1_logits_equal"] = all(bool(torch.equal(a1, logits[v][0])) for v in VARIANTS[2:])
-    res["prompt_logits_max_rel"] = max(float((a - logits[v][1]).abs().max() / a.abs().max().clamp_min(1e-30))
-                                       for v in VARIANTS[2:])
+    act_order = [v for v in VARIANTS[1:] if v in models]
+    if len(act_order) > 1:
+        a1, a = logits[act_order[0]]
+        # M = 1: the GEMVs, the same arithmetic on the same numbers; the prompt (M = prompt_len): the GEMMs, whose
+        # split-K tiles add partial sums with atomics in any order
+        res["m1_logits_equal"] = all(bool(torch.equal(a1, logits[v][0])) for v in act_order[1:])
+        res["prompt_logits_max_rel"] = max(float((a - logits[v][1]).abs().max() / a.abs().max().clamp_min(1e-30))
+                                           for v in act_order[1:])
     for mode in modes:  # generate: the models in turns (generate_e2e.time_generate); compiled: one after the other
         try:
             r = run_mode(mode, models, ids, s)
@@ -139,16 +142,37 @@ def measure(res: dict, name: str, modes, s: Settings, log, profile_top: int):
             log(f"{name} {mode}: ERROR\n{err}")
             free_memory(s)
             continue
-        for v in VARIANTS:
+        for v in models:
             res["variants"][v][mode] = r[v]
             runs = f" (runs {[round(t, 3) for t in r[v]['runs_s']]})" if "runs_s" in r[v] else ""
+            if "runs_tokens_per_s" in r[v]:
+                runs = f" (runs {[round(t, 1) for t in r[v]['runs_tokens_per_s']]})"
             log(f"{name} {v:22s} {mode:9s}: {r[v]['tokens_per_s']:8.1f} tok/s{runs}")
+        if any("kernels" in r[v] for v in models):
+            log(f"{name} {mode}: GPU kernels per decode step\n{kernel_table(r)}")
     if profile_top and "generate" in modes:
         res["eager_profile"] = {v: eager_profile(m, ids, s, profile_top) for v, m in models.items()}
         for v, text in res["eager_profile"].items():
             log(f"--- eager profile, {v}\n{text}")
     del models
     free_memory(s)
+
+
+def kernel_table(r: dict, top: int = 16) -> str:
+    """Each variant's GPU time per step by kernel (the ``top`` kernels of any variant), and the total."""
+    names: list[str] = []
+    shown = [v for v in VARIANTS if v in r]
+    for v in shown:
+        names += [k["name"] for k in r[v].get("kernels", [])[:top] if k["name"] not in names]
+    per = {v: {k["name"]: k for k in r[v].get("kernels", [])} for v in shown}
+    lines = [f"{'kernel':60s} " + " ".join(f"{v[-12:]:>20s}" for v in shown)]
+    for n in names:
+        cells = [per[v].get(n) for v in shown]
+        lines.append(f"{n[:60]:60s} " + " ".join(
+            f"{c['us_per_step']:9.1f} us x{c['calls_per_step']:5.0f}" if c else f"{'-':>20s}" for c in cells))
+    lines.append(f"{'total GPU time per step':60s} " + " ".join(
+        f"{r[v].get('gpu_us_per_step', float('nan')):9.1f} us{'':7s}" for v in shown))
+    return "\n".join(lines)
 
 
 def table(results: dict, tolerance: float) -> tuple[str, list[str]]:
@@ -163,9 +187,9 @@ def table(results: dict, tolerance: float) -> tuple[str, list[str]]:
         v = r.get("variants", {})
         for mode in results["settings"]["modes"]:
             p, k, a, g = (v.get(x, {}).get(mode) for x in VARIANTS)
-            if not (p and a):
+            if not (p and (a or g)):
                 continue
-            ratio = a["tokens_per_s"] / p["tokens_per_s"]
+            ratio = tps(a) / p["tokens_per_s"]
             ok = ratio >= 1 - tolerance
             if not ok:
                 misses.append(f"{r['model']} {mode}: as loaded x{ratio:.3f} of plain < {1 - tolerance:.2f}")
@@ -190,10 +214,21 @@ def main(argv=None) -> int:
     ap.add_argument("--strict", action="store_true", help="also exit 1 when as loaded misses the tolerance")
     ap.add_argument("--profile-eager", type=int, default=0, metavar="TOP",
                     help="also profile one eager generate per variant (cProfile, the TOP functions by own time)")
+    ap.add_argument("--kernels", type=int, default=0, metavar="STEPS",
+                    help="compiled mode: also profile STEPS more decode steps per variant and print each kernel's "
+                         "GPU time per step beside the plain model's (mixgemm.bench.kernel_profile)")
+    ap.add_argument("--compiled-repeats", type=int, default=1, help="compiled mode: timed loops (median)")
+    short = [v.removeprefix("act-order, ") for v in VARIANTS[1:]]
+    ap.add_argument("--variants", default=",".join(short),
+                    help=f"comma list of the act-order variants to build beside plain: {short}")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    chosen = ("plain", *[f"act-order, {v.strip()}" for v in args.variants.split(",") if v.strip()])
+    if unknown := [v for v in chosen if v not in VARIANTS]:
+        ap.error(f"unknown variants {unknown}; known: {VARIANTS[1:]}")
     modes = [m for m in args.modes.split(",") if m]
-    models, s = settings_from(ap, args, modes, MODES)
+    models, s = settings_from(ap, args, modes, MODES, kernel_steps=args.kernels,
+                              compiled_repeats=args.compiled_repeats)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -213,7 +248,7 @@ def main(argv=None) -> int:
     for name in models:
         results["models"].append(res := {"model": name})
         try:
-            measure(res, name, modes, s, log, args.profile_eager)
+            measure(res, name, modes, s, log, args.profile_eager, chosen)
         except Exception:
             results["errors"][name] = traceback.format_exc()
             log(f"{name}: ERROR\n{results['errors'][name]}")

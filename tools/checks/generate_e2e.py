@@ -84,6 +84,8 @@ class Settings:
     warmup: int
     seed: int
     memory_ms: tuple[int, ...] = MEMORY_MS
+    kernel_steps: int = 0  # compiled mode: profile this many more steps (the GPU kernels per step)
+    compiled_repeats: int = 1  # compiled mode: timed loops of new_tokens steps (the median)
 
     @property
     def cuda(self) -> bool:
@@ -206,7 +208,8 @@ def time_compiled(model, s: Settings) -> dict:
 
     mode, backend = ("reduce-overhead", "inductor") if s.cuda else (None, "eager")
     r = decode_tokens_per_s(model, 1, s.prompt_len, s.warmup, s.new_tokens, model.config.vocab_size, s.seed, mode,
-                            backend)
+                            backend, kernel_steps=s.kernel_steps if s.cuda else 0,
+                            repeats=s.compiled_repeats)
     return {**r, "mode": mode, "backend": backend}
 
 

@@ -22,14 +22,20 @@ import torch
 
 
 def decode_tokens_per_s(model, batch: int, prompt_len: int, warmup: int, steps: int, vocab: int, seed: int,
-                         mode: str | None, backend: str) -> dict:
+                         mode: str | None, backend: str, kernel_steps: int = 0, repeats: int = 1) -> dict:
+    """Decode tokens/s of ``model`` (module docstring's method; ``repeats`` timed loops of ``steps``, the median, each
+    loop's in "runs_tokens_per_s"); with ``kernel_steps`` (CUDA), also the GPU kernels of
+    that many more steps under torch.profiler (mixgemm.bench.kernel_profile): "kernels" (per step, largest first) and
+    "gpu_us_per_step"."""
     from mixgemm.integrations.hf import decode_step, static_cache
 
     torch._dynamo.reset()  # a fresh compile per (model, batch): stays clear of the recompile limit
     dev = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, prompt_len), generator=gen).to(dev)
-    cache = static_cache(model, batch, prompt_len + 1 + warmup + steps)
+    profiled = kernel_steps + 1 if kernel_steps and dev.type == "cuda" else 0  # (+ its compile step)
+    # (the cache holds every token a step writes: it counts them, so a step past its end fails on the GPU)
+    cache = static_cache(model, batch, prompt_len + 1 + warmup + steps * repeats + profiled)
     eager = decode_step(model)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -40,18 +46,38 @@ def decode_tokens_per_s(model, batch: int, prompt_len: int, warmup: int, steps: 
         tok = eager(tok, torch.tensor([p], device=dev), cache)[:, -1].argmax(-1, keepdim=True)
         p += 1
         step = torch.compile(eager, fullgraph=True, dynamic=False, mode=mode, backend=backend)
-        positions = torch.arange(p, p + warmup + steps, device=dev)
+        positions = torch.arange(p, p + warmup + steps * repeats + profiled, device=dev)
         for i in range(warmup):
             tok = step(tok, positions[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda d: None)
         sync(dev)
         setup_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        for i in range(warmup, warmup + steps):
-            tok = step(tok, positions[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
-        sync(dev)  # the argmax feeds the next step, so steps serialize anyway; wall time over the loop
-    ms = (time.perf_counter() - t1) * 1e3
-    return {"tokens_per_s": batch * steps / (ms / 1e3), "ms_per_step": ms / steps, "setup_s": setup_s}
+        runs_ms = []
+        for r in range(repeats):
+            t1 = time.perf_counter()
+            for i in range(warmup + r * steps, warmup + (r + 1) * steps):
+                tok = step(tok, positions[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+            sync(dev)  # the argmax feeds the next step, so steps serialize anyway; wall time over the loop
+            runs_ms.append((time.perf_counter() - t1) * 1e3)
+        ms = sorted(runs_ms)[len(runs_ms) // 2]
+        out = {"tokens_per_s": batch * steps / (ms / 1e3), "ms_per_step": ms / steps, "setup_s": setup_s,
+               "runs_tokens_per_s": [batch * steps / (t / 1e3) for t in runs_ms]}
+        if profiled:
+            from mixgemm.bench.kernel_profile import as_dicts, kernel_times
+
+            # the same step compiled without CUDA graphs (the same inductor kernels, each launch seen by the
+            # profiler), on the positions after the timed ones
+            plain = torch.compile(eager, fullgraph=True, dynamic=False, backend=backend)
+            state = {"tok": tok, "i": warmup + steps * repeats}
+
+            def one_step():
+                i = state["i"]
+                state["tok"] = plain(state["tok"], positions[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+                state["i"] = i + 1
+
+            rows, gpu_us = kernel_times(one_step, kernel_steps, skip=1)
+            out.update(kernels=as_dicts(rows), gpu_us_per_step=gpu_us)
+    return out
 
 
 def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prompt_len: int = 128,

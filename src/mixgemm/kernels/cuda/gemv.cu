@@ -184,36 +184,32 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // x[perm[8p .. 8p + 7]]. Why from shared memory: a warp's 2-byte gather from global memory touches ~32 L1 lines
   // (one wavefront each), from shared memory a few bank conflicts; the host sizes the dynamic shared memory for both.
   const u16* const xraw = (const u16*)(xsm + Kc * XV);
-  // The indices are constant: they are prefetched into L1 before the PDL wait (while the previous kernel drains, or
-  // under this block's first weight loads), so the gathers after the x copy find them there. Loading them into
-  // registers instead took the R4 KS2 tile from 74 to 98 registers (ptxas, sm_90).
+  // The indices (constant) are copied into shared memory behind xraw with cp.async before the PDL wait: their
+  // round trip overlaps the wait and the x copy, and the gather after it reads only shared memory. Why: gathered
+  // through indices read from L1 / L2 after the x copy (two dependent round trips on the block's critical path),
+  // an act-order GEMV cost ~2 us more than the plain one at M = 1 (H100, Llama-3-8B shapes). Shared memory, not
+  // registers: holding the indices in registers took the R4 KS2 tile from 74 to 98 registers (ptxas, sm_90).
+  const int* const pidx = (const int*)(xsm + 2 * Kc * XV);
   auto prefetch_perm = [&]() {
-    for (int p = threadIdx.x; p < Kc * XV; p += GEMV_CTHREADS)
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(perm + 8 * p));
+    for (int q = threadIdx.x; q < 2 * Kc * XV; q += GEMV_CTHREADS) {  // 16 bytes = 4 indices each
+      const u32 dst = (u32)__cvta_generic_to_shared(pidx + 4 * q);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(perm + 4 * q) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
   };
   auto stage_x = [&]() {
-    // 4 pieces' indices in flight before any gather (coalesced: piece p's 32 bytes at 32 p)
-    int pk[4][8];
-    auto load_pk = [&](int p0) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (p0 + i * GEMV_CTHREADS < Kc * XV) ld_perm(perm, (p0 + i * GEMV_CTHREADS) * 8, pk[i]);
-    };
     copy_x(xsm + Kc * XV, false);
+    asm volatile("cp.async.wait_all;" ::: "memory");
     asm volatile("bar.sync 1, %0;" ::"n"(GEMV_CTHREADS) : "memory");  // compute warps (GEMV_BULK: not the producer)
-    for (int p0 = threadIdx.x; p0 < Kc * XV; p0 += 4 * GEMV_CTHREADS) {
-      load_pk(p0);
+    for (int p = threadIdx.x; p < Kc * XV; p += GEMV_CTHREADS) {
+      const int4 a = ((const int4*)pidx)[2 * p], b = ((const int4*)pidx)[2 * p + 1];
+      const int pk[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      u32 w[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int p = p0 + i * GEMV_CTHREADS;
-        if (p >= Kc * XV) continue;
-        u32 w[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = (u32)xraw[pk[i][2 * j]] | ((u32)xraw[pk[i][2 * j + 1]] << 16);
-        uint4 v;
-        v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
-        xsm[(p % XV) * Kc + p / XV] = v;
-      }
+      for (int j = 0; j < 4; ++j) w[j] = (u32)xraw[pk[2 * j]] | ((u32)xraw[pk[2 * j + 1]] << 16);
+      uint4 v;
+      v.x = w[0]; v.y = w[1]; v.z = w[2]; v.w = w[3];
+      xsm[(p % XV) * Kc + p / XV] = v;
     }
   };
 #else

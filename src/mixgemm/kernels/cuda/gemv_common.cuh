@@ -99,8 +99,9 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
 
 // Act-order layers (GPTQ desc_act) multiply x[perm[k]] where plain ones read x[k]: the GEMVs gather x through perm
 // while loading it (no separate gather kernel). perm: int32, padded by the host with the identity to a multiple of
-// 64 k (so padded k read the zero-padded x like plain layers, no bounds checks), 16-byte aligned; it is read only
-// after pdl_wait() (the host may have just written it).
+// 64 k (so padded k read the zero-padded x like plain layers, no bounds checks), 16-byte aligned. Per-lane gathers
+// read it after pdl_wait(); the shared-memory path (gemv.cu, GEMV_XS) copies it before, as constant data like the
+// weights (made once per layer by ops.dispatch.kernel_perm, at the layer's first call, before its first launch).
 // The loads are volatile asm: kept after pdl_wait() (a pure asm could be hoisted above it).
 // ld_perm: the PER indices perm[k0 .. k0 + PER - 1] (k0 a multiple of 4: whole 16-byte loads).
 template <int PER>
