@@ -89,6 +89,10 @@ def kernel_perm(perm: torch.Tensor) -> torch.Tensor:
     kp = -(-k // PERM_PAD) * PERM_PAD
     out = torch.arange(kp, dtype=torch.int32, device=perm.device)
     out[:k] = perm
+    if out.is_cuda and not torch.cuda.is_current_stream_capturing():
+        # the GEMVs copy these indices before their PDL wait (constant data, like the weights): a PDL launch right
+        # after the kernels above could read them half written, so they finish first (once per layer)
+        torch.cuda.current_stream(out.device).synchronize()
     setattr(perm, _PERM_ATTR, (sig, out))
     return out
 

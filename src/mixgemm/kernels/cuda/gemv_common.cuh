@@ -101,7 +101,7 @@ __device__ __forceinline__ uint4 ld_x(const uint4* p) {
 // while loading it (no separate gather kernel). perm: int32, padded by the host with the identity to a multiple of
 // 64 k (so padded k read the zero-padded x like plain layers, no bounds checks), 16-byte aligned. Per-lane gathers
 // read it after pdl_wait(); the shared-memory path (gemv.cu, GEMV_XS) copies it before, as constant data like the
-// weights (made once per layer by ops.dispatch.kernel_perm, at the layer's first call, before its first launch).
+// weights (made once per layer by ops.dispatch.kernel_perm, which lets its kernels finish before any launch reads it).
 // The loads are volatile asm: kept after pdl_wait() (a pure asm could be hoisted above it).
 // ld_perm: the PER indices perm[k0 .. k0 + PER - 1] (k0 a multiple of 4: whole 16-byte loads).
 template <int PER>
