@@ -208,8 +208,7 @@ def time_compiled(model, s: Settings) -> dict:
 
     mode, backend = ("reduce-overhead", "inductor") if s.cuda else (None, "eager")
     r = decode_tokens_per_s(model, 1, s.prompt_len, s.warmup, s.new_tokens, model.config.vocab_size, s.seed, mode,
-                            backend, kernel_steps=s.kernel_steps if s.cuda else 0,
-                            repeats=s.compiled_repeats)
+                            backend, kernel_steps=s.kernel_steps, repeats=s.compiled_repeats)
     return {**r, "mode": mode, "backend": backend}
 
 

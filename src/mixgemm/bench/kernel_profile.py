@@ -45,8 +45,6 @@ def kernel_times(step: Callable[[], object], steps: int = 3, skip: int = 0) -> t
         if ev.device_type != torch.autograd.DeviceType.CUDA or getattr(ev, "is_user_annotation", False):
             continue
         name = kernel_name(ev.name)
-        if name.startswith("Memcpy") or name.startswith("Memset"):
-            name = name.split()[0]
         calls[name] = calls.get(name, 0) + 1
         us[name] = us.get(name, 0.0) + ev.device_time
     rows = sorted((KernelTime(n, calls[n] / steps, us[n] / steps) for n in us), key=lambda r: -r.us_per_step)

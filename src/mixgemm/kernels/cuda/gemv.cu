@@ -182,7 +182,8 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 #if GEMV_PERM
   // act-order: x is first copied as it is (coalesced) to xraw behind xsm, then piece p of xsm gathered from there:
   // x[perm[8p .. 8p + 7]]. Why from shared memory: a warp's 2-byte gather from global memory touches ~32 L1 lines
-  // (one wavefront each), from shared memory a few bank conflicts; the host sizes the dynamic shared memory for both.
+  // (one wavefront each), from shared memory a few bank conflicts; the host sizes the dynamic shared memory for both
+  // copies and the indices.
   const u16* const xraw = (const u16*)(xsm + Kc * XV);
   // The indices (constant) are copied into shared memory behind xraw with cp.async before the PDL wait: their
   // round trip overlaps the wait and the x copy, and the gather after it reads only shared memory. Why: gathered

@@ -238,17 +238,21 @@ BULK_MAX_BYTES = 224 * 1024
 XS_MAX_BYTES = 64 * 1024
 
 
+def _x_bytes(cfg: dict, kp: int) -> int:
+    """x in fp16 (K * 2 bytes), twice with PERM (as it is, then gathered)."""
+    return kp * 2 * (2 if cfg.get("PERM", 0) else 1)
+
+
 def x_smem_bytes(cfg: dict, kp: int) -> int:
-    """Dynamic shared memory of GEMV_XS: x in fp16 (K * 2 bytes); with PERM x twice (as it is, then gathered) and the
-    int32 indices (K * 4 bytes)."""
-    return kp * 2 * (4 if cfg.get("PERM", 0) else 1)
+    """Dynamic shared memory of GEMV_XS: x (_x_bytes), and with PERM the int32 indices (K * 4 bytes)."""
+    return _x_bytes(cfg, kp) + (kp * 4 if cfg.get("PERM", 0) else 0)
 
 
 def _xs_ok(cfg: dict, mb: int, act: int, kp: int) -> bool:
-    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF / PST, when x (twice with PERM) fits
+    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF / PST, when x (_x_bytes) fits
     XS_MAX_BYTES; PERM's indices come on top of that (up to 2 * XS_MAX_BYTES in all)."""
-    x_bytes = kp * 2 * (2 if cfg.get("PERM", 0) else 1)
-    return mb == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0) and x_bytes <= XS_MAX_BYTES
+    return (mb == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0)
+            and _x_bytes(cfg, kp) <= XS_MAX_BYTES)
 
 
 def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
