@@ -4,6 +4,7 @@ exceeding 3x L2, median / C), plus a layout diagnostic that shows where a wrong 
     PYTHONPATH=src python -m tools.bench.wgmma --diag                 # one-hot check of the fragment mapping
     PYTHONPATH=src python -m tools.bench.wgmma --out r.json [--quick] # timing table (W4 g128, W8 per-channel)
     PYTHONPATH=src python -m tools.bench.wgmma --sweep --ms 32,64 --shapes 8192x28672
+    PYTHONPATH=src python -m tools.bench.wgmma --table --grid --ms 256,1024 --shapes 4096x6144 --out r.json
 """
 
 from __future__ import annotations
@@ -82,6 +83,56 @@ def candidates(m: int, sms: int) -> list[dict]:
     return [dict(BM=bm, NWG=nwg, STAGES=st, INFLIGHT=d, SPLIT=1, GROUP_M=8) for bm, nwg, st, d in tiles]
 
 
+# --grid: tile shapes (the table's per-M tiles) times cluster split-K factors, each timed beside the table config, to
+# see how the tile and the split should follow the wave count (few output tiles, a partial last wave)
+GRID_TILES = (
+    dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, TMA=1, GROUP_M=8),
+    dict(BM=128, NWG=4, STAGES=4, INFLIGHT=1, TMA=1, KT=2, GROUP_M=8),
+    dict(BM=128, NWG=2, STAGES=4, INFLIGHT=1, TMA=1, KT=2, GROUP_M=8),
+    dict(BM=64, NWG=2, STAGES=4, INFLIGHT=1, TMA=1, KT=2, GROUP_M=1),
+    dict(BM=64, NWG=1, STAGES=4, INFLIGHT=1, TMA=1, KT=2, GROUP_M=1),
+)
+GRID_SPLITS = (1, 2, 3, 4)
+
+
+def grid_configs() -> list[dict]:
+    out = []
+    for tile in GRID_TILES:
+        for s in GRID_SPLITS:
+            out.append({**tile, "SPLIT": s, "CLUSTER": int(s > 1), "FIT": 1})
+    return out
+
+
+def cluster_slots() -> dict:
+    """{split: clusters of that many CTAs the GPU holds at once} for each GRID_TILES tile (cuOccupancyMaxActiveClusters
+    of the launch the GEMM prepares): the wave size of a cluster split-K launch, which the GPCs' SM counts make
+    smaller than SMs / split."""
+    from mixgemm.kernels.cuda import nvrtc
+    from mixgemm.kernels.cuda.gemm_wgmma import prepare_wgmma
+
+    qw = quantize_weight(torch.randn(4096, 4096, device=DEV) * 0.02, bits=4, group_size=128, mode="zero_point")
+    seen, orig = [], nvrtc.prepare_launch
+
+    def spy(fn, device, grid, block, args, shared_bytes=0, pdl=False, cluster=None, first_without_pdl=False):
+        seen.append((fn, grid, block, shared_bytes, cluster))
+        return orig(fn, device, grid, block, args, shared_bytes, pdl, cluster, first_without_pdl)
+
+    out = {}
+    nvrtc.prepare_launch = spy
+    try:
+        for tile in GRID_TILES:
+            slots = {}
+            for s in GRID_SPLITS[1:]:
+                seen.clear()
+                prepare_wgmma(qw, 512, torch.float16, torch.device(DEV), {**tile, "SPLIT": s, "CLUSTER": 1}, True)
+                fn, grid, block, smem, cl = next(v for v in seen if v[4])
+                slots[str(s)] = nvrtc.max_active_clusters(fn, grid, block, smem, cl)
+            out[f"BM {tile['BM']} NWG {tile['NWG']}"] = slots
+    finally:
+        nvrtc.prepare_launch = orig
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--diag", action="store_true")
@@ -97,6 +148,10 @@ def main(argv=None) -> int:
                     "FMT, SHAPE select the cases a config is timed on)")
     ap.add_argument("--variants", default=None, help="with --table: JSON list of overrides, each timed as the table "
                     "config updated with it (keys M, FMT, SHAPE select the cases, as in --cfgs)")
+    ap.add_argument("--grid", action="store_true", help="with --table: also time GRID_TILES x GRID_SPLITS (cluster "
+                    "split-K) on every case; every config's time goes to --out")
+    ap.add_argument("--cluster-slots", action="store_true", help="print the clusters of each split the GPU holds "
+                    "at once, per grid tile (with --grid the run's JSON keeps the first tile's)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of (fp16 cuBLAS, every config) timed in turn; "
                     "the medians are reported (cuBLAS moves by up to 15%% between timings in one run)")
     ap.add_argument("--launch", default=None, help="M,K,N,CFG_JSON: just launch that case 5 times (for ncu)")
@@ -111,6 +166,11 @@ def main(argv=None) -> int:
         return 0
     if a.diag:
         return 0 if diag() else 1
+    slots = cluster_slots() if a.cluster_slots or a.grid else None
+    if slots:
+        print("cluster slots (clusters of each split held at once):", json.dumps(slots), flush=True)
+        if a.cluster_slots and not a.table:
+            return 0
     props = torch.cuda.get_device_properties(0)
     ceil = ceilings(quick=True)
     print(f"ceilings: copy {ceil['copy_bw'] / 1e12:.2f} TB/s, fp16 matmul {ceil['fp16_flops'] / 1e12:.0f} TFLOP/s")
@@ -140,6 +200,8 @@ def main(argv=None) -> int:
                     for v in json.loads(a.variants or "[]"):
                         if v.get("M", m) == m and v.get("FMT", fmt) == fmt and v.get("SHAPE", shape) == shape:
                             cfgs.append({**cfgs[0], **{c: w for c, w in v.items() if c not in ("M", "FMT", "SHAPE")}})
+                    if a.grid:
+                        cfgs += grid_configs()
                 if a.cfgs:
                     cfgs = [{key: w for key, w in c.items() if key not in ("M", "FMT", "SHAPE")}
                             for c in json.loads(a.cfgs)  # optional filters: M, FMT (w4g128...), SHAPE (KxN)
@@ -165,7 +227,7 @@ def main(argv=None) -> int:
                 t16 = statistics.median(t16s)
                 for i, (ts, e) in sorted(timed.items()):
                     t, cfg = statistics.median(ts), cfgs[i]
-                    if a.sweep or a.variants or a.cfgs:
+                    if a.sweep or a.variants or a.cfgs or a.grid:
                         fmt_ts = lambda v: " / ".join(f"{u:.1f}" for u in v)  # noqa: E731
                         runs = f" (rounds {fmt_ts(ts)}, cuBLAS {fmt_ts(t16s)})"
                         print(f"  {fmt} {shape} M={m} {cfg}: {t:.1f} us err {e:.1e}"
@@ -180,7 +242,9 @@ def main(argv=None) -> int:
                 nbytes = n * k * bits / 8 + n * groups * (4 if bits == 4 else 2) + 2 * m * (k + n)
                 floor_us = max(nbytes / ceil["copy_bw"], 2 * m * n * k / ceil["fp16_flops"]) * 1e6
                 rows.append(dict(fmt=fmt, shape=shape, m=m, cublas_us=t16, triton_us=tt, wgmma_us=t, cfg=cfg, err=e,
-                                 floor_us=floor_us, gemv_us=tg, cublas_rounds=t16s, wgmma_rounds=t_rounds))
+                                 floor_us=floor_us, gemv_us=tg, cublas_rounds=t16s, wgmma_rounds=t_rounds,
+                                 all=[dict(cfg=cfgs[i], us=statistics.median(ts), err=er)
+                                      for i, (ts, er) in sorted(timed.items())]))
                 print(f"{fmt:7s} {shape:11s} {m:6d} {t16:9.1f} {tt:9.1f} {t:9.1f} {t16 / t:8.2f} {tt / t:8.2f} "
                       f"{e:.0e} {100 * floor_us / t:4.0f}% {cfg}" + (f" gemv {tg:.1f}" if tg else ""), flush=True)
             del qws
@@ -193,8 +257,9 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             import triton
 
-            json.dump(dict(gpu=props.name, torch=torch.__version__, triton=triton.__version__,
-                           ceilings=ceil, rows=rows), f, indent=1)
+            json.dump(dict(gpu=props.name, torch=torch.__version__, triton=triton.__version__, ceilings=ceil,
+                           sms=props.multi_processor_count,
+                           cluster_slots=next(iter(slots.values())) if slots else None, rows=rows), f, indent=1)
     return 0
 
 

@@ -255,12 +255,30 @@ def _wgmma_can_run(p: Problem):
     return OK
 
 
+@functools.cache
+def _wave_cost(table_name: str):
+    from mixgemm.kernels.cuda.wgmma_waves import WaveCost
+
+    raw = tuning.load_table(table_name).get("wgmma_waves")
+    return None if raw is None else WaveCost.parse(raw, f"{table_name}.json wgmma_waves")
+
+
 def _wgmma_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemm_wgmma import auto_split, default_config
 
     cfg = tuning.table_entry(p.device.table, "wgmma", p.m, p.n, p.k, p.qw)
     if cfg is None:
         return default_config(p.m, p.n, p.k, p.device.sm_count)
+    cost = _wave_cost(p.device.table["name"])
+    if cost is not None and p.qw is not None:
+        # the table's tile against smaller tiles and cluster splits, from the wave count (kernels/cuda/wgmma_waves.py)
+        from mixgemm.kernels.cuda.wgmma_waves import WeightBytes, choose
+
+        w = WeightBytes(p.bits, p.qw.scales.element_size(), p.mode, p.group_size == 32)
+        got = choose(p.m, p.n, p.k, cfg, w, cost, p.device.sm_count)
+        if got is not None:
+            return tuning.SourcedConfig(got.config, f"{cfg.source}; wave model ({p.device.table['name']}.json "
+                                        f"wgmma_waves: {cost.source.split(' (')[0]}): {got.note}")
     if cfg.get("SPLIT", "auto") == "auto":
         cfg["SPLIT"] = auto_split(p.m, p.n, p.k, cfg, p.device.sm_count)
     return cfg

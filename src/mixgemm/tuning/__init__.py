@@ -33,6 +33,10 @@ default.json). Its fields:
 * ``wgmma``: the same structure for the Hopper wgmma GEMM (mixgemm.kernels.cuda.gemm_wgmma; keys BM, NWG,
   STAGES, INFLIGHT, SPLIT, GROUP_M...), which serves fp16 / bf16 activations on sm_90 past the GEMV.
 * ``gemm_source`` / ``wgmma_source``: the benchmarks behind the sections (each entry's source points there).
+* ``wgmma_waves`` (optional): the wgmma GEMM's wave model (mixgemm.kernels.cuda.wgmma_waves): candidate tiles with
+  their measured step times, the launch and cluster-reduction costs, the clusters of each split the GPU holds at once,
+  ``from_m``, ``margin`` and ``source``. From ``from_m`` the wgmma entry ranks the ``wgmma`` section's tile against
+  them and cluster split-K by the wave count; the table's tile stays unless another is estimated ``margin`` x faster.
 * A missing M bucket takes the nearest listed bucket.
 
 No autotuning at run time: the same (M, N, K, weight format, GPU) always yields the same config.

@@ -1,0 +1,175 @@
+"""Tile and split-K of the wgmma GEMM from the wave count: a small cost model over the problem's arithmetic.
+
+Why: a tile tuned on a big layer leaves a small one with a handful of CTAs (896 x 896 at M = 256: 7 CTAs of BM 256
+on 132 SMs, 0.42x fp16 cuBLAS), and a split-K factor rounded to the SM count can spill one CTA past a wave (4096 x
+6144 at M = 256: 48 tiles x 3 = 144 CTAs, two waves, 0.55x). Neither is a property of one shape, so neither is fixed
+by a table entry: the choice follows from how many CTAs a tile makes, how many fit on the GPU at once and how long
+each runs.
+
+The model: a CTA runs ``kt_per`` 64-k steps. On its own an SM runs a step in ``step_us`` (latency-bound); when
+``ctas_per_sm`` CTAs share it (small tiles, from their shared memory) each step costs ``shared_step_us`` of SM time.
+The busiest SM holds q = ceil(CTAs / SMs) CTAs (for a cluster split of s CTAs: clusters over the clusters the GPU holds
+at once, ``cluster_slots``, which the GPCs' SM counts make fewer than SMs / s) and runs them in ceil(q / ctas_per_sm)
+rounds of max(kt_per * step_us, min(q, ctas_per_sm) * kt_per * shared_step_us), plus per round the cluster's
+reduction ((s - 1) tile partials through distributed shared memory, ``reduce_us`` per 1024 output elements), plus
+``launch_us`` once. The constants are measured per GPU (the tuning table's ``wgmma_waves`` section; fitted by
+``python -m tools.bench.wgmma_fit`` to a ``tools.bench.wgmma --table --grid`` run) and the estimate only ranks
+configs: the table's own tile is kept unless another is estimated ``margin`` times faster.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mixgemm.kernels.cuda.gemm_wgmma import CLUSTER_MAX, K_TILE, SMEM_LIMIT, stage_bytes
+
+SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on sm_90 (each resident block also reserves 1 KiB)
+MAX_CTAS_PER_SM = 2  # the most co-resident CTAs measured; the register budget of larger counts was not checked
+
+
+@dataclass(frozen=True)
+class TileCost:
+    """One candidate tile and its measured step times."""
+
+    config: dict  # BM, NWG, STAGES, INFLIGHT, TMA, KT, GROUP_M
+    step_us: float  # one 64-k step of a CTA alone on its SM
+    shared_step_us: float  # SM time per step and CTA when ctas_per_sm CTAs share the SM
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return int(self.config["BM"]), int(self.config.get("NWG", 2))
+
+
+@dataclass(frozen=True)
+class WaveCost:
+    """A GPU's ``wgmma_waves`` section (mixgemm.tuning): the tiles the model ranks and its constants."""
+
+    tiles: tuple[TileCost, ...]
+    launch_us: float
+    reduce_us: float  # per (split - 1) x 1024 output elements of a tile, per round
+    cluster_slots: dict  # split s -> clusters of s CTAs (one per SM) resident at once
+    sms: int  # the SM count the slots were measured with
+    from_m: int  # the model ranks configs from this M (the M it was measured over)
+    margin: float  # the table's tile is kept unless another is estimated this many times faster
+    source: str
+
+    @classmethod
+    def parse(cls, raw: dict, where: str) -> WaveCost:
+        if not isinstance(raw.get("source"), str) or not raw["source"]:
+            raise ValueError(f"{where}: the wgmma_waves section needs a 'source' string")
+        tiles = tuple(TileCost(dict(t["config"]), float(t["step_us"]), float(t["shared_step_us"]))
+                      for t in raw["tiles"])
+        slots = {int(s): int(v) for s, v in raw["cluster_slots"].items()}
+        if not tiles or any(not 2 <= s <= CLUSTER_MAX for s in slots):
+            raise ValueError(f"{where}: wgmma_waves needs tiles and cluster_slots for splits 2..{CLUSTER_MAX}")
+        return cls(tiles, float(raw["launch_us"]), float(raw["reduce_us"]), slots, int(raw["sms"]),
+                   int(raw["from_m"]), float(raw["margin"]), raw["source"])
+
+    def slots(self, split: int, sms: int) -> int:
+        """Clusters of ``split`` CTAs resident at once on a GPU of ``sms`` SMs (scaled from the measured GPU)."""
+        return max(1, self.cluster_slots[split] * sms // self.sms)
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """What the shared memory of a stage depends on (gemm_wgmma.stage_bytes)."""
+
+    bits: int
+    scale_bytes: int
+    mode: str
+    group32: bool
+
+
+def ctas_per_sm(cfg: dict, w: WeightBytes) -> int:
+    """CTAs of this tile one SM holds at once, from its shared memory (stages cut to fit, as the launch does)."""
+    kt, tma = int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
+    sb = stage_bytes(int(cfg["BM"]), int(cfg.get("NWG", 2)), w.bits, w.scale_bytes, w.mode, w.group32, kt, tma)
+    stages = int(cfg.get("STAGES", 4))
+    while stages > 2 and stages * sb + 1024 > SMEM_LIMIT:
+        stages -= 1
+    threads = 128 * int(cfg.get("NWG", 2)) + 32 * int(cfg.get("WS", 0))
+    return max(1, min(MAX_CTAS_PER_SM, SM_SHARED_BYTES // (stages * sb + 2048), 2048 // threads))
+
+
+def split_steps(k: int, split: int, ktile: int) -> tuple[int, int]:
+    """(k-slices, 64-k steps per slice) of a split-K launch, as gemm_wgmma._prepare_launch cuts K."""
+    kt = math.ceil(k / K_TILE)
+    split = max(1, min(split, kt))
+    per = -(-math.ceil(kt / split) // ktile) * ktile
+    return math.ceil(kt / per), per
+
+
+def estimate_us(m: int, n: int, k: int, tile: TileCost, split: int, per_sm: int, cost: WaveCost, sms: int) -> float:
+    """The model's time of one call with ``tile`` and a cluster split of ``split`` (docstring above). A split-1 tile
+    with TAIL (gemm_wgmma.tail_rows) runs a last wave that fills at most half the SMs as split-2 clusters."""
+    bm, nwg = tile.key
+    ktile = int(tile.config.get("KT", 1))
+    split, steps = split_steps(k, split, ktile)
+    tiles = math.ceil(n / (64 * nwg)) * math.ceil(m / bm)
+
+    def rounds_us(q: int, steps: int, split: int) -> float:  # q CTAs on the busiest SM
+        step = max(steps * tile.step_us, min(q, per_sm) * steps * tile.shared_step_us)
+        reduce = cost.reduce_us * (split - 1) * bm * 64 * nwg / 1024 if split > 1 else 0.0
+        return math.ceil(q / per_sm) * (step + reduce)
+
+    if split > 1:
+        return cost.launch_us + rounds_us(math.ceil(tiles / (cost.slots(split, sms) * per_sm)) * per_sm, steps, split)
+    waves, last = divmod(tiles, sms)
+    if tile.config.get("TAIL") == "auto" and per_sm == 1 and waves and 0 < last <= sms // 2:
+        tail_split, tail_steps = split_steps(k, 2, ktile)
+        return cost.launch_us + rounds_us(waves, steps, 1) + rounds_us(1, tail_steps, tail_split)
+    return cost.launch_us + rounds_us(math.ceil(tiles / sms), steps, 1)
+
+
+def _splits(k: int, ktile: int) -> list[int]:
+    out = []
+    for s in range(1, 5):  # splits past 4 measured slower than a smaller tile on every layer of the sweep
+        got, steps = split_steps(k, s, ktile)
+        if got == s and (s == 1 or steps >= 2 * ktile):
+            out.append(s)
+    return out
+
+
+@dataclass(frozen=True)
+class WaveChoice:
+    config: dict
+    estimate_us: float
+    table_estimate_us: float | None
+    note: str
+
+
+def choose(m: int, n: int, k: int, base: dict, w: WeightBytes, cost: WaveCost, sms: int) -> WaveChoice | None:
+    """The tile and cluster split the model ranks first for this problem, or None where it does not apply (M below
+    ``from_m``, or a table config of a kind the model does not rank: stream-K, serial split-K, a producer warp).
+    ``base``: the table's config for the problem's bucket; kept (its split set to 1) unless a candidate is estimated
+    ``cost.margin`` times faster."""
+    if m < cost.from_m or any(int(base.get(key, 0)) for key in ("SK", "SERIAL", "WS")):
+        return None
+    by_key = {t.key: t for t in cost.tiles}
+    base_key = (int(base["BM"]), int(base.get("NWG", 2)))
+    best = None
+    for tile in cost.tiles:
+        per_sm = ctas_per_sm(tile.config, w)
+        for s in _splits(k, int(tile.config.get("KT", 1))):
+            t = estimate_us(m, n, k, tile, s, per_sm, cost, sms)
+            if best is None or t < best[0]:
+                best = (t, tile, s)
+    if best is None:
+        return None
+    t_best, tile, split = best
+    t_base = None
+    if base_key in by_key:
+        base_tile = TileCost({**by_key[base_key].config, **base}, by_key[base_key].step_us,
+                             by_key[base_key].shared_step_us)
+        t_base = estimate_us(m, n, k, base_tile, 1, ctas_per_sm(base_tile.config, w), cost, sms)
+        if t_base <= cost.margin * t_best:
+            cfg = {**base, "SPLIT": 1, "CLUSTER": 0}
+            return WaveChoice(cfg, t_base, t_base, f"the table's tile, split 1 (est. {t_base:.1f} us; best other "
+                              f"BM {tile.key[0]} NWG {tile.key[1]} split {split}, est. {t_best:.1f} us)")
+    cfg = {**tile.config, "SPLIT": split, "CLUSTER": int(split > 1)}
+    if split == 1 and "TAIL" in base and tile.key == base_key:
+        cfg["TAIL"] = base["TAIL"]
+    base_text = f"the table's tile est. {t_base:.1f} us" if t_base is not None else "the table's tile not modelled"
+    return WaveChoice(cfg, t_best, t_base, f"BM {tile.key[0]} NWG {tile.key[1]} split {split} (est. {t_best:.1f} us; "
+                      f"{base_text})")

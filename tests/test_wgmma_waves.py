@@ -1,0 +1,133 @@
+"""The wgmma GEMM's wave model (mixgemm.kernels.cuda.wgmma_waves): tile and cluster split from the wave count, checked
+on the CPU against a described H100 (no GPU needed)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the Triton kernel modules
+
+import mixgemm  # noqa: E402
+from mixgemm.formats.weight import QuantConfig, QuantizedWeight  # noqa: E402
+from mixgemm.kernels.cuda import wgmma_waves as W  # noqa: E402
+from mixgemm.kernels.cuda.gemm_wgmma import tile_error  # noqa: E402
+from mixgemm.kernels.linear import _wave_cost  # noqa: E402
+from mixgemm.kernels.registry import DeviceInfo  # noqa: E402
+from mixgemm.tuning import load_table  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("isolated_tuning")  # NVRTC reported available, no user tuning cache
+
+H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+W4 = W.WeightBytes(bits=4, scale_bytes=2, mode="zero_point", group32=False)
+
+
+def _layer(n: int, k: int, bits: int = 4, group_size: int = 128) -> QuantizedWeight:
+    """A zero-point weight of this shape for the dispatcher, which reads only its shape and format (uninitialised
+    buffers: quantizing a 28672 x 8192 weight on the CPU per case would cost seconds)."""
+    ng = k // group_size
+    return QuantizedWeight(torch.empty(n, k * bits // 8, dtype=torch.uint8), torch.empty(n, ng, dtype=torch.float16),
+                           torch.empty(n, ng, dtype=torch.uint8), None,
+                           QuantConfig(bits=bits, group_size=group_size, mode="zero_point"), (n, k))
+
+
+def _wgmma_config(k: int, n: int, m: int):
+    qw = _layer(n, k)
+    with mixgemm.kernel_options(force="cuda_wgmma"):
+        return mixgemm.explain(torch.empty(m, k, dtype=torch.float16), qw, device=H100)
+
+
+def _clusters_fit(cfg: dict, n: int, m: int, cost: W.WaveCost) -> bool:
+    tiles = math.ceil(n / (64 * cfg["NWG"])) * math.ceil(m / cfg["BM"])
+    return cfg["SPLIT"] == 1 or tiles <= cost.slots(cfg["SPLIT"], 132) * W.MAX_CTAS_PER_SM
+
+
+@pytest.mark.parametrize("table", ["h100", "h200"])
+def test_tables_carry_a_sourced_wave_model(table):
+    cost = _wave_cost(table)
+    assert cost is not None and cost.source and cost.from_m >= 1 and cost.margin >= 1
+    for t in cost.tiles:
+        assert tile_error({**t.config, "SPLIT": 1}) is None
+        assert t.step_us > 0 and t.shared_step_us > 0
+    assert set(cost.cluster_slots) == {2, 3, 4}
+    assert _wave_cost("default") is None  # GPUs without measured constants keep the table / kernel rule
+
+
+def test_parse_rejects_a_section_without_source():
+    raw = dict(load_table("h100")["wgmma_waves"])
+    raw.pop("source")
+    with pytest.raises(ValueError, match="source"):
+        W.WaveCost.parse(raw, "test")
+    raw = dict(load_table("h100")["wgmma_waves"], cluster_slots={"9": 1})
+    with pytest.raises(ValueError, match="cluster_slots"):
+        W.WaveCost.parse(raw, "test")
+
+
+@pytest.mark.parametrize("k,n,m", [(896, 896, 256), (1536, 256, 512), (4096, 1024, 256), (2048, 2048, 512),
+                                   (4864, 896, 1024), (3584, 512, 300)])
+def test_few_tile_layers_get_tiles_that_fill_the_gpu(k, n, m):
+    """A layer whose table tile makes a handful of CTAs gets a smaller tile and / or a cluster split, a legal one whose
+    clusters fit on the GPU at once."""
+    cost = _wave_cost("h100")
+    choice = _wgmma_config(k, n, m)
+    cfg = choice.config
+    table_ctas = math.ceil(n / 128) * math.ceil(m / 256)
+    ctas = math.ceil(n / (64 * cfg["NWG"])) * math.ceil(m / cfg["BM"]) * cfg["SPLIT"]
+    assert ctas > table_ctas
+    assert tile_error(cfg) is None
+    assert cfg["SPLIT"] == 1 or cfg["CLUSTER"] == 1
+    assert _clusters_fit(cfg, n, m, cost)
+    assert "wave model" in choice.config_source
+
+
+@pytest.mark.parametrize("k,n", [(4096, 14336), (8192, 28672), (28672, 8192), (14336, 4096), (5120, 27648)])
+@pytest.mark.parametrize("m", [4096, 16384])
+def test_many_wave_problems_keep_the_table_tile(k, n, m):
+    cfg = _wgmma_config(k, n, m).config
+    assert (cfg["BM"], cfg["NWG"], cfg["SPLIT"]) == (256, 2, 1)
+    assert cfg.get("TAIL") == "auto"
+
+
+def test_below_from_m_the_model_is_not_applied():
+    cost = _wave_cost("h100")
+    choice = _wgmma_config(896, 896, cost.from_m // 2)
+    assert "wave model" not in choice.config_source
+
+
+def test_estimate_follows_the_waves():
+    cost = _wave_cost("h100")
+    big = next(t for t in cost.tiles if t.key == (256, 2))
+    per_sm = W.ctas_per_sm(big.config, W4)
+    one_tile = [W.estimate_us(256, 128, 8192, big, s, per_sm, cost, 132) for s in (1, 2, 4)]
+    assert one_tile[0] > one_tile[1] > one_tile[2]  # one tile: every split shortens the only CTA's K
+    # one more CTA than a wave costs a second round
+    n_full = 132 * 128
+    t_full = W.estimate_us(256, n_full, 4096, big, 1, per_sm, cost, 132)
+    t_over = W.estimate_us(256, n_full + 128, 4096, big, 1, per_sm, cost, 132)
+    assert t_over > 1.5 * t_full
+
+
+def test_split_steps_match_the_launch():
+    # gemm_wgmma._prepare_launch cuts K in whole stages of KT 64-k tiles
+    assert W.split_steps(896, 4, 2) == (4, 4)  # 14 tiles: 4 per slice (KT 2) -> 4 slices
+    assert W.split_steps(896, 3, 2) == (3, 6)
+    assert W.split_steps(256, 8, 1) == (4, 1)
+
+
+def test_small_tiles_share_an_sm():
+    cost = _wave_cost("h100")
+    per_sm = {t.key: W.ctas_per_sm(t.config, W4) for t in cost.tiles}
+    assert per_sm[(256, 2)] == 1 and per_sm[(64, 1)] == 2
+    w8 = W.WeightBytes(bits=8, scale_bytes=2, mode="sym", group32=False)
+    assert all(W.ctas_per_sm(t.config, w8) <= per_sm[t.key] for t in cost.tiles)
+
+
+def test_stream_k_and_serial_table_configs_are_left_alone():
+    cost = _wave_cost("h100")
+    for key in ("SK", "SERIAL", "WS"):
+        base = {"BM": 256, "NWG": 2, "STAGES": 5, key: 1}
+        assert W.choose(512, 896, 896, base, W4, cost, 132) is None
