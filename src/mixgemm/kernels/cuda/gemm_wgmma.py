@@ -105,11 +105,33 @@ def default_config(m: int, n: int, k: int, sms: int = 132) -> dict:
 
 def auto_split(m: int, n: int, k: int, cfg: dict, sms: int) -> int:
     """Split-K factor that brings the CTA count to about one wave (1 when the tiles already fill the GPU)."""
-    tiles = math.ceil(n / (64 * cfg["NWG"])) * math.ceil(m / cfg["BM"])
+    tiles = output_tiles(m, n, cfg["BM"], cfg["NWG"])
     kt = math.ceil(k / K_TILE)
     if tiles >= sms or kt < 16:
         return 1
     return max(1, min(8, round(sms / tiles), kt // 8))
+
+
+def output_tiles(m: int, n: int, bm: int, nwg: int) -> int:
+    """Output tiles of a launch: 64 * NWG weight rows by BM rows of x each."""
+    return math.ceil(n / (64 * nwg)) * math.ceil(m / bm)
+
+
+def k_slices(kt: int, split: int, ktile: int) -> tuple[int, int]:
+    """(split-K slices, 64-k tiles per slice) of kt 64-k tiles asked to split ``split`` ways: each slice takes whole
+    stages of ``ktile`` tiles, so fewer slices than asked may result."""
+    split = max(1, min(split, kt))
+    per = -(-math.ceil(kt / split) // ktile) * ktile
+    return math.ceil(kt / per), per
+
+
+def fitted_stages(keys: TileKeys, sb: int, extra: int = 0) -> int:
+    """STAGES lowered, not below the tile's minimum, until the ring of ``sb``-byte stages, ``extra`` bytes and the
+    alignment slack fit in SMEM_LIMIT (the launch's ``fit``)."""
+    stages = keys.stages
+    while stages > keys.min_stages and stages * sb + extra + 1024 > SMEM_LIMIT:
+        stages -= 1
+    return stages
 
 
 def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
@@ -407,7 +429,6 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     keys = TileKeys.of(cfg)
     # (stages, tma, sk and ws_req may be lowered below to what this GPU and weight allow)
     bm, nwg, stages, inflight, ktile, tma, sk, fold_req, cluster, serial, pdl_req, ws_req = astuple(keys)
-    min_stages = keys.min_stages
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
     lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
     g2 = lay.group_size == 32
@@ -415,16 +436,14 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     want_tstore = bool(tma and int(cfg.get("TSTORE", TSTORE)))
     # SK 2 stages its TMA stores past the ring (they stay in flight under the next tile): a buffer per warpgroup
     staging = nwg * bm * 128 if sk == 2 and want_tstore and out.tstore_fits(bm, nwg) else 0
-    while fit and stages > min_stages and stages * sb + staging + 1024 > SMEM_LIMIT:
-        stages -= 1
+    if fit:
+        stages = fitted_stages(keys, sb, staging)
     smem = stages * sb + staging + 1024  # + slack for the 1024-byte alignment of the stages
     split = 1 if sk else cfg.get("SPLIT", 1)
     if split == "auto":
         split = auto_split(m, n, k, cfg, props.multi_processor_count)
     kt = lay.k_tiles
-    split = max(1, min(int(split), kt, CLUSTER_MAX if cluster else kt))
-    kt_per = -(-math.ceil(kt / split) // ktile) * ktile  # whole stages per split
-    split = math.ceil(kt / kt_per)
+    split, kt_per = k_slices(kt, min(int(split), CLUSTER_MAX) if cluster else int(split), ktile)
     csplit = cluster == 1 and split > 1  # the slices of a tile as one cluster (WG_SPLIT 2), else a workspace
     ssplit = split > 1 and serial == 1  # the slices of a tile meet in a workspace; the last one stores (WG_SPLIT 3)
     wsplit = split > 1 and not csplit and not ssplit
@@ -497,7 +516,7 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
             _warn_no_tma(e)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, out.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
-    tiles = math.ceil(math.ceil(n / 16) / (4 * nwg)) * math.ceil(m / bm)
+    tiles = output_tiles(m, n, bm, nwg)
     ws_floats, counters = (m * n if wsplit else 0), None
     if sk:
         work = tiles * math.ceil(kt / ktile)  # (tile, stage) pairs

@@ -22,7 +22,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mixgemm.kernels.cuda.gemm_wgmma import CLUSTER_MAX, K_TILE, SMEM_LIMIT, stage_bytes
+from mixgemm.kernels.cuda.gemm_wgmma import (
+    CLUSTER_MAX,
+    K_TILE,
+    TileKeys,
+    fitted_stages,
+    k_slices,
+    output_tiles,
+    stage_bytes,
+)
 
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on sm_90 (each resident block also reserves 1 KiB)
 MAX_CTAS_PER_SM = 2  # the most co-resident CTAs measured; the register budget of larger counts was not checked
@@ -83,21 +91,15 @@ class WeightBytes:
 
 def ctas_per_sm(cfg: dict, w: WeightBytes) -> int:
     """CTAs of this tile one SM holds at once, from its shared memory (stages cut to fit, as the launch does)."""
-    kt, tma = int(cfg.get("KT", 1)), int(cfg.get("TMA", 1))
-    sb = stage_bytes(int(cfg["BM"]), int(cfg.get("NWG", 2)), w.bits, w.scale_bytes, w.mode, w.group32, kt, tma)
-    stages = int(cfg.get("STAGES", 4))
-    while stages > 2 and stages * sb + 1024 > SMEM_LIMIT:
-        stages -= 1
-    threads = 128 * int(cfg.get("NWG", 2)) + 32 * int(cfg.get("WS", 0))
-    return max(1, min(MAX_CTAS_PER_SM, SM_SHARED_BYTES // (stages * sb + 2048), 2048 // threads))
+    keys = TileKeys.of(cfg)
+    sb = stage_bytes(keys.bm, keys.nwg, w.bits, w.scale_bytes, w.mode, w.group32, keys.ktile, keys.tma)
+    threads = 128 * keys.nwg + 32 * keys.ws
+    return max(1, min(MAX_CTAS_PER_SM, SM_SHARED_BYTES // (fitted_stages(keys, sb) * sb + 2048), 2048 // threads))
 
 
 def split_steps(k: int, split: int, ktile: int) -> tuple[int, int]:
-    """(k-slices, 64-k steps per slice) of a split-K launch, as gemm_wgmma._prepare_launch cuts K."""
-    kt = math.ceil(k / K_TILE)
-    split = max(1, min(split, kt))
-    per = -(-math.ceil(kt / split) // ktile) * ktile
-    return math.ceil(kt / per), per
+    """(k-slices, 64-k steps per slice) of a split-K launch over K = k, as the launch cuts it."""
+    return k_slices(math.ceil(k / K_TILE), split, ktile)
 
 
 def estimate_us(m: int, n: int, k: int, tile: TileCost, split: int, per_sm: int, cost: WaveCost, sms: int) -> float:
@@ -106,7 +108,7 @@ def estimate_us(m: int, n: int, k: int, tile: TileCost, split: int, per_sm: int,
     bm, nwg = tile.key
     ktile = int(tile.config.get("KT", 1))
     split, steps = split_steps(k, split, ktile)
-    tiles = math.ceil(n / (64 * nwg)) * math.ceil(m / bm)
+    tiles = output_tiles(m, n, bm, nwg)
 
     def rounds_us(q: int, steps: int, split: int) -> float:  # q CTAs on the busiest SM
         step = max(steps * tile.step_us, min(q, per_sm) * steps * tile.shared_step_us)
@@ -134,9 +136,7 @@ def _splits(k: int, ktile: int) -> list[int]:
 @dataclass(frozen=True)
 class WaveChoice:
     config: dict
-    estimate_us: float
-    table_estimate_us: float | None
-    note: str
+    note: str  # the estimates behind the choice, for mixgemm.explain
 
 
 def choose(m: int, n: int, k: int, base: dict, w: WeightBytes, cost: WaveCost, sms: int) -> WaveChoice | None:
@@ -165,11 +165,11 @@ def choose(m: int, n: int, k: int, base: dict, w: WeightBytes, cost: WaveCost, s
         t_base = estimate_us(m, n, k, base_tile, 1, ctas_per_sm(base_tile.config, w), cost, sms)
         if t_base <= cost.margin * t_best:
             cfg = {**base, "SPLIT": 1, "CLUSTER": 0}
-            return WaveChoice(cfg, t_base, t_base, f"the table's tile, split 1 (est. {t_base:.1f} us; best other "
+            return WaveChoice(cfg, f"the table's tile, split 1 (est. {t_base:.1f} us; best other "
                               f"BM {tile.key[0]} NWG {tile.key[1]} split {split}, est. {t_best:.1f} us)")
     cfg = {**tile.config, "SPLIT": split, "CLUSTER": int(split > 1)}
     if split == 1 and "TAIL" in base and tile.key == base_key:
         cfg["TAIL"] = base["TAIL"]
     base_text = f"the table's tile est. {t_base:.1f} us" if t_base is not None else "the table's tile not modelled"
-    return WaveChoice(cfg, t_best, t_base, f"BM {tile.key[0]} NWG {tile.key[1]} split {split} (est. {t_best:.1f} us; "
+    return WaveChoice(cfg, f"BM {tile.key[0]} NWG {tile.key[1]} split {split} (est. {t_best:.1f} us; "
                       f"{base_text})")
