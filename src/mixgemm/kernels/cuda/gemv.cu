@@ -191,7 +191,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // an act-order GEMV cost ~2 us more than the plain one at M = 1 (H100, Llama-3-8B shapes). Shared memory, not
   // registers: holding the indices in registers took the R4 KS2 tile from 74 to 98 registers (ptxas, sm_90).
   const int* const pidx = (const int*)(xsm + 2 * Kc * XV);
-  auto prefetch_perm = [&]() {
+  auto copy_perm_async = [&]() {
     for (int q = threadIdx.x; q < 2 * Kc * XV; q += GEMV_CTHREADS) {  // 16 bytes = 4 indices each
       const u32 dst = (u32)__cvta_generic_to_shared(pidx + 4 * q);
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(perm + 4 * q) : "memory");
@@ -214,7 +214,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     }
   };
 #else
-  auto prefetch_perm = [&]() {};
+  auto copy_perm_async = [&]() {};
   auto stage_x = [&]() { copy_x(xsm, true); };
 #endif
 #endif
@@ -481,7 +481,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   P pn[U][R];
   if (!GEMV_BPAR && blockIdx.x < ntiles) load_params(pn, blockIdx.x, 0);
 #if GEMV_XS
-  prefetch_perm();
+  copy_perm_async();
 #endif
   pdl_wait();  // x is read from here on
 #if GEMV_XS
@@ -613,7 +613,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     // before the XS x copy, so both hide under their latency
     if (c0 + (U - 1) * STRIDE < Kc) { load(wA, pA, c0); have = true; }
 #if GEMV_XS
-    prefetch_perm();
+    copy_perm_async();
 #endif
     pdl_wait();
 #if GEMV_XS
