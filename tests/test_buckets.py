@@ -291,8 +291,9 @@ def _legal(p, choice) -> str | None:
         if not all(isinstance(cfg[key], int) and cfg[key] >= 1 for key in ("R", "U", "KS", "RG")):
             return "R, U, KS, RG must be positive"
         kc = gemv.chunks_per_row(p.bits, k)
-        if cfg["KS"] > 1 and kc < 32 * cfg["U"] * cfg["KS"]:  # a k-slice without a full step of U chunks per lane
-            return f"KS {cfg['KS']} k-slices of U {cfg['U']} for {kc} chunks per row"
+        # the tail loop takes partial U steps; a whole k-slice warp without a chunk would only idle
+        if cfg["KS"] > 1 and kc <= 32 * (cfg["KS"] - 1):
+            return f"KS {cfg['KS']} k-slices for {kc} chunks per row"
         return None
     if choice.kernel == "cuda_gemv_mma":
         kt = gemv.mma_k_tiles(p.bits, k)

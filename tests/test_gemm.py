@@ -212,8 +212,9 @@ def test_h100_wgmma_from_m():
     """wgmma_from_m: the bucket of a measured layer in one weight format (group size included) goes to the wgmma GEMM
     from that M; other group sizes and buckets, and the Triton-GEMM route, keep the per-bit-width crossover."""
     table = cfgmod.load_table("h100")
-    (entry,) = table["wgmma_from_m"]["w4g128"]
-    assert entry.value == 1 and entry.measured == (8192, 28672) and set(table["wgmma_from_m"]) == {"w4g128"}
+    entry, tall = table["wgmma_from_m"]["w4g128"]
+    assert entry.value == 1 and entry.measured == (8192, 28672) and set(table["wgmma_from_m"]) == {"w4g128", "w8pc"}
+    assert tall.value == 9 and tall.measured == (27648, 5120)
     g128 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)
     g64 = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=64)
     t = table
@@ -223,6 +224,11 @@ def test_h100_wgmma_from_m():
     assert cfgmod.gemv_max_m(t, g128, 28672) == 8 and cfgmod.gemv_max_m(t, g128, 28672, k=4096) == 8
     assert cfgmod.gemv_max_m(t, g64, 28672, k=8192) == 8
     assert cfgmod.gemv_max_m(t, g128, 28672, wgmma=False, k=8192) == 16
+    # tall layers (K >= ~13.8k with N >= ~4.9k, or K >= ~27.5k with N >= ~3.4k): the GEMV up to M = 8
+    assert cfgmod.gemv_max_m(t, g128, 5120, k=13824) == 8 and cfgmod.gemv_max_m(t, g128, 4608, k=36864) == 8
+    assert cfgmod.gemv_max_m(t, g128, 4096, k=14336) == 16 and cfgmod.gemv_max_m(t, g64, 5120, k=13824) == 16
+    w8 = quantize_weight(torch.randn(64, 256) * 0.02, bits=8, group_size=-1)
+    assert cfgmod.gemv_max_m(t, w8, 5120, k=27648) == 8 and cfgmod.gemv_max_m(t, w8, 8192, k=28672) == 1
     for m in (1, 2, 4, 8, 16):  # the entries those M meet
         assert cfgmod.table_entry(t, "wgmma", m, 28672, 8192, g128)["FOLD"] == 1
 

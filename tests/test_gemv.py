@@ -89,7 +89,7 @@ def test_nvrtc_compiles_mma_instantiations(arch):
             continue
         for mb in ((1, 2) if scl == 0 else (1,)):
             n, kt = ((28672, 128), (64, 4096))[(i + mb) % 2]
-            cfg = choose_mma_config(mb, n, kt, 132)
+            cfg = choose_mma_config(mb, n, kt, 132, bits)  # (U 1 at mb 2: int4 at KS 8, int8 at KS 16)
             # every scaling scheme (MMA_DEFER 0 / 1 / 2) for fp16 scales, the default one otherwise
             for defer in ((0, 1) if scl == 0 else (cfg["DEFER"],)):
                 keys.add(tuple(sorted(mma_defines_for(bits, act, scl, mode, mb, {**cfg, "DEFER": defer}).items())))
@@ -136,6 +136,15 @@ def test_choose_config_fills_gpu():
             assert warps >= 132 * 62 or cfg["KS"] == 8 or kc < 32 * cfg["U"] * cfg["KS"] * 2, (n, kc, m, cfg)
             mcfg = choose_mma_config(1 if m <= 8 else 2, n, kc // 2, 132)
             assert mcfg["RG"] * mcfg["KS"] >= 8 and mcfg["KS"] <= 16
+    # the tensor-core GEMV's split: KS 8..16 until 16 (int4) / 24 (int8) warps per SM; U 1 at the 16-row M bucket
+    # once every slice streams >= 3 k-tiles (int4 only at KS 8)
+    assert choose_mma_config(1, 4608, 56, 132) == {"U": 2, "KS": 8, "RG": 1, "PF": 0, "DEFER": 1}  # 288 x 8 warps
+    assert choose_mma_config(1, 4096, 56, 132)["KS"] == 16  # 256 x 8 < 16 x 132
+    assert choose_mma_config(2, 4096, 56, 132)["U"] == 2 and choose_mma_config(2, 4608, 56, 132)["U"] == 1
+    assert choose_mma_config(2, 4608, 20, 132)["U"] == 2  # 20 k-tiles over 8 slices
+    assert choose_mma_config(1, 4608, 112, 132, 8)["KS"] == 16 and choose_mma_config(2, 4608, 112, 132, 8)["U"] == 1
+    # kt >= 2 KS caps the split
+    assert choose_mma_config(1, 4096, 14, 132)["KS"] == 8 and choose_mma_config(1, 4096, 7, 132)["KS"] == 4
     # the tuned table wins for the protocol shapes (M = 1, fp16)
     for mode in ("", "sym"):  # K = 28672: the bulk-copy ring tile
         cfg = choose_config(1, 8192, 896, 132, 0, 4, 28672, "NVIDIA H200", mode)
@@ -466,6 +475,25 @@ def test_gemv_shipped_m1_tiles(tile, bits, group, mode, scale_dtype):
             qw, gen = _make(1001, k, bits, group, mode, scale_dtype, 13)
             for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32)):
                 _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
+
+
+# Every shipped M = 1 tile entry, by its table (GPU, sym or not), bit width and the K it was measured on.
+M1_ENTRIES = sorted({(gpu, sym, bits, e.measured[0], e.value) for (gpu, sym), table in gemv_m1.TABLES.items()
+                     for bits, entries in table.items() for e in entries})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gpu,sym,bits,k,tile", M1_ENTRIES)
+def test_gemv_m1_entries_on_their_measured_k(gpu, sym, bits, k, tile):
+    """Each shipped tile as the dispatcher hands it over (forced, so on any GPU) at the K it was measured on, where
+    a k-slice's lanes may get only part of a U step or no chunk at all (the tail loop), and 3 groups shorter (int4 g128)
+    or 200 k shorter (int8 per channel); odd N."""
+    cfg = dict(tile._asdict(), RG=tile.RG or 8 // tile.KS)
+    mode = "sym" if sym else "zero_point"
+    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": cfg}):
+        for kk in (k, max(128, k - (384 if bits == 4 else 200))):
+            qw, gen = _make(203, kk, bits, 128 if bits == 4 else -1, mode, torch.float16, 17)
+            _check(torch.randn(1, kk, generator=gen, device="cuda").half(), qw)
 
 
 def test_bulk_config_needs_sm90_room_and_whole_param_rows():

@@ -57,8 +57,14 @@ def test_every_entry_is_listed_once_in_order():
 
 def test_linear_entries_reasons():
     qw = _qw(2048, 2048)
-    c = _explain(1, qw)  # fp16 M = 1: the CUDA-core GEMV, the tensor-core one declines softly
-    assert c.kernel == "cuda_gemv" and "fp16 at M = 1" in _reasons(c)["cuda_gemv_mma"]
+    # fp16 M = 1: the CUDA-core GEMV outside the table's gemv_mma_m1 buckets, the tensor-core one declines softly
+    c = _explain(1, _qw(4096, 4096))
+    assert c.kernel == "cuda_gemv"
+    assert "fp16 at M = 1 outside the h100 table's gemv_mma_m1" in _reasons(c)["cuda_gemv_mma"]
+    c = _explain(1, qw)  # a small layer inside them: the tensor-core GEMV's 16-way k-split
+    assert c.kernel == "cuda_gemv_mma" and c.config["KS"] == 16 and not c.declined
+    assert _explain(1, qw, device=A100).kernel == "cuda_gemv"  # no such buckets in the default table
+    assert _explain(1, _qw(2048, 2048, bits=8, group_size=-1)).kernel == "cuda_gemv"  # W4 buckets only
     assert _explain(1, qw, torch.bfloat16).kernel == "cuda_gemv_mma"
     c = _explain(4, qw, torch.float32)
     assert c.kernel == "cuda_gemv" and "activation dtype torch.float32" in _reasons(c)["cuda_gemv_mma"]
@@ -69,19 +75,69 @@ def test_linear_entries_reasons():
     assert c.kernel == "triton_gemm" and "needs sm_90" in _reasons(c)["cuda_wgmma"]
     c = _explain(64, qw, torch.float32)
     assert c.kernel == "triton_gemm" and "activation dtype" in _reasons(c)["cuda_wgmma"]
-    big = _qw(28672, 256)  # N >= 8192 on the H100 table: the GEMV stops at the int4 crossover M = 8
-    c = _explain(9, big)
+    big = _qw(14336, 4096)  # N >= 8192 on the H100 table: the GEMV stops at the int4 crossover M = 8
+    c = _explain(9, big)  # (112 wgmma output tiles fill 85% of the 132 SMs: gemv_over_wgmma does not apply)
     assert c.kernel == "cuda_wgmma" and "crossover M=8" in _reasons(c)["cuda_gemv"]
     assert _explain(9, big, torch.float32).kernel == "cuda_gemv"  # the Triton GEMM's crossover is 16
+
+
+def _choose(m, k, n, bits=4, group_size=128, dtype=torch.float16, device=H100):
+    """The registry's choice for a K x N layer (the problem's sizes replaced on a small weight of that format)."""
+    from dataclasses import replace
+
+    from mixgemm.kernels.registry import choose
+
+    qw = _qw(64, 256, bits=bits, group_size=group_size)
+    return choose(replace(linear_entries.linear_problem(m, qw, dtype, device), n=n, k=k))
+
+
+def test_gemv_over_wgmma_crossover():
+    """H100, int4 at M = 9..16: the GEMVs keep layers whose wgmma output tiles would fill under 70% of their last wave,
+    or need more than one wave at K <= 5120 (gemv_over_wgmma); the table's wgmma_from_m regions (tall layers) win."""
+    from mixgemm import tuning
+
+    assert _choose(16, 8192, 8192).entry.name == "cuda_gemv_mma"  # 64 tiles: 48% of a wave
+    assert _choose(16, 3584, 8192).entry.name == "cuda_gemv_mma"  # the same with the wgmma's split 2 (not counted)
+    assert _choose(16, 4096, 22016).entry.name == "cuda_gemv_mma"  # 172 tiles, 2 waves, K <= 5120
+    assert _choose(16, 4096, 14336).entry.name == "cuda_wgmma"  # 112 tiles: 85%
+    assert _choose(16, 8192, 57344).entry.name == "cuda_wgmma"  # 448 tiles over 4 waves (85%), K > 5120
+    assert _choose(8, 8192, 57344).entry.name == "cuda_gemv_mma"  # below the int4 crossover
+    for k, n in ((13824, 5120), (27648, 5120), (36864, 4608), (28672, 8192)):  # tall: the wgmma GEMM's split-K
+        assert _choose(16, k, n).entry.name == "cuda_wgmma", (k, n)
+        assert _choose(8, k, n).entry.name == "cuda_gemv_mma", (k, n)
+    assert _choose(16, 14336, 4096).entry.name == "cuda_gemv_mma"  # N 4096: outside the tall region
+    # int8 per channel: tall layers below N 8192 leave the GEMV from M = 9, wide ones from M = 2 as before
+    assert _choose(16, 27648, 5120, 8, -1).entry.name == "cuda_wgmma"
+    assert _choose(8, 27648, 5120, 8, -1).entry.name == "cuda_gemv_mma"
+    assert _choose(2, 4096, 14336, 8, -1).entry.name == "cuda_wgmma"
+    assert _choose(16, 8192, 8192, 8, -1).entry.name == "cuda_wgmma"  # gemv_over_wgmma is int4 only
+    t = tuning.load_table("h100")
+    assert tuning.gemv_over_wgmma(t, 4, 8192, 64, 132).startswith("the wgmma GEMM's 64 output tiles fill 48%")
+    assert "2 waves on a layer with K = 4096" in tuning.gemv_over_wgmma(t, 4, 4096, 224, 132)  # 85%
+    assert tuning.gemv_over_wgmma(t, 4, 8192, 224, 132) is None and tuning.gemv_over_wgmma(t, 8, 8192, 64, 132) is None
+    assert tuning.gemv_over_wgmma(tuning.load_table("default"), 4, 8192, 64, 132) is None
+
+
+def test_gemv_mma_m1_buckets():
+    """H100, fp16 at M = 1: the tensor-core GEMV on small int4 layers (the table's gemv_mma_m1 regions), the CUDA-core
+    GEMV elsewhere."""
+    for k, n in ((1536, 1536), (2048, 2048), (3072, 3072), (2304, 4096), (3584, 2048), (896, 4864)):
+        assert _choose(1, k, n).entry.name == "cuda_gemv_mma", (k, n)
+    for k, n in ((2048, 256), (4096, 4096), (3584, 4096), (2048, 11008), (5120, 1024), (8192, 1024), (4096, 1024),
+                 (3584, 512)):
+        assert _choose(1, k, n).entry.name == "cuda_gemv", (k, n)
+    assert _choose(1, 2048, 2048, dtype=torch.float32).entry.name == "cuda_gemv"
 
 
 def test_act_order_choice_says_who_gathers():
     """Act-order problems: the GEMVs gather x through the permutation in the kernel, the GEMMs say why not (the
     caller gathers first); plain problems carry no permutation note."""
     qw = _qw(2048, 2048)
-    # decode: fp16 M = 1 stages x in shared memory (the CUDA-core GEMV), bf16 M = 1 gathers per lane (tensor cores)
-    for m, dtype, kernel in ((1, torch.float16, "cuda_gemv"), (1, torch.bfloat16, "cuda_gemv_mma")):
-        c = _explain(m, qw, dtype, act_order=True)
+    # decode: fp16 M = 1 stages x in shared memory (the CUDA-core GEMV), bf16 M = 1 and fp16 M = 1 on a small layer
+    # (the gemv_mma_m1 buckets) gather per lane (tensor cores)
+    for m, dtype, kernel, w in ((1, torch.float16, "cuda_gemv", _qw(4096, 4096)),
+                                (1, torch.bfloat16, "cuda_gemv_mma", qw), (1, torch.float16, "cuda_gemv_mma", qw)):
+        c = _explain(m, w, dtype, act_order=True)
         assert c.kernel == kernel and c.perm_in_kernel and "gathered in the kernel" in str(c)
     c = _explain(1, _qw(64, 16384 + 128), act_order=True)  # x and its gathered copy exceed 64 KiB
     assert c.kernel == "cuda_gemv" and not c.perm_in_kernel and "not staged in shared memory" in c.perm_note
@@ -233,7 +289,7 @@ def test_kernel_options_force_disable_configs():
         assert _explain(64, qw).kernel == "triton_gemm"
     assert _explain(64, qw).kernel == "cuda_wgmma"  # restored on exit
     with mixgemm.kernel_options(configs={"cuda_gemv": {"R": 2, "U": 1, "KS": 4, "LITE": 1}}):
-        assert _explain(1, qw).config == {"R": 2, "U": 1, "RG": 2, "KS": 4, "PF": 0, "LITE": 1}
+        assert _explain(1, _qw(4096, 4096)).config == {"R": 2, "U": 1, "RG": 2, "KS": 4, "PF": 0, "LITE": 1}
     with mixgemm.kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": {"DEFER": 0}}):
         assert _explain(3, qw).config["DEFER"] == 0
     with mixgemm.kernel_options(configs={"cuda_wgmma": {"BM": 64, "NWG": 2}}):
@@ -248,7 +304,7 @@ def test_explain_cpu_and_str():
     assert c.kernel == "cpu_dequant" and "bfloat16" in dict(c.declined)["cpu_torch_kernels"]
     assert mixgemm.explain(torch.randn(2, 256, dtype=torch.bfloat16), qw).kernel == "cpu_torch_kernels"
     assert mixgemm.explain(torch.randn(2, 256), qw, act_mode="sym").kernel == "cpu_reference"
-    s = str(_explain(1, _qw(2048, 2048)))
+    s = str(_explain(1, _qw(4096, 4096)))
     assert s.startswith("linear: cuda_gemv with config") and "cuda_gemv_mma declined: fp16 at M = 1" in s
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import replace
 
 import torch
 
@@ -87,13 +88,31 @@ def _gemv_common(p: Problem, dtypes) -> str | None:
 
 
 def gemv_limit(p: Problem) -> int:
-    """Largest M the GEMVs serve on this GPU (the table's crossover against the GEMM that takes over)."""
+    """Largest M the GEMVs serve on this GPU: the table's crossover against the GEMM that takes over, raised to the
+    GEMVs' own limit where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma)."""
+    return _gemv_limit_and_why(p)[0]
+
+
+def _gemv_limit_and_why(p: Problem) -> tuple[int, str]:
+    table = p.device.table
     wg = "cuda_wgmma" not in current_options().disable and _wgmma_can_run(p).ok
-    return tuning.gemv_max_m(p.device.table, p.qw, p.n, wgmma=wg, k=p.k)
+    lim = tuning.gemv_max_m(table, p.qw, p.n, wgmma=wg, k=p.k)
+    if not wg or lim >= GEMV_MAX_M or p.m > GEMV_MAX_M or tuning.wgmma_from_m_entry(table, p.qw, p.k, p.n):
+        return lim, ""
+    from mixgemm.kernels.cuda.gemm_wgmma import output_tiles
+
+    # the output tiles of the wgmma launch that would take this M over; split-K CTAs are not counted: at these M a
+    # split's partial sums cost about what it recovers (measured: 3584x8192 at M = 16, split 2 over 64 tiles, 15.4 us
+    # against the tensor-core GEMV's 9.6)
+    m_over = max(p.m, lim + 1)
+    cfg = _wgmma_config(replace(p, m=m_over))
+    tiles = output_tiles(m_over, p.n, cfg["BM"], cfg.get("NWG", 2))
+    why = tuning.gemv_over_wgmma(table, p.bits, p.k, tiles, p.device.sm_count)
+    return (GEMV_MAX_M, why) if why else (lim, "")
 
 
 def _gemv_crossover(p: Problem) -> str | None:
-    lim = gemv_limit(p)
+    lim, _ = _gemv_limit_and_why(p)
     if p.m > lim:
         return f"M={p.m} above the GEMV / GEMM crossover M={lim} ({tuning.table_name_for(p.device.name)} table)"
     return None
@@ -106,8 +125,9 @@ def _gemv_mma_can_run(p: Problem):
     why = _gemv_crossover(p)
     if why:
         return prefer_not(why)
-    if p.x_dtype == torch.float16 and p.m == 1:
-        return prefer_not("fp16 at M = 1: the CUDA-core GEMV measured faster")
+    if p.x_dtype == torch.float16 and p.m == 1 and tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is None:
+        return prefer_not(f"fp16 at M = 1 outside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets "
+                          "for this bit width: the CUDA-core GEMV measured faster")
     return OK
 
 

@@ -19,6 +19,15 @@ default.json). Its fields:
   "region", "from_m", "measured", "source"}: layers of that format in the region go to the wgmma GEMM for every
   M >= from_m (measured to beat the GEMV down to that M); it takes precedence over the two rules above and applies
   only where the wgmma GEMM runs. The regions are single buckets (a partial section: other layers keep the rules).
+* ``gemv_over_wgmma`` (optional): {"bits": [...], "min_fill": f, "multiwave_max_k": k, "source"}: for weights of
+  those bit widths the GEMVs keep every M <= 16 where the output tiles of the wgmma GEMM that would take over (its
+  config at that M, split-K not counted) fill less than ``f`` of their last wave, or need more than one wave on a
+  layer with K <= ``k``
+  (its small-M tiles then idle SMs or re-stream short rows, while the tensor-core GEMV's k-split fills the GPU).
+  Applied by the registry's crossover (mixgemm.kernels.linear.gemv_limit); ``wgmma_from_m`` regions win over it.
+* ``gemv_mma_m1`` (optional): a list of entries {"bits", "region", "source"}: fp16 activations at M = 1 take the
+  tensor-core GEMV (not the CUDA-core one) on layers of that bit width in the region (small layers, where its 16-way
+  k-split finishes first). The entries of one bit width are disjoint.
 * ``gemm``: {weight key: [entry, ...]}, weight key ``w4g`` / ``w4pc`` / ``w8g`` / ``w8pc`` (bits, grouped or
   per-channel); each entry {"region", "measured" (optional), "source", "configs": {M bucket: config}}. The
   entries of a weight key partition all shapes (checked on load). The measured layers are the protocol's
@@ -106,6 +115,16 @@ def parse_table(raw: dict, name: str) -> dict:
     for fmt, lst in by_format.items():
         check_partition(lst, f"{name}.json wgmma_from_m {fmt}", complete=False)
     table["wgmma_from_m"] = {fmt: tuple(lst) for fmt, lst in by_format.items()}
+    by_bits: dict[int, list] = {}
+    for i, e in enumerate(raw.get("gemv_mma_m1", [])):
+        by_bits.setdefault(int(e["bits"]), []).append(_entry(e, True, f"{name}.json gemv_mma_m1 {i}"))
+    for bits, lst in by_bits.items():
+        check_partition(lst, f"{name}.json gemv_mma_m1 w{bits}", complete=False)
+    table["gemv_mma_m1"] = {bits: tuple(lst) for bits, lst in by_bits.items()}
+    over = raw.get("gemv_over_wgmma")
+    if over is not None and not (isinstance(over.get("source"), str) and over["source"]
+                                 and {"bits", "min_fill", "multiwave_max_k"} <= set(over)):
+        raise ValueError(f"{name}.json gemv_over_wgmma needs 'bits', 'min_fill', 'multiwave_max_k' and 'source'")
     table["name"] = name
     return table
 
@@ -155,12 +174,37 @@ def exact_weight_key(qw: QuantizedWeight) -> str:
     return f"w{qw.bits}pc" if qw.num_groups == 1 else f"w{qw.bits}g{qw.group_size}"
 
 
+def wgmma_from_m_entry(table: dict, qw: QuantizedWeight, k: int, n: int) -> BucketEntry | None:
+    """The table's wgmma_from_m entry whose region holds a K x N layer of this weight format, or None."""
+    return find(table.get("wgmma_from_m", {}).get(exact_weight_key(qw), ()), ShapeBucket.of(k, n))
+
+
+def gemv_mma_m1_entry(table: dict, bits: int, k: int, n: int) -> BucketEntry | None:
+    """The table's gemv_mma_m1 entry (fp16 at M = 1 on the tensor-core GEMV) holding a K x N layer, or None."""
+    return find(table.get("gemv_mma_m1", {}).get(bits, ()), ShapeBucket.of(k, n))
+
+
+def gemv_over_wgmma(table: dict, bits: int, k: int, tiles: int, num_sms: int) -> str | None:
+    """Why the GEMVs keep M <= 16 against a wgmma launch of ``tiles`` output tiles on a layer of K = k (the table's
+    gemv_over_wgmma rule), or None when the rule does not apply."""
+    rule = table.get("gemv_over_wgmma")
+    if rule is None or bits not in rule["bits"] or tiles < 1:
+        return None
+    waves = -(-tiles // num_sms)
+    fill = tiles / (waves * num_sms)
+    if fill < rule["min_fill"]:
+        return f"the wgmma GEMM's {tiles} output tiles fill {fill:.0%} of their last wave (< {rule['min_fill']:.0%})"
+    if waves > 1 and k <= rule["multiwave_max_k"]:
+        return f"the wgmma GEMM needs {waves} waves on a layer with K = {k} <= {rule['multiwave_max_k']}"
+    return None
+
+
 def gemv_max_m(table: dict, qw: QuantizedWeight, n: int | None = None, wgmma: bool = True,
                k: int | None = None) -> int:
     """Largest M that goes to the CUDA GEMV for a layer of n output features and k input features, when the wgmma
     GEMM (wgmma=True) or the Triton GEMM serves larger M (from ``table``, a GPU's table; 16 if not listed)."""
     if wgmma and n is not None and k is not None:
-        hit = find(table.get("wgmma_from_m", {}).get(exact_weight_key(qw), ()), ShapeBucket.of(k, n))
+        hit = wgmma_from_m_entry(table, qw, k, n)
         if hit is not None:
             return hit.value - 1
     if n is not None and n < table.get("gemv_all_m_below_n", 0):

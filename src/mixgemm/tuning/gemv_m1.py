@@ -1,10 +1,12 @@
 """The CUDA-core GEMV's measured M = 1 tiles (fp16 activations), per GPU model and weight mode, as bucket entries.
 
-Source: tools/bench/gemv.py --sweep (and --sweep-mode sym) on an H200 and an H100 for the protocol's LLM layers; the
-fastest (R, U, KS, ...) of each sweep. Each entry covers the half-octave bucket of the layer it was measured on
-(mixgemm.tuning.buckets: K and N each within about +-19% of the measured sizes) for its weight bit width; layers in
-other buckets use the rule in mixgemm.kernels.cuda.gemv.choose_config. A tile is legal for any K (the k-slices
-stride over the row's chunks), so a neighbour in the bucket runs it as is.
+Source: tools/bench/gemv.py --sweep (and --sweep-mode sym) on an H200 and an H100 for the protocol's LLM layers, the
+fastest (R, U, KS, ...) of each sweep; on the H100 also tools/bench/gemv_dispatch.py over the 80 layers of the model
+list (the neighbours of the rule's tile, kept where >= 5% faster). Each entry covers the half-octave bucket of the
+layer it was measured on (mixgemm.tuning.buckets: K and N each within about +-19% of the measured sizes) for its
+weight bit width; layers in other buckets use the rule in mixgemm.kernels.cuda.gemv.choose_config. A tile is legal
+for any K (the k-slices stride over the row's chunks, partial steps in the tail loop); choose_config uses it where K
+gives each k-slice a full step or as many chunks as on the measured layer.
 """
 
 from __future__ import annotations
@@ -79,6 +81,43 @@ H200_SYM = _entries("tools/bench/gemv.py --sweep --sweep-mode sym, KS sweeps on 
 ])
 
 
+# The model-list sweep on the H100 (tools/bench/gemv_dispatch.py, M = 1, fp16 activations): on each layer of the 80 the
+# CUDA-core GEMV's default tile against its neighbours (R, U, KS one step away), kept where a neighbour was >= 5%
+# faster on every measured layer of the bucket (us, default -> tile) and the layer is under 100 MB; buckets holding a
+# tile above, or layers the tensor-core GEMV takes at M = 1 (the h100 table's gemv_mma_m1), are left out. Zero point:
+# 1536x8960 7.76 -> 4.85, 9216x2304 9.45 -> 6.27, 5120x5120 10.05 -> 7.25, 27648x5120 37.3 -> 32.2; the wide layers
+# (N >= 8k, K <= 3k) want R 4 with U 1, the tall ones R 2, U 1, KS 4. int8 per channel (measured sym, serves every
+# mode): 3584x512 2.78 -> 1.99, 1536x2048 3.07 -> 2.28, 11008x4096 20.5 -> 18.1, 5120x13824 29.3 -> 27.0.
+_SWEEP_SOURCE = "tools/bench/gemv_dispatch.py on the H100 (M = 1, fp16 activations; model-list sweep of the neighbours)"
+H100_SWEEP = _entries(_SWEEP_SOURCE + ", zero point / int8", [
+    (4, 896, 128, (2, 1, 1)), (4, 896, 9728, (4, 1, 1)), (4, 1536, 256, (2, 1, 1)), (4, 1536, 8960, (4, 1, 1)),
+    (4, 1536, 17920, (4, 1, 1)), (4, 2048, 11008, (4, 1, 1)), (4, 2048, 22016, (4, 1, 1)), (4, 2304, 9216, (4, 1, 1)),
+    (4, 2304, 18432, (4, 1, 1)), (4, 3072, 9216, (4, 1, 1)), (4, 3584, 512, (2, 2, 2)), (4, 4096, 6144, (2, 2, 1)),
+    (4, 4096, 12288, (4, 1, 2)), (4, 4864, 896, (4, 2, 2)), (4, 5120, 1024, (2, 2, 4)), (4, 5120, 5120, (2, 1, 2)),
+    (4, 5120, 7680, (2, 2, 1)), (4, 8192, 3072, (2, 2, 2)), (4, 9216, 2304, (2, 1, 4)), (4, 11008, 2048, (2, 1, 4)),
+    (4, 11008, 4096, (2, 1, 4)), (4, 17920, 5120, (2, 1, 4)), (4, 27648, 5120, (2, 1, 4)), (4, 36864, 4608, (2, 1, 4)),
+    (8, 896, 128, (2, 2, 2)), (8, 896, 4864, (2, 1, 1)), (8, 1536, 256, (2, 2, 2)), (8, 1536, 1536, (2, 2, 2)),
+    (8, 1536, 2048, (2, 2, 2)), (8, 2304, 4096, (4, 2, 2)), (8, 2304, 9216, (4, 2, 1)), (8, 2048, 11008, (4, 2, 1)),
+    (8, 2048, 22016, (4, 1, 2)), (8, 3072, 3072, (2, 2, 4)), (8, 3584, 512, (2, 2, 4)), (8, 5120, 5120, (2, 2, 2)),
+    (8, 5120, 7680, (2, 2, 8)), (8, 5120, 15360, (4, 2, 8)), (8, 8960, 1536, (2, 1, 8)), (8, 9216, 2304, (2, 2, 4)),
+    (8, 8192, 3072, (2, 1, 8)), (8, 8192, 10240, (4, 2, 8)), (8, 11008, 4096, (2, 2, 8)),
+])
+# Symmetric int4, the same sweep: 4096x6144 9.37 -> 6.69, 8192x3072 9.67 -> 7.07, 5120x1024 4.51 -> 3.48, 3072x16384
+# 13.3 -> 11.4, 27648x5120 34.3 -> 32.5.
+H100_SYM_SWEEP = _entries(_SWEEP_SOURCE + ", sym", [
+    (4, 896, 128, (2, 1, 1)), (4, 896, 9728, (4, 1, 1)), (4, 1536, 256, (2, 2, 2)), (4, 1536, 8960, (4, 1, 1)),
+    (4, 1536, 17920, (4, 1, 1)), (4, 2048, 22016, (4, 1, 1)), (4, 3072, 16384, (4, 1, 1)), (4, 3584, 512, (2, 2, 2)),
+    (4, 4096, 6144, (2, 1, 2)), (4, 4096, 22016, (4, 1, 2)), (4, 5120, 1024, (2, 2, 4)), (4, 5120, 5120, (2, 1, 2)),
+    (4, 5120, 7680, (2, 2, 4)), (4, 5120, 15360, (4, 1, 2)), (4, 8192, 1024, (4, 2, 4)), (4, 8192, 3072, (2, 1, 4)),
+    (4, 8960, 1536, (4, 2, 4)), (4, 9216, 2304, (4, 2, 4)), (4, 17920, 5120, (2, 1, 4)), (4, 27648, 5120, (2, 2, 2)),
+])
+
+
+def _union(*tables: dict) -> dict:
+    """{bits: entries} of every table (their buckets must not overlap: _check)."""
+    return {bits: sum((t.get(bits, ()) for t in tables), ()) for bits in {b for t in tables for b in t}}
+
+
 def _with_sym(base: dict, sym: dict) -> dict:
     """base's entries with sym's replacing those of the same bucket."""
     out = {}
@@ -89,7 +128,9 @@ def _with_sym(base: dict, sym: dict) -> dict:
 
 
 # {(gpu, sym?): {bits: entries}}, merged once, not per call
-TABLES = {("H100", False): H100, ("H100", True): _with_sym(H100, H100_SYM),
+_H100_W8_SWEEP = {8: H100_SWEEP[8]}
+TABLES = {("H100", False): _union(H100, H100_SWEEP),
+          ("H100", True): _with_sym(_union(H100, _H100_W8_SWEEP), _union(H100_SYM, H100_SYM_SWEEP)),
           ("H200", False): H200, ("H200", True): _with_sym(H200, H200_SYM)}
 
 

@@ -108,8 +108,9 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
     hit = m1_entry(gpu_name, mode, bits, k, n) if m == 1 and act == 0 and k > 0 else None
     # the measured tile of the layer's bucket (mixgemm.tuning.gemv_m1), where each of its k-slices gets at least one
-    # full step of U chunks per lane, as on the layer it was measured on (a shorter K in the bucket takes the rule)
-    if hit is not None and kc >= 32 * hit.value.U * hit.value.KS:
+    # full step of U chunks per lane or as many chunks as on the layer it was measured on (a shorter K in the bucket
+    # takes the rule)
+    if hit is not None and kc >= min(32 * hit.value.U * hit.value.KS, chunks_per_row(bits, hit.measured[0])):
         t = hit.value
         cfg = {"R": t.R, "U": t.U, "RG": t.RG or WARPS // t.KS, "KS": t.KS, "PF": t.PF, **extra}
         where = f"gemv_m1 {'H100' if 'H100' in gpu_name else 'H200'} W{bits}, {hit.where(ShapeBucket.of(k, n))}"
@@ -127,16 +128,28 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": 0, **extra}
 
 
-def choose_mma_config(mb: int, n: int, kt: int, num_sms: int) -> dict:
-    """Tensor-core kernel tiles: each warp owns 16 rows; KS warps split K (power of two, <= 16) until
-    the GPU has ~32 warps per SM; U k-tiles (512 B per warp each) in flight per warp."""
-    # measured on H200 (M = 1 and 16, 8192x28672 / 28672x8192): U = 2, KS = 8, no double buffering
-    # was best; KS grows to 16 when the 16-row tiles alone leave the GPU short of ~30 warps per SM
+def choose_mma_config(mb: int, n: int, kt: int, num_sms: int, bits: int = 4) -> dict:
+    """Tensor-core kernel tiles: each warp owns 16 rows; KS warps split K (power of two, 8 <= KS <= 16 where the
+    k-tiles allow) until the grid holds MMA_WARPS_PER_SM[bits] warps per SM; U k-tiles (512 B per warp each) in flight
+    per warp: 2, or 1 at the 16-row M bucket (mb 2) when each k-slice still gets 3 or more k-tiles (int4: with KS 8)."""
     nt = -(-n // 16)
+    target = MMA_WARPS_PER_SM[bits] * num_sms
     ks = 1
-    while ks < 16 and (ks < 8 or nt * ks < num_sms * 30) and kt >= 2 * ks:
+    while ks < 16 and (ks < 8 or nt * ks < target) and kt >= 2 * ks:
         ks *= 2
-    return {"U": 2, "KS": ks, "RG": max(1, WARPS // ks), "PF": 0, "DEFER": DEFAULT_MMA_DEFER}
+    # at mb 2 a warp holds two 16-row x fragments and twice the accumulators: one k-tile in flight keeps more warps
+    # resident, which pays once every slice has a few k-tiles to stream (int4 at KS 16 measured no gain)
+    u = 1 if mb == 2 and kt >= 3 * ks and (ks <= 8 or bits == 8) else 2
+    return {"U": u, "KS": ks, "RG": max(1, WARPS // ks), "PF": 0, "DEFER": DEFAULT_MMA_DEFER}
+
+
+# Warps per SM the tensor-core GEMV's k-split aims for, per weight bit width. Source: the H100 sweep of (KS, U) on the
+# 80 model-list layers at M = 1, 8 and 16 (docs/design.md, tensor-core GEMV). Against the earlier rule (30 warps per
+# SM, U 2), int4 with 16 and the U rule above: geometric mean of the time over the layers 0.986 / 0.983 / 0.975 at
+# M = 1 / 8 / 16 (sym; zero point 0.989 / 0.989 / 0.973), 3584x4608, 5120x5120 and 27648x5120 15-20% faster, no
+# layer slower. int8's k-tiles cover half the K of int4's: 24 with U 1 at M = 16 gave 0.997 at M = 1 and 0.97 at
+# M = 16 (1536x256 at M = 16 7% slower, 3.8 -> 4.0 us), where 16 was 1.7% slower at M = 1.
+MMA_WARPS_PER_SM = {4: 16, 8: 24}
 
 
 # Where the tensor-core kernel applies the scale (gemv_mma.cu MMA_DEFER): 0 per weight pair, 1 exact q - z
@@ -288,7 +301,7 @@ def simt_config(m: int, n: int, k: int, bits: int, x_dtype: torch.dtype, mode: s
 
 def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int) -> dict:
     """The tensor-core GEMV's config (choose_mma_config; DEFER off where a k-tile straddles groups)."""
-    cfg = choose_mma_config(1 if m <= 8 else 2, n, mma_k_tiles(bits, k), num_sms)
+    cfg = choose_mma_config(1 if m <= 8 else 2, n, mma_k_tiles(bits, k), num_sms, bits)
     if not defer_ok(group_size, 64 if bits == 4 else 32):
         cfg = {**cfg, "DEFER": 0}
     return cfg

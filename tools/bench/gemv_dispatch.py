@@ -1,0 +1,121 @@
+"""Which small-M kernel and config wins, layer by layer: the measurements behind the GEMV rules of the tuning tables.
+
+For every layer of the model list (mixgemm.bench.models, or --shapes), each weight format (w4s: W4 g128 sym, w4z: W4
+g128 zero point, w8: W8 per channel) and each M, this times through mixgemm.matmul, with the benchmark protocol's
+graph timing over rotating layer copies (mixgemm.bench.protocol):
+
+* M = 1: the CUDA-core GEMV's default config and its candidates (KernelEntry.candidates), and the tensor-core GEMV
+  over its whole (KS, U) grid (KS 1..16 with at least two k-tiles per slice, U 1 / 2);
+* M > 1: the CUDA-core GEMV's default, the tensor-core GEMV's default and candidates, and the wgmma GEMM's default.
+
+Each row says which entry the dispatcher picks today (``default_entry``). The JSON ({"gpu", "res": [{K, N, fmt, M,
+default_entry, rows: {entry: [{cfg, us, default}]}}]}) is what choose_mma_config's MMA_WARPS_PER_SM and the
+tables' gemv_over_wgmma / gemv_mma_m1 / wgmma_from_m entries were read from; results stay out of the tree
+(docs/benchmarking.md).
+
+Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms 1,16 --budget 280 --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+
+import torch
+
+import mixgemm
+from mixgemm.bench import protocol
+from mixgemm.bench.models import catalog, model_layers
+from mixgemm.formats.weight import quantize_weight
+from mixgemm.kernels import linear as entries
+from mixgemm.kernels.cuda.gemv import mma_k_tiles
+from mixgemm.kernels.registry import device_info
+
+FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
+
+
+def mma_grid(base: dict, kt: int) -> list[dict]:
+    """The tensor-core GEMV's (KS, U) grid around ``base``: KS 1..16 with kt >= 2 KS, U 1 or 2, RG = 8 warps / KS."""
+    return [{**base, "KS": ks, "RG": max(1, 8 // ks), "U": u}
+            for ks in (1, 2, 4, 8, 16) for u in (1, 2) if kt >= 2 * ks]
+
+
+def candidates(p, m: int, bits: int, k: int) -> dict[str, list[dict]]:
+    """{entry: [config, ...]} to time for one problem, the entry's default first."""
+    simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
+    if m == 1:
+        grid = [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma]
+        return {"cuda_gemv": [simt, *entries._gemv_candidates(p)], "cuda_gemv_mma": [mma, *grid]}
+    return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *entries._gemv_mma_candidates(p)],
+            "cuda_wgmma": [entries._wgmma_config(p)]}
+
+
+def plain(cfg: dict) -> dict:
+    return {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in cfg.items()}
+
+
+def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int) -> list[dict]:
+    bits, group, mode = FORMATS[fmt]
+    dev = torch.device("cuda")
+
+    def make():
+        w = torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02
+        return quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
+
+    q0 = make()
+    weights = [q0] + [make() for _ in range(protocol.copies_for(q0.nbytes(), l2) - 1)]
+    out = []
+    for m in ms:
+        x = torch.randn(m, k, device=dev, dtype=torch.float16)
+        p = entries.linear_problem(m, q0, torch.float16, di)
+        rows = {}
+        for entry, cfgs in candidates(p, m, bits, k).items():
+            for i, cfg in enumerate(cfgs):
+                rec = {"cfg": plain(cfg), "us": None, "default": i == 0}
+                try:
+                    with mixgemm.kernel_options(force=entry, configs={entry: dict(cfg)}):
+                        calls = [lambda q=q, x=x: mixgemm.matmul(x, q) for q in weights]
+                        rec["us"] = protocol.graph_time_us(calls, warmup_ms=5, rep_ms=30)
+                except Exception as e:  # a config that cannot launch here is recorded, not fatal
+                    rec["error"] = repr(e)[:200]
+                rows.setdefault(entry, []).append(rec)
+        out.append({"K": k, "N": n, "fmt": fmt, "M": m, "default_entry": mixgemm.explain(x, q0).kernel,
+                    "rows": rows})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--formats", default="w4s,w4z,w8")
+    ap.add_argument("--ms", default="1,16")
+    ap.add_argument("--shapes", default="", help="KxN,... (default: every layer of the model list)")
+    ap.add_argument("--budget", type=float, default=280, help="stop starting new layers after S seconds")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    fmts, ms = args.formats.split(","), [int(v) for v in args.ms.split(",")]
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    else:
+        shapes = sorted(model_layers(list(catalog().values())), key=lambda s: s[0] * s[1])
+    di, l2, t0 = device_info(torch.device("cuda")), protocol.l2_bytes(), time.time()
+    path = os.path.join(args.out, f"gemv_dispatch_{'_'.join(fmts)}_m{'_'.join(map(str, ms))}.json")
+    res = []
+    for k, n in shapes:
+        if time.time() - t0 > args.budget:
+            break
+        for fmt in fmts:
+            try:
+                res += measure_layer(k, n, fmt, ms, di, l2)
+            except Exception:
+                res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
+            torch.cuda.empty_cache()
+        with open(path, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "res": res}, f)
+        print(f"{k}x{n} {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
