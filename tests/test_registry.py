@@ -25,6 +25,7 @@ needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") i
                                        reason="runs Triton on CPU tensors (TRITON_INTERPRET=1)")
 H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
 A100 = DeviceInfo("cuda", 0, (8, 0), 108, "NVIDIA A100-SXM4-80GB", 163 * 1024)
+H200 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +119,18 @@ def test_gemv_over_wgmma_crossover():
     assert tuning.gemv_over_wgmma(tuning.load_table("default"), 4, 8192, 64, 132) is None
 
 
+def test_gemv_over_wgmma_on_the_h200():
+    """The H200's rule differs from the H100's (measured): int4 at M 9..16 keeps the GEMV wherever the wgmma GEMM's
+    tiles fit in one wave at K <= 5120, and gives it every multi-wave layer at any K."""
+    assert _choose(16, 8192, 10240, device=H200).entry.name == "cuda_wgmma"  # one wave, but K 8192
+    assert _choose(16, 4096, 14336, device=H200).entry.name == "cuda_gemv_mma"  # 112 tiles: one wave
+    assert _choose(16, 4096, 14336).entry.name == "cuda_wgmma"  # (the H100 there)
+    assert _choose(16, 4096, 28672, device=H200).entry.name == "cuda_wgmma"  # 224 tiles over 2 waves, K 4096
+    assert _choose(16, 27648, 5120, device=H200).entry.name == "cuda_wgmma"  # tall: the wgmma_from_m region
+    assert _choose(8, 4096, 28672, device=H200).entry.name == "cuda_gemv_mma"  # below the crossover
+    assert _choose(16, 8192, 8192, 8, -1, device=H200).entry.name == "cuda_wgmma"  # int8: the table's limit
+
+
 def test_gemv_mma_m1_buckets():
     """H100, fp16 at M = 1: the tensor-core GEMV on small int4 layers (the table's gemv_mma_m1 regions), the CUDA-core
     GEMV elsewhere."""
@@ -127,6 +140,10 @@ def test_gemv_mma_m1_buckets():
                  (3584, 512)):
         assert _choose(1, k, n).entry.name == "cuda_gemv", (k, n)
     assert _choose(1, 2048, 2048, dtype=torch.float32).entry.name == "cuda_gemv"
+    # the H200's buckets (measured there): N up to ~9.7k at short K
+    assert _choose(1, 2304, 9216, device=H200).entry.name == "cuda_gemv_mma"
+    assert _choose(1, 2304, 9216).entry.name == "cuda_gemv"
+    assert _choose(1, 4096, 4096, device=H200).entry.name == "cuda_gemv"
 
 
 def test_act_order_choice_says_who_gathers():

@@ -23,7 +23,8 @@ default.json). Its fields:
   those bit widths the GEMVs keep every M <= 16 where the output tiles of the wgmma GEMM that would take over (its
   config at that M, split-K not counted) fill less than ``f`` of their last wave, or need more than one wave on a
   layer with K <= ``k``
-  (its small-M tiles then idle SMs or re-stream short rows, while the tensor-core GEMV's k-split fills the GPU).
+  (its small-M tiles then idle SMs or re-stream short rows, while the tensor-core GEMV's k-split fills the GPU);
+  with ``"single_wave_max_k": k1`` also wherever the tiles fit in one wave on a layer with K <= k1.
   Applied by the registry's crossover (mixgemm.kernels.linear.gemv_limit); ``wgmma_from_m`` regions win over it.
 * ``gemv_mma_m1`` (optional): a list of entries {"bits", "region", "source"}: fp16 activations at M = 1 take the
   tensor-core GEMV (not the CUDA-core one) on layers of that bit width in the region (small layers, where its 16-way
@@ -192,6 +193,8 @@ def gemv_over_wgmma(table: dict, bits: int, k: int, tiles: int, num_sms: int) ->
         return None
     waves = -(-tiles // num_sms)
     fill = tiles / (waves * num_sms)
+    if waves == 1 and k <= rule.get("single_wave_max_k", 0):
+        return f"the wgmma GEMM's {tiles} output tiles fit in one wave ({fill:.0%} of the SMs) at K = {k}"
     if fill < rule["min_fill"]:
         return f"the wgmma GEMM's {tiles} output tiles fill {fill:.0%} of their last wave (< {rule['min_fill']:.0%})"
     if waves > 1 and k <= rule["multiwave_max_k"]:
