@@ -115,12 +115,13 @@ def test_llama3_8b_shapes_cuda_generate_and_compiled_decode():
     assert bool((chosen >= lf.amax(-1) - tol).all())
 
 
-def test_e2e_bench_smoke_cpu():
-    """The e2e decode benchmark's code path (mixgemm.bench.e2e.run_e2e) on the CPU with the tiny model and
-    dynamo's eager backend (no timing claims: the numbers come from the GPU)."""
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_e2e_bench_smoke_cpu(name):
+    """The e2e decode benchmark's code path (mixgemm.bench.e2e.run_e2e) on the CPU with the tiny models (Llama and
+    Qwen2 architectures) and dynamo's eager backend (no timing claims: the numbers come from the GPU)."""
     from mixgemm.bench.e2e import format_table, run_e2e
 
-    rows = run_e2e("tiny-llama", batches=(1, 3), config=mixgemm.W4A16(group_size=32), prompt_len=5, steps=2,
+    rows = run_e2e(name, batches=(1, 3), config=mixgemm.W4A16(group_size=32), prompt_len=5, steps=2,
                    warmup=1, mode=None, backend="eager", device="cpu", log=lambda s: None)
     assert [r["batch"] for r in rows] == [1, 3]
     assert all(r["fp16_tok_s"] > 0 and r["quant_tok_s"] > 0 and r["speedup"] > 0 for r in rows)

@@ -84,7 +84,8 @@ def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prom
             steps: int = 64, warmup: int = 8, num_layers: int | None = None, seed: int = 0,
             mode: str | None = "reduce-overhead", backend: str = "inductor", time_budget_s: float | None = None,
             device: str = "cuda", log=print) -> list[dict]:
-    """Decode tokens/s of ``model_name`` ("llama3-8b" or "tiny-llama") at each batch size, fp16 vs quantized.
+    """Decode tokens/s of ``model_name`` (a mixgemm.integrations.hf.MODELS name: "llama3-8b", "qwen2-7b",
+    "qwen2.5-1.5b", "tiny-llama"...) at each batch size, fp16 vs quantized.
 
     config: a mixgemm precision config (default W4A16(group_size=128)); num_layers: override the layer count
     (None: the model's own, 32 for llama3-8b); mode / backend: torch.compile's ("reduce-overhead" = CUDA
@@ -101,15 +102,15 @@ def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prom
     import copy
 
     import mixgemm
-    from mixgemm.integrations.hf import llama_config, random_llama
+    from mixgemm.integrations.hf import model_config, random_model
 
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("run_e2e needs a CUDA GPU (it times CUDA-graph decode); device='cpu' only smoke-tests")
     t_start = time.perf_counter()
     config = config or mixgemm.W4A16(group_size=128)
     overrides = {} if num_layers is None else {"num_hidden_layers": num_layers}
-    cfg = llama_config(model_name, **overrides)
-    fp16 = random_llama(cfg, dtype=torch.float16 if device == "cuda" else torch.float32, device=device, seed=seed)
+    cfg = model_config(model_name, **overrides)
+    fp16 = random_model(cfg, dtype=torch.float16 if device == "cuda" else torch.float32, device=device, seed=seed)
     quant = copy.deepcopy(fp16)
     report = mixgemm.quantize_(quant, config)
     if device == "cuda":

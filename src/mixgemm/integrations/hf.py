@@ -21,12 +21,17 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
 QWEN2_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                 num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1000000.0,
                 rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False)
+# Qwen2.5-1.5B's shapes, lm_head untied (the checkpoint ties it to the embeddings): a small decode-bound model.
+QWEN2_5_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                    num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False)
 # A tiny model for CPU tests: hidden 64 (group sizes 32 / 64 fit every K), 2 layers, GQA.
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
-MODELS = {"llama3-8b": LLAMA3_8B, "tiny-llama": TINY, "qwen2-7b": QWEN2_7B, "tiny-qwen2": TINY}
+MODELS = {"llama3-8b": LLAMA3_8B, "tiny-llama": TINY, "qwen2-7b": QWEN2_7B, "qwen2.5-1.5b": QWEN2_5_1_5B,
+          "tiny-qwen2": TINY}
 # transformers model_type of each entry (the rest are "llama")
-ARCHITECTURES = {"qwen2-7b": "qwen2", "tiny-qwen2": "qwen2"}
+ARCHITECTURES = {"qwen2-7b": "qwen2", "qwen2.5-1.5b": "qwen2", "tiny-qwen2": "qwen2"}
 
 
 def model_config(name: str = "tiny-llama", **overrides):
