@@ -9,6 +9,7 @@ import json
 import random
 import warnings
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -304,3 +305,101 @@ def test_bucket_winner_confirmed_on_other_shapes():
     assert not tune.confirm(default, win, slower, lambda c: None, log=lambda s: None)
     logs = []
     assert not tune.confirm(default, win, ok, lambda c: "wrong output", log=logs.append) and "DROPPED" in logs[0]
+
+
+# ------------------------------------------------------------------------------------------ choice entries
+def test_cached_choice_picks_the_entry_and_its_config(tmp_path):
+    """A CHOICE entry runs its registry entry for the bucket, past the tables' soft decline (the tensor-core GEMV at
+    fp16 M = 1 outside its measured buckets), with its config; explain names the cache. kernel_options' disable and
+    force still win; an entry that cannot run the problem (fp32 activations) is not taken."""
+    qw = _qw(4096, 4096)
+    p = _problem(1, qw)
+    assert choose(p).kernel == "cuda_gemv"
+    cfg = {**entry_config("cuda_gemv_mma", p), "KS": 8, "RG": 1}
+    _write_choice(tmp_path / "tuning.json", H100.name, p, "cuda_gemv_mma", cfg)
+    c = choose(p)
+    assert c.kernel == "cuda_gemv_mma" and c.config == cfg and "tuning cache" in c.config_source
+    assert "the tuning cache chose cuda_gemv_mma" not in dict(c.declined).get("cuda_gemv", "")  # after it in the list
+    x = torch.empty(1, 4096, dtype=torch.float16)
+    assert "from tuning cache" in str(mixgemm.explain(x, qw, device=H100))
+    with mixgemm.kernel_options(disable="cuda_gemv_mma"):
+        assert choose(p).kernel == "cuda_gemv"
+    with mixgemm.kernel_options(force="cuda_gemv"):
+        assert choose(p).kernel == "cuda_gemv"
+    assert choose(_problem(1, qw, torch.float32)).kernel == "cuda_gemv"  # the same bucket key is fp16 only anyway
+    assert choose(_problem(2, qw)).config != cfg  # another M bucket: the entry's own config
+
+
+def test_cached_choice_of_a_later_entry_lists_the_earlier_ones(tmp_path):
+    qw = _qw(4096, 4096)
+    p = _problem(16, qw)
+    assert choose(p).kernel == "cuda_gemv_mma"
+    cfg = entry_config("cuda_wgmma", p)
+    _write_choice(tmp_path / "tuning.json", H100.name, p, "cuda_wgmma", cfg)
+    c = choose(p)
+    assert c.kernel == "cuda_wgmma" and c.config == cfg
+    assert dict(c.declined) == {n: "the tuning cache chose cuda_wgmma for this bucket"
+                                for n in ("cuda_gemv_mma", "cuda_gemv")}
+
+
+def test_choice_entry_needs_an_entry_name(tmp_path):
+    path = tmp_path / "tuning.json"
+    key = tcache.bucket_key(_problem(1, _qw(4096, 4096)), tcache.CHOICE)
+    path.write_text(json.dumps({"version": 1, "gpu": H100.name, "entries": {key: {"config": {}}}}))
+    with pytest.warns(RuntimeWarning, match="has no 'entry' name"):
+        assert tcache.load(str(path)) is None
+
+
+def test_alternatives_are_the_soft_declines():
+    p = _problem(1, _qw(4096, 4096))  # fp16 M = 1: the tensor-core GEMV declines softly (tables)
+    assert [e.name for e in tune.alternatives(p, choose(p).entry)] == ["cuda_gemv_mma"]
+    wide = replace(_problem(16, _qw(128, 256)), n=14336, k=4096)  # past the int4 crossover: the GEMVs
+    assert choose(wide).kernel == "cuda_wgmma"
+    assert [e.name for e in tune.alternatives(wide, choose(wide).entry)] == ["cuda_gemv_mma", "cuda_gemv"]
+    assert tune.alternatives(_problem(1, _qw(4096, 4096), torch.float32), choose(p).entry) == []
+
+
+class _FakeEntry:
+    def __init__(self, name, cfg):
+        self.name, self._cfg = name, cfg
+
+    def config(self, problem):
+        return self._cfg
+
+
+@pytest.mark.parametrize("alt_times, want", [([8.0, 8.1, 7.9], "mma"), ([9.9, 9.8, 10.0], None)])
+def test_tune_choice_caches_only_a_clear_win(monkeypatch, tmp_path, alt_times, want):
+    p = _problem(1, _qw(4096, 4096))
+    alt = _FakeEntry("mma", {"KS": 16})
+    monkeypatch.setattr(tune, "alternatives", lambda problem, entry: [alt])
+    times = iter(alt_times)
+    best = tune.Timed({"R": 4}, [10.0, 10.05, 9.95])
+    cache = tcache.TuningCache(H100.name)
+    args = SimpleNamespace(rounds=3, margin=0.03)
+    chosen = {}
+    simt = _FakeEntry("simt", {"R": 4})
+    gained = tune._tune_choice(cache, chosen, p, simt, best, lambda c, e=None: next(times), lambda c, e=None: None,
+                               args, {"shape": "4096x4096", "m": 1}, lambda s: None)
+    key = tcache.bucket_key(p, tcache.CHOICE)
+    if want:
+        assert gained == 1 and cache.entries[key]["entry"] == want and cache.entries[key]["config"] == {"KS": 16}
+        # a later shape of the bucket where it is slower drops it
+        times2 = iter([10.5] * 3)
+        lost = tune._tune_choice(cache, chosen, p, simt, best, lambda c, e=None: next(times2),
+                                 lambda c, e=None: None, args, {"shape": "4000x4100", "m": 1}, lambda s: None)
+        assert lost == -1 and key not in cache.entries
+    else:
+        assert gained == 0 and key not in cache.entries
+
+
+def entry_config(name, p):
+    from mixgemm.kernels.registry import entry
+
+    return dict(entry(name).config(p))
+
+
+def _write_choice(path, gpu, p, name, cfg):
+    c = tcache.TuningCache(gpu)
+    c.put(tcache.bucket_key(p, tcache.CHOICE), cfg, 10.0, 9.0, {"gpu": gpu}, entry=name)
+    tcache.save(c, str(path))
+    tcache.reload()

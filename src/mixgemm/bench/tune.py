@@ -7,6 +7,12 @@ reference (a wrong one is dropped, loudly), then the default and the candidates 
 benchmark protocol's graph timing over rotating layer copies (mixgemm.bench.protocol). A bucket gets a cache entry
 only when its best candidate beats the default by more than the margin and more than the measured spread
 (:func:`pick`): tuning can only make a measured shape faster.
+
+Then the op's entries that the tuning data declines softly for the problem (:func:`alternatives`: the tensor-core
+GEMV at fp16 M = 1 outside its measured buckets, a GEMV past the crossover, ...) are timed with their own configs
+against the chosen entry's best; one that wins the same way becomes the bucket's *choice* (mixgemm.tuning.cache
+CHOICE), which the registry then runs for that bucket. Later shapes of a bucket must confirm a choice, or it is
+dropped.
 """
 
 from __future__ import annotations
@@ -204,7 +210,8 @@ def _layer(job: Job, l2: int) -> LayerCopies:
 
 
 def _measure(job: Job, layer: LayerCopies):
-    """(problem, entry, default config, time_us, check) of one job on the GPU."""
+    """(problem, entry, default config, time_us, check) of one job on the GPU; time_us and check take an optional
+    second argument, another registry entry to run the config with (default: the chosen one)."""
     from mixgemm.bench import protocol
     from mixgemm.bench.methods import TOL
     from mixgemm.kernels.linear import linear_problem
@@ -222,13 +229,13 @@ def _measure(job: Job, layer: LayerCopies):
     default = entry.config(problem)  # the entry's own rule: what the dispatcher picks without a tuning cache
     ninf, inf = -math.inf, math.inf
 
-    def time_us(cfg: dict) -> float:
-        fns = [lambda q=q: entry.run(x, q, None, ninf, inf, cfg) for q in weights]
+    def time_us(cfg: dict, e=entry) -> float:
+        fns = [lambda q=q: e.run(x, q, None, ninf, inf, cfg) for q in weights]
         return protocol.graph_time_us(fns, warmup_ms=10, rep_ms=40)
 
-    def check(cfg: dict) -> str | None:
+    def check(cfg: dict, e=entry) -> str | None:
         try:
-            y = entry.run(x, qw0, None, ninf, inf, cfg)
+            y = e.run(x, qw0, None, ninf, inf, cfg)
         except Exception as e:  # a candidate that fails to compile or launch is dropped like a wrong one
             return f"raised {type(e).__name__}: {e}"
         err = _reference_error(y, ref)
@@ -236,6 +243,96 @@ def _measure(job: Job, layer: LayerCopies):
         return None if err <= tol else f"relative error {err:.3g} > {tol:.3g} against the float64 reference"
 
     return problem, entry, default, time_us, check
+
+
+def _tune_entry(cache, done: dict, key: str, problem, entry, default: dict, time_us, check, args, info: dict,
+                log) -> tuple[Timed | None, int]:
+    """Tune the chosen entry's config for one job's bucket (the cache entry ``key``): (the best measured timing of
+    that entry here -- its winner or default -- or None when its default is wrong, buckets improved by this job)."""
+    why = check(default)
+    if why is not None:
+        log(f"{key}: WRONG DEFAULT config {default} on {info['shape']} M={info['m']}: {why}; not tuned")
+        cache.entries.pop(key, None)
+        done[key] = None
+        return None, 0
+    if key in done:  # another shape of this run in a tuned bucket: the bucket's winner must hold here too
+        winner = done[key]
+        if winner is not None and not confirm(default, winner, time_us, check, args.rounds, log):
+            cache.entries.pop(key, None)
+            done[key] = None
+            log(f"{key}: entry dropped: not faster than the default on {info['shape']} M={info['m']}")
+            return _timed(default, time_us, args.rounds), -1
+        return _timed(winner or default, time_us, args.rounds), 0
+    done[key] = None
+    cands = entry.candidates(problem) if entry.candidates is not None else []
+    if not cands:
+        log(f"{key}: {entry.name} has no candidates here; default kept")
+        return _timed(default, time_us, args.rounds), 0
+    dflt, verdict = tune_bucket(default, cands, time_us, check, args.rounds, args.margin, log)
+    if verdict.best is None:
+        cache.entries.pop(key, None)  # a re-run that no longer beats the default drops the old entry
+        log(f"{key}: default kept ({dflt.median:.2f} us; {verdict.reason})")
+        return dflt, 0
+    cache.put(key, verdict.best.config, dflt.median, verdict.best.median, info)
+    done[key] = verdict.best.config
+    log(f"{key}: {dflt.median:.2f} -> {verdict.best.median:.2f} us ({verdict.reason}): {verdict.best.config}")
+    return verdict.best, 1
+
+
+def _timed(config: dict, time_us, rounds: int) -> Timed:
+    t = Timed(dict(config))
+    t.times_us = [time_us(t.config) for _ in range(rounds)]
+    return t
+
+
+def alternatives(problem, entry) -> list:
+    """The op's other registry entries that can run the problem but are declined softly (by tuning data: a
+    crossover, a measured bucket) -- what a CHOICE cache entry may pick instead of ``entry``."""
+    from mixgemm.kernels.registry import entries
+
+    return [e for e in entries(problem.op) if e is not entry and e.can_run(problem).soft]
+
+
+def _tune_choice(cache, chosen: dict, problem, entry, best: Timed, time_us, check, args, info: dict, log) -> int:
+    """Time the softly declined entries' own configs against ``best`` (the chosen entry's); cache a CHOICE entry for
+    the bucket where one wins by the margin (pick), and drop one a later shape of the bucket does not confirm.
+    Returns the buckets improved (+1 / -1 / 0)."""
+    from mixgemm.tuning import cache as tcache
+
+    ckey = tcache.bucket_key(problem, tcache.CHOICE)
+    if ckey in chosen:  # another shape of the bucket: the choice must hold here too
+        prev = chosen[ckey]
+        if prev is None:
+            return 0
+        alt = next((e for e in alternatives(problem, entry) if e.name == prev[0]), None)
+        t = None if alt is None or check(prev[1], alt) is not None else _timed(prev[1], lambda c: time_us(c, alt),
+                                                                                 args.rounds)
+        if t is not None and t.median < best.median:
+            return 0
+        cache.entries.pop(ckey, None)
+        chosen[ckey] = None
+        log(f"{ckey}: choice of {prev[0]} dropped: not faster than {entry.name} on {info['shape']} M={info['m']}")
+        return -1
+    chosen[ckey] = None
+    timed = []
+    for alt in alternatives(problem, entry):
+        cfg = alt.config(problem)
+        cfg = {} if cfg is None else dict(cfg)
+        why = check(cfg, alt)
+        if why is not None:
+            log(f"{ckey}: {alt.name} left out: {why}")
+            continue
+        timed.append((alt, _timed(cfg, lambda c, a=alt: time_us(c, a), args.rounds)))
+    verdict = pick(best, [t for _, t in timed], args.margin)
+    if verdict.best is None:
+        cache.entries.pop(ckey, None)
+        return 0
+    alt = next(a for a, t in timed if t is verdict.best)
+    cache.put(ckey, verdict.best.config, best.median, verdict.best.median, info, entry=alt.name)
+    chosen[ckey] = (alt.name, verdict.best.config)
+    log(f"{ckey}: {entry.name} {best.median:.2f} us -> {alt.name} {verdict.best.median:.2f} us ({verdict.reason})")
+    return 1
+
 
 
 def _source(gpu: str, argv: list[str]) -> dict:
@@ -275,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     l2 = protocol.l2_bytes()
     t0 = time.monotonic()
     done: dict[str, dict | None] = {}  # bucket -> the config cached for it in this run (None: the default kept)
+    chosen: dict[str, tuple | None] = {}  # choice key -> (entry, config) cached in this run (None: none)
     improved = 0
     layer = None
     bar = tqdm(jobs, desc="mixgemm tune", unit="bucket")
@@ -289,37 +387,11 @@ def main(argv: list[str] | None = None) -> int:
         problem, entry, default, time_us, check = _measure(job, layer)
         key = tcache.bucket_key(problem, entry.name)
         bar.set_postfix_str(f"{job.fmt} K={job.k} N={job.n} M={job.m} {entry.name}")
-        why = check(default)
-        if why is not None:
-            tqdm.write(f"{key}: WRONG DEFAULT config {default} on {job.k}x{job.n} M={job.m}: {why}; not tuned")
-            cache.entries.pop(key, None)
-            done[key] = None
-            continue
-        if key in done:  # another shape of this run in a tuned bucket: the bucket's winner must hold here too
-            winner = done[key]
-            if winner is not None and not confirm(default, winner, time_us, check, args.rounds, tqdm.write):
-                cache.entries.pop(key, None)
-                done[key] = None
-                improved -= 1
-                tqdm.write(f"{key}: entry dropped: not faster than the default on {job.k}x{job.n} M={job.m}")
-            continue
-        done[key] = None
-        cands = entry.candidates(problem) if entry.candidates is not None else []
-        if not cands:
-            tqdm.write(f"{key}: {entry.name} has no candidates here; default kept")
-            continue
-        dflt, verdict = tune_bucket(default, cands, time_us, check, args.rounds, args.margin, tqdm.write)
-        if verdict.best is None:
-            cache.entries.pop(key, None)  # a re-run that no longer beats the default drops the old entry
-            tqdm.write(f"{key}: default kept ({dflt.median:.2f} us; {verdict.reason})")
-            continue
-        cache.put(key, verdict.best.config, dflt.median, verdict.best.median,
-                  {**source, "shape": f"{job.k}x{job.n}", "m": job.m,
-                   "bucket": ShapeBucket.of(job.k, job.n).describe()})
-        done[key] = verdict.best.config
-        improved += 1
-        tqdm.write(f"{key}: {dflt.median:.2f} -> {verdict.best.median:.2f} us ({verdict.reason}): "
-                   f"{verdict.best.config}")
+        info = {**source, "shape": f"{job.k}x{job.n}", "m": job.m, "bucket": ShapeBucket.of(job.k, job.n).describe()}
+        best, gained = _tune_entry(cache, done, key, problem, entry, default, time_us, check, args, info, tqdm.write)
+        improved += gained
+        if best is not None:
+            improved += _tune_choice(cache, chosen, problem, entry, best, time_us, check, args, info, tqdm.write)
     bar.close()
     written = tcache.save(cache, path)
     print(f"mixgemm tune: {improved} bucket(s) improved, {len(cache.entries)} entries in {written}")

@@ -273,8 +273,9 @@ def entry_names() -> frozenset:
 
 
 def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
-    """The first entry of the problem's op that can run it (after the options' force / disable), with its config.
-    Raises NoKernel when none can (a forced entry that cannot run raises too, with its reason)."""
+    """The first entry of the problem's op that can run it (after the options' force / disable and a tuning cache's
+    choice of entry for the problem's bucket), with its config. Raises NoKernel when none can (a forced entry that
+    cannot run raises too, with its reason)."""
     opts = current_options() if options is None else options
     declined: list[tuple[str, str]] = []
     lst = entries(problem.op)
@@ -288,6 +289,9 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
     if forced:
         raise NoKernel(f"forced kernel cannot run this {problem.op} problem: "
                        + "; ".join(f"{n}: {r}" for n, r in declined))
+    chosen = _cached_choice(problem, lst, opts)
+    if chosen is not None:
+        return chosen
     for e in lst:
         if e.name in opts.disable:
             declined.append((e.name, "disabled by kernel_options"))
@@ -300,6 +304,31 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
     raise NoKernel(f"no kernel takes this {problem.op} problem (m={problem.m}, n={problem.n}, k={problem.k}, "
                    f"{problem.bits}-bit, group {problem.group_size}, x {problem.x_dtype}): "
                    + "; ".join(f"{n}: {r}" for n, r in declined))
+
+
+def _cached_choice(problem: Problem, lst, opts: KernelOptions) -> Choice | None:
+    """The tuning cache's choice of entry for the problem's bucket (mixgemm.tuning.cache.choice) with its config,
+    where that entry is in the op's list, not disabled and can run the problem (a soft decline is what the choice
+    overrides); else None."""
+    from mixgemm.tuning import cache
+
+    hit = cache.choice(problem)
+    if hit is None:
+        return None
+    name, cfg, where = hit
+    e = next((x for x in lst if x.name == name), None)
+    if e is None or name in opts.disable:
+        return None
+    d = e.can_run(problem)
+    if not (d.ok or d.soft):
+        return None
+    forced = opts.configs.get(name)
+    source = "kernel_options(configs=...)" if forced is not None else f"tuning cache {where}"
+    cfg = dict(forced if forced is not None else cfg)
+    if e.complete is not None:
+        cfg = e.complete(problem, cfg)
+    declined = tuple((x.name, f"the tuning cache chose {name} for this bucket") for x in lst[:lst.index(e)])
+    return Choice(e, cfg, declined, problem, source, *_perm_fields(e, problem, cfg))
 
 
 def _perm_fields(e: KernelEntry, problem: Problem, config: dict | None) -> tuple[bool, str]:

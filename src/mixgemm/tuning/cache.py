@@ -10,7 +10,11 @@ half-octave classes round(2 log2 v), M as its power-of-two bucket). A cache entr
 that layer's bucket (a shipped table's entry may cover a region of buckets). Each entry holds the config, the
 measured times (default and tuned) and where it came from (GPU, date, mixgemm version, the command, the layer and
 the bucket's K / N ranges). The registry uses an entry only for the entry it names, only on the
-GPU the file was measured on, and an explicit ``kernel_options(configs=...)`` still wins.
+GPU the file was measured on, and an explicit ``kernel_options(configs=...)`` still wins. A *choice* entry (the key's
+entry part ``CHOICE``, with an ``"entry"`` field) says which registry entry runs the bucket, with its config: `mixgemm
+tune` writes one where an entry the tables decline softly (e.g. the tensor-core GEMV at fp16 M = 1, a GEMV past the
+crossover) measured faster than the one chosen; the registry takes it while that entry can run (kernel_options'
+force and disable still win).
 
 File format (JSON): {"version": 1, "gpu": name, "entries": {bucket key: {"config": {...}, "default_us": t,
 "tuned_us": t, "source": {...}}}}. A file that cannot be read or parsed gives a warning and is ignored.
@@ -31,6 +35,7 @@ from mixgemm.tuning.buckets import half_octave as half_octave  # the K / N class
 
 VERSION = 1
 ENV = "MIXGEMM_TUNING_CACHE"
+CHOICE = "@entry"  # the entry part of a choice entry's key: which registry entry runs the bucket
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -76,9 +81,13 @@ class TuningCache:
         hit = self.entries.get(bucket_key(problem, entry_name))
         return dict(hit["config"]) if hit else None
 
-    def put(self, key: str, config: dict, default_us: float, tuned_us: float, source: dict) -> None:
+    def put(self, key: str, config: dict, default_us: float, tuned_us: float, source: dict,
+            entry: str | None = None) -> None:
+        """Store a bucket's config (``entry``: the registry entry that runs it, for a CHOICE key)."""
         self.entries[key] = {"config": dict(config), "default_us": round(default_us, 3),
                              "tuned_us": round(tuned_us, 3), "source": dict(source)}
+        if entry is not None:
+            self.entries[key]["entry"] = entry
 
     def to_json(self) -> dict:
         return {"version": VERSION, "gpu": self.gpu, "entries": dict(sorted(self.entries.items()))}
@@ -93,6 +102,8 @@ def _validate(data, path: str) -> TuningCache:
     for key, val in entries.items():
         if not isinstance(val, dict) or not isinstance(val.get("config"), dict):
             raise ValueError(f"entry {key!r} has no 'config' object")
+        if f"/{CHOICE}/" in key and not isinstance(val.get("entry"), str):
+            raise ValueError(f"choice entry {key!r} has no 'entry' name")
     return TuningCache(data["gpu"], path, dict(entries))
 
 
@@ -158,6 +169,16 @@ def lookup(problem, entry_name: str) -> tuple[dict, str] | None:
         return None
     shape = hit.get("source", {}).get("shape")
     return dict(hit["config"]), f"{cache.path}, {key}" + (f" (measured on K x N {shape})" if shape else "")
+
+
+def choice(problem) -> tuple[str, dict, str] | None:
+    """(entry name, config, where) of the CHOICE entry for the problem's bucket on its GPU, or None."""
+    hit = lookup(problem, CHOICE)
+    if hit is None:
+        return None
+    cfg, where = hit
+    cache = for_gpu(problem.device.name)
+    return cache.entries[bucket_key(problem, CHOICE)]["entry"], cfg, where
 
 
 def reload() -> None:
