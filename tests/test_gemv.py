@@ -454,6 +454,23 @@ def test_gemv_xs_lite(variant, bits, group, mode, scale_dtype):
                 _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group,mode", [(4, 128, "sym"), (4, 32, "zero_point"), (8, -1, "sym"),
+                                             (8, 64, "offset")])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_gemv_mma_split_rule_at_m9_to_16(bits, group, mode, act):
+    """The tensor-core GEMV's own configs at the 16-row M bucket where the split rule picks one k-tile in flight
+    (choose_mma_config: int4 at KS 8 on >= 264 row tiles, int8 at KS 16): odd N past 4224 rows and K with a partial
+    last k-tile, M = 9 and 16, against the reference."""
+    n, k = 4233, 2048 + (0 if group != -1 else 40)
+    qw, gen = _make(n, k, bits, group, mode, torch.float16, 23)
+    for m in (9, 16):
+        with kernel_options(force=FORCE["mma"]):
+            c = mixgemm.explain(torch.empty(m, k, dtype=act, device="cuda"), qw)
+            assert c.kernel == "cuda_gemv_mma" and c.config["U"] == 1, c.config
+            _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
+
+
 # The formats a forced tile runs in: both int widths, every mode, per-channel and grouped, every scale dtype.
 TILE_FORMATS = [(4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.float16),
                 (4, 32, "offset", torch.bfloat16), (4, -1, "zero_point", torch.float32),

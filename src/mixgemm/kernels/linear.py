@@ -90,15 +90,11 @@ def _gemv_common(p: Problem, dtypes) -> str | None:
 def gemv_limit(p: Problem) -> int:
     """Largest M the GEMVs serve on this GPU: the table's crossover against the GEMM that takes over, raised to the
     GEMVs' own limit where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma)."""
-    return _gemv_limit_and_why(p)[0]
-
-
-def _gemv_limit_and_why(p: Problem) -> tuple[int, str]:
     table = p.device.table
     wg = "cuda_wgmma" not in current_options().disable and _wgmma_can_run(p).ok
     lim = tuning.gemv_max_m(table, p.qw, p.n, wgmma=wg, k=p.k)
     if not wg or lim >= GEMV_MAX_M or p.m > GEMV_MAX_M or tuning.wgmma_from_m_entry(table, p.qw, p.k, p.n):
-        return lim, ""
+        return lim
     from mixgemm.kernels.cuda.gemm_wgmma import output_tiles
 
     # the output tiles of the wgmma launch that would take this M over; split-K CTAs are not counted: at these M a
@@ -107,12 +103,11 @@ def _gemv_limit_and_why(p: Problem) -> tuple[int, str]:
     m_over = max(p.m, lim + 1)
     cfg = _wgmma_config(replace(p, m=m_over))
     tiles = output_tiles(m_over, p.n, cfg["BM"], cfg.get("NWG", 2))
-    why = tuning.gemv_over_wgmma(table, p.bits, p.k, tiles, p.device.sm_count)
-    return (GEMV_MAX_M, why) if why else (lim, "")
+    return GEMV_MAX_M if tuning.gemv_over_wgmma(table, p.bits, p.k, tiles, p.device.sm_count) else lim
 
 
 def _gemv_crossover(p: Problem) -> str | None:
-    lim, _ = _gemv_limit_and_why(p)
+    lim = gemv_limit(p)
     if p.m > lim:
         return f"M={p.m} above the GEMV / GEMM crossover M={lim} ({tuning.table_name_for(p.device.name)} table)"
     return None
