@@ -97,7 +97,11 @@ def test_gemv_over_wgmma_crossover():
     or need more than one wave at K <= 5120 (gemv_over_wgmma); the table's wgmma_from_m regions (tall layers) win."""
     from mixgemm import tuning
 
-    assert _choose(16, 8192, 8192).entry.name == "cuda_gemv_mma"  # 64 tiles: 48% of a wave
+    c = _choose(16, 8192, 8192)  # 64 tiles: 48% of a wave; explain says why the GEMV runs past M = 8
+    assert c.entry.name == "cuda_gemv_mma" and c.config_source == (
+        "kept on the GEMV past the h100 table's crossover M=8: the wgmma GEMM's 64 output tiles fill 48% of their "
+        "last wave (< 70%)")
+    assert _choose(8, 8192, 8192).config_source == ""  # below the crossover: the rule, no note
     assert _choose(16, 3584, 8192).entry.name == "cuda_gemv_mma"  # the same with the wgmma's split 2 (not counted)
     assert _choose(16, 4096, 22016).entry.name == "cuda_gemv_mma"  # 172 tiles, 2 waves, K <= 5120
     assert _choose(16, 4096, 14336).entry.name == "cuda_wgmma"  # 112 tiles: 85%

@@ -90,11 +90,18 @@ def _gemv_common(p: Problem, dtypes) -> str | None:
 def gemv_limit(p: Problem) -> int:
     """Largest M the GEMVs serve on this GPU: the table's crossover against the GEMM that takes over, raised to the
     GEMVs' own limit where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma)."""
+    lim, why = _table_limit_and_raise(p)
+    return GEMV_MAX_M if why else lim
+
+
+def _table_limit_and_raise(p: Problem) -> tuple[int, str | None]:
+    """(the table's GEMV / GEMM crossover, why the GEMVs keep M <= 16 past it -- tuning.gemv_over_wgmma -- or
+    None)."""
     table = p.device.table
     wg = "cuda_wgmma" not in current_options().disable and _wgmma_can_run(p).ok
     lim = tuning.gemv_max_m(table, p.qw, p.n, wgmma=wg, k=p.k)
     if not wg or lim >= GEMV_MAX_M or p.m > GEMV_MAX_M or tuning.wgmma_from_m_entry(table, p.qw, p.k, p.n):
-        return lim
+        return lim, None
     from mixgemm.kernels.cuda.gemm_wgmma import output_tiles
 
     # the output tiles of the wgmma launch that would take this M over; split-K CTAs are not counted: at these M a
@@ -103,7 +110,17 @@ def gemv_limit(p: Problem) -> int:
     m_over = max(p.m, lim + 1)
     cfg = _wgmma_config(replace(p, m=m_over))
     tiles = output_tiles(m_over, p.n, cfg["BM"], cfg.get("NWG", 2))
-    return GEMV_MAX_M if tuning.gemv_over_wgmma(table, p.bits, p.k, tiles, p.device.sm_count) else lim
+    return lim, tuning.gemv_over_wgmma(table, p.bits, p.k, tiles, p.device.sm_count)
+
+
+def _past_crossover_note(p: Problem, cfg):
+    """cfg, and where a GEMV runs past the table's crossover (gemv_over_wgmma) a SourcedConfig saying why."""
+    lim, why = _table_limit_and_raise(p) if p.m > 1 else (GEMV_MAX_M, None)
+    if why is None or p.m <= lim or cfg is None:
+        return cfg
+    src = getattr(cfg, "source", "")
+    note = f"kept on the GEMV past the {p.device.table.get('name', '?')} table's crossover M={lim}: {why}"
+    return tuning.SourcedConfig(cfg, f"{src}; {note}" if src else note)
 
 
 def _gemv_crossover(p: Problem) -> str | None:
@@ -137,7 +154,7 @@ def _gemv_can_run(p: Problem):
 def _gemv_mma_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemv import mma_config
 
-    return mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count)
+    return _past_crossover_note(p, mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count))
 
 
 def _gemv_config(p: Problem) -> dict:
