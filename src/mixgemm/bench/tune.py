@@ -97,15 +97,20 @@ def confirm(default_config: dict, winner: dict, time_us: Callable[[dict], float]
             rounds: int = 3, log: Callable[[str], None] = print) -> bool:
     """Whether a bucket's cached config still holds on another shape of the bucket: its output is right and its
     median time is below the default's there."""
+    return _confirm_timed(default_config, winner, time_us, check, rounds, log)[0]
+
+
+def _confirm_timed(default_config: dict, winner: dict, time_us, check, rounds: int, log) -> tuple[bool, Timed | None]:
+    """(confirm's answer, the faster of the two timings it took -- None when the winner's output is wrong)."""
     why = check(winner)
     if why is not None:
         log(f"DROPPED the bucket's config {winner}: {why}")
-        return False
+        return False, None
     d, w = Timed(dict(default_config)), Timed(dict(winner))
     for _ in range(rounds):
         for t in (d, w):
             t.times_us.append(time_us(t.config))
-    return w.median < d.median
+    return w.median < d.median, min(d, w, key=lambda t: t.median)
 
 
 # ------------------------------------------------------------------------------------------------ the CLI
@@ -229,13 +234,13 @@ def _measure(job: Job, layer: LayerCopies):
     default = entry.config(problem)  # the entry's own rule: what the dispatcher picks without a tuning cache
     ninf, inf = -math.inf, math.inf
 
-    def time_us(cfg: dict, e=entry) -> float:
-        fns = [lambda q=q: e.run(x, q, None, ninf, inf, cfg) for q in weights]
+    def time_us(cfg: dict, run_entry=entry) -> float:
+        fns = [lambda q=q: run_entry.run(x, q, None, ninf, inf, cfg) for q in weights]
         return protocol.graph_time_us(fns, warmup_ms=10, rep_ms=40)
 
-    def check(cfg: dict, e=entry) -> str | None:
+    def check(cfg: dict, run_entry=entry) -> str | None:
         try:
-            y = e.run(x, qw0, None, ninf, inf, cfg)
+            y = run_entry.run(x, qw0, None, ninf, inf, cfg)
         except Exception as e:  # a candidate that fails to compile or launch is dropped like a wrong one
             return f"raised {type(e).__name__}: {e}"
         err = _reference_error(y, ref)
@@ -257,12 +262,15 @@ def _tune_entry(cache, done: dict, key: str, problem, entry, default: dict, time
         return None, 0
     if key in done:  # another shape of this run in a tuned bucket: the bucket's winner must hold here too
         winner = done[key]
-        if winner is not None and not confirm(default, winner, time_us, check, args.rounds, log):
-            cache.entries.pop(key, None)
-            done[key] = None
-            log(f"{key}: entry dropped: not faster than the default on {info['shape']} M={info['m']}")
-            return _timed(default, time_us, args.rounds), -1
-        return _timed(winner or default, time_us, args.rounds), 0
+        if winner is None:
+            return _timed(default, time_us, args.rounds), 0
+        holds, faster = _confirm_timed(default, winner, time_us, check, args.rounds, log)
+        if holds:
+            return faster, 0
+        cache.entries.pop(key, None)
+        done[key] = None
+        log(f"{key}: entry dropped: not faster than the default on {info['shape']} M={info['m']}")
+        return faster or _timed(default, time_us, args.rounds), -1
     done[key] = None
     cands = entry.candidates(problem) if entry.candidates is not None else []
     if not cands:
@@ -332,7 +340,6 @@ def _tune_choice(cache, chosen: dict, problem, entry, best: Timed, time_us, chec
     chosen[ckey] = (alt.name, verdict.best.config)
     log(f"{ckey}: {entry.name} {best.median:.2f} us -> {alt.name} {verdict.best.median:.2f} us ({verdict.reason})")
     return 1
-
 
 
 def _source(gpu: str, argv: list[str]) -> dict:

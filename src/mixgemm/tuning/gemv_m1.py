@@ -89,13 +89,15 @@ H200_SYM = _entries("tools/bench/gemv.py --sweep --sweep-mode sym, KS sweeps on 
 # (N >= 8k, K <= 3k) want R 4 with U 1, the tall ones R 2, U 1, KS 4. int8 per channel (measured sym, serves every
 # mode): 3584x512 2.78 -> 1.99, 1536x2048 3.07 -> 2.28, 11008x4096 20.5 -> 18.1, 5120x13824 29.3 -> 27.0.
 _SWEEP_SOURCE = "tools/bench/gemv_dispatch.py on the H100 (M = 1, fp16 activations; model-list sweep of the neighbours)"
-H100_SWEEP = _entries(_SWEEP_SOURCE + ", zero point / int8", [
+H100_ZP_SWEEP = _entries(_SWEEP_SOURCE + ", zero point", [
     (4, 896, 128, (2, 1, 1)), (4, 896, 9728, (4, 1, 1)), (4, 1536, 256, (2, 1, 1)), (4, 1536, 8960, (4, 1, 1)),
     (4, 1536, 17920, (4, 1, 1)), (4, 2048, 11008, (4, 1, 1)), (4, 2048, 22016, (4, 1, 1)), (4, 2304, 9216, (4, 1, 1)),
     (4, 2304, 18432, (4, 1, 1)), (4, 3072, 9216, (4, 1, 1)), (4, 3584, 512, (2, 2, 2)), (4, 4096, 6144, (2, 2, 1)),
     (4, 4096, 12288, (4, 1, 2)), (4, 4864, 896, (4, 2, 2)), (4, 5120, 1024, (2, 2, 4)), (4, 5120, 5120, (2, 1, 2)),
     (4, 5120, 7680, (2, 2, 1)), (4, 8192, 3072, (2, 2, 2)), (4, 9216, 2304, (2, 1, 4)), (4, 11008, 2048, (2, 1, 4)),
     (4, 11008, 4096, (2, 1, 4)), (4, 17920, 5120, (2, 1, 4)), (4, 27648, 5120, (2, 1, 4)), (4, 36864, 4608, (2, 1, 4)),
+])
+H100_W8_SWEEP = _entries(_SWEEP_SOURCE + ", int8", [
     (8, 896, 128, (2, 2, 2)), (8, 896, 4864, (2, 1, 1)), (8, 1536, 256, (2, 2, 2)), (8, 1536, 1536, (2, 2, 2)),
     (8, 1536, 2048, (2, 2, 2)), (8, 2304, 4096, (4, 2, 2)), (8, 2304, 9216, (4, 2, 1)), (8, 2048, 11008, (4, 2, 1)),
     (8, 2048, 22016, (4, 1, 2)), (8, 3072, 3072, (2, 2, 4)), (8, 3584, 512, (2, 2, 4)), (8, 5120, 5120, (2, 2, 2)),
@@ -151,9 +153,8 @@ def _with_sym(base: dict, sym: dict) -> dict:
 
 
 # {(gpu, sym?): {bits: entries}}, merged once, not per call
-_H100_W8_SWEEP = {8: H100_SWEEP[8]}
-TABLES = {("H100", False): _union(H100, H100_SWEEP),
-          ("H100", True): _with_sym(_union(H100, _H100_W8_SWEEP), _union(H100_SYM, H100_SYM_SWEEP)),
+TABLES = {("H100", False): _union(H100, H100_ZP_SWEEP, H100_W8_SWEEP),
+          ("H100", True): _with_sym(_union(H100, H100_W8_SWEEP), _union(H100_SYM, H100_SYM_SWEEP)),
           ("H200", False): _union(H200, H200_SWEEP), ("H200", True): _with_sym(H200, _union(H200_SYM, H200_SYM_SWEEP))}
 
 
