@@ -315,7 +315,7 @@ def test_protocol_reference_numbers_comparison():
 
 
 def test_weight_bytes_count_the_layouts_a_call_reads_not_their_build():
-    # a layer whose first call builds its layout from another one (as gemv_mma_v1 is made from gemv_v1): the floor
+    # a layer whose first call builds its layout from another one (as gemv_mma_v1 is made from gemv_v2): the floor
     # must count the bytes the call reads, not the bytes its first call's build touched too
     def prep_building(w: torch.Tensor, ctx: Context) -> Prepared:
         read, built = [], []

@@ -1,23 +1,18 @@
-"""CUDA GEMV (mixgemm.kernels.cuda.gemv): CPU checks (NVRTC compiles, gemv_v1 layout round trips) and
+"""CUDA GEMV (mixgemm.kernels.cuda.gemv): CPU checks (NVRTC compiles, gemv_v2 layout round trips) and
 GPU checks of every format combination against the float64 reference."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 import mixgemm
 import mixgemm.reference as ref
-from mixgemm.formats.layouts import (
-    INT4_PERM,
-    build_gemv_mma_v1,
-    build_gemv_v1,
-    unpack_gemv_mma_v1,
-    unpack_gemv_v1,
-)
+from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2, unpack_gemv_mma_v1, unpack_gemv_v2
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, m_bucket, mma_defines_for
@@ -107,7 +102,7 @@ def test_gemv_mma_layout_round_trip(bits, group, mode, n, k, torch_gen):
     kt = 64 if bits == 4 else 32
     assert lay.weight.shape == (-(-n // 16), -(-k // kt), 32, 16)
     assert torch.equal(unpack_gemv_mma_v1(lay), qw.codes())
-    assert lay.params is qw.layout("gemv_v1", build_gemv_v1).params
+    assert lay.params is qw.layout("gemv_v2", build_gemv_v2).params
     c = qw.codes().long()
     if bits == 4:  # lane 5 = (g 1, t 1), word s = 2: e0 = W[1][16 + 8], e1 = W[1][16 + 9], e2 = W[9][16 + 8]
         by = lay.weight[0, 0, 5].long()
@@ -169,27 +164,53 @@ def test_choose_config_fills_gpu():
     (4, 128, "sym", 256), (4, 32, "zero_point", 96), (4, -1, "offset", 72), (4, -1, "zero_point", 40),
     (8, 64, "zero_point", 192), (8, -1, "sym", 40), (8, 256, "offset", 512),
 ])
+def test_gemv_v2_is_the_plain_buffer(bits, group, mode, k, torch_gen):
+    """gemv_v2 holds the codes in the plain order: the weight's own qweight wherever K is a whole number of chunks
+    (no copy); a per-channel K past the last chunk gets a padded copy with the zero point (offset: 0) as codes; a
+    misaligned or strided qweight gets a copy too."""
+    n = 7
+    qw = quantize_weight(torch.randn(n, k, generator=torch_gen) * 0.02, bits=bits, group_size=group, mode=mode)
+    before = qw.qweight.clone()
+    lay = qw.layout("gemv_v2", build_gemv_v2)
+    assert torch.equal(qw.qweight, before)
+    chunk = 32 if bits == 4 else 16
+    assert (lay.weight is qw.qweight) == (k % chunk == 0)
+    assert lay.weight.shape == (n, lay.k_padded * bits // 8) and lay.weight.is_contiguous()
+    assert torch.equal(unpack_gemv_v2(lay), qw.codes())
+    if k % chunk == 0:  # a qweight view at a 2-byte offset, or strided: copied into an aligned contiguous buffer
+        wide = torch.zeros(n, qw.qweight.shape[1] + 2, dtype=torch.uint8)
+        wide[:, 2:] = qw.qweight
+        for view in (wide[:, 2:], torch.stack([qw.qweight, qw.qweight], 1)[:, 0]):
+            other = replace(qw, qweight=view, _layouts={})
+            lay = other.layout("gemv_v2", build_gemv_v2)
+            assert lay.weight is not view and lay.weight.is_contiguous() and torch.equal(lay.weight, qw.qweight)
+
+
+@pytest.mark.parametrize("bits,group,mode,k", [
+    (4, 128, "sym", 256), (4, 32, "zero_point", 96), (4, -1, "offset", 72), (4, -1, "zero_point", 40),
+    (8, 64, "zero_point", 192), (8, -1, "sym", 40), (8, 256, "offset", 512),
+])
 def test_gemv_layout_round_trip(bits, group, mode, k, torch_gen):
     n = 7
     w = torch.randn(n, k, generator=torch_gen) * 0.02
     qw = quantize_weight(w, bits=bits, group_size=group, mode=mode)
     before = qw.qweight.clone()
-    lay = qw.layout("gemv_v1", build_gemv_v1)
+    lay = qw.layout("gemv_v2", build_gemv_v2)
     assert torch.equal(qw.qweight, before)  # plain packing untouched
-    assert qw.layout("gemv_v1", build_gemv_v1) is lay  # cached
+    assert qw.layout("gemv_v2", build_gemv_v2) is lay  # cached
     chunk = 32 if bits == 4 else 16
     assert lay.k_padded % chunk == 0 and lay.k_padded >= k and lay.k_padded - k < chunk
     assert lay.weight.shape == (n, lay.k_padded * bits // 8) and lay.weight.dtype == torch.uint8
-    assert torch.equal(unpack_gemv_v1(lay), qw.codes())
+    assert torch.equal(unpack_gemv_v2(lay), qw.codes())
     codes = qw.codes()
-    if bits == 4:  # nibble p of 32-bit word i holds k = 8 i + INT4_PERM[p], read bit by bit here
+    if bits == 4:  # nibble p of 32-bit word i holds k = 8 i + p, read bit by bit here
         by = lay.weight[:, :4].to(torch.int64)
         word = by[:, 0] | by[:, 1] << 8 | by[:, 2] << 16 | by[:, 3] << 24
-        for p, e in enumerate(INT4_PERM):
-            assert torch.equal((word >> (4 * p)) & 0xF, codes[:, e].to(torch.int64))
-        # the pair that one lop3 with mask 0x000f000f extracts is (k0, k0+1)
+        for p in range(8):
+            assert torch.equal((word >> (4 * p)) & 0xF, codes[:, p].to(torch.int64))
+        # the pair that one lop3 with mask 0x000f000f extracts is (k0, k0+4): the kernel pairs x the same way
         assert torch.equal(word & 0xF, codes[:, 0].long())
-        assert torch.equal((word >> 16) & 0xF, codes[:, 1].long())
+        assert torch.equal((word >> 16) & 0xF, codes[:, 4].long())
     g = qw.group_size
     if mode == "sym":
         assert torch.equal(lay.params, qw.scales)
@@ -201,7 +222,7 @@ def test_gemv_layout_round_trip(bits, group, mode, k, torch_gen):
         expect = 0 if group == -1 else (c * chunk) // g
         assert (c >> lay.gshift) == expect
     if lay.k_padded > k:  # padding codes are the zero point (offset: 0)
-        pad = unpack_gemv_v1(lay.__class__(**{**lay.__dict__, "k": lay.k_padded}))[:, k:]
+        pad = unpack_gemv_v2(replace(lay, k=lay.k_padded))[:, k:]
         zc = 0 if mode == "offset" else qw.zero_points()[:, :1]
         assert torch.equal(pad.long(), (torch.zeros_like(pad).long() + zc))
 

@@ -366,15 +366,27 @@ def test_weight_cache_fast_path():
 
 
 def test_resident_bytes():
-    from mixgemm.formats.layouts import build_gemv_v1
+    from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2
 
-    qw = _qw(64, 256, mode="zero_point")
+    qw = _qw(64, 40, group_size=-1, mode="zero_point")  # K = 40 is no whole number of chunks: a padded copy
     r = mixgemm.resident_bytes(qw)
     assert r["plain"] == qw.nbytes() and r["layouts"] == {} and r["ratio"] == 1.0
-    lay = qw.layout("gemv_v1", build_gemv_v1)
+    lay = qw.layout("gemv_v2", build_gemv_v2)
     r = mixgemm.resident_bytes(qw)
-    assert r["layouts"]["gemv_v1"] == lay.weight.numel() + lay.params.numel() * lay.params.element_size()
-    assert r["total"] == r["plain"] + r["layouts"]["gemv_v1"]
+    assert r["layouts"]["gemv_v2"] == lay.weight.numel() + lay.params.numel() * lay.params.element_size()
+    assert r["total"] == r["plain"] + r["layouts"]["gemv_v2"]
+    # memory shared with the plain buffers or another layout is counted once: gemv_v2 reads qweight itself (a zero
+    # point weight's (scale, z) pairs are its own), a sym weight's params are its scales, gemv_mma_v1 shares params
+    qw = _qw(64, 256, mode="zero_point")
+    lay2 = qw.layout("gemv_v2", build_gemv_v2)
+    assert lay2.weight is qw.qweight
+    assert mixgemm.resident_bytes(qw)["layouts"] == {"gemv_v2": lay2.params.numel() * lay2.params.element_size()}
+    qw = _qw(64, 256, mode="sym")
+    qw.layout("gemv_v2", build_gemv_v2)
+    mma = qw.layout("gemv_mma_v1", build_gemv_mma_v1)
+    r = mixgemm.resident_bytes(qw)
+    assert r["layouts"] == {"gemv_v2": 0, "gemv_mma_v1": mma.weight.numel()}
+    assert r["total"] == r["plain"] + mma.weight.numel()
     model = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.Linear(64, 32))
     mixgemm.quantize_(model, mixgemm.W4A16())
     model(torch.randn(2, 256))

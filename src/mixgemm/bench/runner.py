@@ -168,7 +168,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
                 x_in = prep.x_map(shape.x(m, cfg.seed, device) if conv else _x_for(m, k, cfg.seed, device))
                 try:
                     # a first call builds the kernel layouts (a build may read other layouts, e.g. gemv_mma_v1 is
-                    # made from gemv_v1); the bytes counted are those of the layouts the second call reads
+                    # made from gemv_v2); the bytes counted are those of the layouts the second call reads
                     warm = prep.layer(x_in)
                     _sync(device)
                     del warm

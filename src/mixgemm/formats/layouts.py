@@ -1,22 +1,18 @@
 """Kernel layouts built from the plain QuantizedWeight packing (built once per weight, cached by
 ``QuantizedWeight.layout(name, build)``).
 
-``gemv_v1`` -- read by the CUDA GEMV (mixgemm/kernels/cuda/gemv.cu), M <= 16:
+``gemv_v2`` -- read by the CUDA-core GEMV (mixgemm/kernels/cuda/gemv.cu), M <= 16:
 
 * ``weight``: uint8 [N, Kp * bits // 8], row-major, each row 16-byte aligned (Kp * bits / 8 is a multiple
-  of 16). One 16-byte *chunk* holds ``chunk`` = 32 (int4) or 16 (int8) consecutive k. Inside each
-  little-endian 32-bit word w (bytes 4i..4i+3 of a row, covering k0 = 32i / bits ... ):
-
-  - int8: byte j (bits 8j..8j+7) holds k0 + j (plain order).
-  - int4: nibble p (bits 4p..4p+3) holds k0 + PERM[p] with PERM = (0, 2, 4, 6, 1, 3, 5, 7), i.e. bits
-    0-3: k0, 4-7: k0+2, 8-11: k0+4, 12-15: k0+6, 16-19: k0+1, 20-23: k0+3, 24-27: k0+5, 28-31: k0+7.
-    So ``w & 0x000f000f`` is the pair (k0, k0+1) in the two 16-bit halves (one lop3 + magic 0x6400
-    makes a half2 of it), ``w & 0x00f000f0`` is (k0+2, k0+3) times 16, and ``w >> 8`` repeats this for
-    k0+4..k0+7 (FasterTransformer / AWQ interleave).
+  of 16). One 16-byte *chunk* holds ``chunk`` = 32 (int4) or 16 (int8) consecutive k in the plain packing
+  (mixgemm.formats.packing): byte j of a row holds k = j (int8), or k = 2j in its low nibble and 2j + 1 in its
+  high nibble (int4). Where Kp = K and the plain buffer is contiguous and 16-byte aligned (always, for weights
+  quantized or loaded by mixgemm) ``weight`` *is* ``qw.qweight``: the layout costs no memory. The kernel pairs
+  nibbles (k, k + 4) of each 32-bit word with one lop3 and permutes the activations to match (gemv.cu).
 
   Kp = K, except per-channel weights whose K is not a multiple of ``chunk``: Kp rounds K up and the
-  padded codes are the zero point (the kernel feeds them zero activations).
-* ``params``: per (row, group) parameters in the scale dtype: [N, G] scales for "sym";
+  padded codes are the zero point (the kernel feeds them zero activations); those get a padded copy.
+* ``params``: per (row, group) parameters in the scale dtype: [N, G] scales for "sym" (``qw.scales`` itself);
   [N, G, 2] pairs (scale, z) for "zero_point" (z < 256 is exact in fp16/bf16/fp32);
   [N, G, 2] pairs (scale, m) for "offset". One load per group and row.
 * ``gshift``: chunk c belongs to group c >> gshift (31 for per-channel: always group 0).
@@ -28,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.formats.packing import pack_codes
+from mixgemm.formats.packing import pack_codes, unpack_codes
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 
 INT4_PERM = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble p of a 32-bit word holds element INT4_PERM[p]
@@ -52,7 +48,7 @@ class KernelLayout:
 
 @dataclass(frozen=True)
 class GemvLayout(KernelLayout):
-    """The ``gemv_v1`` layout of one weight (see the module docstring): weight uint8 [N, Kp * bits // 8], params
+    """The ``gemv_v2`` layout of one weight (see the module docstring): weight uint8 [N, Kp * bits // 8], params
     [N, G] or [N, G, 2]."""
 
     chunk: int  # k per 16-byte chunk
@@ -63,42 +59,25 @@ class GemvLayout(KernelLayout):
         return self.k_padded // self.chunk
 
 
-def _interleave_int4(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes [N, Kp] (Kp % 8 == 0) -> uint8 [N, Kp // 2] with INT4_PERM nibbles in each word."""
-    n, kp = codes.shape
-    c = codes.reshape(n, kp // 8, 8).to(torch.int64)
-    word = torch.zeros(n, kp // 8, dtype=torch.int64, device=codes.device)
-    for p, e in enumerate(INT4_PERM):
-        word |= c[:, :, e] << (4 * p)
-    # little-endian bytes of each 32-bit word
-    by = torch.stack([(word >> (8 * b)) & 0xFF for b in range(4)], dim=-1)
-    return by.to(torch.uint8).reshape(n, kp // 2)
-
-
-def _deinterleave_int4(packed: torch.Tensor) -> torch.Tensor:
-    n, nb = packed.shape
-    by = packed.reshape(n, nb // 4, 4).to(torch.int64)
-    word = by[..., 0] | (by[..., 1] << 8) | (by[..., 2] << 16) | (by[..., 3] << 24)
-    out = torch.empty(n, nb // 4, 8, dtype=torch.int64, device=packed.device)
-    for p, e in enumerate(INT4_PERM):
-        out[:, :, e] = (word >> (4 * p)) & 0xF
-    return out.reshape(n, nb * 2).to(torch.uint8)
-
-
-def build_gemv_v1(qw: QuantizedWeight) -> GemvLayout:
-    """Repack ``qw`` for the CUDA GEMV (on qw's device). The plain tensors are not modified."""
+def build_gemv_v2(qw: QuantizedWeight) -> GemvLayout:
+    """The CUDA-core GEMV's layout of ``qw`` (on qw's device): its own buffers wherever they already are the layout
+    (see the module docstring), else a copy. The plain tensors are not modified."""
     n, k = qw.shape
     bits = qw.bits
     chunk = 32 if bits == 4 else 16
     g, ng = qw.config.groups(k)
     kp = -(-k // chunk) * chunk
-    codes = qw.codes()
-    if kp != k:  # only per-channel weights reach here (group sizes are multiples of 32)
-        assert qw.config.group_size == PER_CHANNEL
-        zc = qw.zero_points()[:, :1].to(torch.uint8) if qw.mode != "offset" else 0
-        pad = torch.zeros(n, kp - k, dtype=torch.uint8, device=codes.device) + zc
-        codes = torch.cat([codes, pad], dim=1)
-    weight = _interleave_int4(codes) if bits == 4 else pack_codes(codes, 8)
+    plain = qw.qweight
+    if kp == k and plain.is_contiguous() and plain.data_ptr() % 16 == 0:
+        weight = plain  # the plain packing is this layout: the weight's own buffer, no second copy
+    else:
+        codes = qw.codes()
+        if kp != k:  # only per-channel weights reach here (group sizes are multiples of 32)
+            assert qw.config.group_size == PER_CHANNEL
+            zc = qw.zero_points()[:, :1].to(torch.uint8) if qw.mode != "offset" else 0
+            pad = torch.zeros(n, kp - k, dtype=torch.uint8, device=codes.device) + zc
+            codes = torch.cat([codes, pad], dim=1)
+        weight = pack_codes(codes, bits).contiguous()
     if qw.mode == "sym":
         params = qw.scales.contiguous()
     elif qw.mode == "zero_point":
@@ -111,17 +90,13 @@ def build_gemv_v1(qw: QuantizedWeight) -> GemvLayout:
         cpg = g // chunk
         gshift = cpg.bit_length() - 1
         assert 1 << gshift == cpg
-    return GemvLayout(weight=weight.contiguous(), params=params, n=n, k=k, k_padded=kp, bits=bits,
+    return GemvLayout(weight=weight, params=params, n=n, k=k, k_padded=kp, bits=bits,
                       mode=qw.mode, group_size=g, num_groups=ng, chunk=chunk, gshift=gshift)
 
 
-def unpack_gemv_v1(layout: GemvLayout) -> torch.Tensor:
-    """Codes uint8 [N, K] read back from a ``gemv_v1`` layout (for tests and debugging)."""
-    if layout.bits == 4:
-        codes = _deinterleave_int4(layout.weight)
-    else:
-        codes = layout.weight
-    return codes[:, : layout.k].contiguous()
+def unpack_gemv_v2(layout: GemvLayout) -> torch.Tensor:
+    """Codes uint8 [N, K] read back from a ``gemv_v2`` layout (for tests and debugging)."""
+    return unpack_codes(layout.weight, layout.bits, layout.k_padded)[:, : layout.k].contiguous()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -135,7 +110,7 @@ def unpack_gemv_v1(layout: GemvLayout) -> torch.Tensor:
 #         -- the four f16x2 A-fragment registers of mma.m16n8k16 step s, one lop3 each.
 #   int8, words 2s and 2s + 1 (s = 0, 1): bytes W[g][k0 .. k0+3] and W[g+8][k0 .. k0+3].
 # Rows are padded to a multiple of 16 and k to a multiple of KT with zero codes (padded rows are never
-# stored; padded k meet zero activations). Params are the gemv_v1 params (same tensor, shared).
+# stored; padded k meet zero activations). Params are the gemv_v2 params (same tensor, shared).
 # ---------------------------------------------------------------------------------------------------
 
 _MMA_E_INT4 = ((0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3))  # (row half h, j) of e0..e7
@@ -187,7 +162,7 @@ def _mma_index(bits: int):
 
 def build_gemv_mma_v1(qw: QuantizedWeight) -> GemvMmaLayout:
     """Repack ``qw`` for the tensor-core GEMV (on qw's device). The plain tensors are not modified."""
-    base = qw.layout("gemv_v1", build_gemv_v1)  # shares the params tensor
+    base = qw.layout("gemv_v2", build_gemv_v2)  # shares the params tensor (and the codes buffer is the plain one)
     n, k = qw.shape
     bits = qw.bits
     kt_ = 64 if bits == 4 else 32

@@ -68,16 +68,22 @@ def explain_conv(x: torch.Tensor, qweight: QuantizedConvWeight, stride=1, paddin
     return choose(conv_problem(x, qweight, x.shape[0] * ho * wo, stride, padding, groups, dilation))
 
 
-def _tensor_bytes(obj) -> int:
-    """Bytes of the tensors an object holds (a layout dataclass, a tensor, a tuple / dict of them)."""
+def _tensor_bytes(obj, seen: set) -> int:
+    """Bytes of the tensors an object holds (a layout dataclass, a tensor, a tuple / dict of them) whose storage is not
+    in ``seen`` (then added): a layout that reads the plain buffers themselves (gemv_v2's codes, a sym weight's scales)
+    or another layout's tensors holds no memory of its own for them."""
     if isinstance(obj, torch.Tensor):
+        key = (obj.device, obj.untyped_storage().data_ptr())
+        if key in seen:
+            return 0
+        seen.add(key)
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
     if isinstance(obj, (tuple, list)):
-        return sum(_tensor_bytes(v) for v in obj)
+        return sum(_tensor_bytes(v, seen) for v in obj)
     if hasattr(obj, "__dataclass_fields__"):
-        return sum(_tensor_bytes(getattr(obj, f)) for f in obj.__dataclass_fields__)
+        return sum(_tensor_bytes(getattr(obj, f), seen) for f in obj.__dataclass_fields__)
     return 0
 
 
@@ -99,8 +105,10 @@ def _summary(weights) -> dict:
     plain = sum(qw.nbytes() for qw in weights)
     layouts: dict[str, int] = {}
     for qw in weights:
+        seen: set = set()
+        _tensor_bytes([qw.qweight, qw.scales, qw.zeros, qw.offsets], seen)
         for name, lay in qw._layouts.items():
-            layouts[name] = layouts.get(name, 0) + _tensor_bytes(lay)
+            layouts[name] = layouts.get(name, 0) + _tensor_bytes(lay, seen)
     total = plain + sum(layouts.values())
     return {"plain": plain, "layouts": layouts, "total": total, "ratio": total / plain if plain else 0.0}
 

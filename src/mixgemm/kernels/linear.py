@@ -411,7 +411,7 @@ ENTRIES = (
                 "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates, _gemv_mma_perm,
                 prepare=_prepare_gemv_mma),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
-                Layout.lazy("gemv_v1", "mixgemm.formats.layouts", "build_gemv_v1"), "CUDA-core GEMV, M <= 16",
+                Layout.lazy("gemv_v2", "mixgemm.formats.layouts", "build_gemv_v2"), "CUDA-core GEMV, M <= 16",
                 _gemv_complete, _gemv_candidates, _gemv_perm, prepare=_prepare_gemv),
     KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma,
                 Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1"),

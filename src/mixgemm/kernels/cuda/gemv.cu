@@ -9,12 +9,15 @@
 // Compiled at run time by NVRTC (mixgemm/kernels/cuda/nvrtc.py); needs no CUDA header (raw PTX and
 // 32-bit words only), so only libnvrtc is required. The template arguments arrive as -D macros.
 //
-// Weight layout ("gemv_v1", mixgemm/formats/layouts.py): row n is Kp * BITS / 8 bytes, 16-byte
-// aligned; chunk c of a row = one uint4 = CH consecutive k (CH = 32 for int4, 16 for int8).
-//   int8: byte j of a 32-bit word holds k = 4 * word + j (plain order).
-//   int4: nibble p (bits 4p..4p+3) of a 32-bit word holds k = 8 * word + PERM[p], PERM = [0,2,4,6,1,3,5,7]
-//         (FasterTransformer's interleave), so (w & 0x000f000f) is the pair (k0, k1), (w & 0x00f000f0)
-//         the pair (k2, k3) times 16, and w >> 8 gives (k4, k5), (k6, k7) the same way.
+// Weight layout ("gemv_v2", mixgemm/formats/layouts.py): the plain packing, so the layout is the weight's own
+// buffer (no second copy). Row n is Kp * BITS / 8 bytes, 16-byte aligned; chunk c of a row = one uint4 = CH
+// consecutive k (CH = 32 for int4, 16 for int8).
+//   int8: byte j of a 32-bit word holds k = 4 * word + j.
+//   int4: nibble p (bits 4p..4p+3) of a 32-bit word holds k = 8 * word + p, so (w & 0x000f000f) is the pair
+//         (k0, k4), (w & 0x00f000f0) the pair (k1, k5) times 16, and w >> 8 gives (k2, k6), (k3, k7) the same
+//         way. The fp16 path pairs x to match with four prmt per 8 k and activation row (shared by the R rows of
+//         a lane), which costs nothing measurable against FasterTransformer's interleaved order (that order
+//         needed a repacked copy of every weight).
 // Params: per (row, group) one scale (MODE 0, "sym") or a pair (scale, z) (MODE 1, "zero_point") or
 // (scale, m) (MODE 2, "offset"), in the scale dtype (SCL: 0 f16, 1 bf16, 2 f32). Group of chunk c is
 // c >> gshift (gshift = 31 for per-channel: one group).
@@ -284,13 +287,18 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 #else
             const uint4 xv = x_piece(m, c, v, pk);
 #endif
-            xw[m][0] = xv.x; xw[m][1] = xv.y; xw[m][2] = xv.z; xw[m][3] = xv.w;
+            if (BITS == 4) {  // (x0, x4), (x1, x5), (x2, x6), (x3, x7): the weight pairs' order
+              xw[m][0] = prmt<0x5410>(xv.x, xv.z); xw[m][1] = prmt<0x7632>(xv.x, xv.z);
+              xw[m][2] = prmt<0x5410>(xv.y, xv.w); xw[m][3] = prmt<0x7632>(xv.y, xv.w);
+            } else {
+              xw[m][0] = xv.x; xw[m][1] = xv.y; xw[m][2] = xv.z; xw[m][3] = xv.w;
+            }
             if (MODE == 2) xs[m] = hadd2(hadd2(xs[m], xv.x), hadd2(xv.y, hadd2(xv.z, xv.w)));
           }
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             const u32 w4[4] = {wv[u][r].x, wv[u][r].y, wv[u][r].z, wv[u][r].w};
-            u32 d[4];  // the f16x2 pairs (k, k+1) for k = 8v + 2t, t = 0..3, exact q - zc
+            u32 d[4];  // exact q - zc as f16x2 pairs (k, k + 4), k = 8v + t (int4) or (k, k + 1), k = 8v + 2t (int8)
             if (BITS == 4) {
               const u32 w = w4[v];
               const u32 w8 = w >> 8;  // the only shift: brings (k4..k7) to where (k0..k3) were
@@ -338,12 +346,12 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
               // -(2^23 / 16^p + zc) leaves q - zc exactly. w >> 16 does the same for nibbles 4-7.
               const u32 wh = w[j] >> 16;  // the only shift per word
               d[r][8 * j + 0] = as_f32(lop3_and_or<0x0000000fu, 0x4B000000u>(w[j])) + z0;
-              d[r][8 * j + 2] = fmaf(as_f32(lop3_and_or<0x000000f0u, 0x4B000000u>(w[j])), 0x1p-4f, z1);
-              d[r][8 * j + 4] = fmaf(as_f32(lop3_and_or<0x00000f00u, 0x4B000000u>(w[j])), 0x1p-8f, z2);
-              d[r][8 * j + 6] = fmaf(as_f32(lop3_and_or<0x0000f000u, 0x4B000000u>(w[j])), 0x1p-12f, z3);
-              d[r][8 * j + 1] = as_f32(lop3_and_or<0x0000000fu, 0x4B000000u>(wh)) + z0;
-              d[r][8 * j + 3] = fmaf(as_f32(lop3_and_or<0x000000f0u, 0x4B000000u>(wh)), 0x1p-4f, z1);
-              d[r][8 * j + 5] = fmaf(as_f32(lop3_and_or<0x00000f00u, 0x4B000000u>(wh)), 0x1p-8f, z2);
+              d[r][8 * j + 1] = fmaf(as_f32(lop3_and_or<0x000000f0u, 0x4B000000u>(w[j])), 0x1p-4f, z1);
+              d[r][8 * j + 2] = fmaf(as_f32(lop3_and_or<0x00000f00u, 0x4B000000u>(w[j])), 0x1p-8f, z2);
+              d[r][8 * j + 3] = fmaf(as_f32(lop3_and_or<0x0000f000u, 0x4B000000u>(w[j])), 0x1p-12f, z3);
+              d[r][8 * j + 4] = as_f32(lop3_and_or<0x0000000fu, 0x4B000000u>(wh)) + z0;
+              d[r][8 * j + 5] = fmaf(as_f32(lop3_and_or<0x000000f0u, 0x4B000000u>(wh)), 0x1p-4f, z1);
+              d[r][8 * j + 6] = fmaf(as_f32(lop3_and_or<0x00000f00u, 0x4B000000u>(wh)), 0x1p-8f, z2);
               d[r][8 * j + 7] = fmaf(as_f32(lop3_and_or<0x0000f000u, 0x4B000000u>(wh)), 0x1p-12f, z3);
             } else {
               d[r][4 * j + 0] = as_f32(prmt<0x7540>(w[j], 0x4B000000u)) + z0;

@@ -6,7 +6,7 @@
   aligned copy is made when rows are not 16-byte aligned, not unit-stride, or K is not a multiple of
   the kernel's chunk -- only possible for per-channel weights).
 * qw: QuantizedWeight [N, K] on the same device, int4 or int8, any group size, any mode, any scale dtype.
-  Its ``gemv_v1`` layout (mixgemm.formats.layouts) is built on first use and cached on the weight.
+  Its ``gemv_v2`` layout (mixgemm.formats.layouts) is the weight's own packed buffer (built on first use, cached).
 * bias: None or float16 / bfloat16 / float32 [N]. lo, hi: output clamp (floats, may be +-inf).
 * perm (``gemv_simt`` / ``gemv_mma``): None, or an act-order layer's input permutation as int32 [>= Kp] padded
   with the identity (mixgemm.ops.dispatch.kernel_perm): the kernel then multiplies x2d[:, perm[k]] where it reads
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from mixgemm.formats.layouts import GemvLayout, GemvMmaLayout, build_gemv_mma_v1, build_gemv_v1
+from mixgemm.formats.layouts import GemvLayout, GemvMmaLayout, build_gemv_mma_v1, build_gemv_v2
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.options import current_options
@@ -34,7 +34,7 @@ GEMV_MAX_M = 16
 # Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
 # launch after a weight's layout was built in this call: its build kernels write the weights the GEMV
 # reads before its griddepcontrol.wait. Off under kernel_options(pdl=False) (and MIXGEMM_PDL=0).
-LAYOUT = "gemv_v1"
+LAYOUT = "gemv_v2"
 SOURCE = "gemv.cu"
 KERNEL = "mixgemm_gemv"
 WARPS = 8
@@ -282,7 +282,7 @@ def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
 
 
 def chunks_per_row(bits: int, k: int) -> int:
-    """16-byte chunks per row of the gemv_v1 layout (K padded to a whole chunk: 32 k at 4 bits, 16 at 8)."""
+    """16-byte chunks per row of the gemv_v2 layout (K padded to a whole chunk: 32 k at 4 bits, 16 at 8)."""
     chunk = 32 if bits == 4 else 16
     return -(-k // chunk)
 
@@ -390,7 +390,7 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
     n = qw.out_features
     props = torch.cuda.get_device_properties(dev)
     fresh = not qw.has_layout(LAYOUT)
-    lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v1)
+    lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v2)
     if act_order:
         cfg = perm_config(cfg, m_bucket(m), _ACT[x_dtype], lay.k_padded)
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x_dtype], lay.k_padded):
