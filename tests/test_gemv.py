@@ -88,6 +88,12 @@ def test_nvrtc_compiles_mma_instantiations(arch):
             # every scaling scheme (MMA_DEFER 0 / 1 / 2) for fp16 scales, the default one otherwise
             for defer in ((0, 1) if scl == 0 else (cfg["DEFER"],)):
                 keys.add(tuple(sorted(mma_defines_for(bits, act, scl, mode, mb, {**cfg, "DEFER": defer}).items())))
+    # on wgmma_v1 (WG), groups of 32 too
+    for bits, act, mb in itertools.product(BITS, (0, 1), (1, 2)):
+        cfg = {**choose_mma_config(mb, 4096, 64, 132, bits), "WG": 1}
+        variants = [{"G32": 0}, {"G32": 1, "DEFER": 0}]
+        for extra in variants:
+            keys.add(tuple(sorted(mma_defines_for(bits, act, 0, 1, mb, {**cfg, **extra}).items())))
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
@@ -254,13 +260,15 @@ def _check(x, qw, bias=None, activation=None):
 
 
 # the GEMV entries a kernel kind forces (fp32 activations take the CUDA-core kernel either way)
-FORCE = {"mma": ("cuda_gemv_mma", "cuda_gemv"), "simt": "cuda_gemv"}
+FORCE = {"mma": ("cuda_gemv_mma", "cuda_gemv"), "mma_wg": ("cuda_gemv_mma", "cuda_gemv"), "simt": "cuda_gemv"}
+# the tensor-core kernel on each layout, whichever is the bit width's default: gemv_mma_v1 (WG 0) and wgmma_v1 (WG 1)
+CONFIGS = {"mma": {"cuda_gemv_mma": {"WG": 0}}, "mma_wg": {"cuda_gemv_mma": {"WG": 1}}}
 
 
-@pytest.fixture(params=["mma", "simt"])
+@pytest.fixture(params=["mma", "mma_wg", "simt"])
 def kernel(request):
     """Run a test through the tensor-core kernel (default for fp16/bf16) and the CUDA-core one."""
-    with kernel_options(force=FORCE[request.param]):
+    with kernel_options(force=FORCE[request.param], configs=CONFIGS.get(request.param, {})):
         yield request.param
 
 
@@ -284,15 +292,16 @@ def test_gemv_every_format(bits, mode, group, act, kernel):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("wg", [0, 1])
 @pytest.mark.parametrize("defer", [0, 1])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
-def test_gemv_mma_scaling_schemes(defer, bits, mode, act):
+def test_gemv_mma_scaling_schemes(wg, defer, bits, mode, act):
     """Every scaling scheme of the tensor-core kernel (MMA_DEFER 0 / 1 / 2; int4 group 32 always takes 0)
     over every group size, M = 1, 7 and 16, odd N, bias + relu6, and activations with a large common offset
     (x + 3) on a long K."""
-    with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": {"DEFER": defer}}):
+    with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": {"DEFER": defer, "WG": wg}}):
         for group in GROUPS:
             k = 200 if group == -1 else 3 * 256
             qw, gen = _make(211, k, bits, group, mode, torch.float16, 11)

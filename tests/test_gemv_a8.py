@@ -1,8 +1,9 @@
 """Fused activation-quantized GEMV (mixgemm.kernels.cuda.gemv_a8, W4A8 / W8A8, M <= 16).
 
-CPU: the a8gemv_v1 layout round trips, a Python emulation of the kernel's unit-wise integer math (layout
-order, int4 nibble order, the -128 sum(xq) bias correction, the per-group offset terms) equals the float64
-reference, and NVRTC compiles every instantiation for sm_80 / sm_90.
+CPU: the a8gemv_v2 layout is the weight's own buffer (a padded copy where K is no whole number of chunks), a Python
+emulation of the kernel's unit-wise integer math (the lanes' chunk order, the int4 even / odd nibble split, the
+-8 / -128 sum(xq) bias correction, the per-group offset terms) equals the float64 reference, and NVRTC
+compiles every instantiation for sm_80 / sm_90.
 GPU (@pytest.mark.gpu): the kernel against mixgemm.reference.block_int_gemm on fresh random data (every
 group size and per-channel, int4 / int8, every weight mode, sym / asym activations, fp16 / bf16 / fp32,
 bias, relu6, odd N and K, M = 1..16), and an identity-weight test that checks the activation codes exactly.
@@ -23,14 +24,8 @@ if not torch.cuda.is_available():
 
 import mixgemm
 from mixgemm.formats.activation import quantize_activation
-from mixgemm.formats.layouts_a8 import (
-    CHUNK_K,
-    build_a8gemv_v1,
-    get_a8gemv_layout,
-    pack_int4_words,
-    pick_u,
-    unpack_int4_words,
-)
+from mixgemm.formats.layouts_a8 import CHUNK_K, build_a8gemv_v2, get_a8gemv_layout, pick_u
+from mixgemm.formats.packing import unpack_codes
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import gemv_a8 as ga
 from mixgemm.kernels.cuda import nvrtc
@@ -53,42 +48,52 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _unorder(lay):
-    """Kernel weight bytes -> signed codes int64 [N, Kp] in K order (inverse of the layout's byte order)."""
-    n = lay.n
-    ch = CHUNK_K[lay.bits]
-    kc = lay.kp // ch
-    s = kc // (32 * lay.u)
-    chunks = lay.weight.reshape(n, s, lay.u, 32, 16).permute(0, 1, 3, 2, 4).reshape(n, kc, 16)
-    if lay.bits == 4:
-        return unpack_int4_words(chunks).to(torch.int64) - 8
-    return chunks.view(torch.int8).reshape(n, lay.kp).to(torch.int64)
+def _codes(lay):
+    """Kernel weight bytes -> unsigned codes int64 [N, Kp] in K order (Kp: the kernel's step padding, code 0 there;
+    those k meet zero activation codes). Grouped layouts hold their chunks in the unit order: undone here."""
+    w = lay.weight
+    if not lay.per_channel:
+        s = lay.kw // (32 * lay.u)
+        w = w.reshape(lay.n, s, lay.u, 32, 16).permute(0, 1, 3, 2, 4).reshape(lay.n, lay.kw * 16)
+    q = unpack_codes(w, lay.bits, lay.kw * CHUNK_K[lay.bits]).to(torch.int64)
+    out = torch.zeros(lay.n, lay.kp, dtype=torch.int64)
+    out[:, : q.shape[1]] = q
+    return out
 
 
 def _emulate(lay, a, x_codes_padded):
-    """The kernel's math in float64 / int64: per unit (lane, step) the int4 path's 16*lo + hi - 128*sum(xq)
-    on the packed bytes, times sA * sdot; plus the per-group offset terms."""
+    """The kernel's math in float64 / int64 on the layout's bytes: per chunk the dp4a sums over the unsigned codes
+    (int4: 16 x the even-k nibbles' sum + the odd-k nibbles read in place, i.e. times 16), per fold (per-channel: the
+    U chunks (s*U + u)*32 + l of lane l at step s; grouped: the U chunks (s*32 + l)*U + u) their sum minus 128 x the
+    unit's activation code sum, times sA * sdot of the unit's group; plus the per-group offset terms."""
     n, kp = lay.n, lay.kp
     m = x_codes_padded.shape[0]
-    uk = lay.u * CHUNK_K[lay.bits]
-    nu = kp // uk
+    ch = CHUNK_K[lay.bits]
+    nc, u = kp // ch, lay.u
     g = lay.group_size
-    c = _unorder(lay)  # [N, Kp]
+    q = _codes(lay)  # [N, Kp]
     xq = x_codes_padded.to(torch.int64)  # [M, Kp]
     if lay.bits == 4:
-        q = c + 8
-        lo = q.reshape(n, kp // 8, 2, 4)[:, :, 0, :].reshape(n, nu, uk // 2)  # low nibbles
-        hi = q.reshape(n, kp // 8, 2, 4)[:, :, 1, :].reshape(n, nu, uk // 2) * 16  # w & 0xF0 = 16 q_hi
-        xl = xq.reshape(m, kp // 8, 2, 4)[:, :, 0, :].reshape(m, nu, uk // 2)
-        xh = xq.reshape(m, kp // 8, 2, 4)[:, :, 1, :].reshape(m, nu, uk // 2)
-        ilo = torch.einsum("nuk,muk->mnu", lo, xl)
-        ihi = torch.einsum("nuk,muk->mnu", hi, xh)
-        corr = xq.reshape(m, nu, uk).sum(-1)  # [M, NU]
-        t = ilo * 16 + ihi - 128 * corr[:, None, :]
-        assert int(t.abs().max()) < 2**22  # the kernel's magic int -> float conversion range
+        byte = q[:, 0::2] | (q[:, 1::2] << 4)  # the plain bytes: k = 2b low nibble, 2b + 1 high nibble
+        even, odd16 = byte & 0x0F, byte & 0xF0
+        ie = torch.einsum("ncj,mcj->mnc", even.reshape(n, nc, ch // 2), xq[:, 0::2].reshape(m, nc, ch // 2))
+        io = torch.einsum("ncj,mcj->mnc", odd16.reshape(n, nc, ch // 2), xq[:, 1::2].reshape(m, nc, ch // 2))
+        dot = ie * 16 + io  # [M, N, NC] = 16 sum(q xq) per chunk
     else:
-        t = torch.einsum("nuk,muk->mnu", c.reshape(n, nu, uk), xq.reshape(m, nu, uk))
-    grp = torch.zeros(nu, dtype=torch.int64) if lay.per_channel else torch.arange(nu) * uk // g
+        dot = torch.einsum("ncj,mcj->mnc", q.reshape(n, nc, ch), xq.reshape(m, nc, ch))
+    xs = xq.reshape(m, nc, ch).sum(-1)  # [M, NC]
+    # unit (s, l): chunks (s*U + u)*32 + l per channel, (s*32 + l)*U + u grouped (u < U)
+    nu = nc // u
+    if lay.per_channel:
+        unit_of = ((torch.arange(nc) // 32) // u) * 32 + torch.arange(nc) % 32
+        first_chunk = (torch.arange(nu) // 32) * 32 * u + torch.arange(nu) % 32
+    else:
+        unit_of, first_chunk = torch.arange(nc) // u, torch.arange(nu) * u
+    t = torch.zeros(m, n, nu, dtype=torch.int64).index_add_(2, unit_of, dot)
+    corr = torch.zeros(m, nu, dtype=torch.int64).index_add_(1, unit_of, xs)
+    t = t - 128 * corr[:, None, :]
+    assert int(t.abs().max()) < 2**22  # the kernel's magic int -> float conversion range
+    grp = torch.zeros(nu, dtype=torch.int64) if lay.per_channel else first_chunk * ch // g
     gr = 1 if lay.per_channel else lay.k // g
     sa = torch.zeros(m, lay.gp, dtype=torch.float64)
     sa[:, :gr] = a.scales.double()
@@ -110,12 +115,18 @@ def test_layout_codes_and_emulation(bits, mode, group):
     n = 13
     w = torch.randn(n, k, generator=_gen(group + bits)) * 0.02
     qw = quantize_weight(w, bits=bits, group_size=group, mode=mode)
-    lay = build_a8gemv_v1(qw)
-    c = _unorder(lay)
-    bias = 8 if bits == 4 else 128
-    assert torch.equal(c[:, :k], qw.codes().to(torch.int64) - bias)
-    assert int(c[:, k:].abs().sum()) == 0
-    assert lay.kp % (32 * lay.u * CHUNK_K[bits]) == 0
+    before = qw.qweight.clone()
+    lay = build_a8gemv_v2(qw)
+    assert torch.equal(qw.qweight, before)
+    ch = CHUNK_K[bits]
+    # per channel the weight's own buffer (a copy padded to a whole chunk where K is not one); grouped a copy in the
+    # unit order, padded to Kp
+    assert (lay.weight is qw.qweight) == (k % ch == 0 and group == -1)
+    assert lay.kw == (-(-k // ch) if group == -1 else lay.kp // ch) and lay.weight.is_contiguous()
+    q = _codes(lay)
+    assert torch.equal(q[:, :k], qw.codes().to(torch.int64))
+    assert torch.equal(q[:, k : lay.kw * ch], torch.full_like(q[:, k : lay.kw * ch], qw.config.sym_bias))
+    assert lay.kp % (32 * lay.u * ch) == 0
     for act in ("sym", "asym"):
         x = torch.randn(3, k, generator=_gen(7))
         a = quantize_activation(x, qw.group_size, act)
@@ -123,11 +134,6 @@ def test_layout_codes_and_emulation(bits, mode, group):
         xp[:, :k] = a.q
         ref = block_int_gemm(a, qw)
         assert _rel(_emulate(lay, a, xp), ref) < 1e-6
-
-
-def test_int4_word_pack_roundtrip():
-    q = torch.randint(0, 16, (3, 128), generator=_gen(3), dtype=torch.uint8)
-    assert torch.equal(unpack_int4_words(pack_int4_words(q)), q)
 
 
 def test_pick_u():
@@ -145,8 +151,7 @@ def _instantiations(full: bool = True):
     out = []
     mbs = [mb for mb in (1, 2, 4, 8, 16) if mb <= A8_GEMV_MAX_M]
     for bits, g, mb, xt in itertools.product((4, 8), (32, 64, 128, 256, 0), mbs, (0, 1, 2) if full else (0,)):
-        ch = CHUNK_K[bits]
-        umax = 4 if g == 0 else max(1, min(4, g // ch))
+        umax = 4 if g == 0 else max(1, min(4, g // CHUNK_K[bits]))
         for u in sorted({umax, 1}):
             if xt != 0 and u != umax:
                 continue
@@ -159,8 +164,7 @@ def _instantiations(full: bool = True):
     tuned = [(bits, e.value) for bits, entries in gemv_m1.A8_M1.items() for e in entries]
     for (bits, cfg), xt in itertools.product(tuned, (0, 1, 2) if full else (0,)):
         for g in (32, 64, 128, 256, 0):  # the tuned entries are keyed by bucket, so any group can meet them
-            ch = CHUNK_K[bits]
-            u = 4 if g == 0 else max(1, min(4, g // ch))
+            u = 4 if g == 0 else max(1, min(4, g // CHUNK_K[bits]))
             out.append({"A8_BITS": bits, "A8_XT": xt, "A8_M": 1, "A8_G": g, "A8_U": u, "A8_R": cfg["R"],
                         "A8_RG": cfg["NW"] // cfg["KS"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"]})
     # per-token activation scales over grouped weights (act_block "token")

@@ -94,12 +94,12 @@ FORMATS = [(4, 128, "sym", 768), (4, 128, "zero_point", 1024), (8, 128, "sym", 5
            (4, -1, "sym", 200)]
 # how each kernel is run: its own config rule, or the CUDA-core kernel with register double buffering (no shared
 # memory staging: every lane gathers its pieces)
-KERNELS = ["simt", "simt_pf", "mma"]
+KERNELS = ["simt", "simt_pf", "mma", "mma_wg"]
 
 
 def _config(kernel: str, m: int, n: int, k: int, qw, dtype):
-    if kernel == "mma":
-        return gemv_mod.mma_config(m, n, k, qw.bits, qw.group_size, 132)
+    if kernel.startswith("mma"):
+        return {**gemv_mod.mma_config(m, n, k, qw.bits, qw.group_size, 132), "WG": int(kernel == "mma_wg")}
     if kernel == "simt_pf":
         return {"R": 2, "U": 2, "RG": 4, "KS": 2, "PF": 1}
     return gemv_mod.simt_config(m, n, k, qw.bits, dtype, qw.mode, 132, torch.cuda.get_device_name())
@@ -116,8 +116,8 @@ def test_gathering_gemv_equals_the_kernel_on_permuted_x(kernel, bits, group, mod
     bias = torch.randn(n, generator=gen, device="cuda").half()
     perm = torch.randperm(k, generator=gen, device="cuda")
     kp = kernel_perm(perm)
-    run = gemv_mod.gemv_mma if kernel == "mma" else gemv_mod.gemv_simt
-    dtypes = (torch.float16, torch.bfloat16) + (() if kernel == "mma" else (torch.float32,))
+    run = gemv_mod.gemv_mma if kernel.startswith("mma") else gemv_mod.gemv_simt
+    dtypes = (torch.float16, torch.bfloat16) + (() if kernel.startswith("mma") else (torch.float32,))
     for dtype in dtypes:
         for m in (1, 3, 16):
             x = torch.randn(m, k, generator=gen, device="cuda").to(dtype)

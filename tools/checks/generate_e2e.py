@@ -14,12 +14,12 @@ included, as a user sees it; eager decoding is host-bound, and the host's speed 
 carries the GB of the model's weights (its tensors, and for the quantized model the kernel layouts its calls built).
 Ratios quantized / fp16; targets (issue 39): >= 1.0x for both generate modes, >= 2.2x compiled.
 
-Memory, for the first model: rebuilt, quantized (W4A16 g128, then W8A8), then forward passes of M = 1, 8, 16, 256,
-4096 tokens (batch 1, no cache: every layer sees each M and builds the kernel layouts it needs). Reported:
-mixgemm.resident_bytes (plain + cached kernel layouts), the packed size (the QuantLinear layers' qweight / scales /
-zeros / offsets), and from torch.cuda.memory_allocated: what the quantized weights hold = allocated after the sweep
-- allocated before the model was built - the model's other tensors (embeddings, norms, biases). Target: <= 1.10x the
-packed size.
+Memory, for the first model: rebuilt, quantized (W4A16 g128, then W8A8; --memory-formats), then forward passes of M
+= 1, 8, 16, 256, 4096 tokens (batch 1, no cache: every layer sees each M and builds the kernel layouts it needs).
+Reported: mixgemm.resident_bytes (plain + cached kernel layouts), the packed size (the QuantLinear layers' qweight /
+scales / zeros / offsets), and from torch.cuda.memory_allocated: what the quantized weights hold = allocated after
+the sweep - allocated before the model was built - the model's other tensors (embeddings, norms, biases). Target: <=
+1.10x the packed size.
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
 replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
@@ -57,6 +57,8 @@ import mixgemm
 from mixgemm.nn.linear import QuantLinear
 
 MODES = ("generate", "static", "compiled")
+# the memory sweep's formats (W4A16 with the usual group of 128; the int8 ones per channel)
+MEMORY_FORMATS = {"W4A16": lambda: mixgemm.W4A16(group_size=128), "W8A16": mixgemm.W8A16, "W8A8": mixgemm.W8A8}
 TARGETS = {"generate": 1.0, "static": 1.0, "compiled": 2.2}
 MEMORY_MS = (1, 8, 16, 256, 4096)
 MEMORY_TARGET = 1.10
@@ -389,6 +391,8 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
     ap.add_argument("--skip-compiled", action="store_true", help="leave out the compiled + CUDA graphs mode")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--memory-formats", default="W4A16,W8A8",
+                    help=f"comma list of {sorted(MEMORY_FORMATS)} for the memory sweep, in order")
     ap.add_argument("--memory-ms", default=",".join(map(str, MEMORY_MS)), help="token counts of the memory sweep")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="tiny configs of the same architectures (CPU test)")
@@ -436,8 +440,11 @@ def main(argv=None) -> int:
         for name in models:
             results["speed"].append(res := {"model": name})
             phase(f"speed {name}", speed, res, modes, s, log_and_save)
+    formats = [f for f in args.memory_formats.split(",") if f]
+    if [f for f in formats if f not in MEMORY_FORMATS]:
+        ap.error(f"unknown memory format in {formats}; known: {sorted(MEMORY_FORMATS)}")
     if not args.skip_memory and models:
-        for config in (mixgemm.W4A16(group_size=128), mixgemm.W8A8()):
+        for config in (MEMORY_FORMATS[f]() for f in formats):
             results["memory"].append(res := {"model": models[0], "format": config.name})
             phase(f"memory {models[0]} {config.name}", memory, res, config, s, log_and_save)
     bad, missed = failures(results), misses(results)

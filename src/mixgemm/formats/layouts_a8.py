@@ -1,25 +1,30 @@
-"""Layout "a8gemv_v1": a QuantizedWeight repacked for the fused activation-quantized GEMV (W4A8 / W8A8, M <= 16).
+"""Layout "a8gemv_v2": a QuantizedWeight as the fused activation-quantized GEMV (W4A8 / W8A8, M <= 16) reads it.
 
-Built once per weight by :func:`build_a8gemv_v1` and cached with ``qw.layout("a8gemv_v1", build_a8gemv_v1)``.
+Built once per weight by :func:`build_a8gemv_v2` and cached with ``qw.layout("a8gemv_v2", build_a8gemv_v2)``.
 The kernel (mixgemm/kernels/cuda/gemv_a8.cu) reads, per output row n:
 
-* ``weight``: uint8 [N, Kp * bits // 8], Kp = K padded to a *step* of 32 * U * CH k (CH = 32 for int4,
-  16 for int8: one 16-byte chunk). Chunk kc (k = kc*CH ..) is stored at chunk position (s*U + u)*32 + l
-  with kc = (s*32 + l)*U + u, so a warp load is 512 contiguous bytes and lane l's U chunks of step s are
-  consecutive in K (one *unit* of U*CH k, inside one group since U <= group / CH).
+* ``weight``: uint8 [N, Kw * 16]: 16-byte chunks of CH k (32 for int4, 16 for int8) in the plain byte order
+  (mixgemm.formats.packing: unsigned codes q, int4 low nibble first). A step of the kernel is 32 lanes x U chunks; at
+  (step s, u) lane l reads position (s*U + u)*32 + l of the row, and its U chunks of a step are one *unit* whose
+  integer dot is folded into fp32 once (one weight scale).
 
-  * int4: word t (4 bytes) of a chunk covers k = 8t .. 8t+7 of the chunk; byte b holds the UNSIGNED code
-    q of k = 8t + b in its low nibble and of k = 8t + 4 + b in its high nibble (q = c + 8).
-  * int8: the signed codes c = q - 128 in K order.
-  Padding (k >= K) holds c = 0 (q = 8).
+  * per-channel: position p holds chunk p, so ``weight`` is ``qw.qweight`` itself wherever K is a whole number of
+    chunks and the buffer is contiguous and 16-byte aligned (else a copy padded to whole chunks with the code of
+    c = 0): no memory of its own.
+  * grouped: position (s*U + u)*32 + l holds chunk (s*32 + l)*U + u, so a unit is U consecutive chunks inside one
+    group (U <= group / CH); rows padded to Kp with the code of c = 0. A copy: read in the plain order, a lane's
+    chunks lie in U different groups and each needs its own fold, which measured up to 1.3x slower.
+
+  Kp = K padded to a step (32 * U * CH) sizes the kernel's shared activation codes.
 * ``sdot``: float32 [N, Gp] (Gp = Kp // g, or 1 per-channel): s for int8, s / 16 for int4 (the kernel's
   integer dot is 16 x sum(c * xq)). Padded groups are 0.
 * ``moff``: float32 [N, Gp] or None (mode "sym"): m of w = c * s + m (the int8_v1 rewrite of every mode).
 * ``cterm``: float32 [N, Gp]: s * sum(c over the group) + g * m (float64, rounded once), the weight side of
   the asymmetric-activation term.
 
-The codes and params equal those of the Triton layout int8_v1 (mixgemm/kernels/triton/int8_layout.py);
-only the byte order differs.
+c = q - 8 (int4) or q - 128 (int8) is the signed code of that rewrite; the kernel multiplies the unsigned q and
+subtracts the bias times the unit's activation code sum. The params equal those of the Triton layout int8_v1
+(mixgemm/kernels/triton/int8_layout.py).
 """
 
 from __future__ import annotations
@@ -28,15 +33,16 @@ from dataclasses import dataclass
 
 import torch
 
+from mixgemm.formats.packing import pack_codes
 from mixgemm.formats.weight import QuantizedWeight
 
-LAYOUT_NAME = "a8gemv_v1"
+LAYOUT_NAME = "a8gemv_v2"
 CHUNK_K = {4: 32, 8: 16}  # k per 16-byte chunk
 
 
 @dataclass(frozen=True)
 class A8GemvLayout:
-    weight: torch.Tensor
+    weight: torch.Tensor  # uint8 [N, kw * 16]
     sdot: torch.Tensor
     moff: torch.Tensor | None
     cterm: torch.Tensor
@@ -46,13 +52,18 @@ class A8GemvLayout:
     u: int
     n: int
     k: int
-    kp: int
+    kp: int  # K padded to a step (32 * u chunks): the kernel's shared activation codes
     gp: int
+
+    @property
+    def kw(self) -> int:
+        """16-byte weight chunks per row."""
+        return self.weight.shape[1] // 16
 
 
 def pick_u(bits: int, k: int, group: int, per_channel: bool) -> int:
-    """Chunks per lane and step: at most group / CH (a unit inside one group) and at most 4; smaller when
-    padding K to a step (32 * U * CH) would waste more than 1/8 of the row."""
+    """Chunks per lane and step: at most 4 and (grouped weights) at most group / CH, as many as the kernel's measured
+    tiles were made for; smaller when padding K to a step (32 * U * CH) would waste more than 1/8 of the row."""
     ch = CHUNK_K[bits]
     umax = 4 if per_channel else max(1, min(4, group // ch))
     base = -(-k // (32 * ch)) * 32 * ch
@@ -62,30 +73,16 @@ def pick_u(bits: int, k: int, group: int, per_channel: bool) -> int:
     return u
 
 
-def order_chunks(chunks: torch.Tensor, u: int) -> torch.Tensor:
-    """[N, Kc, 16] chunks in K order -> [N, Kc * 16] bytes in the lane-major step order above."""
+def unit_order(chunks: torch.Tensor, u: int) -> torch.Tensor:
+    """[N, Kc, 16] chunk bytes in K order (Kc a multiple of 32 * u) -> [N, Kc * 16] in the grouped unit order above."""
     n, kc, _ = chunks.shape
-    s = kc // (32 * u)
-    return chunks.reshape(n, s, 32, u, 16).permute(0, 1, 3, 2, 4).reshape(n, kc * 16).contiguous()
+    return chunks.reshape(n, kc // (32 * u), 32, u, 16).permute(0, 1, 3, 2, 4).reshape(n, kc * 16).contiguous()
 
 
-def pack_int4_words(q: torch.Tensor) -> torch.Tensor:
-    """Unsigned codes uint8 [N, Kp] (Kp % 32 == 0) -> [N, Kp // 32, 16] chunk bytes (word order above)."""
-    n, kp = q.shape
-    r = q.reshape(n, kp // 8, 2, 4)  # [word][lo/hi half][byte]
-    byte = r[:, :, 0, :] | (r[:, :, 1, :] << 4)
-    return byte.reshape(n, kp // 32, 16)
-
-
-def unpack_int4_words(b: torch.Tensor) -> torch.Tensor:
-    """Inverse of pack_int4_words (tests): [N, Kc, 16] -> uint8 [N, Kc * 32]."""
-    n, kc, _ = b.shape
-    r = b.reshape(n, kc * 4, 4)
-    return torch.stack((r & 0xF, r >> 4), dim=2).reshape(n, kc * 32)
-
-
-def build_a8gemv_v1(qw: QuantizedWeight) -> A8GemvLayout:
-    """Repack ``qw`` (plain layout, any mode / group, 4 or 8 bits) into A8GemvLayout. Does not modify qw."""
+def build_a8gemv_v2(qw: QuantizedWeight) -> A8GemvLayout:
+    """The fused GEMV's layout of ``qw`` (plain layout, any mode / group, 4 or 8 bits): per channel its own codes
+    buffer wherever that already is the layout, else a copy (see the module docstring); the params are computed. Does
+    not modify qw."""
     n, k = qw.shape
     g, ng = qw.group_size, qw.num_groups
     per_channel = ng == 1 and g == k and qw.config.group_size == -1
@@ -96,15 +93,16 @@ def build_a8gemv_v1(qw: QuantizedWeight) -> A8GemvLayout:
     kp = -(-k // step) * step
     gp = 1 if per_channel else kp // g
     dev = qw.device
-    bias = qw.config.sym_bias
-    q = qw.codes()  # uint8 [N, K]
-    qp = torch.full((n, kp), bias, dtype=torch.uint8, device=dev)  # pad: c = 0
-    qp[:, :k] = q
-    if bits == 4:
-        chunks = pack_int4_words(qp)
+    plain = qw.qweight
+    if per_channel and k % ch == 0 and plain.is_contiguous() and plain.data_ptr() % 16 == 0:
+        weight = plain  # the plain packing is this layout: the weight's own buffer, no second copy
     else:
-        chunks = (qp.to(torch.int16) - bias).to(torch.int8).view(torch.uint8).reshape(n, kp // 16, 16)
-    weight = order_chunks(chunks, u)
+        width = -(-k // ch) * ch if per_channel else kp
+        qp = torch.full((n, width), qw.config.sym_bias, dtype=torch.uint8, device=dev)  # pad: c = 0
+        qp[:, :k] = qw.codes()
+        weight = pack_codes(qp, bits)
+        if not per_channel:
+            weight = unit_order(weight.reshape(n, width // ch, 16), u)
     s64, m64 = qw.centered_params_float64()
     _, cterm = qw.centered_group_sums()
 
@@ -130,5 +128,5 @@ def build_a8gemv_v1(qw: QuantizedWeight) -> A8GemvLayout:
 
 
 def get_a8gemv_layout(qw: QuantizedWeight) -> A8GemvLayout:
-    """The cached a8gemv_v1 layout of qw (built on first use)."""
-    return qw.layout(LAYOUT_NAME, build_a8gemv_v1)
+    """The cached a8gemv_v2 layout of qw (built on first use)."""
+    return qw.layout(LAYOUT_NAME, build_a8gemv_v2)

@@ -248,7 +248,7 @@ def _run_triton_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
 
 ENTRIES = (
     KernelEntry("cuda_gemv_a8", "linear_a8", _gemv_a8_can_run, _gemv_a8_config, _run_gemv_a8,
-                Layout.lazy("a8gemv_v1", "mixgemm.formats.layouts_a8", "build_a8gemv_v1"),
+                Layout.lazy("a8gemv_v2", "mixgemm.formats.layouts_a8", "build_a8gemv_v2"),
                 "fused activation-quantizing GEMV, small M", _gemv_a8_complete, prepare=_prepare_gemv_a8),
     KernelEntry("cuda_wgmma_a8", "linear_a8", _wgmma_a8_can_run, _wgmma_a8_config, _run_wgmma_a8,
                 Layout.lazy("wgmma_a8_v1", "mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1"),

@@ -1,7 +1,8 @@
 """Weight-only linear (x float, W int4 / int8): the registry's entries, in the order the dispatcher tries them.
 
 * ``cuda_gemv_mma``: the tensor-core GEMV (kernels/cuda/gemv_mma.cu), M <= 16, fp16 / bf16 (fp16 from M = 2: at
-  M = 1 the CUDA-core kernel measured faster).
+  M = 1 the CUDA-core kernel measured faster). It reads its own layout gemv_mma_v1 for int4 and the wgmma GEMM's
+  wgmma_v1 for int8 (config key WG; kernels/cuda/gemv.py MMA_ON_WGMMA).
 * ``cuda_gemv``: the CUDA-core GEMV (kernels/cuda/gemv.cu), M <= 16, any activation dtype.
   Both GEMVs serve M up to the GPU table's crossover (mixgemm.tuning.gemv_max_m), which depends on whether the wgmma
   GEMM or the Triton GEMM takes over above it.
@@ -408,8 +409,8 @@ def _gemm_perm(p: Problem, config: dict | None) -> str:
 ENTRIES = (
     KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma,
                 Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1"),
-                "tensor-core GEMV, M <= 16", _gemv_mma_complete, _gemv_mma_candidates, _gemv_mma_perm,
-                prepare=_prepare_gemv_mma),
+                "tensor-core GEMV, M <= 16 (int8: on wgmma_v1)", _gemv_mma_complete, _gemv_mma_candidates,
+                _gemv_mma_perm, prepare=_prepare_gemv_mma),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
                 Layout.lazy("gemv_v2", "mixgemm.formats.layouts", "build_gemv_v2"), "CUDA-core GEMV, M <= 16",
                 _gemv_complete, _gemv_candidates, _gemv_perm, prepare=_prepare_gemv),

@@ -72,7 +72,7 @@ def linear_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: tor
                          lambda: linear_problem(m, qw, x_dtype, device_info(device), act_order))
 
 
-PERM_PAD = 64  # the largest k-chunk of the GEMV layouts (gemv_mma_v1 int4 k-tile)
+PERM_PAD = 64  # the largest k-tile the GEMVs read (gemv_mma_v1 int4, wgmma_v1)
 _PERM_ATTR = "_mixgemm_kernel_perm"
 
 

@@ -23,7 +23,8 @@ import math
 
 import torch
 
-from mixgemm.formats.layouts import GemvLayout, GemvMmaLayout, build_gemv_mma_v1, build_gemv_v2
+from mixgemm.formats.layouts import GemvLayout, build_gemv_mma_v1, build_gemv_v2
+from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.options import current_options
@@ -59,6 +60,7 @@ def m_bucket(m: int) -> int:
 MMA_SOURCE = "gemv_mma.cu"
 MMA_KERNEL = "mixgemm_gemv_mma"
 MMA_LAYOUT = "gemv_mma_v1"
+WG_LAYOUT = "wgmma_v1"  # config WG 1 (the int8 default): the wgmma GEMM's own layout, no copy of the GEMV's own
 
 
 # GEMV_XS / GEMV_LITE (gemv.cu) for fp16 activations: off by default. Measured on H200 (docs/design.md):
@@ -170,7 +172,19 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_DEFER"] = cfg["DEFER"]
     if cfg.get("PERM", 0):
         d["MMA_PERM"] = 1
+    if cfg.get("WG", 0):  # only in the key when set: the gemv_mma_v1 instantiations keep their compile keys
+        d["MMA_WG"] = 1
+        if cfg.get("G32", 0):
+            d["MMA_G32"] = 1
     return d
+
+
+def mma_x_smem_bytes(cfg: dict, mb: int) -> int:
+    """Dynamic shared memory of the tensor-core GEMV on wgmma_v1 (MMA_WG): each warp's ring of (PF ? 2 : 1) x U
+    slots of 8 * mb activation rows x 64 k in fp16 / bf16 (gemv_mma.cu); 0 on gemv_mma_v1."""
+    if not cfg.get("WG", 0):
+        return 0
+    return cfg["RG"] * cfg["KS"] * (2 if cfg.get("PF", 0) else 1) * cfg["U"] * 8 * mb * 64 * 2
 
 
 def use_mma(x_dtype: torch.dtype, m: int) -> bool:
@@ -288,7 +302,8 @@ def chunks_per_row(bits: int, k: int) -> int:
 
 
 def mma_k_tiles(bits: int, k: int) -> int:
-    """k-tiles per row of the gemv_mma_v1 layout (64 k at 4 bits, 32 at 8)."""
+    """k units per row the config rule counts: gemv_mma_v1's k-tiles (64 k at 4 bits, 32 at 8; int8 on wgmma_v1 reads
+    64-k tiles, two units each, with the configs the rule was measured with)."""
     kt = 64 if bits == 4 else 32
     return -(-k // kt)
 
@@ -300,11 +315,22 @@ def simt_config(m: int, n: int, k: int, bits: int, x_dtype: torch.dtype, mode: s
 
 
 def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int) -> dict:
-    """The tensor-core GEMV's config (choose_mma_config; DEFER off where a k-tile straddles groups)."""
-    cfg = choose_mma_config(1 if m <= 8 else 2, n, mma_k_tiles(bits, k), num_sms, bits)
-    if not defer_ok(group_size, 64 if bits == 4 else 32):
+    """The tensor-core GEMV's config (choose_mma_config; DEFER off where a k-tile straddles groups) and the layout it
+    reads (WG, see MMA_ON_WGMMA)."""
+    wg = MMA_ON_WGMMA[bits]
+    cfg = {**choose_mma_config(1 if m <= 8 else 2, n, mma_k_tiles(bits, k), num_sms, bits), "WG": wg}
+    if not defer_ok(group_size, 64 if bits == 4 or wg else 32):
         cfg = {**cfg, "DEFER": 0}
     return cfg
+
+
+# Which layout the tensor-core GEMV reads by default, per weight bit width: 1 = wgmma_v1 (the prefill GEMM's, so M <= 16
+# and the GEMM share one copy of the codes), 0 = its own gemv_mma_v1. Source: H100, 18 model layers (Llama-3-8B / 70B,
+# Llama-2-13B, Qwen2-7B, Qwen2.5-0.5B / 1.5B / 32B shapes), M = 1 / 8 / 16, protocol graph timing, same configs: int8
+# per channel on wgmma_v1 geometric mean 0.97 / 0.97 / 0.93x the time on gemv_mma_v1 (0.75-1.33x per layer; more than
+# 3% slower on 3584x4608, 1536x8960, 13824x5120 and 896x4864 at M <= 8, 8960x1536 and 896x4864 at M = 16); int4 g128
+# 1.02-1.10x (sym 1.06 / 1.10 / 1.10x, up to 1.6x on small layers), so int4 keeps its own layout (docs/design.md).
+MMA_ON_WGMMA = {4: 0, 8: 1}
 
 
 def _check_perm(perm: torch.Tensor | None, x2d: torch.Tensor, lay) -> None:
@@ -439,14 +465,22 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     call it with x2d, bias, lo, hi (and an act_order layer's kernel permutation)."""
     n = qw.out_features
     props = torch.cuda.get_device_properties(dev)
-    fresh = not qw.has_layout(MMA_LAYOUT)
-    lay: GemvMmaLayout = qw.layout(MMA_LAYOUT, build_gemv_mma_v1)
+    wg = bool(cfg.get("WG", 0))
+    name, build = (WG_LAYOUT, build_wgmma_v1) if wg else (MMA_LAYOUT, build_gemv_mma_v1)
+    fresh = not qw.has_layout(name)
+    lay = qw.layout(name, build)
     mb = 1 if m <= 8 else 2
-    if cfg.get("DEFER", 0) and not defer_ok(lay.group_size, lay.k_tile):
+    k_tile = 64 if wg else lay.k_tile
+    if cfg.get("DEFER", 0) and not defer_ok(lay.group_size, k_tile):
         cfg = {**cfg, "DEFER": 0}
     cfg = {**cfg, "PERM": int(act_order)}
+    if wg:
+        cfg = {**cfg, "G32": int(lay.group_size == 32)}
     defs = mma_defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
     fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, dev)
+    smem = mma_x_smem_bytes(cfg, mb)
+    if smem:
+        nvrtc.allow_dynamic_smem(fn, smem)
     nt = -(-n // 16)
     grid = (-(-nt // cfg["RG"]), 1, 1)
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
@@ -458,7 +492,7 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
     pdl = current_options().pdl and props.major >= 9
-    return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, pdl=pdl, first_without_pdl=fresh),
+    return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, smem, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
 
 

@@ -9,21 +9,23 @@
 //
 // Prologue = exactly the reference's float32 ops (IEEE div / mul / sub intrinsics: NVRTC contracts a*b+c
 // into FMA otherwise; rounding by + 1.5*2^23 = round half to even like torch.round, see quant8), so the int8
-// codes, block sums and scales equal quantize_activation bit for bit. Codes go to shared memory permuted to match the
-// weight layout (below), block scales / offsets / sums beside them.
+// codes, block sums and scales equal quantize_activation bit for bit. Codes go to shared memory in the order the
+// lanes read the weight chunks (below), block scales / offsets / per-chunk sums beside them.
 //
-// Weight layout "a8gemv_v1" (mixgemm/formats/layouts_a8.py): row n = Kp * BITS / 8 bytes, Kp = K padded to
-// a step (32 lanes x U chunks x CH k; CH = 32 k for int4, 16 k for int8 = one uint4). Chunk kc of the
-// row (k = kc*CH ..) sits at uint4 position (s*U + u)*32 + l of the row where kc = (s*32 + l)*U + u: a warp
-// load (fixed s, u) is 512 contiguous bytes, and lane l's U chunks of step s are consecutive in K, i.e.
-// one "unit" of U*CH k inside one quantization group (U <= group / CH): the int32 dot of a whole unit is
-// folded into fp32 once.
-//   int4: word t of a chunk holds k = 8t..8t+7 of the chunk: byte b = code(k=8t+b) | code(k=8t+4+b) << 4,
-//         UNSIGNED codes q = c + 8. w & 0x0F0F0F0F = the 4 low codes as bytes, w & 0xF0F0F0F0 = 16 x the 4
-//         high codes: one LOP per 4 weights, no shift, no sign extension; dp4a.u32.s32 multiplies the
-//         unsigned bytes with the signed x codes, and 16*lo + hi - 128*sum(xq over the unit) = 16 * sum(c*xq)
+// Weight layout "a8gemv_v2" (mixgemm/formats/layouts_a8.py): rows of Kw uint4 chunks of CH k (CH = 32 k for int4,
+// 16 k for int8), unsigned codes q in the plain byte order. A step is 32 lanes x U chunks; at (step s, u) lane l
+// reads position (s*U + u)*32 + l of the row (a warp load is 512 contiguous bytes), and its U chunks of the step are
+// one "unit", folded into fp32 together (one int32 dot, one weight scale).
+//   per-channel: position p holds chunk p: the plain buffer itself, no copy; lane l's unit is chunks (s*U + u)*32 + l.
+//   grouped: position (s*U + u)*32 + l holds chunk (s*32 + l)*U + u, so a unit is U consecutive chunks inside one
+//            group (a copy; on the plain order each chunk needed its own fold: up to 1.3x slower).
+// Kp = K padded to a step sizes the shared activation codes; loads past Kw are predicated off (x codes 0 there).
+//   int4: byte b of a word = code(k = 2b) | code(2b + 1) << 4 (plain order). w & 0x0F0F0F0F = the even codes as
+//         bytes, w & 0xF0F0F0F0 = 16 x the odd codes: one LOP per 4 weights, no shift, no sign extension; the
+//         activation codes are stored split the same way (even k, then odd k, per 8 k). dp4a.u32.s32 multiplies the
+//         unsigned bytes with the signed x codes, and 16*even + odd - 128*sum(xq over the unit) = 16 * sum(c*xq)
 //         exactly (c = q - 8), so the 16 and the +8 bias cost one IMAD each per unit, not per weight.
-//   int8: signed codes c = q - 128, k = 16 per chunk in order; dp4a.s32.s32.
+//   int8: unsigned codes in K order, dp4a.u32.s32; sum(q*xq) - 128*sum(xq over the unit) = sum(c*xq), c = q - 128.
 // Per (row, group) float32 params, [N, Gp] (padded groups are zero): sdot = s (int8) or s / 16 (int4),
 // moff = m, cterm = s * sum(c) + g * m, with w = c * s + m (layout int8_v1's rewrite of every mode).
 // Math per (token m, row n): y = sum_units sA*sdot*dotq + sum_groups (sA*m*sum(xq) + oA*cterm) (the
@@ -74,12 +76,7 @@ using namespace mg;
 
 namespace a8 {
 
-__device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) {
-  int d;
-  asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-// a: 4 unsigned bytes (int4 codes or 16x codes), b: 4 signed int8 activation codes
+// a: 4 unsigned bytes (int8 codes, int4 codes or 16x int4 codes), b: 4 signed int8 activation codes
 __device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {
   int d;
   asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -184,7 +181,8 @@ __device__ __forceinline__ void block_params(float a, float b, float& d, float& 
 // code (bits = 0x4B400000 + q): no cvt (1/4 rate), one prmt per 2 codes. sym needs no clamp: |x| <= amax
 // gives |x * inv| <= 127 (1 + 3 * 2^-24) < 127.5. asym clamps y to [-128, 127] first (same result as
 // clamping the rounded value: the bounds are integers). MASKED (asym, per-channel tail): NaN pads -> 0.
-template <bool ASYM, bool MASKED>
+// SPLIT (int4 weights): w0 = the codes of k 0, 2, 4, 6 and w1 = those of k 1, 3, 5, 7, the weight bytes' nibble pairs.
+template <bool ASYM, bool MASKED, bool SPLIT = false>
 __device__ __forceinline__ int quant8(const float v[8], float d, float inv, float o, u32& w0, u32& w1) {
   u32 bits[8];
   int s = 0;
@@ -202,8 +200,9 @@ __device__ __forceinline__ int quant8(const float v[8], float d, float inv, floa
     s += (int)bits[j];
   }
   s -= 8 * 0x4B400000;  // exact modulo 2^32, and the true sum is small
-  w0 = prmt<0x5410>(prmt<0x0040>(bits[0], bits[1]), prmt<0x0040>(bits[2], bits[3]));
-  w1 = prmt<0x5410>(prmt<0x0040>(bits[4], bits[5]), prmt<0x0040>(bits[6], bits[7]));
+  constexpr int A = SPLIT ? 2 : 1, B = SPLIT ? 1 : 4;  // w0 = codes 0, A, 2A, 3A; w1 = codes B, B + A, ...
+  w0 = prmt<0x5410>(prmt<0x0040>(bits[0], bits[A]), prmt<0x0040>(bits[2 * A], bits[3 * A]));
+  w1 = prmt<0x5410>(prmt<0x0040>(bits[B], bits[B + A]), prmt<0x0040>(bits[B + 2 * A], bits[B + 3 * A]));
   return s;
 }
 
@@ -213,23 +212,29 @@ using namespace a8;
 
 // ---------------------------------------------------------------------------------------------------------
 // Prologue: quantize x[0:M, 0:K] into shared memory. Shared layout (bytes; the host's smem_bytes matches):
-//   codes [M][Kp] (16-byte pieces permuted like the weight chunks), sA [M][Gp], oA [M][Gp], SAg [M][Gp]
-//   (sum of codes per block), SAu [M][NU] (sum of codes per unit).
+//   codes [M][Kp] (16-byte pieces in the lanes' read order), sA [M][Gp], oA [M][Gp], SAg [M][Gp]
+//   (sum of codes per block), SAc [M][NC] (sum of codes per weight chunk of CH k, NC = Kp / CH).
 struct Smem {
   unsigned char* codes;
   float* sA;
   float* oA;
   int* SAg;
-  int* SAu;
-  int Kp, Gp, NU;
+  int* SAc;
+  int Kp, Gp, NC;
 };
 
-template <int U, int CH>
+// Where the lanes read weight chunk kc: position p = (s*U + u)*32 + l of the row (the kernel's chunk_at inverted:
+// p = kc for per-channel weights, the unit order for grouped ones). 8 codes of row m at k -> shared memory at piece
+// v (16 k) of position p, ((p / 32) * NP + v) * 32 + p % 32: 16 contiguous bytes per lane, conflict-free reads.
+template <int G, int U, int CH>
+__device__ __forceinline__ int chunk_position(int kc) {
+  return G > 0 ? ((kc / (32 * U)) * U + kc % U) * 32 + (kc / U) % 32 : kc;
+}
+template <int G, int U, int CH>
 __device__ __forceinline__ void store_codes(const Smem& sm, int m, int k, u32 w0, u32 w1) {
   constexpr int NP = CH / 16;
-  const int kc = k / CH, v = (k % CH) / 16, half = (k / 8) & 1;
-  const int s = kc / (32 * U), l = (kc / U) % 32, u = kc % U;
-  const int idx = ((s * U + u) * NP + v) * 32 + l;
+  const int p = chunk_position<G, U, CH>(k / CH), v = (k % CH) / 16, half = (k / 8) & 1;
+  const int idx = ((p / 32) * NP + v) * 32 + p % 32;
   *(uint2*)(sm.codes + (size_t)m * sm.Kp + (size_t)idx * 16 + half * 8) = make_uint2(w0, w1);
 }
 
@@ -237,7 +242,7 @@ __device__ __forceinline__ void store_codes(const Smem& sm, int m, int k, u32 w0
 // shuffles; NB units per thread are loaded before any is used (NB 16-byte loads in flight per thread).
 template <bool ASYM, int M, int G, int U, int CH, int NT>
 __device__ __forceinline__ void prologue_grouped(const Smem& sm, const void* X, int ldx, int K, int Mr) {
-  constexpr int GL = G / 8, UL = U * CH / 8, NB = 4;
+  constexpr int GL = G / 8, CL = CH / 8, NB = 4;
   const int tid = threadIdx.x, lane = tid & 31;
   const int K8 = sm.Kp / 8, total = M * K8;
   for (int base = 0; base < total; base += NT * NB) {  // uniform trip count: shuffles see full warps
@@ -270,14 +275,14 @@ __device__ __forceinline__ void prologue_grouped(const Smem& sm, const void* X, 
       float d, inv, off;
       block_params<ASYM>(a, c, d, inv, off);
       u32 w0, w1;
-      int su = quant8<ASYM, false>(vb, d, inv, off, w0, w1);
+      int su = quant8<ASYM, false, CH == 32>(vb, d, inv, off, w0, w1);
       if (!(live && k < K)) { d = 0.f; off = 0.f; su = 0; w0 = w1 = 0u; }  // padding: zero codes, zero scale
-      if (live) store_codes<U, CH>(sm, m, k, w0, w1);
+      if (live) store_codes<G, U, CH>(sm, m, k, w0, w1);
 #pragma unroll
-      for (int o = 1; o < UL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
-      if (live && (lane % UL) == 0) sm.SAu[m * sm.NU + k / (U * CH)] = su;
+      for (int o = 1; o < CL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+      if (live && (lane % CL) == 0) sm.SAc[m * sm.NC + k / CH] = su;
 #pragma unroll
-      for (int o = UL; o < GL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+      for (int o = CL; o < GL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
       if (live && (lane % GL) == 0) {
         const int g = k / G;
         sm.sA[m * sm.Gp + g] = d;
@@ -307,11 +312,11 @@ __device__ __forceinline__ void load_chunks(const void* X, size_t roff, int base
 // block-reduced, then the row is quantized. OPC > 0: each thread keeps its OPC chunks of 8 k in registers between the
 // two (x read once from L2; the host sets it when K % 8 == 0 and Kp <= 8 * OPC * NT); OPC = 0: two passes over x.
 // G > 0: the row's scale / offset are written for every group and the code sums per group are the sums of the
-// group's unit sums.
+// group's chunk sums.
 template <bool ASYM, int M, int U, int CH, int NT, int G, int OPC>
 __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, int ldx, int K, int Mr,
                                                  float* pcr, int* pcs) {
-  constexpr int UL = U * CH / 8, NB = 2, NW = NT / 32;
+  constexpr int CL = CH / 8, NB = 2, NW = NT / 32;
   const float pad = ASYM ? __int_as_float(0x7fffffff) : 0.f;  // NaN pads for asym (see load8)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int K8 = sm.Kp / 8, KR8 = (K + 7) / 8;
@@ -361,16 +366,16 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
     float d, inv, off;
     block_params<ASYM>(a, c, d, inv, off);
     int tot = 0;
-    // chunk k8 (8 values, padded past K) -> codes in shared memory, unit sums, the thread's running total
+    // piece k8 (8 values, padded past K) -> codes in shared memory, chunk sums, the thread's running total
     auto emit = [&](int k8, const float (&v)[8]) {
       u32 w0, w1;
-      int su = quant8<ASYM, true>(v, d, inv, off, w0, w1);
+      int su = quant8<ASYM, true, CH == 32>(v, d, inv, off, w0, w1);
       if (k8 >= KR8) { su = 0; w0 = w1 = 0u; }
-      if (k8 < K8) store_codes<U, CH>(sm, m, k8 * 8, w0, w1);
+      if (k8 < K8) store_codes<G, U, CH>(sm, m, k8 * 8, w0, w1);
       tot += su;
 #pragma unroll
-      for (int o = 1; o < UL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
-      if (k8 < K8 && (lane % UL) == 0) sm.SAu[m * sm.NU + k8 * 8 / (U * CH)] = su;
+      for (int o = 1; o < CL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+      if (k8 < K8 && (lane % CL) == 0) sm.SAc[m * sm.NC + k8 * 8 / CH] = su;
     };
     if (one) {
 #pragma unroll
@@ -394,12 +399,12 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
     if (G == 0) {
       if (tid == 0) { sm.sA[m] = d; sm.oA[m] = off; sm.SAg[m] = *pcs; }
     } else {
-      constexpr int UPG = G > 0 ? G / (U * CH) : 1;  // units per group
+      constexpr int CPG = G > 0 ? G / CH : 1;  // chunks per group
       const int Gr = K / (G > 0 ? G : 1);
       for (int gi = tid; gi < sm.Gp; gi += NT) {   // padded groups: zero scale and sum, like prologue_grouped
         int su = 0;
         if (gi < Gr)
-          for (int u = 0; u < UPG; ++u) su += sm.SAu[m * sm.NU + gi * UPG + u];
+          for (int c = 0; c < CPG; ++c) su += sm.SAc[m * sm.NC + gi * CPG + c];
         sm.sA[m * sm.Gp + gi] = gi < Gr ? d : 0.f;
         sm.oA[m * sm.Gp + gi] = gi < Gr ? off : 0.f;
         sm.SAg[m * sm.Gp + gi] = su;
@@ -411,7 +416,7 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
 
 #if !A8_ACTQ
 extern "C" __global__ void __launch_bounds__(A8_THREADS)
-mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kp * BITS / 128] uint4, layout a8gemv_v1
+mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kw] uint4, layout a8gemv_v2
                 const float* __restrict__ sdot,     // [N, Gp]
                 const float* __restrict__ moff,     // [N, Gp] or null (no m term)
                 const float* __restrict__ cterm,    // [N, Gp] (read only for asym activations)
@@ -425,7 +430,8 @@ mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kp * BITS / 128] uint
                 float lo, float hi,                 // output clamp
                 int N, int K, int Kp, int Gp,       // K real, Kp padded, Gp = padded group count
                 int asym,                           // activation mode: 0 sym, 1 asym
-                int Mr) {                           // rows of X / Y present, 1 <= Mr <= A8_M
+                int Mr,                             // rows of X / Y present, 1 <= Mr <= A8_M
+                int Kw) {                           // uint4 chunks per weight row (Kw * CH >= K, <= Kp)
   constexpr int BITS = A8_BITS, M = A8_M, G = A8_G, U = A8_U, R = A8_R, RG = A8_RG, KS = A8_KS;
   constexpr int NT = A8_THREADS;
   constexpr int CH = BITS == 4 ? 32 : 16;  // k per chunk (one uint4 of weights)
@@ -435,12 +441,12 @@ mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kp * BITS / 128] uint
 
   extern __shared__ uint4 smem4[];
   Smem sm;
-  sm.Kp = Kp; sm.Gp = Gp; sm.NU = Kp / UK;
+  sm.Kp = Kp; sm.Gp = Gp; sm.NC = Kp / CH;
   sm.codes = (unsigned char*)smem4;
   sm.sA = (float*)(sm.codes + (size_t)M * Kp);
   sm.oA = sm.sA + M * Gp;
   sm.SAg = (int*)(sm.oA + M * Gp);
-  sm.SAu = sm.SAg + M * Gp;
+  sm.SAc = sm.SAg + M * Gp;
   const uint4* xs = smem4;
   __shared__ float red[KS][M][RG * R];
   __shared__ float pcr[2 * (NT / 32)];
@@ -451,20 +457,25 @@ mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kp * BITS / 128] uint
   const int S = Kp / (32 * UK);   // steps per row
   const int kp16 = Kp / 16;
   const int ntiles = (N + RG * R - 1) / (RG * R);
-  const size_t rowq = (size_t)Kp * BITS / 128;  // uint4 per weight row
   const bool offs = asym || moff != nullptr;
   const int nsteps = ks < S ? (S - ks + KS - 1) / KS : 0;  // this warp's steps per tile
 
-  // One work item = (tile, step): the U x R weight chunks of this lane and the R block scales.
+  // Lane l's U chunks at step s are one unit, folded into fp32 together (one int32 dot, one weight scale): chunks
+  // (s*U + u)*32 + l for per-channel weights (the plain order), (s*32 + l)*U + u for grouped ones (inside one group).
+  auto chunk_at = [&](int s, int u) { return G > 0 ? (s * 32 + lane) * U + u : (s * U + u) * 32 + lane; };
+  // One work item = (tile, step): the U x R weight chunks of this lane and the R weight scales of its group.
   auto load = [&](uint4 (&wv)[U][R], float (&sb)[R], int tile, int s) {
     const int row0 = (tile * RG + rg) * R;
-    const int grp = G ? (s * 32 + lane) * UK / (G ? G : 1) : 0;
+    const int grp = G ? chunk_at(s, 0) * CH / (G ? G : 1) : 0;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int n = min(row0 + r, N - 1);  // rows past N read row N-1 (valid memory), never stored
-      const uint4* wr = W + (size_t)n * rowq + s * U * 32 + lane;
+      const uint4* wr = W + (size_t)n * Kw;
 #pragma unroll
-      for (int u = 0; u < U; ++u) wv[u][r] = ld_stream(wr + u * 32);
+      for (int u = 0; u < U; ++u) {
+        const int at = (s * U + u) * 32 + lane;  // 512 contiguous bytes per warp load
+        wv[u][r] = at < Kw ? ld_stream(wr + at) : make_uint4(0u, 0u, 0u, 0u);  // past the row: x codes are 0
+      }
       sb[r] = __ldg(sdot + (size_t)n * Gp + grp);
     }
   };
@@ -491,25 +502,27 @@ mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kp * BITS / 128] uint
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 const u32 w = w4[2 * v + h];
-                ia[m][r][0] = dp4a_us(w & 0x0F0F0F0Fu, xw[2 * h], ia[m][r][0]);      // low codes
-                ia[m][r][1] = dp4a_us(w & 0xF0F0F0F0u, xw[2 * h + 1], ia[m][r][1]);  // 16 x high codes
+                ia[m][r][0] = dp4a_us(w & 0x0F0F0F0Fu, xw[2 * h], ia[m][r][0]);      // even-k codes
+                ia[m][r][1] = dp4a_us(w & 0xF0F0F0F0u, xw[2 * h + 1], ia[m][r][1]);  // 16 x odd-k codes
               }
             } else {
 #pragma unroll
-              for (int t = 0; t < 4; ++t) ia[m][r][t & 1] = dp4a_ss(w4[t], xw[t], ia[m][r][t & 1]);
+              for (int t = 0; t < 4; ++t) ia[m][r][t & 1] = dp4a_us(w4[t], xw[t], ia[m][r][t & 1]);
             }
           }
         }
-    const int unit = s * 32 + lane;
-    const int grp = G ? unit * UK / (G ? G : 1) : 0;
+    const int grp = G ? chunk_at(s, 0) * CH / (G ? G : 1) : 0;
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float sa = sm.sA[m * Gp + grp];
-      const int corr = BITS == 4 ? sm.SAu[m * sm.NU + unit] : 0;
+      int corr = 0;  // sum of the x codes of this unit's chunks
+#pragma unroll
+      for (int u = 0; u < U; ++u) corr += sm.SAc[m * sm.NC + chunk_at(s, u)];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        // int4: 16*lo + hi = 16 sum(q xq); - 128 sum(xq) removes the +8 code bias: 16 sum(c xq), exact
-        const int t = BITS == 4 ? ia[m][r][0] * 16 + ia[m][r][1] - 128 * corr : ia[m][r][0] + ia[m][r][1];
+        // int4: 16*even + odd = 16 sum(q xq); - 128 sum(xq) removes the +8 code bias: 16 sum(c xq), exact.
+        // int8: sum(q xq) - 128 sum(xq) = sum(c xq), c = q - 128, exact.
+        const int t = (BITS == 4 ? ia[m][r][0] * 16 : ia[m][r][0]) + ia[m][r][1] - 128 * corr;
         acc[m][r] = fmaf(i2f_small(t), sa * sb[r], acc[m][r]);
       }
     }

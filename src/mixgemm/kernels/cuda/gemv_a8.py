@@ -3,7 +3,8 @@
 ``gemv_a8(x2d, qw, act_mode, bias, lo, hi, out_dtype)`` = clamp(Qa(x2d) @ W.T + bias, lo, hi) in ONE launch:
 every block quantizes the activations it needs (per token, per weight group, exactly
 mixgemm.formats.activation.quantize_activation) into shared memory, then streams the weights
-(layout a8gemv_v1, mixgemm.formats.layouts_a8) with int32 dp4a products per unit folded into fp32.
+(layout a8gemv_v2, mixgemm.formats.layouts_a8: the weight's own codes buffer) with int32 dp4a products per unit
+folded into fp32.
 
 * x2d: float16 / bfloat16 / float32 [M, K] CUDA, 1 <= M <= 16 (a 16-byte-aligned copy is made when its rows
   are not unit-stride / 16-byte aligned).
@@ -48,9 +49,9 @@ def m_bucket(m: int) -> int:
 
 def smem_bytes(lay: A8GemvLayout, mb: int) -> int:
     """Dynamic shared memory of one block: codes M x Kp bytes + per (token, group) scale, offset and sum +
-    per (token, unit) sum (layout identical to gemv_a8.cu)."""
-    nu = lay.kp // (lay.u * (32 if lay.bits == 4 else 16))
-    return mb * lay.kp + 4 * mb * (3 * lay.gp + nu)
+    per (token, weight chunk) sum (layout identical to gemv_a8.cu)."""
+    nc = lay.kp // (32 if lay.bits == 4 else 16)
+    return mb * lay.kp + 4 * mb * (3 * lay.gp + nc)
 
 
 def _smem_limit(dev) -> int:
@@ -207,6 +208,7 @@ def prepare_gemv_a8(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torc
         ctypes.c_int(lay.gp),
         ctypes.c_int(1 if act_mode == "asym" else 0),
         ctypes.c_int(m),
+        ctypes.c_int(lay.kw),
     ]
     pdl = current_options().pdl and torch.cuda.get_device_capability(dev)[0] >= 9
     launch = nvrtc.prepare_launch(fn, dev, (grid, 1, 1), (threads, 1, 1), args, smem, pdl=pdl,

@@ -21,6 +21,20 @@
 //   int8: words 2s / 2s + 1 (s = 0, 1) are the bytes W[g][k0..k0+3] / W[g+8][k0..k0+3], k0 = 8t + 4s.
 // Dequantization: w = (q - zc) * s (+ (m + zc * s) for offset) formed exactly as (q - zc) by magic
 // numbers, then one rounding to fp16 / bf16 (mul, or fma for offset); mma accumulates in fp32 over all K.
+//
+// MMA_WG 1 reads the wgmma GEMM's layout "wgmma_v1" (mixgemm/formats/layouts_wgmma.py) instead, so one copy of the
+// codes serves this kernel and the GEMM: 64-k tiles for both bit widths (int8: two uint4 per lane), tiles ordered
+// [N / 128][Kp / 64][8 row tiles], the natural A-fragment k order (step s = k 16 s .. 16 s + 15; lane t's pairs at
+// k 16 s + 2 t and 16 s + 2 t + 8), parameters [N / 128][G][8][16] rows of one group together. In that order a
+// lane's B fragment is 8 words of x 16 bytes apart, which per-lane global loads cannot fetch at full width (measured:
+// load-issue bound, up to 1.8x slower). So each warp copies its tiles' x rows into its own shared-memory ring with
+// cp.async (16-byte pieces, issued with the weight loads) and reads the B fragments with ldmatrix: one x4 gives two
+// k16 steps of 8 x rows. Pieces are XOR-swizzled by row so the 8 rows of a matrix hit 8 different bank groups.
+// Groups of 32 (MMA_G32) put two parameter sets in a tile: steps 0-1 and 2-3 are scaled apart.
+// The default for int8 weights (twice the bytes per lane and tile of gemv_mma_v1's 32-k tiles: faster there); int4
+// stays on gemv_mma_v1, where this path measured 2-10% slower (kernels/cuda/gemv.py MMA_ON_WGMMA). Taking the B
+// fragments by warp shuffles instead of the ring (a 4 x 4 word transpose over a row's lanes) measured the same, so the
+// int4 gap is not the ring's.
 
 #include "mma_frag.cuh"
 
@@ -65,6 +79,13 @@
 #define MMA_PERM 0
 #endif
 
+#ifndef MMA_WG
+#define MMA_WG 0
+#endif
+#ifndef MMA_G32
+#define MMA_G32 0
+#endif
+
 #define MMA_THREADS (32 * MMA_RG * MMA_KS)
 
 using namespace mg;
@@ -88,13 +109,24 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 16-byte global -> shared copy through L1 (.ca: the x rows are read by every row-group warp of the block)
+__device__ __forceinline__ void cp_async16(const void* dst, const void* src) {
+  const u32 d = (u32)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(const void* p, u32& r0, u32& r1, u32& r2, u32& r3) {
+  const u32 a = (u32)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+
 }  // namespace mgm
 
 using namespace mgm;
 
 extern "C" __global__ void __launch_bounds__(MMA_THREADS)
-mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
-                 const char* __restrict__ params,  // [N, G] groups of Param::PB bytes
+mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] uint4; MMA_WG: wgmma_v1
+                 const char* __restrict__ params,  // gemv_mma_v1: [N, G] groups of Param::PB bytes; MMA_WG: wgmma_v1's
                  const uint4* __restrict__ X,      // [M, ldx4] uint4, zero-padded to Kp
                  int ldx4,
                  void* __restrict__ Y, int ldy,    // [M, ldy] activation dtype
@@ -105,8 +137,15 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
                  const int* __restrict__ perm) {   // MMA_PERM: [Kp] input permutation (else unused, may be null)
   constexpr int BITS = MMA_BITS, ACT = MMA_ACT, SCL = MMA_SCL, MODE = MMA_MODE;
   constexpr int MB = MMA_MB, U = MMA_U, RG = MMA_RG, KS = MMA_KS;
-  constexpr int KT = BITS == 4 ? 64 : 32, KL = KT / 4;
-  constexpr int XV = KL * 2 / 16;  // uint4 of activations per lane, tile and B block (2 or 1)
+  constexpr bool WG = MMA_WG != 0;
+  constexpr int KT = (WG || BITS == 4) ? 64 : 32, KL = KT / 4;
+  constexpr int LU = KT * BITS / 256;          // uint4 of weights per lane and tile (int8 on wgmma_v1: 2)
+  constexpr int STEPS = KT / 16;               // k16 mma steps per tile
+  constexpr int NP = WG && MMA_G32 ? 2 : 1;    // parameter sets per tile (groups of 32 in a 64-k tile)
+  constexpr int XV = WG ? 1 : KL * 2 / 16;     // uint4 of activations per lane, tile and B block (gemv_mma_v1)
+  constexpr int XR = 8 * MB;                   // activation rows a tile's B fragments cover
+  constexpr size_t TSTEP = WG ? 8 * 32 * LU : 32;  // uint4 from one k-tile of a row tile to the next
+  constexpr int GSTR = WG ? 128 : 1;           // parameter entries from one group of a row to the next
   constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
   typedef Param<SCL, MODE> P;
 
@@ -116,27 +155,61 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
   const int nt = blockIdx.x * RG + rg;
   const int Nt = (N + 15) >> 4;
   const int ntc = min(nt, Nt - 1);  // warps past the last tile redo it and never store
-  const uint4* wt = W + (size_t)ntc * Kt * 32 + lane;
-  const char* prow0 = params + (size_t)min(ntc * 16 + g, N - 1) * G * P::PB;
-  const char* prow1 = params + (size_t)min(ntc * 16 + g + 8, N - 1) * G * P::PB;
+  const uint4* wt = WG ? W + ((size_t)(ntc >> 3) * Kt * 8 + (ntc & 7)) * 32 * LU + lane : W + (size_t)ntc * Kt * 32 + lane;
+  // row g's and row g + 8's parameters (wgmma_v1 pads rows to 128 with zeros, so its rows need no clamp)
+  const char* prow0 = WG ? params + ((size_t)(ntc >> 3) * G * 128 + (ntc & 7) * 16 + g) * P::PB
+                         : params + (size_t)min(ntc * 16 + g, N - 1) * G * P::PB;
+  const char* prow1 = WG ? prow0 + 8 * P::PB : params + (size_t)min(ntc * 16 + g + 8, N - 1) * G * P::PB;
   const uint4* xrow[MB];  // this lane's piece of each B row (MMA_PERM: the row itself)
 #pragma unroll
   for (int b = 0; b < MB; ++b) xrow[b] = X + (size_t)min(g + 8 * b, Mr - 1) * ldx4 + (MMA_PERM ? 0 : t * XV);
+  const int xrows = min(Mr, XR);  // activation rows copied (MMA_WG); B columns past them read the last one
+#if MMA_WG
+  // this warp's ring: (MMA_PF ? 2 : 1) x U slots of XR rows x 64 k (8 uint4 per row, swizzled by row)
+  extern __shared__ uint4 xsm[];
+  constexpr int SLOTS = (MMA_PF ? 2 : 1) * U;
+  uint4* const ring = xsm + (size_t)warp * SLOTS * XR * 8;
+#endif
 
   float acc[MB][4];
 #pragma unroll
   for (int b = 0; b < MB; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
 
-  auto load = [&](auto& wv, auto& p0, auto& p1, auto& xv, int kt0) {
+  auto group_of = [&](int kt, int h) { return min((kt * KT + (WG ? 32 * h : KL * t)) >> gk, G - 1); };
+  // MMA_WG: the x rows of k-tile kt into ring slot `slot` (cp.async, or gathered through perm for act-order layers)
+  auto stage_x = [&](int slot, int kt) {
+#if MMA_WG
+    uint4* dst = ring + slot * XR * 8;
+    for (int p = lane; p < xrows * 8; p += 32) {
+      const int r = p >> 3, j = p & 7;
+#if MMA_PERM
+      int pk[8];
+      ld_perm(perm, kt * KT + 8 * j, pk);
+      dst[r * 8 + (j ^ (r & 7))] = gather_x((const char*)(X + (size_t)r * ldx4), pk);
+#else
+      cp_async16(dst + r * 8 + (j ^ (r & 7)), X + (size_t)r * ldx4 + (size_t)kt * 8 + j);
+#endif
+    }
+#endif
+  };
+  auto load = [&](auto& wv, auto& p0, auto& p1, auto& xv, int kt0, int buf) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
+    if (WG) __syncwarp();  // every lane is done reading the ring slots this step refills
     // all loads of a step together: UU weight tiles in flight per lane, activations alongside
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
       const int kt = kt0 + u * KS;
-      wv[u] = ld_stream(wt + (size_t)kt * 32);
-      const int grp = min((kt * KT + KL * t) >> gk, G - 1);
-      p0[u].load(prow0, grp);
-      p1[u].load(prow1, grp);
+#pragma unroll
+      for (int l = 0; l < LU; ++l) wv[u][l] = ld_stream(wt + (size_t)kt * TSTEP + 32 * l);
+#pragma unroll
+      for (int h = 0; h < NP; ++h) {
+        p0[u][h].load(prow0, group_of(kt, h) * GSTR);
+        p1[u][h].load(prow1, group_of(kt, h) * GSTR);
+      }
+      if (WG) {
+        stage_x(buf * U + u, kt);
+        continue;
+      }
 #if MMA_PERM
       // act-order: piece v of the lane's activations starts at k = KT kt + KL t + 8 v in the stored (permuted) order
 #pragma unroll
@@ -153,6 +226,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
         for (int v = 0; v < XV; ++v) xv[u][b][v] = ld_x(xrow[b] + (size_t)kt * (KT * 2 / 16) + v);
 #endif
     }
+    if (WG) asm volatile("cp.async.commit_group;" ::: "memory");
   };
   // Deferred scaling (MMA_DEFER 1). Why: the per-pair "* s" rounds every dequantized weight to fp16/bf16
   // (scales below ~6e-5 lose digits); here A holds the exact integers q - z, the mma sums them times x in
@@ -165,11 +239,34 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
   constexpr int DEFER = MMA_DEFER;
   constexpr bool XSUM = DEFER != 0 && MODE == 2;
   constexpr u32 ONES = ACT == 0 ? 0x3c003c00u : 0x3f803f80u;  // 1.0 in fp16x2 / bf16x2
-  auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv) {
+  // pending: cp.async groups issued after this step's that may stay in flight (MMA_WG)
+  auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv, int buf, bool pending) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
+    if (WG) {
+      if (pending) asm volatile("cp.async.wait_group 1;" ::: "memory");
+      else asm volatile("cp.async.wait_group 0;" ::: "memory");
+      __syncwarp();  // the other lanes' pieces (and act-order's plain stores) are visible
+    }
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
-      u32 xw[MB][XV * 4];
+      u32 xw[MB][8];  // B fragments: word 2 s = b0 of step s, 2 s + 1 = b1
+#if MMA_WG
+      {
+        // ldmatrix.x4 h: lanes 8 q .. 8 q + 7 address row (lane & 7) of matrix q = k 8 (4 h + q) .. + 7; lane (g, t)
+        // gets k 2t, 2t + 1 of row g from each: b0 / b1 of step 2 h, then of step 2 h + 1
+        const uint4* slot = ring + (buf * U + u) * XR * 8;
+#pragma unroll
+        for (int b = 0; b < MB; ++b) {
+          const int r = min(8 * b + (lane & 7), xrows - 1);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int j = 4 * h + (lane >> 3);
+            ldmatrix_x4(slot + r * 8 + (j ^ (r & 7)), xw[b][4 * h], xw[b][4 * h + 1], xw[b][4 * h + 2],
+                        xw[b][4 * h + 3]);
+          }
+        }
+      }
+#else
 #pragma unroll
       for (int b = 0; b < MB; ++b)
 #pragma unroll
@@ -179,49 +276,59 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
           xw[b][4 * v + 2] = xv[u][b][v].z;
           xw[b][4 * v + 3] = xv[u][b][v].w;
         }
-      RowQ<ACT, MODE> q0, q1;
-      const float s0 = p0[u].scale(), s1 = p1[u].scale();
-      const float z0 = MODE == 1 ? p0[u].second() : ZBIAS, z1 = MODE == 1 ? p1[u].second() : ZBIAS;
-      const float m0 = MODE == 2 ? p0[u].second() : 0.f, m1 = MODE == 2 ? p1[u].second() : 0.f;
-      q0.set(s0, z0, m0);
-      q1.set(s1, z1, m1);
-      const u32 w[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
-      float cacc[MB][4], xacc[MB][4];  // this tile's mma sums (DEFER) and activation sums (XSUM)
+#endif
+      u32 w[4 * LU];
 #pragma unroll
-      for (int b = 0; b < MB; ++b)
+      for (int l = 0; l < LU; ++l) {
+        w[4 * l] = wv[u][l].x;
+        w[4 * l + 1] = wv[u][l].y;
+        w[4 * l + 2] = wv[u][l].z;
+        w[4 * l + 3] = wv[u][l].w;
+      }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) cacc[b][i] = xacc[b][i] = 0.f;
-      constexpr int STEPS = BITS == 4 ? 4 : 2;
+      for (int h = 0; h < NP; ++h) {  // one parameter set per STEPS / NP steps
+        RowQ<ACT, MODE> q0, q1;
+        const float s0 = p0[u][h].scale(), s1 = p1[u][h].scale();
+        const float z0 = MODE == 1 ? p0[u][h].second() : ZBIAS, z1 = MODE == 1 ? p1[u][h].second() : ZBIAS;
+        const float m0 = MODE == 2 ? p0[u][h].second() : 0.f, m1 = MODE == 2 ? p1[u][h].second() : 0.f;
+        q0.set(s0, z0, m0);
+        q1.set(s1, z1, m1);
+        float cacc[MB][4], xacc[MB][4];  // this piece's mma sums (DEFER) and activation sums (XSUM)
 #pragma unroll
-      for (int s = 0; s < STEPS; ++s) {
-        u32 a[4];  // a0: row g k(0,1); a1: row g+8 k(0,1); a2: row g k(2,3); a3: row g+8 k(2,3)
-        a_frag_step<BITS, ACT, MODE, DEFER == 0>(w, s, q0, q1, z0, z1, a);
+        for (int b = 0; b < MB; ++b)
 #pragma unroll
-        for (int b = 0; b < MB; ++b) {
-          if (DEFER) mma16816<ACT>(cacc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
-          else mma16816<ACT>(acc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
-          if (XSUM) {
-            const u32 ones[4] = {ONES, ONES, ONES, ONES};
-            mma16816<ACT>(xacc[b], ones, xw[b][2 * s], xw[b][2 * s + 1]);
+          for (int i = 0; i < 4; ++i) cacc[b][i] = xacc[b][i] = 0.f;
+#pragma unroll
+        for (int s = h * (STEPS / NP); s < (h + 1) * (STEPS / NP); ++s) {
+          u32 a[4];  // a0: row g pair 0; a1: row g+8 pair 0; a2: row g pair 1; a3: row g+8 pair 1
+          a_frag_step<BITS, ACT, MODE, DEFER == 0>(w, s, q0, q1, z0, z1, a);
+#pragma unroll
+          for (int b = 0; b < MB; ++b) {
+            if (DEFER) mma16816<ACT>(cacc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
+            else mma16816<ACT>(acc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
+            if (XSUM) {
+              const u32 ones[4] = {ONES, ONES, ONES, ONES};
+              mma16816<ACT>(xacc[b], ones, xw[b][2 * s], xw[b][2 * s + 1]);
+            }
           }
         }
-      }
-      if (DEFER) {
-        // per-row coefficients of this tile (row g: c0, c1; row g + 8: c2, c3)
-        const float al0 = s0, al1 = s1;
-        const float be0 = MODE == 2 ? fmaf(z0, s0, m0) : 0.f, be1 = MODE == 2 ? fmaf(z1, s1, m1) : 0.f;
+        if (DEFER) {
+          // per-row coefficients of this piece (row g: c0, c1; row g + 8: c2, c3)
+          const float al0 = s0, al1 = s1;
+          const float be0 = MODE == 2 ? fmaf(z0, s0, m0) : 0.f, be1 = MODE == 2 ? fmaf(z1, s1, m1) : 0.f;
 #pragma unroll
-        for (int b = 0; b < MB; ++b) {
-          float* ac = acc[b];
-          ac[0] = fmaf(al0, cacc[b][0], ac[0]);
-          ac[1] = fmaf(al0, cacc[b][1], ac[1]);
-          ac[2] = fmaf(al1, cacc[b][2], ac[2]);
-          ac[3] = fmaf(al1, cacc[b][3], ac[3]);
-          if (XSUM) {
-            ac[0] = fmaf(be0, xacc[b][0], ac[0]);
-            ac[1] = fmaf(be0, xacc[b][1], ac[1]);
-            ac[2] = fmaf(be1, xacc[b][2], ac[2]);
-            ac[3] = fmaf(be1, xacc[b][3], ac[3]);
+          for (int b = 0; b < MB; ++b) {
+            float* ac = acc[b];
+            ac[0] = fmaf(al0, cacc[b][0], ac[0]);
+            ac[1] = fmaf(al0, cacc[b][1], ac[1]);
+            ac[2] = fmaf(al1, cacc[b][2], ac[2]);
+            ac[3] = fmaf(al1, cacc[b][3], ac[3]);
+            if (XSUM) {
+              ac[0] = fmaf(be0, xacc[b][0], ac[0]);
+              ac[1] = fmaf(be0, xacc[b][1], ac[1]);
+              ac[2] = fmaf(be1, xacc[b][2], ac[2]);
+              ac[3] = fmaf(be1, xacc[b][3], ac[3]);
+            }
           }
         }
       }
@@ -233,40 +340,40 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // [Nt][Kt][32] uint4
   pdl_launch_dependents();
 #pragma unroll
   for (int u = 0; u < U; ++u)
-    if (ks + u * KS < Kt) prefetch_l2(wt + (size_t)(ks + u * KS) * 32);
+    if (ks + u * KS < Kt) prefetch_l2(wt + (size_t)(ks + u * KS) * TSTEP);
   pdl_wait();
-  uint4 wA[U], wB[U];
-  P a0[U], a1[U], b0[U], b1[U];
+  uint4 wA[U][LU], wB[U][LU];
+  P a0[U][NP], a1[U][NP], b0[U][NP], b1[U][NP];
   uint4 xA[U][MB][XV], xB[U][MB][XV];
   if (MMA_PF && kt0 + (U - 1) * KS < Kt) {
     // Register double buffering: the next step's loads are in flight while this step computes.
-    load(wA, a0, a1, xA, kt0);
+    load(wA, a0, a1, xA, kt0, 0);
     while (true) {
       int kt1 = kt0 + U * KS;
       bool more = kt1 + (U - 1) * KS < Kt;
-      if (more) load(wB, b0, b1, xB, kt1);
-      compute(wA, a0, a1, xA);
+      if (more) load(wB, b0, b1, xB, kt1, 1);
+      compute(wA, a0, a1, xA, 0, more);
       kt0 = kt1;
       if (!more) break;
       kt1 = kt0 + U * KS;
       more = kt1 + (U - 1) * KS < Kt;
-      if (more) load(wA, a0, a1, xA, kt1);
-      compute(wB, b0, b1, xB);
+      if (more) load(wA, a0, a1, xA, kt1, 0);
+      compute(wB, b0, b1, xB, 1, more);
       kt0 = kt1;
       if (!more) break;
     }
   } else {
     for (; kt0 + (U - 1) * KS < Kt; kt0 += U * KS) {
-      load(wA, a0, a1, xA, kt0);
-      compute(wA, a0, a1, xA);
+      load(wA, a0, a1, xA, kt0, 0);
+      compute(wA, a0, a1, xA, 0, false);
     }
   }
   for (; kt0 < Kt; kt0 += KS) {
-    uint4 w1[1];
-    P q0[1], q1[1];
+    uint4 w1[1][LU];
+    P q0[1][NP], q1[1][NP];
     uint4 x1[1][MB][XV];
-    load(w1, q0, q1, x1, kt0);
-    compute(w1, q0, q1, x1);
+    load(w1, q0, q1, x1, kt0, 0);
+    compute(w1, q0, q1, x1, 0, false);
   }
 
   // Epilogue: C fragment c0 = (n g, m 2t), c1 = (n g, m 2t+1), c2 = (n g+8, m 2t), c3 = (n g+8, m 2t+1);
