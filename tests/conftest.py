@@ -22,6 +22,12 @@ import pytest
 import torch
 from hypothesis import settings
 
+# CPU machines run the Triton kernels under the interpreter. Set here, before pytest imports any test module: triton
+# reads the switch when a kernel module decorates its kernels, so a kernel module imported before it was set would run
+# compiled-mode Triton on CPU tensors, in whichever test files happen to be collected after it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # No example database: keeps .hypothesis/ out of the working tree; examples come from the seeds in each test.
 settings.register_profile("mixgemm", database=None, deadline=None)
 settings.load_profile("mixgemm")

@@ -11,20 +11,16 @@ convolution, on odd spatial sizes.
 from __future__ import annotations
 
 import importlib.util
-import os
 import pathlib
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the kernel module
-
-from conv_cases import assert_conv_matches, make_conv_case  # noqa: E402  (tests/conv_cases.py)
-from mixgemm import quantize_conv_weight, reference  # noqa: E402
-from mixgemm.epilogue import clamp_bounds  # noqa: E402
-from mixgemm.nn.conv import QuantConv2d, swap_conv2d  # noqa: E402
-from mixgemm.ops.conv import conv2d, cuda_conv2d  # noqa: E402
+from conv_cases import assert_conv_matches, make_conv_case
+from mixgemm import quantize_conv_weight, reference
+from mixgemm.epilogue import clamp_bounds
+from mixgemm.nn.conv import QuantConv2d, swap_conv2d
+from mixgemm.ops.conv import conv2d, cuda_conv2d
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"

@@ -7,18 +7,13 @@ match it to output-dtype accuracy (act_quant's codes equal the reference's bit f
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the kernel modules
-
-from conv_cases import assert_conv_matches, make_conv_case  # noqa: E402  (tests/conv_cases.py)
-from mixgemm import quantize_conv_weight  # noqa: E402
-from mixgemm.epilogue import clamp_bounds  # noqa: E402
-from mixgemm.ops.conv import conv2d_a8, conv2d_a8_reference, cuda_conv2d_a8  # noqa: E402
+from conv_cases import assert_conv_matches, make_conv_case
+from mixgemm import quantize_conv_weight
+from mixgemm.epilogue import clamp_bounds
+from mixgemm.ops.conv import conv2d_a8, conv2d_a8_reference, cuda_conv2d_a8
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"

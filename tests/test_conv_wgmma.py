@@ -9,19 +9,14 @@ split-K, multi-tile stages with FOLD) -- against the float64 reference on the sa
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the Triton kernel modules
-
-from conv_cases import assert_conv_matches, make_conv_case  # noqa: E402
-from mixgemm import quantize_conv_weight, reference  # noqa: E402
-from mixgemm.epilogue import clamp_bounds  # noqa: E402
-from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma, conv_wgmma_supported, default_conv_config  # noqa: E402
-from mixgemm.ops.conv import cuda_conv2d  # noqa: E402
+from conv_cases import assert_conv_matches, make_conv_case
+from mixgemm import quantize_conv_weight, reference
+from mixgemm.epilogue import clamp_bounds
+from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma, conv_wgmma_supported, default_conv_config
+from mixgemm.ops.conv import cuda_conv2d
 
 GPU_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_sm90 = pytest.mark.skipif(not GPU_SM90, reason="needs an sm_90 GPU")

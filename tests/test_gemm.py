@@ -7,14 +7,10 @@ the compiled kernels against the float64 reference.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from mixgemm import tuning as cfgmod  # noqa: E402
 from mixgemm.formats.weight import QuantConfig, quantize_weight  # noqa: E402

@@ -8,7 +8,6 @@ size, mode, activation dtype, odd shapes and tile configs against the float64 re
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # like the other kernel test files: later Triton imports run interpreted
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from mixgemm.formats.layouts_wgmma import build_wgmma_v1, unpack_wgmma_v1  # noqa: E402
-from mixgemm.formats.weight import quantize_weight  # noqa: E402
-from mixgemm.kernels.cuda import nvrtc  # noqa: E402
-from mixgemm.reference.matmul import matmul as ref_matmul  # noqa: E402
+from mixgemm.formats.layouts_wgmma import build_wgmma_v1, unpack_wgmma_v1
+from mixgemm.formats.weight import quantize_weight
+from mixgemm.kernels.cuda import nvrtc
+from mixgemm.reference.matmul import matmul as ref_matmul
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -52,10 +48,10 @@ def _a_pairs(words: list[int], bits: int, s: int):
     """The four A-register pairs of step s as mma_frag.cuh extracts them (lop3 masks / prmt selectors)."""
     if bits == 4:
         w = words[s]
-        nib = lambda v, sh: (v >> sh) & 0xF  # noqa: E731
+        nib = lambda v, sh: (v >> sh) & 0xF
         return [(nib(w, 0), nib(w, 16)), (nib(w, 4), nib(w, 20)), (nib(w, 8), nib(w, 24)), (nib(w, 12), nib(w, 28))]
     r0, r1 = words[2 * (s % 2) + 4 * (s // 2)], words[2 * (s % 2) + 1 + 4 * (s // 2)]
-    b = lambda v, i: (v >> (8 * i)) & 0xFF  # noqa: E731
+    b = lambda v, i: (v >> (8 * i)) & 0xFF
     return [(b(r0, 0), b(r0, 1)), (b(r1, 0), b(r1, 1)), (b(r0, 2), b(r0, 3)), (b(r1, 2), b(r1, 3))]
 
 

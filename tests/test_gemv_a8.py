@@ -12,15 +12,9 @@ bias, relu6, odd N and K, M = 1..16), and an identity-weight test that checks th
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    # as in test_int8.py: when this file is collected first, the interpreter switch must be set before mixgemm
-    # (and with it triton) is imported, or test_int8.py's interpreter tests run compiled-mode Triton and fail
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import mixgemm
 from mixgemm.formats.activation import quantize_activation

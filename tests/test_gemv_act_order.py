@@ -10,24 +10,18 @@ gathering kernel at decode under CUDA graphs and torch.library's op."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    # as in test_gemv_a8.py: when this file is collected first, the interpreter switch must be set before mixgemm
-    # (and with it triton) is imported, or other files' interpreter tests run compiled-mode Triton and fail
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import mixgemm.reference as ref  # noqa: E402
-from mixgemm.formats.weight import dequantize_weight, quantize_weight  # noqa: E402
-from mixgemm.kernels.cuda import gemv as gemv_mod  # noqa: E402
-from mixgemm.kernels.cuda import nvrtc  # noqa: E402
-from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, mma_defines_for  # noqa: E402
-from mixgemm.ops.dispatch import PERM_PAD, kernel_perm  # noqa: E402
-from mixgemm.tuning import gemv_m1  # noqa: E402
+import mixgemm.reference as ref
+from mixgemm.formats.weight import dequantize_weight, quantize_weight
+from mixgemm.kernels.cuda import gemv as gemv_mod
+from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, mma_defines_for
+from mixgemm.ops.dispatch import PERM_PAD, kernel_perm
+from mixgemm.tuning import gemv_m1
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}

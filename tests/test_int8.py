@@ -12,9 +12,6 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the kernel modules
-
 from mixgemm.formats.activation import quantize_activation
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.reference import int8_static as sref

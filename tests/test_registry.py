@@ -11,16 +11,13 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton entries run on CPU tensors under the interpreter
+import mixgemm
+from mixgemm import QuantConfig, quantize_conv_weight, quantize_weight
+from mixgemm.kernels import a8 as a8_entries
+from mixgemm.kernels import linear as linear_entries
+from mixgemm.kernels.registry import DeviceInfo, NoKernel, entries, entry, entry_names
 
-import mixgemm  # noqa: E402
-from mixgemm import QuantConfig, quantize_conv_weight, quantize_weight  # noqa: E402
-from mixgemm.kernels import a8 as a8_entries  # noqa: E402
-from mixgemm.kernels import linear as linear_entries  # noqa: E402
-from mixgemm.kernels.registry import DeviceInfo, NoKernel, entries, entry, entry_names  # noqa: E402
-
-# CPU tensors through the Triton entries need the interpreter (set above when there is no GPU)
+# CPU tensors through the Triton entries need the interpreter (tests/conftest.py sets it when there is no GPU)
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
                                        reason="runs Triton on CPU tensors (TRITON_INTERPRET=1)")
 H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)

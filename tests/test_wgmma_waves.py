@@ -4,21 +4,17 @@ on the CPU against a described H100 (no GPU needed)."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first import of the Triton kernel modules
-
-import mixgemm  # noqa: E402
-from mixgemm.formats.weight import QuantConfig, QuantizedWeight  # noqa: E402
-from mixgemm.kernels.cuda import wgmma_waves as W  # noqa: E402
-from mixgemm.kernels.cuda.gemm_wgmma import tile_error  # noqa: E402
-from mixgemm.kernels.linear import _wave_cost  # noqa: E402
-from mixgemm.kernels.registry import DeviceInfo  # noqa: E402
-from mixgemm.tuning import load_table  # noqa: E402
+import mixgemm
+from mixgemm.formats.weight import QuantConfig, QuantizedWeight
+from mixgemm.kernels.cuda import wgmma_waves as W
+from mixgemm.kernels.cuda.gemm_wgmma import tile_error
+from mixgemm.kernels.linear import _wave_cost
+from mixgemm.kernels.registry import DeviceInfo
+from mixgemm.tuning import load_table
 
 pytestmark = pytest.mark.usefixtures("isolated_tuning")  # NVRTC reported available, no user tuning cache
 
