@@ -201,10 +201,14 @@ _smem_set: dict = {}
 
 
 def allow_dynamic_smem(fn, nbytes: int) -> None:
-    """Raise fn's dynamic shared memory limit to nbytes (needed above the default 48 KiB); once per function."""
-    if nbytes <= 48 * 1024 or _smem_set.get(id(fn), 0) >= nbytes:
+    """Raise fn's dynamic shared memory limit to nbytes where its static and dynamic shared memory together pass the
+    default 48 KiB (the default allows 48 KiB minus the static part); once per function and size."""
+    if nbytes <= 0 or _smem_set.get(id(fn), 0) >= nbytes:
         return
     drv = _driver()
+    err, static = drv.cuFuncGetAttribute(drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn)
+    if int(err) == 0 and static + nbytes <= 48 * 1024:
+        return
     attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     err, = drv.cuFuncSetAttribute(fn, attr, nbytes)
     if int(err) != 0:
