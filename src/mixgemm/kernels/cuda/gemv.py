@@ -328,8 +328,9 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int)
 # and the GEMM share one copy of the codes), 0 = its own gemv_mma_v1. Source: H100, 18 model layers (Llama-3-8B / 70B,
 # Llama-2-13B, Qwen2-7B, Qwen2.5-0.5B / 1.5B / 32B shapes), M = 1 / 8 / 16, protocol graph timing, same configs: int8
 # per channel on wgmma_v1 geometric mean 0.97 / 0.97 / 0.93x the time on gemv_mma_v1 (0.75-1.33x per layer; more than
-# 3% slower on 3584x4608, 1536x8960, 13824x5120 and 896x4864 at M <= 8, 8960x1536 and 896x4864 at M = 16); int4 g128
-# 1.02-1.10x (sym 1.06 / 1.10 / 1.10x, up to 1.6x on small layers), so int4 keeps its own layout (docs/design.md).
+# 3% slower on 3584x4608, 1536x8960, 13824x5120 and 896x4864 at M <= 8, 8960x1536 and 896x4864 at M = 16), with bf16
+# activations 0.88 / 0.86 / 0.88x; int4 g128 1.02-1.10x (sym 1.06 / 1.10 / 1.10x, up to 1.6x on small layers), so int4
+# keeps its own layout (docs/design.md).
 MMA_ON_WGMMA = {4: 0, 8: 1}
 
 
