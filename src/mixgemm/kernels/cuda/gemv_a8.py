@@ -3,8 +3,8 @@
 ``gemv_a8(x2d, qw, act_mode, bias, lo, hi, out_dtype)`` = clamp(Qa(x2d) @ W.T + bias, lo, hi) in ONE launch:
 every block quantizes the activations it needs (per token, per weight group, exactly
 mixgemm.formats.activation.quantize_activation) into shared memory, then streams the weights
-(layout a8gemv_v2, mixgemm.formats.layouts_a8: the weight's own codes buffer) with int32 dp4a products per unit
-folded into fp32.
+(layout a8gemv_v2, mixgemm.formats.layouts_a8: per channel the weight's own codes buffer) with int32 dp4a products
+per unit folded into fp32.
 
 * x2d: float16 / bfloat16 / float32 [M, K] CUDA, 1 <= M <= 16 (a 16-byte-aligned copy is made when its rows
   are not unit-stride / 16-byte aligned).
