@@ -81,6 +81,34 @@ def test_fold_on_transformers_decoder_layers(arch):
     assert torch.equal(logits(model), want)
 
 
+def test_under_torch_compile_the_norms_gather_and_the_layers_do_not():
+    """Eager: the hook does nothing and every layer gathers x itself (no host work per norm on a host-bound loop).
+    Traced by torch.compile: each norm's output goes through one gather_columns op and the layers it feeds take it
+    as it comes; the logits are the same numbers either way."""
+    model = with_act_order(tiny_model("llama"))
+    want = logits(model)
+    changed = gather_act_order_at_norms(model)
+    layer = model.get_submodule(changed[0])
+    assert layer.gathers_input()  # eager
+    graphs, with_perm = [], []
+
+    def count_gathers(gm, example_inputs):
+        ops = (torch.ops.mixgemm.gather_columns, torch.ops.mixgemm.gather_columns.default)
+        linears = (torch.ops.mixgemm.linear_wxa16, torch.ops.mixgemm.linear_wxa16.default)
+        calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+        graphs.append(sum(1 for n in calls if n.target in ops))
+        with_perm.append(sum(1 for n in calls if n.target in linears and n.args[-1] is not None))
+        return gm
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=count_gathers, fullgraph=True)
+    assert torch.equal(logits(compiled), want)
+    # two norms per decoder layer feed act-order layers; the other layers (o, down) gather in their own op call
+    assert sum(graphs) == 2 * TINY["num_hidden_layers"], graphs
+    assert sum(with_perm) == 2 * TINY["num_hidden_layers"], with_perm  # o and down: the only layers gathering
+    torch._dynamo.reset()
+
+
 def test_layers_with_different_permutations_keep_their_gather():
     model = with_act_order(tiny_model("llama"), shared=False)
     want = logits(model)
@@ -180,3 +208,27 @@ def test_tensor_parallel_shards_keep_the_gathered_input():
     torch.testing.assert_close(shard(x), layer(x)[:, 16:], rtol=0, atol=0)
     with pytest.raises(ValueError, match="q_proj: row-parallel split .* gathered .* by model.norm"):
         shard_quant_linear(layer, ROWWISE, 0, 2, "q_proj")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gather_columns_op_equals_index_select(device, dtype):
+    """The hook's op: x[..., perm] as a new contiguous tensor (decode sizes on CUDA through the PDL gather kernel,
+    larger ones and the CPU through index_select), its input untouched, its gradient the scatter back."""
+    gen = torch.Generator().manual_seed(5)
+    for shape in ((1, 1, 4096), (2, 3, 1000), (3, 40, 576), (0, 64)):
+        k = shape[-1]
+        x = torch.randn(shape, generator=gen).to(dtype).to(device)
+        perm = torch.randperm(k, generator=gen).to(device)
+        before = x.clone()
+        got = torch.ops.mixgemm.gather_columns(x, perm)
+        assert got.shape == x.shape and got.is_contiguous() and (not x.numel() or got.data_ptr() != x.data_ptr())
+        assert torch.equal(got, x.index_select(-1, perm)), shape
+        assert torch.equal(x, before)
+    x = torch.randn(2, 64, generator=gen).to(device).requires_grad_()
+    perm = torch.randperm(64, generator=gen).to(device)
+    g = torch.randn(2, 64, generator=gen).to(device)
+    torch.ops.mixgemm.gather_columns(x, perm).backward(g)
+    assert torch.equal(x.grad[:, perm], g)
+    with pytest.raises(ValueError, match="input_perm must be int64"):
+        torch.ops.mixgemm.gather_columns(x.detach(), perm.int())

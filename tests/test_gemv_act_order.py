@@ -1,11 +1,13 @@
 """Act-order GEMVs: the CUDA GEMVs gather x through an act-order layer's input permutation while they read it
-(gemv.cu GEMV_PERM, gemv_mma.cu MMA_PERM; mixgemm.ops.dispatch.kernel_perm / run_linear), with no separate gather.
+(gemv.cu GEMV_PERM, gemv_mma.cu MMA_PERM; mixgemm.ops.dispatch.kernel_perm / run_linear), with no separate gather;
+where they do not, the gather kernel (gather_x.cu) runs before them.
 
-CPU: NVRTC compiles the gathering variants for sm_90a and sm_80; kernel_perm's padding and cache. GPU: each gathering
-kernel equals the same kernel run on x[:, perm] bit for bit (the same arithmetic on the same numbers: only where x
-comes from differs) and the float64 reference within the dtype's tolerance, at M = 1, 3, 16, fp16 / bf16 (fp32 on the
-CUDA-core kernel), int4 sym / zero point g128, int8, per-channel with odd K (padded layouts); and QuantLinear picks the
-gathering kernel at decode under CUDA graphs and torch.library's op."""
+CPU: NVRTC compiles the gathering variants and the gather kernel for sm_90a and sm_80; kernel_perm's padding and
+cache. GPU: the gather kernel equals x[:, perm] zero-padded (fp16 / bf16 / fp32, aligned and unaligned rows); each
+gathering kernel equals the same kernel run on x[:, perm] bit for bit (the same arithmetic on the same numbers: only
+where x comes from differs) and the float64 reference within the dtype's tolerance, at M = 1, 3, 16, fp16 / bf16
+(fp32 on the CUDA-core kernel), int4 sym / zero point g128, int8, per-channel with odd K (padded layouts); and
+QuantLinear picks the gathering kernel at decode under CUDA graphs and torch.library's op."""
 
 from __future__ import annotations
 
@@ -53,6 +55,14 @@ def test_nvrtc_compiles_gathering_variants(arch):
             assert defs.get("GEMV_XS") == 1  # the gather-into-shared-memory path is compiled, not only per-lane
         cubin = nvrtc.compile_cubin(source, tuple(sorted(defs.items())), arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", defs
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("es", [2, 4])
+def test_nvrtc_compiles_the_gather_kernel(arch, es):
+    cubin = nvrtc.compile_cubin("gather_x.cu", (("GX_ES", es),), arch)
+    assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF"
 
 
 def test_perm_config_stages_x_where_it_can():
@@ -124,6 +134,41 @@ def test_gathering_gemv_equals_the_kernel_on_permuted_x(kernel, bits, group, mod
             assert err <= TOL[dtype], f"{dtype} M={m}: rel err {err:.2e} against the reference"
             assert torch.equal(got, want), (f"{dtype} M={m}: differs from the same kernel on x[:, perm] (max "
                                             f"{(got.float() - want.float()).abs().max().item():.3e})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("k", [64, 1000, 4096 + 17])
+def test_gather_kernel_writes_x_permuted_and_zero_padded(dtype, k):
+    from mixgemm.kernels.cuda.gather_x import gather_x
+
+    gen = torch.Generator(device="cuda").manual_seed(k)
+    perm = torch.randperm(k, generator=gen, device="cuda")
+    kp = kernel_perm(perm)
+    for m in (1, 3, 16):
+        wide = torch.randn(m, k + 24, generator=gen, device="cuda").to(dtype)
+        # rows with an aligned and an unaligned start
+        for start in (0, 5):
+            x = wide[:, start:start + k] if start else wide[:, :k]
+            before = wide.clone()
+            got = gather_x(x, kp)
+            assert got.shape == (m, kp.numel()) and got.is_contiguous()
+            assert torch.equal(got[:, :k], x[:, perm]), (dtype, m, start)
+            assert not got[:, k:].any(), "the padding past K must be zero"
+            assert torch.equal(wide, before)
+
+
+@pytest.mark.gpu
+def test_gather_kernel_rejects_a_bad_perm():
+    from mixgemm.kernels.cuda.gather_x import gather_x
+
+    x = torch.randn(1, 128, device="cuda").half()
+    with pytest.raises(ValueError, match="int32 kernel permutation"):
+        gather_x(x, torch.randperm(128, device="cuda"))
+    with pytest.raises(ValueError, match="int32 kernel permutation"):
+        gather_x(x, torch.arange(64, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="unit stride"):
+        gather_x(x.t(), kernel_perm(torch.randperm(1, device="cuda")))
 
 
 @pytest.mark.gpu

@@ -211,15 +211,18 @@ def test_from_pretrained_reads_the_checkpoint(case, tmp_path):
         assert not any(model.get_submodule(d).act_order for d in downs)
         assert model.get_submodule("model.layers.0.self_attn.q_proj").act_order
         _assert_same_logits(model, reference)
-        # opt-in: q / k / v and gate / up (the checkpoint gives them shared permutations) take theirs from the norm
-        assert mixgemm.gather_act_order_at_norms(model) == [
+        # q / k / v and gate / up (the checkpoint gives them shared permutations) take theirs from the norm under
+        # torch.compile; a second pass finds nothing left
+        assert model.mixgemm_report.perm_at_norms == [
             f"model.layers.{i}.{name}" for i in range(CONFIG["num_hidden_layers"])
             for name in ("self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")]
+        assert mixgemm.gather_act_order_at_norms(model) == []
         q = model.get_submodule("model.layers.0.self_attn.q_proj")
         assert q.act_order and q.input_gathered_by == "model.layers.0.input_layernorm"
         assert model.get_submodule("model.layers.0.self_attn.o_proj").input_gathered_by is None
+        assert "fed gathered by their norm" in str(model.mixgemm_report)
     else:
-        assert model.mixgemm_report.perm_folded == []
+        assert model.mixgemm_report.perm_folded == [] and model.mixgemm_report.perm_at_norms == []
     _assert_same_logits(model, reference)
 
 
@@ -288,7 +291,7 @@ def test_act_order_model_saves_and_reloads(tmp_path):
     """A loaded act-order GPTQ model (down folded, q / k / v and gate / up gathered by their norms) written by
     save_pretrained reads back with the same logits, through mixgemm.from_pretrained and through transformers'
     AutoModelForCausalLM (the registered quantizer): each layer's permutation is in the checkpoint, the norms'
-    gathers (runtime only) are not, so the reloaded layers gather in their kernels again; down stays folded."""
+    gathers (runtime only) are not, and both loaders set them up again; down stays folded."""
     import transformers
 
     import mixgemm
@@ -298,7 +301,7 @@ def test_act_order_model_saves_and_reloads(tmp_path):
     src.mkdir()
     reference = write_checkpoint(case, src)
     model = mixgemm.from_pretrained(str(src), dtype=torch.float32, progress=False)
-    assert mixgemm.gather_act_order_at_norms(model)
+    assert model.mixgemm_report.perm_at_norms
     assert not any("mixgemm_output_perm" in key for key in model.state_dict())
     model.save_pretrained(str(out))
     for again in (mixgemm.from_pretrained(str(out), progress=False),
@@ -306,7 +309,8 @@ def test_act_order_model_saves_and_reloads(tmp_path):
         layers = {n: m for n, m in again.named_modules() if isinstance(m, QuantLinear)}
         assert {n: m.act_order for n, m in layers.items()} == {
             n: m.act_order for n, m in model.named_modules() if isinstance(m, QuantLinear)}
-        assert not any(m.input_gathered_by for m in layers.values())
+        assert {n: m.input_gathered_by for n, m in layers.items()} == {
+            n: m.input_gathered_by for n, m in model.named_modules() if isinstance(m, QuantLinear)}
         _assert_same_logits(again, reference)
 
 

@@ -7,10 +7,11 @@ input tensor: q / k / v share one, gate / up share one, o and down each their ow
 zeros, so the arithmetic per layer is unchanged; lm_head, which GPTQ checkpoints keep float, stays plain), in deep
 copies made before any call:
 * "act-order, in-kernel": every layer gathers x in its kernel (no folds);
-* "act-order, as loaded": as mixgemm.from_pretrained leaves it: down's permutation folded into gate / up's rows
-  (mixgemm.checkpoints.fold_perm), the other layers gathering in their kernels;
-* "act-order, norms gather": that, plus the opt-in mixgemm.gather_act_order_at_norms (q / k / v's and gate / up's
-  shared permutation applied once by the norm that feeds them); o keeps its in-kernel gather.
+* "act-order, folded only": down's permutation folded into gate / up's rows (mixgemm.checkpoints.fold_perm), the
+  other layers gathering in their kernels;
+* "act-order, as loaded": as mixgemm.from_pretrained leaves it (mixgemm.checkpoints.gather_at_norm.arrange_act_order):
+  folded, and q / k / v's and gate / up's shared permutation applied once by the norm that feeds them under
+  torch.compile (in eager mode they gather in their kernels); o keeps its own gather.
 
 Modes: "generate" (``model.generate`` with its default cache, eager; host-bound, so the models take turns,
 --repeats rounds, median) and "compiled" (mixgemm.bench.e2e.decode_tokens_per_s: the decode step under
@@ -18,7 +19,7 @@ torch.compile(fullgraph=True, mode="reduce-overhead") over a static cache), the 
 tools.checks.generate_e2e. Checks (exit 1): the folded models' logits for one token (M = 1: the GEMVs) equal the
 in-kernel model's bit for bit (the folds change where numbers sit, not the arithmetic;
 the prompt's logits, through GEMMs whose split-K tiles add with atomics, are reported), and with --strict,
-as-loaded tokens/s >= (1 - --tolerance) x plain in every mode (the "norms gather" ratio is reported).
+as-loaded tokens/s >= (1 - --tolerance) x plain in every mode (the other variants' ratios are reported).
 
     PYTHONPATH=src python -m tools.checks.actorder_model --out DIR [--models llama3-8b] [--modes generate,compiled]
     PYTHONPATH=src python -m tools.checks.actorder_model --out DIR --device cpu --tiny     (the logic, tiny shapes)
@@ -44,7 +45,7 @@ import torch
 
 import mixgemm
 from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
-from mixgemm.checkpoints.gather_at_norm import gather_act_order_at_norms
+from mixgemm.checkpoints.gather_at_norm import arrange_act_order
 from mixgemm.checkpoints.packed_int32 import act_order_perm
 from mixgemm.nn.linear import QuantLinear
 from tools.checks.generate_e2e import (
@@ -63,7 +64,7 @@ MODES = ("generate", "compiled")
 GROUP = 128
 # Layers that read the same tensor get the same GPTQ act-order permutation (the same Hessian of their inputs)
 SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
-VARIANTS = ("plain", "act-order, in-kernel", "act-order, as loaded", "act-order, norms gather")
+VARIANTS = ("plain", "act-order, in-kernel", "act-order, folded only", "act-order, as loaded")
 
 
 def add_act_order(model, seed: int) -> int:
@@ -104,9 +105,12 @@ def variants(name: str, s: Settings, log, chosen=VARIANTS) -> dict:
         if variant in chosen:
             m = models[variant] = copy.deepcopy(model)
             add_act_order(m, s.seed + 3)  # the same permutations in every act-order copy
-    folded = [len(fold_mlp_input_perms(models[v])) for v in VARIANTS[2:] if v in models]
-    at_norm = len(gather_act_order_at_norms(models[VARIANTS[3]])) if VARIANTS[3] in models else 0
-    log(f"{name}: folded {folded[0] if folded else 0} down projections, {at_norm} layers fed gathered by their norm")
+    folded, at_norm = [], []
+    if VARIANTS[2] in models:
+        folded = fold_mlp_input_perms(models[VARIANTS[2]])
+    if VARIANTS[3] in models:
+        folded, at_norm = arrange_act_order(models[VARIANTS[3]])
+    log(f"{name}: folded {len(folded)} down projections, {len(at_norm)} layers fed gathered by their norm")
     return models
 
 
@@ -176,7 +180,7 @@ def kernel_table(r: dict, top: int = 16) -> str:
 
 
 def table(results: dict, tolerance: float) -> tuple[str, list[str]]:
-    lines = ["| model | mode | plain tok/s | in-kernel | as loaded | norms gather | as loaded / plain | norms gather / "
+    lines = ["| model | mode | plain tok/s | in-kernel | folded only | as loaded | folded only / plain | as loaded / "
              "plain | target |", "|---|---|---|---|---|---|---|---|---|"]
     misses = []
 
@@ -186,7 +190,7 @@ def table(results: dict, tolerance: float) -> tuple[str, list[str]]:
     for r in results["models"]:
         v = r.get("variants", {})
         for mode in results["settings"]["modes"]:
-            p, k, a, g = (v.get(x, {}).get(mode) for x in VARIANTS)
+            p, k, g, a = (v.get(x, {}).get(mode) for x in VARIANTS)
             if not (p and (a or g)):
                 continue
             ratio = tps(a) / p["tokens_per_s"]
@@ -194,8 +198,8 @@ def table(results: dict, tolerance: float) -> tuple[str, list[str]]:
             if a and not ok:  # (the target is as loaded's: no verdict when --variants left it out)
                 misses.append(f"{r['model']} {mode}: as loaded x{ratio:.3f} of plain < {1 - tolerance:.2f}")
             verdict = ("ok" if ok else "MISS") if a else "not built"
-            lines.append(f"| {r['model']} | {mode} | {p['tokens_per_s']:.1f} | {tps(k):.1f} | {tps(a):.1f} | "
-                         f"{tps(g):.1f} | {ratio:.3f} | {tps(g) / p['tokens_per_s']:.3f} | "
+            lines.append(f"| {r['model']} | {mode} | {p['tokens_per_s']:.1f} | {tps(k):.1f} | {tps(g):.1f} | "
+                         f"{tps(a):.1f} | {tps(g) / p['tokens_per_s']:.3f} | {ratio:.3f} | "
                          f">= {1 - tolerance:.2f} {verdict} |")
     return "\n".join(lines), misses
 

@@ -7,12 +7,14 @@ plain decode GEMV's time at M = 1). When a norm's output reaches only such layer
 ``norm(x)[..., perm]`` instead: a forward hook on the norm gathers once, and the layers skip their own gather
 (``QuantLinear.input_gathered_by`` names the norm) and run the plain kernels on the same numbers, bit for bit.
 
-Opt-in, for compiled decoding: under torch.compile inductor fuses the gather into the norm's kernel (it recomputes
-the norm at the gathered positions), which costs less than the consumers' in-kernel gathers together (H100,
-Llama-3-8B shapes, W4 g128 act-order, compiled with CUDA graphs, tools.checks.actorder_model: down folded and the
-norms gathering 0.93x the plain model's tokens/s; every layer gathering in its kernel 0.84x). In eager mode the hook
-and its gather are host work per norm on a host-bound decode loop, where in-kernel gathers cost no host time, so
-from_pretrained leaves it to the caller.
+Under torch.compile only: there the hook gathers through ``torch.ops.mixgemm.gather_columns`` (mixgemm's PDL
+gather kernel at decode sizes; an op inductor cannot fuse into the norm, whose fused kernel reloaded its inputs at
+the gathered positions), one launch for the layers it feeds instead of a gather in each of them (H100, W4 g128
+act-order, compiled with CUDA graphs, tools.checks.actorder_model: with down folded and the norms gathering,
+Llama-3-8B shapes 0.96x and Qwen2-7B shapes 0.98x the plain model's tokens/s; down folded alone 0.92x). In eager
+mode the hook leaves the output alone and the layers gather in their kernels (``QuantLinear.gathers_input``): eager
+decoding is host-bound, and a hook plus a launch per norm would be host time. mixgemm.from_pretrained applies it
+(``arrange_act_order``).
 
 Which layers a norm feeds is read from the forward sources (``ast``), not from module names: in the parent's
 forward, ``v = self.<norm>(...)`` must be used exactly once before ``v`` is reassigned, as an argument of a call to
@@ -37,6 +39,7 @@ import torch
 from torch import nn
 
 from mixgemm.nn.linear import QuantLinear
+from mixgemm.ops.dispatch import kernel_perm
 
 PERM_BUFFER = "mixgemm_output_perm"
 
@@ -143,8 +146,13 @@ def param_consumers(fn: ast.FunctionDef, param: str) -> list[str] | None:
     return sorted(set(direct))
 
 
-def _gather_output(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
-    return output.index_select(-1, module._buffers[PERM_BUFFER])
+def _gather_output(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor | None:
+    perm = module._buffers[PERM_BUFFER]
+    if not torch.compiler.is_compiling():  # eager: the layers gather x in their kernels (QuantLinear.gathers_input)
+        if output.is_cuda:  # the gather kernel's copy of the permutation, made here outside any CUDA graph's pool
+            kernel_perm(perm)
+        return None
+    return torch.ops.mixgemm.gather_columns(output, perm)
 
 
 def _consumers(parent: nn.Module, feed: NormFeed) -> list[tuple[str, QuantLinear]] | None:
@@ -206,3 +214,13 @@ def gather_act_order_at_norms(model: nn.Module) -> list[str]:
                 layer.input_gathered_by = prefix + feed.norm
                 changed.append(prefix + name)
     return changed
+
+
+def arrange_act_order(model: nn.Module) -> tuple[list[str], list[str]]:
+    """What mixgemm.from_pretrained (and the transformers quantizer) do to a model's act-order layers, both exact:
+    fold gated MLPs' down permutations into gate / up (mixgemm.checkpoints.fold_perm), then let the norms feed the
+    layers that share their output gathered under torch.compile. Returns (folded down projections, layers fed
+    gathered by a norm)."""
+    from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
+
+    return fold_mlp_input_perms(model), gather_act_order_at_norms(model)

@@ -65,9 +65,9 @@ class MixgemmHfQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
-        from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
+        from mixgemm.checkpoints.gather_at_norm import arrange_act_order
 
-        fold_mlp_input_perms(model)  # act-order down projections as mixgemm.from_pretrained leaves them (exact)
+        arrange_act_order(model)  # act-order layers as mixgemm.from_pretrained leaves them (exact)
         return model
 
     def is_serializable(self, *args, **kwargs) -> bool:

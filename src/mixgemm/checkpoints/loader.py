@@ -21,15 +21,17 @@ from torch import nn
 
 from mixgemm.checkpoints import skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
-from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
+from mixgemm.checkpoints.gather_at_norm import arrange_act_order
 
 
 @dataclass
 class LoadReport:
     """What from_pretrained did: ``source`` (the format read), ``quantized`` (layer names, with ``inexact``
     the ones whose weights are a re-quantization, e.g. GGUF Q6_K), ``skipped`` ({name: why} for Linears left float),
-    ``ignored`` (checkpoint tensors that the model has no place for) and ``perm_folded`` (act-order down
-    projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm)."""
+    ``ignored`` (checkpoint tensors that the model has no place for), ``perm_folded`` (act-order down
+    projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm) and
+    ``perm_at_norms`` (act-order layers whose input the norm before them gathers under torch.compile,
+    mixgemm.checkpoints.gather_at_norm)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)
@@ -37,12 +39,15 @@ class LoadReport:
     skipped: dict[str, str] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)
     perm_folded: list[str] = field(default_factory=list)
+    perm_at_norms: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"from_pretrained ({self.source}): {len(self.quantized)} QuantLinear ({len(self.inexact)} "
                  f"re-quantized), {len(self.skipped)} Linear left float, {len(self.ignored)} tensors ignored"
                  + (f", {len(self.perm_folded)} act-order permutations folded into gate / up" if self.perm_folded
-                    else "")]
+                    else "")
+                 + (f", {len(self.perm_at_norms)} act-order layers fed gathered by their norm under torch.compile"
+                    if self.perm_at_norms else "")]
         lines += [f"  re-quantized {n}: {why}" for n, why in self.inexact.items()]
         lines += [f"  float {n}: {why}" for n, why in self.skipped.items()]
         return "\n".join(lines)
@@ -295,9 +300,9 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     checkpoint that this function (or ``AutoModelForCausalLM.from_pretrained`` after ``import mixgemm``)
     reads back bit for bit. The tokenizer: ``mixgemm.checkpoints.load_tokenizer(path, gguf_file)``. Act-order down
     projections of gated MLPs get their input permutation folded into gate / up's rows (exact; listed in
-    ``model.mixgemm_report.perm_folded``), so they decode without gathering x. For compiled decoding,
-    ``mixgemm.gather_act_order_at_norms(model)`` also hands q / k / v and gate / up their input gathered once by
-    the norm that feeds them.
+    ``model.mixgemm_report.perm_folded``), so they decode without gathering x; the layers that share a norm's
+    output (q / k / v, gate / up) take it gathered once by that norm under torch.compile
+    (``perm_at_norms``, mixgemm.checkpoints.gather_at_norm; in eager mode they gather in their kernels).
     """
     from mixgemm.checkpoints.native import attach_quantization_config
 
@@ -325,7 +330,7 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
         model, report = _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress,
                                           trust_remote_code)
     skeleton.finish(model, device)
-    report.perm_folded = fold_mlp_input_perms(model)
+    report.perm_folded, report.perm_at_norms = arrange_act_order(model)
     if report.ignored:
         warnings.warn(f"from_pretrained: {len(report.ignored)} checkpoint tensors have no place in the model and were "
                       f"ignored, e.g. {report.ignored[:5]}", stacklevel=2)

@@ -216,13 +216,15 @@ def _gemv_candidates(p: Problem) -> list[dict]:
     return out
 
 
-# Act-order layers (Problem.act_order): where the GEMVs gather x through the permutation themselves (no gather kernel
-# before them; the gather's loads come after their PDL wait, under the weight stream), else the caller gathers first.
-# The CUDA-core GEMV gathers where x is staged in shared memory (fp16, M = 1, gemv.perm_config): once per block, from
-# shared memory; its per-lane gathers from global memory (32 random addresses per warp load) only under
-# kernel_options(act_order_gather="kernel"). The tensor-core GEMV gathers per lane up to tuning.MMA_GATHER_MAX_M rows
-# (lanes of one k-quad share indices, so a warp load touches 4 * M addresses of x), any M under "kernel";
-# act_order_gather="caller" keeps every gather out of the kernels (tools/checks/actorder_gpu.py times the three).
+# Act-order layers (Problem.act_order): where the GEMVs gather x through the permutation themselves (no extra launch,
+# which a host-bound eager decode loop would pay for; the gather's loads come after their PDL wait, under the first
+# weight loads), else the caller gathers first (at decode sizes on CUDA mixgemm's PDL gather kernel,
+# mixgemm.kernels.cuda.gather_x). The CUDA-core GEMV gathers where x is staged in shared memory (fp16, M = 1,
+# gemv.perm_config): once per block, from shared memory; its per-lane gathers from global memory (32 random addresses
+# per warp load) only under kernel_options(act_order_gather="kernel"). The tensor-core GEMV gathers per lane up to
+# tuning.MMA_GATHER_MAX_M rows (lanes of one k-quad share indices, so a warp load touches 4 * M addresses of x), any M
+# under "kernel"; act_order_gather="caller" keeps every gather out of the kernels (tools/checks/actorder_gpu.py times
+# the three).
 def _gemv_perm(p: Problem, config: dict | None) -> str | None:
     from mixgemm.kernels.cuda.gemv import stages_perm
 

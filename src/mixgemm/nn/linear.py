@@ -16,7 +16,8 @@ Act-order (GPTQ ``desc_act``) layers carry ``input_perm`` int64 [in_features]: f
 ``x[..., input_perm] @ dequant(W).T`` with W's columns stored in that order, so that every weight group is a
 contiguous run of K. Ordinary layers have no ``input_perm`` (None, left out of the state dict). When the module
 that feeds an act-order layer already gathers its output through the same permutation
-(mixgemm.checkpoints.gather_at_norm), ``input_gathered_by`` names it and forward takes x as already gathered.
+(mixgemm.checkpoints.gather_at_norm, under torch.compile), ``input_gathered_by`` names it and forward takes x as
+already gathered there.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ class QuantLinear(nn.Module):
     re-rounding them would change the quantized weight.
 
     ``input_gathered_by``: None, or (act-order layers) the name of the module whose output arrives already gathered
-    through ``input_perm`` (mixgemm.checkpoints.gather_at_norm): forward then multiplies x as it comes. Not part of
-    the state dict, which keeps ``input_perm``.
+    through ``input_perm`` (mixgemm.checkpoints.gather_at_norm): under torch.compile forward then multiplies x as it
+    comes (gathers_input). Not part of the state dict, which keeps ``input_perm``.
     """
 
     input_gathered_by: str | None = None
@@ -191,10 +192,17 @@ class QuantLinear(nn.Module):
         return self.dequantize(self.scales.dtype)
 
     # ---- forward ------------------------------------------------------------------------------------
+    def gathers_input(self) -> bool:
+        """Whether forward applies input_perm itself: always, except for a layer whose feeding norm gathers x
+        (input_gathered_by) while torch.compile traces it. Why only then: the norm's gather is one launch for the
+        layers it feeds, which pays where the GPU's time counts (a compiled, graph-replayed decode step); in eager
+        mode it would be host work on a host-bound loop, so the layers gather in their kernels there."""
+        return self.input_gathered_by is None or not torch.compiler.is_compiling()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # act-order weight-only layers hand input_perm to the kernels (the GEMVs gather x while reading it, the
         # GEMMs after one gather: mixgemm.ops.dispatch.run_linear); activation-quantized ones gather here
-        perm = self._buffers.get("input_perm") if self.input_gathered_by is None else None
+        perm = self._buffers.get("input_perm") if self.gathers_input() else None
         if perm is not None and self.act_mode is not None:
             x, perm = x[..., perm], None
         if eager_applies(self, x):  # eager, nothing for autograd to record: no op dispatch (ops/eager.py)

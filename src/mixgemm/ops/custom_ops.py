@@ -215,6 +215,46 @@ def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, lo
     return x.new_empty((*x.shape[:-1], N))
 
 
+@_op("gather_columns(Tensor x, Tensor perm) -> Tensor")
+def gather_columns(x: Tensor, perm: Tensor) -> Tensor:
+    """x[..., perm] as a new contiguous tensor (perm: int64 [K], a permutation of x's last dimension): the shared
+    act-order gather (mixgemm.checkpoints.gather_at_norm). Decode-sized inputs on CUDA take mixgemm's PDL gather kernel
+    (the GEMVs after it start their weight loads meanwhile); an op of its own, so torch.compile does not fuse the
+    gather into the norm before it (whose fused kernel reloaded its inputs at the gathered positions)."""
+    k = x.shape[-1]
+    _check_input_perm(perm, x, k)
+    m = x.numel() // k if k else 0
+    if x.is_cuda and 0 < m <= GATHER_KERNEL_MAX_M:
+        from mixgemm.kernels.cuda import nvrtc
+
+        if nvrtc.nvrtc_available():
+            from mixgemm.kernels.cuda.gather_x import gather_x
+            from mixgemm.ops.dispatch import flat_rows, kernel_perm
+
+            xg = gather_x(flat_rows(x, k)[1], kernel_perm(perm))
+            return (xg if xg.shape[1] == k else xg[:, :k].contiguous()).view(x.shape)
+    return x.index_select(-1, perm)
+
+
+GATHER_KERNEL_MAX_M = 16  # rows up to which gather_columns takes the PDL gather kernel (decode; the GEMVs' limit)
+
+
+@torch.library.register_fake("mixgemm::gather_columns")
+def _(x, perm):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _gather_backward(ctx, grad):
+    return torch.zeros_like(grad).index_copy_(-1, ctx.perm, grad), None
+
+
+def _gather_setup_context(ctx, inputs, output):
+    ctx.perm = inputs[1]
+
+
+torch.library.register_autograd("mixgemm::gather_columns", _gather_backward, setup_context=_gather_setup_context)
+
+
 def _plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k) -> QuantizedWeight:
     """A QuantizedWeight over the tensors without the layout cache (also works on fake tensors)."""
     return QuantizedWeight(qweight=qweight, scales=scales, zeros=zeros if mode == "zero_point" else None,

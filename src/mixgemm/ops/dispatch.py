@@ -109,9 +109,19 @@ def run_linear(choice: Choice, x2d: torch.Tensor, qw: QuantizedWeight, bias: tor
         kp = kernel_perm(perm)
         return (launch(x2d, bias, lo, hi, kp) if launch is not None
                 else choice.entry.run(x2d, qw, bias, lo, hi, choice.config, perm=kp))
-    # one gather kernel, no host sync (CUDA-graph safe); on an H100 at M = 1 advanced indexing took ~3.2 us,
-    # index_select ~4.4 us, take_along_dim ~6.4 us
-    x2d = x2d[:, perm]
+    if x2d.is_cuda and x2d.shape[0] <= GEMV_MAX_M:
+        # decode sizes: mixgemm's gather kernel (PDL: the kernel after it starts its weight loads meanwhile), written
+        # zero-padded to the kernel permutation's length; a prepared GEMV launch reads that padded copy as it is
+        from mixgemm.kernels.cuda.gather_x import gather_x
+
+        xg = gather_x(x2d, kernel_perm(perm))
+        if getattr(launch, "reads_padded_x", False):
+            return launch(xg, bias, lo, hi)
+        x2d = xg[:, :x2d.shape[1]]
+    else:
+        # one torch gather kernel, no host sync (CUDA-graph safe); on an H100 at M = 1 advanced indexing took ~3.2 us,
+        # index_select ~4.4 us, take_along_dim ~6.4 us
+        x2d = x2d[:, perm]
     return launch(x2d, bias, lo, hi) if launch is not None else choice.entry.run(x2d, qw, bias, lo, hi, choice.config)
 
 

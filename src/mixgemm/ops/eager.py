@@ -49,8 +49,8 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
     n, k = mod.out_features, mod.in_features
     qw = weight_from_tensors(b["qweight"], b["scales"], b["zeros"], b["offsets"], c.bits, c.group_size, c.mode, n, k)
     act_mode = mod.act_mode
-    # act-order (weight-only): x[..., perm] @ W.T, unless the feeding module already gathered x
-    perm = b.get("input_perm") if act_mode is None and mod.input_gathered_by is None else None
+    # act-order (weight-only): x[..., perm] @ W.T (eager: a feeding norm's gather runs only under torch.compile)
+    perm = b.get("input_perm") if act_mode is None and mod.gathers_input() else None
     if act_mode is None:
         if x.device.type == "cpu":
             return matmul(x if perm is None else x[..., perm], qw, bias)

@@ -518,19 +518,23 @@ class GemvLaunch:
     writes the x / y / bias / clamp parameters and launches on the current stream. It holds the layout, so the
     weight pointers in its parameters stay valid as long as it lives."""
 
-    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "_vals", "_direct_x")
+    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "_vals", "_kp")
+
+    # x may come zero-padded to at least the layout's padded K (mixgemm.kernels.cuda.gather_x writes it so)
+    reads_padded_x = True
 
     def __init__(self, launch, layout, m: int, n: int, dtype: torch.dtype, device: torch.device):
         self.launch, self.layout, self.m, self.n, self.dtype, self.device = launch, layout, m, n, dtype, device
         self._vals = launch.params.values
-        self._direct_x = layout.k_padded == layout.k  # else x always goes through a zero-padded copy
+        self._kp = layout.k_padded
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
                  perm: torch.Tensor | None = None) -> torch.Tensor:
         """clamp(x2d @ dequant(W).T + bias, lo, hi) for x2d [M, K] (unit stride along K) of the prepared M and
-        dtype; perm: the kernel permutation of a launch prepared for an act-order layer (None otherwise)."""
+        dtype, or x2d [M, >= Kp] zero-padded past K (read as it is); perm: the kernel permutation of a launch
+        prepared for an act-order layer (None otherwise)."""
         es = x2d.element_size()
-        if self._direct_x and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * es) % 16 == 0:
+        if x2d.shape[1] >= self._kp and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * es) % 16 == 0:
             xk = x2d
         else:
             xk = _prepare_x(x2d, self.layout)
