@@ -147,6 +147,21 @@ def test_gemv_mma_m1_buckets():
     assert _choose(1, 4096, 4096, device=H200).entry.name == "cuda_gemv"
 
 
+def test_gemv_simt_m1_bf16_buckets():
+    """bf16 at M = 1 on int8 weights: the CUDA-core GEMV inside the tables' gemv_simt_m1_bf16 regions (K from ~1.2k,
+    but K ~1.2-1.7k x N ~1.7-2.4k), the tensor-core GEMV elsewhere; int4 weights and fp16 keep their own rules."""
+    for device in (H100, H200):
+        for k, n in ((4096, 1024), (1536, 1536), (4096, 4096), (14336, 4096), (8192, 28672)):
+            c = _choose(1, k, n, 8, -1, dtype=torch.bfloat16, device=device)
+            assert c.entry.name == "cuda_gemv", (device.name, k, n)
+            assert "gemv_simt_m1_bf16" in dict(c.declined)["cuda_gemv_mma"]
+        for k, n in ((896, 896), (896, 9728), (1536, 2048)):
+            assert _choose(1, k, n, 8, -1, dtype=torch.bfloat16, device=device).entry.name == "cuda_gemv_mma"
+        assert _choose(1, 4096, 1024, 4, dtype=torch.bfloat16, device=device).entry.name == "cuda_gemv_mma"
+        assert _choose(2, 4096, 1024, 8, -1, dtype=torch.bfloat16, device=device).entry.name != "cuda_gemv"
+    assert _choose(1, 4096, 1024, 8, -1, dtype=torch.bfloat16, device=A100).entry.name == "cuda_gemv_mma"  # no data
+
+
 def test_act_order_choice_says_who_gathers():
     """Act-order problems: the GEMVs gather x through the permutation in the kernel, the GEMMs say why not (the
     caller gathers first); plain problems carry no permutation note."""

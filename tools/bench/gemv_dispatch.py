@@ -14,6 +14,7 @@ tables' gemv_over_wgmma / gemv_mma_m1 / wgmma_from_m entries were read from; res
 (docs/benchmarking.md).
 
 Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms 1,16 --budget 280 --out $OUT
+       [--dtype bfloat16] [--no-mma-grid]
 """
 
 from __future__ import annotations
@@ -43,11 +44,11 @@ def mma_grid(base: dict, kt: int) -> list[dict]:
             for ks in (1, 2, 4, 8, 16) for u in (1, 2) if kt >= 2 * ks]
 
 
-def candidates(p, m: int, bits: int, k: int) -> dict[str, list[dict]]:
+def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True) -> dict[str, list[dict]]:
     """{entry: [config, ...]} to time for one problem, the entry's default first."""
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
     if m == 1:
-        grid = [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma]
+        grid = [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma] if mma_grid_m1 else []
         return {"cuda_gemv": [simt, *entries._gemv_candidates(p)], "cuda_gemv_mma": [mma, *grid]}
     return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *entries._gemv_mma_candidates(p)],
             "cuda_wgmma": [entries._wgmma_config(p)]}
@@ -57,7 +58,8 @@ def plain(cfg: dict) -> dict:
     return {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in cfg.items()}
 
 
-def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int) -> list[dict]:
+def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: torch.dtype = torch.float16,
+                  mma_grid_m1: bool = True) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -69,10 +71,10 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int) -> list[
     weights = [q0] + [make() for _ in range(protocol.copies_for(q0.nbytes(), l2) - 1)]
     out = []
     for m in ms:
-        x = torch.randn(m, k, device=dev, dtype=torch.float16)
-        p = entries.linear_problem(m, q0, torch.float16, di)
+        x = torch.randn(m, k, device=dev, dtype=dtype)
+        p = entries.linear_problem(m, q0, dtype, di)
         rows = {}
-        for entry, cfgs in candidates(p, m, bits, k).items():
+        for entry, cfgs in candidates(p, m, bits, k, mma_grid_m1).items():
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0}
                 try:
@@ -94,26 +96,30 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="KxN,... (default: every layer of the model list)")
     ap.add_argument("--budget", type=float, default=280, help="stop starting new layers after S seconds")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16", help="activation dtype")
+    ap.add_argument("--no-mma-grid", action="store_true",
+                    help="M = 1: time only the tensor-core GEMV's default, not its (KS, U) grid")
     args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
     fmts, ms = args.formats.split(","), [int(v) for v in args.ms.split(",")]
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     else:
         shapes = sorted(model_layers(list(catalog().values())), key=lambda s: s[0] * s[1])
     di, l2, t0 = device_info(torch.device("cuda")), protocol.l2_bytes(), time.time()
-    path = os.path.join(args.out, f"gemv_dispatch_{'_'.join(fmts)}_m{'_'.join(map(str, ms))}.json")
+    path = os.path.join(args.out, f"gemv_dispatch_{args.dtype}_{'_'.join(fmts)}_m{'_'.join(map(str, ms))}.json")
     res = []
     for k, n in shapes:
         if time.time() - t0 > args.budget:
             break
         for fmt in fmts:
             try:
-                res += measure_layer(k, n, fmt, ms, di, l2)
+                res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()
         with open(path, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "res": res}, f)
+            json.dump({"gpu": torch.cuda.get_device_name(), "dtype": args.dtype, "res": res}, f)
         print(f"{k}x{n} {time.time() - t0:.0f} s", flush=True)
 
 

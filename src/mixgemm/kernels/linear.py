@@ -141,6 +141,10 @@ def _gemv_mma_can_run(p: Problem):
     if p.x_dtype == torch.float16 and p.m == 1 and tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is None:
         return prefer_not(f"fp16 at M = 1 outside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets "
                           "for this bit width: the CUDA-core GEMV measured faster")
+    if (p.x_dtype == torch.bfloat16 and p.m == 1
+            and tuning.gemv_simt_m1_bf16_entry(p.device.table, p.bits, p.k, p.n) is not None):
+        return prefer_not(f"bf16 at M = 1 inside the {p.device.table.get('name', '?')} table's gemv_simt_m1_bf16 "
+                          "buckets for this bit width: the CUDA-core GEMV measured faster")
     return OK
 
 

@@ -29,6 +29,8 @@ default.json). Its fields:
 * ``gemv_mma_m1`` (optional): a list of entries {"bits", "region", "source"}: fp16 activations at M = 1 take the
   tensor-core GEMV (not the CUDA-core one) on layers of that bit width in the region (small layers, where its 16-way
   k-split finishes first). The entries of one bit width are disjoint.
+* ``gemv_simt_m1_bf16`` (optional): the same form for bf16 activations at M = 1, which take the tensor-core GEMV
+  except in these regions, where they take the CUDA-core GEMV (its exact fp32 math measured faster there).
 * ``gemm``: {weight key: [entry, ...]}, weight key ``w4g`` / ``w4pc`` / ``w8g`` / ``w8pc`` (bits, grouped or
   per-channel); each entry {"region", "measured" (optional), "source", "configs": {M bucket: config}}. The
   entries of a weight key partition all shapes (checked on load). The measured layers are the protocol's
@@ -122,6 +124,12 @@ def parse_table(raw: dict, name: str) -> dict:
     for bits, lst in by_bits.items():
         check_partition(lst, f"{name}.json gemv_mma_m1 w{bits}", complete=False)
     table["gemv_mma_m1"] = {bits: tuple(lst) for bits, lst in by_bits.items()}
+    by_bits = {}
+    for i, e in enumerate(raw.get("gemv_simt_m1_bf16", [])):
+        by_bits.setdefault(int(e["bits"]), []).append(_entry(e, True, f"{name}.json gemv_simt_m1_bf16 {i}"))
+    for bits, lst in by_bits.items():
+        check_partition(lst, f"{name}.json gemv_simt_m1_bf16 w{bits}", complete=False)
+    table["gemv_simt_m1_bf16"] = {bits: tuple(lst) for bits, lst in by_bits.items()}
     over = raw.get("gemv_over_wgmma")
     if over is not None and not (isinstance(over.get("source"), str) and over["source"]
                                  and {"bits", "min_fill", "multiwave_max_k"} <= set(over)):
@@ -183,6 +191,11 @@ def wgmma_from_m_entry(table: dict, qw: QuantizedWeight, k: int, n: int) -> Buck
 def gemv_mma_m1_entry(table: dict, bits: int, k: int, n: int) -> BucketEntry | None:
     """The table's gemv_mma_m1 entry (fp16 at M = 1 on the tensor-core GEMV) holding a K x N layer, or None."""
     return find(table.get("gemv_mma_m1", {}).get(bits, ()), ShapeBucket.of(k, n))
+
+
+def gemv_simt_m1_bf16_entry(table: dict, bits: int, k: int, n: int) -> BucketEntry | None:
+    """The table's gemv_simt_m1_bf16 entry (bf16 at M = 1 on the CUDA-core GEMV) holding a K x N layer, or None."""
+    return find(table.get("gemv_simt_m1_bf16", {}).get(bits, ()), ShapeBucket.of(k, n))
 
 
 def gemv_over_wgmma(table: dict, bits: int, k: int, tiles: int, num_sms: int) -> str | None:
