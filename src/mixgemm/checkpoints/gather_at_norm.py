@@ -209,6 +209,8 @@ def gather_act_order_at_norms(model: nn.Module) -> list[str]:
                 continue
             prefix = f"{pname}." if pname else ""
             norm.register_buffer(PERM_BUFFER, perms[0].clone(), persistent=False)
+            if perms[0].is_cuda:  # the gather kernel's copy, made now rather than inside a CUDA graph's memory pool
+                kernel_perm(norm._buffers[PERM_BUFFER])
             norm.register_forward_hook(_gather_output)
             for name, layer in consumers:
                 layer.input_gathered_by = prefix + feed.norm

@@ -97,6 +97,12 @@ def kernel_perm(perm: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _gather_kernel_ok() -> bool:
+    from mixgemm.kernels.cuda.nvrtc import nvrtc_available
+
+    return nvrtc_available()
+
+
 def run_linear(choice: Choice, x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float,
                hi: float, perm: torch.Tensor | None = None) -> torch.Tensor:
     """The chosen entry's output for x2d [M, K] (an act-order layer's input permutation ``perm`` applied: by the
@@ -109,7 +115,7 @@ def run_linear(choice: Choice, x2d: torch.Tensor, qw: QuantizedWeight, bias: tor
         kp = kernel_perm(perm)
         return (launch(x2d, bias, lo, hi, kp) if launch is not None
                 else choice.entry.run(x2d, qw, bias, lo, hi, choice.config, perm=kp))
-    if x2d.is_cuda and x2d.shape[0] <= GEMV_MAX_M:
+    if x2d.is_cuda and x2d.shape[0] <= GEMV_MAX_M and _gather_kernel_ok():
         # decode sizes: mixgemm's gather kernel (PDL: the kernel after it starts its weight loads meanwhile), written
         # zero-padded to the kernel permutation's length; a prepared GEMV launch reads that padded copy as it is
         from mixgemm.kernels.cuda.gather_x import gather_x
