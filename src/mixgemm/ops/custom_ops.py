@@ -223,20 +223,13 @@ def gather_columns(x: Tensor, perm: Tensor) -> Tensor:
     gather into the norm before it (whose fused kernel reloaded its inputs at the gathered positions)."""
     k = x.shape[-1]
     _check_input_perm(perm, x, k)
-    m = x.numel() // k if k else 0
-    if x.is_cuda and 0 < m <= GATHER_KERNEL_MAX_M:
-        from mixgemm.kernels.cuda import nvrtc
+    if x.is_cuda and k:
+        from mixgemm.ops.dispatch import flat_rows, gather_decode_rows
 
-        if nvrtc.nvrtc_available():
-            from mixgemm.kernels.cuda.gather_x import gather_x
-            from mixgemm.ops.dispatch import flat_rows, kernel_perm
-
-            xg = gather_x(flat_rows(x, k)[1], kernel_perm(perm))
+        xg = gather_decode_rows(flat_rows(x, k)[1], perm)
+        if xg is not None:
             return (xg if xg.shape[1] == k else xg[:, :k].contiguous()).view(x.shape)
     return x.index_select(-1, perm)
-
-
-GATHER_KERNEL_MAX_M = 16  # rows up to which gather_columns takes the PDL gather kernel (decode; the GEMVs' limit)
 
 
 @torch.library.register_fake("mixgemm::gather_columns")

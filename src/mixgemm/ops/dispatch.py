@@ -97,10 +97,20 @@ def kernel_perm(perm: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _gather_kernel_ok() -> bool:
+def gather_decode_rows(x2d: torch.Tensor, perm: torch.Tensor) -> torch.Tensor | None:
+    """x2d[:, perm] written zero-padded to the kernel permutation's length by mixgemm's gather kernel
+    (kernels/cuda/gather_x.cu: PDL, so the kernel after it starts its weight loads meanwhile), for decode-sized x2d
+    (1..GEMV_MAX_M rows, unit stride along K) on CUDA where NVRTC is available; None elsewhere (the caller gathers
+    with torch)."""
+    if not (x2d.is_cuda and 0 < x2d.shape[0] <= GEMV_MAX_M):
+        return None
     from mixgemm.kernels.cuda.nvrtc import nvrtc_available
 
-    return nvrtc_available()
+    if not nvrtc_available():
+        return None
+    from mixgemm.kernels.cuda.gather_x import gather_x
+
+    return gather_x(x2d, kernel_perm(perm))
 
 
 def run_linear(choice: Choice, x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float,
@@ -115,12 +125,8 @@ def run_linear(choice: Choice, x2d: torch.Tensor, qw: QuantizedWeight, bias: tor
         kp = kernel_perm(perm)
         return (launch(x2d, bias, lo, hi, kp) if launch is not None
                 else choice.entry.run(x2d, qw, bias, lo, hi, choice.config, perm=kp))
-    if x2d.is_cuda and x2d.shape[0] <= GEMV_MAX_M and _gather_kernel_ok():
-        # decode sizes: mixgemm's gather kernel (PDL: the kernel after it starts its weight loads meanwhile), written
-        # zero-padded to the kernel permutation's length; a prepared GEMV launch reads that padded copy as it is
-        from mixgemm.kernels.cuda.gather_x import gather_x
-
-        xg = gather_x(x2d, kernel_perm(perm))
+    xg = gather_decode_rows(x2d, perm)
+    if xg is not None:  # a prepared GEMV launch reads the padded copy as it is
         if getattr(launch, "reads_padded_x", False):
             return launch(xg, bias, lo, hi)
         x2d = xg[:, :x2d.shape[1]]
