@@ -101,6 +101,20 @@ def _entry(raw: dict, value, where: str) -> BucketEntry:
                        None if measured is None else (int(measured["k"]), int(measured["n"])))
 
 
+# the M = 1 kernel-choice sections: {"bits", "region", "source"} entries, disjoint per bit width
+M1_SECTIONS = ("gemv_mma_m1", "gemv_simt_m1_bf16")
+
+
+def _regions_by_bits(raw: dict, section: str, name: str) -> dict[int, tuple[BucketEntry, ...]]:
+    """An M = 1 section's entries grouped by bit width, checked disjoint within each."""
+    by_bits: dict[int, list] = {}
+    for i, e in enumerate(raw.get(section, [])):
+        by_bits.setdefault(int(e["bits"]), []).append(_entry(e, True, f"{name}.json {section} {i}"))
+    for bits, lst in by_bits.items():
+        check_partition(lst, f"{name}.json {section} w{bits}", complete=False)
+    return {bits: tuple(lst) for bits, lst in by_bits.items()}
+
+
 def parse_table(raw: dict, name: str) -> dict:
     """The table ``raw`` (parsed JSON) with its bucket sections as BucketEntry lists, checked: in "gemm" and
     "wgmma" each weight key's entries partition all shapes, "wgmma_from_m" entries of one format are disjoint."""
@@ -118,18 +132,8 @@ def parse_table(raw: dict, name: str) -> dict:
     for fmt, lst in by_format.items():
         check_partition(lst, f"{name}.json wgmma_from_m {fmt}", complete=False)
     table["wgmma_from_m"] = {fmt: tuple(lst) for fmt, lst in by_format.items()}
-    by_bits: dict[int, list] = {}
-    for i, e in enumerate(raw.get("gemv_mma_m1", [])):
-        by_bits.setdefault(int(e["bits"]), []).append(_entry(e, True, f"{name}.json gemv_mma_m1 {i}"))
-    for bits, lst in by_bits.items():
-        check_partition(lst, f"{name}.json gemv_mma_m1 w{bits}", complete=False)
-    table["gemv_mma_m1"] = {bits: tuple(lst) for bits, lst in by_bits.items()}
-    by_bits = {}
-    for i, e in enumerate(raw.get("gemv_simt_m1_bf16", [])):
-        by_bits.setdefault(int(e["bits"]), []).append(_entry(e, True, f"{name}.json gemv_simt_m1_bf16 {i}"))
-    for bits, lst in by_bits.items():
-        check_partition(lst, f"{name}.json gemv_simt_m1_bf16 w{bits}", complete=False)
-    table["gemv_simt_m1_bf16"] = {bits: tuple(lst) for bits, lst in by_bits.items()}
+    for section in M1_SECTIONS:
+        table[section] = _regions_by_bits(raw, section, name)
     over = raw.get("gemv_over_wgmma")
     if over is not None and not (isinstance(over.get("source"), str) and over["source"]
                                  and {"bits", "min_fill", "multiwave_max_k"} <= set(over)):
@@ -188,14 +192,19 @@ def wgmma_from_m_entry(table: dict, qw: QuantizedWeight, k: int, n: int) -> Buck
     return find(table.get("wgmma_from_m", {}).get(exact_weight_key(qw), ()), ShapeBucket.of(k, n))
 
 
+def m1_entry(table: dict, section: str, bits: int, k: int, n: int) -> BucketEntry | None:
+    """The entry of an M = 1 section (M1_SECTIONS) holding a K x N layer of that bit width, or None."""
+    return find(table.get(section, {}).get(bits, ()), ShapeBucket.of(k, n))
+
+
 def gemv_mma_m1_entry(table: dict, bits: int, k: int, n: int) -> BucketEntry | None:
     """The table's gemv_mma_m1 entry (fp16 at M = 1 on the tensor-core GEMV) holding a K x N layer, or None."""
-    return find(table.get("gemv_mma_m1", {}).get(bits, ()), ShapeBucket.of(k, n))
+    return m1_entry(table, "gemv_mma_m1", bits, k, n)
 
 
 def gemv_simt_m1_bf16_entry(table: dict, bits: int, k: int, n: int) -> BucketEntry | None:
     """The table's gemv_simt_m1_bf16 entry (bf16 at M = 1 on the CUDA-core GEMV) holding a K x N layer, or None."""
-    return find(table.get("gemv_simt_m1_bf16", {}).get(bits, ()), ShapeBucket.of(k, n))
+    return m1_entry(table, "gemv_simt_m1_bf16", bits, k, n)
 
 
 def gemv_over_wgmma(table: dict, bits: int, k: int, tiles: int, num_sms: int) -> str | None:
