@@ -3,7 +3,8 @@
 Entry points: ``quantize_weight`` (formats), ``matmul`` (dispatching op), ``reference`` (CPU oracle),
 ``ggml`` (llama.cpp blocks), ``nn`` (modules), ``quantize_`` (models), ``from_pretrained`` (quantized checkpoints:
 GGUF, GPTQ, AWQ, compressed-tensors, mixgemm's own format; mixgemm.checkpoints; ``gather_act_order_at_norms`` for
-compiled act-order models), ``distributed`` (tensor parallel),
+compiled act-order models, ``use_inductor_norms`` to leave a model's norms to inductor), ``distributed`` (tensor
+parallel),
 ``bench`` (the scoreboard); ``explain`` / ``explain_conv`` (which kernel runs a call and why), ``kernel_options``
 (overrides of that choice), ``resident_bytes`` (weight memory).
 """
@@ -30,6 +31,7 @@ _LAZY = {"quantize_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api", "
          "QuantConv2d": "mixgemm.nn",
          "from_pretrained": "mixgemm.checkpoints.loader",
          "gather_act_order_at_norms": "mixgemm.checkpoints.gather_at_norm",
+         "use_inductor_norms": "mixgemm.checkpoints.gather_at_norm",
          "explain": "mixgemm.kernels.explain", "explain_conv": "mixgemm.kernels.explain",
          "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.registry"}
 

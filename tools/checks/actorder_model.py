@@ -11,7 +11,10 @@ copies made before any call:
   other layers gathering in their kernels;
 * "act-order, as loaded": as mixgemm.from_pretrained leaves it (mixgemm.checkpoints.gather_at_norm.arrange_act_order):
   folded, and q / k / v's and gate / up's shared permutation applied once by the norm that feeds them under
-  torch.compile (in eager mode they gather in their kernels); o keeps its own gather.
+  torch.compile (in eager mode they gather in their kernels); o keeps its own gather;
+* on request, "plain, inductor norms": the plain model with its norms left to inductor
+  (mixgemm.checkpoints.gather_at_norm.use_inductor_norms), where every other variant's norms feeding mixgemm layers run
+  mixgemm's norm kernel (kernels/cuda/rms_norm.cu) under torch.compile.
 
 Modes: "generate" (``model.generate`` with its default cache, eager; host-bound, so the models take turns,
 --repeats rounds, median) and "compiled" (mixgemm.bench.e2e.decode_tokens_per_s: the decode step under
@@ -45,7 +48,7 @@ import torch
 
 import mixgemm
 from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
-from mixgemm.checkpoints.gather_at_norm import arrange_act_order
+from mixgemm.checkpoints.gather_at_norm import arrange_act_order, use_inductor_norms
 from mixgemm.checkpoints.packed_int32 import act_order_perm
 from mixgemm.nn.linear import QuantLinear
 from tools.checks.generate_e2e import (
@@ -65,6 +68,9 @@ GROUP = 128
 # Layers that read the same tensor get the same GPTQ act-order permutation (the same Hessian of their inputs)
 SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
 VARIANTS = ("plain", "act-order, in-kernel", "act-order, folded only", "act-order, as loaded")
+# beside them on request (--variants "inductor norms"): the plain model with its norms compiled by inductor instead of
+# mixgemm's norm kernel (mixgemm.checkpoints.gather_at_norm.use_inductor_norms), what both models ran before that kernel
+INDUCTOR_NORMS = "plain, inductor norms"
 
 
 def add_act_order(model, seed: int) -> int:
@@ -101,6 +107,9 @@ def variants(name: str, s: Settings, log, chosen=VARIANTS) -> dict:
         raise RuntimeError(f"quantize_ left layers unquantized: {report.skipped}")
     free_memory(s)
     models = {"plain": model}
+    if INDUCTOR_NORMS in chosen:
+        models[INDUCTOR_NORMS] = copy.deepcopy(model)
+        use_inductor_norms(models[INDUCTOR_NORMS])
     for variant in VARIANTS[1:]:
         if variant in chosen:
             m = models[variant] = copy.deepcopy(model)
@@ -126,8 +135,8 @@ def eager_profile(model, ids, s: Settings, top: int) -> str:
 
 
 def measure(res: dict, name: str, modes, s: Settings, log, profile_top: int, chosen=VARIANTS):
-    res["variants"] = {v: {} for v in VARIANTS}
     models = variants(name, s, log, chosen)
+    res["variants"] = {v: {} for v in (*VARIANTS, INDUCTOR_NORMS) if v in VARIANTS or v in models}
     ids = prompt(models["plain"], s)
     logits = {v: (last_logits(m, ids[:, :1]), last_logits(m, ids)) for v, m in models.items()}
     act_order = [v for v in VARIANTS[1:] if v in models]
@@ -165,7 +174,7 @@ def measure(res: dict, name: str, modes, s: Settings, log, profile_top: int, cho
 def kernel_table(r: dict, top: int = 16) -> str:
     """Each variant's GPU time per step by kernel (the ``top`` kernels of any variant), and the total."""
     names: list[str] = []
-    shown = [v for v in VARIANTS if v in r]
+    shown = [v for v in (*VARIANTS, INDUCTOR_NORMS) if v in r]
     for v in shown:
         names += [k["name"] for k in r[v].get("kernels", [])[:top] if k["name"] not in names]
     per = {v: {k["name"]: k for k in r[v].get("kernels", [])} for v in shown}
@@ -187,10 +196,15 @@ def table(results: dict, tolerance: float) -> tuple[str, list[str]]:
     def tps(x):
         return x["tokens_per_s"] if x else float("nan")
 
+    norms = ["", "| model | mode | plain, inductor's norms tok/s | plain (mixgemm's norm kernel) | ratio |",
+             "|---|---|---|---|---|"]
     for r in results["models"]:
         v = r.get("variants", {})
         for mode in results["settings"]["modes"]:
             p, k, g, a = (v.get(x, {}).get(mode) for x in VARIANTS)
+            i = v.get(INDUCTOR_NORMS, {}).get(mode)
+            if p and i:
+                norms.append(f"| {r['model']} | {mode} | {tps(i):.1f} | {tps(p):.1f} | {tps(p) / tps(i):.3f} |")
             if not (p and (a or g)):
                 continue
             ratio = tps(a) / p["tokens_per_s"]
@@ -201,7 +215,7 @@ def table(results: dict, tolerance: float) -> tuple[str, list[str]]:
             lines.append(f"| {r['model']} | {mode} | {p['tokens_per_s']:.1f} | {tps(k):.1f} | {tps(g):.1f} | "
                          f"{tps(a):.1f} | {tps(g) / p['tokens_per_s']:.3f} | {ratio:.3f} | "
                          f">= {1 - tolerance:.2f} {verdict} |")
-    return "\n".join(lines), misses
+    return "\n".join(lines + (norms if len(norms) > 3 else [])), misses
 
 
 def main(argv=None) -> int:
@@ -223,14 +237,15 @@ def main(argv=None) -> int:
                     help="compiled mode: also profile STEPS more decode steps per variant and print each kernel's "
                          "GPU time per step beside the plain model's (mixgemm.bench.kernel_profile)")
     ap.add_argument("--compiled-repeats", type=int, default=1, help="compiled mode: timed loops (median)")
-    short = [v.removeprefix("act-order, ") for v in VARIANTS[1:]]
-    ap.add_argument("--variants", default=",".join(short),
+    short = [v.removeprefix("act-order, ") for v in VARIANTS[1:]] + [INDUCTOR_NORMS.removeprefix("plain, ")]
+    ap.add_argument("--variants", default=",".join(short[:-1]),
                     help=f"comma list of the act-order variants to build beside plain: {short}")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    chosen = ("plain", *[f"act-order, {v.strip()}" for v in args.variants.split(",") if v.strip()])
-    if unknown := [v for v in chosen if v not in VARIANTS]:
-        ap.error(f"unknown variants {unknown}; known: {VARIANTS[1:]}")
+    chosen = ("plain", *[INDUCTOR_NORMS if v.strip() == short[-1] else f"act-order, {v.strip()}"
+                         for v in args.variants.split(",") if v.strip()])
+    if unknown := [v for v in chosen if v not in (*VARIANTS, INDUCTOR_NORMS)]:
+        ap.error(f"unknown variants {unknown}; known: {short}")
     modes = [m for m in args.modes.split(",") if m]
     models, s = settings_from(ap, args, modes, MODES, kernel_steps=args.kernels,
                               compiled_repeats=args.compiled_repeats)

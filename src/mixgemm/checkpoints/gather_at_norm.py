@@ -1,30 +1,35 @@
-"""Act-order layers that share one input permutation take it from the norm that feeds them, once.
+"""The norms that feed mixgemm layers: under torch.compile mixgemm computes them, and hands act-order layers that
+share one input permutation their input gathered once.
 
-GPTQ's act-order permutation of a layer sorts its input features by the Hessian of that layer's inputs, so layers
-that read the same tensor (q / k / v after the attention norm, gate / up after the MLP norm) get the same
-permutation. Their GEMVs each gather x through it in every thread block before the first weight tile (1.2-1.3x a
-plain decode GEMV's time at M = 1). When a norm's output reaches only such layers, the norm can hand them
-``norm(x)[..., perm]`` instead: a forward hook on the norm gathers once, and the layers skip their own gather
-(``QuantLinear.input_gathered_by`` names the norm) and run the plain kernels on the same numbers, bit for bit.
+* Act-order. GPTQ's act-order permutation of a layer sorts its input features by the Hessian of that layer's inputs,
+  so layers that read the same tensor (q / k / v after the attention norm, gate / up after the MLP norm) get the same
+  permutation. Their GEMVs each gather x through it in every thread block before the first weight tile (1.2-1.3x a
+  plain decode GEMV's time at M = 1). When a norm's output reaches only such layers, the norm can hand them
+  ``norm(x)[..., perm]`` instead (gather_act_order_at_norms): the layers skip their own gather
+  (``QuantLinear.input_gathered_by`` names the norm) and run the plain kernels.
+* mixgemm's norm kernel (``torch.ops.mixgemm.rms_norm``, kernels/cuda/rms_norm.cu). A norm that computes
+  transformers' RMSNorm (checked on a random row: rms_norm_eps) is computed by it, gathered for act-order layers or
+  not (norm_kernels_at_norms for the norms of plain layers): launched with programmatic dependent launch, so the
+  GEMV after it is resident with its weight loads in flight while the norm runs, and with the residual add before it
+  moved in by the inductor pass mixgemm.ops.fuse_norm_add. A norm of another formula (Gemma's 1 + weight) keeps
+  its own output, gathered after it by ``torch.ops.mixgemm.gather_columns`` for act-order layers. H100, W4 g128,
+  batch 1, compiled with CUDA graphs (tools.checks.actorder_model): act-order models as loaded run at the plain
+  model's tokens/s (see docs/design.md for the figures).
 
-Under torch.compile only: there the hook gathers through ``torch.ops.mixgemm.gather_columns`` (mixgemm's PDL
-gather kernel at decode sizes; an op inductor cannot fuse into the norm, whose fused kernel reloaded its inputs at
-the gathered positions), one launch for the layers it feeds instead of a gather in each of them (H100, W4 g128
-act-order, compiled with CUDA graphs, tools.checks.actorder_model: with down folded and the norms gathering,
-Llama-3-8B shapes 0.96x and Qwen2-7B shapes 0.98x the plain model's tokens/s; down folded alone 0.92x). In eager
-mode the hook leaves the output alone and the layers gather in their kernels (``QuantLinear.gathers_input``): eager
-decoding is host-bound, and a hook plus a launch per norm would be host time. mixgemm.from_pretrained applies it
-(``arrange_act_order``).
+Both happen in a forward hook on the norm, under torch.compile only (``torch.compiler.is_compiling()``, also in
+``QuantLinear.gathers_input()``): eager decoding is host-bound, a launch of ours instead of the module's own would not
+show there, so the hook returns the module's output unchanged and act-order layers gather in their kernels.
+quantize_, mixgemm.from_pretrained and the transformers quantizer apply it (norm_kernels_at_norms;
+``arrange_act_order``); use_inductor_norms undoes the norm kernel.
 
 Which layers a norm feeds is read from the forward sources (``ast``), not from module names: in the parent's
 forward, ``v = self.<norm>(...)`` must be used exactly once before ``v`` is reassigned, as an argument of a call to
 a child ``self.<block>(...)``; in the block's forward, that parameter must be used only as the sole argument of
 calls ``self.<layer>(p)`` (and for ``p.shape``), never reassigned, and each such layer read nowhere else in the
-block's class (nor the norm in the parent's). Every such layer must be an act-order QuantLinear with the same
-permutation, held by no other module (nor the norm).
-Anything else (another use of the tensor, a branch, a layer without the permutation) leaves the model as it was. The
-permutation stays in each layer's state dict and the hook is not saved: ``save_pretrained`` writes the same
-checkpoint as without it.
+block's class (nor the norm in the parent's). Every such layer must be a QuantLinear held by no other module (nor the
+norm); for the act-order gather, all with the same permutation. Anything else (another use of the tensor, a branch,
+layers with and without the permutation) leaves the model as it was. The permutation stays in each layer's state dict
+and the hook is not saved: ``save_pretrained`` writes the same checkpoint as without it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import ast
 import functools
 import inspect
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +48,8 @@ from mixgemm.nn.linear import QuantLinear
 from mixgemm.ops.dispatch import kernel_perm
 
 PERM_BUFFER = "mixgemm_output_perm"
+RMS_EPS_ATTR = "mixgemm_rms_eps"  # set on a norm that mixgemm's norm kernel computes under torch.compile
+HOOK_ATTR = "_mixgemm_norm_hook"  # True on a norm that has the forward hook (installed once)
 
 
 @dataclass(frozen=True)
@@ -146,13 +154,61 @@ def param_consumers(fn: ast.FunctionDef, param: str) -> list[str] | None:
     return sorted(set(direct))
 
 
-def _gather_output(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor | None:
-    perm = module._buffers[PERM_BUFFER]
-    if not torch.compiler.is_compiling():  # eager: the layers gather x in their kernels (QuantLinear.gathers_input)
-        if output.is_cuda:  # the gather kernel's copy of the permutation, made here outside any CUDA graph's pool
+def _norm_hook(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor | None:
+    perm = module._buffers.get(PERM_BUFFER)
+    if not torch.compiler.is_compiling():  # eager: the norm's own output (act-order layers gather x in their kernels)
+        if perm is not None and output.is_cuda:  # the gather kernel's permutation, made outside any CUDA graph's pool
             kernel_perm(perm)
         return None
-    return torch.ops.mixgemm.gather_columns(output, perm)
+    eps = getattr(module, RMS_EPS_ATTR, None)
+    x = args[0] if len(args) == 1 and isinstance(args[0], torch.Tensor) else None
+    weight = module._parameters.get("weight")
+    if eps is not None and x is not None and weight is not None and weight.device == x.device \
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        # the norm computed again by mixgemm's kernel, gathered for act-order layers (the module's own output is left
+        # unused: the compiler drops it), with the residual add before it where mixgemm.ops.fuse_norm_add finds one
+        return torch.ops.mixgemm.rms_norm(x, weight, eps, perm)
+    return None if perm is None else torch.ops.mixgemm.gather_columns(output, perm)
+
+
+def _hook_norm(norm: nn.Module, eps: float | None) -> None:
+    """Give ``norm`` the forward hook (once), with its epsilon when it computes transformers' RMSNorm (rms_norm_eps:
+    mixgemm's norm kernel computes it under torch.compile)."""
+    if HOOK_ATTR in vars(norm):
+        return
+    if eps is not None:
+        from mixgemm.ops import fuse_norm_add  # (imports torch._inductor: only when there is a norm for it)
+
+        setattr(norm, RMS_EPS_ATTR, eps)
+        fuse_norm_add.install()
+    norm.register_forward_hook(_norm_hook)
+    setattr(norm, HOOK_ATTR, True)
+
+
+def rms_norm_eps(norm: nn.Module, k: int) -> float | None:
+    """The epsilon of ``norm`` when it computes mixgemm.reference.rms_norm with its ``weight`` [k] (transformers'
+    Llama / Qwen2 / Mistral RMSNorm and their copies), else None. Checked on a random row on the norm's device, not
+    by class name: a norm with another formula (Gemma's 1 + weight, a LayerNorm) or a weight on the meta device keeps
+    the plain gather."""
+    from mixgemm.reference.norm import rms_norm
+
+    weight = norm._parameters.get("weight")
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if not isinstance(eps, float) or not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (k,) \
+            or weight.is_meta or not weight.is_floating_point():
+        return None
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, k, generator=gen) * 2 + 1).to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        try:
+            got = norm(x)
+        except Exception:  # a norm that cannot take a plain [rows, K] input is not this formula
+            return None
+        want = rms_norm(x, weight, eps)
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+        return None
+    tol = 4 * torch.finfo(want.dtype).eps
+    return eps if torch.allclose(got.float(), want.float(), rtol=tol, atol=tol) else None
 
 
 def _consumers(parent: nn.Module, feed: NormFeed) -> list[tuple[str, QuantLinear]] | None:
@@ -182,11 +238,9 @@ def _self_references(cls: type, name: str) -> int:
                and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name) and n.value.id == "self")
 
 
-def gather_act_order_at_norms(model: nn.Module) -> list[str]:
-    """Move the shared input permutation of act-order QuantLinears into a forward hook on the norm that feeds them
-    (module docstring). Returns the names of the layers that no longer gather; the model computes the same
-    outputs. Running it again changes nothing."""
-    changed = []
+def _norm_feeds(model: nn.Module) -> Iterator[tuple[str, nn.Module, list[tuple[str, QuantLinear]]]]:
+    """(name, norm, [(name, layer), ...]) for every norm whose output only those QuantLinears read (module
+    docstring's rules)."""
     seen: dict[int, int] = {}
     for _, module in model.named_modules(remove_duplicate=False):
         seen[id(module)] = seen.get(id(module), 0) + 1
@@ -194,28 +248,70 @@ def gather_act_order_at_norms(model: nn.Module) -> list[str]:
         fn = _forward_def(parent) if any(True for _ in parent.children()) else None
         if fn is None:
             continue
+        prefix = f"{pname}." if pname else ""
         for feed in norm_feeds(fn):
             norm = getattr(parent, feed.norm, None)
-            if not isinstance(norm, nn.Module) or isinstance(norm, QuantLinear) or PERM_BUFFER in norm._buffers:
+            if not isinstance(norm, nn.Module) or isinstance(norm, QuantLinear):
                 continue
             if seen[id(norm)] != 1 or _self_references(type(parent), feed.norm) != 1:
                 continue  # a norm run elsewhere too (another call, another parent) would gather those outputs as well
             consumers = _consumers(parent, feed)
             if not consumers or any(seen[id(layer)] != 1 for _, layer in consumers):
                 continue  # (a layer shared by two parents sees other inputs too)
-            perms = [layer.input_perm for _, layer in consumers]
-            if perms[0] is None or any(p is None or p.device != perms[0].device or not torch.equal(p, perms[0])
-                                       for p in perms) or any(layer.input_gathered_by for _, layer in consumers):
-                continue
-            prefix = f"{pname}." if pname else ""
-            norm.register_buffer(PERM_BUFFER, perms[0].clone(), persistent=False)
-            if perms[0].is_cuda:  # the gather kernel's copy, made now rather than inside a CUDA graph's memory pool
-                kernel_perm(norm._buffers[PERM_BUFFER])
-            norm.register_forward_hook(_gather_output)
-            for name, layer in consumers:
-                layer.input_gathered_by = prefix + feed.norm
-                changed.append(prefix + name)
+            yield prefix + feed.norm, norm, [(prefix + name, layer) for name, layer in consumers]
+
+
+def gather_act_order_at_norms(model: nn.Module) -> list[str]:
+    """Move the shared input permutation of act-order QuantLinears into a forward hook on the norm that feeds them
+    (module docstring). Returns the names of the layers that no longer gather; the model computes the same
+    outputs. Running it again changes nothing."""
+    changed = []
+    for norm_name, norm, consumers in _norm_feeds(model):
+        perms = [layer.input_perm for _, layer in consumers]
+        if PERM_BUFFER in norm._buffers or perms[0] is None or any(
+                p is None or p.device != perms[0].device or not torch.equal(p, perms[0]) for p in perms) \
+                or any(layer.input_gathered_by for _, layer in consumers):
+            continue
+        norm.register_buffer(PERM_BUFFER, perms[0].clone(), persistent=False)
+        if perms[0].is_cuda:  # the gather kernel's copy, made now rather than inside a CUDA graph's memory pool
+            kernel_perm(norm._buffers[PERM_BUFFER])
+        _hook_norm(norm, rms_norm_eps(norm, perms[0].numel()))
+        for name, layer in consumers:
+            layer.input_gathered_by = norm_name
+            changed.append(name)
     return changed
+
+
+def norm_kernels_at_norms(model: nn.Module) -> list[str]:
+    """Let mixgemm's norm kernel compute, under torch.compile, every RMSNorm whose output only QuantLinears without
+    an input permutation read (act-order ones: gather_act_order_at_norms). Returns the norms' names; the model
+    computes the same outputs (eager: untouched; compiled: the same formula, its mean summed in another order)."""
+    done = []
+    for norm_name, norm, consumers in _norm_feeds(model):
+        if HOOK_ATTR in vars(norm) or any(layer.input_perm is not None for _, layer in consumers):
+            continue
+        eps = rms_norm_eps(norm, consumers[0][1].in_features)
+        if eps is not None:
+            _hook_norm(norm, eps)
+            done.append(norm_name)
+    return done
+
+
+def use_inductor_norms(model: nn.Module) -> list[str]:
+    """Undo what norm_kernels_at_norms and gather_act_order_at_norms give the norms' computation: torch.compile then
+    compiles each norm as the model's source has it (the norms gathering for act-order layers gather its output with
+    gather_columns). For A/B runs, or to rule mixgemm's norm kernel out. Returns the norms' names."""
+    done = []
+    for name, norm in model.named_modules():
+        if getattr(norm, RMS_EPS_ATTR, None) is None:
+            continue
+        delattr(norm, RMS_EPS_ATTR)
+        if PERM_BUFFER not in norm._buffers:  # nothing left for the hook to do
+            for key in [k for k, hook in norm._forward_hooks.items() if hook is _norm_hook]:
+                del norm._forward_hooks[key]
+            delattr(norm, HOOK_ATTR)
+        done.append(name)
+    return done
 
 
 def arrange_act_order(model: nn.Module) -> tuple[list[str], list[str]]:

@@ -21,7 +21,7 @@ from torch import nn
 
 from mixgemm.checkpoints import skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
-from mixgemm.checkpoints.gather_at_norm import arrange_act_order
+from mixgemm.checkpoints.gather_at_norm import arrange_act_order, norm_kernels_at_norms
 
 
 @dataclass
@@ -31,7 +31,8 @@ class LoadReport:
     ``ignored`` (checkpoint tensors that the model has no place for), ``perm_folded`` (act-order down
     projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm) and
     ``perm_at_norms`` (act-order layers whose input the norm before them gathers under torch.compile,
-    mixgemm.checkpoints.gather_at_norm)."""
+    mixgemm.checkpoints.gather_at_norm) and ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
+    kernel computes under torch.compile)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)
@@ -40,6 +41,7 @@ class LoadReport:
     ignored: list[str] = field(default_factory=list)
     perm_folded: list[str] = field(default_factory=list)
     perm_at_norms: list[str] = field(default_factory=list)
+    norm_kernels: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"from_pretrained ({self.source}): {len(self.quantized)} QuantLinear ({len(self.inexact)} "
@@ -331,6 +333,7 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
                                           trust_remote_code)
     skeleton.finish(model, device)
     report.perm_folded, report.perm_at_norms = arrange_act_order(model)
+    report.norm_kernels = norm_kernels_at_norms(model)
     if report.ignored:
         warnings.warn(f"from_pretrained: {len(report.ignored)} checkpoint tensors have no place in the model and were "
                       f"ignored, e.g. {report.ignored[:5]}", stacklevel=2)

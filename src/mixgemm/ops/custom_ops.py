@@ -17,6 +17,10 @@ Ops (all take plain tensors; a weight is its plain interchange tensors, see mixg
 * ``torch.ops.mixgemm.conv2d_wxa16(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode,
   weight_shape, stride, padding, dilation, groups, lo, hi)``: conv2d with a QuantizedConvWeight's matrix
   (reference path, any device).
+* ``torch.ops.mixgemm.gather_columns(x, perm)``: ``x[..., perm]`` (the PDL gather kernel at decode sizes), and
+  ``torch.ops.mixgemm.rms_norm(x, weight, eps, perm=None)`` / ``add_rms_norm(a, b, weight, eps, perm=None)``:
+  transformers' RMSNorm (of a + b, returned too), gathered through ``perm`` when given, in one kernel on CUDA. The
+  norms feeding mixgemm layers run them under torch.compile (mixgemm.checkpoints.gather_at_norm).
 
 Argument conventions: qweight uint8 [N, K * bits // 8]; scales [N, G] (its dtype is the scale dtype);
 zeros uint8 [N, G] for mode "zero_point", otherwise an empty tensor; offsets [N, G] for mode "offset",
@@ -246,6 +250,65 @@ def _gather_setup_context(ctx, inputs, output):
 
 
 torch.library.register_autograd("mixgemm::gather_columns", _gather_backward, setup_context=_gather_setup_context)
+
+
+@_op("rms_norm(Tensor x, Tensor weight, float eps, Tensor? perm=None) -> Tensor")
+def rms_norm(x: Tensor, weight: Tensor, eps: float, perm: Optional[Tensor] = None) -> Tensor:  # noqa: UP045
+    """mixgemm.reference.rms_norm(x, weight, eps), gathered as [..., perm] when perm (int64 [K]) is given: a norm that
+    feeds mixgemm layers, computed by mixgemm's norm kernel on CUDA (kernels/cuda/rms_norm.cu; the torch composite
+    where that kernel cannot run). What the norm's hook calls under torch.compile (mixgemm.checkpoints.gather_at_norm);
+    the inductor pass mixgemm.ops.fuse_norm_add turns it and the residual add before it into add_rms_norm."""
+    return _norm(x, None, weight, eps, perm)[1]
+
+
+@_op("add_rms_norm(Tensor a, Tensor b, Tensor weight, float eps, Tensor? perm=None) -> (Tensor, Tensor)")
+def add_rms_norm(a: Tensor, b: Tensor, weight: Tensor, eps: float,
+                 perm: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:  # noqa: UP045
+    """(h, rms_norm(h, weight, eps, perm)) with h = a + b, in one kernel on CUDA: the residual add and the norm after
+    it, as torch.compile fuses them for a norm of its own."""
+    h, y = _norm(a, b, weight, eps, perm)
+    return h, y
+
+
+def _norm(a: Tensor, b: Optional[Tensor], weight: Tensor, eps: float,  # noqa: UP045
+          perm: Optional[Tensor]) -> tuple[Optional[Tensor], Tensor]:  # noqa: UP045
+    k = a.shape[-1]
+    _check_input_perm(perm, a, k)
+    if b is not None and (b.shape != a.shape or b.dtype != a.dtype or b.device != a.device):
+        raise ValueError(f"add_rms_norm: a and b must have one shape, dtype and device; got a {tuple(a.shape)} "
+                         f"{a.dtype} on {a.device}, b {tuple(b.shape)} {b.dtype} on {b.device}")
+    if tuple(weight.shape) != (k,) or weight.device != a.device:
+        raise ValueError(f"rms_norm: the weight must be [{k}] on {a.device}, got {tuple(weight.shape)} on "
+                         f"{weight.device}")
+    if a.is_cuda and a.numel():
+        from mixgemm.kernels.cuda.rms_norm import rms_norm_rows, unsupported_reason
+        from mixgemm.ops.dispatch import flat_rows, kernel_perm
+
+        a2 = flat_rows(a, k)[1]
+        b2 = None if b is None else flat_rows(b, k)[1]
+        kp = None if perm is None else kernel_perm(perm)
+        if all(unsupported_reason(t, weight, kp) is None for t in (a2, b2) if t is not None):
+            h, y = rms_norm_rows(a2, b2, weight, eps, kp)
+            return (None if h is None else h.view(a.shape)), y.view(a.shape)
+    from mixgemm.reference.norm import rms_norm as reference
+
+    h = a if b is None else a + b
+    y = reference(h, weight, eps)
+    return (None if b is None else h), (y if perm is None else y.index_select(-1, perm))
+
+
+def _norm_out(x: Tensor, weight: Tensor) -> Tensor:
+    return torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+
+
+@torch.library.register_fake("mixgemm::rms_norm")
+def _(x, weight, eps, perm=None):
+    return _norm_out(x, weight)
+
+
+@torch.library.register_fake("mixgemm::add_rms_norm")
+def _(a, b, weight, eps, perm=None):
+    return torch.empty(a.shape, dtype=a.dtype, device=a.device), _norm_out(a, weight)
 
 
 def _plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k) -> QuantizedWeight:

@@ -1,0 +1,324 @@
+"""mixgemm's RMSNorm: torch.ops.mixgemm.rms_norm / add_rms_norm, gathered through an act-order permutation or not
+(kernels/cuda/rms_norm.cu on CUDA, the torch composite elsewhere), the check that a model's norm computes that formula
+(gather_at_norm.rms_norm_eps), the hooks that hand a model's norms to it under torch.compile, and the inductor pass that
+moves the residual add into the norm's kernel (mixgemm.ops.fuse_norm_add).
+
+CPU: the composite equals transformers' RMSNorm gathered, bit for bit; the pass rewrites a traced graph and a
+compiled tiny Llama keeps its logits; NVRTC compiles every variant. GPU: the kernel against a float64 norm of the same
+h (h itself bit-equal to torch's a + b) over dtypes, rows 1..129, widths from 64 to beyond what each thread holds
+before its PDL wait, unaligned and odd widths (the composite), CUDA-graph replay; inputs never modified."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import mixgemm  # noqa: F401  (registers torch.ops.mixgemm)
+from mixgemm.checkpoints.gather_at_norm import (
+    RMS_EPS_ATTR,
+    gather_act_order_at_norms,
+    norm_kernels_at_norms,
+    rms_norm_eps,
+)
+from mixgemm.kernels.cuda import nvrtc
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_gather_at_norm import logits, tiny_model, with_act_order  # noqa: E402
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
+TOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}
+
+
+def _llama_norm(k: int, eps: float = 1e-5):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(k, eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(k, generator=torch.Generator().manual_seed(k)) + 0.5)
+    return norm
+
+
+def test_composite_equals_transformers_rmsnorm_gathered():
+    norm = _llama_norm(96, eps=1e-6)
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(2, 5, 96, generator=gen), torch.randn(2, 5, 96, generator=gen)
+    perm = torch.randperm(96, generator=gen)
+    before = (a.clone(), b.clone())
+    with torch.no_grad():
+        want = norm(a + b)[..., perm]
+        got = torch.ops.mixgemm.rms_norm(a + b, norm.weight, 1e-6, perm)
+        h, y = torch.ops.mixgemm.add_rms_norm(a, b, norm.weight, 1e-6, perm)
+    assert torch.equal(got, want) and torch.equal(y, want) and torch.equal(h, a + b)
+    with torch.no_grad():
+        assert torch.equal(torch.ops.mixgemm.rms_norm(a + b, norm.weight, 1e-6), norm(a + b))
+        h, y = torch.ops.mixgemm.add_rms_norm(a, b, norm.weight, 1e-6, None)
+    assert torch.equal(y, norm(a + b).detach()) and torch.equal(h, a + b)
+    assert torch.equal(a, before[0]) and torch.equal(b, before[1])
+
+
+def test_ops_reject_mismatched_inputs():
+    w, perm = torch.ones(8), torch.randperm(8)
+    with pytest.raises(ValueError, match="input_perm must be int64"):
+        torch.ops.mixgemm.rms_norm(torch.randn(2, 8), w, 1e-6, perm.int())
+    with pytest.raises(ValueError, match=r"weight must be \[8\]"):
+        torch.ops.mixgemm.rms_norm(torch.randn(2, 8), torch.ones(9), 1e-6, perm)
+    with pytest.raises(ValueError, match="one shape, dtype and device"):
+        torch.ops.mixgemm.add_rms_norm(torch.randn(2, 8), torch.randn(1, 8), w, 1e-6, perm)
+
+
+def test_rms_norm_eps_accepts_only_that_formula():
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    assert rms_norm_eps(_llama_norm(64, 1e-5), 64) == 1e-5
+    assert rms_norm_eps(Qwen2RMSNorm(64, eps=1e-6), 64) == 1e-6
+    assert rms_norm_eps(_llama_norm(64), 32) is None  # another width
+    assert rms_norm_eps(GemmaRMSNorm(64, eps=1e-6), 64) is None  # x * (1 + weight)
+    assert rms_norm_eps(nn.LayerNorm(64), 64) is None  # mean subtracted, a bias
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    with torch.device("meta"):
+        meta = LlamaRMSNorm(64)
+    assert rms_norm_eps(meta, 64) is None  # nothing to check it on
+
+
+def _traced(gathered=True, eps=1e-6):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(a, b, w, perm):
+        h = a + b
+        return h * 2, torch.ops.mixgemm.rms_norm(h, w, eps, perm if gathered else None)
+
+    gen = torch.Generator().manual_seed(1)
+    args = (torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen), torch.rand(64, generator=gen) + 0.5,
+            torch.randperm(64, generator=gen))
+    return f, make_fx(f, tracing_mode="fake")(*args), args
+
+
+@pytest.mark.parametrize("gathered", [True, False])
+def test_pass_moves_the_residual_add_into_the_norm(gathered):
+    from mixgemm.ops.fuse_norm_add import fuse_residual_adds
+
+    f, gm, args = _traced(gathered)
+    assert fuse_residual_adds(gm.graph) == 1
+    gm.graph.lint()
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.mixgemm.add_rms_norm.default in targets
+    assert torch.ops.aten.add.Tensor not in targets and torch.ops.mixgemm.rms_norm.default not in targets
+    for got, want in zip(gm(*args), f(*args), strict=True):
+        assert torch.equal(got, want)
+    assert fuse_residual_adds(gm.graph) == 0  # nothing left
+
+
+def test_pass_leaves_a_broadcast_add_alone():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from mixgemm.ops.fuse_norm_add import fuse_residual_adds
+
+    def f(a, b, w, perm):
+        return torch.ops.mixgemm.rms_norm(a + b, w, 1e-6, perm)
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(3, 64), torch.randn(1, 64), torch.ones(64), torch.randperm(64))
+    assert fuse_residual_adds(gm.graph) == 0
+
+
+def test_install_keeps_a_pass_already_there(monkeypatch):
+    from torch._inductor import config
+
+    from mixgemm.ops import fuse_norm_add
+
+    monkeypatch.setattr(config, "post_grad_custom_post_pass", None)
+    fuse_norm_add.install()
+    fuse_norm_add.install()
+    assert config.post_grad_custom_post_pass is fuse_norm_add.PASS
+    calls = []
+
+    class Theirs(fuse_norm_add.CustomGraphPass):
+        def __call__(self, graph):
+            calls.append(graph)
+
+        def uuid(self):
+            return "theirs"
+
+    monkeypatch.setattr(config, "post_grad_custom_post_pass", Theirs())
+    fuse_norm_add.install()
+    fuse_norm_add.install()
+    both = config.post_grad_custom_post_pass
+    _, gm, _ = _traced()
+    both(gm.graph)
+    assert calls == [gm.graph] and both.uuid()[0] == "theirs"
+    assert not any(n.target is torch.ops.aten.add.Tensor for n in gm.graph.nodes)
+
+
+@pytest.mark.parametrize("act_order", [True, False])
+def test_compiled_model_runs_the_fused_norms(monkeypatch, act_order):
+    """Inductor on the CPU: the pass finds the residual adds of a transformers Llama (every norm but the first, whose
+    input is the embedding) and the compiled logits equal eager's within float32 rounding."""
+    import mixgemm.ops.fuse_norm_add as fna
+
+    model = tiny_model("llama")
+    if act_order:
+        model = with_act_order(model)
+        gather_act_order_at_norms(model)
+    want = logits(model)
+    norms = [n for n, m in model.named_modules() if hasattr(m, RMS_EPS_ATTR)]
+    assert len(norms) == 4
+    fused = []
+    real = fna.fuse_residual_adds
+    monkeypatch.setattr(fna, "fuse_residual_adds", lambda graph: fused.append(real(graph)) or fused[-1])
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # (a cached graph skips the passes)
+    torch._dynamo.reset()
+    try:
+        got = logits(torch.compile(model, fullgraph=True))
+    finally:
+        torch._dynamo.reset()
+    assert sum(fused) == 3, fused
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("es,bf16", [(2, 0), (2, 1), (4, 0)])
+@pytest.mark.parametrize("add", [0, 1])
+@pytest.mark.parametrize("gather", [0, 1])
+def test_nvrtc_compiles_the_kernel(arch, es, bf16, add, gather):
+    defs = {"RN_ES": es, "RN_BF16": bf16, "RN_ADD": add, "RN_PERM": gather, "RN_PRE": 2}
+    cubin = nvrtc.compile_cubin("rms_norm.cu", tuple(sorted(defs.items())), arch)
+    assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF"
+
+
+def _float64_norm(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h64 = h.double()
+    return w.double() * h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("k", [64, 576, 3584, 4096, 8192, 16384, 24576, 100, 4096 + 4])
+def test_kernel_equals_the_norm(dtype, k, rel_err):
+    gen = torch.Generator(device="cuda").manual_seed(k)
+    eps = 1e-5
+    w = (torch.rand(k, generator=gen, device="cuda") + 0.5).to(dtype)
+    perm = torch.randperm(k, generator=gen, device="cuda")
+    for m in (1, 3, 17, 129):
+        a = (torch.randn(m, k, generator=gen, device="cuda") * 3).to(dtype)
+        b = torch.randn(m, k, generator=gen, device="cuda").to(dtype)
+        before = (a.clone(), b.clone(), w.clone())
+        h, y = torch.ops.mixgemm.add_rms_norm(a, b, w, eps, perm)
+        assert torch.equal(h, a + b), (dtype, k, m)
+        assert rel_err(y, _float64_norm(h, w, eps)[:, perm]) < TOL[dtype], (dtype, k, m)
+        y1 = torch.ops.mixgemm.rms_norm(h, w, eps, perm)
+        assert torch.equal(y1, y), (dtype, k, m)
+        h2, y2 = torch.ops.mixgemm.add_rms_norm(a, b, w, eps)
+        assert torch.equal(h2, h) and torch.equal(y2[:, perm], y), (dtype, k, m)  # the same numbers, in order
+        assert all(torch.equal(t, t0) for t, t0 in zip((a, b, w), before, strict=True))
+
+
+@pytest.mark.gpu
+def test_kernel_takes_strided_and_batched_rows(rel_err):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    k = 1024
+    wide = torch.randn(2, 3, k + 64, generator=gen, device="cuda").half()
+    x = wide[..., 8:8 + k]  # 16-byte aligned rows with a row stride of k + 64
+    w = (torch.rand(k, generator=gen, device="cuda") + 0.5).half()
+    perm = torch.randperm(k, generator=gen, device="cuda")
+    y = torch.ops.mixgemm.rms_norm(x, w, 1e-6, perm)
+    assert y.shape == x.shape
+    assert rel_err(y, _float64_norm(x, w, 1e-6)[..., perm]) < TOL[torch.float16]
+    assert torch.ops.mixgemm.rms_norm(x[:0], w, 1e-6, perm).shape == (0, 3, k)
+
+
+@pytest.mark.gpu
+def test_kernel_replays_in_a_cuda_graph():
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    k = 4096
+    w = (torch.rand(k, generator=gen, device="cuda") + 0.5).half()
+    perm = torch.randperm(k, generator=gen, device="cuda")
+    a = torch.randn(1, k, generator=gen, device="cuda").half()
+    b = torch.randn(1, k, generator=gen, device="cuda").half()
+    torch.ops.mixgemm.add_rms_norm(a, b, w, 1e-5, perm)  # warm-up: compile, kernel permutation
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        h, y = torch.ops.mixgemm.add_rms_norm(a, b, w, 1e-5, perm)
+    a.copy_(torch.randn(1, k, generator=gen, device="cuda").half())
+    graph.replay()
+    want_h, want_y = torch.ops.mixgemm.add_rms_norm(a, b, w, 1e-5, perm)
+    torch.cuda.synchronize()
+    assert torch.equal(h, want_h) and torch.equal(y, want_y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("act_order", [True, False])
+def test_compiled_llama_on_the_gpu(dtype, act_order):
+    """A tiny transformers Llama (with act-order layers or not), the norms computed by mixgemm's kernel and the
+    residual adds fused by the pass: compiled logits equal eager's within the dtype's tolerance."""
+    model = tiny_model("llama")
+    if act_order:
+        model = with_act_order(model)
+    model = model.to("cuda", dtype)
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(5)).cuda()
+    with torch.no_grad():
+        want = model(ids).logits.float()
+        gather_act_order_at_norms(model)
+        assert len([m for m in model.modules() if hasattr(m, RMS_EPS_ATTR)]) == 4
+        torch._dynamo.reset()
+        try:
+            got = torch.compile(model, fullgraph=True)(ids).logits.float()
+        finally:
+            torch._dynamo.reset()
+    err = ((got - want).norm() / want.norm()).item()
+    assert err < 4 * TOL[dtype], err  # (a whole model: eager and inductor round its other ops differently)
+
+
+@pytest.mark.parametrize("arch,norms", [("llama", 4), ("qwen2", 4), ("gemma2", 0)])
+def test_plain_models_hand_their_norms_to_the_kernel(arch, norms):
+    """quantize_ gives the norms feeding only QuantLinears the hook (transformers' RMSNorm formula only); compiled,
+    each such norm is one mixgemm.rms_norm without a permutation, nothing gathers, and the logits keep within float32
+    rounding; use_inductor_norms takes it back."""
+    from mixgemm.checkpoints.gather_at_norm import use_inductor_norms
+
+    model = tiny_model(arch)
+    want = logits(model)
+    assert norm_kernels_at_norms(model) == []  # quantize_ did it already: a second pass finds nothing to do
+    found = [n for n, m in model.named_modules() if hasattr(m, RMS_EPS_ATTR)]
+    assert len(found) == norms and all(n.endswith("layernorm") for n in found)
+    assert torch.equal(logits(model), want)  # eager: the norms' own outputs
+
+    def count(gm, example_inputs):
+        calls = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+        seen.append((sum(t in (torch.ops.mixgemm.rms_norm, torch.ops.mixgemm.rms_norm.default) for t in calls),
+                     sum(t in (torch.ops.mixgemm.gather_columns, torch.ops.mixgemm.gather_columns.default)
+                         for t in calls)))
+        return gm
+
+    for expect in (norms, 0):
+        seen = []
+        torch._dynamo.reset()
+        try:
+            got = logits(torch.compile(model, backend=count, fullgraph=True))
+        finally:
+            torch._dynamo.reset()
+        assert [sum(c) for c in zip(*seen, strict=True)] == [expect, 0], seen
+        assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+        assert use_inductor_norms(model) == (found if expect else [])
+    assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_act_order_and_plain_norms_together():
+    """An act-order model: the norms of q / k / v and gate / up gather (gather_act_order_at_norms), and keep the
+    kernel after use_inductor_norms (then gathering the module's output); norm_kernels_at_norms adds none."""
+    from mixgemm.checkpoints.gather_at_norm import PERM_BUFFER, use_inductor_norms
+
+    model = with_act_order(tiny_model("llama"))
+    assert len(gather_act_order_at_norms(model)) == 10
+    assert norm_kernels_at_norms(model) == []
+    hooked = [m for m in model.modules() if PERM_BUFFER in m._buffers]
+    assert len(hooked) == 4 and all(hasattr(m, RMS_EPS_ATTR) for m in hooked)
+    assert len(use_inductor_norms(model)) == 4
+    assert all(m._forward_hooks and not hasattr(m, RMS_EPS_ATTR) for m in hooked)
