@@ -27,7 +27,9 @@ from mixgemm.checkpoints.gather_at_norm import (
 from mixgemm.kernels.cuda import nvrtc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_gather_at_norm import logits, tiny_model, with_act_order  # noqa: E402
+from test_gather_at_norm import TINY, logits, tiny_model, with_act_order  # noqa: E402
+
+TINY_VOCAB = TINY["vocab_size"]
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
 TOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}
@@ -155,16 +157,14 @@ def test_install_keeps_a_pass_already_there(monkeypatch):
     assert not any(n.target is torch.ops.aten.add.Tensor for n in gm.graph.nodes)
 
 
-@pytest.mark.parametrize("act_order", [True, False])
-def test_compiled_model_runs_the_fused_norms(monkeypatch, act_order):
-    """Inductor on the CPU: the pass finds the residual adds of a transformers Llama (every norm but the first, whose
-    input is the embedding) and the compiled logits equal eager's within float32 rounding."""
+def test_compiled_model_runs_the_fused_norms(monkeypatch):
+    """Inductor on the CPU, an act-order Llama (on the CPU the norms of plain layers stay the compiler's; on CUDA:
+    test_compiled_llama_on_the_gpu): the pass finds the residual adds of the norms that gather (every one but the
+    first, whose input is the embedding) and the compiled logits equal eager's within float32 rounding."""
     import mixgemm.ops.fuse_norm_add as fna
 
-    model = tiny_model("llama")
-    if act_order:
-        model = with_act_order(model)
-        gather_act_order_at_norms(model)
+    model = with_act_order(tiny_model("llama"))
+    gather_act_order_at_norms(model)
     want = logits(model)
     norms = [n for n, m in model.named_modules() if hasattr(m, RMS_EPS_ATTR)]
     assert len(norms) == 4
@@ -276,19 +276,26 @@ def test_compiled_llama_on_the_gpu(dtype, act_order):
     assert err < 4 * TOL[dtype], err  # (a whole model: eager and inductor round its other ops differently)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("arch,norms", [("llama", 4), ("qwen2", 4), ("gemma2", 0)])
-def test_plain_models_hand_their_norms_to_the_kernel(arch, norms):
-    """quantize_ gives the norms feeding only QuantLinears the hook (transformers' RMSNorm formula only); compiled,
-    each such norm is one mixgemm.rms_norm without a permutation, nothing gathers, and the logits keep within float32
-    rounding; use_inductor_norms takes it back."""
+def test_plain_models_hand_their_norms_to_the_kernel(arch, norms, device):
+    """quantize_ gives the norms feeding only QuantLinears the hook (transformers' RMSNorm formula only); compiled on
+    CUDA, each such norm is one mixgemm.rms_norm without a permutation (on the CPU the compiler keeps its own), nothing
+    gathers, and the logits keep within float32 rounding; use_inductor_norms takes it back."""
     from mixgemm.checkpoints.gather_at_norm import use_inductor_norms
 
-    model = tiny_model(arch)
-    want = logits(model)
+    model = tiny_model(arch).to(device)
+    ids = torch.randint(0, TINY_VOCAB, (2, 7), generator=torch.Generator().manual_seed(5)).to(device)
+
+    def run(m):
+        with torch.no_grad():
+            return m(ids).logits
+
+    want = run(model)
     assert norm_kernels_at_norms(model) == []  # quantize_ did it already: a second pass finds nothing to do
     found = [n for n, m in model.named_modules() if hasattr(m, RMS_EPS_ATTR)]
     assert len(found) == norms and all(n.endswith("layernorm") for n in found)
-    assert torch.equal(logits(model), want)  # eager: the norms' own outputs
+    assert torch.equal(run(model), want)  # eager: the norms' own outputs
 
     def count(gm, example_inputs):
         calls = [n.target for n in gm.graph.nodes if n.op == "call_function"]
@@ -297,16 +304,16 @@ def test_plain_models_hand_their_norms_to_the_kernel(arch, norms):
                          for t in calls)))
         return gm
 
-    for expect in (norms, 0):
+    for first, expect in ((True, norms if device == "cuda" else 0), (False, 0)):
         seen = []
         torch._dynamo.reset()
         try:
-            got = logits(torch.compile(model, backend=count, fullgraph=True))
+            got = run(torch.compile(model, backend=count, fullgraph=True))
         finally:
             torch._dynamo.reset()
         assert [sum(c) for c in zip(*seen, strict=True)] == [expect, 0], seen
         assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
-        assert use_inductor_norms(model) == (found if expect else [])
+        assert use_inductor_norms(model) == (found if first else [])  # taken back after the first round
     assert not any(m._forward_hooks for m in model.modules())
 
 

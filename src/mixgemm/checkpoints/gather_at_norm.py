@@ -8,13 +8,14 @@ share one input permutation their input gathered once.
   ``norm(x)[..., perm]`` instead (gather_act_order_at_norms): the layers skip their own gather
   (``QuantLinear.input_gathered_by`` names the norm) and run the plain kernels.
 * mixgemm's norm kernel (``torch.ops.mixgemm.rms_norm``, kernels/cuda/rms_norm.cu). A norm that computes
-  transformers' RMSNorm (checked on a random row: rms_norm_eps) is computed by it, gathered for act-order layers or
-  not (norm_kernels_at_norms for the norms of plain layers): launched with programmatic dependent launch, so the
-  GEMV after it is resident with its weight loads in flight while the norm runs, and with the residual add before it
-  moved in by the inductor pass mixgemm.ops.fuse_norm_add. A norm of another formula (Gemma's 1 + weight) keeps
-  its own output, gathered after it by ``torch.ops.mixgemm.gather_columns`` for act-order layers. H100, W4 g128,
-  batch 1, compiled with CUDA graphs (tools.checks.actorder_model): act-order models as loaded run at the plain
-  model's tokens/s (see docs/design.md for the figures).
+  transformers' RMSNorm (checked on a random row: rms_norm_eps) is computed by it on CUDA in its input's dtype,
+  gathered for act-order layers or not (norm_kernels_at_norms for the norms of plain layers): launched with
+  programmatic dependent launch, so the GEMV after it is resident with its weight loads in flight while the norm
+  runs, and with the residual add before it moved in by the inductor pass mixgemm.ops.fuse_norm_add. Elsewhere the
+  compiler keeps the model's norm (act-order norms gather through the op's torch composite). A norm of another
+  formula (Gemma's 1 + weight) keeps its own output, gathered after it by ``torch.ops.mixgemm.gather_columns`` for
+  act-order layers. H100, W4 g128, batch 1, compiled with CUDA graphs (tools.checks.actorder_model): act-order
+  models as loaded run at the plain model's tokens/s (see docs/design.md for the figures).
 
 Both happen in a forward hook on the norm, under torch.compile only (``torch.compiler.is_compiling()``, also in
 ``QuantLinear.gathers_input()``): eager decoding is host-bound, a launch of ours instead of the module's own would not
@@ -163,7 +164,9 @@ def _norm_hook(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor | 
     eps = getattr(module, RMS_EPS_ATTR, None)
     x = args[0] if len(args) == 1 and isinstance(args[0], torch.Tensor) else None
     weight = module._parameters.get("weight")
+    # the op where its CUDA kernel runs (a norm in x's dtype; on other devices only to gather, where it saves a pass)
     if eps is not None and x is not None and weight is not None and weight.device == x.device \
+            and weight.dtype == x.dtype and (x.is_cuda or perm is not None) \
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         # the norm computed again by mixgemm's kernel, gathered for act-order layers (the module's own output is left
         # unused: the compiler drops it), with the residual add before it where mixgemm.ops.fuse_norm_add finds one
