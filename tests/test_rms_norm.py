@@ -1,7 +1,7 @@
 """mixgemm's RMSNorm: torch.ops.mixgemm.rms_norm / add_rms_norm, gathered through an act-order permutation or not
 (kernels/cuda/rms_norm.cu on CUDA, the torch composite elsewhere), the check that a model's norm computes that formula
-(gather_at_norm.rms_norm_eps), the hooks that hand a model's norms to it under torch.compile, and the inductor pass that
-moves the residual add into the norm's kernel (mixgemm.ops.fuse_norm_add).
+(mixgemm.nn.norms.rms_norm_eps), the hooks that hand a model's norms to it under torch.compile, and the inductor pass
+that moves the residual add into the norm's kernel (mixgemm.ops.fuse_norm_add).
 
 CPU: the composite equals transformers' RMSNorm gathered, bit for bit; the pass rewrites a traced graph and a
 compiled tiny Llama keeps its logits; NVRTC compiles every variant. GPU: the kernel against a float64 norm of the same
@@ -18,16 +18,16 @@ import torch
 from torch import nn
 
 import mixgemm  # noqa: F401  (registers torch.ops.mixgemm)
-from mixgemm.checkpoints.gather_at_norm import (
+from mixgemm.kernels.cuda import nvrtc
+from mixgemm.nn.norms import (
     RMS_EPS_ATTR,
     gather_act_order_at_norms,
     norm_kernels_at_norms,
     rms_norm_eps,
 )
-from mixgemm.kernels.cuda import nvrtc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_gather_at_norm import TINY, logits, tiny_model, with_act_order  # noqa: E402
+from test_norm_feeds import TINY, logits, tiny_model, with_act_order  # noqa: E402
 
 TINY_VOCAB = TINY["vocab_size"]
 
@@ -282,7 +282,7 @@ def test_plain_models_hand_their_norms_to_the_kernel(arch, norms, device):
     """quantize_ gives the norms feeding only QuantLinears the hook (transformers' RMSNorm formula only); compiled on
     CUDA, each such norm is one mixgemm.rms_norm without a permutation (on the CPU the compiler keeps its own), nothing
     gathers, and the logits keep within float32 rounding; use_inductor_norms takes it back."""
-    from mixgemm.checkpoints.gather_at_norm import use_inductor_norms
+    from mixgemm.nn.norms import use_inductor_norms
 
     model = tiny_model(arch).to(device)
     ids = torch.randint(0, TINY_VOCAB, (2, 7), generator=torch.Generator().manual_seed(5)).to(device)
@@ -320,7 +320,7 @@ def test_plain_models_hand_their_norms_to_the_kernel(arch, norms, device):
 def test_act_order_and_plain_norms_together():
     """An act-order model: the norms of q / k / v and gate / up gather (gather_act_order_at_norms), and keep the
     kernel after use_inductor_norms (then gathering the module's output); norm_kernels_at_norms adds none."""
-    from mixgemm.checkpoints.gather_at_norm import PERM_BUFFER, use_inductor_norms
+    from mixgemm.nn.norms import PERM_BUFFER, use_inductor_norms
 
     model = with_act_order(tiny_model("llama"))
     assert len(gather_act_order_at_norms(model)) == 10

@@ -30,8 +30,8 @@ _LAZY = {"quantize_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api", "
          "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn",
          "QuantConv2d": "mixgemm.nn",
          "from_pretrained": "mixgemm.checkpoints.loader",
-         "gather_act_order_at_norms": "mixgemm.checkpoints.gather_at_norm",
-         "use_inductor_norms": "mixgemm.checkpoints.gather_at_norm",
+         "gather_act_order_at_norms": "mixgemm.nn.norms",
+         "use_inductor_norms": "mixgemm.nn.norms",
          "explain": "mixgemm.kernels.explain", "explain_conv": "mixgemm.kernels.explain",
          "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.registry"}
 

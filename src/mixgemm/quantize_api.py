@@ -136,7 +136,7 @@ class W4A8(_Precision):
 class QuantizeReport:
     """What quantize_ did: ``replaced`` (names), ``skipped`` ({name: why}), ``excluded`` (filter_fn said no),
     ``norm_kernels`` (the norms feeding only the new layers, computed by mixgemm's norm kernel under torch.compile:
-    mixgemm.checkpoints.gather_at_norm.norm_kernels_at_norms)."""
+    mixgemm.nn.norms.norm_kernels_at_norms)."""
 
     config: object
     replaced: list[str] = field(default_factory=list)
@@ -247,8 +247,8 @@ def quantize_(model: nn.Module, config: _Precision,
         setattr(model.get_submodule(parent_name), child, q)
         report.replaced.append(name)
     if report.replaced:
-        from mixgemm.checkpoints.gather_at_norm import norm_kernels_at_norms
         from mixgemm.checkpoints.native import attach_quantization_config
+        from mixgemm.nn.norms import norm_kernels_at_norms
 
         attach_quantization_config(model)  # transformers models: save_pretrained records every layer's format
         report.norm_kernels = norm_kernels_at_norms(model)

@@ -15,7 +15,7 @@ kernel_options(act_order_gather="caller" / "kernel")), each layer kind alone tho
 permutation folded into gate / up (mixgemm.checkpoints.fold_perm: down then runs plain) with in-kernel and with
 separate gathers, and the folded stack with one gather per shared input (the PDL gather op, gather_columns: what a
 compiled model's norms run when mixgemm's norm kernel cannot write their output gathered itself,
-mixgemm.checkpoints.gather_at_norm; the stack has no norms, tools.checks.actorder_model times whole models), and prints
+mixgemm.nn.norms; the stack has no norms, tools.checks.actorder_model times whole models), and prints
 each layer's path: the data for those rules at other M (--m) and bf16 (--dtype).
 
 Checks: every act-order layer's output equals the plain layer applied to x[..., perm] in every variant (bit for bit:
@@ -93,7 +93,7 @@ def stack_forward(blocks, x):
 def stack_forward_shared_gather(plain, ordered, x):
     """The act-order stack with one gather per shared input (q / k / v's, gate / up's: the gather_columns op once,
     then the plain layers on it), o gathering as its plan says and down folded: what mixgemm.from_pretrained's model
-    runs under torch.compile where its norms are not transformers' RMSNorm (mixgemm.checkpoints.gather_at_norm; an
+    runs under torch.compile where its norms are not transformers' RMSNorm (mixgemm.nn.norms; an
     RMSNorm writes its output gathered in mixgemm's norm kernel, no gather kernel at all)."""
     gather = torch.ops.mixgemm.gather_columns
     h = x

@@ -9,11 +9,11 @@ copies made before any call:
 * "act-order, in-kernel": every layer gathers x in its kernel (no folds);
 * "act-order, folded only": down's permutation folded into gate / up's rows (mixgemm.checkpoints.fold_perm), the
   other layers gathering in their kernels;
-* "act-order, as loaded": as mixgemm.from_pretrained leaves it (mixgemm.checkpoints.gather_at_norm.arrange_act_order):
+* "act-order, as loaded": as mixgemm.from_pretrained leaves it (mixgemm.nn.norms.arrange_act_order):
   folded, and q / k / v's and gate / up's shared permutation applied once by the norm that feeds them under
   torch.compile (in eager mode they gather in their kernels); o keeps its own gather;
 * on request, "plain, inductor norms": the plain model with its norms left to inductor
-  (mixgemm.checkpoints.gather_at_norm.use_inductor_norms), where every other variant's norms feeding mixgemm layers run
+  (mixgemm.nn.norms.use_inductor_norms), where every other variant's norms feeding mixgemm layers run
   mixgemm's norm kernel (kernels/cuda/rms_norm.cu) under torch.compile.
 
 Modes: "generate" (``model.generate`` with its default cache, eager; host-bound, so the models take turns,
@@ -48,9 +48,9 @@ import torch
 
 import mixgemm
 from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
-from mixgemm.checkpoints.gather_at_norm import arrange_act_order, use_inductor_norms
 from mixgemm.checkpoints.packed_int32 import act_order_perm
 from mixgemm.nn.linear import QuantLinear
+from mixgemm.nn.norms import arrange_act_order, use_inductor_norms
 from tools.checks.generate_e2e import (
     TINY_NAMES,
     Settings,
@@ -69,7 +69,7 @@ GROUP = 128
 SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
 VARIANTS = ("plain", "act-order, in-kernel", "act-order, folded only", "act-order, as loaded")
 # beside them on request (--variants "inductor norms"): the plain model with its norms compiled by inductor instead of
-# mixgemm's norm kernel (mixgemm.checkpoints.gather_at_norm.use_inductor_norms), what both models ran before that kernel
+# mixgemm's norm kernel (mixgemm.nn.norms.use_inductor_norms), what both models ran before that kernel
 INDUCTOR_NORMS = "plain, inductor norms"
 
 

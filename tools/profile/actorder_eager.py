@@ -1,5 +1,5 @@
 """Per-call host time of act-order QuantLinear layers in eager mode: plain, gathering in the kernel, and fed already
-gathered by a norm's forward hook (mixgemm.checkpoints.gather_at_norm), next to nn.Linear, plus a cProfile of the
+gathered by a norm's forward hook (mixgemm.nn.norms), next to nn.Linear, plus a cProfile of the
 slowest.
 
 Each case: a 4096x4096 W4 g128 zero-point fp16 layer (or an RMSNorm + 3 such layers for the norm cases), M = 1,
@@ -20,8 +20,8 @@ from torch import nn
 
 import mixgemm
 from mixgemm.bench.protocol import synced_call_us
-from mixgemm.checkpoints.gather_at_norm import gather_act_order_at_norms
 from mixgemm.nn.linear import QuantLinear
+from mixgemm.nn.norms import gather_act_order_at_norms
 
 
 class Attention(nn.Module):

@@ -65,7 +65,7 @@ class MixgemmHfQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
-        from mixgemm.checkpoints.gather_at_norm import arrange_act_order, norm_kernels_at_norms
+        from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
 
         arrange_act_order(model)  # act-order layers as mixgemm.from_pretrained leaves them (exact)
         norm_kernels_at_norms(model)  # the other norms feeding mixgemm layers: its norm kernel under torch.compile

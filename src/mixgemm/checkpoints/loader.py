@@ -21,7 +21,7 @@ from torch import nn
 
 from mixgemm.checkpoints import skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
-from mixgemm.checkpoints.gather_at_norm import arrange_act_order, norm_kernels_at_norms
+from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
 
 
 @dataclass
@@ -31,7 +31,7 @@ class LoadReport:
     ``ignored`` (checkpoint tensors that the model has no place for), ``perm_folded`` (act-order down
     projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm) and
     ``perm_at_norms`` (act-order layers whose input the norm before them gathers under torch.compile,
-    mixgemm.checkpoints.gather_at_norm) and ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
+    mixgemm.nn.norms) and ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
     kernel computes under torch.compile)."""
 
     source: str
@@ -304,7 +304,7 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     projections of gated MLPs get their input permutation folded into gate / up's rows (exact; listed in
     ``model.mixgemm_report.perm_folded``), so they decode without gathering x; the layers that share a norm's
     output (q / k / v, gate / up) take it gathered once by that norm under torch.compile
-    (``perm_at_norms``, mixgemm.checkpoints.gather_at_norm; in eager mode they gather in their kernels).
+    (``perm_at_norms``, mixgemm.nn.norms; in eager mode they gather in their kernels).
     """
     from mixgemm.checkpoints.native import attach_quantization_config
 

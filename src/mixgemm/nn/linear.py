@@ -16,7 +16,7 @@ Act-order (GPTQ ``desc_act``) layers carry ``input_perm`` int64 [in_features]: f
 ``x[..., input_perm] @ dequant(W).T`` with W's columns stored in that order, so that every weight group is a
 contiguous run of K. Ordinary layers have no ``input_perm`` (None, left out of the state dict). When the module
 that feeds an act-order layer already gathers its output through the same permutation
-(mixgemm.checkpoints.gather_at_norm, under torch.compile), ``input_gathered_by`` names it and forward takes x as
+(mixgemm.nn.norms, under torch.compile), ``input_gathered_by`` names it and forward takes x as
 already gathered there.
 """
 
@@ -63,7 +63,7 @@ class QuantLinear(nn.Module):
     re-rounding them would change the quantized weight.
 
     ``input_gathered_by``: None, or (act-order layers) the name of the module whose output arrives already gathered
-    through ``input_perm`` (mixgemm.checkpoints.gather_at_norm): under torch.compile forward then multiplies x as it
+    through ``input_perm`` (mixgemm.nn.norms): under torch.compile forward then multiplies x as it
     comes (gathers_input). Not part of the state dict, which keeps ``input_perm``.
     """
 

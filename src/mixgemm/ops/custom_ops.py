@@ -20,7 +20,7 @@ Ops (all take plain tensors; a weight is its plain interchange tensors, see mixg
 * ``torch.ops.mixgemm.gather_columns(x, perm)``: ``x[..., perm]`` (the PDL gather kernel at decode sizes), and
   ``torch.ops.mixgemm.rms_norm(x, weight, eps, perm=None)`` / ``add_rms_norm(a, b, weight, eps, perm=None)``:
   transformers' RMSNorm (of a + b, returned too), gathered through ``perm`` when given, in one kernel on CUDA. The
-  norms feeding mixgemm layers run them under torch.compile (mixgemm.checkpoints.gather_at_norm).
+  norms feeding mixgemm layers run them under torch.compile (mixgemm.nn.norms).
 
 Argument conventions: qweight uint8 [N, K * bits // 8]; scales [N, G] (its dtype is the scale dtype);
 zeros uint8 [N, G] for mode "zero_point", otherwise an empty tensor; offsets [N, G] for mode "offset",
@@ -222,7 +222,7 @@ def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, lo
 @_op("gather_columns(Tensor x, Tensor perm) -> Tensor")
 def gather_columns(x: Tensor, perm: Tensor) -> Tensor:
     """x[..., perm] as a new contiguous tensor (perm: int64 [K], a permutation of x's last dimension): the shared
-    act-order gather (mixgemm.checkpoints.gather_at_norm). Decode-sized inputs on CUDA take mixgemm's PDL gather kernel
+    act-order gather (mixgemm.nn.norms). Decode-sized inputs on CUDA take mixgemm's PDL gather kernel
     (the GEMVs after it start their weight loads meanwhile); an op of its own, so torch.compile does not fuse the
     gather into the norm before it (whose fused kernel reloaded its inputs at the gathered positions)."""
     k = x.shape[-1]
@@ -256,7 +256,7 @@ torch.library.register_autograd("mixgemm::gather_columns", _gather_backward, set
 def rms_norm(x: Tensor, weight: Tensor, eps: float, perm: Optional[Tensor] = None) -> Tensor:  # noqa: UP045
     """mixgemm.reference.rms_norm(x, weight, eps), gathered as [..., perm] when perm (int64 [K]) is given: a norm that
     feeds mixgemm layers, computed by mixgemm's norm kernel on CUDA (kernels/cuda/rms_norm.cu; the torch composite
-    where that kernel cannot run). What the norm's hook calls under torch.compile (mixgemm.checkpoints.gather_at_norm);
+    where that kernel cannot run). What the norm's hook calls under torch.compile (mixgemm.nn.norms);
     the inductor pass mixgemm.ops.fuse_norm_add turns it and the residual add before it into add_rms_norm."""
     return _norm(x, None, weight, eps, perm)[1]
 

@@ -3,12 +3,12 @@ output replaces the sum everywhere else.
 
 Why: in a decoder layer the residual add comes right before the norm (``h = residual + attn_out; norm(h)``). For a
 norm of its own torch.compile fuses the two into one kernel; a norm computed by mixgemm's norm kernel (the norms that
-feed mixgemm layers, mixgemm.checkpoints.gather_at_norm) would otherwise leave the add in a kernel of its own, one more
+feed mixgemm layers, mixgemm.nn.norms) would otherwise leave the add in a kernel of its own, one more
 kernel per norm on the decode step's critical path. The pass sees the traced graph, so it finds the add whatever the
 model's source calls it.
 
 Installed as inductor's ``post_grad_custom_post_pass`` (next to one already there, which keeps running) when
-gather_at_norm gives a norm that kernel; it changes only ``mixgemm.rms_norm`` nodes whose input is an
+mixgemm.nn.norms gives a norm that kernel; it changes only ``mixgemm.rms_norm`` nodes whose input is an
 ``aten.add.Tensor`` of two tensors of the sum's shape and dtype.
 """
 

@@ -1,6 +1,6 @@
 """The RMSNorm that mixgemm's fused norm kernel (kernels/cuda/rms_norm_gather.cu) computes, written as transformers'
 Llama / Qwen2 / Mistral RMSNorm writes it: the oracle for that kernel, its CPU fallback, and the formula a model's norm
-module is checked against before mixgemm computes it in its place (mixgemm.checkpoints.gather_at_norm)."""
+module is checked against before mixgemm computes it in its place (mixgemm.nn.norms)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// mixgemm's RMSNorm for the norms that feed its layers, under torch.compile (mixgemm.checkpoints.gather_at_norm).
+// mixgemm's RMSNorm for the norms that feed its layers, under torch.compile (mixgemm.nn.norms).
 // Why a kernel of its own where inductor fuses the residual add and the norm into one already:
 // * programmatic dependent launch. It lets its dependents launch at once, so the GEMV after it is resident with its
 //   first weight loads in flight while the norm runs; it starts early itself, behind the GEMV before it, with its

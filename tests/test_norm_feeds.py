@@ -1,4 +1,4 @@
-"""mixgemm.checkpoints.gather_at_norm: act-order layers that share a norm's output take it gathered once by the
+"""mixgemm.nn.norms: act-order layers that share a norm's output take it gathered once by the
 norm. On transformers' own decoder layers (several architectures) the fold finds exactly the layers reading a
 norm's output and leaves the logits bit-equal; anything the analysis cannot prove (another use of the tensor,
 different permutations, a layer called elsewhere or shared) is left alone."""
@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 import mixgemm
-from mixgemm.checkpoints.gather_at_norm import PERM_BUFFER, gather_act_order_at_norms
 from mixgemm.distributed.shard import COLWISE, ROWWISE, shard_quant_linear
 from mixgemm.formats.weight import QuantConfig, quantize_weight
 from mixgemm.nn.linear import QuantLinear
+from mixgemm.nn.norms import PERM_BUFFER, gather_act_order_at_norms
 
 # Layers that read the same tensor (GPTQ gives them one act-order permutation)
 SHARED_INPUT = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "gate_proj": "mlp", "up_proj": "mlp"}
