@@ -81,3 +81,23 @@ def test_a_tensor_map_parameter_keeps_its_memory():
     value = params.values[0]
     assert ctypes.addressof(value) % 64 == 0 and params.array[0] == ctypes.addressof(value)
     assert bytes(value) == bytes(range(128))
+
+
+def test_launch_cache_keeps_at_most_its_size():
+    from mixgemm.kernels.cuda.launch import LaunchCache
+
+    cache, made = LaunchCache(size=3), []
+
+    def make(key):
+        made.append(key)
+        return ("launch", key)
+
+    assert cache.get(1, lambda: make(1)) == ("launch", 1)
+    assert cache.get(1, lambda: make(1)) == ("launch", 1) and made == [1]  # a hit makes nothing
+    for key in (2, 3):
+        cache.get(key, lambda key=key: make(key))
+    assert len(cache) == 3
+    cache.get(4, lambda: make(4))  # full: emptied, then the new one kept
+    assert len(cache) == 1 and made == [1, 2, 3, 4]
+    cache.get(1, lambda: make(1))
+    assert made[-1] == 1 and len(cache) == 2

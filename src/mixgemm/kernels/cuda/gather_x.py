@@ -10,6 +10,7 @@ import ctypes
 import torch
 
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.launch import LaunchCache
 from mixgemm.kernels.options import current_options
 
 SOURCE, KERNEL = "gather_x.cu", "mixgemm_gather_x"
@@ -46,8 +47,7 @@ class GatherLaunch:
         return y
 
 
-_launches: dict[tuple, GatherLaunch] = {}
-_MAX_LAUNCHES = 256  # (M, K, Kp, dtype, device, PDL) combinations kept; emptied when full (prefill lengths vary)
+_launches = LaunchCache()  # by (M, K, Kp, dtype, device, PDL)
 
 
 def gather_x(x2d: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
@@ -61,9 +61,4 @@ def gather_x(x2d: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
                          f"(a multiple of 64, >= K) on x's device; got x {tuple(x2d.shape)} strides {x2d.stride()}, "
                          f"perm {perm.dtype} [{kp}] on {perm.device}")
     key = (m, k, kp, x2d.dtype, x2d.device.index, current_options().pdl)
-    launch = _launches.get(key)
-    if launch is None:
-        if len(_launches) >= _MAX_LAUNCHES:
-            _launches.clear()
-        launch = _launches[key] = GatherLaunch(m, k, kp, x2d.dtype, x2d.device)
-    return launch(x2d, perm)
+    return _launches.get(key, lambda: GatherLaunch(m, k, kp, x2d.dtype, x2d.device))(x2d, perm)

@@ -165,3 +165,24 @@ class PreparedLaunch:
             cfg, self.first_without_pdl = self._first, False
         raw_launch(self.fn, self.grid, self.block, self.smem, self.current_stream() if stream is None else stream,
                    self.params.addr, cfg)
+
+
+class LaunchCache:
+    """Prepared launches by key (shape, dtype, device, options), at most ``size`` of them: emptied when full, because
+    prefill lengths vary and each new M would otherwise keep a launch forever."""
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._launches: dict = {}
+
+    def get(self, key, make):
+        """The launch kept for ``key``, made by ``make()`` on a miss."""
+        launch = self._launches.get(key)
+        if launch is None:
+            if len(self._launches) >= self.size:
+                self._launches.clear()
+            launch = self._launches[key] = make()
+        return launch
+
+    def __len__(self) -> int:
+        return len(self._launches)

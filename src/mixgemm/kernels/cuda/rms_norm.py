@@ -9,6 +9,7 @@ import ctypes
 import torch
 
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.launch import LaunchCache
 from mixgemm.kernels.options import current_options
 
 SOURCE, KERNEL = "rms_norm.cu", "mixgemm_rms_norm"
@@ -77,8 +78,7 @@ class NormLaunch:
         return h, y
 
 
-_launches: dict[tuple, NormLaunch] = {}
-_MAX_LAUNCHES = 256  # (M, K, add, gather, dtype, device, eps, PDL) combinations kept; emptied when full
+_launches = LaunchCache()  # by (M, K, add, gather, dtype, device, eps, PDL)
 
 
 def rms_norm_rows(a: torch.Tensor, b: torch.Tensor | None, weight: torch.Tensor, eps: float,
@@ -88,9 +88,5 @@ def rms_norm_rows(a: torch.Tensor, b: torch.Tensor | None, weight: torch.Tensor,
     unsupported_reason for a (and b, which must match a's shape, dtype and alignment)."""
     m, k = a.shape
     key = (m, k, b is not None, perm is not None, a.dtype, a.device.index, float(eps), current_options().pdl)
-    launch = _launches.get(key)
-    if launch is None:
-        if len(_launches) >= _MAX_LAUNCHES:
-            _launches.clear()
-        launch = _launches[key] = NormLaunch(m, k, b is not None, perm is not None, a.dtype, a.device, eps)
+    launch = _launches.get(key, lambda: NormLaunch(m, k, b is not None, perm is not None, a.dtype, a.device, eps))
     return launch(a, b, weight, perm)
