@@ -175,10 +175,8 @@ def _norm_hook(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor | 
 
 
 def _hook_norm(norm: nn.Module, eps: float | None) -> None:
-    """Give ``norm`` the forward hook (once), with its epsilon when it computes transformers' RMSNorm (rms_norm_eps:
-    mixgemm's norm kernel computes it under torch.compile)."""
-    if HOOK_ATTR in vars(norm):
-        return
+    """Give ``norm`` (not hooked yet) the forward hook, with its epsilon when it computes transformers' RMSNorm
+    (rms_norm_eps: mixgemm's norm kernel computes it under torch.compile)."""
     if eps is not None:
         from mixgemm.ops import fuse_norm_add  # (imports torch._inductor: only when there is a norm for it)
 
@@ -278,7 +276,8 @@ def gather_act_order_at_norms(model: nn.Module) -> list[str]:
         norm.register_buffer(PERM_BUFFER, perms[0].clone(), persistent=False)
         if perms[0].is_cuda:  # the gather kernel's copy, made now rather than inside a CUDA graph's memory pool
             kernel_perm(norm._buffers[PERM_BUFFER])
-        _hook_norm(norm, rms_norm_eps(norm, perms[0].numel()))
+        if HOOK_ATTR not in vars(norm):  # (a norm that quantize_ hooked has its epsilon already)
+            _hook_norm(norm, rms_norm_eps(norm, perms[0].numel()))
         for name, layer in consumers:
             layer.input_gathered_by = norm_name
             changed.append(name)
