@@ -318,6 +318,86 @@ def test_compile_fullgraph_equals_eager(torch_gen):
     assert torch.allclose(got2, model(x * 2), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode,held", [("sym", set()), ("zero_point", {"zeros"}), ("offset", {"offsets"})])
+def test_compiled_graph_takes_only_the_tensors_its_mode_reads(mode, held, torch_gen):
+    """Under torch.compile every tensor a module hands an op is a graph input, guarded on each call: a QuantLinear
+    hands the op its zeros / offsets only where its mode reads them (the others go as None), and the result is the
+    eager one."""
+    torch._dynamo.reset()
+    lin = nn.Linear(64, 48)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(48, 64, generator=torch_gen) * 0.1)
+    q = QuantLinear.from_linear(lin, bits=4, group_size=32, mode=mode)
+    names = []
+
+    def backend(gm, example_inputs):
+        names.extend(n.name for n in gm.graph.nodes if n.op == "placeholder")
+        return gm
+
+    x = torch.randn(3, 64, generator=torch_gen)
+    with torch.no_grad():
+        got = torch.compile(q, backend=backend, fullgraph=True)(x)
+        assert torch.equal(got, q(x))
+    inputs = {b for b in ("qweight", "scales", "zeros", "offsets") if any(b in n for n in names)}
+    assert inputs == {"qweight", "scales"} | held, names
+
+
+def test_kept_launch_applies_only_while_nothing_changed(torch_gen):
+    """The eager fast path (ops/eager.fast_call) launches what a module kept for an input shape only while the
+    compiler, autograd, kernel options, the bias and the weight's buffers are as they were; a copy starts without
+    launches. (On the CPU no launch is kept: one is put in by hand, a recorder standing for the kernel.)"""
+    import pickle
+
+    import mixgemm
+    from mixgemm.ops.eager import _token, fast_call
+    from mixgemm.ops.kept_launches import keep
+
+    q = QuantLinear.from_linear(_linear(64, 48, True, torch_gen), bits=4, group_size=32, mode="zero_point")
+    x = torch.randn(2, 3, 64, generator=torch_gen)
+    calls = []
+
+    def launch(x2d, bias, lo, hi):
+        calls.append(tuple(x2d.shape))
+        return torch.full((x2d.shape[0], 48), 7.0)
+
+    def keep_it():
+        keep(q.__dict__, (x.shape, x.dtype, x.get_device()), _token(q), launch, 48, -math.inf, math.inf, x)
+
+    keep_it()
+    with torch.no_grad():  # a compiled graph traces none of it (it keeps the op), even with a launch kept
+        torch._dynamo.reset()
+        assert not torch.equal(torch.compile(q, backend="eager", fullgraph=True)(x), torch.full((2, 3, 48), 7.0))
+        assert calls == []
+    assert fast_call(q, torch.randn(5, 64)) is None  # another shape
+    with torch.no_grad():
+        y = fast_call(q, x)
+        assert y.shape == (2, 3, 48) and calls == [(6, 64)]
+        assert fast_call(q, x.transpose(0, 1).contiguous().transpose(0, 1)) is None  # not contiguous
+        with mixgemm.kernel_options(force="cuda_gemv"):
+            assert fast_call(q, x) is None
+        bias = q.bias
+        q.bias = nn.Parameter(torch.zeros(47), requires_grad=False)  # not [N]: the full way, which names it
+        assert fast_call(q, x) is None
+        q.bias = bias
+    assert fast_call(q, x.clone().requires_grad_()) is None  # autograd records through the op
+    with torch.no_grad():
+        q.zeros.add_(0)  # an in-place write to a buffer the mode reads: the kept launch no longer applies
+        assert fast_call(q, x) is None
+        keep_it()
+        q.offsets.add_(0)  # a buffer the mode does not read
+        assert fast_call(q, x) is not None
+    assert not copy.deepcopy(q).__dict__["_mixgemm_launches"]
+    assert not pickle.loads(pickle.dumps(q.__dict__["_mixgemm_launches"]))
+    # kept for a changed weight: a new launch replaces them all (they would hold the old layouts alive)
+    other = torch.randn(1, 64, generator=torch_gen)
+    with torch.no_grad():
+        q.scales.mul_(1)
+    keep(q.__dict__, (other.shape, other.dtype, -1), _token(q), launch, 48, -math.inf, math.inf, other)
+    assert list(q.__dict__["_mixgemm_launches"]) == [(other.shape, other.dtype, -1)]
+    q.to(torch.float64)  # a move or cast (Module._apply) drops them
+    assert "_mixgemm_launches" not in q.__dict__
+
+
 # ------------------------------------------------------------------------------------------ GPU
 
 @pytest.mark.gpu
@@ -345,6 +425,66 @@ def test_quantlinear_cuda_and_cuda_graph(dtype, torch_gen, rel_err):
     g.replay()
     torch.cuda.synchronize()
     assert rel_err(static_y, ref.matmul(x2, qw, q.bias, out_dtype=torch.float64)) <= TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [W4A16(group_size=128), W8A16(), W8A8(), W4A8(act_block="token")])
+def test_eager_kept_launch_cuda(cfg, torch_gen, rel_err):
+    """Eager calls on CUDA: the second call of an input shape takes the launch the first one kept (ops/eager.py),
+    with the first call's result; an in-place change of the weight, a new shape and a kernel_options block go the
+    full way and keep the reference."""
+    import mixgemm
+    from mixgemm.ops.eager import fast_call
+
+    model = nn.Sequential(_linear(512, 1000, True, torch_gen)).half().cuda()
+    quantize_(model, cfg)
+    q = model[0]
+    with torch.no_grad():
+        for shape in ((1, 512), (2, 3, 512), (40, 512)):
+            x = torch.randn(*shape, generator=torch_gen).half().cuda()
+            first = q(x)
+            # (split-K tiles add with atomics: two calls may differ in the last bits, hence rel_err, not equality)
+            kept = fast_call(q, x)  # none where the chosen kernel has no prepared launch (the Triton ones)
+            assert (kept is not None or shape[0] == 40) and (kept is None or rel_err(kept, first) <= 1e-4)
+            with mixgemm.kernel_options(pdl=False):  # options of its own: the full way
+                assert rel_err(q(x), first) <= 1e-4
+            want = ref.matmul(x, q.quantized_weight(), q.bias, out_dtype=torch.float64)
+            tol = TOL[torch.float16] if cfg.act_mode is None else 2e-2  # A8: against the float weights' product
+            assert rel_err(first, want) <= tol, shape
+        # a contiguous x whose size-1 dim carries an odd stride (PyTorch calls it contiguous): rows are K apart
+        base = torch.randn(2, 512, generator=torch_gen).half().cuda()
+        odd = base.as_strided((2, 1, 512), (512, 7, 1))
+        assert odd.is_contiguous()
+        want = ref.matmul(base.view(2, 1, 512), q.quantized_weight(), q.bias, out_dtype=torch.float64)
+        tol = TOL[torch.float16] if cfg.act_mode is None else 2e-2
+        for _ in range(2):  # the full path, then the kept launch
+            assert rel_err(q(odd), want) <= tol
+        q.scales.mul_(2)
+        assert fast_call(q, x) is None
+        doubled = q(x)
+        assert rel_err(doubled, ref.matmul(x, q.quantized_weight(), q.bias, out_dtype=torch.float64)) <= tol
+        with mixgemm.kernel_options(pdl=False):
+            assert fast_call(q, x) is None and rel_err(q(x), doubled) <= 1e-4
+
+
+@pytest.mark.gpu
+def test_op_kept_launch_cuda(torch_gen, rel_err):
+    """The op (what a compiled graph calls) keeps its launch on qweight per input shape and clamp: the second call
+    takes it, with the reference's result; a bias of the wrong shape still goes the full way and is named."""
+    qw = quantize_weight(torch.randn(1000, 512, generator=torch_gen) * 0.02, bits=4, group_size=128,
+                         mode="zero_point").to("cuda")
+    qt, s, z, o, bits_, g, mode_, n, k = weight_args(qw)
+    b = torch.randn(1000, generator=torch_gen).half().cuda()
+    for shape, (lo, hi) in (((1, 1, 512), (-math.inf, math.inf)), ((3, 512), (0.0, math.inf))):
+        x = torch.randn(*shape, generator=torch_gen).half().cuda()
+        args = (x, qt, s, z, o, b, bits_, g, mode_, n, k, lo, hi)
+        first = torch.ops.mixgemm.linear_wxa16(*args)
+        assert qt.__dict__["_mixgemm_launches"]
+        again = torch.ops.mixgemm.linear_wxa16(*args)
+        want = ref.matmul(x, qw, b, out_dtype=torch.float64).clamp(lo, hi)
+        assert rel_err(first, want) <= TOL[torch.float16] and rel_err(again, want) <= TOL[torch.float16]
+        with pytest.raises(ValueError, match="bias"):
+            torch.ops.mixgemm.linear_wxa16(x, qt, s, z, o, b[:999], bits_, g, mode_, n, k, lo, hi)
 
 
 @pytest.mark.gpu

@@ -375,6 +375,16 @@ def test_weight_cache_fast_path():
     args[1].mul_(2)  # an in-place change: a fresh weight over the changed tensors
     b = weight_from_tensors(*args)
     assert b is not a and b.scales is args[1]
+    # the tensors a mode does not read: None (the compiled path) and an empty placeholder (the module's buffer, the
+    # eager path) meet the same entry, so alternating eager and compiled calls keep one weight and its layouts
+    sym = _qw(32, 128, mode="sym")
+    plain = weight_args(sym)
+    assert plain[2] is None and plain[3] is None
+    s = weight_from_tensors(*plain)
+    empty = (plain[0], plain[1], torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.float16), *plain[4:])
+    assert weight_from_tensors(*empty) is s and s.zeros is None and s.offsets is None
+    with pytest.raises(ValueError, match="zeros uint8 .* got None"):
+        weight_from_tensors(args[0], args[1], None, None, *args[4:])
 
 
 def test_resident_bytes():

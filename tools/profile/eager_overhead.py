@@ -65,6 +65,9 @@ def measure(name: str, q, lin, m: int, compiled: bool) -> dict:
     r["gpu_linear"] = graph_time_us([lambda: lin(x)] * GRAPH_CALLS)
     r["ratio"] = r["quantlinear"] / r["linear"]
     if compiled:  # torch.compile without CUDA graphs: the op's dispatch through the compiled graph
+        # a fresh dynamo cache per case: the same module compiled for every M would reach dynamo's recompile limit and
+        # then run eager, unreported
+        torch._dynamo.reset()
         cq, cl = torch.compile(q, dynamic=False), torch.compile(lin, dynamic=False)
         r["compiled_quantlinear"] = rate_us(lambda: cq(x), iters=1000)
         r["compiled_linear"] = rate_us(lambda: cl(x), iters=1000)

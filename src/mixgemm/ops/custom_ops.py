@@ -23,8 +23,10 @@ Ops (all take plain tensors; a weight is its plain interchange tensors, see mixg
   norms feeding mixgemm layers run them under torch.compile (mixgemm.nn.norms).
 
 Argument conventions: qweight uint8 [N, K * bits // 8]; scales [N, G] (its dtype is the scale dtype);
-zeros uint8 [N, G] for mode "zero_point", otherwise an empty tensor; offsets [N, G] for mode "offset",
-otherwise empty; bias [N] or None; group_size -1 for per-channel; lo / hi the output clamp
+zeros uint8 [N, G] for mode "zero_point", otherwise None (an empty tensor is accepted and ignored); offsets [N, G] for
+mode "offset", otherwise None (or empty); bias [N] or None. Why None: under torch.compile every tensor a module
+hands an op is guarded on each call (about a microsecond per tensor in the TorchDynamo cache lookup, ~900 layers in
+an 8B model), so a layer passes only the tensors its mode reads; group_size -1 for per-channel; lo / hi the output clamp
 (mixgemm.epilogue.clamp_bounds; +-inf for none).
 
 Kernel layouts. The kernels repack the plain weight once into their own layouts, cached on a
@@ -54,29 +56,39 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from mixgemm.epilogue import ACTIVATIONS
+from mixgemm.epilogue import ACTIVATIONS, clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight
+from mixgemm.ops.kept_launches import keep, kept, run_kept, weight_token
 
 _CACHE_ATTR = "_mixgemm_qw"
 _ACT_BY_BOUNDS = {v: k for k, v in ACTIVATIONS.items() if k != "none"}  # (lo, hi) -> activation name
 
 
-def _version(t: Tensor) -> int:
+def _version(t: Tensor | None) -> int:
+    if t is None:
+        return 0
     try:
         return t._version
     except RuntimeError:  # inference tensors have no version counter (and cannot change outside inference mode)
         return -1
 
 
-def _sig(t: Tensor) -> tuple:
+def _sig(t: Tensor | None) -> tuple:
+    if t is None:
+        return ()
     return (t.data_ptr(), _version(t), tuple(t.shape), t.dtype) if t.numel() else (0, 0, tuple(t.shape), t.dtype)
 
 
-def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor, bits: int,
+def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor | None, offsets: Tensor | None, bits: int,
                         group_size: int, mode: str, n: int, k: int) -> QuantizedWeight:
-    """The QuantizedWeight [N, K] made of these plain tensors (zeros / offsets: empty when the mode has
-    none), cached on ``qweight`` so that its kernel layouts are built once (see the module docstring)."""
+    """The QuantizedWeight [N, K] made of these plain tensors (zeros / offsets: None or empty when the mode has
+    none; ignored then), cached on ``qweight`` so that its kernel layouts are built once (see the module
+    docstring)."""
+    # the tensors a mode does not read are dropped, so that callers passing None or an empty placeholder (the eager
+    # path passes the module's buffers, the compiled one None) meet the same cache entry
+    zeros = zeros if mode == "zero_point" else None
+    offsets = offsets if mode == "offset" else None
     hit = getattr(qweight, _CACHE_ATTR, None)
     fmt = (bits, group_size, mode, n, k)
     # fast path (every eager call): the same tensor objects, unchanged in place -- identity and version counters
@@ -95,19 +107,18 @@ def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor, offsets:
     if tuple(scales.shape) != (n, ng):
         raise ValueError(f"scales must be [{n}, {ng}], got {tuple(scales.shape)}")
     need_z, need_m = mode == "zero_point", mode == "offset"
-    if need_z and (zeros.dtype != torch.uint8 or tuple(zeros.shape) != (n, ng)):
-        raise ValueError(f"mode 'zero_point' needs zeros uint8 [{n}, {ng}], got {zeros.dtype} {tuple(zeros.shape)}")
-    if need_m and (offsets.dtype != scales.dtype or tuple(offsets.shape) != (n, ng)):
-        raise ValueError(f"mode 'offset' needs offsets {scales.dtype} [{n}, {ng}], got {offsets.dtype} "
-                         f"{tuple(offsets.shape)}")
+    if need_z and (zeros is None or zeros.dtype != torch.uint8 or tuple(zeros.shape) != (n, ng)):
+        raise ValueError(f"mode 'zero_point' needs zeros uint8 [{n}, {ng}], got {_describe(zeros)}")
+    if need_m and (offsets is None or offsets.dtype != scales.dtype or tuple(offsets.shape) != (n, ng)):
+        raise ValueError(f"mode 'offset' needs offsets {scales.dtype} [{n}, {ng}], got {_describe(offsets)}")
     for t, name in ((scales, "scales"), (zeros, "zeros"), (offsets, "offsets")):
-        if t.numel() and t.device != qweight.device:
+        if t is not None and t.numel() and t.device != qweight.device:
             raise ValueError(f"device mismatch: {name} on {t.device}, qweight on {qweight.device}")
     qw = QuantizedWeight(
         qweight=qweight,
         scales=scales,
-        zeros=zeros if need_z else None,
-        offsets=offsets if need_m else None,
+        zeros=zeros,
+        offsets=offsets,
         config=config,
         shape=(n, k),
     )
@@ -115,7 +126,11 @@ def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor, offsets:
     return qw
 
 
-def _fast_key(qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor, fmt: tuple) -> tuple:
+def _describe(t: Tensor | None) -> str:
+    return "None" if t is None else f"{t.dtype} {tuple(t.shape)}"
+
+
+def _fast_key(qweight: Tensor, scales: Tensor, zeros: Tensor | None, offsets: Tensor | None, fmt: tuple) -> tuple:
     # (.data reassignment swaps the storage without a version bump: the data pointers catch it)
     return (_version(qweight), _version(scales), _version(zeros), _version(offsets), qweight.data_ptr(),
             scales.data_ptr(), fmt)
@@ -182,24 +197,43 @@ def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation
         return y.clamp(lo, hi) if activation is not None else y
 
 
-@_op("linear_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, Tensor offsets, Tensor? bias, SymInt bits, "
+@_op("linear_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, Tensor? bias, SymInt bits, "
      "SymInt group_size, str mode, SymInt N, SymInt K, float lo, float hi, Tensor? input_perm=None) -> Tensor")
-def linear_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
+def linear_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], offsets: Optional[Tensor],  # noqa: UP045
                  bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                  bits: int, group_size: int, mode: str, N: int, K: int, lo: float, hi: float,
                  input_perm: Optional[Tensor] = None) -> Tensor:  # noqa: UP045
     """clamp(x[..., input_perm] @ dequant(W).T + bias, lo, hi): x float16/bfloat16/float32 [..., K] -> [..., N] in
     x.dtype (input_perm None: x itself)."""
+    extra = zeros if mode == "zero_point" else offsets if mode == "offset" else None
+    # a repeated call (each layer's, every step, under torch.compile without CUDA graphs): the launch kept on qweight
+    key = (x.shape, x.dtype, x.get_device(), bits, group_size, mode, N, K, lo, hi)
+    hit = kept(qweight.__dict__, key) if input_perm is None else None
+    if hit is not None and hit.token == weight_token(qweight, scales, extra):
+        y = run_kept(hit, x, bias)
+        if y is not None:
+            return y
     qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)
     activation, extra_clamp = _activation_for(lo, hi)
     _check_input_perm(input_perm, x, K)
     if x.device.type == "cpu":
         from mixgemm.ops.matmul import matmul
 
-        y = matmul(x if input_perm is None else x[..., input_perm], qw, bias, activation)
-    else:
-        # checks the inputs (in full when it makes the weight's plan)
-        y = _cuda_linear(x, qw, bias, activation, input_perm)
+        return _clamped(matmul(x if input_perm is None else x[..., input_perm], qw, bias, activation), lo, hi,
+                        extra_clamp)
+    # checks the inputs (in full when it makes the weight's plan)
+    y = _cuda_linear(x, qw, bias, activation, input_perm)
+    if input_perm is None and not extra_clamp and x.numel():
+        from mixgemm.ops.dispatch import device_key, plans_of
+
+        plan = plans_of(qw).get(("linear", x.numel() // K, x.dtype, device_key(x.device), False))
+        if plan is not None:
+            a, b = clamp_bounds(activation)
+            keep(qweight.__dict__, key, weight_token(qweight, scales, extra), plan.launch, N, a, b, x)
+    return _clamped(y, lo, hi, extra_clamp)
+
+
+def _clamped(y: Tensor, lo: float, hi: float, extra_clamp: bool) -> Tensor:
     return y.clamp(lo, hi) if extra_clamp else y
 
 
@@ -391,10 +425,10 @@ def _linear_wxa8_reference(x: Tensor, qw: QuantizedWeight, bias: Optional[Tensor
     return y.clamp(lo, hi).to(x.dtype).reshape(*x.shape[:-1], qw.out_features)
 
 
-@_op("linear_wxa8(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, Tensor offsets, Tensor? bias, SymInt bits, "
+@_op("linear_wxa8(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, Tensor? bias, SymInt bits, "
      "SymInt group_size, str mode, SymInt N, SymInt K, str act_mode, float lo, float hi, str act_block=\"group\") "
      "-> Tensor")
-def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
+def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], offsets: Optional[Tensor],  # noqa: UP045
                 bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                 bits: int, group_size: int, mode: str, N: int, K: int, act_mode: str, lo: float,
                 hi: float, act_block: str = "group") -> Tensor:
@@ -435,10 +469,10 @@ def _conv_out(size: int, k: int, s: int, p: int, d: int):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-@_op("conv2d_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, Tensor offsets, Tensor? bias, SymInt bits, "
+@_op("conv2d_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, Tensor? bias, SymInt bits, "
      "SymInt group_size, str mode, SymInt[] weight_shape, SymInt[] stride, SymInt[] padding, SymInt[] dilation, "
      "SymInt groups, float lo, float hi) -> Tensor")
-def conv2d_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Tensor, offsets: Tensor,
+def conv2d_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], offsets: Optional[Tensor],  # noqa: UP045
                  bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                  bits: int, group_size: int, mode: str, weight_shape: list[int], stride: list[int],
                  padding: list[int], dilation: list[int], groups: int, lo: float, hi: float) -> Tensor:
@@ -465,15 +499,10 @@ def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, weight_s
     return torch.empty((x.shape[0], co, ho, wo), dtype=x.dtype, device=x.device, memory_format=fmt)
 
 
-def _empty(like: Tensor, dtype: torch.dtype) -> Tensor:
-    return torch.empty(0, dtype=dtype, device=like.device)
-
-
 def weight_args(qw: QuantizedWeight) -> tuple:
     """The plain-tensor arguments (qweight, scales, zeros, offsets, bits, group_size, mode, N, K) of a
-    QuantizedWeight, for calling the ops directly."""
-    zeros = qw.zeros if qw.zeros is not None else _empty(qw.qweight, torch.uint8)
-    offsets = qw.offsets if qw.offsets is not None else _empty(qw.qweight, qw.scales.dtype)
+    QuantizedWeight, for calling the ops directly (zeros / offsets None where the mode has none)."""
+    zeros, offsets = qw.zeros, qw.offsets
     gs = PER_CHANNEL if qw.config.group_size == PER_CHANNEL else qw.config.group_size
     n, k = qw.shape
     return qw.qweight, qw.scales, zeros, offsets, qw.bits, gs, qw.mode, n, k

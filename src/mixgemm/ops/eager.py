@@ -8,6 +8,10 @@ QuantLinear falls back to the ops when eager_forward returns None (no kernel of 
 then run their fallbacks, with their warnings). On the CPU a weight-only layer calls mixgemm.matmul directly: the
 op's own CPU computation, without torch.library's dispatch wrapper, whose first call imports torch._dynamo and
 through it triton (seconds, for nothing on the CPU).
+
+Once a call has run through a prepared launch, the module keeps it by input shape, dtype and device
+(mixgemm.ops.kept_launches): ``fast_call`` runs the next call of that shape with no weight or plan lookup, after the
+checks that can change between calls.
 """
 
 from __future__ import annotations
@@ -19,10 +23,44 @@ from mixgemm._checks import check_matmul_inputs
 from mixgemm.formats.activation import act_block_size, check_act
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.custom_ops import weight_from_tensors
-from mixgemm.ops.dispatch import cached_choice, cuda_matmul, flat_rows
+from mixgemm.ops.dispatch import cached_choice, cuda_matmul, device_key, flat_rows, plans_of
+from mixgemm.ops.kept_launches import keep, kept, run_kept, weight_token
 from mixgemm.ops.matmul import matmul
 
 _INF = float("inf")
+
+
+def _token(mod) -> tuple:
+    b = mod._buffers
+    mode = mod.config.mode
+    extra = b["zeros"] if mode == "zero_point" else b["offsets"] if mode == "offset" else None
+    return weight_token(b["qweight"], b["scales"], extra)
+
+
+def fast_call(mod, x: torch.Tensor) -> torch.Tensor | None:
+    """QuantLinear ``mod``'s output for x through the launch it kept for x's shape, dtype and device, or None when
+    there is none or it does not apply now (a compiler or dispatch mode, autograd to record, other kernel options, a
+    changed weight, a strided x)."""
+    # is_compiling first: under torch.compile it is a constant, and nothing after it is traced (the kept launches and
+    # the kernel options' context variable are eager-only state)
+    if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
+        return None
+    hit = kept(mod.__dict__, (x.shape, x.dtype, x.get_device()))
+    if hit is None or _get_current_dispatch_mode() is not None:
+        return None
+    bias = mod._parameters["bias"]
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        return None
+    if hit.token != _token(mod):
+        return None
+    return run_kept(hit, x, bias)
+
+
+def _keep(mod, x: torch.Tensor, launch, n: int) -> None:
+    """Keep a call's prepared launch for the next call of x's shape (fast_call); not for act-order layers, whose x
+    is gathered before the launch."""
+    if mod._buffers.get("input_perm") is None:
+        keep(mod.__dict__, (x.shape, x.dtype, x.get_device()), _token(mod), launch, n, -_INF, _INF, x)
 
 
 def eager_applies(mod, x: torch.Tensor) -> bool:
@@ -55,9 +93,13 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
         if x.device.type == "cpu":
             return matmul(x if perm is None else x[..., perm], qw, bias)
         try:
-            return cuda_matmul(x, qw, bias, None, perm)  # the same plans as the op's
+            y = cuda_matmul(x, qw, bias, None, perm)  # the same plans as the op's
         except NoKernel:
             return None
+        if perm is None and x.numel():
+            plan = plans_of(qw).get(("linear", x.numel() // k, x.dtype, device_key(x.device), False))
+            _keep(mod, x, None if plan is None else plan.launch, n)
+        return y
     shape = x.shape
     if len(shape) < 1 or shape[-1] != k:
         check_matmul_inputs(x, qw, bias)  # raises, naming the shapes
@@ -80,4 +122,5 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
              else choice.entry.run(x2d, qw, bias, -_INF, _INF, choice.config, choice.problem, x.dtype))
     except NoKernel:
         return None
+    _keep(mod, x, launch, n)
     return y if len(shape) == 2 else y.view(*shape[:-1], n)

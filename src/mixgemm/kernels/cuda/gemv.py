@@ -522,6 +522,8 @@ class GemvLaunch:
 
     # x may come zero-padded to at least the layout's padded K (mixgemm.kernels.cuda.gather_x writes it so)
     reads_padded_x = True
+    # x may be a contiguous [..., K] of any rank (its M rows K apart); y then gets x's leading shape
+    takes_rows = True
 
     def __init__(self, launch, layout, m: int, n: int, dtype: torch.dtype, device: torch.device):
         self.launch, self.layout, self.m, self.n, self.dtype, self.device = launch, layout, m, n, dtype, device
@@ -531,17 +533,22 @@ class GemvLaunch:
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
                  perm: torch.Tensor | None = None) -> torch.Tensor:
         """clamp(x2d @ dequant(W).T + bias, lo, hi) for x2d [M, K] (unit stride along K) of the prepared M and
-        dtype, or x2d [M, >= Kp] zero-padded past K (read as it is); perm: the kernel permutation of a launch
-        prepared for an act-order layer (None otherwise)."""
+        dtype, or x2d [M, >= Kp] zero-padded past K (read as it is), or a contiguous [..., K] of M rows (y [..., N]);
+        perm: the kernel permutation of a launch prepared for an act-order layer (None otherwise)."""
         es = x2d.element_size()
-        if x2d.shape[1] >= self._kp and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * es) % 16 == 0:
+        # the row stride: a contiguous [..., K]'s rows are K apart (its size-1 dims may carry any stride)
+        ld = x2d.stride(0) if x2d.dim() == 2 else x2d.shape[-1]
+        if x2d.shape[-1] >= self._kp and x2d.data_ptr() % 16 == 0 and (ld * es) % 16 == 0:
             xk = x2d
         else:
-            xk = _prepare_x(x2d, self.layout)
-        y = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
+            xk = _prepare_x(x2d.reshape(-1, x2d.shape[-1]), self.layout)
+            ld = xk.stride(0)
+        # positional sizes: torch.empty parses them faster than a tuple (a few tenths of a microsecond a call)
+        y = (torch.empty(self.m, self.n, dtype=self.dtype, device=self.device) if x2d.dim() == 2
+             else torch.empty(*x2d.shape[:-1], self.n, dtype=self.dtype, device=self.device))
         v = self._vals
         v[_X].value = xk.data_ptr()
-        v[_XSTRIDE].value = xk.stride(0) * es // 16
+        v[_XSTRIDE].value = ld * es // 16
         v[_Y].value = y.data_ptr()
         v[_YSTRIDE].value = self.n
         nvrtc.set_bias_clamp(v, _EPILOGUE, bias, lo, hi)

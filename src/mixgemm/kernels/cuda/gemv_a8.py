@@ -221,6 +221,8 @@ class GemvA8Launch:
     the weight pointers in its parameters stay valid as long as it lives."""
 
     __slots__ = ("launch", "layout", "m", "n", "out_dtype", "device", "_vals")
+    # x may be a contiguous [..., K] of any rank (its M rows K apart); y then gets x's leading shape
+    takes_rows = True
 
     def __init__(self, launch, layout, m: int, n: int, out_dtype: torch.dtype, device: torch.device):
         self.launch, self.layout, self.m, self.n, self.out_dtype, self.device = launch, layout, m, n, out_dtype, device
@@ -228,14 +230,22 @@ class GemvA8Launch:
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
                  out: torch.Tensor | None = None) -> torch.Tensor:
-        xk = _prepare_x(x2d)
-        if out is None:
-            out = torch.empty((self.m, self.n), dtype=self.out_dtype, device=self.device)
+        es = x2d.element_size()
+        # the row stride: a contiguous [..., K]'s rows are K apart (its size-1 dims may carry any stride)
+        ld = x2d.stride(0) if x2d.dim() == 2 else x2d.shape[-1]
+        if x2d.stride(-1) == 1 and (ld * es) % 16 == 0 and x2d.data_ptr() % 16 == 0:
+            xk = x2d
+        else:
+            xk = _prepare_x(x2d.reshape(-1, x2d.shape[-1]))
+            ld = xk.stride(0)
+        if out is None:  # positional sizes: torch.empty parses them faster than a tuple
+            out = (torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device) if x2d.dim() == 2
+                   else torch.empty(*x2d.shape[:-1], self.n, dtype=self.out_dtype, device=self.device))
         v = self._vals
         v[4].value = xk.data_ptr()
-        v[5].value = xk.stride(0)
+        v[5].value = ld
         v[6].value = out.data_ptr()
-        v[7].value = out.stride(0)
+        v[7].value = out.stride(0) if out.dim() == 2 else self.n
         nvrtc.set_bias_clamp(v, 9, bias, lo, hi)
         self.launch()
         return out

@@ -153,6 +153,16 @@ class PreparedLaunch:
             self._first = launch_config(self.grid, self.block, self.smem, False, self.cluster)
         else:
             self.first_without_pdl = False
+        # the steady-state call (__call__ after the first): cuLaunchKernelEx on the prebuilt config through one
+        # pointer made here, or cuLaunchKernel with the geometry as ctypes arguments made here (each per-call ctypes
+        # object and Python frame is a fraction of a microsecond on a launch that costs a few)
+        lib = _libcuda()
+        if self._config is not None:
+            self._ex_args = (ctypes.pointer(self._config), ctypes.c_void_p(self.fn), ctypes.c_void_p(self.params.addr))
+        else:
+            self._args = (ctypes.c_void_p(self.fn), *(ctypes.c_uint(v) for v in (*self.grid, *self.block, self.smem)))
+            self._params_arg = ctypes.c_void_p(self.params.addr)
+        self._ex, self._plain = lib.cuLaunchKernelEx, lib.cuLaunchKernel
 
     def current_stream(self) -> int:
         """The handle of the device's current stream (PyTorch's: graph capture and stream contexts included)."""
@@ -160,11 +170,19 @@ class PreparedLaunch:
 
     def __call__(self, stream: int | None = None) -> None:
         """Launch on ``stream`` (default: the device's current stream)."""
-        cfg = self._config
+        if stream is None:
+            stream = torch._C._cuda_getCurrentRawStream(self.device_index)
         if self.first_without_pdl:
-            cfg, self.first_without_pdl = self._first, False
-        raw_launch(self.fn, self.grid, self.block, self.smem, self.current_stream() if stream is None else stream,
-                   self.params.addr, cfg)
+            self.first_without_pdl = False
+            raw_launch(self.fn, self.grid, self.block, self.smem, stream, self.params.addr, self._first)
+            return
+        if self._config is not None:
+            self._config.stream = stream
+            err = self._ex(*self._ex_args, None)
+        else:
+            err = self._plain(*self._args, stream, self._params_arg, None)
+        if err:  # another thread's first launch (no current context), or a real failure: the general path says which
+            raw_launch(self.fn, self.grid, self.block, self.smem, stream, self.params.addr, self._config)
 
 
 class LaunchCache:
