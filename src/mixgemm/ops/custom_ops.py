@@ -59,25 +59,16 @@ from torch import Tensor
 from mixgemm.epilogue import ACTIVATIONS, clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight
-from mixgemm.ops.kept_launches import keep, kept, run_kept, weight_token
+from mixgemm.ops.kept_launches import keep, kept, run_kept, version_of, weight_token
 
 _CACHE_ATTR = "_mixgemm_qw"
 _ACT_BY_BOUNDS = {v: k for k, v in ACTIVATIONS.items() if k != "none"}  # (lo, hi) -> activation name
 
 
-def _version(t: Tensor | None) -> int:
-    if t is None:
-        return 0
-    try:
-        return t._version
-    except RuntimeError:  # inference tensors have no version counter (and cannot change outside inference mode)
-        return -1
-
-
 def _sig(t: Tensor | None) -> tuple:
     if t is None:
         return ()
-    return (t.data_ptr(), _version(t), tuple(t.shape), t.dtype) if t.numel() else (0, 0, tuple(t.shape), t.dtype)
+    return (t.data_ptr(), version_of(t), tuple(t.shape), t.dtype) if t.numel() else (0, 0, tuple(t.shape), t.dtype)
 
 
 def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor | None, offsets: Tensor | None, bits: int,
@@ -132,7 +123,7 @@ def _describe(t: Tensor | None) -> str:
 
 def _fast_key(qweight: Tensor, scales: Tensor, zeros: Tensor | None, offsets: Tensor | None, fmt: tuple) -> tuple:
     # (.data reassignment swaps the storage without a version bump: the data pointers catch it)
-    return (_version(qweight), _version(scales), _version(zeros), _version(offsets), qweight.data_ptr(),
+    return (version_of(qweight), version_of(scales), version_of(zeros), version_of(offsets), qweight.data_ptr(),
             scales.data_ptr(), fmt)
 
 

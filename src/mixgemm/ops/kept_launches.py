@@ -45,18 +45,22 @@ class Kept:
     takes_rows: bool  # the launch reads a contiguous [..., K] of any rank and returns [..., N]
 
 
-def _version(t: torch.Tensor) -> int:
+def version_of(t: torch.Tensor | None) -> int:
+    """t's in-place version counter (0 for None, -1 for an inference tensor, which has none and cannot change outside
+    inference mode)."""
+    if t is None:
+        return 0
     try:
         return t._version
-    except RuntimeError:  # inference tensors have no version counter (and cannot change outside inference mode)
+    except RuntimeError:
         return -1
 
 
 def weight_token(qweight: torch.Tensor, scales: torch.Tensor, extra: torch.Tensor | None) -> tuple:
     """What identifies the weight tensors a launch was prepared for (extra: zeros or offsets where the mode reads
     them, else None)."""
-    return (qweight.data_ptr(), _version(qweight), scales.data_ptr(), _version(scales),
-            -1 if extra is None else extra.data_ptr(), -1 if extra is None else _version(extra))
+    return (qweight.data_ptr(), version_of(qweight), scales.data_ptr(), version_of(scales),
+            -1 if extra is None else extra.data_ptr(), version_of(extra))
 
 
 def forget(owner: dict) -> None:
