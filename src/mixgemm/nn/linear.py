@@ -37,7 +37,7 @@ from mixgemm.formats.weight import (
     dequantize_weight,
     quantize_weight,
 )
-from mixgemm.ops.custom_ops import weight_from_tensors
+from mixgemm.ops.custom_ops import mode_params, weight_from_tensors
 from mixgemm.ops.eager import eager_applies, eager_forward, fast_call
 from mixgemm.ops.kept_launches import forget
 
@@ -216,8 +216,7 @@ class QuantLinear(nn.Module):
         c = self.config
         # only the tensors the mode reads: torch.compile guards each tensor handed to the op on every call
         b = self._buffers
-        zeros = b["zeros"] if c.mode == "zero_point" else None
-        offsets = b["offsets"] if c.mode == "offset" else None
+        zeros, offsets = mode_params(c.mode, b["zeros"], b["offsets"])
         if self.act_mode is None:
             return torch.ops.mixgemm.linear_wxa16(x, b["qweight"], b["scales"], zeros, offsets, self.bias,
                                                   c.bits, c.group_size, c.mode, self.out_features,

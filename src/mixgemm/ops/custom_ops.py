@@ -65,6 +65,11 @@ _CACHE_ATTR = "_mixgemm_qw"
 _ACT_BY_BOUNDS = {v: k for k, v in ACTIVATIONS.items() if k != "none"}  # (lo, hi) -> activation name
 
 
+def mode_params(mode: str, zeros: Tensor | None, offsets: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """(zeros, offsets) with the one the mode does not read (both, for "sym") as None."""
+    return (zeros if mode == "zero_point" else None), (offsets if mode == "offset" else None)
+
+
 def _sig(t: Tensor | None) -> tuple:
     if t is None:
         return ()
@@ -78,8 +83,7 @@ def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor | None, o
     docstring)."""
     # the tensors a mode does not read are dropped, so that callers passing None or an empty placeholder (the eager
     # path passes the module's buffers, the compiled one None) meet the same cache entry
-    zeros = zeros if mode == "zero_point" else None
-    offsets = offsets if mode == "offset" else None
+    zeros, offsets = mode_params(mode, zeros, offsets)
     hit = getattr(qweight, _CACHE_ATTR, None)
     fmt = (bits, group_size, mode, n, k)
     # fast path (every eager call): the same tensor objects, unchanged in place -- identity and version counters
@@ -196,11 +200,11 @@ def linear_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Ten
                  input_perm: Optional[Tensor] = None) -> Tensor:  # noqa: UP045
     """clamp(x[..., input_perm] @ dequant(W).T + bias, lo, hi): x float16/bfloat16/float32 [..., K] -> [..., N] in
     x.dtype (input_perm None: x itself)."""
-    extra = zeros if mode == "zero_point" else offsets if mode == "offset" else None
+    zeros, offsets = mode_params(mode, zeros, offsets)
     # a repeated call (each layer's, every step, under torch.compile without CUDA graphs): the launch kept on qweight
     key = (x.shape, x.dtype, x.get_device(), bits, group_size, mode, N, K, lo, hi)
     hit = kept(qweight.__dict__, key) if input_perm is None else None
-    if hit is not None and hit.token == weight_token(qweight, scales, extra):
+    if hit is not None and hit.token == weight_token(qweight, scales, zeros, offsets):
         y = run_kept(hit, x, bias)
         if y is not None:
             return y
@@ -214,13 +218,11 @@ def linear_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Ten
                         extra_clamp)
     # checks the inputs (in full when it makes the weight's plan)
     y = _cuda_linear(x, qw, bias, activation, input_perm)
-    if input_perm is None and not extra_clamp and x.numel():
-        from mixgemm.ops.dispatch import device_key, plans_of
+    if input_perm is None and not extra_clamp:
+        from mixgemm.ops.dispatch import plan_launch
 
-        plan = plans_of(qw).get(("linear", x.numel() // K, x.dtype, device_key(x.device), False))
-        if plan is not None:
-            a, b = clamp_bounds(activation)
-            keep(qweight.__dict__, key, weight_token(qweight, scales, extra), plan.launch, N, a, b, x)
+        a, b = clamp_bounds(activation)
+        keep(qweight.__dict__, key, weight_token(qweight, scales, zeros, offsets), plan_launch(qw, x), N, a, b, x)
     return _clamped(y, lo, hi, extra_clamp)
 
 
@@ -338,8 +340,8 @@ def _(a, b, weight, eps, perm=None):
 
 def _plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k) -> QuantizedWeight:
     """A QuantizedWeight over the tensors without the layout cache (also works on fake tensors)."""
-    return QuantizedWeight(qweight=qweight, scales=scales, zeros=zeros if mode == "zero_point" else None,
-                           offsets=offsets if mode == "offset" else None,
+    zeros, offsets = mode_params(mode, zeros, offsets)
+    return QuantizedWeight(qweight=qweight, scales=scales, zeros=zeros, offsets=offsets,
                            config=QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scales.dtype),
                            shape=(n, k))
 

@@ -40,6 +40,20 @@ def device_key(device: torch.device) -> int:
     return device.index if device.type == "cuda" and device.index is not None else -1
 
 
+def linear_key(m: int, x_dtype: torch.dtype, device: torch.device, act_order: bool) -> tuple:
+    """The plan key of a weight-only linear call of M rows."""
+    return ("linear", m, x_dtype, device_key(device), act_order)
+
+
+def plan_launch(qw: QuantizedWeight, x: torch.Tensor) -> object | None:
+    """The prepared launch of the plan a weight-only call on x [..., K] without act-order has made on qw, or None
+    (no plan: an empty x, a kernel_options block, a fallback; or an entry that prepares none)."""
+    if not x.numel():
+        return None
+    plan = plans_of(qw).get(linear_key(x.numel() // qw.in_features, x.dtype, x.device, False))
+    return None if plan is None else plan.launch
+
+
 def cached_choice(qw: QuantizedWeight, key: tuple, make_problem) -> Choice:
     """The plan under ``key`` on qw, chosen by the registry for make_problem() on a miss; no caching under
     non-default kernel options."""
@@ -68,7 +82,7 @@ def linear_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: tor
     share their weight object with plain views of it: act_order is part of the key)."""
     from mixgemm.kernels.linear import linear_problem
 
-    return cached_choice(qw, ("linear", m, x_dtype, device_key(device), act_order),
+    return cached_choice(qw, linear_key(m, x_dtype, device, act_order),
                          lambda: linear_problem(m, qw, x_dtype, device_info(device), act_order))
 
 
@@ -180,6 +194,6 @@ def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         check_matmul_inputs(x, qw, bias)
         return linear_problem(m, qw, x.dtype, device_info(x.device), input_perm is not None)
 
-    choice = cached_choice(qw, ("linear", m, x.dtype, device_key(x.device), input_perm is not None), make_problem)
+    choice = cached_choice(qw, linear_key(m, x.dtype, x.device, input_perm is not None), make_problem)
     y = run_linear(choice, x2d, qw, bias, lo, hi, input_perm)
     return y if len(shape) == 2 else y.view(*shape[:-1], n)

@@ -22,8 +22,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.formats.activation import act_block_size, check_act
 from mixgemm.kernels.registry import NoKernel
-from mixgemm.ops.custom_ops import weight_from_tensors
-from mixgemm.ops.dispatch import cached_choice, cuda_matmul, device_key, flat_rows, plans_of
+from mixgemm.ops.custom_ops import mode_params, weight_from_tensors
+from mixgemm.ops.dispatch import cached_choice, cuda_matmul, flat_rows, plan_launch
 from mixgemm.ops.kept_launches import keep, kept, run_kept, weight_token
 from mixgemm.ops.matmul import matmul
 
@@ -32,9 +32,7 @@ _INF = float("inf")
 
 def _token(mod) -> tuple:
     b = mod._buffers
-    mode = mod.config.mode
-    extra = b["zeros"] if mode == "zero_point" else b["offsets"] if mode == "offset" else None
-    return weight_token(b["qweight"], b["scales"], extra)
+    return weight_token(b["qweight"], b["scales"], *mode_params(mod.config.mode, b["zeros"], b["offsets"]))
 
 
 def fast_call(mod, x: torch.Tensor) -> torch.Tensor | None:
@@ -96,9 +94,8 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
             y = cuda_matmul(x, qw, bias, None, perm)  # the same plans as the op's
         except NoKernel:
             return None
-        if perm is None and x.numel():
-            plan = plans_of(qw).get(("linear", x.numel() // k, x.dtype, device_key(x.device), False))
-            _keep(mod, x, None if plan is None else plan.launch, n)
+        if perm is None:
+            _keep(mod, x, plan_launch(qw, x), n)
         return y
     shape = x.shape
     if len(shape) < 1 or shape[-1] != k:

@@ -56,11 +56,13 @@ def version_of(t: torch.Tensor | None) -> int:
         return -1
 
 
-def weight_token(qweight: torch.Tensor, scales: torch.Tensor, extra: torch.Tensor | None) -> tuple:
-    """What identifies the weight tensors a launch was prepared for (extra: zeros or offsets where the mode reads
-    them, else None)."""
+def weight_token(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                 offsets: torch.Tensor | None) -> tuple:
+    """What identifies the weight tensors a launch was prepared for (zeros / offsets None where the mode does not
+    read them). Spelled out, not looped: it runs on every kept call."""
     return (qweight.data_ptr(), version_of(qweight), scales.data_ptr(), version_of(scales),
-            -1 if extra is None else extra.data_ptr(), version_of(extra))
+            -1 if zeros is None else zeros.data_ptr(), version_of(zeros),
+            -1 if offsets is None else offsets.data_ptr(), version_of(offsets))
 
 
 def forget(owner: dict) -> None:
