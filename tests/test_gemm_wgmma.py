@@ -358,6 +358,7 @@ def test_serial_split(m, n, k, cfg, fmt):
     next launch: a second call with other operands and a third with the first again are right, and the third is
     bit-identical to the first (the sum order does not depend on which slice finishes last)."""
     from mixgemm.kernels.cuda import gemm_wgmma as G
+    from mixgemm.kernels.cuda import stream_buffers
 
     bits, gs, mode, dtype = fmt
     k = k if gs == -1 else -(-k // gs) * gs
@@ -371,7 +372,7 @@ def test_serial_split(m, n, k, cfg, fmt):
     y3 = G.gemm_wgmma(x, qw, b, 0.0, 6.0, cfg)
     assert torch.equal(y1, y3)
     torch.cuda.synchronize()
-    assert all(int(c.abs().sum()) == 0 for c in G._COUNTERS.values()), "tile counters left non-zero"
+    assert all(int(c.abs().sum()) == 0 for c in stream_buffers._COUNTERS.values()), "tile counters left non-zero"
 
 
 @pytest.mark.gpu

@@ -208,8 +208,43 @@ def test_opcheck_linear_wxa16(torch_gen):
     for x, qw, b in _op_cases(torch_gen):
         qt, s, z, o, bits, g, mode, n, k = weight_args(qw)
         for lo, hi in [(-math.inf, math.inf), (0.0, 6.0), (-0.5, 0.25)]:
-            torch.library.opcheck(torch.ops.mixgemm.linear_wxa16.default,
-                                  (x, qt, s, z, o, b, bits, g, mode, n, k, lo, hi))
+            for overload in (torch.ops.mixgemm.linear_wxa16.default, torch.ops.mixgemm.linear_wxa16.no_grad):
+                torch.library.opcheck(overload, (x, qt, s, z, o, b, bits, g, mode, n, k, lo, hi))
+        torch.library.opcheck(torch.ops.mixgemm.linear_wxa8.no_grad,
+                              (x, qt, s, z, o, b, bits, g, mode, n, k, "sym", 0.0, 6.0, "group"))
+
+
+@pytest.mark.parametrize("act", [None, "sym"])
+def test_compiled_call_takes_the_no_grad_overload_when_nothing_needs_a_gradient(act, torch_gen, rel_err):
+    """Under torch.compile a QuantLinear call that records no gradient (grad mode off, or neither x nor the bias
+    requires one) goes through the op's no_grad overload, which has no Python autograd kernel; one that does keeps
+    the default overload and its backward."""
+    torch._dynamo.reset()
+    lin = nn.Linear(64, 48)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(48, 64, generator=torch_gen) * 0.1)
+    q = QuantLinear.from_linear(lin, bits=8, group_size=32, mode="sym", act_mode=act)
+    q.bias.requires_grad_(False)
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "mixgemm" in str(n.target))
+        return gm
+
+    op = "linear_wxa16" if act is None else "linear_wxa8"
+    compiled = torch.compile(q, backend=backend, fullgraph=True, dynamic=False)
+    x = torch.randn(3, 64, generator=torch_gen)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), q(x))
+    compiled(x)  # grad mode on, nothing requires grad
+    assert targets == [f"mixgemm.{op}.no_grad"] * 2, targets
+    xg = x.clone().requires_grad_()
+    y = compiled(xg)
+    assert targets[-1] == f"mixgemm.{op}.default", targets
+    y.square().sum().backward()
+    xe = x.clone().requires_grad_()
+    q(xe).square().sum().backward()
+    assert rel_err(xg.grad, xe.grad) <= 1e-6
 
 
 def test_linear_op_clamp_bounds(torch_gen, rel_err):
@@ -485,6 +520,43 @@ def test_op_kept_launch_cuda(torch_gen, rel_err):
         assert rel_err(first, want) <= TOL[torch.float16] and rel_err(again, want) <= TOL[torch.float16]
         with pytest.raises(ValueError, match="bias"):
             torch.ops.mixgemm.linear_wxa16(x, qt, s, z, o, b[:999], bits_, g, mode_, n, k, lo, hi)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token")])
+def test_op_kept_launch_a8_cuda(bits, group, act_block, torch_gen, rel_err):
+    """linear_wxa8 keeps its launch on qweight too: repeated calls (M = 1: the fused GEMV; M = 16: the row quantizer
+    into the stream's kept scratch, then the int8 GEMM) on fresh inputs each match the op's float64 reference, also
+    interleaved with a CUDA-graph replay of the same shape captured in between (the graph's scratch is its own)."""
+    from mixgemm.ops.custom_ops import _linear_wxa8_reference
+
+    qw = quantize_weight(torch.randn(1000, 512, generator=torch_gen) * 0.02, bits=bits, group_size=group,
+                         mode="sym").to("cuda")
+    qt, s, z, o, bits_, g, mode_, n, k = weight_args(qw)
+    b = torch.randn(1000, generator=torch_gen).half().cuda()
+    op = torch.ops.mixgemm.linear_wxa8.no_grad
+    for m in (1, 16):
+        def call(x):
+            return op(x, qt, s, z, o, b, bits_, g, mode_, n, k, "sym", -math.inf, math.inf, act_block)
+
+        def want(x):
+            return _linear_wxa8_reference(x, qw, b, "sym", -math.inf, math.inf, act_block)
+
+        xs = [torch.randn(m, 512, generator=torch_gen).half().cuda() for _ in range(3)]
+        outs = [call(x) for x in xs]
+        assert any(key[8] == "sym" for key in qt.__dict__["_mixgemm_launches"])
+        static_x = xs[0].clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = call(static_x)
+        for x, y in zip(xs, outs, strict=True):
+            assert rel_err(y, want(x)) <= TOL[torch.float16]
+            static_x.copy_(x.flip(0) * 2)
+            graph.replay()
+            again = call(x)
+            torch.cuda.synchronize()
+            assert rel_err(again, want(x)) <= TOL[torch.float16]
+            assert rel_err(static_y, want(x.flip(0) * 2)) <= TOL[torch.float16]
 
 
 @pytest.mark.gpu

@@ -75,11 +75,13 @@ def measure(name: str, q, lin, m: int, compiled: bool) -> dict:
     return r
 
 
-def profile(q, m: int) -> str:
+def profile(q, m: int, calls: int = 2000) -> str:
     x = torch.randn(m, K, device="cuda", dtype=torch.float16)
+    for _ in range(20):
+        q(x)
     pr = cProfile.Profile()
     pr.enable()
-    for _ in range(2000):
+    for _ in range(calls):
         q(x)
     pr.disable()
     torch.cuda.synchronize()
@@ -108,6 +110,13 @@ def main() -> int:
                 print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
             for m in (1, 16):
                 prof.append(f"== {name} M={m}\n" + profile(model[0], m))
+                if a.compiled:  # where a compiled call's host time goes, beside a compiled nn.Linear's
+                    torch._dynamo.reset()
+                    prof.append(f"== compiled {name} M={m}\n" + profile(torch.compile(model[0], dynamic=False), m))
+        if a.compiled:
+            for m in (1, 16):
+                torch._dynamo.reset()
+                prof.append(f"== compiled nn.Linear M={m}\n" + profile(torch.compile(lin, dynamic=False), m))
     with open(os.path.join(a.out, "eager_overhead.json"), "w") as f:
         json.dump(rows, f, indent=1)
     with open(os.path.join(a.out, "eager_overhead.prof.txt"), "w") as f:

@@ -183,6 +183,8 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
     from mixgemm.kernels.cuda import gemv_a8
     from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8
+    from mixgemm.kernels.cuda.launch import new_rows
+    from mixgemm.kernels.cuda.stream_buffers import stream_scratch
 
     dev = torch.device("cuda", p.device.index)
     k, per_token = p.k, p.per_token
@@ -193,17 +195,18 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
     gemm = prepare_wgmma_a8(qw, p.m, k, per_token, OutputRows(p.x_dtype, p.n, True, dev), config)
     m, n, x_dtype, block = p.m, p.n, p.x_dtype, k if per_token else p.group_size
     scales_at = m * k  # a multiple of 16 (K % 16 == 0): the scales' float32 [M] start aligned
+    index = dev.index
 
     def launch(x2d, bias, lo, hi):
-        y = torch.empty(m, n, dtype=x_dtype, device=dev)  # positional sizes: parsed faster than a tuple
+        y = new_rows(m, n, x_dtype, dev)
         if rows_quantizer is not None and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * x2d.element_size()) % 16 == 0:
-            # the codes, the scales and (unused by the sym GEMM, one slot for both) the offsets and sums: one
-            # allocation, consumed by the GEMM right after on the same stream
-            buf = torch.empty(scales_at + 8 * m, dtype=torch.uint8, device=dev)
-            base = buf.data_ptr()
+            # the codes, the scales and (unused by the sym GEMM, one slot for both) the offsets and sums, consumed by
+            # the GEMM right after on the same stream: that stream's scratch (kept between calls at decode sizes)
+            stream = torch._C._cuda_getCurrentRawStream(index)
+            base, _fresh = stream_scratch(index, stream, scales_at + 8 * m)  # (_fresh: alive through the launches)
             rows_quantizer.launch_into(x2d, base, k, base + scales_at, base + scales_at + 4 * m,
-                                       base + scales_at + 4 * m)
-            return gemm.launch_from(base, base + scales_at, bias, lo, hi, y)
+                                       base + scales_at + 4 * m, stream)
+            return gemm.launch_from(base, base + scales_at, bias, lo, hi, y, stream)
         aq, sa, _, _ = act_quant(x2d, block, "sym")
         return gemm(aq, sa, bias, lo, hi, y)
 

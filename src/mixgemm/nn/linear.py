@@ -217,13 +217,18 @@ class QuantLinear(nn.Module):
         # only the tensors the mode reads: torch.compile guards each tensor handed to the op on every call
         b = self._buffers
         zeros, offsets = mode_params(c.mode, b["zeros"], b["offsets"])
+        bias = self.bias
+        # no gradient to record: the ops' no_grad overload, without the Python autograd kernel in front of each call
+        grad = torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
         if self.act_mode is None:
-            return torch.ops.mixgemm.linear_wxa16(x, b["qweight"], b["scales"], zeros, offsets, self.bias,
-                                                  c.bits, c.group_size, c.mode, self.out_features,
-                                                  self.in_features, -math.inf, math.inf, perm)
-        return torch.ops.mixgemm.linear_wxa8(x, b["qweight"], b["scales"], zeros, offsets, self.bias,
-                                             c.bits, c.group_size, c.mode, self.out_features, self.in_features,
-                                             self.act_mode, -math.inf, math.inf, self.act_block)
+            op = torch.ops.mixgemm.linear_wxa16
+            return (op.default if grad else op.no_grad)(x, b["qweight"], b["scales"], zeros, offsets, bias, c.bits,
+                                                        c.group_size, c.mode, self.out_features, self.in_features,
+                                                        -math.inf, math.inf, perm)
+        op = torch.ops.mixgemm.linear_wxa8
+        return (op.default if grad else op.no_grad)(x, b["qweight"], b["scales"], zeros, offsets, bias, c.bits,
+                                                    c.group_size, c.mode, self.out_features, self.in_features,
+                                                    self.act_mode, -math.inf, math.inf, self.act_block)
 
     # ---- state ---------------------------------------------------------------------------------------
     def _format_tensor(self) -> torch.Tensor:

@@ -55,6 +55,7 @@ from mixgemm.formats.layouts_wgmma import K_TILE, WgmmaLayout, build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import launch as cuda_launch
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.stream_buffers import tile_counters
 from mixgemm.kernels.options import current_options
 
 SOURCE = "gemm_wgmma.cu"
@@ -330,7 +331,7 @@ class WgmmaLaunch:
 
     def __call__(self, x2d: torch.Tensor, bias, lo: float, hi: float) -> torch.Tensor:
         xk = _prepare_x(x2d)
-        y = torch.empty(self.m, self.n, dtype=self.dtype, device=self.device)  # positional: parsed faster than a tuple
+        y = cuda_launch.new_rows(self.m, self.n, self.dtype, self.device)
         if bias is not None and not bias.is_contiguous():
             bias = bias.contiguous()
         if xk.stride(0) != self.kx:
@@ -583,11 +584,16 @@ class TensorMapParam:
         # from_buffer (not from_address): the value keeps its memory alive for as long as a parameter list holds it
         self.value = (ctypes.c_ubyte * 128).from_buffer(buf, addr - ctypes.addressof(buf))
         self.addr = addr
+        self.ptr = None  # the global address point_to last wrote (None: the one it was encoded with)
         if tm is not None:
             ctypes.memmove(addr, tm.getPtr(), 128)
 
     def point_to(self, ptr: int) -> None:
-        cuda_launch.replace_tensor_map_address(self.addr, ptr)
+        # a driver call, skipped when the address is the one already written (the map is a by-value parameter, copied
+        # at each launch; a decode loop's buffers mostly come back at the same addresses)
+        if ptr != self.ptr:
+            cuda_launch.replace_tensor_map_address(self.addr, ptr)
+            self.ptr = ptr
 
 
 class WgmmaPart:
@@ -627,7 +633,7 @@ class WgmmaPart:
         if self.counters == "zeroed":
             v[11].value = torch.zeros(self.tiles, dtype=torch.int32, device=dev).data_ptr()
         elif self.counters == "kept":
-            v[11].value = _tile_counters(dev, self.tiles).data_ptr()
+            v[11].value = tile_counters(dev, self.tiles).data_ptr()
         else:
             v[11].value = 0
         self.launch(stream)
@@ -657,19 +663,3 @@ def tstore_fits(y: torch.Tensor, bm: int, nwg: int, ring_bytes: int | None = Non
     # W4 g128 8192 x 28672, M = 1: 47.1 -> 47.4 us)
     return (y.dtype in (torch.float16, torch.bfloat16) and y.stride(1) == 1 and (y.stride(0) * 2) % 16 == 0
             and y.data_ptr() % 16 == 0 and bm >= 16 and (ring_bytes is None or ring_bytes >= nwg * bm * 128))
-
-
-_COUNTERS: dict = {}
-
-
-def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """An int32 counter per output tile for the serial split-K (WG_SPLIT 3), zero on entry and left zero by every
-    launch (the last slice of a tile resets its counter), so it is allocated and zeroed once, not per call. One
-    buffer per device and stream: launches on one stream run in order (a PDL launch touches it only after
-    griddepcontrol.wait), while two streams could run two launches at once."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < tiles:
-        buf = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf

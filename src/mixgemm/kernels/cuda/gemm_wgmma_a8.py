@@ -297,9 +297,10 @@ class WgmmaA8Launch:
             bias = bias.contiguous()
         return self.launch_from(aq.data_ptr(), sat.data_ptr(), bias, lo, hi, y)
 
-    def launch_from(self, aq_ptr: int, sat_ptr: int, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
+    def launch_from(self, aq_ptr: int, sat_ptr: int, bias, lo: float, hi: float, y: torch.Tensor,
+                    stream: int | None = None) -> torch.Tensor:
         """The product from codes at aq_ptr (rows as prepared) and activation scales at sat_ptr (float32 [M] per
-        token, or [G, M_pad])."""
+        token, or [G, M_pad]), on ``stream`` (default: the current one)."""
         v = self._vals
         v[3].value = sat_ptr
         v[5].value = y.data_ptr()
@@ -307,5 +308,5 @@ class WgmmaA8Launch:
         self.xmap.point_to(aq_ptr)
         if self.ymap is not None:
             self.ymap.point_to(y.data_ptr())
-        self.launch()
+        self.launch(stream)
         return y

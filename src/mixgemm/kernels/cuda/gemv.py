@@ -27,6 +27,7 @@ from mixgemm.formats.layouts import GemvLayout, build_gemv_mma_v1, build_gemv_v2
 from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.launch import new_rows
 from mixgemm.kernels.options import current_options
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
 from mixgemm.tuning.gemv_m1 import m1_entry
@@ -543,8 +544,8 @@ class GemvLaunch:
         else:
             xk = _prepare_x(x2d.reshape(-1, x2d.shape[-1]), self.layout)
             ld = xk.stride(0)
-        # positional sizes: torch.empty parses them faster than a tuple (a few tenths of a microsecond a call)
-        y = (torch.empty(self.m, self.n, dtype=self.dtype, device=self.device) if x2d.dim() == 2
+        # (positional sizes: torch.empty parses them faster than a tuple, a few tenths of a microsecond a call)
+        y = (new_rows(self.m, self.n, self.dtype, self.device) if x2d.dim() == 2
              else torch.empty(*x2d.shape[:-1], self.n, dtype=self.dtype, device=self.device))
         v = self._vals
         v[_X].value = xk.data_ptr()

@@ -28,6 +28,7 @@ import torch
 from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.launch import new_rows
 from mixgemm.kernels.options import current_options
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
 from mixgemm.tuning.gemv_m1 import a8_m1_entry
@@ -239,7 +240,7 @@ class GemvA8Launch:
             xk = _prepare_x(x2d.reshape(-1, x2d.shape[-1]))
             ld = xk.stride(0)
         if out is None:  # positional sizes: torch.empty parses them faster than a tuple
-            out = (torch.empty(self.m, self.n, dtype=self.out_dtype, device=self.device) if x2d.dim() == 2
+            out = (new_rows(self.m, self.n, self.out_dtype, self.device) if x2d.dim() == 2
                    else torch.empty(*x2d.shape[:-1], self.n, dtype=self.out_dtype, device=self.device))
         v = self._vals
         v[4].value = xk.data_ptr()
@@ -320,11 +321,13 @@ class ActQuantRowsLaunch:
         self.launch_into(x, q.data_ptr(), q.stride(0), s.data_ptr(), o.data_ptr(), sm.data_ptr())
         return out
 
-    def launch_into(self, x: torch.Tensor, q_ptr: int, ldq: int, s_ptr: int, o_ptr: int, sums_ptr: int) -> None:
+    def launch_into(self, x: torch.Tensor, q_ptr: int, ldq: int, s_ptr: int, o_ptr: int, sums_ptr: int,
+                    stream: int | None = None) -> None:
         """Quantize x into the given device addresses (codes [M, ldq] int8, scales / offsets float32 [M], sums int32
-        [M]): a caller that consumes them at once keeps them in one allocation of its own."""
+        [M]) on ``stream`` (default: the current one): a caller that consumes them at once keeps them in one
+        allocation of its own."""
         v = self._vals
         v[0].value, v[1].value = x.data_ptr(), x.stride(0)
         v[2].value, v[3].value = q_ptr, ldq
         v[4].value, v[5].value, v[6].value = s_ptr, o_ptr, sums_ptr
-        self.launch()
+        self.launch(stream)

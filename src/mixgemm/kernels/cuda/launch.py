@@ -55,6 +55,10 @@ def _libcuda():
     lib.cuTensorMapReplaceAddress.restype = ctypes.c_int
     lib.cuMemsetD32Async.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
     lib.cuMemsetD32Async.restype = ctypes.c_int
+    lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    lib.cuMemAlloc_v2.restype = ctypes.c_int
+    lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+    lib.cuMemFree_v2.restype = ctypes.c_int
     return lib
 
 
@@ -112,11 +116,49 @@ def memset_zero_async(ptr: int, nbytes: int, stream: int) -> None:
         raise RuntimeError(f"cuMemsetD32Async failed: CUresult {err}")
 
 
+def driver_alloc(device_index: int, nbytes: int) -> int:
+    """nbytes of device memory on cuda:device_index straight from the driver (cuMemAlloc), outside PyTorch's caching
+    allocator and so outside any CUDA-graph memory pool a caller may be allocating into (for buffers kept across
+    calls; driver_free returns them). Returns the address."""
+    ptr = ctypes.c_uint64(0)
+    with torch.cuda.device(device_index):
+        err = _in_context(_libcuda().cuMemAlloc_v2, ctypes.byref(ptr), nbytes)
+    if err:
+        raise RuntimeError(f"cuMemAlloc of {nbytes} bytes on cuda:{device_index} failed: CUresult {err}")
+    return ptr.value
+
+
+def driver_free(device_index: int, ptr: int) -> None:
+    """Free an address driver_alloc returned, after the device has finished every launch (a launch still reading it
+    would read freed memory)."""
+    torch.cuda.synchronize(device_index)
+    with torch.cuda.device(device_index):
+        err = _in_context(_libcuda().cuMemFree_v2, ptr)
+    if err:
+        raise RuntimeError(f"cuMemFree on cuda:{device_index} failed: CUresult {err}")
+
+
 def replace_tensor_map_address(map_addr: int, ptr: int) -> None:
     """Point the 128-byte CUtensorMap at map_addr to the global address ptr (same shape and strides)."""
     err = _libcuda().cuTensorMapReplaceAddress(map_addr, ptr)
     if err:
         raise RuntimeError(f"cuTensorMapReplaceAddress failed: CUresult {err}")
+
+
+# the allocation inductor's generated code calls: no Python argument parser (about half of torch.empty's host time)
+try:
+    from torch._C._dynamo.guards import _empty_strided_cuda
+except ImportError:  # a PyTorch without it: torch.empty
+    _empty_strided_cuda = None
+
+
+def new_rows(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.empty(m, n, dtype=dtype, device=device) for a launch's output, on the fastest path PyTorch offers: a
+    prepared launch's host time is what an eager decode step or a compiled graph without CUDA graphs pays per layer.
+    The fast allocator takes the current device, so it is used only when that is ``device``."""
+    if _empty_strided_cuda is not None and torch._C._cuda_getDevice() == device.index:
+        return _empty_strided_cuda((m, n), (n, 1), dtype)
+    return torch.empty(m, n, dtype=dtype, device=device)
 
 
 class Params:
