@@ -369,3 +369,28 @@ def test_decode_tokens_per_s_times_each_repeat_on_cpu():
     assert len(r["runs_tokens_per_s"]) == 3 and all(t > 0 for t in r["runs_tokens_per_s"])
     assert sorted(r["runs_tokens_per_s"])[1] == pytest.approx(r["tokens_per_s"])
     assert "kernels" not in r
+
+
+def test_call_overhead_markdown_and_timing_helpers(capsys):
+    """`mixgemm bench --call-overhead`: the result's Markdown marks ratios over the bar; the paired timer times each
+    function (best round); the CLI names the missing GPU instead of timing the CPU."""
+    from mixgemm.bench import call_overhead as co
+
+    calls = [0, 0]
+
+    def one():
+        calls[0] += 1
+
+    def two():
+        calls[1] += 1
+
+    us = co.paired_rate_us([one, two], calls=50, rounds=3)
+    assert len(us) == 2 and all(0 < u < 1e4 for u in us) and calls[0] == calls[1] == 20 + 3 * 50
+    row = dict(scheme="W8A8", K=2048, N=2048, M=16, kernel="cuda_wgmma_a8", eager_us=20.0, eager_linear_us=16.0,
+               eager_ratio=1.25, compiled_us=80.0, compiled_linear_us=50.0, compiled_ratio=1.6, gpu_us=8.4,
+               gpu_linear_us=5.4)
+    md = co.to_markdown(dict(machine=dict(gpu="NVIDIA H200", torch="2.11", date_utc="today"), rows=[row]))
+    assert "| W8A8 | 16 | cuda_wgmma_a8 | 20.0 | 16.0 | 1.25x | 80.0 | 50.0 | 1.60x * | 8.4 (5.4) |" in md
+    if not torch.cuda.is_available():
+        assert mixgemm_main(["bench", "--call-overhead"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="conv layers instead of matmuls: mixgemm.conv2d W4/W8 vs cuDNN fp16 (ResNet-50 stages and a "
                         "ConvNeXt 7x7 depthwise block; -m gives the batch sizes, default "
                         + " ".join(map(str, CONV_BATCHES)) + ")")
+    p.add_argument("--call-overhead", action="store_true",
+                   help="host time of one QuantLinear call (W4A16, W8A16, W8A8, W4A8 per token) against nn.Linear, "
+                        "eager and under torch.compile without CUDA graphs (--shapes: one KxN, default 2048x2048; "
+                        "-m default 1 16 512); writes OUT/<gpu>/call-overhead.{json,md}; CUDA only")
     p.add_argument("--protocol-rows", action="store_true",
                    help="exactly the rows (K x N, M) of the protocol's published table, to compare with it")
     p.add_argument("--out", default=DEFAULT_OUT,
@@ -204,6 +208,20 @@ def estimate_seconds(plan: list[tuple], n_methods: int, warmup_ms: float = 25, r
     return total
 
 
+def _call_overhead(args: argparse.Namespace, shapes, ms) -> int:
+    from mixgemm.bench import call_overhead
+
+    if not torch.cuda.is_available() or args.device == "cpu":
+        print("mixgemm bench: error: --call-overhead times CUDA launches and needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if shapes and len(shapes) != 1:
+        print(f"mixgemm bench: error: --call-overhead takes one KxN shape, got {len(shapes)}", file=sys.stderr)
+        return 2
+    print(call_overhead.run(args.out, shapes[0] if shapes else call_overhead.DEFAULT_SHAPE,
+                            tuple(ms) if ms else call_overhead.DEFAULT_MS, suite=args.suite or "call-overhead"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -226,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     if chosen_models and shapes:
         print("mixgemm bench: error: --model and --shapes both choose the shapes; give one", file=sys.stderr)
         return 2
+    if args.call_overhead:
+        return _call_overhead(args, shapes, ms)
     by_shape = models.model_layers(chosen_models) if chosen_models else {}
     model_suite = None
     if chosen_models:
