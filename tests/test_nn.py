@@ -609,6 +609,36 @@ def test_quantized_model_cuda_compiled_reduce_overhead(cfg, torch_gen, rel_err):
         assert rel_err(got, eager) <= 1e-3
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg,kernel,config", [
+    (W4A16(group_size=128), "cuda_wgmma", dict(BM=16, NWG=2, STAGES=4, KT=4, SPLIT=4, SERIAL=1)),
+    (W8A8(), None, None)], ids=["serial-split-k", "int8-scratch"])
+def test_kept_buffers_under_compiled_cuda_graphs(cfg, kernel, config, torch_gen, rel_err):
+    """Buffers kept per stream between calls (the serial split-K's tile counters, the int8 row quantizer's scratch:
+    kernels/cuda/stream_buffers.py) are driver memory, so a model compiled with mode="reduce-overhead" warms up and
+    records its CUDA graphs with them (a kept buffer from the graphs' memory pool fails cudagraph-trees' check), and
+    replays match eager calls."""
+    import mixgemm
+
+    torch._dynamo.reset()
+    model = nn.Sequential(_linear(4608, 1000, True, torch_gen)).half().cuda().eval()
+    quantize_(model, cfg)
+    forced = (mixgemm.kernel_options(force=kernel, configs={kernel: config}) if kernel
+              else mixgemm.kernel_options())
+    with torch.no_grad(), forced:
+        step = torch.compile(model, fullgraph=True, mode="reduce-overhead")
+        for _ in range(2):
+            for m in (16, 3):
+                x = torch.randn(m, 4608, generator=torch_gen).half().cuda()
+                eager = model(x)
+                for _ in range(3):  # warm-up, record, replay
+                    got = step(x).clone()
+                assert rel_err(got, eager) <= 1e-3, m
+                if kernel:
+                    assert rel_err(got, ref.matmul(x, model[0].quantized_weight(), model[0].bias,
+                                                   out_dtype=torch.float64)) <= TOL[torch.float16]
+
+
 def test_quantize_replaces_conv2d_and_matches_dequantized_float(rel_err):
     """quantize_ covers nn.Conv2d (weight-only configs) and reports convs it cannot take (A8 configs)."""
     import mixgemm

@@ -203,7 +203,8 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
             # the codes, the scales and (unused by the sym GEMM, one slot for both) the offsets and sums, consumed by
             # the GEMM right after on the same stream: that stream's scratch (kept between calls at decode sizes)
             stream = torch._C._cuda_getCurrentRawStream(index)
-            base, _fresh = stream_scratch(index, stream, scales_at + 8 * m)  # (_fresh: alive through the launches)
+            scratch = stream_scratch(index, stream, scales_at + 8 * m)  # (held through the launches)
+            base = scratch.data_ptr()
             rows_quantizer.launch_into(x2d, base, k, base + scales_at, base + scales_at + 4 * m,
                                        base + scales_at + 4 * m, stream)
             return gemm.launch_from(base, base + scales_at, bias, lo, hi, y, stream)

@@ -630,12 +630,12 @@ class WgmmaPart:
         else:
             nvrtc.write_epilogue(v, 6, bias_ptr, bias_code, lo, hi)
         v[10].value = 0 if ws is None else ws.data_ptr()
+        counters = None  # (held until the launch is queued)
         if self.counters == "zeroed":
-            v[11].value = torch.zeros(self.tiles, dtype=torch.int32, device=dev).data_ptr()
+            counters = torch.zeros(self.tiles, dtype=torch.int32, device=dev)
         elif self.counters == "kept":
-            v[11].value = tile_counters(dev, self.tiles).data_ptr()
-        else:
-            v[11].value = 0
+            counters = tile_counters(dev, self.tiles)
+        v[11].value = 0 if counters is None else counters.data_ptr()
         self.launch(stream)
         if self.finish is not None:
             f = self.finish.params.values

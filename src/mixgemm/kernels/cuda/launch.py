@@ -116,26 +116,40 @@ def memset_zero_async(ptr: int, nbytes: int, stream: int) -> None:
         raise RuntimeError(f"cuMemsetD32Async failed: CUresult {err}")
 
 
-def driver_alloc(device_index: int, nbytes: int) -> int:
-    """nbytes of device memory on cuda:device_index straight from the driver (cuMemAlloc), outside PyTorch's caching
-    allocator and so outside any CUDA-graph memory pool a caller may be allocating into (for buffers kept across
-    calls; driver_free returns them). Returns the address."""
-    ptr = ctypes.c_uint64(0)
-    with torch.cuda.device(device_index):
-        err = _in_context(_libcuda().cuMemAlloc_v2, ctypes.byref(ptr), nbytes)
-    if err:
-        raise RuntimeError(f"cuMemAlloc of {nbytes} bytes on cuda:{device_index} failed: CUresult {err}")
-    return ptr.value
+class _DriverMemory:
+    """Device memory from cuMemAlloc seen by torch through __cuda_array_interface__ (torch.as_tensor wraps it without a
+    copy, and the tensor keeps this object alive); freed by ``free``."""
+
+    def __init__(self, device_index: int, numel: int, dtype: torch.dtype):
+        self.device_index = device_index
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        ptr = ctypes.c_uint64(0)
+        with torch.cuda.device(device_index):
+            err = _in_context(_libcuda().cuMemAlloc_v2, ctypes.byref(ptr), nbytes)
+        if err:
+            raise RuntimeError(f"cuMemAlloc of {nbytes} bytes on cuda:{device_index} failed: CUresult {err}")
+        self.ptr = ptr.value
+        typestr = {torch.uint8: "|u1", torch.int32: "<i4"}[dtype]
+        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": typestr, "data": (self.ptr, False),
+                                         "version": 2}
+
+    def free(self) -> None:
+        """Free the memory once the device has finished every launch (one still reading it would read freed memory);
+        the tensors over it must not be used after."""
+        torch.cuda.synchronize(self.device_index)
+        with torch.cuda.device(self.device_index):
+            err = _in_context(_libcuda().cuMemFree_v2, self.ptr)
+        if err:
+            raise RuntimeError(f"cuMemFree on cuda:{self.device_index} failed: CUresult {err}")
 
 
-def driver_free(device_index: int, ptr: int) -> None:
-    """Free an address driver_alloc returned, after the device has finished every launch (a launch still reading it
-    would read freed memory)."""
-    torch.cuda.synchronize(device_index)
-    with torch.cuda.device(device_index):
-        err = _in_context(_libcuda().cuMemFree_v2, ptr)
-    if err:
-        raise RuntimeError(f"cuMemFree on cuda:{device_index} failed: CUresult {err}")
+def driver_tensor(device_index: int, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, _DriverMemory]:
+    """A 1-D tensor of numel on cuda:device_index whose memory comes straight from the driver (cuMemAlloc), outside
+    PyTorch's caching allocator and so outside any CUDA-graph memory pool a caller may be allocating into: for buffers
+    kept across calls (a pool checks that nothing it did not return stays alive). Uninitialized; the second value
+    frees it (``free()``)."""
+    mem = _DriverMemory(device_index, numel, dtype)
+    return torch.as_tensor(mem, device=torch.device("cuda", device_index)), mem
 
 
 def replace_tensor_map_address(map_addr: int, ptr: int) -> None:
