@@ -115,7 +115,7 @@ H100_SYM_SWEEP = _entries(_SWEEP_SOURCE + ", sym", [
 ])
 
 
-# The same sweep on the H200 (int4 only; buckets the h200 table's gemv_mma_m1 sends to the tensor-core GEMV left out):
+# The same sweep on the H200 (buckets the h200 table's gemv_mma_m1 sends to the tensor-core GEMV left out):
 # zero point 9216x2304 8.51 -> 5.70 us, 5120x5120 9.13 -> 6.44, 27648x5120 32.2 -> 27.2; sym 8192x3072 8.67 -> 6.11,
 # 4096x6144 8.25 -> 6.11, 5120x1024 4.66 -> 3.45.
 _SWEEP_SOURCE_H200 = ("tools/bench/gemv_dispatch.py on the H200 (M = 1, fp16 activations; model-list sweep of the "
@@ -137,6 +137,18 @@ H200_SYM_SWEEP = _entries(_SWEEP_SOURCE_H200 + ", sym", [
     (4, 17920, 5120, (2, 2, 2)), (4, 27648, 5120, (4, 2, 4)), (4, 36864, 4608, (4, 2, 4)),
 ])
 
+# int8 per channel, the same sweep on the H200 (measured sym, serves every mode; buckets of the protocol entries above
+# left out): 1536x2048 3.21 -> 2.24 us, 896x4864 4.25 -> 3.01, 3584x512 2.73 -> 1.98, 2048x11008 8.58 -> 7.48,
+# 4096x6144 9.12 -> 8.03, 11008x4096 16.4 -> 14.8, 8192x10240 25.9 -> 24.2.
+H200_W8_SWEEP = _entries(_SWEEP_SOURCE_H200 + ", int8", [
+    (8, 896, 128, (2, 2, 2)), (8, 896, 896, (2, 1, 1)), (8, 896, 4864, (2, 1, 1)), (8, 896, 9728, (4, 1, 1)),
+    (8, 1536, 256, (2, 2, 2)), (8, 1536, 1536, (2, 2, 2)), (8, 1536, 2048, (2, 2, 2)), (8, 2048, 11008, (4, 2, 1)),
+    (8, 2304, 1024, (2, 2, 4)), (8, 2304, 4096, (4, 2, 2)), (8, 2304, 9216, (4, 2, 1)), (8, 3072, 3072, (2, 2, 4)),
+    (8, 3072, 9216, (4, 2, 1)), (8, 3072, 16384, (4, 1, 2)), (8, 3584, 512, (2, 2, 4)), (8, 4096, 6144, (2, 2, 2)),
+    (8, 5120, 1024, (2, 2, 8)), (8, 5120, 5120, (2, 2, 2)), (8, 5120, 7168, (2, 2, 8)), (8, 8192, 3072, (2, 1, 8)),
+    (8, 8192, 10240, (4, 2, 8)), (8, 8960, 1536, (2, 1, 8)), (8, 9216, 2304, (2, 2, 4)), (8, 11008, 4096, (2, 2, 8)),
+])
+
 
 def _union(*tables: dict) -> dict:
     """{bits: entries} of every table (their buckets must not overlap: _check)."""
@@ -155,7 +167,8 @@ def _with_sym(base: dict, sym: dict) -> dict:
 # {(gpu, sym?): {bits: entries}}, merged once, not per call
 TABLES = {("H100", False): _union(H100, H100_ZP_SWEEP, H100_W8_SWEEP),
           ("H100", True): _with_sym(_union(H100, H100_W8_SWEEP), _union(H100_SYM, H100_SYM_SWEEP)),
-          ("H200", False): _union(H200, H200_SWEEP), ("H200", True): _with_sym(H200, _union(H200_SYM, H200_SYM_SWEEP))}
+          ("H200", False): _union(H200, H200_SWEEP, H200_W8_SWEEP),
+          ("H200", True): _with_sym(_union(H200, H200_W8_SWEEP), _union(H200_SYM, H200_SYM_SWEEP))}
 
 
 def _check() -> None:
