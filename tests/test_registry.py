@@ -160,6 +160,13 @@ def test_gemv_simt_m1_bf16_buckets():
         assert _choose(1, 4096, 1024, 4, dtype=torch.bfloat16, device=device).entry.name == "cuda_gemv_mma"
         assert _choose(2, 4096, 1024, 8, -1, dtype=torch.bfloat16, device=device).entry.name != "cuda_gemv"
     assert _choose(1, 4096, 1024, 8, -1, dtype=torch.bfloat16, device=A100).entry.name == "cuda_gemv_mma"  # no data
+    # int4 on the H200 (measured there): tall narrow layers and a few measured buckets take the CUDA-core GEMV
+    for k, n in ((8192, 1024), (11008, 2048), (4096, 11008), (17920, 5120), (36864, 4608)):
+        c = _choose(1, k, n, 4, dtype=torch.bfloat16, device=H200)
+        assert c.entry.name == "cuda_gemv" and "gemv_simt_m1_bf16" in dict(c.declined)["cuda_gemv_mma"], (k, n)
+    for k, n in ((14336, 4096), (4096, 4096), (28672, 8192), (896, 896)):
+        assert _choose(1, k, n, 4, dtype=torch.bfloat16, device=H200).entry.name == "cuda_gemv_mma", (k, n)
+    assert _choose(1, 8192, 1024, 4, dtype=torch.bfloat16).entry.name == "cuda_gemv_mma"  # the H100: not measured
 
 
 def test_act_order_choice_says_who_gathers():
