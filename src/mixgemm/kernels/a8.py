@@ -184,7 +184,7 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
     from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8
     from mixgemm.kernels.cuda.launch import new_rows
-    from mixgemm.kernels.cuda.stream_buffers import stream_scratch
+    from mixgemm.kernels.cuda.stream_buffers import SCRATCH_LOCK, stream_scratch
 
     dev = torch.device("cuda", p.device.index)
     k, per_token = p.k, p.per_token
@@ -203,11 +203,12 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
             # the codes, the scales and (unused by the sym GEMM, one slot for both) the offsets and sums, consumed by
             # the GEMM right after on the same stream: that stream's scratch (kept between calls at decode sizes)
             stream = torch._C._cuda_getCurrentRawStream(index)
-            scratch = stream_scratch(index, stream, scales_at + 8 * m)  # (held through the launches)
-            base = scratch.data_ptr()
-            rows_quantizer.launch_into(x2d, base, k, base + scales_at, base + scales_at + 4 * m,
-                                       base + scales_at + 4 * m, stream)
-            return gemm.launch_from(base, base + scales_at, bias, lo, hi, y, stream)
+            with SCRATCH_LOCK:  # the quantizer and the GEMM reading its scratch are queued together
+                scratch = stream_scratch(index, stream, scales_at + 8 * m)  # (held through the launches)
+                base = scratch.data_ptr()
+                rows_quantizer.launch_into(x2d, base, k, base + scales_at, base + scales_at + 4 * m,
+                                           base + scales_at + 4 * m, stream)
+                return gemm.launch_from(base, base + scales_at, bias, lo, hi, y, stream)
         aq, sa, _, _ = act_quant(x2d, block, "sym")
         return gemm(aq, sa, bias, lo, hi, y)
 

@@ -170,8 +170,12 @@ def new_rows(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.
     """torch.empty(m, n, dtype=dtype, device=device) for a launch's output, on the fastest path PyTorch offers: a
     prepared launch's host time is what an eager decode step or a compiled graph without CUDA graphs pays per layer.
     The fast allocator takes the current device, so it is used only when that is ``device``."""
+    global _empty_strided_cuda
     if _empty_strided_cuda is not None and torch._C._cuda_getDevice() == device.index:
-        return _empty_strided_cuda((m, n), (n, 1), dtype)
+        try:
+            return _empty_strided_cuda((m, n), (n, 1), dtype)
+        except TypeError:  # a private function: another signature in this PyTorch, so torch.empty from now on
+            _empty_strided_cuda = None
     return torch.empty(m, n, dtype=dtype, device=device)
 
 

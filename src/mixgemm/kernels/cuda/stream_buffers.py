@@ -10,8 +10,14 @@ Why keep them: an allocation is a few microseconds of host time, which an eager 
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
+# Held across "write the scratch, launch its reader": two host threads may share a stream (PyTorch's default stream is
+# every thread's), and a second thread's writer queued between the first one's writer and reader would overwrite what
+# the reader is about to read; under the lock the pair is queued together, and stream order does the rest.
+SCRATCH_LOCK = threading.Lock()
 # Scratch above this size is allocated per call: kept for good it would hold prefill-sized memory outside the caching
 # allocator, where the host time of an allocation is small beside the kernels anyway. 16 MiB: M = 512 rows of K up to
 # 32k int8 codes.
