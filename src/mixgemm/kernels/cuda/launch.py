@@ -57,8 +57,6 @@ def _libcuda():
     lib.cuMemsetD32Async.restype = ctypes.c_int
     lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
     lib.cuMemAlloc_v2.restype = ctypes.c_int
-    lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
-    lib.cuMemFree_v2.restype = ctypes.c_int
     return lib
 
 
@@ -118,7 +116,8 @@ def memset_zero_async(ptr: int, nbytes: int, stream: int) -> None:
 
 class _DriverMemory:
     """Device memory from cuMemAlloc seen by torch through __cuda_array_interface__ (torch.as_tensor wraps it without a
-    copy, and the tensor keeps this object alive); freed by ``free``."""
+    copy, and the tensor keeps this object alive). Never freed: a launch queued by another thread may still hold the
+    address."""
 
     def __init__(self, device_index: int, numel: int, dtype: torch.dtype):
         self.device_index = device_index
@@ -133,23 +132,13 @@ class _DriverMemory:
         self.__cuda_array_interface__ = {"shape": (numel,), "typestr": typestr, "data": (self.ptr, False),
                                          "version": 2}
 
-    def free(self) -> None:
-        """Free the memory once the device has finished every launch (one still reading it would read freed memory);
-        the tensors over it must not be used after."""
-        torch.cuda.synchronize(self.device_index)
-        with torch.cuda.device(self.device_index):
-            err = _in_context(_libcuda().cuMemFree_v2, self.ptr)
-        if err:
-            raise RuntimeError(f"cuMemFree on cuda:{self.device_index} failed: CUresult {err}")
 
-
-def driver_tensor(device_index: int, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, _DriverMemory]:
+def driver_tensor(device_index: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """A 1-D tensor of numel on cuda:device_index whose memory comes straight from the driver (cuMemAlloc), outside
     PyTorch's caching allocator and so outside any CUDA-graph memory pool a caller may be allocating into: for buffers
-    kept across calls (a pool checks that nothing it did not return stays alive). Uninitialized; the second value
-    frees it (``free()``)."""
-    mem = _DriverMemory(device_index, numel, dtype)
-    return torch.as_tensor(mem, device=torch.device("cuda", device_index)), mem
+    kept for the life of the process (a pool checks that nothing it did not return stays alive). Uninitialized, never
+    freed."""
+    return torch.as_tensor(_DriverMemory(device_index, numel, dtype), device=torch.device("cuda", device_index))
 
 
 def replace_tensor_map_address(map_addr: int, ptr: int) -> None:

@@ -25,27 +25,27 @@ MAX_SCRATCH_BYTES = 16 << 20
 MIN_SCRATCH_BYTES = 1 << 20
 MIN_COUNTERS = 1024
 
-_SCRATCH: dict = {}  # (device index, stream) -> (tensor, driver memory)
+_SCRATCH: dict = {}  # (device index, stream) -> tensor
 _COUNTERS: dict = {}
 
 
 def _kept(table: dict, device_index: int, stream: int, numel: int, dtype: torch.dtype, least: int,
           zeroed: bool) -> torch.Tensor:
-    """The buffer ``table`` keeps for (device, stream), grown to a power of two >= numel (and >= least) when short:
-    driver memory (launch.driver_tensor), so that a buffer first made while a CUDA graph is warmed up or recorded
-    does not come out of its memory pool. ``zeroed``: zero it, in stream order, when it is made."""
+    """The buffer ``table`` keeps for (device, stream), replaced by one of a power of two >= numel (and >= least)
+    when short: driver memory (launch.driver_tensor), so that a buffer first made while a CUDA graph is warmed up or
+    recorded does not come out of its memory pool. A replaced one is not freed (a launch another thread is queuing may
+    hold its address): at most as much again as the largest, a few times per stream. ``zeroed``: zero it, in stream
+    order, when it is made."""
     key = (device_index, stream)
     hit = table.get(key)
-    if hit is not None and hit[0].numel() >= numel:
-        return hit[0]
+    if hit is not None and hit.numel() >= numel:
+        return hit
     from mixgemm.kernels.cuda.launch import driver_tensor
 
-    if hit is not None:
-        hit[1].free()  # after a device synchronize: a few times per stream at most
-    t, mem = driver_tensor(device_index, max(least, 1 << (numel - 1).bit_length()), dtype)
+    t = driver_tensor(device_index, max(least, 1 << (numel - 1).bit_length()), dtype)
     if zeroed:
         t.zero_()
-    table[key] = (t, mem)
+    table[key] = t
     return t
 
 
