@@ -101,3 +101,41 @@ def test_launch_cache_keeps_at_most_its_size():
     assert len(cache) == 1 and made == [1, 2, 3, 4]
     cache.get(1, lambda: make(1))
     assert made[-1] == 1 and len(cache) == 2
+
+
+def test_stream_buffers_are_kept_per_stream_and_grow_by_powers_of_two(monkeypatch):
+    """kernels/cuda/stream_buffers: one buffer per (device, stream), reused while large enough, replaced by a power of
+    two when short (the counters zeroed when made); a fresh allocation above MAX_SCRATCH_BYTES and while capturing.
+    The driver allocation is replaced by CPU tensors here."""
+    import torch
+
+    from mixgemm.kernels.cuda import launch
+    from mixgemm.kernels.cuda import stream_buffers as sb
+
+    made = []
+
+    def fake_driver_tensor(device_index, numel, dtype):
+        made.append((device_index, numel, dtype))
+        return torch.full((numel,), 7, dtype=dtype)
+
+    monkeypatch.setattr(launch, "driver_tensor", fake_driver_tensor)
+    monkeypatch.setattr(sb, "_SCRATCH", {})
+    monkeypatch.setattr(sb, "_COUNTERS", {})
+    capturing = [False]
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0])
+    monkeypatch.setattr(torch, "empty", lambda n, dtype, device: ("fresh", n))
+    a = sb.stream_scratch(0, 11, 1000)
+    assert a.numel() == sb.MIN_SCRATCH_BYTES and sb.stream_scratch(0, 11, 5000) is a  # kept, reused
+    b = sb.stream_scratch(0, 12, 1000)
+    assert b is not a  # another stream, another buffer
+    c = sb.stream_scratch(0, 11, sb.MIN_SCRATCH_BYTES + 1)
+    assert c.numel() == 2 * sb.MIN_SCRATCH_BYTES and sb.stream_scratch(0, 11, 10) is c  # grown, then kept
+    assert sb.stream_scratch(0, 11, sb.MAX_SCRATCH_BYTES + 1) == ("fresh", sb.MAX_SCRATCH_BYTES + 1)
+    capturing[0] = True
+    assert sb.stream_scratch(0, 11, 10) == ("fresh", 10)  # a graph being captured keeps its own
+    capturing[0] = False
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 11, raising=False)
+    counters = sb.tile_counters(torch.device("cuda", 0), 3000)
+    assert counters.numel() == 4096 and int(counters.abs().sum()) == 0  # zeroed when made
+    assert made == [(0, sb.MIN_SCRATCH_BYTES, torch.uint8), (0, sb.MIN_SCRATCH_BYTES, torch.uint8),
+                    (0, 2 * sb.MIN_SCRATCH_BYTES, torch.uint8), (0, 4096, torch.int32)]
