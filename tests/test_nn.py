@@ -377,6 +377,21 @@ def test_compiled_graph_takes_only_the_tensors_its_mode_reads(mode, held, torch_
     assert inputs == {"qweight", "scales"} | held, names
 
 
+@pytest.mark.parametrize("act", [None, "sym"])
+def test_torch_export_holds_one_op_node(act, torch_gen):
+    """torch.export of a QuantLinear: one mixgemm node (the no_grad overload: exported programs record no gradient),
+    and the exported program computes the module's result."""
+    lin = nn.Linear(64, 48)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(48, 64, generator=torch_gen) * 0.1)
+    q = QuantLinear.from_linear(lin, bits=8 if act else 4, group_size=32, mode="sym", act_mode=act)
+    x = torch.randn(3, 64, generator=torch_gen)
+    ep = torch.export.export(q, (x,))
+    calls = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert calls == [f"mixgemm.linear_wxa{8 if act else 16}.no_grad"], calls
+    assert torch.equal(ep.module()(x), q(x))
+
+
 def test_kept_launch_applies_only_while_nothing_changed(torch_gen):
     """The eager fast path (ops/eager.fast_call) launches what a module kept for an input shape only while the
     compiler, autograd, kernel options, the bias and the weight's buffers are as they were; a copy starts without
