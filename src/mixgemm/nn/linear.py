@@ -201,15 +201,20 @@ class QuantLinear(nn.Module):
         return self.input_gathered_by is None or not torch.compiler.is_compiling()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = fast_call(self, x)  # eager, this input shape seen before: its kept launch (ops/eager.py)
-        if y is not None:
-            return y
+        # Under torch.compile the eager paths are not traced at all: tracing into ops/eager.py reached the torch
+        # module through that module's globals too, and dynamo guarded the two references alike with Python lambda
+        # guards, two per layer on every call of the compiled function.
+        eager = not torch.compiler.is_compiling()
+        if eager:
+            y = fast_call(self, x)  # this input shape seen before: its kept launch (ops/eager.py)
+            if y is not None:
+                return y
         # act-order weight-only layers hand input_perm to the kernels (the GEMVs gather x while reading it, the
         # GEMMs after one gather: mixgemm.ops.dispatch.run_linear); activation-quantized ones gather here
         perm = self._buffers.get("input_perm") if self.gathers_input() else None
         if perm is not None and self.act_mode is not None:
             x, perm = x[..., perm], None
-        if eager_applies(self, x):  # eager, nothing for autograd to record: no op dispatch (ops/eager.py)
+        if eager and eager_applies(self, x):  # nothing for autograd to record: no op dispatch (ops/eager.py)
             y = eager_forward(self, x)
             if y is not None:
                 return y
