@@ -377,6 +377,17 @@ def test_compiled_graph_takes_only_the_tensors_its_mode_reads(mode, held, torch_
     assert inputs == {"qweight", "scales"} | held, names
 
 
+def test_op_fields_follow_the_module(torch_gen):
+    """forward reads the op's constant arguments from one tuple (one guard under torch.compile); setting any field
+    it is made of (tensor-parallel sharding sets in / out features) refreshes it."""
+    q = QuantLinear.from_linear(nn.Linear(64, 48), bits=4, group_size=32, mode="zero_point", act_mode="sym",
+                                act_block="token")
+    assert q._op_fields == (4, 32, "zero_point", 48, 64, "sym", "token")
+    q.in_features, q.out_features = 32, 24
+    assert q._op_fields[3:5] == (24, 32)
+    assert copy.deepcopy(q)._op_fields == q._op_fields
+
+
 @pytest.mark.parametrize("act", [None, "sym"])
 def test_torch_export_holds_one_op_node(act, torch_gen):
     """torch.export of a QuantLinear: one mixgemm node (the no_grad overload: exported programs record no gradient),

@@ -69,6 +69,10 @@ class QuantLinear(nn.Module):
     """
 
     input_gathered_by: str | None = None
+    # The fields forward hands the ops, kept together as one tuple (_op_fields) that __setattr__ refreshes: under
+    # torch.compile each attribute a layer's forward reads is a guard evaluated on every call of the compiled
+    # function, and a tuple of constants is one.
+    _OP_FIELDS = ("config", "out_features", "in_features", "act_mode", "act_block")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, bits: int = 4,
                  group_size: int = 128, mode: str = "sym", scale_dtype: torch.dtype = torch.float16,
@@ -98,6 +102,13 @@ class QuantLinear(nn.Module):
                                      requires_grad=False)
         else:
             self.register_parameter("bias", None)
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name in self._OP_FIELDS and all(f in self.__dict__ for f in self._OP_FIELDS):
+            c = self.config
+            self.__dict__["_op_fields"] = (c.bits, c.group_size, c.mode, self.out_features, self.in_features,
+                                           self.act_mode, self.act_block)
 
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
@@ -211,29 +222,27 @@ class QuantLinear(nn.Module):
                 return y
         # act-order weight-only layers hand input_perm to the kernels (the GEMVs gather x while reading it, the
         # GEMMs after one gather: mixgemm.ops.dispatch.run_linear); activation-quantized ones gather here
+        bits, group_size, mode, n, k, act_mode, act_block = self._op_fields
         perm = self._buffers.get("input_perm") if self.gathers_input() else None
-        if perm is not None and self.act_mode is not None:
+        if perm is not None and act_mode is not None:
             x, perm = x[..., perm], None
         if eager and eager_applies(self, x):  # nothing for autograd to record: no op dispatch (ops/eager.py)
             y = eager_forward(self, x)
             if y is not None:
                 return y
-        c = self.config
         # only the tensors the mode reads: torch.compile guards each tensor handed to the op on every call
         b = self._buffers
-        zeros, offsets = mode_params(c.mode, b["zeros"], b["offsets"])
+        zeros, offsets = mode_params(mode, b["zeros"], b["offsets"])
         bias = self.bias
         # no gradient to record: the ops' no_grad overload, without the Python autograd kernel in front of each call
         grad = torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
-        if self.act_mode is None:
+        if act_mode is None:
             op = torch.ops.mixgemm.linear_wxa16
-            return (op.default if grad else op.no_grad)(x, b["qweight"], b["scales"], zeros, offsets, bias, c.bits,
-                                                        c.group_size, c.mode, self.out_features, self.in_features,
-                                                        -math.inf, math.inf, perm)
+            return (op.default if grad else op.no_grad)(x, b["qweight"], b["scales"], zeros, offsets, bias, bits,
+                                                        group_size, mode, n, k, -math.inf, math.inf, perm)
         op = torch.ops.mixgemm.linear_wxa8
-        return (op.default if grad else op.no_grad)(x, b["qweight"], b["scales"], zeros, offsets, bias, c.bits,
-                                                    c.group_size, c.mode, self.out_features, self.in_features,
-                                                    self.act_mode, -math.inf, math.inf, self.act_block)
+        return (op.default if grad else op.no_grad)(x, b["qweight"], b["scales"], zeros, offsets, bias, bits,
+                                                    group_size, mode, n, k, act_mode, -math.inf, math.inf, act_block)
 
     # ---- state ---------------------------------------------------------------------------------------
     def _format_tensor(self) -> torch.Tensor:
