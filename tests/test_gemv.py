@@ -92,8 +92,12 @@ def test_nvrtc_compiles_mma_instantiations(arch):
     for bits, act, mb in itertools.product(BITS, (0, 1), (1, 2)):
         cfg = {**choose_mma_config(mb, 4096, 64, 132, bits), "WG": 1}
         variants = [{"G32": 0}, {"G32": 1, "DEFER": 0}]
+        if mb == 1:  # the CUDA-core math on wgmma_v1 (MMA_SIMT), every mode and groups of 32
+            variants += [{"SIMT": 1, "G32": g32, "MODE": mode} for g32 in (0, 1) for mode in (0, 1, 2)
+                         if not (g32 and bits == 8)]
         for extra in variants:
-            keys.add(tuple(sorted(mma_defines_for(bits, act, 0, 1, mb, {**cfg, **extra}).items())))
+            mode = extra.pop("MODE", 1)
+            keys.add(tuple(sorted(mma_defines_for(bits, act, 0, mode, mb, {**cfg, **extra}).items())))
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
@@ -260,12 +264,15 @@ def _check(x, qw, bias=None, activation=None):
 
 
 # the GEMV entries a kernel kind forces (fp32 activations take the CUDA-core kernel either way)
-FORCE = {"mma": ("cuda_gemv_mma", "cuda_gemv"), "mma_wg": ("cuda_gemv_mma", "cuda_gemv"), "simt": "cuda_gemv"}
-# the tensor-core kernel on each layout, whichever is the bit width's default: gemv_mma_v1 (WG 0) and wgmma_v1 (WG 1)
-CONFIGS = {"mma": {"cuda_gemv_mma": {"WG": 0}}, "mma_wg": {"cuda_gemv_mma": {"WG": 1}}}
+FORCE = {"mma": ("cuda_gemv_mma", "cuda_gemv"), "mma_wg": ("cuda_gemv_mma", "cuda_gemv"),
+         "wg_simt": ("cuda_gemv_mma", "cuda_gemv"), "simt": "cuda_gemv"}
+# the tensor-core kernel on each layout, whichever is the bit width's default: gemv_mma_v1 (WG 0) and wgmma_v1 (WG 1);
+# wg_simt: its CUDA-core math on wgmma_v1 at M = 1 (MMA_SIMT; the tensor cores at M > 1)
+CONFIGS = {"mma": {"cuda_gemv_mma": {"WG": 0}}, "mma_wg": {"cuda_gemv_mma": {"WG": 1}},
+           "wg_simt": {"cuda_gemv_mma": {"WG": 1, "SIMT": 1}}}
 
 
-@pytest.fixture(params=["mma", "mma_wg", "simt"])
+@pytest.fixture(params=["mma", "mma_wg", "wg_simt", "simt"])
 def kernel(request):
     """Run a test through the tensor-core kernel (default for fp16/bf16) and the CUDA-core one."""
     with kernel_options(force=FORCE[request.param], configs=CONFIGS.get(request.param, {})):
@@ -313,6 +320,28 @@ def test_gemv_mma_scaling_schemes(wg, defer, bits, mode, act):
         qw, gen = _make(129, 14336, bits, 128, mode, torch.float16, 12)
         for m in (1, 16):
             _check((torch.randn(m, 14336, generator=gen, device="cuda") + 3).to(act), qw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ks,u", [(1, 1), (4, 2), (16, 4)])
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_gemv_simt_on_wgmma_v1(ks, u, bits, mode, act):
+    """The M = 1 CUDA-core math on wgmma_v1 (MMA_SIMT) over every group size, k-splits that leave slices with a partial
+    step or none, odd N, bias + relu6, and activations with a large common offset (x + 3) on a long K."""
+    cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u}
+    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
+        for group in GROUPS:
+            k = 200 if group == -1 else 3 * 256
+            qw, gen = _make(211, k, bits, group, mode, torch.float16, 13)
+            bias = torch.randn(211, generator=gen, device="cuda").to(act) * 0.1
+            x = torch.randn(1, k, generator=gen, device="cuda").to(act)
+            _check(x, qw)
+            _check(x * 4, qw, bias, "relu6")
+            assert "SIMT" in str(mixgemm.explain(x, qw).config)
+        qw, gen = _make(129, 14336, bits, 128, mode, torch.float16, 14)
+        _check((torch.randn(1, 14336, generator=gen, device="cuda") + 3).to(act), qw)
 
 
 @pytest.mark.gpu

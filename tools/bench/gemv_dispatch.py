@@ -6,7 +6,9 @@ graph timing over rotating layer copies (mixgemm.bench.protocol):
 
 * M = 1: the CUDA-core GEMV's default config and its candidates (KernelEntry.candidates), and the tensor-core GEMV
   over its whole (KS, U) grid (KS 1..16 with at least two k-tiles per slice, U 1 / 2);
-* M > 1: the CUDA-core GEMV's default, the tensor-core GEMV's default and candidates, and the wgmma GEMM's default.
+* M > 1: the CUDA-core GEMV's default, the tensor-core GEMV's default and candidates, and the wgmma GEMM's default;
+* with --wg-simt, at M = 1 also the CUDA-core math on wgmma_v1 (gemv_mma.cu MMA_SIMT) over its (KS, U) grid, under
+  the label ``cuda_gemv_mma/wg_simt``.
 
 Each row says which entry the dispatcher picks today (``default_entry``). The JSON ({"gpu", "res": [{K, N, fmt, M,
 default_entry, rows: {entry: [{cfg, us, default}]}}]}) is what choose_mma_config's MMA_WARPS_PER_SM and the
@@ -14,7 +16,7 @@ tables' gemv_over_wgmma / gemv_mma_m1 / wgmma_from_m entries were read from; res
 (docs/benchmarking.md).
 
 Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms 1,16 --budget 280 --out $OUT
-       [--dtype bfloat16] [--no-mma-grid]
+       [--dtype bfloat16] [--no-mma-grid] [--wg-simt]
 """
 
 from __future__ import annotations
@@ -44,12 +46,23 @@ def mma_grid(base: dict, kt: int) -> list[dict]:
             for ks in (1, 2, 4, 8, 16) for u in (1, 2) if kt >= 2 * ks]
 
 
-def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True) -> dict[str, list[dict]]:
-    """{entry: [config, ...]} to time for one problem, the entry's default first."""
+def wg_simt_grid(kt64: int) -> list[dict]:
+    """M = 1 CUDA-core math on wgmma_v1 (gemv_mma.cu MMA_SIMT): KS 2..16 with kt64 >= 2 KS (64-k tiles), U 1, 2, 4."""
+    return [{"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "PF": 0, "DEFER": 1}
+            for ks in (2, 4, 8, 16) for u in (1, 2, 4) if kt64 >= 2 * ks]
+
+
+def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
+               simt_grid: bool = False) -> dict[str, list[dict]]:
+    """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
+    name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: MMA_SIMT)."""
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
     if m == 1:
         grid = [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma] if mma_grid_m1 else []
-        return {"cuda_gemv": [simt, *entries._gemv_candidates(p)], "cuda_gemv_mma": [mma, *grid]}
+        out = {"cuda_gemv": [simt, *entries._gemv_candidates(p)], "cuda_gemv_mma": [mma, *grid]}
+        if simt_grid:
+            out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(-(-k // 64))
+        return out
     return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *entries._gemv_mma_candidates(p)],
             "cuda_wgmma": [entries._wgmma_config(p)]}
 
@@ -59,7 +72,7 @@ def plain(cfg: dict) -> dict:
 
 
 def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: torch.dtype = torch.float16,
-                  mma_grid_m1: bool = True) -> list[dict]:
+                  mma_grid_m1: bool = True, simt_grid: bool = False) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -74,16 +87,17 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
         x = torch.randn(m, k, device=dev, dtype=dtype)
         p = entries.linear_problem(m, q0, dtype, di)
         rows = {}
-        for entry, cfgs in candidates(p, m, bits, k, mma_grid_m1).items():
+        for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid).items():
+            entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
-                rec = {"cfg": plain(cfg), "us": None, "default": i == 0}
+                rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
                 try:
                     with mixgemm.kernel_options(force=entry, configs={entry: dict(cfg)}):
                         calls = [lambda q=q, x=x: mixgemm.matmul(x, q) for q in weights]
                         rec["us"] = protocol.graph_time_us(calls, warmup_ms=5, rep_ms=30)
                 except Exception as e:  # a config that cannot launch here is recorded, not fatal
                     rec["error"] = repr(e)[:200]
-                rows.setdefault(entry, []).append(rec)
+                rows.setdefault(label, []).append(rec)
         out.append({"K": k, "N": n, "fmt": fmt, "M": m, "default_entry": mixgemm.explain(x, q0).kernel,
                     "rows": rows})
     return out
@@ -99,6 +113,8 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16", help="activation dtype")
     ap.add_argument("--no-mma-grid", action="store_true",
                     help="M = 1: time only the tensor-core GEMV's default, not its (KS, U) grid")
+    ap.add_argument("--wg-simt", action="store_true",
+                    help="M = 1: also time the CUDA-core math on wgmma_v1 (MMA_SIMT) over its (KS, U) grid")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     fmts, ms = args.formats.split(","), [int(v) for v in args.ms.split(",")]
@@ -114,7 +130,7 @@ def main() -> None:
             break
         for fmt in fmts:
             try:
-                res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid)
+                res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

@@ -204,7 +204,10 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
     # the choose_mma_config space: KS a power of two <= 16 with kt >= 2 KS, RG = 8 warps / KS; U 1 or 2 k-tiles
     out = [{**base, "KS": ks, "RG": max(1, WARPS // ks)} for ks in _pow2_neighbours(base["KS"], 1, 16)
            if kt >= 2 * ks]
-    return out + one_axis_variants(base, {"U": (1, 2)}, lambda c: True)
+    out += one_axis_variants(base, {"U": (1, 2)}, lambda c: True)
+    if p.m == 1 and not p.act_order:  # CUDA-core math on wgmma_v1 (gemv_mma.cu MMA_SIMT): M = 1 from the GEMM's bytes
+        out.append({**base, "WG": 1, "SIMT": 1})
+    return out
 
 
 def _gemv_candidates(p: Problem) -> list[dict]:

@@ -177,13 +177,15 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_WG"] = 1
         if cfg.get("G32", 0):
             d["MMA_G32"] = 1
+        if cfg.get("SIMT", 0):
+            d["MMA_SIMT"] = 1
     return d
 
 
 def mma_x_smem_bytes(cfg: dict, mb: int) -> int:
     """Dynamic shared memory of the tensor-core GEMV on wgmma_v1 (MMA_WG): each warp's ring of (PF ? 2 : 1) x U
     slots of 8 * mb activation rows x 64 k in fp16 / bf16 (gemv_mma.cu); 0 on gemv_mma_v1."""
-    if not cfg.get("WG", 0):
+    if not cfg.get("WG", 0) or cfg.get("SIMT", 0):
         return 0
     return cfg["RG"] * cfg["KS"] * (2 if cfg.get("PF", 0) else 1) * cfg["U"] * 8 * mb * 64 * 2
 
@@ -476,6 +478,8 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     if cfg.get("DEFER", 0) and not defer_ok(lay.group_size, k_tile):
         cfg = {**cfg, "DEFER": 0}
     cfg = {**cfg, "PERM": int(act_order)}
+    if cfg.get("SIMT", 0) and (mb != 1 or act_order or not wg or m != 1):
+        cfg = {**cfg, "SIMT": 0}  # CUDA-core math on wgmma_v1 is built for one x row without a gather (gemv_mma.cu)
     if wg:
         cfg = {**cfg, "G32": int(lay.group_size == 32)}
     defs = mma_defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
