@@ -348,6 +348,21 @@ def test_explain_cpu_and_str():
     assert s.startswith("linear: cuda_gemv with config") and "cuda_gemv_mma declined: fp16 at M = 1" in s
 
 
+def test_choice_says_which_layout_it_reads():
+    """A choice names the weight layout its entry reads with its config (the copy of the weight a call keeps on the
+    GPU): the tensor-core GEMV reads gemv_mma_v1 for int4 and the wgmma GEMM's wgmma_v1 for int8 or with WG; the
+    CUDA-core GEMV the plain codes' gemv_v2."""
+    w4, w8 = _qw(2048, 2048), _qw(2048, 2048, bits=8, group_size=-1)
+    assert (_explain(1, _qw(4096, 4096)).layout, _explain(1, w4).layout) == ("gemv_v2", "gemv_mma_v1")
+    assert (_explain(16, w4).layout, _explain(16, w8).layout) == ("gemv_mma_v1", "wgmma_v1")
+    assert _explain(4096, w4).layout == "wgmma_v1" and _explain(4096, w4, device=A100).layout == "triton_gemm_v1_ks16"
+    assert str(_explain(16, w8)).splitlines()[0].endswith(", reads layout wgmma_v1")
+    with mixgemm.kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": {"WG": 1, "SIMT": 1}}):
+        c = _explain(1, _qw(4096, 4096))
+        assert (c.kernel, c.layout, c.config["SIMT"]) == ("cuda_gemv_mma", "wgmma_v1", 1)
+    assert mixgemm.explain(torch.randn(2, 256), _qw(64, 256)).layout is None  # the CPU fallback declares none
+
+
 @needs_interpreter
 def test_plans_cached_per_weight_without_the_weight():
     from mixgemm.ops import dispatch

@@ -415,16 +415,24 @@ def _gemm_perm(p: Problem, config: dict | None) -> str:
     return "the GEMMs read x in tiles without a gather; the separate gather is small next to a prefill GEMM"
 
 
+GEMV_MMA_V1 = Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1")
+WGMMA_V1 = Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1")
+
+
+def _gemv_mma_layout(config: dict | None) -> Layout:
+    """The tensor-core GEMV reads the wgmma GEMM's wgmma_v1 with config WG (the int8 default, and MMA_SIMT), else its
+    own gemv_mma_v1."""
+    return WGMMA_V1 if config and config.get("WG", 0) else GEMV_MMA_V1
+
+
 ENTRIES = (
-    KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma,
-                Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1"),
+    KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma, GEMV_MMA_V1,
                 "tensor-core GEMV, M <= 16 (int8: on wgmma_v1)", _gemv_mma_complete, _gemv_mma_candidates,
-                _gemv_mma_perm, prepare=_prepare_gemv_mma),
+                _gemv_mma_perm, prepare=_prepare_gemv_mma, layout_for=_gemv_mma_layout),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
                 Layout.lazy("gemv_v2", "mixgemm.formats.layouts", "build_gemv_v2"), "CUDA-core GEMV, M <= 16",
                 _gemv_complete, _gemv_candidates, _gemv_perm, prepare=_prepare_gemv),
-    KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma,
-                Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1"),
+    KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma, WGMMA_V1,
                 "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates, input_perm=_gemm_perm,
                 prepare=_prepare_wgmma),
     KernelEntry("triton_gemm", "linear", _triton_can_run, _triton_config, _run_triton,

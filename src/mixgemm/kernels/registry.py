@@ -5,7 +5,9 @@ An entry (:class:`KernelEntry`) says
 * ``can_run(problem) -> Decision(ok, reason, soft)``: whether it takes the problem, and if not why ("soft" when the
   reason is tuning -- a measured crossover -- that :func:`mixgemm.kernel_options` ``force`` may override, "hard"
   when the kernel cannot run it);
-* ``layout``: the QuantizedWeight layout it reads (name and builder), for the memory accounting;
+* ``layout``: the QuantizedWeight layout it reads (name and builder), or ``layout_for(config)`` where the config
+  picks it (:meth:`KernelEntry.reads`; a Choice's ``layout``), so that explain says which copy of the weight a call
+  holds on the GPU;
 * ``config(problem) -> dict | None``: the config it is handed (from mixgemm.tuning or the kernel's rule);
 * ``run``: the launch, with the op's own argument list (mixgemm.kernels.linear / a8 / conv say which);
 * ``prepare(problem, qw, config)`` (optional): the launch built once for a call plan -- compiled kernel, grid and
@@ -198,6 +200,12 @@ class KernelEntry:
     input_perm: Callable[[Problem, dict | None], str | None] | None = None
     # (problem, qw, config) -> launch(x2d, bias, lo, hi[, perm]) -> y, built once per call plan (None: run per call)
     prepare: Callable | None = None
+    # config -> the Layout this entry reads with it, for entries whose config picks one (None: always ``layout``)
+    layout_for: Callable[[dict | None], Layout] | None = None
+
+    def reads(self, config: dict | None) -> Layout | None:
+        """The weight layout this entry reads when run with ``config`` (None: the plain tensors or none declared)."""
+        return self.layout_for(config) if self.layout_for is not None else self.layout
 
     def perm_reason(self, problem: Problem, config: dict | None) -> str | None:
         """None when this entry, run with ``config``, gathers x through an act-order problem's permutation itself,
@@ -227,9 +235,17 @@ class Choice:
     def kernel(self) -> str:
         return self.entry.name
 
+    @property
+    def layout(self) -> str | None:
+        """The name of the weight layout the chosen entry reads with its config (None where it declares none)."""
+        lay = self.entry.reads(self.config)
+        return None if lay is None else lay.name
+
     def __str__(self) -> str:
+        lay = self.layout
         lines = [f"{self.entry.op}: {self.entry.name} with config {self.config}"
-                 + (f" (from {self.config_source})" if self.config_source else "")]
+                 + (f" (from {self.config_source})" if self.config_source else "")
+                 + (f", reads layout {lay}" if lay else "")]
         if self.perm_note:
             lines.append(f"  input permutation: {self.perm_note}")
         lines += [f"  {name} declined: {why}" for name, why in self.declined]
