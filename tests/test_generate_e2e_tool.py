@@ -73,3 +73,16 @@ def test_generate_e2e_tool_fails_on_wrong_quantized_model(tmp_path, monkeypatch)
     rc = tool.main([*ARGS, "--out", str(tmp_path), "--modes", "generate", "--skip-memory"])
     res = json.loads((tmp_path / "generate_e2e.json").read_text())
     assert rc == 1 and any("against the dequantized float model" in f for f in res["failures"])
+
+
+def test_generate_e2e_tool_memory_of_a_compacted_model(tmp_path):
+    """--memory-formats W4A16+compact: the model is compacted after quantize_ (mixgemm.compact_), runs every M, and
+    its first-step logits still match its dequantized twin; the plain codes are not held (the tiny layers pad to the
+    layout's 128-row blocks, so the ratio is no figure here)."""
+    rc = _tool().main([*ARGS, "--out", str(tmp_path), "--memory-ms", "1,16", "--modes", "",
+                       "--memory-formats", "W4A16+compact"])
+    res = json.loads((tmp_path / "generate_e2e.json").read_text())
+    assert rc == 0 and not res["errors"] and not res["failures"], res["errors"]
+    (r,) = res["memory"]
+    assert r["compact"] and r["format"].endswith("compact_") and r["quantize"]["compacted"] == r["quantize"]["replaced"]
+    assert set(r["resident"]["layouts"]) == {"wgmma_v1"} and r["resident"]["plain_held"] < r["packed_bytes"]

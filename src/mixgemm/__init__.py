@@ -6,7 +6,7 @@ GGUF, GPTQ, AWQ, compressed-tensors, mixgemm's own format; mixgemm.checkpoints; 
 compiled act-order models, ``use_inductor_norms`` to leave a model's norms to inductor), ``distributed`` (tensor
 parallel),
 ``bench`` (the scoreboard); ``explain`` / ``explain_conv`` (which kernel runs a call and why), ``kernel_options``
-(overrides of that choice), ``resident_bytes`` (weight memory).
+(overrides of that choice), ``resident_bytes`` (weight memory), ``compact_`` (one resident layout per weight).
 """
 
 from mixgemm._hf_hook import install as _install_hf_hook
@@ -26,7 +26,8 @@ __version__ = "0.1.0"
 
 _install_hf_hook()  # transformers' AutoModel*.from_pretrained reads mixgemm checkpoints (never imports transformers)
 
-_LAZY = {"quantize_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api", "W8A16": "mixgemm.quantize_api",
+_LAZY = {"quantize_": "mixgemm.quantize_api", "compact_": "mixgemm.quantize_api", "W4A16": "mixgemm.quantize_api",
+         "W8A16": "mixgemm.quantize_api",
          "W8A8": "mixgemm.quantize_api", "W4A8": "mixgemm.quantize_api", "QuantLinear": "mixgemm.nn",
          "QuantConv2d": "mixgemm.nn",
          "from_pretrained": "mixgemm.checkpoints.loader",

@@ -267,3 +267,15 @@ def quantize_linear(linear: nn.Linear, config: _Precision) -> QuantLinear:
 
 
 __all__ = ["W4A8", "W4A16", "W8A8", "W8A16", "QuantizeReport", "quantize_", "quantize_linear"]
+
+
+def compact_(model: nn.Module, layout: str = "wgmma_v1") -> int:
+    """Keep each weight-only QuantLinear of ``model`` in one resident layout (QuantLinear.compact_: the codes only in
+    the Hopper GEMM's ``layout``, the plain copy released; ``state_dict()`` still writes the plain format). Layers
+    that cannot (int8-activation layers) keep their buffers. Returns the number of layers compacted."""
+    done = 0
+    for mod in model.modules():
+        if isinstance(mod, QuantLinear) and mod.act_mode is None and mod.compact is None:
+            mod.compact_(layout)
+            done += 1
+    return done

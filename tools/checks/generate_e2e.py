@@ -19,7 +19,8 @@ Memory, for the first model: rebuilt, quantized (W4A16 g128, then W8A8; --memory
 Reported: mixgemm.resident_bytes (plain + cached kernel layouts), the packed size (the QuantLinear layers' qweight /
 scales / zeros / offsets), and from torch.cuda.memory_allocated: what the quantized weights hold = allocated after
 the sweep - allocated before the model was built - the model's other tensors (embeddings, norms, biases). Target: <=
-1.10x the packed size.
+1.10x the packed size. A format ending in +compact (W4A16+compact) compacts the model after quantize_
+(mixgemm.compact_: one resident layout per weight).
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
 replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
@@ -61,6 +62,7 @@ MODES = ("generate", "static", "compiled")
 MEMORY_FORMATS = {"W4A16": lambda: mixgemm.W4A16(group_size=128), "W8A16": mixgemm.W8A16, "W8A8": mixgemm.W8A8}
 TARGETS = {"generate": 1.0, "static": 1.0, "compiled": 2.2}
 MEMORY_MS = (1, 8, 16, 256, 4096)
+COMPACT = "+compact"  # a memory format ending in it: the model is mixgemm.compact_'ed after quantize_
 MEMORY_TARGET = 1.10
 # First-step logits. Against the dequantized float twin only rounding differs, and for W8A8 / W4A8 also the
 # activation quantization (~1% per layer, which a random-weight model carries on: cosine 0.996 at 4 layers of Qwen2-7B
@@ -296,6 +298,8 @@ def memory(res: dict, config, s: Settings, log):
     ids = prompt(model, s)
     ref = last_logits(model, ids)
     res["quantize"] = quantize(model, config)
+    if res.get("compact"):
+        res["quantize"]["compacted"] = mixgemm.compact_(model)
     free_memory(s)
     res["first_step"] = first_step(model, ids, ref, config, s)
     after_quant = torch.cuda.memory_allocated() if s.cuda else 0
@@ -441,12 +445,14 @@ def main(argv=None) -> int:
             results["speed"].append(res := {"model": name})
             phase(f"speed {name}", speed, res, modes, s, log_and_save)
     formats = [f for f in args.memory_formats.split(",") if f]
-    if [f for f in formats if f not in MEMORY_FORMATS]:
-        ap.error(f"unknown memory format in {formats}; known: {sorted(MEMORY_FORMATS)}")
+    if [f for f in formats if f.removesuffix(COMPACT) not in MEMORY_FORMATS]:
+        ap.error(f"unknown memory format in {formats}; known: {sorted(MEMORY_FORMATS)} (each may end in {COMPACT})")
     if not args.skip_memory and models:
-        for config in (MEMORY_FORMATS[f]() for f in formats):
-            results["memory"].append(res := {"model": models[0], "format": config.name})
-            phase(f"memory {models[0]} {config.name}", memory, res, config, s, log_and_save)
+        for f in formats:
+            config, compact = MEMORY_FORMATS[f.removesuffix(COMPACT)](), f.endswith(COMPACT)
+            label = config.name + (" compact_" if compact else "")
+            results["memory"].append(res := {"model": models[0], "format": label, "compact": compact})
+            phase(f"memory {models[0]} {label}", memory, res, config, s, log_and_save)
     bad, missed = failures(results), misses(results)
     results["failures"], results["missed_targets"] = bad, missed
     save()

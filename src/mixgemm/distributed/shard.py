@@ -87,7 +87,8 @@ def _take(t: torch.Tensor | None, dim: int, start: int, stop: int) -> torch.Tens
 def shard_quantized_weight(qw: QuantizedWeight, dim: int, rank: int, world: int,
                            layer: str = "weight") -> QuantizedWeight:
     """Rank ``rank``'s shard (of ``world``) of ``qw`` along ``dim`` (0: N rows, 1: K columns), as a new
-    QuantizedWeight [N / world, K] or [N, K / world] with its own copies of the tensors; ``qw`` is not modified.
+    QuantizedWeight [N / world, K] or [N, K / world] with its own copies of the tensors (plain codes, also from a
+    compacted weight); ``qw`` is not modified.
     Raises ValueError (naming ``layer`` and the sizes) when the split cannot be exact (module docstring)."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"{layer}: expected a QuantizedWeight, got {type(qw).__name__}")
@@ -96,14 +97,15 @@ def shard_quantized_weight(qw: QuantizedWeight, dim: int, rank: int, world: int,
     n, k = qw.shape
     a, b = rank * local, (rank + 1) * local
     if dim == COLWISE:
-        return replace(qw, _layouts={}, qweight=_take(qw.qweight, 0, a, b), scales=_take(qw.scales, 0, a, b),
+        return replace(qw, _layouts={}, resident=None, qweight=_take(qw.packed(), 0, a, b),
+                       scales=_take(qw.scales, 0, a, b),
                        zeros=_take(qw.zeros, 0, a, b), offsets=_take(qw.offsets, 0, a, b), shape=(local, k))
     per_byte = 8 // qw.bits
     if qw.config.group_size == PER_CHANNEL:  # one group spans K: every shard keeps the channel's parameters
         ga, gb = 0, 1
     else:
         ga, gb = a // qw.config.group_size, b // qw.config.group_size
-    return replace(qw, _layouts={}, qweight=_take(qw.qweight, 1, a // per_byte, b // per_byte),
+    return replace(qw, _layouts={}, resident=None, qweight=_take(qw.packed(), 1, a // per_byte, b // per_byte),
                    scales=_take(qw.scales, 1, ga, gb), zeros=_take(qw.zeros, 1, ga, gb),
                    offsets=_take(qw.offsets, 1, ga, gb), shape=(n, local))
 

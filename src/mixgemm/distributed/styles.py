@@ -47,6 +47,9 @@ def _check_mesh(device_mesh: DeviceMesh, module: nn.Module) -> tuple[int, int]:
     if device_mesh.ndim != 1:
         raise ValueError(f"tensor parallelism takes a 1-D DeviceMesh (slice an N-D mesh, e.g. mesh['tp']), got "
                          f"{device_mesh.ndim}-D mesh {tuple(device_mesh.shape)}")
+    if isinstance(module, QuantLinear) and module.compact is not None:
+        raise ValueError(f"{module}: a compacted layer (compact_) holds its codes only in its {module.compact} layout; "
+                         "uncompact_() it before sharding, and compact_ the shards after")
     dev = module.qweight.device.type
     if dev != device_mesh.device_type:
         raise ValueError(f"{module}: weights on {dev} but the DeviceMesh is on {device_mesh.device_type}")

@@ -130,14 +130,23 @@ class QuantizedWeight:
     config: QuantConfig
     shape: tuple[int, int]
     _layouts: dict = field(default_factory=dict, compare=False, repr=False)
+    # None: the plain codes are held (``qweight``). A layout name (RESIDENT_LAYOUTS): the weight holds only that
+    # kernel layout of its codes, ``qweight`` is a placeholder of the plain shape without the bytes (see
+    # compact_placeholder), and ``packed()`` / ``codes()`` rebuild the plain codes from the layout when asked.
+    resident: str | None = field(default=None, compare=False)
 
     def layout(self, name: str, build: Callable[[QuantizedWeight], object]):
         """The kernel layout ``name`` of this weight, built once by ``build(self)`` and cached.
 
         Kernels repack the plain layout into their own (interleaved nibbles, transposed tiles...) the
-        first time they see a weight; later calls reuse it. The plain tensors are never modified.
+        first time they see a weight; later calls reuse it. The plain tensors are never modified. A weight that
+        keeps only one resident layout (``resident``) builds no other: that would be a second copy of its codes.
         """
         if name not in self._layouts:
+            if self.resident is not None:
+                raise ValueError(f"this weight keeps only its {self.resident} layout (a compacted layer, "
+                                 f"QuantLinear.compact_); building {name} would hold its codes twice: run it through "
+                                 f"a kernel that reads {self.resident}, or uncompact_() the layer first")
             self._layouts[name] = build(self)
         return self._layouts[name]
 
@@ -180,8 +189,17 @@ class QuantizedWeight:
     def device(self) -> torch.device:
         return self.qweight.device
 
+    def packed(self) -> torch.Tensor:
+        """The plain packed codes uint8 [N, K * bits // 8]: ``qweight`` itself, or for a weight that keeps only a
+        resident layout, a fresh copy rebuilt from it (the layout is not modified)."""
+        if self.resident is None:
+            return self.qweight
+        return pack_codes(RESIDENT_LAYOUTS[self.resident](self._layouts[self.resident]), self.bits)
+
     def codes(self) -> torch.Tensor:
         """Unpacked codes, uint8 [N, K], each in [0, 2**bits - 1]."""
+        if self.resident is not None:
+            return RESIDENT_LAYOUTS[self.resident](self._layouts[self.resident])
         return unpack_codes(self.qweight, self.bits, self.shape[1])
 
     def zero_points(self) -> torch.Tensor:
@@ -222,11 +240,13 @@ class QuantizedWeight:
         return csum, s * csum.double() + g * m
 
     def to(self, device) -> QuantizedWeight:
+        """This weight on ``device`` in the plain layout (a resident-only weight gets its plain codes back)."""
         move = lambda t: None if t is None else t.to(device)
         return replace(
             self,
             _layouts={},
-            qweight=move(self.qweight),
+            resident=None,
+            qweight=move(self.packed()),
             scales=move(self.scales),
             zeros=move(self.zeros),
             offsets=move(self.offsets),
@@ -235,6 +255,28 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.zeros, self.offsets)
                    if t is not None)
+
+
+def _codes_from_wgmma_v1(layout) -> torch.Tensor:
+    from mixgemm.formats.layouts_wgmma import unpack_wgmma_v1
+
+    return unpack_wgmma_v1(layout)
+
+
+# The layouts a weight may keep as its only copy of the codes: name -> layout -> codes uint8 [N, K] read back.
+RESIDENT_LAYOUTS: dict[str, Callable[[object], torch.Tensor]] = {"wgmma_v1": _codes_from_wgmma_v1}
+
+
+def compact_placeholder(qweight: torch.Tensor) -> torch.Tensor:
+    """A stand-in for the plain packed codes of a resident-only weight: qweight's shape, dtype and device over one
+    zero byte (all strides 0), so module code, torch.compile and state handling see the same tensor metadata while
+    the codes' memory is released. Reading it gives zeros, never the codes: QuantizedWeight.packed() rebuilds them."""
+    return torch.zeros(1, dtype=qweight.dtype, device=qweight.device).as_strided(tuple(qweight.shape), (0, 0))
+
+
+def is_compact_placeholder(t: torch.Tensor) -> bool:
+    """True for compact_placeholder's stand-ins (a 2-D tensor whose strides are all 0)."""
+    return t.dim() == 2 and t.stride() == (0, 0)
 
 
 def _check_weight(weight: torch.Tensor) -> None:

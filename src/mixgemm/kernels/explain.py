@@ -77,7 +77,8 @@ def _tensor_bytes(obj, seen: set) -> int:
         if key in seen:
             return 0
         seen.add(key)
-        return obj.numel() * obj.element_size()
+        # (a compacted weight's qweight placeholder views one byte: its storage, not its shape, is what it holds)
+        return min(obj.numel() * obj.element_size(), obj.untyped_storage().nbytes())
     if isinstance(obj, dict):
         return sum(_tensor_bytes(v, seen) for v in obj.values())
     if isinstance(obj, (tuple, list)):
@@ -88,9 +89,11 @@ def _tensor_bytes(obj, seen: set) -> int:
 
 
 def resident_bytes(obj) -> dict:
-    """Memory a QuantizedWeight, a QuantizedConvWeight, or every quantized weight of a module holds: {"plain": bytes
-    of the plain interchange tensors, "layouts": {layout name: bytes of the cached kernel layouts}, "total": sum,
-    "ratio": total / plain}, and for a module "by_precision": the same per "w<bits>"."""
+    """Memory a QuantizedWeight, a QuantizedConvWeight, or every quantized weight of a module holds: {"plain": the
+    packed size (bytes of the plain interchange tensors: codes, scales, zeros / offsets), "plain_held": the bytes of
+    those tensors held (less than "plain" for a compacted weight, whose codes live only in its resident layout),
+    "layouts": {layout name: bytes of the cached kernel layouts}, "total": plain_held + layouts, "ratio": total /
+    plain}, and for a module "by_precision": the same per "w<bits>"."""
     weights = _weights(obj)
     out = _summary(weights)
     if not isinstance(obj, (QuantizedWeight, QuantizedConvWeight)):
@@ -103,14 +106,16 @@ def resident_bytes(obj) -> dict:
 
 def _summary(weights) -> dict:
     plain = sum(qw.nbytes() for qw in weights)
+    held = 0
     layouts: dict[str, int] = {}
     for qw in weights:
         seen: set = set()
-        _tensor_bytes([qw.qweight, qw.scales, qw.zeros, qw.offsets], seen)
+        held += _tensor_bytes([qw.qweight, qw.scales, qw.zeros, qw.offsets], seen)
         for name, lay in qw._layouts.items():
             layouts[name] = layouts.get(name, 0) + _tensor_bytes(lay, seen)
-    total = plain + sum(layouts.values())
-    return {"plain": plain, "layouts": layouts, "total": total, "ratio": total / plain if plain else 0.0}
+    total = held + sum(layouts.values())
+    return {"plain": plain, "plain_held": held, "layouts": layouts, "total": total,
+            "ratio": total / plain if plain else 0.0}
 
 
 def _weights(obj) -> list[QuantizedWeight]:

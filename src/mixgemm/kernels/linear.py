@@ -48,7 +48,8 @@ def linear_problem(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: to
     n, k = qw.shape
     g, ng = qw.config.groups(k)
     dev = device if isinstance(device, DeviceInfo) else device_info(device)
-    return Problem("linear", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, act_order=act_order, qw=qw)
+    return Problem("linear", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, act_order=act_order,
+                   resident=qw.resident, qw=qw)
 
 
 @functools.cache
@@ -138,6 +139,8 @@ def _gemv_mma_can_run(p: Problem):
     why = _gemv_crossover(p)
     if why:
         return prefer_not(why)
+    if p.resident == WGMMA_V1.name:
+        return OK  # a compacted weight: the CUDA-core GEMV (plain codes) is not there to prefer
     if p.x_dtype == torch.float16 and p.m == 1 and tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is None:
         return prefer_not(f"fp16 at M = 1 outside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets "
                           "for this bit width: the CUDA-core GEMV measured faster")
@@ -159,7 +162,12 @@ def _gemv_can_run(p: Problem):
 def _gemv_mma_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemv import mma_config
 
-    return _past_crossover_note(p, mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count))
+    cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count)
+    if p.resident == WGMMA_V1.name and not cfg.get("WG", 0):
+        # a compacted weight keeps only the GEMM's wgmma_v1: the ring on it (gemv_mma.cu MMA_WG; int4 measured 2-10%
+        # slower than on gemv_mma_v1, and at M = 1 up to 1.45x the CUDA-core GEMV's time, docs/design.md)
+        cfg = tuning.SourcedConfig({**cfg, "WG": 1}, "the weight keeps only wgmma_v1 (compacted)")
+    return _past_crossover_note(p, cfg)
 
 
 def _gemv_config(p: Problem) -> dict:

@@ -112,6 +112,8 @@ class Problem:
     per_token: bool = False  # linear_a8: one activation scale per token (act_block "token", or per-channel weights)
     conv: ConvShape | None = None
     act_order: bool = False  # linear: the layer multiplies x[..., input_perm] (GPTQ desc_act)
+    # the one layout a compacted weight keeps (QuantizedWeight.resident): only entries reading it can run
+    resident: str | None = None
     qw: object = field(default=None, compare=False, repr=False)
 
     @property
@@ -300,7 +302,10 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
         d = e.can_run(problem)
         if d.ok or d.soft:
             cfg, source = _config(e, problem, opts)
-            return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
+            why = _resident_reason(e, problem, cfg)
+            if why is None:
+                return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
+            d = no(why)
         declined.append((e.name, d.reason))
     if forced:
         raise NoKernel(f"forced kernel cannot run this {problem.op} problem: "
@@ -315,7 +320,10 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
         d = e.can_run(problem)
         if d.ok:
             cfg, source = _config(e, problem, opts)
-            return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
+            why = _resident_reason(e, problem, cfg)
+            if why is None:
+                return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
+            d = no(why)
         declined.append((e.name, d.reason))
     raise NoKernel(f"no kernel takes this {problem.op} problem (m={problem.m}, n={problem.n}, k={problem.k}, "
                    f"{problem.bits}-bit, group {problem.group_size}, x {problem.x_dtype}): "
@@ -343,8 +351,22 @@ def _cached_choice(problem: Problem, lst, opts: KernelOptions) -> Choice | None:
     cfg = dict(forced if forced is not None else cfg)
     if e.complete is not None:
         cfg = e.complete(problem, cfg)
+    if _resident_reason(e, problem, cfg) is not None:
+        return None
     declined = tuple((x.name, f"the tuning cache chose {name} for this bucket") for x in lst[:lst.index(e)])
     return Choice(e, cfg, declined, problem, source, *_perm_fields(e, problem, cfg))
+
+
+def _resident_reason(e: KernelEntry, problem: Problem, config: dict | None) -> str | None:
+    """Why ``e`` with ``config`` cannot run a compacted weight's problem (it reads another layout than the one the
+    weight keeps), or None."""
+    if problem.resident is None:
+        return None
+    lay = e.reads(config)
+    if lay is not None and lay.name == problem.resident:
+        return None
+    return (f"reads {lay.name if lay is not None else 'the plain codes'}; this weight keeps only its "
+            f"{problem.resident} layout (compacted: QuantLinear.compact_)")
 
 
 def _perm_fields(e: KernelEntry, problem: Problem, config: dict | None) -> tuple[bool, str]:

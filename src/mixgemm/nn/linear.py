@@ -23,6 +23,8 @@ already gathered there.
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -34,10 +36,12 @@ from mixgemm.formats.weight import (
     PER_CHANNEL,
     QuantConfig,
     QuantizedWeight,
+    compact_placeholder,
     dequantize_weight,
+    is_compact_placeholder,
     quantize_weight,
 )
-from mixgemm.ops.custom_ops import mode_params, weight_from_tensors
+from mixgemm.ops.custom_ops import cache_weight, compact_weight, mode_params, weight_from_tensors
 from mixgemm.ops.eager import eager_applies, eager_forward, fast_call
 from mixgemm.ops.kept_launches import forget
 
@@ -244,6 +248,54 @@ class QuantLinear(nn.Module):
         return (op.default if grad else op.no_grad)(x, b["qweight"], b["scales"], zeros, offsets, bias, bits,
                                                     group_size, mode, n, k, act_mode, -math.inf, math.inf, act_block)
 
+    # ---- one resident layout -------------------------------------------------------------------------
+    @property
+    def compact(self) -> str | None:
+        """The one layout this layer keeps its codes in (compact_), or None: the plain codes are held."""
+        return self.quantized_weight().resident if is_compact_placeholder(self.qweight) else None
+
+    def compact_(self, layout: str = "wgmma_v1") -> QuantLinear:
+        """Keep the weight's codes only in ``layout`` (the Hopper GEMM's wgmma_v1): it is built now, the plain codes'
+        memory is released (``qweight`` becomes a placeholder of its shape without the bytes), the kernel layouts built
+        so far are dropped, and from then on only kernels reading that layout run the layer (mixgemm.explain says
+        which; the GEMVs read it through the tensor-core GEMV). About 1.06x the packed size on the GPU at any M, where
+        a layer that decodes and prefills otherwise keeps two or three copies. ``state_dict()`` still writes the plain
+        codes (rebuilt from the layout); ``load_state_dict``, ``.to()`` and ``uncompact_()`` restore them first.
+        Weight-only layers on the CPU or an sm_90 GPU; fp16 / bf16 activations on the GPU. Returns self."""
+        if self.act_mode is not None:
+            raise ValueError("compact_ applies to weight-only layers: an int8-activation layer (act_mode "
+                             f"{self.act_mode!r}) runs kernels that read other layouts")
+        if self.compact is not None:
+            if self.compact != layout:
+                raise ValueError(f"the layer keeps its {self.compact} layout; uncompact_() it before compacting to "
+                                 f"{layout}")
+            return self
+        dev = self.qweight.device
+        if dev.type == "meta":
+            raise ValueError("compact_ needs the weight's values: the layer is on the meta device")
+        if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (9, 0):
+            major, minor = torch.cuda.get_device_capability(dev)
+            raise ValueError(f"compact_: the {layout} layout is read by the Hopper kernels (sm_90); {dev} is "
+                             f"sm_{major}{minor}")
+        placeholder = compact_placeholder(self.qweight)
+        qw = compact_weight(self.quantized_weight(), placeholder, layout)
+        forget(self.__dict__)  # kept launches hold the layouts being dropped
+        self._buffers["qweight"] = placeholder
+        cache_weight(placeholder, qw)
+        return self
+
+    def uncompact_(self) -> QuantLinear:
+        """Undo compact_: the plain codes are rebuilt from the resident layout and held again (the layout stays
+        cached, so the kernels that read it need not rebuild it). Returns self."""
+        if self.compact is None:
+            return self
+        qw = self.quantized_weight()
+        plain = qw.packed()
+        forget(self.__dict__)
+        self._buffers["qweight"] = plain
+        cache_weight(plain, replace(qw, qweight=plain, resident=None))
+        return self
+
     # ---- state ---------------------------------------------------------------------------------------
     def _format_tensor(self) -> torch.Tensor:
         c = self.config
@@ -277,7 +329,31 @@ class QuantLinear(nn.Module):
             # load_state_dict copies the buffers before the extra state: a corrupt permutation is caught here
             _check_perm(self.input_perm, self.in_features)
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if prefix + "qweight" in destination and self.compact is not None:
+            destination[prefix + "qweight"] = self.quantized_weight().packed()  # the plain codes, as checkpoints hold
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        layout = self.compact
+        if layout is None:
+            return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.uncompact_()  # load into the plain buffers, then keep the loaded codes in the layout again
+        try:
+            super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        finally:
+            self.compact_(layout)
+
     def _apply(self, fn, recurse=True):
+        layout = self.compact
+        if layout is not None:  # moved as plain codes, kept in the layout again where it can be
+            self.uncompact_()
+            out = self._apply(fn, recurse)
+            try:
+                self.compact_(layout)
+            except ValueError as e:
+                warnings.warn(f"QuantLinear moved to {self.qweight.device} keeps its plain codes: {e}", stacklevel=3)
+            return out
         forget(self.__dict__)  # the eager path's kept launches hold the layouts of the tensors being replaced
         # Keep the scale dtype: only move scales / offsets to the device fn would send them to.
         keep = {id(self.scales), id(self.offsets)}

@@ -51,6 +51,7 @@ any capture.
 
 import math
 import warnings
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -58,7 +59,7 @@ from torch import Tensor
 
 from mixgemm.epilogue import ACTIVATIONS, clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
-from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight
+from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight, is_compact_placeholder
 from mixgemm.ops.kept_launches import keep, kept, run_kept, version_of, weight_token
 
 _CACHE_ATTR = "_mixgemm_qw"
@@ -95,6 +96,8 @@ def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor | None, o
         setattr(qweight, _CACHE_ATTR, (sig, hit[1], scales, zeros, offsets, _fast_key(qweight, scales, zeros,
                                                                                       offsets, fmt)))
         return hit[1]
+    if is_compact_placeholder(qweight):
+        return _resident_weight(qweight, hit, scales, zeros, offsets, fmt)
     config = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scales.dtype)
     _, ng = config.groups(k)
     if qweight.dtype != torch.uint8 or tuple(qweight.shape) != (n, k * bits // 8):
@@ -117,8 +120,60 @@ def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor | None, o
         config=config,
         shape=(n, k),
     )
-    setattr(qweight, _CACHE_ATTR, (sig, qw, scales, zeros, offsets, _fast_key(qweight, scales, zeros, offsets, fmt)))
+    return cache_weight(qweight, qw)
+
+
+def cache_weight(qweight: Tensor, qw: QuantizedWeight) -> QuantizedWeight:
+    """Cache ``qw`` (the weight over these tensors, with its layouts) on the qweight tensor, where weight_from_tensors
+    finds it; returns qw."""
+    zeros, offsets = mode_params(qw.mode, qw.zeros, qw.offsets)
+    fmt = (qw.bits, qw.config.group_size, qw.mode, *qw.shape)
+    sig = (qweight.device, _sig(qweight), _sig(qw.scales), _sig(zeros), _sig(offsets), *fmt)
+    setattr(qweight, _CACHE_ATTR, (sig, qw, qw.scales, zeros, offsets, _fast_key(qweight, qw.scales, zeros, offsets,
+                                                                                 fmt)))
     return qw
+
+
+def _resident_weight(qweight: Tensor, hit, scales: Tensor, zeros: Tensor | None, offsets: Tensor | None,
+                     fmt: tuple) -> QuantizedWeight:
+    """The resident-only weight of a compacted layer's placeholder qweight (mixgemm.formats.weight
+    compact_placeholder): the one cached on it, for this format. Where the parameter tensors are others or changed
+    in place (a deep copy, an in-place update), the layout is rebuilt from its own codes and the given parameters.
+    A placeholder without one has no codes to read: a clear error."""
+    qw = None if hit is None else hit[1]
+    if qw is None or qw.resident is None or hit[5][-1] != fmt:
+        raise ValueError("qweight is the placeholder of a compacted layer (QuantLinear.compact_): it holds no codes, "
+                         "and no resident layout of this format is cached on it; use the layer itself, or "
+                         "uncompact_() it first")
+    if hit[2] is not scales or hit[3] is not zeros or hit[4] is not offsets or _sig(scales) != hit[0][2] \
+            or _sig(zeros) != hit[0][3] or _sig(offsets) != hit[0][4]:
+        plain = replace(qw, qweight=qw.packed(), scales=scales, zeros=zeros, offsets=offsets, resident=None,
+                        _layouts={})
+        qw = compact_weight(plain, qweight, qw.resident)
+    elif qw.qweight is not qweight:  # (a deep copy's cached weight holds a copy of the placeholder)
+        qw = replace(qw, qweight=qweight)
+    return cache_weight(qweight, qw)
+
+
+def compact_weight(qw: QuantizedWeight, placeholder: Tensor, name: str = "wgmma_v1") -> QuantizedWeight:
+    """A weight over qw's parameters that keeps only its ``name`` layout (built from qw, or qw's cached one) with
+    ``placeholder`` (compact_placeholder) as its qweight. qw is not modified."""
+    from mixgemm.formats.weight import RESIDENT_LAYOUTS
+
+    if name not in RESIDENT_LAYOUTS:
+        raise ValueError(f"a weight can keep one of {sorted(RESIDENT_LAYOUTS)} as its resident layout, got {name!r}")
+    builder = _RESIDENT_BUILDERS[name]()
+    lay = qw.layout(name, builder)
+    return replace(qw, qweight=placeholder, _layouts={name: lay}, resident=name)
+
+
+def _wgmma_v1_builder():
+    from mixgemm.formats.layouts_wgmma import build_wgmma_v1
+
+    return build_wgmma_v1
+
+
+_RESIDENT_BUILDERS = {"wgmma_v1": _wgmma_v1_builder}
 
 
 def _describe(t: Tensor | None) -> str:

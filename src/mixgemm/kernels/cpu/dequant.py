@@ -41,9 +41,10 @@ def dequant_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | No
     s, m = _float32_params(qw)
     y = torch.empty(x2.shape[0], n, dtype=torch.float32)
     rows = max(1, BLOCK_ELEMS // k)
+    packed = qw.packed()  # (a compacted weight's codes rebuilt from its resident layout)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        q = unpack_codes(qw.qweight[r0:r1], qw.bits, k).float().view(r1 - r0, ng, g)
+        q = unpack_codes(packed[r0:r1], qw.bits, k).float().view(r1 - r0, ng, g)
         w = torch.addcmul(m[r0:r1, :, None], q, s[r0:r1, :, None]).view(r1 - r0, k)
         y[:, r0:r1] = F.linear(x2, w)
     if bias is not None:

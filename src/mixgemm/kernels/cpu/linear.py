@@ -129,6 +129,8 @@ def cpu_can_run(x: torch.Tensor, qw: QuantizedWeight) -> tuple[bool, str]:
     """(True, the route) when torch's CPU int4 / int8 kernel takes x @ W.T, else (False, why not)."""
     if x.device.type != "cpu" or qw.device.type != "cpu":
         return False, f"x on {x.device}, weight on {qw.device}: the CPU kernels take CPU tensors"
+    if qw.resident is not None:
+        return False, f"the weight keeps only its {qw.resident} layout (compacted); torch's kernels need their own"
     if x.dtype != torch.bfloat16:
         return False, (f"{x.dtype} activations: torch's CPU int4/int8 kernels are fast in bfloat16 only (their "
                        "float32 / float16 paths are scalar loops on CPUs without AVX-512)")
