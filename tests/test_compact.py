@@ -119,11 +119,35 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
         assert c.kernel == "cuda_wgmma" and "reads gemv_v2; this weight keeps only" in dict(c.declined)["cuda_gemv"]
 
 
+@pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token"), (8, 256, "group")])
+def test_compact_int8_activation_layers(bits, group, act_block, torch_gen):
+    """W8A8 / W4A8 (sym) keep their codes in the int8 GEMM's wgmma_a8_v1: the same results (the CPU reference on the
+    codes read back) and state; on a described H100 every M runs the CUDA int8 GEMM, the others saying why not."""
+    q = _layer(512, 75, bits, group, "sym", torch_gen, act_mode="sym", act_block=act_block)
+    xs = [torch.randn(m, 512, generator=torch_gen) for m in (0, 1, 17)]
+    before, sd = [q(x) for x in xs], {k: v.clone() for k, v in q.state_dict().items()}
+    assert q.compact_reason() is None and q.compact_().compact == "wgmma_a8_v1"
+    assert all(torch.equal(q(x), y) for x, y in zip(xs, before, strict=True))
+    assert all(torch.equal(v, sd[k]) for k, v in q.state_dict().items())
+    assert set(mixgemm.resident_bytes(q)["layouts"]) == {"wgmma_a8_v1"}
+    qw = q.quantized_weight()
+    for m in (1, 2, 64, 4096):
+        c = mixgemm.explain(torch.empty(m, 512, dtype=torch.float16), qw, act_mode="sym", act_block=act_block,
+                            device=H100)
+        assert (c.kernel, c.layout) == ("cuda_wgmma_a8", "wgmma_a8_v1"), str(c)
+        assert all("keeps only its wgmma_a8_v1" in why for name, why in c.declined), str(c)
+
+
 def test_compact_refusals_and_placeholder_misuse(torch_gen):
-    a8 = _layer(128, 32, 8, -1, "sym", torch_gen, act_mode="sym")
-    with pytest.raises(ValueError, match="weight-only layers"):
-        a8.compact_()
-    q = _layer(128, 32, 4, 32, "sym", torch_gen).compact_()
+    asym = _layer(128, 32, 8, -1, "sym", torch_gen, act_mode="asym")
+    assert "takes sym activations" in asym.compact_reason()
+    with pytest.raises(ValueError, match="takes sym activations"):
+        asym.compact_()
+    zp = _layer(128, 32, 4, 32, "zero_point", torch_gen, act_mode="sym")
+    assert "group 128, 256 or per-channel" in zp.compact_reason()
+    q = _layer(128, 32, 4, 32, "sym", torch_gen)
+    assert "kernels read wgmma_v1" in q.compact_reason("wgmma_a8_v1")
+    q.compact_()
     with pytest.raises(ValueError, match="uncompact_"):
         q.compact_("gemv_mma_v1")
     # the placeholder handed to the ops without the layer's cached weight: a clear error, never zeros for codes
@@ -144,14 +168,19 @@ def test_compact_shard_takes_the_plain_codes(torch_gen):
         assert g.resident is None and torch.equal(g.qweight, w.qweight) and torch.equal(g.scales, w.scales)
 
 
-def test_compact_model_skips_int8_activation_layers(torch_gen):
+def test_compact_model_reports_what_it_left(torch_gen):
     model = nn.Sequential(_layer(128, 64, 4, 32, "sym", torch_gen), nn.ReLU(),
-                          _layer(64, 32, 8, -1, "sym", torch_gen, act_mode="sym"))
+                          _layer(64, 64, 8, -1, "sym", torch_gen, act_mode="sym"), nn.ReLU(),
+                          _layer(64, 32, 8, -1, "sym", torch_gen, act_mode="asym"))
     x = torch.randn(2, 128, generator=torch_gen)
     y = model(x)
-    assert mixgemm.compact_(model) == 1 and mixgemm.compact_(model) == 0
-    assert model[0].compact == "wgmma_v1" and model[2].compact is None
+    report = mixgemm.compact_(model)
+    assert report.compacted == ["0", "2"] and list(report.skipped) == ["4"]
+    assert "sym activations" in report.skipped["4"]
+    assert (model[0].compact, model[2].compact, model[4].compact) == ("wgmma_v1", "wgmma_a8_v1", None)
     assert torch.equal(model(x), y)
+    again = mixgemm.compact_(model)
+    assert again.compacted == [] and list(again.skipped) == ["4"]
 
 
 @pytest.mark.gpu
@@ -182,3 +211,26 @@ def test_compact_cuda_every_m(bits, group, mode, dtype):
     held = torch.cuda.memory_allocated() - base + packed  # the plain tensors were counted in base
     assert held <= 1.10 * packed, held / packed
     assert all(torch.equal(v.cpu(), sd[k]) for k, v in q.state_dict().items())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token")])
+def test_compact_cuda_int8_activations(bits, group, act_block):
+    """W8A8 / W4A8 compacted on the GPU: every M on the CUDA int8 GEMM from wgmma_a8_v1, the same result as the layer
+    before compaction (other kernels at small M: within the fp16 tolerance), <= 1.10x the packed size for W8A8."""
+    gen = torch.Generator().manual_seed(8)
+    q = _layer(4096, 1000, bits, group, "sym", gen, act_mode="sym", act_block=act_block).to("cuda", torch.float16)
+    xs = [torch.randn(m, 4096, generator=gen).to("cuda", torch.float16) for m in (1, 3, 64, 300)]
+    want = [q(x) for x in xs]
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    q.compact_()
+    got = [q(x) for x in xs]
+    for x, w, g in zip(xs, want, got, strict=True):
+        err = float((g.double() - w.double()).norm() / w.double().norm())
+        assert err <= TOL[torch.float16], (x.shape[0], err)
+        assert mixgemm.explain(x, q.quantized_weight(), act_mode="sym", act_block=act_block).layout == "wgmma_a8_v1"
+    torch.cuda.synchronize()
+    if bits == 8:
+        assert mixgemm.resident_bytes(q)["ratio"] <= 1.10
+    assert torch.cuda.memory_allocated() <= base  # the layouts the plain layer had built are gone with its codes

@@ -269,13 +269,27 @@ def quantize_linear(linear: nn.Linear, config: _Precision) -> QuantLinear:
 __all__ = ["W4A8", "W4A16", "W8A8", "W8A16", "QuantizeReport", "quantize_", "quantize_linear"]
 
 
-def compact_(model: nn.Module, layout: str = "wgmma_v1") -> int:
-    """Keep each weight-only QuantLinear of ``model`` in one resident layout (QuantLinear.compact_: the codes only in
-    the Hopper GEMM's ``layout``, the plain copy released; ``state_dict()`` still writes the plain format). Layers
-    that cannot (int8-activation layers) keep their buffers. Returns the number of layers compacted."""
-    done = 0
-    for mod in model.modules():
-        if isinstance(mod, QuantLinear) and mod.act_mode is None and mod.compact is None:
-            mod.compact_(layout)
-            done += 1
-    return done
+@dataclass
+class CompactReport:
+    """What mixgemm.compact_ did: the layers now holding one layout, and the ones left as they were with why."""
+
+    compacted: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def compact_(model: nn.Module) -> CompactReport:
+    """Keep each QuantLinear of ``model`` in one resident layout (QuantLinear.compact_: the codes only in the layout
+    its Hopper kernels read, the plain copy released; ``state_dict()`` still writes the plain format). Layers that
+    cannot (QuantLinear.compact_reason: an asym int8-activation layer, a format the int8 layout does not hold) keep
+    their buffers and are listed with the reason."""
+    report = CompactReport()
+    for name, mod in model.named_modules():
+        if not isinstance(mod, QuantLinear) or mod.compact is not None:
+            continue
+        why = mod.compact_reason()
+        if why is None:
+            mod.compact_()
+            report.compacted.append(name)
+        else:
+            report.skipped[name] = why
+    return report

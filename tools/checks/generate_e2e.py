@@ -299,7 +299,8 @@ def memory(res: dict, config, s: Settings, log):
     ref = last_logits(model, ids)
     res["quantize"] = quantize(model, config)
     if res.get("compact"):
-        res["quantize"]["compacted"] = mixgemm.compact_(model)
+        report = mixgemm.compact_(model)
+        res["quantize"].update(compacted=len(report.compacted), not_compacted=report.skipped)
     free_memory(s)
     res["first_step"] = first_step(model, ids, ref, config, s)
     after_quant = torch.cuda.memory_allocated() if s.cuda else 0

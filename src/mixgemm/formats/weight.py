@@ -263,8 +263,16 @@ def _codes_from_wgmma_v1(layout) -> torch.Tensor:
     return unpack_wgmma_v1(layout)
 
 
+def _codes_from_wgmma_a8_v1(layout) -> torch.Tensor:
+    from mixgemm.formats.layouts_wgmma_a8 import unpack_wgmma_a8_v1
+
+    # the layout holds the signed codes c = q - sym_bias (sym weights only)
+    return (unpack_wgmma_a8_v1(layout) + (1 << (layout.bits - 1))).to(torch.uint8)
+
+
 # The layouts a weight may keep as its only copy of the codes: name -> layout -> codes uint8 [N, K] read back.
-RESIDENT_LAYOUTS: dict[str, Callable[[object], torch.Tensor]] = {"wgmma_v1": _codes_from_wgmma_v1}
+RESIDENT_LAYOUTS: dict[str, Callable[[object], torch.Tensor]] = {"wgmma_v1": _codes_from_wgmma_v1,
+                                                                 "wgmma_a8_v1": _codes_from_wgmma_a8_v1}
 
 
 def compact_placeholder(qweight: torch.Tensor) -> torch.Tensor:

@@ -40,7 +40,8 @@ def a8_problem(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.
     n, k = qw.shape
     g, ng = qw.config.groups(k)
     dev = device if isinstance(device, DeviceInfo) else device_info(device)
-    return Problem("linear_a8", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, act_mode, per_token or ng == 1, qw=qw)
+    return Problem("linear_a8", m, n, k, x_dtype, dev, qw.bits, g, ng, qw.mode, act_mode, per_token or ng == 1,
+                   resident=qw.resident, qw=qw)
 
 
 # ------------------------------------------------------------------------------------ activation quantizer
@@ -133,6 +134,8 @@ def _wgmma_a8_can_run(p: Problem):
         return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
     if not p.device.sm90:
         return no(f"needs sm_90, the GPU is sm_{p.device.capability[0]}{p.device.capability[1]}")
+    if p.resident == "wgmma_a8_v1":
+        return OK  # a compacted weight: the kernels the tuning would prefer read other layouts
     if p.m < tuning.A8_WGMMA_MIN_M:
         why = _small_m_decline(p)
         if why:

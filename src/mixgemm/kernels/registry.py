@@ -299,7 +299,8 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
     lst = entries(problem.op)
     forced = [e for e in lst if e.name in opts.force]
     for e in forced:
-        d = e.can_run(problem)
+        static_why = _resident_reason(e, problem, None) if e.layout_for is None else None
+        d = no(static_why) if static_why is not None else e.can_run(problem)
         if d.ok or d.soft:
             cfg, source = _config(e, problem, opts)
             why = _resident_reason(e, problem, cfg)
@@ -316,6 +317,10 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
     for e in lst:
         if e.name in opts.disable:
             declined.append((e.name, "disabled by kernel_options"))
+            continue
+        why = _resident_reason(e, problem, None) if e.layout_for is None else None
+        if why is not None:  # (before can_run, which may build the entry's layout)
+            declined.append((e.name, why))
             continue
         d = e.can_run(problem)
         if d.ok:
@@ -341,7 +346,7 @@ def _cached_choice(problem: Problem, lst, opts: KernelOptions) -> Choice | None:
         return None
     name, cfg, where = hit
     e = next((x for x in lst if x.name == name), None)
-    if e is None or name in opts.disable:
+    if e is None or name in opts.disable or (e.layout_for is None and _resident_reason(e, problem, None)):
         return None
     d = e.can_run(problem)
     if not (d.ok or d.soft):

@@ -254,29 +254,50 @@ class QuantLinear(nn.Module):
         """The one layout this layer keeps its codes in (compact_), or None: the plain codes are held."""
         return self.quantized_weight().resident if is_compact_placeholder(self.qweight) else None
 
-    def compact_(self, layout: str = "wgmma_v1") -> QuantLinear:
-        """Keep the weight's codes only in ``layout`` (the Hopper GEMM's wgmma_v1): it is built now, the plain codes'
-        memory is released (``qweight`` becomes a placeholder of its shape without the bytes), the kernel layouts built
-        so far are dropped, and from then on only kernels reading that layout run the layer (mixgemm.explain says
-        which; the GEMVs read it through the tensor-core GEMV). About 1.06x the packed size on the GPU at any M, where
-        a layer that decodes and prefills otherwise keeps two or three copies. ``state_dict()`` still writes the plain
-        codes (rebuilt from the layout); ``load_state_dict``, ``.to()`` and ``uncompact_()`` restore them first.
-        Weight-only layers on the CPU or an sm_90 GPU; fp16 / bf16 activations on the GPU. Returns self."""
+    def compact_reason(self, layout: str | None = None) -> str | None:
+        """Why this layer cannot keep its codes in ``layout`` only (compact_), or None when it can. layout None: the
+        one its kernels read, wgmma_v1 for weight-only layers, wgmma_a8_v1 for int8-activation ones."""
+        layout = layout or self._resident_layout()
+        want = self._resident_layout()
+        if layout != want:
+            return f"a {'weight-only' if self.act_mode is None else 'int8-activation'} layer's kernels read {want}"
+        dev = self.qweight.device
+        if dev.type == "meta":
+            return "the layer is on the meta device (no values)"
+        if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (9, 0):
+            major, minor = torch.cuda.get_device_capability(dev)
+            return f"the {layout} layout is read by the Hopper kernels (sm_90); {dev} is sm_{major}{minor}"
         if self.act_mode is not None:
-            raise ValueError("compact_ applies to weight-only layers: an int8-activation layer (act_mode "
-                             f"{self.act_mode!r}) runs kernels that read other layouts")
+            from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
+
+            if self.act_mode != "sym":
+                return f"act_mode {self.act_mode!r}: the int8 GEMM that reads {layout} takes sym activations"
+            if not a8_layout_supported(self.quantized_weight()):
+                return (f"{layout} holds sym int4 / int8 weights with group 128, 256 or per-channel, the layer is "
+                        f"{self.config.mode} group {self.config.group_size}")
+        return None
+
+    def _resident_layout(self) -> str:
+        return "wgmma_v1" if self.act_mode is None else "wgmma_a8_v1"
+
+    def compact_(self, layout: str | None = None) -> QuantLinear:
+        """Keep the weight's codes only in ``layout`` (None: the Hopper GEMM's, wgmma_v1 for weight-only layers,
+        wgmma_a8_v1 for int8-activation ones): it is built now, the plain codes' memory is released (``qweight``
+        becomes a placeholder of its shape without the bytes), the kernel layouts built so far are dropped, and from
+        then on only kernels reading that layout run the layer (mixgemm.explain says which). About 1.0-1.06x the
+        packed size on the GPU at any M, where a layer that decodes and prefills otherwise keeps two or three copies.
+        ``state_dict()`` still writes the plain codes (rebuilt from the layout); ``load_state_dict``, ``.to()`` and
+        ``uncompact_()`` restore them first. On the CPU or an sm_90 GPU; compact_reason says why a layer cannot.
+        Returns self."""
+        layout = layout or self._resident_layout()
         if self.compact is not None:
             if self.compact != layout:
                 raise ValueError(f"the layer keeps its {self.compact} layout; uncompact_() it before compacting to "
                                  f"{layout}")
             return self
-        dev = self.qweight.device
-        if dev.type == "meta":
-            raise ValueError("compact_ needs the weight's values: the layer is on the meta device")
-        if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (9, 0):
-            major, minor = torch.cuda.get_device_capability(dev)
-            raise ValueError(f"compact_: the {layout} layout is read by the Hopper kernels (sm_90); {dev} is "
-                             f"sm_{major}{minor}")
+        why = self.compact_reason(layout)
+        if why is not None:
+            raise ValueError(f"compact_({layout!r}): {why}")
         placeholder = compact_placeholder(self.qweight)
         qw = compact_weight(self.quantized_weight(), placeholder, layout)
         forget(self.__dict__)  # kept launches hold the layouts being dropped

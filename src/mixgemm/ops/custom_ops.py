@@ -173,7 +173,13 @@ def _wgmma_v1_builder():
     return build_wgmma_v1
 
 
-_RESIDENT_BUILDERS = {"wgmma_v1": _wgmma_v1_builder}
+def _wgmma_a8_v1_builder():
+    from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
+
+    return build_wgmma_a8_v1
+
+
+_RESIDENT_BUILDERS = {"wgmma_v1": _wgmma_v1_builder, "wgmma_a8_v1": _wgmma_a8_v1_builder}
 
 
 def _describe(t: Tensor | None) -> str:
