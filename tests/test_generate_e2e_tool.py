@@ -75,6 +75,15 @@ def test_generate_e2e_tool_fails_on_wrong_quantized_model(tmp_path, monkeypatch)
     assert rc == 1 and any("against the dequantized float model" in f for f in res["failures"])
 
 
+def test_generate_e2e_tool_times_a_compacted_model(tmp_path):
+    rc = _tool().main([*ARGS, "--out", str(tmp_path), "--modes", "generate", "--skip-memory", "--compact"])
+    res = json.loads((tmp_path / "generate_e2e.json").read_text())
+    assert rc == 0 and not res["errors"] and not res["failures"], res["errors"]
+    (speed,) = res["speed"]
+    assert speed["quantize"]["compacted"] == speed["quantize"]["replaced"]
+    assert speed["first_step"]["cosine_dequantized"] > 0.99 and speed["modes"]["generate"]["w4a16"]["tokens_per_s"] > 0
+
+
 def test_generate_e2e_tool_memory_of_a_compacted_model(tmp_path):
     """--memory-formats W4A16+compact: the model is compacted after quantize_ (mixgemm.compact_), runs every M, and
     its first-step logits still match its dequantized twin; the plain codes are not held (the tiny layers pad to the

@@ -20,7 +20,7 @@ Reported: mixgemm.resident_bytes (plain + cached kernel layouts), the packed siz
 scales / zeros / offsets), and from torch.cuda.memory_allocated: what the quantized weights hold = allocated after
 the sweep - allocated before the model was built - the model's other tensors (embeddings, norms, biases). Target: <=
 1.10x the packed size. A format ending in +compact (W4A16+compact) compacts the model after quantize_
-(mixgemm.compact_: one resident layout per weight).
+(mixgemm.compact_: one resident layout per weight); --compact times the W4A16 model compacted too.
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
 replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
@@ -90,6 +90,7 @@ class Settings:
     memory_ms: tuple[int, ...] = MEMORY_MS
     kernel_steps: int = 0  # compiled mode: profile this many more steps (the GPU kernels per step)
     compiled_repeats: int = 1  # compiled mode: timed loops of new_tokens steps (the median)
+    compact: bool = False  # speed: the W4A16 model compacted (mixgemm.compact_) before timing
 
     @property
     def cuda(self) -> bool:
@@ -240,6 +241,8 @@ def speed(res: dict, modes, s: Settings, log):
     models["w4a16"] = copy.deepcopy(models["fp16"])
     config = mixgemm.W4A16(group_size=128)
     res["quantize"] = quantize(models["w4a16"], config)
+    if s.compact:
+        res["quantize"]["compacted"] = len(mixgemm.compact_(models["w4a16"]).compacted)
     free_memory(s)
     f = res["first_step"] = first_step(models["w4a16"], ids, ref, config, s)
     log(f"{name}: W4A16 g128 first-step logits cosine {f['cosine']:.4f} vs fp16, "
@@ -404,9 +407,12 @@ def main(argv=None) -> int:
     ap.add_argument("--strict", action="store_true",
                     help="also exit 1 when a target is missed (speed, memory, cosine against fp16)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compact", action="store_true",
+                    help="time the W4A16 model compacted (mixgemm.compact_: one resident layout per weight)")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m and not (args.skip_compiled and m == "compiled")]
-    models, s = settings_from(ap, args, modes, MODES, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")))
+    models, s = settings_from(ap, args, modes, MODES, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")),
+                              compact=args.compact)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
