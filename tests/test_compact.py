@@ -234,3 +234,17 @@ def test_compact_cuda_int8_activations(bits, group, act_block):
     if bits == 8:
         assert mixgemm.resident_bytes(q)["ratio"] <= 1.10
     assert torch.cuda.memory_allocated() <= base  # the layouts the plain layer had built are gone with its codes
+
+
+def test_compact_under_torch_compile_and_export(torch_gen):
+    """A compacted layer compiles (inductor, fullgraph) and exports like a plain one: the placeholder is an ordinary
+    input with its shape, dtype and strides, and the op finds the resident weight cached on it."""
+    q = _layer(256, 64, 4, 64, "zero_point", torch_gen)
+    x = torch.randn(3, 256, generator=torch_gen)
+    y = q(x)
+    q.compact_()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(q, fullgraph=True)
+        assert torch.equal(compiled(x), y) and torch.equal(compiled(x), y)
+    assert torch.equal(torch.export.export(q, (x,)).module()(x), y)
