@@ -248,3 +248,55 @@ def test_compact_under_torch_compile_and_export(torch_gen):
         compiled = torch.compile(q, fullgraph=True)
         assert torch.equal(compiled(x), y) and torch.equal(compiled(x), y)
     assert torch.equal(torch.export.export(q, (x,)).module()(x), y)
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_compact_gradients_read_the_resident_layout(backend, torch_gen):
+    """The ops' backward dequantizes through torch.ops.mixgemm.dequantize, which finds the resident weight cached on
+    the placeholder (eager and in a compiled backward): the gradient of x is the plain layer's."""
+    q = _layer(256, 64, 4, 64, "zero_point", torch_gen)
+    x = torch.randn(3, 256, generator=torch_gen, requires_grad=True)
+    q(x).square().sum().backward()
+    want, x.grad = x.grad.clone(), None
+    q.compact_()
+    torch._dynamo.reset()
+    f = q if backend is None else torch.compile(q, backend=backend, fullgraph=True)
+    f(x).square().sum().backward()
+    assert torch.equal(x.grad, want)
+
+
+def test_dequantize_op(torch_gen):
+    from torch.library import opcheck
+
+    from mixgemm.formats.weight import dequantize_weight
+
+    q = _layer(256, 48, 4, 64, "offset", torch_gen)
+    c = q.config
+    args = (q.qweight, q.scales, None, q.offsets, c.bits, c.group_size, c.mode, 48, 256)
+    assert torch.equal(torch.ops.mixgemm.dequantize(*args), dequantize_weight(q.quantized_weight(), torch.float32))
+    opcheck(torch.ops.mixgemm.dequantize.default, args)
+
+
+def test_compact_alias_lookup_follows_the_live_weight(torch_gen):
+    """An alias of a placeholder finds the weight cached on it (by storage) after the weight was rebuilt for changed
+    parameters, and not after the layer is gone."""
+    import gc
+
+    from mixgemm.ops import custom_ops
+
+    q = _layer(128, 32, 4, 32, "sym", torch_gen).compact_()
+    x = torch.randn(2, 128, generator=torch_gen)
+    with torch.no_grad():
+        q.scales.mul_(3)
+    y = q(x)  # the resident weight is rebuilt for the new scales; the first one is dropped
+    gc.collect()
+    alias = q.qweight.as_strided(q.qweight.shape, (0, 0))
+    c = q.config
+    qw = weight_from_tensors(alias, q.scales, None, None, c.bits, c.group_size, c.mode, 32, 128)
+    assert qw is q.quantized_weight() and torch.equal(mixgemm.matmul(x, qw, q.bias), y)
+    key = custom_ops._storage_key(q.qweight)
+    del q, qw
+    gc.collect()
+    assert key not in custom_ops._RESIDENT_BY_STORAGE
+    with pytest.raises(ValueError, match="placeholder of a compacted layer"):
+        weight_from_tensors(alias, torch.ones(32, 4, dtype=torch.float16), None, None, 4, 32, "sym", 32, 128)

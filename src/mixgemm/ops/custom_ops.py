@@ -17,6 +17,8 @@ Ops (all take plain tensors; a weight is its plain interchange tensors, see mixg
 * ``torch.ops.mixgemm.conv2d_wxa16(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode,
   weight_shape, stride, padding, dilation, groups, lo, hi)``: conv2d with a QuantizedConvWeight's matrix
   (reference path, any device).
+* ``torch.ops.mixgemm.dequantize(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)``: the float32 weight
+  [N, K] (the linear ops' backward; reads a compacted layer's resident layout).
 * ``torch.ops.mixgemm.gather_columns(x, perm)``: ``x[..., perm]`` (the PDL gather kernel at decode sizes), and
   ``torch.ops.mixgemm.rms_norm(x, weight, eps, perm=None)`` / ``add_rms_norm(a, b, weight, eps, perm=None)``:
   transformers' RMSNorm (of a + b, returned too), gathered through ``perm`` when given, in one kernel on CUDA. The
@@ -49,8 +51,10 @@ CUDA graphs: none of these ops synchronizes with the host; the linear op allocat
 any capture.
 """
 
+import functools
 import math
 import warnings
+import weakref
 from dataclasses import replace
 from typing import Optional
 
@@ -131,7 +135,26 @@ def cache_weight(qweight: Tensor, qw: QuantizedWeight) -> QuantizedWeight:
     sig = (qweight.device, _sig(qweight), _sig(qw.scales), _sig(zeros), _sig(offsets), *fmt)
     setattr(qweight, _CACHE_ATTR, (sig, qw, qw.scales, zeros, offsets, _fast_key(qweight, qw.scales, zeros, offsets,
                                                                                  fmt)))
+    if qw.resident is not None and qw.qweight is qweight:
+        key = _storage_key(qweight)
+        _RESIDENT_BY_STORAGE[key] = weakref.ref(qw, functools.partial(_drop_resident, key))
     return qw
+
+
+# Resident-only weights by their placeholder's storage, for aliases of the placeholder that do not carry the cache
+# attribute (torch.compile's backward hands the op such an alias). Sound without the lifetime issue of a global cache
+# (module docstring): an entry holds the weight weakly, the weight holds its placeholder, so while an entry is live
+# its storage cannot be freed and the address not reused; a dropped weight removes its entry.
+_RESIDENT_BY_STORAGE: dict = {}
+
+
+def _drop_resident(key: tuple, ref: weakref.ref) -> None:
+    if _RESIDENT_BY_STORAGE.get(key) is ref:  # (a later weight over the same placeholder replaced it: keep that one)
+        del _RESIDENT_BY_STORAGE[key]
+
+
+def _storage_key(t: Tensor) -> tuple:
+    return (t.device, t.untyped_storage().data_ptr())
 
 
 def _resident_weight(qweight: Tensor, hit, scales: Tensor, zeros: Tensor | None, offsets: Tensor | None,
@@ -141,15 +164,22 @@ def _resident_weight(qweight: Tensor, hit, scales: Tensor, zeros: Tensor | None,
     in place (a deep copy, an in-place update), the layout is rebuilt from its own codes and the given parameters.
     A placeholder without one has no codes to read: a clear error."""
     qw = None if hit is None else hit[1]
-    if qw is None or qw.resident is None or hit[5][-1] != fmt:
+    alias = qw is None or qw.resident is None
+    if alias:  # an alias of a placeholder (the same storage) without the attribute
+        ref = _RESIDENT_BY_STORAGE.get(_storage_key(qweight))
+        qw = None if ref is None else ref()
+    if qw is None or qw.resident is None or (qw.bits, qw.config.group_size, qw.mode, *qw.shape) != fmt:
         raise ValueError("qweight is the placeholder of a compacted layer (QuantLinear.compact_): it holds no codes, "
                          "and no resident layout of this format is cached on it; use the layer itself, or "
                          "uncompact_() it first")
-    if hit[2] is not scales or hit[3] is not zeros or hit[4] is not offsets or _sig(scales) != hit[0][2] \
-            or _sig(zeros) != hit[0][3] or _sig(offsets) != hit[0][4]:
+    mine = mode_params(qw.mode, qw.zeros, qw.offsets)
+    same = all(_sig(a) == _sig(b) for a, b in ((scales, qw.scales), (zeros, mine[0]), (offsets, mine[1])))
+    if not same:
         plain = replace(qw, qweight=qw.packed(), scales=scales, zeros=zeros, offsets=offsets, resident=None,
                         _layouts={})
         qw = compact_weight(plain, qweight, qw.resident)
+    elif alias:
+        return qw  # (cached on the placeholder it was made for)
     elif qw.qweight is not qweight:  # (a deep copy's cached weight holds a copy of the placeholder)
         qw = replace(qw, qweight=qweight)
     return cache_weight(qweight, qw)
@@ -420,12 +450,22 @@ def _(a, b, weight, eps, perm=None):
     return torch.empty(a.shape, dtype=a.dtype, device=a.device), _norm_out(a, weight)
 
 
-def _plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k) -> QuantizedWeight:
-    """A QuantizedWeight over the tensors without the layout cache (also works on fake tensors)."""
-    zeros, offsets = mode_params(mode, zeros, offsets)
-    return QuantizedWeight(qweight=qweight, scales=scales, zeros=zeros, offsets=offsets,
-                           config=QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scales.dtype),
-                           shape=(n, k))
+@_op("dequantize(Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, SymInt bits, SymInt group_size, "
+     "str mode, SymInt n, SymInt k) -> Tensor")
+def dequantize(qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], offsets: Optional[Tensor], bits: int,  # noqa: UP045
+               group_size: int, mode: str, n: int, k: int) -> Tensor:
+    """The float32 weight [N, K] of these tensors (the linear ops' backward). An op of its own, so that a compiled
+    backward reads the weight cached on qweight at run time: a compacted layer's qweight is a placeholder whose codes
+    live only in its resident layout (weight_from_tensors finds it), which traced tensor code would read as zeros."""
+    from mixgemm.formats.weight import dequantize_weight
+
+    return dequantize_weight(weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, n, k),
+                             torch.float32)
+
+
+@torch.library.register_fake("mixgemm::dequantize")
+def _(qweight, scales, zeros, offsets, bits, group_size, mode, n, k):
+    return scales.new_empty((n, k), dtype=torch.float32)
 
 
 def _linear_setup_context(ctx, inputs, output):
@@ -454,10 +494,7 @@ def _linear_backward(ctx, grad):
         g = g * ((out > lo) & (out < hi)).to(g.dtype)
     gx = gb = None
     if ctx.needs_input_grad[0]:
-        from mixgemm.formats.weight import dequantize_weight
-
-        w = dequantize_weight(_plain_weight(qweight, scales, zeros, offsets, bits, group_size, mode, n, k),
-                              torch.float32)
+        w = torch.ops.mixgemm.dequantize(qweight, scales, zeros, offsets, bits, group_size, mode, n, k)
         gx = (g.float() @ w).to(ctx.x_dtype)
         if perm is not None:  # the product read x[..., perm]: input feature perm[j] gets stored column j's gradient
             gx = torch.empty_like(gx).index_copy_(-1, perm, gx)
