@@ -300,3 +300,16 @@ def test_compact_alias_lookup_follows_the_live_weight(torch_gen):
     assert key not in custom_ops._RESIDENT_BY_STORAGE
     with pytest.raises(ValueError, match="placeholder of a compacted layer"):
         weight_from_tensors(alias, torch.ones(32, 4, dtype=torch.float16), None, None, 4, 32, "sym", 32, 128)
+
+
+def test_compact_pickles_with_its_codes(torch_gen):
+    """torch.save of a compacted layer (the whole module) carries the plain codes and compacts again on load."""
+    import io
+
+    q = _layer(256, 64, 4, 64, "zero_point", torch_gen).compact_()
+    x = torch.randn(3, 256, generator=torch_gen)
+    buf = io.BytesIO()
+    torch.save(q, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    assert back.compact == "wgmma_v1" and torch.equal(back(x), q(x)) and q.compact == "wgmma_v1"

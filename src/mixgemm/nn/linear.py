@@ -350,6 +350,27 @@ class QuantLinear(nn.Module):
             # load_state_dict copies the buffers before the extra state: a corrupt permutation is caught here
             _check_perm(self.input_perm, self.in_features)
 
+    def __getstate__(self):
+        # pickle / deepcopy: a compacted layer travels with its plain codes (the cache that holds its resident layout
+        # hangs on the placeholder tensor and is not pickled) and compacts itself again on arrival
+        state = dict(super().__getstate__())
+        layout = self.compact
+        if layout is not None:
+            state["_buffers"] = {**state["_buffers"], "qweight": self.quantized_weight().packed()}
+            state["_compact_on_load"] = layout
+        return state
+
+    def __setstate__(self, state):
+        layout = state.pop("_compact_on_load", None)
+        super().__setstate__(state)
+        if layout is not None:
+            why = self.compact_reason(layout)
+            if why is None:
+                self.compact_(layout)
+            else:
+                warnings.warn(f"QuantLinear unpickled on {self.qweight.device} keeps its plain codes: {why}",
+                              stacklevel=2)
+
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if prefix + "qweight" in destination and self.compact is not None:
