@@ -288,7 +288,8 @@ class QuantLinear(nn.Module):
         packed size on the GPU at any M, where a layer that decodes and prefills otherwise keeps two or three copies.
         ``state_dict()`` still writes the plain codes (rebuilt from the layout); ``load_state_dict``, ``.to()`` and
         ``uncompact_()`` restore them first. On the CPU or an sm_90 GPU; compact_reason says why a layer cannot.
-        Returns self."""
+        Compact a model once it is on its device: code that moves buffers itself (not through ``Module.to``) would
+        carry only the placeholder. Returns self."""
         layout = layout or self._resident_layout()
         if self.compact is not None:
             if self.compact != layout:
