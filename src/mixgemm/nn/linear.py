@@ -365,12 +365,15 @@ class QuantLinear(nn.Module):
         layout = state.pop("_compact_on_load", None)
         super().__setstate__(state)
         if layout is not None:
-            why = self.compact_reason(layout)
-            if why is None:
-                self.compact_(layout)
-            else:
-                warnings.warn(f"QuantLinear unpickled on {self.qweight.device} keeps its plain codes: {why}",
-                              stacklevel=2)
+            self._compact_again(layout, "unpickled")
+
+    def _compact_again(self, layout: str, what: str) -> None:
+        """compact_(layout) after a move or an unpickling, or a warning saying why the layer keeps its plain codes."""
+        why = self.compact_reason(layout)
+        if why is None:
+            self.compact_(layout)
+        else:
+            warnings.warn(f"QuantLinear {what} to {self.qweight.device} keeps its plain codes: {why}", stacklevel=3)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -392,10 +395,7 @@ class QuantLinear(nn.Module):
         if layout is not None:  # moved as plain codes, kept in the layout again where it can be
             self.uncompact_()
             out = self._apply(fn, recurse)
-            try:
-                self.compact_(layout)
-            except ValueError as e:
-                warnings.warn(f"QuantLinear moved to {self.qweight.device} keeps its plain codes: {e}", stacklevel=3)
+            self._compact_again(layout, "moved")
             return out
         forget(self.__dict__)  # the eager path's kept launches hold the layouts of the tensors being replaced
         # Keep the scale dtype: only move scales / offsets to the device fn would send them to.
