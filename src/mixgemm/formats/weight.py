@@ -194,12 +194,12 @@ class QuantizedWeight:
         resident layout, a fresh copy rebuilt from it (the layout is not modified)."""
         if self.resident is None:
             return self.qweight
-        return pack_codes(RESIDENT_LAYOUTS[self.resident](self._layouts[self.resident]), self.bits)
+        return pack_codes(self.codes(), self.bits)
 
     def codes(self) -> torch.Tensor:
         """Unpacked codes, uint8 [N, K], each in [0, 2**bits - 1]."""
         if self.resident is not None:
-            return RESIDENT_LAYOUTS[self.resident](self._layouts[self.resident])
+            return RESIDENT_LAYOUTS[self.resident].codes(self._layouts[self.resident])
         return unpack_codes(self.qweight, self.bits, self.shape[1])
 
     def zero_points(self) -> torch.Tensor:
@@ -257,22 +257,34 @@ class QuantizedWeight:
                    if t is not None)
 
 
-def _codes_from_wgmma_v1(layout) -> torch.Tensor:
-    from mixgemm.formats.layouts_wgmma import unpack_wgmma_v1
+@dataclass(frozen=True)
+class ResidentLayout:
+    """A kernel layout a weight may keep as its only copy of the codes: how it is built from a plain weight and how
+    the codes uint8 [N, K] are read back from it (module, function names: imported on use, formats import no
+    kernel layout module up front)."""
 
-    return unpack_wgmma_v1(layout)
+    module: str
+    build_fn: str
+    unpack_fn: str
+    signed: bool = False  # the layout holds c = q - sym_bias
+
+    def build(self, qw: QuantizedWeight):
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.build_fn)(qw)
+
+    def codes(self, layout) -> torch.Tensor:
+        import importlib
+
+        c = getattr(importlib.import_module(self.module), self.unpack_fn)(layout)
+        return (c + (1 << (layout.bits - 1))).to(torch.uint8) if self.signed else c
 
 
-def _codes_from_wgmma_a8_v1(layout) -> torch.Tensor:
-    from mixgemm.formats.layouts_wgmma_a8 import unpack_wgmma_a8_v1
-
-    # the layout holds the signed codes c = q - sym_bias (sym weights only)
-    return (unpack_wgmma_a8_v1(layout) + (1 << (layout.bits - 1))).to(torch.uint8)
-
-
-# The layouts a weight may keep as its only copy of the codes: name -> layout -> codes uint8 [N, K] read back.
-RESIDENT_LAYOUTS: dict[str, Callable[[object], torch.Tensor]] = {"wgmma_v1": _codes_from_wgmma_v1,
-                                                                 "wgmma_a8_v1": _codes_from_wgmma_a8_v1}
+RESIDENT_LAYOUTS: dict[str, ResidentLayout] = {
+    "wgmma_v1": ResidentLayout("mixgemm.formats.layouts_wgmma", "build_wgmma_v1", "unpack_wgmma_v1"),
+    "wgmma_a8_v1": ResidentLayout("mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1", "unpack_wgmma_a8_v1",
+                                  signed=True),
+}
 
 
 def compact_placeholder(qweight: torch.Tensor) -> torch.Tensor:

@@ -69,11 +69,10 @@ def dequantized_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.M
     """A deep copy of ``model`` in which every QuantLinear is an nn.Linear holding its dequantized weight
     (in ``dtype``, default: the dtype of the model's other float parameters, e.g. its embeddings): the float
     model that the quantized one must reproduce."""
-    # the kernel-layout caches hang on the qweight buffers (mixgemm.ops.custom_ops): leave them out of the copy, except
-    # a compacted layer's (its resident layout is where its codes are)
+    # the kernel-layout caches hang on the qweight buffers (mixgemm.ops.custom_ops): leave them out of the copy
     stash = {}
     for m in model.modules():
-        if isinstance(m, QuantLinear) and "_mixgemm_qw" in m.qweight.__dict__ and m.compact is None:
+        if isinstance(m, QuantLinear) and "_mixgemm_qw" in m.qweight.__dict__:
             stash[m] = m.qweight.__dict__.pop("_mixgemm_qw")
     try:
         twin = copy.deepcopy(model)

@@ -192,24 +192,8 @@ def compact_weight(qw: QuantizedWeight, placeholder: Tensor, name: str = "wgmma_
 
     if name not in RESIDENT_LAYOUTS:
         raise ValueError(f"a weight can keep one of {sorted(RESIDENT_LAYOUTS)} as its resident layout, got {name!r}")
-    builder = _RESIDENT_BUILDERS[name]()
-    lay = qw.layout(name, builder)
+    lay = qw.layout(name, RESIDENT_LAYOUTS[name].build)
     return replace(qw, qweight=placeholder, _layouts={name: lay}, resident=name)
-
-
-def _wgmma_v1_builder():
-    from mixgemm.formats.layouts_wgmma import build_wgmma_v1
-
-    return build_wgmma_v1
-
-
-def _wgmma_a8_v1_builder():
-    from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
-
-    return build_wgmma_a8_v1
-
-
-_RESIDENT_BUILDERS = {"wgmma_v1": _wgmma_v1_builder, "wgmma_a8_v1": _wgmma_a8_v1_builder}
 
 
 def _describe(t: Tensor | None) -> str:
