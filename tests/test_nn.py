@@ -382,7 +382,7 @@ def test_op_fields_follow_the_module(torch_gen):
     it is made of (tensor-parallel sharding sets in / out features) refreshes it."""
     q = QuantLinear.from_linear(nn.Linear(64, 48), bits=4, group_size=32, mode="zero_point", act_mode="sym",
                                 act_block="token")
-    assert q._op_fields == (4, 32, "zero_point", 48, 64, "sym", "token")
+    assert q._op_fields == (4, 32, "zero_point", 48, 64, "sym", "token", -math.inf, math.inf)
     q.in_features, q.out_features = 32, 24
     assert q._op_fields[3:5] == (24, 32)
     assert copy.deepcopy(q)._op_fields == q._op_fields

@@ -70,12 +70,13 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--compiled", action="store_true", help="also time the calls under torch.compile (no graphs)")
+    ap.add_argument("--schemes", default=",".join(SCHEMES), help=f"comma list of {SCHEMES}")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows, prof = [], []
     with torch.no_grad():
         lin = torch.nn.Linear(K, N, bias=False).half().cuda()
-        for name in SCHEMES:
+        for name in a.schemes.split(","):
             model = torch.nn.Sequential(torch.nn.Linear(K, N, bias=False)).half().cuda()
             mixgemm.quantize_(model, scheme_config(name))
             for m in DEFAULT_MS:

@@ -5,12 +5,14 @@ Why it is measured apart from the kernels: a decode step of a 7-8B model makes a
 time is a few microseconds each, so outside CUDA graphs tokens/s follow the host time per call. For each scheme
 (W4A16 g128, W8A16, W8A8, W4A8 with per-token activation scales) and M, back-to-back calls of the same layer are
 timed without a sync (the rate a loop issues them at; the GPU keeps up, see ``gpu_us``), the quantized layer and an
-nn.Linear of the same shape taking turns within each round, best round each; ratio = QuantLinear / nn.Linear, the
-bar is RATIO_BAR. ``gpu_us``: the same call replayed from a CUDA graph (what back-to-back calls cannot go below).
+nn.Linear of the same shape taking turns within each round (21 rounds); times: the best round of each; ratio: the
+median over rounds of QuantLinear / nn.Linear in the same round, the bar is RATIO_BAR. ``gpu_us``: the same call
+replayed from a CUDA graph (what back-to-back calls cannot go below).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -30,42 +32,53 @@ def scheme_config(name: str):
             "W4A8-token": mixgemm.W4A8(act_block="token")}[name]
 
 
-def paired_rate_us(fns: list[Callable[[], object]], calls: int = 2000, rounds: int = 7,
-                   sync: Callable[[], None] = lambda: None) -> list[float]:
-    """Host microseconds per call of each fn, back-to-back calls without a sync; the fns take turns within each
-    round (host speed drifts over seconds, so a ratio of two of them is taken within the same rounds), best round
-    each."""
+def paired_rounds(fns: list[Callable[[], object]], calls: int = 500, rounds: int = 21,
+                  sync: Callable[[], None] = lambda: None) -> list[list[float]]:
+    """Host microseconds per call of each fn in each round ([fn][round]), back-to-back calls without a sync; the fns
+    take turns within each round (host speed drifts over seconds: a ratio of two of them is taken round by round)."""
     for fn in fns:
         for _ in range(max(20, calls // 50)):
             fn()
     sync()
-    best = [float("inf")] * len(fns)
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
         for i, fn in enumerate(fns):
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
-            best[i] = min(best[i], (time.perf_counter() - t0) / calls * 1e6)
+            times[i].append((time.perf_counter() - t0) / calls * 1e6)
             sync()
-    return best
+    return times
+
+
+def paired_rate_us(fns: list[Callable[[], object]], calls: int = 500, rounds: int = 21,
+                   sync: Callable[[], None] = lambda: None) -> list[float]:
+    """paired_rounds' best round of each fn."""
+    return [min(t) for t in paired_rounds(fns, calls, rounds, sync)]
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """The median over rounds of a's time over b's in the same round: robust to the host's drift between rounds and
+    to a lucky round of either (the devices' hosts moved nn.Linear's own time by 2x between rows of one run)."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
 def time_case(q, lin, x: torch.Tensor, compiled: bool) -> dict:
     """Host and GPU time of QuantLinear q and nn.Linear lin on x, eager and (compiled) under torch.compile without
-    CUDA graphs."""
+    CUDA graphs: best round of each, and the median of the per-round ratios."""
     from mixgemm.bench.protocol import graph_time_us
 
     sync = torch.cuda.synchronize
-    ql_us, lin_us = paired_rate_us([lambda: q(x), lambda: lin(x)], sync=sync)
-    r = dict(eager_us=ql_us, eager_linear_us=lin_us, eager_ratio=ql_us / lin_us,
+    ql, li = paired_rounds([lambda: q(x), lambda: lin(x)], sync=sync)
+    r = dict(eager_us=min(ql), eager_linear_us=min(li), eager_ratio=paired_ratio(ql, li),
              gpu_us=graph_time_us([lambda: q(x)] * 20), gpu_linear_us=graph_time_us([lambda: lin(x)] * 20))
     if compiled:
         # a fresh dynamo cache per case: the same module compiled for every M would reach the recompile limit and then
         # run eager, unreported
         torch._dynamo.reset()
         cq, cl = torch.compile(q, dynamic=False), torch.compile(lin, dynamic=False)
-        cq_us, cl_us = paired_rate_us([lambda: cq(x), lambda: cl(x)], calls=1000, sync=sync)
-        r.update(compiled_us=cq_us, compiled_linear_us=cl_us, compiled_ratio=cq_us / cl_us)
+        cqt, clt = paired_rounds([lambda: cq(x), lambda: cl(x)], calls=300, sync=sync)
+        r.update(compiled_us=min(cqt), compiled_linear_us=min(clt), compiled_ratio=paired_ratio(cqt, clt))
     return r
 
 
@@ -108,8 +121,9 @@ def to_markdown(data: dict) -> str:
     lines = [f"# Host time per call: QuantLinear against nn.Linear, {info.get('gpu')}, torch {info.get('torch')}",
              "",
              f"`python -m mixgemm bench --call-overhead` ({info.get('date_utc')}): a {k}x{n} fp16 layer, back-to-back "
-             "calls without a sync, the quantized layer and nn.Linear taking turns within each round, best round "
-             f"each (mixgemm.bench.call_overhead). Bar: {RATIO_BAR}x nn.Linear; `*` marks a miss. GPU us: the same "
+             "calls without a sync, the quantized layer and nn.Linear taking turns within each of 21 rounds; us: the "
+             "best round of each; ratio: the median over rounds of the two in the same round "
+             f"(mixgemm.bench.call_overhead). Bar: {RATIO_BAR}x nn.Linear; `*` marks a miss. GPU us: the same "
              "call replayed from a CUDA graph.",
              "",
              "| scheme | M | kernel | eager us | nn.Linear us | eager ratio | compiled us | compiled nn.Linear us | "

@@ -163,11 +163,26 @@ def _gemv_mma_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemv import mma_config
 
     cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count)
+    if p.resident == WGMMA_V1.name and _compact_m1_simt(p):
+        # its CUDA-core math on the same bytes, at the tensor-core GEMV's k-split (a power of two with >= 2 64-k tiles a
+        # slice; tuning.COMPACT_M1_SIMT_MIN_BYTES)
+        ks = 1 << (min(cfg["KS"], max(1, -(-p.k // 64) // 2)).bit_length() - 1)
+        return tuning.SourcedConfig({**cfg, "WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": 2},
+                                    "the weight keeps only wgmma_v1 (compacted): M = 1 on CUDA cores, "
+                                    "tuning.COMPACT_M1_SIMT_MIN_BYTES")
     if p.resident == WGMMA_V1.name and not cfg.get("WG", 0):
         # a compacted weight keeps only the GEMM's wgmma_v1: the ring on it (gemv_mma.cu MMA_WG; int4 measured 2-10%
         # slower than on gemv_mma_v1, and at M = 1 up to 1.45x the CUDA-core GEMV's time, docs/design.md)
         cfg = tuning.SourcedConfig({**cfg, "WG": 1}, "the weight keeps only wgmma_v1 (compacted)")
     return _past_crossover_note(p, cfg)
+
+
+def _compact_m1_simt(p: Problem) -> bool:
+    """A compacted weight's fp16 M = 1 call takes MMA_SIMT (tuning.COMPACT_M1_SIMT_MIN_BYTES; not act-order, whose
+    gather the SIMT config does not read)."""
+    least = tuning.COMPACT_M1_SIMT_MIN_BYTES.get(p.bits)
+    return (p.m == 1 and not p.act_order and p.x_dtype == torch.float16 and least is not None
+            and p.n * p.k * p.bits // 8 >= least)
 
 
 def _gemv_config(p: Problem) -> dict:

@@ -41,7 +41,7 @@ from mixgemm.formats.weight import (
     is_compact_placeholder,
     quantize_weight,
 )
-from mixgemm.ops.custom_ops import cache_weight, compact_weight, mode_params, weight_from_tensors
+from mixgemm.ops.custom_ops import cache_weight, compact_weight, drop_cached, weight_from_tensors
 from mixgemm.ops.eager import eager_applies, eager_forward, fast_call
 from mixgemm.ops.kept_launches import forget
 
@@ -111,8 +111,9 @@ class QuantLinear(nn.Module):
         super().__setattr__(name, value)
         if name in self._OP_FIELDS and all(f in self.__dict__ for f in self._OP_FIELDS):
             c = self.config
+            # (the output clamp last: none, -inf..inf; constants read from here cost no guard of their own)
             self.__dict__["_op_fields"] = (c.bits, c.group_size, c.mode, self.out_features, self.in_features,
-                                           self.act_mode, self.act_block)
+                                           self.act_mode, self.act_block, -math.inf, math.inf)
 
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
@@ -226,7 +227,7 @@ class QuantLinear(nn.Module):
                 return y
         # act-order weight-only layers hand input_perm to the kernels (the GEMVs gather x while reading it, the
         # GEMMs after one gather: mixgemm.ops.dispatch.run_linear); activation-quantized ones gather here
-        bits, group_size, mode, n, k, act_mode, act_block = self._op_fields
+        bits, group_size, mode, n, k, act_mode, act_block, lo, hi = self._op_fields
         perm = self._buffers.get("input_perm") if self.gathers_input() else None
         if perm is not None and act_mode is not None:
             x, perm = x[..., perm], None
@@ -236,17 +237,18 @@ class QuantLinear(nn.Module):
                 return y
         # only the tensors the mode reads: torch.compile guards each tensor handed to the op on every call
         b = self._buffers
-        zeros, offsets = mode_params(mode, b["zeros"], b["offsets"])
+        zeros = b["zeros"] if mode == "zero_point" else None  # (mode_params, inline: a function is one more guard)
+        offsets = b["offsets"] if mode == "offset" else None
         bias = self.bias
         # no gradient to record: the ops' no_grad overload, without the Python autograd kernel in front of each call
         grad = torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))
         if act_mode is None:
             op = torch.ops.mixgemm.linear_wxa16
             return (op.default if grad else op.no_grad)(x, b["qweight"], b["scales"], zeros, offsets, bias, bits,
-                                                        group_size, mode, n, k, -math.inf, math.inf, perm)
+                                                        group_size, mode, n, k, lo, hi, perm)
         op = torch.ops.mixgemm.linear_wxa8
         return (op.default if grad else op.no_grad)(x, b["qweight"], b["scales"], zeros, offsets, bias, bits,
-                                                    group_size, mode, n, k, act_mode, -math.inf, math.inf, act_block)
+                                                    group_size, mode, n, k, act_mode, lo, hi, act_block)
 
     # ---- one resident layout -------------------------------------------------------------------------
     @property
@@ -299,11 +301,13 @@ class QuantLinear(nn.Module):
         why = self.compact_reason(layout)
         if why is not None:
             raise ValueError(f"compact_({layout!r}): {why}")
-        placeholder = compact_placeholder(self.qweight)
+        old = self.qweight
+        placeholder = compact_placeholder(old)
         qw = compact_weight(self.quantized_weight(), placeholder, layout)
         forget(self.__dict__)  # kept launches hold the layouts being dropped
         self._buffers["qweight"] = placeholder
         cache_weight(placeholder, qw)
+        drop_cached(old)  # (so that the plain codes and the other layouts go now, not at the next garbage collection)
         return self
 
     def uncompact_(self) -> QuantLinear:

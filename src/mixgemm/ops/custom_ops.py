@@ -64,7 +64,8 @@ from torch import Tensor
 from mixgemm.epilogue import ACTIVATIONS, clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight, is_compact_placeholder
-from mixgemm.ops.kept_launches import keep, kept, run_kept, version_of, weight_token
+from mixgemm.ops.compiled_calls import install_if_inductor
+from mixgemm.ops.kept_launches import forget, keep, kept, run_kept, version_of, weight_token
 
 _CACHE_ATTR = "_mixgemm_qw"
 _ACT_BY_BOUNDS = {v: k for k, v in ACTIVATIONS.items() if k != "none"}  # (lo, hi) -> activation name
@@ -206,6 +207,14 @@ def _fast_key(qweight: Tensor, scales: Tensor, zeros: Tensor | None, offsets: Te
             scales.data_ptr(), fmt)
 
 
+def drop_cached(qweight: Tensor) -> None:
+    """Drop the weight (with its layouts and plans) and the launches the ops cached on this qweight tensor. They hold
+    the tensor in a reference cycle (the weight refers to it), which only the garbage collector would free: a layer
+    that stops using a tensor (compact_) calls this so that its memory goes at once."""
+    qweight.__dict__.pop(_CACHE_ATTR, None)
+    forget(qweight.__dict__)
+
+
 def cached_weight(qweight: Tensor) -> QuantizedWeight | None:
     """The QuantizedWeight the ops cached on this qweight tensor (with its kernel layouts), or None."""
     hit = getattr(qweight, _CACHE_ATTR, None)
@@ -252,16 +261,27 @@ def _op(schema: str, no_grad: bool = False):
 NO_GRAD = "no_grad"
 
 
-def register_fake_all(name: str):
-    """torch.library.register_fake for the op ``name`` and its no_grad overload."""
+def register_fake_ops(*names: str):
+    """torch.library.register_fake for these ops ("name" or "name.overload"). The fake function runs while a compiler
+    traces the op; it also installs the direct calls of inductor's generated code (mixgemm.ops.compiled_calls) when
+    inductor is the compiler."""
 
     def register(fn):
-        torch.library.register_fake(f"mixgemm::{name}", fn)
-        torch.library.register_fake(f"mixgemm::{name}.{NO_GRAD}", fn)
+        @functools.wraps(fn)
+        def fake(*args, **kwargs):
+            install_if_inductor()
+            return fn(*args, **kwargs)
+
+        for name in names:
+            torch.library.register_fake(f"mixgemm::{name}", fake)
         return fn
 
     return register
 
+
+def register_fake_all(name: str):
+    """register_fake_ops for the op ``name`` and its no_grad overload."""
+    return register_fake_ops(name, f"{name}.{NO_GRAD}")
 
 
 def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation: str | None,
@@ -359,7 +379,7 @@ def gather_columns(x: Tensor, perm: Tensor) -> Tensor:
     return x.index_select(-1, perm)
 
 
-@torch.library.register_fake("mixgemm::gather_columns")
+@register_fake_ops("gather_columns")
 def _(x, perm):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -424,12 +444,12 @@ def _norm_out(x: Tensor, weight: Tensor) -> Tensor:
     return torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
 
 
-@torch.library.register_fake("mixgemm::rms_norm")
+@register_fake_ops("rms_norm")
 def _(x, weight, eps, perm=None):
     return _norm_out(x, weight)
 
 
-@torch.library.register_fake("mixgemm::add_rms_norm")
+@register_fake_ops("add_rms_norm")
 def _(a, b, weight, eps, perm=None):
     return torch.empty(a.shape, dtype=a.dtype, device=a.device), _norm_out(a, weight)
 
