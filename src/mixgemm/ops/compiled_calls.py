@@ -11,11 +11,10 @@ mode is active where the generated code runs) is a record_function for the profi
 How: inductor's wrapper codegen looks an op up in ``CUSTOM_EXTERN_KERNEL_CODEGEN`` (torch._inductor.codegen.
 custom_extern_kernel_codegen, keyed by the op's Python name) before it writes the dispatcher call; for each op here,
 the entry writes ``bufN = mixgemm_direct_<op>_<overload>(args)`` and imports the kernel under that name at the top of
-the generated
-module. Installed the first time a compile that uses inductor traces a mixgemm op (the ops' fake functions call
-``install_if_inductor``), so importing mixgemm does not import inductor. Where that registry is missing (another torch
-version) nothing is installed and inductor calls the ops as before. The generated code names the functions of
-DIRECT_OPS: compiled code cached on disk imports them by these names.
+the generated module. Installed the first time a compile that uses inductor traces a mixgemm op (the ops' fake
+functions call ``install_if_inductor``), so importing mixgemm does not import inductor. Where that registry is missing
+(another torch version) nothing is installed and inductor calls the ops as before. The generated code names the
+functions of DIRECT_OPS: compiled code cached on disk imports them by these names.
 """
 
 from __future__ import annotations
@@ -27,15 +26,15 @@ import sys
 import torch
 from torch.autograd import profiler
 
-# op overload name -> (module, function): the Python kernel the dispatcher would call for that overload
+# op overload (as in torch.ops.mixgemm.<op>.<overload>) -> the name of its Python kernel in mixgemm.ops.custom_ops
 DIRECT_OPS = {
-    "linear_wxa16.default": ("mixgemm.ops.custom_ops", "linear_wxa16"),
-    "linear_wxa16.no_grad": ("mixgemm.ops.custom_ops", "linear_wxa16"),
-    "linear_wxa8.default": ("mixgemm.ops.custom_ops", "linear_wxa8"),
-    "linear_wxa8.no_grad": ("mixgemm.ops.custom_ops", "linear_wxa8"),
-    "rms_norm.default": ("mixgemm.ops.custom_ops", "rms_norm"),
-    "add_rms_norm.default": ("mixgemm.ops.custom_ops", "add_rms_norm"),
-    "gather_columns.default": ("mixgemm.ops.custom_ops", "gather_columns"),
+    "linear_wxa16.default": "linear_wxa16",
+    "linear_wxa16.no_grad": "linear_wxa16",
+    "linear_wxa8.default": "linear_wxa8",
+    "linear_wxa8.no_grad": "linear_wxa8",
+    "rms_norm.default": "rms_norm",
+    "add_rms_norm.default": "add_rms_norm",
+    "gather_columns.default": "gather_columns",
 }
 _INSTALLED = False
 
@@ -53,13 +52,23 @@ def profiled(fn, label: str):
     return call
 
 
+def _codegen_key(overload: str) -> str:
+    """The op's name in inductor's registry (its Python name, as the generated code would call it)."""
+    return f"torch.ops.mixgemm.{overload}"
+
+
+def _direct_name(overload: str) -> str:
+    return "direct_" + overload.replace(".", "_")
+
+
 def __getattr__(attr: str):
     """direct_<op>_<overload> (what generated code imports): the op's Python kernel, profiled, bound on first use
     (custom_ops imports this module, so it is not imported here at module level)."""
-    for overload, (module, name) in DIRECT_OPS.items():
-        if attr == "direct_" + overload.replace(".", "_"):
-            fn = getattr(sys.modules.get(module) or __import__(module, fromlist=[name]), name)
-            globals()[attr] = call = profiled(fn, f"mixgemm::{overload.split('.')[0]}")
+    for overload, name in DIRECT_OPS.items():
+        if attr == _direct_name(overload):
+            from mixgemm.ops import custom_ops
+
+            globals()[attr] = call = profiled(getattr(custom_ops, name), f"mixgemm::{name}")
             return call
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
@@ -75,8 +84,8 @@ def _write_direct_call(overload: str, node, writeline) -> None:
     if config.generate_intermediate_hooks or not hasattr(wrapper, "add_import_once"):
         writeline(ExternKernelAllocLine(wrapper, node))
         return
-    alias = "mixgemm_direct_" + overload.replace(".", "_")
-    wrapper.add_import_once(f"from mixgemm.ops.compiled_calls import direct_{overload.replace('.', '_')} as {alias}")
+    alias = "mixgemm_" + _direct_name(overload)
+    wrapper.add_import_once(f"from mixgemm.ops.compiled_calls import {_direct_name(overload)} as {alias}")
     args = [*node.codegen_args(), *node.codegen_kwargs()]
     writeline(f"{node.get_name()} = {alias}({', '.join(args)})")
 
@@ -93,7 +102,7 @@ def install() -> bool:
         return False
     for overload in DIRECT_OPS:
         CUSTOM_EXTERN_KERNEL_CODEGEN.setdefault(
-            f"torch.ops.mixgemm.{overload}", CustomCodegen(python=functools.partial(_write_direct_call, overload)))
+            _codegen_key(overload), CustomCodegen(python=functools.partial(_write_direct_call, overload)))
     _INSTALLED = True
     return True
 
@@ -107,7 +116,7 @@ def dispatcher_calls():
     from torch._inductor.codegen.custom_extern_kernel_codegen import CUSTOM_EXTERN_KERNEL_CODEGEN
 
     install()
-    taken = {k: CUSTOM_EXTERN_KERNEL_CODEGEN.pop(k) for k in [f"torch.ops.mixgemm.{o}" for o in DIRECT_OPS]
+    taken = {k: CUSTOM_EXTERN_KERNEL_CODEGEN.pop(k) for k in map(_codegen_key, DIRECT_OPS)
              if k in CUSTOM_EXTERN_KERNEL_CODEGEN}
     try:
         yield
