@@ -31,7 +31,7 @@ K, N = DEFAULT_SHAPE
 def rate_us(fn, iters=2000) -> float:
     """Host microseconds per call of back-to-back calls, best of the rounds (mixgemm.bench.call_overhead)."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    return paired_rate_us([fn], calls=iters, sync=sync)[0]
+    return paired_rate_us([fn], calls=iters, rounds=7, sync=sync)[0]
 
 
 def measure(name: str, q, lin, m: int, compiled: bool) -> dict:

@@ -228,8 +228,11 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
     out = [{**base, "KS": ks, "RG": max(1, WARPS // ks)} for ks in _pow2_neighbours(base["KS"], 1, 16)
            if kt >= 2 * ks]
     out += one_axis_variants(base, {"U": (1, 2)}, lambda c: True)
-    if p.m == 1 and not p.act_order:  # CUDA-core math on wgmma_v1 (gemv_mma.cu MMA_SIMT): M = 1 from the GEMM's bytes
-        out.append({**base, "WG": 1, "SIMT": 1})
+    simt = {**base, "WG": 1, "SIMT": 1}
+    # CUDA-core math on wgmma_v1 (gemv_mma.cu MMA_SIMT): M = 1 from the GEMM's bytes (a compacted weight's base may
+    # already be it)
+    if p.m == 1 and not p.act_order and simt != base:
+        out.append(simt)
     return out
 
 
