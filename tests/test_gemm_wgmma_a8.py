@@ -88,14 +88,56 @@ COMPILE_CASES = [
     dict(A8_BITS=4, A8_OUT=1, A8_BM=256, A8_NWG=2, A8_STAGES=2, A8_KT=2, A8_GT=2, A8_NP=1, A8_CVT=0, A8_AT=1,
          A8_TSTORE=1, A8_MC=2, A8_QS=1),
     dict(A8_BITS=4, A8_OUT=2, A8_BM=64, A8_NWG=1, A8_STAGES=4, A8_KT=1, A8_GT=1, A8_NP=1, A8_CVT=0, A8_AT=1, A8_QS=1),
+    # the activation quantizer in the launch: one row per block (bf16 x), several per block (fp32 x), per-channel int8
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=64, A8_NWG=2, A8_STAGES=4, A8_KT=2, A8_GT=1, A8_NP=2, A8_CVT=0, A8_AT=1,
+         A8_TSTORE=1, A8_PDL=1, A8_QS=1, A8_FQ=2, A8_FQ_WPR=12, A8_XT=1),
+    dict(A8_BITS=8, A8_OUT=2, A8_BM=128, A8_NWG=2, A8_STAGES=3, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0, A8_FQ=4,
+         A8_FQ_WPR=3, A8_XT=2),
+    dict(A8_BITS=8, A8_OUT=0, A8_BM=64, A8_NWG=1, A8_STAGES=4, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0, A8_FQ=16,
+         A8_FQ_WPR=1, A8_PDL=1, A8_TSTORE=1),
 ]
 
 
-@pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
-@pytest.mark.parametrize("defs", COMPILE_CASES, ids=lambda d: "-".join(f"{v}" for v in d.values()))
-def test_nvrtc_compiles_sm90a(defs):
-    cubin = nvrtc.compile_cubin("gemm_wgmma_a8.cu", tuple(sorted(defs.items())), "sm_90a")
-    assert len(cubin) > 1000
+def test_quantizing_default_rule():
+    """The default config quantizes in the launch (FQ 1) for per-token calls up to A8_QUANTIZING_MAX_M rows and for
+    small products beyond (tuning.A8_QUANTIZING_*), never for per-group activation scales."""
+    from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem, quantizing_pays
+    from mixgemm.tuning import A8_QUANTIZING_MAX_M
+
+    cpu = torch.device("cpu")
+    qw = _qw(256, 2048, 8, -1)
+    assert _wgmma_a8_config(a8_problem(16, qw, torch.float16, cpu, "sym", True))["FQ"] == 1
+    qw = _qw(256, 2048, 4, 128)
+    assert _wgmma_a8_config(a8_problem(16, qw, torch.float16, cpu, "sym", True))["FQ"] == 1
+    assert _wgmma_a8_config(a8_problem(16, qw, torch.float16, cpu, "sym", False))["FQ"] == 0
+    assert quantizing_pays(A8_QUANTIZING_MAX_M, 28672, 8192) and quantizing_pays(512, 2048, 2048)
+    assert not quantizing_pays(512, 4096, 4096) and not quantizing_pays(2048, 2048, 2048)
+
+
+@pytest.mark.parametrize("m", [1, 3, 17, 129, 300, 2000, 20000])
+@pytest.mark.parametrize("k", [16, 1040, 4096, 28672, 65536])
+@pytest.mark.parametrize("warps", [8, 12])
+@pytest.mark.parametrize("gemm_blocks", [0, 64, 500])
+def test_quantizer_split_covers_the_rows(m, k, warps, gemm_blocks):
+    """The in-launch quantizer's split: at most one block per SM the GEMM leaves free (at least a quarter of them),
+    rows held in the registers it allows, every row taken (blocks x rows per block, in turns), one round wherever the
+    registers allow it."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import quantizer_split
+
+    sms, max_units = 132, 16
+    slots = max(sms - gemm_blocks, sms // 4)
+    sp = quantizer_split(m, k, warps, sms, max_units, gemm_blocks)
+    if k // 8 > 32 * warps * max_units:
+        assert sp is None
+        return
+    rows = warps // sp.warps_per_row
+    assert warps % sp.warps_per_row == 0 and 1 <= sp.blocks <= min(slots, m)
+    assert sp.units <= max_units and sp.units * 32 * sp.warps_per_row >= k // 8
+    assert sp.blocks * rows >= min(m, slots * rows)  # the blocks' first rows already cover up to one round
+    if -(-m // slots) <= rows:  # one round: each block's rows at once, with as many threads per row as that allows
+        assert sp.blocks * rows >= m
+        wider = [d for d in range(sp.warps_per_row + 1, warps + 1) if warps % d == 0]
+        assert all(slots * (warps // d) < m for d in wider)
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -369,6 +411,101 @@ def test_gpu_pdl_chain(mc):
 
     x0 = (torch.randn(300, k, generator=_gen(4))).to("cuda", torch.float16)
     assert_pdl_chain_matches(chain, x0)
+
+
+def _quantizing_launch(qw, m, x_dtype, fq=1):
+    """The call plan's prepared launch for M rows (the registry's cuda_wgmma_a8 entry, per-token scales), its default
+    config with FQ (1: the GEMM quantizes x in its own launch outside graph capture, wherever the tile allows; 0:
+    never)."""
+    from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
+
+    p = a8_problem(m, qw, x_dtype, torch.device("cuda"), "sym", True)
+    return _prepare_wgmma_a8(p, qw, dict(_wgmma_a8_config(p), FQ=fq))
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs", [(4, 128), (8, 128), (4, 256), (8, -1), (4, -1)])
+@pytest.mark.parametrize("m", [1, 3, 17, 129, 300])
+def test_gpu_quantizing_launch(bits, gs, m):
+    """The GEMM that quantizes its activations in the same launch (A8_FQ): per-token codes and scales equal to the
+    reference quantizer's, so its output matches the float64 GEMM of them within the dtype's tolerance and equals
+    the two-launch path (quantizer, then the GEMM: config FQ 0) bit for bit; x untouched; fp16 / bf16 / fp32 x; N and
+    K off every tile."""
+    from mixgemm.epilogue import clamp_bounds
+    from mixgemm.formats.activation import quantize_activation
+
+    n, k = 520, 1040 if gs == -1 else 1024
+    qw = _qw(n, k, bits, gs, m + bits, "cuda")
+    lo, hi = clamp_bounds("relu6")
+    for x_dtype, tol in _TOL.items():
+        x = (torch.randn(m, k, generator=_gen(m)) * 2).to("cuda", x_dtype)
+        if m > 2:
+            x[1] = 0.0  # scale 0, codes 0
+            x[2] = -1.5  # every code -127
+        x0 = x.clone()
+        bias = (torch.randn(n, generator=_gen(m + 1)) * 0.5).to("cuda", x_dtype)
+        launch = _quantizing_launch(qw, m, x_dtype)
+        assert launch.quantizes
+        y = launch(x, bias, lo, hi)
+        assert torch.equal(x, x0) and y.dtype == x_dtype and y.shape == (m, n)
+        a = quantize_activation(x.cpu().float(), k, "sym").dequantize().double()
+        ref = (a @ dequantize_weight(qw.to("cpu"), torch.float64).T + bias.cpu().double()).clamp(lo, hi)
+        assert _rel(y, ref) < tol, (x_dtype, _rel(y, ref))
+        two = _quantizing_launch(qw, m, x_dtype, fq=0)
+        assert not two.quantizes
+        assert torch.equal(two(x, bias, lo, hi), y), x_dtype
+        y2 = launch(x, bias, lo, hi)  # the counters were left zero: the next launch runs the same
+        assert torch.equal(y2, y)
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k", [(17, 28672), (2000, 4096), (4000, 1024)])
+def test_gpu_quantizing_launch_splits(m, k):
+    """The quantizer's other splits: a whole block per row of a long K; several rows per block, blocks taking rows in
+    turns (more rows than one round); x whose rows are not 16-byte aligned (copied first)."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import quantizer_split
+    from mixgemm.kernels.registry import device_info
+
+    n = 264
+    qw = _qw(n, k, 8, -1, m, "cuda")
+    x = (torch.randn(m, k, generator=_gen(m)) * 2).to("cuda", torch.float16)
+    sp = quantizer_split(m, k, 12, device_info(x.device).sm_count, 16)
+    assert sp is not None
+    launch = _quantizing_launch(qw, m, torch.float16)
+    assert launch.quantizes
+    inf = float("inf")
+    y = launch(x, None, -inf, inf)
+    assert torch.equal(_quantizing_launch(qw, m, torch.float16, fq=0)(x, None, -inf, inf), y)
+    buf = torch.empty(m * k + 1, device="cuda", dtype=torch.float16)
+    xu = buf[1:].view(m, k)
+    xu.copy_(x)
+    assert xu.data_ptr() % 16
+    assert torch.equal(launch(xu, None, -inf, inf), y)
+
+
+@needs_sm90
+@pytest.mark.gpu
+def test_gpu_quantizing_launch_chain():
+    """Quantizing launches back to back, each reading the output of the one before (PDL lets the next start early;
+    its quantizer blocks and producers wait first) on one stream's counters and scratch, eagerly and in a CUDA
+    graph, with PDL off and on: bit-equal."""
+    from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
+
+    k = n = 4096
+    qws = [_qw(n, k, bits, gs, seed, "cuda") for seed, (bits, gs) in enumerate([(4, -1), (8, -1), (4, -1)])]
+    inf = float("inf")
+    for m in (16, 300):
+
+        def chain(x, m=m):
+            for qw in qws:
+                launch = _quantizing_launch(qw, m, torch.float16)  # prepared under the chain's options
+                assert launch.quantizes
+                x = launch(x, None, -inf, inf)
+            return x
+
+        assert_pdl_chain_matches(chain, torch.randn(m, k, generator=_gen(m)).to("cuda", torch.float16))
 
 
 @needs_sm90

@@ -172,7 +172,16 @@ def _wgmma_a8_config(p: Problem) -> dict:
 
     lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
     qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
-    return default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
+    cfg = default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
+    cfg["FQ"] = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
+    return cfg
+
+
+def quantizing_pays(m: int, n: int, k: int) -> bool:
+    """Whether a call quantizes its activations inside the GEMM's launch (one launch, gemm_wgmma_a8.cu A8_FQ) rather
+    than in a launch of its own: up to tuning.A8_QUANTIZING_MAX_M rows on any layer, and small products beyond (its
+    GPU time measured lower or level there; its host time is one launch less everywhere)."""
+    return m <= tuning.A8_QUANTIZING_MAX_M or m * n * k <= tuning.A8_QUANTIZING_MAX_MACS
 
 
 def _run_wgmma_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
@@ -185,23 +194,40 @@ def _run_wgmma_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
 def _prepare_wgmma_a8(p: Problem, qw, config):
     from mixgemm.kernels.cuda import gemv_a8
     from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8, scratch_bytes
     from mixgemm.kernels.cuda.launch import new_rows
-    from mixgemm.kernels.cuda.stream_buffers import SCRATCH_LOCK, stream_scratch
+    from mixgemm.kernels.cuda.stream_buffers import SCRATCH_LOCK, quantizer_counters, stream_scratch
 
-    dev = torch.device("cuda", p.device.index)
+    dev = torch.device("cuda", p.device.index if p.device.index is not None else torch.cuda.current_device())
     k, per_token = p.k, p.per_token
+    m, n, x_dtype, block = p.m, p.n, p.x_dtype, k if per_token else p.group_size
+    index = dev.index
+    rows = OutputRows(x_dtype, n, True, dev)
+    gemm = prepare_wgmma_a8(qw, m, k, per_token, rows, None if config is None else dict(config, FQ=0))
+    # FQ 1 (per-token scales, where the tile allows): the GEMM that quantizes x itself, one launch for the eager call;
+    # under CUDA-graph capture, whose replays pay no host time, the two launches (their GPU time is the lower one)
+    quantizing = None
+    if per_token and config is not None and config.get("FQ", 0):
+        quantizing = prepare_wgmma_a8(qw, m, k, per_token, rows, config, quantize_from=x_dtype)
+        quantizing = quantizing if quantizing.quantizes else None
     rows_quantizer = None
     if per_token and k % 8 == 0 and k <= 8 * gemv_a8.ACTQ_NT * gemv_a8.ACTQ_MAX_CPT:
         # prepared, the one-pass row kernel costs no more host time than the GEMM launch at any K
-        rows_quantizer = gemv_a8.prepare_act_quant_rows(p.m, k, p.x_dtype, dev, "sym")
-    gemm = prepare_wgmma_a8(qw, p.m, k, per_token, OutputRows(p.x_dtype, p.n, True, dev), config)
-    m, n, x_dtype, block = p.m, p.n, p.x_dtype, k if per_token else p.group_size
+        rows_quantizer = gemv_a8.prepare_act_quant_rows(m, k, x_dtype, dev, "sym")
     scales_at = m * k  # a multiple of 16 (K % 16 == 0): the scales' float32 [M] start aligned
-    index = dev.index
+    quantizing_bytes = scratch_bytes(m, k)
 
     def launch(x2d, bias, lo, hi):
         y = new_rows(m, n, x_dtype, dev)
+        if quantizing is not None and not torch._C._cuda_isCurrentStreamCapturing():
+            if x2d.data_ptr() % 16 or (x2d.stride(0) * x2d.element_size()) % 16:
+                x2d = x2d.clone()  # rows the kernel's 16-byte loads can read (the caller's tensor is untouched)
+            # the launch's scratch and counters are this stream's (a launch on it uses them only after the one before
+            # it is done): no lock, a single launch has nothing to queue between
+            stream = torch._C._cuda_getCurrentRawStream(index)
+            scratch = stream_scratch(index, stream, quantizing_bytes)  # (held through the launch)
+            return quantizing.launch_quantizing(x2d, scratch.data_ptr(), quantizer_counters(index, stream).data_ptr(),
+                                                bias, lo, hi, y, stream)
         if rows_quantizer is not None and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * x2d.element_size()) % 16 == 0:
             # the codes, the scales and (unused by the sym GEMM, one slot for both) the offsets and sums, consumed by
             # the GEMM right after on the same stream: that stream's scratch (kept between calls at decode sizes)
@@ -215,6 +241,7 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
         aq, sa, _, _ = act_quant(x2d, block, "sym")
         return gemm(aq, sa, bias, lo, hi, y)
 
+    launch.quantizes = quantizing is not None  # (outside graph capture)
     return launch
 
 

@@ -550,9 +550,6 @@ def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tens
                 hi: float, act_block: str = "group") -> Tensor:
     """clamp(quant8(x) @ dequant(W).T + bias, lo, hi) -> [..., N] in x.dtype: mixgemm.ops.int8.matmul_a8 (int8
     tensor-core kernels on CUDA, the float64 reference on the CPU); act_block "group" | "token" (see matmul_a8)."""
-    from mixgemm._checks import check_matmul_inputs
-    from mixgemm.formats.activation import act_block_size, check_act
-
     zeros, offsets = mode_params(mode, zeros, offsets)
     # a repeated call: the launch kept on qweight (as linear_wxa16)
     key = (x.shape, x.dtype, x.get_device(), bits, group_size, mode, N, K, act_mode, lo, hi, act_block)
@@ -561,6 +558,9 @@ def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tens
         y = run_kept(hit, x, bias)
         if y is not None:
             return y
+    from mixgemm._checks import check_matmul_inputs
+    from mixgemm.formats.activation import act_block_size, check_act
+
     qw = weight_from_tensors(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)
     check_matmul_inputs(x, qw, bias)
     check_act(act_mode, act_block)

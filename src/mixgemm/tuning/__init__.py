@@ -282,3 +282,16 @@ A8_WGMMA_SMALL_M_CTA_BYTES = 512 * 1024
 # (gemm_wgmma_a8.w8_wide_region: K >= 8192, M >= 2048), where tools/bench/int8.py --w8-cuda measured it 4-8%
 # faster (H100).
 A8_W8_PER_CHANNEL_TRITON_FROM_M = 1024
+# The int8 wgmma GEMM with the per-token activation quantizer inside its launch (gemm_wgmma_a8.cu A8_FQ: one launch
+# per call instead of the row quantizer's and the GEMM's). Source: mixgemm bench --call-overhead (H100, 2048x2048,
+# median of paired rounds): host time per eager call 1.25-1.34x nn.Linear's with two launches, 0.96-1.05x with one;
+# compiled without CUDA graphs 1.26-1.35x -> 1.14-1.21x (three runs). GPU time, one launch over two
+# (tools/bench/a8_quantizing.py, H100, protocol graph timing, medians of 3, W8 per channel and W4 g128 integer scales):
+# M 16..64 0.82-0.997x on 2048x2048, 4096x4096, 4096x14336 and 8192x28672 (4096x4096 M = 16 12.5 / 14.0 us); M = 256
+# 0.90-0.98x up to 4096x4096, 1.01-1.04x on the two large layers; M = 512 0.99-1.00x on 2048x2048, 1.02-1.21x from
+# 4096x4096 (its quantizer blocks hold SMs that the GEMM's blocks then wait for); M = 2048 1.02-1.22x. So the one
+# launch up to this M on any layer, and beyond it while the product has at most A8_QUANTIZING_MAX_MACS
+# multiply-adds (2048x2048 at M = 512); outside CUDA-graph capture only (kernels/a8.py: a captured call would need its
+# counters zeroed by a memset node of the graph's own, which costs what the one launch saves).
+A8_QUANTIZING_MAX_M = 64
+A8_QUANTIZING_MAX_MACS = 1 << 31

@@ -25,8 +25,12 @@
 // epilogue). Exactness: a group's partial is a sum of <= 256 products (16 c) * a with |16 c| <= 128, |a| <= 127:
 // below 2^22, so float(partial) is exact in either conversion.
 
+#ifndef A8_XT  // A8_FQ: the activation dtype (0 fp16, 1 bf16, 2 fp32)
+#define A8_XT 0
+#endif
 #include "wgmma_ops.cuh"
 #include "wgmma_common.cuh"
+#include "act_quant.cuh"
 
 #ifndef A8_BITS
 #define A8_BITS 4
@@ -112,10 +116,29 @@
 #ifndef A8_PDL
 #define A8_PDL 0
 #endif
+// A8_FQ > 0 (with A8_WS, MC 1, per-token activation scales): the activation quantizer runs inside this launch, so a
+// call is one launch instead of two (the host time of the second is what an eager decode step or a compiled graph
+// without CUDA graphs pays per layer). The grid's first QB blocks are quantizer blocks: groups of A8_FQ_WPR warps,
+// each quantizing one token row at a time with its A8_FQ 16-byte units per thread in registers (act_quant.cuh: the
+// reference's exact ops), into the codes buffer the activation tensor map reads and the scales SQ = SA; then each
+// block counts itself done in sync[0] (release). The GEMM blocks come after them in the grid, so they are scheduled
+// later (blocks are dispatched in index order, as CUB's decoupled look-back relies on) and wait for quantizer blocks
+// that already run: no deadlock at any grid size. Each GEMM block's producer queues the weights of its first stages,
+// waits until sync[0] == QB (acquire), and only then the activation codes; the activation scales of the block's
+// tokens come with the first stage into shared memory (no consumer reads global memory another block wrote). The
+// producers count themselves in sync[1]; the last one sets both counters back to zero, so the next launch on the
+// stream (which waits for this grid in griddepcontrol.wait or by stream order before touching them) finds them zero.
+#ifndef A8_FQ
+#define A8_FQ 0
+#endif
+#ifndef A8_FQ_WPR
+#define A8_FQ_WPR 1
+#endif
 
 namespace mga8 {
 
 using namespace mgw;
+using namespace actq;
 
 constexpr int BITS = A8_BITS, OUT = A8_OUT, BM = A8_BM, NWG = A8_NWG, STAGES = A8_STAGES, KT = A8_KT, GT = A8_GT;
 constexpr int NP = A8_NP;
@@ -135,6 +158,9 @@ constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;  // the parts of a stage 
 // accumulators + BM / 2 int32 partials + A fragments then spill, which also serializes the wgmmas)
 constexpr int WARPS = 4 * NWG, THREADS = 128 * NWG + (WS ? 128 : 0);
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+constexpr int FQ = A8_FQ, FQ_WPR = A8_FQ_WPR;  // units of 8 k per quantizer thread; warps per quantized row
+static_assert(!FQ || (WS && MC == 1 && AT), "A8_FQ: the producer warpgroup, MC 1, per-token activation scales");
+static_assert(!FQ || (THREADS / 32) % FQ_WPR == 0, "A8_FQ_WPR divides the block's warps");
 constexpr bool REALLOC = WS && NWG == 2;
 static_assert(!WS || NWG == 1 || (NWG == 2 && A8_MINB == 1),
               "A8_WS: NWG 1, or NWG 2 with one CTA per SM (the consumers take the producer's registers)");
@@ -181,10 +207,42 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
                       void* __restrict__ Y, int ldy,  // [M, ldy] in the OUT dtype
                       const void* __restrict__ bias, int bias_kind, float lo, float hi,
                       int N, int M, int Kt, int G,
+                      const void* __restrict__ X, int ldx,   // A8_FQ: the activations [M, ldx] (rows 16-byte aligned)
+                      signed char* __restrict__ QX, int K,    // A8_FQ: their codes [M, K] (what xmap reads)
+                      float* __restrict__ SQ,                 // A8_FQ: their scales [M] (= SA), offsets, sums [M] after
+                      int* __restrict__ sync, int QB,         // A8_FQ: two counters, zero on entry; quantizer blocks
                       const __grid_constant__ TmaDesc xmap,  // int8 activation codes [M, K], box 128 k x BM rows
                       const __grid_constant__ TmaDesc ymap) {  // A8_TSTORE: Y [M, N], box 64 columns x BM rows
   // the next PDL kernel may launch once every CTA of this grid runs (it waits in griddepcontrol.wait for this grid)
   if (PDL) pdl_launch_dependents();
+  if (FQ && (int)blockIdx.x < QB) {  // a quantizer block: rows blockIdx.x + QB r, FQ_WPR warps each, in turn
+    constexpr int NT = FQ_WPR * 32, ROWS = THREADS / NT;
+    __shared__ float ra[THREADS / 32], rc[THREADS / 32];
+    __shared__ int rs[THREADS / 32];
+    if (PDL) pdl_wait();  // x is the previous kernel's output; the codes buffer may still be read by the one before
+    const int grp = threadIdx.x / NT, gt = threadIdx.x % NT, K8 = K >> 3;
+    auto gsync = [&] {
+      if (ROWS == 1) __syncthreads();
+      else asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(NT) : "memory");
+    };
+    float *O = SQ + ((M + 3) & ~3), *SUMF = O + M;
+    for (int m = blockIdx.x * ROWS + grp; m < M; m += QB * ROWS) {
+      uint4 raw[FQ > 0 ? FQ : 1][XV];
+#pragma unroll
+      for (int i = 0; i < FQ; ++i) {  // all loads first: FQ x 16 bytes in flight per thread
+        const int u = gt + i * NT;
+        if (u < K8) load8_raw<true>(X, (size_t)m * ldx, u * 8, raw[i]);
+      }
+      actq_row<false, (FQ > 0 ? FQ : 1), NT>(raw, QX, SQ, O, (int*)SUMF, m, K, K8, gt, ra + grp * FQ_WPR,
+                                             rc + grp * FQ_WPR, rs + grp * FQ_WPR, gsync);
+    }
+    // the codes are read by other blocks' TMA (the async proxy): ordered for it, then released to the producers
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(sync, 1);
+    return;
+  }
   extern __shared__ char smem_raw[];
   const char* sgen;
   const u32 sbase = smem_base_1024(smem_raw, sgen);
@@ -194,7 +252,8 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   // MC 2: the cluster (CTAs 2 c, 2 c + 1) is one raster tile of MC x WARPS row tiles; CTA rank r takes the r-th WARPS
   // (the host launches MC 2 only when the CTA column tiles pair up: ceil(Nt / WARPS) % MC == 0)
   const int rank = MC > 1 ? cluster_ctarank() : 0;
-  const int2 pos = raster_tile(blockIdx.x / MC, (M + BM - 1) / BM, A8_GROUP_M * ((Nt + MC * WARPS - 1) / (MC * WARPS)),
+  const int bid = (int)blockIdx.x - (FQ ? QB : 0);  // A8_FQ: the quantizer blocks come first
+  const int2 pos = raster_tile(bid / MC, (M + BM - 1) / BM, A8_GROUP_M * ((Nt + MC * WARPS - 1) / (MC * WARPS)),
                                A8_GROUP_M, BM, MC * WARPS);
   const int m0 = pos.x, rt0 = pos.y + rank * WARPS;
   const int rt_raw = rt0 + warp;
@@ -227,7 +286,10 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     const int ks = sg * KT, tiles = min(KT, Kt - ks);
     const int segs = min(SEGS, nblk - blk);  // NWG 4 on the last block: its second segment is not stored
     if (part & ISSUE_W)
-      mbar_expect_tx(bar, tiles * (x_rows * 128 + (AT ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))));
+      mbar_expect_tx(bar, tiles * (x_rows * 128 + (AT ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))) +
+                              (FQ && sg == 0 ? sa_rows * 4 : 0));
+    if (FQ && sg == 0 && (part & ISSUE_X))  // the block's token scales, behind the ring (read in the epilogue)
+      bulk_copy(sbase + STAGES * STAGE, SA + m0, sa_rows * 4, bar);
 #pragma unroll
     for (int j = 0; j < KT; ++j)
       if (j < tiles && (part & ISSUE_X)) {
@@ -265,11 +327,25 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     if (REALLOC) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(PRODUCER_REGS));
     if (warp == WARPS && lane == 0) {
       int sg = 0, slot = 0;
-      if (PDL) {  // the first stages' weights before the wait, their activations after it
+      if (PDL || FQ) {  // the first stages' weights before the wait(s), their activations after
         const int pre = min(STAGES, nst);
         for (int s = 0; s < pre; ++s) issue(s, s, sbase + s * STAGE, ISSUE_W);
-        pdl_wait();
+        if (PDL) pdl_wait();
+        if (FQ) {  // every quantizer block is done (their codes and scales are visible to this thread's TMA)
+          int done;
+          for (;;) {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(done) : "l"(sync) : "memory");
+            if (done >= QB) break;
+            __nanosleep(32);
+          }
+          asm volatile("fence.proxy.async.global;" ::: "memory");
+        }
         for (int s = 0; s < pre; ++s) issue(s, s, sbase + s * STAGE, ISSUE_X);
+        // (after the loads: the atomic's round trip is off their path) the last producer past the wait resets both
+        if (FQ && atomicAdd(sync + 1, 1) == (int)gridDim.x - QB - 1) {
+          atomicExch(sync, 0);
+          atomicExch(sync + 1, 0);
+        }
         sg = pre, slot = pre == STAGES ? 0 : pre;
       }
       for (; sg < nst; ++sg) {
@@ -438,6 +514,8 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   if (MC > 1) cluster_arrive();
 
   // epilogue: value i = 4 j + 2 h + c is (weight row 16 warp + g + 8 h, token 8 j + 2 t + c)
+  // A8_FQ: the token scales the first stage brought into shared memory (behind the ring), indexed by token
+  const float* SAe = FQ ? (const float*)(sgen + STAGES * STAGE) - m0 : SA;
   const int nb = rt_raw * 16 + g;
   float pw[2] = {0.f, 0.f};
   if (NOFOLD) {
@@ -461,7 +539,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     const u32 lo2 = pack_out16x2<OUT>(lo, lo), hi2 = pack_out16x2<OUT>(hi, hi);
     auto block = [&](int j) {
       const int m = m0 + 8 * j + 2 * t;
-      const float sa0 = AT && m < M ? SA[m] : 0.f, sa1 = AT && m + 1 < M ? SA[m + 1] : 0.f;  // one load per token
+      const float sa0 = AT && m < M ? SAe[m] : 0.f, sa1 = AT && m + 1 < M ? SAe[m + 1] : 0.f;  // one load per token
       auto pair = [&](int h) {
         const int i = 4 * j + 2 * h;
         return clamp_out16x2<OUT>(pack_out16x2<OUT>(value(i, h, sa0) + bv[h], value(i + 1, h, sa1) + bv[h]), lo2,
@@ -488,7 +566,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     for (int c = 0; c < 2; ++c) {
       const int m = m0 + 8 * j + 2 * t + c;
       if (m >= M) continue;
-      const float sa = AT ? SA[m] : 0.f;
+      const float sa = AT ? SAe[m] : 0.f;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int n = nb + 8 * h, i = 4 * j + 2 * h + c;

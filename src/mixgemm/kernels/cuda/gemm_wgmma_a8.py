@@ -24,7 +24,10 @@
   quantizer's last wave; never on the first call after the layout is built, whose build kernels write the weights;
   MIXGEMM_PDL=0 turns it off everywhere), QS (1, the default: an int4 grouped weight whose scales are integer
   multiples of a per-channel step (formats/int_scales.py), under per-token activation scales and K <= QS_MAX_K, runs
-  without the per-group fold -- codes times multiples as int8 in registers, one int32 sum over K; 0: the fold).
+  without the per-group fold -- codes times multiples as int8 in registers, one int32 sum over K; 0: the fold), FQ (a
+  call plan with per-token scales: 1 quantizes the activations in the GEMM's own launch, ``launch_quantizing``,
+  where the tile has the producer warpgroup and MC 1; the default where the call is bound by host time, see
+  kernels/a8.py; 0: the row quantizer's launch, then the GEMM).
 * Returns [M, N] in out_dtype (float16 / bfloat16 / float32), or writes ``out``. Launched on the current stream,
   no host synchronization; allocates the output (unless given) and, for per-group activation scales (or a [M, 1]
   sa whose column is not contiguous), a transposed copy of sa [G, M_pad].
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -46,9 +50,12 @@ from mixgemm.kernels.options import current_options
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL", "QS")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL", "QS", "FQ")
 QS_MAX_K = (2**31 - 1) // (128 * 127)  # A8_QS: one int32 sum of K products |c m a| <= 128 * 127
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_XT = _OUT  # A8_XT: the activation dtype the in-launch quantizer reads (same codes)
+# A8_FQ: 16-byte units of x a quantizer thread holds in registers (fp32 x takes two registers' worth per unit)
+FQ_MAX_UNITS = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 8}
 _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 
 
@@ -90,6 +97,43 @@ def qs_layout(lay: WgmmaA8Layout) -> bool:
     """True when A8_QS can run this layout (int4 groups with integer multiples of a channel step, K <= QS_MAX_K);
     it then takes per-token activation scales."""
     return lay.mults is not None and lay.k_padded <= QS_MAX_K
+
+
+@dataclass(frozen=True)
+class QuantizerSplit:
+    """How the in-launch activation quantizer (A8_FQ) covers M rows of K: ``blocks`` quantizer blocks ahead of the
+    GEMM's, groups of ``warps_per_row`` warps each quantizing one row at a time, ``units`` 16-byte pieces of x per
+    thread in registers."""
+
+    blocks: int
+    warps_per_row: int
+    units: int
+
+
+def quantizer_split(m: int, k: int, warps: int, sm_count: int, max_units: int,
+                    gemm_blocks: int = 0) -> QuantizerSplit | None:
+    """The split for M rows of K over blocks of ``warps`` warps: each row held in registers (at most max_units pieces
+    per thread), at most one block per SM (the GEMM's shared memory allows no more) on the SMs the GEMM's
+    ``gemm_blocks`` leave free (at least a quarter of them: the GEMM's blocks then queue their weights beside the
+    quantizer instead of after it); as many threads per row as still let one round of blocks take every row (rows
+    per block = warps / warps_per_row), else the fewest that fit the registers (the blocks then take several rows
+    each in turn). None when even a whole block cannot hold a row."""
+    k8 = k // 8
+    fits = [d for d in range(1, warps + 1) if warps % d == 0 and -(-k8 // (32 * d)) <= max_units]
+    if not fits:
+        return None
+    slots = max(sm_count - gemm_blocks, sm_count // 4)
+    rows_wanted = -(-m // slots)
+    one_round = [d for d in fits if warps // d >= rows_wanted]
+    wpr = max(one_round) if one_round else min(fits)
+    rows = warps // wpr
+    return QuantizerSplit(min(-(-m // rows), slots), wpr, -(-k8 // (32 * wpr)))
+
+
+def scratch_bytes(m: int, k: int) -> int:
+    """The codes [M, K] int8, then scales [M_pad] (M_pad = M rounded up to 4), offsets [M] and code sums [M] (4 bytes
+    each) that the in-launch quantizer writes (gemm_wgmma_a8.cu, A8_FQ)."""
+    return m * k + 4 * (-(-m // 4) * 4) + 8 * m
 
 
 def stage_bytes(bm: int, nwg: int, bits: int, kt: int, per_channel: bool) -> int:
@@ -197,9 +241,13 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
 
 
 def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token: bool,
-                     out: gemm_wgmma.OutputRows, config: dict | None) -> WgmmaA8Launch:
+                     out: gemm_wgmma.OutputRows, config: dict | None,
+                     quantize_from: torch.dtype | None = None) -> WgmmaA8Launch:
     """The int8 GEMM's launch for M rows of codes (rows aq_row_stride apart) and per-token (sa [M, 1]) or per-group
-    activation scales into an output with the rows ``out``, built once; call it with aq, sa, bias, lo, hi, y."""
+    activation scales into an output with the rows ``out``, built once; call it with aq, sa, bias, lo, hi, y.
+    quantize_from: the activation dtype, when the caller hands the activations themselves (per-token scales,
+    aq_row_stride = K): the launch then quantizes them too where the tile allows (config FQ 1, A8_FQ) and is called
+    through ``launch_quantizing`` (``.quantizes`` says whether it does)."""
     n, k = qw.out_features, qw.in_features
     out_dtype = out.dtype
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
@@ -216,16 +264,17 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     gt = 0 if lay.per_channel else lay.group_size // 128
     qs_req = int(cfg.get("QS", 1))
     qs = qs_req == 1 and qs_ok
+    fq_req = int(cfg.get("FQ", 1))
     if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (1, 2, 4)
             or stages < (2 if ws else 3) or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1
             or kt % (np_ * max(gt, 1))
             or (gt and not qs and bm > 128) or ws not in (0, 1) or (ws and (nwg == 4 or (nwg == 2 and minb != 1)))
             or mc not in (1, 2) or (mc == 2 and not ws) or pdl_req not in (0, 1) or (pdl_req and not ws)
-            or qs_req not in (0, 1)):
+            or qs_req not in (0, 1) or fq_req not in (0, 1)):
         raise ValueError(f"bad int8 wgmma tile {cfg}: BM 16..256 (multiple of 16; <= 128 for groups but QS), NWG 1, "
                          "2, 4, KT 1, 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3 (2 with WS), NP 1 "
                          "or 2, CVT 0 or 1, GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1), MC 1 "
-                         "or 2 (MC 2: WS), PDL 0 or 1 (PDL 1: WS), QS 0 or 1")
+                         "or 2 (MC 2: WS), PDL 0 or 1 (PDL 1: WS), QS 0 or 1, FQ 0 or 1")
     col_tiles = column_tiles(n, nwg)
     if col_tiles % mc:
         raise ValueError(f"int8 wgmma tile {cfg}: MC {mc} pairs the CTAs along N, but N = {n} makes {col_tiles} "
@@ -234,6 +283,16 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     smem = ring + 1024
     if smem > SMEM_LIMIT:
         raise ValueError(f"int8 wgmma tile {cfg} needs {smem} bytes of shared memory (limit {SMEM_LIMIT})")
+    split = None
+    if (fq_req and quantize_from is not None and sa_per_token and ws and mc == 1 and aq_row_stride == k
+            and k % 16 == 0 and smem + 4 * bm + 256 <= SMEM_LIMIT):
+        from mixgemm.kernels.registry import device_info
+
+        warps = 4 * nwg + 4
+        split = quantizer_split(m, k, warps, device_info(out.device).sm_count, FQ_MAX_UNITS[quantize_from],
+                                column_tiles(n, nwg) * math.ceil(m / bm))
+    if split is not None:
+        smem += 4 * bm  # the token scales of the CTA's tile, behind the ring
     # activation scales transposed to [G, M_pad] (M_pad % 4 == 0): one bulk copy per (group, m-tile) in the kernel.
     # One scale per token ([M, 1]: per-channel weights, or AT) is read as SA[m] in the epilogue only, so a contiguous
     # column goes in as it is (no transpose kernel between the quantizer and the GEMM)
@@ -241,6 +300,8 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
             "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb,
             "A8_WS": ws, "A8_AT": at, "A8_MC": mc, "A8_QS": int(qs)}
+    if split is not None:
+        defs.update(A8_FQ=split.units, A8_FQ_WPR=split.warps_per_row, A8_XT=_XT[quantize_from])
     pdl = bool(current_options().pdl and pdl_req)
     if pdl:
         defs["A8_PDL"] = 1
@@ -264,14 +325,19 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
         ctypes.c_int(out.row_stride),
         *nvrtc.bias_clamp_args(None, -math.inf, math.inf),  # per call
         ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(lay.k_tiles), ctypes.c_int(lay.num_groups),
+        # A8_FQ (per call): x, its row stride, the codes, K, the scales (offsets and sums after them), the counters;
+        # the quantizer blocks
+        ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_void_p(0),
+        ctypes.c_void_p(0), ctypes.c_int(0 if split is None else split.blocks),
         xmap.value,
         # the output's tensor map by value (zeros when the kernel does not use it)
         ymap.value if ymap is not None else (ctypes.c_ubyte * 128)(),
     ]
     # WS: one more warpgroup, the producer
-    launch = nvrtc.prepare_launch(fn, out.device, (tiles, 1, 1), (128 * (nwg + ws), 1, 1), args, smem, pdl=pdl,
+    grid = (tiles + (0 if split is None else split.blocks), 1, 1)
+    launch = nvrtc.prepare_launch(fn, out.device, grid, (128 * (nwg + ws), 1, 1), args, smem, pdl=pdl,
                                   first_without_pdl=fresh, cluster=(mc, 1, 1) if mc > 1 else None)
-    return WgmmaA8Launch(launch, lay, m, n, ldsa, xmap, ymap, out.device)
+    return WgmmaA8Launch(launch, lay, m, n, ldsa, xmap, ymap, out.device, split is not None)
 
 
 class WgmmaA8Launch:
@@ -279,9 +345,10 @@ class WgmmaA8Launch:
     and bias pointers and the tensor maps' addresses, and launches. Holds the layout, so the weight pointers stay
     valid. Scales given per group (or per token but strided) are transposed to [G, M_pad] per call."""
 
-    def __init__(self, launch, layout, m, n, ldsa, xmap, ymap, device):
+    def __init__(self, launch, layout, m, n, ldsa, xmap, ymap, device, quantizes=False):
         self.launch, self.layout, self.m, self.n, self.ldsa = launch, layout, m, n, ldsa
         self.xmap, self.ymap, self.device = xmap, ymap, device
+        self.quantizes = quantizes  # A8_FQ: call launch_quantizing (the activations), not the codes
         self._vals = launch.params.values
 
     def __call__(self, aq: torch.Tensor, sa: torch.Tensor, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
@@ -306,6 +373,24 @@ class WgmmaA8Launch:
         v[5].value = y.data_ptr()
         nvrtc.set_bias_clamp(v, 7, bias, lo, hi)
         self.xmap.point_to(aq_ptr)
+        if self.ymap is not None:
+            self.ymap.point_to(y.data_ptr())
+        self.launch(stream)
+        return y
+
+    def launch_quantizing(self, x: torch.Tensor, scratch_ptr: int, counters_ptr: int, bias, lo: float, hi: float,
+                          y: torch.Tensor, stream: int | None = None) -> torch.Tensor:
+        """The product of the activations x [M, K] (unit stride, 16-byte aligned rows), quantized in this launch into
+        scratch_ptr (scratch_bytes(M, K) bytes, 16-byte aligned, free for this launch on ``stream``); counters_ptr:
+        two int32 zeros kept for launches on ``stream`` (each launch leaves them zero). Needs ``quantizes``."""
+        v = self._vals
+        sq = scratch_ptr + self.m * v[18].value  # the scales after the codes [M, K] (K % 16 == 0: aligned)
+        v[3].value = sq
+        v[5].value = y.data_ptr()
+        nvrtc.set_bias_clamp(v, 7, bias, lo, hi)
+        v[15].value, v[16].value = x.data_ptr(), x.stride(0)
+        v[17].value, v[19].value, v[20].value = scratch_ptr, sq, counters_ptr
+        self.xmap.point_to(scratch_ptr)
         if self.ymap is not None:
             self.ymap.point_to(y.data_ptr())
         self.launch(stream)

@@ -1,6 +1,6 @@
 """Device buffers kept per (device, stream) for kernels that pass data to the next kernel on the same stream: the
-int8-activation calls' scratch (at most MAX_SCRATCH_BYTES) and the serial split-K's tile counters, in driver memory
-outside torch.cuda's memory statistics.
+int8-activation calls' scratch (at most MAX_SCRATCH_BYTES), the serial split-K's tile counters and the in-launch
+activation quantizer's two counters, in driver memory outside torch.cuda's memory statistics.
 
 Why per stream: launches on one stream run in order (a PDL kernel touches such a buffer only after
 griddepcontrol.wait), so a buffer one launch writes and the next reads can serve every call on that stream, as
@@ -27,6 +27,7 @@ MIN_COUNTERS = 1024
 
 _SCRATCH: dict = {}  # (device index, stream) -> tensor
 _COUNTERS: dict = {}
+_QUANT_COUNTERS: dict = {}
 
 
 def _kept(table: dict, device_index: int, stream: int, numel: int, dtype: torch.dtype, least: int,
@@ -66,3 +67,12 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
         return torch.zeros(tiles, dtype=torch.int32, device=device)
     return _kept(_COUNTERS, device.index, torch._C._cuda_getCurrentRawStream(device.index), tiles, torch.int32,
                  MIN_COUNTERS, True)
+
+
+def quantizer_counters(device_index: int, stream: int) -> torch.Tensor:
+    """The two int32 counters of the int8 GEMM's in-launch activation quantizer (gemm_wgmma_a8.cu, A8_FQ) on
+    ``stream``: zero on entry and left zero by every launch, so made and zeroed once per device and stream; while the
+    stream captures a CUDA graph, a zeroed pair of the graph's own."""
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return torch.zeros(2, dtype=torch.int32, device=torch.device("cuda", device_index))
+    return _kept(_QUANT_COUNTERS, device_index, stream, 2, torch.int32, 64, True)
