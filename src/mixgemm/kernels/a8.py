@@ -2,7 +2,8 @@
 
 * ``cuda_gemv_a8``: the fused CUDA GEMV (kernels/cuda/gemv_a8.cu: activation quantization in its prologue, dp4a),
   one launch, M <= mixgemm.tuning.A8_GEMV_MAX_M.
-* ``cuda_wgmma_a8``: the Hopper int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) after the activation quantizer,
+* ``cuda_wgmma_a8``: the Hopper int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) after the activation quantizer, or
+  with per-token scales quantizing in its own launch (config FQ, ``quantizing_pays``; outside CUDA-graph capture),
   sym x sym with a ``wgmma_a8_v1`` weight, in mixgemm.tuning.A8_WGMMA_SMALL_M and from M =
   mixgemm.tuning.A8_WGMMA_MIN_M (int8 per-channel weights go back
   to the Triton kernel from A8_W8_PER_CHANNEL_TRITON_FROM_M outside the BM 256 / MC 2 region).
