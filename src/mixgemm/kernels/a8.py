@@ -204,13 +204,14 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
     m, n, x_dtype, block = p.m, p.n, p.x_dtype, k if per_token else p.group_size
     index = dev.index
     rows = OutputRows(x_dtype, n, True, dev)
-    gemm = prepare_wgmma_a8(qw, m, k, per_token, rows, None if config is None else dict(config, FQ=0))
     # FQ 1 (per-token scales, where the tile allows): the GEMM that quantizes x itself, one launch for the eager call;
-    # under CUDA-graph capture, whose replays pay no host time, the two launches (their GPU time is the lower one)
+    # under CUDA-graph capture, whose replays pay no host time, the two launches (their GPU time is the lower one).
+    # Where the tile does not allow it, the launch prepared is the plain GEMM itself.
+    fq = per_token and config is not None and config.get("FQ", 0)
+    gemm = prepare_wgmma_a8(qw, m, k, per_token, rows, config, quantize_from=x_dtype if fq else None)
     quantizing = None
-    if per_token and config is not None and config.get("FQ", 0):
-        quantizing = prepare_wgmma_a8(qw, m, k, per_token, rows, config, quantize_from=x_dtype)
-        quantizing = quantizing if quantizing.quantizes else None
+    if gemm.quantizes:
+        quantizing, gemm = gemm, prepare_wgmma_a8(qw, m, k, per_token, rows, dict(config, FQ=0))
     rows_quantizer = None
     if per_token and k % 8 == 0 and k <= 8 * gemv_a8.ACTQ_NT * gemv_a8.ACTQ_MAX_CPT:
         # prepared, the one-pass row kernel costs no more host time than the GEMM launch at any K
@@ -220,8 +221,9 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
 
     def launch(x2d, bias, lo, hi):
         y = new_rows(m, n, x_dtype, dev)
+        aligned = x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * x2d.element_size()) % 16 == 0  # 16-byte row loads
         if quantizing is not None and not torch._C._cuda_isCurrentStreamCapturing():
-            if x2d.data_ptr() % 16 or (x2d.stride(0) * x2d.element_size()) % 16:
+            if not aligned:
                 x2d = x2d.clone()  # rows the kernel's 16-byte loads can read (the caller's tensor is untouched)
             # the launch's scratch and counters are this stream's (a launch on it uses them only after the one before
             # it is done): no lock, a single launch has nothing to queue between
@@ -229,7 +231,7 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
             scratch = stream_scratch(index, stream, quantizing_bytes)  # (held through the launch)
             return quantizing.launch_quantizing(x2d, scratch.data_ptr(), quantizer_counters(index, stream).data_ptr(),
                                                 bias, lo, hi, y, stream)
-        if rows_quantizer is not None and x2d.data_ptr() % 16 == 0 and (x2d.stride(0) * x2d.element_size()) % 16 == 0:
+        if rows_quantizer is not None and aligned:
             # the codes, the scales and (unused by the sym GEMM, one slot for both) the offsets and sums, consumed by
             # the GEMM right after on the same stream: that stream's scratch (kept between calls at decode sizes)
             stream = torch._C._cuda_getCurrentRawStream(index)

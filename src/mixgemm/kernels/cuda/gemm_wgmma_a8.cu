@@ -159,6 +159,7 @@ constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;  // the parts of a stage 
 constexpr int WARPS = 4 * NWG, THREADS = 128 * NWG + (WS ? 128 : 0);
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 constexpr int FQ = A8_FQ, FQ_WPR = A8_FQ_WPR;  // units of 8 k per quantizer thread; warps per quantized row
+constexpr int FQ_UNITS = FQ > 0 ? FQ : 1;      // (an array size even where FQ is off)
 static_assert(!FQ || (WS && MC == 1 && AT), "A8_FQ: the producer warpgroup, MC 1, per-token activation scales");
 static_assert(!FQ || (THREADS / 32) % FQ_WPR == 0, "A8_FQ_WPR divides the block's warps");
 constexpr bool REALLOC = WS && NWG == 2;
@@ -215,7 +216,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
                       const __grid_constant__ TmaDesc ymap) {  // A8_TSTORE: Y [M, N], box 64 columns x BM rows
   // the next PDL kernel may launch once every CTA of this grid runs (it waits in griddepcontrol.wait for this grid)
   if (PDL) pdl_launch_dependents();
-  if (FQ && (int)blockIdx.x < QB) {  // a quantizer block: rows blockIdx.x + QB r, FQ_WPR warps each, in turn
+  if (FQ && (int)blockIdx.x < QB) {  // a quantizer block: ROWS rows at a time (FQ_WPR warps each), then QB ROWS on
     constexpr int NT = FQ_WPR * 32, ROWS = THREADS / NT;
     __shared__ float ra[THREADS / 32], rc[THREADS / 32];
     __shared__ int rs[THREADS / 32];
@@ -227,14 +228,14 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
     };
     float *O = SQ + ((M + 3) & ~3), *SUMF = O + M;
     for (int m = blockIdx.x * ROWS + grp; m < M; m += QB * ROWS) {
-      uint4 raw[FQ > 0 ? FQ : 1][XV];
+      uint4 raw[FQ_UNITS][XV];
 #pragma unroll
       for (int i = 0; i < FQ; ++i) {  // all loads first: FQ x 16 bytes in flight per thread
         const int u = gt + i * NT;
         if (u < K8) load8_raw<true>(X, (size_t)m * ldx, u * 8, raw[i]);
       }
-      actq_row<false, (FQ > 0 ? FQ : 1), NT>(raw, QX, SQ, O, (int*)SUMF, m, K, K8, gt, ra + grp * FQ_WPR,
-                                             rc + grp * FQ_WPR, rs + grp * FQ_WPR, gsync);
+      actq_row<false, FQ_UNITS, NT>(raw, QX, SQ, O, (int*)SUMF, m, K, K8, gt, ra + grp * FQ_WPR, rc + grp * FQ_WPR,
+                                    rs + grp * FQ_WPR, gsync);
     }
     // the codes are read by other blocks' TMA (the async proxy): ordered for it, then released to the producers
     asm volatile("fence.proxy.async.global;" ::: "memory");

@@ -59,20 +59,22 @@ def stream_scratch(device_index: int, stream: int, nbytes: int) -> torch.Tensor:
     return _kept(_SCRATCH, device_index, stream, nbytes, torch.uint8, MIN_SCRATCH_BYTES, False)
 
 
-def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """An int32 counter per output tile for the serial split-K (WG_SPLIT 3), zero on entry and left zero by every
-    launch (the last slice of a tile resets its counter), so it is made and zeroed once per device and stream, not per
-    call; while the stream captures a CUDA graph, a zeroed one of the graph's own (the zeroing is part of the graph)."""
+def _counters(table: dict, device_index: int, stream: int, numel: int, least: int) -> torch.Tensor:
+    """int32 counters that a kernel finds zero on entry and leaves zero: made and zeroed once per device and stream
+    (``table`` keeps them); while the stream captures a CUDA graph, zeroed ones of the graph's own (the zeroing is part
+    of the graph)."""
     if torch._C._cuda_isCurrentStreamCapturing():
-        return torch.zeros(tiles, dtype=torch.int32, device=device)
-    return _kept(_COUNTERS, device.index, torch._C._cuda_getCurrentRawStream(device.index), tiles, torch.int32,
-                 MIN_COUNTERS, True)
+        return torch.zeros(numel, dtype=torch.int32, device=torch.device("cuda", device_index))
+    return _kept(table, device_index, stream, numel, torch.int32, least, True)
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """An int32 counter per output tile for the serial split-K (WG_SPLIT 3), on the current stream (the last slice of
+    a tile resets its counter: see _counters)."""
+    return _counters(_COUNTERS, device.index, torch._C._cuda_getCurrentRawStream(device.index), tiles, MIN_COUNTERS)
 
 
 def quantizer_counters(device_index: int, stream: int) -> torch.Tensor:
     """The two int32 counters of the int8 GEMM's in-launch activation quantizer (gemm_wgmma_a8.cu, A8_FQ) on
-    ``stream``: zero on entry and left zero by every launch, so made and zeroed once per device and stream; while the
-    stream captures a CUDA graph, a zeroed pair of the graph's own."""
-    if torch._C._cuda_isCurrentStreamCapturing():
-        return torch.zeros(2, dtype=torch.int32, device=torch.device("cuda", device_index))
-    return _kept(_QUANT_COUNTERS, device_index, stream, 2, torch.int32, 64, True)
+    ``stream`` (the last GEMM block past the wait resets both: see _counters)."""
+    return _counters(_QUANT_COUNTERS, device_index, stream, 2, 64)
