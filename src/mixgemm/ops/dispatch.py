@@ -19,6 +19,7 @@ from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.options import current_options
 from mixgemm.kernels.registry import Choice, choose, device_info
+from mixgemm.ops.kept_launches import PreparedTable
 
 GEMV_MAX_M = 16  # the GEMVs' own limit (mixgemm.kernels.linear.GEMV_MAX_M)
 MAX_PLANS = 256
@@ -26,22 +27,11 @@ _PLANS_ATTR = "_mixgemm_plans"
 _OLD_NAMES = {"cuda_gemv": "gemv", "cuda_gemv_mma": "gemv", "cuda_wgmma": "wgmma", "triton_gemm": "gemm"}
 
 
-class Plans(dict):
-    """A weight's plan table. Not copied with the weight: a deep copy or a pickle starts empty (the prepared launches
-    hold ctypes parameters pointing at the original's layouts)."""
-
-    def __deepcopy__(self, memo):
-        return Plans()
-
-    def __reduce__(self):
-        return Plans, ()
-
-
 def plans_of(qw: QuantizedWeight) -> dict:
     """The plan table of a weight (created on first use; a new weight object starts empty)."""
     plans = qw.__dict__.get(_PLANS_ATTR)
     if plans is None:
-        plans = Plans()
+        plans = PreparedTable()  # (not deep-copied or pickled with the weight)
         qw.__dict__[_PLANS_ATTR] = plans
     return plans
 

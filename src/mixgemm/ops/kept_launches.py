@@ -24,15 +24,16 @@ MAX_KEPT = 256  # prefill lengths vary: a bounded table, emptied when full
 _ATTR = "_mixgemm_launches"
 
 
-class KeptLaunches(dict):
-    """key -> Kept. Not copied with its owner: a deep copy or a pickle starts empty (the launches point at the
-    original's kernel layouts)."""
+class PreparedTable(dict):
+    """A table of prepared launches held by their owner (its kept launches, key -> Kept; a weight's call plans,
+    mixgemm.ops.dispatch). Not copied with the owner: a deep copy or a pickle starts empty (the launches hold ctypes
+    parameters pointing at the original's kernel layouts)."""
 
     def __deepcopy__(self, memo):
-        return KeptLaunches()
+        return PreparedTable()
 
     def __reduce__(self):
-        return KeptLaunches, ()
+        return PreparedTable, ()
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def keep(owner: dict, key, token: tuple, launch, n: int, lo: float, hi: float, x
         return
     launches = owner.get(_ATTR)
     if launches is None:
-        launches = owner[_ATTR] = KeptLaunches()
+        launches = owner[_ATTR] = PreparedTable()
     elif len(launches) >= MAX_KEPT or next(iter(launches.values())).token != token:
         # full, or kept for weight tensors that have changed since: their launches would hold the old layouts alive
         launches.clear()
