@@ -299,15 +299,9 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
     lst = entries(problem.op)
     forced = [e for e in lst if e.name in opts.force]
     for e in forced:
-        static_why = _resident_reason(e, problem, None) if e.layout_for is None else None
-        d = no(static_why) if static_why is not None else e.can_run(problem)
-        if d.ok or d.soft:
-            cfg, source = _config(e, problem, opts)
-            why = _resident_reason(e, problem, cfg)
-            if why is None:
-                return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
-            d = no(why)
-        declined.append((e.name, d.reason))
+        chosen = _try_entry(e, problem, opts, declined, take_soft=True)
+        if chosen is not None:
+            return chosen
     if forced:
         raise NoKernel(f"forced kernel cannot run this {problem.op} problem: "
                        + "; ".join(f"{n}: {r}" for n, r in declined))
@@ -318,21 +312,29 @@ def choose(problem: Problem, options: KernelOptions | None = None) -> Choice:
         if e.name in opts.disable:
             declined.append((e.name, "disabled by kernel_options"))
             continue
-        why = _resident_reason(e, problem, None) if e.layout_for is None else None
-        if why is not None:  # (before can_run, which may build the entry's layout)
-            declined.append((e.name, why))
-            continue
-        d = e.can_run(problem)
-        if d.ok:
-            cfg, source = _config(e, problem, opts)
-            why = _resident_reason(e, problem, cfg)
-            if why is None:
-                return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
-            d = no(why)
-        declined.append((e.name, d.reason))
+        chosen = _try_entry(e, problem, opts, declined, take_soft=False)
+        if chosen is not None:
+            return chosen
     raise NoKernel(f"no kernel takes this {problem.op} problem (m={problem.m}, n={problem.n}, k={problem.k}, "
                    f"{problem.bits}-bit, group {problem.group_size}, x {problem.x_dtype}): "
                    + "; ".join(f"{n}: {r}" for n, r in declined))
+
+
+def _try_entry(e: KernelEntry, problem: Problem, opts: KernelOptions, declined: list, take_soft: bool) -> Choice | None:
+    """e's Choice for the problem (after the entries in ``declined``), or None with e's reason appended to declined:
+    it reads another layout than a compacted weight keeps (checked before can_run, which may build the entry's
+    layout, and again with the config where the config picks the layout), or can_run declines (take_soft: a tuning
+    reason does not, as for a forced entry)."""
+    why = _resident_reason(e, problem, None) if e.layout_for is None else None
+    d = no(why) if why is not None else e.can_run(problem)
+    if d.ok or (take_soft and d.soft):
+        cfg, source = _config(e, problem, opts)
+        why = _resident_reason(e, problem, cfg)
+        if why is None:
+            return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
+        d = no(why)
+    declined.append((e.name, d.reason))
+    return None
 
 
 def _cached_choice(problem: Problem, lst, opts: KernelOptions) -> Choice | None:
