@@ -153,6 +153,11 @@ def _old_m1_config(tile: list) -> dict:
     return {**cfg, **{key: getattr(t, key) for key in gemv.OPTIONAL_KEYS if getattr(t, key, 0)}}
 
 
+# Old tiles a later measurement replaced: (GPU, weight mode, old key) -> the tile that replaced it. The H100's second
+# model-list sweep (tuning/gemv_m1.py H100_ZP_SWEEP2) measured 4096x4096 zero point at R 2 faster (5.68 -> 5.14 us).
+REMEASURED = {("H100", mode, "4,4096,4096"): [2, 1, 2] for mode in ("zero_point", "offset")}
+
+
 @pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 def test_gemv_m1_tiles_unchanged_on_measured_layers(gpu, mode):
@@ -163,6 +168,7 @@ def test_gemv_m1_tiles_unchanged_on_measured_layers(gpu, mode):
     for key, tile in table.items():
         bits, n, k = (int(v) for v in key.split(","))
         cfg = gemv.choose_config(1, n, gemv.chunks_per_row(bits, k), 132, 0, bits, k, gpu, mode)
+        tile = REMEASURED.get(("H100" if "H100" in gpu else "H200", mode, key), tile)
         assert cfg == _old_m1_config(tile), (gpu, mode, key)
         assert "gemv_m1" in cfg.source and f"K {k} x N {n}" in cfg.source
         # other M, other activations: the rule, as before

@@ -572,6 +572,23 @@ def test_gemv_m1_entries_on_their_measured_k(gpu, sym, bits, k, tile):
             _check(torch.randn(1, kk, generator=gen, device="cuda").half(), qw)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("r,u,ks", [(2, 1, 1), (4, 2, 2), (2, 4, 1)])
+@pytest.mark.parametrize("bits,group,mode", [(4, 128, "sym"), (4, 128, "zero_point"), (8, -1, "sym")])
+def test_gemv_double_buffered_steps(r, u, ks, bits, group, mode):
+    """Register double buffering (PF 1, both buffers' first loads before the PDL wait) over 1 to 5 whole steps per
+    lane, with and without a partial tail step, odd N; M = 1 fp16 (its case), M = 3 and fp32 x with the same tile."""
+    ch = 32 if bits == 4 else 16  # k per 16-byte chunk
+    step_k = u * ks * 32 * ch
+    cfg = {"R": r, "U": u, "KS": ks, "RG": 8 // ks, "PF": 1}
+    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": cfg}):
+        for steps in range(1, 6):
+            for k in (steps * step_k, steps * step_k + 3 * 128):
+                qw, gen = _make(203, k, bits, group, mode, torch.float16, steps)
+                for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32)):
+                    _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
+
+
 def test_bulk_config_needs_sm90_room_and_whole_param_rows():
     """BULK runs only on sm_90 with a ring that fits one block; BPAR only where a row's parameters are whole 16-byte
     units (the bulk copy's granule) and the config does not say BPAR 0."""

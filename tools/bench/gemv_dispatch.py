@@ -17,6 +17,8 @@ tables' gemv_over_wgmma / gemv_mma_m1 / wgmma_from_m entries were read from; res
 
 Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms 1,16 --budget 280 --out $OUT
        [--dtype bfloat16] [--no-mma-grid] [--wg-simt]
+       PYTHONPATH=src python -m tools.bench.gemv_dispatch --suggest SWEEP.json ...  (the M = 1 bucket entries a
+       sweep supports: a CUDA-core tile >= 5% faster than the default on every measured layer of its bucket)
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def wg_simt_grid(kt64: int) -> list[dict]:
 
 
 def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
-               simt_grid: bool = False) -> dict[str, list[dict]]:
+               simt_grid: bool = False, mma_grid_all: bool = False) -> dict[str, list[dict]]:
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
     name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: MMA_SIMT)."""
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
@@ -63,8 +65,10 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
         if simt_grid:
             out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(-(-k // 64))
         return out
-    return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *entries._gemv_mma_candidates(p)],
-            "cuda_wgmma": [entries._wgmma_config(p)]}
+    near = entries._gemv_mma_candidates(p)
+    if mma_grid_all:
+        near += [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma and c not in near]
+    return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *near], "cuda_wgmma": [entries._wgmma_config(p)]}
 
 
 def plain(cfg: dict) -> dict:
@@ -72,7 +76,7 @@ def plain(cfg: dict) -> dict:
 
 
 def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: torch.dtype = torch.float16,
-                  mma_grid_m1: bool = True, simt_grid: bool = False) -> list[dict]:
+                  mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -87,7 +91,7 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
         x = torch.randn(m, k, device=dev, dtype=dtype)
         p = entries.linear_problem(m, q0, dtype, di)
         rows = {}
-        for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid).items():
+        for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
@@ -103,6 +107,42 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
     return out
 
 
+def suggest(paths: list[str], min_gain: float = 0.05) -> list[tuple]:
+    """Bucket entries for the M = 1 tile tables (mixgemm.tuning.gemv_m1) from sweep files: per (format, bucket), the
+    CUDA-core GEMV tile that was at least ``min_gain`` faster than the default on every measured layer of the bucket
+    (the fastest by the geometric mean of its ratios where several qualify). Returns [(fmt, bucket key, (K, N) of a
+    measured layer, tile, [(K, N, default us, tile us), ...])]."""
+    from mixgemm.tuning.buckets import ShapeBucket
+
+    by_bucket: dict = {}
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f)["res"]:
+                if r.get("M") != 1 or "rows" not in r:
+                    continue
+                rows = [c for c in r["rows"].get("cuda_gemv", []) if c["us"]]
+                default = next((c for c in rows if c["default"]), None)
+                if default is None:
+                    continue
+                key = (r["fmt"], ShapeBucket.of(r["K"], r["N"]).key)
+                times = {json.dumps(c["cfg"], sort_keys=True): c["us"] for c in rows}
+                by_bucket.setdefault(key, []).append((r["K"], r["N"], default["us"], times))
+    out = []
+    for (fmt, bucket), layers in sorted(by_bucket.items()):
+        common = set.intersection(*(set(t) for *_, t in layers))
+        best = None
+        for cfg in common:
+            ratios = [t[cfg] / d for _, _, d, t in layers]
+            if max(ratios) <= 1 - min_gain:
+                gm = float(torch.tensor(ratios).log().mean().exp())
+                if best is None or gm < best[0]:
+                    best = (gm, cfg)
+        if best is not None:
+            cfg = json.loads(best[1])
+            out.append((fmt, bucket, layers[0][:2], cfg, [(k, n, d, t[best[1]]) for k, n, d, t in layers]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", default="w4s,w4z,w8")
@@ -115,7 +155,17 @@ def main() -> None:
                     help="M = 1: time only the tensor-core GEMV's default, not its (KS, U) grid")
     ap.add_argument("--wg-simt", action="store_true",
                     help="M = 1: also time the CUDA-core math on wgmma_v1 (MMA_SIMT) over its (KS, U) grid")
+    ap.add_argument("--mma-grid-all", action="store_true",
+                    help="M > 1: also time the tensor-core GEMV's whole (KS, U) grid")
+    ap.add_argument("--suggest", nargs="+", default=None, metavar="JSON",
+                    help="read sweep files and print the M = 1 bucket entries they support (no GPU)")
     args = ap.parse_args()
+    if args.suggest:
+        for fmt, bucket, (k, n), cfg, layers in suggest(args.suggest):
+            tile = {key: cfg[key] for key in ("R", "U", "KS", "PF") if key in cfg}
+            print(f"{fmt} {bucket} ({k}, {n}) {tile}: " + ", ".join(f"{kk}x{nn} {d:.2f} -> {t:.2f}"
+                                                                   for kk, nn, d, t in layers))
+        return
     dtype = getattr(torch, args.dtype)
     fmts, ms = args.formats.split(","), [int(v) for v in args.ms.split(",")]
     if args.shapes:
@@ -130,7 +180,8 @@ def main() -> None:
             break
         for fmt in fmts:
             try:
-                res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt)
+                res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt,
+                                     args.mma_grid_all)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

@@ -242,10 +242,11 @@ def _gemv_candidates(p: Problem) -> list[dict]:
     base = _gemv_config(p)
     if any(base.get(k, 0) for k in ("BULK", "PST", "BPF")) or base["RG"] * base["KS"] != WARPS:
         return []  # a hand-tuned special tile (bulk ring, persistent grid): not varied
-    # the choose_config space: KS a power of two <= 8 with RG = 8 warps / KS; at M = 1 R 2 or 4 and U 1 or 2
+    # the choose_config space: KS a power of two <= 8 with RG = 8 warps / KS; at M = 1 R 2 or 4, U 1, 2 or 4 and
+    # register double buffering (PF: two steps of weights in flight, both issued before the PDL wait)
     out = [{**base, "KS": ks, "RG": WARPS // ks} for ks in _pow2_neighbours(base["KS"], 1, WARPS)]
     if p.m == 1:
-        out += one_axis_variants(base, {"R": (2, 4), "U": (1, 2)}, lambda c: True)
+        out += one_axis_variants(base, {"R": (2, 4), "U": (1, 2, 4), "PF": (0, 1)}, lambda c: True)
     return out
 
 

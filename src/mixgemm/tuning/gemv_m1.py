@@ -60,7 +60,7 @@ H200 = _entries("tools/bench/gemv.py --sweep on the H200 (M = 1, fp16 activation
 # bulk-copy ring with each tile's parameters copied in bulk, 8 rows per warp: zero point 48.9 -> 47.4 us, sym
 # 47.3 -> 46.1.
 H100 = _entries("tools/bench/gemv.py --sweep on the H100 (M = 1, fp16 activations; KS and bulk-copy sweeps)", [
-    (4, 4096, 4096, (4, 1, 2, 0)), (4, 4096, 14336, (4, 1, 2, 0)), (4, 14336, 4096, M1Tile(4, 1, 7, RG=2, MINB=2)),
+    (4, 4096, 14336, (4, 1, 2, 0)), (4, 14336, 4096, M1Tile(4, 1, 7, RG=2, MINB=2)),
     (4, 8192, 28672, (4, 2, 4, 0)), (4, 28672, 8192, _K28672_BULK),
     (8, 4096, 4096, (2, 1, 4, 0)), (8, 4096, 14336, (2, 1, 8, 0)), (8, 14336, 4096, (2, 1, 8, 0)),
     (8, 8192, 28672, (2, 2, 8, 1)), (8, 28672, 8192, (2, 1, 8, 1)),
@@ -72,6 +72,7 @@ H100 = _entries("tools/bench/gemv.py --sweep on the H100 (M = 1, fp16 activation
 # entries of the same bucket for mode "sym".
 H100_SYM = _entries("tools/bench/gemv.py --sweep --sweep-mode sym on the H100 (M = 1, fp16 activations)", [
     (4, 28672, 8192, _K28672_BULK), (4, 14336, 4096, (4, 1, 4, 0)), (4, 4096, 14336, (4, 1, 1, 0)),
+    (4, 4096, 4096, (4, 1, 2, 0)),
 ])
 # The same for symmetric int4 on an H200 (the sym and KS sweeps there; us against the table above): 4096x4096 4.2 vs
 # 4.7, 4096x14336 10.9 vs 11.6, 14336x4096 10.6 vs 13.8, 8192x28672 36.1 vs 37.1, 28672x8192 35.1 vs 36.4.
@@ -91,11 +92,11 @@ H200_SYM = _entries("tools/bench/gemv.py --sweep --sweep-mode sym, KS sweeps on 
 _SWEEP_SOURCE = "tools/bench/gemv_dispatch.py on the H100 (M = 1, fp16 activations; model-list sweep of the neighbours)"
 H100_ZP_SWEEP = _entries(_SWEEP_SOURCE + ", zero point", [
     (4, 896, 128, (2, 1, 1)), (4, 896, 9728, (4, 1, 1)), (4, 1536, 256, (2, 1, 1)), (4, 1536, 8960, (4, 1, 1)),
-    (4, 1536, 17920, (4, 1, 1)), (4, 2048, 11008, (4, 1, 1)), (4, 2048, 22016, (4, 1, 1)), (4, 2304, 9216, (4, 1, 1)),
-    (4, 2304, 18432, (4, 1, 1)), (4, 3072, 9216, (4, 1, 1)), (4, 3584, 512, (2, 2, 2)), (4, 4096, 6144, (2, 2, 1)),
+    (4, 2048, 11008, (4, 1, 1)), (4, 2048, 22016, (4, 1, 1)), (4, 2304, 9216, (4, 1, 1)),
+    (4, 3584, 512, (2, 2, 2)),
     (4, 4096, 12288, (4, 1, 2)), (4, 4864, 896, (4, 2, 2)), (4, 5120, 1024, (2, 2, 4)), (4, 5120, 5120, (2, 1, 2)),
-    (4, 5120, 7680, (2, 2, 1)), (4, 8192, 3072, (2, 2, 2)), (4, 9216, 2304, (2, 1, 4)), (4, 11008, 2048, (2, 1, 4)),
-    (4, 11008, 4096, (2, 1, 4)), (4, 17920, 5120, (2, 1, 4)), (4, 27648, 5120, (2, 1, 4)), (4, 36864, 4608, (2, 1, 4)),
+    (4, 5120, 7680, (2, 2, 1)), (4, 9216, 2304, (2, 1, 4)), (4, 11008, 2048, (2, 1, 4)),
+    (4, 27648, 5120, (2, 1, 4)), (4, 36864, 4608, (2, 1, 4)),
 ])
 H100_W8_SWEEP = _entries(_SWEEP_SOURCE + ", int8", [
     (8, 896, 128, (2, 2, 2)), (8, 896, 4864, (2, 1, 1)), (8, 1536, 256, (2, 2, 2)), (8, 1536, 1536, (2, 2, 2)),
@@ -107,13 +108,33 @@ H100_W8_SWEEP = _entries(_SWEEP_SOURCE + ", int8", [
 # Symmetric int4, the same sweep: 4096x6144 9.37 -> 6.69, 8192x3072 9.67 -> 7.07, 5120x1024 4.51 -> 3.48, 3072x16384
 # 13.3 -> 11.4, 27648x5120 34.3 -> 32.5.
 H100_SYM_SWEEP = _entries(_SWEEP_SOURCE + ", sym", [
-    (4, 896, 128, (2, 1, 1)), (4, 896, 9728, (4, 1, 1)), (4, 1536, 256, (2, 2, 2)), (4, 1536, 8960, (4, 1, 1)),
-    (4, 1536, 17920, (4, 1, 1)), (4, 2048, 22016, (4, 1, 1)), (4, 3072, 16384, (4, 1, 1)), (4, 3584, 512, (2, 2, 2)),
+    (4, 896, 128, (2, 1, 1)), (4, 896, 9728, (4, 1, 1)), (4, 1536, 256, (2, 2, 2)),
+    (4, 2048, 22016, (4, 1, 1)), (4, 3072, 16384, (4, 1, 1)), (4, 3584, 512, (2, 2, 2)),
     (4, 4096, 6144, (2, 1, 2)), (4, 4096, 22016, (4, 1, 2)), (4, 5120, 1024, (2, 2, 4)), (4, 5120, 5120, (2, 1, 2)),
-    (4, 5120, 7680, (2, 2, 4)), (4, 5120, 15360, (4, 1, 2)), (4, 8192, 1024, (4, 2, 4)), (4, 8192, 3072, (2, 1, 4)),
+    (4, 5120, 7680, (2, 2, 4)), (4, 8192, 1024, (4, 2, 4)), (4, 8192, 3072, (2, 1, 4)),
     (4, 8960, 1536, (4, 2, 4)), (4, 9216, 2304, (4, 2, 4)), (4, 17920, 5120, (2, 1, 4)), (4, 27648, 5120, (2, 2, 2)),
 ])
 
+
+# The second model-list sweep on the H100 (tools/bench/gemv_dispatch.py --ms 1 --no-mma-grid over the 62 layers of
+# >= 8M weights, the neighbours now with U 4 and PF; entries by its --suggest: a tile >= 5% faster than the default on
+# every measured layer of its bucket, layers the CUDA-core GEMV serves). Replaces the entries above of the same bucket
+# (us, default -> tile): zero point 3584x3584..4608x4096 (7 layers) 4.9-6.8 -> 4.7-6.3, 3072x9216 8.10 -> 7.52,
+# 13824x5120 18.27 -> 16.95, 17920x5120 22.72 -> 21.54, 8192x57344 105.3 -> 92.9; sym 1536x8960 5.85 -> 4.99,
+# 5120x13824 17.37 -> 16.38, 8192x57344 102.0 -> 90.1, 11008x2048 6.87 -> 6.40; int8 4096x4096 8.01 -> 7.29, 4608x8192
+# 17.16 -> 15.29.
+_SWEEP2_SOURCE = ("tools/bench/gemv_dispatch.py --suggest on the H100 (M = 1, fp16 activations; model-list sweep of "
+                  "the neighbours with U 4 and PF, layers of >= 8M weights)")
+H100_ZP_SWEEP2 = _entries(_SWEEP2_SOURCE + ", zero point", [
+    (4, 1536, 17920, (4, 1, 2)), (4, 2304, 18432, (2, 1, 1)), (4, 3072, 9216, (2, 1, 1)), (4, 4096, 4096, (2, 1, 2)),
+    (4, 4096, 6144, (4, 2, 1)), (4, 5120, 13824, (4, 2, 1)), (4, 8192, 3072, (4, 2, 2)), (4, 8192, 57344, (4, 2, 2)),
+    (4, 11008, 4096, (2, 1, 2)), (4, 17920, 5120, (2, 1, 2)),
+])
+H100_SYM_SWEEP2 = _entries(_SWEEP2_SOURCE + ", sym", [
+    (4, 1536, 8960, (2, 1, 1)), (4, 1536, 17920, (4, 1, 2)), (4, 5120, 15360, (4, 1, 1)), (4, 8192, 57344, (4, 2, 2)),
+    (4, 11008, 2048, (4, 2, 4)),
+])
+H100_W8_SWEEP2 = _entries(_SWEEP2_SOURCE + ", int8", [(8, 4608, 8192, (4, 2, 8))])
 
 # The same sweep on the H200 (buckets the h200 table's gemv_mma_m1 sends to the tensor-core GEMV left out):
 # zero point 9216x2304 8.51 -> 5.70 us, 5120x5120 9.13 -> 6.44, 27648x5120 32.2 -> 27.2; sym 8192x3072 8.67 -> 6.11,
@@ -165,8 +186,9 @@ def _with_sym(base: dict, sym: dict) -> dict:
 
 
 # {(gpu, sym?): {bits: entries}}, merged once, not per call
-TABLES = {("H100", False): _union(H100, H100_ZP_SWEEP, H100_W8_SWEEP),
-          ("H100", True): _with_sym(_union(H100, H100_W8_SWEEP), _union(H100_SYM, H100_SYM_SWEEP)),
+TABLES = {("H100", False): _union(H100, H100_ZP_SWEEP, H100_ZP_SWEEP2, H100_W8_SWEEP, H100_W8_SWEEP2),
+          ("H100", True): _with_sym(_union(H100, H100_W8_SWEEP, H100_W8_SWEEP2),
+                                    _union(H100_SYM, H100_SYM_SWEEP, H100_SYM_SWEEP2)),
           ("H200", False): _union(H200, H200_SWEEP, H200_W8_SWEEP),
           ("H200", True): _with_sym(_union(H200, H200_W8_SWEEP), _union(H200_SYM, H200_SYM_SWEEP))}
 

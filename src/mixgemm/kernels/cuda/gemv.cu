@@ -124,6 +124,14 @@
 #define GEMV_PERM 0
 #endif
 
+// Diagnostic only (tools/bench/read_ceiling.py --diag; never a shipped config): leave out one stage to see what it
+// costs. Bits: 1 no dequantization or math (the weight words are xor-folded, x is not read), 2 x not read (a
+// constant in registers instead), 4 no griddepcontrol.wait (x is read without waiting for the previous kernel: only
+// correct when nothing before writes x). Results are wrong with any bit set.
+#ifndef GEMV_DIAG
+#define GEMV_DIAG 0
+#endif
+
 #define GEMV_CTHREADS (32 * GEMV_RG * GEMV_KS)  // compute warps
 #define GEMV_THREADS (GEMV_CTHREADS + (GEMV_BULK ? 32 : 0))
 
@@ -230,6 +238,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // Piece v of chunk c of x row m from global memory (rows >= Mr read row Mr - 1 and are never stored). Act-order
   // (GEMV_PERM) gathers it through the indices pk of that piece, loaded once by the caller for all M rows.
   auto x_piece = [&](int m, int c, int v, const int (&pk)[PER]) -> uint4 {
+    if constexpr ((GEMV_DIAG & 2) != 0) return make_uint4(0x3c003c00u ^ c, 0x3c003c00u, 0x3c003c00u ^ v, 0x3c003c00u);
     const uint4* row = X + (size_t)min(m, Mr - 1) * ldx4;
     if constexpr (GEMV_PERM) return gather_x((const char*)row, pk);
     else return ld_x(row + (size_t)c * XV + v);
@@ -242,6 +251,14 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // used, and the steady-state loop has no bounds checks, so the UU chunk bodies interleave (ILP).
   auto compute = [&](const auto& wv, const auto& pv, int c0) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
+    if constexpr ((GEMV_DIAG & 1) != 0) {
+#pragma unroll
+      for (int u = 0; u < UU; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          acc[0][r] += as_f32((wv[u][r].x ^ wv[u][r].y ^ wv[u][r].z ^ wv[u][r].w) & 0x3f7fffffu) + pv[u][r].scale();
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
       const int c = c0 + u * STRIDE;
@@ -600,7 +617,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     // math, so every warp keeps loads in flight while it computes (latency hidden without needing
     // more resident warps). Ping-pong written out twice so no buffer is copied.
     load(wA, pA, c0);
-    pdl_wait();  // x is read from here on (see gemv_common.cuh)
+    if ((GEMV_DIAG & 4) == 0) pdl_wait();  // x is read from here on (see gemv_common.cuh)
     while (true) {
       int c1 = c0 + U * STRIDE;
       bool more = c1 + (U - 1) * STRIDE < Kc;
@@ -623,7 +640,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 #if GEMV_XS
     copy_perm_async();
 #endif
-    pdl_wait();
+    if ((GEMV_DIAG & 4) == 0) pdl_wait();
 #if GEMV_XS
     stage_x();
     __syncthreads();

@@ -71,7 +71,7 @@ DEFAULT_LITE = 0
 
 
 # Config keys that only appear when set (defines_for adds their macros only then, so default compile keys stay put).
-OPTIONAL_KEYS = ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR")
+OPTIONAL_KEYS = ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR", "BPS", "DIAG")
 
 
 def _with_optional_keys(cfg: dict, src: dict) -> dict:
@@ -236,6 +236,8 @@ def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> 
         d["GEMV_BULK"] = cfg["BULK"]
         if cfg.get("BPAR", 0):
             d["GEMV_BPAR"] = 1
+    if cfg.get("DIAG", 0):
+        d["GEMV_DIAG"] = cfg["DIAG"]  # diagnostic stage removal (gemv.cu); wrong results, tools only
     return d
 
 
@@ -438,7 +440,9 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
     if smem:
         nvrtc.allow_dynamic_smem(fn, smem)
     if cfg.get("BULK", 0):  # persistent grid of as many blocks as fit, each looping over tiles through its ring
-        tiles = min(tiles, nvrtc.resident_blocks(fn, block[0], smem) * props.multi_processor_count)
+        # BPS caps the blocks per SM, leaving room for the next PDL kernel's blocks to start their rings
+        per_sm = nvrtc.resident_blocks(fn, block[0], smem)
+        tiles = min(tiles, min(per_sm, cfg.get("BPS", 0) or per_sm) * props.multi_processor_count)
     if cfg.get("PST", 0):  # persistent grid: PST x (resident blocks per SM) x SMs blocks loop over the tiles
         tiles = min(tiles, cfg["PST"] * nvrtc.resident_blocks(fn, block[0]) * props.multi_processor_count)
     args = _common_args(lay, n) + [

@@ -1,0 +1,37 @@
+"""tools/bench/gemv_dispatch.py --suggest: which M = 1 bucket entries a sweep file supports (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+
+from tools.bench.gemv_dispatch import suggest
+
+BASE = {"R": 4, "U": 1, "KS": 2, "RG": 4, "PF": 0}
+FAST = {**BASE, "R": 2}
+SLOW = {**BASE, "U": 2}
+
+
+def _layer(k, n, fmt, default_us, times):
+    rows = [{"cfg": BASE, "us": default_us, "default": True}]
+    rows += [{"cfg": cfg, "us": us, "default": False} for cfg, us in times]
+    return {"K": k, "N": n, "fmt": fmt, "M": 1, "default_entry": "cuda_gemv", "rows": {"cuda_gemv": rows}}
+
+
+def test_suggest_needs_the_gain_on_every_layer_of_the_bucket(tmp_path):
+    res = [
+        # bucket k24/n24: FAST is >= 5% faster on both layers, SLOW on neither
+        _layer(4096, 4096, "w4s", 10.0, [(FAST, 9.0), (SLOW, 11.0)]),
+        _layer(3584, 4096, "w4s", 10.0, [(FAST, 9.4), (SLOW, 12.0)]),
+        # bucket k26/n26: FAST wins on one layer only (3% on the other): no entry
+        _layer(8192, 8192, "w4s", 20.0, [(FAST, 15.0), (SLOW, 21.0)]),
+        _layer(7168, 8192, "w4s", 20.0, [(FAST, 19.4), (SLOW, 21.0)]),
+        # another format in the k24/n24 bucket is its own entry; a failed config (us None) is ignored
+        _layer(4096, 4096, "w8", 10.0, [(FAST, None), (SLOW, 9.0)]),
+        {"K": 1, "N": 1, "fmt": "w4s", "error": "a layer that failed"},
+    ]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"gpu": "test", "res": res}))
+    out = suggest([str(path)])
+    assert [(fmt, bucket, cfg) for fmt, bucket, _, cfg, _ in out] == [("w4s", "k24/n24", FAST), ("w8", "k24/n24", SLOW)]
+    (_, _, measured, _, layers) = out[0]
+    assert measured == (4096, 4096) and [t for *_, t in layers] == [9.0, 9.4]
