@@ -259,6 +259,12 @@ def test_acceptance_markdown_shows_sizes_ratios_and_medians():
     assert "| mixgemm W4A16 g128 | 1.10 | 1.20 | 1.20 |" in md and md.count("**PASS**") == 4
 
 
+def test_decode_medians_by_size_class():
+    # W8 on the 8 MiB shape at 75%, the others at 80%; the 32 MiB shape at 90% with M = 16 at 1.2x
+    assert accept.decode_medians(accept.Cases(_synthetic()), accept.Bars()) == [
+        (accept.W4_SYM, 90.0, 80.0, 1.2), (accept.W4_ZP, 90.0, 80.0, 1.2), (accept.W8, 90.0, 75.0, 1.2)]
+
+
 def test_report_prints_the_acceptance_view_of_a_results_file(tmp_path, capsys):
     path = tmp_path / "model-shapes.json"
     path.write_text(json.dumps(_synthetic(big_w4_pct=84.0)))
@@ -282,7 +288,13 @@ def test_report_writes_the_readme_block_of_model_runs(tmp_path, capsys):
                          "--markers", "model-shapes", "--readme", str(readme), "--write"]) == 0
     text = readme.read_text()
     assert text.startswith("top\n<!-- model-shapes:start -->\n**Test GPU") and "old" not in text
-    assert "| 8192x8192 | q_proj, o_proj | 32.0 |" in text and text.endswith("<!-- model-shapes:end -->\nbottom\n")
+    assert text.endswith("<!-- model-shapes:end -->\nbottom\n")
+    # the README's block: the verdicts and the medians; the per-shape table and the failures stay in the results'
+    # own Markdown, which it links
+    assert text.count("**PASS**") == 4 and "| mixgemm W4A16 g128 | 90% | 80% | 1.20x |" in text
+    assert "| mixgemm W4A16 g128 | 1.10 | 1.20 | 1.20 |" in text
+    assert "| 8192x8192 | q_proj, o_proj |" not in text
+    assert "[test-gpu/model-shapes.md](results/test-gpu/model-shapes.md)" in text
 
 
 def test_cli_time_budget_lists_the_shapes_left_out(tmp_path, capsys):

@@ -196,6 +196,29 @@ def gemm_medians(cs: Cases, bars: Bars) -> list[tuple[str, int, float]]:
     return out
 
 
+def decode_medians(cs: Cases, bars: Bars) -> list[tuple[str, float | None, float | None, float | None]]:
+    """(method, median % of floor at M = 1 on layers >= bars.big_mib, the same on bars.small_mib..big_mib layers, median
+    M = 16 / M = 1 time on the big layers) for the weight-only methods (None where nothing was measured)."""
+    out = []
+    for meth in WEIGHT_ONLY:
+        big, small, m16 = [], [], []
+        for k, n in cs.shapes:
+            one = _ok(cs.get(k, n, 1, meth), "pct_floor")
+            if one is None:
+                continue
+            mib = int4_mib(k, n)
+            if mib >= bars.big_mib:
+                big.append(one)
+                t1, t16 = _ok(cs.get(k, n, 1, meth), "time_us"), _ok(cs.get(k, n, 16, meth), "time_us")
+                if t1 and t16:
+                    m16.append(t16 / t1)
+            elif mib >= bars.small_mib:
+                small.append(one)
+        if big or small:
+            out.append((meth, *(statistics.median(v) if v else None for v in (big, small, m16))))
+    return out
+
+
 def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
     return "-" if v is None else format(v, spec) + suffix
 
@@ -243,8 +266,9 @@ def shape_table(data: dict, bars: Bars | None = None) -> str:
 
 
 def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | None = None,
-                max_items: int = 12, title: bool = True) -> str:
-    """The acceptance view: the verdict of each line (with its failures), the medians and the per-shape table."""
+                max_items: int = 12, title: bool = True, details: bool = True) -> str:
+    """The acceptance view: the verdict of each line (with its failures), the medians and the per-shape table;
+    details False: the verdicts and the medians only (the README's block)."""
     bars = bars or Bars()
     lines_ = evaluate(data, bars, read_ceiling_pct)
     out = ([f"## Acceptance view: {data['meta'].get('gpu')}", ""] if title else []) + [
@@ -254,13 +278,21 @@ def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | 
     for ln in lines_:
         out.append(f"| {ln.name} | {ln.bar} | **{ln.verdict}** | {ln.checked} | {len(ln.failures)} | "
                    f"{len(ln.missing)} |")
-    for ln in lines_:
+    for ln in lines_ if details else ():
         if ln.failures or ln.missing or ln.notes:
             out += ["", f"**{ln.name}** ({ln.verdict})"]
             for what, items in (("", ln.notes), ("fail: ", ln.failures), ("missing: ", ln.missing)):
                 out += [f"- {what}{x}" for x in items[:max_items]]
                 if len(items) > max_items:
                     out.append(f"- {what}... and {len(items) - max_items} more")
+    dec = decode_medians(Cases(data), bars)
+    if dec:
+        out += ["", f"Decode, medians over the shapes (% of floor at M = 1; M = 16 time over M = 1 on >= "
+                    f"{bars.big_mib:.0f} MiB):", "",
+                f"| method | M = 1, >= {bars.big_mib:.0f} MiB | M = 1, {bars.small_mib:.0f}-{bars.big_mib:.0f} MiB | "
+                "M = 16 / M = 1 |", "|---|---|---|---|"]
+        for meth, big, small, m16 in dec:
+            out.append(f"| {meth} | {_fmt(big, '.0f', '%')} | {_fmt(small, '.0f', '%')} | {_fmt(m16, '.2f', 'x')} |")
     meds = gemm_medians(Cases(data), bars)
     if meds:
         ms = sorted({m for _, m, _ in meds})
@@ -270,5 +302,6 @@ def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | 
         for meth in WEIGHT_ONLY:
             if any((meth, m) in table for m in ms):
                 out.append(f"| {meth} | " + " | ".join(_fmt(table.get((meth, m)), ".2f") for m in ms) + " |")
-    out += ["", shape_table(data, bars)]
+    if details:
+        out += ["", shape_table(data, bars)]
     return "\n".join(out) + "\n"
