@@ -22,7 +22,7 @@ class GatherLaunch:
     """The gather prepared for (M, K, padded K, dtype, device): a call makes the output [M, Kp], writes the pointers
     and launches on the current stream (CUDA-graph capturable: no host sync, one allocation)."""
 
-    __slots__ = ("launch", "m", "kp", "dtype", "device", "_vals")
+    __slots__ = ("launch", "m", "kp", "dtype", "device", "_vals", "_lock")
 
     def __init__(self, m: int, k: int, kp: int, dtype: torch.dtype, device: torch.device):
         es = torch.empty((), dtype=dtype).element_size()
@@ -34,16 +34,17 @@ class GatherLaunch:
         pdl = current_options().pdl and torch.cuda.get_device_properties(device).major >= 9
         self.launch = nvrtc.prepare_launch(fn, device, grid, (THREADS, 1, 1), args, pdl=pdl)
         self.m, self.kp, self.dtype, self.device = m, kp, dtype, device
-        self._vals = self.launch.params.values
+        self._vals, self._lock = self.launch.params.values, self.launch.params.lock
 
     def __call__(self, x2d: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
         y = torch.empty((self.m, self.kp), dtype=self.dtype, device=self.device)
         v = self._vals
-        v[_X].value = x2d.data_ptr()
-        v[_LDX].value = x2d.stride(0)
-        v[_PERM].value = perm.data_ptr()
-        v[_Y].value = y.data_ptr()
-        self.launch()
+        with self._lock:  # (launch.Params: written and launched by one thread at a time)
+            v[_X].value = x2d.data_ptr()
+            v[_LDX].value = x2d.stride(0)
+            v[_PERM].value = perm.data_ptr()
+            v[_Y].value = y.data_ptr()
+            self.launch()
         return y
 
 

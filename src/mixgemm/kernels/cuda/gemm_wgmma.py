@@ -606,43 +606,46 @@ class WgmmaPart:
         self.launch, self.layout, self.m, self.n, self.row0 = launch, layout, m, n, row0
         self.ws_floats, self.counters, self.tiles = ws_floats, counters, tiles
         self.xmap, self.ymap, self.finish = xmap, ymap, finish
-        self._vals = launch.params.values
+        self._vals, self._lock = launch.params.values, launch.params.lock
 
     def __call__(self, xk: torch.Tensor, y: torch.Tensor, bias, lo: float, hi: float) -> None:
         dev = y.device
         stream = self.launch.current_stream()
         v = self._vals
         y_ptr = y.data_ptr() + self.row0 * y.element_size()  # this launch's output columns
-        v[2].value = xk.data_ptr()
-        v[4].value = y_ptr
-        if self.xmap is not None:
-            self.xmap.point_to(xk.data_ptr())
-        if self.ymap is not None:
-            self.ymap.point_to(y_ptr)
         if bias is None:
             bias_ptr = bias_code = 0
         else:  # this launch's rows of the bias
             bias_ptr, bias_code = bias.data_ptr() + self.row0 * bias.element_size(), nvrtc.bias_code(bias.dtype)
         ws = torch.empty(self.ws_floats, dtype=torch.float32, device=dev) if self.ws_floats else None
-        if self.finish is not None:  # the slices add into a zeroed workspace; the bias and clamp come after
-            cuda_launch.memset_zero_async(ws.data_ptr(), self.ws_floats * 4, stream)
-            nvrtc.write_epilogue(v, 6, 0, 0, -math.inf, math.inf)
-        else:
-            nvrtc.write_epilogue(v, 6, bias_ptr, bias_code, lo, hi)
-        v[10].value = 0 if ws is None else ws.data_ptr()
         counters = None  # (held until the launch is queued)
         if self.counters == "zeroed":
             counters = torch.zeros(self.tiles, dtype=torch.int32, device=dev)
         elif self.counters == "kept":
             counters = tile_counters(dev, self.tiles)
-        v[11].value = 0 if counters is None else counters.data_ptr()
-        self.launch(stream)
-        if self.finish is not None:
-            f = self.finish.params.values
-            f[0].value = ws.data_ptr()
-            nvrtc.write_epilogue(f, 1, bias_ptr, bias_code, lo, hi)
-            f[5].value = y_ptr
-            self.finish(stream)
+        # (launch.Params: the parameters, tensor maps and the finishing launch's parameters are written and launched by
+        # one thread at a time)
+        with self._lock:
+            v[2].value = xk.data_ptr()
+            v[4].value = y_ptr
+            if self.xmap is not None:
+                self.xmap.point_to(xk.data_ptr())
+            if self.ymap is not None:
+                self.ymap.point_to(y_ptr)
+            if self.finish is not None:  # the slices add into a zeroed workspace; the bias and clamp come after
+                cuda_launch.memset_zero_async(ws.data_ptr(), self.ws_floats * 4, stream)
+                nvrtc.write_epilogue(v, 6, 0, 0, -math.inf, math.inf)
+            else:
+                nvrtc.write_epilogue(v, 6, bias_ptr, bias_code, lo, hi)
+            v[10].value = 0 if ws is None else ws.data_ptr()
+            v[11].value = 0 if counters is None else counters.data_ptr()
+            self.launch(stream)
+            if self.finish is not None:
+                f = self.finish.params.values
+                f[0].value = ws.data_ptr()
+                nvrtc.write_epilogue(f, 1, bias_ptr, bias_code, lo, hi)
+                f[5].value = y_ptr
+                self.finish(stream)
 
 
 _NO_CONV = ConvGeometry(1, 1, 1, 1, 1, 1, 0, 0, 1, 1)

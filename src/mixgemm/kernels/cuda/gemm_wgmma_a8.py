@@ -349,7 +349,7 @@ class WgmmaA8Launch:
         self.launch, self.layout, self.m, self.n, self.ldsa = launch, layout, m, n, ldsa
         self.xmap, self.ymap, self.device = xmap, ymap, device
         self.quantizes = quantizes  # A8_FQ: call launch_quantizing (the activations), not the codes
-        self._vals = launch.params.values
+        self._vals, self._lock = launch.params.values, launch.params.lock
 
     def __call__(self, aq: torch.Tensor, sa: torch.Tensor, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
         m = self.m
@@ -369,13 +369,14 @@ class WgmmaA8Launch:
         """The product from codes at aq_ptr (rows as prepared) and activation scales at sat_ptr (float32 [M] per
         token, or [G, M_pad]), on ``stream`` (default: the current one)."""
         v = self._vals
-        v[3].value = sat_ptr
-        v[5].value = y.data_ptr()
-        nvrtc.set_bias_clamp(v, 7, bias, lo, hi)
-        self.xmap.point_to(aq_ptr)
-        if self.ymap is not None:
-            self.ymap.point_to(y.data_ptr())
-        self.launch(stream)
+        with self._lock:  # (launch.Params: parameters and tensor maps written and launched by one thread at a time)
+            v[3].value = sat_ptr
+            v[5].value = y.data_ptr()
+            nvrtc.set_bias_clamp(v, 7, bias, lo, hi)
+            self.xmap.point_to(aq_ptr)
+            if self.ymap is not None:
+                self.ymap.point_to(y.data_ptr())
+            self.launch(stream)
         return y
 
     def launch_quantizing(self, x: torch.Tensor, scratch_ptr: int, counters_ptr: int, bias, lo: float, hi: float,
@@ -385,13 +386,14 @@ class WgmmaA8Launch:
         two int32 zeros kept for launches on ``stream`` (each launch leaves them zero). Needs ``quantizes``."""
         v = self._vals
         sq = scratch_ptr + self.m * v[18].value  # the scales after the codes [M, K] (K % 16 == 0: aligned)
-        v[3].value = sq
-        v[5].value = y.data_ptr()
-        nvrtc.set_bias_clamp(v, 7, bias, lo, hi)
-        v[15].value, v[16].value = x.data_ptr(), x.stride(0)
-        v[17].value, v[19].value, v[20].value = scratch_ptr, sq, counters_ptr
-        self.xmap.point_to(scratch_ptr)
-        if self.ymap is not None:
-            self.ymap.point_to(y.data_ptr())
-        self.launch(stream)
+        with self._lock:  # (launch.Params: parameters and tensor maps written and launched by one thread at a time)
+            v[3].value = sq
+            v[5].value = y.data_ptr()
+            nvrtc.set_bias_clamp(v, 7, bias, lo, hi)
+            v[15].value, v[16].value = x.data_ptr(), x.stride(0)
+            v[17].value, v[19].value, v[20].value = scratch_ptr, sq, counters_ptr
+            self.xmap.point_to(scratch_ptr)
+            if self.ymap is not None:
+                self.ymap.point_to(y.data_ptr())
+            self.launch(stream)
         return y

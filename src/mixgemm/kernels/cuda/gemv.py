@@ -527,7 +527,7 @@ class GemvLaunch:
     writes the x / y / bias / clamp parameters and launches on the current stream. It holds the layout, so the
     weight pointers in its parameters stay valid as long as it lives."""
 
-    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "_vals", "_kp")
+    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "_vals", "_lock", "_kp")
 
     # x may come zero-padded to at least the layout's padded K (mixgemm.kernels.cuda.gather_x writes it so)
     reads_padded_x = True
@@ -536,7 +536,7 @@ class GemvLaunch:
 
     def __init__(self, launch, layout, m: int, n: int, dtype: torch.dtype, device: torch.device):
         self.launch, self.layout, self.m, self.n, self.dtype, self.device = launch, layout, m, n, dtype, device
-        self._vals = launch.params.values
+        self._vals, self._lock = launch.params.values, launch.params.lock
         self._kp = layout.k_padded
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
@@ -556,11 +556,12 @@ class GemvLaunch:
         y = (new_rows(self.m, self.n, self.dtype, self.device) if x2d.dim() == 2
              else torch.empty(*x2d.shape[:-1], self.n, dtype=self.dtype, device=self.device))
         v = self._vals
-        v[_X].value = xk.data_ptr()
-        v[_XSTRIDE].value = ld * es // 16
-        v[_Y].value = y.data_ptr()
-        v[_YSTRIDE].value = self.n
-        nvrtc.set_bias_clamp(v, _EPILOGUE, bias, lo, hi)
-        v[_PERM].value = 0 if perm is None else perm.data_ptr()
-        self.launch()
+        with self._lock:  # (launch.Params: written and launched by one thread at a time)
+            v[_X].value = xk.data_ptr()
+            v[_XSTRIDE].value = ld * es // 16
+            v[_Y].value = y.data_ptr()
+            v[_YSTRIDE].value = self.n
+            nvrtc.set_bias_clamp(v, _EPILOGUE, bias, lo, hi)
+            v[_PERM].value = 0 if perm is None else perm.data_ptr()
+            self.launch()
         return y

@@ -221,13 +221,13 @@ class GemvA8Launch:
     """The fused GEMV's launch prepared for one weight, M and dtypes (a call plan's launch); it holds the layout, so
     the weight pointers in its parameters stay valid as long as it lives."""
 
-    __slots__ = ("launch", "layout", "m", "n", "out_dtype", "device", "_vals")
+    __slots__ = ("launch", "layout", "m", "n", "out_dtype", "device", "_vals", "_lock")
     # x may be a contiguous [..., K] of any rank (its M rows K apart); y then gets x's leading shape
     takes_rows = True
 
     def __init__(self, launch, layout, m: int, n: int, out_dtype: torch.dtype, device: torch.device):
         self.launch, self.layout, self.m, self.n, self.out_dtype, self.device = launch, layout, m, n, out_dtype, device
-        self._vals = launch.params.values
+        self._vals, self._lock = launch.params.values, launch.params.lock
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
                  out: torch.Tensor | None = None) -> torch.Tensor:
@@ -243,12 +243,13 @@ class GemvA8Launch:
             out = (new_rows(self.m, self.n, self.out_dtype, self.device) if x2d.dim() == 2
                    else torch.empty(*x2d.shape[:-1], self.n, dtype=self.out_dtype, device=self.device))
         v = self._vals
-        v[4].value = xk.data_ptr()
-        v[5].value = ld
-        v[6].value = out.data_ptr()
-        v[7].value = out.stride(0) if out.dim() == 2 else self.n
-        nvrtc.set_bias_clamp(v, 9, bias, lo, hi)
-        self.launch()
+        with self._lock:  # (launch.Params: written and launched by one thread at a time)
+            v[4].value = xk.data_ptr()
+            v[5].value = ld
+            v[6].value = out.data_ptr()
+            v[7].value = out.stride(0) if out.dim() == 2 else self.n
+            nvrtc.set_bias_clamp(v, 9, bias, lo, hi)
+            self.launch()
         return out
 
 
@@ -305,11 +306,11 @@ class ActQuantRowsLaunch:
     """The per-token quantizer prepared for M rows of K: a call makes (or takes) the four outputs, writes the
     pointers, launches on the current stream."""
 
-    __slots__ = ("launch", "m", "k", "device", "_vals")
+    __slots__ = ("launch", "m", "k", "device", "_vals", "_lock")
 
     def __init__(self, launch, m: int, k: int, device: torch.device):
         self.launch, self.m, self.k, self.device = launch, m, k, device
-        self._vals = launch.params.values
+        self._vals, self._lock = launch.params.values, launch.params.lock
 
     def __call__(self, x: torch.Tensor, out=None):
         m, k, dev = self.m, self.k, self.device
@@ -327,7 +328,8 @@ class ActQuantRowsLaunch:
         [M]) on ``stream`` (default: the current one): a caller that consumes them at once keeps them in one
         allocation of its own."""
         v = self._vals
-        v[0].value, v[1].value = x.data_ptr(), x.stride(0)
-        v[2].value, v[3].value = q_ptr, ldq
-        v[4].value, v[5].value, v[6].value = s_ptr, o_ptr, sums_ptr
-        self.launch(stream)
+        with self._lock:  # (launch.Params: written and launched by one thread at a time)
+            v[0].value, v[1].value = x.data_ptr(), x.stride(0)
+            v[2].value, v[3].value = q_ptr, ldq
+            v[4].value, v[5].value, v[6].value = s_ptr, o_ptr, sums_ptr
+            self.launch(stream)

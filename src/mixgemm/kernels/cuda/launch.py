@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -170,10 +171,14 @@ def new_rows(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.
 
 class Params:
     """A kernel's parameter buffer: the ctypes value of each parameter (kept alive here, in the kernel's order) and
-    the void* array of their addresses that the driver reads. Values are written in place between launches."""
+    the void* array of their addresses that the driver reads. Values are written in place between launches, so a
+    caller holds ``lock`` from its first write to the launch: two Python threads calling one layer would otherwise
+    interleave there (the GIL switches between bytecodes and is released inside the driver call, which reads the
+    buffer), and one launch could run with the other's pointers."""
 
     def __init__(self, values: list):
         self.values = values
+        self.lock = threading.Lock()
         self.array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         self.addr = ctypes.addressof(self.array)
 

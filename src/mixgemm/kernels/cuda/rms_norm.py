@@ -45,7 +45,7 @@ class NormLaunch:
     """The kernel prepared for (M, K, with or without the add, gathered or not, dtype, device, eps): a call allocates
     the outputs, writes the pointers and launches on the current stream (CUDA-graph capturable: no host sync)."""
 
-    __slots__ = ("launch", "m", "k", "add", "dtype", "device", "_vals")
+    __slots__ = ("launch", "m", "k", "add", "dtype", "device", "_vals", "_lock")
 
     def __init__(self, m: int, k: int, add: bool, gather: bool, dtype: torch.dtype, device: torch.device,
                  eps: float):
@@ -60,21 +60,22 @@ class NormLaunch:
         pdl = current_options().pdl and torch.cuda.get_device_properties(device).major >= 9
         self.launch = nvrtc.prepare_launch(fn, device, (m, 1, 1), (threads, 1, 1), args, shared_bytes=k * es, pdl=pdl)
         self.m, self.k, self.add, self.dtype, self.device = m, k, add, dtype, device
-        self._vals = self.launch.params.values
+        self._vals, self._lock = self.launch.params.values, self.launch.params.lock
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor | None, weight: torch.Tensor,
                  perm: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
         v = self._vals
         y = torch.empty((self.m, self.k), dtype=self.dtype, device=self.device)
         h = torch.empty_like(y) if self.add else None
-        v[_A].value, v[_LDA].value = a.data_ptr(), a.stride(0)
-        if self.add:
-            v[_B].value, v[_LDB].value = b.data_ptr(), b.stride(0)
-            v[_H].value, v[_LDH].value = h.data_ptr(), self.k
-        v[_W].value = weight.data_ptr()
-        v[_PERM].value = 0 if perm is None else perm.data_ptr()
-        v[_Y].value, v[_LDY].value = y.data_ptr(), self.k
-        self.launch()
+        with self._lock:  # (launch.Params: written and launched by one thread at a time)
+            v[_A].value, v[_LDA].value = a.data_ptr(), a.stride(0)
+            if self.add:
+                v[_B].value, v[_LDB].value = b.data_ptr(), b.stride(0)
+                v[_H].value, v[_LDH].value = h.data_ptr(), self.k
+            v[_W].value = weight.data_ptr()
+            v[_PERM].value = 0 if perm is None else perm.data_ptr()
+            v[_Y].value, v[_LDY].value = y.data_ptr(), self.k
+            self.launch()
         return h, y
 
 
