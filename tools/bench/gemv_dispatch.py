@@ -91,17 +91,27 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
         x = torch.randn(m, k, device=dev, dtype=dtype)
         p = entries.linear_problem(m, q0, dtype, di)
         rows = {}
+
+        def time_us(entry: str, cfg: dict, x: torch.Tensor = x) -> float:
+            with mixgemm.kernel_options(force=entry, configs={entry: dict(cfg)}):
+                return protocol.graph_time_us([lambda q=q: mixgemm.matmul(x, q) for q in weights],
+                                              warmup_ms=5, rep_ms=30)
+
         for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
                 try:
-                    with mixgemm.kernel_options(force=entry, configs={entry: dict(cfg)}):
-                        calls = [lambda q=q, x=x: mixgemm.matmul(x, q) for q in weights]
-                        rec["us"] = protocol.graph_time_us(calls, warmup_ms=5, rep_ms=30)
+                    rec["us"] = time_us(entry, cfg)
                 except Exception as e:  # a config that cannot launch here is recorded, not fatal
                     rec["error"] = repr(e)[:200]
                 rows.setdefault(label, []).append(rec)
+        # Each entry's default is timed first on a layer's fresh copies, and on the largest layers (H100, 224 MiB at
+        # 8192x57344) that first timing read ~10% slow in two sweeps: it is timed again last, and keeps the faster one
+        for label, recs in rows.items():
+            if recs and recs[0]["default"] and recs[0]["us"] is not None:
+                first = recs[0]["us"]
+                recs[0]["us"], recs[0]["us_first"] = min(first, time_us(label, recs[0]["cfg"])), first
         out.append({"K": k, "N": n, "fmt": fmt, "M": m, "default_entry": mixgemm.explain(x, q0).kernel,
                     "rows": rows})
     return out
