@@ -110,6 +110,21 @@ __device__ __forceinline__ int quant8(const float v[8], float d, float inv, floa
 }
 
 
+// The running (max, min) of the 8-k units a thread holds in registers (unit i is k8 = tid + i * NT; those from n on
+// are not the row's).
+template <bool ASYM, int NT, int CPT>
+__device__ __forceinline__ void range_units(const uint4 (&raw)[CPT][XV], int tid, int n, float& a, float& c) {
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    if (tid + i * NT < n) {
+      float v[8];
+      raw_to_f32(raw[i], v);
+      range8<ASYM>(v, a, c);
+    }
+  }
+}
+
+
 // One row m quantized as one block (the whole row; K8 = K / 8 units of 8 k) by a group of NT threads (tid 0..NT - 1
 // within the group, NT a multiple of 32) holding the row in registers (CPT 16-byte units each, unit u at thread
 // u % NT): codes into Q[m, :] (row stride ldq), scale S[m], offset O[m], code sum SUM[m]. ra, rc, rs: the group's
@@ -121,14 +136,7 @@ __device__ __forceinline__ void actq_row(const uint4 (&raw)[CPT][XV], signed cha
   constexpr int NW = NT / 32;
   const int lane = tid & 31, warp = tid >> 5;
   float a = ASYM ? -__int_as_float(0x7f800000) : 0.f, c = __int_as_float(0x7f800000);
-#pragma unroll
-  for (int i = 0; i < CPT; ++i) {
-    if (tid + i * NT < K8) {
-      float v[8];
-      raw_to_f32(raw[i], v);
-      range8<ASYM>(v, a, c);
-    }
-  }
+  range_units<ASYM, NT>(raw, tid, K8, a, c);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));

@@ -256,14 +256,7 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
           for (int j = 0; j < XV; ++j) raw[i][j] = make_uint4(0u, 0u, 0u, 0u);
         }
       }
-#pragma unroll
-      for (int i = 0; i < OPC; ++i) {
-        if (tid + i * NT < KR8) {
-          float v[8];
-          raw_to_f32(raw[i], v);
-          range8<ASYM>(v, a, c);
-        }
-      }
+      range_units<ASYM, NT>(raw, tid, KR8, a, c);
     } else {
       for (int base = 0; base < KR8; base += NT * NB) {
         float v[NB][8];
