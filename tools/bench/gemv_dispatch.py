@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 import traceback
 
@@ -144,7 +145,7 @@ def suggest(paths: list[str], min_gain: float = 0.05) -> list[tuple]:
         for cfg in common:
             ratios = [t[cfg] / d for _, _, d, t in layers]
             if max(ratios) <= 1 - min_gain:
-                gm = float(torch.tensor(ratios).log().mean().exp())
+                gm = statistics.geometric_mean(ratios)
                 if best is None or gm < best[0]:
                     best = (gm, cfg)
         if best is not None:

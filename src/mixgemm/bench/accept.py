@@ -203,13 +203,14 @@ def decode_medians(cs: Cases, bars: Bars) -> list[tuple[str, float | None, float
     for meth in WEIGHT_ONLY:
         big, small, m16 = [], [], []
         for k, n in cs.shapes:
-            one = _ok(cs.get(k, n, 1, meth), "pct_floor")
+            r1 = cs.get(k, n, 1, meth)
+            one = _ok(r1, "pct_floor")
             if one is None:
                 continue
             mib = int4_mib(k, n)
             if mib >= bars.big_mib:
                 big.append(one)
-                t1, t16 = _ok(cs.get(k, n, 1, meth), "time_us"), _ok(cs.get(k, n, 16, meth), "time_us")
+                t1, t16 = _ok(r1, "time_us"), _ok(cs.get(k, n, 16, meth), "time_us")
                 if t1 and t16:
                     m16.append(t16 / t1)
             elif mib >= bars.small_mib:

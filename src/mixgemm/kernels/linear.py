@@ -243,7 +243,7 @@ def _gemv_candidates(p: Problem) -> list[dict]:
     if any(base.get(k, 0) for k in ("BULK", "PST", "BPF")) or base["RG"] * base["KS"] != WARPS:
         return []  # a hand-tuned special tile (bulk ring, persistent grid): not varied
     # the choose_config space: KS a power of two <= 8 with RG = 8 warps / KS; at M = 1 R 2 or 4, U 1, 2 or 4 and
-    # register double buffering (PF: two steps of weights in flight, both issued before the PDL wait)
+    # register double buffering (PF: the next step's weights in flight during this step's math)
     out = [{**base, "KS": ks, "RG": WARPS // ks} for ks in _pow2_neighbours(base["KS"], 1, WARPS)]
     if p.m == 1:
         out += one_axis_variants(base, {"R": (2, 4), "U": (1, 2, 4), "PF": (0, 1)}, lambda c: True)

@@ -121,8 +121,8 @@ H100_SYM_SWEEP = _entries(_SWEEP_SOURCE + ", sym", [
 # every measured layer of its bucket, layers the CUDA-core GEMV serves). Replaces the entries above of the same bucket
 # (us, default -> tile): zero point 3584x3584..4608x4096 (7 layers) 4.9-6.8 -> 4.7-6.3, 3072x9216 8.10 -> 7.52,
 # 13824x5120 18.27 -> 16.95, 17920x5120 22.72 -> 21.54, 8192x57344 105.3 -> 92.9; sym 1536x8960 5.85 -> 4.99,
-# 5120x13824 17.37 -> 16.38, 8192x57344 102.0 -> 90.1, 11008x2048 6.87 -> 6.40; int8 4096x4096 8.01 -> 7.29, 4608x8192
-# 17.16 -> 15.29.
+# 5120x13824 17.37 -> 16.38, 8192x57344 102.0 -> 90.1, 11008x2048 6.87 -> 6.40; int8 4608x8192 17.16 -> 15.29. (An int8
+# tile for the 4096x4096 bucket, 8.01 -> 7.29 there, lost 6-10% on 3584x4608 and 4096x4608 of the same bucket.)
 _SWEEP2_SOURCE = ("tools/bench/gemv_dispatch.py --suggest on the H100 (M = 1, fp16 activations; model-list sweep of "
                   "the neighbours with U 4 and PF, layers of >= 8M weights)")
 H100_ZP_SWEEP2 = _entries(_SWEEP2_SOURCE + ", zero point", [
