@@ -119,25 +119,24 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
         assert c.kernel == "cuda_wgmma" and "reads gemv_v2; this weight keeps only" in dict(c.declined)["cuda_gemv"]
 
 
-@pytest.mark.parametrize("bits,k,n,simt", [(4, 4096, 4096, True), (4, 3584, 4608, False), (8, 2048, 2048, True),
-                                           (8, 1024, 2048, False), (4, 896, 18944, True)])
-def test_compact_m1_takes_cuda_core_math_from_its_size(bits, k, n, simt):
-    """A compacted fp16 M = 1 call runs the CUDA-core math on wgmma_v1 (MMA_SIMT) from
-    tuning.COMPACT_M1_SIMT_MIN_BYTES of codes, at a power-of-two k-split leaving each slice >= 2 64-k tiles, and the
-    tensor-core GEMV below it; bf16, M > 1 and uncompacted weights are not affected."""
-    from mixgemm import tuning
+@pytest.mark.parametrize("bits,k,n", [(4, 4096, 4096), (4, 3584, 4608), (8, 2048, 2048), (8, 1024, 2048),
+                                      (4, 896, 18944), (4, 5120, 5120)])
+def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
+    """A compacted fp16 M = 1 call runs the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at every size, at its measured
+    bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the rule's (a power-of-two k-split leaving each slice >= 2 steps);
+    bf16, M > 1 and uncompacted weights are not affected."""
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.ops.custom_ops import compact_weight
 
     qw = mixgemm.quantize_weight(torch.randn(n, k) * 0.02, bits=bits, group_size=128 if bits == 4 else -1)
     assert mixgemm.explain(torch.empty(1, k, dtype=torch.float16), qw, device=H100).config.get("SIMT", 0) == 0
     cw = compact_weight(qw, compact_placeholder(qw.qweight))
-    assert (n * k * bits // 8 >= tuning.COMPACT_M1_SIMT_MIN_BYTES[bits]) == simt
     c = mixgemm.explain(torch.empty(1, k, dtype=torch.float16), cw, device=H100)
-    assert (c.kernel, c.layout, c.config.get("SIMT", 0)) == ("cuda_gemv_mma", "wgmma_v1", int(simt)), str(c)
-    if simt:
-        ks = c.config["KS"]
-        assert ks & (ks - 1) == 0 and -(-k // 64) >= 2 * ks and c.config["RG"] * ks >= 8 and c.config["U"] == 2
+    assert (c.kernel, c.layout, c.config.get("SIMT", 0)) == ("cuda_gemv_mma", "wgmma_v1", 1), str(c)
+    ks, u = c.config["KS"], c.config["U"]
+    assert ks & (ks - 1) == 0 and -(-k // 64) >= 2 * ks * u and c.config["RG"] * ks >= 4
+    measured = (bits, k, n) in ((8, 2048, 2048), (4, 5120, 5120))
+    assert ("gemv_m1 H100 wgmma_v1" in c.config_source) == measured, c.config_source
     for x in (torch.empty(1, k, dtype=torch.bfloat16), torch.empty(4, k, dtype=torch.float16)):
         assert mixgemm.explain(x, cw, device=H100).config.get("SIMT", 0) == 0
 

@@ -15,7 +15,14 @@ import mixgemm.reference as ref
 from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2, unpack_gemv_mma_v1, unpack_gemv_v2
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, m_bucket, mma_defines_for
+from mixgemm.kernels.cuda.gemv import (
+    choose_config,
+    choose_mma_config,
+    defines_for,
+    m_bucket,
+    mma_defines_for,
+    simt_defines_for,
+)
 from mixgemm.kernels.registry import kernel_options
 from mixgemm.tuning import gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
@@ -91,15 +98,24 @@ def test_nvrtc_compiles_mma_instantiations(arch):
     # on wgmma_v1 (WG), groups of 32 too
     for bits, act, mb in itertools.product(BITS, (0, 1), (1, 2)):
         cfg = {**choose_mma_config(mb, 4096, 64, 132, bits), "WG": 1}
-        variants = [{"G32": 0}, {"G32": 1, "DEFER": 0}]
-        if mb == 1:  # the CUDA-core math on wgmma_v1 (MMA_SIMT), every mode and groups of 32
-            variants += [{"SIMT": 1, "G32": g32, "MODE": mode} for g32 in (0, 1) for mode in (0, 1, 2)
-                         if not (g32 and bits == 8)]
-        for extra in variants:
+        for extra in ({"G32": 0}, {"G32": 1, "DEFER": 0}):
             mode = extra.pop("MODE", 1)
             keys.add(tuple(sorted(mma_defines_for(bits, act, 0, mode, mb, {**cfg, **extra}).items())))
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
+        assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_nvrtc_compiles_wg_simt_instantiations(arch):
+    """The M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): every (bits, fp16/bf16, mode), groups of 32, and tiles
+    from one row tile to eight, with and without double buffering."""
+    tiles = ({"RT": 1, "U": 2, "KS": 2, "RG": 4}, {"RT": 4, "U": 1, "KS": 4, "RG": 2, "PF": 1},
+             {"RT": 8, "U": 1, "KS": 16, "RG": 1})
+    for i, (bits, act, mode, g32) in enumerate(itertools.product(BITS, (0, 1), (0, 1, 2), (0, 1))):
+        key = tuple(sorted(simt_defines_for(bits, act, 0, mode, {**tiles[i % 3], "G32": g32}).items()))
+        cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
 
 
@@ -323,14 +339,16 @@ def test_gemv_mma_scaling_schemes(wg, defer, bits, mode, act):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ks,u", [(1, 1), (4, 2), (16, 4)])
+@pytest.mark.parametrize("ks,u,rt,pf", [(1, 1, 1, 0), (4, 2, 2, 1), (16, 4, 1, 0), (2, 1, 8, 0), (8, 2, 4, 1),
+                                        (32, 1, 1, 1)])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
-def test_gemv_simt_on_wgmma_v1(ks, u, bits, mode, act):
-    """The M = 1 CUDA-core math on wgmma_v1 (MMA_SIMT) over every group size, k-splits that leave slices with a partial
-    step or none, odd N, bias + relu6, and activations with a large common offset (x + 3) on a long K."""
-    cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u}
+def test_gemv_simt_on_wgmma_v1(ks, u, rt, pf, bits, mode, act):
+    """The M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu) over every group size, k-splits that leave slices with a
+    partial step or none, row tiles per warp past the last tile (N 211: 14 tiles), double buffering, odd N, bias +
+    relu6, and activations with a large common offset (x + 3) on a long K."""
+    cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf}
     with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
         for group in GROUPS:
             k = 200 if group == -1 else 3 * 256

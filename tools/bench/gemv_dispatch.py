@@ -7,8 +7,8 @@ graph timing over rotating layer copies (mixgemm.bench.protocol):
 * M = 1: the CUDA-core GEMV's default config and its candidates (KernelEntry.candidates), and the tensor-core GEMV
   over its whole (KS, U) grid (KS 1..16 with at least two k-tiles per slice, U 1 / 2);
 * M > 1: the CUDA-core GEMV's default, the tensor-core GEMV's default and candidates, and the wgmma GEMM's default;
-* with --wg-simt, at M = 1 also the CUDA-core math on wgmma_v1 (gemv_mma.cu MMA_SIMT) over its (KS, U) grid, under
-  the label ``cuda_gemv_mma/wg_simt``.
+* with --wg-simt, at M = 1 also the CUDA-core math on wgmma_v1 (gemv_wg_simt.cu) over its (RT, U, PF, KS, RG) grid,
+  under the label ``cuda_gemv_mma/wg_simt``; --simt-only times only that grid and the CUDA-core GEMV's default.
 
 Each row says which entry the dispatcher picks today (``default_entry``). The JSON ({"gpu", "res": [{K, N, fmt, M,
 default_entry, rows: {entry: [{cfg, us, default}]}}]}) is what choose_mma_config's MMA_WARPS_PER_SM and the
@@ -16,7 +16,7 @@ tables' gemv_over_wgmma / gemv_mma_m1 / wgmma_from_m entries were read from; res
 (docs/benchmarking.md).
 
 Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms 1,16 --budget 280 --out $OUT
-       [--dtype bfloat16] [--no-mma-grid] [--wg-simt]
+       [--dtype bfloat16] [--no-mma-grid] [--wg-simt] [--simt-only] [--compact-only]
        PYTHONPATH=src python -m tools.bench.gemv_dispatch --suggest SWEEP.json ...  (the M = 1 bucket entries a
        sweep supports: a CUDA-core tile >= 5% faster than the default on every measured layer of its bucket)
 """
@@ -49,17 +49,65 @@ def mma_grid(base: dict, kt: int) -> list[dict]:
             for ks in (1, 2, 4, 8, 16) for u in (1, 2) if kt >= 2 * ks]
 
 
+# (RT row tiles per warp, U k-tiles per step, PF double buffering) of the M = 1 CUDA-core math on wgmma_v1: 1-8 tiles of
+# 512 bytes per lane in flight (PF counts twice)
+SIMT_TILES = ((1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (2, 1, 1), (2, 2, 0), (2, 2, 1), (4, 1, 1), (4, 2, 0))
+
+
 def wg_simt_grid(kt64: int) -> list[dict]:
-    """M = 1 CUDA-core math on wgmma_v1 (gemv_mma.cu MMA_SIMT): KS 2..16 with kt64 >= 2 KS (64-k tiles), U 1, 2, 4."""
-    return [{"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "PF": 0, "DEFER": 1}
-            for ks in (2, 4, 8, 16) for u in (1, 2, 4) if kt64 >= 2 * ks]
+    """M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): SIMT_TILES x KS 2..32 with kt64 >= 2 KS U (64-k tiles) x
+    blocks of 4 or 8 warps (RG = warps / KS, at least 1); KS 32 (1024 threads, at most 64 registers each) only for tiles
+    of at most two 512-byte pieces in flight."""
+    out = []
+    for rt, u, pf in SIMT_TILES:
+        for ks in (2, 4, 8, 16, 32):
+            if ks == 32 and rt * u * (1 + pf) > 2:
+                continue
+            for warps in (4, 8):
+                cfg = {"WG": 1, "SIMT": 1, "RT": rt, "U": u, "PF": pf, "KS": ks, "RG": max(1, warps // ks)}
+                if kt64 >= 2 * ks * u and cfg not in out:
+                    out.append(cfg)
+    return out
+
+
+def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int, int]], arch: str) -> None:
+    """Compile every gemv_wg_simt.cu instantiation the sweep will time, in parallel processes (NVRTC is single
+    threaded; the on-disk cubin cache hands them to the timing process)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from mixgemm.kernels.cuda import nvrtc
+    from mixgemm.kernels.cuda.gemv import _ACT, _MODE, simt_defines_for
+
+    keys = set()
+    for fmt in fmts:
+        bits, group, mode = FORMATS[fmt]
+        for k, _ in shapes:
+            for cfg in wg_simt_grid(-(-k // 64)):
+                d = simt_defines_for(bits, _ACT[dtype], 0, _MODE[mode], {**cfg, "G32": int(group == 32)})
+                keys.add(tuple(sorted(d.items())))
+    with ProcessPoolExecutor(os.cpu_count()) as pool:
+        list(pool.map(nvrtc.compile_cubin, ["gemv_wg_simt.cu"] * len(keys), sorted(keys), [arch] * len(keys)))
 
 
 def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
-               simt_grid: bool = False, mma_grid_all: bool = False) -> dict[str, list[dict]]:
+               simt_grid: bool = False, mma_grid_all: bool = False, simt_only: bool = False,
+               compact_only: bool = False) -> dict[str, list[dict]]:
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
-    name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: MMA_SIMT)."""
+    name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
+    simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid.
+    compact_only: today's defaults on the plain codes against the two small-M choices on wgmma_v1 (the layout a
+    compacted weight keeps), cuda_gemv_mma/compact: [the CUDA-core math's default tile (M = 1), the tensor-core
+    GEMV]."""
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
+    if compact_only:
+        from mixgemm.kernels.cuda.gemv import wg_simt_config
+
+        on_wg = [{**mma, "WG": 1}]
+        if m == 1:
+            on_wg.insert(0, dict(wg_simt_config(p.n, p.k, bits, p.device.sm_count, p.device.name)))
+        return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma], "cuda_gemv_mma/compact": on_wg}
+    if m == 1 and simt_only:
+        return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64))}
     if m == 1:
         grid = [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma] if mma_grid_m1 else []
         out = {"cuda_gemv": [simt, *entries._gemv_candidates(p)], "cuda_gemv_mma": [mma, *grid]}
@@ -77,7 +125,8 @@ def plain(cfg: dict) -> dict:
 
 
 def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: torch.dtype = torch.float16,
-                  mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False) -> list[dict]:
+                  mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False,
+                  simt_only: bool = False, compact_only: bool = False) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -98,7 +147,8 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                 return protocol.graph_time_us([lambda q=q: mixgemm.matmul(x, q) for q in weights],
                                               warmup_ms=5, rep_ms=30)
 
-        for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all).items():
+        for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only,
+                                        compact_only).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
@@ -166,6 +216,10 @@ def main() -> None:
                     help="M = 1: time only the tensor-core GEMV's default, not its (KS, U) grid")
     ap.add_argument("--wg-simt", action="store_true",
                     help="M = 1: also time the CUDA-core math on wgmma_v1 (MMA_SIMT) over its (KS, U) grid")
+    ap.add_argument("--simt-only", action="store_true",
+                    help="M = 1: only the CUDA-core GEMV's default against the wgmma_v1 CUDA-core grid (--wg-simt)")
+    ap.add_argument("--compact-only", action="store_true",
+                    help="the plain codes' defaults against the small-M choices on wgmma_v1 (compacted weights)")
     ap.add_argument("--mma-grid-all", action="store_true",
                     help="M > 1: also time the tensor-core GEMV's whole (KS, U) grid")
     ap.add_argument("--suggest", nargs="+", default=None, metavar="JSON",
@@ -184,6 +238,11 @@ def main() -> None:
     else:
         shapes = sorted(model_layers(list(catalog().values())), key=lambda s: s[0] * s[1])
     di, l2, t0 = device_info(torch.device("cuda")), protocol.l2_bytes(), time.time()
+    if args.wg_simt or args.simt_only:
+        from mixgemm.kernels.cuda.nvrtc import arch_of
+
+        precompile_simt(fmts, dtype, shapes, arch_of(torch.device("cuda")))
+        print(f"precompiled the wgmma_v1 CUDA-core grid: {time.time() - t0:.0f} s", flush=True)
     path = os.path.join(args.out, f"gemv_dispatch_{args.dtype}_{'_'.join(fmts)}_m{'_'.join(map(str, ms))}.json")
     res = []
     for k, n in shapes:
@@ -192,7 +251,7 @@ def main() -> None:
         for fmt in fmts:
             try:
                 res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt,
-                                     args.mma_grid_all)
+                                     args.mma_grid_all, args.simt_only, args.compact_only)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

@@ -160,16 +160,15 @@ def _gemv_can_run(p: Problem):
 
 
 def _gemv_mma_config(p: Problem) -> dict:
-    from mixgemm.kernels.cuda.gemv import mma_config
+    from mixgemm.kernels.cuda.gemv import mma_config, wg_simt_config
 
     cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count)
     if p.resident == WGMMA_V1.name and _compact_m1_simt(p):
-        # its CUDA-core math on the same bytes, at the tensor-core GEMV's k-split (a power of two with >= 2 64-k tiles a
-        # slice; tuning.COMPACT_M1_SIMT_MIN_BYTES)
-        ks = 1 << (min(cfg["KS"], max(1, -(-p.k // 64) // 2)).bit_length() - 1)
-        return tuning.SourcedConfig({**cfg, "WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": 2},
-                                    "the weight keeps only wgmma_v1 (compacted): M = 1 on CUDA cores, "
-                                    "tuning.COMPACT_M1_SIMT_MIN_BYTES")
+        # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
+        simt = wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name)
+        why = getattr(simt, "source", "the rule of kernels.cuda.gemv.wg_simt_config")
+        return tuning.SourcedConfig({**cfg, **simt}, f"the weight keeps only wgmma_v1 (compacted): M = 1 on CUDA "
+                                                     f"cores, tuning.COMPACT_M1_SIMT_DTYPES; {why}")
     if p.resident == WGMMA_V1.name and not cfg.get("WG", 0):
         # a compacted weight keeps only the GEMM's wgmma_v1: the ring on it (gemv_mma.cu MMA_WG; int4 measured 2-10%
         # slower than on gemv_mma_v1, and at M = 1 up to 1.45x the CUDA-core GEMV's time, docs/design.md)
@@ -178,11 +177,9 @@ def _gemv_mma_config(p: Problem) -> dict:
 
 
 def _compact_m1_simt(p: Problem) -> bool:
-    """A compacted weight's fp16 M = 1 call takes MMA_SIMT (tuning.COMPACT_M1_SIMT_MIN_BYTES; not act-order, whose
-    gather the SIMT config does not read)."""
-    least = tuning.COMPACT_M1_SIMT_MIN_BYTES.get(p.bits)
-    return (p.m == 1 and not p.act_order and p.x_dtype == torch.float16 and least is not None
-            and p.n * p.k * p.bits // 8 >= least)
+    """A compacted weight's M = 1 call takes the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) for the activation dtypes
+    of tuning.COMPACT_M1_SIMT_DTYPES (not act-order, whose gather that kernel does not read)."""
+    return p.m == 1 and not p.act_order and p.x_dtype in tuning.COMPACT_M1_SIMT_DTYPES
 
 
 def _gemv_config(p: Problem) -> dict:
@@ -220,7 +217,7 @@ def _pow2_neighbours(v: int, lo: int, hi: int) -> list[int]:
 
 
 def _gemv_mma_candidates(p: Problem) -> list[dict]:
-    from mixgemm.kernels.cuda.gemv import WARPS, mma_k_tiles
+    from mixgemm.kernels.cuda.gemv import WARPS, mma_k_tiles, wg_simt_config
 
     base = _gemv_mma_config(p)
     kt = mma_k_tiles(p.bits, p.k)
@@ -228,11 +225,12 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
     out = [{**base, "KS": ks, "RG": max(1, WARPS // ks)} for ks in _pow2_neighbours(base["KS"], 1, 16)
            if kt >= 2 * ks]
     out += one_axis_variants(base, {"U": (1, 2)}, lambda c: True)
-    simt = {**base, "WG": 1, "SIMT": 1}
-    # CUDA-core math on wgmma_v1 (gemv_mma.cu MMA_SIMT): M = 1 from the GEMM's bytes (a compacted weight's base may
-    # already be it)
-    if p.m == 1 and not p.act_order and simt != base:
-        out.append(simt)
+    # the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at its default tile: M = 1 from the GEMM's bytes (a compacted
+    # weight's base may already be it)
+    if p.m == 1 and not p.act_order:
+        simt = {**base, **wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name)}
+        if simt != base:
+            out.append(simt)
     return out
 
 

@@ -246,15 +246,13 @@ MMA_GATHER_MAX_M = 1
 
 # ------------------------------------------------------------------ compacted weights: M = 1 on wgmma_v1
 # A compacted layer (QuantLinear.compact_) keeps its codes only in wgmma_v1, so its M = 1 call runs either the
-# tensor-core GEMV on that layout (gemv_mma.cu MMA_WG) or its CUDA-core math (MMA_SIMT, the x row taken by warp
-# shuffles). Source: tools/bench/gemv_dispatch.py --ms 1 --no-mma-grid --wg-simt (H100, fp16, 14 layers from 896x4864
-# to 28672x8192, W4 g128 sym / zero point, W8 per channel; protocol graph timing, one run): MMA_SIMT at the tensor-core
-# GEMV's own k-split and U 2 was within 12% of its grid's best and faster than the tensor-core GEMV (int4 there on
-# gemv_mma_v1, which wgmma_v1 only slows) on every int4 layer from 8 MiB of codes (4096x4096 4.9 vs 5.1 us, 13824x5120
-# 19.6 vs 22.4, 28672x8192 51.2 vs 53.9), slower below (896x4864 4.7 vs 2.6, 3584x4608 7.6 vs 7.1); for int8 on
-# wgmma_v1 faster or level from 4 MiB (1536x8960 7.7 vs 8.4, 13824x5120 about 31 vs 33.7). Bits -> the least weight
-# bytes at which a compacted fp16 M = 1 call takes MMA_SIMT.
-COMPACT_M1_SIMT_MIN_BYTES = {4: 8 << 20, 8: 4 << 20}
+# tensor-core GEMV on that layout (gemv_mma.cu MMA_WG) or the CUDA-core GEMV on it (gemv_wg_simt.cu, tiles from
+# kernels.cuda.gemv.wg_simt_config). Source: tools/bench/gemv_dispatch.py --compact-only over the 80 layers of the model
+# list (H100, fp16, W4 g128 sym / zero point, W8 per channel): the CUDA-core GEMV was the faster of the two on 174 of
+# 240 (layer, format) cases and by geometric mean in every size class (time against the plain codes' GEMV, CUDA-core /
+# tensor-core: W4 sym < 4 MiB 0.83 / 0.92, 4-16 MiB 0.96 / 1.18, >= 16 MiB 1.02 / 1.10; W8 4-16 MiB 1.07 / 1.32, >= 16
+# MiB 1.04 / 1.08). The activation dtypes at which a compacted M = 1 call takes the CUDA-core GEMV (bf16 not timed).
+COMPACT_M1_SIMT_DTYPES = (torch.float16,)
 
 
 # ------------------------------------------------------------------ int8-activation linear: kernel ranges by M

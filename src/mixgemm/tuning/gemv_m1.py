@@ -234,3 +234,46 @@ for _bits, _entries_a8 in A8_M1.items():
 def a8_m1_entry(bits: int, k: int, n: int) -> BucketEntry | None:
     """The measured M = 1 tile entry of the fused int8-activation GEMV whose bucket holds a K x N layer, or None."""
     return find(A8_M1.get(bits, ()), ShapeBucket.of(k, n))
+
+
+class WgSimtTile(NamedTuple):
+    """One measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_wg_simt.cu, fp16 activations): RT
+    16-row tiles per warp, U 64-k tiles in flight per step, PF register double buffering, KS k-slices, RG row groups
+    per block."""
+
+    RT: int
+    U: int
+    PF: int
+    KS: int
+    RG: int
+
+
+# H100, M = 1, fp16 activations: tools/bench/gemv_dispatch.py --simt-only (the (RT, U, PF) x KS x block grid of
+# gemv_wg_simt.cu against the CUDA-core GEMV's default on the plain codes, 17 layers from 896x4864 to 28672x8192, W4
+# g128 sym and zero point, W8 per channel). Kept where the bucket's fastest common tile (geometric mean over its layers
+# and modes) beat the rule of kernels.cuda.gemv.wg_simt_config by >= 3%; us rule -> tile (plain-codes GEMV): W4
+# 5120x5120 sym 8.58 -> 8.29 (7.24), zero point 9.84 -> 8.54 (7.28); 3584x18944 zero point 19.7 -> 16.2 (18.2);
+# 8192x28672 sym 49.8 -> 47.3 (46.9); 8192x1024 zero point 4.60 -> 4.23 (3.66); W8 5120x5120 13.6 -> 12.3 (11.2),
+# 8192x28672 87.2 -> 82.9 (79.3), 3584x18944 30.5 -> 27.4 (26.8).
+_WG_SIMT_SOURCE = "tools/bench/gemv_dispatch.py --simt-only on the H100 (M = 1, fp16 activations; gemv_wg_simt.cu grid)"
+H100_WG_SIMT: dict[int, tuple[BucketEntry, ...]] = {
+    bits: tuple(BucketEntry(Region.cell(k, n), WgSimtTile(*tile), _WG_SIMT_SOURCE, (k, n))
+                for b, k, n, tile in (
+                    # (bits, K, N, (RT, U, PF, KS, RG))
+                    (4, 896, 4864, (2, 1, 1, 4, 1)), (4, 4096, 14336, (1, 2, 0, 4, 1)),
+                    (4, 5120, 5120, (1, 2, 0, 8, 1)), (4, 8192, 1024, (1, 2, 0, 32, 1)),
+                    (4, 8192, 28672, (4, 2, 0, 8, 1)),
+                    (8, 896, 4864, (1, 1, 0, 4, 1)), (8, 2048, 2048, (1, 1, 0, 16, 1)),
+                    (8, 4096, 14336, (1, 1, 1, 16, 1)), (8, 5120, 5120, (4, 2, 0, 16, 1)),
+                    (8, 8192, 28672, (1, 2, 0, 16, 1)),
+                ) if b == bits)
+    for bits in (4, 8)
+}
+for _bits, _entries_simt in H100_WG_SIMT.items():
+    check_partition(_entries_simt, f"gemv_wg_simt M = 1 W{_bits}", complete=False)
+
+
+def wg_simt_m1_entry(gpu_name: str, bits: int, k: int, n: int) -> BucketEntry | None:
+    """The measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 whose bucket holds a K x N layer (H100 only), or
+    None."""
+    return find(H100_WG_SIMT.get(bits, ()), ShapeBucket.of(k, n)) if "H100" in gpu_name else None

@@ -30,7 +30,7 @@ from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.launch import new_rows
 from mixgemm.kernels.options import current_options
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
-from mixgemm.tuning.gemv_m1 import m1_entry
+from mixgemm.tuning.gemv_m1 import m1_entry, wg_simt_m1_entry
 
 GEMV_MAX_M = 16
 # Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
@@ -62,6 +62,9 @@ MMA_SOURCE = "gemv_mma.cu"
 MMA_KERNEL = "mixgemm_gemv_mma"
 MMA_LAYOUT = "gemv_mma_v1"
 WG_LAYOUT = "wgmma_v1"  # config WG 1 (the int8 default): the wgmma GEMM's own layout, no copy of the GEMV's own
+# config SIMT 1 (with WG, M = 1): CUDA-core math on wgmma_v1 (gemv_wg_simt.cu), the tensor-core GEMV's parameter list
+SIMT_SOURCE = "gemv_wg_simt.cu"
+SIMT_KERNEL = "mixgemm_gemv_wg_simt"
 
 
 # GEMV_XS / GEMV_LITE (gemv.cu) for fp16 activations: off by default. Measured on H200 (docs/design.md):
@@ -177,9 +180,42 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_WG"] = 1
         if cfg.get("G32", 0):
             d["MMA_G32"] = 1
-        if cfg.get("SIMT", 0):
-            d["MMA_SIMT"] = 1
     return d
+
+
+# The rule of the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at M = 1: from WG_SIMT_BIG_BYTES of codes two row tiles
+# per warp, two k-tiles a step, double buffered, at ~14 warps per SM; below, one tile, one k-tile a step, double
+# buffered, at ~27 warps per SM (more warps with less each: a small layer is latency-bound). Source: the H100 grid of
+# tools/bench/gemv_dispatch.py --simt-only (17 layers, W4 sym / zero point, W8): geometric mean 1.044x the grid's best
+# per layer (one family for all sizes: 1.065x); tuning.gemv_m1.H100_WG_SIMT keeps the buckets where it was >= 3% off.
+WG_SIMT_BIG_BYTES = 16 << 20
+WG_SIMT_WARPS_PER_SM = {True: 14, False: 27}
+
+
+def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "") -> dict:
+    """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: the measured bucket's (tuning.gemv_m1.wg_simt_m1_entry), else
+    the rule above, KS the power of two in 2..32 whose warps per SM come closest to the target, with at least two steps
+    per k-slice (KS 32, 1024 threads, only for one tile in flight)."""
+    hit = wg_simt_m1_entry(gpu_name, bits, k, n)
+    if hit is not None:
+        t = hit.value
+        return SourcedConfig({"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG},
+                             f"gemv_m1 H100 wgmma_v1 W{bits}, {hit.where(ShapeBucket.of(k, n))}")
+    nt, kt = -(-n // 16), -(-k // 64)
+    big = n * k * bits // 8 >= WG_SIMT_BIG_BYTES
+    rt, u, pf = (2, 2, 1) if big else (1, 1, 1)
+    target = WG_SIMT_WARPS_PER_SM[big] * num_sms
+    ks_all = [ks for ks in (2, 4, 8, 16, 32) if kt >= 2 * u * ks and (ks < 32 or rt * u * (1 + pf) <= 2)] or [2]
+    ks = min(ks_all, key=lambda s: abs(math.log(-(-nt // rt) * s / target)))
+    return {"WG": 1, "SIMT": 1, "RT": rt, "U": u, "PF": pf, "KS": ks, "RG": max(1, 4 // ks)}
+
+
+def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dict:
+    """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1): RT 16-row tiles per warp, U k-tiles
+    per step, RG row groups x KS k-slices per block, PF register double buffering, G32 two groups per 64-k tile."""
+    return {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode, "SIMT_G32": cfg.get("G32", 0),
+            "SIMT_RT": cfg.get("RT", 1), "SIMT_U": cfg["U"], "SIMT_RG": cfg["RG"], "SIMT_KS": cfg["KS"],
+            "SIMT_PF": cfg.get("PF", 0)}
 
 
 def mma_x_smem_bytes(cfg: dict, mb: int) -> int:
@@ -482,17 +518,21 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     if cfg.get("DEFER", 0) and not defer_ok(lay.group_size, k_tile):
         cfg = {**cfg, "DEFER": 0}
     cfg = {**cfg, "PERM": int(act_order)}
-    if cfg.get("SIMT", 0) and (mb != 1 or act_order or not wg or m != 1):
-        cfg = {**cfg, "SIMT": 0}  # CUDA-core math on wgmma_v1 is built for one x row without a gather (gemv_mma.cu)
+    simt = bool(cfg.get("SIMT", 0)) and wg and m == 1 and not act_order
+    cfg = {**cfg, "SIMT": int(simt)}
     if wg:
         cfg = {**cfg, "G32": int(lay.group_size == 32)}
-    defs = mma_defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], mb, cfg)
-    fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, defs, dev)
-    smem = mma_x_smem_bytes(cfg, mb)
-    if smem:
-        nvrtc.allow_dynamic_smem(fn, smem)
+    codes = (qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode])
     nt = -(-n // 16)
-    grid = (-(-nt // cfg["RG"]), 1, 1)
+    if simt:  # CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): one x row without a gather
+        fn = nvrtc.get_function(SIMT_SOURCE, SIMT_KERNEL, simt_defines_for(*codes, cfg), dev)
+        smem, grid = 0, (-(-nt // (cfg["RG"] * cfg.get("RT", 1))), 1, 1)
+    else:
+        fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, mma_defines_for(*codes, mb, cfg), dev)
+        smem = mma_x_smem_bytes(cfg, mb)
+        if smem:
+            nvrtc.allow_dynamic_smem(fn, smem)
+        grid = (-(-nt // cfg["RG"]), 1, 1)
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
     args = _common_args(lay, n) + [
         ctypes.c_int(lay.k_tiles),

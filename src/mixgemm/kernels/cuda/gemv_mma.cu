@@ -32,7 +32,8 @@
 // k16 steps of 8 x rows. Pieces are XOR-swizzled by row so the 8 rows of a matrix hit 8 different bank groups.
 // Groups of 32 (MMA_G32) put two parameter sets in a tile: steps 0-1 and 2-3 are scaled apart.
 // The default for int8 weights (twice the bytes per lane and tile of gemv_mma_v1's 32-k tiles: faster there); int4
-// stays on gemv_mma_v1, where this path measured 2-10% slower (kernels/cuda/gemv.py MMA_ON_WGMMA). Taking the B
+// stays on gemv_mma_v1, where this path measured slower (2-10% on the protocol shapes, 13-18% by geometric mean on the
+// model list at M = 16; kernels/cuda/gemv.py MMA_ON_WGMMA). M = 1 on wgmma_v1 runs on CUDA cores (gemv_wg_simt.cu). Taking the B
 // fragments by warp shuffles instead of the ring (a 4 x 4 word transpose over a row's lanes) measured the same, so the
 // int4 gap is not the ring's.
 
@@ -81,16 +82,6 @@
 
 #ifndef MMA_WG
 #define MMA_WG 0
-#endif
-// MMA_SIMT 1 (with MMA_WG, M = 1 only): CUDA-core math on wgmma_v1, no tensor core and no x ring. Why: M = 1 uses one
-// of the mma's 8 B columns, and the ring (cp.async + ldmatrix) costs shared memory and occupancy; here each lane
-// loads one 4-byte word of the tile's 64 activations (the warp reads the tile's 128 bytes coalesced) and takes the
-// 8 words its A pairs meet (k 16 s + 2 t and + 8: the words of lanes 8 s + t and 8 s + t + 4) by __shfl_sync, then
-// multiplies them into its two rows with f16x2 FMAs (fp16) or fp32 FMAs (bf16) on the exact q - z of a_frag_step,
-// the scale applied once per tile (or half tile at groups of 32) in fp32. With it the M = 1 GEMV reads the prefill
-// GEMM's bytes, so a weight needs no second copy for decode.
-#ifndef MMA_SIMT
-#define MMA_SIMT 0
 #endif
 #ifndef MMA_G32
 #define MMA_G32 0
@@ -148,8 +139,6 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   constexpr int BITS = MMA_BITS, ACT = MMA_ACT, SCL = MMA_SCL, MODE = MMA_MODE;
   constexpr int MB = MMA_MB, U = MMA_U, RG = MMA_RG, KS = MMA_KS;
   constexpr bool WG = MMA_WG != 0;
-  constexpr bool SIMT = MMA_SIMT != 0;
-  static_assert(!SIMT || (WG && MB == 1 && !MMA_PERM), "MMA_SIMT: wgmma_v1, M = 1, no act-order gather");
   constexpr int KT = (WG || BITS == 4) ? 64 : 32, KL = KT / 4;
   constexpr int LU = KT * BITS / 256;          // uint4 of weights per lane and tile (int8 on wgmma_v1: 2)
   constexpr int STEPS = KT / 16;               // k16 mma steps per tile
@@ -176,7 +165,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
 #pragma unroll
   for (int b = 0; b < MB; ++b) xrow[b] = X + (size_t)min(g + 8 * b, Mr - 1) * ldx4 + (MMA_PERM ? 0 : t * XV);
   const int xrows = min(Mr, XR);  // activation rows copied (MMA_WG); B columns past them read the last one
-#if MMA_WG && !MMA_SIMT
+#if MMA_WG
   // this warp's ring: (MMA_PF ? 2 : 1) x U slots of XR rows x 64 k (8 uint4 per row, swizzled by row)
   extern __shared__ uint4 xsm[];
   constexpr int SLOTS = (MMA_PF ? 2 : 1) * U;
@@ -190,7 +179,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   auto group_of = [&](int kt, int h) { return min((kt * KT + (WG ? 32 * h : KL * t)) >> gk, G - 1); };
   // MMA_WG: the x rows of k-tile kt into ring slot `slot` (cp.async, or gathered through perm for act-order layers)
   auto stage_x = [&](int slot, int kt) {
-#if MMA_WG && !MMA_SIMT
+#if MMA_WG
     uint4* dst = ring + slot * XR * 8;
     for (int p = lane; p < xrows * 8; p += 32) {
       const int r = p >> 3, j = p & 7;
@@ -206,7 +195,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   };
   auto load = [&](auto& wv, auto& p0, auto& p1, auto& xv, int kt0, int buf) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
-    if (WG && !SIMT) __syncwarp();  // every lane is done reading the ring slots this step refills
+    if (WG) __syncwarp();  // every lane is done reading the ring slots this step refills
     // all loads of a step together: UU weight tiles in flight per lane, activations alongside
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
@@ -217,10 +206,6 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
       for (int h = 0; h < NP; ++h) {
         p0[u][h].load(prow0, group_of(kt, h) * GSTR);
         p1[u][h].load(prow1, group_of(kt, h) * GSTR);
-      }
-      if constexpr (SIMT) {  // word `lane` of the tile's 64 activations of x row 0 (128 coalesced bytes)
-        asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(xv[u][0][0].x) : "l"((const u32*)X + (size_t)kt * 32 + lane));
-        continue;
       }
       if (WG) {
         stage_x(buf * U + u, kt);
@@ -242,7 +227,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
         for (int v = 0; v < XV; ++v) xv[u][b][v] = ld_x(xrow[b] + (size_t)kt * (KT * 2 / 16) + v);
 #endif
     }
-    if (WG && !SIMT) asm volatile("cp.async.commit_group;" ::: "memory");
+    if (WG) asm volatile("cp.async.commit_group;" ::: "memory");
   };
   // Deferred scaling (MMA_DEFER 1). Why: the per-pair "* s" rounds every dequantized weight to fp16/bf16
   // (scales below ~6e-5 lose digits); here A holds the exact integers q - z, the mma sums them times x in
@@ -255,89 +240,18 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   constexpr int DEFER = MMA_DEFER;
   constexpr bool XSUM = DEFER != 0 && MODE == 2;
   constexpr u32 ONES = ACT == 0 ? 0x3c003c00u : 0x3f803f80u;  // 1.0 in fp16x2 / bf16x2
-  // MMA_SIMT: one tile on CUDA cores. acc[0][0] / acc[0][2] hold this lane's share of rows g / g + 8 (its k: 16 s +
-  // 2 t + {0, 1, 8, 9}); the epilogue sums them over the row's four lanes.
-  auto simt_tile = [&](const uint4 (&wl)[LU], const P (&q0p)[NP], const P (&q1p)[NP], u32 xl) {
-    u32 xw[8];  // x pairs of step s: k 16 s + 2 t (word 8 s + t) and k 16 s + 2 t + 8 (word 8 s + t + 4)
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      xw[2 * s] = __shfl_sync(0xffffffffu, xl, 8 * s + t);
-      xw[2 * s + 1] = __shfl_sync(0xffffffffu, xl, 8 * s + t + 4);
-    }
-    u32 w[4 * LU];
-#pragma unroll
-    for (int l = 0; l < LU; ++l) {
-      w[4 * l] = wl[l].x;
-      w[4 * l + 1] = wl[l].y;
-      w[4 * l + 2] = wl[l].z;
-      w[4 * l + 3] = wl[l].w;
-    }
-#pragma unroll
-    for (int h = 0; h < NP; ++h) {
-      RowQ<ACT, MODE> q0, q1;
-      const float s0 = q0p[h].scale(), s1 = q1p[h].scale();
-      const float z0 = MODE == 1 ? q0p[h].second() : ZBIAS, z1 = MODE == 1 ? q1p[h].second() : ZBIAS;
-      q0.set_exact(z0);
-      q1.set_exact(z1);
-      float c0, c1, xs = 0.f;  // rows g, g + 8: sum over this piece of (q - z) x; xs: sum of x (offset mode)
-      if (ACT == 0) {
-        u32 h0[2] = {0u, 0u}, h1[2] = {0u, 0u}, hx = 0u;  // two f16x2 chains per row
-#pragma unroll
-        for (int s = h * (STEPS / NP); s < (h + 1) * (STEPS / NP); ++s) {
-          u32 a[4];
-          a_frag_step<BITS, ACT, MODE, false>(w, s, q0, q1, z0, z1, a);
-          h0[0] = hfma2(a[0], xw[2 * s], h0[0]);
-          h0[1] = hfma2(a[2], xw[2 * s + 1], h0[1]);
-          h1[0] = hfma2(a[1], xw[2 * s], h1[0]);
-          h1[1] = hfma2(a[3], xw[2 * s + 1], h1[1]);
-          if (MODE == 2) hx = hadd2(hx, hadd2(xw[2 * s], xw[2 * s + 1]));
-        }
-        c0 = h2sum_f32(h0[0]) + h2sum_f32(h0[1]);
-        c1 = h2sum_f32(h1[0]) + h2sum_f32(h1[1]);
-        if (MODE == 2) xs = h2sum_f32(hx);
-      } else {
-        // bf16: the exact integers and x widened to fp32 (shift / mask), fp32 FMAs
-        float f0[2] = {0.f, 0.f}, f1[2] = {0.f, 0.f};
-#pragma unroll
-        for (int s = h * (STEPS / NP); s < (h + 1) * (STEPS / NP); ++s) {
-          u32 a[4];
-          a_frag_step<BITS, ACT, MODE, false>(w, s, q0, q1, z0, z1, a);
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const u32 xj = xw[2 * s + j];
-            const float xlo = as_f32(xj << 16), xhi = as_f32(xj & 0xffff0000u);
-            f0[j] = fmaf(as_f32(a[2 * j] << 16), xlo, fmaf(as_f32(a[2 * j] & 0xffff0000u), xhi, f0[j]));
-            f1[j] = fmaf(as_f32(a[2 * j + 1] << 16), xlo, fmaf(as_f32(a[2 * j + 1] & 0xffff0000u), xhi, f1[j]));
-            if (MODE == 2) xs += xlo + xhi;
-          }
-        }
-        c0 = f0[0] + f0[1];
-        c1 = f1[0] + f1[1];
-      }
-      acc[0][0] = fmaf(s0, c0, acc[0][0]);
-      acc[0][2] = fmaf(s1, c1, acc[0][2]);
-      if (MODE == 2) {
-        acc[0][0] = fmaf(fmaf(z0, s0, q0p[h].second()), xs, acc[0][0]);
-        acc[0][2] = fmaf(fmaf(z1, s1, q1p[h].second()), xs, acc[0][2]);
-      }
-    }
-  };
   // pending: cp.async groups issued after this step's that may stay in flight (MMA_WG)
   auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv, int buf, bool pending) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
-    if (WG && !SIMT) {
+    if (WG) {
       if (pending) asm volatile("cp.async.wait_group 1;" ::: "memory");
       else asm volatile("cp.async.wait_group 0;" ::: "memory");
       __syncwarp();  // the other lanes' pieces (and act-order's plain stores) are visible
     }
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
-      if constexpr (SIMT) {
-        simt_tile(wv[u], p0[u], p1[u], xv[u][0][0].x);
-        continue;
-      }
       u32 xw[MB][8];  // B fragments: word 2 s = b0 of step s, 2 s + 1 = b1
-#if MMA_WG && !MMA_SIMT
+#if MMA_WG
       {
         // ldmatrix.x4 h: lanes 8 q .. 8 q + 7 address row (lane & 7) of matrix q = k 8 (4 h + q) .. + 7; lane (g, t)
         // gets k 2t, 2t + 1 of row g from each: b0 / b1 of step 2 h, then of step 2 h + 1
@@ -466,12 +380,6 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   // Epilogue: C fragment c0 = (n g, m 2t), c1 = (n g, m 2t+1), c2 = (n g+8, m 2t), c3 = (n g+8, m 2t+1);
   // the KS k-slices meet in shared memory, then bias, clamp, store.
   __shared__ float red[KS][RG][16][16];
-  if constexpr (SIMT) {  // rows g / g + 8 summed over the four lanes t of the row; lane t = 0 holds them (m = 0)
-#pragma unroll
-    for (int i = 0; i < 4; i += 2)
-#pragma unroll
-      for (int o = 1; o < 4; o <<= 1) acc[0][i] += __shfl_xor_sync(0xffffffffu, acc[0][i], o);
-  }
 #pragma unroll
   for (int b = 0; b < MB; ++b) {
     red[ks][rg][g][2 * t + 8 * b] = acc[b][0];

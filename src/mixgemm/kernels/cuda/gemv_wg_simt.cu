@@ -1,0 +1,285 @@
+// mixgemm M = 1 weight-only GEMV on CUDA cores over the wgmma GEMM's layout (wgmma_v1), fp16 / bf16 activations.
+//
+// Why: a weight that keeps one copy of its codes (mixgemm.compact_) keeps the prefill GEMM's wgmma_v1, and decode
+// must read those bytes at the speed the plain-codes GEMV (gemv.cu) reads its own. At M = 1 the tensor-core GEMV uses
+// one of the mma's 8 B columns and pays for an x ring in shared memory; here the math runs on CUDA cores, shaped like
+// gemv.cu: a warp owns RT 16-row tiles (one x fetch serves all of them), KS warps split K, RG row groups per block, U
+// k-tiles in flight per lane and tile, register double buffering with PF, and the first step's weights and
+// parameters (constant data) are loaded before the PDL wait, so they arrive while the previous kernel drains.
+//
+// Layout (mixgemm/formats/layouts_wgmma.py): 16-row x 64-k tiles ordered [N_pad / 128][Kt][8 row tiles], one uint4
+// per lane and tile for int4 (two for int8); lane (g = lane / 4, t = lane % 4) holds rows g and g + 8 at k 16 s + 2 t
+// + (0, 1) and 16 s + 2 t + 8 + (0, 1), s = 0..3 (mma_frag.cuh a_frag_step turns one step into four exact q - z
+// pairs). RT divides 8, so a warp's RT tiles of one k-tile are RT * 512 (int4) contiguous bytes. Parameters:
+// [N_pad / 128][G][8][16] rows of one group together, padded rows zero.
+//
+// x: each lane loads word `lane` of the k-tile's 64 activations (the warp reads 128 coalesced bytes) and takes the 8
+// words its pairs meet (words 8 s + t and 8 s + t + 4) by __shfl_sync, once for its RT tiles. Per tile and row the
+// products are summed in f16x2 (fp16) or fp32 (bf16) over the 64 k, then scaled once in fp32 (twice at groups of 32).
+
+#include "mma_frag.cuh"
+
+#ifndef SIMT_BITS
+#define SIMT_BITS 4
+#endif
+#ifndef SIMT_ACT
+#define SIMT_ACT 0
+#endif
+#ifndef SIMT_SCL
+#define SIMT_SCL 0
+#endif
+#ifndef SIMT_MODE
+#define SIMT_MODE 0
+#endif
+#ifndef SIMT_G32
+#define SIMT_G32 0
+#endif
+#ifndef SIMT_RT
+#define SIMT_RT 1
+#endif
+#ifndef SIMT_U
+#define SIMT_U 2
+#endif
+#ifndef SIMT_RG
+#define SIMT_RG 4
+#endif
+#ifndef SIMT_KS
+#define SIMT_KS 2
+#endif
+#ifndef SIMT_PF
+#define SIMT_PF 0
+#endif
+
+#define SIMT_THREADS (32 * SIMT_RG * SIMT_KS)
+
+using namespace mg;
+
+extern "C" __global__ void __launch_bounds__(SIMT_THREADS)
+mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
+                     const char* __restrict__ params,  // wgmma_v1 parameters
+                     const uint4* __restrict__ X,      // [1, >= 64 Kt] activations, zero-padded past K
+                     int ldx4,
+                     void* __restrict__ Y, int ldy,    // [1, N] activation dtype
+                     const void* __restrict__ bias, int bias_kind,
+                     float lo, float hi,
+                     int N, int Kt, int G, int gk,     // gk: group of k is min(k >> gk, G - 1)
+                     int Mr,
+                     const int* __restrict__ perm) {   // (the tensor-core GEMV's parameter list; unused here)
+  constexpr int BITS = SIMT_BITS, ACT = SIMT_ACT, SCL = SIMT_SCL, MODE = SIMT_MODE;
+  constexpr int RT = SIMT_RT, U = SIMT_U, RG = SIMT_RG, KS = SIMT_KS;
+  static_assert(8 % RT == 0, "SIMT_RT divides the 8 row tiles stored together");
+  static_assert(ACT == 0 || ACT == 1, "fp16 or bf16 activations");
+  constexpr int LU = BITS == 4 ? 1 : 2;       // uint4 per lane and tile
+  constexpr int NP = SIMT_G32 ? 2 : 1;        // parameter sets per tile (groups of 32 in a 64-k tile)
+  constexpr int SPP = 4 / NP;                 // k16 steps per parameter set
+  constexpr size_t TSTEP = 8 * 32 * LU;       // uint4 from one k-tile of a row tile to the next
+  constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
+  typedef Param<SCL, MODE> P;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int rg = warp % RG, ks = warp / RG;
+  const int Nt = (N + 15) >> 4;
+  // a warp past the last tile redoes the last RT-aligned tiles and never stores; the RT tiles of a warp share one
+  // group of 8, which the layout pads with zero rows, so none needs a clamp
+  const int nt0 = min((int)(blockIdx.x * RG + rg) * RT, (Nt - 1) / RT * RT);
+  const uint4* const wt = W + ((size_t)(nt0 >> 3) * Kt * 8 + (nt0 & 7)) * 32 * LU + lane;
+  const char* const prow = params + ((size_t)(nt0 >> 3) * G * 128 + (nt0 & 7) * 16 + g) * P::PB;  // row g of tile 0
+  const u32* const xw32 = (const u32*)X + lane;
+
+  float acc[RT][2];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = 0.f;
+
+  // the weights and parameters of k-tiles kt0, kt0 + KS, ... (UU of them), every row tile
+  auto load_w = [&](auto& wv, auto& p0, auto& p1, int kt0) {
+    constexpr int UU = sizeof(wv) / sizeof(wv[0]);
+#pragma unroll
+    for (int u = 0; u < UU; ++u) {
+      const int kt = kt0 + u * KS;
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int l = 0; l < LU; ++l) wv[u][r][l] = ld_stream(wt + (size_t)kt * TSTEP + (r * LU + l) * 32);
+#pragma unroll
+      for (int h = 0; h < NP; ++h) {
+        const int grp = min((kt * 64 + 32 * h) >> gk, G - 1) * 128;  // parameter entries of this group
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          p0[u][r][h].load(prow + r * 16 * P::PB, grp);
+          p1[u][r][h].load(prow + (r * 16 + 8) * P::PB, grp);
+        }
+      }
+    }
+  };
+  // word `lane` of each k-tile's 64 activations (volatile: kept after the PDL wait)
+  auto load_x = [&](auto& xv, int kt0) {
+    constexpr int UU = sizeof(xv) / sizeof(xv[0]);
+#pragma unroll
+    for (int u = 0; u < UU; ++u)
+      asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(xv[u]) : "l"(xw32 + (size_t)(kt0 + u * KS) * 32));
+  };
+  auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv) {
+    constexpr int UU = sizeof(xv) / sizeof(xv[0]);
+#pragma unroll
+    for (int u = 0; u < UU; ++u) {
+      u32 xw[8];  // x pairs of step s: k 16 s + 2 t (word 8 s + t) and k 16 s + 2 t + 8 (word 8 s + t + 4)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        xw[2 * s] = __shfl_sync(0xffffffffu, xv[u], 8 * s + t);
+        xw[2 * s + 1] = __shfl_sync(0xffffffffu, xv[u], 8 * s + t + 4);
+      }
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        u32 w[4 * LU];
+#pragma unroll
+        for (int l = 0; l < LU; ++l) {
+          w[4 * l] = wv[u][r][l].x;
+          w[4 * l + 1] = wv[u][r][l].y;
+          w[4 * l + 2] = wv[u][r][l].z;
+          w[4 * l + 3] = wv[u][r][l].w;
+        }
+#pragma unroll
+        for (int h = 0; h < NP; ++h) {
+          const P& q0p = p0[u][r][h];
+          const P& q1p = p1[u][r][h];
+          RowQ<ACT, MODE> q0, q1;
+          const float s0 = q0p.scale(), s1 = q1p.scale();
+          const float z0 = MODE == 1 ? q0p.second() : ZBIAS, z1 = MODE == 1 ? q1p.second() : ZBIAS;
+          if (ACT == 0 && MODE != 1) {  // the fixed centre: compile-time magic-number constants, no cvt
+            q0.zlo = q1.zlo = h16_int(1024 + (int)ZBIAS) * 0x10001u;
+            q0.zhi = q1.zhi = h16_int(-(64 + (int)ZBIAS)) * 0x10001u;
+          } else if (ACT == 0 && SCL == 0) {
+            // fp16 zero points: 1024 + z and -(64 + z) in f16x2 from the raw bits (small integers: exact), no cvt
+            const u32 z20 = q0p.b * 0x10001u, z21 = q1p.b * 0x10001u;
+            q0.zlo = hadd2(z20, 0x64006400u);
+            q1.zlo = hadd2(z21, 0x64006400u);
+            q0.zhi = hsub2(0xd400d400u, z20);
+            q1.zhi = hsub2(0xd400d400u, z21);
+          } else {
+            q0.set_exact(z0);
+            q1.set_exact(z1);
+          }
+          float c0, c1, xs = 0.f;  // rows g, g + 8: sum of (q - z) x over this piece; xs: sum of x (offset)
+          if (ACT == 0) {
+            u32 h0[2] = {0u, 0u}, h1[2] = {0u, 0u}, hx = 0u;  // two f16x2 chains per row (shorter dependency)
+#pragma unroll
+            for (int s = h * SPP; s < (h + 1) * SPP; ++s) {
+              u32 a[4];  // a0: row g pair 0; a1: row g + 8 pair 0; a2: row g pair 1; a3: row g + 8 pair 1
+              a_frag_step<BITS, ACT, MODE, false>(w, s, q0, q1, z0, z1, a);
+              h0[0] = hfma2(a[0], xw[2 * s], h0[0]);
+              h0[1] = hfma2(a[2], xw[2 * s + 1], h0[1]);
+              h1[0] = hfma2(a[1], xw[2 * s], h1[0]);
+              h1[1] = hfma2(a[3], xw[2 * s + 1], h1[1]);
+              if (MODE == 2) hx = hadd2(hx, hadd2(xw[2 * s], xw[2 * s + 1]));
+            }
+            // the chains meet in f16x2 (8 products a half, fewer than gemv.cu's chunk sums), then one widening
+            c0 = h2sum_f32(hadd2(h0[0], h0[1]));
+            c1 = h2sum_f32(hadd2(h1[0], h1[1]));
+            if (MODE == 2) xs = h2sum_f32(hx);
+          } else {
+            // bf16: the exact integers and x widened to fp32 (shift / mask), fp32 FMAs (bf16x2 sums would keep 8 bits)
+            float f0[2] = {0.f, 0.f}, f1[2] = {0.f, 0.f};
+#pragma unroll
+            for (int s = h * SPP; s < (h + 1) * SPP; ++s) {
+              u32 a[4];
+              a_frag_step<BITS, ACT, MODE, false>(w, s, q0, q1, z0, z1, a);
+#pragma unroll
+              for (int j = 0; j < 2; ++j) {
+                const u32 xj = xw[2 * s + j];
+                const float xlo = as_f32(xj << 16), xhi = as_f32(xj & 0xffff0000u);
+                f0[j] = fmaf(as_f32(a[2 * j] << 16), xlo, fmaf(as_f32(a[2 * j] & 0xffff0000u), xhi, f0[j]));
+                f1[j] = fmaf(as_f32(a[2 * j + 1] << 16), xlo, fmaf(as_f32(a[2 * j + 1] & 0xffff0000u), xhi, f1[j]));
+                if (MODE == 2) xs += xlo + xhi;
+              }
+            }
+            c0 = f0[0] + f0[1];
+            c1 = f1[0] + f1[1];
+          }
+          acc[r][0] = fmaf(s0, c0, acc[r][0]);
+          acc[r][1] = fmaf(s1, c1, acc[r][1]);
+          if (MODE == 2) {
+            acc[r][0] = fmaf(fmaf(z0, s0, q0p.second()), xs, acc[r][0]);
+            acc[r][1] = fmaf(fmaf(z1, s1, q1p.second()), xs, acc[r][1]);
+          }
+        }
+      }
+    }
+  };
+
+  pdl_launch_dependents();
+  int kt0 = ks;
+  uint4 wA[U][RT][LU], wB[U][RT][LU];
+  P a0[U][RT][NP], a1[U][RT][NP], b0[U][RT][NP], b1[U][RT][NP];
+  u32 xA[U], xB[U];
+  const bool full = kt0 + (U - 1) * KS < Kt;
+  if (full) load_w(wA, a0, a1, kt0);  // the first step's constant bytes in flight before the wait
+  pdl_wait();                         // x, bias and y only from here on (gemv_common.cuh)
+  if (full) {
+    load_x(xA, kt0);
+    if (SIMT_PF) {
+      // Register double buffering: the next step's loads are in flight while this step computes.
+      while (true) {
+        int kt1 = kt0 + U * KS;
+        bool more = kt1 + (U - 1) * KS < Kt;
+        if (more) {
+          load_w(wB, b0, b1, kt1);
+          load_x(xB, kt1);
+        }
+        compute(wA, a0, a1, xA);
+        kt0 = kt1;
+        if (!more) break;
+        kt1 = kt0 + U * KS;
+        more = kt1 + (U - 1) * KS < Kt;
+        if (more) {
+          load_w(wA, a0, a1, kt1);
+          load_x(xA, kt1);
+        }
+        compute(wB, b0, b1, xB);
+        kt0 = kt1;
+        if (!more) break;
+      }
+    } else {
+      compute(wA, a0, a1, xA);
+      for (kt0 += U * KS; kt0 + (U - 1) * KS < Kt; kt0 += U * KS) {
+        load_w(wA, a0, a1, kt0);
+        load_x(xA, kt0);
+        compute(wA, a0, a1, xA);
+      }
+    }
+  }
+  for (; kt0 < Kt; kt0 += KS) {  // the slice's last k-tiles, one at a time
+    uint4 w1[1][RT][LU];
+    P q0[1][RT][NP], q1[1][RT][NP];
+    u32 x1[1];
+    load_w(w1, q0, q1, kt0);
+    load_x(x1, kt0);
+    compute(w1, q0, q1, x1);
+  }
+
+  // Epilogue: rows g / g + 8 summed over the row's four lanes t, the KS k-slices meet in shared memory, then bias,
+  // clamp, store (rows numbered by the warp's own tiles: a warp that redid the last tiles stores nothing)
+  __shared__ float red[KS][RG * RT * 16];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) acc[r][i] += __shfl_xor_sync(0xffffffffu, acc[r][i], o);
+  if (t == 0) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      red[ks][(rg * RT + r) * 16 + g] = acc[r][0];
+      red[ks][(rg * RT + r) * 16 + g + 8] = acc[r][1];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < RG * RT * 16; idx += SIMT_THREADS) {
+    const int n = blockIdx.x * RG * RT * 16 + idx;
+    if (n >= N) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) v += red[k][idx];
+    store_output<ACT>(Y, n, n, v, bias, bias_kind, lo, hi);
+  }
+}
