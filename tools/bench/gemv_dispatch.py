@@ -24,6 +24,7 @@ Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -37,7 +38,7 @@ from mixgemm.bench import protocol
 from mixgemm.bench.models import catalog, model_layers
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels import linear as entries
-from mixgemm.kernels.cuda.gemv import mma_k_tiles
+from mixgemm.kernels.cuda.gemv import WG_LAYOUT, mma_k_tiles
 from mixgemm.kernels.registry import device_info
 
 FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
@@ -96,15 +97,13 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
     simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid.
     compact_only: today's defaults on the plain codes against the two small-M choices on wgmma_v1 (the layout a
-    compacted weight keeps), cuda_gemv_mma/compact: [the CUDA-core math's default tile (M = 1), the tensor-core
-    GEMV]."""
+    compacted weight keeps), cuda_gemv_mma/compact: [the compacted weight's own config (M = 1: the CUDA-core GEMV on
+    wgmma_v1 at fp16), the tensor-core GEMV]."""
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
     if compact_only:
-        from mixgemm.kernels.cuda.gemv import wg_simt_config
-
         on_wg = [{**mma, "WG": 1}]
         if m == 1:
-            on_wg.insert(0, dict(wg_simt_config(p.n, p.k, bits, p.device.sm_count, p.device.name)))
+            on_wg.insert(0, dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT))))
         return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma], "cuda_gemv_mma/compact": on_wg}
     if m == 1 and simt_only:
         return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64))}

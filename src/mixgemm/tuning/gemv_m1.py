@@ -32,12 +32,12 @@ class M1Tile(NamedTuple):
     BULK: int = 0
 
 
-def _entries(source: str, measured: list) -> dict[int, tuple[BucketEntry, ...]]:
-    """{bits: entries} from [(bits, K, N, tile), ...]: each tile covers the bucket of the K x N layer it was measured
-    on."""
+def _entries(source: str, measured: list, tile_type: type = M1Tile) -> dict[int, tuple[BucketEntry, ...]]:
+    """{bits: entries} from [(bits, K, N, tile), ...]: each tile (a tile_type) covers the bucket of the K x N layer it
+    was measured on."""
     out: dict[int, list] = {}
     for bits, k, n, tile in measured:
-        out.setdefault(bits, []).append(BucketEntry(Region.cell(k, n), M1Tile(*tile), source, (k, n)))
+        out.setdefault(bits, []).append(BucketEntry(Region.cell(k, n), tile_type(*tile), source, (k, n)))
     return {bits: tuple(lst) for bits, lst in out.items()}
 
 
@@ -256,19 +256,13 @@ class WgSimtTile(NamedTuple):
 # 8192x28672 sym 49.8 -> 47.3 (46.9); 8192x1024 zero point 4.60 -> 4.23 (3.66); W8 5120x5120 13.6 -> 12.3 (11.2),
 # 8192x28672 87.2 -> 82.9 (79.3), 3584x18944 30.5 -> 27.4 (26.8).
 _WG_SIMT_SOURCE = "tools/bench/gemv_dispatch.py --simt-only on the H100 (M = 1, fp16 activations; gemv_wg_simt.cu grid)"
-H100_WG_SIMT: dict[int, tuple[BucketEntry, ...]] = {
-    bits: tuple(BucketEntry(Region.cell(k, n), WgSimtTile(*tile), _WG_SIMT_SOURCE, (k, n))
-                for b, k, n, tile in (
-                    # (bits, K, N, (RT, U, PF, KS, RG))
-                    (4, 896, 4864, (2, 1, 1, 4, 1)), (4, 4096, 14336, (1, 2, 0, 4, 1)),
-                    (4, 5120, 5120, (1, 2, 0, 8, 1)), (4, 8192, 1024, (1, 2, 0, 32, 1)),
-                    (4, 8192, 28672, (4, 2, 0, 8, 1)),
-                    (8, 896, 4864, (1, 1, 0, 4, 1)), (8, 2048, 2048, (1, 1, 0, 16, 1)),
-                    (8, 4096, 14336, (1, 1, 1, 16, 1)), (8, 5120, 5120, (4, 2, 0, 16, 1)),
-                    (8, 8192, 28672, (1, 2, 0, 16, 1)),
-                ) if b == bits)
-    for bits in (4, 8)
-}
+H100_WG_SIMT = _entries(_WG_SIMT_SOURCE, [
+    # (bits, K, N, (RT, U, PF, KS, RG))
+    (4, 896, 4864, (2, 1, 1, 4, 1)), (4, 4096, 14336, (1, 2, 0, 4, 1)), (4, 5120, 5120, (1, 2, 0, 8, 1)),
+    (4, 8192, 1024, (1, 2, 0, 32, 1)), (4, 8192, 28672, (4, 2, 0, 8, 1)),
+    (8, 896, 4864, (1, 1, 0, 4, 1)), (8, 2048, 2048, (1, 1, 0, 16, 1)), (8, 4096, 14336, (1, 1, 1, 16, 1)),
+    (8, 5120, 5120, (4, 2, 0, 16, 1)), (8, 8192, 28672, (1, 2, 0, 16, 1)),
+], WgSimtTile)
 for _bits, _entries_simt in H100_WG_SIMT.items():
     check_partition(_entries_simt, f"gemv_wg_simt M = 1 W{_bits}", complete=False)
 

@@ -221,7 +221,7 @@ def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dic
 def mma_x_smem_bytes(cfg: dict, mb: int) -> int:
     """Dynamic shared memory of the tensor-core GEMV on wgmma_v1 (MMA_WG): each warp's ring of (PF ? 2 : 1) x U
     slots of 8 * mb activation rows x 64 k in fp16 / bf16 (gemv_mma.cu); 0 on gemv_mma_v1."""
-    if not cfg.get("WG", 0) or cfg.get("SIMT", 0):
+    if not cfg.get("WG", 0):
         return 0
     return cfg["RG"] * cfg["KS"] * (2 if cfg.get("PF", 0) else 1) * cfg["U"] * 8 * mb * 64 * 2
 
@@ -519,7 +519,6 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         cfg = {**cfg, "DEFER": 0}
     cfg = {**cfg, "PERM": int(act_order)}
     simt = bool(cfg.get("SIMT", 0)) and wg and m == 1 and not act_order
-    cfg = {**cfg, "SIMT": int(simt)}
     if wg:
         cfg = {**cfg, "G32": int(lay.group_size == 32)}
     codes = (qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode])

@@ -218,26 +218,20 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   if (full) {
     load_x(xA, kt0);
     if (SIMT_PF) {
-      // Register double buffering: the next step's loads are in flight while this step computes.
-      while (true) {
-        int kt1 = kt0 + U * KS;
-        bool more = kt1 + (U - 1) * KS < Kt;
+      // Register double buffering: the next step's loads (into the other buffer) are in flight while this step
+      // computes; false after the last full step. Called with the buffers swapped, so no buffer is copied.
+      auto step = [&](auto& wc, auto& pc0, auto& pc1, auto& xc, auto& wn, auto& pn0, auto& pn1, auto& xn) {
+        const int kt1 = kt0 + U * KS;
+        const bool more = kt1 + (U - 1) * KS < Kt;
         if (more) {
-          load_w(wB, b0, b1, kt1);
-          load_x(xB, kt1);
+          load_w(wn, pn0, pn1, kt1);
+          load_x(xn, kt1);
         }
-        compute(wA, a0, a1, xA);
+        compute(wc, pc0, pc1, xc);
         kt0 = kt1;
-        if (!more) break;
-        kt1 = kt0 + U * KS;
-        more = kt1 + (U - 1) * KS < Kt;
-        if (more) {
-          load_w(wA, a0, a1, kt1);
-          load_x(xA, kt1);
-        }
-        compute(wB, b0, b1, xB);
-        kt0 = kt1;
-        if (!more) break;
+        return more;
+      };
+      while (step(wA, a0, a1, xA, wB, b0, b1, xB) && step(wB, b0, b1, xB, wA, a0, a1, xA)) {
       }
     } else {
       compute(wA, a0, a1, xA);
