@@ -101,6 +101,31 @@ def test_method_selection():
     assert {m.name for m in select(meths, "gemlite", "cuda")} == {"gemlite W4 g128", "gemlite W8", "gemlite A8W8"}
     with pytest.raises(ValueError, match="no method matches"):
         select(meths, "nonexistent", "cuda")
+    # each mixgemm method has a "... compact" twin (the weight holding one resident layout), off by default, GPU only
+    compact = {m.name: m for m in meths if m.name.endswith(" compact")}
+    assert {"mixgemm W4A16 g128 compact", "mixgemm W8A8 per-channel compact"} <= set(compact)
+    assert not any(m.default or m.cpu for m in compact.values())
+    assert "sm_90" in compact["mixgemm W4A16 g128 compact"].unavailable(Context(torch.device("cpu")))
+    assert [m.name for m in select(meths, "mixgemm W4A16 g128", "cuda")] == ["mixgemm W4A16 g128"]
+
+
+def test_compact_method_times_the_resident_layout_only():
+    """A compact method's weight keeps only its resident layout over a placeholder of the codes (as
+    QuantLinear.compact_): the call reads that layout (its bytes are the weight bytes) and still matches the float64
+    reference (CPU: the plain codes rebuilt from the layout)."""
+    meths = {m.name: m for m in all_methods([4, 8], 128)}
+    ctx = Context(torch.device("cpu"), torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(200, 384, generator=gen) * 0.02
+    for name, layout in (("mixgemm W4A16 g128 compact", "wgmma_v1"), ("mixgemm W8A8 per-channel compact",
+                                                                      "wgmma_a8_v1")):
+        prep = meths[name].prepare(w, ctx)
+        x = prep.x_map(torch.randn(3, 384, generator=gen))
+        ref = prep.reference(x)
+        prep.before_call()
+        assert rel_err(prep.layer(x), ref) < 1e-4 and rel_err(prep.new_copy()(x), ref) < 1e-4
+        assert layout in meths[name].description
+        assert prep.weight_bytes() >= w.numel() * (4 if "W4" in name else 8) // 8  # the layout's codes were read
 
 
 # ----------------------------------------------------------------------------------------- CLI, CPU path

@@ -20,6 +20,7 @@ from mixgemm.kernels.cuda.gemv import (
     choose_mma_config,
     defines_for,
     m_bucket,
+    mma_config,
     mma_defines_for,
     simt_defines_for,
 )
@@ -101,6 +102,11 @@ def test_nvrtc_compiles_mma_instantiations(arch):
         for extra in ({"G32": 0}, {"G32": 1, "DEFER": 0}):
             mode = extra.pop("MODE", 1)
             keys.add(tuple(sorted(mma_defines_for(bits, act, 0, mode, mb, {**cfg, **extra}).items())))
+    # several row tiles per warp, the first weights before the PDL wait, double buffering; both layouts
+    for i, (bits, wg, rt) in enumerate(itertools.product(BITS, (0, 1), (2, 4))):
+        cfg = {**choose_mma_config(2, 4096, 64, 132, bits), "WG": wg, "RT": rt, "EARLY": 1, "PF": i % 2}
+        cfg["KS"] = min(cfg["KS"], 32 // rt)  # (the k-slice reduction's 1 KiB per slice and tile: <= 32 KiB)
+        keys.add(tuple(sorted(mma_defines_for(bits, i % 2, 0, i % 3, 1 + i % 2, cfg).items())))
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
@@ -145,6 +151,32 @@ def test_gemv_mma_layout_round_trip(bits, group, mode, n, k, torch_gen):
 def test_nvrtc_error_is_clear():
     with pytest.raises(nvrtc.NvrtcError, match="GEMV_BITS"):
         nvrtc.compile_cubin("gemv.cu", (("GEMV_BITS", "x+"),), "sm_90")
+
+
+def test_mma_row_tiles_rule():
+    """kernels.cuda.gemv.mma_row_tiles: EARLY / RT 2 by layout, mode, M bucket, k-split cap and blocks per SM; int8 and
+    every config's k-slice reduction within 32 KiB (KS x RG x RT <= 32)."""
+    def pick(m, k, n, mode="sym", wg=None, bits=4):
+        cfg = mma_config(m, n, k, bits, 128, 132, mode, wg)
+        return cfg.get("EARLY", 0), cfg.get("RT", 1)
+
+    # M <= 8: EARLY, except zero point on gemv_mma_v1 below the k-split's cap
+    assert pick(8, 8192, 28672) == (1, 1) and pick(1, 4096, 4096, "zero_point") == (1, 1)  # (4096 x 4096: KS 16)
+    assert pick(8, 8192, 28672, "zero_point") == (0, 1) and pick(8, 8192, 28672, "zero_point", wg=1) == (1, 1)
+    # M = 16, at most one block per SM (2048 rows: 128 blocks): EARLY on wgmma_v1 only
+    assert pick(16, 2048, 2048) == (0, 1) and pick(16, 2048, 2048, wg=1) == (1, 1)
+    # more blocks, k-split at its cap (4096 x 4096: KS 16): sym EARLY; zero point and wgmma_v1 EARLY + RT 2
+    assert pick(16, 4096, 4096) == (1, 1)
+    assert pick(16, 4096, 4096, "zero_point") == (1, 2) and pick(16, 4096, 4096, wg=1) == (1, 2)
+    # wide layers (KS 8): gemv_mma_v1 sym EARLY, zero point neither; wgmma_v1 RT 2 where half the warps fill the GPU
+    assert pick(16, 8192, 28672) == (1, 1) and pick(16, 8192, 28672, "zero_point") == (0, 1)
+    assert pick(16, 8192, 28672, wg=1) == (1, 2) and pick(16, 8192, 8192, wg=1) == (0, 1)
+    # int8 weights keep the plain rule
+    assert pick(16, 4096, 4096, bits=8) == (0, 1) and pick(1, 4096, 4096, bits=8) == (0, 1)
+    for m, k, n, mode, wg, bits in itertools.product((1, 5, 16), (64, 896, 4096, 28672), (16, 200, 2048, 4096, 57344),
+                                                     ("sym", "zero_point", "offset"), (0, 1), (4, 8)):
+        cfg = mma_config(m, n, k, bits, 128, 132, mode, wg)
+        assert cfg["KS"] * cfg["RG"] * cfg.get("RT", 1) <= 32, (m, k, n, cfg)
 
 
 def test_choose_config_fills_gpu():
@@ -314,6 +346,25 @@ def test_gemv_every_format(bits, mode, group, act, kernel):
             _check(x * 4, qw, bias, "relu6")
 
 
+def _check_every_group(bits, mode, act, ms, long_ms, seed, config_has=None):
+    """The kernel the caller's kernel_options select, over every group size with odd N (211: 14 row tiles) at each M of
+    ``ms`` (plain, and x 4 with bias + relu6), then x + 3 (a large common offset) on a long K (14336) at each M of
+    ``long_ms``; ``config_has``: a string the explained config must contain."""
+    for group in GROUPS:
+        k = 200 if group == -1 else 3 * 256
+        qw, gen = _make(211, k, bits, group, mode, torch.float16, seed)
+        bias = torch.randn(211, generator=gen, device="cuda").to(act) * 0.1
+        for m in ms:
+            x = torch.randn(m, k, generator=gen, device="cuda").to(act)
+            _check(x, qw)
+            _check(x * 4, qw, bias, "relu6")
+        if config_has is not None:
+            assert config_has in str(mixgemm.explain(x, qw).config)
+    qw, gen = _make(129, 14336, bits, 128, mode, torch.float16, seed + 1)
+    for m in long_ms:
+        _check((torch.randn(m, 14336, generator=gen, device="cuda") + 3).to(act), qw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("wg", [0, 1])
 @pytest.mark.parametrize("defer", [0, 1])
@@ -325,17 +376,23 @@ def test_gemv_mma_scaling_schemes(wg, defer, bits, mode, act):
     over every group size, M = 1, 7 and 16, odd N, bias + relu6, and activations with a large common offset
     (x + 3) on a long K."""
     with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": {"DEFER": defer, "WG": wg}}):
-        for group in GROUPS:
-            k = 200 if group == -1 else 3 * 256
-            qw, gen = _make(211, k, bits, group, mode, torch.float16, 11)
-            bias = torch.randn(211, generator=gen, device="cuda").to(act) * 0.1
-            for m in (1, 7, 16):
-                x = torch.randn(m, k, generator=gen, device="cuda").to(act)
-                _check(x, qw)
-                _check(x * 4, qw, bias, "relu6")
-        qw, gen = _make(129, 14336, bits, 128, mode, torch.float16, 12)
-        for m in (1, 16):
-            _check((torch.randn(m, 14336, generator=gen, device="cuda") + 3).to(act), qw)
+        _check_every_group(bits, mode, act, (1, 7, 16), (1, 16), 11)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wg", [0, 1])
+@pytest.mark.parametrize("ks,u,rt,pf,early", [(8, 1, 2, 0, 1), (4, 2, 2, 1, 1), (16, 1, 2, 0, 0), (2, 2, 4, 1, 1),
+                                              (8, 2, 1, 1, 1)])
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_gemv_mma_row_tiles(wg, ks, u, rt, pf, early, bits, mode, act):
+    """The tensor-core GEMV with RT row tiles per warp sharing the B fragments, the first step's weights loaded before
+    the PDL wait (EARLY) and double buffering, on both layouts: every group size, row tiles past the last one (N 211:
+    14 tiles), k-slices with a partial step or none, M = 2, 9 and 16, bias + relu6, and x + 3 on a long K."""
+    cfg = {"WG": wg, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "EARLY": early}
+    with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": cfg}):
+        _check_every_group(bits, mode, act, (2, 9, 16), (16,), 15, f"'RT': {rt}")
 
 
 @pytest.mark.gpu
@@ -350,16 +407,7 @@ def test_gemv_simt_on_wgmma_v1(ks, u, rt, pf, bits, mode, act):
     relu6, and activations with a large common offset (x + 3) on a long K."""
     cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf}
     with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
-        for group in GROUPS:
-            k = 200 if group == -1 else 3 * 256
-            qw, gen = _make(211, k, bits, group, mode, torch.float16, 13)
-            bias = torch.randn(211, generator=gen, device="cuda").to(act) * 0.1
-            x = torch.randn(1, k, generator=gen, device="cuda").to(act)
-            _check(x, qw)
-            _check(x * 4, qw, bias, "relu6")
-            assert "SIMT" in str(mixgemm.explain(x, qw).config)
-        qw, gen = _make(129, 14336, bits, 128, mode, torch.float16, 14)
-        _check((torch.randn(1, 14336, generator=gen, device="cuda") + 3).to(act), qw)
+        _check_every_group(bits, mode, act, (1,), (1,), 13, "SIMT")
 
 
 @pytest.mark.gpu

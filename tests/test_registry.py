@@ -247,9 +247,11 @@ def test_a8_entries_reasons():
     assert c.kernel == "triton_a8" and "below M=128 and outside M 3..64" in _reasons(c)["cuda_wgmma_a8"]
     c = _explain(4, _qw(256, 1024, bits=8, group_size=-1), act_mode="sym")
     assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 64
-    # per-block activation scales stay with the Triton kernel at small M
+    # per-block activation scales stay with the Triton kernel up to M = 16, then take the CUDA int8 GEMM
     c = _explain(16, qw, act_mode="sym", act_block="group")
-    assert c.kernel == "triton_a8" and "activation scales per block" in _reasons(c)["cuda_wgmma_a8"]
+    assert c.kernel == "triton_a8" and "activation scales per block below M=17" in _reasons(c)["cuda_wgmma_a8"]
+    for m in (17, 64, 100):
+        assert _explain(m, qw, act_mode="sym", act_block="group").kernel == "cuda_wgmma_a8"
     # a long K over few CTAs: each CTA would stream K x 128 weight bytes alone
     c = _explain(16, _qw(4096, 14336, bits=8, group_size=-1), act_mode="sym")  # (N, K)
     assert c.kernel == "triton_a8" and "each streaming 1792 KiB" in _reasons(c)["cuda_wgmma_a8"]

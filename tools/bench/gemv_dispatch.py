@@ -50,6 +50,16 @@ def mma_grid(base: dict, kt: int) -> list[dict]:
             for ks in (1, 2, 4, 8, 16) for u in (1, 2) if kt >= 2 * ks]
 
 
+def mma_variants(base: dict) -> list[dict]:
+    """The tensor-core GEMV's M > 1 variants around the default ``base`` (kernels.cuda.gemv.mma_row_tiles): without
+    EARLY and RT, with EARLY (the first step's weights before the PDL wait), and EARLY with two row tiles per warp
+    (RT 2) at the same KS, less ``base`` itself and those whose reduction does not fit (KS x RG x RT <= 32)."""
+    # (explicit 0 / 1: a forced config is laid over the default, kernels.cuda.gemv.mma_override)
+    out = [{**base, "EARLY": 0, "RT": 1}, {**base, "EARLY": 1, "RT": 1}, {**base, "EARLY": 1, "RT": 2}]
+    same = {**base, "EARLY": base.get("EARLY", 0), "RT": base.get("RT", 1)}
+    return [c for c in out if c != same and c["KS"] * c["RG"] * c["RT"] <= 32]
+
+
 # (RT row tiles per warp, U k-tiles per step, PF double buffering) of the M = 1 CUDA-core math on wgmma_v1: 1-8 tiles of
 # 512 bytes per lane in flight (PF counts twice)
 SIMT_TILES = ((1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (2, 1, 1), (2, 2, 0), (2, 2, 1), (4, 1, 1), (4, 2, 0))
@@ -96,15 +106,18 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
     name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
     simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid.
-    compact_only: today's defaults on the plain codes against the two small-M choices on wgmma_v1 (the layout a
+    compact_only: today's defaults on the plain codes against the small-M choices on wgmma_v1 (the layout a
     compacted weight keeps), cuda_gemv_mma/compact: [the compacted weight's own config (M = 1: the CUDA-core GEMV on
-    wgmma_v1 at fp16), the tensor-core GEMV]."""
+    wgmma_v1 at fp16), then at M = 1 the tensor-core GEMV, at M > 1 mma_variants]; at M > 1 the plain codes'
+    tensor-core GEMV with mma_variants too."""
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
     if compact_only:
-        on_wg = [{**mma, "WG": 1}]
+        on_wg = [dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
         if m == 1:
-            on_wg.insert(0, dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT))))
-        return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma], "cuda_gemv_mma/compact": on_wg}
+            on_wg.append({**mma, "WG": 1})
+            return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)], "cuda_gemv_mma/compact": on_wg}
+        return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)],
+                "cuda_gemv_mma/compact": on_wg + mma_variants(on_wg[0])}
     if m == 1 and simt_only:
         return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64))}
     if m == 1:
@@ -158,10 +171,11 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                 rows.setdefault(label, []).append(rec)
         # Each entry's default is timed first on a layer's fresh copies, and on the largest layers (H100, 224 MiB at
         # 8192x57344) that first timing read ~10% slow in two sweeps: it is timed again last, and keeps the faster one
+        # (the first config of every label: a family's first timing on a layout just built read up to 1.6x slow)
         for label, recs in rows.items():
-            if recs and recs[0]["default"] and recs[0]["us"] is not None:
+            if recs and recs[0]["us"] is not None:
                 first = recs[0]["us"]
-                recs[0]["us"], recs[0]["us_first"] = min(first, time_us(label, recs[0]["cfg"])), first
+                recs[0]["us"], recs[0]["us_first"] = min(first, time_us(label.split("/")[0], recs[0]["cfg"])), first
         out.append({"K": k, "N": n, "fmt": fmt, "M": m, "default_entry": mixgemm.explain(x, q0).kernel,
                     "rows": rows})
     return out

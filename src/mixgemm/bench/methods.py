@@ -316,9 +316,21 @@ class _TrackedLayouts(dict):
         return super().__getitem__(key)
 
 
-def _prep_mixgemm_weight_only(bits: int, group_size: int | None, mode: str = "sym"):
+def _resident(qw, layout: str | None):
+    """qw as the benchmark calls it: with its layout cache tracked, and for ``layout`` (compact) holding only that
+    layout over a placeholder of its codes, as a compacted QuantLinear does (QuantLinear.compact_)."""
+    if layout is None:
+        return dataclasses.replace(qw, _layouts=_TrackedLayouts())
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.ops.custom_ops import compact_weight
+
+    one = compact_weight(qw, compact_placeholder(qw.qweight), layout)
+    return dataclasses.replace(one, _layouts=_TrackedLayouts(one._layouts))
+
+
+def _prep_mixgemm_weight_only(bits: int, group_size: int | None, mode: str = "sym", resident: str | None = None):
     """mixgemm.matmul(x, qw): W{bits}A16 in weight mode ``mode`` ("sym" or "zero_point"); group_size None = the
-    context's (W4) group size."""
+    context's (W4) group size; resident: the one layout the weight keeps (compacted), None for every layout."""
 
     def prepare(w: torch.Tensor, ctx: Context) -> Prepared:
         import mixgemm
@@ -326,13 +338,13 @@ def _prep_mixgemm_weight_only(bits: int, group_size: int | None, mode: str = "sy
 
         g = ctx.group_size if group_size is None else group_size
         qw0 = quantize_weight(w, bits=bits, group_size=g, mode=mode, scale_dtype=torch.float16)
-        first = dataclasses.replace(qw0, _layouts=_TrackedLayouts())
+        first = _resident(qw0, resident)
         w64 = dequantize_weight(qw0, torch.float64)
 
         def clone():
             c = lambda t: None if t is None else t.clone()
-            return dataclasses.replace(qw0, qweight=c(qw0.qweight), scales=c(qw0.scales), zeros=c(qw0.zeros),
-                                       offsets=c(qw0.offsets), _layouts=_TrackedLayouts())
+            return _resident(dataclasses.replace(qw0, qweight=c(qw0.qweight), scales=c(qw0.scales),
+                                                 zeros=c(qw0.zeros), offsets=c(qw0.offsets), _layouts={}), resident)
 
         def make(qw):
             return lambda x: mixgemm.matmul(x, qw)
@@ -354,13 +366,16 @@ def _prep_mixgemm_weight_only(bits: int, group_size: int | None, mode: str = "sy
             compute="fp32" if dtype == torch.float32 else "fp16", before_call=before_call,
         )
 
+    prepare._mixgemm_args = {"bits": bits, "group_size": group_size, "mode": mode}
     return prepare
 
 
-def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group", int_scales: bool = False):
+def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group", int_scales: bool = False,
+                     resident: str | None = None):
     """mixgemm.ops.int8.matmul_a8(x, qw, "sym"): activations quantized per token and per weight group (act_block
     "token": per token) to int8 inside the call (fused quantizer + int8 tensor-core GEMM), W{bits} symmetric;
-    int_scales: int4 weights with integer group scales (formats/int_scales.py)."""
+    int_scales: int4 weights with integer group scales (formats/int_scales.py); resident: as for the weight-only
+    methods."""
 
     def prepare(w: torch.Tensor, ctx: Context) -> Prepared:
         from mixgemm.formats import dequantize_weight, quantize_activation, quantize_weight
@@ -372,7 +387,7 @@ def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group"
             qw0 = quantize_weight_int_scales(w, group_size=g, scale_dtype=torch.float16)
         else:
             qw0 = quantize_weight(w, bits=bits, group_size=g, mode="sym", scale_dtype=torch.float16)
-        first = dataclasses.replace(qw0, _layouts=_TrackedLayouts())
+        first = _resident(qw0, resident)
         w64 = dequantize_weight(qw0, torch.float64)
 
         def reference(x):
@@ -384,8 +399,8 @@ def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group"
 
         def clone():
             c = lambda t: None if t is None else t.clone()
-            return dataclasses.replace(qw0, qweight=c(qw0.qweight), scales=c(qw0.scales), zeros=c(qw0.zeros),
-                                       offsets=c(qw0.offsets), _layouts=_TrackedLayouts())
+            return _resident(dataclasses.replace(qw0, qweight=c(qw0.qweight), scales=c(qw0.scales),
+                                                 zeros=c(qw0.zeros), offsets=c(qw0.offsets), _layouts={}), resident)
 
         def make(qw):
             return lambda x: matmul_a8(x, qw, "sym", act_block=act_block)
@@ -403,6 +418,7 @@ def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group"
             note=f"int8 activations per token{' and group' if act_block == 'group' else ''}, made in the call",
         )
 
+    prepare._mixgemm_args = {"bits": bits, "group_size": group_size, "act_block": act_block, "int_scales": int_scales}
     return prepare
 
 
@@ -502,7 +518,39 @@ def mixgemm_methods(bits_list: list[int], group_size: int) -> list[Method]:
                               applies=_a8_applies(4, g), default=False,
                               description=f"mixgemm.ops.int8.matmul_a8(act_block='token'), W4 sym {gname} with "
                                           "integer group scales (formats/int_scales.py), int8 activations per token"))
+    return out + _compact_methods(out)
+
+
+# "<method> compact": the same weight holding only the layout its Hopper kernels read (QuantLinear.compact_), so one
+# run times the plain and the compacted weight side by side
+_COMPACT_LAYOUT = {"A16": "wgmma_v1", "A8": "wgmma_a8_v1"}
+
+
+def _compact_methods(methods: list[Method]) -> list[Method]:
+    out = []
+    for m in methods:
+        prep = m.prepare
+        a8 = "A8" in m.name.split()[1]
+        layout = _COMPACT_LAYOUT["A8" if a8 else "A16"]
+        kw = getattr(prep, "_mixgemm_args", None)
+        if kw is None:
+            continue
+        factory = _prep_mixgemm_a8 if a8 else _prep_mixgemm_weight_only
+        out.append(dataclasses.replace(
+            m, name=f"{m.name} compact", prepare=factory(**kw, resident=layout), cpu=False, default=False,
+            unavailable=_compact_unavailable(m.unavailable),
+            description=f"{m.description}; the weight keeps only {layout} (QuantLinear.compact_)"))
     return out
+
+
+def _compact_unavailable(inner):
+    def check(ctx: Context) -> str | None:
+        why = inner(ctx)
+        if why is None and (ctx.device.type != "cuda" or torch.cuda.get_device_capability(ctx.device) < (9, 0)):
+            return "a compacted weight's layouts are read by the sm_90 kernels"
+        return why
+
+    return check
 
 
 def _a8_applies(bits: int, g: int):

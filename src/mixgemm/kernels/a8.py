@@ -152,14 +152,18 @@ def _wgmma_a8_can_run(p: Problem):
 
 
 def _small_m_decline(p: Problem) -> str | None:
-    """Why a call below A8_WGMMA_MIN_M stays off the CUDA int8 GEMM (tuning.A8_WGMMA_SMALL_M's rule), None if not."""
+    """Why a call below A8_WGMMA_MIN_M stays off the CUDA int8 GEMM (tuning.A8_WGMMA_BLOCK_SCALES_FROM_M for per-block
+    activation scales, tuning.A8_WGMMA_SMALL_M's rule for per-token ones), None if not."""
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import column_tiles
 
+    if not p.per_token:
+        if p.m < tuning.A8_WGMMA_BLOCK_SCALES_FROM_M:
+            return (f"activation scales per block below M={tuning.A8_WGMMA_BLOCK_SCALES_FROM_M} (the per-group fold "
+                    "loses at small M)")
+        return None
     lo, hi = tuning.A8_WGMMA_SMALL_M
     if not lo <= p.m <= hi:
         return f"outside M {lo}..{hi}"
-    if not p.per_token:
-        return "activation scales per block (the per-group fold loses at small M)"
     ctas = column_tiles(p.n, 2)
     cta_bytes = p.k * 128 * p.bits // 8
     if cta_bytes > tuning.A8_WGMMA_SMALL_M_CTA_BYTES and 2 * ctas < p.device.sm_count:

@@ -160,19 +160,20 @@ def _gemv_can_run(p: Problem):
 
 
 def _gemv_mma_config(p: Problem) -> dict:
-    from mixgemm.kernels.cuda.gemv import mma_config, wg_simt_config
+    from mixgemm.kernels.cuda.gemv import MMA_ON_WGMMA, mma_config, wg_simt_config
 
-    cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count)
-    if p.resident == WGMMA_V1.name and _compact_m1_simt(p):
+    on_wg = p.resident == WGMMA_V1.name
+    cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode, 1 if on_wg else None)
+    if on_wg and _compact_m1_simt(p):
         # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
         simt = wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name)
         why = getattr(simt, "source", "the rule of kernels.cuda.gemv.wg_simt_config")
         return tuning.SourcedConfig({**cfg, **simt}, f"the weight keeps only wgmma_v1 (compacted): M = 1 on CUDA "
                                                      f"cores, tuning.COMPACT_M1_SIMT_DTYPES; {why}")
-    if p.resident == WGMMA_V1.name and not cfg.get("WG", 0):
-        # a compacted weight keeps only the GEMM's wgmma_v1: the ring on it (gemv_mma.cu MMA_WG; int4 measured 2-10%
-        # slower than on gemv_mma_v1, and at M = 1 up to 1.45x the CUDA-core GEMV's time, docs/design.md)
-        cfg = tuning.SourcedConfig({**cfg, "WG": 1}, "the weight keeps only wgmma_v1 (compacted)")
+    if on_wg and not MMA_ON_WGMMA[p.bits]:
+        # a compacted weight keeps only the GEMM's wgmma_v1: the x ring on it (gemv_mma.cu MMA_WG; for int4 RT 2 where
+        # kernels.cuda.gemv.mma_row_tiles says, docs/design.md)
+        cfg = tuning.SourcedConfig(cfg, "the weight keeps only wgmma_v1 (compacted)")
     return _past_crossover_note(p, cfg)
 
 

@@ -268,12 +268,20 @@ A8_WGMMA_MIN_M = 128
 # 2048x2048 5.3-5.5 vs 7.0-8.9, 4096x4096 10.7-10.8 vs 12.0-15.8, 4096x14336 26.1-26.7 vs 29.8-32.5 (K x N), where the
 # CUDA call also saves the Triton kernel's Python launch (eager W8A8 M = 16 on 2048x2048: 6.7x -> 2.0x nn.Linear,
 # tools/checks/registry_check.py); but 14336x4096 (32 CTAs, each streaming 1.8 MB of weights) 32.9 vs 29.3 at M = 4:
-# the Triton kernel splits K there. Per-block activation scales lose at every size (W4 / W8 g128 2048x2048 10.8-11.8
-# vs 7.4-7.8; the per-group fold): they stay with the Triton kernel. So: sym calls with per-token scales in this M
+# the Triton kernel splits K there. Per-block activation scales lost at M <= 16 (W4 / W8 g128 2048x2048 10.8-11.8
+# vs 7.4-7.8; the per-group fold; above, A8_WGMMA_BLOCK_SCALES_FROM_M). So: sym calls with per-token scales in this M
 # range take the CUDA kernel where each CTA streams at most A8_WGMMA_SMALL_M_CTA_BYTES of weights (K x 128 rows) or
 # the CTAs fill half the SMs (M 65..127 were not measured and stay with the Triton kernel).
 A8_WGMMA_SMALL_M = (A8_GEMV_MAX_M + 1, 64)
 A8_WGMMA_SMALL_M_CTA_BYTES = 512 * 1024
+# Per-block activation scales (act_block "group") take the CUDA int8 GEMM from this M. Source: H100, `mixgemm bench`
+# with the "mixgemm W4A8 g128" method beside "... compact" (the same weight on the CUDA int8 GEMM at every M), whole
+# calls, 8 layers of 2048x2048 to 28672x8192, one run: at M = 64 the CUDA GEMM took 0.40-0.61x the Triton kernel's
+# time on every layer (2048x2048 13.5 vs 22.1 us, 4096x4096 20.0 vs 39.4, 8192x28672 67.7 vs 115.3, 28672x8192 97.5
+# vs 246.3: the Triton kernel's time doubles to triples from M = 16 to 64), at M = 4 and 16 0.91-1.98x (faster only
+# on 4096x14336 and 8192x28672, by 2-12%). M 65..127 lie between this M = 64 and A8_WGMMA_MIN_M, where the CUDA GEMM
+# already ran.
+A8_WGMMA_BLOCK_SCALES_FROM_M = 17
 # Source: tools/bench/wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
 # this M (its persistent TMA kernel was ~10% faster at M = 2048 / 16384 on 8192x28672, a tie on 28672x8192; below
 # it the CUDA kernel won, 2x at M = 128), except where the CUDA kernel's BM 256 / MC 2 tiles apply

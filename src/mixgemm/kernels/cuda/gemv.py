@@ -176,6 +176,10 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_DEFER"] = cfg["DEFER"]
     if cfg.get("PERM", 0):
         d["MMA_PERM"] = 1
+    if cfg.get("EARLY", 0):
+        d["MMA_EARLY"] = 1
+    if cfg.get("RT", 1) > 1:
+        d["MMA_RT"] = cfg["RT"]
     if cfg.get("WG", 0):  # only in the key when set: the gemv_mma_v1 instantiations keep their compile keys
         d["MMA_WG"] = 1
         if cfg.get("G32", 0):
@@ -355,14 +359,57 @@ def simt_config(m: int, n: int, k: int, bits: int, x_dtype: torch.dtype, mode: s
     return choose_config(m_bucket(m), n, chunks_per_row(bits, k), num_sms, _ACT[x_dtype], bits, k, gpu_name, mode)
 
 
-def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int) -> dict:
-    """The tensor-core GEMV's config (choose_mma_config; DEFER off where a k-tile straddles groups) and the layout it
-    reads (WG, see MMA_ON_WGMMA)."""
-    wg = MMA_ON_WGMMA[bits]
-    cfg = {**choose_mma_config(1 if m <= 8 else 2, n, mma_k_tiles(bits, k), num_sms, bits), "WG": wg}
+def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int, mode: str = "sym",
+               wg: int | None = None) -> dict:
+    """The tensor-core GEMV's config (choose_mma_config, then mma_row_tiles; DEFER off where a k-tile straddles
+    groups) on the layout it reads: ``wg`` 1 wgmma_v1, 0 gemv_mma_v1, None the bit width's default (MMA_ON_WGMMA)."""
+    wg = MMA_ON_WGMMA[bits] if wg is None else wg
+    mb = 1 if m <= 8 else 2
+    cfg = {**choose_mma_config(mb, n, mma_k_tiles(bits, k), num_sms, bits), "WG": wg}
+    cfg = mma_row_tiles(cfg, mb, n, bits, mode, num_sms)
     if not defer_ok(group_size, 64 if bits == 4 or wg else 32):
         cfg = {**cfg, "DEFER": 0}
     return cfg
+
+
+# Where the tensor-core GEMV loads its first step's weights before the PDL wait (EARLY) and where a warp takes two row
+# tiles (RT 2: one x fetch and one set of B fragments serve both). Source: H100, tools/bench/gemv_dispatch.py
+# --compact-only (W4 g128 sym / zero point, the configs with and without timed side by side: M = 16 on the 80
+# model-list layers, M = 8 on their 26 smallest, then both and bf16 M = 1 on 12 / 5 layers from 2 to 112 MiB).
+# * M <= 8 (mb 1): EARLY made sym 0.78-0.99x (geometric mean 0.92x at M = 8, 0.91x at bf16 M = 1) and zero point
+#   0.72-0.95x where the k-split is at its cap of 16 slices (few row tiles); on wider zero-point layers it was mixed
+#   (0.92-1.37x), so off there. On wgmma_v1 0.86-0.99x at both.
+# * M = 16, at most one block per SM: EARLY lost at sym on gemv_mma_v1 (1.10x: blocks that all start early mostly
+#   wait), RT 2 everywhere; EARLY on wgmma_v1 0.93x. With more blocks: gemv_mma_v1 sym EARLY 0.64-0.75x at the cap,
+#   0.94-0.98x on wider layers; zero point EARLY alone ~1.0x, with RT 2 0.70-0.80x at the cap, 1.2-1.4x below it.
+#   wgmma_v1 (each warp copies its x rows through shared memory per 512-byte int4 tile, at M = 16 four times the
+#   weight bytes; RT 2 halves that): EARLY with RT 2 0.76-0.81x at the cap and 0.82-0.90x on wide layers that keep
+#   >= MMA_WG_RT2_WARPS_PER_SM warps per SM with half the warps; with fewer warps RT 2 lost (1.3x) and EARLY ~4%.
+#   Over 12 layers at M = 16: gemv_mma_v1 0.89x (sym) / 0.93x (zero point), wgmma_v1 0.89x / 0.91x, none slower.
+# int8 weights (on wgmma_v1 by default) were not swept and keep the plain rule.
+MMA_WG_RT2_WARPS_PER_SM = 16
+
+
+def mma_row_tiles(cfg: dict, mb: int, n: int, bits: int, mode: str, num_sms: int) -> dict:
+    """EARLY and RT of the tensor-core GEMV's config for int4 weights (the measurements above). M <= 8 (mb 1): EARLY,
+    on gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
+    most one block per SM, EARLY on wgmma_v1 only; with more, EARLY and RT 2 where the k-split is at its cap (on
+    gemv_mma_v1 at sym: EARLY alone) or, on wgmma_v1, where half the warps still fill the GPU; EARLY alone on the other
+    gemv_mma_v1 sym layers."""
+    if bits != 4:
+        return cfg
+    nt, wg, at_cap = -(-n // 16), cfg["WG"], cfg["KS"] >= 16
+    if mb == 1:
+        return {**cfg, "EARLY": 1} if wg or mode == "sym" or at_cap else cfg
+    if -(-nt // cfg["RG"]) <= num_sms:
+        return {**cfg, "EARLY": 1} if wg else cfg
+    wide = nt // 2 * cfg["KS"] >= MMA_WG_RT2_WARPS_PER_SM * num_sms
+    fits = cfg["KS"] * cfg["RG"] * 2 <= 32  # (the k-slice reduction's shared memory, prepare_mma)
+    if fits and ((wg and (at_cap or wide)) or (not wg and at_cap and mode != "sym")):
+        return {**cfg, "EARLY": 1, "RT": 2}
+    if wg:
+        return cfg
+    return {**cfg, "EARLY": 1} if mode == "sym" else cfg
 
 
 # Which layout the tensor-core GEMV reads by default, per weight bit width: 1 = wgmma_v1 (the prefill GEMM's, so M <= 16
@@ -423,7 +470,7 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     opts = current_options()  # kernel_options: force "cuda_gemv_mma" / "cuda_gemv", or a config for either
     forced_mma = "cuda_gemv_mma" in opts.force or ("cuda_gemv" not in opts.force and use_mma(x2d.dtype, m))
     if x2d.dtype != torch.float32 and forced_mma:
-        cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count)
+        cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count, qw.mode)
         forced = opts.configs.get("cuda_gemv_mma")
         return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced), perm)
     forced = opts.configs.get("cuda_gemv")
@@ -527,11 +574,14 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         fn = nvrtc.get_function(SIMT_SOURCE, SIMT_KERNEL, simt_defines_for(*codes, cfg), dev)
         smem, grid = 0, (-(-nt // (cfg["RG"] * cfg.get("RT", 1))), 1, 1)
     else:
+        if cfg["KS"] * cfg["RG"] * cfg.get("RT", 1) > 32:
+            raise ValueError(f"tensor-core GEMV config {cfg}: KS x RG x RT must be <= 32 (the k-slice reduction "
+                             f"keeps 1 KiB of shared memory per slice and row tile)")
         fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, mma_defines_for(*codes, mb, cfg), dev)
         smem = mma_x_smem_bytes(cfg, mb)
         if smem:
             nvrtc.allow_dynamic_smem(fn, smem)
-        grid = (-(-nt // cfg["RG"]), 1, 1)
+        grid = (-(-nt // (cfg["RG"] * cfg.get("RT", 1))), 1, 1)
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
     args = _common_args(lay, n) + [
         ctypes.c_int(lay.k_tiles),

@@ -83,6 +83,15 @@
 #ifndef MMA_WG
 #define MMA_WG 0
 #endif
+// RT 16-row tiles per warp: one staging of x and one set of B fragments serve RT tiles' mma (at M = 16 the x
+// traffic through shared memory / L1 is 4x the int4 weight bytes of a tile, the limit of the MMA_WG ring otherwise)
+#ifndef MMA_RT
+#define MMA_RT 1
+#endif
+// 1: the first step's weights and parameters are loaded before the PDL wait (else only prefetched to L2)
+#ifndef MMA_EARLY
+#define MMA_EARLY 0
+#endif
 #ifndef MMA_G32
 #define MMA_G32 0
 #endif
@@ -137,7 +146,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
                  int Mr,
                  const int* __restrict__ perm) {   // MMA_PERM: [Kp] input permutation (else unused, may be null)
   constexpr int BITS = MMA_BITS, ACT = MMA_ACT, SCL = MMA_SCL, MODE = MMA_MODE;
-  constexpr int MB = MMA_MB, U = MMA_U, RG = MMA_RG, KS = MMA_KS;
+  constexpr int MB = MMA_MB, U = MMA_U, RG = MMA_RG, KS = MMA_KS, RT = MMA_RT;
   constexpr bool WG = MMA_WG != 0;
   constexpr int KT = (WG || BITS == 4) ? 64 : 32, KL = KT / 4;
   constexpr int LU = KT * BITS / 256;          // uint4 of weights per lane and tile (int8 on wgmma_v1: 2)
@@ -153,14 +162,19 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int rg = warp % RG, ks = warp / RG;
-  const int nt = blockIdx.x * RG + rg;
+  const int nt0 = (blockIdx.x * RG + rg) * RT;  // this warp's first row tile
   const int Nt = (N + 15) >> 4;
-  const int ntc = min(nt, Nt - 1);  // warps past the last tile redo it and never store
-  const uint4* wt = WG ? W + ((size_t)(ntc >> 3) * Kt * 8 + (ntc & 7)) * 32 * LU + lane : W + (size_t)ntc * Kt * 32 + lane;
-  // row g's and row g + 8's parameters (wgmma_v1 pads rows to 128 with zeros, so its rows need no clamp)
-  const char* prow0 = WG ? params + ((size_t)(ntc >> 3) * G * 128 + (ntc & 7) * 16 + g) * P::PB
-                         : params + (size_t)min(ntc * 16 + g, N - 1) * G * P::PB;
-  const char* prow1 = WG ? prow0 + 8 * P::PB : params + (size_t)min(ntc * 16 + g + 8, N - 1) * G * P::PB;
+  const uint4* wt[RT];
+  const char* prow0[RT];  // row g's and row g + 8's parameters (wgmma_v1 pads rows to 128 with zeros: no clamp)
+  const char* prow1[RT];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    const int ntc = min(nt0 + r, Nt - 1);  // tiles past the last one redo it and are never stored
+    wt[r] = WG ? W + ((size_t)(ntc >> 3) * Kt * 8 + (ntc & 7)) * 32 * LU + lane : W + (size_t)ntc * Kt * 32 + lane;
+    prow0[r] = WG ? params + ((size_t)(ntc >> 3) * G * 128 + (ntc & 7) * 16 + g) * P::PB
+                  : params + (size_t)min(ntc * 16 + g, N - 1) * G * P::PB;
+    prow1[r] = WG ? prow0[r] + 8 * P::PB : params + (size_t)min(ntc * 16 + g + 8, N - 1) * G * P::PB;
+  }
   const uint4* xrow[MB];  // this lane's piece of each B row (MMA_PERM: the row itself)
 #pragma unroll
   for (int b = 0; b < MB; ++b) xrow[b] = X + (size_t)min(g + 8 * b, Mr - 1) * ldx4 + (MMA_PERM ? 0 : t * XV);
@@ -172,9 +186,11 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   uint4* const ring = xsm + (size_t)warp * SLOTS * XR * 8;
 #endif
 
-  float acc[MB][4];
+  float acc[RT][MB][4];
 #pragma unroll
-  for (int b = 0; b < MB; ++b) acc[b][0] = acc[b][1] = acc[b][2] = acc[b][3] = 0.f;
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int b = 0; b < MB; ++b) acc[r][b][0] = acc[r][b][1] = acc[r][b][2] = acc[r][b][3] = 0.f;
 
   auto group_of = [&](int kt, int h) { return min((kt * KT + (WG ? 32 * h : KL * t)) >> gk, G - 1); };
   // MMA_WG: the x rows of k-tile kt into ring slot `slot` (cp.async, or gathered through perm for act-order layers)
@@ -193,20 +209,31 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
     }
 #endif
   };
-  auto load = [&](auto& wv, auto& p0, auto& p1, auto& xv, int kt0, int buf) {
+  // the constant bytes of a step (weights and parameters): free to load before pdl_wait()
+  auto load_w = [&](auto& wv, auto& p0, auto& p1, int kt0) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
-    if (WG) __syncwarp();  // every lane is done reading the ring slots this step refills
-    // all loads of a step together: UU weight tiles in flight per lane, activations alongside
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
       const int kt = kt0 + u * KS;
 #pragma unroll
-      for (int l = 0; l < LU; ++l) wv[u][l] = ld_stream(wt + (size_t)kt * TSTEP + 32 * l);
+      for (int r = 0; r < RT; ++r) {
 #pragma unroll
-      for (int h = 0; h < NP; ++h) {
-        p0[u][h].load(prow0, group_of(kt, h) * GSTR);
-        p1[u][h].load(prow1, group_of(kt, h) * GSTR);
+        for (int l = 0; l < LU; ++l) wv[u][r][l] = ld_stream(wt[r] + (size_t)kt * TSTEP + 32 * l);
+#pragma unroll
+        for (int h = 0; h < NP; ++h) {
+          p0[u][r][h].load(prow0[r], group_of(kt, h) * GSTR);
+          p1[u][r][h].load(prow1[r], group_of(kt, h) * GSTR);
+        }
       }
+    }
+  };
+  // a step's activations (the previous kernel's output: only after pdl_wait())
+  auto load_x = [&](auto& xv, int kt0, int buf) {
+    constexpr int UU = sizeof(xv) / sizeof(xv[0]);
+    if (WG) __syncwarp();  // every lane is done reading the ring slots this step refills
+#pragma unroll
+    for (int u = 0; u < UU; ++u) {
+      const int kt = kt0 + u * KS;
       if (WG) {
         stage_x(buf * U + u, kt);
         continue;
@@ -228,6 +255,11 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
 #endif
     }
     if (WG) asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  // all loads of a step together: UU weight tiles in flight per lane, activations alongside
+  auto load = [&](auto& wv, auto& p0, auto& p1, auto& xv, int kt0, int buf) {
+    load_w(wv, p0, p1, kt0);
+    load_x(xv, kt0, buf);
   };
   // Deferred scaling (MMA_DEFER 1). Why: the per-pair "* s" rounds every dequantized weight to fp16/bf16
   // (scales below ~6e-5 lose digits); here A holds the exact integers q - z, the mma sums them times x in
@@ -278,57 +310,54 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
           xw[b][4 * v + 3] = xv[u][b][v].w;
         }
 #endif
-      u32 w[4 * LU];
 #pragma unroll
-      for (int l = 0; l < LU; ++l) {
-        w[4 * l] = wv[u][l].x;
-        w[4 * l + 1] = wv[u][l].y;
-        w[4 * l + 2] = wv[u][l].z;
-        w[4 * l + 3] = wv[u][l].w;
-      }
+      for (int r = 0; r < RT; ++r) {  // the B fragments above serve every row tile
+        u32 w[4 * LU];
+        tile_words(wv[u][r], w);
 #pragma unroll
-      for (int h = 0; h < NP; ++h) {  // one parameter set per STEPS / NP steps
-        RowQ<ACT, MODE> q0, q1;
-        const float s0 = p0[u][h].scale(), s1 = p1[u][h].scale();
-        const float z0 = MODE == 1 ? p0[u][h].second() : ZBIAS, z1 = MODE == 1 ? p1[u][h].second() : ZBIAS;
-        const float m0 = MODE == 2 ? p0[u][h].second() : 0.f, m1 = MODE == 2 ? p1[u][h].second() : 0.f;
-        q0.set(s0, z0, m0);
-        q1.set(s1, z1, m1);
-        float cacc[MB][4], xacc[MB][4];  // this piece's mma sums (DEFER) and activation sums (XSUM)
+        for (int h = 0; h < NP; ++h) {  // one parameter set per STEPS / NP steps
+          RowQ<ACT, MODE> q0, q1;
+          const float s0 = p0[u][r][h].scale(), s1 = p1[u][r][h].scale();
+          const float z0 = MODE == 1 ? p0[u][r][h].second() : ZBIAS, z1 = MODE == 1 ? p1[u][r][h].second() : ZBIAS;
+          const float m0 = MODE == 2 ? p0[u][r][h].second() : 0.f, m1 = MODE == 2 ? p1[u][r][h].second() : 0.f;
+          q0.set(s0, z0, m0);
+          q1.set(s1, z1, m1);
+          float cacc[MB][4], xacc[MB][4];  // this piece's mma sums (DEFER) and activation sums (XSUM)
 #pragma unroll
-        for (int b = 0; b < MB; ++b)
+          for (int b = 0; b < MB; ++b)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) cacc[b][i] = xacc[b][i] = 0.f;
+            for (int i = 0; i < 4; ++i) cacc[b][i] = xacc[b][i] = 0.f;
 #pragma unroll
-        for (int s = h * (STEPS / NP); s < (h + 1) * (STEPS / NP); ++s) {
-          u32 a[4];  // a0: row g pair 0; a1: row g+8 pair 0; a2: row g pair 1; a3: row g+8 pair 1
-          a_frag_step<BITS, ACT, MODE, DEFER == 0>(w, s, q0, q1, z0, z1, a);
+          for (int s = h * (STEPS / NP); s < (h + 1) * (STEPS / NP); ++s) {
+            u32 a[4];  // a0: row g pair 0; a1: row g+8 pair 0; a2: row g pair 1; a3: row g+8 pair 1
+            a_frag_step<BITS, ACT, MODE, DEFER == 0>(w, s, q0, q1, z0, z1, a);
 #pragma unroll
-          for (int b = 0; b < MB; ++b) {
-            if (DEFER) mma16816<ACT>(cacc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
-            else mma16816<ACT>(acc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
-            if (XSUM) {
-              const u32 ones[4] = {ONES, ONES, ONES, ONES};
-              mma16816<ACT>(xacc[b], ones, xw[b][2 * s], xw[b][2 * s + 1]);
+            for (int b = 0; b < MB; ++b) {
+              if (DEFER) mma16816<ACT>(cacc[b], a, xw[b][2 * s], xw[b][2 * s + 1]);
+              else mma16816<ACT>(acc[r][b], a, xw[b][2 * s], xw[b][2 * s + 1]);
+              if (XSUM) {
+                const u32 ones[4] = {ONES, ONES, ONES, ONES};
+                mma16816<ACT>(xacc[b], ones, xw[b][2 * s], xw[b][2 * s + 1]);
+              }
             }
           }
-        }
-        if (DEFER) {
-          // per-row coefficients of this piece (row g: c0, c1; row g + 8: c2, c3)
-          const float al0 = s0, al1 = s1;
-          const float be0 = MODE == 2 ? fmaf(z0, s0, m0) : 0.f, be1 = MODE == 2 ? fmaf(z1, s1, m1) : 0.f;
+          if (DEFER) {
+            // per-row coefficients of this piece (row g: c0, c1; row g + 8: c2, c3)
+            const float al0 = s0, al1 = s1;
+            const float be0 = MODE == 2 ? fmaf(z0, s0, m0) : 0.f, be1 = MODE == 2 ? fmaf(z1, s1, m1) : 0.f;
 #pragma unroll
-          for (int b = 0; b < MB; ++b) {
-            float* ac = acc[b];
-            ac[0] = fmaf(al0, cacc[b][0], ac[0]);
-            ac[1] = fmaf(al0, cacc[b][1], ac[1]);
-            ac[2] = fmaf(al1, cacc[b][2], ac[2]);
-            ac[3] = fmaf(al1, cacc[b][3], ac[3]);
-            if (XSUM) {
-              ac[0] = fmaf(be0, xacc[b][0], ac[0]);
-              ac[1] = fmaf(be0, xacc[b][1], ac[1]);
-              ac[2] = fmaf(be1, xacc[b][2], ac[2]);
-              ac[3] = fmaf(be1, xacc[b][3], ac[3]);
+            for (int b = 0; b < MB; ++b) {
+              float* ac = acc[r][b];
+              ac[0] = fmaf(al0, cacc[b][0], ac[0]);
+              ac[1] = fmaf(al0, cacc[b][1], ac[1]);
+              ac[2] = fmaf(al1, cacc[b][2], ac[2]);
+              ac[3] = fmaf(al1, cacc[b][3], ac[3]);
+              if (XSUM) {
+                ac[0] = fmaf(be0, xacc[b][0], ac[0]);
+                ac[1] = fmaf(be0, xacc[b][1], ac[1]);
+                ac[2] = fmaf(be1, xacc[b][2], ac[2]);
+                ac[3] = fmaf(be1, xacc[b][3], ac[3]);
+              }
             }
           }
         }
@@ -336,42 +365,51 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
     }
   };
   int kt0 = ks;
-  // PDL (gemv_common.cuh): the first tiles of weights go to L2 while the previous kernel drains; x,
-  // bias and y are touched only after pdl_wait()
-  pdl_launch_dependents();
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (ks + u * KS < Kt) prefetch_l2(wt + (size_t)(ks + u * KS) * TSTEP);
-  pdl_wait();
-  uint4 wA[U][LU], wB[U][LU];
-  P a0[U][NP], a1[U][NP], b0[U][NP], b1[U][NP];
+  uint4 wA[U][RT][LU], wB[U][RT][LU];
+  P a0[U][RT][NP], a1[U][RT][NP], b0[U][RT][NP], b1[U][RT][NP];
   uint4 xA[U][MB][XV], xB[U][MB][XV];
-  if (MMA_PF && kt0 + (U - 1) * KS < Kt) {
-    // Register double buffering: the next step's loads are in flight while this step computes.
-    load(wA, a0, a1, xA, kt0, 0);
-    while (true) {
-      int kt1 = kt0 + U * KS;
-      bool more = kt1 + (U - 1) * KS < Kt;
-      if (more) load(wB, b0, b1, xB, kt1, 1);
-      compute(wA, a0, a1, xA, 0, more);
-      kt0 = kt1;
-      if (!more) break;
-      kt1 = kt0 + U * KS;
-      more = kt1 + (U - 1) * KS < Kt;
-      if (more) load(wA, a0, a1, xA, kt1, 0);
-      compute(wB, b0, b1, xB, 1, more);
-      kt0 = kt1;
-      if (!more) break;
-    }
+  const bool full = kt0 + (U - 1) * KS < Kt;
+  // PDL (gemv_common.cuh): x, bias and y are touched only after pdl_wait(). MMA_EARLY: the first step's weights and
+  // parameters are loaded before it, so a block that starts during the previous kernel's tail has its first bytes in
+  // flight; otherwise they only go to L2.
+  pdl_launch_dependents();
+  if (MMA_EARLY && full) {
+    load_w(wA, a0, a1, kt0);
   } else {
-    for (; kt0 + (U - 1) * KS < Kt; kt0 += U * KS) {
-      load(wA, a0, a1, xA, kt0, 0);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (ks + u * KS < Kt)
+#pragma unroll
+        for (int r = 0; r < RT; ++r) prefetch_l2(wt[r] + (size_t)(ks + u * KS) * TSTEP);
+  }
+  pdl_wait();
+  if (full) {
+    if (!MMA_EARLY) load_w(wA, a0, a1, kt0);
+    load_x(xA, kt0, 0);
+    if (MMA_PF) {
+      // Register double buffering: the next step's loads (into the other buffer) are in flight while this step
+      // computes; false after the last full step. Called with the buffers swapped, so no buffer is copied.
+      auto step = [&](auto& wc, auto& pc0, auto& pc1, auto& xc, int bc, auto& wn, auto& pn0, auto& pn1, auto& xn) {
+        const int kt1 = kt0 + U * KS;
+        const bool more = kt1 + (U - 1) * KS < Kt;
+        if (more) load(wn, pn0, pn1, xn, kt1, 1 - bc);
+        compute(wc, pc0, pc1, xc, bc, more);
+        kt0 = kt1;
+        return more;
+      };
+      while (step(wA, a0, a1, xA, 0, wB, b0, b1, xB) && step(wB, b0, b1, xB, 1, wA, a0, a1, xA)) {
+      }
+    } else {
       compute(wA, a0, a1, xA, 0, false);
+      for (kt0 += U * KS; kt0 + (U - 1) * KS < Kt; kt0 += U * KS) {
+        load(wA, a0, a1, xA, kt0, 0);
+        compute(wA, a0, a1, xA, 0, false);
+      }
     }
   }
   for (; kt0 < Kt; kt0 += KS) {
-    uint4 w1[1][LU];
-    P q0[1][NP], q1[1][NP];
+    uint4 w1[1][RT][LU];
+    P q0[1][RT][NP], q1[1][RT][NP];
     uint4 x1[1][MB][XV];
     load(w1, q0, q1, x1, kt0, 0);
     compute(w1, q0, q1, x1, 0, false);
@@ -379,18 +417,21 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
 
   // Epilogue: C fragment c0 = (n g, m 2t), c1 = (n g, m 2t+1), c2 = (n g+8, m 2t), c3 = (n g+8, m 2t+1);
   // the KS k-slices meet in shared memory, then bias, clamp, store.
-  __shared__ float red[KS][RG][16][16];
+  __shared__ float red[KS][RG * RT][16][16];
 #pragma unroll
-  for (int b = 0; b < MB; ++b) {
-    red[ks][rg][g][2 * t + 8 * b] = acc[b][0];
-    red[ks][rg][g][2 * t + 1 + 8 * b] = acc[b][1];
-    red[ks][rg][g + 8][2 * t + 8 * b] = acc[b][2];
-    red[ks][rg][g + 8][2 * t + 1 + 8 * b] = acc[b][3];
-  }
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int b = 0; b < MB; ++b) {
+      float(&rd)[16][16] = red[ks][rg * RT + r];
+      rd[g][2 * t + 8 * b] = acc[r][b][0];
+      rd[g][2 * t + 1 + 8 * b] = acc[r][b][1];
+      rd[g + 8][2 * t + 8 * b] = acc[r][b][2];
+      rd[g + 8][2 * t + 1 + 8 * b] = acc[r][b][3];
+    }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < RG * 16 * 16; idx += MMA_THREADS) {
+  for (int idx = threadIdx.x; idx < RG * RT * 16 * 16; idx += MMA_THREADS) {
     const int r = idx / 256, m = (idx / 16) % 16, j = idx % 16;  // consecutive threads: consecutive n
-    const int n = (blockIdx.x * RG + r) * 16 + j;
+    const int n = (blockIdx.x * RG * RT + r) * 16 + j;
     if (n >= N || m >= Mr || m >= 8 * MB) continue;
     float v = 0.f;
 #pragma unroll

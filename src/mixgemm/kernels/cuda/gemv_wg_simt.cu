@@ -132,13 +132,7 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
         u32 w[4 * LU];
-#pragma unroll
-        for (int l = 0; l < LU; ++l) {
-          w[4 * l] = wv[u][r][l].x;
-          w[4 * l + 1] = wv[u][r][l].y;
-          w[4 * l + 2] = wv[u][r][l].z;
-          w[4 * l + 3] = wv[u][r][l].w;
-        }
+        tile_words(wv[u][r], w);
 #pragma unroll
         for (int h = 0; h < NP; ++h) {
           const P& q0p = p0[u][r][h];

@@ -67,6 +67,18 @@ struct RowQ {
   }
 };
 
+// A lane's weight words of one tile (LU 16-byte loads) in the order a_frag_step reads them
+template <int LU>
+__device__ __forceinline__ void tile_words(const uint4 (&v)[LU], u32 (&w)[4 * LU]) {
+#pragma unroll
+  for (int l = 0; l < LU; ++l) {
+    w[4 * l] = v[l].x;
+    w[4 * l + 1] = v[l].y;
+    w[4 * l + 2] = v[l].z;
+    w[4 * l + 3] = v[l].w;
+  }
+}
+
 // The four A registers of step s from the lane's words w (int4: w[s]; int8: w[2s], w[2s + 1]).
 // q0 / z0: row g's group constants, q1 / z1: row g + 8's (z = the zero point used, 8 / 128 for sym and
 // offset). SCALED: A holds dequantized weights (q - z) * s (+ m + z s); else the exact integers q - z.
