@@ -226,6 +226,12 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
     out = [{**base, "KS": ks, "RG": max(1, WARPS // ks)} for ks in _pow2_neighbours(base["KS"], 1, 16)
            if kt >= 2 * ks]
     out += one_axis_variants(base, {"U": (1, 2)}, lambda c: True)
+    if not base.get("SIMT", 0):
+        # the first weights before the PDL wait and two row tiles per warp (gemv.mma_row_tiles), absent keys read as
+        # off; the k-slice reduction holds KS x RG x RT <= 32 KiB
+        plain = {**base, "EARLY": base.get("EARLY", 0), "RT": base.get("RT", 1)}
+        out += [c for c in one_axis_variants(plain, {"EARLY": (0, 1), "RT": (1, 2)},
+                                             lambda c: c["KS"] * c["RG"] * c["RT"] <= 32) if c not in out]
     # the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at its default tile: M = 1 from the GEMM's bytes (a compacted
     # weight's base may already be it)
     if p.m == 1 and not p.act_order:
