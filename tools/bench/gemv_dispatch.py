@@ -38,7 +38,7 @@ from mixgemm.bench import protocol
 from mixgemm.bench.models import catalog, model_layers
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels import linear as entries
-from mixgemm.kernels.cuda.gemv import WG_LAYOUT, mma_k_tiles
+from mixgemm.kernels.cuda.gemv import WG_LAYOUT, mma_k_tiles, mma_reduction_fits
 from mixgemm.kernels.registry import device_info
 
 FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
@@ -53,11 +53,12 @@ def mma_grid(base: dict, kt: int) -> list[dict]:
 def mma_variants(base: dict) -> list[dict]:
     """The tensor-core GEMV's M > 1 variants around the default ``base`` (kernels.cuda.gemv.mma_row_tiles): without
     EARLY and RT, with EARLY (the first step's weights before the PDL wait), and EARLY with two row tiles per warp
-    (RT 2) at the same KS, less ``base`` itself and those whose reduction does not fit (KS x RG x RT <= 32)."""
+    (RT 2) at the same KS, less ``base`` itself and those whose k-slice reduction does not fit
+    (kernels.cuda.gemv.mma_reduction_fits)."""
     # (explicit 0 / 1: a forced config is laid over the default, kernels.cuda.gemv.mma_override)
     out = [{**base, "EARLY": 0, "RT": 1}, {**base, "EARLY": 1, "RT": 1}, {**base, "EARLY": 1, "RT": 2}]
     same = {**base, "EARLY": base.get("EARLY", 0), "RT": base.get("RT", 1)}
-    return [c for c in out if c != same and c["KS"] * c["RG"] * c["RT"] <= 32]
+    return [c for c in out if c != same and mma_reduction_fits(c)]
 
 
 # (RT row tiles per warp, U k-tiles per step, PF double buffering) of the M = 1 CUDA-core math on wgmma_v1: 1-8 tiles of

@@ -366,7 +366,8 @@ def _prep_mixgemm_weight_only(bits: int, group_size: int | None, mode: str = "sy
             compute="fp32" if dtype == torch.float32 else "fp16", before_call=before_call,
         )
 
-    prepare._mixgemm_args = {"bits": bits, "group_size": group_size, "mode": mode}
+    # (the layout a compacted weight keeps, and this method's prepare for such a weight: _compact_methods)
+    prepare.resident_variant = ("wgmma_v1", lambda layout: _prep_mixgemm_weight_only(bits, group_size, mode, layout))
     return prepare
 
 
@@ -418,7 +419,8 @@ def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group"
             note=f"int8 activations per token{' and group' if act_block == 'group' else ''}, made in the call",
         )
 
-    prepare._mixgemm_args = {"bits": bits, "group_size": group_size, "act_block": act_block, "int_scales": int_scales}
+    prepare.resident_variant = ("wgmma_a8_v1",
+                                lambda layout: _prep_mixgemm_a8(bits, group_size, act_block, int_scales, layout))
     return prepare
 
 
@@ -521,23 +523,17 @@ def mixgemm_methods(bits_list: list[int], group_size: int) -> list[Method]:
     return out + _compact_methods(out)
 
 
-# "<method> compact": the same weight holding only the layout its Hopper kernels read (QuantLinear.compact_), so one
-# run times the plain and the compacted weight side by side
-_COMPACT_LAYOUT = {"A16": "wgmma_v1", "A8": "wgmma_a8_v1"}
-
-
 def _compact_methods(methods: list[Method]) -> list[Method]:
+    """"<method> compact" for each mixgemm method: the same weight holding only the layout its Hopper kernels read
+    (QuantLinear.compact_), so one run times the plain and the compacted weight side by side."""
     out = []
     for m in methods:
-        prep = m.prepare
-        a8 = "A8" in m.name.split()[1]
-        layout = _COMPACT_LAYOUT["A8" if a8 else "A16"]
-        kw = getattr(prep, "_mixgemm_args", None)
-        if kw is None:
+        variant = getattr(m.prepare, "resident_variant", None)
+        if variant is None:
             continue
-        factory = _prep_mixgemm_a8 if a8 else _prep_mixgemm_weight_only
+        layout, prepare_for = variant
         out.append(dataclasses.replace(
-            m, name=f"{m.name} compact", prepare=factory(**kw, resident=layout), cpu=False, default=False,
+            m, name=f"{m.name} compact", prepare=prepare_for(layout), cpu=False, default=False,
             unavailable=_compact_unavailable(m.unavailable),
             description=f"{m.description}; the weight keeps only {layout} (QuantLinear.compact_)"))
     return out

@@ -218,7 +218,7 @@ def _pow2_neighbours(v: int, lo: int, hi: int) -> list[int]:
 
 
 def _gemv_mma_candidates(p: Problem) -> list[dict]:
-    from mixgemm.kernels.cuda.gemv import WARPS, mma_k_tiles, wg_simt_config
+    from mixgemm.kernels.cuda.gemv import WARPS, mma_k_tiles, mma_reduction_fits, wg_simt_config
 
     base = _gemv_mma_config(p)
     kt = mma_k_tiles(p.bits, p.k)
@@ -228,10 +228,10 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
     out += one_axis_variants(base, {"U": (1, 2)}, lambda c: True)
     if not base.get("SIMT", 0):
         # the first weights before the PDL wait and two row tiles per warp (gemv.mma_row_tiles), absent keys read as
-        # off; the k-slice reduction holds KS x RG x RT <= 32 KiB
+        # off; within the k-slice reduction's shared memory
         plain = {**base, "EARLY": base.get("EARLY", 0), "RT": base.get("RT", 1)}
-        out += [c for c in one_axis_variants(plain, {"EARLY": (0, 1), "RT": (1, 2)},
-                                             lambda c: c["KS"] * c["RG"] * c["RT"] <= 32) if c not in out]
+        out += [c for c in one_axis_variants(plain, {"EARLY": (0, 1), "RT": (1, 2)}, mma_reduction_fits)
+                if c not in out]
     # the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at its default tile: M = 1 from the GEMM's bytes (a compacted
     # weight's base may already be it)
     if p.m == 1 and not p.act_order:

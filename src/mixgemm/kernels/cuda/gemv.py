@@ -389,6 +389,15 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
 # int8 weights (on wgmma_v1 by default) were not swept and keep the plain rule.
 MMA_WG_RT2_WARPS_PER_SM = 16
 
+# The tensor-core GEMV's k-slice reduction keeps 1 KiB of static shared memory per k-slice and row tile of a block
+# (gemv_mma.cu `red`), so a block holds at most this many (KS x RG x RT; 32 KiB of the 48 KiB static limit).
+MMA_REDUCTION_TILES = 32
+
+
+def mma_reduction_fits(cfg: dict) -> bool:
+    """Whether a tensor-core GEMV config's k-slice reduction fits its shared memory (MMA_REDUCTION_TILES)."""
+    return cfg["KS"] * cfg["RG"] * cfg.get("RT", 1) <= MMA_REDUCTION_TILES
+
 
 def mma_row_tiles(cfg: dict, mb: int, n: int, bits: int, mode: str, num_sms: int) -> dict:
     """EARLY and RT of the tensor-core GEMV's config for int4 weights (the measurements above). M <= 8 (mb 1): EARLY,
@@ -404,8 +413,7 @@ def mma_row_tiles(cfg: dict, mb: int, n: int, bits: int, mode: str, num_sms: int
     if -(-nt // cfg["RG"]) <= num_sms:
         return {**cfg, "EARLY": 1} if wg else cfg
     wide = nt // 2 * cfg["KS"] >= MMA_WG_RT2_WARPS_PER_SM * num_sms
-    fits = cfg["KS"] * cfg["RG"] * 2 <= 32  # (the k-slice reduction's shared memory, prepare_mma)
-    if fits and ((wg and (at_cap or wide)) or (not wg and at_cap and mode != "sym")):
+    if mma_reduction_fits({**cfg, "RT": 2}) and ((wg and (at_cap or wide)) or (not wg and at_cap and mode != "sym")):
         return {**cfg, "EARLY": 1, "RT": 2}
     if wg:
         return cfg
@@ -574,9 +582,9 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         fn = nvrtc.get_function(SIMT_SOURCE, SIMT_KERNEL, simt_defines_for(*codes, cfg), dev)
         smem, grid = 0, (-(-nt // (cfg["RG"] * cfg.get("RT", 1))), 1, 1)
     else:
-        if cfg["KS"] * cfg["RG"] * cfg.get("RT", 1) > 32:
-            raise ValueError(f"tensor-core GEMV config {cfg}: KS x RG x RT must be <= 32 (the k-slice reduction "
-                             f"keeps 1 KiB of shared memory per slice and row tile)")
+        if not mma_reduction_fits(cfg):
+            raise ValueError(f"tensor-core GEMV config {cfg}: KS x RG x RT must be <= {MMA_REDUCTION_TILES} (the "
+                             f"k-slice reduction keeps 1 KiB of shared memory per slice and row tile)")
         fn = nvrtc.get_function(MMA_SOURCE, MMA_KERNEL, mma_defines_for(*codes, mb, cfg), dev)
         smem = mma_x_smem_bytes(cfg, mb)
         if smem:
