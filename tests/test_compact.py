@@ -17,6 +17,7 @@ from mixgemm.formats.weight import QuantConfig
 from mixgemm.kernels.registry import DeviceInfo, NoKernel
 from mixgemm.nn import QuantLinear
 from mixgemm.ops.custom_ops import weight_from_tensors
+from mixgemm.tuning import A8_WG_GEMV_MAX_M
 
 H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
 FORMATS = [(4, 32, "sym"), (4, 128, "zero_point"), (4, -1, "offset"), (8, -1, "sym"), (8, 64, "zero_point"),
@@ -144,7 +145,8 @@ def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
 @pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token"), (8, 256, "group")])
 def test_compact_int8_activation_layers(bits, group, act_block, torch_gen):
     """W8A8 / W4A8 (sym) keep their codes in the int8 GEMM's wgmma_a8_v1: the same results (the CPU reference on the
-    codes read back) and state; on a described H100 every M runs the CUDA int8 GEMM, the others saying why not."""
+    codes read back) and state; on a described H100 decode sizes run the fused GEMV on that layout and the rest the CUDA
+    int8 GEMM, the others saying why not."""
     q = _layer(512, 75, bits, group, "sym", torch_gen, act_mode="sym", act_block=act_block)
     xs = [torch.randn(m, 512, generator=torch_gen) for m in (0, 1, 17)]
     before, sd = [q(x) for x in xs], {k: v.clone() for k, v in q.state_dict().items()}
@@ -156,8 +158,11 @@ def test_compact_int8_activation_layers(bits, group, act_block, torch_gen):
     for m in (1, 2, 64, 4096):
         c = mixgemm.explain(torch.empty(m, 512, dtype=torch.float16), qw, act_mode="sym", act_block=act_block,
                             device=H100)
-        assert (c.kernel, c.layout) == ("cuda_wgmma_a8", "wgmma_a8_v1"), str(c)
-        assert all("keeps only its wgmma_a8_v1" in why for name, why in c.declined), str(c)
+        gemv = m <= A8_WG_GEMV_MAX_M
+        assert (c.kernel, c.layout) == ("cuda_gemv_a8_wg" if gemv else "cuda_wgmma_a8", "wgmma_a8_v1"), str(c)
+        assert "keeps only its wgmma_a8_v1" in dict(c.declined)["cuda_gemv_a8"], str(c)
+        if not gemv:
+            assert f"M={m} outside the kernel's 1..16" in dict(c.declined)["cuda_gemv_a8_wg"], str(c)
 
 
 def test_compact_refusals_and_placeholder_misuse(torch_gen):
@@ -247,8 +252,9 @@ def test_compact_cuda_every_m(bits, group, mode, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token")])
 def test_compact_cuda_int8_activations(bits, group, act_block):
-    """W8A8 / W4A8 compacted on the GPU: every M on the CUDA int8 GEMM from wgmma_a8_v1, the same result as the layer
-    before compaction (other kernels at small M: within the fp16 tolerance), <= 1.10x the packed size for W8A8."""
+    """W8A8 / W4A8 compacted on the GPU: every M from wgmma_a8_v1 (the fused GEMV at decode sizes, the CUDA int8 GEMM
+    above), the same result as the layer before compaction (other kernels at small M: within the fp16 tolerance),
+    <= 1.10x the packed size for W8A8."""
     gen = torch.Generator().manual_seed(8)
     q = _layer(4096, 1000, bits, group, "sym", gen, act_mode="sym", act_block=act_block).to("cuda", torch.float16)
     xs = [torch.randn(m, 4096, generator=gen).to("cuda", torch.float16) for m in (1, 3, 64, 300)]

@@ -48,8 +48,9 @@ def test_every_entry_is_listed_once_in_order():
     names = [e.name for op in ("linear", "linear_a8", "conv") for e in entries(op)]
     assert len(names) == len(set(names)) == len(entry_names())
     assert [e.name for e in entries("linear")] == ["cuda_gemv_mma", "cuda_gemv", "cuda_wgmma", "triton_gemm"]
-    assert [e.name for e in entries("linear_a8")] == ["cuda_gemv_a8", "cuda_wgmma_a8", "triton_a8"]
-    for name in ("cuda_gemv_mma", "cuda_gemv", "cuda_wgmma", "cuda_gemv_a8", "cuda_wgmma_a8", "triton_a8"):
+    assert [e.name for e in entries("linear_a8")] == ["cuda_gemv_a8", "cuda_gemv_a8_wg", "cuda_wgmma_a8", "triton_a8"]
+    for name in ("cuda_gemv_mma", "cuda_gemv", "cuda_wgmma", "cuda_gemv_a8", "cuda_gemv_a8_wg", "cuda_wgmma_a8",
+                 "triton_a8"):
         assert entry(name).layout is not None and entry(name).layout.name  # the layout each reads, for accounting
 
 
@@ -240,12 +241,14 @@ def test_a8_entries_reasons():
     qw = _qw(2048, 2048)
     c = _explain(1, qw, act_mode="sym", act_block="token")
     assert c.kernel == "cuda_gemv_a8" and {"R", "KS", "RG", "NW"} <= set(c.config)
-    c = _explain(4, qw, act_mode="sym", act_block="token")  # the CUDA int8 GEMM also at small M (tuning)
+    c = _explain(4, qw, act_mode="sym", act_block="token")  # then the same GEMV on the int8 GEMM's layout (sm_90)
+    assert c.kernel == "cuda_gemv_a8_wg" and "above the fused GEMV's range" in _reasons(c)["cuda_gemv_a8"]
+    c = _explain(5, qw, act_mode="sym", act_block="token")  # the CUDA int8 GEMM also at small M (tuning)
     assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 64
-    assert "above the fused GEMV's range" in _reasons(c)["cuda_gemv_a8"]
+    assert "above the fused GEMV's range" in _reasons(c)["cuda_gemv_a8_wg"]
     c = _explain(100, qw, act_mode="sym", act_block="token")
     assert c.kernel == "triton_a8" and "below M=128 and outside M 3..64" in _reasons(c)["cuda_wgmma_a8"]
-    c = _explain(4, _qw(256, 1024, bits=8, group_size=-1), act_mode="sym")
+    c = _explain(5, _qw(256, 1024, bits=8, group_size=-1), act_mode="sym")
     assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 64
     # per-block activation scales stay with the Triton kernel up to M = 16, then take the CUDA int8 GEMM
     c = _explain(16, qw, act_mode="sym", act_block="group")

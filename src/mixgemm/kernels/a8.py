@@ -2,6 +2,9 @@
 
 * ``cuda_gemv_a8``: the fused CUDA GEMV (kernels/cuda/gemv_a8.cu: activation quantization in its prologue, dp4a),
   one launch, M <= mixgemm.tuning.A8_GEMV_MAX_M.
+* ``cuda_gemv_a8_wg``: the same fused GEMV on the int8 GEMM's ``wgmma_a8_v1`` (kernels/cuda/gemv_a8_wg.cu), sym x
+  sym, M <= mixgemm.tuning.A8_WG_GEMV_MAX_M: every such M of a weight that keeps only that layout (compacted), and on
+  sm_90 the M above cuda_gemv_a8's range for plain weights.
 * ``cuda_wgmma_a8``: the Hopper int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) after the activation quantizer, or
   with per-token scales quantizing in its own launch (config FQ, ``quantizing_pays``; outside CUDA-graph capture),
   sym x sym with a ``wgmma_a8_v1`` weight, in mixgemm.tuning.A8_WGMMA_SMALL_M and from M =
@@ -116,6 +119,64 @@ def _prepare_gemv_a8(p: Problem, qw, config):
     # a plan's output dtype is its activation dtype (the linear ops return x.dtype)
     return prepare_gemv_a8(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), p.act_mode, p.x_dtype,
                            p.per_token, config)
+
+
+# ------------------------------------------------------------------------- fused GEMV on the GEMM's layout
+def _gemv_a8_wg_can_run(p: Problem):
+    from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
+    from mixgemm.kernels.cuda import gemv_a8_wg
+
+    if not p.device.is_cuda:
+        return no("needs a CUDA device")
+    if p.act_mode != "sym":
+        return no(f"act_mode {p.act_mode!r} (takes sym activations)")
+    if p.x_dtype not in _XT:
+        return no(f"activation dtype {p.x_dtype}")
+    if not a8_layout_supported(p.qw):
+        return no(f"the wgmma_a8_v1 layout takes sym int4 / int8 weights with group 128, 256 or per-channel, got "
+                  f"mode={p.mode!r} bits={p.bits} group={p.group_size}")
+    if not 1 <= p.m <= gemv_a8_wg.MAX_M:
+        return no(f"M={p.m} outside the kernel's 1..{gemv_a8_wg.MAX_M}")
+    if not nvrtc_ok():
+        return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
+    smem = gemv_a8_wg.smem_needed(p.qw, p.m) + 4096
+    if smem > p.device.smem_optin:
+        return no(f"needs {smem} bytes of shared memory, the GPU has {p.device.smem_optin} per block")
+    if p.m > tuning.A8_WG_GEMV_MAX_M:
+        return prefer_not(f"M={p.m} above the fused GEMV's range M <= {tuning.A8_WG_GEMV_MAX_M} (tuning)")
+    if p.bits == 8 and p.m > tuning.A8_GEMV_MAX_M and p.n * p.k > tuning.A8_WG_GEMV_INT8_MAX_WEIGHTS:
+        return prefer_not(f"int8 weights of {p.n * p.k >> 20}M > {tuning.A8_WG_GEMV_INT8_MAX_WEIGHTS >> 20}M at "
+                          f"M={p.m}: the int8 GEMM measured as fast (tuning)")
+    if p.resident != "wgmma_a8_v1" and not p.device.sm90:
+        return prefer_not(f"a plain weight takes it on sm_90 only (measured there), the GPU is "
+                          f"sm_{p.device.capability[0]}{p.device.capability[1]}")
+    return OK
+
+
+def _gemv_a8_wg_config(p: Problem) -> dict:
+    from mixgemm.kernels.cuda import gemv_a8_wg
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, build_wgmma_a8_v1
+
+    return gemv_a8_wg.config_for(p.qw.layout(LAYOUT, build_wgmma_a8_v1), p.m, p.device.sm_count)
+
+
+def _gemv_a8_wg_complete(p: Problem, forced: dict) -> dict:
+    from mixgemm.kernels.cuda.gemv_a8_wg import complete_config
+
+    return complete_config(forced)
+
+
+def _prepare_gemv_a8_wg(p: Problem, qw, config):
+    from mixgemm.kernels.cuda.gemv_a8_wg import prepare_gemv_a8_wg
+
+    return prepare_gemv_a8_wg(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), p.x_dtype, p.per_token,
+                              config)
+
+
+def _run_gemv_a8_wg(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
+    from mixgemm.kernels.cuda.gemv_a8_wg import prepare_gemv_a8_wg
+
+    return prepare_gemv_a8_wg(qw, p.m, x2d.dtype, x2d.device, out_dtype, p.per_token, config)(x2d, bias, lo, hi)
 
 
 # ---------------------------------------------------------------------------------------------- wgmma GEMM
@@ -292,6 +353,10 @@ ENTRIES = (
     KernelEntry("cuda_gemv_a8", "linear_a8", _gemv_a8_can_run, _gemv_a8_config, _run_gemv_a8,
                 Layout.lazy("a8gemv_v2", "mixgemm.formats.layouts_a8", "build_a8gemv_v2"),
                 "fused activation-quantizing GEMV, small M", _gemv_a8_complete, prepare=_prepare_gemv_a8),
+    KernelEntry("cuda_gemv_a8_wg", "linear_a8", _gemv_a8_wg_can_run, _gemv_a8_wg_config, _run_gemv_a8_wg,
+                Layout.lazy("wgmma_a8_v1", "mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1"),
+                "fused activation-quantizing GEMV on the int8 GEMM's layout, small M", _gemv_a8_wg_complete,
+                prepare=_prepare_gemv_a8_wg),
     KernelEntry("cuda_wgmma_a8", "linear_a8", _wgmma_a8_can_run, _wgmma_a8_config, _run_wgmma_a8,
                 Layout.lazy("wgmma_a8_v1", "mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1"),
                 "Hopper int8 wgmma GEMM, large M", prepare=_prepare_wgmma_a8),

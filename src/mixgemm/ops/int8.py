@@ -140,6 +140,11 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
 
         return lambda: gemv_a8(x2, qweight, act_mode, bias, lo, hi, out.dtype, out=out, per_token=blk == k,
                                config=cfg)
+    if choice.kernel == "cuda_gemv_a8_wg":
+        from mixgemm.kernels.cuda.gemv_a8_wg import prepare_gemv_a8_wg
+
+        launch = prepare_gemv_a8_wg(qweight, m, x.dtype, dev, out.dtype, blk == k, cfg)
+        return lambda: launch(x2, bias, lo, hi, out)
     if choice.kernel == "cuda_wgmma_a8":
         from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
         from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8

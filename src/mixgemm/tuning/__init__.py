@@ -260,6 +260,15 @@ COMPACT_M1_SIMT_DTYPES = (torch.float16,)
 # Triton kernel's 16-row mma tile: M = 2 won on both LLM shapes, M = 4 lost on 28672x8192 and for W8 per-channel,
 # M = 16 was 3.5x slower (the dp4a work grows with M, the tensor-core tile's does not).
 A8_GEMV_MAX_M = 2
+# The same fused GEMV on the int8 GEMM's layout (kernels/cuda/gemv_a8_wg.cu; the only copy a compacted W8A8 / W4A8
+# weight keeps) up to this M; above, the GEMMs. Source: tools/bench/gemv_a8_wg.py (H100, 6 layers of 2048x2048 to
+# 28672x8192, W4A8 g128 per-block and per-token, W8A8 per channel): at M = 4 0.52-0.97x the time of what the plain
+# weight ran (the Triton / CUDA int8 GEMM), one case of 18 1.04x; at M = 16 1.4-2.5x (the dp4a work grows with M).
+A8_WG_GEMV_MAX_M = 4
+# ... except int8 weights of more than this many weights above M = A8_GEMV_MAX_M: the same benchmark measured the CUDA
+# int8 GEMM level or faster there (8192x28672 1.00-1.01x, 28672x8192 1.04-1.08x the GEMV's time at M = 4; 14336x4096
+# and smaller 0.68-0.99x).
+A8_WG_GEMV_INT8_MAX_WEIGHTS = 64 << 20
 # Source: tools/bench/wgmma_a8.py (H200 / H100): from this M the sym x sym calls with a wgmma_a8_v1 weight take
 # the CUDA int8 wgmma GEMM instead of the Triton kernel.
 A8_WGMMA_MIN_M = 128

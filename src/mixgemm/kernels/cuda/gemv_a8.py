@@ -221,12 +221,15 @@ class GemvA8Launch:
     """The fused GEMV's launch prepared for one weight, M and dtypes (a call plan's launch); it holds the layout, so
     the weight pointers in its parameters stay valid as long as it lives."""
 
-    __slots__ = ("launch", "layout", "m", "n", "out_dtype", "device", "_vals", "_lock")
+    __slots__ = ("launch", "layout", "m", "n", "out_dtype", "device", "x_at", "_vals", "_lock")
     # x may be a contiguous [..., K] of any rank (its M rows K apart); y then gets x's leading shape
     takes_rows = True
 
-    def __init__(self, launch, layout, m: int, n: int, out_dtype: torch.dtype, device: torch.device):
+    def __init__(self, launch, layout, m: int, n: int, out_dtype: torch.dtype, device: torch.device, x_at: int = 4):
+        """x_at: the index of the kernel's x pointer, followed by x's row stride, y, y's row stride, the output kind
+        and the bias / clamp arguments (gemv_a8.cu: 4; gemv_a8_wg.cu: 2)."""
         self.launch, self.layout, self.m, self.n, self.out_dtype, self.device = launch, layout, m, n, out_dtype, device
+        self.x_at = x_at
         self._vals, self._lock = launch.params.values, launch.params.lock
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
@@ -242,13 +245,13 @@ class GemvA8Launch:
         if out is None:  # positional sizes: torch.empty parses them faster than a tuple
             out = (new_rows(self.m, self.n, self.out_dtype, self.device) if x2d.dim() == 2
                    else torch.empty(*x2d.shape[:-1], self.n, dtype=self.out_dtype, device=self.device))
-        v = self._vals
+        v, i = self._vals, self.x_at
         with self._lock:  # (launch.Params: written and launched by one thread at a time)
-            v[4].value = xk.data_ptr()
-            v[5].value = ld
-            v[6].value = out.data_ptr()
-            v[7].value = out.stride(0) if out.dim() == 2 else self.n
-            nvrtc.set_bias_clamp(v, 9, bias, lo, hi)
+            v[i].value = xk.data_ptr()
+            v[i + 1].value = ld
+            v[i + 2].value = out.data_ptr()
+            v[i + 3].value = out.stride(0) if out.dim() == 2 else self.n
+            nvrtc.set_bias_clamp(v, i + 5, bias, lo, hi)
             self.launch()
         return out
 

@@ -210,6 +210,26 @@ __device__ __forceinline__ void store_output(void* Y, size_t o, int n, float v, 
   else ((u16*)Y)[o] = to_out16<OUT>(v);
 }
 
+// The fused activation-quantizing GEMVs' epilogue (gemv_a8.cu, gemv_a8_wg.cu): thread-strided over a tile's M x W
+// outputs, the KS k-slices of red[k][m][j] summed and stored at column n0 + j of token m (out_kind at run time: 0 fp16,
+// 1 bf16, 2 fp32; columns >= N and tokens >= Mr skipped). The caller synchronizes before and after.
+template <int KS, int M, int W, int NT>
+__device__ __forceinline__ void store_slices(const float (&red)[KS][M][W], int n0, int N, int Mr, void* Y, int ldy,
+                                             int out_kind, const void* bias, int bias_kind, float lo, float hi) {
+  for (int i = threadIdx.x; i < M * W; i += NT) {
+    const int m = i / W, j = i % W;
+    const int n = n0 + j;
+    if (n >= N || m >= Mr) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) v += red[k][m][j];
+    const size_t o = (size_t)m * ldy + n;
+    if (out_kind == 0) store_output<0>(Y, o, n, v, bias, bias_kind, lo, hi);
+    else if (out_kind == 1) store_output<1>(Y, o, n, v, bias, bias_kind, lo, hi);
+    else store_output<2>(Y, o, n, v, bias, bias_kind, lo, hi);
+  }
+}
+
 // Programmatic dependent launch (sm_90; no-ops when the kernel was launched without the attribute).
 // Why: a GEMV's weights do not depend on the kernel before it, only x does; launched with PDL, the GEMV's
 // blocks start while the previous kernel drains, load their first weights, and wait (griddepcontrol.wait

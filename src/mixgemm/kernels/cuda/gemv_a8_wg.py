@@ -1,0 +1,192 @@
+"""Fused activation-quantizing GEMV on the int8 wgmma GEMM's layout (W4A8 / W8A8 sym x sym), M = 1..16: CUDA kernel
+gemv_a8_wg.cu via NVRTC.
+
+The decode kernel of a weight that keeps ``wgmma_a8_v1`` as its one resident layout (``mixgemm.compact_``): the same
+one-launch design as gemv_a8 (every block quantizes x into shared memory, exactly
+mixgemm.formats.activation.quantize_activation, then streams the weights with dp4a), reading the GEMM's bytes.
+
+``prepare_gemv_a8_wg(qw, m, x_dtype, dev, out_dtype, per_token, config)(x2d, bias, lo, hi)`` =
+clamp(Qa(x2d) @ W.T + bias, lo, hi) [M, N]; qw: sym int4 / int8, group 128 / 256 or per channel (what
+``wgmma_a8_v1`` holds); activations sym, per token and weight group, or per token (per_token).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mixgemm.formats.layouts_wgmma_a8 import K_TILE, WgmmaA8Layout, build_wgmma_a8_v1
+from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.gemv_a8 import OPC_MAX, GemvA8Launch, m_bucket
+
+SOURCE = "gemv_a8_wg.cu"
+KERNEL = "mixgemm_gemv_a8_wg"
+LAYOUT = "wgmma_a8_v1"
+MAX_M = 16
+ROW_TILE = 16
+_XT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+_OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+# warps per SM the k-split aims for (as gemv_a8's choose_config): a decode GEMV is latency-bound, it needs many loads
+# in flight
+TARGET_WARPS_PER_SM = 32
+SMALL_LAYER_WEIGHTS = 8 << 20  # N x K up to which M <= 2 takes two k-tiles a step (choose_config)
+MAX_WARPS = 16  # per block (the k-slice reduction red[KS][M][16 RG RT] stays within 32 KiB at M = 16, RT = 2)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class WgGemvShape:
+    """The x-code geometry of one layout and tile: Kp = the layout's K padded to whole steps of U k-tiles, and the
+    activation blocks held per token (Gp)."""
+
+    kp: int
+    gp: int
+
+    @classmethod
+    def of(cls, lay: WgmmaA8Layout, u: int) -> WgGemvShape:
+        step = K_TILE * u
+        kp = -(-lay.k_padded // step) * step
+        return cls(kp, 1 if lay.per_channel else kp // lay.group_size)
+
+    def smem_bytes(self, mb: int) -> int:
+        """Dynamic shared memory of a block (a8_prologue.cuh's Smem): codes, three per-block arrays, chunk sums."""
+        return mb * self.kp + 4 * mb * (3 * self.gp + self.kp // 32)
+
+
+def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4) -> dict:
+    """The tile from the problem's arithmetic. RT row tiles per warp so that a lane's k-tile is 64 bytes of weights
+    (int4 RT 2, int8 RT 1; RT 1 from M = 8, where the accumulators grow); U k-tiles a step: 2 on small layers at M <= 2
+    (up to SMALL_LAYER_WEIGHTS: a warp's whole slice is then in flight before the PDL wait, which the prologue's
+    quantization of x follows; 0.67-0.96x the time on 2-4M-weight layers, 1.1-1.25x on 7-17M ones), else 1, with PF
+    register double buffering; KS warps along K doubled while the warps stay under TARGET_WARPS_PER_SM per SM and every
+    k-slice keeps a step (a small layer's few row tiles need the split: 2048x2048 measured 0.7x the time at KS 16
+    against 8); blocks of 8 warps (or KS)."""
+    rt = (2 if bits == 4 else 1) if mb <= 4 else 1
+    u = 2 if mb <= 2 and n * k_tiles * K_TILE <= SMALL_LAYER_WEIGHTS else 1
+    steps = _cdiv(k_tiles, u)
+    warps_n = _cdiv(_cdiv(n, ROW_TILE), rt)
+    ks = 1
+    while ks < MAX_WARPS and warps_n * ks < TARGET_WARPS_PER_SM * num_sms and steps >= 2 * ks:
+        ks *= 2
+    nw = max(8, ks)
+    return {"RT": rt, "U": u, "KS": ks, "RG": nw // ks, "PF": 1, "OP": 1}
+
+
+def complete_config(cfg: dict) -> dict:
+    """A given config (RT, U, KS; RG default 8 / KS or 1; PF default 1; OP default 1; GRID as gemv_a8) completed and
+    checked."""
+    out = {"U": 1, "PF": 1, "OP": 1, **cfg}
+    out.setdefault("RG", max(1, 8 // out["KS"]))
+    if 8 % out["RT"] or out["U"] not in (1, 2) or out["RG"] * out["KS"] > MAX_WARPS:
+        raise ValueError(f"gemv_a8_wg config {cfg}: RT must divide 8, U be 1 or 2, RG x KS <= {MAX_WARPS}")
+    return out
+
+
+def config_for(lay: WgmmaA8Layout, m: int, num_sms: int) -> dict:
+    return choose_config(m_bucket(m), lay.n, lay.k_padded // K_TILE, num_sms, lay.bits)
+
+
+def one_pass_chunks(k: int, kp: int, xt: int, threads: int, row_wide: bool) -> int:
+    """A8_OPC as gemv_a8.one_pass_chunks: the row's 8-k chunks per thread held in registers between the range and the
+    quantization (x read once), 0 = two passes."""
+    if not row_wide or k % 8:
+        return 0
+    opc = -(-(kp // 8) // threads)
+    return opc if opc * (2 if xt == 2 else 1) <= OPC_MAX else 0
+
+
+def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool) -> dict:
+    threads = 32 * cfg["RG"] * cfg["KS"]
+    shape = WgGemvShape.of(lay, cfg["U"])
+    opc = one_pass_chunks(lay.k, shape.kp, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
+    return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
+            "A8_AT": int(per_token and not lay.per_channel), "A8_RT": cfg["RT"], "A8_U": cfg["U"],
+            "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"], "A8_OPC": opc}
+
+
+def smem_needed(qw: QuantizedWeight, m: int) -> int:
+    """Dynamic shared memory of the M bucket's block at U = 1 (the can-run check; bounds every config's)."""
+    n, k = qw.shape
+    kp = -(-k // K_TILE) * K_TILE
+    gp = 1 if qw.config.group_size == -1 else kp // qw.group_size
+    return WgGemvShape(kp, gp).smem_bytes(m_bucket(m))
+
+
+def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device,
+                       out_dtype: torch.dtype, per_token: bool, config: dict | None) -> GemvA8Launch:
+    """The GEMV's launch for M rows of x_dtype, built once (layout, compiled kernel, grid, parameters); called like
+    gemv_a8's (x2d, bias, lo, hi[, out])."""
+    from mixgemm.kernels.cuda.gemv_a8 import _grid  # (the persistent grid, shared)
+    from mixgemm.kernels.options import current_options
+
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"gemv_a8_wg handles 1 <= M <= {MAX_M}, got M={m}")
+    fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before pdl_wait: no PDL first
+    lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
+    mb = m_bucket(m)
+    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    cfg = complete_config(config) if config is not None else config_for(lay, m, num_sms)
+    shape = WgGemvShape.of(lay, cfg["U"])
+    smem = shape.smem_bytes(mb)
+    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x_dtype], mb, cfg, per_token), dev)
+    nvrtc.allow_dynamic_smem(fn, smem)
+    threads = 32 * cfg["RG"] * cfg["KS"]
+    ntiles = _cdiv(_cdiv(lay.n, ROW_TILE), cfg["RG"] * cfg["RT"])
+    grid = _grid(ntiles, fn, threads, smem, num_sms, cfg.get("GRID"))
+    args = [
+        ctypes.c_void_p(lay.weight.data_ptr()),
+        ctypes.c_void_p(lay.params.data_ptr()),
+        ctypes.c_void_p(0),  # x (per call)
+        ctypes.c_int(0),  # x row stride (per call)
+        ctypes.c_void_p(0),  # out (per call)
+        ctypes.c_int(0),  # out row stride (per call)
+        ctypes.c_int(_OUT[out_dtype]),
+        *nvrtc.bias_clamp_args(None, -math.inf, math.inf),  # per call
+        ctypes.c_int(lay.n),
+        ctypes.c_int(lay.k),
+        ctypes.c_int(shape.kp),
+        ctypes.c_int(lay.k_padded // K_TILE),
+        ctypes.c_int(lay.num_groups),
+        ctypes.c_int(shape.gp),
+        ctypes.c_int(m),
+    ]
+    pdl = current_options().pdl and torch.cuda.get_device_capability(dev)[0] >= 9
+    launch = nvrtc.prepare_launch(fn, dev, (grid, 1, 1), (threads, 1, 1), args, smem, pdl=pdl,
+                                  first_without_pdl=fresh)
+    return GemvA8Launch(launch, lay, m, lay.n, out_dtype, dev, x_at=2)
+
+
+@torch.compiler.disable
+def gemv_a8_wg(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
+               out_dtype: torch.dtype, out: torch.Tensor | None = None, per_token: bool = False,
+               config: dict | None = None) -> torch.Tensor:
+    """clamp(Qa(x2d) @ W.T + bias, lo, hi) -> [M, N] out_dtype with sym activations (per token and weight group, or
+    per token), reading qw's wgmma_a8_v1 (built on first use). x2d: fp16 / bf16 / fp32 [M, K] CUDA, 1 <= M <= 16."""
+    from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
+
+    if not x2d.is_cuda or x2d.dim() != 2:
+        raise ValueError("gemv_a8_wg needs a 2-D CUDA x [M, K]")
+    m, k = x2d.shape
+    if k != qw.in_features:
+        raise ValueError(f"shape mismatch: x has K={k}, weight expects K={qw.in_features}")
+    if x2d.dtype not in _XT or out_dtype not in _OUT:
+        raise TypeError(f"gemv_a8_wg: activation dtype {x2d.dtype} / out_dtype {out_dtype} not supported (float16, "
+                        "bfloat16, float32)")
+    if not a8_layout_supported(qw):
+        raise ValueError(f"gemv_a8_wg reads wgmma_a8_v1: sym int4 / int8 weights with group 128, 256 or per-channel, "
+                         f"got mode={qw.mode!r} bits={qw.bits} group_size={qw.config.group_size}")
+    if qw.device != x2d.device:
+        raise ValueError(f"device mismatch: x on {x2d.device}, weight on {qw.device}")
+    if out is None:
+        out = torch.empty(m, qw.out_features, dtype=out_dtype, device=x2d.device)
+    if qw.out_features == 0:
+        return out
+    return prepare_gemv_a8_wg(qw, m, x2d.dtype, x2d.device, out_dtype, per_token, config)(
+        x2d, None if bias is None else bias.contiguous(), lo, hi, out)
