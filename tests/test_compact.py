@@ -250,14 +250,14 @@ def test_compact_cuda_every_m(bits, group, mode, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token")])
+@pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token"), (4, 128, "group")])
 def test_compact_cuda_int8_activations(bits, group, act_block):
     """W8A8 / W4A8 compacted on the GPU: every M from wgmma_a8_v1 (the fused GEMV at decode sizes, the CUDA int8 GEMM
     above), the same result as the layer before compaction (other kernels at small M: within the fp16 tolerance),
     <= 1.10x the packed size for W8A8."""
     gen = torch.Generator().manual_seed(8)
     q = _layer(4096, 1000, bits, group, "sym", gen, act_mode="sym", act_block=act_block).to("cuda", torch.float16)
-    xs = [torch.randn(m, 4096, generator=gen).to("cuda", torch.float16) for m in (1, 3, 64, 300)]
+    xs = [torch.randn(m, 4096, generator=gen).to("cuda", torch.float16) for m in (1, 3, 6, 64, 300)]
     want = [q(x) for x in xs]
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()

@@ -26,7 +26,7 @@ from mixgemm.kernels.cuda import gemv_a8_wg as gw
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.registry import DeviceInfo
 from mixgemm.reference.block_gemm import block_int_gemm
-from mixgemm.tuning import A8_GEMV_MAX_M, A8_WG_GEMV_MAX_M
+from mixgemm.tuning import A8_GEMV_MAX_M, A8_WG_GEMV_BLOCK_SCALES_MAX_M, A8_WG_GEMV_MAX_M
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
@@ -178,12 +178,21 @@ def test_registry_reasons(monkeypatch):
     assert c.kernel == "cuda_wgmma_a8" and "above the fused GEMV's range" in dict(c.declined)["cuda_gemv_a8_wg"]
     cw = compact_weight(qw, compact_placeholder(qw.qweight), "wgmma_a8_v1")
     for m in range(1, A8_WG_GEMV_MAX_M + 1):
-        c = _explain(m, cw)
+        c = _explain(m, cw, act_block="token")
         assert (c.kernel, c.layout) == ("cuda_gemv_a8_wg", "wgmma_a8_v1") and {"RT", "KS", "RG", "U"} <= set(c.config)
-    c = _explain(A8_WG_GEMV_MAX_M + 1, cw)
+    c = _explain(A8_WG_GEMV_MAX_M + 1, cw, act_block="token")
     assert c.kernel == "cuda_wgmma_a8" and "above the fused GEMV's range" in dict(c.declined)["cuda_gemv_a8_wg"]
-    assert "outside the kernel's 1..16" in dict(_explain(17, cw).declined)["cuda_gemv_a8_wg"]
-    assert _explain(1, cw, dtype=torch.bfloat16, act_block="token").kernel == "cuda_gemv_a8_wg"
+    # a compacted weight with per-block activation scales over int4 codes: further in M, on layers up to the size
+    # measured against the CUDA int8 GEMM it would run instead; plain weights keep the Triton kernel there
+    mb = A8_WG_GEMV_BLOCK_SCALES_MAX_M
+    c = _explain(A8_WG_GEMV_MAX_M + 1, qw, act_block="group")
+    assert c.kernel == "triton_a8" and "compacted weights with per-block" in dict(c.declined)["cuda_gemv_a8_wg"]
+    assert _explain(mb, cw, act_block="group").kernel == "cuda_gemv_a8_wg"
+    c = _explain(mb + 1, cw, act_block="group")
+    assert c.kernel == "cuda_wgmma_a8" and "compacted weights with per-block" in dict(c.declined)["cuda_gemv_a8_wg"]
+    big = quantize_weight(torch.randn(16512, 4096, generator=_gen(6)), QuantConfig(bits=4, group_size=128))
+    big_c = compact_weight(big, compact_placeholder(big.qweight), "wgmma_a8_v1")
+    assert _explain(mb, big_c, act_block="group").kernel == "cuda_wgmma_a8"  # 65M weights
     g32 = quantize_weight(torch.randn(64, 256, generator=_gen(2)), QuantConfig(bits=4, group_size=32))
     assert "wgmma_a8_v1 layout takes" in dict(_explain(3, g32).declined)["cuda_gemv_a8_wg"]
     big8 = quantize_weight(torch.randn(8192, 8200, generator=_gen(5)), QuantConfig(bits=8, group_size=-1))

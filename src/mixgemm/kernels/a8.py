@@ -3,8 +3,9 @@
 * ``cuda_gemv_a8``: the fused CUDA GEMV (kernels/cuda/gemv_a8.cu: activation quantization in its prologue, dp4a),
   one launch, M <= mixgemm.tuning.A8_GEMV_MAX_M.
 * ``cuda_gemv_a8_wg``: the same fused GEMV on the int8 GEMM's ``wgmma_a8_v1`` (kernels/cuda/gemv_a8_wg.cu), sym x
-  sym, M <= mixgemm.tuning.A8_WG_GEMV_MAX_M: every such M of a weight that keeps only that layout (compacted), and on
-  sm_90 the M above cuda_gemv_a8's range for plain weights.
+  sym, M <= mixgemm.tuning.A8_WG_GEMV_MAX_M (a compacted weight with per-block activation scales over int4 codes: to
+  A8_WG_GEMV_BLOCK_SCALES_MAX_M on layers of up to A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS): every such M of a weight that
+  keeps only that layout (compacted), and on sm_90 the M above cuda_gemv_a8's range for plain weights.
 * ``cuda_wgmma_a8``: the Hopper int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) after the activation quantizer, or
   with per-token scales quantizing in its own launch (config FQ, ``quantizing_pays``; outside CUDA-graph capture),
   sym x sym with a ``wgmma_a8_v1`` weight, in mixgemm.tuning.A8_WGMMA_SMALL_M and from M =
@@ -143,7 +144,9 @@ def _gemv_a8_wg_can_run(p: Problem):
     if smem > p.device.smem_optin:
         return no(f"needs {smem} bytes of shared memory, the GPU has {p.device.smem_optin} per block")
     if p.m > tuning.A8_WG_GEMV_MAX_M:
-        return prefer_not(f"M={p.m} above the fused GEMV's range M <= {tuning.A8_WG_GEMV_MAX_M} (tuning)")
+        why = _wg_gemv_block_scales_decline(p)
+        if why:
+            return prefer_not(f"M={p.m} above the fused GEMV's range M <= {tuning.A8_WG_GEMV_MAX_M} {why} (tuning)")
     if p.bits == 8 and p.m > tuning.A8_GEMV_MAX_M and p.n * p.k > tuning.A8_WG_GEMV_INT8_MAX_WEIGHTS:
         return prefer_not(f"int8 weights of {p.n * p.k >> 20}M > {tuning.A8_WG_GEMV_INT8_MAX_WEIGHTS >> 20}M at "
                           f"M={p.m}: the int8 GEMM measured as fast (tuning)")
@@ -151,6 +154,19 @@ def _gemv_a8_wg_can_run(p: Problem):
         return prefer_not(f"a plain weight takes it on sm_90 only (measured there), the GPU is "
                           f"sm_{p.device.capability[0]}{p.device.capability[1]}")
     return OK
+
+
+def _wg_gemv_block_scales_decline(p: Problem) -> str | None:
+    """Why M above tuning.A8_WG_GEMV_MAX_M stays off the fused GEMV on wgmma_a8_v1, None where a compacted weight with
+    per-block activation scales over int4 codes keeps it (up to A8_WG_GEMV_BLOCK_SCALES_MAX_M, on layers up to
+    A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS weights: the CUDA int8 GEMM it would run instead pays a per-group fold)."""
+    cap = tuning.A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS >> 20
+    further = (f"(compacted weights with per-block activation scales over int4 codes: M <= "
+               f"{tuning.A8_WG_GEMV_BLOCK_SCALES_MAX_M} on layers of <= {cap}M weights)")
+    if (p.resident != "wgmma_a8_v1" or p.per_token or p.bits != 4 or p.m > tuning.A8_WG_GEMV_BLOCK_SCALES_MAX_M
+            or p.n * p.k > tuning.A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS):
+        return further
+    return None
 
 
 def _gemv_a8_wg_config(p: Problem) -> dict:

@@ -269,6 +269,14 @@ A8_WG_GEMV_MAX_M = 4
 # int8 GEMM level or faster there (8192x28672 1.00-1.01x, 28672x8192 1.04-1.08x the GEMV's time at M = 4; 14336x4096
 # and smaller 0.68-0.99x).
 A8_WG_GEMV_INT8_MAX_WEIGHTS = 64 << 20
+# A compacted weight with per-block activation scales (int4 weights; the CUDA int8 GEMM, the only other kernel it can
+# run, pays a per-group fold at small M) keeps the GEMV up to this M on layers of at most
+# A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS weights. Source: the same benchmark at M = 5 and 8 (H100, W4A8 g128): 0.36-0.98x
+# the CUDA GEMM's time on 7 layers of 4-58M weights (14336x4096 0.63x), 1.23-1.25x at 235M (8192x28672). Plain weights
+# keep the Triton kernel there: the GEMV measured 0.49-0.83x its time on 896x4864, 2048x2048 and 4096x4096 but
+# 1.09-1.38x on 1536x8960, 5120x5120 and larger.
+A8_WG_GEMV_BLOCK_SCALES_MAX_M = 8
+A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS = 64 << 20
 # Source: tools/bench/wgmma_a8.py (H200 / H100): from this M the sym x sym calls with a wgmma_a8_v1 weight take
 # the CUDA int8 wgmma GEMM instead of the Triton kernel.
 A8_WGMMA_MIN_M = 128
