@@ -296,3 +296,35 @@ def test_gemv_a8_wg_pdl_chain():
         return x
 
     assert_pdl_chain_matches(chain, x0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group,act_block", [(4, 128, "group"), (8, -1, "group"), (4, 128, "token")])
+def test_every_a8_entry_on_one_weight(bits, group, act_block):
+    """One weight object through every int8-activation entry (each forced), then through each again after all of them
+    built their layouts on it: every result against the float64 reference, the plain tensors unchanged."""
+    from mixgemm.kernels.registry import entries, kernel_options
+    from mixgemm.ops.int8 import matmul_a8
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the int8 wgmma GEMM needs sm_90")
+    g = _gen(bits + group + len(act_block))
+    n, k = 515, 1024
+    qw = quantize_weight((torch.randn(n, k, generator=g) * 0.02).cuda(), bits=bits, group_size=group, mode="sym")
+    before = [t.clone() for t in (qw.qweight, qw.scales)]
+    per_token = act_block == "token" or group == -1
+    x = torch.randn(3, k, generator=g).half().cuda()
+    ref = _ref(x, qw, None, float("-inf"), float("inf"), per_token)
+    names = [e.name for e in entries("linear_a8")]
+
+    def run_all():
+        for name in names:
+            with kernel_options(force=name):
+                assert mixgemm.explain(x, qw, act_mode="sym", act_block=act_block).kernel == name
+                y = matmul_a8(x, qw, "sym", act_block=act_block)
+            assert _rel(y, ref) <= TOL[torch.float16], name
+
+    run_all()
+    assert {"a8gemv_v2", "wgmma_a8_v1", "int8_v1"} <= set(qw._layouts)
+    run_all()
+    assert all(torch.equal(a, b) for a, b in zip(before, (qw.qweight, qw.scales), strict=True))
