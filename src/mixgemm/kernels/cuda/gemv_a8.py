@@ -99,12 +99,18 @@ OPC_MAX = 8  # one-pass prologue: at most 8 x 16 bytes of x per thread held in r
 
 
 def one_pass_chunks(lay: A8GemvLayout, xt: int, threads: int, row_wide: bool) -> int:
-    """A8_OPC of the one-pass row prologue (activation blocks = whole rows: per-channel weights or per-token
-    activations): 8-k chunks of x per thread held in registers between the range and the quantization, so x is
-    read once instead of twice; 0 (two passes) when K % 8 != 0 or the row does not fit in OPC_MAX x 16 bytes."""
-    if not row_wide or lay.k % 8:
+    """A8_OPC of the one-pass row prologue for this layout (row_chunks with its K and padded K)."""
+    return row_chunks(lay.k, lay.kp, xt, threads, row_wide)
+
+
+def row_chunks(k: int, kp: int, xt: int, threads: int, row_wide: bool) -> int:
+    """A8_OPC of the one-pass row prologue (a8_prologue.cuh; activation blocks = whole rows: per-channel weights or
+    per-token activations): 8-k chunks of x per thread held in registers between the range and the quantization, so x
+    is read once instead of twice; 0 (two passes) when K % 8 != 0 or the row (padded to kp) does not fit in OPC_MAX x
+    16 bytes."""
+    if not row_wide or k % 8:
         return 0
-    opc = -(-(lay.kp // 8) // threads)
+    opc = -(-(kp // 8) // threads)
     return opc if opc * (2 if xt == 2 else 1) <= OPC_MAX else 0
 
 
@@ -118,7 +124,7 @@ def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict, per_token: bool 
             "A8_AT": int(per_token and not lay.per_channel), "A8_OPC": opc}
 
 
-def _grid(ntiles: int, fn, threads: int, smem: int, num_sms: int, mode: str | int | None = None) -> int:
+def persistent_grid(ntiles: int, fn, threads: int, smem: int, num_sms: int, mode: str | int | None = None) -> int:
     """Persistent grid (mode None): each block quantizes x once, then loops over row tiles; the grid is the resident
     capacity, shrunk so every block gets the same number of tiles (no half-empty last round). "tiles": one block per
     tile; an int: that many blocks per SM."""
@@ -191,7 +197,7 @@ def prepare_gemv_a8(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torc
     nvrtc.allow_dynamic_smem(fn, smem)
     threads = 32 * cfg["RG"] * cfg["KS"]
     ntiles = -(-n // (cfg["RG"] * cfg["R"]))
-    grid = _grid(ntiles, fn, threads, smem, num_sms, cfg.get("GRID"))
+    grid = persistent_grid(ntiles, fn, threads, smem, num_sms, cfg.get("GRID"))
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.sdot.data_ptr()),

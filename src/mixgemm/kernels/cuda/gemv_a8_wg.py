@@ -21,7 +21,7 @@ import torch
 from mixgemm.formats.layouts_wgmma_a8 import K_TILE, WgmmaA8Layout, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv_a8 import OPC_MAX, GemvA8Launch, m_bucket
+from mixgemm.kernels.cuda.gemv_a8 import GemvA8Launch, m_bucket, persistent_grid, row_chunks
 
 SOURCE = "gemv_a8_wg.cu"
 KERNEL = "mixgemm_gemv_a8_wg"
@@ -93,19 +93,10 @@ def config_for(lay: WgmmaA8Layout, m: int, num_sms: int) -> dict:
     return choose_config(m_bucket(m), lay.n, lay.k_padded // K_TILE, num_sms, lay.bits)
 
 
-def one_pass_chunks(k: int, kp: int, xt: int, threads: int, row_wide: bool) -> int:
-    """A8_OPC as gemv_a8.one_pass_chunks: the row's 8-k chunks per thread held in registers between the range and the
-    quantization (x read once), 0 = two passes."""
-    if not row_wide or k % 8:
-        return 0
-    opc = -(-(kp // 8) // threads)
-    return opc if opc * (2 if xt == 2 else 1) <= OPC_MAX else 0
-
-
 def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool) -> dict:
     threads = 32 * cfg["RG"] * cfg["KS"]
     shape = WgGemvShape.of(lay, cfg["U"])
-    opc = one_pass_chunks(lay.k, shape.kp, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
+    opc = row_chunks(lay.k, shape.kp, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
             "A8_AT": int(per_token and not lay.per_channel), "A8_RT": cfg["RT"], "A8_U": cfg["U"],
             "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"], "A8_OPC": opc}
@@ -123,7 +114,6 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
                        out_dtype: torch.dtype, per_token: bool, config: dict | None) -> GemvA8Launch:
     """The GEMV's launch for M rows of x_dtype, built once (layout, compiled kernel, grid, parameters); called like
     gemv_a8's (x2d, bias, lo, hi[, out])."""
-    from mixgemm.kernels.cuda.gemv_a8 import _grid  # (the persistent grid, shared)
     from mixgemm.kernels.options import current_options
 
     if not 1 <= m <= MAX_M:
@@ -139,7 +129,7 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
     nvrtc.allow_dynamic_smem(fn, smem)
     threads = 32 * cfg["RG"] * cfg["KS"]
     ntiles = _cdiv(_cdiv(lay.n, ROW_TILE), cfg["RG"] * cfg["RT"])
-    grid = _grid(ntiles, fn, threads, smem, num_sms, cfg.get("GRID"))
+    grid = persistent_grid(ntiles, fn, threads, smem, num_sms, cfg.get("GRID"))
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.params.data_ptr()),
