@@ -328,3 +328,20 @@ def test_every_a8_entry_on_one_weight(bits, group, act_block):
     assert {"a8gemv_v2", "wgmma_a8_v1", "int8_v1"} <= set(qw._layouts)
     run_all()
     assert all(torch.equal(a, b) for a, b in zip(before, (qw.qweight, qw.scales), strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gemv_a8_wg_unaligned_x_odd_k_and_out_buffer(bits):
+    """Rows that are not 16-byte aligned (the launch copies them; the caller's x is untouched), K not a multiple of 8
+    (the prologue's scalar tail), a given output buffer, fp32 x."""
+    g = _gen(40 + bits)
+    n, k = 77, 1002
+    qw = quantize_weight((torch.randn(n, k, generator=g) * 0.02).cuda(), bits=bits, group_size=-1, mode="sym")
+    xb = torch.randn(2, k + 1, generator=g).cuda()
+    x = xb[:, 1:]
+    x0 = x.clone()
+    out = torch.empty(2, n, dtype=torch.float32, device="cuda")
+    y = gw.gemv_a8_wg(x, qw, None, float("-inf"), float("inf"), torch.float32, out=out)
+    assert y.data_ptr() == out.data_ptr() and torch.equal(x, x0)
+    assert _rel(y, _ref(x, qw, None, float("-inf"), float("inf"))) <= 1e-5
