@@ -150,18 +150,17 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
   };
 
   float acc[M][RT][2];
-  int iacc[M][RT][2];  // per channel: the int32 dot over the whole K
+  int ia[M][RT][2];  // the int32 dot: grouped, of one k-tile (folded into acc after it); per channel, over all of K
   auto compute = [&](const uint4 (&wv)[U][RT][PC], const float (&sb)[U][RT][2], int s) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = s * U + u;
-      int ia[M][RT][2];  // grouped: this k-tile's dot; per channel: the running one
+      if (G > 0) {
 #pragma unroll
-      for (int m = 0; m < M; ++m)
+        for (int m = 0; m < M; ++m)
 #pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) ia[m][r][h] = G > 0 ? 0 : iacc[m][r][h];
+          for (int r = 0; r < RT; ++r) ia[m][r][0] = ia[m][r][1] = 0;
+      }
 #pragma unroll
       for (int q = 0; q < 2; ++q) {  // piece pairs: the x words of steps 2q, 2q + 1
         // per tile, the 8 words that meet x's (2q lo, 2q hi, 2q + 1 lo, 2q + 1 hi): row g in a[r][0..3], g + 8 in
@@ -206,11 +205,6 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
 #pragma unroll
             for (int h = 0; h < 2; ++h) acc[m][r][h] = fmaf(i2f_small(ia[m][r][h]), sa * sb[u][r][h], acc[m][r][h]);
         }
-      } else {
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-#pragma unroll
-          for (int r = 0; r < RT; ++r) { iacc[m][r][0] = ia[m][r][0]; iacc[m][r][1] = ia[m][r][1]; }
       }
     }
   };
@@ -232,7 +226,7 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
-      for (int r = 0; r < RT; ++r) acc[m][r][0] = acc[m][r][1] = 0.f, iacc[m][r][0] = iacc[m][r][1] = 0;
+      for (int r = 0; r < RT; ++r) acc[m][r][0] = acc[m][r][1] = 0.f, ia[m][r][0] = ia[m][r][1] = 0;
     if (live) {
       for (int j = 0; j < nsteps; ++j) {
         const int s = ks + j * KS;
@@ -267,8 +261,8 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
 #pragma unroll
           for (int m = 0; m < M; ++m) {
             const float sa = sm.sA[m * Gp];
-            acc[m][r][0] = (float)iacc[m][r][0] * (sa * s0);
-            acc[m][r][1] = (float)iacc[m][r][1] * (sa * s1);
+            acc[m][r][0] = (float)ia[m][r][0] * (sa * s0);
+            acc[m][r][1] = (float)ia[m][r][1] * (sa * s1);
           }
         }
       }

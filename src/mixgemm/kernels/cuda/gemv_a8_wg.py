@@ -50,10 +50,14 @@ class WgGemvShape:
     gp: int
 
     @classmethod
-    def of(cls, lay: WgmmaA8Layout, u: int) -> WgGemvShape:
-        step = K_TILE * u
-        kp = -(-lay.k_padded // step) * step
-        return cls(kp, 1 if lay.per_channel else kp // lay.group_size)
+    def of(cls, k_padded: int, group: int, u: int) -> WgGemvShape:
+        """k_padded: the layout's K (a multiple of K_TILE); group: the weight group, 0 per channel."""
+        kp = _cdiv(k_padded, K_TILE * u) * K_TILE * u
+        return cls(kp, kp // group if group else 1)
+
+    @classmethod
+    def of_layout(cls, lay: WgmmaA8Layout, u: int) -> WgGemvShape:
+        return cls.of(lay.k_padded, 0 if lay.per_channel else lay.group_size, u)
 
     def smem_bytes(self, mb: int) -> int:
         """Dynamic shared memory of a block (a8_prologue.cuh's Smem): codes, three per-block arrays, chunk sums."""
@@ -95,7 +99,7 @@ def config_for(lay: WgmmaA8Layout, m: int, num_sms: int) -> dict:
 
 def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool) -> dict:
     threads = 32 * cfg["RG"] * cfg["KS"]
-    shape = WgGemvShape.of(lay, cfg["U"])
+    shape = WgGemvShape.of_layout(lay, cfg["U"])
     opc = row_chunks(lay.k, shape.kp, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
             "A8_AT": int(per_token and not lay.per_channel), "A8_RT": cfg["RT"], "A8_U": cfg["U"],
@@ -104,10 +108,8 @@ def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool
 
 def smem_needed(qw: QuantizedWeight, m: int) -> int:
     """Dynamic shared memory of the M bucket's block at U = 1 (the can-run check; bounds every config's)."""
-    n, k = qw.shape
-    kp = -(-k // K_TILE) * K_TILE
-    gp = 1 if qw.config.group_size == -1 else kp // qw.group_size
-    return WgGemvShape(kp, gp).smem_bytes(m_bucket(m))
+    group = 0 if qw.config.group_size == -1 else qw.group_size
+    return WgGemvShape.of(_cdiv(qw.in_features, K_TILE) * K_TILE, group, 1).smem_bytes(m_bucket(m))
 
 
 def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device,
@@ -123,7 +125,7 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
     mb = m_bucket(m)
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cfg = complete_config(config) if config is not None else config_for(lay, m, num_sms)
-    shape = WgGemvShape.of(lay, cfg["U"])
+    shape = WgGemvShape.of_layout(lay, cfg["U"])
     smem = shape.smem_bytes(mb)
     fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x_dtype], mb, cfg, per_token), dev)
     nvrtc.allow_dynamic_smem(fn, smem)
