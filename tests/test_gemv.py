@@ -171,8 +171,9 @@ def test_mma_row_tiles_rule():
     # wide layers (KS 8): gemv_mma_v1 sym EARLY, zero point neither; wgmma_v1 RT 2 where half the warps fill the GPU
     assert pick(16, 8192, 28672) == (1, 1) and pick(16, 8192, 28672, "zero_point") == (0, 1)
     assert pick(16, 8192, 28672, wg=1) == (1, 2) and pick(16, 8192, 8192, wg=1) == (0, 1)
-    # int8 weights keep the plain rule
-    assert pick(16, 4096, 4096, bits=8) == (0, 1) and pick(1, 4096, 4096, bits=8) == (0, 1)
+    # int8 weights: EARLY on wgmma_v1 (their default layout) from M = 2, never RT 2; neither on gemv_mma_v1
+    assert pick(16, 4096, 4096, bits=8) == (1, 1) and pick(2, 28672, 8192, bits=8) == (1, 1)
+    assert pick(1, 4096, 4096, bits=8) == (0, 1) and pick(16, 4096, 4096, wg=0, bits=8) == (0, 1)
     for m, k, n, mode, wg, bits in itertools.product((1, 5, 16), (64, 896, 4096, 28672), (16, 200, 2048, 4096, 57344),
                                                      ("sym", "zero_point", "offset"), (0, 1), (4, 8)):
         cfg = mma_config(m, n, k, bits, 128, 132, mode, wg)

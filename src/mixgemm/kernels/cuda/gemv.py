@@ -366,7 +366,7 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
     wg = MMA_ON_WGMMA[bits] if wg is None else wg
     mb = 1 if m <= 8 else 2
     cfg = {**choose_mma_config(mb, n, mma_k_tiles(bits, k), num_sms, bits), "WG": wg}
-    cfg = mma_row_tiles(cfg, mb, n, bits, mode, num_sms)
+    cfg = mma_row_tiles(cfg, m, n, bits, mode, num_sms)
     if not defer_ok(group_size, 64 if bits == 4 or wg else 32):
         cfg = {**cfg, "DEFER": 0}
     return cfg
@@ -386,7 +386,10 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
 #   weight bytes; RT 2 halves that): EARLY with RT 2 0.76-0.81x at the cap and 0.82-0.90x on wide layers that keep
 #   >= MMA_WG_RT2_WARPS_PER_SM warps per SM with half the warps; with fewer warps RT 2 lost (1.3x) and EARLY ~4%.
 #   Over 12 layers at M = 16: gemv_mma_v1 0.89x (sym) / 0.93x (zero point), wgmma_v1 0.89x / 0.91x, none slower.
-# int8 weights (on wgmma_v1 by default) were not swept and keep the plain rule.
+# * int8 weights on wgmma_v1 (their default layout), M 2..16: EARLY. Same tool, 12 layers of 4-224 MiB (2048x2048 to
+#   8192x28672, W8 per channel), M = 2, 8 and 16 with and without, after the ring's copy addresses became per-lane
+#   constants: 0.86-0.96x the time on layers under 32 MiB (2048x2048 M = 2 3.41 -> 2.93 us, 4096x4096 M = 8 7.90 ->
+#   7.17), 0.98-1.005x on the larger ones; RT 2 lost everywhere (up to 1.27x). M = 1 (bf16 on tensor cores) not timed.
 MMA_WG_RT2_WARPS_PER_SM = 16
 
 # The tensor-core GEMV's k-slice reduction keeps 1 KiB of static shared memory per k-slice and row tile of a block
@@ -399,14 +402,15 @@ def mma_reduction_fits(cfg: dict) -> bool:
     return cfg["KS"] * cfg["RG"] * cfg.get("RT", 1) <= MMA_REDUCTION_TILES
 
 
-def mma_row_tiles(cfg: dict, mb: int, n: int, bits: int, mode: str, num_sms: int) -> dict:
-    """EARLY and RT of the tensor-core GEMV's config for int4 weights (the measurements above). M <= 8 (mb 1): EARLY,
-    on gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
+def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int) -> dict:
+    """EARLY and RT of the tensor-core GEMV's config (the measurements above). int4, M <= 8 (mb 1): EARLY, on
+    gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
     most one block per SM, EARLY on wgmma_v1 only; with more, EARLY and RT 2 where the k-split is at its cap (on
     gemv_mma_v1 at sym: EARLY alone) or, on wgmma_v1, where half the warps still fill the GPU; EARLY alone on the other
-    gemv_mma_v1 sym layers."""
+    gemv_mma_v1 sym layers. int8 on wgmma_v1 at M >= 2: EARLY."""
     if bits != 4:
-        return cfg
+        return {**cfg, "EARLY": 1} if cfg["WG"] and m >= 2 else cfg
+    mb = 1 if m <= 8 else 2
     nt, wg, at_cap = -(-n // 16), cfg["WG"], cfg["KS"] >= 16
     if mb == 1:
         return {**cfg, "EARLY": 1} if wg or mode == "sym" or at_cap else cfg
@@ -425,8 +429,10 @@ def mma_row_tiles(cfg: dict, mb: int, n: int, bits: int, mode: str, num_sms: int
 # Llama-2-13B, Qwen2-7B, Qwen2.5-0.5B / 1.5B / 32B shapes), M = 1 / 8 / 16, protocol graph timing, same configs: int8
 # per channel on wgmma_v1 geometric mean 0.97 / 0.97 / 0.93x the time on gemv_mma_v1 (0.75-1.33x per layer; more than
 # 3% slower on 3584x4608, 1536x8960, 13824x5120 and 896x4864 at M <= 8, 8960x1536 and 896x4864 at M = 16), with bf16
-# activations 0.88 / 0.86 / 0.88x; int4 g128 1.02-1.10x (sym 1.06 / 1.10 / 1.10x, up to 1.6x on small layers), so int4
-# keeps its own layout (docs/design.md).
+# activations 0.88 / 0.86 / 0.88x; int4 g128 1.02-1.10x (sym 1.06 / 1.10 / 1.10x, up to 1.6x on small layers). After
+# the ring's copy addresses became per-lane constants (14 layers, M = 2 / 8 / 16, gemv_dispatch.py --compact-only):
+# int4 sym 1.00 / 1.00 / 1.06x, zero point 0.94 / 0.96 / 1.03x, up to 1.21x at M = 16 and 1.31x on small layers at
+# M = 8, so int4 keeps its own layout (docs/design.md).
 MMA_ON_WGMMA = {4: 0, 8: 1}
 
 

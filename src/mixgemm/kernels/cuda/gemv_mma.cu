@@ -32,10 +32,10 @@
 // k16 steps of 8 x rows. Pieces are XOR-swizzled by row so the 8 rows of a matrix hit 8 different bank groups.
 // Groups of 32 (MMA_G32) put two parameter sets in a tile: steps 0-1 and 2-3 are scaled apart.
 // The default for int8 weights (twice the bytes per lane and tile of gemv_mma_v1's 32-k tiles: faster there); int4
-// stays on gemv_mma_v1, where this path measured slower (2-10% on the protocol shapes, 13-18% by geometric mean on the
-// model list at M = 16; kernels/cuda/gemv.py MMA_ON_WGMMA). M = 1 on wgmma_v1 runs on CUDA cores (gemv_wg_simt.cu). Taking the B
-// fragments by warp shuffles instead of the ring (a 4 x 4 word transpose over a row's lanes) measured the same, so the
-// int4 gap is not the ring's.
+// stays on gemv_mma_v1, where this path is still slower at M = 16 (3-6% by geometric mean over 14 model layers, up to
+// 21%; kernels/cuda/gemv.py MMA_ON_WGMMA). M = 1 on wgmma_v1 runs on CUDA cores (gemv_wg_simt.cu). The ring's cost is
+// its instructions, not shared-memory bandwidth (ncu): B fragments by warp shuffles (a 4 x 4 word transpose over a
+// row's lanes) measured the same, and x gathered once per call into B-fragment order by one more launch was slower.
 
 #include "mma_frag.cuh"
 
@@ -119,13 +119,12 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 16-byte global -> shared copy through L1 (.ca: the x rows are read by every row-group warp of the block)
-__device__ __forceinline__ void cp_async16(const void* dst, const void* src) {
-  const u32 d = (u32)__cvta_generic_to_shared(dst);
+// 16-byte global -> shared copy through L1 (.ca: the x rows are read by every row-group warp of the block); d: a
+// shared-memory address
+__device__ __forceinline__ void cp_async16(u32 d, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x4(const void* p, u32& r0, u32& r1, u32& r2, u32& r3) {
-  const u32 a = (u32)__cvta_generic_to_shared(p);
+__device__ __forceinline__ void ldmatrix_x4(u32 a, u32& r0, u32& r1, u32& r2, u32& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
 }
@@ -178,12 +177,30 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   const uint4* xrow[MB];  // this lane's piece of each B row (MMA_PERM: the row itself)
 #pragma unroll
   for (int b = 0; b < MB; ++b) xrow[b] = X + (size_t)min(g + 8 * b, Mr - 1) * ldx4 + (MMA_PERM ? 0 : t * XV);
-  const int xrows = min(Mr, XR);  // activation rows copied (MMA_WG); B columns past them read the last one
+  const int xrows = min(Mr, XR);  // activation rows copied (the ring); B columns past them read the last one
 #if MMA_WG
   // this warp's ring: (MMA_PF ? 2 : 1) x U slots of XR rows x 64 k (8 uint4 per row, swizzled by row)
   extern __shared__ uint4 xsm[];
   constexpr int SLOTS = (MMA_PF ? 2 : 1) * U;
   uint4* const ring = xsm + (size_t)warp * SLOTS * XR * 8;
+  constexpr u32 SLOT_BYTES = XR * 8 * 16;
+  const u32 ring_s = (u32)__cvta_generic_to_shared(ring);
+  // Copies at RT 1: a lane's piece i (of PIECES) is row (l >> 3) + 4 i, 16-byte column l & 7, stored at column
+  // (l & 7) ^ (row & 7) = (l & 7) ^ (l >> 3) ^ 4 (i & 1) (l >> 3 < 4): a per-lane constant plus the slot, the k-tile
+  // and i, so the unrolled copies cost an add each. Why: with each piece's row, column and swizzle worked out per k-tile
+  // the ring issued about twice the instructions of the plain-layout kernel (ncu), and one row tile per warp has too
+  // few warps to hide them. At RT 2 the unrolled copies' hoisted addresses took 96 registers (80 as a loop) and cost
+  // resident warps, so RT > 1 keeps the loop.
+  constexpr int PIECES = XR * 8 / 32;
+  const int xr0 = lane >> 3;
+  const int xsrc = xr0 * ldx4 + (lane & 7);               // piece 0 of k-tile 0 (uint4); piece i of kt: + 4 i rows + 8 kt
+  const u32 xdst0 = (xr0 * 8 + ((lane & 7) ^ xr0)) * 16;  // even pieces (odd: ^ 64); + 512 i bytes
+  // ldmatrix h of B block b: lane l addresses row min(8 b + (l & 7), xrows - 1) at 16-byte column 4 h + (l >> 3),
+  // swizzled as stored
+  auto ldm_offset = [&](int b, int h) -> u32 {
+    const int r = min(8 * b + (lane & 7), xrows - 1), j = 4 * h + (lane >> 3);
+    return (r * 8 + (j ^ (r & 7))) * 16;
+  };
 #endif
 
   float acc[RT][MB][4];
@@ -193,19 +210,28 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
     for (int b = 0; b < MB; ++b) acc[r][b][0] = acc[r][b][1] = acc[r][b][2] = acc[r][b][3] = 0.f;
 
   auto group_of = [&](int kt, int h) { return min((kt * KT + (WG ? 32 * h : KL * t)) >> gk, G - 1); };
-  // MMA_WG: the x rows of k-tile kt into ring slot `slot` (cp.async, or gathered through perm for act-order layers)
+  // the ring: the x rows of k-tile kt into ring slot `slot` (cp.async, or gathered through perm for act-order layers)
   auto stage_x = [&](int slot, int kt) {
-#if MMA_WG
+#if MMA_WG && MMA_PERM
     uint4* dst = ring + slot * XR * 8;
     for (int p = lane; p < xrows * 8; p += 32) {
       const int r = p >> 3, j = p & 7;
-#if MMA_PERM
       int pk[8];
       ld_perm(perm, kt * KT + 8 * j, pk);
       dst[r * 8 + (j ^ (r & 7))] = gather_x((const char*)(X + (size_t)r * ldx4), pk);
-#else
-      cp_async16(dst + r * 8 + (j ^ (r & 7)), X + (size_t)r * ldx4 + (size_t)kt * 8 + j);
-#endif
+    }
+#elif MMA_WG
+    const u32 dst = ring_s + slot * SLOT_BYTES;
+    if (RT == 1) {
+      const int src = xsrc + kt * 8;
+#pragma unroll
+      for (int i = 0; i < PIECES; ++i)
+        if (xr0 + 4 * i < xrows) cp_async16(dst + (xdst0 ^ (64 * (i & 1))) + 512 * i, X + (src + i * 4 * ldx4));
+    } else {
+      for (int p = lane; p < xrows * 8; p += 32) {
+        const int r = p >> 3, j = p & 7;
+        cp_async16(dst + (r * 8 + (j ^ (r & 7))) * 16, X + (size_t)r * ldx4 + (size_t)kt * 8 + j);
+      }
     }
 #endif
   };
@@ -272,7 +298,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   constexpr int DEFER = MMA_DEFER;
   constexpr bool XSUM = DEFER != 0 && MODE == 2;
   constexpr u32 ONES = ACT == 0 ? 0x3c003c00u : 0x3f803f80u;  // 1.0 in fp16x2 / bf16x2
-  // pending: cp.async groups issued after this step's that may stay in flight (MMA_WG)
+  // pending: cp.async groups issued after this step's that may stay in flight (the ring)
   auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv, int buf, bool pending) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
     if (WG) {
@@ -287,17 +313,12 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
       {
         // ldmatrix.x4 h: lanes 8 q .. 8 q + 7 address row (lane & 7) of matrix q = k 8 (4 h + q) .. + 7; lane (g, t)
         // gets k 2t, 2t + 1 of row g from each: b0 / b1 of step 2 h, then of step 2 h + 1
-        const uint4* slot = ring + (buf * U + u) * XR * 8;
+        const u32 slot = ring_s + (buf * U + u) * SLOT_BYTES;
 #pragma unroll
-        for (int b = 0; b < MB; ++b) {
-          const int r = min(8 * b + (lane & 7), xrows - 1);
+        for (int b = 0; b < MB; ++b)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int j = 4 * h + (lane >> 3);
-            ldmatrix_x4(slot + r * 8 + (j ^ (r & 7)), xw[b][4 * h], xw[b][4 * h + 1], xw[b][4 * h + 2],
-                        xw[b][4 * h + 3]);
-          }
-        }
+          for (int h = 0; h < 2; ++h)
+            ldmatrix_x4(slot + ldm_offset(b, h), xw[b][4 * h], xw[b][4 * h + 1], xw[b][4 * h + 2], xw[b][4 * h + 3]);
       }
 #else
 #pragma unroll
