@@ -168,6 +168,8 @@ def test_mma_row_tiles_rule():
     # more blocks, k-split at its cap (4096 x 4096: KS 16): sym EARLY; zero point and wgmma_v1 EARLY + RT 2
     assert pick(16, 4096, 4096) == (1, 1)
     assert pick(16, 4096, 4096, "zero_point") == (1, 2) and pick(16, 4096, 4096, wg=1) == (1, 2)
+    # ... except zero point on wgmma_v1 at the cap: EARLY alone
+    assert pick(16, 4096, 4096, "zero_point", wg=1) == (1, 1) and pick(16, 4096, 4096, "offset", wg=1) == (1, 1)
     # wide layers (KS 8): gemv_mma_v1 sym EARLY, zero point neither; wgmma_v1 RT 2 where half the warps fill the GPU
     assert pick(16, 8192, 28672) == (1, 1) and pick(16, 8192, 28672, "zero_point") == (0, 1)
     assert pick(16, 8192, 28672, wg=1) == (1, 2) and pick(16, 8192, 8192, wg=1) == (0, 1)

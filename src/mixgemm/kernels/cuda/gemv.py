@@ -386,6 +386,14 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
 #   weight bytes; RT 2 halves that): EARLY with RT 2 0.76-0.81x at the cap and 0.82-0.90x on wide layers that keep
 #   >= MMA_WG_RT2_WARPS_PER_SM warps per SM with half the warps; with fewer warps RT 2 lost (1.3x) and EARLY ~4%.
 #   Over 12 layers at M = 16: gemv_mma_v1 0.89x (sym) / 0.93x (zero point), wgmma_v1 0.89x / 0.91x, none slower.
+# * After the ring's copy addresses became per-lane constants (H100, M = 16, 23 of the model-list layers that took RT 2,
+#   every second one, W4 g128 sym / zero point, RT 1 / 2 with and without EARLY side by side): at the k-split's cap
+#   zero point takes EARLY with RT 1 (0.994x the plain layout's time by geometric mean against RT 2's 1.034x, faster on
+#   8 of 9 layers: 4608x4096 8.51 -> 7.68 us, 14336x4096 19.8 -> 18.8; offset, which holds a second parameter per
+#   group as zero point does, follows it untimed); sym keeps RT 2 there (1.10x against 1.30x).
+#   Wide layers keep RT 2 (1.02x against 1.06x sym), though it lost where its blocks spill a little past one wave
+#   (3072x16384, 5120x15360, 4096x14336: 1.12-1.22x against RT 1's 1.05-1.12x), which a rule would need the kernel's
+#   resident blocks per SM (registers) to see.
 # * int8 weights on wgmma_v1 (their default layout), M 2..16: EARLY. Same tool, 12 layers of 4-224 MiB (2048x2048 to
 #   8192x28672, W8 per channel), M = 2, 8 and 16 with and without, after the ring's copy addresses became per-lane
 #   constants: 0.86-0.96x the time on layers under 32 MiB (2048x2048 M = 2 3.41 -> 2.93 us, 4096x4096 M = 8 7.90 ->
@@ -406,8 +414,8 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int)
     """EARLY and RT of the tensor-core GEMV's config (the measurements above). int4, M <= 8 (mb 1): EARLY, on
     gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
     most one block per SM, EARLY on wgmma_v1 only; with more, EARLY and RT 2 where the k-split is at its cap (on
-    gemv_mma_v1 at sym: EARLY alone) or, on wgmma_v1, where half the warps still fill the GPU; EARLY alone on the other
-    gemv_mma_v1 sym layers. int8 on wgmma_v1 at M >= 2: EARLY."""
+    gemv_mma_v1 at sym and on wgmma_v1 at zero point / offset: EARLY alone) or, on wgmma_v1, where half the warps still
+    fill the GPU; EARLY alone on the other gemv_mma_v1 sym layers. int8 on wgmma_v1 at M >= 2: EARLY."""
     if bits != 4:
         return {**cfg, "EARLY": 1} if cfg["WG"] and m >= 2 else cfg
     mb = 1 if m <= 8 else 2
@@ -416,6 +424,8 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int)
         return {**cfg, "EARLY": 1} if wg or mode == "sym" or at_cap else cfg
     if -(-nt // cfg["RG"]) <= num_sms:
         return {**cfg, "EARLY": 1} if wg else cfg
+    if wg and at_cap and mode != "sym":
+        return {**cfg, "EARLY": 1}
     wide = nt // 2 * cfg["KS"] >= MMA_WG_RT2_WARPS_PER_SM * num_sms
     if mma_reduction_fits({**cfg, "RT": 2}) and ((wg and (at_cap or wide)) or (not wg and at_cap and mode != "sym")):
         return {**cfg, "EARLY": 1, "RT": 2}
