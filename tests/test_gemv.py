@@ -385,7 +385,7 @@ def test_gemv_mma_scaling_schemes(wg, defer, bits, mode, act):
 @pytest.mark.gpu
 @pytest.mark.parametrize("wg", [0, 1])
 @pytest.mark.parametrize("ks,u,rt,pf,early", [(8, 1, 2, 0, 1), (4, 2, 2, 1, 1), (16, 1, 2, 0, 0), (2, 2, 4, 1, 1),
-                                              (8, 2, 1, 1, 1)])
+                                              (8, 2, 1, 1, 1), (16, 2, 1, 0, 1)])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
