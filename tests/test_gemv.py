@@ -23,6 +23,7 @@ from mixgemm.kernels.cuda.gemv import (
     mma_config,
     mma_defines_for,
     simt_defines_for,
+    wave_efficiency,
 )
 from mixgemm.kernels.registry import kernel_options
 from mixgemm.tuning import gemv_m1
@@ -173,6 +174,10 @@ def test_mma_row_tiles_rule():
     # wide layers (KS 8): gemv_mma_v1 sym EARLY, zero point neither; wgmma_v1 RT 2 where half the warps fill the GPU
     assert pick(16, 8192, 28672) == (1, 1) and pick(16, 8192, 28672, "zero_point") == (0, 1)
     assert pick(16, 8192, 28672, wg=1) == (1, 2) and pick(16, 8192, 8192, wg=1) == (0, 1)
+    assert wave_efficiency(396, 396) == 1.0 and wave_efficiency(448, 396) == pytest.approx(448 / 792)
+    # ... unless RT 2's blocks spill just past one wave where RT 1's fill theirs better (3 against 4 blocks per SM)
+    assert pick(16, 4096, 14336, wg=1) == (0, 1) and pick(16, 3072, 16384, wg=1) == (0, 1)
+    assert pick(16, 3584, 18944, wg=1) == (1, 2) and pick(16, 4096, 12288, wg=1) == (1, 2)
     # int8 weights: EARLY on wgmma_v1 (their default layout) from M = 2, never RT 2; neither on gemv_mma_v1
     assert pick(16, 4096, 4096, bits=8) == (1, 1) and pick(2, 28672, 8192, bits=8) == (1, 1)
     assert pick(1, 4096, 4096, bits=8) == (0, 1) and pick(16, 4096, 4096, wg=0, bits=8) == (0, 1)

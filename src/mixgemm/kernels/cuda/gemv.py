@@ -391,14 +391,24 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
 #   zero point takes EARLY with RT 1 (0.994x the plain layout's time by geometric mean against RT 2's 1.034x, faster on
 #   8 of 9 layers: 4608x4096 8.51 -> 7.68 us, 14336x4096 19.8 -> 18.8; offset, which holds a second parameter per
 #   group as zero point does, follows it untimed); sym keeps RT 2 there (1.10x against 1.30x).
-#   Wide layers keep RT 2 (1.02x against 1.06x sym), though it lost where its blocks spill a little past one wave
-#   (3072x16384, 5120x15360, 4096x14336: 1.12-1.22x against RT 1's 1.05-1.12x), which a rule would need the kernel's
-#   resident blocks per SM (registers) to see.
+#   On wide layers (KS 8 or less: 256-thread blocks) RT 2 lost where its blocks spill a little past one wave
+#   (3072x16384, 5120x15360, 4096x14336: 1.12-1.22x against RT 1's 1.05-1.12x). The wave efficiency (waves over whole
+#   waves) of each tile count, at the blocks per SM their registers allow (MMA_WG_BLOCKS_PER_SM), separates them: RT 2
+#   lost on every layer where its efficiency was 0.66x RT 1's (waves 1.09-1.29) and won or tied from 0.89x (H100 and
+#   H200, the other 22 layers of that list on the H200, 60 wide cases in all): wide layers take RT 2 only from
+#   MMA_WG_RT2_MIN_WAVE_EFFICIENCY of RT 1's, which took those cases from 1.010x to 0.990x the plain layout's time
+#   (best of the three 0.983x). It misses short K (896x9728: 1.75 k-tiles per slice, RT 2 1.14-1.36x).
 # * int8 weights on wgmma_v1 (their default layout), M 2..16: EARLY. Same tool, 12 layers of 4-224 MiB (2048x2048 to
 #   8192x28672, W8 per channel), M = 2, 8 and 16 with and without, after the ring's copy addresses became per-lane
 #   constants: 0.86-0.96x the time on layers under 32 MiB (2048x2048 M = 2 3.41 -> 2.93 us, 4096x4096 M = 8 7.90 ->
 #   7.17), 0.98-1.005x on the larger ones; RT 2 lost everywhere (up to 1.27x). M = 1 (bf16 on tensor cores) not timed.
 MMA_WG_RT2_WARPS_PER_SM = 16
+# Resident 256-thread blocks per SM of the tensor-core GEMV on wgmma_v1 at the 16-row M bucket, by row tiles per warp
+# (int4 sym / zero point: 64 registers at RT 1, 80 at RT 2 with NVRTC 13.0; offset, 75 at RT 1 and so 3 blocks, was not
+# timed and shares the constants), and the least wave efficiency against RT 1's at which a wide layer still takes RT 2
+# (measurements above).
+MMA_WG_BLOCKS_PER_SM = {1: 4, 2: 3}
+MMA_WG_RT2_MIN_WAVE_EFFICIENCY = 0.8
 
 # The tensor-core GEMV's k-slice reduction keeps 1 KiB of static shared memory per k-slice and row tile of a block
 # (gemv_mma.cu `red`), so a block holds at most this many (KS x RG x RT; 32 KiB of the 48 KiB static limit).
@@ -410,12 +420,19 @@ def mma_reduction_fits(cfg: dict) -> bool:
     return cfg["KS"] * cfg["RG"] * cfg.get("RT", 1) <= MMA_REDUCTION_TILES
 
 
+def wave_efficiency(blocks: int, per_wave: int) -> float:
+    """The fraction of the last wave's slots a grid keeps busy on average: waves over whole waves (1.0 = full waves)."""
+    waves = blocks / per_wave
+    return waves / math.ceil(waves)
+
+
 def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int) -> dict:
     """EARLY and RT of the tensor-core GEMV's config (the measurements above). int4, M <= 8 (mb 1): EARLY, on
     gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
     most one block per SM, EARLY on wgmma_v1 only; with more, EARLY and RT 2 where the k-split is at its cap (on
     gemv_mma_v1 at sym and on wgmma_v1 at zero point / offset: EARLY alone) or, on wgmma_v1, where half the warps still
-    fill the GPU; EARLY alone on the other gemv_mma_v1 sym layers. int8 on wgmma_v1 at M >= 2: EARLY."""
+    fill the GPU and RT 2's last wave is not much emptier than RT 1's (wave_efficiency); EARLY alone on the other
+    gemv_mma_v1 sym layers. int8 on wgmma_v1 at M >= 2: EARLY."""
     if bits != 4:
         return {**cfg, "EARLY": 1} if cfg["WG"] and m >= 2 else cfg
     mb = 1 if m <= 8 else 2
@@ -427,6 +444,10 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int)
     if wg and at_cap and mode != "sym":
         return {**cfg, "EARLY": 1}
     wide = nt // 2 * cfg["KS"] >= MMA_WG_RT2_WARPS_PER_SM * num_sms
+    if wide and wg and not at_cap:
+        blocks = {rt: -(-nt // (rt * cfg["RG"])) for rt in (1, 2)}
+        eff = {rt: wave_efficiency(blocks[rt], MMA_WG_BLOCKS_PER_SM[rt] * num_sms) for rt in (1, 2)}
+        wide = eff[2] >= MMA_WG_RT2_MIN_WAVE_EFFICIENCY * eff[1]
     if mma_reduction_fits({**cfg, "RT": 2}) and ((wg and (at_cap or wide)) or (not wg and at_cap and mode != "sym")):
         return {**cfg, "EARLY": 1, "RT": 2}
     if wg:
