@@ -421,9 +421,16 @@ def mma_reduction_fits(cfg: dict) -> bool:
 
 
 def wave_efficiency(blocks: int, per_wave: int) -> float:
-    """The fraction of the last wave's slots a grid keeps busy on average: waves over whole waves (1.0 = full waves)."""
+    """The share of the block slots a grid fills over the waves it takes: waves over whole waves (1.0 = full waves)."""
     waves = blocks / per_wave
     return waves / math.ceil(waves)
+
+
+def rt2_fills_waves(nt: int, rg: int, num_sms: int) -> bool:
+    """Whether two row tiles per warp keep at least MMA_WG_RT2_MIN_WAVE_EFFICIENCY of one row tile's wave efficiency on
+    wgmma_v1 at the 16-row M bucket (nt row tiles, rg row groups per block, MMA_WG_BLOCKS_PER_SM)."""
+    eff = {rt: wave_efficiency(-(-nt // (rt * rg)), MMA_WG_BLOCKS_PER_SM[rt] * num_sms) for rt in (1, 2)}
+    return eff[2] >= MMA_WG_RT2_MIN_WAVE_EFFICIENCY * eff[1]
 
 
 def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int) -> dict:
@@ -431,7 +438,7 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int)
     gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
     most one block per SM, EARLY on wgmma_v1 only; with more, EARLY and RT 2 where the k-split is at its cap (on
     gemv_mma_v1 at sym and on wgmma_v1 at zero point / offset: EARLY alone) or, on wgmma_v1, where half the warps still
-    fill the GPU and RT 2's last wave is not much emptier than RT 1's (wave_efficiency); EARLY alone on the other
+    fill the GPU and RT 2's waves are not much emptier than RT 1's (rt2_fills_waves); EARLY alone on the other
     gemv_mma_v1 sym layers. int8 on wgmma_v1 at M >= 2: EARLY."""
     if bits != 4:
         return {**cfg, "EARLY": 1} if cfg["WG"] and m >= 2 else cfg
@@ -443,11 +450,10 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int)
         return {**cfg, "EARLY": 1} if wg else cfg
     if wg and at_cap and mode != "sym":
         return {**cfg, "EARLY": 1}
+    # wide: half the warps still fill the GPU, and (below the cap, 256-thread blocks) RT 2's waves are not much emptier
     wide = nt // 2 * cfg["KS"] >= MMA_WG_RT2_WARPS_PER_SM * num_sms
     if wide and wg and not at_cap:
-        blocks = {rt: -(-nt // (rt * cfg["RG"])) for rt in (1, 2)}
-        eff = {rt: wave_efficiency(blocks[rt], MMA_WG_BLOCKS_PER_SM[rt] * num_sms) for rt in (1, 2)}
-        wide = eff[2] >= MMA_WG_RT2_MIN_WAVE_EFFICIENCY * eff[1]
+        wide = rt2_fills_waves(nt, cfg["RG"], num_sms)
     if mma_reduction_fits({**cfg, "RT": 2}) and ((wg and (at_cap or wide)) or (not wg and at_cap and mode != "sym")):
         return {**cfg, "EARLY": 1, "RT": 2}
     if wg:
