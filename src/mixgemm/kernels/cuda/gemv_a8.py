@@ -203,12 +203,7 @@ def prepare_gemv_a8(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torc
         ctypes.c_void_p(lay.sdot.data_ptr()),
         ctypes.c_void_p(0 if lay.moff is None else lay.moff.data_ptr()),
         ctypes.c_void_p(lay.cterm.data_ptr()),
-        ctypes.c_void_p(0),  # x (per call)
-        ctypes.c_int(0),  # x row stride (per call)
-        ctypes.c_void_p(0),  # out (per call)
-        ctypes.c_int(0),  # out row stride (per call)
-        ctypes.c_int(_OUT[out_dtype]),
-        *nvrtc.bias_clamp_args(None, -math.inf, math.inf),  # per call
+        *GemvA8Launch.call_args(_OUT[out_dtype]),
         ctypes.c_int(n),
         ctypes.c_int(k),
         ctypes.c_int(lay.kp),
@@ -237,6 +232,13 @@ class GemvA8Launch:
         self.launch, self.layout, self.m, self.n, self.out_dtype, self.device = launch, layout, m, n, out_dtype, device
         self.x_at = x_at
         self._vals, self._lock = launch.params.values, launch.params.lock
+
+    @staticmethod
+    def call_args(out_kind: int) -> list:
+        """The kernel parameters from x_at on, as __call__ writes them per call: x, x's row stride, y, y's row stride,
+        the output kind code (fixed) and the bias / clamp arguments."""
+        return [ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_int(out_kind),
+                *nvrtc.bias_clamp_args(None, -math.inf, math.inf)]
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
                  out: torch.Tensor | None = None) -> torch.Tensor:

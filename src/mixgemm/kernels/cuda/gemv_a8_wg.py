@@ -13,7 +13,6 @@ clamp(Qa(x2d) @ W.T + bias, lo, hi) [M, N]; qw: sym int4 / int8, group 128 / 256
 from __future__ import annotations
 
 import ctypes
-import math
 from dataclasses import dataclass
 
 import torch
@@ -135,12 +134,7 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
     args = [
         ctypes.c_void_p(lay.weight.data_ptr()),
         ctypes.c_void_p(lay.params.data_ptr()),
-        ctypes.c_void_p(0),  # x (per call)
-        ctypes.c_int(0),  # x row stride (per call)
-        ctypes.c_void_p(0),  # out (per call)
-        ctypes.c_int(0),  # out row stride (per call)
-        ctypes.c_int(_OUT[out_dtype]),
-        *nvrtc.bias_clamp_args(None, -math.inf, math.inf),  # per call
+        *GemvA8Launch.call_args(_OUT[out_dtype]),
         ctypes.c_int(lay.n),
         ctypes.c_int(lay.k),
         ctypes.c_int(shape.kp),
