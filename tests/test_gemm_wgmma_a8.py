@@ -95,7 +95,23 @@ COMPILE_CASES = [
          A8_FQ_WPR=3, A8_XT=2),
     dict(A8_BITS=8, A8_OUT=0, A8_BM=64, A8_NWG=1, A8_STAGES=4, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0, A8_FQ=16,
          A8_FQ_WPR=1, A8_PDL=1, A8_TSTORE=1),
+    # split-K over a cluster: int32 sums (per-channel, QS with the in-launch quantizer), fp32 folds (per group, AT)
+    dict(A8_BITS=8, A8_OUT=0, A8_BM=64, A8_NWG=2, A8_STAGES=5, A8_KT=2, A8_GT=0, A8_NP=1, A8_CVT=0, A8_PDL=1,
+         A8_SPLIT=4),
+    dict(A8_BITS=4, A8_OUT=1, A8_BM=64, A8_NWG=2, A8_STAGES=5, A8_KT=2, A8_GT=1, A8_NP=2, A8_CVT=0, A8_PDL=1,
+         A8_SPLIT=3),
+    dict(A8_BITS=4, A8_OUT=2, A8_BM=64, A8_NWG=2, A8_STAGES=5, A8_KT=2, A8_GT=1, A8_NP=2, A8_CVT=0, A8_AT=1,
+         A8_QS=1, A8_PDL=1, A8_FQ=2, A8_FQ_WPR=12, A8_SPLIT=2),
+    dict(A8_BITS=4, A8_OUT=0, A8_BM=32, A8_NWG=1, A8_STAGES=4, A8_KT=4, A8_GT=2, A8_NP=2, A8_CVT=1, A8_AT=1,
+         A8_SPLIT=8),
 ]
+
+
+@pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
+@pytest.mark.parametrize("defs", COMPILE_CASES, ids=lambda d: "-".join(f"{v}" for v in d.values()))
+def test_nvrtc_compiles_sm90a(defs):
+    cubin = nvrtc.compile_cubin("gemm_wgmma_a8.cu", tuple(sorted(defs.items())), "sm_90a")
+    assert len(cubin) > 1000
 
 
 def test_quantizing_default_rule():
@@ -647,3 +663,107 @@ def test_bias_clamp_args():
         b = torch.zeros(4, dtype=dt)
         args = nvrtc.bias_clamp_args(b, 0.0, inf)
         assert args[0].value == b.data_ptr() and args[1].value == code and args[2].value == 0.0 and args[3].value == inf
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs,per_token,int_scales", [(8, -1, False, False), (4, 128, False, False),
+                                                          (4, 128, True, False), (4, 256, False, False),
+                                                          (8, 128, True, False), (4, 128, True, True)])
+def test_gpu_cluster_split_k(bits, gs, per_token, int_scales):
+    """SPLIT S (the S CTAs of a cluster each run a slice of K and meet their sums in distributed shared memory, each
+    storing a band of the tile's tokens): int32 sums (per-channel, integer group scales) bit-equal to SPLIT 1, fp32
+    folds within the tolerance; M tails inside a band and across bands (M = 1, 3, 17, 64, 100), N off the tiles, a
+    last slice shorter than the others, splits 2..8; a split that would leave a slice empty is refused."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, split_slices
+
+    exact = gs == -1 or int_scales
+    k = 4224 if gs != 256 else 4352  # 33 / 34 k-tiles: S 4 takes 10, 10, 10 and 3 / 4; S 8 would leave one empty
+    for m, n, split, kk in ((1, 1000, 2, k), (3, 520, 3, k), (17, 136, 4, k), (64, 1000, 4, k), (100, 264, 2, k),
+                            (17, 520, 8, k), (5, 1000, 8, 8192)):
+        cfg = dict(default_config(m, n, kk, kk if gs == -1 else gs, bits, qs=int_scales and per_token), SPLIT=split)
+        if split_slices(-(-kk // 128), split, cfg["KT"]) is None:
+            with pytest.raises(ValueError, match="leaves a slice empty"):
+                _run(m, n, kk, bits, gs, config=cfg, per_token=per_token, int_scales=int_scales)
+            continue
+        ys, ref = _run(m, n, kk, bits, gs, config=cfg, seed=m + n, per_token=per_token, int_scales=int_scales)
+        y1, _ = _run(m, n, kk, bits, gs, config=dict(cfg, SPLIT=1), seed=m + n, per_token=per_token,
+                     int_scales=int_scales)
+        assert _rel(ys, ref) < 1e-3, (m, n, split, _rel(ys, ref))
+        if exact:
+            assert torch.equal(ys, y1), (m, n, split)
+    cfg = dict(default_config(17, 520, k, k if gs == -1 else gs, bits), SPLIT=2)
+    y, ref = _run(17, 520, k, bits, gs, torch.bfloat16, config=cfg, seed=7, per_token=per_token, int_scales=int_scales)
+    assert _rel(y, ref) < 1e-2
+    y, ref = _run(17, 520, k, bits, gs, torch.float32, config=cfg, seed=7, per_token=per_token, int_scales=int_scales)
+    assert _rel(y, ref) < 1e-5
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs", [(8, -1), (4, 128)])
+@pytest.mark.parametrize("m", [1, 5, 33])
+def test_gpu_cluster_split_k_quantizing_launch(bits, gs, m):
+    """SPLIT with the activation quantizer in the launch (A8_FQ: its blocks rounded to whole clusters ahead of the
+    GEMM's): equal to the two-launch path bit for bit and to the float64 GEMM within the tolerance."""
+    from mixgemm.epilogue import clamp_bounds
+    from mixgemm.formats.activation import quantize_activation
+    from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
+
+    n, k = 1000, 4096
+    qw = _qw(n, k, bits, gs, m, "cuda")
+    lo, hi = clamp_bounds("relu6")
+    p = a8_problem(m, qw, torch.float16, torch.device("cuda"), "sym", True)
+    for split in (3, 4):
+        cfg = dict(_wgmma_a8_config(p), SPLIT=split)
+        quantizing = _prepare_wgmma_a8(p, qw, dict(cfg, FQ=1))
+        two = _prepare_wgmma_a8(p, qw, dict(cfg, FQ=0))
+        assert quantizing.quantizes and not two.quantizes
+        x = (torch.randn(m, k, generator=_gen(m)) * 2).to("cuda", torch.float16)
+        bias = (torch.randn(n, generator=_gen(m + 1)) * 0.5).to("cuda", torch.float16)
+        y = quantizing(x, bias, lo, hi)
+        assert torch.equal(y, two(x, bias, lo, hi)), split
+        a = quantize_activation(x.cpu().float(), k, "sym").dequantize().double()
+        ref = (a @ dequantize_weight(qw.to("cpu"), torch.float64).T + bias.cpu().double()).clamp(lo, hi)
+        assert _rel(y, ref) < 1e-3, (split, _rel(y, ref))
+
+
+def test_split_slices():
+    """k-tiles per SPLIT slice: whole stages, every slice non-empty, the slices covering K."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import split_slices
+
+    for kt_total in range(1, 80):
+        for split in range(1, 9):
+            for kt in (1, 2, 4):
+                per = split_slices(kt_total, split, kt)
+                if per is None:
+                    continue
+                assert per % kt == 0 and (split - 1) * per < kt_total <= split * per
+    assert split_slices(112, 4, 2) == 28 and split_slices(8, 8, 2) is None
+
+
+def test_split_k_rule():
+    """The cluster split from the wave count (H100 / H200 cluster residency: 66 / 39 / 30 clusters of 2 / 3 / 4), as
+    measured fastest (tools/bench/wgmma_a8.py --splits, tools/bench/a8_small_m.py): only where the CTAs leave SMs
+    idle, the fewest k-tiles per slice among the splits whose clusters all fit at once, and per-channel weights split
+    only where a CTA streams at least the given bytes."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, split_k_rule
+
+    slots = {2: 66, 3: 39, 4: 30}
+    one_mib = 1 << 20
+
+    def rule(k, n, bits=4, gs=128, m=16, nofold=None, cluster_slots=slots):
+        cfg = default_config(m, n, k, k if gs == -1 else gs, bits)
+        return split_k_rule(m, n, k, bits, cfg, nofold, 132, cluster_slots)
+
+    assert rule(14336, 4096) == 3  # 32 CTAs: 32 clusters of 4 would take two waves (30 resident)
+    assert rule(18944, 3584) == 4  # 28 CTAs
+    assert rule(28672, 8192) == 2 and rule(8192, 8192) == 2  # 64 CTAs: 2 x 64 fits, 3 x 64 does not
+    assert rule(5120, 5120) == 2  # 40 clusters of 3 are past the 39 resident
+    assert rule(4096, 4096) == 3 and rule(2048, 2048) == 4
+    assert rule(4096, 14336) == 1  # 112 CTAs already fill the SMs
+    assert rule(3584, 18944) == 1  # 148 CTAs: past one wave, where splitting lost
+    assert rule(5120, 5120, cluster_slots=None) == 3  # without measured residency: SMs / S clusters
+    assert rule(14336, 4096, bits=8, gs=-1, nofold=3 * one_mib // 2) == 3  # 1.75 MiB a CTA
+    assert rule(8192, 8192, bits=8, gs=-1, nofold=3 * one_mib // 2) == 1  # 1 MiB a CTA: no split
+    assert rule(512, 4096) == 1  # 4 k-tiles: no slice would keep two stages

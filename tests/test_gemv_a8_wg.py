@@ -182,17 +182,21 @@ def test_registry_reasons(monkeypatch):
         assert (c.kernel, c.layout) == ("cuda_gemv_a8_wg", "wgmma_a8_v1") and {"RT", "KS", "RG", "U"} <= set(c.config)
     c = _explain(A8_WG_GEMV_MAX_M + 1, cw, act_block="token")
     assert c.kernel == "cuda_wgmma_a8" and "above the fused GEMV's range" in dict(c.declined)["cuda_gemv_a8_wg"]
-    # a compacted weight with per-block activation scales over int4 codes: further in M, on layers up to the size
-    # measured against the CUDA int8 GEMM it would run instead; plain weights keep the Triton kernel there
+    # per-block activation scales over int4 codes: further in M (plain and compacted weights alike), on layers up to
+    # the size measured against the GEMMs; then the CUDA int8 GEMM, or the Triton kernel where its CTAs fill their
+    # waves poorly (plain weights)
     mb = A8_WG_GEMV_BLOCK_SCALES_MAX_M
-    c = _explain(A8_WG_GEMV_MAX_M + 1, qw, act_block="group")
-    assert c.kernel == "triton_a8" and "compacted weights with per-block" in dict(c.declined)["cuda_gemv_a8_wg"]
+    assert _explain(mb, qw, act_block="group").kernel == "cuda_gemv_a8_wg"
     assert _explain(mb, cw, act_block="group").kernel == "cuda_gemv_a8_wg"
     c = _explain(mb + 1, cw, act_block="group")
-    assert c.kernel == "cuda_wgmma_a8" and "compacted weights with per-block" in dict(c.declined)["cuda_gemv_a8_wg"]
+    assert c.kernel == "cuda_wgmma_a8" and "activation scales over int4 codes" in dict(c.declined)["cuda_gemv_a8_wg"]
     big = quantize_weight(torch.randn(16512, 4096, generator=_gen(6)), QuantConfig(bits=4, group_size=128))
     big_c = compact_weight(big, compact_placeholder(big.qweight), "wgmma_a8_v1")
     assert _explain(mb, big_c, act_block="group").kernel == "cuda_wgmma_a8"  # 65M weights
+    assert _explain(mb, big, act_block="group").kernel == "cuda_wgmma_a8"  # 129 CTAs: 0.98 of a wave
+    wide = quantize_weight(torch.randn(18944, 3584, generator=_gen(7)), QuantConfig(bits=4, group_size=128))
+    c = _explain(mb, wide, act_block="group")  # 148 CTAs: 0.56 of two waves
+    assert c.kernel == "triton_a8" and "filling 0.56 of their waves" in dict(c.declined)["cuda_wgmma_a8"]
     g32 = quantize_weight(torch.randn(64, 256, generator=_gen(2)), QuantConfig(bits=4, group_size=32))
     assert "wgmma_a8_v1 layout takes" in dict(_explain(3, g32).declined)["cuda_gemv_a8_wg"]
     big8 = quantize_weight(torch.randn(8192, 8200, generator=_gen(5)), QuantConfig(bits=8, group_size=-1))

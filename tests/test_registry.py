@@ -244,21 +244,28 @@ def test_a8_entries_reasons():
     c = _explain(4, qw, act_mode="sym", act_block="token")  # then the same GEMV on the int8 GEMM's layout (sm_90)
     assert c.kernel == "cuda_gemv_a8_wg" and "above the fused GEMV's range" in _reasons(c)["cuda_gemv_a8"]
     c = _explain(5, qw, act_mode="sym", act_block="token")  # the CUDA int8 GEMM also at small M (tuning)
-    assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 64
+    assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 16  # M rounded up to the wgmma N
     assert "above the fused GEMV's range" in _reasons(c)["cuda_gemv_a8_wg"]
     c = _explain(100, qw, act_mode="sym", act_block="token")
     assert c.kernel == "triton_a8" and "below M=128 and outside M 3..64" in _reasons(c)["cuda_wgmma_a8"]
     c = _explain(5, _qw(256, 1024, bits=8, group_size=-1), act_mode="sym")
-    assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 64
-    # per-block activation scales stay with the Triton kernel up to M = 16, then take the CUDA int8 GEMM
-    c = _explain(16, qw, act_mode="sym", act_block="group")
-    assert c.kernel == "triton_a8" and "activation scales per block below M=17" in _reasons(c)["cuda_wgmma_a8"]
-    for m in (17, 64, 100):
+    assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 16
+    # per-block activation scales: the CUDA int8 GEMM (its split-K fills the SMs) except where its CTAs spill into a
+    # poorly filled second wave below M = 17
+    for m in (9, 16, 17, 64, 100):
         assert _explain(m, qw, act_mode="sym", act_block="group").kernel == "cuda_wgmma_a8"
-    # a long K over few CTAs: each CTA would stream K x 128 weight bytes alone
-    c = _explain(16, _qw(4096, 14336, bits=8, group_size=-1), act_mode="sym")  # (N, K)
-    assert c.kernel == "triton_a8" and "each streaming 1792 KiB" in _reasons(c)["cuda_wgmma_a8"]
-    assert _explain(16, _qw(14336, 4096, bits=8, group_size=-1), act_mode="sym").kernel == "cuda_wgmma_a8"
+    assert _explain(8, qw, act_mode="sym", act_block="group").kernel == "cuda_gemv_a8_wg"  # (tuning: <= 16M weights)
+    spill = _qw(18944, 3584)  # (N, K): 148 CTAs of 128 rows on 132 SMs
+    c = _explain(16, spill, act_mode="sym", act_block="group")
+    assert c.kernel == "triton_a8" and "filling 0.56 of their waves" in _reasons(c)["cuda_wgmma_a8"]
+    assert _explain(17, spill, act_mode="sym", act_block="group").kernel == "cuda_wgmma_a8"
+    # int8 per-channel and per-token scales over a long K with few CTAs: the CUDA GEMM with its cluster split-K
+    tall = _qw(4096, 14336, bits=8, group_size=-1)  # (N, K)
+    c = _explain(8, tall, act_mode="sym")
+    assert c.kernel == "cuda_wgmma_a8" and c.config["SPLIT"] == 3 and c.config["BM"] == 16
+    c = _explain(5, _qw(4096, 14336, bits=4, group_size=128), act_mode="sym", act_block="token")
+    assert c.kernel == "cuda_wgmma_a8" and c.config["SPLIT"] == 3
+    assert _explain(16, _qw(14336, 4096, bits=8, group_size=-1), act_mode="sym").config["SPLIT"] == 1
     assert _explain(17, qw, act_mode="sym").declined[0] == ("cuda_gemv_a8", "M=17 outside the kernel's 1..16")
     assert _explain(512, qw, act_mode="sym").kernel == "cuda_wgmma_a8"
     c = _explain(512, qw, act_mode="asym")

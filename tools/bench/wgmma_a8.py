@@ -4,7 +4,9 @@ C layer copies > 3x L2 in one CUDA graph, median / C). Every config is checked a
 (64 rows) before it is timed.
 
 Usage: PYTHONPATH=src python -m tools.bench.wgmma_a8 [--shapes 8192x28672,...] [--ms 2048,4096]
-       [--formats w4g128,w8pc] [--cfgs '[{"BM":128,...}, ...]'] [--repeat R] [--no-triton]
+       [--formats w4g128,w8pc] [--cfgs '[{"BM":128,...}, ...]' | --splits 1,2,4] [--repeat R] [--no-triton]
+
+--splits S,...: instead of --cfgs, each case's default_config with SPLIT S (split-K over a cluster of S CTAs).
 
 --repeat R: every config and fp16 cuBLAS are timed in turn R times (rounds) and the medians reported; single timings
 move by several percent within a run, so a same-run A/B of two configs should use R >= 3.
@@ -22,8 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
+from mixgemm.kernels.a8 import per_group_params
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8
+from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, QS_MAX_K, default_config, gemm_wgmma_a8
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
 from mixgemm.kernels.triton.int8_layout import get_int8_layout
@@ -128,8 +131,11 @@ def sweep(k, n, m, bits, group, cfgs, rep=100, per_token=False, repeat=1, triton
     tf = statistics.median(tfs)
     del qws, ws
     torch.cuda.empty_cache()
-    # peer: the Triton int8 GEMM (its own pick_config); it takes activation scales per weight group only
-    tt = triton_time(qw, aq, sa, oa, su, out, rep) if triton and not per_token else math.nan
+    # peer: the Triton int8 GEMM (its own pick_config); it takes activation scales per weight group, so per-token
+    # ones are described per group first, as the dispatcher does (outside the timing)
+    if triton and per_token and group != -1:
+        sa, oa, su = per_group_params(aq, sa, oa, su, "sym", group)
+    tt = triton_time(qw, aq, sa, oa, su, out, rep) if triton else math.nan
     best = min(rows, key=lambda r: r[0]) if rows else (math.nan, None, math.nan)
     print(f"{k}x{n} M={m} W{bits} g{group}: best cuda {best[0]:.1f} us {best[1]} | triton {tt:.1f} us | fp16 "
           f"{tf:.1f} us | x fp16: cuda {tf / best[0]:.2f}, triton {tf / tt:.2f}", flush=True)
@@ -152,6 +158,7 @@ def main():
     ap.add_argument("--ms", default="4096")
     ap.add_argument("--formats", default="w4g128")
     ap.add_argument("--cfgs", default=None)
+    ap.add_argument("--splits", default=None, help="each case's default_config with these SPLIT values")
     ap.add_argument("--out", default=None)
     ap.add_argument("--repeat", type=int, default=1, help="rounds of (every config, fp16 cuBLAS); medians reported")
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton int8 GEMM peer")
@@ -170,6 +177,10 @@ def main():
         for fmt in args.formats.split(","):
             bits, group, per_token, int_scales = fmt_spec(fmt)
             for m in (int(v) for v in args.ms.split(",")):
+                if args.splits:
+                    qs = int_scales and per_token and -(-k // 128) * 128 <= QS_MAX_K  # (qs_layout's test)
+                    base = default_config(m, n, k, k if group == -1 else group, bits, qs=qs)
+                    cfgs = [dict(base, SPLIT=int(v)) for v in args.splits.split(",")]
                 res.append(sweep(k, n, m, bits, group, cfgs, per_token=per_token, repeat=args.repeat,
                                  triton=not args.no_triton, int_scales=int_scales))
     if args.out:

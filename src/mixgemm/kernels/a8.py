@@ -3,14 +3,15 @@
 * ``cuda_gemv_a8``: the fused CUDA GEMV (kernels/cuda/gemv_a8.cu: activation quantization in its prologue, dp4a),
   one launch, M <= mixgemm.tuning.A8_GEMV_MAX_M.
 * ``cuda_gemv_a8_wg``: the same fused GEMV on the int8 GEMM's ``wgmma_a8_v1`` (kernels/cuda/gemv_a8_wg.cu), sym x
-  sym, M <= mixgemm.tuning.A8_WG_GEMV_MAX_M (a compacted weight with per-block activation scales over int4 codes: to
+  sym, M <= mixgemm.tuning.A8_WG_GEMV_MAX_M (per-block activation scales over int4 codes: to
   A8_WG_GEMV_BLOCK_SCALES_MAX_M on layers of up to A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS): every such M of a weight that
   keeps only that layout (compacted), and on sm_90 the M above cuda_gemv_a8's range for plain weights.
 * ``cuda_wgmma_a8``: the Hopper int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) after the activation quantizer, or
   with per-token scales quantizing in its own launch (config FQ, ``quantizing_pays``; outside CUDA-graph capture),
-  sym x sym with a ``wgmma_a8_v1`` weight, in mixgemm.tuning.A8_WGMMA_SMALL_M and from M =
-  mixgemm.tuning.A8_WGMMA_MIN_M (int8 per-channel weights go back
-  to the Triton kernel from A8_W8_PER_CHANNEL_TRITON_FROM_M outside the BM 256 / MC 2 region).
+  sym x sym with a ``wgmma_a8_v1`` weight, in mixgemm.tuning.A8_WGMMA_SMALL_M (per-block activation scales: where
+  its CTAs fill their waves, A8_WGMMA_BLOCK_SCALES_*) and from M = mixgemm.tuning.A8_WGMMA_MIN_M (int8 per-channel
+  weights go back to the Triton kernel from A8_W8_PER_CHANNEL_TRITON_FROM_M outside the BM 256 / MC 2 region); at
+  M <= 64 its tile is M rounded up to 16 tokens with a cluster split-K where the CTAs leave SMs idle.
 * ``triton_a8``: the Triton int8 tensor-core kernel after the activation quantizer, any M.
 
 Run contract: ``run(x2d, qw, bias, lo, hi, config, problem, out_dtype) -> [M, N]`` (problem carries act_mode and
@@ -24,7 +25,7 @@ import torch
 import mixgemm.tuning as tuning
 from mixgemm.formats.activation import QuantizedActivation
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.linear import nvrtc_ok, triton_device_ok, triton_ok
+from mixgemm.kernels.linear import _wave_cost, nvrtc_ok, triton_device_ok, triton_ok
 from mixgemm.kernels.registry import (
     OK,
     DeviceInfo,
@@ -157,13 +158,13 @@ def _gemv_a8_wg_can_run(p: Problem):
 
 
 def _wg_gemv_block_scales_decline(p: Problem) -> str | None:
-    """Why M above tuning.A8_WG_GEMV_MAX_M stays off the fused GEMV on wgmma_a8_v1, None where a compacted weight with
+    """Why M above tuning.A8_WG_GEMV_MAX_M stays off the fused GEMV on wgmma_a8_v1, None where a weight with
     per-block activation scales over int4 codes keeps it (up to A8_WG_GEMV_BLOCK_SCALES_MAX_M, on layers up to
-    A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS weights: the CUDA int8 GEMM it would run instead pays a per-group fold)."""
+    A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS weights: the GEMMs pay a per-group fold)."""
     cap = tuning.A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS >> 20
-    further = (f"(compacted weights with per-block activation scales over int4 codes: M <= "
+    further = (f"(per-block activation scales over int4 codes: M <= "
                f"{tuning.A8_WG_GEMV_BLOCK_SCALES_MAX_M} on layers of <= {cap}M weights)")
-    if (p.resident != "wgmma_a8_v1" or p.per_token or p.bits != 4 or p.m > tuning.A8_WG_GEMV_BLOCK_SCALES_MAX_M
+    if (p.per_token or p.bits != 4 or p.m > tuning.A8_WG_GEMV_BLOCK_SCALES_MAX_M
             or p.n * p.k > tuning.A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS):
         return further
     return None
@@ -230,31 +231,45 @@ def _wgmma_a8_can_run(p: Problem):
 
 def _small_m_decline(p: Problem) -> str | None:
     """Why a call below A8_WGMMA_MIN_M stays off the CUDA int8 GEMM (tuning.A8_WGMMA_BLOCK_SCALES_FROM_M for per-block
-    activation scales, tuning.A8_WGMMA_SMALL_M's rule for per-token ones), None if not."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import column_tiles
-
+    activation scales, tuning.A8_WGMMA_SMALL_M for per-token ones), None if not."""
     if not p.per_token:
         if p.m < tuning.A8_WGMMA_BLOCK_SCALES_FROM_M:
-            return (f"activation scales per block below M={tuning.A8_WGMMA_BLOCK_SCALES_FROM_M} (the per-group fold "
-                    "loses at small M)")
+            from mixgemm.kernels.cuda.gemm_wgmma_a8 import column_tiles
+            from mixgemm.kernels.cuda.gemv import wave_efficiency
+
+            tiles = column_tiles(p.n, 2)  # (below, split-K fills the SMs: gemm_wgmma_a8.split_k_rule)
+            eff = wave_efficiency(tiles, p.device.sm_count)
+            if tiles > p.device.sm_count and eff < tuning.A8_WGMMA_BLOCK_SCALES_MIN_WAVE_EFFICIENCY:
+                return (f"activation scales per block below M={tuning.A8_WGMMA_BLOCK_SCALES_FROM_M} with {tiles} CTAs "
+                        f"filling {eff:.2f} of their waves (< {tuning.A8_WGMMA_BLOCK_SCALES_MIN_WAVE_EFFICIENCY}: the "
+                        "per-group fold's last wave)")
         return None
     lo, hi = tuning.A8_WGMMA_SMALL_M
     if not lo <= p.m <= hi:
         return f"outside M {lo}..{hi}"
-    ctas = column_tiles(p.n, 2)
-    cta_bytes = p.k * 128 * p.bits // 8
-    if cta_bytes > tuning.A8_WGMMA_SMALL_M_CTA_BYTES and 2 * ctas < p.device.sm_count:
-        return (f"{ctas} CTAs (under half the SMs) each streaming {cta_bytes >> 10} KiB of weights (above "
-                f"{tuning.A8_WGMMA_SMALL_M_CTA_BYTES >> 10} KiB; the Triton kernel splits K)")
     return None
 
 
 def _wgmma_a8_config(p: Problem) -> dict:
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, build_wgmma_a8_v1, default_config, qs_layout
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import (
+        LAYOUT,
+        SPLIT_MAX_M,
+        build_wgmma_a8_v1,
+        default_config,
+        qs_layout,
+        split_k_rule,
+    )
 
     lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
     qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
     cfg = default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
+    if p.m <= SPLIT_MAX_M:
+        # cluster split-K where the tiles leave SMs idle; the GPCs' cluster residency from the table's wave model
+        cost = _wave_cost(p.device.table["name"])
+        slots = None if cost is None else {s: cost.slots(s, p.device.sm_count) for s in cost.cluster_slots}
+        cfg["SPLIT"] = split_k_rule(p.m, p.n, p.k, lay.bits, cfg,
+                                    tuning.A8_SPLIT_PER_CHANNEL_MIN_CTA_BYTES if lay.per_channel else None,
+                                    p.device.sm_count, slots)
     cfg["FQ"] = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
     return cfg
 

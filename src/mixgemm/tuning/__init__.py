@@ -269,36 +269,50 @@ A8_WG_GEMV_MAX_M = 4
 # int8 GEMM level or faster there (8192x28672 1.00-1.01x, 28672x8192 1.04-1.08x the GEMV's time at M = 4; 14336x4096
 # and smaller 0.68-0.99x).
 A8_WG_GEMV_INT8_MAX_WEIGHTS = 64 << 20
-# A compacted weight with per-block activation scales (int4 weights; the CUDA int8 GEMM, the only other kernel it can
-# run, pays a per-group fold at small M) keeps the GEMV up to this M on layers of at most
-# A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS weights. Source: the same benchmark at M = 5 and 8 (H100, W4A8 g128): 0.36-0.98x
-# the CUDA GEMM's time on 7 layers of 4-58M weights (14336x4096 0.63x), 1.23-1.25x at 235M (8192x28672). Plain weights
-# keep the Triton kernel there: the GEMV measured 0.49-0.83x its time on 896x4864, 2048x2048 and 4096x4096 but
-# 1.09-1.38x on 1536x8960, 5120x5120 and larger.
+# A weight with per-block activation scales over int4 codes keeps the GEMV up to this M on layers of at most
+# A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS weights. Source: tools/bench/gemv_a8_wg.py --ms 5,8 (H200, W4A8 g128, whole
+# calls, against the CUDA int8 GEMM with its BM 16 tile and cluster split-K): the GEMV took 0.52x its time on
+# 2048x2048 (4.7 against 9.1 us; the Triton kernel 9.4) and 0.87x on 4096x4096, but 1.12-1.91x from 26M weights
+# (5120x5120, 4096x14336, 14336x4096, 3584x18944, 8192x28672).
 A8_WG_GEMV_BLOCK_SCALES_MAX_M = 8
-A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS = 64 << 20
+A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS = 16 << 20
 # Source: tools/bench/wgmma_a8.py (H200 / H100): from this M the sym x sym calls with a wgmma_a8_v1 weight take
 # the CUDA int8 wgmma GEMM instead of the Triton kernel.
 A8_WGMMA_MIN_M = 128
-# Source: tools/bench/wgmma_a8.py --ms 4,16,64 (H100, GEMM only, medians of 3, BM 64 tiles of default_config against
-# the Triton int8 kernel, us). Per-token activation scales (int8 per-channel weights: the same): W8 per-channel
-# 2048x2048 5.3-5.5 vs 7.0-8.9, 4096x4096 10.7-10.8 vs 12.0-15.8, 4096x14336 26.1-26.7 vs 29.8-32.5 (K x N), where the
-# CUDA call also saves the Triton kernel's Python launch (eager W8A8 M = 16 on 2048x2048: 6.7x -> 2.0x nn.Linear,
-# tools/checks/registry_check.py); but 14336x4096 (32 CTAs, each streaming 1.8 MB of weights) 32.9 vs 29.3 at M = 4:
-# the Triton kernel splits K there. Per-block activation scales lost at M <= 16 (W4 / W8 g128 2048x2048 10.8-11.8
-# vs 7.4-7.8; the per-group fold; above, A8_WGMMA_BLOCK_SCALES_FROM_M). So: sym calls with per-token scales in this M
-# range take the CUDA kernel where each CTA streams at most A8_WGMMA_SMALL_M_CTA_BYTES of weights (K x 128 rows) or
-# the CTAs fill half the SMs (M 65..127 were not measured and stay with the Triton kernel).
+# Source: tools/bench/a8_small_m.py (H200, whole calls: the activation quantizer and the GEMM, CUDA graph over layer
+# copies; 4 layers of 59-235M weights, M = 5 / 16) with the CUDA kernel's small-M tile (BM = M rounded up to 16) and
+# cluster split-K (gemm_wgmma_a8.split_k_rule), against the Triton int8 kernel: W8 per-channel 0.84-0.94x its time
+# (8192x28672 65.7 vs 72.0 us at M = 5, 14336x4096 23.3 vs 24.9, 3584x18944 28.8 vs 30.9), W4 g128 per-token
+# 0.52-0.75x (the Triton path regroups per-token scales per weight group), integer group scales 0.57-0.84x; GEMM only
+# (tools/bench/wgmma_a8.py --splits, 8 layers of 4-235M weights) 0.49-0.96x at M = 5 and 16. Before the BM 16 tile
+# and the split, BM 64 tiles lost on layers of few long CTAs (14336x4096: 32 CTAs streaming 1.8 MB each, 32.9 vs 29.3
+# us at M = 4). So sym calls with per-token scales in this M range take the CUDA kernel (M 65..127 were not measured
+# and stay with the Triton kernel).
 A8_WGMMA_SMALL_M = (A8_GEMV_MAX_M + 1, 64)
-A8_WGMMA_SMALL_M_CTA_BYTES = 512 * 1024
-# Per-block activation scales (act_block "group") take the CUDA int8 GEMM from this M. Source: H100, `mixgemm bench`
-# with the "mixgemm W4A8 g128" method beside "... compact" (the same weight on the CUDA int8 GEMM at every M), whole
-# calls, 8 layers of 2048x2048 to 28672x8192, one run: at M = 64 the CUDA GEMM took 0.40-0.61x the Triton kernel's
-# time on every layer (2048x2048 13.5 vs 22.1 us, 4096x4096 20.0 vs 39.4, 8192x28672 67.7 vs 115.3, 28672x8192 97.5
-# vs 246.3: the Triton kernel's time doubles to triples from M = 16 to 64), at M = 4 and 16 0.91-1.98x (faster only
-# on 4096x14336 and 8192x28672, by 2-12%). M 65..127 lie between this M = 64 and A8_WGMMA_MIN_M, where the CUDA GEMM
-# already ran.
+# The int8 GEMM's cluster split-K at M <= 64 (gemm_wgmma_a8.split_k_rule: the split with the fewest k-tiles on the
+# busiest SM, cluster residency from the table's wgmma_waves.cluster_slots). Per-channel weights (one int32 sum over
+# K, nothing to dequantize but the codes) split only where a CTA of SPLIT 1 streams at least this many weight bytes.
+# Source: tools/bench/wgmma_a8.py --splits 1,2,3,4,8 (H200, GEMM only, M 4 / 5 / 16 / 64; 10 layers from 2048x2048 to
+# 28672x8192, W8 per-channel, W4 g128 per-block, per-token and with integer group scales): W8 per-channel took
+# 0.70-0.94x the SPLIT 1 time at 1.75-3.5 MiB a CTA (14336x4096 S 3, 18944x3584 S 4, 28672x8192 and 13824x5120 S 2)
+# but 0.93-1.10x at 0.25-1 MiB (2048x2048, 4096x4096, 5120x5120, 8192x8192); the int4 kernels (the fold, and the
+# integer group scales' multiplies) gained at every size (0.42-0.94x), and the rule's split was the fastest measured
+# or within 5% of it on every case (the threshold and the rule were fitted on these cases).
+A8_SPLIT_PER_CHANNEL_MIN_CTA_BYTES = 3 << 19
+# Per-block activation scales (act_block "group") take the CUDA int8 GEMM from this M, and below it (from M = 3) unless
+# its CTAs (64 x NWG rows each, one per SM) spill past one wave and fill under A8_WGMMA_BLOCK_SCALES_MIN_WAVE_EFFICIENCY
+# of their waves (mixgemm.kernels.cuda.gemv.wave_efficiency; under one wave the split-K fills the SMs): there the
+# Triton kernel. Source: H200, tools/bench/a8_small_m.py (whole
+# calls, W4A8 g128, M = 5 / 16) with the BM 16 tile and cluster split-K: the CUDA GEMM took 0.71-0.88x the Triton
+# kernel's time on 8192x28672 (224 CTAs: 0.85 of two waves), 14336x4096 and 4096x14336 (112: 0.85 of one), but
+# 1.09-1.12x on 3584x18944, whose 148 CTAs leave the second wave 12% full (wave efficiency 0.56); GEMM only
+# (tools/bench/wgmma_a8.py --splits) 0.81-0.96x on 8 layers of 4-235M weights at M = 5 and 16. From M = 17: H100,
+# `mixgemm bench` with the "mixgemm W4A8 g128" method beside "... compact", whole calls, 8 layers of 2048x2048 to
+# 28672x8192: at M = 64 the CUDA GEMM (BM 64, no split) took 0.40-0.61x the Triton kernel's time on every layer
+# (2048x2048 13.5 vs 22.1 us, 4096x4096 20.0 vs 39.4, 8192x28672 67.7 vs 115.3, 28672x8192 97.5 vs 246.3: the Triton
+# kernel's time doubles to triples from M = 16 to 64).
 A8_WGMMA_BLOCK_SCALES_FROM_M = 17
+A8_WGMMA_BLOCK_SCALES_MIN_WAVE_EFFICIENCY = 0.75
 # Source: tools/bench/wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
 # this M (its persistent TMA kernel was ~10% faster at M = 2048 / 16384 on 8192x28672, a tie on 28672x8192; below
 # it the CUDA kernel won, 2x at M = 128), except where the CUDA kernel's BM 256 / MC 2 tiles apply

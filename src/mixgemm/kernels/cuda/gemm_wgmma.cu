@@ -678,34 +678,13 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     bool store = true;
     int jlo = 0, jhi = BM / 8;  // WG_SPLIT 2: the band of accumulator rows (8 activation rows each) this CTA stores
     if (CSPLIT) {
-      // Each CTA owns a band of jb accumulator rows (8 activation rows each) and receives the peers' partials of it in
-      // its ring: slot s (the senders in rank order, itself left out) holds [jb][THREADS] float4 (a thread's
-      // acc[4 j .. 4 j + 3]: 16-byte accesses, conflict-free, the same thread on both sides). Why push (remote stores)
-      // and not pull: a remote load stalls its thread for the round trip, and the loads went out one at a time
-      // (H200: +7 us for BM 256 / split 4); stores do not wait.
-      // (TSTORE: whole 16-row pairs per band, so each band's stmatrix .x4 pairs start at an even block)
+      // each CTA stores a band of jb accumulator rows (8 activation rows each), the cluster's sums
+      // (wgmma_common.cuh cluster_band_reduce; TSTORE: whole 16-row pairs per band, so each band's stmatrix .x4 pairs
+      // start at an even block; its CTA barrier keeps the staging writes behind the reduction's reads)
       const int S = cluster_nctarank(), r = cluster_ctarank();
       const int jb = TSTORE ? 2 * ((BM / 16 + BM / 8 % 2 + S - 1) / S) : (BM / 8 + S - 1) / S;
       jlo = r * jb, jhi = min(BM / 8, jlo + jb);
-      cluster_sync();  // every CTA is past its main loop (its ring is free) and running (its shared memory exists)
-      for (int o = 0; o < S; ++o) {
-        if (o == r) continue;
-        const u32 dst = mapa_cluster(sbase, o) + ((r < o ? r : r - 1) * jb * WG_THREADS + tid) * 16;
-#pragma unroll
-        for (int j = 0; j < BM / 8; ++j)
-          if (j >= o * jb && j < o * jb + jb)
-            st_cluster_v4(dst + (j - o * jb) * WG_THREADS * 16, acc[4 * j], acc[4 * j + 1], acc[4 * j + 2],
-                          acc[4 * j + 3]);
-      }
-      cluster_sync();  // every band has landed
-      for (int q = 0; q < S - 1; ++q) {
-#pragma unroll
-        for (int j = 0; j < BM / 8; ++j)
-          if (j >= jlo && j < jhi) {
-            const float4 v = ld_shared_v4(sbase + ((q * jb + j - jlo) * WG_THREADS + tid) * 16);
-            acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
-          }
-      }  // (TSTORE: its CTA barrier keeps the staging writes behind these reads)
+      cluster_band_reduce<BM / 8, WG_THREADS>(acc, sbase, tid, jb);
     }
     if (SSPLIT) {
       const int S = (Kt + kt_per_split - 1) / kt_per_split, z = blockIdx.z;

@@ -131,6 +131,16 @@
 #ifndef A8_FQ
 #define A8_FQ 0
 #endif
+// A8_SPLIT S > 1 (MC 1, per-element stores): split-K over a thread-block cluster. The S CTAs of a cluster take the
+// same output tile, CTA rank r the k-tiles [r kps, r kps + kps) (kps = kt_per_split, a multiple of KT, so slices
+// start on group and stage boundaries), and meet their int32 sums (per-channel, QS) or fp32 folds through
+// distributed shared memory (wgmma_common.cuh cluster_band_reduce), each storing a band of the tile's tokens. Why:
+// at small M the tiles are one row of CTAs along N (14336x4096 at BM 64: 32 CTAs on 132 SMs), each streaming all of
+// K; splitting K fills the SMs without a workspace, atomics or a second kernel. With A8_FQ the host makes the
+// quantizer blocks a multiple of S, so every GEMM cluster starts at a multiple of S in the grid.
+#ifndef A8_SPLIT
+#define A8_SPLIT 1
+#endif
 #ifndef A8_FQ_WPR
 #define A8_FQ_WPR 1
 #endif
@@ -163,6 +173,9 @@ constexpr int FQ_UNITS = FQ > 0 ? FQ : 1;      // (an array size even where FQ i
 static_assert(!FQ || (WS && MC == 1 && AT), "A8_FQ: the producer warpgroup, MC 1, per-token activation scales");
 static_assert(!FQ || (THREADS / 32) % FQ_WPR == 0, "A8_FQ_WPR divides the block's warps");
 constexpr bool REALLOC = WS && NWG == 2;
+constexpr int SPLIT = A8_SPLIT;
+static_assert(SPLIT >= 1 && SPLIT <= 8 && (SPLIT == 1 || MC == 1),
+              "A8_SPLIT: 1..8 CTAs of a (portable) cluster, not with A8_MC 2");
 static_assert(!WS || NWG == 1 || (NWG == 2 && A8_MINB == 1),
               "A8_WS: NWG 1, or NWG 2 with one CTA per SM (the consumers take the producer's registers)");
 constexpr int TB = BITS == 4 ? 1024 : 2048;  // weight bytes of one 16-row x 128-k tile
@@ -182,8 +195,9 @@ static_assert(NP == 1 || NP == 2, "A8_NP is 1 or 2");
 static_assert(BM % 16 == 0 && BM >= 16 && BM <= 256, "BM is the wgmma N: 16..256, a multiple of 16");
 static_assert(STAGES >= 3 || (WS && STAGES == 2), "A8_WS 0 refills a stage two stages after it was read");
 constexpr bool TSTORE = A8_TSTORE != 0;
-static_assert(!TSTORE || (OUT != 2 && STAGES * STAGE >= NWG * BM * 128),
-              "A8_TSTORE: fp16 / bf16 output, a ring that holds the NWG staging tiles of BM rows x 128 bytes");
+static_assert(!TSTORE || (OUT != 2 && SPLIT == 1 && STAGES * STAGE >= NWG * BM * 128),
+              "A8_TSTORE: fp16 / bf16 output, no A8_SPLIT, a ring that holds the NWG staging tiles of BM rows x 128 "
+              "bytes");
 constexpr float MAGIC = 12582912.f;  // 1.5 * 2^23: its float bits + n (|n| < 2^22) are the float MAGIC + n
 template <int V>
 struct IC {
@@ -213,7 +227,8 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
                       float* __restrict__ SQ,                 // A8_FQ: their scales [M] (= SA), offsets, sums [M] after
                       int* __restrict__ sync, int QB,         // A8_FQ: two counters, zero on entry; quantizer blocks
                       const __grid_constant__ TmaDesc xmap,  // int8 activation codes [M, K], box 128 k x BM rows
-                      const __grid_constant__ TmaDesc ymap) {  // A8_TSTORE: Y [M, N], box 64 columns x BM rows
+                      const __grid_constant__ TmaDesc ymap,  // A8_TSTORE: Y [M, N], box 64 columns x BM rows
+                      int kt_per_split) {                     // A8_SPLIT: k-tiles per CTA of a cluster
   // the next PDL kernel may launch once every CTA of this grid runs (it waits in griddepcontrol.wait for this grid)
   if (PDL) pdl_launch_dependents();
   if (FQ && (int)blockIdx.x < QB) {  // a quantizer block: ROWS rows at a time (FQ_WPR warps each), then QB ROWS on
@@ -254,11 +269,14 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   // (the host launches MC 2 only when the CTA column tiles pair up: ceil(Nt / WARPS) % MC == 0)
   const int rank = MC > 1 ? cluster_ctarank() : 0;
   const int bid = (int)blockIdx.x - (FQ ? QB : 0);  // A8_FQ: the quantizer blocks come first
-  const int2 pos = raster_tile(bid / MC, (M + BM - 1) / BM, A8_GROUP_M * ((Nt + MC * WARPS - 1) / (MC * WARPS)),
-                               A8_GROUP_M, BM, MC * WARPS);
+  const int2 pos = raster_tile(bid / (MC * SPLIT), (M + BM - 1) / BM,
+                               A8_GROUP_M * ((Nt + MC * WARPS - 1) / (MC * WARPS)), A8_GROUP_M, BM, MC * WARPS);
   const int m0 = pos.x, rt0 = pos.y + rank * WARPS;
   const int rt_raw = rt0 + warp;
-  const int nst = (Kt + KT - 1) / KT;
+  // A8_SPLIT: this CTA's k-tiles [kt0, kt0 + nk) (the host leaves no slice empty)
+  const int kslice = SPLIT > 1 ? cluster_ctarank() : 0;
+  const int kt0 = kslice * kt_per_split, nk = SPLIT > 1 ? min(Kt - kt0, kt_per_split) : Kt;
+  const int nst = (nk + KT - 1) / KT;
   const int blk = rt0 >> 3, nblk = (Nt + 7) >> 3;  // first 8-tile block of the CTA, blocks stored
 
   __shared__ __align__(8) u64 full_bar[STAGES];   // stage s's bytes have landed (phase flips per use)
@@ -284,7 +302,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   // weights and their scales; ISSUE_X: the activation codes (and per-group scales). PDL queues the two apart.
   auto issue = [&](int sg, int slot_issue, u32 st_issue, int part) {
     const u32 bar = smem_addr(&full_bar[slot_issue]);
-    const int ks = sg * KT, tiles = min(KT, Kt - ks);
+    const int ks = kt0 + sg * KT, tiles = min(KT, kt0 + nk - ks);
     const int segs = min(SEGS, nblk - blk);  // NWG 4 on the last block: its second segment is not stored
     if (part & ISSUE_W)
       mbar_expect_tx(bar, tiles * (x_rows * 128 + (AT ? 0 : sa_rows * 4) + segs * SEGW * (TB + (PC ? 0 : 64))) +
@@ -490,7 +508,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
       constexpr int j = decltype(jc)::value;
       if constexpr (j < KT) {
         const int i = sg * KT + j;
-        if (i < Kt) ktile(i, jc, abc);
+        if (i < nk) ktile(i, jc, abc);
       }
     };
     run(IC<0>{}), run(IC<1>{}), run(IC<2>{}), run(IC<3>{});
@@ -508,11 +526,19 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
   wg_wait<0>();
   if constexpr (!NOFOLD) {
     // the last group's partial: its index is that of the last k-tile's group
-    if (NP == 1 || ((Kt - 1) % KT / GT) % NP == 0) fold(IC<0>{});
+    if (NP == 1 || ((nk - 1) % KT / GT) % NP == 0) fold(IC<0>{});
     else fold(IC<NP - 1>{});
   }
   // MC 2: this thread's last remote access (an empty-barrier arrival) is behind it; the wait is at the exits
   if (MC > 1) cluster_arrive();
+  // A8_SPLIT: the cluster's sums of this CTA's band of blocks j (8 tokens each), which it alone stores
+  int jlo = 0, jhi = BM / 8;
+  if constexpr (SPLIT > 1) {
+    const int jb = (BM / 8 + SPLIT - 1) / SPLIT;
+    jlo = kslice * jb, jhi = min(BM / 8, jlo + jb);
+    if constexpr (NOFOLD) cluster_band_reduce<BM / 8, WARPS * 32>(part[0], sbase, tid, jb);
+    else cluster_band_reduce<BM / 8, WARPS * 32>(acc, sbase, tid, jb);
+  }
 
   // epilogue: value i = 4 j + 2 h + c is (weight row 16 warp + g + 8 h, token 8 j + 2 t + c)
   // A8_FQ: the token scales the first stage brought into shared memory (behind the ring), indexed by token
@@ -566,7 +592,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int m = m0 + 8 * j + 2 * t + c;
-      if (m >= M) continue;
+      if (m >= M || j < jlo || j >= jhi) continue;
       const float sa = AT ? SAe[m] : 0.f;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

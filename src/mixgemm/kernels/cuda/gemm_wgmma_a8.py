@@ -27,7 +27,9 @@
   without the per-group fold -- codes times multiples as int8 in registers, one int32 sum over K; 0: the fold), FQ (a
   call plan with per-token scales: 1 quantizes the activations in the GEMM's own launch, ``launch_quantizing``,
   where the tile has the producer warpgroup and MC 1; the default where the call is bound by host time, see
-  kernels/a8.py; 0: the row quantizer's launch, then the GEMM).
+  kernels/a8.py; 0: the row quantizer's launch, then the GEMM), SPLIT (1, or 2..8: split-K over a thread-block
+  cluster of that many CTAs per output tile, each a slice of K, the sums met in distributed shared memory; MC 1,
+  per-element stores; ``split_slices`` gives the slices, ``split_k_rule`` the default's choice).
 * Returns [M, N] in out_dtype (float16 / bfloat16 / float32), or writes ``out``. Launched on the current stream,
   no host synchronization; allocates the output (unless given) and, for per-group activation scales (or a [M, 1]
   sa whose column is not contiguous), a transposed copy of sa [G, M_pad].
@@ -50,7 +52,8 @@ from mixgemm.kernels.options import current_options
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL", "QS", "FQ")
+CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL", "QS", "FQ",
+               "SPLIT")
 QS_MAX_K = (2**31 - 1) // (128 * 127)  # A8_QS: one int32 sum of K products |c m a| <= 128 * 127
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _XT = _OUT  # A8_XT: the activation dtype the in-launch quantizer reads (same codes)
@@ -130,6 +133,49 @@ def quantizer_split(m: int, k: int, warps: int, sm_count: int, max_units: int,
     return QuantizerSplit(min(-(-m // rows), slots), wpr, -(-k8 // (32 * wpr)))
 
 
+def split_slices(k_tiles: int, split: int, kt: int) -> int | None:
+    """k-tiles per CTA of a SPLIT cluster: K's 128-k tiles over ``split`` slices, rounded up to whole stages of KT
+    tiles (slices start on stage and group boundaries); None when that leaves a slice empty."""
+    per = math.ceil(math.ceil(k_tiles / split) / kt) * kt
+    return per if (split - 1) * per < k_tiles else None
+
+
+SPLIT_MAX_M = 64  # split_k_rule applies to default_config's small-M tiles, where it was measured
+SPLIT_MAX = 4  # cluster splits the rule considers (measured 1, 2, 3, 4, 8: 8 never won)
+SPLIT_MIN_STAGES = 2  # each slice keeps at least this many stages of KT k-tiles
+
+
+def split_k_rule(m: int, n: int, k: int, bits: int, cfg: dict, nofold_bytes_min: int | None, sms: int,
+                 cluster_slots: dict[int, int] | None = None) -> int:
+    """SPLIT for the tile ``cfg`` from the wave count: where its CTAs leave SMs idle, the split with the fewest k-tiles
+    per slice among those whose clusters all fit on the GPU at once (cluster_slots: clusters of S CTAs resident at
+    once, fewer than SMs / S since a cluster must fit in one GPC; one CTA per SM, as these tiles' registers allow),
+    each slice keeping SPLIT_MIN_STAGES stages. A split past one wave of clusters was slower than none (whole calls,
+    H200, 3584x18944 at M = 5 / 16: 148 CTAs, SPLIT 3 in four waves of clusters 1.28-1.30x SPLIT 1's time).
+    nofold_bytes_min: for per-channel weights (one int32 sum over K, little work per byte), split only where a CTA of
+    SPLIT 1 streams at least this many weight bytes (below, the slices' pipeline fill costs what the extra SMs
+    bring); None for grouped weights."""
+    bm, nwg, kt = int(cfg["BM"]), int(cfg.get("NWG", 2)), int(cfg.get("KT", 2))
+    tiles = -(-m // bm) * column_tiles(n, nwg)
+    k_tiles = -(-k // 128)
+    if tiles >= sms or (nofold_bytes_min is not None and k * 64 * nwg * bits // 8 < nofold_bytes_min):
+        return 1
+    best, best_per = 1, k_tiles
+    for split in range(2, SPLIT_MAX + 1):
+        per = split_slices(k_tiles, split, kt)
+        if per is None or per < SPLIT_MIN_STAGES * kt or tiles > (cluster_slots or {}).get(split, sms // split):
+            continue
+        if per < best_per:
+            best, best_per = split, per
+    return best
+
+
+def split_exchange_bytes(bm: int, nwg: int, split: int) -> int:
+    """Shared memory the SPLIT reduction receives into (the drained ring): split - 1 peers' bands of ceil(BM / 8 /
+    split) blocks, 16 bytes per consumer thread and block (wgmma_common.cuh cluster_band_reduce)."""
+    return (split - 1) * -(-(bm // 8) // split) * 128 * nwg * 16
+
+
 def scratch_bytes(m: int, k: int) -> int:
     """The codes [M, K] int8, then scales [M_pad] (M_pad = M rounded up to 4), offsets [M] and code sums [M] (4 bytes
     each) that the in-launch quantizer writes (gemm_wgmma_a8.cu, A8_FQ)."""
@@ -148,17 +194,22 @@ QS_BM256_MIN_TILES = 96
 
 
 def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: bool = False) -> dict:
-    """Tile choice from the problem size (deterministic): at M <= 64 one BM 64 tile with up to 5 stages, else as
-    many stages as fit, at most 4. qs: the call runs A8_QS (qs_layout and per-token activation scales)."""
+    """Tile choice from the problem size (deterministic): at M <= 64 one tile of M rounded up to 16 tokens with up to
+    5 stages, else as many stages as fit, at most 4. qs: the call runs A8_QS (qs_layout and per-token activation
+    scales)."""
     kt, nwg = 2, 2
     if m <= 64:
-        # small M: one BM 64 tile of tokens, five stages, the group fold overlapping the next wgmmas (NP 2):
-        # the fastest of tools/bench/wgmma_a8.py's tiles at M = 4 / 16 / 64 on 2048x2048 .. 14336x4096 (H100; BM 128
-        # with NP 1 ran 1.2-1.4x longer)
-        stages = max(2, min(5, (SMEM_LIMIT - 1024) // stage_bytes(64, nwg, bits, kt, group_size == k)))
+        # small M: one tile of tokens, M rounded up to the wgmma's 16 (the tokens past M are work for nothing: BM 16
+        # against BM 64 took 0.62-0.92x the time at M = 5 and 16, H200, tools/bench/wgmma_a8.py, 8192x28672,
+        # 4096x14336, 3584x18944, 5120x13824, W8 per-channel, W4 g128 per-block and per-token; NWG 1, BM 32 and 2 CTAs
+        # per SM were slower), five stages, the group fold overlapping the next wgmmas (NP 2): BM 64 was the fastest
+        # of the tiles measured before at M = 4 / 16 / 64 (H100, 2048x2048 .. 14336x4096; BM 128 with NP 1 ran
+        # 1.2-1.4x longer)
+        bm = 16 * -(-m // 16)
+        stages = max(2, min(5, (SMEM_LIMIT - 1024) // stage_bytes(bm, nwg, bits, kt, group_size == k)))
         # NP 2 needs KT a multiple of 2 x the group's 128-k tiles: group 256 takes NP 1
         np_ = 2 if group_size in (128, k) else 1
-        return {"BM": 64, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": np_, "CVT": 0, "GROUP_M": 8}
+        return {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": np_, "CVT": 0, "GROUP_M": 8}
     bm = 16
     while bm < min(m, 128):
         bm *= 2
@@ -265,16 +316,17 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     qs_req = int(cfg.get("QS", 1))
     qs = qs_req == 1 and qs_ok
     fq_req = int(cfg.get("FQ", 1))
+    ksplit = int(cfg.get("SPLIT", 1))
     if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (1, 2, 4)
             or stages < (2 if ws else 3) or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1
             or kt % (np_ * max(gt, 1))
             or (gt and not qs and bm > 128) or ws not in (0, 1) or (ws and (nwg == 4 or (nwg == 2 and minb != 1)))
             or mc not in (1, 2) or (mc == 2 and not ws) or pdl_req not in (0, 1) or (pdl_req and not ws)
-            or qs_req not in (0, 1) or fq_req not in (0, 1)):
+            or qs_req not in (0, 1) or fq_req not in (0, 1) or not 1 <= ksplit <= 8 or (ksplit > 1 and mc != 1)):
         raise ValueError(f"bad int8 wgmma tile {cfg}: BM 16..256 (multiple of 16; <= 128 for groups but QS), NWG 1, "
                          "2, 4, KT 1, 2 or 4 (a multiple of NP x 128-k tiles per group), STAGES >= 3 (2 with WS), NP 1 "
                          "or 2, CVT 0 or 1, GROUP_M >= 1, MINB 1..3, WS 0 or 1 (WS: NWG 1, or NWG 2 with MINB 1), MC 1 "
-                         "or 2 (MC 2: WS), PDL 0 or 1 (PDL 1: WS), QS 0 or 1, FQ 0 or 1")
+                         "or 2 (MC 2: WS), PDL 0 or 1 (PDL 1: WS), QS 0 or 1, FQ 0 or 1, SPLIT 1..8 (SPLIT > 1: MC 1)")
     col_tiles = column_tiles(n, nwg)
     if col_tiles % mc:
         raise ValueError(f"int8 wgmma tile {cfg}: MC {mc} pairs the CTAs along N, but N = {n} makes {col_tiles} "
@@ -283,6 +335,15 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     smem = ring + 1024
     if smem > SMEM_LIMIT:
         raise ValueError(f"int8 wgmma tile {cfg} needs {smem} bytes of shared memory (limit {SMEM_LIMIT})")
+    kt_per_split = lay.k_tiles
+    if ksplit > 1:
+        kt_per_split = split_slices(lay.k_tiles, ksplit, kt)
+        if kt_per_split is None:
+            raise ValueError(f"int8 wgmma tile {cfg}: SPLIT {ksplit} of K's {lay.k_tiles} 128-k tiles in stages of KT "
+                             f"{kt} leaves a slice empty")
+        if split_exchange_bytes(bm, nwg, ksplit) > ring:
+            raise ValueError(f"int8 wgmma tile {cfg}: the SPLIT {ksplit} reduction needs "
+                             f"{split_exchange_bytes(bm, nwg, ksplit)} bytes of the ring's {ring}")
     split = None
     if (fq_req and quantize_from is not None and sa_per_token and ws and mc == 1 and aq_row_stride == k
             and k % 16 == 0 and smem + 4 * bm + 256 <= SMEM_LIMIT):
@@ -293,6 +354,8 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
                                 column_tiles(n, nwg) * math.ceil(m / bm))
     if split is not None:
         smem += 4 * bm  # the token scales of the CTA's tile, behind the ring
+        # SPLIT: whole clusters of quantizer blocks, so the GEMM's clusters start at a multiple of SPLIT in the grid
+        split = QuantizerSplit(-(-split.blocks // ksplit) * ksplit, split.warps_per_row, split.units)
     # activation scales transposed to [G, M_pad] (M_pad % 4 == 0): one bulk copy per (group, m-tile) in the kernel.
     # One scale per token ([M, 1]: per-channel weights, or AT) is read as SA[m] in the epilogue only, so a contiguous
     # column goes in as it is (no transpose kernel between the quantizer and the GEMM)
@@ -300,13 +363,15 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
             "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb,
             "A8_WS": ws, "A8_AT": at, "A8_MC": mc, "A8_QS": int(qs)}
+    if ksplit > 1:
+        defs["A8_SPLIT"] = ksplit
     if split is not None:
         defs.update(A8_FQ=split.units, A8_FQ_WPR=split.warps_per_row, A8_XT=_XT[quantize_from])
     pdl = bool(current_options().pdl and pdl_req)
     if pdl:
         defs["A8_PDL"] = 1
     ymap = None
-    if int(cfg.get("TSTORE", 1)) and out.tstore_fits(bm, nwg, ring):
+    if int(cfg.get("TSTORE", 1)) and ksplit == 1 and out.tstore_fits(bm, nwg, ring):
         # 64 output columns (128 bytes) x BM rows; the address is written per call
         ymap = TensorMapParam(encode_tensor_map(_MAP_PLACEHOLDER, m, n, out.row_stride, out_dtype, 64, bm))
         defs["A8_TSTORE"] = 1
@@ -332,11 +397,13 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
         xmap.value,
         # the output's tensor map by value (zeros when the kernel does not use it)
         ymap.value if ymap is not None else (ctypes.c_ubyte * 128)(),
+        ctypes.c_int(kt_per_split),
     ]
     # WS: one more warpgroup, the producer
-    grid = (tiles + (0 if split is None else split.blocks), 1, 1)
+    grid = (tiles * ksplit + (0 if split is None else split.blocks), 1, 1)
+    cluster = mc * ksplit
     launch = nvrtc.prepare_launch(fn, out.device, grid, (128 * (nwg + ws), 1, 1), args, smem, pdl=pdl,
-                                  first_without_pdl=fresh, cluster=(mc, 1, 1) if mc > 1 else None)
+                                  first_without_pdl=fresh, cluster=(cluster, 1, 1) if cluster > 1 else None)
     return WgmmaA8Launch(launch, lay, m, n, ldsa, xmap, ymap, out.device, split is not None)
 
 

@@ -50,6 +50,42 @@ __device__ __forceinline__ float4 ld_shared_v4(u32 a) {
   asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
   return v;
 }
+// Split-K over a thread-block cluster: the S CTAs of one output tile each ran a slice of K, and each thread holds
+// NJ x 4 values of the tile (v[4 j .. 4 j + 3]; fp32 sums, or int32 ones carried bit-exact and added as integers).
+// CTA r owns the band of rows j in [r jb, r jb + jb) and receives the peers' values of it in its free shared-memory
+// buffer `buf`: slot s (the senders in rank order, itself left out) holds [jb][NT] 16-byte pieces, the same thread
+// index on both sides (conflict-free). Why push (remote stores) and not pull: a remote load stalls its thread for the
+// round trip, and the loads went out one at a time (H200: +7 us for BM 256 / split 4); stores do not wait. On return
+// the band's values of v hold the cluster's sums (the others are stale). The first cluster_sync proves every CTA past
+// its main loop (its buffer free) and running; buf must hold (S - 1) x jb x NT x 16 bytes.
+__device__ __forceinline__ float sum_bits(float a) { return a; }
+__device__ __forceinline__ float sum_bits(int a) { return __int_as_float(a); }
+__device__ __forceinline__ void add_bits(float& a, float b) { a += b; }
+__device__ __forceinline__ void add_bits(int& a, float b) { a += __float_as_int(b); }
+template <int NJ, int NT, typename T>
+__device__ __forceinline__ void cluster_band_reduce(T* v, u32 buf, int tid, int jb) {
+  const int S = cluster_nctarank(), r = cluster_ctarank(), jlo = r * jb;
+  cluster_sync();
+  for (int o = 0; o < S; ++o) {
+    if (o == r) continue;
+    const u32 dst = mapa_cluster(buf, o) + ((r < o ? r : r - 1) * jb * NT + tid) * 16;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+      if (j >= o * jb && j < o * jb + jb)
+        st_cluster_v4(dst + (j - o * jb) * NT * 16, sum_bits(v[4 * j]), sum_bits(v[4 * j + 1]),
+                      sum_bits(v[4 * j + 2]), sum_bits(v[4 * j + 3]));
+  }
+  cluster_sync();  // every band has landed
+  for (int q = 0; q < S - 1; ++q) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+      if (j >= jlo && j < jlo + jb) {
+        const float4 w = ld_shared_v4(buf + ((q * jb + j - jlo) * NT + tid) * 16);
+        add_bits(v[4 * j], w.x), add_bits(v[4 * j + 1], w.y), add_bits(v[4 * j + 2], w.z);
+        add_bits(v[4 * j + 3], w.w);
+      }
+  }
+}
 // {lo, hi} rounded to the 16-bit output type ACT (0 fp16, 1 bf16), lo in the low half: one cvt for two values
 template <int ACT>
 __device__ __forceinline__ u32 pack_out16x2(float lo, float hi) {
