@@ -67,18 +67,18 @@ def triton_time(qw, aq, sa, oa, su, out, rep):
 def cluster_wave(run) -> str:
     """'' or, when run() makes a cluster launch, how many of its clusters the GPU holds at once (the wave) against
     its grid."""
-    seen, orig = [], nvrtc.launch
+    seen, orig = [], nvrtc.prepare_launch
 
-    def spy(fn, grid, block, args, stream, shared_bytes=0, pdl=False, cluster=None):
+    def spy(fn, device, grid, block, args, shared_bytes=0, pdl=False, cluster=None, first_without_pdl=False):
         if cluster is not None:
             seen.append((fn, grid, block, shared_bytes, cluster))
-        return orig(fn, grid, block, args, stream, shared_bytes, pdl, cluster)
+        return orig(fn, device, grid, block, args, shared_bytes, pdl, cluster, first_without_pdl)
 
-    nvrtc.launch = spy
+    nvrtc.prepare_launch = spy  # (the GEMM prepares its launch per call: gemm_wgmma_a8 -> prepare_wgmma_a8)
     try:
         run()
     finally:
-        nvrtc.launch = orig
+        nvrtc.prepare_launch = orig
     if not seen:
         return ""
     fn, grid, block, smem, cluster = seen[0]
