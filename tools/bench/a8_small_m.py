@@ -20,12 +20,10 @@ import json
 
 import torch
 
-import mixgemm
-from mixgemm.bench.protocol import graph_time_us
 from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
-from mixgemm.ops.int8 import make_a8_runner
+from tools.bench.gemv_a8_wg import time_a8_calls
 from tools.bench.int8 import clone_qw, copies_for
 
 ENTRY = "cuda_wgmma_a8"
@@ -43,10 +41,7 @@ def _weights(k: int, n: int, bits: int, group: int, int_scales: bool):
 
 
 def _time(x, qws, block: str, opts: dict) -> float:
-    with mixgemm.kernel_options(**opts):
-        runs = [make_a8_runner(x, q, "sym", act_block=block) for q in qws]
-        runs[0]()
-        return graph_time_us(runs, warmup_ms=10, rep_ms=50)
+    return time_a8_calls(x, qws, block, opts, rep=50)[0]
 
 
 def main():

@@ -67,7 +67,9 @@ def _weights(k, n, bits, group, int_scales, copies):
     return plain, compact
 
 
-def _time(x, qws, block, opts, rep):
+def time_a8_calls(x, qws, block, opts, rep):
+    """(us per call, the output) of whole int8-activation calls (quantizer + kernel) over the layer copies qws, under
+    kernel_options(**opts), protocol graph timing."""
     with mixgemm.kernel_options(**opts):
         runs = [make_a8_runner(x, q, "sym", act_block=block) for q in qws]
         y = runs[0]()
@@ -95,15 +97,15 @@ def main():
             plain, compact = _weights(k, n, bits, group, int_scales, copies_for(n * k * bits // 8))
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-                t_plain, _ = _time(x, plain, block, {"disable": ENTRY}, args.rep)
-                t_now, _ = _time(x, plain, block, {}, args.rep)
-                t_gemm, _ = _time(x, compact, block, {"disable": ENTRY}, args.rep)
+                t_plain, _ = time_a8_calls(x, plain, block, {"disable": ENTRY}, args.rep)
+                t_now, _ = time_a8_calls(x, plain, block, {}, args.rep)
+                t_gemm, _ = time_a8_calls(x, compact, block, {"disable": ENTRY}, args.rep)
                 rule = gw.choose_config(gw.m_bucket(m), n, -(-k // 128), props.multi_processor_count, bits)
                 cfgs = [rule] if args.no_sweep else sweep_configs(rule, m)
                 res = []
                 for cfg in cfgs:
                     try:
-                        t, y = _time(x, compact, block, {"force": ENTRY, "configs": {ENTRY: cfg}}, args.rep)
+                        t, y = time_a8_calls(x, compact, block, {"force": ENTRY, "configs": {ENTRY: cfg}}, args.rep)
                     except Exception as ex:  # noqa: BLE001  (a tile that does not launch: report, go on)
                         print(f"  {shape} M{m} {name} {cfg}: {type(ex).__name__}: {ex}", flush=True)
                         continue

@@ -135,9 +135,9 @@ def quantizer_split(m: int, k: int, warps: int, sm_count: int, max_units: int,
 
 def split_slices(k_tiles: int, split: int, kt: int) -> int | None:
     """k-tiles per CTA of a SPLIT cluster: K's 128-k tiles over ``split`` slices, rounded up to whole stages of KT
-    tiles (slices start on stage and group boundaries); None when that leaves a slice empty."""
-    per = math.ceil(math.ceil(k_tiles / split) / kt) * kt
-    return per if (split - 1) * per < k_tiles else None
+    tiles (slices start on stage and group boundaries; gemm_wgmma.k_slices); None when that leaves a slice empty."""
+    slices, per = gemm_wgmma.k_slices(k_tiles, split, kt)
+    return per if slices == split else None
 
 
 SPLIT_MAX_M = 64  # split_k_rule applies to default_config's small-M tiles, where it was measured
