@@ -272,6 +272,11 @@ def test_multi_tile_stages(kt, tma, bits, gs, mode, k, split):
     (300, 520, 1152, dict(BM=64, NWG=4, STAGES=4, TMA=0, SPLIT=2)),
     (17, 520, 4096, dict(BM=16, NWG=1, STAGES=4, SPLIT=20)),  # more than a cluster holds: capped at 8
     (300, 520, 1152, dict(BM=128, NWG=2, STAGES=4, SPLIT=4, TSTORE=0)),  # per-element stores where TSTORE applies
+    # the small-M tile (tuning wgmma_small_m): BM 16, one band per CTA of a 16-row pair, M under the tile
+    (1, 520, 4096, dict(BM=16, NWG=2, STAGES=4, KT=2, SPLIT=8, GROUP_M=1)),
+    (9, 1000, 1152, dict(BM=16, NWG=2, STAGES=4, KT=2, SPLIT=4, GROUP_M=1)),  # 18 k-tiles: slices of 6, 6, 6, 0 -> 3
+    (16, 200, 896, dict(BM=16, NWG=2, STAGES=4, KT=2, SPLIT=2, GROUP_M=1)),
+    (17, 264, 2048, dict(BM=16, NWG=2, STAGES=4, KT=2, SPLIT=4, GROUP_M=1)),  # two tiles of M
 ], ids=str)
 @pytest.mark.parametrize("fmt", [(4, 128, "zero_point", torch.float16), (4, 32, "offset", torch.bfloat16),
                                  (8, -1, "sym", torch.float16), (4, 64, "sym", torch.bfloat16)], ids=str)

@@ -16,7 +16,7 @@ tables' gemv_over_wgmma / gemv_mma_m1 / wgmma_from_m entries were read from; res
 (docs/benchmarking.md).
 
 Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms 1,16 --budget 280 --out $OUT
-       [--dtype bfloat16] [--no-mma-grid] [--wg-simt] [--simt-only] [--compact-only]
+       [--dtype bfloat16] [--no-mma-grid] [--wg-simt] [--simt-only] [--compact-only] [--split-rt-grid] [--warm P]
        PYTHONPATH=src python -m tools.bench.gemv_dispatch --suggest SWEEP.json ...  (the M = 1 bucket entries a
        sweep supports: a CUDA-core tile >= 5% faster than the default on every measured layer of its bucket)
 """
@@ -101,9 +101,26 @@ def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int,
         list(pool.map(nvrtc.compile_cubin, ["gemv_wg_simt.cu"] * len(keys), sorted(keys), [arch] * len(keys)))
 
 
+def split_rt_grid(p, mma: dict, kt: int) -> tuple[list[dict], list[dict]]:
+    """(tensor-core GEMV configs, wgmma GEMM configs) beyond the defaults' neighbourhoods at M > 1: the GEMV with EARLY
+    and RT 2 / 4 row tiles per warp at KS 4 / 8 / 16 and U 1 / 2 (within the k-slice reduction's shared memory, two
+    k-tiles per slice); the GEMM's k split over a thread-block cluster (CLUSTER 1, SPLIT 2 / 3 / 4, no stream-K) at
+    NWG 2 and 1."""
+    gemv = []
+    for rt in (2, 4):
+        for ks in (4, 8, 16):
+            for u in (1, 2):
+                c = {**mma, "EARLY": 1, "RT": rt, "KS": ks, "RG": 1, "U": u}
+                if kt >= 2 * ks and mma_reduction_fits(c):
+                    gemv.append(c)
+    base = entries._wgmma_config(p)
+    gemm = [{**base, "NWG": nwg, "SK": 0, "SERIAL": 0, "SPLIT": s, "CLUSTER": 1} for nwg in (2, 1) for s in (2, 3, 4)]
+    return gemv, gemm
+
+
 def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
                simt_grid: bool = False, mma_grid_all: bool = False, simt_only: bool = False,
-               compact_only: bool = False) -> dict[str, list[dict]]:
+               compact_only: bool = False, split_rt: bool = False) -> dict[str, list[dict]]:
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
     name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
     simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid.
@@ -130,7 +147,12 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     near = entries._gemv_mma_candidates(p)
     if mma_grid_all:
         near += [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma and c not in near]
-    return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *near], "cuda_wgmma": [entries._wgmma_config(p)]}
+    wg = [entries._wgmma_config(p)]
+    if split_rt:
+        more_gemv, more_gemm = split_rt_grid(p, mma, mma_k_tiles(bits, k))
+        near += [c for c in more_gemv if c != mma and c not in near]
+        wg += [c for c in more_gemm if c not in wg]
+    return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *near], "cuda_wgmma": wg}
 
 
 def plain(cfg: dict) -> dict:
@@ -139,7 +161,8 @@ def plain(cfg: dict) -> dict:
 
 def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: torch.dtype = torch.float16,
                   mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False,
-                  simt_only: bool = False, compact_only: bool = False) -> list[dict]:
+                  simt_only: bool = False, compact_only: bool = False, split_rt: bool = False,
+                  warm_only: bool = False) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -157,11 +180,15 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
 
         def time_us(entry: str, cfg: dict, x: torch.Tensor = x) -> float:
             with mixgemm.kernel_options(force=entry, configs={entry: dict(cfg)}):
+                if warm_only:  # compile and load only (a parallel warm-up of the on-disk cubin cache)
+                    mixgemm.matmul(x, q0)
+                    torch.cuda.synchronize()
+                    return 0.0
                 return protocol.graph_time_us([lambda q=q: mixgemm.matmul(x, q) for q in weights],
                                               warmup_ms=5, rep_ms=30)
 
         for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only,
-                                        compact_only).items():
+                                        compact_only, split_rt).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
@@ -236,6 +263,13 @@ def main() -> None:
                     help="the plain codes' defaults against the small-M choices on wgmma_v1 (compacted weights)")
     ap.add_argument("--mma-grid-all", action="store_true",
                     help="M > 1: also time the tensor-core GEMV's whole (KS, U) grid")
+    ap.add_argument("--split-rt-grid", action="store_true",
+                    help="at M > 1 also the GEMV's row tiles (RT 2 / 4) and the wgmma GEMM's cluster split-K "
+                         "(split_rt_grid)")
+    ap.add_argument("--warm", type=int, default=0, metavar="P",
+                    help="first compile every config the sweep will time in P parallel processes (each runs its "
+                         "share of the cases once, untimed), then time them in this one")
+    ap.add_argument("--warm-part", default="", help=argparse.SUPPRESS)  # i/P: one warm-up process's share
     ap.add_argument("--suggest", nargs="+", default=None, metavar="JSON",
                     help="read sweep files and print the M = 1 bucket entries they support (no GPU)")
     args = ap.parse_args()
@@ -257,6 +291,32 @@ def main() -> None:
 
         precompile_simt(fmts, dtype, shapes, arch_of(torch.device("cuda")))
         print(f"precompiled the wgmma_v1 CUDA-core grid: {time.time() - t0:.0f} s", flush=True)
+    if args.warm_part:
+        i, parts = (int(v) for v in args.warm_part.split("/"))
+        cases = [(k, n, fmt) for k, n in shapes for fmt in fmts][i::parts]
+        for k, n, fmt in cases:
+            try:
+                measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt, args.mma_grid_all,
+                              args.simt_only, args.compact_only, args.split_rt_grid, warm_only=True)
+            except Exception:
+                traceback.print_exc()
+            torch.cuda.empty_cache()
+        return
+    if args.warm:
+        import subprocess
+        import sys
+
+        argv, skip = [], False
+        for a in sys.argv[1:]:  # this command line less --warm P
+            if not skip and not a.startswith("--warm"):
+                argv.append(a)
+            skip = a == "--warm"
+        procs = [subprocess.Popen([sys.executable, "-m", "tools.bench.gemv_dispatch", *argv,
+                                   f"--warm-part={i}/{args.warm}"]) for i in range(args.warm)]
+        for pr in procs:
+            pr.wait()
+        print(f"warm-up in {args.warm} processes: {time.time() - t0:.0f} s", flush=True)
+        t0 = time.time()
     path = os.path.join(args.out, f"gemv_dispatch_{args.dtype}_{'_'.join(fmts)}_m{'_'.join(map(str, ms))}.json")
     res = []
     for k, n in shapes:
@@ -265,7 +325,7 @@ def main() -> None:
         for fmt in fmts:
             try:
                 res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt,
-                                     args.mma_grid_all, args.simt_only, args.compact_only)
+                                     args.mma_grid_all, args.simt_only, args.compact_only, args.split_rt_grid)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

@@ -133,6 +133,43 @@ def cluster_slots() -> dict:
     return out
 
 
+def occupancy(cfgs: list[dict], formats: list[str], m: int) -> list[dict]:
+    """Per config and weight format, what the launch the GEMM prepares for M = m gets on this GPU: registers per
+    thread, CTAs per SM (cuOccupancyMaxActiveBlocksPerMultiprocessor) and, for a cluster split, the clusters held at
+    once (cuOccupancyMaxActiveClusters): the residency a wave count of small-M tiles needs."""
+    from mixgemm.kernels.cuda import nvrtc
+    from mixgemm.kernels.cuda.gemm_wgmma import prepare_wgmma
+
+    drv = nvrtc._driver()
+    seen, orig, out = [], nvrtc.prepare_launch, []
+
+    def spy(fn, device, grid, block, args, shared_bytes=0, pdl=False, cluster=None, first_without_pdl=False):
+        seen.append((fn, grid, block, shared_bytes, cluster))
+        return orig(fn, device, grid, block, args, shared_bytes, pdl, cluster, first_without_pdl)
+
+    nvrtc.prepare_launch = spy
+    try:
+        for fmt in formats:
+            bits, gs = int(fmt[1]), (-1 if fmt.endswith("pc") else int(fmt[3:]))
+            qw = quantize_weight(torch.randn(4096, 4096, device=DEV) * 0.02, bits=bits, group_size=gs,
+                                 mode="zero_point" if bits == 4 else "sym")
+            for cfg in cfgs:
+                seen.clear()
+                prepare_wgmma(qw, m, torch.float16, torch.device(DEV), cfg, True)
+                fn, grid, block, smem, cl = seen[0]
+                err, regs = drv.cuFuncGetAttribute(drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
+                threads = block[0] * block[1] * block[2]
+                row = dict(fmt=fmt, cfg=cfg, regs=int(regs), threads=threads, smem=smem,
+                           ctas_per_sm=nvrtc.resident_blocks(fn, threads, smem))
+                if cl:
+                    row["clusters"] = nvrtc.max_active_clusters(fn, grid, block, smem, cl)
+                print(json.dumps(row), flush=True)
+                out.append(row)
+    finally:
+        nvrtc.prepare_launch = orig
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--diag", action="store_true")
@@ -154,6 +191,8 @@ def main(argv=None) -> int:
                     "at once, per grid tile (with --grid the run's JSON keeps the first tile's)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of (fp16 cuBLAS, every config) timed in turn; "
                     "the medians are reported (cuBLAS moves by up to 15%% between timings in one run)")
+    ap.add_argument("--occupancy", default=None, help="JSON list of configs: print each one's registers, CTAs per SM "
+                    "and clusters held at once (per --formats, at the first of --ms) and exit")
     ap.add_argument("--launch", default=None, help="M,K,N,CFG_JSON: just launch that case 5 times (for ncu)")
     a = ap.parse_args(argv)
     if a.launch:
@@ -166,6 +205,12 @@ def main(argv=None) -> int:
         return 0
     if a.diag:
         return 0 if diag() else 1
+    if a.occupancy:
+        rows = occupancy(json.loads(a.occupancy), a.formats.split(","), int(a.ms.split(",")[0]))
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(rows, f)
+        return 0
     slots = cluster_slots() if a.cluster_slots or a.grid else None
     if slots:
         print("cluster slots (clusters of each split held at once):", json.dumps(slots), flush=True)

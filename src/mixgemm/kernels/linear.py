@@ -91,9 +91,39 @@ def _gemv_common(p: Problem, dtypes) -> str | None:
 
 def gemv_limit(p: Problem) -> int:
     """Largest M the GEMVs serve on this GPU: the table's crossover against the GEMM that takes over, raised to the
-    GEMVs' own limit where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma)."""
+    GEMVs' own limit where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma), and lowered below the
+    table's gemv_min_wave_fill M range where the tensor-core GEMV's own blocks would (_gemv_underfills)."""
     lim, why = _table_limit_and_raise(p)
-    return GEMV_MAX_M if why else lim
+    lim = GEMV_MAX_M if why else lim
+    if p.m <= lim and _gemv_underfills(p):
+        return p.device.table["gemv_min_wave_fill"]["m"][0] - 1
+    return lim
+
+
+def _gemv_underfills(p: Problem) -> str | None:
+    """Why the wgmma GEMM takes this M from the GEMVs (the table's gemv_min_wave_fill): at M in its range, on a layer
+    of at least ``min_weight_bytes``, the tensor-core GEMV's blocks fill under ``min_fill`` of their waves
+    (kernels.cuda.gemv.mma_wave_fill), where the GEMM's small-M cluster split fills the GPU; None where the rule does
+    not apply (a wgmma_from_m region decides there itself)."""
+    rule = p.device.table.get("gemv_min_wave_fill")
+    if rule is None or not rule["m"][0] <= p.m <= rule["m"][1] or p.x_dtype not in _HALF:
+        return None
+    if p.n * p.k * p.bits // 8 < rule["min_weight_bytes"]:
+        return None  # smaller layers: the GEMV's latency-bound blocks finish before the GEMM's fixed costs
+    if "cuda_wgmma" in current_options().disable or not _wgmma_can_run(p).ok:
+        return None
+    if tuning.wgmma_from_m_entry(p.device.table, p.qw, p.k, p.n):
+        return None  # the region's crossover decides
+    from mixgemm.kernels.cuda.gemv import mma_config, mma_wave_fill
+
+    cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode,
+                     1 if p.resident == WGMMA_V1.name else None)
+    blocks, fill = mma_wave_fill(cfg, p.n, p.device.sm_count)
+    if fill >= rule["min_fill"]:
+        return None
+    return (f"the tensor-core GEMV's {blocks} blocks fill {fill:.0%} of their waves (< {rule['min_fill']:.0%}, "
+            f"{p.device.table.get('name', '?')}.json gemv_min_wave_fill): the wgmma GEMM's small-M cluster split "
+            "fills the GPU")
 
 
 def _table_limit_and_raise(p: Problem) -> tuple[int, str | None]:
@@ -127,6 +157,9 @@ def _past_crossover_note(p: Problem, cfg):
 
 def _gemv_crossover(p: Problem) -> str | None:
     lim = gemv_limit(p)
+    under = _gemv_underfills(p) if p.m > lim else None
+    if under:
+        return f"M={p.m}: {under}"
     if p.m > lim:
         return f"M={p.m} above the GEMV / GEMM crossover M={lim} ({tuning.table_name_for(p.device.name)} table)"
     return None
@@ -337,10 +370,42 @@ def _wave_cost(table_name: str):
     return None if raw is None else WaveCost.parse(raw, f"{table_name}.json wgmma_waves")
 
 
+@functools.cache
+def _small_m_cost(table_name: str):
+    from mixgemm.kernels.cuda.wgmma_waves import SmallMCost
+
+    raw = tuning.load_table(table_name).get("wgmma_small_m")
+    return None if raw is None else SmallMCost.parse(raw, f"{table_name}.json wgmma_small_m")
+
+
+def _table_tile_idles_sms(p: Problem, cfg: dict | None) -> bool:
+    """Whether the table's wgmma config for p makes fewer output tiles than the GPU has SMs (split-K not counted) and
+    is not stream-K: the few-tile layers the small-M split model was measured on. With a tile per SM or more the
+    table's tile stays (measured: where it already filled the SMs, e.g. W4 g128 3584 x 28672 and W8 4096 x 14336 at
+    M = 16, the model's tile took 1.2-1.4x its time), and so does a stream-K config (faster on the K >= 8192
+    multi-wave rows it was tuned on)."""
+    from mixgemm.kernels.cuda.gemm_wgmma import default_config, output_tiles
+
+    base = cfg if cfg is not None else default_config(p.m, p.n, p.k, p.device.sm_count)
+    if int(base.get("SK", 0)):
+        return False
+    return output_tiles(p.m, p.n, int(base["BM"]), int(base.get("NWG", 2))) < p.device.sm_count
+
+
 def _wgmma_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemm_wgmma import auto_split, default_config
 
     cfg = tuning.table_entry(p.device.table, "wgmma", p.m, p.n, p.k, p.qw)
+    small = _small_m_cost(p.device.table["name"])
+    if small is not None and p.qw is not None and _table_tile_idles_sms(p, cfg):
+        # small M where the table's tile leaves SMs idle: the BM 16 tile with the cluster split the model ranks first
+        # (kernels/cuda/wgmma_waves.py)
+        from mixgemm.kernels.cuda.wgmma_waves import WeightBytes, choose_small_m
+
+        w = WeightBytes(p.bits, p.qw.scales.element_size(), p.mode, p.group_size == 32)
+        got = choose_small_m(p.m, p.n, p.k, w, small, p.device.sm_count)
+        if got is not None:
+            return tuning.SourcedConfig(got.config, f"{p.device.table['name']}.json wgmma_small_m: {got.note}")
     if cfg is None:
         return default_config(p.m, p.n, p.k, p.device.sm_count)
     cost = _wave_cost(p.device.table["name"])

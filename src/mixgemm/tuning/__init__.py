@@ -26,6 +26,15 @@ default.json). Its fields:
   (its small-M tiles then idle SMs or re-stream short rows, while the tensor-core GEMV's k-split fills the GPU);
   with ``"single_wave_max_k": k1`` also wherever the tiles fit in one wave on a layer with K <= k1.
   Applied by the registry's crossover (mixgemm.kernels.linear.gemv_limit); ``wgmma_from_m`` regions win over it.
+* ``gemv_min_wave_fill`` (optional): {"m": [lo, hi], "min_fill": f, "min_weight_bytes": b, "source"}: at M lo..hi,
+  on layers of at least b bytes of codes, the wgmma GEMM takes over from the GEMVs where the tensor-core GEMV's blocks
+  fill less than ``f`` of their waves (mixgemm.kernels.cuda.gemv.mma_wave_fill); ``wgmma_from_m`` regions decide
+  their own layers. Applied by the registry's crossover (mixgemm.kernels.linear.gemv_limit).
+* ``wgmma_small_m`` (optional): the wgmma GEMM's small-M split model (mixgemm.kernels.cuda.wgmma_waves.SmallMCost):
+  the tile, the M range, the cluster splits it ranks, CTAs per SM and clusters held at once per bit width (the
+  driver's occupancy counts), the fitted constants per bit width and ``source``. In its M range, where the ``wgmma``
+  section's tile makes fewer output tiles than SMs and is not stream-K, the wgmma entry takes the tile with the split
+  the model ranks first.
 * ``gemv_mma_m1`` (optional): a list of entries {"bits", "region", "source"}: fp16 activations at M = 1 take the
   tensor-core GEMV (not the CUDA-core one) on layers of that bit width in the region (small layers, where its 16-way
   k-split finishes first). The entries of one bit width are disjoint.

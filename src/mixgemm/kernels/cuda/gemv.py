@@ -403,11 +403,13 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
 #   constants: 0.86-0.96x the time on layers under 32 MiB (2048x2048 M = 2 3.41 -> 2.93 us, 4096x4096 M = 8 7.90 ->
 #   7.17), 0.98-1.005x on the larger ones; RT 2 lost everywhere (up to 1.27x). M = 1 (bf16 on tensor cores) not timed.
 MMA_WG_RT2_WARPS_PER_SM = 16
-# Resident 256-thread blocks per SM of the tensor-core GEMV on wgmma_v1 at the 16-row M bucket, by row tiles per warp
-# (int4 sym / zero point: 64 registers at RT 1, 80 at RT 2 with NVRTC 13.0; offset, 75 at RT 1 and so 3 blocks, was not
-# timed and shares the constants), and the least wave efficiency against RT 1's at which a wide layer still takes RT 2
-# (measurements above).
-MMA_WG_BLOCKS_PER_SM = {1: 4, 2: 3}
+# Resident warps per SM of the tensor-core GEMV at the 16-row M bucket, by row tiles per warp: 64 registers at RT 1, 80
+# at RT 2 with NVRTC 13.0 (int4 sym / zero point, int8; the occupancy query on the H200 gave 2 blocks of 16 warps and 4
+# of 8 at RT 1; U 2 at zero point, 74 registers, holds one block of 16; offset, 75 at RT 1, was not timed and shares the
+# constants); MMA_WG_BLOCKS_PER_SM are its 256-thread blocks. And the least wave efficiency against RT 1's at which a
+# wide layer still takes RT 2 (measurements above).
+MMA_RESIDENT_WARPS = {1: 32, 2: 24}
+MMA_WG_BLOCKS_PER_SM = {rt: warps // 8 for rt, warps in MMA_RESIDENT_WARPS.items()}
 MMA_WG_RT2_MIN_WAVE_EFFICIENCY = 0.8
 
 # The tensor-core GEMV's k-slice reduction keeps 1 KiB of static shared memory per k-slice and row tile of a block
@@ -424,6 +426,16 @@ def wave_efficiency(blocks: int, per_wave: int) -> float:
     """The share of the block slots a grid fills over the waves it takes: waves over whole waves (1.0 = full waves)."""
     waves = blocks / per_wave
     return waves / math.ceil(waves)
+
+
+def mma_wave_fill(cfg: dict, n: int, num_sms: int) -> tuple[int, float]:
+    """(blocks, wave efficiency) of a tensor-core GEMV config's grid over N output rows at the 16-row M bucket: its
+    blocks of KS x RG warps against the block slots MMA_RESIDENT_WARPS leaves per SM."""
+    rt, warps = cfg.get("RT", 1), cfg["KS"] * cfg["RG"]
+    row_tiles = -(-n // 16)
+    blocks = -(-row_tiles // (cfg["RG"] * rt))
+    per_sm = max(1, MMA_RESIDENT_WARPS.get(rt, MMA_RESIDENT_WARPS[2]) // warps)
+    return blocks, wave_efficiency(blocks, per_sm * num_sms)
 
 
 def rt2_fills_waves(nt: int, rg: int, num_sms: int) -> bool:

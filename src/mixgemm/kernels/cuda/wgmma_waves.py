@@ -89,12 +89,13 @@ class WeightBytes:
     group32: bool
 
 
-def ctas_per_sm(cfg: dict, w: WeightBytes) -> int:
-    """CTAs of this tile one SM holds at once, from its shared memory (stages cut to fit, as the launch does)."""
+def ctas_per_sm(cfg: dict, w: WeightBytes, cap: int = MAX_CTAS_PER_SM) -> int:
+    """CTAs of this tile one SM holds at once, from its shared memory (stages cut to fit, as the launch does), at most
+    ``cap`` (what the registers allow is not known before compiling: the callers' measured bound)."""
     keys = TileKeys.of(cfg)
     sb = stage_bytes(keys.bm, keys.nwg, w.bits, w.scale_bytes, w.mode, w.group32, keys.ktile, keys.tma)
     threads = 128 * keys.nwg + 32 * keys.ws
-    return max(1, min(MAX_CTAS_PER_SM, SM_SHARED_BYTES // (fitted_stages(keys, sb) * sb + 2048), 2048 // threads))
+    return max(1, min(cap, SM_SHARED_BYTES // (fitted_stages(keys, sb) * sb + 2048), 2048 // threads))
 
 
 def split_steps(k: int, split: int, ktile: int) -> tuple[int, int]:
@@ -173,3 +174,99 @@ def choose(m: int, n: int, k: int, base: dict, w: WeightBytes, cost: WaveCost, s
     base_text = f"the table's tile est. {t_base:.1f} us" if t_base is not None else "the table's tile not modelled"
     return WaveChoice(cfg, f"BM {tile.key[0]} NWG {tile.key[1]} split {split} (est. {t_best:.1f} us; "
                       f"{base_text})")
+
+
+# ----------------------------------------------------------------------------------------------------- small M
+# At M <= 16 one BM 16 tile covers every token and the GEMM streams its weights with few FLOPs: a CTA's 64-k step is
+# latency-bound (its TMA wait, the dequantization into registers, the wgmma and its wait), so the time follows the
+# steps each CTA runs and how many CTAs run at once, not the tile's FLOP rate. A cluster split of s CTAs per output tile
+# cuts each CTA's steps by s for one reduction through distributed shared memory, until the CTAs no longer fit at once.
+# The model (constants per weight bit width, fitted per GPU): launch_us + rounds * (steps * step_us + split_us [s > 1] +
+# steps * (q - 1) * shared_step_us), with rounds = ceil(CTAs / CTAs held at once) -- clusters of s held at once (the
+# occupancy query's count, from the CTAs per SM that the tile's registers and shared memory allow) times s -- and q the
+# CTAs that share an SM (at most that many). Splits of 3 are left out: clusters of 3 pack the GPCs worse and measured
+# slower than 2 or 4 on every layer of the sweep.
+
+
+@dataclass(frozen=True)
+class SmallMCoef:
+    launch_us: float
+    step_us: float  # one 64-k step of a CTA, per round
+    split_us: float  # the cluster's reduction and its band stores, per round
+    shared_step_us: float  # per step and further CTA on the same SM
+
+
+@dataclass(frozen=True)
+class SmallMCost:
+    """A GPU's ``wgmma_small_m`` section (mixgemm.tuning): the tile the GEMM takes at small M and its split model."""
+
+    tile: dict  # BM, NWG, STAGES, INFLIGHT, TMA, KT, GROUP_M
+    m_range: tuple[int, int]  # the M the model chooses for (the M it was measured over)
+    splits: tuple[int, ...]
+    ctas_per_sm: dict  # bits -> CTAs of the tile one SM holds (registers and shared memory)
+    clusters: dict  # bits -> {split: clusters of that many CTAs held at once}
+    coef: dict  # bits -> SmallMCoef
+    sms: int  # the SM count the clusters were measured with
+    source: str
+
+    @classmethod
+    def parse(cls, raw: dict, where: str) -> SmallMCost:
+        if not isinstance(raw.get("source"), str) or not raw["source"]:
+            raise ValueError(f"{where}: the wgmma_small_m section needs a 'source' string")
+        splits = tuple(int(s) for s in raw["splits"])
+        bits = {int(b) for b in raw["coef"]}
+        if (1 not in splits or any(not 1 <= s <= CLUSTER_MAX for s in splits)
+                or bits != {int(b) for b in raw["ctas_per_sm"]} or bits != {int(b) for b in raw["clusters"]}
+                or any({s for s in splits if s > 1} - {int(s) for s in raw["clusters"][str(b)]} for b in bits)):
+            raise ValueError(f"{where}: wgmma_small_m needs split 1, splits 2..{CLUSTER_MAX} with their cluster "
+                             "counts, and coef, ctas_per_sm and clusters for the same bit widths")
+        lo, hi = (int(v) for v in raw["m"])
+        return cls(dict(raw["tile"]), (lo, hi), splits, {int(b): int(v) for b, v in raw["ctas_per_sm"].items()},
+                   {int(b): {int(s): int(c) for s, c in v.items()} for b, v in raw["clusters"].items()},
+                   {int(b): SmallMCoef(**{key: float(c) for key, c in v.items()}) for b, v in raw["coef"].items()},
+                   int(raw["sms"]), raw["source"])
+
+    def applies(self, m: int, bits: int) -> bool:
+        return self.m_range[0] <= m <= self.m_range[1] and bits in self.coef
+
+
+def small_m_estimate_us(m: int, n: int, k: int, split: int, w: WeightBytes, cost: SmallMCost, sms: int) -> float:
+    """The small-M model's time of one call with ``cost.tile`` and a cluster split of ``split`` (comment above), one of
+    ``cost.splits`` that K's stages fill (split_steps keeps it)."""
+    c = cost.coef[w.bits]
+    ktile = int(cost.tile.get("KT", 1))
+    got, steps = split_steps(k, split, ktile)
+    if got != split or split not in cost.splits:
+        raise ValueError(f"split {split} is not a split of the small-M model for K = {k} (K's stages make {got} "
+                         f"slices; the model's splits: {cost.splits})")
+    per_sm = ctas_per_sm(cost.tile, w, cap=cost.ctas_per_sm[w.bits])
+    ctas = output_tiles(m, n, int(cost.tile["BM"]), int(cost.tile.get("NWG", 2))) * split
+    if split > 1:  # clusters held at once, scaled from the measured count at its CTAs per SM to this SM count and count
+        at_once = max(1, cost.clusters[w.bits][split] * per_sm * sms // (cost.ctas_per_sm[w.bits] * cost.sms)) * split
+    else:
+        at_once = per_sm * sms
+    rounds = math.ceil(ctas / at_once)
+    q = min(math.ceil(ctas / sms), per_sm)
+    return (c.launch_us + rounds * (steps * c.step_us + (c.split_us if split > 1 else 0.0)
+                                    + steps * (q - 1) * c.shared_step_us))
+
+
+def choose_small_m(m: int, n: int, k: int, w: WeightBytes, cost: SmallMCost, sms: int) -> WaveChoice | None:
+    """The small-M tile with the cluster split the model ranks first, or None where it does not apply."""
+    if not cost.applies(m, w.bits):
+        return None
+    ktile = int(cost.tile.get("KT", 1))
+    best = None
+    for s in cost.splits:
+        got, steps = split_steps(k, s, ktile)
+        if got != s or (s > 1 and steps < 2 * ktile):  # every slice at least two stages
+            continue
+        t = small_m_estimate_us(m, n, k, s, w, cost, sms)
+        if best is None or t < best[0]:
+            best = (t, s)
+    if best is None:
+        return None
+    t, s = best
+    cfg = {**cost.tile, "SPLIT": s, "CLUSTER": int(s > 1), "SK": 0, "SERIAL": 0}
+    return WaveChoice(cfg, f"small-M split model: BM {cfg['BM']} NWG {cfg.get('NWG', 2)} cluster split {s} "
+                           f"(est. {t:.1f} us)")

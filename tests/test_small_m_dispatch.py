@@ -1,0 +1,170 @@
+"""The wgmma GEMM at small M (mixgemm.kernels.cuda.wgmma_waves small-M split model, a table's ``wgmma_small_m``) and
+the GEMVs' wave-fill rule that hands it M 9..16 (``gemv_min_wave_fill``), checked on the CPU against a described
+H200 and H100 (no GPU needed); the GPU test runs the chosen configs against the float64 reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mixgemm
+from mixgemm.formats.weight import QuantConfig, QuantizedWeight, quantize_weight
+from mixgemm.kernels.cuda import gemv as G
+from mixgemm.kernels.cuda import wgmma_waves as W
+from mixgemm.kernels.cuda.gemm_wgmma import output_tiles, tile_error
+from mixgemm.kernels.linear import _small_m_cost
+from mixgemm.kernels.registry import DeviceInfo
+from mixgemm.reference.matmul import matmul as ref_matmul
+from mixgemm.tuning import load_table
+
+H200 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
+H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+W4 = W.WeightBytes(bits=4, scale_bytes=2, mode="zero_point", group32=False)
+W8 = W.WeightBytes(bits=8, scale_bytes=2, mode="sym", group32=False)
+
+
+def _layer(n: int, k: int, bits: int, mode: str = "zero_point", group_size: int = 128) -> QuantizedWeight:
+    """A weight of this shape and format for the dispatcher, which reads only those (uninitialised buffers)."""
+    if bits == 8:
+        mode, group_size = "sym", -1
+    ng = 1 if group_size == -1 else k // group_size
+    zeros = torch.empty(n, ng, dtype=torch.uint8) if mode == "zero_point" else None
+    return QuantizedWeight(torch.empty(n, k * bits // 8, dtype=torch.uint8), torch.empty(n, ng, dtype=torch.float16),
+                           zeros, None, QuantConfig(bits=bits, group_size=group_size, mode=mode), (n, k))
+
+
+def _explain(k: int, n: int, m: int, bits: int, device: DeviceInfo = H200, **options):
+    x = torch.empty(m, k, dtype=torch.float16)
+    with mixgemm.kernel_options(**options):
+        return mixgemm.explain(x, _layer(n, k, bits), device=device)
+
+
+# ------------------------------------------------------------------------------------------------ CPU
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_h200_table_carries_a_sourced_small_m_model():
+    cost = _small_m_cost("h200")
+    assert cost is not None and cost.source and cost.m_range == (5, 16)
+    assert 1 in cost.splits and 3 not in cost.splits
+    for s in cost.splits:
+        assert tile_error({**cost.tile, "SPLIT": s, "CLUSTER": int(s > 1)}) is None
+    for bits, c in cost.coef.items():
+        assert min(c.launch_us, c.step_us, c.split_us, c.shared_step_us) > 0
+        assert set(cost.clusters[bits]) == {s for s in cost.splits if s > 1}
+    assert _small_m_cost("h100") is None and _small_m_cost("default") is None  # not measured there
+    assert load_table("h100").get("gemv_min_wave_fill") is None
+
+
+def test_parse_rejects_an_incomplete_section():
+    raw = dict(load_table("h200")["wgmma_small_m"])
+    with pytest.raises(ValueError, match="source"):
+        W.SmallMCost.parse({k: v for k, v in raw.items() if k != "source"}, "test")
+    with pytest.raises(ValueError, match="cluster counts"):
+        W.SmallMCost.parse(dict(raw, clusters={"4": {"2": 198}, "8": {"2": 132}}), "test")
+    with pytest.raises(ValueError, match="cluster counts"):
+        W.SmallMCost.parse(dict(raw, splits=[2, 4]), "test")
+
+
+@pytest.mark.parametrize("w,k,n,split", [
+    # the fastest NWG 2 KT 2 split of the H200 sweep behind the section (M = 8 and 16)
+    (W4, 13824, 5120, 8), (W4, 4096, 11008, 4), (W4, 8192, 10240, 4), (W4, 17920, 5120, 8),
+    (W8, 36864, 4608, 4), (W8, 3584, 18944, 1), (W8, 4096, 4608, 4), (W8, 9216, 2304, 8), (W8, 1536, 17920, 1),
+])
+@pytest.mark.parametrize("m", [8, 16])
+def test_model_picks_the_measured_split(w, k, n, split, m):
+    got = W.choose_small_m(m, n, k, w, _small_m_cost("h200"), 132)
+    assert got.config["SPLIT"] == split and got.config["CLUSTER"] == int(split > 1) and got.config["SK"] == 0
+    assert got.config["BM"] == 16 and "est." in got.note
+
+
+def test_estimate_counts_rounds_of_clusters():
+    cost = _small_m_cost("h200")
+    at_once = cost.clusters[8][4] * 4  # clusters of 4 held at once, in CTAs
+    tiles = at_once // 4  # output tiles of 128 rows whose split-4 CTAs just fit
+    t_fit = W.small_m_estimate_us(16, tiles * 128, 4096, 4, W8, cost, 132)
+    t_over = W.small_m_estimate_us(16, (tiles + 1) * 128, 4096, 4, W8, cost, 132)
+    assert t_over > 1.5 * t_fit  # one more tile costs a second round
+    assert output_tiles(16, tiles * 128, 16, 2) * 4 <= at_once
+    with pytest.raises(ValueError, match="not a split"):
+        W.small_m_estimate_us(16, 4096, 4096, 3, W8, cost, 132)
+    assert W.choose_small_m(4, 4096, 4096, W8, cost, 132) is None  # below the measured M
+    assert W.choose_small_m(17, 4096, 4096, W8, cost, 132) is None
+
+
+def test_every_slice_keeps_two_stages():
+    cost = _small_m_cost("h200")
+    for k in (256, 512, 896, 1536, 4096, 14336):
+        got = W.choose_small_m(16, 8192, k, W4, cost, 132)
+        split, steps = W.split_steps(k, got.config["SPLIT"], 2)
+        assert split == got.config["SPLIT"] and (split == 1 or steps >= 4)
+
+
+def test_gemv_wave_fill():
+    cfg = {"KS": 16, "RG": 1, "U": 1}
+    assert G.mma_wave_fill(cfg, 4608, 132) == (288, pytest.approx(288 / 528))  # 2 blocks of 16 warps per SM
+    assert G.mma_wave_fill(cfg, 4096, 132) == (256, pytest.approx(256 / 264))
+    assert G.mma_wave_fill({**cfg, "RT": 2}, 4608, 132) == (144, pytest.approx(144 / 264))  # 1 block at RT 2
+    assert G.mma_wave_fill({"KS": 8, "RG": 1}, 5120, 132) == (320, pytest.approx(320 / 528))
+    assert G.MMA_WG_BLOCKS_PER_SM == {1: 4, 2: 3}
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_underfilled_gemv_hands_m_9_to_16_to_the_gemm():
+    c = _explain(4096, 4608, 16, 8)  # 288 blocks of 16 warps: 55% of two waves
+    assert c.kernel == "cuda_wgmma"
+    why = dict(c.declined)["cuda_gemv_mma"]
+    assert "gemv_min_wave_fill" in why and "55%" in why
+    assert c.config["BM"] == 16 and c.config["CLUSTER"] == 1 and "wgmma_small_m" in c.config_source
+    assert _explain(4096, 4608, 9, 8).kernel == "cuda_wgmma"
+    assert _explain(4096, 4608, 8, 8).kernel == "cuda_gemv_mma"  # M = 8 keeps the GEMV
+    assert _explain(4096, 4096, 16, 8).kernel == "cuda_gemv_mma"  # 256 blocks fill 97% of one wave
+    assert _explain(4096, 11008, 12, 4).kernel == "cuda_wgmma"  # W4: 688 blocks of 8 warps, 65%
+    assert _explain(4096, 12288, 16, 4).kernel == "cuda_gemv_mma"  # 768 blocks, 73%: at the bar, measured even
+    assert _explain(14336, 4096, 16, 4).kernel == "cuda_gemv_mma"
+    assert _explain(2048, 2048, 16, 4).kernel == "cuda_gemv_mma"  # under 16 MiB: the GEMV's latency wins
+    assert _explain(2048, 4608, 16, 8).kernel == "cuda_gemv_mma"  # 9 MiB at 55%
+    assert _explain(4096, 4608, 16, 8, device=H100).kernel == "cuda_gemv_mma"  # no rule in the H100 table
+    assert _explain(4096, 4608, 16, 8, disable="cuda_wgmma").kernel == "cuda_gemv_mma"
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_small_m_gemm_configs_on_the_h200():
+    c = _explain(4096, 11008, 16, 4, force="cuda_wgmma")
+    assert {k: c.config[k] for k in ("BM", "NWG", "KT", "SPLIT", "CLUSTER")} == dict(BM=16, NWG=2, KT=2, SPLIT=4,
+                                                                                       CLUSTER=1)
+    assert _explain(8192, 8192, 16, 4, force="cuda_wgmma").config.get("SK") == 1  # the table's stream-K stays
+    # the table's tile already makes a tile per SM or more: it stays
+    assert "wgmma_small_m" not in _explain(4096, 14336, 16, 8, force="cuda_wgmma").config_source
+    assert "wgmma_small_m" not in _explain(3584, 28672, 16, 4, force="cuda_wgmma").config_source
+    assert "wgmma_small_m" not in _explain(4096, 11008, 32, 4, force="cuda_wgmma").config_source
+    assert "wgmma_small_m" not in _explain(4096, 11008, 16, 4, device=H100, force="cuda_wgmma").config_source
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("m", [9, 13, 16])
+@pytest.mark.parametrize("bits,gs,mode,n,k", [(8, -1, "sym", 4608, 4096), (4, 128, "zero_point", 11008, 4096),
+                                              (4, 32, "sym", 11000, 4128), (8, 64, "offset", 5000, 4096)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_small_m_dispatch_matches_the_reference(m, bits, gs, mode, n, k, dtype):
+    """Through mixgemm.matmul on this GPU (on an H200 the wave-fill rule sends these layers to the GEMM's small-M
+    cluster split), fresh data, against the float64 reference on the same quantized weight."""
+    torch.manual_seed(m * 7 + bits)
+    qw = quantize_weight(torch.randn(n, k, device="cuda") * 0.02, bits=bits, group_size=gs, mode=mode)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    choice = mixgemm.explain(x, qw)
+    if "H200" in torch.cuda.get_device_name() and gs in (-1, 128):
+        assert choice.kernel == "cuda_wgmma" and choice.config["BM"] == 16, str(choice)
+    y = mixgemm.matmul(x, qw)
+    ref = ref_matmul(x.double(), qw, None, None, out_dtype=torch.float64)
+    tol = 2e-3 if dtype == torch.float16 else 1e-2
+    assert y.dtype == dtype and y.shape == (m, n)
+    assert float((y.double() - ref).norm() / ref.norm()) < tol
+    assert math.isfinite(float(y.float().abs().max()))
