@@ -45,17 +45,19 @@ def _explain(k: int, n: int, m: int, bits: int, device: DeviceInfo = H200, **opt
 
 
 @pytest.mark.usefixtures("isolated_tuning")
-def test_h200_table_carries_a_sourced_small_m_model():
-    cost = _small_m_cost("h200")
+@pytest.mark.parametrize("table", ["h100", "h200"])
+def test_tables_carry_a_sourced_small_m_model(table):
+    cost = _small_m_cost(table)
     assert cost is not None and cost.source and cost.m_range == (5, 16)
+    assert 0 < cost.max_table_tiles_per_sm <= 1
     assert 1 in cost.splits and 3 not in cost.splits
     for s in cost.splits:
         assert tile_error({**cost.tile, "SPLIT": s, "CLUSTER": int(s > 1)}) is None
     for bits, c in cost.coef.items():
         assert min(c.launch_us, c.step_us, c.split_us, c.shared_step_us) > 0
         assert set(cost.clusters[bits]) == {s for s in cost.splits if s > 1}
-    assert _small_m_cost("h100") is None and _small_m_cost("default") is None  # not measured there
-    assert load_table("h100").get("gemv_min_wave_fill") is None
+    assert _small_m_cost("default") is None  # not measured there
+    assert load_table("h100").get("gemv_min_wave_fill") is None  # measured, not kept (design.md)
 
 
 def test_parse_rejects_an_incomplete_section():
@@ -140,7 +142,12 @@ def test_small_m_gemm_configs_on_the_h200():
     assert "wgmma_small_m" not in _explain(4096, 14336, 16, 8, force="cuda_wgmma").config_source
     assert "wgmma_small_m" not in _explain(3584, 28672, 16, 4, force="cuda_wgmma").config_source
     assert "wgmma_small_m" not in _explain(4096, 11008, 32, 4, force="cuda_wgmma").config_source
+    # the H100: only under half a tile per SM (86 tiles keep the table's KT 4 tile), and its stream-K configs give way
     assert "wgmma_small_m" not in _explain(4096, 11008, 16, 4, device=H100, force="cuda_wgmma").config_source
+    c = _explain(17920, 5120, 16, 4, device=H100)
+    assert c.kernel == "cuda_wgmma" and "wgmma_small_m" in c.config_source and c.config["SPLIT"] == 8
+    assert "wgmma_small_m" in _explain(36864, 4608, 16, 8, device=H100, force="cuda_wgmma").config_source
+    assert "wgmma_small_m" not in _explain(36864, 4608, 16, 8, force="cuda_wgmma").config_source  # H200: stream-K
 
 
 # ------------------------------------------------------------------------------------------------ GPU

@@ -378,18 +378,23 @@ def _small_m_cost(table_name: str):
     return None if raw is None else SmallMCost.parse(raw, f"{table_name}.json wgmma_small_m")
 
 
-def _table_tile_idles_sms(p: Problem, cfg: dict | None) -> bool:
-    """Whether the table's wgmma config for p makes fewer output tiles than the GPU has SMs (split-K not counted) and
-    is not stream-K: the few-tile layers the small-M split model was measured on. With a tile per SM or more the
-    table's tile stays (measured: where it already filled the SMs, e.g. W4 g128 3584 x 28672 and W8 4096 x 14336 at
-    M = 16, the model's tile took 1.2-1.4x its time), and so does a stream-K config (faster on the K >= 8192
-    multi-wave rows it was tuned on)."""
+def _table_tile_idles_sms(p: Problem, cfg: dict | None, small) -> bool:
+    """Whether the table's wgmma config for p makes fewer output tiles than the small-M section's
+    max_table_tiles_per_sm x the GPU's SMs (split-K not counted; 1 on the H200, 0.5 on the H100, where the table's KT 4
+    tile with FOLD at 96-112 tiles beat the model's pick 1.06-1.18x on W4 4096 x 12288-14336) and
+    is not serial split-K, nor stream-K where the section keeps it (keep_stream_k): the few-tile layers the small-M
+    split model was measured on. With more tiles the table's tile stays (measured: where it already filled the SMs,
+    e.g. W4 g128 3584 x 28672 and W8 4096 x 14336 at M = 16 on the H200, the model's tile took 1.2-1.45x its time), and
+    so do serial split-K configs and the H200's stream-K ones (faster on the K >= 8192 rows they were tuned on:
+    28672 x 8192 W4 at M = 16 57.0 us serial on the H100, 53.8 stream-K on the H200, against the model's 67.0 / 67.5;
+    the H100's stream-K configs lost to it, 8192 x 8192 W4 33.1 against 22.6)."""
     from mixgemm.kernels.cuda.gemm_wgmma import default_config, output_tiles
 
     base = cfg if cfg is not None else default_config(p.m, p.n, p.k, p.device.sm_count)
-    if int(base.get("SK", 0)):
+    if (small.keep_stream_k and int(base.get("SK", 0))) or int(base.get("SERIAL", 0)):
         return False
-    return output_tiles(p.m, p.n, int(base["BM"]), int(base.get("NWG", 2))) < p.device.sm_count
+    tiles = output_tiles(p.m, p.n, int(base["BM"]), int(base.get("NWG", 2)))
+    return tiles < small.max_table_tiles_per_sm * p.device.sm_count
 
 
 def _wgmma_config(p: Problem) -> dict:
@@ -397,7 +402,7 @@ def _wgmma_config(p: Problem) -> dict:
 
     cfg = tuning.table_entry(p.device.table, "wgmma", p.m, p.n, p.k, p.qw)
     small = _small_m_cost(p.device.table["name"])
-    if small is not None and p.qw is not None and _table_tile_idles_sms(p, cfg):
+    if small is not None and p.qw is not None and _table_tile_idles_sms(p, cfg, small):
         # small M where the table's tile leaves SMs idle: the BM 16 tile with the cluster split the model ranks first
         # (kernels/cuda/wgmma_waves.py)
         from mixgemm.kernels.cuda.wgmma_waves import WeightBytes, choose_small_m

@@ -33,8 +33,9 @@ default.json). Its fields:
 * ``wgmma_small_m`` (optional): the wgmma GEMM's small-M split model (mixgemm.kernels.cuda.wgmma_waves.SmallMCost):
   the tile, the M range, the cluster splits it ranks, CTAs per SM and clusters held at once per bit width (the
   driver's occupancy counts), the fitted constants per bit width and ``source``. In its M range, where the ``wgmma``
-  section's tile makes fewer output tiles than SMs and is not stream-K, the wgmma entry takes the tile with the split
-  the model ranks first.
+  section's tile makes fewer output tiles than ``max_table_tiles_per_sm`` (default 1) x SMs and is neither serial
+  split-K nor (with ``keep_stream_k``, the default) stream-K, the wgmma entry takes the tile with the split the model
+  ranks first.
 * ``gemv_mma_m1`` (optional): a list of entries {"bits", "region", "source"}: fp16 activations at M = 1 take the
   tensor-core GEMV (not the CUDA-core one) on layers of that bit width in the region (small layers, where its 16-way
   k-split finishes first). The entries of one bit width are disjoint.

@@ -208,6 +208,10 @@ class SmallMCost:
     coef: dict  # bits -> SmallMCoef
     sms: int  # the SM count the clusters were measured with
     source: str
+    # the model replaces the table's tile only where that makes fewer output tiles than this many per SM, and (with
+    # keep_stream_k) not where the table's config is stream-K
+    max_table_tiles_per_sm: float = 1.0
+    keep_stream_k: bool = True
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> SmallMCost:
@@ -224,7 +228,8 @@ class SmallMCost:
         return cls(dict(raw["tile"]), (lo, hi), splits, {int(b): int(v) for b, v in raw["ctas_per_sm"].items()},
                    {int(b): {int(s): int(c) for s, c in v.items()} for b, v in raw["clusters"].items()},
                    {int(b): SmallMCoef(**{key: float(c) for key, c in v.items()}) for b, v in raw["coef"].items()},
-                   int(raw["sms"]), raw["source"])
+                   int(raw["sms"]), raw["source"], float(raw.get("max_table_tiles_per_sm", 1.0)),
+                   bool(raw.get("keep_stream_k", True)))
 
     def applies(self, m: int, bits: int) -> bool:
         return self.m_range[0] <= m <= self.m_range[1] and bits in self.coef
