@@ -35,3 +35,28 @@ def test_suggest_needs_the_gain_on_every_layer_of_the_bucket(tmp_path):
     assert [(fmt, bucket, cfg) for fmt, bucket, _, cfg, _ in out] == [("w4s", "k24/n24", FAST), ("w8", "k24/n24", SLOW)]
     (_, _, measured, _, layers) = out[0]
     assert measured == (4096, 4096) and [t for *_, t in layers] == [9.0, 9.4]
+
+
+def test_split_rt_grid_configs_are_legal(isolated_tuning):
+    """--split-rt-grid: the GEMV's row-tile variants fit its k-slice reduction and keep two k-tiles per slice; the wgmma
+    GEMM's cluster splits are legal tiles, without stream-K."""
+    import torch
+
+    from mixgemm.formats.weight import quantize_weight
+    from mixgemm.kernels import linear as entries
+    from mixgemm.kernels.cuda.gemm_wgmma import tile_error
+    from mixgemm.kernels.cuda.gemv import mma_k_tiles, mma_reduction_fits
+    from mixgemm.kernels.registry import DeviceInfo
+    from tools.bench.gemv_dispatch import candidates, split_rt_grid
+
+    di = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
+    for bits, group, k, n in ((4, 128, 1024, 4608), (8, -1, 384, 2048)):
+        qw = quantize_weight(torch.randn(n, k) * 0.02, bits=bits, group_size=group, mode="sym")
+        p = entries.linear_problem(16, qw, torch.float16, di)
+        mma = entries._gemv_mma_config(p)
+        gemv, gemm = split_rt_grid(p, mma, mma_k_tiles(bits, k))
+        assert gemv and all(mma_reduction_fits(c) and mma_k_tiles(bits, k) >= 2 * c["KS"] for c in gemv)
+        assert {c["RT"] for c in gemv} <= {2, 4}
+        assert {c["SPLIT"] for c in gemm} == {2, 3, 4} and all(tile_error(c) is None and c["SK"] == 0 for c in gemm)
+        labels = candidates(p, 16, bits, k, split_rt=True)
+        assert all(c in labels["cuda_wgmma"] for c in gemm)

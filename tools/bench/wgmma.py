@@ -140,7 +140,6 @@ def occupancy(cfgs: list[dict], formats: list[str], m: int) -> list[dict]:
     from mixgemm.kernels.cuda import nvrtc
     from mixgemm.kernels.cuda.gemm_wgmma import prepare_wgmma
 
-    drv = nvrtc._driver()
     seen, orig, out = [], nvrtc.prepare_launch, []
 
     def spy(fn, device, grid, block, args, shared_bytes=0, pdl=False, cluster=None, first_without_pdl=False):
@@ -157,9 +156,8 @@ def occupancy(cfgs: list[dict], formats: list[str], m: int) -> list[dict]:
                 seen.clear()
                 prepare_wgmma(qw, m, torch.float16, torch.device(DEV), cfg, True)
                 fn, grid, block, smem, cl = seen[0]
-                err, regs = drv.cuFuncGetAttribute(drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, fn)
                 threads = block[0] * block[1] * block[2]
-                row = dict(fmt=fmt, cfg=cfg, regs=int(regs), threads=threads, smem=smem,
+                row = dict(fmt=fmt, cfg=cfg, regs=nvrtc.num_registers(fn), threads=threads, smem=smem,
                            ctas_per_sm=nvrtc.resident_blocks(fn, threads, smem))
                 if cl:
                     row["clusters"] = nvrtc.max_active_clusters(fn, grid, block, smem, cl)

@@ -219,6 +219,13 @@ def allow_dynamic_smem(fn, nbytes: int) -> None:
 _occupancy: dict = {}
 
 
+def num_registers(fn) -> int:
+    """Registers per thread of the CUfunction fn (what bounds how many of its blocks an SM holds)."""
+    drv = _driver()
+    return int(_check(drv.cuFuncGetAttribute(drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, fn),
+                      "cuFuncGetAttribute(NUM_REGS)"))
+
+
 def resident_blocks(fn, threads: int, smem: int = 0) -> int:
     """Blocks of ``threads`` threads (``smem`` dynamic shared bytes each) of the CUfunction fn that fit on one
     SM (driver occupancy query, cached; fn objects live for the process in the module cache)."""
