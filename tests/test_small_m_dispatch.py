@@ -156,22 +156,44 @@ def test_small_m_gemm_configs_on_the_h200():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("m", [9, 13, 16])
+@pytest.mark.parametrize("m", [2, 5, 8, 9, 13, 16])
 @pytest.mark.parametrize("bits,gs,mode,n,k", [(8, -1, "sym", 4608, 4096), (4, 128, "zero_point", 11008, 4096),
                                               (4, 32, "sym", 11000, 4128), (8, 64, "offset", 5000, 4096)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_small_m_dispatch_matches_the_reference(m, bits, gs, mode, n, k, dtype):
     """Through mixgemm.matmul on this GPU (on an H200 the wave-fill rule sends these layers to the GEMM's small-M
-    cluster split), fresh data, against the float64 reference on the same quantized weight."""
+    cluster split at M 9..16; at M 2..8 the int8 GEMV's one-wave k-split), fresh data, against the float64 reference
+    on the same quantized weight."""
     torch.manual_seed(m * 7 + bits)
     qw = quantize_weight(torch.randn(n, k, device="cuda") * 0.02, bits=bits, group_size=gs, mode=mode)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     choice = mixgemm.explain(x, qw)
-    if "H200" in torch.cuda.get_device_name() and gs in (-1, 128):
+    if "H200" in torch.cuda.get_device_name() and gs in (-1, 128) and m >= 9:
         assert choice.kernel == "cuda_wgmma" and choice.config["BM"] == 16, str(choice)
+    if m <= 8 and bits == 8 and n == 4608 and "H200" in torch.cuda.get_device_name():  # gemv.one_wave_k_split
+        assert choice.kernel == "cuda_gemv_mma" and choice.config["KS"] == 8, str(choice)
     y = mixgemm.matmul(x, qw)
     ref = ref_matmul(x.double(), qw, None, None, out_dtype=torch.float64)
     tol = 2e-3 if dtype == torch.float16 else 1e-2
     assert y.dtype == dtype and y.shape == (m, n)
     assert float((y.double() - ref).norm() / ref.norm()) < tol
     assert math.isfinite(float(y.float().abs().max()))
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_one_wave_k_split_at_m_2_to_8():
+    """KS 16 -> 8 at M 2..8 where KS 16's blocks spill into a second wave of at most half the slots (int8, N
+    4224..6336)."""
+    base = {"KS": 16, "RG": 1, "U": 2}
+    assert G.one_wave_k_split(base, 4608, 132, 1.5)["KS"] == 8  # 288 blocks: 1.09 waves -> 0.55
+    assert G.one_wave_k_split(base, 4096, 132, 1.5)["KS"] == 16  # 256 blocks: one wave
+    assert G.one_wave_k_split(base, 7168, 132, 1.5)["KS"] == 16  # 448 blocks: 1.7 waves
+    assert G.one_wave_k_split({**base, "RT": 2}, 4608, 132, 1.5)["RT"] == 2  # only RT 1 grids
+    spill = float(load_table("h200")["gemv_one_wave_k_split"]["max_spill"])
+    for m, ks in ((1, 16), (2, 8), (8, 8), (9, 16), (16, 16)):
+        assert G.mma_config(m, 4608, 4096, 8, -1, 132, one_wave_max_spill=spill)["KS"] == ks
+    assert G.mma_config(8, 4096, 4096, 8, -1, 132, one_wave_max_spill=spill)["KS"] == 16
+    assert G.mma_config(8, 4608, 4096, 8, -1, 132)["KS"] == 16  # off without a table's bound
+    assert G.mma_waves({"KS": 8, "RG": 1}, 4608, 132) == (288, pytest.approx(288 / 528))
+    assert _explain(4096, 4608, 8, 8).config["KS"] == 8  # through the registry on the H200
+    assert _explain(4096, 4608, 8, 8, device=H100).config["KS"] == 16  # the H100 was not measured

@@ -196,7 +196,8 @@ def _gemv_mma_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemv import MMA_ON_WGMMA, mma_config, wg_simt_config
 
     on_wg = p.resident == WGMMA_V1.name
-    cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode, 1 if on_wg else None)
+    cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode, 1 if on_wg else None,
+                     _one_wave_max_spill(p))
     if on_wg and _compact_m1_simt(p):
         # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
         simt = wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name)
@@ -208,6 +209,11 @@ def _gemv_mma_config(p: Problem) -> dict:
         # kernels.cuda.gemv.mma_row_tiles says, docs/design.md)
         cfg = tuning.SourcedConfig(cfg, "the weight keeps only wgmma_v1 (compacted)")
     return _past_crossover_note(p, cfg)
+
+
+def _one_wave_max_spill(p: Problem) -> float:
+    """The table's gemv_one_wave_k_split bound (kernels.cuda.gemv.one_wave_k_split), 0 where it has none."""
+    return float(p.device.table.get("gemv_one_wave_k_split", {}).get("max_spill", 0.0))
 
 
 def _compact_m1_simt(p: Problem) -> bool:

@@ -30,6 +30,9 @@ default.json). Its fields:
   on layers of at least b bytes of codes, the wgmma GEMM takes over from the GEMVs where the tensor-core GEMV's blocks
   fill less than ``f`` of their waves (mixgemm.kernels.cuda.gemv.mma_wave_fill); ``wgmma_from_m`` regions decide
   their own layers. Applied by the registry's crossover (mixgemm.kernels.linear.gemv_limit).
+* ``gemv_one_wave_k_split`` (optional): {"max_spill": w, "source"}: at M 2..8 the tensor-core GEMV takes KS 8 instead
+  of the k-split rule's 16 where KS 16's blocks take 1 to w waves and KS 8's fit in one
+  (mixgemm.kernels.cuda.gemv.one_wave_k_split).
 * ``wgmma_small_m`` (optional): the wgmma GEMM's small-M split model (mixgemm.kernels.cuda.wgmma_waves.SmallMCost):
   the tile, the M range, the cluster splits it ranks, CTAs per SM and clusters held at once per bit width (the
   driver's occupancy counts), the fitted constants per bit width and ``source``. In its M range, where the ``wgmma``

@@ -360,12 +360,15 @@ def simt_config(m: int, n: int, k: int, bits: int, x_dtype: torch.dtype, mode: s
 
 
 def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int, mode: str = "sym",
-               wg: int | None = None) -> dict:
-    """The tensor-core GEMV's config (choose_mma_config, then mma_row_tiles; DEFER off where a k-tile straddles
-    groups) on the layout it reads: ``wg`` 1 wgmma_v1, 0 gemv_mma_v1, None the bit width's default (MMA_ON_WGMMA)."""
+               wg: int | None = None, one_wave_max_spill: float = 0.0) -> dict:
+    """The tensor-core GEMV's config (choose_mma_config, at M 2..8 one_wave_k_split where a GPU's table measured it --
+    ``one_wave_max_spill`` > 0 --, then mma_row_tiles; DEFER off where a k-tile straddles groups) on the layout it
+    reads: ``wg`` 1 wgmma_v1, 0 gemv_mma_v1, None the bit width's default (MMA_ON_WGMMA)."""
     wg = MMA_ON_WGMMA[bits] if wg is None else wg
     mb = 1 if m <= 8 else 2
     cfg = {**choose_mma_config(mb, n, mma_k_tiles(bits, k), num_sms, bits), "WG": wg}
+    if 2 <= m <= 8 and one_wave_max_spill > 0:
+        cfg = one_wave_k_split(cfg, n, num_sms, one_wave_max_spill)
     cfg = mma_row_tiles(cfg, m, n, bits, mode, num_sms)
     if not defer_ok(group_size, 64 if bits == 4 or wg else 32):
         cfg = {**cfg, "DEFER": 0}
@@ -428,14 +431,32 @@ def wave_efficiency(blocks: int, per_wave: int) -> float:
     return waves / math.ceil(waves)
 
 
-def mma_wave_fill(cfg: dict, n: int, num_sms: int) -> tuple[int, float]:
-    """(blocks, wave efficiency) of a tensor-core GEMV config's grid over N output rows at the 16-row M bucket: its
-    blocks of KS x RG warps against the block slots MMA_RESIDENT_WARPS leaves per SM."""
+def mma_waves(cfg: dict, n: int, num_sms: int) -> tuple[int, float]:
+    """(blocks, waves) of a tensor-core GEMV config's grid over N output rows: its blocks of KS x RG warps against the
+    block slots MMA_RESIDENT_WARPS leaves per SM."""
     rt, warps = cfg.get("RT", 1), cfg["KS"] * cfg["RG"]
     row_tiles = -(-n // 16)
     blocks = -(-row_tiles // (cfg["RG"] * rt))
     per_sm = max(1, MMA_RESIDENT_WARPS.get(rt, MMA_RESIDENT_WARPS[2]) // warps)
-    return blocks, wave_efficiency(blocks, per_sm * num_sms)
+    return blocks, blocks / (per_sm * num_sms)
+
+
+def mma_wave_fill(cfg: dict, n: int, num_sms: int) -> tuple[int, float]:
+    """(blocks, wave efficiency) of a tensor-core GEMV config's grid over N output rows (mma_waves)."""
+    blocks, waves = mma_waves(cfg, n, num_sms)
+    return blocks, waves / math.ceil(waves)
+
+
+def one_wave_k_split(cfg: dict, n: int, num_sms: int, max_spill: float) -> dict:
+    """cfg with KS 8 instead of 16 where KS 16's blocks (two of 16 warps per SM) take 1 to ``max_spill`` waves and KS
+    8's (four of 8 warps) fit in one: the same row tiles without a mostly empty second wave (a table's
+    gemv_one_wave_k_split says where it was measured; int4 reaches KS 16 only under 264 row tiles, within a wave)."""
+    if cfg["KS"] != 16 or cfg["RG"] != 1 or cfg.get("RT", 1) != 1:
+        return cfg
+    half = {**cfg, "KS": 8}
+    if 1 < mma_waves(cfg, n, num_sms)[1] <= max_spill and mma_waves(half, n, num_sms)[1] <= 1:
+        return half
+    return cfg
 
 
 def rt2_fills_waves(nt: int, rg: int, num_sms: int) -> bool:
