@@ -23,6 +23,7 @@ from mixgemm.kernels.cuda.gemm_wgmma import default_config, gemm_wgmma
 from mixgemm.kernels.triton.gemm import gemm as triton_gemm
 from mixgemm.reference.matmul import matmul as ref_matmul
 from tools.bench.kernel_choice import entry_config
+from tools.bench.launch_spy import prepared_launches
 
 INF = float("inf")
 DEV = "cuda"
@@ -107,29 +108,18 @@ def cluster_slots() -> dict:
     """{split: clusters of that many CTAs the GPU holds at once} for each GRID_TILES tile (cuOccupancyMaxActiveClusters
     of the launch the GEMM prepares): the wave size of a cluster split-K launch, which the GPCs' SM counts make
     smaller than SMs / split."""
-    from mixgemm.kernels.cuda import nvrtc
     from mixgemm.kernels.cuda.gemm_wgmma import prepare_wgmma
 
     qw = quantize_weight(torch.randn(4096, 4096, device=DEV) * 0.02, bits=4, group_size=128, mode="zero_point")
-    seen, orig = [], nvrtc.prepare_launch
-
-    def spy(fn, device, grid, block, args, shared_bytes=0, pdl=False, cluster=None, first_without_pdl=False):
-        seen.append((fn, grid, block, shared_bytes, cluster))
-        return orig(fn, device, grid, block, args, shared_bytes, pdl, cluster, first_without_pdl)
-
     out = {}
-    nvrtc.prepare_launch = spy
-    try:
+    with prepared_launches() as seen:
         for tile in GRID_TILES:
             slots = {}
             for s in GRID_SPLITS[1:]:
                 seen.clear()
                 prepare_wgmma(qw, 512, torch.float16, torch.device(DEV), {**tile, "SPLIT": s, "CLUSTER": 1}, True)
-                fn, grid, block, smem, cl = next(v for v in seen if v[4])
-                slots[str(s)] = nvrtc.max_active_clusters(fn, grid, block, smem, cl)
+                slots[str(s)] = next(v for v in seen if v.cluster).clusters_at_once()
             out[f"BM {tile['BM']} NWG {tile['NWG']}"] = slots
-    finally:
-        nvrtc.prepare_launch = orig
     return out
 
 
@@ -140,14 +130,8 @@ def occupancy(cfgs: list[dict], formats: list[str], m: int) -> list[dict]:
     from mixgemm.kernels.cuda import nvrtc
     from mixgemm.kernels.cuda.gemm_wgmma import prepare_wgmma
 
-    seen, orig, out = [], nvrtc.prepare_launch, []
-
-    def spy(fn, device, grid, block, args, shared_bytes=0, pdl=False, cluster=None, first_without_pdl=False):
-        seen.append((fn, grid, block, shared_bytes, cluster))
-        return orig(fn, device, grid, block, args, shared_bytes, pdl, cluster, first_without_pdl)
-
-    nvrtc.prepare_launch = spy
-    try:
+    out = []
+    with prepared_launches() as seen:
         for fmt in formats:
             bits, gs = int(fmt[1]), (-1 if fmt.endswith("pc") else int(fmt[3:]))
             qw = quantize_weight(torch.randn(4096, 4096, device=DEV) * 0.02, bits=bits, group_size=gs,
@@ -155,16 +139,13 @@ def occupancy(cfgs: list[dict], formats: list[str], m: int) -> list[dict]:
             for cfg in cfgs:
                 seen.clear()
                 prepare_wgmma(qw, m, torch.float16, torch.device(DEV), cfg, True)
-                fn, grid, block, smem, cl = seen[0]
-                threads = block[0] * block[1] * block[2]
-                row = dict(fmt=fmt, cfg=cfg, regs=nvrtc.num_registers(fn), threads=threads, smem=smem,
-                           ctas_per_sm=nvrtc.resident_blocks(fn, threads, smem))
-                if cl:
-                    row["clusters"] = nvrtc.max_active_clusters(fn, grid, block, smem, cl)
+                ln = seen[0]
+                row = dict(fmt=fmt, cfg=cfg, regs=nvrtc.num_registers(ln.fn), threads=ln.threads,
+                           smem=ln.shared_bytes, ctas_per_sm=nvrtc.resident_blocks(ln.fn, ln.threads, ln.shared_bytes))
+                if ln.cluster:
+                    row["clusters"] = ln.clusters_at_once()
                 print(json.dumps(row), flush=True)
                 out.append(row)
-    finally:
-        nvrtc.prepare_launch = orig
     return out
 
 

@@ -25,12 +25,12 @@ import torch.nn.functional as F
 
 from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
 from mixgemm.kernels.a8 import per_group_params
-from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, QS_MAX_K, default_config, gemm_wgmma_a8
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
 from mixgemm.kernels.triton.int8_layout import get_int8_layout
 from tools.bench.int8 import check, clone_qw, copies_for, graph_time, make_weight
+from tools.bench.launch_spy import prepared_launches
 
 FORMATS = {"w4g128": (4, 128), "w4g256": (4, 256), "w8g128": (8, 128), "w8pc": (8, -1), "w4pc": (4, -1)}
 # a "t" suffix (w4g128t): per-token activation scales over the grouped weight; a "q" before it (w4g128qt): int4 with
@@ -67,23 +67,13 @@ def triton_time(qw, aq, sa, oa, su, out, rep):
 def cluster_wave(run) -> str:
     """'' or, when run() makes a cluster launch, how many of its clusters the GPU holds at once (the wave) against
     its grid."""
-    seen, orig = [], nvrtc.prepare_launch
-
-    def spy(fn, device, grid, block, args, shared_bytes=0, pdl=False, cluster=None, first_without_pdl=False):
-        if cluster is not None:
-            seen.append((fn, grid, block, shared_bytes, cluster))
-        return orig(fn, device, grid, block, args, shared_bytes, pdl, cluster, first_without_pdl)
-
-    nvrtc.prepare_launch = spy  # (the GEMM prepares its launch per call: gemm_wgmma_a8 -> prepare_wgmma_a8)
-    try:
+    with prepared_launches() as seen:  # (the GEMM prepares its launch per call: gemm_wgmma_a8 -> prepare_wgmma_a8)
         run()
-    finally:
-        nvrtc.prepare_launch = orig
-    if not seen:
+    ln = next((v for v in seen if v.cluster is not None), None)
+    if ln is None:
         return ""
-    fn, grid, block, smem, cluster = seen[0]
-    waves = nvrtc.max_active_clusters(fn, grid, block, smem, cluster)
-    return f", {waves} clusters of {cluster[0]} at once ({grid[0] // cluster[0]} in the grid)"
+    return (f", {ln.clusters_at_once()} clusters of {ln.cluster[0]} at once ({ln.grid[0] // ln.cluster[0]} in the "
+            "grid)")
 
 
 def sweep(k, n, m, bits, group, cfgs, rep=100, per_token=False, repeat=1, triton=True, int_scales=False):
