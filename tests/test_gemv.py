@@ -302,7 +302,7 @@ def _gemv_up_to_m16(monkeypatch):
     gemv_max_m (H200: 8 for int4, 1 for int8) to the wgmma GEMM, so the dispatch limit is lifted to 16 here."""
     import mixgemm.kernels.linear as linear
 
-    monkeypatch.setattr(linear, "gemv_limit", lambda problem: 16)
+    monkeypatch.setattr(linear, "_gemv_limit", lambda problem: (16, None))
 
 def _make(n, k, bits, group, mode, scale_dtype, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)

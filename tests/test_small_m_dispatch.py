@@ -129,6 +129,9 @@ def test_underfilled_gemv_hands_m_9_to_16_to_the_gemm():
     assert _explain(2048, 2048, 16, 4).kernel == "cuda_gemv_mma"  # under 16 MiB: the GEMV's latency wins
     assert _explain(2048, 4608, 16, 8).kernel == "cuda_gemv_mma"  # 9 MiB at 55%
     assert _explain(4096, 4608, 16, 8, device=H100).kernel == "cuda_gemv_mma"  # no rule in the H100 table
+    # where the table's own crossover already sends M to the GEMM, it is the reason given (W8, N >= 8192: from M = 2)
+    wide = _explain(4096, 11008, 16, 8)
+    assert wide.kernel == "cuda_wgmma" and "crossover" in dict(wide.declined)["cuda_gemv_mma"]
     assert _explain(4096, 4608, 16, 8, disable="cuda_wgmma").kernel == "cuda_gemv_mma"
 
 

@@ -93,11 +93,17 @@ def gemv_limit(p: Problem) -> int:
     """Largest M the GEMVs serve on this GPU: the table's crossover against the GEMM that takes over, raised to the
     GEMVs' own limit where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma), and lowered below the
     table's gemv_min_wave_fill M range where the tensor-core GEMV's own blocks would (_gemv_underfills)."""
+    return _gemv_limit(p)[0]
+
+
+def _gemv_limit(p: Problem) -> tuple[int, str | None]:
+    """(gemv_limit, why the wave-fill rule lowered it below p.m, or None)."""
     lim, why = _table_limit_and_raise(p)
     lim = GEMV_MAX_M if why else lim
-    if p.m <= lim and _gemv_underfills(p):
-        return p.device.table["gemv_min_wave_fill"]["m"][0] - 1
-    return lim
+    under = _gemv_underfills(p) if p.m <= lim else None
+    if under:
+        return p.device.table["gemv_min_wave_fill"]["m"][0] - 1, under
+    return lim, None
 
 
 def _gemv_underfills(p: Problem) -> str | None:
@@ -156,8 +162,7 @@ def _past_crossover_note(p: Problem, cfg):
 
 
 def _gemv_crossover(p: Problem) -> str | None:
-    lim = gemv_limit(p)
-    under = _gemv_underfills(p) if p.m > lim else None
+    lim, under = _gemv_limit(p)
     if under:
         return f"M={p.m}: {under}"
     if p.m > lim:

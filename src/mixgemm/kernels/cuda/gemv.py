@@ -431,20 +431,26 @@ def wave_efficiency(blocks: int, per_wave: int) -> float:
     return waves / math.ceil(waves)
 
 
-def mma_waves(cfg: dict, n: int, num_sms: int) -> tuple[int, float]:
-    """(blocks, waves) of a tensor-core GEMV config's grid over N output rows: its blocks of KS x RG warps against the
-    block slots MMA_RESIDENT_WARPS leaves per SM."""
+def _mma_grid(cfg: dict, n: int, num_sms: int) -> tuple[int, int]:
+    """(blocks, block slots per wave) of a tensor-core GEMV config's grid over N output rows: its blocks of KS x RG
+    warps against the slots MMA_RESIDENT_WARPS leaves per SM (RT > 2, never a rule's choice, counted as RT 2)."""
     rt, warps = cfg.get("RT", 1), cfg["KS"] * cfg["RG"]
     row_tiles = -(-n // 16)
     blocks = -(-row_tiles // (cfg["RG"] * rt))
     per_sm = max(1, MMA_RESIDENT_WARPS.get(rt, MMA_RESIDENT_WARPS[2]) // warps)
-    return blocks, blocks / (per_sm * num_sms)
+    return blocks, per_sm * num_sms
+
+
+def mma_waves(cfg: dict, n: int, num_sms: int) -> tuple[int, float]:
+    """(blocks, waves) of a tensor-core GEMV config's grid over N output rows (_mma_grid)."""
+    blocks, per_wave = _mma_grid(cfg, n, num_sms)
+    return blocks, blocks / per_wave
 
 
 def mma_wave_fill(cfg: dict, n: int, num_sms: int) -> tuple[int, float]:
-    """(blocks, wave efficiency) of a tensor-core GEMV config's grid over N output rows (mma_waves)."""
-    blocks, waves = mma_waves(cfg, n, num_sms)
-    return blocks, waves / math.ceil(waves)
+    """(blocks, wave efficiency) of a tensor-core GEMV config's grid over N output rows (_mma_grid)."""
+    blocks, per_wave = _mma_grid(cfg, n, num_sms)
+    return blocks, wave_efficiency(blocks, per_wave)
 
 
 def one_wave_k_split(cfg: dict, n: int, num_sms: int, max_spill: float) -> dict:
