@@ -198,7 +198,7 @@ def _is_sharded(linear: nn.Module) -> bool:
 
 
 def quantize_(model: nn.Module, config: _Precision,
-              filter_fn: Callable[[nn.Module, str], bool] | None = None) -> QuantizeReport:
+              filter_fn: Callable[[nn.Module, str], bool] | None = None, compact: bool = True) -> QuantizeReport:
     """Replace, in place, every nn.Linear of ``model`` (for which ``filter_fn(module, name)`` is True, when
     given) by a QuantLinear in ``config``'s format (W4A16 / W8A16 / W8A8 / W4A8), quantized on the layer's
     device, and every nn.Conv2d by a QuantConv2d (weight-only configs; blocks along Ci within each tap).
@@ -207,6 +207,13 @@ def quantize_(model: nn.Module, config: _Precision,
     A Linear already sharded by mixgemm.distributed (tensor parallel, its weight a DTensor) is quantized from its
     full weight and sharded the same way, so quantizing before or after sharding gives the same model (call it on
     every rank, as the sharding itself).
+
+    compact (default True): each QuantLinear keeps its codes in one resident layout wherever it is on an sm_90 GPU
+    (QuantLinear.auto_compact: now, and when the model is moved there later), so a model that decodes and prefills
+    holds its weights once, about 1.0-1.06x their packed size, instead of once per kernel family (two to three
+    times). ``state_dict()`` still writes the plain format. compact=False keeps the plain codes and builds each
+    kernel's layout beside them as calls need it: the fastest kernel per M at up to three times the memory
+    (docs/design.md, Models, says where that is faster).
     """
     if not isinstance(config, _Precision):
         raise TypeError(f"config must be W4A16, W8A16, W8A8 or W4A8, got {type(config).__name__}")
@@ -243,6 +250,9 @@ def quantize_(model: nn.Module, config: _Precision,
         q.train(mod.training)
         if reshard is not None:
             q = reshard(q)
+        if isinstance(q, QuantLinear):
+            q.auto_compact = compact
+            q._auto_compact()
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, q)
         report.replaced.append(name)
@@ -275,6 +285,15 @@ class CompactReport:
 
     compacted: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+
+
+def auto_compact_(model: nn.Module, compact: bool = True) -> None:
+    """Set every QuantLinear's auto_compact to ``compact`` and compact the ones it applies to now (quantize_'s and
+    from_pretrained's ``compact`` argument)."""
+    for mod in model.modules():
+        if isinstance(mod, QuantLinear):
+            mod.auto_compact = compact
+            mod._auto_compact()
 
 
 def compact_(model: nn.Module) -> CompactReport:

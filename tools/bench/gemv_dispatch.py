@@ -41,6 +41,8 @@ from mixgemm.kernels import linear as entries
 from mixgemm.kernels.cuda.gemv import WG_LAYOUT, mma_k_tiles, mma_reduction_fits
 from mixgemm.kernels.registry import device_info
 
+# the wgmma GEMM's small-M tile (tables' wgmma_small_m) where a table has none
+SMALL_M_TILE = {"BM": 16, "NWG": 2, "STAGES": 4, "INFLIGHT": 1, "TMA": 1, "KT": 2, "GROUP_M": 1}
 FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
 
 
@@ -134,8 +136,17 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
         if m == 1:
             on_wg.append({**mma, "WG": 1})
             return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)], "cuda_gemv_mma/compact": on_wg}
-        return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)],
-                "cuda_gemv_mma/compact": on_wg + mma_variants(on_wg[0])}
+        out = {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)],
+               "cuda_gemv_mma/compact": on_wg + mma_variants(on_wg[0])}
+        if split_rt:  # the compacted weight's other choices: the GEMV's row tiles and the GEMM's cluster splits
+            pr = dataclasses.replace(p, resident=WG_LAYOUT)
+            more_gemv, more_gemm = split_rt_grid(pr, on_wg[0], mma_k_tiles(bits, k))
+            out["cuda_gemv_mma/compact"] += [c for c in more_gemv if c not in out["cuda_gemv_mma/compact"]]
+            tile = pr.device.table.get("wgmma_small_m", {}).get("tile", SMALL_M_TILE)
+            small = [{**tile, "NWG": nwg, "KT": kt, "SPLIT": sp, "CLUSTER": int(sp > 1), "SK": 0, "SERIAL": 0}
+                     for nwg in (2, 1) for kt in (2, 4) for sp in (1, 2, 4, 8)]  # the small-M tile family
+            out["cuda_wgmma"] = [entries._wgmma_config(pr), *more_gemm, *small]
+        return out
     if m == 1 and simt_only:
         return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64))}
     if m == 1:

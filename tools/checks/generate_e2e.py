@@ -19,9 +19,10 @@ Memory, for the first model: rebuilt, quantized (W4A16 g128, then W8A8; --memory
 Reported: mixgemm.resident_bytes (plain + cached kernel layouts), the packed size (the QuantLinear layers' qweight /
 scales / zeros / offsets), and from torch.cuda.memory_allocated: what the quantized weights hold = allocated after
 the sweep - allocated before the model was built - the model's other tensors (embeddings, norms, biases). Target: <=
-1.10x the packed size. A format ending in +compact (W4A16+compact) compacts the model after quantize_
-(mixgemm.compact_: one resident layout per weight); --compact times a compacted copy of the W4A16 model beside it
-(tag w4a16_compact).
+1.10x the packed size. quantize_ keeps one resident layout per weight on an sm_90 GPU by default (its compact
+argument); a format ending in +plain (W4A16+plain) quantizes with compact=False (the plain codes and each kernel's
+layout as calls build them), one ending in +compact compacts explicitly after that (mixgemm.compact_, also on the CPU).
+--plain times a compact=False copy of the W4A16 model beside the default one (tag w4a16_plain).
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
 replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
@@ -63,7 +64,8 @@ MODES = ("generate", "static", "compiled")
 MEMORY_FORMATS = {"W4A16": lambda: mixgemm.W4A16(group_size=128), "W8A16": mixgemm.W8A16, "W8A8": mixgemm.W8A8}
 TARGETS = {"generate": 1.0, "static": 1.0, "compiled": 2.2}
 MEMORY_MS = (1, 8, 16, 256, 4096)
-COMPACT = "+compact"  # a memory format ending in it: the model is mixgemm.compact_'ed after quantize_
+COMPACT = "+compact"  # a memory format ending in it: quantize_(compact=False), then mixgemm.compact_
+PLAIN = "+plain"  # a memory format ending in it: quantize_(compact=False), the plain codes and kernel layouts kept
 MEMORY_TARGET = 1.10
 # First-step logits. Against the dequantized float twin only rounding differs, and for W8A8 / W4A8 also the
 # activation quantization (~1% per layer, which a random-weight model carries on: cosine 0.996 at 4 layers of Qwen2-7B
@@ -91,7 +93,7 @@ class Settings:
     memory_ms: tuple[int, ...] = MEMORY_MS
     kernel_steps: int = 0  # compiled mode: profile this many more steps (the GPU kernels per step)
     compiled_repeats: int = 1  # compiled mode: timed loops of new_tokens steps (the median)
-    compact: bool = False  # speed: also a compacted copy of the W4A16 model (mixgemm.compact_)
+    plain: bool = False  # speed: also a quantize_(compact=False) copy of the W4A16 model
 
     @property
     def cuda(self) -> bool:
@@ -143,10 +145,10 @@ def last_logits(model, ids) -> torch.Tensor:
     return model(ids, use_cache=False).logits[0, -1].float().cpu()
 
 
-def quantize(model, config) -> dict:
+def quantize(model, config, compact: bool = True) -> dict:
     """quantize_ in place; every Linear must be replaced (else the comparison would not be the one asked for)."""
     t0 = time.perf_counter()
-    report = mixgemm.quantize_(model, config)
+    report = mixgemm.quantize_(model, config, compact=compact)
     if hasattr(model, "_compiled_call"):  # transformers' compiled forward (static-cache generate) saw the fp16 layers
         del model._compiled_call
     if report.skipped:
@@ -242,9 +244,9 @@ def speed(res: dict, modes, s: Settings, log):
     models["w4a16"] = copy.deepcopy(models["fp16"])
     config = mixgemm.W4A16(group_size=128)
     res["quantize"] = quantize(models["w4a16"], config)
-    if s.compact:  # a compacted copy beside the plain quantized model, timed in the same turns
-        models["w4a16_compact"] = copy.deepcopy(models["w4a16"])
-        res["quantize"]["compacted"] = len(mixgemm.compact_(models["w4a16_compact"]).compacted)
+    if s.plain:  # a copy keeping the plain codes and every kernel's layout, timed in the same turns
+        models["w4a16_plain"] = copy.deepcopy(models["fp16"])
+        quantize(models["w4a16_plain"], config, compact=False)
     free_memory(s)
     f = res["first_step"] = first_step(models["w4a16"], ids, ref, config, s)
     log(f"{name}: W4A16 g128 first-step logits cosine {f['cosine']:.4f} vs fp16, "
@@ -302,7 +304,7 @@ def memory(res: dict, config, s: Settings, log):
     model = build(name, s)
     ids = prompt(model, s)
     ref = last_logits(model, ids)
-    res["quantize"] = quantize(model, config)
+    res["quantize"] = quantize(model, config, compact=not (res.get("plain") or res.get("compact")))
     if res.get("compact"):
         report = mixgemm.compact_(model)
         res["quantize"].update(compacted=len(report.compacted), not_compacted=report.skipped)
@@ -410,13 +412,13 @@ def main(argv=None) -> int:
     ap.add_argument("--strict", action="store_true",
                     help="also exit 1 when a target is missed (speed, memory, cosine against fp16)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compact", action="store_true",
-                    help="also time a compacted copy of the W4A16 model (mixgemm.compact_: one resident layout per "
-                         "weight)")
+    ap.add_argument("--plain", action="store_true",
+                    help="also time a quantize_(compact=False) copy of the W4A16 model (the plain codes and each "
+                         "kernel's layout, against the default one resident layout per weight)")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m and not (args.skip_compiled and m == "compiled")]
     models, s = settings_from(ap, args, modes, MODES, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")),
-                              compact=args.compact, compiled_repeats=args.compiled_repeats)
+                              plain=args.plain, compiled_repeats=args.compiled_repeats)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -456,13 +458,16 @@ def main(argv=None) -> int:
             results["speed"].append(res := {"model": name})
             phase(f"speed {name}", speed, res, modes, s, log_and_save)
     formats = [f for f in args.memory_formats.split(",") if f]
-    if [f for f in formats if f.removesuffix(COMPACT) not in MEMORY_FORMATS]:
-        ap.error(f"unknown memory format in {formats}; known: {sorted(MEMORY_FORMATS)} (each may end in {COMPACT})")
+    if [f for f in formats if f.removesuffix(COMPACT).removesuffix(PLAIN) not in MEMORY_FORMATS]:
+        ap.error(f"unknown memory format in {formats}; known: {sorted(MEMORY_FORMATS)} (each may end in {COMPACT} "
+                 f"or {PLAIN})")
     if not args.skip_memory and models:
         for f in formats:
-            config, compact = MEMORY_FORMATS[f.removesuffix(COMPACT)](), f.endswith(COMPACT)
-            label = config.name + (" compact_" if compact else "")
-            results["memory"].append(res := {"model": models[0], "format": label, "compact": compact})
+            config = MEMORY_FORMATS[f.removesuffix(COMPACT).removesuffix(PLAIN)]()
+            compact, plain = f.endswith(COMPACT), f.endswith(PLAIN)
+            label = config.name + (" compact_" if compact else " compact=False" if plain else "")
+            results["memory"].append(res := {"model": models[0], "format": label, "compact": compact,
+                                             "plain": plain})
             phase(f"memory {models[0]} {label}", memory, res, config, s, log_and_save)
     bad, missed = failures(results), misses(results)
     results["failures"], results["missed_targets"] = bad, missed

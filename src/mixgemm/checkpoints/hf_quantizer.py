@@ -69,6 +69,9 @@ class MixgemmHfQuantizer(HfQuantizer):
 
         arrange_act_order(model)  # act-order layers as mixgemm.from_pretrained leaves them (exact)
         norm_kernels_at_norms(model)  # the other norms feeding mixgemm layers: its norm kernel under torch.compile
+        from mixgemm.quantize_api import auto_compact_
+
+        auto_compact_(model)  # one resident layout per weight on an sm_90 GPU, as mixgemm.from_pretrained
         return model
 
     def is_serializable(self, *args, **kwargs) -> bool:

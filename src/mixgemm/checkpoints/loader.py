@@ -287,15 +287,16 @@ def _quantize_float_linear(model, layer, config, filter_fn, report) -> None:
 
 def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype: torch.dtype | None = None,
                     quantization_config=None, filter_fn=None, progress: bool = True, trust_remote_code: bool = False,
-                    **kwargs) -> nn.Module:
+                    compact: bool = True, **kwargs) -> nn.Module:
     """A transformers causal LM with QuantLinear layers, read from a quantized checkpoint (module docstring).
 
     path: a checkpoint directory, or a .gguf file. gguf_file: the GGUF file's name inside ``path`` (as
     transformers takes it). device: where the model is built (default CPU). dtype: the dtype of the tensors that
     stay float (embeddings, norms, biases, Linears left float; default: the checkpoint's, float32 for GGUF).
     quantization_config: W4A16 / W8A16 / W8A8 / W4A8 to quantize a float checkpoint (or a GGUF file's float
-    Linears) while loading; filter_fn(module, name) -> bool limits which Linears are quantized. Other keyword
-    arguments go to ``AutoConfig.from_pretrained``.
+    Linears) while loading; filter_fn(module, name) -> bool limits which Linears are quantized. compact (default
+    True): each QuantLinear keeps its codes in one resident layout on an sm_90 GPU, now or once the model is moved
+    there (as quantize_'s ``compact``). Other keyword arguments go to ``AutoConfig.from_pretrained``.
 
     The model is in eval mode; ``model.mixgemm_report`` (a LoadReport) lists what was quantized and what not, and
     ``model.config.quantization_config`` describes every QuantLinear, so ``model.save_pretrained`` writes a
@@ -307,6 +308,7 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     (``perm_at_norms``, mixgemm.nn.norms; in eager mode they gather in their kernels).
     """
     from mixgemm.checkpoints.native import attach_quantization_config
+    from mixgemm.quantize_api import auto_compact_
 
     if quantization_config is not None:
         from mixgemm.quantize_api import _Precision
@@ -338,6 +340,7 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
         warnings.warn(f"from_pretrained: {len(report.ignored)} checkpoint tensors have no place in the model and were "
                       f"ignored, e.g. {report.ignored[:5]}", stacklevel=2)
     attach_quantization_config(model)
+    auto_compact_(model, compact)  # last: act-order folding above rewrites plain codes
     model.mixgemm_report = report
     return model.eval()
 

@@ -89,10 +89,13 @@ def _adopt(module: QuantLinear, shard: QuantLinear) -> None:
 def _shard_in_place(module: QuantLinear, device_mesh: DeviceMesh, dim: int, src_data_rank: int | None) -> None:
     if getattr(module, "_distribute_module_applied", False):
         raise RuntimeError(f"{module} is already sharded: a module is parallelized once")
+    if module.auto_compact:
+        module._restore_plain()  # sharding cuts the plain codes; the shard keeps one layout again below
     rank, world = _check_mesh(device_mesh, module)
     full = module if src_data_rank is None or world == 1 else _broadcast_from(module, device_mesh, src_data_rank)
     _adopt(module, shard_quant_linear(full, dim, rank, world))
     module._distribute_module_applied = True  # torch's flag: distribute_module refuses a second pass too
+    module._auto_compact()
 
 
 def _local_input(input_layouts, desired_layouts, device_mesh, module, inputs):

@@ -67,12 +67,20 @@ class QuantLinear(nn.Module):
     ``.to(dtype)`` / ``.half()`` convert the bias like nn.Linear does but never the scales and offsets:
     re-rounding them would change the quantized weight.
 
+    ``auto_compact``: True (quantize_ / from_pretrained set it) keeps the codes in one resident layout wherever the
+    layer lands on an sm_90 GPU (compact_), also after ``.to()``, ``load_state_dict`` and unpickling; elsewhere the
+    plain codes. ``uncompact_()`` clears it.
+
     ``input_gathered_by``: None, or (act-order layers) the name of the module whose output arrives already gathered
     through ``input_perm`` (mixgemm.nn.norms): under torch.compile forward then multiplies x as it
     comes (gathers_input). Not part of the state dict, which keeps ``input_perm``.
     """
 
     input_gathered_by: str | None = None
+    # Keep the codes in one resident layout wherever the layer lands on a GPU whose kernels read one (an sm_90 GPU:
+    # _auto_compact). quantize_ and from_pretrained set it (their ``compact`` argument, default True); a layer built
+    # directly keeps its plain codes unless asked (compact_), and uncompact_ clears it.
+    auto_compact: bool = False
     # The fields forward hands the ops, kept together as one tuple (_op_fields) that __setattr__ refreshes: under
     # torch.compile each attribute a layer's forward reads is a guard evaluated on every call of the compiled
     # function, and a tuple of constants is one.
@@ -312,7 +320,21 @@ class QuantLinear(nn.Module):
 
     def uncompact_(self) -> QuantLinear:
         """Undo compact_: the plain codes are rebuilt from the resident layout and held again (the layout stays
-        cached, so the kernels that read it need not rebuild it). Returns self."""
+        cached, so the kernels that read it need not rebuild it), and kept from now on (auto_compact cleared: a move
+        or a reload does not compact the layer again). Returns self."""
+        self.auto_compact = False
+        return self._restore_plain()
+
+    def _auto_compact(self) -> None:
+        """compact_() where auto_compact is set and the layer is on an sm_90 GPU, whose kernels serve every M from
+        one layout; on the CPU (its kernels read the plain codes), another GPU or a layer compact_reason refuses it
+        keeps the plain codes, without a warning: one layout is the default there, not a request."""
+        if (self.auto_compact and self.compact is None and one_layout_device(self.qweight.device)
+                and self.compact_reason() is None):
+            self.compact_()
+
+    def _restore_plain(self) -> QuantLinear:
+        """The plain codes rebuilt from the resident layout and held again (compact_ undone; auto_compact kept)."""
         if self.compact is None:
             return self
         qw = self.quantized_weight()
@@ -368,7 +390,9 @@ class QuantLinear(nn.Module):
     def __setstate__(self, state):
         layout = state.pop("_compact_on_load", None)
         super().__setstate__(state)
-        if layout is not None:
+        if self.auto_compact:
+            self._auto_compact()
+        elif layout is not None:
             self._compact_again(layout, "unpickled")
 
     def _compact_again(self, layout: str, what: str) -> None:
@@ -388,7 +412,7 @@ class QuantLinear(nn.Module):
         layout = self.compact
         if layout is None:
             return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self.uncompact_()  # load into the plain buffers, then keep the loaded codes in the layout again
+        self._restore_plain()  # load into the plain buffers, then keep the loaded codes in the layout again
         try:
             super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         finally:
@@ -397,9 +421,10 @@ class QuantLinear(nn.Module):
     def _apply(self, fn, recurse=True):
         layout = self.compact
         if layout is not None:  # moved as plain codes, kept in the layout again where it can be
-            self.uncompact_()
-            out = self._apply(fn, recurse)
-            self._compact_again(layout, "moved")
+            self._restore_plain()
+            out = self._apply(fn, recurse)  # (an auto_compact layer compacts itself there, where its device allows)
+            if not self.auto_compact:
+                self._compact_again(layout, "moved")
             return out
         forget(self.__dict__)  # the eager path's kept launches hold the layouts of the tensors being replaced
         # Keep the scale dtype: only move scales / offsets to the device fn would send them to.
@@ -411,7 +436,9 @@ class QuantLinear(nn.Module):
                 return t.to(device=r.device)
             return r
 
-        return super()._apply(keep_dtype, recurse)
+        out = super()._apply(keep_dtype, recurse)
+        self._auto_compact()
+        return out
 
     def extra_repr(self) -> str:
         c = self.config
@@ -426,6 +453,12 @@ class QuantLinear(nn.Module):
         if self.input_gathered_by:
             s += f", input gathered by {self.input_gathered_by}"
         return s
+
+
+def one_layout_device(device: torch.device) -> bool:
+    """True where QuantLinear.auto_compact keeps a layer in one resident layout: an sm_90 GPU, whose kernels (the
+    GEMVs and the wgmma GEMMs) all read the Hopper GEMM's layout. Elsewhere the kernels read the plain codes."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def _check_perm(perm: torch.Tensor, k: int) -> torch.Tensor:

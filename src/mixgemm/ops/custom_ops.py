@@ -173,8 +173,15 @@ def _resident_weight(qweight: Tensor, hit, scales: Tensor, zeros: Tensor | None,
         raise ValueError("qweight is the placeholder of a compacted layer (QuantLinear.compact_): it holds no codes, "
                          "and no resident layout of this format is cached on it; use the layer itself, or "
                          "uncompact_() it first")
-    mine = mode_params(qw.mode, qw.zeros, qw.offsets)
-    same = all(_sig(a) == _sig(b) for a, b in ((scales, qw.scales), (zeros, mine[0]), (offsets, mine[1])))
+    now = (_sig(scales), _sig(zeros), _sig(offsets))
+    cached = getattr(qw.qweight, _CACHE_ATTR, None)
+    if cached is not None and cached[1] is qw:
+        # against the parameters' signatures from when the layout was cached: the layout holds its own copy of them,
+        # so an in-place update of the layer's (the same tensor objects, a newer version) must rebuild it too
+        same = cached[0][2:5] == now
+    else:
+        mine = mode_params(qw.mode, qw.zeros, qw.offsets)
+        same = now == (_sig(qw.scales), _sig(mine[0]), _sig(mine[1]))
     if not same:
         plain = replace(qw, qweight=qw.packed(), scales=scales, zeros=zeros, offsets=offsets, resident=None,
                         _layouts={})

@@ -248,20 +248,37 @@ class WgSimtTile(NamedTuple):
     RG: int
 
 
-# H100, M = 1, fp16 activations: tools/bench/gemv_dispatch.py --simt-only (the (RT, U, PF) x KS x block grid of
-# gemv_wg_simt.cu against the CUDA-core GEMV's default on the plain codes, 17 layers from 896x4864 to 28672x8192, W4
-# g128 sym and zero point, W8 per channel). Kept where the bucket's fastest common tile (geometric mean over its layers
-# and modes) beat the rule of kernels.cuda.gemv.wg_simt_config by >= 3%; us rule -> tile (plain-codes GEMV): W4
-# 5120x5120 sym 8.58 -> 8.29 (7.24), zero point 9.84 -> 8.54 (7.28); 3584x18944 zero point 19.7 -> 16.2 (18.2);
-# 8192x28672 sym 49.8 -> 47.3 (46.9); 8192x1024 zero point 4.60 -> 4.23 (3.66); W8 5120x5120 13.6 -> 12.3 (11.2),
-# 8192x28672 87.2 -> 82.9 (79.3), 3584x18944 30.5 -> 27.4 (26.8).
-_WG_SIMT_SOURCE = "tools/bench/gemv_dispatch.py --simt-only on the H100 (M = 1, fp16 activations; gemv_wg_simt.cu grid)"
+# H100, M = 1, fp16 activations: tools/bench/gemv_dispatch.py --simt-only over the 80 layers of the model list (the
+# (RT, U, PF) x KS x block grid of gemv_wg_simt.cu, W4 g128 sym and zero point, W8 per channel; 2026-11-26). Kept
+# where the bucket's fastest common tile (geometric mean over its layers and, for W4, both modes) took <= 0.97x the
+# time of the rule in kernels.cuda.gemv.wg_simt_config by geometric mean and at most 1.05x on any of its layers. Over
+# the 80 layers, in the same run: W4 sym on >= 16 MiB layers 1.082x -> 1.019x the grid's best per layer (zero point
+# 1.093x -> 1.014x, W8 1.051x -> 1.010x); us rule -> tile (plain-codes GEMV): W4 36864x4608 sym 50.8 -> 39.3 (39.7),
+# 27648x5120 sym 40.0 -> 32.5 (32.4), 5120x35840 zero point 54.8 -> 41.9 (44.0), 8192x10240 zero point 25.0 -> 19.4
+# (21.0). Timed again against the plain codes in mixgemm bench (docs/design.md, tensor-core GEMV section).
+_WG_SIMT_SOURCE = ("tools/bench/gemv_dispatch.py --simt-only on the H100, the 80 model-list layers (M = 1, fp16 "
+                   "activations; gemv_wg_simt.cu grid)")
 H100_WG_SIMT = _entries(_WG_SIMT_SOURCE, [
     # (bits, K, N, (RT, U, PF, KS, RG))
-    (4, 896, 4864, (2, 1, 1, 4, 1)), (4, 4096, 14336, (1, 2, 0, 4, 1)), (4, 5120, 5120, (1, 2, 0, 8, 1)),
-    (4, 8192, 1024, (1, 2, 0, 32, 1)), (4, 8192, 28672, (4, 2, 0, 8, 1)),
-    (8, 896, 4864, (1, 1, 0, 4, 1)), (8, 2048, 2048, (1, 1, 0, 16, 1)), (8, 4096, 14336, (1, 1, 1, 16, 1)),
-    (8, 5120, 5120, (4, 2, 0, 16, 1)), (8, 8192, 28672, (1, 2, 0, 16, 1)),
+    (4, 1536, 1536, (1, 2, 1, 4, 2)), (4, 1536, 2048, (2, 2, 0, 4, 1)), (4, 1536, 17920, (1, 2, 0, 4, 1)),
+    (4, 2048, 256, (1, 2, 1, 8, 1)), (4, 2304, 9216, (1, 2, 0, 8, 1)), (4, 2048, 11008, (2, 2, 0, 8, 1)),
+    (4, 2304, 18432, (1, 2, 0, 4, 1)), (4, 2048, 22016, (2, 2, 0, 4, 1)), (4, 3072, 9216, (1, 2, 0, 8, 1)),
+    (4, 3072, 16384, (4, 2, 0, 8, 1)), (4, 4096, 6144, (2, 2, 1, 8, 1)), (4, 3584, 8192, (2, 2, 1, 8, 1)),
+    (4, 4096, 11008, (2, 2, 0, 8, 1)), (4, 4096, 22016, (2, 2, 0, 4, 1)), (4, 3584, 28672, (1, 2, 0, 4, 1)),
+    (4, 4608, 73728, (1, 2, 0, 4, 1)), (4, 5120, 5120, (2, 2, 1, 8, 1)), (4, 5120, 13824, (4, 2, 0, 8, 1)),
+    (4, 5120, 27648, (1, 2, 0, 8, 1)), (4, 5120, 55296, (2, 2, 0, 4, 1)), (4, 8192, 1024, (1, 2, 0, 32, 1)),
+    (4, 9216, 2304, (2, 2, 1, 16, 1)), (4, 8192, 3072, (1, 2, 0, 16, 1)), (4, 8192, 10240, (1, 2, 0, 8, 1)),
+    (4, 8192, 28672, (2, 2, 0, 4, 1)), (4, 8192, 57344, (1, 2, 0, 8, 1)), (4, 13824, 5120, (4, 2, 0, 16, 1)),
+    (4, 36864, 4608, (4, 2, 0, 16, 1)), (4, 27648, 5120, (4, 2, 0, 16, 1)),
+    (8, 896, 4864, (1, 1, 0, 4, 1)), (8, 1536, 2048, (1, 2, 0, 4, 1)), (8, 1536, 17920, (1, 1, 1, 8, 1)),
+    (8, 2304, 9216, (1, 1, 1, 8, 1)), (8, 2048, 11008, (2, 2, 1, 8, 1)), (8, 2304, 18432, (1, 2, 0, 8, 1)),
+    (8, 2048, 22016, (1, 2, 1, 8, 1)), (8, 3072, 9216, (1, 2, 0, 8, 1)), (8, 4096, 6144, (1, 2, 0, 16, 1)),
+    (8, 4096, 11008, (1, 2, 0, 16, 1)), (8, 3584, 14336, (1, 1, 1, 16, 1)), (8, 4096, 22016, (1, 2, 0, 16, 1)),
+    (8, 3584, 28672, (1, 1, 1, 16, 1)), (8, 5120, 5120, (4, 2, 0, 16, 1)), (8, 5120, 27648, (1, 1, 1, 8, 1)),
+    (8, 5120, 55296, (2, 2, 1, 8, 1)), (8, 9216, 2304, (1, 2, 0, 16, 1)), (8, 8192, 3072, (1, 2, 0, 16, 1)),
+    (8, 8192, 10240, (1, 2, 0, 32, 1)), (8, 8192, 28672, (1, 2, 0, 16, 1)), (8, 8192, 57344, (1, 2, 0, 16, 1)),
+    (8, 11008, 2048, (1, 2, 0, 32, 1)), (8, 13824, 5120, (1, 2, 0, 8, 1)), (8, 36864, 4608, (1, 2, 0, 8, 1)),
+    (8, 27648, 5120, (1, 2, 0, 8, 1)),
 ], WgSimtTile)
 for _bits, _entries_simt in H100_WG_SIMT.items():
     check_partition(_entries_simt, f"gemv_wg_simt M = 1 W{_bits}", complete=False)
