@@ -63,6 +63,11 @@ def test_round_trip_bit_exact(name, tmp_path):
     _assert_same(model, auto)
     ours.save_pretrained(tmp_path / "again")  # what from_pretrained returns saves again
     _assert_same(model, mixgemm.from_pretrained(str(tmp_path / "again"), progress=False))
+    # one resident layout per weight once on an sm_90 GPU (the default; on the CPU the codes stay plain)
+    plain = mixgemm.from_pretrained(str(tmp_path), progress=False, compact=False)
+    for m, want in ((ours, True), (auto, True), (plain, False)):
+        layers = [q for q in m.modules() if isinstance(q, QuantLinear)]
+        assert layers and all(q.auto_compact is want and q.compact is None for q in layers)
 
 
 def test_tied_embeddings_stay_tied_and_shards_load(tmp_path):

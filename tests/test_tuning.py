@@ -360,6 +360,46 @@ def test_alternatives_are_the_soft_declines():
     assert tune.alternatives(_problem(1, _qw(4096, 4096), torch.float32), choose(p).entry) == []
 
 
+def _compacted(qw):
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.ops.custom_ops import compact_weight
+
+    return compact_weight(qw, compact_placeholder(qw.qweight))
+
+
+def test_a_compacted_weight_keeps_its_own_cache_entries(tmp_path):
+    """A weight keeping one resident layout has its own bucket keys (entry@layout): a config tuned on the plain codes
+    (here the tensor-core GEMV on gemv_mma_v1) must not reach it, where it would send the call to another entry; its
+    own entry (tuned with mixgemm tune --layout compact) does."""
+    qw = _qw(2048, 2048)
+    cw = _compacted(qw)
+    plain_p, comp_p = _problem(16, qw), _problem(16, cw)
+    assert tcache.bucket_key(comp_p, "cuda_gemv_mma") == tcache.bucket_key(plain_p, "cuda_gemv_mma").replace(
+        "/cuda_gemv_mma/", "/cuda_gemv_mma@wgmma_v1/")
+    x = torch.empty(16, 2048, dtype=torch.float16)
+    before = mixgemm.explain(x, cw, device=H100)
+    assert before.kernel == "cuda_gemv_mma" and before.config["WG"] == 1
+    plain_tuned = {**mixgemm.explain(x, qw, device=H100).config, "KS": 4}
+    _write_cache(tmp_path / "tuning.json", H100.name, {tcache.bucket_key(plain_p, "cuda_gemv_mma"): plain_tuned})
+    c = mixgemm.explain(x, cw, device=H100)
+    assert c.kernel == "cuda_gemv_mma" and c.config == before.config  # not the plain codes' entry
+    assert mixgemm.explain(x, qw, device=H100).config["KS"] == 4
+    _write_cache(tmp_path / "tuning.json", H100.name,
+                 {tcache.bucket_key(comp_p, "cuda_gemv_mma"): {**before.config, "KS": 8}})
+    c = mixgemm.explain(x, cw, device=H100)
+    assert c.kernel == "cuda_gemv_mma" and c.config["KS"] == 8 and c.config["WG"] == 1
+
+
+def test_alternatives_of_a_compacted_weight_read_its_layout():
+    """mixgemm tune times, as alternatives of a compacted weight, only entries that read its resident layout."""
+    cw = _compacted(_qw(4096, 4096))
+    wide = replace(_problem(16, _compacted(_qw(128, 256))), n=14336, k=4096)
+    for p in (_problem(1, cw), wide):
+        alts = tune.alternatives(p, choose(p).entry)
+        assert "cuda_gemv" not in [e.name for e in alts]  # (it reads the plain codes)
+        assert all(e.reads(e.config(p)).name == "wgmma_v1" for e in alts)
+
+
 class _FakeEntry:
     def __init__(self, name, cfg):
         self.name, self._cfg = name, cfg

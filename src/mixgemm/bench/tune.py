@@ -161,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=None, help="stop starting new buckets after S seconds")
     p.add_argument("--margin", type=float, default=0.03, help="required gain over the default (default 0.03)")
     p.add_argument("--rounds", type=int, default=3, help="timing rounds per config (default 3)")
+    p.add_argument("--layout", choices=("compact", "plain"), default="compact",
+                   help="compact (default): weights keeping one resident layout, what quantize_ leaves on an sm_90 "
+                        "GPU; plain: the plain codes with each kernel's layout (quantize_(compact=False), "
+                        "mixgemm.matmul on a QuantizedWeight). The cache keeps the two apart")
     return p
 
 
@@ -195,9 +199,12 @@ class LayerCopies:
     w64: torch.Tensor  # the dequantized weight (float64), for the reference
 
 
-def _layer(job: Job, l2: int) -> LayerCopies:
+def _layer(job: Job, l2: int, compact: bool = False) -> LayerCopies:
+    """compact: each copy keeps only its resident layout (as a compacted QuantLinear's weight)."""
     from mixgemm.bench import protocol
     from mixgemm.formats import dequantize_weight, quantize_weight
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.ops.custom_ops import compact_weight
 
     key = (job.k, job.n, job.fmt)
     dev = torch.device("cuda")
@@ -211,7 +218,11 @@ def _layer(job: Job, l2: int) -> LayerCopies:
         return dataclasses.replace(qw0, qweight=c(qw0.qweight), scales=c(qw0.scales), zeros=c(qw0.zeros),
                                    offsets=c(qw0.offsets), _layouts={})
 
-    return LayerCopies(key, [qw0] + [clone() for _ in range(copies - 1)], dequantize_weight(qw0, torch.float64))
+    weights = [qw0] + [clone() for _ in range(copies - 1)]
+    w64 = dequantize_weight(qw0, torch.float64)
+    if compact:
+        weights = [compact_weight(q, compact_placeholder(q.qweight)) for q in weights]
+    return LayerCopies(key, weights, w64)
 
 
 def _measure(job: Job, layer: LayerCopies):
@@ -296,9 +307,15 @@ def _timed(config: dict, time_us, rounds: int) -> Timed:
 def alternatives(problem, entry) -> list:
     """The op's other registry entries that can run the problem but are declined softly (by tuning data: a
     crossover, a measured bucket) -- what a CHOICE cache entry may pick instead of ``entry``."""
-    from mixgemm.kernels.registry import entries
+    from mixgemm.kernels.registry import entries, resident_reason
 
-    return [e for e in entries(problem.op) if e is not entry and e.can_run(problem).soft]
+    def reads_resident(e) -> bool:  # a weight with one resident layout runs only the entries reading it (checked
+        # before can_run, which may build the entry's layout; again with the config where the config picks it)
+        if e.layout_for is None:
+            return resident_reason(e, problem, None) is None
+        return resident_reason(e, problem, e.config(problem)) is None
+
+    return [e for e in entries(problem.op) if e is not entry and reads_resident(e) and e.can_run(problem).soft]
 
 
 def _tune_choice(cache, chosen: dict, problem, entry, best: Timed, time_us, check, args, info: dict, log) -> int:
@@ -371,6 +388,11 @@ def main(argv: list[str] | None = None) -> int:
     from mixgemm.tuning.buckets import ShapeBucket
 
     gpu = torch.cuda.get_device_name(0)
+    from mixgemm.nn.linear import one_layout_device
+
+    compact = args.layout == "compact" and one_layout_device(torch.device("cuda"))
+    if args.layout == "compact" and not compact:
+        print("mixgemm tune: this GPU keeps the plain codes (one resident layout is for sm_90): tuning those")
     path = args.out or tcache.default_path(gpu)
     cache = tcache.load(path)
     if cache is None or cache.gpu != gpu:
@@ -390,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         if layer is None or layer.key != (job.k, job.n, job.fmt):
             layer = None  # the previous layer's copies are freed before the next one's are made
             torch.cuda.empty_cache()
-            layer = _layer(job, l2)
+            layer = _layer(job, l2, compact)
         problem, entry, default, time_us, check = _measure(job, layer)
         key = tcache.bucket_key(problem, entry.name)
         bar.set_postfix_str(f"{job.fmt} K={job.k} N={job.n} M={job.m} {entry.name}")

@@ -325,11 +325,11 @@ def _try_entry(e: KernelEntry, problem: Problem, opts: KernelOptions, declined: 
     it reads another layout than a compacted weight keeps (checked before can_run, which may build the entry's
     layout, and again with the config where the config picks the layout), or can_run declines (take_soft: a tuning
     reason does not, as for a forced entry)."""
-    why = _resident_reason(e, problem, None) if e.layout_for is None else None
+    why = resident_reason(e, problem, None) if e.layout_for is None else None
     d = no(why) if why is not None else e.can_run(problem)
     if d.ok or (take_soft and d.soft):
         cfg, source = _config(e, problem, opts)
-        why = _resident_reason(e, problem, cfg)
+        why = resident_reason(e, problem, cfg)
         if why is None:
             return Choice(e, cfg, tuple(declined), problem, source, *_perm_fields(e, problem, cfg))
         d = no(why)
@@ -348,7 +348,7 @@ def _cached_choice(problem: Problem, lst, opts: KernelOptions) -> Choice | None:
         return None
     name, cfg, where = hit
     e = next((x for x in lst if x.name == name), None)
-    if e is None or name in opts.disable or (e.layout_for is None and _resident_reason(e, problem, None)):
+    if e is None or name in opts.disable or (e.layout_for is None and resident_reason(e, problem, None)):
         return None
     d = e.can_run(problem)
     if not (d.ok or d.soft):
@@ -358,13 +358,13 @@ def _cached_choice(problem: Problem, lst, opts: KernelOptions) -> Choice | None:
     cfg = dict(forced if forced is not None else cfg)
     if e.complete is not None:
         cfg = e.complete(problem, cfg)
-    if _resident_reason(e, problem, cfg) is not None:
+    if resident_reason(e, problem, cfg) is not None:
         return None
     declined = tuple((x.name, f"the tuning cache chose {name} for this bucket") for x in lst[:lst.index(e)])
     return Choice(e, cfg, declined, problem, source, *_perm_fields(e, problem, cfg))
 
 
-def _resident_reason(e: KernelEntry, problem: Problem, config: dict | None) -> str | None:
+def resident_reason(e: KernelEntry, problem: Problem, config: dict | None) -> str | None:
     """Why ``e`` with ``config`` cannot run a compacted weight's problem (it reads another layout than the one the
     weight keeps), or None."""
     if problem.resident is None:

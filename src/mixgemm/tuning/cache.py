@@ -46,13 +46,16 @@ def format_key(bits: int, group_size: int, num_groups: int, mode: str) -> str:
 
 
 def bucket_key(problem, entry_name: str) -> str:
-    """The cache key of a registry Problem for ``entry_name``: op, weight format, activation dtype, entry, then the
-    (K, N) bucket (half-octave classes) and M (power-of-two bucket)."""
+    """The cache key of a registry Problem for ``entry_name``: op, weight format, activation dtype, entry (with
+    ``@layout`` for a weight that keeps one resident layout: its configs differ, and a plain weight's tuned config
+    would send a compacted one's call to another entry), then the (K, N) bucket (half-octave classes) and M
+    (power-of-two bucket)."""
     p = problem
     dtype = _DTYPES.get(p.x_dtype, str(p.x_dtype).replace("torch.", ""))
     fmt = format_key(p.bits, p.group_size, p.num_groups, p.mode)
     extra = f"/{p.act_mode}{'-token' if p.per_token else ''}" if p.op == "linear_a8" else ""
-    return f"{p.op}{extra}/{fmt}/{dtype}/{entry_name}/{ShapeBucket.of(p.k, p.n).key}/m{m_bucket(p.m)}"
+    entry = f"{entry_name}@{p.resident}" if getattr(p, "resident", None) else entry_name
+    return f"{p.op}{extra}/{fmt}/{dtype}/{entry}/{ShapeBucket.of(p.k, p.n).key}/m{m_bucket(p.m)}"
 
 
 def default_path(gpu_name: str) -> str:
