@@ -1,10 +1,11 @@
-"""tools/bench/gemv_dispatch.py --suggest: which M = 1 bucket entries a sweep file supports (no GPU needed)."""
+"""tools/bench/gemv_dispatch.py --suggest / --suggest-simt: which M = 1 bucket entries a sweep file supports (no GPU
+needed)."""
 
 from __future__ import annotations
 
 import json
 
-from tools.bench.gemv_dispatch import suggest
+from tools.bench.gemv_dispatch import suggest, suggest_simt
 
 BASE = {"R": 4, "U": 1, "KS": 2, "RG": 4, "PF": 0}
 FAST = {**BASE, "R": 2}
@@ -60,3 +61,37 @@ def test_split_rt_grid_configs_are_legal(isolated_tuning):
         assert {c["SPLIT"] for c in gemm} == {2, 3, 4} and all(tile_error(c) is None and c["SK"] == 0 for c in gemm)
         labels = candidates(p, 16, bits, k, split_rt=True)
         assert all(c in labels["cuda_wgmma"] for c in gemm)
+
+
+def _simt_layer(k, n, fmt, times):
+    rows = [{"cfg": {"WG": 1, "SIMT": 1, "RT": t[0], "U": t[1], "PF": t[2], "KS": t[3], "RG": t[4]}, "us": us,
+             "default": False} for t, us in times]
+    return {"K": k, "N": n, "fmt": fmt, "M": 1, "default_entry": "cuda_gemv",
+            "rows": {"cuda_gemv": [{"cfg": {}, "us": 1.0, "default": True}], "cuda_gemv_mma/wg_simt": rows}}
+
+
+def test_suggest_simt_keeps_a_tile_that_beats_the_rule_across_its_bucket(tmp_path):
+    """A bucket gets the tile that is fastest over its layers (both int4 modes together) where it takes <= 0.97x the
+    rule's time by geometric mean and at most 1.05x on each layer; a bucket where the rule is as fast gets none."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_rule
+
+    def rule(k, n, bits):
+        c = wg_simt_rule(n, k, bits, 132)
+        return (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
+
+    other = (4, 2, 0, 8, 1)
+    r1, r2 = rule(4096, 4096, 4), rule(8192, 8192, 4)
+    assert other not in (r1, r2)
+    res = [
+        # k24/n24: `other` 0.90x the rule on sym, 0.93x on zero point -> kept
+        _simt_layer(4096, 4096, "w4s", [(r1, 10.0), (other, 9.0)]),
+        _simt_layer(4096, 4096, "w4z", [(r1, 10.0), (other, 9.3)]),
+        # k26/n26: faster on one layer, 1.10x on the other -> no entry
+        _simt_layer(8192, 8192, "w4s", [(r2, 20.0), (other, 16.0)]),
+        _simt_layer(8192, 8192, "w4z", [(r2, 20.0), (other, 22.0)]),
+    ]
+    path = tmp_path / "simt.json"
+    path.write_text(json.dumps({"gpu": "test", "res": res}))
+    out = suggest_simt([str(path)])
+    assert [(bits, bucket, kn, t) for bits, bucket, kn, t, _ in out] == [(4, "k24/n24", (4096, 4096), other)]
+    assert [(f, ru, tu) for *_, f, ru, tu in out[0][4]] == [("w4s", 10.0, 9.0), ("w4z", 10.0, 9.3)]

@@ -19,6 +19,8 @@ Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms
        [--dtype bfloat16] [--no-mma-grid] [--wg-simt] [--simt-only] [--compact-only] [--split-rt-grid] [--warm P]
        PYTHONPATH=src python -m tools.bench.gemv_dispatch --suggest SWEEP.json ...  (the M = 1 bucket entries a
        sweep supports: a CUDA-core tile >= 5% faster than the default on every measured layer of its bucket)
+       PYTHONPATH=src python -m tools.bench.gemv_dispatch --suggest-simt SIMT_SWEEP.json ...  (the wgmma_v1 M = 1 tile
+       entries of tuning.gemv_m1.WG_SIMT_M1 a --simt-only sweep supports)
 """
 
 from __future__ import annotations
@@ -256,6 +258,47 @@ def suggest(paths: list[str], min_gain: float = 0.05) -> list[tuple]:
     return out
 
 
+def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97,
+                 max_worst: float = 1.05) -> list[tuple]:
+    """Bucket entries for the M = 1 tiles of the CUDA-core GEMV on wgmma_v1 (mixgemm.tuning.gemv_m1.WG_SIMT_M1) from
+    --simt-only sweep files of one GPU: per (bits, bucket), the grid tile with the smallest geometric mean of its time
+    over each layer's best (the int4 modes together: one entry serves both), kept where it takes <= ``max_geomean``
+    the time of the rule (kernels.cuda.gemv.wg_simt_rule) by geometric mean and at most ``max_worst`` on every
+    measured layer of the bucket. Returns [(bits, bucket key, (K, N) of a measured layer, (RT, U, PF, KS, RG),
+    [(K, N, fmt, rule us, tile us), ...])]."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_rule
+    from mixgemm.tuning.buckets import ShapeBucket
+
+    def tile(c: dict) -> tuple:
+        return (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
+
+    by_bucket: dict = {}
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f)["res"]:
+                grid = {tile(c["cfg"]): c["us"] for c in r.get("rows", {}).get("cuda_gemv_mma/wg_simt", []) if c["us"]}
+                if r.get("M") != 1 or not grid:
+                    continue
+                bits = FORMATS[r["fmt"]][0]
+                rule = tile(wg_simt_rule(r["N"], r["K"], bits, num_sms))
+                if rule not in grid:
+                    continue
+                by_bucket.setdefault((bits, ShapeBucket.of(r["K"], r["N"]).key), []).append(
+                    (r["K"], r["N"], r["fmt"], grid, rule))
+    out = []
+    for (bits, bucket), layers in sorted(by_bucket.items()):
+        common = set.intersection(*(set(g) for *_, g, _ in layers))
+        if not common:
+            continue
+        best = min(sorted(common), key=lambda t: statistics.geometric_mean([g[t] / min(g.values())
+                                                                            for *_, g, _ in layers]))
+        ratios = [g[best] / g[rule] for *_, g, rule in layers]
+        if statistics.geometric_mean(ratios) <= max_geomean and max(ratios) <= max_worst:
+            k, n = min((k, n) for k, n, *_ in layers)
+            out.append((bits, bucket, (k, n), best, [(k_, n_, f, g[rule], g[best]) for k_, n_, f, g, rule in layers]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", default="w4s,w4z,w8")
@@ -283,7 +326,16 @@ def main() -> None:
     ap.add_argument("--warm-part", default="", help=argparse.SUPPRESS)  # i/P: one warm-up process's share
     ap.add_argument("--suggest", nargs="+", default=None, metavar="JSON",
                     help="read sweep files and print the M = 1 bucket entries they support (no GPU)")
+    ap.add_argument("--suggest-simt", nargs="+", default=None, metavar="JSON",
+                    help="read --simt-only sweep files of one GPU and print the wgmma_v1 M = 1 tile entries they "
+                         "support, in tuning.gemv_m1's table format (no GPU)")
+    ap.add_argument("--sms", type=int, default=132, help="SM count of the swept GPU, for the rule (--suggest-simt)")
     args = ap.parse_args()
+    if args.suggest_simt:
+        for bits, bucket, (k, n), t, layers in suggest_simt(args.suggest_simt, args.sms):
+            print(f"({bits}, {k}, {n}, {t}),  # {bucket}: " + ", ".join(
+                f"{kk}x{nn} {f} {ru:.2f} -> {tu:.2f}" for kk, nn, f, ru, tu in layers))
+        return
     if args.suggest:
         for fmt, bucket, (k, n), cfg, layers in suggest(args.suggest):
             tile = {key: cfg[key] for key in ("R", "U", "KS", "PF") if key in cfg}

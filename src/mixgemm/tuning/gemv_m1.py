@@ -249,7 +249,8 @@ class WgSimtTile(NamedTuple):
 
 
 # H100, M = 1, fp16 activations: tools/bench/gemv_dispatch.py --simt-only over the 80 layers of the model list (the
-# (RT, U, PF) x KS x block grid of gemv_wg_simt.cu, W4 g128 sym and zero point, W8 per channel; 2026-11-26). Kept
+# (RT, U, PF) x KS x block grid of gemv_wg_simt.cu, W4 g128 sym and zero point, W8 per channel; 2026-11-26), the
+# entries printed by its --suggest-simt. Kept
 # where the bucket's fastest common tile (geometric mean over its layers and, for W4, both modes) took <= 0.97x the
 # time of the rule in kernels.cuda.gemv.wg_simt_config by geometric mean and at most 1.05x on any of its layers. Over
 # the 80 layers, in the same run: W4 sym on >= 16 MiB layers 1.082x -> 1.019x the grid's best per layer (zero point
@@ -280,11 +281,18 @@ H100_WG_SIMT = _entries(_WG_SIMT_SOURCE, [
     (8, 11008, 2048, (1, 2, 0, 32, 1)), (8, 13824, 5120, (1, 2, 0, 8, 1)), (8, 36864, 4608, (1, 2, 0, 8, 1)),
     (8, 27648, 5120, (1, 2, 0, 8, 1)),
 ], WgSimtTile)
-for _bits, _entries_simt in H100_WG_SIMT.items():
-    check_partition(_entries_simt, f"gemv_wg_simt M = 1 W{_bits}", complete=False)
+# per GPU model (a substring of the device name): the tables above; a GPU without one uses the rule
+WG_SIMT_M1 = {"H100": H100_WG_SIMT}
+for _gpu, _table in WG_SIMT_M1.items():
+    for _bits, _entries_simt in _table.items():
+        check_partition(_entries_simt, f"gemv_wg_simt M = 1 {_gpu} W{_bits}", complete=False)
 
 
-def wg_simt_m1_entry(gpu_name: str, bits: int, k: int, n: int) -> BucketEntry | None:
-    """The measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 whose bucket holds a K x N layer (H100 only), or
-    None."""
-    return find(H100_WG_SIMT.get(bits, ()), ShapeBucket.of(k, n)) if "H100" in gpu_name else None
+def wg_simt_m1_entry(gpu_name: str, bits: int, k: int, n: int) -> tuple[str, BucketEntry] | None:
+    """(GPU model, entry): the measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 whose bucket holds a K x N layer
+    on this GPU, or None."""
+    for gpu, table in WG_SIMT_M1.items():
+        if gpu in gpu_name:
+            hit = find(table.get(bits, ()), ShapeBucket.of(k, n))
+            return None if hit is None else (gpu, hit)
+    return None

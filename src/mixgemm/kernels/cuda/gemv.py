@@ -191,20 +191,27 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
 # per warp, two k-tiles a step, double buffered, at ~14 warps per SM; below, one tile, one k-tile a step, double
 # buffered, at ~27 warps per SM (more warps with less each: a small layer is latency-bound). Source: the H100 grid of
 # tools/bench/gemv_dispatch.py --simt-only (17 layers, W4 sym / zero point, W8): geometric mean 1.044x the grid's best
-# per layer (one family for all sizes: 1.065x); tuning.gemv_m1.H100_WG_SIMT keeps the buckets where it was >= 3% off.
+# per layer (one family for all sizes: 1.065x); over the 80 model-list layers 1.08-1.09x on int4 layers of >= 16 MiB,
+# so tuning.gemv_m1.WG_SIMT_M1 keeps measured buckets per GPU (tools/bench/gemv_dispatch.py --suggest-simt).
 WG_SIMT_BIG_BYTES = 16 << 20
 WG_SIMT_WARPS_PER_SM = {True: 14, False: 27}
 
 
 def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "") -> dict:
-    """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: the measured bucket's (tuning.gemv_m1.wg_simt_m1_entry), else
-    the rule above, KS the power of two in 2..32 whose warps per SM come closest to the target, with at least two steps
-    per k-slice (KS 32, 1024 threads, only for one tile in flight)."""
+    """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: the measured bucket's on this GPU
+    (tuning.gemv_m1.wg_simt_m1_entry), else wg_simt_rule."""
     hit = wg_simt_m1_entry(gpu_name, bits, k, n)
     if hit is not None:
-        t = hit.value
+        gpu, entry = hit
+        t = entry.value
         return SourcedConfig({"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG},
-                             f"gemv_m1 H100 wgmma_v1 W{bits}, {hit.where(ShapeBucket.of(k, n))}")
+                             f"gemv_m1 {gpu} wgmma_v1 W{bits}, {entry.where(ShapeBucket.of(k, n))}")
+    return wg_simt_rule(n, k, bits, num_sms)
+
+
+def wg_simt_rule(n: int, k: int, bits: int, num_sms: int) -> dict:
+    """The rule above: KS the power of two in 2..32 whose warps per SM come closest to the target, with at least two
+    steps per k-slice (KS 32, 1024 threads, only for one tile in flight)."""
     nt, kt = -(-n // 16), -(-k // 64)
     big = n * k * bits // 8 >= WG_SIMT_BIG_BYTES
     rt, u, pf = (2, 2, 1) if big else (1, 1, 1)
