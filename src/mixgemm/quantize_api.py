@@ -298,7 +298,8 @@ def auto_compact_(model: nn.Module, compact: bool = True) -> None:
 
 def compact_(model: nn.Module) -> CompactReport:
     """Keep each QuantLinear of ``model`` in one resident layout (QuantLinear.compact_: the codes only in the layout
-    its Hopper kernels read, the plain copy released; ``state_dict()`` still writes the plain format). Layers that
+    its Hopper kernels read, the plain copy released; ``state_dict()`` still writes the plain format), now and on any
+    device (quantize_ / from_pretrained already do it on sm_90 GPUs unless given compact=False). Layers that
     cannot (QuantLinear.compact_reason: an asym int8-activation layer, a format the int8 layout does not hold) keep
     their buffers and are listed with the reason."""
     report = CompactReport()
