@@ -251,8 +251,7 @@ def quantize_(model: nn.Module, config: _Precision,
         if reshard is not None:
             q = reshard(q)
         if isinstance(q, QuantLinear):
-            q.auto_compact = compact
-            q._auto_compact()
+            q.set_auto_compact(compact)  # (layer by layer: the plain codes go before the next layer is quantized)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, q)
         report.replaced.append(name)
@@ -292,8 +291,7 @@ def auto_compact_(model: nn.Module, compact: bool = True) -> None:
     from_pretrained's ``compact`` argument)."""
     for mod in model.modules():
         if isinstance(mod, QuantLinear):
-            mod.auto_compact = compact
-            mod._auto_compact()
+            mod.set_auto_compact(compact)
 
 
 def compact_(model: nn.Module) -> CompactReport:

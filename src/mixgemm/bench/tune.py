@@ -384,12 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from mixgemm.bench import protocol
+    from mixgemm.nn.linear import one_layout_device
     from mixgemm.tuning import cache as tcache
     from mixgemm.tuning.buckets import ShapeBucket
 
     gpu = torch.cuda.get_device_name(0)
-    from mixgemm.nn.linear import one_layout_device
-
     compact = args.layout == "compact" and one_layout_device(torch.device("cuda"))
     if args.layout == "compact" and not compact:
         print("mixgemm tune: this GPU keeps the plain codes (one resident layout is for sm_90): tuning those")

@@ -325,6 +325,13 @@ class QuantLinear(nn.Module):
         self.auto_compact = False
         return self._restore_plain()
 
+    def set_auto_compact(self, on: bool) -> QuantLinear:
+        """Set auto_compact (quantize_'s and from_pretrained's ``compact``) and compact the layer now where it applies.
+        Returns self."""
+        self.auto_compact = on
+        self._auto_compact()
+        return self
+
     def _auto_compact(self) -> None:
         """compact_() where auto_compact is set and the layer is on an sm_90 GPU, whose kernels serve every M from
         one layout; on the CPU (its kernels read the plain codes), another GPU or a layer compact_reason refuses it

@@ -54,7 +54,7 @@ def bucket_key(problem, entry_name: str) -> str:
     dtype = _DTYPES.get(p.x_dtype, str(p.x_dtype).replace("torch.", ""))
     fmt = format_key(p.bits, p.group_size, p.num_groups, p.mode)
     extra = f"/{p.act_mode}{'-token' if p.per_token else ''}" if p.op == "linear_a8" else ""
-    entry = f"{entry_name}@{p.resident}" if getattr(p, "resident", None) else entry_name
+    entry = f"{entry_name}@{p.resident}" if p.resident else entry_name
     return f"{p.op}{extra}/{fmt}/{dtype}/{entry}/{ShapeBucket.of(p.k, p.n).key}/m{m_bucket(p.m)}"
 
 
