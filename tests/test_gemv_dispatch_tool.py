@@ -95,3 +95,23 @@ def test_suggest_simt_keeps_a_tile_that_beats_the_rule_across_its_bucket(tmp_pat
     out = suggest_simt([str(path)])
     assert [(bits, bucket, kn, t) for bits, bucket, kn, t, _ in out] == [(4, "k24/n24", (4096, 4096), other)]
     assert [(f, ru, tu) for *_, f, ru, tu in out[0][4]] == [("w4s", 10.0, 9.0), ("w4z", 10.0, 9.3)]
+
+
+def test_suggest_simt_takes_the_fastest_tile_that_qualifies(tmp_path):
+    """Where the fastest tile over the bucket's layers loses > 5% to the rule on one of them, the next fastest that
+    beats the rule on every layer is kept instead of no entry."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_rule
+
+    c = wg_simt_rule(4096, 4096, 4, 132)
+    rule = (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
+    fastest, steady = (4, 2, 0, 8, 1), (2, 2, 0, 8, 1)
+    assert rule not in (fastest, steady)
+    res = [
+        # `fastest`: 0.70x and 1.10x the rule (geometric mean over the best 0.97x); `steady`: 0.90x and 0.95x
+        _simt_layer(4096, 4096, "w4s", [(rule, 10.0), (fastest, 7.0), (steady, 9.0)]),
+        _simt_layer(4096, 4096, "w4z", [(rule, 10.0), (fastest, 11.0), (steady, 9.5)]),
+    ]
+    path = tmp_path / "simt.json"
+    path.write_text(json.dumps({"gpu": "test", "res": res}))
+    out = suggest_simt([str(path)])
+    assert [(bits, bucket, t) for bits, bucket, _, t, _ in out] == [(4, "k24/n24", steady)]

@@ -258,14 +258,18 @@ def suggest(paths: list[str], min_gain: float = 0.05) -> list[tuple]:
     return out
 
 
+def _beats_rule(ratios: list[float], max_geomean: float, max_worst: float) -> bool:
+    return statistics.geometric_mean(ratios) <= max_geomean and max(ratios) <= max_worst
+
+
 def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97,
                  max_worst: float = 1.05) -> list[tuple]:
     """Bucket entries for the M = 1 tiles of the CUDA-core GEMV on wgmma_v1 (mixgemm.tuning.gemv_m1.WG_SIMT_M1) from
-    --simt-only sweep files of one GPU: per (bits, bucket), the grid tile with the smallest geometric mean of its time
-    over each layer's best (the int4 modes together: one entry serves both), kept where it takes <= ``max_geomean``
-    the time of the rule (kernels.cuda.gemv.wg_simt_rule) by geometric mean and at most ``max_worst`` on every
-    measured layer of the bucket. Returns [(bits, bucket key, (K, N) of a measured layer, (RT, U, PF, KS, RG),
-    [(K, N, fmt, rule us, tile us), ...])]."""
+    --simt-only sweep files of one GPU: per (bits, bucket), of the grid tiles that take <= ``max_geomean`` the time of
+    the rule (kernels.cuda.gemv.wg_simt_rule) by geometric mean and at most ``max_worst`` on every measured layer of
+    the bucket, the one with the smallest geometric mean of its time over each layer's best (the int4 modes together:
+    one entry serves both); no entry where no tile qualifies. Returns [(bits, bucket key, (K, N) of a measured layer,
+    (RT, U, PF, KS, RG), [(K, N, fmt, rule us, tile us), ...])]."""
     from mixgemm.kernels.cuda.gemv import wg_simt_rule
     from mixgemm.tuning.buckets import ShapeBucket
 
@@ -290,12 +294,13 @@ def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97
         common = set.intersection(*(set(g) for *_, g, _ in layers))
         if not common:
             continue
-        best = min(sorted(common), key=lambda t: statistics.geometric_mean([g[t] / min(g.values())
-                                                                            for *_, g, _ in layers]))
-        ratios = [g[best] / g[rule] for *_, g, rule in layers]
-        if statistics.geometric_mean(ratios) <= max_geomean and max(ratios) <= max_worst:
-            k, n = min((k, n) for k, n, *_ in layers)
-            out.append((bits, bucket, (k, n), best, [(k_, n_, f, g[rule], g[best]) for k_, n_, f, g, rule in layers]))
+        kept = [t for t in sorted(common) if _beats_rule([g[t] / g[rule] for *_, g, rule in layers], max_geomean,
+                                                         max_worst)]
+        if not kept:
+            continue
+        best = min(kept, key=lambda t: statistics.geometric_mean([g[t] / min(g.values()) for *_, g, _ in layers]))
+        k, n = min((k, n) for k, n, *_ in layers)
+        out.append((bits, bucket, (k, n), best, [(k_, n_, f, g[rule], g[best]) for k_, n_, f, g, rule in layers]))
     return out
 
 
