@@ -377,9 +377,9 @@ def test_default_config_cluster_multicast():
 
 
 def test_default_config_int8_per_channel_wide():
-    """int8 per-channel weights in w8_wide_region (K >= 8192, M >= 2048, pairing column tiles) take BM 256 tokens
-    per CTA with a 2-stage ring (fits the shared memory) and MC 2; grouped or int4 weights, shorter K and smaller M
-    keep BM 128."""
+    """int8 per-channel weights in w8_wide_region (K >= W8_WIDE_MIN_K, M >= 2048, pairing column tiles) take BM 256
+    tokens per CTA with a 2-stage ring (fits the shared memory) and MC 2; grouped or int4 weights, shorter K and
+    smaller M keep BM 128."""
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import (
         SMEM_LIMIT,
         W8_WIDE_MIN_K,

@@ -329,8 +329,8 @@ A8_WGMMA_BLOCK_SCALES_MIN_WAVE_EFFICIENCY = 0.75
 # Source: tools/bench/wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
 # this M (its persistent TMA kernel was ~10% faster at M = 2048 / 16384 on 8192x28672, a tie on 28672x8192; below
 # it the CUDA kernel won, 2x at M = 128), except where the CUDA kernel's BM 256 / MC 2 tiles apply
-# (gemm_wgmma_a8.w8_wide_region: K >= 8192, M >= 2048), where tools/bench/int8.py --w8-cuda measured it 4-8%
-# faster (H100).
+# (gemm_wgmma_a8.w8_wide_region: K >= 2048, M >= 2048), where tools/bench/int8.py --w8-cuda measured it 4-8%
+# faster at K >= 8192 (H100) and tools/bench/wgmma_a8.py 2-18% at K 2048..5120 (H100, H200; gemm_wgmma_a8).
 A8_W8_PER_CHANNEL_TRITON_FROM_M = 1024
 # The int8 wgmma GEMM with the per-token activation quantizer inside its launch (gemm_wgmma_a8.cu A8_FQ: one launch
 # per call instead of the row quantizer's and the GEMM's). Source: mixgemm bench --call-overhead (H100, 2048x2048,

@@ -85,8 +85,8 @@ def multicast_region(m: int, n: int, k: int) -> bool:
     return k >= MC_MIN_K and m >= MC_MIN_M and column_tiles(n, 2) % 2 == 0
 
 
-# int8 per-channel weights: BM 256 tiles with MC 2 from this K (measured at K = 8192 and 28672)
-W8_WIDE_MIN_K = 8192
+# int8 per-channel weights: BM 256 tiles with MC 2 from this K (the shortest measured; see default_config)
+W8_WIDE_MIN_K = 2048
 
 
 def w8_wide_region(m: int, n: int, k: int) -> bool:
@@ -241,7 +241,13 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: b
         # bit-equal): 28672x8192 M = 2048 745 -> 720 us, 505 -> 488 mJ per call. Then (H100, GEMM only, same-run
         # medians of 3, us, BM 128 MC 1 / BM 128 MC 2 / BM 256 MC 1 / BM 256 MC 2 / the Triton kernel): 8192x28672
         # M = 2048 802 / 807 / 833 / 735 / 786, M = 4096 1596 / 1571 / 1672 / 1501 / 1587; 28672x8192 M = 2048
-        # 738 / 724 / 791 / 694 / 761, M = 4096 1518 / 1445 / 1632 / 1385 / 1589: BM 256 pays only with MC 2
+        # 738 / 724 / 791 / 694 / 761, M = 4096 1518 / 1445 / 1632 / 1385 / 1589: BM 256 pays only with MC 2. The
+        # same on short K (H100, same run, M = 2048 / 4096 / 16384, us, BM 128 / BM 256 MC 1 / BM 256 MC 2 / Triton):
+        # 4096x4096 64.4 / 59.7 / 57.0 / 63.4, 131.0 / 121.5 / 116.3 / 146.7, 504 / 498 / 458 / 502; 4096x14336
+        # 229.8 / 209.8 / 197.2 / 219.6, 446 / 428 / 400 / 435, 1750 / 1731 / 1561 / 1646; 3584x18944 M = 4096 535 /
+        # 503 / 461 / 515; 2048x8192 M = 4096 157.0 / 136.9 / 135.8 / 138.0. H200, M = 2048 / 4096, BM 256 MC 1 / MC 2
+        # / Triton: 4096x4096 56.0 / 59.9 / 60.8, 114.6 / 117.1 / 126.0; 4096x14336 199.5 / 199.0 / 238.6, 402.6 /
+        # 410.0 / 446.0; 5120x13824 M = 4096 477.8 / 473.3 / 582.8
         cfg.update(BM=256, KT=2, STAGES=2, MC=2)
         return cfg
     if multicast_region(m, n, k):
