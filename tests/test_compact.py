@@ -137,9 +137,9 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
 @pytest.mark.parametrize("bits,k,n", [(4, 4096, 4096), (4, 3584, 4608), (8, 2048, 2048), (8, 1024, 2048),
                                       (4, 896, 18944), (4, 5120, 5120), (8, 5120, 5120)])
 def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
-    """A compacted fp16 M = 1 call runs the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at every size, at its measured
-    bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the rule's (a power-of-two k-split leaving each slice >= 2 steps);
-    bf16, M > 1 and uncompacted weights are not affected."""
+    """A compacted fp16 M = 1 call runs the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) outside the table's
+    gemv_mma_m1 buckets, at its measured bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the rule's (a power-of-two
+    k-split leaving each slice >= 2 steps); bf16, M > 1 and uncompacted weights are not affected."""
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.ops.custom_ops import compact_weight
 
@@ -154,6 +154,24 @@ def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
     assert ("gemv_m1 H100 wgmma_v1" in c.config_source) == measured, c.config_source
     for x in (torch.empty(1, k, dtype=torch.bfloat16), torch.empty(4, k, dtype=torch.float16)):
         assert mixgemm.explain(x, cw, device=H100).config.get("SIMT", 0) == 0
+
+
+@pytest.mark.parametrize("k,n", [(2048, 2048), (1536, 2048), (896, 4864)])
+def test_compact_m1_small_layers_take_the_tensor_core_gemv(k, n):
+    """Where the table sends the plain codes' fp16 M = 1 call to the tensor-core GEMV (gemv_mma_m1: small int4 layers),
+    a compacted weight takes the tensor-core GEMV on wgmma_v1, saying why."""
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.ops.custom_ops import compact_weight
+    from mixgemm.tuning import gemv_mma_m1_entry
+
+    qw = mixgemm.quantize_weight(torch.randn(n, k) * 0.02, bits=4, group_size=128)
+    assert gemv_mma_m1_entry(H100.table, 4, k, n) is not None
+    plain = mixgemm.explain(torch.empty(1, k, dtype=torch.float16), qw, device=H100)
+    assert (plain.kernel, plain.config.get("WG", 0)) == ("cuda_gemv_mma", 0)
+    cw = compact_weight(qw, compact_placeholder(qw.qweight))
+    c = mixgemm.explain(torch.empty(1, k, dtype=torch.float16), cw, device=H100)
+    assert (c.kernel, c.layout, c.config.get("SIMT", 0), c.config["WG"]) == ("cuda_gemv_mma", "wgmma_v1", 0, 1), str(c)
+    assert c.config["KS"] == plain.config["KS"] and "gemv_mma_m1 buckets" in c.config_source
 
 
 @pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token"), (8, 256, "group")])

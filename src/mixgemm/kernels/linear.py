@@ -212,7 +212,10 @@ def _gemv_mma_config(p: Problem) -> dict:
     if on_wg and not MMA_ON_WGMMA[p.bits]:
         # a compacted weight keeps only the GEMM's wgmma_v1: the x ring on it (gemv_mma.cu MMA_WG; for int4 RT 2 where
         # kernels.cuda.gemv.mma_row_tiles says, docs/design.md)
-        cfg = tuning.SourcedConfig(cfg, "the weight keeps only wgmma_v1 (compacted)")
+        why = "the weight keeps only wgmma_v1 (compacted)"
+        if p.m == 1:
+            why += f"; fp16 at M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
+        cfg = tuning.SourcedConfig(cfg, why)
     return _past_crossover_note(p, cfg)
 
 
@@ -223,8 +226,12 @@ def _one_wave_max_spill(p: Problem) -> float:
 
 def _compact_m1_simt(p: Problem) -> bool:
     """A compacted weight's M = 1 call takes the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) for the activation dtypes
-    of tuning.COMPACT_M1_SIMT_DTYPES (not act-order, whose gather that kernel does not read)."""
-    return p.m == 1 and not p.act_order and p.x_dtype in tuning.COMPACT_M1_SIMT_DTYPES
+    of tuning.COMPACT_M1_SIMT_DTYPES (not act-order, whose gather that kernel does not read), except on the small layers
+    where the GPU's table sends the plain codes' fp16 M = 1 call to the tensor-core GEMV (gemv_mma_m1): its 16-way
+    k-split wins there on wgmma_v1 too (tuning.COMPACT_M1_SIMT_DTYPES says where measured)."""
+    if p.m != 1 or p.act_order or p.x_dtype not in tuning.COMPACT_M1_SIMT_DTYPES:
+        return False
+    return tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is None
 
 
 def _gemv_config(p: Problem) -> dict:

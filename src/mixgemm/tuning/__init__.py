@@ -264,7 +264,12 @@ MMA_GATHER_MAX_M = 1
 # list (H100, fp16, W4 g128 sym / zero point, W8 per channel): the CUDA-core GEMV was the faster of the two on 174 of
 # 240 (layer, format) cases and by geometric mean in every size class (time against the plain codes' GEMV, CUDA-core /
 # tensor-core: W4 sym < 4 MiB 0.83 / 0.92, 4-16 MiB 0.96 / 1.18, >= 16 MiB 1.02 / 1.10; W8 4-16 MiB 1.07 / 1.32, >= 16
-# MiB 1.04 / 1.08). The activation dtypes at which a compacted M = 1 call takes the CUDA-core GEMV (bf16 not timed).
+# MiB 1.04 / 1.08). Except on the small layers of the table's gemv_mma_m1 buckets (where the plain codes take the
+# tensor-core GEMV at fp16 M = 1): the same tool on the 19 layers under 8M weights after the CUDA-core GEMV's tiles
+# (H100, us, CUDA-core / tensor-core on wgmma_v1 / the plain codes' dispatch), int4 on wgmma_v1 0.68-1.03x the
+# CUDA-core GEMV's time on the 11 layers in those buckets (1536x2048 sym 3.36 / 2.19 / 2.00, 896x4864 3.51 / 2.49 /
+# 2.17, 3584x2048 zero point 4.10 / 3.75 / 3.67; 2304x1024 sym 2.85 / 2.93 / 2.56 the one loss), 0.75-1.67x outside
+# them. The activation dtypes at which a compacted M = 1 call takes the CUDA-core GEMV (bf16 not timed).
 COMPACT_M1_SIMT_DTYPES = (torch.float16,)
 
 
@@ -329,8 +334,8 @@ A8_WGMMA_BLOCK_SCALES_MIN_WAVE_EFFICIENCY = 0.75
 # Source: tools/bench/wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
 # this M (its persistent TMA kernel was ~10% faster at M = 2048 / 16384 on 8192x28672, a tie on 28672x8192; below
 # it the CUDA kernel won, 2x at M = 128), except where the CUDA kernel's BM 256 / MC 2 tiles apply
-# (gemm_wgmma_a8.w8_wide_region: K >= 2048, M >= 2048), where tools/bench/int8.py --w8-cuda measured it 4-8%
-# faster at K >= 8192 (H100) and tools/bench/wgmma_a8.py 2-18% at K 2048..5120 (H100, H200; gemm_wgmma_a8).
+# (gemm_wgmma_a8.w8_wide_region: K >= 3584, M >= 2048), where tools/bench/int8.py --w8-cuda measured it 4-8%
+# faster at K >= 8192 (H100) and mixgemm bench 1.5-6.5% at K 3584..4096 (H100, whole calls; gemm_wgmma_a8).
 A8_W8_PER_CHANNEL_TRITON_FROM_M = 1024
 # The int8 wgmma GEMM with the per-token activation quantizer inside its launch (gemm_wgmma_a8.cu A8_FQ: one launch
 # per call instead of the row quantizer's and the GEMM's). Source: mixgemm bench --call-overhead (H100, 2048x2048,

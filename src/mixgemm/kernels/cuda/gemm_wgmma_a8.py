@@ -86,7 +86,7 @@ def multicast_region(m: int, n: int, k: int) -> bool:
 
 
 # int8 per-channel weights: BM 256 tiles with MC 2 from this K (the shortest measured; see default_config)
-W8_WIDE_MIN_K = 2048
+W8_WIDE_MIN_K = 3584
 
 
 def w8_wide_region(m: int, n: int, k: int) -> bool:
@@ -247,7 +247,9 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: b
         # 229.8 / 209.8 / 197.2 / 219.6, 446 / 428 / 400 / 435, 1750 / 1731 / 1561 / 1646; 3584x18944 M = 4096 535 /
         # 503 / 461 / 515; 2048x8192 M = 4096 157.0 / 136.9 / 135.8 / 138.0. H200, M = 2048 / 4096, BM 256 MC 1 / MC 2
         # / Triton: 4096x4096 56.0 / 59.9 / 60.8, 114.6 / 117.1 / 126.0; 4096x14336 199.5 / 199.0 / 238.6, 402.6 /
-        # 410.0 / 446.0; 5120x13824 M = 4096 477.8 / 473.3 / 582.8
+        # 410.0 / 446.0; 5120x13824 M = 4096 477.8 / 473.3 / 582.8. Whole calls (mixgemm bench, H100, same run, M =
+        # 2048 / 4096 / 16384, Triton -> BM 256 MC 2): 4096x14336 0.956 / 0.936 / 0.972x the time, 4096x4096 0.98x,
+        # 3584x18944 0.984 / 0.987 / 0.957x, but 2048x8192 1.01-1.02x, so from K = 3584
         cfg.update(BM=256, KT=2, STAGES=2, MC=2)
         return cfg
     if multicast_region(m, n, k):
