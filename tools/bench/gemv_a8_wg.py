@@ -16,6 +16,7 @@ bytes + fp16 x and y) / measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 import torch
@@ -56,6 +57,20 @@ def sweep_configs(rule: dict, m: int) -> list[dict]:
     return out
 
 
+def grid_configs(rule: dict, bits: int) -> list[dict]:
+    """The rule's tile, then the (RT, U, KS, PF) grid at M <= 2: RT 1, 2 (and 4 for int4), U 1 / 2, KS 4 / 8 / 16 in
+    blocks of 8 warps (or KS), PF on / off."""
+    out = [dict(rule)]
+    for rt in ((1, 2, 4) if bits == 4 else (1, 2)):
+        for u in (1, 2):
+            for ks in (4, 8, 16):
+                for pf in (0, 1):
+                    c = {**rule, "RT": rt, "U": u, "KS": ks, "RG": max(1, 8 // ks), "PF": pf}
+                    if c not in out:
+                        out.append(c)
+    return out
+
+
 def _weights(k, n, bits, group, int_scales, copies):
     torch.manual_seed(k + n + bits)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
@@ -83,7 +98,10 @@ def main():
     ap.add_argument("--formats", default=",".join(f[0] for f in FORMATS))
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--rep", type=int, default=50)
+    ap.add_argument("--grid", action="store_true", help="at M <= 2 the whole (RT, U, KS, PF) grid (grid_configs)")
+    ap.add_argument("--json", default=None, help="also write every timed config here")
     args = ap.parse_args()
+    dump = []
     props = torch.cuda.get_device_properties(0)
     bw = copy_bandwidth()
     print(f"GPU {props.name}, {props.multi_processor_count} SMs, copy {bw / 1e12:.2f} TB/s, torch {torch.__version__}",
@@ -101,7 +119,10 @@ def main():
                 t_now, _ = time_a8_calls(x, plain, block, {}, args.rep)
                 t_gemm, _ = time_a8_calls(x, compact, block, {"disable": ENTRY}, args.rep)
                 rule = gw.choose_config(gw.m_bucket(m), n, -(-k // 128), props.multi_processor_count, bits)
-                cfgs = [rule] if args.no_sweep else sweep_configs(rule, m)
+                if args.no_sweep:
+                    cfgs = [rule]
+                else:
+                    cfgs = grid_configs(rule, bits) if args.grid and m <= 2 else sweep_configs(rule, m)
                 res = []
                 for cfg in cfgs:
                     try:
@@ -112,6 +133,8 @@ def main():
                     err = err_of(x, plain[0], "sym", y, block=block)
                     res.append((t, cfg, err))
                     print(f"  {shape:>11} M{m:<2} {name:>20} {cfg}: {t:7.2f} us err {err:.1e}", flush=True)
+                dump.append({"K": k, "N": n, "format": name, "M": m, "plain": t_plain, "now": t_now, "gemm": t_gemm,
+                             "rule": rule, "res": [{"cfg": c, "us": t} for t, c, _ in res]})
                 if not res:
                     continue
                 t_wg, _, err_wg = res[0]
@@ -139,6 +162,9 @@ def main():
             gn = math.exp(sum(math.log(r[10] / r[3]) for r in sel) / len(sel))
             print(f"M = {m}: geomean wg / plain {gp:.3f}, wg / gemm {gg:.3f}, best tile / rule {gb:.3f}, plain now / "
                   f"before {gn:.3f} ({len(sel)} cases)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpu": props.name, "res": dump}, f)
 
 
 if __name__ == "__main__":
