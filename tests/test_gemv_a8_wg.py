@@ -115,8 +115,18 @@ def test_emulation_matches_reference(bits, group, per_token):
 
 
 def test_choose_config_and_complete():
-    cfg = gw.choose_config(1, 4096, 32, 132)
-    assert cfg["RT"] == 2 and cfg["U"] == 1 and cfg["PF"] == 1
+    cfg = gw.choose_config(1, 5120, 40, 132)
+    assert cfg["RT"] == 2 and cfg["U"] == 1 and cfg["PF"] == 1 and cfg["KS"] == 16
+    # int4 at M = 1 with per-token activation scales, the k-split at its cap and at most half the target's warps (N
+    # 4096: 128 x 16 warps on 132 SMs): U 2 at the same KS (one step of two k-tiles per slice here); per-block scales,
+    # int8 (RT 1: twice the warps) and M >= 2 keep U 1
+    narrow = gw.choose_config(1, 4096, 32, 132, per_token=True)
+    assert (narrow["U"], narrow["KS"]) == (2, 16)
+    assert gw.choose_config(1, 4096, 112, 132, per_token=True)["U"] == 2
+    assert gw.choose_config(1, 4096, 32, 132)["U"] == 1
+    assert gw.choose_config(1, 4096, 32, 132, bits=8, per_token=True)["U"] == 1
+    assert gw.choose_config(2, 4096, 32, 132, per_token=True)["U"] == 1
+    assert gw.choose_config(1, 14336, 32, 132, per_token=True)["U"] == 1  # KS 16 reaches the target
     assert gw.choose_config(2, 2048, 16, 132)["U"] == 2  # a small layer: two k-tiles in flight before the PDL wait
     assert gw.choose_config(4, 2048, 16, 132)["U"] == 1
     assert cfg["KS"] * cfg["RG"] in (8, cfg["KS"]) and 2 * cfg["KS"] <= 32  # every slice keeps >= 2 k-tiles

@@ -174,7 +174,7 @@ def _gemv_a8_wg_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda import gemv_a8_wg
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, build_wgmma_a8_v1
 
-    return gemv_a8_wg.config_for(p.qw.layout(LAYOUT, build_wgmma_a8_v1), p.m, p.device.sm_count)
+    return gemv_a8_wg.config_for(p.qw.layout(LAYOUT, build_wgmma_a8_v1), p.m, p.device.sm_count, p.per_token)
 
 
 def _gemv_a8_wg_complete(p: Problem, forced: dict) -> dict:

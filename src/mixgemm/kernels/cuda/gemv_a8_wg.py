@@ -34,6 +34,14 @@ _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 TARGET_WARPS_PER_SM = 32
 SMALL_LAYER_WEIGHTS = 8 << 20  # N x K up to which M <= 2 takes two k-tiles a step (choose_config)
 MAX_WARPS = 16  # per block (the k-slice reduction red[KS][M][16 RG RT] stays within 32 KiB at M = 16, RT = 2)
+# NARROW_CAP_U2 (choose_config): with the k-split at its cap and the grid at most half the target's warps, two k-tiles
+# in flight per warp make up for the missing warps at M = 1 with per-token activation scales. Source:
+# tools/bench/gemv_a8_wg.py --grid (W4A8 g128 with per-token activations and integer group scales, M = 1, whole calls,
+# us: rule U 1 -> U 2 at KS 16, the plain weight's fused GEMV): H100 4096x4096 6.38 -> 5.60 (5.51), 14336x4096 16.26
+# -> 15.25 (15.38); H200 4096x4096 5.73 -> 4.75 (4.80), 14336x4096 14.45 -> 12.22 (12.64). With more warps U 2 lost:
+# 5120x5120 (2560 warps, 0.6 of the target) 8.34 -> 9.59, 4096x14336 14.11 -> 15.68 (H100). At M = 2 and with
+# per-block activation scales it lost too (mixgemm bench, H100, 4096x4096 / 14336x4096: M = 2 per token 6.4 -> 7.3 /
+# 17.4 -> 17.8 us; per block at M = 1 6.3 -> 6.9).
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -63,14 +71,16 @@ class WgGemvShape:
         return mb * self.kp + 4 * mb * (3 * self.gp + self.kp // 32)
 
 
-def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4) -> dict:
+def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, per_token: bool = False) -> dict:
     """The tile from the problem's arithmetic. RT row tiles per warp so that a lane's k-tile is 64 bytes of weights
     (int4 RT 2, int8 RT 1; RT 1 from M = 8, where the accumulators grow); U k-tiles a step: 2 on small layers at M <= 2
     (up to SMALL_LAYER_WEIGHTS: a warp's whole slice is then in flight before the PDL wait, which the prologue's
     quantization of x follows; 0.67-0.96x the time on 2-4M-weight layers, 1.1-1.25x on 7-17M ones), else 1, with PF
     register double buffering; KS warps along K doubled while the warps stay under TARGET_WARPS_PER_SM per SM and every
     k-slice keeps a step (a small layer's few row tiles need the split: 2048x2048 measured 0.7x the time at KS 16
-    against 8); blocks of 8 warps (or KS)."""
+    against 8); blocks of 8 warps (or KS). int4 at M = 1 with per-token activation scales, where the k-split reaches
+    its cap with at most half the target's warps (few output rows: N up to ~4k), also takes U 2 at that KS
+    (NARROW_CAP_U2)."""
     rt = (2 if bits == 4 else 1) if mb <= 4 else 1
     u = 2 if mb <= 2 and n * k_tiles * K_TILE <= SMALL_LAYER_WEIGHTS else 1
     steps = _cdiv(k_tiles, u)
@@ -78,6 +88,9 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4) ->
     ks = 1
     while ks < MAX_WARPS and warps_n * ks < TARGET_WARPS_PER_SM * num_sms and steps >= 2 * ks:
         ks *= 2
+    if (mb == 1 and per_token and u == 1 and bits == 4 and ks == MAX_WARPS
+            and warps_n * ks * 2 <= TARGET_WARPS_PER_SM * num_sms and _cdiv(k_tiles, 2) >= ks):
+        u = 2  # NARROW_CAP_U2
     nw = max(8, ks)
     return {"RT": rt, "U": u, "KS": ks, "RG": nw // ks, "PF": 1, "OP": 1}
 
@@ -92,8 +105,8 @@ def complete_config(cfg: dict) -> dict:
     return out
 
 
-def config_for(lay: WgmmaA8Layout, m: int, num_sms: int) -> dict:
-    return choose_config(m_bucket(m), lay.n, lay.k_padded // K_TILE, num_sms, lay.bits)
+def config_for(lay: WgmmaA8Layout, m: int, num_sms: int, per_token: bool = False) -> dict:
+    return choose_config(m_bucket(m), lay.n, lay.k_padded // K_TILE, num_sms, lay.bits, per_token)
 
 
 def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool) -> dict:
@@ -123,7 +136,7 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
     mb = m_bucket(m)
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    cfg = complete_config(config) if config is not None else config_for(lay, m, num_sms)
+    cfg = complete_config(config) if config is not None else config_for(lay, m, num_sms, per_token)
     shape = WgGemvShape.of_layout(lay, cfg["U"])
     smem = shape.smem_bytes(mb)
     fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x_dtype], mb, cfg, per_token), dev)
