@@ -127,6 +127,13 @@ def test_choose_config_and_complete():
     assert gw.choose_config(1, 4096, 32, 132, bits=8, per_token=True)["U"] == 1
     assert gw.choose_config(2, 4096, 32, 132, per_token=True)["U"] == 1
     assert gw.choose_config(1, 14336, 32, 132, per_token=True)["U"] == 1  # KS 16 reaches the target
+    assert gw.choose_config(1, 3584, 28, 132, per_token=True)["KS"] == 16  # 14 steps over 16 slices
+    # slices of one k-tile (short K): U 2 with the split halved to a step per slice, no double buffering on one step
+    short = gw.choose_config(1, 8192, 16, 132, per_token=True)
+    assert (short["U"], short["KS"], short["PF"]) == (2, 8, 0)
+    assert gw.choose_config(1, 8192, 16, 132)["U"] == 1  # per-block scales: unchanged
+    more = gw.choose_config(1, 8192, 24, 132, per_token=True)  # 12 steps over 8 slices: PF stays
+    assert (more["U"], more["KS"], more["PF"]) == (2, 8, 1)
     assert gw.choose_config(2, 2048, 16, 132)["U"] == 2  # a small layer: two k-tiles in flight before the PDL wait
     assert gw.choose_config(4, 2048, 16, 132)["U"] == 1
     assert cfg["KS"] * cfg["RG"] in (8, cfg["KS"]) and 2 * cfg["KS"] <= 32  # every slice keeps >= 2 k-tiles

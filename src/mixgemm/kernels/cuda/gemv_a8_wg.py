@@ -39,9 +39,14 @@ MAX_WARPS = 16  # per block (the k-slice reduction red[KS][M][16 RG RT] stays wi
 # tools/bench/gemv_a8_wg.py --grid (W4A8 g128 with per-token activations and integer group scales, M = 1, whole calls,
 # us: rule U 1 -> U 2 at KS 16, the plain weight's fused GEMV): H100 4096x4096 6.38 -> 5.60 (5.51), 14336x4096 16.26
 # -> 15.25 (15.38); H200 4096x4096 5.73 -> 4.75 (4.80), 14336x4096 14.45 -> 12.22 (12.64). With more warps U 2 lost:
-# 5120x5120 (2560 warps, 0.6 of the target) 8.34 -> 9.59, 4096x14336 14.11 -> 15.68 (H100). At M = 2 and with
+# 5120x5120 (2560 warps, 0.6 of the target) 8.34 -> 9.59, 4096x14336 14.11 -> 15.68, 3584x4608 (2304) 5.82 -> 6.98
+# (H100); 3584x3584 (1792 warps, 14 steps of two k-tiles over 16 slices) 5.33 -> 4.81 (4.60). At M = 2 and with
 # per-block activation scales it lost too (mixgemm bench, H100, 4096x4096 / 14336x4096: M = 2 per token 6.4 -> 7.3 /
 # 17.4 -> 17.8 us; per block at M = 1 6.3 -> 6.9).
+# SHORT_SLICE_U2 (choose_config): a k-split that leaves slices of one k-tile keeps too little in flight per warp. Same
+# grid, H100, us, rule -> U 2 / halved KS / PF (plain): 2048x8192 6.07 -> 4.56 (4.48), 2048x11008 7.60 -> 6.52 (6.32),
+# 3072x8192 7.21 -> 6.88 (7.27), 3584x4608 5.82 -> 5.69 (4.80), 1536x8960 5.03 -> 4.94 (4.79); without halving KS
+# (2048x8192 (RT 2, U 2, KS 16) 6.03) or with PF on one step (2048x8192 5.45) it did not pay.
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -78,9 +83,10 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
     quantization of x follows; 0.67-0.96x the time on 2-4M-weight layers, 1.1-1.25x on 7-17M ones), else 1, with PF
     register double buffering; KS warps along K doubled while the warps stay under TARGET_WARPS_PER_SM per SM and every
     k-slice keeps a step (a small layer's few row tiles need the split: 2048x2048 measured 0.7x the time at KS 16
-    against 8); blocks of 8 warps (or KS). int4 at M = 1 with per-token activation scales, where the k-split reaches
-    its cap with at most half the target's warps (few output rows: N up to ~4k), also takes U 2 at that KS
-    (NARROW_CAP_U2)."""
+    against 8); blocks of 8 warps (or KS). int4 at M = 1 with per-token activation scales: where the k-split reaches
+    its cap with at most half the target's warps (few output rows: N up to ~4k), also U 2 at that KS (NARROW_CAP_U2);
+    else where the split leaves slices of less than two k-tiles (short K), U 2 with the split halved until every slice
+    holds a step, no double buffering where that step is a slice's only one (SHORT_SLICE_U2)."""
     rt = (2 if bits == 4 else 1) if mb <= 4 else 1
     u = 2 if mb <= 2 and n * k_tiles * K_TILE <= SMALL_LAYER_WEIGHTS else 1
     steps = _cdiv(k_tiles, u)
@@ -88,11 +94,17 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
     ks = 1
     while ks < MAX_WARPS and warps_n * ks < TARGET_WARPS_PER_SM * num_sms and steps >= 2 * ks:
         ks *= 2
-    if (mb == 1 and per_token and u == 1 and bits == 4 and ks == MAX_WARPS
-            and warps_n * ks * 2 <= TARGET_WARPS_PER_SM * num_sms and _cdiv(k_tiles, 2) >= ks):
-        u = 2  # NARROW_CAP_U2
+    pf = 1
+    if mb == 1 and per_token and u == 1 and bits == 4:
+        if ks == MAX_WARPS and warps_n * ks * 2 <= TARGET_WARPS_PER_SM * num_sms and 4 * _cdiv(k_tiles, 2) >= 3 * ks:
+            u = 2  # NARROW_CAP_U2 (at least 3 / 4 of the slices keep a step)
+        elif k_tiles < 2 * ks:  # SHORT_SLICE_U2
+            u = 2
+            while ks > 1 and _cdiv(k_tiles, 2) < ks:
+                ks //= 2
+            pf = int(_cdiv(k_tiles, 2) > ks)
     nw = max(8, ks)
-    return {"RT": rt, "U": u, "KS": ks, "RG": nw // ks, "PF": 1, "OP": 1}
+    return {"RT": rt, "U": u, "KS": ks, "RG": nw // ks, "PF": pf, "OP": 1}
 
 
 def complete_config(cfg: dict) -> dict:
