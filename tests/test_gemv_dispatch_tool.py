@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
-from tools.bench.gemv_dispatch import suggest, suggest_simt
+import pytest
+
+from tools.bench.gemv_dispatch import simt_generalization, suggest, suggest_simt
 
 BASE = {"R": 4, "U": 1, "KS": 2, "RG": 4, "PF": 0}
 FAST = {**BASE, "R": 2}
@@ -115,3 +117,29 @@ def test_suggest_simt_takes_the_fastest_tile_that_qualifies(tmp_path):
     path.write_text(json.dumps({"gpu": "test", "res": res}))
     out = suggest_simt([str(path)])
     assert [(bits, bucket, t) for bits, bucket, _, t, _ in out] == [(4, "k24/n24", steady)]
+
+
+def test_simt_generalization_leaves_each_shape_out(tmp_path):
+    """A bucket measured on two shapes keeps its tile when either is left out (held out = in sample); a bucket of one
+    shape has no table without it, so its held-out choice is the rule."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_rule
+
+    def rule(k, n):
+        c = wg_simt_rule(n, k, 4, 132)
+        return (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
+
+    other = (4, 2, 0, 8, 1)
+    res = []
+    for k, n in ((4096, 4096), (4096, 4608)):  # one bucket (k24/n24), two shapes: `other` 0.8x the rule on both
+        assert rule(k, n) != other
+        res += [_simt_layer(k, n, fmt, [(rule(k, n), 10.0), (other, 8.0)]) for fmt in ("w4s", "w4z")]
+    assert rule(8192, 8192) != other  # a bucket of its own (k26/n26): `other` 0.5x the rule
+    res += [_simt_layer(8192, 8192, fmt, [(rule(8192, 8192), 20.0), (other, 10.0)]) for fmt in ("w4s", "w4z")]
+    path = tmp_path / "simt.json"
+    path.write_text(json.dumps({"gpu": "test", "res": res}))
+    out = simt_generalization([str(path)])
+    assert list(out) == ["4-16 MiB", ">= 16 MiB", "all"]
+    mid, big = out["4-16 MiB"], out[">= 16 MiB"]
+    assert mid["cases"] == 4 and mid["rule"] == pytest.approx(1.25) and mid["table"] == mid["held_out"] == 1.0
+    assert big["cases"] == 2 and big["rule"] == pytest.approx(2.0) and big["table"] == 1.0
+    assert big["held_out"] == pytest.approx(2.0)

@@ -21,6 +21,8 @@ Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms
        sweep supports: a CUDA-core tile >= 5% faster than the default on every measured layer of its bucket)
        PYTHONPATH=src python -m tools.bench.gemv_dispatch --suggest-simt SIMT_SWEEP.json ...  (the wgmma_v1 M = 1 tile
        entries of tuning.gemv_m1.WG_SIMT_M1 a --simt-only sweep supports)
+       PYTHONPATH=src python -m tools.bench.gemv_dispatch --simt-held-out SIMT_SWEEP.json ...  (how those tables carry
+       to layer shapes left out of them)
 """
 
 from __future__ import annotations
@@ -262,6 +264,47 @@ def _beats_rule(ratios: list[float], max_geomean: float, max_worst: float) -> bo
     return statistics.geometric_mean(ratios) <= max_geomean and max(ratios) <= max_worst
 
 
+def _simt_tile(c: dict) -> tuple:
+    return (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
+
+
+def _simt_layers(paths: list[str], num_sms: int) -> list[tuple]:
+    """[(bits, bucket key, K, N, fmt, {tile: us}, rule tile)] of the M = 1 cases of --simt-only sweep files that timed
+    the rule's tile."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_rule
+    from mixgemm.tuning.buckets import ShapeBucket
+
+    out = []
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f)["res"]:
+                grid = {_simt_tile(c["cfg"]): c["us"] for c in r.get("rows", {}).get("cuda_gemv_mma/wg_simt", [])
+                        if c["us"]}
+                if r.get("M") != 1 or not grid:
+                    continue
+                bits = FORMATS[r["fmt"]][0]
+                rule = _simt_tile(wg_simt_rule(r["N"], r["K"], bits, num_sms))
+                if rule in grid:
+                    out.append((bits, ShapeBucket.of(r["K"], r["N"]).key, r["K"], r["N"], r["fmt"], grid, rule))
+    return out
+
+
+def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float) -> dict:
+    """{(bits, bucket key): (tile, [its cases])} by suggest_simt's selection."""
+    by_bucket: dict = {}
+    for c in cases:
+        by_bucket.setdefault(c[:2], []).append(c)
+    out = {}
+    for key, layers in sorted(by_bucket.items()):
+        common = set.intersection(*(set(g) for *_, g, _ in layers))
+        kept = [t for t in sorted(common) if _beats_rule([g[t] / g[rule] for *_, g, rule in layers], max_geomean,
+                                                         max_worst)]
+        if kept:
+            out[key] = (min(kept, key=lambda t: statistics.geometric_mean([g[t] / min(g.values())
+                                                                            for *_, g, _ in layers])), layers)
+    return out
+
+
 def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97,
                  max_worst: float = 1.05) -> list[tuple]:
     """Bucket entries for the M = 1 tiles of the CUDA-core GEMV on wgmma_v1 (mixgemm.tuning.gemv_m1.WG_SIMT_M1) from
@@ -270,38 +313,40 @@ def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97
     the bucket, the one with the smallest geometric mean of its time over each layer's best (the int4 modes together:
     one entry serves both); no entry where no tile qualifies. Returns [(bits, bucket key, (K, N) of a measured layer,
     (RT, U, PF, KS, RG), [(K, N, fmt, rule us, tile us), ...])]."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_rule
-    from mixgemm.tuning.buckets import ShapeBucket
-
-    def tile(c: dict) -> tuple:
-        return (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
-
-    by_bucket: dict = {}
-    for path in paths:
-        with open(path) as f:
-            for r in json.load(f)["res"]:
-                grid = {tile(c["cfg"]): c["us"] for c in r.get("rows", {}).get("cuda_gemv_mma/wg_simt", []) if c["us"]}
-                if r.get("M") != 1 or not grid:
-                    continue
-                bits = FORMATS[r["fmt"]][0]
-                rule = tile(wg_simt_rule(r["N"], r["K"], bits, num_sms))
-                if rule not in grid:
-                    continue
-                by_bucket.setdefault((bits, ShapeBucket.of(r["K"], r["N"]).key), []).append(
-                    (r["K"], r["N"], r["fmt"], grid, rule))
     out = []
-    for (bits, bucket), layers in sorted(by_bucket.items()):
-        common = set.intersection(*(set(g) for *_, g, _ in layers))
-        if not common:
-            continue
-        kept = [t for t in sorted(common) if _beats_rule([g[t] / g[rule] for *_, g, rule in layers], max_geomean,
-                                                         max_worst)]
-        if not kept:
-            continue
-        best = min(kept, key=lambda t: statistics.geometric_mean([g[t] / min(g.values()) for *_, g, _ in layers]))
-        k, n = min((k, n) for k, n, *_ in layers)
-        out.append((bits, bucket, (k, n), best, [(k_, n_, f, g[rule], g[best]) for k_, n_, f, g, rule in layers]))
+    for (bits, bucket), (best, layers) in _simt_table(_simt_layers(paths, num_sms), max_geomean, max_worst).items():
+        k, n = min((c[2], c[3]) for c in layers)
+        out.append((bits, bucket, (k, n), best, [(k_, n_, f, g[rule], g[best]) for *_, k_, n_, f, g, rule in layers]))
     return out
+
+
+def simt_generalization(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97,
+                        max_worst: float = 1.05) -> dict[str, dict[str, float]]:
+    """How suggest_simt's tables carry to layers they were not measured on: for each layer shape, the table built
+    without it (every format of that shape left out) picks its tile. Per size class of the weight (``< 4 MiB``,
+    ``4-16 MiB``, ``>= 16 MiB``, ``all``), the geometric mean over the cases of the time over the grid's best for the
+    rule, the table built from every layer (in sample) and the leave-one-shape-out tables: {class: {"rule", "table",
+    "held_out", "cases"}}."""
+    cases = _simt_layers(paths, num_sms)
+    full = _simt_table(cases, max_geomean, max_worst)
+    ratios: dict[str, list[tuple[float, float, float]]] = {}
+    for shape in sorted({(c[2], c[3]) for c in cases}):
+        held = _simt_table([c for c in cases if (c[2], c[3]) != shape], max_geomean, max_worst)
+        for bits, bucket, k, n, _, grid, rule in (c for c in cases if (c[2], c[3]) == shape):
+            best = min(grid.values())
+            pick = [tab.get((bits, bucket), (rule,))[0] for tab in (full, held)]
+            if any(t not in grid for t in pick):
+                continue
+            size = k * n * bits // 8
+            cls = "< 4 MiB" if size < 4 << 20 else "4-16 MiB" if size < 16 << 20 else ">= 16 MiB"
+            row = (grid[rule] / best, grid[pick[0]] / best, grid[pick[1]] / best)
+            for name in (cls, "all"):
+                ratios.setdefault(name, []).append(row)
+    order = ("< 4 MiB", "4-16 MiB", ">= 16 MiB", "all")
+    return {cls: {"rule": statistics.geometric_mean([r[0] for r in rows]),
+                  "table": statistics.geometric_mean([r[1] for r in rows]),
+                  "held_out": statistics.geometric_mean([r[2] for r in rows]), "cases": len(rows)}
+            for cls, rows in sorted(ratios.items(), key=lambda kv: order.index(kv[0]))}
 
 
 def main() -> None:
@@ -334,8 +379,16 @@ def main() -> None:
     ap.add_argument("--suggest-simt", nargs="+", default=None, metavar="JSON",
                     help="read --simt-only sweep files of one GPU and print the wgmma_v1 M = 1 tile entries they "
                          "support, in tuning.gemv_m1's table format (no GPU)")
+    ap.add_argument("--simt-held-out", nargs="+", default=None, metavar="JSON",
+                    help="read --simt-only sweep files of one GPU and print how --suggest-simt's tables carry to "
+                         "layers left out of them (simt_generalization; no GPU)")
     ap.add_argument("--sms", type=int, default=132, help="SM count of the swept GPU, for the rule (--suggest-simt)")
     args = ap.parse_args()
+    if args.simt_held_out:
+        print("time over the grid's best per layer, geometric mean: rule / table (in sample) / table without the layer")
+        for cls, v in simt_generalization(args.simt_held_out, args.sms).items():
+            print(f"{cls:>10}: {v['rule']:.3f} / {v['table']:.3f} / {v['held_out']:.3f} ({v['cases']} cases)")
+        return
     if args.suggest_simt:
         for bits, bucket, (k, n), t, layers in suggest_simt(args.suggest_simt, args.sms):
             print(f"({bits}, {k}, {n}, {t}),  # {bucket}: " + ", ".join(
