@@ -85,7 +85,8 @@ def multicast_region(m: int, n: int, k: int) -> bool:
     return k >= MC_MIN_K and m >= MC_MIN_M and column_tiles(n, 2) % 2 == 0
 
 
-# int8 per-channel weights: BM 256 tiles with MC 2 from this K (the shortest measured; see default_config)
+# int8 per-channel weights: BM 256 tiles with MC 2 from this K (the shortest where whole calls measured faster than the
+# Triton kernel; see default_config)
 W8_WIDE_MIN_K = 3584
 
 
