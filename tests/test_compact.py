@@ -172,6 +172,8 @@ def test_compact_m1_small_layers_take_the_tensor_core_gemv(k, n):
     c = mixgemm.explain(torch.empty(1, k, dtype=torch.float16), cw, device=H100)
     assert (c.kernel, c.layout, c.config.get("SIMT", 0), c.config["WG"]) == ("cuda_gemv_mma", "wgmma_v1", 0, 1), str(c)
     assert c.config["KS"] == plain.config["KS"] and "gemv_mma_m1 buckets" in c.config_source
+    bf16 = mixgemm.explain(torch.empty(1, k, dtype=torch.bfloat16), cw, device=H100)  # the tensor cores, not for that
+    assert bf16.config.get("SIMT", 0) == 0 and "gemv_mma_m1" not in bf16.config_source
 
 
 @pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token"), (8, 256, "group")])

@@ -179,7 +179,7 @@ def _gemv_mma_can_run(p: Problem):
         return prefer_not(why)
     if p.resident == WGMMA_V1.name:
         return OK  # a compacted weight: the CUDA-core GEMV (plain codes) is not there to prefer
-    if p.x_dtype == torch.float16 and p.m == 1 and tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is None:
+    if p.x_dtype == torch.float16 and p.m == 1 and not _in_gemv_mma_m1(p):
         return prefer_not(f"fp16 at M = 1 outside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets "
                           "for this bit width: the CUDA-core GEMV measured faster")
     if (p.x_dtype == torch.bfloat16 and p.m == 1
@@ -213,7 +213,7 @@ def _gemv_mma_config(p: Problem) -> dict:
         # a compacted weight keeps only the GEMM's wgmma_v1: the x ring on it (gemv_mma.cu MMA_WG; for int4 RT 2 where
         # kernels.cuda.gemv.mma_row_tiles says, docs/design.md)
         why = "the weight keeps only wgmma_v1 (compacted)"
-        if p.m == 1:
+        if p.m == 1 and p.x_dtype == torch.float16 and _in_gemv_mma_m1(p):
             why += f"; fp16 at M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
         cfg = tuning.SourcedConfig(cfg, why)
     return _past_crossover_note(p, cfg)
@@ -229,9 +229,12 @@ def _compact_m1_simt(p: Problem) -> bool:
     of tuning.COMPACT_M1_SIMT_DTYPES (not act-order, whose gather that kernel does not read), except on the small layers
     where the GPU's table sends the plain codes' fp16 M = 1 call to the tensor-core GEMV (gemv_mma_m1): its 16-way
     k-split wins there on wgmma_v1 too (tuning.COMPACT_M1_SIMT_DTYPES says where measured)."""
-    if p.m != 1 or p.act_order or p.x_dtype not in tuning.COMPACT_M1_SIMT_DTYPES:
-        return False
-    return tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is None
+    return p.m == 1 and not p.act_order and p.x_dtype in tuning.COMPACT_M1_SIMT_DTYPES and not _in_gemv_mma_m1(p)
+
+
+def _in_gemv_mma_m1(p: Problem) -> bool:
+    """Whether the GPU's table sends the plain codes' fp16 M = 1 call on this layer to the tensor-core GEMV."""
+    return tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is not None
 
 
 def _gemv_config(p: Problem) -> dict:
