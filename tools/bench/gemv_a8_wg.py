@@ -118,7 +118,9 @@ def main():
                 t_plain, _ = time_a8_calls(x, plain, block, {"disable": ENTRY}, args.rep)
                 t_now, _ = time_a8_calls(x, plain, block, {}, args.rep)
                 t_gemm, _ = time_a8_calls(x, compact, block, {"disable": ENTRY}, args.rep)
-                rule = gw.choose_config(gw.m_bucket(m), n, -(-k // 128), props.multi_processor_count, bits)
+                per_token = block == "token" or group == -1  # (as the registry's Problem.per_token)
+                rule = gw.choose_config(gw.m_bucket(m), n, -(-k // 128), props.multi_processor_count, bits,
+                                        per_token)
                 if args.no_sweep:
                     cfgs = [rule]
                 else:
