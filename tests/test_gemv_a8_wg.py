@@ -115,7 +115,7 @@ def test_emulation_matches_reference(bits, group, per_token):
 
 
 def test_choose_config_and_complete():
-    cfg = gw.choose_config(1, 5120, 40, 132)
+    cfg = gw.choose_config(1, 5120, 40, 132, per_token=True)
     assert cfg["RT"] == 2 and cfg["U"] == 1 and cfg["PF"] == 1 and cfg["KS"] == 16
     # int4 at M = 1 with per-token activation scales, the k-split at its cap and at most half the target's warps (N
     # 4096: 128 x 16 warps on 132 SMs): U 2 at the same KS (one step of two k-tiles per slice here); per-block scales,
@@ -123,7 +123,6 @@ def test_choose_config_and_complete():
     narrow = gw.choose_config(1, 4096, 32, 132, per_token=True)
     assert (narrow["U"], narrow["KS"]) == (2, 16)
     assert gw.choose_config(1, 4096, 112, 132, per_token=True)["U"] == 2
-    assert gw.choose_config(1, 4096, 32, 132)["U"] == 1
     assert gw.choose_config(1, 4096, 32, 132, bits=8, per_token=True)["U"] == 1
     assert gw.choose_config(2, 4096, 32, 132, per_token=True)["U"] == 1
     assert gw.choose_config(1, 14336, 32, 132, per_token=True)["U"] == 1  # KS 16 reaches the target
@@ -131,15 +130,27 @@ def test_choose_config_and_complete():
     # slices of one k-tile (short K): U 2 with the split halved to a step per slice, no double buffering on one step
     short = gw.choose_config(1, 8192, 16, 132, per_token=True)
     assert (short["U"], short["KS"], short["PF"]) == (2, 8, 0)
-    assert gw.choose_config(1, 8192, 16, 132)["U"] == 1  # per-block scales: unchanged
     more = gw.choose_config(1, 8192, 24, 132, per_token=True)  # 12 steps over 8 slices: PF stays
     assert (more["U"], more["KS"], more["PF"]) == (2, 8, 1)
-    assert gw.choose_config(2, 2048, 16, 132)["U"] == 2  # a small layer: two k-tiles in flight before the PDL wait
+    assert gw.choose_config(2, 2048, 16, 132, per_token=True)["U"] == 2  # a small layer: two k-tiles in flight
+    assert gw.choose_config(2, 2048, 16, 132, per_token=True)["PF"] == 1  # before the PDL wait
+    # int4, per-block activation scales, M <= 2 (BLOCK_U2): U 2 without double buffering, the split nearest the
+    # target (4096x14336: 448 row warps x 8 = 27 per SM, not x 16 = 54); int8, per-token scales and M 4 unchanged
+    for mb in (1, 2):
+        blk = gw.choose_config(mb, 14336, 32, 132)
+        assert (blk["RT"], blk["U"], blk["KS"], blk["PF"]) == (2, 2, 8, 0)
+        assert gw.choose_config(mb, 18944, 28, 132)["KS"] == 8  # 592 x 8 = 36 per SM: nearer than x 4
+    narrow = [gw.choose_config(mb, 4096, 32, 132) for mb in (1, 2)]  # 128 row warps x 16: under half the target
+    assert [(c["U"], c["KS"], c["PF"]) for c in narrow] == [(2, 16, 0), (1, 16, 1)]
+    assert gw.choose_config(1, 14336, 32, 132, per_token=True)["U"] == gw.choose_config(4, 14336, 32, 132)["U"] == 1
+    w8 = gw.choose_config(1, 14336, 32, 132, bits=8)
+    assert (w8["U"], w8["PF"]) == (1, 1)
     assert gw.choose_config(4, 2048, 16, 132)["U"] == 1
     assert cfg["KS"] * cfg["RG"] in (8, cfg["KS"]) and 2 * cfg["KS"] <= 32  # every slice keeps >= 2 k-tiles
     assert gw.choose_config(16, 4096, 32, 132)["RT"] == 1
     # 896 warps of row tiles: KS doubles to the first split at >= 32 warps per SM
-    assert gw.choose_config(1, 28672, 64, 132)["KS"] == 8
+    assert gw.choose_config(1, 28672, 64, 132, per_token=True)["KS"] == 8
+    assert gw.choose_config(1, 28672, 64, 132)["KS"] == 4  # BLOCK_U2: 896 x 4 = 27 per SM is nearer 32 than x 8
     assert gw.choose_config(4, 256, 2, 132)["KS"] == 2  # two slices of one k-tile
     assert gw.choose_config(1, 256, 2, 132)["KS"] == 1  # one step of two k-tiles: nothing to split
     assert gw.choose_config(4, 2048, 16, 132)["KS"] == 16  # a small layer: every slice one k-tile

@@ -47,6 +47,17 @@ MAX_WARPS = 16  # per block (the k-slice reduction red[KS][M][16 RG RT] stays wi
 # grid, H100, us, rule -> U 2 / halved KS / PF (plain): 2048x8192 6.07 -> 4.56 (4.48), 2048x11008 7.60 -> 6.52 (6.32),
 # 3072x8192 7.21 -> 6.88 (7.27), 3584x4608 5.82 -> 5.69 (4.80), 1536x8960 5.03 -> 4.94 (4.79); without halving KS
 # (2048x8192 (RT 2, U 2, KS 16) 6.03) or with PF on one step (2048x8192 5.45) it did not pay.
+# BLOCK_U2 (choose_config): int4 with per-block activation scales at M = 1, and at M = 2 except on narrow layers,
+# takes two k-tiles a step without register double buffering (with it, U 2 lost: 4096x4096 6.3 -> 6.9 above), and a
+# k-split that the doubling carried past the target by more than sqrt(2) is halved back (the split nearest the target:
+# 4096x14336's 448 row warps x 16 are 54 per SM, x 8 are 27). Source: tools/bench/gemv_a8_wg.py --grid (W4A8 g128,
+# per-block activations, whole calls, H100, 14 layers from 2048x2048 to 28672x8192, M = 1 and 2): time over each
+# case's fastest grid tile, geometric mean, 1.127 -> 1.050 (M = 1) and 1.108 -> 1.053 (M = 2); us, rule -> BLOCK_U2
+# (the plain weight's fused GEMV): M = 1 4096x14336 17.17 -> 15.05 (14.63), 3584x4608 7.79 -> 6.27 (5.06), 2048x11008
+# 8.74 -> 7.19 (7.43), 3072x8192 8.82 -> 7.74 (9.18), 2048x2048 4.00 -> 3.62 (3.73); M = 2 4096x14336 17.64 -> 15.31
+# (16.82), 2048x11008 9.10 -> 7.61 (8.00); at most 1.02x slower (5120x5120 M = 2 10.78 -> 11.02). The narrow layers at
+# M = 2 (N 3584-4096) lost 3-4% with it (4096x4096 6.51 -> 6.78, 14336x4096 17.65 -> 18.16). Per-token scales kept
+# their rules: there U 2 without them lost on 4096x14336 (14.11 -> 16.35) and 5120x5120 (8.34 -> 9.97).
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -86,17 +97,24 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
     against 8); blocks of 8 warps (or KS). int4 at M = 1 with per-token activation scales: where the k-split reaches
     its cap with at most half the target's warps (few output rows: N up to ~4k), also U 2 at that KS (NARROW_CAP_U2);
     else where the split leaves slices of less than two k-tiles (short K), U 2 with the split halved until every slice
-    holds a step, no double buffering where that step is a slice's only one (SHORT_SLICE_U2)."""
+    holds a step, no double buffering where that step is a slice's only one (SHORT_SLICE_U2). int4 at M <= 2 with
+    per-block activation scales, at M = 1 and on layers that are not narrow at M = 2: U 2 without double buffering, at
+    the k-split nearest the target (BLOCK_U2)."""
     rt = (2 if bits == 4 else 1) if mb <= 4 else 1
-    u = 2 if mb <= 2 and n * k_tiles * K_TILE <= SMALL_LAYER_WEIGHTS else 1
-    steps = _cdiv(k_tiles, u)
     warps_n = _cdiv(_cdiv(n, ROW_TILE), rt)
+    target = TARGET_WARPS_PER_SM * num_sms
+    narrow = 2 * warps_n * MAX_WARPS <= target  # at most half the target's warps even at the k-split's cap
+    block_u2 = bits == 4 and not per_token and (mb == 1 or (mb == 2 and not narrow))  # BLOCK_U2
+    u = 2 if block_u2 or (mb <= 2 and n * k_tiles * K_TILE <= SMALL_LAYER_WEIGHTS) else 1
+    steps = _cdiv(k_tiles, u)
     ks = 1
-    while ks < MAX_WARPS and warps_n * ks < TARGET_WARPS_PER_SM * num_sms and steps >= 2 * ks:
+    while ks < MAX_WARPS and warps_n * ks < target and steps >= 2 * ks:
         ks *= 2
-    pf = 1
+    if block_u2 and ks > 1 and (warps_n * ks) ** 2 > 2 * target**2:
+        ks //= 2  # the split nearest the target (log scale)
+    pf = 0 if block_u2 else 1
     if mb == 1 and per_token and u == 1 and bits == 4:
-        if ks == MAX_WARPS and warps_n * ks * 2 <= TARGET_WARPS_PER_SM * num_sms and 4 * _cdiv(k_tiles, 2) >= 3 * ks:
+        if ks == MAX_WARPS and narrow and 4 * _cdiv(k_tiles, 2) >= 3 * ks:
             u = 2  # NARROW_CAP_U2 (at least 3 / 4 of the slices keep a step)
         elif k_tiles < 2 * ks:  # SHORT_SLICE_U2
             u = 2
