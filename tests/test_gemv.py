@@ -126,6 +126,48 @@ def test_nvrtc_compiles_wg_simt_instantiations(arch):
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
 
 
+@needs_nvrtc
+def test_cubin_registers_reads_the_register_count():
+    """nvrtc.cubin_registers reads a kernel's registers from its cubin (no GPU): a tile of more rows per warp, more
+    k-tiles in flight and double buffering holds more than one row tile of one k-tile; the GPU test compares it with
+    the driver's count."""
+    def regs(cfg):
+        key = tuple(sorted(simt_defines_for(4, 0, 0, 0, cfg).items()))
+        return nvrtc.cubin_registers(nvrtc.compile_cubin("gemv_wg_simt.cu", key, "sm_90"))
+
+    small, big = regs({"RT": 1, "U": 1, "KS": 4, "RG": 1}), regs({"RT": 4, "U": 2, "KS": 8, "RG": 1, "PF": 1})
+    assert list(small) == list(big) == ["mixgemm_gemv_wg_simt"]
+    assert 16 <= small["mixgemm_gemv_wg_simt"] < big["mixgemm_gemv_wg_simt"] <= 255
+    with pytest.raises(ValueError, match="not an ELF64 cubin"):
+        nvrtc.cubin_registers(b"PTX")
+
+
+@pytest.mark.gpu
+def test_cubin_registers_match_the_driver():
+    """What nvrtc.cubin_registers reads from the cubin is what the driver reports for the loaded kernel."""
+    from mixgemm.kernels.cuda.gemv import SIMT_KERNEL, SIMT_SOURCE
+
+    major, minor = torch.cuda.get_device_capability()
+    for bits, mode, cfg in ((4, 0, {"RT": 1, "U": 1, "KS": 4, "RG": 1}), (4, 1, {"RT": 4, "U": 2, "KS": 8, "RG": 1}),
+                            (8, 0, {"RT": 2, "U": 2, "KS": 16, "RG": 1, "PF": 1})):
+        d = simt_defines_for(bits, 0, 0, mode, cfg)
+        fn = nvrtc.get_function(SIMT_SOURCE, SIMT_KERNEL, d, torch.device("cuda"))
+        cubin = nvrtc.compile_cubin(SIMT_SOURCE, tuple(sorted(d.items())), f"sm_{major}{minor}")
+        assert nvrtc.num_registers(fn) == nvrtc.cubin_registers(cubin)[SIMT_KERNEL], cfg
+
+
+def test_wg_simt_config_keeps_a_tile_to_its_rounds():
+    """The H100's k24/n28 int4 tile (4 row tiles a warp, BPS 2) serves 4096x14336 (224 blocks: 2 per SM) and not
+    3584x18944 (296: 3 per SM, a second round of resident blocks), which takes the rule and says why."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_rule
+
+    name = "NVIDIA H100 80GB HBM3"
+    tile = wg_simt_config(14336, 4096, 4, 132, name)
+    assert (tile["RT"], tile["U"], tile["PF"], tile["KS"]) == (4, 2, 0, 8) and "k24/n28" in tile.source
+    wide = wg_simt_config(18944, 3584, 4, 132, name)
+    assert dict(wide) == wg_simt_rule(18944, 3584, 4, 132) and "exceed its BPS 2" in wide.source
+
+
 @pytest.mark.parametrize("bits,group,mode,n,k", [
     (4, 128, "sym", 40, 256), (4, 32, "zero_point", 17, 96), (8, -1, "offset", 5, 40), (8, 64, "sym", 33, 192),
 ])

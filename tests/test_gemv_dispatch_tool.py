@@ -72,6 +72,10 @@ def _simt_layer(k, n, fmt, times):
             "rows": {"cuda_gemv": [{"cfg": {}, "us": 1.0, "default": True}], "cuda_gemv_mma/wg_simt": rows}}
 
 
+def ONE_BLOCK(tile, bits):  # noqa: N802 - a stand-in for simt_resident_blocks (which compiles the tile)
+    return 1
+
+
 def test_suggest_simt_keeps_a_tile_that_beats_the_rule_across_its_bucket(tmp_path):
     """A bucket gets the tile that is fastest over its layers (both int4 modes together) where it takes <= 0.97x the
     rule's time by geometric mean and at most 1.05x on each layer; a bucket where the rule is as fast gets none."""
@@ -94,8 +98,8 @@ def test_suggest_simt_keeps_a_tile_that_beats_the_rule_across_its_bucket(tmp_pat
     ]
     path = tmp_path / "simt.json"
     path.write_text(json.dumps({"gpu": "test", "res": res}))
-    out = suggest_simt([str(path)])
-    assert [(bits, bucket, kn, t) for bits, bucket, kn, t, _ in out] == [(4, "k24/n24", (4096, 4096), other)]
+    out = suggest_simt([str(path)], resident=ONE_BLOCK)
+    assert [(bits, bucket, kn, t) for bits, bucket, kn, t, _ in out] == [(4, "k24/n24", (4096, 4096), (*other, 0))]
     assert [(f, ru, tu) for *_, f, ru, tu in out[0][4]] == [("w4s", 10.0, 9.0), ("w4z", 10.0, 9.3)]
 
 
@@ -115,8 +119,8 @@ def test_suggest_simt_takes_the_fastest_tile_that_qualifies(tmp_path):
     ]
     path = tmp_path / "simt.json"
     path.write_text(json.dumps({"gpu": "test", "res": res}))
-    out = suggest_simt([str(path)])
-    assert [(bits, bucket, t) for bits, bucket, _, t, _ in out] == [(4, "k24/n24", steady)]
+    out = suggest_simt([str(path)], resident=ONE_BLOCK)
+    assert [(bits, bucket, t) for bits, bucket, _, t, _ in out] == [(4, "k24/n24", (*steady, 0))]
 
 
 def test_simt_generalization_leaves_each_shape_out(tmp_path):
@@ -137,9 +141,39 @@ def test_simt_generalization_leaves_each_shape_out(tmp_path):
     res += [_simt_layer(8192, 8192, fmt, [(rule(8192, 8192), 20.0), (other, 10.0)]) for fmt in ("w4s", "w4z")]
     path = tmp_path / "simt.json"
     path.write_text(json.dumps({"gpu": "test", "res": res}))
-    out = simt_generalization([str(path)])
+    out = simt_generalization([str(path)], resident=ONE_BLOCK)
     assert list(out) == ["4-16 MiB", ">= 16 MiB", "all"]
     mid, big = out["4-16 MiB"], out[">= 16 MiB"]
     assert mid["cases"] == 4 and mid["rule"] == pytest.approx(1.25) and mid["table"] == mid["held_out"] == 1.0
     assert big["cases"] == 2 and big["rule"] == pytest.approx(2.0) and big["table"] == 1.0
     assert big["held_out"] == pytest.approx(2.0)
+
+
+def test_suggest_simt_limits_a_tile_to_the_rounds_it_was_kept_for(tmp_path):
+    """A tile that wins where a layer's blocks fit on the SMs at once but loses where they need a second round serves
+    only the layers that fit (BPS = the blocks an SM holds); the others keep the rule, in the table
+    (simt_generalization's pick) as in kernels.cuda.gemv.wg_simt_config."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_blocks_per_sm, wg_simt_rule
+    from tools.bench.gemv_dispatch import _simt_layers, _simt_pick, _simt_table
+
+    def rule(k, n):
+        c = wg_simt_rule(n, k, 4, 132)
+        return (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
+
+    wide = (4, 2, 0, 8, 1)  # 64 rows a block: N 14336 -> 2 blocks per SM, N 18944 -> 3
+    assert (wg_simt_blocks_per_sm(14336, 4, 1, 132), wg_simt_blocks_per_sm(18944, 4, 1, 132)) == (2, 3)
+    res = []
+    for fmt in ("w4s", "w4z"):  # bucket k24/n28: 0.9x the rule on 4096x14336, 1.25x on 3584x18944
+        res += [_simt_layer(4096, 14336, fmt, [(rule(4096, 14336), 10.0), (wide, 9.0)]),
+                _simt_layer(3584, 18944, fmt, [(rule(3584, 18944), 12.0), (wide, 15.0)])]
+    path = tmp_path / "simt.json"
+    path.write_text(json.dumps({"gpu": "test", "res": res}))
+    two = lambda tile, bits: 2  # noqa: E731 - two blocks of the tile per SM
+    out = suggest_simt([str(path)], resident=two)
+    assert [(bucket, kn, t) for _, bucket, kn, t, _ in out] == [("k24/n28", (4096, 14336), (*wide, 2))]
+    assert {(k, n) for k, n, *_ in out[0][4]} == {(4096, 14336)}
+    cases = _simt_layers([str(path)], 132)
+    table = _simt_table(cases, 0.97, 1.05, resident=two)
+    assert {(c[2], _simt_pick(table, c)) for c in cases} == {(4096, wide), (3584, rule(3584, 18944))}
+    # with every block resident at once the tile loses on 3584x18944 too: no entry
+    assert suggest_simt([str(path)], resident=lambda tile, bits: 4) == []

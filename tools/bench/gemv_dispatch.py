@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -289,52 +290,100 @@ def _simt_layers(paths: list[str], num_sms: int) -> list[tuple]:
     return out
 
 
-def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float) -> dict:
-    """{(bits, bucket key): (tile, [its cases])} by suggest_simt's selection."""
+@functools.cache
+def simt_resident_blocks(tile: tuple, bits: int) -> int:
+    """Blocks of a gemv_wg_simt.cu tile (RT, U, PF, KS, RG) that one sm_90 SM holds, for the heavier of the sym and
+    zero-point builds (one table entry serves every mode): registers from the NVRTC cubin (nvrtc.cubin_registers, no
+    GPU needed), allocated per warp in units of 256 of the SM's 65536, at most 64 warps and 32 blocks."""
+    from mixgemm.kernels.cuda import nvrtc
+    from mixgemm.kernels.cuda.gemv import SIMT_SOURCE, simt_defines_for
+
+    rt, u, pf, ks, rg = tile
+    regs = max(max(nvrtc.cubin_registers(nvrtc.compile_cubin(SIMT_SOURCE, tuple(sorted(simt_defines_for(
+        bits, 0, 0, mode, {"RT": rt, "U": u, "PF": pf, "KS": ks, "RG": rg}).items())), "sm_90")).values())
+        for mode in (0, 1))
+    warps = rg * ks
+    return max(1, min(32, 64 // warps, 65536 // (-(-regs // 8) * 8 * 32) // warps))
+
+
+def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sms: int = 132,
+                resident=simt_resident_blocks) -> dict:
+    """{(bits, bucket key): (tile, blocks per SM it serves up to (BPS), [the cases it serves])} by suggest_simt's
+    selection."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_blocks_per_sm
+
     by_bucket: dict = {}
     for c in cases:
         by_bucket.setdefault(c[:2], []).append(c)
     out = {}
-    for key, layers in sorted(by_bucket.items()):
+    for (bits, bucket), layers in sorted(by_bucket.items()):
         common = set.intersection(*(set(g) for *_, g, _ in layers))
-        kept = [t for t in sorted(common) if _beats_rule([g[t] / g[rule] for *_, g, rule in layers], max_geomean,
-                                                         max_worst)]
-        if kept:
-            out[key] = (min(kept, key=lambda t: statistics.geometric_mean([g[t] / min(g.values())
-                                                                            for *_, g, _ in layers])), layers)
+        best = None
+        for t in sorted(common):
+            res = resident(t, bits)
+            per_sm = {id(c): wg_simt_blocks_per_sm(c[3], t[0], t[4], num_sms) for c in layers}
+            # every layer of the bucket, or only those whose blocks all fit on the SMs at once (BPS = resident)
+            for bps in (0, res):
+                used = [c for c in layers if not bps or per_sm[id(c)] <= bps]
+                if not used or not _beats_rule([c[5][t] / c[5][c[6]] for c in used], max_geomean, max_worst):
+                    continue
+                score = statistics.geometric_mean([(c[5][t] if c in used else c[5][c[6]]) / min(c[5].values())
+                                                   for c in layers])
+                if best is None or score < best[0]:
+                    best = (score, t, bps, used)
+        if best is not None:
+            out[(bits, bucket)] = best[1:]
     return out
 
 
+def _simt_pick(table: dict, case: tuple, num_sms: int = 132) -> tuple:
+    """The tile a table gives a case (bits, bucket, K, N, fmt, grid, rule): its bucket's, where the layer's blocks
+    per SM are within the entry's BPS (kernels.cuda.gemv.wg_simt_config), else the rule's."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_blocks_per_sm
+
+    hit = table.get(case[:2])
+    if hit is None or (hit[1] and wg_simt_blocks_per_sm(case[3], hit[0][0], hit[0][4], num_sms) > hit[1]):
+        return case[6]
+    return hit[0]
+
+
 def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97,
-                 max_worst: float = 1.05) -> list[tuple]:
+                 max_worst: float = 1.05, resident=simt_resident_blocks) -> list[tuple]:
     """Bucket entries for the M = 1 tiles of the CUDA-core GEMV on wgmma_v1 (mixgemm.tuning.gemv_m1.WG_SIMT_M1) from
-    --simt-only sweep files of one GPU: per (bits, bucket), of the grid tiles that take <= ``max_geomean`` the time of
-    the rule (kernels.cuda.gemv.wg_simt_rule) by geometric mean and at most ``max_worst`` on every measured layer of
-    the bucket, the one with the smallest geometric mean of its time over each layer's best (the int4 modes together:
-    one entry serves both); no entry where no tile qualifies. Returns [(bits, bucket key, (K, N) of a measured layer,
-    (RT, U, PF, KS, RG), [(K, N, fmt, rule us, tile us), ...])]."""
+    --simt-only sweep files of one GPU. A tile serves the layers of its bucket whose blocks per SM fit in as many
+    rounds of its resident blocks (``resident``: per SM, simt_resident_blocks) as the layers it was kept for (BPS =
+    rounds x resident; the others take the rule: a tile measured in one round loses where it needs a second, e.g.
+    4096x14336's RT 4 tile on 3584x18944). Per (bits, bucket), of the grid tiles that take <= ``max_geomean`` the time
+    of the rule (kernels.cuda.gemv.wg_simt_rule) by geometric mean and at most ``max_worst`` on every layer they serve,
+    the one with the smallest geometric mean over the bucket's layers of the time it gives (the tile's or the rule's)
+    over each layer's best (the int4 modes together: one entry serves both); no entry where no tile qualifies.
+    Returns [(bits, bucket key, (K, N) of a layer it serves, (RT, U, PF, KS, RG, BPS), [(K, N, fmt, rule us, tile us),
+    ...] of the layers it serves)]."""
     out = []
-    for (bits, bucket), (best, layers) in _simt_table(_simt_layers(paths, num_sms), max_geomean, max_worst).items():
+    table = _simt_table(_simt_layers(paths, num_sms), max_geomean, max_worst, num_sms, resident)
+    for (bits, bucket), (best, bps, layers) in table.items():
         k, n = min((c[2], c[3]) for c in layers)
-        out.append((bits, bucket, (k, n), best, [(k_, n_, f, g[rule], g[best]) for *_, k_, n_, f, g, rule in layers]))
+        out.append((bits, bucket, (k, n), (*best, bps),
+                    [(k_, n_, f, g[rule], g[best]) for *_, k_, n_, f, g, rule in layers]))
     return out
 
 
 def simt_generalization(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97,
-                        max_worst: float = 1.05) -> dict[str, dict[str, float]]:
+                        max_worst: float = 1.05, resident=simt_resident_blocks) -> dict[str, dict[str, float]]:
     """How suggest_simt's tables carry to layers they were not measured on: for each layer shape, the table built
     without it (every format of that shape left out) picks its tile. Per size class of the weight (``< 4 MiB``,
     ``4-16 MiB``, ``>= 16 MiB``, ``all``), the geometric mean over the cases of the time over the grid's best for the
     rule, the table built from every layer (in sample) and the leave-one-shape-out tables: {class: {"rule", "table",
     "held_out", "cases"}}."""
     cases = _simt_layers(paths, num_sms)
-    full = _simt_table(cases, max_geomean, max_worst)
+    full = _simt_table(cases, max_geomean, max_worst, num_sms, resident)
     ratios: dict[str, list[tuple[float, float, float]]] = {}
     for shape in sorted({(c[2], c[3]) for c in cases}):
-        held = _simt_table([c for c in cases if (c[2], c[3]) != shape], max_geomean, max_worst)
-        for bits, bucket, k, n, _, grid, rule in (c for c in cases if (c[2], c[3]) == shape):
+        held = _simt_table([c for c in cases if (c[2], c[3]) != shape], max_geomean, max_worst, num_sms, resident)
+        for case in (c for c in cases if (c[2], c[3]) == shape):
+            bits, _, k, n, _, grid, rule = case
             best = min(grid.values())
-            pick = [tab.get((bits, bucket), (rule,))[0] for tab in (full, held)]
+            pick = [_simt_pick(tab, case, num_sms) for tab in (full, held)]
             if any(t not in grid for t in pick):
                 continue
             size = k * n * bits // 8
@@ -390,7 +439,7 @@ def main() -> None:
             print(f"{cls:>10}: {v['rule']:.3f} / {v['table']:.3f} / {v['held_out']:.3f} ({v['cases']} cases)")
         return
     if args.suggest_simt:
-        for bits, bucket, (k, n), t, layers in suggest_simt(args.suggest_simt, args.sms):
+        for bits, bucket, (k, n), t, layers in suggest_simt(args.suggest_simt, args.sms):  # t: (..., BPS)
             print(f"({bits}, {k}, {n}, {t}),  # {bucket}: " + ", ".join(
                 f"{kk}x{nn} {f} {ru:.2f} -> {tu:.2f}" for kk, nn, f, ru, tu in layers))
         return

@@ -239,13 +239,15 @@ def a8_m1_entry(bits: int, k: int, n: int) -> BucketEntry | None:
 class WgSimtTile(NamedTuple):
     """One measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_wg_simt.cu, fp16 activations): RT
     16-row tiles per warp, U 64-k tiles in flight per step, PF register double buffering, KS k-slices, RG row groups
-    per block."""
+    per block; BPS: the blocks per SM up to which it serves its bucket (0: any), as many rounds of the blocks an SM
+    holds as on the layers it was kept for (kernels.cuda.gemv.wg_simt_config)."""
 
     RT: int
     U: int
     PF: int
     KS: int
     RG: int
+    BPS: int = 0
 
 
 # H100, M = 1, fp16 activations: tools/bench/gemv_dispatch.py --simt-only over the 80 layers of the model list (the
@@ -257,15 +259,21 @@ class WgSimtTile(NamedTuple):
 # 1.093x -> 1.014x, W8 1.051x -> 1.010x); us rule -> tile (plain-codes GEMV): W4 36864x4608 sym 50.8 -> 39.3 (39.7),
 # 27648x5120 sym 40.0 -> 32.5 (32.4), 5120x35840 zero point 54.8 -> 41.9 (44.0), 8192x10240 zero point 25.0 -> 19.4
 # (21.0). Timed again against the plain codes in mixgemm bench (docs/design.md, tensor-core GEMV section).
+# An entry with a BPS serves only the layers of its bucket whose blocks fit on the SMs at once, as on the layers it was
+# kept for; the others take the rule (the selection weighs both ways per tile: every layer, or those in one round of
+# the blocks an SM holds, registers from the tile's cubin). The k24/n28 int4 entry (RT 4 U 2 KS 8, BPS 2): 4096x14336
+# 14.29 -> 13.27 us sym (plain 13.09), 3584x14336 12.71 -> 12.14, while 3584x18944 (3 blocks per SM) keeps the rule's
+# 15.39 (the tile's 19.12); without the limit no tile qualified for the bucket.
 _WG_SIMT_SOURCE = ("tools/bench/gemv_dispatch.py --simt-only on the H100, the 80 model-list layers (M = 1, fp16 "
                    "activations; gemv_wg_simt.cu grid)")
 H100_WG_SIMT = _entries(_WG_SIMT_SOURCE, [
-    # (bits, K, N, (RT, U, PF, KS, RG))
+    # (bits, K, N, (RT, U, PF, KS, RG[, BPS]))
     (4, 1536, 1536, (1, 2, 1, 4, 2)), (4, 1536, 2048, (2, 2, 0, 4, 1)), (4, 1536, 17920, (1, 2, 0, 4, 1)),
     (4, 2048, 256, (1, 2, 1, 8, 1)), (4, 2304, 9216, (1, 2, 0, 8, 1)), (4, 2048, 11008, (2, 2, 0, 8, 1)),
     (4, 2304, 18432, (1, 2, 0, 4, 1)), (4, 2048, 22016, (2, 2, 0, 4, 1)), (4, 3072, 9216, (1, 2, 0, 8, 1)),
     (4, 3072, 16384, (4, 2, 0, 8, 1)), (4, 4096, 6144, (2, 2, 1, 8, 1)), (4, 3584, 8192, (2, 2, 1, 8, 1)),
-    (4, 4096, 11008, (2, 2, 0, 8, 1)), (4, 4096, 22016, (2, 2, 0, 4, 1)), (4, 3584, 28672, (1, 2, 0, 4, 1)),
+    (4, 4096, 11008, (2, 2, 0, 8, 1)), (4, 3584, 14336, (4, 2, 0, 8, 1, 2)), (4, 4096, 22016, (2, 2, 0, 4, 1)),
+    (4, 3584, 28672, (1, 2, 0, 4, 1)),
     (4, 4608, 73728, (1, 2, 0, 4, 1)), (4, 5120, 5120, (2, 2, 1, 8, 1)), (4, 5120, 13824, (4, 2, 0, 8, 1)),
     (4, 5120, 27648, (1, 2, 0, 8, 1)), (4, 5120, 55296, (2, 2, 0, 4, 1)), (4, 8192, 1024, (1, 2, 0, 32, 1)),
     (4, 9216, 2304, (2, 2, 1, 16, 1)), (4, 8192, 3072, (1, 2, 0, 16, 1)), (4, 8192, 10240, (1, 2, 0, 8, 1)),
@@ -284,15 +292,18 @@ H100_WG_SIMT = _entries(_WG_SIMT_SOURCE, [
 # The same sweep and selection on the H200 (2026-11-26; 57 buckets). Over the 80 layers, in the same run, against
 # the grid's best per layer: W4 sym on >= 16 MiB layers 1.125x -> 1.029x (zero point 1.152x -> 1.026x, W8 1.077x ->
 # 1.011x); us rule -> tile (plain-codes GEMV's default): 8192x28672 sym 43.0 -> 35.7 (35.9), zero point 43.2 -> 35.5
-# (42.2), 36864x4608 sym 42.7 -> 35.1, 4096x22016 sym 22.2 -> 17.4.
+# (42.2), 36864x4608 sym 42.7 -> 35.1, 4096x22016 sym 22.2 -> 17.4. With BPS (above) two more: k24/n28 int4 (mixgemm
+# bench, one run, one layout: 4096x14336 sym 12.7 -> 10.5 us, plain 11.3; zero point 12.5 -> 11.0; 3584x14336 11.5 ->
+# 9.7; 3584x18944 12.3 on the rule) and k24/n24 int8 (4096x4096 6.4 -> 5.7, plain 6.5; 4608x4096 7.2 -> 6.6).
 _WG_SIMT_SOURCE_H200 = _WG_SIMT_SOURCE.replace("H100", "H200")
 H200_WG_SIMT = _entries(_WG_SIMT_SOURCE_H200, [
-    # (bits, K, N, (RT, U, PF, KS, RG))
+    # (bits, K, N, (RT, U, PF, KS, RG[, BPS]))
     (4, 896, 4864, (2, 1, 1, 4, 1)), (4, 1536, 1536, (1, 2, 1, 4, 2)), (4, 1536, 2048, (2, 2, 0, 4, 1)),
     (4, 1536, 17920, (1, 2, 0, 4, 1)), (4, 2048, 256, (1, 2, 1, 8, 1)), (4, 2304, 9216, (1, 2, 0, 8, 1)),
     (4, 2048, 11008, (2, 2, 0, 8, 1)), (4, 2304, 18432, (1, 2, 0, 4, 1)), (4, 2048, 22016, (2, 2, 0, 8, 1)),
     (4, 3072, 9216, (1, 2, 0, 8, 1)), (4, 3072, 16384, (4, 2, 0, 8, 1)), (4, 4096, 6144, (2, 2, 1, 8, 1)),
-    (4, 3584, 8192, (2, 2, 1, 8, 1)), (4, 4096, 11008, (2, 2, 0, 8, 1)), (4, 4096, 22016, (2, 2, 0, 8, 1)),
+    (4, 3584, 8192, (2, 2, 1, 8, 1)), (4, 4096, 11008, (2, 2, 0, 8, 1)), (4, 3584, 14336, (4, 2, 0, 8, 1, 2)),
+    (4, 4096, 22016, (2, 2, 0, 8, 1)),
     (4, 3584, 28672, (4, 2, 0, 4, 1)), (4, 4608, 73728, (2, 2, 0, 4, 1)), (4, 5120, 5120, (4, 1, 1, 16, 1)),
     (4, 5120, 13824, (4, 2, 0, 8, 1)), (4, 5120, 27648, (2, 2, 0, 8, 1)), (4, 5120, 55296, (2, 2, 0, 4, 1)),
     (4, 8192, 1024, (1, 2, 0, 32, 1)), (4, 9216, 2304, (2, 2, 1, 16, 1)), (4, 8192, 3072, (2, 2, 1, 16, 1)),
@@ -301,7 +312,8 @@ H200_WG_SIMT = _entries(_WG_SIMT_SOURCE_H200, [
     (4, 28672, 8192, (4, 2, 0, 16, 1)), (8, 896, 4864, (1, 1, 0, 4, 1)), (8, 1536, 2048, (1, 2, 0, 4, 1)),
     (8, 1536, 17920, (1, 2, 0, 4, 1)), (8, 2304, 9216, (1, 1, 1, 8, 1)), (8, 2048, 11008, (2, 2, 0, 8, 1)),
     (8, 2304, 18432, (1, 2, 0, 4, 1)), (8, 2048, 22016, (2, 2, 0, 8, 1)), (8, 3072, 9216, (1, 2, 0, 8, 1)),
-    (8, 4096, 11008, (2, 2, 0, 8, 1)), (8, 3584, 14336, (1, 2, 0, 4, 1)), (8, 4096, 22016, (1, 2, 1, 8, 1)),
+    (8, 3584, 3584, (1, 1, 1, 16, 1, 2)), (8, 4096, 11008, (2, 2, 0, 8, 1)), (8, 3584, 14336, (1, 2, 0, 4, 1)),
+    (8, 4096, 22016, (1, 2, 1, 8, 1)),
     (8, 3584, 28672, (1, 2, 0, 8, 1)), (8, 4608, 73728, (1, 2, 0, 8, 1)), (8, 5120, 5120, (1, 2, 0, 8, 1)),
     (8, 5120, 27648, (1, 2, 0, 8, 1)), (8, 5120, 55296, (1, 2, 0, 4, 1)), (8, 8192, 1024, (1, 2, 0, 32, 1)),
     (8, 9216, 2304, (1, 2, 0, 16, 1)), (8, 8192, 3072, (1, 2, 0, 16, 1)), (8, 8192, 10240, (1, 2, 0, 8, 1)),

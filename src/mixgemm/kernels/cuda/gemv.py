@@ -197,16 +197,29 @@ WG_SIMT_BIG_BYTES = 16 << 20
 WG_SIMT_WARPS_PER_SM = {True: 14, False: 27}
 
 
+def wg_simt_blocks_per_sm(n: int, rt: int, rg: int, num_sms: int) -> int:
+    """Blocks per SM (rounded up) of the CUDA-core GEMV on wgmma_v1 over N rows: one block per RG x RT 16-row tiles."""
+    row_tiles = (n + 15) // 16
+    blocks = (row_tiles + rt * rg - 1) // (rt * rg)
+    return (blocks + num_sms - 1) // num_sms
+
+
 def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "") -> dict:
     """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: the measured bucket's on this GPU
-    (tuning.gemv_m1.wg_simt_m1_entry), else wg_simt_rule."""
+    (tuning.gemv_m1.wg_simt_m1_entry) where the layer's blocks per SM are within the entry's BPS (as many rounds of
+    resident blocks as on the layers it was kept for: one more round costs a tile measured in one up to 1.25x), else
+    wg_simt_rule."""
     hit = wg_simt_m1_entry(gpu_name, bits, k, n)
-    if hit is not None:
-        gpu, entry = hit
-        t = entry.value
-        return SourcedConfig({"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG},
-                             f"gemv_m1 {gpu} wgmma_v1 W{bits}, {entry.where(ShapeBucket.of(k, n))}")
-    return wg_simt_rule(n, k, bits, num_sms)
+    if hit is None:
+        return wg_simt_rule(n, k, bits, num_sms)
+    gpu, entry = hit
+    t = entry.value
+    where = f"gemv_m1 {gpu} wgmma_v1 W{bits}, {entry.where(ShapeBucket.of(k, n))}"
+    per_sm = wg_simt_blocks_per_sm(n, t.RT, t.RG, num_sms)
+    if t.BPS and per_sm > t.BPS:
+        return SourcedConfig(wg_simt_rule(n, k, bits, num_sms), f"the rule: {per_sm} blocks per SM of the tile of "
+                                                                 f"{where} exceed its BPS {t.BPS}")
+    return SourcedConfig({"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG}, where)
 
 
 def wg_simt_rule(n: int, k: int, bits: int, num_sms: int) -> dict:

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import math
 import os
+import struct
 import tempfile
 import threading
 from pathlib import Path
@@ -217,6 +218,36 @@ def allow_dynamic_smem(fn, nbytes: int) -> None:
 
 
 _occupancy: dict = {}
+
+
+def cubin_registers(cubin: bytes) -> dict[str, int]:
+    """{kernel name: registers per thread} of an ELF64 cubin, read without a GPU or a toolkit: the EIATTR_REGCOUNT
+    records (format 4 = sized, attribute 0x2f: the kernel's symbol index and its count) of its .nv.info sections, what
+    cuobjdump --dump-resource-usage prints as REG."""
+    if cubin[:5] != b"\x7fELF\x02":
+        raise ValueError("not an ELF64 cubin")
+    shoff = int.from_bytes(cubin[0x28:0x30], "little")
+    shentsize, shnum, shstrndx = (int.from_bytes(cubin[o:o + 2], "little") for o in (0x3A, 0x3C, 0x3E))
+    # section headers: (name, type, flags, addr, offset, size, link, info, align, entsize)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+
+    def cstr(off: int) -> str:
+        return cubin[off:cubin.index(b"\0", off)].decode()
+
+    names = [cstr(secs[shstrndx][4] + s[0]) for s in secs]
+    symtab = next(s for s, n in zip(secs, names, strict=True) if n == ".symtab")
+    out = {}
+    for sec, name in zip(secs, names, strict=True):
+        if not name.startswith(".nv.info"):
+            continue
+        data, i = cubin[sec[4]:sec[4] + sec[5]], 0
+        while i + 4 <= len(data):
+            fmt, attr, size = data[i], data[i + 1], int.from_bytes(data[i + 2:i + 4], "little")
+            if fmt == 4 and attr == 0x2F:
+                sym, regs = struct.unpack_from("<II", data, i + 4)
+                out[cstr(secs[symtab[6]][4] + struct.unpack_from("<I", cubin, symtab[4] + 24 * sym)[0])] = regs
+            i += 4 + (size if fmt == 4 else 0)  # formats 1-3 hold no value or a 16-bit one in the size's place
+    return out
 
 
 def num_registers(fn) -> int:
