@@ -350,13 +350,13 @@ def _simt_pick(table: dict, case: tuple, num_sms: int = 132) -> tuple:
 def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97,
                  max_worst: float = 1.05, resident=simt_resident_blocks) -> list[tuple]:
     """Bucket entries for the M = 1 tiles of the CUDA-core GEMV on wgmma_v1 (mixgemm.tuning.gemv_m1.WG_SIMT_M1) from
-    --simt-only sweep files of one GPU. A tile serves the layers of its bucket whose blocks per SM fit in as many
-    rounds of its resident blocks (``resident``: per SM, simt_resident_blocks) as the layers it was kept for (BPS =
-    rounds x resident; the others take the rule: a tile measured in one round loses where it needs a second, e.g.
-    4096x14336's RT 4 tile on 3584x18944). Per (bits, bucket), of the grid tiles that take <= ``max_geomean`` the time
-    of the rule (kernels.cuda.gemv.wg_simt_rule) by geometric mean and at most ``max_worst`` on every layer they serve,
-    the one with the smallest geometric mean over the bucket's layers of the time it gives (the tile's or the rule's)
-    over each layer's best (the int4 modes together: one entry serves both); no entry where no tile qualifies.
+    --simt-only sweep files of one GPU. A tile serves every layer of its bucket (BPS 0) or only those whose blocks
+    all fit on the SMs at once (BPS = the blocks an SM holds, ``resident``: simt_resident_blocks), the others taking
+    the rule: a tile that wins in one round loses where a layer needs a second (4096x14336's RT 4 tile on
+    3584x18944). Per (bits, bucket), of the (tile, BPS) pairs that take <= ``max_geomean`` the time of the rule
+    (kernels.cuda.gemv.wg_simt_rule) by geometric mean and at most ``max_worst`` on every layer they serve, the one with
+    the smallest geometric mean over the bucket's layers of the time it gives (the tile's or the rule's) over each
+    layer's best (the int4 modes together: one entry serves both); no entry where none qualifies.
     Returns [(bits, bucket key, (K, N) of a layer it serves, (RT, U, PF, KS, RG, BPS), [(K, N, fmt, rule us, tile us),
     ...] of the layers it serves)]."""
     out = []

@@ -206,9 +206,9 @@ def wg_simt_blocks_per_sm(n: int, rt: int, rg: int, num_sms: int) -> int:
 
 def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "") -> dict:
     """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: the measured bucket's on this GPU
-    (tuning.gemv_m1.wg_simt_m1_entry) where the layer's blocks per SM are within the entry's BPS (as many rounds of
-    resident blocks as on the layers it was kept for: one more round costs a tile measured in one up to 1.25x), else
-    wg_simt_rule."""
+    (tuning.gemv_m1.wg_simt_m1_entry) where the layer's blocks per SM are within the entry's BPS (an entry kept for
+    layers whose blocks all fit on the SMs at once serves no layer that needs a second round: there the tile lost up
+    to 1.25x), else wg_simt_rule."""
     hit = wg_simt_m1_entry(gpu_name, bits, k, n)
     if hit is None:
         return wg_simt_rule(n, k, bits, num_sms)
