@@ -310,7 +310,7 @@ def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sm
                 resident=simt_resident_blocks) -> dict:
     """{(bits, bucket key): (tile, blocks per SM it serves up to (BPS), [the cases it serves])} by suggest_simt's
     selection."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_blocks_per_sm
+    from mixgemm.kernels.cuda.gemv import wg_simt_serves
 
     by_bucket: dict = {}
     for c in cases:
@@ -320,15 +320,14 @@ def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sm
         common = set.intersection(*(set(g) for *_, g, _ in layers))
         best = None
         for t in sorted(common):
-            res = resident(t, bits)
-            per_sm = {id(c): wg_simt_blocks_per_sm(c[3], t[0], t[4], num_sms) for c in layers}
             # every layer of the bucket, or only those whose blocks all fit on the SMs at once (BPS = resident)
-            for bps in (0, res):
-                used = [c for c in layers if not bps or per_sm[id(c)] <= bps]
+            for bps in (0, resident(t, bits)):
+                serves = [wg_simt_serves(c[3], t[0], t[4], bps, num_sms) for c in layers]
+                used = [c for c, s in zip(layers, serves, strict=True) if s]
                 if not used or not _beats_rule([c[5][t] / c[5][c[6]] for c in used], max_geomean, max_worst):
                     continue
-                score = statistics.geometric_mean([(c[5][t] if c in used else c[5][c[6]]) / min(c[5].values())
-                                                   for c in layers])
+                score = statistics.geometric_mean([c[5][t if s else c[6]] / min(c[5].values())
+                                                   for c, s in zip(layers, serves, strict=True)])
                 if best is None or score < best[0]:
                     best = (score, t, bps, used)
         if best is not None:
@@ -339,10 +338,10 @@ def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sm
 def _simt_pick(table: dict, case: tuple, num_sms: int = 132) -> tuple:
     """The tile a table gives a case (bits, bucket, K, N, fmt, grid, rule): its bucket's, where the layer's blocks
     per SM are within the entry's BPS (kernels.cuda.gemv.wg_simt_config), else the rule's."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_blocks_per_sm
+    from mixgemm.kernels.cuda.gemv import wg_simt_serves
 
     hit = table.get(case[:2])
-    if hit is None or (hit[1] and wg_simt_blocks_per_sm(case[3], hit[0][0], hit[0][4], num_sms) > hit[1]):
+    if hit is None or not wg_simt_serves(case[3], hit[0][0], hit[0][4], hit[1], num_sms):
         return case[6]
     return hit[0]
 

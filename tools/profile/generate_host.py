@@ -18,30 +18,19 @@ import copy
 import cProfile
 import os
 import pstats
-import statistics
-import time
 
 import torch
 
 import mixgemm
 from mixgemm.integrations.hf import model_config, random_model
+from tools.checks.generate_e2e import Settings, generate_once, prompt, time_generate
 
 
-@torch.no_grad()
-def generate_s(model, ids, new_tokens: int) -> float:
-    t0 = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    torch.cuda.synchronize()
-    assert out.shape[1] - ids.shape[1] == new_tokens
-    return time.perf_counter() - t0
-
-
-def own_times(model, ids, new_tokens: int) -> dict[str, tuple[float, int]]:
+def own_times(model, ids, s: Settings) -> dict[str, tuple[float, int]]:
     """function -> (own seconds, calls) over one profiled generate."""
     prof = cProfile.Profile()
     prof.enable()
-    generate_s(model, ids, new_tokens)
+    generate_once(model, ids, s, static=False)
     prof.disable()
     st = pstats.Stats(prof)
     return {f"{os.path.basename(f)}:{line}({name})": (tt, nc)
@@ -68,21 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         q = copy.deepcopy(fp16)
         mixgemm.quantize_(q, mixgemm.W4A16(group_size=128), compact=compact)
         models[tag] = q
-    ids = torch.randint(0, fp16.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1)).cuda()
-    for m in models.values():
-        generate_s(m, ids, args.new_tokens)
-    times: dict[str, list[float]] = {k: [] for k in models}
-    for _ in range(args.repeats):
-        for k, m in models.items():
-            times[k].append(generate_s(m, ids, args.new_tokens))
+    s = Settings(device="cuda", dtype=torch.float16, tiny=False, new_tokens=args.new_tokens, prompt_len=32,
+                 repeats=args.repeats, warmup=0, seed=0)
+    ids = prompt(fp16, s)
+    times = time_generate(models, ids, s, static=False)  # warmed up once, then the models in turns
     lines = [f"{args.model}, {fp16.config.num_hidden_layers} layers, {args.new_tokens} new tokens, median of "
              f"{args.repeats}:"]
-    base = statistics.median(times["fp16"])
-    for k, ts in times.items():
-        med = statistics.median(ts)
-        lines.append(f"  {k:12s} {args.new_tokens / med:7.1f} tok/s  {1e3 * med / args.new_tokens:6.2f} ms/token  "
-                     f"x{base / med:.3f} fp16")
-    prof = {k: own_times(m, ids, args.new_tokens) for k, m in models.items()}
+    for k, t in times.items():
+        lines.append(f"  {k:12s} {t['tokens_per_s']:7.1f} tok/s  {1e3 * t['s'] / args.new_tokens:6.2f} ms/token  "
+                     f"x{times['fp16']['s'] / t['s']:.3f} fp16")
+    prof = {k: own_times(m, ids, s) for k, m in models.items()}
     steps = args.new_tokens
     for k in models:
         if k == "fp16":

@@ -204,6 +204,11 @@ def wg_simt_blocks_per_sm(n: int, rt: int, rg: int, num_sms: int) -> int:
     return (blocks + num_sms - 1) // num_sms
 
 
+def wg_simt_serves(n: int, rt: int, rg: int, bps: int, num_sms: int) -> bool:
+    """Whether a measured M = 1 tile with blocks-per-SM limit ``bps`` (0: none) serves a layer of N rows."""
+    return not bps or wg_simt_blocks_per_sm(n, rt, rg, num_sms) <= bps
+
+
 def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "") -> dict:
     """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: the measured bucket's on this GPU
     (tuning.gemv_m1.wg_simt_m1_entry) where the layer's blocks per SM are within the entry's BPS (an entry kept for
@@ -215,8 +220,8 @@ def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "") 
     gpu, entry = hit
     t = entry.value
     where = f"gemv_m1 {gpu} wgmma_v1 W{bits}, {entry.where(ShapeBucket.of(k, n))}"
-    per_sm = wg_simt_blocks_per_sm(n, t.RT, t.RG, num_sms)
-    if t.BPS and per_sm > t.BPS:
+    if not wg_simt_serves(n, t.RT, t.RG, t.BPS, num_sms):
+        per_sm = wg_simt_blocks_per_sm(n, t.RT, t.RG, num_sms)
         return SourcedConfig(wg_simt_rule(n, k, bits, num_sms), f"the rule: {per_sm} blocks per SM of the tile of "
                                                                  f"{where} exceed its BPS {t.BPS}")
     return SourcedConfig({"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG}, where)
