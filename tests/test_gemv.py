@@ -399,7 +399,7 @@ def test_gemv_every_format(bits, mode, group, act, kernel):
 def _check_every_group(bits, mode, act, ms, long_ms, seed, config_has=None):
     """The kernel the caller's kernel_options select, over every group size with odd N (211: 14 row tiles) at each M of
     ``ms`` (plain, and x 4 with bias + relu6), then x + 3 (a large common offset) on a long K (14336) at each M of
-    ``long_ms``; ``config_has``: a string the explained config must contain."""
+    ``long_ms``, groups of 128 and per channel; ``config_has``: a string the explained config must contain."""
     for group in GROUPS:
         k = 200 if group == -1 else 3 * 256
         qw, gen = _make(211, k, bits, group, mode, torch.float16, seed)
@@ -410,9 +410,10 @@ def _check_every_group(bits, mode, act, ms, long_ms, seed, config_has=None):
             _check(x * 4, qw, bias, "relu6")
         if config_has is not None:
             assert config_has in str(mixgemm.explain(x, qw).config)
-    qw, gen = _make(129, 14336, bits, 128, mode, torch.float16, seed + 1)
-    for m in long_ms:
-        _check((torch.randn(m, 14336, generator=gen, device="cuda") + 3).to(act), qw)
+    for group in (128, -1):
+        qw, gen = _make(129, 14336, bits, group, mode, torch.float16, seed + 1)
+        for m in long_ms:
+            _check((torch.randn(m, 14336, generator=gen, device="cuda") + 3).to(act), qw)
 
 
 @pytest.mark.gpu
@@ -422,9 +423,9 @@ def _check_every_group(bits, mode, act, ms, long_ms, seed, config_has=None):
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
 def test_gemv_mma_scaling_schemes(wg, defer, bits, mode, act):
-    """Every scaling scheme of the tensor-core kernel (MMA_DEFER 0 / 1 / 2; int4 group 32 always takes 0)
-    over every group size, M = 1, 7 and 16, odd N, bias + relu6, and activations with a large common offset
-    (x + 3) on a long K."""
+    """Every scaling scheme of the tensor-core kernel over every group size (MMA_DEFER asked 0 or 1: the kernel takes 1
+    wherever each k-tile lies in one group, 0 where one straddles groups, int4 group 32), M = 1, 7 and 16, odd N,
+    bias + relu6, and activations with a large common offset (x + 3) on a long K, grouped and per channel."""
     with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": {"DEFER": defer, "WG": wg}}):
         _check_every_group(bits, mode, act, (1, 7, 16), (1, 16), 11)
 
