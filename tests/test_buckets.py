@@ -333,11 +333,11 @@ def test_model_shapes_get_legal_configs(dev):
 # ----------------------------------------------------------------------------------------------------- explain
 def test_explain_names_the_bucket_and_the_source():
     qw = quantize_weight(torch.randn(512, 256), QuantConfig(bits=4, group_size=128))
-    p = linear_entries.linear_problem(16, qw, torch.float16, H100)
+    p = linear_entries.linear_problem(32, qw, torch.float16, H100)
     c = choose(replace(p, k=5120, n=13824))  # a Llama-2-13B up-projection: the bucket region of the 4096 x 14336 entry
     assert c.kernel == "cuda_wgmma"
     text = str(c)
-    assert "h100 table, wgmma w4g, M bucket 16, bucket k25/n28 (K 4871..6888, N 13778..19483)" in text
+    assert "h100 table, wgmma w4g, M bucket 32, bucket k25/n28 (K 4871..6888, N 13778..19483)" in text
     assert "measured on K 4096 x N 14336" in text and "source: measured on this layer" in text
     # a small layer: the '*' entry, named as such
     c = mixgemm.explain(torch.empty(64, 256, dtype=torch.float16), qw, device=H100)

@@ -65,6 +65,31 @@ def test_split_rt_grid_configs_are_legal(isolated_tuning):
         assert all(c in labels["cuda_wgmma"] for c in gemm)
 
 
+def test_small_m_tiles_times_both_gemv_layouts_against_the_small_m_family(isolated_tuning):
+    """--small-m-tiles: at M > 1 the tensor-core GEMV's default on each layout, then the wgmma GEMM's default and the
+    16 legal small-M tiles (NWG 2 / 1 x KT 2 / 4 x cluster split 1 / 2 / 4 / 8), without stream-K."""
+    import torch
+
+    from mixgemm.formats.weight import quantize_weight
+    from mixgemm.kernels import linear as entries
+    from mixgemm.kernels.cuda.gemm_wgmma import tile_error
+    from mixgemm.kernels.registry import DeviceInfo
+    from tools.bench.gemv_dispatch import candidates
+
+    di = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
+    qw = quantize_weight(torch.randn(4608, 1024) * 0.02, bits=4, group_size=128, mode="zero_point")
+    p = entries.linear_problem(16, qw, torch.float16, di)
+    labels = candidates(p, 16, 4, 1024, small_m_tiles=True)
+    assert list(labels) == ["cuda_gemv_mma", "cuda_gemv_mma/compact", "cuda_wgmma"]
+    assert labels["cuda_gemv_mma"] == [entries._gemv_mma_config(p)] and labels["cuda_gemv_mma/compact"][0]["WG"] == 1
+    family = labels["cuda_wgmma"][1:]
+    assert len(family) == 16 and all(tile_error(c) is None and c["SK"] == 0 for c in family)
+    assert {(c["NWG"], c["KT"], c["SPLIT"]) for c in family} == {(w, t, s) for w in (1, 2) for t in (2, 4)
+                                                                  for s in (1, 2, 4, 8)}
+    assert "cuda_gemv_mma/compact" not in candidates(entries.linear_problem(1, qw, torch.float16, di), 1, 4, 1024,
+                                                      small_m_tiles=True)
+
+
 def _simt_layer(k, n, fmt, times):
     rows = [{"cfg": {"WG": 1, "SIMT": 1, "RT": t[0], "U": t[1], "PF": t[2], "KS": t[3], "RG": t[4]}, "us": us,
              "default": False} for t, us in times]

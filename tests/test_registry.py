@@ -92,7 +92,8 @@ def _choose(m, k, n, bits=4, group_size=128, dtype=torch.float16, device=H100):
 
 def test_gemv_over_wgmma_crossover():
     """H100, int4 at M = 9..16: the GEMVs keep layers whose wgmma output tiles would fill under 70% of their last wave,
-    or need more than one wave at K <= 5120 (gemv_over_wgmma); the table's wgmma_from_m regions (tall layers) win."""
+    or need more than one wave at K <= 5120 (gemv_over_wgmma); the table's wgmma_from_m regions (tall layers) and the
+    small-M tile family's buckets win."""
     from mixgemm import tuning
 
     c = _choose(16, 8192, 8192)  # 64 tiles: 48% of a wave; explain says why the GEMV runs past M = 8
@@ -101,7 +102,9 @@ def test_gemv_over_wgmma_crossover():
         "last wave (< 70%)")
     assert _choose(8, 8192, 8192).config_source == ""  # below the crossover: the rule, no note
     assert _choose(16, 3584, 8192).entry.name == "cuda_gemv_mma"  # the same with the wgmma's split 2 (not counted)
-    assert _choose(16, 4096, 22016).entry.name == "cuda_gemv_mma"  # 172 tiles, 2 waves, K <= 5120
+    assert _choose(16, 5120, 55296).entry.name == "cuda_gemv_mma"  # 432 tiles, 4 waves, K <= 5120
+    # the small-M tile family's measured buckets come first (4096 x 22016: 172 tiles, 2 waves, K <= 5120)
+    assert "wgmma_small_m_family" in _choose(16, 4096, 22016).config_source
     assert _choose(16, 4096, 14336).entry.name == "cuda_wgmma"  # 112 tiles: 85%
     assert _choose(16, 8192, 57344).entry.name == "cuda_wgmma"  # 448 tiles over 4 waves (85%), K > 5120
     assert _choose(8, 8192, 57344).entry.name == "cuda_gemv_mma"  # below the int4 crossover

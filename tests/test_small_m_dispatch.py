@@ -145,12 +145,78 @@ def test_small_m_gemm_configs_on_the_h200():
     assert "wgmma_small_m" not in _explain(4096, 14336, 16, 8, force="cuda_wgmma").config_source
     assert "wgmma_small_m" not in _explain(3584, 28672, 16, 4, force="cuda_wgmma").config_source
     assert "wgmma_small_m" not in _explain(4096, 11008, 32, 4, force="cuda_wgmma").config_source
-    # the H100: only under half a tile per SM (86 tiles keep the table's KT 4 tile), and its stream-K configs give way
-    assert "wgmma_small_m" not in _explain(4096, 11008, 16, 4, device=H100, force="cuda_wgmma").config_source
+    # the H100: only under half a tile per SM (the table's KT 4 tile stays at 128 tiles outside the tile family's
+    # buckets), and its stream-K configs give way
+    assert "wgmma_small_m" not in _explain(3072, 16384, 16, 4, device=H100, force="cuda_wgmma").config_source
     c = _explain(17920, 5120, 16, 4, device=H100)
     assert c.kernel == "cuda_wgmma" and "wgmma_small_m" in c.config_source and c.config["SPLIT"] == 8
     assert "wgmma_small_m" in _explain(36864, 4608, 16, 8, device=H100, force="cuda_wgmma").config_source
     assert "wgmma_small_m" not in _explain(36864, 4608, 16, 8, force="cuda_wgmma").config_source  # H200: stream-K
+
+
+def _family_raw(**over) -> dict:
+    raw = dict(load_table("h100")["wgmma_small_m_family"])
+    return {**raw, **over}
+
+
+def test_small_m_family_section_parses_and_says_what_is_wrong():
+    base = load_table("h100")["wgmma_small_m"]
+    fam = W.SmallMFamily.parse(_family_raw(), base, "test")
+    assert fam.source and fam.m_range == (9, 16) and len(fam.tiles) == 4
+    assert {(t.tile["NWG"], t.tile["KT"]) for t in fam.tiles} == {(2, 2), (2, 4), (1, 2), (1, 4)}
+    for t in fam.tiles:
+        assert t.tile["BM"] == base["tile"]["BM"] and min(vars(t.coef[4]).values()) >= 0
+        for s in t.splits:
+            assert tile_error({**t.tile, "SPLIT": s, "CLUSTER": int(s > 1)}) is None
+    with pytest.raises(ValueError, match="source"):
+        W.SmallMFamily.parse(_family_raw(source=""), base, "test")
+    bucket = {"bits": 4, "region": {"k": [24, 24], "n": [28, 28]}, "source": "x"}
+    with pytest.raises(ValueError, match="8-bit"):
+        W.SmallMFamily.parse(_family_raw(buckets=[{**bucket, "bits": 8}]), base, "test")
+    with pytest.raises(ValueError):  # two entries over one bucket
+        W.SmallMFamily.parse(_family_raw(buckets=[bucket, bucket]), base, "test")
+    with pytest.raises(ValueError, match="source"):
+        W.SmallMFamily.parse(_family_raw(buckets=[{**bucket, "source": ""}]), base, "test")
+    assert fam.covers(16, 4, 4096, 14336) and fam.covers(9, 4, 3584, 18944)
+    assert not fam.covers(8, 4, 4096, 14336) and not fam.covers(17, 4, 4096, 14336)
+    assert not fam.covers(16, 8, 4096, 14336) and not fam.covers(16, 4, 8192, 8192)
+
+
+def test_small_m_family_takes_the_variant_its_models_rank_first():
+    base = load_table("h100")["wgmma_small_m"]
+    fam = W.SmallMFamily.parse(_family_raw(), base, "test")
+    for k, n in ((4096, 14336), (2048, 22016), (27648, 5120), (8192, 10240)):
+        got = W.choose_small_m_family(16, n, k, W4, fam, 132)
+        ests = [(e[0], (int(t.tile["NWG"]), int(t.tile["KT"]), e[1])) for t in fam.tiles
+                if (e := W.rank_small_m(16, n, k, W4, t, 132))]
+        assert (got.config["NWG"], got.config["KT"], got.config["SPLIT"]) == min(ests)[1]
+        assert got.config["CLUSTER"] == int(got.config["SPLIT"] > 1) and got.config["SK"] == 0
+        assert f"est. {min(ests)[0]:.1f} us" in got.note
+    # a variant made slow everywhere is never picked
+    slow = [{**t, "coef": {"4": {**t["coef"]["4"], "launch_us": 1000.0}}} if t["NWG"] == 1 else t
+            for t in _family_raw()["tiles"]]
+    fam2 = W.SmallMFamily.parse(_family_raw(tiles=slow), base, "test")
+    assert W.choose_small_m_family(16, 22016, 2048, W4, fam2, 132).config["NWG"] == 2
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_small_m_family_takes_m_9_to_16_on_its_buckets_of_the_h100():
+    for k, n in ((4096, 14336), (2048, 22016), (27648, 5120), (4096, 11008)):
+        c = _explain(k, n, 16, 4, device=H100)
+        assert c.kernel == "cuda_wgmma" and "wgmma_small_m_family" in c.config_source, str(c)
+        assert c.config["BM"] == 16 and "small-M tile family" in dict(c.declined).get("cuda_gemv_mma", "") + \
+            c.config_source
+        assert _explain(k, n, 9, 4, device=H100).config == c.config
+        assert _explain(k, n, 8, 4, device=H100).kernel == "cuda_gemv_mma"  # M 8: the GEMV, as before
+    why = dict(_explain(2048, 22016, 12, 4, device=H100).declined)["cuda_gemv_mma"]
+    assert "small-M tile family" in why and "k22/n29" in why
+    # outside its buckets, for int8 weights, on the H200 and with the GEMM disabled: as before
+    assert "family" not in _explain(8192, 8192, 16, 4, device=H100).config_source
+    assert _explain(8192, 8192, 16, 4, device=H100).kernel == "cuda_gemv_mma"
+    assert "family" not in _explain(8192, 28672, 16, 4, device=H100).config_source
+    assert "family" not in _explain(4096, 14336, 16, 8, device=H100, force="cuda_wgmma").config_source
+    assert "family" not in _explain(2048, 22016, 16, 4).config_source
+    assert _explain(2048, 22016, 16, 4, device=H100, disable="cuda_wgmma").kernel == "cuda_gemv_mma"
 
 
 # ------------------------------------------------------------------------------------------------ GPU
@@ -161,18 +227,22 @@ def test_small_m_gemm_configs_on_the_h200():
                     reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("m", [2, 5, 8, 9, 13, 16])
 @pytest.mark.parametrize("bits,gs,mode,n,k", [(8, -1, "sym", 4608, 4096), (4, 128, "zero_point", 11008, 4096),
-                                              (4, 32, "sym", 11000, 4128), (8, 64, "offset", 5000, 4096)])
+                                              (4, 32, "sym", 11000, 4128), (8, 64, "offset", 5000, 4096),
+                                              (4, 64, "offset", 12288, 4096), (4, 128, "sym", 3584, 27648)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_small_m_dispatch_matches_the_reference(m, bits, gs, mode, n, k, dtype):
     """Through mixgemm.matmul on this GPU (on an H200 the wave-fill rule sends these layers to the GEMM's small-M
-    cluster split at M 9..16; at M 2..8 the int8 GEMV's one-wave k-split), fresh data, against the float64 reference
-    on the same quantized weight."""
+    cluster split at M 9..16; at M 2..8 the int8 GEMV's one-wave k-split; on an H100 the small-M tile family takes the
+    int4 layers at M 9..16: NWG 1 KT 4 on 4096 x 11008 / 12288, NWG 2 KT 2 at cluster split 8 on 27648 x 3584), fresh
+    data, against the float64 reference on the same quantized weight."""
     torch.manual_seed(m * 7 + bits)
     qw = quantize_weight(torch.randn(n, k, device="cuda") * 0.02, bits=bits, group_size=gs, mode=mode)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     choice = mixgemm.explain(x, qw)
     if "H200" in torch.cuda.get_device_name() and gs in (-1, 128) and m >= 9:
         assert choice.kernel == "cuda_wgmma" and choice.config["BM"] == 16, str(choice)
+    if "H100" in torch.cuda.get_device_name() and bits == 4 and m >= 9:
+        assert choice.kernel == "cuda_wgmma" and "wgmma_small_m_family" in choice.config_source, str(choice)
     if m <= 8 and bits == 8 and n == 4608 and "H200" in torch.cuda.get_device_name():  # gemv.one_wave_k_split
         assert choice.kernel == "cuda_gemv_mma" and choice.config["KS"] == 8, str(choice)
     y = mixgemm.matmul(x, qw)

@@ -125,17 +125,32 @@ def split_rt_grid(p, mma: dict, kt: int) -> tuple[list[dict], list[dict]]:
     return gemv, gemm
 
 
+def small_m_family(p) -> list[dict]:
+    """The wgmma GEMM's small-M tile (the GPU table's wgmma_small_m tile) with NWG 2 / 1, KT 2 / 4 and cluster splits 1,
+    2, 4, 8."""
+    tile = p.device.table.get("wgmma_small_m", {}).get("tile", SMALL_M_TILE)
+    return [{**tile, "NWG": nwg, "KT": kt, "SPLIT": sp, "CLUSTER": int(sp > 1), "SK": 0, "SERIAL": 0}
+            for nwg in (2, 1) for kt in (2, 4) for sp in (1, 2, 4, 8)]
+
+
 def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
                simt_grid: bool = False, mma_grid_all: bool = False, simt_only: bool = False,
-               compact_only: bool = False, split_rt: bool = False) -> dict[str, list[dict]]:
+               compact_only: bool = False, split_rt: bool = False,
+               small_m_tiles: bool = False) -> dict[str, list[dict]]:
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
     name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
     simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid.
     compact_only: today's defaults on the plain codes against the small-M choices on wgmma_v1 (the layout a
     compacted weight keeps), cuda_gemv_mma/compact: [the compacted weight's own config (M = 1: the CUDA-core GEMV on
     wgmma_v1 at fp16), then at M = 1 the tensor-core GEMV, at M > 1 mma_variants]; at M > 1 the plain codes'
-    tensor-core GEMV with mma_variants too."""
+    tensor-core GEMV with mma_variants too.
+    small_m_tiles (M > 1): the tensor-core GEMV's defaults on both layouts (cuda_gemv_mma, cuda_gemv_mma/compact)
+    against the wgmma GEMM's default and its small-M tile family (small_m_family)."""
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
+    if small_m_tiles and m > 1:
+        on_wg = entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT))
+        return {"cuda_gemv_mma": [mma], "cuda_gemv_mma/compact": [dict(on_wg)],
+                "cuda_wgmma": [entries._wgmma_config(p), *small_m_family(p)]}
     if compact_only:
         on_wg = [dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
         if m == 1:
@@ -147,10 +162,7 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
             pr = dataclasses.replace(p, resident=WG_LAYOUT)
             more_gemv, more_gemm = split_rt_grid(pr, on_wg[0], mma_k_tiles(bits, k))
             out["cuda_gemv_mma/compact"] += [c for c in more_gemv if c not in out["cuda_gemv_mma/compact"]]
-            tile = pr.device.table.get("wgmma_small_m", {}).get("tile", SMALL_M_TILE)
-            small = [{**tile, "NWG": nwg, "KT": kt, "SPLIT": sp, "CLUSTER": int(sp > 1), "SK": 0, "SERIAL": 0}
-                     for nwg in (2, 1) for kt in (2, 4) for sp in (1, 2, 4, 8)]  # the small-M tile family
-            out["cuda_wgmma"] = [entries._wgmma_config(pr), *more_gemm, *small]
+            out["cuda_wgmma"] = [entries._wgmma_config(pr), *more_gemm, *small_m_family(pr)]
         return out
     if m == 1 and simt_only:
         return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64))}
@@ -178,7 +190,7 @@ def plain(cfg: dict) -> dict:
 def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: torch.dtype = torch.float16,
                   mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False,
                   simt_only: bool = False, compact_only: bool = False, split_rt: bool = False,
-                  warm_only: bool = False) -> list[dict]:
+                  warm_only: bool = False, small_m_tiles: bool = False) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -204,7 +216,7 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                                               warmup_ms=5, rep_ms=30)
 
         for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only,
-                                        compact_only, split_rt).items():
+                                        compact_only, split_rt, small_m_tiles).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
@@ -418,6 +430,9 @@ def main() -> None:
     ap.add_argument("--split-rt-grid", action="store_true",
                     help="at M > 1 also the GEMV's row tiles (RT 2 / 4) and the wgmma GEMM's cluster split-K "
                          "(split_rt_grid)")
+    ap.add_argument("--small-m-tiles", action="store_true",
+                    help="M > 1: the tensor-core GEMV's defaults (plain codes, wgmma_v1) against the wgmma GEMM's "
+                         "default and its small-M tile family (NWG 2 / 1, KT 2 / 4, cluster splits 1-8)")
     ap.add_argument("--warm", type=int, default=0, metavar="P",
                     help="first compile every config the sweep will time in P parallel processes (each runs its "
                          "share of the cases once, untimed), then time them in this one")
@@ -466,7 +481,8 @@ def main() -> None:
         for k, n, fmt in cases:
             try:
                 measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt, args.mma_grid_all,
-                              args.simt_only, args.compact_only, args.split_rt_grid, warm_only=True)
+                              args.simt_only, args.compact_only, args.split_rt_grid, warm_only=True,
+                              small_m_tiles=args.small_m_tiles)
             except Exception:
                 traceback.print_exc()
             torch.cuda.empty_cache()
@@ -494,7 +510,8 @@ def main() -> None:
         for fmt in fmts:
             try:
                 res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt,
-                                     args.mma_grid_all, args.simt_only, args.compact_only, args.split_rt_grid)
+                                     args.mma_grid_all, args.simt_only, args.compact_only, args.split_rt_grid,
+                                     small_m_tiles=args.small_m_tiles)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

@@ -92,18 +92,40 @@ def _gemv_common(p: Problem, dtypes) -> str | None:
 def gemv_limit(p: Problem) -> int:
     """Largest M the GEMVs serve on this GPU: the table's crossover against the GEMM that takes over, raised to the
     GEMVs' own limit where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma), and lowered below the
-    table's gemv_min_wave_fill M range where the tensor-core GEMV's own blocks would (_gemv_underfills)."""
+    M range of the table's wgmma_small_m_family on its buckets (_small_m_family_takes) and of its gemv_min_wave_fill
+    where the tensor-core GEMV's own blocks would leave the GPU short (_gemv_underfills)."""
     return _gemv_limit(p)[0]
 
 
 def _gemv_limit(p: Problem) -> tuple[int, str | None]:
-    """(gemv_limit, why the wave-fill rule lowered it below p.m, or None)."""
+    """(gemv_limit, why the small-M family or the wave-fill rule lowered it below p.m, or None)."""
     lim, why = _table_limit_and_raise(p)
     lim = GEMV_MAX_M if why else lim
-    under = _gemv_underfills(p) if p.m <= lim else None
+    if p.m > lim:
+        return lim, None
+    family = _small_m_family_takes(p)
+    if family:
+        return family[0] - 1, family[1]
+    under = _gemv_underfills(p)
     if under:
         return p.device.table["gemv_min_wave_fill"]["m"][0] - 1, under
     return lim, None
+
+
+def _small_m_family_takes(p: Problem) -> tuple[int, str] | None:
+    """(the first M of the family's range, why) where the table's wgmma_small_m_family sends this M of this layer to
+    the wgmma GEMM (a measured bucket: the family's pick beat the GEMVs and the table's tile on every layer of it),
+    else None."""
+    family = _small_m_family(p.device.table["name"])
+    if family is None or p.qw is None or p.x_dtype not in _HALF:
+        return None
+    hit = family.covers(p.m, p.bits, p.k, p.n)
+    if hit is None or "cuda_wgmma" in current_options().disable or not _wgmma_can_run(p).ok:
+        return None
+    name = p.device.table.get("name", "?")
+    return family.m_range[0], (f"the wgmma GEMM's small-M tile family takes M {family.m_range[0]}..{family.m_range[1]} "
+                               f"in this layer's bucket ({name}.json wgmma_small_m_family: "
+                               f"{hit.where(tuning.ShapeBucket.of(p.k, p.n))})")
 
 
 def _gemv_underfills(p: Problem) -> str | None:
@@ -399,6 +421,19 @@ def _small_m_cost(table_name: str):
     return None if raw is None else SmallMCost.parse(raw, f"{table_name}.json wgmma_small_m")
 
 
+@functools.cache
+def _small_m_family(table_name: str):
+    from mixgemm.kernels.cuda.wgmma_waves import SmallMFamily
+
+    table = tuning.load_table(table_name)
+    raw = table.get("wgmma_small_m_family")
+    if raw is None:
+        return None
+    if "wgmma_small_m" not in table:
+        raise ValueError(f"{table_name}.json: wgmma_small_m_family extends the wgmma_small_m section, which is missing")
+    return SmallMFamily.parse(raw, table["wgmma_small_m"], f"{table_name}.json wgmma_small_m_family")
+
+
 def _table_tile_idles_sms(p: Problem, cfg: dict | None, small) -> bool:
     """Whether the table's wgmma config for p makes fewer output tiles than the small-M section's
     max_table_tiles_per_sm x the GPU's SMs (split-K not counted; 1 on the H200, 0.5 on the H100, where the table's KT 4
@@ -422,6 +457,15 @@ def _wgmma_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemm_wgmma import auto_split, default_config
 
     cfg = tuning.table_entry(p.device.table, "wgmma", p.m, p.n, p.k, p.qw)
+    family = _small_m_family(p.device.table["name"])
+    if family is not None and p.qw is not None and family.covers(p.m, p.bits, p.k, p.n):
+        # a measured bucket of the small-M tile family: the variant and cluster split its models rank first
+        from mixgemm.kernels.cuda.wgmma_waves import WeightBytes, choose_small_m_family
+
+        w = WeightBytes(p.bits, p.qw.scales.element_size(), p.mode, p.group_size == 32)
+        got = choose_small_m_family(p.m, p.n, p.k, w, family, p.device.sm_count)
+        if got is not None:
+            return tuning.SourcedConfig(got.config, f"{p.device.table['name']}.json wgmma_small_m_family: {got.note}")
     small = _small_m_cost(p.device.table["name"])
     if small is not None and p.qw is not None and _table_tile_idles_sms(p, cfg, small):
         # small M where the table's tile leaves SMs idle: the BM 16 tile with the cluster split the model ranks first

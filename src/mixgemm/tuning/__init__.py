@@ -39,6 +39,12 @@ default.json). Its fields:
   section's tile makes fewer output tiles than ``max_table_tiles_per_sm`` (default 1) x SMs and is neither serial
   split-K nor (with ``keep_stream_k``, the default) stream-K, the wgmma entry takes the tile with the split the model
   ranks first.
+* ``wgmma_small_m_family`` (optional, with ``wgmma_small_m``): {"m": [lo, hi], "tiles": [...], "buckets": [...],
+  "source"} (mixgemm.kernels.cuda.wgmma_waves.SmallMFamily): variants of the small-M tile (NWG, KT), each with its
+  CTAs per SM, clusters held at once and fitted constants per bit width (the ``wgmma_small_m`` model's), and entries
+  {"bits", "region", "source"}: at M lo..hi a layer of that bit width in a region goes to the wgmma GEMM (ahead of
+  the GEMVs, gemv_over_wgmma and gemv_min_wave_fill) with the variant and cluster split the models rank first
+  (measured buckets: ``python -m tools.bench.small_m_family`` over a ``gemv_dispatch.py --small-m-tiles`` sweep).
 * ``gemv_mma_m1`` (optional): a list of entries {"bits", "region", "source"}: fp16 activations at M = 1 take the
   tensor-core GEMV (not the CUDA-core one) on layers of that bit width in the region (small layers, where its 16-way
   k-split finishes first). The entries of one bit width are disjoint.

@@ -256,8 +256,9 @@ def small_m_estimate_us(m: int, n: int, k: int, split: int, w: WeightBytes, cost
                                     + steps * (q - 1) * c.shared_step_us))
 
 
-def choose_small_m(m: int, n: int, k: int, w: WeightBytes, cost: SmallMCost, sms: int) -> WaveChoice | None:
-    """The small-M tile with the cluster split the model ranks first, or None where it does not apply."""
+def rank_small_m(m: int, n: int, k: int, w: WeightBytes, cost: SmallMCost, sms: int) -> tuple[float, int] | None:
+    """(estimated us, cluster split) of the split the small-M model ranks first for ``cost.tile``, or None where the
+    model does not apply or K's stages make none of its splits."""
     if not cost.applies(m, w.bits):
         return None
     ktile = int(cost.tile.get("KT", 1))
@@ -269,9 +270,91 @@ def choose_small_m(m: int, n: int, k: int, w: WeightBytes, cost: SmallMCost, sms
         t = small_m_estimate_us(m, n, k, s, w, cost, sms)
         if best is None or t < best[0]:
             best = (t, s)
+    return best
+
+
+def _small_m_config(tile: dict, split: int) -> dict:
+    return {**tile, "SPLIT": split, "CLUSTER": int(split > 1), "SK": 0, "SERIAL": 0}
+
+
+def choose_small_m(m: int, n: int, k: int, w: WeightBytes, cost: SmallMCost, sms: int) -> WaveChoice | None:
+    """The small-M tile with the cluster split the model ranks first, or None where it does not apply."""
+    best = rank_small_m(m, n, k, w, cost, sms)
     if best is None:
         return None
     t, s = best
-    cfg = {**cost.tile, "SPLIT": s, "CLUSTER": int(s > 1), "SK": 0, "SERIAL": 0}
+    cfg = _small_m_config(cost.tile, s)
     return WaveChoice(cfg, f"small-M split model: BM {cfg['BM']} NWG {cfg.get('NWG', 2)} cluster split {s} "
                            f"(est. {t:.1f} us)")
+
+
+# The small-M tile family. On some layers at M 9..16 neither the GEMVs nor the table's tile use the GPU well: wide
+# layers whose GEMV blocks or table tiles leave part of a wave empty, long-K narrow ones (measured: tools/bench/
+# gemv_dispatch.py --small-m-tiles; the table's source). There the GEMM takes the layer with the small-M tile in one of
+# its variants -- one or two warpgroups (NWG: 64 or 128 weight rows per CTA), one or two 64-k tiles per stage (KT) --
+# and the cluster split that the small-M model, fitted per variant, ranks first. Which layers: the section's buckets
+# (measured, where the family's pick beat the dispatcher's own choice on every layer of the bucket), not a rule,
+# because the GEMVs' times are not modelled.
+
+
+@dataclass(frozen=True)
+class SmallMFamily:
+    """A GPU's ``wgmma_small_m_family`` section (mixgemm.tuning): the variants of the small-M tile with their fitted
+    small-M models, the M range and the buckets where the family takes the layer."""
+
+    tiles: tuple[SmallMCost, ...]
+    m_range: tuple[int, int]
+    buckets: dict  # bits -> tuple of BucketEntry (value True): the regions where the family takes the layer
+    source: str
+
+    @classmethod
+    def parse(cls, raw: dict, base: dict, where: str) -> SmallMFamily:
+        """raw: the section; base: the table's ``wgmma_small_m`` section, whose tile, splits and SM count the variants
+        share (a variant overrides NWG and KT and brings its own ctas_per_sm, clusters and coef per bit width)."""
+        from mixgemm.tuning.buckets import BucketEntry, Region, check_partition
+
+        if not isinstance(raw.get("source"), str) or not raw["source"]:
+            raise ValueError(f"{where}: the wgmma_small_m_family section needs a 'source' string")
+        lo, hi = (int(v) for v in raw["m"])
+        tiles = []
+        for i, t in enumerate(raw["tiles"]):
+            tile = {**base["tile"], "NWG": int(t["NWG"]), "KT": int(t["KT"])}
+            tiles.append(SmallMCost.parse({**base, "tile": tile, "m": [lo, hi], "ctas_per_sm": t["ctas_per_sm"],
+                                           "clusters": t["clusters"], "coef": t["coef"], "source": raw["source"]},
+                                          f"{where} tile {i}"))
+        buckets: dict[int, list] = {}
+        for i, e in enumerate(raw["buckets"]):
+            if not isinstance(e.get("source"), str) or not e["source"]:
+                raise ValueError(f"{where} bucket entry {i}: needs a 'source' string")
+            bits = int(e["bits"])
+            if not any(bits in c.coef for c in tiles):
+                raise ValueError(f"{where} bucket entry {i}: no tile has constants for {bits}-bit weights")
+            buckets.setdefault(bits, []).append(BucketEntry(Region.parse(e["region"], where), True, e["source"]))
+        for bits, lst in buckets.items():
+            check_partition(lst, f"{where} w{bits}", complete=False)
+        if not tiles or not buckets:
+            raise ValueError(f"{where}: wgmma_small_m_family needs tiles and buckets")
+        return cls(tuple(tiles), (lo, hi), {b: tuple(v) for b, v in buckets.items()}, raw["source"])
+
+    def covers(self, m: int, bits: int, k: int, n: int):
+        """The bucket entry that sends this problem to the family, or None."""
+        from mixgemm.tuning.buckets import ShapeBucket, find
+
+        if not self.m_range[0] <= m <= self.m_range[1]:
+            return None
+        return find(self.buckets.get(bits, ()), ShapeBucket.of(k, n))
+
+
+def choose_small_m_family(m: int, n: int, k: int, w: WeightBytes, fam: SmallMFamily, sms: int) -> WaveChoice | None:
+    """The variant and cluster split of the small-M tile family that the variants' models rank first, or None where
+    none applies."""
+    best = None
+    for cost in fam.tiles:
+        got = rank_small_m(m, n, k, w, cost, sms)
+        if got is not None and (best is None or got[0] < best[0]):
+            best = (got[0], got[1], cost.tile)
+    if best is None:
+        return None
+    t, s, tile = best
+    return WaveChoice(_small_m_config(tile, s), f"small-M tile family: BM {tile['BM']} NWG {tile['NWG']} KT "
+                                                f"{tile['KT']} cluster split {s} (est. {t:.1f} us)")
