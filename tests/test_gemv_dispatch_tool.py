@@ -3,6 +3,7 @@ needed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -88,6 +89,12 @@ def test_small_m_tiles_times_both_gemv_layouts_against_the_small_m_family(isolat
                                                                   for s in (1, 2, 4, 8)}
     assert "cuda_gemv_mma/compact" not in candidates(entries.linear_problem(1, qw, torch.float16, di), 1, 4, 1024,
                                                       small_m_tiles=True)
+    # the baseline GEMM config is the one without the table's family, also in a bucket the family takes (H100)
+    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    wide = dataclasses.replace(entries.linear_problem(16, qw, torch.float16, h100), k=4096, n=14336)
+    assert "wgmma_small_m_family" in entries._wgmma_config(wide).source
+    first = candidates(wide, 16, 4, 4096, small_m_tiles=True)["cuda_wgmma"][0]
+    assert "wgmma_small_m_family" not in getattr(first, "source", "")
 
 
 def _simt_layer(k, n, fmt, times):

@@ -145,12 +145,13 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     wgmma_v1 at fp16), then at M = 1 the tensor-core GEMV, at M > 1 mma_variants]; at M > 1 the plain codes'
     tensor-core GEMV with mma_variants too.
     small_m_tiles (M > 1): the tensor-core GEMV's defaults on both layouts (cuda_gemv_mma, cuda_gemv_mma/compact)
-    against the wgmma GEMM's default and its small-M tile family (small_m_family)."""
+    against the wgmma GEMM's config without the table's small-M tile family (first) and the family's 16 tiles
+    (small_m_family)."""
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
     if small_m_tiles and m > 1:
         on_wg = entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT))
         return {"cuda_gemv_mma": [mma], "cuda_gemv_mma/compact": [dict(on_wg)],
-                "cuda_wgmma": [entries._wgmma_config(p), *small_m_family(p)]}
+                "cuda_wgmma": [entries._wgmma_config(p, small_m_family=False), *small_m_family(p)]}
     if compact_only:
         on_wg = [dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
         if m == 1:

@@ -1,6 +1,6 @@
 """The wgmma GEMM's small-M tile family (a tuning table's ``wgmma_small_m_family`` section) from a sweep: the variants'
-small-M model constants, fitted to their timings, and the buckets where the family's pick beat the dispatcher's own
-choice on every measured layer.
+small-M model constants, fitted to their timings, and the buckets where the family's pick beat both the GEMV and the
+GEMM without the family on every measured layer.
 
     PYTHONPATH=src python -m tools.bench.gemv_dispatch --small-m-tiles --formats w4s,w4z --ms 16 --out $OUT  # GPU
     PYTHONPATH=src:. python -m tools.bench.small_m_family SWEEP.json --table h100 [--ctas 2=3,1=4]          # anywhere
@@ -10,7 +10,7 @@ non-negative least squares fit of its timings (relative error) over the sweep's 
 one SM holds per NWG come from --ctas (the driver's count where measured), the clusters held at once are the table's
 wgmma_small_m counts scaled by them. Printed: each variant's constants and rms log error, how the family's pick
 compares with the sweep's fastest family config per case (in sample, and with the case's layer left out of the fit),
-then per bucket the pick against the dispatcher's choice and the section to paste.
+then per bucket the pick against the faster of the GEMV and the GEMM without the family, and the section to paste.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def _key(cfg: dict) -> tuple[int, int, int]:
 
 
 def cases(paths: list[str]) -> list[dict]:
-    """The sweep's M > 1 cases: K, N, M, fmt, the dispatcher's entry and its time, {(NWG, KT, split): us} of the family
-    (the wgmma rows after the first, which is the wgmma entry's own config)."""
+    """The sweep's M > 1 cases: K, N, M, fmt, the baseline (the faster of the tensor-core GEMV's default and the wgmma
+    GEMM's config without the family: the first row of each) and its time, {(NWG, KT, split): us} of the family (the
+    wgmma rows after the first)."""
     out = []
     for path in paths:
         with open(path) as f:
@@ -42,11 +43,12 @@ def cases(paths: list[str]) -> list[dict]:
                 rows = r.get("rows", {})
                 if r.get("fmt") not in MODES or len(rows.get("cuda_wgmma", ())) < 2:
                     continue
-                default = rows.get(r["default_entry"], [{}])[0].get("us")
+                base = [(rows[e][0]["us"], e) for e in ("cuda_gemv_mma", "cuda_wgmma")
+                        if rows.get(e, [{}])[0].get("us")]
                 fam = {_key(c["cfg"]): c["us"] for c in rows["cuda_wgmma"][1:] if c.get("us")}
-                if default and fam:
-                    out.append(dict(K=r["K"], N=r["N"], M=r["M"], fmt=r["fmt"], entry=r["default_entry"],
-                                    default_us=default, family=fam))
+                if base and fam:
+                    us, entry = min(base)
+                    out.append(dict(K=r["K"], N=r["N"], M=r["M"], fmt=r["fmt"], entry=entry, default_us=us, family=fam))
     return out
 
 
@@ -142,7 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctas", default="2=3,1=4", help="CTAs per SM by NWG (NWG=count,...)")
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--min-gain", type=float, default=0.03, help="a bucket's pick must be this much faster than "
-                    "the dispatcher's choice on every measured case of it")
+                    "the GEMV and the GEMM without the family on every measured case of it")
     ap.add_argument("--source", default="", help="the source string of the printed section")
     a = ap.parse_args(argv)
     base = tuning.load_table(a.table)["wgmma_small_m"]

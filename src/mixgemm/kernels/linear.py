@@ -453,11 +453,13 @@ def _table_tile_idles_sms(p: Problem, cfg: dict | None, small) -> bool:
     return tiles < small.max_table_tiles_per_sm * p.device.sm_count
 
 
-def _wgmma_config(p: Problem) -> dict:
+def _wgmma_config(p: Problem, small_m_family: bool = True) -> dict:
+    """The wgmma GEMM's config for p (small_m_family False: as if the table had no wgmma_small_m_family section, the
+    baseline its sweep measures the family against)."""
     from mixgemm.kernels.cuda.gemm_wgmma import auto_split, default_config
 
     cfg = tuning.table_entry(p.device.table, "wgmma", p.m, p.n, p.k, p.qw)
-    family = _small_m_family(p.device.table["name"])
+    family = _small_m_family(p.device.table["name"]) if small_m_family else None
     if family is not None and p.qw is not None and family.covers(p.m, p.bits, p.k, p.n):
         # a measured bucket of the small-M tile family: the variant and cluster split its models rank first
         from mixgemm.kernels.cuda.wgmma_waves import WeightBytes, choose_small_m_family

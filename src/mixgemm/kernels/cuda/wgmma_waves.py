@@ -293,7 +293,7 @@ def choose_small_m(m: int, n: int, k: int, w: WeightBytes, cost: SmallMCost, sms
 # gemv_dispatch.py --small-m-tiles; the table's source). There the GEMM takes the layer with the small-M tile in one of
 # its variants -- one or two warpgroups (NWG: 64 or 128 weight rows per CTA), one or two 64-k tiles per stage (KT) --
 # and the cluster split that the small-M model, fitted per variant, ranks first. Which layers: the section's buckets
-# (measured, where the family's pick beat the dispatcher's own choice on every layer of the bucket), not a rule,
+# (measured, where the family's pick beat the GEMVs and the table's tile on every layer of the bucket), not a rule,
 # because the GEMVs' times are not modelled.
 
 
