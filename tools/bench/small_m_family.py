@@ -156,14 +156,18 @@ def main(argv=None) -> int:
     for t in tiles:
         print(f"NWG {t['NWG']} KT {t['KT']}: {t['ctas_per_sm']['4']} CTAs/SM, {t['coef']['4']}, rms log error "
               f"{errs.get((t['NWG'], t['KT']), float('nan')):.3f}")
+    picks = [pick(c, fam, a.sms) for c in rows]
+    left_out: dict[tuple[int, int], W.SmallMFamily] = {}  # per layer: the family fitted without it
     in_sample, held_out = [], []
-    for c in rows:
+    for c, got in zip(rows, picks, strict=True):
         best = min(c["family"].values())
-        got = pick(c, fam, a.sms)
         if got:
             in_sample.append(got[1] / best)
-        others = [r for r in rows if (r["K"], r["N"]) != (c["K"], c["N"])]
-        got = pick(c, _family(base, section_tiles(base, ctas, fit(others, base, ctas, a.sms)[0])), a.sms)
+        layer = (c["K"], c["N"])
+        if layer not in left_out:
+            others = [r for r in rows if (r["K"], r["N"]) != layer]
+            left_out[layer] = _family(base, section_tiles(base, ctas, fit(others, base, ctas, a.sms)[0]))
+        got = pick(c, left_out[layer], a.sms)
         if got:
             held_out.append(got[1] / best)
     for name, v in (("in sample", in_sample), ("layer left out", held_out)):
@@ -171,8 +175,7 @@ def main(argv=None) -> int:
             print(f"pick / fastest family config, {name}: geometric mean {statistics.geometric_mean(v):.3f}, "
                   f"worst {max(v):.3f} ({len(v)} cases)")
     by_bucket: dict[tuple[int, int], list] = {}
-    for c in rows:
-        got = pick(c, fam, a.sms)
+    for c, got in zip(rows, picks, strict=True):
         b = ShapeBucket.of(c["K"], c["N"])
         by_bucket.setdefault((b.k, b.n), []).append((c, got))
     keep = []

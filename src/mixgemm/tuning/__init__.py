@@ -124,13 +124,14 @@ def _entry(raw: dict, value, where: str) -> BucketEntry:
 M1_SECTIONS = ("gemv_mma_m1", "gemv_simt_m1_bf16")
 
 
-def _regions_by_bits(raw: dict, section: str, name: str) -> dict[int, tuple[BucketEntry, ...]]:
-    """An M = 1 section's entries grouped by bit width, checked disjoint within each."""
+def regions_by_bits(entries: list[dict], where: str) -> dict[int, tuple[BucketEntry, ...]]:
+    """{"bits", "region", "source"} entries (the M = 1 sections, wgmma_small_m_family's buckets) grouped by bit width,
+    checked disjoint within each."""
     by_bits: dict[int, list] = {}
-    for i, e in enumerate(raw.get(section, [])):
-        by_bits.setdefault(int(e["bits"]), []).append(_entry(e, True, f"{name}.json {section} {i}"))
+    for i, e in enumerate(entries):
+        by_bits.setdefault(int(e["bits"]), []).append(_entry(e, True, f"{where} {i}"))
     for bits, lst in by_bits.items():
-        check_partition(lst, f"{name}.json {section} w{bits}", complete=False)
+        check_partition(lst, f"{where} w{bits}", complete=False)
     return {bits: tuple(lst) for bits, lst in by_bits.items()}
 
 
@@ -152,7 +153,7 @@ def parse_table(raw: dict, name: str) -> dict:
         check_partition(lst, f"{name}.json wgmma_from_m {fmt}", complete=False)
     table["wgmma_from_m"] = {fmt: tuple(lst) for fmt, lst in by_format.items()}
     for section in M1_SECTIONS:
-        table[section] = _regions_by_bits(raw, section, name)
+        table[section] = regions_by_bits(raw.get(section, []), f"{name}.json {section}")
     over = raw.get("gemv_over_wgmma")
     if over is not None and not (isinstance(over.get("source"), str) and over["source"]
                                  and {"bits", "min_fill", "multiwave_max_k"} <= set(over)):

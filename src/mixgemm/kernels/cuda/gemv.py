@@ -681,8 +681,7 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     # (m + z s) to the activation dtype once, an error every k of the row shares (bf16, offset mode, per channel: 4-10%
     # relative at K 14336 with activations of mean 3, H100), at DEFER 1's speed; 0 only where a k-tile straddles
     # groups (int4 groups of 32 on 64-k tiles)
-    cfg = {**cfg, "DEFER": int(defer_ok(lay.group_size, k_tile))}
-    cfg = {**cfg, "PERM": int(act_order)}
+    cfg = {**cfg, "DEFER": int(defer_ok(lay.group_size, k_tile)), "PERM": int(act_order)}
     simt = bool(cfg.get("SIMT", 0)) and wg and m == 1 and not act_order
     if wg:
         cfg = {**cfg, "G32": int(lay.group_size == 32)}

@@ -311,7 +311,7 @@ class SmallMFamily:
     def parse(cls, raw: dict, base: dict, where: str) -> SmallMFamily:
         """raw: the section; base: the table's ``wgmma_small_m`` section, whose tile, splits and SM count the variants
         share (a variant overrides NWG and KT and brings its own ctas_per_sm, clusters and coef per bit width)."""
-        from mixgemm.tuning.buckets import BucketEntry, Region, check_partition
+        from mixgemm.tuning import regions_by_bits
 
         if not isinstance(raw.get("source"), str) or not raw["source"]:
             raise ValueError(f"{where}: the wgmma_small_m_family section needs a 'source' string")
@@ -322,19 +322,13 @@ class SmallMFamily:
             tiles.append(SmallMCost.parse({**base, "tile": tile, "m": [lo, hi], "ctas_per_sm": t["ctas_per_sm"],
                                            "clusters": t["clusters"], "coef": t["coef"], "source": raw["source"]},
                                           f"{where} tile {i}"))
-        buckets: dict[int, list] = {}
-        for i, e in enumerate(raw["buckets"]):
-            if not isinstance(e.get("source"), str) or not e["source"]:
-                raise ValueError(f"{where} bucket entry {i}: needs a 'source' string")
-            bits = int(e["bits"])
+        buckets = regions_by_bits(raw["buckets"], f"{where} buckets")
+        for bits in buckets:
             if not any(bits in c.coef for c in tiles):
-                raise ValueError(f"{where} bucket entry {i}: no tile has constants for {bits}-bit weights")
-            buckets.setdefault(bits, []).append(BucketEntry(Region.parse(e["region"], where), True, e["source"]))
-        for bits, lst in buckets.items():
-            check_partition(lst, f"{where} w{bits}", complete=False)
+                raise ValueError(f"{where} buckets: no tile has constants for {bits}-bit weights")
         if not tiles or not buckets:
             raise ValueError(f"{where}: wgmma_small_m_family needs tiles and buckets")
-        return cls(tuple(tiles), (lo, hi), {b: tuple(v) for b, v in buckets.items()}, raw["source"])
+        return cls(tuple(tiles), (lo, hi), buckets, raw["source"])
 
     def covers(self, m: int, bits: int, k: int, n: int):
         """The bucket entry that sends this problem to the family, or None."""
