@@ -7,6 +7,7 @@ Usage: PYTHONPATH=src python -m tools.bench.wgmma_a8 [--shapes 8192x28672,...] [
        [--formats w4g128,w8pc] [--cfgs '[{"BM":128,...}, ...]' | --splits 1,2,4] [--repeat R] [--no-triton]
 
 --splits S,...: instead of --cfgs, each case's default_config with SPLIT S (split-K over a cluster of S CTAs).
+--bms B,...: likewise with BM B (tokens per CTA).
 
 --repeat R: every config and fp16 cuBLAS are timed in turn R times (rounds) and the medians reported; single timings
 move by several percent within a run, so a same-run A/B of two configs should use R >= 3.
@@ -149,6 +150,7 @@ def main():
     ap.add_argument("--formats", default="w4g128")
     ap.add_argument("--cfgs", default=None)
     ap.add_argument("--splits", default=None, help="each case's default_config with these SPLIT values")
+    ap.add_argument("--bms", default=None, help="each case's default_config with these BM values (tokens per CTA)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--repeat", type=int, default=1, help="rounds of (every config, fp16 cuBLAS); medians reported")
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton int8 GEMM peer")
@@ -167,10 +169,11 @@ def main():
         for fmt in args.formats.split(","):
             bits, group, per_token, int_scales = fmt_spec(fmt)
             for m in (int(v) for v in args.ms.split(",")):
-                if args.splits:
+                if args.splits or args.bms:
                     qs = int_scales and per_token and -(-k // 128) * 128 <= QS_MAX_K  # (qs_layout's test)
                     base = default_config(m, n, k, k if group == -1 else group, bits, qs=qs)
-                    cfgs = [dict(base, SPLIT=int(v)) for v in args.splits.split(",")]
+                    key, values = ("SPLIT", args.splits) if args.splits else ("BM", args.bms)
+                    cfgs = [dict(base, **{key: int(v)}) for v in values.split(",")]
                 res.append(sweep(k, n, m, bits, group, cfgs, per_token=per_token, repeat=args.repeat,
                                  triton=not args.no_triton, int_scales=int_scales))
     if args.out:
