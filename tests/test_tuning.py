@@ -19,6 +19,7 @@ import mixgemm.__main__
 from mixgemm import QuantConfig, quantize_weight
 from mixgemm.bench import tune
 from mixgemm.kernels import linear as linear_entries
+from mixgemm.kernels.cuda.wgmma_waves import small_m_family_configs
 from mixgemm.kernels.registry import DeviceInfo, choose, entries
 from mixgemm.tuning import cache as tcache
 
@@ -210,6 +211,10 @@ def test_candidates_are_small_legal_and_not_the_default():
         e = choose(p).entry
         cands = e.candidates(p)
         default = e.config(p)
+        family = [c for c in small_m_family_configs(small_m_tile(p)) if c != default]
+        if e.name == "cuda_wgmma" and m <= 16:  # the small-M tile family is tried on top of the neighbours
+            assert all(c in cands for c in family if wgmma_tile_error(c) is None)
+            cands = [c for c in cands if c not in family]
         assert len(cands) <= 12 and default not in cands
         assert all(cands.count(c) == 1 for c in cands)
         for c in cands:
@@ -224,6 +229,12 @@ def test_candidates_are_small_legal_and_not_the_default():
             seen.add(e.name + "+")
     assert {"cuda_gemv", "cuda_gemv_mma", "cuda_wgmma", "triton_gemm"} <= {s.rstrip("+") for s in seen}
     assert all(e.candidates is not None for e in entries("linear"))
+
+
+def small_m_tile(p) -> dict:
+    from mixgemm.kernels.linear import SMALL_M_TILE
+
+    return p.device.table.get("wgmma_small_m", {}).get("tile", SMALL_M_TILE)
 
 
 def test_tile_errors_reject_illegal_tiles():
@@ -351,13 +362,19 @@ def test_choice_entry_needs_an_entry_name(tmp_path):
         assert tcache.load(str(path)) is None
 
 
-def test_alternatives_are_the_soft_declines():
-    p = _problem(1, _qw(4096, 4096))  # fp16 M = 1: the tensor-core GEMV declines softly (tables)
-    assert [e.name for e in tune.alternatives(p, choose(p).entry)] == ["cuda_gemv_mma"]
+def test_alternatives_are_the_soft_declines_and_the_entries_passed_over():
+    p = _problem(1, _qw(4096, 4096))  # fp16 M = 1: the tensor-core GEMV declines softly (tables), the GEMMs can run
+    assert choose(p).kernel == "cuda_gemv"
+    assert [e.name for e in tune.alternatives(p, choose(p).entry)] == ["cuda_gemv_mma", "cuda_wgmma", "triton_gemm"]
     wide = replace(_problem(16, _qw(128, 256)), n=14336, k=4096)  # past the int4 crossover: the GEMVs
     assert choose(wide).kernel == "cuda_wgmma"
-    assert [e.name for e in tune.alternatives(wide, choose(wide).entry)] == ["cuda_gemv_mma", "cuda_gemv"]
-    assert tune.alternatives(_problem(1, _qw(4096, 4096), torch.float32), choose(p).entry) == []
+    assert [e.name for e in tune.alternatives(wide, choose(wide).entry)] == ["cuda_gemv_mma", "cuda_gemv",
+                                                                             "triton_gemm"]
+    square = replace(wide, n=8192, k=8192)  # M = 16 where a GEMV runs: the wgmma GEMM (its small-M family) is tried
+    assert choose(square).kernel == "cuda_gemv_mma"
+    assert "cuda_wgmma" in [e.name for e in tune.alternatives(square, choose(square).entry)]
+    fp32 = _problem(1, _qw(4096, 4096), torch.float32)  # the wgmma GEMM cannot run fp32 activations at all
+    assert [e.name for e in tune.alternatives(fp32, choose(fp32).entry)] == ["triton_gemm"]
 
 
 def _compacted(qw):
@@ -431,6 +448,42 @@ def test_tune_choice_caches_only_a_clear_win(monkeypatch, tmp_path, alt_times, w
         assert lost == -1 and key not in cache.entries
     else:
         assert gained == 0 and key not in cache.entries
+
+
+class _FakeEntryWithCandidates(_FakeEntry):
+    def __init__(self, name, cfg, cands):
+        super().__init__(name, cfg)
+        self._cands = cands
+
+    def candidates(self, problem):
+        return self._cands
+
+
+@pytest.mark.parametrize("own_us, want", [(11.0, {"S": 4}), (16.0, None)])
+def test_tune_choice_explores_the_candidates_of_a_close_alternative(monkeypatch, own_us, want):
+    """An alternative whose own config runs within EXPLORE_WITHIN of the chosen entry's best has its candidates timed
+    too (the wgmma GEMM's small-M family against a GEMV): here its candidate S 4 wins and is cached as the choice; one
+    further off is timed with its own config only."""
+    p = _problem(16, _qw(4096, 4096))
+    alt = _FakeEntryWithCandidates("gemm", {"S": 1}, [{"S": 2}, {"S": 4}])
+    monkeypatch.setattr(tune, "alternatives", lambda problem, entry: [alt])
+    us = {1: own_us, 2: 10.5, 4: 8.0}
+    timed = []
+
+    def time_us(cfg, e=None):
+        timed.append(cfg["S"])
+        return us[cfg["S"]]
+
+    best = tune.Timed({"KS": 8}, [10.0, 10.05, 9.95])
+    cache = tcache.TuningCache(H100.name)
+    gained = tune._tune_choice(cache, {}, p, _FakeEntry("gemv", {"KS": 8}), best, time_us, lambda c, e=None: None,
+                               SimpleNamespace(rounds=3, margin=0.03), {"shape": "4096x4096", "m": 16}, lambda s: None)
+    key = tcache.bucket_key(p, tcache.CHOICE)
+    if want:
+        assert gained == 1 and cache.entries[key] == {**cache.entries[key], "entry": "gemm", "config": want}
+        assert set(timed) == {1, 2, 4}
+    else:
+        assert gained == 0 and key not in cache.entries and set(timed) == {1}
 
 
 def entry_config(name, p):

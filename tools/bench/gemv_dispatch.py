@@ -46,8 +46,6 @@ from mixgemm.kernels import linear as entries
 from mixgemm.kernels.cuda.gemv import WG_LAYOUT, mma_k_tiles, mma_reduction_fits
 from mixgemm.kernels.registry import device_info
 
-# the wgmma GEMM's small-M tile (tables' wgmma_small_m) where a table has none
-SMALL_M_TILE = {"BM": 16, "NWG": 2, "STAGES": 4, "INFLIGHT": 1, "TMA": 1, "KT": 2, "GROUP_M": 1}
 FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
 
 
@@ -128,9 +126,9 @@ def split_rt_grid(p, mma: dict, kt: int) -> tuple[list[dict], list[dict]]:
 def small_m_family(p) -> list[dict]:
     """The wgmma GEMM's small-M tile (the GPU table's wgmma_small_m tile) with NWG 2 / 1, KT 2 / 4 and cluster splits 1,
     2, 4, 8."""
-    tile = p.device.table.get("wgmma_small_m", {}).get("tile", SMALL_M_TILE)
-    return [{**tile, "NWG": nwg, "KT": kt, "SPLIT": sp, "CLUSTER": int(sp > 1), "SK": 0, "SERIAL": 0}
-            for nwg in (2, 1) for kt in (2, 4) for sp in (1, 2, 4, 8)]
+    from mixgemm.kernels.cuda.wgmma_waves import small_m_family_configs
+
+    return small_m_family_configs(p.device.table.get("wgmma_small_m", {}).get("tile", entries.SMALL_M_TILE))
 
 
 def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,

@@ -305,8 +305,10 @@ def _timed(config: dict, time_us, rounds: int) -> Timed:
 
 
 def alternatives(problem, entry) -> list:
-    """The op's other registry entries that can run the problem but are declined softly (by tuning data: a
-    crossover, a measured bucket) -- what a CHOICE cache entry may pick instead of ``entry``."""
+    """The op's other registry entries that a CHOICE cache entry may pick instead of ``entry``: those declined softly
+    (by tuning data: a crossover, a measured bucket) and those after it in the list that can run the problem (passed
+    over because ``entry`` came first: at M 9..16 the GEMVs run ahead of the wgmma GEMM outside the measured
+    buckets)."""
     from mixgemm.kernels.registry import entries, resident_reason
 
     def reads_resident(e) -> bool:  # a weight with one resident layout runs only the entries reading it (checked
@@ -315,13 +317,23 @@ def alternatives(problem, entry) -> list:
             return resident_reason(e, problem, None) is None
         return resident_reason(e, problem, e.config(problem)) is None
 
-    return [e for e in entries(problem.op) if e is not entry and reads_resident(e) and e.can_run(problem).soft]
+    def may_run(e) -> bool:
+        d = e.can_run(problem)
+        return d.ok or d.soft
+
+    return [e for e in entries(problem.op) if e is not entry and reads_resident(e) and may_run(e)]
+
+
+# an alternative whose own config runs within this factor of the chosen entry's best has its candidates timed too: the
+# small-M tile family's variants ran up to 1.42x faster than the wgmma GEMM's own small-M tile (docs/design.md)
+EXPLORE_WITHIN = 1.5
 
 
 def _tune_choice(cache, chosen: dict, problem, entry, best: Timed, time_us, check, args, info: dict, log) -> int:
-    """Time the softly declined entries' own configs against ``best`` (the chosen entry's); cache a CHOICE entry for
-    the bucket where one wins by the margin (pick), and drop one a later shape of the bucket does not confirm.
-    Returns the buckets improved (+1 / -1 / 0)."""
+    """Time the alternatives' own configs against ``best`` (the chosen entry's) -- and, for one within EXPLORE_WITHIN
+    of it, that entry's candidates too (the small-M tile family of the wgmma GEMM against a GEMV at M 9..16); cache a
+    CHOICE entry for the bucket where one wins by the margin (pick), and drop one a later shape of the bucket does not
+    confirm. Returns the buckets improved (+1 / -1 / 0)."""
     from mixgemm.tuning import cache as tcache
 
     ckey = tcache.bucket_key(problem, tcache.CHOICE)
@@ -347,7 +359,13 @@ def _tune_choice(cache, chosen: dict, problem, entry, best: Timed, time_us, chec
         if why is not None:
             log(f"{ckey}: {alt.name} left out: {why}")
             continue
-        timed.append((alt, _timed(cfg, lambda c, a=alt: time_us(c, a), args.rounds)))
+        own = _timed(cfg, lambda c, a=alt: time_us(c, a), args.rounds)
+        cands = alt.candidates(problem) if getattr(alt, "candidates", None) is not None else []
+        if cands and own.median <= EXPLORE_WITHIN * best.median:
+            own, verdict = tune_bucket(cfg, cands, lambda c, a=alt: time_us(c, a), lambda c, a=alt: check(c, a),
+                                       args.rounds, 0.0, log)
+            own = verdict.best or own
+        timed.append((alt, own))
     verdict = pick(best, [t for _, t in timed], args.margin)
     if verdict.best is None:
         cache.entries.pop(ckey, None)

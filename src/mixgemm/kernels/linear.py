@@ -495,6 +495,11 @@ def _wgmma_config(p: Problem, small_m_family: bool = True) -> dict:
     return cfg
 
 
+# the wgmma GEMM's small-M tile (a table's wgmma_small_m tile where it has one): BM 16 holds M <= 16 in one tile
+SMALL_M_TILE = {"BM": 16, "NWG": 2, "STAGES": 4, "INFLIGHT": 1, "TMA": 1, "KT": 2, "GROUP_M": 1}
+SMALL_M_TILE_MAX_M = 16
+
+
 def _wgmma_candidates(p: Problem) -> list[dict]:
     from mixgemm.kernels.cuda.gemm_wgmma import auto_split, stage_bytes, tile_error
 
@@ -520,7 +525,15 @@ def _wgmma_candidates(p: Problem) -> list[dict]:
     axes = {"STAGES": (stages - 1, stages + 1), "GROUP_M": (1, 8)}
     if not int(base.get("SK", 0)):  # stream-K ignores SPLIT
         axes["SPLIT"] = (1, 2, 4, 8)
-    return out + [c for c in one_axis_variants(base, axes, legal) if c not in out]
+    out += [c for c in one_axis_variants(base, axes, legal) if c not in out]
+    if p.m <= SMALL_M_TILE_MAX_M:
+        # the small-M tile family, so that mixgemm tune reaches its variants on a GPU whose table has no fitted
+        # wgmma_small_m_family section, and beyond the section's buckets where it has one
+        from mixgemm.kernels.cuda.wgmma_waves import small_m_family_configs
+
+        tile = p.device.table.get("wgmma_small_m", {}).get("tile", SMALL_M_TILE)
+        out += [c for c in small_m_family_configs(tile) if legal(c) and c not in out and c != base]
+    return out
 
 
 def _run_wgmma(x2d, qw, bias, lo, hi, config):

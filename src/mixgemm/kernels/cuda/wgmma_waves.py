@@ -277,6 +277,18 @@ def _small_m_config(tile: dict, split: int) -> dict:
     return {**tile, "SPLIT": split, "CLUSTER": int(split > 1), "SK": 0, "SERIAL": 0}
 
 
+# The small-M tile's variants (SmallMFamily below) and the cluster splits its model ranks: what the family's sweep
+# times (tools/bench/gemv_dispatch.py --small-m-tiles) and what mixgemm tune tries at small M where a GPU's table has
+# no fitted section (or where it has one and the tuner looks beyond its pick).
+FAMILY_VARIANTS = ((2, 2), (2, 4), (1, 2), (1, 4))  # (NWG, KT)
+FAMILY_SPLITS = (1, 2, 4, 8)
+
+
+def small_m_family_configs(tile: dict) -> list[dict]:
+    """The small-M tile ``tile`` (a table's wgmma_small_m tile) in every family variant at every cluster split."""
+    return [_small_m_config({**tile, "NWG": nwg, "KT": kt}, s) for nwg, kt in FAMILY_VARIANTS for s in FAMILY_SPLITS]
+
+
 def choose_small_m(m: int, n: int, k: int, w: WeightBytes, cost: SmallMCost, sms: int) -> WaveChoice | None:
     """The small-M tile with the cluster split the model ranks first, or None where it does not apply."""
     best = rank_small_m(m, n, k, w, cost, sms)
