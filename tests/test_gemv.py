@@ -203,6 +203,9 @@ def test_mma_row_tiles_rule():
         cfg = mma_config(m, n, k, bits, 128, 132, mode, wg)
         return cfg.get("EARLY", 0), cfg.get("RT", 1)
 
+    def minb(m, k, n, mode="sym", wg=None):
+        return mma_config(m, n, k, 4, 128, 132, mode, wg).get("MINB", 0)
+
     # M <= 8: EARLY, except zero point on gemv_mma_v1 below the k-split's cap
     assert pick(8, 8192, 28672) == (1, 1) and pick(1, 4096, 4096, "zero_point") == (1, 1)  # (4096 x 4096: KS 16)
     assert pick(8, 8192, 28672, "zero_point") == (0, 1) and pick(8, 8192, 28672, "zero_point", wg=1) == (1, 1)
@@ -210,7 +213,12 @@ def test_mma_row_tiles_rule():
     assert pick(16, 2048, 2048) == (0, 1) and pick(16, 2048, 2048, wg=1) == (1, 1)
     # more blocks, k-split at its cap (4096 x 4096: KS 16): sym EARLY; zero point and wgmma_v1 EARLY + RT 2
     assert pick(16, 4096, 4096) == (1, 1)
-    assert pick(16, 4096, 4096, "zero_point") == (1, 2) and pick(16, 4096, 4096, wg=1) == (1, 2)
+    assert pick(16, 2048, 2560, "zero_point") == (1, 2) and pick(16, 4096, 4096, wg=1) == (1, 2)
+    assert pick(16, 4096, 4096, "offset") == (1, 2) and minb(16, 4096, 4096, "offset") == 0
+    # ... except zero point on gemv_mma_v1 with >= 3 64-k steps a slice: EARLY, RT 1 in two blocks per SM (MINB 2)
+    assert pick(16, 4096, 4096, "zero_point") == (1, 1) and minb(16, 4096, 4096, "zero_point") == 2
+    assert minb(9, 14336, 3584, "zero_point") == 2 and minb(16, 2048, 2560, "zero_point") == 0
+    assert minb(8, 14336, 3584, "zero_point") == 0 and minb(16, 14336, 3584, "zero_point", wg=1) == 0
     # ... except zero point on wgmma_v1 at the cap: EARLY alone
     assert pick(16, 4096, 4096, "zero_point", wg=1) == (1, 1) and pick(16, 4096, 4096, "offset", wg=1) == (1, 1)
     # wide layers (KS 8): gemv_mma_v1 sym EARLY, zero point neither; wgmma_v1 RT 2 where half the warps fill the GPU
@@ -432,16 +440,18 @@ def test_gemv_mma_scaling_schemes(wg, defer, bits, mode, act):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("wg", [0, 1])
-@pytest.mark.parametrize("ks,u,rt,pf,early", [(8, 1, 2, 0, 1), (4, 2, 2, 1, 1), (16, 1, 2, 0, 0), (2, 2, 4, 1, 1),
-                                              (8, 2, 1, 1, 1), (16, 2, 1, 0, 1)])
+@pytest.mark.parametrize("ks,u,rt,pf,early,minb", [(8, 1, 2, 0, 1, 0), (4, 2, 2, 1, 1, 0), (16, 1, 2, 0, 0, 0),
+                                                   (2, 2, 4, 1, 1, 0), (8, 2, 1, 1, 1, 0), (16, 2, 1, 0, 1, 0),
+                                                   (16, 2, 1, 0, 1, 2)])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
-def test_gemv_mma_row_tiles(wg, ks, u, rt, pf, early, bits, mode, act):
+def test_gemv_mma_row_tiles(wg, ks, u, rt, pf, early, minb, bits, mode, act):
     """The tensor-core GEMV with RT row tiles per warp sharing the B fragments, the first step's weights loaded before
-    the PDL wait (EARLY) and double buffering, on both layouts: every group size, row tiles past the last one (N 211:
-    14 tiles), k-slices with a partial step or none, M = 2, 9 and 16, bias + relu6, and x + 3 on a long K."""
-    cfg = {"WG": wg, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "EARLY": early}
+    the PDL wait (EARLY), double buffering and registers capped for two blocks per SM (MINB 2: spills), on both
+    layouts: every group size, row tiles past the last one (N 211: 14 tiles), k-slices with a partial step or none,
+    M = 2, 9 and 16, bias + relu6, and x + 3 on a long K."""
+    cfg = {"WG": wg, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "EARLY": early, "MINB": minb}
     with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": cfg}):
         _check_every_group(bits, mode, act, (2, 9, 16), (16,), 15, f"'RT': {rt}")
 

@@ -180,6 +180,8 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_EARLY"] = 1
     if cfg.get("RT", 1) > 1:
         d["MMA_RT"] = cfg["RT"]
+    if cfg.get("MINB", 0) > 1:  # blocks per SM the registers must allow (gemv_mma.cu MMA_MINB)
+        d["MMA_MINB"] = cfg["MINB"]
     if cfg.get("WG", 0):  # only in the key when set: the gemv_mma_v1 instantiations keep their compile keys
         d["MMA_WG"] = 1
         if cfg.get("G32", 0):
@@ -394,7 +396,7 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
     cfg = {**choose_mma_config(mb, n, mma_k_tiles(bits, k), num_sms, bits), "WG": wg}
     if 2 <= m <= 8 and one_wave_max_spill > 0:
         cfg = one_wave_k_split(cfg, n, num_sms, one_wave_max_spill)
-    cfg = mma_row_tiles(cfg, m, n, bits, mode, num_sms)
+    cfg = mma_row_tiles(cfg, m, n, bits, mode, num_sms, mma_k_tiles(bits, k))
     if not defer_ok(group_size, 64 if bits == 4 or wg else 32):
         cfg = {**cfg, "DEFER": 0}
     return cfg
@@ -437,6 +439,14 @@ MMA_WG_RT2_WARPS_PER_SM = 16
 # constants); MMA_WG_BLOCKS_PER_SM are its 256-thread blocks. And the least wave efficiency against RT 1's at which a
 # wide layer still takes RT 2 (measurements above).
 MMA_RESIDENT_WARPS = {1: 32, 2: 24}
+# Zero point on gemv_mma_v1 at the k-split's cap (16-warp blocks): RT 1 takes 74 registers, one block per SM, and RT 2
+# (110) one too, with each warp on two row tiles; MINB 2 caps RT 1 at 64 registers (52 bytes of spills) for two blocks,
+# the occupancy sym has. Measured (protocol graph timing through mixgemm.matmul, M = 9 and 16, the 15 model-list layers
+# that took RT 2 there, against RT 2 in the same run): H100 0.89-0.99x from K = 3072 (14336x3584 M = 16 19.4 -> 18.1
+# us, 18944x3584 M = 9 24.0 -> 21.4), 1.02-1.09x on K = 2048 / 2304 (2-2.25 64-k steps per slice), 0.970x by geometric
+# mean over all 30 cases; H200 0.91-0.95x on 11008x4096, 14336x3584, 14336x4096, 18944x3584. Offset (86 registers at RT
+# 1, 120 bytes of spills under the cap) took 1.3-1.5x: RT 2 stays there.
+MMA_MINB2_MIN_STEPS = 3
 MMA_WG_BLOCKS_PER_SM = {rt: warps // 8 for rt, warps in MMA_RESIDENT_WARPS.items()}
 MMA_WG_RT2_MIN_WAVE_EFFICIENCY = 0.8
 
@@ -497,13 +507,15 @@ def rt2_fills_waves(nt: int, rg: int, num_sms: int) -> bool:
     return eff[2] >= MMA_WG_RT2_MIN_WAVE_EFFICIENCY * eff[1]
 
 
-def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int) -> dict:
+def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int, k_tiles: int = 0) -> dict:
     """EARLY and RT of the tensor-core GEMV's config (the measurements above). int4, M <= 8 (mb 1): EARLY, on
     gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
     most one block per SM, EARLY on wgmma_v1 only; with more, EARLY and RT 2 where the k-split is at its cap (on
-    gemv_mma_v1 at sym and on wgmma_v1 at zero point / offset: EARLY alone) or, on wgmma_v1, where half the warps still
-    fill the GPU and RT 2's waves are not much emptier than RT 1's (rt2_fills_waves); EARLY alone on the other
-    gemv_mma_v1 sym layers. int8 on wgmma_v1 at M >= 2: EARLY."""
+    gemv_mma_v1 at sym and on wgmma_v1 at zero point / offset: EARLY alone; on gemv_mma_v1 at zero point with
+    k_tiles 64-k tiles giving each k-slice at least MMA_MINB2_MIN_STEPS: EARLY with the registers capped for two
+    16-warp blocks per SM, MINB 2) or, on wgmma_v1, where half the warps still fill the GPU and RT 2's waves are not
+    much emptier than RT 1's (rt2_fills_waves); EARLY alone on the other gemv_mma_v1 sym layers. int8 on wgmma_v1 at
+    M >= 2: EARLY."""
     if bits != 4:
         return {**cfg, "EARLY": 1} if cfg["WG"] and m >= 2 else cfg
     mb = 1 if m <= 8 else 2
@@ -514,6 +526,9 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int)
         return {**cfg, "EARLY": 1} if wg else cfg
     if wg and at_cap and mode != "sym":
         return {**cfg, "EARLY": 1}
+    if (not wg and at_cap and mode == "zero_point" and cfg["KS"] * cfg["RG"] == 16
+            and k_tiles >= MMA_MINB2_MIN_STEPS * cfg["KS"]):
+        return {**cfg, "EARLY": 1, "MINB": 2}
     # wide: half the warps still fill the GPU, and (below the cap, 256-thread blocks) RT 2's waves are not much emptier
     wide = nt // 2 * cfg["KS"] >= MMA_WG_RT2_WARPS_PER_SM * num_sms
     if wide and wg and not at_cap:

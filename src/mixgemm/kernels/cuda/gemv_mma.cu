@@ -97,6 +97,17 @@
 #endif
 
 #define MMA_THREADS (32 * MMA_RG * MMA_KS)
+// MMA_MINB: blocks per SM the registers must allow (__launch_bounds__' second argument). Why: a 16-warp block of the
+// zero-point / offset kernel at RT 1 takes 74 registers a thread where sym takes 64, which leaves room for one block
+// per SM instead of two; capping it at two blocks' worth keeps the occupancy sym has.
+#ifndef MMA_MINB
+#define MMA_MINB 0
+#endif
+#if MMA_MINB > 1
+#define MMA_BOUNDS __launch_bounds__(MMA_THREADS, MMA_MINB)
+#else  // (without the second argument: an explicit 1 let ptxas take 92 registers where it takes 64)
+#define MMA_BOUNDS __launch_bounds__(MMA_THREADS)
+#endif
 
 using namespace mg;
 
@@ -133,7 +144,7 @@ __device__ __forceinline__ void ldmatrix_x4(u32 a, u32& r0, u32& r1, u32& r2, u3
 
 using namespace mgm;
 
-extern "C" __global__ void __launch_bounds__(MMA_THREADS)
+extern "C" __global__ void MMA_BOUNDS
 mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] uint4; MMA_WG: wgmma_v1
                  const char* __restrict__ params,  // gemv_mma_v1: [N, G] groups of Param::PB bytes; MMA_WG: wgmma_v1's
                  const uint4* __restrict__ X,      // [M, ldx4] uint4, zero-padded to Kp
