@@ -439,6 +439,8 @@ MMA_WG_RT2_WARPS_PER_SM = 16
 # constants); MMA_WG_BLOCKS_PER_SM are its 256-thread blocks. And the least wave efficiency against RT 1's at which a
 # wide layer still takes RT 2 (measurements above).
 MMA_RESIDENT_WARPS = {1: 32, 2: 24}
+MMA_WG_BLOCKS_PER_SM = {rt: warps // 8 for rt, warps in MMA_RESIDENT_WARPS.items()}
+MMA_WG_RT2_MIN_WAVE_EFFICIENCY = 0.8
 # Zero point on gemv_mma_v1 at the k-split's cap (16-warp blocks): RT 1 takes 74 registers, one block per SM, and RT 2
 # (110) one too, with each warp on two row tiles; MINB 2 caps RT 1 at 64 registers (52 bytes of spills) for two blocks,
 # the occupancy sym has. Measured (protocol graph timing through mixgemm.matmul, M = 9 and 16, the 15 model-list layers
@@ -447,8 +449,6 @@ MMA_RESIDENT_WARPS = {1: 32, 2: 24}
 # mean over all 30 cases; H200 0.91-0.95x on 11008x4096, 14336x3584, 14336x4096, 18944x3584. Offset (86 registers at RT
 # 1, 120 bytes of spills under the cap) took 1.3-1.5x: RT 2 stays there.
 MMA_MINB2_MIN_STEPS = 3
-MMA_WG_BLOCKS_PER_SM = {rt: warps // 8 for rt, warps in MMA_RESIDENT_WARPS.items()}
-MMA_WG_RT2_MIN_WAVE_EFFICIENCY = 0.8
 
 # The tensor-core GEMV's k-slice reduction keeps 1 KiB of static shared memory per k-slice and row tile of a block
 # (gemv_mma.cu `red`), so a block holds at most this many (KS x RG x RT; 32 KiB of the 48 KiB static limit).

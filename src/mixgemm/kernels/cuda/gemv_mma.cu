@@ -98,8 +98,8 @@
 
 #define MMA_THREADS (32 * MMA_RG * MMA_KS)
 // MMA_MINB: blocks per SM the registers must allow (__launch_bounds__' second argument). Why: a 16-warp block of the
-// zero-point / offset kernel at RT 1 takes 74 registers a thread where sym takes 64, which leaves room for one block
-// per SM instead of two; capping it at two blocks' worth keeps the occupancy sym has.
+// zero-point kernel at RT 1 takes 74 registers a thread where sym takes 64, which leaves room for one block per SM
+// instead of two; capping it at two blocks' worth (a few spilled bytes) gives it the occupancy sym has.
 #ifndef MMA_MINB
 #define MMA_MINB 0
 #endif
