@@ -219,6 +219,19 @@ def test_small_m_family_takes_m_9_to_16_on_its_buckets_of_the_h100():
     assert _explain(2048, 22016, 16, 4, device=H100, disable="cuda_wgmma").kernel == "cuda_gemv_mma"
 
 
+@pytest.mark.usefixtures("isolated_tuning")
+def test_small_m_family_takes_m_9_to_16_on_its_buckets_of_the_h200():
+    """The H200's own section (its sweep and fit): its measured layers take the family at M 9..16, the layers of the
+    buckets it left out keep the GEMV or the table's tile."""
+    for k, n in ((3072, 16384), (4096, 22016), (5120, 13824), (5120, 15360), (8192, 10240)):
+        c = _explain(k, n, 16, 4, device=H200)
+        assert c.kernel == "cuda_wgmma" and "h200.json wgmma_small_m_family" in c.config_source, str(c)
+        assert _explain(k, n, 9, 4, device=H200).config == c.config
+        assert "family" not in _explain(k, n, 8, 4, device=H200).config_source
+    for k, n in ((4096, 14336), (3584, 18944), (8192, 8192), (28672, 8192)):  # buckets left out
+        assert "family" not in _explain(k, n, 16, 4, device=H200).config_source
+
+
 # ------------------------------------------------------------------------------------------------ GPU
 
 
