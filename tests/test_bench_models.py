@@ -306,3 +306,12 @@ def test_cli_time_budget_lists_the_shapes_left_out(tmp_path, capsys):
     assert data["results"] == [] and len(data["meta"]["not_run"]) == 5
     # 'accept' names the acceptance methods; on a CPU only the weight-only ones run
     assert [m["name"] for m in data["methods"]] == [accept.W4_SYM, accept.W4_ZP, accept.W8]
+
+
+def test_a_merged_run_keeps_the_read_ceiling_of_its_file():
+    from mixgemm.bench.cli import read_ceiling_pct
+
+    stored = {"accept": {"read_ceiling_pct": 89.0}}
+    assert read_ceiling_pct(None, stored) == 89.0  # --merge without --read-ceiling-pct: the file's own bar
+    assert read_ceiling_pct(92.0, stored) == 92.0  # given: it wins
+    assert read_ceiling_pct(None, None) is None and read_ceiling_pct(None, {"accept": None}) is None

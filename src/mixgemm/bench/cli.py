@@ -222,6 +222,14 @@ def _call_overhead(args: argparse.Namespace, shapes, ms) -> int:
     return 0
 
 
+def read_ceiling_pct(given: float | None, previous: dict | None) -> float | None:
+    """The read ceiling a --model run's acceptance view uses: --read-ceiling-pct, else (a --merge into a file measured
+    against one) the file's own, so that a partial re-run does not drop the bar the file was judged by."""
+    if given is not None or not previous:
+        return given
+    return (previous.get("accept") or {}).get("read_ceiling_pct")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -384,8 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmp:
         print("\n" + cmp)
     if chosen_models and device == "cuda":
-        data["accept"] = {"read_ceiling_pct": args.read_ceiling_pct}
-        print("\n" + accept.to_markdown(data, read_ceiling_pct=args.read_ceiling_pct))
+        pct = read_ceiling_pct(args.read_ceiling_pct, previous)
+        data["accept"] = {"read_ceiling_pct": pct}
+        print("\n" + accept.to_markdown(data, read_ceiling_pct=pct))
     paths = output.write_all(data, prefix, args.plot, csv_too=args.csv)
     if data["meta"].get("not_run"):
         left = data["meta"]["not_run"]
