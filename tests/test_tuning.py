@@ -19,7 +19,6 @@ import mixgemm.__main__
 from mixgemm import QuantConfig, quantize_weight
 from mixgemm.bench import tune
 from mixgemm.kernels import linear as linear_entries
-from mixgemm.kernels.cuda.wgmma_waves import small_m_family_configs
 from mixgemm.kernels.registry import DeviceInfo, choose, entries
 from mixgemm.tuning import cache as tcache
 
@@ -211,7 +210,7 @@ def test_candidates_are_small_legal_and_not_the_default():
         e = choose(p).entry
         cands = e.candidates(p)
         default = e.config(p)
-        family = [c for c in small_m_family_configs(small_m_tile(p)) if c != default]
+        family = [c for c in linear_entries.small_m_family_candidates(p) if c != default]
         if e.name == "cuda_wgmma" and m <= 16:  # the small-M tile family is tried on top of the neighbours
             assert all(c in cands for c in family if wgmma_tile_error(c) is None)
             cands = [c for c in cands if c not in family]
@@ -229,12 +228,6 @@ def test_candidates_are_small_legal_and_not_the_default():
             seen.add(e.name + "+")
     assert {"cuda_gemv", "cuda_gemv_mma", "cuda_wgmma", "triton_gemm"} <= {s.rstrip("+") for s in seen}
     assert all(e.candidates is not None for e in entries("linear"))
-
-
-def small_m_tile(p) -> dict:
-    from mixgemm.kernels.linear import SMALL_M_TILE
-
-    return p.device.table.get("wgmma_small_m", {}).get("tile", SMALL_M_TILE)
 
 
 def test_tile_errors_reject_illegal_tiles():
@@ -418,6 +411,8 @@ def test_alternatives_of_a_compacted_weight_read_its_layout():
 
 
 class _FakeEntry:
+    candidates = None  # (KernelEntry's: a function of the problem, or None)
+
     def __init__(self, name, cfg):
         self.name, self._cfg = name, cfg
 

@@ -123,14 +123,6 @@ def split_rt_grid(p, mma: dict, kt: int) -> tuple[list[dict], list[dict]]:
     return gemv, gemm
 
 
-def small_m_family(p) -> list[dict]:
-    """The wgmma GEMM's small-M tile (the GPU table's wgmma_small_m tile) with NWG 2 / 1, KT 2 / 4 and cluster splits 1,
-    2, 4, 8."""
-    from mixgemm.kernels.cuda.wgmma_waves import small_m_family_configs
-
-    return small_m_family_configs(p.device.table.get("wgmma_small_m", {}).get("tile", entries.SMALL_M_TILE))
-
-
 def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
                simt_grid: bool = False, mma_grid_all: bool = False, simt_only: bool = False,
                compact_only: bool = False, split_rt: bool = False,
@@ -144,12 +136,12 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     tensor-core GEMV with mma_variants too.
     small_m_tiles (M > 1): the tensor-core GEMV's defaults on both layouts (cuda_gemv_mma, cuda_gemv_mma/compact)
     against the wgmma GEMM's config without the table's small-M tile family (first) and the family's 16 tiles
-    (small_m_family)."""
+    (kernels.linear.small_m_family_candidates)."""
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
     if small_m_tiles and m > 1:
         on_wg = entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT))
         return {"cuda_gemv_mma": [mma], "cuda_gemv_mma/compact": [dict(on_wg)],
-                "cuda_wgmma": [entries._wgmma_config(p, small_m_family=False), *small_m_family(p)]}
+                "cuda_wgmma": [entries._wgmma_config(p, small_m_family=False), *entries.small_m_family_candidates(p)]}
     if compact_only:
         on_wg = [dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
         if m == 1:
@@ -161,7 +153,7 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
             pr = dataclasses.replace(p, resident=WG_LAYOUT)
             more_gemv, more_gemm = split_rt_grid(pr, on_wg[0], mma_k_tiles(bits, k))
             out["cuda_gemv_mma/compact"] += [c for c in more_gemv if c not in out["cuda_gemv_mma/compact"]]
-            out["cuda_wgmma"] = [entries._wgmma_config(pr), *more_gemm, *small_m_family(pr)]
+            out["cuda_wgmma"] = [entries._wgmma_config(pr), *more_gemm, *entries.small_m_family_candidates(pr)]
         return out
     if m == 1 and simt_only:
         return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64))}

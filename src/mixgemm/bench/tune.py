@@ -360,7 +360,7 @@ def _tune_choice(cache, chosen: dict, problem, entry, best: Timed, time_us, chec
             log(f"{ckey}: {alt.name} left out: {why}")
             continue
         own = _timed(cfg, lambda c, a=alt: time_us(c, a), args.rounds)
-        cands = alt.candidates(problem) if getattr(alt, "candidates", None) is not None else []
+        cands = alt.candidates(problem) if alt.candidates is not None else []
         if cands and own.median <= EXPLORE_WITHIN * best.median:
             own, verdict = tune_bucket(cfg, cands, lambda c, a=alt: time_us(c, a), lambda c, a=alt: check(c, a),
                                        args.rounds, 0.0, log)

@@ -500,6 +500,14 @@ SMALL_M_TILE = {"BM": 16, "NWG": 2, "STAGES": 4, "INFLIGHT": 1, "TMA": 1, "KT": 
 SMALL_M_TILE_MAX_M = 16
 
 
+def small_m_family_candidates(p: Problem) -> list[dict]:
+    """The small-M tile of p's GPU (its table's wgmma_small_m tile, else SMALL_M_TILE) in every variant and cluster
+    split of the family (wgmma_waves.small_m_family_configs): what the family's sweep and mixgemm tune time."""
+    from mixgemm.kernels.cuda.wgmma_waves import small_m_family_configs
+
+    return small_m_family_configs(p.device.table.get("wgmma_small_m", {}).get("tile", SMALL_M_TILE))
+
+
 def _wgmma_candidates(p: Problem) -> list[dict]:
     from mixgemm.kernels.cuda.gemm_wgmma import auto_split, stage_bytes, tile_error
 
@@ -529,10 +537,7 @@ def _wgmma_candidates(p: Problem) -> list[dict]:
     if p.m <= SMALL_M_TILE_MAX_M:
         # the small-M tile family, so that mixgemm tune reaches its variants on a GPU whose table has no fitted
         # wgmma_small_m_family section, and beyond the section's buckets where it has one
-        from mixgemm.kernels.cuda.wgmma_waves import small_m_family_configs
-
-        tile = p.device.table.get("wgmma_small_m", {}).get("tile", SMALL_M_TILE)
-        out += [c for c in small_m_family_configs(tile) if legal(c) and c not in out and c != base]
+        out += [c for c in small_m_family_candidates(p) if legal(c) and c not in out and c != base]
     return out
 
 

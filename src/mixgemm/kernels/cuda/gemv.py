@@ -507,7 +507,7 @@ def rt2_fills_waves(nt: int, rg: int, num_sms: int) -> bool:
     return eff[2] >= MMA_WG_RT2_MIN_WAVE_EFFICIENCY * eff[1]
 
 
-def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int, k_tiles: int = 0) -> dict:
+def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int, k_tiles: int) -> dict:
     """EARLY and RT of the tensor-core GEMV's config (the measurements above). int4, M <= 8 (mb 1): EARLY, on
     gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
     most one block per SM, EARLY on wgmma_v1 only; with more, EARLY and RT 2 where the k-split is at its cap (on
