@@ -291,11 +291,18 @@ def test_plain_models_hand_their_norms_to_the_kernel(arch, norms, device):
         with torch.no_grad():
             return m(ids).logits
 
-    want = run(model)
-    assert norm_kernels_at_norms(model) == []  # quantize_ did it already: a second pass finds nothing to do
     found = [n for n, m in model.named_modules() if hasattr(m, RMS_EPS_ATTR)]
     assert len(found) == norms and all(n.endswith("layernorm") for n in found)
-    assert torch.equal(run(model), want)  # eager: the norms' own outputs
+    assert norm_kernels_at_norms(model) == []  # quantize_ did it already: a second pass finds nothing to do
+    eager = run(model)  # on CUDA the norms' eager forward is the kernel (EagerNormForward), on the CPU their own
+    own = {name: vars(model.get_submodule(name)).pop("forward") for name in found}
+    want = run(model)
+    for name, forward in own.items():
+        model.get_submodule(name).forward = forward
+    if device == "cpu":
+        assert torch.equal(eager, want)
+    else:
+        assert (eager - want).abs().max().item() <= 1e-5 * want.abs().max().item()
 
     def count(gm, example_inputs):
         calls = [n.target for n in gm.graph.nodes if n.op == "call_function"]
@@ -314,7 +321,8 @@ def test_plain_models_hand_their_norms_to_the_kernel(arch, norms, device):
         assert [sum(c) for c in zip(*seen, strict=True)] == [expect, 0], seen
         assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
         assert use_inductor_norms(model) == (found if first else [])  # taken back after the first round
-    assert not any(m._forward_hooks for m in model.modules())
+    assert not any(m._forward_hooks or "forward" in vars(m) for m in model.modules())
+    assert torch.equal(run(model), want)
 
 
 def test_act_order_and_plain_norms_together():
@@ -329,3 +337,62 @@ def test_act_order_and_plain_norms_together():
     assert len(hooked) == 4 and all(hasattr(m, RMS_EPS_ATTR) for m in hooked)
     assert len(use_inductor_norms(model)) == 4
     assert all(m._forward_hooks and not hasattr(m, RMS_EPS_ATTR) for m in hooked)
+
+
+def test_eager_norm_forward_keeps_the_module_formula_elsewhere():
+    """The instance-level forward the hooked norms get (EagerNormForward): on the CPU, with autograd recording, with
+    keyword arguments or a weight of another dtype it is the module's own forward, bit for bit; a norm that had an
+    instance-level forward of its own keeps it; copies and pickles of the model carry it."""
+    import copy
+    import pickle
+
+    from mixgemm.nn.norms import EagerNormForward
+
+    model = tiny_model("llama")
+    norms = [m for m in model.modules() if hasattr(m, RMS_EPS_ATTR)]
+    assert len(norms) == 4 and all(isinstance(vars(m)["forward"], EagerNormForward) for m in norms)
+    norm = norms[0]
+    x = torch.randn(3, norm.weight.numel(), requires_grad=True)
+    assert torch.equal(norm(x), type(norm).forward(norm, x))
+    assert torch.equal(norm(hidden_states=x), type(norm).forward(norm, x))
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        forwards = [vars(m)["forward"] for m in twin.modules() if hasattr(m, RMS_EPS_ATTR)]
+        assert len(forwards) == 4 and all(isinstance(f, EagerNormForward) for f in forwards)
+        assert all(vars(f.norm)["forward"] is f for f in forwards)  # bound to the copy, not the original
+        assert torch.equal(logits(twin), logits(model))
+    wrapped = tiny_model("llama")
+    mine = wrapped.model.layers[0].input_layernorm
+    mine.__dict__.pop(RMS_EPS_ATTR)
+    mine.__dict__.pop("_mixgemm_norm_hook")
+    mine._forward_hooks.clear()
+    del mine.forward
+    theirs = mine.forward = lambda h: type(mine).forward(mine, h)
+    norm_kernels_at_norms(wrapped)
+    assert vars(mine)["forward"] is theirs and hasattr(mine, RMS_EPS_ATTR)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_eager_norm_forward_is_the_kernel_on_the_gpu(dtype, rel_err, monkeypatch):
+    """Eager on CUDA a hooked norm is one launch of mixgemm's kernel (rows 1, 3, 17, 129 and a batch), within the
+    dtype's tolerance of a float64 norm; an input it does not take (autograd, 0 rows) runs the module's forward."""
+    import mixgemm.kernels.cuda.rms_norm as rn
+
+    model = tiny_model("llama").to("cuda", dtype)
+    norm = next(m for m in model.modules() if hasattr(m, RMS_EPS_ATTR))
+    k = norm.weight.numel()
+    launches = []
+    real = rn.rms_norm_rows
+    monkeypatch.setattr(rn, "rms_norm_rows", lambda *a: launches.append(a[0].shape) or real(*a))
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for shape in ((1, k), (3, k), (17, k), (129, k), (2, 5, k)):
+        x = (torch.randn(shape, generator=gen, device="cuda") * 3).to(dtype)
+        before = x.clone()
+        with torch.no_grad():
+            y = norm(x)
+        assert y.shape == x.shape and y.dtype == dtype and torch.equal(x, before)
+        assert rel_err(y, _float64_norm(x, norm.weight, norm.variance_epsilon)) < TOL[dtype], shape
+    assert len(launches) == 5
+    x = torch.randn(2, k, device="cuda", dtype=dtype, requires_grad=True)
+    assert torch.equal(norm(x), type(norm).forward(norm, x)) and norm(x[:0]).shape == (0, k)
+    assert len(launches) == 5

@@ -135,7 +135,7 @@ class W4A8(_Precision):
 @dataclass
 class QuantizeReport:
     """What quantize_ did: ``replaced`` (names), ``skipped`` ({name: why}), ``excluded`` (filter_fn said no),
-    ``norm_kernels`` (the norms feeding only the new layers, computed by mixgemm's norm kernel under torch.compile:
+    ``norm_kernels`` (the norms feeding only the new layers, computed by mixgemm's norm kernel on CUDA:
     mixgemm.nn.norms.norm_kernels_at_norms)."""
 
     config: object

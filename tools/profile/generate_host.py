@@ -6,9 +6,11 @@ step is no larger. This times ``generate`` (default cache) for each model in tur
 of each under cProfile and prints the functions whose own time differs most between the two, per decode step.
 
     PYTHONPATH=src python -m tools.profile.generate_host --model qwen2-7b [--layers 28] [--new-tokens 64]
-        [--repeats 5] [--plain] [--out DIR]
+        [--repeats 5] [--plain] [--own-norms] [--out DIR]
 
---plain adds a quantize_(compact=False) copy. Writes DIR/generate_host_<model>.txt when --out is given.
+--plain adds a quantize_(compact=False) copy; --own-norms a copy whose norms run the model's own forward
+(mixgemm.nn.norms.use_inductor_norms: not mixgemm's norm kernel). Writes DIR/generate_host_<model>.txt when --out
+is given.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--plain", action="store_true", help="also a quantize_(compact=False) copy")
+    ap.add_argument("--own-norms", action="store_true", help="also a copy on the model's own norms")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -57,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         q = copy.deepcopy(fp16)
         mixgemm.quantize_(q, mixgemm.W4A16(group_size=128), compact=compact)
         models[tag] = q
+    if args.own_norms:
+        from mixgemm.nn.norms import use_inductor_norms
+
+        q = copy.deepcopy(fp16)
+        mixgemm.quantize_(q, mixgemm.W4A16(group_size=128))
+        use_inductor_norms(q)
+        models["w4a16_own_norms"] = q
     s = Settings(device="cuda", dtype=torch.float16, tiny=False, new_tokens=args.new_tokens, prompt_len=32,
                  repeats=args.repeats, warmup=0, seed=0)
     ids = prompt(fp16, s)

@@ -68,7 +68,7 @@ class MixgemmHfQuantizer(HfQuantizer):
         from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
 
         arrange_act_order(model)  # act-order layers as mixgemm.from_pretrained leaves them (exact)
-        norm_kernels_at_norms(model)  # the other norms feeding mixgemm layers: its norm kernel under torch.compile
+        norm_kernels_at_norms(model)  # the other norms feeding mixgemm layers: its norm kernel on CUDA
         from mixgemm.quantize_api import auto_compact_
 
         auto_compact_(model)  # one resident layout per weight on an sm_90 GPU, as mixgemm.from_pretrained

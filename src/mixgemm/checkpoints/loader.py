@@ -32,7 +32,7 @@ class LoadReport:
     projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm) and
     ``perm_at_norms`` (act-order layers whose input the norm before them gathers under torch.compile,
     mixgemm.nn.norms) and ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
-    kernel computes under torch.compile)."""
+    kernel computes on CUDA)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)

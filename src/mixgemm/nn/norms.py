@@ -17,9 +17,11 @@ share one input permutation their input gathered once.
   act-order layers. H100, W4 g128, batch 1, compiled with CUDA graphs (tools.checks.actorder_model): act-order
   models as loaded run at the plain model's tokens/s (see docs/design.md for the figures).
 
-Both happen in a forward hook on the norm, under torch.compile only (``torch.compiler.is_compiling()``, also in
-``QuantLinear.gathers_input()``): eager decoding is host-bound, a launch of ours instead of the module's own would not
-show there, so the hook returns the module's output unchanged and act-order layers gather in their kernels.
+Under torch.compile both happen in a forward hook on the norm (``torch.compiler.is_compiling()``, also in
+``QuantLinear.gathers_input()``). In eager mode the norm's forward itself is mixgemm's kernel on CUDA
+(``EagerNormForward``, an instance-level forward): eager decoding is host-bound, and transformers' RMSNorm is eight
+launches (cast, pow, mean, add, rsqrt, mul, cast, mul) where the kernel is one. Its output is not gathered there (a
+gather launch would be host time; act-order layers gather in their kernels).
 quantize_, mixgemm.from_pretrained and the transformers quantizer apply it (norm_kernels_at_norms;
 ``arrange_act_order``); use_inductor_norms undoes the norm kernel.
 
@@ -46,7 +48,7 @@ import torch
 from torch import nn
 
 from mixgemm.nn.linear import QuantLinear
-from mixgemm.ops.dispatch import kernel_perm
+from mixgemm.ops.dispatch import flat_rows, kernel_perm
 
 PERM_BUFFER = "mixgemm_output_perm"
 RMS_EPS_ATTR = "mixgemm_rms_eps"  # set on a norm that mixgemm's norm kernel computes under torch.compile
@@ -174,14 +176,53 @@ def _norm_hook(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor | 
     return None if perm is None else torch.ops.mixgemm.gather_columns(output, perm)
 
 
+class EagerNormForward:
+    """The instance-level forward of a norm that computes transformers' RMSNorm (RMS_EPS_ATTR set): outside
+    torch.compile, a CUDA input in the weight's dtype with nothing for autograd to record runs mixgemm's norm kernel
+    (one launch, the module's output ungathered); anything else, and every call under torch.compile (where the forward
+    hook hands the norm to the kernel), the module's class forward."""
+
+    __slots__ = ("norm",)
+
+    def __init__(self, norm: nn.Module):
+        self.norm = norm
+
+    def __call__(self, *args, **kwargs):
+        norm = self.norm
+        if len(args) == 1 and not kwargs and not torch.compiler.is_compiling():
+            y = _eager_rms_norm(norm, args[0])
+            if y is not None:
+                return y
+        return type(norm).forward(norm, *args, **kwargs)
+
+
+def _eager_rms_norm(norm: nn.Module, x) -> torch.Tensor | None:
+    """norm(x) by mixgemm's norm kernel, or None where it does not take x (the caller runs the module's forward)."""
+    eps = norm.__dict__.get(RMS_EPS_ATTR)
+    weight = norm._parameters.get("weight")
+    if eps is None or weight is None or not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype != weight.dtype \
+            or weight.device != x.device or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return None
+    from mixgemm.kernels.cuda.rms_norm import rms_norm_rows, unsupported_reason
+
+    k = x.shape[-1]
+    x2d = flat_rows(x, k)[1]
+    if unsupported_reason(x2d, weight, None) is not None:
+        return None
+    return rms_norm_rows(x2d, None, weight, eps, None)[1].view(x.shape)
+
+
 def _hook_norm(norm: nn.Module, eps: float | None) -> None:
     """Give ``norm`` (not hooked yet) the forward hook, with its epsilon when it computes transformers' RMSNorm
-    (rms_norm_eps: mixgemm's norm kernel computes it under torch.compile)."""
+    (rms_norm_eps: mixgemm's norm kernel computes it under torch.compile, and in eager mode through EagerNormForward,
+    unless the norm already has an instance-level forward of someone else's)."""
     if eps is not None:
         from mixgemm.ops import fuse_norm_add  # (imports torch._inductor: only when there is a norm for it)
 
         setattr(norm, RMS_EPS_ATTR, eps)
         fuse_norm_add.install()
+        if "forward" not in vars(norm):
+            norm.forward = EagerNormForward(norm)
     norm.register_forward_hook(_norm_hook)
     setattr(norm, HOOK_ATTR, True)
 
@@ -285,9 +326,10 @@ def gather_act_order_at_norms(model: nn.Module) -> list[str]:
 
 
 def norm_kernels_at_norms(model: nn.Module) -> list[str]:
-    """Let mixgemm's norm kernel compute, under torch.compile, every RMSNorm whose output only QuantLinears without
-    an input permutation read (act-order ones: gather_act_order_at_norms). Returns the norms' names; the model
-    computes the same outputs (eager: untouched; compiled: the same formula, its mean summed in another order)."""
+    """Let mixgemm's norm kernel compute, on CUDA (eager and under torch.compile), every RMSNorm whose output only
+    QuantLinears without an input permutation read (act-order ones: gather_act_order_at_norms). Returns the norms'
+    names; the model computes the same outputs (the same formula, its mean summed in another order on CUDA; eager on
+    the CPU: untouched)."""
     done = []
     for norm_name, norm, consumers in _norm_feeds(model):
         if HOOK_ATTR in vars(norm) or any(layer.input_perm is not None for _, layer in consumers):
@@ -300,14 +342,16 @@ def norm_kernels_at_norms(model: nn.Module) -> list[str]:
 
 
 def use_inductor_norms(model: nn.Module) -> list[str]:
-    """Undo what norm_kernels_at_norms and gather_act_order_at_norms give the norms' computation: torch.compile then
-    compiles each norm as the model's source has it (the norms gathering for act-order layers gather its output with
-    gather_columns). For A/B runs, or to rule mixgemm's norm kernel out. Returns the norms' names."""
+    """Undo what norm_kernels_at_norms and gather_act_order_at_norms give the norms' computation: eager mode and
+    torch.compile then run each norm as the model's source has it (the norms gathering for act-order layers gather
+    its output with gather_columns). For A/B runs, or to rule mixgemm's norm kernel out. Returns the norms' names."""
     done = []
     for name, norm in model.named_modules():
         if getattr(norm, RMS_EPS_ATTR, None) is None:
             continue
         delattr(norm, RMS_EPS_ATTR)
+        if isinstance(vars(norm).get("forward"), EagerNormForward):
+            del norm.forward
         if PERM_BUFFER not in norm._buffers:  # nothing left for the hook to do
             for key in [k for k, hook in norm._forward_hooks.items() if hook is _norm_hook]:
                 del norm._forward_hooks[key]
