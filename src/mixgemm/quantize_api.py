@@ -136,13 +136,15 @@ class W4A8(_Precision):
 class QuantizeReport:
     """What quantize_ did: ``replaced`` (names), ``skipped`` ({name: why}), ``excluded`` (filter_fn said no),
     ``norm_kernels`` (the norms feeding only the new layers, computed by mixgemm's norm kernel on CUDA:
-    mixgemm.nn.norms.norm_kernels_at_norms)."""
+    mixgemm.nn.norms.norm_kernels_at_norms), ``sibling_groups`` (the new layers reading one tensor, which compiled
+    one-row calls run as one launch: mixgemm.nn.siblings.join_siblings)."""
 
     config: object
     replaced: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     excluded: list[str] = field(default_factory=list)
     norm_kernels: list[str] = field(default_factory=list)
+    sibling_groups: list[list[str]] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"quantize_ {self.config}: {len(self.replaced)} replaced, {len(self.skipped)} skipped, "
@@ -258,9 +260,11 @@ def quantize_(model: nn.Module, config: _Precision,
     if report.replaced:
         from mixgemm.checkpoints.native import attach_quantization_config
         from mixgemm.nn.norms import norm_kernels_at_norms
+        from mixgemm.nn.siblings import join_siblings
 
         attach_quantization_config(model)  # transformers models: save_pretrained records every layer's format
         report.norm_kernels = norm_kernels_at_norms(model)
+        report.sibling_groups = join_siblings(model)
     return report
 
 

@@ -22,7 +22,8 @@ the sweep - allocated before the model was built - the model's other tensors (em
 1.10x the packed size. quantize_ keeps one resident layout per weight on an sm_90 GPU by default (its compact
 argument); a format ending in +plain (W4A16+plain) quantizes with compact=False (the plain codes and each kernel's
 layout as calls build them), one ending in +compact compacts explicitly after that (mixgemm.compact_, also on the CPU).
---plain times a compact=False copy of the W4A16 model beside the default one (tag w4a16_plain).
+--plain times a compact=False copy of the W4A16 model beside the default one (tag w4a16_plain); --separate a copy
+whose layers reading one tensor run one by one (mixgemm.nn.siblings.separate_siblings; tag w4a16_separate).
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
 replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
@@ -94,6 +95,7 @@ class Settings:
     kernel_steps: int = 0  # compiled mode: profile this many more steps (the GPU kernels per step)
     compiled_repeats: int = 1  # compiled mode: timed loops of new_tokens steps (the median)
     plain: bool = False  # speed: also a quantize_(compact=False) copy of the W4A16 model
+    separate: bool = False  # speed: also a copy whose sibling layers (q / k / v, gate / up) run one by one
 
     @property
     def cuda(self) -> bool:
@@ -247,6 +249,12 @@ def speed(res: dict, modes, s: Settings, log):
     if s.plain:  # a copy keeping the plain codes and every kernel's layout, timed in the same turns
         models["w4a16_plain"] = copy.deepcopy(models["fp16"])
         quantize(models["w4a16_plain"], config, compact=False)
+    if s.separate:  # the layers that read one tensor one by one (no joined launch), timed in the same turns
+        from mixgemm.nn.siblings import separate_siblings
+
+        models["w4a16_separate"] = copy.deepcopy(models["fp16"])
+        quantize(models["w4a16_separate"], config)
+        separate_siblings(models["w4a16_separate"])
     free_memory(s)
     f = res["first_step"] = first_step(models["w4a16"], ids, ref, config, s)
     log(f"{name}: W4A16 g128 first-step logits cosine {f['cosine']:.4f} vs fp16, "
@@ -415,10 +423,12 @@ def main(argv=None) -> int:
     ap.add_argument("--plain", action="store_true",
                     help="also time a quantize_(compact=False) copy of the W4A16 model (the plain codes and each "
                          "kernel's layout, against the default one resident layout per weight)")
+    ap.add_argument("--separate", action="store_true",
+                    help="also time a W4A16 copy whose layers reading one tensor run one by one (no joined launch)")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m and not (args.skip_compiled and m == "compiled")]
     models, s = settings_from(ap, args, modes, MODES, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")),
-                              plain=args.plain, compiled_repeats=args.compiled_repeats)
+                              plain=args.plain, separate=args.separate, compiled_repeats=args.compiled_repeats)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()

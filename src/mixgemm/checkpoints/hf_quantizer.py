@@ -72,6 +72,9 @@ class MixgemmHfQuantizer(HfQuantizer):
         from mixgemm.quantize_api import auto_compact_
 
         auto_compact_(model)  # one resident layout per weight on an sm_90 GPU, as mixgemm.from_pretrained
+        from mixgemm.nn.siblings import join_siblings
+
+        join_siblings(model)  # q / k / v and gate / up as one launch in compiled one-row calls
         return model
 
     def is_serializable(self, *args, **kwargs) -> bool:

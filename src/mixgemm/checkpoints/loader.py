@@ -22,6 +22,7 @@ from torch import nn
 from mixgemm.checkpoints import skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
 from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
+from mixgemm.nn.siblings import join_siblings
 
 
 @dataclass
@@ -31,8 +32,9 @@ class LoadReport:
     ``ignored`` (checkpoint tensors that the model has no place for), ``perm_folded`` (act-order down
     projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm) and
     ``perm_at_norms`` (act-order layers whose input the norm before them gathers under torch.compile,
-    mixgemm.nn.norms) and ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
-    kernel computes on CUDA)."""
+    mixgemm.nn.norms), ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
+    kernel computes on CUDA) and ``sibling_groups`` (the layers reading one tensor that compiled one-row calls run as
+    one launch, mixgemm.nn.siblings)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)
@@ -42,6 +44,7 @@ class LoadReport:
     perm_folded: list[str] = field(default_factory=list)
     perm_at_norms: list[str] = field(default_factory=list)
     norm_kernels: list[str] = field(default_factory=list)
+    sibling_groups: list[list[str]] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"from_pretrained ({self.source}): {len(self.quantized)} QuantLinear ({len(self.inexact)} "
@@ -340,7 +343,8 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
         warnings.warn(f"from_pretrained: {len(report.ignored)} checkpoint tensors have no place in the model and were "
                       f"ignored, e.g. {report.ignored[:5]}", stacklevel=2)
     attach_quantization_config(model)
-    auto_compact_(model, compact)  # last: act-order folding above rewrites plain codes
+    auto_compact_(model, compact)  # act-order folding above rewrites plain codes
+    report.sibling_groups = join_siblings(model)  # after compacting: joins the layouts compacted on the GPU
     model.mixgemm_report = report
     return model.eval()
 

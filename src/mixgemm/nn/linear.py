@@ -52,6 +52,10 @@ _ACT_ID = {(None, "group"): 0, **{(m, "group"): i + 1 for i, m in enumerate(ACT_
 _DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
+# The SiblingGroup (mixgemm.nn.siblings) of a layer that reads the same tensor as other layers, in its __dict__
+SIBLINGS_ATTR = "_mixgemm_siblings"
+
+
 class QuantLinear(nn.Module):
     """y = x @ dequant(W).T + bias with W [out_features, in_features] block-quantized along in_features.
 
@@ -77,6 +81,7 @@ class QuantLinear(nn.Module):
     """
 
     input_gathered_by: str | None = None
+    _mixgemm_siblings = None  # (SIBLINGS_ATTR: the instance's group where it has one)
     # Keep the codes in one resident layout wherever the layer lands on a GPU whose kernels read one (an sm_90 GPU:
     # _auto_compact). quantize_ and from_pretrained set it (their ``compact`` argument, default True); a layer built
     # directly keeps its plain codes unless asked (compact_), and uncompact_ clears it.
@@ -233,6 +238,12 @@ class QuantLinear(nn.Module):
             y = fast_call(self, x)  # this input shape seen before: its kept launch (ops/eager.py)
             if y is not None:
                 return y
+        else:
+            siblings = self._mixgemm_siblings
+            if siblings is not None:  # the layers reading this x as one launch (mixgemm.nn.siblings)
+                y = siblings.traced_output(self, x)
+                if y is not None:
+                    return y
         # act-order weight-only layers hand input_perm to the kernels (the GEMVs gather x while reading it, the
         # GEMMs after one gather: mixgemm.ops.dispatch.run_linear); activation-quantized ones gather here
         bits, group_size, mode, n, k, act_mode, act_block, lo, hi = self._op_fields
@@ -312,10 +323,13 @@ class QuantLinear(nn.Module):
         old = self.qweight
         placeholder = compact_placeholder(old)
         qw = compact_weight(self.quantized_weight(), placeholder, layout)
-        forget(self.__dict__)  # kept launches hold the layouts being dropped
+        self._weight_changes()  # kept launches and a joined layout hold the layouts being dropped
         self._buffers["qweight"] = placeholder
         cache_weight(placeholder, qw)
         drop_cached(old)  # (so that the plain codes and the other layouts go now, not at the next garbage collection)
+        siblings = self.__dict__.get(SIBLINGS_ATTR)
+        if siblings is not None:
+            siblings.try_join()  # (joined once the last of the group is compacted)
         return self
 
     def uncompact_(self) -> QuantLinear:
@@ -346,10 +360,18 @@ class QuantLinear(nn.Module):
             return self
         qw = self.quantized_weight()
         plain = qw.packed()
-        forget(self.__dict__)
+        self._weight_changes()
         self._buffers["qweight"] = plain
         cache_weight(plain, replace(qw, qweight=plain, resident=None))
         return self
+
+    def _weight_changes(self) -> None:
+        """Before this layer's weight tensors are replaced: drop what holds their layouts (the eager path's kept
+        launches, the joined layer of its sibling group)."""
+        forget(self.__dict__)
+        siblings = self.__dict__.get(SIBLINGS_ATTR)
+        if siblings is not None:
+            siblings.release()
 
     # ---- state ---------------------------------------------------------------------------------------
     def _format_tensor(self) -> torch.Tensor:
@@ -388,6 +410,7 @@ class QuantLinear(nn.Module):
         # pickle / deepcopy: a compacted layer travels with its plain codes (the cache that holds its resident layout
         # hangs on the placeholder tensor and is not pickled) and compacts itself again on arrival
         state = dict(super().__getstate__())
+        state.pop(SIBLINGS_ATTR, None)  # (a copy runs its layers one by one: the group is the original model's)
         layout = self.compact
         if layout is not None:
             state["_buffers"] = {**state["_buffers"], "qweight": self.quantized_weight().packed()}
@@ -433,7 +456,7 @@ class QuantLinear(nn.Module):
             if not self.auto_compact:
                 self._compact_again(layout, "moved")
             return out
-        forget(self.__dict__)  # the eager path's kept launches hold the layouts of the tensors being replaced
+        self._weight_changes()  # the eager path's kept launches hold the layouts of the tensors being replaced
         # Keep the scale dtype: only move scales / offsets to the device fn would send them to.
         keep = {id(self.scales), id(self.offsets)}
 

@@ -280,7 +280,7 @@ def _self_references(cls: type, name: str) -> int:
                and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name) and n.value.id == "self")
 
 
-def _norm_feeds(model: nn.Module) -> Iterator[tuple[str, nn.Module, list[tuple[str, QuantLinear]]]]:
+def norm_consumers(model: nn.Module) -> Iterator[tuple[str, nn.Module, list[tuple[str, QuantLinear]]]]:
     """(name, norm, [(name, layer), ...]) for every norm whose output only those QuantLinears read (module
     docstring's rules)."""
     seen: dict[int, int] = {}
@@ -308,7 +308,7 @@ def gather_act_order_at_norms(model: nn.Module) -> list[str]:
     (module docstring). Returns the names of the layers that no longer gather; the model computes the same
     outputs. Running it again changes nothing."""
     changed = []
-    for norm_name, norm, consumers in _norm_feeds(model):
+    for norm_name, norm, consumers in norm_consumers(model):
         perms = [layer.input_perm for _, layer in consumers]
         if PERM_BUFFER in norm._buffers or perms[0] is None or any(
                 p is None or p.device != perms[0].device or not torch.equal(p, perms[0]) for p in perms) \
@@ -331,7 +331,7 @@ def norm_kernels_at_norms(model: nn.Module) -> list[str]:
     names; the model computes the same outputs (the same formula, its mean summed in another order on CUDA; eager on
     the CPU: untouched)."""
     done = []
-    for norm_name, norm, consumers in _norm_feeds(model):
+    for norm_name, norm, consumers in norm_consumers(model):
         if HOOK_ATTR in vars(norm) or any(layer.input_perm is not None for _, layer in consumers):
             continue
         eps = rms_norm_eps(norm, consumers[0][1].in_features)
