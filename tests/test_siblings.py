@@ -195,3 +195,35 @@ def test_joined_on_the_gpu(dtype, mode, monkeypatch, rel_err):
     got, runs = compiled(model, ids, monkeypatch, backend="inductor")
     assert runs == [True] * 10
     assert rel_err(got.float(), eager.float()) < (2e-3 if dtype == torch.float16 else 2e-2)
+
+
+def test_a_sharded_group_joins_its_shards(join_on_cpu, monkeypatch):
+    """Tensor-parallel sharding replaces a layer's tensors in place and changes its N (mixgemm.distributed): the group
+    joins the shards again, with their columns."""
+    from mixgemm.distributed.shard import COLWISE, shard_quant_linear
+    from mixgemm.distributed.styles import _adopt
+
+    for kv_heads, joins in ((4, True), (2, False)):  # k / v shards of 128 rows, or of 64 (two off the row blocks)
+        model, _ = tiny("llama", num_key_value_heads=kv_heads)
+        attn = model.model.layers[0].self_attn
+        x = torch.randn(1, 256)
+        g = attn.q_proj.__dict__[SIBLINGS_ATTR]
+        for name in ("q_proj", "k_proj", "v_proj"):
+            layer = getattr(attn, name)
+            layer.uncompact_()
+            _adopt(layer, shard_quant_linear(layer, COLWISE, 1, 2))  # rank 1 of 2: the second half of the rows
+            layer.compact_()
+        assert (g.joined is not None) == joins
+        if joins:
+            ns = [layer.out_features for layer in g.members]
+            assert g.columns == [(sum(ns[:i]), sum(ns[:i + 1])) for i in range(3)] and sum(ns) == 384
+        want = [getattr(attn, name)(x) for name in ("q_proj", "k_proj", "v_proj")]
+        torch._dynamo.reset()
+        try:
+            got = torch.compile(lambda t, a=attn: (a.q_proj(t), a.k_proj(t), a.v_proj(t)), backend="eager",
+                                fullgraph=True)(x)
+        finally:
+            torch._dynamo.reset()
+        assert g._traced is None
+        for a, b in zip(got, want, strict=True):
+            assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)

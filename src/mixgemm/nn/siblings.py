@@ -51,17 +51,11 @@ class SiblingGroup:
 
     members: list[QuantLinear]
     names: list[str]
-    columns: list[tuple[int, int]] = field(init=False)
     joined: QuantLinear | None = field(default=None, init=False)  # the hidden layer over the joined layout
+    # each member's columns of the joined output, from the members' N when joined (tensor-parallel sharding changes it)
+    columns: list[tuple[int, int]] = field(default_factory=list, init=False)
     # while a traced step runs the group: (x, the joined output, which members took their columns)
     _traced: tuple | None = field(default=None, init=False)
-
-    def __post_init__(self):
-        cols, start = [], 0
-        for layer in self.members:
-            cols.append((start, start + layer.out_features))
-            start += layer.out_features
-        self.columns = cols
 
     def traced_output(self, member: QuantLinear, x: torch.Tensor) -> torch.Tensor | None:
         """Under torch.compile: member's columns of the joined product for x (run by the first member called with this
@@ -117,7 +111,11 @@ class SiblingGroup:
             block += blocks
             plans_of(qw).clear()  # its call plans and kept launches hold the layout being replaced
             forget(layer.__dict__)
-        n = sum(lay.n for lay in lays)
+        n, cols = 0, []
+        for lay in lays:
+            cols.append((n, n + lay.n))
+            n += lay.n
+        self.columns = cols
         self.joined = _hidden_layer(self.members, qws[0], replace(first, weight=weight, params=params, n=n))
         self._traced = None
         return True
