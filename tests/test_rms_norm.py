@@ -395,4 +395,12 @@ def test_eager_norm_forward_is_the_kernel_on_the_gpu(dtype, rel_err, monkeypatch
     assert len(launches) == 5
     x = torch.randn(2, k, device="cuda", dtype=dtype, requires_grad=True)
     assert torch.equal(norm(x), type(norm).forward(norm, x)) and norm(x[:0]).shape == (0, k)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    with torch.no_grad():
+        x = torch.randn(2, k, device="cuda", dtype=dtype)
+        assert torch.equal(norm(TwoTensor(x, x)).a, type(norm).forward(norm, x))  # a subclass: no data pointer
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            assert norm(mode.from_tensor(x)).shape == (2, k)
     assert len(launches) == 5

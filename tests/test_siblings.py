@@ -227,3 +227,37 @@ def test_a_sharded_group_joins_its_shards(join_on_cpu, monkeypatch):
         assert g._traced is None
         for a, b in zip(got, want, strict=True):
             assert a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_assigned_tensors_and_partial_steps(join_on_cpu, monkeypatch):
+    """A member's tensor assigned (not through load_state_dict) drops the join, so compiled calls see it; a replaced
+    join's buffers go without a garbage collection; a compiled call of some members only leaves the next full step
+    its joined product."""
+    import weakref
+
+    model, _ = tiny("qwen2")
+    attn = model.model.layers[0].self_attn
+    g = attn.v_proj.__dict__[SIBLINGS_ATTR]
+    ids = torch.tensor([[3]])
+    attn.v_proj.bias = torch.nn.Parameter(attn.v_proj.bias.detach() + 1.0, requires_grad=False)
+    assert g.joined is None
+    got, runs = compiled(model, ids, monkeypatch)
+    assert runs[:3] == [False] * 3 and torch.allclose(got, step(model, ids), rtol=1e-5, atol=1e-5)
+    attn.v_proj.compact_()  # (compacted already: nothing to do, and no join either)
+    g.try_join()
+    assert g.joined is not None
+    old = weakref.ref(g.joined.quantized_weight()._layouts["wgmma_v1"].weight)
+    gc.disable()
+    try:
+        attn.k_proj.load_state_dict(attn.k_proj.state_dict())  # joined again over the reloaded layer
+        assert g.joined is not None and old() is None
+    finally:
+        gc.enable()
+    torch._dynamo.reset()
+    try:
+        torch.compile(lambda t: attn.q_proj(t), backend="eager", fullgraph=True)(torch.randn(1, 256))
+    finally:
+        torch._dynamo.reset()
+    assert g._traced is not None  # k / v were not called
+    got, runs = compiled(model, ids, monkeypatch)
+    assert runs == [True] * 10 and torch.allclose(got, step(model, ids), rtol=1e-5, atol=1e-5)

@@ -54,6 +54,7 @@ _DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 # The SiblingGroup (mixgemm.nn.siblings) of a layer that reads the same tensor as other layers, in its __dict__
 SIBLINGS_ATTR = "_mixgemm_siblings"
+_WEIGHT_TENSORS = frozenset({"qweight", "scales", "zeros", "offsets", "bias", "input_perm"})
 
 
 class QuantLinear(nn.Module):
@@ -121,6 +122,8 @@ class QuantLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def __setattr__(self, name, value):
+        if name in _WEIGHT_TENSORS and self.__dict__.get(SIBLINGS_ATTR) is not None:
+            self._weight_changes()  # a tensor assigned: a joined layout over the old one is stale (nn/siblings.py)
         super().__setattr__(name, value)
         if name in self._OP_FIELDS and all(f in self.__dict__ for f in self._OP_FIELDS):
             c = self.config
@@ -361,8 +364,10 @@ class QuantLinear(nn.Module):
         qw = self.quantized_weight()
         plain = qw.packed()
         self._weight_changes()
+        old = self._buffers["qweight"]
         self._buffers["qweight"] = plain
         cache_weight(plain, replace(qw, qweight=plain, resident=None))
+        drop_cached(old)  # (the placeholder and its cached weight refer to each other: a cycle until gc otherwise)
         return self
 
     def _weight_changes(self) -> None:

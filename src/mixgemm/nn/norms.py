@@ -46,12 +46,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from mixgemm.nn.linear import QuantLinear
 from mixgemm.ops.dispatch import flat_rows, kernel_perm
 
 PERM_BUFFER = "mixgemm_output_perm"
-RMS_EPS_ATTR = "mixgemm_rms_eps"  # set on a norm that mixgemm's norm kernel computes under torch.compile
+RMS_EPS_ATTR = "mixgemm_rms_eps"  # set on a norm that mixgemm's norm kernel computes (eager and compiled, on CUDA)
 HOOK_ATTR = "_mixgemm_norm_hook"  # True on a norm that has the forward hook (installed once)
 
 
@@ -200,8 +201,12 @@ def _eager_rms_norm(norm: nn.Module, x) -> torch.Tensor | None:
     """norm(x) by mixgemm's norm kernel, or None where it does not take x (the caller runs the module's forward)."""
     eps = norm.__dict__.get(RMS_EPS_ATTR)
     weight = norm._parameters.get("weight")
-    if eps is None or weight is None or not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype != weight.dtype \
-            or weight.device != x.device or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    # plain tensors only, outside dispatch modes and tracers: a tensor subclass (DTensor, fake tensors) has no data
+    # pointer the kernel could read, and a tracer would not see the launch
+    if eps is None or type(x) is not torch.Tensor or type(weight) not in (torch.Tensor, nn.Parameter) \
+            or not x.is_cuda or x.dtype != weight.dtype or weight.device != x.device \
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) \
+            or _get_current_dispatch_mode() is not None or torch.jit.is_tracing():
         return None
     from mixgemm.kernels.cuda.rms_norm import rms_norm_rows, unsupported_reason
 

@@ -18,9 +18,10 @@ bookkeeping cost about what the saved calls did (docs/design.md). More rows, aut
 layer too.
 
 The join is made when the last member is compacted on the GPU (quantize_, from_pretrained, a move, a reload) and
-dropped when a member's weight tensors are replaced (QuantLinear._weight_changes), so a compiled function's guards
-on the group see the change. A compiled graph reads the joined layout as it was joined: a member's parameters edited
-in place (not through load_state_dict) are not seen there, as a captured CUDA graph does not see them for any layer.
+dropped when a member's weight tensors are replaced or assigned (QuantLinear._weight_changes, __setattr__), so a
+compiled function's guards on the group see the change. A member's parameters edited in place (an in-place op on its
+scales or bias) are not seen by compiled calls of the joined layer, which read the layout as it was joined; the
+layers one by one see such an edit where no CUDA graph was captured.
 The group is not part of the state dict, nor of pickles and copies (QuantLinear.__getstate__ leaves it out): a copy
 runs its layers one by one.
 """
@@ -35,7 +36,7 @@ from torch import nn
 from mixgemm.formats.layouts_wgmma import WgmmaLayout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.nn.linear import SIBLINGS_ATTR, QuantLinear
-from mixgemm.ops.custom_ops import cache_weight
+from mixgemm.ops.custom_ops import cache_weight, drop_cached
 from mixgemm.ops.dispatch import plans_of
 from mixgemm.ops.kept_launches import forget
 
@@ -59,7 +60,7 @@ class SiblingGroup:
 
     def traced_output(self, member: QuantLinear, x: torch.Tensor) -> torch.Tensor | None:
         """Under torch.compile: member's columns of the joined product for x (run by the first member called with this
-        x), or None (not joined, more than one row, another input already pending): the member runs by itself."""
+        x), or None (not joined, more than one row, autograd to record): the member runs by itself."""
         if self.joined is None or x.dim() == 0 or x.numel() != x.shape[-1] or (torch.is_grad_enabled() and (
                 x.requires_grad or any(layer.bias is not None and layer.bias.requires_grad for layer in self.members))):
             return None  # (the joined layer's plain parameters are stand-ins: its backward would read them)
@@ -70,8 +71,8 @@ class SiblingGroup:
             taken = st[2][:i] + (True,) + st[2][i + 1:]
             self._traced = None if all(taken) else (x, st[1], taken)
             return st[1][..., a:b]
-        if st is not None:
-            return None  # another input is pending: run by itself rather than lose the pending columns
+        # a new input (or the same one again): its own product; pending columns of another input are dropped, their
+        # layers run this same way when called (a state left over from a step that skipped a member cannot stall it)
         y = self.joined(x)
         self._traced = (x, y, tuple(j == i for j in range(len(self.members))))
         return y[..., a:b]
@@ -79,6 +80,8 @@ class SiblingGroup:
     def release(self) -> None:
         """Drop the joined layer (a member's weight tensors are being replaced: QuantLinear calls this). The members
         keep their slices, which stay correct; try_join joins the layouts again."""
+        if self.joined is not None:
+            drop_cached(self.joined._buffers["qweight"])  # (the weight cached on it refers to it: a cycle until gc)
         self.joined, self._traced = None, None
 
     def try_join(self) -> bool:
@@ -94,6 +97,8 @@ class SiblingGroup:
             if layer.scales.device != device or layer.compact != LAYOUT:
                 return False
             qws.append(layer.quantized_weight())
+        if len({layer.bias.dtype for layer in self.members if layer.bias is not None}) > 1:
+            return False
         lays = [qw._layouts[LAYOUT] for qw in qws]
         first = lays[0]
         same = ("k", "k_padded", "bits", "mode", "group_size", "num_groups", "gk")
