@@ -287,11 +287,17 @@ RESIDENT_LAYOUTS: dict[str, ResidentLayout] = {
 }
 
 
+def stand_in(shape: tuple[int, int], dtype: torch.dtype, device) -> torch.Tensor:
+    """A 2-D tensor of ``shape`` over one zero element (all strides 0): the metadata of a tensor whose values live
+    elsewhere, without its memory."""
+    return torch.zeros(1, dtype=dtype, device=device).as_strided(tuple(shape), (0, 0))
+
+
 def compact_placeholder(qweight: torch.Tensor) -> torch.Tensor:
     """A stand-in for the plain packed codes of a resident-only weight: qweight's shape, dtype and device over one
     zero byte (all strides 0), so module code, torch.compile and state handling see the same tensor metadata while
     the codes' memory is released. Reading it gives zeros, never the codes: QuantizedWeight.packed() rebuilds them."""
-    return torch.zeros(1, dtype=qweight.dtype, device=qweight.device).as_strided(tuple(qweight.shape), (0, 0))
+    return stand_in(qweight.shape, qweight.dtype, qweight.device)
 
 
 def is_compact_placeholder(t: torch.Tensor) -> bool:

@@ -33,15 +33,15 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from mixgemm.formats.layouts_wgmma import WgmmaLayout
-from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.formats.layouts_wgmma import GROUP_TILES, ROWS, WgmmaLayout
+from mixgemm.formats.weight import QuantizedWeight, stand_in
 from mixgemm.nn.linear import SIBLINGS_ATTR, QuantLinear
 from mixgemm.ops.custom_ops import cache_weight, drop_cached
 from mixgemm.ops.dispatch import plans_of
 from mixgemm.ops.kept_launches import forget
 
 LAYOUT = "wgmma_v1"
-ROW_BLOCK = 128  # wgmma_v1 stores rows in blocks of 128 ([N_pad / 128, ...]): every member but the last fills its own
+ROW_BLOCK = GROUP_TILES * ROWS  # wgmma_v1's row block ([N_pad / 128, ...]): every member but the last fills its own
 # Devices where layouts are joined. The CPU's compiled code is not launch-bound; tests add "cpu" to exercise the logic.
 JOIN_ON = ("cuda",)
 
@@ -141,10 +141,10 @@ def _hidden_layer(members: list[QuantLinear], qw0: QuantizedWeight, layout: Wgmm
             return torch.zeros(0, dtype=dtype, device=dev)
         if dev.type == "cpu":
             return torch.cat(parts)
-        return torch.zeros(1, dtype=dtype, device=dev).as_strided((n, parts[0].shape[1]), (0, 0))
+        return stand_in((n, parts[0].shape[1]), dtype, dev)
 
     b = hidden._buffers
-    b["qweight"] = torch.zeros(1, dtype=torch.uint8, device=dev).as_strided((n, k * c.bits // 8), (0, 0))
+    b["qweight"] = stand_in((n, k * c.bits // 8), torch.uint8, dev)
     b["scales"] = joined("scales", c.scale_dtype)
     b["zeros"] = joined("zeros", torch.uint8)
     b["offsets"] = joined("offsets", c.scale_dtype)
