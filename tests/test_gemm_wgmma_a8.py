@@ -767,3 +767,65 @@ def test_split_k_rule():
     assert rule(14336, 4096, bits=8, gs=-1, nofold=3 * one_mib // 2) == 3  # 1.75 MiB a CTA
     assert rule(8192, 8192, bits=8, gs=-1, nofold=3 * one_mib // 2) == 1  # 1 MiB a CTA: no split
     assert rule(512, 4096) == 1  # 4 k-tiles: no slice would keep two stages
+
+
+def test_tail_rows():
+    """TAIL: whole waves of tiles over weight rows [0, n0), the partial last wave's rows as split-K clusters; split 2
+    where that wave fills at most half the SMs (the weight-only GEMM's rule), n0 in whole MC pairs of column tiles,
+    nothing with SPLIT or TAIL 0, a forced split as given."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, tail_rows
+
+    cfg = dict(default_config(2048, 4608, 4096, 4096, 8), TAIL="auto")  # BM 256, MC 2: 8 x 36 tiles on 132 SMs
+    assert (cfg["BM"], cfg["MC"]) == (256, 2)
+    assert tail_rows(2048, 4608, cfg, 132) == (4096, 2)  # 2 waves are 33 column tiles: 32 pair up
+    assert tail_rows(2048, 4608, dict(cfg, MC=1), 132) == (4224, 2)
+    assert tail_rows(2048, 4608, dict(cfg, TAIL=0), 132) == (0, 0)
+    assert tail_rows(2048, 4608, dict(cfg, SPLIT=2), 132) == (0, 0)
+    assert tail_rows(2048, 4608, dict(cfg, TAIL=3), 132) == (4096, 3)
+    assert tail_rows(2048, 4096, cfg, 132) == (0, 0)  # 256 tiles: the last wave 0.94 full
+    assert tail_rows(2048, 4096, cfg, 300) == (0, 0)  # less than one wave
+    with pytest.raises(ValueError, match="TAIL"):
+        tail_rows(2048, 4608, dict(cfg, TAIL=9), 132)
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,gs,int_scales", [(8, -1, False), (4, 128, True), (4, 128, False)])
+@pytest.mark.parametrize("mc", [1, 2])
+def test_gpu_tail_launch(bits, gs, int_scales, mc):
+    """TAIL (two launches: whole waves, then the rest as split-K clusters into the output's last columns) against
+    one launch: bit-equal where the sums are int32 over K (per channel, integer group scales; the split adds them
+    exactly), within the fp16 tolerance with the per-group fp32 fold; bias, clamp, an N past the last 128-row block,
+    eager and through the functional call; inputs untouched."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import tail_rows
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    k, m = 1024, 512
+    bm = 256 if (bits == 8 or int_scales) else 128
+    cfg = dict(BM=bm, NWG=2, STAGES=2 if bm == 256 else 4, KT=2, NP=1, CVT=0, MC=mc)
+    # N: about a wave and a quarter of tiles (column tiles that pair up for MC 2), the last one of 40 rows
+    n = (sms * 5 // 4 // -(-m // bm)) // (2 * mc) * (2 * mc) * 128 - 88
+    n0, split = tail_rows(m, n, dict(cfg, TAIL="auto"), sms)
+    assert n0 and split == 2, (n, n0, split)
+    per_token = int_scales
+    y1, ref = _run(m, n, k, bits, gs, torch.float16, config=dict(cfg, TAIL="auto"), seed=7, per_token=per_token,
+                   int_scales=int_scales)
+    y0, _ = _run(m, n, k, bits, gs, torch.float16, config=cfg, seed=7, per_token=per_token, int_scales=int_scales)
+    if bits == 8 or int_scales:
+        assert torch.equal(y1, y0)
+    assert _rel(y1, ref) < 1e-3, _rel(y1, ref)
+
+
+def test_tail_default_rule():
+    """Past the small-M tiles, the registry's config asks for TAIL "auto" from K = tuning.A8_TAIL_MIN_K (where the
+    split slices are long enough to pay), not below it nor at small M (there the cluster split covers the SMs)."""
+    from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
+    from mixgemm.kernels.registry import DeviceInfo
+    from mixgemm.tuning import A8_TAIL_MIN_K
+
+    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    long_k = _qw(128, A8_TAIL_MIN_K, 8, -1)
+    short_k = _qw(128, A8_TAIL_MIN_K // 2, 8, -1)
+    assert _wgmma_a8_config(a8_problem(2048, long_k, torch.float16, h100, "sym", True)).get("TAIL") == "auto"
+    assert "TAIL" not in _wgmma_a8_config(a8_problem(2048, short_k, torch.float16, h100, "sym", True))
+    assert "TAIL" not in _wgmma_a8_config(a8_problem(16, long_k, torch.float16, h100, "sym", True))

@@ -146,7 +146,12 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
         on_wg = [dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
         if m == 1:
             on_wg.append({**mma, "WG": 1})
-            return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)], "cuda_gemv_mma/compact": on_wg}
+            out = {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)], "cuda_gemv_mma/compact": on_wg}
+            if simt_grid:  # both kernels' grids on wgmma_v1: the tensor-core GEMV's (KS, U) and the CUDA-core tiles
+                kt64 = -(-k // 64)
+                out["cuda_gemv_mma/compact"] += [c for c in mma_grid(on_wg[-1], kt64) if c not in on_wg]
+                out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(kt64)
+            return out
         out = {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)],
                "cuda_gemv_mma/compact": on_wg + mma_variants(on_wg[0])}
         if split_rt:  # the compacted weight's other choices: the GEMV's row tiles and the GEMM's cluster splits

@@ -270,6 +270,8 @@ def _wgmma_a8_config(p: Problem) -> dict:
         cfg["SPLIT"] = split_k_rule(p.m, p.n, p.k, lay.bits, cfg,
                                     tuning.A8_SPLIT_PER_CHANNEL_MIN_CTA_BYTES if lay.per_channel else None,
                                     p.device.sm_count, slots)
+    elif p.k >= tuning.A8_TAIL_MIN_K:
+        cfg["TAIL"] = "auto"  # a last wave at most half full runs as split-K-2 clusters (gemm_wgmma_a8.tail_rows)
     cfg["FQ"] = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
     return cfg
 

@@ -357,3 +357,11 @@ A8_W8_PER_CHANNEL_TRITON_FROM_M = 1024
 # counters zeroed by a memset node of the graph's own, which costs what the one launch saves).
 A8_QUANTIZING_MAX_M = 64
 A8_QUANTIZING_MAX_MACS = 1 << 31
+# The int8 wgmma GEMM's TAIL past the small-M tiles (gemm_wgmma_a8.tail_rows: where the last wave of tiles fills at
+# most half the SMs, its weight rows run as a second launch of split-K-2 clusters) from this K. Source:
+# tools/bench/a8_tail.py (H100, whole calls with the quantizer, medians of 3 in turns, W8 per channel and W4 g128
+# integer scales per token, M 1024 / 2048 / 4096, time against one launch; every pair bit-equal): K 13824-36864
+# 0.82-0.96x (27648x5120 M = 2048 W8A8 581.6 -> 512.3 us, 1.48x -> 1.68x fp16 cuBLAS; 36864x4608 M = 1024 W4A8
+# 449.6 -> 369.0), K 8192-9216 0.95-1.00x (8192x3072, 9216x2304), but K 4096-5120 1.01-1.06x (4096x4608, 5120x5120,
+# 5120x7168): a split slice there is too short for its pipeline fill and the second launch's wait for the first.
+A8_TAIL_MIN_K = 8192

@@ -29,7 +29,9 @@
   where the tile has the producer warpgroup and MC 1; the default where the call is bound by host time, see
   kernels/a8.py; 0: the row quantizer's launch, then the GEMM), SPLIT (1, or 2..8: split-K over a thread-block
   cluster of that many CTAs per output tile, each a slice of K, the sums met in distributed shared memory; MC 1,
-  per-element stores; ``split_slices`` gives the slices, ``split_k_rule`` the default's choice).
+  per-element stores; ``split_slices`` gives the slices, ``split_k_rule`` the default's choice), TAIL (0, "auto" or
+  2..8: the tiles of whole waves in one launch and the weight rows of the partial last wave in a second, cluster
+  split-K launch, as the weight-only GEMM's TAIL; ``tail_rows``; not with SPLIT or a launch that quantizes).
 * Returns [M, N] in out_dtype (float16 / bfloat16 / float32), or writes ``out``. Launched on the current stream,
   no host synchronization; allocates the output (unless given) and, for per-group activation scales (or a [M, 1]
   sa whose column is not contiguous), a transposed copy of sa [G, M_pad].
@@ -53,7 +55,7 @@ SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL", "QS", "FQ",
-               "SPLIT")
+               "SPLIT", "TAIL")
 QS_MAX_K = (2**31 - 1) // (128 * 127)  # A8_QS: one int32 sum of K products |c m a| <= 128 * 127
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _XT = _OUT  # A8_XT: the activation dtype the in-launch quantizer reads (same codes)
@@ -175,6 +177,19 @@ def split_exchange_bytes(bm: int, nwg: int, split: int) -> int:
     """Shared memory the SPLIT reduction receives into (the drained ring): split - 1 peers' bands of ceil(BM / 8 /
     split) blocks, 16 bytes per consumer thread and block (wgmma_common.cuh cluster_band_reduce)."""
     return (split - 1) * -(-(bm // 8) // split) * 128 * nwg * 16
+
+
+def tail_rows(m: int, n: int, cfg: dict, sms: int) -> tuple[int, int]:
+    """Config key TAIL: (n0, split) -- weight rows [0, n0) run as whole waves of tiles, the rows past n0 as cluster
+    split-K tiles of ``split`` slices; (0, 0) when TAIL is off or does not apply. The weight-only GEMM's rule
+    (gemm_wgmma.tail_rows: split 2 where the partial wave's tiles fill at most half the SMs), with n0 kept to whole
+    MC pairs of column tiles."""
+    if int(cfg.get("SPLIT", 1)) != 1:
+        return 0, 0
+    n0, split = gemm_wgmma.tail_rows(m, n, {**cfg, "SK": 0}, sms)
+    pair = 64 * int(cfg.get("NWG", 2)) * int(cfg.get("MC", 1))
+    n0 = n0 // pair * pair  # (a multiple of 128 too: NWG 2, or MC 2 of NWG 1)
+    return (n0, split) if 0 < n0 < n else (0, 0)
 
 
 def scratch_bytes(m: int, k: int) -> int:
@@ -302,19 +317,44 @@ def gemm_wgmma_a8(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias:
 
 def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token: bool,
                      out: gemm_wgmma.OutputRows, config: dict | None,
-                     quantize_from: torch.dtype | None = None) -> WgmmaA8Launch:
+                     quantize_from: torch.dtype | None = None) -> WgmmaA8Launch | WgmmaA8TailLaunch:
     """The int8 GEMM's launch for M rows of codes (rows aq_row_stride apart) and per-token (sa [M, 1]) or per-group
     activation scales into an output with the rows ``out``, built once; call it with aq, sa, bias, lo, hi, y.
     quantize_from: the activation dtype, when the caller hands the activations themselves (per-token scales,
     aq_row_stride = K): the launch then quantizes them too where the tile allows (config FQ 1, A8_FQ) and is called
-    through ``launch_quantizing`` (``.quantizes`` says whether it does)."""
+    through ``launch_quantizing`` (``.quantizes`` says whether it does). Config TAIL: two launches (tail_rows)."""
     n, k = qw.out_features, qw.in_features
-    out_dtype = out.dtype
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
+    lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
+    qs_ok = bool(sa_per_token and lay.num_groups > 1) and qs_layout(lay)
+    cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits, qs=qs_ok)
+    tail = cfg.pop("TAIL", 0)
+    if tail and not (quantize_from is not None and int(cfg.get("FQ", 1))):  # (one launch that quantizes: no tail)
+        from mixgemm.kernels.registry import device_info
+
+        cfg["TAIL"] = tail
+        n0, split = tail_rows(m, n, cfg, device_info(out.device).sm_count)
+        cfg.pop("TAIL")
+        if n0:
+            # the whole waves over weight rows [0, n0), then the partial wave's rows as split-K clusters (MC 1: a
+            # cluster is the split's), so that wave takes about 1 / split of a tile's time
+            tail_cfg = {**cfg, "SPLIT": split, "MC": 1}
+            return WgmmaA8TailLaunch(
+                _prepare_rows(qw, m, aq_row_stride, sa_per_token, out, cfg, None, 0, n0, fresh),
+                _prepare_rows(qw, m, aq_row_stride, sa_per_token, out, tail_cfg, None, n0, n, fresh), n0)
+    return _prepare_rows(qw, m, aq_row_stride, sa_per_token, out, cfg, quantize_from, 0, n, fresh)
+
+
+def _prepare_rows(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token: bool, out: gemm_wgmma.OutputRows,
+                  cfg: dict, quantize_from: torch.dtype | None, r0: int, r1: int, fresh: bool) -> WgmmaA8Launch:
+    """prepare_wgmma_a8's launch over weight rows [r0, r1) (r0 a multiple of the layout's 128-row blocks) into output
+    columns [r0, r1); fresh: the layout was built for this launch (no PDL on its first call)."""
+    k = qw.in_features
+    n = r1 - r0
+    out_dtype = out.dtype
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
     at = int(sa_per_token and lay.num_groups > 1)  # per-token activation scales over grouped weights
     qs_ok = bool(at) and qs_layout(lay)
-    cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits, qs=qs_ok)
     bm, nwg, stages, kt = (int(cfg.get(key, d)) for key, d in (("BM", 128), ("NWG", 2), ("STAGES", 4), ("KT", 2)))
     np_, cvt, group_m = int(cfg.get("NP", 1)), int(cfg.get("CVT", 0)), int(cfg.get("GROUP_M", 8))
     minb = int(cfg.get("MINB", 1))
@@ -389,10 +429,13 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     # 128 k (bytes) x BM rows (MC 2: each CTA loads half); the address is written per call
     xmap = TensorMapParam(encode_tensor_map(_MAP_PLACEHOLDER, m, k, aq_row_stride, torch.int8, 128, bm // mc))
     tiles = col_tiles * math.ceil(m / bm)
+    def rows_from(t: torch.Tensor) -> int:  # the address of 128-row block r0 / 128 of a [N_pad / 128, ...] tensor
+        return t.data_ptr() + r0 // 128 * t.stride(0) * t.element_size()
+
     args = [
-        ctypes.c_void_p(lay.weight.data_ptr()),
-        ctypes.c_void_p((lay.mults if qs else lay.params).data_ptr()),
-        ctypes.c_void_p((lay.channel_steps if qs else lay.params).data_ptr()),
+        ctypes.c_void_p(rows_from(lay.weight)),
+        ctypes.c_void_p(rows_from(lay.mults if qs else lay.params)),
+        ctypes.c_void_p(rows_from(lay.channel_steps if qs else lay.params)),
         ctypes.c_void_p(0),  # activation scales (per call)
         ctypes.c_int(ldsa),
         ctypes.c_void_p(0),  # y (per call)
@@ -416,6 +459,43 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     return WgmmaA8Launch(launch, lay, m, n, ldsa, xmap, ymap, out.device, split is not None)
 
 
+def scales_arg(sa: torch.Tensor, m: int, ldsa: int) -> torch.Tensor:
+    """The activation scales as the kernel reads them. One scale per token ([M, 1]: per-channel weights, or AT) is
+    read as SA[m] in the epilogue only, so a contiguous column goes in as it is (no transpose kernel between the
+    quantizer and the GEMM); scales per group are transposed to [G, M_pad]."""
+    if sa.shape[1] == 1 and (sa.stride(0) == 1 or m == 1):
+        return sa
+    sat = torch.empty(sa.shape[1], ldsa, dtype=torch.float32, device=sa.device)
+    sat[:, :m].copy_(sa.T)
+    return sat
+
+
+class WgmmaA8TailLaunch:
+    """Config TAIL: the launch over weight rows [0, n0) (whole waves of tiles), then the split-K launch over the rest
+    (the partial last wave), into the two column ranges of one output; called as a WgmmaA8Launch is."""
+
+    quantizes = False
+
+    def __init__(self, main: WgmmaA8Launch, tail: WgmmaA8Launch, n0: int):
+        self.main, self.tail, self.n0 = main, tail, n0
+        self.layout, self.m, self.n, self.ldsa = main.layout, main.m, n0 + tail.n, main.ldsa
+        self.device = main.device
+
+    def __call__(self, aq: torch.Tensor, sa: torch.Tensor, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
+        sat = scales_arg(sa, self.m, self.ldsa)
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        return self.launch_from(aq.data_ptr(), sat.data_ptr(), bias, lo, hi, y)
+
+    def launch_from(self, aq_ptr: int, sat_ptr: int, bias, lo: float, hi: float, y: torch.Tensor,
+                    stream: int | None = None) -> torch.Tensor:
+        """WgmmaA8Launch.launch_from over both launches (the tail's output and bias from column n0)."""
+        n0 = self.n0
+        self.main.launch_from(aq_ptr, sat_ptr, bias, lo, hi, y, stream)
+        self.tail.launch_from(aq_ptr, sat_ptr, None if bias is None else bias[n0:], lo, hi, y[:, n0:], stream)
+        return y
+
+
 class WgmmaA8Launch:
     """The int8 GEMM prepared for one weight and M (a call plan's second step): a call writes the code, scale, output
     and bias pointers and the tensor maps' addresses, and launches. Holds the layout, so the weight pointers stay
@@ -428,14 +508,7 @@ class WgmmaA8Launch:
         self._vals, self._lock = launch.params.values, launch.params.lock
 
     def __call__(self, aq: torch.Tensor, sa: torch.Tensor, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
-        m = self.m
-        # One scale per token ([M, 1]: per-channel weights, or AT) is read as SA[m] in the epilogue only, so a
-        # contiguous column goes in as it is (no transpose kernel between the quantizer and the GEMM)
-        if sa.shape[1] == 1 and (sa.stride(0) == 1 or m == 1):
-            sat = sa
-        else:
-            sat = torch.empty(sa.shape[1], self.ldsa, dtype=torch.float32, device=aq.device)
-            sat[:, :m].copy_(sa.T)
+        sat = scales_arg(sa, self.m, self.ldsa)
         if bias is not None and not bias.is_contiguous():
             bias = bias.contiguous()
         return self.launch_from(aq.data_ptr(), sat.data_ptr(), bias, lo, hi, y)

@@ -1,0 +1,103 @@
+"""The int8 GEMM's TAIL (gemm_wgmma_a8.tail_rows: whole waves of tiles in one launch, the partial last wave's weight
+rows as cluster split-K tiles in a second) against one launch, whole calls as a call plan prepares them (the registry's
+cuda_wgmma_a8 entry, per-token activation scales, the quantizer included), with fp16 cuBLAS in the same run; protocol
+graph timing (C layer copies > 3x L2 in one CUDA graph, median / C), the variants taking turns for --rounds rounds
+(medians). Each variant is checked bit-equal to TAIL 0 first.
+
+Usage: PYTHONPATH=src python -m tools.bench.a8_tail [--shapes 4096x4608,...] [--ms 1024,2048,4096]
+       [--formats w8pc,w4g128qt] [--tails auto,3] [--rounds 3] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from mixgemm.bench.protocol import graph_time_us
+from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
+from mixgemm.kernels.cuda.gemm_wgmma_a8 import tail_rows
+from tools.bench.int8 import clone_qw, copies_for, make_weight
+
+FORMATS = {"w8pc": (8, -1, False), "w4g128qt": (4, 128, True)}
+SHAPES = "4096x4608,5120x5120,5120x7168,13824x5120,36864x4608,4096x4096"
+MS = "1024,2048,4096"
+
+
+def plan(qw, m: int, tail):
+    dev = torch.device("cuda", torch.cuda.current_device())
+    p = a8_problem(m, qw, torch.float16, dev, "sym", True)
+    cfg = dict(_wgmma_a8_config(p), TAIL=tail)
+    return _prepare_wgmma_a8(p, qw, cfg), cfg
+
+
+def measure(k: int, n: int, m: int, fmt: str, tails: list, rounds: int) -> dict:
+    bits, group, int_scales = FORMATS[fmt]
+    qw = make_weight(torch.randn(n, k) * 0.05, bits, group, int_scales=int_scales).to("cuda")
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    inf = float("inf")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base, cfg = plan(qw, m, 0)
+    y0 = base(x, None, -inf, inf)
+    row = dict(K=k, N=n, M=m, format=fmt, config={k_: v for k_, v in cfg.items() if k_ != "TAIL"}, variants={})
+    qws = [qw] + [clone_qw(qw) for _ in range(copies_for(qw.qweight.numel() * qw.qweight.element_size()) - 1)]
+    variants = {"0": [plan(q, m, 0)[0] for q in qws]}
+    for t in tails:
+        n0, split = tail_rows(m, n, {**cfg, "TAIL": t}, sms)
+        if not n0:
+            row["variants"][t] = {"applies": False}
+            continue
+        y = plan(qw, m, t)[0](x, None, -inf, inf)
+        row["variants"][t] = {"applies": True, "n0": n0, "split": split, "bit_equal": bool(torch.equal(y, y0))}
+        variants[t] = [plan(q, m, t)[0] for q in qws]
+    w16 = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.05 for _ in qws]
+    times = {name: [] for name in [*variants, "fp16"]}
+    for _ in range(rounds):
+        for name, fs in variants.items():
+            times[name].append(graph_time_us([lambda f=f: f(x, None, -inf, inf) for f in fs]))
+        times["fp16"].append(graph_time_us([lambda w=w: F.linear(x, w) for w in w16]))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    row["fp16_us"], row["us"] = med["fp16"], med["0"]
+    for t in variants:
+        if t != "0":
+            row["variants"][t].update(us=med[t], ratio=med[t] / med["0"])
+    del qws, variants, w16
+    torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--ms", default=MS)
+    ap.add_argument("--formats", default="w8pc,w4g128qt")
+    ap.add_argument("--tails", default="auto")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    tails = a.tails.split(",")
+    rows = []
+    print(f"{'K x N':>12} {'M':>5} {'format':>9} {'fp16 us':>8} {'TAIL 0':>8}  TAIL variants (us, x TAIL 0, x fp16)")
+    for shape in a.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        for m in (int(v) for v in a.ms.split(",")):
+            for fmt in a.formats.split(","):
+                r = measure(k, n, m, fmt, tails, a.rounds)
+                rows.append(r)
+                parts = []
+                for t, v in r["variants"].items():
+                    parts.append(f"{t}: -" if not v["applies"] else
+                                 f"{t} (n0 {v['n0']}, split {v['split']}, equal {v['bit_equal']}): {v['us']:.1f} "
+                                 f"{v['ratio']:.3f} {r['fp16_us'] / v['us']:.2f}x")
+                print(f"{shape:>12} {m:>5} {fmt:>9} {r['fp16_us']:8.1f} {r['us']:8.1f} {r['fp16_us'] / r['us']:.2f}x  "
+                      + "; ".join(parts), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
