@@ -271,9 +271,13 @@ ACTQ_MAX_CPT = 16  # 16-byte units per thread held in registers (K <= 8 * 512 * 
 ACTQ_MIN_K = 4096  # shorter blocks: the Triton tile kernel already reads x once (act_quant_rows_supported)
 
 
+ACTQ_UNITS = 1  # 8-element units per thread the row block aims at (more per thread: fewer threads, more rows per SM)
+
+
 def actq_threads(k: int) -> int:
-    """Threads per row for K: one 8-element unit each up to ACTQ_NT (a power of two >= 32), then more per thread."""
-    return min(ACTQ_NT, max(32, 1 << (-(-k // 8) - 1).bit_length()))
+    """Threads per row for K: ACTQ_UNITS 8-element units each up to ACTQ_NT threads (a power of two >= 32), then more
+    per thread."""
+    return min(ACTQ_NT, max(32, 1 << (-(-k // (8 * ACTQ_UNITS)) - 1).bit_length()))
 
 
 def act_quant_rows_supported(x: torch.Tensor, block_size: int, min_k: int = ACTQ_MIN_K) -> bool:
