@@ -422,13 +422,28 @@ def test_nvrtc_compiles_act_quant_rows(arch):
             assert len(nvrtc.compile_cubin(ga.SOURCE, tuple(sorted({"A8_ACTQ": cpt, "A8_XT": xt}.items())), arch))
 
 
+def test_act_quant_rows_threads():
+    """Threads per row: a power of two in 32..ACTQ_NT giving each thread about ACTQ_UNITS 8-element units, and never
+    more units than the registers hold (ACTQ_MAX_CPT) up to the longest row supported."""
+    assert ga.actq_threads(4096) == min(ga.ACTQ_NT, 512 // ga.ACTQ_UNITS)
+    for k in (8, 2048, 4096, 4104, 5120, 8192, 12344, 28672, 8 * ga.ACTQ_NT * ga.ACTQ_MAX_CPT):
+        nt = ga.actq_threads(k)
+        assert 32 <= nt <= ga.ACTQ_NT and nt & (nt - 1) == 0
+        cpt = -(-(k // 8) // nt)
+        assert cpt <= ga.ACTQ_MAX_CPT and (cpt <= ga.ACTQ_UNITS or nt == ga.ACTQ_NT)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("k", [4104, 8192, 12344, 28672])
+@pytest.mark.parametrize("k", [4104, 5120, 8192, 12344, 28672])
 @pytest.mark.parametrize("mode", ["sym", "asym"])
 @pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16, torch.float32])
-def test_act_quant_rows_exact(k, mode, dt):
-    """Codes, sums, scales and offsets bit-identical to the CPU reference (and to the Triton act_quant)."""
+@pytest.mark.parametrize("units", [1, 4])
+def test_act_quant_rows_exact(k, mode, dt, units, monkeypatch):
+    """Codes, sums, scales and offsets bit-identical to the CPU reference (and to the Triton act_quant), with one
+    8-element unit per thread and with the default's several (fewer threads per row)."""
     from mixgemm.kernels.triton.act_quant import act_quant
+
+    monkeypatch.setattr(ga, "ACTQ_UNITS", units)
 
     g = _gen(k + len(mode))
     x = (torch.randn(37, k, generator=g) * torch.rand(37, 1, generator=g) * 4).to(dt)
