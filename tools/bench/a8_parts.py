@@ -4,23 +4,29 @@ cuBLAS, protocol graph timing (C layer copies > 3x L2 in one CUDA graph, median 
 the same activations, as the whole calls do), medians of --rounds rounds taken in turns.
 
 Usage: PYTHONPATH=src python -m tools.bench.a8_parts [--shapes 4096x4096,...] [--ms 2048,4096] [--formats w8pc,w4g128qt]
+       [--actq-units 1,4] [--rounds 3] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
-from mixgemm.bench.protocol import graph_time_us
 from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
 from mixgemm.kernels.cuda import gemv_a8
 from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
 from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8
-from tools.bench.int8 import clone_qw, copies_for, make_weight
+from tools.bench.int8 import (
+    add_case_args,
+    cases,
+    clone_qw,
+    copies_for,
+    interleaved_medians,
+    make_weight,
+    write_rows,
+)
 
 FORMATS = {"w8pc": (8, -1, False), "w4g128qt": (4, 128, True)}
 
@@ -48,11 +54,7 @@ def measure(k: int, n: int, m: int, fmt: str, rounds: int) -> dict:
         "gemm": [lambda g=g: g.launch_from(base, sc, None, -inf, inf, y) for g in gemms],
         "fp16": [lambda w=w: F.linear(x, w) for w in w16],
     }
-    t = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, f in fns.items():
-            t[name].append(graph_time_us(f))
-    med = {name: statistics.median(v) for name, v in t.items()}
+    med = interleaved_medians(fns, rounds)
     del qws, plans, gemms, w16
     torch.cuda.empty_cache()
     return dict(K=k, N=n, M=m, format=fmt, tail=cfg.get("TAIL", 0), **{f"{n_}_us": v for n_, v in med.items()})
@@ -60,31 +62,24 @@ def measure(k: int, n: int, m: int, fmt: str, rounds: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="4096x4096,4096x4608,4608x4096,5120x5120,4096x14336,8192x28672")
-    ap.add_argument("--ms", default="2048,4096")
-    ap.add_argument("--formats", default="w8pc,w4g128qt")
-    ap.add_argument("--rounds", type=int, default=3)
+    add_case_args(ap, "4096x4096,4096x4608,4608x4096,5120x5120,4096x14336,8192x28672", "2048,4096", "w8pc,w4g128qt")
     ap.add_argument("--actq-units", default="", help="comma list: time the calls with gemv_a8.ACTQ_UNITS set to each")
-    ap.add_argument("--json")
     a = ap.parse_args()
-    rows = []
-    print(f"{'K x N':>12} {'M':>5} {'format':>9} {'fp16':>8} {'whole':>8} {'quant':>7} {'gemm':>8}  whole x fp16, "
-          "gemm x fp16, (whole - gemm) / whole")
     units = [int(u) for u in a.actq_units.split(",")] if a.actq_units else [gemv_a8.ACTQ_UNITS]
-    cases = [(shape, m, fmt, u) for shape in a.shapes.split(",") for m in (int(v) for v in a.ms.split(","))
-             for fmt in a.formats.split(",") for u in units]
-    for shape, m, fmt, u in cases:
-        k, n = (int(v) for v in shape.split("x"))
-        gemv_a8.ACTQ_UNITS = u
-        r = measure(k, n, m, fmt, a.rounds)
-        r["actq_units"] = u
-        rows.append(r)
-        print(f"{shape:>12} {m:>5} {fmt:>9} u{u} {r['fp16_us']:8.1f} {r['whole_us']:8.1f} {r['quantizer_us']:7.1f} "
-              f"{r['gemm_us']:8.1f}  {r['fp16_us'] / r['whole_us']:.2f}x {r['fp16_us'] / r['gemm_us']:.2f}x "
-              f"{(r['whole_us'] - r['gemm_us']) / r['whole_us']:.2f}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    rows = []
+    print(f"{'K x N':>12} {'M':>5} {'format':>9} units {'fp16':>8} {'whole':>8} {'quant':>7} {'gemm':>8}  "
+          "whole x fp16, gemm x fp16, (whole - gemm) / whole")
+    for shape, k, n, m, fmt in cases(a):
+        for u in units:
+            gemv_a8.ACTQ_UNITS = u
+            r = measure(k, n, m, fmt, a.rounds)
+            r["actq_units"] = u
+            rows.append(r)
+            print(f"{shape:>12} {m:>5} {fmt:>9} {u:>5} {r['fp16_us']:8.1f} {r['whole_us']:8.1f} "
+                  f"{r['quantizer_us']:7.1f} {r['gemm_us']:8.1f}  {r['fp16_us'] / r['whole_us']:.2f}x "
+                  f"{r['fp16_us'] / r['gemm_us']:.2f}x {(r['whole_us'] - r['gemm_us']) / r['whole_us']:.2f}",
+                  flush=True)
+    write_rows(a, rows)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,19 @@ Usage: PYTHONPATH=src python -m tools.bench.a8_quantizing [--shapes 2048x2048,..
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 
 import torch
 
-from mixgemm.bench.protocol import graph_time_us
 from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
-from tools.bench.int8 import clone_qw, copies_for, make_weight
+from tools.bench.int8 import (
+    add_case_args,
+    cases,
+    clone_qw,
+    copies_for,
+    interleaved_medians,
+    make_weight,
+    write_rows,
+)
 
 FORMATS = {"w8pc": (8, -1, False), "w4g128t": (4, 128, False), "w4g128qt": (4, 128, True)}
 SHAPES = "2048x2048,4096x4096,4096x14336,14336x4096,8192x28672,28672x8192"
@@ -66,11 +71,9 @@ def measure(k: int, n: int, m: int, fmt: str, rounds: int) -> dict:
     qws = [qw] + [clone_qw(qw) for _ in range(copies_for(qw.qweight.numel() * qw.qweight.element_size()) - 1)]
     fa = [launches(q, m, 1) for q in qws]
     fb = [launches(q, m, 0) for q in qws]
-    ta, tb = [], []
-    for _ in range(rounds):
-        ta.append(graph_time_us([lambda f=f: f(x, None, -inf, inf) for f in fa]))
-        tb.append(graph_time_us([lambda f=f: f(x, None, -inf, inf) for f in fb]))
-    row.update(fused_us=statistics.median(ta), two_launch_us=statistics.median(tb))
+    med = interleaved_medians({"fused": [lambda f=f: f(x, None, -inf, inf) for f in fa],
+                               "two": [lambda f=f: f(x, None, -inf, inf) for f in fb]}, rounds)
+    row.update(fused_us=med["fused"], two_launch_us=med["two"])
     row["ratio"] = row["fused_us"] / row["two_launch_us"]
     del qws, fa, fb
     torch.cuda.empty_cache()
@@ -79,28 +82,19 @@ def measure(k: int, n: int, m: int, fmt: str, rounds: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default=SHAPES)
-    ap.add_argument("--ms", default=MS)
-    ap.add_argument("--formats", default="w8pc,w4g128qt")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json")
+    add_case_args(ap, SHAPES, MS, "w8pc,w4g128qt")
     a = ap.parse_args()
     rows = []
     print(f"{'K x N':>12} {'M':>5} {'format':>9} {'fused us':>9} {'2 launches':>10} {'ratio':>6} equal")
-    for shape in a.shapes.split(","):
-        k, n = (int(v) for v in shape.split("x"))
-        for m in (int(v) for v in a.ms.split(",")):
-            for fmt in a.formats.split(","):
-                r = measure(k, n, m, fmt, a.rounds)
-                rows.append(r)
-                if not r["quantizes"]:
-                    print(f"{shape:>12} {m:>5} {fmt:>9}  (the tile does not quantize in the launch)")
-                    continue
-                print(f"{shape:>12} {m:>5} {fmt:>9} {r['fused_us']:9.1f} {r['two_launch_us']:10.1f} "
-                      f"{r['ratio']:6.3f} {r['bit_equal']}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    for shape, k, n, m, fmt in cases(a):
+        r = measure(k, n, m, fmt, a.rounds)
+        rows.append(r)
+        if not r["quantizes"]:
+            print(f"{shape:>12} {m:>5} {fmt:>9}  (the tile does not quantize in the launch)")
+            continue
+        print(f"{shape:>12} {m:>5} {fmt:>9} {r['fused_us']:9.1f} {r['two_launch_us']:10.1f} "
+              f"{r['ratio']:6.3f} {r['bit_equal']}", flush=True)
+    write_rows(a, rows)
 
 
 if __name__ == "__main__":

@@ -11,16 +11,21 @@ Usage: PYTHONPATH=src python -m tools.bench.a8_tail [--shapes 4096x4608,...] [--
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 
-from mixgemm.bench.protocol import graph_time_us
 from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
 from mixgemm.kernels.cuda.gemm_wgmma_a8 import tail_rows
-from tools.bench.int8 import clone_qw, copies_for, make_weight
+from tools.bench.int8 import (
+    add_case_args,
+    cases,
+    clone_qw,
+    copies_for,
+    interleaved_medians,
+    make_weight,
+    write_rows,
+)
 
 FORMATS = {"w8pc": (8, -1, False), "w4g128qt": (4, 128, True)}
 SHAPES = "4096x4608,5120x5120,5120x7168,13824x5120,36864x4608,4096x4096"
@@ -54,12 +59,8 @@ def measure(k: int, n: int, m: int, fmt: str, tails: list, rounds: int) -> dict:
         row["variants"][t] = {"applies": True, "n0": n0, "split": split, "bit_equal": bool(torch.equal(y, y0))}
         variants[t] = [plan(q, m, t)[0] for q in qws]
     w16 = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.05 for _ in qws]
-    times = {name: [] for name in [*variants, "fp16"]}
-    for _ in range(rounds):
-        for name, fs in variants.items():
-            times[name].append(graph_time_us([lambda f=f: f(x, None, -inf, inf) for f in fs]))
-        times["fp16"].append(graph_time_us([lambda w=w: F.linear(x, w) for w in w16]))
-    med = {name: statistics.median(v) for name, v in times.items()}
+    calls = {name: [lambda f=f: f(x, None, -inf, inf) for f in fs] for name, fs in variants.items()}
+    med = interleaved_medians({**calls, "fp16": [lambda w=w: F.linear(x, w) for w in w16]}, rounds)
     row["fp16_us"], row["us"] = med["fp16"], med["0"]
     for t in variants:
         if t != "0":
@@ -71,32 +72,23 @@ def measure(k: int, n: int, m: int, fmt: str, tails: list, rounds: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default=SHAPES)
-    ap.add_argument("--ms", default=MS)
-    ap.add_argument("--formats", default="w8pc,w4g128qt")
-    ap.add_argument("--tails", default="auto")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json")
+    add_case_args(ap, SHAPES, MS, "w8pc,w4g128qt")
+    ap.add_argument("--tails", default="auto", help="TAIL values to time against TAIL 0 (auto, 2..8)")
     a = ap.parse_args()
     tails = a.tails.split(",")
     rows = []
     print(f"{'K x N':>12} {'M':>5} {'format':>9} {'fp16 us':>8} {'TAIL 0':>8}  TAIL variants (us, x TAIL 0, x fp16)")
-    for shape in a.shapes.split(","):
-        k, n = (int(v) for v in shape.split("x"))
-        for m in (int(v) for v in a.ms.split(",")):
-            for fmt in a.formats.split(","):
-                r = measure(k, n, m, fmt, tails, a.rounds)
-                rows.append(r)
-                parts = []
-                for t, v in r["variants"].items():
-                    parts.append(f"{t}: -" if not v["applies"] else
-                                 f"{t} (n0 {v['n0']}, split {v['split']}, equal {v['bit_equal']}): {v['us']:.1f} "
-                                 f"{v['ratio']:.3f} {r['fp16_us'] / v['us']:.2f}x")
-                print(f"{shape:>12} {m:>5} {fmt:>9} {r['fp16_us']:8.1f} {r['us']:8.1f} {r['fp16_us'] / r['us']:.2f}x  "
-                      + "; ".join(parts), flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    for shape, k, n, m, fmt in cases(a):
+        r = measure(k, n, m, fmt, tails, a.rounds)
+        rows.append(r)
+        parts = []
+        for t, v in r["variants"].items():
+            parts.append(f"{t}: -" if not v["applies"] else
+                         f"{t} (n0 {v['n0']}, split {v['split']}, equal {v['bit_equal']}): {v['us']:.1f} "
+                         f"{v['ratio']:.3f} {r['fp16_us'] / v['us']:.2f}x")
+        print(f"{shape:>12} {m:>5} {fmt:>9} {r['fp16_us']:8.1f} {r['us']:8.1f} {r['fp16_us'] / r['us']:.2f}x  "
+              + "; ".join(parts), flush=True)
+    write_rows(a, rows)
 
 
 if __name__ == "__main__":

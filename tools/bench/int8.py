@@ -14,6 +14,7 @@ Usage: PYTHONPATH=src python -m tools.bench.int8 [--accept] [--sweep] [--tests]
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -68,6 +69,40 @@ def eager_time(fns, rep=100) -> float:
 def copies_for(nbytes: int) -> int:
     """Layer copies that together exceed 3x L2 (at least 2)."""
     return protocol.copies_for(nbytes, protocol.l2_bytes(), min_copies=2)
+
+
+def add_case_args(ap: argparse.ArgumentParser, shapes: str, ms: str, formats: str) -> None:
+    """--shapes / --ms / --formats / --rounds / --json of the int8 A/B tools (a8_quantizing, a8_tail, a8_parts)."""
+    ap.add_argument("--shapes", default=shapes, help="K x N, comma separated")
+    ap.add_argument("--ms", default=ms)
+    ap.add_argument("--formats", default=formats)
+    ap.add_argument("--rounds", type=int, default=3, help="timings per variant, taken in turns (medians)")
+    ap.add_argument("--json")
+
+
+def cases(a: argparse.Namespace):
+    """(K x N text, K, N, M, format) of every case the --shapes / --ms / --formats of add_case_args name."""
+    for shape in a.shapes.split(","):
+        k, n = (int(v) for v in shape.split("x"))
+        for m in (int(v) for v in a.ms.split(",")):
+            for fmt in a.formats.split(","):
+                yield shape, k, n, m, fmt
+
+
+def interleaved_medians(variants: dict, rounds: int) -> dict[str, float]:
+    """{name: median us} of protocol graph timings of {name: [calls over the layer copies]}, the variants timed in
+    turns for ``rounds`` rounds (power-capped GPUs drift within a run: docs/benchmarking.md)."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fns in variants.items():
+            times[name].append(graph_time_us(fns))
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def write_rows(a: argparse.Namespace, rows: list) -> None:
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
 
 
 def clone_qw(qw):

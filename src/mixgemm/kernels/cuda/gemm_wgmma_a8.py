@@ -470,7 +470,17 @@ def scales_arg(sa: torch.Tensor, m: int, ldsa: int) -> torch.Tensor:
     return sat
 
 
-class WgmmaA8TailLaunch:
+class _CodesCall:
+    """The call of a prepared int8 GEMM on tensors: the scales as the kernel reads them, then launch_from."""
+
+    def __call__(self, aq: torch.Tensor, sa: torch.Tensor, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
+        sat = scales_arg(sa, self.m, self.ldsa)
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        return self.launch_from(aq.data_ptr(), sat.data_ptr(), bias, lo, hi, y)
+
+
+class WgmmaA8TailLaunch(_CodesCall):
     """Config TAIL: the launch over weight rows [0, n0) (whole waves of tiles), then the split-K launch over the rest
     (the partial last wave), into the two column ranges of one output; called as a WgmmaA8Launch is."""
 
@@ -481,12 +491,6 @@ class WgmmaA8TailLaunch:
         self.layout, self.m, self.n, self.ldsa = main.layout, main.m, n0 + tail.n, main.ldsa
         self.device = main.device
 
-    def __call__(self, aq: torch.Tensor, sa: torch.Tensor, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
-        sat = scales_arg(sa, self.m, self.ldsa)
-        if bias is not None and not bias.is_contiguous():
-            bias = bias.contiguous()
-        return self.launch_from(aq.data_ptr(), sat.data_ptr(), bias, lo, hi, y)
-
     def launch_from(self, aq_ptr: int, sat_ptr: int, bias, lo: float, hi: float, y: torch.Tensor,
                     stream: int | None = None) -> torch.Tensor:
         """WgmmaA8Launch.launch_from over both launches (the tail's output and bias from column n0)."""
@@ -496,7 +500,7 @@ class WgmmaA8TailLaunch:
         return y
 
 
-class WgmmaA8Launch:
+class WgmmaA8Launch(_CodesCall):
     """The int8 GEMM prepared for one weight and M (a call plan's second step): a call writes the code, scale, output
     and bias pointers and the tensor maps' addresses, and launches. Holds the layout, so the weight pointers stay
     valid. Scales given per group (or per token but strided) are transposed to [G, M_pad] per call."""
@@ -506,12 +510,6 @@ class WgmmaA8Launch:
         self.xmap, self.ymap, self.device = xmap, ymap, device
         self.quantizes = quantizes  # A8_FQ: call launch_quantizing (the activations), not the codes
         self._vals, self._lock = launch.params.values, launch.params.lock
-
-    def __call__(self, aq: torch.Tensor, sa: torch.Tensor, bias, lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
-        sat = scales_arg(sa, self.m, self.ldsa)
-        if bias is not None and not bias.is_contiguous():
-            bias = bias.contiguous()
-        return self.launch_from(aq.data_ptr(), sat.data_ptr(), bias, lo, hi, y)
 
     def launch_from(self, aq_ptr: int, sat_ptr: int, bias, lo: float, hi: float, y: torch.Tensor,
                     stream: int | None = None) -> torch.Tensor:
