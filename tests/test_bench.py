@@ -217,6 +217,8 @@ def test_cli_exit_code_and_bad_options(tmp_path, capsys):
     assert "expected KxN" in capsys.readouterr().err
     assert mixgemm_main(["bench", "--device", "cpu", "--bits", "3"]) == 2
     assert mixgemm_main(["bench", "--device", "cpu", "--methods", "nope"]) == 2
+    assert mixgemm_main(["bench", "--device", "cpu", "--rounds", "0"]) == 2
+    assert "--rounds" in capsys.readouterr().err
     assert mixgemm_main(["frobnicate"]) == 2
 
 
@@ -420,3 +422,47 @@ def test_call_overhead_markdown_and_timing_helpers(capsys):
     if not torch.cuda.is_available():
         assert mixgemm_main(["bench", "--call-overhead"]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_rounds_report_the_median_of_interleaved_timings(monkeypatch):
+    """rounds > 1: every checked case is timed once per round, the methods of a shape in turn (round 1 all of
+    them, then round 2 ...), on fresh copies each round, and reports the median; wrong cases stay untimed and are
+    not prepared again; rounds 1 keeps no per-round lists in the record."""
+    from mixgemm.bench import runner
+
+    order, prepared = [], []
+    times = {"a": iter([5.0, 1.0, 3.0]), "b": iter([50.0, 10.0, 30.0])}  # each method's timings, round by round
+
+    def fake_cpu_time(fn, *a, **k):
+        seen = len(order)
+        fn()
+        return next(times[order[-1]]) if len(order) > seen else 1.0  # (1.0: the ceilings' own timings)
+
+    monkeypatch.setattr(runner.protocol, "cpu_time_us", fake_cpu_time)
+
+    def prep_named(name, wrong=False):
+        def prep(w: torch.Tensor, ctx: Context) -> Prepared:
+            prepared.append(name)
+
+            def layer(x):
+                order.append(name)
+                return F.linear(x, w) * (2 if wrong else 1)
+
+            return Prepared(layer=layer, new_copy=lambda: layer, x_map=lambda x: x,
+                            reference=lambda x: x.double() @ w.double().T, tol=2e-3, weight_bytes=lambda: 1,
+                            act_bytes=4, out_bytes=4, compute="fp32")
+        return prep
+
+    meths = [Method("a", "peer", prep_named("a"), cpu=True), Method("b", "peer", prep_named("b"), cpu=True),
+             Method("w", "peer", prep_named("w", wrong=True), cpu=True)]
+    data = run_sweep(SweepConfig(plan=[((64, 32), [1])], methods=meths, device="cpu", dtype=torch.float32,
+                                 rounds=3))
+    by = {r["method"]: r for r in data["results"]}
+    assert by["a"]["eager_us"] == 3.0 and by["b"]["eager_us"] == 30.0  # medians of (5, 1, 3) and (50, 10, 30)
+    assert by["a"]["rounds"] == 3 and by["w"]["status"] == "wrong" and "eager_us" not in by["w"]
+    assert prepared == ["a", "b", "w", "a", "b", "a", "b"]
+    assert not any(k.endswith("_rounds") for r in data["results"] for k in r)
+    times["a"] = iter([7.0])
+    (one,) = run_sweep(SweepConfig(plan=[((64, 32), [1])], methods=meths[:1], device="cpu",
+                                   dtype=torch.float32))["results"]
+    assert one["eager_us"] == 7.0 and "rounds" not in one and "eager_us_rounds" not in one

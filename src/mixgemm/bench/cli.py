@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default=None,
                    help="comma list of method names or substrings ('all'; 'accept': only those the acceptance "
                         "view of --model reads; default: every default method, with --model also those)")
+    p.add_argument("--rounds", type=int, default=1, metavar="R",
+                   help="time every case R times, a shape's methods in turn each round, and report the median "
+                        "(docs/benchmarking.md: interleave and repeat when methods are close); the checks run once")
     p.add_argument("--list-methods", action="store_true", help="list the methods and whether they run here")
     p.add_argument("--quick", action="store_true",
                    help="about a minute: 4096x4096 (M 1,16,256,4096) and 8192x28672 (M 1,4,16,64,256)")
@@ -241,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen_models = models.resolve(args.model) if args.model else None
         if args.time_budget is not None and args.time_budget <= 0:
             raise ValueError(f"--time-budget: {args.time_budget} must be positive")
+        if args.rounds < 1:
+            raise ValueError(f"--rounds: {args.rounds} must be at least 1")
     except ValueError as e:
         print(f"mixgemm bench: error: {e}", file=sys.stderr)
         return 2
@@ -368,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SweepConfig(plan=plan, methods=chosen, device=device, dtype=dtype, group_size=args.group_size,
                       seed=args.seed, quick=quick, max_bytes=int(args.max_mem_gb * 2**30),
                       warmup_ms=10 if quick else 25, rep_ms=40 if quick else 100, deadline=deadline,
-                      extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:]})
+                      rounds=args.rounds, extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:]})
     total = sum(len(m) for _, m in plan) * len(chosen)
     if device == "cuda" and total:
         est = estimate_seconds(plan, len(chosen), cfg.warmup_ms, cfg.rep_ms)

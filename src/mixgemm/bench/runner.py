@@ -1,7 +1,9 @@
 """The sweep: every (shape, method, M) case checked against its reference, then timed per the protocol.
 
 Loop order is shape -> method -> M so that only one method's layer copies (and its float64 reference
-weight) live at a time. A case ends in one of these statuses:
+weight) live at a time; with rounds > 1, shape -> round -> method -> M (later rounds time the cases that were
+checked and timed in the first, on fresh copies, and each reports the median of its rounds). A case ends in one of
+these statuses:
 
 * ``ok``: the output matched the reference within the method's tolerance, then was timed.
 * ``wrong``: the output did not match; it is reported with its error and NOT timed.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +45,9 @@ class SweepConfig:
     rep_ms: float = 100
     extra_meta: dict = field(default_factory=dict)
     deadline: float | None = None  # time.time() after which no new shape starts (the run ends short)
+    # rounds > 1: every method of a shape is timed again in turn (after all of them ran once) and each case reports
+    # the median of its rounds: power-capped GPUs move single timings by up to 15% within a run (docs/benchmarking.md)
+    rounds: int = 1
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -138,6 +144,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
             k, n = shape
             w = _weight_for(k, n, cfg.seed, device)
             label = f"{k}x{n}"
+        timed: dict[tuple, dict] = {}  # (method, M) -> the record of a case checked and timed in the first round
         for mth in methods:
             if mth.kind != ("conv" if conv else "matmul"):
                 continue
@@ -202,27 +209,9 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
                                     "note": f"rel err {err:.3g} > tol {prep.tol:.3g}: not timed"})
                     continue
                 try:
-                    if device == "cuda":
-                        copy_bytes = max(wbytes, 1)
-                        c = protocol.copies_for(copy_bytes, l2, cfg.min_copies, cfg.max_bytes)
-                        while len(layers) < c:
-                            layers.append(prep.new_copy())
-                        fns = [partial(f, x_in) for f in layers[:c]]
-                        rec["copies"] = c
-                        rec["copies_bytes"] = c * copy_bytes
-                        try:
-                            rec["graph_us"] = protocol.graph_time_us(fns, cfg.warmup_ms, cfg.rep_ms)
-                        except Exception as e:
-                            rec["graph_us"] = None
-                            msg = "graph capture failed: " + _short(e)
-                            rec["note"] = f"{rec['note']}; {msg}" if rec["note"] else msg
-                            torch.cuda.synchronize()
-                        rec["eager_us"] = protocol.eager_time_us(fns, cfg.warmup_ms, cfg.rep_ms)
-                    else:
-                        rec["copies"] = 1
-                        rec["graph_us"] = None
-                        rec["eager_us"] = protocol.cpu_time_us(partial(prep.layer, x_in))
+                    _time_case(rec, prep, layers, x_in, wbytes, cfg, l2)
                     rec["status"] = "ok"
+                    timed[(mth.name, m)] = rec
                 except Exception as e:
                     rec["status"] = "error"
                     rec["note"] = "timing: " + _short(e)
@@ -235,6 +224,18 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
                 derive(results, baseline, device)
                 checkpoint({"meta": {**meta, "partial": True}, "ceilings": ceil, "baseline": baseline,
                             "results": results, "unavailable": unavailable})
+        for _ in range(1, cfg.rounds):
+            for mth in methods:
+                again = [(m, rec) for (name, m), rec in timed.items() if name == mth.name]
+                if again:
+                    _time_again(mth, shape, again, w, ctx, cfg, l2, progress, label)
+        for rec in timed.values():
+            for key in ("graph_us", "eager_us"):
+                got = [t for t in rec.pop(f"{key}_rounds", []) if t is not None]
+                if got and cfg.rounds > 1:
+                    rec[key] = statistics.median(got)
+            if cfg.rounds > 1:
+                rec["rounds"] = cfg.rounds
         w = None
         _free(device)
 
@@ -252,6 +253,60 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
         baseline = CONV_BASELINE
     return {"meta": meta, "ceilings": ceil, "baseline": baseline, "results": results,
             "unavailable": unavailable, "methods": listed}
+
+
+def _time_case(rec: dict, prep, layers: list, x_in: torch.Tensor, wbytes: int, cfg: SweepConfig, l2: int) -> None:
+    """Time one checked case per the protocol into rec (graph_us / eager_us, copies), adding layer copies to
+    ``layers`` as needed; each time is also appended to rec's ``*_rounds`` list (medians taken when rounds > 1)."""
+    if cfg.device == "cuda":
+        copy_bytes = max(wbytes, 1)
+        c = protocol.copies_for(copy_bytes, l2, cfg.min_copies, cfg.max_bytes)
+        while len(layers) < c:
+            layers.append(prep.new_copy())
+        fns = [partial(f, x_in) for f in layers[:c]]
+        rec["copies"] = c
+        rec["copies_bytes"] = c * copy_bytes
+        try:
+            rec["graph_us"] = protocol.graph_time_us(fns, cfg.warmup_ms, cfg.rep_ms)
+        except Exception as e:
+            rec["graph_us"] = None
+            msg = "graph capture failed: " + _short(e)
+            if msg not in (rec["note"] or ""):
+                rec["note"] = f"{rec['note']}; {msg}" if rec["note"] else msg
+            torch.cuda.synchronize()
+        rec["eager_us"] = protocol.eager_time_us(fns, cfg.warmup_ms, cfg.rep_ms)
+    else:
+        rec["copies"] = 1
+        rec["graph_us"] = None
+        rec["eager_us"] = protocol.cpu_time_us(partial(prep.layer, x_in))
+    for key in ("graph_us", "eager_us"):
+        rec.setdefault(f"{key}_rounds", []).append(rec[key])
+
+
+def _time_again(mth: Method, shape, again: list[tuple[int, dict]], w, ctx: Context, cfg: SweepConfig, l2: int,
+                progress, label: str) -> None:
+    """A later round of one method on one shape: fresh copies, each case of ``again`` ((M, its first-round
+    record)) warmed and timed once more. A failure ends the method's round, noted on its cases."""
+    device = cfg.device
+    conv = isinstance(shape, ConvSpec)
+    try:
+        prep = mth.prepare(w, ctx)
+        layers = [prep.layer]
+        for m, rec in again:
+            if progress:
+                progress(f"{label} {'B' if conv else 'M'}={m} {mth.name} (again)")
+            x_in = prep.x_map(shape.x(m, cfg.seed, device) if conv else _x_for(m, rec["K"], cfg.seed, device))
+            warm = prep.layer(x_in)
+            _sync(device)
+            del warm
+            prep.before_call()
+            _time_case(rec, prep, layers, x_in, rec["weight_bytes"], cfg, l2)
+            _free(device)
+    except Exception as e:
+        for _, rec in again:
+            msg = "a later round failed: " + _short(e)
+            rec["note"] = f"{rec['note']}; {msg}" if rec["note"] else msg
+    _free(device)
 
 
 def derive(results: list[dict], baseline: str, device: str) -> None:
