@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import mixgemm
+from mixgemm import tuning
 from mixgemm.formats.activation import quantize_activation
 from mixgemm.formats.layouts_a8 import CHUNK_K, build_a8gemv_v2, get_a8gemv_layout, pick_u
 from mixgemm.formats.packing import unpack_codes
@@ -425,12 +426,12 @@ def test_nvrtc_compiles_act_quant_rows(arch):
 def test_act_quant_rows_threads():
     """Threads per row: a power of two in 32..ACTQ_NT giving each thread about ACTQ_UNITS 8-element units, and never
     more units than the registers hold (ACTQ_MAX_CPT) up to the longest row supported."""
-    assert ga.actq_threads(4096) == min(ga.ACTQ_NT, 512 // ga.ACTQ_UNITS)
+    assert ga.actq_threads(4096) == min(ga.ACTQ_NT, 512 // tuning.A8_ACTQ_UNITS)
     for k in (8, 2048, 4096, 4104, 5120, 8192, 12344, 28672, 8 * ga.ACTQ_NT * ga.ACTQ_MAX_CPT):
         nt = ga.actq_threads(k)
         assert 32 <= nt <= ga.ACTQ_NT and nt & (nt - 1) == 0
         cpt = -(-(k // 8) // nt)
-        assert cpt <= ga.ACTQ_MAX_CPT and (cpt <= ga.ACTQ_UNITS or nt == ga.ACTQ_NT)
+        assert cpt <= ga.ACTQ_MAX_CPT and (cpt <= tuning.A8_ACTQ_UNITS or nt == ga.ACTQ_NT)
 
 
 @pytest.mark.gpu
@@ -443,7 +444,7 @@ def test_act_quant_rows_exact(k, mode, dt, units, monkeypatch):
     8-element unit per thread and with the default's several (fewer threads per row)."""
     from mixgemm.kernels.triton.act_quant import act_quant
 
-    monkeypatch.setattr(ga, "ACTQ_UNITS", units)
+    monkeypatch.setattr(tuning, "A8_ACTQ_UNITS", units)
 
     g = _gen(k + len(mode))
     x = (torch.randn(37, k, generator=g) * torch.rand(37, 1, generator=g) * 4).to(dt)

@@ -14,6 +14,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from mixgemm import tuning
 from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
 from mixgemm.kernels.cuda import gemv_a8
 from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
@@ -63,15 +64,15 @@ def measure(k: int, n: int, m: int, fmt: str, rounds: int) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     add_case_args(ap, "4096x4096,4096x4608,4608x4096,5120x5120,4096x14336,8192x28672", "2048,4096", "w8pc,w4g128qt")
-    ap.add_argument("--actq-units", default="", help="comma list: time the calls with gemv_a8.ACTQ_UNITS set to each")
+    ap.add_argument("--actq-units", default="", help="comma list: time the calls with tuning.A8_ACTQ_UNITS at each")
     a = ap.parse_args()
-    units = [int(u) for u in a.actq_units.split(",")] if a.actq_units else [gemv_a8.ACTQ_UNITS]
+    units = [int(u) for u in a.actq_units.split(",")] if a.actq_units else [tuning.A8_ACTQ_UNITS]
     rows = []
     print(f"{'K x N':>12} {'M':>5} {'format':>9} units {'fp16':>8} {'whole':>8} {'quant':>7} {'gemm':>8}  "
           "whole x fp16, gemm x fp16, (whole - gemm) / whole")
     for shape, k, n, m, fmt in cases(a):
         for u in units:
-            gemv_a8.ACTQ_UNITS = u
+            tuning.A8_ACTQ_UNITS = u
             r = measure(k, n, m, fmt, a.rounds)
             r["actq_units"] = u
             rows.append(r)

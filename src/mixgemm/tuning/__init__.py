@@ -365,3 +365,11 @@ A8_QUANTIZING_MAX_MACS = 1 << 31
 # 449.6 -> 369.0), K 8192-9216 0.95-1.00x (8192x3072, 9216x2304), but K 4096-5120 1.01-1.06x (4096x4608, 5120x5120,
 # 5120x7168): a split slice there is too short for its pipeline fill and the second launch's wait for the first.
 A8_TAIL_MIN_K = 8192
+# The per-token row quantizer (kernels/cuda/gemv_a8.py act_quant_rows): 8-element units per thread its row block
+# aims at. One block per row, so fewer threads per row put more rows (more bytes) in flight per SM; the quantizer is
+# latency-bound per wave of blocks. H100, tools/bench/a8_parts.py (protocol
+# graph timing, medians of 3, per-token, W8 per channel): the quantizer alone at K = 4096 M = 2048 / 4096 10.8 / 25.5
+# us with 1 unit (512 threads a row), 7.6 / 18.5 with 2, 6.9 / 18.2 with 4, 7.3 / 18.8 with 8; K = 5120 11.5 / 25.9
+# -> 9.7 / 22.9 with 4; whole calls 4096x4096 71.3 -> 67.7 us, 4608x4096 M = 4096 156.6 -> 150.2; K >= 16384 rows
+# already run 512 threads of >= 4 units (unchanged).
+A8_ACTQ_UNITS = 4

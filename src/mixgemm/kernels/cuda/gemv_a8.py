@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from mixgemm import tuning
 from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
@@ -271,19 +272,10 @@ ACTQ_MAX_CPT = 16  # 16-byte units per thread held in registers (K <= 8 * 512 * 
 ACTQ_MIN_K = 4096  # shorter blocks: the Triton tile kernel already reads x once (act_quant_rows_supported)
 
 
-# 8-element units per thread the row block aims at: one block per row, so fewer threads per row put more rows (more
-# bytes) in flight per SM; the quantizer is latency-bound per wave of blocks. H100, tools/bench/a8_parts.py (protocol
-# graph timing, medians of 3, per-token, W8 per channel): the quantizer alone at K = 4096 M = 2048 / 4096 10.8 / 25.5
-# us with 1 unit (512 threads a row), 7.6 / 18.5 with 2, 6.9 / 18.2 with 4, 7.3 / 18.8 with 8; K = 5120 11.5 / 25.9
-# -> 9.7 / 22.9 with 4; whole calls 4096x4096 71.3 -> 67.7 us, 4608x4096 M = 4096 156.6 -> 150.2; K >= 16384 rows
-# already run 512 threads of >= 4 units (unchanged).
-ACTQ_UNITS = 4
-
-
 def actq_threads(k: int) -> int:
-    """Threads per row for K: ACTQ_UNITS 8-element units each up to ACTQ_NT threads (a power of two >= 32), then more
-    per thread."""
-    return min(ACTQ_NT, max(32, 1 << (-(-k // (8 * ACTQ_UNITS)) - 1).bit_length()))
+    """Threads per row for K: tuning.A8_ACTQ_UNITS 8-element units each up to ACTQ_NT threads (a power of two >= 32),
+    then more per thread."""
+    return min(ACTQ_NT, max(32, 1 << (-(-k // (8 * tuning.A8_ACTQ_UNITS)) - 1).bit_length()))
 
 
 def act_quant_rows_supported(x: torch.Tensor, block_size: int, min_k: int = ACTQ_MIN_K) -> bool:
