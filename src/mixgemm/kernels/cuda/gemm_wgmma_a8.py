@@ -429,6 +429,7 @@ def _prepare_rows(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token:
     # 128 k (bytes) x BM rows (MC 2: each CTA loads half); the address is written per call
     xmap = TensorMapParam(encode_tensor_map(_MAP_PLACEHOLDER, m, k, aq_row_stride, torch.int8, 128, bm // mc))
     tiles = col_tiles * math.ceil(m / bm)
+
     def rows_from(t: torch.Tensor) -> int:  # the address of 128-row block r0 / 128 of a [N_pad / 128, ...] tensor
         return t.data_ptr() + r0 // 128 * t.stride(0) * t.element_size()
 
