@@ -10,6 +10,7 @@ Usage: PYTHONPATH=src python -m tools.bench.a8_parts [--shapes 4096x4096,...] [-
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -65,18 +66,24 @@ def main():
     ap = argparse.ArgumentParser()
     add_case_args(ap, "4096x4096,4096x4608,4608x4096,5120x5120,4096x14336,8192x28672", "2048,4096", "w8pc,w4g128qt")
     ap.add_argument("--actq-units", default="", help="comma list: time the calls with tuning.A8_ACTQ_UNITS at each")
+    ap.add_argument("--actq-pdl", default="", help="comma list of 0 / 1: time the calls with the row quantizer "
+                                                   "launched without / with PDL")
     a = ap.parse_args()
     units = [int(u) for u in a.actq_units.split(",")] if a.actq_units else [tuning.A8_ACTQ_UNITS]
+    pdls = [bool(int(v)) for v in a.actq_pdl.split(",")] if a.actq_pdl else [None]
+    default_prepare = gemv_a8.prepare_act_quant_rows
     rows = []
     print(f"{'K x N':>12} {'M':>5} {'format':>9} units {'fp16':>8} {'whole':>8} {'quant':>7} {'gemm':>8}  "
           "whole x fp16, gemm x fp16, (whole - gemm) / whole")
     for shape, k, n, m, fmt in cases(a):
-        for u in units:
+        for u, pdl in [(u, pdl) for u in units for pdl in pdls]:
             tuning.A8_ACTQ_UNITS = u
+            gemv_a8.prepare_act_quant_rows = functools.partial(default_prepare, pdl=pdl)  # (the plan calls it so)
             r = measure(k, n, m, fmt, a.rounds)
-            r["actq_units"] = u
+            r.update(actq_units=u, actq_pdl=pdl)
             rows.append(r)
-            print(f"{shape:>12} {m:>5} {fmt:>9} {u:>5} {r['fp16_us']:8.1f} {r['whole_us']:8.1f} "
+            tag = "" if pdl is None else " pdl" if pdl else " ---"
+            print(f"{shape:>12} {m:>5} {fmt:>9} {u:>5}{tag} {r['fp16_us']:8.1f} {r['whole_us']:8.1f} "
                   f"{r['quantizer_us']:7.1f} {r['gemm_us']:8.1f}  {r['fp16_us'] / r['whole_us']:.2f}x "
                   f"{r['fp16_us'] / r['gemm_us']:.2f}x {(r['whole_us'] - r['gemm_us']) / r['whole_us']:.2f}",
                   flush=True)

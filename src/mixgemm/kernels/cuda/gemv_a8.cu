@@ -298,6 +298,9 @@ mixgemm_act_quant_rows(const void* __restrict__ X, int ldx,   // [M, ldx] activa
   // the next kernel, if launched with PDL (the int8 wgmma GEMM, A8_PDL), may start once every row block runs: it
   // loads its first weights during this grid's last wave and waits (griddepcontrol.wait) before reading the codes
   pdl_launch_dependents();
+  // launched with PDL itself, this grid's blocks are queued during the previous kernel (its launch latency hidden);
+  // x, the codes and the scales belong to other kernels, so nothing is read or written before the wait
+  pdl_wait();
   __shared__ float ra[NT / 32], rc[NT / 32];
   __shared__ int rs[NT / 32];
   const size_t m = blockIdx.x;

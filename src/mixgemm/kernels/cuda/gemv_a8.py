@@ -304,15 +304,20 @@ def act_quant_rows(x: torch.Tensor, mode: str = "sym", out=None):
     return prepare_act_quant_rows(x.shape[0], x.shape[1], x.dtype, x.device, mode)(x, out)
 
 
-def prepare_act_quant_rows(m: int, k: int, x_dtype: torch.dtype, dev: torch.device, mode: str) -> ActQuantRowsLaunch:
-    """act_quant_rows' launch for M rows of K, built once (a call plan's first step)."""
+def prepare_act_quant_rows(m: int, k: int, x_dtype: torch.dtype, dev: torch.device, mode: str,
+                           pdl: bool | None = None) -> ActQuantRowsLaunch:
+    """act_quant_rows' launch for M rows of K, built once (a call plan's first step). pdl: launched with programmatic
+    dependent launch (its blocks queued during the previous kernel; the kernel waits before touching memory);
+    default: kernel_options' pdl on sm_90."""
     nt = actq_threads(k)
     cpt = -(-(k // 8) // nt)
     fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows", {"A8_ACTQ": cpt, "A8_XT": _XT[x_dtype], "AQ_NT": nt},
                             dev)
     args = [ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_void_p(0),
             ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_int(1 if mode == "asym" else 0)]
-    return ActQuantRowsLaunch(nvrtc.prepare_launch(fn, dev, (m, 1, 1), (nt, 1, 1), args), m, k, dev)
+    if pdl is None:
+        pdl = current_options().pdl and torch.cuda.get_device_capability(dev)[0] >= 9
+    return ActQuantRowsLaunch(nvrtc.prepare_launch(fn, dev, (m, 1, 1), (nt, 1, 1), args, pdl=pdl), m, k, dev)
 
 
 class ActQuantRowsLaunch:
