@@ -10,7 +10,7 @@ import ctypes
 import torch
 
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.launch import LaunchCache
+from mixgemm.kernels.cuda.launch import LaunchCache, pdl_on
 from mixgemm.kernels.options import current_options
 
 SOURCE, KERNEL = "gather_x.cu", "mixgemm_gather_x"
@@ -31,8 +31,7 @@ class GatherLaunch:
         grid = (-(-kp // (per * THREADS)), m, 1)
         args = [ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_int(k), ctypes.c_void_p(0), ctypes.c_void_p(0),
                 ctypes.c_int(kp * es // 16), ctypes.c_int(kp)]
-        pdl = current_options().pdl and torch.cuda.get_device_properties(device).major >= 9
-        self.launch = nvrtc.prepare_launch(fn, device, grid, (THREADS, 1, 1), args, pdl=pdl)
+        self.launch = nvrtc.prepare_launch(fn, device, grid, (THREADS, 1, 1), args, pdl=pdl_on(device))
         self.m, self.kp, self.dtype, self.device = m, kp, dtype, device
         self._vals, self._lock = self.launch.params.values, self.launch.params.lock
 

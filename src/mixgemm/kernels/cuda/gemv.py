@@ -27,7 +27,7 @@ from mixgemm.formats.layouts import GemvLayout, build_gemv_mma_v1, build_gemv_v2
 from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.launch import new_rows
+from mixgemm.kernels.cuda.launch import new_rows, pdl_on
 from mixgemm.kernels.options import current_options
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
 from mixgemm.tuning.gemv_m1 import m1_entry, wg_simt_m1_entry
@@ -665,7 +665,7 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
         ctypes.c_int(m),
         ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
-    pdl = current_options().pdl and props.major >= 9
+    pdl = pdl_on(dev)
     return GemvLaunch(nvrtc.prepare_launch(fn, dev, (tiles, 1, 1), block, args, smem, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
 
@@ -685,7 +685,6 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     """The tensor-core GEMV's launch for M rows of x_dtype (float16 / bfloat16) with the config ``cfg``, built once;
     call it with x2d, bias, lo, hi (and an act_order layer's kernel permutation)."""
     n = qw.out_features
-    props = torch.cuda.get_device_properties(dev)
     wg = bool(cfg.get("WG", 0))
     name, build = (WG_LAYOUT, build_wgmma_v1) if wg else (MMA_LAYOUT, build_gemv_mma_v1)
     fresh = not qw.has_layout(name)
@@ -722,7 +721,7 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         ctypes.c_int(m),
         ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
-    pdl = current_options().pdl and props.major >= 9
+    pdl = pdl_on(dev)
     return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, smem, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
 

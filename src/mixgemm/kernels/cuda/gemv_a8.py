@@ -29,8 +29,7 @@ from mixgemm import tuning
 from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.launch import new_rows
-from mixgemm.kernels.options import current_options
+from mixgemm.kernels.cuda.launch import new_rows, pdl_on
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
 from mixgemm.tuning.gemv_m1 import a8_m1_entry
 
@@ -213,7 +212,7 @@ def prepare_gemv_a8(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torc
         ctypes.c_int(m),
         ctypes.c_int(lay.kw),
     ]
-    pdl = current_options().pdl and torch.cuda.get_device_capability(dev)[0] >= 9
+    pdl = pdl_on(dev)
     launch = nvrtc.prepare_launch(fn, dev, (grid, 1, 1), (threads, 1, 1), args, smem, pdl=pdl,
                                   first_without_pdl=fresh)
     return GemvA8Launch(launch, lay, m, n, out_dtype, dev)
@@ -316,7 +315,7 @@ def prepare_act_quant_rows(m: int, k: int, x_dtype: torch.dtype, dev: torch.devi
     args = [ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_void_p(0),
             ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_int(1 if mode == "asym" else 0)]
     if pdl is None:
-        pdl = current_options().pdl and torch.cuda.get_device_capability(dev)[0] >= 9
+        pdl = pdl_on(dev)
     return ActQuantRowsLaunch(nvrtc.prepare_launch(fn, dev, (m, 1, 1), (nt, 1, 1), args, pdl=pdl), m, k, dev)
 
 

@@ -21,6 +21,7 @@ from mixgemm.formats.layouts_wgmma_a8 import K_TILE, WgmmaA8Layout, build_wgmma_
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.gemv_a8 import GemvA8Launch, m_bucket, persistent_grid, row_chunks
+from mixgemm.kernels.cuda.launch import pdl_on
 
 SOURCE = "gemv_a8_wg.cu"
 KERNEL = "mixgemm_gemv_a8_wg"
@@ -158,8 +159,6 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
                        out_dtype: torch.dtype, per_token: bool, config: dict | None) -> GemvA8Launch:
     """The GEMV's launch for M rows of x_dtype, built once (layout, compiled kernel, grid, parameters); called like
     gemv_a8's (x2d, bias, lo, hi[, out])."""
-    from mixgemm.kernels.options import current_options
-
     if not 1 <= m <= MAX_M:
         raise ValueError(f"gemv_a8_wg handles 1 <= M <= {MAX_M}, got M={m}")
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before pdl_wait: no PDL first
@@ -186,7 +185,7 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
         ctypes.c_int(shape.gp),
         ctypes.c_int(m),
     ]
-    pdl = current_options().pdl and torch.cuda.get_device_capability(dev)[0] >= 9
+    pdl = pdl_on(dev)
     launch = nvrtc.prepare_launch(fn, dev, (grid, 1, 1), (threads, 1, 1), args, smem, pdl=pdl,
                                   first_without_pdl=fresh)
     return GemvA8Launch(launch, lay, m, lay.n, out_dtype, dev, x_at=2)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mixgemm.kernels.options import current_options
+
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 CUDA_ERROR_INVALID_CONTEXT = 201
@@ -154,6 +156,12 @@ try:
     from torch._C._dynamo.guards import _empty_strided_cuda
 except ImportError:  # a PyTorch without it: torch.empty
     _empty_strided_cuda = None
+
+
+def pdl_on(device) -> bool:
+    """Whether a kernel prepared for ``device`` is launched with programmatic dependent launch: kernel_options' pdl
+    (MIXGEMM_PDL) on a GPU of sm_90 or later, where griddepcontrol exists."""
+    return current_options().pdl and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def new_rows(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -9,7 +9,7 @@ import ctypes
 import torch
 
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.launch import LaunchCache
+from mixgemm.kernels.cuda.launch import LaunchCache, pdl_on
 from mixgemm.kernels.options import current_options
 
 SOURCE, KERNEL = "rms_norm.cu", "mixgemm_rms_norm"
@@ -57,8 +57,8 @@ class NormLaunch:
         args = [ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0),
                 ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(0),
                 ctypes.c_int(k), ctypes.c_float(eps)]
-        pdl = current_options().pdl and torch.cuda.get_device_properties(device).major >= 9
-        self.launch = nvrtc.prepare_launch(fn, device, (m, 1, 1), (threads, 1, 1), args, shared_bytes=k * es, pdl=pdl)
+        self.launch = nvrtc.prepare_launch(fn, device, (m, 1, 1), (threads, 1, 1), args, shared_bytes=k * es,
+                                           pdl=pdl_on(device))
         self.m, self.k, self.add, self.dtype, self.device = m, k, add, dtype, device
         self._vals, self._lock = self.launch.params.values, self.launch.params.lock
 
