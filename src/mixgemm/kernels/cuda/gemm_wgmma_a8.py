@@ -184,9 +184,7 @@ def tail_rows(m: int, n: int, cfg: dict, sms: int) -> tuple[int, int]:
     split-K tiles of ``split`` slices; (0, 0) when TAIL is off or does not apply. The weight-only GEMM's rule
     (gemm_wgmma.tail_rows: split 2 where the partial wave's tiles fill at most half the SMs), with n0 kept to whole
     MC pairs of column tiles."""
-    if int(cfg.get("SPLIT", 1)) != 1:
-        return 0, 0
-    n0, split = gemm_wgmma.tail_rows(m, n, {**cfg, "SK": 0}, sms)
+    n0, split = gemm_wgmma.tail_rows(m, n, cfg, sms)  # (0, 0) with SPLIT > 1 too
     pair = 64 * int(cfg.get("NWG", 2)) * int(cfg.get("MC", 1))
     n0 = n0 // pair * pair  # (a multiple of 128 too: NWG 2, or MC 2 of NWG 1)
     return (n0, split) if 0 < n0 < n else (0, 0)
@@ -329,12 +327,10 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     qs_ok = bool(sa_per_token and lay.num_groups > 1) and qs_layout(lay)
     cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits, qs=qs_ok)
     tail = cfg.pop("TAIL", 0)
-    if tail and not (quantize_from is not None and int(cfg.get("FQ", 1))):  # (one launch that quantizes: no tail)
+    if tail and not (quantize_from is not None and int(cfg.get("FQ", 1))):  # (a launch that quantizes is one launch)
         from mixgemm.kernels.registry import device_info
 
-        cfg["TAIL"] = tail
-        n0, split = tail_rows(m, n, cfg, device_info(out.device).sm_count)
-        cfg.pop("TAIL")
+        n0, split = tail_rows(m, n, {**cfg, "TAIL": tail}, device_info(out.device).sm_count)
         if n0:
             # the whole waves over weight rows [0, n0), then the partial wave's rows as split-K clusters (MC 1: a
             # cluster is the split's), so that wave takes about 1 / split of a tile's time
