@@ -748,3 +748,39 @@ def test_pdl_dependent_chain(cfg):
     assert qa.has_layout(G.LAYOUT) and qb.has_layout(G.LAYOUT)
     exact = not cfg.get("SK") and (cfg.get("SPLIT", 1) == 1 or cfg.get("CLUSTER"))
     assert_pdl_chain_matches(chain, x0, 0.0 if exact else TOL[torch.float16])
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("tail_wait", [0, 1])
+def test_pdl_chain_tail(tail_wait):
+    """TAIL (whole waves, then the partial wave's rows as a cluster split-K launch) in a PDL chain: GEMM -> GEMM ->
+    elementwise ..., both GEMMs as TAIL pairs. With WG_CHAIN (TAIL_WAIT 0) the tail launch loads without waiting for
+    the first and waits for it only before exiting, so the next GEMM must still see every column of both launches
+    and the tail must not read x before its producer finished: bit-equal to the PDL-off chain, eager and in a CUDA
+    graph, and within the fp16 tolerance of one launch per GEMM (the split adds its fp32 halves in another order)."""
+    from mixgemm.kernels.cuda import gemm_wgmma as G
+    from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
+
+    k = n = 3840  # 30 column tiles x 5 m-tiles of BM 64: a partial second wave on an H100 (132 SMs) or H100 PCIe
+    cfg = dict(BM=64, NWG=2, STAGES=4, TAIL=2, TAIL_WAIT=tail_wait)
+    m = 300
+    assert G.tail_rows(m, n, cfg, torch.cuda.get_device_properties(0).multi_processor_count)[0]
+    qa, qb = _qw(n, k, 4, 128, "zero_point", "cuda", 31), _qw(n, k, 8, -1, "sym", "cuda", 32)
+    g = torch.Generator().manual_seed(33)
+    x0 = torch.randn(m, k, generator=g).to("cuda", torch.float16)
+    ba = (torch.randn(n, generator=g) * 0.1).to("cuda", torch.float16)
+    inf = float("inf")
+
+    def chain(x, c=cfg):
+        for _ in range(2):
+            x = G.gemm_wgmma(x, qa, ba, -inf, inf, c)
+            x = G.gemm_wgmma(x, qb, None, -inf, inf, c) * 0.05  # reads the TAIL pair right before it
+            x = torch.tanh(x)
+        return x
+
+    one = chain(x0, {key: v for key, v in cfg.items() if key not in ("TAIL", "TAIL_WAIT")})  # builds both layouts
+    torch.cuda.synchronize()
+    y = chain(x0)
+    assert float((y.double() - one.double()).norm() / one.double().norm()) < TOL[torch.float16]
+    assert_pdl_chain_matches(chain, x0)

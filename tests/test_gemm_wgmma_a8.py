@@ -406,17 +406,22 @@ def test_default_config_int8_per_channel_wide():
 @needs_sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("mc", [1, 2])
-def test_gpu_pdl_chain(mc):
+@pytest.mark.parametrize("tail", [0, 2])
+def test_gpu_pdl_chain(mc, tail):
     """PDL (the weights of the first stages queued before griddepcontrol.wait): a chain quantizer -> GEMM -> quantizer
     -> GEMM ..., each GEMM reading the codes the kernel right before it wrote, eager and in a CUDA graph, equals the
-    PDL-off chain bit for bit."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, gemm_wgmma_a8
+    PDL-off chain bit for bit. TAIL 2: each GEMM is two chained launches (A8_CHAIN: the tail loads without waiting
+    for the first launch and waits for it only before exiting), so the quantizer after them must still see every
+    column of both."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, gemm_wgmma_a8, tail_rows
     from mixgemm.kernels.cuda.gemv_a8 import act_quant_rows
     from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
     k = n = 8192
     qws = [_qw(n, k, 4, 128, seed, "cuda") for seed in range(3)]
-    cfg = dict(default_config(300, n, k, 128), MC=mc, PDL=1)
+    cfg = dict(default_config(300, n, k, 128), MC=mc, PDL=1, TAIL=tail)
+    if tail:
+        assert tail_rows(300, n, cfg, torch.cuda.get_device_properties(0).multi_processor_count)[0]
     inf = float("inf")
 
     def chain(x):

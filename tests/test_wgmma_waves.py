@@ -85,7 +85,32 @@ def test_few_tile_layers_get_tiles_that_fill_the_gpu(k, n, m):
 def test_many_wave_problems_keep_the_table_tile(k, n, m):
     cfg = _wgmma_config(k, n, m).config
     assert (cfg["BM"], cfg["NWG"], cfg["SPLIT"]) == (256, 2, 1)
-    assert cfg.get("TAIL") == "auto"
+    big = next(t for t in _wave_cost("h100").tiles if t.key == (256, 2))
+    got = W.tail_split(m, n, k, big, _wave_cost("h100"), 132)
+    assert cfg["TAIL"] == (got[0] if got is not None else 0)  # the table's TAIL "auto", made the model's split
+
+
+def test_tail_split_follows_the_partial_wave():
+    """TAIL's split: none without a partial wave after a whole one; otherwise the split of TAIL_SPLITS the model ranks
+    first among those whose clusters all fit at once -- more slices for a few tail tiles over a long K, 2 where the
+    slices get short (the reduction costs more than they save) or more clusters would not fit."""
+    cost = _wave_cost("h100")
+    big = next(t for t in cost.tiles if t.key == (256, 2))
+    assert W.tail_split(1024, 128 * 132, 4096, big, cost, 132) is None  # 4 whole waves
+    assert W.tail_split(256, 4096, 4096, big, cost, 132) is None  # less than a wave
+    few_long = W.tail_split(1024, 5120, 13824, big, cost, 132)  # 160 tiles: 28 in the partial wave, 216 steps
+    assert few_long is not None and few_long[0] == max(W.TAIL_SPLITS)
+    assert 28 <= cost.slots(few_long[0], 132)
+    assert W.tail_split(1024, 5120, 1024, big, cost, 132)[0] == 2  # the same tiles over 16 steps
+    many = W.tail_split(2048, 5120, 13824, big, cost, 132)  # 56 tail tiles: only pairs fit at once
+    assert many is not None and many[0] == 2 and cost.slots(3, 132) < 56
+    s, t = few_long  # the estimate: one round of the slice's steps plus (s - 1) reductions of the tile's partials
+    steps = W.split_steps(13824, s, 1)[1]
+    assert t == pytest.approx(steps * big.step_us + cost.reduce_us * (s - 1) * 256 * 128 / 1024)
+    # the call's estimate takes the tail launch in place of a last round of whole tiles
+    auto = W.TileCost({**big.config, "TAIL": "auto"}, big.step_us, big.shared_step_us)
+    assert W.estimate_us(1024, 5120, 13824, auto, 1, 1, cost, 132) < W.estimate_us(1024, 5120, 13824, big, 1, 1, cost,
+                                                                                     132)
 
 
 def test_below_from_m_the_model_is_not_applied():

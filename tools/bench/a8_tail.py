@@ -5,7 +5,7 @@ graph timing (C layer copies > 3x L2 in one CUDA graph, median / C), the variant
 (medians). Each variant is checked bit-equal to TAIL 0 first.
 
 Usage: PYTHONPATH=src python -m tools.bench.a8_tail [--shapes 4096x4608,...] [--ms 1024,2048,4096]
-       [--formats w8pc,w4g128qt] [--tails auto,3] [--rounds 3] [--json OUT.json]
+       [--formats w8pc,w4g128qt] [--tails auto,auto-wait,3] [--rounds 3] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ MS = "1024,2048,4096"
 
 
 def plan(qw, m: int, tail):
+    """The call plan's launch with TAIL = tail ("auto", 2..8; "<tail>-wait": with TAIL_WAIT 1, the tail launch waiting
+    for the whole first launch as before A8_CHAIN)."""
     dev = torch.device("cuda", torch.cuda.current_device())
     p = a8_problem(m, qw, torch.float16, dev, "sym", True)
-    cfg = dict(_wgmma_a8_config(p), TAIL=tail)
+    t, _, wait = str(tail).partition("-")
+    cfg = dict(_wgmma_a8_config(p), TAIL=int(t) if t.isdigit() else t, TAIL_WAIT=int(wait == "wait"))
     return _prepare_wgmma_a8(p, qw, cfg), cfg
 
 
@@ -47,11 +50,12 @@ def measure(k: int, n: int, m: int, fmt: str, tails: list, rounds: int) -> dict:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     base, cfg = plan(qw, m, 0)
     y0 = base(x, None, -inf, inf)
-    row = dict(K=k, N=n, M=m, format=fmt, config={k_: v for k_, v in cfg.items() if k_ != "TAIL"}, variants={})
+    row = dict(K=k, N=n, M=m, format=fmt, config={k_: v for k_, v in cfg.items() if k_ not in ("TAIL", "TAIL_WAIT")},
+               variants={})
     qws = [qw] + [clone_qw(qw) for _ in range(copies_for(qw.qweight.numel() * qw.qweight.element_size()) - 1)]
     variants = {"0": [plan(q, m, 0)[0] for q in qws]}
     for t in tails:
-        n0, split = tail_rows(m, n, {**cfg, "TAIL": t}, sms)
+        n0, split = tail_rows(m, n, {**cfg, "TAIL": int(t.partition("-")[0]) if t[0].isdigit() else "auto"}, sms)
         if not n0:
             row["variants"][t] = {"applies": False}
             continue
@@ -73,7 +77,8 @@ def measure(k: int, n: int, m: int, fmt: str, tails: list, rounds: int) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     add_case_args(ap, SHAPES, MS, "w8pc,w4g128qt")
-    ap.add_argument("--tails", default="auto", help="TAIL values to time against TAIL 0 (auto, 2..8)")
+    ap.add_argument("--tails", default="auto,auto-wait", help="TAIL values to time against TAIL 0 (auto, 2..8; "
+                    "'-wait' appended: TAIL_WAIT 1, the tail launch waiting for the whole first launch)")
     a = ap.parse_args()
     tails = a.tails.split(",")
     rows = []

@@ -187,6 +187,16 @@
 #ifndef WG_PDL
 #define WG_PDL 0
 #endif
+// WG_CHAIN (with WG_PDL; the two launches of a TAIL, gemm_wgmma.py): 1 = the whole-wave launch, whose CTAs trigger
+// their dependents only once past griddepcontrol.wait; 2 = the tail launch after it, which reads nothing the first
+// launch writes (its own output columns, no workspace), so it loads without waiting and thread 0 waits for the first
+// launch only before the CTA exits. Why: with the usual wait the tail's CTAs, queued during the first launch's last
+// wave, idled until its slowest CTA had finished; now each starts as an SM frees up, as the last wave of one launch
+// would. Safe because a CTA of launch 1 past its wait proves the kernel before it complete, and launch 2 cannot
+// complete before launch 1 (the kernel after it waits for launch 2).
+#ifndef WG_CHAIN
+#define WG_CHAIN 0
+#endif
 // WG_MINB: CTAs per SM the register allocation must allow (__launch_bounds__ min blocks); more resident warps
 // for the latency-bound small-M tiles
 #ifndef WG_MINB
@@ -250,6 +260,9 @@ constexpr bool PDL = WG_PDL != 0;
 // parameter copies, X = its activation loads
 constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;
 static_assert(!PDL || BULK, "WG_PDL takes the TMA loader (WG_TMA 1)");
+constexpr int CHAIN = PDL ? WG_CHAIN : 0;
+static_assert(CHAIN >= 0 && CHAIN <= 2 && (CHAIN != 2 || (WG_SPLIT != 1 && WG_SPLIT != 3 && WG_SK == 0)),
+              "WG_CHAIN is 0, 1 or 2 (2: no workspace, which another launch could still use)");
 constexpr bool WS = WG_WS != 0;
 static_assert(!WS || BULK, "WG_WS takes the TMA loader (WG_TMA 1)");
 constexpr int LOADER = WS ? WG_THREADS : 0;  // the thread that issues every stage's copies
@@ -308,7 +321,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                    const __grid_constant__ TmaDesc ymap) {  // WG_TSTORE: Y [M, N], box 64 columns x BM rows
   // the next PDL kernel may launch once every CTA of this grid runs (it then waits in griddepcontrol.wait for this
   // grid to finish): its CTAs take the SMs this grid leaves idle and load their first weights meanwhile
-  if (PDL) pdl_launch_dependents();
+  if (PDL && CHAIN != 1) pdl_launch_dependents();
   extern __shared__ char smem_raw[];
   const char* sgen;
   const u32 sbase = smem_base_1024(smem_raw, sgen);
@@ -342,7 +355,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     nst = (nk + KT - 1) / KT;  // stages of this split (the last one may hold fewer than KT tiles)
     first_tile = blockIdx.x;
   }
-  if (nst <= 0) return;
+  if (nst <= 0) {
+    if (CHAIN == 2 && tid == 0) pdl_wait();  // WG_CHAIN 2: exit only once the whole-wave launch is complete
+    return;
+  }
 
   // The consumers' tile: m0, rt_raw (this warp's 16-row tile), rt (clamped: warps past the last tile load a valid
   // one and never store); cs_sk: the stage of it being read
@@ -783,7 +799,9 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
     for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s, ISSUE_W);
     st_issue = st0, slot_issue = slot0, ld_sk = sk0, ld_tile = tile0, ld_m0 = m00, ld_rt = rt0;
-    pdl_wait();  // every thread: x (by TMA), y, bias and the split / stream-K workspaces belong to other kernels
+    if (CHAIN != 2) pdl_wait();  // every thread: x (by TMA), y, bias and the split / stream-K workspaces belong to
+                                 // other kernels
+    if (CHAIN == 1) pdl_launch_dependents();  // the kernel before this one is complete (WG_CHAIN)
 #pragma unroll
     for (int s = 0; s < STAGES - 1 - LAG; ++s) issue(s, ISSUE_X);
   } else {
@@ -821,4 +839,5 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     tile_params();
   }
   if (TSTORE && SKW && (tid & 127) == 0) tma_store_wait_read();  // the last tile's store has read its smem
+  if (CHAIN == 2 && tid == 0) pdl_wait();  // WG_CHAIN 2: exit only once the whole-wave launch is complete
 }

@@ -63,7 +63,7 @@ KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
-               "CLUSTER", "SERIAL", "PDL", "WS", "TAIL")
+               "CLUSTER", "SERIAL", "PDL", "WS", "TAIL", "TAIL_WAIT")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
 
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
@@ -303,9 +303,12 @@ def _prepare_parts(qw: QuantizedWeight, m: int, n: int, x_dtype: torch.dtype, x_
         return [_prepare_launch(*args, n, cfg, fit, props, 0)]
     # TAIL: the whole waves of tiles over weight rows [0, n0), then the rows past n0 as a cluster split-K launch: the
     # last partial wave's tiles run as TAIL k-slices each, so that wave takes about 1 / TAIL of a tile's time
+    # (WG_CHAIN: the tail's CTAs start as the first launch's free their SMs, unless TAIL_WAIT)
     cut = {**cfg, "TAIL": 0}
     tail = {**cut, "SPLIT": tail_split, "CLUSTER": 1, "SERIAL": 0}
-    return [_prepare_launch(*args, n0, cut, fit, props, 0), _prepare_launch(*args, n - n0, tail, fit, props, n0)]
+    chain = (0, 0) if int(cfg.get("TAIL_WAIT", 0)) else (1, 2)
+    return [_prepare_launch(*args, n0, cut, fit, props, 0, chain[0]),
+            _prepare_launch(*args, n - n0, tail, fit, props, n0, chain[1])]
 
 
 def prepare_wgmma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, config: dict | None,
@@ -420,9 +423,11 @@ def tile_error(cfg: dict) -> str | None:
 
 
 def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_stride: int, x_cols: int,
-                    conv: tuple | None, out: OutputRows, n: int, cfg: dict, fit: bool, props, row0: int) -> WgmmaPart:
+                    conv: tuple | None, out: OutputRows, n: int, cfg: dict, fit: bool, props, row0: int,
+                    chain: int = 0) -> WgmmaPart:
     """One launch into the output columns of weight rows [row0, row0 + n) (row0: a multiple of 128), everything but the
-    activation / output / bias pointers and the workspaces fixed."""
+    activation / output / bias pointers and the workspaces fixed; chain: WG_CHAIN, the role in a TAIL pair (1 the whole
+    waves, 2 the tail; with PDL only)."""
     k = qw.in_features
     why = tile_error(cfg)
     if why:
@@ -500,6 +505,8 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     pdl = bool(current_options().pdl and pdl_req and tma and props.major >= 9)
     if pdl:
         defs["WG_PDL"] = 1
+        if chain == 1 or (chain == 2 and csplit and not sk):
+            defs["WG_CHAIN"] = chain
     ymap = None
     if sk == 2:
         tstore = staging > 0

@@ -116,6 +116,16 @@
 #ifndef A8_PDL
 #define A8_PDL 0
 #endif
+// A8_CHAIN (with A8_PDL; the two launches of a TAIL, gemm_wgmma_a8.py): 1 = the whole-wave launch, whose CTAs
+// trigger their dependents only once their producer is past griddepcontrol.wait; 2 = the tail launch after it, which
+// reads nothing the whole-wave launch writes (its own output columns), so it loads without waiting and one thread
+// waits for the first launch only before the CTA exits. Why: with the usual wait the tail's CTAs, queued during the
+// first launch's last wave, idled until its slowest CTA had finished; now each starts as an SM frees up, as the last
+// wave of one launch would. Safe because a CTA of launch 1 past its wait proves the kernel before it (the quantizer)
+// complete, and launch 2 cannot complete before launch 1 (the kernel after it waits for launch 2).
+#ifndef A8_CHAIN
+#define A8_CHAIN 0
+#endif
 // A8_FQ > 0 (with A8_WS, MC 1, per-token activation scales): the activation quantizer runs inside this launch, so a
 // call is one launch instead of two (the host time of the second is what an eager decode step or a compiled graph
 // without CUDA graphs pays per layer). The grid's first QB blocks are quantizer blocks: groups of A8_FQ_WPR warps,
@@ -162,6 +172,8 @@ constexpr int MC = A8_MC;
 static_assert(MC == 1 || (MC == 2 && WS), "A8_MC 2 takes the producer warpgroup (A8_WS 1)");
 constexpr bool PDL = A8_PDL != 0;
 static_assert(!PDL || WS, "A8_PDL takes the producer warpgroup (A8_WS 1)");
+constexpr int CHAIN = PDL ? A8_CHAIN : 0;
+static_assert(CHAIN >= 0 && CHAIN <= 2 && (CHAIN == 0 || !A8_FQ), "A8_CHAIN is 0, 1 or 2 (not with A8_FQ)");
 constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;  // the parts of a stage issue() queues
 // WS: warpgroup NWG produces (one thread issues the copies). NWG 2: it gives its registers to the consumers
 // (setmaxnreg 40 / 232: 384 threads would otherwise cap every thread at 168, and the consumers' BM / 2 fp32
@@ -230,7 +242,7 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
                       const __grid_constant__ TmaDesc ymap,  // A8_TSTORE: Y [M, N], box 64 columns x BM rows
                       int kt_per_split) {                     // A8_SPLIT: k-tiles per CTA of a cluster
   // the next PDL kernel may launch once every CTA of this grid runs (it waits in griddepcontrol.wait for this grid)
-  if (PDL) pdl_launch_dependents();
+  if (PDL && CHAIN != 1) pdl_launch_dependents();
   if (FQ && (int)blockIdx.x < QB) {  // a quantizer block: ROWS rows at a time (FQ_WPR warps each), then QB ROWS on
     constexpr int NT = FQ_WPR * 32, ROWS = THREADS / NT;
     __shared__ float ra[THREADS / 32], rc[THREADS / 32];
@@ -349,7 +361,8 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
       if (PDL || FQ) {  // the first stages' weights before the wait(s), their activations after
         const int pre = min(STAGES, nst);
         for (int s = 0; s < pre; ++s) issue(s, s, sbase + s * STAGE, ISSUE_W);
-        if (PDL) pdl_wait();
+        if (PDL && CHAIN != 2) pdl_wait();
+        if (CHAIN == 1) pdl_launch_dependents();  // the kernel before this one is complete (A8_CHAIN)
         if (FQ) {  // every quantizer block is done (their codes and scales are visible to this thread's TMA)
           int done;
           for (;;) {
@@ -373,10 +386,12 @@ mixgemm_gemm_wgmma_a8(const char* __restrict__ W,    // wgmma_a8_v1 weight tiles
         slot = slot + 1 == STAGES ? 0 : slot + 1;
       }
     }
+    // A8_CHAIN 2: this CTA exits only once the whole-wave launch before it is complete
+    if (CHAIN == 2 && warp == WARPS + 1 && lane == 0) pdl_wait();
     return;
   }
   if (REALLOC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(CONSUMER_REGS));
-  if (PDL) pdl_wait();  // the activation scales, bias and output belong to other kernels
+  if (PDL && CHAIN != 2) pdl_wait();  // the activation scales, bias and output belong to other kernels
 
   float acc[NOFOLD ? 1 : BM / 2];
 #pragma unroll

@@ -31,7 +31,9 @@
   cluster of that many CTAs per output tile, each a slice of K, the sums met in distributed shared memory; MC 1,
   per-element stores; ``split_slices`` gives the slices, ``split_k_rule`` the default's choice), TAIL (0, "auto" or
   2..8: the tiles of whole waves in one launch and the weight rows of the partial last wave in a second, cluster
-  split-K launch, as the weight-only GEMM's TAIL; ``tail_rows``; not with SPLIT or a launch that quantizes).
+  split-K launch, as the weight-only GEMM's TAIL; ``tail_rows``; not with SPLIT or a launch that quantizes),
+  TAIL_WAIT (0, the default: the tail launch's CTAs start as the first launch's free their SMs, A8_CHAIN; 1: they
+  wait for the whole first launch, as before A8_CHAIN -- an A/B switch).
 * Returns [M, N] in out_dtype (float16 / bfloat16 / float32), or writes ``out``. Launched on the current stream,
   no host synchronization; allocates the output (unless given) and, for per-group activation scales (or a [M, 1]
   sa whose column is not contiguous), a transposed copy of sa [G, M_pad].
@@ -55,7 +57,7 @@ SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL", "QS", "FQ",
-               "SPLIT", "TAIL")
+               "SPLIT", "TAIL", "TAIL_WAIT")
 QS_MAX_K = (2**31 - 1) // (128 * 127)  # A8_QS: one int32 sum of K products |c m a| <= 128 * 127
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _XT = _OUT  # A8_XT: the activation dtype the in-launch quantizer reads (same codes)
@@ -327,24 +329,31 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     qs_ok = bool(sa_per_token and lay.num_groups > 1) and qs_layout(lay)
     cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits, qs=qs_ok)
     tail = cfg.pop("TAIL", 0)
+    tail_wait = int(cfg.pop("TAIL_WAIT", 0))
+    if tail_wait not in (0, 1):
+        raise ValueError(f"bad int8 wgmma TAIL_WAIT={tail_wait}: 0 (the tail launch overlaps the first) or 1")
     if tail and not (quantize_from is not None and int(cfg.get("FQ", 1))):  # (a launch that quantizes is one launch)
         from mixgemm.kernels.registry import device_info
 
         n0, split = tail_rows(m, n, {**cfg, "TAIL": tail}, device_info(out.device).sm_count)
         if n0:
             # the whole waves over weight rows [0, n0), then the partial wave's rows as split-K clusters (MC 1: a
-            # cluster is the split's), so that wave takes about 1 / split of a tile's time
+            # cluster is the split's), so that wave takes about 1 / split of a tile's time; chained (A8_CHAIN) so
+            # that the tail's CTAs start as the first launch's free their SMs, unless TAIL_WAIT
             tail_cfg = {**cfg, "SPLIT": split, "MC": 1}
+            chain = (0, 0) if tail_wait else (1, 2)
             return WgmmaA8TailLaunch(
-                _prepare_rows(qw, m, aq_row_stride, sa_per_token, out, cfg, None, 0, n0, fresh),
-                _prepare_rows(qw, m, aq_row_stride, sa_per_token, out, tail_cfg, None, n0, n, fresh), n0)
+                _prepare_rows(qw, m, aq_row_stride, sa_per_token, out, cfg, None, 0, n0, fresh, chain[0]),
+                _prepare_rows(qw, m, aq_row_stride, sa_per_token, out, tail_cfg, None, n0, n, fresh, chain[1]), n0)
     return _prepare_rows(qw, m, aq_row_stride, sa_per_token, out, cfg, quantize_from, 0, n, fresh)
 
 
 def _prepare_rows(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token: bool, out: gemm_wgmma.OutputRows,
-                  cfg: dict, quantize_from: torch.dtype | None, r0: int, r1: int, fresh: bool) -> WgmmaA8Launch:
+                  cfg: dict, quantize_from: torch.dtype | None, r0: int, r1: int, fresh: bool,
+                  chain: int = 0) -> WgmmaA8Launch:
     """prepare_wgmma_a8's launch over weight rows [r0, r1) (r0 a multiple of the layout's 128-row blocks) into output
-    columns [r0, r1); fresh: the layout was built for this launch (no PDL on its first call)."""
+    columns [r0, r1); fresh: the layout was built for this launch (no PDL on its first call); chain: A8_CHAIN, the
+    role in a TAIL pair (1 the whole waves, 2 the tail; with PDL only)."""
     k = qw.in_features
     n = r1 - r0
     out_dtype = out.dtype
@@ -415,6 +424,8 @@ def _prepare_rows(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token:
     pdl = bool(current_options().pdl and pdl_req)
     if pdl:
         defs["A8_PDL"] = 1
+        if chain and split is None:
+            defs["A8_CHAIN"] = chain
     ymap = None
     if int(cfg.get("TSTORE", 1)) and ksplit == 1 and out.tstore_fits(bm, nwg, ring):
         # 64 output columns (128 bytes) x BM rows; the address is written per call

@@ -30,6 +30,7 @@ from mixgemm.kernels.cuda.gemm_wgmma import (
     k_slices,
     output_tiles,
     stage_bytes,
+    tail_rows,
 )
 
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on sm_90 (each resident block also reserves 1 KiB)
@@ -103,26 +104,58 @@ def split_steps(k: int, split: int, ktile: int) -> tuple[int, int]:
     return k_slices(math.ceil(k / K_TILE), split, ktile)
 
 
+def _rounds_us(tile: TileCost, cost: WaveCost, q: int, per_sm: int, steps: int, split: int) -> float:
+    """The model's time of the busiest SM holding q CTAs of ``steps`` 64-k steps each, in clusters of ``split``."""
+    bm, nwg = tile.key
+    step = max(steps * tile.step_us, min(q, per_sm) * steps * tile.shared_step_us)
+    reduce = cost.reduce_us * (split - 1) * bm * 64 * nwg / 1024 if split > 1 else 0.0
+    return math.ceil(q / per_sm) * (step + reduce)
+
+
+# TAIL's splits the model ranks. Why more than 2: a partial wave of few tiles leaves most SMs idle even as split-2
+# pairs, and splitting its K three or four ways keeps them busy where the slices stay long and every cluster fits at
+# once (H100, W4 g128, whole tails against split 2: 13824x5120 M = 1024 213.4 against 234.5 us, 3584x4608 M = 1024
+# 60.1 against 63.9; but 2048x2304 M = 4096, 8 steps a slice, 81.2 against 70.3 -- which the reduction term ranks
+# last). Past 4 the reduction grows with every slice.
+TAIL_SPLITS = (2, 3, 4)
+
+
+def tail_split(m: int, n: int, k: int, tile: TileCost, cost: WaveCost, sms: int) -> tuple[int, float] | None:
+    """TAIL for a split-1 tile of one CTA per SM: (split, the model's time of the tail launch) for the split of
+    TAIL_SPLITS the model ranks first, the partial last wave's tiles run as clusters of that many k-slices, all of
+    them held at once (cluster_slots); None where there is no partial wave after a whole one, or no split fits."""
+    bm, nwg = tile.key
+    ktile = int(tile.config.get("KT", 1))
+    n0, _ = tail_rows(m, n, {**tile.config, "TAIL": 2, "SPLIT": 1, "SK": 0, "MINB": 1}, sms)
+    if not n0:
+        return None
+    tail_tiles = output_tiles(m, n - n0, bm, nwg)
+    best = None
+    for s in TAIL_SPLITS:
+        got, steps = split_steps(k, s, ktile)
+        if got != s or steps < 2 * ktile or tail_tiles > cost.slots(s, sms):
+            continue
+        t = _rounds_us(tile, cost, 1, 1, steps, s)
+        if best is None or t < best[1]:
+            best = (s, t)
+    return best
+
+
 def estimate_us(m: int, n: int, k: int, tile: TileCost, split: int, per_sm: int, cost: WaveCost, sms: int) -> float:
     """The model's time of one call with ``tile`` and a cluster split of ``split`` (docstring above). A split-1 tile
-    with TAIL (gemm_wgmma.tail_rows) runs a last wave that fills at most half the SMs as split-2 clusters."""
+    with TAIL "auto" runs the partial last wave as ``tail_split``'s clusters."""
     bm, nwg = tile.key
     ktile = int(tile.config.get("KT", 1))
     split, steps = split_steps(k, split, ktile)
     tiles = output_tiles(m, n, bm, nwg)
-
-    def rounds_us(q: int, steps: int, split: int) -> float:  # q CTAs on the busiest SM
-        step = max(steps * tile.step_us, min(q, per_sm) * steps * tile.shared_step_us)
-        reduce = cost.reduce_us * (split - 1) * bm * 64 * nwg / 1024 if split > 1 else 0.0
-        return math.ceil(q / per_sm) * (step + reduce)
-
     if split > 1:
-        return cost.launch_us + rounds_us(math.ceil(tiles / (cost.slots(split, sms) * per_sm)) * per_sm, steps, split)
-    waves, last = divmod(tiles, sms)
-    if tile.config.get("TAIL") == "auto" and per_sm == 1 and waves and 0 < last <= sms // 2:
-        tail_split, tail_steps = split_steps(k, 2, ktile)
-        return cost.launch_us + rounds_us(waves, steps, 1) + rounds_us(1, tail_steps, tail_split)
-    return cost.launch_us + rounds_us(math.ceil(tiles / sms), steps, 1)
+        q = math.ceil(tiles / (cost.slots(split, sms) * per_sm)) * per_sm
+        return cost.launch_us + _rounds_us(tile, cost, q, per_sm, steps, split)
+    if tile.config.get("TAIL") == "auto" and per_sm == 1:
+        tail = tail_split(m, n, k, tile, cost, sms)
+        if tail is not None:
+            return cost.launch_us + _rounds_us(tile, cost, tiles // sms, 1, steps, 1) + tail[1]
+    return cost.launch_us + _rounds_us(tile, cost, math.ceil(tiles / sms), per_sm, steps, 1)
 
 
 def _splits(k: int, ktile: int) -> list[int]:
@@ -165,15 +198,27 @@ def choose(m: int, n: int, k: int, base: dict, w: WeightBytes, cost: WaveCost, s
                              by_key[base_key].shared_step_us)
         t_base = estimate_us(m, n, k, base_tile, 1, ctas_per_sm(base_tile.config, w), cost, sms)
         if t_base <= cost.margin * t_best:
-            cfg = {**base, "SPLIT": 1, "CLUSTER": 0}
-            return WaveChoice(cfg, f"the table's tile, split 1 (est. {t_base:.1f} us; best other "
+            cfg = _with_tail({**base, "SPLIT": 1, "CLUSTER": 0}, m, n, k, base_tile, w, cost, sms)
+            return WaveChoice(cfg, f"the table's tile, split 1{_tail_text(cfg)} (est. {t_base:.1f} us; best other "
                               f"BM {tile.key[0]} NWG {tile.key[1]} split {split}, est. {t_best:.1f} us)")
     cfg = {**tile.config, "SPLIT": split, "CLUSTER": int(split > 1)}
     if split == 1 and "TAIL" in base and tile.key == base_key:
-        cfg["TAIL"] = base["TAIL"]
+        cfg = _with_tail({**cfg, "TAIL": base["TAIL"]}, m, n, k, tile, w, cost, sms)
     base_text = f"the table's tile est. {t_base:.1f} us" if t_base is not None else "the table's tile not modelled"
-    return WaveChoice(cfg, f"BM {tile.key[0]} NWG {tile.key[1]} split {split} (est. {t_best:.1f} us; "
+    return WaveChoice(cfg, f"BM {tile.key[0]} NWG {tile.key[1]} split {split}{_tail_text(cfg)} (est. {t_best:.1f} us; "
                       f"{base_text})")
+
+
+def _with_tail(cfg: dict, m: int, n: int, k: int, tile: TileCost, w: WeightBytes, cost: WaveCost, sms: int) -> dict:
+    """cfg with TAIL "auto" made the split ``tail_split`` ranks first (0 where none applies)."""
+    if cfg.get("TAIL") != "auto" or ctas_per_sm(cfg, w) != 1:
+        return cfg
+    got = tail_split(m, n, k, TileCost(cfg, tile.step_us, tile.shared_step_us), cost, sms)
+    return {**cfg, "TAIL": got[0] if got is not None else 0}
+
+
+def _tail_text(cfg: dict) -> str:
+    return f", TAIL {cfg['TAIL']}" if cfg.get("TAIL") not in (None, 0, "auto") else ""
 
 
 # ----------------------------------------------------------------------------------------------------- small M
