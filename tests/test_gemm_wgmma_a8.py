@@ -797,11 +797,12 @@ def test_tail_rows():
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits,gs,int_scales", [(8, -1, False), (4, 128, True), (4, 128, False)])
 @pytest.mark.parametrize("mc", [1, 2])
-def test_gpu_tail_launch(bits, gs, int_scales, mc):
-    """TAIL (two launches: whole waves, then the rest as split-K clusters into the output's last columns) against
-    one launch: bit-equal where the sums are int32 over K (per channel, integer group scales; the split adds them
-    exactly), within the fp16 tolerance with the per-group fp32 fold; bias, clamp, an N past the last 128-row block,
-    eager and through the functional call; inputs untouched."""
+@pytest.mark.parametrize("tail", ["auto", 4])
+def test_gpu_tail_launch(bits, gs, int_scales, mc, tail):
+    """TAIL (two launches: whole waves, then the rest as split-K clusters of 2 or 4 slices into the output's last
+    columns) against one launch: bit-equal where the sums are int32 over K (per channel, integer group scales; the
+    split adds them exactly), within the fp16 tolerance with the per-group fp32 fold; bias, clamp, an N past the last
+    128-row block, eager and through the functional call; inputs untouched."""
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import tail_rows
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -810,10 +811,10 @@ def test_gpu_tail_launch(bits, gs, int_scales, mc):
     cfg = dict(BM=bm, NWG=2, STAGES=2 if bm == 256 else 4, KT=2, NP=1, CVT=0, MC=mc)
     # N: about a wave and a quarter of tiles (column tiles that pair up for MC 2), the last one of 40 rows
     n = (sms * 5 // 4 // -(-m // bm)) // (2 * mc) * (2 * mc) * 128 - 88
-    n0, split = tail_rows(m, n, dict(cfg, TAIL="auto"), sms)
-    assert n0 and split == 2, (n, n0, split)
+    n0, split = tail_rows(m, n, dict(cfg, TAIL=tail), sms)
+    assert n0 and split == (2 if tail == "auto" else tail), (n, n0, split)
     per_token = int_scales
-    y1, ref = _run(m, n, k, bits, gs, torch.float16, config=dict(cfg, TAIL="auto"), seed=7, per_token=per_token,
+    y1, ref = _run(m, n, k, bits, gs, torch.float16, config=dict(cfg, TAIL=tail), seed=7, per_token=per_token,
                    int_scales=int_scales)
     y0, _ = _run(m, n, k, bits, gs, torch.float16, config=cfg, seed=7, per_token=per_token, int_scales=int_scales)
     if bits == 8 or int_scales:
@@ -822,15 +823,37 @@ def test_gpu_tail_launch(bits, gs, int_scales, mc):
 
 
 def test_tail_default_rule():
-    """Past the small-M tiles, the registry's config asks for TAIL "auto" from K = tuning.A8_TAIL_MIN_K (where the
-    split slices are long enough to pay), not below it nor at small M (there the cluster split covers the SMs)."""
+    """Past the small-M tiles, the registry's config takes TAIL from K = tuning.A8_TAIL_MIN_K (where the split slices
+    are long enough to pay): the most k-slices whose clusters, one per tile of the partial last wave, the GPU holds at
+    once (the H100 table's 66 pairs, 39 triples, 30 quads), 0 without a partial wave; none below that K nor at small M
+    (there the cluster split covers the SMs)."""
+    import dataclasses
+
     from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
     from mixgemm.kernels.registry import DeviceInfo
     from mixgemm.tuning import A8_TAIL_MIN_K
 
     h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
-    long_k = _qw(128, A8_TAIL_MIN_K, 8, -1)
-    short_k = _qw(128, A8_TAIL_MIN_K // 2, 8, -1)
-    assert _wgmma_a8_config(a8_problem(2048, long_k, torch.float16, h100, "sym", True)).get("TAIL") == "auto"
-    assert "TAIL" not in _wgmma_a8_config(a8_problem(2048, short_k, torch.float16, h100, "sym", True))
-    assert "TAIL" not in _wgmma_a8_config(a8_problem(16, long_k, torch.float16, h100, "sym", True))
+    long_k = _qw(256, A8_TAIL_MIN_K, 8, -1)
+    short_k = _qw(256, A8_TAIL_MIN_K // 2, 8, -1)
+
+    def tail(m, qw, n):  # the config for an N-row layer of qw's format and K (the rule reads N, not the rows)
+        return _wgmma_a8_config(dataclasses.replace(a8_problem(m, qw, torch.float16, h100, "sym", True), n=n))
+
+    # M = 2048, BM 256 tiles in MC pairs: 8 x (N / 128) tiles, 264 in two whole waves (32 column tiles)
+    assert tail(2048, long_k, 2304)["TAIL"] == 4  # 144 tiles: 16 in the partial wave
+    assert tail(2048, long_k, 4608)["TAIL"] == 3  # 288: 32 (more than 30 quads)
+    assert tail(2048, long_k, 5120)["TAIL"] == 2  # 320: 64 (more than 39 triples)
+    assert tail(2048, long_k, 4096)["TAIL"] == 0  # 256: less than two waves, none after a whole one
+    assert "TAIL" not in tail(2048, short_k, 4608)
+    assert "TAIL" not in tail(16, long_k, 4608)
+
+
+def test_tail_split_rule_without_a_wave_model():
+    """Without the table's cluster residency, split 2 where the partial wave's pairs fill at most half the SMs."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, tail_split_rule
+
+    cfg = default_config(2048, 4608, 8192, 8192, 8)
+    assert tail_split_rule(2048, 4608, cfg, 132, None) == 2  # 32 tail tiles
+    assert tail_split_rule(2048, 5376, cfg, 132, None) == 0  # 336 tiles: 80 past two waves (n0 in MC pairs)
+    assert tail_split_rule(2048, 4608, cfg, 132, {2: 66, 3: 39, 4: 30}) == 3

@@ -277,8 +277,9 @@ def test_a8_entries_reasons():
     assert "wgmma_a8_v1 layout takes sym" in _reasons(c)["cuda_wgmma_a8"]
     assert "needs sm_90" in _reasons(_explain(512, qw, act_mode="sym", device=A100))["cuda_wgmma_a8"]
     w8 = _qw(256, 1024, bits=8, group_size=-1)
-    assert _explain(1023, w8, act_mode="sym").kernel == "cuda_wgmma_a8"
-    c = _explain(1024, w8, act_mode="sym")  # int8 per-channel outside the BM 256 / MC 2 region (K < W8_WIDE_MIN_K)
+    from_m = mixgemm.tuning.A8_W8_PER_CHANNEL_TRITON_FROM_M
+    assert _explain(from_m - 1, w8, act_mode="sym").kernel == "cuda_wgmma_a8"
+    c = _explain(from_m, w8, act_mode="sym")  # int8 per-channel outside the BM 256 / MC 2 region (K < W8_WIDE_MIN_K)
     assert c.kernel == "triton_a8" and "Triton kernel measured faster" in _reasons(c)["cuda_wgmma_a8"]
     long_pc = _qw(2, 65600, bits=8, group_size=-1)
     assert "int32 range" in _reasons(_explain(1, long_pc, act_mode="sym"))["cuda_gemv_a8"]

@@ -258,6 +258,7 @@ def _wgmma_a8_config(p: Problem) -> dict:
         default_config,
         qs_layout,
         split_k_rule,
+        tail_split_rule,
     )
 
     lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
@@ -271,7 +272,10 @@ def _wgmma_a8_config(p: Problem) -> dict:
                                     tuning.A8_SPLIT_PER_CHANNEL_MIN_CTA_BYTES if lay.per_channel else None,
                                     p.device.sm_count, slots)
     elif p.k >= tuning.A8_TAIL_MIN_K:
-        cfg["TAIL"] = "auto"  # a last wave at most half full runs as split-K-2 clusters (gemm_wgmma_a8.tail_rows)
+        # a partial last wave runs as cluster split-K tiles, as many slices as the GPU holds clusters of at once
+        cost = _wave_cost(p.device.table["name"])
+        slots = None if cost is None else {s: cost.slots(s, p.device.sm_count) for s in cost.cluster_slots}
+        cfg["TAIL"] = tail_split_rule(p.m, p.n, cfg, p.device.sm_count, slots)
     cfg["FQ"] = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
     return cfg
 

@@ -338,12 +338,17 @@ A8_SPLIT_PER_CHANNEL_MIN_CTA_BYTES = 3 << 19
 # kernel's time doubles to triples from M = 16 to 64).
 A8_WGMMA_BLOCK_SCALES_FROM_M = 17
 A8_WGMMA_BLOCK_SCALES_MIN_WAVE_EFFICIENCY = 0.75
-# Source: tools/bench/wgmma_a8.py cross sweep (H200): int8 per-channel weights go back to the Triton kernel from
-# this M (its persistent TMA kernel was ~10% faster at M = 2048 / 16384 on 8192x28672, a tie on 28672x8192; below
-# it the CUDA kernel won, 2x at M = 128), except where the CUDA kernel's BM 256 / MC 2 tiles apply
-# (gemm_wgmma_a8.w8_wide_region: K >= 3584, M >= 2048), where tools/bench/int8.py --w8-cuda measured it 4-8%
-# faster at K >= 8192 (H100) and mixgemm bench 1.5-6.5% at K 3584..4096 (H100, whole calls; gemm_wgmma_a8).
-A8_W8_PER_CHANNEL_TRITON_FROM_M = 1024
+# int8 per-channel weights go back to the Triton kernel from this M, except where the CUDA kernel's BM 256 / MC 2
+# tiles apply (gemm_wgmma_a8.w8_wide_region: K >= 3584, M >= 2048; there tools/bench/int8.py --w8-cuda measured the
+# CUDA kernel 4-8% faster at K >= 8192 and mixgemm bench 1.5-6.5% at K 3584..4096, H100 whole calls). Source: H100,
+# whole W8A8 per-token calls, the dispatch's kernel against the CUDA GEMM forced (kernel_options(force=
+# "cuda_wgmma_a8"), as tools/bench/int8.py --w8-cuda; protocol graph timing, medians of 3 in turns, one process): the
+# Triton kernel from M = 4096 at K <= 3072 (the CUDA GEMM 1.07-1.12x its time on 2048x2048, 2304x9216, 3072x9216 at
+# M = 4096, 2048x11008 and 3072x3072 at M = 16384);
+# below, the CUDA GEMM: at M = 1024 0.47-0.98x on all 13 layers timed (2048x2048 22.8 -> 15.2 us, 8192x1024 65.4 ->
+# 31.0, 28672x8192 454.0 -> 410.5), at M = 2048 0.98-1.02x on six K <= 3072 layers and 0.59x on 4864x896. (The
+# earlier H200 cross sweep, tools/bench/wgmma_a8.py, before the BM 256 / MC 2 tiles and TAIL, had put it at 1024.)
+A8_W8_PER_CHANNEL_TRITON_FROM_M = 4096
 # The int8 wgmma GEMM with the per-token activation quantizer inside its launch (gemm_wgmma_a8.cu A8_FQ: one launch
 # per call instead of the row quantizer's and the GEMM's). Source: mixgemm bench --call-overhead (H100, 2048x2048,
 # median of paired rounds): host time per eager call 1.25-1.34x nn.Linear's with two launches, 0.96-1.05x with one;
@@ -357,13 +362,15 @@ A8_W8_PER_CHANNEL_TRITON_FROM_M = 1024
 # counters zeroed by a memset node of the graph's own, which costs what the one launch saves).
 A8_QUANTIZING_MAX_M = 64
 A8_QUANTIZING_MAX_MACS = 1 << 31
-# The int8 wgmma GEMM's TAIL past the small-M tiles (gemm_wgmma_a8.tail_rows: where the last wave of tiles fills at
-# most half the SMs, its weight rows run as a second launch of split-K-2 clusters) from this K. Source:
+# The int8 wgmma GEMM's TAIL past the small-M tiles (gemm_wgmma_a8.tail_split_rule: the partial last wave's weight
+# rows run as a second, chained launch of split-K clusters, as many slices as fit at once) from this K. Source of the
+# split-2 figures, measured before the launches were chained:
 # tools/bench/a8_tail.py (H100, whole calls with the quantizer, medians of 3 in turns, W8 per channel and W4 g128
 # integer scales per token, M 1024 / 2048 / 4096, time against one launch; every pair bit-equal): K 13824-36864
 # 0.82-0.96x (27648x5120 M = 2048 W8A8 581.6 -> 512.3 us, 1.48x -> 1.68x fp16 cuBLAS; 36864x4608 M = 1024 W4A8
 # 449.6 -> 369.0), K 8192-9216 0.95-1.00x (8192x3072, 9216x2304), but K 4096-5120 1.01-1.06x (4096x4608, 5120x5120,
 # 5120x7168): a split slice there is too short for its pipeline fill and the second launch's wait for the first.
+# Chained, K 4096-5120 still measured 0.96-1.04x one launch (split 3 / 4 up to 1.41x), so the bound stays.
 A8_TAIL_MIN_K = 8192
 # The per-token row quantizer (kernels/cuda/gemv_a8.py act_quant_rows): 8-element units per thread its row block
 # aims at. One block per row, so fewer threads per row put more rows (more bytes) in flight per SM; the quantizer is
