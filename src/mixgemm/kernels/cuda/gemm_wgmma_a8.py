@@ -192,13 +192,11 @@ def tail_rows(m: int, n: int, cfg: dict, sms: int) -> tuple[int, int]:
     return (n0, split) if 0 < n0 < n else (0, 0)
 
 
-TAIL_SPLITS = (2, 3, 4)
-
-
 def tail_split_rule(m: int, n: int, cfg: dict, sms: int, slots: dict[int, int] | None) -> int:
     """TAIL for a config past the small-M tiles: 0 where no partial wave follows a whole one, else the most k-slices
-    of TAIL_SPLITS whose clusters, one per tile of the partial wave, all run at once (``slots``: clusters of each
-    split the GPU holds at once, the table's wave model; without it, split 2 where they fill at most half the SMs).
+    of gemm_wgmma.TAIL_SPLITS whose clusters, one per tile of the partial wave, all run at once (``slots``: clusters
+    of each split the GPU holds at once, the table's wave model; without it, split 2 where they fill at most half the
+    SMs).
     Why the most that fit: the callers take TAIL from K = tuning.A8_TAIL_MIN_K, where even four slices stay long, and
     there (H100, tools/bench/a8_tail.py, whole calls, medians of 3) every case measured ran fastest at that split or
     within 4% of it (36864x4608 W4A8 M = 1024: 16 tail tiles, split 4 0.88x split 2's time; 9216x2304 M = 1024 0.90-
@@ -208,8 +206,10 @@ def tail_split_rule(m: int, n: int, cfg: dict, sms: int, slots: dict[int, int] |
     if not n0:
         return 0
     tail_tiles = -(-(n - n0) // (64 * int(cfg.get("NWG", 2)))) * -(-m // int(cfg["BM"]))
-    fits = [s for s in TAIL_SPLITS if tail_tiles <= (slots.get(s, 0) if slots else sms // 2 if s == 2 else 0)]
-    return max(fits, default=0)
+    def held(s: int) -> int:  # clusters of s CTAs the GPU holds at once
+        return slots.get(s, 0) if slots else (sms // 2 if s == 2 else 0)
+
+    return max((s for s in gemm_wgmma.TAIL_SPLITS if tail_tiles <= held(s)), default=0)
 
 
 def scratch_bytes(m: int, k: int) -> int:

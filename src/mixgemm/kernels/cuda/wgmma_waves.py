@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from mixgemm.kernels.cuda.gemm_wgmma import (
     CLUSTER_MAX,
     K_TILE,
+    TAIL_SPLITS,
     TileKeys,
     fitted_stages,
     k_slices,
@@ -112,18 +113,14 @@ def _rounds_us(tile: TileCost, cost: WaveCost, q: int, per_sm: int, steps: int, 
     return math.ceil(q / per_sm) * (step + reduce)
 
 
-# TAIL's splits the model ranks. Why more than 2: a partial wave of few tiles leaves most SMs idle even as split-2
-# pairs, and splitting its K three or four ways keeps them busy where the slices stay long and every cluster fits at
-# once (H100, W4 g128, whole tails against split 2: 13824x5120 M = 1024 213.4 against 234.5 us, 3584x4608 M = 1024
-# 60.1 against 63.9; but 2048x2304 M = 4096, 8 steps a slice, 81.2 against 70.3 -- which the reduction term ranks
-# last). Past 4 the reduction grows with every slice.
-TAIL_SPLITS = (2, 3, 4)
-
-
 def tail_split(m: int, n: int, k: int, tile: TileCost, cost: WaveCost, sms: int) -> tuple[int, float] | None:
     """TAIL for a split-1 tile of one CTA per SM: (split, the model's time of the tail launch) for the split of
     TAIL_SPLITS the model ranks first, the partial last wave's tiles run as clusters of that many k-slices, all of
-    them held at once (cluster_slots); None where there is no partial wave after a whole one, or no split fits."""
+    them held at once (cluster_slots); None where there is no partial wave after a whole one, or no split fits.
+    Why more than 2: a partial wave of few tiles leaves most SMs idle even as split-2 pairs, and splitting its K three
+    or four ways keeps them busy where the slices stay long and every cluster fits at once (H100, W4 g128, whole
+    tails against split 2: 13824x5120 M = 1024 213.4 against 234.5 us, 3584x4608 M = 1024 60.1 against 63.9; but
+    2048x2304 M = 4096, 8 steps a slice, 81.2 against 70.3 -- which the reduction term ranks last)."""
     bm, nwg = tile.key
     ktile = int(tile.config.get("KT", 1))
     n0, _ = tail_rows(m, n, {**tile.config, "TAIL": 2, "SPLIT": 1, "SK": 0, "MINB": 1}, sms)
