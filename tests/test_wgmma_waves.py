@@ -90,6 +90,19 @@ def test_many_wave_problems_keep_the_table_tile(k, n, m):
     assert cfg["TAIL"] == (got[0] if got is not None else 0)  # the table's TAIL "auto", made the model's split
 
 
+def test_tune_candidates_try_every_tail_split():
+    """Where a partial last wave follows a whole one, mixgemm tune also times one launch and every TAIL split beside
+    the model's pick (tuning can only improve on it); without one, no TAIL variants."""
+    from mixgemm.kernels.linear import _wgmma_candidates, linear_problem
+
+    p = linear_problem(1024, _layer(5120, 13824), torch.float16, H100)  # 160 tiles: 28 past one wave
+    got = {c.get("TAIL") for c in _wgmma_candidates(p) if c.get("SPLIT") == 1 and c.get("BM") == 256}
+    default = _wgmma_config(13824, 5120, 1024).config["TAIL"]
+    assert {0, *W.TAIL_SPLITS} - {default} <= got
+    p = linear_problem(1024, _layer(128 * 132 // 4, 4096), torch.float16, H100)  # 4 x 33 tiles: one whole wave
+    assert len({c.get("TAIL") for c in _wgmma_candidates(p)}) == 1  # the base's TAIL (none applies) throughout
+
+
 def test_tail_split_follows_the_partial_wave():
     """TAIL's split: none without a partial wave after a whole one; otherwise the split of TAIL_SPLITS the model ranks
     first among those whose clusters all fit at once -- more slices for a few tail tiles over a long K, 2 where the

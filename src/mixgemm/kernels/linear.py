@@ -509,7 +509,7 @@ def small_m_family_candidates(p: Problem) -> list[dict]:
 
 
 def _wgmma_candidates(p: Problem) -> list[dict]:
-    from mixgemm.kernels.cuda.gemm_wgmma import auto_split, stage_bytes, tile_error
+    from mixgemm.kernels.cuda.gemm_wgmma import TAIL_SPLITS, auto_split, stage_bytes, tail_rows, tile_error
 
     base = _wgmma_config(p)
     bits, bm = p.bits, int(base["BM"])
@@ -533,6 +533,9 @@ def _wgmma_candidates(p: Problem) -> list[dict]:
     axes = {"STAGES": (stages - 1, stages + 1), "GROUP_M": (1, 8)}
     if not int(base.get("SK", 0)):  # stream-K ignores SPLIT
         axes["SPLIT"] = (1, 2, 4, 8)
+        if int(base.get("SPLIT", 1)) == 1 and tail_rows(p.m, p.n, {**base, "TAIL": 2}, p.device.sm_count)[0]:
+            # a partial last wave: one launch, or TAIL's k-slices (the default takes the wave model's split)
+            axes["TAIL"] = (0, *TAIL_SPLITS)
     out += [c for c in one_axis_variants(base, axes, legal) if c not in out]
     if p.m <= SMALL_M_TILE_MAX_M:
         # the small-M tile family, so that mixgemm tune reaches its variants on a GPU whose table has no fitted
