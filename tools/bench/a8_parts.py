@@ -23,21 +23,17 @@ from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8
 from tools.bench.int8 import (
     add_case_args,
     cases,
-    clone_qw,
-    copies_for,
+    format_weight,
     interleaved_medians,
-    make_weight,
+    layer_copies,
     write_rows,
 )
 
-FORMATS = {"w8pc": (8, -1, False), "w4g128qt": (4, 128, True)}
-
 
 def measure(k: int, n: int, m: int, fmt: str, rounds: int) -> dict:
-    bits, group, int_scales = FORMATS[fmt]
     dev = torch.device("cuda", torch.cuda.current_device())
-    qw = make_weight(torch.randn(n, k) * 0.05, bits, group, int_scales=int_scales).to("cuda")
-    qws = [qw] + [clone_qw(q) for q in [qw] * (copies_for(qw.qweight.numel() * qw.qweight.element_size()) - 1)]
+    qw = format_weight(fmt, n, k)
+    qws = layer_copies(qw)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     inf = float("inf")
     p = a8_problem(m, qw, torch.float16, dev, "sym", True)

@@ -17,14 +17,12 @@ from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
 from tools.bench.int8 import (
     add_case_args,
     cases,
-    clone_qw,
-    copies_for,
+    format_weight,
     interleaved_medians,
-    make_weight,
+    layer_copies,
     write_rows,
 )
 
-FORMATS = {"w8pc": (8, -1, False), "w4g128t": (4, 128, False), "w4g128qt": (4, 128, True)}
 SHAPES = "2048x2048,4096x4096,4096x14336,14336x4096,8192x28672,28672x8192"
 MS = "16,64,128,256,512,1024,2048,4096"
 
@@ -57,9 +55,7 @@ def launches(qw, m: int, fq: int):
 
 
 def measure(k: int, n: int, m: int, fmt: str, rounds: int) -> dict:
-    bits, group, int_scales = FORMATS[fmt]
-    w = torch.randn(n, k) * 0.05
-    qw = make_weight(w, bits, group, int_scales=int_scales).to("cuda")
+    qw = format_weight(fmt, n, k)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     inf = float("inf")
     fused, two = launches(qw, m, 1), launches(qw, m, 0)
@@ -68,7 +64,7 @@ def measure(k: int, n: int, m: int, fmt: str, rounds: int) -> dict:
         return row
     y1, y2 = fused(x, None, -inf, inf), two(x, None, -inf, inf)
     row["bit_equal"] = bool(torch.equal(y1, y2))
-    qws = [qw] + [clone_qw(qw) for _ in range(copies_for(qw.qweight.numel() * qw.qweight.element_size()) - 1)]
+    qws = layer_copies(qw)
     fa = [launches(q, m, 1) for q in qws]
     fb = [launches(q, m, 0) for q in qws]
     med = interleaved_medians({"fused": [lambda f=f: f(x, None, -inf, inf) for f in fa],

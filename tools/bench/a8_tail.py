@@ -20,14 +20,12 @@ from mixgemm.kernels.cuda.gemm_wgmma_a8 import tail_rows
 from tools.bench.int8 import (
     add_case_args,
     cases,
-    clone_qw,
-    copies_for,
+    format_weight,
     interleaved_medians,
-    make_weight,
+    layer_copies,
     write_rows,
 )
 
-FORMATS = {"w8pc": (8, -1, False), "w4g128qt": (4, 128, True)}
 SHAPES = "4096x4608,5120x5120,5120x7168,13824x5120,36864x4608,4096x4096"
 MS = "1024,2048,4096"
 
@@ -43,8 +41,7 @@ def plan(qw, m: int, tail):
 
 
 def measure(k: int, n: int, m: int, fmt: str, tails: list, rounds: int) -> dict:
-    bits, group, int_scales = FORMATS[fmt]
-    qw = make_weight(torch.randn(n, k) * 0.05, bits, group, int_scales=int_scales).to("cuda")
+    qw = format_weight(fmt, n, k)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     inf = float("inf")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -52,7 +49,7 @@ def measure(k: int, n: int, m: int, fmt: str, tails: list, rounds: int) -> dict:
     y0 = base(x, None, -inf, inf)
     row = dict(K=k, N=n, M=m, format=fmt, config={k_: v for k_, v in cfg.items() if k_ not in ("TAIL", "TAIL_WAIT")},
                variants={})
-    qws = [qw] + [clone_qw(qw) for _ in range(copies_for(qw.qweight.numel() * qw.qweight.element_size()) - 1)]
+    qws = layer_copies(qw)
     variants = {"0": [plan(q, m, 0)[0] for q in qws]}
     for t in tails:
         n0, split = tail_rows(m, n, {**cfg, "TAIL": int(t.partition("-")[0]) if t[0].isdigit() else "auto"}, sms)

@@ -140,6 +140,21 @@ def make_weight(w, bits, group, mode="sym", int_scales=False):
     return quantize_weight(w, bits=bits, group_size=group, mode=mode)
 
 
+# --formats of the int8 A/B tools (a8_quantizing, a8_tail, a8_parts): (bits, group size, integer group scales)
+A8_FORMATS = {"w8pc": (8, -1, False), "w4g128t": (4, 128, False), "w4g128qt": (4, 128, True)}
+
+
+def format_weight(fmt: str, n: int, k: int):
+    """A random [n, k] sym weight of an A8_FORMATS format on the GPU."""
+    bits, group, int_scales = A8_FORMATS[fmt]
+    return make_weight(torch.randn(n, k) * 0.05, bits, group, int_scales=int_scales).to("cuda")
+
+
+def layer_copies(qw) -> list:
+    """qw and as many clones as together exceed 3x L2 (the protocol's copies, at least 2)."""
+    return [qw] + [clone_qw(qw) for _ in range(copies_for(qw.qweight.numel() * qw.qweight.element_size()) - 1)]
+
+
 def check(x, qw, act_mode, y, rows=64, act_block=None) -> float:
     """rel. error of y[:rows] vs float64 (dequantized quantized activations) @ (dequantized weights).T; activations
     quantized per act_block (default: the weight's group)."""

@@ -250,6 +250,13 @@ def _small_m_decline(p: Problem) -> str | None:
     return None
 
 
+def _cluster_slots(p: Problem) -> dict[int, int] | None:
+    """{split: clusters of that many CTAs the GPU holds at once}, the GPCs' cluster residency from the table's wave
+    model (None without one)."""
+    cost = _wave_cost(p.device.table["name"])
+    return None if cost is None else {s: cost.slots(s, p.device.sm_count) for s in cost.cluster_slots}
+
+
 def _wgmma_a8_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import (
         LAYOUT,
@@ -265,17 +272,13 @@ def _wgmma_a8_config(p: Problem) -> dict:
     qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
     cfg = default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
     if p.m <= SPLIT_MAX_M:
-        # cluster split-K where the tiles leave SMs idle; the GPCs' cluster residency from the table's wave model
-        cost = _wave_cost(p.device.table["name"])
-        slots = None if cost is None else {s: cost.slots(s, p.device.sm_count) for s in cost.cluster_slots}
+        # cluster split-K where the tiles leave SMs idle
         cfg["SPLIT"] = split_k_rule(p.m, p.n, p.k, lay.bits, cfg,
                                     tuning.A8_SPLIT_PER_CHANNEL_MIN_CTA_BYTES if lay.per_channel else None,
-                                    p.device.sm_count, slots)
+                                    p.device.sm_count, _cluster_slots(p))
     elif p.k >= tuning.A8_TAIL_MIN_K:
         # a partial last wave runs as cluster split-K tiles, as many slices as the GPU holds clusters of at once
-        cost = _wave_cost(p.device.table["name"])
-        slots = None if cost is None else {s: cost.slots(s, p.device.sm_count) for s in cost.cluster_slots}
-        cfg["TAIL"] = tail_split_rule(p.m, p.n, cfg, p.device.sm_count, slots)
+        cfg["TAIL"] = tail_split_rule(p.m, p.n, cfg, p.device.sm_count, _cluster_slots(p))
     cfg["FQ"] = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
     return cfg
 
