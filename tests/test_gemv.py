@@ -496,6 +496,27 @@ def test_gemv_every_m(act, kernel):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("zsum", [0, 1])
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_gemv_zero_points_at_the_range_ends(zsum, bits, group, act):
+    """Zero-point rows at both ends of the code range (all-positive rows: z = 0; all-negative: z = 2^bits - 1), where
+    the CUDA-core GEMV's x-sum form (ZSUM 1, gemv.cu GEMV_ZSUM) adds the largest (c - z) sum_k x_k, against x with a
+    large common offset, M = 1 and 4; ZSUM 0: the per-row zero constants."""
+    k, n = 14336 if group != 32 else 2048, 96
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    w = torch.rand(n, k, generator=gen, device="cuda") * 0.02 + 1e-3
+    w[n // 2:] = -w[n // 2:]
+    qw = quantize_weight(w, bits=bits, group_size=group, mode="zero_point")
+    z = qw.zero_points().float()
+    assert z[: n // 2].max() == 0 and z[n // 2:].min() == 2**bits - 1
+    with kernel_options(force="cuda_gemv", configs={"cuda_gemv": {"R": 4, "U": 1, "KS": 2, "ZSUM": zsum}}):
+        for m in (1, 4):
+            _check((torch.randn(m, k, generator=gen, device="cuda") + 3).to(act), qw)
+
+
+@pytest.mark.gpu
 def test_gemv_large_shape_split_k(kernel):
     qw, gen = _make(4096, 14336, 4, 128, "zero_point", torch.float16, 5)
     for m in (1, 3, 16):

@@ -492,3 +492,20 @@ def _write_choice(path, gpu, p, name, cfg):
     c.put(tcache.bucket_key(p, tcache.CHOICE), cfg, 10.0, 9.0, {"gpu": gpu}, entry=name)
     tcache.save(c, str(path))
     tcache.reload()
+
+
+def test_zero_point_gemv_candidates_try_the_x_sum_form():
+    """At M = 1 with fp16 x a zero-point weight's CUDA-core GEMV candidates include each tile with its zero points
+    through the x sum (ZSUM, gemv.cu GEMV_ZSUM), whose registers change which tile fits; sym weights have no such
+    variant, nor bf16 x (the form is fp16 only)."""
+    from mixgemm.kernels.linear import _gemv_candidates
+
+    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    for mode, dtype, expect in (("zero_point", torch.float16, True), ("sym", torch.float16, False),
+                                ("zero_point", torch.bfloat16, False)):
+        qw = quantize_weight(torch.randn(6144, 4096), bits=4, group_size=128, mode=mode)
+        cands = _gemv_candidates(linear_entries.linear_problem(1, qw, dtype, dev))
+        with_sum = [c for c in cands if c.get("ZSUM")]
+        assert bool(with_sum) == expect, (mode, dtype)
+        if expect:  # every tile without it (and without PF's second buffer) also appears with it
+            assert all({**c, "ZSUM": 1} in with_sum for c in cands if not c.get("ZSUM") and not c["PF"])

@@ -455,7 +455,7 @@ def main() -> None:
         return
     if args.suggest:
         for fmt, bucket, (k, n), cfg, layers in suggest(args.suggest):
-            tile = {key: cfg[key] for key in ("R", "U", "KS", "PF") if key in cfg}
+            tile = {key: cfg[key] for key in ("R", "U", "KS", "PF", "ZSUM") if key in cfg}
             print(f"{fmt} {bucket} ({k}, {n}) {tile}: " + ", ".join(f"{kk}x{nn} {d:.2f} -> {t:.2f}"
                                                                    for kk, nn, d, t in layers))
         return

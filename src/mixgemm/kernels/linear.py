@@ -328,6 +328,12 @@ def _gemv_candidates(p: Problem) -> list[dict]:
     out = [{**base, "KS": ks, "RG": WARPS // ks} for ks in _pow2_neighbours(base["KS"], 1, WARPS)]
     if p.m == 1:
         out += one_axis_variants(base, {"R": (2, 4), "U": (1, 2, 4), "PF": (0, 1)}, lambda c: True)
+        if p.mode == "zero_point" and p.x_dtype == torch.float16:
+            # each tile also with the zero points through the x sum (gemv.cu GEMV_ZSUM), which changes the registers
+            # and so the tile that fits best; not with PF, whose second buffer takes the registers it frees (the
+            # sweep behind the tables found no PF tile among the winners)
+            out += [c for c in ({**t, "ZSUM": int(not t.get("ZSUM", 0))} for t in [base, *out] if not t.get("PF", 0))
+                    if c != base]
     return out
 
 

@@ -20,7 +20,8 @@ class M1Tile(NamedTuple):
     """One tuned M = 1 tile (fp16 activations): R rows per warp, U chunks in flight per lane and row, KS k-slices,
     PF register double buffering, RG row groups per block (0: 8 warps per block, RG = 8 / KS), MINB launch-bounds
     blocks per SM (0: none), LITE f16x2 sum of the two partial chains, BULK stages of the bulk-copy ring (0: weights
-    loaded into registers; sm_90 only, persistent grid; gemv.cu GEMV_BULK)."""
+    loaded into registers; sm_90 only, persistent grid; gemv.cu GEMV_BULK), ZSUM zero points through the x sum
+    (zero_point weights; gemv.cu GEMV_ZSUM)."""
 
     R: int
     U: int
@@ -30,6 +31,7 @@ class M1Tile(NamedTuple):
     MINB: int = 0
     LITE: int = 0
     BULK: int = 0
+    ZSUM: int = 0
 
 
 def _entries(source: str, measured: list, tile_type: type = M1Tile) -> dict[int, tuple[BucketEntry, ...]]:
@@ -136,6 +138,23 @@ H100_SYM_SWEEP2 = _entries(_SWEEP2_SOURCE + ", sym", [
 ])
 H100_W8_SWEEP2 = _entries(_SWEEP2_SOURCE + ", int8", [(8, 4608, 8192, (4, 2, 8))])
 
+# The third zero-point sweep on the H100, after the zero-point kernel could take its zero points through the x sum
+# (gemv.cu GEMV_ZSUM: 9-21 registers fewer, the sym kernel's count at R 4 U 1): tools/bench/gemv_dispatch.py --formats
+# w4z --ms 1 --no-mma-grid over the 80 model-list layers, every candidate with and without ZSUM, entries by its
+# --suggest (>= 5% faster on every measured layer of the bucket; buckets where the CUDA-core GEMV serves M = 1, tiles
+# whose every k-slice gets a chunk), checked in a second run with these entries as the defaults. Replaces the entries
+# above of the same bucket (us, the tile before -> this one, same run): 5120x13824 19.4 -> 17.6 and 5120x15360 20.9 ->
+# 18.9 (ZSUM), 5120x27648 35.9 -> 33.7 and 5120x35840 44.5 -> 41.4 (ZSUM), 3072x16384 14.4 -> 12.3 (ZSUM), 1536x17920
+# 9.22 -> 8.67 (ZSUM), 1536x256 2.41 -> 1.68 (ZSUM), 4096x11008 12.27 -> 11.67 and 4096x12288 13.02 -> 12.70,
+# 3584x512 3.59 -> 2.73, 5120x1024 3.15 -> 2.86.
+_SWEEP3_SOURCE = ("tools/bench/gemv_dispatch.py --suggest on the H100 (M = 1, fp16 activations; model-list sweep of "
+                  "the neighbours, each with and without ZSUM)")
+H100_ZP_SWEEP3 = _entries(_SWEEP3_SOURCE + ", zero point", [
+    (4, 1536, 256, M1Tile(2, 1, 2, ZSUM=1)), (4, 1536, 17920, M1Tile(4, 1, 2, ZSUM=1)),
+    (4, 3072, 16384, M1Tile(4, 1, 1, ZSUM=1)), (4, 3584, 512, (2, 2, 4)), (4, 4096, 11008, (4, 1, 1)),
+    (4, 5120, 1024, (4, 2, 4)), (4, 5120, 13824, M1Tile(4, 1, 1, ZSUM=1)), (4, 5120, 27648, M1Tile(4, 2, 2, ZSUM=1)),
+])
+
 # The same sweep on the H200 (buckets the h200 table's gemv_mma_m1 sends to the tensor-core GEMV left out):
 # zero point 9216x2304 8.51 -> 5.70 us, 5120x5120 9.13 -> 6.44, 27648x5120 32.2 -> 27.2; sym 8192x3072 8.67 -> 6.11,
 # 4096x6144 8.25 -> 6.11, 5120x1024 4.66 -> 3.45.
@@ -176,21 +195,22 @@ def _union(*tables: dict) -> dict:
     return {bits: sum((t.get(bits, ()) for t in tables), ()) for bits in {b for t in tables for b in t}}
 
 
-def _with_sym(base: dict, sym: dict) -> dict:
-    """base's entries with sym's replacing those of the same bucket."""
+def _replacing(base: dict, newer: dict) -> dict:
+    """base's entries with newer's replacing those of the same bucket."""
     out = {}
-    for bits in set(base) | set(sym):
-        over = sym.get(bits, ())
+    for bits in set(base) | set(newer):
+        over = newer.get(bits, ())
         out[bits] = over + tuple(e for e in base.get(bits, ()) if all(e.region != o.region for o in over))
     return out
 
 
 # {(gpu, sym?): {bits: entries}}, merged once, not per call
-TABLES = {("H100", False): _union(H100, H100_ZP_SWEEP, H100_ZP_SWEEP2, H100_W8_SWEEP, H100_W8_SWEEP2),
-          ("H100", True): _with_sym(_union(H100, H100_W8_SWEEP, H100_W8_SWEEP2),
-                                    _union(H100_SYM, H100_SYM_SWEEP, H100_SYM_SWEEP2)),
+TABLES = {("H100", False): _replacing(_union(H100, H100_ZP_SWEEP, H100_ZP_SWEEP2, H100_W8_SWEEP, H100_W8_SWEEP2),
+                                     H100_ZP_SWEEP3),
+          ("H100", True): _replacing(_union(H100, H100_W8_SWEEP, H100_W8_SWEEP2),
+                                     _union(H100_SYM, H100_SYM_SWEEP, H100_SYM_SWEEP2)),
           ("H200", False): _union(H200, H200_SWEEP, H200_W8_SWEEP),
-          ("H200", True): _with_sym(_union(H200, H200_W8_SWEEP), _union(H200_SYM, H200_SYM_SWEEP))}
+          ("H200", True): _replacing(_union(H200, H200_W8_SWEEP), _union(H200_SYM, H200_SYM_SWEEP))}
 
 
 def _check() -> None:

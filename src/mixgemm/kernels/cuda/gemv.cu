@@ -100,6 +100,18 @@
 #define GEMV_LITE 0
 #endif
 
+// 1 (zero_point weights, fp16 activations; config ZSUM): the chunk's products use the sym path's fixed centre c (8 /
+// 128), sum_k x_k (q_k - z) = sum_k x_k (q_k - c) + (c - z) sum_k x_k, with the x sum made once per chunk and row
+// of x and shared by the R weight rows, instead of per-row f16x2 zero constants held through the chunk. Why: those
+// constants take registers (R 4 U 1: 73 against 64 with the x sum, the sym kernel's count; U 2: 101 against 80),
+// which on some layers costs a resident block per SM (H100, M = 1, the same tile: 5120x13824 22.7 -> 17.6 us,
+// 4096x14336 16.4 -> 14.7). The x sum costs instructions per chunk, so elsewhere it loses (1536x8960 5.0 -> 6.3 us):
+// the tuning tables say where it runs (tuning.gemv_m1), and mixgemm tune tries both.
+#ifndef GEMV_ZSUM
+#define GEMV_ZSUM 0
+#endif
+#define GEMV_ZX (GEMV_ZSUM && GEMV_MODE == 1 && GEMV_ACT == 0)  // zero point by the x sum (fp16 x only)
+
 // S > 0 (sm_90): warp-specialized bulk-copy ring of S stages. One producer warp streams each block's weight rows
 // into shared memory with cp.async.bulk (one instruction per row and stage, completion counted on an mbarrier);
 // the RG x KS consumer warps read their chunks from there and compute; the grid is persistent (blocks loop
@@ -266,7 +278,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         s[r] = pv[u][r].scale();
-        zc[r] = MODE == 1 ? pv[u][r].second() : ZBIAS;
+        zc[r] = MODE == 1 && !GEMV_ZX ? pv[u][r].second() : ZBIAS;
       }
       if (ACT == 0) {
         // ---------------- fp16 activations: f16x2 math inside the chunk ----------------
@@ -275,7 +287,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
         u32 zlo[R], zhi[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          if (GEMV_LITE && MODE == 1 && SCL == 0) {
+          if (GEMV_LITE && MODE == 1 && SCL == 0 && !GEMV_ZX) {
             const u32 zz = prmt<0x1010>(pv[u][r].b, 0u);   // {z, z} as f16x2 (z: raw fp16 bits)
             zlo[r] = hadd2(zz, 0x64006400u);                 // 1024 + z, exact
             zhi[r] = hfma2(zz, 0xBC00BC00u, 0xD400D400u);    // -z - 64, exact
@@ -310,7 +322,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
             } else {
               xw[m][0] = xv.x; xw[m][1] = xv.y; xw[m][2] = xv.z; xw[m][3] = xv.w;
             }
-            if (MODE == 2) xs[m] = hadd2(hadd2(xs[m], xv.x), hadd2(xv.y, hadd2(xv.z, xv.w)));
+            if (MODE == 2 || GEMV_ZX) xs[m] = hadd2(hadd2(xs[m], xv.x), hadd2(xv.y, hadd2(xv.z, xv.w)));
           }
 #pragma unroll
           for (int r = 0; r < R; ++r) {
@@ -337,7 +349,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
         }
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          const float xsum = MODE == 2 ? h2sum_f32(xs[m]) : 0.f;
+          const float xsum = MODE == 2 || GEMV_ZX ? h2sum_f32(xs[m]) : 0.f;
 #pragma unroll
           for (int r = 0; r < R; ++r) {
             if (GEMV_LITE)
@@ -345,6 +357,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
             else
               acc[m][r] = fmaf(s[r], h2sum_f32(pacc[m][r][0]) + h2sum_f32(pacc[m][r][1]), acc[m][r]);
             if (MODE == 2) acc[m][r] = fmaf(fmaf(zc[r], s[r], pv[u][r].second()), xsum, acc[m][r]);
+            if (GEMV_ZX) acc[m][r] = fmaf((ZBIAS - pv[u][r].second()) * s[r], xsum, acc[m][r]);
           }
         }
       } else {

@@ -74,7 +74,7 @@ DEFAULT_LITE = 0
 
 
 # Config keys that only appear when set (defines_for adds their macros only then, so default compile keys stay put).
-OPTIONAL_KEYS = ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR", "BPS", "DIAG")
+OPTIONAL_KEYS = ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR", "BPS", "DIAG", "ZSUM")
 
 
 def _with_optional_keys(cfg: dict, src: dict) -> dict:
@@ -299,6 +299,8 @@ def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> 
         d["GEMV_LITE"] = 1
     if cfg.get("PERM", 0):
         d["GEMV_PERM"] = 1
+    if cfg.get("ZSUM", 0):
+        d["GEMV_ZSUM"] = 1  # zero points through the x sum (gemv.cu GEMV_ZSUM; zero_point, fp16 x)
     if cfg.get("BULK", 0):
         d["GEMV_BULK"] = cfg["BULK"]
         if cfg.get("BPAR", 0):
