@@ -509,3 +509,15 @@ def test_zero_point_gemv_candidates_try_the_x_sum_form():
         assert bool(with_sum) == expect, (mode, dtype)
         if expect:  # every tile without it (and without PF's second buffer) also appears with it
             assert all({**c, "ZSUM": 1} in with_sum for c in cands if not c.get("ZSUM") and not c["PF"])
+
+
+def test_tune_formats_include_the_zero_point_forms():
+    """GPTQ / AWQ checkpoints load as zero-point weights: tune measures them as their own formats (W4A16-ZP,
+    W8A16-ZP), whose cache keys differ from the sym formats' (the kernels' tiles do)."""
+    assert tune.parse_formats("w4a16-zp, W8A16-ZP") == ["W4A16-ZP", "W8A16-ZP"]
+    zp, sym = tune.WEIGHT_ONLY["W4A16-ZP"].weight_config(), tune.WEIGHT_ONLY["W4A16"].weight_config()
+    assert (zp.mode, zp.bits, zp.group_size) == ("zero_point", 4, 128) and sym.mode == "sym"
+    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    keys = {tcache.bucket_key(linear_entries.linear_problem(1, quantize_weight(torch.randn(256, 512), c), torch.float16,
+                                                            dev), "cuda_gemv") for c in (zp, sym)}
+    assert len(keys) == 2

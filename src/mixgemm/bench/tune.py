@@ -31,7 +31,10 @@ import torch
 
 import mixgemm.quantize_api as qapi
 
-WEIGHT_ONLY = {"W4A16": qapi.W4A16, "W8A16": qapi.W8A16}
+# the formats tune measures: the quantize_ defaults and their zero-point forms (GPTQ / AWQ checkpoints load as W4 g128
+# zero point), whose kernels' tiles differ (the cache keys keep the modes apart)
+WEIGHT_ONLY = {"W4A16": qapi.W4A16(), "W4A16-ZP": qapi.W4A16(mode="zero_point"), "W8A16": qapi.W8A16(),
+               "W8A16-ZP": qapi.W8A16(mode="zero_point")}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 NO_GPU = "mixgemm tune measures kernels on a CUDA GPU and none is available here: there is nothing to tune on a CPU"
 
@@ -155,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "list, or 'all' (mixgemm bench --model's list)")
     src.add_argument("--shapes", nargs="+", help="KxN,... (K in_features, N out_features)")
     p.add_argument("-m", nargs="+", type=int, default=[1, 16, 256], help="token counts M (default 1 16 256)")
-    p.add_argument("--formats", default="W4A16,W8A16", help="weight formats (default W4A16,W8A16)")
+    p.add_argument("--formats", default="W4A16,W8A16", help=f"weight formats: {', '.join(WEIGHT_ONLY)} (default "
+                   "W4A16,W8A16; -ZP: zero point, as GPTQ / AWQ checkpoints load)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="activation dtype (default fp16)")
     p.add_argument("--out", help="cache file (default $MIXGEMM_TUNING_CACHE or ~/.cache/mixgemm/tuning/<gpu>.json)")
     p.add_argument("--time-budget", type=float, default=None, help="stop starting new buckets after S seconds")
@@ -210,7 +214,7 @@ def _layer(job: Job, l2: int, compact: bool = False) -> LayerCopies:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(job.k * 7919 + job.n)
     w = torch.randn(job.n, job.k, device=dev, generator=gen)
-    qw0 = quantize_weight(w, WEIGHT_ONLY[job.fmt]().weight_config())
+    qw0 = quantize_weight(w, WEIGHT_ONLY[job.fmt].weight_config())
     copies = protocol.copies_for(qw0.nbytes(), l2)
 
     def clone():
