@@ -30,13 +30,19 @@ SHAPES = "4096x4608,5120x5120,5120x7168,13824x5120,36864x4608,4096x4096"
 MS = "1024,2048,4096"
 
 
+def tail_spec(tail) -> tuple:
+    """(TAIL, TAIL_WAIT) of a --tails value: "auto" or 2..8, with "-wait" appended TAIL_WAIT 1 (the tail launch
+    waiting for the whole first launch, as before A8_CHAIN)."""
+    t, _, wait = str(tail).partition("-")
+    return (int(t) if t.isdigit() else t), int(wait == "wait")
+
+
 def plan(qw, m: int, tail):
-    """The call plan's launch with TAIL = tail ("auto", 2..8; "<tail>-wait": with TAIL_WAIT 1, the tail launch waiting
-    for the whole first launch as before A8_CHAIN)."""
+    """The call plan's launch with the --tails value ``tail`` (tail_spec)."""
     dev = torch.device("cuda", torch.cuda.current_device())
     p = a8_problem(m, qw, torch.float16, dev, "sym", True)
-    t, _, wait = str(tail).partition("-")
-    cfg = dict(_wgmma_a8_config(p), TAIL=int(t) if t.isdigit() else t, TAIL_WAIT=int(wait == "wait"))
+    value, wait = tail_spec(tail)
+    cfg = dict(_wgmma_a8_config(p), TAIL=value, TAIL_WAIT=wait)
     return _prepare_wgmma_a8(p, qw, cfg), cfg
 
 
@@ -52,7 +58,7 @@ def measure(k: int, n: int, m: int, fmt: str, tails: list, rounds: int) -> dict:
     qws = layer_copies(qw)
     variants = {"0": [plan(q, m, 0)[0] for q in qws]}
     for t in tails:
-        n0, split = tail_rows(m, n, {**cfg, "TAIL": int(t.partition("-")[0]) if t[0].isdigit() else "auto"}, sms)
+        n0, split = tail_rows(m, n, {**cfg, "TAIL": tail_spec(t)[0]}, sms)
         if not n0:
             row["variants"][t] = {"applies": False}
             continue

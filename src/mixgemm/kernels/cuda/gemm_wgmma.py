@@ -56,7 +56,6 @@ from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import launch as cuda_launch
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.stream_buffers import tile_counters
-from mixgemm.kernels.options import current_options
 
 SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
@@ -505,7 +504,7 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
         defs["WG_SK"] = sk
     # programmatic dependent launch (as the GEMVs): off for every config under kernel_options(pdl=False)
     # (MIXGEMM_PDL=0), else config key PDL decides (default: on, but off for stream-K -- see the docstring)
-    pdl = bool(current_options().pdl and pdl_req and tma and props.major >= 9)
+    pdl = bool(pdl_req and tma and cuda_launch.pdl_on(out.device))
     if pdl:
         defs["WG_PDL"] = 1
         if chain == 1 or (chain == 2 and csplit and not sk):

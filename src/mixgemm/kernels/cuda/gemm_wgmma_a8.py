@@ -51,7 +51,7 @@ from mixgemm.formats.layouts_wgmma_a8 import WgmmaA8Layout, a8_layout_supported,
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import gemm_wgmma, nvrtc
 from mixgemm.kernels.cuda.gemm_wgmma import _MAP_PLACEHOLDER, SMEM_LIMIT, TensorMapParam, encode_tensor_map
-from mixgemm.kernels.options import current_options
+from mixgemm.kernels.cuda.launch import pdl_on
 
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
@@ -205,7 +205,7 @@ def tail_split_rule(m: int, n: int, cfg: dict, sms: int, slots: dict[int, int] |
     n0, _ = tail_rows(m, n, {**cfg, "TAIL": 2}, sms)
     if not n0:
         return 0
-    tail_tiles = -(-(n - n0) // (64 * int(cfg.get("NWG", 2)))) * -(-m // int(cfg["BM"]))
+    tail_tiles = gemm_wgmma.output_tiles(m, n - n0, int(cfg["BM"]), int(cfg.get("NWG", 2)))
     def held(s: int) -> int:  # clusters of s CTAs the GPU holds at once
         return slots.get(s, 0) if slots else (sms // 2 if s == 2 else 0)
 
@@ -441,7 +441,7 @@ def _prepare_rows(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token:
         defs["A8_SPLIT"] = ksplit
     if split is not None:
         defs.update(A8_FQ=split.units, A8_FQ_WPR=split.warps_per_row, A8_XT=_XT[quantize_from])
-    pdl = bool(current_options().pdl and pdl_req)
+    pdl = bool(pdl_req and pdl_on(out.device))
     if pdl:
         defs["A8_PDL"] = 1
         if chain and split is None:
