@@ -127,6 +127,26 @@ def test_nvrtc_compiles_wg_simt_instantiations(arch):
 
 
 @needs_nvrtc
+def test_wg_simt_packed_params_instantiations():
+    """PACK (a zero point's or offset's 16-bit parameter pair in one register) compiles for both activation dtypes and
+    holds fewer registers on a tile of many rows and k-tiles in flight (what it is for); sym weights and fp32 scales
+    have no pair, so the key drops it."""
+    heavy = {"RT": 2, "U": 2, "PF": 1, "KS": 8, "RG": 1}
+
+    def regs(bits, act, mode, cfg, scl=0):
+        key = tuple(sorted(simt_defines_for(bits, act, scl, mode, cfg).items()))
+        return nvrtc.cubin_registers(nvrtc.compile_cubin("gemv_wg_simt.cu", key, "sm_90"))["mixgemm_gemv_wg_simt"]
+
+    for bits in BITS:
+        assert regs(bits, 0, 1, {**heavy, "PACK": 1}) < regs(bits, 0, 1, heavy)
+        for act, mode, g32 in itertools.product((0, 1), (1, 2), (0, 1)):
+            assert 16 <= regs(bits, act, mode, {**heavy, "PACK": 1, "G32": g32}) <= 255
+    assert "SIMT_PACK" not in simt_defines_for(4, 0, 0, 0, {**heavy, "PACK": 1})
+    assert "SIMT_PACK" not in simt_defines_for(4, 0, 2, 1, {**heavy, "PACK": 1})
+    assert simt_defines_for(4, 0, 0, 1, {**heavy, "PACK": 1})["SIMT_PACK"] == 1
+
+
+@needs_nvrtc
 def test_cubin_registers_reads_the_register_count():
     """nvrtc.cubin_registers reads a kernel's registers from its cubin (no GPU): a tile of more rows per warp, more
     k-tiles in flight and double buffering holds more than one row tile of one k-tile; the GPU test compares it with
@@ -166,6 +186,24 @@ def test_wg_simt_config_keeps_a_tile_to_its_rounds():
     assert (tile["RT"], tile["U"], tile["PF"], tile["KS"]) == (4, 2, 0, 8) and "k24/n28" in tile.source
     wide = wg_simt_config(18944, 3584, 4, 132, name)
     assert dict(wide) == wg_simt_rule(18944, 3584, 4, 132) and "exceed its BPS 2" in wide.source
+
+
+def test_wg_simt_config_zero_point_packs_and_has_its_own_table():
+    """Zero-point weights: their table's bucket first (4096x28672: RT 2 U 2 KS 4 unpacked, BPS 7), else the shared
+    table's tile or the rule's, with the parameter pair in one register (PACK) exactly where the tile double buffers
+    (PF); sym weights never carry PACK; a GPU without tables takes the rule, packed as PF says."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_rule
+
+    name = "NVIDIA H100 80GB HBM3"
+    own = wg_simt_config(28672, 4096, 4, 132, name, "zero_point")
+    assert (own["RT"], own["U"], own["PF"], own["KS"], own["PACK"]) == (2, 2, 0, 4, 0)
+    assert "H100 zero point" in own.source and "k24/n30" in own.source
+    assert "PACK" not in wg_simt_config(28672, 4096, 4, 132, name, "sym")
+    for n, k in ((14336, 4096), (18944, 3584), (4096, 4096), (57344, 8192)):  # shared table, BPS fallback, rule
+        zp, sym = wg_simt_config(n, k, 4, 132, name, "zero_point"), wg_simt_config(n, k, 4, 132, name, "sym")
+        assert {**sym, "PACK": sym["PF"]} == dict(zp) and "PACK" not in sym, (n, k)
+    other = wg_simt_config(4096, 4096, 4, 132, "some GPU", "zero_point")
+    assert other == {**wg_simt_rule(4096, 4096, 4, 132), "PACK": 1}
 
 
 @pytest.mark.parametrize("bits,group,mode,n,k", [
@@ -472,6 +510,20 @@ def test_gemv_simt_on_wgmma_v1(ks, u, rt, pf, bits, mode, act):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ks,u,rt,pf", [(4, 2, 2, 1), (2, 1, 8, 0), (8, 2, 4, 0), (32, 1, 1, 1)])
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("mode", ["zero_point", "offset"])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_gemv_simt_packed_params(ks, u, rt, pf, bits, mode, act):
+    """The M = 1 CUDA-core math on wgmma_v1 with each (row, group)'s scale and zero point / offset held in one register
+    (PACK): the same cases as the unpacked tiles (every group size, per channel, partial k-slices, rows past the last
+    tile, bias + relu6, x + 3 on a long K)."""
+    cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "PACK": 1}
+    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
+        _check_every_group(bits, mode, act, (1,), (1,), 17, "'PACK': 1")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("bits,mode", [(4, "sym"), (4, "zero_point"), (4, "offset"), (8, "zero_point"),
                                        (8, "offset")])
@@ -718,6 +770,28 @@ def test_gemv_m1_entries_on_their_measured_k(gpu, sym, bits, k, tile):
         for kk in (k, max(128, k - (384 if bits == 4 else 200))):
             qw, gen = _make(203, kk, bits, 128 if bits == 4 else -1, mode, torch.float16, 17)
             _check(torch.randn(1, kk, generator=gen, device="cuda").half(), qw)
+
+
+# Every entry of the zero-point tables of the CUDA-core GEMV on wgmma_v1, with the K it was measured on.
+WG_SIMT_ZP_ENTRIES = sorted({(gpu, bits, e.measured[0], e.value) for gpu, table in gemv_m1.WG_SIMT_M1_ZP.items()
+                             for bits, entries in table.items() for e in entries})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gpu,bits,k,tile", WG_SIMT_ZP_ENTRIES)
+def test_wg_simt_zero_point_entries_on_their_measured_k(gpu, bits, k, tile):
+    """Each zero-point tile as wg_simt_config hands it over (forced, so on any GPU), PACK as the entry says, at the K
+    it was measured on and 3 groups shorter, odd N, on a compacted weight's layout."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_packs
+
+    base = {"WG": 1, "SIMT": 1, "RT": tile.RT, "U": tile.U, "PF": tile.PF, "KS": tile.KS, "RG": tile.RG}
+    cfg = wg_simt_packs(base, "zero_point", tile.PACK)
+    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
+        for kk in (k, k - 384):
+            qw, gen = _make(203, kk, bits, 128, "zero_point", torch.float16, 19)
+            _check(torch.randn(1, kk, generator=gen, device="cuda").half(), qw)
+            assert f"'PACK': {cfg['PACK']}" in str(mixgemm.explain(torch.empty(1, kk, dtype=torch.float16,
+                                                                               device="cuda"), qw).config)
 
 
 @pytest.mark.gpu

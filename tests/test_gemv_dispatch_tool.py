@@ -209,3 +209,36 @@ def test_suggest_simt_limits_a_tile_to_the_rounds_it_was_kept_for(tmp_path):
     assert {(c[2], _simt_pick(table, c)) for c in cases} == {(4096, wide), (3584, rule(3584, 18944))}
     # with every block resident at once the tile loses on 3584x18944 too: no entry
     assert suggest_simt([str(path)], resident=lambda tile, bits: 4) == []
+
+
+def test_suggest_simt_zero_point_table_against_todays_pick(tmp_path):
+    """--simt-formats w4z --simt-shipped: only the zero-point cases, measured against what wg_simt_config picks today
+    on the swept GPU (here none of the tables: the rule, packed as its PF says), tiles with PACK in the grid; the entry
+    says PACK explicitly (0 as well: its default would follow PF), and the sym cases of the file are not read."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_config
+    from tools.bench.gemv_dispatch import _simt_tile
+
+    def today(k, n):
+        return _simt_tile(wg_simt_config(n, k, 4, 132, "test", "zero_point"))
+
+    def layer(k, n, fmt, times):
+        out = _simt_layer(k, n, fmt, [(t[:5], us) for t, us in times])
+        for row, (t, _) in zip(out["rows"]["cuda_gemv_mma/wg_simt"], times, strict=True):
+            if len(t) > 5 and t[5]:
+                row["cfg"]["PACK"] = 1
+        return out
+
+    unpacked_pf, packed = (2, 1, 1, 8, 1), (4, 2, 0, 8, 1, 1)
+    a, b = today(4096, 4096), today(8192, 8192)
+    assert a[5:] == b[5:] == (1,) and a[2] == 1  # the rule double buffers, so today packs
+    res = [
+        layer(4096, 4096, "w4z", [(a, 10.0), (unpacked_pf, 9.0), (packed, 9.9)]),  # k24/n24: unpacked PF tile wins
+        layer(4096, 4096, "w4s", [(a[:5], 10.0), (unpacked_pf, 5.0)]),  # a sym case: not read
+        layer(8192, 8192, "w4z", [(b, 20.0), (unpacked_pf, 21.0), (packed, 18.0)]),  # k26/n26: the packed tile
+    ]
+    path = tmp_path / "simt.json"
+    path.write_text(json.dumps({"gpu": "test", "res": res}))
+    out = suggest_simt([str(path)], resident=ONE_BLOCK, fmts=("w4z",), shipped=True, max_worst=1.02)
+    assert [(bucket, t) for _, bucket, _, t, _ in out] == [("k24/n24", (*unpacked_pf, 0, 0)),
+                                                           ("k26/n26", (*packed[:5], 0, 1))]
+    assert {f for *_, layers in out for _, _, f, _, _ in layers} == {"w4z"}

@@ -43,7 +43,7 @@ from mixgemm.bench import protocol
 from mixgemm.bench.models import catalog, model_layers
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels import linear as entries
-from mixgemm.kernels.cuda.gemv import WG_LAYOUT, mma_k_tiles, mma_reduction_fits
+from mixgemm.kernels.cuda.gemv import _MODE, WG_LAYOUT, mma_k_tiles, mma_reduction_fits
 from mixgemm.kernels.registry import device_info
 
 FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
@@ -71,10 +71,11 @@ def mma_variants(base: dict) -> list[dict]:
 SIMT_TILES = ((1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (2, 1, 1), (2, 2, 0), (2, 2, 1), (4, 1, 1), (4, 2, 0))
 
 
-def wg_simt_grid(kt64: int) -> list[dict]:
+def wg_simt_grid(kt64: int, pack: bool = False) -> list[dict]:
     """M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): SIMT_TILES x KS 2..32 with kt64 >= 2 KS U (64-k tiles) x
     blocks of 4 or 8 warps (RG = warps / KS, at least 1); KS 32 (1024 threads, at most 64 registers each) only for tiles
-    of at most two 512-byte pieces in flight."""
+    of at most two 512-byte pieces in flight. pack: each tile also with its zero-point / offset parameter pair in one
+    register (PACK)."""
     out = []
     for rt, u, pf in SIMT_TILES:
         for ks in (2, 4, 8, 16, 32):
@@ -84,22 +85,23 @@ def wg_simt_grid(kt64: int) -> list[dict]:
                 cfg = {"WG": 1, "SIMT": 1, "RT": rt, "U": u, "PF": pf, "KS": ks, "RG": max(1, warps // ks)}
                 if kt64 >= 2 * ks * u and cfg not in out:
                     out.append(cfg)
-    return out
+    return out + [{**c, "PACK": 1} for c in out] if pack else out
 
 
-def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int, int]], arch: str) -> None:
+def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int, int]], arch: str,
+                    pack: bool = False) -> None:
     """Compile every gemv_wg_simt.cu instantiation the sweep will time, in parallel processes (NVRTC is single
     threaded; the on-disk cubin cache hands them to the timing process)."""
     from concurrent.futures import ProcessPoolExecutor
 
     from mixgemm.kernels.cuda import nvrtc
-    from mixgemm.kernels.cuda.gemv import _ACT, _MODE, simt_defines_for
+    from mixgemm.kernels.cuda.gemv import _ACT, simt_defines_for
 
     keys = set()
     for fmt in fmts:
         bits, group, mode = FORMATS[fmt]
         for k, _ in shapes:
-            for cfg in wg_simt_grid(-(-k // 64)):
+            for cfg in wg_simt_grid(-(-k // 64), pack):
                 d = simt_defines_for(bits, _ACT[dtype], 0, _MODE[mode], {**cfg, "G32": int(group == 32)})
                 keys.add(tuple(sorted(d.items())))
     with ProcessPoolExecutor(os.cpu_count()) as pool:
@@ -126,10 +128,11 @@ def split_rt_grid(p, mma: dict, kt: int) -> tuple[list[dict], list[dict]]:
 def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
                simt_grid: bool = False, mma_grid_all: bool = False, simt_only: bool = False,
                compact_only: bool = False, split_rt: bool = False,
-               small_m_tiles: bool = False) -> dict[str, list[dict]]:
+               small_m_tiles: bool = False, simt_pack: bool = False) -> dict[str, list[dict]]:
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
     name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
-    simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid.
+    simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid (with
+    simt_pack each tile also with PACK).
     compact_only: today's defaults on the plain codes against the small-M choices on wgmma_v1 (the layout a
     compacted weight keeps), cuda_gemv_mma/compact: [the compacted weight's own config (M = 1: the CUDA-core GEMV on
     wgmma_v1 at fp16), then at M = 1 the tensor-core GEMV, at M > 1 mma_variants]; at M > 1 the plain codes'
@@ -161,7 +164,7 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
             out["cuda_wgmma"] = [entries._wgmma_config(pr), *more_gemm, *entries.small_m_family_candidates(pr)]
         return out
     if m == 1 and simt_only:
-        return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64))}
+        return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64), simt_pack)}
     if m == 1:
         grid = [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma] if mma_grid_m1 else []
         out = {"cuda_gemv": [simt, *entries._gemv_candidates(p)], "cuda_gemv_mma": [mma, *grid]}
@@ -186,7 +189,7 @@ def plain(cfg: dict) -> dict:
 def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: torch.dtype = torch.float16,
                   mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False,
                   simt_only: bool = False, compact_only: bool = False, split_rt: bool = False,
-                  warm_only: bool = False, small_m_tiles: bool = False) -> list[dict]:
+                  warm_only: bool = False, small_m_tiles: bool = False, simt_pack: bool = False) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -212,7 +215,7 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                                               warmup_ms=5, rep_ms=30)
 
         for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only,
-                                        compact_only, split_rt, small_m_tiles).items():
+                                        compact_only, split_rt, small_m_tiles, simt_pack).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
@@ -274,42 +277,49 @@ def _beats_rule(ratios: list[float], max_geomean: float, max_worst: float) -> bo
 
 
 def _simt_tile(c: dict) -> tuple:
-    return (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
+    """(RT, U, PF, KS, RG), and a sixth element 1 for a tile with PACK."""
+    return (c["RT"], c["U"], c["PF"], c["KS"], c["RG"]) + ((1,) if c.get("PACK", 0) else ())
 
 
-def _simt_layers(paths: list[str], num_sms: int) -> list[tuple]:
-    """[(bits, bucket key, K, N, fmt, {tile: us}, rule tile)] of the M = 1 cases of --simt-only sweep files that timed
-    the rule's tile."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_rule
+def _simt_layers(paths: list[str], num_sms: int, fmts: tuple[str, ...] = (), shipped: bool = False) -> list[tuple]:
+    """[(bits, bucket key, K, N, fmt, {tile: us}, baseline tile)] of the M = 1 cases (of the formats ``fmts``, all
+    when empty) of --simt-only sweep files that timed the baseline's tile: the rule's, or with ``shipped`` what
+    kernels.cuda.gemv.wg_simt_config picks now on the swept GPU (the tables of tuning.gemv_m1)."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_rule
     from mixgemm.tuning.buckets import ShapeBucket
 
     out = []
     for path in paths:
         with open(path) as f:
-            for r in json.load(f)["res"]:
-                grid = {_simt_tile(c["cfg"]): c["us"] for c in r.get("rows", {}).get("cuda_gemv_mma/wg_simt", [])
-                        if c["us"]}
-                if r.get("M") != 1 or not grid:
-                    continue
-                bits = FORMATS[r["fmt"]][0]
+            data = json.load(f)
+        for r in data["res"]:
+            grid = {_simt_tile(c["cfg"]): c["us"] for c in r.get("rows", {}).get("cuda_gemv_mma/wg_simt", [])
+                    if c["us"]}
+            if r.get("M") != 1 or not grid or (fmts and r["fmt"] not in fmts):
+                continue
+            bits, _, mode = FORMATS[r["fmt"]]
+            if shipped:
+                rule = _simt_tile(wg_simt_config(r["N"], r["K"], bits, num_sms, data.get("gpu", ""), mode))
+            else:
                 rule = _simt_tile(wg_simt_rule(r["N"], r["K"], bits, num_sms))
-                if rule in grid:
-                    out.append((bits, ShapeBucket.of(r["K"], r["N"]).key, r["K"], r["N"], r["fmt"], grid, rule))
+            if rule in grid:
+                out.append((bits, ShapeBucket.of(r["K"], r["N"]).key, r["K"], r["N"], r["fmt"], grid, rule))
     return out
 
 
 @functools.cache
-def simt_resident_blocks(tile: tuple, bits: int) -> int:
-    """Blocks of a gemv_wg_simt.cu tile (RT, U, PF, KS, RG) that one sm_90 SM holds, for the heavier of the sym and
-    zero-point builds (one table entry serves every mode): registers from the NVRTC cubin (nvrtc.cubin_registers, no
-    GPU needed), allocated per warp in units of 256 of the SM's 65536, at most 64 warps and 32 blocks."""
+def simt_resident_blocks(tile: tuple, bits: int, modes: tuple[int, ...] = (0, 1)) -> int:
+    """Blocks of a gemv_wg_simt.cu tile (RT, U, PF, KS, RG[, PACK]) that one sm_90 SM holds, for the heaviest build of
+    ``modes`` (default sym and zero point: one table entry serves both): registers from the NVRTC cubin
+    (nvrtc.cubin_registers, no GPU needed), allocated per warp in units of 256 of the SM's 65536, at most 64 warps
+    and 32 blocks."""
     from mixgemm.kernels.cuda import nvrtc
     from mixgemm.kernels.cuda.gemv import SIMT_SOURCE, simt_defines_for
 
-    rt, u, pf, ks, rg = tile
+    rt, u, pf, ks, rg = tile[:5]
+    cfg = {"RT": rt, "U": u, "PF": pf, "KS": ks, "RG": rg, "PACK": tile[5] if len(tile) > 5 else 0}
     regs = max(max(nvrtc.cubin_registers(nvrtc.compile_cubin(SIMT_SOURCE, tuple(sorted(simt_defines_for(
-        bits, 0, 0, mode, {"RT": rt, "U": u, "PF": pf, "KS": ks, "RG": rg}).items())), "sm_90")).values())
-        for mode in (0, 1))
+        bits, 0, 0, mode, cfg).items())), "sm_90")).values()) for mode in modes)
     warps = rg * ks
     return max(1, min(32, 64 // warps, 65536 // (-(-regs // 8) * 8 * 32) // warps))
 
@@ -355,7 +365,8 @@ def _simt_pick(table: dict, case: tuple, num_sms: int = 132) -> tuple:
 
 
 def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97,
-                 max_worst: float = 1.05, resident=simt_resident_blocks) -> list[tuple]:
+                 max_worst: float = 1.05, resident=simt_resident_blocks, fmts: tuple[str, ...] = (),
+                 shipped: bool = False) -> list[tuple]:
     """Bucket entries for the M = 1 tiles of the CUDA-core GEMV on wgmma_v1 (mixgemm.tuning.gemv_m1.WG_SIMT_M1) from
     --simt-only sweep files of one GPU. A tile serves every layer of its bucket (BPS 0) or only those whose blocks
     all fit on the SMs at once (BPS = the blocks an SM holds, ``resident``: simt_resident_blocks), the others taking
@@ -363,14 +374,19 @@ def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97
     3584x18944). Per (bits, bucket), of the (tile, BPS) pairs that take <= ``max_geomean`` the time of the rule
     (kernels.cuda.gemv.wg_simt_rule) by geometric mean and at most ``max_worst`` on every layer they serve, the one with
     the smallest geometric mean over the bucket's layers of the time it gives (the tile's or the rule's) over each
-    layer's best (the int4 modes together: one entry serves both); no entry where none qualifies.
-    Returns [(bits, bucket key, (K, N) of a layer it serves, (RT, U, PF, KS, RG, BPS), [(K, N, fmt, rule us, tile us),
-    ...] of the layers it serves)]."""
+    layer's best (the int4 modes together: one entry serves both); no entry where none qualifies. ``fmts`` keeps only
+    those formats' cases (the zero-point table: ("w4z",)); ``shipped`` measures against today's pick
+    (_simt_layers) instead of the rule, for a table looked up before the shipped ones.
+    Returns [(bits, bucket key, (K, N) of a layer it serves, (RT, U, PF, KS, RG, BPS[, PACK]), [(K, N, fmt, rule us,
+    tile us), ...] of the layers it serves)]."""
     out = []
-    table = _simt_table(_simt_layers(paths, num_sms), max_geomean, max_worst, num_sms, resident)
+    table = _simt_table(_simt_layers(paths, num_sms, fmts, shipped), max_geomean, max_worst, num_sms, resident)
     for (bits, bucket), (best, bps, layers) in table.items():
         k, n = min((c[2], c[3]) for c in layers)
-        out.append((bits, bucket, (k, n), (*best, bps),
+        # PACK explicit for a zero-point table (its default follows PF: kernels.cuda.gemv.wg_simt_packs)
+        pack = (best[5] if len(best) > 5 else 0,) if fmts and all(FORMATS[f][2] == "zero_point" for f in fmts) \
+            else best[5:]
+        out.append((bits, bucket, (k, n), (*best[:5], bps, *pack),
                     [(k_, n_, f, g[rule], g[best]) for *_, k_, n_, f, g, rule in layers]))
     return out
 
@@ -442,6 +458,15 @@ def main() -> None:
                     help="read --simt-only sweep files of one GPU and print how --suggest-simt's tables carry to "
                          "layers left out of them (simt_generalization; no GPU)")
     ap.add_argument("--sms", type=int, default=132, help="SM count of the swept GPU, for the rule (--suggest-simt)")
+    ap.add_argument("--simt-pack", action="store_true",
+                    help="--simt-only: time each tile also with PACK (zero-point / offset parameters in one register)")
+    ap.add_argument("--simt-formats", default="",
+                    help="--suggest-simt: only these formats' cases (w4z: the zero-point table)")
+    ap.add_argument("--simt-shipped", action="store_true",
+                    help="--suggest-simt: against today's pick (the shipped tables) instead of the rule, with at "
+                         "most --simt-worst on any layer")
+    ap.add_argument("--simt-worst", type=float, default=1.05,
+                    help="--suggest-simt: the most a kept tile may take on one layer, over the baseline's time")
     args = ap.parse_args()
     if args.simt_held_out:
         print("time over the grid's best per layer, geometric mean: rule / table (in sample) / table without the layer")
@@ -449,7 +474,13 @@ def main() -> None:
             print(f"{cls:>10}: {v['rule']:.3f} / {v['table']:.3f} / {v['held_out']:.3f} ({v['cases']} cases)")
         return
     if args.suggest_simt:
-        for bits, bucket, (k, n), t, layers in suggest_simt(args.suggest_simt, args.sms):  # t: (..., BPS)
+        fmts = tuple(f for f in args.simt_formats.split(",") if f)
+        resident = simt_resident_blocks
+        if fmts:  # the registers of the modes the table serves
+            modes = tuple(sorted({_MODE[FORMATS[f][2]] for f in fmts}))
+            resident = functools.partial(simt_resident_blocks, modes=modes)
+        for bits, bucket, (k, n), t, layers in suggest_simt(args.suggest_simt, args.sms, max_worst=args.simt_worst,
+                                                            resident=resident, fmts=fmts, shipped=args.simt_shipped):
             print(f"({bits}, {k}, {n}, {t}),  # {bucket}: " + ", ".join(
                 f"{kk}x{nn} {f} {ru:.2f} -> {tu:.2f}" for kk, nn, f, ru, tu in layers))
         return
@@ -469,7 +500,7 @@ def main() -> None:
     if args.wg_simt or args.simt_only:
         from mixgemm.kernels.cuda.nvrtc import arch_of
 
-        precompile_simt(fmts, dtype, shapes, arch_of(torch.device("cuda")))
+        precompile_simt(fmts, dtype, shapes, arch_of(torch.device("cuda")), args.simt_pack)
         print(f"precompiled the wgmma_v1 CUDA-core grid: {time.time() - t0:.0f} s", flush=True)
     if args.warm_part:
         i, parts = (int(v) for v in args.warm_part.split("/"))
@@ -478,7 +509,7 @@ def main() -> None:
             try:
                 measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt, args.mma_grid_all,
                               args.simt_only, args.compact_only, args.split_rt_grid, warm_only=True,
-                              small_m_tiles=args.small_m_tiles)
+                              small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack)
             except Exception:
                 traceback.print_exc()
             torch.cuda.empty_cache()
@@ -507,7 +538,7 @@ def main() -> None:
             try:
                 res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt,
                                      args.mma_grid_all, args.simt_only, args.compact_only, args.split_rt_grid,
-                                     small_m_tiles=args.small_m_tiles)
+                                     small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

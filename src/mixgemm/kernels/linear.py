@@ -227,7 +227,7 @@ def _gemv_mma_config(p: Problem) -> dict:
                      _one_wave_max_spill(p))
     if on_wg and _compact_m1_simt(p):
         # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
-        simt = wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name)
+        simt = wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode)
         why = getattr(simt, "source", "the rule of kernels.cuda.gemv.wg_simt_config")
         return tuning.SourcedConfig({**cfg, **simt}, f"the weight keeps only wgmma_v1 (compacted): M = 1 on CUDA "
                                                      f"cores, tuning.COMPACT_M1_SIMT_DTYPES; {why}")
@@ -311,9 +311,13 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
     # the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at its default tile: M = 1 from the GEMM's bytes (a compacted
     # weight's base may already be it)
     if p.m == 1 and not p.act_order:
-        simt = {**base, **wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name)}
+        simt = {**base, **wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode)}
         if simt != base:
             out.append(simt)
+        if p.mode != "sym":
+            # the zero point / offset parameter pair in one register or two (gemv_wg_simt.cu SIMT_PACK; a no-op with
+            # fp32 scales)
+            out.append({**simt, "PACK": 1 - simt.get("PACK", 0)})
     return out
 
 

@@ -260,7 +260,8 @@ class WgSimtTile(NamedTuple):
     """One measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_wg_simt.cu, fp16 activations): RT
     16-row tiles per warp, U 64-k tiles in flight per step, PF register double buffering, KS k-slices, RG row groups
     per block; BPS: the blocks per SM up to which it serves its bucket (0: any), as many rounds of the blocks an SM
-    holds as on the layers it was kept for (kernels.cuda.gemv.wg_simt_config)."""
+    holds as on the layers it was kept for (kernels.cuda.gemv.wg_simt_config); PACK: a zero point's 16-bit parameter
+    pair held in one register (gemv_wg_simt.cu SIMT_PACK), None: as PF says (kernels.cuda.gemv.wg_simt_packs)."""
 
     RT: int
     U: int
@@ -268,6 +269,7 @@ class WgSimtTile(NamedTuple):
     KS: int
     RG: int
     BPS: int = 0
+    PACK: int | None = None
 
 
 # H100, M = 1, fp16 activations: tools/bench/gemv_dispatch.py --simt-only over the 80 layers of the model list (the
@@ -342,16 +344,42 @@ H200_WG_SIMT = _entries(_WG_SIMT_SOURCE_H200, [
 ], WgSimtTile)
 # per GPU model (a substring of the device name): the tables above; a GPU without one uses the rule
 WG_SIMT_M1 = {"H100": H100_WG_SIMT, "H200": H200_WG_SIMT}
-for _gpu, _table in WG_SIMT_M1.items():
-    for _bits, _entries_simt in _table.items():
-        check_partition(_entries_simt, f"gemv_wg_simt M = 1 {_gpu} W{_bits}", complete=False)
+# Zero-point weights (what GPTQ / AWQ checkpoints load as), looked up before the tables above: H100, M = 1, fp16
+# activations, tools/bench/gemv_dispatch.py --simt-only --simt-pack --formats w4z over the 80 model-list layers (each
+# tile of the grid with and without PACK, 2026-11-26), the entries printed by --suggest-simt --simt-formats w4z
+# --simt-shipped --simt-worst 1.02: kept where the bucket's fastest common tile took <= 0.97x the time of today's pick
+# (the tables above or the rule, PACK as PF says: kernels.cuda.gemv.wg_simt_packs) by geometric mean and at most 1.02x
+# on each of its layers. 13 buckets; us today -> tile, same run: 4096x28672 28.26 -> 25.83, 3584x28672 25.64 -> 23.33,
+# 17920x5120 23.52 -> 22.87, 5120x15360 19.70 -> 18.94, 3072x16384 12.00 -> 11.62, 4608x8192 9.67 -> 9.20, 896x4864
+# 3.65 -> 3.35. The tuple's last field is PACK.
+_WG_SIMT_ZP_SOURCE = ("tools/bench/gemv_dispatch.py --simt-only --simt-pack --formats w4z on the H100, the 80 "
+                      "model-list layers (M = 1, fp16 activations; gemv_wg_simt.cu grid with and without PACK)")
+H100_WG_SIMT_ZP = _entries(_WG_SIMT_ZP_SOURCE, [
+    # (bits, K, N, (RT, U, PF, KS, RG, BPS, PACK))
+    (4, 896, 4864, (2, 1, 1, 4, 1, 0, 1)), (4, 896, 9728, (1, 1, 1, 4, 2, 0, 1)),
+    (4, 1536, 1536, (2, 1, 1, 8, 1, 0, 1)), (4, 1536, 2048, (2, 1, 1, 8, 1, 0, 0)),
+    (4, 1536, 8960, (1, 1, 0, 8, 1, 0, 1)), (4, 1536, 17920, (2, 2, 1, 4, 1, 0, 1)),
+    (4, 3072, 16384, (2, 2, 0, 8, 1, 0, 1)), (4, 4096, 6144, (2, 2, 0, 16, 1, 0, 1)),
+    (4, 3584, 8192, (2, 1, 1, 16, 1, 0, 1)), (4, 3584, 28672, (2, 2, 0, 4, 1, 7, 0)),
+    (4, 5120, 5120, (2, 1, 1, 16, 1, 0, 1)), (4, 5120, 13824, (2, 1, 1, 8, 1, 0, 1)),
+    (4, 13824, 5120, (2, 2, 0, 16, 1, 0, 1)),
+], WgSimtTile)
+WG_SIMT_M1_ZP = {"H100": H100_WG_SIMT_ZP}
+for _name, _tables in (("", WG_SIMT_M1), (" zero point", WG_SIMT_M1_ZP)):
+    for _gpu, _table in _tables.items():
+        for _bits, _entries_simt in _table.items():
+            check_partition(_entries_simt, f"gemv_wg_simt M = 1 {_gpu} W{_bits}{_name}", complete=False)
 
 
-def wg_simt_m1_entry(gpu_name: str, bits: int, k: int, n: int) -> tuple[str, BucketEntry] | None:
-    """(GPU model, entry): the measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 whose bucket holds a K x N layer
-    on this GPU, or None."""
-    for gpu, table in WG_SIMT_M1.items():
-        if gpu in gpu_name:
-            hit = find(table.get(bits, ()), ShapeBucket.of(k, n))
-            return None if hit is None else (gpu, hit)
+def wg_simt_m1_entry(gpu_name: str, bits: int, k: int, n: int,
+                     mode: str = "sym") -> tuple[str, BucketEntry] | None:
+    """(table name, entry): the measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 whose bucket holds a K x N layer
+    on this GPU (for zero-point weights the zero-point table's first), or None."""
+    tables = ((" zero point", WG_SIMT_M1_ZP),) if mode == "zero_point" else ()
+    for name, by_gpu in (*tables, ("", WG_SIMT_M1)):
+        for gpu, table in by_gpu.items():
+            if gpu in gpu_name:
+                hit = find(table.get(bits, ()), ShapeBucket.of(k, n))
+                if hit is not None:
+                    return gpu + name, hit
     return None

@@ -211,22 +211,38 @@ def wg_simt_serves(n: int, rt: int, rg: int, bps: int, num_sms: int) -> bool:
     return not bps or wg_simt_blocks_per_sm(n, rt, rg, num_sms) <= bps
 
 
-def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "") -> dict:
-    """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: the measured bucket's on this GPU
+def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", mode: str = "sym") -> dict:
+    """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: the measured bucket's on this GPU for this mode
     (tuning.gemv_m1.wg_simt_m1_entry) where the layer's blocks per SM are within the entry's BPS (an entry kept for
     layers whose blocks all fit on the SMs at once serves no layer that needs a second round: there the tile lost up
     to 1.25x), else wg_simt_rule."""
-    hit = wg_simt_m1_entry(gpu_name, bits, k, n)
+    hit = wg_simt_m1_entry(gpu_name, bits, k, n, mode)
     if hit is None:
-        return wg_simt_rule(n, k, bits, num_sms)
+        return wg_simt_packs(wg_simt_rule(n, k, bits, num_sms), mode)
     gpu, entry = hit
     t = entry.value
     where = f"gemv_m1 {gpu} wgmma_v1 W{bits}, {entry.where(ShapeBucket.of(k, n))}"
     if not wg_simt_serves(n, t.RT, t.RG, t.BPS, num_sms):
         per_sm = wg_simt_blocks_per_sm(n, t.RT, t.RG, num_sms)
-        return SourcedConfig(wg_simt_rule(n, k, bits, num_sms), f"the rule: {per_sm} blocks per SM of the tile of "
-                                                                 f"{where} exceed its BPS {t.BPS}")
-    return SourcedConfig({"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG}, where)
+        return SourcedConfig(wg_simt_packs(wg_simt_rule(n, k, bits, num_sms), mode),
+                             f"the rule: {per_sm} blocks per SM of the tile of {where} exceed its BPS {t.BPS}")
+    cfg = {"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG}
+    return SourcedConfig(wg_simt_packs(cfg, mode, t.PACK), where)
+
+
+def wg_simt_packs(cfg: dict, mode: str, pack: int | None = None) -> dict:
+    """cfg with PACK (gemv_wg_simt.cu SIMT_PACK: a zero point's scale and zero held in one register) for zero-point
+    weights: ``pack`` where a measured entry gives it, else on with double buffering (PF). Why PF: the next step's
+    parameters are loaded during this step's math, and split into two registers they are split where they arrive, so
+    the warp waits for them there (in the SASS 6-25 instructions after the load); kept whole until used, the loads
+    overlap the math as PF means them to. H100,
+    tools/bench/gemv_dispatch.py --simt-only --simt-pack over the 80 model-list layers (W4 g128 zero point, M = 1):
+    on the tiles the tables and rule give, 0.966x the time by geometric mean where PF is on (44 layers; 3584x18944
+    19.8 -> 15.8 us, 4096x4608 0.88x; worst 1.02x), 1.00x where it is off; over the whole grid the PF tiles 0.85-0.95x,
+    the others 0.98-1.01x."""
+    if mode != "zero_point":
+        return cfg
+    return {**cfg, "PACK": int(cfg.get("PF", 0) if pack is None else pack)}
 
 
 def wg_simt_rule(n: int, k: int, bits: int, num_sms: int) -> dict:
@@ -243,10 +259,21 @@ def wg_simt_rule(n: int, k: int, bits: int, num_sms: int) -> dict:
 
 def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dict:
     """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1): RT 16-row tiles per warp, U k-tiles
-    per step, RG row groups x KS k-slices per block, PF register double buffering, G32 two groups per 64-k tile."""
-    return {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode, "SIMT_G32": cfg.get("G32", 0),
-            "SIMT_RT": cfg.get("RT", 1), "SIMT_U": cfg["U"], "SIMT_RG": cfg["RG"], "SIMT_KS": cfg["KS"],
-            "SIMT_PF": cfg.get("PF", 0)}
+    per step, RG row groups x KS k-slices per block, PF register double buffering, G32 two groups per 64-k tile, PACK
+    a zero point's or offset's 16-bit parameter pair held in one register (dropped where the format has no pair: sym,
+    fp32 scales). PACK only appears in the key when set, so the other compile keys are unchanged."""
+    d = {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode, "SIMT_G32": cfg.get("G32", 0),
+         "SIMT_RT": cfg.get("RT", 1), "SIMT_U": cfg["U"], "SIMT_RG": cfg["RG"], "SIMT_KS": cfg["KS"],
+         "SIMT_PF": cfg.get("PF", 0)}
+    if cfg.get("PACK", 0) and simt_packs(mode, scl):
+        d["SIMT_PACK"] = 1
+    return d
+
+
+def simt_packs(mode: int, scl: int) -> bool:
+    """Whether a gemv_wg_simt.cu tile's PACK applies: a second 16-bit parameter per group (zero point or offset
+    beside an fp16 / bf16 scale)."""
+    return mode != _MODE["sym"] and scl != _SCL[torch.float32]
 
 
 def mma_x_smem_bytes(cfg: dict, mb: int) -> int:

@@ -288,6 +288,23 @@ struct Param {
   }
   __device__ __forceinline__ float scale() const { return scl_to_f32<SCL>(a); }
   __device__ __forceinline__ float second() const { return scl_to_f32<SCL>(b); }
+  __device__ __forceinline__ u32 second_x2() const { return b * 0x10001u; }  // 16-bit second in both halves
+};
+
+// The same parameters kept as the one raw word they were loaded as (a 16-bit scale and a 16-bit zero / offset):
+// one register per (row, group) instead of two. Why: a tile with many rows and k-tiles in flight holds dozens of
+// them, and the second register can cost a block per SM; unpacking is one PRMT or a half-selecting convert.
+template <int SCL, int MODE>
+struct PackedParam {
+  static_assert(SCL != 2 && MODE != 0, "two 16-bit values per group");
+  static constexpr int SB = 2, PB = 4;
+  u32 w;
+  __device__ __forceinline__ void load(const char* base, int g) {
+    asm("ld.global.nc.u32 %0, [%1];" : "=r"(w) : "l"(base + (size_t)g * PB));
+  }
+  __device__ __forceinline__ float scale() const { return scl_to_f32<SCL>(w & 0xffffu); }
+  __device__ __forceinline__ float second() const { return scl_to_f32<SCL>(w >> 16); }
+  __device__ __forceinline__ u32 second_x2() const { return prmt<0x3232>(w, w); }
 };
 
 }  // namespace mg

@@ -49,10 +49,16 @@
 #ifndef SIMT_PF
 #define SIMT_PF 0
 #endif
+#ifndef SIMT_PACK
+#define SIMT_PACK 0  // zero point / offset with 16-bit parameters: each (row, group) pair held in one register
+#endif
 
 #define SIMT_THREADS (32 * SIMT_RG * SIMT_KS)
 
 using namespace mg;
+
+template <bool PACKED, int SCL, int MODE> struct PickParam { typedef Param<SCL, MODE> T; };
+template <int SCL, int MODE> struct PickParam<true, SCL, MODE> { typedef PackedParam<SCL, MODE> T; };
 
 extern "C" __global__ void __launch_bounds__(SIMT_THREADS)
 mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
@@ -74,7 +80,8 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   constexpr int SPP = 4 / NP;                 // k16 steps per parameter set
   constexpr size_t TSTEP = 8 * 32 * LU;       // uint4 from one k-tile of a row tile to the next
   constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
-  typedef Param<SCL, MODE> P;
+  static_assert(!SIMT_PACK || (MODE != 0 && SCL != 2), "SIMT_PACK: two 16-bit parameters per group");
+  typedef typename PickParam<SIMT_PACK != 0, SCL, MODE>::T P;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -145,7 +152,7 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
             q0.zhi = q1.zhi = h16_int(-(64 + (int)ZBIAS)) * 0x10001u;
           } else if (ACT == 0 && SCL == 0) {
             // fp16 zero points: 1024 + z and -(64 + z) in f16x2 from the raw bits (small integers: exact), no cvt
-            const u32 z20 = q0p.b * 0x10001u, z21 = q1p.b * 0x10001u;
+            const u32 z20 = q0p.second_x2(), z21 = q1p.second_x2();
             q0.zlo = hadd2(z20, 0x64006400u);
             q1.zlo = hadd2(z21, 0x64006400u);
             q0.zhi = hsub2(0xd400d400u, z20);
