@@ -191,7 +191,8 @@ def test_wg_simt_config_keeps_a_tile_to_its_rounds():
 def test_wg_simt_config_zero_point_packs_and_has_its_own_table():
     """Zero-point weights: their table's bucket first (4096x28672: RT 2 U 2 KS 4 unpacked, BPS 7), else the shared
     table's tile or the rule's, with the parameter pair in one register (PACK) exactly where the tile double buffers
-    (PF); sym weights never carry PACK; a GPU without tables takes the rule, packed as PF says."""
+    (PF); offset weights the same without a table of their own; sym weights never carry PACK; a GPU without tables
+    takes the rule, packed as PF says."""
     from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_rule
 
     name = "NVIDIA H100 80GB HBM3"
@@ -204,6 +205,10 @@ def test_wg_simt_config_zero_point_packs_and_has_its_own_table():
         assert {**sym, "PACK": sym["PF"]} == dict(zp) and "PACK" not in sym, (n, k)
     other = wg_simt_config(4096, 4096, 4, 132, "some GPU", "zero_point")
     assert other == {**wg_simt_rule(4096, 4096, 4, 132), "PACK": 1}
+    # offset weights (GGUF q4_1 / Q4_K): the shared table or the rule, packed as PF says
+    for n, k in ((28672, 4096), (18944, 3584)):
+        off, sym = wg_simt_config(n, k, 4, 132, name, "offset"), wg_simt_config(n, k, 4, 132, name, "sym")
+        assert dict(off) == {**sym, "PACK": sym["PF"]}, (n, k)
 
 
 @pytest.mark.parametrize("bits,group,mode,n,k", [

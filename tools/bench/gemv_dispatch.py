@@ -46,7 +46,8 @@ from mixgemm.kernels import linear as entries
 from mixgemm.kernels.cuda.gemv import _MODE, WG_LAYOUT, mma_k_tiles, mma_reduction_fits
 from mixgemm.kernels.registry import device_info
 
-FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
+FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym"),
+           "w4o32": (4, 32, "offset")}  # w4o32: GGUF q4_1 / Q4_K blocks (scale and offset per 32)
 
 
 def mma_grid(base: dict, kt: int) -> list[dict]:

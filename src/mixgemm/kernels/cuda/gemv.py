@@ -231,16 +231,17 @@ def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", 
 
 
 def wg_simt_packs(cfg: dict, mode: str, pack: int | None = None) -> dict:
-    """cfg with PACK (gemv_wg_simt.cu SIMT_PACK: a zero point's scale and zero held in one register) for zero-point
-    weights: ``pack`` where a measured entry gives it, else on with double buffering (PF). Why PF: the next step's
-    parameters are loaded during this step's math, and split into two registers they are split where they arrive, so
-    the warp waits for them there (in the SASS 6-25 instructions after the load); kept whole until used, the loads
-    overlap the math as PF means them to. H100,
-    tools/bench/gemv_dispatch.py --simt-only --simt-pack over the 80 model-list layers (W4 g128 zero point, M = 1):
-    on the tiles the tables and rule give, 0.966x the time by geometric mean where PF is on (44 layers; 3584x18944
-    19.8 -> 15.8 us, 4096x4608 0.88x; worst 1.02x), 1.00x where it is off; over the whole grid the PF tiles 0.85-0.95x,
-    the others 0.98-1.01x."""
-    if mode != "zero_point":
+    """cfg with PACK (gemv_wg_simt.cu SIMT_PACK: a group's scale and zero point or offset held in one register) for
+    zero-point and offset weights: ``pack`` where a measured entry gives it, else on with double buffering (PF). Why
+    PF: the next step's parameters are loaded during this step's math, and split into two registers they are split
+    where they arrive, so the warp waits for them there (in the SASS 6-25 instructions after the load); kept whole
+    until used, the loads overlap the math as PF means them to. H100, tools/bench/gemv_dispatch.py --simt-only
+    --simt-pack (M = 1, fp16 x), on the tiles the tables and rule give: W4 g128 zero point over the 80 model-list
+    layers 0.966x the time by geometric mean where PF is on (44 layers; 3584x18944 19.8 -> 15.8 us; worst 1.02x),
+    1.00x where it is off; W4 g32 offset (GGUF q4_1 / Q4_K blocks), 31 layers of >= 4 MiB, 0.941x where PF is on (15;
+    1536x8960 7.18 -> 5.83, worst 0.997x), 1.00x where it is off. Over the whole grid the PF tile families took
+    0.83-0.95x their unpacked time, the others 0.98-1.01x."""
+    if mode == "sym":
         return cfg
     return {**cfg, "PACK": int(cfg.get("PF", 0) if pack is None else pack)}
 
