@@ -511,6 +511,23 @@ def test_zero_point_gemv_candidates_try_the_x_sum_form():
             assert all({**c, "ZSUM": 1} in with_sum for c in cands if not c.get("ZSUM") and not c["PF"])
 
 
+def test_compacted_zero_point_m1_candidates_try_the_other_packing():
+    """A compacted (wgmma_v1) weight's M = 1 candidates include the CUDA-core GEMV on that layout at its tile and, for
+    zero-point and offset weights, the same tile with the parameter pair packed the other way (PACK, gemv_wg_simt.cu
+    SIMT_PACK); sym weights have no such variant."""
+    from dataclasses import replace
+
+    from mixgemm.kernels.linear import _gemv_mma_candidates
+
+    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    for mode in ("zero_point", "offset", "sym"):
+        qw = quantize_weight(torch.randn(14336, 4096), bits=4, group_size=128, mode=mode)
+        p = replace(linear_entries.linear_problem(1, qw, torch.float16, dev), resident="wgmma_v1")
+        simt = [c for c in [linear_entries._gemv_mma_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
+        packs = {c.get("PACK") for c in simt}
+        assert packs == ({None} if mode == "sym" else {0, 1}), (mode, simt)
+
+
 def test_tune_formats_include_the_zero_point_forms():
     """GPTQ / AWQ checkpoints load as zero-point weights: tune measures them as their own formats (W4A16-ZP,
     W8A16-ZP), whose cache keys differ from the sym formats' (the kernels' tiles do)."""
