@@ -87,6 +87,26 @@ def test_generate_e2e_tool_times_a_plain_copy(tmp_path):
     assert gen["w4a16_plain"]["weight_gb"] > 0  # (the CPU builds no kernel layouts: no size comparison here)
 
 
+def test_generate_e2e_tool_times_a_zero_point_copy(tmp_path):
+    """--zero-point: a W4A16 g128 zero-point copy (GPTQ / AWQ checkpoints' format) is timed beside the sym one, its
+    layers quantized with zero points."""
+    tool = _tool()
+    seen = []
+    quantize = tool.quantize
+
+    def spy(model, config, **kw):
+        seen.append(config.mode)
+        return quantize(model, config, **kw)
+
+    tool.quantize = spy
+    rc = tool.main([*ARGS, "--out", str(tmp_path), "--modes", "generate", "--skip-memory", "--zero-point"])
+    res = json.loads((tmp_path / "generate_e2e.json").read_text())
+    assert rc == 0 and not res["errors"] and not res["failures"], res["errors"]
+    gen = res["speed"][0]["modes"]["generate"]
+    assert gen["w4a16"]["tokens_per_s"] > 0 and gen["w4a16_zp"]["tokens_per_s"] > 0
+    assert seen == ["sym", "zero_point"]
+
+
 def test_generate_e2e_tool_memory_of_a_compacted_model(tmp_path):
     """--memory-formats W4A16+compact: the model is compacted after quantize_ (mixgemm.compact_), runs every M, and
     its first-step logits still match its dequantized twin; the plain codes are not held (the tiny layers pad to the

@@ -23,7 +23,8 @@ the sweep - allocated before the model was built - the model's other tensors (em
 argument); a format ending in +plain (W4A16+plain) quantizes with compact=False (the plain codes and each kernel's
 layout as calls build them), one ending in +compact compacts explicitly after that (mixgemm.compact_, also on the CPU).
 --plain times a compact=False copy of the W4A16 model beside the default one (tag w4a16_plain); --separate a copy
-whose layers reading one tensor run one by one (mixgemm.nn.siblings.separate_siblings; tag w4a16_separate).
+whose layers reading one tensor run one by one (mixgemm.nn.siblings.separate_siblings; tag w4a16_separate);
+--zero-point a W4A16 g128 zero-point copy, what GPTQ / AWQ checkpoints load as (tag w4a16_zp).
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
 replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
@@ -96,6 +97,7 @@ class Settings:
     compiled_repeats: int = 1  # compiled mode: timed loops of new_tokens steps (the median)
     plain: bool = False  # speed: also a quantize_(compact=False) copy of the W4A16 model
     separate: bool = False  # speed: also a copy whose sibling layers (q / k / v, gate / up) run one by one
+    zero_point: bool = False  # speed: also a W4A16 g128 zero-point copy (GPTQ / AWQ checkpoints' format)
 
     @property
     def cuda(self) -> bool:
@@ -255,6 +257,9 @@ def speed(res: dict, modes, s: Settings, log):
         models["w4a16_separate"] = copy.deepcopy(models["fp16"])
         quantize(models["w4a16_separate"], config)
         separate_siblings(models["w4a16_separate"])
+    if s.zero_point:  # the format GPTQ / AWQ checkpoints load as, timed in the same turns
+        models["w4a16_zp"] = copy.deepcopy(models["fp16"])
+        quantize(models["w4a16_zp"], mixgemm.W4A16(group_size=128, mode="zero_point"))
     free_memory(s)
     f = res["first_step"] = first_step(models["w4a16"], ids, ref, config, s)
     log(f"{name}: W4A16 g128 first-step logits cosine {f['cosine']:.4f} vs fp16, "
@@ -425,10 +430,13 @@ def main(argv=None) -> int:
                          "kernel's layout, against the default one resident layout per weight)")
     ap.add_argument("--separate", action="store_true",
                     help="also time a W4A16 copy whose layers reading one tensor run one by one (no joined launch)")
+    ap.add_argument("--zero-point", action="store_true",
+                    help="also time a W4A16 g128 zero-point copy (the format GPTQ / AWQ checkpoints load as)")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m and not (args.skip_compiled and m == "compiled")]
     models, s = settings_from(ap, args, modes, MODES, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")),
-                              plain=args.plain, separate=args.separate, compiled_repeats=args.compiled_repeats)
+                              plain=args.plain, separate=args.separate, zero_point=args.zero_point,
+                              compiled_repeats=args.compiled_repeats)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
