@@ -1,5 +1,5 @@
-"""tools/bench/gemv_dispatch.py --suggest / --suggest-simt: which M = 1 bucket entries a sweep file supports (no GPU
-needed)."""
+"""tools/bench/gemv_dispatch.py's candidates, and --suggest / --suggest-simt (tools/bench/gemv_tables.py): which M = 1
+bucket entries a sweep file supports (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tools.bench.gemv_dispatch import simt_generalization, suggest, suggest_simt
+from tools.bench.gemv_tables import simt_generalization, suggest, suggest_simt
 
 BASE = {"R": 4, "U": 1, "KS": 2, "RG": 4, "PF": 0}
 FAST = {**BASE, "R": 2}
@@ -186,7 +186,7 @@ def test_suggest_simt_limits_a_tile_to_the_rounds_it_was_kept_for(tmp_path):
     only the layers that fit (BPS = the blocks an SM holds); the others keep the rule, in the table
     (simt_generalization's pick) as in kernels.cuda.gemv.wg_simt_config."""
     from mixgemm.kernels.cuda.gemv import wg_simt_blocks_per_sm, wg_simt_rule
-    from tools.bench.gemv_dispatch import _simt_layers, _simt_pick, _simt_table
+    from tools.bench.gemv_tables import _simt_layers, _simt_pick, _simt_table
 
     def rule(k, n):
         c = wg_simt_rule(n, k, 4, 132)
@@ -216,7 +216,7 @@ def test_suggest_simt_zero_point_table_against_todays_pick(tmp_path):
     on the swept GPU (here none of the tables: the rule, packed as its PF says), tiles with PACK in the grid; the entry
     says PACK explicitly (0 as well: its default would follow PF), and the sym cases of the file are not read."""
     from mixgemm.kernels.cuda.gemv import wg_simt_config
-    from tools.bench.gemv_dispatch import _simt_tile
+    from tools.bench.gemv_tables import _simt_tile
 
     def today(k, n):
         return _simt_tile(wg_simt_config(n, k, 4, 132, "test", "zero_point"))
