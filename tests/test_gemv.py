@@ -147,6 +147,23 @@ def test_wg_simt_packed_params_instantiations():
 
 
 @needs_nvrtc
+def test_gemv_mma_packed_params_instantiations():
+    """MMA_PACK (the tensor-core GEMV's zero-point / offset pair in one register) compiles on both layouts, both
+    activation dtypes, deferred scaling or not, groups of 32 on wgmma_v1, and double buffered with two row tiles a warp;
+    sym weights and fp32 scales have no pair, so the key drops it."""
+    base = {**choose_mma_config(2, 4096, 64, 132, 4), "PF": 1, "EARLY": 1, "PACK": 1}
+    for i, (bits, wg, act, mode) in enumerate(itertools.product(BITS, (0, 1), (0, 1), (1, 2))):
+        cfg = {**base, "WG": wg, "RT": 1 + i % 2, "KS": 8, "RG": 1, "DEFER": int(i % 3 != 0),
+               "G32": int(wg and i % 4 == 1)}
+        d = mma_defines_for(bits, act, 0, mode, 1 + i % 2, cfg)
+        assert d["MMA_PACK"] == 1
+        regs = nvrtc.cubin_registers(nvrtc.compile_cubin("gemv_mma.cu", tuple(sorted(d.items())), "sm_90"))
+        assert 16 <= regs["mixgemm_gemv_mma"] <= 255, d
+    assert "MMA_PACK" not in mma_defines_for(4, 0, 0, 0, 2, base)
+    assert "MMA_PACK" not in mma_defines_for(4, 0, 2, 1, 2, base)
+
+
+@needs_nvrtc
 def test_cubin_registers_reads_the_register_count():
     """nvrtc.cubin_registers reads a kernel's registers from its cubin (no GPU): a tile of more rows per warp, more
     k-tiles in flight and double buffering holds more than one row tile of one k-tile; the GPU test compares it with
@@ -278,6 +295,45 @@ def test_mma_row_tiles_rule():
                                                      ("sym", "zero_point", "offset"), (0, 1), (4, 8)):
         cfg = mma_config(m, n, k, bits, 128, 132, mode, wg)
         assert cfg["KS"] * cfg["RG"] * cfg.get("RT", 1) <= 32, (m, k, n, cfg)
+
+
+def test_mma_pf_pack_rule():
+    """kernels.cuda.gemv.mma_pf_pack: double buffering with the zero point / offset pair in one register (PF + PACK)
+    for int4 weights with such a pair, on the measured regions: 16-warp blocks at one per SM with EARLY, M 9..16
+    grids of at most 24 warps per SM with deferred scaling, wgmma_v1 at M 2..8 from 32 warps per SM with two full steps
+    a slice; never with two row tiles a warp. Sym weights take PF alone on their own regions."""
+    def packed(m, k, n, mode="zero_point", wg=0, group=128, bits=4, pair=True):
+        cfg = mma_config(m, n, k, bits, group, 132, mode, wg, pair_packs=pair)
+        assert cfg.get("PF", 0) == cfg.get("PACK", 0), cfg
+        return cfg.get("PACK", 0)
+
+    # 16-warp blocks (KS 16), 64 of them: both layouts at M 2..8 (EARLY); at M = 16 only wgmma_v1 has EARLY
+    assert packed(2, 8192, 1024) and packed(8, 8192, 1024, wg=1) and packed(16, 8192, 1024, wg=1)
+    assert not packed(16, 8192, 1024) and not packed(2, 4096, 4096, wg=1)  # (256 blocks: two per SM)
+    # M = 16, 8-warp blocks: 320 blocks (19 warps per SM) yes, 448 (27) no; groups of 32 (no deferred scaling) no
+    assert packed(16, 5120, 5120) and packed(16, 5120, 5120, wg=1) and packed(16, 5120, 5120, "offset", wg=1)
+    assert not packed(16, 5120, 7168, wg=1) and not packed(16, 5120, 5120, "offset", wg=1, group=32)
+    # M 2..8 on wgmma_v1: many waves and two full steps a slice (4096 x 14336: 54 warps per SM, 4 steps) yes; the
+    # plain layout, one step a slice (1536 x 8960) or a thin grid (5120 x 5120) no
+    assert packed(2, 4096, 14336, wg=1) and packed(8, 8192, 28672, "offset", wg=1)
+    assert not packed(2, 4096, 14336) and not packed(8, 1536, 8960, wg=1) and not packed(8, 5120, 5120, wg=1)
+    # two row tiles a warp, fp32 scales (pair_packs False) and int8 weights never
+    assert mma_config(16, 18944, 3584, 4, 128, 132, "zero_point", 1, pair_packs=True).get("RT") == 2
+    assert not packed(16, 3584, 18944, wg=1) and not packed(2, 8192, 1024, pair=False)
+    assert not packed(2, 8192, 1024, bits=8) and not packed(16, 5120, 5120, bits=8, wg=1)
+    assert not packed(1, 8192, 1024) and not packed(1, 8192, 1024, wg=1)  # (M = 1 not measured)
+
+    # sym weights: PF alone (no pair to pack), 16-warp blocks at one per SM only at M 2..8 (both layouts), smaller
+    # blocks in one wave of at most 24 warps per SM only on gemv_mma_v1 (M 2..16)
+    def pf_sym(m, k, n, wg=0):
+        cfg = mma_config(m, n, k, 4, 128, 132, "sym", wg)
+        assert "PACK" not in cfg, cfg
+        return cfg.get("PF", 0)
+
+    assert pf_sym(2, 8192, 1024) and pf_sym(8, 8192, 1024, wg=1) and not pf_sym(16, 8192, 1024, wg=1)
+    assert not pf_sym(1, 8192, 1024) and not pf_sym(1, 5120, 5120)
+    assert pf_sym(2, 5120, 5120) and pf_sym(16, 5120, 5120) and not pf_sym(2, 5120, 5120, wg=1)
+    assert not pf_sym(2, 5120, 7168) and not pf_sym(2, 4096, 4096) and not pf_sym(2, 4096, 14336)
 
 
 def test_choose_config_fills_gpu():
@@ -497,6 +553,21 @@ def test_gemv_mma_row_tiles(wg, ks, u, rt, pf, early, minb, bits, mode, act):
     cfg = {"WG": wg, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "EARLY": early, "MINB": minb}
     with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": cfg}):
         _check_every_group(bits, mode, act, (2, 9, 16), (16,), 15, f"'RT': {rt}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wg", [0, 1])
+@pytest.mark.parametrize("ks,u,rt,pf,early", [(8, 1, 1, 1, 1), (4, 2, 2, 1, 1), (16, 2, 1, 0, 1), (8, 2, 1, 1, 0)])
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("mode", ["zero_point", "offset"])
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+def test_gemv_mma_packed_params(wg, ks, u, rt, pf, early, bits, mode, act):
+    """The tensor-core GEMV with each (row, group)'s scale and zero point / offset held in one register (MMA_PACK), on
+    both layouts, double buffered or not: every group size, row tiles past the last one, partial k-slices, M = 2, 9 and
+    16, bias + relu6, and x + 3 on a long K."""
+    cfg = {"WG": wg, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "EARLY": early, "PACK": 1}
+    with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": cfg}):
+        _check_every_group(bits, mode, act, (2, 9, 16), (16,), 19, "'PACK': 1")
 
 
 @pytest.mark.gpu

@@ -97,6 +97,34 @@ def test_small_m_tiles_times_both_gemv_layouts_against_the_small_m_family(isolat
     assert "wgmma_small_m_family" not in getattr(first, "source", "")
 
 
+def test_mma_pack_times_each_layouts_default_with_pf_and_pack(isolated_tuning):
+    """--mma-pack: at M > 1 each tensor-core GEMV family's default (plain codes; with --compact-only also wgmma_v1)
+    first, then the other three (PF, PACK) combinations; M = 1 keeps its own families."""
+    import torch
+
+    from mixgemm.formats.weight import quantize_weight
+    from mixgemm.kernels import linear as entries
+    from mixgemm.kernels.registry import DeviceInfo
+    from tools.bench.gemv_dispatch import candidates
+
+    di = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    qw = quantize_weight(torch.randn(4608, 1024) * 0.02, bits=4, group_size=128, mode="zero_point")
+    p = entries.linear_problem(16, qw, torch.float16, di)
+    labels = candidates(p, 16, 4, 1024, compact_only=True, mma_pack=True)
+    assert list(labels) == ["cuda_gemv_mma", "cuda_gemv_mma/compact"]
+    defaults = {"cuda_gemv_mma": entries._gemv_mma_config(p),
+                "cuda_gemv_mma/compact": entries._gemv_mma_config(dataclasses.replace(p, resident="wgmma_v1"))}
+    for label, cfgs in labels.items():
+        base = cfgs[0]
+        assert base == dict(defaults[label]) and base.get("WG", 0) == (label != "cuda_gemv_mma")
+        combos = {(c.get("PF", 0), c.get("PACK", 0)) for c in cfgs}
+        assert len(cfgs) == 4 and combos == {(0, 0), (0, 1), (1, 0), (1, 1)}
+        assert all({**c, "PF": 0, "PACK": 0} == {**base, "PF": 0, "PACK": 0} for c in cfgs)
+    assert list(candidates(p, 16, 4, 1024, mma_pack=True)) == ["cuda_gemv_mma"]
+    m1 = entries.linear_problem(1, qw, torch.float16, di)
+    assert "cuda_gemv" in candidates(m1, 1, 4, 1024, compact_only=True, mma_pack=True)
+
+
 def _simt_layer(k, n, fmt, times):
     rows = [{"cfg": {"WG": 1, "SIMT": 1, "RT": t[0], "U": t[1], "PF": t[2], "KS": t[3], "RG": t[4]}, "us": us,
              "default": False} for t, us in times]

@@ -528,6 +528,23 @@ def test_compacted_zero_point_m1_candidates_try_the_other_packing():
         assert packs == ({None} if mode == "sym" else {0, 1}), (mode, simt)
 
 
+def test_small_m_candidates_flip_double_buffering():
+    """At M 2..16 the tensor-core GEMV's candidates include its default with double buffering flipped, for zero-point /
+    offset weights together with the packed parameter pair (kernels.cuda.gemv.mma_pf_pack); sym weights never pack."""
+    from mixgemm.kernels.linear import _gemv_mma_candidates
+
+    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    for mode in ("zero_point", "offset", "sym"):
+        qw = quantize_weight(torch.randn(1024, 2048), bits=4, group_size=128, mode=mode)
+        p = linear_entries.linear_problem(8, qw, torch.float16, dev)
+        base = dict(linear_entries._gemv_mma_config(p))
+        cands = _gemv_mma_candidates(p)
+        # (1024 rows at KS 16: one block per SM, so the rule double buffers; the candidate is the default without)
+        assert base["PF"] == 1 and base.get("PACK", 0) == (mode != "sym")
+        assert ({**base, "PF": 0} if mode == "sym" else {**base, "PF": 0, "PACK": 0}) in cands, (mode, cands)
+        assert all(not c.get("PACK") for c in cands) or mode != "sym"
+
+
 def test_tune_formats_include_the_zero_point_forms():
     """GPTQ / AWQ checkpoints load as zero-point weights: tune measures them as their own formats (W4A16-ZP,
     W8A16-ZP), whose cache keys differ from the sym formats' (the kernels' tiles do)."""

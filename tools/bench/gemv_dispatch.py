@@ -123,10 +123,18 @@ def split_rt_grid(p, mma: dict, kt: int) -> tuple[list[dict], list[dict]]:
     return gemv, gemm
 
 
+def mma_pack_variants(base: dict) -> list[dict]:
+    """The tensor-core GEMV's default ``base`` with and without register double buffering (PF) and the zero-point /
+    offset parameter pair in one register (PACK: gemv_mma.cu MMA_PACK), less ``base`` itself."""
+    same = {**base, "PF": base.get("PF", 0), "PACK": base.get("PACK", 0)}
+    out = [{**base, "PF": pf, "PACK": pack} for pf in (0, 1) for pack in (0, 1)]
+    return [c for c in out if c != same]
+
+
 def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
                simt_grid: bool = False, mma_grid_all: bool = False, simt_only: bool = False,
                compact_only: bool = False, split_rt: bool = False,
-               small_m_tiles: bool = False, simt_pack: bool = False) -> dict[str, list[dict]]:
+               small_m_tiles: bool = False, simt_pack: bool = False, mma_pack: bool = False) -> dict[str, list[dict]]:
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
     name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
     simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid (with
@@ -137,7 +145,14 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     tensor-core GEMV with mma_variants too.
     small_m_tiles (M > 1): the tensor-core GEMV's defaults on both layouts (cuda_gemv_mma, cuda_gemv_mma/compact)
     against the wgmma GEMM's config without the table's small-M tile family (first) and the family's 16 tiles
-    (kernels.linear.small_m_family_candidates)."""
+    (kernels.linear.small_m_family_candidates).
+    mma_pack (M > 1, with compact_only or the default families): each tensor-core GEMV family's default also with PF
+    and PACK on and off (mma_pack_variants) instead of its other variants."""
+    if mma_pack and m > 1:
+        out = {"cuda_gemv_mma": [entries._gemv_mma_config(p)]}
+        if compact_only:
+            out["cuda_gemv_mma/compact"] = [dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
+        return {label: [c[0], *mma_pack_variants(c[0])] for label, c in out.items()}
     simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
     if small_m_tiles and m > 1:
         on_wg = entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT))
@@ -187,7 +202,8 @@ def plain(cfg: dict) -> dict:
 def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: torch.dtype = torch.float16,
                   mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False,
                   simt_only: bool = False, compact_only: bool = False, split_rt: bool = False,
-                  warm_only: bool = False, small_m_tiles: bool = False, simt_pack: bool = False) -> list[dict]:
+                  warm_only: bool = False, small_m_tiles: bool = False, simt_pack: bool = False,
+                  mma_pack: bool = False) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -213,7 +229,7 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                                               warmup_ms=5, rep_ms=30)
 
         for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only,
-                                        compact_only, split_rt, small_m_tiles, simt_pack).items():
+                                        compact_only, split_rt, small_m_tiles, simt_pack, mma_pack).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
@@ -273,6 +289,9 @@ def main() -> None:
     ap.add_argument("--sms", type=int, default=132, help="SM count of the swept GPU, for the rule (--suggest-simt)")
     ap.add_argument("--simt-pack", action="store_true",
                     help="--simt-only: time each tile also with PACK (zero-point / offset parameters in one register)")
+    ap.add_argument("--mma-pack", action="store_true",
+                    help="M > 1: the tensor-core GEMV's default (with --compact-only on both layouts) with PF and PACK "
+                         "on and off")
     ap.add_argument("--simt-formats", default="",
                     help="--suggest-simt: only these formats' cases (w4z: the zero-point table)")
     ap.add_argument("--simt-shipped", action="store_true",
@@ -322,7 +341,8 @@ def main() -> None:
             try:
                 measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt, args.mma_grid_all,
                               args.simt_only, args.compact_only, args.split_rt_grid, warm_only=True,
-                              small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack)
+                              small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack,
+                              mma_pack=args.mma_pack)
             except Exception:
                 traceback.print_exc()
             torch.cuda.empty_cache()
@@ -351,7 +371,8 @@ def main() -> None:
             try:
                 res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt,
                                      args.mma_grid_all, args.simt_only, args.compact_only, args.split_rt_grid,
-                                     small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack)
+                                     small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack,
+                                     mma_pack=args.mma_pack)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

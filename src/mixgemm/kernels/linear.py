@@ -224,7 +224,7 @@ def _gemv_mma_config(p: Problem) -> dict:
 
     on_wg = p.resident == WGMMA_V1.name
     cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode, 1 if on_wg else None,
-                     _one_wave_max_spill(p))
+                     _one_wave_max_spill(p), _pair_packs(p))
     if on_wg and _compact_m1_simt(p):
         # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
         simt = wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode)
@@ -239,6 +239,12 @@ def _gemv_mma_config(p: Problem) -> dict:
             why += f"; fp16 at M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
         cfg = tuning.SourcedConfig(cfg, why)
     return _past_crossover_note(p, cfg)
+
+
+def _pair_packs(p: Problem) -> bool:
+    """Whether the weight's groups carry a 16-bit zero point / offset beside an fp16 / bf16 scale (the tensor-core
+    GEMV's PACK applies: kernels.cuda.gemv.mma_pf_pack); a problem without its weight object counts as fp16 scales."""
+    return p.mode != "sym" and (p.qw is None or p.qw.scales.dtype != torch.float32)
 
 
 def _one_wave_max_spill(p: Problem) -> float:
@@ -308,6 +314,10 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
         plain = {**base, "EARLY": base.get("EARLY", 0), "RT": base.get("RT", 1)}
         out += [c for c in one_axis_variants(plain, {"EARLY": (0, 1), "RT": (1, 2)}, mma_reduction_fits)
                 if c not in out]
+        if p.m > 1:
+            # double buffering (with the zero point / offset pair in one register), or not (gemv.mma_pf_pack)
+            flip = 1 - base.get("PF", 0)
+            out.append({**base, "PF": flip, "PACK": flip} if p.mode != "sym" else {**base, "PF": flip})
     # the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at its default tile: M = 1 from the GEMM's bytes (a compacted
     # weight's base may already be it)
     if p.m == 1 and not p.act_order:

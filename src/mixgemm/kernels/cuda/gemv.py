@@ -182,6 +182,8 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_RT"] = cfg["RT"]
     if cfg.get("MINB", 0) > 1:  # blocks per SM the registers must allow (gemv_mma.cu MMA_MINB)
         d["MMA_MINB"] = cfg["MINB"]
+    if cfg.get("PACK", 0) and param_pair_packs(mode, scl):
+        d["MMA_PACK"] = 1
     if cfg.get("WG", 0):  # only in the key when set: the gemv_mma_v1 instantiations keep their compile keys
         d["MMA_WG"] = 1
         if cfg.get("G32", 0):
@@ -266,14 +268,14 @@ def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dic
     d = {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode, "SIMT_G32": cfg.get("G32", 0),
          "SIMT_RT": cfg.get("RT", 1), "SIMT_U": cfg["U"], "SIMT_RG": cfg["RG"], "SIMT_KS": cfg["KS"],
          "SIMT_PF": cfg.get("PF", 0)}
-    if cfg.get("PACK", 0) and simt_packs(mode, scl):
+    if cfg.get("PACK", 0) and param_pair_packs(mode, scl):
         d["SIMT_PACK"] = 1
     return d
 
 
-def simt_packs(mode: int, scl: int) -> bool:
-    """Whether a gemv_wg_simt.cu tile's PACK applies: a second 16-bit parameter per group (zero point or offset
-    beside an fp16 / bf16 scale)."""
+def param_pair_packs(mode: int, scl: int) -> bool:
+    """Whether a GEMV config's PACK applies (gemv_wg_simt.cu SIMT_PACK, gemv_mma.cu MMA_PACK): a second 16-bit
+    parameter per group (zero point or offset beside an fp16 / bf16 scale)."""
     return mode != _MODE["sym"] and scl != _SCL[torch.float32]
 
 
@@ -417,9 +419,10 @@ def simt_config(m: int, n: int, k: int, bits: int, x_dtype: torch.dtype, mode: s
 
 
 def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int, mode: str = "sym",
-               wg: int | None = None, one_wave_max_spill: float = 0.0) -> dict:
+               wg: int | None = None, one_wave_max_spill: float = 0.0, pair_packs: bool = False) -> dict:
     """The tensor-core GEMV's config (choose_mma_config, at M 2..8 one_wave_k_split where a GPU's table measured it --
-    ``one_wave_max_spill`` > 0 --, then mma_row_tiles; DEFER off where a k-tile straddles groups) on the layout it
+    ``one_wave_max_spill`` > 0 --, then mma_row_tiles; DEFER off where a k-tile straddles groups; with ``pair_packs``
+    -- a 16-bit zero point / offset beside each fp16 / bf16 scale, param_pair_packs -- mma_pf_pack) on the layout it
     reads: ``wg`` 1 wgmma_v1, 0 gemv_mma_v1, None the bit width's default (MMA_ON_WGMMA)."""
     wg = MMA_ON_WGMMA[bits] if wg is None else wg
     mb = 1 if m <= 8 else 2
@@ -429,7 +432,61 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
     cfg = mma_row_tiles(cfg, m, n, bits, mode, num_sms, mma_k_tiles(bits, k))
     if not defer_ok(group_size, 64 if bits == 4 or wg else 32):
         cfg = {**cfg, "DEFER": 0}
+    if bits == 4 and (mode == "sym" or pair_packs):
+        cfg = mma_pf_pack(cfg, m, n, mma_k_tiles(bits, k), num_sms, pair=mode != "sym")
     return cfg
+
+
+# Where the int4 tensor-core GEMV double buffers (PF) with each group's zero point / offset pair held as the one word
+# it was loaded as (PACK, gemv_mma.cu MMA_PACK). Why the pair: split on arrival, the next step's prefetched parameters
+# stall the warp where they land (PF alone lost on most layers, 1.1-1.5x). Why only where the grid is thin: PF+PACK
+# holds more registers (a 16-warp block 64 -> 86 at M = 16: one block per SM instead of two) and twice the x
+# ring, which pays where the SMs hold few warps and loses where they are full. Source: tools/bench/gemv_dispatch.py
+# --compact-only --mma-pack (W4 g128 zero point, M = 2, 8, 16, both layouts, PF and PACK on and off): H100 all 80
+# model-list layers, H200 31 of >= 4 MiB, the same regions on both:
+# * 16-warp blocks (KS 16) whose grid fits one block per SM, with EARLY: 0.66-0.82x at M = 16 on wgmma_v1, 0.72-0.94x
+#   at M 2..8 on both layouts (past one block per SM 1.13-1.47x; on gemv_mma_v1 at M = 16, without EARLY, 1.03-1.16x);
+# * M 9..16, smaller blocks, deferred scaling (one group per k-tile), a grid of at most MMA_PF_PACK_WARPS_PER_SM warps
+#   per SM (one wave) and a full step per k-slice: 0.81-0.96x on both layouts (27-31 warps per SM: 1.14-1.33x; groups
+#   of 32, two parameter sets a tile: 1.05-1.09x);
+# * wgmma_v1 at M 2..8, smaller blocks, two full steps per k-slice, from MMA_PF_PACK_WIDE_WARPS_PER_SM warps per SM
+#   (several waves): 0.90-0.99x on the H100, 0.92-1.03x on the H200 (few warps per SM: 0.96-1.03x, not taken).
+# Over every measured case the rule's choice took (H100 / H200) 0.948 / 0.962x the time by geometric mean at M 2..8 on
+# wgmma_v1, 0.922 / 0.951x at M = 16, on gemv_mma_v1 0.973 / 0.985x and 0.991 / 0.987x; the worst case it takes is
+# 1.04x (2048x2048 M = 2, 2 us). Offset weights (GGUF q4_1 / Q4_K, groups of 32; H100, same sweep) 0.952 / 0.928 /
+# 0.978 / 0.991x, worst 1.07x (2048x2048).
+# Sym weights (one scale a group, nothing to split: PF alone), H200, same sweep with --formats w4s (80 layers):
+# * 16-warp blocks at one per SM with EARLY, M 2..8: 0.70-0.94x on both layouts (M = 16: 0.95-1.09x, not taken);
+# * gemv_mma_v1, smaller blocks, one wave of at most MMA_PF_PACK_WARPS_PER_SM warps per SM: 0.83-0.90x at M 2..8,
+#   0.86-0.99x at M = 16 (27-31 warps per SM 1.14-1.33x; on wgmma_v1 0.97-1.09x, not taken).
+MMA_PF_PACK_WARPS_PER_SM = 24
+MMA_PF_PACK_WIDE_WARPS_PER_SM = 32
+
+
+def mma_pf_pack(cfg: dict, m: int, n: int, k_tiles: int, num_sms: int, pair: bool = True) -> dict:
+    """cfg with double buffering where the measurements above say it pays (M 2..16, one row tile per warp): with PACK
+    for weights whose groups carry a zero point / offset pair (``pair``), alone for sym weights (one scale a group:
+    nothing to split, so PF alone behaves as PF + PACK does; the sym regions below)."""
+    if m < 2 or cfg.get("RT", 1) != 1:
+        return cfg
+    warps = cfg["KS"] * cfg["RG"]
+    row_tiles = -(-n // 16)
+    blocks = -(-row_tiles // cfg["RG"])
+    full_steps = k_tiles // (cfg["KS"] * cfg["U"])  # whole U-steps per k-slice (what PF overlaps)
+    one_wave = blocks * warps <= MMA_PF_PACK_WARPS_PER_SM * num_sms and full_steps >= 1
+    if not pair:
+        if warps >= 16:
+            pays = m <= 8 and bool(cfg.get("EARLY", 0)) and blocks <= num_sms
+        else:
+            pays = not cfg["WG"] and one_wave
+        return {**cfg, "PF": 1} if pays else cfg
+    if warps >= 16:
+        pays = bool(cfg.get("EARLY", 0)) and blocks <= num_sms
+    elif m > 8:
+        pays = bool(cfg.get("DEFER", 0)) and one_wave
+    else:
+        pays = bool(cfg["WG"]) and full_steps >= 2 and blocks * warps >= MMA_PF_PACK_WIDE_WARPS_PER_SM * num_sms
+    return {**cfg, "PF": 1, "PACK": 1} if pays else cfg
 
 
 # Where the tensor-core GEMV loads its first step's weights before the PDL wait (EARLY) and where a warp takes two row
@@ -630,7 +687,8 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     opts = current_options()  # kernel_options: force "cuda_gemv_mma" / "cuda_gemv", or a config for either
     forced_mma = "cuda_gemv_mma" in opts.force or ("cuda_gemv" not in opts.force and use_mma(x2d.dtype, m))
     if x2d.dtype != torch.float32 and forced_mma:
-        cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count, qw.mode)
+        cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count, qw.mode,
+                         pair_packs=param_pair_packs(_MODE[qw.mode], _SCL[qw.scales.dtype]))
         forced = opts.configs.get("cuda_gemv_mma")
         return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced), perm)
     forced = opts.configs.get("cuda_gemv")

@@ -307,4 +307,8 @@ struct PackedParam {
   __device__ __forceinline__ u32 second_x2() const { return prmt<0x3232>(w, w); }
 };
 
+// Param or PackedParam, as a kernel's PACK define says
+template <bool PACKED, int SCL, int MODE> struct PickParam { typedef Param<SCL, MODE> T; };
+template <int SCL, int MODE> struct PickParam<true, SCL, MODE> { typedef PackedParam<SCL, MODE> T; };
+
 }  // namespace mg

@@ -96,6 +96,12 @@
 #define MMA_G32 0
 #endif
 
+// 1: a zero point's or offset's 16-bit (scale, second) pair stays the one word it was loaded as until the
+// dequantization uses it (gemv_common.cuh PackedParam: split where it lands, a prefetched pair stalls the warp there)
+#ifndef MMA_PACK
+#define MMA_PACK 0
+#endif
+
 #define MMA_THREADS (32 * MMA_RG * MMA_KS)
 // MMA_MINB: blocks per SM the registers must allow (__launch_bounds__' second argument). Why: a 16-warp block of the
 // zero-point kernel at RT 1 takes 74 registers a thread where sym takes 64, which leaves room for one block per SM
@@ -167,7 +173,8 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   constexpr size_t TSTEP = WG ? 8 * 32 * LU : 32;  // uint4 from one k-tile of a row tile to the next
   constexpr int GSTR = WG ? 128 : 1;           // parameter entries from one group of a row to the next
   constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
-  typedef Param<SCL, MODE> P;
+  static_assert(!MMA_PACK || (MODE != 0 && SCL != 2), "MMA_PACK: two 16-bit parameters per group");
+  typedef typename PickParam<MMA_PACK != 0, SCL, MODE>::T P;
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;

@@ -57,9 +57,6 @@
 
 using namespace mg;
 
-template <bool PACKED, int SCL, int MODE> struct PickParam { typedef Param<SCL, MODE> T; };
-template <int SCL, int MODE> struct PickParam<true, SCL, MODE> { typedef PackedParam<SCL, MODE> T; };
-
 extern "C" __global__ void __launch_bounds__(SIMT_THREADS)
 mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
                      const char* __restrict__ params,  // wgmma_v1 parameters
