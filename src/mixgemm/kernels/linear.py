@@ -244,7 +244,9 @@ def _gemv_mma_config(p: Problem) -> dict:
 def _pair_packs(p: Problem) -> bool:
     """Whether the weight's groups carry a 16-bit zero point / offset beside an fp16 / bf16 scale (the tensor-core
     GEMV's PACK applies: kernels.cuda.gemv.mma_pf_pack); a problem without its weight object counts as fp16 scales."""
-    return p.mode != "sym" and (p.qw is None or p.qw.scales.dtype != torch.float32)
+    from mixgemm.kernels.cuda.gemv import weight_pair_packs
+
+    return weight_pair_packs(p.mode, torch.float16 if p.qw is None else p.qw.scales.dtype)
 
 
 def _one_wave_max_spill(p: Problem) -> float:

@@ -279,6 +279,11 @@ def param_pair_packs(mode: int, scl: int) -> bool:
     return mode != _MODE["sym"] and scl != _SCL[torch.float32]
 
 
+def weight_pair_packs(mode: str, scale_dtype: torch.dtype) -> bool:
+    """param_pair_packs for a weight's mode name and scale dtype (mma_config's ``pair_packs``)."""
+    return param_pair_packs(_MODE[mode], _SCL[scale_dtype])
+
+
 def mma_x_smem_bytes(cfg: dict, mb: int) -> int:
     """Dynamic shared memory of the tensor-core GEMV on wgmma_v1 (MMA_WG): each warp's ring of (PF ? 2 : 1) x U
     slots of 8 * mb activation rows x 64 k in fp16 / bf16 (gemv_mma.cu); 0 on gemv_mma_v1."""
@@ -470,8 +475,7 @@ def mma_pf_pack(cfg: dict, m: int, n: int, k_tiles: int, num_sms: int, pair: boo
     if m < 2 or cfg.get("RT", 1) != 1:
         return cfg
     warps = cfg["KS"] * cfg["RG"]
-    row_tiles = -(-n // 16)
-    blocks = -(-row_tiles // cfg["RG"])
+    blocks, _ = _mma_grid(cfg, n, num_sms)
     full_steps = k_tiles // (cfg["KS"] * cfg["U"])  # whole U-steps per k-slice (what PF overlaps)
     one_wave = blocks * warps <= MMA_PF_PACK_WARPS_PER_SM * num_sms and full_steps >= 1
     if not pair:
@@ -688,7 +692,7 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     forced_mma = "cuda_gemv_mma" in opts.force or ("cuda_gemv" not in opts.force and use_mma(x2d.dtype, m))
     if x2d.dtype != torch.float32 and forced_mma:
         cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count, qw.mode,
-                         pair_packs=param_pair_packs(_MODE[qw.mode], _SCL[qw.scales.dtype]))
+                         pair_packs=weight_pair_packs(qw.mode, qw.scales.dtype))
         forced = opts.configs.get("cuda_gemv_mma")
         return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced), perm)
     forced = opts.configs.get("cuda_gemv")
