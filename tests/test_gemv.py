@@ -22,6 +22,7 @@ from mixgemm.kernels.cuda.gemv import (
     m_bucket,
     mma_config,
     mma_defines_for,
+    mma_pf_pack,
     simt_defines_for,
     wave_efficiency,
 )
@@ -324,9 +325,10 @@ def test_mma_pf_pack_rule():
     assert not packed(1, 8192, 1024) and not packed(1, 8192, 1024, wg=1)  # (M = 1 not measured)
 
     # sym weights: PF alone (no pair to pack), 16-warp blocks at one per SM only at M 2..8 (both layouts), smaller
-    # blocks in one wave of at most 24 warps per SM only on gemv_mma_v1 (M 2..16)
-    def pf_sym(m, k, n, wg=0):
-        cfg = mma_config(m, n, k, 4, 128, 132, "sym", wg)
+    # blocks in one wave of at most 24 warps per SM on gemv_mma_v1 (M 2..16), and on wgmma_v1 the zero point's wide
+    # region at M 2..8 up to 96 warps per SM (4096 x 14336: 54 warps per SM, 4 steps a slice)
+    def pf_sym(m, k, n, wg=0, bits=4):
+        cfg = mma_config(m, n, k, bits, 128 if bits == 4 else k, 132, "sym", wg)
         assert "PACK" not in cfg, cfg
         return cfg.get("PF", 0)
 
@@ -334,6 +336,21 @@ def test_mma_pf_pack_rule():
     assert not pf_sym(1, 8192, 1024) and not pf_sym(1, 5120, 5120)
     assert pf_sym(2, 5120, 5120) and pf_sym(16, 5120, 5120) and not pf_sym(2, 5120, 5120, wg=1)
     assert not pf_sym(2, 5120, 7168) and not pf_sym(2, 4096, 4096) and not pf_sym(2, 4096, 14336)
+    assert pf_sym(2, 4096, 14336, wg=1) and pf_sym(8, 4096, 22016, wg=1) and not pf_sym(16, 4096, 14336, wg=1)
+    assert not pf_sym(8, 8192, 28672, wg=1)  # (109 warps per SM: past three waves)
+    assert not pf_sym(2, 5120, 5120, wg=1) and not pf_sym(8, 1536, 8960, wg=1)  # (19 warps per SM; one step a slice)
+    # int8 (per channel, wgmma_v1): 16-warp blocks at one per SM at M 2..8, not past one block per SM nor at M = 16
+    def pf8(m, k, n):
+        return pf_sym(m, k, n, wg=None, bits=8)  # (int8's default layout)
+
+    assert pf8(2, 8192, 1024) and pf8(8, 8192, 1024) and not pf8(16, 8192, 1024)
+    assert not pf8(2, 4096, 4096) and not pf8(2, 4096, 14336)  # (256 blocks; 54 warps per SM)
+    # and 8-warp blocks in one wave of at most 24 warps per SM (an H200 table's tile: 320 blocks, 19 warps per SM) at
+    # M 2..8 only
+    one_wave = {"U": 2, "KS": 8, "RG": 1, "WG": 1, "EARLY": 1, "DEFER": 1}
+    assert mma_pf_pack(one_wave, 2, 5120, 80, 132, pair=False, bits=8)["PF"] == 1
+    assert "PF" not in mma_pf_pack(one_wave, 16, 5120, 80, 132, pair=False, bits=8)
+    assert mma_pf_pack(one_wave, 2, 5120, 80, 132, pair=False, bits=4) == one_wave  # (int4 on wgmma_v1: not there)
 
 
 def test_choose_config_fills_gpu():

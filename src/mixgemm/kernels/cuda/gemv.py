@@ -437,8 +437,8 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
     cfg = mma_row_tiles(cfg, m, n, bits, mode, num_sms, mma_k_tiles(bits, k))
     if not defer_ok(group_size, 64 if bits == 4 or wg else 32):
         cfg = {**cfg, "DEFER": 0}
-    if bits == 4 and (mode == "sym" or pair_packs):
-        cfg = mma_pf_pack(cfg, m, n, mma_k_tiles(bits, k), num_sms, pair=mode != "sym")
+    if mode == "sym" or (bits == 4 and pair_packs):
+        cfg = mma_pf_pack(cfg, m, n, mma_k_tiles(bits, k), num_sms, pair=mode != "sym", bits=bits)
     return cfg
 
 
@@ -460,36 +460,50 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
 # wgmma_v1, 0.922 / 0.951x at M = 16, on gemv_mma_v1 0.973 / 0.985x and 0.991 / 0.987x; the worst case it takes is
 # 1.04x (2048x2048 M = 2, 2 us). Offset weights (GGUF q4_1 / Q4_K, groups of 32; H100, same sweep) 0.952 / 0.928 /
 # 0.978 / 0.991x, worst 1.07x (2048x2048).
-# Sym weights (one scale a group, nothing to split: PF alone), H200, same sweep with --formats w4s (80 layers):
-# * 16-warp blocks at one per SM with EARLY, M 2..8: 0.70-0.94x on both layouts (M = 16: 0.95-1.09x, not taken);
-# * gemv_mma_v1, smaller blocks, one wave of at most MMA_PF_PACK_WARPS_PER_SM warps per SM: 0.83-0.90x at M 2..8,
-#   0.86-0.99x at M = 16 (27-31 warps per SM 1.14-1.33x; on wgmma_v1 0.97-1.09x, not taken).
+# Sym weights (one scale a group, nothing to split: PF alone), same sweep with --formats w4s,w8 (80 layers, H200 and
+# H100, geometric mean H100 / H200, range over both):
+# * 16-warp blocks at one per SM with EARLY, M 2..8, both layouts: int4 0.80-0.85x / 0.78-0.84x (0.68-1.02x), int8
+#   (wgmma_v1) 0.88-0.90x / 0.84-0.87x (0.69-1.00x); M = 16 0.93-1.17x, not taken;
+# * int4 on gemv_mma_v1 (M 2..16) and int8 (M 2..8), smaller blocks, one wave of at most MMA_PF_PACK_WARPS_PER_SM
+#   warps per SM: int4 0.85x / 0.85x at M 2..8 and 0.92x / 0.94x at M = 16 (0.81-0.99x), int8 0.92x on the H200
+#   (0.85-0.97x; no H100 layer's default lands there); int4 on wgmma_v1 0.97-1.09x, not taken; 27-31 warps per SM
+#   1.03-1.33x;
+# * int4 on wgmma_v1 at M 2..8, the zero point's wide region (two full steps a slice, from
+#   MMA_PF_PACK_WIDE_WARPS_PER_SM warps per SM) up to MMA_PF_SYM_WIDE_MAX_WARPS_PER_SM, three waves of the 32 warps
+#   an SM holds: 0.88-0.98x on the H100 and 0.88-0.998x on the H200 (35-83 warps per SM, 15 layers at M 2 and 8). Deeper
+#   grids hide the latency with other warps' loads and lose the registers PF holds: 0.94-0.99x on the H100 but
+#   0.95-1.065x on the H200 (105-279 warps per SM; `mixgemm bench` 8192x57344 M = 8 84.5 -> 91.8 us). int8 there
+#   0.98x / 0.99x (up to 1.09x), not taken.
 MMA_PF_PACK_WARPS_PER_SM = 24
 MMA_PF_PACK_WIDE_WARPS_PER_SM = 32
+MMA_PF_SYM_WIDE_MAX_WARPS_PER_SM = 96
 
 
-def mma_pf_pack(cfg: dict, m: int, n: int, k_tiles: int, num_sms: int, pair: bool = True) -> dict:
+def mma_pf_pack(cfg: dict, m: int, n: int, k_tiles: int, num_sms: int, pair: bool = True, bits: int = 4) -> dict:
     """cfg with double buffering where the measurements above say it pays (M 2..16, one row tile per warp): with PACK
-    for weights whose groups carry a zero point / offset pair (``pair``), alone for sym weights (one scale a group:
-    nothing to split, so PF alone behaves as PF + PACK does; the sym regions below)."""
+    for int4 weights whose groups carry a zero point / offset pair (``pair``), alone for sym weights (one scale a
+    group: nothing to split, so PF alone behaves as PF + PACK does; the sym regions below, int4 and int8)."""
     if m < 2 or cfg.get("RT", 1) != 1:
         return cfg
     warps = cfg["KS"] * cfg["RG"]
     blocks, _ = _mma_grid(cfg, n, num_sms)
     full_steps = k_tiles // (cfg["KS"] * cfg["U"])  # whole U-steps per k-slice (what PF overlaps)
     one_wave = blocks * warps <= MMA_PF_PACK_WARPS_PER_SM * num_sms and full_steps >= 1
+    wide = full_steps >= 2 and blocks * warps >= MMA_PF_PACK_WIDE_WARPS_PER_SM * num_sms
     if not pair:
         if warps >= 16:
             pays = m <= 8 and bool(cfg.get("EARLY", 0)) and blocks <= num_sms
+        elif cfg["WG"] and bits == 4:
+            pays = m <= 8 and wide and blocks * warps <= MMA_PF_SYM_WIDE_MAX_WARPS_PER_SM * num_sms
         else:
-            pays = not cfg["WG"] and one_wave
+            pays = one_wave and (bits == 4 or m <= 8)
         return {**cfg, "PF": 1} if pays else cfg
     if warps >= 16:
         pays = bool(cfg.get("EARLY", 0)) and blocks <= num_sms
     elif m > 8:
         pays = bool(cfg.get("DEFER", 0)) and one_wave
     else:
-        pays = bool(cfg["WG"]) and full_steps >= 2 and blocks * warps >= MMA_PF_PACK_WIDE_WARPS_PER_SM * num_sms
+        pays = bool(cfg["WG"]) and wide
     return {**cfg, "PF": 1, "PACK": 1} if pays else cfg
 
 
