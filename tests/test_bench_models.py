@@ -144,6 +144,43 @@ def test_cli_model_on_cpu_names_the_layers(tmp_path, capsys):
     assert len(merged["meta"]["runs"]) == 2 and merged["layers"] == data["layers"]
 
 
+def test_cli_fold_puts_a_part_measured_apart_into_the_file(tmp_path, capsys):
+    """--fold: a run on another machine (its own OUT) re-measured some cases; folding its file into the committed one
+    replaces those cases, keeps the rest, drops from "not run" the shapes the file holds, and renders the Markdown."""
+    cfg = _write(tmp_path, TINY, "tiny")
+    argv = ["bench", "--device", "cpu", "--model", str(cfg), "--methods", f"mixgemm W4A16 g128,{BASELINE_CPU}",
+            "--no-progress", "-m", "1"]
+    out, apart = tmp_path / "out", tmp_path / "apart"
+    assert mixgemm_main(argv + ["--out", str(out)]) == 0
+    assert mixgemm_main(argv + ["2", "--out", str(apart)]) == 0  # M 1 again and M 2, elsewhere
+    part_path = apart / "cpu" / "model-tiny.json"
+    part = json.loads(part_path.read_text())
+    part["meta"]["not_run"] = ["128x128", "999x999"]  # as a time budget would list them: one held, one not
+    part_path.write_text(json.dumps(part))
+    before = json.loads((out / "cpu" / "model-tiny.json").read_text())
+    assert mixgemm_main(["bench", "--fold", str(part_path), "--out", str(out)]) == 0
+    assert "folded" in capsys.readouterr().out
+    merged = json.loads((out / "cpu" / "model-tiny.json").read_text())
+    key = lambda r: (r["K"], r["N"], r["M"], r["method"])  # noqa: E731
+    assert sorted(map(key, merged["results"])) == sorted(map(key, part["results"]))  # M 1 replaced, M 2 added
+    assert {key(r): r["time_us"] for r in merged["results"]} == {key(r): r["time_us"] for r in part["results"]}
+    assert len(before["results"]) == len(merged["results"]) // 2
+    assert merged["meta"]["not_run"] == ["999x999"] and len(merged["meta"]["runs"]) == 2
+    assert "| 128x256 | qkv (fused), gate_proj, up_proj | 2 |" in (out / "cpu" / "model-tiny.md").read_text()
+    # errors name the problem: no file to fold into, not a results file, another device's results
+    assert mixgemm_main(["bench", "--fold", str(part_path), "--out", str(tmp_path / "empty")]) == 2
+    assert "no " in capsys.readouterr().err
+    (tmp_path / "x.json").write_text("[1, 2]")
+    assert mixgemm_main(["bench", "--fold", str(tmp_path / "x.json"), "--out", str(out)]) == 2
+    assert "not a `mixgemm bench` results file" in capsys.readouterr().err
+    other = dict(part, meta={**part["meta"], "gpu": "NVIDIA H100 80GB HBM3"})
+    (out / "h100").mkdir()
+    (out / "h100" / "model-tiny.json").write_text(json.dumps(before))  # a CPU run's file under the H100's folder
+    (tmp_path / "model-tiny.json").write_text(json.dumps(other))
+    assert mixgemm_main(["bench", "--fold", str(tmp_path / "model-tiny.json"), "--out", str(out)]) == 2
+    assert "holds results of" in capsys.readouterr().err
+
+
 def test_cli_model_errors(tmp_path, capsys):
     bad = _write(tmp_path, {"hidden_size": 64, "num_attention_heads": 4})
     assert mixgemm_main(["bench", "--device", "cpu", "--model", str(bad), "--out", str(tmp_path)]) == 2

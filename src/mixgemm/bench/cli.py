@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merge", action="store_true",
                    help="merge into OUT/<gpu>/<suite>.json: skip shapes whose cases it already holds, replace the "
                         "cases this run measures, keep the rest (split a long run: --m 1,16 then --m 256,...)")
+    p.add_argument("--fold", default=None, metavar="PART_JSON",
+                   help="no timing: fold a results file measured apart (e.g. OUT/<gpu>/<suite>.json of a run on "
+                        "another machine) into OUT/<gpu>/<suite>.json, its cases replacing the same cases, and "
+                        "render the Markdown (with --out benchmarks/results: re-measured rows into the committed file)")
     p.add_argument("--read-ceiling-pct", type=float, default=None, metavar="PCT",
                    help="measured no-math read ceiling in %% of the copy bandwidth (e.g. 89 on the H200): the big "
                         "layers' decode bar becomes min(85%%, 92%% of it)")
@@ -225,6 +229,23 @@ def _call_overhead(args: argparse.Namespace, shapes, ms) -> int:
     return 0
 
 
+def _fold(args) -> int:
+    """--fold: the part's cases into the results file of its GPU and suite, rendered (merge.fold); a model run's
+    acceptance view with --read-ceiling-pct's read ceiling where given."""
+    try:
+        data, prefix = merge.fold(args.fold, args.out, args.suite)
+    except ValueError as e:
+        print(f"mixgemm bench: error: {e}", file=sys.stderr)
+        return 2
+    if data.get("accept") is not None:
+        if args.read_ceiling_pct is not None:
+            data["accept"] = {"read_ceiling_pct": args.read_ceiling_pct}
+        print(accept.to_markdown(data, read_ceiling_pct=data["accept"]["read_ceiling_pct"]))
+    paths = output.write_all(data, prefix, args.plot, csv_too=args.csv)
+    print(f"folded {args.fold} into {', '.join(paths)}")
+    return 0
+
+
 def read_ceiling_pct(given: float | None, previous: dict | None) -> float | None:
     """The read ceiling a --model run's acceptance view uses: --read-ceiling-pct, else (a --merge into a file measured
     against one) the file's own, so that a partial re-run does not drop the bar the file was judged by."""
@@ -249,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"mixgemm bench: error: {e}", file=sys.stderr)
         return 2
+    if args.fold:
+        return _fold(args)
     if args.list_models:
         for m in models.catalog().values():
             layers = ", ".join(f"{lay.name} {lay.k}x{lay.n}" for lay in models.linear_layers(m))

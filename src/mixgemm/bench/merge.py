@@ -61,6 +61,13 @@ def combine(previous: dict, part: dict) -> dict:
     results = [r for r in previous["results"] if _key(r) not in new_keys] + list(part["results"])
     runs = list(previous["meta"].get("runs") or [_run_summary(previous["meta"], previous.get("ceilings"))])
     meta = {**part["meta"], "runs": runs + [_run_summary(part["meta"], part.get("ceilings"))]}
+    # a shape the part's time budget left out is missing only if no run holds it (a part measured apart from the
+    # file, then folded in, lists shapes the file already has)
+    held = {r.get("layer") or f"{r['K']}x{r['N']}" for r in results}
+    left = [s for s in meta.get("not_run") or [] if s not in held]
+    meta.pop("not_run", None)
+    if left:
+        meta["not_run"] = left
     out = {**previous, **part, "meta": meta, "results": results}
     if previous.get("layers") or part.get("layers"):
         out["layers"] = {**(previous.get("layers") or {}), **(part.get("layers") or {})}
@@ -68,3 +75,34 @@ def combine(previous: dict, part: dict) -> dict:
     if names:
         out["methods"] = list(names.values())
     return out
+
+
+def fold(part_path: str, out_dir: str, suite: str | None = None) -> tuple[dict, str]:
+    """(the merged data, its path prefix): a results file measured apart (another run's OUT/<gpu>/<suite>.json) folded
+    into OUT/<gpu>/<suite>.json, its cases replacing the same (K, N, M, method) cases (combine). The suite is the
+    part's file name unless given; the GPU its own meta's. Refuses a file that is not a results file or another GPU's
+    results."""
+    try:
+        with open(part_path) as f:
+            part = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--fold: cannot read {part_path} ({e})") from None
+    if not (isinstance(part, dict) and isinstance(part.get("meta"), dict) and isinstance(part.get("results"), list)):
+        raise ValueError(f"--fold: {part_path} is not a `mixgemm bench` results file")
+    from mixgemm.bench import protocol
+
+    gpu = part["meta"].get("gpu") or "cpu"
+    suite = suite or os.path.splitext(os.path.basename(part_path))[0]
+    prefix = os.path.join(out_dir, protocol.gpu_dir(gpu), suite)
+    previous = load(prefix + ".json", "cpu" if gpu.startswith("CPU") else gpu)
+    if previous is None:
+        raise ValueError(f"--fold: no {prefix}.json to fold {part_path} into")
+    data = combine(previous, part)
+    if previous.get("accept") is not None or part.get("accept") is not None:
+        # a model run's acceptance view: the part's read ceiling, else the file's (as --merge keeps it)
+        pct = (part.get("accept") or {}).get("read_ceiling_pct")
+        if pct is None:
+            pct = (previous.get("accept") or {}).get("read_ceiling_pct")
+        data["accept"] = {"read_ceiling_pct": pct}
+    return data, prefix
+
