@@ -1,4 +1,4 @@
-"""Splitting a long run and merging its parts into one results file per GPU (`mixgemm bench --merge`).
+"""Splitting a long run and merging its parts into one results file per GPU (`mixgemm bench --merge`, `--fold`).
 
 A part replaces the cases (K, N, M, method) it measures and keeps the others; a shape is measured whole within
 one run (every method at each of its M), so each speedup still compares two timings of the same run.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+
+from mixgemm.bench import protocol
 
 RUN_FIELDS = ("date_utc", "argv", "wall_s", "torch", "triton", "driver", "clocks_after")
 
@@ -89,12 +91,10 @@ def fold(part_path: str, out_dir: str, suite: str | None = None) -> tuple[dict, 
         raise ValueError(f"--fold: cannot read {part_path} ({e})") from None
     if not (isinstance(part, dict) and isinstance(part.get("meta"), dict) and isinstance(part.get("results"), list)):
         raise ValueError(f"--fold: {part_path} is not a `mixgemm bench` results file")
-    from mixgemm.bench import protocol
-
     gpu = part["meta"].get("gpu") or "cpu"
     suite = suite or os.path.splitext(os.path.basename(part_path))[0]
     prefix = os.path.join(out_dir, protocol.gpu_dir(gpu), suite)
-    previous = load(prefix + ".json", "cpu" if gpu.startswith("CPU") else gpu)
+    previous = load(prefix + ".json", gpu)
     if previous is None:
         raise ValueError(f"--fold: no {prefix}.json to fold {part_path} into")
     data = combine(previous, part)
@@ -105,4 +105,3 @@ def fold(part_path: str, out_dir: str, suite: str | None = None) -> tuple[dict, 
             pct = (previous.get("accept") or {}).get("read_ceiling_pct")
         data["accept"] = {"read_ceiling_pct": pct}
     return data, prefix
-

@@ -493,10 +493,12 @@ def mma_pf_pack(cfg: dict, m: int, n: int, k_tiles: int, num_sms: int, pair: boo
     if not pair:
         if warps >= 16:
             pays = m <= 8 and bool(cfg.get("EARLY", 0)) and blocks <= num_sms
-        elif cfg["WG"] and bits == 4:
+        elif bits == 8:  # (int8 reads wgmma_v1, MMA_ON_WGMMA)
+            pays = m <= 8 and bool(cfg["WG"]) and one_wave
+        elif cfg["WG"]:
             pays = m <= 8 and wide and blocks * warps <= MMA_PF_SYM_WIDE_MAX_WARPS_PER_SM * num_sms
         else:
-            pays = one_wave and (bits == 4 or m <= 8)
+            pays = one_wave
         return {**cfg, "PF": 1} if pays else cfg
     if warps >= 16:
         pays = bool(cfg.get("EARLY", 0)) and blocks <= num_sms
