@@ -347,11 +347,11 @@ WG_SIMT_M1 = {"H100": H100_WG_SIMT, "H200": H200_WG_SIMT}
 # Zero-point weights (what GPTQ / AWQ checkpoints load as), looked up before the tables above: H100, M = 1, fp16
 # activations, tools/bench/gemv_dispatch.py --simt-only --simt-pack --formats w4z over the 80 model-list layers (each
 # tile of the grid with and without PACK, 2026-11-26), the entries printed by --suggest-simt --simt-formats w4z
-# --simt-shipped --simt-worst 1.02: kept where the bucket's fastest common tile took <= 0.97x the time of today's pick
-# (the tables above or the rule, PACK as PF says: kernels.cuda.gemv.wg_simt_packs) by geometric mean and at most 1.02x
-# on each of its layers. 13 buckets; us today -> tile, same run: 4096x28672 28.26 -> 25.83, 3584x28672 25.64 -> 23.33,
-# 17920x5120 23.52 -> 22.87, 5120x15360 19.70 -> 18.94, 3072x16384 12.00 -> 11.62, 4608x8192 9.67 -> 9.20, 896x4864
-# 3.65 -> 3.35. The tuple's last field is PACK.
+# --simt-shipped --simt-worst 1.02: kept where the bucket's fastest common tile took <= 0.97x the time of the pick
+# without this table (the tables above or the rule, PACK as PF says: kernels.cuda.gemv.wg_simt_packs) by geometric
+# mean and at most 1.02x on each of its layers. 13 buckets; us, that pick -> the tile, same run: 4096x28672 28.26 ->
+# 25.83, 3584x28672 25.64 -> 23.33, 17920x5120 23.52 -> 22.87, 5120x15360 19.70 -> 18.94, 3072x16384 12.00 -> 11.62,
+# 4608x8192 9.67 -> 9.20, 896x4864 3.65 -> 3.35. The tuple's last field is PACK.
 _WG_SIMT_ZP_SOURCE = ("tools/bench/gemv_dispatch.py --simt-only --simt-pack --formats w4z on the H100, the 80 "
                       "model-list layers (M = 1, fp16 activations; gemv_wg_simt.cu grid with and without PACK)")
 H100_WG_SIMT_ZP = _entries(_WG_SIMT_ZP_SOURCE, [

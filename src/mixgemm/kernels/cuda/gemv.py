@@ -490,9 +490,10 @@ def mma_pf_pack(cfg: dict, m: int, n: int, k_tiles: int, num_sms: int, pair: boo
     full_steps = k_tiles // (cfg["KS"] * cfg["U"])  # whole U-steps per k-slice (what PF overlaps)
     one_wave = blocks * warps <= MMA_PF_PACK_WARPS_PER_SM * num_sms and full_steps >= 1
     wide = full_steps >= 2 and blocks * warps >= MMA_PF_PACK_WIDE_WARPS_PER_SM * num_sms
+    early_one_per_sm = bool(cfg.get("EARLY", 0)) and blocks <= num_sms  # (the 16-warp region, both weight kinds)
     if not pair:
         if warps >= 16:
-            pays = m <= 8 and bool(cfg.get("EARLY", 0)) and blocks <= num_sms
+            pays = m <= 8 and early_one_per_sm
         elif bits == 8:  # (int8 reads wgmma_v1, MMA_ON_WGMMA)
             pays = m <= 8 and bool(cfg["WG"]) and one_wave
         elif cfg["WG"]:
@@ -501,7 +502,7 @@ def mma_pf_pack(cfg: dict, m: int, n: int, k_tiles: int, num_sms: int, pair: boo
             pays = one_wave
         return {**cfg, "PF": 1} if pays else cfg
     if warps >= 16:
-        pays = bool(cfg.get("EARLY", 0)) and blocks <= num_sms
+        pays = early_one_per_sm
     elif m > 8:
         pays = bool(cfg.get("DEFER", 0)) and one_wave
     else:
