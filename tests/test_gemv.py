@@ -101,13 +101,12 @@ def test_nvrtc_compiles_mma_instantiations(arch):
     # on wgmma_v1 (WG), groups of 32 too
     for bits, act, mb in itertools.product(BITS, (0, 1), (1, 2)):
         cfg = {**choose_mma_config(mb, 4096, 64, 132, bits), "WG": 1}
-        for extra in ({"G32": 0}, {"G32": 1, "DEFER": 0}, {"G32": 0, "XT": 1, "MODE": 0}, {"G32": 0, "XT": 1}):
+        for extra in ({"G32": 0}, {"G32": 1, "DEFER": 0}):
             mode = extra.pop("MODE", 1)
             keys.add(tuple(sorted(mma_defines_for(bits, act, 0, mode, mb, {**cfg, **extra}).items())))
     # several row tiles per warp, the first weights before the PDL wait, double buffering; both layouts
     for i, (bits, wg, rt) in enumerate(itertools.product(BITS, (0, 1), (2, 4))):
-        cfg = {**choose_mma_config(2, 4096, 64, 132, bits), "WG": wg, "RT": rt, "EARLY": 1, "PF": i % 2,
-               "XT": wg * (i // 2 % 2)}
+        cfg = {**choose_mma_config(2, 4096, 64, 132, bits), "WG": wg, "RT": rt, "EARLY": 1, "PF": i % 2}
         cfg["KS"] = min(cfg["KS"], 32 // rt)  # (the k-slice reduction's 1 KiB per slice and tile: <= 32 KiB)
         keys.add(tuple(sorted(mma_defines_for(bits, i % 2, 0, i % 3, 1 + i % 2, cfg).items())))
     for key in sorted(keys):
@@ -571,21 +570,6 @@ def test_gemv_mma_row_tiles(wg, ks, u, rt, pf, early, minb, bits, mode, act):
     cfg = {"WG": wg, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "EARLY": early, "MINB": minb}
     with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": cfg}):
         _check_every_group(bits, mode, act, (2, 9, 16), (16,), 15, f"'RT': {rt}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("ks,u,rt,pf,early", [(8, 1, 1, 1, 1), (4, 2, 2, 1, 1), (16, 2, 1, 0, 1), (16, 2, 2, 0, 1),
-                                              (2, 2, 4, 1, 0), (8, 2, 1, 1, 0)])
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
-@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
-def test_gemv_mma_xt(ks, u, rt, pf, early, bits, mode, act):
-    """The tensor-core GEMV on wgmma_v1 reading x directly, its weight words re-dealt over each row's lanes (MMA_XT;
-    groups of 32 keep the ring): every group size, row tiles past the last one, partial k-slices, M = 1, 2, 9 and 16,
-    bias + relu6, and x + 3 on a long K."""
-    cfg = {"WG": 1, "XT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "EARLY": early}
-    with kernel_options(force=FORCE["mma"], configs={"cuda_gemv_mma": cfg}):
-        _check_every_group(bits, mode, act, (1, 2, 9, 16), (1, 16), 23, "'XT': 1")
 
 
 @pytest.mark.gpu

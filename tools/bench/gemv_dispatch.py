@@ -195,15 +195,6 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     return {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *near], "cuda_wgmma": wg}
 
 
-def with_xt(cands: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """cands plus cuda_gemv_mma/xt: each tensor-core config on wgmma_v1 of the compacted weight's family again with x
-    read directly (gemv_mma.cu MMA_XT) instead of through the shared-memory ring, and cuda_gemv_mma/xtm: the same with
-    the registers capped for 32 resident warps per SM (MINB: 64 a thread)."""
-    xt = [{**c, "XT": 1} for c in cands.get("cuda_gemv_mma/compact", []) if c.get("WG") and not c.get("SIMT")]
-    xtm = [{**c, "MINB": 32 // (c["KS"] * c["RG"])} for c in xt if c["KS"] * c["RG"] in (8, 16)]
-    return {**cands, "cuda_gemv_mma/xt": xt, "cuda_gemv_mma/xtm": xtm} if xt else cands
-
-
 def plain(cfg: dict) -> dict:
     return {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in cfg.items()}
 
@@ -212,7 +203,7 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                   mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False,
                   simt_only: bool = False, compact_only: bool = False, split_rt: bool = False,
                   warm_only: bool = False, small_m_tiles: bool = False, simt_pack: bool = False,
-                  mma_pack: bool = False, xt: bool = False) -> list[dict]:
+                  mma_pack: bool = False) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -237,9 +228,8 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                 return protocol.graph_time_us([lambda q=q: mixgemm.matmul(x, q) for q in weights],
                                               warmup_ms=5, rep_ms=30)
 
-        cands = candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only, compact_only, split_rt,
-                           small_m_tiles, simt_pack, mma_pack)
-        for label, cfgs in (with_xt(cands) if xt else cands).items():
+        for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only,
+                                        compact_only, split_rt, small_m_tiles, simt_pack, mma_pack).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
@@ -299,8 +289,6 @@ def main() -> None:
     ap.add_argument("--sms", type=int, default=132, help="SM count of the swept GPU, for the rule (--suggest-simt)")
     ap.add_argument("--simt-pack", action="store_true",
                     help="--simt-only: time each tile also with PACK (zero-point / offset parameters in one register)")
-    ap.add_argument("--xt", action="store_true",
-                    help="with --compact-only: each tensor-core config on wgmma_v1 also with MMA_XT (x read directly)")
     ap.add_argument("--mma-pack", action="store_true",
                     help="M > 1: the tensor-core GEMV's default (with --compact-only on both layouts) with PF and PACK "
                          "on and off")
@@ -354,7 +342,7 @@ def main() -> None:
                 measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt, args.mma_grid_all,
                               args.simt_only, args.compact_only, args.split_rt_grid, warm_only=True,
                               small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack,
-                              mma_pack=args.mma_pack, xt=args.xt)
+                              mma_pack=args.mma_pack)
             except Exception:
                 traceback.print_exc()
             torch.cuda.empty_cache()
@@ -384,7 +372,7 @@ def main() -> None:
                 res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt,
                                      args.mma_grid_all, args.simt_only, args.compact_only, args.split_rt_grid,
                                      small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack,
-                                     mma_pack=args.mma_pack, xt=args.xt)
+                                     mma_pack=args.mma_pack)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

@@ -188,8 +188,6 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_WG"] = 1
         if cfg.get("G32", 0):
             d["MMA_G32"] = 1
-        if cfg.get("XT", 0):  # x read directly, the weights re-dealt (gemv_mma.cu MMA_XT)
-            d["MMA_XT"] = 1
     return d
 
 
@@ -289,7 +287,7 @@ def weight_pair_packs(mode: str, scale_dtype: torch.dtype) -> bool:
 def mma_x_smem_bytes(cfg: dict, mb: int) -> int:
     """Dynamic shared memory of the tensor-core GEMV on wgmma_v1 (MMA_WG): each warp's ring of (PF ? 2 : 1) x U
     slots of 8 * mb activation rows x 64 k in fp16 / bf16 (gemv_mma.cu); 0 on gemv_mma_v1."""
-    if not cfg.get("WG", 0) or cfg.get("XT", 0):
+    if not cfg.get("WG", 0):
         return 0
     return cfg["RG"] * cfg["KS"] * (2 if cfg.get("PF", 0) else 1) * cfg["U"] * 8 * mb * 64 * 2
 
@@ -810,8 +808,6 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     simt = bool(cfg.get("SIMT", 0)) and wg and m == 1 and not act_order
     if wg:
         cfg = {**cfg, "G32": int(lay.group_size == 32)}
-        # XT reads x without the ring where each 64-k tile has one parameter set and x is read in order
-        cfg["XT"] = int(bool(cfg.get("XT", 0)) and not cfg["G32"] and not act_order)
     codes = (qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode])
     nt = -(-n // 16)
     if simt:  # CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): one x row without a gather

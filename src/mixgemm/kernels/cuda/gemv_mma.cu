@@ -36,12 +36,6 @@
 // 21%; kernels/cuda/gemv.py MMA_ON_WGMMA). M = 1 on wgmma_v1 runs on CUDA cores (gemv_wg_simt.cu). The ring's cost is
 // its instructions, not shared-memory bandwidth (ncu): B fragments by warp shuffles (a 4 x 4 word transpose over a
 // row's lanes) measured the same, and x gathered once per call into B-fragment order by one more launch was slower.
-// MMA_XT 1 (on wgmma_v1, groups >= 64, no act-order) drops the ring: each row's four lanes re-deal their weight words
-// (a 4 x 4 transpose in two shfl.xor rounds, xt_transpose), after which lane t holds step t's words of all four lanes,
-// that is rows g / g + 8 at k 16 t + 2 s' + (0, 1, 8, 9) in its step s': the 16 contiguous k at which it loads x from
-// global memory itself, as on gemv_mma_v1 (two uint4 a row). Why: at M = 16 a tile's x is four times its int4 bytes,
-// so the permutation is cheaper on the weight side (four shuffles per 16 weight bytes) than on the x side (a ring copy
-// and an ldmatrix per 16 x bytes, or the shuffle transpose of x above).
 
 #include "mma_frag.cuh"
 
@@ -101,9 +95,6 @@
 #ifndef MMA_G32
 #define MMA_G32 0
 #endif
-#ifndef MMA_XT
-#define MMA_XT 0
-#endif
 
 // 1: a zero point's or offset's 16-bit (scale, second) pair stays the one word it was loaded as until the
 // dequantization uses it (gemv_common.cuh PackedParam: split where it lands, a prefetched pair stalls the warp there)
@@ -155,27 +146,6 @@ __device__ __forceinline__ void ldmatrix_x4(u32 a, u32& r0, u32& r1, u32& r2, u3
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
 }
 
-// XT: element s of a lane's tile words (words LU s .. LU s + LU - 1: step s, a_frag_step's order) transposed over the
-// four lanes t of a row, so that afterwards lane t's element s is lane s's element t (two butterfly rounds)
-template <int LU>
-__device__ __forceinline__ void xt_transpose(u32 (&w)[4 * LU], int t) {
-  const bool b1 = (t & 2) != 0, b0 = (t & 1) != 0;
-#pragma unroll
-  for (int p = 0; p < LU; ++p) {
-    u32 &e0 = w[p], &e1 = w[LU + p], &e2 = w[2 * LU + p], &e3 = w[3 * LU + p];
-    u32 s0 = b1 ? e0 : e2, s1 = b1 ? e1 : e3;  // the 2 x 2 blocks off the diagonal change lanes t ^ 2
-    s0 = __shfl_xor_sync(0xffffffffu, s0, 2);
-    s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (b1) e0 = s0, e1 = s1;
-    else e2 = s0, e3 = s1;
-    u32 r0 = b0 ? e0 : e1, r1 = b0 ? e2 : e3;  // then the elements off each block's diagonal, lanes t ^ 1
-    r0 = __shfl_xor_sync(0xffffffffu, r0, 1);
-    r1 = __shfl_xor_sync(0xffffffffu, r1, 1);
-    if (b0) e0 = r0, e2 = r1;
-    else e1 = r0, e3 = r1;
-  }
-}
-
 }  // namespace mgm
 
 using namespace mgm;
@@ -194,14 +164,11 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   constexpr int BITS = MMA_BITS, ACT = MMA_ACT, SCL = MMA_SCL, MODE = MMA_MODE;
   constexpr int MB = MMA_MB, U = MMA_U, RG = MMA_RG, KS = MMA_KS, RT = MMA_RT;
   constexpr bool WG = MMA_WG != 0;
-  constexpr bool XT = WG && MMA_XT != 0;  // wgmma_v1 with x read directly (weights re-dealt)
-  constexpr bool RING = WG && !XT;         // wgmma_v1 with x through the shared-memory ring
-  static_assert(!MMA_XT || (MMA_WG && !MMA_G32 && !MMA_PERM), "MMA_XT: wgmma_v1, one group a tile, no act-order");
   constexpr int KT = (WG || BITS == 4) ? 64 : 32, KL = KT / 4;
   constexpr int LU = KT * BITS / 256;          // uint4 of weights per lane and tile (int8 on wgmma_v1: 2)
   constexpr int STEPS = KT / 16;               // k16 mma steps per tile
   constexpr int NP = WG && MMA_G32 ? 2 : 1;    // parameter sets per tile (groups of 32 in a 64-k tile)
-  constexpr int XV = RING ? 1 : KL * 2 / 16;   // uint4 of activations per lane, tile and B block (not the ring)
+  constexpr int XV = WG ? 1 : KL * 2 / 16;     // uint4 of activations per lane, tile and B block (gemv_mma_v1)
   constexpr int XR = 8 * MB;                   // activation rows a tile's B fragments cover
   constexpr size_t TSTEP = WG ? 8 * 32 * LU : 32;  // uint4 from one k-tile of a row tile to the next
   constexpr int GSTR = WG ? 128 : 1;           // parameter entries from one group of a row to the next
@@ -229,7 +196,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
 #pragma unroll
   for (int b = 0; b < MB; ++b) xrow[b] = X + (size_t)min(g + 8 * b, Mr - 1) * ldx4 + (MMA_PERM ? 0 : t * XV);
   const int xrows = min(Mr, XR);  // activation rows copied (the ring); B columns past them read the last one
-#if MMA_WG && !MMA_XT
+#if MMA_WG
   // this warp's ring: (MMA_PF ? 2 : 1) x U slots of XR rows x 64 k (8 uint4 per row, swizzled by row)
   extern __shared__ uint4 xsm[];
   constexpr int SLOTS = (MMA_PF ? 2 : 1) * U;
@@ -271,7 +238,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
       ld_perm(perm, kt * KT + 8 * j, pk);
       dst[r * 8 + (j ^ (r & 7))] = gather_x((const char*)(X + (size_t)r * ldx4), pk);
     }
-#elif MMA_WG && !MMA_XT
+#elif MMA_WG
     const u32 dst = ring_s + slot * SLOT_BYTES;
     if (RT == 1) {
       const int src = xsrc + kt * 8;
@@ -307,11 +274,11 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   // a step's activations (the previous kernel's output: only after pdl_wait())
   auto load_x = [&](auto& xv, int kt0, int buf) {
     constexpr int UU = sizeof(xv) / sizeof(xv[0]);
-    if (RING) __syncwarp();  // every lane is done reading the ring slots this step refills
+    if (WG) __syncwarp();  // every lane is done reading the ring slots this step refills
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
       const int kt = kt0 + u * KS;
-      if (RING) {
+      if (WG) {
         stage_x(buf * U + u, kt);
         continue;
       }
@@ -331,7 +298,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
         for (int v = 0; v < XV; ++v) xv[u][b][v] = ld_x(xrow[b] + (size_t)kt * (KT * 2 / 16) + v);
 #endif
     }
-    if (RING) asm volatile("cp.async.commit_group;" ::: "memory");
+    if (WG) asm volatile("cp.async.commit_group;" ::: "memory");
   };
   // all loads of a step together: UU weight tiles in flight per lane, activations alongside
   auto load = [&](auto& wv, auto& p0, auto& p1, auto& xv, int kt0, int buf) {
@@ -352,7 +319,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   // pending: cp.async groups issued after this step's that may stay in flight (the ring)
   auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv, int buf, bool pending) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
-    if (RING) {
+    if (WG) {
       if (pending) asm volatile("cp.async.wait_group 1;" ::: "memory");
       else asm volatile("cp.async.wait_group 0;" ::: "memory");
       __syncwarp();  // the other lanes' pieces (and act-order's plain stores) are visible
@@ -360,7 +327,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
       u32 xw[MB][8];  // B fragments: word 2 s = b0 of step s, 2 s + 1 = b1
-#if MMA_WG && !MMA_XT
+#if MMA_WG
       {
         // ldmatrix.x4 h: lanes 8 q .. 8 q + 7 address row (lane & 7) of matrix q = k 8 (4 h + q) .. + 7; lane (g, t)
         // gets k 2t, 2t + 1 of row g from each: b0 / b1 of step 2 h, then of step 2 h + 1
@@ -372,14 +339,6 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
             ldmatrix_x4(slot + ldm_offset(b, h), xw[b][4 * h], xw[b][4 * h + 1], xw[b][4 * h + 2], xw[b][4 * h + 3]);
       }
 #else
-      if (XT) {  // the lane's 8 words of x are k 16 t .. 16 t + 15; step s takes words s and s + 4 (k 2 s, 2 s + 8)
-#pragma unroll
-        for (int b = 0; b < MB; ++b) {
-          const uint4 lo = xv[u][b][0], hi = xv[u][b][XV - 1];
-          xw[b][0] = lo.x, xw[b][1] = hi.x, xw[b][2] = lo.y, xw[b][3] = hi.y;
-          xw[b][4] = lo.z, xw[b][5] = hi.z, xw[b][6] = lo.w, xw[b][7] = hi.w;
-        }
-      } else
 #pragma unroll
       for (int b = 0; b < MB; ++b)
 #pragma unroll
@@ -394,7 +353,6 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
       for (int r = 0; r < RT; ++r) {  // the B fragments above serve every row tile
         u32 w[4 * LU];
         tile_words(wv[u][r], w);
-        if (XT) xt_transpose<LU>(w, t);
 #pragma unroll
         for (int h = 0; h < NP; ++h) {  // one parameter set per STEPS / NP steps
           RowQ<ACT, MODE> q0, q1;
