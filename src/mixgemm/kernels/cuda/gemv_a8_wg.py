@@ -59,12 +59,16 @@ MAX_WARPS = 16  # per block (the k-slice reduction red[KS][M][16 RG RT] stays wi
 # (16.82), 2048x11008 9.10 -> 7.61 (8.00); at most 1.02x slower (5120x5120 M = 2 10.78 -> 11.02). The narrow layers at
 # M = 2 (N 3584-4096) lost 3-4% with it (4096x4096 6.51 -> 6.78, 14336x4096 17.65 -> 18.16). Per-token scales kept
 # their rules: there U 2 without them lost on 4096x14336 (14.11 -> 16.35) and 5120x5120 (8.34 -> 9.97).
-# ONE_STEP_RT4 (choose_config): int4 with per-block activation scales at M <= 2 on a narrow layer whose K makes 13-16
-# steps of two k-tiles: KS 16, so each warp's slice is one step, and four row tiles a warp, so that step is all of its
-# eight 64-byte loads in flight at once, no double buffering. Source: tools/bench/gemv_a8_wg.py --grid (W4A8 g128,
-# per-block activations, whole calls, H100, us, the rule -> RT 4 U 2 KS 16 PF 0 (the plain weight's fused GEMV)): M = 1
-# 4096x4096 6.36 -> 5.40 (6.16), 3584x3584 5.51 -> 5.03 (5.23); M = 2 4096x4096 6.47 -> 6.38 (6.44), 3584x3584 5.83
-# -> 5.83 (5.97). Where some slices take two steps it lost: 4608x4096 (18 steps) 7.25 -> 8.55 at M = 1.
+# ONE_STEP_RT4 (choose_config): int4 with per-block activation scales on a narrow layer whose K makes 13-16 steps of
+# two k-tiles at M = 1, exactly 16 at M = 2: KS 16, so each warp's slice is one step, and four row tiles a warp, so
+# that step is all of its eight 64-byte loads in flight at once, no double buffering. Source:
+# tools/bench/gemv_a8_wg.py --grid (W4A8 g128, per-block activations, whole calls, H100, us, the rule -> RT 4 U 2 KS
+# 16 PF 0 (the plain weight's fused GEMV)):
+# 4096x4096 6.36 -> 5.40 (6.16), 3584x3584 5.51 -> 5.03 (5.23); where some slices take two steps it lost (4608x4096,
+# 18 steps, 7.25 -> 8.55). Checked in mixgemm bench (H100, one run, the rule before -> after): 3328x3328 5.2 -> 5.0,
+# 3584x4096 6.0 -> 5.2, 3840x3840 6.0 -> 5.2, 4096x3584 5.8 -> 5.3, 4096x4096 6.4 -> 5.4; at M = 2 it won only where
+# every slice holds a step (16 steps: 4096x4096 6.6 -> 6.4, 4096x3584 6.3 -> 6.1; grid 6.47 -> 6.38) and lost where
+# some slices hold none (3584x4096 6.0 -> 6.9, 3584x3584 5.9 -> 6.2, 3840x3840 6.2 -> 6.4).
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -106,8 +110,8 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
     else where the split leaves slices of less than two k-tiles (short K), U 2 with the split halved until every slice
     holds a step, no double buffering where that step is a slice's only one (SHORT_SLICE_U2). int4 at M <= 2 with
     per-block activation scales, at M = 1 and on layers that are not narrow at M = 2: U 2 without double buffering, at
-    the k-split nearest the target (BLOCK_U2); on narrow layers at M <= 2 whose K makes 13-16 steps of two k-tiles, RT 4
-    and KS 16, one step a slice (ONE_STEP_RT4)."""
+    the k-split nearest the target (BLOCK_U2); on narrow layers whose K makes 13-16 steps of two k-tiles at M = 1
+    (exactly 16 at M = 2), RT 4 and KS 16, one step a slice (ONE_STEP_RT4)."""
     rt = (2 if bits == 4 else 1) if mb <= 4 else 1
     warps_n = _cdiv(_cdiv(n, ROW_TILE), rt)
     target = TARGET_WARPS_PER_SM * num_sms
@@ -129,7 +133,9 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
             while ks > 1 and _cdiv(k_tiles, 2) < ks:
                 ks //= 2
             pf = int(_cdiv(k_tiles, 2) > ks)
-    if bits == 4 and not per_token and mb <= 2 and narrow and 13 <= _cdiv(k_tiles, 2) <= MAX_WARPS:
+    steps2 = _cdiv(k_tiles, 2)  # steps of two k-tiles
+    one_step = 13 <= steps2 <= MAX_WARPS if mb == 1 else mb == 2 and steps2 == MAX_WARPS
+    if bits == 4 and not per_token and narrow and one_step:
         rt, u, ks, pf = 4, 2, MAX_WARPS, 0  # ONE_STEP_RT4
     nw = max(8, ks)
     return {"RT": rt, "U": u, "KS": ks, "RG": nw // ks, "PF": pf, "OP": 1}
