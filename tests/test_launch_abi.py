@@ -121,6 +121,8 @@ def test_stream_buffers_are_kept_per_stream_and_grow_by_powers_of_two(monkeypatc
     monkeypatch.setattr(launch, "driver_tensor", fake_driver_tensor)
     monkeypatch.setattr(sb, "_SCRATCH", {})
     monkeypatch.setattr(sb, "_COUNTERS", {})
+    monkeypatch.setattr(sb, "_GRAPH_ARENA", {})
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     capturing = [False]
     monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0])
     monkeypatch.setattr(torch, "empty", lambda n, dtype, device: ("fresh", n))
@@ -138,4 +140,40 @@ def test_stream_buffers_are_kept_per_stream_and_grow_by_powers_of_two(monkeypatc
     counters = sb.tile_counters(torch.device("cuda", 0), 3000)
     assert counters.numel() == 4096 and int(counters.abs().sum()) == 0  # zeroed when made
     assert made == [(0, sb.MIN_SCRATCH_BYTES, torch.uint8), (0, sb.MIN_SCRATCH_BYTES, torch.uint8),
-                    (0, 2 * sb.MIN_SCRATCH_BYTES, torch.uint8), (0, 4096, torch.int32)]
+                    (0, 2 * sb.MIN_SCRATCH_BYTES, torch.uint8), (0, sb.GRAPH_ARENA_COUNTERS, torch.int32),
+                    (0, 4096, torch.int32)]  # (the capture arena, made with the first kept counters)
+
+
+def test_graph_counters_are_kept_per_capture(monkeypatch):
+    """kernels/cuda/stream_buffers.graph_counters: while a CUDA graph is captured, each capture (and each table) takes
+    its own slice of the device's zeroed arena once and hands it to every launch of the capture (no zeroing node per
+    call); another capture gets another slice; without an arena or room in it, zeroed counters per call."""
+    import torch
+
+    from mixgemm.kernels.cuda import launch
+    from mixgemm.kernels.cuda import stream_buffers as sb
+
+    monkeypatch.setattr(launch, "driver_tensor", lambda index, numel, dtype: torch.full((numel,), 7, dtype=dtype))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    for name in ("_COUNTERS", "_QUANT_COUNTERS", "_GRAPH_ARENA", "_GRAPH_COUNTERS"):
+        monkeypatch.setattr(sb, name, {})
+    monkeypatch.setattr(sb, "GRAPH_ARENA_COUNTERS", 1024)
+    capture = [None]  # the id of the capture in progress
+    monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: capture[0] is not None)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 11, raising=False)
+    monkeypatch.setattr(sb, "_capture_id", lambda stream: capture[0])
+    monkeypatch.setattr(torch, "zeros", lambda n, dtype, device: ("zeroed per call", n))
+    capture[0] = 5
+    assert sb.tile_counters(torch.device("cuda", 0), 100) == ("zeroed per call", 100)  # no arena yet
+    capture[0] = None
+    eager = sb.tile_counters(torch.device("cuda", 0), 100)  # makes the arena (zeroed)
+    capture[0] = 5
+    a = sb.tile_counters(torch.device("cuda", 0), 100)
+    assert a.numel() == 128 and int(a.abs().sum()) == 0 and a.data_ptr() != eager.data_ptr()
+    assert sb.tile_counters(torch.device("cuda", 0), 60) is a  # the same capture: the same counters
+    q = sb.quantizer_counters(0, 11)
+    assert q.numel() == 64 and q.data_ptr() != a.data_ptr()  # another table: its own slice
+    capture[0] = 6
+    b = sb.tile_counters(torch.device("cuda", 0), 100)
+    assert b.data_ptr() != a.data_ptr()  # another capture: another slice
+    assert sb.tile_counters(torch.device("cuda", 0), 900) == ("zeroed per call", 900)  # the arena is full
