@@ -587,9 +587,26 @@ def test_gemv_mma_packed_params(wg, ks, u, rt, pf, early, bits, mode, act):
         _check_every_group(bits, mode, act, (2, 9, 16), (16,), 19, "'PACK': 1")
 
 
+def test_wg_simt_rule_wave_guard():
+    """The small-layer int4 tile of the CUDA-core GEMV on wgmma_v1 takes RT 2 where RT 1's 16-warp blocks need a second
+    round of the SMs' resident slots and RT 2's fit in one (N 4352-4864 on 132 SMs; N 4096 on 114); RT 1 where its
+    blocks fit (N 4096 on 132 SMs) or smaller blocks hold more of them (KS 8 from N 5120); int8 and layers of >= 16
+    MiB keep their tiles."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_rounds, wg_simt_rule
+
+    for n, sms, rt in ((4096, 132, 1), (4224, 132, 1), (4352, 132, 2), (4608, 132, 2), (4864, 132, 2), (5120, 132, 1),
+                       (4096, 114, 2)):
+        c = wg_simt_rule(n, 3584, 4, sms)
+        assert (c["RT"], c["U"], c["PF"]) == (rt, 1, 1), (n, sms, c)
+        nt = -(-n // 16)
+        assert (wg_simt_rounds(nt, 1, c["RG"], c["KS"], sms) > 1) == (rt == 2)
+    assert wg_simt_rule(4608, 3584, 8, 132)["RT"] == 1  # int8
+    assert wg_simt_rule(4608, 8192, 4, 132)["U"] == 2  # >= 16 MiB: the big-layer tile
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("ks,u,rt,pf", [(1, 1, 1, 0), (4, 2, 2, 1), (16, 4, 1, 0), (2, 1, 8, 0), (8, 2, 4, 1),
-                                        (32, 1, 1, 1)])
+                                        (32, 1, 1, 1), (16, 1, 2, 1)])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])

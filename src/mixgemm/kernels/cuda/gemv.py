@@ -199,6 +199,13 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
 # so tuning.gemv_m1.WG_SIMT_M1 keeps measured buckets per GPU (tools/bench/gemv_dispatch.py --suggest-simt).
 WG_SIMT_BIG_BYTES = 16 << 20
 WG_SIMT_WARPS_PER_SM = {True: 14, False: 27}
+# Resident warps per SM of the small-layer int4 tile (U 1, PF 1) at RT 1 / 2 (NVRTC 13.0: 46-50 registers at RT 1, 64
+# at RT 2), for the rule's wave guard (wg_simt_rule): RT 1 takes one 16-row tile a warp, so on a layer of a few
+# hundred row tiles its blocks can spill just past one round of the SMs' resident slots (N 4608: 288 16-warp blocks
+# against 264 slots), which RT 2 halves into one round. Source: tools/bench/gemv_dispatch.py --compact-only --wg-simt
+# (H100, W4 g128 sym, M = 1, us, RT 1 -> RT 2 at the same U 1 PF 1 KS 16): 3584x4608 6.60 -> 5.81, 4096x4608 7.05 ->
+# 6.24, while the layers of that bucket whose RT 1 blocks fit one round (N 3584 / 4096) are best at RT 1 or within 2%.
+WG_SIMT_SMALL_RESIDENT_WARPS = {1: 40, 2: 32}
 
 
 def wg_simt_blocks_per_sm(n: int, rt: int, rg: int, num_sms: int) -> int:
@@ -250,14 +257,27 @@ def wg_simt_packs(cfg: dict, mode: str, pack: int | None = None) -> dict:
 
 def wg_simt_rule(n: int, k: int, bits: int, num_sms: int) -> dict:
     """The rule above: KS the power of two in 2..32 whose warps per SM come closest to the target, with at least two
-    steps per k-slice (KS 32, 1024 threads, only for one tile in flight)."""
+    steps per k-slice (KS 32, 1024 threads, only for one tile in flight); an int4 layer under WG_SIMT_BIG_BYTES takes
+    RT 2 where RT 1's blocks need a second round of the resident slots that RT 2's do not (wg_simt_rounds)."""
     nt, kt = -(-n // 16), -(-k // 64)
     big = n * k * bits // 8 >= WG_SIMT_BIG_BYTES
     rt, u, pf = (2, 2, 1) if big else (1, 1, 1)
     target = WG_SIMT_WARPS_PER_SM[big] * num_sms
     ks_all = [ks for ks in (2, 4, 8, 16, 32) if kt >= 2 * u * ks and (ks < 32 or rt * u * (1 + pf) <= 2)] or [2]
     ks = min(ks_all, key=lambda s: abs(math.log(-(-nt // rt) * s / target)))
-    return {"WG": 1, "SIMT": 1, "RT": rt, "U": u, "PF": pf, "KS": ks, "RG": max(1, 4 // ks)}
+    rg = max(1, 4 // ks)
+    spills = wg_simt_rounds(nt, 1, rg, ks, num_sms) > 1 and wg_simt_rounds(nt, 2, rg, ks, num_sms) == 1
+    if not big and bits == 4 and spills:
+        rt = 2  # the wave guard (WG_SIMT_SMALL_RESIDENT_WARPS)
+    return {"WG": 1, "SIMT": 1, "RT": rt, "U": u, "PF": pf, "KS": ks, "RG": rg}
+
+
+def wg_simt_rounds(nt: int, rt: int, rg: int, ks: int, num_sms: int) -> int:
+    """Rounds of the SMs' resident slots that the small-layer int4 tile's blocks (RG x KS warps, RG x RT row tiles
+    each) take over nt row tiles at RT 1 or 2 (WG_SIMT_SMALL_RESIDENT_WARPS)."""
+    blocks = -(-nt // (rt * rg))
+    per_sm = max(1, WG_SIMT_SMALL_RESIDENT_WARPS[rt] // (rg * ks))
+    return -(-blocks // (per_sm * num_sms))
 
 
 def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dict:
