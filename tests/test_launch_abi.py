@@ -103,6 +103,13 @@ def test_launch_cache_keeps_at_most_its_size():
     assert made[-1] == 1 and len(cache) == 2
 
 
+class _HostStream:
+    """torch.cuda.current_stream()'s stand-in on a machine without a GPU (the capture arena synchronizes it)."""
+
+    def synchronize(self):
+        pass
+
+
 def test_stream_buffers_are_kept_per_stream_and_grow_by_powers_of_two(monkeypatch):
     """kernels/cuda/stream_buffers: one buffer per (device, stream), reused while large enough, replaced by a power of
     two when short (the counters zeroed when made); a fresh allocation above MAX_SCRATCH_BYTES and while capturing.
@@ -122,7 +129,7 @@ def test_stream_buffers_are_kept_per_stream_and_grow_by_powers_of_two(monkeypatc
     monkeypatch.setattr(sb, "_SCRATCH", {})
     monkeypatch.setattr(sb, "_COUNTERS", {})
     monkeypatch.setattr(sb, "_GRAPH_ARENA", {})
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _HostStream())
     capturing = [False]
     monkeypatch.setattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: capturing[0])
     monkeypatch.setattr(torch, "empty", lambda n, dtype, device: ("fresh", n))
@@ -154,7 +161,7 @@ def test_graph_counters_are_kept_per_capture(monkeypatch):
     from mixgemm.kernels.cuda import stream_buffers as sb
 
     monkeypatch.setattr(launch, "driver_tensor", lambda index, numel, dtype: torch.full((numel,), 7, dtype=dtype))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _HostStream())
     for name in ("_COUNTERS", "_QUANT_COUNTERS", "_GRAPH_ARENA", "_GRAPH_COUNTERS"):
         monkeypatch.setattr(sb, name, {})
     monkeypatch.setattr(sb, "GRAPH_ARENA_COUNTERS", 1024)

@@ -81,7 +81,8 @@ def _counters(table: dict, name: str, device_index: int, stream: int, numel: int
 
 
 def _graph_arena(device_index: int) -> None:
-    """Make the device's zeroed capture arena (outside a capture: the zeroing finishes before this returns)."""
+    """Make the device's zeroed capture arena (outside a capture: the zeroing, on the current stream, finishes before
+    this returns; a stream's, not the device's, synchronization, which another thread's capture would forbid)."""
     if device_index in _GRAPH_ARENA:
         return
     from mixgemm.kernels.cuda.launch import driver_tensor
@@ -90,7 +91,7 @@ def _graph_arena(device_index: int) -> None:
         if device_index not in _GRAPH_ARENA:
             t = driver_tensor(device_index, GRAPH_ARENA_COUNTERS, torch.int32)
             t.zero_()
-            torch.cuda.synchronize(device_index)
+            torch.cuda.current_stream(device_index).synchronize()
             _GRAPH_ARENA[device_index] = [t, 0]
 
 
