@@ -150,6 +150,13 @@ def test_choose_config_and_complete():
     m2 = gw.choose_config(2, 4096, 28, 132)
     assert (m2["RT"], m2["U"], m2["KS"], m2["PF"]) == (2, 1, 16, 1)
     assert gw.choose_config(1, 4096, 32, 132, per_token=True)["RT"] == 2
+    # int8 with per-token scales at M <= 2 past the small layers: KS 16 wherever K has 16 k-tiles (INT8_FULL_SPLIT),
+    # not the target's 4 / 8 on wide layers; M 4, per-block scales and K of 15 k-tiles keep the rule
+    for mb, n, kt in ((1, 28672, 64), (2, 28672, 64), (2, 18944, 28), (1, 13824, 40)):
+        assert gw.choose_config(mb, n, kt, 132, bits=8, per_token=True)["KS"] == 16, (mb, n, kt)
+    assert gw.choose_config(4, 28672, 64, 132, bits=8, per_token=True)["KS"] < 16
+    assert gw.choose_config(2, 28672, 64, 132, bits=8)["KS"] < 16
+    assert gw.choose_config(2, 28672, 15, 132, bits=8, per_token=True)["KS"] < 16
     assert gw.choose_config(1, 4096, 32, 132, bits=8)["RT"] == 1
     assert gw.choose_config(1, 14336, 32, 132, per_token=True)["U"] == gw.choose_config(4, 14336, 32, 132)["U"] == 1
     w8 = gw.choose_config(1, 14336, 32, 132, bits=8)

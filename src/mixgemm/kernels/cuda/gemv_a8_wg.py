@@ -69,6 +69,12 @@ MAX_WARPS = 16  # per block (the k-slice reduction red[KS][M][16 RG RT] stays wi
 # 3584x4096 6.0 -> 5.2, 3840x3840 6.0 -> 5.2, 4096x3584 5.8 -> 5.3, 4096x4096 6.4 -> 5.4; at M = 2 it won only where
 # every slice holds a step (16 steps: 4096x4096 6.6 -> 6.4, 4096x3584 6.3 -> 6.1; grid 6.47 -> 6.38) and lost where
 # some slices hold none (3584x4096 6.0 -> 6.9, 3584x3584 5.9 -> 6.2, 3840x3840 6.2 -> 6.4).
+# INT8_FULL_SPLIT (choose_config): int8 with per-token activation scales (W8A8 per channel) at M <= 2 past the small
+# layers splits K 16 ways whenever K has 16 k-tiles, past the warp target: the target stopped the wide layers at KS 4 /
+# 8, and the longer slices kept too few loads in flight. Source: tools/bench/gemv_a8_wg.py --grid (H100, whole calls,
+# 9 layers of 42-235M weights, M = 1 and 2, us, the rule -> KS 16): M = 2 8192x28672 92.0 -> 88.9, 3584x18944 30.6 ->
+# 29.7, 8192x22016 72.1 -> 70.5, 5120x13824 32.3 -> 31.8, 4096x14336 26.5 -> 26.2; M = 1 5120x13824 30.5 -> 29.8,
+# 3584x18944 28.9 -> 27.8; the four layers where the rule already split 16 ways unchanged.
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -111,7 +117,8 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
     holds a step, no double buffering where that step is a slice's only one (SHORT_SLICE_U2). int4 at M <= 2 with
     per-block activation scales, at M = 1 and on layers that are not narrow at M = 2: U 2 without double buffering, at
     the k-split nearest the target (BLOCK_U2); on narrow layers whose K makes 13-16 steps of two k-tiles at M = 1
-    (exactly 16 at M = 2), RT 4 and KS 16, one step a slice (ONE_STEP_RT4)."""
+    (exactly 16 at M = 2), RT 4 and KS 16, one step a slice (ONE_STEP_RT4). int8 with per-token scales at M <= 2 past
+    the small layers: KS 16 wherever K has 16 k-tiles (INT8_FULL_SPLIT)."""
     rt = (2 if bits == 4 else 1) if mb <= 4 else 1
     warps_n = _cdiv(_cdiv(n, ROW_TILE), rt)
     target = TARGET_WARPS_PER_SM * num_sms
@@ -124,6 +131,8 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
         ks *= 2
     if block_u2 and ks > 1 and (warps_n * ks) ** 2 > 2 * target**2:
         ks //= 2  # the split nearest the target (log scale)
+    if bits == 8 and per_token and mb <= 2 and u == 1 and k_tiles >= MAX_WARPS:
+        ks = MAX_WARPS  # INT8_FULL_SPLIT
     pf = 0 if block_u2 else 1
     if mb == 1 and per_token and u == 1 and bits == 4:
         if ks == MAX_WARPS and narrow and 4 * _cdiv(k_tiles, 2) >= 3 * ks:
