@@ -598,8 +598,7 @@ def test_wg_simt_rule_wave_guard():
                        (4096, 114, 2)):
         c = wg_simt_rule(n, 3584, 4, sms)
         assert (c["RT"], c["U"], c["PF"]) == (rt, 1, 1), (n, sms, c)
-        nt = -(-n // 16)
-        assert (wg_simt_rounds(nt, 1, c["RG"], c["KS"], sms) > 1) == (rt == 2)
+        assert (wg_simt_rounds(n, 1, c["RG"], c["KS"], sms) > 1) == (rt == 2)
     assert wg_simt_rule(4608, 3584, 8, 132)["RT"] == 1  # int8
     assert wg_simt_rule(4608, 8192, 4, 132)["U"] == 2  # >= 16 MiB: the big-layer tile
 

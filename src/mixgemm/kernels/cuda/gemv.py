@@ -266,18 +266,19 @@ def wg_simt_rule(n: int, k: int, bits: int, num_sms: int) -> dict:
     ks_all = [ks for ks in (2, 4, 8, 16, 32) if kt >= 2 * u * ks and (ks < 32 or rt * u * (1 + pf) <= 2)] or [2]
     ks = min(ks_all, key=lambda s: abs(math.log(-(-nt // rt) * s / target)))
     rg = max(1, 4 // ks)
-    spills = wg_simt_rounds(nt, 1, rg, ks, num_sms) > 1 and wg_simt_rounds(nt, 2, rg, ks, num_sms) == 1
-    if not big and bits == 4 and spills:
-        rt = 2  # the wave guard (WG_SIMT_SMALL_RESIDENT_WARPS)
+    # the wave guard (WG_SIMT_SMALL_RESIDENT_WARPS): RT 1's blocks spill past a round of the slots that RT 2's fit in
+    small_int4 = not big and bits == 4
+    if small_int4 and wg_simt_rounds(n, 1, rg, ks, num_sms) > 1 and wg_simt_rounds(n, 2, rg, ks, num_sms) == 1:
+        rt = 2
     return {"WG": 1, "SIMT": 1, "RT": rt, "U": u, "PF": pf, "KS": ks, "RG": rg}
 
 
-def wg_simt_rounds(nt: int, rt: int, rg: int, ks: int, num_sms: int) -> int:
-    """Rounds of the SMs' resident slots that the small-layer int4 tile's blocks (RG x KS warps, RG x RT row tiles
-    each) take over nt row tiles at RT 1 or 2 (WG_SIMT_SMALL_RESIDENT_WARPS)."""
-    blocks = -(-nt // (rt * rg))
+def wg_simt_rounds(n: int, rt: int, rg: int, ks: int, num_sms: int) -> int:
+    """Rounds of the SMs' resident slots that the small-layer int4 tile's blocks (RG x KS warps each) take over N rows
+    at RT 1 or 2: its blocks per SM (wg_simt_blocks_per_sm) over the blocks an SM holds
+    (WG_SIMT_SMALL_RESIDENT_WARPS)."""
     per_sm = max(1, WG_SIMT_SMALL_RESIDENT_WARPS[rt] // (rg * ks))
-    return -(-blocks // (per_sm * num_sms))
+    return -(-wg_simt_blocks_per_sm(n, rt, rg, num_sms) // per_sm)
 
 
 def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dict:

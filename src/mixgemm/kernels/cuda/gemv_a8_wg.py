@@ -125,6 +125,7 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
     narrow = 2 * warps_n * MAX_WARPS <= target  # at most half the target's warps even at the k-split's cap
     block_u2 = bits == 4 and not per_token and (mb == 1 or (mb == 2 and not narrow))  # BLOCK_U2
     u = 2 if block_u2 or (mb <= 2 and n * k_tiles * K_TILE <= SMALL_LAYER_WEIGHTS) else 1
+    steps2 = _cdiv(k_tiles, 2)  # steps of two k-tiles
     steps = _cdiv(k_tiles, u)
     ks = 1
     while ks < MAX_WARPS and warps_n * ks < target and steps >= 2 * ks:
@@ -135,14 +136,13 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
         ks = MAX_WARPS  # INT8_FULL_SPLIT
     pf = 0 if block_u2 else 1
     if mb == 1 and per_token and u == 1 and bits == 4:
-        if ks == MAX_WARPS and narrow and 4 * _cdiv(k_tiles, 2) >= 3 * ks:
+        if ks == MAX_WARPS and narrow and 4 * steps2 >= 3 * ks:
             u = 2  # NARROW_CAP_U2 (at least 3 / 4 of the slices keep a step)
         elif k_tiles < 2 * ks:  # SHORT_SLICE_U2
             u = 2
-            while ks > 1 and _cdiv(k_tiles, 2) < ks:
+            while ks > 1 and steps2 < ks:
                 ks //= 2
-            pf = int(_cdiv(k_tiles, 2) > ks)
-    steps2 = _cdiv(k_tiles, 2)  # steps of two k-tiles
+            pf = int(steps2 > ks)
     one_step = 13 <= steps2 <= MAX_WARPS if mb == 1 else mb == 2 and steps2 == MAX_WARPS
     if bits == 4 and not per_token and narrow and one_step:
         rt, u, ks, pf = 4, 2, MAX_WARPS, 0  # ONE_STEP_RT4
