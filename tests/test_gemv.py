@@ -125,6 +125,13 @@ def test_nvrtc_compiles_wg_simt_instantiations(arch):
         key = tuple(sorted(simt_defines_for(bits, act, 0, mode, {**tiles[i % 3], "G32": g32}).items()))
         cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
+    # the diagnostic stage removals (tools/bench/wg_simt_diag.py) compile too, and stay out of the key when off
+    for bits, diag in itertools.product(BITS, (1, 4, 8, 9)):
+        key = tuple(sorted(simt_defines_for(bits, 0, 0, 1, {**tiles[1], "DIAG": diag}).items()))
+        assert dict(key)["SIMT_DIAG"] == diag
+        cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
+        assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
+    assert "SIMT_DIAG" not in simt_defines_for(4, 0, 0, 0, {**tiles[0], "DIAG": 0})
 
 
 @needs_nvrtc

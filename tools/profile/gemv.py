@@ -4,6 +4,8 @@ Usage: PYTHONPATH=src python -m tools.profile.gemv K N M BITS GROUP KERNEL [CFG_
 KERNEL: simt | mma (the registry entries cuda_gemv / cuda_gemv_mma, forced through mixgemm.kernel_options);
 CFG_JSON: optional tile config for that kernel ({"R":4,"U":2,"KS":2} or {"U":2,"KS":8,"DEFER":1}).
 Weight mode: zero point for int4 and sym for int8 unless GEMV_PROFILE_MODE names one (sym, zero_point, offset).
+GEMV_PROFILE_COMPACT=1: the weights keep only their wgmma_v1 layout (what quantize_ leaves a model with), so "mma"
+runs on wgmma_v1 (the CUDA-core tile at M = 1 where the dispatcher would pick it).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import sys
 
 import torch
 
+import mixgemm
 import mixgemm.kernels.cuda.gemv as G
-from mixgemm.formats.weight import quantize_weight
+from mixgemm.formats.weight import compact_placeholder, quantize_weight
+from mixgemm.ops.custom_ops import compact_weight
 from tools.bench.kernel_choice import gemv_options
 
 
@@ -27,10 +31,16 @@ def main():
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
     mode = os.environ.get("GEMV_PROFILE_MODE") or ("zero_point" if bits == 4 else "sym")
     qws = [quantize_weight(w, bits=bits, group_size=group, mode=mode) for _ in range(3)]
+    compact = os.environ.get("GEMV_PROFILE_COMPACT") == "1"
+    if compact:
+        qws = [compact_weight(q, compact_placeholder(q.qweight)) for q in qws]
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     with gemv_options(kind, cfg):
         for i in range(6):  # ncu --launch-skip 3 --launch-count 1 picks one launch on a cold-ish weight copy
-            G.gemv(x, qws[i % 3], None, -math.inf, math.inf)
+            if compact:  # through the dispatcher, which hands a compacted weight its wgmma_v1 config
+                mixgemm.matmul(x, qws[i % 3])
+            else:
+                G.gemv(x, qws[i % 3], None, -math.inf, math.inf)
     torch.cuda.synchronize()
 
 

@@ -1,0 +1,93 @@
+"""What reading the compacted layout costs at M = 1: the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) against the
+plain codes' GEMV (gemv.cu), each whole and with one stage left out (DIAG bits; wrong results, timing only).
+
+Per layer and format: the plain weight's dispatch, then its CUDA-core GEMV's tile with GEMV_DIAG 1 (no math) and 4 (no
+PDL wait); the compacted weight's dispatch, then its tile with SIMT_DIAG 1, 4, 8 (the weights addressed as if each row
+tile kept its k-tiles together) and 9 (both). Times per the benchmark protocol (one CUDA graph of C calls over distinct
+copies > 3x L2, median per call, the best of --rounds timings).
+
+    PYTHONPATH=src python -m tools.bench.wg_simt_diag [--shapes 4096x14336 8192x28672] [--formats w8,w4s] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+import mixgemm
+from mixgemm.bench import protocol
+from mixgemm.formats.weight import compact_placeholder, quantize_weight
+from mixgemm.ops.custom_ops import compact_weight
+
+FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
+PLAIN_DIAGS = (1, 4)
+COMPACT_DIAGS = (1, 4, 8, 9)
+
+
+def layer(k: int, n: int, fmt: str, compact: bool, l2: int) -> list:
+    bits, group, mode = FORMATS[fmt]
+
+    def make():
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
+        q = quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
+        return compact_weight(q, compact_placeholder(q.qweight)) if compact else q
+
+    return [make() for _ in range(protocol.copies_for(n * k * bits // 8, l2))]
+
+
+def time_us(x: torch.Tensor, weights: list, rounds: int, entry: str | None = None, cfg: dict | None = None) -> dict:
+    opts = mixgemm.kernel_options(force=entry, configs={entry: cfg}) if entry else mixgemm.kernel_options()
+    with opts:
+        choice = mixgemm.explain(x, weights[0])
+        fns = [lambda q=q: mixgemm.matmul(x, q) for q in weights]
+        us = min(protocol.graph_time_us(fns, warmup_ms=5, rep_ms=40) for _ in range(rounds))
+    return {"kernel": choice.kernel, "config": {a: b for a, b in (choice.config or {}).items() if isinstance(b, int)},
+            "us": us}
+
+
+def measure(k: int, n: int, fmt: str, rounds: int, l2: int) -> list[dict]:
+    x = torch.randn(1, k, device="cuda", dtype=torch.float16)
+    rows = []
+    for compact, diags in ((False, PLAIN_DIAGS), (True, COMPACT_DIAGS)):
+        weights = layer(k, n, fmt, compact, l2)
+        base = time_us(x, weights, rounds)
+        rows.append({"K": k, "N": n, "fmt": fmt, "compact": compact, "diag": 0, **base})
+        # only the CUDA-core GEMVs have the DIAG stages
+        if base["kernel"] == "cuda_gemv" or (base["kernel"] == "cuda_gemv_mma" and base["config"].get("SIMT")):
+            for d in diags:
+                rows.append({"K": k, "N": n, "fmt": fmt, "compact": compact, "diag": d,
+                             **time_us(x, weights, rounds, base["kernel"], {**base["config"], "DIAG": d})})
+        del weights
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=["4096x14336", "8192x28672", "5120x13824", "14336x4096"],
+                    help="K x N layer shapes")
+    ap.add_argument("--formats", default="w8,w4s", help=f"comma-separated, of {sorted(FORMATS)}")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args(argv)
+    l2 = protocol.l2_bytes()
+    rows = []
+    for fmt in args.formats.split(","):
+        for shape in args.shapes:
+            k, n = (int(v) for v in shape.lower().split("x"))
+            for r in measure(k, n, fmt, args.rounds, l2):
+                rows.append(r)
+                kind = "compact" if r["compact"] else "plain"
+                print(f"{k}x{n} {fmt} {kind:7s} diag {r['diag']}: {r['us']:8.2f} us  {r['kernel']} {r['config']}",
+                      flush=True)
+    path = os.path.join(args.out, "wg_simt_diag.json")
+    with open(path, "w") as f:
+        json.dump({"machine": protocol.machine_info(), "rows": rows}, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
