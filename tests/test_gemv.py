@@ -132,13 +132,6 @@ def test_nvrtc_compiles_wg_simt_instantiations(arch):
         cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
     assert "SIMT_DIAG" not in simt_defines_for(4, 0, 0, 0, {**tiles[0], "DIAG": 0})
-    # K split over a cluster's blocks (sm_90 only: distributed shared memory)
-    if arch == "sm_90":
-        for bits, kb in itertools.product(BITS, (2, 4, 8)):
-            key = tuple(sorted(simt_defines_for(bits, 1, 0, 2, {**tiles[2], "KB": kb}).items()))
-            cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
-            assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
-    assert "SIMT_KB" not in simt_defines_for(4, 0, 0, 0, {**tiles[0], "KB": 1})
 
 
 @needs_nvrtc
@@ -630,20 +623,6 @@ def test_gemv_simt_on_wgmma_v1(ks, u, rt, pf, bits, mode, act):
     cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf}
     with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
         _check_every_group(bits, mode, act, (1,), (1,), 13, "SIMT")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kb,ks,u,rt,pf", [(2, 4, 2, 2, 1), (3, 2, 1, 1, 0), (4, 8, 2, 4, 0), (8, 16, 1, 1, 1)])
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
-@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
-def test_gemv_simt_cluster_k_split(kb, ks, u, rt, pf, bits, mode, act):
-    """The M = 1 CUDA-core math on wgmma_v1 with K split over the KB blocks of a cluster (block 0 adds the others'
-    rows from their shared memory): every group size, splits that leave a block no k-tile (K 200: 4 k-tiles over 3 or
-    more blocks), rows past the last tile, bias + relu6, x + 3 on a long K."""
-    cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "KB": kb}
-    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
-        _check_every_group(bits, mode, act, (1,), (1,), 19, f"'KB': {kb}")
 
 
 @pytest.mark.gpu

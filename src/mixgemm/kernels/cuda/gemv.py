@@ -285,9 +285,8 @@ def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dic
     """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1): RT 16-row tiles per warp, U k-tiles
     per step, RG row groups x KS k-slices per block, PF register double buffering, G32 two groups per 64-k tile, PACK
     a zero point's or offset's 16-bit parameter pair held in one register (dropped where the format has no pair: sym,
-    fp32 scales), KB a K split over the blocks of a thread-block cluster (sm_90), DIAG a diagnostic stage removal (tools
-    only: wrong results). PACK, KB and DIAG only appear in the key when set, so the other compile keys are
-    unchanged."""
+    fp32 scales), DIAG a diagnostic stage removal (tools only: wrong results). PACK and DIAG only appear in the key
+    when set, so the other compile keys are unchanged."""
     d = {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode, "SIMT_G32": cfg.get("G32", 0),
          "SIMT_RT": cfg.get("RT", 1), "SIMT_U": cfg["U"], "SIMT_RG": cfg["RG"], "SIMT_KS": cfg["KS"],
          "SIMT_PF": cfg.get("PF", 0)}
@@ -295,8 +294,6 @@ def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dic
         d["SIMT_PACK"] = 1
     if cfg.get("DIAG", 0):
         d["SIMT_DIAG"] = cfg["DIAG"]  # diagnostic stage removal (gemv_wg_simt.cu); wrong results, tools only
-    if cfg.get("KB", 1) > 1:  # K split over the blocks of a thread-block cluster (sm_90)
-        d["SIMT_KB"] = cfg["KB"]
     return d
 
 
@@ -837,12 +834,9 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         cfg = {**cfg, "G32": int(lay.group_size == 32)}
     codes = (qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode])
     nt = -(-n // 16)
-    cluster = None
     if simt:  # CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): one x row without a gather
         fn = nvrtc.get_function(SIMT_SOURCE, SIMT_KERNEL, simt_defines_for(*codes, cfg), dev)
-        kb = cfg.get("KB", 1)  # KB blocks of a cluster split each row block's K
-        smem, grid = 0, (-(-nt // (cfg["RG"] * cfg.get("RT", 1))) * kb, 1, 1)
-        cluster = (kb, 1, 1) if kb > 1 else None
+        smem, grid = 0, (-(-nt // (cfg["RG"] * cfg.get("RT", 1))), 1, 1)
     else:
         if not mma_reduction_fits(cfg):
             raise ValueError(f"tensor-core GEMV config {cfg}: KS x RG x RT must be <= {MMA_REDUCTION_TILES} (the "
@@ -861,8 +855,8 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
         ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
     ]
     pdl = pdl_on(dev)
-    return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, smem, pdl=pdl, cluster=cluster,
-                                           first_without_pdl=fresh), lay, m, n, x_dtype, dev)
+    return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, smem, pdl=pdl, first_without_pdl=fresh),
+                      lay, m, n, x_dtype, dev)
 
 
 # the per-call parameters of both GEMV kernels: their positions in _common_args, and the permutation (last)

@@ -311,45 +311,4 @@ struct PackedParam {
 template <bool PACKED, int SCL, int MODE> struct PickParam { typedef Param<SCL, MODE> T; };
 template <int SCL, int MODE> struct PickParam<true, SCL, MODE> { typedef PackedParam<SCL, MODE> T; };
 
-// Shared-memory addresses and thread-block clusters (sm_90: distributed shared memory), for the GEMMs (wgmma_common.cuh)
-// and the GEMVs.
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  u32 a;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-  return a;
-}
-// Thread-block clusters (sm_90): distributed shared memory
-__device__ __forceinline__ int cluster_ctarank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return (int)r;
-}
-__device__ __forceinline__ int cluster_nctarank() {
-  u32 r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return (int)r;
-}
-// The cluster barrier in two halves: arrive (release) after this thread's last access to another CTA's shared memory,
-// wait (acquire) before anything that needs every CTA past its arrive -- e.g. exiting, so no CTA leaves while a peer
-// may still write into its shared memory or arrive on its mbarriers.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-// every thread of every CTA of the cluster: shared-memory writes before are visible to (remote) reads after
-__device__ __forceinline__ void cluster_sync() {
-  cluster_arrive();
-  cluster_wait();
-}
-// the shared::cluster address of this CTA's shared::cta address a in CTA `rank` of the cluster
-__device__ __forceinline__ u32 mapa_cluster(u32 a, int rank) {
-  u32 r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-// a 32-bit load from shared::cluster address a (mapa_cluster: another CTA's shared memory)
-__device__ __forceinline__ float ld_cluster_f32(u32 a) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-  return v;
-}
-
 }  // namespace mg

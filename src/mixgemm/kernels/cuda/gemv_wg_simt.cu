@@ -60,14 +60,6 @@
 #define SIMT_DIAG 0
 #endif
 
-// SIMT_KB > 1 (sm_90): K split over the KB blocks of a thread-block cluster (cluster dims (KB, 1, 1), the grid's
-// blocks KB per row block): block b of a cluster takes the b-th of KB contiguous k-tile ranges, and block 0 adds the
-// others' partial rows from their shared memory (distributed shared memory) before it stores: no workspace, no
-// atomics. Why: more, shorter blocks over the same row tiles, as the plain-codes GEMV's blocks of a few rows are.
-#ifndef SIMT_KB
-#define SIMT_KB 1
-#endif
-
 #define SIMT_THREADS (32 * SIMT_RG * SIMT_KS)
 
 using namespace mg;
@@ -99,13 +91,9 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   const int g = lane >> 2, t = lane & 3;
   const int rg = warp % RG, ks = warp / RG;
   const int Nt = (N + 15) >> 4;
-  constexpr int KB = SIMT_KB;
-  const int kb = blockIdx.x % KB, rowblk = blockIdx.x / KB;  // cluster rank (cluster dims (KB, 1, 1)), row block
-  const int kper = (Kt + KB - 1) / KB;
-  const int ktb = min(Kt, kb * kper), kte = min(Kt, ktb + kper);  // this block's k-tiles [ktb, kte)
   // a warp past the last tile redoes the last RT-aligned tiles and never stores; the RT tiles of a warp share one
   // group of 8, which the layout pads with zero rows, so none needs a clamp
-  const int nt0 = min((rowblk * RG + rg) * RT, (Nt - 1) / RT * RT);
+  const int nt0 = min((int)(blockIdx.x * RG + rg) * RT, (Nt - 1) / RT * RT);
   const uint4* const wt = (SIMT_DIAG & 8) ? W + (size_t)nt0 * Kt * 32 * LU + lane
                                            : W + ((size_t)(nt0 >> 3) * Kt * 8 + (nt0 & 7)) * 32 * LU + lane;
   // uint4 from one k-tile of a row tile to the next, and from one row tile to the next at the same k-tile
@@ -241,11 +229,11 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   };
 
   pdl_launch_dependents();
-  int kt0 = ktb + ks;
+  int kt0 = ks;
   uint4 wA[U][RT][LU], wB[U][RT][LU];
   P a0[U][RT][NP], a1[U][RT][NP], b0[U][RT][NP], b1[U][RT][NP];
   u32 xA[U], xB[U];
-  const bool full = kt0 + (U - 1) * KS < kte;
+  const bool full = kt0 + (U - 1) * KS < Kt;
   if (full) load_w(wA, a0, a1, kt0);  // the first step's constant bytes in flight before the wait
   if ((SIMT_DIAG & 4) == 0) pdl_wait();  // x, bias and y only from here on (gemv_common.cuh)
   if (full) {
@@ -255,7 +243,7 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
       // computes; false after the last full step. Called with the buffers swapped, so no buffer is copied.
       auto step = [&](auto& wc, auto& pc0, auto& pc1, auto& xc, auto& wn, auto& pn0, auto& pn1, auto& xn) {
         const int kt1 = kt0 + U * KS;
-        const bool more = kt1 + (U - 1) * KS < kte;
+        const bool more = kt1 + (U - 1) * KS < Kt;
         if (more) {
           load_w(wn, pn0, pn1, kt1);
           load_x(xn, kt1);
@@ -268,14 +256,14 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
       }
     } else {
       compute(wA, a0, a1, xA);
-      for (kt0 += U * KS; kt0 + (U - 1) * KS < kte; kt0 += U * KS) {
+      for (kt0 += U * KS; kt0 + (U - 1) * KS < Kt; kt0 += U * KS) {
         load_w(wA, a0, a1, kt0);
         load_x(xA, kt0);
         compute(wA, a0, a1, xA);
       }
     }
   }
-  for (; kt0 < kte; kt0 += KS) {  // the slice's last k-tiles, one at a time
+  for (; kt0 < Kt; kt0 += KS) {  // the slice's last k-tiles, one at a time
     uint4 w1[1][RT][LU];
     P q0[1][RT][NP], q1[1][RT][NP];
     u32 x1[1];
@@ -301,35 +289,12 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
     }
   }
   __syncthreads();
-#if SIMT_KB > 1
-  // the block's partial rows into red[0], then block 0 of the cluster adds the others' (shared::cluster loads)
   for (int idx = threadIdx.x; idx < RG * RT * 16; idx += SIMT_THREADS) {
-    float v = 0.f;
-#pragma unroll
-    for (int k = 0; k < KS; ++k) v += red[k][idx];
-    red[0][idx] = v;  // (each idx is read and written by one thread only)
-  }
-  cluster_sync();  // every block's partial rows written (release / acquire at cluster scope)
-  if (kb == 0) {
-    for (int idx = threadIdx.x; idx < RG * RT * 16; idx += SIMT_THREADS) {
-      const int n = rowblk * RG * RT * 16 + idx;
-      if (n >= N) continue;
-      float v = red[0][idx];
-      const u32 a = smem_addr(&red[0][idx]);
-#pragma unroll
-      for (int r = 1; r < KB; ++r) v += ld_cluster_f32(mapa_cluster(a, r));
-      store_output<ACT>(Y, n, n, v, bias, bias_kind, lo, hi);
-    }
-  }
-  cluster_sync();  // no block leaves while block 0 may still read its shared memory
-#else
-  for (int idx = threadIdx.x; idx < RG * RT * 16; idx += SIMT_THREADS) {
-    const int n = rowblk * RG * RT * 16 + idx;
+    const int n = blockIdx.x * RG * RT * 16 + idx;
     if (n >= N) continue;
     float v = 0.f;
 #pragma unroll
     for (int k = 0; k < KS; ++k) v += red[k][idx];
     store_output<ACT>(Y, n, n, v, bias, bias_kind, lo, hi);
   }
-#endif
 }

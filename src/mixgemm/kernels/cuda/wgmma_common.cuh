@@ -1,5 +1,5 @@
-// PTX helpers shared by the Hopper wgmma GEMMs (gemm_wgmma.cu, gemm_wgmma_a8.cu; shared-memory addresses and the
-// cluster barrier are gemv_common.cuh's): mbarriers, TMA / bulk copies, the wgmma fence / commit / wait trio, register pins and the 128-byte-swizzle
+// PTX helpers shared by the Hopper wgmma GEMMs (gemm_wgmma.cu, gemm_wgmma_a8.cu): shared-memory addresses,
+// mbarriers, TMA / bulk copies, the wgmma fence / commit / wait trio, register pins and the 128-byte-swizzle
 // descriptor of a K-major B tile.
 #pragma once
 
@@ -9,6 +9,38 @@ namespace mgw {
 
 using namespace mg;
 
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// Thread-block clusters (sm_90): distributed shared memory
+__device__ __forceinline__ int cluster_ctarank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return (int)r;
+}
+__device__ __forceinline__ int cluster_nctarank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  return (int)r;
+}
+// The cluster barrier in two halves: arrive (release) after this thread's last access to another CTA's shared memory,
+// wait (acquire) before anything that needs every CTA past its arrive -- e.g. exiting, so no CTA leaves while a peer
+// may still write into its shared memory or arrive on its mbarriers.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// every thread of every CTA of the cluster: shared-memory writes before are visible to (remote) reads after
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
+}
+// the shared::cluster address of this CTA's shared::cta address a in CTA `rank` of the cluster
+__device__ __forceinline__ u32 mapa_cluster(u32 a, int rank) {
+  u32 r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
 __device__ __forceinline__ void st_cluster_v4(u32 a, float x, float y, float z, float w) {
   asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w)
                : "memory");
