@@ -165,6 +165,16 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=2, WG_BM=40, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_SK=2),
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=2, WG_STAGES=3, WG_KT=4, WG_FOLD=1, WG_GT=2,
          WG_SK=2, WG_TSTORE=1, WG_PDL=1),
+    # the diagnostic stage removal (WG_DIAG, tools only): no stores, no wgmma, no dequantization
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_TSTORE=1,
+         WG_DIAG=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_PC=1,
+         WG_DIAG=6),
+    # ... staging the TMA stores in pieces beside a 5-stage ring (WG_TS_CHUNK)
+    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_SK=2,
+         WG_TSTORE=1, WG_TS_CHUNK=16, WG_TS_BOX=128),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_PC=1, WG_SK=2,
+         WG_TSTORE=1, WG_TS_CHUNK=8, WG_TS_BOX=64, WG_PDL=1),
 ]
 
 
@@ -449,6 +459,7 @@ def test_stream_k(m, n, k, cfg, fmt):
     (8000, 1000, 64, dict(BM=32, NWG=1, STAGES=4)),             # one stage per tile, several tiles per CTA
     (3001, 777, 192, dict(BM=128, NWG=2, STAGES=3, MINB=2)),     # tails in M and N, 3 k-tiles
     (1500, 2000, 1088, dict(BM=64, NWG=2, STAGES=4, KT=2)),      # several stages per tile, a partial last stage
+    (2900, 1000, 896, dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2)),  # staged in pieces beside the 5-stage ring
     (2000, 3000, 1024, dict(BM=192, NWG=2, STAGES=4, INFLIGHT=2)),
     (900, 520, 512, dict(BM=40, NWG=4, STAGES=3)),               # BM % 16 != 0: per-element stores
     (5000, 1000, 256, dict(BM=64, NWG=2, STAGES=3, KT=4, FOLD=1)),
@@ -823,3 +834,20 @@ def test_pdl_chain_tail(tail_wait):
     y = chain(x0)
     assert float((y.double() - one.double()).norm() / one.double().norm()) < TOL[torch.float16]
     assert_pdl_chain_matches(chain, x0)
+
+
+def test_sk2_staging_pieces():
+    """SK 2's staging buffer: the whole tile where it fits beside the ring, else the largest even divisor of BM / 8
+    that does, else the whole tile (the ring is cut to fit); every piece size the kernel accepts."""
+    from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT, staging_chunk
+
+    assert staging_chunk(128, 2, 3 * 20 * 1024) == 16  # 32 KiB beside 60 KiB of ring
+    ring = 5 * 37888  # BM 256 NWG 2 W4 g128 zero point, 5 stages
+    assert staging_chunk(256, 2, ring) == 16  # 32 of the 64 KiB fit
+    assert staging_chunk(256, 2, 5 * 41984) == 8  # W8: 16 KiB
+    assert staging_chunk(256, 2, SMEM_LIMIT - 1024) == 32  # nothing fits: the whole tile, the ring gets cut
+    for bm in range(8, 257, 8):
+        for ring in range(0, SMEM_LIMIT, 8192):
+            d = staging_chunk(bm, 2, ring)
+            assert d == bm // 8 or (d % 2 == 0 and (bm // 8) % d == 0)
+

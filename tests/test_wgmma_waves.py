@@ -165,3 +165,38 @@ def test_stream_k_and_serial_table_configs_are_left_alone():
     for key in ("SK", "SERIAL", "WS"):
         base = {"BM": 256, "NWG": 2, "STAGES": 5, key: 1}
         assert W.choose(512, 896, 896, base, W4, cost, 132) is None
+
+
+@pytest.mark.parametrize("k,n,m,persistent", [
+    (896, 9728, 16384, True),    # a wave's stores: 0.31 of its 14-step main loop
+    (896, 9728, 4096, True),
+    (896, 4864, 16384, True),
+    (896, 9728, 512, False),     # fewer than min_waves waves of tiles
+    (1536, 8960, 16384, False),  # 24 steps: the stores are 0.18 of the loop
+    (4096, 14336, 16384, False),
+])
+def test_store_bound_layers_run_persistent_whole_tiles(k, n, m, persistent):
+    """Where a wave's output stores are a large share of its main loop and the tiles make several waves, the BM 256
+    tile runs as persistent whole tiles (SK 2, stores in flight under the next tile; no TAIL); elsewhere as before."""
+    cost = _wave_cost("h100")
+    choice = _wgmma_config(k, n, m)
+    cfg = choice.config
+    big = next(t for t in cost.tiles if t.key == (256, 2))
+    share = cost.persistent.share(big, math.ceil(k / 64), 132)
+    assert (share >= cost.persistent.store_share and math.ceil(n / 128) * math.ceil(m / 256) >= 4 * 132) == persistent
+    assert (int(cfg.get("SK", 0)) == 2) == persistent
+    if persistent:
+        assert (cfg["BM"], cfg["NWG"], cfg["SPLIT"], cfg["TAIL"]) == (256, 2, 1, 0)
+        assert tile_error(cfg) is None
+        assert "persistent whole tiles" in choice.config_source
+
+
+def test_store_share_follows_the_copy_bandwidth():
+    """The H200 copies faster, so the same layer's stores are a smaller share of its main loop there."""
+    h100, h200 = _wave_cost("h100"), _wave_cost("h200")
+    big = next(t for t in h100.tiles if t.key == (256, 2))
+    assert h200.persistent.share(big, 14, 132) < h100.persistent.share(big, 14, 132)
+    raw = dict(load_table("h100")["wgmma_waves"])
+    raw["persistent"] = {k: v for k, v in raw["persistent"].items() if k != "source"}
+    with pytest.raises(ValueError, match="persistent needs a 'source'"):
+        W.WaveCost.parse(raw, "test")

@@ -162,6 +162,13 @@
 #ifndef WG_TS_BOX
 #define WG_TS_BOX WG_BM
 #endif
+// WG_TS_CHUNK (WG_SK 2 with WG_TSTORE): 8-row blocks per staged piece of a warpgroup's output tile (an even divisor
+// of BM / 8, or BM / 8); the staging buffer past the ring holds one piece per warpgroup, staged and stored in turn.
+// Why: a whole BM 256 tile's staging (64 KiB for two warpgroups) took the ring from 5 stages to 4, and the persistent
+// loop lost more in its main loop than the stores in flight saved; a quarter or half of it fits beside 5 stages.
+#ifndef WG_TS_CHUNK
+#define WG_TS_CHUNK (WG_BM / 8)
+#endif
 
 #ifndef WG_GT
 #define WG_GT 1
@@ -202,12 +209,19 @@
 #ifndef WG_MINB
 #define WG_MINB 1
 #endif
+// WG_DIAG (tools only: results are wrong with any bit set): leave out one stage to see what a tile's time is made of.
+// 1: no output store (the epilogue's stores are compiled, never run); 2: no wgmma (the A fragments are built and
+// xor-ed into the accumulators, no MMA is queued); 4: no dequantization (the raw weight words are the A fragments, no group parameters decoded)
+#ifndef WG_DIAG
+#define WG_DIAG 0
+#endif
 
 using namespace mg;
 
 namespace mgw {
 
 constexpr int BITS = WG_BITS, ACT = WG_ACT, SCL = WG_SCL, MODE = WG_MODE;
+constexpr int DIAG = WG_DIAG;
 constexpr int BM = WG_BM, NWG = WG_NWG, STAGES = WG_STAGES;
 constexpr bool G2 = WG_G2 != 0;
 constexpr int WARPS = 4 * NWG;
@@ -272,6 +286,9 @@ __device__ __forceinline__ void consumer_sync() {
   else __syncthreads();
 }
 constexpr bool TSTORE = WG_TSTORE != 0;
+constexpr int TS_CHUNK = WG_TS_CHUNK;
+static_assert(TS_CHUNK == BM / 8 || (SKW && TS_CHUNK % 2 == 0 && (BM / 8) % TS_CHUNK == 0 && WG_TS_BOX == 8 * TS_CHUNK),
+              "WG_TS_CHUNK: BM / 8, or with WG_SK 2 an even divisor of BM / 8 with WG_TS_BOX = 8 WG_TS_CHUNK");
 static_assert(!TSTORE || (BULK && (!SK || SKW) && WG_SPLIT != 1 && ACT != 2 && WG_TS_BOX % 8 == 0 &&
                            (SKW || STAGES * STAGE >= NWG * BM * 128)),
               "WG_TSTORE: TMA loader, no workspace split-K / stream-K (WG_SK 2 is fine), fp16 / bf16 output, "
@@ -595,7 +612,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         w[TB / 128 - 4] = v1.x, w[TB / 128 - 3] = v1.y, w[TB / 128 - 2] = v1.z, w[TB / 128 - 1] = v1.w;
       }
     }
-    if (!PC) {
+    if (!PC && !(DIAG & 4)) {
       const int grp = ((kt0 + i) * 64) >> gk;  // warp-uniform
       // (int8 decodes every tile: with the cached constants the fp16 int8 sym / offset kernels returned wrong
       // results on an H200 -- zero_point, bf16 and int4 were right; not understood, see docs/design.md)
@@ -613,7 +630,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int b = G2 ? s / 2 : 0;
-      if (BITS == 4) {
+      if (DIAG & 4) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) afr_t[s][r] = w[(4 * s + r) % (TB / 128)];
+      } else if (BITS == 4) {
         a_frag_step<4, ACT, MODE, SCALED>(w, s, q[b][0], q[b][1], z[b][0], z[b][1], afr_t[s]);
       } else {
         const u32 wu[4] = {w[4 * (s / 2)], w[4 * (s / 2) + 1], w[4 * (s / 2) + 2], w[4 * (s / 2) + 3]};
@@ -635,7 +655,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     wg_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s)  // + 32 bytes per k16 step
-      Wgmma<BM, ACT>::mma(FOLD ? tacc[B] : acc, afr_t[s], desc + 2 * s, FIRST && s == 0 ? 0 : 1);
+      if (DIAG & 2)  // keep the fragments live (else the dequantization is dead code) at 4 xor per k16 step
+        acc[s] = __uint_as_float(__float_as_uint(acc[s]) ^ afr_t[s][0] ^ afr_t[s][1] ^ afr_t[s][2] ^ afr_t[s][3]);
+      else
+        Wgmma<BM, ACT>::mma(FOLD ? tacc[B] : acc, afr_t[s], desc + 2 * s, FIRST && s == 0 ? 0 : 1);
     wg_commit();
     wg_wait<INFL>();  // the wgmma of k-tile i - INFL is done: its A registers may be reused
   };
@@ -691,7 +714,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       if (last) __threadfence();
       return last;
     };
-    bool store = true;
+    bool store = !(DIAG & 1) || N < 0;  // (N < 0, never true, keeps the stores and what feeds them compiled)
     int jlo = 0, jhi = BM / 8;  // WG_SPLIT 2: the band of accumulator rows (8 activation rows each) this CTA stores
     if (CSPLIT) {
       // each CTA stores a band of jb accumulator rows (8 activation rows each), the cluster's sums
@@ -738,14 +761,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     if (TSTORE && store) {
       const int wg = warp >> 2, wq = warp & 3;
       // [BM rows][64 columns] of 2 bytes, 128-byte swizzle (1024-aligned)
-      const u32 stg = sbase + (SKW ? STAGES * STAGE : 0) + wg * (BM * 128);
-      if (SKW) {
-        // the warpgroup's own buffer past the ring: its previous tile's TMA store may still be reading it
-        if ((tid & 127) == 0) tma_store_wait_read();
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-      } else {
-        consumer_sync();  // every warpgroup's wgmmas are complete and every stage was consumed: the ring is free
-      }
+      const u32 stg = sbase + (SKW ? STAGES * STAGE : 0) + wg * (TS_CHUNK * 8 * 128);
+      if (!SKW) consumer_sync();  // every warpgroup's wgmmas are complete and every stage was consumed: the ring is free
       const int nb = rt_raw * 16 + g;
       float bv[2];
 #pragma unroll
@@ -761,17 +778,26 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         const float v1 = PCS ? fmaf(acc[i + 1], rscale[h], bv[h]) : acc[i + 1] + bv[h];
         return clamp_out16x2<ACT>(pack_out16x2<ACT>(v0, v1), lo2, hi2);
       };
-      // WG_SPLIT 2: this CTA's band only (it starts at an even block), staged from row 0 of the tile
-      stage_out_tile<BM / 8>(stg, wq, lane, jlo, jhi,
-                             [&](int j) { return make_uint2(val2(4 * j, 0), val2(4 * j + 2, 1)); });
-      fence_proxy_async();  // the generic-proxy smem writes are visible to the TMA engine
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-      if ((tid & 127) == 0) {
-        // one store per WG_TS_BOX rows of the CTA's rows (WG_SPLIT 2: its band; an empty band stores nothing)
-        const int rows = CSPLIT ? 8 * (jhi - jlo) : BM;
-        for (int r0 = 0; r0 < rows; r0 += WG_TS_BOX)
-          tma_store_2d(&ymap, stg + r0 * 128, (rt_raw - wq) * 16, m0 + 8 * jlo + r0);
-        if (!SKW) tma_store_wait_read();  // the smem is read before the CTA exits (WG_SK 2: after its last tile)
+#pragma unroll
+      for (int c = 0; c < BM / 8; c += TS_CHUNK) {  // one piece (the whole tile unless WG_SK 2 stages in pieces)
+        if (SKW) {
+          // the warpgroup's own buffer past the ring: its previous piece's TMA store may still be reading it
+          if ((tid & 127) == 0) tma_store_wait_read();
+          asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+        }
+        // WG_SPLIT 2: this CTA's band only (it starts at an even block), staged from row 0 of the tile
+        const int lo = TS_CHUNK == BM / 8 ? jlo : c, hi = TS_CHUNK == BM / 8 ? jhi : c + TS_CHUNK;
+        stage_out_tile<BM / 8>(stg, wq, lane, lo, hi,
+                               [&](int j) { return make_uint2(val2(4 * j, 0), val2(4 * j + 2, 1)); });
+        fence_proxy_async();  // the generic-proxy smem writes are visible to the TMA engine
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+        if ((tid & 127) == 0) {
+          // one store per WG_TS_BOX rows of the piece (WG_SPLIT 2: the band; an empty band stores nothing)
+          const int rows = 8 * (hi - lo);
+          for (int r0 = 0; r0 < rows; r0 += WG_TS_BOX)
+            tma_store_2d(&ymap, stg + r0 * 128, (rt_raw - wq) * 16, m0 + 8 * lo + r0);
+          if (!SKW) tma_store_wait_read();  // the smem is read before the CTA exits (WG_SK 2: after its last tile)
+        }
       }
     } else if (store) {
       const int nb = rt_raw * 16 + g;

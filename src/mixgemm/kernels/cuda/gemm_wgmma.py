@@ -14,7 +14,8 @@
   0: per-thread cp.async), SK (1: stream-K -- a persistent grid of as many CTAs as fit at once splits the (tile,
   k-stage) work evenly, CTAs that share a tile combine fp32 partials; 2: persistent whole tiles -- the same grid, each
   CTA runs every grid-th output tile start to finish, and with TSTORE its TMA stores stay in flight under the next
-  tile (a staging buffer of NWG x BM x 128 bytes past the ring); SK needs TMA 1 and ignores SPLIT), FOLD (1: grouped
+  tile (a staging buffer past the ring: NWG x BM x 128 bytes, or a piece of it staged and stored in turn where the
+  whole would cut the ring's stages, ``staging_chunk``); SK needs TMA 1 and ignores SPLIT), FOLD (1: grouped
   sym / zero_point weights enter the wgmma as exact integers q - z and each group's fp32 partial is scaled into the
   accumulator; applies to groups of 64 with KT 2 or 4 and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per
   SM the register allocation must allow; default 2 for SK 1 tiles of BM <= 64 without FOLD, else 1), TSTORE (1, the
@@ -62,7 +63,7 @@ KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
-               "CLUSTER", "SERIAL", "PDL", "WS", "TAIL", "TAIL_WAIT")
+               "CLUSTER", "SERIAL", "PDL", "WS", "TAIL", "TAIL_WAIT", "DIAG")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
 # the k-slices a TAIL's partial wave may take (the weight-only split from wgmma_waves.tail_split, the int8 GEMM's from
 # gemm_wgmma_a8.tail_split_rule): past 4, each further slice's reduction costs more than the steps it saves
@@ -126,6 +127,18 @@ def k_slices(kt: int, split: int, ktile: int) -> tuple[int, int]:
     split = max(1, min(split, kt))
     per = -(-math.ceil(kt / split) // ktile) * ktile
     return math.ceil(kt / per), per
+
+
+def staging_chunk(bm: int, nwg: int, ring_bytes: int) -> int:
+    """8-row blocks per piece of SK 2's TMA-store staging (WG_TS_CHUNK): the whole tile (BM / 8) where its NWG x BM x
+    128 bytes fit beside a ring of ``ring_bytes``, else the largest even divisor of BM / 8 whose piece fits (so the
+    ring keeps its stages), else the whole tile (the ring is then cut to fit)."""
+    room = SMEM_LIMIT - ring_bytes - 1024
+    blocks = bm // 8
+    for d in [blocks] + [d for d in range(blocks - 1, 1, -1) if d % 2 == 0 and blocks % d == 0]:
+        if nwg * d * 8 * 128 <= room:
+            return d
+    return blocks
 
 
 def fitted_stages(keys: TileKeys, sb: int, extra: int = 0) -> int:
@@ -442,8 +455,12 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     g2 = lay.group_size == 32
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
     want_tstore = bool(tma and int(cfg.get("TSTORE", TSTORE)))
-    # SK 2 stages its TMA stores past the ring (they stay in flight under the next tile): a buffer per warpgroup
-    staging = nwg * bm * 128 if sk == 2 and want_tstore and out.tstore_fits(bm, nwg) else 0
+    # SK 2 stages its TMA stores past the ring (they stay in flight under the next tile): a buffer per warpgroup,
+    # of the whole tile or of the largest piece that fits beside the ring
+    ts_chunk, staging = bm // 8, 0
+    if sk == 2 and want_tstore and out.tstore_fits(bm, nwg):
+        ts_chunk = staging_chunk(bm, nwg, (fitted_stages(keys, sb) if fit else stages) * sb)
+        staging = nwg * ts_chunk * 8 * 128
     if fit:
         stages = fitted_stages(keys, sb, staging)
     smem = stages * sb + staging + 1024  # + slack for the 1024-byte alignment of the stages
@@ -477,6 +494,8 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     minb = int(cfg.get("MINB", 2 if sk == 1 and bm <= 64 and not fold and not ws_req else 1))
     if minb != 1:
         defs["WG_MINB"] = minb
+    if cfg.get("DIAG"):
+        defs["WG_DIAG"] = int(cfg["DIAG"])  # diagnostic stage removal (gemm_wgmma.cu); wrong results, tools only
     if inflight != 1:
         defs["WG_INFLIGHT"] = inflight
     if ktile != 1:
@@ -517,6 +536,9 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     if tstore:
         # rows per TMA store: all of the CTA's rows (CLUSTER: its band, when every band is as large), else 8 per store
         box = bm if not csplit else 8 * band_blocks if band_blocks * split == bm // 8 else 8
+        if ts_chunk != bm // 8:  # SK 2 in pieces: one store per piece
+            box = 8 * ts_chunk
+            defs["WG_TS_CHUNK"] = ts_chunk
         try:  # 64 output columns x box rows; the address is written per call
             ymap = encode_tensor_map(_MAP_PLACEHOLDER, m, n, out.row_stride, out.dtype, K_TILE, box)
             defs["WG_TSTORE"] = 1

@@ -52,6 +52,36 @@ class TileCost:
 
 
 @dataclass(frozen=True)
+class StoreBound:
+    """When a launch of one CTA per output tile is bound by its output stores (the ``persistent`` part of a GPU's
+    ``wgmma_waves`` section). The CTAs of a wave run in step, so each wave's tiles reach their epilogue together and
+    write their outputs at the copy bandwidth while no SM computes: measured on the H100 (W4 g128, N = 9728, M =
+    16384, tools/bench/wgmma.py with gemm_wgmma.cu's WG_DIAG 1), leaving the stores out took a wave from 14.3 to
+    12.0 us at K = 896 and from 5.3 to 2.5 us at K = 128 -- 2.7-2.9 us, one wave's 8.7 MB of output at 3 TB/s.
+    Persistent whole tiles (SK 2) keep those stores in flight under the next tile's main loop, but their loop costs
+    a little more per step (no hardware balancing of the SMs), so they pay only where the stores are a large share of
+    a wave: where ``store_share`` x the wave's main loop (steps x the tile's step_us) is at most the wave's output
+    bytes over ``copy_bytes_per_us``, over at least ``min_waves`` waves of tiles (the persistent grid does not even out
+    a partial last wave as the hardware's block scheduler and TAIL do)."""
+
+    store_share: float
+    copy_bytes_per_us: float
+    min_waves: float
+    source: str
+
+    @classmethod
+    def parse(cls, raw: dict, where: str) -> StoreBound:
+        if not isinstance(raw.get("source"), str) or not raw["source"]:
+            raise ValueError(f"{where}: wgmma_waves.persistent needs a 'source' string")
+        return cls(float(raw["store_share"]), float(raw["copy_bytes_per_us"]), float(raw["min_waves"]), raw["source"])
+
+    def share(self, tile: TileCost, steps: int, sms: int, out_bytes: int = 2) -> float:
+        """A wave's output store time over its main loop's time, for ``tile`` over ``steps`` 64-k steps."""
+        bm, nwg = tile.key
+        return sms * bm * 64 * nwg * out_bytes / self.copy_bytes_per_us / (steps * tile.step_us)
+
+
+@dataclass(frozen=True)
 class WaveCost:
     """A GPU's ``wgmma_waves`` section (mixgemm.tuning): the tiles the model ranks and its constants."""
 
@@ -63,6 +93,7 @@ class WaveCost:
     from_m: int  # the model ranks configs from this M (the M it was measured over)
     margin: float  # the table's tile is kept unless another is estimated this many times faster
     source: str
+    persistent: StoreBound | None = None  # when whole tiles run persistent (SK 2) with their stores in flight
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> WaveCost:
@@ -73,8 +104,9 @@ class WaveCost:
         slots = {int(s): int(v) for s, v in raw["cluster_slots"].items()}
         if not tiles or any(not 2 <= s <= CLUSTER_MAX for s in slots):
             raise ValueError(f"{where}: wgmma_waves needs tiles and cluster_slots for splits 2..{CLUSTER_MAX}")
+        persistent = StoreBound.parse(raw["persistent"], where) if "persistent" in raw else None
         return cls(tiles, float(raw["launch_us"]), float(raw["reduce_us"]), slots, int(raw["sms"]),
-                   int(raw["from_m"]), float(raw["margin"]), raw["source"])
+                   int(raw["from_m"]), float(raw["margin"]), raw["source"], persistent)
 
     def slots(self, split: int, sms: int) -> int:
         """Clusters of ``split`` CTAs resident at once on a GPU of ``sms`` SMs (scaled from the measured GPU)."""
@@ -196,14 +228,30 @@ def choose(m: int, n: int, k: int, base: dict, w: WeightBytes, cost: WaveCost, s
         t_base = estimate_us(m, n, k, base_tile, 1, ctas_per_sm(base_tile.config, w), cost, sms)
         if t_base <= cost.margin * t_best:
             cfg = _with_tail({**base, "SPLIT": 1, "CLUSTER": 0}, m, n, k, base_tile, w, cost, sms)
-            return WaveChoice(cfg, f"the table's tile, split 1{_tail_text(cfg)} (est. {t_base:.1f} us; best other "
-                              f"BM {tile.key[0]} NWG {tile.key[1]} split {split}, est. {t_best:.1f} us)")
+            return _persistent(WaveChoice(cfg, f"the table's tile, split 1{_tail_text(cfg)} (est. {t_base:.1f} us; "
+                                               f"best other BM {tile.key[0]} NWG {tile.key[1]} split {split}, est. "
+                                               f"{t_best:.1f} us)"), m, n, k, base_tile, w, cost, sms)
     cfg = {**tile.config, "SPLIT": split, "CLUSTER": int(split > 1)}
     if split == 1 and "TAIL" in base and tile.key == base_key:
         cfg = _with_tail({**cfg, "TAIL": base["TAIL"]}, m, n, k, tile, w, cost, sms)
     base_text = f"the table's tile est. {t_base:.1f} us" if t_base is not None else "the table's tile not modelled"
-    return WaveChoice(cfg, f"BM {tile.key[0]} NWG {tile.key[1]} split {split}{_tail_text(cfg)} (est. {t_best:.1f} us; "
-                      f"{base_text})")
+    return _persistent(WaveChoice(cfg, f"BM {tile.key[0]} NWG {tile.key[1]} split {split}{_tail_text(cfg)} (est. "
+                                       f"{t_best:.1f} us; {base_text})"), m, n, k, tile, w, cost, sms)
+
+
+def _persistent(choice: WaveChoice, m: int, n: int, k: int, tile: TileCost, w: WeightBytes, cost: WaveCost,
+                sms: int) -> WaveChoice:
+    """The choice as persistent whole tiles (SK 2, no TAIL) where its output stores bind it (StoreBound)."""
+    cfg, sb = choice.config, cost.persistent
+    if (sb is None or int(cfg.get("SPLIT", 1)) != 1 or not int(cfg.get("TMA", 1)) or ctas_per_sm(cfg, w) != 1
+            or output_tiles(m, n, *tile.key) < sb.min_waves * sms):
+        return choice
+    _, steps = split_steps(k, 1, int(cfg.get("KT", 1)))
+    share = sb.share(tile, steps, sms)
+    if share < sb.store_share:
+        return choice
+    return WaveChoice({**cfg, "SK": 2, "TAIL": 0}, f"{choice.note}; persistent whole tiles (SK 2): a wave's output "
+                                                   f"stores take {share:.2f} of its main loop")
 
 
 def _with_tail(cfg: dict, m: int, n: int, k: int, tile: TileCost, w: WeightBytes, cost: WaveCost, sms: int) -> dict:
