@@ -211,7 +211,8 @@
 #endif
 // WG_DIAG (tools only: results are wrong with any bit set): leave out one stage to see what a tile's time is made of.
 // 1: no output store (the epilogue's stores are compiled, never run); 2: no wgmma (the A fragments are built and
-// xor-ed into the accumulators, no MMA is queued); 4: no dequantization (the raw weight words are the A fragments, no group parameters decoded)
+// xor-ed into the accumulators, no MMA is queued); 4: no dequantization (the raw weight words are the A fragments,
+// no group parameters decoded)
 #ifndef WG_DIAG
 #define WG_DIAG 0
 #endif
@@ -762,7 +763,8 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       const int wg = warp >> 2, wq = warp & 3;
       // [BM rows][64 columns] of 2 bytes, 128-byte swizzle (1024-aligned)
       const u32 stg = sbase + (SKW ? STAGES * STAGE : 0) + wg * (TS_CHUNK * 8 * 128);
-      if (!SKW) consumer_sync();  // every warpgroup's wgmmas are complete and every stage was consumed: the ring is free
+      // every warpgroup's wgmmas are complete and every stage was consumed: the ring is free (WG_SK 2 stages past it)
+      if (!SKW) consumer_sync();
       const int nb = rt_raw * 16 + g;
       float bv[2];
 #pragma unroll
