@@ -927,6 +927,53 @@ def test_gemv_double_buffered_steps(r, u, ks, bits, group, mode):
                     _check(torch.randn(m, k, generator=gen, device="cuda").to(act), qw)
 
 
+# Lane groups (gemv.cu GEMV_LW): (LW, R, U, KS, PF, extra keys) over the register path's variants
+LW_TILES = [(16, 4, 2, 1, 0, {}), (16, 4, 1, 2, 0, {"ZSUM": 1}), (8, 2, 2, 2, 1, {}), (4, 4, 1, 1, 0, {"XS": 1}),
+            (16, 2, 4, 4, 0, {"MINB": 2})]
+
+
+def test_lane_groups_tile_rows():
+    """tile_rows counts the 32 / LW lane groups of each warp, and LW is checked."""
+    from mixgemm.kernels.cuda.gemv import tile_rows
+
+    assert tile_rows({"R": 4, "RG": 8, "KS": 1}) == 32 and tile_rows({"R": 4, "RG": 8, "KS": 1, "LW": 8}) == 128
+    with pytest.raises(ValueError, match="LW"):
+        tile_rows({"R": 4, "RG": 8, "KS": 1, "LW": 12})
+    with pytest.raises(ValueError, match="LW"):
+        tile_rows({"R": 4, "RG": 1, "KS": 7, "LW": 16, "BULK": 2})
+
+
+@needs_nvrtc
+def test_nvrtc_compiles_lane_groups():
+    """Every LW_TILES tile compiles for sm_90 and sm_80 at M = 1 (fp16, zero point) and M = 4 (bf16, offset)."""
+    for (lw, r, u, ks, pf, extra), arch in itertools.product(LW_TILES, ("sm_90", "sm_80")):
+        cfg = {"R": r, "U": u, "KS": ks, "RG": 8 // ks, "PF": pf, "LW": lw, **extra}
+        for act, mode, mb in ((0, 1, 1), (1, 2, 4)):
+            key = tuple(sorted(defines_for(4, act, 0, mode, mb, cfg).items()))
+            assert ("GEMV_LW", lw) in key
+            assert nvrtc.compile_cubin("gemv.cu", key, arch)[:4] == b"\x7fELF"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", LW_TILES)
+@pytest.mark.parametrize("bits,group,mode", [(4, 128, "sym"), (4, 32, "zero_point"), (4, 64, "offset"),
+                                             (8, -1, "sym"), (8, 128, "zero_point")])
+def test_gemv_lane_groups(tile, bits, group, mode):
+    """Lanes in groups of LW per row: K whose chunks split evenly over the lane groups (int4 3584 = 112 chunks) and
+    K that leaves a partial step (3584 - 384), N = 203 (one partial tile) and 4099 (many tiles, the last past N);
+    M = 1 / 3 in fp16, bf16 and fp32 x, with bias and relu at M = 3."""
+    lw, r, u, ks, pf, extra = tile
+    cfg = {"R": r, "U": u, "KS": ks, "RG": 8 // ks, "PF": pf, "LW": lw, **extra}
+    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": cfg}):
+        for n, k in ((203, 3584), (4099, 3584 - 384)):
+            qw, gen = _make(n, k, bits, group, mode, torch.float16, 23)
+            for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.bfloat16), (2, torch.float32)):
+                x = torch.randn(m, k, generator=gen, device="cuda").to(act)
+                bias = torch.randn(n, generator=gen, device="cuda").to(act)
+                _check(x, qw, bias if m == 3 else None, "relu" if m == 3 else None)
+            assert f"'LW': {lw}" in str(mixgemm.explain(x, qw).config)
+
+
 def test_bulk_config_needs_sm90_room_and_whole_param_rows():
     """BULK runs only on sm_90 with a ring that fits one block; BPAR only where a row's parameters are whole 16-byte
     units (the bulk copy's granule) and the config does not say BPAR 0."""

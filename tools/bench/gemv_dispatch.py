@@ -16,7 +16,8 @@ tables' gemv_over_wgmma / gemv_mma_m1 / wgmma_from_m entries were read from; res
 (docs/benchmarking.md).
 
 Usage: PYTHONPATH=src python -m tools.bench.gemv_dispatch --formats w4s,w4z --ms 1,16 --budget 280 --out $OUT
-       [--dtype bfloat16] [--no-mma-grid] [--wg-simt] [--simt-only] [--compact-only] [--split-rt-grid] [--warm P]
+       [--dtype bfloat16] [--no-mma-grid] [--wg-simt] [--simt-only] [--compact-only] [--split-rt-grid] [--lw-grid]
+       [--warm P]
        PYTHONPATH=src python -m tools.bench.gemv_dispatch --suggest SWEEP.json ...  (the M = 1 bucket entries a
        sweep supports: a CUDA-core tile >= 5% faster than the default on every measured layer of its bucket)
        PYTHONPATH=src python -m tools.bench.gemv_dispatch --suggest-simt SIMT_SWEEP.json ...  (the wgmma_v1 M = 1 tile
@@ -131,10 +132,28 @@ def mma_pack_variants(base: dict) -> list[dict]:
     return [c for c in out if c != same]
 
 
+def lane_grid(base: dict, kc: int) -> list[dict]:
+    """The CUDA-core GEMV's M = 1 tiles over lanes per row (gemv.cu GEMV_LW 32 / 16 / 8) x KS 1 / 2 / 4 x U 1 / 2 x
+    R 2 / 4 (RG = 8 warps / KS, no PF), with base's ZSUM, where every lane group of every k-slice gets a chunk of a
+    row's kc, less ``base`` itself."""
+    out = []
+    for lw in (32, 16, 8):
+        for ks in (1, 2, 4):
+            for u in (1, 2):
+                for r in (2, 4):
+                    c = {"R": r, "U": u, "RG": 8 // ks, "KS": ks, "PF": 0, "LW": lw}
+                    if base.get("ZSUM", 0):
+                        c["ZSUM"] = 1
+                    if kc >= lw * ks and c != {**base, "LW": base.get("LW", 32)}:
+                        out.append(c)
+    return out
+
+
 def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
                simt_grid: bool = False, mma_grid_all: bool = False, simt_only: bool = False,
                compact_only: bool = False, split_rt: bool = False,
-               small_m_tiles: bool = False, simt_pack: bool = False, mma_pack: bool = False) -> dict[str, list[dict]]:
+               small_m_tiles: bool = False, simt_pack: bool = False, mma_pack: bool = False,
+               lw_grid: bool = False) -> dict[str, list[dict]]:
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
     name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
     simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid (with
@@ -147,7 +166,8 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     against the wgmma GEMM's config without the table's small-M tile family (first) and the family's 16 tiles
     (kernels.linear.small_m_family_candidates).
     mma_pack (M > 1, with compact_only or the default families): each tensor-core GEMV family's default also with PF
-    and PACK on and off (mma_pack_variants) instead of its other variants."""
+    and PACK on and off (mma_pack_variants) instead of its other variants.
+    lw_grid (M = 1): the CUDA-core GEMV's default against lane_grid only."""
     if mma_pack and m > 1:
         out = {"cuda_gemv_mma": [entries._gemv_mma_config(p)]}
         if compact_only:
@@ -176,6 +196,9 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
             out["cuda_gemv_mma/compact"] += [c for c in more_gemv if c not in out["cuda_gemv_mma/compact"]]
             out["cuda_wgmma"] = [entries._wgmma_config(pr), *more_gemm, *entries.small_m_family_candidates(pr)]
         return out
+    if m == 1 and lw_grid:
+        base = entries._gemv_config(p)
+        return {"cuda_gemv": [base, *lane_grid(base, -(-k // (32 if bits == 4 else 16)))]}
     if m == 1 and simt_only:
         return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64), simt_pack)}
     if m == 1:
@@ -203,7 +226,7 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                   mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False,
                   simt_only: bool = False, compact_only: bool = False, split_rt: bool = False,
                   warm_only: bool = False, small_m_tiles: bool = False, simt_pack: bool = False,
-                  mma_pack: bool = False) -> list[dict]:
+                  mma_pack: bool = False, lw_grid: bool = False) -> list[dict]:
     bits, group, mode = FORMATS[fmt]
     dev = torch.device("cuda")
 
@@ -229,7 +252,8 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                                               warmup_ms=5, rep_ms=30)
 
         for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only,
-                                        compact_only, split_rt, small_m_tiles, simt_pack, mma_pack).items():
+                                        compact_only, split_rt, small_m_tiles, simt_pack, mma_pack,
+                                        lw_grid).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
@@ -297,6 +321,8 @@ def main() -> None:
     ap.add_argument("--simt-shipped", action="store_true",
                     help="--suggest-simt: against today's pick (the shipped tables) instead of the rule, with at "
                          "most --simt-worst on any layer")
+    ap.add_argument("--lw-grid", action="store_true",
+                    help="M = 1: the CUDA-core GEMV's default against its lanes-per-row grid (lane_grid) only")
     ap.add_argument("--simt-worst", type=float, default=1.05,
                     help="--suggest-simt: the most a kept tile may take on one layer, over the baseline's time")
     args = ap.parse_args()
@@ -342,7 +368,7 @@ def main() -> None:
                 measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt, args.mma_grid_all,
                               args.simt_only, args.compact_only, args.split_rt_grid, warm_only=True,
                               small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack,
-                              mma_pack=args.mma_pack)
+                              mma_pack=args.mma_pack, lw_grid=args.lw_grid)
             except Exception:
                 traceback.print_exc()
             torch.cuda.empty_cache()
@@ -372,7 +398,7 @@ def main() -> None:
                 res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt,
                                      args.mma_grid_all, args.simt_only, args.compact_only, args.split_rt_grid,
                                      small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack,
-                                     mma_pack=args.mma_pack)
+                                     mma_pack=args.mma_pack, lw_grid=args.lw_grid)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

@@ -350,6 +350,10 @@ def _gemv_candidates(p: Problem) -> list[dict]:
             # sweep behind the tables found no PF tile among the winners)
             out += [c for c in ({**t, "ZSUM": int(not t.get("ZSUM", 0))} for t in [base, *out] if not t.get("PF", 0))
                     if c != base]
+        # lanes per row (gemv.cu GEMV_LW): the default tile over the other lane widths of 32, 16 and 8, where every
+        # k-slice's lane group gets a chunk of the row
+        kc = -(-p.k // (32 if p.bits == 4 else 16))
+        out += [{**base, "LW": lw} for lw in (32, 16, 8) if lw != base.get("LW", 32) and kc >= lw * base["KS"]]
     return out
 
 

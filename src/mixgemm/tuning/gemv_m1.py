@@ -21,7 +21,8 @@ class M1Tile(NamedTuple):
     PF register double buffering, RG row groups per block (0: 8 warps per block, RG = 8 / KS), MINB launch-bounds
     blocks per SM (0: none), LITE f16x2 sum of the two partial chains, BULK stages of the bulk-copy ring (0: weights
     loaded into registers; sm_90 only, persistent grid; gemv.cu GEMV_BULK), ZSUM zero points through the x sum
-    (zero_point weights; gemv.cu GEMV_ZSUM)."""
+    (zero_point weights; gemv.cu GEMV_ZSUM), LW lanes per weight row (32, 16 or 8: a warp works on 32 / LW row sets
+    at once; gemv.cu GEMV_LW)."""
 
     R: int
     U: int
@@ -32,6 +33,7 @@ class M1Tile(NamedTuple):
     LITE: int = 0
     BULK: int = 0
     ZSUM: int = 0
+    LW: int = 32
 
 
 def _entries(source: str, measured: list, tile_type: type = M1Tile) -> dict[int, tuple[BucketEntry, ...]]:
@@ -155,6 +157,41 @@ H100_ZP_SWEEP3 = _entries(_SWEEP3_SOURCE + ", zero point", [
     (4, 5120, 1024, (4, 2, 4)), (4, 5120, 13824, M1Tile(4, 1, 1, ZSUM=1)), (4, 5120, 27648, M1Tile(4, 2, 2, ZSUM=1)),
 ])
 
+# The fourth H100 sweep, after a row could take fewer lanes than a warp (gemv.cu GEMV_LW): a row of 3.5 chunks per
+# lane paid the 4 round trips of the lanes with one more. tools/bench/gemv_dispatch.py --lw-grid --formats w4s,w4z,w8
+# --ms 1 over the 80 model-list layers (each layer's default against LW 32 / 16 / 8 x KS 1 / 2 / 4 x U 1 / 2 x R 2 / 4),
+# entries by --suggest (>= 5% faster on every measured layer of the bucket) over the layers the CUDA-core GEMV serves at
+# M = 1. Over all 80 layers the per-layer best took 0.872x (sym), 0.908x (zero point), 0.950x (int8) the default's
+# time by geometric mean, 0.913x / 0.955x / 0.971x with LW 32 only. Replaces the entries above of the same bucket.
+# Before / after (mixgemm bench, M = 1, one H100, two rounds each, medians): the 46 (layer, format) cases these entries
+# move 0.847x the time by geometric mean, 0.68-0.95x, none slower (us: sym 3584x4608 6.14 -> 4.44, 3584x8192 9.85 ->
+# 7.24, 11008x4096 13.73 -> 10.80, 4096x4096 5.41 -> 4.69, 8192x8192 17.07 -> 15.23; zero point 2304x18432 13.00 ->
+# 11.35, 3584x8192 9.07 -> 7.95; int8 896x9728 4.67 -> 3.80, 4096x6144 11.24 -> 10.26); the other 62 cases and fp16
+# cuBLAS 1.000x.
+_SWEEP4_SOURCE = ("tools/bench/gemv_dispatch.py --lw-grid --suggest on the H100 (M = 1, fp16 activations; model-list "
+                  "sweep of lanes per row x KS x U x R)")
+H100_SYM_SWEEP4 = _entries(_SWEEP4_SOURCE + ", sym", [
+    (4, 1536, 256, M1Tile(2, 2, 2, LW=16)), (4, 1536, 8960, M1Tile(4, 2, 4, LW=8)),
+    (4, 1536, 17920, M1Tile(4, 2, 1, LW=16)), (4, 2048, 256, M1Tile(4, 1, 4, LW=16)),
+    (4, 2304, 9216, M1Tile(4, 2, 4, LW=8)), (4, 2304, 18432, M1Tile(2, 1, 2, LW=8)),
+    (4, 2048, 22016, M1Tile(2, 1, 1, LW=16)), (4, 3584, 512, M1Tile(4, 2, 4, LW=16)),
+    (4, 3584, 3584, M1Tile(4, 2, 4, LW=16)), (4, 3584, 8192, M1Tile(4, 1, 4, LW=16)),
+    (4, 4096, 11008, M1Tile(2, 1, 1)), (4, 5120, 1024, M1Tile(4, 2, 4)), (4, 5120, 7168, M1Tile(4, 1, 4, LW=16)),
+    (4, 8192, 8192, M1Tile(4, 1, 2)), (4, 11008, 4096, M1Tile(4, 1, 4)), (4, 13824, 5120, M1Tile(2, 1, 4, LW=16)),
+])
+H100_ZP_SWEEP4 = _entries(_SWEEP4_SOURCE + ", zero point", [
+    (4, 1536, 8960, M1Tile(2, 1, 2, LW=16)), (4, 1536, 17920, M1Tile(2, 1, 1, ZSUM=1, LW=16)),
+    (4, 2048, 256, M1Tile(2, 1, 2)), (4, 2304, 9216, M1Tile(2, 1, 4, LW=8)), (4, 2304, 18432, M1Tile(2, 1, 2, LW=8)),
+    (4, 3584, 512, M1Tile(4, 2, 4, LW=16)), (4, 3584, 8192, M1Tile(4, 2, 2, LW=16)),
+    (4, 4608, 73728, M1Tile(2, 1, 2, LW=16)), (4, 8192, 10240, M1Tile(2, 1, 1)),
+])
+# int8 per channel (measured sym, serves every mode)
+H100_W8_SWEEP4 = _entries(_SWEEP4_SOURCE + ", int8", [
+    (8, 896, 128, M1Tile(4, 2, 4, LW=8)), (8, 896, 896, M1Tile(2, 2, 4, LW=8)), (8, 896, 4864, M1Tile(4, 2, 4, LW=8)),
+    (8, 896, 9728, M1Tile(4, 2, 4, LW=8)), (8, 1536, 1536, M1Tile(4, 2, 4, LW=16)), (8, 2048, 256, M1Tile(2, 1, 4)),
+    (8, 2304, 1024, M1Tile(2, 1, 4)), (8, 2304, 9216, M1Tile(2, 1, 2, LW=16)), (8, 4096, 6144, M1Tile(2, 1, 4, LW=16)),
+])
+
 # The same sweep on the H200 (buckets the h200 table's gemv_mma_m1 sends to the tensor-core GEMV left out):
 # zero point 9216x2304 8.51 -> 5.70 us, 5120x5120 9.13 -> 6.44, 27648x5120 32.2 -> 27.2; sym 8192x3072 8.67 -> 6.11,
 # 4096x6144 8.25 -> 6.11, 5120x1024 4.66 -> 3.45.
@@ -205,10 +242,12 @@ def _replacing(base: dict, newer: dict) -> dict:
 
 
 # {(gpu, sym?): {bits: entries}}, merged once, not per call
-TABLES = {("H100", False): _replacing(_union(H100, H100_ZP_SWEEP, H100_ZP_SWEEP2, H100_W8_SWEEP, H100_W8_SWEEP2),
-                                     H100_ZP_SWEEP3),
-          ("H100", True): _replacing(_union(H100, H100_W8_SWEEP, H100_W8_SWEEP2),
-                                     _union(H100_SYM, H100_SYM_SWEEP, H100_SYM_SWEEP2)),
+TABLES = {("H100", False): _replacing(_replacing(_union(H100, H100_ZP_SWEEP, H100_ZP_SWEEP2, H100_W8_SWEEP,
+                                                       H100_W8_SWEEP2), H100_ZP_SWEEP3),
+                                     _union(H100_ZP_SWEEP4, H100_W8_SWEEP4)),
+          ("H100", True): _replacing(_replacing(_union(H100, H100_W8_SWEEP, H100_W8_SWEEP2),
+                                                _union(H100_SYM, H100_SYM_SWEEP, H100_SYM_SWEEP2)),
+                                     _union(H100_SYM_SWEEP4, H100_W8_SWEEP4)),
           ("H200", False): _union(H200, H200_SWEEP, H200_W8_SWEEP),
           ("H200", True): _replacing(_union(H200, H200_W8_SWEEP), _union(H200_SYM, H200_SYM_SWEEP))}
 

@@ -66,6 +66,14 @@
 #ifndef GEMV_PF
 #define GEMV_PF 1
 #endif
+// Lanes per weight row: 32, or 16 / 8 / 4, where a warp's lanes form 32 / LW groups, each with R rows of its own and
+// the row's chunks striding over its LW lanes (tiles of RG x R x 32 / LW rows). Why: a lane's steps are round trips
+// to memory that the whole warp waits for, and where a row's chunks are no multiple of KS x 32 (int4 K = 3584: 112
+// chunks, 3.5 per lane) the last step is a part-empty round trip, for the lanes that have one more chunk than the
+// others, after a divergent branch; over 16 lanes the same row is 7 whole steps. Register path only (not GEMV_BULK).
+#ifndef GEMV_LW
+#define GEMV_LW 32
+#endif
 // L2 prefetch (gemv_common.cuh prefetch_l2_warp): 0 none; 1 each row group prefetches its own R rows
 // (weights + params) when it starts a tile; 2 also the rows of the block's next tile (persistent grid).
 // Experimental, off by default: 4-30% slower than 0 on H200 (docs/design.md v5).
@@ -170,6 +178,9 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
              const int* __restrict__ perm) {    // GEMV_PERM: [Kp] input permutation (else unused, may be null)
   constexpr int BITS = GEMV_BITS, ACT = GEMV_ACT, SCL = GEMV_SCL, MODE = GEMV_MODE;
   constexpr int M = GEMV_M, R = GEMV_R, U = GEMV_U, RG = GEMV_RG, KS = GEMV_KS;
+  constexpr int LW = GEMV_LW, HW = 32 / LW;  // lanes per row group, row groups per warp
+  static_assert(LW == 32 || LW == 16 || LW == 8 || LW == 4, "GEMV_LW is 32, 16, 8 or 4");
+  static_assert(LW == 32 || !GEMV_BULK, "GEMV_LW < 32: register path only");
   constexpr int XE = ACT == 2 ? 4 : 2;            // bytes per activation element
   constexpr int CH = BITS == 4 ? 32 : 16;         // k per chunk (one uint4 of weights)
   constexpr int XV = CH * XE / 16;                // uint4 of activations per chunk and row
@@ -178,6 +189,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rg = warp % RG, ks = warp / RG;
+  const int sub = lane % LW, hset = lane / LW;  // lane within its row group, row group within the warp
   pdl_launch_dependents();
   // dynamic shared memory: the bulk ring [GEMV_BULK][RG * R][KS * 32 * U] (GEMV_BULK), two tiles' parameters
   // [2][RG * R][G * PB] bytes (GEMV_BPAR), then x (GEMV_XS)
@@ -245,7 +257,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // Lanes stride along K (each warp reads 512 contiguous bytes of a row per step: coalesced); the KS
   // warps of a row group interleave their chunks (split-K inside the block, when N alone cannot fill
   // the GPU); U chunks per lane are loaded before any is used, so U * R 16-byte loads are in flight.
-  constexpr int STRIDE = KS * 32;
+  constexpr int STRIDE = KS * LW;
   constexpr int PER = 16 / XE;  // activations per 16-byte piece
   // Piece v of chunk c of x row m from global memory (rows >= Mr read row Mr - 1 and are never stored). Act-order
   // (GEMV_PERM) gathers it through the indices pk of that piece, loaded once by the caller for all M rows.
@@ -432,13 +444,14 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // Row tiles of RG * R rows; the grid may be smaller than the tile count (persistent grid: each
   // block loops over tiles blockIdx.x, + gridDim.x, ...; no block launch per tile, no tail of
   // freshly launched blocks).
-  const int ntiles = (N + RG * R - 1) / (RG * R);
-  // The KS partial sums of each row of a tile (red: [KS][M][RG * R], written by warp_sums_to_smem and
+  constexpr int TROWS = RG * R * HW;  // rows per tile
+  const int ntiles = (N + TROWS - 1) / TROWS;
+  // The KS partial sums of each row of a tile (red: [KS][M][TROWS], written by warp_sums_to_smem and
   // synchronized by the caller) summed and stored by the compute threads.
-  auto store_tile = [&](int tile, const float (*red)[M][RG * R]) {
-    for (int t = threadIdx.x; t < M * RG * R; t += GEMV_CTHREADS) {
-      const int m = t / (RG * R), j = t % (RG * R);
-      const int n = tile * RG * R + j;
+  auto store_tile = [&](int tile, const float (*red)[M][TROWS]) {
+    for (int t = threadIdx.x; t < M * TROWS; t += GEMV_CTHREADS) {
+      const int m = t / TROWS, j = t % TROWS;
+      const int n = tile * TROWS + j;
       if (n >= N || m >= Mr) continue;
       float v = 0.f;
 #pragma unroll
@@ -582,10 +595,10 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     store_tile(tile, red[tl & 1]);
   }
 #else
-  auto prefetch_rows = [&](int tile) {  // this row group's R rows of `tile` into L2 (ks == 0 warps)
-    const int r0 = (tile * RG + rg) * R;
+  auto prefetch_rows = [&](int tile) {  // this warp's R x HW rows of `tile` into L2 (ks == 0 warps)
+    const int r0 = (tile * RG + rg) * R * HW;
     if (GEMV_BPF == 0 || ks != 0 || tile >= ntiles || r0 >= N) return;
-    const int nr = min(R, N - r0);
+    const int nr = min(R * HW, N - r0);
     prefetch_l2_warp(W + (size_t)r0 * Kc, (unsigned long long)nr * Kc * 16, lane);
     prefetch_l2_warp(params + (size_t)r0 * G * P::PB, (unsigned long long)nr * G * P::PB, lane);
   };
@@ -597,7 +610,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 #endif
   if (GEMV_BPF == 1 || (GEMV_BPF == 2 && tile == (int)blockIdx.x)) prefetch_rows(tile);
   if (GEMV_BPF == 2) prefetch_rows(tile + gridDim.x);  // next tile's bytes arrive while this one runs
-  const int row0 = (tile * RG + rg) * R;
+  const int row0 = (tile * RG + rg) * R * HW + hset * R;
 
   const uint4* wrow[R];
   const char* prow[R];
@@ -622,7 +635,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
         pv[u][r].load(prow[r], (c0 + u * STRIDE) >> gshift);
       }
   };
-  int c0 = ks * 32 + lane;
+  int c0 = ks * LW + sub;
   uint4 wA[U][R], wB[U][R];
   P pA[U][R], pB[U][R];
   if (GEMV_PF && c0 + (U - 1) * STRIDE < Kc) {
@@ -672,8 +685,8 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   }
 
   // Epilogue: warp reduce, then the KS k-slices of each row meet in shared memory.
-  __shared__ float red[KS][M][RG * R];
-  warp_sums_to_smem(acc, red[ks], rg, lane);
+  __shared__ float red[KS][M][TROWS];
+  warp_sums_to_smem<M, R, TROWS, LW>(acc, red[ks], rg, lane);
   __syncthreads();
   store_tile(tile, red);
 #if GEMV_PST

@@ -74,12 +74,15 @@ DEFAULT_LITE = 0
 
 
 # Config keys that only appear when set (defines_for adds their macros only then, so default compile keys stay put).
-OPTIONAL_KEYS = ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR", "BPS", "DIAG", "ZSUM")
+OPTIONAL_KEYS = ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR", "BPS", "DIAG", "ZSUM", "LW")
+OPTIONAL_DEFAULTS = {"LW": 32}  # the value an optional key has when absent (0 for the others)
 
 
 def _with_optional_keys(cfg: dict, src: dict) -> dict:
-    """cfg plus the OPTIONAL_KEYS that src (a tuning override or a tuned tile's fields) sets to a non-zero value."""
-    return {**cfg, **{key: src[key] for key in OPTIONAL_KEYS if src.get(key, 0)}}
+    """cfg plus the OPTIONAL_KEYS that src (a tuning override or a tuned tile's fields) sets to a value other than its
+    default (OPTIONAL_DEFAULTS, else 0)."""
+    return {**cfg, **{key: src[key] for key in OPTIONAL_KEYS
+                      if src.get(key, OPTIONAL_DEFAULTS.get(key, 0)) != OPTIONAL_DEFAULTS.get(key, 0)}}
 
 
 def simt_override(forced: dict) -> dict:
@@ -114,9 +117,9 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
     hit = m1_entry(gpu_name, mode, bits, k, n) if m == 1 and act == 0 and k > 0 else None
     # the measured tile of the layer's bucket (mixgemm.tuning.gemv_m1), where each of its k-slices gets at least one
-    # full step of U chunks per lane or as many chunks as on the layer it was measured on (a shorter K in the bucket
-    # takes the rule)
-    if hit is not None and kc >= min(32 * hit.value.U * hit.value.KS, chunks_per_row(bits, hit.measured[0])):
+    # full step of U chunks per lane (LW lanes a row) or as many chunks as on the layer it was measured on (a shorter K
+    # in the bucket takes the rule)
+    if hit is not None and kc >= min(hit.value.LW * hit.value.U * hit.value.KS, chunks_per_row(bits, hit.measured[0])):
         t = hit.value
         cfg = {"R": t.R, "U": t.U, "RG": t.RG or WARPS // t.KS, "KS": t.KS, "PF": t.PF, **extra}
         where = f"gemv_m1 {'H100' if 'H100' in gpu_name else 'H200'} W{bits}, {hit.where(ShapeBucket.of(k, n))}"
@@ -364,9 +367,24 @@ def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> 
         d["GEMV_BULK"] = cfg["BULK"]
         if cfg.get("BPAR", 0):
             d["GEMV_BPAR"] = 1
+    if cfg.get("LW", 32) != 32:
+        d["GEMV_LW"] = cfg["LW"]  # lanes per weight row (gemv.cu GEMV_LW; register path)
     if cfg.get("DIAG", 0):
         d["GEMV_DIAG"] = cfg["DIAG"]  # diagnostic stage removal (gemv.cu); wrong results, tools only
     return d
+
+
+LANE_WIDTHS = (32, 16, 8, 4)  # gemv.cu GEMV_LW: lanes per weight row
+
+
+def tile_rows(cfg: dict) -> int:
+    """Weight rows of one block of the CUDA-core GEMV: RG row groups x R rows per lane group x the warp's 32 / LW lane
+    groups (gemv.cu GEMV_LW)."""
+    lw = cfg.get("LW", 32)
+    if lw not in LANE_WIDTHS or (lw != 32 and cfg.get("BULK", 0)):
+        raise ValueError(f"CUDA-core GEMV config {cfg}: LW (lanes per row) must be one of {LANE_WIDTHS}, and 32 with "
+                         "BULK")
+    return cfg["RG"] * cfg["R"] * (32 // lw)
 
 
 def bulk_smem_bytes(cfg: dict, param_row_bytes: int = 0) -> int:
@@ -778,7 +796,7 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
     cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
     defs = defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, dev)
-    rows_per_block = cfg["RG"] * cfg["R"]
+    rows_per_block = tile_rows(cfg)
     block = (32 * cfg["RG"] * cfg["KS"] + (32 if cfg.get("BULK", 0) else 0), 1, 1)  # + the bulk producer warp
     tiles = -(-n // rows_per_block)
     # dynamic shared memory: the bulk ring, then x when it is staged there (x_smem_bytes: fp16, M = 1)

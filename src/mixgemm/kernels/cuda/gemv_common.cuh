@@ -159,9 +159,10 @@ __device__ __forceinline__ void prefetch_l2_warp(const void* p, unsigned long lo
 #endif
 }
 
-// CUDA-core GEMV epilogue, first half: each warp sums its lanes' partials acc[m][r] (lanes split K) and lane 0
-// writes them to red_ks[m][rg * R + r], this warp's k-slice of the block's shared reduction buffer.
-template <int M, int R, int W>
+// CUDA-core GEMV epilogue, first half: each group of LW lanes sums its lanes' partials acc[m][r] (the group's lanes
+// split K) and its first lane writes them to red_ks[m][(rg * 32 / LW + lane / LW) * R + r], this warp's k-slice of the
+// block's shared reduction buffer (LW 32: one group, rows rg * R + r).
+template <int M, int R, int W, int LW = 32>
 __device__ __forceinline__ void warp_sums_to_smem(const float (&acc)[M][R], float (&red_ks)[M][W], int rg, int lane) {
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -169,8 +170,8 @@ __device__ __forceinline__ void warp_sums_to_smem(const float (&acc)[M][R], floa
     for (int r = 0; r < R; ++r) {
       float v = acc[m][r];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) red_ks[m][rg * R + r] = v;
+      for (int o = LW / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane % LW == 0) red_ks[m][(rg * (32 / LW) + lane / LW) * R + r] = v;
     }
 }
 
