@@ -70,7 +70,8 @@
 // the row's chunks striding over its LW lanes (tiles of RG x R x 32 / LW rows). Why: a lane's steps are round trips
 // to memory that the whole warp waits for, and where a row's chunks are no multiple of KS x 32 (int4 K = 3584: 112
 // chunks, 3.5 per lane) the last step is a part-empty round trip, for the lanes that have one more chunk than the
-// others, after a divergent branch; over 16 lanes the same row is 7 whole steps. Register path only (not GEMV_BULK).
+// others, after a divergent branch; over 16 lanes the same row is 7 whole steps. A warp also covers R x 32 / LW rows at
+// R rows' registers (tile shapes between the R / KS steps). Register path only (not GEMV_BULK).
 #ifndef GEMV_LW
 #define GEMV_LW 32
 #endif
