@@ -943,6 +943,23 @@ def test_lane_groups_tile_rows():
         tile_rows({"R": 4, "RG": 1, "KS": 7, "LW": 16, "BULK": 2})
 
 
+def test_m1_entries_keep_to_their_blocks_per_sm():
+    """A measured M = 1 tile with MAXB serves its bucket's layers up to that many blocks per SM (rounded up) and hands
+    larger ones to the rule: the H100 sym k24/n27 tile (R 2 U 1 KS 1, 16 rows a block, kept at 6 blocks per SM on
+    4096x11008 / 4096x12288) serves 4096x12288 (768 blocks) but not 4096x13696 (856: 7 per SM)."""
+    from mixgemm.kernels.cuda.gemv import chunks_per_row, m1_tile_serves
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    tile = gemv_m1.M1Tile(2, 1, 1, MAXB=6)
+    assert m1_tile_serves(tile, 12288, 132) and not m1_tile_serves(tile, 13696, 132)
+    assert m1_tile_serves(gemv_m1.M1Tile(2, 1, 1), 10**6, 132)  # MAXB 0: any
+    assert m1_tile_serves(gemv_m1.M1Tile(4, 2, 4, LW=16, MAXB=3), 4352, 132)  # 16 rows a block: 272 blocks, 3 per SM
+    kc = chunks_per_row(4, 4096)
+    served = choose_config(1, 12288, kc, 132, 0, 4, 4096, h100, "sym")
+    assert (served["R"], served["U"], served["KS"]) == (2, 1, 1) and "gemv_m1" in served.source
+    assert not hasattr(choose_config(1, 13696, kc, 132, 0, 4, 4096, h100, "sym"), "source")
+
+
 @needs_nvrtc
 def test_nvrtc_compiles_lane_groups():
     """Every LW_TILES tile compiles for sm_90 and sm_80 at M = 1 (fp16, zero point) and M = 4 (bf16, offset)."""

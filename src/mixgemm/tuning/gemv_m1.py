@@ -22,7 +22,8 @@ class M1Tile(NamedTuple):
     blocks per SM (0: none), LITE f16x2 sum of the two partial chains, BULK stages of the bulk-copy ring (0: weights
     loaded into registers; sm_90 only, persistent grid; gemv.cu GEMV_BULK), ZSUM zero points through the x sum
     (zero_point weights; gemv.cu GEMV_ZSUM), LW lanes per weight row (32, 16 or 8: a warp works on 32 / LW row sets
-    at once; gemv.cu GEMV_LW)."""
+    at once; gemv.cu GEMV_LW), MAXB the most blocks per SM (rounded up) of a layer the entry serves, as on the layers
+    it was kept for (0: any; kernels.cuda.gemv.choose_config)."""
 
     R: int
     U: int
@@ -34,6 +35,7 @@ class M1Tile(NamedTuple):
     BULK: int = 0
     ZSUM: int = 0
     LW: int = 32
+    MAXB: int = 0
 
 
 def _entries(source: str, measured: list, tile_type: type = M1Tile) -> dict[int, tuple[BucketEntry, ...]]:
@@ -167,29 +169,37 @@ H100_ZP_SWEEP3 = _entries(_SWEEP3_SOURCE + ", zero point", [
 # move 0.847x the time by geometric mean, 0.68-0.95x, none slower (us: sym 3584x4608 6.14 -> 4.44, 3584x8192 9.85 ->
 # 7.24, 11008x4096 13.73 -> 10.80, 4096x4096 5.41 -> 4.69, 8192x8192 17.07 -> 15.23; zero point 2304x18432 13.00 ->
 # 11.35, 3584x8192 9.07 -> 7.95; int8 896x9728 4.67 -> 3.80, 4096x6144 11.24 -> 10.26); the other 62 cases and fp16
-# cuBLAS 1.000x.
+# cuBLAS 1.000x. Each entry's MAXB is the most blocks per SM of the layers it was kept for. On layers off the model list
+# that fall in these buckets (same tool and run design, sym and int8): 10240x3840 12.72 -> 9.72 us, 13696x4096 17.23 ->
+# 13.73, 3840x10240 12.48 -> 10.36, 4352x4352 7.21 -> 6.29, 4096x5120 int8 9.89 -> 9.16, 14336x5120 18.14 -> 17.23;
+# slower: 3840x3840 5.28 -> 5.47, 3584x5120 int8 7.90 -> 8.22, and 4096x13696 14.77 -> 16.01 (7 blocks per SM against
+# the k24/n27 tile's 6), which MAXB now hands back to the rule.
 _SWEEP4_SOURCE = ("tools/bench/gemv_dispatch.py --lw-grid --suggest on the H100 (M = 1, fp16 activations; model-list "
                   "sweep of lanes per row x KS x U x R)")
 H100_SYM_SWEEP4 = _entries(_SWEEP4_SOURCE + ", sym", [
-    (4, 1536, 256, M1Tile(2, 2, 2, LW=16)), (4, 1536, 8960, M1Tile(4, 2, 4, LW=8)),
-    (4, 1536, 17920, M1Tile(4, 2, 1, LW=16)), (4, 2048, 256, M1Tile(4, 1, 4, LW=16)),
-    (4, 2304, 9216, M1Tile(4, 2, 4, LW=8)), (4, 2304, 18432, M1Tile(2, 1, 2, LW=8)),
-    (4, 2048, 22016, M1Tile(2, 1, 1, LW=16)), (4, 3584, 512, M1Tile(4, 2, 4, LW=16)),
-    (4, 3584, 3584, M1Tile(4, 2, 4, LW=16)), (4, 3584, 8192, M1Tile(4, 1, 4, LW=16)),
-    (4, 4096, 11008, M1Tile(2, 1, 1)), (4, 5120, 1024, M1Tile(4, 2, 4)), (4, 5120, 7168, M1Tile(4, 1, 4, LW=16)),
-    (4, 8192, 8192, M1Tile(4, 1, 2)), (4, 11008, 4096, M1Tile(4, 1, 4)), (4, 13824, 5120, M1Tile(2, 1, 4, LW=16)),
+    (4, 1536, 256, M1Tile(2, 2, 2, LW=16, MAXB=1)), (4, 1536, 8960, M1Tile(4, 2, 4, LW=8, MAXB=3)),
+    (4, 1536, 17920, M1Tile(4, 2, 1, LW=16, MAXB=3)), (4, 2048, 256, M1Tile(4, 1, 4, LW=16, MAXB=1)),
+    (4, 2304, 9216, M1Tile(4, 2, 4, LW=8, MAXB=3)), (4, 2304, 18432, M1Tile(2, 1, 2, LW=8, MAXB=5)),
+    (4, 2048, 22016, M1Tile(2, 1, 1, LW=16, MAXB=6)), (4, 3584, 512, M1Tile(4, 2, 4, LW=16, MAXB=1)),
+    (4, 3584, 3584, M1Tile(4, 2, 4, LW=16, MAXB=3)), (4, 3584, 8192, M1Tile(4, 1, 4, LW=16, MAXB=4)),
+    (4, 4096, 11008, M1Tile(2, 1, 1, MAXB=6)), (4, 5120, 1024, M1Tile(4, 2, 4, MAXB=1)),
+    (4, 5120, 7168, M1Tile(4, 1, 4, LW=16, MAXB=4)), (4, 8192, 8192, M1Tile(4, 1, 2, MAXB=4)),
+    (4, 11008, 4096, M1Tile(4, 1, 4, MAXB=4)), (4, 13824, 5120, M1Tile(2, 1, 4, LW=16, MAXB=5)),
 ])
 H100_ZP_SWEEP4 = _entries(_SWEEP4_SOURCE + ", zero point", [
-    (4, 1536, 8960, M1Tile(2, 1, 2, LW=16)), (4, 1536, 17920, M1Tile(2, 1, 1, ZSUM=1, LW=16)),
-    (4, 2048, 256, M1Tile(2, 1, 2)), (4, 2304, 9216, M1Tile(2, 1, 4, LW=8)), (4, 2304, 18432, M1Tile(2, 1, 2, LW=8)),
-    (4, 3584, 512, M1Tile(4, 2, 4, LW=16)), (4, 3584, 8192, M1Tile(4, 2, 2, LW=16)),
-    (4, 4608, 73728, M1Tile(2, 1, 2, LW=16)), (4, 8192, 10240, M1Tile(2, 1, 1)),
+    (4, 1536, 8960, M1Tile(2, 1, 2, LW=16, MAXB=5)), (4, 1536, 17920, M1Tile(2, 1, 1, ZSUM=1, LW=16, MAXB=5)),
+    (4, 2048, 256, M1Tile(2, 1, 2, MAXB=1)), (4, 2304, 9216, M1Tile(2, 1, 4, LW=8, MAXB=5)),
+    (4, 2304, 18432, M1Tile(2, 1, 2, LW=8, MAXB=5)), (4, 3584, 512, M1Tile(4, 2, 4, LW=16, MAXB=1)),
+    (4, 3584, 8192, M1Tile(4, 2, 2, LW=16, MAXB=2)), (4, 4608, 73728, M1Tile(2, 1, 2, LW=16, MAXB=35)),
+    (4, 8192, 10240, M1Tile(2, 1, 1, MAXB=5)),
 ])
 # int8 per channel (measured sym, serves every mode)
 H100_W8_SWEEP4 = _entries(_SWEEP4_SOURCE + ", int8", [
-    (8, 896, 128, M1Tile(4, 2, 4, LW=8)), (8, 896, 896, M1Tile(2, 2, 4, LW=8)), (8, 896, 4864, M1Tile(4, 2, 4, LW=8)),
-    (8, 896, 9728, M1Tile(4, 2, 4, LW=8)), (8, 1536, 1536, M1Tile(4, 2, 4, LW=16)), (8, 2048, 256, M1Tile(2, 1, 4)),
-    (8, 2304, 1024, M1Tile(2, 1, 4)), (8, 2304, 9216, M1Tile(2, 1, 2, LW=16)), (8, 4096, 6144, M1Tile(2, 1, 4, LW=16)),
+    (8, 896, 128, M1Tile(4, 2, 4, LW=8, MAXB=1)), (8, 896, 896, M1Tile(2, 2, 4, LW=8, MAXB=1)),
+    (8, 896, 4864, M1Tile(4, 2, 4, LW=8, MAXB=2)), (8, 896, 9728, M1Tile(4, 2, 4, LW=8, MAXB=3)),
+    (8, 1536, 1536, M1Tile(4, 2, 4, LW=16, MAXB=1)), (8, 2048, 256, M1Tile(2, 1, 4, MAXB=1)),
+    (8, 2304, 1024, M1Tile(2, 1, 4, MAXB=2)), (8, 2304, 9216, M1Tile(2, 1, 2, LW=16, MAXB=5)),
+    (8, 4096, 6144, M1Tile(2, 1, 4, LW=16, MAXB=6)),
 ])
 
 # The same sweep on the H200 (buckets the h200 table's gemv_mma_m1 sends to the tensor-core GEMV left out):

@@ -102,6 +102,17 @@ def mma_override(base: dict, forced: dict) -> dict:
     return cfg
 
 
+def m1_tile_serves(tile, n: int, num_sms: int) -> bool:
+    """Whether a measured M = 1 tile (tuning.gemv_m1.M1Tile) serves a layer of N rows: its blocks per SM, rounded up,
+    at most the entry's MAXB (0: any). Why: past the blocks an SM holds at once a tile runs a second round of blocks,
+    and a tile kept for one round lost there (H100, W4 sym, 4096x11008 / 4096x12288's R 2 U 1 KS 1 tile at 6 blocks
+    per SM 0.875x the rule's time, on 4096x13696 at 7 blocks per SM 1.085x)."""
+    if not tile.MAXB:
+        return True
+    blocks = -(-n // tile_rows({"R": tile.R, "RG": tile.RG or WARPS // tile.KS, "LW": tile.LW}))
+    return -(-blocks // num_sms) <= tile.MAXB
+
+
 def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
                   gpu_name: str = "", mode: str = "") -> dict:
     """Tile choice from the problem size only (deterministic, no autotuning): the measured tile of the layer's
@@ -118,8 +129,9 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     hit = m1_entry(gpu_name, mode, bits, k, n) if m == 1 and act == 0 and k > 0 else None
     # the measured tile of the layer's bucket (mixgemm.tuning.gemv_m1), where each of its k-slices gets at least one
     # full step of U chunks per lane (LW lanes a row) or as many chunks as on the layer it was measured on (a shorter K
-    # in the bucket takes the rule)
-    if hit is not None and kc >= min(hit.value.LW * hit.value.U * hit.value.KS, chunks_per_row(bits, hit.measured[0])):
+    # in the bucket takes the rule), and its blocks per SM stay within the entry's MAXB (m1_tile_serves)
+    if (hit is not None and kc >= min(hit.value.LW * hit.value.U * hit.value.KS, chunks_per_row(bits, hit.measured[0]))
+            and m1_tile_serves(hit.value, n, num_sms)):
         t = hit.value
         cfg = {"R": t.R, "U": t.U, "RG": t.RG or WARPS // t.KS, "KS": t.KS, "PF": t.PF, **extra}
         where = f"gemv_m1 {'H100' if 'H100' in gpu_name else 'H200'} W{bits}, {hit.where(ShapeBucket.of(k, n))}"
