@@ -32,11 +32,16 @@ def test_suggest_needs_the_gain_on_every_layer_of_the_bucket(tmp_path):
         # another format in the k24/n24 bucket is its own entry; a failed config (us None) is ignored
         _layer(4096, 4096, "w8", 10.0, [(FAST, None), (SLOW, 9.0)]),
         {"K": 1, "N": 1, "fmt": "w4s", "error": "a layer that failed"},
+        # a layer another entry serves (here the tensor-core GEMV) does not count against the bucket
+        {**_layer(4608, 4096, "w4s", 10.0, [(FAST, 11.0), (SLOW, 12.0)]), "default_entry": "cuda_gemv_mma"},
     ]
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps({"gpu": "test", "res": res}))
     out = suggest([str(path)])
-    assert [(fmt, bucket, cfg) for fmt, bucket, _, cfg, _ in out] == [("w4s", "k24/n24", FAST), ("w8", "k24/n24", SLOW)]
+    # MAXB: the layers' blocks per SM (FAST: 8 rows a block, 4096 rows -> 512 blocks, 4 per SM on 132 SMs; SLOW 16)
+    assert [(fmt, bucket, cfg) for fmt, bucket, _, cfg, _ in out] == [("w4s", "k24/n24", {**FAST, "MAXB": 4}),
+                                                                     ("w8", "k24/n24", {**SLOW, "MAXB": 2})]
+    assert suggest([str(path)], num_sms=64)[0][3]["MAXB"] == 8
     (_, _, measured, _, layers) = out[0]
     assert measured == (4096, 4096) and [t for *_, t in layers] == [9.0, 9.4]
 

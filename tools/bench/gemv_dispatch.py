@@ -310,7 +310,8 @@ def main() -> None:
     ap.add_argument("--simt-held-out", nargs="+", default=None, metavar="JSON",
                     help="read --simt-only sweep files of one GPU and print how --suggest-simt's tables carry to "
                          "layers left out of them (simt_generalization; no GPU)")
-    ap.add_argument("--sms", type=int, default=132, help="SM count of the swept GPU, for the rule (--suggest-simt)")
+    ap.add_argument("--sms", type=int, default=132,
+                    help="SM count of the swept GPU, for the rule (--suggest-simt) and MAXB (--suggest)")
     ap.add_argument("--simt-pack", action="store_true",
                     help="--simt-only: time each tile also with PACK (zero-point / offset parameters in one register)")
     ap.add_argument("--mma-pack", action="store_true",
@@ -343,8 +344,8 @@ def main() -> None:
                 f"{kk}x{nn} {f} {ru:.2f} -> {tu:.2f}" for kk, nn, f, ru, tu in layers))
         return
     if args.suggest:
-        for fmt, bucket, (k, n), cfg, layers in suggest(args.suggest):
-            tile = {key: cfg[key] for key in ("R", "U", "KS", "PF", "ZSUM") if key in cfg}
+        for fmt, bucket, (k, n), cfg, layers in suggest(args.suggest, num_sms=args.sms):
+            tile = {key: cfg[key] for key in ("R", "U", "KS", "PF", "ZSUM", "LW", "MAXB") if key in cfg}
             print(f"{fmt} {bucket} ({k}, {n}) {tile}: " + ", ".join(f"{kk}x{nn} {d:.2f} -> {t:.2f}"
                                                                    for kk, nn, d, t in layers))
         return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import statistics
 
 # a sweep's weight formats: name -> (bits, group size, mode); w4o32: GGUF q4_1 / Q4_K blocks (scale and offset per 32)
@@ -15,18 +16,21 @@ FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, 
            "w4o32": (4, 32, "offset")}
 
 
-def suggest(paths: list[str], min_gain: float = 0.05) -> list[tuple]:
+def suggest(paths: list[str], min_gain: float = 0.05, num_sms: int = 132) -> list[tuple]:
     """Bucket entries for the M = 1 tile tables (mixgemm.tuning.gemv_m1) from sweep files: per (format, bucket), the
     CUDA-core GEMV tile that was at least ``min_gain`` faster than the default on every measured layer of the bucket
-    (the fastest by the geometric mean of its ratios where several qualify). Returns [(fmt, bucket key, (K, N) of a
-    measured layer, tile, [(K, N, default us, tile us), ...])]."""
+    that the CUDA-core GEMV serves (the sweep's ``default_entry``; the fastest by the geometric mean of its ratios where
+    several qualify), with MAXB the most blocks per SM (of ``num_sms``) of those layers (kernels.cuda.gemv.
+    m1_tile_serves). Returns [(fmt, bucket key, (K, N) of a measured layer, tile, [(K, N, default us, tile us),
+    ...])]."""
+    from mixgemm.kernels.cuda.gemv import WARPS, tile_rows
     from mixgemm.tuning.buckets import ShapeBucket
 
     by_bucket: dict = {}
     for path in paths:
         with open(path) as f:
             for r in json.load(f)["res"]:
-                if r.get("M") != 1 or "rows" not in r:
+                if r.get("M") != 1 or "rows" not in r or r.get("default_entry", "cuda_gemv") != "cuda_gemv":
                     continue
                 rows = [c for c in r["rows"].get("cuda_gemv", []) if c["us"]]
                 default = next((c for c in rows if c["default"]), None)
@@ -47,6 +51,8 @@ def suggest(paths: list[str], min_gain: float = 0.05) -> list[tuple]:
                     best = (gm, cfg)
         if best is not None:
             cfg = json.loads(best[1])
+            rows = tile_rows({**cfg, "RG": cfg.get("RG") or WARPS // cfg["KS"]})
+            cfg["MAXB"] = max(math.ceil(math.ceil(n / rows) / num_sms) for _, n, _, _ in layers)
             out.append((fmt, bucket, layers[0][:2], cfg, [(k, n, d, t[best[1]]) for k, n, d, t in layers]))
     return out
 

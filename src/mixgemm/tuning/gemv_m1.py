@@ -169,11 +169,11 @@ H100_ZP_SWEEP3 = _entries(_SWEEP3_SOURCE + ", zero point", [
 # move 0.847x the time by geometric mean, 0.68-0.95x, none slower (us: sym 3584x4608 6.14 -> 4.44, 3584x8192 9.85 ->
 # 7.24, 11008x4096 13.73 -> 10.80, 4096x4096 5.41 -> 4.69, 8192x8192 17.07 -> 15.23; zero point 2304x18432 13.00 ->
 # 11.35, 3584x8192 9.07 -> 7.95; int8 896x9728 4.67 -> 3.80, 4096x6144 11.24 -> 10.26); the other 62 cases and fp16
-# cuBLAS 1.000x. Each entry's MAXB is the most blocks per SM of the layers it was kept for. On layers off the model list
-# that fall in these buckets (same tool and run design, sym and int8): 10240x3840 12.72 -> 9.72 us, 13696x4096 17.23 ->
-# 13.73, 3840x10240 12.48 -> 10.36, 4352x4352 7.21 -> 6.29, 4096x5120 int8 9.89 -> 9.16, 14336x5120 18.14 -> 17.23;
-# slower: 3840x3840 5.28 -> 5.47, 3584x5120 int8 7.90 -> 8.22, and 4096x13696 14.77 -> 16.01 (7 blocks per SM against
-# the k24/n27 tile's 6), which MAXB now hands back to the rule.
+# cuBLAS 1.000x. Each entry's MAXB (printed by --suggest) is the most blocks per SM of the layers it was kept for. On
+# layers off the model list that fall in these buckets (same tool and run design, sym and int8): 10240x3840 12.72 ->
+# 9.72 us, 13696x4096 17.23 -> 13.73, 3840x10240 12.48 -> 10.36, 4352x4352 7.21 -> 6.29, 4096x5120 int8 9.89 -> 9.16,
+# 14336x5120 18.14 -> 17.23; slower: 3840x3840 5.28 -> 5.47, 3584x5120 int8 7.90 -> 8.22, and 4096x13696 14.77 -> 16.01
+# (7 blocks per SM against the k24/n27 tile's 6), which MAXB now hands back to the rule.
 _SWEEP4_SOURCE = ("tools/bench/gemv_dispatch.py --lw-grid --suggest on the H100 (M = 1, fp16 activations; model-list "
                   "sweep of lanes per row x KS x U x R)")
 H100_SYM_SWEEP4 = _entries(_SWEEP4_SOURCE + ", sym", [
