@@ -442,7 +442,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
       }
     }
   };
-  // Row tiles of RG * R rows; the grid may be smaller than the tile count (persistent grid: each
+  // Row tiles of RG * R * HW rows; the grid may be smaller than the tile count (persistent grid: each
   // block loops over tiles blockIdx.x, + gridDim.x, ...; no block launch per tile, no tail of
   // freshly launched blocks).
   constexpr int TROWS = RG * R * HW;  // rows per tile
