@@ -43,7 +43,7 @@ from mixgemm.bench import protocol
 from mixgemm.bench.models import catalog, model_layers
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels import linear as entries
-from mixgemm.kernels.cuda.gemv import _MODE, WG_LAYOUT, mma_k_tiles, mma_reduction_fits
+from mixgemm.kernels.cuda.gemv import _MODE, WG_LAYOUT, chunks_per_row, mma_k_tiles, mma_reduction_fits
 from mixgemm.kernels.registry import device_info
 from tools.bench.gemv_tables import FORMATS, simt_generalization, simt_resident_blocks, suggest, suggest_simt
 
@@ -144,7 +144,8 @@ def lane_grid(base: dict, kc: int) -> list[dict]:
                     c = {"R": r, "U": u, "RG": 8 // ks, "KS": ks, "PF": 0, "LW": lw}
                     if base.get("ZSUM", 0):
                         c["ZSUM"] = 1
-                    if kc >= lw * ks and c != {**base, "LW": base.get("LW", 32)}:
+                    same = all(base.get(key, 32 if key == "LW" else 0) == v for key, v in c.items())
+                    if kc >= lw * ks and not same:
                         out.append(c)
     return out
 
@@ -198,7 +199,7 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
         return out
     if m == 1 and lw_grid:
         base = entries._gemv_config(p)
-        return {"cuda_gemv": [base, *lane_grid(base, -(-k // (32 if bits == 4 else 16)))]}
+        return {"cuda_gemv": [base, *lane_grid(base, chunks_per_row(bits, k))]}
     if m == 1 and simt_only:
         return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64), simt_pack)}
     if m == 1:

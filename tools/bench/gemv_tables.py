@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import statistics
 
 # a sweep's weight formats: name -> (bits, group size, mode); w4o32: GGUF q4_1 / Q4_K blocks (scale and offset per 32)
@@ -23,7 +22,7 @@ def suggest(paths: list[str], min_gain: float = 0.05, num_sms: int = 132) -> lis
     several qualify), with MAXB the most blocks per SM (of ``num_sms``) of those layers (kernels.cuda.gemv.
     m1_tile_serves). Returns [(fmt, bucket key, (K, N) of a measured layer, tile, [(K, N, default us, tile us),
     ...])]."""
-    from mixgemm.kernels.cuda.gemv import WARPS, tile_rows
+    from mixgemm.kernels.cuda.gemv import WARPS, blocks_per_sm
     from mixgemm.tuning.buckets import ShapeBucket
 
     by_bucket: dict = {}
@@ -51,8 +50,8 @@ def suggest(paths: list[str], min_gain: float = 0.05, num_sms: int = 132) -> lis
                     best = (gm, cfg)
         if best is not None:
             cfg = json.loads(best[1])
-            rows = tile_rows({**cfg, "RG": cfg.get("RG") or WARPS // cfg["KS"]})
-            cfg["MAXB"] = max(math.ceil(math.ceil(n / rows) / num_sms) for _, n, _, _ in layers)
+            tile = {**cfg, "RG": cfg.get("RG") or WARPS // cfg["KS"]}
+            cfg["MAXB"] = max(blocks_per_sm(n, tile, num_sms) for _, n, _, _ in layers)
             out.append((fmt, bucket, layers[0][:2], cfg, [(k, n, d, t[best[1]]) for k, n, d, t in layers]))
     return out
 

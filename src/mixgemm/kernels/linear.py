@@ -334,7 +334,7 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
 
 
 def _gemv_candidates(p: Problem) -> list[dict]:
-    from mixgemm.kernels.cuda.gemv import WARPS
+    from mixgemm.kernels.cuda.gemv import WARPS, chunks_per_row
 
     base = _gemv_config(p)
     if any(base.get(k, 0) for k in ("BULK", "PST", "BPF")) or base["RG"] * base["KS"] != WARPS:
@@ -352,7 +352,7 @@ def _gemv_candidates(p: Problem) -> list[dict]:
                     if c != base]
         # lanes per row (gemv.cu GEMV_LW): the default tile over the other lane widths of 32, 16 and 8, where every
         # k-slice's lane group gets a chunk of the row
-        kc = -(-p.k // (32 if p.bits == 4 else 16))
+        kc = chunks_per_row(p.bits, p.k)
         out += [{**base, "LW": lw} for lw in (32, 16, 8) if lw != base.get("LW", 32) and kc >= lw * base["KS"]]
     return out
 

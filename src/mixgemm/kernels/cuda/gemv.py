@@ -107,10 +107,8 @@ def m1_tile_serves(tile, n: int, num_sms: int) -> bool:
     at most the entry's MAXB (0: any). Why: past the blocks an SM holds at once a tile runs a second round of blocks,
     and a tile kept for one round lost there (H100, W4 sym, 4096x11008 / 4096x12288's R 2 U 1 KS 1 tile at 6 blocks
     per SM 0.875x the rule's time, on 4096x13696 at 7 blocks per SM 1.085x)."""
-    if not tile.MAXB:
-        return True
-    blocks = -(-n // tile_rows({"R": tile.R, "RG": tile.RG or WARPS // tile.KS, "LW": tile.LW}))
-    return -(-blocks // num_sms) <= tile.MAXB
+    return not tile.MAXB or blocks_per_sm(n, {"R": tile.R, "RG": tile.RG or WARPS // tile.KS, "LW": tile.LW},
+                                          num_sms) <= tile.MAXB
 
 
 def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
@@ -397,6 +395,12 @@ def tile_rows(cfg: dict) -> int:
         raise ValueError(f"CUDA-core GEMV config {cfg}: LW (lanes per row) must be one of {LANE_WIDTHS}, and 32 with "
                          "BULK")
     return cfg["RG"] * cfg["R"] * (32 // lw)
+
+
+def blocks_per_sm(n: int, cfg: dict, num_sms: int) -> int:
+    """Blocks per SM (rounded up) of the CUDA-core GEMV with tile ``cfg`` (one block per tile_rows rows) over N rows."""
+    blocks = -(-n // tile_rows(cfg))
+    return -(-blocks // num_sms)
 
 
 def bulk_smem_bytes(cfg: dict, param_row_bytes: int = 0) -> int:
