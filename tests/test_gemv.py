@@ -26,6 +26,7 @@ from mixgemm.kernels.cuda.gemv import (
     simt_defines_for,
     wave_efficiency,
 )
+from mixgemm.kernels.cuda.gemv_steps import lane_tiles
 from mixgemm.kernels.registry import kernel_options
 from mixgemm.tuning import gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
@@ -363,7 +364,7 @@ def test_mma_pf_pack_rule():
 def test_choose_config_fills_gpu():
     for n, kc in ((4096, 128), (4096, 448), (28672, 256), (8192, 896), (7, 40), (100000, 8)):
         for m in (1, 2, 16):
-            cfg = choose_config(m, n, kc, 132)
+            cfg = choose_config(m, n, kc, 132, act=int(m == 1))  # (fp16 at M = 1: the step-cost model, below)
             assert cfg["RG"] * cfg["KS"] == 8 and cfg["PF"] in (0, 1)
             warps = -(-n // cfg["R"]) * cfg["KS"]
             # split-K stops once the grid has ~62 warps per SM, at 8 slices, or when lanes run dry
@@ -957,7 +958,7 @@ def test_m1_entries_keep_to_their_blocks_per_sm():
     kc = chunks_per_row(4, 4096)
     served = choose_config(1, 12288, kc, 132, 0, 4, 4096, h100, "sym")
     assert (served["R"], served["U"], served["KS"]) == (2, 1, 1) and "gemv_m1" in served.source
-    assert not hasattr(choose_config(1, 13696, kc, 132, 0, 4, 4096, h100, "sym"), "source")
+    assert "gemv_m1" not in choose_config(1, 13696, kc, 132, 0, 4, 4096, h100, "sym").source  # the step-cost model
 
 
 @needs_nvrtc
@@ -989,6 +990,42 @@ def test_gemv_lane_groups(tile, bits, group, mode):
                 bias = torch.randn(n, generator=gen, device="cuda").to(act)
                 _check(x, qw, bias if m == 3 else None, "relu" if m == 3 else None)
             assert f"'LW': {lw}" in str(mixgemm.explain(x, qw).config)
+
+
+# The step-cost model's tiles that no measured table held before it: eight k-slices over 16 or 8 lanes a row.
+STEP_MODEL_KS8 = [t for t in lane_tiles(10 ** 6) if t.KS == 8 and t.LW != 32]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", STEP_MODEL_KS8, ids=str)
+@pytest.mark.parametrize("bits,group,mode", [(4, 128, "sym"), (4, 64, "zero_point"), (8, -1, "sym")])
+def test_gemv_step_model_tiles(tile, bits, group, mode):
+    """KS 8 with LW 16 / 8 (gemv_steps.lane_tiles' tiles past the old grids): a partial step (K = 3584 - 384) and N
+    = 203 / 4099, M = 1 / 3 in fp16, bf16 and fp32 x, bias and relu at M = 3."""
+    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": tile.config()}):
+        for n, k in ((203, 3584), (4099, 3584 - 384)):
+            qw, gen = _make(n, k, bits, group, mode, torch.float16, 29)
+            for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.bfloat16), (2, torch.float32)):
+                x = torch.randn(m, k, generator=gen, device="cuda").to(act)
+                bias = torch.randn(n, generator=gen, device="cuda").to(act)
+                _check(x, qw, bias if m == 3 else None, "relu" if m == 3 else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits,group,mode", [(4, 128, "sym"), (4, 128, "zero_point"), (4, 32, "offset"),
+                                             (8, -1, "sym"), (8, 128, "zero_point")])
+def test_gemv_step_model_dispatch(bits, group, mode):
+    """Layers no measured bucket serves run the step-cost model's tile at M = 1 in fp16 (explain's source says so),
+    against the reference, on shapes of no model list (odd N)."""
+    for n, k in ((6915, 2560), (2567, 10240), (13699, 1536)):
+        qw, gen = _make(n, k, bits, group, mode, torch.float16, 31)
+        x = torch.randn(1, k, generator=gen, device="cuda").half()
+        choice = mixgemm.explain(x, qw)
+        if choice.entry.name != "cuda_gemv" or "gemv_m1" in choice.config_source:
+            continue
+        assert "step-cost model" in choice.config_source
+        _check(x, qw)
+        _check(x * 4, qw, torch.randn(n, generator=gen, device="cuda").half(), "relu")
 
 
 def test_bulk_config_needs_sm90_room_and_whole_param_rows():

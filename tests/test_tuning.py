@@ -120,7 +120,8 @@ def _grid_problem(m, n, k, bits, g, mode, dt, dev):
 
 def test_without_a_cache_the_choice_is_the_entry_rule():
     """Without a cache the entry's own choice runs: a shipped table's bucket entry (config_source names it) or the
-    kernel's rule (no source). The A100 has no table; only the GEMV's M = 1 tiles (the H200's serve other GPUs)."""
+    kernel's rule (no source). The A100 has no table; only the GEMV's M = 1 tiles (the H200's serve other GPUs) and
+    step costs (the H100's)."""
     for m, n, k, bits, g, mode, dt, dev in GRID:
         p = _grid_problem(m, n, k, bits, g, mode, dt, dev)
         c = choose(p)
@@ -129,6 +130,7 @@ def test_without_a_cache_the_choice_is_the_entry_rule():
         if c.config_source:
             want = ("h100 table", "gemv_m1 H100", "kept on the GEMV past the h100 table") if dev is H100 else (
                 "gemv_m1 H200",)
+            want += ("gemv step-cost model",)  # the CUDA-core GEMV's M = 1 fp16 rule (tuning.gemv_steps)
             assert c.config_source.startswith(want), (c.config_source, dev.name)
 
 

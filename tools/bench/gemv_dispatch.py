@@ -44,6 +44,7 @@ from mixgemm.bench.models import catalog, model_layers
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels import linear as entries
 from mixgemm.kernels.cuda.gemv import _MODE, WG_LAYOUT, chunks_per_row, mma_k_tiles, mma_reduction_fits
+from mixgemm.kernels.cuda.gemv_steps import lane_tiles
 from mixgemm.kernels.registry import device_info
 from tools.bench.gemv_tables import FORMATS, simt_generalization, simt_resident_blocks, suggest, suggest_simt
 
@@ -133,20 +134,16 @@ def mma_pack_variants(base: dict) -> list[dict]:
 
 
 def lane_grid(base: dict, kc: int) -> list[dict]:
-    """The CUDA-core GEMV's M = 1 tiles over lanes per row (gemv.cu GEMV_LW 32 / 16 / 8) x KS 1 / 2 / 4 x U 1 / 2 x
-    R 2 / 4 (RG = 8 warps / KS, no PF), with base's ZSUM, where every lane group of every k-slice gets a chunk of a
-    row's kc, less ``base`` itself."""
+    """The CUDA-core GEMV's M = 1 tiles over lanes per row (gemv.cu GEMV_LW): the step-cost model's space
+    (gemv_steps.lane_tiles: LW 32 / 16 / 8 x KS 1 / 2 / 4 / 8 x U 1 / 2 x R 2 / 4, RG = 8 warps / KS, no PF, where
+    every lane group of every k-slice gets a chunk of a row's kc), with base's ZSUM, less ``base`` itself."""
     out = []
-    for lw in (32, 16, 8):
-        for ks in (1, 2, 4):
-            for u in (1, 2):
-                for r in (2, 4):
-                    c = {"R": r, "U": u, "RG": 8 // ks, "KS": ks, "PF": 0, "LW": lw}
-                    if base.get("ZSUM", 0):
-                        c["ZSUM"] = 1
-                    same = all(base.get(key, 32 if key == "LW" else 0) == v for key, v in c.items())
-                    if kc >= lw * ks and not same:
-                        out.append(c)
+    for tile in lane_tiles(kc):
+        c = tile.config()
+        if base.get("ZSUM", 0):
+            c["ZSUM"] = 1
+        if not all(base.get(key, 32 if key == "LW" else 0) == v for key, v in c.items()):
+            out.append(c)
     return out
 
 

@@ -2,7 +2,8 @@
 
 The kernels never look tuning up: the registry's entries (mixgemm.kernels.registry) read it here and hand each
 kernel its config. Data: the per-GPU tables (src/mixgemm/tuning/<gpu>.json, below), mixgemm.tuning.gemv_m1 (the
-GEMV's M = 1 tiles) and mixgemm.tuning.conv_table (the convolution sweeps). All of it is keyed by buckets
+GEMV's M = 1 tiles), mixgemm.tuning.gemv_steps (its fitted step costs for the other layers) and
+mixgemm.tuning.conv_table (the convolution sweeps). All of it is keyed by buckets
 (mixgemm.tuning.buckets: half-octave classes of K and N, regions of them, power-of-two M buckets), never by an exact
 layer shape, and every entry says where its numbers came from (``source``; ``measured``: the layer it was measured
 on). :func:`table_entry` returns the config with that provenance attached (mixgemm.explain prints it).

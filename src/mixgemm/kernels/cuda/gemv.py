@@ -27,10 +27,12 @@ from mixgemm.formats.layouts import GemvLayout, build_gemv_mma_v1, build_gemv_v2
 from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.gemv_steps import cheapest_tile
 from mixgemm.kernels.cuda.launch import new_rows, pdl_on
 from mixgemm.kernels.options import current_options
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
 from mixgemm.tuning.gemv_m1 import m1_entry, wg_simt_m1_entry
+from mixgemm.tuning.gemv_steps import step_costs
 
 GEMV_MAX_M = 16
 # Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
@@ -114,7 +116,9 @@ def m1_tile_serves(tile, n: int, num_sms: int) -> bool:
 def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
                   gpu_name: str = "", mode: str = "") -> dict:
     """Tile choice from the problem size only (deterministic, no autotuning): the measured tile of the layer's
-    bucket at M = 1 with fp16 activations (mixgemm.tuning.gemv_m1; k = 0: none), else the rule below.
+    bucket at M = 1 with fp16 activations (mixgemm.tuning.gemv_m1; k = 0: none), else at M = 1 with fp16 activations
+    the tile of least modelled cost (gemv_steps.cheapest_tile, costs from mixgemm.tuning.gemv_steps), else the rule
+    below.
 
     R rows per warp (one activation load serves R weight rows), U chunks in flight per lane and row,
     KS k-slices per row (split-K inside the block, when N / R alone cannot fill the GPU); a block is
@@ -134,6 +138,14 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
         cfg = {"R": t.R, "U": t.U, "RG": t.RG or WARPS // t.KS, "KS": t.KS, "PF": t.PF, **extra}
         where = f"gemv_m1 {'H100' if 'H100' in gpu_name else 'H200'} W{bits}, {hit.where(ShapeBucket.of(k, n))}"
         return SourcedConfig(_with_optional_keys(cfg, t._asdict()), where)
+    if m == 1 and act == 0:
+        # no measured bucket: the tile of least modelled cost (kernels/cuda/gemv_steps.py: rounds of resident blocks
+        # x steps a lane waits for, with the step costs fitted per family in tuning.gemv_steps)
+        costs = step_costs(gpu_name, bits, mode or "sym")
+        tile = cheapest_tile(n, kc, bits, mode or "sym", num_sms, costs)
+        if tile is not None:
+            cfg = _with_optional_keys({k: v for k, v in tile.config().items() if k != "LW"}, tile.config())
+            return SourcedConfig({**cfg, **extra}, f"gemv step-cost model ({costs.source})")
     if m == 1:
         r = (4 if n >= 8192 else 2) if act == 0 else 2
         u = 2

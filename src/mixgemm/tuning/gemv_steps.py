@@ -1,0 +1,44 @@
+"""The CUDA-core GEMV's step costs (kernels/cuda/gemv_steps.py): its M = 1 rule for layers no gemv_m1 bucket serves.
+
+Each family's costs are the time of one step of a tile class {(R, U, LW): c} and a round's fixed part, in one
+arbitrary unit (only their ratios choose a tile), fitted by tools/bench/gemv_steps_fit.py to lanes-per-row sweeps
+(tools/bench/gemv_dispatch.py --lw-grid --ms 1 --formats w4s,w4z,w8) of commit 21e633a on an H100: the 80 layers of
+the model list and 37 layers of other models (Falcon-7B, Yi-34B, Phi-2, Gemma-7B, StableLM-3B, Qwen1.5-14B, GLM-4-9B,
+Mistral-Small, Command-R, Llama-3.2 ...). Fitted on the model list alone, the costs chose tiles that took 1.031x /
+1.015x / 1.020x the fastest measured tile's time on the 37 others (W4 g128 sym / zero point / W8 per channel,
+geometric mean; the dispatch of the day 1.095x / 1.131x / 1.044x there); fitted on all of them, 1.026x / 1.008x /
+1.021x over the 95-117 layers. W4 zero-point and offset weights share a family (their per-group parameters); int8
+weights of every mode share one. The H200 and other GPUs take the H100's costs: on the 27 smallest model-list layers
+swept on an H200 the H100's costs chose 1.037x (W4 sym, W8) the fastest there, the dispatch of the day 1.28x / 1.08x.
+"""
+
+from __future__ import annotations
+
+from mixgemm.kernels.cuda.gemv_steps import StepCosts
+
+_SOURCE = ("tools/bench/gemv_steps_fit.py over tools/bench/gemv_dispatch.py --lw-grid sweeps on the H100 (M = 1, fp16 "
+           "activations; 80 model-list layers and 37 layers of other models)")
+
+H100 = {
+    "w4 sym": StepCosts({(2, 1, 8): 0.54, (2, 1, 16): 0.662, (2, 1, 32): 0.8, (2, 2, 8): 1.0, (2, 2, 16): 1.0,
+                         (2, 2, 32): 1.05, (4, 1, 8): 0.75, (4, 1, 16): 0.567, (4, 1, 32): 0.72, (4, 2, 8): 0.8,
+                         (4, 2, 16): 0.84, (4, 2, 32): 1.0}, 0.3, _SOURCE + ", W4 g128 sym"),
+    "w4 params": StepCosts({(2, 1, 8): 0.63, (2, 1, 16): 0.54, (2, 1, 32): 0.8, (2, 2, 8): 1.05, (2, 2, 16): 1.05,
+                            (2, 2, 32): 1.05, (4, 1, 8): 0.75, (4, 1, 16): 0.66, (4, 1, 32): 0.8, (4, 2, 8): 0.8,
+                            (4, 2, 16): 0.8, (4, 2, 32): 1.0}, 0.3, _SOURCE + ", W4 g128 zero point"),
+    "w8": StepCosts({(2, 1, 8): 1.0, (2, 1, 16): 1.0, (2, 1, 32): 0.432, (2, 2, 8): 0.84, (2, 2, 16): 1.0,
+                     (2, 2, 32): 0.855, (4, 1, 8): 1.0, (4, 1, 16): 0.476, (4, 1, 32): 0.432, (4, 2, 8): 1.0,
+                     (4, 2, 16): 1.0, (4, 2, 32): 1.0}, 0.3, _SOURCE + ", W8 per channel"),
+}
+
+
+def step_family(bits: int, mode: str) -> str:
+    """The cost family of a weight: int4 sym, int4 with per-group parameters (zero point, offset), or int8."""
+    if bits == 8:
+        return "w8"
+    return "w4 sym" if mode == "sym" else "w4 params"
+
+
+def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
+    """The fitted step costs for a weight on this GPU (the H100's for every GPU: the only one fitted)."""
+    return H100[step_family(bits, mode)]

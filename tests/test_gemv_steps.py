@@ -1,0 +1,117 @@
+"""The CUDA-core GEMV's step-cost model (kernels/cuda/gemv_steps.py) and its fit (tools/bench/gemv_steps_fit.py)."""
+
+import json
+
+import pytest
+
+from mixgemm.kernels.cuda import gemv, gemv_steps
+from mixgemm.kernels.cuda.gemv_steps import LaneTile, StepCosts, cheapest_tile, lane_tiles, resident_blocks, tile_shape
+from mixgemm.tuning import gemv_steps as steps_table
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_lane_tiles_fit_the_row_and_match_the_kernel_rows():
+    """Every tile gives each lane group of each k-slice a chunk, and its rows per block are gemv.tile_rows'."""
+    for kc in (8, 28, 112, 128, 896):
+        tiles = lane_tiles(kc)
+        assert tiles and all(kc >= t.LW * t.KS for t in tiles)
+        for t in tiles:
+            assert t.rows_per_block == gemv.tile_rows(t.config())
+            assert t.config()["RG"] * t.KS == gemv.WARPS
+    assert LaneTile(2, 1, 8, 16) in lane_tiles(128) and LaneTile(2, 1, 8, 32) not in lane_tiles(128)
+    assert lane_tiles(7) == []
+
+
+def test_resident_blocks_from_registers():
+    """Registers allocated per warp in units of 256 of the SM's 65536, at most 64 warps: 8-warp blocks."""
+    assert [resident_blocks(r) for r in (32, 40, 48, 59, 64, 73, 80, 101, 255)] == [8, 6, 5, 4, 4, 3, 3, 2, 1]
+
+
+@pytest.mark.parametrize("family", sorted(gemv_steps.REGISTERS))
+def test_register_table_matches_the_cubins(family):
+    """REGISTERS gives the resident blocks of the NVRTC cubins (no GPU) for each (R, U), at two lane widths."""
+    from mixgemm.kernels.cuda import nvrtc
+
+    bits, mode, zsum = family
+    for (r, u), regs in gemv_steps.REGISTERS[family].items():
+        for lw, ks in ((32, 2), (16, 8)):
+            cfg = {**LaneTile(r, u, ks, lw).config(), "ZSUM": zsum}
+            d = gemv.defines_for(bits, 0, 0, gemv._MODE[mode], 1, cfg)
+            got = max(nvrtc.cubin_registers(nvrtc.compile_cubin(gemv.SOURCE, tuple(sorted(d.items())), "sm_90"))
+                      .values())
+            assert resident_blocks(got) == resident_blocks(regs), (family, r, u, lw, ks, got, regs)
+
+
+def test_cost_counts_rounds_and_steps():
+    """rounds of resident blocks over the SMs x (steps a lane waits for x the class's step cost + a round's part)."""
+    t = LaneTile(4, 1, 2, 16)  # 32 rows a block: 4096 rows -> 128 blocks; 64 regs: 4 blocks an SM
+    shape = tile_shape(t, 4096, 128, 4, "sym", 132)
+    assert shape.rounds == 1 and shape.steps == 4  # 128 chunks over 32 lanes, one a step
+    assert tile_shape(t, 4096 * 132, 128, 4, "sym", 132).rounds == 32  # 16896 blocks over 528 slots
+    assert tile_shape(LaneTile(4, 2, 2, 16), 4096, 130, 4, "sym", 132).steps == 3  # 5 chunks a lane, 2 a step
+    costs = StepCosts({c: 1.0 for c in {x.step_class for x in lane_tiles(10 ** 6)}}, 0.5, "test")
+    assert costs.cost(shape, t) == 1 * (4 * 1.0 + 0.5)
+    with pytest.raises(ValueError, match="no register counts"):
+        tile_shape(t, 4096, 128, 4, "nf4", 132)
+
+
+def test_cheapest_tile_follows_the_costs():
+    """With one step class much cheaper the model takes a tile of it; equal costs take the fewest serial steps."""
+    classes = {x.step_class for x in lane_tiles(10 ** 6)}
+    cheap = StepCosts({c: (0.1 if c == (2, 2, 8) else 1.0) for c in classes}, 0.0, "test")
+    assert cheapest_tile(8192, 256, 4, "sym", 132, cheap).step_class == (2, 2, 8)
+    flat = StepCosts({c: 1.0 for c in classes}, 0.0, "test")
+    t = cheapest_tile(8192, 256, 8, "sym", 132, flat)
+    s = tile_shape(t, 8192, 256, 8, "sym", 132)
+    assert all(s.rounds * s.steps <= (o := tile_shape(x, 8192, 256, 8, "sym", 132)).rounds * o.steps
+               for x in lane_tiles(256))
+    assert cheapest_tile(8192, 7, 4, "sym", 132, flat) is None
+
+
+def test_choose_config_takes_the_model_where_no_bucket_serves():
+    """M = 1 fp16 layers outside the measured buckets take the model's tile (its source says so); the buckets keep
+    their layers; other activation dtypes and M keep the rule; every GPU takes the H100's costs."""
+    k, n = 2560, 6912  # no H100 bucket for W4 sym
+    kc = gemv.chunks_per_row(4, k)
+    for gpu in (H100, "NVIDIA H200", "NVIDIA A100-SXM4-80GB"):
+        cfg = gemv.choose_config(1, n, kc, 132, 0, 4, k, gpu, "sym")
+        want = cheapest_tile(n, kc, 4, "sym", 132, steps_table.step_costs(gpu, 4, "sym"))
+        if "gemv_m1" in cfg.source:
+            continue  # (the H200's buckets)
+        assert "step-cost model" in cfg.source
+        assert (cfg["R"], cfg["U"], cfg["KS"], cfg.get("LW", 32)) == (want.R, want.U, want.KS, want.LW)
+    served = gemv.choose_config(1, 4096, gemv.chunks_per_row(4, 4096), 132, 0, 4, 4096, H100, "sym")
+    assert "gemv_m1" in served.source  # the protocol layer keeps its measured bucket
+    assert not hasattr(gemv.choose_config(1, n, kc, 132, 1, 4, k, H100, "sym"), "source")  # bf16: the rule
+    assert not hasattr(gemv.choose_config(2, n, kc, 132, 0, 4, k, H100, "sym"), "source")  # M = 2: the rule
+    assert steps_table.step_family(4, "offset") == steps_table.step_family(4, "zero_point") == "w4 params"
+    assert steps_table.step_family(8, "zero_point") == "w8"
+
+
+def _sweep(costs: StepCosts, layers, fmt: str) -> dict:
+    """A --lw-grid sweep file whose times are the model's own costs (the default: the first tile)."""
+    bits = 8 if fmt == "w8" else 4
+    res = []
+    for k, n in layers:
+        kc = gemv.chunks_per_row(bits, k)
+        rows = [{"cfg": t.config(), "us": costs.cost(tile_shape(t, n, kc, bits, "sym", 132), t), "default": i == 0}
+                for i, t in enumerate(lane_tiles(kc))]
+        res.append({"K": k, "N": n, "fmt": fmt, "M": 1, "default_entry": "cuda_gemv", "rows": {"cuda_gemv": rows}})
+    return {"gpu": "test", "dtype": "float16", "res": res}
+
+
+def test_fit_recovers_costs_that_made_the_times(tmp_path):
+    """Fitted to times the model itself made, the fit's choice is the fastest tile on training and test layers."""
+    from tools.bench import gemv_steps_fit as fit
+
+    classes = sorted({x.step_class for x in lane_tiles(10 ** 6)})
+    truth = StepCosts({c: 0.5 + 0.1 * i for i, c in enumerate(classes)}, 0.8, "truth")
+    train, test = tmp_path / "train.json", tmp_path / "test.json"
+    train.write_text(json.dumps(_sweep(truth, [(4096, 4096), (3584, 18944), (8192, 1024), (14336, 4096)], "w4s")))
+    test.write_text(json.dumps(_sweep(truth, [(5120, 13824), (2560, 6912)], "w4s")))
+    layers = fit.load([str(train)])
+    assert len(layers) == 4 and all(lay.default_us >= lay.best_us for lay in layers)
+    costs, score = fit.fit(layers, 132)
+    assert score < 1.02
+    assert fit._geomean([fit.chosen_ratio(lay, costs, 132) for lay in fit.load([str(test)])]) < 1.05

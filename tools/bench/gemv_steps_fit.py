@@ -1,0 +1,168 @@
+"""Fit the CUDA-core GEMV's step-cost model (kernels/cuda/gemv_steps.py) to lanes-per-row sweeps, and say how it
+carries to layers it was not fitted on. No GPU.
+
+    python -m tools.bench.gemv_steps_fit --train LIST.json [--test OFF.json] [--sms 132]
+
+LIST.json / OFF.json: `python -m tools.bench.gemv_dispatch --lw-grid --ms 1 --formats w4s,w4z,w8 [--shapes ...]`
+files. For each weight family the fit keeps the step costs whose choice of tile is fastest over the training layers
+(geometric mean of the chosen tile's time over the fastest measured tile's, coordinate descent from equal costs); it
+prints that ratio on the training layers and, with --test, on the test layers beside the sweep's own default (the
+dispatch of the day), then the costs fitted on all the files in tuning.gemv_steps' format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+
+from mixgemm.kernels.cuda.gemv_steps import LaneTile, StepCosts, cheapest_tile, lane_tiles, tile_shape
+from tools.bench.gemv_tables import FORMATS
+
+STEP_CLASSES = sorted({t.step_class for t in lane_tiles(10 ** 6)})
+MULTIPLIERS = (0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.5)
+
+
+@dataclass
+class Layer:
+    """One swept layer of one format: its measured lane tiles {LaneTile: us}, the sweep's default time, ZSUM."""
+
+    k: int
+    n: int
+    fmt: str
+    times: dict
+    default_us: float
+    zsum: int
+
+    @property
+    def best_us(self) -> float:
+        return min(self.times.values())
+
+
+def _tile(cfg: dict) -> LaneTile | None:
+    """The LaneTile of a swept config, None for tiles outside the model's space (PF, bulk ring, KS 7 ...)."""
+    if any(cfg.get(key, 0) for key in ("PF", "XS", "LITE", "BULK", "MINB", "BPF", "PST")):
+        return None
+    t = LaneTile(cfg["R"], cfg["U"], cfg["KS"], cfg.get("LW", 32))
+    return t if t in lane_tiles(10 ** 6) and cfg["RG"] == 8 // cfg["KS"] else None
+
+
+def load(paths: list[str]) -> list[Layer]:
+    """The layers of sweep files where the CUDA-core GEMV serves M = 1 (the sweep's default_entry)."""
+    out = []
+    for path in paths:
+        with open(path) as f:
+            sweep = json.load(f)
+        for r in sweep["res"]:
+            if "rows" not in r or r.get("default_entry") != "cuda_gemv":
+                continue
+            times, default_us, zsum = {}, None, 0
+            for row in r["rows"].get("cuda_gemv", []):
+                if row.get("default"):
+                    default_us = row["us"]
+                zsum = zsum or int(row["cfg"].get("ZSUM", 0))
+                t = _tile(row["cfg"])
+                if t is not None:
+                    times[t] = min(row["us"], times.get(t, math.inf))
+            if times and default_us is not None:
+                out.append(Layer(r["K"], r["N"], r["fmt"], times, default_us, zsum))
+    return out
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def chosen_ratio(layer: Layer, costs: StepCosts, num_sms: int) -> float:
+    """The model's tile's time over the fastest measured tile's, among the tiles measured on the layer."""
+    bits, _, mode = FORMATS[layer.fmt]
+    kc = -(-layer.k * bits // 128)
+    pick = min(layer.times, key=lambda t: costs.cost(tile_shape(t, layer.n, kc, bits, mode, num_sms, layer.zsum), t))
+    return layer.times[pick] / layer.best_us
+
+
+def fit(layers: list[Layer], num_sms: int, source: str = "") -> tuple[StepCosts, float]:
+    """Coordinate descent on the step costs (and the round's), from equal costs, minimizing the geometric mean of
+    chosen_ratio over ``layers``."""
+    costs = StepCosts({c: 1.0 for c in STEP_CLASSES}, 0.3, source)
+
+    def score(c: StepCosts) -> float:
+        return _geomean([chosen_ratio(lay, c, num_sms) for lay in layers])
+
+    best = score(costs)
+    for _ in range(6):
+        for key in [*STEP_CLASSES, None]:
+            for mult in MULTIPLIERS:
+                if key is None:
+                    trial = StepCosts(costs.step, costs.round * mult, source)
+                else:
+                    trial = StepCosts({**costs.step, key: costs.step[key] * mult}, costs.round, source)
+                s = score(trial)
+                if s < best - 1e-6:
+                    best, costs = s, trial
+    return costs, best
+
+
+def family(fmt: str) -> str:
+    bits, _, mode = FORMATS[fmt]
+    return f"w{bits} {'sym' if mode == 'sym' else 'params'}" if bits == 4 else "w8"
+
+
+def evaluate(layers: list[Layer], num_sms: int) -> None:
+    """The shipped costs' choice on each family's layers: chosen / fastest against the sweep's default, and the layers
+    where it is over 1.05x."""
+    from mixgemm.tuning.gemv_steps import step_costs
+
+    for fam in sorted({family(lay.fmt) for lay in layers}):
+        lays = [lay for lay in layers if family(lay.fmt) == fam]
+        bits, _, mode = FORMATS[lays[0].fmt]
+        costs = step_costs("", bits, mode)
+        ratios = [chosen_ratio(lay, costs, num_sms) for lay in lays]
+        print(f"{fam}: {len(lays)} layers, shipped costs {_geomean(ratios):.3f} the fastest tile's time (the sweep's "
+              f"default {_geomean([lay.default_us / lay.best_us for lay in lays]):.3f})")
+        for lay, r in zip(lays, ratios, strict=True):
+            if r > 1.05:
+                print(f"    {lay.k}x{lay.n}: {r:.3f} (default {lay.default_us / lay.best_us:.3f})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--train", nargs="+", default=[])
+    ap.add_argument("--eval", nargs="+", default=[], metavar="JSON",
+                    help="only evaluate the shipped costs (tuning.gemv_steps) on these sweep files")
+    ap.add_argument("--test", nargs="*", default=[])
+    ap.add_argument("--sms", type=int, default=132)
+    args = ap.parse_args()
+    if args.eval:
+        evaluate(load(args.eval), args.sms)
+        return
+    train, test = load(args.train), load(args.test)
+    fitted = {}
+    for fam in sorted({family(lay.fmt) for lay in train}):
+        tr = [lay for lay in train if family(lay.fmt) == fam]
+        te = [lay for lay in test if family(lay.fmt) == fam]
+        costs, score = fit(tr, args.sms)
+        fitted[fam] = costs
+        line = (f"{fam}: {len(tr)} training layers, chosen / fastest {score:.3f} (the sweep's default "
+                f"{_geomean([lay.default_us / lay.best_us for lay in tr]):.3f})")
+        if te:
+            line += (f"; {len(te)} test layers {_geomean([chosen_ratio(lay, costs, args.sms) for lay in te]):.3f} "
+                     f"(default {_geomean([lay.default_us / lay.best_us for lay in te]):.3f}, worst "
+                     f"{max(chosen_ratio(lay, costs, args.sms) for lay in te):.3f})")
+        print(line)
+        every, score_all = fit(tr + te, args.sms)
+        steps = ", ".join(f"{c}: {v:.3g}" for c, v in sorted(every.step.items()))
+        print(f"    fitted on all {len(tr) + len(te)} layers ({score_all:.3f}): step={{{steps}}}, "
+              f"round={every.round:.3g}")
+    # the model's pick on each test layer against the fastest (a check by eye)
+    for lay in test:
+        bits, _, mode = FORMATS[lay.fmt]
+        kc = -(-lay.k * bits // 128)
+        fam_costs = fitted[family(lay.fmt)]
+        pick = cheapest_tile(lay.n, kc, bits, mode, args.sms, fam_costs)
+        print(f"  {lay.fmt} {lay.k}x{lay.n}: model {pick} {chosen_ratio(lay, fam_costs, args.sms):.3f}")
+
+
+if __name__ == "__main__":
+    main()
