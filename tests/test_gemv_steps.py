@@ -15,12 +15,13 @@ def test_lane_tiles_fit_the_row_and_match_the_kernel_rows():
     """Every tile gives each lane group of each k-slice a chunk, and its rows per block are gemv.tile_rows'."""
     for kc in (8, 28, 112, 128, 896):
         tiles = lane_tiles(kc)
-        assert tiles and all(kc >= t.LW * t.KS for t in tiles)
+        assert tiles and all(kc >= t.LW * t.KS or (t.LW, t.KS) == (32, 1) for t in tiles)
         for t in tiles:
             assert t.rows_per_block == gemv.tile_rows(t.config())
             assert t.config()["RG"] * t.KS == gemv.WARPS
     assert LaneTile(2, 1, 8, 16) in lane_tiles(128) and LaneTile(2, 1, 8, 32) not in lane_tiles(128)
-    assert lane_tiles(7) == []
+    # rows shorter than a warp keep the whole-warp rows (and only them with 7 chunks)
+    assert {(t.KS, t.LW) for t in lane_tiles(7)} == {(1, 32)} and lane_tiles(0) == []
 
 
 def test_resident_blocks_from_registers():
@@ -66,7 +67,7 @@ def test_cheapest_tile_follows_the_costs():
     s = tile_shape(t, 8192, 256, 8, "sym", 132)
     assert all(s.rounds * s.steps <= (o := tile_shape(x, 8192, 256, 8, "sym", 132)).rounds * o.steps
                for x in lane_tiles(256))
-    assert cheapest_tile(8192, 7, 4, "sym", 132, flat) is None
+    assert cheapest_tile(8192, 7, 4, "sym", 132, flat).LW == 32 and cheapest_tile(8192, 0, 4, "sym", 132, flat) is None
 
 
 def test_choose_config_takes_the_model_where_no_bucket_serves():
@@ -115,3 +116,22 @@ def test_fit_recovers_costs_that_made_the_times(tmp_path):
     costs, score = fit.fit(layers, 132)
     assert score < 1.02
     assert fit._geomean([fit.chosen_ratio(lay, costs, 132) for lay in fit.load([str(test)])]) < 1.05
+
+
+def test_buckets_the_model_serves_leave_the_tables():
+    """STEP_MODEL_SERVES names measured entries (never a protocol layer's); TABLES is MEASURED less them, so their
+    layers take the model."""
+    from mixgemm.bench.cli import PRESETS
+    from mixgemm.tuning import gemv_m1
+
+    for key, by_bits in gemv_m1.STEP_MODEL_SERVES.items():
+        for bits, shapes in by_bits.items():
+            measured = {e.measured for e in gemv_m1.MEASURED[key][bits]}
+            kept = {e.measured for e in gemv_m1.TABLES[key][bits]}
+            assert set(shapes) <= measured and not set(shapes) & kept
+            assert not set(shapes) & set(PRESETS["protocol"])
+            assert len(kept) == len(measured - set(shapes))
+    k, n = 5120, 5120  # zero point: its entry left the table, the model takes it; sym keeps its entry
+    kc = gemv.chunks_per_row(4, k)
+    assert "step-cost model" in gemv.choose_config(1, n, kc, 132, 0, 4, k, H100, "zero_point").source
+    assert "gemv_m1" in gemv.choose_config(1, n, kc, 132, 0, 4, k, H100, "sym").source

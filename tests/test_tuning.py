@@ -216,8 +216,9 @@ def test_candidates_are_small_legal_and_not_the_default():
         if e.name == "cuda_wgmma" and m <= 16:  # the small-M tile family is tried on top of the neighbours
             assert all(c in cands for c in family if wgmma_tile_error(c) is None)
             cands = [c for c in cands if c not in family]
-        # (at most 12 neighbours, and the CUDA-core GEMV's default over two other lane widths on top)
-        assert len(cands) <= 14 and default not in cands
+        # (at most 12 neighbours, and the CUDA-core GEMV's default over two other lane widths and the step-cost
+        # model's four cheapest tiles on top)
+        assert len(cands) <= 18 and default not in cands
         assert all(cands.count(c) == 1 for c in cands)
         for c in cands:
             if e.name == "cuda_wgmma":
@@ -511,9 +512,16 @@ def test_zero_point_gemv_candidates_try_the_x_sum_form():
         with_sum = [c for c in cands if c.get("ZSUM")]
         assert bool(with_sum) == expect, (mode, dtype)
         if expect:  # every tile without it (and without PF's second buffer) also appears with it (the lane-width
-            # variants, the default's only, come as they are)
+            # variants, the default's only, and the step-cost model's tiles, LW 32 or not, come as they are)
+            from mixgemm.kernels.cuda.gemv import chunks_per_row
+            from mixgemm.kernels.cuda.gemv_steps import ranked_tiles
+            from mixgemm.tuning.gemv_steps import step_costs
+
+            tiles = ranked_tiles(6144, chunks_per_row(4, 4096), 4, mode, 132, step_costs(dev.name, 4, mode))
+            model = [(t.R, t.U, t.KS, t.LW) for t in tiles[:linear_entries.STEP_MODEL_CANDIDATES]]
+            assert sum((c["R"], c["U"], c["KS"], c.get("LW", 32)) in model for c in cands) >= 3
             assert all({**c, "ZSUM": 1} in with_sum for c in cands if not c.get("ZSUM") and not c["PF"]
-                       and "LW" not in c)
+                       and "LW" not in c and (c["R"], c["U"], c["KS"], c.get("LW", 32)) not in model)
 
 
 def test_compacted_zero_point_m1_candidates_try_the_other_packing():

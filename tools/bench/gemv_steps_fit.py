@@ -78,7 +78,9 @@ def chosen_ratio(layer: Layer, costs: StepCosts, num_sms: int) -> float:
     """The model's tile's time over the fastest measured tile's, among the tiles measured on the layer."""
     bits, _, mode = FORMATS[layer.fmt]
     kc = -(-layer.k * bits // 128)
-    pick = min(layer.times, key=lambda t: costs.cost(tile_shape(t, layer.n, kc, bits, mode, num_sms, layer.zsum), t))
+    legal = set(lane_tiles(kc))
+    pick = min((t for t in layer.times if t in legal),
+               key=lambda t: costs.cost(tile_shape(t, layer.n, kc, bits, mode, num_sms, layer.zsum), t))
     return layer.times[pick] / layer.best_us
 
 
@@ -126,6 +128,41 @@ def evaluate(layers: list[Layer], num_sms: int) -> None:
                 print(f"    {lay.k}x{lay.n}: {r:.3f} (default {lay.default_us / lay.best_us:.3f})")
 
 
+def prune(layers: list[Layer], num_sms: int, gpu: str = "H100", worst: float = 1.02) -> dict:
+    """{(gpu, sym?): {bits: [measured (K, N), ...]}}: the gemv_m1 entries of ``gpu`` (all measured, gemv_m1.MEASURED)
+    the shipped costs serve as well,
+    the model's tile within ``worst`` of the entry's on every swept layer the entry serves (and on at least one);
+    entries measured on a protocol layer, or whose tile or layers' tiles the sweep did not time, stay."""
+    from mixgemm.bench.cli import PRESETS
+    from mixgemm.kernels.cuda.gemv import chunks_per_row, m1_tile_serves
+    from mixgemm.tuning import gemv_m1
+    from mixgemm.tuning.buckets import ShapeBucket, find
+    from mixgemm.tuning.gemv_steps import step_costs
+
+    fmts = {(True, 4): "w4s", (False, 4): "w4z", (True, 8): "w8"}
+    out: dict = {}
+    for (g, sym), table in gemv_m1.MEASURED.items():
+        for bits, entries in table.items():
+            fmt = fmts.get((sym, bits))
+            if g != gpu or fmt is None:
+                continue
+            for e in entries:
+                t = e.value
+                tile = _tile({"R": t.R, "U": t.U, "KS": t.KS, "RG": t.RG or 8 // t.KS, "PF": t.PF, "LW": t.LW,
+                              "MINB": t.MINB, "BULK": t.BULK, "LITE": t.LITE})
+                mine = [lay for lay in layers if lay.fmt == fmt and find((e,), ShapeBucket.of(lay.k, lay.n))
+                        and chunks_per_row(bits, lay.k) >= min(t.LW * t.U * t.KS, chunks_per_row(bits, e.measured[0]))
+                        and m1_tile_serves(t, lay.n, num_sms)]
+                if (tile is None or not mine or any(tile not in lay.times for lay in mine)
+                        or e.measured in PRESETS["protocol"]):
+                    continue
+                costs = step_costs(gpu, bits, FORMATS[fmt][2])
+                ratios = [chosen_ratio(lay, costs, num_sms) * lay.best_us / lay.times[tile] for lay in mine]
+                if max(ratios) <= worst:
+                    out.setdefault((g, sym), {}).setdefault(bits, []).append(e.measured)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--train", nargs="+", default=[])
@@ -133,7 +170,14 @@ def main() -> None:
                     help="only evaluate the shipped costs (tuning.gemv_steps) on these sweep files")
     ap.add_argument("--test", nargs="*", default=[])
     ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--prune", nargs="+", default=[], metavar="JSON",
+                    help="print the H100 gemv_m1 entries the shipped costs serve within 2%% on every swept layer")
     args = ap.parse_args()
+    if args.prune:
+        for key, by_bits in prune(load(args.prune), args.sms).items():
+            for bits, shapes in sorted(by_bits.items()):
+                print(f"{key} W{bits}: {sorted(shapes)}")
+        return
     if args.eval:
         evaluate(load(args.eval), args.sms)
         return

@@ -335,6 +335,8 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
 
 def _gemv_candidates(p: Problem) -> list[dict]:
     from mixgemm.kernels.cuda.gemv import WARPS, chunks_per_row
+    from mixgemm.kernels.cuda.gemv_steps import ranked_tiles as step_ranked_tiles
+    from mixgemm.tuning.gemv_steps import step_costs
 
     base = _gemv_config(p)
     if any(base.get(k, 0) for k in ("BULK", "PST", "BPF")) or base["RG"] * base["KS"] != WARPS:
@@ -354,7 +356,20 @@ def _gemv_candidates(p: Problem) -> list[dict]:
         # k-slice's lane group gets a chunk of the row
         kc = chunks_per_row(p.bits, p.k)
         out += [{**base, "LW": lw} for lw in (32, 16, 8) if lw != base.get("LW", 32) and kc >= lw * base["KS"]]
+        if p.x_dtype == torch.float16:
+            # the step-cost model's cheapest tiles (kernels/cuda/gemv_steps.py): where its ranking is close, or the
+            # layer sits in a measured bucket, the GPU decides
+            extra = {key: base[key] for key in ("XS", "LITE") if key in base}
+            for t in step_ranked_tiles(p.n, kc, p.bits, p.mode, p.device.sm_count,
+                                       step_costs(p.device.name, p.bits, p.mode))[:STEP_MODEL_CANDIDATES]:
+                c = {**{k: v for k, v in t.config().items() if k != "LW" or v != 32}, **extra}
+                if c != base and c not in out:
+                    out.append(c)
     return out
+
+
+# the step-cost model's cheapest tiles that mixgemm tune times beside the default's neighbours at M = 1 (fp16)
+STEP_MODEL_CANDIDATES = 4
 
 
 # Act-order layers (Problem.act_order): where the GEMVs gather x through the permutation themselves (no extra launch,

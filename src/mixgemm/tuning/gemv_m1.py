@@ -4,9 +4,10 @@ Source: tools/bench/gemv.py --sweep (and --sweep-mode sym) on an H200 and an H10
 fastest (R, U, KS, ...) of each sweep; on the H100 also tools/bench/gemv_dispatch.py over the 80 layers of the model
 list (the neighbours of the rule's tile, kept where >= 5% faster). Each entry covers the half-octave bucket of the
 layer it was measured on (mixgemm.tuning.buckets: K and N each within about +-19% of the measured sizes) for its
-weight bit width; layers in other buckets use the rule in mixgemm.kernels.cuda.gemv.choose_config. A tile is legal
-for any K (the k-slices stride over the row's chunks, partial steps in the tail loop); choose_config uses it where K
-gives each k-slice a full step or as many chunks as on the measured layer.
+weight bit width; layers in other buckets (and, on the H100, in the buckets STEP_MODEL_SERVES lists) use the
+step-cost model (mixgemm.tuning.gemv_steps) at fp16, else the rule in mixgemm.kernels.cuda.gemv.choose_config. A
+tile is legal for any K (the k-slices stride over the row's chunks, partial steps in the tail loop); choose_config
+uses it where K gives each k-slice a full step or as many chunks as on the measured layer.
 """
 
 from __future__ import annotations
@@ -251,8 +252,8 @@ def _replacing(base: dict, newer: dict) -> dict:
     return out
 
 
-# {(gpu, sym?): {bits: entries}}, merged once, not per call
-TABLES = {("H100", False): _replacing(_replacing(_union(H100, H100_ZP_SWEEP, H100_ZP_SWEEP2, H100_W8_SWEEP,
+# {(gpu, sym?): {bits: entries}}, merged once, not per call: every measured entry (TABLES: less STEP_MODEL_SERVES)
+MEASURED = {("H100", False): _replacing(_replacing(_union(H100, H100_ZP_SWEEP, H100_ZP_SWEEP2, H100_W8_SWEEP,
                                                        H100_W8_SWEEP2), H100_ZP_SWEEP3),
                                      _union(H100_ZP_SWEEP4, H100_W8_SWEEP4)),
           ("H100", True): _replacing(_replacing(_union(H100, H100_W8_SWEEP, H100_W8_SWEEP2),
@@ -260,6 +261,37 @@ TABLES = {("H100", False): _replacing(_replacing(_union(H100, H100_ZP_SWEEP, H10
                                      _union(H100_SYM_SWEEP4, H100_W8_SWEEP4)),
           ("H200", False): _union(H200, H200_SWEEP, H200_W8_SWEEP),
           ("H200", True): _replacing(_union(H200, H200_W8_SWEEP), _union(H200_SYM, H200_SYM_SWEEP))}
+
+
+# Entries the step-cost model (tuning.gemv_steps) serves as well, listed by the layer each was measured on: on every
+# swept layer the entry serves, the model's tile took at most 1.02x the entry's time (tools/bench/gemv_steps_fit.py
+# --prune over the H100 lanes-per-row sweeps of the 80 model-list layers and 37 others; entries measured on a protocol
+# layer, or with tiles outside the sweep, stay). They leave the tables, so their buckets, and the other models' layers
+# that fall in them, take the model, which carries to unseen shapes where a bucket's one tile does not (W4 zero point
+# on the 29 other layers: 1.074x -> 1.006x the fastest tile's time, the tables and model against the model alone).
+STEP_MODEL_SERVES = {
+    ("H100", False): {4: [(896, 128), (896, 9728), (1536, 8960), (2048, 11008), (2048, 22016),
+                          (2304, 9216), (3072, 9216), (3072, 16384), (3584, 512), (3584, 8192), (4096, 6144),
+                          (4096, 11008), (4864, 896), (5120, 1024), (5120, 5120), (5120, 7680), (5120, 13824),
+                          (5120, 27648), (8192, 3072), (8192, 10240), (8192, 57344), (9216, 2304), (11008, 2048),
+                          (11008, 4096), (17920, 5120), (27648, 5120), (36864, 4608)]},
+    ("H100", True): {4: [(896, 128), (896, 9728), (1536, 8960), (1536, 17920), (2048, 256), (2304, 9216),
+                         (3072, 16384), (3584, 512), (3584, 8192), (5120, 1024), (5120, 7168), (5120, 15360),
+                         (8192, 1024), (8192, 8192), (8960, 1536), (9216, 2304), (11008, 2048), (11008, 4096),
+                         (27648, 5120)],
+                     8: [(896, 128), (896, 896), (1536, 256), (1536, 2048), (2048, 256), (2048, 11008),
+                         (2048, 22016), (2304, 4096), (3072, 3072), (3584, 512), (8960, 1536), (9216, 2304),
+                         (11008, 4096)]},
+}
+
+
+def _without(table: dict, measured: dict) -> dict:
+    """table's entries less those measured on the layers of ``measured`` ({bits: [(K, N), ...]})."""
+    return {bits: tuple(e for e in entries if e.measured not in measured.get(bits, ())) for bits, entries in
+            table.items()}
+
+
+TABLES = {key: _without(table, STEP_MODEL_SERVES.get(key, {})) for key, table in MEASURED.items()}
 
 
 def _check() -> None:

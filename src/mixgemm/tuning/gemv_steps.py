@@ -1,4 +1,5 @@
-"""The CUDA-core GEMV's step costs (kernels/cuda/gemv_steps.py): its M = 1 rule for layers no gemv_m1 bucket serves.
+"""The CUDA-core GEMV's step costs (kernels/cuda/gemv_steps.py): its M = 1 rule for layers no gemv_m1 bucket serves
+(on the H100 also the buckets gemv_m1.STEP_MODEL_SERVES lists).
 
 Each family's costs are the time of one step of a tile class {(R, U, LW): c} and a round's fixed part, in one
 arbitrary unit (only their ratios choose a tile), fitted by tools/bench/gemv_steps_fit.py to lanes-per-row sweeps
@@ -8,8 +9,9 @@ Mistral-Small, Command-R, Llama-3.2 ...). Fitted on the model list alone, the co
 1.015x / 1.020x the fastest measured tile's time on the 37 others (W4 g128 sym / zero point / W8 per channel,
 geometric mean; the dispatch of the day 1.095x / 1.131x / 1.044x there); fitted on all of them, 1.026x / 1.008x /
 1.021x over the 95-117 layers. W4 zero-point and offset weights share a family (their per-group parameters); int8
-weights of every mode share one. The H200 and other GPUs take the H100's costs: on the 27 smallest model-list layers
-swept on an H200 the H100's costs chose 1.037x (W4 sym, W8) the fastest there, the dispatch of the day 1.28x / 1.08x.
+weights of every mode share one. The H200 and other GPUs take the H100's costs: on the smallest model-list layers
+swept on an H200 (11 where the CUDA-core GEMV serves int4, 27 int8) they chose 1.012x / 1.008x / 1.067x the fastest
+tile's time there (W4 sym / zero point / W8), the dispatch of the day 1.258x / 1.253x / 1.070x.
 """
 
 from __future__ import annotations
