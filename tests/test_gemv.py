@@ -982,14 +982,21 @@ def test_gemv_lane_groups(tile, bits, group, mode):
     M = 1 / 3 in fp16, bf16 and fp32 x, with bias and relu at M = 3."""
     lw, r, u, ks, pf, extra = tile
     cfg = {"R": r, "U": u, "KS": ks, "RG": 8 // ks, "PF": pf, "LW": lw, **extra}
+    for x, qw in _check_forced_cuda_core_tile(cfg, bits, group, mode, 23):
+        assert f"'LW': {lw}" in str(mixgemm.explain(x, qw).config)
+
+
+def _check_forced_cuda_core_tile(cfg, bits, group, mode, seed):
+    """The CUDA-core GEMV forced to tile ``cfg`` against the reference: N = 203 / 4099 with K = 3584 and 3584 - 384
+    (a partial step), M = 1 / 3 in fp16, bf16 and fp32 x, bias and relu at M = 3; yields each shape's last (x, qw)."""
     with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": cfg}):
         for n, k in ((203, 3584), (4099, 3584 - 384)):
-            qw, gen = _make(n, k, bits, group, mode, torch.float16, 23)
+            qw, gen = _make(n, k, bits, group, mode, torch.float16, seed)
             for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.bfloat16), (2, torch.float32)):
                 x = torch.randn(m, k, generator=gen, device="cuda").to(act)
                 bias = torch.randn(n, generator=gen, device="cuda").to(act)
                 _check(x, qw, bias if m == 3 else None, "relu" if m == 3 else None)
-            assert f"'LW': {lw}" in str(mixgemm.explain(x, qw).config)
+            yield x, qw
 
 
 # The step-cost model's tiles that no measured table held before it: eight k-slices over 16 or 8 lanes a row.
@@ -1002,13 +1009,8 @@ STEP_MODEL_KS8 = [t for t in lane_tiles(10 ** 6) if t.KS == 8 and t.LW != 32]
 def test_gemv_step_model_tiles(tile, bits, group, mode):
     """KS 8 with LW 16 / 8 (gemv_steps.lane_tiles' tiles past the old grids): a partial step (K = 3584 - 384) and N
     = 203 / 4099, M = 1 / 3 in fp16, bf16 and fp32 x, bias and relu at M = 3."""
-    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": tile.config()}):
-        for n, k in ((203, 3584), (4099, 3584 - 384)):
-            qw, gen = _make(n, k, bits, group, mode, torch.float16, 29)
-            for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.bfloat16), (2, torch.float32)):
-                x = torch.randn(m, k, generator=gen, device="cuda").to(act)
-                bias = torch.randn(n, generator=gen, device="cuda").to(act)
-                _check(x, qw, bias if m == 3 else None, "relu" if m == 3 else None)
+    for _ in _check_forced_cuda_core_tile(tile.config(), bits, group, mode, 29):
+        pass
 
 
 @pytest.mark.gpu
