@@ -2,6 +2,8 @@
 carries to layers it was not fitted on. No GPU.
 
     python -m tools.bench.gemv_steps_fit --train LIST.json [--test OFF.json] [--sms 132]
+    python -m tools.bench.gemv_steps_fit --eval SWEEP.json ...    (the shipped costs on these layers)
+    python -m tools.bench.gemv_steps_fit --prune SWEEP.json ...   (gemv_m1.STEP_MODEL_SERVES from the sweeps)
 
 LIST.json / OFF.json: `python -m tools.bench.gemv_dispatch --lw-grid --ms 1 --formats w4s,w4z,w8 [--shapes ...]`
 files. For each weight family the fit keeps the step costs whose choice of tile is fastest over the training layers
@@ -181,6 +183,8 @@ def main() -> None:
     if args.eval:
         evaluate(load(args.eval), args.sms)
         return
+    if not args.train:
+        ap.error("give --train (with --test), --eval or --prune sweep files")
     train, test = load(args.train), load(args.test)
     fitted = {}
     for fam in sorted({family(lay.fmt) for lay in train}):

@@ -97,6 +97,8 @@ class TileShape:
 
 
 def tile_shape(tile: LaneTile, n: int, kc: int, bits: int, mode: str, num_sms: int, zsum: int = 0) -> TileShape:
+    """The rounds and steps of ``tile`` on N rows of kc chunks: its blocks over the SMs' resident slots (from the
+    build's registers), and ceil(ceil(kc / lanes per row) / U) steps a lane waits for."""
     blocks = -(-n // tile.rows_per_block)
     regs = REGISTERS[register_family(bits, mode, zsum)][(tile.R, tile.U)]
     per_round = resident_blocks(regs) * num_sms
