@@ -20,6 +20,8 @@ def test_lane_tiles_fit_the_row_and_match_the_kernel_rows():
             assert t.rows_per_block == gemv.tile_rows(t.config())
             assert t.config()["RG"] * t.KS == gemv.WARPS
     assert LaneTile(2, 1, 8, 16) in lane_tiles(128) and LaneTile(2, 1, 8, 32) not in lane_tiles(128)
+    # LW appears only where it is not 32 (gemv's optional keys)
+    assert "LW" not in LaneTile(2, 1, 1, 32).config() and LaneTile(2, 1, 1, 16).config()["LW"] == 16
     # rows shorter than a warp keep the whole-warp rows (and only them with 7 chunks)
     assert {(t.KS, t.LW) for t in lane_tiles(7)} == {(1, 32)} and lane_tiles(0) == []
 

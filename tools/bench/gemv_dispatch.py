@@ -142,7 +142,7 @@ def lane_grid(base: dict, kc: int) -> list[dict]:
         c = tile.config()
         if base.get("ZSUM", 0):
             c["ZSUM"] = 1
-        if not all(base.get(key, 32 if key == "LW" else 0) == v for key, v in c.items()):
+        if not all(base.get(key, 32 if key == "LW" else 0) == v for key, v in {"LW": 32, **c}.items()):
             out.append(c)
     return out
 

@@ -19,10 +19,13 @@ import json
 import math
 from dataclasses import dataclass
 
+from mixgemm.kernels.cuda.gemv import chunks_per_row
 from mixgemm.kernels.cuda.gemv_steps import LaneTile, StepCosts, cheapest_tile, lane_tiles, tile_shape
+from mixgemm.tuning.gemv_steps import step_family
 from tools.bench.gemv_tables import FORMATS
 
-STEP_CLASSES = sorted({t.step_class for t in lane_tiles(10 ** 6)})
+SPACE = frozenset(lane_tiles(10 ** 6))  # every tile of the model's space (a row long enough for all of them)
+STEP_CLASSES = sorted({t.step_class for t in SPACE})
 MULTIPLIERS = (0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.5)
 
 
@@ -47,7 +50,7 @@ def _tile(cfg: dict) -> LaneTile | None:
     if any(cfg.get(key, 0) for key in ("PF", "XS", "LITE", "BULK", "MINB", "BPF", "PST")):
         return None
     t = LaneTile(cfg["R"], cfg["U"], cfg["KS"], cfg.get("LW", 32))
-    return t if t in lane_tiles(10 ** 6) and cfg["RG"] == 8 // cfg["KS"] else None
+    return t if t in SPACE and cfg["RG"] == 8 // cfg["KS"] else None
 
 
 def load(paths: list[str]) -> list[Layer]:
@@ -79,7 +82,7 @@ def _geomean(values: list[float]) -> float:
 def chosen_ratio(layer: Layer, costs: StepCosts, num_sms: int) -> float:
     """The model's tile's time over the fastest measured tile's, among the tiles measured on the layer."""
     bits, _, mode = FORMATS[layer.fmt]
-    kc = -(-layer.k * bits // 128)
+    kc = chunks_per_row(bits, layer.k)
     legal = set(lane_tiles(kc))
     pick = min((t for t in layer.times if t in legal),
                key=lambda t: costs.cost(tile_shape(t, layer.n, kc, bits, mode, num_sms, layer.zsum), t))
@@ -109,8 +112,9 @@ def fit(layers: list[Layer], num_sms: int, source: str = "") -> tuple[StepCosts,
 
 
 def family(fmt: str) -> str:
+    """The cost family (tuning.gemv_steps.step_family) of a sweep format."""
     bits, _, mode = FORMATS[fmt]
-    return f"w{bits} {'sym' if mode == 'sym' else 'params'}" if bits == 4 else "w8"
+    return step_family(bits, mode)
 
 
 def evaluate(layers: list[Layer], num_sms: int) -> None:
@@ -206,7 +210,7 @@ def main() -> None:
     # the model's pick on each test layer against the fastest (a check by eye)
     for lay in test:
         bits, _, mode = FORMATS[lay.fmt]
-        kc = -(-lay.k * bits // 128)
+        kc = chunks_per_row(bits, lay.k)
         fam_costs = fitted[family(lay.fmt)]
         pick = cheapest_tile(lay.n, kc, bits, mode, args.sms, fam_costs)
         print(f"  {lay.fmt} {lay.k}x{lay.n}: model {pick} {chosen_ratio(lay, fam_costs, args.sms):.3f}")

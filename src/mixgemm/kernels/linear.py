@@ -362,7 +362,7 @@ def _gemv_candidates(p: Problem) -> list[dict]:
             extra = {key: base[key] for key in ("XS", "LITE") if key in base}
             for t in step_ranked_tiles(p.n, kc, p.bits, p.mode, p.device.sm_count,
                                        step_costs(p.device.name, p.bits, p.mode))[:STEP_MODEL_CANDIDATES]:
-                c = {**{k: v for k, v in t.config().items() if k != "LW" or v != 32}, **extra}
+                c = {**t.config(), **extra}
                 if c != base and c not in out:
                     out.append(c)
     return out

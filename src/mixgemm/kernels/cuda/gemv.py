@@ -144,8 +144,7 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
         costs = step_costs(gpu_name, bits, mode or "sym")
         tile = cheapest_tile(n, kc, bits, mode or "sym", num_sms, costs)
         if tile is not None:
-            cfg = _with_optional_keys({k: v for k, v in tile.config().items() if k != "LW"}, tile.config())
-            return SourcedConfig({**cfg, **extra}, f"gemv step-cost model ({costs.source})")
+            return SourcedConfig({**tile.config(), **extra}, f"gemv step-cost model ({costs.source})")
     if m == 1:
         r = (4 if n >= 8192 else 2) if act == 0 else 2
         u = 2

@@ -49,8 +49,10 @@ class LaneTile:
     LW: int
 
     def config(self) -> dict:
-        """gemv.choose_config's keys (RG = 8 warps / KS, no register double buffering)."""
-        return {"R": self.R, "U": self.U, "RG": WARPS // self.KS, "KS": self.KS, "PF": 0, "LW": self.LW}
+        """gemv.choose_config's keys (RG = 8 warps / KS, no register double buffering); LW only where it is not 32,
+        as gemv's optional keys appear only when set."""
+        cfg = {"R": self.R, "U": self.U, "RG": WARPS // self.KS, "KS": self.KS, "PF": 0}
+        return cfg if self.LW == 32 else {**cfg, "LW": self.LW}
 
     @property
     def lanes_per_row(self) -> int:
