@@ -168,10 +168,17 @@ def test_gemv_m1_tiles_unchanged_on_measured_layers(gpu, mode):
     old = OLD["gemv_m1"]
     base = old["TUNED_M1_H100" if "H100" in gpu else "TUNED_M1"]
     table = {**base, **old["TUNED_M1_H100_SYM" if "H100" in gpu else "TUNED_M1_SYM"]} if mode == "sym" else base
+    from mixgemm.tuning.gemv_m1 import STEP_MODEL_SERVES
+
+    short = "H100" if "H100" in gpu else "H200"
     for key, tile in table.items():
         bits, n, k = (int(v) for v in key.split(","))
         cfg = gemv.choose_config(1, n, gemv.chunks_per_row(bits, k), 132, 0, bits, k, gpu, mode)
-        newer = REMEASURED.get(("H100" if "H100" in gpu else "H200", mode, key))
+        if (k, n) in STEP_MODEL_SERVES.get((short, mode == "sym"), {}).get(bits, ()):
+            # the entry left the tables for the step-cost model, which was no slower on this layer (gemv_steps_fit)
+            assert "step-cost model" in cfg.source, (gpu, mode, key)
+            continue
+        newer = REMEASURED.get((short, mode, key))
         assert cfg == _old_m1_config(newer or tile), (gpu, mode, key)
         # (a replacing tile may have been measured on another layer of the bucket)
         assert "gemv_m1" in cfg.source and (newer or f"K {k} x N {n}" in cfg.source)

@@ -121,9 +121,7 @@ def test_fit_recovers_costs_that_made_the_times(tmp_path):
 
 
 def test_buckets_the_model_serves_leave_the_tables():
-    """STEP_MODEL_SERVES names measured entries (never a protocol layer's); TABLES is MEASURED less them, so their
-    layers take the model."""
-    from mixgemm.bench.cli import PRESETS
+    """STEP_MODEL_SERVES names measured entries; TABLES is MEASURED less them, so their layers take the model."""
     from mixgemm.tuning import gemv_m1
 
     for key, by_bits in gemv_m1.STEP_MODEL_SERVES.items():
@@ -131,9 +129,32 @@ def test_buckets_the_model_serves_leave_the_tables():
             measured = {e.measured for e in gemv_m1.MEASURED[key][bits]}
             kept = {e.measured for e in gemv_m1.TABLES[key][bits]}
             assert set(shapes) <= measured and not set(shapes) & kept
-            assert not set(shapes) & set(PRESETS["protocol"])
             assert len(kept) == len(measured - set(shapes))
     k, n = 5120, 5120  # zero point: its entry left the table, the model takes it; sym keeps its entry
     kc = gemv.chunks_per_row(4, k)
     assert "step-cost model" in gemv.choose_config(1, n, kc, 132, 0, 4, k, H100, "zero_point").source
     assert "gemv_m1" in gemv.choose_config(1, n, kc, 132, 0, 4, k, H100, "sym").source
+
+
+def test_prune_takes_a_protocol_entry_only_where_the_model_is_no_slower_there():
+    """--prune: an entry measured on a protocol layer leaves the tables only where the tile the model dispatches was no
+    slower on that layer itself (within 2% elsewhere); a ZSUM tile counts for the entry, never for the model."""
+    from mixgemm.tuning import gemv_m1
+    from mixgemm.tuning.buckets import ShapeBucket, find
+    from mixgemm.tuning.gemv_steps import step_costs
+    from tools.bench import gemv_steps_fit as fit
+
+    entry = find(gemv_m1.MEASURED[("H100", True)][8], ShapeBucket.of(4096, 4096))
+    assert entry.measured == (4096, 4096)
+    t = entry.value
+    tile = LaneTile(t.R, t.U, t.KS, t.LW)
+    pick = cheapest_tile(4096, gemv.chunks_per_row(8, 4096), 8, "sym", 132, step_costs("H100", 8, "sym"))
+    assert pick != tile
+
+    def pruned(model_us: float) -> bool:
+        lay = fit.Layer(4096, 4096, "w8", {pick: model_us, tile: 8.0}, 8.0, {(pick, 0): model_us, (tile, 0): 8.0})
+        return (4096, 4096) in fit.prune([lay], 132).get(("H100", True), {}).get(8, [])
+
+    assert pruned(7.4) and pruned(8.0) and not pruned(8.1)  # a protocol layer: no slower; elsewhere 1.02x would do
+    assert fit._tile({"R": 2, "U": 1, "KS": 4, "RG": 2, "PF": 0, "ZSUM": 1}) is None
+    assert fit._tile({"R": 2, "U": 1, "KS": 4, "RG": 2, "PF": 0, "ZSUM": 1}, zsum_ok=True) == LaneTile(2, 1, 4, 32)

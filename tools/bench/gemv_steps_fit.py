@@ -3,13 +3,14 @@ carries to layers it was not fitted on. No GPU.
 
     python -m tools.bench.gemv_steps_fit --train LIST.json [--test OFF.json] [--sms 132]
     python -m tools.bench.gemv_steps_fit --eval SWEEP.json ...    (the shipped costs on these layers)
-    python -m tools.bench.gemv_steps_fit --prune SWEEP.json ...   (gemv_m1.STEP_MODEL_SERVES from the sweeps)
+    python -m tools.bench.gemv_steps_fit --prune SWEEP.json ... [--gpu H200]   (gemv_m1.STEP_MODEL_SERVES of a GPU)
 
 LIST.json / OFF.json: `python -m tools.bench.gemv_dispatch --lw-grid --ms 1 --formats w4s,w4z,w8 [--shapes ...]`
-files. For each weight family the fit keeps the step costs whose choice of tile is fastest over the training layers
-(geometric mean of the chosen tile's time over the fastest measured tile's, coordinate descent from equal costs); it
-prints that ratio on the training layers and, with --test, on the test layers beside the sweep's own default (the
-dispatch of the day), then the costs fitted on all the files in tuning.gemv_steps' format.
+files (of one GPU; a layer in several files takes each tile's fastest time). For each weight family the fit keeps
+the step costs whose choice of tile is fastest over the training layers (geometric mean of the chosen tile's time
+over the fastest measured tile's, coordinate descent from equal costs); it prints that ratio on the training layers
+and, with --test, on the test layers beside the sweep's own default (the dispatch of the day), then the costs fitted
+on all the files in tuning.gemv_steps' format.
 """
 
 from __future__ import annotations
@@ -31,48 +32,63 @@ MULTIPLIERS = (0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.5)
 
 @dataclass
 class Layer:
-    """One swept layer of one format: its measured lane tiles {LaneTile: us}, the sweep's default time, ZSUM."""
+    """One swept layer of one format: its measured lane tiles {LaneTile: us} (as the model's tiles run: no ZSUM), the
+    sweep's default time, and every measured lane tile with its ZSUM {(LaneTile, ZSUM): us} (as a bucket entry ran)."""
 
     k: int
     n: int
     fmt: str
     times: dict
     default_us: float
-    zsum: int
+    entry_times: dict
 
     @property
     def best_us(self) -> float:
         return min(self.times.values())
 
 
-def _tile(cfg: dict) -> LaneTile | None:
-    """The LaneTile of a swept config, None for tiles outside the model's space (PF, bulk ring, KS 7 ...)."""
+def _tile(cfg: dict, zsum_ok: bool = False) -> LaneTile | None:
+    """The LaneTile of a swept config, None for tiles outside the model's space (PF, bulk ring, KS 7 ...) and, unless
+    zsum_ok, for ZSUM tiles, which the model's tiles never run (a zero-point sweep took ZSUM from the layer's bucket
+    entry; on the model's tiles it took 1.077x their time, H100: docs/design.md)."""
     if any(cfg.get(key, 0) for key in ("PF", "XS", "LITE", "BULK", "MINB", "BPF", "PST")):
+        return None
+    if cfg.get("ZSUM", 0) and not zsum_ok:
         return None
     t = LaneTile(cfg["R"], cfg["U"], cfg["KS"], cfg.get("LW", 32))
     return t if t in SPACE and cfg["RG"] == 8 // cfg["KS"] else None
 
 
 def load(paths: list[str]) -> list[Layer]:
-    """The layers of sweep files where the CUDA-core GEMV serves M = 1 (the sweep's default_entry)."""
-    out = []
+    """The layers of sweep files where the CUDA-core GEMV serves M = 1 (the sweep's default_entry), one per (K, N,
+    format): a layer in several files (a later sweep of more tiles) takes each tile's fastest time and the first
+    file's default."""
+    out: dict = {}
     for path in paths:
         with open(path) as f:
             sweep = json.load(f)
         for r in sweep["res"]:
             if "rows" not in r or r.get("default_entry") != "cuda_gemv":
                 continue
-            times, default_us, zsum = {}, None, 0
+            times, entry_times, default_us = {}, {}, None
             for row in r["rows"].get("cuda_gemv", []):
                 if row.get("default"):
                     default_us = row["us"]
-                zsum = zsum or int(row["cfg"].get("ZSUM", 0))
-                t = _tile(row["cfg"])
+                t = _tile(row["cfg"], zsum_ok=True)
                 if t is not None:
-                    times[t] = min(row["us"], times.get(t, math.inf))
-            if times and default_us is not None:
-                out.append(Layer(r["K"], r["N"], r["fmt"], times, default_us, zsum))
-    return out
+                    z = int(row["cfg"].get("ZSUM", 0))
+                    entry_times[t, z] = min(row["us"], entry_times.get((t, z), math.inf))
+                    if not z:
+                        times[t] = entry_times[t, z]
+            key = (r["K"], r["N"], r["fmt"])
+            if key in out:
+                for t, us in times.items():
+                    out[key].times[t] = min(us, out[key].times.get(t, math.inf))
+                for t, us in entry_times.items():
+                    out[key].entry_times[t] = min(us, out[key].entry_times.get(t, math.inf))
+            elif times and default_us is not None:
+                out[key] = Layer(r["K"], r["N"], r["fmt"], times, default_us, entry_times)
+    return list(out.values())
 
 
 def _geomean(values: list[float]) -> float:
@@ -85,7 +101,7 @@ def chosen_ratio(layer: Layer, costs: StepCosts, num_sms: int) -> float:
     kc = chunks_per_row(bits, layer.k)
     legal = set(lane_tiles(kc))
     pick = min((t for t in layer.times if t in legal),
-               key=lambda t: costs.cost(tile_shape(t, layer.n, kc, bits, mode, num_sms, layer.zsum), t))
+               key=lambda t: costs.cost(tile_shape(t, layer.n, kc, bits, mode, num_sms), t))
     return layer.times[pick] / layer.best_us
 
 
@@ -134,11 +150,13 @@ def evaluate(layers: list[Layer], num_sms: int) -> None:
                 print(f"    {lay.k}x{lay.n}: {r:.3f} (default {lay.default_us / lay.best_us:.3f})")
 
 
-def prune(layers: list[Layer], num_sms: int, gpu: str = "H100", worst: float = 1.02) -> dict:
+def prune(layers: list[Layer], num_sms: int, gpu: str = "H100", worst: float = 1.02,
+          protocol_worst: float = 1.0) -> dict:
     """{(gpu, sym?): {bits: [measured (K, N), ...]}}: the gemv_m1 entries of ``gpu`` (all measured, gemv_m1.MEASURED)
-    the shipped costs serve as well,
-    the model's tile within ``worst`` of the entry's on every swept layer the entry serves (and on at least one);
-    entries measured on a protocol layer, or whose tile or layers' tiles the sweep did not time, stay."""
+    the shipped costs serve as well: the tile the model dispatches (cheapest_tile) within ``worst`` of the entry's on
+    every swept layer the entry serves (and on at least one), and, for an entry measured on a protocol layer, within
+    ``protocol_worst`` on that layer itself (the protocol shapes are what the project's before / after compares).
+    Entries whose tile, or whose layers' model tiles, the sweeps did not time stay."""
     from mixgemm.bench.cli import PRESETS
     from mixgemm.kernels.cuda.gemv import chunks_per_row, m1_tile_serves
     from mixgemm.tuning import gemv_m1
@@ -155,16 +173,22 @@ def prune(layers: list[Layer], num_sms: int, gpu: str = "H100", worst: float = 1
             for e in entries:
                 t = e.value
                 tile = _tile({"R": t.R, "U": t.U, "KS": t.KS, "RG": t.RG or 8 // t.KS, "PF": t.PF, "LW": t.LW,
-                              "MINB": t.MINB, "BULK": t.BULK, "LITE": t.LITE})
+                              "ZSUM": t.ZSUM, "MINB": t.MINB, "BULK": t.BULK, "LITE": t.LITE}, zsum_ok=True)
                 mine = [lay for lay in layers if lay.fmt == fmt and find((e,), ShapeBucket.of(lay.k, lay.n))
                         and chunks_per_row(bits, lay.k) >= min(t.LW * t.U * t.KS, chunks_per_row(bits, e.measured[0]))
                         and m1_tile_serves(t, lay.n, num_sms)]
-                if (tile is None or not mine or any(tile not in lay.times for lay in mine)
-                        or e.measured in PRESETS["protocol"]):
+                mode = FORMATS[fmt][2]
+                costs = step_costs(gpu, bits, mode)
+                picks = {(lay.k, lay.n): cheapest_tile(lay.n, chunks_per_row(bits, lay.k), bits, mode, num_sms, costs)
+                         for lay in mine}
+                if (tile is None or not mine or any((tile, t.ZSUM) not in lay.entry_times
+                                                    or picks[lay.k, lay.n] not in lay.times for lay in mine)):
                     continue
-                costs = step_costs(gpu, bits, FORMATS[fmt][2])
-                ratios = [chosen_ratio(lay, costs, num_sms) * lay.best_us / lay.times[tile] for lay in mine]
-                if max(ratios) <= worst:
+                ratios = {(lay.k, lay.n): lay.times[picks[lay.k, lay.n]] / lay.entry_times[tile, t.ZSUM]
+                          for lay in mine}
+                protocol = e.measured in PRESETS["protocol"]
+                on_own = ratios.get(e.measured, math.inf) <= protocol_worst
+                if max(ratios.values()) <= worst and (not protocol or on_own):
                     out.setdefault((g, sym), {}).setdefault(bits, []).append(e.measured)
     return out
 
@@ -177,10 +201,11 @@ def main() -> None:
     ap.add_argument("--test", nargs="*", default=[])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--prune", nargs="+", default=[], metavar="JSON",
-                    help="print the H100 gemv_m1 entries the shipped costs serve within 2%% on every swept layer")
+                    help="print the gemv_m1 entries of --gpu the shipped costs serve within 2%% on every swept layer")
+    ap.add_argument("--gpu", default="H100", choices=("H100", "H200"), help="--prune: whose gemv_m1 entries")
     args = ap.parse_args()
     if args.prune:
-        for key, by_bits in prune(load(args.prune), args.sms).items():
+        for key, by_bits in prune(load(args.prune), args.sms, args.gpu).items():
             for bits, shapes in sorted(by_bits.items()):
                 print(f"{key} W{bits}: {sorted(shapes)}")
         return

@@ -264,24 +264,37 @@ MEASURED = {("H100", False): _replacing(_replacing(_union(H100, H100_ZP_SWEEP, H
 
 
 # Entries the step-cost model (tuning.gemv_steps) serves as well, listed by the layer each was measured on: on every
-# swept layer the entry serves, the model's tile took at most 1.02x the entry's time (tools/bench/gemv_steps_fit.py
-# --prune over the H100 lanes-per-row sweeps of the 80 model-list layers and 37 others; entries measured on a protocol
-# layer, or with tiles outside the sweep, stay). They leave the tables, so their buckets, and the other models' layers
-# that fall in them, take the model, which carries to unseen shapes where a bucket's one tile does not (W4 zero point
-# on the 29 other layers: 1.074x -> 1.006x the fastest tile's time, the tables and model against the model alone).
+# swept layer the entry serves, the tile the model dispatches took at most 1.02x the entry's time, and on the layer of
+# an entry measured on a protocol shape at most its time (tools/bench/gemv_steps_fit.py --prune over the H100
+# lanes-per-row sweeps of the 80 model-list layers and 37 others, plus timings of the model's KS 8 picks and its
+# zero-point tiles without ZSUM; entries with tiles, or whose layers' model tiles, the sweeps did not time stay). They
+# leave the tables, so their buckets, and the other models' layers that fall in them, take the model, which carries to
+# unseen shapes where a bucket's one tile does not (W4 zero point on the 29 other layers: 1.074x -> 1.006x the fastest
+# tile's time, the tables and model against the model alone).
 STEP_MODEL_SERVES = {
-    ("H100", False): {4: [(896, 128), (896, 9728), (1536, 8960), (2048, 11008), (2048, 22016),
-                          (2304, 9216), (3072, 9216), (3072, 16384), (3584, 512), (3584, 8192), (4096, 6144),
-                          (4096, 11008), (4864, 896), (5120, 1024), (5120, 5120), (5120, 7680), (5120, 13824),
-                          (5120, 27648), (8192, 3072), (8192, 10240), (8192, 57344), (9216, 2304), (11008, 2048),
-                          (11008, 4096), (17920, 5120), (27648, 5120), (36864, 4608)]},
-    ("H100", True): {4: [(896, 128), (896, 9728), (1536, 8960), (1536, 17920), (2048, 256), (2304, 9216),
-                         (3072, 16384), (3584, 512), (3584, 8192), (5120, 1024), (5120, 7168), (5120, 15360),
-                         (8192, 1024), (8192, 8192), (8960, 1536), (9216, 2304), (11008, 2048), (11008, 4096),
-                         (27648, 5120)],
-                     8: [(896, 128), (896, 896), (1536, 256), (1536, 2048), (2048, 256), (2048, 11008),
-                         (2048, 22016), (2304, 4096), (3072, 3072), (3584, 512), (8960, 1536), (9216, 2304),
+    ("H100", False): {4: [(896, 128), (1536, 8960), (2048, 11008), (2048, 22016), (2304, 9216), (3072, 9216),
+                          (3584, 512), (3584, 8192), (4096, 6144), (4096, 11008), (4096, 14336), (4864, 896),
+                          (5120, 1024), (5120, 5120), (5120, 7680), (8192, 3072), (8192, 10240), (8192, 57344),
+                          (9216, 2304), (11008, 2048), (11008, 4096), (17920, 5120), (27648, 5120), (36864, 4608)]},
+    ("H100", True): {4: [(896, 9728), (1536, 8960), (1536, 17920), (2304, 9216), (3072, 16384), (3584, 8192),
+                         (4096, 14336), (5120, 1024), (5120, 7168), (5120, 15360), (8192, 1024), (8192, 8192),
+                         (8960, 1536), (9216, 2304), (11008, 2048), (11008, 4096)],
+                     8: [(896, 128), (896, 896), (1536, 2048), (2048, 256), (2048, 11008), (2048, 22016), (2304, 4096),
+                         (3072, 3072), (3584, 512), (4096, 4096), (8192, 10240), (8960, 1536), (9216, 2304),
                          (11008, 4096)]},
+    ("H200", False): {4: [(896, 128), (1536, 256), (1536, 17920), (2048, 11008), (2048, 22016), (2304, 18432),
+                          (3584, 512), (4096, 4096), (4096, 6144), (4096, 12288), (4096, 14336), (4608, 8192),
+                          (4864, 896), (5120, 1024), (5120, 5120), (5120, 7680), (5120, 15360), (8192, 1024),
+                          (8192, 3072), (8192, 8192), (9216, 2304), (11008, 2048), (11008, 4096), (14336, 4096),
+                          (17920, 5120), (27648, 5120)]},
+    ("H200", True): {4: [(896, 128), (1536, 256), (1536, 17920), (3072, 16384), (3584, 512), (4096, 6144),
+                         (4096, 14336), (4864, 896), (5120, 1024), (5120, 5120), (5120, 7680), (5120, 15360),
+                         (8192, 1024), (8192, 3072), (9216, 2304), (11008, 4096), (14336, 4096), (17920, 5120),
+                         (27648, 5120)],
+                     8: [(896, 9728), (1536, 1536), (1536, 2048), (2048, 11008), (2304, 9216), (3072, 3072),
+                         (3072, 9216), (3072, 16384), (3584, 512), (4096, 4096), (5120, 1024), (5120, 5120),
+                         (5120, 7168), (8192, 3072), (8192, 10240), (8960, 1536), (9216, 2304), (11008, 4096),
+                         (14336, 4096)]},
 }
 
 

@@ -9,9 +9,10 @@ Mistral-Small, Command-R, Llama-3.2 ...). Fitted on the model list alone, the co
 1.015x / 1.020x the fastest measured tile's time on the 37 others (W4 g128 sym / zero point / W8 per channel,
 geometric mean; the dispatch of the day 1.095x / 1.131x / 1.044x there); fitted on all of them, 1.026x / 1.008x /
 1.021x over the 95-117 layers. W4 zero-point and offset weights share a family (their per-group parameters); int8
-weights of every mode share one. The H200 and other GPUs take the H100's costs: on the smallest model-list layers
-swept on an H200 (11 where the CUDA-core GEMV serves int4, 27 int8) they chose 1.012x / 1.008x / 1.067x the fastest
-tile's time there (W4 sym / zero point / W8), the dispatch of the day 1.258x / 1.253x / 1.070x.
+weights of every mode share one. The H200 and other GPUs take the H100's costs: on an H200's own sweep (the 52-70
+model-list layers up to 4608x36864 where the CUDA-core GEMV serves) they chose 1.017x / 1.010x / 1.037x the fastest
+tile's time there (W4 sym / zero point / W8), the H200's tables 1.069x / 1.086x / 1.046x. The fit reads tiles as
+the model runs them, without ZSUM.
 """
 
 from __future__ import annotations
