@@ -128,6 +128,7 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     # fp16 activations: x staged in shared memory (XS, dropped by gemv() where it does not apply) and
     # the lighter per-chunk bookkeeping (LITE), when DEFAULT_XS / DEFAULT_LITE turn them on (gemv.cu)
     extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
+    mode = mode or "sym"  # (no mode given: a sym weight, for the bucket lookup and the model alike)
     hit = m1_entry(gpu_name, mode, bits, k, n) if m == 1 and act == 0 and k > 0 else None
     # the measured tile of the layer's bucket (mixgemm.tuning.gemv_m1), where each of its k-slices gets at least one
     # full step of U chunks per lane (LW lanes a row) or as many chunks as on the layer it was measured on (a shorter K
@@ -141,8 +142,8 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
     if m == 1 and act == 0:
         # no measured bucket: the tile of least modelled cost (kernels/cuda/gemv_steps.py: rounds of resident blocks
         # x steps a lane waits for, with the step costs fitted per family in tuning.gemv_steps)
-        costs = step_costs(gpu_name, bits, mode or "sym")
-        tile = cheapest_tile(n, kc, bits, mode or "sym", num_sms, costs)
+        costs = step_costs(gpu_name, bits, mode)
+        tile = cheapest_tile(n, kc, bits, mode, num_sms, costs)
         if tile is not None:
             return SourcedConfig({**tile.config(), **extra}, f"gemv step-cost model ({costs.source})")
     if m == 1:
