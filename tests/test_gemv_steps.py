@@ -158,3 +158,24 @@ def test_prune_takes_a_protocol_entry_only_where_the_model_is_no_slower_there():
     assert pruned(7.4) and pruned(8.0) and not pruned(8.1)  # a protocol layer: no slower; elsewhere 1.02x would do
     assert fit._tile({"R": 2, "U": 1, "KS": 4, "RG": 2, "PF": 0, "ZSUM": 1}) is None
     assert fit._tile({"R": 2, "U": 1, "KS": 4, "RG": 2, "PF": 0, "ZSUM": 1}, zsum_ok=True) == LaneTile(2, 1, 4, 32)
+
+
+def test_fit_load_merges_sweeps_per_layer_and_keeps_zsum_apart(tmp_path):
+    """A layer in several sweep files is one Layer, each tile at its fastest time; ZSUM tiles count only as what an
+    entry ran (entry_times), and a layer first swept only with ZSUM keeps them when a later file times the model's."""
+    from tools.bench import gemv_steps_fit as fit
+
+    a, b = LaneTile(4, 1, 1, 32), LaneTile(2, 1, 2, 16)
+
+    def sweep(rows):
+        res = [{"K": 4096, "N": 4096, "fmt": "w4z", "M": 1, "default_entry": "cuda_gemv",
+                "rows": {"cuda_gemv": [{"cfg": cfg, "us": us, "default": i == 0} for i, (cfg, us) in enumerate(rows)]}}]
+        return {"gpu": "test", "dtype": "float16", "res": res}
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(sweep([({**a.config(), "ZSUM": 1}, 5.0), ({**b.config(), "ZSUM": 1}, 6.0)])))
+    second.write_text(json.dumps(sweep([(a.config(), 5.5), (b.config(), 4.9), (a.config(), 5.2)])))
+    assert fit.load([str(first)]) == []  # no tile as the model runs it
+    (lay,) = fit.load([str(first), str(second)])
+    assert lay.times == {a: 5.2, b: 4.9} and lay.default_us == 5.0
+    assert lay.entry_times == {(a, 1): 5.0, (b, 1): 6.0, (a, 0): 5.2, (b, 0): 4.9}

@@ -86,9 +86,9 @@ def load(paths: list[str]) -> list[Layer]:
                     out[key].times[t] = min(us, out[key].times.get(t, math.inf))
                 for t, us in entry_times.items():
                     out[key].entry_times[t] = min(us, out[key].entry_times.get(t, math.inf))
-            elif times and default_us is not None:
+            elif entry_times and default_us is not None:
                 out[key] = Layer(r["K"], r["N"], r["fmt"], times, default_us, entry_times)
-    return list(out.values())
+    return [lay for lay in out.values() if lay.times]  # (a layer swept only with ZSUM holds no tile the model runs)
 
 
 def _geomean(values: list[float]) -> float:
