@@ -1,0 +1,35 @@
+"""tools/bench/dispatch_ab.py on the CPU: two trees' dispatch, their difference, a timed run's summary."""
+
+from __future__ import annotations
+
+from tools.bench import dispatch_ab
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_diff_of_a_tree_with_itself_is_empty_and_a_changed_tile_is_a_case():
+    shapes, fmts = [(4096, 4096), (3584, 18944)], ["w4s", "w8"]
+    here = dispatch_ab._dispatch_of(None, shapes, fmts, H100, 132)  # (a child process, as for the older tree)
+    assert here == dispatch_ab.dispatch(shapes, fmts, H100, 132)
+    assert dispatch_ab.diff(here, here) == ([], [])
+    key = "4096x4096 w8"
+    kernel, cfg = here[key]
+    assert kernel == dispatch_ab.KERNEL
+    moved = {**here, key: [kernel, {**cfg, "KS": 2 * cfg["KS"], "XS": 1}]}
+    cases, kernels = dispatch_ab.diff(here, moved)
+    assert kernels == [] and len(cases) == 1
+    case = cases[0]
+    assert (case["K"], case["N"], case["fmt"]) == (4096, 4096, "w8")
+    assert case["cfgs"]["new"]["KS"] == 2 * case["cfgs"]["old"]["KS"] and "XS" not in case["cfgs"]["new"]
+    other = {**here, key: ["cuda_gemv_mma", {}]}
+    assert dispatch_ab.diff(here, other) == ([], [f"{key}: {kernel} -> cuda_gemv_mma"])
+
+
+def test_summary_reports_geomean_worst_and_protocol():
+    timed = [{"K": 4096, "N": 4096, "fmt": "w8", "us": {"old": 8.0, "new": 7.2}},
+             {"K": 5000, "N": 3000, "fmt": "w8", "us": {"old": 5.0, "new": 5.5}}]
+    lines = dispatch_ab.summary(timed, listed={(4096, 4096)}, protocol={(4096, 4096)})
+    assert lines[0] == f"all: 2 cases, {(0.9 * 1.1) ** 0.5:.3f}x"
+    assert "w8 model list: 1 cases, 0.900x" in lines and "w8 other layers: 1 cases, 1.100x" in lines
+    assert lines[-2].startswith("worst: w8 5000x3000 1.100x")
+    assert lines[-1] == "protocol: w8 4096x4096 8.00 -> 7.20 us"
