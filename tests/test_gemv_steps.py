@@ -36,10 +36,10 @@ def test_register_table_matches_the_cubins(family):
     """REGISTERS gives the resident blocks of the NVRTC cubins (no GPU) for each (R, U), at two lane widths."""
     from mixgemm.kernels.cuda import nvrtc
 
-    bits, mode, zsum = family
+    bits, mode = family
     for (r, u), regs in gemv_steps.REGISTERS[family].items():
         for lw, ks in ((32, 2), (16, 8)):
-            cfg = {**LaneTile(r, u, ks, lw).config(), "ZSUM": zsum}
+            cfg = LaneTile(r, u, ks, lw).config()
             d = gemv.defines_for(bits, 0, 0, gemv._MODE[mode], 1, cfg)
             got = max(nvrtc.cubin_registers(nvrtc.compile_cubin(gemv.SOURCE, tuple(sorted(d.items())), "sm_90"))
                       .values())
@@ -152,7 +152,7 @@ def test_prune_takes_a_protocol_entry_only_where_the_model_is_no_slower_there():
     assert pick != tile
 
     def pruned(model_us: float) -> bool:
-        lay = fit.Layer(4096, 4096, "w8", {pick: model_us, tile: 8.0}, 8.0, {(pick, 0): model_us, (tile, 0): 8.0})
+        lay = fit.Layer(4096, 4096, "w8", {(pick, 0): model_us, (tile, 0): 8.0}, 8.0)
         return (4096, 4096) in fit.prune([lay], 132).get(("H100", True), {}).get(8, [])
 
     assert pruned(7.4) and pruned(8.0) and not pruned(8.1)  # a protocol layer: no slower; elsewhere 1.02x would do

@@ -85,33 +85,22 @@ def time_cases(cases: list[dict], rounds: int) -> list[dict]:
     """Each case's configs forced on the CUDA-core GEMV, in turn each round; the fastest round per config (us)."""
     import torch
 
-    import mixgemm
     from mixgemm.bench import protocol
-    from mixgemm.formats.weight import quantize_weight
-
-    def make(k: int, n: int, fmt: str):
-        bits, group, mode = FORMATS[fmt]
-        w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-        return quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
-
-    def graph_us(x, weights, cfg: dict) -> float:
-        with mixgemm.kernel_options(force=KERNEL, configs={KERNEL: dict(cfg)}):
-            return protocol.graph_time_us([lambda q=q: mixgemm.matmul(x, q) for q in weights], warmup_ms=5, rep_ms=30)
+    from tools.bench.gemv_dispatch import forced_time_us, layer_copies
 
     l2 = protocol.l2_bytes()
     out = []
     for c in cases:
         k, n = c["K"], c["N"]
-        q0 = make(k, n, c["fmt"])
-        weights = [q0] + [make(k, n, c["fmt"]) for _ in range(protocol.copies_for(q0.nbytes(), l2) - 1)]
+        weights = layer_copies(k, n, c["fmt"], l2)
         x = torch.randn(1, k, device="cuda", dtype=torch.float16)
         times: dict = {}
         for _ in range(rounds):
             for name, cfg in c["cfgs"].items():
-                times.setdefault(name, []).append(graph_us(x, weights, cfg))
+                times.setdefault(name, []).append(forced_time_us(KERNEL, cfg, x, weights))
         out.append({**c, "us": {name: min(v) for name, v in times.items()}})
         print(f"{c['fmt']} {k}x{n} " + " ".join(f"{name} {v:.2f}" for name, v in out[-1]["us"].items()), flush=True)
-        del weights, q0
+        del weights
         torch.cuda.empty_cache()
     return out
 

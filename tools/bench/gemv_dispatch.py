@@ -220,20 +220,33 @@ def plain(cfg: dict) -> dict:
     return {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in cfg.items()}
 
 
+def layer_copies(k: int, n: int, fmt: str, l2: int) -> list:
+    """Fresh random weights of a K x N layer in a sweep format, as many copies as the protocol times (past 3x L2)."""
+    bits, group, mode = FORMATS[fmt]
+
+    def make():
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
+        return quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
+
+    q0 = make()
+    return [q0] + [make() for _ in range(protocol.copies_for(q0.nbytes(), l2) - 1)]
+
+
+def forced_time_us(entry: str, cfg: dict, x: torch.Tensor, weights: list) -> float:
+    """Protocol graph time of mixgemm.matmul(x, weight) over the copies with ``entry`` forced at config ``cfg``."""
+    with mixgemm.kernel_options(force=entry, configs={entry: dict(cfg)}):
+        return protocol.graph_time_us([lambda q=q: mixgemm.matmul(x, q) for q in weights], warmup_ms=5, rep_ms=30)
+
+
 def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: torch.dtype = torch.float16,
                   mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False,
                   simt_only: bool = False, compact_only: bool = False, split_rt: bool = False,
                   warm_only: bool = False, small_m_tiles: bool = False, simt_pack: bool = False,
                   mma_pack: bool = False, lw_grid: bool = False) -> list[dict]:
-    bits, group, mode = FORMATS[fmt]
+    bits = FORMATS[fmt][0]
     dev = torch.device("cuda")
-
-    def make():
-        w = torch.randn(n, k, device=dev, dtype=torch.float16) * 0.02
-        return quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
-
-    q0 = make()
-    weights = [q0] + [make() for _ in range(protocol.copies_for(q0.nbytes(), l2) - 1)]
+    weights = layer_copies(k, n, fmt, l2)
+    q0 = weights[0]
     out = []
     for m in ms:
         x = torch.randn(m, k, device=dev, dtype=dtype)
@@ -241,13 +254,12 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
         rows = {}
 
         def time_us(entry: str, cfg: dict, x: torch.Tensor = x) -> float:
-            with mixgemm.kernel_options(force=entry, configs={entry: dict(cfg)}):
-                if warm_only:  # compile and load only (a parallel warm-up of the on-disk cubin cache)
+            if warm_only:  # compile and load only (a parallel warm-up of the on-disk cubin cache)
+                with mixgemm.kernel_options(force=entry, configs={entry: dict(cfg)}):
                     mixgemm.matmul(x, q0)
-                    torch.cuda.synchronize()
-                    return 0.0
-                return protocol.graph_time_us([lambda q=q: mixgemm.matmul(x, q) for q in weights],
-                                              warmup_ms=5, rep_ms=30)
+                torch.cuda.synchronize()
+                return 0.0
+            return forced_time_us(entry, cfg, x, weights)
 
         for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only,
                                         compact_only, split_rt, small_m_tiles, simt_pack, mma_pack,

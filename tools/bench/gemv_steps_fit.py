@@ -32,15 +32,19 @@ MULTIPLIERS = (0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.5)
 
 @dataclass
 class Layer:
-    """One swept layer of one format: its measured lane tiles {LaneTile: us} (as the model's tiles run: no ZSUM), the
-    sweep's default time, and every measured lane tile with its ZSUM {(LaneTile, ZSUM): us} (as a bucket entry ran)."""
+    """One swept layer of one format: every measured lane tile with its ZSUM {(LaneTile, ZSUM): us} (as a bucket entry
+    ran it) and the sweep's default time."""
 
     k: int
     n: int
     fmt: str
-    times: dict
-    default_us: float
     entry_times: dict
+    default_us: float
+
+    @property
+    def times(self) -> dict:
+        """{LaneTile: us} of the tiles as the model runs them (no ZSUM)."""
+        return {t: us for (t, z), us in self.entry_times.items() if not z}
 
     @property
     def best_us(self) -> float:
@@ -70,7 +74,9 @@ def load(paths: list[str]) -> list[Layer]:
         for r in sweep["res"]:
             if "rows" not in r or r.get("default_entry") != "cuda_gemv":
                 continue
-            times, entry_times, default_us = {}, {}, None
+            key = (r["K"], r["N"], r["fmt"])
+            entry_times = out[key].entry_times if key in out else {}
+            default_us = None
             for row in r["rows"].get("cuda_gemv", []):
                 if row.get("default"):
                     default_us = row["us"]
@@ -78,16 +84,8 @@ def load(paths: list[str]) -> list[Layer]:
                 if t is not None:
                     z = int(row["cfg"].get("ZSUM", 0))
                     entry_times[t, z] = min(row["us"], entry_times.get((t, z), math.inf))
-                    if not z:
-                        times[t] = entry_times[t, z]
-            key = (r["K"], r["N"], r["fmt"])
-            if key in out:
-                for t, us in times.items():
-                    out[key].times[t] = min(us, out[key].times.get(t, math.inf))
-                for t, us in entry_times.items():
-                    out[key].entry_times[t] = min(us, out[key].entry_times.get(t, math.inf))
-            elif entry_times and default_us is not None:
-                out[key] = Layer(r["K"], r["N"], r["fmt"], times, default_us, entry_times)
+            if key not in out and entry_times and default_us is not None:
+                out[key] = Layer(r["K"], r["N"], r["fmt"], entry_times, default_us)
     return [lay for lay in out.values() if lay.times]  # (a layer swept only with ZSUM holds no tile the model runs)
 
 

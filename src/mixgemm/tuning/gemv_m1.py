@@ -4,7 +4,7 @@ Source: tools/bench/gemv.py --sweep (and --sweep-mode sym) on an H200 and an H10
 fastest (R, U, KS, ...) of each sweep; on the H100 also tools/bench/gemv_dispatch.py over the 80 layers of the model
 list (the neighbours of the rule's tile, kept where >= 5% faster). Each entry covers the half-octave bucket of the
 layer it was measured on (mixgemm.tuning.buckets: K and N each within about +-19% of the measured sizes) for its
-weight bit width; layers in other buckets (and, on the H100, in the buckets STEP_MODEL_SERVES lists) use the
+weight bit width; layers in other buckets (and in the buckets STEP_MODEL_SERVES lists, per GPU) use the
 step-cost model (mixgemm.tuning.gemv_steps) at fp16, else the rule in mixgemm.kernels.cuda.gemv.choose_config. A
 tile is legal for any K (the k-slices stride over the row's chunks, partial steps in the tail loop); choose_config
 uses it where K gives each k-slice a full step or as many chunks as on the measured layer.

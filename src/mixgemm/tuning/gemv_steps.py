@@ -1,5 +1,5 @@
 """The CUDA-core GEMV's step costs (kernels/cuda/gemv_steps.py): its M = 1 rule for layers no gemv_m1 bucket serves
-(on the H100 also the buckets gemv_m1.STEP_MODEL_SERVES lists).
+(the buckets gemv_m1.STEP_MODEL_SERVES lists among them).
 
 Each family's costs are the time of one step of a tile class {(R, U, LW): c} and a round's fixed part, in one
 arbitrary unit (only their ratios choose a tile), fitted by tools/bench/gemv_steps_fit.py to lanes-per-row sweeps

@@ -25,17 +25,16 @@ K_SLICES = (1, 2, 4, 8)
 ROWS = (2, 4)
 UNROLLS = (1, 2)
 
-# Registers per thread of gemv.cu at M = 1 with fp16 activations (NVRTC 13.0, sm_90, no PF / XS), by (bits, mode,
-# ZSUM) and (R, U); LW and KS do not change them (over the whole lane grid LW and KS moved them by one register at
-# most). tests/test_gemv_steps.py checks the resident blocks they give against the cubins.
+# Registers per thread of gemv.cu at M = 1 with fp16 activations (NVRTC 13.0, sm_90, no PF / XS / ZSUM: the model's
+# tiles run without ZSUM), by (bits, mode) and (R, U); LW and KS do not change them (over the whole lane grid LW and KS
+# moved them by one register at most). tests/test_gemv_steps.py checks the resident blocks they give against the cubins.
 REGISTERS = {
-    (4, "sym", 0): {(2, 1): 40, (2, 2): 48, (4, 1): 64, (4, 2): 75},
-    (4, "zero_point", 0): {(2, 1): 48, (2, 2): 59, (4, 1): 73, (4, 2): 101},
-    (4, "zero_point", 1): {(2, 1): 48, (2, 2): 64, (4, 1): 64, (4, 2): 80},
-    (4, "offset", 0): {(2, 1): 48, (2, 2): 64, (4, 1): 64, (4, 2): 80},
-    (8, "sym", 0): {(2, 1): 40, (2, 2): 40, (4, 1): 63, (4, 2): 73},
-    (8, "zero_point", 0): {(2, 1): 40, (2, 2): 48, (4, 1): 75, (4, 2): 82},
-    (8, "offset", 0): {(2, 1): 40, (2, 2): 52, (4, 1): 64, (4, 2): 80},
+    (4, "sym"): {(2, 1): 40, (2, 2): 48, (4, 1): 64, (4, 2): 75},
+    (4, "zero_point"): {(2, 1): 48, (2, 2): 59, (4, 1): 73, (4, 2): 101},
+    (4, "offset"): {(2, 1): 48, (2, 2): 64, (4, 1): 64, (4, 2): 80},
+    (8, "sym"): {(2, 1): 40, (2, 2): 40, (4, 1): 63, (4, 2): 73},
+    (8, "zero_point"): {(2, 1): 40, (2, 2): 48, (4, 1): 75, (4, 2): 82},
+    (8, "offset"): {(2, 1): 40, (2, 2): 52, (4, 1): 64, (4, 2): 80},
 }
 
 
@@ -82,11 +81,11 @@ def resident_blocks(registers: int, warps: int = WARPS) -> int:
     return max(1, min(32, 64 // warps, 65536 // (-(-registers // 8) * 8 * 32) // warps))
 
 
-def register_family(bits: int, mode: str, zsum: int = 0) -> tuple[int, str, int]:
-    """REGISTERS' key for a weight's build: bit width, mode and ZSUM (zero points through the x sum)."""
-    key = (bits, mode, int(zsum))
+def register_family(bits: int, mode: str) -> tuple[int, str]:
+    """REGISTERS' key for a weight's build: bit width and mode."""
+    key = (bits, mode)
     if key not in REGISTERS:
-        raise ValueError(f"no register counts of the CUDA-core GEMV for {bits}-bit {mode} weights (ZSUM {zsum})")
+        raise ValueError(f"no register counts of the CUDA-core GEMV for {bits}-bit {mode} weights")
     return key
 
 
@@ -98,11 +97,11 @@ class TileShape:
     steps: int
 
 
-def tile_shape(tile: LaneTile, n: int, kc: int, bits: int, mode: str, num_sms: int, zsum: int = 0) -> TileShape:
+def tile_shape(tile: LaneTile, n: int, kc: int, bits: int, mode: str, num_sms: int) -> TileShape:
     """The rounds and steps of ``tile`` on N rows of kc chunks: its blocks over the SMs' resident slots (from the
     build's registers), and ceil(ceil(kc / lanes per row) / U) steps a lane waits for."""
     blocks = -(-n // tile.rows_per_block)
-    regs = REGISTERS[register_family(bits, mode, zsum)][(tile.R, tile.U)]
+    regs = REGISTERS[register_family(bits, mode)][(tile.R, tile.U)]
     per_round = resident_blocks(regs) * num_sms
     per_lane = -(-kc // tile.lanes_per_row)
     return TileShape(-(-blocks // per_round), -(-per_lane // tile.U))
