@@ -288,6 +288,11 @@ def test_mma_row_tiles_rule():
     assert pick(16, 4096, 4096, "zero_point") == (1, 1) and minb(16, 4096, 4096, "zero_point") == 2
     assert minb(9, 14336, 3584, "zero_point") == 2 and minb(16, 2048, 2560, "zero_point") == 0
     assert minb(8, 14336, 3584, "zero_point") == 0 and minb(16, 14336, 3584, "zero_point", wg=1) == 0
+    # (fp16 activations: the same configs whatever the scale dtype; the registers' rule: test_mma_cap_rule_*)
+    for sd in (torch.bfloat16, torch.float32):
+        for mode in ("sym", "zero_point", "offset"):
+            assert mma_config(16, 4096, 4096, 4, 128, 132, mode, scale_dtype=sd) == mma_config(16, 4096, 4096, 4, 128,
+                                                                                              132, mode)
     # ... except zero point on wgmma_v1 at the cap: EARLY alone
     assert pick(16, 4096, 4096, "zero_point", wg=1) == (1, 1) and pick(16, 4096, 4096, "offset", wg=1) == (1, 1)
     # wide layers (KS 8): gemv_mma_v1 sym EARLY, zero point neither; wgmma_v1 RT 2 where half the warps fill the GPU
@@ -304,6 +309,35 @@ def test_mma_row_tiles_rule():
                                                      ("sym", "zero_point", "offset"), (0, 1), (4, 8)):
         cfg = mma_config(m, n, k, bits, 128, 132, mode, wg)
         assert cfg["KS"] * cfg["RG"] * cfg.get("RT", 1) <= 32, (m, k, n, cfg)
+
+
+def test_mma_cap_rule_follows_the_registers(monkeypatch):
+    """At the k-split's cap on gemv_mma_v1 past one wave, the 16-row bucket's RT 1 build decides by its registers
+    (mma_cap_registers): EARLY alone in two blocks per SM (<= 64), capped to two (MINB 2) where that spills little and
+    the slices are long, else RT 2; fp16 x never asks a different question than before (its builds' counts)."""
+    from mixgemm.kernels.cuda import gemv
+
+    for regs, long_k, short_k in ((64, (1, 1, 0), (1, 1, 0)), (74, (1, 1, 2), (1, 2, 0)), (90, (1, 2, 0), (1, 2, 0))):
+        monkeypatch.setattr(gemv, "mma_cap_registers", lambda mode, act, scl, arch="sm_90", r=regs: r)
+        for (k, n), want in (((4096, 4096), long_k), ((2048, 2560), short_k)):
+            cfg = mma_config(16, n, k, 4, 128, 132, "sym", x_dtype=torch.bfloat16)
+            assert (cfg.get("EARLY", 0), cfg.get("RT", 1), cfg.get("MINB", 0)) == want, (regs, k, n, cfg)
+        # within one wave of blocks, or below the cap, or on wgmma_v1: not asked
+        assert mma_config(16, 2048, 2048, 4, 128, 132, x_dtype=torch.bfloat16).get("MINB", 0) == 0
+        assert mma_config(16, 28672, 8192, 4, 128, 132, x_dtype=torch.bfloat16).get("MINB", 0) == 0
+        assert mma_config(16, 4096, 4096, 4, 128, 132, wg=1, x_dtype=torch.bfloat16).get("MINB", 0) == 0
+
+
+def test_mma_cap_registers_from_the_compiler():
+    """mma_cap_registers reads the NVRTC cubin of the build it names (no GPU): the fp16 counts the rule was measured
+    with (sym 64: two blocks per SM; zero point and offset more), and 64 for fp32 x, which that kernel does not take."""
+    from mixgemm.kernels.cuda import gemv, nvrtc
+
+    if not nvrtc.nvrtc_available():
+        pytest.skip("no NVRTC")
+    assert gemv.mma_cap_registers("sym", 0, 0) <= 64 < gemv.mma_cap_registers("zero_point", 0, 0)
+    assert gemv.mma_cap_registers("offset", 0, 0) > gemv.MMA_MINB2_MAX_REGISTERS
+    assert gemv.mma_cap_registers("sym", 2, 0) == 64
 
 
 def test_mma_pf_pack_rule():

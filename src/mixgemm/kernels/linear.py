@@ -145,7 +145,8 @@ def _gemv_underfills(p: Problem) -> str | None:
     from mixgemm.kernels.cuda.gemv import mma_config, mma_wave_fill
 
     cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode,
-                     1 if p.resident == WGMMA_V1.name else None)
+                     1 if p.resident == WGMMA_V1.name else None, x_dtype=p.x_dtype, scale_dtype=_scale_dtype(p),
+                     arch=_arch(p))
     blocks, fill = mma_wave_fill(cfg, p.n, p.device.sm_count)
     if fill >= rule["min_fill"]:
         return None
@@ -224,7 +225,7 @@ def _gemv_mma_config(p: Problem) -> dict:
 
     on_wg = p.resident == WGMMA_V1.name
     cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode, 1 if on_wg else None,
-                     _one_wave_max_spill(p), _pair_packs(p))
+                     _one_wave_max_spill(p), _pair_packs(p), p.x_dtype, _scale_dtype(p), _arch(p))
     if on_wg and _compact_m1_simt(p):
         # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
         simt = wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode)
@@ -241,12 +242,23 @@ def _gemv_mma_config(p: Problem) -> dict:
     return _past_crossover_note(p, cfg)
 
 
+def _scale_dtype(p: Problem) -> torch.dtype:
+    """The weight's scale dtype; a problem without its weight object counts as fp16 scales."""
+    return torch.float16 if p.qw is None else p.qw.scales.dtype
+
+
+def _arch(p: Problem) -> str:
+    """The device's NVRTC target (sm_90 for a problem without one: the rules' reference GPU)."""
+    major, minor = p.device.capability
+    return f"sm_{major}{minor}" if major else "sm_90"
+
+
 def _pair_packs(p: Problem) -> bool:
     """Whether the weight's groups carry a 16-bit zero point / offset beside an fp16 / bf16 scale (the tensor-core
-    GEMV's PACK applies: kernels.cuda.gemv.mma_pf_pack); a problem without its weight object counts as fp16 scales."""
+    GEMV's PACK applies: kernels.cuda.gemv.mma_pf_pack)."""
     from mixgemm.kernels.cuda.gemv import weight_pair_packs
 
-    return weight_pair_packs(p.mode, torch.float16 if p.qw is None else p.qw.scales.dtype)
+    return weight_pair_packs(p.mode, _scale_dtype(p))
 
 
 def _one_wave_max_spill(p: Problem) -> float:

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 
 import torch
@@ -494,17 +495,21 @@ def simt_config(m: int, n: int, k: int, bits: int, x_dtype: torch.dtype, mode: s
 
 
 def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int, mode: str = "sym",
-               wg: int | None = None, one_wave_max_spill: float = 0.0, pair_packs: bool = False) -> dict:
+               wg: int | None = None, one_wave_max_spill: float = 0.0, pair_packs: bool = False,
+               x_dtype: torch.dtype = torch.float16, scale_dtype: torch.dtype = torch.float16,
+               arch: str = "sm_90") -> dict:
     """The tensor-core GEMV's config (choose_mma_config, at M 2..8 one_wave_k_split where a GPU's table measured it --
-    ``one_wave_max_spill`` > 0 --, then mma_row_tiles; DEFER off where a k-tile straddles groups; with ``pair_packs``
-    -- a 16-bit zero point / offset beside each fp16 / bf16 scale, param_pair_packs -- mma_pf_pack) on the layout it
-    reads: ``wg`` 1 wgmma_v1, 0 gemv_mma_v1, None the bit width's default (MMA_ON_WGMMA)."""
+    ``one_wave_max_spill`` > 0 --, then mma_row_tiles for the build of x_dtype and scale_dtype on ``arch``; DEFER off
+    where a k-tile straddles groups; with ``pair_packs`` -- a 16-bit zero point / offset beside each fp16 / bf16 scale,
+    param_pair_packs -- mma_pf_pack) on the layout it reads: ``wg`` 1 wgmma_v1, 0 gemv_mma_v1, None the bit width's
+    default (MMA_ON_WGMMA)."""
     wg = MMA_ON_WGMMA[bits] if wg is None else wg
     mb = 1 if m <= 8 else 2
     cfg = {**choose_mma_config(mb, n, mma_k_tiles(bits, k), num_sms, bits), "WG": wg}
     if 2 <= m <= 8 and one_wave_max_spill > 0:
         cfg = one_wave_k_split(cfg, n, num_sms, one_wave_max_spill)
-    cfg = mma_row_tiles(cfg, m, n, bits, mode, num_sms, mma_k_tiles(bits, k))
+    cfg = mma_row_tiles(cfg, m, n, bits, mode, num_sms, mma_k_tiles(bits, k), _ACT[x_dtype], _SCL[scale_dtype],
+                        arch)
     if not defer_ok(group_size, 64 if bits == 4 or wg else 32):
         cfg = {**cfg, "DEFER": 0}
     if mode == "sym" or (bits == 4 and pair_packs):
@@ -619,14 +624,40 @@ MMA_WG_RT2_WARPS_PER_SM = 16
 MMA_RESIDENT_WARPS = {1: 32, 2: 24}
 MMA_WG_BLOCKS_PER_SM = {rt: warps // 8 for rt, warps in MMA_RESIDENT_WARPS.items()}
 MMA_WG_RT2_MIN_WAVE_EFFICIENCY = 0.8
-# Zero point on gemv_mma_v1 at the k-split's cap (16-warp blocks): RT 1 takes 74 registers, one block per SM, and RT 2
-# (110) one too, with each warp on two row tiles; MINB 2 caps RT 1 at 64 registers (52 bytes of spills) for two blocks,
-# the occupancy sym has. Measured (protocol graph timing through mixgemm.matmul, M = 9 and 16, the 15 model-list layers
-# that took RT 2 there, against RT 2 in the same run): H100 0.89-0.99x from K = 3072 (14336x3584 M = 16 19.4 -> 18.1
-# us, 18944x3584 M = 9 24.0 -> 21.4), 1.02-1.09x on K = 2048 / 2304 (2-2.25 64-k steps per slice), 0.970x by geometric
-# mean over all 30 cases; H200 0.91-0.95x on 11008x4096, 14336x3584, 14336x4096, 18944x3584. Offset (86 registers at RT
-# 1, 120 bytes of spills under the cap) took 1.3-1.5x: RT 2 stays there.
+# int4 on gemv_mma_v1 at the k-split's cap (16-warp blocks) past one wave of blocks: what the RT 1 build's registers
+# leave. Two blocks per SM fit at <= 64 registers (EARLY alone). Above, one block per SM, and RT 2 (104-128) one too,
+# with each warp on two row tiles; MINB 2 caps RT 1 at 64 registers for two blocks, which pays where the cap spills
+# little (<= MMA_MINB2_MAX_REGISTERS) and each k-slice has MMA_MINB2_MIN_STEPS 64-k steps; else RT 2. The registers are
+# the compiler's (mma_cap_registers): they follow neither the arithmetic nor one NVRTC version (bf16 zero point with
+# 16-bit scales: 64 from NVRTC 13.5, more from 13.0, where the capped build took 0.68-0.78x the time of the uncapped
+# one on the 15 model-list layers past one wave, H100).
+# Measured (protocol graph timing through mixgemm.matmul, M = 9 and 16): fp16 zero point (74 registers, 52 bytes of
+# spills under the cap), the 15 model-list layers that took RT 2 there, against RT 2 in the same run: H100 0.89-0.99x
+# from K = 3072 (14336x3584 M = 16 19.4 -> 18.1 us, 18944x3584 M = 9 24.0 -> 21.4), 1.02-1.09x on K = 2048 / 2304
+# (2-2.25 64-k steps per slice), 0.970x by geometric mean over all 30 cases; H200 0.91-0.95x on 11008x4096,
+# 14336x3584, 14336x4096, 18944x3584. Offset (86 registers, 120 bytes of spills) took 1.3-1.5x: RT 2 there. bf16 sym
+# (74 registers where fp16's build has 64), the 15 model-list layers past one wave at the cap (H100, both configs
+# forced, M = 9 and 16): MINB 2 / RT 2 0.70x the time of the uncapped build by geometric mean (0.62-0.79x; 18944x3584
+# M = 16 36.8 -> 23.0 us, 4096x4096 9.2 -> 7.3; fp16's own call 21.6 / 6.8), RT 2 on K = 2048 / 2304 (2048x2304 5.1 ->
+# 3.8). docs/design.md.
 MMA_MINB2_MIN_STEPS = 3
+MMA_MINB2_MAX_REGISTERS = 74
+# That RT 1 build: the k-split at its cap, one row group, two k-tiles a step, the first step before the PDL wait,
+# deferred scaling, the 16-row M bucket (the registers the rule asks about; PF / PACK are not taken there)
+MMA_CAP_BUILD = {"U": 2, "KS": 16, "RG": 1, "PF": 0, "DEFER": 1, "WG": 0, "EARLY": 1}
+
+
+@functools.cache
+def mma_cap_registers(mode: str, act: int, scl: int, arch: str = "sm_90") -> int:
+    """Registers per thread of MMA_CAP_BUILD (int4, ``mode``, activation / scale codes act / scl) as the NVRTC here
+    compiles it for ``arch`` (the cubin, no GPU needed; cached on disk like every build); 64 (two blocks per SM) where
+    no NVRTC can compile it, so a machine without one dispatches as if the build fit, and for fp32 x (act 2), which the
+    tensor-core GEMV does not take."""
+    if act not in (0, 1) or not nvrtc.nvrtc_available():
+        return 64
+    defines = tuple(sorted(mma_defines_for(4, act, scl, _MODE[mode], 2, MMA_CAP_BUILD).items()))
+    return max(nvrtc.cubin_registers(nvrtc.compile_cubin(MMA_SOURCE, defines, arch)).values())
+
 
 # The tensor-core GEMV's k-slice reduction keeps 1 KiB of static shared memory per k-slice and row tile of a block
 # (gemv_mma.cu `red`), so a block holds at most this many (KS x RG x RT; 32 KiB of the 48 KiB static limit).
@@ -685,15 +716,17 @@ def rt2_fills_waves(nt: int, rg: int, num_sms: int) -> bool:
     return eff[2] >= MMA_WG_RT2_MIN_WAVE_EFFICIENCY * eff[1]
 
 
-def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int, k_tiles: int) -> dict:
+def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int, k_tiles: int, act: int = 0,
+                  scl: int = 0, arch: str = "sm_90") -> dict:
     """EARLY and RT of the tensor-core GEMV's config (the measurements above). int4, M <= 8 (mb 1): EARLY, on
     gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
     most one block per SM, EARLY on wgmma_v1 only; with more, EARLY and RT 2 where the k-split is at its cap (on
-    gemv_mma_v1 at sym and on wgmma_v1 at zero point / offset: EARLY alone; on gemv_mma_v1 at zero point with
-    k_tiles 64-k tiles giving each k-slice at least MMA_MINB2_MIN_STEPS: EARLY with the registers capped for two
-    16-warp blocks per SM, MINB 2) or, on wgmma_v1, where half the warps still fill the GPU and RT 2's waves are not
-    much emptier than RT 1's (rt2_fills_waves); EARLY alone on the other gemv_mma_v1 sym layers. int8 on wgmma_v1 at
-    M >= 2: EARLY."""
+    wgmma_v1 at zero point / offset: EARLY alone; on gemv_mma_v1 by what the RT 1 build's registers (act, scl: the
+    activation and scale codes, compiled for arch) leave: EARLY alone at two 16-warp blocks per SM, else EARLY with
+    the registers capped for two (MINB 2) where that spills little and each k-slice gets MMA_MINB2_MIN_STEPS of the
+    k_tiles 64-k tiles, else EARLY and RT 2) or, on wgmma_v1, where half the warps still fill the GPU and RT 2's waves
+    are not much emptier than RT 1's (rt2_fills_waves); EARLY alone on the other gemv_mma_v1 sym layers. int8 on
+    wgmma_v1 at M >= 2: EARLY."""
     if bits != 4:
         return {**cfg, "EARLY": 1} if cfg["WG"] and m >= 2 else cfg
     mb = 1 if m <= 8 else 2
@@ -704,14 +737,17 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int,
         return {**cfg, "EARLY": 1} if wg else cfg
     if wg and at_cap and mode != "sym":
         return {**cfg, "EARLY": 1}
-    if (not wg and at_cap and mode == "zero_point" and cfg["KS"] * cfg["RG"] == 16
-            and k_tiles >= MMA_MINB2_MIN_STEPS * cfg["KS"]):
-        return {**cfg, "EARLY": 1, "MINB": 2}
+    if not wg and at_cap:
+        regs = mma_cap_registers(mode, act, scl, arch)
+        if regs <= 64:
+            return {**cfg, "EARLY": 1}
+        if regs <= MMA_MINB2_MAX_REGISTERS and k_tiles >= MMA_MINB2_MIN_STEPS * cfg["KS"]:
+            return {**cfg, "EARLY": 1, "MINB": 2}
     # wide: half the warps still fill the GPU, and (below the cap, 256-thread blocks) RT 2's waves are not much emptier
     wide = nt // 2 * cfg["KS"] >= MMA_WG_RT2_WARPS_PER_SM * num_sms
     if wide and wg and not at_cap:
         wide = rt2_fills_waves(nt, cfg["RG"], num_sms)
-    if mma_reduction_fits({**cfg, "RT": 2}) and ((wg and (at_cap or wide)) or (not wg and at_cap and mode != "sym")):
+    if mma_reduction_fits({**cfg, "RT": 2}) and ((wg and (at_cap or wide)) or (not wg and at_cap)):
         return {**cfg, "EARLY": 1, "RT": 2}
     if wg:
         return cfg
@@ -779,7 +815,8 @@ def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: 
     forced_mma = "cuda_gemv_mma" in opts.force or ("cuda_gemv" not in opts.force and use_mma(x2d.dtype, m))
     if x2d.dtype != torch.float32 and forced_mma:
         cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count, qw.mode,
-                         pair_packs=weight_pair_packs(qw.mode, qw.scales.dtype))
+                         pair_packs=weight_pair_packs(qw.mode, qw.scales.dtype), x_dtype=x2d.dtype,
+                         scale_dtype=qw.scales.dtype, arch=nvrtc.arch_of(x2d.device))
         forced = opts.configs.get("cuda_gemv_mma")
         return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced), perm)
     forced = opts.configs.get("cuda_gemv")
