@@ -1,18 +1,23 @@
-"""Before / after of a dispatch change as the GPU sees it: the layers whose M = 1 CUDA-core GEMV tile differs between
-two package trees, each timed with both tiles forced in interleaved rounds (benchmark protocol graph timing).
+"""Before / after of a dispatch change as the GPU sees it: the problems whose GEMV config (the CUDA-core GEMV's tile or
+the tensor-core GEMV's) differs between two package trees, each timed with both configs forced in interleaved rounds
+(benchmark protocol graph timing).
 
     python -m tools.bench.dispatch_ab --diff OLD_SRC --gpu-name "NVIDIA H200" --out cases.json   # no GPU
+        [--ms 1,9,16] [--dtypes float16,bfloat16] [--scale-dtypes float16,bfloat16] [--formats w4s,w4z,w8]
     PYTHONPATH=src python -m tools.bench.dispatch_ab --time cases.json [--rounds 3] [--out DIR]    # GPU
     python -m tools.bench.dispatch_ab --summary DIR/cases.json                                    # no GPU
 
---diff asks the dispatcher (kernels.registry.choose, fp16 activations, a DeviceInfo of --gpu-name and --sms) for every
-layer of --shapes (default: the model list) in every --formats, once with this tree's package and once with OLD_SRC's
-(a `git archive REV src | tar -x -C DIR` copy: DIR/src), and writes the (layer, format) cases whose CUDA-core GEMV
-config changed ({"old": cfg, "new": cfg}); cases where the kernel itself changed are listed, not timed. --time times
-each case's configs forced on the CUDA-core GEMV over weight copies past 3x L2, the configs in turn each round, and
-keeps each config's fastest round (the rounds are there to catch a slow first timing, not to average noise away).
---summary prints the geometric mean of new / old by format, on and off the model list, the worst cases and the
-protocol shapes.
+--diff asks the dispatcher (kernels.registry.choose, a DeviceInfo of --gpu-name and --sms) for every layer of
+--shapes (default: the model list) in every --formats, M of --ms, activation dtype of --dtypes and scale dtype of
+--scale-dtypes, once with this tree's package and once with OLD_SRC's (a `git archive REV src | tar -x -C DIR` copy:
+DIR/src), and writes the cases whose GEMV config changed ({"old": cfg, "new": cfg} with the kernel, M and dtypes);
+cases where the kernel itself changed are listed, not timed. Rules that read the compiler's register counts
+(kernels.cuda.gemv.mma_cap_registers) answer for the NVRTC of the machine --diff runs on: run it where the GPU's
+NVRTC is. --time times each case's configs forced on its kernel, every optional key explicit (a forced tensor-core
+config is laid over the dispatcher's own, so a key one config leaves out would take the new rule's value), over weight
+copies past 3x L2, the configs in turn each round, and keeps each config's fastest round (the rounds are there to
+catch a slow first timing, not to average noise away). --summary prints the geometric mean of new / old by format,
+M and dtypes, on and off the model list, the worst cases and the protocol shapes.
 """
 
 from __future__ import annotations
@@ -26,11 +31,36 @@ import sys
 
 from tools.bench.gemv_tables import FORMATS
 
-KERNEL = "cuda_gemv"
+KERNELS = ("cuda_gemv", "cuda_gemv_mma")  # the GEMVs whose configs a case compares
+# a tensor-core config's optional keys at their "off" values (kernels.cuda.gemv.mma_defines_for), so that a forced
+# config is the whole config whichever keys the dispatcher's own sets
+MMA_NEUTRAL = {"EARLY": 0, "RT": 1, "MINB": 0, "PF": 0, "PACK": 0, "PERM": 0, "G32": 0}
 
 
-def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms: int) -> dict:
-    """{"KxN fmt": [kernel, config]} of the package on sys.path, M = 1, fp16 activations."""
+def problem_key(k: int, n: int, fmt: str, m: int = 1, dtype: str = "float16", scale_dtype: str = "float16") -> str:
+    """A dispatch() key: "KxN fmt", then " M=m" / " x=dtype" / " s=scale_dtype" where not 1 / float16."""
+    key = f"{k}x{n} {fmt}"
+    if m != 1:
+        key += f" M={m}"
+    if dtype != "float16":
+        key += f" x={dtype}"
+    if scale_dtype != "float16":
+        key += f" s={scale_dtype}"
+    return key
+
+
+def parse_key(key: str) -> dict:
+    """problem_key's fields back: K, N, fmt, M, dtype, scale_dtype."""
+    shape, fmt, *rest = key.split()
+    k, n = (int(v) for v in shape.split("x"))
+    extra = dict(part.split("=") for part in rest)
+    return {"K": k, "N": n, "fmt": fmt, "M": int(extra.get("M", 1)), "dtype": extra.get("x", "float16"),
+            "scale_dtype": extra.get("s", "float16")}
+
+
+def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms: int, ms=(1,), dtypes=("float16",),
+             scale_dtypes=("float16",)) -> dict:
+    """{problem_key: [kernel, config]} of the package on sys.path."""
     from dataclasses import replace
 
     import torch
@@ -43,66 +73,87 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms:
     out = {}
     for fmt in fmts:
         bits, group, mode = FORMATS[fmt]
-        qw = quantize_weight(torch.randn(128, 256), bits=bits, group_size=group, mode=mode)
-        base = linear.linear_problem(1, qw, torch.float16, dev)
-        for k, n in shapes:
-            if group > 0 and k % group:
-                continue
-            p = replace(base, n=n, k=k, group_size=k if group == -1 else group,
-                        num_groups=1 if group == -1 else -(-k // group))
-            c = choose(p)
-            out[f"{k}x{n} {fmt}"] = [c.kernel, dict(c.config)]
+        for sd in scale_dtypes:
+            qw = quantize_weight(torch.randn(128, 256), bits=bits, group_size=group, mode=mode,
+                                 scale_dtype=getattr(torch, sd))
+            for m in ms:
+                for dt in dtypes:
+                    base = linear.linear_problem(m, qw, getattr(torch, dt), dev)
+                    for k, n in shapes:
+                        if group > 0 and k % group:
+                            continue
+                        p = replace(base, n=n, k=k, group_size=k if group == -1 else group,
+                                    num_groups=1 if group == -1 else -(-k // group))
+                        c = choose(p)
+                        out[problem_key(k, n, fmt, m, dt, sd)] = [c.kernel, dict(c.config)]
     return out
 
 
-def _dispatch_of(src: str | None, shapes, fmts, gpu_name: str, sms: int) -> dict:
+def _dispatch_of(src: str | None, shapes, fmts, gpu_name: str, sms: int, ms=(1,), dtypes=("float16",),
+                 scale_dtypes=("float16",)) -> dict:
     """dispatch() in a child process whose package comes from ``src`` (None: this tree's)."""
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src) if src else os.path.join(root, "src"), root])
-    arg = json.dumps({"shapes": shapes, "fmts": fmts, "gpu": gpu_name, "sms": sms})
+    arg = json.dumps({"shapes": shapes, "fmts": fmts, "gpu": gpu_name, "sms": sms, "ms": list(ms),
+                      "dtypes": list(dtypes), "scale_dtypes": list(scale_dtypes)})
     done = subprocess.run([sys.executable, "-m", "tools.bench.dispatch_ab", "--dump", arg], env=env, cwd=root,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def diff(old: dict, new: dict) -> tuple[list[dict], list[str]]:
-    """(cases whose CUDA-core GEMV config changed, keys whose kernel changed); per-call keys (XS, LITE) left out."""
+    """(cases whose GEMV config changed, keys whose kernel changed); per-call keys (XS, LITE) left out."""
     strip = lambda c: {k: v for k, v in c.items() if k not in ("XS", "LITE")}  # noqa: E731
     cases, kernels = [], []
     for key in sorted(old):
         (ko, co), (kn, cn) = old[key], new[key]
         if ko != kn:
             kernels.append(f"{key}: {ko} -> {kn}")
-        elif ko == KERNEL and strip(co) != strip(cn):
-            shape, fmt = key.split()
-            k, n = (int(v) for v in shape.split("x"))
-            cases.append({"K": k, "N": n, "fmt": fmt, "cfgs": {"old": strip(co), "new": strip(cn)}})
+        elif ko in KERNELS and strip(co) != strip(cn):
+            cases.append({**parse_key(key), "kernel": ko, "cfgs": {"old": strip(co), "new": strip(cn)}})
     return cases, kernels
 
 
+def forced(kernel: str, cfg: dict) -> dict:
+    """The config to force: a tensor-core one with every optional key explicit (MMA_NEUTRAL under it); a CUDA-core one
+    as it is (kernels.cuda.gemv.simt_override completes it from defaults, never from the dispatcher's own)."""
+    return {**MMA_NEUTRAL, **cfg} if kernel == "cuda_gemv_mma" else cfg
+
+
 def time_cases(cases: list[dict], rounds: int) -> list[dict]:
-    """Each case's configs forced on the CUDA-core GEMV, in turn each round; the fastest round per config (us)."""
+    """Each case's configs forced on its kernel (forced()), in turn each round; the fastest round per config (us)."""
     import torch
 
     from mixgemm.bench import protocol
     from tools.bench.gemv_dispatch import forced_time_us, layer_copies
 
     l2 = protocol.l2_bytes()
-    out = []
-    for c in cases:
+    out, held, weights = [], None, None
+    for c in sorted(cases, key=lambda c: (c["K"], c["N"], c["fmt"], c.get("scale_dtype", "float16"))):
+        c = {"M": 1, "dtype": "float16", "scale_dtype": "float16", "kernel": "cuda_gemv", **c}
         k, n = c["K"], c["N"]
-        weights = layer_copies(k, n, c["fmt"], l2)
-        x = torch.randn(1, k, device="cuda", dtype=torch.float16)
+        layer = (k, n, c["fmt"], c["scale_dtype"])
+        if layer != held:  # (cases of one layer follow each other in --diff's order: one set of copies for them)
+            weights = None
+            torch.cuda.empty_cache()
+            weights, held = layer_copies(k, n, c["fmt"], l2, getattr(torch, c["scale_dtype"])), layer
+        x = torch.randn(c["M"], k, device="cuda", dtype=getattr(torch, c["dtype"]))
         times: dict = {}
         for _ in range(rounds):
             for name, cfg in c["cfgs"].items():
-                times.setdefault(name, []).append(forced_time_us(KERNEL, cfg, x, weights))
+                times.setdefault(name, []).append(forced_time_us(c["kernel"], forced(c["kernel"], cfg), x, weights))
         out.append({**c, "us": {name: min(v) for name, v in times.items()}})
-        print(f"{c['fmt']} {k}x{n} " + " ".join(f"{name} {v:.2f}" for name, v in out[-1]["us"].items()), flush=True)
-        del weights
-        torch.cuda.empty_cache()
+        print(f"{label(c)} {k}x{n} " + " ".join(f"{name} {v:.2f}" for name, v in out[-1]["us"].items()), flush=True)
     return out
+
+
+def label(c: dict) -> str:
+    """A case's format, with its M and dtypes where not 1 / float16 (summary's groups)."""
+    return " ".join(part for part in (c["fmt"], f"M={c.get('M', 1)}" if c.get("M", 1) != 1 else "",
+                                      f"x={c['dtype']}" if c.get("dtype", "float16") != "float16" else "",
+                                      f"s={c['scale_dtype']}" if c.get("scale_dtype", "float16") != "float16" else "")
+                    if part)
 
 
 def _geomean(values: list[float]) -> float:
@@ -113,16 +164,17 @@ def summary(timed: list[dict], listed: set, protocol: set) -> list[str]:
     """Lines: new / old by geometric mean overall, per format on and off ``listed`` shapes, the worst, the protocol."""
     ratio = lambda c: c["us"]["new"] / c["us"]["old"]  # noqa: E731
     lines = [f"all: {len(timed)} cases, {_geomean([ratio(c) for c in timed]):.3f}x"]
-    for fmt in sorted({c["fmt"] for c in timed}):
+    for group in sorted({label(c) for c in timed}):
         for on in (True, False):
-            v = [ratio(c) for c in timed if c["fmt"] == fmt and ((c["K"], c["N"]) in listed) == on]
+            v = [ratio(c) for c in timed if label(c) == group and ((c["K"], c["N"]) in listed) == on]
             if v:
-                lines.append(f"{fmt} {'model list' if on else 'other layers'}: {len(v)} cases, {_geomean(v):.3f}x")
+                lines.append(f"{group} {'model list' if on else 'other layers'}: {len(v)} cases, {_geomean(v):.3f}x "
+                             f"({min(v):.3f}-{max(v):.3f})")
     worst = sorted(timed, key=ratio)[-5:][::-1]
-    lines.append("worst: " + ", ".join(f"{c['fmt']} {c['K']}x{c['N']} {ratio(c):.3f}x" for c in worst))
+    lines.append("worst: " + ", ".join(f"{label(c)} {c['K']}x{c['N']} {ratio(c):.3f}x" for c in worst))
     prot = [c for c in timed if (c["K"], c["N"]) in protocol]
     if prot:
-        lines.append("protocol: " + ", ".join(f"{c['fmt']} {c['K']}x{c['N']} {c['us']['old']:.2f} -> "
+        lines.append("protocol: " + ", ".join(f"{label(c)} {c['K']}x{c['N']} {c['us']['old']:.2f} -> "
                                               f"{c['us']['new']:.2f} us" for c in prot))
     return lines
 
@@ -135,6 +187,9 @@ def main() -> None:
     ap.add_argument("--dump", help=argparse.SUPPRESS)  # (the child process of --diff)
     ap.add_argument("--shapes", default="", help="KxN,... (default: every layer of the model list)")
     ap.add_argument("--formats", default="w4s,w4z,w8")
+    ap.add_argument("--ms", default="1", help="M values, comma list")
+    ap.add_argument("--dtypes", default="float16", help="activation dtypes, comma list (float16, bfloat16)")
+    ap.add_argument("--scale-dtypes", default="float16", help="weight scale dtypes, comma list")
     ap.add_argument("--gpu-name", default="NVIDIA H100 80GB HBM3")
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--rounds", type=int, default=2)
@@ -142,7 +197,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.dump:
         a = json.loads(args.dump)
-        print(json.dumps(dispatch([tuple(s) for s in a["shapes"]], a["fmts"], a["gpu"], a["sms"])))
+        print(json.dumps(dispatch([tuple(s) for s in a["shapes"]], a["fmts"], a["gpu"], a["sms"], a["ms"], a["dtypes"],
+                                  a["scale_dtypes"])))
         return
     from mixgemm.bench.cli import PRESETS
     from mixgemm.bench.models import catalog, model_layers
@@ -152,8 +208,9 @@ def main() -> None:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes
                   else sorted(listed))
         fmts = args.formats.split(",")
-        old = _dispatch_of(args.diff, shapes, fmts, args.gpu_name, args.sms)
-        new = _dispatch_of(None, shapes, fmts, args.gpu_name, args.sms)
+        axes = ([int(m) for m in args.ms.split(",")], args.dtypes.split(","), args.scale_dtypes.split(","))
+        old = _dispatch_of(args.diff, shapes, fmts, args.gpu_name, args.sms, *axes)
+        new = _dispatch_of(None, shapes, fmts, args.gpu_name, args.sms, *axes)
         cases, kernels = diff(old, new)
         with open(args.out if args.out.endswith(".json") else os.path.join(args.out, "cases.json"), "w") as f:
             json.dump(cases, f)

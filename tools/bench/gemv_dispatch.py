@@ -220,13 +220,14 @@ def plain(cfg: dict) -> dict:
     return {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in cfg.items()}
 
 
-def layer_copies(k: int, n: int, fmt: str, l2: int) -> list:
-    """Fresh random weights of a K x N layer in a sweep format, as many copies as the protocol times (past 3x L2)."""
+def layer_copies(k: int, n: int, fmt: str, l2: int, scale_dtype: torch.dtype = torch.float16) -> list:
+    """Fresh random weights of a K x N layer in a sweep format (scales in scale_dtype), as many copies as the protocol
+    times (past 3x L2)."""
     bits, group, mode = FORMATS[fmt]
 
     def make():
         w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-        return quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
+        return quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=scale_dtype)
 
     q0 = make()
     return [q0] + [make() for _ in range(protocol.copies_for(q0.nbytes(), l2) - 1)]
