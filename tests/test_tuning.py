@@ -558,6 +558,23 @@ def test_small_m_candidates_flip_double_buffering():
         assert all(not c.get("PACK") for c in cands) or mode != "sym"
 
 
+def test_sixteen_warp_candidates_flip_the_register_cap():
+    """At the 16-row M bucket a 16-warp tensor-core config's candidates include it with the registers capped for two
+    blocks per SM (MINB 2) or not, whichever the rule did not pick (the rule asks this machine's compiler)."""
+    from mixgemm.kernels.linear import _gemv_mma_candidates
+
+    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    qw = quantize_weight(torch.randn(4096, 4096), bits=4, group_size=128)
+    for m in (9, 16):
+        p = linear_entries.linear_problem(m, qw, torch.bfloat16, dev)
+        base = dict(linear_entries._gemv_mma_config(p))
+        assert base["KS"] * base["RG"] == 16
+        flipped = {**base, "MINB": 0 if base.get("MINB", 0) > 1 else 2}
+        assert flipped in _gemv_mma_candidates(p)
+    p = linear_entries.linear_problem(8, qw, torch.bfloat16, dev)  # (M <= 8: not offered)
+    assert not any("MINB" in c for c in _gemv_mma_candidates(p))
+
+
 def test_tune_formats_include_the_zero_point_forms():
     """GPTQ / AWQ checkpoints load as zero-point weights: tune measures them as their own formats (W4A16-ZP,
     W8A16-ZP), whose cache keys differ from the sym formats' (the kernels' tiles do)."""

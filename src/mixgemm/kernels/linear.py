@@ -332,6 +332,10 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
             # double buffering (with the zero point / offset pair in one register), or not (gemv.mma_pf_pack)
             flip = 1 - base.get("PF", 0)
             out.append({**base, "PF": flip, "PACK": flip} if p.mode != "sym" else {**base, "PF": flip})
+        if p.m > 8 and base["KS"] * base["RG"] == 16 and base.get("RT", 1) == 1:
+            # 16-warp blocks: registers capped for two of them per SM, or not (gemv.mma_row_tiles asks the compiler's
+            # count; another NVRTC may count otherwise)
+            out.append({**base, "MINB": 0 if base.get("MINB", 0) > 1 else 2})
     # the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at its default tile: M = 1 from the GEMM's bytes (a compacted
     # weight's base may already be it)
     if p.m == 1 and not p.act_order:
