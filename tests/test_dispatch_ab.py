@@ -43,7 +43,11 @@ def test_keys_of_m_and_dtypes_and_a_tensor_core_case():
     key = dispatch_ab.problem_key(4096, 4096, "w4s", 16, "bfloat16", "bfloat16")
     assert key == "4096x4096 w4s M=16 x=bfloat16 s=bfloat16" and dispatch_ab.problem_key(8, 16, "w8") == "8x16 w8"
     assert dispatch_ab.parse_key(key) == {"K": 4096, "N": 4096, "fmt": "w4s", "M": 16, "dtype": "bfloat16",
-                                          "scale_dtype": "bfloat16"}
+                                          "scale_dtype": "bfloat16", "resident": ""}
+    compact = dispatch_ab.dispatch([(4096, 4096)], ["w4s"], H100, 132, ms=(16,), resident="wgmma_v1")
+    (ck, (kern, cfg)), = compact.items()
+    assert ck == "4096x4096 w4s M=16 r=wgmma_v1" and kern == "cuda_gemv_mma" and cfg["WG"] == 1
+    assert dispatch_ab.parse_key(ck)["resident"] == "wgmma_v1"
     here = dispatch_ab.dispatch([(4096, 4096)], ["w4s"], H100, 132, ms=(16,), dtypes=("bfloat16",))
     (kernel, cfg), = here.values()
     assert list(here) == ["4096x4096 w4s M=16 x=bfloat16"] and kernel == "cuda_gemv_mma"

@@ -4,20 +4,22 @@ the tensor-core GEMV's) differs between two package trees, each timed with both 
 
     python -m tools.bench.dispatch_ab --diff OLD_SRC --gpu-name "NVIDIA H200" --out cases.json   # no GPU
         [--ms 1,9,16] [--dtypes float16,bfloat16] [--scale-dtypes float16,bfloat16] [--formats w4s,w4z,w8]
+        [--resident wgmma_v1]
     PYTHONPATH=src python -m tools.bench.dispatch_ab --time cases.json [--rounds 3] [--out DIR]    # GPU
     python -m tools.bench.dispatch_ab --summary DIR/cases.json                                    # no GPU
 
 --diff asks the dispatcher (kernels.registry.choose, a DeviceInfo of --gpu-name and --sms) for every layer of
 --shapes (default: the model list) in every --formats, M of --ms, activation dtype of --dtypes and scale dtype of
---scale-dtypes, once with this tree's package and once with OLD_SRC's (a `git archive REV src | tar -x -C DIR` copy:
-DIR/src), and writes the cases whose GEMV config changed ({"old": cfg, "new": cfg} with the kernel, M and dtypes);
-cases where the kernel itself changed are listed, not timed. Rules that read the compiler's register counts
-(kernels.cuda.gemv.mma_cap_registers) answer for the NVRTC of the machine --diff runs on: run it where the GPU's
-NVRTC is. --time times each case's configs forced on its kernel, every optional key explicit (a forced tensor-core
-config is laid over the dispatcher's own, so a key one config leaves out would take the new rule's value), over weight
-copies past 3x L2, the configs in turn each round, and keeps each config's fastest round (the rounds are there to
-catch a slow first timing, not to average noise away). --summary prints the geometric mean of new / old by format,
-M and dtypes, on and off the model list, the worst cases and the protocol shapes.
+--scale-dtypes, on the plain codes or (--resident wgmma_v1) on compacted weights, once with this tree's package and
+once with OLD_SRC's (a `git archive REV src | tar -x -C DIR` copy: DIR/src), and writes the cases whose GEMV config
+changed ({"old": cfg, "new": cfg} with the kernel, M, dtypes and layout); cases where the kernel itself changed are
+listed, not timed. Rules that read the compiler's register counts (kernels.cuda.gemv.mma_cap_registers) answer for
+the NVRTC of the machine --diff runs on: run it where the GPU's NVRTC is. --time times each case's configs forced on
+its kernel, every optional key explicit (a forced tensor-core config is laid over the dispatcher's own, so a key one
+config leaves out would take the new rule's value), over weight copies past 3x L2 (compacted where the case's layout
+says), the configs in turn each round, and keeps each config's fastest round (the rounds are there to catch a slow
+first timing, not to average noise away). --summary prints the geometric mean of new / old by format, M, dtypes and
+layout, on and off the model list, the worst cases and the protocol shapes.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ KERNELS = ("cuda_gemv", "cuda_gemv_mma")  # the GEMVs whose configs a case compa
 MMA_NEUTRAL = {"EARLY": 0, "RT": 1, "MINB": 0, "PF": 0, "PACK": 0, "PERM": 0, "G32": 0}
 
 
-def problem_key(k: int, n: int, fmt: str, m: int = 1, dtype: str = "float16", scale_dtype: str = "float16") -> str:
-    """A dispatch() key: "KxN fmt", then " M=m" / " x=dtype" / " s=scale_dtype" where not 1 / float16."""
+def problem_key(k: int, n: int, fmt: str, m: int = 1, dtype: str = "float16", scale_dtype: str = "float16",
+                resident: str = "") -> str:
+    """A dispatch() key: "KxN fmt", then " M=m" / " x=dtype" / " s=scale_dtype" / " r=resident" where not 1 / float16
+    / the plain codes."""
     key = f"{k}x{n} {fmt}"
     if m != 1:
         key += f" M={m}"
@@ -46,21 +50,24 @@ def problem_key(k: int, n: int, fmt: str, m: int = 1, dtype: str = "float16", sc
         key += f" x={dtype}"
     if scale_dtype != "float16":
         key += f" s={scale_dtype}"
+    if resident:
+        key += f" r={resident}"
     return key
 
 
 def parse_key(key: str) -> dict:
-    """problem_key's fields back: K, N, fmt, M, dtype, scale_dtype."""
+    """problem_key's fields back: K, N, fmt, M, dtype, scale_dtype, resident ("" for the plain codes)."""
     shape, fmt, *rest = key.split()
     k, n = (int(v) for v in shape.split("x"))
     extra = dict(part.split("=") for part in rest)
     return {"K": k, "N": n, "fmt": fmt, "M": int(extra.get("M", 1)), "dtype": extra.get("x", "float16"),
-            "scale_dtype": extra.get("s", "float16")}
+            "scale_dtype": extra.get("s", "float16"), "resident": extra.get("r", "")}
 
 
 def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms: int, ms=(1,), dtypes=("float16",),
-             scale_dtypes=("float16",)) -> dict:
-    """{problem_key: [kernel, config]} of the package on sys.path."""
+             scale_dtypes=("float16",), resident: str = "") -> dict:
+    """{problem_key: [kernel, config]} of the package on sys.path; resident: the one layout a compacted weight keeps
+    (QuantLinear.compact_), "" for the plain codes."""
     from dataclasses import replace
 
     import torch
@@ -83,20 +90,20 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms:
                         if group > 0 and k % group:
                             continue
                         p = replace(base, n=n, k=k, group_size=k if group == -1 else group,
-                                    num_groups=1 if group == -1 else -(-k // group))
+                                    num_groups=1 if group == -1 else -(-k // group), resident=resident or None)
                         c = choose(p)
-                        out[problem_key(k, n, fmt, m, dt, sd)] = [c.kernel, dict(c.config)]
+                        out[problem_key(k, n, fmt, m, dt, sd, resident)] = [c.kernel, dict(c.config)]
     return out
 
 
 def _dispatch_of(src: str | None, shapes, fmts, gpu_name: str, sms: int, ms=(1,), dtypes=("float16",),
-                 scale_dtypes=("float16",)) -> dict:
+                 scale_dtypes=("float16",), resident: str = "") -> dict:
     """dispatch() in a child process whose package comes from ``src`` (None: this tree's)."""
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src) if src else os.path.join(root, "src"), root])
     arg = json.dumps({"shapes": shapes, "fmts": fmts, "gpu": gpu_name, "sms": sms, "ms": list(ms),
-                      "dtypes": list(dtypes), "scale_dtypes": list(scale_dtypes)})
+                      "dtypes": list(dtypes), "scale_dtypes": list(scale_dtypes), "resident": resident})
     done = subprocess.run([sys.executable, "-m", "tools.bench.dispatch_ab", "--dump", arg], env=env, cwd=root,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -126,18 +133,23 @@ def time_cases(cases: list[dict], rounds: int) -> list[dict]:
     import torch
 
     from mixgemm.bench import protocol
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.ops.custom_ops import compact_weight
     from tools.bench.gemv_dispatch import forced_time_us, layer_copies
 
     l2 = protocol.l2_bytes()
     out, held, weights = [], None, None
-    for c in sorted(cases, key=lambda c: (c["K"], c["N"], c["fmt"], c.get("scale_dtype", "float16"))):
-        c = {"M": 1, "dtype": "float16", "scale_dtype": "float16", "kernel": "cuda_gemv", **c}
+    for c in sorted(cases, key=lambda c: (c["K"], c["N"], c["fmt"], c.get("scale_dtype", "float16"),
+                                          c.get("resident", ""))):
+        c = {"M": 1, "dtype": "float16", "scale_dtype": "float16", "kernel": "cuda_gemv", "resident": "", **c}
         k, n = c["K"], c["N"]
-        layer = (k, n, c["fmt"], c["scale_dtype"])
+        layer = (k, n, c["fmt"], c["scale_dtype"], c["resident"])
         if layer != held:  # (cases of one layer follow each other in --diff's order: one set of copies for them)
             weights = None
             torch.cuda.empty_cache()
             weights, held = layer_copies(k, n, c["fmt"], l2, getattr(torch, c["scale_dtype"])), layer
+            if c["resident"]:  # each copy keeps only that layout, as QuantLinear.compact_ leaves it
+                weights = [compact_weight(q, compact_placeholder(q.qweight), c["resident"]) for q in weights]
         x = torch.randn(c["M"], k, device="cuda", dtype=getattr(torch, c["dtype"]))
         times: dict = {}
         for _ in range(rounds):
@@ -152,7 +164,8 @@ def label(c: dict) -> str:
     """A case's format, with its M and dtypes where not 1 / float16 (summary's groups)."""
     return " ".join(part for part in (c["fmt"], f"M={c.get('M', 1)}" if c.get("M", 1) != 1 else "",
                                       f"x={c['dtype']}" if c.get("dtype", "float16") != "float16" else "",
-                                      f"s={c['scale_dtype']}" if c.get("scale_dtype", "float16") != "float16" else "")
+                                      f"s={c['scale_dtype']}" if c.get("scale_dtype", "float16") != "float16" else "",
+                                      f"r={c['resident']}" if c.get("resident") else "")
                     if part)
 
 
@@ -190,6 +203,8 @@ def main() -> None:
     ap.add_argument("--ms", default="1", help="M values, comma list")
     ap.add_argument("--dtypes", default="float16", help="activation dtypes, comma list (float16, bfloat16)")
     ap.add_argument("--scale-dtypes", default="float16", help="weight scale dtypes, comma list")
+    ap.add_argument("--resident", default="", help="the one layout compacted weights keep (wgmma_v1, wgmma_a8_v1); "
+                    "default: the plain codes")
     ap.add_argument("--gpu-name", default="NVIDIA H100 80GB HBM3")
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--rounds", type=int, default=2)
@@ -198,7 +213,7 @@ def main() -> None:
     if args.dump:
         a = json.loads(args.dump)
         print(json.dumps(dispatch([tuple(s) for s in a["shapes"]], a["fmts"], a["gpu"], a["sms"], a["ms"], a["dtypes"],
-                                  a["scale_dtypes"])))
+                                  a["scale_dtypes"], a["resident"])))
         return
     from mixgemm.bench.cli import PRESETS
     from mixgemm.bench.models import catalog, model_layers
@@ -208,7 +223,8 @@ def main() -> None:
         shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes
                   else sorted(listed))
         fmts = args.formats.split(",")
-        axes = ([int(m) for m in args.ms.split(",")], args.dtypes.split(","), args.scale_dtypes.split(","))
+        axes = ([int(m) for m in args.ms.split(",")], args.dtypes.split(","), args.scale_dtypes.split(","),
+                args.resident)
         old = _dispatch_of(args.diff, shapes, fmts, args.gpu_name, args.sms, *axes)
         new = _dispatch_of(None, shapes, fmts, args.gpu_name, args.sms, *axes)
         cases, kernels = diff(old, new)
