@@ -126,6 +126,7 @@ def test_e2e_bench_smoke_cpu(name):
     assert [r["batch"] for r in rows] == [1, 3]
     assert all(r["fp16_tok_s"] > 0 and r["quant_tok_s"] > 0 and r["speedup"] > 0 for r in rows)
     assert "W4A16 g32 sym" in format_table(rows) and "quant weights GB" in format_table(rows)
+    assert rows[0]["dtype"] == "float32" and "W4A16 g32 sym, float32 model" in format_table(rows)
     # the memory next to tokens/s: the quantized Linears' packed int4 (+ fp16 scales) against their fp32 weights,
     # everything else (embeddings, norms) held by both; the CPU path builds no kernel layouts
     r = rows[-1]

@@ -83,14 +83,16 @@ def decode_tokens_per_s(model, batch: int, prompt_len: int, warmup: int, steps: 
 def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prompt_len: int = 128,
             steps: int = 64, warmup: int = 8, num_layers: int | None = None, seed: int = 0,
             mode: str | None = "reduce-overhead", backend: str = "inductor", time_budget_s: float | None = None,
-            device: str = "cuda", log=print) -> list[dict]:
+            device: str = "cuda", log=print, dtype: torch.dtype = torch.float16) -> list[dict]:
     """Decode tokens/s of ``model_name`` (a mixgemm.integrations.hf.MODELS name: "llama3-8b", "qwen2-7b",
     "qwen2.5-1.5b", "tiny-llama"...) at each batch size, fp16 vs quantized.
 
     config: a mixgemm precision config (default W4A16(group_size=128)); num_layers: override the layer count
     (None: the model's own, 32 for llama3-8b); mode / backend: torch.compile's ("reduce-overhead" = CUDA
     graphs); time_budget_s: start no new batch size after this many seconds (its row is marked skipped).
-    device: "cuda" (the benchmark) or "cpu" (a smoke test of the code path only; use mode=None there).
+    device: "cuda" (the benchmark) or "cpu" (a smoke test of the code path only; use mode=None there). dtype: both
+    models' float dtype on CUDA (torch.bfloat16: as transformers loads most checkpoints; the row's "dtype" says it, its
+    "fp16_*" keys are the unquantized model's in that dtype); the CPU runs float32.
     Both models stay resident (fp16 + quantized copy: ~21 GB for llama3-8b) so each batch size measures
     them back to back. Needs a CUDA GPU and transformers. Returns one dict per batch: {"model", "format",
     "batch", "fp16_tok_s", "quant_tok_s", "speedup", "fp16_ms_step", "quant_ms_step", "fp16_weight_gb",
@@ -110,7 +112,7 @@ def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prom
     config = config or mixgemm.W4A16(group_size=128)
     overrides = {} if num_layers is None else {"num_hidden_layers": num_layers}
     cfg = model_config(model_name, **overrides)
-    fp16 = random_model(cfg, dtype=torch.float16 if device == "cuda" else torch.float32, device=device, seed=seed)
+    fp16 = random_model(cfg, dtype=dtype if device == "cuda" else torch.float32, device=device, seed=seed)
     quant = copy.deepcopy(fp16)
     report = mixgemm.quantize_(quant, config)
     if device == "cuda":
@@ -121,6 +123,7 @@ def run_e2e(model_name: str = "llama3-8b", batches=(1, 4, 16), config=None, prom
     for b in batches:
         row = {"model": model_name if num_layers is None else f"{model_name} ({num_layers} layers)",
                "format": config.name, "batch": b, "torch": torch.__version__,
+               "dtype": str(next(fp16.parameters()).dtype).removeprefix("torch."),
                "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
         rows.append(row)
         if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
@@ -172,7 +175,9 @@ def format_table(rows: list[dict]) -> str:
     lines = ["| model | format | batch | fp16 tok/s | quant tok/s | speedup | fp16 weights GB | quant weights GB "
              "(layouts / packed) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['format']} | {r['batch']} | {r.get('fp16_tok_s', nan):.1f} | "
+        base = r.get("dtype", "float16")  # (a bf16 run: its baseline and activations are bf16, said in the format)
+        fmt = r["format"] if base == "float16" else f"{r['format']}, {base} model"
+        lines.append(f"| {r['model']} | {fmt} | {r['batch']} | {r.get('fp16_tok_s', nan):.1f} | "
                      f"{r.get('quant_tok_s', nan):.1f} | {r.get('speedup', nan):.2f} | "
                      f"{r.get('fp16_weight_gb', nan):.2f} | {r.get('quant_weight_gb', nan):.2f} "
                      f"({r.get('quant_layout_ratio', nan):.2f}x) |")
