@@ -328,6 +328,19 @@ def test_mma_cap_rule_follows_the_registers(monkeypatch):
         assert mma_config(16, 4096, 4096, 4, 128, 132, wg=1, x_dtype=torch.bfloat16).get("MINB", 0) == 0
 
 
+def test_explain_says_why_the_registers_are_capped(monkeypatch):
+    """mixgemm.explain's config source names the capped registers' count and the target it was compiled for."""
+    from mixgemm.kernels import linear as linear_entries
+    from mixgemm.kernels.cuda import gemv
+    from mixgemm.kernels.registry import DeviceInfo, choose
+
+    monkeypatch.setattr(gemv, "mma_cap_registers", lambda mode, act, scl, arch="sm_90": 74)
+    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    qw = quantize_weight(torch.randn(4096, 4096), bits=4, group_size=128, scale_dtype=torch.bfloat16)
+    c = choose(linear_entries.linear_problem(16, qw, torch.bfloat16, dev))
+    assert c.config["MINB"] == 2 and "takes 74 (NVRTC, sm_90)" in c.config_source
+
+
 def test_mma_cap_registers_from_the_compiler():
     """mma_cap_registers reads the NVRTC cubin of the build it names (no GPU): the fp16 counts the rule was measured
     with (sym 64: two blocks per SM; zero point and offset more), and 64 for fp32 x, which that kernel does not take."""

@@ -239,6 +239,13 @@ def _gemv_mma_config(p: Problem) -> dict:
         if p.m == 1 and p.x_dtype == torch.float16 and _in_gemv_mma_m1(p):
             why += f"; fp16 at M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
         cfg = tuning.SourcedConfig(cfg, why)
+    elif not on_wg and cfg.get("MINB", 0) > 1:
+        # (mma_row_tiles capped the registers: say from what count, which is this machine's compiler's)
+        from mixgemm.kernels.cuda.gemv import _ACT, _SCL, mma_cap_registers
+
+        regs = mma_cap_registers(p.mode, _ACT[p.x_dtype], _SCL[_scale_dtype(p)], _arch(p))
+        cfg = tuning.SourcedConfig(cfg, f"registers capped for two 16-warp blocks per SM (MINB 2): the uncapped build "
+                                        f"takes {regs} (NVRTC, {_arch(p)}), one block past one wave")
     return _past_crossover_note(p, cfg)
 
 
