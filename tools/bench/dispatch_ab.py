@@ -161,12 +161,11 @@ def time_cases(cases: list[dict], rounds: int) -> list[dict]:
 
 
 def label(c: dict) -> str:
-    """A case's format, with its M and dtypes where not 1 / float16 (summary's groups)."""
-    return " ".join(part for part in (c["fmt"], f"M={c.get('M', 1)}" if c.get("M", 1) != 1 else "",
-                                      f"x={c['dtype']}" if c.get("dtype", "float16") != "float16" else "",
-                                      f"s={c['scale_dtype']}" if c.get("scale_dtype", "float16") != "float16" else "",
-                                      f"r={c['resident']}" if c.get("resident") else "")
-                    if part)
+    """A case's format, with its M, dtypes and layout where not 1 / float16 / plain (summary's groups): its
+    problem_key less the shape."""
+    key = problem_key(c["K"], c["N"], c["fmt"], c.get("M", 1), c.get("dtype", "float16"),
+                      c.get("scale_dtype", "float16"), c.get("resident", ""))
+    return key.split(" ", 1)[1]
 
 
 def _geomean(values: list[float]) -> float:
