@@ -137,9 +137,10 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
 @pytest.mark.parametrize("bits,k,n", [(4, 4096, 4096), (4, 3584, 4608), (8, 2048, 2048), (8, 1024, 2048),
                                       (4, 896, 18944), (4, 5120, 5120), (8, 5120, 5120)])
 def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
-    """A compacted fp16 M = 1 call runs the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) outside the table's
-    gemv_mma_m1 buckets, at its measured bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the rule's (a power-of-two
-    k-split leaving each slice >= 2 steps); bf16, M > 1 and uncompacted weights are not affected."""
+    """A compacted fp16 or bf16 M = 1 call runs the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) outside the table's
+    gemv_mma_m1 buckets: one step a k-slice where its warps fit one round (kernels.cuda.gemv.wg_simt_one_step: 2048 x
+    2048 and 1024 x 2048 int8), else at its measured bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the rule's (a
+    power-of-two k-split leaving each slice >= 2 steps); M > 1 and uncompacted weights are not affected."""
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.ops.custom_ops import compact_weight
 
@@ -149,17 +150,23 @@ def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
     c = mixgemm.explain(torch.empty(1, k, dtype=torch.float16), cw, device=H100)
     assert (c.kernel, c.layout, c.config.get("SIMT", 0)) == ("cuda_gemv_mma", "wgmma_v1", 1), str(c)
     ks, u = c.config["KS"], c.config["U"]
-    assert ks & (ks - 1) == 0 and -(-k // 64) >= 2 * ks * u and c.config["RG"] * ks >= 4
+    one_step = "one step a k-slice" in c.config_source
+    assert one_step == ((bits, k, n) in ((8, 2048, 2048), (8, 1024, 2048))), c.config_source
+    if one_step:  # every slice's two k-tiles in one step, one row tile a warp, no double buffering
+        assert ks & (ks - 1) == 0 and -(-k // 64) <= 2 * ks and (u, c.config["PF"], c.config["RT"]) == (2, 0, 1)
+    else:
+        assert ks & (ks - 1) == 0 and -(-k // 64) >= 2 * ks * u and c.config["RG"] * ks >= 4
     measured = (bits, k, n) in ((4, 5120, 5120), (8, 5120, 5120))
     assert ("gemv_m1 H100 wgmma_v1" in c.config_source) == measured, c.config_source
-    for x in (torch.empty(1, k, dtype=torch.bfloat16), torch.empty(4, k, dtype=torch.float16)):
-        assert mixgemm.explain(x, cw, device=H100).config.get("SIMT", 0) == 0
+    assert mixgemm.explain(torch.empty(1, k, dtype=torch.bfloat16), cw, device=H100).config == c.config
+    assert mixgemm.explain(torch.empty(4, k, dtype=torch.float16), cw, device=H100).config.get("SIMT", 0) == 0
 
 
-@pytest.mark.parametrize("k,n", [(2048, 2048), (1536, 2048), (896, 4864)])
+@pytest.mark.parametrize("k,n", [(2304, 2560), (3072, 4096)])
 def test_compact_m1_small_layers_take_the_tensor_core_gemv(k, n):
-    """Where the table sends the plain codes' fp16 M = 1 call to the tensor-core GEMV (gemv_mma_m1: small int4 layers),
-    a compacted weight takes the tensor-core GEMV on wgmma_v1, saying why."""
+    """Where the table sends the plain codes' fp16 M = 1 call to the tensor-core GEMV (gemv_mma_m1: small int4 layers)
+    and the CUDA-core GEMV's one-step tile does not apply (its warps past one round), a compacted weight takes the
+    tensor-core GEMV on wgmma_v1 with fp16 or bf16 x, saying why."""
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.ops.custom_ops import compact_weight
     from mixgemm.tuning import gemv_mma_m1_entry
@@ -172,8 +179,31 @@ def test_compact_m1_small_layers_take_the_tensor_core_gemv(k, n):
     c = mixgemm.explain(torch.empty(1, k, dtype=torch.float16), cw, device=H100)
     assert (c.kernel, c.layout, c.config.get("SIMT", 0), c.config["WG"]) == ("cuda_gemv_mma", "wgmma_v1", 0, 1), str(c)
     assert c.config["KS"] == plain.config["KS"] and "gemv_mma_m1 buckets" in c.config_source
-    bf16 = mixgemm.explain(torch.empty(1, k, dtype=torch.bfloat16), cw, device=H100)  # the tensor cores, not for that
-    assert bf16.config.get("SIMT", 0) == 0 and "gemv_mma_m1" not in bf16.config_source
+    bf16 = mixgemm.explain(torch.empty(1, k, dtype=torch.bfloat16), cw, device=H100)  # bf16 as fp16
+    assert bf16.config.get("SIMT", 0) == 0 and "gemv_mma_m1 buckets" in bf16.config_source
+
+
+@pytest.mark.parametrize("k,n", [(2048, 2048), (1536, 2048), (896, 4864), (896, 128)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compact_m1_small_layers_take_one_step_a_slice(k, n, dtype):
+    """Small layers (inside the gemv_mma_m1 buckets or not) take the CUDA-core GEMV on wgmma_v1 with one step a k-slice
+    where its warps fit one round of the SMs' resident warps: U 2, no double buffering, one row tile a warp, KS the
+    power of two leaving <= 2 k-tiles a slice; the rule says so."""
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.kernels.cuda.gemv import resident_warps
+    from mixgemm.ops.custom_ops import compact_weight
+
+    qw = mixgemm.quantize_weight(torch.randn(n, k) * 0.02, bits=4, group_size=128)
+    cw = compact_weight(qw, compact_placeholder(qw.qweight))
+    c = mixgemm.explain(torch.empty(1, k, dtype=dtype), cw, device=H100)
+    cfg, kt = c.config, -(-k // 64)
+    tile = (c.kernel, cfg["SIMT"], cfg["U"], cfg["PF"], cfg["RT"], cfg["RG"])
+    assert tile == ("cuda_gemv_mma", 1, 2, 0, 1, 1), str(c)
+    assert cfg["KS"] >= kt / 2 > cfg["KS"] / 2 or cfg["KS"] == 2, cfg
+    assert "one step a k-slice" in c.config_source and f"{-(-n // 16) * cfg['KS']} warps" in c.config_source
+    # the warps an SM holds: blocks of KS warps at the registers a thread, within 64 warps and 32 blocks
+    assert resident_warps(48, 8) == 40 and resident_warps(64, 32) == 32 and resident_warps(128, 16) == 16
+    assert resident_warps(32, 1) == 32 and resident_warps(255, 2) == 8
 
 
 @pytest.mark.parametrize("bits,group,act_block", [(8, -1, "group"), (4, 128, "token"), (8, 256, "group")])

@@ -56,5 +56,8 @@ def test_keys_of_m_and_dtypes_and_a_tensor_core_case():
     assert case["kernel"] == "cuda_gemv_mma" and case["M"] == 16 and case["dtype"] == "bfloat16"
     assert dispatch_ab.forced("cuda_gemv_mma", {"KS": 16})["MINB"] == 0
     assert dispatch_ab.forced("cuda_gemv_mma", {"KS": 16, "MINB": 2})["MINB"] == 2
+    # a tensor-core config forced where the dispatcher's own is the CUDA-core GEMV on wgmma_v1 stays tensor-core
+    assert dispatch_ab.forced("cuda_gemv_mma", {"KS": 16})["SIMT"] == 0
+    assert dispatch_ab.forced("cuda_gemv_mma", {"KS": 16, "SIMT": 1})["SIMT"] == 1
     assert dispatch_ab.forced("cuda_gemv", {"R": 2}) == {"R": 2}
     assert dispatch_ab.label({**case, "us": {}}) == "w4s M=16 x=bfloat16"

@@ -660,7 +660,7 @@ def test_wg_simt_rule_wave_guard():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ks,u,rt,pf", [(1, 1, 1, 0), (4, 2, 2, 1), (16, 4, 1, 0), (2, 1, 8, 0), (8, 2, 4, 1),
-                                        (32, 1, 1, 1), (16, 1, 2, 1)])
+                                        (32, 1, 1, 1), (16, 1, 2, 1), (8, 2, 1, 0), (32, 2, 1, 0)])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
@@ -671,6 +671,34 @@ def test_gemv_simt_on_wgmma_v1(ks, u, rt, pf, bits, mode, act):
     cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf}
     with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
         _check_every_group(bits, mode, act, (1,), (1,), 13, "SIMT")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
+def test_gemv_simt_bf16_range(bits, mode):
+    """bf16 x on the M = 1 CUDA-core math on wgmma_v1 (exact fp16 under a power of two per k-tile): magnitudes far
+    outside fp16's range (2^-120 .. 2^100), k-tiles 2^80 apart in one row (the small ones below what the result
+    keeps), a tile spanning 2^-30 of its maximum, all-zero tiles, and inf / nan propagating."""
+    cfg = {"WG": 1, "SIMT": 1, "KS": 4, "RG": 2, "U": 2, "RT": 2, "PF": 1}
+    qw, gen = _make(211, 1024, bits, 128, mode, torch.float16, 91)
+    x = torch.randn(1, 1024, generator=gen, device="cuda", dtype=torch.float64)
+    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
+        for p in (-120, -40, 0, 17, 100):
+            _check((x * 2.0 ** p).to(torch.bfloat16), qw)
+        tiles = x.view(1, 16, 64) * (2.0 ** torch.tensor([40, -40] * 8, device="cuda", dtype=torch.float64))[:, None]
+        _check(tiles.view(1, 1024).to(torch.bfloat16), qw)
+        span = x * 2.0 ** (-30 * torch.rand(1, 1024, generator=gen, device="cuda", dtype=torch.float64))
+        _check(span.to(torch.bfloat16), qw)
+        half_zero = x.clone()
+        half_zero[:, 128:640] = 0
+        _check(half_zero.to(torch.bfloat16), qw)
+        assert not mixgemm.matmul(torch.zeros(1, 1024, device="cuda", dtype=torch.bfloat16), qw).any()
+        special = x.to(torch.bfloat16)
+        special[0, 70] = float("inf")
+        assert not mixgemm.matmul(special, qw).isfinite().any()
+        special[0, 70] = float("nan")
+        assert mixgemm.matmul(special, qw).isnan().all()
 
 
 @pytest.mark.gpu

@@ -34,9 +34,10 @@ import sys
 from tools.bench.gemv_tables import FORMATS
 
 KERNELS = ("cuda_gemv", "cuda_gemv_mma")  # the GEMVs whose configs a case compares
-# a tensor-core config's optional keys at their "off" values (kernels.cuda.gemv.mma_defines_for), so that a forced
+# a tensor-core config's optional keys at their "off" values (kernels.cuda.gemv.mma_defines_for; SIMT 0: the
+# tensor cores, not the CUDA-core GEMV on wgmma_v1 that a compacted M = 1 call's config routes to), so that a forced
 # config is the whole config whichever keys the dispatcher's own sets
-MMA_NEUTRAL = {"EARLY": 0, "RT": 1, "MINB": 0, "PF": 0, "PACK": 0, "PERM": 0, "G32": 0}
+MMA_NEUTRAL = {"EARLY": 0, "RT": 1, "MINB": 0, "PF": 0, "PACK": 0, "PERM": 0, "G32": 0, "SIMT": 0}
 
 
 def problem_key(k: int, n: int, fmt: str, m: int = 1, dtype: str = "float16", scale_dtype: str = "float16",

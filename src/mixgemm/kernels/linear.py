@@ -221,14 +221,14 @@ def _gemv_can_run(p: Problem):
 
 
 def _gemv_mma_config(p: Problem) -> dict:
-    from mixgemm.kernels.cuda.gemv import MMA_ON_WGMMA, mma_config, wg_simt_config
+    from mixgemm.kernels.cuda.gemv import MMA_ON_WGMMA, mma_config
 
     on_wg = p.resident == WGMMA_V1.name
     cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode, 1 if on_wg else None,
                      _one_wave_max_spill(p), _pair_packs(p), p.x_dtype, _scale_dtype(p), _arch(p))
     if on_wg and _compact_m1_simt(p):
         # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
-        simt = wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode)
+        simt = _wg_simt_config(p)
         why = getattr(simt, "source", "the rule of kernels.cuda.gemv.wg_simt_config")
         return tuning.SourcedConfig({**cfg, **simt}, f"the weight keeps only wgmma_v1 (compacted): M = 1 on CUDA "
                                                      f"cores, tuning.COMPACT_M1_SIMT_DTYPES; {why}")
@@ -236,8 +236,8 @@ def _gemv_mma_config(p: Problem) -> dict:
         # a compacted weight keeps only the GEMM's wgmma_v1: the x ring on it (gemv_mma.cu MMA_WG; for int4 RT 2 where
         # kernels.cuda.gemv.mma_row_tiles says, docs/design.md)
         why = "the weight keeps only wgmma_v1 (compacted)"
-        if p.m == 1 and p.x_dtype == torch.float16 and _in_gemv_mma_m1(p):
-            why += f"; fp16 at M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
+        if p.m == 1 and p.x_dtype in tuning.COMPACT_M1_SIMT_DTYPES and _in_gemv_mma_m1(p):
+            why += f"; M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
         cfg = tuning.SourcedConfig(cfg, why)
     elif not on_wg and cfg.get("MINB", 0) > 1:
         # (mma_row_tiles capped the registers: say from what count, which is this machine's compiler's)
@@ -277,8 +277,28 @@ def _compact_m1_simt(p: Problem) -> bool:
     """A compacted weight's M = 1 call takes the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) for the activation dtypes
     of tuning.COMPACT_M1_SIMT_DTYPES (not act-order, whose gather that kernel does not read), except on the small layers
     where the GPU's table sends the plain codes' fp16 M = 1 call to the tensor-core GEMV (gemv_mma_m1): its 16-way
-    k-split wins there on wgmma_v1 too (tuning.COMPACT_M1_SIMT_DTYPES says where measured)."""
-    return p.m == 1 and not p.act_order and p.x_dtype in tuning.COMPACT_M1_SIMT_DTYPES and not _in_gemv_mma_m1(p)
+    k-split wins there on wgmma_v1 too (tuning.COMPACT_M1_SIMT_DTYPES says where measured), unless the CUDA-core
+    GEMV's one-step tile applies (kernels.cuda.gemv.wg_simt_one_step, which beat both there)."""
+    if p.m != 1 or p.act_order or p.x_dtype not in tuning.COMPACT_M1_SIMT_DTYPES:
+        return False
+    return not _in_gemv_mma_m1(p) or _wg_simt_one_step(p) is not None
+
+
+def _wg_simt_one_step(p: Problem):
+    from mixgemm.kernels.cuda.gemv import _ACT, _SCL, wg_simt_one_step
+
+    act = _ACT[p.x_dtype] if p.x_dtype in (torch.float16, torch.bfloat16) else 0
+    return wg_simt_one_step(p.n, p.k, p.bits, p.device.sm_count, p.mode, act, _SCL[_scale_dtype(p)], _arch(p))
+
+
+def _wg_simt_config(p: Problem) -> dict:
+    """The CUDA-core GEMV on wgmma_v1's M = 1 tile for this problem (kernels.cuda.gemv.wg_simt_config, its one-step
+    rule asking the registers of this activation / scale dtype's build)."""
+    from mixgemm.kernels.cuda.gemv import _ACT, _SCL, wg_simt_config
+
+    act = _ACT[p.x_dtype] if p.x_dtype in (torch.float16, torch.bfloat16) else 0
+    return wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode, act, _SCL[_scale_dtype(p)],
+                          _arch(p))
 
 
 def _in_gemv_mma_m1(p: Problem) -> bool:
@@ -321,7 +341,7 @@ def _pow2_neighbours(v: int, lo: int, hi: int) -> list[int]:
 
 
 def _gemv_mma_candidates(p: Problem) -> list[dict]:
-    from mixgemm.kernels.cuda.gemv import WARPS, mma_k_tiles, mma_reduction_fits, wg_simt_config
+    from mixgemm.kernels.cuda.gemv import WARPS, mma_k_tiles, mma_reduction_fits
 
     base = _gemv_mma_config(p)
     kt = mma_k_tiles(p.bits, p.k)
@@ -346,7 +366,7 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
     # the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at its default tile: M = 1 from the GEMM's bytes (a compacted
     # weight's base may already be it)
     if p.m == 1 and not p.act_order:
-        simt = {**base, **wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode)}
+        simt = {**base, **_wg_simt_config(p)}
         if simt != base:
             out.append(simt)
         if p.mode != "sym":

@@ -246,11 +246,66 @@ def wg_simt_serves(n: int, rt: int, rg: int, bps: int, num_sms: int) -> bool:
     return not bps or wg_simt_blocks_per_sm(n, rt, rg, num_sms) <= bps
 
 
-def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", mode: str = "sym") -> dict:
-    """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: the measured bucket's on this GPU for this mode
-    (tuning.gemv_m1.wg_simt_m1_entry) where the layer's blocks per SM are within the entry's BPS (an entry kept for
-    layers whose blocks all fit on the SMs at once serves no layer that needs a second round: there the tile lost up
-    to 1.25x), else wg_simt_rule."""
+# One step a k-slice for small layers: at M = 1 a layer of a few MiB is latency-bound, and the fastest tile is the one
+# whose warps each issue their whole k-slice's loads at once: U 2 k-tiles a step, no double buffering, KS the power of
+# two (<= 32) leaving at most two k-tiles a slice (at most WG_SIMT_ONE_STEP_MAX_STEPS steps where K needs KS past 32),
+# one 16-row tile a warp, as long as all its warps fit in one round of the SMs' resident warps (from the build's
+# registers: past one round a second wave of warps costs more than the short slices save). Source: H200, 71 (layer,
+# format) cases under 16 MiB of the model list (W4 g128 sym, W8 per channel, fp16 x, compacted weights, best of two
+# rounds): where it applies 0.51-0.92x the time of the dispatcher's choice before (the CUDA-core GEMV's rule or the
+# tensor-core GEMV of the gemv_mma_m1 buckets; 3584x512 W4 3.59 -> 1.82 us, 896x9728 4.02 -> 2.72, 4608x2048 4.52 ->
+# 3.61, 896x4864 2.47 -> 1.98), level at two steps (8192x1024 1.01x); where its warps need a second round it lost
+# (2304x4096 1.24x, 3584x4096 1.15x, 1536x8960 W8 1.18x), and at three steps and more (9216x2304 1.38x). Before /
+# after (tools/bench/dispatch_ab.py, both configs forced, fp16 x, the 41 changed (layer, format) cases): H100 W4 sym
+# 0.79x / W8 0.69-0.85x the time by geometric mean per size class (0.52-0.98x), H200 0.71-0.82x (0.51-1.00x).
+WG_SIMT_ONE_STEP_MAX_STEPS = 2
+
+
+@functools.cache
+def wg_simt_registers(bits: int, act: int, scl: int, mode: str, cfg_items: tuple, arch: str = "sm_90") -> int:
+    """Registers per thread of one gemv_wg_simt.cu build as the NVRTC here compiles it for ``arch`` (the cubin, no GPU;
+    cached on disk like every build); 64 where no NVRTC can compile it."""
+    if not nvrtc.nvrtc_available():
+        return 64
+    defines = tuple(sorted(simt_defines_for(bits, act, scl, _MODE[mode], dict(cfg_items)).items()))
+    return max(nvrtc.cubin_registers(nvrtc.compile_cubin(SIMT_SOURCE, defines, arch)).values())
+
+
+def resident_warps(regs: int, block_warps: int) -> int:
+    """Warps per sm_90 SM of blocks of ``block_warps`` warps at ``regs`` registers a thread (65536 registers allocated
+    in 256 per warp, at most 64 warps and 32 blocks)."""
+    per_warp = -(-regs * 32 // 256) * 256
+    blocks = min(32, (65536 // per_warp) // block_warps, 64 // block_warps)
+    return blocks * block_warps
+
+
+def wg_simt_one_step(n: int, k: int, bits: int, num_sms: int, mode: str = "sym", act: int = 0, scl: int = 0,
+                     arch: str = "sm_90") -> dict | None:
+    """The one-step tile above where it applies (act / scl: the activation and scale codes of the build whose
+    registers decide how many warps an SM holds), else None."""
+    kt, nt = -(-k // 64), -(-n // 16)
+    ks = 2
+    while ks < 32 and 2 * ks < kt:
+        ks *= 2
+    if kt > 2 * ks * WG_SIMT_ONE_STEP_MAX_STEPS:
+        return None
+    cfg = {"WG": 1, "SIMT": 1, "RT": 1, "U": 2, "PF": 0, "KS": ks, "RG": 1}
+    per_sm = resident_warps(wg_simt_registers(bits, act, scl, mode, tuple(sorted(cfg.items())), arch), ks)
+    if nt * ks > per_sm * num_sms:
+        return None
+    return SourcedConfig(cfg, f"one step a k-slice (kernels.cuda.gemv.wg_simt_one_step): {nt * ks} warps within one "
+                              f"round of {per_sm} a SM x {num_sms} SMs, {-(-kt // ks)} k-tiles a slice")
+
+
+def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", mode: str = "sym", act: int = 0,
+                   scl: int = 0, arch: str = "sm_90") -> dict:
+    """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: one step a k-slice where that applies (wg_simt_one_step), else
+    the measured bucket's on this GPU for this mode (tuning.gemv_m1.wg_simt_m1_entry) where the layer's blocks per SM
+    are within the entry's BPS (an entry kept for layers whose blocks all fit on the SMs at once serves no layer that
+    needs a second round: there the tile lost up to 1.25x), else wg_simt_rule."""
+    one = wg_simt_one_step(n, k, bits, num_sms, mode, act, scl, arch)
+    if one is not None:
+        return one
     hit = wg_simt_m1_entry(gpu_name, bits, k, n, mode)
     if hit is None:
         return wg_simt_packs(wg_simt_rule(n, k, bits, num_sms), mode)

@@ -14,8 +14,9 @@
 // [N_pad / 128][G][8][16] rows of one group together, padded rows zero.
 //
 // x: each lane loads word `lane` of the k-tile's 64 activations (the warp reads 128 coalesced bytes) and takes the 8
-// words its pairs meet (words 8 s + t and 8 s + t + 4) by __shfl_sync, once for its RT tiles. Per tile and row the
-// products are summed in f16x2 (fp16) or fp32 (bf16) over the 64 k, then scaled once in fp32 (twice at groups of 32).
+// words its pairs meet (words 8 s + t and 8 s + t + 4) by __shfl_sync, once for its RT tiles (bf16 x first becomes
+// exact fp16 under a power of two per k-tile, in compute). Per tile and row the products are summed in f16x2 over the
+// 64 k, then scaled once in fp32 (twice at groups of 32).
 
 #include "mma_frag.cuh"
 
@@ -150,11 +151,28 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
     }
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
+      u32 xu = xv[u];
+      float xunit = 1.f;  // what one unit of the tile's x words is worth (bf16 as scaled fp16: 2^(e - 130))
+      if constexpr (ACT == 1) {
+        // bf16 x as exact fp16: the tile's largest exponent e (one redux over the warp's 64 values) sets a power of
+        // two that takes its largest |x| into [8, 16). bf16's 8 significant bits fit fp16's 11, so every value down
+        // to 2^-17 of that maximum converts exactly (smaller ones round as fp16 subnormals, below what a bf16 result
+        // keeps), and 8 products of |q - z| <= 255 stay under fp16's 65504: the f16x2 math of fp16 x, at its speed.
+        // e is clamped to [8, 254] so both powers are normal fp32 (all-zero tiles stay zero, inf / nan propagate).
+        const u32 e = max((xu >> 7) & 0xffu, (xu >> 23) & 0xffu);
+        const int em = min(max((int)__reduce_max_sync(0xffffffffu, e), 8), 254);
+        const float to16 = as_f32((u32)(257 - em) << 23);  // 2^(130 - em)
+        xunit = as_f32((u32)(em - 3) << 23);                // 2^(em - 130)
+        u32 h;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;"
+            : "=r"(h) : "f"(as_f32(xu & 0xffff0000u) * to16), "f"(as_f32(xu << 16) * to16));
+        xu = h;
+      }
       u32 xw[8];  // x pairs of step s: k 16 s + 2 t (word 8 s + t) and k 16 s + 2 t + 8 (word 8 s + t + 4)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        xw[2 * s] = __shfl_sync(0xffffffffu, xv[u], 8 * s + t);
-        xw[2 * s + 1] = __shfl_sync(0xffffffffu, xv[u], 8 * s + t + 4);
+        xw[2 * s] = __shfl_sync(0xffffffffu, xu, 8 * s + t);
+        xw[2 * s + 1] = __shfl_sync(0xffffffffu, xu, 8 * s + t + 4);
       }
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
@@ -164,13 +182,13 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
         for (int h = 0; h < NP; ++h) {
           const P& q0p = p0[u][r][h];
           const P& q1p = p1[u][r][h];
-          RowQ<ACT, MODE> q0, q1;
+          RowQ<0, MODE> q0, q1;  // fp16 math for both activation dtypes
           const float s0 = q0p.scale(), s1 = q1p.scale();
           const float z0 = MODE == 1 ? q0p.second() : ZBIAS, z1 = MODE == 1 ? q1p.second() : ZBIAS;
-          if (ACT == 0 && MODE != 1) {  // the fixed centre: compile-time magic-number constants, no cvt
+          if (MODE != 1) {  // the fixed centre: compile-time magic-number constants, no cvt
             q0.zlo = q1.zlo = h16_int(1024 + (int)ZBIAS) * 0x10001u;
             q0.zhi = q1.zhi = h16_int(-(64 + (int)ZBIAS)) * 0x10001u;
-          } else if (ACT == 0 && SCL == 0) {
+          } else if (SCL == 0) {
             // fp16 zero points: 1024 + z and -(64 + z) in f16x2 from the raw bits (small integers: exact), no cvt
             const u32 z20 = q0p.second_x2(), z21 = q1p.second_x2();
             q0.zlo = hadd2(z20, 0x64006400u);
@@ -181,47 +199,27 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
             q0.set_exact(z0);
             q1.set_exact(z1);
           }
-          float c0, c1, xs = 0.f;  // rows g, g + 8: sum of (q - z) x over this piece; xs: sum of x (offset)
-          if (ACT == 0) {
-            u32 h0[2] = {0u, 0u}, h1[2] = {0u, 0u}, hx = 0u;  // two f16x2 chains per row (shorter dependency)
+          u32 h0[2] = {0u, 0u}, h1[2] = {0u, 0u}, hx = 0u;  // two f16x2 chains per row (shorter dependency)
 #pragma unroll
-            for (int s = h * SPP; s < (h + 1) * SPP; ++s) {
-              u32 a[4];  // a0: row g pair 0; a1: row g + 8 pair 0; a2: row g pair 1; a3: row g + 8 pair 1
-              a_frag_step<BITS, ACT, MODE, false>(w, s, q0, q1, z0, z1, a);
-              h0[0] = hfma2(a[0], xw[2 * s], h0[0]);
-              h0[1] = hfma2(a[2], xw[2 * s + 1], h0[1]);
-              h1[0] = hfma2(a[1], xw[2 * s], h1[0]);
-              h1[1] = hfma2(a[3], xw[2 * s + 1], h1[1]);
-              if (MODE == 2) hx = hadd2(hx, hadd2(xw[2 * s], xw[2 * s + 1]));
-            }
-            // the chains meet in f16x2 (8 products a half, fewer than gemv.cu's chunk sums), then one widening
-            c0 = h2sum_f32(hadd2(h0[0], h0[1]));
-            c1 = h2sum_f32(hadd2(h1[0], h1[1]));
-            if (MODE == 2) xs = h2sum_f32(hx);
-          } else {
-            // bf16: the exact integers and x widened to fp32 (shift / mask), fp32 FMAs (bf16x2 sums would keep 8 bits)
-            float f0[2] = {0.f, 0.f}, f1[2] = {0.f, 0.f};
-#pragma unroll
-            for (int s = h * SPP; s < (h + 1) * SPP; ++s) {
-              u32 a[4];
-              a_frag_step<BITS, ACT, MODE, false>(w, s, q0, q1, z0, z1, a);
-#pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                const u32 xj = xw[2 * s + j];
-                const float xlo = as_f32(xj << 16), xhi = as_f32(xj & 0xffff0000u);
-                f0[j] = fmaf(as_f32(a[2 * j] << 16), xlo, fmaf(as_f32(a[2 * j] & 0xffff0000u), xhi, f0[j]));
-                f1[j] = fmaf(as_f32(a[2 * j + 1] << 16), xlo, fmaf(as_f32(a[2 * j + 1] & 0xffff0000u), xhi, f1[j]));
-                if (MODE == 2) xs += xlo + xhi;
-              }
-            }
-            c0 = f0[0] + f0[1];
-            c1 = f1[0] + f1[1];
+          for (int s = h * SPP; s < (h + 1) * SPP; ++s) {
+            u32 a[4];  // a0: row g pair 0; a1: row g + 8 pair 0; a2: row g pair 1; a3: row g + 8 pair 1
+            a_frag_step<BITS, 0, MODE, false>(w, s, q0, q1, z0, z1, a);
+            h0[0] = hfma2(a[0], xw[2 * s], h0[0]);
+            h0[1] = hfma2(a[2], xw[2 * s + 1], h0[1]);
+            h1[0] = hfma2(a[1], xw[2 * s], h1[0]);
+            h1[1] = hfma2(a[3], xw[2 * s + 1], h1[1]);
+            if (MODE == 2) hx = hadd2(hx, hadd2(xw[2 * s], xw[2 * s + 1]));
           }
-          acc[r][0] = fmaf(s0, c0, acc[r][0]);
-          acc[r][1] = fmaf(s1, c1, acc[r][1]);
+          // the chains meet in f16x2 (8 products a half, fewer than gemv.cu's chunk sums), then one widening: rows g,
+          // g + 8: sum of (q - z) x over this piece; xs: sum of x (offset)
+          const float c0 = h2sum_f32(hadd2(h0[0], h0[1])), c1 = h2sum_f32(hadd2(h1[0], h1[1]));
+          const float xs = MODE == 2 ? h2sum_f32(hx) : 0.f;
+          // x's unit on the sums, not the scales: c x unit is the piece's true dot, normal wherever that is
+          acc[r][0] = fmaf(s0, c0 * xunit, acc[r][0]);
+          acc[r][1] = fmaf(s1, c1 * xunit, acc[r][1]);
           if (MODE == 2) {
-            acc[r][0] = fmaf(fmaf(z0, s0, q0p.second()), xs, acc[r][0]);
-            acc[r][1] = fmaf(fmaf(z1, s1, q1p.second()), xs, acc[r][1]);
+            acc[r][0] = fmaf(fmaf(z0, s0, q0p.second()), xs * xunit, acc[r][0]);
+            acc[r][1] = fmaf(fmaf(z1, s1, q1p.second()), xs * xunit, acc[r][1]);
           }
         }
       }
