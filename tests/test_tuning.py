@@ -541,6 +541,24 @@ def test_compacted_zero_point_m1_candidates_try_the_other_packing():
         assert packs == ({None} if mode == "sym" else {0, 1}), (mode, simt)
 
 
+def test_compacted_m1_candidates_try_one_step_and_the_rule():
+    """A compacted weight's M = 1 candidates hold both the CUDA-core GEMV's one-step tile and its table's / rule's,
+    whichever the dispatcher took (the one-step rule's round of resident warps is a model)."""
+    from dataclasses import replace
+
+    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_one_step_tile
+    from mixgemm.kernels.linear import _gemv_mma_candidates
+
+    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    for k, n in ((2048, 2048), (4096, 4096)):  # one step applies / its warps need a second round
+        qw = quantize_weight(torch.randn(n, k), bits=4, group_size=128)
+        p = replace(linear_entries.linear_problem(1, qw, torch.float16, dev), resident="wgmma_v1")
+        tiles = [{key: c.get(key) for key in ("U", "PF", "KS", "RG", "RT")}
+                 for c in [linear_entries._gemv_mma_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
+        for want in (wg_simt_one_step_tile(k), wg_simt_config(n, k, 4, 132, dev.name, one_step=False)):
+            assert {key: want.get(key) for key in ("U", "PF", "KS", "RG", "RT")} in tiles, (k, n, want, tiles)
+
+
 def test_small_m_candidates_flip_double_buffering():
     """At M 2..16 the tensor-core GEMV's candidates include its default with double buffering flipped, for zero-point /
     offset weights together with the packed parameter pair (kernels.cuda.gemv.mma_pf_pack); sym weights never pack."""

@@ -291,14 +291,14 @@ def _wg_simt_one_step(p: Problem):
     return wg_simt_one_step(p.n, p.k, p.bits, p.device.sm_count, p.mode, act, _SCL[_scale_dtype(p)], _arch(p))
 
 
-def _wg_simt_config(p: Problem) -> dict:
+def _wg_simt_config(p: Problem, one_step: bool = True) -> dict:
     """The CUDA-core GEMV on wgmma_v1's M = 1 tile for this problem (kernels.cuda.gemv.wg_simt_config, its one-step
-    rule asking the registers of this activation / scale dtype's build)."""
+    rule asking the registers of this activation / scale dtype's build; one_step False: the table's or rule's tile)."""
     from mixgemm.kernels.cuda.gemv import _ACT, _SCL, wg_simt_config
 
     act = _ACT[p.x_dtype] if p.x_dtype in (torch.float16, torch.bfloat16) else 0
     return wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode, act, _SCL[_scale_dtype(p)],
-                          _arch(p))
+                          _arch(p), one_step)
 
 
 def _in_gemv_mma_m1(p: Problem) -> bool:
@@ -364,11 +364,15 @@ def _gemv_mma_candidates(p: Problem) -> list[dict]:
             # count; another NVRTC may count otherwise)
             out.append({**base, "MINB": 0 if base.get("MINB", 0) > 1 else 2})
     # the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at its default tile: M = 1 from the GEMM's bytes (a compacted
-    # weight's base may already be it)
+    # weight's base may already be it), and at the other of its one-step tile and its table's / rule's (the one-step
+    # rule's round of resident warps is a model)
     if p.m == 1 and not p.act_order:
+        from mixgemm.kernels.cuda.gemv import wg_simt_one_step_tile
+
         simt = {**base, **_wg_simt_config(p)}
-        if simt != base:
-            out.append(simt)
+        for c in (simt, {**base, **_wg_simt_config(p, one_step=False)}, {**base, **wg_simt_one_step_tile(p.k, p.mode)}):
+            if c != base and c not in out:
+                out.append(c)
         if p.mode != "sym":
             # the zero point / offset parameter pair in one register or two (gemv_wg_simt.cu SIMT_PACK; a no-op with
             # fp32 scales)

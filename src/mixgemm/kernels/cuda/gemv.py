@@ -279,17 +279,23 @@ def resident_warps(regs: int, block_warps: int) -> int:
     return blocks * block_warps
 
 
+def wg_simt_one_step_tile(k: int, mode: str = "sym") -> dict:
+    """The one-step tile (above) for a K: KS the power of two in 2..32 leaving at most two k-tiles a slice where it can;
+    PACK off for zero point / offset (wg_simt_packs: without double buffering the packed pair only costs its split)."""
+    kt, ks = -(-k // 64), 2
+    while ks < 32 and 2 * ks < kt:
+        ks *= 2
+    return wg_simt_packs({"WG": 1, "SIMT": 1, "RT": 1, "U": 2, "PF": 0, "KS": ks, "RG": 1}, mode)
+
+
 def wg_simt_one_step(n: int, k: int, bits: int, num_sms: int, mode: str = "sym", act: int = 0, scl: int = 0,
                      arch: str = "sm_90") -> dict | None:
     """The one-step tile above where it applies (act / scl: the activation and scale codes of the build whose
     registers decide how many warps an SM holds), else None."""
-    kt, nt = -(-k // 64), -(-n // 16)
-    ks = 2
-    while ks < 32 and 2 * ks < kt:
-        ks *= 2
+    cfg = wg_simt_one_step_tile(k, mode)
+    kt, nt, ks = -(-k // 64), -(-n // 16), cfg["KS"]
     if kt > 2 * ks * WG_SIMT_ONE_STEP_MAX_STEPS:
         return None
-    cfg = {"WG": 1, "SIMT": 1, "RT": 1, "U": 2, "PF": 0, "KS": ks, "RG": 1}
     per_sm = resident_warps(wg_simt_registers(bits, act, scl, mode, tuple(sorted(cfg.items())), arch), ks)
     if nt * ks > per_sm * num_sms:
         return None
@@ -298,12 +304,12 @@ def wg_simt_one_step(n: int, k: int, bits: int, num_sms: int, mode: str = "sym",
 
 
 def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", mode: str = "sym", act: int = 0,
-                   scl: int = 0, arch: str = "sm_90") -> dict:
-    """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: one step a k-slice where that applies (wg_simt_one_step), else
-    the measured bucket's on this GPU for this mode (tuning.gemv_m1.wg_simt_m1_entry) where the layer's blocks per SM
-    are within the entry's BPS (an entry kept for layers whose blocks all fit on the SMs at once serves no layer that
-    needs a second round: there the tile lost up to 1.25x), else wg_simt_rule."""
-    one = wg_simt_one_step(n, k, bits, num_sms, mode, act, scl, arch)
+                   scl: int = 0, arch: str = "sm_90", one_step: bool = True) -> dict:
+    """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: one step a k-slice where that applies (wg_simt_one_step; not
+    asked with one_step False), else the measured bucket's on this GPU for this mode (tuning.gemv_m1.wg_simt_m1_entry)
+    where the layer's blocks per SM are within the entry's BPS (an entry kept for layers whose blocks all fit on the
+    SMs at once serves no layer that needs a second round: there the tile lost up to 1.25x), else wg_simt_rule."""
+    one = wg_simt_one_step(n, k, bits, num_sms, mode, act, scl, arch) if one_step else None
     if one is not None:
         return one
     hit = wg_simt_m1_entry(gpu_name, bits, k, n, mode)
