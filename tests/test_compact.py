@@ -444,3 +444,24 @@ def test_compact_pickles_with_its_codes(torch_gen):
     buf.seek(0)
     back = torch.load(buf, weights_only=False)
     assert back.compact == "wgmma_v1" and torch.equal(back(x), q(x)) and q.compact == "wgmma_v1"
+
+
+def test_compact_bf16_m1_keeps_the_tensor_cores_where_its_registers_halve_the_warps(monkeypatch):
+    """A compacted bf16 M = 1 call takes fp16's CUDA-core GEMV tile unless the tile's bf16 build (the exact-fp16
+    conversion's registers) keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of the fp16 build's resident warps: then the
+    tensor-core GEMV, saying why; fp16 is never asked."""
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.kernels.cuda import gemv
+    from mixgemm.ops.custom_ops import compact_weight
+
+    qw = mixgemm.quantize_weight(torch.randn(4096, 4096) * 0.02, bits=4, group_size=128, mode="zero_point")
+    cw = compact_weight(qw, compact_placeholder(qw.qweight))
+    # its 16-warp tile: two blocks a SM at <= 64 registers, one above
+    for fp16_regs, bf16_regs, simt in ((64, 64, 1), (64, 76, 0), (48, 64, 1)):
+        monkeypatch.setattr(gemv, "wg_simt_registers", lambda bits, act, scl, mode, items, arch="sm_90", f=fp16_regs,
+                            b=bf16_regs: b if act else f)
+        for dtype, want in ((torch.bfloat16, simt), (torch.float16, 1)):
+            c = mixgemm.explain(torch.empty(1, 4096, dtype=dtype), cw, device=H100)
+            assert c.config.get("SIMT", 0) == want, (bf16_regs, dtype, c)
+            if not want:
+                assert "WG_SIMT_BF16_MIN_WARP_SHARE" in c.config_source, c.config_source

@@ -238,6 +238,9 @@ def _gemv_mma_config(p: Problem) -> dict:
         why = "the weight keeps only wgmma_v1 (compacted)"
         if p.m == 1 and p.x_dtype in tuning.COMPACT_M1_SIMT_DTYPES and _in_gemv_mma_m1(p):
             why += f"; M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
+        elif p.m == 1 and p.x_dtype == torch.bfloat16 and not p.act_order:
+            why += ("; bf16 at M = 1: the CUDA-core GEMV's tile keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of its fp16 "
+                    "build's resident warps (registers)")
         cfg = tuning.SourcedConfig(cfg, why)
     elif not on_wg and cfg.get("MINB", 0) > 1:
         # (mma_row_tiles capped the registers: say from what count, which is this machine's compiler's)
@@ -278,10 +281,22 @@ def _compact_m1_simt(p: Problem) -> bool:
     of tuning.COMPACT_M1_SIMT_DTYPES (not act-order, whose gather that kernel does not read), except on the small layers
     where the GPU's table sends the plain codes' fp16 M = 1 call to the tensor-core GEMV (gemv_mma_m1): its 16-way
     k-split wins there on wgmma_v1 too (tuning.COMPACT_M1_SIMT_DTYPES says where measured), unless the CUDA-core
-    GEMV's one-step tile applies (kernels.cuda.gemv.wg_simt_one_step, which beat both there)."""
+    GEMV's one-step tile applies (kernels.cuda.gemv.wg_simt_one_step, which beat both there); and in bf16 not where the
+    tile's bf16 build keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of its fp16 build's resident warps."""
     if p.m != 1 or p.act_order or p.x_dtype not in tuning.COMPACT_M1_SIMT_DTYPES:
         return False
-    return not _in_gemv_mma_m1(p) or _wg_simt_one_step(p) is not None
+    if _in_gemv_mma_m1(p) and _wg_simt_one_step(p) is None:
+        return False
+    return p.x_dtype != torch.bfloat16 or _bf16_keeps_warps(p)
+
+
+def _bf16_keeps_warps(p: Problem) -> bool:
+    """Whether the CUDA-core GEMV's tile keeps more than kernels.cuda.gemv.WG_SIMT_BF16_MIN_WARP_SHARE of its fp16
+    build's resident warps with bf16 x (its registers; else the tensor cores take the bf16 call)."""
+    from mixgemm.kernels.cuda.gemv import _SCL, WG_SIMT_BF16_MIN_WARP_SHARE, wg_simt_bf16_warp_share
+
+    share = wg_simt_bf16_warp_share(p.bits, _SCL[_scale_dtype(p)], p.mode, _wg_simt_config(p), _arch(p))
+    return share > WG_SIMT_BF16_MIN_WARP_SHARE
 
 
 def _wg_simt_one_step(p: Problem):

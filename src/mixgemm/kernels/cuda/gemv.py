@@ -279,6 +279,23 @@ def resident_warps(regs: int, block_warps: int) -> int:
     return blocks * block_warps
 
 
+# bf16 x on a tile measured in fp16: the exact-fp16 conversion takes registers of its own, and where that leaves the
+# SMs at most this share of the fp16 build's resident warps the tile's measured speed does not carry over. Source:
+# H100, compacted bf16 M = 1 against the tensor-core GEMV (tools/bench/dispatch_ab.py, one run): the zero-point
+# table's RT 2 U 2 PF 0 KS 16 PACK tile, 64 -> 76 registers (two 16-warp blocks a SM -> one), took 1.06-1.19x
+# (4096x6144 7.80 -> 9.30 us, 13824x5120, 17920x5120) while the 21 other cases with fewer resident warps in bf16 (at
+# most 0.75x fp16's) took 0.53-0.98x.
+WG_SIMT_BF16_MIN_WARP_SHARE = 0.5
+
+
+def wg_simt_bf16_warp_share(bits: int, scl: int, mode: str, cfg: dict, arch: str = "sm_90") -> float:
+    """The bf16 build's resident warps per SM over the fp16 build's, for one CUDA-core GEMV on wgmma_v1 tile."""
+    items = tuple(sorted((key, cfg[key]) for key in ("RT", "U", "RG", "KS", "PF", "PACK", "G32") if key in cfg))
+    warps = [resident_warps(wg_simt_registers(bits, act, scl, mode, items, arch), cfg["KS"] * cfg["RG"])
+             for act in (0, 1)]
+    return warps[1] / warps[0]
+
+
 def wg_simt_one_step_tile(k: int, mode: str = "sym") -> dict:
     """The one-step tile (above) for a K: KS the power of two in 2..32 leaving at most two k-tiles a slice where it can;
     PACK off for zero point / offset (wg_simt_packs: without double buffering the packed pair only costs its split)."""
