@@ -28,7 +28,7 @@ from mixgemm.formats.layouts import GemvLayout, build_gemv_mma_v1, build_gemv_v2
 from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv_steps import cheapest_tile
+from mixgemm.kernels.cuda.gemv_steps import cheapest_tile, resident_blocks
 from mixgemm.kernels.cuda.launch import new_rows, pdl_on
 from mixgemm.kernels.options import current_options
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
@@ -249,15 +249,16 @@ def wg_simt_serves(n: int, rt: int, rg: int, bps: int, num_sms: int) -> bool:
 # One step a k-slice for small layers: at M = 1 a layer of a few MiB is latency-bound, and the fastest tile is the one
 # whose warps each issue their whole k-slice's loads at once: U 2 k-tiles a step, no double buffering, KS the power of
 # two (<= 32) leaving at most two k-tiles a slice (at most WG_SIMT_ONE_STEP_MAX_STEPS steps where K needs KS past 32),
-# one 16-row tile a warp, as long as all its warps fit in one round of the SMs' resident warps (from the build's
-# registers: past one round a second wave of warps costs more than the short slices save). Source: H200, 71 (layer,
-# format) cases under 16 MiB of the model list (W4 g128 sym, W8 per channel, fp16 x, compacted weights, best of two
-# rounds): where it applies 0.51-0.92x the time of the dispatcher's choice before (the CUDA-core GEMV's rule or the
-# tensor-core GEMV of the gemv_mma_m1 buckets; 3584x512 W4 3.59 -> 1.82 us, 896x9728 4.02 -> 2.72, 4608x2048 4.52 ->
-# 3.61, 896x4864 2.47 -> 1.98), level at two steps (8192x1024 1.01x); where its warps need a second round it lost
-# (2304x4096 1.24x, 3584x4096 1.15x, 1536x8960 W8 1.18x), and at three steps and more (9216x2304 1.38x). Before /
-# after (tools/bench/dispatch_ab.py, both configs forced, fp16 x, the 41 changed (layer, format) cases): H100 W4 sym
-# 0.79x / W8 0.69-0.85x the time by geometric mean per size class (0.52-0.98x), H200 0.71-0.82x (0.51-1.00x).
+# one 16-row tile a warp, as long as all its warps fit in one round of the SMs' resident warps
+# (gemv_steps.resident_blocks of the build's registers: past one round a second wave of warps costs more than the short
+# slices save). Source: H200, 71 (layer, format) cases under 16 MiB of the model list (W4 g128 sym, W8 per channel, fp16
+# x, compacted weights, best of two rounds): where it applies 0.51-0.92x the time of the dispatcher's choice before (the
+# CUDA-core GEMV's rule or the tensor-core GEMV of the gemv_mma_m1 buckets; 3584x512 W4 3.59 -> 1.82 us, 896x9728 4.02
+# -> 2.72, 4608x2048 4.52 -> 3.61, 896x4864 2.47 -> 1.98), level at two steps (8192x1024 1.01x); where its warps need a
+# second round it lost (2304x4096 1.24x, 3584x4096 1.15x, 1536x8960 W8 1.18x), and at three steps and more (9216x2304
+# 1.38x). Before / after (tools/bench/dispatch_ab.py, both configs forced, fp16 x, the 41 changed (layer, format)
+# cases): H100 W4 sym 0.79x / W8 0.69-0.85x the time by geometric mean per size class (0.52-0.98x), H200 0.71-0.82x
+# (0.51-1.00x).
 WG_SIMT_ONE_STEP_MAX_STEPS = 2
 
 
@@ -269,14 +270,6 @@ def wg_simt_registers(bits: int, act: int, scl: int, mode: str, cfg_items: tuple
         return 64
     defines = tuple(sorted(simt_defines_for(bits, act, scl, _MODE[mode], dict(cfg_items)).items()))
     return max(nvrtc.cubin_registers(nvrtc.compile_cubin(SIMT_SOURCE, defines, arch)).values())
-
-
-def resident_warps(regs: int, block_warps: int) -> int:
-    """Warps per sm_90 SM of blocks of ``block_warps`` warps at ``regs`` registers a thread (65536 registers allocated
-    in 256 per warp, at most 64 warps and 32 blocks)."""
-    per_warp = -(-regs * 32 // 256) * 256
-    blocks = min(32, (65536 // per_warp) // block_warps, 64 // block_warps)
-    return blocks * block_warps
 
 
 # bf16 x on a tile measured in fp16: the exact-fp16 conversion takes registers of its own, and where that leaves the
@@ -291,8 +284,8 @@ WG_SIMT_BF16_MIN_WARP_SHARE = 0.5
 def wg_simt_bf16_warp_share(bits: int, scl: int, mode: str, cfg: dict, arch: str = "sm_90") -> float:
     """The bf16 build's resident warps per SM over the fp16 build's, for one CUDA-core GEMV on wgmma_v1 tile."""
     items = tuple(sorted((key, cfg[key]) for key in ("RT", "U", "RG", "KS", "PF", "PACK", "G32") if key in cfg))
-    warps = [resident_warps(wg_simt_registers(bits, act, scl, mode, items, arch), cfg["KS"] * cfg["RG"])
-             for act in (0, 1)]
+    block = cfg["KS"] * cfg["RG"]
+    warps = [resident_blocks(wg_simt_registers(bits, act, scl, mode, items, arch), block) * block for act in (0, 1)]
     return warps[1] / warps[0]
 
 
@@ -313,7 +306,7 @@ def wg_simt_one_step(n: int, k: int, bits: int, num_sms: int, mode: str = "sym",
     kt, nt, ks = -(-k // 64), -(-n // 16), cfg["KS"]
     if kt > 2 * ks * WG_SIMT_ONE_STEP_MAX_STEPS:
         return None
-    per_sm = resident_warps(wg_simt_registers(bits, act, scl, mode, tuple(sorted(cfg.items())), arch), ks)
+    per_sm = resident_blocks(wg_simt_registers(bits, act, scl, mode, tuple(sorted(cfg.items())), arch), ks) * ks
     if nt * ks > per_sm * num_sms:
         return None
     return SourcedConfig(cfg, f"one step a k-slice (kernels.cuda.gemv.wg_simt_one_step): {nt * ks} warps within one "
