@@ -99,13 +99,13 @@ def simt_resident_blocks(tile: tuple, bits: int, modes: tuple[int, ...] = (0, 1)
     and 32 blocks."""
     from mixgemm.kernels.cuda import nvrtc
     from mixgemm.kernels.cuda.gemv import SIMT_SOURCE, simt_defines_for
+    from mixgemm.kernels.cuda.gemv_steps import resident_blocks
 
     rt, u, pf, ks, rg = tile[:5]
     cfg = {"RT": rt, "U": u, "PF": pf, "KS": ks, "RG": rg, "PACK": tile[5] if len(tile) > 5 else 0}
-    regs = max(max(nvrtc.cubin_registers(nvrtc.compile_cubin(SIMT_SOURCE, tuple(sorted(simt_defines_for(
-        bits, 0, 0, mode, cfg).items())), "sm_90")).values()) for mode in modes)
-    warps = rg * ks
-    return max(1, min(32, 64 // warps, 65536 // (-(-regs // 8) * 8 * 32) // warps))
+    regs = max(nvrtc.build_registers(SIMT_SOURCE, tuple(sorted(simt_defines_for(bits, 0, 0, mode, cfg).items())),
+                                     "sm_90") for mode in modes)
+    return resident_blocks(regs, rg * ks)
 
 
 def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sms: int = 132,

@@ -226,9 +226,9 @@ def _gemv_mma_config(p: Problem) -> dict:
     on_wg = p.resident == WGMMA_V1.name
     cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode, 1 if on_wg else None,
                      _one_wave_max_spill(p), _pair_packs(p), p.x_dtype, _scale_dtype(p), _arch(p))
-    if on_wg and _compact_m1_simt(p):
+    simt = _compact_m1_simt_tile(p) if on_wg else None
+    if simt is not None:
         # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
-        simt = _wg_simt_config(p)
         why = getattr(simt, "source", "the rule of kernels.cuda.gemv.wg_simt_config")
         return tuning.SourcedConfig({**cfg, **simt}, f"the weight keeps only wgmma_v1 (compacted): M = 1 on CUDA "
                                                      f"cores, tuning.COMPACT_M1_SIMT_DTYPES; {why}")
@@ -276,44 +276,52 @@ def _one_wave_max_spill(p: Problem) -> float:
     return float(p.device.table.get("gemv_one_wave_k_split", {}).get("max_spill", 0.0))
 
 
-def _compact_m1_simt(p: Problem) -> bool:
-    """A compacted weight's M = 1 call takes the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) for the activation dtypes
-    of tuning.COMPACT_M1_SIMT_DTYPES (not act-order, whose gather that kernel does not read), except on the small layers
-    where the GPU's table sends the plain codes' fp16 M = 1 call to the tensor-core GEMV (gemv_mma_m1): its 16-way
-    k-split wins there on wgmma_v1 too (tuning.COMPACT_M1_SIMT_DTYPES says where measured), unless the CUDA-core
-    GEMV's one-step tile applies (kernels.cuda.gemv.wg_simt_one_step, which beat both there); and in bf16 not where the
-    tile's bf16 build keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of its fp16 build's resident warps."""
+def _compact_m1_simt_tile(p: Problem) -> dict | None:
+    """The tile a compacted weight's M = 1 call takes on the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu), or None for
+    the tensor-core GEMV: for the activation dtypes of tuning.COMPACT_M1_SIMT_DTYPES (not act-order, whose gather that
+    kernel does not read), except on the small layers where the GPU's table sends the plain codes' fp16 M = 1 call to
+    the tensor-core GEMV (gemv_mma_m1): its 16-way k-split wins there on wgmma_v1 too (tuning.COMPACT_M1_SIMT_DTYPES
+    says where measured), unless the CUDA-core GEMV's one-step tile applies (kernels.cuda.gemv.wg_simt_one_step, which
+    beat both there); and in bf16 not where the tile's bf16 build keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of its fp16
+    build's resident warps."""
     if p.m != 1 or p.act_order or p.x_dtype not in tuning.COMPACT_M1_SIMT_DTYPES:
-        return False
-    if _in_gemv_mma_m1(p) and _wg_simt_one_step(p) is None:
-        return False
-    return p.x_dtype != torch.bfloat16 or _bf16_keeps_warps(p)
+        return None
+    one = _wg_simt_one_step(p)
+    if one is None and _in_gemv_mma_m1(p):
+        return None
+    tile = one if one is not None else _wg_simt_config(p, one_step=False)
+    return tile if p.x_dtype != torch.bfloat16 or _bf16_keeps_warps(p, tile) else None
 
 
-def _bf16_keeps_warps(p: Problem) -> bool:
-    """Whether the CUDA-core GEMV's tile keeps more than kernels.cuda.gemv.WG_SIMT_BF16_MIN_WARP_SHARE of its fp16
+def _bf16_keeps_warps(p: Problem, tile: dict) -> bool:
+    """Whether the CUDA-core GEMV's ``tile`` keeps more than kernels.cuda.gemv.WG_SIMT_BF16_MIN_WARP_SHARE of its fp16
     build's resident warps with bf16 x (its registers; else the tensor cores take the bf16 call)."""
     from mixgemm.kernels.cuda.gemv import _SCL, WG_SIMT_BF16_MIN_WARP_SHARE, wg_simt_bf16_warp_share
 
-    share = wg_simt_bf16_warp_share(p.bits, _SCL[_scale_dtype(p)], p.mode, _wg_simt_config(p), _arch(p))
-    return share > WG_SIMT_BF16_MIN_WARP_SHARE
+    return wg_simt_bf16_warp_share(p.bits, _SCL[_scale_dtype(p)], p.mode, tile, _arch(p)) > WG_SIMT_BF16_MIN_WARP_SHARE
+
+
+def _x_code(p: Problem) -> int:
+    """The CUDA-core GEMV on wgmma_v1's activation code for the problem's x (fp16 0, bf16 1; other dtypes, which it does
+    not take, ask as fp16)."""
+    from mixgemm.kernels.cuda.gemv import _ACT
+
+    return _ACT[p.x_dtype] if p.x_dtype in (torch.float16, torch.bfloat16) else 0
 
 
 def _wg_simt_one_step(p: Problem):
-    from mixgemm.kernels.cuda.gemv import _ACT, _SCL, wg_simt_one_step
+    from mixgemm.kernels.cuda.gemv import _SCL, wg_simt_one_step
 
-    act = _ACT[p.x_dtype] if p.x_dtype in (torch.float16, torch.bfloat16) else 0
-    return wg_simt_one_step(p.n, p.k, p.bits, p.device.sm_count, p.mode, act, _SCL[_scale_dtype(p)], _arch(p))
+    return wg_simt_one_step(p.n, p.k, p.bits, p.device.sm_count, p.mode, _x_code(p), _SCL[_scale_dtype(p)], _arch(p))
 
 
 def _wg_simt_config(p: Problem, one_step: bool = True) -> dict:
     """The CUDA-core GEMV on wgmma_v1's M = 1 tile for this problem (kernels.cuda.gemv.wg_simt_config, its one-step
     rule asking the registers of this activation / scale dtype's build; one_step False: the table's or rule's tile)."""
-    from mixgemm.kernels.cuda.gemv import _ACT, _SCL, wg_simt_config
+    from mixgemm.kernels.cuda.gemv import _SCL, wg_simt_config
 
-    act = _ACT[p.x_dtype] if p.x_dtype in (torch.float16, torch.bfloat16) else 0
-    return wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode, act, _SCL[_scale_dtype(p)],
-                          _arch(p), one_step)
+    return wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode, _x_code(p),
+                          _SCL[_scale_dtype(p)], _arch(p), one_step)
 
 
 def _in_gemv_mma_m1(p: Problem) -> bool:

@@ -268,8 +268,8 @@ def wg_simt_registers(bits: int, act: int, scl: int, mode: str, cfg_items: tuple
     cached on disk like every build); 64 where no NVRTC can compile it."""
     if not nvrtc.nvrtc_available():
         return 64
-    defines = tuple(sorted(simt_defines_for(bits, act, scl, _MODE[mode], dict(cfg_items)).items()))
-    return max(nvrtc.cubin_registers(nvrtc.compile_cubin(SIMT_SOURCE, defines, arch)).values())
+    return nvrtc.build_registers(SIMT_SOURCE, tuple(sorted(simt_defines_for(bits, act, scl, _MODE[mode],
+                                                                         dict(cfg_items)).items())), arch)
 
 
 # bf16 x on a tile measured in fp16: the exact-fp16 conversion takes registers of its own, and where that leaves the
@@ -283,9 +283,9 @@ WG_SIMT_BF16_MIN_WARP_SHARE = 0.5
 
 def wg_simt_bf16_warp_share(bits: int, scl: int, mode: str, cfg: dict, arch: str = "sm_90") -> float:
     """The bf16 build's resident warps per SM over the fp16 build's, for one CUDA-core GEMV on wgmma_v1 tile."""
-    items = tuple(sorted((key, cfg[key]) for key in ("RT", "U", "RG", "KS", "PF", "PACK", "G32") if key in cfg))
     block = cfg["KS"] * cfg["RG"]
-    warps = [resident_blocks(wg_simt_registers(bits, act, scl, mode, items, arch), block) * block for act in (0, 1)]
+    warps = [resident_blocks(wg_simt_registers(bits, act, scl, mode, tuple(sorted(cfg.items())), arch), block) * block
+             for act in (0, 1)]
     return warps[1] / warps[0]
 
 
@@ -726,8 +726,8 @@ def mma_cap_registers(mode: str, act: int, scl: int, arch: str = "sm_90") -> int
     tensor-core GEMV does not take."""
     if act not in (0, 1) or not nvrtc.nvrtc_available():
         return 64
-    defines = tuple(sorted(mma_defines_for(4, act, scl, _MODE[mode], 2, MMA_CAP_BUILD).items()))
-    return max(nvrtc.cubin_registers(nvrtc.compile_cubin(MMA_SOURCE, defines, arch)).values())
+    return nvrtc.build_registers(MMA_SOURCE, tuple(sorted(mma_defines_for(4, act, scl, _MODE[mode], 2,
+                                                                        MMA_CAP_BUILD).items())), arch)
 
 
 # The tensor-core GEMV's k-slice reduction keeps 1 KiB of static shared memory per k-slice and row tile of a block

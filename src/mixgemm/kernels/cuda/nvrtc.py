@@ -250,6 +250,12 @@ def cubin_registers(cubin: bytes) -> dict[str, int]:
     return out
 
 
+def build_registers(source_name: str, defines: tuple[tuple[str, int], ...], arch: str) -> int:
+    """Registers per thread of one build (the most of its kernels), from its cubin (compile_cubin, cached on disk; no
+    GPU), for rules that follow what this machine's compiler allocates."""
+    return max(cubin_registers(compile_cubin(source_name, defines, arch)).values())
+
+
 def num_registers(fn) -> int:
     """Registers per thread of the CUfunction fn (what bounds how many of its blocks an SM holds)."""
     drv = _driver()
