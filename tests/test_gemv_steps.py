@@ -117,7 +117,7 @@ def test_fit_recovers_costs_that_made_the_times(tmp_path):
     assert len(layers) == 4 and all(lay.default_us >= lay.best_us for lay in layers)
     costs, score = fit.fit(layers, 132)
     assert score < 1.02
-    assert fit._geomean([fit.chosen_ratio(lay, costs, 132) for lay in fit.load([str(test)])]) < 1.05
+    assert fit.geomean([fit.chosen_ratio(lay, costs, 132) for lay in fit.load([str(test)])]) < 1.05
 
 
 def test_buckets_the_model_serves_leave_the_tables():

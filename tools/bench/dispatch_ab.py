@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 
-from tools.bench.gemv_tables import FORMATS
+from tools.bench.gemv_tables import FORMATS, geomean
 
 KERNELS = ("cuda_gemv", "cuda_gemv_mma")  # the GEMVs whose configs a case compares
 # a tensor-core config's optional keys at their "off" values (kernels.cuda.gemv.mma_defines_for; SIMT 0: the
@@ -169,19 +168,15 @@ def label(c: dict) -> str:
     return key.split(" ", 1)[1]
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
-
-
 def summary(timed: list[dict], listed: set, protocol: set) -> list[str]:
     """Lines: new / old by geometric mean overall, per format on and off ``listed`` shapes, the worst, the protocol."""
     ratio = lambda c: c["us"]["new"] / c["us"]["old"]  # noqa: E731
-    lines = [f"all: {len(timed)} cases, {_geomean([ratio(c) for c in timed]):.3f}x"]
+    lines = [f"all: {len(timed)} cases, {geomean([ratio(c) for c in timed]):.3f}x"]
     for group in sorted({label(c) for c in timed}):
         for on in (True, False):
             v = [ratio(c) for c in timed if label(c) == group and ((c["K"], c["N"]) in listed) == on]
             if v:
-                lines.append(f"{group} {'model list' if on else 'other layers'}: {len(v)} cases, {_geomean(v):.3f}x "
+                lines.append(f"{group} {'model list' if on else 'other layers'}: {len(v)} cases, {geomean(v):.3f}x "
                              f"({min(v):.3f}-{max(v):.3f})")
     worst = sorted(timed, key=ratio)[-5:][::-1]
     lines.append("worst: " + ", ".join(f"{label(c)} {c['K']}x{c['N']} {ratio(c):.3f}x" for c in worst))

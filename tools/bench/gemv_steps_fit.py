@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from mixgemm.kernels.cuda.gemv import chunks_per_row
 from mixgemm.kernels.cuda.gemv_steps import LaneTile, StepCosts, cheapest_tile, lane_tiles, tile_shape
 from mixgemm.tuning.gemv_steps import step_family
-from tools.bench.gemv_tables import FORMATS
+from tools.bench.gemv_tables import FORMATS, geomean
 
 SPACE = frozenset(lane_tiles(10 ** 6))  # every tile of the model's space (a row long enough for all of them)
 STEP_CLASSES = sorted({t.step_class for t in SPACE})
@@ -89,10 +89,6 @@ def load(paths: list[str]) -> list[Layer]:
     return [lay for lay in out.values() if lay.times]  # (a layer swept only with ZSUM holds no tile the model runs)
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
-
-
 def chosen_ratio(layer: Layer, costs: StepCosts, num_sms: int) -> float:
     """The model's tile's time over the fastest measured tile's, among the tiles measured on the layer."""
     bits, _, mode = FORMATS[layer.fmt]
@@ -109,7 +105,7 @@ def fit(layers: list[Layer], num_sms: int, source: str = "") -> tuple[StepCosts,
     costs = StepCosts({c: 1.0 for c in STEP_CLASSES}, 0.3, source)
 
     def score(c: StepCosts) -> float:
-        return _geomean([chosen_ratio(lay, c, num_sms) for lay in layers])
+        return geomean([chosen_ratio(lay, c, num_sms) for lay in layers])
 
     best = score(costs)
     for _ in range(6):
@@ -141,8 +137,8 @@ def evaluate(layers: list[Layer], num_sms: int) -> None:
         bits, _, mode = FORMATS[lays[0].fmt]
         costs = step_costs("", bits, mode)
         ratios = [chosen_ratio(lay, costs, num_sms) for lay in lays]
-        print(f"{fam}: {len(lays)} layers, shipped costs {_geomean(ratios):.3f} the fastest tile's time (the sweep's "
-              f"default {_geomean([lay.default_us / lay.best_us for lay in lays]):.3f})")
+        print(f"{fam}: {len(lays)} layers, shipped costs {geomean(ratios):.3f} the fastest tile's time (the sweep's "
+              f"default {geomean([lay.default_us / lay.best_us for lay in lays]):.3f})")
         for lay, r in zip(lays, ratios, strict=True):
             if r > 1.05:
                 print(f"    {lay.k}x{lay.n}: {r:.3f} (default {lay.default_us / lay.best_us:.3f})")
@@ -220,10 +216,10 @@ def main() -> None:
         costs, score = fit(tr, args.sms)
         fitted[fam] = costs
         line = (f"{fam}: {len(tr)} training layers, chosen / fastest {score:.3f} (the sweep's default "
-                f"{_geomean([lay.default_us / lay.best_us for lay in tr]):.3f})")
+                f"{geomean([lay.default_us / lay.best_us for lay in tr]):.3f})")
         if te:
-            line += (f"; {len(te)} test layers {_geomean([chosen_ratio(lay, costs, args.sms) for lay in te]):.3f} "
-                     f"(default {_geomean([lay.default_us / lay.best_us for lay in te]):.3f}, worst "
+            line += (f"; {len(te)} test layers {geomean([chosen_ratio(lay, costs, args.sms) for lay in te]):.3f} "
+                     f"(default {geomean([lay.default_us / lay.best_us for lay in te]):.3f}, worst "
                      f"{max(chosen_ratio(lay, costs, args.sms) for lay in te):.3f})")
         print(line)
         every, score_all = fit(tr + te, args.sms)

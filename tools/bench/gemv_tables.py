@@ -56,6 +56,11 @@ def suggest(paths: list[str], min_gain: float = 0.05, num_sms: int = 132) -> lis
     return out
 
 
+def geomean(values: list[float]) -> float:
+    """The geometric mean of ``values`` (statistics.geometric_mean), nan for none: the tools' summary lines."""
+    return statistics.geometric_mean(values) if values else float("nan")
+
+
 def _beats_rule(ratios: list[float], max_geomean: float, max_worst: float) -> bool:
     return statistics.geometric_mean(ratios) <= max_geomean and max(ratios) <= max_worst
 
