@@ -204,14 +204,42 @@ def test_cubin_registers_match_the_driver():
 
 def test_wg_simt_config_keeps_a_tile_to_its_rounds():
     """The H100's k24/n28 int4 tile (4 row tiles a warp, BPS 2) serves 4096x14336 (224 blocks: 2 per SM) and not
-    3584x18944 (296: 3 per SM, a second round of resident blocks), which takes the rule and says why."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_rule
+    3584x18944 (296: 3 per SM, a second round of resident blocks), which takes the step-cost model's tile (sym) or the
+    rule (zero point) and says why."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.tuning.gemv_steps import WG_SIMT
 
     name = "NVIDIA H100 80GB HBM3"
     tile = wg_simt_config(14336, 4096, 4, 132, name)
     assert (tile["RT"], tile["U"], tile["PF"], tile["KS"]) == (4, 2, 0, 8) and "k24/n28" in tile.source
     wide = wg_simt_config(18944, 3584, 4, 132, name)
-    assert dict(wide) == wg_simt_rule(18944, 3584, 4, 132) and "exceed its BPS 2" in wide.source
+    want = cheapest_wg_simt_tile(18944, 3584, 4, "sym", 132, WG_SIMT["H100"]["w4 sym"]).config()
+    assert dict(wide) == want and "exceed its BPS 2" in wide.source and "step-cost model" in wide.source
+    zp = wg_simt_config(18944, 3584, 4, 132, name, "zero_point")
+    assert dict(zp) == wg_simt_packs(wg_simt_rule(18944, 3584, 4, 132), "zero_point") and "exceed its BPS 2" in zp.source
+
+
+def test_wg_simt_config_models_sym_layers_no_bucket_serves():
+    """Where no measured bucket serves a sym layer (4096x4096 on the H100) it takes the tile of least modelled cost with
+    its GPU's costs (the H200's on an H200, the H100's on another GPU), int8 too; zero-point and offset weights keep
+    the rule there."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.tuning.gemv_steps import WG_SIMT, wg_simt_step_costs
+
+    for gpu, costs in (("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), ("some GPU", "H100")):
+        assert wg_simt_step_costs(gpu, 4, "sym") is WG_SIMT[costs]["w4 sym"]
+        assert wg_simt_step_costs(gpu, 8, "sym") is WG_SIMT[costs]["w8"]
+        assert wg_simt_step_costs(gpu, 4, "zero_point") is None and wg_simt_step_costs(gpu, 8, "offset") is None
+    sym = wg_simt_config(4096, 4096, 4, 132, "NVIDIA H100 80GB HBM3", one_step=False)
+    assert dict(sym) == cheapest_wg_simt_tile(4096, 4096, 4, "sym", 132, WG_SIMT["H100"]["w4 sym"]).config()
+    assert "step-cost model" in sym.source and "PACK" not in sym
+    other = wg_simt_config(4096, 4096, 8, 132, "some GPU", one_step=False)
+    assert dict(other) == cheapest_wg_simt_tile(4096, 4096, 8, "sym", 132, WG_SIMT["H100"]["w8"]).config()
+    for mode in ("zero_point", "offset"):
+        got = wg_simt_config(4096, 4096, 4, 132, "NVIDIA H100 80GB HBM3", mode, one_step=False)
+        assert got == wg_simt_packs(wg_simt_rule(4096, 4096, 4, 132), mode)
 
 
 def test_wg_simt_config_zero_point_packs_and_has_its_own_table():
@@ -226,13 +254,16 @@ def test_wg_simt_config_zero_point_packs_and_has_its_own_table():
     assert (own["RT"], own["U"], own["PF"], own["KS"], own["PACK"]) == (2, 2, 0, 4, 0)
     assert "H100 zero point" in own.source and "k24/n30" in own.source
     assert "PACK" not in wg_simt_config(28672, 4096, 4, 132, name, "sym")
-    for n, k in ((14336, 4096), (18944, 3584), (4096, 4096), (57344, 8192)):  # shared table, BPS fallback, rule
+    for n, k in ((14336, 4096), (57344, 8192)):  # the shared table's tile, as sym weights take it
         zp, sym = wg_simt_config(n, k, 4, 132, name, "zero_point"), wg_simt_config(n, k, 4, 132, name, "sym")
         assert {**sym, "PACK": sym["PF"]} == dict(zp) and "PACK" not in sym, (n, k)
+    for n, k in ((18944, 3584), (4096, 4096)):  # BPS fallback, no bucket: the rule
+        zp = wg_simt_config(n, k, 4, 132, name, "zero_point", one_step=False)
+        assert dict(zp) == {**wg_simt_rule(n, k, 4, 132), "PACK": wg_simt_rule(n, k, 4, 132)["PF"]}, (n, k)
     other = wg_simt_config(4096, 4096, 4, 132, "some GPU", "zero_point")
     assert other == {**wg_simt_rule(4096, 4096, 4, 132), "PACK": 1}
     # offset weights (GGUF q4_1 / Q4_K): the shared table or the rule, packed as PF says
-    for n, k in ((28672, 4096), (18944, 3584)):
+    for n, k in ((28672, 4096),):
         off, sym = wg_simt_config(n, k, 4, 132, name, "offset"), wg_simt_config(n, k, 4, 132, name, "sym")
         assert dict(off) == {**sym, "PACK": sym["PF"]}, (n, k)
 

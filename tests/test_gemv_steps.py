@@ -179,3 +179,38 @@ def test_fit_load_merges_sweeps_per_layer_and_keeps_zsum_apart(tmp_path):
     (lay,) = fit.load([str(first), str(second)])
     assert lay.times == {a: 5.2, b: 4.9} and lay.default_us == 5.0
     assert lay.entry_times == {(a, 1): 5.0, (b, 1): 6.0, (a, 0): 5.2, (b, 0): 4.9}
+
+
+def test_wg_simt_model_covers_its_tile_space():
+    """Every tile of the CUDA-core GEMV on wgmma_v1's space has a register count for both fitted families and a cost
+    class; the cheapest tile fits its K (two steps' worth of k-tiles a slice) and a layer too short for any tile gets
+    None."""
+    from mixgemm.kernels.cuda.gemv_steps import (WG_SIMT_REGISTERS, cheapest_wg_simt_tile, wg_simt_tile_registers,
+                                                 wg_simt_tiles)
+    from mixgemm.tuning.gemv_steps import WG_SIMT
+
+    space = wg_simt_tiles(1 << 12)
+    for bits in (4, 8):
+        assert {(t.RT, t.U, t.PF, t.KS, t.RG) for t in space} == set(WG_SIMT_REGISTERS[(bits, "sym")])
+        assert all(32 <= wg_simt_tile_registers(t, bits, "sym") <= 255 for t in space)
+    for costs in (c for gpu in WG_SIMT.values() for c in gpu.values()):
+        assert set(costs.step) == {t.step_class for t in space}
+        for k, n in ((896, 4864), (4096, 14336), (28672, 8192), (5120, 27648)):
+            t = cheapest_wg_simt_tile(n, k, 4, "sym", 132, costs)
+            assert t in space and -(-k // 64) >= 2 * t.KS * t.U
+    assert cheapest_wg_simt_tile(4096, 192, 4, "sym", 132, WG_SIMT["H100"]["w4 sym"]) is None
+
+
+def test_wg_simt_model_counts_rounds_from_registers():
+    """A tile's rounds are its blocks over the SMs' resident slots from the build's registers: RT 4 U 2 PF 0 KS 8 (97
+    registers, 2 blocks of 8 warps a SM) takes 4096x14336 (224 blocks) in one round of 132 SMs and 3584x18944 (296) in
+    two; the KS term adds per doubling of the k-slices."""
+    from mixgemm.kernels.cuda.gemv_steps import StepCosts, WgSimtTile, wg_simt_tile_shape
+
+    t = WgSimtTile(4, 2, 0, 8, 1)
+    assert wg_simt_tile_shape(t, 14336, 4096, 4, "sym", 132).rounds == 1
+    assert wg_simt_tile_shape(t, 18944, 3584, 4, "sym", 132).rounds == 2
+    shape = wg_simt_tile_shape(t, 14336, 4096, 4, "sym", 132)
+    assert shape.steps == 4  # 64 k-tiles over 8 slices, 2 a step
+    costs = StepCosts({t.step_class: 1.0}, 0.5, "test", 0.25)
+    assert costs.cost(shape, t) == 1 * (4 * 1.0 + 0.5 + 0.25 * 3)

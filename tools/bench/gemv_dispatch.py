@@ -44,7 +44,7 @@ from mixgemm.bench.models import catalog, model_layers
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels import linear as entries
 from mixgemm.kernels.cuda.gemv import _MODE, WG_LAYOUT, chunks_per_row, mma_k_tiles, mma_reduction_fits
-from mixgemm.kernels.cuda.gemv_steps import lane_tiles
+from mixgemm.kernels.cuda.gemv_steps import lane_tiles, wg_simt_tiles
 from mixgemm.kernels.registry import device_info
 from tools.bench.gemv_tables import FORMATS, simt_generalization, simt_resident_blocks, suggest, suggest_simt
 
@@ -68,23 +68,11 @@ def mma_variants(base: dict) -> list[dict]:
 
 # (RT row tiles per warp, U k-tiles per step, PF double buffering) of the M = 1 CUDA-core math on wgmma_v1: 1-8 tiles of
 # 512 bytes per lane in flight (PF counts twice)
-SIMT_TILES = ((1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (2, 1, 1), (2, 2, 0), (2, 2, 1), (4, 1, 1), (4, 2, 0))
-
-
 def wg_simt_grid(kt64: int, pack: bool = False) -> list[dict]:
-    """M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): SIMT_TILES x KS 2..32 with kt64 >= 2 KS U (64-k tiles) x
-    blocks of 4 or 8 warps (RG = warps / KS, at least 1); KS 32 (1024 threads, at most 64 registers each) only for tiles
-    of at most two 512-byte pieces in flight. pack: each tile also with its zero-point / offset parameter pair in one
-    register (PACK)."""
-    out = []
-    for rt, u, pf in SIMT_TILES:
-        for ks in (2, 4, 8, 16, 32):
-            if ks == 32 and rt * u * (1 + pf) > 2:
-                continue
-            for warps in (4, 8):
-                cfg = {"WG": 1, "SIMT": 1, "RT": rt, "U": u, "PF": pf, "KS": ks, "RG": max(1, warps // ks)}
-                if kt64 >= 2 * ks * u and cfg not in out:
-                    out.append(cfg)
+    """M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): the step-cost model's tile space
+    (kernels.cuda.gemv_steps.wg_simt_tiles) for kt64 64-k tiles. pack: each tile also with its zero-point / offset
+    parameter pair in one register (PACK)."""
+    out = [t.config() for t in wg_simt_tiles(kt64)]
     return out + [{**c, "PACK": 1} for c in out] if pack else out
 
 

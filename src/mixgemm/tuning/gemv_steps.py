@@ -45,3 +45,48 @@ def step_family(bits: int, mode: str) -> str:
 def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
     """The fitted step costs for a weight on this GPU (the H100's for every GPU: the only one fitted)."""
     return H100[step_family(bits, mode)]
+
+
+# The CUDA-core GEMV on wgmma_v1 (a compacted weight's M = 1 call; kernels/cuda/gemv_steps.py, WgSimtTile): step costs
+# by tile class (RT, U, PF), a round's fixed part and its part per doubling of KS, fitted per GPU by
+# tools/bench/wg_simt_fit.py to tools/bench/gemv_dispatch.py --simt-only sweeps (M = 1, fp16 x, W4 g128 sym and W8 per
+# channel, the whole grid of 49-57 tiles) of 32 layers: 20 of the model list and 12 of other models (Mistral-Nemo,
+# Llama-3.2, Yi-34B, Falcon-7B, Command-R, Phi-3-small shapes), each GPU's own sweep. Each layer left out of the fit
+# in turn, the costs fitted on the others chose 1.014x / 1.028x the fastest tile's time by geometric mean (W4 / W8,
+# H100), where the rule they replace took 1.078x (docs/design.md). They serve sym weights where no measured bucket
+# does (kernels.cuda.gemv.wg_simt_config); zero-point and offset weights keep the rule (not swept).
+_WG_SOURCE = ("tools/bench/wg_simt_fit.py over tools/bench/gemv_dispatch.py --simt-only sweeps on the {gpu} (M = 1, "
+              "fp16 activations; 20 model-list and 12 other layers), {fmt}")
+
+
+def _wg_costs(gpu: str, fmt: str, step: dict, rnd: float, per_ks: float) -> StepCosts:
+    return StepCosts(step, rnd, _WG_SOURCE.format(gpu=gpu, fmt=fmt), per_ks)
+
+
+WG_SIMT = {
+    "H100": {
+        "w4 sym": _wg_costs("H100", "W4 g128 sym", {(1, 1, 0): 0.63, (1, 1, 1): 0.48, (1, 2, 0): 1.0, (1, 2, 1): 0.64,
+                                                    (2, 1, 1): 0.6, (2, 2, 0): 1.0, (2, 2, 1): 1.0, (4, 1, 1): 1.0,
+                                                    (4, 2, 0): 1.0}, 1.0, 0.1),
+        "w8": _wg_costs("H100", "W8 per channel", {(1, 1, 0): 1.083, (1, 1, 1): 0.444, (1, 2, 0): 0.804,
+                                                   (1, 2, 1): 0.782, (2, 1, 1): 1.256, (2, 2, 0): 1.398,
+                                                   (2, 2, 1): 0.751, (4, 1, 1): 1.41, (4, 2, 0): 1.483}, 1.0, 0.1),
+    },
+    "H200": {
+        "w4 sym": _wg_costs("H200", "W4 g128 sym", {(1, 1, 0): 0.63, (1, 1, 1): 0.6, (1, 2, 0): 0.8, (1, 2, 1): 1.0,
+                                                    (2, 1, 1): 0.6, (2, 2, 0): 1.0, (2, 2, 1): 1.0, (4, 1, 1): 1.0,
+                                                    (4, 2, 0): 1.0}, 1.0, 0.1),
+        "w8": _wg_costs("H200", "W8 per channel", {(1, 1, 0): 0.585, (1, 1, 1): 1.408, (1, 2, 0): 1.055,
+                                                   (1, 2, 1): 0.782, (2, 1, 1): 1.256, (2, 2, 0): 1.118,
+                                                   (2, 2, 1): 0.751, (4, 1, 1): 1.41, (4, 2, 0): 1.483}, 1.0, 0.075),
+    },
+}
+
+
+def wg_simt_step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts | None:
+    """The fitted costs of the CUDA-core GEMV on wgmma_v1 for a sym weight on this GPU (the H200's on an H200, else the
+    H100's), None for zero-point and offset weights (no fitted costs)."""
+    if mode != "sym":
+        return None
+    family = step_family(bits, mode)
+    return WG_SIMT["H200" if "H200" in gpu_name else "H100"][family]

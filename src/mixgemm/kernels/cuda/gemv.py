@@ -28,12 +28,12 @@ from mixgemm.formats.layouts import GemvLayout, build_gemv_mma_v1, build_gemv_v2
 from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv_steps import cheapest_tile, resident_blocks
+from mixgemm.kernels.cuda.gemv_steps import cheapest_tile, cheapest_wg_simt_tile, resident_blocks
 from mixgemm.kernels.cuda.launch import new_rows, pdl_on
 from mixgemm.kernels.options import current_options
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
 from mixgemm.tuning.gemv_m1 import m1_entry, wg_simt_m1_entry
-from mixgemm.tuning.gemv_steps import step_costs
+from mixgemm.tuning.gemv_steps import step_costs, wg_simt_step_costs
 
 GEMV_MAX_M = 16
 # Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
@@ -318,22 +318,36 @@ def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", 
     """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: one step a k-slice where that applies (wg_simt_one_step; not
     asked with one_step False), else the measured bucket's on this GPU for this mode (tuning.gemv_m1.wg_simt_m1_entry)
     where the layer's blocks per SM are within the entry's BPS (an entry kept for layers whose blocks all fit on the
-    SMs at once serves no layer that needs a second round: there the tile lost up to 1.25x), else wg_simt_rule."""
+    SMs at once serves no layer that needs a second round: there the tile lost up to 1.25x), else for sym weights the
+    tile of least modelled cost (wg_simt_modelled), else wg_simt_rule."""
     one = wg_simt_one_step(n, k, bits, num_sms, mode, act, scl, arch) if one_step else None
     if one is not None:
         return one
     hit = wg_simt_m1_entry(gpu_name, bits, k, n, mode)
     if hit is None:
-        return wg_simt_packs(wg_simt_rule(n, k, bits, num_sms), mode)
+        return wg_simt_modelled(n, k, bits, num_sms, gpu_name, mode, "")
     gpu, entry = hit
     t = entry.value
     where = f"gemv_m1 {gpu} wgmma_v1 W{bits}, {entry.where(ShapeBucket.of(k, n))}"
     if not wg_simt_serves(n, t.RT, t.RG, t.BPS, num_sms):
         per_sm = wg_simt_blocks_per_sm(n, t.RT, t.RG, num_sms)
-        return SourcedConfig(wg_simt_packs(wg_simt_rule(n, k, bits, num_sms), mode),
-                             f"the rule: {per_sm} blocks per SM of the tile of {where} exceed its BPS {t.BPS}")
+        return wg_simt_modelled(n, k, bits, num_sms, gpu_name, mode,
+                                f"{per_sm} blocks per SM of the tile of {where} exceed its BPS {t.BPS}")
     cfg = {"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG}
     return SourcedConfig(wg_simt_packs(cfg, mode, t.PACK), where)
+
+
+def wg_simt_modelled(n: int, k: int, bits: int, num_sms: int, gpu_name: str, mode: str, why: str) -> dict:
+    """Where no measured bucket serves a layer: for sym weights the tile of least modelled cost
+    (gemv_steps.cheapest_wg_simt_tile, costs fitted per GPU in tuning.gemv_steps.WG_SIMT), else wg_simt_rule (zero
+    point / offset: no fitted costs). ``why``: why the bucket did not serve ("" when there is none)."""
+    costs = wg_simt_step_costs(gpu_name, bits, mode)
+    tile = cheapest_wg_simt_tile(n, k, bits, mode, num_sms, costs) if costs is not None else None
+    pre = f"{why}; " if why else ""
+    if tile is None:
+        cfg = wg_simt_packs(wg_simt_rule(n, k, bits, num_sms), mode)
+        return SourcedConfig(cfg, f"the rule: {why}") if why else cfg
+    return SourcedConfig(tile.config(), f"{pre}CUDA-core GEMV on wgmma_v1 step-cost model ({costs.source})")
 
 
 def wg_simt_packs(cfg: dict, mode: str, pack: int | None = None) -> dict:

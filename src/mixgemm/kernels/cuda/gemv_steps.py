@@ -17,6 +17,7 @@ outside the measured list falls to whatever rule is left.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 WARPS = 8  # warps per block (gemv.WARPS)
@@ -109,15 +110,19 @@ def tile_shape(tile: LaneTile, n: int, kc: int, bits: int, mode: str, num_sms: i
 
 @dataclass(frozen=True)
 class StepCosts:
-    """Fitted costs of one GPU and weight family: ``step`` {(R, U, LW): time of one step}, ``round`` a round's fixed
-    part, in the same arbitrary unit (only their ratios choose), and where they came from."""
+    """Fitted costs of one GPU and weight family: ``step`` {tile class: time of one step}, ``round`` a round's fixed
+    part, ``per_log2_ks`` what each doubling of the k-slices adds to a round (their partial sums meet in shared
+    memory; 0 for the plain codes' model, whose fit did not need it), in the same arbitrary unit (only their ratios
+    choose), and where they came from."""
 
     step: dict
     round: float
     source: str
+    per_log2_ks: float = 0.0
 
-    def cost(self, shape: TileShape, tile: LaneTile) -> float:
-        return shape.rounds * (shape.steps * self.step[tile.step_class] + self.round)
+    def cost(self, shape: TileShape, tile) -> float:
+        fixed = self.round + self.per_log2_ks * math.log2(tile.KS)
+        return shape.rounds * (shape.steps * self.step[tile.step_class] + fixed)
 
 
 def ranked_tiles(n: int, kc: int, bits: int, mode: str, num_sms: int, costs: StepCosts) -> list[LaneTile]:
@@ -129,3 +134,113 @@ def cheapest_tile(n: int, kc: int, bits: int, mode: str, num_sms: int, costs: St
     """The tile of least modelled cost (ties: the first of lane_tiles' order), None when no tile fits the row."""
     tiles = ranked_tiles(n, kc, bits, mode, num_sms, costs)
     return tiles[0] if tiles else None
+
+
+# ---- the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu, a compacted weight's M = 1 call) ----
+# The same model over that kernel's tiles: a warp owns RT 16-row tiles, KS warps split K, RG row groups a block (RG x
+# KS warps), U 64-k tiles a step, PF double buffering; a lane waits ceil(ceil(Kt / KS) / U) steps, and the blocks of
+# RT x RG row tiles take rounds of the SMs' resident slots. The tile classes are (RT, U, PF).
+
+# (RT, U, PF) families of the tile space: the gemv_wg_simt.cu grid that tools/bench/gemv_dispatch.py --simt-only times
+WG_SIMT_CLASSES = ((1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (2, 1, 1), (2, 2, 0), (2, 2, 1), (4, 1, 1), (4, 2, 0))
+WG_SIMT_K_SLICES = (2, 4, 8, 16, 32)
+
+# Registers per thread of each gemv_wg_simt.cu build of the tile space at M = 1 with fp16 activations and fp16 scales
+# (NVRTC 13.0, sm_90, the GPUs' compiler), by (bits, mode) and (RT, U, PF, KS, RG): within one (RT, U, PF) class they
+# differ by up to 20 with KS and RG, which moves the resident blocks the rounds count (the model fitted with each
+# build's own count chose 1.010x / 1.017x the fastest tile's time on the H100 sweep, with each class's largest count
+# 1.016x / 1.027x). tests/test_gemv_steps.py checks the table covers the space. Source: tools/bench/wg_simt_fit.py
+# --registers on the GPU machine.
+WG_SIMT_REGISTERS = {
+    (4, "sym"): {
+        (1, 1, 0, 2, 2): 45, (1, 1, 0, 2, 4): 45, (1, 1, 0, 4, 1): 40, (1, 1, 0, 4, 2): 45, (1, 1, 0, 8, 1): 40,
+        (1, 1, 0, 16, 1): 46, (1, 1, 0, 32, 1): 60, (1, 1, 1, 2, 2): 54, (1, 1, 1, 2, 4): 61, (1, 1, 1, 4, 1): 54,
+        (1, 1, 1, 4, 2): 61, (1, 1, 1, 8, 1): 48, (1, 1, 1, 16, 1): 46, (1, 1, 1, 32, 1): 48, (1, 2, 0, 2, 2): 56,
+        (1, 2, 0, 2, 4): 48, (1, 2, 0, 4, 1): 56, (1, 2, 0, 4, 2): 48, (1, 2, 0, 8, 1): 48, (1, 2, 0, 16, 1): 51,
+        (1, 2, 0, 32, 1): 49, (1, 2, 1, 2, 2): 56, (1, 2, 1, 2, 4): 63, (1, 2, 1, 4, 1): 55, (1, 2, 1, 4, 2): 63,
+        (1, 2, 1, 8, 1): 63, (1, 2, 1, 16, 1): 63, (2, 1, 1, 2, 2): 62, (2, 1, 1, 2, 4): 62, (2, 1, 1, 4, 1): 62,
+        (2, 1, 1, 4, 2): 62, (2, 1, 1, 8, 1): 62, (2, 1, 1, 16, 1): 64, (2, 2, 0, 2, 2): 63, (2, 2, 0, 2, 4): 63,
+        (2, 2, 0, 4, 1): 64, (2, 2, 0, 4, 2): 63, (2, 2, 0, 8, 1): 64, (2, 2, 0, 16, 1): 64, (2, 2, 1, 2, 2): 95,
+        (2, 2, 1, 2, 4): 93, (2, 2, 1, 4, 1): 95, (2, 2, 1, 4, 2): 93, (2, 2, 1, 8, 1): 93, (2, 2, 1, 16, 1): 95,
+        (4, 1, 1, 2, 2): 93, (4, 1, 1, 2, 4): 94, (4, 1, 1, 4, 1): 93, (4, 1, 1, 4, 2): 94, (4, 1, 1, 8, 1): 94,
+        (4, 1, 1, 16, 1): 96, (4, 2, 0, 2, 2): 80, (4, 2, 0, 2, 4): 95, (4, 2, 0, 4, 1): 96, (4, 2, 0, 4, 2): 95,
+        (4, 2, 0, 8, 1): 97, (4, 2, 0, 16, 1): 100,
+    },
+    (8, "sym"): {
+        (1, 1, 0, 2, 2): 47, (1, 1, 0, 2, 4): 47, (1, 1, 0, 4, 1): 48, (1, 1, 0, 4, 2): 47, (1, 1, 0, 8, 1): 40,
+        (1, 1, 0, 16, 1): 52, (1, 1, 0, 32, 1): 46, (1, 1, 1, 2, 2): 48, (1, 1, 1, 2, 4): 48, (1, 1, 1, 4, 1): 48,
+        (1, 1, 1, 4, 2): 48, (1, 1, 1, 8, 1): 48, (1, 1, 1, 16, 1): 53, (1, 1, 1, 32, 1): 53, (1, 2, 0, 2, 2): 56,
+        (1, 2, 0, 2, 4): 48, (1, 2, 0, 4, 1): 56, (1, 2, 0, 4, 2): 48, (1, 2, 0, 8, 1): 48, (1, 2, 0, 16, 1): 59,
+        (1, 2, 0, 32, 1): 58, (1, 2, 1, 2, 2): 64, (1, 2, 1, 2, 4): 64, (1, 2, 1, 4, 1): 72, (1, 2, 1, 4, 2): 64,
+        (1, 2, 1, 8, 1): 64, (1, 2, 1, 16, 1): 74, (2, 1, 1, 2, 2): 79, (2, 1, 1, 2, 4): 79, (2, 1, 1, 4, 1): 79,
+        (2, 1, 1, 4, 2): 79, (2, 1, 1, 8, 1): 79, (2, 1, 1, 16, 1): 80, (2, 2, 0, 2, 2): 72, (2, 2, 0, 2, 4): 77,
+        (2, 2, 0, 4, 1): 80, (2, 2, 0, 4, 2): 77, (2, 2, 0, 8, 1): 79, (2, 2, 0, 16, 1): 84, (2, 2, 1, 2, 2): 124,
+        (2, 2, 1, 2, 4): 123, (2, 2, 1, 4, 1): 120, (2, 2, 1, 4, 2): 123, (2, 2, 1, 8, 1): 122, (2, 2, 1, 16, 1): 121,
+        (4, 1, 1, 2, 2): 126, (4, 1, 1, 2, 4): 126, (4, 1, 1, 4, 1): 126, (4, 1, 1, 4, 2): 126, (4, 1, 1, 8, 1): 126,
+        (4, 1, 1, 16, 1): 125, (4, 2, 0, 2, 2): 123, (4, 2, 0, 2, 4): 123, (4, 2, 0, 4, 1): 122, (4, 2, 0, 4, 2): 123,
+        (4, 2, 0, 8, 1): 121, (4, 2, 0, 16, 1): 125,
+    },
+}
+
+
+@dataclass(frozen=True)
+class WgSimtTile:
+    """One M = 1 tile of the CUDA-core GEMV on wgmma_v1: RT row tiles a warp, U k-tiles a step, PF double buffering,
+    KS k-slices, RG row groups a block."""
+
+    RT: int
+    U: int
+    PF: int
+    KS: int
+    RG: int
+
+    def config(self) -> dict:
+        return {"WG": 1, "SIMT": 1, "RT": self.RT, "U": self.U, "PF": self.PF, "KS": self.KS, "RG": self.RG}
+
+    @property
+    def step_class(self) -> tuple[int, int, int]:
+        return self.RT, self.U, self.PF
+
+    @property
+    def warps(self) -> int:
+        return self.KS * self.RG
+
+
+def wg_simt_tiles(k_tiles: int) -> list[WgSimtTile]:
+    """The tile space for a row of k_tiles 64-k tiles: the classes x KS 2..32 with at least two steps' worth of k-tiles
+    a slice (k_tiles >= 2 KS U) x blocks of 4 or 8 warps (RG = warps / KS, at least 1); KS 32 (1024 threads, at most 64
+    registers each) only for classes of at most two 512-byte pieces in flight (RT x U x (1 + PF) <= 2)."""
+    out: list[WgSimtTile] = []
+    for rt, u, pf in WG_SIMT_CLASSES:
+        for ks in WG_SIMT_K_SLICES:
+            if ks == 32 and rt * u * (1 + pf) > 2:
+                continue
+            for warps in (4, 8):
+                t = WgSimtTile(rt, u, pf, ks, max(1, warps // ks))
+                if k_tiles >= 2 * ks * u and t not in out:
+                    out.append(t)
+    return out
+
+
+def wg_simt_tile_registers(tile: WgSimtTile, bits: int, mode: str) -> int:
+    """WG_SIMT_REGISTERS' count for a tile."""
+    return WG_SIMT_REGISTERS[(bits, mode)][(tile.RT, tile.U, tile.PF, tile.KS, tile.RG)]
+
+
+def wg_simt_tile_shape(tile: WgSimtTile, n: int, k: int, bits: int, mode: str, num_sms: int) -> TileShape:
+    """The rounds and steps of ``tile`` on a K x N layer: blocks of RT x RG 16-row tiles over the SMs' resident slots,
+    ceil(ceil(Kt / KS) / U) steps a lane waits for."""
+    kt, nt = -(-k // 64), -(-n // 16)
+    blocks = -(-nt // (tile.RT * tile.RG))
+    per_round = resident_blocks(wg_simt_tile_registers(tile, bits, mode), tile.warps) * num_sms
+    per_slice = -(-kt // tile.KS)
+    return TileShape(-(-blocks // per_round), -(-per_slice // tile.U))
+
+
+def cheapest_wg_simt_tile(n: int, k: int, bits: int, mode: str, num_sms: int,
+                          costs: StepCosts) -> WgSimtTile | None:
+    """The tile of least modelled cost on a K x N layer (ties: wg_simt_tiles' order), None when none fits its K."""
+    tiles = wg_simt_tiles(-(-k // 64))
+    if not tiles:
+        return None
+    return min(tiles, key=lambda t: costs.cost(wg_simt_tile_shape(t, n, k, bits, mode, num_sms), t))

@@ -1,0 +1,116 @@
+"""Fit the step-cost model of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_steps.py: WgSimtTile,
+cheapest_wg_simt_tile) to --simt-only sweeps, and say how it carries to layers left out of the fit. No GPU for the fit.
+
+    python -m tools.bench.wg_simt_fit SWEEP.json [--sms 132]     (costs per family, in-sample and leave-one-out)
+    python -m tools.bench.wg_simt_fit --registers OUT.json        (each tile's registers from this machine's NVRTC:
+                                                                   run it where the GPU's NVRTC is)
+
+SWEEP.json: `python -m tools.bench.gemv_dispatch --simt-only --ms 1 --formats w4s,w8 --shapes ...` on one GPU. The
+model counts rounds of resident blocks from gemv_steps.WG_SIMT_REGISTERS (the table --registers prints). Each
+family's costs start equal and move by coordinate descent (three starts) to the smallest geometric mean of the
+chosen tile's time over the fastest measured tile's; with every layer left out in turn, the costs fitted on the
+others choose its tile (the held-out figure tuning.gemv_steps.WG_SIMT quotes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+from mixgemm.kernels.cuda.gemv_steps import WG_SIMT_CLASSES, StepCosts, WgSimtTile, wg_simt_tile_shape, wg_simt_tiles
+from tools.bench.gemv_tables import FORMATS, geomean
+
+KEYS = ("RT", "U", "PF", "KS", "RG")
+MULTIPLIERS = (0.3, 0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.6, 3.0)
+
+
+def layers_of(path: str, num_sms: int) -> list[dict]:
+    """The swept cases: {K, N, fmt, times: {WgSimtTile: us}, shapes: {WgSimtTile: TileShape}, best}."""
+    with open(path) as f:
+        swept = json.load(f)["res"]
+    out = []
+    for r in swept:
+        if "rows" not in r or r["fmt"] not in ("w4s", "w8"):
+            continue
+        bits, _, mode = FORMATS[r["fmt"]]
+        times = {WgSimtTile(*(rec["cfg"][k] for k in KEYS)): rec["us"]
+                 for rec in r["rows"].get("cuda_gemv_mma/wg_simt", []) if rec["us"] is not None}
+        if times:
+            shapes = {t: wg_simt_tile_shape(t, r["N"], r["K"], bits, mode, num_sms) for t in times}
+            out.append({"K": r["K"], "N": r["N"], "fmt": r["fmt"], "times": times, "shapes": shapes,
+                        "best": min(times.values())})
+    return out
+
+
+def pick(layer: dict, costs: StepCosts) -> WgSimtTile:
+    return min(layer["times"], key=lambda t: costs.cost(layer["shapes"][t], t))
+
+
+def score(layers: list[dict], costs: StepCosts) -> float:
+    return geomean([lay["times"][pick(lay, costs)] / lay["best"] for lay in layers])
+
+
+def fit(layers: list[dict], starts: int = 3, seed: int = 0) -> tuple[StepCosts, float]:
+    rng, best = random.Random(seed), None
+    for s in range(starts):
+        step = {c: 1.0 if s == 0 else rng.uniform(0.5, 1.5) for c in WG_SIMT_CLASSES}
+        costs = StepCosts(step, 1.0, "fit", 0.1)
+        cur = score(layers, costs)
+        for _ in range(8):
+            moved = False
+            for key in [*WG_SIMT_CLASSES, "round", "per_log2_ks"]:
+                for mul in MULTIPLIERS:
+                    if key == "round":
+                        trial = StepCosts(costs.step, costs.round * mul, "fit", costs.per_log2_ks)
+                    elif key == "per_log2_ks":
+                        trial = StepCosts(costs.step, costs.round, "fit", costs.per_log2_ks * mul)
+                    else:
+                        trial = StepCosts({**costs.step, key: costs.step[key] * mul}, costs.round, "fit",
+                                          costs.per_log2_ks)
+                    s_ = score(layers, trial)
+                    if s_ < cur - 1e-7:
+                        costs, cur, moved = trial, s_, True
+            if not moved:
+                break
+        if best is None or cur < best[1]:
+            best = (costs, cur)
+    return best
+
+
+def registers(path: str) -> None:
+    from mixgemm.kernels.cuda.gemv import wg_simt_registers
+
+    out = {}
+    for bits in (4, 8):
+        for t in wg_simt_tiles(1 << 12):
+            out[f"{bits} sym " + " ".join(map(str, (t.RT, t.U, t.PF, t.KS, t.RG)))] = wg_simt_registers(
+                bits, 0, 0, "sym", tuple(sorted(t.config().items())))
+    with open(path, "w") as f:
+        json.dump(out, f, indent=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweeps", nargs="*")
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--registers", metavar="OUT_JSON")
+    args = ap.parse_args()
+    if args.registers:
+        registers(args.registers)
+        return
+    layers = [lay for p in args.sweeps for lay in layers_of(p, args.sms)]
+    for fmt in ("w4s", "w8"):
+        fam = [lay for lay in layers if lay["fmt"] == fmt]
+        if not fam:
+            continue
+        costs, s = fit(fam)
+        held = [lay["times"][pick(lay, fit([o for o in fam if o is not lay])[0])] / lay["best"] for lay in fam]
+        print(f"{fmt}: {len(fam)} layers, in sample {s:.3f}x the fastest tile, held out {geomean(held):.3f}x "
+              f"(worst {max(held):.3f}x)")
+        print(f"  step {{{', '.join(f'{c}: {v:.3g}' for c, v in costs.step.items())}}}, round {costs.round:.3g}, "
+              f"per_log2_ks {costs.per_log2_ks:.3g}")
+
+
+if __name__ == "__main__":
+    main()
