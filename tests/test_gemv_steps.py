@@ -185,20 +185,19 @@ def test_wg_simt_model_covers_its_tile_space():
     """Every tile of the CUDA-core GEMV on wgmma_v1's space has a register count for both fitted families and a cost
     class; the cheapest tile fits its K (two steps' worth of k-tiles a slice) and a layer too short for any tile gets
     None."""
-    from mixgemm.kernels.cuda.gemv_steps import (WG_SIMT_REGISTERS, cheapest_wg_simt_tile, wg_simt_tile_registers,
-                                                 wg_simt_tiles)
+    from mixgemm.kernels.cuda import gemv_steps as steps
     from mixgemm.tuning.gemv_steps import WG_SIMT
 
-    space = wg_simt_tiles(1 << 12)
+    space = steps.wg_simt_tiles(1 << 12)
     for bits in (4, 8):
-        assert {(t.RT, t.U, t.PF, t.KS, t.RG) for t in space} == set(WG_SIMT_REGISTERS[(bits, "sym")])
-        assert all(32 <= wg_simt_tile_registers(t, bits, "sym") <= 255 for t in space)
+        assert {(t.RT, t.U, t.PF, t.KS, t.RG) for t in space} == set(steps.WG_SIMT_REGISTERS[(bits, "sym")])
+        assert all(32 <= steps.wg_simt_tile_registers(t, bits, "sym") <= 255 for t in space)
     for costs in (c for gpu in WG_SIMT.values() for c in gpu.values()):
         assert set(costs.step) == {t.step_class for t in space}
         for k, n in ((896, 4864), (4096, 14336), (28672, 8192), (5120, 27648)):
-            t = cheapest_wg_simt_tile(n, k, 4, "sym", 132, costs)
+            t = steps.cheapest_wg_simt_tile(n, k, 4, "sym", 132, costs)
             assert t in space and -(-k // 64) >= 2 * t.KS * t.U
-    assert cheapest_wg_simt_tile(4096, 192, 4, "sym", 132, WG_SIMT["H100"]["w4 sym"]) is None
+    assert steps.cheapest_wg_simt_tile(4096, 192, 4, "sym", 132, WG_SIMT["H100"]["w4 sym"]) is None
 
 
 def test_wg_simt_model_counts_rounds_from_registers():
