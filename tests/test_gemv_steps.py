@@ -204,9 +204,9 @@ def test_wg_simt_model_counts_rounds_from_registers():
     """A tile's rounds are its blocks over the SMs' resident slots from the build's registers: RT 4 U 2 PF 0 KS 8 (97
     registers, 2 blocks of 8 warps a SM) takes 4096x14336 (224 blocks) in one round of 132 SMs and 3584x18944 (296) in
     two; the KS term adds per doubling of the k-slices."""
-    from mixgemm.kernels.cuda.gemv_steps import StepCosts, WgSimtTile, wg_simt_tile_shape
+    from mixgemm.kernels.cuda.gemv_steps import StepCosts, WgSimtStepTile, wg_simt_tile_shape
 
-    t = WgSimtTile(4, 2, 0, 8, 1)
+    t = WgSimtStepTile(4, 2, 0, 8, 1)
     assert wg_simt_tile_shape(t, 14336, 4096, 4, "sym", 132).rounds == 1
     assert wg_simt_tile_shape(t, 18944, 3584, 4, "sym", 132).rounds == 2
     shape = wg_simt_tile_shape(t, 14336, 4096, 4, "sym", 132)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mixgemm.kernels.cuda.gemv import chunks_per_row
 from mixgemm.kernels.cuda.gemv_steps import LaneTile, StepCosts, cheapest_tile, lane_tiles, tile_shape
@@ -99,26 +99,33 @@ def chosen_ratio(layer: Layer, costs: StepCosts, num_sms: int) -> float:
     return layer.times[pick] / layer.best_us
 
 
-def fit(layers: list[Layer], num_sms: int, source: str = "") -> tuple[StepCosts, float]:
-    """Coordinate descent on the step costs (and the round's), from equal costs, minimizing the geometric mean of
-    chosen_ratio over ``layers``."""
-    costs = StepCosts({c: 1.0 for c in STEP_CLASSES}, 0.3, source)
-
-    def score(c: StepCosts) -> float:
-        return geomean([chosen_ratio(lay, c, num_sms) for lay in layers])
-
+def descend(costs: StepCosts, score, multipliers=MULTIPLIERS, passes: int = 6, keys=("round",),
+            tol: float = 1e-6) -> tuple[StepCosts, float]:
+    """Coordinate descent on a model's costs: each step class, then each of ``keys`` (StepCosts fields: "round",
+    "per_log2_ks"), scaled by each of ``multipliers``, a trial kept where ``score`` (smaller is better) drops by more
+    than ``tol``; at most ``passes`` passes, fewer once a pass moves nothing. Returns (costs, score)."""
     best = score(costs)
-    for _ in range(6):
-        for key in [*STEP_CLASSES, None]:
-            for mult in MULTIPLIERS:
-                if key is None:
-                    trial = StepCosts(costs.step, costs.round * mult, source)
+    for _ in range(passes):
+        moved = False
+        for key in [*costs.step, *keys]:
+            for mult in multipliers:
+                if key in keys:
+                    trial = replace(costs, **{key: getattr(costs, key) * mult})
                 else:
-                    trial = StepCosts({**costs.step, key: costs.step[key] * mult}, costs.round, source)
+                    trial = replace(costs, step={**costs.step, key: costs.step[key] * mult})
                 s = score(trial)
-                if s < best - 1e-6:
-                    best, costs = s, trial
+                if s < best - tol:
+                    best, costs, moved = s, trial, True
+        if not moved:
+            break
     return costs, best
+
+
+def fit(layers: list[Layer], num_sms: int, source: str = "") -> tuple[StepCosts, float]:
+    """Coordinate descent (descend) on the step costs and the round's, from equal costs, minimizing the geometric mean
+    of chosen_ratio over ``layers``."""
+    return descend(StepCosts({c: 1.0 for c in STEP_CLASSES}, 0.3, source),
+                   lambda c: geomean([chosen_ratio(lay, c, num_sms) for lay in layers]))
 
 
 def family(fmt: str) -> str:

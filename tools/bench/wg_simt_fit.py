@@ -1,4 +1,4 @@
-"""Fit the step-cost model of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_steps.py: WgSimtTile,
+"""Fit the step-cost model of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_steps.py: WgSimtStepTile,
 cheapest_wg_simt_tile) to --simt-only sweeps, and say how it carries to layers left out of the fit. No GPU for the fit.
 
     python -m tools.bench.wg_simt_fit SWEEP.json [--sms 132]     (costs per family, in-sample and leave-one-out)
@@ -17,16 +17,24 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from dataclasses import fields
 
-from mixgemm.kernels.cuda.gemv_steps import WG_SIMT_CLASSES, StepCosts, WgSimtTile, wg_simt_tile_shape, wg_simt_tiles
+from mixgemm.kernels.cuda.gemv_steps import (
+    WG_SIMT_CLASSES,
+    StepCosts,
+    WgSimtStepTile,
+    wg_simt_tile_shape,
+    wg_simt_tiles,
+)
+from tools.bench.gemv_steps_fit import descend
 from tools.bench.gemv_tables import FORMATS, geomean
 
-KEYS = ("RT", "U", "PF", "KS", "RG")
+KEYS = tuple(f.name for f in fields(WgSimtStepTile))
 MULTIPLIERS = (0.3, 0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.6, 3.0)
 
 
 def layers_of(path: str, num_sms: int) -> list[dict]:
-    """The swept cases: {K, N, fmt, times: {WgSimtTile: us}, shapes: {WgSimtTile: TileShape}, best}."""
+    """The swept cases: {K, N, fmt, times: {WgSimtStepTile: us}, shapes: {WgSimtStepTile: TileShape}, best}."""
     with open(path) as f:
         swept = json.load(f)["res"]
     out = []
@@ -34,7 +42,7 @@ def layers_of(path: str, num_sms: int) -> list[dict]:
         if "rows" not in r or r["fmt"] not in ("w4s", "w8"):
             continue
         bits, _, mode = FORMATS[r["fmt"]]
-        times = {WgSimtTile(*(rec["cfg"][k] for k in KEYS)): rec["us"]
+        times = {WgSimtStepTile(*(rec["cfg"][k] for k in KEYS)): rec["us"]
                  for rec in r["rows"].get("cuda_gemv_mma/wg_simt", []) if rec["us"] is not None}
         if times:
             shapes = {t: wg_simt_tile_shape(t, r["N"], r["K"], bits, mode, num_sms) for t in times}
@@ -43,7 +51,7 @@ def layers_of(path: str, num_sms: int) -> list[dict]:
     return out
 
 
-def pick(layer: dict, costs: StepCosts) -> WgSimtTile:
+def pick(layer: dict, costs: StepCosts) -> WgSimtStepTile:
     return min(layer["times"], key=lambda t: costs.cost(layer["shapes"][t], t))
 
 
@@ -52,29 +60,15 @@ def score(layers: list[dict], costs: StepCosts) -> float:
 
 
 def fit(layers: list[dict], starts: int = 3, seed: int = 0) -> tuple[StepCosts, float]:
+    """The best of ``starts`` coordinate descents (gemv_steps_fit.descend, the KS term too): from equal step costs, then
+    from random ones."""
     rng, best = random.Random(seed), None
     for s in range(starts):
         step = {c: 1.0 if s == 0 else rng.uniform(0.5, 1.5) for c in WG_SIMT_CLASSES}
-        costs = StepCosts(step, 1.0, "fit", 0.1)
-        cur = score(layers, costs)
-        for _ in range(8):
-            moved = False
-            for key in [*WG_SIMT_CLASSES, "round", "per_log2_ks"]:
-                for mul in MULTIPLIERS:
-                    if key == "round":
-                        trial = StepCosts(costs.step, costs.round * mul, "fit", costs.per_log2_ks)
-                    elif key == "per_log2_ks":
-                        trial = StepCosts(costs.step, costs.round, "fit", costs.per_log2_ks * mul)
-                    else:
-                        trial = StepCosts({**costs.step, key: costs.step[key] * mul}, costs.round, "fit",
-                                          costs.per_log2_ks)
-                    s_ = score(layers, trial)
-                    if s_ < cur - 1e-7:
-                        costs, cur, moved = trial, s_, True
-            if not moved:
-                break
-        if best is None or cur < best[1]:
-            best = (costs, cur)
+        got = descend(StepCosts(step, 1.0, "fit", 0.1), lambda c: score(layers, c), MULTIPLIERS, 8,
+                      ("round", "per_log2_ks"), 1e-7)
+        if best is None or got[1] < best[1]:
+            best = got
     return best
 
 
@@ -84,7 +78,7 @@ def registers(path: str) -> None:
     out = {}
     for bits in (4, 8):
         for t in wg_simt_tiles(1 << 12):
-            out[f"{bits} sym " + " ".join(map(str, (t.RT, t.U, t.PF, t.KS, t.RG)))] = wg_simt_registers(
+            out[f"{bits} sym " + " ".join(map(str, (getattr(t, key) for key in KEYS)))] = wg_simt_registers(
                 bits, 0, 0, "sym", tuple(sorted(t.config().items())))
     with open(path, "w") as f:
         json.dump(out, f, indent=0)

@@ -47,8 +47,8 @@ def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
     return H100[step_family(bits, mode)]
 
 
-# The CUDA-core GEMV on wgmma_v1 (a compacted weight's M = 1 call; kernels/cuda/gemv_steps.py, WgSimtTile): step costs
-# by tile class (RT, U, PF), a round's fixed part and its part per doubling of KS, fitted per GPU by
+# The CUDA-core GEMV on wgmma_v1 (a compacted weight's M = 1 call; kernels/cuda/gemv_steps.py, WgSimtStepTile): step
+# costs by tile class (RT, U, PF), a round's fixed part and its part per doubling of KS, fitted per GPU by
 # tools/bench/wg_simt_fit.py to tools/bench/gemv_dispatch.py --simt-only sweeps (M = 1, fp16 x, W4 g128 sym and W8 per
 # channel, the whole grid of 49-57 tiles) of 32 layers: 20 of the model list and 12 of other models (Mistral-Nemo,
 # Llama-3.2, Yi-34B, Falcon-7B, Command-R, Phi-3-small shapes), each GPU's own sweep. Each layer left out of the fit

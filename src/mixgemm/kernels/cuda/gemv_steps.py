@@ -184,7 +184,7 @@ WG_SIMT_REGISTERS = {
 
 
 @dataclass(frozen=True)
-class WgSimtTile:
+class WgSimtStepTile:
     """One M = 1 tile of the CUDA-core GEMV on wgmma_v1: RT row tiles a warp, U k-tiles a step, PF double buffering,
     KS k-slices, RG row groups a block."""
 
@@ -206,28 +206,28 @@ class WgSimtTile:
         return self.KS * self.RG
 
 
-def wg_simt_tiles(k_tiles: int) -> list[WgSimtTile]:
+def wg_simt_tiles(k_tiles: int) -> list[WgSimtStepTile]:
     """The tile space for a row of k_tiles 64-k tiles: the classes x KS 2..32 with at least two steps' worth of k-tiles
     a slice (k_tiles >= 2 KS U) x blocks of 4 or 8 warps (RG = warps / KS, at least 1); KS 32 (1024 threads, at most 64
     registers each) only for classes of at most two 512-byte pieces in flight (RT x U x (1 + PF) <= 2)."""
-    out: list[WgSimtTile] = []
+    out: list[WgSimtStepTile] = []
     for rt, u, pf in WG_SIMT_CLASSES:
         for ks in WG_SIMT_K_SLICES:
             if ks == 32 and rt * u * (1 + pf) > 2:
                 continue
             for warps in (4, 8):
-                t = WgSimtTile(rt, u, pf, ks, max(1, warps // ks))
+                t = WgSimtStepTile(rt, u, pf, ks, max(1, warps // ks))
                 if k_tiles >= 2 * ks * u and t not in out:
                     out.append(t)
     return out
 
 
-def wg_simt_tile_registers(tile: WgSimtTile, bits: int, mode: str) -> int:
+def wg_simt_tile_registers(tile: WgSimtStepTile, bits: int, mode: str) -> int:
     """WG_SIMT_REGISTERS' count for a tile."""
     return WG_SIMT_REGISTERS[(bits, mode)][(tile.RT, tile.U, tile.PF, tile.KS, tile.RG)]
 
 
-def wg_simt_tile_shape(tile: WgSimtTile, n: int, k: int, bits: int, mode: str, num_sms: int) -> TileShape:
+def wg_simt_tile_shape(tile: WgSimtStepTile, n: int, k: int, bits: int, mode: str, num_sms: int) -> TileShape:
     """The rounds and steps of ``tile`` on a K x N layer: blocks of RT x RG 16-row tiles over the SMs' resident slots,
     ceil(ceil(Kt / KS) / U) steps a lane waits for."""
     kt, nt = -(-k // 64), -(-n // 16)
@@ -238,7 +238,7 @@ def wg_simt_tile_shape(tile: WgSimtTile, n: int, k: int, bits: int, mode: str, n
 
 
 def cheapest_wg_simt_tile(n: int, k: int, bits: int, mode: str, num_sms: int,
-                          costs: StepCosts) -> WgSimtTile | None:
+                          costs: StepCosts) -> WgSimtStepTile | None:
     """The tile of least modelled cost on a K x N layer (ties: wg_simt_tiles' order), None when none fits its K."""
     tiles = wg_simt_tiles(-(-k // 64))
     if not tiles:
