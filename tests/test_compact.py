@@ -139,8 +139,9 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
 def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
     """A compacted fp16 or bf16 M = 1 call runs the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) outside the table's
     gemv_mma_m1 buckets: one step a k-slice where its warps fit one round (kernels.cuda.gemv.wg_simt_one_step: 2048 x
-    2048 and 1024 x 2048 int8), else at its measured bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the rule's (a
-    power-of-two k-split leaving each slice >= 2 steps); M > 1 and uncompacted weights are not affected."""
+    2048 and 1024 x 2048 int8), else at its measured bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the step-cost
+    model's (a power-of-two k-split leaving each slice >= 2 steps; bf16 x with its own costs); M > 1 and uncompacted
+    weights are not affected."""
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.ops.custom_ops import compact_weight
 
@@ -158,7 +159,12 @@ def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
         assert ks & (ks - 1) == 0 and -(-k // 64) >= 2 * ks * u and c.config["RG"] * ks >= 4
     measured = (bits, k, n) in ((4, 5120, 5120), (8, 5120, 5120))
     assert ("gemv_m1 H100 wgmma_v1" in c.config_source) == measured, c.config_source
-    assert mixgemm.explain(torch.empty(1, k, dtype=torch.bfloat16), cw, device=H100).config == c.config
+    bf16 = mixgemm.explain(torch.empty(1, k, dtype=torch.bfloat16), cw, device=H100)
+    if one_step or measured:  # the same tile (one step: its registers fit one round in bf16 too)
+        assert bf16.config == c.config
+    else:  # the step-cost model's tile with the bf16 costs
+        assert bf16.config.get("SIMT", 0) == 1 and "step-cost model" in bf16.config_source, bf16.config_source
+        assert "bf16 activations" in bf16.config_source
     assert mixgemm.explain(torch.empty(4, k, dtype=torch.float16), cw, device=H100).config.get("SIMT", 0) == 0
 
 
@@ -443,15 +449,18 @@ def test_compact_pickles_with_its_codes(torch_gen):
 
 
 def test_compact_bf16_m1_keeps_the_tensor_cores_where_its_registers_halve_the_warps(monkeypatch):
-    """A compacted bf16 M = 1 call takes fp16's CUDA-core GEMV tile unless the tile's bf16 build (the exact-fp16
-    conversion's registers) keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of the fp16 build's resident warps: then the
-    tensor-core GEMV, saying why; fp16 is never asked."""
+    """A compacted bf16 M = 1 call whose family has no bf16 step costs (offset weights) takes fp16's CUDA-core GEMV
+    tile unless the tile's bf16 build (the exact-fp16 conversion's registers) keeps at most
+    WG_SIMT_BF16_MIN_WARP_SHARE of the fp16 build's resident warps: then the tensor-core GEMV, saying why; fp16 is
+    never asked, nor is a tile of the bf16 step-cost model (zero point), which counted the bf16 build's registers."""
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.kernels.cuda import gemv
     from mixgemm.ops.custom_ops import compact_weight
 
-    qw = mixgemm.quantize_weight(torch.randn(4096, 4096) * 0.02, bits=4, group_size=128, mode="zero_point")
+    qw = mixgemm.quantize_weight(torch.randn(4096, 4096) * 0.02, bits=4, group_size=128, mode="offset")
     cw = compact_weight(qw, compact_placeholder(qw.qweight))
+    zp = mixgemm.quantize_weight(torch.randn(4096, 4096) * 0.02, bits=4, group_size=128, mode="zero_point")
+    zp = compact_weight(zp, compact_placeholder(zp.qweight))
     # its 16-warp tile: two blocks a SM at <= 64 registers, one above
     for fp16_regs, bf16_regs, simt in ((64, 64, 1), (64, 76, 0), (48, 64, 1)):
         monkeypatch.setattr(gemv, "wg_simt_registers", lambda bits, act, scl, mode, items, arch="sm_90", f=fp16_regs,
@@ -461,3 +470,26 @@ def test_compact_bf16_m1_keeps_the_tensor_cores_where_its_registers_halve_the_wa
             assert c.config.get("SIMT", 0) == want, (bf16_regs, dtype, c)
             if not want:
                 assert "WG_SIMT_BF16_MIN_WARP_SHARE" in c.config_source, c.config_source
+        c = mixgemm.explain(torch.empty(1, 4096, dtype=torch.bfloat16), zp, device=H100)
+        assert c.config.get("SIMT", 0) == 1 and "step-cost model" in c.config_source, c
+
+
+def test_compact_bf16_m1_models_where_the_measured_tile_halves_its_warps(monkeypatch):
+    """Where the fp16-measured bucket's tile (the H100's k24/n28 int4 tile on 4096x14336) keeps at most
+    WG_SIMT_BF16_MIN_WARP_SHARE of its resident warps in bf16, a family with bf16 step costs (int4 sym) takes the
+    model's tile for bf16 x instead of the tensor-core GEMV, saying why."""
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.kernels.cuda import gemv
+    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.ops.custom_ops import compact_weight
+    from mixgemm.tuning.gemv_steps import WG_SIMT
+
+    qw = mixgemm.quantize_weight(torch.randn(14336, 4096) * 0.02, bits=4, group_size=128)
+    cw = compact_weight(qw, compact_placeholder(qw.qweight))
+    monkeypatch.setattr(gemv, "wg_simt_registers", lambda bits, act, scl, mode, items, arch="sm_90": 128 if act else 64)
+    fp16 = mixgemm.explain(torch.empty(1, 4096, dtype=torch.float16), cw, device=H100)
+    assert "k24/n28" in fp16.config_source
+    c = mixgemm.explain(torch.empty(1, 4096, dtype=torch.bfloat16), cw, device=H100)
+    want = cheapest_wg_simt_tile(14336, 4096, 4, "sym", H100.sm_count, WG_SIMT["H100"]["w4 sym bf16"], 1).config()
+    assert c.config.get("SIMT", 0) == 1 and {k: c.config[k] for k in want} == want, c
+    assert "WG_SIMT_BF16_MIN_WARP_SHARE" in c.config_source and "step-cost model" in c.config_source

@@ -217,38 +217,72 @@ def test_wg_simt_config_keeps_a_tile_to_its_rounds():
     want = cheapest_wg_simt_tile(18944, 3584, 4, "sym", 132, WG_SIMT["H100"]["w4 sym"]).config()
     assert dict(wide) == want and "exceed its BPS 2" in wide.source and "step-cost model" in wide.source
     zp = wg_simt_config(18944, 3584, 4, 132, name, "zero_point")
-    assert dict(zp) == wg_simt_packs(wg_simt_rule(18944, 3584, 4, 132), "zero_point")
-    assert "exceed its BPS 2" in zp.source
+    want = cheapest_wg_simt_tile(18944, 3584, 4, "zero_point", 132, WG_SIMT["H100"]["w4 zero_point"]).config()
+    assert dict(zp) == wg_simt_packs(want, "zero_point")
+    assert "exceed its BPS 2" in zp.source and "step-cost model" in zp.source
+    off = wg_simt_config(18944, 3584, 4, 132, name, "offset")
+    assert dict(off) == wg_simt_packs(wg_simt_rule(18944, 3584, 4, 132), "offset") and "the rule" in off.source
 
 
-def test_wg_simt_config_models_sym_layers_no_bucket_serves():
-    """Where no measured bucket serves a sym layer (4096x4096 on the H100) it takes the tile of least modelled cost with
-    its GPU's costs (the H200's on an H200, the H100's on another GPU), int8 too; zero-point and offset weights keep
-    the rule there."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_packs, wg_simt_rule
+def test_wg_simt_config_models_layers_no_bucket_serves():
+    """Where no measured bucket serves an fp16 layer (4096x4096 on the H100) it takes the tile of least modelled cost
+    with its GPU's costs for its family (the H200's on an H200, the H100's on another GPU): int4 sym and zero point
+    (PACK where PF is on, as the costs were timed), int8 sym; offset weights and int8 with a zero point keep the rule
+    (no fitted costs)."""
+    from mixgemm.kernels.cuda.gemv import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
     from mixgemm.tuning.gemv_steps import WG_SIMT, wg_simt_step_costs
 
     for gpu, costs in (("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), ("some GPU", "H100")):
         assert wg_simt_step_costs(gpu, 4, "sym") is WG_SIMT[costs]["w4 sym"]
         assert wg_simt_step_costs(gpu, 8, "sym") is WG_SIMT[costs]["w8"]
-        assert wg_simt_step_costs(gpu, 4, "zero_point") is None and wg_simt_step_costs(gpu, 8, "offset") is None
-    sym = wg_simt_config(4096, 4096, 4, 132, "NVIDIA H100 80GB HBM3", one_step=False)
+        assert wg_simt_step_costs(gpu, 4, "zero_point") is WG_SIMT[costs]["w4 zero_point"]
+        assert wg_simt_step_costs(gpu, 4, "zero_point", 1) is WG_SIMT[costs]["w4 zero_point bf16"]
+        assert wg_simt_step_costs(gpu, 4, "offset") is None and wg_simt_step_costs(gpu, 8, "zero_point") is None
+    h100 = "NVIDIA H100 80GB HBM3"
+    sym = wg_simt_config(4096, 4096, 4, 132, h100, one_step=False)
     assert dict(sym) == cheapest_wg_simt_tile(4096, 4096, 4, "sym", 132, WG_SIMT["H100"]["w4 sym"]).config()
-    assert "step-cost model" in sym.source and "PACK" not in sym
+    assert isinstance(sym, ModelledConfig) and "step-cost model" in sym.source and "PACK" not in sym
     other = wg_simt_config(4096, 4096, 8, 132, "some GPU", one_step=False)
     assert dict(other) == cheapest_wg_simt_tile(4096, 4096, 8, "sym", 132, WG_SIMT["H100"]["w8"]).config()
-    for mode in ("zero_point", "offset"):
-        got = wg_simt_config(4096, 4096, 4, 132, "NVIDIA H100 80GB HBM3", mode, one_step=False)
-        assert got == wg_simt_packs(wg_simt_rule(4096, 4096, 4, 132), mode)
+    zp = wg_simt_config(4096, 4096, 4, 132, h100, "zero_point", one_step=False)
+    tile = cheapest_wg_simt_tile(4096, 4096, 4, "zero_point", 132, WG_SIMT["H100"]["w4 zero_point"])
+    assert dict(zp) == wg_simt_packs(tile.config(), "zero_point") and zp["PACK"] == tile.PF
+    for bits, mode in ((4, "offset"), (8, "zero_point")):
+        got = wg_simt_config(4096, 4096, bits, 132, h100, mode, one_step=False)
+        assert got == wg_simt_packs(wg_simt_rule(4096, 4096, bits, 132), mode) and not isinstance(got, ModelledConfig)
+
+
+def test_wg_simt_config_bf16_models_with_its_own_costs():
+    """bf16 x: a bucket measured with fp16 x serves it as it serves fp16 (the H100's k24/n28 int4 tile on 4096x14336);
+    where none serves, the tile of least modelled cost with the bf16 costs and the bf16 build's registers (its own
+    tile, not fp16's where they differ); a family without bf16 costs (offset) the rule."""
+    from mixgemm.kernels.cuda.gemv import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.tuning.gemv_steps import WG_SIMT
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert wg_simt_config(14336, 4096, 4, 132, h100, act=1) == wg_simt_config(14336, 4096, 4, 132, h100)
+    differ = 0
+    for mode in ("sym", "zero_point"):
+        got = wg_simt_config(18944, 3584, 4, 132, h100, mode, act=1, one_step=False)
+        tile = cheapest_wg_simt_tile(18944, 3584, 4, mode, 132, WG_SIMT["H100"][f"w4 {mode} bf16"], 1)
+        assert isinstance(got, ModelledConfig) and dict(got) == wg_simt_packs(tile.config(), mode)
+        assert "bf16 activations" in got.source
+        differ += dict(got) != dict(wg_simt_config(18944, 3584, 4, 132, h100, mode, one_step=False))
+    assert differ
+    off = wg_simt_config(18944, 3584, 4, 132, h100, "offset", act=1, one_step=False)
+    assert dict(off) == wg_simt_packs(wg_simt_rule(18944, 3584, 4, 132), "offset")
 
 
 def test_wg_simt_config_zero_point_packs_and_has_its_own_table():
     """Zero-point weights: their table's bucket first (4096x28672: RT 2 U 2 KS 4 unpacked, BPS 7), else the shared
-    table's tile or the rule's, with the parameter pair in one register (PACK) exactly where the tile double buffers
-    (PF); offset weights the same without a table of their own; sym weights never carry PACK; a GPU without tables
-    takes the rule, packed as PF says."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_rule
+    table's tile or the step-cost model's, with the parameter pair in one register (PACK) exactly where the tile double
+    buffers (PF); offset weights the same without a table or costs of their own (the rule); sym weights never carry
+    PACK; a GPU without tables takes the model with the H100's costs, packed as PF says."""
+    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.tuning.gemv_steps import WG_SIMT
 
     name = "NVIDIA H100 80GB HBM3"
     own = wg_simt_config(28672, 4096, 4, 132, name, "zero_point")
@@ -258,15 +292,17 @@ def test_wg_simt_config_zero_point_packs_and_has_its_own_table():
     for n, k in ((14336, 4096), (57344, 8192)):  # the shared table's tile, as sym weights take it
         zp, sym = wg_simt_config(n, k, 4, 132, name, "zero_point"), wg_simt_config(n, k, 4, 132, name, "sym")
         assert {**sym, "PACK": sym["PF"]} == dict(zp) and "PACK" not in sym, (n, k)
-    for n, k in ((18944, 3584), (4096, 4096)):  # BPS fallback, no bucket: the rule
-        zp = wg_simt_config(n, k, 4, 132, name, "zero_point", one_step=False)
-        assert dict(zp) == {**wg_simt_rule(n, k, 4, 132), "PACK": wg_simt_rule(n, k, 4, 132)["PF"]}, (n, k)
-    other = wg_simt_config(4096, 4096, 4, 132, "some GPU", "zero_point")
-    assert other == {**wg_simt_rule(4096, 4096, 4, 132), "PACK": 1}
+    costs = WG_SIMT["H100"]["w4 zero_point"]
+    for gpu, n, k in ((name, 18944, 3584), (name, 4096, 4096), ("some GPU", 4096, 4096)):  # BPS fallback, no bucket
+        zp = wg_simt_config(n, k, 4, 132, gpu, "zero_point", one_step=False)
+        tile = cheapest_wg_simt_tile(n, k, 4, "zero_point", 132, costs).config()
+        assert dict(zp) == {**tile, "PACK": tile["PF"]}, (n, k)
     # offset weights (GGUF q4_1 / Q4_K): the shared table or the rule, packed as PF says
     for n, k in ((28672, 4096),):
         off, sym = wg_simt_config(n, k, 4, 132, name, "offset"), wg_simt_config(n, k, 4, 132, name, "sym")
         assert dict(off) == {**sym, "PACK": sym["PF"]}, (n, k)
+    off = wg_simt_config(4096, 4096, 4, 132, "some GPU", "offset", one_step=False)
+    assert off == wg_simt_packs(wg_simt_rule(4096, 4096, 4, 132), "offset")
 
 
 @pytest.mark.parametrize("bits,group,mode,n,k", [

@@ -43,7 +43,14 @@ from mixgemm.bench import protocol
 from mixgemm.bench.models import catalog, model_layers
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels import linear as entries
-from mixgemm.kernels.cuda.gemv import _MODE, WG_LAYOUT, chunks_per_row, mma_k_tiles, mma_reduction_fits
+from mixgemm.kernels.cuda.gemv import (
+    _MODE,
+    WG_LAYOUT,
+    chunks_per_row,
+    mma_k_tiles,
+    mma_reduction_fits,
+    wg_simt_packs,
+)
 from mixgemm.kernels.cuda.gemv_steps import lane_tiles, wg_simt_tiles
 from mixgemm.kernels.registry import device_info
 from tools.bench.gemv_tables import FORMATS, simt_generalization, simt_resident_blocks, suggest, suggest_simt
@@ -68,12 +75,15 @@ def mma_variants(base: dict) -> list[dict]:
 
 # (RT row tiles per warp, U k-tiles per step, PF double buffering) of the M = 1 CUDA-core math on wgmma_v1: 1-8 tiles of
 # 512 bytes per lane in flight (PF counts twice)
-def wg_simt_grid(kt64: int, pack: bool = False) -> list[dict]:
+def wg_simt_grid(kt64: int, pack: bool = False, mode: str = "sym") -> list[dict]:
     """M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): the step-cost model's tile space
-    (kernels.cuda.gemv_steps.wg_simt_tiles) for kt64 64-k tiles. pack: each tile also with its zero-point / offset
-    parameter pair in one register (PACK)."""
-    out = [t.config() for t in wg_simt_tiles(kt64)]
-    return out + [{**c, "PACK": 1} for c in out] if pack else out
+    (kernels.cuda.gemv_steps.wg_simt_tiles) for kt64 64-k tiles, each as the dispatcher runs it for ``mode``
+    (kernels.cuda.gemv.wg_simt_packs: zero point / offset with PACK where PF is on). pack: each zero-point / offset tile
+    also with the other PACK."""
+    out = [wg_simt_packs(t.config(), mode) for t in wg_simt_tiles(kt64)]
+    if not pack or mode == "sym":
+        return out
+    return out + [{**c, "PACK": 1 - c["PACK"]} for c in out]
 
 
 def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int, int]], arch: str,
@@ -89,7 +99,7 @@ def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int,
     for fmt in fmts:
         bits, group, mode = FORMATS[fmt]
         for k, _ in shapes:
-            for cfg in wg_simt_grid(-(-k // 64), pack):
+            for cfg in wg_simt_grid(-(-k // 64), pack, mode):
                 d = simt_defines_for(bits, _ACT[dtype], 0, _MODE[mode], {**cfg, "G32": int(group == 32)})
                 keys.add(tuple(sorted(d.items())))
     with ProcessPoolExecutor(os.cpu_count()) as pool:
@@ -172,7 +182,7 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
             if simt_grid:  # both kernels' grids on wgmma_v1: the tensor-core GEMV's (KS, U) and the CUDA-core tiles
                 kt64 = -(-k // 64)
                 out["cuda_gemv_mma/compact"] += [c for c in mma_grid(on_wg[-1], kt64) if c not in on_wg]
-                out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(kt64)
+                out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(kt64, mode=p.mode)
             return out
         out = {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)],
                "cuda_gemv_mma/compact": on_wg + mma_variants(on_wg[0])}
@@ -186,12 +196,12 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
         base = entries._gemv_config(p)
         return {"cuda_gemv": [base, *lane_grid(base, chunks_per_row(bits, k))]}
     if m == 1 and simt_only:
-        return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64), simt_pack)}
+        return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64), simt_pack, p.mode)}
     if m == 1:
         grid = [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma] if mma_grid_m1 else []
         out = {"cuda_gemv": [simt, *entries._gemv_candidates(p)], "cuda_gemv_mma": [mma, *grid]}
         if simt_grid:
-            out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(-(-k // 64))
+            out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(-(-k // 64), mode=p.mode)
         return out
     near = entries._gemv_mma_candidates(p)
     if mma_grid_all:

@@ -1,15 +1,16 @@
 """Fit the step-cost model of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_steps.py: WgSimtStepTile,
 cheapest_wg_simt_tile) to --simt-only sweeps, and say how it carries to layers left out of the fit. No GPU for the fit.
 
-    python -m tools.bench.wg_simt_fit SWEEP.json [--sms 132]     (costs per family, in-sample and leave-one-out)
+    python -m tools.bench.wg_simt_fit SWEEP.json ... [--sms 132]  (costs per family, in-sample and leave-one-out)
     python -m tools.bench.wg_simt_fit --registers OUT.json        (each tile's registers from this machine's NVRTC:
-                                                                   run it where the GPU's NVRTC is)
+                                                                   run it where the GPUs' NVRTC version is)
 
-SWEEP.json: `python -m tools.bench.gemv_dispatch --simt-only --ms 1 --formats w4s,w8 --shapes ...` on one GPU. The
-model counts rounds of resident blocks from gemv_steps.WG_SIMT_REGISTERS (the table --registers prints). Each
-family's costs start equal and move by coordinate descent (three starts) to the smallest geometric mean of the
-chosen tile's time over the fastest measured tile's; with every layer left out in turn, the costs fitted on the
-others choose its tile (the held-out figure tuning.gemv_steps.WG_SIMT quotes).
+SWEEP.json: `python -m tools.bench.gemv_dispatch --simt-only --ms 1 --formats w4s,w4z,w8 [--dtype bfloat16] --shapes
+...` on one GPU; a family is a format and an activation dtype. The model counts rounds of resident blocks from
+gemv_steps.WG_SIMT_REGISTERS (the table --registers prints). Each family's costs start equal and move by coordinate
+descent (three starts) to the smallest geometric mean of the chosen tile's time over the fastest measured tile's;
+with every layer left out in turn, the costs fitted on the others choose its tile (the held-out figure
+tuning.gemv_steps.WG_SIMT quotes).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import json
 import random
 from dataclasses import fields
 
+from mixgemm.kernels.cuda.gemv import wg_simt_packs
 from mixgemm.kernels.cuda.gemv_steps import (
     WG_SIMT_CLASSES,
+    WG_SIMT_REGISTERS,
     StepCosts,
     WgSimtStepTile,
     wg_simt_tile_shape,
@@ -31,22 +34,31 @@ from tools.bench.gemv_tables import FORMATS, geomean
 
 KEYS = tuple(f.name for f in fields(WgSimtStepTile))
 MULTIPLIERS = (0.3, 0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.6, 3.0)
+FITTED = ("w4s", "w4z", "w8")  # the formats the model serves (gemv_dispatch.py's names)
+ACTS = {"float16": 0, "bfloat16": 1}
 
 
 def layers_of(path: str, num_sms: int) -> list[dict]:
-    """The swept cases: {K, N, fmt, times: {WgSimtStepTile: us}, shapes: {WgSimtStepTile: TileShape}, best}."""
+    """The swept cases: {K, N, family: (fmt, dtype), times: {WgSimtStepTile: us}, shapes: {WgSimtStepTile:
+    TileShape}, best}. Each tile as the dispatcher runs it (zero point: PACK where PF is on); a sweep's other PACK
+    (--simt-pack) is left out."""
     with open(path) as f:
-        swept = json.load(f)["res"]
+        sweep = json.load(f)
+    dtype = sweep.get("dtype", "float16")
+    act = ACTS[dtype]
     out = []
-    for r in swept:
-        if "rows" not in r or r["fmt"] not in ("w4s", "w8"):
+    for r in sweep["res"]:
+        if "rows" not in r or r["fmt"] not in FITTED:
             continue
         bits, _, mode = FORMATS[r["fmt"]]
-        times = {WgSimtStepTile(*(rec["cfg"][k] for k in KEYS)): rec["us"]
-                 for rec in r["rows"].get("cuda_gemv_mma/wg_simt", []) if rec["us"] is not None}
+        times = {}
+        for rec in r["rows"].get("cuda_gemv_mma/wg_simt", []):
+            tile = WgSimtStepTile(*(rec["cfg"][k] for k in KEYS))
+            if rec["us"] is not None and rec["cfg"].get("PACK", 0) == wg_simt_packs(tile.config(), mode).get("PACK", 0):
+                times[tile] = rec["us"]
         if times:
-            shapes = {t: wg_simt_tile_shape(t, r["N"], r["K"], bits, mode, num_sms) for t in times}
-            out.append({"K": r["K"], "N": r["N"], "fmt": r["fmt"], "times": times, "shapes": shapes,
+            shapes = {t: wg_simt_tile_shape(t, r["N"], r["K"], bits, mode, num_sms, act) for t in times}
+            out.append({"K": r["K"], "N": r["N"], "family": (r["fmt"], dtype), "times": times, "shapes": shapes,
                         "best": min(times.values())})
     return out
 
@@ -73,13 +85,16 @@ def fit(layers: list[dict], starts: int = 3, seed: int = 0) -> tuple[StepCosts, 
 
 
 def registers(path: str) -> None:
+    """Each tile's registers for every (bits, mode, act) of gemv_steps.WG_SIMT_REGISTERS (fp16 scales), as the tile runs
+    (zero point: PACK where PF is on), from this machine's NVRTC, keyed "bits mode act RT U PF KS RG"."""
     from mixgemm.kernels.cuda.gemv import wg_simt_registers
 
     out = {}
-    for bits in (4, 8):
+    for bits, mode, act in WG_SIMT_REGISTERS:
         for t in wg_simt_tiles(1 << 12):
-            out[f"{bits} sym " + " ".join(map(str, (getattr(t, key) for key in KEYS)))] = wg_simt_registers(
-                bits, 0, 0, "sym", tuple(sorted(t.config().items())))
+            cfg = wg_simt_packs(t.config(), mode)
+            out[f"{bits} {mode} {act} " + " ".join(map(str, (getattr(t, key) for key in KEYS)))] = wg_simt_registers(
+                bits, act, 0, mode, tuple(sorted(cfg.items())))
     with open(path, "w") as f:
         json.dump(out, f, indent=0)
 
@@ -94,14 +109,12 @@ def main() -> None:
         registers(args.registers)
         return
     layers = [lay for p in args.sweeps for lay in layers_of(p, args.sms)]
-    for fmt in ("w4s", "w8"):
-        fam = [lay for lay in layers if lay["fmt"] == fmt]
-        if not fam:
-            continue
+    for family in sorted({lay["family"] for lay in layers}):
+        fam = [lay for lay in layers if lay["family"] == family]
         costs, s = fit(fam)
         held = [lay["times"][pick(lay, fit([o for o in fam if o is not lay])[0])] / lay["best"] for lay in fam]
-        print(f"{fmt}: {len(fam)} layers, in sample {s:.3f}x the fastest tile, held out {geomean(held):.3f}x "
-              f"(worst {max(held):.3f}x)")
+        print(f"{' '.join(family)}: {len(fam)} layers, in sample {s:.3f}x the fastest tile, held out "
+              f"{geomean(held):.3f}x (worst {max(held):.3f}x)")
         print(f"  step {{{', '.join(f'{c}: {v:.3g}' for c, v in costs.step.items())}}}, round {costs.round:.3g}, "
               f"per_log2_ks {costs.per_log2_ks:.3g}")
 

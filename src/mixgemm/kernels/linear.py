@@ -282,15 +282,25 @@ def _compact_m1_simt_tile(p: Problem) -> dict | None:
     kernel does not read), except on the small layers where the GPU's table sends the plain codes' fp16 M = 1 call to
     the tensor-core GEMV (gemv_mma_m1): its 16-way k-split wins there on wgmma_v1 too (tuning.COMPACT_M1_SIMT_DTYPES
     says where measured), unless the CUDA-core GEMV's one-step tile applies (kernels.cuda.gemv.wg_simt_one_step, which
-    beat both there); and in bf16 not where the tile's bf16 build keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of its fp16
-    build's resident warps."""
+    beat both there); and in bf16, for a tile not of the step-cost model (which counts the bf16 build's registers),
+    not where the tile's bf16 build keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of its fp16 build's resident warps: the
+    step-cost model's tile for bf16 x there, the tensor-core GEMV where the family has no bf16 costs. H100, against
+    the tensor-core GEMV those calls took before (tools/bench/dispatch_ab.py, W4 zero point, 6 layers): 0.805-0.892x
+    the time."""
+    from mixgemm.kernels.cuda.gemv import ModelledConfig, wg_simt_modelled
+
     if p.m != 1 or p.act_order or p.x_dtype not in tuning.COMPACT_M1_SIMT_DTYPES:
         return None
     one = _wg_simt_one_step(p)
     if one is None and _in_gemv_mma_m1(p):
         return None
     tile = one if one is not None else _wg_simt_config(p, one_step=False)
-    return tile if p.x_dtype != torch.bfloat16 or _bf16_keeps_warps(p, tile) else None
+    if p.x_dtype != torch.bfloat16 or isinstance(tile, ModelledConfig) or _bf16_keeps_warps(p, tile):
+        return tile
+    modelled = wg_simt_modelled(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode,
+                                "the bf16 build of the fp16-measured tile keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of "
+                                "its fp16 build's resident warps", _x_code(p))
+    return modelled if isinstance(modelled, ModelledConfig) else None
 
 
 def _bf16_keeps_warps(p: Problem, tile: dict) -> bool:

@@ -48,19 +48,24 @@ def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
 
 
 # The CUDA-core GEMV on wgmma_v1 (a compacted weight's M = 1 call; kernels/cuda/gemv_steps.py, WgSimtStepTile): step
-# costs by tile class (RT, U, PF), a round's fixed part and its part per doubling of KS, fitted per GPU by
-# tools/bench/wg_simt_fit.py to tools/bench/gemv_dispatch.py --simt-only sweeps (M = 1, fp16 x, W4 g128 sym and W8 per
-# channel, the whole grid of 49-57 tiles) of 32 layers: 20 of the model list and 12 of other models (Mistral-Nemo,
-# Llama-3.2, Yi-34B, Falcon-7B, Command-R, Phi-3-small shapes), each GPU's own sweep. Each layer left out of the fit
-# in turn, the costs fitted on the others chose 1.014x / 1.028x the fastest tile's time by geometric mean (W4 / W8,
-# H100), where the rule they replace took 1.078x (docs/design.md). They serve sym weights where no measured bucket
-# does (kernels.cuda.gemv.wg_simt_config); zero-point and offset weights keep the rule (not swept).
+# costs by tile class (RT, U, PF), a round's fixed part and its part per doubling of KS, per GPU and family (bits, mode,
+# activation dtype), fitted by tools/bench/wg_simt_fit.py to tools/bench/gemv_dispatch.py --simt-only sweeps (M = 1,
+# the whole grid of 49-57 tiles, each as the dispatcher runs it) of 32 layers: 20 of the model list and 12 of other
+# models (Mistral-Nemo, Llama-3.2, Yi-34B, Falcon-7B, Command-R, Phi-3-small shapes), each GPU's own sweep. Each layer
+# left out of the fit in turn, the costs fitted on the others chose, by geometric mean, this many times the fastest
+# tile's time (H100 / H200): fp16 W4 g128 sym 1.014x / -, W8 per channel 1.028x / -, W4 g128 zero point 1.021x /
+# 1.022x; bf16 x (fp16 scales) W4 sym 1.011x / 1.034x, zero point 1.009x / 1.011x, W8 1.015x / 1.009x (the rule
+# 1.078x). They serve where no measured bucket does (kernels.cuda.gemv.wg_simt_config), and bf16 calls whose
+# fp16-measured tile keeps at most half its warps in bf16 (kernels.linear._compact_m1_simt_tile); offset weights and
+# int8 with a zero point keep the rule. Before / after with the zero-point and bf16 costs (tools/bench/dispatch_ab.py,
+# compacted, M = 1): H100 0.976x the time on 48 changed model-list cases, 0.924x on 35 cases of 24 other layer shapes;
+# H200 0.950x / 0.887x (docs/design.md).
 _WG_SOURCE = ("tools/bench/wg_simt_fit.py over tools/bench/gemv_dispatch.py --simt-only sweeps on the {gpu} (M = 1, "
-              "fp16 activations; 20 model-list and 12 other layers), {fmt}")
+              "{act} activations; 20 model-list and 12 other layers), {fmt}")
 
 
-def _wg_costs(gpu: str, fmt: str, step: dict, rnd: float, per_ks: float) -> StepCosts:
-    return StepCosts(step, rnd, _WG_SOURCE.format(gpu=gpu, fmt=fmt), per_ks)
+def _wg_costs(gpu: str, fmt: str, step: dict, rnd: float, per_ks: float, act: str = "fp16") -> StepCosts:
+    return StepCosts(step, rnd, _WG_SOURCE.format(gpu=gpu, fmt=fmt, act=act), per_ks)
 
 
 WG_SIMT = {
@@ -71,6 +76,23 @@ WG_SIMT = {
         "w8": _wg_costs("H100", "W8 per channel", {(1, 1, 0): 1.083, (1, 1, 1): 0.444, (1, 2, 0): 0.804,
                                                    (1, 2, 1): 0.782, (2, 1, 1): 1.256, (2, 2, 0): 1.398,
                                                    (2, 2, 1): 0.751, (4, 1, 1): 1.41, (4, 2, 0): 1.483}, 1.0, 0.1),
+        "w4 zero_point": _wg_costs("H100", "W4 g128 zero point", {(1, 1, 0): 0.63, (1, 1, 1): 0.6, (1, 2, 0): 1.25,
+                                                                  (1, 2, 1): 1.0, (2, 1, 1): 0.96, (2, 2, 0): 1.05,
+                                                                  (2, 2, 1): 1.0, (4, 1, 1): 0.997, (4, 2, 0): 5.28},
+                                   0.6, 0.1),
+        "w4 sym bf16": _wg_costs("H100", "W4 g128 sym", {(1, 1, 0): 1.0, (1, 1, 1): 0.48, (1, 2, 0): 1.25,
+                                                         (1, 2, 1): 1.0, (2, 1, 1): 0.48, (2, 2, 0): 1.0,
+                                                         (2, 2, 1): 0.8, (4, 1, 1): 0.6, (4, 2, 0): 1.6}, 1.0, 0.1,
+                                 "bf16"),
+        "w4 zero_point bf16": _wg_costs("H100", "W4 g128 zero point", {(1, 1, 0): 1.08, (1, 1, 1): 0.465,
+                                                                       (1, 2, 0): 1.0, (1, 2, 1): 0.782,
+                                                                       (2, 1, 1): 1.26, (2, 2, 0): 0.895,
+                                                                       (2, 2, 1): 0.675, (4, 1, 1): 0.64,
+                                                                       (4, 2, 0): 1.48}, 1.0, 0.1, "bf16"),
+        "w8 bf16": _wg_costs("H100", "W8 per channel", {(1, 1, 0): 0.585, (1, 1, 1): 0.549, (1, 2, 0): 1.05,
+                                                        (1, 2, 1): 0.625, (2, 1, 1): 1.26, (2, 2, 0): 1.12,
+                                                        (2, 2, 1): 0.867, (4, 1, 1): 1.41, (4, 2, 0): 1.48}, 1.0, 0.1,
+                             "bf16"),
     },
     "H200": {
         "w4 sym": _wg_costs("H200", "W4 g128 sym", {(1, 1, 0): 0.63, (1, 1, 1): 0.6, (1, 2, 0): 0.8, (1, 2, 1): 1.0,
@@ -79,14 +101,43 @@ WG_SIMT = {
         "w8": _wg_costs("H200", "W8 per channel", {(1, 1, 0): 0.585, (1, 1, 1): 1.408, (1, 2, 0): 1.055,
                                                    (1, 2, 1): 0.782, (2, 1, 1): 1.256, (2, 2, 0): 1.118,
                                                    (2, 2, 1): 0.751, (4, 1, 1): 1.41, (4, 2, 0): 1.483}, 1.0, 0.075),
+        "w4 zero_point": _wg_costs("H200", "W4 g128 zero point", {(1, 1, 0): 0.504, (1, 1, 1): 0.48, (1, 2, 0): 1.0,
+                                                                  (1, 2, 1): 1.0, (2, 1, 1): 0.6, (2, 2, 0): 0.9,
+                                                                  (2, 2, 1): 0.8, (4, 1, 1): 0.54, (4, 2, 0): 1.0},
+                                   1.6, 0.1),
+        "w4 sym bf16": _wg_costs("H200", "W4 g128 sym", {(1, 1, 0): 0.585, (1, 1, 1): 0.528, (1, 2, 0): 1.0,
+                                                         (1, 2, 1): 0.782, (2, 1, 1): 1.26, (2, 2, 0): 1.12,
+                                                         (2, 2, 1): 0.751, (4, 1, 1): 0.529, (4, 2, 0): 1.48}, 1.0,
+                                 0.1, "bf16"),
+        "w4 zero_point bf16": _wg_costs("H200", "W4 g128 zero point", {(1, 1, 0): 1.34, (1, 1, 1): 0.323,
+                                                                       (1, 2, 0): 0.69, (1, 2, 1): 0.759,
+                                                                       (2, 1, 1): 0.461, (2, 2, 0): 0.543,
+                                                                       (2, 2, 1): 0.385, (4, 1, 1): 0.283,
+                                                                       (4, 2, 0): 0.977}, 0.3, 0.1, "bf16"),
+        "w8 bf16": _wg_costs("H200", "W8 per channel", {(1, 1, 0): 0.585, (1, 1, 1): 0.422, (1, 2, 0): 1.05,
+                                                        (1, 2, 1): 0.586, (2, 1, 1): 1.26, (2, 2, 0): 1.01,
+                                                        (2, 2, 1): 0.6, (4, 1, 1): 1.41, (4, 2, 0): 1.48}, 0.48, 0.1,
+                             "bf16"),
     },
 }
 
 
-def wg_simt_step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts | None:
-    """The fitted costs of the CUDA-core GEMV on wgmma_v1 for a sym weight on this GPU (the H200's on an H200, else the
-    H100's), None for zero-point and offset weights (no fitted costs)."""
-    if mode != "sym":
+def wg_simt_family(bits: int, mode: str, act: int) -> str | None:
+    """WG_SIMT's family of a weight and activation dtype (act 0 fp16, 1 bf16), None where none was fitted (offset, int8
+    with a zero point)."""
+    if bits == 8 and mode == "sym":
+        name = "w8"
+    elif bits == 4 and mode in ("sym", "zero_point"):
+        name = f"w4 {mode}"
+    else:
         return None
-    family = step_family(bits, mode)
+    return name + (" bf16" if act == 1 else "")
+
+
+def wg_simt_step_costs(gpu_name: str, bits: int, mode: str, act: int = 0) -> StepCosts | None:
+    """The fitted costs of the CUDA-core GEMV on wgmma_v1 for a weight and activation dtype on this GPU (the H200's on
+    an H200, else the H100's), None where no family was fitted (wg_simt_family)."""
+    family = wg_simt_family(bits, mode, act)
+    if family is None:
+        return None
     return WG_SIMT["H200" if "H200" in gpu_name else "H100"][family]

@@ -316,38 +316,48 @@ def wg_simt_one_step(n: int, k: int, bits: int, num_sms: int, mode: str = "sym",
 def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", mode: str = "sym", act: int = 0,
                    scl: int = 0, arch: str = "sm_90", one_step: bool = True) -> dict:
     """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: one step a k-slice where that applies (wg_simt_one_step; not
-    asked with one_step False), else the measured bucket's on this GPU for this mode (tuning.gemv_m1.wg_simt_m1_entry)
-    where the layer's blocks per SM are within the entry's BPS (an entry kept for layers whose blocks all fit on the
-    SMs at once serves no layer that needs a second round: there the tile lost up to 1.25x), else for sym weights the
-    tile of least modelled cost (wg_simt_modelled), else wg_simt_rule."""
+    asked with one_step False), else the measured bucket's on this GPU for this mode (tuning.gemv_m1.wg_simt_m1_entry;
+    measured with fp16 x, bf16 x takes it too) where the layer's blocks per SM are within the entry's BPS (an entry
+    kept for layers whose blocks all fit on the SMs at once serves no layer that needs a second round: there the tile
+    lost up to 1.25x), else the tile of least modelled cost for this activation dtype (wg_simt_modelled), else
+    wg_simt_rule. Why the buckets first in bf16 too: against them the bf16 costs' tiles took 0.987x the time on the
+    model-list layers but up to 1.15x on the widest (5120x55296: KS 2 where the bucket's KS 4 / 8 wins), H100."""
     one = wg_simt_one_step(n, k, bits, num_sms, mode, act, scl, arch) if one_step else None
     if one is not None:
         return one
     hit = wg_simt_m1_entry(gpu_name, bits, k, n, mode)
     if hit is None:
-        return wg_simt_modelled(n, k, bits, num_sms, gpu_name, mode, "")
+        return wg_simt_modelled(n, k, bits, num_sms, gpu_name, mode, "", act)
     gpu, entry = hit
     t = entry.value
     where = f"gemv_m1 {gpu} wgmma_v1 W{bits}, {entry.where(ShapeBucket.of(k, n))}"
     if not wg_simt_serves(n, t.RT, t.RG, t.BPS, num_sms):
         per_sm = wg_simt_blocks_per_sm(n, t.RT, t.RG, num_sms)
         return wg_simt_modelled(n, k, bits, num_sms, gpu_name, mode,
-                                f"{per_sm} blocks per SM of the tile of {where} exceed its BPS {t.BPS}")
+                                f"{per_sm} blocks per SM of the tile of {where} exceed its BPS {t.BPS}", act)
     cfg = {"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG}
     return SourcedConfig(wg_simt_packs(cfg, mode, t.PACK), where)
 
 
-def wg_simt_modelled(n: int, k: int, bits: int, num_sms: int, gpu_name: str, mode: str, why: str) -> dict:
-    """Where no measured bucket serves a layer: for sym weights the tile of least modelled cost
-    (gemv_steps.cheapest_wg_simt_tile, costs fitted per GPU in tuning.gemv_steps.WG_SIMT), else wg_simt_rule (zero
-    point / offset: no fitted costs). ``why``: why the bucket did not serve ("" when there is none)."""
-    costs = wg_simt_step_costs(gpu_name, bits, mode)
-    tile = cheapest_wg_simt_tile(n, k, bits, mode, num_sms, costs) if costs is not None else None
+class ModelledConfig(SourcedConfig):
+    """A tile the step-cost model chose (wg_simt_modelled): it counted the resident warps of the build that runs, bf16
+    x included, so the bf16 warp-share guard for fp16-measured tiles (WG_SIMT_BF16_MIN_WARP_SHARE) does not apply."""
+
+
+def wg_simt_modelled(n: int, k: int, bits: int, num_sms: int, gpu_name: str, mode: str, why: str,
+                     act: int = 0) -> dict:
+    """The tile of least modelled cost (gemv_steps.cheapest_wg_simt_tile, costs fitted per GPU, weight family and
+    activation dtype in tuning.gemv_steps.WG_SIMT; zero point with PACK where PF is on, as it was timed), else
+    wg_simt_rule (no fitted costs: offset weights, int8 with a zero point; or no tile fits K). ``why``: why no measured
+    bucket served ("" when there is none)."""
+    costs = wg_simt_step_costs(gpu_name, bits, mode, act)
+    tile = cheapest_wg_simt_tile(n, k, bits, mode, num_sms, costs, act) if costs is not None else None
     pre = f"{why}; " if why else ""
     if tile is None:
         cfg = wg_simt_packs(wg_simt_rule(n, k, bits, num_sms), mode)
         return SourcedConfig(cfg, f"the rule: {why}") if why else cfg
-    return SourcedConfig(tile.config(), f"{pre}CUDA-core GEMV on wgmma_v1 step-cost model ({costs.source})")
+    return ModelledConfig(wg_simt_packs(tile.config(), mode),
+                          f"{pre}CUDA-core GEMV on wgmma_v1 step-cost model ({costs.source})")
 
 
 def wg_simt_packs(cfg: dict, mode: str, pack: int | None = None) -> dict:
