@@ -493,3 +493,16 @@ def test_compact_bf16_m1_models_where_the_measured_tile_halves_its_warps(monkeyp
     want = cheapest_wg_simt_tile(14336, 4096, 4, "sym", H100.sm_count, WG_SIMT["H100"]["w4 sym bf16"], 1).config()
     assert c.config.get("SIMT", 0) == 1 and {k: c.config[k] for k in want} == want, c
     assert "WG_SIMT_BF16_MIN_WARP_SHARE" in c.config_source and "step-cost model" in c.config_source
+
+
+def test_compact_m1_groups_of_32_take_their_step_costs():
+    """A compacted GGUF-style weight (W4 groups of 32, sym and offset) whose layer no bucket serves and the one-step
+    tile does not take runs its groups-of-32 family's modelled tile at M = 1 in fp16, saying so."""
+    from mixgemm.formats.weight import compact_placeholder
+    from mixgemm.ops.custom_ops import compact_weight
+
+    for mode, name in (("sym", "q4_0"), ("offset", "q4_1")):
+        qw = mixgemm.quantize_weight(torch.randn(18944, 3584) * 0.02, bits=4, group_size=32, mode=mode)
+        cw = compact_weight(qw, compact_placeholder(qw.qweight))
+        c = mixgemm.explain(torch.empty(1, 3584, dtype=torch.float16), cw, device=H100)
+        assert c.config.get("SIMT", 0) == 1 and "step-cost model" in c.config_source and name in c.config_source, c

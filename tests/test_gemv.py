@@ -253,6 +253,33 @@ def test_wg_simt_config_models_layers_no_bucket_serves():
         assert got == wg_simt_packs(wg_simt_rule(4096, 4096, bits, 132), mode) and not isinstance(got, ModelledConfig)
 
 
+def test_wg_simt_config_models_groups_of_32_with_their_own_family():
+    """GGUF's groups of 32 (the G32 build: two parameter sets per 64-k tile, other registers): W4 sym (q4_0) and W4
+    offset (q4_1 / Q4_K) take their own fitted costs and the G32 builds' registers where no bucket serves (the H200 the
+    H100's: no H200 fit); a groups-of-32 family without costs (int8, q8_0; bf16 x) takes its larger groups' family,
+    registers and costs; offset at larger groups keeps the rule."""
+    from mixgemm.kernels.cuda.gemv import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.tuning.gemv_steps import WG_SIMT, wg_simt_step_costs
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    for gpu in (h100, "NVIDIA H200"):
+        assert wg_simt_step_costs(gpu, 4, "sym", 0, 1) is WG_SIMT["H100"]["w4 sym g32"]
+        assert wg_simt_step_costs(gpu, 4, "offset", 0, 1) is WG_SIMT["H100"]["w4 offset g32"]
+        assert wg_simt_step_costs(gpu, 8, "sym", 0, 1) is None and wg_simt_step_costs(gpu, 4, "offset") is None
+    for mode, family in (("sym", "w4 sym g32"), ("offset", "w4 offset g32")):
+        got = wg_simt_config(4096, 4096, 4, 132, h100, mode, one_step=False, g32=1)
+        tile = cheapest_wg_simt_tile(4096, 4096, 4, mode, 132, WG_SIMT["H100"][family], 0, 1)
+        assert isinstance(got, ModelledConfig) and dict(got) == wg_simt_packs(tile.config(), mode), mode
+        assert "G32" not in got  # the launch sets it from the layout's group size
+    for bits, act, family in ((8, 0, "w8"), (4, 1, "w4 sym bf16")):
+        got = wg_simt_config(4096, 4096, bits, 132, h100, "sym", act, one_step=False, g32=1)
+        tile = cheapest_wg_simt_tile(4096, 4096, bits, "sym", 132, WG_SIMT["H100"][family], act, 0)
+        assert dict(got) == tile.config(), (bits, act)
+    off = wg_simt_config(4096, 4096, 4, 132, h100, "offset", one_step=False)
+    assert dict(off) == wg_simt_packs(wg_simt_rule(4096, 4096, 4, 132), "offset")
+
+
 def test_wg_simt_config_bf16_models_with_its_own_costs():
     """bf16 x: a bucket measured with fp16 x serves it as it serves fp16 (the H100's k24/n28 int4 tile on 4096x14336);
     where none serves, the tile of least modelled cost with the bf16 costs and the bf16 build's registers (its own

@@ -10,9 +10,10 @@ import functools
 import json
 import statistics
 
-# a sweep's weight formats: name -> (bits, group size, mode); w4o32: GGUF q4_1 / Q4_K blocks (scale and offset per 32)
+# a sweep's weight formats: name -> (bits, group size, mode); GGUF blocks of 32: w4s32 q4_0, w4o32 q4_1 / Q4_K (scale
+# and offset per 32), w8s32 q8_0
 FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym"),
-           "w4o32": (4, 32, "offset")}
+           "w4s32": (4, 32, "sym"), "w4o32": (4, 32, "offset"), "w8s32": (8, 32, "sym")}
 
 
 def suggest(paths: list[str], min_gain: float = 0.05, num_sms: int = 132) -> list[tuple]:

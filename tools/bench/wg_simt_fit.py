@@ -6,11 +6,11 @@ cheapest_wg_simt_tile) to --simt-only sweeps, and say how it carries to layers l
                                                                    run it where the GPUs' NVRTC version is)
 
 SWEEP.json: `python -m tools.bench.gemv_dispatch --simt-only --ms 1 --formats w4s,w4z,w8 [--dtype bfloat16] --shapes
-...` on one GPU; a family is a format and an activation dtype. The model counts rounds of resident blocks from
-gemv_steps.WG_SIMT_REGISTERS (the table --registers prints). Each family's costs start equal and move by coordinate
-descent (three starts) to the smallest geometric mean of the chosen tile's time over the fastest measured tile's;
-with every layer left out in turn, the costs fitted on the others choose its tile (the held-out figure
-tuning.gemv_steps.WG_SIMT quotes).
+...` on one GPU (GGUF's groups of 32: w4s32, w4o32, w8s32); a family is a format and an activation dtype. The model
+counts rounds of resident blocks from gemv_steps.WG_SIMT_REGISTERS (the table --registers prints). Each family's
+costs start equal and move by coordinate descent (three starts) to the smallest geometric mean of the chosen tile's
+time over the fastest measured tile's; with every layer left out in turn, the costs fitted on the others choose its
+tile (the held-out figure tuning.gemv_steps.WG_SIMT quotes).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tools.bench.gemv_tables import FORMATS, geomean
 
 KEYS = tuple(f.name for f in fields(WgSimtStepTile))
 MULTIPLIERS = (0.3, 0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.6, 3.0)
-FITTED = ("w4s", "w4z", "w8")  # the formats the model serves (gemv_dispatch.py's names)
+FITTED = ("w4s", "w4z", "w8", "w4s32", "w4o32", "w8s32")  # the formats the model serves (gemv_dispatch.py's names)
 ACTS = {"float16": 0, "bfloat16": 1}
 
 
@@ -50,14 +50,15 @@ def layers_of(path: str, num_sms: int) -> list[dict]:
     for r in sweep["res"]:
         if "rows" not in r or r["fmt"] not in FITTED:
             continue
-        bits, _, mode = FORMATS[r["fmt"]]
+        bits, group, mode = FORMATS[r["fmt"]]
+        g32 = int(group == 32)
         times = {}
         for rec in r["rows"].get("cuda_gemv_mma/wg_simt", []):
             tile = WgSimtStepTile(*(rec["cfg"][k] for k in KEYS))
             if rec["us"] is not None and rec["cfg"].get("PACK", 0) == wg_simt_packs(tile.config(), mode).get("PACK", 0):
                 times[tile] = rec["us"]
         if times:
-            shapes = {t: wg_simt_tile_shape(t, r["N"], r["K"], bits, mode, num_sms, act) for t in times}
+            shapes = {t: wg_simt_tile_shape(t, r["N"], r["K"], bits, mode, num_sms, act, g32) for t in times}
             out.append({"K": r["K"], "N": r["N"], "family": (r["fmt"], dtype), "times": times, "shapes": shapes,
                         "best": min(times.values())})
     return out
@@ -85,16 +86,17 @@ def fit(layers: list[dict], starts: int = 3, seed: int = 0) -> tuple[StepCosts, 
 
 
 def registers(path: str) -> None:
-    """Each tile's registers for every (bits, mode, act) of gemv_steps.WG_SIMT_REGISTERS (fp16 scales), as the tile runs
-    (zero point: PACK where PF is on), from this machine's NVRTC, keyed "bits mode act RT U PF KS RG"."""
+    """Each tile's registers for every (bits, mode, act, g32) of gemv_steps.WG_SIMT_REGISTERS (fp16 scales), as the tile
+    runs (zero point / offset: PACK where PF is on), from this machine's NVRTC, keyed "bits mode act g32 RT U PF KS
+    RG"."""
     from mixgemm.kernels.cuda.gemv import wg_simt_registers
 
     out = {}
-    for bits, mode, act in WG_SIMT_REGISTERS:
+    for bits, mode, act, g32 in WG_SIMT_REGISTERS:
         for t in wg_simt_tiles(1 << 12):
-            cfg = wg_simt_packs(t.config(), mode)
-            out[f"{bits} {mode} {act} " + " ".join(map(str, (getattr(t, key) for key in KEYS)))] = wg_simt_registers(
-                bits, act, 0, mode, tuple(sorted(cfg.items())))
+            cfg = {**wg_simt_packs(t.config(), mode), **({"G32": 1} if g32 else {})}
+            out[f"{bits} {mode} {act} {g32} " + " ".join(map(str, (getattr(t, key) for key in KEYS)))] = (
+                wg_simt_registers(bits, act, 0, mode, tuple(sorted(cfg.items()))))
     with open(path, "w") as f:
         json.dump(out, f, indent=0)
 

@@ -299,7 +299,7 @@ def _compact_m1_simt_tile(p: Problem) -> dict | None:
         return tile
     modelled = wg_simt_modelled(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode,
                                 "the bf16 build of the fp16-measured tile keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of "
-                                "its fp16 build's resident warps", _x_code(p))
+                                "its fp16 build's resident warps", _x_code(p), _g32(p))
     return modelled if isinstance(modelled, ModelledConfig) else None
 
 
@@ -331,7 +331,12 @@ def _wg_simt_config(p: Problem, one_step: bool = True) -> dict:
     from mixgemm.kernels.cuda.gemv import _SCL, wg_simt_config
 
     return wg_simt_config(p.n, p.k, p.bits, p.device.sm_count, p.device.name, p.mode, _x_code(p),
-                          _SCL[_scale_dtype(p)], _arch(p), one_step)
+                          _SCL[_scale_dtype(p)], _arch(p), one_step, _g32(p))
+
+
+def _g32(p: Problem) -> int:
+    """1 for groups of 32 (two parameter sets per 64-k tile: the CUDA-core GEMV on wgmma_v1's G32 build), else 0."""
+    return int(p.group_size == 32)
 
 
 def _in_gemv_mma_m1(p: Problem) -> bool:

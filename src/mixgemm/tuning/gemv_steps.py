@@ -55,11 +55,14 @@ def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
 # left out of the fit in turn, the costs fitted on the others chose, by geometric mean, this many times the fastest
 # tile's time (H100 / H200): fp16 W4 g128 sym 1.014x / -, W8 per channel 1.028x / -, W4 g128 zero point 1.021x /
 # 1.022x; bf16 x (fp16 scales) W4 sym 1.011x / 1.034x, zero point 1.009x / 1.011x, W8 1.015x / 1.009x (the rule
-# 1.078x). They serve where no measured bucket does (kernels.cuda.gemv.wg_simt_config), and bf16 calls whose
-# fp16-measured tile keeps at most half its warps in bf16 (kernels.linear._compact_m1_simt_tile); offset weights and
-# int8 with a zero point keep the rule. Before / after with the zero-point and bf16 costs (tools/bench/dispatch_ab.py,
+# 1.078x); GGUF's groups of 32, fp16 x, H100 only (the H200 takes these): W4 sym (q4_0) 1.017x, offset (q4_1 / Q4_K)
+# 1.028x. int8 at groups of 32 (q8_0) was fitted and not kept (1.055x held out, one layer 2.1x); it and bf16 x at
+# groups of 32 take their larger groups' family (kernels.cuda.gemv.wg_simt_modelled). They serve where no measured
+# bucket does (kernels.cuda.gemv.wg_simt_config), and bf16 calls whose fp16-measured tile keeps at most half its
+# warps in bf16 (kernels.linear._compact_m1_simt_tile); offset weights at larger groups and int8 with a zero point
+# keep the rule. Before / after with the zero-point and bf16 costs (tools/bench/dispatch_ab.py,
 # compacted, M = 1): H100 0.976x the time on 48 changed model-list cases, 0.924x on 35 cases of 24 other layer shapes;
-# H200 0.950x / 0.887x (docs/design.md).
+# H200 0.950x / 0.887x; with the groups-of-32 families (H100) 0.963x on 40 / 0.897x on 20 (docs/design.md).
 _WG_SOURCE = ("tools/bench/wg_simt_fit.py over tools/bench/gemv_dispatch.py --simt-only sweeps on the {gpu} (M = 1, "
               "{act} activations; 20 model-list and 12 other layers), {fmt}")
 
@@ -93,6 +96,15 @@ WG_SIMT = {
                                                         (1, 2, 1): 0.625, (2, 1, 1): 1.26, (2, 2, 0): 1.12,
                                                         (2, 2, 1): 0.867, (4, 1, 1): 1.41, (4, 2, 0): 1.48}, 1.0, 0.1,
                              "bf16"),
+        "w4 sym g32": _wg_costs("H100", "W4 g32 sym (GGUF q4_0)", {(1, 1, 0): 0.403, (1, 1, 1): 1.26, (1, 2, 0): 0.58,
+                                                                 (1, 2, 1): 0.759, (2, 1, 1): 1.01, (2, 2, 0): 0.95,
+                                                                 (2, 2, 1): 1.28, (4, 1, 1): 0.482, (4, 2, 0): 0.977},
+                                1.0, 0.3),
+        "w4 offset g32": _wg_costs("H100", "W4 g32 offset (GGUF q4_1 / Q4_K)", {(1, 1, 0): 1.34, (1, 1, 1): 1.26,
+                                                                              (1, 2, 0): 0.609, (1, 2, 1): 0.759,
+                                                                              (2, 1, 1): 0.334, (2, 2, 0): 0.905,
+                                                                              (2, 2, 1): 1.28, (4, 1, 1): 0.482,
+                                                                              (4, 2, 0): 0.977}, 0.3, 0.3),
     },
     "H200": {
         "w4 sym": _wg_costs("H200", "W4 g128 sym", {(1, 1, 0): 0.63, (1, 1, 1): 0.6, (1, 2, 0): 0.8, (1, 2, 1): 1.0,
@@ -122,22 +134,24 @@ WG_SIMT = {
 }
 
 
-def wg_simt_family(bits: int, mode: str, act: int) -> str | None:
-    """WG_SIMT's family of a weight and activation dtype (act 0 fp16, 1 bf16), None where none was fitted (offset, int8
-    with a zero point)."""
+def wg_simt_family(bits: int, mode: str, act: int = 0, g32: int = 0) -> str | None:
+    """WG_SIMT's family name of a weight and activation dtype (act 0 fp16, 1 bf16; g32 groups of 32), None for a
+    weight no family can describe (int8 with a zero point or offset)."""
     if bits == 8 and mode == "sym":
         name = "w8"
-    elif bits == 4 and mode in ("sym", "zero_point"):
+    elif bits == 4:
         name = f"w4 {mode}"
     else:
         return None
-    return name + (" bf16" if act == 1 else "")
+    return name + (" g32" if g32 else "") + (" bf16" if act == 1 else "")
 
 
-def wg_simt_step_costs(gpu_name: str, bits: int, mode: str, act: int = 0) -> StepCosts | None:
+def wg_simt_step_costs(gpu_name: str, bits: int, mode: str, act: int = 0, g32: int = 0) -> StepCosts | None:
     """The fitted costs of the CUDA-core GEMV on wgmma_v1 for a weight and activation dtype on this GPU (the H200's on
-    an H200, else the H100's), None where no family was fitted (wg_simt_family)."""
-    family = wg_simt_family(bits, mode, act)
-    if family is None:
-        return None
-    return WG_SIMT["H200" if "H200" in gpu_name else "H100"][family]
+    an H200, else the H100's; a family fitted on the H100 only serves the H200 too), None where no family was
+    fitted (wg_simt_family)."""
+    family = wg_simt_family(bits, mode, act, g32)
+    for gpu in ("H200", "H100") if "H200" in gpu_name else ("H100",):
+        if family in WG_SIMT[gpu]:
+            return WG_SIMT[gpu][family]
+    return None

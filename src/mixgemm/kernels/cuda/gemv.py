@@ -301,7 +301,8 @@ def wg_simt_one_step_tile(k: int, mode: str = "sym") -> dict:
 def wg_simt_one_step(n: int, k: int, bits: int, num_sms: int, mode: str = "sym", act: int = 0, scl: int = 0,
                      arch: str = "sm_90") -> dict | None:
     """The one-step tile above where it applies (act / scl: the activation and scale codes of the build whose
-    registers decide how many warps an SM holds), else None."""
+    registers decide how many warps an SM holds; groups of 32 count as larger groups' build, as the rule was measured:
+    with the G32 build's registers GGUF q4_1's 896x9728 lost it and took 1.37x the time, H100), else None."""
     cfg = wg_simt_one_step_tile(k, mode)
     kt, nt, ks = -(-k // 64), -(-n // 16), cfg["KS"]
     if kt > 2 * ks * WG_SIMT_ONE_STEP_MAX_STEPS:
@@ -314,7 +315,7 @@ def wg_simt_one_step(n: int, k: int, bits: int, num_sms: int, mode: str = "sym",
 
 
 def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", mode: str = "sym", act: int = 0,
-                   scl: int = 0, arch: str = "sm_90", one_step: bool = True) -> dict:
+                   scl: int = 0, arch: str = "sm_90", one_step: bool = True, g32: int = 0) -> dict:
     """The M = 1 tile of the CUDA-core GEMV on wgmma_v1: one step a k-slice where that applies (wg_simt_one_step; not
     asked with one_step False), else the measured bucket's on this GPU for this mode (tuning.gemv_m1.wg_simt_m1_entry;
     measured with fp16 x, bf16 x takes it too) where the layer's blocks per SM are within the entry's BPS (an entry
@@ -327,14 +328,14 @@ def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", 
         return one
     hit = wg_simt_m1_entry(gpu_name, bits, k, n, mode)
     if hit is None:
-        return wg_simt_modelled(n, k, bits, num_sms, gpu_name, mode, "", act)
+        return wg_simt_modelled(n, k, bits, num_sms, gpu_name, mode, "", act, g32)
     gpu, entry = hit
     t = entry.value
     where = f"gemv_m1 {gpu} wgmma_v1 W{bits}, {entry.where(ShapeBucket.of(k, n))}"
     if not wg_simt_serves(n, t.RT, t.RG, t.BPS, num_sms):
         per_sm = wg_simt_blocks_per_sm(n, t.RT, t.RG, num_sms)
         return wg_simt_modelled(n, k, bits, num_sms, gpu_name, mode,
-                                f"{per_sm} blocks per SM of the tile of {where} exceed its BPS {t.BPS}", act)
+                                f"{per_sm} blocks per SM of the tile of {where} exceed its BPS {t.BPS}", act, g32)
     cfg = {"WG": 1, "SIMT": 1, "RT": t.RT, "U": t.U, "PF": t.PF, "KS": t.KS, "RG": t.RG}
     return SourcedConfig(wg_simt_packs(cfg, mode, t.PACK), where)
 
@@ -345,13 +346,17 @@ class ModelledConfig(SourcedConfig):
 
 
 def wg_simt_modelled(n: int, k: int, bits: int, num_sms: int, gpu_name: str, mode: str, why: str,
-                     act: int = 0) -> dict:
-    """The tile of least modelled cost (gemv_steps.cheapest_wg_simt_tile, costs fitted per GPU, weight family and
-    activation dtype in tuning.gemv_steps.WG_SIMT; zero point with PACK where PF is on, as it was timed), else
-    wg_simt_rule (no fitted costs: offset weights, int8 with a zero point; or no tile fits K). ``why``: why no measured
-    bucket served ("" when there is none)."""
-    costs = wg_simt_step_costs(gpu_name, bits, mode, act)
-    tile = cheapest_wg_simt_tile(n, k, bits, mode, num_sms, costs, act) if costs is not None else None
+                     act: int = 0, g32: int = 0) -> dict:
+    """The tile of least modelled cost (gemv_steps.cheapest_wg_simt_tile, costs fitted per GPU, weight family,
+    activation dtype and groups of 32 in tuning.gemv_steps.WG_SIMT; zero point / offset with PACK where PF is on, as
+    timed; a groups-of-32 weight without a family of its own takes its larger groups' family, registers and costs),
+    else wg_simt_rule (no fitted costs, e.g. int8 with a zero point; or no tile fits K). ``why``: why no measured bucket
+    served ("" when there is none)."""
+    for g in dict.fromkeys((g32, 0)):
+        costs = wg_simt_step_costs(gpu_name, bits, mode, act, g)
+        if costs is not None:
+            break
+    tile = cheapest_wg_simt_tile(n, k, bits, mode, num_sms, costs, act, g) if costs is not None else None
     pre = f"{why}; " if why else ""
     if tile is None:
         cfg = wg_simt_packs(wg_simt_rule(n, k, bits, num_sms), mode)

@@ -146,15 +146,16 @@ WG_SIMT_CLASSES = ((1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (2, 1, 1), (2, 2,
 WG_SIMT_K_SLICES = (2, 4, 8, 16, 32)
 
 # Registers per thread of each gemv_wg_simt.cu build of the tile space at M = 1 with fp16 scales (NVRTC 13.0, sm_90, the
-# GPUs' compiler), by (bits, mode, activation: 0 fp16, 1 bf16) and (RT, U, PF, KS, RG); zero point with PACK where PF
-# is on, as the dispatcher runs it (gemv.wg_simt_packs). Within one (RT, U, PF) class they differ by up to 20 with KS
-# and RG, which moves the resident blocks the rounds count (the model fitted with each build's own count chose 1.010x
-# / 1.017x the fastest tile's time on the H100 sweep, with each class's largest count 1.016x / 1.027x); bf16 x (the
-# exact-fp16 conversion) moves 6-17 of the 57 tiles' resident warps, bf16 scales at most 2 (not kept: the model counts
+# GPUs' compiler), by (bits, mode, activation: 0 fp16 / 1 bf16, groups of 32: 0 / 1, SIMT_G32) and (RT, U, PF, KS,
+# RG); zero point and offset with PACK where PF is on, as the dispatcher runs them (gemv.wg_simt_packs). Within one
+# (RT, U, PF) class they differ by up to 20 with KS and RG, which moves the resident blocks the rounds count (the model
+# fitted with each build's own count chose 1.010x / 1.017x the fastest tile's time on the H100 sweep, with each
+# class's largest count 1.016x / 1.027x); bf16 x (the exact-fp16 conversion) moves 6-17 of the 57 tiles' resident
+# warps, groups of 32 (GGUF blocks) 28-36 against groups of 128, bf16 scales at most 2 (not kept: the model counts
 # fp16 scales' builds). tests/test_gemv_steps.py checks the table covers the space and, where this machine's NVRTC is
 # 13.0, matches it. Source: tools/bench/wg_simt_fit.py --registers (any machine with NVRTC 13.0; no GPU).
 WG_SIMT_REGISTERS = {
-    (4, "sym", 0): {
+    (4, "sym", 0, 0): {
         (1, 1, 0, 2, 2): 45, (1, 1, 0, 2, 4): 45, (1, 1, 0, 4, 1): 40, (1, 1, 0, 4, 2): 45, (1, 1, 0, 8, 1): 40,
         (1, 1, 0, 16, 1): 46, (1, 1, 0, 32, 1): 60, (1, 1, 1, 2, 2): 54, (1, 1, 1, 2, 4): 61, (1, 1, 1, 4, 1): 54,
         (1, 1, 1, 4, 2): 61, (1, 1, 1, 8, 1): 48, (1, 1, 1, 16, 1): 46, (1, 1, 1, 32, 1): 48, (1, 2, 0, 2, 2): 56,
@@ -168,7 +169,7 @@ WG_SIMT_REGISTERS = {
         (4, 1, 1, 16, 1): 96, (4, 2, 0, 2, 2): 80, (4, 2, 0, 2, 4): 95, (4, 2, 0, 4, 1): 96, (4, 2, 0, 4, 2): 95,
         (4, 2, 0, 8, 1): 97, (4, 2, 0, 16, 1): 100,
     },
-    (8, "sym", 0): {
+    (8, "sym", 0, 0): {
         (1, 1, 0, 2, 2): 47, (1, 1, 0, 2, 4): 47, (1, 1, 0, 4, 1): 48, (1, 1, 0, 4, 2): 47, (1, 1, 0, 8, 1): 40,
         (1, 1, 0, 16, 1): 52, (1, 1, 0, 32, 1): 46, (1, 1, 1, 2, 2): 48, (1, 1, 1, 2, 4): 48, (1, 1, 1, 4, 1): 48,
         (1, 1, 1, 4, 2): 48, (1, 1, 1, 8, 1): 48, (1, 1, 1, 16, 1): 53, (1, 1, 1, 32, 1): 53, (1, 2, 0, 2, 2): 56,
@@ -182,7 +183,7 @@ WG_SIMT_REGISTERS = {
         (4, 1, 1, 16, 1): 125, (4, 2, 0, 2, 2): 123, (4, 2, 0, 2, 4): 123, (4, 2, 0, 4, 1): 122, (4, 2, 0, 4, 2): 123,
         (4, 2, 0, 8, 1): 121, (4, 2, 0, 16, 1): 125,
     },
-    (4, "zero_point", 0): {
+    (4, "zero_point", 0, 0): {
         (1, 1, 0, 2, 2): 39, (1, 1, 0, 2, 4): 39, (1, 1, 0, 4, 1): 40, (1, 1, 0, 4, 2): 39, (1, 1, 0, 8, 1): 40,
         (1, 1, 0, 16, 1): 50, (1, 1, 0, 32, 1): 50, (1, 1, 1, 2, 2): 56, (1, 1, 1, 2, 4): 48, (1, 1, 1, 4, 1): 56,
         (1, 1, 1, 4, 2): 60, (1, 1, 1, 8, 1): 48, (1, 1, 1, 16, 1): 50, (1, 1, 1, 32, 1): 50, (1, 2, 0, 2, 2): 48,
@@ -196,7 +197,7 @@ WG_SIMT_REGISTERS = {
         (4, 1, 1, 16, 1): 128, (4, 2, 0, 2, 2): 127, (4, 2, 0, 2, 4): 128, (4, 2, 0, 4, 1): 128, (4, 2, 0, 4, 2): 128,
         (4, 2, 0, 8, 1): 128, (4, 2, 0, 16, 1): 128,
     },
-    (4, "sym", 1): {
+    (4, "sym", 1, 0): {
         (1, 1, 0, 2, 2): 40, (1, 1, 0, 2, 4): 40, (1, 1, 0, 4, 1): 40, (1, 1, 0, 4, 2): 40, (1, 1, 0, 8, 1): 40,
         (1, 1, 0, 16, 1): 48, (1, 1, 0, 32, 1): 49, (1, 1, 1, 2, 2): 54, (1, 1, 1, 2, 4): 48, (1, 1, 1, 4, 1): 54,
         (1, 1, 1, 4, 2): 48, (1, 1, 1, 8, 1): 47, (1, 1, 1, 16, 1): 47, (1, 1, 1, 32, 1): 48, (1, 2, 0, 2, 2): 55,
@@ -210,7 +211,7 @@ WG_SIMT_REGISTERS = {
         (4, 1, 1, 16, 1): 96, (4, 2, 0, 2, 2): 96, (4, 2, 0, 2, 4): 98, (4, 2, 0, 4, 1): 96, (4, 2, 0, 4, 2): 98,
         (4, 2, 0, 8, 1): 99, (4, 2, 0, 16, 1): 127,
     },
-    (8, "sym", 1): {
+    (8, "sym", 1, 0): {
         (1, 1, 0, 2, 2): 40, (1, 1, 0, 2, 4): 40, (1, 1, 0, 4, 1): 48, (1, 1, 0, 4, 2): 40, (1, 1, 0, 8, 1): 40,
         (1, 1, 0, 16, 1): 51, (1, 1, 0, 32, 1): 49, (1, 1, 1, 2, 2): 56, (1, 1, 1, 2, 4): 48, (1, 1, 1, 4, 1): 56,
         (1, 1, 1, 4, 2): 48, (1, 1, 1, 8, 1): 48, (1, 1, 1, 16, 1): 55, (1, 1, 1, 32, 1): 51, (1, 2, 0, 2, 2): 56,
@@ -224,7 +225,7 @@ WG_SIMT_REGISTERS = {
         (4, 1, 1, 16, 1): 125, (4, 2, 0, 2, 2): 121, (4, 2, 0, 2, 4): 125, (4, 2, 0, 4, 1): 122, (4, 2, 0, 4, 2): 125,
         (4, 2, 0, 8, 1): 122, (4, 2, 0, 16, 1): 123,
     },
-    (4, "zero_point", 1): {
+    (4, "zero_point", 1, 0): {
         (1, 1, 0, 2, 2): 39, (1, 1, 0, 2, 4): 39, (1, 1, 0, 4, 1): 39, (1, 1, 0, 4, 2): 39, (1, 1, 0, 8, 1): 39,
         (1, 1, 0, 16, 1): 40, (1, 1, 0, 32, 1): 51, (1, 1, 1, 2, 2): 56, (1, 1, 1, 2, 4): 48, (1, 1, 1, 4, 1): 56,
         (1, 1, 1, 4, 2): 48, (1, 1, 1, 8, 1): 48, (1, 1, 1, 16, 1): 48, (1, 1, 1, 32, 1): 48, (1, 2, 0, 2, 2): 56,
@@ -237,6 +238,48 @@ WG_SIMT_REGISTERS = {
         (4, 1, 1, 2, 2): 127, (4, 1, 1, 2, 4): 127, (4, 1, 1, 4, 1): 127, (4, 1, 1, 4, 2): 127, (4, 1, 1, 8, 1): 127,
         (4, 1, 1, 16, 1): 128, (4, 2, 0, 2, 2): 128, (4, 2, 0, 2, 4): 127, (4, 2, 0, 4, 1): 127, (4, 2, 0, 4, 2): 127,
         (4, 2, 0, 8, 1): 128, (4, 2, 0, 16, 1): 127,
+    },
+    (4, "sym", 0, 1): {
+        (1, 1, 0, 2, 2): 40, (1, 1, 0, 2, 4): 40, (1, 1, 0, 4, 1): 41, (1, 1, 0, 4, 2): 40, (1, 1, 0, 8, 1): 47,
+        (1, 1, 0, 16, 1): 46, (1, 1, 0, 32, 1): 48, (1, 1, 1, 2, 2): 56, (1, 1, 1, 2, 4): 57, (1, 1, 1, 4, 1): 63,
+        (1, 1, 1, 4, 2): 57, (1, 1, 1, 8, 1): 48, (1, 1, 1, 16, 1): 56, (1, 1, 1, 32, 1): 56, (1, 2, 0, 2, 2): 55,
+        (1, 2, 0, 2, 4): 56, (1, 2, 0, 4, 1): 56, (1, 2, 0, 4, 2): 56, (1, 2, 0, 8, 1): 48, (1, 2, 0, 16, 1): 55,
+        (1, 2, 0, 32, 1): 53, (1, 2, 1, 2, 2): 64, (1, 2, 1, 2, 4): 64, (1, 2, 1, 4, 1): 64, (1, 2, 1, 4, 2): 64,
+        (1, 2, 1, 8, 1): 64, (1, 2, 1, 16, 1): 64, (2, 1, 1, 2, 2): 72, (2, 1, 1, 2, 4): 71, (2, 1, 1, 4, 1): 72,
+        (2, 1, 1, 4, 2): 71, (2, 1, 1, 8, 1): 71, (2, 1, 1, 16, 1): 79, (2, 2, 0, 2, 2): 72, (2, 2, 0, 2, 4): 79,
+        (2, 2, 0, 4, 1): 72, (2, 2, 0, 4, 2): 79, (2, 2, 0, 8, 1): 76, (2, 2, 0, 16, 1): 76, (2, 2, 1, 2, 2): 122,
+        (2, 2, 1, 2, 4): 123, (2, 2, 1, 4, 1): 128, (2, 2, 1, 4, 2): 123, (2, 2, 1, 8, 1): 128, (2, 2, 1, 16, 1): 128,
+        (4, 1, 1, 2, 2): 126, (4, 1, 1, 2, 4): 126, (4, 1, 1, 4, 1): 126, (4, 1, 1, 4, 2): 126, (4, 1, 1, 8, 1): 126,
+        (4, 1, 1, 16, 1): 127, (4, 2, 0, 2, 2): 128, (4, 2, 0, 2, 4): 128, (4, 2, 0, 4, 1): 128, (4, 2, 0, 4, 2): 128,
+        (4, 2, 0, 8, 1): 127, (4, 2, 0, 16, 1): 128,
+    },
+    (4, "offset", 0, 1): {
+        (1, 1, 0, 2, 2): 48, (1, 1, 0, 2, 4): 48, (1, 1, 0, 4, 1): 48, (1, 1, 0, 4, 2): 48, (1, 1, 0, 8, 1): 48,
+        (1, 1, 0, 16, 1): 56, (1, 1, 0, 32, 1): 49, (1, 1, 1, 2, 2): 62, (1, 1, 1, 2, 4): 47, (1, 1, 1, 4, 1): 62,
+        (1, 1, 1, 4, 2): 47, (1, 1, 1, 8, 1): 47, (1, 1, 1, 16, 1): 58, (1, 1, 1, 32, 1): 58, (1, 2, 0, 2, 2): 56,
+        (1, 2, 0, 2, 4): 58, (1, 2, 0, 4, 1): 59, (1, 2, 0, 4, 2): 58, (1, 2, 0, 8, 1): 60, (1, 2, 0, 16, 1): 57,
+        (1, 2, 0, 32, 1): 56, (1, 2, 1, 2, 2): 72, (1, 2, 1, 2, 4): 64, (1, 2, 1, 4, 1): 72, (1, 2, 1, 4, 2): 64,
+        (1, 2, 1, 8, 1): 64, (1, 2, 1, 16, 1): 64, (2, 1, 1, 2, 2): 79, (2, 1, 1, 2, 4): 79, (2, 1, 1, 4, 1): 79,
+        (2, 1, 1, 4, 2): 79, (2, 1, 1, 8, 1): 79, (2, 1, 1, 16, 1): 78, (2, 2, 0, 2, 2): 68, (2, 2, 0, 2, 4): 64,
+        (2, 2, 0, 4, 1): 72, (2, 2, 0, 4, 2): 64, (2, 2, 0, 8, 1): 80, (2, 2, 0, 16, 1): 75, (2, 2, 1, 2, 2): 128,
+        (2, 2, 1, 2, 4): 128, (2, 2, 1, 4, 1): 128, (2, 2, 1, 4, 2): 128, (2, 2, 1, 8, 1): 128, (2, 2, 1, 16, 1): 126,
+        (4, 1, 1, 2, 2): 128, (4, 1, 1, 2, 4): 128, (4, 1, 1, 4, 1): 128, (4, 1, 1, 4, 2): 128, (4, 1, 1, 8, 1): 128,
+        (4, 1, 1, 16, 1): 127, (4, 2, 0, 2, 2): 128, (4, 2, 0, 2, 4): 128, (4, 2, 0, 4, 1): 128, (4, 2, 0, 4, 2): 128,
+        (4, 2, 0, 8, 1): 126, (4, 2, 0, 16, 1): 126,
+    },
+    (8, "sym", 0, 1): {
+        (1, 1, 0, 2, 2): 48, (1, 1, 0, 2, 4): 48, (1, 1, 0, 4, 1): 48, (1, 1, 0, 4, 2): 48, (1, 1, 0, 8, 1): 48,
+        (1, 1, 0, 16, 1): 54, (1, 1, 0, 32, 1): 49, (1, 1, 1, 2, 2): 62, (1, 1, 1, 2, 4): 62, (1, 1, 1, 4, 1): 62,
+        (1, 1, 1, 4, 2): 62, (1, 1, 1, 8, 1): 62, (1, 1, 1, 16, 1): 62, (1, 1, 1, 32, 1): 52, (1, 2, 0, 2, 2): 56,
+        (1, 2, 0, 2, 4): 62, (1, 2, 0, 4, 1): 56, (1, 2, 0, 4, 2): 62, (1, 2, 0, 8, 1): 64, (1, 2, 0, 16, 1): 64,
+        (1, 2, 0, 32, 1): 64, (1, 2, 1, 2, 2): 80, (1, 2, 1, 2, 4): 80, (1, 2, 1, 4, 1): 80, (1, 2, 1, 4, 2): 80,
+        (1, 2, 1, 8, 1): 80, (1, 2, 1, 16, 1): 98, (2, 1, 1, 2, 2): 89, (2, 1, 1, 2, 4): 91, (2, 1, 1, 4, 1): 89,
+        (2, 1, 1, 4, 2): 91, (2, 1, 1, 8, 1): 91, (2, 1, 1, 16, 1): 94, (2, 2, 0, 2, 2): 85, (2, 2, 0, 2, 4): 80,
+        (2, 2, 0, 4, 1): 80, (2, 2, 0, 4, 2): 80, (2, 2, 0, 8, 1): 91, (2, 2, 0, 16, 1): 92, (2, 2, 1, 2, 2): 149,
+        (2, 2, 1, 2, 4): 149, (2, 2, 1, 4, 1): 149, (2, 2, 1, 4, 2): 149, (2, 2, 1, 8, 1): 149, (2, 2, 1, 16, 1): 128,
+        (4, 1, 1, 2, 2): 163, (4, 1, 1, 2, 4): 162, (4, 1, 1, 4, 1): 163, (4, 1, 1, 4, 2): 162, (4, 1, 1, 8, 1): 162,
+        (4, 1, 1, 16, 1): 128, (4, 2, 0, 2, 2): 156, (4, 2, 0, 2, 4): 154, (4, 2, 0, 4, 1): 156, (4, 2, 0, 4, 2): 154,
+        (4, 2, 0, 8, 1): 156, (4, 2, 0, 16, 1): 128,
     },
 }
 
@@ -280,27 +323,28 @@ def wg_simt_tiles(k_tiles: int) -> list[WgSimtStepTile]:
     return out
 
 
-def wg_simt_tile_registers(tile: WgSimtStepTile, bits: int, mode: str, act: int = 0) -> int:
-    """WG_SIMT_REGISTERS' count for a tile (act: 0 fp16 x, 1 bf16 x)."""
-    return WG_SIMT_REGISTERS[(bits, mode, act)][(tile.RT, tile.U, tile.PF, tile.KS, tile.RG)]
+def wg_simt_tile_registers(tile: WgSimtStepTile, bits: int, mode: str, act: int = 0, g32: int = 0) -> int:
+    """WG_SIMT_REGISTERS' count for a tile (act: 0 fp16 x, 1 bf16 x; g32: groups of 32)."""
+    return WG_SIMT_REGISTERS[(bits, mode, act, g32)][(tile.RT, tile.U, tile.PF, tile.KS, tile.RG)]
 
 
 def wg_simt_tile_shape(tile: WgSimtStepTile, n: int, k: int, bits: int, mode: str, num_sms: int,
-                       act: int = 0) -> TileShape:
+                       act: int = 0, g32: int = 0) -> TileShape:
     """The rounds and steps of ``tile`` on a K x N layer: blocks of RT x RG 16-row tiles over the SMs' resident slots
-    (the registers of the build for this activation dtype), ceil(ceil(Kt / KS) / U) steps a lane waits for."""
+    (the registers of the build for this activation dtype and group), ceil(ceil(Kt / KS) / U) steps a lane waits
+    for."""
     kt, nt = -(-k // 64), -(-n // 16)
     blocks = -(-nt // (tile.RT * tile.RG))
-    per_round = resident_blocks(wg_simt_tile_registers(tile, bits, mode, act), tile.warps) * num_sms
+    per_round = resident_blocks(wg_simt_tile_registers(tile, bits, mode, act, g32), tile.warps) * num_sms
     per_slice = -(-kt // tile.KS)
     return TileShape(-(-blocks // per_round), -(-per_slice // tile.U))
 
 
 def cheapest_wg_simt_tile(n: int, k: int, bits: int, mode: str, num_sms: int, costs: StepCosts,
-                          act: int = 0) -> WgSimtStepTile | None:
+                          act: int = 0, g32: int = 0) -> WgSimtStepTile | None:
     """The tile of least modelled cost on a K x N layer (ties: wg_simt_tiles' order), None when none fits its K or the
-    register table has no builds of this (bits, mode, act)."""
+    register table has no builds of this (bits, mode, act, g32)."""
     tiles = wg_simt_tiles(-(-k // 64))
-    if not tiles or (bits, mode, act) not in WG_SIMT_REGISTERS:
+    if not tiles or (bits, mode, act, g32) not in WG_SIMT_REGISTERS:
         return None
-    return min(tiles, key=lambda t: costs.cost(wg_simt_tile_shape(t, n, k, bits, mode, num_sms, act), t))
+    return min(tiles, key=lambda t: costs.cost(wg_simt_tile_shape(t, n, k, bits, mode, num_sms, act, g32), t))
