@@ -320,8 +320,8 @@ def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", 
     asked with one_step False), else the measured bucket's on this GPU for this mode (tuning.gemv_m1.wg_simt_m1_entry;
     measured with fp16 x, bf16 x takes it too) where the layer's blocks per SM are within the entry's BPS (an entry
     kept for layers whose blocks all fit on the SMs at once serves no layer that needs a second round: there the tile
-    lost up to 1.25x), else the tile of least modelled cost for this activation dtype (wg_simt_modelled), else
-    wg_simt_rule. Why the buckets first in bf16 too: against them the bf16 costs' tiles took 0.987x the time on the
+    lost up to 1.25x), else the tile of least modelled cost for this activation dtype and group (wg_simt_modelled),
+    else wg_simt_rule. Why the buckets first in bf16 too: against them the bf16 costs' tiles took 0.987x the time on the
     model-list layers but up to 1.15x on the widest (5120x55296: KS 2 where the bucket's KS 4 / 8 wins), H100."""
     one = wg_simt_one_step(n, k, bits, num_sms, mode, act, scl, arch) if one_step else None
     if one is not None:
@@ -341,8 +341,9 @@ def wg_simt_config(n: int, k: int, bits: int, num_sms: int, gpu_name: str = "", 
 
 
 class ModelledConfig(SourcedConfig):
-    """A tile the step-cost model chose (wg_simt_modelled): it counted the resident warps of the build that runs, bf16
-    x included, so the bf16 warp-share guard for fp16-measured tiles (WG_SIMT_BF16_MIN_WARP_SHARE) does not apply."""
+    """A tile the step-cost model chose (wg_simt_modelled): it counted the resident warps of the activation dtype's
+    build (bf16 x included; groups of 32 without a family of their own as larger groups'), so the bf16 warp-share guard
+    for fp16-measured tiles (WG_SIMT_BF16_MIN_WARP_SHARE) does not apply."""
 
 
 def wg_simt_modelled(n: int, k: int, bits: int, num_sms: int, gpu_name: str, mode: str, why: str,
