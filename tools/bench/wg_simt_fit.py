@@ -20,7 +20,9 @@ import json
 import random
 from dataclasses import fields
 
-from mixgemm.kernels.cuda.gemv import wg_simt_packs
+import torch
+
+from mixgemm.kernels.cuda.gemv import _ACT, wg_simt_packs
 from mixgemm.kernels.cuda.gemv_steps import (
     WG_SIMT_CLASSES,
     WG_SIMT_REGISTERS,
@@ -34,24 +36,25 @@ from tools.bench.gemv_tables import FORMATS, geomean
 
 KEYS = tuple(f.name for f in fields(WgSimtStepTile))
 MULTIPLIERS = (0.3, 0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.6, 3.0)
-FITTED = ("w4s", "w4z", "w8", "w4s32", "w4o32", "w8s32")  # the formats the model serves (gemv_dispatch.py's names)
-ACTS = {"float16": 0, "bfloat16": 1}
 
 
 def layers_of(path: str, num_sms: int) -> list[dict]:
     """The swept cases: {K, N, family: (fmt, dtype), times: {WgSimtStepTile: us}, shapes: {WgSimtStepTile:
-    TileShape}, best}. Each tile as the dispatcher runs it (zero point: PACK where PF is on); a sweep's other PACK
-    (--simt-pack) is left out."""
+    TileShape}, best}, for the formats and activation dtype whose builds gemv_steps.WG_SIMT_REGISTERS counts. Each tile
+    as the dispatcher runs it (zero point / offset: PACK where PF is on); a sweep's other PACK (--simt-pack) is left
+    out."""
     with open(path) as f:
         sweep = json.load(f)
     dtype = sweep.get("dtype", "float16")
-    act = ACTS[dtype]
+    act = _ACT[getattr(torch, dtype)]
     out = []
     for r in sweep["res"]:
-        if "rows" not in r or r["fmt"] not in FITTED:
+        if "rows" not in r:
             continue
         bits, group, mode = FORMATS[r["fmt"]]
         g32 = int(group == 32)
+        if (bits, mode, act, g32) not in WG_SIMT_REGISTERS:
+            continue
         times = {}
         for rec in r["rows"].get("cuda_gemv_mma/wg_simt", []):
             tile = WgSimtStepTile(*(rec["cfg"][k] for k in KEYS))

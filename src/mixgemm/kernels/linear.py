@@ -240,7 +240,7 @@ def _gemv_mma_config(p: Problem) -> dict:
             why += f"; M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
         elif p.m == 1 and p.x_dtype == torch.bfloat16 and not p.act_order:
             why += ("; bf16 at M = 1: the CUDA-core GEMV's tile keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of its fp16 "
-                    "build's resident warps (registers)")
+                    "build's resident warps (registers), and the weight's family has no bf16 step costs")
         cfg = tuning.SourcedConfig(cfg, why)
     elif not on_wg and cfg.get("MINB", 0) > 1:
         # (mma_row_tiles capped the registers: say from what count, which is this machine's compiler's)

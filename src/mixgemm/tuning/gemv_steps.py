@@ -49,9 +49,10 @@ def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
 
 # The CUDA-core GEMV on wgmma_v1 (a compacted weight's M = 1 call; kernels/cuda/gemv_steps.py, WgSimtStepTile): step
 # costs by tile class (RT, U, PF), a round's fixed part and its part per doubling of KS, per GPU and family (bits, mode,
-# activation dtype), fitted by tools/bench/wg_simt_fit.py to tools/bench/gemv_dispatch.py --simt-only sweeps (M = 1,
-# the whole grid of 49-57 tiles, each as the dispatcher runs it) of 32 layers: 20 of the model list and 12 of other
-# models (Mistral-Nemo, Llama-3.2, Yi-34B, Falcon-7B, Command-R, Phi-3-small shapes), each GPU's own sweep. Each layer
+# activation dtype, groups of 32), fitted by tools/bench/wg_simt_fit.py to tools/bench/gemv_dispatch.py --simt-only
+# sweeps (M = 1, the whole grid of 49-57 tiles, each as the dispatcher runs it) of 32 layers: 20 of the model list and
+# 12 of other models (Mistral-Nemo, Llama-3.2, Yi-34B, Falcon-7B, Command-R, Phi-3-small shapes), each GPU's own
+# sweep. Each layer
 # left out of the fit in turn, the costs fitted on the others chose, by geometric mean, this many times the fastest
 # tile's time (H100 / H200): fp16 W4 g128 sym 1.014x / -, W8 per channel 1.028x / -, W4 g128 zero point 1.021x /
 # 1.022x; bf16 x (fp16 scales) W4 sym 1.011x / 1.034x, zero point 1.009x / 1.011x, W8 1.015x / 1.009x (the rule
