@@ -822,14 +822,18 @@ def test_gpu_tail_launch(bits, gs, int_scales, mc, tail):
     assert _rel(y1, ref) < 1e-3, _rel(y1, ref)
 
 
-def test_tail_default_rule():
+def test_tail_default_rule(monkeypatch):
     """Past the small-M tiles, the registry's config takes TAIL from K = tuning.A8_TAIL_MIN_K (where the split slices
     are long enough to pay): the most k-slices whose clusters, one per tile of the partial last wave, the GPU holds at
     once (the H100 table's 66 pairs, 39 triples, 30 quads), 0 without a partial wave; none below that K nor at small M
-    (there the cluster split covers the SMs)."""
+    (there the cluster split covers the SMs). (default_config's tiles: the token tiles are off here; with them, see
+    test_token_tile_against_tail.)"""
     import dataclasses
 
+    from mixgemm.kernels import a8
     from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
+
+    monkeypatch.setattr(a8, "_token_tile_costs", lambda name: None)
     from mixgemm.kernels.registry import DeviceInfo
     from mixgemm.tuning import A8_TAIL_MIN_K
 
@@ -849,6 +853,30 @@ def test_tail_default_rule():
     assert "TAIL" not in tail(16, long_k, 4608)
 
 
+def test_token_tile_against_tail():
+    """Where TAIL would take the default tile's partial wave (K >= tuning.A8_TAIL_MIN_K), the token tile counts that
+    wave at 1 / split + tail_round of a round: on the H100, W8 per channel at M = 2048, K = 8192, N = 2304 (BM 256: 144
+    CTAs, one wave and 12 split 4 ways) moves to a BM whose CTAs take two whole rounds, N = 4608 / 5120 (BM 256 with
+    TAIL 3 / 2) keep BM 256 and their TAIL; at K = 36864, N = 4608, M = 1024 the default BM 128 (two waves and 24 CTAs
+    split 4 ways) stays, where counting that wave as a whole round had sent it to BM 160 (measured 1.17x the time)."""
+    import dataclasses
+
+    from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
+    from mixgemm.kernels.registry import DeviceInfo
+
+    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+
+    def cfg(m, k, n):
+        qw = _qw(256, k, 8, -1)
+        return _wgmma_a8_config(dataclasses.replace(a8_problem(m, qw, torch.float16, h100, "sym", True), n=n))
+
+    moved = cfg(2048, 8192, 2304)
+    assert moved["BM"] < 256 and moved["TAIL"] == 0 and -(-2048 // moved["BM"]) * 18 <= 2 * 132
+    assert (cfg(2048, 8192, 4608)["BM"], cfg(2048, 8192, 4608)["TAIL"]) == (256, 3)
+    assert (cfg(2048, 8192, 5120)["BM"], cfg(2048, 8192, 5120)["TAIL"]) == (256, 2)
+    assert (cfg(1024, 36864, 4608)["BM"], cfg(1024, 36864, 4608)["TAIL"]) == (128, 4)
+
+
 def test_tail_split_rule_without_a_wave_model():
     """Without the table's cluster residency, split 2 where the partial wave's pairs fill at most half the SMs."""
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, tail_split_rule
@@ -857,3 +885,86 @@ def test_tail_split_rule_without_a_wave_model():
     assert tail_split_rule(2048, 4608, cfg, 132, None) == 2  # 32 tail tiles
     assert tail_split_rule(2048, 5376, cfg, 132, None) == 0  # 336 tiles: 80 past two waves (n0 in MC pairs)
     assert tail_split_rule(2048, 4608, cfg, 132, {2: 66, 3: 39, 4: 30}) == 3
+
+
+def _h100_token_costs():
+    import mixgemm.tuning as tuning
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import TokenTileCosts
+
+    return TokenTileCosts.parse(tuning.load_table("h100")["a8_tiles"], "h100.json a8_tiles")
+
+
+def test_token_tile_from_the_wave_count():
+    """The H100's a8_tiles move a tile whose last wave is partial to one that fills its rounds (4096x4608 at M =
+    2048: BM 256 makes 288 CTAs, 3 rounds on 132 SMs), keep one that fills them (4096x4096: 256 CTAs, 2 rounds), and
+    hand back a config whose stages fit the shared memory; below from_m, for the folding tiles, and for tiles the
+    costs do not list, default_config's config stays."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, default_config, stage_bytes, token_tile
+
+    costs = _h100_token_costs()
+    for bits, qs, gs in ((4, True, 128), (8, False, 4096)):
+        base = default_config(2048, 4608, 4096, gs, bits, qs=qs)
+        cfg = token_tile(2048, 4608, bits, bits == 8, qs, base, costs, 132)
+        assert base["BM"] == 256 and cfg["BM"] < 256 and cfg["BM"] % 16 == 0
+        table = costs.round_us[(("w4 qs" if bits == 4 else "w8 per channel"), 2)]
+
+        def est(bm, table=table):  # rounds of 132 CTAs (36 column tiles) x the tile's round time
+            return -(-(-(-2048 // bm) * 36) // 132) * table[bm]
+
+        assert est(cfg["BM"]) * costs.margin < est(256) and -(-(-(-2048 // 256) * 36) // 132) == 3
+        assert {k: v for k, v in cfg.items() if k not in ("BM", "STAGES")} == \
+            {k: v for k, v in base.items() if k not in ("BM", "STAGES")}
+        assert cfg["STAGES"] >= 2 and cfg["STAGES"] * stage_bytes(cfg["BM"], 2, bits, 2, bits == 8) + 1024 <= SMEM_LIMIT
+        full = default_config(2048, 4096, 4096, gs, bits, qs=qs)
+        assert token_tile(2048, 4096, bits, bits == 8, qs, full, costs, 132) == full
+        small = default_config(512, 4608, 4096, gs, bits, qs=qs)
+        assert token_tile(512, 4608, bits, bits == 8, qs, small, costs, 132) == small  # below from_m
+    fold = default_config(2048, 4608, 4096, 128, 4)  # grouped int4 with the fold: BM <= 128, not a token tile
+    assert token_tile(2048, 4608, 4, False, False, fold, costs, 132) == fold
+    odd = dict(default_config(2048, 4608, 4096, 128, 4, qs=True), NWG=1)
+    assert token_tile(2048, 4608, 4, False, True, odd, costs, 132) == odd
+
+
+def test_token_tile_costs_refuse_bad_sections():
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import TokenTileCosts
+
+    good = {"from_m": 1024, "margin": 1.05, "tail_round": 0.1, "round_us": {"w4 qs": {"mc1": {"128": 4.0, "256": 6.7}}},
+            "source": "x"}
+    parsed = TokenTileCosts.parse(good, "t")
+    assert parsed.round_us == {("w4 qs", 1): {128: 4.0, 256: 6.7}} and parsed.tail_round == 0.1
+    with pytest.raises(ValueError, match="source"):
+        TokenTileCosts.parse(dict(good, source=""), "t")
+    with pytest.raises(ValueError, match="unknown cost family"):
+        TokenTileCosts.parse(dict(good, round_us={"w4 fold": {"mc1": {"128": 4.0}}}), "t")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        TokenTileCosts.parse(dict(good, round_us={"w4 qs": {"mc1": {"200": 4.0}}}), "t")
+
+
+def test_token_tile_in_the_registry():
+    """The int8-activation entry hands the wgmma GEMM the token tile on a described H100 (mixgemm.explain's config):
+    W8A8 per channel, 3584x4608 at M = 2048, BM 256 with MC 2 by default_config."""
+    import mixgemm
+    from mixgemm.kernels.registry import DeviceInfo
+
+    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    qw = _qw(4608, 3584, 8, -1, 0, "cpu")
+    c = mixgemm.explain(torch.empty(2048, 3584, dtype=torch.float16), qw, act_mode="sym", device=h100)
+    assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] < 256 and c.config.get("MC") == 2, c
+
+
+@needs_sm90
+@pytest.mark.gpu
+@pytest.mark.parametrize("bm", [144, 160, 176, 192, 208, 224, 240])
+@pytest.mark.parametrize("fmt", ["w8 per channel", "w4 qs"])
+@pytest.mark.parametrize("mc", [1, 2])
+def test_gpu_token_tiles(bm, fmt, mc):
+    """The BMs a8_tiles ranks (multiples of 16 past 128, stages as token_tile sets them), per channel int8 and QS
+    int4, with and without the activation multicast, on M that leaves a partial token tile and N a partial row tile."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, stage_bytes
+
+    bits, gs, qs = (8, -1, False) if fmt == "w8 per channel" else (4, 128, True)
+    stages = max(2, min(4, (SMEM_LIMIT - 1024) // stage_bytes(bm, 2, bits, 2, gs == -1)))
+    cfg = dict(BM=bm, NWG=2, STAGES=stages, KT=2, NP=1, CVT=0, GROUP_M=8, MC=mc)
+    for m, n, k in ((300, 1000, 1152), (129, 136, 768)):
+        y, ref = _run(m, n, k, bits, gs, torch.float16, config=cfg, seed=m + bm, per_token=qs, int_scales=qs)
+        assert _rel(y, ref) < 1e-3, (m, n, k, _rel(y, ref))

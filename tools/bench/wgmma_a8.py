@@ -8,6 +8,8 @@ Usage: PYTHONPATH=src python -m tools.bench.wgmma_a8 [--shapes 8192x28672,...] [
 
 --splits S,...: instead of --cfgs, each case's default_config with SPLIT S (split-K over a cluster of S CTAs).
 --bms B,...: likewise with BM B (tokens per CTA).
+--bm-grid B,...: likewise with BM B and as many stages as fit (at most 4), and with --kt1 B,... also KT 1 at those BM
+(the data of gemm_wgmma_a8.token_tile's cost model: tools/bench/a8_tile_fit.py).
 
 --repeat R: every config and fp16 cuBLAS are timed in turn R times (rounds) and the medians reported; single timings
 move by several percent within a run, so a same-run A/B of two configs should use R >= 3.
@@ -26,7 +28,8 @@ import torch.nn.functional as F
 
 from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
 from mixgemm.kernels.a8 import per_group_params
-from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, QS_MAX_K, default_config, gemm_wgmma_a8
+from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT
+from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, QS_MAX_K, default_config, gemm_wgmma_a8, stage_bytes
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
 from mixgemm.kernels.triton.int8_layout import get_int8_layout
@@ -151,6 +154,8 @@ def main():
     ap.add_argument("--cfgs", default=None)
     ap.add_argument("--splits", default=None, help="each case's default_config with these SPLIT values")
     ap.add_argument("--bms", default=None, help="each case's default_config with these BM values (tokens per CTA)")
+    ap.add_argument("--bm-grid", default=None, help="each case's default_config with these BM values, stages that fit")
+    ap.add_argument("--kt1", default="", help="with --bm-grid: these BM values with KT 1 too")
     ap.add_argument("--out", default=None)
     ap.add_argument("--repeat", type=int, default=1, help="rounds of (every config, fp16 cuBLAS); medians reported")
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton int8 GEMM peer")
@@ -169,7 +174,17 @@ def main():
         for fmt in args.formats.split(","):
             bits, group, per_token, int_scales = fmt_spec(fmt)
             for m in (int(v) for v in args.ms.split(",")):
-                if args.splits or args.bms:
+                if args.bm_grid:
+                    qs = int_scales and per_token and -(-k // 128) * 128 <= QS_MAX_K
+                    g = k if group == -1 else group
+                    base = default_config(m, n, k, g, bits, qs=qs)
+                    grid = [(int(b), 2) for b in args.bm_grid.split(",")]
+                    grid += [(int(b), 1) for b in args.kt1.split(",") if b]
+                    cfgs = []
+                    for b, kt in grid:
+                        sb = stage_bytes(b, int(base.get("NWG", 2)), bits, kt, g == k)
+                        cfgs.append(dict(base, BM=b, KT=kt, STAGES=max(2, min(4, (SMEM_LIMIT - 1024) // sb))))
+                elif args.splits or args.bms:
                     qs = int_scales and per_token and -(-k // 128) * 128 <= QS_MAX_K  # (qs_layout's test)
                     base = default_config(m, n, k, k if group == -1 else group, bits, qs=qs)
                     key, values = ("SPLIT", args.splits) if args.splits else ("BM", args.bms)

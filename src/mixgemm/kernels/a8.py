@@ -20,6 +20,8 @@ per_token; x2d [M, K], M >= 1).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import mixgemm.tuning as tuning
@@ -257,6 +259,15 @@ def _cluster_slots(p: Problem) -> dict[int, int] | None:
     return None if cost is None else {s: cost.slots(s, p.device.sm_count) for s in cost.cluster_slots}
 
 
+@functools.cache
+def _token_tile_costs(table_name: str):
+    """The table's a8_tiles section (gemm_wgmma_a8.TokenTileCosts), None without one."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import TokenTileCosts
+
+    raw = tuning.load_table(table_name).get("a8_tiles")
+    return None if raw is None else TokenTileCosts.parse(raw, f"{table_name}.json a8_tiles")
+
+
 def _wgmma_a8_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import (
         LAYOUT,
@@ -266,11 +277,18 @@ def _wgmma_a8_config(p: Problem) -> dict:
         qs_layout,
         split_k_rule,
         tail_split_rule,
+        token_tile,
     )
 
     lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
     qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
     cfg = default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
+    costs = _token_tile_costs(p.device.table["name"])
+    if costs is not None:
+        # the token tile from the wave count (BM 128 .. 256 against the partial last wave; where TAIL takes a partial
+        # wave, against its split)
+        tail_slots = (_cluster_slots(p) or {}) if p.m > SPLIT_MAX_M and p.k >= tuning.A8_TAIL_MIN_K else None
+        cfg = token_tile(p.m, p.n, lay.bits, lay.per_channel, qs, cfg, costs, p.device.sm_count, tail_slots)
     if p.m <= SPLIT_MAX_M:
         # cluster split-K where the tiles leave SMs idle
         cfg["SPLIT"] = split_k_rule(p.m, p.n, p.k, lay.bits, cfg,

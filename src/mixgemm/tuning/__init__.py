@@ -69,6 +69,11 @@ default.json). Its fields:
   their measured step times, the launch and cluster-reduction costs, the clusters of each split the GPU holds at once,
   ``from_m``, ``margin`` and ``source``. From ``from_m`` the wgmma entry ranks the ``wgmma`` section's tile against
   them and cluster split-K by the wave count; the table's tile stays unless another is estimated ``margin`` x faster.
+* ``a8_tiles`` (optional): the int8 wgmma GEMM's token tile model (mixgemm.kernels.cuda.gemm_wgmma_a8.TokenTileCosts):
+  {"from_m", "margin", "tail_round", "round_us": {family: {"mc1" / "mc2": {BM: us}}}, "source"}, families ``w4 qs``
+  (int4 with integer group scales, per-token activations) and ``w8 per channel``: the time one round of CTAs of each
+  BM takes per 1024 k. From ``from_m`` the int8-activation entry takes the BM of fewest rounds x round time where it is
+  estimated ``margin`` x faster than default_config's (gemm_wgmma_a8.token_tile).
 * A missing M bucket takes the nearest listed bucket.
 
 No autotuning at run time: the same (M, N, K, weight format, GPU) always yields the same config.

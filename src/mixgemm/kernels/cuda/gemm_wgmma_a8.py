@@ -293,6 +293,84 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: b
     return cfg
 
 
+# the token tiles a8_tiles ranks: default_config's BM 256 / BM 128 tiles of NWG 2, KT 2 and their neighbours
+TOKEN_TILE_KINDS = ("w4 qs", "w8 per channel")
+
+
+def token_tile_kind(bits: int, per_channel: bool, qs: bool) -> str | None:
+    """The a8_tiles cost family of a weight whose tile default_config sizes by tokens alone (no per-group fold, so
+    any BM up to 256 fits the registers): int4 with integer group scales under per-token activations (QS), int8 per
+    channel; None for the folding tiles (BM <= 128)."""
+    if bits == 4 and qs:
+        return "w4 qs"
+    if bits == 8 and per_channel:
+        return "w8 per channel"
+    return None
+
+
+@dataclass(frozen=True)
+class TokenTileCosts:
+    """A GPU's ``a8_tiles`` section (mixgemm.tuning): what one round of CTAs of each token tile (BM tokens x 128 weight
+    rows, KT 2, as many stages as fit) takes per 1024 k, by cost family and MC, fitted over whole rounds
+    (tools/bench/a8_tile_fit.py); ``tail_round``: what a TAIL split's partial wave costs beyond 1 / split of a round;
+    the model runs from ``from_m`` and moves a tile only where it estimates ``margin`` x less time."""
+
+    from_m: int
+    margin: float
+    tail_round: float
+    round_us: dict[tuple[str, int], dict[int, float]]  # (family, MC) -> {BM: us per round per 1024 k}
+    source: str
+
+    @classmethod
+    def parse(cls, raw: dict, where: str) -> TokenTileCosts:
+        if not isinstance(raw.get("source"), str) or not raw["source"]:
+            raise ValueError(f"{where}: the a8_tiles section needs a 'source' string")
+        costs = {}
+        for fam, by_mc in raw["round_us"].items():
+            if fam not in TOKEN_TILE_KINDS:
+                raise ValueError(f"{where}: unknown cost family {fam!r} (known: {', '.join(TOKEN_TILE_KINDS)})")
+            for mc, by_bm in by_mc.items():
+                bms = {int(b): float(v) for b, v in by_bm.items()}
+                if any(b % 16 or not 16 <= b <= 256 or v <= 0 for b, v in bms.items()):
+                    raise ValueError(f"{where}: {fam} MC {mc}: BM must be a multiple of 16 in 16..256, costs > 0")
+                costs[(fam, int(mc.removeprefix("mc")))] = bms
+        return cls(int(raw["from_m"]), float(raw.get("margin", 1.0)), float(raw.get("tail_round", 0.0)), costs,
+                   raw["source"])
+
+
+def token_tile(m: int, n: int, bits: int, per_channel: bool, qs: bool, cfg: dict, costs: TokenTileCosts, sms: int,
+               tail_slots: dict[int, int] | None = None) -> dict:
+    """``cfg`` (default_config's) with BM and STAGES from the wave count: each BM the costs list makes
+    ceil(M / BM) x column_tiles CTAs, one per SM, so the call takes ceil(CTAs / SMs) rounds of that tile's round
+    time; the cheapest BM replaces cfg's where it is estimated ``margin`` x faster. Why: a tile sized by M alone leaves
+    a partial last wave on many layers (BM 256 on 4096x4608 at M = 2048: 288 CTAs, 2.2 waves, so 3 rounds; BM 192:
+    396 CTAs in 3 rounds of a smaller tile), and a smaller or odd BM that fills its rounds wins more than its lower
+    reuse costs. K scales every candidate alike, so it does not enter the choice. tail_slots (the calls that take
+    TAIL, from tuning.A8_TAIL_MIN_K; clusters of each split held at once): a tile whose partial wave runs as TAIL
+    split-K clusters (tail_split_rule) pays 1 / split + costs.tail_round of a round for it instead of a whole one."""
+    fam = token_tile_kind(bits, per_channel, qs)
+    bm0 = int(cfg["BM"])
+    table = costs.round_us.get((fam, int(cfg.get("MC", 1))))
+    if (fam is None or m < costs.from_m or not table or bm0 not in table or int(cfg.get("NWG", 2)) != 2
+            or int(cfg.get("KT", 2)) != 2):
+        return cfg
+    cols = column_tiles(n, 2)
+
+    def est(bm: int) -> float:
+        whole, part = divmod(-(-m // bm) * cols, sms)
+        rounds = whole + (part > 0)
+        split = tail_split_rule(m, n, dict(cfg, BM=bm), sms, tail_slots) if tail_slots is not None and part else 0
+        if split:
+            rounds = whole + min(1.0, 1 / split + costs.tail_round)
+        return rounds * table[bm]
+
+    best = min(sorted(table, reverse=True), key=est)
+    if est(best) * costs.margin >= est(bm0):
+        return cfg
+    stages = max(2, min(4, (SMEM_LIMIT - 1024) // stage_bytes(best, 2, bits, 2, per_channel)))
+    return dict(cfg, BM=best, STAGES=stages)
+
+
 def _check(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias, out_dtype, out):
     if aq.dim() != 2 or aq.dtype != torch.int8:
         raise ValueError(f"aq must be int8 [M, K], got {aq.dtype} {tuple(aq.shape)}")
