@@ -950,6 +950,7 @@ def test_token_tile_in_the_registry():
     qw = _qw(4608, 3584, 8, -1, 0, "cpu")
     c = mixgemm.explain(torch.empty(2048, 3584, dtype=torch.float16), qw, act_mode="sym", device=h100)
     assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] < 256 and c.config.get("MC") == 2, c
+    assert "a8_tiles: BM 256 -> " in c.config_source and "288 -> " in c.config_source, c.config_source
 
 
 @needs_sm90

@@ -273,6 +273,7 @@ def _wgmma_a8_config(p: Problem) -> dict:
         LAYOUT,
         SPLIT_MAX_M,
         build_wgmma_a8_v1,
+        column_tiles,
         default_config,
         qs_layout,
         split_k_rule,
@@ -288,7 +289,14 @@ def _wgmma_a8_config(p: Problem) -> dict:
         # the token tile from the wave count (BM 128 .. 256 against the partial last wave; where TAIL takes a partial
         # wave, against its split)
         tail_slots = (_cluster_slots(p) or {}) if p.m > SPLIT_MAX_M and p.k >= tuning.A8_TAIL_MIN_K else None
-        cfg = token_tile(p.m, p.n, lay.bits, lay.per_channel, qs, cfg, costs, p.device.sm_count, tail_slots)
+        moved = token_tile(p.m, p.n, lay.bits, lay.per_channel, qs, cfg, costs, p.device.sm_count, tail_slots)
+        if moved["BM"] != cfg["BM"]:
+            cols = column_tiles(p.n, 2)
+            moved = tuning.SourcedConfig(moved, f"{p.device.table['name']}.json a8_tiles: BM {cfg['BM']} -> "
+                                                f"{moved['BM']} ({-(-p.m // cfg['BM']) * cols} -> "
+                                                f"{-(-p.m // moved['BM']) * cols} CTAs on {p.device.sm_count} SMs: "
+                                                "the fewest rounds x round time)")
+        cfg = moved
     if p.m <= SPLIT_MAX_M:
         # cluster split-K where the tiles leave SMs idle
         cfg["SPLIT"] = split_k_rule(p.m, p.n, p.k, lay.bits, cfg,
