@@ -877,6 +877,25 @@ def test_token_tile_against_tail():
     assert (cfg(1024, 36864, 4608)["BM"], cfg(1024, 36864, 4608)["TAIL"]) == (128, 4)
 
 
+def test_token_tile_not_with_the_quantizer_in_the_launch():
+    """A call that quantizes its activations in the GEMM's launch (FQ 1: small products, kernels/a8.quantizing_pays)
+    keeps default_config's tile: its quantizer blocks hold SMs, and the token tiles were measured without them.
+    512x4096 at M = 1024 (2^31 multiply-adds): BM 128 makes 256 CTAs, two rounds, which BM 256 would halve."""
+    import dataclasses
+
+    from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem, quantizing_pays
+    from mixgemm.kernels.registry import DeviceInfo
+
+    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    assert quantizing_pays(1024, 4096, 512) and not quantizing_pays(1024, 4096, 1024)
+    qw = _qw(256, 512, 8, -1)
+    cfg = _wgmma_a8_config(dataclasses.replace(a8_problem(1024, qw, torch.float16, h100, "sym", True), n=4096))
+    assert (cfg["FQ"], cfg["BM"]) == (1, 128)
+    qw = _qw(256, 1024, 8, -1)
+    cfg = _wgmma_a8_config(dataclasses.replace(a8_problem(1024, qw, torch.float16, h100, "sym", True), n=4096))
+    assert cfg["FQ"] == 0 and cfg["BM"] > 128  # the same layer at K = 1024: two quantizer launches, one round of BM 256
+
+
 def test_tail_split_rule_without_a_wave_model():
     """Without the table's cluster residency, split 2 where the partial wave's pairs fill at most half the SMs."""
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, tail_split_rule

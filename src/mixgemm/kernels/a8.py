@@ -284,10 +284,12 @@ def _wgmma_a8_config(p: Problem) -> dict:
     lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
     qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
     cfg = default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
+    fq = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
     costs = _token_tile_costs(p.device.table["name"])
-    if costs is not None:
+    if costs is not None and not fq:
         # the token tile from the wave count (BM 128 .. 256 against the partial last wave; where TAIL takes a partial
-        # wave, against its split)
+        # wave, against its split). Not with the quantizer in the launch (FQ): its blocks hold SMs the rounds do not
+        # count, and the token tiles were measured without it.
         tail_slots = (_cluster_slots(p) or {}) if p.m > SPLIT_MAX_M and p.k >= tuning.A8_TAIL_MIN_K else None
         moved = token_tile(p.m, p.n, lay.bits, lay.per_channel, qs, cfg, costs, p.device.sm_count, tail_slots)
         if moved["BM"] != cfg["BM"]:
@@ -305,7 +307,7 @@ def _wgmma_a8_config(p: Problem) -> dict:
     elif p.k >= tuning.A8_TAIL_MIN_K:
         # a partial last wave runs as cluster split-K tiles, as many slices as the GPU holds clusters of at once
         cfg["TAIL"] = tail_split_rule(p.m, p.n, cfg, p.device.sm_count, _cluster_slots(p))
-    cfg["FQ"] = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
+    cfg["FQ"] = fq
     return cfg
 
 
