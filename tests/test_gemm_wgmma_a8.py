@@ -980,10 +980,10 @@ def test_token_tile_in_the_registry():
 def test_gpu_token_tiles(bm, fmt, mc):
     """The BMs a8_tiles ranks (multiples of 16 past 128, stages as token_tile sets them), per channel int8 and QS
     int4, with and without the activation multicast, on M that leaves a partial token tile and N a partial row tile."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, stage_bytes
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import ring_stages
 
     bits, gs, qs = (8, -1, False) if fmt == "w8 per channel" else (4, 128, True)
-    stages = max(2, min(4, (SMEM_LIMIT - 1024) // stage_bytes(bm, 2, bits, 2, gs == -1)))
+    stages = ring_stages(bm, 2, bits, 2, gs == -1, 2, 4)
     cfg = dict(BM=bm, NWG=2, STAGES=stages, KT=2, NP=1, CVT=0, GROUP_M=8, MC=mc)
     for m, n, k in ((300, 1000, 1152), (129, 136, 768)):
         y, ref = _run(m, n, k, bits, gs, torch.float16, config=cfg, seed=m + bm, per_token=qs, int_scales=qs)

@@ -28,8 +28,7 @@ import torch.nn.functional as F
 
 from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
 from mixgemm.kernels.a8 import per_group_params
-from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT
-from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, QS_MAX_K, default_config, gemm_wgmma_a8, stage_bytes
+from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, QS_MAX_K, default_config, gemm_wgmma_a8, ring_stages
 from mixgemm.kernels.triton.act_quant import act_quant
 from mixgemm.kernels.triton.int8_gemm import a8_gemm
 from mixgemm.kernels.triton.int8_layout import get_int8_layout
@@ -174,19 +173,17 @@ def main():
         for fmt in args.formats.split(","):
             bits, group, per_token, int_scales = fmt_spec(fmt)
             for m in (int(v) for v in args.ms.split(",")):
-                if args.bm_grid:
-                    qs = int_scales and per_token and -(-k // 128) * 128 <= QS_MAX_K
+                if args.bm_grid or args.splits or args.bms:
+                    qs = int_scales and per_token and -(-k // 128) * 128 <= QS_MAX_K  # (qs_layout's test)
                     g = k if group == -1 else group
                     base = default_config(m, n, k, g, bits, qs=qs)
+                if args.bm_grid:
                     grid = [(int(b), 2) for b in args.bm_grid.split(",")]
                     grid += [(int(b), 1) for b in args.kt1.split(",") if b]
-                    cfgs = []
-                    for b, kt in grid:
-                        sb = stage_bytes(b, int(base.get("NWG", 2)), bits, kt, g == k)
-                        cfgs.append(dict(base, BM=b, KT=kt, STAGES=max(2, min(4, (SMEM_LIMIT - 1024) // sb))))
+                    nwg = int(base.get("NWG", 2))
+                    cfgs = [dict(base, BM=b, KT=kt, STAGES=ring_stages(b, nwg, bits, kt, g == k, 2, 4))
+                            for b, kt in grid]
                 elif args.splits or args.bms:
-                    qs = int_scales and per_token and -(-k // 128) * 128 <= QS_MAX_K  # (qs_layout's test)
-                    base = default_config(m, n, k, k if group == -1 else group, bits, qs=qs)
                     key, values = ("SPLIT", args.splits) if args.splits else ("BM", args.bms)
                     cfgs = [dict(base, **{key: int(v)}) for v in values.split(",")]
                 res.append(sweep(k, n, m, bits, group, cfgs, per_token=per_token, repeat=args.repeat,

@@ -285,12 +285,13 @@ def _wgmma_a8_config(p: Problem) -> dict:
     qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
     cfg = default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
     fq = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
+    slots = _cluster_slots(p)
     costs = _token_tile_costs(p.device.table["name"])
     if costs is not None and not fq:
         # the token tile from the wave count (BM 128 .. 256 against the partial last wave; where TAIL takes a partial
         # wave, against its split). Not with the quantizer in the launch (FQ): its blocks hold SMs the rounds do not
         # count, and the token tiles were measured without it.
-        tail_slots = (_cluster_slots(p) or {}) if p.m > SPLIT_MAX_M and p.k >= tuning.A8_TAIL_MIN_K else None
+        tail_slots = (slots or {}) if p.m > SPLIT_MAX_M and p.k >= tuning.A8_TAIL_MIN_K else None
         moved = token_tile(p.m, p.n, lay.bits, lay.per_channel, qs, cfg, costs, p.device.sm_count, tail_slots)
         if moved["BM"] != cfg["BM"]:
             cols = column_tiles(p.n, 2)
@@ -303,10 +304,10 @@ def _wgmma_a8_config(p: Problem) -> dict:
         # cluster split-K where the tiles leave SMs idle
         cfg["SPLIT"] = split_k_rule(p.m, p.n, p.k, lay.bits, cfg,
                                     tuning.A8_SPLIT_PER_CHANNEL_MIN_CTA_BYTES if lay.per_channel else None,
-                                    p.device.sm_count, _cluster_slots(p))
+                                    p.device.sm_count, slots)
     elif p.k >= tuning.A8_TAIL_MIN_K:
         # a partial last wave runs as cluster split-K tiles, as many slices as the GPU holds clusters of at once
-        cfg["TAIL"] = tail_split_rule(p.m, p.n, cfg, p.device.sm_count, _cluster_slots(p))
+        cfg["TAIL"] = tail_split_rule(p.m, p.n, cfg, p.device.sm_count, slots)
     cfg["FQ"] = fq
     return cfg
 

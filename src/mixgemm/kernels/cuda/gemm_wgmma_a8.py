@@ -225,6 +225,12 @@ def stage_bytes(bm: int, nwg: int, bits: int, kt: int, per_channel: bool) -> int
     return -(-raw // 1024) * 1024
 
 
+def ring_stages(bm: int, nwg: int, bits: int, kt: int, per_channel: bool, least: int, most: int) -> int:
+    """The pipeline stages of a tile: as many as its shared memory holds (1 KB kept for barriers), within
+    [least, most] (a config past the memory is refused when prepared)."""
+    return max(least, min(most, (SMEM_LIMIT - 1024) // stage_bytes(bm, nwg, bits, kt, per_channel)))
+
+
 # default_config with QS (no fold): BM 256 tiles where they make at least this many CTAs (H100 / H200: 132 SMs)
 QS_BM256_MIN_TILES = 96
 
@@ -242,15 +248,14 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: b
         # of the tiles measured before at M = 4 / 16 / 64 (H100, 2048x2048 .. 14336x4096; BM 128 with NP 1 ran
         # 1.2-1.4x longer)
         bm = 16 * -(-m // 16)
-        stages = max(2, min(5, (SMEM_LIMIT - 1024) // stage_bytes(bm, nwg, bits, kt, group_size == k)))
+        stages = ring_stages(bm, nwg, bits, kt, group_size == k, 2, 5)
         # NP 2 needs KT a multiple of 2 x the group's 128-k tiles: group 256 takes NP 1
         np_ = 2 if group_size in (128, k) else 1
         return {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": np_, "CVT": 0, "GROUP_M": 8}
     bm = 16
     while bm < min(m, 128):
         bm *= 2
-    sb = stage_bytes(bm, nwg, bits, kt, group_size == k)
-    stages = max(3, min(4, (SMEM_LIMIT - 1024) // sb))
+    stages = ring_stages(bm, nwg, bits, kt, group_size == k, 3, 4)
     # NP 1: folding a group while the warpgroup's own next wgmmas run (NP 2) measured 23-28% slower, also with the
     # four wgmmas issued back to back (docs/design.md)
     cfg = {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": 1, "CVT": 0, "GROUP_M": 8}
@@ -367,8 +372,7 @@ def token_tile(m: int, n: int, bits: int, per_channel: bool, qs: bool, cfg: dict
     best = min(sorted(table, reverse=True), key=est)
     if est(best) * costs.margin >= est(bm0):
         return cfg
-    stages = max(2, min(4, (SMEM_LIMIT - 1024) // stage_bytes(best, 2, bits, 2, per_channel)))
-    return dict(cfg, BM=best, STAGES=stages)
+    return dict(cfg, BM=best, STAGES=ring_stages(best, 2, bits, 2, per_channel, 2, 4))
 
 
 def _check(aq: torch.Tensor, sa: torch.Tensor, qw: QuantizedWeight, bias, out_dtype, out):
