@@ -255,6 +255,18 @@ def test_configs(cfg, bits):
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("bm", [144, 160, 176, 192, 208, 224, 240])
+@pytest.mark.parametrize("fmt", [(4, 128, "sym", torch.float16), (4, 128, "zero_point", torch.bfloat16),
+                                 (8, -1, "sym", torch.float16), (4, 32, "offset", torch.float16)], ids=str)
+def test_token_tiles(bm, fmt):
+    """The token tiles (wgmma_waves.TokenTiles): the BM 256 tile's pipeline at BM 144..240, one launch; M = 1000 leaves
+    a partial last token tile, N = 520 a partial row tile."""
+    bits, gs, mode, dtype = fmt
+    _run(1000, 520, 1152, bits, gs, mode, dtype, config=dict(BM=bm, NWG=2, STAGES=5, INFLIGHT=2, TMA=1, TAIL=0))
+
+
+@pytest.mark.gpu
+@needs_sm90
 @pytest.mark.parametrize("kt", [1, 2, 4])
 @pytest.mark.parametrize("tma", [0, 1])
 @pytest.mark.parametrize("bits,gs,mode,k", [(4, 128, "zero_point", 1152), (4, 32, "offset", 1088), (8, 64, "sym", 1088),

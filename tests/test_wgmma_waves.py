@@ -200,3 +200,85 @@ def test_store_share_follows_the_copy_bandwidth():
     raw["persistent"] = {k: v for k, v in raw["persistent"].items() if k != "source"}
     with pytest.raises(ValueError, match="persistent needs a 'source'"):
         W.WaveCost.parse(raw, "test")
+
+
+# ------------------------------------------------------------------------------------------------ token tiles
+def _tokens() -> W.TokenTiles:
+    tokens = _wave_cost("h100").token_tiles
+    assert tokens is not None and tokens.source and tokens.margin >= 1
+    return tokens
+
+
+@pytest.mark.parametrize("k,n,m,bm", [
+    (896, 4864, 1024, 176),  # 152 BM 256 CTAs: two rounds of 14 steps; 6 x 38 = 228 BM 176 CTAs also take two
+    (3072, 3072, 1024, 208),  # 96 CTAs on 132 SMs: 120 of BM 208 still fit one round
+    (2048, 2560, 2048, 160),  # 160 CTAs in two rounds (TAIL 2); 260 of BM 160 in two shorter ones
+])
+def test_token_tile_fills_the_rounds(k, n, m, bm):
+    """Where BM 256 tiles leave a round mostly idle, a smaller BM of the token tiles' list runs in as many rounds or
+    fewer, at its own round cost; one launch (no TAIL), the tile's pipeline kept; explain says why."""
+    got = _wgmma_config(k, n, m)
+    cfg = got.config
+    assert (cfg["BM"], cfg["NWG"], cfg["SPLIT"], cfg["TAIL"]) == (bm, 2, 1, 0)
+    assert (cfg["STAGES"], cfg["INFLIGHT"]) == (5, 2) and tile_error(cfg) is None
+    assert f"token tile BM {bm}" in got.config_source
+    tokens = _tokens()
+    assert tokens.estimate_us(m, n, k, 4, bm, 0, 132) * tokens.margin <= tokens.estimate_us(m, n, k, 4, 256, 0, 132)
+
+
+@pytest.mark.parametrize("k,n,m", [
+    (8192, 28672, 4096),  # 3584 CTAs: 27.2 waves, the partial one a small share
+    (4096, 14336, 1024),  # 3.4 waves, the last as a TAIL split
+    (5120, 13824, 2048),  # 8.4 waves
+    (4096, 4096, 512),  # below from_m
+])
+def test_token_tile_keeps_bm_256_where_the_rounds_are_full(k, n, m):
+    got = _wgmma_config(k, n, m)
+    assert got.config["BM"] == 256 and "token tile" not in got.config_source
+
+
+def test_token_tile_counts_the_tail_launch():
+    """A TAIL split runs BM 256's partial wave as split-K clusters: that wave costs fixed + step x steps / split +
+    tail_us, not a whole round; so a layer whose TAIL already evens out the rounds keeps it (3584x4608 int4 at M =
+    1024: 144 CTAs, 12 past one wave, TAIL 3)."""
+    tokens = _tokens()
+    fixed, step = tokens.round_us[4][256]
+    m, n, k = 1024, 4608, 3584
+    one = fixed + step * 56
+    assert tokens.estimate_us(m, n, k, 4, 256, 0, 132) == pytest.approx(2 * one)
+    assert tokens.estimate_us(m, n, k, 4, 256, 3, 132) == pytest.approx(one + fixed + step * 56 / 3 + tokens.tail_us)
+    cfg = _wgmma_config(k, n, m).config
+    assert (cfg["BM"], cfg["TAIL"]) == (256, 3)
+    assert W.token_tile(m, n, k, dict(cfg, TAIL=0), 4, tokens, 132) is not None  # without TAIL it would move
+
+
+def test_token_tile_leaves_other_tiles_alone():
+    tokens = _tokens()
+    base = dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, TMA=1, GROUP_M=8, SPLIT=1, TAIL=0)
+    assert W.token_tile(1024, 4864, 896, base, 4, tokens, 132) is not None
+    for other in (dict(SPLIT=2, CLUSTER=1), dict(SK=2), dict(NWG=4), dict(BM=128), dict(SERIAL=1)):
+        assert W.token_tile(1024, 4864, 896, {**base, **other}, 4, tokens, 132) is None
+    assert W.token_tile(1024, 4864, 896, base, 2, tokens, 132) is None  # no costs for that width
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda t: t.pop("source"), "source"),
+    (lambda t: t["round_us"]["int4"].pop("256"), "BM 256"),
+    (lambda t: t["round_us"]["int4"].update({"100": {"fixed_us": 1, "step_us": 0.5}}), "multiples of 8"),
+    (lambda t: t["round_us"].update({"int3": {}}), "int4"),
+])
+def test_token_tiles_section_is_checked(change, match):
+    import copy
+
+    raw = copy.deepcopy(load_table("h100")["wgmma_waves"])
+    change(raw["token_tiles"])
+    with pytest.raises(ValueError, match=match):
+        W.WaveCost.parse(raw, "test")
+
+
+def test_tune_candidates_take_the_token_tiles():
+    from mixgemm.kernels.linear import _wgmma_candidates, linear_problem
+
+    p = linear_problem(1024, _layer(4864, 896), torch.float16, H100)
+    bms = {c["BM"] for c in _wgmma_candidates(p) if c.get("NWG") == 2 and c.get("SPLIT") == 1}
+    assert set(_tokens().round_us[4]) <= bms | {_wgmma_config(896, 4864, 1024).config["BM"]}

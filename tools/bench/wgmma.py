@@ -5,6 +5,8 @@ exceeding 3x L2, median / C), plus a layout diagnostic that shows where a wrong 
     PYTHONPATH=src python -m tools.bench.wgmma --out r.json [--quick] # timing table (W4 g128, W8 per-channel)
     PYTHONPATH=src python -m tools.bench.wgmma --sweep --ms 32,64 --shapes 8192x28672
     PYTHONPATH=src python -m tools.bench.wgmma --table --grid --ms 256,1024 --shapes 4096x6144 --out r.json
+    PYTHONPATH=src python -m tools.bench.wgmma --table --bm-grid 256,240,224,208,192,176,160,144,128 --no-triton \
+        --ms 1024,2048,4096 --shapes 3072x3072 --out r.json            # token tiles (tools/bench/wgmma_token_fit.py)
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ def grid_configs() -> list[dict]:
     return out
 
 
+def token_grid(bms: list[int]) -> list[dict]:
+    """--bm-grid: the BM 256 tile's pipeline (GRID_TILES[0]) at each BM, one launch (split 1, no TAIL, no SK)."""
+    return [{**GRID_TILES[0], "BM": bm, "SPLIT": 1, "CLUSTER": 0, "TAIL": 0, "SK": 0, "FIT": 1} for bm in bms]
+
+
 def cluster_slots() -> dict:
     """{split: clusters of that many CTAs the GPU holds at once} for each GRID_TILES tile (cuOccupancyMaxActiveClusters
     of the launch the GEMM prepares): the wave size of a cluster split-K launch, which the GPCs' SM counts make
@@ -164,6 +171,8 @@ def main(argv=None) -> int:
                     "FMT, SHAPE select the cases a config is timed on)")
     ap.add_argument("--variants", default=None, help="with --table: JSON list of overrides, each timed as the table "
                     "config updated with it (keys M, FMT, SHAPE select the cases, as in --cfgs)")
+    ap.add_argument("--bm-grid", default=None, help="with --table: also time the BM 256 tile's pipeline at these BM "
+                    "(comma list), split 1, no TAIL: the token tiles' sweep (tools/bench/wgmma_token_fit.py)")
     ap.add_argument("--grid", action="store_true", help="with --table: also time GRID_TILES x GRID_SPLITS (cluster "
                     "split-K) on every case; every config's time goes to --out")
     ap.add_argument("--cluster-slots", action="store_true", help="print the clusters of each split the GPU holds "
@@ -224,6 +233,8 @@ def main(argv=None) -> int:
                     for v in json.loads(a.variants or "[]"):
                         if v.get("M", m) == m and v.get("FMT", fmt) == fmt and v.get("SHAPE", shape) == shape:
                             cfgs.append({**cfgs[0], **{c: w for c, w in v.items() if c not in ("M", "FMT", "SHAPE")}})
+                    if a.bm_grid:
+                        cfgs += token_grid([int(b) for b in a.bm_grid.split(",")])
                     if a.grid:
                         cfgs += grid_configs()
                 if a.cfgs:
@@ -251,7 +262,7 @@ def main(argv=None) -> int:
                 t16 = statistics.median(t16s)
                 for i, (ts, e) in sorted(timed.items()):
                     t, cfg = statistics.median(ts), cfgs[i]
-                    if a.sweep or a.variants or a.cfgs or a.grid:
+                    if a.sweep or a.variants or a.cfgs or a.grid or a.bm_grid:
                         fmt_ts = lambda v: " / ".join(f"{u:.1f}" for u in v)  # noqa: E731
                         runs = f" (rounds {fmt_ts(ts)}, cuBLAS {fmt_ts(t16s)})"
                         print(f"  {fmt} {shape} M={m} {cfg}: {t:.1f} us err {e:.1e}"

@@ -656,6 +656,13 @@ def _wgmma_candidates(p: Problem) -> list[dict]:
 
     stages = int(base.get("STAGES", 4))
     out = [c for c in (with_bm(v) for v in _pow2_neighbours(bm, 8, 256)) if legal(c)]
+    cost = _wave_cost(p.device.table["name"])
+    tokens = cost.token_tiles if cost is not None else None
+    if (tokens is not None and p.m >= tokens.from_m and p.bits in tokens.round_us and int(base.get("NWG", 2)) == 2
+            and int(base.get("SPLIT", 1)) == 1 and not int(base.get("SK", 0))):
+        # the token tiles' other BMs (wgmma_waves.TokenTiles: the model ranks them by rounds; tune times them)
+        out += [c for c in ({**base, "BM": v, "TAIL": 0} for v in tokens.round_us[p.bits] if v != bm)
+                if legal(c) and c not in out]
     axes = {"STAGES": (stages - 1, stages + 1), "GROUP_M": (1, 8)}
     if not int(base.get("SK", 0)):  # stream-K ignores SPLIT
         axes["SPLIT"] = (1, 2, 4, 8)

@@ -69,6 +69,8 @@ default.json). Its fields:
   their measured step times, the launch and cluster-reduction costs, the clusters of each split the GPU holds at once,
   ``from_m``, ``margin`` and ``source``. From ``from_m`` the wgmma entry ranks the ``wgmma`` section's tile against
   them and cluster split-K by the wave count; the table's tile stays unless another is estimated ``margin`` x faster.
+  Its optional ``token_tiles`` part ({"from_m", "margin", "tail_us", "round_us": {"int4" / "int8": {BM: {"fixed_us",
+  "step_us"}}}, "source"}, wgmma_waves.TokenTiles) sizes a BM 256 one-launch choice's BM from its rounds.
 * ``a8_tiles`` (optional): the int8 wgmma GEMM's token tile model (mixgemm.kernels.cuda.gemm_wgmma_a8.TokenTileCosts):
   {"from_m", "margin", "tail_round", "round_us": {family: {"mc1" / "mc2": {BM: us}}}, "source"}, families ``w4 qs``
   (int4 with integer group scales, per-token activations) and ``w8 per channel``: the time one round of CTAs of each

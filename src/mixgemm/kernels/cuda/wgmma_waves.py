@@ -83,6 +83,70 @@ class StoreBound:
 
 
 @dataclass(frozen=True)
+class TokenTiles:
+    """The token tile of a call the model leaves on the BM 256 x 128-row tile (the ``token_tiles`` part of a GPU's
+    ``wgmma_waves`` section). That tile is sized by M alone, so a layer whose tiles make a partial last wave, or fewer
+    CTAs than SMs, pays a whole round of 256-token CTAs for it (3072 x 3072 at M = 1024: 96 CTAs on 132 SMs; 896 x 4864:
+    152 CTAs, two rounds of a 14-step K). The kernel takes any BM that is a multiple of 8, so from ``from_m`` the BM of
+    the ``round_us`` list (the BM 256 tile's pipeline, one CTA per SM, no TAIL) whose ceil(ceil(M / BM) x column tiles /
+    SMs) rounds cost least replaces 256 where it is estimated ``margin`` x faster. A round of BM tokens costs
+    fixed + step x 64-k steps (fitted per weight width: int8 weights make a cheaper step at small BM, the int4
+    dequantization a dearer one); where the BM 256 tile runs its partial wave as TAIL split-K clusters, that wave counts
+    fixed + step x steps / split + ``tail_us`` (the tail launch and its reduction)."""
+
+    from_m: int
+    margin: float
+    tail_us: float
+    round_us: dict[int, dict[int, tuple[float, float]]]  # weight bits -> {BM: (fixed us, us per 64-k step)}
+    source: str
+
+    @classmethod
+    def parse(cls, raw: dict, where: str) -> TokenTiles:
+        if not isinstance(raw.get("source"), str) or not raw["source"]:
+            raise ValueError(f"{where}: wgmma_waves.token_tiles needs a 'source' string")
+        costs = {}
+        for bits, by_bm in raw["round_us"].items():
+            if bits not in ("int4", "int8"):
+                raise ValueError(f"{where}: token_tiles.round_us keys are 'int4' / 'int8', got {bits!r}")
+            table = {int(b): (float(v["fixed_us"]), float(v["step_us"])) for b, v in by_bm.items()}
+            if 256 not in table or any(b % 8 or not 8 <= b <= 256 or s <= 0 for b, (_, s) in table.items()):
+                raise ValueError(f"{where}: token_tiles.round_us[{bits!r}] needs BM 256 and BM multiples of 8 in "
+                                 "8..256 with step_us > 0")
+            costs[int(bits[3:])] = table
+        return cls(int(raw["from_m"]), float(raw["margin"]), float(raw["tail_us"]), costs, raw["source"])
+
+    def estimate_us(self, m: int, n: int, k: int, bits: int, bm: int, tail: int, sms: int) -> float:
+        """The rounds of BM-token CTAs (128 weight rows each) over K = k; ``tail`` > 0: the partial last wave after
+        a whole one runs as TAIL clusters of that many k-slices. The launch, common to every BM, is left out."""
+        fixed, step = self.round_us[bits][bm]
+        steps = math.ceil(k / K_TILE)
+        whole, part = divmod(output_tiles(m, n, bm, 2), sms)
+        if tail and part and whole:
+            return whole * (fixed + step * steps) + fixed + step * steps / tail + self.tail_us
+        return (whole + (part > 0)) * (fixed + step * steps)
+
+
+def token_tile(m: int, n: int, k: int, cfg: dict, bits: int, tt: TokenTiles, sms: int) -> tuple[dict, str] | None:
+    """cfg with the BM ``tt`` ranks first and no TAIL, and the estimates behind it; None where cfg stays (below
+    from_m, a tile other than the split-1 BM 256 x 128-row one, or no BM estimated margin x faster)."""
+    table = tt.round_us.get(bits)
+    if (table is None or m < tt.from_m or int(cfg["BM"]) != 256 or int(cfg.get("NWG", 2)) != 2
+            or int(cfg.get("SPLIT", 1)) != 1 or int(cfg.get("CLUSTER", 0))
+            or any(int(cfg.get(key, 0)) for key in ("SK", "SERIAL", "WS"))):
+        return None
+    tail = cfg.get("TAIL", 0)
+    tail = int(tail) if tail != "auto" else 0
+    t_base = tt.estimate_us(m, n, k, bits, 256, tail, sms)
+    best = min(sorted(table, reverse=True), key=lambda bm: tt.estimate_us(m, n, k, bits, bm, 0, sms))
+    t_best = tt.estimate_us(m, n, k, bits, best, 0, sms)
+    if best == 256 or t_best * tt.margin > t_base:
+        return None
+    ctas = output_tiles(m, n, best, 2)
+    return ({**cfg, "BM": best, "TAIL": 0}, f"token tile BM {best} ({ctas} CTAs, est. {t_best:.1f} us against BM 256's "
+            f"{output_tiles(m, n, 256, 2)} CTAs{_tail_text(cfg)}, est. {t_base:.1f} us)")
+
+
+@dataclass(frozen=True)
 class WaveCost:
     """A GPU's ``wgmma_waves`` section (mixgemm.tuning): the tiles the model ranks and its constants."""
 
@@ -95,6 +159,8 @@ class WaveCost:
     margin: float  # the table's tile is kept unless another is estimated this many times faster
     source: str
     persistent: StoreBound | None = None  # when whole tiles run persistent (SK 2) with their stores in flight
+    token_tiles: TokenTiles | None = None  # the BM of a chosen BM 256 tile from its rounds
+
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> WaveCost:
@@ -106,8 +172,9 @@ class WaveCost:
         if not tiles or any(not 2 <= s <= CLUSTER_MAX for s in slots):
             raise ValueError(f"{where}: wgmma_waves needs tiles and cluster_slots for splits 2..{CLUSTER_MAX}")
         persistent = StoreBound.parse(raw["persistent"], where) if "persistent" in raw else None
+        tokens = TokenTiles.parse(raw["token_tiles"], where) if "token_tiles" in raw else None
         return cls(tiles, float(raw["launch_us"]), float(raw["reduce_us"]), slots, int(raw["sms"]),
-                   int(raw["from_m"]), float(raw["margin"]), raw["source"], persistent)
+                   int(raw["from_m"]), float(raw["margin"]), raw["source"], persistent, tokens)
 
     def slots(self, split: int, sms: int) -> int:
         """Clusters of ``split`` CTAs resident at once on a GPU of ``sms`` SMs (scaled from the measured GPU)."""
@@ -229,15 +296,26 @@ def choose(m: int, n: int, k: int, base: dict, w: WeightBytes, cost: WaveCost, s
         t_base = estimate_us(m, n, k, base_tile, 1, ctas_per_sm(base_tile.config, w), cost, sms)
         if t_base <= cost.margin * t_best:
             cfg = _with_tail({**base, "SPLIT": 1, "CLUSTER": 0}, m, n, k, base_tile, w, cost, sms)
-            return _persistent(WaveChoice(cfg, f"the table's tile, split 1{_tail_text(cfg)} (est. {t_base:.1f} us; "
-                                               f"best other BM {tile.key[0]} NWG {tile.key[1]} split {split}, est. "
-                                               f"{t_best:.1f} us)"), m, n, k, base_tile, w, cost, sms)
+            return _finish(WaveChoice(cfg, f"the table's tile, split 1{_tail_text(cfg)} (est. {t_base:.1f} us; "
+                                           f"best other BM {tile.key[0]} NWG {tile.key[1]} split {split}, est. "
+                                           f"{t_best:.1f} us)"), m, n, k, base_tile, w, cost, sms)
     cfg = {**tile.config, "SPLIT": split, "CLUSTER": int(split > 1)}
     if split == 1 and "TAIL" in base and tile.key == base_key:
         cfg = _with_tail({**cfg, "TAIL": base["TAIL"]}, m, n, k, tile, w, cost, sms)
     base_text = f"the table's tile est. {t_base:.1f} us" if t_base is not None else "the table's tile not modelled"
-    return _persistent(WaveChoice(cfg, f"BM {tile.key[0]} NWG {tile.key[1]} split {split}{_tail_text(cfg)} (est. "
-                                       f"{t_best:.1f} us; {base_text})"), m, n, k, tile, w, cost, sms)
+    return _finish(WaveChoice(cfg, f"BM {tile.key[0]} NWG {tile.key[1]} split {split}{_tail_text(cfg)} (est. "
+                                   f"{t_best:.1f} us; {base_text})"), m, n, k, tile, w, cost, sms)
+
+
+def _finish(choice: WaveChoice, m: int, n: int, k: int, tile: TileCost, w: WeightBytes, cost: WaveCost,
+            sms: int) -> WaveChoice:
+    """The choice with the token tile's BM where it moves one (TokenTiles), else as persistent whole tiles where its
+    stores bind it (StoreBound): the token tile serves a few rounds, persistent tiles four waves or more."""
+    if cost.token_tiles is not None:
+        got = token_tile(m, n, k, choice.config, w.bits, cost.token_tiles, sms)
+        if got is not None:
+            return WaveChoice(got[0], f"{choice.note}; {got[1]}")
+    return _persistent(choice, m, n, k, tile, w, cost, sms)
 
 
 def _persistent(choice: WaveChoice, m: int, n: int, k: int, tile: TileCost, w: WeightBytes, cost: WaveCost,
