@@ -297,13 +297,13 @@ def test_cli_jobs_and_bad_arguments(capsys):
     for bad in ("4096", "4096x0", "axb", ""):
         with pytest.raises(ValueError, match="--shapes"):
             tune.parse_shapes(bad)
-    assert tune.main(["--shapes", "4096x4096", "--formats", "W8A8"]) == 2
+    assert tune.main(["--shapes", "4096x4096", "--formats", "W2A16"]) == 2
     args = tune.build_parser().parse_args(["--shapes", "4096x4096,4096x14336", "14336x4096"])
     jobs = tune.jobs_from_args(args)  # by shape, then format, then M: one layer's copies serve its jobs in a row
     assert [(j.k, j.n, j.m, j.fmt) for j in jobs[:4]] == [(4096, 4096, 1, "W4A16"), (4096, 4096, 16, "W4A16"),
                                                           (4096, 4096, 256, "W4A16"), (4096, 4096, 1, "W8A16")]
     assert len(jobs) == 3 * 3 * 2
-    assert "weight-only formats" in capsys.readouterr().err
+    assert "tune covers the formats" in capsys.readouterr().err
 
 
 def test_bucket_winner_confirmed_on_other_shapes():
@@ -603,3 +603,65 @@ def test_tune_formats_include_the_zero_point_forms():
     keys = {tcache.bucket_key(linear_entries.linear_problem(1, quantize_weight(torch.randn(256, 512), c), torch.float16,
                                                             dev), "cuda_gemv") for c in (zp, sym)}
     assert len(keys) == 2
+
+
+def _a8_problem(m, n, k, bits, fmt_kw, per_token=True):
+    from mixgemm.formats.int_scales import quantize_weight_int_scales
+    from mixgemm.kernels.a8 import a8_problem
+
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(1))
+    qw = (quantize_weight_int_scales(w, group_size=128, scale_dtype=torch.float16) if fmt_kw == "int-scales"
+          else quantize_weight(w, QuantConfig(bits=bits, **fmt_kw)))
+    return a8_problem(m, qw, torch.float16, H100, "sym", per_token)
+
+
+@pytest.mark.parametrize("m,n,k,bits,fmt_kw", [
+    (2048, 4608, 4096, 8, dict(group_size=-1, mode="sym")),  # W8A8: a partial wave, the token tiles
+    (1024, 4608, 36864, 4, "int-scales"),  # W4A8 per token: TAIL from K = 8192
+    (2048, 4096, 4096, 4, dict(group_size=128, mode="sym")),  # the folding tile: BM <= 128
+    (16, 28672, 8192, 8, dict(group_size=-1, mode="sym")),  # the small-M tile: cluster split-K
+])
+def test_int8_gemm_candidates(m, n, k, bits, fmt_kw):
+    """mixgemm tune's candidates for the int8 wgmma GEMM: the token tiles with the stages that fit (BM <= 128 for
+    the folding tiles), TAIL's splits where a partial wave follows a whole one, split-K at small M; never the
+    default, no repeats, each a complete config of the entry."""
+    from mixgemm.kernels.a8 import ENTRIES
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, stage_bytes
+
+    entry = next(e for e in ENTRIES if e.name == "cuda_wgmma_a8")
+    p = _a8_problem(m, n, k, bits, fmt_kw, per_token=fmt_kw == "int-scales" or bits == 8)
+    base = entry.config(p)
+    cands = entry.candidates(p)
+    assert cands and base not in cands and all(cands.count(c) == 1 for c in cands)
+    assert all(set(c) >= set(base) for c in cands)
+    bms = {c["BM"] for c in cands}
+    if m <= 64:
+        assert {c["SPLIT"] for c in cands} | {base.get("SPLIT", 1)} >= {1, 2, 4} and bms == {base["BM"]}
+        return
+    for c in cands:
+        per_channel = fmt_kw != "int-scales" and fmt_kw["group_size"] == -1
+        sb = stage_bytes(c["BM"], c["NWG"], bits, c["KT"], per_channel)
+        assert c["BM"] % 16 == 0 and c["STAGES"] * sb + 1024 <= SMEM_LIMIT
+    if fmt_kw == dict(group_size=128, mode="sym"):
+        assert bms <= {64, 128}
+    else:
+        assert bms | {base["BM"]} == set(range(128, 257, 16))
+    if k >= 8192:
+        assert {c.get("TAIL") for c in cands} | {base.get("TAIL")} >= {0, 2, 3, 4}
+
+
+def test_int8_cache_entry_is_used(tmp_path):
+    """A tuned config of an int8-activation bucket (the wgmma GEMM's) is what the dispatcher hands that entry."""
+    p = _a8_problem(2048, 4608, 4096, 8, dict(group_size=-1, mode="sym"))
+    c0 = choose(p)
+    assert c0.kernel == "cuda_wgmma_a8"
+    tuned = c0.entry.candidates(p)[0]
+    _write_cache(tmp_path / "tuning.json", H100.name, {tcache.bucket_key(p, "cuda_wgmma_a8"): tuned})
+    c = choose(p)
+    assert c.config == tuned and "tuning cache" in c.config_source
+
+
+def test_tune_takes_the_int8_formats():
+    assert tune.parse_formats("w8a8, W4A8-token") == ["W8A8", "W4A8-TOKEN"]
+    assert tune.INT8["W4A8-TOKEN"].uses_int_scales and tune.INT8["W4A8-TOKEN"].act_block == "token"
+    assert tune.INT8["W8A8"].weight_config().group_size == -1

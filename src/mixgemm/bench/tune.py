@@ -35,6 +35,10 @@ import mixgemm.quantize_api as qapi
 # zero point), whose kernels' tiles differ (the cache keys keep the modes apart)
 WEIGHT_ONLY = {"W4A16": qapi.W4A16(), "W4A16-ZP": qapi.W4A16(mode="zero_point"), "W8A16": qapi.W8A16(),
                "W8A16-ZP": qapi.W8A16(mode="zero_point")}
+# int8-activation formats: the schemes as quantize_ builds them (W8A8 per channel, its activations per token; W4A8 per
+# token with integer group scales), each call quantizing its activations as the layer does
+INT8 = {"W8A8": qapi.W8A8(), "W4A8-TOKEN": qapi.W4A8(act_block="token")}
+FORMATS = {**WEIGHT_ONLY, **INT8}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 NO_GPU = "mixgemm tune measures kernels on a CUDA GPU and none is available here: there is nothing to tune on a CPU"
 
@@ -122,7 +126,7 @@ class Job:
     k: int
     n: int
     m: int
-    fmt: str  # a WEIGHT_ONLY name
+    fmt: str  # a FORMATS name
     x_dtype: torch.dtype
     layers: str = ""  # which model layers have this shape (for the log)
 
@@ -145,9 +149,8 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 def parse_formats(text: str) -> list[str]:
     names = [s.strip().upper() for s in text.split(",") if s.strip()]
     for nm in names:
-        if nm not in WEIGHT_ONLY:
-            raise ValueError(f"--formats {nm}: tune covers the weight-only formats {', '.join(WEIGHT_ONLY)} (the "
-                             "int8-activation entries have no candidates yet)")
+        if nm not in FORMATS:
+            raise ValueError(f"--formats {nm}: tune covers the formats {', '.join(FORMATS)}")
     return names
 
 
@@ -158,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "list, or 'all' (mixgemm bench --model's list)")
     src.add_argument("--shapes", nargs="+", help="KxN,... (K in_features, N out_features)")
     p.add_argument("-m", nargs="+", type=int, default=[1, 16, 256], help="token counts M (default 1 16 256)")
-    p.add_argument("--formats", default="W4A16,W8A16", help=f"weight formats: {', '.join(WEIGHT_ONLY)} (default "
-                   "W4A16,W8A16; -ZP: zero point, as GPTQ / AWQ checkpoints load)")
+    p.add_argument("--formats", default="W4A16,W8A16", help=f"formats: {', '.join(FORMATS)} (default W4A16,W8A16; "
+                   "-ZP: zero point, as GPTQ / AWQ checkpoints load; W8A8 / W4A8-TOKEN: int8 activations, the "
+                   "activation quantizer timed with the GEMM)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16", help="activation dtype (default fp16)")
     p.add_argument("--out", help="cache file (default $MIXGEMM_TUNING_CACHE or ~/.cache/mixgemm/tuning/<gpu>.json)")
     p.add_argument("--time-budget", type=float, default=None, help="stop starting new buckets after S seconds")
@@ -207,6 +211,7 @@ def _layer(job: Job, l2: int, compact: bool = False) -> LayerCopies:
     """compact: each copy keeps only its resident layout (as a compacted QuantLinear's weight)."""
     from mixgemm.bench import protocol
     from mixgemm.formats import dequantize_weight, quantize_weight
+    from mixgemm.formats.int_scales import quantize_weight_int_scales
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.ops.custom_ops import compact_weight
 
@@ -214,7 +219,11 @@ def _layer(job: Job, l2: int, compact: bool = False) -> LayerCopies:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(job.k * 7919 + job.n)
     w = torch.randn(job.n, job.k, device=dev, generator=gen)
-    qw0 = quantize_weight(w, WEIGHT_ONLY[job.fmt].weight_config())
+    scheme = FORMATS[job.fmt]
+    if getattr(scheme, "uses_int_scales", False):
+        qw0 = quantize_weight_int_scales(w, group_size=scheme.group_size, scale_dtype=torch.float16)
+    else:
+        qw0 = quantize_weight(w, scheme.weight_config())
     copies = protocol.copies_for(qw0.nbytes(), l2)
 
     def clone():
@@ -224,8 +233,9 @@ def _layer(job: Job, l2: int, compact: bool = False) -> LayerCopies:
 
     weights = [qw0] + [clone() for _ in range(copies - 1)]
     w64 = dequantize_weight(qw0, torch.float64)
-    if compact:
-        weights = [compact_weight(q, compact_placeholder(q.qweight)) for q in weights]
+    if compact:  # the layout the layer keeps: the int8 GEMM's for int8-activation formats (QuantLinear.compact_)
+        name = "wgmma_a8_v1" if job.fmt in INT8 else "wgmma_v1"
+        weights = [compact_weight(q, compact_placeholder(q.qweight), name) for q in weights]
     return LayerCopies(key, weights, w64)
 
 
@@ -234,28 +244,44 @@ def _measure(job: Job, layer: LayerCopies):
     second argument, another registry entry to run the config with (default: the chosen one)."""
     from mixgemm.bench import protocol
     from mixgemm.bench.methods import TOL
+    from mixgemm.formats import quantize_activation
+    from mixgemm.kernels.a8 import a8_problem
     from mixgemm.kernels.linear import linear_problem
     from mixgemm.kernels.registry import choose
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(job.m)
     x = torch.randn(job.m, job.k, device=dev, generator=gen).to(job.x_dtype)
-    ref = x.double() @ layer.w64.T
     weights = layer.weights
     qw0 = weights[0]
-    problem = linear_problem(job.m, qw0, job.x_dtype, dev)
+    ninf, inf = -math.inf, math.inf
+    if job.fmt in INT8:
+        scheme = INT8[job.fmt]
+        per_token = scheme.act_block == "token"
+        problem = a8_problem(job.m, qw0, job.x_dtype, dev, scheme.act_mode, per_token)
+        # the exact result of the int8 scheme: x quantized as the call does, then the float64 product
+        blk = -1 if per_token else qw0.group_size
+        ref = quantize_activation(x, blk, scheme.act_mode).dequantize() @ layer.w64.T
+
+        def call(run_entry, q, cfg):  # the int8-activation entries quantize x inside run
+            return run_entry.run(x, q, None, ninf, inf, cfg, problem, job.x_dtype)
+    else:
+        problem = linear_problem(job.m, qw0, job.x_dtype, dev)
+        ref = x.double() @ layer.w64.T
+
+        def call(run_entry, q, cfg):
+            return run_entry.run(x, q, None, ninf, inf, cfg)
     chosen = choose(problem)
     entry = chosen.entry
     default = entry.config(problem)  # the entry's own rule: what the dispatcher picks without a tuning cache
-    ninf, inf = -math.inf, math.inf
 
     def time_us(cfg: dict, run_entry=entry) -> float:
-        fns = [lambda q=q: run_entry.run(x, q, None, ninf, inf, cfg) for q in weights]
+        fns = [lambda q=q: call(run_entry, q, cfg) for q in weights]
         return protocol.graph_time_us(fns, warmup_ms=10, rep_ms=40)
 
     def check(cfg: dict, run_entry=entry) -> str | None:
         try:
-            y = run_entry.run(x, qw0, None, ninf, inf, cfg)
+            y = call(run_entry, qw0, cfg)
         except Exception as e:  # a candidate that fails to compile or launch is dropped like a wrong one
             return f"raised {type(e).__name__}: {e}"
         err = _reference_error(y, ref)

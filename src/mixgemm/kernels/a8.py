@@ -312,6 +312,49 @@ def _wgmma_a8_config(p: Problem) -> dict:
     return cfg
 
 
+def _wgmma_a8_candidates(p: Problem) -> list[dict]:
+    """`mixgemm tune`'s configs beside the entry's: past the small-M tiles, the token tiles (BM 128..256 in steps of
+    16 with the stages that fit; for the folding tiles, which keep BM <= 128, BM 64 / 128) and, where a partial wave
+    follows a whole one, one launch and every TAIL split; at small M (one token tile) the cluster split-K factors;
+    MC 1 / 2 where the column tiles pair up."""
+    from mixgemm.kernels.cuda import gemm_wgmma
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import (
+        LAYOUT,
+        SPLIT_MAX_M,
+        build_wgmma_a8_v1,
+        column_tiles,
+        qs_layout,
+        ring_stages,
+        tail_rows,
+        token_tile_kind,
+    )
+
+    lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
+    base = dict(_wgmma_a8_config(p))
+    nwg, kt = int(base.get("NWG", 2)), int(base.get("KT", 2))
+    qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
+    out: list[dict] = []
+
+    def add(cfg: dict) -> None:
+        if cfg != base and cfg not in out:
+            out.append(cfg)
+
+    if p.m <= SPLIT_MAX_M:
+        for split in (1, 2, 4):
+            add({**base, "SPLIT": split})
+    else:
+        no_fold = token_tile_kind(lay.bits, lay.per_channel, qs) is not None
+        for b in (range(128, 257, 16) if no_fold else (64, 128)):
+            least = 2 if no_fold else 3
+            add({**base, "BM": b, "STAGES": ring_stages(b, nwg, lay.bits, kt, lay.per_channel, least, 4)})
+        if tail_rows(p.m, p.n, {**base, "TAIL": 2}, p.device.sm_count)[0]:
+            for split in (0, *gemm_wgmma.TAIL_SPLITS):
+                add({**base, "TAIL": split})
+    if column_tiles(p.n, nwg) % 2 == 0 and p.m > SPLIT_MAX_M:
+        add({**base, "MC": 1 if int(base.get("MC", 1)) == 2 else 2})
+    return out
+
+
 def quantizing_pays(m: int, n: int, k: int) -> bool:
     """Whether a call quantizes its activations inside the GEMM's launch (one launch, gemm_wgmma_a8.cu A8_FQ) rather
     than in a launch of its own: up to tuning.A8_QUANTIZING_MAX_M rows on any layer, and small products beyond (its
@@ -428,7 +471,7 @@ ENTRIES = (
                 prepare=_prepare_gemv_a8_wg),
     KernelEntry("cuda_wgmma_a8", "linear_a8", _wgmma_a8_can_run, _wgmma_a8_config, _run_wgmma_a8,
                 Layout.lazy("wgmma_a8_v1", "mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1"),
-                "Hopper int8 wgmma GEMM, large M", prepare=_prepare_wgmma_a8),
+                "Hopper int8 wgmma GEMM, large M", candidates=_wgmma_a8_candidates, prepare=_prepare_wgmma_a8),
     KernelEntry("triton_a8", "linear_a8", _triton_a8_can_run, _triton_a8_config, _run_triton_a8,
                 Layout.lazy("int8_v1", "mixgemm.kernels.triton.int8_layout", "build_int8_layout"),
                 "Triton int8 tensor-core GEMM, any M"),
