@@ -213,6 +213,7 @@ def _tokens() -> W.TokenTiles:
     (896, 4864, 1024, 176),  # 152 BM 256 CTAs: two rounds of 14 steps; 6 x 38 = 228 BM 176 CTAs also take two
     (3072, 3072, 1024, 208),  # 96 CTAs on 132 SMs: 120 of BM 208 still fit one round
     (2048, 2560, 2048, 160),  # 160 CTAs in two rounds (TAIL 2); 260 of BM 160 in two shorter ones
+    (4096, 4608, 512, 176),  # 72 CTAs of BM 256 in one round; 108 of BM 176 in one shorter one
 ])
 def test_token_tile_fills_the_rounds(k, n, m, bm):
     """Where BM 256 tiles leave a round mostly idle, a smaller BM of the token tiles' list runs in as many rounds or
@@ -230,7 +231,7 @@ def test_token_tile_fills_the_rounds(k, n, m, bm):
     (8192, 28672, 4096),  # 3584 CTAs: 27.2 waves, the partial one a small share
     (4096, 14336, 1024),  # 3.4 waves, the last as a TAIL split
     (5120, 13824, 2048),  # 8.4 waves
-    (4096, 4096, 512),  # below from_m
+    (4096, 4096, 512),  # the wave model's cluster split 2 (128 CTAs): not a one-launch BM 256 tile
 ])
 def test_token_tile_keeps_bm_256_where_the_rounds_are_full(k, n, m):
     got = _wgmma_config(k, n, m)
