@@ -120,11 +120,18 @@ def table_name_for(gpu_name: str) -> str:
     return "default"
 
 
+def source_of(raw: dict, where: str, what: str) -> str:
+    """The 'source' string of a table section or entry (where its numbers came from), or a ValueError naming
+    ``what`` (every measured value in a table says where it came from)."""
+    if not isinstance(raw.get("source"), str) or not raw["source"]:
+        raise ValueError(f"{where}: {what} needs a 'source' string")
+    return raw["source"]
+
+
 def _entry(raw: dict, value, where: str) -> BucketEntry:
     measured = raw.get("measured")
-    if not isinstance(raw.get("source"), str) or not raw["source"]:
-        raise ValueError(f"{where}: every entry needs a 'source' string")
-    return BucketEntry(Region.parse(raw.get("region"), where), value, raw["source"],
+    source = source_of(raw, where, "every entry")
+    return BucketEntry(Region.parse(raw.get("region"), where), value, source,
                        None if measured is None else (int(measured["k"]), int(measured["n"])))
 
 

@@ -52,6 +52,7 @@ from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import gemm_wgmma, nvrtc
 from mixgemm.kernels.cuda.gemm_wgmma import _MAP_PLACEHOLDER, SMEM_LIMIT, TensorMapParam, encode_tensor_map
 from mixgemm.kernels.cuda.launch import pdl_on
+from mixgemm.tuning import source_of
 
 SOURCE = "gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
@@ -328,8 +329,7 @@ class TokenTileCosts:
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> TokenTileCosts:
-        if not isinstance(raw.get("source"), str) or not raw["source"]:
-            raise ValueError(f"{where}: the a8_tiles section needs a 'source' string")
+        source_of(raw, where, "the a8_tiles section")
         costs = {}
         for fam, by_mc in raw["round_us"].items():
             if fam not in TOKEN_TILE_KINDS:

@@ -33,6 +33,7 @@ from mixgemm.kernels.cuda.gemm_wgmma import (
     stage_bytes,
     tail_rows,
 )
+from mixgemm.tuning import source_of
 
 SM_SHARED_BYTES = 228 * 1024  # shared memory per SM on sm_90 (each resident block also reserves 1 KiB)
 MAX_CTAS_PER_SM = 2  # the most co-resident CTAs measured; the register budget of larger counts was not checked
@@ -72,8 +73,7 @@ class StoreBound:
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> StoreBound:
-        if not isinstance(raw.get("source"), str) or not raw["source"]:
-            raise ValueError(f"{where}: wgmma_waves.persistent needs a 'source' string")
+        source_of(raw, where, "wgmma_waves.persistent")
         return cls(float(raw["store_share"]), float(raw["copy_bytes_per_us"]), float(raw["min_waves"]), raw["source"])
 
     def share(self, tile: TileCost, steps: int, sms: int, out_bytes: int = 2) -> float:
@@ -102,8 +102,7 @@ class TokenTiles:
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> TokenTiles:
-        if not isinstance(raw.get("source"), str) or not raw["source"]:
-            raise ValueError(f"{where}: wgmma_waves.token_tiles needs a 'source' string")
+        source_of(raw, where, "wgmma_waves.token_tiles")
         costs = {}
         for bits, by_bm in raw["round_us"].items():
             if bits not in ("int4", "int8"):
@@ -164,8 +163,7 @@ class WaveCost:
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> WaveCost:
-        if not isinstance(raw.get("source"), str) or not raw["source"]:
-            raise ValueError(f"{where}: the wgmma_waves section needs a 'source' string")
+        source_of(raw, where, "the wgmma_waves section")
         tiles = tuple(TileCost(dict(t["config"]), float(t["step_us"]), float(t["shared_step_us"]))
                       for t in raw["tiles"])
         slots = {int(s): int(v) for s, v in raw["cluster_slots"].items()}
@@ -384,8 +382,7 @@ class SmallMCost:
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> SmallMCost:
-        if not isinstance(raw.get("source"), str) or not raw["source"]:
-            raise ValueError(f"{where}: the wgmma_small_m section needs a 'source' string")
+        source_of(raw, where, "the wgmma_small_m section")
         splits = tuple(int(s) for s in raw["splits"])
         bits = {int(b) for b in raw["coef"]}
         if (1 not in splits or any(not 1 <= s <= CLUSTER_MAX for s in splits)
@@ -494,8 +491,7 @@ class SmallMFamily:
         share (a variant overrides NWG and KT and brings its own ctas_per_sm, clusters and coef per bit width)."""
         from mixgemm.tuning import regions_by_bits
 
-        if not isinstance(raw.get("source"), str) or not raw["source"]:
-            raise ValueError(f"{where}: the wgmma_small_m_family section needs a 'source' string")
+        source_of(raw, where, "the wgmma_small_m_family section")
         lo, hi = (int(v) for v in raw["m"])
         tiles = []
         for i, t in enumerate(raw["tiles"]):
