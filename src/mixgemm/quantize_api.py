@@ -36,7 +36,7 @@ from torch import nn
 from mixgemm._checks import ACT_DTYPES
 from mixgemm.formats.activation import check_act
 from mixgemm.formats.int_scales import quantize_weight_int_scales
-from mixgemm.formats.weight import QuantConfig
+from mixgemm.formats.weight import QuantConfig, QuantizedWeight, quantize_weight
 from mixgemm.nn.conv import QuantConv2d
 from mixgemm.nn.linear import QuantLinear
 
@@ -268,12 +268,21 @@ def quantize_(model: nn.Module, config: _Precision,
     return report
 
 
+def scheme_weight(weight: torch.Tensor, config: _Precision) -> QuantizedWeight:
+    """``weight`` [N, K] quantized in ``config``'s format: integer group scales where the config uses them, else
+    quantize_weight with its weight_config. The weight is not modified."""
+    cfg = config.weight_config()
+    if getattr(config, "uses_int_scales", False):
+        return quantize_weight_int_scales(weight, cfg.group_size, cfg.scale_dtype)
+    return quantize_weight(weight, cfg)
+
+
 def quantize_linear(linear: nn.Linear, config: _Precision) -> QuantLinear:
     """One nn.Linear as a QuantLinear in ``config``'s format (integer group scales where the config uses them),
     quantized on the layer's device; the nn.Linear is not modified. ValueError from quantize_weight's checks."""
     cfg = config.weight_config()
     if getattr(config, "uses_int_scales", False):
-        qw = quantize_weight_int_scales(linear.weight.detach(), cfg.group_size, cfg.scale_dtype)
+        qw = scheme_weight(linear.weight.detach(), config)
         return QuantLinear.from_quantized(qw, None if linear.bias is None else linear.bias.detach(),
                                           act_mode=config.act_mode, act_block=config.act_block)
     return QuantLinear.from_linear(linear, cfg, act_mode=config.act_mode, act_block=config.act_block)

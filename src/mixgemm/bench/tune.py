@@ -210,8 +210,7 @@ class LayerCopies:
 def _layer(job: Job, l2: int, compact: bool = False) -> LayerCopies:
     """compact: each copy keeps only its resident layout (as a compacted QuantLinear's weight)."""
     from mixgemm.bench import protocol
-    from mixgemm.formats import dequantize_weight, quantize_weight
-    from mixgemm.formats.int_scales import quantize_weight_int_scales
+    from mixgemm.formats import dequantize_weight
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.ops.custom_ops import compact_weight
 
@@ -219,11 +218,7 @@ def _layer(job: Job, l2: int, compact: bool = False) -> LayerCopies:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(job.k * 7919 + job.n)
     w = torch.randn(job.n, job.k, device=dev, generator=gen)
-    scheme = FORMATS[job.fmt]
-    if getattr(scheme, "uses_int_scales", False):
-        qw0 = quantize_weight_int_scales(w, group_size=scheme.group_size, scale_dtype=torch.float16)
-    else:
-        qw0 = quantize_weight(w, scheme.weight_config())
+    qw0 = qapi.scheme_weight(w, FORMATS[job.fmt])  # as quantize_ quantizes a layer of this format
     copies = protocol.copies_for(qw0.nbytes(), l2)
 
     def clone():

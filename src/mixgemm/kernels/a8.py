@@ -268,21 +268,26 @@ def _token_tile_costs(table_name: str):
     return None if raw is None else TokenTileCosts.parse(raw, f"{table_name}.json a8_tiles")
 
 
+def _wgmma_a8_layout(p: Problem):
+    """(the weight's int8 GEMM layout, whether the call runs its no-fold tile: per-token activations over integer group
+    scales, gemm_wgmma_a8.qs_layout)."""
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, build_wgmma_a8_v1, qs_layout
+
+    lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
+    return lay, bool(p.per_token and lay.num_groups > 1 and qs_layout(lay))
+
+
 def _wgmma_a8_config(p: Problem) -> dict:
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import (
-        LAYOUT,
         SPLIT_MAX_M,
-        build_wgmma_a8_v1,
         column_tiles,
         default_config,
-        qs_layout,
         split_k_rule,
         tail_split_rule,
         token_tile,
     )
 
-    lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
-    qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
+    lay, qs = _wgmma_a8_layout(p)
     cfg = default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
     fq = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
     slots = _cluster_slots(p)
@@ -318,40 +323,26 @@ def _wgmma_a8_candidates(p: Problem) -> list[dict]:
     follows a whole one, one launch and every TAIL split; at small M (one token tile) the cluster split-K factors;
     MC 1 / 2 where the column tiles pair up."""
     from mixgemm.kernels.cuda import gemm_wgmma
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import (
-        LAYOUT,
-        SPLIT_MAX_M,
-        build_wgmma_a8_v1,
-        column_tiles,
-        qs_layout,
-        ring_stages,
-        tail_rows,
-        token_tile_kind,
-    )
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SPLIT_MAX_M, column_tiles, ring_stages, tail_rows, token_tile_kind
 
-    lay = p.qw.layout(LAYOUT, build_wgmma_a8_v1)
+    lay, qs = _wgmma_a8_layout(p)
     base = dict(_wgmma_a8_config(p))
     nwg, kt = int(base.get("NWG", 2)), int(base.get("KT", 2))
-    qs = p.per_token and lay.num_groups > 1 and qs_layout(lay)
-    out: list[dict] = []
-
-    def add(cfg: dict) -> None:
-        if cfg != base and cfg not in out:
-            out.append(cfg)
-
     if p.m <= SPLIT_MAX_M:
-        for split in (1, 2, 4):
-            add({**base, "SPLIT": split})
+        cands = [{**base, "SPLIT": split} for split in (1, 2, 4)]
     else:
+        # the token tiles reach BM 256 with two stages; the folding tiles keep BM <= 128 and three (default_config)
         no_fold = token_tile_kind(lay.bits, lay.per_channel, qs) is not None
-        for b in (range(128, 257, 16) if no_fold else (64, 128)):
-            least = 2 if no_fold else 3
-            add({**base, "BM": b, "STAGES": ring_stages(b, nwg, lay.bits, kt, lay.per_channel, least, 4)})
+        bms, least = (range(128, 257, 16), 2) if no_fold else ((64, 128), 3)
+        cands = [{**base, "BM": b, "STAGES": ring_stages(b, nwg, lay.bits, kt, lay.per_channel, least, 4)} for b in bms]
         if tail_rows(p.m, p.n, {**base, "TAIL": 2}, p.device.sm_count)[0]:
-            for split in (0, *gemm_wgmma.TAIL_SPLITS):
-                add({**base, "TAIL": split})
-    if column_tiles(p.n, nwg) % 2 == 0 and p.m > SPLIT_MAX_M:
-        add({**base, "MC": 1 if int(base.get("MC", 1)) == 2 else 2})
+            cands += [{**base, "TAIL": split} for split in (0, *gemm_wgmma.TAIL_SPLITS)]
+        if column_tiles(p.n, nwg) % 2 == 0:
+            cands.append({**base, "MC": 1 if int(base.get("MC", 1)) == 2 else 2})
+    out: list[dict] = []
+    for c in cands:
+        if c != base and c not in out:
+            out.append(c)
     return out
 
 

@@ -329,7 +329,7 @@ class TokenTileCosts:
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> TokenTileCosts:
-        source_of(raw, where, "the a8_tiles section")
+        source = source_of(raw, where, "the a8_tiles section")
         costs = {}
         for fam, by_mc in raw["round_us"].items():
             if fam not in TOKEN_TILE_KINDS:
@@ -340,7 +340,7 @@ class TokenTileCosts:
                     raise ValueError(f"{where}: {fam} MC {mc}: BM must be a multiple of 16 in 16..256, costs > 0")
                 costs[(fam, int(mc.removeprefix("mc")))] = bms
         return cls(int(raw["from_m"]), float(raw.get("margin", 1.0)), float(raw.get("tail_round", 0.0)), costs,
-                   raw["source"])
+                   source)
 
 
 def token_tile(m: int, n: int, bits: int, per_channel: bool, qs: bool, cfg: dict, costs: TokenTileCosts, sms: int,

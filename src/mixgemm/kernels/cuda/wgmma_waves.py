@@ -73,8 +73,8 @@ class StoreBound:
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> StoreBound:
-        source_of(raw, where, "wgmma_waves.persistent")
-        return cls(float(raw["store_share"]), float(raw["copy_bytes_per_us"]), float(raw["min_waves"]), raw["source"])
+        source = source_of(raw, where, "wgmma_waves.persistent")
+        return cls(float(raw["store_share"]), float(raw["copy_bytes_per_us"]), float(raw["min_waves"]), source)
 
     def share(self, tile: TileCost, steps: int, sms: int, out_bytes: int = 2) -> float:
         """A wave's output store time over its main loop's time, for ``tile`` over ``steps`` 64-k steps."""
@@ -102,7 +102,7 @@ class TokenTiles:
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> TokenTiles:
-        source_of(raw, where, "wgmma_waves.token_tiles")
+        source = source_of(raw, where, "wgmma_waves.token_tiles")
         costs = {}
         for bits, by_bm in raw["round_us"].items():
             if bits not in ("int4", "int8"):
@@ -112,7 +112,7 @@ class TokenTiles:
                 raise ValueError(f"{where}: token_tiles.round_us[{bits!r}] needs BM 256 and BM multiples of 8 in "
                                  "8..256 with step_us > 0")
             costs[int(bits[3:])] = table
-        return cls(int(raw["from_m"]), float(raw["margin"]), float(raw["tail_us"]), costs, raw["source"])
+        return cls(int(raw["from_m"]), float(raw["margin"]), float(raw["tail_us"]), costs, source)
 
     def estimate_us(self, m: int, n: int, k: int, bits: int, bm: int, tail: int, sms: int) -> float:
         """The rounds of BM-token CTAs (128 weight rows each) over K = k; ``tail`` > 0: the partial last wave after
@@ -136,8 +136,9 @@ def token_tile(m: int, n: int, k: int, cfg: dict, bits: int, tt: TokenTiles, sms
     tail = cfg.get("TAIL", 0)
     tail = int(tail) if tail != "auto" else 0
     t_base = tt.estimate_us(m, n, k, bits, 256, tail, sms)
-    best = min(sorted(table, reverse=True), key=lambda bm: tt.estimate_us(m, n, k, bits, bm, 0, sms))
-    t_best = tt.estimate_us(m, n, k, bits, best, 0, sms)
+    est = {bm: tt.estimate_us(m, n, k, bits, bm, 0, sms) for bm in table}
+    best = min(sorted(est, reverse=True), key=est.get)  # ties: the larger BM
+    t_best = est[best]
     if best == 256 or t_best * tt.margin > t_base:
         return None
     ctas = output_tiles(m, n, best, 2)
@@ -160,10 +161,9 @@ class WaveCost:
     persistent: StoreBound | None = None  # when whole tiles run persistent (SK 2) with their stores in flight
     token_tiles: TokenTiles | None = None  # the BM of a chosen BM 256 tile from its rounds
 
-
     @classmethod
     def parse(cls, raw: dict, where: str) -> WaveCost:
-        source_of(raw, where, "the wgmma_waves section")
+        source = source_of(raw, where, "the wgmma_waves section")
         tiles = tuple(TileCost(dict(t["config"]), float(t["step_us"]), float(t["shared_step_us"]))
                       for t in raw["tiles"])
         slots = {int(s): int(v) for s, v in raw["cluster_slots"].items()}
@@ -172,7 +172,7 @@ class WaveCost:
         persistent = StoreBound.parse(raw["persistent"], where) if "persistent" in raw else None
         tokens = TokenTiles.parse(raw["token_tiles"], where) if "token_tiles" in raw else None
         return cls(tiles, float(raw["launch_us"]), float(raw["reduce_us"]), slots, int(raw["sms"]),
-                   int(raw["from_m"]), float(raw["margin"]), raw["source"], persistent, tokens)
+                   int(raw["from_m"]), float(raw["margin"]), source, persistent, tokens)
 
     def slots(self, split: int, sms: int) -> int:
         """Clusters of ``split`` CTAs resident at once on a GPU of ``sms`` SMs (scaled from the measured GPU)."""
@@ -382,7 +382,7 @@ class SmallMCost:
 
     @classmethod
     def parse(cls, raw: dict, where: str) -> SmallMCost:
-        source_of(raw, where, "the wgmma_small_m section")
+        source = source_of(raw, where, "the wgmma_small_m section")
         splits = tuple(int(s) for s in raw["splits"])
         bits = {int(b) for b in raw["coef"]}
         if (1 not in splits or any(not 1 <= s <= CLUSTER_MAX for s in splits)
@@ -394,7 +394,7 @@ class SmallMCost:
         return cls(dict(raw["tile"]), (lo, hi), splits, {int(b): int(v) for b, v in raw["ctas_per_sm"].items()},
                    {int(b): {int(s): int(c) for s, c in v.items()} for b, v in raw["clusters"].items()},
                    {int(b): SmallMCoef(**{key: float(c) for key, c in v.items()}) for b, v in raw["coef"].items()},
-                   int(raw["sms"]), raw["source"], float(raw.get("max_table_tiles_per_sm", 1.0)),
+                   int(raw["sms"]), source, float(raw.get("max_table_tiles_per_sm", 1.0)),
                    bool(raw.get("keep_stream_k", True)))
 
     def applies(self, m: int, bits: int) -> bool:
@@ -491,13 +491,13 @@ class SmallMFamily:
         share (a variant overrides NWG and KT and brings its own ctas_per_sm, clusters and coef per bit width)."""
         from mixgemm.tuning import regions_by_bits
 
-        source_of(raw, where, "the wgmma_small_m_family section")
+        source = source_of(raw, where, "the wgmma_small_m_family section")
         lo, hi = (int(v) for v in raw["m"])
         tiles = []
         for i, t in enumerate(raw["tiles"]):
             tile = {**base["tile"], "NWG": int(t["NWG"]), "KT": int(t["KT"])}
             tiles.append(SmallMCost.parse({**base, "tile": tile, "m": [lo, hi], "ctas_per_sm": t["ctas_per_sm"],
-                                           "clusters": t["clusters"], "coef": t["coef"], "source": raw["source"]},
+                                           "clusters": t["clusters"], "coef": t["coef"], "source": source},
                                           f"{where} tile {i}"))
         buckets = regions_by_bits(raw["buckets"], f"{where} buckets")
         for bits in buckets:
@@ -505,7 +505,7 @@ class SmallMFamily:
                 raise ValueError(f"{where} buckets: no tile has constants for {bits}-bit weights")
         if not tiles or not buckets:
             raise ValueError(f"{where}: wgmma_small_m_family needs tiles and buckets")
-        return cls(tuple(tiles), (lo, hi), buckets, raw["source"])
+        return cls(tuple(tiles), (lo, hi), buckets, source)
 
     def covers(self, m: int, bits: int, k: int, n: int):
         """The bucket entry that sends this problem to the family, or None."""
