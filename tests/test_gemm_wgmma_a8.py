@@ -939,8 +939,12 @@ def test_token_tile_from_the_wave_count():
         # M = 512: BM 128 makes 144 CTAs, two rounds; BM 176 108, one round of a larger tile
         half = default_config(512, 4608, 4096, gs, bits, qs=qs)
         assert (half["BM"], token_tile(512, 4608, bits, bits == 8, qs, half, costs, 132)["BM"]) == (128, 176)
-        small = default_config(256, 4608, 4096, gs, bits, qs=qs)
-        assert costs.from_m > 256 and token_tile(256, 4608, bits, bits == 8, qs, small, costs, 132) == small
+        # M = 256 on 4096x11008: BM 128 makes 172 CTAs, two rounds; BM 256 86, one round
+        quarter = default_config(256, 11008, 4096, gs, bits, qs=qs)
+        assert (quarter["BM"], token_tile(256, 11008, bits, bits == 8, qs, quarter, costs, 132)["BM"]) == (128, 256)
+        below = costs.from_m // 2
+        small = default_config(below, 11008, 4096, gs, bits, qs=qs)
+        assert below >= 16 and token_tile(below, 11008, bits, bits == 8, qs, small, costs, 132) == small
     fold = default_config(2048, 4608, 4096, 128, 4)  # grouped int4 with the fold: BM <= 128, not a token tile
     assert token_tile(2048, 4608, 4, False, False, fold, costs, 132) == fold
     odd = dict(default_config(2048, 4608, 4096, 128, 4, qs=True), NWG=1)

@@ -214,6 +214,7 @@ def _tokens() -> W.TokenTiles:
     (3072, 3072, 1024, 208),  # 96 CTAs on 132 SMs: 120 of BM 208 still fit one round
     (2048, 2560, 2048, 160),  # 160 CTAs in two rounds (TAIL 2); 260 of BM 160 in two shorter ones
     (4096, 4608, 512, 176),  # 72 CTAs of BM 256 in one round; 108 of BM 176 in one shorter one
+    (4096, 14336, 384, 192),  # 224 CTAs either way: BM 192's two token tiles are full, BM 256's second half empty
 ])
 def test_token_tile_fills_the_rounds(k, n, m, bm):
     """Where BM 256 tiles leave a round mostly idle, a smaller BM of the token tiles' list runs in as many rounds or
