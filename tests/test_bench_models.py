@@ -209,6 +209,12 @@ def test_merge_replaces_measured_cases_and_finds_what_is_left():
             "results": [rec(8, 16, 1, "A", 4.0)]}
     todo, done = merge.remaining([((8, 8), [1, 16]), ((8, 16), [1])], ["A"], prev)
     assert done == [(8, 8)] and todo == [((8, 16), [1])]  # the errored shape runs again
+    # per M: a shape keeps only the M values some method lacks there (both methods run again at that M)
+    prev_b = {**prev, "results": prev["results"] + [rec(8, 8, 1, "B", 5.0)]}
+    todo, done = merge.remaining([((8, 8), [1, 16, 256])], ["A", "B"], prev_b)
+    assert done == [] and todo == [((8, 8), [16, 256])]
+    todo, done = merge.remaining([((8, 8), [1])], ["A", "B"], prev_b)
+    assert done == [(8, 8)] and todo == []
     out = merge.combine(prev, part)
     assert sorted((r["K"], r["N"], r["M"], r["time_us"]) for r in out["results"]) == [
         (8, 8, 1, 1.0), (8, 8, 16, 2.0), (8, 16, 1, 4.0)]

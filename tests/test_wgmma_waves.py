@@ -31,10 +31,10 @@ def _layer(n: int, k: int, bits: int = 4, group_size: int = 128) -> QuantizedWei
                            QuantConfig(bits=bits, group_size=group_size, mode="zero_point"), (n, k))
 
 
-def _wgmma_config(k: int, n: int, m: int):
+def _wgmma_config(k: int, n: int, m: int, device: DeviceInfo = H100):
     qw = _layer(n, k)
     with mixgemm.kernel_options(force="cuda_wgmma"):
-        return mixgemm.explain(torch.empty(m, k, dtype=torch.float16), qw, device=H100)
+        return mixgemm.explain(torch.empty(m, k, dtype=torch.float16), qw, device=device)
 
 
 def _clusters_fit(cfg: dict, n: int, m: int, cost: W.WaveCost) -> bool:
@@ -237,6 +237,18 @@ def test_token_tile_fills_the_rounds(k, n, m, bm):
 def test_token_tile_keeps_bm_256_where_the_rounds_are_full(k, n, m):
     got = _wgmma_config(k, n, m)
     assert got.config["BM"] == 256 and "token tile" not in got.config_source
+
+
+def test_token_tile_on_the_h200_from_its_own_from_m():
+    """The H200 table's token tiles start at its own from_m (512; the H100's at 256): at M = 384 the H200 keeps BM
+    256 where the H100 takes BM 192, from M = 512 both move (896x4864 at M = 1024: 152 BM 256 CTAs, two rounds)."""
+    h200 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
+    tokens = _wave_cost("h200").token_tiles
+    assert tokens is not None and tokens.from_m > 384 >= _tokens().from_m
+    assert _wgmma_config(4096, 14336, 384).config["BM"] == 192
+    assert _wgmma_config(4096, 14336, 384, h200).config["BM"] == 256
+    got = _wgmma_config(896, 4864, 1024, h200)
+    assert got.config["BM"] < 256 and f"token tile BM {got.config['BM']}" in got.config_source
 
 
 def test_token_tile_counts_the_tail_launch():

@@ -128,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="start no new shape after S seconds; the shapes left out are listed (rerun with --merge)")
     p.add_argument("--merge", action="store_true",
-                   help="merge into OUT/<gpu>/<suite>.json: skip shapes whose cases it already holds, replace the "
-                        "cases this run measures, keep the rest (split a long run: --m 1,16 then --m 256,...)")
+                   help="merge into OUT/<gpu>/<suite>.json: skip the shapes and M values whose cases it already holds, "
+                        "replace the cases this run measures, keep the rest (split a long run: --m 1,16 then --m "
+                        "256,...; a run cut by --time-budget resumes where it stopped)")
     p.add_argument("--fold", default=None, metavar="PART_JSON",
                    help="no timing: fold a results file measured apart (e.g. OUT/<gpu>/<suite>.json of a run on "
                         "another machine) into OUT/<gpu>/<suite>.json, its cases replacing the same cases, and "
@@ -380,10 +381,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mixgemm bench: error: {e}", file=sys.stderr)
         return 2
     if previous:
+        before = sum(len(ms) for _, ms in plan)
         plan, done = merge.remaining(plan, [m.name for m in chosen], previous)
-        if done:
-            print(f"mixgemm bench: --merge: {prefix}.json already holds {len(done)} shape(s) of this plan; "
-                  "skipping them", file=sys.stderr)
+        held = before - sum(len(ms) for _, ms in plan)
+        if held:
+            print(f"mixgemm bench: --merge: {prefix}.json already holds {held} (shape, M) pair(s) of this plan "
+                  f"({len(done)} shape(s) whole); skipping them", file=sys.stderr)
 
     def finish(part: dict) -> dict:
         """This run's data as written: with the layer names, merged into the previous file when asked."""

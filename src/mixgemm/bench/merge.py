@@ -1,7 +1,7 @@
 """Splitting a long run and merging its parts into one results file per GPU (`mixgemm bench --merge`, `--fold`).
 
-A part replaces the cases (K, N, M, method) it measures and keeps the others; a shape is measured whole within
-one run (every method at each of its M), so each speedup still compares two timings of the same run.
+A part replaces the cases (K, N, M, method) it measures and keeps the others; a shape's M is measured whole within
+one run (every method at that M), so each speedup still compares two timings of the same run.
 """
 
 from __future__ import annotations
@@ -37,18 +37,22 @@ def _key(r: dict) -> tuple:
 
 
 def remaining(plan: list[tuple], methods: list[str], previous: dict) -> tuple[list[tuple], list[tuple]]:
-    """(the plan less the matmul shapes whose every (method, M) case previous already holds, the shapes left out).
-    A case counts as held when it was measured, does not apply (n/a) or its method cannot run on this machine;
-    shapes with a WRONG or error case run again."""
+    """(the plan less what previous already holds, the shapes left out whole). A matmul shape keeps the M values at
+    which some method's case is not held (all methods run again there, so the speedups compare timings of one run);
+    a shape with none left is left out. A case counts as held when it was measured, does not apply (n/a) or its
+    method cannot run on this machine; an M with a WRONG or error case runs again."""
     held = {_key(r) for r in previous["results"] if r.get("status") in ("ok", "n/a")}
     skip_methods = set(previous.get("unavailable") or {})
     todo, done = [], []
     for shape, ms in plan:
-        if isinstance(shape, tuple) and all((*shape, m, meth) in held or meth in skip_methods
-                                            for m in ms for meth in methods):
-            done.append(shape)
-        else:
+        if not isinstance(shape, tuple):
             todo.append((shape, ms))
+            continue
+        left = [m for m in ms if not all((*shape, m, meth) in held or meth in skip_methods for meth in methods)]
+        if left:
+            todo.append((shape, left))
+        else:
+            done.append(shape)
     return todo, done
 
 
