@@ -96,17 +96,44 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms:
     return out
 
 
-def _dispatch_of(src: str | None, shapes, fmts, gpu_name: str, sms: int, ms=(1,), dtypes=("float16",),
-                 scale_dtypes=("float16",), resident: str = "") -> dict:
-    """dispatch() in a child process whose package comes from ``src`` (None: this tree's)."""
+def dump_in_tree(src: str | None, module: str, payload: dict) -> dict:
+    """``python -m module --dump PAYLOAD_JSON`` in a child process whose package comes from ``src`` (an older tree's
+    src folder; None: this tree's), its last line of output read as JSON: how a tool asks two package trees the
+    same question in one run."""
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src) if src else os.path.join(root, "src"), root])
-    arg = json.dumps({"shapes": shapes, "fmts": fmts, "gpu": gpu_name, "sms": sms, "ms": list(ms),
-                      "dtypes": list(dtypes), "scale_dtypes": list(scale_dtypes), "resident": resident})
-    done = subprocess.run([sys.executable, "-m", "tools.bench.dispatch_ab", "--dump", arg], env=env, cwd=root,
+    done = subprocess.run([sys.executable, "-m", module, "--dump", json.dumps(payload)], env=env, cwd=root,
                           capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def add_tree_options(ap: argparse.ArgumentParser) -> None:
+    """The options of a two-tree dispatch tool (this one, moved_calls): the child's --dump, the layers, the GPU
+    described, the timing rounds and the output folder."""
+    ap.add_argument("--dump", help=argparse.SUPPRESS)  # (the child process of --diff)
+    ap.add_argument("--shapes", default="", help="KxN,... (default: every layer of the model list)")
+    ap.add_argument("--gpu-name", default="NVIDIA H100 80GB HBM3")
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+
+
+def shape_list(text: str) -> list[tuple[int, int]]:
+    """--shapes as (K, N) pairs; empty: every layer of the model list."""
+    from mixgemm.bench.models import catalog, model_layers
+
+    if text:
+        return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+    return sorted(model_layers(list(catalog().values())))
+
+
+def _dispatch_of(src: str | None, shapes, fmts, gpu_name: str, sms: int, ms=(1,), dtypes=("float16",),
+                 scale_dtypes=("float16",), resident: str = "") -> dict:
+    """dispatch() in a child process whose package comes from ``src`` (None: this tree's)."""
+    return dump_in_tree(src, "tools.bench.dispatch_ab", {
+        "shapes": shapes, "fmts": fmts, "gpu": gpu_name, "sms": sms, "ms": list(ms), "dtypes": list(dtypes),
+        "scale_dtypes": list(scale_dtypes), "resident": resident})
 
 
 def diff(old: dict, new: dict) -> tuple[list[dict], list[str]]:
@@ -192,18 +219,13 @@ def main() -> None:
     ap.add_argument("--diff", metavar="OLD_SRC", help="the older tree's src folder")
     ap.add_argument("--time", metavar="CASES_JSON")
     ap.add_argument("--summary", metavar="TIMED_JSON")
-    ap.add_argument("--dump", help=argparse.SUPPRESS)  # (the child process of --diff)
-    ap.add_argument("--shapes", default="", help="KxN,... (default: every layer of the model list)")
+    add_tree_options(ap)
     ap.add_argument("--formats", default="w4s,w4z,w8")
     ap.add_argument("--ms", default="1", help="M values, comma list")
     ap.add_argument("--dtypes", default="float16", help="activation dtypes, comma list (float16, bfloat16)")
     ap.add_argument("--scale-dtypes", default="float16", help="weight scale dtypes, comma list")
     ap.add_argument("--resident", default="", help="the one layout compacted weights keep (wgmma_v1, wgmma_a8_v1); "
                     "default: the plain codes")
-    ap.add_argument("--gpu-name", default="NVIDIA H100 80GB HBM3")
-    ap.add_argument("--sms", type=int, default=132)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.dump:
         a = json.loads(args.dump)
@@ -215,8 +237,7 @@ def main() -> None:
 
     listed = set(model_layers(list(catalog().values())))
     if args.diff:
-        shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes
-                  else sorted(listed))
+        shapes = shape_list(args.shapes)
         fmts = args.formats.split(",")
         axes = ([int(m) for m in args.ms.split(",")], args.dtypes.split(","), args.scale_dtypes.split(","),
                 args.resident)

@@ -24,8 +24,8 @@ import glob
 import json
 import math
 import os
-import subprocess
-import sys
+
+from tools.bench.dispatch_ab import add_tree_options, dump_in_tree, shape_list
 
 # format -> (bits, group size, weight mode, int8 activations per token, integer group scales, bench method)
 FORMATS = {
@@ -81,13 +81,8 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], ms: list[int], gpu_
 
 def _dispatch_of(src: str | None, shapes, fmts, ms, gpu_name: str, sms: int) -> dict:
     """dispatch() in a child process whose package comes from ``src`` (None: this tree's)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src) if src else os.path.join(root, "src"), root])
-    arg = json.dumps({"shapes": shapes, "fmts": fmts, "ms": ms, "gpu": gpu_name, "sms": sms})
-    done = subprocess.run([sys.executable, "-m", "tools.bench.moved_calls", "--dump", arg], env=env, cwd=root,
-                          capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return dump_in_tree(src, "tools.bench.moved_calls",
+                        {"shapes": [list(s) for s in shapes], "fmts": fmts, "ms": ms, "gpu": gpu_name, "sms": sms})
 
 
 def moved_groups(old: dict, new: dict) -> dict:
@@ -167,27 +162,19 @@ def main() -> None:
     ap.add_argument("--compare", metavar="MOVED_JSON")
     ap.add_argument("--before", help="--compare: the old side's results folder")
     ap.add_argument("--after", help="--compare: the new side's results folder")
-    ap.add_argument("--dump", help=argparse.SUPPRESS)  # (the child process of --diff)
-    ap.add_argument("--shapes", default="", help="KxN,... (default: every layer of the model list)")
+    add_tree_options(ap)
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {', '.join(FORMATS)}")
     ap.add_argument("--ms", default="512,1024,2048,4096", help="M values, comma list")
-    ap.add_argument("--gpu-name", default="NVIDIA H100 80GB HBM3")
-    ap.add_argument("--sms", type=int, default=132)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.dump:
         a = json.loads(args.dump)
         print(json.dumps(dispatch([tuple(s) for s in a["shapes"]], a["fmts"], a["ms"], a["gpu"], a["sms"])))
     elif args.diff:
-        from mixgemm.bench.models import catalog, model_layers
-
         fmts = args.formats.split(",")
         unknown = [f for f in fmts if f not in FORMATS]
         if unknown:
             ap.error(f"--formats: unknown {unknown}; expected some of {sorted(FORMATS)}")
-        shapes = ([[int(v) for v in s.split("x")] for s in args.shapes.split(",")] if args.shapes
-                  else [list(s) for s in sorted(model_layers(list(catalog().values())))])
+        shapes = shape_list(args.shapes)
         ms = [int(m) for m in args.ms.split(",")]
         old = _dispatch_of(args.diff, shapes, fmts, ms, args.gpu_name, args.sms)
         new = _dispatch_of(None, shapes, fmts, ms, args.gpu_name, args.sms)
