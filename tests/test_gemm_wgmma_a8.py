@@ -979,6 +979,26 @@ def test_token_tile_in_the_registry():
     assert "a8_tiles: BM 256 -> " in c.config_source and "288 -> " in c.config_source, c.config_source
 
 
+def test_token_tile_on_the_h200_reads_its_own_table():
+    """The H200's a8_tiles (its own table's section, checked there down to M = 256) move W4A8 per token with integer
+    scales on 4096x11008 at M = 384 from BM 256 (172 CTAs: two rounds, the second 40 CTAs) to BM 128 (258 CTAs, two
+    rounds of a tile half as long) as the H100's do."""
+    import mixgemm
+    import mixgemm.tuning as tuning
+    from mixgemm.kernels.cuda.gemm_wgmma_a8 import TokenTileCosts
+    from mixgemm.kernels.registry import DeviceInfo
+
+    costs = TokenTileCosts.parse(tuning.load_table("h200")["a8_tiles"], "h200.json a8_tiles")
+    assert costs.from_m <= 384 and costs.source
+    qw = _qw(11008, 4096, 4, 128, int_scales=True)
+    x = torch.empty(384, 4096, dtype=torch.float16)
+    for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        dev = DeviceInfo("cuda", 0, (9, 0), 132, name, 227 * 1024)
+        c = mixgemm.explain(x, qw, act_mode="sym", act_block="token", device=dev)
+        assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 128, c
+        assert "a8_tiles: BM 256 -> 128 " in c.config_source, c.config_source
+
+
 @needs_sm90
 @pytest.mark.gpu
 @pytest.mark.parametrize("bm", [144, 160, 176, 192, 208, 224, 240])

@@ -3,6 +3,7 @@ on the CPU against a described H100 (no GPU needed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -239,16 +240,22 @@ def test_token_tile_keeps_bm_256_where_the_rounds_are_full(k, n, m):
     assert got.config["BM"] == 256 and "token tile" not in got.config_source
 
 
-def test_token_tile_on_the_h200_from_its_own_from_m():
-    """The H200 table's token tiles start at its own from_m (512; the H100's at 256): at M = 384 the H200 keeps BM
-    256 where the H100 takes BM 192, from M = 512 both move (896x4864 at M = 1024: 152 BM 256 CTAs, two rounds)."""
+def test_token_tile_on_the_h200_reads_its_own_table():
+    """The H200 table holds its own token tiles (the H100's costs, checked on the H200 down to M = 384): at M = 384
+    both GPUs take BM 192 on 4096x14336 (BM 256's second token tile half empty); below the H200 table's from_m the
+    wave model's tile stays (a table whose from_m is raised to 512 keeps BM 256 at M = 384)."""
     h200 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
     tokens = _wave_cost("h200").token_tiles
-    assert tokens is not None and tokens.from_m > 384 >= _tokens().from_m
+    assert tokens is not None and tokens.source and tokens.from_m <= 384
     assert _wgmma_config(4096, 14336, 384).config["BM"] == 192
-    assert _wgmma_config(4096, 14336, 384, h200).config["BM"] == 256
+    got = _wgmma_config(4096, 14336, 384, h200)
+    assert got.config["BM"] == 192 and "token tile BM 192" in got.config_source
     got = _wgmma_config(896, 4864, 1024, h200)
     assert got.config["BM"] < 256 and f"token tile BM {got.config['BM']}" in got.config_source
+    base = dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, TMA=1, GROUP_M=8, SPLIT=1, TAIL=0)
+    assert W.token_tile(384, 14336, 4096, base, 4, tokens, 132) is not None
+    later = dataclasses.replace(tokens, from_m=512)
+    assert W.token_tile(384, 14336, 4096, base, 4, later, 132) is None
 
 
 def test_token_tile_counts_the_tail_launch():
