@@ -1,7 +1,8 @@
 """Small GGUF files for tests: random blocks of any quantized type, and a tiny Llama written with gguf.GGUFWriter.
 
 Types gguf can quantize (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are quantized from random normal weights; the others
-(K-quants, Q2_K...) are random bytes with sane fp16 super-block scales (gguf has no quantizer for them).
+(K-quants, Q2_K, IQ*...) are random bytes with sane fp16 super-block scales, or random blocks kept where they decode
+to sane values (types whose scales are packed otherwise; gguf has no quantizer for them).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import numpy as np
 
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 # byte offsets of the fp16 fields that scale a block, per type: random bytes there would give huge or NaN weights
-_F16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (-2,), "Q2_K": (-4, -2), "Q3_K": (-2,)}
+_F16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (-2,), "Q2_K": (-4, -2), "Q3_K": (-2,), "IQ1_S": (0,),
+               "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ4_NL": (0,),
+               "IQ4_XS": (0,), "TQ1_0": (-2,), "TQ2_0": (-2,)}
 
 
 def random_blocks(qtype_name: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -23,6 +26,13 @@ def random_blocks(qtype_name: str, n: int, k: int, rng: np.random.Generator) -> 
     if qtype_name in QUANTIZABLE:
         return gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
     block, size = gguf.GGML_QUANT_SIZES[qtype]
+    if qtype_name not in _F16_FIELDS:  # scales packed otherwise (IQ1_M, MXFP4's e8m0, NVFP4's e4m3): keep sane blocks
+        pool = rng.integers(0, 256, (64 * n * k // block, size), dtype=np.uint8)
+        with np.errstate(all="ignore"):
+            v = gguf.quants.dequantize(pool, qtype).reshape(len(pool), -1)
+        sane = np.isfinite(v).all(1) & (np.abs(v).max(1) < 10) & (np.abs(v).max(1) > 1e-3)
+        assert sane.sum() >= n * k // block, qtype_name
+        return pool[sane][: n * k // block].reshape(n, -1)
     raw = rng.integers(0, 256, (n * k // block, size), dtype=np.uint8)
     for start in _F16_FIELDS[qtype_name]:
         d = (rng.random(len(raw)) * 2e-3 + 1e-4).astype(np.float16).view(np.uint8).reshape(-1, 2)

@@ -9,8 +9,9 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 def test_diff_of_a_tree_with_itself_is_empty_and_a_changed_tile_is_a_case():
     shapes, fmts = [(4096, 4096), (3584, 18944)], ["w4s", "w8"]
-    here = dispatch_ab._dispatch_of(None, shapes, fmts, H100, 132)  # (a child process, as for the older tree)
-    assert here == dispatch_ab.dispatch(shapes, fmts, H100, 132)
+    # (two child processes side by side, as for the older tree and this one)
+    here, again = dispatch_ab._dispatch_of([None, None], shapes, fmts, H100, 132)
+    assert here == again == dispatch_ab.dispatch(shapes, fmts, H100, 132)
     assert dispatch_ab.diff(here, here) == ([], [])
     key = "4096x4096 w8"
     kernel, cfg = here[key]

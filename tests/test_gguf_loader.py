@@ -55,10 +55,22 @@ def test_file_path_form_and_dtype(tiny):
     assert isinstance(m.model.layers[0].self_attn.q_proj, QuantLinear)
 
 
-def test_unsupported_type_is_an_error_naming_the_tensor(tmp_path):
-    f = write_tiny_llama(str(tmp_path), types={"ffn_up": "Q2_K"}, name="q2k.gguf")
-    with pytest.raises(ValueError, match=r"'blk.0.ffn_up.weight'.*Q2_K"):
-        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+def test_low_bit_types_requantized_at_the_width_asked(tmp_path):
+    """Q2_K / IQ4_XS Linears load re-quantized (8-bit by default, 4-bit offset with gguf_requantize_bits=4), each
+    listed in the report with its width, within half a step of transformers' dequantization."""
+    f = write_tiny_llama(str(tmp_path), types={"ffn_up": "Q2_K", "attn_output": "IQ4_XS"}, name="low.gguf")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=f, dtype=torch.float32).eval()
+    for bits in (8, 4):
+        m = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, gguf_requantize_bits=bits)
+        for name, qtype in (("model.layers.0.mlp.up_proj", "Q2_K"), ("model.layers.0.self_attn.o_proj", "IQ4_XS")):
+            layer = m.get_submodule(name)
+            assert isinstance(layer, QuantLinear) and layer.bits == bits, (name, bits)
+            assert m.mixgemm_report.inexact[name] == f"GGUF {qtype} re-quantized to {bits}-bit group 32"
+            got, want = layer.dequantize(torch.float64), ref.get_submodule(name).weight.detach().double()
+            step = layer.scales.double().repeat_interleave(32, dim=1)
+            assert bool(((got - want).abs() <= step / 2 * (1 + 1e-3) + 1e-7).all()), (name, bits)
+    with pytest.raises(ValueError, match="gguf_requantize_bits must be 8 or 4"):
+        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, gguf_requantize_bits=2)
 
 
 def test_float_linears_stay_float_or_quantize_on_load(tmp_path):

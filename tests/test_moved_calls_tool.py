@@ -13,8 +13,9 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 def test_dispatch_of_a_tree_with_itself_moves_nothing():
     shapes, fmts, ms = [[4096, 14336], [2048, 2304]], ["w4z", "w8a8", "w4a8t"], [384, 1024]
-    here = moved_calls._dispatch_of(None, shapes, fmts, ms, H100, 132)  # (a child process, as for the older tree)
-    assert here == moved_calls.dispatch([tuple(s) for s in shapes], fmts, ms, H100, 132)
+    # (two child processes side by side, as for the older tree and this one)
+    here, again = moved_calls._dispatch_of([None, None], shapes, fmts, ms, H100, 132)
+    assert here == again == moved_calls.dispatch([tuple(s) for s in shapes], fmts, ms, H100, 132)
     assert len(here) == 12 and moved_calls.moved_groups(here, here) == {}
     # the H100's weight-only token tile at M = 384: BM 192 in the wgmma GEMM
     entry, cfg = here["4096x14336 384 w4z"].split(" ", 1)

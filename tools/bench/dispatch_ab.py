@@ -96,16 +96,25 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms:
     return out
 
 
-def dump_in_tree(src: str | None, module: str, payload: dict) -> dict:
-    """``python -m module --dump PAYLOAD_JSON`` in a child process whose package comes from ``src`` (an older tree's
-    src folder; None: this tree's), its last line of output read as JSON: how a tool asks two package trees the
-    same question in one run."""
-    env = dict(os.environ)
+def dump_in_trees(srcs: list[str | None], module: str, payload: dict) -> list[dict]:
+    """``python -m module --dump PAYLOAD_JSON`` in one child process per package tree (an older tree's src folder;
+    None: this tree's), run side by side, each one's last line of output read as JSON: how a tool asks two package
+    trees the same question in one run (the dumps build kernel layouts on the CPU: minutes each on the model list)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src) if src else os.path.join(root, "src"), root])
-    done = subprocess.run([sys.executable, "-m", module, "--dump", json.dumps(payload)], env=env, cwd=root,
-                          capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    children = []
+    for src in srcs:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(src) if src else os.path.join(root, "src"), root])
+        children.append(subprocess.Popen([sys.executable, "-m", module, "--dump", json.dumps(payload)], env=env,
+                                         cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    for src, child in zip(srcs, children, strict=True):
+        stdout, stderr = child.communicate()
+        if child.returncode:
+            raise subprocess.CalledProcessError(child.returncode, f"{module} --dump in {src or 'this tree'}",
+                                                stdout, stderr)
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
 
 
 def add_tree_options(ap: argparse.ArgumentParser) -> None:
@@ -128,10 +137,10 @@ def shape_list(text: str) -> list[tuple[int, int]]:
     return sorted(model_layers(list(catalog().values())))
 
 
-def _dispatch_of(src: str | None, shapes, fmts, gpu_name: str, sms: int, ms=(1,), dtypes=("float16",),
-                 scale_dtypes=("float16",), resident: str = "") -> dict:
-    """dispatch() in a child process whose package comes from ``src`` (None: this tree's)."""
-    return dump_in_tree(src, "tools.bench.dispatch_ab", {
+def _dispatch_of(srcs: list[str | None], shapes, fmts, gpu_name: str, sms: int, ms=(1,), dtypes=("float16",),
+                 scale_dtypes=("float16",), resident: str = "") -> list[dict]:
+    """dispatch() of each package tree (an src folder; None: this tree's), in child processes side by side."""
+    return dump_in_trees(srcs, "tools.bench.dispatch_ab", {
         "shapes": shapes, "fmts": fmts, "gpu": gpu_name, "sms": sms, "ms": list(ms), "dtypes": list(dtypes),
         "scale_dtypes": list(scale_dtypes), "resident": resident})
 
@@ -241,8 +250,7 @@ def main() -> None:
         fmts = args.formats.split(",")
         axes = ([int(m) for m in args.ms.split(",")], args.dtypes.split(","), args.scale_dtypes.split(","),
                 args.resident)
-        old = _dispatch_of(args.diff, shapes, fmts, args.gpu_name, args.sms, *axes)
-        new = _dispatch_of(None, shapes, fmts, args.gpu_name, args.sms, *axes)
+        old, new = _dispatch_of([args.diff, None], shapes, fmts, args.gpu_name, args.sms, *axes)
         cases, kernels = diff(old, new)
         with open(args.out if args.out.endswith(".json") else os.path.join(args.out, "cases.json"), "w") as f:
             json.dump(cases, f)

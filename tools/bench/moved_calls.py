@@ -25,7 +25,7 @@ import json
 import math
 import os
 
-from tools.bench.dispatch_ab import add_tree_options, dump_in_tree, shape_list
+from tools.bench.dispatch_ab import add_tree_options, dump_in_trees, shape_list
 
 # format -> (bits, group size, weight mode, int8 activations per token, integer group scales, bench method)
 FORMATS = {
@@ -79,10 +79,10 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], ms: list[int], gpu_
     return out
 
 
-def _dispatch_of(src: str | None, shapes, fmts, ms, gpu_name: str, sms: int) -> dict:
-    """dispatch() in a child process whose package comes from ``src`` (None: this tree's)."""
-    return dump_in_tree(src, "tools.bench.moved_calls",
-                        {"shapes": [list(s) for s in shapes], "fmts": fmts, "ms": ms, "gpu": gpu_name, "sms": sms})
+def _dispatch_of(srcs: list[str | None], shapes, fmts, ms, gpu_name: str, sms: int) -> list[dict]:
+    """dispatch() of each package tree (an src folder; None: this tree's), in child processes side by side."""
+    return dump_in_trees(srcs, "tools.bench.moved_calls",
+                         {"shapes": [list(s) for s in shapes], "fmts": fmts, "ms": ms, "gpu": gpu_name, "sms": sms})
 
 
 def moved_groups(old: dict, new: dict) -> dict:
@@ -176,8 +176,7 @@ def main() -> None:
             ap.error(f"--formats: unknown {unknown}; expected some of {sorted(FORMATS)}")
         shapes = shape_list(args.shapes)
         ms = [int(m) for m in args.ms.split(",")]
-        old = _dispatch_of(args.diff, shapes, fmts, ms, args.gpu_name, args.sms)
-        new = _dispatch_of(None, shapes, fmts, ms, args.gpu_name, args.sms)
+        old, new = _dispatch_of([args.diff, None], shapes, fmts, ms, args.gpu_name, args.sms)
         groups = moved_groups(old, new)
         path = args.out if args.out.endswith(".json") else os.path.join(args.out, "moved.json")
         with open(path, "w") as f:

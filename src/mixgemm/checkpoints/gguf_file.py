@@ -112,14 +112,15 @@ def float_tensor(tensor, processor) -> torch.Tensor:
     return torch.from_numpy(np.array(out.weights, dtype=np.float32, copy=True))
 
 
-def quantized_weight(tensor, processor) -> tuple[QuantizedWeight, bool]:
-    """A quantized GGUF Linear weight as a QuantizedWeight in transformers' row order, and whether it is exact."""
+def quantized_weight(tensor, processor, requantize_bits: int = 8) -> tuple[QuantizedWeight, bool]:
+    """A quantized GGUF Linear weight as a QuantizedWeight in transformers' row order, and whether it is exact
+    (requantize_bits: the width of the types re-quantized, mixgemm.ggml.gguf_types)."""
     from mixgemm.ggml.gguf_types import ROUTES, to_quantized_weight
 
     shape = torch_shape(tensor)
     if len(shape) != 2:
         raise ValueError(f"GGUF tensor {tensor.name!r} has shape {shape}; a Linear weight is 2-D")
-    qw = to_quantized_weight(tensor.data, tensor.tensor_type, shape, tensor.name)
+    qw = to_quantized_weight(tensor.data, tensor.tensor_type, shape, tensor.name, requantize_bits)
     return permute_rows(qw, row_order(processor, tensor.name, shape[0])), ROUTES[tensor.tensor_type.name].exact
 
 

@@ -209,7 +209,8 @@ def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, 
     return model, report
 
 
-def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dtype, progress, config_kwargs):
+def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dtype, progress, config_kwargs,
+               requantize_bits: int = 8):
     from transformers import AutoConfig
 
     from mixgemm.checkpoints import gguf_file
@@ -243,7 +244,7 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
                     report.skipped[layer] = f"{why}; dequantized to {dtype}"
                     skeleton.put_tensor(model, key, gguf_file.float_tensor(tensor, processor).to(dtype).to(device))
                 else:  # types without a QuantLinear format raise here, naming the tensor and its type
-                    qw, exact = gguf_file.quantized_weight(tensor, processor)
+                    qw, exact = gguf_file.quantized_weight(tensor, processor, requantize_bits)
                     lin = linears[layer]
                     conv = ConvertedLinear(weight=qw, bias=lin.bias)  # a meta bias: filled when its tensor comes
                     skeleton.put_module(model, layer, quant_linear(conv, lin, layer, device))
@@ -290,7 +291,7 @@ def _quantize_float_linear(model, layer, config, filter_fn, report) -> None:
 
 def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype: torch.dtype | None = None,
                     quantization_config=None, filter_fn=None, progress: bool = True, trust_remote_code: bool = False,
-                    compact: bool = True, **kwargs) -> nn.Module:
+                    compact: bool = True, gguf_requantize_bits: int = 8, **kwargs) -> nn.Module:
     """A transformers causal LM with QuantLinear layers, read from a quantized checkpoint (module docstring).
 
     path: a checkpoint directory, or a .gguf file. gguf_file: the GGUF file's name inside ``path`` (as
@@ -299,7 +300,10 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     quantization_config: W4A16 / W8A16 / W8A8 / W4A8 to quantize a float checkpoint (or a GGUF file's float
     Linears) while loading; filter_fn(module, name) -> bool limits which Linears are quantized. compact (default
     True): each QuantLinear keeps its codes in one resident layout on an sm_90 GPU, now or once the model is moved
-    there (as quantize_'s ``compact``). Other keyword arguments go to ``AutoConfig.from_pretrained``.
+    there (as quantize_'s ``compact``). gguf_requantize_bits (8 or 4): the width GGUF types without an exact
+    mixgemm form (Q6_K, Q2_K, Q3_K, IQ*, TQ*, MXFP4, NVFP4) are re-quantized to: 8 (default) stays within half an
+    int8 step of the file's weights at 9 bits a weight, 4 keeps a low-bit file's size class (5 bits a weight, a few
+    % more error; mixgemm.ggml.gguf_types). Other keyword arguments go to ``AutoConfig.from_pretrained``.
 
     The model is in eval mode; ``model.mixgemm_report`` (a LoadReport) lists what was quantized and what not, and
     ``model.config.quantization_config`` describes every QuantLinear, so ``model.save_pretrained`` writes a
@@ -322,7 +326,10 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     device = _device(device)
     if gguf_file is not None or str(path).endswith(".gguf"):
         directory, name = _gguf_location(path, gguf_file)
-        model, report = _load_gguf(directory, name, quantization_config, filter_fn, device, dtype, progress, kwargs)
+        if gguf_requantize_bits not in (4, 8):
+            raise ValueError(f"gguf_requantize_bits must be 8 or 4, got {gguf_requantize_bits!r}")
+        model, report = _load_gguf(directory, name, quantization_config, filter_fn, device, dtype, progress, kwargs,
+                                   gguf_requantize_bits)
     else:
         from transformers import AutoConfig
 

@@ -10,19 +10,26 @@ Q5_0        8-bit sym, group 32, fp16 scales (codes q - 16 + 128)  yes
 Q5_1        8-bit offset, group 32, fp16 scales / offsets          yes
 Q4_K        4-bit offset, group 32, fp32 s = d*sc, m = -dmin*mn    yes
 Q5_K        8-bit offset, group 32, fp32 s = d*sc, m = -dmin*mn    yes (5-bit codes in 8-bit storage)
-Q6_K        8-bit sym, group 32, fp32 scales, re-quantized         no: see below
+Q6_K, Q2_K  8-bit sym, group 32, fp32 scales, re-quantized         no: see below
+Q3_K, IQ*   (requantize_bits=4: 4-bit offset, group 32, fp16
+TQ*, MXFP4  scales / offsets)
+NVFP4
 ==========  =====================================================  ========================================
 
 "Exact" means ``dequantize_weight(qw, torch.float32)`` equals ``gguf.quants.dequantize`` bit for bit: in each
 block type the scale products (fp16 d times a 6-bit sub-block scale) are exact in float32, and both sides round
 ``q * s + m`` once.
 
-Q6_K stores 16-element sub-blocks, each with its own int8 scale under one fp16 d per 256; a 32-element group
-holds two sub-blocks whose scales generally share no common factor small enough for 8-bit codes, so no
-mixgemm group holds them exactly. The route: gguf's float32 dequantization, re-quantized round-to-nearest to
-8-bit sym groups of 32 with float32 scales (mixgemm.formats.weight.quantize_weight). Each weight moves by at
-most half an int8 step, max|w| / 254 of its group: on random Q6_K blocks the mean absolute error is about 0.5%
-of the mean |w| (tests/test_gguf_types.py measures it), well under Q6_K's own rounding step.
+The other types have no exact mixgemm form: Q6_K, Q3_K and Q2_K scale sub-blocks of 16 elements, each with its own
+scale (a 32-element group holds two whose scales generally share no factor small enough for the codes); the IQ
+types and the fp4 types (MXFP4, NVFP4) use non-uniform codebooks; the TQ types are ternary. The route: gguf's
+float32 dequantization, re-quantized round-to-nearest to groups of 32 (mixgemm.formats.weight.quantize_weight):
+by default to 8-bit sym with float32 scales, each weight moving by at most half an int8 step, max|w| / 254 of its
+group (on random blocks 0.5% of the mean |w| for Q6_K, well under the types' own rounding steps), at 9 bits per
+weight. ``requantize_bits=4`` keeps a low-bit file's size class instead (for a large model that must fit): 4-bit
+offset with fp16 scales and offsets, 5 bits per weight, each weight moving by at most half of its group's range /
+15: on random blocks 3-12% of the mean |w| (Q2_K 3%, Q3_K 7%, IQ4_XS 7%, MXFP4 8%, NVFP4 12%; on the formats
+themselves, random sub-block scales are the worst case). The loader reports every re-quantized tensor.
 
 The integer codes are read with gguf's own dequantizers (the oracle): a copy of the blocks with unit scales
 (d = 1, every sub-block scale 1, minima 0) dequantizes to the codes themselves, so no bit layout is
@@ -56,8 +63,12 @@ ROUTES: dict[str, _Route] = {
     "Q5_1": _Route(8, "offset", torch.float16, True),
     "Q4_K": _Route(4, "offset", torch.float32, True),
     "Q5_K": _Route(8, "offset", torch.float32, True),
-    "Q6_K": _Route(8, "sym", torch.float32, False),
 }
+# Re-quantized (see above): 8-bit sym with float32 scales, or with requantize_bits=4 the 4-bit offset route.
+REQUANTIZED = ("Q6_K", "Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL",
+               "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
+ROUTES.update({t: _Route(8, "sym", torch.float32, False) for t in REQUANTIZED})
+REQUANTIZED_4BIT = _Route(4, "offset", torch.float16, False)
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 GROUP = 32
 
@@ -115,15 +126,25 @@ def _unit_k(ones: np.ndarray) -> None:
     ones[:, _K_SCALE_BYTES] = _K_UNIT_SCALES
 
 
-def to_quantized_weight(raw: np.ndarray, qtype, shape, name: str = "tensor") -> QuantizedWeight:
+def route_of(qname: str, requantize_bits: int = 8) -> _Route:
+    """The QuantizedWeight format a GGUF type becomes (KeyError for a type without a route)."""
+    route = ROUTES[qname]
+    return REQUANTIZED_4BIT if not route.exact and requantize_bits == 4 else route
+
+
+def to_quantized_weight(raw: np.ndarray, qtype, shape, name: str = "tensor",
+                        requantize_bits: int = 8) -> QuantizedWeight:
     """GGUF tensor bytes -> QuantizedWeight (CPU).
 
     raw: uint8 [N, row bytes] as ``gguf.GGUFReader`` gives ``tensor.data``; qtype: gguf.GGMLQuantizationType;
-    shape: (N, K) in torch order; name: the tensor's name, for errors. ``ROUTES[qtype.name]`` says the format and
-    whether it is exact. Types without a route raise ValueError naming the tensor and the type.
+    shape: (N, K) in torch order; name: the tensor's name, for errors; requantize_bits: 8 or 4, the width the
+    types without an exact form are re-quantized to (module docstring). ``route(qtype.name, requantize_bits)`` says
+    the format and whether it is exact. Types without a route raise ValueError naming the tensor and the type.
     """
     import gguf
 
+    if requantize_bits not in (4, 8):
+        raise ValueError(f"requantize_bits must be 8 or 4, got {requantize_bits!r}")
     qname = qtype.name
     if qname not in ROUTES:
         holds = ", ".join(ROUTES)
@@ -142,14 +163,26 @@ def to_quantized_weight(raw: np.ndarray, qtype, shape, name: str = "tensor") -> 
             return ggml_convert.to_quantized_weight(raw.reshape(n, -1), qname.lower(), (n, k))
         except ValueError as e:
             raise ValueError(f"GGUF tensor {name!r}: {e}") from None
-    route = ROUTES[qname]
+    route = route_of(qname, requantize_bits)
     config = QuantConfig(bits=route.bits, group_size=GROUP, mode=route.mode, scale_dtype=route.scale_dtype)
     blocks = raw.reshape(-1, type_size)
     per_row = k // block_size
-    if qname == "Q6_K":
-        _check_finite(_f16(blocks, type_size - 2), "d", name, per_row)
-        values = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).reshape(n, k))
-        return quantize_weight(values, config)
+    if not route.exact:
+        if qname == "Q6_K":
+            _check_finite(_f16(blocks, type_size - 2), "d", name, per_row)
+        try:
+            with np.errstate(all="ignore"):  # (non-finite values are reported below, naming the tensor)
+                values = gguf.quants.dequantize(blocks, qtype).reshape(n, k)
+        except NotImplementedError:
+            raise ValueError(f"GGUF tensor {name!r} has type {qname}, which the installed gguf package "
+                             f"({getattr(gguf, '__version__', 'unknown version')}) cannot dequantize; a newer gguf "
+                             "can") from None
+        bad = ~np.isfinite(values)
+        if bad.any():
+            r, c = (int(v) for v in np.argwhere(bad)[0])
+            raise ValueError(f"GGUF tensor {name!r}: its {qname} blocks decode to a non-finite weight (row {r}, "
+                             f"column {c}); a QuantizedWeight cannot hold NaN/Inf weights")
+        return quantize_weight(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)), config)
     sub = block_size // GROUP  # sub-blocks of 32 per block: 1 (Q5_0 / Q5_1) or 8 (K-quants)
     d = _f16(blocks, 0).astype(np.float32)
     _check_finite(d, "d", name, per_row)
@@ -173,4 +206,4 @@ def to_quantized_weight(raw: np.ndarray, qtype, shape, name: str = "tensor") -> 
                       offsets=None if offsets is None else to_t(offsets).to(route.scale_dtype))
 
 
-__all__ = ["FLOAT_TYPES", "ROUTES", "to_quantized_weight"]
+__all__ = ["FLOAT_TYPES", "REQUANTIZED", "ROUTES", "route_of", "to_quantized_weight"]
