@@ -80,6 +80,43 @@ def test_config_json_variants(tmp_path):
     assert nested.hidden_size == 64 and nested.intermediate_size == 96
 
 
+def test_routed_experts_and_latent_attention(tmp_path):
+    """Qwen-MoE / DeepSeek configs: the routed experts of moe_intermediate_size, the shared expert, a dense MLP only
+    where some layers keep one, and latent attention's low-rank projections (published DeepSeek-V3 widths)."""
+    qwen3 = models.from_hf_config({"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                                   "moe_intermediate_size": 768, "num_experts": 128, "num_attention_heads": 32,
+                                   "num_key_value_heads": 4, "head_dim": 128, "mlp_only_layers": [],
+                                   "decoder_sparse_step": 1}, "qwen3-30b-a3b")
+    s = {lay.name: lay.shape for lay in models.linear_layers(qwen3)}
+    assert s == {"q_proj": (2048, 4096), "k_proj": (2048, 512), "v_proj": (2048, 512), "qkv (fused)": (2048, 5120),
+                 "o_proj": (4096, 2048), "experts.gate_proj": (2048, 768), "experts.up_proj": (2048, 768),
+                 "experts.gate_up (fused)": (2048, 1536), "experts.down_proj": (768, 2048)}  # no dense MLP
+    qwen2 = models.from_hf_config({"hidden_size": 3584, "intermediate_size": 18944, "moe_intermediate_size": 2560,
+                                   "shared_expert_intermediate_size": 20480, "num_experts": 64,
+                                   "num_attention_heads": 28, "num_key_value_heads": 4}, "qwen2-57b-a14b")
+    s = {lay.name: lay.shape for lay in models.linear_layers(qwen2)}
+    assert s["shared_expert.down_proj"] == (20480, 3584) and s["experts.gate_up (fused)"] == (3584, 5120)
+    assert "down_proj" not in s
+    v3 = models.from_hf_config({"hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+                                "n_routed_experts": 256, "n_shared_experts": 1, "first_k_dense_replace": 3,
+                                "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+                                "qk_rope_head_dim": 64, "v_head_dim": 128, "num_attention_heads": 128}, "v3")
+    s = {lay.name: lay.shape for lay in models.linear_layers(v3)}
+    assert (s["q_a_proj"], s["q_b_proj"], s["kv_a_proj_with_mqa"], s["kv_b_proj"], s["o_proj"]) == (
+        (7168, 1536), (1536, 24576), (7168, 576), (512, 32768), (16384, 7168))
+    assert s["shared_expert.gate_proj"] == s["experts.gate_proj"] == (7168, 2048)
+    assert s["down_proj"] == (18432, 7168) and "k_proj" not in s and "qkv (fused)" not in s  # dense first layers
+    lite = models.from_hf_config({"hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+                                  "n_routed_experts": 64, "kv_lora_rank": 512, "q_lora_rank": None,
+                                  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                                  "num_attention_heads": 16}, "lite")
+    s = {lay.name: lay.shape for lay in models.linear_layers(lite)}
+    assert s["q_proj"] == (2048, 3072) and "q_a_proj" not in s and "shared_expert.up_proj" not in s
+    path = _write(tmp_path, {"_name_or_path": "org/lite", "hidden_size": 2048, "intermediate_size": 10944,
+                             "moe_intermediate_size": 1408, "n_routed_experts": 64, "num_attention_heads": 16})
+    assert models.resolve([str(path)])[0].expert_intermediate == 1408
+
+
 @pytest.mark.parametrize("cfg, needle", [
     ({"hidden_size": 64, "num_attention_heads": 4}, "'intermediate_size'"),
     ({"intermediate_size": 64, "num_attention_heads": 4}, "'hidden_size'"),
@@ -87,8 +124,12 @@ def test_config_json_variants(tmp_path):
     ({"hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 3},
      "not a multiple of num_key_value_heads"),
     ({"hidden_size": 66, "intermediate_size": 64, "num_attention_heads": 4}, "no 'head_dim'"),
-    ({"hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "num_experts": 60,
-      "moe_intermediate_size": 32}, "mixture-of-experts config"),
+    ({"hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "num_experts": 60},
+     "mixture-of-experts config.*'moe_intermediate_size'"),
+    ({"hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "n_routed_experts": 8,
+      "moe_intermediate_size": 0}, "'moe_intermediate_size' must be"),
+    ({"hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4, "kv_lora_rank": 32,
+      "qk_nope_head_dim": 16, "qk_rope_head_dim": 8}, "latent-attention config.*no 'v_head_dim'"),
 ])
 def test_bad_config_names_the_field(tmp_path, cfg, needle):
     path = _write(tmp_path, cfg)

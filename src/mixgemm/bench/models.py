@@ -1,12 +1,17 @@
 """Linear-layer shapes of a transformer from its Hugging Face config.json (`mixgemm bench --model`).
 
 The committed list (model_shapes.json, package data) holds the published config numbers of the models the
-acceptance runs use; a config.json of any other decoder (Llama-style attention + gated MLP) works the same way.
-A layer is nn.Linear(K=in_features, N=out_features). Per model: q_proj, k_proj, v_proj, o_proj, gate_proj,
-up_proj, down_proj and the fused projections serving engines build from them ("qkv (fused)" with N =
-(heads + 2 kv_heads) * head_dim, "gate_up (fused)" with N = 2 * intermediate). Architectures that store the
-fused projections themselves (Phi-3: qkv_proj, gate_up_proj) list those only; mixture-of-experts models
-(num_local_experts) list the expert MLP (w1 = gate, w3 = up, w2 = down) and their fused w1+w3.
+acceptance runs use; a config.json of any other decoder works the same way. A layer is nn.Linear(K=in_features,
+N=out_features). Per model: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj and the fused projections
+serving engines build from them ("qkv (fused)" with N = (heads + 2 kv_heads) * head_dim, "gate_up (fused)" with
+N = 2 * intermediate). Architectures that store the fused projections themselves (Phi-3: qkv_proj, gate_up_proj)
+list those only. Mixture-of-experts models list their expert MLP: Mixtral's layout (num_local_experts, experts of
+intermediate_size: w1 = gate, w3 = up, w2 = down and the fused w1+w3), or the routed-expert layout of Qwen-MoE and
+DeepSeek (num_experts / n_routed_experts with moe_intermediate_size: experts.gate_proj / up_proj / down_proj, the
+shared expert of shared_expert_intermediate_size or n_shared_experts x moe_intermediate_size, and the dense MLP of
+intermediate_size only where some layers keep one: first_k_dense_replace, mlp_only_layers, decoder_sparse_step).
+Multi-head latent attention (kv_lora_rank, DeepSeek-V2 / V3) lists its low-rank projections: q_a_proj / q_b_proj
+(or q_proj without q_lora_rank), kv_a_proj_with_mqa, kv_b_proj and o_proj.
 """
 
 from __future__ import annotations
@@ -20,11 +25,22 @@ from importlib import resources
 CATALOG_FILE = "model_shapes.json"
 ALL = "all"
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads")
-# expert layouts other than Mixtral's (experts of intermediate_size each): their MLP shapes come from other fields,
-# so deriving dense layers from intermediate_size would silently time the wrong shapes
-OTHER_MOE_FIELDS = ("moe_intermediate_size", "n_routed_experts", "num_experts")
+# routed-expert counts whose experts are moe_intermediate_size wide (Qwen-MoE, DeepSeek); without that width the
+# expert shapes are unknown, and deriving them from intermediate_size would silently time the wrong shapes
+ROUTED_EXPERT_FIELDS = ("num_experts", "n_routed_experts")
 # model_type values whose checkpoints hold the fused projections as their own modules
 FUSED_NATIVE = {"phi3"}
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention's widths (DeepSeek-V2 / V3 config fields); q_lora_rank 0: a plain q_proj."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
 
 
 @dataclass(frozen=True)
@@ -36,8 +52,12 @@ class ModelConfig:
     num_key_value_heads: int
     head_dim: int
     model_type: str = ""
-    num_experts: int = 0
+    num_experts: int = 0  # Mixtral's layout: experts of intermediate_size
     source: str = ""
+    expert_intermediate: int = 0  # routed experts of this width (moe_intermediate_size)
+    shared_intermediate: int = 0  # their shared expert's width (0: none)
+    dense_mlp: bool = True  # whether a dense MLP of intermediate_size is in some layer
+    latent: LatentAttention | None = None
 
 
 @dataclass(frozen=True)
@@ -68,11 +88,10 @@ def from_hf_config(cfg: dict, name: str, where: str | None = None) -> ModelConfi
         raise ValueError(f"{where}: a config is a JSON object, got {type(cfg).__name__}")
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "source": cfg.get("source", "")}
-    other_moe = [k for k in OTHER_MOE_FIELDS if cfg.get(k) is not None]
-    if other_moe and cfg.get("num_local_experts") is None:
-        raise ValueError(f"{where}: mixture-of-experts config ({', '.join(other_moe)}) is not supported: only "
-                         "experts of intermediate_size each (num_local_experts, as Mixtral) are; pass the shapes "
-                         "with --shapes")
+    routed = [k for k in ROUTED_EXPERT_FIELDS if cfg.get(k) is not None]
+    if routed and cfg.get("num_local_experts") is None and cfg.get("moe_intermediate_size") is None:
+        raise ValueError(f"{where}: mixture-of-experts config ({', '.join(routed)}) has no 'moe_intermediate_size' "
+                         "(the experts' width); pass the shapes with --shapes")
     for key in REQUIRED:
         if cfg.get(key) is None:
             raise ValueError(f"{where}: config has no {key!r} (needed to derive the linear layers)")
@@ -84,15 +103,56 @@ def from_hf_config(cfg: dict, name: str, where: str | None = None) -> ModelConfi
         raise ValueError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
     if cfg.get("head_dim") is not None:
         head_dim = _positive_int(cfg, "head_dim", where)
+    elif cfg.get("kv_lora_rank") is not None:  # latent attention: its head widths are its own fields (below)
+        head_dim = 0
     elif hidden % heads:
         raise ValueError(f"{where}: config has no 'head_dim' and hidden_size={hidden} is not a multiple of "
                          f"num_attention_heads={heads}")
     else:
         head_dim = hidden // heads
     experts = _positive_int(cfg, "num_local_experts", where) if cfg.get("num_local_experts") is not None else 0
+    expert_inter = shared = 0
+    dense = True
+    if routed and not experts:
+        for key in routed:
+            _positive_int(cfg, key, where)
+        expert_inter = _positive_int(cfg, "moe_intermediate_size", where)
+        if cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of its own width
+            shared = _positive_int(cfg, "shared_expert_intermediate_size", where)
+        elif cfg.get("n_shared_experts"):  # DeepSeek: n shared experts, run as one MLP n times as wide
+            shared = _positive_int(cfg, "n_shared_experts", where) * expert_inter
+        dense = bool(cfg.get("first_k_dense_replace") or cfg.get("mlp_only_layers")
+                     or (cfg.get("decoder_sparse_step") or 1) > 1)
+    latent = None
+    if cfg.get("kv_lora_rank") is not None:
+        keys = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+        for key in keys:
+            if cfg.get(key) is None:
+                raise ValueError(f"{where}: latent-attention config (kv_lora_rank) has no {key!r}")
+        widths = {key: _positive_int(cfg, key, where) for key in keys}
+        q_rank = _positive_int(cfg, "q_lora_rank", where) if cfg.get("q_lora_rank") is not None else 0
+        latent = LatentAttention(q_lora_rank=q_rank, **widths)
     return ModelConfig(name=name, hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
                        num_key_value_heads=kv, head_dim=head_dim, model_type=str(cfg.get("model_type") or ""),
-                       num_experts=experts, source=str(cfg.get("source") or ""))
+                       num_experts=experts, source=str(cfg.get("source") or ""), expert_intermediate=expert_inter,
+                       shared_intermediate=shared, dense_mlp=dense, latent=latent)
+
+
+def _latent_layers(cfg: ModelConfig) -> list[tuple[str, int, int]]:
+    """(name, K, N) of multi-head latent attention's projections."""
+    a, h, heads = cfg.latent, cfg.hidden_size, cfg.num_attention_heads
+    q_width = heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+    q = ([("q_a_proj", h, a.q_lora_rank), ("q_b_proj", a.q_lora_rank, q_width)] if a.q_lora_rank
+         else [("q_proj", h, q_width)])
+    return q + [("kv_a_proj_with_mqa", h, a.kv_lora_rank + a.qk_rope_head_dim),
+                ("kv_b_proj", a.kv_lora_rank, heads * (a.qk_nope_head_dim + a.v_head_dim)),
+                ("o_proj", heads * a.v_head_dim, h)]
+
+
+def _mlp_layers(prefix: str, h: int, i: int) -> list[tuple[str, int, int]]:
+    """(name, K, N) of a gated MLP of width i: gate, up, their fused projection, down."""
+    return [(prefix + "gate_proj", h, i), (prefix + "up_proj", h, i), (prefix + "gate_up (fused)", h, 2 * i),
+            (prefix + "down_proj", i, h)]
 
 
 def linear_layers(cfg: ModelConfig) -> list[Layer]:
@@ -109,8 +169,18 @@ def linear_layers(cfg: ModelConfig) -> list[Layer]:
            (mlp_pre + ("w1+w3 (fused gate+up)" if cfg.num_experts else "gate_up (fused)"), 2 * i)]
     if cfg.model_type in FUSED_NATIVE:
         attn, mlp = [qkv], [("gate_up_proj", 2 * i)]
-    layers = [Layer(cfg.name, nm, h, n) for nm, n in attn]
-    layers.append(Layer(cfg.name, o[0], o[1], h))
+    if cfg.latent is not None:
+        layers = [Layer(cfg.name, nm, k, n) for nm, k, n in _latent_layers(cfg)]
+    else:
+        layers = [Layer(cfg.name, nm, h, n) for nm, n in attn]
+        layers.append(Layer(cfg.name, o[0], o[1], h))
+    if cfg.expert_intermediate:  # routed experts (Qwen-MoE, DeepSeek): theirs, the shared one's, a dense MLP's
+        parts = _mlp_layers("experts.", h, cfg.expert_intermediate)
+        if cfg.shared_intermediate:
+            parts += _mlp_layers("shared_expert.", h, cfg.shared_intermediate)
+        if cfg.dense_mlp:
+            parts += _mlp_layers("", h, i)
+        return layers + [Layer(cfg.name, nm, k, n) for nm, k, n in parts]
     layers += [Layer(cfg.name, nm, h, n) for nm, n in mlp]
     layers.append(Layer(cfg.name, mlp_pre + down, i, h))
     return layers
