@@ -83,11 +83,12 @@ def test_type_without_a_route_names_tensor_and_type():
         to_quantized_weight(raw, gguf.GGMLQuantizationType.Q8_1, (4, 256), "blk.3.attn_q.weight")
 
 
-def test_requantized_non_finite_weights_are_errors(rng):
-    raw = random_blocks("Q3_K", 4, 256, rng)
+@pytest.mark.parametrize("qtype_name", ["Q3_K", "Q6_K"])
+def test_requantized_non_finite_weights_are_errors(qtype_name, rng):
+    raw = random_blocks(qtype_name, 4, 256, rng)
     raw[1, -2:] = np.array([np.inf], dtype=np.float16).view(np.uint8)  # row 1's super-block d
-    with pytest.raises(ValueError, match=r"'w'.*Q3_K.*non-finite weight \(row 1"):
-        to_quantized_weight(raw, gguf.GGMLQuantizationType.Q3_K, (4, 256), "w")
+    with pytest.raises(ValueError, match=rf"'w'.*{qtype_name}.*non-finite weight \(row 1"):
+        to_quantized_weight(raw, gguf.GGMLQuantizationType[qtype_name], (4, 256), "w")
 
 
 def test_truncated_bytes_and_bad_scales_are_errors(rng):

@@ -118,9 +118,10 @@ def dump_in_trees(srcs: list[str | None], module: str, payload: dict) -> list[di
 
 
 def add_tree_options(ap: argparse.ArgumentParser) -> None:
-    """The options of a two-tree dispatch tool (this one, moved_calls): the child's --dump, the layers, the GPU
-    described, the timing rounds and the output folder."""
+    """The options of a two-tree dispatch tool (this one, moved_calls): the older tree (--diff), the child's --dump,
+    the layers, the GPU described, the timing rounds and the output folder."""
     ap.add_argument("--dump", help=argparse.SUPPRESS)  # (the child process of --diff)
+    ap.add_argument("--diff", metavar="OLD_SRC", help="the older tree's src folder")
     ap.add_argument("--shapes", default="", help="KxN,... (default: every layer of the model list)")
     ap.add_argument("--gpu-name", default="NVIDIA H100 80GB HBM3")
     ap.add_argument("--sms", type=int, default=132)
@@ -225,7 +226,6 @@ def summary(timed: list[dict], listed: set, protocol: set) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--diff", metavar="OLD_SRC", help="the older tree's src folder")
     ap.add_argument("--time", metavar="CASES_JSON")
     ap.add_argument("--summary", metavar="TIMED_JSON")
     add_tree_options(ap)

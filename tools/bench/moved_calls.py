@@ -157,7 +157,6 @@ def compare(groups: dict, before: dict, after: dict) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--diff", metavar="OLD_SRC", help="the older tree's src folder")
     ap.add_argument("--bench", metavar="MOVED_JSON")
     ap.add_argument("--compare", metavar="MOVED_JSON")
     ap.add_argument("--before", help="--compare: the old side's results folder")

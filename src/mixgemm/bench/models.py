@@ -149,10 +149,14 @@ def _latent_layers(cfg: ModelConfig) -> list[tuple[str, int, int]]:
                 ("o_proj", heads * a.v_head_dim, h)]
 
 
-def _mlp_layers(prefix: str, h: int, i: int) -> list[tuple[str, int, int]]:
+GATED_MLP = ("gate_proj", "up_proj", "gate_up (fused)", "down_proj")
+MIXTRAL_EXPERTS = ("w1 (gate)", "w3 (up)", "w1+w3 (fused gate+up)", "w2 (down)")
+
+
+def _mlp_layers(prefix: str, h: int, i: int, names: tuple[str, ...] = GATED_MLP) -> list[tuple[str, int, int]]:
     """(name, K, N) of a gated MLP of width i: gate, up, their fused projection, down."""
-    return [(prefix + "gate_proj", h, i), (prefix + "up_proj", h, i), (prefix + "gate_up (fused)", h, 2 * i),
-            (prefix + "down_proj", i, h)]
+    gate, up, fused, down = (prefix + nm for nm in names)
+    return [(gate, h, i), (up, h, i), (fused, h, 2 * i), (down, i, h)]
 
 
 def linear_layers(cfg: ModelConfig) -> list[Layer]:
@@ -160,30 +164,27 @@ def linear_layers(cfg: ModelConfig) -> list[Layer]:
     usually left unquantized)."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    qkv, o = ("qkv_proj", q + 2 * kv), ("o_proj", q)
-    attn = [("q_proj", q), ("k_proj", kv), ("v_proj", kv), ("qkv (fused)", q + 2 * kv)]
-    mlp_pre = "experts." if cfg.num_experts else ""
-    gate, up, down = (("w1 (gate)", "w3 (up)", "w2 (down)") if cfg.num_experts
-                      else ("gate_proj", "up_proj", "down_proj"))
-    mlp = [(mlp_pre + gate, i), (mlp_pre + up, i),
-           (mlp_pre + ("w1+w3 (fused gate+up)" if cfg.num_experts else "gate_up (fused)"), 2 * i)]
-    if cfg.model_type in FUSED_NATIVE:
-        attn, mlp = [qkv], [("gate_up_proj", 2 * i)]
+    fused_native = cfg.model_type in FUSED_NATIVE
     if cfg.latent is not None:
-        layers = [Layer(cfg.name, nm, k, n) for nm, k, n in _latent_layers(cfg)]
+        attn = _latent_layers(cfg)
+    elif fused_native:
+        attn = [("qkv_proj", h, q + 2 * kv), ("o_proj", q, h)]
     else:
-        layers = [Layer(cfg.name, nm, h, n) for nm, n in attn]
-        layers.append(Layer(cfg.name, o[0], o[1], h))
-    if cfg.expert_intermediate:  # routed experts (Qwen-MoE, DeepSeek): theirs, the shared one's, a dense MLP's
-        parts = _mlp_layers("experts.", h, cfg.expert_intermediate)
+        attn = [("q_proj", h, q), ("k_proj", h, kv), ("v_proj", h, kv), ("qkv (fused)", h, q + 2 * kv),
+                ("o_proj", q, h)]
+    if fused_native:
+        mlp = [("gate_up_proj", h, 2 * i), ("down_proj", i, h)]
+    elif cfg.num_experts:  # Mixtral's experts, intermediate_size wide
+        mlp = _mlp_layers("experts.", h, i, MIXTRAL_EXPERTS)
+    elif cfg.expert_intermediate:  # routed experts (Qwen-MoE, DeepSeek): theirs, the shared one's, a dense MLP's
+        mlp = _mlp_layers("experts.", h, cfg.expert_intermediate)
         if cfg.shared_intermediate:
-            parts += _mlp_layers("shared_expert.", h, cfg.shared_intermediate)
+            mlp += _mlp_layers("shared_expert.", h, cfg.shared_intermediate)
         if cfg.dense_mlp:
-            parts += _mlp_layers("", h, i)
-        return layers + [Layer(cfg.name, nm, k, n) for nm, k, n in parts]
-    layers += [Layer(cfg.name, nm, h, n) for nm, n in mlp]
-    layers.append(Layer(cfg.name, mlp_pre + down, i, h))
-    return layers
+            mlp += _mlp_layers("", h, i)
+    else:
+        mlp = _mlp_layers("", h, i)
+    return [Layer(cfg.name, nm, k, n) for nm, k, n in attn + mlp]
 
 
 def catalog() -> dict[str, ModelConfig]:
