@@ -38,6 +38,7 @@ from mixgemm.formats.activation import check_act
 from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.weight import QuantConfig, QuantizedWeight, quantize_weight
 from mixgemm.nn.conv import QuantConv2d
+from mixgemm.nn.experts import experts_shape, holds_fused_experts, quantize_experts_, why_not_experts
 from mixgemm.nn.linear import QuantLinear
 
 
@@ -160,7 +161,11 @@ _FLOAT_DTYPE_REASON = ("weight dtype {dtype}: mixgemm layers take float16 / bflo
 
 
 def _why_not(linear: nn.Linear, cfg: QuantConfig, tied: set[int]) -> str | None:
-    w = linear.weight
+    return _why_not_weight(linear.weight, linear.in_features, cfg, tied)
+
+
+def _why_not_weight(w: torch.Tensor, in_features: int, cfg: QuantConfig, tied: set[int]) -> str | None:
+    """Why a float weight with ``in_features`` columns cannot be quantized in ``cfg``, or None."""
     if id(w) in tied:
         return "weight is shared (tied) with another module; quantizing it would untie it"
     if w.device.type == "meta":
@@ -170,7 +175,7 @@ def _why_not(linear: nn.Linear, cfg: QuantConfig, tied: set[int]) -> str | None:
     if w.dtype not in ACT_DTYPES:
         return _FLOAT_DTYPE_REASON.format(dtype=w.dtype)
     try:
-        cfg.groups(linear.in_features)
+        cfg.groups(in_features)
     except ValueError as e:
         return str(e)
     return None
@@ -203,7 +208,10 @@ def quantize_(model: nn.Module, config: _Precision,
               filter_fn: Callable[[nn.Module, str], bool] | None = None, compact: bool = True) -> QuantizeReport:
     """Replace, in place, every nn.Linear of ``model`` (for which ``filter_fn(module, name)`` is True, when
     given) by a QuantLinear in ``config``'s format (W4A16 / W8A16 / W8A8 / W4A8), quantized on the layer's
-    device, and every nn.Conv2d by a QuantConv2d (weight-only configs; blocks along Ci within each tap).
+    device, every nn.Conv2d by a QuantConv2d (weight-only configs; blocks along Ci within each tap), and the
+    experts of transformers' fused mixture-of-experts modules (Mixtral, Qwen-MoE, DeepSeek, GPT-OSS, ...: 3-D
+    expert weights, which are not Linears) by one QuantLinear per expert and projection (mixgemm.nn.experts;
+    ``filter_fn`` sees the experts module, the report lists ``<experts>.gate_up_proj.<e>`` ...).
     Layers it cannot handle (K not divisible by the group size, odd K for 4 bits, tied weights,
     meta / non-float / float64 / non-finite weights) are left as they are and listed in the returned report.
     A Linear already sharded by mixgemm.distributed (tensor parallel, its weight a DTensor) is quantized from its
@@ -257,6 +265,7 @@ def quantize_(model: nn.Module, config: _Precision,
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, q)
         report.replaced.append(name)
+    quantize_experts(model, config, filter_fn, tied, compact, report.replaced, report.skipped, report.excluded)
     if report.replaced:
         from mixgemm.checkpoints.native import attach_quantization_config
         from mixgemm.nn.norms import norm_kernels_at_norms
@@ -266,6 +275,41 @@ def quantize_(model: nn.Module, config: _Precision,
         report.norm_kernels = norm_kernels_at_norms(model)
         report.sibling_groups = join_siblings(model)
     return report
+
+
+def quantize_experts(model: nn.Module, config: _Precision, filter_fn, tied: set, compact: bool,
+                     replaced: list, skipped: dict, excluded: list) -> None:
+    """quantize_ for transformers' fused experts modules (mixgemm.nn.experts): each expert's projections become
+    QuantLinear layers of ``config``'s format, added to ``replaced`` by their names (``<experts>.gate_up_proj.<e>``);
+    modules left float go to ``skipped`` (name: why) or ``excluded`` (filter_fn said no)."""
+    cfg = config.weight_config()
+    targets = [(name, mod) for name, mod in model.named_modules() if name and holds_fused_experts(mod)]
+    for name, mod in targets:
+        if filter_fn is not None and not filter_fn(mod, name):
+            excluded.append(name)
+            continue
+        shape = experts_shape(mod)
+        why = shape if isinstance(shape, str) else why_not_experts(
+            mod, shape, lambda w, k: _why_not_weight(w, k, cfg, tied))
+        if why is None:
+            try:
+                quantize_experts_(mod, shape, lambda w, b: quantize_weight_tensor(w, b, config))
+            except ValueError as e:  # quantize_weight's input checks on one expert: the module stays float
+                why = str(e)
+        if why is not None:
+            skipped[name] = why
+            continue
+        for proj in shape.names:
+            for e, q in enumerate(getattr(mod, proj)):
+                q.train(mod.training)
+                q.set_auto_compact(compact)
+                replaced.append(f"{name}.{proj}.{e}")
+
+
+def quantize_weight_tensor(weight: torch.Tensor, bias: torch.Tensor | None, config: _Precision) -> QuantLinear:
+    """A QuantLinear in ``config``'s format of a float weight [out, in] (and bias); neither is modified."""
+    return QuantLinear.from_quantized(scheme_weight(weight, config), bias, act_mode=config.act_mode,
+                                      act_block=config.act_block)
 
 
 def scheme_weight(weight: torch.Tensor, config: _Precision) -> QuantizedWeight:
@@ -280,15 +324,11 @@ def scheme_weight(weight: torch.Tensor, config: _Precision) -> QuantizedWeight:
 def quantize_linear(linear: nn.Linear, config: _Precision) -> QuantLinear:
     """One nn.Linear as a QuantLinear in ``config``'s format (integer group scales where the config uses them),
     quantized on the layer's device; the nn.Linear is not modified. ValueError from quantize_weight's checks."""
-    cfg = config.weight_config()
-    if getattr(config, "uses_int_scales", False):
-        qw = scheme_weight(linear.weight.detach(), config)
-        return QuantLinear.from_quantized(qw, None if linear.bias is None else linear.bias.detach(),
-                                          act_mode=config.act_mode, act_block=config.act_block)
-    return QuantLinear.from_linear(linear, cfg, act_mode=config.act_mode, act_block=config.act_block)
+    return quantize_weight_tensor(linear.weight.detach(), None if linear.bias is None else linear.bias.detach(),
+                                  config)
 
 
-__all__ = ["W4A8", "W4A16", "W8A8", "W8A16", "QuantizeReport", "quantize_", "quantize_linear"]
+__all__ = ["W4A8", "W4A16", "W8A8", "W8A16", "QuantizeReport", "quantize_", "quantize_linear", "quantize_weight_tensor"]
 
 
 @dataclass

@@ -80,7 +80,8 @@ MIN_COSINE_DEQUANTIZED = {"weight-only": 0.99, "activation-quantized": 0.95}
 MIN_COSINE_FP16 = 0.9
 PACKED_BUFFERS = ("qweight", "scales", "zeros", "offsets", "input_perm")
 # --tiny: the same architectures at CPU sizes; hidden 128 so that every K holds a group of 128
-TINY_NAMES = {"qwen2-7b": "tiny-qwen2", "llama3-8b": "tiny-llama"}
+TINY_NAMES = {"qwen2-7b": "tiny-qwen2", "llama3-8b": "tiny-llama", "qwen3-30b-a3b": "tiny-qwen3-moe",
+              "mixtral-8x7b": "tiny-mixtral"}
 TINY_OVERRIDES = dict(hidden_size=128, intermediate_size=256)
 
 
@@ -100,6 +101,7 @@ class Settings:
     plain: bool = False  # speed: also a quantize_(compact=False) copy of the W4A16 model
     separate: bool = False  # speed: also a copy whose sibling layers (q / k / v, gate / up) run one by one
     zero_point: bool = False  # speed: also a W4A16 g128 zero-point copy (GPTQ / AWQ checkpoints' format)
+    layers: int = 0  # the models' first `layers` decoder layers only (0: all; MoE models whose fp16 copy is too big)
 
     @property
     def cuda(self) -> bool:
@@ -138,7 +140,8 @@ def free_memory(s: Settings):
 def build(name: str, s: Settings):
     from mixgemm.integrations.hf import model_config, random_model
 
-    cfg = model_config(TINY_NAMES[name], **TINY_OVERRIDES) if s.tiny else model_config(name)
+    cut = {"num_hidden_layers": s.layers} if s.layers else {}
+    cfg = model_config(TINY_NAMES[name], **TINY_OVERRIDES, **cut) if s.tiny else model_config(name, **cut)
     return random_model(cfg, dtype=s.dtype, device=s.device, seed=s.seed)
 
 
@@ -246,6 +249,9 @@ def speed(res: dict, modes, s: Settings, log):
     name = res["model"]
     res["modes"] = {m: {} for m in modes}
     models = {"fp16": build(name, s)}
+    # MoE models: the experts implementation transformers runs the float experts with (the quantized ones run
+    # mixgemm.nn.experts' per-expert layers)
+    res["experts_implementation"] = getattr(models["fp16"].config, "_experts_implementation", None)
     ids = prompt(models["fp16"], s)
     ref = last_logits(models["fp16"], ids)
     models["w4a16"] = copy.deepcopy(models["fp16"])
@@ -428,6 +434,9 @@ def main(argv=None) -> int:
     ap.add_argument("--strict", action="store_true",
                     help="also exit 1 when a target is missed (speed, memory, cosine against fp16)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=0,
+                    help="build the models with only their first N decoder layers (0: all), e.g. an MoE model whose "
+                         "fp16 copy, quantized copy and dequantized twin would not fit the GPU together")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"],
                     help="the models' float dtype on the GPU (the rows tagged fp16 are the unquantized model in it)")
     ap.add_argument("--plain", action="store_true",
@@ -441,7 +450,7 @@ def main(argv=None) -> int:
     modes = [m for m in args.modes.split(",") if m and not (args.skip_compiled and m == "compiled")]
     models, s = settings_from(ap, args, modes, MODES, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")),
                               plain=args.plain, separate=args.separate, zero_point=args.zero_point,
-                              compiled_repeats=args.compiled_repeats)
+                              compiled_repeats=args.compiled_repeats, layers=args.layers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()

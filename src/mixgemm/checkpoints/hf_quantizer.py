@@ -49,7 +49,9 @@ class MixgemmHfQuantizer(HfQuantizer):
         from torch import nn
 
         from mixgemm.checkpoints import skeleton
+        from mixgemm.nn.experts import prepare_skeleton
 
+        prepare_skeleton(model, self.quantization_config.layers)  # fused experts: per-expert layer placeholders
         for name, fmt in self.quantization_config.layers.items():
             try:
                 linear = model.get_submodule(name)
@@ -66,6 +68,8 @@ class MixgemmHfQuantizer(HfQuantizer):
 
     def _process_model_after_weight_loading(self, model, **kwargs):
         from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
+
+        native.keep_module_names(model)  # saved again, it keeps the names it was loaded under
 
         arrange_act_order(model)  # act-order layers as mixgemm.from_pretrained leaves them (exact)
         norm_kernels_at_norms(model)  # the other norms feeding mixgemm layers: its norm kernel on CUDA

@@ -21,6 +21,7 @@ from torch import nn
 
 from mixgemm.checkpoints import skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
+from mixgemm.nn.experts import prepare_skeleton
 from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
 from mixgemm.nn.siblings import join_siblings
 
@@ -123,12 +124,29 @@ def _fill_rest(model, source, device, dtype, report, bar) -> None:
         if key not in keys:
             if any(o in keys for o in tied.get(key, ())):
                 continue
-            raise ValueError(f"the checkpoint has no tensor {key!r}, which the model needs")
+            raise ValueError(f"the checkpoint has no tensor {key!r}, which the model needs{_renamed_hint(model)}")
         value = source.get(key)
         if tuple(value.shape) != tuple(t.shape):
             raise ValueError(f"tensor {key!r} has shape {tuple(value.shape)}, the model expects {tuple(t.shape)}")
         skeleton.put_tensor(model, key, _cast(value, dtype if t.is_floating_point() else None, device))
         bar.update(1)
+
+
+def _renamed_hint(model: nn.Module) -> str:
+    """Why a tensor may be missing: transformers stores some architectures under their original checkpoints' names
+    and converts them on loading (e.g. Mixtral's or Qwen-MoE's experts, one tensor per expert, fused into 3-D
+    parameters), which this loader does not do."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+
+        renamed = get_model_conversion_mapping(model, add_legacy=False)
+    except Exception:  # an older transformers without conversion mappings: nothing to add
+        return ""
+    if not renamed:
+        return ""
+    return (f"; {type(model).__name__} checkpoints are stored under their original names, which transformers "
+            "converts on loading (e.g. one tensor per expert, fused into 3-D expert weights): load the float model "
+            "with transformers' from_pretrained and quantize it with mixgemm.quantize_")
 
 
 def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> None:
@@ -169,11 +187,10 @@ def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> 
 def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress, trust_remote_code):
     from mixgemm.checkpoints import formats
     from mixgemm.checkpoints.safetensors_source import SafetensorsSource
+    from mixgemm.quantize_api import quantize_experts
 
     source = SafetensorsSource(path)
     model = skeleton.build(config, trust_remote_code)
-    linears = _linears(model)
-    total = len(skeleton.expected_keys(model))
     if qc is not None:
         qc = qc if isinstance(qc, dict) else qc.to_dict()
         fmt = formats.find(qc)
@@ -181,8 +198,12 @@ def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, 
             raise ValueError(f"{path}: quantization_config quant_method {qc.get('quant_method')!r} is not a format "
                              f"mixgemm reads (registered: {formats.names()})")
         report = LoadReport(source=fmt.name)
+        names = fmt.quantized_linears(source, qc)
+        prepare_skeleton(model, names)  # fused experts listed per expert: their per-expert layer placeholders
+        linears = _linears(model)
+        total = len(skeleton.expected_keys(model))
         with _progress(total, f"mixgemm: loading {fmt.name}", progress) as bar:
-            for name in fmt.quantized_linears(source, qc):
+            for name in names:
                 if name not in linears:
                     raise ValueError(f"{path}: the checkpoint quantizes {name!r}, which is not a Linear of the model")
                 conv = fmt.convert_linear(source, name, qc)
@@ -200,12 +221,19 @@ def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, 
             raise ValueError(f"{path} holds a float checkpoint: pass quantization_config=mixgemm.W4A16() (or W8A16, "
                              "W8A8, W4A8) to quantize it while loading")
         report = LoadReport(source=f"float, quantized on load to {quantization_config.name}")
+        total = len(skeleton.expected_keys(model))
         with _progress(total, "mixgemm: loading and quantizing", progress) as bar:
             _quantize_on_load(model, source, quantization_config, filter_fn, device, report, bar)
             _fill_rest(model, source, device, dtype, report, bar)
         model_keys = set(skeleton.expected_keys(model))
         stored, prefixes = source.keys(), tuple(n + "." for n in report.quantized)
         report.ignored = [k for k in stored if k not in model_keys and not k.startswith(prefixes)]
+        # fused experts (3-D tensors, read whole by _fill_rest) are quantized after, one module at a time
+        # (compact=False: from_pretrained compacts every layer as its ``compact`` says)
+        excluded: list[str] = []
+        quantize_experts(model, quantization_config, filter_fn, set(), False, report.quantized, report.skipped,
+                         excluded)
+        report.skipped.update({name: "excluded by filter_fn" for name in excluded})
     return model, report
 
 

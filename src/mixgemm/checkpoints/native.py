@@ -51,10 +51,21 @@ def quantization_config(model: nn.Module) -> dict:
 
 
 def attach_quantization_config(model: nn.Module) -> None:
-    """Set ``model.config.quantization_config`` (transformers models) so that ``save_pretrained`` records it."""
+    """Set ``model.config.quantization_config`` (transformers models) so that ``save_pretrained`` records it, and
+    have ``save_pretrained`` write the model's own tensor names (keep_module_names)."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_dict"):
         config.quantization_config = quantization_config(model)
+        keep_module_names(model)
+
+
+def keep_module_names(model: nn.Module) -> None:
+    """transformers 5 saves some architectures under their original checkpoints' names (Mixtral's experts as
+    ``block_sparse_moe.experts.<e>.w1 / w2 / w3``, split out of the fused 3-D tensors), reversing the conversions it
+    applies on loading. A quantized layer's tensors are not weights such a conversion can split, and the loaders
+    read the module names the layers are listed under, so a mixgemm checkpoint is written under the model's own
+    names: no conversion to reverse (transformers reads ``_weight_conversions`` of a loaded model first)."""
+    model._weight_conversions = []
 
 
 def check_config(qc: dict) -> dict[str, dict]:
@@ -156,4 +167,4 @@ class MixgemmFormat:
 
 
 __all__ = ["QUANT_METHOD", "MixgemmFormat", "attach_quantization_config", "check_config", "empty_quant_linear",
-           "layer_format", "quantization_config"]
+           "keep_module_names", "layer_format", "quantization_config"]

@@ -11,6 +11,7 @@ import copy
 import torch
 from torch import nn
 
+from mixgemm.nn.experts import QuantizedExperts, dequantize_experts_
 from mixgemm.nn.linear import QuantLinear
 
 # Llama-3-8B's shapes (random weights: no checkpoint is downloaded).
@@ -28,10 +29,22 @@ QWEN2_5_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
 # A tiny model for CPU tests: hidden 64 (group sizes 32 / 64 fit every K), 2 layers, GQA.
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+# Mixture-of-experts models (transformers' fused experts modules, mixgemm.nn.experts): Qwen3-30B-A3B's shapes (128
+# experts of width 768, 8 per token) and Mixtral-8x7B's (8 experts of width 14336, 2 per token)
+QWEN3_30B_A3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                     num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                     num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, max_position_embeddings=40960,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+MIXTRAL_8X7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+                    max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+TINY_MOE = dict(TINY, num_experts=4, num_local_experts=4, moe_intermediate_size=128, num_experts_per_tok=2)
 MODELS = {"llama3-8b": LLAMA3_8B, "tiny-llama": TINY, "qwen2-7b": QWEN2_7B, "qwen2.5-1.5b": QWEN2_5_1_5B,
-          "tiny-qwen2": TINY}
+          "tiny-qwen2": TINY, "qwen3-30b-a3b": QWEN3_30B_A3B, "mixtral-8x7b": MIXTRAL_8X7B,
+          "tiny-qwen3-moe": TINY_MOE, "tiny-mixtral": TINY_MOE}
 # transformers model_type of each entry (the rest are "llama")
-ARCHITECTURES = {"qwen2-7b": "qwen2", "qwen2.5-1.5b": "qwen2", "tiny-qwen2": "qwen2"}
+ARCHITECTURES = {"qwen2-7b": "qwen2", "qwen2.5-1.5b": "qwen2", "tiny-qwen2": "qwen2", "qwen3-30b-a3b": "qwen3_moe",
+                 "tiny-qwen3-moe": "qwen3_moe", "mixtral-8x7b": "mixtral", "tiny-mixtral": "mixtral"}
 
 
 def model_config(name: str = "tiny-llama", **overrides):
@@ -83,6 +96,9 @@ def dequantized_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.M
         quant = {id(p) for m in twin.modules() if isinstance(m, QuantLinear) for p in m.parameters()}
         floats = [p.dtype for p in twin.parameters() if p.is_floating_point() and id(p) not in quant]
         dtype = floats[0] if floats else torch.float32
+    for mod in list(twin.modules()):
+        if isinstance(mod, QuantizedExperts):
+            dequantize_experts_(mod, dtype)
     for name, mod in list(twin.named_modules()):
         if not isinstance(mod, QuantLinear):
             continue

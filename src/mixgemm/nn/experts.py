@@ -1,0 +1,230 @@
+"""Mixture-of-experts layers with quantized experts: transformers 5's fused experts modules (Mixtral, Qwen2 / Qwen3
+MoE, DeepSeek V2 / V3, OLMoE, GPT-OSS, ...) hold every expert's weights in two 3-D parameters, which are not
+Linears, so quantizing a model's Linears leaves the experts -- most of an MoE model's bytes -- in float.
+
+A fused experts module is one built with transformers' ``use_experts_implementation``: it has ``num_experts``, the
+flags ``has_gate`` / ``has_bias`` / ``is_transposed`` / ``has_post_expert_norm``, 3-D ``gate_up_proj`` (``up_proj``
+without a gate) ``[E, out, in]`` (``[E, in, out]`` when transposed) and ``down_proj``, optional ``*_bias`` ``[E,
+out]``, and ``forward(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]``.
+
+``quantize_experts_`` turns one into its quantized twin in place: each 3-D parameter becomes a ModuleList of one
+QuantLinear per expert under the same name (``experts.gate_up_proj.3`` is expert 3's gate / up projection, its
+rows in the module's own order, so the module's ``_apply_gate`` reads them as before), and the module's class
+becomes a subclass of its own (``QuantizedExperts`` first) whose forward runs each expert's tokens through those
+layers -- the kernels, call plans and resident layout of every other QuantLinear, one expert at a time. Everything
+else of the module (act_fn, _apply_gate, a post-expert norm, GPT-OSS's clamp) stays the module's own. The state
+dict keeps the names (``<experts>.gate_up_proj.<e>.qweight`` ...), so save_pretrained / from_pretrained treat each
+expert's projection as a quantized layer of its own (``prepare_skeleton`` gives a model being loaded the same
+structure before its layers are filled).
+
+The forward reads the routing once on the host (one synchronisation per layer: transformers' own eager experts
+do the same), so under torch.compile an MoE layer is a graph break.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+# the 3-D parameters of a fused experts module, by whether it gates: (first projection, second projection)
+_PROJ = {True: ("gate_up_proj", "down_proj"), False: ("up_proj", "down_proj")}
+_FLAGS = ("num_experts", "has_gate", "has_bias", "is_transposed")
+
+
+@dataclass(frozen=True)
+class ExpertsShape:
+    """One fused experts module: its projections' names and each expert's (out, in) per projection."""
+
+    num_experts: int
+    names: tuple[str, str]
+    shapes: tuple[tuple[int, int], tuple[int, int]]  # [out_features, in_features] of one expert's projection
+    has_bias: bool
+    transposed: bool
+
+
+def holds_fused_experts(module: nn.Module) -> bool:
+    """True for a module holding experts as 3-D float parameters (a fused experts module, known or not)."""
+    down = module._parameters.get("down_proj")
+    return isinstance(down, torch.Tensor) and down.dim() == 3
+
+
+def experts_shape(module: nn.Module) -> ExpertsShape | str:
+    """The ExpertsShape of a fused experts module with transformers' experts interface, else why it is not one."""
+    missing = [a for a in _FLAGS if not hasattr(module, a)]
+    if missing:
+        return (f"{type(module).__name__} holds 3-D expert weights without transformers' experts interface "
+                f"(no {missing}): mixgemm does not know how it applies them")
+    names = _PROJ[bool(module.has_gate)]
+    params = [module._parameters.get(n) for n in names]
+    if any(not isinstance(p, torch.Tensor) or p.dim() != 3 for p in params):
+        return f"{type(module).__name__} has no 3-D {names[0]} / {names[1]} parameters"
+    e = int(module.num_experts)
+    if any(p.shape[0] != e for p in params):
+        return f"{type(module).__name__}: num_experts {e}, but {names} hold {[p.shape[0] for p in params]} experts"
+    transposed = bool(module.is_transposed)
+    shapes = tuple((int(p.shape[1]), int(p.shape[2])) if not transposed else (int(p.shape[2]), int(p.shape[1]))
+                   for p in params)
+    return ExpertsShape(e, names, shapes, bool(module.has_bias), transposed)
+
+
+def why_not_experts(module: nn.Module, shape: ExpertsShape, check_weight) -> str | None:
+    """Why quantize_ cannot quantize this experts module, or None. ``check_weight(weight, in_features)`` is
+    quantize_'s per-layer check of a float weight (dtype, device, group size against K)."""
+    if getattr(module, "_is_expert_parallel", False):
+        return "the experts are sharded for expert parallelism; quantize before sharding"
+    for name, (_, k) in zip(shape.names, shape.shapes, strict=True):
+        why = check_weight(module._parameters[name], k)
+        if why is not None:
+            return f"{name}: {why}"
+    return None
+
+
+def expert_weight(param: torch.Tensor, e: int, transposed: bool) -> torch.Tensor:
+    """Expert e's weight of a 3-D parameter as a Linear's [out, in] (a view; transposed layouts are [E, in, out])."""
+    w = param.detach()[e]
+    return w.t() if transposed else w
+
+
+def quantized_experts_class(cls: type) -> type:
+    """The class a quantized ``cls`` module takes: QuantizedExperts before ``cls`` (one per class, kept)."""
+    if issubclass(cls, QuantizedExperts):
+        return cls
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"Quantized{cls.__name__}", (QuantizedExperts, cls),
+                             {"__module__": cls.__module__, "__doc__": f"{cls.__name__} with quantized experts "
+                              "(mixgemm.nn.experts)."})
+    return _CLASSES[cls]
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def quantize_experts_(module: nn.Module, shape: ExpertsShape, to_quant_linear) -> None:
+    """Replace, in place, the module's 3-D projections (and their biases) by one QuantLinear per expert,
+    ``to_quant_linear(weight [out, in], bias or None) -> QuantLinear`` (quantize_'s format), and give the module
+    its quantized class. Expert by expert, so the float copy of one expert at a time is all that is added; the
+    3-D parameters go at the end. ValueError from the quantizer leaves the module as it was."""
+    lists = []
+    for name in shape.names:
+        param, bias = module._parameters[name], module._parameters.get(f"{name}_bias") if shape.has_bias else None
+        lists.append(nn.ModuleList(
+            to_quant_linear(expert_weight(param, e, shape.transposed).contiguous(),
+                            None if bias is None else bias.detach()[e])
+            for e in range(shape.num_experts)))
+    _install(module, shape, lists)
+
+
+def _install(module: nn.Module, shape: ExpertsShape, lists: list[nn.ModuleList]) -> None:
+    for name, layers in zip(shape.names, lists, strict=True):
+        del module._parameters[name]
+        module._parameters.pop(f"{name}_bias", None)
+        module.add_module(name, layers)
+    module.__class__ = quantized_experts_class(type(module))
+    # transformers' weight initialisation of a model being loaded would write the float 3-D parameters this
+    # module no longer has; its tensors are the per-expert layers', which initialise (and load) as layers
+    module._is_hf_initialized = True
+
+
+def prepare_skeleton(model: nn.Module, layer_names) -> list[str]:
+    """Give the fused experts modules of ``model`` (a skeleton being loaded) whose per-expert layers
+    ``layer_names`` lists (``<experts>.gate_up_proj.<e>``) the quantized structure, with meta nn.Linear
+    placeholders that the loader then replaces by each expert's QuantLinear. Returns the modules prepared;
+    ValueError when the list names only some of a module's experts."""
+    listed: dict[str, set[str]] = {}
+    for name in layer_names:
+        parent, _, idx = name.rpartition(".")
+        owner, _, proj = parent.rpartition(".")
+        if idx.isdigit() and proj in ("gate_up_proj", "up_proj", "down_proj"):
+            listed.setdefault(owner, set()).add(f"{proj}.{idx}")
+    prepared = []
+    for owner, have in listed.items():
+        try:
+            module = model.get_submodule(owner)
+        except AttributeError:
+            continue  # the loader names the layer the model lacks
+        if not holds_fused_experts(module):
+            continue
+        shape = experts_shape(module)
+        if isinstance(shape, str):
+            raise ValueError(f"the checkpoint quantizes the experts of {owner!r}, but {shape}")
+        want = {f"{n}.{e}" for n in shape.names for e in range(shape.num_experts)}
+        if have != want:
+            raise ValueError(f"the checkpoint quantizes {len(have)} of the {len(want)} expert projections of "
+                             f"{owner!r} (e.g. missing {sorted(want - have)[:3]}): all or none are needed")
+        lists = [nn.ModuleList(nn.Linear(k, n, bias=shape.has_bias, device="meta")
+                               for _ in range(shape.num_experts)) for n, k in shape.shapes]
+        _install(module, shape, lists)
+        prepared.append(owner)
+    return prepared
+
+
+def dequantize_experts_(module: nn.Module, dtype: torch.dtype) -> None:
+    """The inverse, in place: the module's QuantLinear lists back to 3-D ``dtype`` parameters of the dequantized
+    weights (and biases) and the module back to its own class (the float model a quantized one must reproduce)."""
+    base = next(c for c in type(module).__mro__[1:] if not issubclass(c, QuantizedExperts))
+    for name in _PROJ[bool(module.has_gate)]:
+        layers = module._modules.pop(name)
+        w = torch.stack([q.dequantize(dtype) for q in layers])
+        module._parameters[name] = nn.Parameter(w.transpose(1, 2).contiguous() if module.is_transposed else w,
+                                                requires_grad=False)
+        if module.has_bias:
+            module._parameters[f"{name}_bias"] = nn.Parameter(torch.stack([q.bias.detach().to(dtype)
+                                                                           for q in layers]), requires_grad=False)
+    module.__class__ = base
+
+
+class QuantizedExperts(nn.Module):
+    """The forward of a fused experts module whose projections are per-expert QuantLinear lists (module
+    docstring). Placed before the transformers class in the quantized class's bases; everything else is the
+    module's own."""
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        first, down = (self.gate_up_proj if self.has_gate else self.up_proj), self.down_proj
+        t, h = hidden_states.shape
+        k = top_k_index.shape[-1]
+
+        def expert(e: int, x: torch.Tensor) -> torch.Tensor:
+            y = first[e](x)
+            y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
+            y = down[e](y)
+            return self.post_expert_norm(y) if getattr(self, "has_post_expert_norm", False) else y
+
+        if t == 1:  # decoding one token: its k experts in turn, no sorting
+            ids = top_k_index.reshape(-1).tolist()  # the one host synchronisation
+            keep = [s for s, e in enumerate(ids) if e < self.num_experts]  # expert-parallel sentinels add nothing
+            if not keep:
+                return torch.zeros_like(hidden_states)
+            ys = torch.cat([expert(ids[s], hidden_states) for s in keep])
+            w = top_k_weights.reshape(-1, 1)
+            w = w if len(keep) == k else w[keep]
+            return (ys.float() * w.float()).sum(dim=0, keepdim=True).to(hidden_states.dtype)
+        # the (token, slot) pairs sorted by expert: each expert's tokens are one contiguous run
+        ids = top_k_index.reshape(-1)
+        order = torch.argsort(ids, stable=True)
+        counts = torch.bincount(ids, minlength=self.num_experts).tolist()  # the one host synchronisation
+        rows = hidden_states[order // k]
+        parts, start = [], 0
+        for e, c in enumerate(counts[:self.num_experts]):
+            if c:
+                parts.append(expert(e, rows[start:start + c]))
+            start += c
+        if start < t * k:  # sentinel pairs (ids past the local experts) sort last and add nothing
+            parts.append(hidden_states.new_zeros(t * k - start, h))
+        ys = torch.cat(parts) if parts else hidden_states.new_zeros(0, h)
+        pairs = torch.empty_like(ys)
+        pairs[order] = ys
+        # summed in fp32 in slot order (deterministic, as transformers' batched experts)
+        weighted = pairs.float().view(t, k, h) * top_k_weights.float().view(t, k, 1)
+        return weighted.sum(dim=1).to(hidden_states.dtype)
+
+
+def quantized_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every fused experts module of ``model`` holding quantized experts."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, QuantizedExperts)]
+
+
+__all__ = ["ExpertsShape", "QuantizedExperts", "dequantize_experts_", "experts_shape", "holds_fused_experts",
+           "prepare_skeleton", "quantize_experts_", "quantized_experts", "why_not_experts"]

@@ -1,0 +1,254 @@
+"""Quantized mixture-of-experts layers (mixgemm.nn.experts): transformers' fused experts modules through quantize_,
+against the float64 product of the same quantized weights, and through save_pretrained / from_pretrained."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import mixgemm
+from mixgemm.nn.experts import QuantizedExperts, dequantize_experts_, prepare_skeleton
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+# tiny configs of the fused-experts architectures: plain gated (Mixtral, Qwen3-MoE), a shared expert beside the
+# routed ones (Qwen2-MoE), transposed weights with biases and interleaved gate / up rows (GPT-OSS)
+ARCHS = {
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": dict(num_experts=6, moe_intermediate_size=192, num_experts_per_tok=3),
+    "qwen2_moe": dict(num_experts=4, moe_intermediate_size=64, shared_expert_intermediate_size=128,
+                      num_experts_per_tok=2),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16),
+}
+
+
+def tiny_model(arch: str, seed: int = 0, **overrides) -> nn.Module:
+    cfg = AutoConfig.for_model(arch, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
+                               **{**ARCHS[arch], **overrides})
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(cfg).eval()
+    for name, p in model.named_parameters():  # random weights and biases (transformers zeroes GPT-OSS's biases)
+        if p.dim() >= 2 or "bias" in name:
+            p.data.normal_(0, 0.05)
+    return model
+
+
+def experts_modules(model):
+    return [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "num_experts")]
+
+
+def float64_twin(module: QuantizedExperts):
+    """The experts module's product in float64 on its dequantized weights, token by token and slot by slot (the
+    semantics of transformers' eager experts: x -> first projection (+ bias) -> the module's gate or activation ->
+    down projection (+ bias) -> times the routing weight, summed over the token's slots)."""
+    import copy
+
+    twin = copy.deepcopy(module)
+    dequantize_experts_(twin, torch.float64)
+    twin = twin.double().cpu()
+    first = twin.gate_up_proj if twin.has_gate else twin.up_proj
+    b1 = getattr(twin, "gate_up_proj_bias" if twin.has_gate else "up_proj_bias", None)
+    down, b2 = twin.down_proj, getattr(twin, "down_proj_bias", None)
+    if twin.is_transposed:
+        first, down = first.transpose(1, 2), down.transpose(1, 2)
+
+    def product(x, idx, w):
+        out = torch.zeros(x.shape[0], down.shape[1], dtype=torch.float64)
+        for t in range(x.shape[0]):
+            for s in range(idx.shape[1]):
+                e = int(idx[t, s])
+                h = first[e] @ x[t] + (0 if b1 is None else b1[e])
+                h = twin._apply_gate(h[None])[0] if twin.has_gate else twin.act_fn(h)
+                out[t] += w[t, s] * (down[e] @ h + (0 if b2 is None else b2[e]))
+        return out
+
+    return product
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w8"])
+def test_experts_module_matches_float64(arch, fmt):
+    model = tiny_model(arch)
+    config = {"w4_sym": mixgemm.W4A16(group_size=32), "w4_zp": mixgemm.W4A16(group_size=64, mode="zero_point"),
+              "w8": mixgemm.W8A16()}[fmt]
+    report = mixgemm.quantize_(model, config)
+    assert not report.skipped
+    for mod in experts_modules(model):
+        assert isinstance(mod, QuantizedExperts)
+        assert not [n for n, p in mod.named_parameters(recurse=False)]  # no float expert weights left
+        ref = float64_twin(mod)
+        k = model.config.num_experts_per_tok
+        e = mod.num_experts
+        for t in (0, 1, 3, 17):
+            gen = torch.Generator().manual_seed(t)
+            x = torch.randn(t, 64, generator=gen)
+            idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)]) if t else \
+                torch.empty(0, k, dtype=torch.int64)
+            w = torch.rand(t, k, generator=gen)
+            x0, idx0, w0 = x.clone(), idx.clone(), w.clone()
+            with torch.no_grad():
+                got = mod(x, idx, w)
+                want = ref(x.double(), idx, w.double())
+            assert got.shape == (t, 64) and got.dtype == torch.float32
+            assert torch.equal(x, x0) and torch.equal(idx, idx0) and torch.equal(w, w0)  # inputs untouched
+            if t:
+                err = ((got.double() - want).abs().max() / want.abs().max()).item()
+                assert err < 1e-5, (arch, fmt, t, err)
+
+
+def test_experts_bf16_matches_float64():
+    model = tiny_model("qwen3_moe").to(torch.bfloat16)
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    mod = experts_modules(model)[0]
+    ref = float64_twin(mod)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(6, generator=gen)[:3] for _ in range(5)])
+    w = torch.rand(5, 3, generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        got = mod(x, idx, w)
+        want = ref(x.double(), idx, w.double())
+    assert got.dtype == torch.bfloat16
+    assert ((got.double() - want).abs().max() / want.abs().max()).item() < 1e-2
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_quantized_moe_model_matches_dequantized_twin(arch):
+    from mixgemm.integrations.hf import dequantized_copy
+
+    model = tiny_model(arch)
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    experts = [n for n, m in model.named_modules() if isinstance(m, QuantizedExperts)]
+    assert len(experts) == 2
+    for name in experts:  # every expert's projections are reported by name
+        mod = model.get_submodule(name)
+        for proj in (("gate_up_proj", "down_proj")):
+            assert all(f"{name}.{proj}.{e}" in report.replaced for e in range(mod.num_experts))
+    twin = dequantized_copy(model, torch.float32)
+    assert not [m for m in twin.modules() if isinstance(m, QuantizedExperts)]
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, twin(ids).logits, rtol=1e-4, atol=1e-5)
+        assert torch.allclose(model(ids[:1, :1]).logits, twin(ids[:1, :1]).logits, rtol=1e-4, atol=1e-5)
+    held = sum(mixgemm.resident_bytes(model.get_submodule(n))["total"] for n in experts)
+    float_bytes = sum(p.numel() * 4 for m in experts_modules(twin) for p in m.parameters())
+    assert held < float_bytes / 6  # the experts went from fp32 to int4 g32 (fp16 scales: 4.5 bits a weight)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "gpt_oss"])
+def test_moe_checkpoint_roundtrip(arch, tmp_path):
+    model = tiny_model(arch)
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32, mode="zero_point"))
+    model.save_pretrained(tmp_path / "q")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "q" / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    # saved under the model's own names (transformers would otherwise rename Mixtral's experts to w1 / w2 / w3)
+    assert "model.layers.0.mlp.experts.gate_up_proj.3.qweight" in keys
+    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(ids).logits
+        ours = mixgemm.from_pretrained(str(tmp_path / "q"), progress=False)
+        assert torch.equal(ours(ids).logits, want)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "q")).eval()
+        assert isinstance(theirs.model.layers[0].mlp.experts, QuantizedExperts)
+        assert torch.equal(theirs(ids).logits, want)
+    theirs.save_pretrained(tmp_path / "again")
+    with safe_open(str(tmp_path / "again" / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == keys
+
+
+def test_float_checkpoint_with_fused_experts_quantizes_on_load(tmp_path):
+    model = tiny_model("gpt_oss")
+    model.save_pretrained(tmp_path / "f")  # GPT-OSS stores its experts fused, as the model holds them
+    loaded = mixgemm.from_pretrained(str(tmp_path / "f"), quantization_config=mixgemm.W4A16(group_size=32),
+                                     progress=False)
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    assert sorted(loaded.mixgemm_report.quantized) == sorted(report.replaced)
+    assert all(isinstance(m, QuantizedExperts) for m in experts_modules(loaded))
+    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_float_checkpoint_under_original_names_says_what_to_do(tmp_path):
+    model = tiny_model("mixtral")
+    model.save_pretrained(tmp_path / "f")  # written as block_sparse_moe.experts.<e>.w1 / w2 / w3
+    with pytest.raises(ValueError, match="original names.*mixgemm.quantize_"):
+        mixgemm.from_pretrained(str(tmp_path / "f"), quantization_config=mixgemm.W4A16(group_size=32),
+                                progress=False)
+
+
+def test_experts_that_cannot_be_quantized_are_reported():
+    model = tiny_model("qwen3_moe", moe_intermediate_size=80)  # down_proj's K = 80: not a multiple of 64
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=64))
+    skipped = {n: why for n, why in report.skipped.items() if n.endswith("experts")}
+    assert len(skipped) == 2 and all("down_proj" in why for why in skipped.values())
+    assert not [m for m in model.modules() if isinstance(m, QuantizedExperts)]
+
+    model = tiny_model("mixtral")
+    for m in experts_modules(model):
+        m._is_expert_parallel = True
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    assert all("expert parallelism" in why for n, why in report.skipped.items() if n.endswith("experts"))
+
+    model = tiny_model("mixtral")
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32), filter_fn=lambda m, n: "experts" not in n)
+    assert sum(n.endswith("experts") for n in report.excluded) == 2
+    assert not [m for m in model.modules() if isinstance(m, QuantizedExperts)]
+
+
+def test_unknown_fused_experts_module_is_reported():
+    class OwnExperts(nn.Module):  # 3-D expert weights without transformers' experts interface
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = nn.Parameter(torch.randn(2, 64, 32))
+            self.down_proj = nn.Parameter(torch.randn(2, 32, 32))
+
+    model = nn.Sequential(nn.Linear(32, 32), OwnExperts())
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    assert "1" in report.skipped and "experts interface" in report.skipped["1"]
+
+
+def test_checkpoint_listing_some_experts_is_refused():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = AutoConfig.for_model("mixtral", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=97, num_local_experts=4)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+    names = [f"model.layers.0.mlp.experts.{p}.{e}" for p in ("gate_up_proj", "down_proj") for e in range(3)]
+    with pytest.raises(ValueError, match="6 of the 8 expert projections"):
+        prepare_skeleton(model, names)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_experts_on_cuda_match_float64(arch, dtype):
+    model = tiny_model(arch).to("cuda", dtype)
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))  # one resident layout on sm_90 (compacted)
+    mod = experts_modules(model)[0]
+    ref = float64_twin(mod)
+    k, e = model.config.num_experts_per_tok, mod.num_experts
+    for t in (0, 1, 3, 17, 129):
+        gen = torch.Generator().manual_seed(t)
+        x = torch.randn(t, 64, generator=gen)
+        idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)]) if t else \
+            torch.empty(0, k, dtype=torch.int64)
+        w = torch.rand(t, k, generator=gen)
+        with torch.no_grad():
+            got = mod(x.to("cuda", dtype), idx.cuda(), w.to("cuda", dtype)).cpu()
+            want = ref(x.to(dtype).double(), idx, w.to(dtype).double())
+        assert got.shape == (t, 64) and got.dtype == dtype
+        if t:
+            err = ((got.double() - want).abs().max() / want.abs().max()).item()
+            assert err < (2e-3 if dtype == torch.float16 else 1.5e-2), (arch, dtype, t, err)
