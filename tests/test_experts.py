@@ -252,3 +252,14 @@ def test_experts_on_cuda_match_float64(arch, dtype):
         if t:
             err = ((got.double() - want).abs().max() / want.abs().max()).item()
             assert err < (2e-3 if dtype == torch.float16 else 1.5e-2), (arch, dtype, t, err)
+
+
+def test_quantized_moe_model_pickles(tmp_path):
+    model = tiny_model("mixtral")
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    torch.save(model, tmp_path / "m.pt")  # the whole module: the quantized class is made again on loading
+    again = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert type(again.model.layers[0].mlp.experts) is type(model.model.layers[0].mlp.experts)
+    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, model(ids).logits)

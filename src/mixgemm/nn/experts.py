@@ -163,7 +163,7 @@ def prepare_skeleton(model: nn.Module, layer_names) -> list[str]:
 def dequantize_experts_(module: nn.Module, dtype: torch.dtype) -> None:
     """The inverse, in place: the module's QuantLinear lists back to 3-D ``dtype`` parameters of the dequantized
     weights (and biases) and the module back to its own class (the float model a quantized one must reproduce)."""
-    base = next(c for c in type(module).__mro__[1:] if not issubclass(c, QuantizedExperts))
+    base = _base_class(type(module))
     for name in _PROJ[bool(module.has_gate)]:
         layers = module._modules.pop(name)
         w = torch.stack([q.dequantize(dtype) for q in layers])
@@ -175,10 +175,24 @@ def dequantize_experts_(module: nn.Module, dtype: torch.dtype) -> None:
     module.__class__ = base
 
 
+def _base_class(cls: type) -> type:
+    return next(c for c in cls.__mro__[1:] if not issubclass(c, QuantizedExperts))
+
+
+def _rebuild(base: type) -> nn.Module:
+    """Unpickling: an empty instance of ``base``'s quantized class (its state follows)."""
+    return object.__new__(quantized_experts_class(base))
+
+
 class QuantizedExperts(nn.Module):
     """The forward of a fused experts module whose projections are per-expert QuantLinear lists (module
     docstring). Placed before the transformers class in the quantized class's bases; everything else is the
     module's own."""
+
+    def __reduce_ex__(self, protocol):
+        # the quantized class is made at run time, so pickle (torch.save of a whole model) names the
+        # transformers class it derives from and makes it again on loading
+        return _rebuild, (_base_class(type(self)),), self.__dict__.copy()
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
