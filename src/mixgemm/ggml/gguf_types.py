@@ -167,9 +167,9 @@ def to_quantized_weight(raw: np.ndarray, qtype, shape, name: str = "tensor",
     config = QuantConfig(bits=route.bits, group_size=GROUP, mode=route.mode, scale_dtype=route.scale_dtype)
     blocks = raw.reshape(-1, type_size)
     per_row = k // block_size
-    if not route.exact:  # (a non-finite scale shows as a non-finite decoded weight, checked below)
+    if not route.exact:
         try:
-            with np.errstate(all="ignore"):  # (non-finite values are reported below, naming the tensor)
+            with np.errstate(all="ignore"):  # a non-finite scale shows as a non-finite weight, reported below
                 values = gguf.quants.dequantize(blocks, qtype).reshape(n, k)
         except NotImplementedError:
             raise ValueError(f"GGUF tensor {name!r} has type {qname}, which the installed gguf package "

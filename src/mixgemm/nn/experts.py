@@ -136,7 +136,7 @@ def prepare_skeleton(model: nn.Module, layer_names) -> list[str]:
     for name in layer_names:
         parent, _, idx = name.rpartition(".")
         owner, _, proj = parent.rpartition(".")
-        if idx.isdigit() and proj in ("gate_up_proj", "up_proj", "down_proj"):
+        if idx.isdigit() and any(proj in names for names in _PROJ.values()):
             listed.setdefault(owner, set()).add(f"{proj}.{idx}")
     prepared = []
     for owner, have in listed.items():
@@ -235,10 +235,5 @@ class QuantizedExperts(nn.Module):
         return weighted.sum(dim=1).to(hidden_states.dtype)
 
 
-def quantized_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every fused experts module of ``model`` holding quantized experts."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, QuantizedExperts)]
-
-
 __all__ = ["ExpertsShape", "QuantizedExperts", "dequantize_experts_", "experts_shape", "holds_fused_experts",
-           "prepare_skeleton", "quantize_experts_", "quantized_experts", "why_not_experts"]
+           "prepare_skeleton", "quantize_experts_", "why_not_experts"]
