@@ -8,7 +8,14 @@ import torch
 from torch import nn
 
 import mixgemm
-from mixgemm.nn.experts import QuantizedExperts, dequantize_experts_, prepare_skeleton
+from mixgemm.nn.experts import (
+    ExpertList,
+    QuantizedExperts,
+    dequantize_experts_,
+    prepare_skeleton,
+    routed_why_not,
+    routes,
+)
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
@@ -25,9 +32,9 @@ ARCHS = {
 
 
 def tiny_model(arch: str, seed: int = 0, **overrides) -> nn.Module:
-    cfg = AutoConfig.for_model(arch, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
-                               **{**ARCHS[arch], **overrides})
+    cfg = AutoConfig.for_model(arch, **{**dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, vocab_size=97),
+                                        **ARCHS[arch], **overrides})
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -62,6 +69,8 @@ def float64_twin(module: QuantizedExperts):
         for t in range(x.shape[0]):
             for s in range(idx.shape[1]):
                 e = int(idx[t, s])
+                if e >= first.shape[0]:
+                    continue  # expert parallelism's sentinel: no local expert
                 h = first[e] @ x[t] + (0 if b1 is None else b1[e])
                 h = twin._apply_gate(h[None])[0] if twin.has_gate else twin.act_fn(h)
                 out[t] += w[t, s] * (down[e] @ h + (0 if b2 is None else b2[e]))
@@ -263,3 +272,101 @@ def test_quantized_moe_model_pickles(tmp_path):
     ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         assert torch.equal(again(ids).logits, model(ids).logits)
+
+
+def test_routed_decoding_rule_and_reasons():
+    assert routes(1, 8, 128) and routes(4, 2, 8) and routes(16, 8, 128)
+    assert not routes(5, 2, 8) and not routes(17, 8, 128)
+    model = tiny_model("qwen3_moe")
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    mod = experts_modules(model)[0]
+    assert isinstance(mod.gate_up_proj, ExpertList) and isinstance(mod.down_proj, ExpertList)
+    assert "routed GEMV runs on CUDA" in routed_why_not(mod)  # the CPU runs the sorted path
+
+
+def test_expert_list_drops_its_stack_when_an_expert_is_replaced(tmp_path):
+    model = tiny_model("mixtral")
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    layers = experts_modules(model)[0].down_proj
+    stack = layers.stack()
+    assert layers.stack() is stack and all(m._mixgemm_siblings is stack for m in layers)
+    layers[1] = layers[1]  # setitem: the members may have changed
+    again = layers.stack()
+    assert again is not stack and again.members == list(layers)
+    stack.refused = "x"
+    stack.release()  # what a member's weight change calls
+    assert stack.refused is None and stack.stacked is None
+    mixgemm.nn.siblings.separate_siblings(model)  # (A/B tool: sibling groups only)
+    assert layers[0]._mixgemm_siblings is again
+    torch.save(model, tmp_path / "m.pt")  # the stack is not pickled
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert "_stack" not in loaded.model.layers[0].mlp.experts.down_proj.__dict__
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "mixtral"])
+@pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w8"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_routed_decoding_on_cuda_matches_float64(arch, fmt, dtype):
+    """The routed GEMV (one launch a projection, the routing read on the GPU) against the float64 product: K not a
+    multiple of 64 (96), sentinel ids of no local expert, T 1..4 and T x k <= E, inputs untouched."""
+    model = tiny_model(arch, hidden_size=96, **({"moe_intermediate_size": 96} if arch == "qwen3_moe" else {}))
+    model = model.to("cuda", dtype)
+    config = {"w4_sym": mixgemm.W4A16(group_size=32), "w4_zp": mixgemm.W4A16(group_size=32, mode="zero_point"),
+              "w8": mixgemm.W8A16()}[fmt]
+    mixgemm.quantize_(model, config)
+    mod = experts_modules(model)[0]
+    ref = float64_twin(mod)
+    k, e = model.config.num_experts_per_tok, mod.num_experts
+    before = torch.cuda.memory_allocated()
+    for t in (1, 2, 3, 4):
+        gen = torch.Generator().manual_seed(t)
+        x = torch.randn(t, 96, generator=gen)
+        idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+        if t == 3:
+            idx[1, 0] = e  # expert parallelism's sentinel: the slot adds nothing
+        w = torch.rand(t, k, generator=gen)
+        xd, idxd, wd = x.to("cuda", dtype), idx.cuda(), w.to("cuda", dtype)
+        x0, idx0, w0 = xd.clone(), idxd.clone(), wd.clone()
+        with torch.no_grad():
+            got = mod(xd, idxd, wd).cpu()
+        assert routed_why_not(mod) is None, routed_why_not(mod)
+        assert torch.equal(xd, x0) and torch.equal(idxd, idx0) and torch.equal(wd, w0)
+        want = ref(x.to(dtype).double(), idx, w.to(dtype).double())
+        assert got.shape == (t, 96) and got.dtype == dtype
+        err = ((got.double() - want).abs().max() / want.abs().max()).item()
+        assert err < (2e-3 if dtype == torch.float16 else 1.5e-2), (arch, fmt, dtype, t, err)
+    # the join moved the layouts into one buffer a projection: nothing held twice (the stacked biases aside)
+    assert torch.cuda.memory_allocated() - before < 64 * 1024
+
+
+@pytest.mark.gpu
+def test_routed_decoding_survives_reload_and_replays_in_a_cuda_graph():
+    model = tiny_model("qwen3_moe").to("cuda", torch.float16)
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    mod = experts_modules(model)[0]
+    ref = float64_twin(mod)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 64, generator=gen).half()
+    idx = torch.randperm(6, generator=gen)[:3][None]
+    w = torch.rand(1, 3, generator=gen).half()
+    xs, idxs, ws = x.cuda(), idx.cuda(), w.cuda()
+    with torch.no_grad():
+        first = mod(xs, idxs, ws)
+        model.load_state_dict(model.state_dict())  # every expert reloaded: the stacks are released and join again
+        assert mod.down_proj.stack().stacked is None
+        assert torch.allclose(mod(xs, idxs, ws), first, rtol=0, atol=1e-3)
+        assert routed_why_not(mod) is None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = mod(xs, idxs, ws)
+        for seed in (1, 2):
+            g2 = torch.Generator().manual_seed(seed)
+            idx2 = torch.randperm(6, generator=g2)[:3][None]
+            x2 = torch.randn(1, 64, generator=g2).half()
+            xs.copy_(x2.cuda())
+            idxs.copy_(idx2.cuda())
+            graph.replay()
+            want = ref(x2.double(), idx2, w.double())
+            err = ((out.cpu().double() - want).abs().max() / want.abs().max()).item()
+            assert err < 2e-3, (seed, err)

@@ -17,8 +17,12 @@ dict keeps the names (``<experts>.gate_up_proj.<e>.qweight`` ...), so save_pretr
 expert's projection as a quantized layer of its own (``prepare_skeleton`` gives a model being loaded the same
 structure before its layers are filled).
 
-The forward reads the routing once on the host (one synchronisation per layer: transformers' own eager experts
-do the same), so under torch.compile an MoE layer is a graph break.
+Decoding (at most ``routed_tokens`` tokens) on an sm_90 GPU, where each projection's experts keep one wgmma_v1
+layout, runs routed: each projection is one launch over every (token, expert) slot, with the routing read on the GPU
+(mixgemm.kernels.cuda.routed_gemv over the experts' layouts joined in one buffer, mixgemm.nn.expert_stack). Elsewhere
+(more tokens, the CPU, other GPUs, autograd) the (token, expert) pairs are sorted by expert and each expert's tokens
+run through its layers; that reads the routing on the host once per layer (transformers' own eager experts do the
+same), so under torch.compile such a layer is a graph break.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from mixgemm.nn.expert_stack import ExpertStack
 
 # the 3-D parameters of a fused experts module, by whether it gates: (first projection, second projection)
 _PROJ = {True: ("gate_up_proj", "down_proj"), False: ("up_proj", "down_proj")}
@@ -116,11 +122,37 @@ def quantize_experts_(module: nn.Module, shape: ExpertsShape, to_quant_linear) -
     _install(module, shape, lists)
 
 
+class ExpertList(nn.ModuleList):
+    """One projection's per-expert layers (a ModuleList: state-dict names ``<projection>.<e>``) and the ExpertStack
+    its routed calls use (``stack()``), made on first use and dropped when an expert is replaced."""
+
+    def __setattr__(self, name, value):
+        if name in self._modules:  # (ModuleList.__setitem__ and a loader's setattr both come here)
+            self.__dict__.pop("_stack", None)
+        super().__setattr__(name, value)
+
+    def __delitem__(self, idx):
+        self.__dict__.pop("_stack", None)
+        super().__delitem__(idx)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_stack", None)  # (holds device buffers and prepared launches: a copy makes its own)
+        return state
+
+    def stack(self) -> ExpertStack:
+        st = self.__dict__.get("_stack")
+        if st is None:
+            st = self.__dict__["_stack"] = ExpertStack(list(self))
+            st.attach()
+        return st
+
+
 def _install(module: nn.Module, shape: ExpertsShape, lists: list[nn.ModuleList]) -> None:
     for name, layers in zip(shape.names, lists, strict=True):
         del module._parameters[name]
         module._parameters.pop(f"{name}_bias", None)
-        module.add_module(name, layers)
+        module.add_module(name, ExpertList(layers))
     module.__class__ = quantized_experts_class(type(module))
     # transformers' weight initialisation of a model being loaded would write the float 3-D parameters this
     # module no longer has; its tensors are the per-expert layers', which initialise (and load) as layers
@@ -199,6 +231,11 @@ class QuantizedExperts(nn.Module):
         first, down = (self.gate_up_proj if self.has_gate else self.up_proj), self.down_proj
         t, h = hidden_states.shape
         k = top_k_index.shape[-1]
+        if t > 0 and routes(t, k, self.num_experts) and hidden_states.dtype in (torch.float16, torch.bfloat16) \
+                and not (torch.is_grad_enabled() and hidden_states.requires_grad):
+            y = self._routed(first, down, hidden_states, top_k_index, top_k_weights)
+            if y is not None:
+                return y
 
         def expert(e: int, x: torch.Tensor) -> torch.Tensor:
             y = first[e](x)
@@ -234,6 +271,62 @@ class QuantizedExperts(nn.Module):
         weighted = pairs.float().view(t, k, h) * top_k_weights.float().view(t, k, 1)
         return weighted.sum(dim=1).to(hidden_states.dtype)
 
+    @torch.compiler.disable
+    def _routed(self, first: nn.Module, down: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor | None:
+        """Every (token, expert) slot in one launch per projection, the routing read on the GPU (module docstring);
+        slots of no local expert give zeros. None where the experts cannot run so (not joined: _joined)."""
+        from mixgemm.kernels.cuda.routed_gemv import routed_gemv
 
-__all__ = ["ExpertsShape", "QuantizedExperts", "dequantize_experts_", "experts_shape", "holds_fused_experts",
-           "prepare_skeleton", "quantize_experts_", "why_not_experts"]
+        stacks = _joined(first, down, hidden_states)
+        if stacks is None:
+            return None
+        t, h = hidden_states.shape
+        k = top_k_index.shape[-1]
+        route = top_k_index.reshape(-1).to(torch.int64).contiguous()
+        y = routed_gemv(hidden_states.contiguous(), route, stacks[0], k)  # [t k, out]: x row s // k
+        y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
+        y = routed_gemv(y.contiguous(), route, stacks[1], 1)
+        if getattr(self, "has_post_expert_norm", False):
+            y = self.post_expert_norm(y)
+        # summed in fp32 in slot order, as the sorted path
+        return (y.float().view(t, k, h) * top_k_weights.float().view(t, k, 1)).sum(dim=1).to(hidden_states.dtype)
+
+
+# Routed decoding (one launch a projection over every slot, QuantizedExperts._routed) up to ROUTED_TOKENS tokens,
+# and beyond while the slots are at most the experts: each slot reads its expert's weights, so where slots outnumber
+# experts the sorted path (each routed expert's weights read once, by its tokens together) reads fewer bytes, but it
+# costs a host round trip and two launches per routed expert, which a decoding step of a few tokens cannot pay back.
+ROUTED_TOKENS = 4
+
+
+def routes(tokens: int, k: int, num_experts: int) -> bool:
+    """Whether a call of ``tokens`` tokens with top-``k`` routing over ``num_experts`` experts runs routed (above)."""
+    return tokens <= ROUTED_TOKENS or tokens * k <= num_experts
+
+
+def _joined(first: nn.Module, down: nn.Module, x: torch.Tensor):
+    """The two projections' joined ExpertLayouts when the routed GEMV can run them for x, else None."""
+    if x.device.type != "cuda" or not isinstance(first, ExpertList) or not isinstance(down, ExpertList):
+        return None
+    a, b = first.stack(), down.stack()
+    if a.join() is not None or b.join() is not None:
+        return None
+    return a.stacked, b.stacked
+
+
+def routed_why_not(module: nn.Module) -> str | None:
+    """Why a quantized experts module's decoding calls do not run routed (None: they do; the experts joined)."""
+    first = module.gate_up_proj if module.has_gate else module.up_proj
+    for layers in (first, module.down_proj):
+        if not isinstance(layers, ExpertList):
+            return "the experts are a plain ModuleList (an old pickle): no stack to join"
+        why = layers.stack().join()
+        if why is not None:
+            return why
+    return None
+
+
+__all__ = ["ExpertList", "ExpertsShape", "QuantizedExperts", "dequantize_experts_", "experts_shape",
+           "holds_fused_experts", "prepare_skeleton", "quantize_experts_", "routed_why_not", "routes",
+           "why_not_experts"]

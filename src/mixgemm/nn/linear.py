@@ -52,7 +52,9 @@ _ACT_ID = {(None, "group"): 0, **{(m, "group"): i + 1 for i, m in enumerate(ACT_
 _DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
-# The SiblingGroup (mixgemm.nn.siblings) of a layer that reads the same tensor as other layers, in its __dict__
+# The group whose joined layout holds this layer's, in its __dict__: the SiblingGroup (mixgemm.nn.siblings) of a layer
+# that reads the same tensor as other layers, or an expert's ExpertStack (mixgemm.nn.expert_stack). Its protocol:
+# release() before the layer's weight tensors change, try_join() after it is compacted, traced_output() under compile.
 SIBLINGS_ATTR = "_mixgemm_siblings"
 _WEIGHT_TENSORS = frozenset({"qweight", "scales", "zeros", "offsets", "bias", "input_perm"})
 

@@ -199,6 +199,7 @@ def separate_siblings(model: nn.Module) -> int:
     reloaded). For A/B runs. Returns the number of layers changed."""
     done = 0
     for mod in model.modules():
-        if isinstance(mod, QuantLinear) and mod.__dict__.pop(SIBLINGS_ATTR, None) is not None:
+        if isinstance(mod, QuantLinear) and isinstance(mod.__dict__.get(SIBLINGS_ATTR), SiblingGroup):
+            del mod.__dict__[SIBLINGS_ATTR]  # (an expert's stack, mixgemm.nn.expert_stack, stays)
             done += 1
     return done

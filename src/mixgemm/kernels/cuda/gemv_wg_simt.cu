@@ -50,6 +50,9 @@
 #ifndef SIMT_PF
 #define SIMT_PF 0
 #endif
+#ifndef SIMT_ROUTED
+#define SIMT_ROUTED 0  // routed experts: blockIdx.y is a routing slot, its expert's weights one E-stride slice
+#endif
 #ifndef SIMT_PACK
 #define SIMT_PACK 0  // zero point / offset with 16-bit parameters: each (row, group) pair held in one register
 #endif
@@ -75,7 +78,17 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
                      float lo, float hi,
                      int N, int Kt, int G, int gk,     // gk: group of k is min(k >> gk, G - 1)
                      int Mr,
-                     const int* __restrict__ perm) {   // (the tensor-core GEMV's parameter list; unused here)
+                     const int* __restrict__ perm     // (the tensor-core GEMV's parameter list; unused here)
+#if SIMT_ROUTED
+                     ,
+                     const long long* __restrict__ route,  // [slots] expert of each slot (>= n_experts: none)
+                     int n_experts,
+                     long long w_estride,  // uint4 from one expert's codes to the next
+                     long long p_estride,  // bytes from one expert's parameters to the next
+                     int x_div,            // slot s reads x row s / x_div
+                     long long b_estride   // bytes from one expert's bias to the next
+#endif
+) {
   constexpr int BITS = SIMT_BITS, ACT = SIMT_ACT, SCL = SIMT_SCL, MODE = SIMT_MODE;
   constexpr int RT = SIMT_RT, U = SIMT_U, RG = SIMT_RG, KS = SIMT_KS;
   static_assert(8 % RT == 0, "SIMT_RT divides the 8 row tiles stored together");
@@ -92,6 +105,31 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   const int g = lane >> 2, t = lane & 3;
   const int rg = warp % RG, ks = warp / RG;
   const int Nt = (N + 15) >> 4;
+  constexpr bool ROUTED = SIMT_ROUTED != 0;
+#if SIMT_ROUTED
+  // Routed experts (mixgemm.nn.experts, decoding): the experts' layouts are one buffer, E-strided; block row
+  // blockIdx.y computes slot s = blockIdx.y with expert route[s], x row s / x_div, y row s. The routing is the
+  // previous kernel's output, so here the dependency wait comes first and no weight load precedes it: what a launch
+  // per expert would have overlapped, against one launch for every slot with no host round trip for the routing.
+  pdl_launch_dependents();
+  pdl_wait();
+  {
+    const int slot = blockIdx.y;
+    const long long e = route[slot];
+    Y = (u16*)Y + (size_t)slot * ldy;
+    if (e < 0 || e >= n_experts) {  // a slot of no local expert (expert parallelism's sentinel) adds nothing
+      for (int idx = threadIdx.x; idx < RG * RT * 16; idx += SIMT_THREADS) {
+        const int n = blockIdx.x * RG * RT * 16 + idx;
+        if (n < N) ((u16*)Y)[n] = 0;
+      }
+      return;  // (the whole block: no barrier is left waiting)
+    }
+    W += e * w_estride;
+    params += e * p_estride;
+    X += (size_t)(slot / x_div) * ldx4;
+    if (bias_kind != 0) bias = (const char*)bias + e * b_estride;
+  }
+#endif
   // a warp past the last tile redoes the last RT-aligned tiles and never stores; the RT tiles of a warp share one
   // group of 8, which the layout pads with zero rows, so none needs a clamp
   const int nt0 = min((int)(blockIdx.x * RG + rg) * RT, (Nt - 1) / RT * RT);
@@ -226,14 +264,14 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
     }
   };
 
-  pdl_launch_dependents();
+  if (!ROUTED) pdl_launch_dependents();
   int kt0 = ks;
   uint4 wA[U][RT][LU], wB[U][RT][LU];
   P a0[U][RT][NP], a1[U][RT][NP], b0[U][RT][NP], b1[U][RT][NP];
   u32 xA[U], xB[U];
   const bool full = kt0 + (U - 1) * KS < Kt;
   if (full) load_w(wA, a0, a1, kt0);  // the first step's constant bytes in flight before the wait
-  if ((SIMT_DIAG & 4) == 0) pdl_wait();  // x, bias and y only from here on (gemv_common.cuh)
+  if (!ROUTED && (SIMT_DIAG & 4) == 0) pdl_wait();  // x, bias and y only from here on (gemv_common.cuh)
   if (full) {
     load_x(xA, kt0);
     if (SIMT_PF) {
