@@ -60,6 +60,10 @@ class ExpertStack:
         if self.stacked is not None:
             return None
         if self.refused is None:
+            device = self.members[0].scales.device
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                # (not kept: the next call outside the capture joins)
+                return "a CUDA graph is being captured (the join allocates; run a call before capturing)"
             self.refused = self._join()
         return self.refused
 
@@ -68,8 +72,6 @@ class ExpertStack:
         device = first.scales.device
         if device.type != "cuda":
             return f"the experts are on {device}: the routed GEMV runs on CUDA"
-        if torch.cuda.is_current_stream_capturing():
-            return "a CUDA graph is being captured (the join allocates; run a call before capturing)"
         qws = []
         for layer in self.members:
             if layer.scales.device != device:

@@ -17,10 +17,11 @@ dict keeps the names (``<experts>.gate_up_proj.<e>.qweight`` ...), so save_pretr
 expert's projection as a quantized layer of its own (``prepare_skeleton`` gives a model being loaded the same
 structure before its layers are filled).
 
-Decoding (at most ``routed_tokens`` tokens) on an sm_90 GPU, where each projection's experts keep one wgmma_v1
-layout, runs routed: each projection is one launch over every (token, expert) slot, with the routing read on the GPU
-(mixgemm.kernels.cuda.routed_gemv over the experts' layouts joined in one buffer, mixgemm.nn.expert_stack). Elsewhere
-(more tokens, the CPU, other GPUs, autograd) the (token, expert) pairs are sorted by expert and each expert's tokens
+Decoding (``routes``: at most ROUTED_TOKENS tokens, or more while the slots are at most the experts) in fp16 / bf16
+on an sm_90 GPU, where each projection's experts keep one wgmma_v1 layout, runs routed: each projection is one launch
+over every (token, expert) slot, with the routing read on the GPU (mixgemm.kernels.cuda.routed_gemv over the experts'
+layouts joined in one buffer, mixgemm.nn.expert_stack). Elsewhere (more tokens, the CPU, other GPUs, fp32,
+autograd) the (token, expert) pairs are sorted by expert and each expert's tokens
 run through its layers; that reads the routing on the host once per layer (transformers' own eager experts do the
 same), so under torch.compile such a layer is a graph break.
 """
