@@ -188,12 +188,56 @@ def test_float_checkpoint_with_fused_experts_quantizes_on_load(tmp_path):
         assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
-def test_float_checkpoint_under_original_names_says_what_to_do(tmp_path):
-    model = tiny_model("mixtral")
-    model.save_pretrained(tmp_path / "f")  # written as block_sparse_moe.experts.<e>.w1 / w2 / w3
-    with pytest.raises(ValueError, match="original names.*mixgemm.quantize_"):
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "qwen2_moe"])
+def test_float_checkpoint_under_original_names_quantizes_on_load(arch, tmp_path):
+    """Checkpoints as published (one tensor per expert; Mixtral's block_sparse_moe / w1 w2 w3): read through
+    transformers' conversion mapping, each experts module built and quantized as it is read, the same model as
+    transformers' load followed by quantize_."""
+    model = tiny_model(arch)
+    model.save_pretrained(tmp_path / "f")  # transformers writes the original names
+    from safetensors import safe_open
+
+    stored = set(safe_open(str(next((tmp_path / "f").glob("*.safetensors"))), "pt").keys())
+    assert not any(k.endswith("gate_up_proj") for k in stored)  # per expert on disk
+    loaded = mixgemm.from_pretrained(str(tmp_path / "f"), quantization_config=mixgemm.W4A16(group_size=32),
+                                     progress=False)
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    assert sorted(loaded.mixgemm_report.quantized) == sorted(report.replaced)
+    assert loaded.mixgemm_report.ignored == []  # every stored tensor was used
+    assert all(isinstance(m, QuantizedExperts) for m in experts_modules(loaded))
+    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_float_checkpoint_missing_an_expert_is_an_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model("qwen3_moe")
+    model.save_pretrained(tmp_path / "f")
+    path = next((tmp_path / "f").glob("*.safetensors"))
+    tensors = load_file(str(path))
+    del tensors["model.layers.1.mlp.experts.5.up_proj.weight"]
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="lacks part 1 of expert 5 of 'model.layers.1.mlp.experts.gate_up_proj'"):
         mixgemm.from_pretrained(str(tmp_path / "f"), quantization_config=mixgemm.W4A16(group_size=32),
                                 progress=False)
+    del tensors["model.layers.1.mlp.experts.5.gate_proj.weight"]
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"holds experts \[0, 1, 2, 3\]... \(5\) of .*the model has 6"):
+        mixgemm.from_pretrained(str(tmp_path / "f"), quantization_config=mixgemm.W4A16(group_size=32),
+                                progress=False)
+
+
+def test_float_checkpoint_experts_excluded_by_filter_stay_float(tmp_path):
+    model = tiny_model("mixtral")
+    model.save_pretrained(tmp_path / "f")
+    loaded = mixgemm.from_pretrained(str(tmp_path / "f"), quantization_config=mixgemm.W4A16(group_size=32),
+                                     filter_fn=lambda mod, name: "experts" not in name, progress=False)
+    assert loaded.mixgemm_report.skipped["model.layers.0.mlp.experts"] == "excluded by filter_fn"
+    experts = experts_modules(loaded)[0]
+    assert not isinstance(experts, QuantizedExperts)
+    assert torch.equal(experts.gate_up_proj, model.model.layers[0].mlp.experts.gate_up_proj)
 
 
 def test_experts_that_cannot_be_quantized_are_reported():

@@ -282,28 +282,35 @@ def quantize_experts(model: nn.Module, config: _Precision, filter_fn, tied: set,
     """quantize_ for transformers' fused experts modules (mixgemm.nn.experts): each expert's projections become
     QuantLinear layers of ``config``'s format, added to ``replaced`` by their names (``<experts>.gate_up_proj.<e>``);
     modules left float go to ``skipped`` (name: why) or ``excluded`` (filter_fn said no)."""
-    cfg = config.weight_config()
     targets = [(name, mod) for name, mod in model.named_modules() if name and holds_fused_experts(mod)]
     for name, mod in targets:
-        if filter_fn is not None and not filter_fn(mod, name):
-            excluded.append(name)
-            continue
-        shape = experts_shape(mod)
-        why = shape if isinstance(shape, str) else why_not_experts(
-            mod, shape, lambda w, k: _why_not_weight(w, k, cfg, tied))
-        if why is None:
-            try:
-                quantize_experts_(mod, shape, lambda w, b: quantize_weight_tensor(w, b, config))
-            except ValueError as e:  # quantize_weight's input checks on one expert: the module stays float
-                why = str(e)
-        if why is not None:
-            skipped[name] = why
-            continue
-        for proj in shape.names:
-            for e, q in enumerate(getattr(mod, proj)):
-                q.train(mod.training)
-                q.set_auto_compact(compact)
-                replaced.append(f"{name}.{proj}.{e}")
+        quantize_experts_module(name, mod, config, filter_fn, tied, compact, replaced, skipped, excluded)
+
+
+def quantize_experts_module(name: str, mod: nn.Module, config: _Precision, filter_fn, tied: set, compact: bool,
+                            replaced: list, skipped: dict, excluded: list) -> None:
+    """quantize_experts for the one fused experts module ``mod`` called ``name`` (the loaders quantize each module as
+    soon as its weights are read)."""
+    if filter_fn is not None and not filter_fn(mod, name):
+        excluded.append(name)
+        return
+    cfg = config.weight_config()
+    shape = experts_shape(mod)
+    why = shape if isinstance(shape, str) else why_not_experts(
+        mod, shape, lambda w, k: _why_not_weight(w, k, cfg, tied))
+    if why is None:
+        try:
+            quantize_experts_(mod, shape, lambda w, b: quantize_weight_tensor(w, b, config))
+        except ValueError as e:  # quantize_weight's input checks on one expert: the module stays float
+            why = str(e)
+    if why is not None:
+        skipped[name] = why
+        return
+    for proj in shape.names:
+        for e, q in enumerate(getattr(mod, proj)):
+            q.train(mod.training)
+            q.set_auto_compact(compact)
+            replaced.append(f"{name}.{proj}.{e}")
 
 
 def quantize_weight_tensor(weight: torch.Tensor, bias: torch.Tensor | None, config: _Precision) -> QuantLinear:

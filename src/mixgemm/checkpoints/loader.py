@@ -21,7 +21,8 @@ from torch import nn
 
 from mixgemm.checkpoints import skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
-from mixgemm.nn.experts import prepare_skeleton
+from mixgemm.checkpoints.conversions import RenamedSource, fused_expert_tensor, read_conversions
+from mixgemm.nn.experts import holds_fused_experts, prepare_skeleton
 from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
 from mixgemm.nn.siblings import join_siblings
 
@@ -124,29 +125,12 @@ def _fill_rest(model, source, device, dtype, report, bar) -> None:
         if key not in keys:
             if any(o in keys for o in tied.get(key, ())):
                 continue
-            raise ValueError(f"the checkpoint has no tensor {key!r}, which the model needs{_renamed_hint(model)}")
+            raise ValueError(f"the checkpoint has no tensor {key!r}, which the model needs")
         value = source.get(key)
         if tuple(value.shape) != tuple(t.shape):
             raise ValueError(f"tensor {key!r} has shape {tuple(value.shape)}, the model expects {tuple(t.shape)}")
         skeleton.put_tensor(model, key, _cast(value, dtype if t.is_floating_point() else None, device))
         bar.update(1)
-
-
-def _renamed_hint(model: nn.Module) -> str:
-    """Why a tensor may be missing: transformers stores some architectures under their original checkpoints' names
-    and converts them on loading (e.g. Mixtral's or Qwen-MoE's experts, one tensor per expert, fused into 3-D
-    parameters), which this loader does not do."""
-    try:
-        from transformers.conversion_mapping import get_model_conversion_mapping
-
-        renamed = get_model_conversion_mapping(model, add_legacy=False)
-    except Exception:  # an older transformers without conversion mappings: nothing to add
-        return ""
-    if not renamed:
-        return ""
-    return (f"; {type(model).__name__} checkpoints are stored under their original names, which transformers "
-            "converts on loading (e.g. one tensor per expert, fused into 3-D expert weights): load the float model "
-            "with transformers' from_pretrained and quantize it with mixgemm.quantize_")
 
 
 def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> None:
@@ -187,8 +171,6 @@ def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> 
 def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress, trust_remote_code):
     from mixgemm.checkpoints import formats
     from mixgemm.checkpoints.safetensors_source import SafetensorsSource
-    from mixgemm.quantize_api import quantize_experts
-
     source = SafetensorsSource(path)
     model = skeleton.build(config, trust_remote_code)
     if qc is not None:
@@ -221,20 +203,58 @@ def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, 
             raise ValueError(f"{path} holds a float checkpoint: pass quantization_config=mixgemm.W4A16() (or W8A16, "
                              "W8A8, W4A8) to quantize it while loading")
         report = LoadReport(source=f"float, quantized on load to {quantization_config.name}")
+        # checkpoints under their original names (conversions.py): read through the model's names
+        conv = read_conversions(model, source.keys())
+        view = source if conv is None else RenamedSource(source, conv)
         total = len(skeleton.expected_keys(model))
         with _progress(total, "mixgemm: loading and quantizing", progress) as bar:
-            _quantize_on_load(model, source, quantization_config, filter_fn, device, report, bar)
-            _fill_rest(model, source, device, dtype, report, bar)
-        model_keys = set(skeleton.expected_keys(model))
-        stored, prefixes = source.keys(), tuple(n + "." for n in report.quantized)
+            _quantize_on_load(model, view, quantization_config, filter_fn, device, report, bar)
+            fused = _quantize_experts_on_load(model, view, conv, source.get, quantization_config, filter_fn, device,
+                                              dtype, report, bar)
+            _fill_rest(model, view, device, dtype, report, bar)
+        model_keys = set(skeleton.expected_keys(model)) | fused
+        stored, prefixes = view.keys(), tuple(n + "." for n in report.quantized)
         report.ignored = [k for k in stored if k not in model_keys and not k.startswith(prefixes)]
-        # fused experts (3-D tensors, read whole by _fill_rest) are quantized after, one module at a time
-        # (compact=False: from_pretrained compacts every layer as its ``compact`` says)
-        excluded: list[str] = []
-        quantize_experts(model, quantization_config, filter_fn, set(), False, report.quantized, report.skipped,
-                         excluded)
-        report.skipped.update({name: "excluded by filter_fn" for name in excluded})
     return model, report
+
+
+def _quantize_experts_on_load(model, source, conv, read, config, filter_fn, device, dtype, report, bar) -> set[str]:
+    """Fused experts modules one at a time: their 3-D parameters read (fused on disk, or built from the per-expert
+    tensors ``conv`` lists, read by checkpoint key with ``read``), put in place on ``device`` and the module quantized
+    before the next is read, so the float experts of one module are all that is held at once. A module left float
+    (filter_fn, or quantize_ cannot take it) keeps them, in ``dtype``; one whose tensors are missing is left for
+    _fill_rest to report. Returns the fused parameters' keys it read."""
+    from mixgemm.quantize_api import quantize_experts_module
+
+    keys, read_keys = source.keys(), set()
+    for name, mod in [(n, m) for n, m in model.named_modules() if n and holds_fused_experts(m)]:
+        for attr, t in list(mod._parameters.items()):
+            key = f"{name}.{attr}"
+            if t is None or t.device.type != "meta":
+                continue
+            if key in keys:
+                value = source.get(key)
+            elif conv is not None and key in conv.experts:
+                value = fused_expert_tensor(conv, key, t.shape[0], read)
+            else:
+                continue
+            if tuple(value.shape) != tuple(t.shape):
+                raise ValueError(f"tensor {key!r} has shape {tuple(value.shape)}, the model expects {tuple(t.shape)}")
+            skeleton.put_tensor(model, key, value.to(device))
+            read_keys.add(key)
+            bar.update(1)
+        if any(t is not None and t.device.type == "meta" for t in mod._parameters.values()):
+            continue  # (_fill_rest names the missing tensor)
+        excluded: list[str] = []
+        # compact=False: from_pretrained compacts every layer as its ``compact`` says
+        quantize_experts_module(name, mod, config, filter_fn, set(), False, report.quantized, report.skipped,
+                                excluded)
+        report.skipped.update(dict.fromkeys(excluded, "excluded by filter_fn"))
+        if dtype is not None and holds_fused_experts(mod):  # left float: in the model's dtype
+            for attr, t in list(mod._parameters.items()):
+                if t is not None and t.is_floating_point():
+                    mod._parameters[attr] = nn.Parameter(t.to(dtype), requires_grad=False)
+    return read_keys
 
 
 def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dtype, progress, config_kwargs,
