@@ -414,3 +414,75 @@ def test_routed_decoding_survives_reload_and_replays_in_a_cuda_graph():
             want = ref(x2.double(), idx2, w.double())
             err = ((out.cpu().double() - want).abs().max() / want.abs().max()).item()
             assert err < 2e-3, (seed, err)
+
+
+# the published names of an expert's projections -> the writer's (whose act-order permutations are shared by the
+# layers that read one input, as GPTQ's Hessian is: an expert's gate and up)
+_AS_GATED_MLP = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def write_quantized_moe(arch, case_name, tmp_path, share_gate_up=True):
+    """A tiny MoE model written as a quantized checkpoint under the published names (directory "q") and the float
+    model of the format's own dequantization under the same names (directory "ref")."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from test_quantformats_models import CASES, WRITERS
+
+    case = next(c for c in CASES if c.name == case_name)
+    hidden = 128  # every K holds a group of 128
+    model = tiny_model(arch, hidden_size=hidden, intermediate_size=256,
+                       **({"moe_intermediate_size": 128} if arch == "qwen3_moe" else {}))
+    model.save_pretrained(tmp_path / "orig")  # the published names: one tensor per expert and projection
+    tensors = load_file(str(next((tmp_path / "orig").glob("*.safetensors"))))
+    gen, shared, quantized, floats = torch.Generator().manual_seed(1), {}, {}, dict(tensors)
+    for key, w in tensors.items():
+        prefix = key[:-len(".weight")]
+        if not key.endswith(".weight") or w.dim() != 2 or "embed" in key or "lm_head" in key or \
+                prefix.endswith((".gate", ".router")):
+            continue
+        parent, _, child = prefix.rpartition(".")
+        shares = ".experts." in prefix and share_gate_up
+        as_mlp = f"{parent}.mlp.{_AS_GATED_MLP.get(child, child)}" if shares else prefix
+        t, native, exact = WRITERS[case.fmt](as_mlp, w.float(), case.quantization_config, gen, shared)
+        assert torch.equal(exact.to(native.dtype), native)
+        quantized.update({f"{prefix}.{k}": v.contiguous() for k, v in t.items()})
+        floats[key] = exact.float().contiguous()
+    layers = {q.rsplit(".", 1)[0] for q in quantized}
+    rest = {k: v.contiguous() for k, v in tensors.items() if k[:-len(".weight")] not in layers}
+    config = json.loads((tmp_path / "orig" / "config.json").read_text())
+    for d, tens, qc in (("q", {**rest, **quantized}, case.quantization_config), ("ref", floats, None)):
+        (tmp_path / d).mkdir()
+        save_file({k: v.contiguous() for k, v in tens.items()}, str(tmp_path / d / "model.safetensors"),
+                  metadata={"format": "pt"})
+        cfg = {**config, "torch_dtype": "float32", "dtype": "float32"}
+        if qc is not None:
+            cfg["quantization_config"] = qc
+        (tmp_path / d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("case_name", ["gptq-v1-sym-g128", "gptq-v2-actorder-g32", "awq-g128", "ct-int4-g128-sym"])
+def test_quantized_moe_checkpoint_as_published_loads(arch, case_name, tmp_path):
+    """GPTQ / AWQ / compressed-tensors MoE checkpoints store each expert's gate / up / down projections as quantized
+    layers of their own under the original names: each expert's gate and up rows become its gate_up layer, and the
+    model equals the float model of the format's own dequantization (written as a float checkpoint under the same
+    names and loaded by transformers)."""
+    write_quantized_moe(arch, case_name, tmp_path)
+    loaded = mixgemm.from_pretrained(str(tmp_path / "q"), dtype=torch.float32, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ref"), dtype=torch.float32).eval()
+    experts = experts_modules(loaded)
+    assert experts and all(isinstance(m, QuantizedExperts) for m in experts)
+    assert loaded.mixgemm_report.ignored == []
+    ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_moe_checkpoint_with_unshared_act_order_is_an_error(tmp_path):
+    write_quantized_moe("mixtral", "gptq-v2-actorder-g32", tmp_path, share_gate_up=False)
+    with pytest.raises(ValueError, match="gate_up_proj.0': its parts in the checkpoint have different act-order"):
+        mixgemm.from_pretrained(str(tmp_path / "q"), dtype=torch.float32, progress=False)

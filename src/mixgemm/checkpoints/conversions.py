@@ -38,30 +38,25 @@ class Conversions:
         return {k for per in self.experts.values() for keys in per.values() for k in keys if k is not None}
 
 
-def read_conversions(model, keys) -> Conversions | None:
-    """The Conversions of the checkpoint ``keys`` for ``model`` (its transformers conversion mapping), or None when the
-    model has no mapping or this transformers has none. ValueError for a converter whose operations are not the
-    stack-and-concatenate of per-expert weights."""
-    try:
-        from transformers.conversion_mapping import get_model_conversion_mapping
-        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+@dataclass
+class NameMapping:
+    """A model's transformers conversion mapping, split into its renamings and its converters."""
 
-        mapping = get_model_conversion_mapping(model, add_legacy=False)
-    except Exception:  # an older transformers, or a model it has no mapping for
-        return None
-    if not mapping:
-        return None
-    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
-    converters = [m for m in mapping if isinstance(m, WeightConverter)]
-    by_pattern = {p: c for c in converters for p in c.source_patterns}
-    out = Conversions()
-    for key in keys:
-        new, pattern = rename_source_key(key, renamings, converters)
+    renamings: list
+    converters: list
+    rename_source_key: object  # transformers.core_model_loading.rename_source_key
+
+    def rename(self, key: str) -> str:
+        """``key`` after the renamings only (a quantized layer's tensors match no converter pattern)."""
+        return self.rename_source_key(key, self.renamings, [])[0]
+
+    def classify(self, key: str) -> tuple[str, tuple[int, int, int, bool] | None]:
+        """(the model key, None) for a key the converters leave alone, else (the fused parameter's key, (expert,
+        pattern index, patterns, concatenated)). ValueError for a converter that is not stack-and-concatenate."""
+        new, pattern = self.rename_source_key(key, self.renamings, self.converters)
         if pattern is None:
-            if new != key:
-                out.renamed[new] = key
-            continue
-        conv = by_pattern.get(pattern)
+            return new, None
+        conv = next((c for c in self.converters if pattern in c.source_patterns), None)
         if conv is None:
             raise ValueError(f"checkpoint tensor {key!r}: transformers converts it by pattern {pattern!r}, which "
                              f"mixgemm could not trace to a converter")
@@ -74,9 +69,41 @@ def read_conversions(model, keys) -> Conversions | None:
         found = re.search(re.escape(pattern).replace(r"\*", r"(\d+)"), key)
         if found is None or not found.groups():
             raise ValueError(f"checkpoint tensor {key!r}: no expert index where pattern {pattern!r} has one")
-        slots = out.experts.setdefault(new, {}).setdefault(int(found.group(1)), [None] * len(conv.source_patterns))
-        slots[conv.source_patterns.index(pattern)] = key
-        out.concat[new] = len(ops) == 2
+        return new, (int(found.group(1)), conv.source_patterns.index(pattern), len(conv.source_patterns),
+                     len(ops) == 2)
+
+
+def name_mapping(model) -> NameMapping | None:
+    """The model's NameMapping, or None when it has none or this transformers has no conversion mappings."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+        mapping = get_model_conversion_mapping(model, add_legacy=False)
+    except Exception:  # an older transformers, or a model it has no mapping for
+        return None
+    if not mapping:
+        return None
+    return NameMapping([m for m in mapping if isinstance(m, WeightRenaming)],
+                       [m for m in mapping if isinstance(m, WeightConverter)], rename_source_key)
+
+
+def read_conversions(model, keys) -> Conversions | None:
+    """The Conversions of the checkpoint ``keys`` for ``model`` (name_mapping), or None without a mapping.
+    ValueError for a converter whose operations are not the stack-and-concatenate of per-expert weights."""
+    mapping = name_mapping(model)
+    if mapping is None:
+        return None
+    out = Conversions()
+    for key in keys:
+        new, part = mapping.classify(key)
+        if part is None:
+            if new != key:
+                out.renamed[new] = key
+            continue
+        expert, slot, slots, concat = part
+        out.experts.setdefault(new, {}).setdefault(expert, [None] * slots)[slot] = key
+        out.concat[new] = concat
     return out
 
 
@@ -98,6 +125,64 @@ def fused_expert_tensor(conv: Conversions, key: str, num_experts: int, read) -> 
     return torch.cat(stacked, dim=1) if conv.concat[key] else stacked[0]
 
 
+def split_quantized(mapping: NameMapping | None, names: list[str]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """A quantized checkpoint's layers (``names``, as stored) as the model's: {model layer: stored layer} for layers
+    the converters leave alone (renamed), and {per-expert layer ``<experts>.<projection>.<e>``: the stored layers
+    whose rows it concatenates, in the converter's order} for experts stored per expert (GPTQ / AWQ /
+    compressed-tensors MoE checkpoints). ValueError when an expert lacks one of its parts."""
+    plain: dict[str, str] = {}
+    parts: dict[str, list[str | None]] = {}
+    for name in names:
+        if mapping is None:
+            plain[name] = name
+            continue
+        new, part = mapping.classify(f"{name}.weight")
+        if part is None:
+            plain[new[:-len(".weight")] if new.endswith(".weight") else name] = name
+            continue
+        expert, slot, slots, _ = part
+        parts.setdefault(f"{new}.{expert}", [None] * slots)[slot] = name
+    for layer, stored in parts.items():
+        if None in stored:
+            raise ValueError(f"the checkpoint quantizes {[n for n in stored if n is not None]} for {layer!r}, which "
+                             f"needs {len(stored)} parts (part {stored.index(None)} is missing)")
+    return plain, parts
+
+
+def fuse_rows(parts: list, layer: str):
+    """One ConvertedLinear whose rows are ``parts``' in order (an expert's gate and up projections as its gate_up
+    layer): the plain interchange layout is row-major, so its codes and group parameters concatenate along N.
+    ValueError when the parts differ in format, K, activation mode or act-order permutation."""
+    from mixgemm.checkpoints.base import ConvertedLinear
+    from mixgemm.formats.weight import QuantizedWeight
+
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    w0 = first.weight
+    for p in parts[1:]:
+        if (p.weight.config, p.weight.shape[1], p.act_mode, p.act_block) != (w0.config, w0.shape[1], first.act_mode,
+                                                                             first.act_block):
+            raise ValueError(f"{layer!r}: its parts in the checkpoint differ in format or K ({w0} and {p.weight}): "
+                             f"they cannot be one layer")
+        if (p.input_perm is None) != (first.input_perm is None) or (
+                p.input_perm is not None and not torch.equal(p.input_perm, first.input_perm)):
+            raise ValueError(f"{layer!r}: its parts in the checkpoint have different act-order permutations: they "
+                             f"cannot be one layer")
+    if len({p.bias is None for p in parts}) > 1:
+        raise ValueError(f"{layer!r}: some of its parts in the checkpoint have a bias and some not")
+
+    def cat(get):
+        ts = [get(p.weight) for p in parts]
+        return None if ts[0] is None else torch.cat(ts)
+
+    qw = QuantizedWeight(qweight=cat(lambda w: w.packed()), scales=cat(lambda w: w.scales),
+                         zeros=cat(lambda w: w.zeros), offsets=cat(lambda w: w.offsets), config=w0.config,
+                         shape=(sum(p.weight.shape[0] for p in parts), w0.shape[1]))
+    bias = None if first.bias is None else torch.cat([p.bias for p in parts])
+    return ConvertedLinear(qw, bias, first.input_perm, first.act_mode, first.act_block)
+
+
 class RenamedSource:
     """A checkpoint source (keys(), get(key)) seen under the model's names: renamed keys under their new names, the
     per-expert tensors of fused parameters left out (fused_expert_tensor reads them)."""
@@ -115,4 +200,5 @@ class RenamedSource:
         return self.source.get(self.conv.renamed.get(key, key))
 
 
-__all__ = ["Conversions", "RenamedSource", "fused_expert_tensor", "read_conversions"]
+__all__ = ["Conversions", "NameMapping", "RenamedSource", "fuse_rows", "fused_expert_tensor", "name_mapping",
+           "read_conversions", "split_quantized"]

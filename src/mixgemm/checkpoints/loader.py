@@ -21,7 +21,14 @@ from torch import nn
 
 from mixgemm.checkpoints import skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
-from mixgemm.checkpoints.conversions import RenamedSource, fused_expert_tensor, read_conversions
+from mixgemm.checkpoints.conversions import (
+    RenamedSource,
+    fuse_rows,
+    fused_expert_tensor,
+    name_mapping,
+    read_conversions,
+    split_quantized,
+)
 from mixgemm.nn.experts import holds_fused_experts, prepare_skeleton
 from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
 from mixgemm.nn.siblings import join_siblings
@@ -180,23 +187,30 @@ def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, 
             raise ValueError(f"{path}: quantization_config quant_method {qc.get('quant_method')!r} is not a format "
                              f"mixgemm reads (registered: {formats.names()})")
         report = LoadReport(source=fmt.name)
-        names = fmt.quantized_linears(source, qc)
-        prepare_skeleton(model, names)  # fused experts listed per expert: their per-expert layer placeholders
+        stored_names = fmt.quantized_linears(source, qc)
+        # under the model's names (conversions.py): renamed layers, and experts stored per expert and projection
+        # (GPTQ / AWQ / compressed-tensors MoE checkpoints) fused into the model's per-expert layers
+        mapping = name_mapping(model)
+        plain, parts = split_quantized(mapping, stored_names)
+        prepare_skeleton(model, [*plain, *parts])  # fused experts: their per-expert layer placeholders
         linears = _linears(model)
+        conv = read_conversions(model, source.keys())
+        view = source if conv is None else RenamedSource(source, conv)
         total = len(skeleton.expected_keys(model))
         with _progress(total, f"mixgemm: loading {fmt.name}", progress) as bar:
-            for name in names:
+            for name, stored in [*((n, [s]) for n, s in plain.items()), *parts.items()]:
                 if name not in linears:
-                    raise ValueError(f"{path}: the checkpoint quantizes {name!r}, which is not a Linear of the model")
-                conv = fmt.convert_linear(source, name, qc)
-                skeleton.put_module(model, name, quant_linear(conv, linears[name], name, device, dtype))
+                    raise ValueError(f"{path}: the checkpoint quantizes {stored[0]!r}, which is not a Linear of the "
+                                     f"model" + (f" (its {name!r})" if name != stored[0] else ""))
+                converted = fuse_rows([fmt.convert_linear(source, s, qc) for s in stored], name)
+                skeleton.put_module(model, name, quant_linear(converted, linears[name], name, device, dtype))
                 report.quantized.append(name)
                 bar.update(1)
-            _fill_rest(model, source, device, dtype, report, bar)
-        quantized = set(report.quantized)
-        prefixes = tuple(n + "." for n in quantized)
-        model_keys = set(skeleton.expected_keys(model))
-        stored = source.keys()
+            _fill_rest(model, view, device, dtype, report, bar)
+        # a quantized layer's tensors, under its stored name and its renamed one, are not "ignored"
+        prefixes = tuple({f"{n}." for n in report.quantized} | {f"{n}." for n in stored_names} | (
+            set() if mapping is None else {mapping.rename(f"{n}.weight")[:-len("weight")] for n in stored_names}))
+        model_keys, stored = set(skeleton.expected_keys(model)), view.keys()
         report.ignored = [k for k in stored if k not in model_keys and not k.startswith(prefixes)]
     else:
         if quantization_config is None:
