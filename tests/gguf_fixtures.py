@@ -91,3 +91,71 @@ def write_tiny_llama(directory: str, types: dict | None = None, seed: int = 0, n
     w.write_tensors_to_file()
     w.close()
     return name
+
+
+TINY_MOE = dict(vocab=320, hidden=64, heads=4, kv_heads=2, head_dim=16, layers=2, experts=4, used=2, expert_ffn=768)
+MOE_TYPES = {"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q8_0", "ffn_gate_exps": "Q4_0",
+             "ffn_up_exps": "Q4_1", "ffn_down_exps": "Q8_0", "ffn_gate_inp": "F32", "output": "Q8_0",
+             "token_embd": "Q8_0"}
+
+
+def write_tiny_qwen3_moe(directory: str, types: dict | None = None, seed: int = 0, name: str = "moe.gguf",
+                         hidden: int = TINY_MOE["hidden"], drop: tuple = ()) -> str:
+    """A two-layer Qwen3-MoE GGUF (hidden 64, 4 experts of 768 -- transformers reads no expert width from a
+    qwen3moe file and takes its default --, 2 a token) with the given types (``MOE_TYPES`` overridden; K-quants
+    need ``hidden`` 256); the experts are 3-D tensors [E, out, in] of blocks along in, as llama.cpp writes them.
+    ``drop``: tensor names left out. Returns the file name."""
+    import gguf
+
+    types = {**MOE_TYPES, **(types or {})}
+    rng = np.random.default_rng(seed)
+    c = {**TINY_MOE, "hidden": hidden}
+    w = gguf.GGUFWriter(os.path.join(directory, name), "qwen3moe")
+    w.add_name("tiny-qwen3-moe")
+    w.add_block_count(c["layers"])
+    w.add_context_length(128)
+    w.add_embedding_length(c["hidden"])
+    w.add_feed_forward_length(256)
+    w.add_expert_feed_forward_length(c["expert_ffn"])
+    w.add_expert_count(c["experts"])
+    w.add_expert_used_count(c["used"])
+    w.add_head_count(c["heads"])
+    w.add_head_count_kv(c["kv_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(c["vocab"])
+    hd, h, e, f = c["head_dim"], c["hidden"], c["experts"], c["expert_ffn"]
+
+    def add(tname, shape, qtype_name):
+        if tname in drop:
+            return
+        if qtype_name == "F32":
+            w.add_tensor(tname, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+            return
+        rows = int(np.prod(shape[:-1]))
+        blocks = random_blocks(qtype_name, rows, shape[-1], rng)
+        w.add_tensor(tname, blocks.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype_name])
+
+    def norm(tname, n):
+        w.add_tensor(tname, (1 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    add("token_embd.weight", (c["vocab"], h), types["token_embd"])
+    for i in range(c["layers"]):
+        norm(f"blk.{i}.attn_norm.weight", h)
+        norm(f"blk.{i}.ffn_norm.weight", h)
+        norm(f"blk.{i}.attn_q_norm.weight", hd)
+        norm(f"blk.{i}.attn_k_norm.weight", hd)
+        for part, shape in {"attn_q": (c["heads"] * hd, h), "attn_k": (c["kv_heads"] * hd, h),
+                            "attn_v": (c["kv_heads"] * hd, h), "attn_output": (h, c["heads"] * hd),
+                            "ffn_gate_inp": (e, h), "ffn_gate_exps": (e, f, h), "ffn_up_exps": (e, f, h),
+                            "ffn_down_exps": (e, h, f)}.items():
+            add(f"blk.{i}.{part}.weight", shape, types[part])
+    norm("output_norm.weight", h)
+    add("output.weight", (c["vocab"], h), types["output"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return name

@@ -91,3 +91,80 @@ def test_truncated_gguf_is_an_error_naming_the_file(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="cut.gguf"):
         mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    from gguf_fixtures import write_tiny_qwen3_moe
+
+    d = str(tmp_path_factory.mktemp("gguf_moe"))
+    f = write_tiny_qwen3_moe(d)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    return d, f, ref
+
+
+def _experts_weights(module):
+    return [torch.stack([q.dequantize(torch.float32) for q in getattr(module, p)]) for p in ("gate_up_proj",
+                                                                                          "down_proj")]
+
+
+def test_moe_experts_load_quantized_and_match_transformers(tiny_moe, rel_err):
+    """llama.cpp's 3-D expert tensors (gate Q4_0, up Q4_1, down Q8_0) become one QuantLinear per expert and
+    projection without a float round trip: gate and up rows in one layer, in the common exact format (offset), equal
+    to transformers' dequantization of the file."""
+    from mixgemm.nn.experts import QuantizedExperts
+
+    d, f, ref = tiny_moe
+    ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
+    report = ours.mixgemm_report
+    assert report.ignored == [] and report.inexact == {}
+    for i, layer in enumerate(ours.model.layers):
+        experts = layer.mlp.experts
+        assert isinstance(experts, QuantizedExperts)
+        assert experts.gate_up_proj[0].mode == "offset" and experts.down_proj[0].bits == 8
+        want = ref.model.layers[i].mlp.experts
+        got = _experts_weights(experts)
+        assert torch.equal(got[0], want.gate_up_proj.detach()) and torch.equal(got[1], want.down_proj.detach())
+        assert f"model.layers.{i}.mlp.experts.gate_up_proj.3" in report.quantized
+    ids = torch.randint(0, 320, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert rel_err(ours(ids).logits, ref(ids).logits) < 1e-5
+
+
+def test_moe_experts_of_inexact_or_float_types(tmp_path, rel_err):
+    from gguf_fixtures import write_tiny_qwen3_moe
+    from mixgemm.nn.experts import QuantizedExperts
+
+    d = str(tmp_path)
+    f = write_tiny_qwen3_moe(d, types={"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q6_K"},
+                             name="k.gguf", hidden=256)
+    ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
+    assert ours.mixgemm_report.inexact["model.layers.0.mlp.experts.down_proj.2"].startswith("GGUF Q6_K re-quantized")
+    assert "model.layers.0.mlp.experts.gate_up_proj.2" not in ours.mixgemm_report.inexact  # Q4_K: exact
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    gate_up = _experts_weights(ours.model.layers[0].mlp.experts)[0]
+    assert torch.equal(gate_up, ref.model.layers[0].mlp.experts.gate_up_proj.detach())
+
+    f = write_tiny_qwen3_moe(d, types={"ffn_gate_exps": "F16", "ffn_up_exps": "F16", "ffn_down_exps": "F32"},
+                             name="f.gguf")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    plain = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
+    experts = plain.model.layers[1].mlp.experts
+    assert not isinstance(experts, QuantizedExperts)
+    assert "stored as float" in plain.mixgemm_report.skipped["model.layers.1.mlp.experts"]
+    assert torch.equal(experts.gate_up_proj, ref.model.layers[1].mlp.experts.gate_up_proj)
+    quantized = mixgemm.from_pretrained(d, gguf_file=f, quantization_config=mixgemm.W4A16(group_size=32),
+                                        progress=False)
+    assert isinstance(quantized.model.layers[1].mlp.experts, QuantizedExperts)
+    kept = mixgemm.from_pretrained(d, gguf_file="k.gguf", filter_fn=lambda mod, name: "experts" not in name,
+                                   progress=False)
+    assert kept.mixgemm_report.skipped["model.layers.0.mlp.experts"].startswith("excluded by filter_fn")
+    assert not isinstance(kept.model.layers[0].mlp.experts, QuantizedExperts)
+
+
+def test_moe_file_missing_an_expert_tensor_is_an_error(tmp_path):
+    from gguf_fixtures import write_tiny_qwen3_moe
+
+    f = write_tiny_qwen3_moe(str(tmp_path), drop=("blk.1.ffn_up_exps.weight",), name="cut.gguf")
+    with pytest.raises(ValueError, match=r"lacks expert tensors of \['model.layers.1.mlp.experts.gate_up_proj'"):
+        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)

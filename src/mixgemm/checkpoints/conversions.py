@@ -161,10 +161,9 @@ def fuse_rows(parts: list, layer: str):
     first = parts[0]
     w0 = first.weight
     for p in parts[1:]:
-        if (p.weight.config, p.weight.shape[1], p.act_mode, p.act_block) != (w0.config, w0.shape[1], first.act_mode,
-                                                                             first.act_block):
-            raise ValueError(f"{layer!r}: its parts in the checkpoint differ in format or K ({w0} and {p.weight}): "
-                             f"they cannot be one layer")
+        if (p.weight.shape[1], p.act_mode, p.act_block) != (w0.shape[1], first.act_mode, first.act_block):
+            raise ValueError(f"{layer!r}: its parts in the checkpoint differ in K or activation mode ({w0} and "
+                             f"{p.weight}): they cannot be one layer")
         if (p.input_perm is None) != (first.input_perm is None) or (
                 p.input_perm is not None and not torch.equal(p.input_perm, first.input_perm)):
             raise ValueError(f"{layer!r}: its parts in the checkpoint have different act-order permutations: they "
@@ -172,15 +171,47 @@ def fuse_rows(parts: list, layer: str):
     if len({p.bias is None for p in parts}) > 1:
         raise ValueError(f"{layer!r}: some of its parts in the checkpoint have a bias and some not")
 
+    weights = common_format([p.weight for p in parts], layer)
+
     def cat(get):
-        ts = [get(p.weight) for p in parts]
+        ts = [get(w) for w in weights]
         return None if ts[0] is None else torch.cat(ts)
 
     qw = QuantizedWeight(qweight=cat(lambda w: w.packed()), scales=cat(lambda w: w.scales),
-                         zeros=cat(lambda w: w.zeros), offsets=cat(lambda w: w.offsets), config=w0.config,
-                         shape=(sum(p.weight.shape[0] for p in parts), w0.shape[1]))
+                         zeros=cat(lambda w: w.zeros), offsets=cat(lambda w: w.offsets), config=weights[0].config,
+                         shape=(sum(w.shape[0] for w in weights), w0.shape[1]))
     bias = None if first.bias is None else torch.cat([p.bias for p in parts])
     return ConvertedLinear(qw, bias, first.input_perm, first.act_mode, first.act_block)
+
+
+def common_format(weights: list, layer: str) -> list:
+    """``weights`` in one format, exactly: unchanged where their formats agree; else each as offset weights (w = q s +
+    m, which holds sym and zero-point weights too) of the widest bit width, with scales and offsets in the one scale
+    dtype they share, else float32 -- where every m = -z s rounds to it exactly (a llama.cpp file may store an
+    expert's gate as Q4_0 and its up as Q4_1). ValueError where the group sizes differ or an offset would round."""
+    from mixgemm.formats.weight import QuantConfig, from_codes
+
+    configs = {w.config for w in weights}
+    if len(configs) == 1:
+        return weights
+    if len({w.group_size for w in weights}) > 1:
+        raise ValueError(f"{layer!r}: its parts in the checkpoint have different group sizes ({sorted(configs)}): "
+                         f"they cannot be one layer")
+    bits = max(w.bits for w in weights)
+    dtypes = {w.scales.dtype for w in weights}
+    for dtype in ([*dtypes, torch.float32] if len(dtypes) == 1 else [torch.float32]):
+        config = QuantConfig(bits=bits, group_size=weights[0].config.group_size, mode="offset", scale_dtype=dtype)
+        out = []
+        for w in weights:
+            s64, m64 = w.group_params_float64()
+            scales, offsets = s64.to(dtype), m64.to(dtype)
+            if not (torch.equal(scales.double(), s64) and torch.equal(offsets.double(), m64)):
+                break
+            out.append(from_codes(w.codes(), scales, config, offsets=offsets))
+        else:
+            return out
+    raise ValueError(f"{layer!r}: its parts in the checkpoint ({sorted(map(str, configs))}) have no common format "
+                     f"that holds them exactly")
 
 
 class RenamedSource:
@@ -200,5 +231,5 @@ class RenamedSource:
         return self.source.get(self.conv.renamed.get(key, key))
 
 
-__all__ = ["Conversions", "NameMapping", "RenamedSource", "fuse_rows", "fused_expert_tensor", "name_mapping",
-           "read_conversions", "split_quantized"]
+__all__ = ["Conversions", "NameMapping", "RenamedSource", "common_format", "fuse_rows", "fused_expert_tensor",
+           "name_mapping", "read_conversions", "split_quantized"]

@@ -275,7 +275,7 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
                requantize_bits: int = 8):
     from transformers import AutoConfig
 
-    from mixgemm.checkpoints import gguf_file
+    from mixgemm.checkpoints import gguf_experts, gguf_file
     from mixgemm.ggml.gguf_types import FLOAT_TYPES
 
     path = os.path.join(directory, file_name)
@@ -290,9 +290,16 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
     dtype = torch.float32 if dtype is None else dtype
     report = LoadReport(source=f"GGUF {file_name}")
     float_linears = []
+    experts = gguf_experts.GgufExperts(model, names)
     with _progress(len(reader.tensors), f"mixgemm: loading {file_name}", progress) as bar:
         for tensor in reader.tensors:
             key = names.get(tensor.name)
+            if key is None and experts.take(tensor):  # a 3-D expert tensor: its module is loaded once complete
+                for module in experts.complete():
+                    experts.load(module, processor, quantization_config, filter_fn, device, dtype, requantize_bits,
+                                 report)
+                bar.update(1)
+                continue
             if key is None:
                 report.ignored.append(tensor.name)
                 bar.update(1)
@@ -319,6 +326,9 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
                     float_linears.append(layer)
                 skeleton.put_tensor(model, key, value.to(device))
             bar.update(1)
+    if experts.missing():
+        raise ValueError(f"{path}: the GGUF file lacks expert tensors of {experts.missing()} (ffn_gate_exps and "
+                         f"ffn_up_exps make gate_up_proj, ffn_down_exps down_proj; it has others of the same layers)")
     for layer in float_linears:
         if quantization_config is None:
             report.skipped[layer] = "stored as float in the GGUF file (pass quantization_config to quantize it)"
