@@ -100,16 +100,16 @@ MOE_TYPES = {"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output"
 
 
 def write_tiny_qwen3_moe(directory: str, types: dict | None = None, seed: int = 0, name: str = "moe.gguf",
-                         hidden: int = TINY_MOE["hidden"], drop: tuple = ()) -> str:
+                         hidden: int = TINY_MOE["hidden"], drop: tuple = (), expert_ffn: int = 768) -> str:
     """A two-layer Qwen3-MoE GGUF (hidden 64, 4 experts of 768 -- transformers reads no expert width from a
     qwen3moe file and takes its default --, 2 a token) with the given types (``MOE_TYPES`` overridden; K-quants
     need ``hidden`` 256); the experts are 3-D tensors [E, out, in] of blocks along in, as llama.cpp writes them.
-    ``drop``: tensor names left out. Returns the file name."""
+    ``drop``: tensor names left out; ``expert_ffn``: the experts' width. Returns the file name."""
     import gguf
 
     types = {**MOE_TYPES, **(types or {})}
     rng = np.random.default_rng(seed)
-    c = {**TINY_MOE, "hidden": hidden}
+    c = {**TINY_MOE, "hidden": hidden, "expert_ffn": expert_ffn}
     w = gguf.GGUFWriter(os.path.join(directory, name), "qwen3moe")
     w.add_name("tiny-qwen3-moe")
     w.add_block_count(c["layers"])

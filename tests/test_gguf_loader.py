@@ -168,3 +168,20 @@ def test_moe_file_missing_an_expert_tensor_is_an_error(tmp_path):
     f = write_tiny_qwen3_moe(str(tmp_path), drop=("blk.1.ffn_up_exps.weight",), name="cut.gguf")
     with pytest.raises(ValueError, match=r"lacks expert tensors of \['model.layers.1.mlp.experts.gate_up_proj'"):
         mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+
+
+def test_moe_expert_width_read_from_the_file(tmp_path):
+    """transformers' GGUF config mapping reads no expert width for qwen3moe (the config class's 768 then): mixgemm
+    takes the file's expert_feed_forward_length, and each expert's weights are the file's blocks."""
+    import gguf
+
+    from gguf_fixtures import write_tiny_qwen3_moe
+
+    f = write_tiny_qwen3_moe(str(tmp_path), expert_ffn=256, name="w256.gguf")
+    ours = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+    assert ours.config.moe_intermediate_size == 256
+    reader = gguf.GGUFReader(str(tmp_path / f))
+    down = next(t for t in reader.tensors if t.name == "blk.0.ffn_down_exps.weight")
+    want = torch.from_numpy(gguf.quants.dequantize(down.data, down.tensor_type).copy()).reshape(4, 64, 256)
+    got = torch.stack([q.dequantize(torch.float32) for q in ours.model.layers[0].mlp.experts.down_proj])
+    assert torch.equal(got, want)

@@ -36,6 +36,27 @@ def architecture(reader) -> str:
     return bytes(field.parts[field.data[0]]).decode()
 
 
+# GGUF metadata (per architecture: "<arch>.<key>") -> config attribute, where transformers' GGUF config mapping has
+# no entry for it (qwen2moe / qwen3moe files then took the config class's default expert widths: right for
+# Qwen3-30B-A3B's 768, wrong for Qwen3-235B-A22B's 1536)
+_MISSED_CONFIG = {"expert_feed_forward_length": "moe_intermediate_size",
+                  "expert_shared_feed_forward_length": "shared_expert_intermediate_size"}
+
+
+def config_fixes(reader, arch: str, config, given: dict) -> dict[str, int]:
+    """{config attribute: the file's value} for the metadata transformers does not read (_MISSED_CONFIG) where the
+    config has the attribute, the caller did not pass it (``given``) and the file says otherwise."""
+    out = {}
+    for key, attr in _MISSED_CONFIG.items():
+        field = reader.fields.get(f"{arch}.{key}")
+        if field is None or attr in given or not hasattr(config, attr):
+            continue
+        value = int(field.parts[field.data[0]][0])
+        if getattr(config, attr) != value:
+            out[attr] = value
+    return out
+
+
 def tensor_processor(arch: str, config):
     """transformers' tensor processor for a GGUF architecture (the identity for most)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
@@ -131,5 +152,5 @@ def split(path: str, gguf_file: str | None) -> tuple[str, str]:
     return path, gguf_file
 
 
-__all__ = ["architecture", "float_tensor", "name_map", "open_reader", "permute_rows", "quantized_weight",
-           "row_order", "split", "tensor_processor", "torch_shape"]
+__all__ = ["architecture", "config_fixes", "float_tensor", "name_map", "open_reader", "permute_rows",
+           "quantized_weight", "row_order", "split", "tensor_processor", "torch_shape"]

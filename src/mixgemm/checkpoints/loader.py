@@ -281,8 +281,10 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
     path = os.path.join(directory, file_name)
     reader = gguf_file.open_reader(path)
     config = AutoConfig.from_pretrained(directory, gguf_file=file_name, **config_kwargs)
-    model = skeleton.build(config)
     arch = gguf_file.architecture(reader)
+    for attr, value in gguf_file.config_fixes(reader, arch, config, config_kwargs).items():
+        setattr(config, attr, value)
+    model = skeleton.build(config)
     processor = gguf_file.tensor_processor(arch, config)
     names = gguf_file.name_map(model, processor, arch)
     linears = _linears(model)
