@@ -349,7 +349,7 @@ def test_expert_list_drops_its_stack_when_an_expert_is_replaced(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "mixtral"])
-@pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w8"])
+@pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w4_offset", "w8"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_routed_decoding_on_cuda_matches_float64(arch, fmt, dtype):
     """The routed GEMV (one launch a projection, the routing read on the GPU) against the float64 product: K not a
@@ -357,7 +357,7 @@ def test_routed_decoding_on_cuda_matches_float64(arch, fmt, dtype):
     model = tiny_model(arch, hidden_size=96, **({"moe_intermediate_size": 96} if arch == "qwen3_moe" else {}))
     model = model.to("cuda", dtype)
     config = {"w4_sym": mixgemm.W4A16(group_size=32), "w4_zp": mixgemm.W4A16(group_size=32, mode="zero_point"),
-              "w8": mixgemm.W8A16()}[fmt]
+              "w4_offset": mixgemm.W4A16(group_size=32, mode="offset"), "w8": mixgemm.W8A16()}[fmt]
     mixgemm.quantize_(model, config)
     mod = experts_modules(model)[0]
     ref = float64_twin(mod)
@@ -486,3 +486,24 @@ def test_quantized_moe_checkpoint_with_unshared_act_order_is_an_error(tmp_path):
     write_quantized_moe("mixtral", "gptq-v2-actorder-g32", tmp_path, share_gate_up=False)
     with pytest.raises(ValueError, match="gate_up_proj.0': its parts in the checkpoint have different act-order"):
         mixgemm.from_pretrained(str(tmp_path / "q"), dtype=torch.float32, progress=False)
+
+
+@pytest.mark.gpu
+def test_gguf_moe_file_decodes_routed_on_cuda(tmp_path):
+    """A GGUF MoE file (gate Q4_0 and up Q4_1 experts: the offset form) on the GPU, routed decoding against the same
+    model on the CPU."""
+    pytest.importorskip("gguf")
+    from gguf_fixtures import write_tiny_qwen3_moe
+
+    f = write_tiny_qwen3_moe(str(tmp_path))
+    cpu = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+    gpu = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, device="cuda", dtype=torch.float16, progress=False)
+    ids = torch.randint(0, 320, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = cpu(ids).logits[0, -1].double()
+        out = gpu(ids.cuda(), use_cache=True)
+        step = gpu(ids[:, -1:].cuda() * 0 + 7, past_key_values=out.past_key_values).logits[0, -1].double().cpu()
+        again = cpu(torch.cat([ids, torch.full((1, 1), 7)], 1)).logits[0, -1].double()
+    assert routed_why_not(gpu.model.layers[0].mlp.experts) is None
+    assert ((out.logits[0, -1].double().cpu() - want).abs().max() / want.abs().max()).item() < 2e-2
+    assert ((step - again).abs().max() / again.abs().max()).item() < 2e-2
