@@ -88,10 +88,9 @@ def name_mapping(model) -> NameMapping | None:
                        [m for m in mapping if isinstance(m, WeightConverter)], rename_source_key)
 
 
-def read_conversions(model, keys) -> Conversions | None:
-    """The Conversions of the checkpoint ``keys`` for ``model`` (name_mapping), or None without a mapping.
+def read_conversions(mapping: NameMapping | None, keys) -> Conversions | None:
+    """The Conversions of the checkpoint ``keys`` under a model's ``mapping`` (name_mapping), or None without one.
     ValueError for a converter whose operations are not the stack-and-concatenate of per-expert weights."""
-    mapping = name_mapping(model)
     if mapping is None:
         return None
     out = Conversions()

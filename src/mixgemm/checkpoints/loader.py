@@ -178,6 +178,7 @@ def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> 
 def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress, trust_remote_code):
     from mixgemm.checkpoints import formats
     from mixgemm.checkpoints.safetensors_source import SafetensorsSource
+
     source = SafetensorsSource(path)
     model = skeleton.build(config, trust_remote_code)
     if qc is not None:
@@ -194,7 +195,7 @@ def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, 
         plain, parts = split_quantized(mapping, stored_names)
         prepare_skeleton(model, [*plain, *parts])  # fused experts: their per-expert layer placeholders
         linears = _linears(model)
-        conv = read_conversions(model, source.keys())
+        conv = read_conversions(mapping, source.keys())
         view = source if conv is None else RenamedSource(source, conv)
         total = len(skeleton.expected_keys(model))
         with _progress(total, f"mixgemm: loading {fmt.name}", progress) as bar:
@@ -218,7 +219,7 @@ def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, 
                              "W8A8, W4A8) to quantize it while loading")
         report = LoadReport(source=f"float, quantized on load to {quantization_config.name}")
         # checkpoints under their original names (conversions.py): read through the model's names
-        conv = read_conversions(model, source.keys())
+        conv = read_conversions(name_mapping(model), source.keys())
         view = source if conv is None else RenamedSource(source, conv)
         total = len(skeleton.expected_keys(model))
         with _progress(total, "mixgemm: loading and quantizing", progress) as bar:
