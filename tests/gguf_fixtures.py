@@ -40,6 +40,46 @@ def random_blocks(qtype_name: str, n: int, k: int, rng: np.random.Generator) -> 
     return raw.reshape(n, -1)
 
 
+class TinyWriter:
+    """gguf.GGUFWriter with the header fields every tiny model here shares, and random tensors of any GGUF type."""
+
+    def __init__(self, path: str, arch: str, c: dict, ffn: int, rms_eps: float, seed: int, drop: tuple = ()):
+        import gguf
+
+        self.gguf, self.rng, self.drop = gguf, np.random.default_rng(seed), drop
+        w = self.w = gguf.GGUFWriter(path, arch)
+        w.add_name(f"tiny-{arch}")
+        w.add_block_count(c["layers"])
+        w.add_context_length(128)
+        w.add_embedding_length(c["hidden"])
+        w.add_feed_forward_length(ffn)
+        w.add_head_count(c["heads"])
+        w.add_head_count_kv(c["kv_heads"])
+        w.add_layer_norm_rms_eps(rms_eps)
+        w.add_rope_freq_base(10000.0)
+        w.add_vocab_size(c["vocab"])
+
+    def weight(self, name: str, shape: tuple, qtype_name: str) -> None:
+        """A random weight of ``shape`` (any rank; blocks along the last dim), F32 or a quantized type."""
+        if name in self.drop:
+            return
+        if qtype_name == "F32":
+            self.w.add_tensor(name, (self.rng.standard_normal(shape) * 0.05).astype(np.float32))
+            return
+        blocks = random_blocks(qtype_name, int(np.prod(shape[:-1])), shape[-1], self.rng)
+        self.w.add_tensor(name, blocks.reshape(*shape[:-1], -1),
+                          raw_dtype=self.gguf.GGMLQuantizationType[qtype_name])
+
+    def norm(self, name: str, n: int) -> None:
+        self.w.add_tensor(name, (1 + 0.1 * self.rng.standard_normal(n)).astype(np.float32))
+
+    def close(self) -> None:
+        self.w.write_header_to_file()
+        self.w.write_kv_data_to_file()
+        self.w.write_tensors_to_file()
+        self.w.close()
+
+
 TINY = dict(vocab=320, hidden=256, ffn=512, heads=4, kv_heads=2, layers=1)
 DEFAULT_TYPES = {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "attn_output": "Q8_0", "ffn_gate": "Q4_0",
                  "ffn_up": "Q4_1", "ffn_down": "Q5_0", "output": "Q5_1", "token_embd": "Q8_0"}
@@ -48,48 +88,24 @@ DEFAULT_TYPES = {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "attn_out
 def write_tiny_llama(directory: str, types: dict | None = None, seed: int = 0, name: str = "tiny.gguf") -> str:
     """A one-layer Llama GGUF (hidden 256, 4 heads, 2 KV heads, untied output) whose Linear weights have the
     given GGUF types (``DEFAULT_TYPES`` overridden by ``types``); norms are F32. Returns the file name."""
-    import gguf
-
     types = {**DEFAULT_TYPES, **(types or {})}
-    rng = np.random.default_rng(seed)
     c = TINY
-    w = gguf.GGUFWriter(os.path.join(directory, name), "llama")
-    w.add_name("tiny-llama")
-    w.add_block_count(c["layers"])
-    w.add_context_length(128)
-    w.add_embedding_length(c["hidden"])
-    w.add_feed_forward_length(c["ffn"])
-    w.add_head_count(c["heads"])
-    w.add_head_count_kv(c["kv_heads"])
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(c["hidden"] // c["heads"])
-    w.add_vocab_size(c["vocab"])
+    t = TinyWriter(os.path.join(directory, name), "llama", c, c["ffn"], 1e-5, seed)
+    t.w.add_rope_dimension_count(c["hidden"] // c["heads"])
     head_dim = c["hidden"] // c["heads"]
     shapes = {"attn_q": (c["hidden"], c["hidden"]), "attn_k": (c["kv_heads"] * head_dim, c["hidden"]),
               "attn_v": (c["kv_heads"] * head_dim, c["hidden"]), "attn_output": (c["hidden"], c["hidden"]),
               "ffn_gate": (c["ffn"], c["hidden"]), "ffn_up": (c["ffn"], c["hidden"]),
               "ffn_down": (c["hidden"], c["ffn"])}
-
-    def add(tname, shape, qtype_name):
-        if qtype_name == "F32":
-            w.add_tensor(tname, (rng.standard_normal(shape) * 0.05).astype(np.float32))
-        else:
-            w.add_tensor(tname, random_blocks(qtype_name, *shape, rng),
-                         raw_dtype=gguf.GGMLQuantizationType[qtype_name])
-
-    add("token_embd.weight", (c["vocab"], c["hidden"]), types["token_embd"])
+    t.weight("token_embd.weight", (c["vocab"], c["hidden"]), types["token_embd"])
     for i in range(c["layers"]):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", (1 + 0.1 * rng.standard_normal(c["hidden"])).astype(np.float32))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", (1 + 0.1 * rng.standard_normal(c["hidden"])).astype(np.float32))
+        t.norm(f"blk.{i}.attn_norm.weight", c["hidden"])
+        t.norm(f"blk.{i}.ffn_norm.weight", c["hidden"])
         for part, shape in shapes.items():
-            add(f"blk.{i}.{part}.weight", shape, types[part])
-    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(c["hidden"])).astype(np.float32))
-    add("output.weight", (c["vocab"], c["hidden"]), types["output"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            t.weight(f"blk.{i}.{part}.weight", shape, types[part])
+    t.norm("output_norm.weight", c["hidden"])
+    t.weight("output.weight", (c["vocab"], c["hidden"]), types["output"])
+    t.close()
     return name
 
 
@@ -101,61 +117,31 @@ MOE_TYPES = {"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output"
 
 def write_tiny_qwen3_moe(directory: str, types: dict | None = None, seed: int = 0, name: str = "moe.gguf",
                          hidden: int = TINY_MOE["hidden"], drop: tuple = (), expert_ffn: int = 768) -> str:
-    """A two-layer Qwen3-MoE GGUF (hidden 64, 4 experts of 768 -- transformers reads no expert width from a
-    qwen3moe file and takes its default --, 2 a token) with the given types (``MOE_TYPES`` overridden; K-quants
-    need ``hidden`` 256); the experts are 3-D tensors [E, out, in] of blocks along in, as llama.cpp writes them.
-    ``drop``: tensor names left out; ``expert_ffn``: the experts' width. Returns the file name."""
-    import gguf
-
+    """A two-layer Qwen3-MoE GGUF (hidden 64, 4 experts of 768, 2 a token) with the given types (``MOE_TYPES``
+    overridden; K-quants need ``hidden`` 256); the experts are 3-D tensors [E, out, in] of blocks along in, as
+    llama.cpp writes them. ``drop``: tensor names left out; ``expert_ffn``: the experts' width (transformers reads
+    none from a qwen3moe file and takes its config's default, 768). Returns the file name."""
     types = {**MOE_TYPES, **(types or {})}
-    rng = np.random.default_rng(seed)
     c = {**TINY_MOE, "hidden": hidden, "expert_ffn": expert_ffn}
-    w = gguf.GGUFWriter(os.path.join(directory, name), "qwen3moe")
-    w.add_name("tiny-qwen3-moe")
-    w.add_block_count(c["layers"])
-    w.add_context_length(128)
-    w.add_embedding_length(c["hidden"])
-    w.add_feed_forward_length(256)
-    w.add_expert_feed_forward_length(c["expert_ffn"])
-    w.add_expert_count(c["experts"])
-    w.add_expert_used_count(c["used"])
-    w.add_head_count(c["heads"])
-    w.add_head_count_kv(c["kv_heads"])
-    w.add_key_length(c["head_dim"])
-    w.add_value_length(c["head_dim"])
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(c["vocab"])
+    t = TinyWriter(os.path.join(directory, name), "qwen3moe", c, 256, 1e-6, seed, drop)
+    t.w.add_expert_feed_forward_length(c["expert_ffn"])
+    t.w.add_expert_count(c["experts"])
+    t.w.add_expert_used_count(c["used"])
+    t.w.add_key_length(c["head_dim"])
+    t.w.add_value_length(c["head_dim"])
     hd, h, e, f = c["head_dim"], c["hidden"], c["experts"], c["expert_ffn"]
-
-    def add(tname, shape, qtype_name):
-        if tname in drop:
-            return
-        if qtype_name == "F32":
-            w.add_tensor(tname, (rng.standard_normal(shape) * 0.05).astype(np.float32))
-            return
-        rows = int(np.prod(shape[:-1]))
-        blocks = random_blocks(qtype_name, rows, shape[-1], rng)
-        w.add_tensor(tname, blocks.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType[qtype_name])
-
-    def norm(tname, n):
-        w.add_tensor(tname, (1 + 0.1 * rng.standard_normal(n)).astype(np.float32))
-
-    add("token_embd.weight", (c["vocab"], h), types["token_embd"])
+    t.weight("token_embd.weight", (c["vocab"], h), types["token_embd"])
     for i in range(c["layers"]):
-        norm(f"blk.{i}.attn_norm.weight", h)
-        norm(f"blk.{i}.ffn_norm.weight", h)
-        norm(f"blk.{i}.attn_q_norm.weight", hd)
-        norm(f"blk.{i}.attn_k_norm.weight", hd)
+        t.norm(f"blk.{i}.attn_norm.weight", h)
+        t.norm(f"blk.{i}.ffn_norm.weight", h)
+        t.norm(f"blk.{i}.attn_q_norm.weight", hd)
+        t.norm(f"blk.{i}.attn_k_norm.weight", hd)
         for part, shape in {"attn_q": (c["heads"] * hd, h), "attn_k": (c["kv_heads"] * hd, h),
                             "attn_v": (c["kv_heads"] * hd, h), "attn_output": (h, c["heads"] * hd),
                             "ffn_gate_inp": (e, h), "ffn_gate_exps": (e, f, h), "ffn_up_exps": (e, f, h),
                             "ffn_down_exps": (e, h, f)}.items():
-            add(f"blk.{i}.{part}.weight", shape, types[part])
-    norm("output_norm.weight", h)
-    add("output.weight", (c["vocab"], h), types["output"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            t.weight(f"blk.{i}.{part}.weight", shape, types[part])
+    t.norm("output_norm.weight", h)
+    t.weight("output.weight", (c["vocab"], h), types["output"])
+    t.close()
     return name
