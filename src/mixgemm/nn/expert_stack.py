@@ -22,11 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from mixgemm.nn.linear import SIBLINGS_ATTR, QuantLinear
-from mixgemm.ops.dispatch import plans_of
-from mixgemm.ops.kept_launches import forget
-
-LAYOUT = "wgmma_v1"
-_SAME = ("n", "k", "k_padded", "bits", "mode", "group_size", "num_groups", "gk")
+from mixgemm.nn.siblings import JOIN_FIELDS, LAYOUT, join_layouts
 
 
 @dataclass(eq=False)
@@ -88,19 +84,11 @@ class ExpertStack:
                 {b.dtype for b in biases if b is not None}) > 1:
             return "some experts have a bias and some not, or biases of two dtypes"
         lays = [qw._layouts[LAYOUT] for qw in qws]
-        if any(getattr(lay, f) != getattr(lays[0], f) for lay in lays for f in _SAME):
+        if any(getattr(lay, f) != getattr(lays[0], f) for lay in lays for f in ("n", *JOIN_FIELDS)):
             return "the experts' layouts differ in shape or format"
         from mixgemm.kernels.cuda.routed_gemv import ExpertLayouts
 
-        weight = torch.cat([lay.weight for lay in lays])
-        params = torch.cat([lay.params for lay in lays])
-        blocks = lays[0].weight.shape[0]
-        for i, (layer, qw, lay) in enumerate(zip(self.members, qws, lays, strict=True)):
-            # in the weight's own layout table (copies of the weight object share it): the old layout is dropped
-            qw._layouts[LAYOUT] = replace(lay, weight=weight[i * blocks:(i + 1) * blocks],
-                                          params=params[i * blocks:(i + 1) * blocks])
-            plans_of(qw).clear()  # its call plans and kept launches hold the layout being replaced
-            forget(layer.__dict__)
+        weight, params = join_layouts(self.members, qws, lays)  # equal N: expert e at e x a fixed stride
         bias = None if biases[0] is None else torch.stack([b.detach() for b in biases])
         self.stacked = ExpertLayouts(replace(lays[0], weight=weight, params=params), len(lays), qws[0].scales.dtype,
                                      bias)

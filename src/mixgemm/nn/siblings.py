@@ -101,21 +101,10 @@ class SiblingGroup:
             return False
         lays = [qw._layouts[LAYOUT] for qw in qws]
         first = lays[0]
-        same = ("k", "k_padded", "bits", "mode", "group_size", "num_groups", "gk")
-        if any(getattr(lay, f) != getattr(first, f) for lay in lays for f in same) \
+        if any(getattr(lay, f) != getattr(first, f) for lay in lays for f in JOIN_FIELDS) \
                 or any(lay.n % ROW_BLOCK for lay in lays[:-1]):
             return False
-        weight = torch.cat([lay.weight for lay in lays])
-        params = torch.cat([lay.params for lay in lays])
-        block = 0
-        for layer, qw, lay in zip(self.members, qws, lays, strict=True):
-            blocks = lay.weight.shape[0]
-            # in the weight's own layout table, which copies of the weight object share (replace keeps the dict):
-            # none of them holds the replaced layout on after this
-            qw._layouts[LAYOUT] = replace(lay, weight=weight[block:block + blocks], params=params[block:block + blocks])
-            block += blocks
-            plans_of(qw).clear()  # its call plans and kept launches hold the layout being replaced
-            forget(layer.__dict__)
+        weight, params = join_layouts(self.members, qws, lays)
         n, cols = 0, []
         for lay in lays:
             cols.append((n, n + lay.n))
@@ -124,6 +113,27 @@ class SiblingGroup:
         self.joined = _hidden_layer(self.members, qws[0], replace(first, weight=weight, params=params, n=n))
         self._traced = None
         return True
+
+
+# the wgmma_v1 fields in which layouts joined as row slices of one buffer must agree (N may differ)
+JOIN_FIELDS = ("k", "k_padded", "bits", "mode", "group_size", "num_groups", "gk")
+
+
+def join_layouts(members: list[QuantLinear], qws: list[QuantizedWeight], lays: list[WgmmaLayout]):
+    """Make the members' wgmma_v1 layouts ``lays`` (of their weights ``qws``) row slices of one buffer, in member
+    order, and return its (weight, params). Each member's layout is replaced by its slice in the weight's own layout
+    table, which copies of the weight object share (replace keeps the dict), so none of them holds the old layout on;
+    the call plans and kept launches that held it are dropped."""
+    weight = torch.cat([lay.weight for lay in lays])
+    params = torch.cat([lay.params for lay in lays])
+    block = 0
+    for layer, qw, lay in zip(members, qws, lays, strict=True):
+        blocks = lay.weight.shape[0]
+        qw._layouts[LAYOUT] = replace(lay, weight=weight[block:block + blocks], params=params[block:block + blocks])
+        block += blocks
+        plans_of(qw).clear()
+        forget(layer.__dict__)
+    return weight, params
 
 
 def _hidden_layer(members: list[QuantLinear], qw0: QuantizedWeight, layout: WgmmaLayout) -> QuantLinear:
