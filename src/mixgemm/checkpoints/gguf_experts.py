@@ -39,6 +39,9 @@ class GgufExperts:
                 self.owner.update({f"{name}.{proj}": name for proj in shape.names})
         # fused parameter key -> how many GGUF tensors make it: gate and up for gate_up_proj, else one
         self.expected = {key: 2 if key.endswith(".gate_up_proj") else 1 for key in self.owner}
+        self.keys: dict[str, list[str]] = {}  # experts module -> its fused parameter keys
+        for key, module in self.owner.items():
+            self.keys.setdefault(module, []).append(key)
         self.parts: dict[str, dict[int, object]] = {}
         self.loaded: set[str] = set()
 
@@ -47,25 +50,19 @@ class GgufExperts:
         key = self.names.get(m["base"]) if m else None
         return key if key in self.owner else None
 
-    def take(self, tensor) -> bool:
-        """Keep ``tensor`` if it is one of an experts module's 3-D tensors (True), else False."""
+    def take(self, tensor) -> str | bool:
+        """Keep ``tensor`` if it is one of an experts module's 3-D tensors: the module's name when its tensors are now
+        all taken (load it), else True; False for any other tensor."""
         key = self._key(tensor.name)
         if key is None:
             return False
         slot = _ORDER[_PART.match(tensor.name)["w"]] if self.expected[key] > 1 else 0
         self.parts.setdefault(key, {})[slot] = tensor
+        module = self.owner[key]
+        if all(len(self.parts.get(k, ())) == self.expected[k] for k in self.keys[module]):
+            self.loaded.add(module)
+            return module
         return True
-
-    def complete(self) -> list[str]:
-        """The experts modules whose tensors have all been taken and that are not loaded yet."""
-        done = []
-        for module in dict.fromkeys(self.owner.values()):
-            keys = [k for k, m in self.owner.items() if m == module]
-            if module not in self.loaded and all(len(self.parts.get(k, ())) == self.expected.get(k, -1)
-                                                 for k in keys):
-                self.loaded.add(module)
-                done.append(module)
-        return done
 
     def missing(self) -> list[str]:
         """The fused parameters short of their tensors in modules some of whose expert tensors the file has."""
@@ -92,13 +89,12 @@ class GgufExperts:
         if quantized and not excluded:
             prepare_skeleton(self.model, [f"{name}.{proj}.{e}" for proj in shape.names
                                           for e in range(shape.num_experts)])
-            for proj, (_, k) in zip(shape.names, shape.shapes, strict=True):
+            for proj in shape.names:
                 for e in range(shape.num_experts):
                     layer = f"{name}.{proj}.{e}"
                     parts, exact = [], True
                     for t in tensors[proj]:
-                        rows = gguf_file.torch_shape(t)[1]
-                        qw, ok = _expert_weight(t, e, rows, k, requantize_bits)
+                        qw, ok = gguf_file.quantized_weight(t, processor, requantize_bits, expert=e)
                         parts.append(ConvertedLinear(weight=qw))
                         exact = exact and ok
                     ql = quant_linear(fuse_rows(parts, layer), getattr(mod, proj)[e], layer, device)
@@ -122,14 +118,6 @@ class GgufExperts:
 
             quantize_experts_module(name, mod, quantization_config, None, set(), False, report.quantized,
                                     report.skipped, [])
-
-
-def _expert_weight(tensor, e: int, rows: int, k: int, requantize_bits: int):
-    """Expert ``e``'s QuantizedWeight [rows, k] of a 3-D GGUF tensor, and whether its type converts exactly."""
-    from mixgemm.ggml.gguf_types import ROUTES, to_quantized_weight
-
-    qw = to_quantized_weight(tensor.data[e], tensor.tensor_type, (rows, k), f"{tensor.name}[{e}]", requantize_bits)
-    return qw, ROUTES[tensor.tensor_type.name].exact
 
 
 __all__ = ["GgufExperts"]

@@ -133,15 +133,20 @@ def float_tensor(tensor, processor) -> torch.Tensor:
     return torch.from_numpy(np.array(out.weights, dtype=np.float32, copy=True))
 
 
-def quantized_weight(tensor, processor, requantize_bits: int = 8) -> tuple[QuantizedWeight, bool]:
+def quantized_weight(tensor, processor, requantize_bits: int = 8,
+                     expert: int | None = None) -> tuple[QuantizedWeight, bool]:
     """A quantized GGUF Linear weight as a QuantizedWeight in transformers' row order, and whether it is exact
-    (requantize_bits: the width of the types re-quantized, mixgemm.ggml.gguf_types)."""
+    (requantize_bits: the width of the types re-quantized, mixgemm.ggml.gguf_types). ``expert``: expert e's weight
+    of a 3-D experts tensor [E, out, in] (its slice of the blocks), else the tensor is the 2-D weight."""
     from mixgemm.ggml.gguf_types import ROUTES, to_quantized_weight
 
-    shape = torch_shape(tensor)
+    shape, data, name = torch_shape(tensor), tensor.data, tensor.name
+    if expert is not None and len(shape) == 3:
+        shape, data, name = shape[1:], data[expert], f"{tensor.name}[{expert}]"
     if len(shape) != 2:
-        raise ValueError(f"GGUF tensor {tensor.name!r} has shape {shape}; a Linear weight is 2-D")
-    qw = to_quantized_weight(tensor.data, tensor.tensor_type, shape, tensor.name, requantize_bits)
+        raise ValueError(f"GGUF tensor {tensor.name!r} has shape {torch_shape(tensor)}; a Linear weight is 2-D"
+                         + (", an experts tensor 3-D" if expert is not None else ""))
+    qw = to_quantized_weight(data, tensor.tensor_type, shape, name, requantize_bits)
     return permute_rows(qw, row_order(processor, tensor.name, shape[0])), ROUTES[tensor.tensor_type.name].exact
 
 

@@ -297,9 +297,10 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
     with _progress(len(reader.tensors), f"mixgemm: loading {file_name}", progress) as bar:
         for tensor in reader.tensors:
             key = names.get(tensor.name)
-            if key is None and experts.take(tensor):  # a 3-D expert tensor: its module is loaded once complete
-                for module in experts.complete():
-                    experts.load(module, processor, quantization_config, filter_fn, device, dtype, requantize_bits,
+            taken = key is None and experts.take(tensor)  # a 3-D expert tensor: its module loads once complete
+            if taken:
+                if isinstance(taken, str):
+                    experts.load(taken, processor, quantization_config, filter_fn, device, dtype, requantize_bits,
                                  report)
                 bar.update(1)
                 continue
