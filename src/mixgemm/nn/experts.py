@@ -234,7 +234,7 @@ class QuantizedExperts(nn.Module):
         k = top_k_index.shape[-1]
         if t > 0 and routes(t, k, self.num_experts) and hidden_states.dtype in (torch.float16, torch.bfloat16) \
                 and not (torch.is_grad_enabled() and hidden_states.requires_grad):
-            y = self._routed(first, down, hidden_states, top_k_index, top_k_weights)
+            y = self._routed(hidden_states, top_k_index, top_k_weights)
             if y is not None:
                 return y
 
@@ -250,9 +250,8 @@ class QuantizedExperts(nn.Module):
             if not keep:
                 return torch.zeros_like(hidden_states)
             ys = torch.cat([expert(ids[s], hidden_states) for s in keep])
-            w = top_k_weights.reshape(-1, 1)
-            w = w if len(keep) == k else w[keep]
-            return (ys.float() * w.float()).sum(dim=0, keepdim=True).to(hidden_states.dtype)
+            w = top_k_weights.reshape(-1)
+            return _slot_sum(ys, w if len(keep) == k else w[keep], 1, len(keep), hidden_states.dtype)
         # the (token, slot) pairs sorted by expert: each expert's tokens are one contiguous run
         ids = top_k_index.reshape(-1)
         order = torch.argsort(ids, stable=True)
@@ -268,21 +267,21 @@ class QuantizedExperts(nn.Module):
         ys = torch.cat(parts) if parts else hidden_states.new_zeros(0, h)
         pairs = torch.empty_like(ys)
         pairs[order] = ys
-        # summed in fp32 in slot order (deterministic, as transformers' batched experts)
-        weighted = pairs.float().view(t, k, h) * top_k_weights.float().view(t, k, 1)
-        return weighted.sum(dim=1).to(hidden_states.dtype)
+        return _slot_sum(pairs, top_k_weights, t, k, hidden_states.dtype)
 
     @torch.compiler.disable
-    def _routed(self, first: nn.Module, down: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+    def _routed(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor | None:
         """Every (token, expert) slot in one launch per projection, the routing read on the GPU (module docstring);
-        slots of no local expert give zeros. None where the experts cannot run so (not joined: _joined)."""
+        slots of no local expert give zeros. None where the experts cannot run so (_joined says why)."""
         from mixgemm.kernels.cuda.routed_gemv import routed_gemv
 
-        stacks = _joined(first, down, hidden_states)
-        if stacks is None:
+        if hidden_states.device.type != "cuda":
             return None
-        t, h = hidden_states.shape
+        stacks = _joined(self)
+        if isinstance(stacks, str):
+            return None
+        t = hidden_states.shape[0]
         k = top_k_index.shape[-1]
         route = top_k_index.reshape(-1).to(torch.int64).contiguous()
         y = routed_gemv(hidden_states.contiguous(), route, stacks[0], k)  # [t k, out]: x row s // k
@@ -290,8 +289,13 @@ class QuantizedExperts(nn.Module):
         y = routed_gemv(y.contiguous(), route, stacks[1], 1)
         if getattr(self, "has_post_expert_norm", False):
             y = self.post_expert_norm(y)
-        # summed in fp32 in slot order, as the sorted path
-        return (y.float().view(t, k, h) * top_k_weights.float().view(t, k, 1)).sum(dim=1).to(hidden_states.dtype)
+        return _slot_sum(y, top_k_weights, t, k, hidden_states.dtype)
+
+
+def _slot_sum(ys: torch.Tensor, weights: torch.Tensor, t: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """Each token's k slot outputs (ys [t k, H], slot-major per token) weighted by the routing and summed, in fp32
+    in slot order (deterministic, as transformers' batched experts) -> [t, H] in ``dtype``."""
+    return (ys.float().view(t, k, ys.shape[-1]) * weights.float().view(t, k, 1)).sum(dim=1).to(dtype)
 
 
 # Routed decoding (one launch a projection over every slot, QuantizedExperts._routed) up to ROUTED_TOKENS tokens,
@@ -306,26 +310,22 @@ def routes(tokens: int, k: int, num_experts: int) -> bool:
     return tokens <= ROUTED_TOKENS or tokens * k <= num_experts
 
 
-def _joined(first: nn.Module, down: nn.Module, x: torch.Tensor):
-    """The two projections' joined ExpertLayouts when the routed GEMV can run them for x, else None."""
-    if x.device.type != "cuda" or not isinstance(first, ExpertList) or not isinstance(down, ExpertList):
-        return None
-    a, b = first.stack(), down.stack()
-    if a.join() is not None or b.join() is not None:
-        return None
-    return a.stacked, b.stacked
-
-
-def routed_why_not(module: nn.Module) -> str | None:
-    """Why a quantized experts module's decoding calls do not run routed (None: they do; the experts joined)."""
-    first = module.gate_up_proj if module.has_gate else module.up_proj
-    for layers in (first, module.down_proj):
+def _joined(module: nn.Module):
+    """The two projections' joined ExpertLayouts (joined on the first ask), or why the routed GEMV cannot run them."""
+    lists = [getattr(module, name) for name in _PROJ[bool(module.has_gate)]]
+    for layers in lists:
         if not isinstance(layers, ExpertList):
             return "the experts are a plain ModuleList (an old pickle): no stack to join"
         why = layers.stack().join()
         if why is not None:
             return why
-    return None
+    return tuple(layers.stack().stacked for layers in lists)
+
+
+def routed_why_not(module: nn.Module) -> str | None:
+    """Why a quantized experts module's decoding calls do not run routed (None: they do; the experts joined)."""
+    stacks = _joined(module)
+    return stacks if isinstance(stacks, str) else None
 
 
 __all__ = ["ExpertList", "ExpertsShape", "QuantizedExperts", "dequantize_experts_", "experts_shape",
