@@ -26,12 +26,11 @@ _STACK, _CONCAT = ("MergeModulelist", 0), ("Concatenate", 1)
 @dataclass
 class Conversions:
     """What a checkpoint's names become: ``renamed`` model key -> checkpoint key (renamings); ``experts`` fused
-    parameter's model key -> {expert: its checkpoint keys in the converter's pattern order}, with ``concat`` per fused
-    key (whether the patterns are concatenated along dim 1, else one pattern stacked)."""
+    parameter's model key -> {expert: its checkpoint keys in the converter's pattern order} (one pattern stacked, or
+    several stacked and concatenated along dim 1)."""
 
     renamed: dict[str, str] = field(default_factory=dict)
     experts: dict[str, dict[int, list[str | None]]] = field(default_factory=dict)
-    concat: dict[str, bool] = field(default_factory=dict)
 
     def consumed(self) -> set[str]:
         """The checkpoint keys the fused parameters read."""
@@ -50,9 +49,9 @@ class NameMapping:
         """``key`` after the renamings only (a quantized layer's tensors match no converter pattern)."""
         return self.rename_source_key(key, self.renamings, [])[0]
 
-    def classify(self, key: str) -> tuple[str, tuple[int, int, int, bool] | None]:
+    def classify(self, key: str) -> tuple[str, tuple[int, int, int] | None]:
         """(the model key, None) for a key the converters leave alone, else (the fused parameter's key, (expert,
-        pattern index, patterns, concatenated)). ValueError for a converter that is not stack-and-concatenate."""
+        pattern index, patterns)). ValueError for a converter that is not stack-and-concatenate."""
         new, pattern = self.rename_source_key(key, self.renamings, self.converters)
         if pattern is None:
             return new, None
@@ -61,7 +60,7 @@ class NameMapping:
             raise ValueError(f"checkpoint tensor {key!r}: transformers converts it by pattern {pattern!r}, which "
                              f"mixgemm could not trace to a converter")
         ops = [(type(op).__name__, getattr(op, "dim", None)) for op in conv.operations]
-        if ops not in ([_STACK], [_STACK, _CONCAT]):
+        if ops not in ([_STACK], [_STACK, _CONCAT]) or (ops == [_STACK] and len(conv.source_patterns) > 1):
             raise ValueError(f"checkpoint tensor {key!r}: transformers converts it to {new!r} with {conv.operations}; "
                              f"mixgemm's loader reads per-expert tensors stacked (MergeModulelist(dim=0)) and "
                              f"concatenated (Concatenate(dim=1)) only: load the float model with transformers and "
@@ -69,8 +68,7 @@ class NameMapping:
         found = re.search(re.escape(pattern).replace(r"\*", r"(\d+)"), key)
         if found is None or not found.groups():
             raise ValueError(f"checkpoint tensor {key!r}: no expert index where pattern {pattern!r} has one")
-        return new, (int(found.group(1)), conv.source_patterns.index(pattern), len(conv.source_patterns),
-                     len(ops) == 2)
+        return new, (int(found.group(1)), conv.source_patterns.index(pattern), len(conv.source_patterns))
 
 
 def name_mapping(model) -> NameMapping | None:
@@ -100,9 +98,8 @@ def read_conversions(mapping: NameMapping | None, keys) -> Conversions | None:
             if new != key:
                 out.renamed[new] = key
             continue
-        expert, slot, slots, concat = part
+        expert, slot, slots = part
         out.experts.setdefault(new, {}).setdefault(expert, [None] * slots)[slot] = key
-        out.concat[new] = concat
     return out
 
 
@@ -121,7 +118,7 @@ def fused_expert_tensor(conv: Conversions, key: str, num_experts: int, read) -> 
         raise ValueError(f"the checkpoint lacks part {j} of expert {e} of {key!r} (it has {per[e]})")
     parts = len(per[0])
     stacked = [torch.stack([read(per[e][j]) for e in range(num_experts)]) for j in range(parts)]
-    return torch.cat(stacked, dim=1) if conv.concat[key] else stacked[0]
+    return torch.cat(stacked, dim=1) if parts > 1 else stacked[0]
 
 
 def split_quantized(mapping: NameMapping | None, names: list[str]) -> tuple[dict[str, str], dict[str, list[str]]]:
@@ -139,7 +136,7 @@ def split_quantized(mapping: NameMapping | None, names: list[str]) -> tuple[dict
         if part is None:
             plain[new[:-len(".weight")] if new.endswith(".weight") else name] = name
             continue
-        expert, slot, slots, _ = part
+        expert, slot, slots = part
         parts.setdefault(f"{new}.{expert}", [None] * slots)[slot] = name
     for layer, stored in parts.items():
         if None in stored:
