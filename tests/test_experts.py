@@ -319,8 +319,14 @@ def test_quantized_moe_model_pickles(tmp_path):
 
 
 def test_routed_decoding_rule_and_reasons():
-    assert routes(1, 8, 128) and routes(4, 2, 8) and routes(16, 8, 128)
-    assert not routes(5, 2, 8) and not routes(17, 8, 128)
+    from mixgemm import tuning
+
+    assert routes(1, 8, 128) and routes(4, 2, 8) and not routes(5, 8, 128)  # without costs: decoding only
+    costs = tuning.routed_experts(tuning.load_table("h100"))
+    qwen3 = 2048 * 1536 + 768 * 2048  # one slot's multiply-adds: many small experts stay routed far longer ...
+    mixtral = 4096 * 28672 + 14336 * 4096  # ... than a few large ones
+    assert routes(2048, 8, 128, qwen3, costs) and not routes(8192, 8, 128, qwen3, costs)
+    assert routes(32, 2, 8, mixtral, costs) and not routes(64, 2, 8, mixtral, costs)
     model = tiny_model("qwen3_moe")
     mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
     mod = experts_modules(model)[0]
@@ -345,6 +351,87 @@ def test_expert_list_drops_its_stack_when_an_expert_is_replaced(tmp_path):
     torch.save(model, tmp_path / "m.pt")  # the stack is not pickled
     loaded = torch.load(tmp_path / "m.pt", weights_only=False)
     assert "_stack" not in loaded.model.layers[0].mlp.experts.down_proj.__dict__
+
+
+def _decode_prompt(seed: int = 3, device="cpu") -> torch.Tensor:
+    return torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def test_compiled_moe_decode_is_one_graph_and_equals_eager():
+    """torch.compile(fullgraph=True) of a decoding step: the experts are one op (no graph break, which fullgraph
+    would refuse), and the compiled steps give the eager tokens and logits (inductor on the CPU)."""
+    from mixgemm.integrations.hf import compiled_step, greedy_decode
+
+    torch._dynamo.reset()
+    model = tiny_model("qwen3_moe")
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32, mode="zero_point"))
+    ids = _decode_prompt()
+    eager_toks, eager_logits = greedy_decode(model, ids, 6)
+    comp_toks, comp_logits = greedy_decode(model, ids, 6, step_fn=compiled_step(model))
+    assert torch.equal(eager_toks, comp_toks)
+    for a, b in zip(eager_logits, comp_logits, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_experts_op_runs_its_own_module():
+    """The op finds its module by key: a deep copy (here given other weights) has a key of its own, so its compiled
+    call runs its weights, not the original's; a key whose module is gone is a clear error."""
+    import copy
+
+    from mixgemm.nn.experts import _BY_KEY, _KEY_ATTR
+
+    model = tiny_model("mixtral")
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    other = copy.deepcopy(model)
+    other.load_state_dict(_quantized_state("mixtral", seed=1))
+    a, b = experts_modules(model)[0], experts_modules(other)[0]
+    assert a.__dict__[_KEY_ATTR] != b.__dict__[_KEY_ATTR] and _BY_KEY[b.__dict__[_KEY_ATTR]] is b
+    gen = torch.Generator().manual_seed(4)
+    x, idx, w = torch.randn(3, 64, generator=gen), torch.randint(0, 4, (3, 2), generator=gen), torch.rand(3, 2)
+    with torch.no_grad():
+        for mod in (a, b):
+            torch._dynamo.reset()
+            got = torch.compile(mod, fullgraph=True, backend="aot_eager")(x, idx, w)
+            assert torch.equal(got, mod(x, idx, w))
+        assert not torch.equal(a(x, idx, w), b(x, idx, w))
+        stale = max(_BY_KEY.keys()) + 1000
+        with pytest.raises(RuntimeError, match="no longer exists"):
+            torch.ops.mixgemm.experts(x, idx, w, stale)
+
+
+def _quantized_state(arch: str, seed: int) -> dict:
+    model = tiny_model(arch, seed=seed)
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    return model.state_dict()
+
+
+@pytest.mark.gpu
+def test_experts_quantized_on_the_cpu_join_when_moved_to_the_gpu():
+    model = tiny_model("mixtral").half()
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    assert report.experts_joined == []  # (the CPU runs the sorted path)
+    model.to("cuda")  # each expert compacts on arrival; the last one's compaction joins its projection
+    for mod in experts_modules(model):
+        assert all(layers.__dict__["_stack"].stacked is not None for layers in (mod.gate_up_proj, mod.down_proj))
+
+
+@pytest.mark.gpu
+def test_compiled_moe_decode_with_cuda_graphs_equals_eager():
+    """The decoding step under torch.compile(fullgraph=True, mode="reduce-overhead"): the routed experts inside
+    CUDA graphs give the eager tokens, logits within fp16 noise."""
+    from mixgemm.integrations.hf import compiled_step, greedy_decode
+
+    torch._dynamo.reset()
+    model = tiny_model("qwen3_moe").to("cuda", torch.float16)
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    # joined by quantize_, before any call: a first step inside the CUDA graphs' pool allocates nothing to keep
+    assert report.experts_joined == [f"model.layers.{i}.mlp.experts" for i in range(2)]
+    ids = _decode_prompt(device="cuda")
+    eager_toks, eager_logits = greedy_decode(model, ids, 8)
+    comp_toks, comp_logits = greedy_decode(model, ids, 8, step_fn=compiled_step(model, mode="reduce-overhead"))
+    assert torch.equal(eager_toks, comp_toks)
+    for a, b in zip(eager_logits, comp_logits, strict=True):
+        assert float((a - b).norm() / b.norm()) <= 2e-3
 
 
 @pytest.mark.gpu
@@ -385,6 +472,34 @@ def test_routed_decoding_on_cuda_matches_float64(arch, fmt, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_routed_calls_of_many_tokens_match_float64(arch, dtype, monkeypatch):
+    """Past a few tokens the routed path runs the slots in expert order (and puts them back): T 5..129 with the
+    routed path forced, sentinel ids included, against the float64 product."""
+    import mixgemm.nn.experts as experts
+
+    monkeypatch.setattr(experts, "routes", lambda *a: True)
+    model = tiny_model(arch, hidden_size=96, **({"moe_intermediate_size": 96} if arch == "qwen3_moe" else {}))
+    model = model.to("cuda", dtype)
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32, mode="zero_point"))
+    mod = experts_modules(model)[0]
+    ref = float64_twin(mod)
+    k, e = model.config.num_experts_per_tok, mod.num_experts
+    for t in (5, 17, 129):
+        gen = torch.Generator().manual_seed(t)
+        x = torch.randn(t, 96, generator=gen)
+        idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+        idx[::7, -1] = e  # sentinels: no local expert
+        w = torch.rand(t, k, generator=gen)
+        with torch.no_grad():
+            got = mod(x.to("cuda", dtype), idx.cuda(), w.to("cuda", dtype)).cpu()
+        want = ref(x.to(dtype).double(), idx, w.to(dtype).double())
+        err = ((got.double() - want).abs().max() / want.abs().max()).item()
+        assert err < (2e-3 if dtype == torch.float16 else 1.5e-2), (arch, dtype, t, err)
+
+
+@pytest.mark.gpu
 def test_routed_decoding_survives_reload_and_replays_in_a_cuda_graph():
     model = tiny_model("qwen3_moe").to("cuda", torch.float16)
     mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
@@ -397,8 +512,10 @@ def test_routed_decoding_survives_reload_and_replays_in_a_cuda_graph():
     xs, idxs, ws = x.cuda(), idx.cuda(), w.cuda()
     with torch.no_grad():
         first = mod(xs, idxs, ws)
-        model.load_state_dict(model.state_dict())  # every expert reloaded: the stacks are released and join again
-        assert mod.down_proj.stack().stacked is None
+        joined = mod.down_proj.stack().stacked
+        # every expert reloaded: the stacks are released, and join again as the last expert is compacted
+        model.load_state_dict(model.state_dict())
+        assert mod.down_proj.stack().stacked not in (None, joined)
         assert torch.allclose(mod(xs, idxs, ws), first, rtol=0, atol=1e-3)
         assert routed_why_not(mod) is None
         graph = torch.cuda.CUDAGraph()

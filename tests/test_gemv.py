@@ -133,6 +133,11 @@ def test_nvrtc_compiles_wg_simt_instantiations(arch):
         cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
     assert "SIMT_DIAG" not in simt_defines_for(4, 0, 0, 0, {**tiles[0], "DIAG": 0})
+    # the routed experts' build (mixgemm.kernels.cuda.routed_gemv)
+    for i, (bits, mode) in enumerate(itertools.product(BITS, (0, 1, 2))):
+        key = tuple(sorted({**simt_defines_for(bits, i % 2, 0, mode, tiles[i % 3]), "SIMT_ROUTED": 1}.items()))
+        cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
+        assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
 
 
 @needs_nvrtc

@@ -138,7 +138,8 @@ class QuantizeReport:
     """What quantize_ did: ``replaced`` (names), ``skipped`` ({name: why}), ``excluded`` (filter_fn said no),
     ``norm_kernels`` (the norms feeding only the new layers, computed by mixgemm's norm kernel on CUDA:
     mixgemm.nn.norms.norm_kernels_at_norms), ``sibling_groups`` (the new layers reading one tensor, which compiled
-    one-row calls run as one launch: mixgemm.nn.siblings.join_siblings)."""
+    one-row calls run as one launch: mixgemm.nn.siblings.join_siblings), ``experts_joined`` (the experts modules
+    whose decoding runs routed, their layouts joined now: mixgemm.nn.experts.join_experts)."""
 
     config: object
     replaced: list[str] = field(default_factory=list)
@@ -146,6 +147,7 @@ class QuantizeReport:
     excluded: list[str] = field(default_factory=list)
     norm_kernels: list[str] = field(default_factory=list)
     sibling_groups: list[list[str]] = field(default_factory=list)
+    experts_joined: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"quantize_ {self.config}: {len(self.replaced)} replaced, {len(self.skipped)} skipped, "
@@ -268,12 +270,14 @@ def quantize_(model: nn.Module, config: _Precision,
     quantize_experts(model, config, filter_fn, tied, compact, report.replaced, report.skipped, report.excluded)
     if report.replaced:
         from mixgemm.checkpoints.native import attach_quantization_config
+        from mixgemm.nn.experts import join_experts
         from mixgemm.nn.norms import norm_kernels_at_norms
         from mixgemm.nn.siblings import join_siblings
 
         attach_quantization_config(model)  # transformers models: save_pretrained records every layer's format
         report.norm_kernels = norm_kernels_at_norms(model)
         report.sibling_groups = join_siblings(model)
+        report.experts_joined = join_experts(model)
     return report
 
 
@@ -370,4 +374,7 @@ def compact_(model: nn.Module) -> CompactReport:
             report.compacted.append(name)
         else:
             report.skipped[name] = why
+    from mixgemm.nn.experts import join_experts
+
+    join_experts(model)  # (experts compacted now: their routed decoding's layouts joined before any capture)
     return report

@@ -7,7 +7,7 @@ quantized with W4A16 g128; inputs rotate over 8 random routings. Times in us: ``
 (mixgemm.bench.protocol.graph_time_us), ``*_eager`` back-to-back eager calls (host time included).
 
 Usage: PYTHONPATH=src python -m tools.bench.moe_experts [--models qwen3-30b-a3b,mixtral-8x7b] [--tokens 1,2,4]
-       [--json OUT.json]
+       [--dtype bfloat16] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ SHAPES = {
                          num_experts_per_tok=2),
 }
 COPIES = 8
+DTYPE = [torch.float16]  # --dtype (transformers' experts take grouped_mm in bf16, a fallback in fp16)
 
 
 def one_layer(name: str):
@@ -38,7 +39,7 @@ def one_layer(name: str):
                                vocab_size=128, **kw)
     with warnings.catch_warnings(), torch.device("cuda"):
         warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_config(cfg).half().eval()
+        model = AutoModelForCausalLM.from_config(cfg).to(DTYPE[0]).eval()
     for p in model.parameters():
         p.data.normal_(0, 0.02)
     return cfg, model
@@ -51,6 +52,7 @@ def int4_g128_bytes(layout) -> int:
 def measure(name: str, tokens: list[int], bandwidth: float) -> list[dict]:
     import mixgemm
     import mixgemm.nn.experts as experts
+    from mixgemm import tuning
     from mixgemm.bench.protocol import eager_time_us, graph_time_us
     from mixgemm.kernels.cuda.routed_gemv import routed_config, routed_gemv
 
@@ -62,31 +64,38 @@ def measure(name: str, tokens: list[int], bandwidth: float) -> list[dict]:
     rows = []
     for t in tokens:
         g = torch.Generator().manual_seed(t)
-        xs = [torch.randn(t, h, generator=g).half().cuda() for _ in range(COPIES)]
+        xs = [torch.randn(t, h, generator=g).to("cuda", DTYPE[0]) for _ in range(COPIES)]
         ids = [torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).cuda() for _ in range(COPIES)]
-        ws = [torch.rand(t, k, generator=g).half().cuda() for _ in range(COPIES)]
+        ws = [torch.rand(t, k, generator=g).to("cuda", DTYPE[0]) for _ in range(COPIES)]
         calls = [partial(mod, xs[i], ids[i], ws[i]) for i in range(COPIES)]
         with torch.no_grad():
             y, want = mod(xs[0], ids[0], ws[0]), fp16(xs[0], ids[0], ws[0])
             row = dict(model=name, tokens=t, routed_why_not=experts.routed_why_not(mod),
+                       rule_routes=experts.routes(t, k, e, experts.slot_macs(experts._joined(mod)),
+                                                  tuning.routed_experts(tuning.table_for(xs[0].device))),
                        cosine_fp16=torch.nn.functional.cosine_similarity(y.float().flatten(), want.float().flatten(),
-                                                                         dim=0).item(),
-                       routed_graph=graph_time_us(calls), routed_eager=eager_time_us(calls))
+                                                                         dim=0).item())
+            if row["rule_routes"]:  # (the sorted path reads the routing on the host: no graph)
+                row.update(routed_graph=graph_time_us(calls), routed_eager=eager_time_us(calls))
             rule = experts.routes
-            experts.routes = lambda *a: False  # the sorted path, forced
             try:
+                experts.routes = lambda *a: True  # the routed path, forced (past the rule's tokens)
+                if t > 1:
+                    row["forced_routed_graph"] = graph_time_us(calls)
+                    row["forced_routed_eager"] = eager_time_us(calls)
+                experts.routes = lambda *a: False  # the sorted path, forced
                 row["sorted_eager"] = eager_time_us(calls)
             finally:
                 experts.routes = rule
             row["fp16_eager"] = eager_time_us([partial(fp16, xs[i], ids[i], ws[i]) for i in range(COPIES)])
             stacks = (mod.gate_up_proj.stack().stacked, mod.down_proj.stack().stacked)
             routes = [i.reshape(-1).contiguous() for i in ids]
-            mids = [torch.randn(t * k, stacks[1].layout.k, generator=g).half().cuda() for _ in range(COPIES)]
+            mids = [torch.randn(t * k, stacks[1].layout.k, generator=g).to("cuda", DTYPE[0]) for _ in range(COPIES)]
             distinct = sum(len(set(i.reshape(-1).tolist())) for i in ids) / COPIES
             for label, st, xin, div in (("gate_up", stacks[0], xs, k), ("down", stacks[1], mids, 1)):
                 row[label] = graph_time_us([partial(routed_gemv, xin[i], routes[i], st, div) for i in range(COPIES)])
                 row[f"{label}_floor"] = distinct * int4_g128_bytes(st.layout) / bandwidth * 1e6
-                row[f"{label}_config"] = dict(routed_config(st, t * k, torch.float16, torch.device("cuda")))
+                row[f"{label}_config"] = dict(routed_config(st, t * k, DTYPE[0], torch.device("cuda")))
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -97,7 +106,9 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(SHAPES), help=f"comma list of {sorted(SHAPES)}")
     ap.add_argument("--tokens", default="1,2,4")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     a = ap.parse_args()
+    DTYPE[0] = getattr(torch, a.dtype)
     from mixgemm.bench.protocol import copy_bandwidth
 
     bandwidth = copy_bandwidth()

@@ -29,7 +29,7 @@ from mixgemm.checkpoints.conversions import (
     read_conversions,
     split_quantized,
 )
-from mixgemm.nn.experts import holds_fused_experts, prepare_skeleton
+from mixgemm.nn.experts import holds_fused_experts, join_experts, prepare_skeleton
 from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
 from mixgemm.nn.siblings import join_siblings
 
@@ -42,8 +42,9 @@ class LoadReport:
     projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm) and
     ``perm_at_norms`` (act-order layers whose input the norm before them gathers under torch.compile,
     mixgemm.nn.norms), ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
-    kernel computes on CUDA) and ``sibling_groups`` (the layers reading one tensor that compiled one-row calls run as
-    one launch, mixgemm.nn.siblings)."""
+    kernel computes on CUDA), ``sibling_groups`` (the layers reading one tensor that compiled one-row calls run as
+    one launch, mixgemm.nn.siblings) and ``experts_joined`` (the experts modules whose decoding runs routed, their
+    layouts joined at load: mixgemm.nn.experts.join_experts)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)
@@ -54,6 +55,7 @@ class LoadReport:
     perm_at_norms: list[str] = field(default_factory=list)
     norm_kernels: list[str] = field(default_factory=list)
     sibling_groups: list[list[str]] = field(default_factory=list)
+    experts_joined: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"from_pretrained ({self.source}): {len(self.quantized)} QuantLinear ({len(self.inexact)} "
@@ -428,6 +430,7 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     attach_quantization_config(model)
     auto_compact_(model, compact)  # act-order folding above rewrites plain codes
     report.sibling_groups = join_siblings(model)  # after compacting: joins the layouts compacted on the GPU
+    report.experts_joined = join_experts(model)  # (likewise)
     model.mixgemm_report = report
     return model.eval()
 

@@ -7,7 +7,10 @@ format and shape, ``ExpertStack.join`` makes their layouts slices of one E-strid
 kernel that ran an expert by itself runs it the same way on its slice. The routed GEMV reads expert ``e`` at offset
 ``e`` x stride, with the routing read on the GPU.
 
-The join is made on the first routed call (not while a CUDA graph is being captured) and dropped when a member's
+The join is made when the model is quantized or loaded (mixgemm.nn.experts.join_experts), when the last member of an
+attached stack is compacted (a model moved to the GPU) or else on the first routed call, never while a CUDA graph is
+being captured: the joined buffer must not be allocated inside a graph's memory pool (torch.compile's CUDA graphs
+warm up in theirs), so a model's first compiled step finds its experts joined. It is dropped when a member's
 weight tensors are replaced, moved, reloaded or compacted (QuantLinear._weight_changes calls ``release``: the
 stack sits in the member's sibling-group slot, whose protocol it follows); the next routed call joins again. A
 projection that cannot be joined keeps the reason (``refused``) until then, so the check is not paid per call.
@@ -43,7 +46,10 @@ class ExpertStack:
         return None  # a member called by itself runs by itself
 
     def try_join(self) -> bool:
-        return False  # (compact_ asks after each member: the routed call joins, once, when it needs the stack)
+        """Join once the last member is compacted (compact_ asks after each): True when joined."""
+        if self.stacked is None and any(layer.compact != LAYOUT for layer in self.members):
+            return False
+        return self.join() is None
 
     def release(self) -> None:
         """Drop the joined buffer's use (a member's weights are changing); the members keep their slices, which stay

@@ -17,23 +17,33 @@ dict keeps the names (``<experts>.gate_up_proj.<e>.qweight`` ...), so save_pretr
 expert's projection as a quantized layer of its own (``prepare_skeleton`` gives a model being loaded the same
 structure before its layers are filled).
 
-Decoding (``routes``: at most ROUTED_TOKENS tokens, or more while the slots are at most the experts) in fp16 / bf16
-on an sm_90 GPU, where each projection's experts keep one wgmma_v1 layout, runs routed: each projection is one launch
-over every (token, expert) slot, with the routing read on the GPU (mixgemm.kernels.cuda.routed_gemv over the experts'
-layouts joined in one buffer, mixgemm.nn.expert_stack). Elsewhere (more tokens, the CPU, other GPUs, fp32,
-autograd) the (token, expert) pairs are sorted by expert and each expert's tokens
-run through its layers; that reads the routing on the host once per layer (transformers' own eager experts do the
-same), so under torch.compile such a layer is a graph break.
+Calls in fp16 / bf16 on an sm_90 GPU, where each projection's experts keep one wgmma_v1 layout, run routed when
+``routes`` says so (decoding always; past a few tokens while the routed GEMV's math costs less than the sorted path's
+per-expert round trips): each projection is one launch over every (token, expert) slot, with the routing read on the
+GPU (mixgemm.kernels.cuda.routed_gemv over the experts' layouts joined in one buffer, mixgemm.nn.expert_stack); past
+a few tokens the slots run in expert order. Elsewhere (many tokens, the CPU, other GPUs, fp32, autograd) the (token,
+expert) pairs are sorted by expert and each expert's tokens run through its layers; that reads the routing on the host
+once per layer (transformers' own eager experts do the same).
+
+Under torch.compile (no gradient recorded) the whole experts call is one opaque op, ``torch.ops.mixgemm.experts``,
+whose kernel is the eager forward above: a decoding step compiles to one graph (fullgraph=True) and, routed, captures
+in CUDA graphs (mode "reduce-overhead"), where a graph break would otherwise split every MoE layer. The op finds its
+module through an integer key (``_KEY_ATTR``, registered weakly in ``_BY_KEY``): ops take tensors and scalars, not
+modules, and the module's tensors (2 x E layers a module) are too many to pass -- dynamo guards each tensor an op is
+handed on every call. A copy (deepcopy, pickle) gets a key of its own.
 """
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from mixgemm.nn.expert_stack import ExpertStack
+from mixgemm.ops.custom_ops import define_op, register_fake_ops
 
 # the 3-D parameters of a fused experts module, by whether it gates: (first projection, second projection)
 _PROJ = {True: ("gate_up_proj", "down_proj"), False: ("up_proj", "down_proj")}
@@ -155,6 +165,7 @@ def _install(module: nn.Module, shape: ExpertsShape, lists: list[nn.ModuleList])
         module._parameters.pop(f"{name}_bias", None)
         module.add_module(name, ExpertList(layers))
     module.__class__ = quantized_experts_class(type(module))
+    _register(module)
     # transformers' weight initialisation of a model being loaded would write the float 3-D parameters this
     # module no longer has; its tensors are the per-expert layers', which initialise (and load) as layers
     module._is_hf_initialized = True
@@ -213,8 +224,42 @@ def _base_class(cls: type) -> type:
 
 
 def _rebuild(base: type) -> nn.Module:
-    """Unpickling: an empty instance of ``base``'s quantized class (its state follows)."""
-    return object.__new__(quantized_experts_class(base))
+    """Unpickling (and deepcopy): an empty instance of ``base``'s quantized class, with a key of its own (its state,
+    which follows, carries none)."""
+    module = object.__new__(quantized_experts_class(base))
+    _register(module)
+    return module
+
+
+# The op's way back to its module (module docstring): key -> module, weakly (a dropped model's entries go with it).
+_KEY_ATTR = "_mixgemm_experts_key"
+_BY_KEY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_KEYS = itertools.count()
+
+
+def _register(module: nn.Module) -> None:
+    key = next(_KEYS)
+    module.__dict__[_KEY_ATTR] = key  # (past nn.Module.__setattr__: a plain int attribute)
+    _BY_KEY[key] = module
+
+
+@define_op("experts(Tensor hidden_states, Tensor top_k_index, Tensor top_k_weights, int key) -> Tensor")
+def experts_op(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+               key: int) -> torch.Tensor:
+    """The experts module registered under ``key``, called as it is eagerly (QuantizedExperts.experts_forward):
+    [T, H] -> a new [T, H] tensor in hidden_states.dtype."""
+    module = _BY_KEY.get(key)
+    if module is None:
+        raise RuntimeError(f"mixgemm::experts: the experts module of key {key} no longer exists (a compiled function "
+                           "outlived the model it was compiled for)")
+    return module.experts_forward(hidden_states, top_k_index, top_k_weights)
+
+
+@register_fake_ops("experts")
+def _(hidden_states, top_k_index, top_k_weights, key):
+    torch._check(top_k_index.shape == top_k_weights.shape, lambda: f"top_k_index {tuple(top_k_index.shape)} and "
+                 f"top_k_weights {tuple(top_k_weights.shape)} differ")
+    return hidden_states.new_empty(hidden_states.shape)
 
 
 class QuantizedExperts(nn.Module):
@@ -225,14 +270,24 @@ class QuantizedExperts(nn.Module):
     def __reduce_ex__(self, protocol):
         # the quantized class is made at run time, so pickle (torch.save of a whole model) names the
         # transformers class it derives from and makes it again on loading
-        return _rebuild, (_base_class(type(self)),), self.__dict__.copy()
+        state = self.__dict__.copy()
+        state.pop(_KEY_ATTR, None)  # (the copy registers its own)
+        return _rebuild, (_base_class(type(self)),), state
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and not (torch.is_grad_enabled() and hidden_states.requires_grad):
+            # one node in the graph, no break (module docstring); its kernel is experts_forward
+            return torch.ops.mixgemm.experts(hidden_states, top_k_index, top_k_weights, self.__dict__[_KEY_ATTR])
+        return self.experts_forward(hidden_states, top_k_index, top_k_weights)
+
+    def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+        """The eager forward: routed where ``routes`` and the experts allow it, else the tokens sorted by expert."""
         first, down = (self.gate_up_proj if self.has_gate else self.up_proj), self.down_proj
         t, h = hidden_states.shape
         k = top_k_index.shape[-1]
-        if t > 0 and routes(t, k, self.num_experts) and hidden_states.dtype in (torch.float16, torch.bfloat16) \
+        if t > 0 and hidden_states.dtype in (torch.float16, torch.bfloat16) \
                 and not (torch.is_grad_enabled() and hidden_states.requires_grad):
             y = self._routed(hidden_states, top_k_index, top_k_weights)
             if y is not None:
@@ -273,7 +328,9 @@ class QuantizedExperts(nn.Module):
     def _routed(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor | None:
         """Every (token, expert) slot in one launch per projection, the routing read on the GPU (module docstring);
-        slots of no local expert give zeros. None where the experts cannot run so (_joined says why)."""
+        slots of no local expert give zeros. None where the experts cannot run so (_joined says why) or the rule
+        (``routes``) sends the call to the sorted path."""
+        from mixgemm import tuning
         from mixgemm.kernels.cuda.routed_gemv import routed_gemv
 
         if hidden_states.device.type != "cuda":
@@ -283,12 +340,25 @@ class QuantizedExperts(nn.Module):
             return None
         t = hidden_states.shape[0]
         k = top_k_index.shape[-1]
+        if not routes(t, k, self.num_experts, slot_macs(stacks),
+                      tuning.routed_experts(tuning.table_for(hidden_states.device))):
+            return None
         route = top_k_index.reshape(-1).to(torch.int64).contiguous()
-        y = routed_gemv(hidden_states.contiguous(), route, stacks[0], k)  # [t k, out]: x row s // k
+        x, x_div, order = hidden_states.contiguous(), k, None
+        if t > ROUTED_TOKENS:
+            # slots in expert order, so the blocks on the SMs at one time mostly read the same expert's weights: each
+            # expert's bytes come from DRAM about once, its other slots' reads hit L2 (no host round trip: argsort)
+            order = torch.argsort(route, stable=True)
+            route, x, x_div = route[order], x[order // k], 1
+        y = routed_gemv(x, route, stacks[0], x_div)  # [t k, out]: x row s // x_div
         y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
         y = routed_gemv(y.contiguous(), route, stacks[1], 1)
         if getattr(self, "has_post_expert_norm", False):
             y = self.post_expert_norm(y)
+        if order is not None:
+            pairs = torch.empty_like(y)
+            pairs[order] = y
+            y = pairs
         return _slot_sum(y, top_k_weights, t, k, hidden_states.dtype)
 
 
@@ -298,28 +368,53 @@ def _slot_sum(ys: torch.Tensor, weights: torch.Tensor, t: int, k: int, dtype: to
     return (ys.float().view(t, k, ys.shape[-1]) * weights.float().view(t, k, 1)).sum(dim=1).to(dtype)
 
 
-# Routed decoding (one launch a projection over every slot, QuantizedExperts._routed) up to ROUTED_TOKENS tokens,
-# and beyond while the slots are at most the experts: each slot reads its expert's weights, so where slots outnumber
-# experts the sorted path (each routed expert's weights read once, by its tokens together) reads fewer bytes, but it
-# costs a host round trip and two launches per routed expert, which a decoding step of a few tokens cannot pay back.
+# Routed calls (one launch a projection over every slot, QuantizedExperts._routed): always up to ROUTED_TOKENS tokens
+# (decoding), and past them while the slots' multiply-adds at the routed GEMV's compute-bound rate take no longer
+# than the sorted path's time per routed expert times the experts the slots reach (the GPU's "routed_experts" costs,
+# mixgemm.tuning). Why these two terms: past a few tokens the slots run in expert order, so each expert's weights come
+# from DRAM about once on either path and the routed GEMV's cost is its CUDA-core math (every slot multiplies all of
+# its expert's weights), while the sorted path pays a host round trip and two layers' launches per routed expert. So
+# many small experts (Qwen3-MoE: 128 of 2048 x 768) stay routed for thousands of tokens, a few large ones (Mixtral: 8
+# of 4096 x 14336) for about 32.
 ROUTED_TOKENS = 4
 
 
-def routes(tokens: int, k: int, num_experts: int) -> bool:
-    """Whether a call of ``tokens`` tokens with top-``k`` routing over ``num_experts`` experts runs routed (above)."""
-    return tokens <= ROUTED_TOKENS or tokens * k <= num_experts
+def routes(tokens: int, k: int, num_experts: int, macs_per_slot: int = 0, costs: dict | None = None) -> bool:
+    """Whether a call of ``tokens`` tokens with top-``k`` routing over ``num_experts`` experts, each slot
+    ``macs_per_slot`` multiply-adds (slot_macs), runs routed under ``costs`` (mixgemm.tuning.routed_experts; None:
+    only the few-token rule) (above)."""
+    if tokens <= ROUTED_TOKENS:
+        return True
+    if costs is None:
+        return False
+    slots = tokens * k
+    reached = num_experts * (1 - (1 - 1 / num_experts) ** slots)  # the experts a uniform routing of the slots reaches
+    return slots * macs_per_slot / costs["macs_per_s"] <= reached * costs["sorted_us_per_expert"] * 1e-6
+
+
+def slot_macs(stacks) -> int:
+    """The multiply-adds of one slot through the joined projections (one expert's N x K of each)."""
+    return sum(st.layout.n * st.layout.k for st in stacks)
 
 
 def _joined(module: nn.Module):
     """The two projections' joined ExpertLayouts (joined on the first ask), or why the routed GEMV cannot run them."""
     lists = [getattr(module, name) for name in _PROJ[bool(module.has_gate)]]
-    for layers in lists:
-        if not isinstance(layers, ExpertList):
-            return "the experts are a plain ModuleList (an old pickle): no stack to join"
-        why = layers.stack().join()
-        if why is not None:
-            return why
-    return tuple(layers.stack().stacked for layers in lists)
+    if not all(isinstance(layers, ExpertList) for layers in lists):
+        return "the experts are a plain ModuleList (an old pickle): no stack to join"
+    # each projection's stack is made (and attached: its members' compaction joins it later) even where another's
+    # join is refused
+    why = [layers.stack().join() for layers in lists]
+    return next((w for w in why if w is not None), None) or tuple(layers.stack().stacked for layers in lists)
+
+
+def join_experts(model: nn.Module) -> list[str]:
+    """Join the experts of every quantized experts module of ``model`` that the routed GEMV can run (each projection's
+    layouts in one buffer, mixgemm.nn.expert_stack), now rather than at the first routed call: quantize_ and
+    from_pretrained call it, so that a first step under torch.compile's CUDA graphs allocates nothing that outlives
+    it. Returns the names of the modules joined."""
+    return [name for name, mod in model.named_modules()
+            if isinstance(mod, QuantizedExperts) and not isinstance(_joined(mod), str)]
 
 
 def routed_why_not(module: nn.Module) -> str | None:
@@ -329,5 +424,5 @@ def routed_why_not(module: nn.Module) -> str | None:
 
 
 __all__ = ["ExpertList", "ExpertsShape", "QuantizedExperts", "dequantize_experts_", "experts_shape",
-           "holds_fused_experts", "prepare_skeleton", "quantize_experts_", "routed_why_not", "routes",
-           "why_not_experts"]
+           "holds_fused_experts", "join_experts", "prepare_skeleton", "quantize_experts_", "routed_why_not", "routes",
+           "slot_macs", "why_not_experts"]

@@ -19,6 +19,8 @@ Ops (all take plain tensors; a weight is its plain interchange tensors, see mixg
   (reference path, any device).
 * ``torch.ops.mixgemm.dequantize(qweight, scales, zeros, offsets, bits, group_size, mode, N, K)``: the float32 weight
   [N, K] (the linear ops' backward; reads a compacted layer's resident layout).
+* ``torch.ops.mixgemm.experts(hidden_states, top_k_index, top_k_weights, key)``: a quantized MoE experts module's
+  forward as one node (defined in mixgemm.nn.experts, which says why it takes a key).
 * ``torch.ops.mixgemm.gather_columns(x, perm)``: ``x[..., perm]`` (the PDL gather kernel at decode sizes), and
   ``torch.ops.mixgemm.rms_norm(x, weight, eps, perm=None)`` / ``add_rms_norm(a, b, weight, eps, perm=None)``:
   transformers' RMSNorm (of a + b, returned too), gathered through ``perm`` when given, in one kernel on CUDA. The
@@ -246,7 +248,7 @@ _warned: set = set()
 _LIB = torch.library.Library("mixgemm", "FRAGMENT")
 
 
-def _op(schema: str, no_grad: bool = False):
+def define_op(schema: str, no_grad: bool = False):
     """Define torch.ops.mixgemm.<name> with ``schema`` ("name(args) -> Tensor") and the decorated function as its
     kernel on every device; the function is returned unchanged. ``no_grad``: also define the overload
     ``<name>.no_grad``, the same kernel with no autograd kernel (see NO_GRAD)."""
@@ -314,9 +316,9 @@ def _cuda_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None, activation
         return y.clamp(lo, hi) if activation is not None else y
 
 
-@_op("linear_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, Tensor? bias, SymInt bits, "
-     "SymInt group_size, str mode, SymInt N, SymInt K, float lo, float hi, Tensor? input_perm=None) -> Tensor",
-     no_grad=True)
+@define_op("linear_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, Tensor? bias, "
+           "SymInt bits, SymInt group_size, str mode, SymInt N, SymInt K, float lo, float hi, "
+           "Tensor? input_perm=None) -> Tensor", no_grad=True)
 def linear_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], offsets: Optional[Tensor],  # noqa: UP045
                  bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                  bits: int, group_size: int, mode: str, N: int, K: int, lo: float, hi: float,
@@ -369,7 +371,7 @@ def _(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K, lo
     return x.new_empty((*x.shape[:-1], N))
 
 
-@_op("gather_columns(Tensor x, Tensor perm) -> Tensor")
+@define_op("gather_columns(Tensor x, Tensor perm) -> Tensor")
 def gather_columns(x: Tensor, perm: Tensor) -> Tensor:
     """x[..., perm] as a new contiguous tensor (perm: int64 [K], a permutation of x's last dimension): the shared
     act-order gather (mixgemm.nn.norms). Decode-sized inputs on CUDA take mixgemm's PDL gather kernel
@@ -402,7 +404,7 @@ def _gather_setup_context(ctx, inputs, output):
 torch.library.register_autograd("mixgemm::gather_columns", _gather_backward, setup_context=_gather_setup_context)
 
 
-@_op("rms_norm(Tensor x, Tensor weight, float eps, Tensor? perm=None) -> Tensor")
+@define_op("rms_norm(Tensor x, Tensor weight, float eps, Tensor? perm=None) -> Tensor")
 def rms_norm(x: Tensor, weight: Tensor, eps: float, perm: Optional[Tensor] = None) -> Tensor:  # noqa: UP045
     """mixgemm.reference.rms_norm(x, weight, eps), gathered as [..., perm] when perm (int64 [K]) is given: a norm that
     feeds mixgemm layers, computed by mixgemm's norm kernel on CUDA (kernels/cuda/rms_norm.cu; the torch composite
@@ -411,7 +413,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, perm: Optional[Tensor] = Non
     return _norm(x, None, weight, eps, perm)[1]
 
 
-@_op("add_rms_norm(Tensor a, Tensor b, Tensor weight, float eps, Tensor? perm=None) -> (Tensor, Tensor)")
+@define_op("add_rms_norm(Tensor a, Tensor b, Tensor weight, float eps, Tensor? perm=None) -> (Tensor, Tensor)")
 def add_rms_norm(a: Tensor, b: Tensor, weight: Tensor, eps: float,
                  perm: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:  # noqa: UP045
     """(h, rms_norm(h, weight, eps, perm)) with h = a + b, in one kernel on CUDA: the residual add and the norm after
@@ -461,8 +463,8 @@ def _(a, b, weight, eps, perm=None):
     return torch.empty(a.shape, dtype=a.dtype, device=a.device), _norm_out(a, weight)
 
 
-@_op("dequantize(Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, SymInt bits, SymInt group_size, "
-     "str mode, SymInt n, SymInt k) -> Tensor")
+@define_op("dequantize(Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, SymInt bits, SymInt group_size, "
+           "str mode, SymInt n, SymInt k) -> Tensor")
 def dequantize(qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], offsets: Optional[Tensor], bits: int,  # noqa: UP045
                group_size: int, mode: str, n: int, k: int) -> Tensor:
     """The float32 weight [N, K] of these tensors (the linear ops' backward). An op of its own, so that a compiled
@@ -548,9 +550,9 @@ def _linear_wxa8_reference(x: Tensor, qw: QuantizedWeight, bias: Optional[Tensor
     return y.clamp(lo, hi).to(x.dtype).reshape(*x.shape[:-1], qw.out_features)
 
 
-@_op("linear_wxa8(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, Tensor? bias, SymInt bits, "
-     "SymInt group_size, str mode, SymInt N, SymInt K, str act_mode, float lo, float hi, str act_block=\"group\") "
-     "-> Tensor", no_grad=True)
+@define_op("linear_wxa8(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, Tensor? bias, "
+           "SymInt bits, SymInt group_size, str mode, SymInt N, SymInt K, str act_mode, float lo, float hi, "
+           "str act_block=\"group\") -> Tensor", no_grad=True)
 def linear_wxa8(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], offsets: Optional[Tensor],  # noqa: UP045
                 bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                 bits: int, group_size: int, mode: str, N: int, K: int, act_mode: str, lo: float,
@@ -608,9 +610,9 @@ def _conv_out(size: int, k: int, s: int, p: int, d: int):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-@_op("conv2d_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, Tensor? bias, SymInt bits, "
-     "SymInt group_size, str mode, SymInt[] weight_shape, SymInt[] stride, SymInt[] padding, SymInt[] dilation, "
-     "SymInt groups, float lo, float hi) -> Tensor")
+@define_op("conv2d_wxa16(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? offsets, Tensor? bias, "
+           "SymInt bits, SymInt group_size, str mode, SymInt[] weight_shape, SymInt[] stride, SymInt[] padding, "
+           "SymInt[] dilation, SymInt groups, float lo, float hi) -> Tensor")
 def conv2d_wxa16(x: Tensor, qweight: Tensor, scales: Tensor, zeros: Optional[Tensor], offsets: Optional[Tensor],  # noqa: UP045
                  bias: Optional[Tensor],  # noqa: UP045  (the form torch.library's schema inference lists)
                  bits: int, group_size: int, mode: str, weight_shape: list[int], stride: list[int],

@@ -76,6 +76,11 @@ default.json). Its fields:
   (int4 with integer group scales, per-token activations) and ``w8 per channel``: the time one round of CTAs of each
   BM takes per 1024 k. From ``from_m`` the int8-activation entry takes the BM of fewest rounds x round time where it is
   estimated ``margin`` x faster than default_config's (gemm_wgmma_a8.token_tile).
+* ``routed_experts`` (optional): {"macs_per_s", "sorted_us_per_expert", "source"}: past a few tokens a quantized MoE
+  layer runs routed (one GEMV launch a projection over every token's slots) while its slots' multiply-adds at the
+  routed GEMV's compute-bound rate (``macs_per_s``) take no longer than the sorted per-expert path's time per routed
+  expert (``sorted_us_per_expert``, host-bound: two layers, the gate and a host round trip per expert) times the
+  experts the slots route to (mixgemm.nn.experts.routes). Without it only the few-token rule applies.
 * A missing M bucket takes the nearest listed bucket.
 
 No autotuning at run time: the same (M, N, K, weight format, GPU) always yields the same config.
@@ -173,6 +178,10 @@ def parse_table(raw: dict, name: str) -> dict:
     if over is not None and not (isinstance(over.get("source"), str) and over["source"]
                                  and {"bits", "min_fill", "multiwave_max_k"} <= set(over)):
         raise ValueError(f"{name}.json gemv_over_wgmma needs 'bits', 'min_fill', 'multiwave_max_k' and 'source'")
+    routed = raw.get("routed_experts")
+    if routed is not None and not ({"macs_per_s", "sorted_us_per_expert"} <= set(routed)
+                                   and isinstance(routed.get("source"), str) and routed["source"]):
+        raise ValueError(f"{name}.json routed_experts needs 'macs_per_s', 'sorted_us_per_expert' and 'source'")
     table["name"] = name
     return table
 
@@ -257,6 +266,11 @@ def gemv_over_wgmma(table: dict, bits: int, k: int, tiles: int, num_sms: int) ->
     if waves > 1 and k <= rule["multiwave_max_k"]:
         return f"the wgmma GEMM needs {waves} waves on a layer with K = {k} <= {rule['multiwave_max_k']}"
     return None
+
+
+def routed_experts(table: dict) -> dict | None:
+    """The table's ``routed_experts`` costs (above), or None."""
+    return table.get("routed_experts")
 
 
 def gemv_max_m(table: dict, qw: QuantizedWeight, n: int | None = None, wgmma: bool = True,

@@ -51,7 +51,7 @@
 #define SIMT_PF 0
 #endif
 #ifndef SIMT_ROUTED
-#define SIMT_ROUTED 0  // routed experts: blockIdx.y is a routing slot, its expert's weights one E-stride slice
+#define SIMT_ROUTED 0  // routed experts: blockIdx.x is a routing slot, its expert's weights one E-stride slice
 #endif
 #ifndef SIMT_PACK
 #define SIMT_PACK 0  // zero point / offset with 16-bit parameters: each (row, group) pair held in one register
@@ -106,20 +106,23 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   const int rg = warp % RG, ks = warp / RG;
   const int Nt = (N + 15) >> 4;
   constexpr bool ROUTED = SIMT_ROUTED != 0;
+  // the block's tile of rows; routed, blockIdx.x is the slot: the blocks of one row tile over the slots are launched
+  // together, so slots of one expert (the caller sorts many tokens' slots by expert) read its tile once from DRAM
+  const int row_block = ROUTED ? blockIdx.y : blockIdx.x;
 #if SIMT_ROUTED
-  // Routed experts (mixgemm.nn.experts, decoding): the experts' layouts are one buffer, E-strided; block row
-  // blockIdx.y computes slot s = blockIdx.y with expert route[s], x row s / x_div, y row s. The routing is the
-  // previous kernel's output, so here the dependency wait comes first and no weight load precedes it: what a launch
-  // per expert would have overlapped, against one launch for every slot with no host round trip for the routing.
+  // Routed experts (mixgemm.nn.experts): the experts' layouts are one buffer, E-strided; block (s, row tile)
+  // computes slot s with expert route[s], x row s / x_div, y row s. The routing is the previous kernel's output, so
+  // here the dependency wait comes first and no weight load precedes it: what a launch per expert would have
+  // overlapped, against one launch for every slot with no host round trip for the routing.
   pdl_launch_dependents();
   pdl_wait();
   {
-    const int slot = blockIdx.y;
+    const int slot = blockIdx.x;
     const long long e = route[slot];
     Y = (u16*)Y + (size_t)slot * ldy;
     if (e < 0 || e >= n_experts) {  // a slot of no local expert (expert parallelism's sentinel) adds nothing
       for (int idx = threadIdx.x; idx < RG * RT * 16; idx += SIMT_THREADS) {
-        const int n = blockIdx.x * RG * RT * 16 + idx;
+        const int n = row_block * RG * RT * 16 + idx;
         if (n < N) ((u16*)Y)[n] = 0;
       }
       return;  // (the whole block: no barrier is left waiting)
@@ -132,7 +135,7 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
 #endif
   // a warp past the last tile redoes the last RT-aligned tiles and never stores; the RT tiles of a warp share one
   // group of 8, which the layout pads with zero rows, so none needs a clamp
-  const int nt0 = min((int)(blockIdx.x * RG + rg) * RT, (Nt - 1) / RT * RT);
+  const int nt0 = min((int)(row_block * RG + rg) * RT, (Nt - 1) / RT * RT);
   const uint4* const wt = (SIMT_DIAG & 8) ? W + (size_t)nt0 * Kt * 32 * LU + lane
                                            : W + ((size_t)(nt0 >> 3) * Kt * 8 + (nt0 & 7)) * 32 * LU + lane;
   // uint4 from one k-tile of a row tile to the next, and from one row tile to the next at the same k-tile
@@ -326,7 +329,7 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < RG * RT * 16; idx += SIMT_THREADS) {
-    const int n = blockIdx.x * RG * RT * 16 + idx;
+    const int n = row_block * RG * RT * 16 + idx;
     if (n >= N) continue;
     float v = 0.f;
 #pragma unroll

@@ -4,7 +4,8 @@
 ids flattened), ``y[s] = x[s // x_div] @ dequant(W[route[s]]).T + bias[route[s]]`` (zeros for an id outside
 ``[0, E)``: expert parallelism's sentinel), with the experts' ``wgmma_v1`` layouts joined in one E-strided buffer
 (``ExpertLayouts``, made by mixgemm.nn.expert_stack). The kernel is the CUDA-core GEMV on wgmma_v1
-(gemv_wg_simt.cu, its SIMT_ROUTED build): block row blockIdx.y is a slot, which reads its expert id on the GPU.
+(gemv_wg_simt.cu, its SIMT_ROUTED build): blockIdx.x is a slot, which reads its expert id on the GPU, blockIdx.y
+a tile of rows (so that slots of one expert, adjacent where the caller sorts them, meet its tile in L2 together).
 
 Why: a decoding MoE layer otherwise runs each routed expert's projections as layers of their own, which needs the
 routing on the host (a synchronisation per layer, and no CUDA graph) and two launches per routed expert -- 16 for
@@ -106,7 +107,9 @@ def _prepare(stack: ExpertLayouts, slots: int, x_dtype: torch.dtype, dev: torch.
             "SIMT_ROUTED": 1}
     fn = nvrtc.get_function(SIMT_SOURCE, SIMT_KERNEL, defs, dev)
     rows = cfg["RG"] * cfg.get("RT", 1) * 16
-    grid = (-(-lay.n // rows), slots, 1)
+    grid = (slots, -(-lay.n // rows), 1)  # (slots first: the kernel's SIMT_ROUTED order)
+    if grid[1] > 65535:
+        raise ValueError(f"routed_gemv: {lay.n} rows per expert make {grid[1]} row tiles, over the grid's 65535")
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
     bias = stack.bias
     args = [
