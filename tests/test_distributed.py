@@ -190,6 +190,25 @@ def test_activation_quantized_error_within_1_25x(tp, case, world):
 
 
 @pytest.mark.parametrize("world", tp_cases.WORLDS)
+@pytest.mark.parametrize("arch", list(tp_cases.HF_SHAPES))
+def test_moe_and_qwen3_plans_equal_unsharded(tp, arch, world):
+    """The models' own plans: MoE experts split per expert (gate / up packed, down row-parallel, the module's output
+    summed), Qwen3's q / k norms left replicated; the logits are the unsharded model's."""
+    cases, ranks = tp
+    case = next(name for name in cases if name.startswith(f"{arch} "))
+    got = [r[world][case]["logits"] for r in ranks[:world]]
+    assert _rel(got[0], cases[case]["ref"]) <= EXACT
+    assert all(torch.equal(g, got[0]) for g in got[1:])
+    r0 = ranks[0][world][case]
+    if arch == "qwen3":
+        assert "replicated_with_grad_allreduce" in r0["skipped"]["model.layers.0.self_attn.q_norm"]
+    else:
+        assert r0["sharded"]["model.layers.0.mlp.experts"] == "moe_tp_experts"
+        assert r0["sharded"]["model.layers.0.mlp.experts.gate_up_proj"] == "packed_colwise"
+        assert r0["sharded"]["model.layers.0.mlp.experts.down_proj"] == "rowwise"
+
+
+@pytest.mark.parametrize("world", tp_cases.WORLDS)
 def test_model_details(tp, world):
     cases, ranks = tp
     r0 = ranks[0][world]

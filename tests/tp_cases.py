@@ -120,7 +120,38 @@ def prepare(directory: str) -> dict:
     model = copy.deepcopy(tiny)
     mixgemm.quantize_(model, mixgemm.W4A16(group_size=256))  # K per rank at TP 4: 512 / 4 = 128 < 256
     add("error group", model, kind="error")
+    for arch, cfg in (("qwen3_moe", mixgemm.W4A16(group_size=32, mode="zero_point")),
+                      ("mixtral", mixgemm.W4A16(group_size=32)), ("qwen3", mixgemm.W8A16())):
+        model = hf_model(arch)
+        mixgemm.quantize_(model, cfg)
+        add(f"{arch} {cfg.name}", model, kind="other", config=cfg)
     return cases
+
+
+# MoE and Qwen3 plans (packed_colwise / rowwise experts, moe_tp_experts, replicated q / k norms): 1 layer, 8 / 4
+# heads of 16, every expert's 256 intermediate features a whole number of groups of 32 per rank at TP 4
+HF_SHAPES = {
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=256),
+    "qwen3": dict(intermediate_size=256),
+}
+
+
+def hf_model(arch: str):
+    import warnings
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(arch, hidden_size=128, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+                               num_hidden_layers=1, vocab_size=256, **HF_SHAPES[arch])
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(cfg).eval()
+    for p in model.parameters():
+        if p.dim() >= 2:
+            p.data.normal_(0, 0.05)
+    return model
 
 
 def _int_scale_routes(model) -> list[bool]:
@@ -148,6 +179,9 @@ def _model_cases(mesh, directory: str, cases: dict, res: dict) -> None:
             continue
         model = torch.load(os.path.join(directory, case["file"]), weights_only=False)
         report = tensor_parallel_(model, mesh)
+        if case["kind"] == "other":  # (other architectures: the logits and what was sharded)
+            res[name] = {"logits": logits(model), "sharded": report.sharded, "skipped": report.skipped}
+            continue
         if case["kind"] == "after":
             mixgemm.quantize_(model, case["config"])
         r = {"logits": logits(model), "sharded": sorted(report.sharded),

@@ -2,6 +2,8 @@
 
 * ``ColwiseParallel`` / ``RowwiseParallel``: torch's parallel styles, same options, that also shard QuantLinear
   (mixgemm.distributed.styles); float nn.Linear / nn.Embedding layers go to torch's implementation.
+  ``PackedColwiseParallel`` / ``ExpertsParallel``: transformers' "packed_colwise" and "moe_tp_experts" for quantized
+  mixture-of-experts modules (every expert's intermediate features split, the experts' output summed).
 * ``tensor_parallel_(model, device_mesh)``: applies a Hugging Face model's own ``base_model_tp_plan`` with them
   (mixgemm.distributed.plan).
 * ``shard_quantized_weight`` / ``shard_quant_linear`` / ``check_split``: the split itself, pure functions of
@@ -12,11 +14,13 @@ Each rank runs the single-GPU kernels on its shard; the all-reduce / all-gather 
 
 from mixgemm.distributed.plan import TensorParallelReport, model_tp_plan, tensor_parallel_
 from mixgemm.distributed.shard import N_GRANULARITY, check_split, shard_quant_linear, shard_quantized_weight
-from mixgemm.distributed.styles import ColwiseParallel, RowwiseParallel
+from mixgemm.distributed.styles import ColwiseParallel, ExpertsParallel, PackedColwiseParallel, RowwiseParallel
 
 __all__ = [
     "N_GRANULARITY",
     "ColwiseParallel",
+    "ExpertsParallel",
+    "PackedColwiseParallel",
     "RowwiseParallel",
     "TensorParallelReport",
     "check_split",

@@ -5,6 +5,10 @@ The plan is the model's: ``config.base_model_tp_plan`` (keys relative to the bas
 passed in. Its string styles map to mixgemm's ColwiseParallel / RowwiseParallel (mixgemm.distributed.styles), which
 shard QuantLinear layers and hand float nn.Linear / nn.Embedding layers to torch's own styles; the plan is applied
 with torch's ``parallelize_module``. Every split is checked, for every rank alike, before anything is sharded.
+Mixture-of-experts plans (Mixtral, Qwen2 / Qwen3 MoE, DeepSeek, OLMoE) split every quantized expert's intermediate
+features: "packed_colwise" on the gate / up projections (PackedColwiseParallel), "rowwise" on down, and
+"moe_tp_experts" (ExpertsParallel) sums the experts module's output over the ranks. Styles that keep a module whole
+at inference ("replicated_with_grad_allreduce": Qwen3's and Gemma 3's q / k norms) leave it replicated.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from mixgemm.distributed.shard import COLWISE, ROWWISE, check_split
-from mixgemm.distributed.styles import ColwiseParallel, RowwiseParallel
+from mixgemm.distributed.styles import ColwiseParallel, ExpertsParallel, PackedColwiseParallel, RowwiseParallel
+from mixgemm.nn.experts import ExpertList, QuantizedExperts
 from mixgemm.nn.linear import QuantLinear
 
 # transformers' style names (transformers.distributed.tensor_parallel) that this module implements
@@ -30,7 +35,12 @@ _STYLES = {
     "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
     "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate()),
     "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+    "packed_colwise": lambda: PackedColwiseParallel(),
+    "moe_tp_experts": lambda: ExpertsParallel(),
 }
+# styles that leave the module whole on every rank at inference (they all-reduce gradients in training): skipped,
+# with this reason
+_REPLICATED = {"replicated_with_grad_allreduce": "replicated on every rank (its style only all-reduces gradients)"}
 
 
 @dataclass
@@ -97,12 +107,25 @@ def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int
     dimension divides by ``world``). ``given``: the plan held the style object itself (any module is then left to
     it), not a style name."""
     ours = isinstance(style, ColwiseParallel | RowwiseParallel)
-    if isinstance(module, QuantLinear):
+    parts = 2 if isinstance(style, PackedColwiseParallel) else 1
+    if isinstance(style, ExpertsParallel):
+        if not isinstance(module, QuantizedExperts):
+            raise ValueError(f"{name}: moe_tp_experts: mixgemm.distributed parallelizes quantized experts modules, "
+                             f"not a {type(module).__name__} (quantize its experts first)")
+        return  # (the projections are checked as ExpertLists)
+    if isinstance(module, ExpertList) and ours:
+        dim = COLWISE if isinstance(style, ColwiseParallel) else ROWWISE
+        layer = module[0]  # (the experts of a projection share one shape and format)
+        check_split((layer.out_features, layer.in_features), layer.config, dim, world, f"{name}.<expert>", parts)
+    elif isinstance(module, QuantLinear):
         if not ours:
             raise ValueError(f"{name}: {type(style).__name__} ({type(style).__module__}) cannot shard a QuantLinear; "
                              "use mixgemm.distributed.ColwiseParallel / RowwiseParallel (torch's options)")
         dim = COLWISE if isinstance(style, ColwiseParallel) else ROWWISE
-        check_split((module.out_features, module.in_features), module.config, dim, world, name)
+        check_split((module.out_features, module.in_features), module.config, dim, world, name, parts)
+    elif parts != 1:
+        raise ValueError(f"{name}: packed_colwise shards QuantLinear layers and quantized experts projections, not a "
+                         f"{type(module).__name__} (quantize it first)")
     elif ours and isinstance(module, nn.Linear | nn.Embedding):
         colwise = isinstance(style, ColwiseParallel)
         if isinstance(module, nn.Linear):
@@ -143,6 +166,9 @@ def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | Non
         if not keys:
             continue
         key = keys[-1]  # later entries override earlier ones (the head's after the base model's)
+        if plan[key] in _REPLICATED:
+            report.skipped[name] = f"{plan[key]}: {_REPLICATED[plan[key]]}"
+            continue
         style = _style_of(plan[key], name)
         if any(id(p) in tied for p in module.parameters(recurse=False)):
             report.skipped[name] = f"{plan[key]}: its parameters are tied to another module"

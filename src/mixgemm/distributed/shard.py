@@ -4,7 +4,9 @@ Pure functions of (weight, rank, world): no process group is needed, so every ch
 process, and every rank reaches the same verdict (a bad split raises on all ranks, before any collective).
 
 * Column parallel (``dim=0``, split along N): each rank keeps N / world whole output rows: their packed codes,
-  scales, zeros / offsets and bias. N / world must be a multiple of ``N_GRANULARITY`` rows.
+  scales, zeros / offsets and bias. N / world must be a multiple of ``N_GRANULARITY`` rows. A packed layer of
+  ``parts`` equal row blocks (a fused gate / up projection, whose output the model cuts in two) splits each block
+  alike and keeps its shards' blocks in order (transformers' "packed_colwise"), so the model's cut still finds them.
 * Row parallel (``dim=1``, split along K): each rank keeps K / world input features of every row. The split must
   fall on group boundaries (K / world a multiple of the group size), so every group's scale, zero point and offset
   go with it whole; int4 codes split on byte boundaries (two codes per byte). A per-channel weight (group -1: one
@@ -47,12 +49,20 @@ def _check_dim(dim: int) -> None:
         raise ValueError(f"dim must be 0 (column-parallel, along N) or 1 (row-parallel, along K), got {dim!r}")
 
 
-def check_split(shape: tuple[int, int], config: QuantConfig, dim: int, world: int, layer: str = "weight") -> int:
-    """Check that an [N, K] weight in ``config`` splits exactly into ``world`` shards along ``dim`` (0: N, 1: K);
-    return the shard's size along that dim. Raises ValueError naming ``layer`` and the sizes otherwise."""
+def check_split(shape: tuple[int, int], config: QuantConfig, dim: int, world: int, layer: str = "weight",
+                parts: int = 1) -> int:
+    """Check that an [N, K] weight in ``config`` splits exactly into ``world`` shards along ``dim`` (0: N, 1: K; a
+    column split of ``parts`` packed row blocks splits each block); return the shard's size along that dim. Raises
+    ValueError naming ``layer`` and the sizes otherwise."""
     _check_dim(dim)
     _check_rank(0, world)
     n, k = shape
+    if parts != 1:
+        if dim != COLWISE or parts < 1 or n % parts:
+            raise ValueError(f"{layer}: a packed split takes the rows (dim 0) of [N={n}, K={k}] in {parts} equal "
+                             "blocks")
+        return parts * check_split((n // parts, k), config, COLWISE, world, f"{layer} (each of its {parts} packed "
+                                   "row blocks)")
     size = shape[dim]
     if world == 1:  # nothing is split
         return size
@@ -84,22 +94,31 @@ def _take(t: torch.Tensor | None, dim: int, start: int, stop: int) -> torch.Tens
     return t.narrow(dim, start, stop - start).clone(memory_format=torch.contiguous_format)
 
 
+def _take_rows(t: torch.Tensor | None, n: int, parts: int, rank: int, world: int) -> torch.Tensor | None:
+    """Rank ``rank``'s rows of each of the ``parts`` row blocks of t (n rows), the blocks' shards in order (a copy)."""
+    if t is None:
+        return None
+    block, local = n // parts, n // parts // world
+    return torch.cat([_take(t, 0, p * block + rank * local, p * block + (rank + 1) * local) for p in range(parts)])
+
+
 def shard_quantized_weight(qw: QuantizedWeight, dim: int, rank: int, world: int,
-                           layer: str = "weight") -> QuantizedWeight:
-    """Rank ``rank``'s shard (of ``world``) of ``qw`` along ``dim`` (0: N rows, 1: K columns), as a new
-    QuantizedWeight [N / world, K] or [N, K / world] with its own copies of the tensors (plain codes, also from a
-    compacted weight); ``qw`` is not modified.
+                           layer: str = "weight", parts: int = 1) -> QuantizedWeight:
+    """Rank ``rank``'s shard (of ``world``) of ``qw`` along ``dim`` (0: N rows, 1: K columns; ``parts`` packed row
+    blocks, module docstring), as a new QuantizedWeight [N / world, K] or [N, K / world] with its own copies of the
+    tensors (plain codes, also from a compacted weight); ``qw`` is not modified.
     Raises ValueError (naming ``layer`` and the sizes) when the split cannot be exact (module docstring)."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"{layer}: expected a QuantizedWeight, got {type(qw).__name__}")
     _check_rank(rank, world)
-    local = check_split(qw.shape, qw.config, dim, world, layer)
+    local = check_split(qw.shape, qw.config, dim, world, layer, parts)
     n, k = qw.shape
     a, b = rank * local, (rank + 1) * local
     if dim == COLWISE:
-        return replace(qw, _layouts={}, resident=None, qweight=_take(qw.packed(), 0, a, b),
-                       scales=_take(qw.scales, 0, a, b),
-                       zeros=_take(qw.zeros, 0, a, b), offsets=_take(qw.offsets, 0, a, b), shape=(local, k))
+        return replace(qw, _layouts={}, resident=None, qweight=_take_rows(qw.packed(), n, parts, rank, world),
+                       scales=_take_rows(qw.scales, n, parts, rank, world),
+                       zeros=_take_rows(qw.zeros, n, parts, rank, world),
+                       offsets=_take_rows(qw.offsets, n, parts, rank, world), shape=(local, k))
     per_byte = 8 // qw.bits
     if qw.config.group_size == PER_CHANNEL:  # one group spans K: every shard keeps the channel's parameters
         ga, gb = 0, 1
@@ -124,21 +143,23 @@ def _shard_perm(perm: torch.Tensor, dim: int, rank: int, world: int, layer: str)
     return (mine - a).clone()
 
 
-def shard_quant_linear(module: QuantLinear, dim: int, rank: int, world: int, layer: str = "") -> QuantLinear:
+def shard_quant_linear(module: QuantLinear, dim: int, rank: int, world: int, layer: str = "",
+                       parts: int = 1) -> QuantLinear:
     """Rank ``rank``'s shard of a QuantLinear as a new, ordinary QuantLinear (its own buffers, its own N / K in the
-    state dict); ``module`` is not modified. dim 0: column parallel (rows of N, bias sliced with them); dim 1: row
-    parallel (K slice; the bias on rank 0 only, zeros elsewhere, so the summed partial outputs add it once)."""
+    state dict); ``module`` is not modified. dim 0: column parallel (rows of N, bias sliced with them; ``parts``
+    packed row blocks each split alike); dim 1: row parallel (K slice; the bias on rank 0 only, zeros elsewhere, so
+    the summed partial outputs add it once)."""
     if not isinstance(module, QuantLinear):
         raise TypeError(f"{layer or 'module'}: expected a QuantLinear, got {type(module).__name__}")
     layer = layer or f"QuantLinear(in_features={module.in_features}, out_features={module.out_features})"
     _check_dim(dim)
     _check_rank(rank, world)
-    qw = shard_quantized_weight(module.quantized_weight(), dim, rank, world, layer)
+    qw = shard_quantized_weight(module.quantized_weight(), dim, rank, world, layer, parts)
     bias = module.bias
     if bias is not None:
         bias = bias.detach()
         if dim == COLWISE:
-            bias = _take(bias, 0, rank * qw.shape[0], (rank + 1) * qw.shape[0])
+            bias = _take_rows(bias, module.out_features, parts, rank, world)
         elif rank != 0:
             bias = torch.zeros_like(bias)
     perm = getattr(module, "input_perm", None)

@@ -31,9 +31,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwise
+from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.parallel import RowwiseParallel as _TorchRowwise
 
 from mixgemm.distributed.shard import COLWISE, ROWWISE, shard_quant_linear
+from mixgemm.nn.experts import ExpertList, QuantizedExperts
 from mixgemm.nn.linear import QuantLinear
 
 # nn.Linear -> (style, mesh) for the Linears our styles handed to torch: quantize_ after sharding quantizes the full
@@ -86,14 +88,15 @@ def _adopt(module: QuantLinear, shard: QuantLinear) -> None:
         module.bias = shard.bias
 
 
-def _shard_in_place(module: QuantLinear, device_mesh: DeviceMesh, dim: int, src_data_rank: int | None) -> None:
+def _shard_in_place(module: QuantLinear, device_mesh: DeviceMesh, dim: int, src_data_rank: int | None,
+                    parts: int = 1) -> None:
     if getattr(module, "_distribute_module_applied", False):
         raise RuntimeError(f"{module} is already sharded: a module is parallelized once")
     if module.auto_compact:
         module._restore_plain()  # sharding cuts the plain codes; the shard keeps one layout again below
     rank, world = _check_mesh(device_mesh, module)
     full = module if src_data_rank is None or world == 1 else _broadcast_from(module, device_mesh, src_data_rank)
-    _adopt(module, shard_quant_linear(full, dim, rank, world))
+    _adopt(module, shard_quant_linear(full, dim, rank, world, parts=parts))
     module._distribute_module_applied = True  # torch's flag: distribute_module refuses a second pass too
     module._auto_compact()
 
@@ -118,8 +121,8 @@ def _output(local_layouts, output_layouts, use_local_output, device_mesh, module
     return y.to_local() if use_local_output else y
 
 
-def _apply_quant(style, module: QuantLinear, device_mesh: DeviceMesh, dim: int) -> QuantLinear:
-    _shard_in_place(module, device_mesh, dim, style.src_data_rank)
+def _apply_quant(style, module: QuantLinear, device_mesh: DeviceMesh, dim: int, parts: int = 1) -> QuantLinear:
+    _shard_in_place(module, device_mesh, dim, style.src_data_rank, parts)
     needed, local_out = ((Replicate(),), (Shard(-1),)) if dim == COLWISE else ((Shard(-1),), (Partial(),))
     module.register_forward_pre_hook(partial(_local_input, style.input_layouts, needed, device_mesh))
     module.register_forward_hook(partial(_output, local_out, style.output_layouts, style.use_local_output,
@@ -127,11 +130,23 @@ def _apply_quant(style, module: QuantLinear, device_mesh: DeviceMesh, dim: int) 
     return module
 
 
+def _apply_experts(style, experts: ExpertList, device_mesh: DeviceMesh, dim: int, parts: int = 1) -> ExpertList:
+    """Every expert's layer of a quantized experts projection sharded in place, with no hooks: each expert's input is
+    the replicated hidden state (column split) or its own column shard's output (row split), and the experts
+    module's style (ExpertsParallel) sums the module's output over the ranks once."""
+    for layer in experts:
+        _shard_in_place(layer, device_mesh, dim, style.src_data_rank, parts)
+    return experts
+
+
 class ColwiseParallel(_TorchColwise):
     """torch's ColwiseParallel (same options: input_layouts default Replicate, output_layouts default Shard(-1),
-    use_local_output default True) that also shards QuantLinear: each rank keeps N / world output rows."""
+    use_local_output default True) that also shards QuantLinear: each rank keeps N / world output rows. On a
+    quantized experts projection (mixgemm.nn.experts.ExpertList) it splits every expert's layer (ExpertsParallel)."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if isinstance(module, ExpertList):
+            return _apply_experts(self, module, device_mesh, COLWISE)
         if isinstance(module, QuantLinear):
             return _apply_quant(self, module, device_mesh, COLWISE)
         if isinstance(module, nn.Linear):
@@ -145,11 +160,49 @@ class RowwiseParallel(_TorchRowwise):
     groups), the partial outputs are summed by torch.distributed, the bias is added once."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if isinstance(module, ExpertList):
+            return _apply_experts(self, module, device_mesh, ROWWISE)
         if isinstance(module, QuantLinear):
             return _apply_quant(self, module, device_mesh, ROWWISE)
         if isinstance(module, nn.Linear):
             _LINEAR_STYLES[module] = (self, device_mesh)
         return super()._apply(module, device_mesh)
+
+
+class PackedColwiseParallel(ColwiseParallel):
+    """transformers' "packed_colwise" for QuantLinear and quantized experts projections: a column split of a layer
+    whose rows are two packed blocks (gate; up), each split alike, so each rank keeps [gate_r; up_r] and the model's
+    cut of the output in two halves still pairs them (mixgemm.distributed.shard). Its output stays local (Shard(-1)
+    gathered would interleave the blocks): the options are ColwiseParallel's defaults."""
+
+    def __init__(self):
+        super().__init__()
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if isinstance(module, ExpertList):
+            return _apply_experts(self, module, device_mesh, COLWISE, parts=2)
+        if isinstance(module, QuantLinear):
+            return _apply_quant(self, module, device_mesh, COLWISE, parts=2)
+        raise ValueError(f"packed_colwise shards QuantLinear layers and quantized experts projections, not a "
+                         f"{type(module).__name__}: quantize it first")
+
+
+class ExpertsParallel(ParallelStyle):
+    """transformers' "moe_tp_experts" for a quantized experts module (mixgemm.nn.experts.QuantizedExperts) whose
+    projections the plan splits (gate / up packed column-parallel, down row-parallel): every rank computes its slice
+    of every expert's intermediate features, routed exactly as unsharded, and its down projections' partial output;
+    this style sums the module's output over the ranks (an all-reduce through DTensor, as RowwiseParallel's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.src_data_rank = 0
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, QuantizedExperts):
+            raise ValueError(f"moe_tp_experts: mixgemm.distributed parallelizes quantized experts modules, not a "
+                             f"{type(module).__name__} (quantize its experts first)")
+        module.register_forward_hook(partial(_output, (Partial(),), (Replicate(),), True, device_mesh))
+        return module
 
 
 def sharded_linear_source(linear: nn.Linear, name: str = "linear"):
@@ -181,4 +234,4 @@ def sharded_linear_source(linear: nn.Linear, name: str = "linear"):
     return plain, shard_like
 
 
-__all__ = ["ColwiseParallel", "RowwiseParallel", "sharded_linear_source"]
+__all__ = ["ColwiseParallel", "ExpertsParallel", "PackedColwiseParallel", "RowwiseParallel", "sharded_linear_source"]
