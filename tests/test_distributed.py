@@ -209,6 +209,24 @@ def test_moe_and_qwen3_plans_equal_unsharded(tp, arch, world):
 
 
 @pytest.mark.parametrize("world", tp_cases.WORLDS)
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_expert_parallel_plan_equals_unsharded(tp, arch, world):
+    """model_ep_plan: each rank keeps E / world whole experts, routes the others' slots nowhere and the ranks' outputs
+    are summed: the unsharded logits."""
+    cases, ranks = tp
+    case = next(name for name in cases if name.startswith(f"ep {arch} "))
+    got = [r[world][case]["logits"] for r in ranks[:world]]
+    assert _rel(got[0], cases[case]["ref"]) <= EXACT
+    assert all(torch.equal(g, got[0]) for g in got[1:])
+    r0 = ranks[0][world][case]
+    experts = tp_cases.HF_SHAPES[arch].get("num_experts", tp_cases.HF_SHAPES[arch].get("num_local_experts"))
+    assert r0["local_experts"] == r0["num_experts"] == experts // world
+    assert _rel(*r0["one_token"]) <= EXACT
+    assert r0["sharded"]["model.layers.0.mlp.experts"] == "ep_dispatch_experts"
+    assert r0["sharded"]["model.layers.0.mlp.experts.down_proj"] == "grouped_gemm"
+
+
+@pytest.mark.parametrize("world", tp_cases.WORLDS)
 def test_model_details(tp, world):
     cases, ranks = tp
     r0 = ranks[0][world]

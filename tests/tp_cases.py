@@ -125,6 +125,8 @@ def prepare(directory: str) -> dict:
         model = hf_model(arch)
         mixgemm.quantize_(model, cfg)
         add(f"{arch} {cfg.name}", model, kind="other", config=cfg)
+        if arch != "qwen3":
+            add(f"ep {arch} {cfg.name}", model, kind="ep", config=cfg)
     return cases
 
 
@@ -171,13 +173,23 @@ def _int_scale_routes(model) -> list[bool]:
 
 def _model_cases(mesh, directory: str, cases: dict, res: dict) -> None:
     import mixgemm
-    from mixgemm.distributed import tensor_parallel_
+    from mixgemm.distributed import model_ep_plan, tensor_parallel_
     from mixgemm.nn import QuantLinear
 
     for name, case in cases.items():
         if case["kind"] == "error":
             continue
         model = torch.load(os.path.join(directory, case["file"]), weights_only=False)
+        if case["kind"] == "ep":  # (expert parallelism: the model's EP plan; one token too: the decoding path)
+            with torch.no_grad():
+                one = model(ids()[:1, :1]).logits.float()
+            report = tensor_parallel_(model, mesh, model_ep_plan(model))
+            experts = model.model.layers[0].mlp.experts
+            with torch.no_grad():
+                one_ep = model(ids()[:1, :1]).logits.float()
+            res[name] = {"logits": logits(model), "sharded": report.sharded, "local_experts": len(experts.down_proj),
+                         "num_experts": experts.num_experts, "one_token": (one_ep, one)}
+            continue
         report = tensor_parallel_(model, mesh)
         if case["kind"] == "other":  # (other architectures: the logits and what was sharded)
             res[name] = {"logits": logits(model), "sharded": report.sharded, "skipped": report.skipped}

@@ -1,7 +1,8 @@
 """Tensor parallelism of a quantized mixture-of-experts model on 2 GPUs: Qwen3-30B-A3B shapes (128 experts of 2048 ->
 2 x 768 -> 2048, top 8, 32 / 4 heads of 128; --layers of its 48, random weights), W4A16 g128, split along the
 model's own plan (mixgemm.distributed.tensor_parallel_: every expert's gate / up packed column-parallel, down
-row-parallel, the experts' output summed over the ranks) against the same model on one GPU.
+row-parallel, the experts' output summed over the ranks; ``--plan ep``: its expert-parallel plan, each rank keeping
+64 whole experts) against the same model on one GPU.
 
     PYTHONPATH=src torchrun --nproc-per-node 2 -m tools.checks.moe_tp_gpu --out DIR
     PYTHONPATH=src torchrun --nproc-per-node 2 -m tools.checks.moe_tp_gpu --out DIR --device cpu   (the logic, gloo)
@@ -71,6 +72,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8, help="greedy tokens to compare")
     ap.add_argument("--steps", type=int, default=32, help="timed compiled decode steps")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--plan", default="tp", choices=["tp", "ep"],
+                    help="tp: the model's tensor-parallel plan; ep: its expert-parallel plan (model_ep_plan)")
     a = ap.parse_args()
     cuda = a.device == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=10))
@@ -81,7 +84,7 @@ def main() -> int:
 
     from mixgemm import resident_bytes
     from mixgemm.bench.e2e import decode_tokens_per_s
-    from mixgemm.distributed import tensor_parallel_
+    from mixgemm.distributed import model_ep_plan, tensor_parallel_
     from mixgemm.integrations.hf import greedy_decode
     from mixgemm.nn.experts import QuantizedExperts, routed_why_not
 
@@ -90,8 +93,8 @@ def main() -> int:
     dev = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
     model = build(shapes, a.layers, dev, dtype)
     prompt = torch.randint(0, shapes["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(1)).to(dev)
-    res: dict = {"world": world, "layers": a.layers, "shapes": shapes, "device": torch.cuda.get_device_name() if cuda
-                 else "cpu"}
+    res: dict = {"world": world, "plan": a.plan, "layers": a.layers, "shapes": shapes,
+                 "device": torch.cuda.get_device_name() if cuda else "cpu"}
     mode, backend = ("reduce-overhead", "inductor") if cuda else (None, "eager")
     timing = dict(batch=1, prompt_len=16, warmup=4, steps=a.steps, vocab=shapes["vocab_size"], seed=0, mode=mode,
                   backend=backend)
@@ -104,7 +107,8 @@ def main() -> int:
         res["tp1_weight_bytes"] = resident_bytes(model)["total"]
     dist.barrier()
     dist.broadcast(tokens, src=0)
-    report = tensor_parallel_(model, init_device_mesh(a.device, (world,)))
+    report = tensor_parallel_(model, init_device_mesh(a.device, (world,)),
+                              model_ep_plan(model) if a.plan == "ep" else None)
     why = {name: routed_why_not(m) for name, m in model.named_modules() if isinstance(m, QuantizedExperts)}
     got = forced_logits(model, prompt, tokens)
     res["tp2_tokens_per_s"] = decode_tokens_per_s(model, **timing)["tokens_per_s"]

@@ -7,8 +7,11 @@ shard QuantLinear layers and hand float nn.Linear / nn.Embedding layers to torch
 with torch's ``parallelize_module``. Every split is checked, for every rank alike, before anything is sharded.
 Mixture-of-experts plans (Mixtral, Qwen2 / Qwen3 MoE, DeepSeek, OLMoE) split every quantized expert's intermediate
 features: "packed_colwise" on the gate / up projections (PackedColwiseParallel), "rowwise" on down, and
-"moe_tp_experts" (ExpertsParallel) sums the experts module's output over the ranks. Styles that keep a module whole
-at inference ("replicated_with_grad_allreduce": Qwen3's and Gemma 3's q / k norms) leave it replicated.
+"moe_tp_experts" (ExpertsParallel) sums the experts module's output over the ranks. ``model_ep_plan`` gives the
+expert-parallel form instead (the config's ``base_model_ep_plan``: "grouped_gemm", each rank keeping whole experts,
+and "ep_dispatch_experts", the all-reduce form: every rank holds the batch and runs the slots of its experts). Styles
+that keep a module whole at inference ("replicated_with_grad_allreduce": Qwen3's and Gemma 3's q / k norms) leave it
+replicated.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from mixgemm.distributed.shard import COLWISE, ROWWISE, check_split
-from mixgemm.distributed.styles import ColwiseParallel, ExpertsParallel, PackedColwiseParallel, RowwiseParallel
+from mixgemm.distributed.styles import (
+    ColwiseParallel,
+    ExpertDispatchParallel,
+    ExpertsParallel,
+    LocalExpertsParallel,
+    PackedColwiseParallel,
+    RowwiseParallel,
+)
 from mixgemm.nn.experts import ExpertList, QuantizedExperts
 from mixgemm.nn.linear import QuantLinear
 
@@ -37,6 +47,8 @@ _STYLES = {
     "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
     "packed_colwise": lambda: PackedColwiseParallel(),
     "moe_tp_experts": lambda: ExpertsParallel(),
+    "grouped_gemm": lambda: LocalExpertsParallel(),
+    "ep_dispatch_experts": lambda: ExpertDispatchParallel(),
 }
 # styles that leave the module whole on every rank at inference (they all-reduce gradients in training): skipped,
 # with this reason
@@ -70,6 +82,20 @@ def model_tp_plan(model: nn.Module) -> dict[str, str | ParallelStyle]:
     head = dict(getattr(type(model), "_tp_plan", None) or {})
     head = {k: v for k, v in head.items() if not (prefix and k.startswith(prefix + "."))}
     return {**base, **head}
+
+
+def model_ep_plan(model: nn.Module) -> dict[str, str | ParallelStyle]:
+    """The model's expert-parallel plan: its tensor-parallel plan (model_tp_plan) with the experts' entries of its
+    config's ``base_model_ep_plan`` in their place ("grouped_gemm" on the experts projections: each rank keeps whole
+    experts; "ep_dispatch_experts" on the experts module). Pass it to tensor_parallel_."""
+    config = getattr(model, "config", None)
+    ep = dict(getattr(config, "base_model_ep_plan", None) or {})
+    if not ep:
+        raise ValueError(f"{type(model).__name__} has no expert-parallel plan (config.base_model_ep_plan)")
+    prefix = getattr(model, "base_model_prefix", "")
+    if prefix and isinstance(getattr(model, prefix, None), nn.Module):
+        ep = {f"{prefix}.{k}": v for k, v in ep.items()}
+    return {**model_tp_plan(model), **ep}
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -108,11 +134,20 @@ def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int
     it), not a style name."""
     ours = isinstance(style, ColwiseParallel | RowwiseParallel)
     parts = 2 if isinstance(style, PackedColwiseParallel) else 1
-    if isinstance(style, ExpertsParallel):
+    if isinstance(style, ExpertsParallel | ExpertDispatchParallel):
         if not isinstance(module, QuantizedExperts):
-            raise ValueError(f"{name}: moe_tp_experts: mixgemm.distributed parallelizes quantized experts modules, "
-                             f"not a {type(module).__name__} (quantize its experts first)")
+            raise ValueError(f"{name}: {type(style).__name__}: mixgemm.distributed parallelizes quantized experts "
+                             f"modules, not a {type(module).__name__} (quantize its experts first)")
+        if isinstance(style, ExpertDispatchParallel) and module.num_experts % world:
+            raise ValueError(f"{name}: expert parallelism over {world} ranks: num_experts={module.num_experts} is not "
+                             f"divisible by {world}")
         return  # (the projections are checked as ExpertLists)
+    if isinstance(style, LocalExpertsParallel):
+        if not isinstance(module, ExpertList) or len(module) % world:
+            raise ValueError(f"{name}: grouped_gemm over {world} ranks keeps whole quantized experts: it takes a "
+                             f"quantized experts projection whose expert count divides by {world}, not "
+                             f"{type(module).__name__} of {len(module)}")
+        return
     if isinstance(module, ExpertList) and ours:
         dim = COLWISE if isinstance(style, ColwiseParallel) else ROWWISE
         layer = module[0]  # (the experts of a projection share one shape and format)
@@ -180,4 +215,4 @@ def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | Non
     return report
 
 
-__all__ = ["TensorParallelReport", "model_tp_plan", "tensor_parallel_"]
+__all__ = ["TensorParallelReport", "model_ep_plan", "model_tp_plan", "tensor_parallel_"]

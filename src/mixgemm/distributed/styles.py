@@ -26,6 +26,7 @@ from __future__ import annotations
 import weakref
 from functools import partial
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -205,6 +206,67 @@ class ExpertsParallel(ParallelStyle):
         return module
 
 
+class LocalExpertsParallel(ParallelStyle):
+    """transformers' "grouped_gemm" of an expert-parallel plan, for a quantized experts projection
+    (mixgemm.nn.experts.ExpertList): rank r keeps experts [r E / world, (r + 1) E / world), numbered from 0, each
+    whole (rank ``src_data_rank``'s weights, broadcast, unless None); the experts module's ExpertDispatchParallel
+    maps the router's ids to them."""
+
+    def __init__(self):
+        super().__init__()
+        self.src_data_rank = 0
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, ExpertList):
+            raise ValueError(f"grouped_gemm: mixgemm.distributed keeps the local experts of quantized experts "
+                             f"projections, not of a {type(module).__name__} (quantize its experts first)")
+        rank, world = device_mesh.get_local_rank(), device_mesh.size()
+        local = len(module) // world
+        if self.src_data_rank is not None and world > 1:
+            for e, layer in enumerate(module):  # (every rank takes part in every expert's broadcast)
+                layout = layer.compact
+                layer._restore_plain()  # (the broadcast sends plain codes)
+                full = _broadcast_from(layer, device_mesh, self.src_data_rank)
+                if e // local == rank:
+                    layer._weight_changes()
+                    _adopt(layer, full)
+                    if layout is not None:
+                        layer.compact_(layout)
+        module.keep_only(rank * local, (rank + 1) * local)
+        module.stack()  # (joined now where the experts keep one layout: not in a later CUDA-graph pool)
+        return module
+
+
+def _local_expert_ids(start: int, local: int, module, args, kwargs):
+    """The router's expert ids as this rank's: ``local`` (no local expert, whose slots add nothing) outside
+    [start, start + local)."""
+    if len(args) >= 2:
+        ids = args[1] - start
+        args = (args[0], torch.where((ids >= 0) & (ids < local), ids, local), *args[2:])
+    else:
+        ids = kwargs["top_k_index"] - start
+        kwargs = {**kwargs, "top_k_index": torch.where((ids >= 0) & (ids < local), ids, local)}
+    return args, kwargs
+
+
+class ExpertDispatchParallel(ParallelStyle):
+    """transformers' "ep_dispatch_experts" for a quantized experts module, every rank holding the same batch (the
+    all-reduce form of expert parallelism): each rank runs the slots routed to its experts (LocalExpertsParallel),
+    the others' ids become its "no local expert" id, whose slots add nothing (the routed GEMV writes zeros, the sorted
+    path skips them), and the module's output is summed over the ranks."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, QuantizedExperts):
+            raise ValueError(f"ep_dispatch_experts: mixgemm.distributed parallelizes quantized experts modules, not a "
+                             f"{type(module).__name__} (quantize its experts first)")
+        rank, world = device_mesh.get_local_rank(), device_mesh.size()
+        local = module.num_experts // world
+        module.num_experts = local
+        module.register_forward_pre_hook(partial(_local_expert_ids, rank * local, local), with_kwargs=True)
+        module.register_forward_hook(partial(_output, (Partial(),), (Replicate(),), True, device_mesh))
+        return module
+
+
 def sharded_linear_source(linear: nn.Linear, name: str = "linear"):
     """For an nn.Linear that a mixgemm style sharded (its weight a DTensor): (a plain nn.Linear holding the full
     weight and bias, a function that shards a QuantLinear made from it the same way, in place). quantize_ uses it
@@ -234,4 +296,5 @@ def sharded_linear_source(linear: nn.Linear, name: str = "linear"):
     return plain, shard_like
 
 
-__all__ = ["ColwiseParallel", "ExpertsParallel", "PackedColwiseParallel", "RowwiseParallel", "sharded_linear_source"]
+__all__ = ["ColwiseParallel", "ExpertDispatchParallel", "ExpertsParallel", "LocalExpertsParallel",
+           "PackedColwiseParallel", "RowwiseParallel", "sharded_linear_source"]

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from mixgemm.nn.expert_stack import ExpertStack
+from mixgemm.nn.linear import SIBLINGS_ATTR
 from mixgemm.ops.custom_ops import define_op, register_fake_ops
 
 # the 3-D parameters of a fused experts module, by whether it gates: (first projection, second projection)
@@ -150,6 +151,18 @@ class ExpertList(nn.ModuleList):
         state = self.__dict__.copy()
         state.pop("_stack", None)  # (holds device buffers and prepared launches: a copy makes its own)
         return state
+
+    def keep_only(self, start: int, stop: int) -> None:
+        """Keep experts [start, stop), numbered from 0 (expert parallelism's local experts); the others are dropped,
+        and so is the stack (the next ``stack()`` joins the kept ones)."""
+        kept = [self._modules[str(e)] for e in range(start, stop)]
+        for layer in self:
+            if isinstance(layer.__dict__.get(SIBLINGS_ATTR), ExpertStack):
+                del layer.__dict__[SIBLINGS_ATTR]  # (the old stack's join would hold the dropped experts too)
+        self.__dict__.pop("_stack", None)
+        self._modules.clear()
+        for e, layer in enumerate(kept):
+            self._modules[str(e)] = layer
 
     def stack(self) -> ExpertStack:
         st = self.__dict__.get("_stack")
