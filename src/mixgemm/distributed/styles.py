@@ -194,16 +194,22 @@ class ExpertsParallel(ParallelStyle):
     of every expert's intermediate features, routed exactly as unsharded, and its down projections' partial output;
     this style sums the module's output over the ranks (an all-reduce through DTensor, as RowwiseParallel's)."""
 
-    def __init__(self):
-        super().__init__()
-        self.src_data_rank = 0
-
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if not isinstance(module, QuantizedExperts):
-            raise ValueError(f"moe_tp_experts: mixgemm.distributed parallelizes quantized experts modules, not a "
-                             f"{type(module).__name__} (quantize its experts first)")
-        module.register_forward_hook(partial(_output, (Partial(),), (Replicate(),), True, device_mesh))
+        _summed_over_ranks(_quantized_experts(module, "moe_tp_experts"), device_mesh)
         return module
+
+
+def _quantized_experts(module: nn.Module, style: str) -> QuantizedExperts:
+    if not isinstance(module, QuantizedExperts):
+        raise ValueError(f"{style}: mixgemm.distributed parallelizes quantized experts modules, not a "
+                         f"{type(module).__name__} (quantize its experts first)")
+    return module
+
+
+def _summed_over_ranks(module: nn.Module, device_mesh: DeviceMesh) -> None:
+    """The module's output is each rank's partial sum: summed over the ranks (Partial -> Replicate through DTensor,
+    as RowwiseParallel's)."""
+    module.register_forward_hook(partial(_output, (Partial(),), (Replicate(),), True, device_mesh))
 
 
 class LocalExpertsParallel(ParallelStyle):
@@ -211,10 +217,6 @@ class LocalExpertsParallel(ParallelStyle):
     (mixgemm.nn.experts.ExpertList): rank r keeps experts [r E / world, (r + 1) E / world), numbered from 0, each
     whole (rank ``src_data_rank``'s weights, broadcast, unless None); the experts module's ExpertDispatchParallel
     maps the router's ids to them."""
-
-    def __init__(self):
-        super().__init__()
-        self.src_data_rank = 0
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, ExpertList):
@@ -256,14 +258,12 @@ class ExpertDispatchParallel(ParallelStyle):
     path skips them), and the module's output is summed over the ranks."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if not isinstance(module, QuantizedExperts):
-            raise ValueError(f"ep_dispatch_experts: mixgemm.distributed parallelizes quantized experts modules, not a "
-                             f"{type(module).__name__} (quantize its experts first)")
+        _quantized_experts(module, "ep_dispatch_experts")
         rank, world = device_mesh.get_local_rank(), device_mesh.size()
         local = module.num_experts // world
         module.num_experts = local
         module.register_forward_pre_hook(partial(_local_expert_ids, rank * local, local), with_kwargs=True)
-        module.register_forward_hook(partial(_output, (Partial(),), (Replicate(),), True, device_mesh))
+        _summed_over_ranks(module, device_mesh)
         return module
 
 
