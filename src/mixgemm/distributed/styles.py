@@ -235,7 +235,7 @@ class LocalExpertsParallel(ParallelStyle):
                     if layout is not None:
                         layer.compact_(layout)
         module.keep_only(rank * local, (rank + 1) * local)
-        module.stack()  # (joined now where the experts keep one layout: not in a later CUDA-graph pool)
+        module.stack().join()  # (now, where the experts keep one layout: not in a later CUDA-graph pool)
         return module
 
 
