@@ -32,8 +32,9 @@ from mixgemm.distributed.styles import (
     LocalExpertsParallel,
     PackedColwiseParallel,
     RowwiseParallel,
+    quantized_experts,
 )
-from mixgemm.nn.experts import ExpertList, QuantizedExperts
+from mixgemm.nn.experts import ExpertList
 from mixgemm.nn.linear import QuantLinear
 
 # transformers' style names (transformers.distributed.tensor_parallel) that this module implements
@@ -74,28 +75,30 @@ def model_tp_plan(model: nn.Module) -> dict[str, str | ParallelStyle]:
     """The model's own plan with keys relative to ``model``: its config's ``base_model_tp_plan`` (prefixed with the
     base model's attribute name when ``model`` wraps it, as LlamaForCausalLM wraps ``model``) and the class-level
     ``_tp_plan`` of the head (e.g. {"lm_head": "colwise_gather_output"})."""
-    config = getattr(model, "config", None)
-    base = dict(getattr(config, "base_model_tp_plan", None) or {})
     prefix = getattr(model, "base_model_prefix", "")
-    if prefix and isinstance(getattr(model, prefix, None), nn.Module):
-        base = {f"{prefix}.{k}": v for k, v in base.items()}
     head = dict(getattr(type(model), "_tp_plan", None) or {})
     head = {k: v for k, v in head.items() if not (prefix and k.startswith(prefix + "."))}
-    return {**base, **head}
+    return {**_base_model_plan(model, "base_model_tp_plan"), **head}
 
 
 def model_ep_plan(model: nn.Module) -> dict[str, str | ParallelStyle]:
     """The model's expert-parallel plan: its tensor-parallel plan (model_tp_plan) with the experts' entries of its
     config's ``base_model_ep_plan`` in their place ("grouped_gemm" on the experts projections: each rank keeps whole
     experts; "ep_dispatch_experts" on the experts module). Pass it to tensor_parallel_."""
-    config = getattr(model, "config", None)
-    ep = dict(getattr(config, "base_model_ep_plan", None) or {})
+    ep = _base_model_plan(model, "base_model_ep_plan")
     if not ep:
         raise ValueError(f"{type(model).__name__} has no expert-parallel plan (config.base_model_ep_plan)")
+    return {**model_tp_plan(model), **ep}
+
+
+def _base_model_plan(model: nn.Module, attr: str) -> dict[str, str]:
+    """The config's plan ``attr`` with keys relative to ``model`` (prefixed with the base model's attribute name when
+    ``model`` wraps it)."""
+    plan = dict(getattr(getattr(model, "config", None), attr, None) or {})
     prefix = getattr(model, "base_model_prefix", "")
     if prefix and isinstance(getattr(model, prefix, None), nn.Module):
-        ep = {f"{prefix}.{k}": v for k, v in ep.items()}
-    return {**model_tp_plan(model), **ep}
+        plan = {f"{prefix}.{k}": v for k, v in plan.items()}
+    return plan
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -133,11 +136,10 @@ def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int
     dimension divides by ``world``). ``given``: the plan held the style object itself (any module is then left to
     it), not a style name."""
     ours = isinstance(style, ColwiseParallel | RowwiseParallel)
+    dim = COLWISE if isinstance(style, ColwiseParallel) else ROWWISE
     parts = 2 if isinstance(style, PackedColwiseParallel) else 1
     if isinstance(style, ExpertsParallel | ExpertDispatchParallel):
-        if not isinstance(module, QuantizedExperts):
-            raise ValueError(f"{name}: {type(style).__name__}: mixgemm.distributed parallelizes quantized experts "
-                             f"modules, not a {type(module).__name__} (quantize its experts first)")
+        quantized_experts(module, f"{name}: {type(style).__name__}")
         if isinstance(style, ExpertDispatchParallel) and module.num_experts % world:
             raise ValueError(f"{name}: expert parallelism over {world} ranks: num_experts={module.num_experts} is not "
                              f"divisible by {world}")
@@ -149,14 +151,12 @@ def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int
                              f"{type(module).__name__} of {len(module)}")
         return
     if isinstance(module, ExpertList) and ours:
-        dim = COLWISE if isinstance(style, ColwiseParallel) else ROWWISE
         layer = module[0]  # (the experts of a projection share one shape and format)
         check_split((layer.out_features, layer.in_features), layer.config, dim, world, f"{name}.<expert>", parts)
     elif isinstance(module, QuantLinear):
         if not ours:
             raise ValueError(f"{name}: {type(style).__name__} ({type(style).__module__}) cannot shard a QuantLinear; "
                              "use mixgemm.distributed.ColwiseParallel / RowwiseParallel (torch's options)")
-        dim = COLWISE if isinstance(style, ColwiseParallel) else ROWWISE
         check_split((module.out_features, module.in_features), module.config, dim, world, name, parts)
     elif parts != 1:
         raise ValueError(f"{name}: packed_colwise shards QuantLinear layers and quantized experts projections, not a "

@@ -195,11 +195,12 @@ class ExpertsParallel(ParallelStyle):
     this style sums the module's output over the ranks (an all-reduce through DTensor, as RowwiseParallel's)."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _summed_over_ranks(_quantized_experts(module, "moe_tp_experts"), device_mesh)
+        _summed_over_ranks(quantized_experts(module, "moe_tp_experts"), device_mesh)
         return module
 
 
-def _quantized_experts(module: nn.Module, style: str) -> QuantizedExperts:
+def quantized_experts(module: nn.Module, style: str) -> QuantizedExperts:
+    """``module``, which the experts styles (named by ``style``) take only as a quantized experts module."""
     if not isinstance(module, QuantizedExperts):
         raise ValueError(f"{style}: mixgemm.distributed parallelizes quantized experts modules, not a "
                          f"{type(module).__name__} (quantize its experts first)")
@@ -242,13 +243,13 @@ class LocalExpertsParallel(ParallelStyle):
 def _local_expert_ids(start: int, local: int, module, args, kwargs):
     """The router's expert ids as this rank's: ``local`` (no local expert, whose slots add nothing) outside
     [start, start + local)."""
+    def mine(ids):
+        ids = ids - start
+        return torch.where((ids >= 0) & (ids < local), ids, local)
+
     if len(args) >= 2:
-        ids = args[1] - start
-        args = (args[0], torch.where((ids >= 0) & (ids < local), ids, local), *args[2:])
-    else:
-        ids = kwargs["top_k_index"] - start
-        kwargs = {**kwargs, "top_k_index": torch.where((ids >= 0) & (ids < local), ids, local)}
-    return args, kwargs
+        return (args[0], mine(args[1]), *args[2:]), kwargs
+    return args, {**kwargs, "top_k_index": mine(kwargs["top_k_index"])}
 
 
 class ExpertDispatchParallel(ParallelStyle):
@@ -258,7 +259,7 @@ class ExpertDispatchParallel(ParallelStyle):
     path skips them), and the module's output is summed over the ranks."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        _quantized_experts(module, "ep_dispatch_experts")
+        quantized_experts(module, "ep_dispatch_experts")
         rank, world = device_mesh.get_local_rank(), device_mesh.size()
         local = module.num_experts // world
         module.num_experts = local
@@ -297,4 +298,4 @@ def sharded_linear_source(linear: nn.Linear, name: str = "linear"):
 
 
 __all__ = ["ColwiseParallel", "ExpertDispatchParallel", "ExpertsParallel", "LocalExpertsParallel",
-           "PackedColwiseParallel", "RowwiseParallel", "sharded_linear_source"]
+           "PackedColwiseParallel", "RowwiseParallel", "quantized_experts", "sharded_linear_source"]

@@ -174,16 +174,18 @@ def parse_table(raw: dict, name: str) -> dict:
     table["wgmma_from_m"] = {fmt: tuple(lst) for fmt, lst in by_format.items()}
     for section in M1_SECTIONS:
         table[section] = regions_by_bits(raw.get(section, []), f"{name}.json {section}")
-    over = raw.get("gemv_over_wgmma")
-    if over is not None and not (isinstance(over.get("source"), str) and over["source"]
-                                 and {"bits", "min_fill", "multiwave_max_k"} <= set(over)):
-        raise ValueError(f"{name}.json gemv_over_wgmma needs 'bits', 'min_fill', 'multiwave_max_k' and 'source'")
-    routed = raw.get("routed_experts")
-    if routed is not None and not ({"macs_per_s", "sorted_us_per_expert"} <= set(routed)
-                                   and isinstance(routed.get("source"), str) and routed["source"]):
-        raise ValueError(f"{name}.json routed_experts needs 'macs_per_s', 'sorted_us_per_expert' and 'source'")
+    _check_section(raw, name, "gemv_over_wgmma", ("bits", "min_fill", "multiwave_max_k"))
+    _check_section(raw, name, "routed_experts", ("macs_per_s", "sorted_us_per_expert"))
     table["name"] = name
     return table
+
+
+def _check_section(raw: dict, name: str, section: str, fields: tuple[str, ...]) -> None:
+    """An optional one-entry section holds ``fields`` and a 'source' string (ValueError naming them otherwise)."""
+    entry = raw.get(section)
+    if entry is not None and not (isinstance(entry.get("source"), str) and entry["source"]
+                                  and set(fields) <= set(entry)):
+        raise ValueError(f"{name}.json {section} needs {', '.join(repr(f) for f in fields)} and 'source'")
 
 
 @functools.cache
