@@ -53,18 +53,6 @@ def build(shapes: dict, layers: int, device: str, dtype: torch.dtype):
     return model
 
 
-@torch.no_grad()
-def forced_logits(model, prompt: torch.Tensor, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """The last-position logits after the prompt and after each of ``tokens`` (teacher forcing, eager, no cache)."""
-    out = []
-    seq = prompt
-    for i in range(tokens.shape[1] + 1):
-        out.append(model(seq).logits[:, -1].float())
-        if i < tokens.shape[1]:
-            seq = torch.cat([seq, tokens[:, i:i + 1]], dim=1)
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -87,6 +75,7 @@ def main() -> int:
     from mixgemm.distributed import model_ep_plan, tensor_parallel_
     from mixgemm.integrations.hf import greedy_decode
     from mixgemm.nn.experts import QuantizedExperts, routed_why_not
+    from tools.checks.tp_gpu import forced_logits  # (eager: teacher-forced logits over a static cache)
 
     shapes = QWEN3_30B_A3B if cuda else SMOKE
     dtype = torch.float16 if cuda else torch.float32
@@ -102,7 +91,7 @@ def main() -> int:
     if rank == 0:  # TP 1: the whole model on this GPU, before it is sharded (not a copy: the same layers and joins)
         toks, _ = greedy_decode(model, prompt, a.tokens)
         tokens.copy_(toks)
-        ref = forced_logits(model, prompt, tokens)
+        ref = forced_logits(model, prompt, tokens, None)
         res["tp1_tokens_per_s"] = decode_tokens_per_s(model, **timing)["tokens_per_s"]
         res["tp1_weight_bytes"] = resident_bytes(model)["total"]
     dist.barrier()
@@ -110,7 +99,7 @@ def main() -> int:
     report = tensor_parallel_(model, init_device_mesh(a.device, (world,)),
                               model_ep_plan(model) if a.plan == "ep" else None)
     why = {name: routed_why_not(m) for name, m in model.named_modules() if isinstance(m, QuantizedExperts)}
-    got = forced_logits(model, prompt, tokens)
+    got = forced_logits(model, prompt, tokens, None)
     res["tp2_tokens_per_s"] = decode_tokens_per_s(model, **timing)["tokens_per_s"]
     weight = torch.tensor([resident_bytes(model)["total"]], dtype=torch.int64, device=dev)
     all_why = [None] * world
