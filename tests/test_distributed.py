@@ -165,10 +165,17 @@ def _cases(kind):
 @pytest.mark.parametrize("world", tp_cases.WORLDS)
 @pytest.mark.parametrize("case", _cases("exact"))
 def test_weight_only_logits_equal_unsharded(tp, case, world):
+    _logits_equal_unsharded(tp, case, world)
+
+
+def _logits_equal_unsharded(tp, case: str, world: int) -> dict:
+    """Every rank's logits of ``case`` equal (the output is replicated) and within EXACT of the unsharded model's;
+    returns rank 0's results."""
     cases, ranks = tp
     got = [r[world][case]["logits"] for r in ranks[:world]]
     assert _rel(got[0], cases[case]["ref"]) <= EXACT
-    assert all(torch.equal(g, got[0]) for g in got[1:])  # the output is replicated on every rank
+    assert all(torch.equal(g, got[0]) for g in got[1:])
+    return ranks[0][world][case]
 
 
 @pytest.mark.parametrize("world", tp_cases.WORLDS)
@@ -194,12 +201,8 @@ def test_activation_quantized_error_within_1_25x(tp, case, world):
 def test_moe_and_qwen3_plans_equal_unsharded(tp, arch, world):
     """The models' own plans: MoE experts split per expert (gate / up packed, down row-parallel, the module's output
     summed), Qwen3's q / k norms left replicated; the logits are the unsharded model's."""
-    cases, ranks = tp
-    case = next(name for name in cases if name.startswith(f"{arch} "))
-    got = [r[world][case]["logits"] for r in ranks[:world]]
-    assert _rel(got[0], cases[case]["ref"]) <= EXACT
-    assert all(torch.equal(g, got[0]) for g in got[1:])
-    r0 = ranks[0][world][case]
+    case = next(name for name in tp[0] if name.startswith(f"{arch} "))
+    r0 = _logits_equal_unsharded(tp, case, world)
     if arch == "qwen3":
         assert "replicated_with_grad_allreduce" in r0["skipped"]["model.layers.0.self_attn.q_norm"]
     else:
@@ -213,12 +216,8 @@ def test_moe_and_qwen3_plans_equal_unsharded(tp, arch, world):
 def test_expert_parallel_plan_equals_unsharded(tp, arch, world):
     """model_ep_plan: each rank keeps E / world whole experts, routes the others' slots nowhere and the ranks' outputs
     are summed: the unsharded logits."""
-    cases, ranks = tp
-    case = next(name for name in cases if name.startswith(f"ep {arch} "))
-    got = [r[world][case]["logits"] for r in ranks[:world]]
-    assert _rel(got[0], cases[case]["ref"]) <= EXACT
-    assert all(torch.equal(g, got[0]) for g in got[1:])
-    r0 = ranks[0][world][case]
+    case = next(name for name in tp[0] if name.startswith(f"ep {arch} "))
+    r0 = _logits_equal_unsharded(tp, case, world)
     experts = tp_cases.HF_SHAPES[arch].get("num_experts", tp_cases.HF_SHAPES[arch].get("num_local_experts"))
     assert r0["local_experts"] == r0["num_experts"] == experts // world
     assert _rel(*r0["one_token"]) <= EXACT
