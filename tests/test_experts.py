@@ -8,13 +8,13 @@ import torch
 from torch import nn
 
 import mixgemm
+from mixgemm.kernels.cuda import nvrtc
 from mixgemm.nn.experts import (
     ExpertList,
     QuantizedExperts,
     dequantize_experts_,
     prepare_skeleton,
     routed_why_not,
-    routes,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -318,15 +318,16 @@ def test_quantized_moe_model_pickles(tmp_path):
         assert torch.equal(again(ids).logits, model(ids).logits)
 
 
-def test_routed_decoding_rule_and_reasons():
+def test_experts_path_rule_and_reasons():
     from mixgemm import tuning
+    from mixgemm.nn.experts import path
 
-    assert routes(1, 8, 128) and routes(4, 2, 8) and not routes(5, 8, 128)  # without costs: decoding only
+    assert path(1, 8, 128) == "routed" and path(4, 2, 8) == "routed" and path(5, 8, 128) == "sorted"  # no costs
     costs = tuning.routed_experts(tuning.load_table("h100"))
-    qwen3 = 2048 * 1536 + 768 * 2048  # one slot's multiply-adds: many small experts stay routed far longer ...
-    mixtral = 4096 * 28672 + 14336 * 4096  # ... than a few large ones
-    assert routes(2048, 8, 128, qwen3, costs) and not routes(8192, 8, 128, qwen3, costs)
-    assert routes(32, 2, 8, mixtral, costs) and not routes(64, 2, 8, mixtral, costs)
+    # many small experts (Qwen3-MoE: 128, top 8) stay routed longer than a few large ones (Mixtral: 8, top 2); both
+    # prefill on the grouped GEMM
+    assert [path(t, 8, 128, costs) for t in (4, 16, 28, 32, 2048)] == ["routed"] * 3 + ["grouped"] * 2
+    assert [path(t, 2, 8, costs) for t in (4, 7, 8, 2048)] == ["routed"] * 2 + ["grouped"] * 2
     model = tiny_model("qwen3_moe")
     mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
     mod = experts_modules(model)[0]
@@ -434,6 +435,39 @@ def test_compiled_moe_decode_with_cuda_graphs_equals_eager():
         assert float((a - b).norm() / b.norm()) <= 2e-3
 
 
+def test_tile_table_reference():
+    from mixgemm.kernels.cuda.grouped_gemm import table_entries, tile_table_reference
+
+    route = torch.tensor([0, 0, 0, 2, 2, 2, 2, 2, 5, 7, 7])  # experts 1, 3, 4 empty; 7: a sentinel (E = 6)
+    got = tile_table_reference(route, 6, 2, table_entries(11, 6, 2))
+    assert got.shape == (12, 4) and got.dtype == torch.int32
+    assert got[:6].tolist() == [[0, 0, 3, 0], [0, 2, 3, 0], [2, 3, 8, 0], [2, 5, 8, 0], [2, 7, 8, 0], [5, 8, 9, 0]]
+    assert got[6:].tolist() == [[-1, 0, 0, 0]] * 6
+
+
+@pytest.mark.gpu
+def test_tile_table_kernel_matches_reference():
+    from mixgemm.kernels.cuda.grouped_gemm import table_entries, tile_table, tile_table_reference
+
+    gen = torch.Generator().manual_seed(0)
+    for slots, e, bm in ((1, 8, 16), (37, 8, 16), (300, 128, 32), (4096, 128, 128), (513, 300, 64)):
+        route = torch.randint(0, e + 2, (slots,), generator=gen).sort().values  # ids >= e: sentinels
+        route[: slots // 3] = 0  # one expert with many rows
+        route = route.sort().values
+        want = tile_table_reference(route, e, bm, table_entries(slots, e, bm))
+        assert torch.equal(tile_table(route.cuda(), e, bm).cpu(), want), (slots, e, bm)
+
+
+@pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
+def test_tile_table_kernel_compiles():
+    assert len(nvrtc.compile_cubin("expert_tiles.cu", (), "sm_90")) > 1000
+
+
+_FORMATS = {"w4_sym": lambda: mixgemm.W4A16(group_size=32),
+            "w4_zp": lambda: mixgemm.W4A16(group_size=32, mode="zero_point"),
+            "w4_offset": lambda: mixgemm.W4A16(group_size=32, mode="offset"), "w8": mixgemm.W8A16}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "mixtral"])
 @pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w4_offset", "w8"])
@@ -443,9 +477,7 @@ def test_routed_decoding_on_cuda_matches_float64(arch, fmt, dtype):
     multiple of 64 (96), sentinel ids of no local expert, T 1..4 and T x k <= E, inputs untouched."""
     model = tiny_model(arch, hidden_size=96, **({"moe_intermediate_size": 96} if arch == "qwen3_moe" else {}))
     model = model.to("cuda", dtype)
-    config = {"w4_sym": mixgemm.W4A16(group_size=32), "w4_zp": mixgemm.W4A16(group_size=32, mode="zero_point"),
-              "w4_offset": mixgemm.W4A16(group_size=32, mode="offset"), "w8": mixgemm.W8A16()}[fmt]
-    mixgemm.quantize_(model, config)
+    mixgemm.quantize_(model, _FORMATS[fmt]())
     mod = experts_modules(model)[0]
     ref = float64_twin(mod)
     k, e = model.config.num_experts_per_tok, mod.num_experts
@@ -472,31 +504,66 @@ def test_routed_decoding_on_cuda_matches_float64(arch, fmt, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "mixtral"])
+@pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w4_offset", "w8"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_routed_calls_of_many_tokens_match_float64(arch, dtype, monkeypatch):
-    """Past a few tokens the routed path runs the slots in expert order (and puts them back): T 5..129 with the
-    routed path forced, sentinel ids included, against the float64 product."""
+@pytest.mark.parametrize("forced", ["routed", "grouped"])
+def test_calls_of_many_tokens_match_float64(arch, fmt, dtype, forced, monkeypatch):
+    """Past a few tokens the slots run in expert order (and are put back), through the routed GEMV or the grouped
+    tensor-core GEMM: T 5..300 with the path forced, K = 96 (no multiple of 64), sentinel ids included, against the
+    float64 product; inputs untouched."""
     import mixgemm.nn.experts as experts
 
-    monkeypatch.setattr(experts, "routes", lambda *a: True)
+    monkeypatch.setattr(experts, "path", lambda *a: forced)
     model = tiny_model(arch, hidden_size=96, **({"moe_intermediate_size": 96} if arch == "qwen3_moe" else {}))
     model = model.to("cuda", dtype)
-    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32, mode="zero_point"))
+    mixgemm.quantize_(model, _FORMATS[fmt]())
     mod = experts_modules(model)[0]
     ref = float64_twin(mod)
     k, e = model.config.num_experts_per_tok, mod.num_experts
-    for t in (5, 17, 129):
+    for t in (5, 17, 129, 300):
         gen = torch.Generator().manual_seed(t)
         x = torch.randn(t, 96, generator=gen)
         idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
         idx[::7, -1] = e  # sentinels: no local expert
         w = torch.rand(t, k, generator=gen)
+        xd, idxd, wd = x.to("cuda", dtype), idx.cuda(), w.to("cuda", dtype)
+        x0, idx0, w0 = xd.clone(), idxd.clone(), wd.clone()
         with torch.no_grad():
-            got = mod(x.to("cuda", dtype), idx.cuda(), w.to("cuda", dtype)).cpu()
+            got = mod(xd, idxd, wd).cpu()
+        assert torch.equal(xd, x0) and torch.equal(idxd, idx0) and torch.equal(wd, w0)
         want = ref(x.to(dtype).double(), idx, w.to(dtype).double())
         err = ((got.double() - want).abs().max() / want.abs().max()).item()
-        assert err < (2e-3 if dtype == torch.float16 else 1.5e-2), (arch, dtype, t, err)
+        assert err < (2e-3 if dtype == torch.float16 else 1.5e-2), (arch, fmt, dtype, forced, t, err)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bm", [16, 32, 64, 128])
+def test_grouped_gemm_tiles_match_float64(bm):
+    """The grouped GEMM on its own, each tile height: experts with no rows, one row, several tiles of rows and a
+    partial last tile, bias per expert, sentinel rows zero, against the float64 product of each row's expert."""
+    from mixgemm.kernels.cuda.grouped_gemm import grouped_gemm
+
+    model = tiny_model("gpt_oss", hidden_size=96).to("cuda", torch.float16)  # (experts with biases)
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
+    mod = experts_modules(model)[0]
+    stack = mod.down_proj.stack().stacked
+    e = mod.num_experts
+    gen = torch.Generator().manual_seed(bm)
+    counts = [0, 1, 2 * bm + 3, bm, 5] + [7] * (e - 5)
+    route = torch.cat([torch.full((c,), i) for i, c in enumerate(counts)] + [torch.full((4,), e)])  # + sentinels
+    x = torch.randn(route.shape[0], stack.layout.k, generator=gen)
+    got = grouped_gemm(x.to("cuda", torch.float16), route.cuda(), stack, {"BM": bm, "NWG": 2, "STAGES": 4,
+                                                                           "TMA": 1, "SPLIT": 1}).cpu()
+    w = torch.stack([layer.dequantize().double().cpu() for layer in mod.down_proj])  # [E, N, K]
+    b = torch.stack([layer.bias.double().cpu() for layer in mod.down_proj])
+    live = route < e
+    want = torch.zeros(route.shape[0], stack.layout.n, dtype=torch.float64)
+    xr = x.to(torch.float16).double()
+    want[live] = torch.einsum("sk,snk->sn", xr[live], w[route[live]]) + b[route[live]]
+    err = ((got.double() - want).abs().max() / want.abs().max()).item()
+    assert err < 2e-3, (bm, err)
+    assert torch.equal(got[~live], torch.zeros_like(got[~live]))
 
 
 @pytest.mark.gpu

@@ -175,6 +175,9 @@ COMPILE_CASES = [
          WG_TSTORE=1, WG_TS_CHUNK=16, WG_TS_BOX=128),
     dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_PC=1, WG_SK=2,
          WG_TSTORE=1, WG_TS_CHUNK=8, WG_TS_BOX=64, WG_PDL=1),
+    # mixture-of-experts prefill: E experts' layouts, a tile table per launch (WG_GROUPED)
+    dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=1, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_GROUP_M=1, WG_GROUPED=1),
+    dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=16, WG_NWG=2, WG_STAGES=4, WG_PC=1, WG_GROUPED=1),
 ]
 
 

@@ -1,6 +1,8 @@
-"""One MoE layer's quantized experts at decode sizes: the routed path (mixgemm.kernels.cuda.routed_gemv, one launch
-a projection) against the sorted per-expert path and transformers' fp16 experts module, and each routed GEMV against
-its floor (the routed experts' int4 codes and fp16 g128 scales at copy bandwidth, per distinct expert of the routing).
+"""One MoE layer's quantized experts from decode to prefill sizes: each path forced (the routed GEMV,
+mixgemm.kernels.cuda.routed_gemv, and the grouped tensor-core GEMM, mixgemm.kernels.cuda.grouped_gemm, one launch a
+projection each; the sorted per-expert layers) and the path the rule takes, against transformers' fp16 / bf16 experts
+module, the grouped and sorted outputs against the routed one, and each routed GEMV against its floor (the routed
+experts' int4 codes and fp16 g128 scales at copy bandwidth, per distinct expert of the routing).
 
 The layer is built from the model's shapes (one decoder layer of a transformers config, random weights) and
 quantized with W4A16 g128; inputs rotate over 8 random routings. Times in us: ``*_graph`` protocol graph timing
@@ -70,25 +72,30 @@ def measure(name: str, tokens: list[int], bandwidth: float) -> list[dict]:
         calls = [partial(mod, xs[i], ids[i], ws[i]) for i in range(COPIES)]
         with torch.no_grad():
             y, want = mod(xs[0], ids[0], ws[0]), fp16(xs[0], ids[0], ws[0])
+            costs = tuning.routed_experts(tuning.table_for(xs[0].device))
             row = dict(model=name, tokens=t, routed_why_not=experts.routed_why_not(mod),
-                       rule_routes=experts.routes(t, k, e, experts.slot_macs(experts._joined(mod)),
-                                                  tuning.routed_experts(tuning.table_for(xs[0].device))),
+                       rule_path=experts.path(t, k, e, costs),
                        cosine_fp16=torch.nn.functional.cosine_similarity(y.float().flatten(), want.float().flatten(),
                                                                          dim=0).item())
-            if row["rule_routes"]:  # (the sorted path reads the routing on the host: no graph)
-                row.update(routed_graph=graph_time_us(calls), routed_eager=eager_time_us(calls))
-            rule = experts.routes
+            rule = experts.path
             try:
-                experts.routes = lambda *a: True  # the routed path, forced (past the rule's tokens)
-                if t > 1:
-                    row["forced_routed_graph"] = graph_time_us(calls)
-                    row["forced_routed_eager"] = eager_time_us(calls)
-                experts.routes = lambda *a: False  # the sorted path, forced
-                row["sorted_eager"] = eager_time_us(calls)
+                for forced in experts.PATHS:  # each forced (the sorted one reads the routing on the host: no graph)
+                    if forced == "routed" and t > 4096 or forced == "sorted" and t > 512:
+                        continue  # (minutes of timing at these counts; their trend is plain by then)
+                    experts.path = lambda *a, _f=forced: _f
+                    if forced != "sorted":
+                        row[f"{forced}_graph"] = graph_time_us(calls)
+                    row[f"{forced}_eager"] = eager_time_us(calls)
+                    if forced != "routed":  # each path against the routed one on the same inputs
+                        got = mod(xs[0], ids[0], ws[0])
+                        experts.path = lambda *a: "routed"
+                        ref = mod(xs[0], ids[0], ws[0])
+                        row[f"{forced}_max_rel_err"] = ((got.float() - ref.float()).abs().max()
+                                                        / ref.float().abs().max()).item()
             finally:
-                experts.routes = rule
+                experts.path = rule
             row["fp16_eager"] = eager_time_us([partial(fp16, xs[i], ids[i], ws[i]) for i in range(COPIES)])
-            stacks = (mod.gate_up_proj.stack().stacked, mod.down_proj.stack().stacked)
+            stacks = experts._joined(mod)
             routes = [i.reshape(-1).contiguous() for i in ids]
             mids = [torch.randn(t * k, stacks[1].layout.k, generator=g).to("cuda", DTYPE[0]) for _ in range(COPIES)]
             distinct = sum(len(set(i.reshape(-1).tolist())) for i in ids) / COPIES

@@ -17,13 +17,13 @@ dict keeps the names (``<experts>.gate_up_proj.<e>.qweight`` ...), so save_pretr
 expert's projection as a quantized layer of its own (``prepare_skeleton`` gives a model being loaded the same
 structure before its layers are filled).
 
-Calls in fp16 / bf16 on an sm_90 GPU, where each projection's experts keep one wgmma_v1 layout, run routed when
-``routes`` says so (decoding always; past a few tokens while the routed GEMV's math costs less than the sorted path's
-per-expert round trips): each projection is one launch over every (token, expert) slot, with the routing read on the
-GPU (mixgemm.kernels.cuda.routed_gemv over the experts' layouts joined in one buffer, mixgemm.nn.expert_stack); past
-a few tokens the slots run in expert order. Elsewhere (many tokens, the CPU, other GPUs, fp32, autograd) the (token,
-expert) pairs are sorted by expert and each expert's tokens run through its layers; that reads the routing on the host
-once per layer (transformers' own eager experts do the same).
+Calls in fp16 / bf16 on an sm_90 GPU, where each projection's experts keep one wgmma_v1 layout, run each projection
+as one launch over every (token, expert) slot with the routing read on the GPU, over the experts' layouts joined in
+one buffer (mixgemm.nn.expert_stack): decoding and a few slots per expert through the routed GEMV
+(mixgemm.kernels.cuda.routed_gemv), prefill through the grouped tensor-core GEMM (mixgemm.kernels.cuda.grouped_gemm),
+the slots sorted by expert; ``path`` chooses. Elsewhere (the CPU, other GPUs, fp32, autograd, int8-activation or
+act-order experts) the (token, expert) pairs are sorted by expert and each expert's tokens run through its layers;
+that reads the routing on the host once per layer (transformers' own eager experts do the same).
 
 Under torch.compile (no gradient recorded) the whole experts call is one opaque op, ``torch.ops.mixgemm.experts``,
 whose kernel is the eager forward above: a decoding step compiles to one graph (fullgraph=True) and, routed, captures
@@ -296,7 +296,8 @@ class QuantizedExperts(nn.Module):
 
     def experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                         top_k_weights: torch.Tensor) -> torch.Tensor:
-        """The eager forward: routed where ``routes`` and the experts allow it, else the tokens sorted by expert."""
+        """The eager forward: one launch a projection (routed GEMV or grouped GEMM, ``path``) where the experts allow
+        it, else each expert's tokens through its layers."""
         first, down = (self.gate_up_proj if self.has_gate else self.up_proj), self.down_proj
         t, h = hidden_states.shape
         k = top_k_index.shape[-1]
@@ -340,10 +341,12 @@ class QuantizedExperts(nn.Module):
     @torch.compiler.disable
     def _routed(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor | None:
-        """Every (token, expert) slot in one launch per projection, the routing read on the GPU (module docstring);
-        slots of no local expert give zeros. None where the experts cannot run so (_joined says why) or the rule
-        (``routes``) sends the call to the sorted path."""
+        """Every (token, expert) slot in one launch per projection, the routing read on the GPU (module docstring):
+        the routed GEMV or, for many tokens, the grouped tensor-core GEMM (``path``); slots of no local expert give
+        zeros. None where the experts cannot run so (_joined says why) or the rule sends the call to the sorted
+        per-expert path."""
         from mixgemm import tuning
+        from mixgemm.kernels.cuda.grouped_gemm import grouped_config, grouped_gemm, tile_table
         from mixgemm.kernels.cuda.routed_gemv import routed_gemv
 
         if hidden_states.device.type != "cuda":
@@ -353,19 +356,28 @@ class QuantizedExperts(nn.Module):
             return None
         t = hidden_states.shape[0]
         k = top_k_index.shape[-1]
-        if not routes(t, k, self.num_experts, slot_macs(stacks),
-                      tuning.routed_experts(tuning.table_for(hidden_states.device))):
+        how = path(t, k, self.num_experts, tuning.routed_experts(tuning.table_for(hidden_states.device)))
+        if how == "sorted":
             return None
         route = top_k_index.reshape(-1).to(torch.int64).contiguous()
         x, x_div, order = hidden_states.contiguous(), k, None
-        if t > ROUTED_TOKENS:
+        if how == "grouped":  # each expert's slots one run of rows, BM of them a tile of the tensor-core GEMM
+            order = torch.argsort(route, stable=True)
+            route = route[order]
+            cfg = grouped_config(route.shape[0], self.num_experts)
+            table = tile_table(route, self.num_experts, cfg["BM"])
+            y = grouped_gemm(x[order // k], route, stacks[0], cfg, zero_unrouted=False, table=table)
+            y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
+            y = grouped_gemm(y.contiguous(), route, stacks[1], cfg, table=table)
+        elif t > ROUTED_TOKENS:
             # slots in expert order, so the blocks on the SMs at one time mostly read the same expert's weights: each
             # expert's bytes come from DRAM about once, its other slots' reads hit L2 (no host round trip: argsort)
             order = torch.argsort(route, stable=True)
             route, x, x_div = route[order], x[order // k], 1
-        y = routed_gemv(x, route, stacks[0], x_div)  # [t k, out]: x row s // x_div
-        y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
-        y = routed_gemv(y.contiguous(), route, stacks[1], 1)
+        if how == "routed":
+            y = routed_gemv(x, route, stacks[0], x_div)  # [t k, out]: x row s // x_div
+            y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
+            y = routed_gemv(y.contiguous(), route, stacks[1], 1)
         if getattr(self, "has_post_expert_norm", False):
             y = self.post_expert_norm(y)
         if order is not None:
@@ -381,33 +393,32 @@ def _slot_sum(ys: torch.Tensor, weights: torch.Tensor, t: int, k: int, dtype: to
     return (ys.float().view(t, k, ys.shape[-1]) * weights.float().view(t, k, 1)).sum(dim=1).to(dtype)
 
 
-# Routed calls (one launch a projection over every slot, QuantizedExperts._routed): always up to ROUTED_TOKENS tokens
-# (decoding), and past them while the slots' multiply-adds at the routed GEMV's compute-bound rate take no longer
-# than the sorted path's time per routed expert times the experts the slots reach (the GPU's "routed_experts" costs,
-# mixgemm.tuning). Why these two terms: past a few tokens the slots run in expert order, so each expert's weights come
-# from DRAM about once on either path and the routed GEMV's cost is its CUDA-core math (every slot multiplies all of
-# its expert's weights), while the sorted path pays a host round trip and two layers' launches per routed expert. So
-# many small experts (Qwen3-MoE: 128 of 2048 x 768) stay routed for thousands of tokens, a few large ones (Mixtral: 8
-# of 4096 x 14336) for about 32.
+# Which path a call takes (QuantizedExperts._routed, ``path``):
+# * the routed GEMV (mixgemm.kernels.cuda.routed_gemv): one launch a projection over every slot, each slot multiplying
+#   all of its expert's weights on the CUDA cores (past a few tokens in expert order, so each expert's bytes come from
+#   DRAM about once). Always up to ROUTED_TOKENS tokens (decoding).
+# * the grouped GEMM (mixgemm.kernels.cuda.grouped_gemm): one tensor-core launch a projection, BM rows of one expert a
+#   tile, each expert's weights read once per tile; it pays a sort, a tile table and tiles of few rows.
+# The routed GEMV's cost grows with the slots, the grouped GEMM's with the experts they reach, so the choice is the
+# slots per reached expert: grouped from the GPU's ``grouped_from_rows`` (mixgemm.tuning routed_experts, measured
+# where the two meet on Qwen3-MoE's 128 small experts and Mixtral's 8 large ones: at about 2.2 slots per expert both,
+# 32 and 8 tokens). Without those costs (a table without the section) calls past the few tokens take the sorted
+# per-expert layers, which also run what the other two cannot (int8-activation or act-order experts, the CPU).
 ROUTED_TOKENS = 4
+PATHS = ("routed", "grouped", "sorted")
 
 
-def routes(tokens: int, k: int, num_experts: int, macs_per_slot: int = 0, costs: dict | None = None) -> bool:
-    """Whether a call of ``tokens`` tokens with top-``k`` routing over ``num_experts`` experts, each slot
-    ``macs_per_slot`` multiply-adds (slot_macs), runs routed under ``costs`` (mixgemm.tuning.routed_experts; None:
-    only the few-token rule) (above)."""
+def path(tokens: int, k: int, num_experts: int, costs: dict | None = None) -> str:
+    """'routed', 'grouped' or 'sorted': the path of a call of ``tokens`` tokens with top-``k`` routing over
+    ``num_experts`` experts under ``costs`` (mixgemm.tuning.routed_experts; None: only the few-token rule) (above)."""
     if tokens <= ROUTED_TOKENS:
-        return True
+        return "routed"
     if costs is None:
-        return False
+        return "sorted"
+    from mixgemm.kernels.cuda.grouped_gemm import reached_experts
+
     slots = tokens * k
-    reached = num_experts * (1 - (1 - 1 / num_experts) ** slots)  # the experts a uniform routing of the slots reaches
-    return slots * macs_per_slot / costs["macs_per_s"] <= reached * costs["sorted_us_per_expert"] * 1e-6
-
-
-def slot_macs(stacks) -> int:
-    """The multiply-adds of one slot through the joined projections (one expert's N x K of each)."""
-    return sum(st.layout.n * st.layout.k for st in stacks)
+    return "grouped" if slots >= costs["grouped_from_rows"] * reached_experts(slots, num_experts) else "routed"
 
 
 def _joined(module: nn.Module):
@@ -437,5 +448,5 @@ def routed_why_not(module: nn.Module) -> str | None:
 
 
 __all__ = ["ExpertList", "ExpertsShape", "QuantizedExperts", "dequantize_experts_", "experts_shape",
-           "holds_fused_experts", "join_experts", "prepare_skeleton", "quantize_experts_", "routed_why_not", "routes",
-           "slot_macs", "why_not_experts"]
+           "holds_fused_experts", "join_experts", "path", "prepare_skeleton", "quantize_experts_", "routed_why_not",
+           "why_not_experts"]

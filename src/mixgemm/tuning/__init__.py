@@ -76,11 +76,10 @@ default.json). Its fields:
   (int4 with integer group scales, per-token activations) and ``w8 per channel``: the time one round of CTAs of each
   BM takes per 1024 k. From ``from_m`` the int8-activation entry takes the BM of fewest rounds x round time where it is
   estimated ``margin`` x faster than default_config's (gemm_wgmma_a8.token_tile).
-* ``routed_experts`` (optional): {"macs_per_s", "sorted_us_per_expert", "source"}: past a few tokens a quantized MoE
-  layer runs routed (one GEMV launch a projection over every token's slots) while its slots' multiply-adds at the
-  routed GEMV's compute-bound rate (``macs_per_s``) take no longer than the sorted per-expert path's time per routed
-  expert (``sorted_us_per_expert``, host-bound: two layers, the gate and a host round trip per expert) times the
-  experts the slots route to (mixgemm.nn.experts.routes). Without it only the few-token rule applies.
+* ``routed_experts`` (optional): {"grouped_from_rows", "source"}: past a few tokens a quantized MoE layer runs its
+  slots through the grouped tensor-core GEMM where they number at least ``grouped_from_rows`` per expert they reach,
+  else through the routed GEMV (mixgemm.nn.experts.path). Without it calls past the few tokens take the per-expert
+  layers.
 * A missing M bucket takes the nearest listed bucket.
 
 No autotuning at run time: the same (M, N, K, weight format, GPU) always yields the same config.
@@ -175,7 +174,7 @@ def parse_table(raw: dict, name: str) -> dict:
     for section in M1_SECTIONS:
         table[section] = regions_by_bits(raw.get(section, []), f"{name}.json {section}")
     _check_section(raw, name, "gemv_over_wgmma", ("bits", "min_fill", "multiwave_max_k"))
-    _check_section(raw, name, "routed_experts", ("macs_per_s", "sorted_us_per_expert"))
+    _check_section(raw, name, "routed_experts", ("grouped_from_rows",))
     table["name"] = name
     return table
 

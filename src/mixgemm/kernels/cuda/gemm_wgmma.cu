@@ -173,6 +173,17 @@
 #ifndef WG_GT
 #define WG_GT 1
 #endif
+// WG_GROUPED: a mixture-of-experts projection, E experts' wgmma_v1 layouts back to back (one E-strided buffer) and
+// x's rows sorted by expert. blockIdx.y is an entry of a tile table {expert, first row, end row, -} (int4, built on
+// the GPU from the routing; expert < 0: no tile): the CTA offsets the weight, parameter and bias pointers by its
+// expert, loads BM rows of x from the first row and stores only the rows before the end row (the rest of the tile
+// belongs to the next expert or past x). Why: a prefill's experts as one launch per projection, each expert's tokens
+// an M tile of the tensor-core GEMM, where one layer per expert paid a host round trip and two launches per expert,
+// and the routed CUDA-core GEMV multiplies every slot by all of its expert's weights. Needs no split-K, no stream-K,
+// no TMA store (a box would write past the end row) and no PDL (the table is written by the kernels just before).
+#ifndef WG_GROUPED
+#define WG_GROUPED 0
+#endif
 
 #define WG_THREADS (128 * WG_NWG)
 // WG_WS: warp specialization -- one more warp (after the consumer warpgroups) only loads: it waits for a slot's
@@ -275,6 +286,8 @@ constexpr bool PDL = WG_PDL != 0;
 // parameter copies, X = its activation loads
 constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;
 static_assert(!PDL || BULK, "WG_PDL takes the TMA loader (WG_TMA 1)");
+static_assert(!WG_GROUPED || (!PDL && !SK && WG_SPLIT == 0 && !WG_TSTORE && !WG_CONV),
+              "WG_GROUPED takes no PDL, stream-K, split-K, TMA store or convolution");
 constexpr int CHAIN = PDL ? WG_CHAIN : 0;
 static_assert(CHAIN >= 0 && CHAIN <= 2 && (CHAIN != 2 || (WG_SPLIT != 1 && WG_SPLIT != 3 && WG_SK == 0)),
               "WG_CHAIN is 0, 1 or 2 (2: no workspace, which another launch could still use)");
@@ -336,17 +349,33 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                    const __grid_constant__ TmaDesc xmap,  // WG_TMA: activations [M, K], box 64 k x BM rows;
                                                           // WG_CONV: im2col map of the input, 64 channels x BM pixels
                    const ConvGeo cg,                      // WG_CONV: the convolution's geometry
-                   const __grid_constant__ TmaDesc ymap) {  // WG_TSTORE: Y [M, N], box 64 columns x BM rows
+                   const __grid_constant__ TmaDesc ymap  // WG_TSTORE: Y [M, N], box 64 columns x BM rows
+#if WG_GROUPED
+                   ,
+                   const int4* __restrict__ gtab,  // [gridDim.y] {expert, first row, end row, -}
+                   long long w_estride, long long p_estride, long long b_estride  // bytes per expert
+#endif
+) {
   // the next PDL kernel may launch once every CTA of this grid runs (it then waits in griddepcontrol.wait for this
   // grid to finish): its CTAs take the SMs this grid leaves idle and load their first weights meanwhile
   if (PDL && CHAIN != 1) pdl_launch_dependents();
+  int m_base = 0;  // WG_GROUPED: the first row of x of this CTA's tile
+#if WG_GROUPED
+  {
+    const int4 e = gtab[blockIdx.y];
+    if (e.x < 0) return;
+    W += e.x * w_estride, P += e.x * p_estride;
+    if (bias) bias = (const char*)bias + e.x * b_estride;
+    m_base = e.y, M = e.z;
+  }
+#endif
   extern __shared__ char smem_raw[];
   const char* sgen;
   const u32 sbase = smem_base_1024(smem_raw, sgen);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int Nt = (N + 15) >> 4;
-  const int tiles_n = (Nt + WARPS - 1) / WARPS, tiles_m = (M + BM - 1) / BM;
+  const int tiles_n = (Nt + WARPS - 1) / WARPS, tiles_m = WG_GROUPED ? 1 : (M + BM - 1) / BM;
   const int per_group = WG_GROUP_M * tiles_n;
   auto tile_pos = [&](int tile) { return raster_tile(tile, tiles_m, per_group, WG_GROUP_M, BM, WARPS); };
   // Work of this CTA: stages [q0, q1) of the flat (tile, stage) sequence, U stages per tile (WG_SK); else the k-tiles
@@ -384,7 +413,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
   int m0, rt_raw, rt;
   auto consumer_tile = [&]() {
     const int2 p = tile_pos(cs_tile);
-    m0 = p.x, rt_raw = p.y + warp, rt = min(rt_raw, Nt - 1);
+    m0 = m_base + p.x, rt_raw = p.y + warp, rt = min(rt_raw, Nt - 1);
   };
   consumer_tile();
 

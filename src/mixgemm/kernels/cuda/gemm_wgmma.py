@@ -437,21 +437,39 @@ def tile_error(cfg: dict) -> str | None:
     return None
 
 
-def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_stride: int, x_cols: int,
+@dataclass(frozen=True)
+class Grouped:
+    """WG_GROUPED (gemm_wgmma.cu): a launch over E experts' layouts joined back to back (``layout``: the joined one,
+    n and k one expert's), x's rows sorted by expert, a tile table of ``entries`` rows (the grid's y) per call, and
+    ``bias_stride`` bytes between the experts' bias rows."""
+
+    layout: WgmmaLayout
+    experts: int
+    entries: int
+    bias_stride: int = 0
+
+
+def _prepare_launch(qw: QuantizedWeight | None, m: int, x_dtype: torch.dtype, x_row_stride: int, x_cols: int,
                     conv: tuple | None, out: OutputRows, n: int, cfg: dict, fit: bool, props, row0: int,
-                    chain: int = 0) -> WgmmaPart:
+                    chain: int = 0, grouped: Grouped | None = None) -> WgmmaPart:
     """One launch into the output columns of weight rows [row0, row0 + n) (row0: a multiple of 128), everything but the
     activation / output / bias pointers and the workspaces fixed; chain: WG_CHAIN, the role in a TAIL pair (1 the whole
-    waves, 2 the tail; with PDL only)."""
-    k = qw.in_features
+    waves, 2 the tail; with PDL only); grouped: the experts' launch (qw None; no split-K, stream-K, TMA store or
+    PDL)."""
     why = tile_error(cfg)
     if why:
         raise ValueError(why)
     keys = TileKeys.of(cfg)
     # (stages, tma, sk and ws_req may be lowered below to what this GPU and weight allow)
     bm, nwg, stages, inflight, ktile, tma, sk, fold_req, cluster, serial, pdl_req, ws_req = astuple(keys)
-    fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
-    lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
+    if grouped is None:
+        fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
+        lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
+    else:
+        if sk or cluster or serial or cfg.get("SPLIT", 1) not in (1, "1") or conv is not None:
+            raise ValueError("the grouped experts' launch takes no stream-K, split-K or convolution")
+        fresh, lay, pdl_req = False, grouped.layout, 0
+    k = lay.k
     g2 = lay.group_size == 32
     sb = stage_bytes(bm, nwg, lay.bits, lay.params.element_size(), lay.mode, g2, ktile, tma)
     want_tstore = bool(tma and int(cfg.get("TSTORE", TSTORE)))
@@ -532,7 +550,8 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
     if sk == 2:
         tstore = staging > 0
     else:  # (tma again: a driver without tensor maps turned it off above, and SK 2 with it)
-        tstore = want_tstore and tma and not sk and not wsplit and out.tstore_fits(bm, nwg, stages * sb)
+        tstore = (want_tstore and tma and not sk and not wsplit and grouped is None
+                  and out.tstore_fits(bm, nwg, stages * sb))
     if tstore:
         # rows per TMA store: all of the CTA's rows (CLUSTER: its band, when every band is as large), else 8 per store
         box = bm if not csplit else 8 * band_blocks if band_blocks * split == bm // 8 else 8
@@ -546,9 +565,11 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
                 defs["WG_TS_BOX"] = box
         except Exception as e:  # noqa: BLE001 - no tensor-map support: the per-element stores
             _warn_no_tma(e)
+    if grouped is not None:
+        defs["WG_GROUPED"] = 1
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, out.device, arch_suffix="a")
     nvrtc.allow_dynamic_smem(fn, smem)
-    tiles = output_tiles(m, n, bm, nwg)
+    tiles = output_tiles(m, n, bm, nwg) if grouped is None else output_tiles(1, n, 1, nwg)
     ws_floats, counters = (m * n if wsplit else 0), None
     if sk:
         work = tiles * math.ceil(kt / ktile)  # (tile, stage) pairs
@@ -560,7 +581,7 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
         if sk == 1:
             ws_floats, counters = ctas * 2 * (bm // 2) * 128 * nwg, "zeroed"
     else:
-        grid = (tiles, 1, split)
+        grid = (tiles, 1 if grouped is None else grouped.entries, split)
         if ssplit:
             ws_floats, counters = tiles * split * (bm // 2) * 128 * nwg, "kept"
     xparam = TensorMapParam(xmap) if tma else None  # the conv's map has its address; the GEMM's is written per call
@@ -583,6 +604,11 @@ def _prepare_launch(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, x_row_str
         (conv[0] if conv is not None else _NO_CONV).as_ctypes(),
         yparam.value if yparam is not None else (ctypes.c_ubyte * 128)(),
     ]
+    if grouped is not None:  # the tile table (per call) and the bytes from one expert to the next
+        e = grouped.experts
+        args += [ctypes.c_void_p(0), ctypes.c_longlong(lay.weight.numel() * lay.weight.element_size() // e),
+                 ctypes.c_longlong(lay.params.numel() * lay.params.element_size() // e),
+                 ctypes.c_longlong(grouped.bias_stride)]
     launch = nvrtc.prepare_launch(fn, out.device, grid, (threads, 1, 1), args, smem, pdl=pdl, first_without_pdl=fresh,
                                   cluster=(1, 1, split) if csplit else None)
     finish = _prepare_finish(m, n, out) if wsplit else None
@@ -639,7 +665,9 @@ class WgmmaPart:
         self.xmap, self.ymap, self.finish = xmap, ymap, finish
         self._vals, self._lock = launch.params.values, launch.params.lock
 
-    def __call__(self, xk: torch.Tensor, y: torch.Tensor, bias, lo: float, hi: float) -> None:
+    def __call__(self, xk: torch.Tensor, y: torch.Tensor, bias, lo: float, hi: float,
+                 table: torch.Tensor | None = None) -> None:
+        """table: the grouped launch's tile table (int32 [entries, 4] on y's device)."""
         dev = y.device
         stream = self.launch.current_stream()
         v = self._vals
@@ -670,6 +698,8 @@ class WgmmaPart:
                 nvrtc.write_epilogue(v, 6, bias_ptr, bias_code, lo, hi)
             v[10].value = 0 if ws is None else ws.data_ptr()
             v[11].value = 0 if counters is None else counters.data_ptr()
+            if table is not None:
+                v[_TABLE].value = table.data_ptr()
             self.launch(stream)
             if self.finish is not None:
                 f = self.finish.params.values
@@ -680,6 +710,7 @@ class WgmmaPart:
 
 
 _NO_CONV = ConvGeometry(1, 1, 1, 1, 1, 1, 0, 0, 1, 1)
+_TABLE = 22  # the grouped launch's tile-table parameter (after the output map)
 
 
 def cluster_band_blocks(bm: int, split: int) -> int:
