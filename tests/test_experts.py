@@ -328,6 +328,9 @@ def test_experts_path_rule_and_reasons():
     # prefill on the grouped GEMM
     assert [path(t, 8, 128, costs) for t in (4, 16, 28, 32, 2048)] == ["routed"] * 3 + ["grouped"] * 2
     assert [path(t, 2, 8, costs) for t in (4, 7, 8, 2048)] == ["routed"] * 2 + ["grouped"] * 2
+    h200 = tuning.routed_experts(tuning.load_table("h200"))  # its own crossover, a little later
+    assert [path(t, 8, 128, h200) for t in (32, 40)] == ["routed", "grouped"]
+    assert [path(t, 2, 8, h200) for t in (9, 12)] == ["routed", "grouped"]
     model = tiny_model("qwen3_moe")
     mixgemm.quantize_(model, mixgemm.W4A16(group_size=32))
     mod = experts_modules(model)[0]
@@ -443,6 +446,21 @@ def test_tile_table_reference():
     assert got.shape == (12, 4) and got.dtype == torch.int32
     assert got[:6].tolist() == [[0, 0, 3, 0], [0, 2, 3, 0], [2, 3, 8, 0], [2, 5, 8, 0], [2, 7, 8, 0], [5, 8, 9, 0]]
     assert got[6:].tolist() == [[-1, 0, 0, 0]] * 6
+
+
+def test_grouped_gemm_names_bad_inputs():
+    from types import SimpleNamespace
+
+    from mixgemm.kernels.cuda.grouped_gemm import grouped_gemm
+
+    stack = SimpleNamespace(layout=SimpleNamespace(k=64, n=32, weight=torch.empty(0)), num_experts=4)
+    route = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="float16 / bfloat16 x"):
+        grouped_gemm(torch.randn(3, 64), route, stack)
+    with pytest.raises(ValueError, match="float16 / bfloat16 x"):
+        grouped_gemm(torch.randn(3, 48, dtype=torch.float16), route, stack)
+    with pytest.raises(ValueError, match=r"route must be int64 \[3\]"):
+        grouped_gemm(torch.randn(3, 64, dtype=torch.float16), route[:2], stack)
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ quantized with W4A16 g128; inputs rotate over 8 random routings. Times in us: ``
 (mixgemm.bench.protocol.graph_time_us), ``*_eager`` back-to-back eager calls (host time included).
 
 Usage: PYTHONPATH=src python -m tools.bench.moe_experts [--models qwen3-30b-a3b,mixtral-8x7b] [--tokens 1,2,4]
-       [--dtype bfloat16] [--json OUT.json]
+       [--dtype bfloat16] [--paths routed,grouped,sorted] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ SHAPES = {
                          num_experts_per_tok=2),
 }
 COPIES = 8
+PATHS = ["routed", "grouped", "sorted"]  # --paths
 DTYPE = [torch.float16]  # --dtype (transformers' experts take grouped_mm in bf16, a fallback in fp16)
 
 
@@ -79,7 +80,7 @@ def measure(name: str, tokens: list[int], bandwidth: float) -> list[dict]:
                                                                          dim=0).item())
             rule = experts.path
             try:
-                for forced in experts.PATHS:  # each forced (the sorted one reads the routing on the host: no graph)
+                for forced in PATHS:  # each forced (the sorted one reads the routing on the host: no graph)
                     if forced == "routed" and t > 4096 or forced == "sorted" and t > 512:
                         continue  # (minutes of timing at these counts; their trend is plain by then)
                     experts.path = lambda *a, _f=forced: _f
@@ -113,9 +114,11 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(SHAPES), help=f"comma list of {sorted(SHAPES)}")
     ap.add_argument("--tokens", default="1,2,4")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--paths", default=",".join(PATHS), help="the paths to time, forced (comma list)")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     a = ap.parse_args()
     DTYPE[0] = getattr(torch, a.dtype)
+    PATHS[:] = a.paths.split(",")
     from mixgemm.bench.protocol import copy_bandwidth
 
     bandwidth = copy_bandwidth()

@@ -118,6 +118,9 @@ def grouped_gemm(x: torch.Tensor, route: torch.Tensor, stack, config: dict | Non
         xk[:, :lay.k] = x
     bm = int(cfg["BM"])
     entries = table_entries(slots, e, bm)
+    if entries > 65535:
+        raise ValueError(f"grouped_gemm: {slots} rows over {e} experts make up to {entries} tiles of {bm} rows, over "
+                         f"the grid's 65535; run fewer tokens a call")
     bias = stack.bias
     key = ("grouped", slots, x.dtype, xk.stride(0), x.device.index, tuple(sorted(cfg.items())))
 
