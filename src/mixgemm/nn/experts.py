@@ -402,8 +402,9 @@ def _slot_sum(ys: torch.Tensor, weights: torch.Tensor, t: int, k: int, dtype: to
 # The routed GEMV's cost grows with the slots, the grouped GEMM's with the experts they reach, so the choice is the
 # slots per reached expert: grouped from the GPU's ``grouped_from_rows`` (mixgemm.tuning routed_experts, measured
 # where the two meet on Qwen3-MoE's 128 small experts and Mixtral's 8 large ones: on the H100 at about 2.2 slots per
-# expert both, 32 and 8 tokens; on the H200 2.4-2.6). Without those costs (a table without the section) calls past the few tokens take the sorted
-# per-expert layers, which also run what the other two cannot (int8-activation or act-order experts, the CPU).
+# expert both, 32 and 8 tokens; on the H200 2.4-2.6). Without those costs (a table without the section) calls past the
+# few tokens take the sorted per-expert layers, which also run what the other two cannot (int8-activation or act-order
+# experts, the CPU).
 ROUTED_TOKENS = 4
 PATHS = ("routed", "grouped", "sorted")
 

@@ -14,7 +14,8 @@ host round trip per routed expert). Here it is one launch a projection, no host 
 upper bound: S / BM + min(E, S) entries), capturable in a CUDA graph.
 
 The tile: BM rows of one expert per CTA, the power of two (16..128) at or above the slots' mean per reached expert,
-two warpgroups (128 weight rows), the TMA loader, one 64-k tile a stage (``grouped_config``).
+two warpgroups (128 weight rows), the TMA loader, two 64-k tiles a stage (``grouped_config``;
+tools/bench/moe_grouped_tiles.py times its variants).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def grouped_config(slots: int, num_experts: int) -> dict:
     bm = 16
     while bm < min(mean, 128):
         bm *= 2
-    return {"BM": bm, "NWG": 2, "STAGES": 4, "INFLIGHT": 1, "TMA": 1, "KT": 1, "GROUP_M": 1, "SPLIT": 1,
+    return {"BM": bm, "NWG": 2, "STAGES": 4, "INFLIGHT": 1, "TMA": 1, "KT": 2, "GROUP_M": 1, "SPLIT": 1,
             "TSTORE": 0, "PDL": 0}
 
 
