@@ -123,13 +123,20 @@ def main() -> None:
 
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    tokens = [int(t) for t in a.tokens.split(",")]
+    run_models(a.models.split(","), lambda name: measure(name, tokens, bandwidth), a.json)
+
+
+def run_models(names: list[str], measure_one, json_path: str | None) -> list[dict]:
+    """measure_one(name)'s rows for each model (the GPU's cache emptied between), written to json_path if given."""
     rows = []
-    for name in a.models.split(","):
-        rows += measure(name, [int(t) for t in a.tokens.split(",")], bandwidth)
+    for name in names:
+        rows += measure_one(name)
         torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(rows, f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":

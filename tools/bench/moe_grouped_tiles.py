@@ -77,13 +77,7 @@ def main() -> None:
     a = ap.parse_args()
     moe_experts.DTYPE[0] = torch.bfloat16
     counts = {m: [int(t) for t in ts.split(",")] for m, ts in (p.split(":") for p in a.tokens.split(";"))}
-    rows = []
-    for name in a.models.split(","):
-        rows += measure(name, counts[name])
-        torch.cuda.empty_cache()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    moe_experts.run_models(a.models.split(","), lambda name: measure(name, counts[name]), a.json)
 
 
 if __name__ == "__main__":
