@@ -486,6 +486,38 @@ _FORMATS = {"w4_sym": lambda: mixgemm.W4A16(group_size=32),
             "w4_offset": lambda: mixgemm.W4A16(group_size=32, mode="offset"), "w8": mixgemm.W8A16}
 
 
+def _quantized_experts_on_cuda(arch: str, fmt: str, dtype: torch.dtype):
+    """A tiny model of ``arch`` (K = 96: no multiple of 64) on the GPU, quantized in ``fmt``: its first experts module,
+    that module's float64 twin, top k and the number of experts."""
+    model = tiny_model(arch, hidden_size=96, **({"moe_intermediate_size": 96} if arch == "qwen3_moe" else {}))
+    model = model.to("cuda", dtype)
+    mixgemm.quantize_(model, _FORMATS[fmt]())
+    mod = experts_modules(model)[0]
+    return mod, float64_twin(mod), model.config.num_experts_per_tok, mod.num_experts
+
+
+def _call_inputs(t: int, k: int, e: int):
+    """Random x [t, 96], distinct top-k expert ids and routing weights for t tokens (CPU, seeded by t)."""
+    gen = torch.Generator().manual_seed(t)
+    x = torch.randn(t, 96, generator=gen)
+    idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+    return x, idx, torch.rand(t, k, generator=gen)
+
+
+def _assert_call_matches_float64(mod, ref, x, idx, w, dtype, label) -> None:
+    """The module's call on the GPU leaves its inputs untouched and is within the dtype's tolerance of the float64
+    twin's product (relative to the largest output)."""
+    xd, idxd, wd = x.to("cuda", dtype), idx.cuda(), w.to("cuda", dtype)
+    x0, idx0, w0 = xd.clone(), idxd.clone(), wd.clone()
+    with torch.no_grad():
+        got = mod(xd, idxd, wd).cpu()
+    assert torch.equal(xd, x0) and torch.equal(idxd, idx0) and torch.equal(wd, w0)
+    want = ref(x.to(dtype).double(), idx, w.to(dtype).double())
+    assert got.shape == (x.shape[0], 96) and got.dtype == dtype
+    err = ((got.double() - want).abs().max() / want.abs().max()).item()
+    assert err < (2e-3 if dtype == torch.float16 else 1.5e-2), (*label, err)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "mixtral"])
 @pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w4_offset", "w8"])
@@ -493,30 +525,14 @@ _FORMATS = {"w4_sym": lambda: mixgemm.W4A16(group_size=32),
 def test_routed_decoding_on_cuda_matches_float64(arch, fmt, dtype):
     """The routed GEMV (one launch a projection, the routing read on the GPU) against the float64 product: K not a
     multiple of 64 (96), sentinel ids of no local expert, T 1..4 and T x k <= E, inputs untouched."""
-    model = tiny_model(arch, hidden_size=96, **({"moe_intermediate_size": 96} if arch == "qwen3_moe" else {}))
-    model = model.to("cuda", dtype)
-    mixgemm.quantize_(model, _FORMATS[fmt]())
-    mod = experts_modules(model)[0]
-    ref = float64_twin(mod)
-    k, e = model.config.num_experts_per_tok, mod.num_experts
+    mod, ref, k, e = _quantized_experts_on_cuda(arch, fmt, dtype)
     before = torch.cuda.memory_allocated()
     for t in (1, 2, 3, 4):
-        gen = torch.Generator().manual_seed(t)
-        x = torch.randn(t, 96, generator=gen)
-        idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+        x, idx, w = _call_inputs(t, k, e)
         if t == 3:
             idx[1, 0] = e  # expert parallelism's sentinel: the slot adds nothing
-        w = torch.rand(t, k, generator=gen)
-        xd, idxd, wd = x.to("cuda", dtype), idx.cuda(), w.to("cuda", dtype)
-        x0, idx0, w0 = xd.clone(), idxd.clone(), wd.clone()
-        with torch.no_grad():
-            got = mod(xd, idxd, wd).cpu()
+        _assert_call_matches_float64(mod, ref, x, idx, w, dtype, (arch, fmt, dtype, t))
         assert routed_why_not(mod) is None, routed_why_not(mod)
-        assert torch.equal(xd, x0) and torch.equal(idxd, idx0) and torch.equal(wd, w0)
-        want = ref(x.to(dtype).double(), idx, w.to(dtype).double())
-        assert got.shape == (t, 96) and got.dtype == dtype
-        err = ((got.double() - want).abs().max() / want.abs().max()).item()
-        assert err < (2e-3 if dtype == torch.float16 else 1.5e-2), (arch, fmt, dtype, t, err)
     # the join moved the layouts into one buffer a projection: nothing held twice (the stacked biases aside)
     assert torch.cuda.memory_allocated() - before < 64 * 1024
 
@@ -533,26 +549,11 @@ def test_calls_of_many_tokens_match_float64(arch, fmt, dtype, forced, monkeypatc
     import mixgemm.nn.experts as experts
 
     monkeypatch.setattr(experts, "path", lambda *a: forced)
-    model = tiny_model(arch, hidden_size=96, **({"moe_intermediate_size": 96} if arch == "qwen3_moe" else {}))
-    model = model.to("cuda", dtype)
-    mixgemm.quantize_(model, _FORMATS[fmt]())
-    mod = experts_modules(model)[0]
-    ref = float64_twin(mod)
-    k, e = model.config.num_experts_per_tok, mod.num_experts
+    mod, ref, k, e = _quantized_experts_on_cuda(arch, fmt, dtype)
     for t in (5, 17, 129, 300):
-        gen = torch.Generator().manual_seed(t)
-        x = torch.randn(t, 96, generator=gen)
-        idx = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+        x, idx, w = _call_inputs(t, k, e)
         idx[::7, -1] = e  # sentinels: no local expert
-        w = torch.rand(t, k, generator=gen)
-        xd, idxd, wd = x.to("cuda", dtype), idx.cuda(), w.to("cuda", dtype)
-        x0, idx0, w0 = xd.clone(), idxd.clone(), wd.clone()
-        with torch.no_grad():
-            got = mod(xd, idxd, wd).cpu()
-        assert torch.equal(xd, x0) and torch.equal(idxd, idx0) and torch.equal(wd, w0)
-        want = ref(x.to(dtype).double(), idx, w.to(dtype).double())
-        err = ((got.double() - want).abs().max() / want.abs().max()).item()
-        assert err < (2e-3 if dtype == torch.float16 else 1.5e-2), (arch, fmt, dtype, forced, t, err)
+        _assert_call_matches_float64(mod, ref, x, idx, w, dtype, (arch, fmt, dtype, forced, t))
 
 
 @pytest.mark.gpu

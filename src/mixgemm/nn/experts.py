@@ -361,23 +361,25 @@ class QuantizedExperts(nn.Module):
             return None
         route = top_k_index.reshape(-1).to(torch.int64).contiguous()
         x, x_div, order = hidden_states.contiguous(), k, None
-        if how == "grouped":  # each expert's slots one run of rows, BM of them a tile of the tensor-core GEMM
-            order = torch.argsort(route, stable=True)
-            route = route[order]
-            cfg = grouped_config(route.shape[0], self.num_experts)
-            table = tile_table(route, self.num_experts, cfg["BM"])
-            y = grouped_gemm(x[order // k], route, stacks[0], cfg, zero_unrouted=False, table=table)
-            y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
-            y = grouped_gemm(y.contiguous(), route, stacks[1], cfg, table=table)
-        elif t > ROUTED_TOKENS:
-            # slots in expert order, so the blocks on the SMs at one time mostly read the same expert's weights: each
-            # expert's bytes come from DRAM about once, its other slots' reads hit L2 (no host round trip: argsort)
+        if how == "grouped" or t > ROUTED_TOKENS:
+            # slots in expert order (no host round trip: argsort): grouped, each expert's slots are one run of rows, BM
+            # of them a tile; routed, the blocks on the SMs at one time mostly read the same expert's weights, so each
+            # expert's bytes come from DRAM about once and its other slots' reads hit L2
             order = torch.argsort(route, stable=True)
             route, x, x_div = route[order], x[order // k], 1
-        if how == "routed":
-            y = routed_gemv(x, route, stacks[0], x_div)  # [t k, out]: x row s // x_div
-            y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
-            y = routed_gemv(y.contiguous(), route, stacks[1], 1)
+        if how == "grouped":
+            cfg = grouped_config(route.shape[0], self.num_experts)
+            table = tile_table(route, self.num_experts, cfg["BM"])  # one for both projections
+
+            def project(inp, stack, div, first):
+                return grouped_gemm(inp, route, stack, cfg, zero_unrouted=not first, table=table)
+        else:
+            def project(inp, stack, div, first):
+                return routed_gemv(inp, route, stack, div)  # [t k, out]: x row s // div
+
+        y = project(x, stacks[0], x_div, True)
+        y = self._apply_gate(y) if self.has_gate else self.act_fn(y)
+        y = project(y.contiguous(), stacks[1], 1, False)
         if getattr(self, "has_post_expert_norm", False):
             y = self.post_expert_norm(y)
         if order is not None:

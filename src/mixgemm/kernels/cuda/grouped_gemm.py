@@ -26,7 +26,7 @@ import math
 import torch
 
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemm_wgmma import Grouped, OutputRows, _prepare_launch
+from mixgemm.kernels.cuda.gemm_wgmma import Grouped, OutputRows, _prepare_launch, _prepare_x
 from mixgemm.kernels.cuda.launch import LaunchCache
 
 
@@ -113,10 +113,7 @@ def grouped_gemm(x: torch.Tensor, route: torch.Tensor, stack, config: dict | Non
         return x.new_empty(0, lay.n)
     y = (torch.zeros if zero_unrouted else torch.empty)(slots, lay.n, dtype=x.dtype, device=x.device)
     cfg = dict(config) if config is not None else grouped_config(slots, e)
-    xk = x
-    if x.shape[1] % 8 or x.stride(1) != 1 or (x.stride(0) * x.element_size()) % 16 or x.data_ptr() % 16:
-        xk = x.new_zeros(slots, -(-lay.k // 8) * 8)
-        xk[:, :lay.k] = x
+    xk = _prepare_x(x if x.stride(1) == 1 else x.contiguous())
     bm = int(cfg["BM"])
     entries = table_entries(slots, e, bm)
     if entries > 65535:
