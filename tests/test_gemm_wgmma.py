@@ -178,6 +178,13 @@ COMPILE_CASES = [
     # mixture-of-experts prefill: E experts' layouts, a tile table per launch (WG_GROUPED)
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=0, WG_MODE=1, WG_BM=64, WG_NWG=2, WG_STAGES=4, WG_GROUP_M=1, WG_GROUPED=1),
     dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=16, WG_NWG=2, WG_STAGES=4, WG_PC=1, WG_GROUPED=1),
+    # int8 weights kept in rows_v1 (WG_ROWS): TMA boxes of rows + ldmatrix; per channel with PDL and a TMA store,
+    # groups with stream-K, zero point at NWG 4 with cluster split-K, groups of 32 with a producer warp
+    dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=128, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_PC=1, WG_TSTORE=1,
+         WG_PDL=1, WG_ROWS=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=2, WG_BM=64, WG_NWG=1, WG_STAGES=4, WG_SK=1, WG_ROWS=1),
+    dict(WG_BITS=8, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=32, WG_NWG=4, WG_STAGES=4, WG_KT=2, WG_SPLIT=2, WG_ROWS=1),
+    dict(WG_BITS=8, WG_ACT=1, WG_SCL=1, WG_MODE=0, WG_BM=96, WG_NWG=2, WG_STAGES=3, WG_G2=1, WG_WS=1, WG_ROWS=1),
 ]
 
 

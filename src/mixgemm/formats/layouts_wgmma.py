@@ -116,6 +116,16 @@ def build_wgmma_v1(qw: QuantizedWeight) -> WgmmaLayout:
         packed = slots.to(torch.uint8).reshape(*slots.shape[:3], 2, 16).transpose(2, 3)
     nt8 = np_ // (ROWS * GROUP_TILES)
     weight = packed.reshape(nt8, GROUP_TILES, kp // K_TILE, -1).transpose(1, 2).contiguous()
+    params, ng, g, gk = wgmma_params(qw)
+    return WgmmaLayout(weight=weight, params=params, n=n, k=k, k_padded=kp, bits=bits, mode=qw.mode,
+                       group_size=g, num_groups=ng, gk=gk)
+
+
+def wgmma_params(qw: QuantizedWeight) -> tuple[torch.Tensor, int, int, int]:
+    """(params [N_pad / 128, G, 8, 16, PW] in the scale dtype, padded rows zero; G; the group size; gk) -- the
+    parameter order of wgmma_v1 and rows_v1 (module docstring)."""
+    n, k = qw.shape
+    np_ = -(-n // (ROWS * GROUP_TILES)) * ROWS * GROUP_TILES
     g, ng = qw.config.groups(k)
     if qw.mode == "sym":
         p = qw.scales[..., None]
@@ -126,10 +136,9 @@ def build_wgmma_v1(qw: QuantizedWeight) -> WgmmaLayout:
     pw = p.shape[-1]
     params = torch.zeros(np_, ng, pw, dtype=qw.scales.dtype, device=qw.device)
     params[:n] = p
-    params = params.reshape(nt8, GROUP_TILES, ROWS, ng, pw).permute(0, 3, 1, 2, 4).contiguous()
+    params = params.reshape(np_ // (ROWS * GROUP_TILES), GROUP_TILES, ROWS, ng, pw).permute(0, 3, 1, 2, 4).contiguous()
     gk = 31 if qw.config.group_size == PER_CHANNEL else qw.group_size.bit_length() - 1
-    return WgmmaLayout(weight=weight, params=params, n=n, k=k, k_padded=kp, bits=bits, mode=qw.mode,
-                       group_size=g, num_groups=ng, gk=gk)
+    return params, ng, g, gk
 
 
 def unpack_wgmma_v1(layout: WgmmaLayout) -> torch.Tensor:

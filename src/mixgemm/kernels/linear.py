@@ -739,25 +739,58 @@ def _gemm_perm(p: Problem, config: dict | None) -> str:
 
 
 GEMV_MMA_V1 = Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1")
+GEMV_V2 = Layout.lazy("gemv_v2", "mixgemm.formats.layouts", "build_gemv_v2")
 WGMMA_V1 = Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1")
+# a compacted int8 weight's resident layout: the two GEMVs and the wgmma GEMM read it (config ROWS, set by
+# _on_rows for such a weight; each kernel's host code reads rows_v1 whenever the weight keeps it)
+ROWS_V1 = Layout.lazy("rows_v1", "mixgemm.formats.layouts_rows", "build_rows_v1")
+
+
+def _on_rows(fn):
+    """An entry's config (or complete) function that adds ROWS 1 for a weight kept in rows_v1: the same tiles as on the
+    plain codes / wgmma_v1, read in rows_v1 (gemv.cu GEMV_ROWS, gemv_mma.cu MMA_ROWS, gemm_wgmma.cu WG_ROWS)."""
+
+    @functools.wraps(fn)
+    def wrapped(p: Problem, *args):
+        cfg = fn(p, *args)
+        if cfg is None or p.resident != ROWS_V1.name:
+            return cfg
+        out = {**cfg, "ROWS": 1, **({"WG": 0} if "WG" in cfg else {})}
+        src = getattr(cfg, "source", "")
+        return tuning.SourcedConfig(out, src) if src else out
+
+    return wrapped
+
+
+def _rows_or(layout: Layout):
+    """layout_for: rows_v1 with config ROWS, else ``layout``."""
+    return lambda config: ROWS_V1 if config and config.get("ROWS", 0) else layout
 
 
 def _gemv_mma_layout(config: dict | None) -> Layout:
-    """The tensor-core GEMV reads the wgmma GEMM's wgmma_v1 with config WG (the int8 default, and MMA_SIMT), else its
-    own gemv_mma_v1."""
+    """The tensor-core GEMV reads rows_v1 with config ROWS, the wgmma GEMM's wgmma_v1 with config WG (the int8
+    default, and MMA_SIMT), else its own gemv_mma_v1."""
+    if config and config.get("ROWS", 0):
+        return ROWS_V1
     return WGMMA_V1 if config and config.get("WG", 0) else GEMV_MMA_V1
 
 
+def _wgmma_complete(p: Problem, forced: dict) -> dict:
+    return forced
+
+
 ENTRIES = (
-    KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _gemv_mma_config, _run_gemv_mma, GEMV_MMA_V1,
-                "tensor-core GEMV, M <= 16 (int8: on wgmma_v1)", _gemv_mma_complete, _gemv_mma_candidates,
-                _gemv_mma_perm, prepare=_prepare_gemv_mma, layout_for=_gemv_mma_layout),
-    KernelEntry("cuda_gemv", "linear", _gemv_can_run, _gemv_config, _run_gemv,
-                Layout.lazy("gemv_v2", "mixgemm.formats.layouts", "build_gemv_v2"), "CUDA-core GEMV, M <= 16",
-                _gemv_complete, _gemv_candidates, _gemv_perm, prepare=_prepare_gemv),
-    KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _wgmma_config, _run_wgmma, WGMMA_V1,
-                "Hopper wgmma GEMM, any M", candidates=_wgmma_candidates, input_perm=_gemm_perm,
-                prepare=_prepare_wgmma),
+    KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _on_rows(_gemv_mma_config), _run_gemv_mma, GEMV_MMA_V1,
+                "tensor-core GEMV, M <= 16 (int8: on wgmma_v1, or rows_v1)", _on_rows(_gemv_mma_complete),
+                _gemv_mma_candidates, _gemv_mma_perm, prepare=_prepare_gemv_mma, layout_for=_gemv_mma_layout,
+                reads_any=("gemv_mma_v1", "wgmma_v1", "rows_v1")),
+    KernelEntry("cuda_gemv", "linear", _gemv_can_run, _on_rows(_gemv_config), _run_gemv, GEMV_V2,
+                "CUDA-core GEMV, M <= 16", _on_rows(_gemv_complete), _gemv_candidates, _gemv_perm,
+                prepare=_prepare_gemv, layout_for=_rows_or(GEMV_V2), reads_any=("gemv_v2", "rows_v1")),
+    KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _on_rows(_wgmma_config), _run_wgmma, WGMMA_V1,
+                "Hopper wgmma GEMM, any M", _on_rows(_wgmma_complete), candidates=_wgmma_candidates,
+                input_perm=_gemm_perm, prepare=_prepare_wgmma, layout_for=_rows_or(WGMMA_V1),
+                reads_any=("wgmma_v1", "rows_v1")),
     KernelEntry("triton_gemm", "linear", _triton_can_run, _triton_config, _run_triton,
                 Layout.lazy("triton_gemm_v1_ks16", "mixgemm.kernels.triton.layout", "get_layout"),
                 "Triton tensor-core GEMM, any M", candidates=_triton_candidates, input_perm=_gemm_perm),

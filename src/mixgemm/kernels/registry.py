@@ -204,6 +204,8 @@ class KernelEntry:
     prepare: Callable | None = None
     # config -> the Layout this entry reads with it, for entries whose config picks one (None: always ``layout``)
     layout_for: Callable[[dict | None], Layout] | None = None
+    # with layout_for: the names of every layout it may read (a compacted weight keeping another is declined first)
+    reads_any: tuple[str, ...] = ()
 
     def reads(self, config: dict | None) -> Layout | None:
         """The weight layout this entry reads when run with ``config`` (None: the plain tensors or none declared)."""
@@ -325,7 +327,11 @@ def _try_entry(e: KernelEntry, problem: Problem, opts: KernelOptions, declined: 
     it reads another layout than a compacted weight keeps (checked before can_run, which may build the entry's
     layout, and again with the config where the config picks the layout), or can_run declines (take_soft: a tuning
     reason does not, as for a forced entry)."""
-    why = resident_reason(e, problem, None) if e.layout_for is None else None
+    if e.layout_for is None or (problem.resident is not None and e.reads_any
+                                and problem.resident not in e.reads_any):
+        why = resident_reason(e, problem, None)
+    else:
+        why = None
     d = no(why) if why is not None else e.can_run(problem)
     if d.ok or (take_soft and d.soft):
         cfg, source = _config(e, problem, opts)

@@ -282,10 +282,14 @@ class QuantLinear(nn.Module):
 
     def compact_reason(self, layout: str | None = None) -> str | None:
         """Why this layer cannot keep its codes in ``layout`` only (compact_), or None when it can. layout None: the
-        one its kernels read, wgmma_v1 for weight-only layers, wgmma_a8_v1 for int8-activation ones."""
+        one its kernels read, wgmma_v1 for weight-only layers (int8 ones may keep rows_v1 instead, opt-in),
+        wgmma_a8_v1 for int8-activation ones."""
         layout = layout or self._resident_layout()
         want = self._resident_layout()
-        if layout != want:
+        if layout == "rows_v1" and self.act_mode is None:
+            if self.config.bits != 8:
+                return f"rows_v1 holds int8 weights, the layer is int{self.config.bits}"
+        elif layout != want:
             return f"a {'weight-only' if self.act_mode is None else 'int8-activation'} layer's kernels read {want}"
         dev = self.qweight.device
         if dev.type == "meta":
@@ -308,10 +312,11 @@ class QuantLinear(nn.Module):
 
     def compact_(self, layout: str | None = None) -> QuantLinear:
         """Keep the weight's codes only in ``layout`` (None: the Hopper GEMM's, wgmma_v1 for weight-only layers,
-        wgmma_a8_v1 for int8-activation ones): it is built now, the plain codes' memory is released (``qweight``
-        becomes a placeholder of its shape without the bytes), the kernel layouts built so far are dropped, and from
-        then on only kernels reading that layout run the layer (mixgemm.explain says which). About 1.0-1.06x the
-        packed size on the GPU at any M, where a layer that decodes and prefills otherwise keeps two or three copies.
+        wgmma_a8_v1 for int8-activation ones; int8 weight-only layers may ask for rows_v1, formats/layouts_rows.py):
+        it is built now, the plain codes' memory is released (``qweight`` becomes a placeholder of its shape without
+        the bytes), the kernel layouts built so far are dropped, and from then on only kernels reading that layout run
+        the layer (mixgemm.explain says which). About 1.0-1.06x the packed size on the GPU at any M, where a layer that
+        decodes and prefills otherwise keeps two or three copies.
         ``state_dict()`` still writes the plain codes (rebuilt from the layout); ``load_state_dict``, ``.to()`` and
         ``uncompact_()`` restore them first. On the CPU or an sm_90 GPU; compact_reason says why a layer cannot.
         Compact a model once it is on its device: code that moves buffers itself (not through ``Module.to``) would

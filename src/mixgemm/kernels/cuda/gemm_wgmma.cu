@@ -73,6 +73,15 @@
 // arithmetic per 16-byte piece, ncu); an earlier TMA loader with one bulk copy per
 // warp, k-tile and parameter block (17 copies per k-tile at NWG 2) was 8-18% slower than this one at every M and
 // slower than cp.async below M = 256 (H200, docs/design.md).
+// WG_ROWS 1: int8 weights in rows_v1 (mixgemm/formats/layouts_rows.py: row-major codes, k permuted inside each 16 so
+// that word t of a 16-byte chunk is lane t's A-fragment word of that k16 step) instead of wgmma_v1. A stage's weights
+// are one TMA box per k-tile (64 k x the CTA's rows, 64-byte swizzle, rows past N read as zeros) and each lane takes
+// its words with ldmatrix (x4: rows g / g + 8 of two k16 steps, the order the wgmma_v1 loads give). Why: the GEMVs read
+// those rows as they read the plain codes, so one copy of the codes serves every M at each kernel's speed. Needs
+// WG_TMA 1; no convolution or grouped experts.
+#ifndef WG_ROWS
+#define WG_ROWS 0
+#endif
 #ifndef WG_TMA
 #define WG_TMA 1
 #endif
@@ -286,6 +295,9 @@ constexpr bool PDL = WG_PDL != 0;
 // parameter copies, X = its activation loads
 constexpr int ISSUE_W = 1, ISSUE_X = 2, ISSUE_ALL = 3;
 static_assert(!PDL || BULK, "WG_PDL takes the TMA loader (WG_TMA 1)");
+constexpr bool ROWS = WG_ROWS != 0;
+static_assert(!ROWS || (BULK && BITS == 8 && !CONV && !WG_GROUPED),
+              "WG_ROWS: int8 weights, the TMA loader, no convolution or grouped experts");
 static_assert(!WG_GROUPED || (!PDL && !SK && WG_SPLIT == 0 && !WG_TSTORE && !WG_CONV),
               "WG_GROUPED takes no PDL, stream-K, split-K, TMA store or convolution");
 constexpr int CHAIN = PDL ? WG_CHAIN : 0;
@@ -350,6 +362,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
                                                           // WG_CONV: im2col map of the input, 64 channels x BM pixels
                    const ConvGeo cg,                      // WG_CONV: the convolution's geometry
                    const __grid_constant__ TmaDesc ymap  // WG_TSTORE: Y [M, N], box 64 columns x BM rows
+#if WG_ROWS
+                   ,
+                   const __grid_constant__ TmaDesc wmap  // rows_v1 codes [N, Kp] uint8, box 64 k x the CTA's rows
+#endif
 #if WG_GROUPED
                    ,
                    const int4* __restrict__ gtab,  // [gridDim.y] {expert, first row, end row, -}
@@ -491,10 +507,10 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
           const int ks = kt0 + ld_sk * KT;  // first k-tile of the stage (a multiple of KT, so groups start aligned)
           const int g_lo = (ks * 64) >> gk, ng = min(((ks + tiles) * 64 - 1) >> gk, G - 1) - g_lo + 1;
           const int blk0 = ld_rt >> 3;
-          u32 bytes = tiles * BM * 128;
+          u32 bytes = tiles * BM * 128 + (ROWS ? tiles * WARPS * TB : 0);  // (a TMA box counts its zero fill)
 #pragma unroll
           for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm)
-            if (blk0 + sgm < nblk) bytes += tiles * SEGLEN * TB + (PC ? 0 : ng * 8 * PBLK);
+            if (blk0 + sgm < nblk) bytes += (ROWS ? 0 : tiles * SEGLEN * TB) + (PC ? 0 : ng * 8 * PBLK);
           if (part & ISSUE_W) mbar_expect_tx(bar, bytes);
           if ((part & ISSUE_X) && CONV) {
 #pragma unroll
@@ -512,12 +528,21 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
             for (int j = 0; j < KT; ++j)
               if (j < tiles) tma_2d(st_issue + j * BM * 128, &xmap, (ks + j) * 64, ld_m0, bar);
           }
+#if WG_ROWS
+          if (part & ISSUE_W) {
+#pragma unroll
+            for (int j = 0; j < KT; ++j)
+              if (j < tiles) tma_2d(st_issue + X_BYTES + j * WARPS * TB, &wmap, (ks + j) * 64, ld_rt * 16, bar);
+          }
+#endif
 #pragma unroll
           for (int sgm = 0; sgm < WARPS / SEGLEN; ++sgm) {
             const int blk = blk0 + sgm;
             if (blk >= nblk || !(part & ISSUE_W)) continue;  // NWG 4 on the last 8-tile block: its warps never store
             const u32 wd = st_issue + X_BYTES + sgm * KT * SEGLEN * TB;
-            if (SEGLEN == 8) {
+            if (ROWS) {
+              // (the weights came as TMA boxes above)
+            } else if (SEGLEN == 8) {
               bulk_copy(wd, W + ((size_t)blk * Kt + ks) * 8 * TB, tiles * 8 * TB, bar);
             } else {
 #pragma unroll
@@ -633,7 +658,17 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     constexpr int j = decltype(jc)::value;
     const char* stg = sgen + (st_read - sbase);
     u32 w[TB / 128];
-    {
+    if (ROWS) {
+      // k-tile j's box: the CTA's rows x 64 bytes, 64-byte swizzle (16-byte chunk c of row r at c ^ ((r >> 1) & 3));
+      // ldmatrix x4 number h: matrices (rows 0-7, step 2h), (rows 8-15, step 2h), (rows 0-7, 2h + 1), (rows 8-15,
+      // 2h + 1) of this warp's 16 rows; lane l addresses row l & 7 of matrix l >> 3
+      const u32 box = st_read + X_BYTES + j * WARPS * TB;
+      const int q = lane >> 3, rr = 16 * warp + (lane & 7) + 8 * (q & 1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        ldmatrix_x4(box + rr * 64 + (((2 * h + (q >> 1)) ^ ((rr >> 1) & 3)) << 4), w[4 * h], w[4 * h + 1],
+                    w[4 * h + 2], w[4 * h + 3]);
+    } else {
       const char* wp = stg + X_BYTES + (BULK ? (seg * KT + j) * SEGLEN + warp % SEGLEN : j * WARPS + warp) * TB + lane * 16;
       const uint4 v0 = *(const uint4*)wp;
       w[0] = v0.x, w[1] = v0.y, w[2] = v0.z, w[3] = v0.w;

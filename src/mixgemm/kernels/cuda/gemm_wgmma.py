@@ -52,6 +52,7 @@ from dataclasses import astuple, dataclass
 import torch
 
 from mixgemm._checks import check_matmul_inputs
+from mixgemm.formats.layouts_rows import RowsLayout, build_rows_v1
 from mixgemm.formats.layouts_wgmma import K_TILE, WgmmaLayout, build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import launch as cuda_launch
@@ -61,6 +62,7 @@ from mixgemm.kernels.cuda.stream_buffers import tile_counters
 SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
+ROWS_LAYOUT = "rows_v1"  # int8 weights that keep only rows_v1 (compacted) are read in it (WG_ROWS)
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
                "CLUSTER", "SERIAL", "PDL", "WS", "TAIL", "TAIL_WAIT", "DIAG")
@@ -165,7 +167,7 @@ def _prepare_x(x2d: torch.Tensor) -> torch.Tensor:
 TSTORE = True
 
 _TMAPS: dict = {}  # key -> CUtensorMap (kept alive here): 2-D swizzled maps and the conv's im2col maps
-_TMAP_DTYPES = {torch.float16: "FLOAT16", torch.bfloat16: "BFLOAT16", torch.int8: "UINT8"}
+_TMAP_DTYPES = {torch.float16: "FLOAT16", torch.bfloat16: "BFLOAT16", torch.int8: "UINT8", torch.uint8: "UINT8"}
 
 
 def swizzled_tensor_map(t: torch.Tensor, box_cols: int, box_rows: int):
@@ -178,8 +180,9 @@ def swizzled_tensor_map(t: torch.Tensor, box_cols: int, box_rows: int):
 
 
 def encode_tensor_map(ptr: int, rows: int, cols: int, row_stride: int, dtype: torch.dtype, box_cols: int,
-                      box_rows: int):
-    """The swizzled_tensor_map of a [rows, cols] matrix at address ptr with row_stride elements per row."""
+                      box_rows: int, swizzle: int = 128):
+    """The swizzled_tensor_map of a [rows, cols] matrix at address ptr with row_stride elements per row (swizzle: 128
+    or 64 bytes)."""
     drv = nvrtc._driver()
     dt = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TMAP_DTYPES[dtype]}")
     es = torch.empty((), dtype=dtype).element_size()
@@ -187,7 +190,8 @@ def encode_tensor_map(ptr: int, rows: int, cols: int, row_stride: int, dtype: to
         dt, 2, ptr, [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],
         [drv.cuuint64_t(row_stride * es)], [drv.cuuint32_t(box_cols), drv.cuuint32_t(box_rows)],
         [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B"),
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if int(err) != 0:
@@ -462,9 +466,15 @@ def _prepare_launch(qw: QuantizedWeight | None, m: int, x_dtype: torch.dtype, x_
     keys = TileKeys.of(cfg)
     # (stages, tma, sk and ws_req may be lowered below to what this GPU and weight allow)
     bm, nwg, stages, inflight, ktile, tma, sk, fold_req, cluster, serial, pdl_req, ws_req = astuple(keys)
+    rows = grouped is None and qw.resident == ROWS_LAYOUT
+    if rows:
+        if conv is not None:
+            raise ValueError("a weight kept in rows_v1 has no wgmma convolution")
+        tma = 1  # its rows come by TMA (the tables' configs were measured on wgmma_v1, where TMA 0 is a choice)
     if grouped is None:
-        fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
-        lay: WgmmaLayout = qw.layout(LAYOUT, build_wgmma_v1)
+        name, build = (ROWS_LAYOUT, build_rows_v1) if rows else (LAYOUT, build_wgmma_v1)
+        fresh = not qw.has_layout(name)  # its build kernels write the weights read before griddepcontrol.wait: no PDL
+        lay: WgmmaLayout | RowsLayout = qw.layout(name, build)
     else:
         if sk or cluster or serial or cfg.get("SPLIT", 1) not in (1, "1") or conv is not None:
             raise ValueError("the grouped experts' launch takes no stream-K, split-K or convolution")
@@ -530,7 +540,15 @@ def _prepare_launch(qw: QuantizedWeight | None, m: int, x_dtype: torch.dtype, x_
         except Exception as e:  # noqa: BLE001 - a driver without tensor-map support: the cp.async loader instead
             _warn_no_tma(e)
             tma = 0
+    wmap = None
+    if rows:
+        # the part's rows [row0, N) x the padded K; one box per k-tile: 64 k x the CTA's rows, 64-byte swizzle
+        wmap = encode_tensor_map(lay.weight.data_ptr() + row0 * lay.row_bytes, lay.n - row0, lay.k_padded,
+                                 lay.row_bytes, torch.uint8, K_TILE, 64 * nwg, swizzle=64)
+        defs["WG_ROWS"] = 1
     if not tma:  # per-thread cp.async loader instead of TMA / bulk copies (and no stream-K, no producer warp)
+        if rows:
+            raise ValueError("a weight kept in rows_v1 needs the TMA loader: tensor maps failed on this driver")
         defs["WG_TMA"] = 0
         sk = 0
         ws_req = 0
@@ -586,9 +604,10 @@ def _prepare_launch(qw: QuantizedWeight | None, m: int, x_dtype: torch.dtype, x_
             ws_floats, counters = tiles * split * (bm // 2) * 128 * nwg, "kept"
     xparam = TensorMapParam(xmap) if tma else None  # the conv's map has its address; the GEMM's is written per call
     yparam = TensorMapParam(ymap) if ymap is not None else None
+    w_row0 = row0 * lay.row_bytes if rows else row0 // 128 * lay.weight.stride(0) * lay.weight.element_size()
     args = [
-        # row0 / 128 blocks of 128 weight rows in: both tensors are [N_pad / 128, ...]
-        ctypes.c_void_p(lay.weight.data_ptr() + row0 // 128 * lay.weight.stride(0) * lay.weight.element_size()),
+        # row0 / 128 blocks of 128 weight rows in: wgmma_v1's tensors are [N_pad / 128, ...] (rows_v1: its params)
+        ctypes.c_void_p(lay.weight.data_ptr() + w_row0),
         ctypes.c_void_p(lay.params.data_ptr() + row0 // 128 * lay.params.stride(0) * lay.params.element_size()),
         ctypes.c_void_p(0),  # x (per call)
         ctypes.c_int(0 if conv is not None else x_row_stride),
@@ -604,6 +623,8 @@ def _prepare_launch(qw: QuantizedWeight | None, m: int, x_dtype: torch.dtype, x_
         (conv[0] if conv is not None else _NO_CONV).as_ctypes(),
         yparam.value if yparam is not None else (ctypes.c_ubyte * 128)(),
     ]
+    if rows:
+        args.append(TensorMapParam(wmap).value)
     if grouped is not None:  # the tile table (per call) and the bytes from one expert to the next
         e = grouped.experts
         args += [ctypes.c_void_p(0), ctypes.c_longlong(lay.weight.numel() * lay.weight.element_size() // e),

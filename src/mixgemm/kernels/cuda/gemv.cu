@@ -137,6 +137,16 @@
 #define GEMV_BPAR 0
 #endif
 
+// 1: int8 codes in rows_v1 (mixgemm/formats/layouts_rows.py): a row's 16-byte chunks as in the plain codes, k permuted
+// inside each (byte 4 w + i holds k 2 w + (i & 1) + 8 (i >> 1)), so a word's low half meets x pair w of the chunk's
+// first 8 k and its high half pair w of the last 8 (a compile-time renaming: the same instructions as the plain codes);
+// parameters in wgmma_v1's order, row n's group j at ((n >> 7) G + j) 128 + (n & 127) (per channel: row n, the plain
+// order, so GEMV_BPAR's per-row copies hold; the host keeps BPAR off for groups). Why: the resident layout of a
+// compacted int8 weight, which the wgmma GEMM and the tensor-core GEMV read too.
+#ifndef GEMV_ROWS
+#define GEMV_ROWS 0
+#endif
+
 // 1: act-order layer: the kernel multiplies x[perm[k]] (perm: the last kernel parameter, int32; gemv_common.cuh
 // ld_perm / gather_x) where it reads x[k] otherwise. With GEMV_XS the block gathers x once while staging it into
 // shared memory (K * 4 bytes there: x as it is, then gathered; the main loop is unchanged); without it each lane
@@ -187,6 +197,13 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   constexpr int XV = CH * XE / 16;                // uint4 of activations per chunk and row
   constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
   typedef Param<SCL, MODE> P;
+  constexpr bool ROWS = GEMV_ROWS != 0;
+  static_assert(!ROWS || BITS == 8, "GEMV_ROWS: int8 codes");
+  constexpr int PGS = ROWS ? 128 : 1;  // parameter entries from one group of a row to the next
+  // row n's parameters (ROWS: wgmma_v1's order, group j at + j PGS entries)
+  auto prow_of = [&](int n) -> const char* {
+    return ROWS ? params + ((size_t)(n >> 7) * G * 128 + (n & 127)) * P::PB : params + (size_t)n * G * P::PB;
+  };
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rg = warp % RG, ks = warp / RG;
@@ -348,6 +365,10 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
               d[1] = hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(w), 0x2c002c00u, zhi[r]);  // * 1/16
               d[2] = hsub2(lop3_and_or<0x000f000fu, 0x64006400u>(w8), zlo[r]);
               d[3] = hfma2(lop3_and_or<0x00f000f0u, 0x64006400u>(w8), 0x2c002c00u, zhi[r]);
+            } else if (ROWS) {  // piece v: k 8v .. 8v + 7 of the chunk, the low (v 0) or high (v 1) half of word t
+#pragma unroll
+              for (int t = 0; t < 4; ++t)
+                d[t] = hsub2(v == 0 ? prmt<0x5140>(w4[t], 0x64646464u) : prmt<0x5342>(w4[t], 0x64646464u), zlo[r]);
             } else {
               d[0] = hsub2(prmt<0x5140>(w4[2 * v], 0x64646464u), zlo[r]);
               d[1] = hsub2(prmt<0x5342>(w4[2 * v], 0x64646464u), zlo[r]);
@@ -397,10 +418,11 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
               d[r][8 * j + 6] = fmaf(as_f32(lop3_and_or<0x00000f00u, 0x4B000000u>(wh)), 0x1p-8f, z2);
               d[r][8 * j + 7] = fmaf(as_f32(lop3_and_or<0x0000f000u, 0x4B000000u>(wh)), 0x1p-12f, z3);
             } else {
-              d[r][4 * j + 0] = as_f32(prmt<0x7540>(w[j], 0x4B000000u)) + z0;
-              d[r][4 * j + 1] = as_f32(prmt<0x7541>(w[j], 0x4B000000u)) + z0;
-              d[r][4 * j + 2] = as_f32(prmt<0x7542>(w[j], 0x4B000000u)) + z0;
-              d[r][4 * j + 3] = as_f32(prmt<0x7543>(w[j], 0x4B000000u)) + z0;
+              // byte i of word j: k 4j + i, or (ROWS) k 2j + (i & 1) + 8 (i >> 1)
+              d[r][ROWS ? 2 * j : 4 * j] = as_f32(prmt<0x7540>(w[j], 0x4B000000u)) + z0;
+              d[r][ROWS ? 2 * j + 1 : 4 * j + 1] = as_f32(prmt<0x7541>(w[j], 0x4B000000u)) + z0;
+              d[r][ROWS ? 2 * j + 8 : 4 * j + 2] = as_f32(prmt<0x7542>(w[j], 0x4B000000u)) + z0;
+              d[r][ROWS ? 2 * j + 9 : 4 * j + 3] = as_f32(prmt<0x7543>(w[j], 0x4B000000u)) + z0;
             }
           }
         }
@@ -525,9 +547,9 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   auto load_params = [&](P (&pv)[U][R], int tile, int j) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const char* prow = params + (size_t)min((tile * RG + rg) * R + r, N - 1) * prow_bytes;
+      const char* prow = prow_of(min((tile * RG + rg) * R + r, N - 1));
 #pragma unroll
-      for (int u = 0; u < U; ++u) pv[u][r].load(prow, min(j * SC + lc + u * STRIDE, Kc - 1) >> gshift);
+      for (int u = 0; u < U; ++u) pv[u][r].load(prow, (min(j * SC + lc + u * STRIDE, Kc - 1) >> gshift) * PGS);
     }
   };
   P pn[U][R];
@@ -619,7 +641,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   for (int r = 0; r < R; ++r) {
     const int n = min(row0 + r, N - 1);  // rows past N read row N-1 (valid memory) and are never stored
     wrow[r] = W + (size_t)n * Kc;
-    prow[r] = params + (size_t)n * G * P::PB;
+    prow[r] = prow_of(n);
   }
 
 #pragma unroll
@@ -633,7 +655,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         wv[u][r] = ld_stream(wrow[r] + c0 + u * STRIDE);
-        pv[u][r].load(prow[r], (c0 + u * STRIDE) >> gshift);
+        pv[u][r].load(prow[r], ((c0 + u * STRIDE) >> gshift) * PGS);
       }
   };
   int c0 = ks * LW + sub;

@@ -25,6 +25,7 @@ import math
 import torch
 
 from mixgemm.formats.layouts import GemvLayout, build_gemv_mma_v1, build_gemv_v2
+from mixgemm.formats.layouts_rows import RowsLayout, build_rows_v1
 from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
@@ -64,6 +65,7 @@ def m_bucket(m: int) -> int:
 MMA_SOURCE = "gemv_mma.cu"
 MMA_KERNEL = "mixgemm_gemv_mma"
 MMA_LAYOUT = "gemv_mma_v1"
+ROWS_LAYOUT = "rows_v1"  # int8 weights kept in rows_v1 (opt-in): the tensor-core GEMV (MMA_ROWS), gemv.cu (GEMV_ROWS)
 WG_LAYOUT = "wgmma_v1"  # config WG 1 (the int8 default): the wgmma GEMM's own layout, no copy of the GEMV's own
 # config SIMT 1 (with WG, M = 1): CUDA-core math on wgmma_v1 (gemv_wg_simt.cu), the tensor-core GEMV's parameter list
 SIMT_SOURCE = "gemv_wg_simt.cu"
@@ -210,7 +212,9 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_MINB"] = cfg["MINB"]
     if cfg.get("PACK", 0) and param_pair_packs(mode, scl):
         d["MMA_PACK"] = 1
-    if cfg.get("WG", 0):  # only in the key when set: the gemv_mma_v1 instantiations keep their compile keys
+    if cfg.get("ROWS", 0):  # int8 rows_v1 (a compacted int8 weight's resident layout)
+        d["MMA_ROWS"] = 1
+    elif cfg.get("WG", 0):  # only in the key when set: the gemv_mma_v1 instantiations keep their compile keys
         d["MMA_WG"] = 1
         if cfg.get("G32", 0):
             d["MMA_G32"] = 1
@@ -495,6 +499,8 @@ def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> 
         d["GEMV_LW"] = cfg["LW"]  # lanes per weight row (gemv.cu GEMV_LW; register path)
     if cfg.get("DIAG", 0):
         d["GEMV_DIAG"] = cfg["DIAG"]  # diagnostic stage removal (gemv.cu); wrong results, tools only
+    if cfg.get("ROWS", 0):
+        d["GEMV_ROWS"] = 1  # int8 codes and parameters in rows_v1 (gemv.cu GEMV_ROWS)
     return d
 
 
@@ -951,15 +957,22 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
     kernel, grid, parameters); call it with x2d, bias, lo, hi (and an act_order layer's kernel permutation)."""
     n = qw.out_features
     props = torch.cuda.get_device_properties(dev)
-    fresh = not qw.has_layout(LAYOUT)
-    lay: GemvLayout = qw.layout(LAYOUT, build_gemv_v2)
+    rows = qw.resident == ROWS_LAYOUT  # an int8 weight kept in rows_v1 (GEMV_ROWS)
+    name, build = (ROWS_LAYOUT, build_rows_v1) if rows else (LAYOUT, build_gemv_v2)
+    fresh = not qw.has_layout(name)
+    lay: GemvLayout | RowsLayout = qw.layout(name, build)
     if act_order:
         cfg = perm_config(cfg, m_bucket(m), _ACT[x_dtype], lay.k_padded)
     if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x_dtype], lay.k_padded):
         cfg = {**cfg, "XS": 0}
     x_smem = x_smem_bytes(cfg, lay.k_padded) if cfg.get("XS", 0) else 0
-    param_row_bytes = lay.params.stride(0) * lay.params.element_size()  # [N, G] or [N, G, 2], contiguous
-    cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
+    if rows:  # one row's parameters: contiguous only per channel (rows_v1 keeps wgmma_v1's order, groups 128 apart)
+        param_row_bytes = lay.num_groups * lay.params.shape[-1] * lay.params.element_size()
+        cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
+        cfg = {**cfg, "ROWS": 1, "BPAR": cfg.get("BPAR", 0) if lay.num_groups == 1 else 0}
+    else:
+        param_row_bytes = lay.params.stride(0) * lay.params.element_size()  # [N, G] or [N, G, 2], contiguous
+        cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
     defs = defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, dev)
     rows_per_block = tile_rows(cfg)
@@ -1002,12 +1015,15 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     """The tensor-core GEMV's launch for M rows of x_dtype (float16 / bfloat16) with the config ``cfg``, built once;
     call it with x2d, bias, lo, hi (and an act_order layer's kernel permutation)."""
     n = qw.out_features
-    wg = bool(cfg.get("WG", 0))
-    name, build = (WG_LAYOUT, build_wgmma_v1) if wg else (MMA_LAYOUT, build_gemv_mma_v1)
+    rows = qw.resident == ROWS_LAYOUT  # an int8 weight kept in rows_v1: read there whatever the tile's WG says
+    wg = bool(cfg.get("WG", 0)) and not rows
+    cfg = {**cfg, "WG": int(wg), "ROWS": int(rows)}
+    name, build = ((ROWS_LAYOUT, build_rows_v1) if rows else (WG_LAYOUT, build_wgmma_v1) if wg
+                   else (MMA_LAYOUT, build_gemv_mma_v1))
     fresh = not qw.has_layout(name)
     lay = qw.layout(name, build)
     mb = 1 if m <= 8 else 2
-    k_tile = 64 if wg else lay.k_tile
+    k_tile = 64 if wg or rows else lay.k_tile
     # DEFER 1 wherever every k-tile lies in one group, whatever the config asks: DEFER 0 rounds each row's offset term
     # (m + z s) to the activation dtype once, an error every k of the row shares (bf16, offset mode, per channel: 4-10%
     # relative at K 14336 with activations of mean 3, H100), at DEFER 1's speed; 0 only where a k-tile straddles

@@ -83,6 +83,16 @@
 #ifndef MMA_WG
 #define MMA_WG 0
 #endif
+// MMA_ROWS 1: int8 weights in rows_v1 (mixgemm/formats/layouts_rows.py: row-major, k permuted inside each 16 so that
+// word w of a 16-byte chunk holds k 2w, 2w + 1, 2w + 8, 2w + 9 of it). Lane (g, t) loads chunk t of each 64-k tile of
+// rows g and g + 8 (one uint4 each) and gives word s of it to mma step s: the mma's k slots of lane t in step s are
+// chunk t's k 2s, 2s + 1, 2s + 8, 2s + 9, so its B fragment is words s and s + 4 of its own 16 contiguous k of x
+// (two uint4 per x row, as gemv_mma_v1's pieces), no ring. Why: the wgmma GEMM and the CUDA-core GEMV read the same
+// rows, so a compacted int8 weight keeps one copy of its codes that every M reads at full speed. Parameters as
+// wgmma_v1's. A step spans all 64 k of the tile: MMA_DEFER needs groups of at least 64 (the host checks).
+#ifndef MMA_ROWS
+#define MMA_ROWS 0
+#endif
 // RT 16-row tiles per warp: one staging of x and one set of B fragments serve RT tiles' mma (at M = 16 the x
 // traffic through shared memory / L1 is 4x the int4 weight bytes of a tile, the limit of the MMA_WG ring otherwise)
 #ifndef MMA_RT
@@ -141,10 +151,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b
 __device__ __forceinline__ void cp_async16(u32 d, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
-__device__ __forceinline__ void ldmatrix_x4(u32 a, u32& r0, u32& r1, u32& r2, u32& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
-}
 
 }  // namespace mgm
 
@@ -164,14 +170,17 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   constexpr int BITS = MMA_BITS, ACT = MMA_ACT, SCL = MMA_SCL, MODE = MMA_MODE;
   constexpr int MB = MMA_MB, U = MMA_U, RG = MMA_RG, KS = MMA_KS, RT = MMA_RT;
   constexpr bool WG = MMA_WG != 0;
-  constexpr int KT = (WG || BITS == 4) ? 64 : 32, KL = KT / 4;
+  constexpr bool ROWS = MMA_ROWS != 0;
+  static_assert(!ROWS || (BITS == 8 && !WG && !MMA_G32), "MMA_ROWS: int8 rows_v1 (groups of 32 per lane)");
+  constexpr int KT = (WG || ROWS || BITS == 4) ? 64 : 32, KL = KT / 4;
   constexpr int LU = KT * BITS / 256;          // uint4 of weights per lane and tile (int8 on wgmma_v1: 2)
   constexpr int STEPS = KT / 16;               // k16 mma steps per tile
   constexpr int NP = WG && MMA_G32 ? 2 : 1;    // parameter sets per tile (groups of 32 in a 64-k tile)
   constexpr int XV = WG ? 1 : KL * 2 / 16;     // uint4 of activations per lane, tile and B block (gemv_mma_v1)
   constexpr int XR = 8 * MB;                   // activation rows a tile's B fragments cover
-  constexpr size_t TSTEP = WG ? 8 * 32 * LU : 32;  // uint4 from one k-tile of a row tile to the next
-  constexpr int GSTR = WG ? 128 : 1;           // parameter entries from one group of a row to the next
+  constexpr size_t TSTEP = WG ? 8 * 32 * LU : ROWS ? 4 : 32;  // uint4 from one k-tile of a row tile to the next
+  constexpr int GSTR = WG || ROWS ? 128 : 1;   // parameter entries from one group of a row to the next
+  const size_t lstep = ROWS ? (size_t)8 * Kt * 4 : 32;  // uint4 from a lane's load l to l + 1 (ROWS: row g + 8)
   constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
   static_assert(!MMA_PACK || (MODE != 0 && SCL != 2), "MMA_PACK: two 16-bit parameters per group");
   typedef typename PickParam<MMA_PACK != 0, SCL, MODE>::T P;
@@ -187,10 +196,13 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
     const int ntc = min(nt0 + r, Nt - 1);  // tiles past the last one redo it and are never stored
-    wt[r] = WG ? W + ((size_t)(ntc >> 3) * Kt * 8 + (ntc & 7)) * 32 * LU + lane : W + (size_t)ntc * Kt * 32 + lane;
-    prow0[r] = WG ? params + ((size_t)(ntc >> 3) * G * 128 + (ntc & 7) * 16 + g) * P::PB
+    // (rows_v1 pads its rows to a multiple of 16: row g + 8 of the last tile exists)
+    wt[r] = WG     ? W + ((size_t)(ntc >> 3) * Kt * 8 + (ntc & 7)) * 32 * LU + lane
+            : ROWS ? W + (size_t)(ntc * 16 + g) * Kt * 4 + t
+                   : W + (size_t)ntc * Kt * 32 + lane;
+    prow0[r] = WG || ROWS ? params + ((size_t)(ntc >> 3) * G * 128 + (ntc & 7) * 16 + g) * P::PB
                   : params + (size_t)min(ntc * 16 + g, N - 1) * G * P::PB;
-    prow1[r] = WG ? prow0[r] + 8 * P::PB : params + (size_t)min(ntc * 16 + g + 8, N - 1) * G * P::PB;
+    prow1[r] = WG || ROWS ? prow0[r] + 8 * P::PB : params + (size_t)min(ntc * 16 + g + 8, N - 1) * G * P::PB;
   }
   const uint4* xrow[MB];  // this lane's piece of each B row (MMA_PERM: the row itself)
 #pragma unroll
@@ -262,7 +274,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
 #pragma unroll
-        for (int l = 0; l < LU; ++l) wv[u][r][l] = ld_stream(wt[r] + (size_t)kt * TSTEP + 32 * l);
+        for (int l = 0; l < LU; ++l) wv[u][r][l] = ld_stream(wt[r] + (size_t)kt * TSTEP + l * lstep);
 #pragma unroll
         for (int h = 0; h < NP; ++h) {
           p0[u][r][h].load(prow0[r], group_of(kt, h) * GSTR);
@@ -339,20 +351,34 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
             ldmatrix_x4(slot + ldm_offset(b, h), xw[b][4 * h], xw[b][4 * h + 1], xw[b][4 * h + 2], xw[b][4 * h + 3]);
       }
 #else
+      if constexpr (ROWS) {  // step s: words s and s + 4 of the lane's 16 k (uint4 0 and 1)
 #pragma unroll
-      for (int b = 0; b < MB; ++b)
-#pragma unroll
-        for (int v = 0; v < XV; ++v) {
-          xw[b][4 * v + 0] = xv[u][b][v].x;
-          xw[b][4 * v + 1] = xv[u][b][v].y;
-          xw[b][4 * v + 2] = xv[u][b][v].z;
-          xw[b][4 * v + 3] = xv[u][b][v].w;
+        for (int b = 0; b < MB; ++b) {
+          const uint4 lo = xv[u][b][0], hi = xv[u][b][1];
+          xw[b][0] = lo.x, xw[b][1] = hi.x, xw[b][2] = lo.y, xw[b][3] = hi.y;
+          xw[b][4] = lo.z, xw[b][5] = hi.z, xw[b][6] = lo.w, xw[b][7] = hi.w;
         }
+      } else {
+#pragma unroll
+        for (int b = 0; b < MB; ++b)
+#pragma unroll
+          for (int v = 0; v < XV; ++v) {
+            xw[b][4 * v + 0] = xv[u][b][v].x;
+            xw[b][4 * v + 1] = xv[u][b][v].y;
+            xw[b][4 * v + 2] = xv[u][b][v].z;
+            xw[b][4 * v + 3] = xv[u][b][v].w;
+          }
+      }
 #endif
 #pragma unroll
       for (int r = 0; r < RT; ++r) {  // the B fragments above serve every row tile
         u32 w[4 * LU];
         tile_words(wv[u][r], w);
+        if constexpr (ROWS) {  // step s: word s of row g's chunk and of row g + 8's (a_frag_step: w[2 s], w[2 s + 1])
+          const u32 c[8] = {w[0], w[4], w[1], w[5], w[2], w[6], w[3], w[7]};
+#pragma unroll
+          for (int i = 0; i < 8; ++i) w[i] = c[i];
+        }
 #pragma unroll
         for (int h = 0; h < NP; ++h) {  // one parameter set per STEPS / NP steps
           RowQ<ACT, MODE> q0, q1;

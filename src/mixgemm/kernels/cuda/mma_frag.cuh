@@ -67,6 +67,13 @@ struct RowQ {
   }
 };
 
+// ldmatrix x4 (b16): lane (g, t) gets word t of row g of each of the four 8 x 16-byte matrices whose row addresses
+// (shared memory) lanes 8 q .. 8 q + 7 give
+__device__ __forceinline__ void ldmatrix_x4(u32 a, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+
 // A lane's weight words of one tile (LU 16-byte loads) in the order a_frag_step reads them
 template <int LU>
 __device__ __forceinline__ void tile_words(const uint4 (&v)[LU], u32 (&w)[4 * LU]) {
