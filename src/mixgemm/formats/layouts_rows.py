@@ -31,6 +31,7 @@ from mixgemm.formats.layouts import KernelLayout
 from mixgemm.formats.layouts_wgmma import K_TILE, wgmma_params
 from mixgemm.formats.weight import QuantizedWeight
 
+ROWS_LAYOUT = "rows_v1"  # its name (QuantizedWeight.resident of a weight that keeps only it)
 CHUNK = 16
 # byte p of a 16-byte chunk holds k = ROWS_PERM[p] of the chunk
 ROWS_PERM = tuple(2 * (p // 4) + (p % 2) + 8 * ((p % 4) // 2) for p in range(CHUNK))

@@ -741,8 +741,8 @@ def _gemm_perm(p: Problem, config: dict | None) -> str:
 GEMV_MMA_V1 = Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1")
 GEMV_V2 = Layout.lazy("gemv_v2", "mixgemm.formats.layouts", "build_gemv_v2")
 WGMMA_V1 = Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1")
-# a compacted int8 weight's resident layout: the two GEMVs and the wgmma GEMM read it (config ROWS, set by
-# _on_rows for such a weight; each kernel's host code reads rows_v1 whenever the weight keeps it)
+# the opt-in resident layout of int8 weights (compact_("rows_v1")): the two GEMVs and the wgmma GEMM read it (config
+# ROWS, set by _on_rows for such a weight; each kernel's host code reads rows_v1 whenever the weight keeps it)
 ROWS_V1 = Layout.lazy("rows_v1", "mixgemm.formats.layouts_rows", "build_rows_v1")
 
 
@@ -783,14 +783,14 @@ ENTRIES = (
     KernelEntry("cuda_gemv_mma", "linear", _gemv_mma_can_run, _on_rows(_gemv_mma_config), _run_gemv_mma, GEMV_MMA_V1,
                 "tensor-core GEMV, M <= 16 (int8: on wgmma_v1, or rows_v1)", _on_rows(_gemv_mma_complete),
                 _gemv_mma_candidates, _gemv_mma_perm, prepare=_prepare_gemv_mma, layout_for=_gemv_mma_layout,
-                reads_any=("gemv_mma_v1", "wgmma_v1", "rows_v1")),
+                reads_any=(GEMV_MMA_V1.name, WGMMA_V1.name, ROWS_V1.name)),
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _on_rows(_gemv_config), _run_gemv, GEMV_V2,
                 "CUDA-core GEMV, M <= 16", _on_rows(_gemv_complete), _gemv_candidates, _gemv_perm,
-                prepare=_prepare_gemv, layout_for=_rows_or(GEMV_V2), reads_any=("gemv_v2", "rows_v1")),
+                prepare=_prepare_gemv, layout_for=_rows_or(GEMV_V2), reads_any=(GEMV_V2.name, ROWS_V1.name)),
     KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _on_rows(_wgmma_config), _run_wgmma, WGMMA_V1,
                 "Hopper wgmma GEMM, any M", _on_rows(_wgmma_complete), candidates=_wgmma_candidates,
                 input_perm=_gemm_perm, prepare=_prepare_wgmma, layout_for=_rows_or(WGMMA_V1),
-                reads_any=("wgmma_v1", "rows_v1")),
+                reads_any=(WGMMA_V1.name, ROWS_V1.name)),
     KernelEntry("triton_gemm", "linear", _triton_can_run, _triton_config, _run_triton,
                 Layout.lazy("triton_gemm_v1_ks16", "mixgemm.kernels.triton.layout", "get_layout"),
                 "Triton tensor-core GEMM, any M", candidates=_triton_candidates, input_perm=_gemm_perm),

@@ -76,9 +76,10 @@
 // WG_ROWS 1: int8 weights in rows_v1 (mixgemm/formats/layouts_rows.py: row-major codes, k permuted inside each 16 so
 // that word t of a 16-byte chunk is lane t's A-fragment word of that k16 step) instead of wgmma_v1. A stage's weights
 // are one TMA box per k-tile (64 k x the CTA's rows, 64-byte swizzle, rows past N read as zeros) and each lane takes
-// its words with ldmatrix (x4: rows g / g + 8 of two k16 steps, the order the wgmma_v1 loads give). Why: the GEMVs read
-// those rows as they read the plain codes, so one copy of the codes serves every M at each kernel's speed. Needs
-// WG_TMA 1; no convolution or grouped experts.
+// its words with ldmatrix (x4: rows g / g + 8 of two k16 steps, the order the wgmma_v1 loads give). Why: the CUDA-core
+// GEMV reads those rows as it reads the plain codes, so one copy of the codes can serve every M (opt-in: the
+// tensor-core GEMV on rows_v1 is still slower than on wgmma_v1, docs/design.md). Needs WG_TMA 1; no convolution or
+// grouped experts.
 #ifndef WG_ROWS
 #define WG_ROWS 0
 #endif

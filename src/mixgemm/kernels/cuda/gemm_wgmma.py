@@ -52,7 +52,7 @@ from dataclasses import astuple, dataclass
 import torch
 
 from mixgemm._checks import check_matmul_inputs
-from mixgemm.formats.layouts_rows import RowsLayout, build_rows_v1
+from mixgemm.formats.layouts_rows import ROWS_LAYOUT, RowsLayout, build_rows_v1
 from mixgemm.formats.layouts_wgmma import K_TILE, WgmmaLayout, build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import launch as cuda_launch
@@ -62,7 +62,6 @@ from mixgemm.kernels.cuda.stream_buffers import tile_counters
 SOURCE = "gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
-ROWS_LAYOUT = "rows_v1"  # int8 weights that keep only rows_v1 (compacted) are read in it (WG_ROWS)
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
                "CLUSTER", "SERIAL", "PDL", "WS", "TAIL", "TAIL_WAIT", "DIAG")

@@ -141,8 +141,8 @@
 // inside each (byte 4 w + i holds k 2 w + (i & 1) + 8 (i >> 1)), so a word's low half meets x pair w of the chunk's
 // first 8 k and its high half pair w of the last 8 (a compile-time renaming: the same instructions as the plain codes);
 // parameters in wgmma_v1's order, row n's group j at ((n >> 7) G + j) 128 + (n & 127) (per channel: row n, the plain
-// order, so GEMV_BPAR's per-row copies hold; the host keeps BPAR off for groups). Why: the resident layout of a
-// compacted int8 weight, which the wgmma GEMM and the tensor-core GEMV read too.
+// order, so GEMV_BPAR's per-row copies hold; the host keeps BPAR off for groups). Why: an int8 weight kept in rows_v1
+// (opt-in) holds one copy of its codes, which the wgmma GEMM and the tensor-core GEMV read too.
 #ifndef GEMV_ROWS
 #define GEMV_ROWS 0
 #endif

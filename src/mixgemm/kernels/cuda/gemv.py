@@ -25,7 +25,7 @@ import math
 import torch
 
 from mixgemm.formats.layouts import GemvLayout, build_gemv_mma_v1, build_gemv_v2
-from mixgemm.formats.layouts_rows import RowsLayout, build_rows_v1
+from mixgemm.formats.layouts_rows import ROWS_LAYOUT, RowsLayout, build_rows_v1
 from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
@@ -65,7 +65,6 @@ def m_bucket(m: int) -> int:
 MMA_SOURCE = "gemv_mma.cu"
 MMA_KERNEL = "mixgemm_gemv_mma"
 MMA_LAYOUT = "gemv_mma_v1"
-ROWS_LAYOUT = "rows_v1"  # int8 weights kept in rows_v1 (opt-in): the tensor-core GEMV (MMA_ROWS), gemv.cu (GEMV_ROWS)
 WG_LAYOUT = "wgmma_v1"  # config WG 1 (the int8 default): the wgmma GEMM's own layout, no copy of the GEMV's own
 # config SIMT 1 (with WG, M = 1): CUDA-core math on wgmma_v1 (gemv_wg_simt.cu), the tensor-core GEMV's parameter list
 SIMT_SOURCE = "gemv_wg_simt.cu"
@@ -212,7 +211,7 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_MINB"] = cfg["MINB"]
     if cfg.get("PACK", 0) and param_pair_packs(mode, scl):
         d["MMA_PACK"] = 1
-    if cfg.get("ROWS", 0):  # int8 rows_v1 (a compacted int8 weight's resident layout)
+    if cfg.get("ROWS", 0):  # an int8 weight kept in rows_v1 (opt-in)
         d["MMA_ROWS"] = 1
     elif cfg.get("WG", 0):  # only in the key when set: the gemv_mma_v1 instantiations keep their compile keys
         d["MMA_WG"] = 1
