@@ -102,6 +102,26 @@ def test_small_m_tiles_times_both_gemv_layouts_against_the_small_m_family(isolat
     assert "wgmma_small_m_family" not in getattr(first, "source", "")
 
 
+def test_crossover_times_the_gemv_on_wgmma_v1_against_the_gemm(isolated_tuning):
+    """--crossover: at M > 1 only the compacted weight's two choices, the tensor-core GEMV's default on wgmma_v1 and the
+    wgmma GEMM's default; M = 1 keeps the usual families."""
+    import torch
+
+    from mixgemm.formats.weight import quantize_weight
+    from mixgemm.kernels import linear as entries
+    from mixgemm.kernels.registry import DeviceInfo
+    from tools.bench.gemv_dispatch import candidates
+
+    di = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    qw = quantize_weight(torch.randn(256, 1024) * 0.02, bits=8, group_size=-1, mode="sym")
+    p = dataclasses.replace(entries.linear_problem(4, qw, torch.float16, di), k=3584, n=18944)
+    labels = candidates(p, 4, 8, 3584, crossover=True)
+    assert list(labels) == ["cuda_gemv_mma/compact", "cuda_wgmma"]
+    assert [len(v) for v in labels.values()] == [1, 1] and labels["cuda_gemv_mma/compact"][0]["WG"] == 1
+    assert labels["cuda_wgmma"][0] == entries._wgmma_config(dataclasses.replace(p, resident="wgmma_v1"))
+    assert "cuda_gemv" in candidates(dataclasses.replace(p, m=1), 1, 8, 3584, crossover=True)
+
+
 def test_mma_pack_times_each_layouts_default_with_pf_and_pack(isolated_tuning):
     """--mma-pack: at M > 1 each tensor-core GEMV family's default (plain codes; with --compact-only also wgmma_v1)
     first, then the other three (PF, PACK) combinations; M = 1 keeps its own families."""

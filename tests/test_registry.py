@@ -112,16 +112,48 @@ def test_gemv_over_wgmma_crossover():
         assert _choose(16, k, n).entry.name == "cuda_wgmma", (k, n)
         assert _choose(8, k, n).entry.name == "cuda_gemv_mma", (k, n)
     assert _choose(16, 14336, 4096).entry.name == "cuda_gemv_mma"  # N 4096: outside the tall region
-    # int8 per channel: tall layers below N 8192 leave the GEMV from M = 9, wide ones from M = 2 as before
+    # int8 per channel: tall layers below N 8192 leave the GEMV from M = 9 (test_gemv_over_wgmma_int8: wide ones)
     assert _choose(16, 27648, 5120, 8, -1).entry.name == "cuda_wgmma"
     assert _choose(8, 27648, 5120, 8, -1).entry.name == "cuda_gemv_mma"
-    assert _choose(2, 4096, 14336, 8, -1).entry.name == "cuda_wgmma"
-    assert _choose(16, 8192, 8192, 8, -1).entry.name == "cuda_wgmma"  # gemv_over_wgmma is int4 only
     t = tuning.load_table("h100")
-    assert tuning.gemv_over_wgmma(t, 4, 8192, 64, 132).startswith("the wgmma GEMM's 64 output tiles fill 48%")
-    assert "2 waves on a layer with K = 4096" in tuning.gemv_over_wgmma(t, 4, 4096, 224, 132)  # 85%
-    assert tuning.gemv_over_wgmma(t, 4, 8192, 224, 132) is None and tuning.gemv_over_wgmma(t, 8, 8192, 64, 132) is None
+    why = "the wgmma GEMM's 64 output tiles fill 48% of their last wave (< 70%)"
+    assert tuning.gemv_over_wgmma(t, 4, 8192, 64, 132) == (16, why)
+    assert "2 waves on a layer with K = 4096" in tuning.gemv_over_wgmma(t, 4, 4096, 224, 132)[1]  # 85%
+    assert tuning.gemv_over_wgmma(t, 4, 8192, 224, 132) is None
+    assert tuning.gemv_over_wgmma(t, 8, 8192, 64, 132)[0] == 8  # int8's rule keeps M <= 8
+    assert tuning.gemv_over_wgmma(t, 2, 8192, 64, 132) is None  # no rule for the bit width
     assert tuning.gemv_over_wgmma(tuning.load_table("default"), 4, 8192, 64, 132) is None
+
+
+@pytest.mark.parametrize("device", [H100, H200], ids=["h100", "h200"])
+def test_gemv_over_wgmma_int8(device):
+    """int8 per channel on layers of N >= 8192 (the tables send int8 to the wgmma GEMM from M = 2): the tensor-core GEMV
+    keeps M 2..8 where the GEMM's tiles fill under 70% of their last wave, fit one wave or need several at K <= 5120,
+    and the GEMM takes K = 8192 over several full waves and every M > 8."""
+    name = "h100" if device is H100 else "h200"
+    for k, n in ((3584, 18944), (4096, 14336), (8192, 8192), (28672, 8192), (3584, 8192), (1536, 8960)):
+        for m in (2, 5, 8):
+            c = _choose(m, k, n, 8, -1, device=device)
+            assert c.entry.name == "cuda_gemv_mma", (k, n, m)
+            assert c.config_source.startswith(f"kept on the GEMV past the {name} table's crossover M=1: the wgmma GEMM")
+        assert _choose(9, k, n, 8, -1, device=device).entry.name == "cuda_wgmma", (k, n)
+    for k, n in ((8192, 28672), (8192, 57344)):
+        for m in (2, 8, 16):
+            assert _choose(m, k, n, 8, -1, device=device).entry.name == "cuda_wgmma", (k, n, m)
+    assert _choose(1, 3584, 18944, 8, -1, device=device).entry.name == "cuda_gemv"  # M = 1: the CUDA-core GEMV
+    assert _choose(16, 4096, 4096, 8, -1, device=device).entry.name == "cuda_gemv_mma"  # N < 8192: every M <= 16
+
+
+def test_gemv_over_wgmma_rules_checked():
+    """A table's gemv_over_wgmma rules need their fields and a source, one rule per bit width."""
+    from mixgemm import tuning
+
+    rule = {"bits": [8], "min_fill": 0.7, "multiwave_max_k": 5120, "source": "s"}
+    assert tuning.parse_table({"gemv_over_wgmma": [rule]}, "t")["gemv_over_wgmma"] == {8: rule}
+    with pytest.raises(ValueError, match="t.json gemv_over_wgmma 0 needs 'bits', 'min_fill', 'multiwave_max_k'"):
+        tuning.parse_table({"gemv_over_wgmma": [{"bits": [8], "source": "s"}]}, "t")
+    with pytest.raises(ValueError, match="gemv_over_wgmma 1: a second rule for int8"):
+        tuning.parse_table({"gemv_over_wgmma": [rule, {**rule, "bits": [4, 8]}]}, "t")
 
 
 def test_gemv_over_wgmma_on_the_h200():

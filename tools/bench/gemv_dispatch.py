@@ -7,6 +7,8 @@ graph timing over rotating layer copies (mixgemm.bench.protocol):
 * M = 1: the CUDA-core GEMV's default config and its candidates (KernelEntry.candidates), and the tensor-core GEMV
   over its whole (KS, U) grid (KS 1..16 with at least two k-tiles per slice, U 1 / 2);
 * M > 1: the CUDA-core GEMV's default, the tensor-core GEMV's default and candidates, and the wgmma GEMM's default;
+* with --crossover, at M > 1 only the two choices a compacted weight's dispatch has: the tensor-core GEMV's default
+  on wgmma_v1 (``cuda_gemv_mma/compact``) against the wgmma GEMM's default (the tables' gemv_max_m / gemv_over_wgmma);
 * with --wg-simt, at M = 1 also the CUDA-core math on wgmma_v1 (gemv_wg_simt.cu) over its (RT, U, PF, KS, RG) grid,
   under the label ``cuda_gemv_mma/wg_simt``; --simt-only times only that grid and the CUDA-core GEMV's default.
 
@@ -149,7 +151,7 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
                simt_grid: bool = False, mma_grid_all: bool = False, simt_only: bool = False,
                compact_only: bool = False, split_rt: bool = False,
                small_m_tiles: bool = False, simt_pack: bool = False, mma_pack: bool = False,
-               lw_grid: bool = False) -> dict[str, list[dict]]:
+               lw_grid: bool = False, crossover: bool = False) -> dict[str, list[dict]]:
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
     name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
     simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid (with
@@ -163,7 +165,12 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     (kernels.linear.small_m_family_candidates).
     mma_pack (M > 1, with compact_only or the default families): each tensor-core GEMV family's default also with PF
     and PACK on and off (mma_pack_variants) instead of its other variants.
-    lw_grid (M = 1): the CUDA-core GEMV's default against lane_grid only."""
+    lw_grid (M = 1): the CUDA-core GEMV's default against lane_grid only.
+    crossover (M > 1): the tensor-core GEMV's default on wgmma_v1 against the wgmma GEMM's default."""
+    if crossover and m > 1:
+        pr = dataclasses.replace(p, resident=WG_LAYOUT)
+        return {"cuda_gemv_mma/compact": [dict(entries._gemv_mma_config(pr))],
+                "cuda_wgmma": [entries._wgmma_config(pr)]}
     if mma_pack and m > 1:
         out = {"cuda_gemv_mma": [entries._gemv_mma_config(p)]}
         if compact_only:
@@ -241,7 +248,7 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
                   mma_grid_m1: bool = True, simt_grid: bool = False, mma_grid_all: bool = False,
                   simt_only: bool = False, compact_only: bool = False, split_rt: bool = False,
                   warm_only: bool = False, small_m_tiles: bool = False, simt_pack: bool = False,
-                  mma_pack: bool = False, lw_grid: bool = False) -> list[dict]:
+                  mma_pack: bool = False, lw_grid: bool = False, crossover: bool = False) -> list[dict]:
     bits = FORMATS[fmt][0]
     dev = torch.device("cuda")
     weights = layer_copies(k, n, fmt, l2)
@@ -262,7 +269,7 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
 
         for label, cfgs in candidates(p, m, bits, k, mma_grid_m1, simt_grid, mma_grid_all, simt_only,
                                         compact_only, split_rt, small_m_tiles, simt_pack, mma_pack,
-                                        lw_grid).items():
+                                        lw_grid, crossover).items():
             entry = label.split("/")[0]
             for i, cfg in enumerate(cfgs):
                 rec = {"cfg": plain(cfg), "us": None, "default": i == 0 and label == entry}
@@ -293,6 +300,9 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16", help="activation dtype")
     ap.add_argument("--no-mma-grid", action="store_true",
                     help="M = 1: time only the tensor-core GEMV's default, not its (KS, U) grid")
+    ap.add_argument("--crossover", action="store_true",
+                    help="M > 1: the tensor-core GEMV's default on wgmma_v1 against the wgmma GEMM's default only")
+    ap.add_argument("--min-n", type=int, default=0, help="only layers with at least this many output features")
     ap.add_argument("--wg-simt", action="store_true",
                     help="M = 1: also time the CUDA-core math on wgmma_v1 (MMA_SIMT) over its (KS, U) grid")
     ap.add_argument("--simt-only", action="store_true",
@@ -364,6 +374,7 @@ def main() -> None:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     else:
         shapes = sorted(model_layers(list(catalog().values())), key=lambda s: s[0] * s[1])
+    shapes = [(k, n) for k, n in shapes if n >= args.min_n]
     di, l2, t0 = device_info(torch.device("cuda")), protocol.l2_bytes(), time.time()
     if args.wg_simt or args.simt_only:
         from mixgemm.kernels.cuda.nvrtc import arch_of
@@ -408,7 +419,7 @@ def main() -> None:
                 res += measure_layer(k, n, fmt, ms, di, l2, dtype, not args.no_mma_grid, args.wg_simt,
                                      args.mma_grid_all, args.simt_only, args.compact_only, args.split_rt_grid,
                                      small_m_tiles=args.small_m_tiles, simt_pack=args.simt_pack,
-                                     mma_pack=args.mma_pack, lw_grid=args.lw_grid)
+                                     mma_pack=args.mma_pack, lw_grid=args.lw_grid, crossover=args.crossover)
             except Exception:
                 res.append({"K": k, "N": n, "fmt": fmt, "error": traceback.format_exc()[-500:]})
             torch.cuda.empty_cache()

@@ -5,7 +5,8 @@ KERNEL: simt | mma (the registry entries cuda_gemv / cuda_gemv_mma, forced throu
 CFG_JSON: optional tile config for that kernel ({"R":4,"U":2,"KS":2} or {"U":2,"KS":8,"DEFER":1}).
 Weight mode: zero point for int4 and sym for int8 unless GEMV_PROFILE_MODE names one (sym, zero_point, offset).
 GEMV_PROFILE_COMPACT=1: the weights keep only their wgmma_v1 layout (what quantize_ leaves a model with), so "mma"
-runs on wgmma_v1 (the CUDA-core tile at M = 1 where the dispatcher would pick it).
+runs on wgmma_v1 (the CUDA-core tile at M = 1 where the dispatcher would pick it); GEMV_PROFILE_COMPACT=rows_v1: the
+int8 weights keep only rows_v1 (QuantLinear.compact_("rows_v1")), both kernels read it.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ def main():
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
     mode = os.environ.get("GEMV_PROFILE_MODE") or ("zero_point" if bits == 4 else "sym")
     qws = [quantize_weight(w, bits=bits, group_size=group, mode=mode) for _ in range(3)]
-    compact = os.environ.get("GEMV_PROFILE_COMPACT") == "1"
-    if compact:
-        qws = [compact_weight(q, compact_placeholder(q.qweight)) for q in qws]
+    compact = os.environ.get("GEMV_PROFILE_COMPACT", "0")
+    if compact != "0":
+        layout = "wgmma_v1" if compact == "1" else compact
+        qws = [compact_weight(q, compact_placeholder(q.qweight), layout) for q in qws]
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     with gemv_options(kind, cfg):
         for i in range(6):  # ncu --launch-skip 3 --launch-count 1 picks one launch on a cold-ish weight copy
-            if compact:  # through the dispatcher, which hands a compacted weight its wgmma_v1 config
+            if compact != "0":  # through the dispatcher, which hands a compacted weight its wgmma_v1 config
                 mixgemm.matmul(x, qws[i % 3])
             else:
                 G.gemv(x, qws[i % 3], None, -math.inf, math.inf)

@@ -90,8 +90,9 @@ def _gemv_common(p: Problem, dtypes) -> str | None:
 
 
 def gemv_limit(p: Problem) -> int:
-    """Largest M the GEMVs serve on this GPU: the table's crossover against the GEMM that takes over, raised to the
-    GEMVs' own limit where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma), and lowered below the
+    """Largest M the GEMVs serve on this GPU: the table's crossover against the GEMM that takes over, raised (up to the
+    GEMVs' own limit, or the rule's max_m) where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma),
+    and lowered below the
     M range of the table's wgmma_small_m_family on its buckets (_small_m_family_takes) and of its gemv_min_wave_fill
     where the tensor-core GEMV's own blocks would leave the GPU short (_gemv_underfills)."""
     return _gemv_limit(p)[0]
@@ -99,8 +100,7 @@ def gemv_limit(p: Problem) -> int:
 
 def _gemv_limit(p: Problem) -> tuple[int, str | None]:
     """(gemv_limit, why the small-M family or the wave-fill rule lowered it below p.m, or None)."""
-    lim, why = _table_limit_and_raise(p)
-    lim = GEMV_MAX_M if why else lim
+    _, lim, _ = _table_limit_and_raise(p)
     if p.m > lim:
         return lim, None
     family = _small_m_family_takes(p)
@@ -155,14 +155,14 @@ def _gemv_underfills(p: Problem) -> str | None:
             "fills the GPU")
 
 
-def _table_limit_and_raise(p: Problem) -> tuple[int, str | None]:
-    """(the table's GEMV / GEMM crossover, why the GEMVs keep M <= 16 past it -- tuning.gemv_over_wgmma -- or
-    None)."""
+def _table_limit_and_raise(p: Problem) -> tuple[int, int, str | None]:
+    """(the table's GEMV / GEMM crossover, the largest M the GEMVs keep -- past it where tuning.gemv_over_wgmma says
+    why --, that why or None)."""
     table = p.device.table
     wg = "cuda_wgmma" not in current_options().disable and _wgmma_can_run(p).ok
     lim = tuning.gemv_max_m(table, p.qw, p.n, wgmma=wg, k=p.k)
     if not wg or lim >= GEMV_MAX_M or p.m > GEMV_MAX_M or tuning.wgmma_from_m_entry(table, p.qw, p.k, p.n):
-        return lim, None
+        return lim, lim, None
     from mixgemm.kernels.cuda.gemm_wgmma import output_tiles
 
     # the output tiles of the wgmma launch that would take this M over; split-K CTAs are not counted: at these M a
@@ -171,13 +171,16 @@ def _table_limit_and_raise(p: Problem) -> tuple[int, str | None]:
     m_over = max(p.m, lim + 1)
     cfg = _wgmma_config(replace(p, m=m_over))
     tiles = output_tiles(m_over, p.n, cfg["BM"], cfg.get("NWG", 2))
-    return lim, tuning.gemv_over_wgmma(table, p.bits, p.k, tiles, p.device.sm_count)
+    kept = tuning.gemv_over_wgmma(table, p.bits, p.k, tiles, p.device.sm_count)
+    if kept is None or kept[0] <= lim:
+        return lim, lim, None
+    return lim, min(kept[0], GEMV_MAX_M), kept[1]
 
 
 def _past_crossover_note(p: Problem, cfg):
     """cfg, and where a GEMV runs past the table's crossover (gemv_over_wgmma) a SourcedConfig saying why."""
-    lim, why = _table_limit_and_raise(p) if p.m > 1 else (GEMV_MAX_M, None)
-    if why is None or p.m <= lim or cfg is None:
+    lim, kept, why = _table_limit_and_raise(p) if p.m > 1 else (GEMV_MAX_M, GEMV_MAX_M, None)
+    if why is None or not lim < p.m <= kept or cfg is None:
         return cfg
     src = getattr(cfg, "source", "")
     note = f"kept on the GEMV past the {p.device.table.get('name', '?')} table's crossover M={lim}: {why}"

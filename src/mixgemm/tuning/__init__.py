@@ -20,10 +20,10 @@ default.json). Its fields:
   "region", "from_m", "measured", "source"}: layers of that format in the region go to the wgmma GEMM for every
   M >= from_m (measured to beat the GEMV down to that M); it takes precedence over the two rules above and applies
   only where the wgmma GEMM runs. The regions are single buckets (a partial section: other layers keep the rules).
-* ``gemv_over_wgmma`` (optional): {"bits": [...], "min_fill": f, "multiwave_max_k": k, "source"}: for weights of
-  those bit widths the GEMVs keep every M <= 16 where the output tiles of the wgmma GEMM that would take over (its
-  config at that M, split-K not counted) fill less than ``f`` of their last wave, or need more than one wave on a
-  layer with K <= ``k``
+* ``gemv_over_wgmma`` (optional): a list of rules {"bits": [...], "min_fill": f, "multiwave_max_k": k, "source"}, at
+  most one per bit width: for weights of those bit widths the GEMVs keep every M <= ``max_m`` (optional, 16 if not
+  given) where the output tiles of the wgmma GEMM that would take over (its config at that M, split-K not counted)
+  fill less than ``f`` of their last wave, or need more than one wave on a layer with K <= ``k``
   (its small-M tiles then idle SMs or re-stream short rows, while the tensor-core GEMV's k-split fills the GPU);
   with ``"single_wave_max_k": k1`` also wherever the tiles fit in one wave on a layer with K <= k1.
   Applied by the registry's crossover (mixgemm.kernels.linear.gemv_limit); ``wgmma_from_m`` regions win over it.
@@ -173,18 +173,36 @@ def parse_table(raw: dict, name: str) -> dict:
     table["wgmma_from_m"] = {fmt: tuple(lst) for fmt, lst in by_format.items()}
     for section in M1_SECTIONS:
         table[section] = regions_by_bits(raw.get(section, []), f"{name}.json {section}")
-    _check_section(raw, name, "gemv_over_wgmma", ("bits", "min_fill", "multiwave_max_k"))
+    table["gemv_over_wgmma"] = _gemv_over_wgmma_rules(raw, name)
     _check_section(raw, name, "routed_experts", ("grouped_from_rows",))
     table["name"] = name
     return table
 
 
+def _gemv_over_wgmma_rules(raw: dict, name: str) -> dict[int, dict]:
+    """The table's gemv_over_wgmma rules by bit width, checked (ValueError naming the rule otherwise)."""
+    by_bits: dict[int, dict] = {}
+    for i, rule in enumerate(raw.get("gemv_over_wgmma", [])):
+        _check_entry(rule, f"{name}.json gemv_over_wgmma {i}", ("bits", "min_fill", "multiwave_max_k"))
+        for bits in rule["bits"]:
+            if bits in by_bits:
+                raise ValueError(f"{name}.json gemv_over_wgmma {i}: a second rule for int{bits}")
+            by_bits[int(bits)] = rule
+    return by_bits
+
+
+def _check_entry(entry, where: str, fields: tuple[str, ...]) -> None:
+    """``entry`` holds ``fields`` and a 'source' string (ValueError naming them otherwise)."""
+    if not (isinstance(entry, dict) and isinstance(entry.get("source"), str) and entry["source"]
+            and set(fields) <= set(entry)):
+        raise ValueError(f"{where} needs {', '.join(repr(f) for f in fields)} and 'source'")
+
+
 def _check_section(raw: dict, name: str, section: str, fields: tuple[str, ...]) -> None:
     """An optional one-entry section holds ``fields`` and a 'source' string (ValueError naming them otherwise)."""
     entry = raw.get(section)
-    if entry is not None and not (isinstance(entry.get("source"), str) and entry["source"]
-                                  and set(fields) <= set(entry)):
-        raise ValueError(f"{name}.json {section} needs {', '.join(repr(f) for f in fields)} and 'source'")
+    if entry is not None:
+        _check_entry(entry, f"{name}.json {section}", fields)
 
 
 @functools.cache
@@ -252,21 +270,23 @@ def gemv_simt_m1_bf16_entry(table: dict, bits: int, k: int, n: int) -> BucketEnt
     return m1_entry(table, "gemv_simt_m1_bf16", bits, k, n)
 
 
-def gemv_over_wgmma(table: dict, bits: int, k: int, tiles: int, num_sms: int) -> str | None:
-    """Why the GEMVs keep M <= 16 against a wgmma launch of ``tiles`` output tiles on a layer of K = k (the table's
-    gemv_over_wgmma rule), or None when the rule does not apply."""
-    rule = table.get("gemv_over_wgmma")
-    if rule is None or bits not in rule["bits"] or tiles < 1:
+def gemv_over_wgmma(table: dict, bits: int, k: int, tiles: int, num_sms: int) -> tuple[int, str] | None:
+    """(the largest M the GEMVs keep, why) against a wgmma launch of ``tiles`` output tiles on a layer of K = k (the
+    table's gemv_over_wgmma rule for the bit width), or None when no rule applies."""
+    rule = table.get("gemv_over_wgmma", {}).get(bits)
+    if rule is None or tiles < 1:
         return None
     waves = -(-tiles // num_sms)
     fill = tiles / (waves * num_sms)
     if waves == 1 and k <= rule.get("single_wave_max_k", 0):
-        return f"the wgmma GEMM's {tiles} output tiles fit in one wave ({fill:.0%} of the SMs) at K = {k}"
-    if fill < rule["min_fill"]:
-        return f"the wgmma GEMM's {tiles} output tiles fill {fill:.0%} of their last wave (< {rule['min_fill']:.0%})"
-    if waves > 1 and k <= rule["multiwave_max_k"]:
-        return f"the wgmma GEMM needs {waves} waves on a layer with K = {k} <= {rule['multiwave_max_k']}"
-    return None
+        why = f"the wgmma GEMM's {tiles} output tiles fit in one wave ({fill:.0%} of the SMs) at K = {k}"
+    elif fill < rule["min_fill"]:
+        why = f"the wgmma GEMM's {tiles} output tiles fill {fill:.0%} of their last wave (< {rule['min_fill']:.0%})"
+    elif waves > 1 and k <= rule["multiwave_max_k"]:
+        why = f"the wgmma GEMM needs {waves} waves on a layer with K = {k} <= {rule['multiwave_max_k']}"
+    else:
+        return None
+    return int(rule.get("max_m", 16)), why
 
 
 def routed_experts(table: dict) -> dict | None:
