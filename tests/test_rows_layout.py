@@ -83,6 +83,27 @@ def test_int8_layer_compacts_to_rows_on_request(torch_gen):
     assert "kernels read wgmma_a8_v1" in a8.compact_reason("rows_v1")
 
 
+def test_tensor_core_gemv_on_rows_caps_its_registers():
+    """On rows_v1 the tensor-core GEMV's tile (wgmma_v1's) is capped at two blocks per SM (MINB 2) from M = 2, and says
+    so; M = 1 and the wgmma_v1 weight keep their configs."""
+    import dataclasses
+
+    from mixgemm.kernels import linear as entries
+    from mixgemm.kernels.registry import DeviceInfo, entry
+
+    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
+    qw = _qw(4096, 1024, -1, "sym")
+    for m in (2, 8, 16):
+        p = dataclasses.replace(entries.linear_problem(m, qw, torch.float16, h100), resident="rows_v1", k=4096)
+        cfg = entry("cuda_gemv_mma").config(p)
+        assert cfg["ROWS"] == 1 and cfg["WG"] == 0 and cfg["MINB"] == 2, cfg
+        assert "MINB 2" in cfg.source
+        wg = entry("cuda_gemv_mma").config(dataclasses.replace(p, resident="wgmma_v1"))
+        assert wg.get("MINB", 0) < 2 and "ROWS" not in wg
+    one = dataclasses.replace(entries.linear_problem(1, qw, torch.float16, h100), resident="rows_v1", k=4096)
+    assert entry("cuda_gemv_mma").config(one).get("MINB", 0) < 2
+
+
 @pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
 def test_nvrtc_compiles_rows_builds():
     """The CUDA-core GEMV (every activation dtype, scale dtype and mode; a lane-group tile and the bulk ring) and the
@@ -98,7 +119,7 @@ def test_nvrtc_compiles_rows_builds():
         keys.add(("gemv.cu", tuple(sorted(d.items()))))
     for i, (act, mode, mb) in enumerate(itertools.product((0, 1), (0, 1, 2), (1, 2))):
         cfg = {**choose_mma_config(mb, 4096, 64, 132, 8), "ROWS": 1, "WG": 1}
-        extra = ({"DEFER": 0}, {"DEFER": 1, "RT": 2, "PF": 1, "EARLY": 1}, {"PERM": 1, "PACK": 1})[i % 3]
+        extra = ({"DEFER": 0, "MINB": 2}, {"DEFER": 1, "RT": 2, "PF": 1, "EARLY": 1}, {"PERM": 1, "PACK": 1})[i % 3]
         d = mma_defines_for(8, act, 0, mode, mb, {**cfg, **extra})
         assert d["MMA_ROWS"] == 1 and "MMA_WG" not in d
         keys.add(("gemv_mma.cu", tuple(sorted(d.items()))))
