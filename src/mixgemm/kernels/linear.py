@@ -92,9 +92,8 @@ def _gemv_common(p: Problem, dtypes) -> str | None:
 def gemv_limit(p: Problem) -> int:
     """Largest M the GEMVs serve on this GPU: the table's crossover against the GEMM that takes over, raised (up to the
     GEMVs' own limit, or the rule's max_m) where the wgmma GEMM's launch would leave the GPU short (gemv_over_wgmma),
-    and lowered below the
-    M range of the table's wgmma_small_m_family on its buckets (_small_m_family_takes) and of its gemv_min_wave_fill
-    where the tensor-core GEMV's own blocks would leave the GPU short (_gemv_underfills)."""
+    and lowered below the M range of the table's wgmma_small_m_family on its buckets (_small_m_family_takes) and of its
+    gemv_min_wave_fill where the tensor-core GEMV's own blocks would leave the GPU short (_gemv_underfills)."""
     return _gemv_limit(p)[0]
 
 
