@@ -266,6 +266,21 @@ def test_small_m_dispatch_matches_the_reference(m, bits, gs, mode, n, k, dtype):
     assert math.isfinite(float(y.float().abs().max()))
 
 
+def test_int8_k_slices_stop_at_the_layers_64_k_tiles():
+    """int8 on wgmma_v1 at M 2..8: no more k-slices than the layer has 64-k tiles (K = 896: 14 tiles, so 8 slices, not
+    the 16 the rule's 32-k units give); other K, M = 1 / 16, int4 and gemv_mma_v1 keep the rule's split."""
+    assert G.int8_k_slices({"KS": 16, "RG": 1, "U": 2, "PF": 1}, 896) == {"KS": 8, "RG": 1, "U": 2, "PF": 1}
+    assert G.int8_k_slices({"KS": 16, "RG": 1, "U": 2}, 960)["KS"] == 8  # 15 tiles
+    assert G.int8_k_slices({"KS": 4, "RG": 2, "U": 2}, 192) == {"KS": 2, "RG": 4, "U": 2}  # 3 tiles
+    assert G.int8_k_slices({"KS": 16, "RG": 1, "U": 2}, 1024)["KS"] == 16  # 16 tiles: one a slice
+    for m, ks in ((1, 16), (2, 8), (8, 8), (16, 16)):
+        assert G.mma_config(m, 4864, 896, 8, -1, 132, wg=1)["KS"] == ks, m
+    assert G.mma_config(2, 4864, 896, 8, -1, 132, wg=0)["KS"] == 16  # gemv_mma_v1's own 32-k tiles: 28 of them
+    assert G.mma_config(2, 4864, 896, 4, 128, 132)["KS"] == G.choose_mma_config(1, 4864, 14, 132, 4)["KS"]
+    assert _explain(896, 4864, 2, 8, device=H100).config["KS"] == 8  # through the registry, both GPUs
+    assert _explain(896, 128, 8, 8).config["KS"] == 8
+
+
 @pytest.mark.usefixtures("isolated_tuning")
 def test_one_wave_k_split_at_m_2_to_8():
     """KS 16 -> 8 at M 2..8 where KS 16's blocks spill into a second wave of at most half the slots (int8, N

@@ -607,8 +607,8 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
     """The tensor-core GEMV's config (choose_mma_config, at M 2..8 one_wave_k_split where a GPU's table measured it --
     ``one_wave_max_spill`` > 0 --, then mma_row_tiles for the build of x_dtype and scale_dtype on ``arch``; DEFER off
     where a k-tile straddles groups; with ``pair_packs`` -- a 16-bit zero point / offset beside each fp16 / bf16 scale,
-    param_pair_packs -- mma_pf_pack) on the layout it reads: ``wg`` 1 wgmma_v1, 0 gemv_mma_v1, None the bit width's
-    default (MMA_ON_WGMMA)."""
+    param_pair_packs -- mma_pf_pack; int8 on wgmma_v1 at M 2..8: int8_k_slices) on the layout it reads: ``wg`` 1
+    wgmma_v1, 0 gemv_mma_v1, None the bit width's default (MMA_ON_WGMMA)."""
     wg = MMA_ON_WGMMA[bits] if wg is None else wg
     mb = 1 if m <= 8 else 2
     cfg = {**choose_mma_config(mb, n, mma_k_tiles(bits, k), num_sms, bits), "WG": wg}
@@ -620,7 +620,24 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
         cfg = {**cfg, "DEFER": 0}
     if mode == "sym" or (bits == 4 and pair_packs):
         cfg = mma_pf_pack(cfg, m, n, mma_k_tiles(bits, k), num_sms, pair=mode != "sym", bits=bits)
+    if bits == 8 and wg and 2 <= m <= 8:
+        cfg = int8_k_slices(cfg, k)
     return cfg
+
+
+def int8_k_slices(cfg: dict, k: int) -> dict:
+    """cfg with no more k-slices than the layer has 64-k tiles: the k-split rule counts int8 in 32-k units (the unit of
+    the configs it was measured with), but wgmma_v1's tiles are 64 k, so K = 896 (14 tiles) got 16 slices and two warps
+    of each block did nothing. H100, W8 per channel, M 2 / 8, fp16 and bf16 (tools/bench/gemv_dispatch.py
+    --mma-grid-all and a before / after in one run, 2026-11-28): KS 16 -> 8 on the four such model-list layers took
+    0.65-1.01x the time (896x4864 M = 8 4.91 -> 3.20 us, 896x1152 2.25 -> 2.04)."""
+    kt64 = -(-k // 64)
+    if cfg["KS"] <= max(1, kt64):
+        return cfg
+    ks = cfg["KS"]
+    while ks > max(1, kt64):
+        ks //= 2
+    return {**cfg, "KS": ks, "RG": max(1, WARPS // ks)}
 
 
 # Where the int4 tensor-core GEMV double buffers (PF) with each group's zero point / offset pair held as the one word
