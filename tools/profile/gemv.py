@@ -33,13 +33,13 @@ def main():
     mode = os.environ.get("GEMV_PROFILE_MODE") or ("zero_point" if bits == 4 else "sym")
     qws = [quantize_weight(w, bits=bits, group_size=group, mode=mode) for _ in range(3)]
     compact = os.environ.get("GEMV_PROFILE_COMPACT", "0")
-    if compact != "0":
-        layout = "wgmma_v1" if compact == "1" else compact
+    layout = {"0": None, "1": "wgmma_v1"}.get(compact, compact)  # the layout the weights keep (None: plain)
+    if layout:
         qws = [compact_weight(q, compact_placeholder(q.qweight), layout) for q in qws]
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     with gemv_options(kind, cfg):
         for i in range(6):  # ncu --launch-skip 3 --launch-count 1 picks one launch on a cold-ish weight copy
-            if compact != "0":  # through the dispatcher, which hands a compacted weight its wgmma_v1 config
+            if layout:  # through the dispatcher, which hands a compacted weight its config on that layout
                 mixgemm.matmul(x, qws[i % 3])
             else:
                 G.gemv(x, qws[i % 3], None, -math.inf, math.inf)

@@ -184,10 +184,10 @@ def _gemv_over_wgmma_rules(raw: dict, name: str) -> dict[int, dict]:
     by_bits: dict[int, dict] = {}
     for i, rule in enumerate(raw.get("gemv_over_wgmma", [])):
         _check_entry(rule, f"{name}.json gemv_over_wgmma {i}", ("bits", "min_fill", "multiwave_max_k"))
-        for bits in rule["bits"]:
+        for bits in map(int, rule["bits"]):
             if bits in by_bits:
                 raise ValueError(f"{name}.json gemv_over_wgmma {i}: a second rule for int{bits}")
-            by_bits[int(bits)] = rule
+            by_bits[bits] = rule
     return by_bits
 
 

@@ -631,13 +631,10 @@ def int8_k_slices(cfg: dict, k: int) -> dict:
     of each block did nothing. H100, W8 per channel, M 2 / 8, fp16 and bf16 (tools/bench/gemv_dispatch.py
     --mma-grid-all and a before / after in one run, 2026-11-28): KS 16 -> 8 on the four such model-list layers took
     0.65-1.01x the time (896x4864 M = 8 4.91 -> 3.20 us, 896x1152 2.25 -> 2.04)."""
-    kt64 = -(-k // 64)
-    if cfg["KS"] <= max(1, kt64):
-        return cfg
-    ks = cfg["KS"]
+    kt64, ks = -(-k // 64), cfg["KS"]
     while ks > max(1, kt64):
         ks //= 2
-    return {**cfg, "KS": ks, "RG": max(1, WARPS // ks)}
+    return cfg if ks == cfg["KS"] else {**cfg, "KS": ks, "RG": max(1, WARPS // ks)}
 
 
 # Where the int4 tensor-core GEMV double buffers (PF) with each group's zero point / offset pair held as the one word
@@ -984,11 +981,11 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
     x_smem = x_smem_bytes(cfg, lay.k_padded) if cfg.get("XS", 0) else 0
     if rows:  # one row's parameters: contiguous only per channel (rows_v1 keeps wgmma_v1's order, groups 128 apart)
         param_row_bytes = lay.num_groups * lay.params.shape[-1] * lay.params.element_size()
-        cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
-        cfg = {**cfg, "ROWS": 1, "BPAR": cfg.get("BPAR", 0) if lay.num_groups == 1 else 0}
     else:
         param_row_bytes = lay.params.stride(0) * lay.params.element_size()  # [N, G] or [N, G, 2], contiguous
-        cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
+    cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
+    if rows:
+        cfg = {**cfg, "ROWS": 1, "BPAR": cfg.get("BPAR", 0) if lay.num_groups == 1 else 0}
     defs = defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, dev)
     rows_per_block = tile_rows(cfg)
