@@ -276,3 +276,22 @@ def test_model_plan_is_the_models_own():
     assert plan["model.layers.*.self_attn.q_proj"] == "colwise" and plan["model.layers.*.mlp.down_proj"] == "rowwise"
     assert plan["lm_head"] in ("colwise_rep", "colwise_gather_output")  # transformers' name for it changed
     assert len(plan) == 8
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_older_transformers_ep_plan_is_the_same_plan(arch):
+    """transformers 5.17's expert-parallel plans ("ep_router" on the router, "moe_tp_experts" on the experts module)
+    give the plan of later versions' ("ep_dispatch_experts" on the experts module, the router replicated)."""
+    from mixgemm.distributed import model_ep_plan
+    from mixgemm.distributed.plan import ep_dispatch_form
+
+    model = tp_cases.hf_model(arch)
+    newer = model_ep_plan(model)
+    model.config.base_model_ep_plan = {  # (as transformers 5.17 writes Qwen3-MoE's and Mixtral's)
+        "layers.*.mlp.gate": "ep_router", "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+        "layers.*.mlp.experts.down_proj": "grouped_gemm", "layers.*.mlp.experts": "moe_tp_experts"}
+    assert model_ep_plan(model) == newer
+    assert newer["model.layers.*.mlp.experts"] == "ep_dispatch_experts"
+    assert not any(v == "ep_router" for v in newer.values())
+    plain = {"layers.*.mlp.experts": "moe_tp_experts"}  # tensor parallel: left as it is
+    assert ep_dispatch_form(plain) == plain

@@ -88,7 +88,19 @@ def model_ep_plan(model: nn.Module) -> dict[str, str | ParallelStyle]:
     ep = _base_model_plan(model, "base_model_ep_plan")
     if not ep:
         raise ValueError(f"{type(model).__name__} has no expert-parallel plan (config.base_model_ep_plan)")
-    return {**model_tp_plan(model), **ep}
+    return {**model_tp_plan(model), **ep_dispatch_form(ep)}
+
+
+def ep_dispatch_form(ep_plan: dict) -> dict:
+    """An expert-parallel plan in the form this module applies. Older transformers (5.17) wrote the all-reduce form
+    as "ep_router" on the router (its ids masked to the rank's experts) plus "moe_tp_experts" on the experts module
+    (the ranks' outputs summed); later ones (5.24) as "ep_dispatch_experts" on the experts module, which does both. The
+    older form becomes the newer: the router entries go (the router stays replicated; the experts module maps its
+    ids), the experts modules' "moe_tp_experts" becomes "ep_dispatch_experts". A plan without "ep_router" is
+    returned as it is."""
+    if "ep_router" not in ep_plan.values():
+        return dict(ep_plan)
+    return {k: "ep_dispatch_experts" if v == "moe_tp_experts" else v for k, v in ep_plan.items() if v != "ep_router"}
 
 
 def _base_model_plan(model: nn.Module, attr: str) -> dict[str, str]:
@@ -189,7 +201,7 @@ def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | Non
     if not isinstance(device_mesh, DeviceMesh) or device_mesh.ndim != 1:
         raise ValueError(f"device_mesh must be a 1-D torch DeviceMesh, got {device_mesh!r}")
     world = device_mesh.size()
-    plan = model_tp_plan(model) if plan is None else dict(plan)
+    plan = model_tp_plan(model) if plan is None else ep_dispatch_form(plan)
     if not plan:
         raise ValueError(f"{type(model).__name__} has no tensor-parallel plan (config.base_model_tp_plan); pass one")
     _check_heads(getattr(model, "config", None), world)
@@ -215,4 +227,4 @@ def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | Non
     return report
 
 
-__all__ = ["TensorParallelReport", "model_ep_plan", "model_tp_plan", "tensor_parallel_"]
+__all__ = ["TensorParallelReport", "ep_dispatch_form", "model_ep_plan", "model_tp_plan", "tensor_parallel_"]
