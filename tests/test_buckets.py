@@ -24,14 +24,13 @@ import torch
 
 import mixgemm
 import mixgemm.tuning as tuning
+from described_gpus import H100, H200
 from mixgemm import QuantConfig, quantize_weight
 from mixgemm.kernels import linear as linear_entries
-from mixgemm.kernels.registry import DeviceInfo, choose
+from mixgemm.kernels.registry import choose
 from mixgemm.tuning import buckets, conv_table, gemv_m1
 from mixgemm.tuning import cache as tcache
 
-H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
-H200 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
 GPU_NAMES = {"h100": H100.name, "h200": H200.name}
 PROTOCOL = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (28672, 8192)]  # K x N
 PROTOCOL_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384]

@@ -12,14 +12,14 @@ from torch import nn
 
 import mixgemm
 import mixgemm.reference as ref
+from described_gpus import H100
 from mixgemm.formats.layouts import build_gemv_mma_v1
 from mixgemm.formats.weight import QuantConfig
-from mixgemm.kernels.registry import DeviceInfo, NoKernel
+from mixgemm.kernels.registry import NoKernel
 from mixgemm.nn import QuantLinear
 from mixgemm.ops.custom_ops import weight_from_tensors
 from mixgemm.tuning import A8_WG_GEMV_MAX_M
 
-H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
 FORMATS = [(4, 32, "sym"), (4, 128, "zero_point"), (4, -1, "offset"), (8, -1, "sym"), (8, 64, "zero_point"),
            (8, 128, "offset")]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from described_gpus import H100, H200
 from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported, build_wgmma_a8_v1, unpack_wgmma_a8_v1
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
@@ -834,15 +835,13 @@ def test_tail_default_rule(monkeypatch):
     from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
 
     monkeypatch.setattr(a8, "_token_tile_costs", lambda name: None)
-    from mixgemm.kernels.registry import DeviceInfo
     from mixgemm.tuning import A8_TAIL_MIN_K
 
-    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     long_k = _qw(256, A8_TAIL_MIN_K, 8, -1)
     short_k = _qw(256, A8_TAIL_MIN_K // 2, 8, -1)
 
     def tail(m, qw, n):  # the config for an N-row layer of qw's format and K (the rule reads N, not the rows)
-        return _wgmma_a8_config(dataclasses.replace(a8_problem(m, qw, torch.float16, h100, "sym", True), n=n))
+        return _wgmma_a8_config(dataclasses.replace(a8_problem(m, qw, torch.float16, H100, "sym", True), n=n))
 
     # M = 2048, BM 256 tiles in MC pairs: 8 x (N / 128) tiles, 264 in two whole waves (32 column tiles)
     assert tail(2048, long_k, 2304)["TAIL"] == 4  # 144 tiles: 16 in the partial wave
@@ -862,13 +861,11 @@ def test_token_tile_against_tail():
     import dataclasses
 
     from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
-    from mixgemm.kernels.registry import DeviceInfo
 
-    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
 
     def cfg(m, k, n):
         qw = _qw(256, k, 8, -1)
-        return _wgmma_a8_config(dataclasses.replace(a8_problem(m, qw, torch.float16, h100, "sym", True), n=n))
+        return _wgmma_a8_config(dataclasses.replace(a8_problem(m, qw, torch.float16, H100, "sym", True), n=n))
 
     moved = cfg(2048, 8192, 2304)
     assert moved["BM"] < 256 and moved["TAIL"] == 0 and -(-2048 // moved["BM"]) * 18 <= 2 * 132
@@ -884,15 +881,13 @@ def test_token_tile_not_with_the_quantizer_in_the_launch():
     import dataclasses
 
     from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem, quantizing_pays
-    from mixgemm.kernels.registry import DeviceInfo
 
-    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     assert quantizing_pays(1024, 4096, 512) and not quantizing_pays(1024, 4096, 1024)
     qw = _qw(256, 512, 8, -1)
-    cfg = _wgmma_a8_config(dataclasses.replace(a8_problem(1024, qw, torch.float16, h100, "sym", True), n=4096))
+    cfg = _wgmma_a8_config(dataclasses.replace(a8_problem(1024, qw, torch.float16, H100, "sym", True), n=4096))
     assert (cfg["FQ"], cfg["BM"]) == (1, 128)
     qw = _qw(256, 1024, 8, -1)
-    cfg = _wgmma_a8_config(dataclasses.replace(a8_problem(1024, qw, torch.float16, h100, "sym", True), n=4096))
+    cfg = _wgmma_a8_config(dataclasses.replace(a8_problem(1024, qw, torch.float16, H100, "sym", True), n=4096))
     assert cfg["FQ"] == 0 and cfg["BM"] > 128  # the same layer at K = 1024: two quantizer launches, one round of BM 256
 
 
@@ -970,11 +965,9 @@ def test_token_tile_in_the_registry():
     """The int8-activation entry hands the wgmma GEMM the token tile on a described H100 (mixgemm.explain's config):
     W8A8 per channel, 3584x4608 at M = 2048, BM 256 with MC 2 by default_config."""
     import mixgemm
-    from mixgemm.kernels.registry import DeviceInfo
 
-    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     qw = _qw(4608, 3584, 8, -1, 0, "cpu")
-    c = mixgemm.explain(torch.empty(2048, 3584, dtype=torch.float16), qw, act_mode="sym", device=h100)
+    c = mixgemm.explain(torch.empty(2048, 3584, dtype=torch.float16), qw, act_mode="sym", device=H100)
     assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] < 256 and c.config.get("MC") == 2, c
     assert "a8_tiles: BM 256 -> " in c.config_source and "288 -> " in c.config_source, c.config_source
 
@@ -986,14 +979,12 @@ def test_token_tile_on_the_h200_reads_its_own_table():
     import mixgemm
     import mixgemm.tuning as tuning
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import TokenTileCosts
-    from mixgemm.kernels.registry import DeviceInfo
 
     costs = TokenTileCosts.parse(tuning.load_table("h200")["a8_tiles"], "h200.json a8_tiles")
     assert costs.from_m <= 384 and costs.source
     qw = _qw(11008, 4096, 4, 128, int_scales=True)
     x = torch.empty(384, 4096, dtype=torch.float16)
-    for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
-        dev = DeviceInfo("cuda", 0, (9, 0), 132, name, 227 * 1024)
+    for dev in (H200, H100):
         c = mixgemm.explain(x, qw, act_mode="sym", act_block="token", device=dev)
         assert c.kernel == "cuda_wgmma_a8" and c.config["BM"] == 128, c
         assert "a8_tiles: BM 256 -> 128 " in c.config_source, c.config_source

@@ -12,6 +12,7 @@ import torch
 
 import mixgemm
 import mixgemm.reference as ref
+from described_gpus import H100
 from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2, unpack_gemv_mma_v1, unpack_gemv_v2
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import nvrtc
@@ -432,12 +433,11 @@ def test_explain_says_why_the_registers_are_capped(monkeypatch):
     """mixgemm.explain's config source names the capped registers' count and the target it was compiled for."""
     from mixgemm.kernels import linear as linear_entries
     from mixgemm.kernels.cuda import gemv
-    from mixgemm.kernels.registry import DeviceInfo, choose
+    from mixgemm.kernels.registry import choose
 
     monkeypatch.setattr(gemv, "mma_cap_registers", lambda mode, act, scl, arch="sm_90": 74)
-    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     qw = quantize_weight(torch.randn(4096, 4096), bits=4, group_size=128, scale_dtype=torch.bfloat16)
-    c = choose(linear_entries.linear_problem(16, qw, torch.bfloat16, dev))
+    c = choose(linear_entries.linear_problem(16, qw, torch.bfloat16, H100))
     assert c.config["MINB"] == 2 and "takes 74 (NVRTC, sm_90)" in c.config_source
 
 

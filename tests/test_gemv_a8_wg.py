@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import mixgemm
+from described_gpus import A100, H100
 from mixgemm import QuantConfig
 from mixgemm.formats.activation import quantize_activation
 from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
@@ -24,15 +25,12 @@ from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels import a8 as a8_entries
 from mixgemm.kernels.cuda import gemv_a8_wg as gw
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.registry import DeviceInfo
 from mixgemm.reference.block_gemm import block_int_gemm
 from mixgemm.tuning import A8_GEMV_MAX_M, A8_WG_GEMV_BLOCK_SCALES_MAX_M, A8_WG_GEMV_MAX_M
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="cuda-bindings / libnvrtc not installed")
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
-H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
-A100 = DeviceInfo("cuda", 0, (8, 0), 108, "NVIDIA A100-SXM4-80GB", 163 * 1024)
 FORMATS = [(4, 128), (4, 256), (8, -1), (8, 128), (4, -1), (8, 256)]
 
 

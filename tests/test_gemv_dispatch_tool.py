@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from described_gpus import H100, H200
 from tools.bench.gemv_tables import simt_generalization, suggest, suggest_simt
 
 BASE = {"R": 4, "U": 1, "KS": 2, "RG": 4, "PF": 0}
@@ -55,13 +56,11 @@ def test_split_rt_grid_configs_are_legal(isolated_tuning):
     from mixgemm.kernels import linear as entries
     from mixgemm.kernels.cuda.gemm_wgmma import tile_error
     from mixgemm.kernels.cuda.gemv import mma_k_tiles, mma_reduction_fits
-    from mixgemm.kernels.registry import DeviceInfo
     from tools.bench.gemv_dispatch import candidates, split_rt_grid
 
-    di = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
     for bits, group, k, n in ((4, 128, 1024, 4608), (8, -1, 384, 2048)):
         qw = quantize_weight(torch.randn(n, k) * 0.02, bits=bits, group_size=group, mode="sym")
-        p = entries.linear_problem(16, qw, torch.float16, di)
+        p = entries.linear_problem(16, qw, torch.float16, H200)
         mma = entries._gemv_mma_config(p)
         gemv, gemm = split_rt_grid(p, mma, mma_k_tiles(bits, k))
         assert gemv and all(mma_reduction_fits(c) and mma_k_tiles(bits, k) >= 2 * c["KS"] for c in gemv)
@@ -79,12 +78,10 @@ def test_small_m_tiles_times_both_gemv_layouts_against_the_small_m_family(isolat
     from mixgemm.formats.weight import quantize_weight
     from mixgemm.kernels import linear as entries
     from mixgemm.kernels.cuda.gemm_wgmma import tile_error
-    from mixgemm.kernels.registry import DeviceInfo
     from tools.bench.gemv_dispatch import candidates
 
-    di = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
     qw = quantize_weight(torch.randn(4608, 1024) * 0.02, bits=4, group_size=128, mode="zero_point")
-    p = entries.linear_problem(16, qw, torch.float16, di)
+    p = entries.linear_problem(16, qw, torch.float16, H200)
     labels = candidates(p, 16, 4, 1024, small_m_tiles=True)
     assert list(labels) == ["cuda_gemv_mma", "cuda_gemv_mma/compact", "cuda_wgmma"]
     assert labels["cuda_gemv_mma"] == [entries._gemv_mma_config(p)] and labels["cuda_gemv_mma/compact"][0]["WG"] == 1
@@ -92,11 +89,10 @@ def test_small_m_tiles_times_both_gemv_layouts_against_the_small_m_family(isolat
     assert len(family) == 16 and all(tile_error(c) is None and c["SK"] == 0 for c in family)
     assert {(c["NWG"], c["KT"], c["SPLIT"]) for c in family} == {(w, t, s) for w in (1, 2) for t in (2, 4)
                                                                   for s in (1, 2, 4, 8)}
-    assert "cuda_gemv_mma/compact" not in candidates(entries.linear_problem(1, qw, torch.float16, di), 1, 4, 1024,
+    assert "cuda_gemv_mma/compact" not in candidates(entries.linear_problem(1, qw, torch.float16, H200), 1, 4, 1024,
                                                       small_m_tiles=True)
     # the baseline GEMM config is the one without the table's family, also in a bucket the family takes (H100)
-    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
-    wide = dataclasses.replace(entries.linear_problem(16, qw, torch.float16, h100), k=4096, n=14336)
+    wide = dataclasses.replace(entries.linear_problem(16, qw, torch.float16, H100), k=4096, n=14336)
     assert "wgmma_small_m_family" in entries._wgmma_config(wide).source
     first = candidates(wide, 16, 4, 4096, small_m_tiles=True)["cuda_wgmma"][0]
     assert "wgmma_small_m_family" not in getattr(first, "source", "")
@@ -109,12 +105,10 @@ def test_crossover_times_the_gemv_on_wgmma_v1_against_the_gemm(isolated_tuning):
 
     from mixgemm.formats.weight import quantize_weight
     from mixgemm.kernels import linear as entries
-    from mixgemm.kernels.registry import DeviceInfo
     from tools.bench.gemv_dispatch import candidates
 
-    di = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     qw = quantize_weight(torch.randn(256, 1024) * 0.02, bits=8, group_size=-1, mode="sym")
-    p = dataclasses.replace(entries.linear_problem(4, qw, torch.float16, di), k=3584, n=18944)
+    p = dataclasses.replace(entries.linear_problem(4, qw, torch.float16, H100), k=3584, n=18944)
     labels = candidates(p, 4, 8, 3584, crossover=True)
     assert list(labels) == ["cuda_gemv_mma/compact", "cuda_wgmma"]
     assert [len(v) for v in labels.values()] == [1, 1] and labels["cuda_gemv_mma/compact"][0]["WG"] == 1
@@ -129,12 +123,10 @@ def test_mma_pack_times_each_layouts_default_with_pf_and_pack(isolated_tuning):
 
     from mixgemm.formats.weight import quantize_weight
     from mixgemm.kernels import linear as entries
-    from mixgemm.kernels.registry import DeviceInfo
     from tools.bench.gemv_dispatch import candidates
 
-    di = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     qw = quantize_weight(torch.randn(4608, 1024) * 0.02, bits=4, group_size=128, mode="zero_point")
-    p = entries.linear_problem(16, qw, torch.float16, di)
+    p = entries.linear_problem(16, qw, torch.float16, H100)
     labels = candidates(p, 16, 4, 1024, compact_only=True, mma_pack=True)
     assert list(labels) == ["cuda_gemv_mma", "cuda_gemv_mma/compact"]
     defaults = {"cuda_gemv_mma": entries._gemv_mma_config(p),
@@ -146,7 +138,7 @@ def test_mma_pack_times_each_layouts_default_with_pf_and_pack(isolated_tuning):
         assert len(cfgs) == 4 and combos == {(0, 0), (0, 1), (1, 0), (1, 1)}
         assert all({**c, "PF": 0, "PACK": 0} == {**base, "PF": 0, "PACK": 0} for c in cfgs)
     assert list(candidates(p, 16, 4, 1024, mma_pack=True)) == ["cuda_gemv_mma"]
-    m1 = entries.linear_problem(1, qw, torch.float16, di)
+    m1 = entries.linear_problem(1, qw, torch.float16, H100)
     assert "cuda_gemv" in candidates(m1, 1, 4, 1024, compact_only=True, mma_pack=True)
 
 

@@ -12,17 +12,15 @@ import pytest
 import torch
 
 import mixgemm
+from described_gpus import A100, H100, H200
 from mixgemm import QuantConfig, quantize_conv_weight, quantize_weight
 from mixgemm.kernels import a8 as a8_entries
 from mixgemm.kernels import linear as linear_entries
-from mixgemm.kernels.registry import DeviceInfo, NoKernel, entries, entry, entry_names
+from mixgemm.kernels.registry import NoKernel, entries, entry, entry_names
 
 # CPU tensors through the Triton entries need the interpreter (tests/conftest.py sets it when there is no GPU)
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
                                        reason="runs Triton on CPU tensors (TRITON_INTERPRET=1)")
-H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
-A100 = DeviceInfo("cuda", 0, (8, 0), 108, "NVIDIA A100-SXM4-80GB", 163 * 1024)
-H200 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
 
 
 @pytest.fixture(autouse=True)

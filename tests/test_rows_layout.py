@@ -11,6 +11,7 @@ import torch
 
 import mixgemm
 import mixgemm.reference as ref
+from described_gpus import H100
 from mixgemm.formats.layouts_rows import ROWS_PERM, build_rows_v1, unpack_rows_v1
 from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantConfig, compact_placeholder, quantize_weight
@@ -89,18 +90,17 @@ def test_tensor_core_gemv_on_rows_caps_its_registers():
     import dataclasses
 
     from mixgemm.kernels import linear as entries
-    from mixgemm.kernels.registry import DeviceInfo, entry
+    from mixgemm.kernels.registry import entry
 
-    h100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     qw = _qw(4096, 1024, -1, "sym")
     for m in (2, 8, 16):
-        p = dataclasses.replace(entries.linear_problem(m, qw, torch.float16, h100), resident="rows_v1", k=4096)
+        p = dataclasses.replace(entries.linear_problem(m, qw, torch.float16, H100), resident="rows_v1", k=4096)
         cfg = entry("cuda_gemv_mma").config(p)
         assert cfg["ROWS"] == 1 and cfg["WG"] == 0 and cfg["MINB"] == 2, cfg
         assert "MINB 2" in cfg.source
         wg = entry("cuda_gemv_mma").config(dataclasses.replace(p, resident="wgmma_v1"))
         assert wg.get("MINB", 0) < 2 and "ROWS" not in wg
-    one = dataclasses.replace(entries.linear_problem(1, qw, torch.float16, h100), resident="rows_v1", k=4096)
+    one = dataclasses.replace(entries.linear_problem(1, qw, torch.float16, H100), resident="rows_v1", k=4096)
     assert entry("cuda_gemv_mma").config(one).get("MINB", 0) < 2
 
 

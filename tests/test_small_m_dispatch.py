@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import mixgemm
+from described_gpus import H100, H200
 from mixgemm.formats.weight import QuantConfig, QuantizedWeight, quantize_weight
 from mixgemm.kernels.cuda import gemv as G
 from mixgemm.kernels.cuda import wgmma_waves as W
@@ -19,8 +20,6 @@ from mixgemm.kernels.registry import DeviceInfo
 from mixgemm.reference.matmul import matmul as ref_matmul
 from mixgemm.tuning import load_table
 
-H200 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
-H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
 W4 = W.WeightBytes(bits=4, scale_bytes=2, mode="zero_point", group32=False)
 W8 = W.WeightBytes(bits=8, scale_bytes=2, mode="sym", group32=False)
 

@@ -16,15 +16,12 @@ import torch
 
 import mixgemm
 import mixgemm.__main__
+from described_gpus import A100, H100
 from mixgemm import QuantConfig, quantize_weight
 from mixgemm.bench import tune
 from mixgemm.kernels import linear as linear_entries
-from mixgemm.kernels.registry import DeviceInfo, choose, entries
+from mixgemm.kernels.registry import choose, entries
 from mixgemm.tuning import cache as tcache
-
-H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
-A100 = DeviceInfo("cuda", 0, (8, 0), 108, "NVIDIA A100-SXM4-80GB", 163 * 1024)
-
 
 pytestmark = pytest.mark.usefixtures("isolated_tuning")  # (conftest.py)
 
@@ -504,11 +501,10 @@ def test_zero_point_gemv_candidates_try_the_x_sum_form():
     variant, nor bf16 x (the form is fp16 only)."""
     from mixgemm.kernels.linear import _gemv_candidates
 
-    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     for mode, dtype, expect in (("zero_point", torch.float16, True), ("sym", torch.float16, False),
                                 ("zero_point", torch.bfloat16, False)):
         qw = quantize_weight(torch.randn(6144, 4096), bits=4, group_size=128, mode=mode)
-        cands = _gemv_candidates(linear_entries.linear_problem(1, qw, dtype, dev))
+        cands = _gemv_candidates(linear_entries.linear_problem(1, qw, dtype, H100))
         with_sum = [c for c in cands if c.get("ZSUM")]
         assert bool(with_sum) == expect, (mode, dtype)
         if expect:  # every tile without it (and without PF's second buffer) also appears with it (the lane-width
@@ -517,7 +513,7 @@ def test_zero_point_gemv_candidates_try_the_x_sum_form():
             from mixgemm.kernels.cuda.gemv_steps import ranked_tiles
             from mixgemm.tuning.gemv_steps import step_costs
 
-            tiles = ranked_tiles(6144, chunks_per_row(4, 4096), 4, mode, 132, step_costs(dev.name, 4, mode))
+            tiles = ranked_tiles(6144, chunks_per_row(4, 4096), 4, mode, 132, step_costs(H100.name, 4, mode))
             model = [(t.R, t.U, t.KS, t.LW) for t in tiles[:linear_entries.STEP_MODEL_CANDIDATES]]
             assert sum((c["R"], c["U"], c["KS"], c.get("LW", 32)) in model for c in cands) >= 3
             assert all({**c, "ZSUM": 1} in with_sum for c in cands if not c.get("ZSUM") and not c["PF"]
@@ -532,10 +528,9 @@ def test_compacted_zero_point_m1_candidates_try_the_other_packing():
 
     from mixgemm.kernels.linear import _gemv_mma_candidates
 
-    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     for mode in ("zero_point", "offset", "sym"):
         qw = quantize_weight(torch.randn(14336, 4096), bits=4, group_size=128, mode=mode)
-        p = replace(linear_entries.linear_problem(1, qw, torch.float16, dev), resident="wgmma_v1")
+        p = replace(linear_entries.linear_problem(1, qw, torch.float16, H100), resident="wgmma_v1")
         simt = [c for c in [linear_entries._gemv_mma_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
         packs = {c.get("PACK") for c in simt}
         assert packs == ({None} if mode == "sym" else {0, 1}), (mode, simt)
@@ -549,13 +544,12 @@ def test_compacted_m1_candidates_try_one_step_and_the_rule():
     from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_one_step_tile
     from mixgemm.kernels.linear import _gemv_mma_candidates
 
-    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     for k, n in ((2048, 2048), (4096, 4096)):  # one step applies / its warps need a second round
         qw = quantize_weight(torch.randn(n, k), bits=4, group_size=128)
-        p = replace(linear_entries.linear_problem(1, qw, torch.float16, dev), resident="wgmma_v1")
+        p = replace(linear_entries.linear_problem(1, qw, torch.float16, H100), resident="wgmma_v1")
         tiles = [{key: c.get(key) for key in ("U", "PF", "KS", "RG", "RT")}
                  for c in [linear_entries._gemv_mma_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
-        for want in (wg_simt_one_step_tile(k), wg_simt_config(n, k, 4, 132, dev.name, one_step=False)):
+        for want in (wg_simt_one_step_tile(k), wg_simt_config(n, k, 4, 132, H100.name, one_step=False)):
             assert {key: want.get(key) for key in ("U", "PF", "KS", "RG", "RT")} in tiles, (k, n, want, tiles)
 
 
@@ -564,10 +558,9 @@ def test_small_m_candidates_flip_double_buffering():
     offset weights together with the packed parameter pair (kernels.cuda.gemv.mma_pf_pack); sym weights never pack."""
     from mixgemm.kernels.linear import _gemv_mma_candidates
 
-    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     for mode in ("zero_point", "offset", "sym"):
         qw = quantize_weight(torch.randn(1024, 2048), bits=4, group_size=128, mode=mode)
-        p = linear_entries.linear_problem(8, qw, torch.float16, dev)
+        p = linear_entries.linear_problem(8, qw, torch.float16, H100)
         base = dict(linear_entries._gemv_mma_config(p))
         cands = _gemv_mma_candidates(p)
         # (1024 rows at KS 16: one block per SM, so the rule double buffers; the candidate is the default without)
@@ -581,15 +574,14 @@ def test_sixteen_warp_candidates_flip_the_register_cap():
     blocks per SM (MINB 2) or not, whichever the rule did not pick (the rule asks this machine's compiler)."""
     from mixgemm.kernels.linear import _gemv_mma_candidates
 
-    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     qw = quantize_weight(torch.randn(4096, 4096), bits=4, group_size=128)
     for m in (9, 16):
-        p = linear_entries.linear_problem(m, qw, torch.bfloat16, dev)
+        p = linear_entries.linear_problem(m, qw, torch.bfloat16, H100)
         base = dict(linear_entries._gemv_mma_config(p))
         assert base["KS"] * base["RG"] == 16
         flipped = {**base, "MINB": 0 if base.get("MINB", 0) > 1 else 2}
         assert flipped in _gemv_mma_candidates(p)
-    p = linear_entries.linear_problem(8, qw, torch.bfloat16, dev)  # (M <= 8: not offered)
+    p = linear_entries.linear_problem(8, qw, torch.bfloat16, H100)  # (M <= 8: not offered)
     assert not any("MINB" in c for c in _gemv_mma_candidates(p))
 
 
@@ -599,9 +591,8 @@ def test_tune_formats_include_the_zero_point_forms():
     assert tune.parse_formats("w4a16-zp, W8A16-ZP") == ["W4A16-ZP", "W8A16-ZP"]
     zp, sym = tune.WEIGHT_ONLY["W4A16-ZP"].weight_config(), tune.WEIGHT_ONLY["W4A16"].weight_config()
     assert (zp.mode, zp.bits, zp.group_size) == ("zero_point", 4, 128) and sym.mode == "sym"
-    dev = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
     keys = {tcache.bucket_key(linear_entries.linear_problem(1, quantize_weight(torch.randn(256, 512), c), torch.float16,
-                                                            dev), "cuda_gemv") for c in (zp, sym)}
+                                                            H100), "cuda_gemv") for c in (zp, sym)}
     assert len(keys) == 2
 
 

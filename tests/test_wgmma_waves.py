@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import mixgemm
+from described_gpus import H100, H200
 from mixgemm.formats.weight import QuantConfig, QuantizedWeight
 from mixgemm.kernels.cuda import wgmma_waves as W
 from mixgemm.kernels.cuda.gemm_wgmma import tile_error
@@ -19,7 +20,6 @@ from mixgemm.tuning import load_table
 
 pytestmark = pytest.mark.usefixtures("isolated_tuning")  # NVRTC reported available, no user tuning cache
 
-H100 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H100 80GB HBM3", 227 * 1024)
 W4 = W.WeightBytes(bits=4, scale_bytes=2, mode="zero_point", group32=False)
 
 
@@ -244,13 +244,12 @@ def test_token_tile_on_the_h200_reads_its_own_table():
     """The H200 table holds its own token tiles (the H100's costs, checked on the H200 down to M = 384): at M = 384
     both GPUs take BM 192 on 4096x14336 (BM 256's second token tile half empty); below the H200 table's from_m the
     wave model's tile stays (a table whose from_m is raised to 512 keeps BM 256 at M = 384)."""
-    h200 = DeviceInfo("cuda", 0, (9, 0), 132, "NVIDIA H200", 227 * 1024)
     tokens = _wave_cost("h200").token_tiles
     assert tokens is not None and tokens.source and tokens.from_m <= 384
     assert _wgmma_config(4096, 14336, 384).config["BM"] == 192
-    got = _wgmma_config(4096, 14336, 384, h200)
+    got = _wgmma_config(4096, 14336, 384, H200)
     assert got.config["BM"] == 192 and "token tile BM 192" in got.config_source
-    got = _wgmma_config(896, 4864, 1024, h200)
+    got = _wgmma_config(896, 4864, 1024, H200)
     assert got.config["BM"] < 256 and f"token tile BM {got.config['BM']}" in got.config_source
     base = dict(BM=256, NWG=2, STAGES=5, INFLIGHT=2, TMA=1, GROUP_M=8, SPLIT=1, TAIL=0)
     assert W.token_tile(384, 14336, 4096, base, 4, tokens, 132) is not None
