@@ -9,7 +9,8 @@ Mixture-of-experts plans (Mixtral, Qwen2 / Qwen3 MoE, DeepSeek, OLMoE) split eve
 features: "packed_colwise" on the gate / up projections (PackedColwiseParallel), "rowwise" on down, and
 "moe_tp_experts" (ExpertsParallel) sums the experts module's output over the ranks. ``model_ep_plan`` gives the
 expert-parallel form instead (the config's ``base_model_ep_plan``: "grouped_gemm", each rank keeping whole experts,
-and "ep_dispatch_experts", the all-reduce form: every rank holds the batch and runs the slots of its experts). Styles
+and "ep_dispatch_experts", the all-reduce form: every rank holds the batch and runs the slots of its experts; older
+transformers' "ep_router" + "moe_tp_experts" form of it is read as this one, ``ep_dispatch_form``). Styles
 that keep a module whole at inference ("replicated_with_grad_allreduce": Qwen3's and Gemma 3's q / k norms) leave it
 replicated.
 """
