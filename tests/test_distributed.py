@@ -200,12 +200,16 @@ def test_activation_quantized_error_within_1_25x(tp, case, world):
 @pytest.mark.parametrize("arch", list(tp_cases.HF_SHAPES))
 def test_moe_and_qwen3_plans_equal_unsharded(tp, arch, world):
     """The models' own plans: MoE experts split per expert (gate / up packed, down row-parallel, the module's output
-    summed), Qwen3's q / k norms left replicated; the logits are the unsharded model's."""
+    summed), Qwen3's q / k norms and DeepSeek-V2's joint kv projection left replicated; the logits are the unsharded
+    model's."""
     case = next(name for name in tp[0] if name.startswith(f"{arch} "))
     r0 = _logits_equal_unsharded(tp, case, world)
     if arch == "qwen3":
         assert "replicated_with_grad_allreduce" in r0["skipped"]["model.layers.0.self_attn.q_norm"]
     else:
+        if arch == "deepseek_v2":  # MLA: the joint kv projection stays whole, kv_b_proj splits by heads
+            assert "mla_kv_a_proj" in r0["skipped"]["model.layers.0.self_attn.kv_a_proj_with_mqa"]
+            assert r0["sharded"]["model.layers.0.self_attn.kv_b_proj"] == "colwise"
         assert r0["sharded"]["model.layers.0.mlp.experts"] == "moe_tp_experts"
         assert r0["sharded"]["model.layers.0.mlp.experts.gate_up_proj"] == "packed_colwise"
         assert r0["sharded"]["model.layers.0.mlp.experts.down_proj"] == "rowwise"

@@ -121,21 +121,28 @@ def prepare(directory: str) -> dict:
     mixgemm.quantize_(model, mixgemm.W4A16(group_size=256))  # K per rank at TP 4: 512 / 4 = 128 < 256
     add("error group", model, kind="error")
     for arch, cfg in (("qwen3_moe", mixgemm.W4A16(group_size=32, mode="zero_point")),
-                      ("mixtral", mixgemm.W4A16(group_size=32)), ("qwen3", mixgemm.W8A16())):
+                      ("mixtral", mixgemm.W4A16(group_size=32)), ("qwen3", mixgemm.W8A16()),
+                      ("deepseek_v2", mixgemm.W4A16(group_size=32))):
         model = hf_model(arch)
         mixgemm.quantize_(model, cfg)
         add(f"{arch} {cfg.name}", model, kind="other", config=cfg)
-        if arch != "qwen3":
+        if arch in ("qwen3_moe", "mixtral"):
             add(f"ep {arch} {cfg.name}", model, kind="ep", config=cfg)
     return cases
 
 
-# MoE and Qwen3 plans (packed_colwise / rowwise experts, moe_tp_experts, replicated q / k norms): 1 layer, 8 / 4
-# heads of 16, every expert's 256 intermediate features a whole number of groups of 32 per rank at TP 4
+# MoE, Qwen3 and DeepSeek-V2 plans (packed_colwise / rowwise experts, moe_tp_experts, replicated q / k norms and MLA
+# kv_a_proj): 1 layer, 8 / 4 heads of 16 (MLA: 8 / 8), every expert's intermediate features (256; DeepSeek-V2's 128)
+# a whole number of groups of 32 per rank at TP 4
 HF_SHAPES = {
     "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=256),
     "qwen3": dict(intermediate_size=256),
+    # MLA (kv_a_proj_with_mqa replicated, kv_b_proj / q_b_proj column-parallel), shared experts, one MoE layer
+    "deepseek_v2": dict(intermediate_size=256, moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2,
+                        n_shared_experts=1, first_k_dense_replace=0, kv_lora_rank=64, q_lora_rank=96,
+                        qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, topk_method="greedy",
+                        num_key_value_heads=8, head_dim=16),  # (MLA: a key / value per head)
 }
 
 
@@ -144,8 +151,9 @@ def hf_model(arch: str):
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(arch, hidden_size=128, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
-                               num_hidden_layers=1, vocab_size=256, **HF_SHAPES[arch])
+    shapes = dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=4, head_dim=16, num_hidden_layers=1,
+                  vocab_size=256) | HF_SHAPES[arch]
+    cfg = AutoConfig.for_model(arch, **shapes)
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

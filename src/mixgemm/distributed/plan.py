@@ -11,8 +11,8 @@ features: "packed_colwise" on the gate / up projections (PackedColwiseParallel),
 expert-parallel form instead (the config's ``base_model_ep_plan``: "grouped_gemm", each rank keeping whole experts,
 and "ep_dispatch_experts", the all-reduce form: every rank holds the batch and runs the slots of its experts; older
 transformers' "ep_router" + "moe_tp_experts" form of it is read as this one, ``ep_dispatch_form``). Styles
-that keep a module whole at inference ("replicated_with_grad_allreduce": Qwen3's and Gemma 3's q / k norms) leave it
-replicated.
+that keep a module whole at inference ("replicated_with_grad_allreduce": Qwen3's and Gemma 3's q / k norms;
+"mla_kv_a_proj": the joint kv projection of MLA attention, DeepSeek-V2's and its kin's) leave it replicated.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ _STYLES = {
 }
 # styles that leave the module whole on every rank at inference (they all-reduce gradients in training): skipped,
 # with this reason
-_REPLICATED = {"replicated_with_grad_allreduce": "replicated on every rank (its style only all-reduces gradients)"}
+_REPLICATED = {"replicated_with_grad_allreduce": "replicated on every rank (its style only all-reduces gradients)",
+               # MLA's kv_a_proj_with_mqa (DeepSeek-V2 and kin): its output feeds the column-parallel kv_b_proj and
+               # the rope keys every rank uses whole; the style only all-reduces the rope part's gradient
+               "mla_kv_a_proj": "replicated on every rank (its style only all-reduces the rope keys' gradient)"}
 
 
 @dataclass
