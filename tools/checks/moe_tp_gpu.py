@@ -75,7 +75,7 @@ def main() -> int:
     from mixgemm.distributed import model_ep_plan, tensor_parallel_
     from mixgemm.integrations.hf import greedy_decode
     from mixgemm.nn.experts import QuantizedExperts, routed_why_not
-    from tools.checks.tp_gpu import forced_logits  # (eager: teacher-forced logits over a static cache)
+    from tools.checks.tp_gpu import finish, forced_logits  # (eager: teacher-forced logits over a static cache)
 
     shapes = QWEN3_30B_A3B if cuda else SMOKE
     dtype = torch.float16 if cuda else torch.float32
@@ -119,14 +119,7 @@ def main() -> int:
         print(json.dumps({k: v for k, v in res.items() if k != "shapes"}, indent=1), flush=True)
     ok = torch.tensor([1 if rank != 0 or all(res["checks"].values()) else 0], device=dev)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if not cuda:
-        dist.destroy_process_group()
-        return 0 if int(ok) else 1
-    # after the CUDA-graph runs, destroy_process_group did not return (torchrun waited minutes): the results are
-    # written, so leave at once
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if int(ok) else 1)
+    return finish(bool(int(ok)), gpu=cuda)
 
 
 if __name__ == "__main__":

@@ -101,21 +101,14 @@ def layer_times(model, bandwidth: float) -> list[dict]:
     finds the previous one's weights in L2, replayed in one CUDA graph (mixgemm.bench.protocol)."""
     from mixgemm.bench.floors import case_bytes, floor_of, pct_of_floor, quant_weight_bytes
     from mixgemm.bench.protocol import copies_for, graph_time_us, l2_bytes
-    from mixgemm.formats.weight import QuantConfig
-    from mixgemm.nn import QuantLinear
+    from tools.bench.sibling_join import layer as w4_g128_layer
 
     dev = next(model.parameters()).device
     rows = []
     for name, k, n in launches(model):
         wbytes = quant_weight_bytes(k, n, 4, 128, param_bytes_per_group=2)
         nbytes = case_bytes(1, k, n, wbytes)
-        layers = []
-        for _ in range(copies_for(wbytes, l2_bytes())):
-            linear = torch.nn.Linear(k, n, bias=False, device=dev, dtype=torch.float16)
-            layer = QuantLinear.from_linear(linear, QuantConfig(bits=4, group_size=128))
-            layer._auto_compact()
-            layers.append(layer)
-            del linear
+        layers = [w4_g128_layer(k, n, "sym") for _ in range(copies_for(wbytes, l2_bytes()))]
         x = torch.randn(1, k, dtype=torch.float16, device=dev)
         with torch.no_grad():
             us = graph_time_us([partial(layer.forward, x) for layer in layers])
@@ -130,25 +123,28 @@ def layer_times(model, bandwidth: float) -> list[dict]:
     return rows
 
 
+def finish(ok: bool, gpu: bool) -> int:
+    """The exit status; on GPUs the process leaves at once: after CUDA-graph runs with NCCL, destroy_process_group
+    did not return (two H200s, torchrun waited minutes), and the results are written by then."""
+    if not gpu:
+        dist.destroy_process_group()
+        return 0 if ok else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if ok else 1)
+
+
 def sum_times(mesh, hidden: int, tokens: tuple[int, ...] = (1, 4, 16), calls: int = 50, replays: int = 20) -> list:
     """GPU time of one all-reduce (torch.distributed, NCCL) of a [tokens, hidden] fp16 tensor, as the row-parallel
     layers' outputs are summed: ``calls`` back to back in a CUDA graph, median of ``replays`` (every rank replays
     alike: a collective's count must match)."""
+    from mixgemm.bench.protocol import capture_graph
+
     group = mesh.get_group()
     rows = []
     for m in tokens:
         bufs = [torch.randn(m, hidden, dtype=torch.float16, device="cuda") for _ in range(calls)]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for b in bufs[:3]:
-                dist.all_reduce(b, group=group)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for b in bufs:
-                dist.all_reduce(b, group=group)
+        graph = capture_graph([partial(dist.all_reduce, b, group=group) for b in bufs])
         times = []
         for _ in range(replays):
             dist.barrier(group=group)
@@ -268,14 +264,7 @@ def main() -> int:
         ok = all(checks.values())
     flag = [ok]
     dist.broadcast_object_list(flag, src=0)
-    if smoke:
-        dist.destroy_process_group()
-        return 0 if flag[0] else 1
-    # after the CUDA-graph runs, destroy_process_group did not return on two H200s (torchrun waited minutes): the
-    # results are written, so leave at once
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if flag[0] else 1)
+    return finish(flag[0], gpu=not smoke)
 
 
 if __name__ == "__main__":
