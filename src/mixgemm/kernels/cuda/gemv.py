@@ -628,9 +628,8 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
 def int8_k_slices(cfg: dict, k: int) -> dict:
     """cfg with no more k-slices than the layer has 64-k tiles: the k-split rule counts int8 in 32-k units (the unit of
     the configs it was measured with), but wgmma_v1's tiles are 64 k, so K = 896 (14 tiles) got 16 slices and two warps
-    of each block did nothing. H100, W8 per channel, M 2 / 8, fp16 and bf16 (tools/bench/gemv_dispatch.py
-    --mma-grid-all and a before / after in one run, 2026-11-28): KS 16 -> 8 on the four such model-list layers took
-    0.65-1.01x the time (896x4864 M = 8 4.91 -> 3.20 us, 896x1152 2.25 -> 2.04)."""
+    of each block did nothing (KS 16 -> 8 at K = 896 took 0.65-1.01x the time on the H100: docs/design.md, the
+    tensor-core GEMV section)."""
     kt64, ks = -(-k // 64), cfg["KS"]
     while ks > max(1, kt64):
         ks //= 2
