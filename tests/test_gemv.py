@@ -111,6 +111,13 @@ def test_nvrtc_compiles_mma_instantiations(arch):
         cfg = {**choose_mma_config(2, 4096, 64, 132, bits), "WG": wg, "RT": rt, "EARLY": 1, "PF": i % 2}
         cfg["KS"] = min(cfg["KS"], 32 // rt)  # (the k-slice reduction's 1 KiB per slice and tile: <= 32 KiB)
         keys.add(tuple(sorted(mma_defines_for(bits, i % 2, 0, i % 3, 1 + i % 2, cfg).items())))
+    # the diagnostic access order on wgmma_v1 (tools/bench/wg_simt_diag.py --ms) compiles, and is off the key when off
+    for bits, rt in itertools.product(BITS, (1, 2)):
+        cfg = {**choose_mma_config(2, 4096, 64, 132, bits), "WG": 1, "RT": rt, "EARLY": 1, "DIAG": 8}
+        key = tuple(sorted(mma_defines_for(bits, 0, 0, 0, 2, cfg).items()))
+        assert dict(key)["MMA_DIAG"] == 8
+        keys.add(key)
+    assert "MMA_DIAG" not in mma_defines_for(4, 0, 0, 0, 2, {**choose_mma_config(2, 4096, 64, 132, 4), "WG": 1})
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key

@@ -1,5 +1,7 @@
 """What reading the compacted layout costs at M = 1: the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) against the
-plain codes' GEMV (gemv.cu), each whole and with one stage left out (DIAG bits; wrong results, timing only).
+plain codes' GEMV (gemv.cu), each whole and with one stage left out (DIAG bits; wrong results, timing only). At M > 1
+(--ms): the tensor-core GEMV on wgmma_v1 (gemv_mma.cu) whole and with MMA_DIAG 8 (the access order of a layout whose
+row tiles keep their k-tiles together) against the plain weight's dispatch.
 
 Per layer and format: the plain weight's dispatch, then its CUDA-core GEMV's tile with GEMV_DIAG 1 (no math) and 4 (no
 PDL wait); the compacted weight's dispatch, then its tile with SIMT_DIAG 1, 4, 8 (the weights addressed as if each row
@@ -48,17 +50,21 @@ def time_us(x: torch.Tensor, weights: list, rounds: int, entry: str | None = Non
             "us": us}
 
 
-def measure(k: int, n: int, fmt: str, rounds: int, l2: int) -> list[dict]:
-    x = torch.randn(1, k, device="cuda", dtype=torch.float16)
+def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, keep: set | None = None) -> list[dict]:
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     rows = []
     for compact, diags in ((False, PLAIN_DIAGS), (True, COMPACT_DIAGS)):
         weights = layer(k, n, fmt, compact, l2)
         base = time_us(x, weights, rounds)
-        rows.append({"K": k, "N": n, "fmt": fmt, "compact": compact, "diag": 0, **base})
-        # only the CUDA-core GEMVs have the DIAG stages
-        if base["kernel"] == "cuda_gemv" or (base["kernel"] == "cuda_gemv_mma" and base["config"].get("SIMT")):
+        rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": 0, **base})
+        if compact and base["kernel"] == "cuda_gemv_mma" and not base["config"].get("SIMT"):
+            diags = (8,)  # the tensor-core GEMV on wgmma_v1: its access-order stage only
+        elif m > 1 or not (base["kernel"] == "cuda_gemv" or base["config"].get("SIMT")):
+            diags = ()  # only the CUDA-core GEMVs have the other DIAG stages
+        diags = tuple(d for d in diags if keep is None or d in keep)
+        if diags:
             for d in diags:
-                rows.append({"K": k, "N": n, "fmt": fmt, "compact": compact, "diag": d,
+                rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": d,
                              **time_us(x, weights, rounds, base["kernel"], {**base["config"], "DIAG": d})})
         del weights
         torch.cuda.empty_cache()
@@ -71,18 +77,22 @@ def main(argv=None) -> None:
                     help="K x N layer shapes")
     ap.add_argument("--formats", default="w8,w4s", help=f"comma-separated, of {sorted(FORMATS)}")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ms", default="1", help="comma-separated M values")
+    ap.add_argument("--diags", default="", help="comma-separated DIAG values at M = 1 (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     l2 = protocol.l2_bytes()
+    keep = {int(v) for v in args.diags.split(",")} if args.diags else None
     rows = []
     for fmt in args.formats.split(","):
         for shape in args.shapes:
             k, n = (int(v) for v in shape.lower().split("x"))
-            for r in measure(k, n, fmt, args.rounds, l2):
-                rows.append(r)
-                kind = "compact" if r["compact"] else "plain"
-                print(f"{k}x{n} {fmt} {kind:7s} diag {r['diag']}: {r['us']:8.2f} us  {r['kernel']} {r['config']}",
-                      flush=True)
+            for m in (int(v) for v in args.ms.split(",")):
+                for r in measure(k, n, fmt, args.rounds, l2, m, keep):
+                    rows.append(r)
+                    kind = "compact" if r["compact"] else "plain"
+                    print(f"{k}x{n} M {m} {fmt} {kind:7s} diag {r['diag']}: {r['us']:8.2f} us  {r['kernel']} "
+                          f"{r['config']}", flush=True)
     path = os.path.join(args.out, "wg_simt_diag.json")
     with open(path, "w") as f:
         json.dump({"machine": protocol.machine_info(), "rows": rows}, f, indent=1)

@@ -217,6 +217,8 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_WG"] = 1
         if cfg.get("G32", 0):
             d["MMA_G32"] = 1
+        if cfg.get("DIAG", 0):
+            d["MMA_DIAG"] = cfg["DIAG"]  # diagnostic access order (gemv_mma.cu); wrong results, tools only
     return d
 
 
