@@ -12,7 +12,7 @@ import torch
 
 import mixgemm
 import mixgemm.reference as ref
-from described_gpus import H100
+from described_gpus import H100, H200
 from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2, unpack_gemv_mma_v1, unpack_gemv_v2
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import nvrtc
@@ -460,6 +460,49 @@ def test_mma_cap_registers_from_the_compiler():
     assert gemv.mma_cap_registers("sym", 2, 0) == 64
 
 
+def test_wg_16row_tiles_rule():
+    """Where a GPU's table has gemv_mma_wg_16row (the H200's), int4 sym on wgmma_v1 at M 9..16 takes KS 8 / RT 1 / U 2
+    with two blocks' registers at the k-split's cap (more than one block per SM), RT 2 / U 2 / EARLY below it where RT
+    2's blocks fit one wave, the wide rule did not take RT 2 and each slice gets two U 2 steps; the RT rule's choice
+    elsewhere: one block per SM, past one wave, short K, zero point, M <= 8, the plain codes, and the H100 (no
+    section). The GEMV / GEMM crossover of the wave fill (gemv_min_wave_fill) still reads the RT rule's tiles, so no
+    layer changes kernel (4608x8192 and 5120x7168 at M = 16 stay on the GEMV)."""
+    from mixgemm.kernels import linear
+    from mixgemm.kernels.cuda.gemv import WG_16ROW_CAP, mma_config
+    from mixgemm.kernels.registry import choose
+
+    def cfg(k, n, m=16, mode="sym", gpu=H200, resident="wgmma_v1"):
+        qw = quantize_weight(torch.randn(128, 256), bits=4, group_size=128, mode=mode)
+        p = replace(linear.linear_problem(m, qw, torch.float16, gpu), n=n, k=k, num_groups=-(-k // 128),
+                    resident=resident)
+        return dict(linear._gemv_mma_config(p))
+
+    assert "gemv_mma_wg_16row" in H200.table and "gemv_mma_wg_16row" not in H100.table
+    for k, n in ((4096, 4096), (2048, 2304), (14336, 4096)):  # at the cap, 144..256 row tiles
+        for m in (9, 16):
+            c = cfg(k, n, m)
+            assert {key: c.get(key) for key in WG_16ROW_CAP} == WG_16ROW_CAP, (k, n, m, c)
+        assert cfg(k, n, gpu=H100)["RT"] == 2 and cfg(k, n, gpu=H100)["KS"] == 16  # the RT rule's
+    for k, n in ((5120, 5120), (4096, 6144), (3584, 8192)):  # below the cap, RT 2's blocks within one wave
+        c = cfg(k, n)
+        assert (c["RT"], c["KS"], c["U"], c["EARLY"], c.get("MINB", 0)) == (2, 8, 2, 1, 0), (k, n, c)
+        assert cfg(k, n, gpu=H100).get("RT", 1) == 1
+    assert cfg(4096, 14336).get("RT", 1) == 1  # 448 RT 2 blocks where 396 fit
+    for k, n in ((4608, 8192), (5120, 7168)):  # >= 16 MiB: the crossover's fill is the RT rule's tiles'
+        qw = quantize_weight(torch.randn(n, k), bits=4, group_size=128)
+        p = replace(linear.linear_problem(16, qw, torch.float16, H200), resident="wgmma_v1")
+        assert choose(p).kernel == "cuda_gemv_mma", (k, n)
+    assert (cfg(3200, 8640)["RT"], cfg(3200, 8640)["U"]) == (2, 1)  # the wide rule's RT 2 stands
+    assert cfg(896, 4864).get("RT", 1) == 1 and not cfg(896, 4864).get("EARLY", 0)  # 14 k-tiles: short slices
+    assert "MINB" not in cfg(2048, 2048)  # 128 row tiles: one block per SM
+    assert cfg(4096, 4096, mode="zero_point").get("MINB", 0) == 0
+    assert cfg(4096, 4096, m=8)["KS"] == 16 and "MINB" not in cfg(4096, 4096, m=8)
+    assert cfg(4096, 4096, resident=None)["WG"] == 0 and "MINB" not in cfg(4096, 4096, resident=None)
+    # the function alone: the flag off is the RT rule
+    assert mma_config(16, 4096, 4096, 4, 128, 132, wg=1)["RT"] == 2
+    assert mma_config(16, 4096, 4096, 4, 128, 132, wg=1, wg_16row=True)["MINB"] == 2
+
+
 def test_mma_pf_pack_rule():
     """kernels.cuda.gemv.mma_pf_pack: double buffering with the zero point / offset pair in one register (PF + PACK)
     for int4 weights with such a pair, on the measured regions: 16-warp blocks at one per SM with EARLY, M 9..16
@@ -720,7 +763,7 @@ def test_gemv_mma_scaling_schemes(wg, defer, bits, mode, act):
 @pytest.mark.parametrize("wg", [0, 1])
 @pytest.mark.parametrize("ks,u,rt,pf,early,minb", [(8, 1, 2, 0, 1, 0), (4, 2, 2, 1, 1, 0), (16, 1, 2, 0, 0, 0),
                                                    (2, 2, 4, 1, 1, 0), (8, 2, 1, 1, 1, 0), (16, 2, 1, 0, 1, 0),
-                                                   (16, 2, 1, 0, 1, 2)])
+                                                   (16, 2, 1, 0, 1, 2), (8, 2, 1, 0, 1, 2), (8, 2, 2, 0, 1, 0)])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])

@@ -145,7 +145,7 @@ def _gemv_underfills(p: Problem) -> str | None:
 
     cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode,
                      1 if p.resident == WGMMA_V1.name else None, x_dtype=p.x_dtype, scale_dtype=_scale_dtype(p),
-                     arch=_arch(p))
+                     arch=_arch(p))  # (the fill bar was measured on the RT rule's tiles, not wg_16row's)
     blocks, fill = mma_wave_fill(cfg, p.n, p.device.sm_count)
     if fill >= rule["min_fill"]:
         return None
@@ -227,7 +227,7 @@ def _gemv_mma_config(p: Problem) -> dict:
 
     on_wg = p.resident == WGMMA_V1.name
     cfg = mma_config(p.m, p.n, p.k, p.bits, p.group_size, p.device.sm_count, p.mode, 1 if on_wg else None,
-                     _one_wave_max_spill(p), _pair_packs(p), p.x_dtype, _scale_dtype(p), _arch(p))
+                     _one_wave_max_spill(p), _pair_packs(p), p.x_dtype, _scale_dtype(p), _arch(p), _wg_16row(p))
     simt = _compact_m1_simt_tile(p) if on_wg else None
     if simt is not None:
         # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
@@ -280,6 +280,11 @@ def _pair_packs(p: Problem) -> bool:
 def _one_wave_max_spill(p: Problem) -> float:
     """The table's gemv_one_wave_k_split bound (kernels.cuda.gemv.one_wave_k_split), 0 where it has none."""
     return float(p.device.table.get("gemv_one_wave_k_split", {}).get("max_spill", 0.0))
+
+
+def _wg_16row(p: Problem) -> bool:
+    """Whether the table measured the wgmma_v1 16-row tiles (kernels.cuda.gemv.wg_16row_tiles: gemv_mma_wg_16row)."""
+    return "gemv_mma_wg_16row" in p.device.table
 
 
 def _compact_m1_simt_tile(p: Problem) -> dict | None:

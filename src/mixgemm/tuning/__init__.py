@@ -34,6 +34,9 @@ default.json). Its fields:
 * ``gemv_one_wave_k_split`` (optional): {"max_spill": w, "source"}: at M 2..8 the tensor-core GEMV takes KS 8 instead
   of the k-split rule's 16 where KS 16's blocks take 1 to w waves and KS 8's fit in one
   (mixgemm.kernels.cuda.gemv.one_wave_k_split).
+* ``gemv_mma_wg_16row`` (optional): {"source"}: int4 sym weights on wgmma_v1 (compacted) at M 9..16 take the tensor-core
+  GEMV tiles of mixgemm.kernels.cuda.gemv.wg_16row_tiles (KS 8 with two blocks' registers at the k-split's cap, RT 2
+  with U 2 below it where its blocks fit one wave) instead of the RT rule's.
 * ``wgmma_small_m`` (optional): the wgmma GEMM's small-M split model (mixgemm.kernels.cuda.wgmma_waves.SmallMCost):
   the tile, the M range, the cluster splits it ranks, CTAs per SM and clusters held at once per bit width (the
   driver's occupancy counts), the fitted constants per bit width and ``source``. In its M range, where the ``wgmma``

@@ -605,9 +605,10 @@ def simt_config(m: int, n: int, k: int, bits: int, x_dtype: torch.dtype, mode: s
 def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int, mode: str = "sym",
                wg: int | None = None, one_wave_max_spill: float = 0.0, pair_packs: bool = False,
                x_dtype: torch.dtype = torch.float16, scale_dtype: torch.dtype = torch.float16,
-               arch: str = "sm_90") -> dict:
+               arch: str = "sm_90", wg_16row: bool = False) -> dict:
     """The tensor-core GEMV's config (choose_mma_config, at M 2..8 one_wave_k_split where a GPU's table measured it --
-    ``one_wave_max_spill`` > 0 --, then mma_row_tiles for the build of x_dtype and scale_dtype on ``arch``; DEFER off
+    ``one_wave_max_spill`` > 0 --, then mma_row_tiles for the build of x_dtype and scale_dtype on ``arch``, with the
+    wgmma_v1 16-row tiles of wg_16row_tiles where the GPU's table measured them -- ``wg_16row``; DEFER off
     where a k-tile straddles groups; with ``pair_packs`` -- a 16-bit zero point / offset beside each fp16 / bf16 scale,
     param_pair_packs -- mma_pf_pack; int8 on wgmma_v1 at M 2..8: int8_k_slices) on the layout it reads: ``wg`` 1
     wgmma_v1, 0 gemv_mma_v1, None the bit width's default (MMA_ON_WGMMA)."""
@@ -617,7 +618,7 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
     if 2 <= m <= 8 and one_wave_max_spill > 0:
         cfg = one_wave_k_split(cfg, n, num_sms, one_wave_max_spill)
     cfg = mma_row_tiles(cfg, m, n, bits, mode, num_sms, mma_k_tiles(bits, k), _ACT[x_dtype], _SCL[scale_dtype],
-                        arch)
+                        arch, wg_16row)
     if not defer_ok(group_size, 64 if bits == 4 or wg else 32):
         cfg = {**cfg, "DEFER": 0}
     if mode == "sym" or (bits == 4 and pair_packs):
@@ -837,8 +838,37 @@ def rt2_fills_waves(nt: int, rg: int, num_sms: int) -> bool:
     return eff[2] >= MMA_WG_RT2_MIN_WAVE_EFFICIENCY * eff[1]
 
 
+# int4 sym on wgmma_v1 at the 16-row M bucket, where a GPU's table says it was measured (tuning: gemv_mma_wg_16row).
+# Source: H200, M = 16 and 9, the compacted layers that run the tensor-core GEMV (21 of the model list, 8 others),
+# each tile forced beside the dispatcher's (tools/bench/wg_16row.py; docs/design.md, tensor-core GEMV section). At the
+# k-split's cap with more than one block per SM the rule took RT 2 at KS 16; KS 8 at RT 1 and U 2, with the registers
+# bounded for two 8-warp blocks a SM (MINB 2: the GPUs' NVRTC 13.0 then takes 94 registers where it takes 64 without),
+# took 0.90-1.01x its time at M = 16 (17 layers; 4096x4096 6.99 -> 6.31 us) and 0.89-0.98x at M = 9 (13). Below the
+# cap, where the wide rule left RT 1 (too few warps) although RT 2's blocks fit one wave, RT 2 with U 2 and EARLY took
+# 0.88-0.95x at M = 16 (10 layers; 5120x5120 12.94 -> 11.54 us) and 0.89-0.97x at M = 9 (7), each k-slice with two
+# full U 2 steps; past one wave (4096x14336: 448 blocks where 264 fit) it lost (1.05x).
+WG_16ROW_CAP = {"KS": 8, "RG": 1, "RT": 1, "U": 2, "EARLY": 1, "MINB": 2}
+# 8-warp blocks a SM of the RT 2 / U 2 tile below the cap (NVRTC 13.0: 128 registers)
+WG_16ROW_RT2_BLOCKS_PER_SM = 2
+
+
+def wg_16row_tiles(cfg: dict, nt: int, num_sms: int, k_tiles: int) -> dict | None:
+    """The wgmma_v1 int4 sym tile at the 16-row bucket (measurement above) for cfg (the k-split rule's, more than one
+    block per SM), nt row tiles and k_tiles 64-k tiles, or None where the rule's own RT / EARLY choice stands: at the
+    k-split's cap WG_16ROW_CAP; below it RT 2, U 2, EARLY where its blocks fit one wave (WG_16ROW_RT2_BLOCKS_PER_SM),
+    each k-slice gets two U 2 steps and the warps are too few for the wide rule's RT 2."""
+    if cfg["KS"] >= 16:
+        return {**cfg, **WG_16ROW_CAP}
+    rt2 = {**cfg, "RT": 2, "U": 2, "EARLY": 1}
+    one_wave = -(-nt // (2 * cfg["RG"])) <= WG_16ROW_RT2_BLOCKS_PER_SM * num_sms
+    few_warps = nt // 2 * cfg["KS"] < MMA_WG_RT2_WARPS_PER_SM * num_sms
+    if one_wave and few_warps and k_tiles >= 4 * cfg["KS"] and mma_reduction_fits(rt2):
+        return rt2
+    return None
+
+
 def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int, k_tiles: int, act: int = 0,
-                  scl: int = 0, arch: str = "sm_90") -> dict:
+                  scl: int = 0, arch: str = "sm_90", wg_16row: bool = False) -> dict:
     """EARLY and RT of the tensor-core GEMV's config (the measurements above). int4, M <= 8 (mb 1): EARLY, on
     gemv_mma_v1 at zero point / offset only where the k-split is at its cap (KS 16). The 16-row M bucket: with at
     most one block per SM, EARLY on wgmma_v1 only; with more, EARLY and RT 2 where the k-split is at its cap (on
@@ -847,7 +877,8 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int,
     the registers capped for two (MINB 2) where that spills little and each k-slice gets MMA_MINB2_MIN_STEPS of the
     k_tiles 64-k tiles, else EARLY and RT 2) or, on wgmma_v1, where half the warps still fill the GPU and RT 2's waves
     are not much emptier than RT 1's (rt2_fills_waves); EARLY alone on the other gemv_mma_v1 sym layers. int8 on
-    wgmma_v1 at M >= 2: EARLY."""
+    wgmma_v1 at M >= 2: EARLY. ``wg_16row`` (a GPU's table measured it): int4 sym on wgmma_v1 in the 16-row bucket
+    takes wg_16row_tiles where it applies."""
     if bits != 4:
         return {**cfg, "EARLY": 1} if cfg["WG"] and m >= 2 else cfg
     mb = 1 if m <= 8 else 2
@@ -856,6 +887,10 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int,
         return {**cfg, "EARLY": 1} if wg or mode == "sym" or at_cap else cfg
     if -(-nt // cfg["RG"]) <= num_sms:
         return {**cfg, "EARLY": 1} if wg else cfg
+    if wg and wg_16row and mode == "sym":
+        tiles = wg_16row_tiles(cfg, nt, num_sms, k_tiles)
+        if tiles is not None:
+            return tiles
     if wg and at_cap and mode != "sym":
         return {**cfg, "EARLY": 1}
     if not wg and at_cap:
