@@ -464,16 +464,16 @@ def test_wg_16row_tiles_rule():
     """Where a GPU's table has gemv_mma_wg_16row (the H200's), int4 sym on wgmma_v1 at M 9..16 takes KS 8 / RT 1 / U 2
     with two blocks' registers at the k-split's cap (more than one block per SM), RT 2 / U 2 / EARLY below it where RT
     2's blocks fit one wave, the wide rule did not take RT 2 and each slice gets two U 2 steps; the RT rule's choice
-    elsewhere: one block per SM, past one wave, short K, zero point, M <= 8, the plain codes, and the H100 (no
+    elsewhere: one block per SM, past one wave, short K, zero point, bf16 x, M <= 8, the plain codes, and the H100 (no
     section). The GEMV / GEMM crossover of the wave fill (gemv_min_wave_fill) still reads the RT rule's tiles, so no
     layer changes kernel (4608x8192 and 5120x7168 at M = 16 stay on the GEMV)."""
     from mixgemm.kernels import linear
     from mixgemm.kernels.cuda.gemv import WG_16ROW_CAP, mma_config
     from mixgemm.kernels.registry import choose
 
-    def cfg(k, n, m=16, mode="sym", gpu=H200, resident="wgmma_v1"):
+    def cfg(k, n, m=16, mode="sym", gpu=H200, resident="wgmma_v1", act=torch.float16):
         qw = quantize_weight(torch.randn(128, 256), bits=4, group_size=128, mode=mode)
-        p = replace(linear.linear_problem(m, qw, torch.float16, gpu), n=n, k=k, num_groups=-(-k // 128),
+        p = replace(linear.linear_problem(m, qw, act, gpu), n=n, k=k, num_groups=-(-k // 128),
                     resident=resident)
         return dict(linear._gemv_mma_config(p))
 
@@ -496,6 +496,7 @@ def test_wg_16row_tiles_rule():
     assert cfg(896, 4864).get("RT", 1) == 1 and not cfg(896, 4864).get("EARLY", 0)  # 14 k-tiles: short slices
     assert "MINB" not in cfg(2048, 2048)  # 128 row tiles: one block per SM
     assert cfg(4096, 4096, mode="zero_point").get("MINB", 0) == 0
+    assert cfg(4096, 4096, act=torch.bfloat16).get("MINB", 0) == 0  # measured with fp16 x and scales only
     assert cfg(4096, 4096, m=8)["KS"] == 16 and "MINB" not in cfg(4096, 4096, m=8)
     assert cfg(4096, 4096, resident=None)["WG"] == 0 and "MINB" not in cfg(4096, 4096, resident=None)
     # the function alone: the flag off is the RT rule

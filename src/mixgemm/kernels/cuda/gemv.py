@@ -877,8 +877,8 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int,
     the registers capped for two (MINB 2) where that spills little and each k-slice gets MMA_MINB2_MIN_STEPS of the
     k_tiles 64-k tiles, else EARLY and RT 2) or, on wgmma_v1, where half the warps still fill the GPU and RT 2's waves
     are not much emptier than RT 1's (rt2_fills_waves); EARLY alone on the other gemv_mma_v1 sym layers. int8 on
-    wgmma_v1 at M >= 2: EARLY. ``wg_16row`` (a GPU's table measured it): int4 sym on wgmma_v1 in the 16-row bucket
-    takes wg_16row_tiles where it applies."""
+    wgmma_v1 at M >= 2: EARLY. ``wg_16row`` (a GPU's table measured it): int4 sym on wgmma_v1 in the 16-row bucket,
+    fp16 x and scales, takes wg_16row_tiles where it applies."""
     if bits != 4:
         return {**cfg, "EARLY": 1} if cfg["WG"] and m >= 2 else cfg
     mb = 1 if m <= 8 else 2
@@ -887,7 +887,7 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int,
         return {**cfg, "EARLY": 1} if wg or mode == "sym" or at_cap else cfg
     if -(-nt // cfg["RG"]) <= num_sms:
         return {**cfg, "EARLY": 1} if wg else cfg
-    if wg and wg_16row and mode == "sym":
+    if wg and wg_16row and mode == "sym" and act == 0 and scl == 0:  # (as measured: fp16 x and scales)
         tiles = wg_16row_tiles(cfg, nt, num_sms, k_tiles)
         if tiles is not None:
             return tiles
