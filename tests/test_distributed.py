@@ -200,12 +200,17 @@ def test_activation_quantized_error_within_1_25x(tp, case, world):
 @pytest.mark.parametrize("arch", list(tp_cases.HF_SHAPES))
 def test_moe_and_qwen3_plans_equal_unsharded(tp, arch, world):
     """The models' own plans: MoE experts split per expert (gate / up packed, down row-parallel, the module's output
-    summed), Qwen3's q / k norms and DeepSeek-V2's joint kv projection left replicated; the logits are the unsharded
-    model's."""
+    summed), Qwen3's q / k norms and DeepSeek-V2's joint kv projection left replicated, attention sinks (Granite-SWA,
+    GraniteMoE-SWA, MiMo-V2-Flash; Beam's gate bias: bare parameters) split with the heads; the logits are the
+    unsharded model's."""
     case = next(name for name in tp[0] if name.startswith(f"{arch} "))
     r0 = _logits_equal_unsharded(tp, case, world)
     if arch == "qwen3":
         assert "replicated_with_grad_allreduce" in r0["skipped"]["model.layers.0.self_attn.q_norm"]
+    elif arch in tp_cases.ATTENTION_PARAM_ARCHS:  # a per-head parameter splits with the heads; local_params: nothing
+        assert r0["sharded"][f"model.layers.0.self_attn.{tp_cases.ATTENTION_PARAM_ARCHS[arch]}"] == "colwise"
+        assert r0["attention_param"] == 8 // world
+        assert "local_params" in r0["skipped"]["model.layers.0.self_attn"]
     else:
         if arch == "deepseek_v2":  # MLA: the joint kv projection stays whole, kv_b_proj splits by heads
             assert "mla_kv_a_proj" in r0["skipped"]["model.layers.0.self_attn.kv_a_proj_with_mqa"]
@@ -299,3 +304,24 @@ def test_older_transformers_ep_plan_is_the_same_plan(arch):
     assert not any(v == "ep_router" for v in newer.values())
     plain = {"layers.*.mlp.experts": "moe_tp_experts"}  # tensor parallel: left as it is
     assert ep_dispatch_form(plain) == plain
+
+
+def test_bare_parameter_entries():
+    """A plan entry naming a bare parameter (Granite-SWA's "layers.*.self_attn.sinks": "colwise") splits it as
+    transformers' shard_param does (colwise: dim ndim - 2, dim 0 of a vector; rowwise: the last); an indivisible split
+    or a style that has no meaning for a parameter is an error naming it. Entries naming modules are not taken."""
+    from mixgemm.distributed.plan import _plan_parameters
+
+    model = torch.nn.Module()
+    model.attn = torch.nn.Module()
+    model.attn.sinks = torch.nn.Parameter(torch.randn(8))
+    model.attn.table = torch.nn.Parameter(torch.randn(4, 6))
+    model.attn.proj = torch.nn.Linear(8, 8)
+    plan = {"attn.sinks": "colwise", "attn.table": "rowwise", "attn.proj": "colwise", "attn": "local_params"}
+    assert _plan_parameters(model, plan, 2, set()) == {"attn.sinks": ("colwise", 0), "attn.table": ("rowwise", 1)}
+    with pytest.raises(ValueError, match=r"attn\.sinks: colwise over 3 ranks splits dimension 0 of shape \(8,\)"):
+        _plan_parameters(model, {"attn.sinks": "colwise"}, 3, set())
+    with pytest.raises(ValueError, match=r"attn\.sinks: a bare parameter's tensor-parallel style 'packed_colwise'"):
+        _plan_parameters(model, {"attn.sinks": "packed_colwise"}, 2, set())
+    with pytest.raises(ValueError, match=r"attn\.table: rowwise of a parameter tied"):
+        _plan_parameters(model, {"attn.table": "rowwise"}, 2, {id(model.attn.table)})

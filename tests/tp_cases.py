@@ -122,7 +122,8 @@ def prepare(directory: str) -> dict:
     add("error group", model, kind="error")
     for arch, cfg in (("qwen3_moe", mixgemm.W4A16(group_size=32, mode="zero_point")),
                       ("mixtral", mixgemm.W4A16(group_size=32)), ("qwen3", mixgemm.W8A16()),
-                      ("deepseek_v2", mixgemm.W4A16(group_size=32))):
+                      ("deepseek_v2", mixgemm.W4A16(group_size=32)),
+                      *((arch, mixgemm.W4A16(group_size=32)) for arch in ATTENTION_PARAM_ARCHS)):
         model = hf_model(arch)
         mixgemm.quantize_(model, cfg)
         add(f"{arch} {cfg.name}", model, kind="other", config=cfg)
@@ -131,9 +132,9 @@ def prepare(directory: str) -> dict:
     return cases
 
 
-# MoE, Qwen3 and DeepSeek-V2 plans (packed_colwise / rowwise experts, moe_tp_experts, replicated q / k norms and MLA
-# kv_a_proj): 1 layer, 8 / 4 heads of 16 (MLA: 8 / 8), every expert's intermediate features (256; DeepSeek-V2's 128)
-# a whole number of groups of 32 per rank at TP 4
+# MoE, Qwen3, DeepSeek-V2 and Granite-SWA plans (packed_colwise / rowwise experts, moe_tp_experts, replicated q / k
+# norms and MLA kv_a_proj, attention sinks): 1 layer, 8 / 4 heads of 16 (MLA: 8 / 8), every expert's intermediate
+# features (256; DeepSeek-V2's 128) a whole number of groups of 32 per rank at TP 4
 HF_SHAPES = {
     "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=256),
@@ -143,7 +144,17 @@ HF_SHAPES = {
                         n_shared_experts=1, first_k_dense_replace=0, kv_lora_rank=64, q_lora_rank=96,
                         qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, topk_method="greedy",
                         num_key_value_heads=8, head_dim=16),  # (MLA: a key / value per head)
+    # attention sinks (Beam: an output gate's bias): a bare per-head parameter the plan splits ("colwise") under a
+    # "local_params" attention module; GraniteMoE-SWA, MiMo-V2-Flash and Beam with their experts too
+    "granite_swa": dict(intermediate_size=256),
+    "granitemoe_swa": dict(intermediate_size=256, num_local_experts=4, num_experts_per_tok=2),
+    "mimo_v2_flash": dict(intermediate_size=256, layer_types=["sliding_attention"], mlp_layer_types=["sparse"],
+                          n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, v_head_dim=16),
+    "beam": dict(intermediate_size=256),
 }
+# the architectures whose attention holds such a parameter: {arch: its name}
+ATTENTION_PARAM_ARCHS = {"granite_swa": "sinks", "granitemoe_swa": "sinks", "mimo_v2_flash": "sinks",
+                         "beam": "gate_bias"}
 
 
 def hf_model(arch: str):
@@ -158,9 +169,11 @@ def hf_model(arch: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_config(cfg).eval()
-    for p in model.parameters():
+    for name, p in model.named_parameters():
         if p.dim() >= 2:
             p.data.normal_(0, 0.05)
+        elif name.endswith("sinks"):  # (zeros at init: a split that went wrong would not show)
+            p.data.normal_(0, 1)
     return model
 
 
@@ -201,6 +214,9 @@ def _model_cases(mesh, directory: str, cases: dict, res: dict) -> None:
         report = tensor_parallel_(model, mesh)
         if case["kind"] == "other":  # (other architectures: the logits and what was sharded)
             res[name] = {"logits": logits(model), "sharded": report.sharded, "skipped": report.skipped}
+            param = ATTENTION_PARAM_ARCHS.get(name.split(" ")[0])
+            if param is not None:
+                res[name]["attention_param"] = getattr(model.model.layers[0].self_attn, param).numel()
             continue
         if case["kind"] == "after":
             mixgemm.quantize_(model, case["config"])

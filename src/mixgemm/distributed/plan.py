@@ -12,7 +12,9 @@ expert-parallel form instead (the config's ``base_model_ep_plan``: "grouped_gemm
 and "ep_dispatch_experts", the all-reduce form: every rank holds the batch and runs the slots of its experts; older
 transformers' "ep_router" + "moe_tp_experts" form of it is read as this one, ``ep_dispatch_form``). Styles
 that keep a module whole at inference ("replicated_with_grad_allreduce": Qwen3's and Gemma 3's q / k norms;
-"mla_kv_a_proj": the joint kv projection of MLA attention, DeepSeek-V2's and its kin's) leave it replicated.
+"mla_kv_a_proj": the joint kv projection of MLA attention, DeepSeek-V2's and its kin's) leave it replicated;
+"local_params" (Granite-SWA, Hunyuan-V4, MiMo-V2-Flash attention) has nothing to do here. A plan entry naming a bare
+parameter (their attention "sinks": "colwise") keeps this rank's slice of it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ _REPLICATED = {"replicated_with_grad_allreduce": "replicated on every rank (its 
                # MLA's kv_a_proj_with_mqa (DeepSeek-V2 and kin): its output feeds the column-parallel kv_b_proj and
                # the rope keys every rank uses whole; the style only all-reduces the rope part's gradient
                "mla_kv_a_proj": "replicated on every rank (its style only all-reduces the rope keys' gradient)"}
+# styles with nothing to do here, with the reason: transformers' "local_params" runs a module's forward with its own
+# sharded parameters (DTensors there) as local tensors, which mixgemm's shards already are (the parameters themselves
+# are split by their own plan entries, e.g. Granite-SWA's attention "sinks")
+_NOTHING_TO_DO = {"local_params": "its parameters are plain local tensors here; their own plan entries split them"}
+# a bare nn.Parameter's plan entry (not a module's): the dimension each style splits, as transformers' shard_param
+# (colwise: dim ndim - 2, the output features of a weight, dim 0 of a vector; rowwise: the last)
+_PARAM_DIMS = {"colwise": lambda ndim: max(ndim - 2, 0), "rowwise": lambda ndim: ndim - 1}
 
 
 @dataclass
@@ -69,9 +78,9 @@ class TensorParallelReport:
     skipped: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        lines = [f"tensor_parallel_ over {self.world_size} ranks: {len(self.sharded)} modules sharded, "
-                 f"{len(self.skipped)} left replicated"]
-        lines += [f"  replicated {name}: {why}" for name, why in self.skipped.items()]
+        lines = [f"tensor_parallel_ over {self.world_size} ranks: {len(self.sharded)} modules / parameters sharded, "
+                 f"{len(self.skipped)} left as they are"]
+        lines += [f"  {name}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
 
 
@@ -217,8 +226,8 @@ def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | Non
         if not keys:
             continue
         key = keys[-1]  # later entries override earlier ones (the head's after the base model's)
-        if plan[key] in _REPLICATED:
-            report.skipped[name] = f"{plan[key]}: {_REPLICATED[plan[key]]}"
+        if plan[key] in _REPLICATED or plan[key] in _NOTHING_TO_DO:
+            report.skipped[name] = f"{plan[key]}: {_REPLICATED.get(plan[key]) or _NOTHING_TO_DO[plan[key]]}"
             continue
         style = _style_of(plan[key], name)
         if any(id(p) in tied for p in module.parameters(recurse=False)):
@@ -227,8 +236,50 @@ def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | Non
         _check_module(name, module, style, world, given=isinstance(plan[key], ParallelStyle))
         resolved[name] = style
         report.sharded[name] = plan[key] if isinstance(plan[key], str) else repr(plan[key])
+    params = _plan_parameters(model, plan, world, tied)
     parallelize_module(model, device_mesh, resolved, src_data_rank=src_data_rank)
+    for name, (style, dim) in params.items():
+        _shard_parameter(model, name, dim, device_mesh, src_data_rank)
+        report.sharded[name] = style
     return report
+
+
+def _plan_parameters(model: nn.Module, plan: dict, world: int, tied: set[int]) -> dict[str, tuple[str, int]]:
+    """{parameter name: (style, dimension)} of the plan entries that name a bare parameter (one no module entry
+    covers, as Granite-SWA's "layers.*.self_attn.sinks": "colwise"), each split checked: the style one of
+    _PARAM_DIMS, the dimension divisible by ``world``, the parameter not tied to another module's."""
+    out = {}
+    for name, p in model.named_parameters():
+        keys = [k for k in plan if _matches(k, name)]
+        if not keys:
+            continue
+        style = plan[keys[-1]]
+        if style not in _PARAM_DIMS:
+            raise ValueError(f"{name}: a bare parameter's tensor-parallel style {style!r} is not supported by "
+                             f"mixgemm.distributed (supported for parameters: {sorted(_PARAM_DIMS)})")
+        if id(p) in tied:
+            raise ValueError(f"{name}: {style} of a parameter tied to another module")
+        dim = _PARAM_DIMS[style](p.ndim)
+        if p.ndim == 0 or p.shape[dim] % world:
+            raise ValueError(f"{name}: {style} over {world} ranks splits dimension {dim} of shape {tuple(p.shape)}, "
+                             f"not divisible by {world}")
+        out[name] = (style, dim)
+    return out
+
+
+def _shard_parameter(model: nn.Module, name: str, dim: int, mesh: DeviceMesh, src_data_rank: int | None) -> None:
+    """Replace the parameter ``name`` by this rank's slice along ``dim`` (a plain local tensor, as mixgemm's other
+    shards), rank ``src_data_rank``'s values first broadcast (as parallelize_module does; None: each rank's own)."""
+    import torch.distributed as dist
+
+    owner, _, attr = name.rpartition(".")
+    module = model.get_submodule(owner)
+    p = module._parameters[attr]
+    full = p.detach().clone()
+    if src_data_rank is not None:
+        dist.broadcast(full, group_src=src_data_rank, group=mesh.get_group())
+    local = full.chunk(mesh.size(), dim)[mesh.get_local_rank()].contiguous()
+    module._parameters[attr] = nn.Parameter(local, requires_grad=p.requires_grad)
 
 
 __all__ = ["TensorParallelReport", "ep_dispatch_form", "model_ep_plan", "model_tp_plan", "tensor_parallel_"]
