@@ -201,8 +201,8 @@ def test_activation_quantized_error_within_1_25x(tp, case, world):
 def test_moe_and_qwen3_plans_equal_unsharded(tp, arch, world):
     """The models' own plans: MoE experts split per expert (gate / up packed, down row-parallel, the module's output
     summed), Qwen3's q / k norms and DeepSeek-V2's joint kv projection left replicated, attention sinks (Granite-SWA,
-    GraniteMoE-SWA, MiMo-V2-Flash; Beam's gate bias: bare parameters) split with the heads; the logits are the
-    unsharded model's."""
+    GraniteMoE-SWA, MiMo-V2-Flash, Hunyuan-V4 in float64; Beam's gate bias: bare parameters) split with the heads; the
+    logits are the unsharded model's."""
     case = next(name for name in tp[0] if name.startswith(f"{arch} "))
     r0 = _logits_equal_unsharded(tp, case, world)
     if arch == "qwen3":
