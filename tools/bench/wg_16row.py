@@ -18,22 +18,12 @@ import torch
 
 import mixgemm
 from mixgemm.bench import protocol
-from mixgemm.formats.weight import compact_placeholder, quantize_weight
-from mixgemm.ops.custom_ops import compact_weight
 from mixgemm.reference.matmul import matmul as reference_matmul
+from tools.bench.wg_simt_diag import FORMATS, weight
 
-FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
 # (RT, KS, U, MINB): the rule's neighbours at the k-split's cap and below it (wg_16row_tiles' two choices among them)
 GRID = [(1, 8, 2, 2), (1, 8, 4, 2), (1, 16, 1, 0), (1, 16, 1, 2), (2, 8, 2, 0), (2, 8, 1, 0), (1, 8, 2, 0),
         (2, 16, 2, 0)]
-
-
-def make(k: int, n: int, fmt: str, compact: bool, seed: int):
-    bits, group, mode = FORMATS[fmt]
-    torch.manual_seed(seed)
-    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-    q = quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
-    return compact_weight(q, compact_placeholder(q.qweight)) if compact else q
 
 
 def timed(x: torch.Tensor, weights: list, entry: str | None = None, cfg: dict | None = None):
@@ -50,13 +40,13 @@ def timed(x: torch.Tensor, weights: list, entry: str | None = None, cfg: dict | 
 def measure(k: int, n: int, fmt: str, m: int, l2: int) -> dict | None:
     copies = protocol.copies_for(n * k * FORMATS[fmt][0] // 8, l2)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    if mixgemm.explain(x, make(k, n, fmt, True, 0)).kernel != "cuda_gemv_mma":
+    if mixgemm.explain(x, weight(k, n, fmt, True, 0)).kernel != "cuda_gemv_mma":
         return None
-    plain = [make(k, n, fmt, False, i) for i in range(copies)]
+    plain = [weight(k, n, fmt, False, i) for i in range(copies)]
     ref = reference_matmul(x, plain[0], out_dtype=torch.float64)
     plain_us, plain_choice, _ = timed(x, plain)
     del plain
-    comp = [make(k, n, fmt, True, i) for i in range(copies)]
+    comp = [weight(k, n, fmt, True, i) for i in range(copies)]
     comp_us, comp_choice, _ = timed(x, comp)
     base = {a: b for a, b in (comp_choice.config or {}).items() if isinstance(b, int)}
     row = {"K": k, "N": n, "M": m, "fmt": fmt, "plain": plain_us, "plain_kernel": plain_choice.kernel,

@@ -29,15 +29,19 @@ PLAIN_DIAGS = (1, 4)
 COMPACT_DIAGS = (1, 4, 8, 9)
 
 
-def layer(k: int, n: int, fmt: str, compact: bool, l2: int) -> list:
+def weight(k: int, n: int, fmt: str, compact: bool, seed: int | None = None):
+    """A random [N, K] weight of ``fmt`` on the GPU, compacted (wgmma_v1 only) or plain; ``seed``: the same weight
+    for the same seed (a plain and a compacted copy to compare)."""
     bits, group, mode = FORMATS[fmt]
+    if seed is not None:
+        torch.manual_seed(seed)
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
+    q = quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
+    return compact_weight(q, compact_placeholder(q.qweight)) if compact else q
 
-    def make():
-        w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
-        q = quantize_weight(w, bits=bits, group_size=group, mode=mode, scale_dtype=torch.float16)
-        return compact_weight(q, compact_placeholder(q.qweight)) if compact else q
 
-    return [make() for _ in range(protocol.copies_for(n * k * bits // 8, l2))]
+def layer(k: int, n: int, fmt: str, compact: bool, l2: int) -> list:
+    return [weight(k, n, fmt, compact) for _ in range(protocol.copies_for(n * k * FORMATS[fmt][0] // 8, l2))]
 
 
 def time_us(x: torch.Tensor, weights: list, rounds: int, entry: str | None = None, cfg: dict | None = None) -> dict:
@@ -62,10 +66,9 @@ def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, keep: se
         elif m > 1 or not (base["kernel"] == "cuda_gemv" or base["config"].get("SIMT")):
             diags = ()  # only the CUDA-core GEMVs have the other DIAG stages
         diags = tuple(d for d in diags if keep is None or d in keep)
-        if diags:
-            for d in diags:
-                rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": d,
-                             **time_us(x, weights, rounds, base["kernel"], {**base["config"], "DIAG": d})})
+        for d in diags:
+            rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": d,
+                         **time_us(x, weights, rounds, base["kernel"], {**base["config"], "DIAG": d})})
         del weights
         torch.cuda.empty_cache()
     return rows

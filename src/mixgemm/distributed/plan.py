@@ -64,6 +64,7 @@ _REPLICATED = {"replicated_with_grad_allreduce": "replicated on every rank (its 
 # sharded parameters (DTensors there) as local tensors, which mixgemm's shards already are (the parameters themselves
 # are split by their own plan entries, e.g. Granite-SWA's attention "sinks")
 _NOTHING_TO_DO = {"local_params": "its parameters are plain local tensors here; their own plan entries split them"}
+_LEFT_AS_IS = _REPLICATED | _NOTHING_TO_DO  # the styles tensor_parallel_ skips, with the reason it reports
 # a bare nn.Parameter's plan entry (not a module's): the dimension each style splits, as transformers' shard_param
 # (colwise: dim ndim - 2, the output features of a weight, dim 0 of a vector; rowwise: the last)
 _PARAM_DIMS = {"colwise": lambda ndim: max(ndim - 2, 0), "rowwise": lambda ndim: ndim - 1}
@@ -226,8 +227,8 @@ def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | Non
         if not keys:
             continue
         key = keys[-1]  # later entries override earlier ones (the head's after the base model's)
-        if plan[key] in _REPLICATED or plan[key] in _NOTHING_TO_DO:
-            report.skipped[name] = f"{plan[key]}: {_REPLICATED.get(plan[key]) or _NOTHING_TO_DO[plan[key]]}"
+        if plan[key] in _LEFT_AS_IS:
+            report.skipped[name] = f"{plan[key]}: {_LEFT_AS_IS[plan[key]]}"
             continue
         style = _style_of(plan[key], name)
         if any(id(p) in tied for p in module.parameters(recurse=False)):

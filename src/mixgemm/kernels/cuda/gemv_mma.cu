@@ -186,7 +186,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   constexpr int XR = 8 * MB;                   // activation rows a tile's B fragments cover
   constexpr bool D8 = WG && (MMA_DIAG & 8) != 0;
   // uint4 from one k-tile of a row tile to the next
-  constexpr size_t TSTEP = WG && !D8 ? 8 * 32 * LU : D8 ? 32 * LU : ROWS ? 4 : 32;
+  constexpr size_t TSTEP = D8 ? 32 * LU : WG ? 8 * 32 * LU : ROWS ? 4 : 32;
   constexpr int GSTR = WG || ROWS ? 128 : 1;   // parameter entries from one group of a row to the next
   const size_t lstep = ROWS ? (size_t)8 * Kt * 4 : 32;  // uint4 from a lane's load l to l + 1 (ROWS: row g + 8)
   constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
