@@ -138,6 +138,22 @@ def test_choose_config_and_complete():
         blk = gw.choose_config(mb, 14336, 32, 132)
         assert (blk["RT"], blk["U"], blk["KS"], blk["PF"]) == (2, 2, 8, 0)
         assert gw.choose_config(mb, 18944, 28, 132)["KS"] == 8  # 592 x 8 = 36 per SM: nearer than x 4
+        assert blk["MMA"] == 0
+    # ONE_STEP_RT4 (a narrow layer, one step of two k-tiles a slice) and only it does its math on the tensor cores
+    one = gw.choose_config(2, 4096, 32, 132)
+    assert (one["RT"], one["U"], one["KS"], one["PF"], one["MMA"]) == (4, 2, 16, 0, 1)
+    assert gw.choose_config(1, 3584, 28, 132)["MMA"] == 1
+    assert gw.choose_config(2, 3584, 28, 132)["MMA"] == 0  # 14 steps over 16 slices at M = 2: not one step each
+    assert gw.choose_config(1, 4096, 32, 132, bits=8)["MMA"] == 0
+    assert gw.complete_config({"RT": 2, "KS": 4})["MMA"] == 0
+    with pytest.raises(ValueError, match="MMA 0 or 1"):
+        gw.complete_config({"RT": 2, "KS": 4, "MMA": 2})
+    # every rule tile's k-slice reduction fits the static shared memory (a forced one past it is refused by name)
+    for mb, n, kt, bits, per_token in itertools.product((1, 2, 4, 8, 16), (256, 2500, 4096, 14336, 65536),
+                                                        (2, 16, 32, 224), (4, 8), (False, True)):
+        cfg = gw.choose_config(mb, n, kt, 132, bits, per_token)
+        assert gw.reduction_bytes(mb, cfg) <= gw.STATIC_SMEM - 1024, (mb, n, kt, bits, per_token, cfg)
+    assert gw.reduction_bytes(16, gw.complete_config({"RT": 4, "KS": 16, "RG": 1})) > gw.STATIC_SMEM - 1024
     # narrow layers (128 row warps x 16: under half the target) whose K makes 13-16 steps of two k-tiles at M = 1,
     # exactly 16 at M = 2 (ONE_STEP_RT4): four row tiles a warp, one step a slice at KS 16, no double buffering; 18 or
     # 12 steps, M = 2 with idle slices, per-token scales and int8 keep their rules
@@ -170,7 +186,7 @@ def test_choose_config_and_complete():
     assert gw.choose_config(4, 2048, 16, 132)["KS"] == 16  # a small layer: every slice one k-tile
     assert gw.choose_config(1, 2048, 16, 132)["KS"] == 8  # one step of two
     assert gw.choose_config(1, 4096, 32, 132, bits=8)["RT"] == 1  # 64 bytes of weights per lane and step
-    assert gw.complete_config({"RT": 2, "KS": 4}) == {"RT": 2, "KS": 4, "U": 1, "PF": 1, "OP": 1, "RG": 2}
+    assert gw.complete_config({"RT": 2, "KS": 4}) == {"RT": 2, "KS": 4, "U": 1, "PF": 1, "OP": 1, "RG": 2, "MMA": 0}
     with pytest.raises(ValueError, match="RT must divide 8"):
         gw.complete_config({"RT": 3, "KS": 1})
     with pytest.raises(ValueError, match="RG x KS"):
@@ -179,17 +195,20 @@ def test_choose_config_and_complete():
 
 def _instantiations():
     """The dispatcher's instantiations: every (bits, group, per-token) at each M bucket's rule tile (the activation
-    dtype cycling), every activation dtype once, and the tile options (RT, U, PF, KS 16)."""
+    dtype cycling), every activation dtype once, and the tile options (RT, U, PF, KS 16, the tensor-core math at one
+    and two 8-token columns)."""
     out = []
     fmts = [(bits, g, at) for bits, g, at in itertools.product((4, 8), (128, 256, 0), (0, 1)) if not (at and g == 0)]
     for i, ((bits, g, at), mb) in enumerate(itertools.product(fmts, (1, 2, 4, 8, 16))):
         cfg = gw.choose_config(mb, 2048 if i % 2 else 4096, 16 if i % 2 else 32, 132, bits)
         out.append({"A8_BITS": bits, "A8_XT": i % 3, "A8_M": mb, "A8_G": g, "A8_AT": at, "A8_RT": cfg["RT"],
                     "A8_U": cfg["U"], "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": 1,
-                    "A8_OPC": 4 if at or g == 0 else 0})
-    for rt, u, pf, ks in ((1, 2, 0, 16), (4, 1, 1, 1), (8, 2, 1, 2)):
-        out.append({"A8_BITS": 4, "A8_XT": 0, "A8_M": 1, "A8_G": 128, "A8_AT": 0, "A8_RT": rt, "A8_U": u,
-                    "A8_RG": 1 if ks == 16 else 8 // ks, "A8_KS": ks, "A8_PF": pf, "A8_OPC": 0})
+                    "A8_OPC": 4 if at or g == 0 else 0, "A8_MMA": cfg["MMA"]})
+    for rt, u, pf, ks, mma, mb, bits, g in ((1, 2, 0, 16, 0, 1, 4, 128), (4, 1, 1, 1, 0, 1, 4, 128),
+                                            (8, 2, 1, 2, 0, 1, 4, 128), (1, 2, 1, 4, 1, 16, 8, 0),
+                                            (2, 1, 0, 8, 1, 4, 4, 256), (4, 2, 0, 16, 1, 2, 4, 128)):
+        out.append({"A8_BITS": bits, "A8_XT": 0, "A8_M": mb, "A8_G": g, "A8_AT": 0, "A8_RT": rt, "A8_U": u,
+                    "A8_RG": 1 if ks == 16 else 8 // ks, "A8_KS": ks, "A8_PF": pf, "A8_OPC": 0, "A8_MMA": mma})
     return out
 
 
@@ -314,6 +333,28 @@ def test_gemv_a8_wg_configs(cfg, bits, group):
         x = torch.randn(m, k, generator=g).half().cuda()
         y = gw.gemv_a8_wg(x, qw, None, float("-inf"), float("inf"), torch.float32, per_token=per_token, config=cfg)
         assert _rel(y, _ref(x, qw, None, float("-inf"), float("inf"), per_token)) <= 1e-5, (m, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [dict(RT=4, KS=16, RG=1, U=2, PF=0), dict(RT=2, KS=4, U=1, PF=1),
+                                 dict(RT=1, KS=2, RG=4, U=2, PF=1), dict(RT=8, KS=1, RG=2, U=1, PF=0)])
+@pytest.mark.parametrize("bits,group,per_token", [(4, 128, False), (4, 256, True), (8, -1, False), (8, 128, False)])
+def test_gemv_a8_wg_mma(cfg, bits, group, per_token):
+    """The tensor-core math (A8_MMA 1: one accumulator chain at RT 4, two at RT 2, four at RT 1) against the reference
+    at M = 1..16 (one and two 8-token mma columns, tokens past M), bf16 and fp16 x, on 2500 x 4224 (33 k-tiles, a
+    partial row group)."""
+    g = _gen(bits + group + 7 * per_token + cfg["RT"])
+    n, k = 2500, 4224 if group != 256 else 4352
+    qw = quantize_weight((torch.randn(n, k, generator=g) * 0.02).cuda(), bits=bits, group_size=group, mode="sym")
+    inf = float("inf")
+    for i, m in enumerate((1, 2, 3, 8, 9, 16)):
+        if gw.reduction_bytes(gw.m_bucket(m), gw.complete_config(cfg)) > gw.STATIC_SMEM - 1024:
+            with pytest.raises(ValueError, match="static shared memory"):  # RT 4 x KS 16 at M 9..16
+                gw.gemv_a8_wg(torch.randn(m, k, device="cuda"), qw, None, -inf, inf, torch.float32, config=cfg)
+            continue
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16 if i % 2 else torch.float16).cuda()
+        y = gw.gemv_a8_wg(x, qw, None, -inf, inf, torch.float32, per_token=per_token, config={**cfg, "MMA": 1})
+        assert _rel(y, _ref(x, qw, None, -inf, inf, per_token)) <= 1e-5, (m, cfg)
 
 
 @pytest.mark.gpu

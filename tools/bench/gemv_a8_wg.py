@@ -39,7 +39,7 @@ FORMATS = [("W4A8 g128", 4, 128, "group", False), ("W4A8 g128 token int", 4, 128
 
 
 def sweep_configs(rule: dict, m: int) -> list[dict]:
-    """The rule's tile and its neighbours: RT x2 / /2, KS x2 / /2 (blocks of 8 warps or KS), U 2, PF off."""
+    """The rule's tile and its neighbours: RT x2 / /2, KS x2 / /2 (blocks of 8 warps or KS), the other U and PF."""
     ks, rt = rule["KS"], rule["RT"]
 
     def cfg(**kw):
@@ -50,7 +50,7 @@ def sweep_configs(rule: dict, m: int) -> list[dict]:
     out = [dict(rule)]
     for c in (cfg(RT=rt * 2) if rt < 4 else None, cfg(RT=rt // 2) if rt > 1 else None,
               cfg(KS=ks * 2) if ks < 16 else None, cfg(KS=ks // 2) if ks > 1 else None,
-              cfg(U=2) if m <= 2 else None, cfg(PF=0) if m <= 2 else None,
+              cfg(U=3 - rule["U"]) if m <= 2 else None, cfg(PF=1 - rule["PF"]) if m <= 2 else None,
               cfg(RT=max(1, rt // 2), KS=min(16, ks * 2)) if m <= 2 else None):
         if c is not None and c not in out and c["RG"] * c["KS"] <= gw.MAX_WARPS:
             out.append(c)
@@ -99,6 +99,10 @@ def main():
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--rep", type=int, default=50)
     ap.add_argument("--grid", action="store_true", help="at M <= 2 the whole (RT, U, KS, PF) grid (grid_configs)")
+    ap.add_argument("--mma", default="0", help="A8_MMA values each tile is timed with (0 dp4a, 1 tensor cores), e.g. "
+                    "0,1")
+    ap.add_argument("--diags", default="", help="also the rule's tile with these A8_DIAG bits (gemv_a8_wg.cu: 1 no "
+                    "prologue, 2 no PDL wait, 4 no math; wrong results, timing only), e.g. 1,2,4,7")
     ap.add_argument("--json", default=None, help="also write every timed config here")
     args = ap.parse_args()
     dump = []
@@ -125,6 +129,9 @@ def main():
                     cfgs = [rule]
                 else:
                     cfgs = grid_configs(rule, bits) if args.grid and m <= 2 else sweep_configs(rule, m)
+                mma = [int(v) for v in args.mma.split(",")]
+                cfgs = [c if v == c.get("MMA", 0) else {**c, "MMA": v} for c in cfgs for v in mma]
+                cfgs = [c for i, c in enumerate(cfgs) if c not in cfgs[:i]]
                 res = []
                 for cfg in cfgs:
                     try:
@@ -135,8 +142,16 @@ def main():
                     err = err_of(x, plain[0], "sym", y, block=block)
                     res.append((t, cfg, err))
                     print(f"  {shape:>11} M{m:<2} {name:>20} {cfg}: {t:7.2f} us err {err:.1e}", flush=True)
+                diag = {}
+                for d in (int(v) for v in args.diags.split(",") if v):
+                    diag[d], _ = time_a8_calls(x, compact, block, {"force": ENTRY, "configs": {ENTRY: {**rule,
+                                                                                                   "DIAG": d}}},
+                                               args.rep)
+                if diag:
+                    print(f"  {shape:>11} M{m:<2} {name:>20} rule {rule}: diag us "
+                          + ", ".join(f"{d}: {t:.2f}" for d, t in diag.items()), flush=True)
                 dump.append({"K": k, "N": n, "format": name, "M": m, "plain": t_plain, "now": t_now, "gemm": t_gemm,
-                             "rule": rule, "res": [{"cfg": c, "us": t} for t, c, _ in res]})
+                             "rule": rule, "res": [{"cfg": c, "us": t} for t, c, _ in res], "diag": diag})
                 if not res:
                     continue
                 t_wg, _, err_wg = res[0]

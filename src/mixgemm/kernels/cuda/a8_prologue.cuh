@@ -75,8 +75,11 @@ struct Smem {
 };
 
 // Group-wise blocks (G <= 256): G / 8 consecutive lanes own one block (8 k each) and reduce it with xor
-// shuffles; NB units per thread are loaded before any is used (NB 16-byte loads in flight per thread).
-template <bool ASYM, int M, int G, int CH, int NT, class Place>
+// shuffles; NB units per thread are loaded before any is used (NB 16-byte loads in flight per thread). A unit that
+// no thread of the block holds (base + b NT past the end: uniform, so shuffles still see whole warps) is skipped: a
+// small x (M K / 8 at most NT: decode) is one unit per thread, and this runs after the PDL wait, on the call's path.
+// SUMS = false (sym weights and activations: no offset terms) leaves out the code sums SAc / SAg.
+template <bool ASYM, int M, int G, int CH, int NT, class Place, bool SUMS = true>
 __device__ __forceinline__ void prologue_grouped(const Smem& sm, const void* X, int ldx, int K, int Mr) {
   constexpr int GL = G / 8, CL = CH / 8, NB = 4;
   const int tid = threadIdx.x, lane = tid & 31;
@@ -85,6 +88,7 @@ __device__ __forceinline__ void prologue_grouped(const Smem& sm, const void* X, 
     uint4 raw[NB][XV];
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
+      if (base + b * NT >= total) break;
       const int idx = base + b * NT + tid;
       const int m = idx / K8, k = (idx % K8) * 8;
       if (idx < total && k < K) {  // whole blocks are in or out (K % G == 0)
@@ -96,6 +100,7 @@ __device__ __forceinline__ void prologue_grouped(const Smem& sm, const void* X, 
     }
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
+      if (base + b * NT >= total) break;
       const int idx = base + b * NT + tid;
       const bool live = idx < total;
       const int m = idx / K8, k = (idx % K8) * 8;
@@ -114,16 +119,18 @@ __device__ __forceinline__ void prologue_grouped(const Smem& sm, const void* X, 
       int su = quant8<ASYM, false, Place::split()>(vb, d, inv, off, w0, w1);
       if (!(live && k < K)) { d = 0.f; off = 0.f; su = 0; w0 = w1 = 0u; }  // padding: zero codes, zero scale
       if (live) Place::store(sm, m, k, w0, w1);
+      if (SUMS) {
 #pragma unroll
-      for (int o = 1; o < CL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
-      if (live && (lane % CL) == 0) sm.SAc[m * sm.NC + k / CH] = su;
+        for (int o = 1; o < CL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+        if (live && (lane % CL) == 0) sm.SAc[m * sm.NC + k / CH] = su;
 #pragma unroll
-      for (int o = CL; o < GL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+        for (int o = CL; o < GL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
+      }
       if (live && (lane % GL) == 0) {
         const int g = k / G;
         sm.sA[m * sm.Gp + g] = d;
         sm.oA[m * sm.Gp + g] = off;
-        sm.SAg[m * sm.Gp + g] = su;
+        if (SUMS) sm.SAg[m * sm.Gp + g] = su;
       }
     }
   }

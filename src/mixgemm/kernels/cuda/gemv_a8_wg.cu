@@ -5,7 +5,7 @@
 // A-operand tiles. Without a GEMV reading those bytes its decode calls ran the GEMM (a 64-row tile for one token: up
 // to 3x the fused GEMV's time on the plain codes). This is gemv_a8.cu's design on that layout: every block quantizes
 // x into shared memory in its prologue (the same code, a8_prologue.cuh), after its first weight loads, then streams
-// the weights with dp4a.
+// the weights with dp4a (A8_MMA 1: with mma.sync on the int8 tensor cores, whose fragments these words already are).
 //
 // Weight layout wgmma_a8_v1 (mixgemm/formats/layouts_wgmma_a8.py): 16-row x 128-k tiles, [N_pad / 128][KT][8 row
 // tiles], TB = 1024 (int4) or 2048 (int8) bytes; lane l (g = l / 4, t = l % 4) holds 16-byte piece p at byte
@@ -61,6 +61,16 @@
 #define A8_OPC 0
 #endif
 
+#ifndef A8_MMA  // 1: the math on the int8 tensor cores (below), 0: dp4a on CUDA cores
+#define A8_MMA 0
+#endif
+
+// Diagnostic only (never a shipped config; results are wrong with any bit set): 1 no prologue (x not read or
+// quantized), 2 no griddepcontrol.wait, 4 no math (the weight words are xor-folded): what each stage costs.
+#ifndef A8_DIAG
+#define A8_DIAG 0
+#endif
+
 #define A8_THREADS (32 * A8_RG * A8_KS)
 
 #include "a8_prologue.cuh"  // (after A8_XT)
@@ -80,6 +90,15 @@ __device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) {
   int d;
   asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
+}
+
+// D = A (16 x 32 int8, row) * B (32 x 8 int8, col) + D, int32: the layout's four words of one step are A's fragment
+// and quad t's lo / hi x words of token g are B's, so neither needs a shuffle or a repack.
+__device__ __forceinline__ void mma_s8(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 extern "C" __global__ void __launch_bounds__(A8_THREADS)
@@ -149,9 +168,117 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
     }
   };
 
+#if A8_MMA
+  // Tensor-core math: per 32 k one mma.m16n8k32 per row tile and 8 tokens (NN column tiles), where dp4a takes
+  // 4 M instructions a lane; at M = 1..2 on a layer small enough that its math follows the PDL wait undivided (the
+  // loads issued before it), the dp4a math is what the call waits on. Lane (g, t) ends with rows g, g + 8 of tokens
+  // 2t, 2t + 1 (+ 8 nn): c[2h + j]. Same exactness as dp4a: a k-tile's int32 sum stays below 2^22.
+  // NCH independent accumulator chains per row tile (the steps of a k-tile take turns): a lone chain of dependent
+  // mmas waits out the mma's latency at every step where RT x NN are too few to fill it.
+  constexpr int NN = (M + 7) / 8, NCH = RT >= 4 ? 1 : 4 / RT;
+  float acc[RT][NN][4];
+  int cm[NCH][RT][NN][4];  // int32 dots: grouped, of one k-tile (folded into acc after it); per channel, of all K
+  auto dot = [&](int r, int nn, int j) {
+    int v = cm[0][r][nn][j];
+#pragma unroll
+    for (int c = 1; c < NCH; ++c) v += cm[c][r][nn][j];
+    return v;
+  };
+  auto compute = [&](const uint4 (&wv)[U][RT][PC], const float (&sb)[U][RT][2], int s) {
+    if (A8_DIAG & 4) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int p = 0; p < PC; ++p) {
+            const uint4 w = wv[u][r][p];
+            cm[0][0][0][0] ^= (int)(w.x ^ w.y ^ w.z ^ w.w);  // (every tile into one word: all loads stay live)
+          }
+      acc[0][0][0] += (float)cm[0][0][0][0];
+      return;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int kt = s * U + u;
+      if (G > 0) {
+#pragma unroll
+        for (int c = 0; c < NCH; ++c)
+#pragma unroll
+          for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+              for (int j = 0; j < 4; ++j) cm[c][r][nn][j] = 0;
+      }
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {  // piece pairs: steps 2q, 2q + 1
+        uint4 xv[NN];  // token nn 8 + g's (2q lo, 2q hi, 2q + 1 lo, 2q + 1 hi) of quad t; tokens past M: zero
+#pragma unroll
+        for (int nn = 0; nn < NN; ++nn) {
+          const int tok = nn * 8 + g;
+          xv[nn] = tok < M ? xs[((size_t)tok * Kp + (size_t)kt * 128) / 16 + q * 4 + t] : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          u32 a[2][4];  // A of steps 2q, 2q + 1: (row g lo, g + 8 lo, g hi, g + 8 hi)
+          if (BITS == 4) {
+            const uint4 w = wv[u][r][q];  // (2q, g), (2q, g + 8), (2q + 1, g), (2q + 1, g + 8); 16 c as bytes
+            const u32 wd[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              a[j][0] = (wd[2 * j] << 4) & 0xF0F0F0F0u;
+              a[j][1] = (wd[2 * j + 1] << 4) & 0xF0F0F0F0u;
+              a[j][2] = wd[2 * j] & 0xF0F0F0F0u;
+              a[j][3] = wd[2 * j + 1] & 0xF0F0F0F0u;
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const uint4 w = wv[u][r][2 * q + j];  // step 2q + j: (g lo, g + 8 lo, g hi, g + 8 hi)
+              a[j][0] = w.x; a[j][1] = w.y; a[j][2] = w.z; a[j][3] = w.w;
+            }
+          }
+#pragma unroll
+          for (int nn = 0; nn < NN; ++nn) {
+            mma_s8(cm[(2 * q) % NCH][r][nn], a[0], xv[nn].x, xv[nn].y);
+            mma_s8(cm[(2 * q + 1) % NCH][r][nn], a[1], xv[nn].z, xv[nn].w);
+          }
+        }
+      }
+      if (G > 0) {
+        const int ga = min(kt * 128 / (G > 0 ? G : 128), Gp - 1);
+#pragma unroll
+        for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float sa = sm.sA[min(nn * 8 + 2 * t + j, M - 1) * Gp + ga];  // (tokens past M: never stored)
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+              for (int h = 0; h < 2; ++h)
+                acc[r][nn][2 * h + j] = fmaf(i2f_small(dot(r, nn, 2 * h + j)), sa * sb[u][r][h], acc[r][nn][2 * h + j]);
+          }
+      }
+    }
+  };
+#else
   float acc[M][RT][2];
   int ia[M][RT][2];  // the int32 dot: grouped, of one k-tile (folded into acc after it); per channel, over all of K
   auto compute = [&](const uint4 (&wv)[U][RT][PC], const float (&sb)[U][RT][2], int s) {
+    if (A8_DIAG & 4) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int p = 0; p < PC; ++p) {
+            const uint4 w = wv[u][r][p];
+            ia[0][0][0] ^= (int)(w.x ^ w.y ^ w.z ^ w.w);  // (every tile into one word: all loads stay live)
+          }
+      acc[0][0][0] += (float)ia[0][0][0];
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = s * U + u;
@@ -209,24 +336,43 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
     }
   };
 
+#endif
+
   int bt = blockIdx.x;
   pdl_launch_dependents();
   uint4 wA[U][RT][PC];
   float sA_[U][RT][2];
   const bool live0 = bt < ntiles && first_tile(bt) < tiles16;
   if (live0 && nsteps > 0) load(wA, sA_, bt, ks);  // first weight loads fly during the prologue
-  pdl_wait();  // x, bias and y belong to other kernels: nothing touches them before this
-  if (G > 0 && !A8_AT) prologue_grouped<false, M, (G > 0 ? G : 128), 32, NT, WgPlace>(sm, X, ldx, K, Mr);
-  else prologue_channel<false, M, 32, NT, G, A8_OPC, WgPlace>(sm, X, ldx, K, Mr, pcr, &pcs);
+  if (!(A8_DIAG & 2)) pdl_wait();  // x, bias and y belong to other kernels: nothing touches them before this
+  if (A8_DIAG & 1) {
+  } else if (G > 0 && !A8_AT) {
+    prologue_grouped<false, M, (G > 0 ? G : 128), 32, NT, WgPlace, false>(sm, X, ldx, K, Mr);
+  } else {
+    prologue_channel<false, M, 32, NT, G, A8_OPC, WgPlace>(sm, X, ldx, K, Mr, pcr, &pcs);
+  }
   __syncthreads();
 
   for (; bt < ntiles; bt += gridDim.x) {
     const int rt0 = first_tile(bt);
     const bool live = rt0 < tiles16;  // (uniform per warp)
+#if A8_MMA
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[r][nn][j] = 0.f;
+#pragma unroll
+          for (int c = 0; c < NCH; ++c) cm[c][r][nn][j] = 0;
+        }
+#else
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int r = 0; r < RT; ++r) acc[m][r][0] = acc[m][r][1] = 0.f, ia[m][r][0] = ia[m][r][1] = 0;
+#endif
     if (live) {
       for (int j = 0; j < nsteps; ++j) {
         const int s = ks + j * KS;
@@ -258,15 +404,38 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
           const int rt = rt0 + r;
           const float* pr = P + ((size_t)(rt >> 3) * 8 + (rt & 7)) * 16 + g;
           const float s0 = __ldg(pr), s1 = __ldg(pr + 8);
+#if A8_MMA
+#pragma unroll
+          for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const float sa = sm.sA[min(nn * 8 + 2 * t + j, M - 1) * Gp];
+              acc[r][nn][j] = (float)dot(r, nn, j) * (sa * s0);
+              acc[r][nn][2 + j] = (float)dot(r, nn, 2 + j) * (sa * s1);
+            }
+#else
 #pragma unroll
           for (int m = 0; m < M; ++m) {
             const float sa = sm.sA[m * Gp];
             acc[m][r][0] = (float)ia[m][r][0] * (sa * s0);
             acc[m][r][1] = (float)ia[m][r][1] * (sa * s1);
           }
+#endif
         }
       }
     }
+#if A8_MMA
+    // each lane holds whole dots of its (row, token) pairs
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int tok = nn * 8 + 2 * t + (j & 1);
+          if (tok < M) red[ks][tok][(rg * RT + r) * 16 + g + 8 * (j >> 1)] = acc[r][nn][j];
+        }
+#else
     // the quad's four lanes split k: two xor shuffles; then lane t == 0 holds rows g and g + 8 of each tile
 #pragma unroll
     for (int m = 0; m < M; ++m)
@@ -279,6 +448,7 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
           v += __shfl_xor_sync(0xffffffffu, v, 2);
           if (t == 0) red[ks][m][(rg * RT + r) * 16 + g + 8 * h] = v;
         }
+#endif
     __syncthreads();
     store_slices<KS, M, WR, NT>(red, bt * WR, N, Mr, Y, ldy, out_kind, bias, bias_kind, lo, hi);
     __syncthreads();  // red[] is rewritten by the next tile

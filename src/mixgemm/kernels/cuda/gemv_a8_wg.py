@@ -3,7 +3,8 @@ gemv_a8_wg.cu via NVRTC.
 
 The decode kernel of a weight that keeps ``wgmma_a8_v1`` as its one resident layout (``mixgemm.compact_``): the same
 one-launch design as gemv_a8 (every block quantizes x into shared memory, exactly
-mixgemm.formats.activation.quantize_activation, then streams the weights with dp4a), reading the GEMM's bytes.
+mixgemm.formats.activation.quantize_activation, then streams the weights with dp4a, or mma.sync where all of a tile's
+math follows the PDL wait), reading the GEMM's bytes.
 
 ``prepare_gemv_a8_wg(qw, m, x_dtype, dev, out_dtype, per_token, config)(x2d, bias, lo, hi)`` =
 clamp(Qa(x2d) @ W.T + bias, lo, hi) [M, N]; qw: sym int4 / int8, group 128 / 256 or per channel (what
@@ -35,6 +36,7 @@ _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 TARGET_WARPS_PER_SM = 32
 SMALL_LAYER_WEIGHTS = 8 << 20  # N x K up to which M <= 2 takes two k-tiles a step (choose_config)
 MAX_WARPS = 16  # per block (the k-slice reduction red[KS][M][16 RG RT] stays within 32 KiB at M = 16, RT = 2)
+STATIC_SMEM = 48 << 10  # static shared memory of a kernel: the reduction and two small arrays (reduction_bytes)
 # NARROW_CAP_U2 (choose_config): with the k-split at its cap and the grid at most half the target's warps, two k-tiles
 # in flight per warp make up for the missing warps at M = 1 with per-token activation scales. Source:
 # tools/bench/gemv_a8_wg.py --grid (W4A8 g128 with per-token activations and integer group scales, M = 1, whole calls,
@@ -69,6 +71,14 @@ MAX_WARPS = 16  # per block (the k-slice reduction red[KS][M][16 RG RT] stays wi
 # 3584x4096 6.0 -> 5.2, 3840x3840 6.0 -> 5.2, 4096x3584 5.8 -> 5.3, 4096x4096 6.4 -> 5.4; at M = 2 it won only where
 # every slice holds a step (16 steps: 4096x4096 6.6 -> 6.4, 4096x3584 6.3 -> 6.1; grid 6.47 -> 6.38) and lost where
 # some slices hold none (3584x4096 6.0 -> 6.9, 3584x3584 5.9 -> 6.2, 3840x3840 6.2 -> 6.4).
+# ONE_STEP_MMA (choose_config): the ONE_STEP_RT4 tile does its math on the int8 tensor cores (A8_MMA: one
+# mma.m16n8k32 per 32 k, 16 rows and 8 tokens, where dp4a takes 4 x M instructions a lane). That tile issues all its
+# loads before the PDL wait, so all of its math follows the wait, on the call's critical path, and its four row tiles
+# are four independent mma chains. Elsewhere the math overlaps loads, and the mma's latency on fewer chains lost.
+# Source: tools/bench/gemv_a8_wg.py --no-sweep --mma 0,1 (H200, whole calls, us, dp4a -> mma at the rule's tile): W4A8
+# g128 per-block 4096x4096 M = 1 5.11 -> 5.03, M = 2 5.89 -> 5.68 (5.70 in a second run), 3584x3584 M = 1 4.93 ->
+# 4.85; at the other rules' tiles of 10 layers (2048x2048 .. 8192x28672, M 1 / 2 / 4) the mma took 1.00-1.09x (int4)
+# and up to 1.43x (int8 per channel, RT 1) the time at M = 1 and 2, 0.82-1.07x at M = 4 (int8), so no rule of it.
 # INT8_FULL_SPLIT (choose_config): int8 with per-token activation scales (W8A8 per channel) at M <= 2 past the small
 # layers splits K 16 ways whenever K has 16 k-tiles, past the warp target: the target stopped the wide layers at KS 4 /
 # 8, and the longer slices kept too few loads in flight. Source: tools/bench/gemv_a8_wg.py --grid (H100, whole calls,
@@ -117,7 +127,8 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
     holds a step, no double buffering where that step is a slice's only one (SHORT_SLICE_U2). int4 at M <= 2 with
     per-block activation scales, at M = 1 and on layers that are not narrow at M = 2: U 2 without double buffering, at
     the k-split nearest the target (BLOCK_U2); on narrow layers whose K makes 13-16 steps of two k-tiles at M = 1
-    (exactly 16 at M = 2), RT 4 and KS 16, one step a slice (ONE_STEP_RT4). int8 with per-token scales at M <= 2 past
+    (exactly 16 at M = 2), RT 4 and KS 16, one step a slice (ONE_STEP_RT4), its math on the tensor cores
+    (ONE_STEP_MMA). int8 with per-token scales at M <= 2 past
     the small layers: KS 16 wherever K has 16 k-tiles (INT8_FULL_SPLIT)."""
     rt = (2 if bits == 4 else 1) if mb <= 4 else 1
     warps_n = _cdiv(_cdiv(n, ROW_TILE), rt)
@@ -143,21 +154,27 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
             while ks > 1 and steps2 < ks:
                 ks //= 2
             pf = int(steps2 > ks)
+    mma = 0
     one_step = 13 <= steps2 <= MAX_WARPS if mb == 1 else mb == 2 and steps2 == MAX_WARPS
     if bits == 4 and not per_token and narrow and one_step:
-        rt, u, ks, pf = 4, 2, MAX_WARPS, 0  # ONE_STEP_RT4
+        rt, u, ks, pf, mma = 4, 2, MAX_WARPS, 0, 1  # ONE_STEP_RT4, ONE_STEP_MMA
     nw = max(8, ks)
-    return {"RT": rt, "U": u, "KS": ks, "RG": nw // ks, "PF": pf, "OP": 1}
+    return {"RT": rt, "U": u, "KS": ks, "RG": nw // ks, "PF": pf, "OP": 1, "MMA": mma}
 
 
 def complete_config(cfg: dict) -> dict:
-    """A given config (RT, U, KS; RG default 8 / KS or 1; PF default 1; OP default 1; GRID as gemv_a8) completed and
-    checked."""
-    out = {"U": 1, "PF": 1, "OP": 1, **cfg}
+    """A given config (RT, U, KS; RG default 8 / KS or 1; PF default 1; OP default 1; MMA default 0; GRID as gemv_a8)
+    completed and checked."""
+    out = {"U": 1, "PF": 1, "OP": 1, "MMA": 0, **cfg}
     out.setdefault("RG", max(1, 8 // out["KS"]))
-    if 8 % out["RT"] or out["U"] not in (1, 2) or out["RG"] * out["KS"] > MAX_WARPS:
-        raise ValueError(f"gemv_a8_wg config {cfg}: RT must divide 8, U be 1 or 2, RG x KS <= {MAX_WARPS}")
+    if 8 % out["RT"] or out["U"] not in (1, 2) or out["RG"] * out["KS"] > MAX_WARPS or out["MMA"] not in (0, 1):
+        raise ValueError(f"gemv_a8_wg config {cfg}: RT must divide 8, U be 1 or 2, RG x KS <= {MAX_WARPS}, MMA 0 or 1")
     return out
+
+
+def reduction_bytes(mb: int, cfg: dict) -> int:
+    """Static shared memory of the k-slice reduction red[KS][M][16 RG RT] (fp32) of a block."""
+    return 4 * cfg["KS"] * mb * ROW_TILE * cfg["RG"] * cfg["RT"]
 
 
 def config_for(lay: WgmmaA8Layout, m: int, num_sms: int, per_token: bool = False) -> dict:
@@ -170,7 +187,8 @@ def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool
     opc = row_chunks(lay.k, shape.kp, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
             "A8_AT": int(per_token and not lay.per_channel), "A8_RT": cfg["RT"], "A8_U": cfg["U"],
-            "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"], "A8_OPC": opc}
+            "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"], "A8_OPC": opc, "A8_MMA": cfg.get("MMA", 0),
+            **({"A8_DIAG": cfg["DIAG"]} if cfg.get("DIAG") else {})}  # diagnostic stage removal: tools only
 
 
 def smem_needed(qw: QuantizedWeight, m: int) -> int:
@@ -190,6 +208,9 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
     mb = m_bucket(m)
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cfg = complete_config(config) if config is not None else config_for(lay, m, num_sms, per_token)
+    if reduction_bytes(mb, cfg) > STATIC_SMEM - 1024:
+        raise ValueError(f"gemv_a8_wg config {cfg} at M bucket {mb}: its k-slice reduction takes "
+                         f"{reduction_bytes(mb, cfg)} bytes of static shared memory, over {STATIC_SMEM - 1024}")
     shape = WgGemvShape.of_layout(lay, cfg["U"])
     smem = shape.smem_bytes(mb)
     fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x_dtype], mb, cfg, per_token), dev)
