@@ -155,8 +155,8 @@ __device__ __forceinline__ void load_chunks(const void* X, size_t roff, int base
 // block-reduced, then the row is quantized. OPC > 0: each thread keeps its OPC chunks of 8 k in registers between the
 // two (x read once from L2; the host sets it when K % 8 == 0 and Kp <= 8 * OPC * NT); OPC = 0: two passes over x.
 // G > 0: the row's scale / offset are written for every group and the code sums per group are the sums of the
-// group's chunk sums.
-template <bool ASYM, int M, int CH, int NT, int G, int OPC, class Place>
+// group's chunk sums. SUMS = false (sym weights and activations) leaves the code sums out, and with them a barrier.
+template <bool ASYM, int M, int CH, int NT, int G, int OPC, class Place, bool SUMS = true>
 __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, int ldx, int K, int Mr,
                                                  float* pcr, int* pcs) {
   constexpr int CL = CH / 8, NB = 2, NW = NT / 32;
@@ -208,6 +208,7 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
       int su = quant8<ASYM, true, Place::split()>(v, d, inv, off, w0, w1);
       if (k8 >= KR8) { su = 0; w0 = w1 = 0u; }
       if (k8 < K8) Place::store(sm, m, k8 * 8, w0, w1);
+      if (!SUMS) return;
       tot += su;
 #pragma unroll
       for (int o = 1; o < CL; o <<= 1) su += __shfl_xor_sync(0xffffffffu, su, o);
@@ -228,12 +229,19 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
         for (int b = 0; b < NB; ++b) emit(base + b * NT + tid, v[b]);
       }
     }
+    if (SUMS) {
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
-    if (lane == 0) atomicAdd(pcs, tot);  // integer: order-independent
-    __syncthreads();
+      for (int o = 1; o < 32; o <<= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+      if (lane == 0) atomicAdd(pcs, tot);  // integer: order-independent
+      __syncthreads();
+    }
     if (G == 0) {
-      if (tid == 0) { sm.sA[m] = d; sm.oA[m] = off; sm.SAg[m] = *pcs; }
+      if (tid == 0) { sm.sA[m] = d; sm.oA[m] = off; if (SUMS) sm.SAg[m] = *pcs; }
+    } else if (!SUMS) {
+      for (int gi = tid; gi < sm.Gp; gi += NT) {
+        sm.sA[m * sm.Gp + gi] = gi < K / (G > 0 ? G : 1) ? d : 0.f;
+        sm.oA[m * sm.Gp + gi] = gi < K / (G > 0 ? G : 1) ? off : 0.f;
+      }
     } else {
       constexpr int CPG = G > 0 ? G / CH : 1;  // chunks per group
       const int Gr = K / (G > 0 ? G : 1);

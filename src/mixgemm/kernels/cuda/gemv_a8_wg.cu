@@ -349,7 +349,7 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
   } else if (G > 0 && !A8_AT) {
     prologue_grouped<false, M, (G > 0 ? G : 128), 32, NT, WgPlace, false>(sm, X, ldx, K, Mr);
   } else {
-    prologue_channel<false, M, 32, NT, G, A8_OPC, WgPlace>(sm, X, ldx, K, Mr, pcr, &pcs);
+    prologue_channel<false, M, 32, NT, G, A8_OPC, WgPlace, false>(sm, X, ldx, K, Mr, pcr, &pcs);
   }
   __syncthreads();
 
