@@ -168,6 +168,17 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
     }
   };
 
+  // A8_DIAG 4 (no math): every weight word of a work item folded into one value, so that all its loads stay live
+  auto fold_words = [](const uint4 (&wv)[U][RT][PC]) {
+    int v = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int p = 0; p < PC; ++p) v ^= (int)(wv[u][r][p].x ^ wv[u][r][p].y ^ wv[u][r][p].z ^ wv[u][r][p].w);
+    return v;
+  };
 #if A8_MMA
   // Tensor-core math: per 32 k one mma.m16n8k32 per row tile and 8 tokens (NN column tiles), where dp4a takes
   // 4 M instructions a lane; at M = 1..2 on a layer small enough that its math follows the PDL wait undivided (the
@@ -186,15 +197,7 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
   };
   auto compute = [&](const uint4 (&wv)[U][RT][PC], const float (&sb)[U][RT][2], int s) {
     if (A8_DIAG & 4) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int p = 0; p < PC; ++p) {
-            const uint4 w = wv[u][r][p];
-            cm[0][0][0][0] ^= (int)(w.x ^ w.y ^ w.z ^ w.w);  // (every tile into one word: all loads stay live)
-          }
+      cm[0][0][0][0] ^= fold_words(wv);
       acc[0][0][0] += (float)cm[0][0][0][0];
       return;
     }
@@ -267,15 +270,7 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
   int ia[M][RT][2];  // the int32 dot: grouped, of one k-tile (folded into acc after it); per channel, over all of K
   auto compute = [&](const uint4 (&wv)[U][RT][PC], const float (&sb)[U][RT][2], int s) {
     if (A8_DIAG & 4) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int p = 0; p < PC; ++p) {
-            const uint4 w = wv[u][r][p];
-            ia[0][0][0] ^= (int)(w.x ^ w.y ^ w.z ^ w.w);  // (every tile into one word: all loads stay live)
-          }
+      ia[0][0][0] ^= fold_words(wv);
       acc[0][0][0] += (float)ia[0][0][0];
       return;
     }
