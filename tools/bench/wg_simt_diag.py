@@ -9,6 +9,7 @@ tile kept its k-tiles together) and 9 (both). Times per the benchmark protocol (
 copies > 3x L2, median per call, the best of --rounds timings).
 
     PYTHONPATH=src python -m tools.bench.wg_simt_diag [--shapes 4096x14336 8192x28672] [--formats w8,w4s] [--out DIR]
+        [--variant KC=1]   (the compacted M = 1 tile also with these keys, whole and with no math)
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def time_us(x: torch.Tensor, weights: list, rounds: int, entry: str | None = Non
             "us": us}
 
 
-def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, keep: set | None = None) -> list[dict]:
+def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, keep: set | None = None,
+            variants: tuple = ()) -> list[dict]:
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     rows = []
     for compact, diags in ((False, PLAIN_DIAGS), (True, COMPACT_DIAGS)):
@@ -69,6 +71,12 @@ def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, keep: se
         for d in diags:
             rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": d,
                          **time_us(x, weights, rounds, base["kernel"], {**base["config"], "DIAG": d})})
+        if compact and base["config"].get("SIMT"):
+            for extra in variants:  # the compacted tile with extra keys (e.g. KC 1), whole and with no math
+                for d in (0, 1):
+                    cfg = {**base["config"], **extra, **({"DIAG": d} if d else {})}
+                    rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": d,
+                                 **time_us(x, weights, rounds, base["kernel"], cfg)})
         del weights
         torch.cuda.empty_cache()
     return rows
@@ -82,8 +90,11 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ms", default="1", help="comma-separated M values")
     ap.add_argument("--diags", default="", help="comma-separated DIAG values at M = 1 (default: all)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="KEY=V[,KEY=V]: the compacted M = 1 tile also with these keys (e.g. KC=1), repeatable")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
+    variants = tuple({kv.split("=")[0]: int(kv.split("=")[1]) for kv in v.split(",")} for v in args.variant)
     l2 = protocol.l2_bytes()
     keep = {int(v) for v in args.diags.split(",")} if args.diags else None
     rows = []
@@ -91,7 +102,7 @@ def main(argv=None) -> None:
         for shape in args.shapes:
             k, n = (int(v) for v in shape.lower().split("x"))
             for m in (int(v) for v in args.ms.split(",")):
-                for r in measure(k, n, fmt, args.rounds, l2, m, keep):
+                for r in measure(k, n, fmt, args.rounds, l2, m, keep, variants):
                     rows.append(r)
                     kind = "compact" if r["compact"] else "plain"
                     print(f"{k}x{n} M {m} {fmt} {kind:7s} diag {r['diag']}: {r['us']:8.2f} us  {r['kernel']} "
