@@ -237,21 +237,16 @@ __device__ __forceinline__ void prologue_channel(const Smem& sm, const void* X, 
     }
     if (G == 0) {
       if (tid == 0) { sm.sA[m] = d; sm.oA[m] = off; if (SUMS) sm.SAg[m] = *pcs; }
-    } else if (!SUMS) {
-      for (int gi = tid; gi < sm.Gp; gi += NT) {
-        sm.sA[m * sm.Gp + gi] = gi < K / (G > 0 ? G : 1) ? d : 0.f;
-        sm.oA[m * sm.Gp + gi] = gi < K / (G > 0 ? G : 1) ? off : 0.f;
-      }
     } else {
       constexpr int CPG = G > 0 ? G / CH : 1;  // chunks per group
       const int Gr = K / (G > 0 ? G : 1);
       for (int gi = tid; gi < sm.Gp; gi += NT) {   // padded groups: zero scale and sum, like prologue_grouped
         int su = 0;
-        if (gi < Gr)
+        if (SUMS && gi < Gr)
           for (int c = 0; c < CPG; ++c) su += sm.SAc[m * sm.NC + gi * CPG + c];
         sm.sA[m * sm.Gp + gi] = gi < Gr ? d : 0.f;
         sm.oA[m * sm.Gp + gi] = gi < Gr ? off : 0.f;
-        sm.SAg[m * sm.Gp + gi] = su;
+        if (SUMS) sm.SAg[m * sm.Gp + gi] = su;
       }
     }
     __syncthreads();  // pcr / pcs are rewritten for the next row

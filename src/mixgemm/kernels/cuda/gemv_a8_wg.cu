@@ -189,6 +189,16 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
   constexpr int NN = (M + 7) / 8, NCH = RT >= 4 ? 1 : 4 / RT;
   float acc[RT][NN][4];
   int cm[NCH][RT][NN][4];  // int32 dots: grouped, of one k-tile (folded into acc after it); per channel, of all K
+  auto zero_dots = [&] {
+#pragma unroll
+    for (int c = 0; c < NCH; ++c)
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) cm[c][r][nn][j] = 0;
+  };
   auto dot = [&](int r, int nn, int j) {
     int v = cm[0][r][nn][j];
 #pragma unroll
@@ -204,16 +214,7 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = s * U + u;
-      if (G > 0) {
-#pragma unroll
-        for (int c = 0; c < NCH; ++c)
-#pragma unroll
-          for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int nn = 0; nn < NN; ++nn)
-#pragma unroll
-              for (int j = 0; j < 4; ++j) cm[c][r][nn][j] = 0;
-      }
+      if (G > 0) zero_dots();
 #pragma unroll
       for (int q = 0; q < 2; ++q) {  // piece pairs: steps 2q, 2q + 1
         uint4 xv[NN];  // token nn 8 + g's (2q lo, 2q hi, 2q + 1 lo, 2q + 1 hi) of quad t; tokens past M: zero
@@ -352,16 +353,13 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
     const int rt0 = first_tile(bt);
     const bool live = rt0 < tiles16;  // (uniform per warp)
 #if A8_MMA
+    zero_dots();
 #pragma unroll
     for (int r = 0; r < RT; ++r)
 #pragma unroll
       for (int nn = 0; nn < NN; ++nn)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          acc[r][nn][j] = 0.f;
-#pragma unroll
-          for (int c = 0; c < NCH; ++c) cm[c][r][nn][j] = 0;
-        }
+        for (int j = 0; j < 4; ++j) acc[r][nn][j] = 0.f;
 #else
 #pragma unroll
     for (int m = 0; m < M; ++m)
