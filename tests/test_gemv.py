@@ -141,13 +141,13 @@ def test_nvrtc_compiles_wg_simt_instantiations(arch):
         cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
     assert "SIMT_DIAG" not in simt_defines_for(4, 0, 0, 0, {**tiles[0], "DIAG": 0})
-    # a step's k-tiles adjacent (KC), with one and two parameter sets a tile; off, it stays out of the key
-    for bits, g32 in itertools.product(BITS, (0, 1)):
-        key = tuple(sorted(simt_defines_for(bits, g32, 0, 1, {**tiles[1], "U": 2, "G32": g32, "KC": 1}).items()))
-        assert dict(key)["SIMT_KC"] == 1
+    # a register cap for more resident blocks (MINB), compiled and in the key only when set
+    for bits in BITS:
+        key = tuple(sorted(simt_defines_for(bits, 1, 0, 1, {**tiles[1], "MINB": 2}).items()))
+        assert dict(key)["SIMT_MINB"] == 2
         cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
-    assert "SIMT_KC" not in simt_defines_for(4, 0, 0, 0, {**tiles[0], "KC": 0})
+    assert "SIMT_MINB" not in simt_defines_for(4, 0, 0, 0, tiles[0])
     # the routed experts' build (mixgemm.kernels.cuda.routed_gemv)
     for i, (bits, mode) in enumerate(itertools.product(BITS, (0, 1, 2))):
         key = tuple(sorted({**simt_defines_for(bits, i % 2, 0, mode, tiles[i % 3]), "SIMT_ROUTED": 1}.items()))
@@ -818,7 +818,7 @@ def test_wg_simt_rule_wave_guard():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ks,u,rt,pf", [(1, 1, 1, 0), (4, 2, 2, 1), (16, 4, 1, 0), (2, 1, 8, 0), (8, 2, 4, 1),
-                                        (32, 1, 1, 1), (16, 1, 2, 1), (8, 2, 1, 0), (32, 2, 1, 0)])
+                                        (32, 1, 1, 1), (16, 1, 2, 1), (8, 2, 1, 0), (32, 2, 1, 0), (32, 1, 2, 1)])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
@@ -860,7 +860,7 @@ def test_gemv_simt_bf16_range(bits, mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ks,u,rt,pf", [(4, 2, 2, 1), (2, 1, 8, 0), (8, 2, 4, 0), (32, 1, 1, 1)])
+@pytest.mark.parametrize("ks,u,rt,pf", [(4, 2, 2, 1), (2, 1, 8, 0), (8, 2, 4, 0), (32, 1, 1, 1), (32, 1, 2, 1)])
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("mode", ["zero_point", "offset"])
 @pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
@@ -871,20 +871,6 @@ def test_gemv_simt_packed_params(ks, u, rt, pf, bits, mode, act):
     cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "PACK": 1}
     with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
         _check_every_group(bits, mode, act, (1,), (1,), 17, "'PACK': 1")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("ks,u,rt,pf", [(4, 2, 2, 1), (16, 2, 2, 1), (8, 4, 1, 0), (2, 1, 8, 0), (32, 2, 1, 0)])
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
-@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
-def test_gemv_simt_adjacent_steps(ks, u, rt, pf, bits, mode, act):
-    """The M = 1 CUDA-core math on wgmma_v1 with a step's k-tiles adjacent (KC: a group of >= 128 read by one warp,
-    its parameters loaded once): every group size (32: two parameter sets a tile, 64: one group a tile), per channel,
-    partial and empty last steps, rows past the last tile, bias + relu6, x + 3 on a long K."""
-    cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "KC": 1}
-    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
-        _check_every_group(bits, mode, act, (1,), (1,), 19, "'KC': 1")
 
 
 @pytest.mark.gpu

@@ -9,7 +9,8 @@ tile kept its k-tiles together) and 9 (both). Times per the benchmark protocol (
 copies > 3x L2, median per call, the best of --rounds timings).
 
     PYTHONPATH=src python -m tools.bench.wg_simt_diag [--shapes 4096x14336 8192x28672] [--formats w8,w4s] [--out DIR]
-        [--variant KC=1]   (the compacted M = 1 tile also with these keys, whole and with no math)
+        [--variant RT=2,U=1,PF=1,KS=32] [--dtype bfloat16]   (the compacted M = 1 tile also with these keys, whole
+        and with no math)
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from mixgemm.bench import protocol
 from mixgemm.formats.weight import compact_placeholder, quantize_weight
 from mixgemm.ops.custom_ops import compact_weight
 
-FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym")}
+FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym"), "w4s32": (4, 32, "sym"),
+           "w4o32": (4, 32, "offset")}
 PLAIN_DIAGS = (1, 4)
 COMPACT_DIAGS = (1, 4, 8, 9)
 
@@ -56,8 +58,8 @@ def time_us(x: torch.Tensor, weights: list, rounds: int, entry: str | None = Non
 
 
 def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, keep: set | None = None,
-            variants: tuple = ()) -> list[dict]:
-    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            variants: tuple = (), dtype: torch.dtype = torch.float16) -> list[dict]:
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
     rows = []
     for compact, diags in ((False, PLAIN_DIAGS), (True, COMPACT_DIAGS)):
         weights = layer(k, n, fmt, compact, l2)
@@ -72,7 +74,7 @@ def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, keep: se
             rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": d,
                          **time_us(x, weights, rounds, base["kernel"], {**base["config"], "DIAG": d})})
         if compact and base["config"].get("SIMT"):
-            for extra in variants:  # the compacted tile with extra keys (e.g. KC 1), whole and with no math
+            for extra in variants:  # the compacted tile with other keys (e.g. KS 32, U 1), whole and with no math
                 for d in (0, 1):
                     cfg = {**base["config"], **extra, **({"DIAG": d} if d else {})}
                     rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": d,
@@ -91,7 +93,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ms", default="1", help="comma-separated M values")
     ap.add_argument("--diags", default="", help="comma-separated DIAG values at M = 1 (default: all)")
     ap.add_argument("--variant", action="append", default=[],
-                    help="KEY=V[,KEY=V]: the compacted M = 1 tile also with these keys (e.g. KC=1), repeatable")
+                    help="KEY=V[,KEY=V]: the compacted M = 1 tile also with these keys (e.g. KS=32,U=1), repeatable")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"), help="activation dtype")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     variants = tuple({kv.split("=")[0]: int(kv.split("=")[1]) for kv in v.split(",")} for v in args.variant)
@@ -102,7 +105,7 @@ def main(argv=None) -> None:
         for shape in args.shapes:
             k, n = (int(v) for v in shape.lower().split("x"))
             for m in (int(v) for v in args.ms.split(",")):
-                for r in measure(k, n, fmt, args.rounds, l2, m, keep, variants):
+                for r in measure(k, n, fmt, args.rounds, l2, m, keep, variants, getattr(torch, args.dtype)):
                     rows.append(r)
                     kind = "compact" if r["compact"] else "plain"
                     print(f"{k}x{n} M {m} {fmt} {kind:7s} diag {r['diag']}: {r['us']:8.2f} us  {r['kernel']} "

@@ -412,9 +412,16 @@ H100_WG_SIMT = _entries(_WG_SIMT_SOURCE, [
 # (42.2), 36864x4608 sym 42.7 -> 35.1, 4096x22016 sym 22.2 -> 17.4. With BPS (above) two more: k24/n28 int4 (mixgemm
 # bench, one run, one layout: 4096x14336 sym 12.7 -> 10.5 us, plain 11.3; zero point 12.5 -> 11.0; 3584x14336 11.5 ->
 # 9.7; 3584x18944 12.3 on the rule) and k24/n24 int8 (4096x4096 6.4 -> 5.7, plain 6.5; 4608x4096 7.2 -> 6.6). And
-# k28/n24 int4 (2026-11-28, gemv_dispatch.py --simt-only over the bucket's three model-list layers, against the
-# step-cost model's pick they took before: 14336x3584 sym 11.04 -> 10.56 us, 14336x4096 11.50 -> 11.07, 18944x3584
-# 14.53 -> 13.63; zero point already took this tile with PACK), BPS 1: its 16-warp blocks at one a SM, as measured.
+# k28/n24 int4, BPS 1 (one block a SM, as measured): RT 2 U 1 PF 1 KS 32, 32-warp blocks of <= 64 registers (no
+# spill in the groups-of-128 builds, 1-6 spilled words in the groups-of-32 ones). Why KS 32: each warp's slice of
+# these long rows is half as long, so the pipeline's ramp and drain take half the time in a kernel of ~10 us. H200,
+# tools/bench/wg_simt_diag.py (one run, 2026-11-28, us, the tile before -> this one): fp16 x, W4 g128 sym 14336x3584
+# 10.53 -> 9.73, 14336x4096 11.08 -> 10.38, 18944x3584 13.65 -> 12.51, and two layers of the bucket outside the model
+# list, 16384x4096 12.35 -> 11.67, 17408x3584 12.67 -> 11.54 (plain codes' GEMV 10.04 / 10.88 / 13.02 / 12.28 /
+# 12.19); zero point (PACK) 0.90-0.93x on the same five, GGUF groups of 32 sym / offset 0.94-0.98x; bf16 x, sym and
+# zero point on the three model-list layers, 0.96-0.98x. The tile before (RT 2 U 2 PF 1 KS 16) had taken 14336x3584 sym
+# 11.04 -> 10.56 us from the step-cost model's pick; KS 32 is outside that model's tile space (gemv_steps.wg_simt_tiles:
+# KS 32 only for at most two 512-byte pieces in flight), so only this measured entry takes it.
 _WG_SIMT_SOURCE_H200 = _WG_SIMT_SOURCE.replace("H100", "H200")
 H200_WG_SIMT = _entries(_WG_SIMT_SOURCE_H200, [
     # (bits, K, N, (RT, U, PF, KS, RG[, BPS]))
@@ -429,7 +436,7 @@ H200_WG_SIMT = _entries(_WG_SIMT_SOURCE_H200, [
     (4, 8192, 1024, (1, 2, 0, 32, 1)), (4, 9216, 2304, (2, 2, 1, 16, 1)), (4, 8192, 3072, (2, 2, 1, 16, 1)),
     (4, 8192, 10240, (1, 2, 0, 8, 1)), (4, 8192, 28672, (2, 2, 0, 4, 1)), (4, 8192, 57344, (2, 2, 0, 4, 1)),
     (4, 13824, 5120, (4, 2, 0, 16, 1)), (4, 36864, 4608, (4, 2, 0, 16, 1)), (4, 27648, 5120, (4, 2, 0, 16, 1)),
-    (4, 28672, 8192, (4, 2, 0, 16, 1)), (4, 14336, 3584, (2, 2, 1, 16, 1, 1)),
+    (4, 28672, 8192, (4, 2, 0, 16, 1)), (4, 14336, 3584, (2, 1, 1, 32, 1, 1)),
     (8, 896, 4864, (1, 1, 0, 4, 1)), (8, 1536, 2048, (1, 2, 0, 4, 1)),
     (8, 1536, 17920, (1, 2, 0, 4, 1)), (8, 2304, 9216, (1, 1, 1, 8, 1)), (8, 2048, 11008, (2, 2, 0, 8, 1)),
     (8, 2304, 18432, (1, 2, 0, 4, 1)), (8, 2048, 22016, (2, 2, 0, 8, 1)), (8, 3072, 9216, (1, 2, 0, 8, 1)),

@@ -417,15 +417,15 @@ def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dic
     """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1): RT 16-row tiles per warp, U k-tiles
     per step, RG row groups x KS k-slices per block, PF register double buffering, G32 two groups per 64-k tile, PACK
     a zero point's or offset's 16-bit parameter pair held in one register (dropped where the format has no pair: sym,
-    fp32 scales), KC a step's k-tiles adjacent instead of KS apart (tools only), DIAG a diagnostic stage removal (tools
-    only: wrong results). PACK, KC and DIAG only appear in the key when set, so the other compile keys are unchanged."""
+    fp32 scales), MINB the blocks per SM its registers must allow, DIAG a diagnostic stage removal (tools only: wrong
+    results). PACK, MINB and DIAG only appear in the key when set, so the other compile keys are unchanged."""
     d = {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode, "SIMT_G32": cfg.get("G32", 0),
          "SIMT_RT": cfg.get("RT", 1), "SIMT_U": cfg["U"], "SIMT_RG": cfg["RG"], "SIMT_KS": cfg["KS"],
          "SIMT_PF": cfg.get("PF", 0)}
     if cfg.get("PACK", 0) and param_pair_packs(mode, scl):
         d["SIMT_PACK"] = 1
-    if cfg.get("KC", 0):
-        d["SIMT_KC"] = 1  # a step's k-tiles adjacent (gemv_wg_simt.cu SIMT_KC; tools only until measured)
+    if cfg.get("MINB", 0):
+        d["SIMT_MINB"] = cfg["MINB"]
     if cfg.get("DIAG", 0):
         d["SIMT_DIAG"] = cfg["DIAG"]  # diagnostic stage removal (gemv_wg_simt.cu); wrong results, tools only
     return d

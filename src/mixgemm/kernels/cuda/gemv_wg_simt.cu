@@ -56,10 +56,8 @@
 #ifndef SIMT_PACK
 #define SIMT_PACK 0  // zero point / offset with 16-bit parameters: each (row, group) pair held in one register
 #endif
-#ifndef SIMT_KC
-// 1: a step's U k-tiles are adjacent (warp ks takes k-tiles (j KS + ks) U + u) instead of KS apart, so the two
-// 64-k tiles of a group of >= 128 fall to one warp, which loads its parameters once instead of two warps each once
-#define SIMT_KC 0
+#ifndef SIMT_MINB
+#define SIMT_MINB 0  // blocks per SM the registers must allow (__launch_bounds__' second argument; 0: no cap)
 #endif
 
 // Diagnostic only (never a shipped config; results are wrong with any bit set): 1 no dequantization or math (the
@@ -73,7 +71,13 @@
 
 using namespace mg;
 
-extern "C" __global__ void __launch_bounds__(SIMT_THREADS)
+#if SIMT_MINB > 0
+#define SIMT_BOUNDS __launch_bounds__(SIMT_THREADS, SIMT_MINB)
+#else
+#define SIMT_BOUNDS __launch_bounds__(SIMT_THREADS)
+#endif
+
+extern "C" __global__ void SIMT_BOUNDS
 mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
                      const char* __restrict__ params,  // wgmma_v1 parameters
                      const uint4* __restrict__ X,      // [1, >= 64 Kt] activations, zero-padded past K
@@ -153,27 +157,16 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
 #pragma unroll
   for (int r = 0; r < RT; ++r) acc[r][0] = acc[r][1] = 0.f;
 
-  // k-tiles from one of a step to the next (SIMT_KC: adjacent)
-  constexpr int KSTRIDE = SIMT_KC ? 1 : KS;
-  // the weights and parameters of k-tiles kt0, kt0 + KSTRIDE, ... (UU of them), every row tile
+  // the weights and parameters of k-tiles kt0, kt0 + KS, ... (UU of them), every row tile
   auto load_w = [&](auto& wv, auto& p0, auto& p1, int kt0) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
-      const int kt = kt0 + u * KSTRIDE;
+      const int kt = kt0 + u * KS;
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int l = 0; l < LU; ++l) wv[u][r][l] = ld_stream(wt + (size_t)kt * KSTEP + r * rstep + l * 32);
-      if (SIMT_KC && NP == 1 && u > 0 && ((kt * 64) >> gk) == (((kt - 1) * 64) >> gk)) {
-        // (a uniform test) the same group as the step's previous k-tile: its parameters, not a second load
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          p0[u][r][0] = p0[u - 1][r][0];
-          p1[u][r][0] = p1[u - 1][r][0];
-        }
-        continue;
-      }
 #pragma unroll
       for (int h = 0; h < NP; ++h) {
         const int grp = min((kt * 64 + 32 * h) >> gk, G - 1) * 128;  // parameter entries of this group
@@ -191,7 +184,7 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
 #pragma unroll
     for (int u = 0; u < UU; ++u)
       if constexpr ((SIMT_DIAG & 1) != 0) xv[u] = 0u;
-      else asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(xv[u]) : "l"(xw32 + (size_t)(kt0 + u * KSTRIDE) * 32));
+      else asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(xv[u]) : "l"(xw32 + (size_t)(kt0 + u * KS) * 32));
   };
   auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv) {
     constexpr int UU = sizeof(xv) / sizeof(xv[0]);
@@ -284,11 +277,11 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   };
 
   if (!ROUTED) pdl_launch_dependents();
-  int kt0 = SIMT_KC ? ks * U : ks;
+  int kt0 = ks;
   uint4 wA[U][RT][LU], wB[U][RT][LU];
   P a0[U][RT][NP], a1[U][RT][NP], b0[U][RT][NP], b1[U][RT][NP];
   u32 xA[U], xB[U];
-  const bool full = kt0 + (U - 1) * KSTRIDE < Kt;
+  const bool full = kt0 + (U - 1) * KS < Kt;
   if (full) load_w(wA, a0, a1, kt0);  // the first step's constant bytes in flight before the wait
   if (!ROUTED && (SIMT_DIAG & 4) == 0) pdl_wait();  // x, bias and y only from here on (gemv_common.cuh)
   if (full) {
@@ -298,7 +291,7 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
       // computes; false after the last full step. Called with the buffers swapped, so no buffer is copied.
       auto step = [&](auto& wc, auto& pc0, auto& pc1, auto& xc, auto& wn, auto& pn0, auto& pn1, auto& xn) {
         const int kt1 = kt0 + U * KS;
-        const bool more = kt1 + (U - 1) * KSTRIDE < Kt;
+        const bool more = kt1 + (U - 1) * KS < Kt;
         if (more) {
           load_w(wn, pn0, pn1, kt1);
           load_x(xn, kt1);
@@ -311,15 +304,14 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
       }
     } else {
       compute(wA, a0, a1, xA);
-      for (kt0 += U * KS; kt0 + (U - 1) * KSTRIDE < Kt; kt0 += U * KS) {
+      for (kt0 += U * KS; kt0 + (U - 1) * KS < Kt; kt0 += U * KS) {
         load_w(wA, a0, a1, kt0);
         load_x(xA, kt0);
         compute(wA, a0, a1, xA);
       }
     }
   }
-  // the slice's last k-tiles, one at a time (SIMT_KC: those of its one partial step)
-  for (const int kend = SIMT_KC ? min(kt0 + U, Kt) : Kt; kt0 < kend; kt0 += KSTRIDE) {
+  for (; kt0 < Kt; kt0 += KS) {  // the slice's last k-tiles, one at a time
     uint4 w1[1][RT][LU];
     P q0[1][RT][NP], q1[1][RT][NP];
     u32 x1[1];
