@@ -14,7 +14,6 @@ import torch
 
 import tp_cases
 from mixgemm.distributed import (
-    N_GRANULARITY,
     check_split,
     shard_quant_linear,
     shard_quantized_weight,
@@ -109,9 +108,11 @@ def test_bad_splits_name_the_layer_and_sizes():
     # an AWQ-style K: 11008 / 4 = 2752 = 21.5 groups of 128
     with pytest.raises(ValueError, match=r"mlp\.down_proj: row-parallel.*K=11008.*4 ranks.*K=2752.*group size 128"):
         check_split((4096, 11008), cfg, 1, 4, "mlp.down_proj")
-    with pytest.raises(ValueError, match=rf"k_proj: column-parallel.*N=96.*4 ranks.*N=24 rows.*{N_GRANULARITY}"):
-        check_split((96, 512), cfg, 0, 4, "k_proj")
-    with pytest.raises(ValueError, match=r"q_proj: column-parallel.*N \(out_features\)=100 is not divisible by 3"):
+    assert check_split((96, 512), cfg, 0, 4, "k_proj") == 24  # the layouts pad a shard's rows to their tile
+    assert check_split((1000, 64), cfg, 0, 8, "lm_head") == 125
+    assert check_split((1001, 64), cfg, 0, 8, "lm_head", uneven=True) == 126  # a gathered output: ceil(N / world)
+    with pytest.raises(ValueError, match=r"q_proj: column-parallel.*N \(out_features\)=100 is not divisible by 3.*"
+                                         r"only a gathered output"):
         check_split((100, 512), cfg, 0, 3, "q_proj")
     with pytest.raises(ValueError, match=r"o_proj: row-parallel.*K=1000.*not divisible by 3"):
         check_split((64, 1000), QuantConfig(bits=8, group_size=-1), 1, 3, "o_proj")

@@ -37,10 +37,17 @@ _LAZY = {"quantize_": "mixgemm.quantize_api", "compact_": "mixgemm.quantize_api"
          "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.registry"}
 
 
+# subpackages reachable as attributes (mixgemm.distributed.tensor_parallel_ after a plain import mixgemm), imported on
+# first use
+_SUBPACKAGES = ("bench", "checkpoints", "distributed", "ggml", "integrations", "nn", "tuning")
+
+
 def __getattr__(name):  # lazy: importing mixgemm does not import the nn / torch.library layer
-    if name in _LAZY:
+    if name in _LAZY or name in _SUBPACKAGES:
         import importlib
 
+        if name in _SUBPACKAGES:
+            return importlib.import_module(f"mixgemm.{name}")
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'mixgemm' has no attribute {name!r}")
 

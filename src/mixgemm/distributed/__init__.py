@@ -15,7 +15,7 @@ Each rank runs the single-GPU kernels on its shard; the all-reduce / all-gather 
 """
 
 from mixgemm.distributed.plan import TensorParallelReport, model_ep_plan, model_tp_plan, tensor_parallel_
-from mixgemm.distributed.shard import N_GRANULARITY, check_split, shard_quant_linear, shard_quantized_weight
+from mixgemm.distributed.shard import check_split, shard_quant_linear, shard_quantized_weight
 from mixgemm.distributed.styles import (
     ColwiseParallel,
     ExpertDispatchParallel,
@@ -26,7 +26,6 @@ from mixgemm.distributed.styles import (
 )
 
 __all__ = [
-    "N_GRANULARITY",
     "ColwiseParallel",
     "ExpertDispatchParallel",
     "ExpertsParallel",

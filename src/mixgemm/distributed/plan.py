@@ -35,6 +35,7 @@ from mixgemm.distributed.styles import (
     LocalExpertsParallel,
     PackedColwiseParallel,
     RowwiseParallel,
+    gathers_output,
     quantized_experts,
 )
 from mixgemm.nn.experts import ExpertList
@@ -183,7 +184,8 @@ def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int
         if not ours:
             raise ValueError(f"{name}: {type(style).__name__} ({type(style).__module__}) cannot shard a QuantLinear; "
                              "use mixgemm.distributed.ColwiseParallel / RowwiseParallel (torch's options)")
-        check_split((module.out_features, module.in_features), module.config, dim, world, name, parts)
+        check_split((module.out_features, module.in_features), module.config, dim, world, name, parts,
+                    uneven=gathers_output(style))
     elif parts != 1:
         raise ValueError(f"{name}: packed_colwise shards QuantLinear layers and quantized experts projections, not a "
                          f"{type(module).__name__} (quantize it first)")

@@ -4,9 +4,13 @@ Pure functions of (weight, rank, world): no process group is needed, so every ch
 process, and every rank reaches the same verdict (a bad split raises on all ranks, before any collective).
 
 * Column parallel (``dim=0``, split along N): each rank keeps N / world whole output rows: their packed codes,
-  scales, zeros / offsets and bias. N / world must be a multiple of ``N_GRANULARITY`` rows. A packed layer of
-  ``parts`` equal row blocks (a fused gate / up projection, whose output the model cuts in two) splits each block
-  alike and keeps its shards' blocks in order (transformers' "packed_colwise"), so the model's cut still finds them.
+  scales, zeros / offsets and bias. Any row count: the kernels' layouts pad a shard's rows to their row tile (16;
+  the wgmma GEMM's 128) with zero codes and never write the padding, so a shard of 500 rows (a vocabulary of 1000
+  at TP 2) is an ordinary layer of 500 rows. A layer whose output is gathered (lm_head) may also have an N that
+  ``world`` does not divide (``uneven``): each rank keeps ceil(N / world) rows, the last ranks' tails zero rows
+  (zero codes and scales: their outputs are 0) that the gather drops. A packed layer of ``parts`` equal row blocks
+  (a fused gate / up projection, whose output the model cuts in two) splits each block alike and keeps its shards'
+  blocks in order (transformers' "packed_colwise"), so the model's cut still finds them.
 * Row parallel (``dim=1``, split along K): each rank keeps K / world input features of every row. The split must
   fall on group boundaries (K / world a multiple of the group size), so every group's scale, zero point and offset
   go with it whole; int4 codes split on byte boundaries (two codes per byte). A per-channel weight (group -1: one
@@ -31,9 +35,6 @@ import torch
 from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight
 from mixgemm.nn.linear import QuantLinear
 
-# Smallest row count a column shard may have: the row tile of the GEMV / MMA weight layouts (they pad N to 16; the
-# wgmma GEMM pads to 128 rows, which stays exact but wastes the padded rows' work on smaller shards).
-N_GRANULARITY = 16
 COLWISE, ROWWISE = 0, 1
 _DIM_NAME = {COLWISE: "column-parallel (split along N, the output features)",
              ROWWISE: "row-parallel (split along K, the input features)"}
@@ -50,10 +51,11 @@ def _check_dim(dim: int) -> None:
 
 
 def check_split(shape: tuple[int, int], config: QuantConfig, dim: int, world: int, layer: str = "weight",
-                parts: int = 1) -> int:
+                parts: int = 1, uneven: bool = False) -> int:
     """Check that an [N, K] weight in ``config`` splits exactly into ``world`` shards along ``dim`` (0: N, 1: K; a
-    column split of ``parts`` packed row blocks splits each block); return the shard's size along that dim. Raises
-    ValueError naming ``layer`` and the sizes otherwise."""
+    column split of ``parts`` packed row blocks splits each block; ``uneven``: a column split whose output is
+    gathered, where N need not divide, module docstring); return the shard's size along that dim (rows held, with
+    the padding). Raises ValueError naming ``layer`` and the sizes otherwise."""
     _check_dim(dim)
     _check_rank(0, world)
     n, k = shape
@@ -67,14 +69,14 @@ def check_split(shape: tuple[int, int], config: QuantConfig, dim: int, world: in
     if world == 1:  # nothing is split
         return size
     what = "N (out_features)" if dim == COLWISE else "K (in_features)"
+    if dim == COLWISE and uneven:
+        return -(-size // world)
     if size % world:
         raise ValueError(f"{layer}: {_DIM_NAME[dim]} split of [N={n}, K={k}] over {world} ranks: {what}={size} is not "
-                         f"divisible by {world}")
+                         f"divisible by {world}" + (" (only a gathered output, as lm_head's, splits unevenly)"
+                                                    if dim == COLWISE else ""))
     local = size // world
     if dim == COLWISE:
-        if local % N_GRANULARITY:
-            raise ValueError(f"{layer}: column-parallel split of [N={n}, K={k}] over {world} ranks gives N={local} "
-                             f"rows per rank, not a multiple of the kernels' row tile of {N_GRANULARITY}")
         return local
     g = k if config.group_size == PER_CHANNEL else config.group_size
     if config.group_size != PER_CHANNEL and local % g:
@@ -94,31 +96,42 @@ def _take(t: torch.Tensor | None, dim: int, start: int, stop: int) -> torch.Tens
     return t.narrow(dim, start, stop - start).clone(memory_format=torch.contiguous_format)
 
 
-def _take_rows(t: torch.Tensor | None, n: int, parts: int, rank: int, world: int) -> torch.Tensor | None:
-    """Rank ``rank``'s rows of each of the ``parts`` row blocks of t (n rows), the blocks' shards in order (a copy)."""
-    if t is None:
-        return None
-    block, local = n // parts, n // parts // world
-    return torch.cat([_take(t, 0, p * block + rank * local, p * block + (rank + 1) * local) for p in range(parts)])
+def _take_rows(t: torch.Tensor | None, n: int, parts: int, rank: int, local: int) -> torch.Tensor | None:
+    """Rank ``rank``'s ``local`` rows of each of the ``parts`` row blocks of t (n rows), the blocks' shards in order
+    (a copy); rows past a block's end are zeros (an uneven split's padding)."""
+    if t is None or t.numel() == 0:
+        return None if t is None else t.clone()
+    block = n // parts
+    out = []
+    for p in range(parts):
+        a = min(rank * local, block)
+        b = min(a + local, block) if rank * local < block else a
+        rows = _take(t, 0, p * block + a, p * block + b)
+        if b - a < local:
+            rows = torch.cat([rows, rows.new_zeros((local - (b - a), *t.shape[1:]))])
+        out.append(rows)
+    return torch.cat(out)
 
 
 def shard_quantized_weight(qw: QuantizedWeight, dim: int, rank: int, world: int,
-                           layer: str = "weight", parts: int = 1) -> QuantizedWeight:
+                           layer: str = "weight", parts: int = 1, uneven: bool = False) -> QuantizedWeight:
     """Rank ``rank``'s shard (of ``world``) of ``qw`` along ``dim`` (0: N rows, 1: K columns; ``parts`` packed row
     blocks, module docstring), as a new QuantizedWeight [N / world, K] or [N, K / world] with its own copies of the
-    tensors (plain codes, also from a compacted weight); ``qw`` is not modified.
+    tensors (plain codes, also from a compacted weight); ``qw`` is not modified. ``uneven``: a column split of a
+    gathered output, N need not divide (ceil(N / world) rows each, zero rows past N).
     Raises ValueError (naming ``layer`` and the sizes) when the split cannot be exact (module docstring)."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"{layer}: expected a QuantizedWeight, got {type(qw).__name__}")
     _check_rank(rank, world)
-    local = check_split(qw.shape, qw.config, dim, world, layer, parts)
+    local = check_split(qw.shape, qw.config, dim, world, layer, parts, uneven)
     n, k = qw.shape
     a, b = rank * local, (rank + 1) * local
     if dim == COLWISE:
-        return replace(qw, _layouts={}, resident=None, qweight=_take_rows(qw.packed(), n, parts, rank, world),
-                       scales=_take_rows(qw.scales, n, parts, rank, world),
-                       zeros=_take_rows(qw.zeros, n, parts, rank, world),
-                       offsets=_take_rows(qw.offsets, n, parts, rank, world), shape=(local, k))
+        rows = local // parts
+        return replace(qw, _layouts={}, resident=None, qweight=_take_rows(qw.packed(), n, parts, rank, rows),
+                       scales=_take_rows(qw.scales, n, parts, rank, rows),
+                       zeros=_take_rows(qw.zeros, n, parts, rank, rows),
+                       offsets=_take_rows(qw.offsets, n, parts, rank, rows), shape=(local, k))
     per_byte = 8 // qw.bits
     if qw.config.group_size == PER_CHANNEL:  # one group spans K: every shard keeps the channel's parameters
         ga, gb = 0, 1
@@ -144,22 +157,22 @@ def _shard_perm(perm: torch.Tensor, dim: int, rank: int, world: int, layer: str)
 
 
 def shard_quant_linear(module: QuantLinear, dim: int, rank: int, world: int, layer: str = "",
-                       parts: int = 1) -> QuantLinear:
+                       parts: int = 1, uneven: bool = False) -> QuantLinear:
     """Rank ``rank``'s shard of a QuantLinear as a new, ordinary QuantLinear (its own buffers, its own N / K in the
     state dict); ``module`` is not modified. dim 0: column parallel (rows of N, bias sliced with them; ``parts``
-    packed row blocks each split alike); dim 1: row parallel (K slice; the bias on rank 0 only, zeros elsewhere, so
-    the summed partial outputs add it once)."""
+    packed row blocks each split alike; ``uneven``: N need not divide, shard_quantized_weight); dim 1: row parallel
+    (K slice; the bias on rank 0 only, zeros elsewhere, so the summed partial outputs add it once)."""
     if not isinstance(module, QuantLinear):
         raise TypeError(f"{layer or 'module'}: expected a QuantLinear, got {type(module).__name__}")
     layer = layer or f"QuantLinear(in_features={module.in_features}, out_features={module.out_features})"
     _check_dim(dim)
     _check_rank(rank, world)
-    qw = shard_quantized_weight(module.quantized_weight(), dim, rank, world, layer, parts)
+    qw = shard_quantized_weight(module.quantized_weight(), dim, rank, world, layer, parts, uneven)
     bias = module.bias
     if bias is not None:
         bias = bias.detach()
         if dim == COLWISE:
-            bias = _take_rows(bias, module.out_features, parts, rank, world)
+            bias = _take_rows(bias, module.out_features, parts, rank, qw.out_features // parts)
         elif rank != 0:
             bias = torch.zeros_like(bias)
     perm = getattr(module, "input_perm", None)
@@ -179,4 +192,4 @@ def shard_quant_linear(module: QuantLinear, dim: int, rank: int, world: int, lay
     return shard.train(module.training)
 
 
-__all__ = ["COLWISE", "N_GRANULARITY", "ROWWISE", "check_split", "shard_quant_linear", "shard_quantized_weight"]
+__all__ = ["COLWISE", "ROWWISE", "check_split", "shard_quant_linear", "shard_quantized_weight"]

@@ -6,16 +6,20 @@ They are torch's own ``ColwiseParallel`` / ``RowwiseParallel`` (same keyword opt
 
 How a QuantLinear is sharded. Its buffers stay plain local tensors (the CUDA kernels read plain tensors): each rank
 holds an ordinary, smaller QuantLinear (mixgemm.distributed.shard), and the module's forward runs the single-GPU
-kernels on that shard. Hooks around it do what DTensor sharding propagation does for torch's styles:
+kernels on that shard.
 
-* before forward: the input (a local tensor laid out as ``input_layouts``, or a DTensor) is redistributed to what
-  the shard needs (Replicate for column parallel, Shard(-1) for row parallel) and handed over as a local tensor;
-* after forward: the local output is the DTensor Shard(-1) (column parallel) or Partial (row parallel: a sum over
-  ranks; rank 0 carries the bias) and is redistributed to ``output_layouts`` (all-gather, all-reduce or
-  reduce-scatter, by torch.distributed), returned as a local tensor when ``use_local_output`` (default) or as the
-  DTensor.
-When no communication is needed (a local input already in the needed layout, a column-parallel output left sharded)
-no DTensor is built at all.
+* With the layouts a model's plan uses (column parallel: a replicated input, the output left sharded or gathered;
+  row parallel: a sharded input, the output summed), the shard becomes a ColwiseQuantLinear / RowwiseQuantLinear
+  (the QuantLinear class with a forward that adds the one collective: mixgemm.distributed.collectives): plain
+  tensors in and out, no hook, no DTensor, so an eager decode step's host work per layer is one GPU's plus the
+  all-reduce, and a compiled one holds the collective as a graph node (captured in the CUDA graph). A DTensor input
+  is still taken (redistributed to the layout the shard reads).
+* Other layouts: hooks around the forward do what DTensor sharding propagation does for torch's styles. Before
+  forward the input (a local tensor laid out as ``input_layouts``, or a DTensor) is redistributed to what the shard
+  needs (Replicate for column parallel, Shard(-1) for row parallel) and handed over as a local tensor; after forward
+  the local output is the DTensor Shard(-1) (column parallel) or Partial (row parallel: a sum over ranks; rank 0
+  carries the bias) and is redistributed to ``output_layouts`` (all-gather, all-reduce or reduce-scatter, by
+  torch.distributed), returned as a local tensor when ``use_local_output`` (default) or as the DTensor.
 
 ``src_data_rank`` (set by ``parallelize_module``, default 0): the rank whose weights are the reference; the others
 receive its tensors by a broadcast before slicing (None: every rank slices its own copy, which must then be equal).
@@ -24,6 +28,7 @@ receive its tensors by a broadcast before slicing (None: every rank slices its o
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -35,6 +40,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwise
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.parallel import RowwiseParallel as _TorchRowwise
 
+from mixgemm.distributed.collectives import gather_columns, sum_over_ranks
 from mixgemm.distributed.shard import COLWISE, ROWWISE, shard_quant_linear
 from mixgemm.nn.experts import ExpertList, QuantizedExperts
 from mixgemm.nn.linear import QuantLinear
@@ -90,14 +96,14 @@ def _adopt(module: QuantLinear, shard: QuantLinear) -> None:
 
 
 def _shard_in_place(module: QuantLinear, device_mesh: DeviceMesh, dim: int, src_data_rank: int | None,
-                    parts: int = 1) -> None:
+                    parts: int = 1, uneven: bool = False) -> None:
     if getattr(module, "_distribute_module_applied", False):
         raise RuntimeError(f"{module} is already sharded: a module is parallelized once")
     if module.auto_compact:
         module._restore_plain()  # sharding cuts the plain codes; the shard keeps one layout again below
     rank, world = _check_mesh(device_mesh, module)
     full = module if src_data_rank is None or world == 1 else _broadcast_from(module, device_mesh, src_data_rank)
-    _adopt(module, shard_quant_linear(full, dim, rank, world, parts=parts))
+    _adopt(module, shard_quant_linear(full, dim, rank, world, parts=parts, uneven=uneven))
     module._distribute_module_applied = True  # torch's flag: distribute_module refuses a second pass too
     module._auto_compact()
 
@@ -122,9 +128,84 @@ def _output(local_layouts, output_layouts, use_local_output, device_mesh, module
     return y.to_local() if use_local_output else y
 
 
+@dataclass(frozen=True)
+class _Placement:
+    """How a plain-tensor shard (ColwiseQuantLinear / RowwiseQuantLinear) meets the other ranks."""
+
+    group: object  # the mesh's ProcessGroup
+    world: int
+    mesh: DeviceMesh
+    needed: tuple  # the input layout the shard reads (a DTensor input is redistributed to it)
+    gather: bool = False  # column parallel: the output shards gathered (output_layouts Replicate)
+    columns: int = 0  # gathered: the layer's N (an uneven split's padding rows past it are dropped)
+
+
+def _plain_input(module, x):
+    """A DTensor input as the local tensor of the layout the shard needs (a plain tensor is taken as it is)."""
+    p = module.__dict__["_tp"]
+    if x.placements != p.needed:
+        x = x.redistribute(p.mesh, p.needed)
+    return x.to_local()
+
+
+class ColwiseQuantLinear(QuantLinear):
+    """A column-parallel QuantLinear shard on plain tensors (what ColwiseParallel makes of a QuantLinear with its
+    default layouts, or with a gathered output): the replicated input in, this rank's output columns out, or every
+    rank's joined (``gather``). No hook, no DTensor: a decode step's host work is one GPU's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, DTensor):
+            x = _plain_input(self, x)
+        y = super().forward(x)
+        p = self.__dict__["_tp"]
+        if not p.gather:
+            return y
+        y = gather_columns(y, p.group, p.world)
+        return y if y.shape[-1] == p.columns else y[..., :p.columns]
+
+
+class RowwiseQuantLinear(QuantLinear):
+    """A row-parallel QuantLinear shard on plain tensors (RowwiseParallel's default layouts): this rank's slice of
+    the input features in, the partial outputs summed over the ranks (one all-reduce; rank 0 holds the bias)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, DTensor):
+            x = _plain_input(self, x)
+        p = self.__dict__["_tp"]
+        return sum_over_ranks(super().forward(x), p.group)
+
+
+def gathers_output(style) -> bool:
+    """Whether ``style`` makes a QuantLinear a column-parallel shard whose output is gathered (lm_head's
+    "colwise_gather_output"): a split that may be uneven (mixgemm.distributed.shard)."""
+    return (isinstance(style, ColwiseParallel) and not isinstance(style, PackedColwiseParallel)
+            and _plain_class(style, COLWISE, (Replicate(),)) is ColwiseQuantLinear
+            and tuple(style.output_layouts) == (Replicate(),))
+
+
+def _plain_class(style, dim: int, needed: tuple) -> type | None:
+    """The plain-tensor shard class for ``style``'s layouts, or None when they need DTensor's redistribution."""
+    if not style.use_local_output or tuple(style.input_layouts) != needed:
+        return None
+    out = tuple(style.output_layouts)
+    if dim == COLWISE and out in ((Shard(-1),), (Replicate(),)):
+        return ColwiseQuantLinear
+    if dim == ROWWISE and out == (Replicate(),):
+        return RowwiseQuantLinear
+    return None
+
+
 def _apply_quant(style, module: QuantLinear, device_mesh: DeviceMesh, dim: int, parts: int = 1) -> QuantLinear:
-    _shard_in_place(module, device_mesh, dim, style.src_data_rank, parts)
+    gather = dim == COLWISE and gathers_output(style)
+    columns = module.out_features
+    _shard_in_place(module, device_mesh, dim, style.src_data_rank, parts, uneven=gather)
     needed, local_out = ((Replicate(),), (Shard(-1),)) if dim == COLWISE else ((Shard(-1),), (Partial(),))
+    plain = _plain_class(style, dim, needed)
+    if plain is not None:
+        module.__dict__["_tp"] = _Placement(device_mesh.get_group(), device_mesh.size(), device_mesh, needed,
+                                            gather, columns)
+        module.__class__ = plain
+        return module
     module.register_forward_pre_hook(partial(_local_input, style.input_layouts, needed, device_mesh))
     module.register_forward_hook(partial(_output, local_out, style.output_layouts, style.use_local_output,
                                          device_mesh))
@@ -208,9 +289,13 @@ def quantized_experts(module: nn.Module, style: str) -> QuantizedExperts:
 
 
 def _summed_over_ranks(module: nn.Module, device_mesh: DeviceMesh) -> None:
-    """The module's output is each rank's partial sum: summed over the ranks (Partial -> Replicate through DTensor,
-    as RowwiseParallel's)."""
-    module.register_forward_hook(partial(_output, (Partial(),), (Replicate(),), True, device_mesh))
+    """The module's output is each rank's partial sum: summed over the ranks (one all-reduce on the plain tensor, as
+    RowwiseQuantLinear's)."""
+    module.register_forward_hook(partial(_sum_hook, device_mesh.get_group()))
+
+
+def _sum_hook(group, module, inputs, out):
+    return sum_over_ranks(out, group)
 
 
 class LocalExpertsParallel(ParallelStyle):
@@ -297,5 +382,6 @@ def sharded_linear_source(linear: nn.Linear, name: str = "linear"):
     return plain, shard_like
 
 
-__all__ = ["ColwiseParallel", "ExpertDispatchParallel", "ExpertsParallel", "LocalExpertsParallel",
-           "PackedColwiseParallel", "RowwiseParallel", "quantized_experts", "sharded_linear_source"]
+__all__ = ["ColwiseParallel", "ColwiseQuantLinear", "ExpertDispatchParallel", "ExpertsParallel", "LocalExpertsParallel",
+           "PackedColwiseParallel", "RowwiseParallel", "RowwiseQuantLinear", "gathers_output", "quantized_experts",
+           "sharded_linear_source"]
