@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
+from mixgemm.distributed.agree import agree_on_every_rank
 from mixgemm.distributed.shard import COLWISE, ROWWISE, check_split
 from mixgemm.distributed.styles import (
     ColwiseParallel,
@@ -203,20 +204,51 @@ def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int
                          "QuantLinear, nn.Linear and nn.Embedding)")
 
 
-def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | None = None, *,
+def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh | None = None, plan: dict | None = None, *,
                      src_data_rank: int | None = 0) -> TensorParallelReport:
-    """Shard ``model`` in place over the 1-D ``device_mesh`` along ``plan`` (default: the model's own,
-    ``model_tp_plan``; values are transformers' style names or ParallelStyle objects). Quantize before (QuantLinear
-    layers are sliced) or after (quantize_ quantizes a sharded nn.Linear's full weight, then shards it the same way).
+    """Shard ``model`` in place over the 1-D ``device_mesh`` (default: every rank of the default process group, on
+    the model's device type) along ``plan`` (default: the model's own, ``model_tp_plan``; values are transformers'
+    style names or ParallelStyle objects). Quantize before (QuantLinear layers are sliced) or after (quantize_
+    quantizes a sharded nn.Linear's full weight, then shards it the same way).
 
-    Checked first, on every rank alike (ValueError naming the module and the sizes): attention head counts divisible
-    by the mesh size, every split exact (mixgemm.distributed.shard.check_split), every style supported. Modules
+    Checked first, and agreed on by every rank before any weight moves, so that a bad split is one error on every
+    rank, never a rank waiting in a collective: torch.distributed initialized (RuntimeError), attention head counts
+    divisible by the mesh size, every split exact (mixgemm.distributed.shard.check_split), every style supported,
+    every rank holding the same model (the same parameter and buffer names, shapes and dtypes; with
+    ``src_data_rank=None`` the same values too) -- ValueError naming the module, the sizes or the ranks. Modules
     whose parameters are tied to another module stay replicated (listed in the report's ``skipped``).
     ``src_data_rank``: as parallelize_module's (rank 0's weights are broadcast; None: each rank uses its own).
     """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("tensor_parallel_: torch.distributed is not initialized: call "
+                           "torch.distributed.init_process_group() on every rank first (torchrun sets the environment "
+                           "it reads; backend nccl on GPUs, gloo on the CPU)")
+    if device_mesh is None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        device = next(iter(model.parameters()), None)
+        device_mesh = init_device_mesh("cpu" if device is None else device.device.type, (dist.get_world_size(),))
     if not isinstance(device_mesh, DeviceMesh) or device_mesh.ndim != 1:
         raise ValueError(f"device_mesh must be a 1-D torch DeviceMesh, got {device_mesh!r}")
     world = device_mesh.size()
+    try:
+        report, resolved, params = _resolve(model, plan, world)
+        verdict = None
+    except (ValueError, TypeError) as e:
+        verdict = (type(e), str(e))
+    agree_on_every_rank(model, device_mesh, verdict, values=src_data_rank is None)
+    parallelize_module(model, device_mesh, resolved, src_data_rank=src_data_rank)
+    for name, (style, dim) in params.items():
+        _shard_parameter(model, name, dim, device_mesh, src_data_rank)
+        report.sharded[name] = style
+    return report
+
+
+def _resolve(model: nn.Module, plan: dict | None, world: int):
+    """(the report so far, {module name: style} to parallelize, {parameter name: (style, dim)}): the plan matched to
+    ``model``'s modules and parameters, every split checked (ValueError naming the module and sizes)."""
     plan = model_tp_plan(model) if plan is None else ep_dispatch_form(plan)
     if not plan:
         raise ValueError(f"{type(model).__name__} has no tensor-parallel plan (config.base_model_tp_plan); pass one")
@@ -239,12 +271,7 @@ def tensor_parallel_(model: nn.Module, device_mesh: DeviceMesh, plan: dict | Non
         _check_module(name, module, style, world, given=isinstance(plan[key], ParallelStyle))
         resolved[name] = style
         report.sharded[name] = plan[key] if isinstance(plan[key], str) else repr(plan[key])
-    params = _plan_parameters(model, plan, world, tied)
-    parallelize_module(model, device_mesh, resolved, src_data_rank=src_data_rank)
-    for name, (style, dim) in params.items():
-        _shard_parameter(model, name, dim, device_mesh, src_data_rank)
-        report.sharded[name] = style
-    return report
+    return report, resolved, _plan_parameters(model, plan, world, tied)
 
 
 def _plan_parameters(model: nn.Module, plan: dict, world: int, tied: set[int]) -> dict[str, tuple[str, int]]:
