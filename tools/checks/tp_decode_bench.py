@@ -14,6 +14,8 @@ Measured at TP 1 and TP N (decode: one token a step, static cache, mixgemm.bench
 * alone, TP N: one all-reduce of a decode step's hidden state in a CUDA graph (1 and 16 tokens), and each rank's
   GEMV launches of one decoder layer at M = 1 against their memory floor (tools.checks.tp_gpu);
 * W8A8 (per-channel int8 weights, per-token int8 activations) prefill of 2048 tokens, eager, ms;
+* ``--allreduce-only``: NCCL's all-reduce of [1 | 16, hidden] fp16 in a CUDA graph beside torch's
+  symmetric-memory one-shot / two-shot all-reduces (no multicast), no model;
 * correctness: 32 greedy tokens (prefill, one eager step, then compiled steps): TP N's tokens equal TP 1's, and
   TP N's logits at every step (while the tokens agree) within fp16 tolerance of TP 1's (max |diff| <= 2e-2 x max
   |TP 1 logit|).
@@ -135,6 +137,60 @@ def prefill_ms(model, vocab: int, tokens: int, repeats: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def graph_us(fns: list, group, replays: int = 20) -> float:
+    """GPU time of one of ``fns`` (run back to back in one CUDA graph), median of ``replays`` (every rank alike)."""
+    from mixgemm.bench.protocol import capture_graph
+
+    graph = capture_graph(fns)
+    times = []
+    for _ in range(replays):
+        dist.barrier(group=group)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(fns))
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
+def symm_mem_times(mesh, hidden: int, tokens: tuple[int, ...] = (1, 16), calls: int = 50) -> list[dict]:
+    """torch's symmetric-memory all-reduces (no multicast) of a [tokens, hidden] fp16 tensor in a CUDA graph, beside
+    NCCL's (sum_times): one-shot (reads every peer's buffer), one-shot with the copy into the buffer that a layer's
+    output would need, and two-shot (in place). An op torch lacks, or one that fails, is reported with its error."""
+    from functools import partial
+
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = mesh.get_group()
+    name = group.group_name
+    ops = torch.ops.symm_mem
+    rows = []
+    for m in tokens:
+        row: dict = {"tokens": m, "hidden": hidden}
+        try:
+            buf = symm_mem.empty((m, hidden), dtype=torch.float16, device="cuda")
+            symm_mem.rendezvous(buf, name)
+            buf.normal_()
+            x = torch.randn(m, hidden, dtype=torch.float16, device="cuda")
+        except Exception as e:  # noqa: BLE001 -- reported: the machine's torch decides what exists
+            rows.append({**row, "error": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        variants = {"one_shot": lambda b=buf: ops.one_shot_all_reduce(b, "sum", name),
+                    "one_shot_copy": lambda b=buf, x=x: ops.one_shot_all_reduce_copy(b, x, "sum", name),
+                    "two_shot_inplace": lambda b=buf: ops.two_shot_all_reduce_(b, "sum", name)}
+        for key, fn in variants.items():
+            try:
+                row[f"{key}_us"] = graph_us([partial(fn) for _ in range(calls)], group)
+            except Exception as e:  # noqa: BLE001
+                row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
+            dist.barrier(group=group)
+        rows.append(row)
+    return rows
+
+
 def step_kernels(kernels: list[dict], layers: int) -> dict:
     """From one compiled step's kernels: GEMV and all-reduce (NCCL) GPU time per step and per decoder layer."""
     def total(pred) -> tuple[float, float]:
@@ -155,7 +211,7 @@ def measure(model, args, dev, vocab: int, mode, backend: str, smoke: bool) -> tu
     out: dict = {}
     out["tokens"], logits = greedy(model, prompt, args.tokens, mode, backend)
     steps = 4 if smoke else args.steps
-    for batch in (1, 16):
+    for batch in args.batches:
         r = decode_tokens_per_s(model, batch, args.prompt, 2 if smoke else args.warmup, steps, vocab, 0, mode,
                                 backend, kernel_steps=0 if smoke or batch != 1 else 3)
         if "kernels" in r:
@@ -178,7 +234,7 @@ def markdown(res: dict) -> str:
     w = res["world"]
     lines = [f"# TP {w} against TP 1: {res['model']} shapes, {res['layers']} layers ({res['gpu']}, torch "
              f"{res['torch']})", "", "| measure | TP 1 | TP " + str(w) + " | TP N / TP 1 |", "|---|---|---|---|"]
-    for key in ("compiled batch 1", "compiled batch 16", "eager batch 1"):
+    for key in [k for k in res["tpn"] if k.startswith(("compiled", "eager"))]:
         a, b = res["tp1"][key]["tokens_per_s"], res["tpn"][key]["tokens_per_s"]
         lines.append(f"| {key} tokens/s | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
     if "prefill" in res:
@@ -195,6 +251,10 @@ def markdown(res: dict) -> str:
     for row in res.get("sum_times", []):
         lines.append(f"\nall-reduce of [{row['tokens']}, {row['hidden']}] fp16 alone in a CUDA graph: "
                      f"{row['us']:.2f} us")
+    for row in res.get("symm_mem_times", []):
+        lines.append(f"\nsymmetric-memory all-reduce of [{row['tokens']}, {row['hidden']}] fp16 in a CUDA graph: "
+                     + ", ".join(f"{k} {v:.2f} us" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+                                 if k not in ("tokens", "hidden")))
     for r, rows in enumerate(res.get("layers_by_rank", [])):
         for row in rows:
             lines.append(f"\nrank {r} {row['layer']} [{row['N']}x{row['K']}] M=1: {row['us']:.1f} us, floor "
@@ -215,6 +275,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--allreduce-only", action="store_true",
+                    help="GPU: only time the all-reduces of a decode step's hidden state in a CUDA graph, NCCL against "
+                         "torch's symmetric-memory one-shot / two-shot (no model); writes tp_allreduce_tp<N>.json")
+    ap.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 16],
+                    help="compiled decode batches (comma-separated; the acceptance: 1,16)")
     ap.add_argument("--smoke", action="store_true", help="CPU, gloo, a small Llama (vocabulary 1000), backend eager: "
                     "checks the script; only the tokens / logits checks decide the exit status")
     args = ap.parse_args()
@@ -241,6 +306,21 @@ def main() -> int:
                  "model": "smoke" if smoke else args.model, "layers": args.layers, "world": world, "mode": mode,
                  "env": {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}
     mesh = init_device_mesh(dev.type, (world,))
+    if args.allreduce_only and not smoke:
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):
+                symm_mem.enable_symm_mem_for_group(mesh.get_group().group_name)
+        except Exception as e:  # noqa: BLE001 -- reported in the rows' errors
+            res["symm_mem_setup_error"] = f"{type(e).__name__}: {e}"[:300]
+        res["sum_times"] = sum_times(mesh, shapes["hidden_size"], tokens=(1, 16))
+        res["symm_mem_times"] = symm_mem_times(mesh, shapes["hidden_size"])
+        if rank == 0:
+            with open(os.path.join(args.out, f"tp_allreduce_tp{world}.json"), "w") as f:
+                json.dump(res, f, indent=1)
+            print(json.dumps({k: res[k] for k in ("sum_times", "symm_mem_times")}, indent=1))
+        return finish(True, gpu=True)
     model = build(shapes, args.layers, dev, mixgemm.W4A16(group_size=128))
     ref = [None]
     if rank == 0:  # TP 1: rank 0 alone on the whole model, the other ranks wait
@@ -278,8 +358,10 @@ def main() -> int:
                 if "prefill" not in res:
                     continue
                 ratio = res["prefill"]["tp1_ms"] / res["prefill"]["tpn_ms"]
-            else:
+            elif key in res["tpn"]:
                 ratio = res["tpn"][key]["tokens_per_s"] / res["tp1"][key]["tokens_per_s"]
+            else:
+                continue
             res.setdefault("ratios", {})[key] = ratio
             checks[f"{key}: TP {world} / TP 1 = {ratio:.2f}x >= {need}x"] = ratio >= need
         if smoke:  # a CPU run's timings say nothing about the GPUs
