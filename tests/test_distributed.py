@@ -128,9 +128,31 @@ def test_bad_splits_name_the_layer_and_sizes():
         shard_quantized_weight(qw, 2, 0, 2)
     with pytest.raises(TypeError, match="QuantLinear"):
         shard_quant_linear(torch.nn.Linear(8, 8), 0, 0, 2)
-    layer = _layer(4, 128, "sym", bias=False)
-    with pytest.raises(ValueError, match=r"layers\.3\.mlp\.down_proj: row-parallel.*K=512.*8 ranks.*K=64"):
+    layer = _layer(4, 128, "sym", bias=False, k=640)  # 5 groups of 128; 80 per rank at TP 8: no group size fits
+    with pytest.raises(ValueError, match=r"layers\.3\.mlp\.down_proj: row-parallel.*K=640.*8 ranks.*K=80.*no group "
+                                         r"size of 32 or more divides both"):
         shard_quant_linear(layer, 1, 0, 8, "layers.3.mlp.down_proj")
+    a8 = _layer(4, 128, "sym", "sym")  # an activation-quantized layer is not re-grouped
+    with pytest.raises(ValueError, match=r"o_proj: row-parallel.*K=512.*8 ranks.*K=64.*activation blocks"):
+        shard_quant_linear(a8, 1, 0, 8, "o_proj")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", [(11008, 128, 4, 64), (512, 256, 4, 128), (11008, 128, 8, 32), (384, 128, 2, 64)])
+def test_row_split_cutting_a_group_regroups_exactly(mode, shape):
+    """A weight-only row split that cuts groups (AWQ's K = 11008 in groups of 128 at TP 4: 2752 per rank) re-groups
+    the layer into the largest group size dividing both, each new group keeping its old group's parameters: the
+    shards' partial products sum to the layer's output."""
+    k, group, world, want = shape
+    layer = _layer(4, group, mode, k=k, n=48)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        rows = [shard_quant_linear(layer, 1, r, world, "down_proj") for r in range(world)]
+        assert all(r.group_size == want and r.in_features == k // world for r in rows)
+        parts = torch.stack([s(xs) for s, xs in zip(rows, x.chunk(world, dim=-1), strict=True)])
+        assert _rel(parts.sum(0), layer(x)) <= EXACT
+    full = dequantize_weight(layer.quantized_weight(), torch.float64)
+    assert torch.equal(torch.cat([dequantize_weight(r.quantized_weight(), torch.float64) for r in rows], 1), full)
 
 
 def test_input_permutation():
@@ -156,7 +178,7 @@ def tp(tmp_path_factory):
 def _cases(kind):
     names = [f"tiny {n}" for n, c in tp_cases.precisions().items() if (c.act_mode is None) == (kind == "exact")]
     if kind == "exact":
-        names += ["70b/8 W4A16 g128 sym", "bias W4A16 g128 zero_point", "mixed plan",
+        names += ["70b/8 W4A16 g128 sym", "bias W4A16 g128 zero_point", "mixed plan", "regroup W4A16 g256",
                   "quantize after W4A16 g128 zero_point"]
     else:
         names += ["quantize after W4A8 g128 token int-scales"]

@@ -118,7 +118,12 @@ def prepare(directory: str) -> dict:
         mixgemm.quantize_(quantized, cfg)
         add(f"quantize after {name}", tiny, kind="after", config=cfg, reference=quantized)
     model = copy.deepcopy(tiny)
-    mixgemm.quantize_(model, mixgemm.W4A16(group_size=256))  # K per rank at TP 4: 512 / 4 = 128 < 256
+    cfg = mixgemm.W4A16(group_size=256)  # K per rank at TP 4: 512 / 4 = 128 < 256: re-grouped into groups of 128
+    mixgemm.quantize_(model, cfg)
+    add("regroup W4A16 g256", model, config=cfg)
+    model = copy.deepcopy(tiny)
+    # the same split of an activation-quantized layer, whose groups are its activation blocks: refused
+    mixgemm.quantize_(model, mixgemm.W4A8(group_size=256))
     add("error group", model, kind="error")
     for arch, cfg in (("qwen3_moe", mixgemm.W4A16(group_size=32, mode="zero_point")),
                       ("mixtral", mixgemm.W4A16(group_size=32)), ("qwen3", mixgemm.W8A16()),

@@ -180,13 +180,14 @@ def _check_module(name: str, module: nn.Module, style: ParallelStyle, world: int
         return
     if isinstance(module, ExpertList) and ours:
         layer = module[0]  # (the experts of a projection share one shape and format)
-        check_split((layer.out_features, layer.in_features), layer.config, dim, world, f"{name}.<expert>", parts)
+        check_split((layer.out_features, layer.in_features), layer.config, dim, world, f"{name}.<expert>", parts,
+                    regroup=layer.act_mode is None)
     elif isinstance(module, QuantLinear):
         if not ours:
             raise ValueError(f"{name}: {type(style).__name__} ({type(style).__module__}) cannot shard a QuantLinear; "
                              "use mixgemm.distributed.ColwiseParallel / RowwiseParallel (torch's options)")
         check_split((module.out_features, module.in_features), module.config, dim, world, name, parts,
-                    uneven=gathers_output(style))
+                    uneven=gathers_output(style), regroup=module.act_mode is None)
     elif parts != 1:
         raise ValueError(f"{name}: packed_colwise shards QuantLinear layers and quantized experts projections, not a "
                          f"{type(module).__name__} (quantize it first)")

@@ -13,7 +13,11 @@ process, and every rank reaches the same verdict (a bad split raises on all rank
   blocks in order (transformers' "packed_colwise"), so the model's cut still finds them.
 * Row parallel (``dim=1``, split along K): each rank keeps K / world input features of every row. The split must
   fall on group boundaries (K / world a multiple of the group size), so every group's scale, zero point and offset
-  go with it whole; int4 codes split on byte boundaries (two codes per byte). A per-channel weight (group -1: one
+  go with it whole; where it does not, a weight-only layer (``regroup``) is re-grouped, exactly, into the largest
+  group size of GROUP_SIZES that divides both the group size and K / world, each new group repeating its old
+  group's scale, zero point and offset (K = 11008 in groups of 128 at TP 4: 2752 per rank, 43 groups of 64); an
+  activation-quantized layer's groups are its activation blocks too, so it is refused instead; int4 codes split on
+  byte boundaries (two codes per byte). A per-channel weight (group -1: one
   group spanning K) splits anywhere on a byte boundary: each shard keeps the channel's scale (and zero / offset)
   for its slice, and w = (q - z) s is still exact element by element. Integer group scales (W4A8,
   mixgemm.formats.int_scales) stay integer multiples of their row's step in any subset of the groups.
@@ -32,7 +36,7 @@ from dataclasses import replace
 
 import torch
 
-from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight
+from mixgemm.formats.weight import GROUP_SIZES, PER_CHANNEL, QuantConfig, QuantizedWeight
 from mixgemm.nn.linear import QuantLinear
 
 COLWISE, ROWWISE = 0, 1
@@ -50,11 +54,18 @@ def _check_dim(dim: int) -> None:
         raise ValueError(f"dim must be 0 (column-parallel, along N) or 1 (row-parallel, along K), got {dim!r}")
 
 
+def split_group(group: int, local: int) -> int | None:
+    """The largest group size of GROUP_SIZES that divides ``group`` and ``local`` (the K a rank keeps), or None: the
+    groups a row split that cuts groups of ``group`` re-groups a weight-only layer into."""
+    return max((g for g in GROUP_SIZES if group % g == 0 and local % g == 0), default=None)
+
+
 def check_split(shape: tuple[int, int], config: QuantConfig, dim: int, world: int, layer: str = "weight",
-                parts: int = 1, uneven: bool = False) -> int:
+                parts: int = 1, uneven: bool = False, regroup: bool = False) -> int:
     """Check that an [N, K] weight in ``config`` splits exactly into ``world`` shards along ``dim`` (0: N, 1: K; a
     column split of ``parts`` packed row blocks splits each block; ``uneven``: a column split whose output is
-    gathered, where N need not divide, module docstring); return the shard's size along that dim (rows held, with
+    gathered, where N need not divide; ``regroup``: a weight-only layer, whose row split may re-group a cut group,
+    module docstring); return the shard's size along that dim (rows held, with
     the padding). Raises ValueError naming ``layer`` and the sizes otherwise."""
     _check_dim(dim)
     _check_rank(0, world)
@@ -79,10 +90,12 @@ def check_split(shape: tuple[int, int], config: QuantConfig, dim: int, world: in
     if dim == COLWISE:
         return local
     g = k if config.group_size == PER_CHANNEL else config.group_size
-    if config.group_size != PER_CHANNEL and local % g:
+    if config.group_size != PER_CHANNEL and local % g and not (regroup and split_group(g, local)):
+        why = ("no group size of 32 or more divides both, to re-group it into" if regroup else
+               "an activation-quantized layer's groups are its activation blocks, so they are not re-grouped")
         raise ValueError(f"{layer}: row-parallel split of [N={n}, K={k}] over {world} ranks gives K={local} per rank, "
                          f"not a multiple of the group size {g}: a group (its scale, zero point / offset) would be "
-                         "cut in two")
+                         f"cut in two ({why})")
     if (local * config.bits) % 8:
         raise ValueError(f"{layer}: row-parallel split of [N={n}, K={k}] over {world} ranks gives K={local} per rank: "
                          f"{config.bits}-bit codes packed two per byte need an even K per rank")
@@ -113,18 +126,34 @@ def _take_rows(t: torch.Tensor | None, n: int, parts: int, rank: int, local: int
     return torch.cat(out)
 
 
+def regrouped(qw: QuantizedWeight, group: int) -> QuantizedWeight:
+    """``qw`` in groups of ``group`` (a divisor of its group size): the same codes, each group's scale, zero point
+    and offset repeated over the new groups it spans: the same weight, exactly. A new QuantizedWeight."""
+    times = qw.config.group_size // group
+
+    def rep(t):
+        return None if t is None else t.repeat_interleave(times, dim=1)
+
+    return replace(qw, _layouts={}, resident=None, qweight=qw.packed(), scales=rep(qw.scales), zeros=rep(qw.zeros),
+                   offsets=rep(qw.offsets), config=replace(qw.config, group_size=group))
+
+
 def shard_quantized_weight(qw: QuantizedWeight, dim: int, rank: int, world: int,
-                           layer: str = "weight", parts: int = 1, uneven: bool = False) -> QuantizedWeight:
+                           layer: str = "weight", parts: int = 1, uneven: bool = False,
+                           regroup: bool = False) -> QuantizedWeight:
     """Rank ``rank``'s shard (of ``world``) of ``qw`` along ``dim`` (0: N rows, 1: K columns; ``parts`` packed row
     blocks, module docstring), as a new QuantizedWeight [N / world, K] or [N, K / world] with its own copies of the
     tensors (plain codes, also from a compacted weight); ``qw`` is not modified. ``uneven``: a column split of a
-    gathered output, N need not divide (ceil(N / world) rows each, zero rows past N).
+    gathered output, N need not divide (ceil(N / world) rows each, zero rows past N). ``regroup``: a row split that
+    cuts a group re-groups the weight first (``regrouped``; weight-only layers).
     Raises ValueError (naming ``layer`` and the sizes) when the split cannot be exact (module docstring)."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"{layer}: expected a QuantizedWeight, got {type(qw).__name__}")
     _check_rank(rank, world)
-    local = check_split(qw.shape, qw.config, dim, world, layer, parts, uneven)
+    local = check_split(qw.shape, qw.config, dim, world, layer, parts, uneven, regroup)
     n, k = qw.shape
+    if dim == ROWWISE and qw.config.group_size != PER_CHANNEL and local % qw.config.group_size:
+        qw = regrouped(qw, split_group(qw.config.group_size, local))
     a, b = rank * local, (rank + 1) * local
     if dim == COLWISE:
         rows = local // parts
@@ -167,7 +196,8 @@ def shard_quant_linear(module: QuantLinear, dim: int, rank: int, world: int, lay
     layer = layer or f"QuantLinear(in_features={module.in_features}, out_features={module.out_features})"
     _check_dim(dim)
     _check_rank(rank, world)
-    qw = shard_quantized_weight(module.quantized_weight(), dim, rank, world, layer, parts, uneven)
+    qw = shard_quantized_weight(module.quantized_weight(), dim, rank, world, layer, parts, uneven,
+                                regroup=module.act_mode is None)
     bias = module.bias
     if bias is not None:
         bias = bias.detach()
@@ -192,4 +222,5 @@ def shard_quant_linear(module: QuantLinear, dim: int, rank: int, world: int, lay
     return shard.train(module.training)
 
 
-__all__ = ["COLWISE", "ROWWISE", "check_split", "shard_quant_linear", "shard_quantized_weight"]
+__all__ = ["COLWISE", "ROWWISE", "check_split", "regrouped", "shard_quant_linear", "shard_quantized_weight",
+           "split_group"]

@@ -89,6 +89,7 @@ def _broadcast_from(module: QuantLinear, device_mesh: DeviceMesh, src: int) -> Q
 def _adopt(module: QuantLinear, shard: QuantLinear) -> None:
     """Make ``module`` the shard in place (parallelize_module keeps the module objects it is given)."""
     module.in_features, module.out_features = shard.in_features, shard.out_features
+    module.config = shard.config  # (a row split that re-grouped the weight: the shard's group size)
     for name, buf in shard._buffers.items():
         module._buffers[name] = buf
     if shard.bias is not None:
