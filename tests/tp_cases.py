@@ -325,38 +325,49 @@ def _error_cases(mesh, directory: str, cases: dict, res: dict) -> None:
             res[f"error {name}"] = str(e)
 
 
-def worker(rank: int, world: int, port: int, directory: str, cases: dict) -> None:
+def worker(rank: int, world: int, directory: str, results: dict, cases: dict) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    pair = dist.new_group([0, 1])
+    for size in WORLDS:
+        if rank < size:
+            mesh = DeviceMesh.from_group(pair if size == 2 else dist.group.WORLD, "cpu")
+            res = results.setdefault(size, {})
+            _model_cases(mesh, directory, cases, res)
+            _style_cases(mesh, res)
+            if size == world:
+                _error_cases(mesh, directory, cases, res)
+        dist.barrier()
+
+
+def _rank_main(rank: int, world: int, port: int, directory: str, body, args: tuple) -> None:
+    """One process of a gloo job: ``body(rank, world, directory, results, *args)`` fills ``results``, saved to
+    ``directory/rank<r>.pt`` even when it raises."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
-    from torch.distributed.device_mesh import DeviceMesh
-
     results: dict = {}
     try:
-        pair = dist.new_group([0, 1])
-        for size in WORLDS:
-            if rank < size:
-                mesh = DeviceMesh.from_group(pair if size == 2 else dist.group.WORLD, "cpu")
-                res = results.setdefault(size, {})
-                _model_cases(mesh, directory, cases, res)
-                _style_cases(mesh, res)
-                if size == world:
-                    _error_cases(mesh, directory, cases, res)
-            dist.barrier()
+        body(rank, world, directory, results, *args)
     finally:
         torch.save(results, os.path.join(directory, f"rank{rank}.pt"))
         dist.destroy_process_group()
 
 
-def run(directory: str) -> tuple[dict, list[dict]]:
-    """prepare + the 4-process job: (cases, [results of rank r: {world size: {case: ...}}])."""
+def spawn_gloo(body, world: int, directory: str, *args) -> list[dict]:
+    """Run ``body`` (a module-level function, _rank_main) in a gloo job of ``world`` CPU processes; [rank r's
+    results]."""
     import torch.multiprocessing as mp
 
-    cases = prepare(directory)
-    light = {k: {"file": v["file"], "kind": v["kind"], "config": v["config"]} for k, v in cases.items()}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    n = max(WORLDS)
-    mp.spawn(worker, args=(n, port, directory, light), nprocs=n)
-    return cases, [torch.load(os.path.join(directory, f"rank{r}.pt"), weights_only=False) for r in range(n)]
+    mp.spawn(_rank_main, args=(world, port, directory, body, args), nprocs=world)
+    return [torch.load(os.path.join(directory, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+
+
+def run(directory: str) -> tuple[dict, list[dict]]:
+    """prepare + the 4-process job: (cases, [results of rank r: {world size: {case: ...}}])."""
+    cases = prepare(directory)
+    light = {k: {"file": v["file"], "kind": v["kind"], "config": v["config"]} for k, v in cases.items()}
+    return cases, spawn_gloo(worker, max(WORLDS), directory, light)

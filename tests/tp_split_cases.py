@@ -13,12 +13,12 @@ job of unequal ranks fails: every rank must raise the same error.
 
 from __future__ import annotations
 
-import datetime
 import os
-import socket
 
 import torch
 import torch.distributed as dist
+
+import tp_cases
 
 VOCABS = (1000, 1001, 32064, 151936)
 WORLDS = (2, 4, 8)
@@ -123,44 +123,29 @@ def _errors(rank: int, world: int, mesh, directory: str) -> dict:
     return out
 
 
-def worker(rank: int, world: int, port: int, directory: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(minutes=5))
+def worker(rank: int, world: int, directory: str, results: dict) -> None:
     from torch.distributed.device_mesh import DeviceMesh
 
     from mixgemm.distributed import tensor_parallel_
 
-    results: dict = {}
-    try:
-        groups = {size: dist.new_group(list(range(size))) for size in WORLDS if size < world}
-        for size in WORLDS:
-            if rank < size:
-                mesh = DeviceMesh.from_group(groups.get(size, dist.group.WORLD), "cpu")
-                res = results.setdefault(size, {})
-                for vocab in VOCABS:
-                    m = torch.load(os.path.join(directory, f"v{vocab}.pt"), weights_only=False)
-                    tensor_parallel_(m, mesh)
-                    with torch.no_grad():
-                        res[vocab] = {"logits": m(ids()).logits.float(), "lm_head_rows": m.lm_head.out_features}
-                    if vocab == VOCABS[0]:
-                        res["step"] = _counted_step(m, mesh)
-                if size == world:
-                    res["errors"] = _errors(rank, world, mesh, directory)
-            dist.barrier()
-    finally:
-        torch.save(results, os.path.join(directory, f"rank{rank}.pt"))
-        dist.destroy_process_group()
+    groups = {size: dist.new_group(list(range(size))) for size in WORLDS if size < world}
+    for size in WORLDS:
+        if rank < size:
+            mesh = DeviceMesh.from_group(groups.get(size, dist.group.WORLD), "cpu")
+            res = results.setdefault(size, {})
+            for vocab in VOCABS:
+                m = torch.load(os.path.join(directory, f"v{vocab}.pt"), weights_only=False)
+                tensor_parallel_(m, mesh)
+                with torch.no_grad():
+                    res[vocab] = {"logits": m(ids()).logits.float(), "lm_head_rows": m.lm_head.out_features}
+                if vocab == VOCABS[0]:
+                    res["step"] = _counted_step(m, mesh)
+            if size == world:
+                res["errors"] = _errors(rank, world, mesh, directory)
+        dist.barrier()
 
 
 def run(directory: str) -> tuple[dict, list[dict]]:
     """prepare + the 8-process job: (unsharded logits by vocab, [results of rank r: {world: ...}])."""
-    import torch.multiprocessing as mp
-
     ref = prepare(directory)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    n = max(WORLDS)
-    mp.spawn(worker, args=(n, port, directory), nprocs=n)
-    return ref, [torch.load(os.path.join(directory, f"rank{r}.pt"), weights_only=False) for r in range(n)]
+    return ref, tp_cases.spawn_gloo(worker, max(WORLDS), directory)

@@ -41,7 +41,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from tools.checks.tp_gpu import LLAMA3_70B, LOGIT_TOL, finish, layer_times, sum_times  # noqa: E402
+from tools.checks.tp_gpu import LLAMA3_70B, LOGIT_TOL, finish, finish_as_rank_0, graph_us, layer_times, sum_times  # noqa: E402
 
 MODELS = {
     "llama3-70b": LLAMA3_70B,
@@ -134,25 +134,6 @@ def prefill_ms(model, vocab: int, tokens: int, repeats: int = 5) -> float:
             sync(dev)
             if i >= 2:
                 times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
-def graph_us(fns: list, group, replays: int = 20) -> float:
-    """GPU time of one of ``fns`` (run back to back in one CUDA graph), median of ``replays`` (every rank alike)."""
-    from mixgemm.bench.protocol import capture_graph
-
-    graph = capture_graph(fns)
-    times = []
-    for _ in range(replays):
-        dist.barrier(group=group)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(fns))
-    del graph
     return sorted(times)[len(times) // 2]
 
 
@@ -380,9 +361,7 @@ def main() -> int:
             f.write(text)
         print(text)
         ok = all(checks.values())
-    flag = [ok]
-    dist.broadcast_object_list(flag, src=0)
-    return finish(flag[0], gpu=not smoke)
+    return finish_as_rank_0(ok, gpu=not smoke)
 
 
 if __name__ == "__main__":

@@ -134,29 +134,42 @@ def finish(ok: bool, gpu: bool) -> int:
     os._exit(0 if ok else 1)
 
 
-def sum_times(mesh, hidden: int, tokens: tuple[int, ...] = (1, 4, 16), calls: int = 50, replays: int = 20) -> list:
-    """GPU time of one all-reduce (torch.distributed, NCCL) of a [tokens, hidden] fp16 tensor, as the row-parallel
-    layers' outputs are summed: ``calls`` back to back in a CUDA graph, median of ``replays`` (every rank replays
+def graph_us(fns: list, group, replays: int = 20) -> float:
+    """GPU time of one of ``fns`` run back to back in one CUDA graph: median of ``replays`` (every rank replays
     alike: a collective's count must match)."""
     from mixgemm.bench.protocol import capture_graph
 
+    graph = capture_graph(fns)
+    times = []
+    for _ in range(replays):
+        dist.barrier(group=group)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(fns))
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
+def finish_as_rank_0(ok: bool, gpu: bool) -> int:
+    """finish, every rank with rank 0's verdict (the one that ran the checks)."""
+    flag = [ok]
+    dist.broadcast_object_list(flag, src=0)
+    return finish(flag[0], gpu)
+
+
+def sum_times(mesh, hidden: int, tokens: tuple[int, ...] = (1, 4, 16), calls: int = 50) -> list:
+    """GPU time of one all-reduce (torch.distributed, NCCL) of a [tokens, hidden] fp16 tensor, as the row-parallel
+    layers' outputs are summed: ``calls`` back to back in a CUDA graph (graph_us)."""
     group = mesh.get_group()
     rows = []
     for m in tokens:
         bufs = [torch.randn(m, hidden, dtype=torch.float16, device="cuda") for _ in range(calls)]
-        graph = capture_graph([partial(dist.all_reduce, b, group=group) for b in bufs])
-        times = []
-        for _ in range(replays):
-            dist.barrier(group=group)
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / calls)
-        rows.append({"tokens": m, "hidden": hidden, "us": sorted(times)[len(times) // 2]})
-        del graph
+        rows.append({"tokens": m, "hidden": hidden,
+                     "us": graph_us([partial(dist.all_reduce, b, group=group) for b in bufs], group)})
     return rows
 
 
@@ -262,9 +275,7 @@ def main() -> int:
         for name, passed in checks.items():
             print(f"{'PASS' if passed else 'FAIL'}  {name}")
         ok = all(checks.values())
-    flag = [ok]
-    dist.broadcast_object_list(flag, src=0)
-    return finish(flag[0], gpu=not smoke)
+    return finish_as_rank_0(ok, gpu=not smoke)
 
 
 if __name__ == "__main__":
