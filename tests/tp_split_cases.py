@@ -5,7 +5,8 @@ Models (float32, random weights, W4A16 per-channel): a tiny Llama (hidden 64, in
 layer) with vocabularies of 1000, 1001, 32064 (Phi-3) and 151936 (Qwen2): lm_head shards of 500 / 250 / 125 rows
 (1000), uneven ones (1001: 501 / 251 / 126 rows, the last rank's tail padding), 4008 (32064 / 8), 18992 (151936 / 8);
 q / k / v shards of 8 rows at TP 8 (64 / 8): none a multiple of the kernels' 16-row tile. ``prepare`` quantizes each
-once and keeps the unsharded logits; each rank loads, shards (tensor_parallel_, the model's own plan) and runs them.
+once and keeps the unsharded logits; each rank loads, shards (tensor_parallel_, the model's own plan; at TP 8 on its
+default mesh) and runs them.
 Also, per world size: an eager decode step counted for DTensor conversions and module hooks (none), and a step
 compiled by dynamo (backend "eager": the functional collectives traced) against the eager one; at TP 8, the ways a
 job of unequal ranks fails: every rank must raise the same error.
@@ -135,7 +136,7 @@ def worker(rank: int, world: int, directory: str, results: dict) -> None:
             res = results.setdefault(size, {})
             for vocab in VOCABS:
                 m = torch.load(os.path.join(directory, f"v{vocab}.pt"), weights_only=False)
-                tensor_parallel_(m, mesh)
+                tensor_parallel_(m, None if size == world else mesh)  # (None: the default mesh, every rank)
                 with torch.no_grad():
                     res[vocab] = {"logits": m(ids()).logits.float(), "lm_head_rows": m.lm_head.out_features}
                 if vocab == VOCABS[0]:
