@@ -220,9 +220,9 @@ def test_compressed_tensors_scheme_matching_and_bad_inputs(torch_gen):
         with pytest.raises(ValueError, match=r"format 'int-quantized'"):
             COMPRESSED_TENSORS.convert_linear(src, "model.q_proj", _ct_config({**scheme, "format": group_fmt},
                                                                               format=top_fmt))
-    with pytest.raises(ValueError, match=r"activation quantization"):
+    with pytest.raises(ValueError, match=r"model.q_proj: compressed-tensors scheme .*A8 int tensor static.*static"):
         COMPRESSED_TENSORS.convert_linear(src, "model.q_proj", _ct_config(
-            {**scheme, "input_activations": {"num_bits": 8, "strategy": "token", "dynamic": True}}))
+            {**scheme, "input_activations": {"num_bits": 8, "strategy": "tensor", "dynamic": False}}))
     with pytest.raises(ValueError, match=r"model.q_proj.weight_packed.*2-bit"):
         COMPRESSED_TENSORS.convert_linear(src, "model.q_proj", _ct_config(
             {**scheme, "weights": {**scheme["weights"], "num_bits": 2}}))
