@@ -40,8 +40,9 @@ def _producer_weights(path) -> dict[str, torch.Tensor]:
     compressor = BaseCompressor.get_value_from_registry(group["format"])
     out = {}
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
-        for prefix in sorted({k.rsplit(".", 1)[0] for k in f.keys() if k.endswith(".weight_scale")}):
-            sd = {k[len(prefix) + 1:]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix + ".")}
+        names = list(f.keys())
+        for prefix in sorted({k.rsplit(".", 1)[0] for k in names if k.endswith(".weight_scale")}):
+            sd = {k[len(prefix) + 1:]: f.get_tensor(k) for k in names if k.startswith(prefix + ".")}
             sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
             out[prefix] = compressor.decompress(sd, scheme)["weight"]
     return out
