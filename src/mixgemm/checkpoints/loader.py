@@ -142,39 +142,63 @@ def _fill_rest(model, source, device, dtype, report, bar) -> None:
         bar.update(1)
 
 
+# A float weight goes to the device this many elements at a time, each slice quantized before the next is copied:
+# the float layer never exists whole on the device and its quantization's temporaries stay a few slices' size.
+CHUNK_ELEMENTS = 1 << 23
+
+
+def quantize_streamed(weight: torch.Tensor, config, device, name: str):
+    """The QuantizedWeight of a float ``weight`` [N, K] (on the CPU) in ``config``'s format, quantized on ``device``
+    in slices of rows (row groups are independent, so the result equals quantizing it whole)."""
+    from mixgemm.quantize_api import scheme_weight
+
+    rows = max(128, CHUNK_ELEMENTS // max(weight.shape[1], 1) // 128 * 128)
+    parts = [ConvertedLinear(scheme_weight(weight[r:r + rows].to(device), config))
+             for r in range(0, weight.shape[0], rows)]
+    return fuse_rows(parts, name).weight
+
+
 def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> None:
-    """Float checkpoint: each Linear read, quantized on ``device`` and dropped, one at a time."""
-    from mixgemm.quantize_api import _why_not, quantize_linear
+    """Float checkpoint: each Linear read (the next one read on a thread while this one is quantized), quantized on
+    ``device`` slice by slice (quantize_streamed) and dropped, one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mixgemm.nn.linear import QuantLinear
+    from mixgemm.quantize_api import _why_not_weight
 
     cfg = config.weight_config()
     tied = _tied_names(model)
     keys = source.keys()
+    todo = []
     for name, lin in _linears(model).items():
-        wkey = f"{name}.weight"
         if filter_fn is not None and not filter_fn(lin, name):
             report.skipped[name] = "excluded by filter_fn"
-            continue
-        if tied.get(wkey):
+        elif tied.get(f"{name}.weight"):
             report.skipped[name] = "weight is shared (tied) with another module; quantizing it would untie it"
-            continue
-        if wkey not in keys:
-            continue  # _fill_rest reports it
-        real = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None, device="meta")
-        real.weight = nn.Parameter(source.get(wkey).to(device), requires_grad=False)
-        if lin.bias is not None:
-            real.bias = nn.Parameter(source.get(f"{name}.bias").to(device), requires_grad=False)
-        why = _why_not(real, cfg, set())
-        if why is None:
-            try:
-                ql = quantize_linear(real, config)
-            except ValueError as e:
-                why = str(e)
-        if why is not None:
-            report.skipped[name] = why
-            continue
-        skeleton.put_module(model, name, ql)
-        report.quantized.append(name)
-        bar.update(1 + (lin.bias is not None))
+        elif f"{name}.weight" in keys:  # (else _fill_rest reports it)
+            todo.append((name, lin))
+    with ThreadPoolExecutor(1) as reader:
+        pending = reader.submit(source.get, f"{todo[0][0]}.weight") if todo else None
+        for i, (name, lin) in enumerate(todo):
+            weight = pending.result()
+            if i + 1 < len(todo):
+                pending = reader.submit(source.get, f"{todo[i + 1][0]}.weight")
+            why = _why_not_weight(weight, lin.in_features, cfg, set())
+            if why is None and tuple(weight.shape) != (lin.out_features, lin.in_features):
+                why = f"the checkpoint's weight is {tuple(weight.shape)}, the model expects {tuple(lin.weight.shape)}"
+            if why is None:
+                try:
+                    qw = quantize_streamed(weight, config, device, name)
+                except ValueError as e:
+                    why = str(e)
+            if why is not None:
+                report.skipped[name] = why
+                continue
+            bias = source.get(f"{name}.bias").to(device) if lin.bias is not None else None
+            ql = QuantLinear.from_quantized(qw, bias, act_mode=config.act_mode, act_block=config.act_block)
+            skeleton.put_module(model, name, ql)
+            report.quantized.append(name)
+            bar.update(1 + (lin.bias is not None))
 
 
 def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress, trust_remote_code):
