@@ -142,31 +142,94 @@ def _fill_rest(model, source, device, dtype, report, bar) -> None:
         bar.update(1)
 
 
-# A float weight goes to the device this many elements at a time, each slice quantized before the next is copied:
-# the float layer never exists whole on the device and its quantization's temporaries stay a few slices' size.
+# A float weight goes to the device this many elements at a time, each slice quantized once it is there: the float
+# layer never exists whole on the device and its quantization's temporaries stay a few slices' size.
 CHUNK_ELEMENTS = 1 << 23
+SLICES_IN_FLIGHT = 3  # slices copied ahead of the one being quantized
+
+
+def _slice_rows(k: int) -> int:
+    return max(128, CHUNK_ELEMENTS // max(k, 1) // 128 * 128)
 
 
 def quantize_streamed(weight: torch.Tensor, config, device, name: str):
     """The QuantizedWeight of a float ``weight`` [N, K] (on the CPU) in ``config``'s format, quantized on ``device``
     in slices of rows (row groups are independent, so the result equals quantizing it whole)."""
+    rows = _slice_rows(weight.shape[1])
+    return _quantize_slices([weight[r:r + rows].to(device) for r in range(0, weight.shape[0], rows)], config, name)
+
+
+def _quantize_slices(slices, config, name: str):
     from mixgemm.quantize_api import scheme_weight
 
-    rows = max(128, CHUNK_ELEMENTS // max(weight.shape[1], 1) // 128 * 128)
-    parts = [ConvertedLinear(scheme_weight(weight[r:r + rows].to(device), config))
-             for r in range(0, weight.shape[0], rows)]
-    return fuse_rows(parts, name).weight
+    return fuse_rows([ConvertedLinear(scheme_weight(s, config)) for s in slices], name).weight
+
+
+class _SliceCopier:
+    """Copies the float weights of ``layers`` [(name, in_features, out_features)] to ``device`` slice by slice on a
+    thread (a side CUDA stream on a GPU), SLICES_IN_FLIGHT ahead of the caller, who quantizes them meanwhile.
+    ``layer()`` gives the next layer's (name, why, slices): why (a reason it is not quantized, e.g. not floating
+    point) or None with an iterator of its slices on the device."""
+
+    def __init__(self, source, layers, device, cfg):
+        import queue
+        import threading
+
+        self.queue = queue.Queue(SLICES_IN_FLIGHT)
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.thread = threading.Thread(target=self._run, args=(source, layers, cfg), daemon=True)
+        self.thread.start()
+
+    def _run(self, source, layers, cfg):
+        from mixgemm.quantize_api import _why_not_weight
+
+        try:
+            side = torch.cuda.Stream(self.device) if self.cuda else None
+            for name, k, n in layers:
+                weight = source.get(f"{name}.weight")  # memory-mapped: read as it is copied
+                why = _why_not_weight(weight, k, cfg, set())
+                if why is None and tuple(weight.shape) != (n, k):
+                    why = f"the checkpoint's weight is {tuple(weight.shape)}, the model expects {(n, k)}"
+                rows = _slice_rows(k)
+                self.queue.put((name, why, 0 if why else -(-n // rows)))
+                for r in range(0, 0 if why else n, rows):
+                    if side is None:
+                        self.queue.put((weight[r:r + rows].to(self.device), None))
+                        continue
+                    with torch.cuda.stream(side):
+                        t = weight[r:r + rows].to(self.device)
+                        done = torch.cuda.Event()
+                        done.record(side)
+                    self.queue.put((t, done))
+        except BaseException as e:  # handed to the caller
+            self.queue.put(e)
+
+    def _get(self):
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def _slices(self, count):
+        for _ in range(count):
+            t, done = self._get()
+            if done is not None:
+                torch.cuda.current_stream(self.device).wait_event(done)
+                t.record_stream(torch.cuda.current_stream(self.device))
+            yield t
+
+    def layer(self):
+        name, why, count = self._get()
+        return name, why, self._slices(count)
 
 
 def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> None:
-    """Float checkpoint: each Linear read (the next one read on a thread while this one is quantized), quantized on
-    ``device`` slice by slice (quantize_streamed) and dropped, one at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Float checkpoint: each Linear's weight copied to ``device`` in slices on a thread (_SliceCopier) while the
+    slices before it are quantized, so the float model never exists on the device and the copies and the
+    quantization overlap."""
     from mixgemm.nn.linear import QuantLinear
-    from mixgemm.quantize_api import _why_not_weight
 
-    cfg = config.weight_config()
     tied = _tied_names(model)
     keys = source.keys()
     todo = []
@@ -177,28 +240,26 @@ def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> 
             report.skipped[name] = "weight is shared (tied) with another module; quantizing it would untie it"
         elif f"{name}.weight" in keys:  # (else _fill_rest reports it)
             todo.append((name, lin))
-    with ThreadPoolExecutor(1) as reader:
-        pending = reader.submit(source.get, f"{todo[0][0]}.weight") if todo else None
-        for i, (name, lin) in enumerate(todo):
-            weight = pending.result()
-            if i + 1 < len(todo):
-                pending = reader.submit(source.get, f"{todo[i + 1][0]}.weight")
-            why = _why_not_weight(weight, lin.in_features, cfg, set())
-            if why is None and tuple(weight.shape) != (lin.out_features, lin.in_features):
-                why = f"the checkpoint's weight is {tuple(weight.shape)}, the model expects {tuple(lin.weight.shape)}"
-            if why is None:
-                try:
-                    qw = quantize_streamed(weight, config, device, name)
-                except ValueError as e:
-                    why = str(e)
-            if why is not None:
-                report.skipped[name] = why
-                continue
-            bias = source.get(f"{name}.bias").to(device) if lin.bias is not None else None
-            ql = QuantLinear.from_quantized(qw, bias, act_mode=config.act_mode, act_block=config.act_block)
-            skeleton.put_module(model, name, ql)
-            report.quantized.append(name)
-            bar.update(1 + (lin.bias is not None))
+    copier = _SliceCopier(source, [(n, lin.in_features, lin.out_features) for n, lin in todo], device,
+                          config.weight_config())
+    for name, lin in todo:
+        _, why, slices = copier.layer()
+        if why is None:
+            try:
+                qw = _quantize_slices(slices, config, name)  # each slice quantized as it arrives
+            except ValueError as e:
+                why = str(e)
+                for _ in slices:  # the rest of this layer's slices off the queue
+                    pass
+        if why is not None:
+            report.skipped[name] = why
+            continue
+        bias = source.get(f"{name}.bias").to(device) if lin.bias is not None else None
+        ql = QuantLinear.from_quantized(qw, bias, act_mode=config.act_mode, act_block=config.act_block)
+        skeleton.put_module(model, name, ql)
+        report.quantized.append(name)
+        bar.update(1 + (lin.bias is not None))
+    copier.thread.join()
 
 
 def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress, trust_remote_code):
