@@ -130,3 +130,19 @@ def test_w8a8_fixture_through_automodel_is_never_a_float_model_with_int_weights(
         got, want = model(IDS).logits, mg(IDS).logits
     # two int8 activation quantizers (compressed-tensors' absmax / 127.5, mixgemm's absmax / 127)
     assert (got - want).abs().max() < 0.05 * want.abs().max()
+
+
+def test_int8_codes_without_their_scales_never_load_as_a_float_weight(tmp_path):
+    """A W8A8 layer whose weight_scale is missing is not recognised as quantized: its int8 codes must not be put
+    into a float nn.Linear (the failure before int-quantized was read: a forward raising a dtype mismatch)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = os.path.join(ROOT, "llmcompressor-w8a8")
+    shutil.copy(os.path.join(src, "config.json"), tmp_path)
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    del sd["model.layers.1.mlp.up_proj.weight_scale"]
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"'model.layers.1.mlp.up_proj.weight' is torch.int8 in the checkpoint"):
+        mixgemm.from_pretrained(str(tmp_path), progress=False)
