@@ -148,7 +148,7 @@ def _fill_rest(model, source, device, dtype, report, bar) -> None:
 # A float weight goes to the device this many elements at a time, each slice quantized once it is there: the float
 # layer never exists whole on the device and its quantization's temporaries stay a few slices' size.
 CHUNK_ELEMENTS = 1 << 23
-SLICES_IN_FLIGHT = 3  # slices copied ahead of the one being quantized
+SLICES_IN_FLIGHT = 3  # pinned slices staged ahead of the one being copied to the device
 
 
 def _slice_rows(k: int) -> int:
@@ -169,18 +169,27 @@ def _quantize_slices(slices, config, name: str):
 
 
 class _SliceCopier:
-    """Copies the float weights of ``layers`` [(name, in_features, out_features)] to ``device`` slice by slice on a
-    thread (a side CUDA stream on a GPU), SLICES_IN_FLIGHT ahead of the caller, who quantizes them meanwhile.
+    """Copies the float weights of ``layers`` [(name, in_features, out_features)] to ``device`` slice by slice.
     ``layer()`` gives the next layer's (name, why, slices): why (a reason it is not quantized, e.g. not floating
-    point) or None with an iterator of its slices on the device."""
+    point) or None with an iterator of its slices on the device. On a GPU a thread copies each memory-mapped slice
+    into one of SLICES_IN_FLIGHT pinned buffers ahead of the caller, whose copies to the device are then
+    asynchronous and overlap the quantization of the slices before them."""
 
     def __init__(self, source, layers, device, cfg):
         import queue
         import threading
 
-        self.queue = queue.Queue(SLICES_IN_FLIGHT)
+        self.queue = queue.Queue()
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.free = queue.Queue()
+        self.buffers, self.copied = [], []
+        if self.cuda:
+            nbytes = CHUNK_ELEMENTS * 4 + max((k for _, k, _ in layers), default=0) * 4 * 128
+            for i in range(SLICES_IN_FLIGHT):
+                self.buffers.append(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
+                self.copied.append(None)
+                self.free.put(i)
         self.thread = threading.Thread(target=self._run, args=(source, layers, cfg), daemon=True)
         self.thread.start()
 
@@ -188,7 +197,6 @@ class _SliceCopier:
         from mixgemm.quantize_api import _why_not_weight
 
         try:
-            side = torch.cuda.Stream(self.device) if self.cuda else None
             for name, k, n in layers:
                 weight = source.get(f"{name}.weight")  # memory-mapped: read as it is copied
                 why = _why_not_weight(weight, k, cfg, set())
@@ -197,14 +205,16 @@ class _SliceCopier:
                 rows = _slice_rows(k)
                 self.queue.put((name, why, 0 if why else -(-n // rows)))
                 for r in range(0, 0 if why else n, rows):
-                    if side is None:
-                        self.queue.put((weight[r:r + rows].to(self.device), None))
+                    part = weight[r:r + rows]
+                    if not self.cuda:
+                        self.queue.put((None, part))
                         continue
-                    with torch.cuda.stream(side):
-                        t = weight[r:r + rows].to(self.device)
-                        done = torch.cuda.Event()
-                        done.record(side)
-                    self.queue.put((t, done))
+                    i = self.free.get()
+                    if self.copied[i] is not None:
+                        self.copied[i].synchronize()  # its last copy to the device has read it
+                    staged = self.buffers[i][:part.numel() * part.element_size()].view(part.dtype).view(part.shape)
+                    staged.copy_(part)
+                    self.queue.put((i, staged))
         except BaseException as e:  # handed to the caller
             self.queue.put(e)
 
@@ -216,10 +226,14 @@ class _SliceCopier:
 
     def _slices(self, count):
         for _ in range(count):
-            t, done = self._get()
-            if done is not None:
-                torch.cuda.current_stream(self.device).wait_event(done)
-                t.record_stream(torch.cuda.current_stream(self.device))
+            i, staged = self._get()
+            if i is None:
+                yield staged.to(self.device)
+                continue
+            t = staged.to(self.device, non_blocking=True)
+            self.copied[i] = torch.cuda.Event()
+            self.copied[i].record()
+            self.free.put(i)
             yield t
 
     def layer(self):
