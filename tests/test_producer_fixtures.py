@@ -25,6 +25,7 @@ from mixgemm.nn.linear import QuantLinear
 
 ROOT = os.path.join(os.path.dirname(__file__), "fixtures", "producers")
 CT_FIXTURES = ["llmcompressor-w8a8", "llmcompressor-w4a16-asym-g32"]
+PACKED_FIXTURES = ["gptqmodel-gptq-sym-g32", "gptqmodel-gptq-asym-actorder-g32", "gptqmodel-awq-gemm-g32"]
 IDS = torch.tensor([[1, 17, 200, 45, 3, 99, 128, 7, 250, 31, 64, 5]])
 
 
@@ -146,3 +147,74 @@ def test_int8_codes_without_their_scales_never_load_as_a_float_weight(tmp_path):
     save_file(sd, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"'model.layers.1.mlp.up_proj.weight' is torch.int8 in the checkpoint"):
         mixgemm.from_pretrained(str(tmp_path), progress=False)
+
+
+def _packed_producer_weights(path) -> dict[str, torch.Tensor]:
+    """{layer: fp32 weight} of a GPTQ / AWQ checkpoint by the libraries' own dequantization formulas
+    (quantformat_fixtures: GPTQ's torch path, AutoAWQ's dequantize_gemm), the scales upcast to float32."""
+    from safetensors import safe_open
+
+    from quantformat_fixtures import awq_dequant, gptq_dequant
+
+    with open(os.path.join(path, "config.json")) as f:
+        qc = json.load(f)["quantization_config"]
+    out = {}
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+        for prefix in sorted(k[: -len(".qweight")] for k in names if k.endswith(".qweight")):
+            t = {k[len(prefix) + 1:]: f.get_tensor(k) for k in names if k.startswith(prefix + ".")}
+            if qc["quant_method"] == "awq":
+                out[prefix] = awq_dequant(t["qweight"], t["qzeros"], t["scales"].float(), qc["group_size"])
+            else:
+                out[prefix] = gptq_dequant(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], qc["bits"],
+                                           v1=qc.get("checkpoint_format", "gptq") == "gptq")
+    return out
+
+
+def _float_twin(path, weights):
+    """transformers' Llama of the checkpoint's config with its float tensors and ``weights`` (fp32)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    sd = {k: v.float() for k, v in load_file(os.path.join(path, "model.safetensors")).items() if v.is_floating_point()}
+    sd.update({f"{k}.weight": w for k, w in weights.items()})
+    missing, _ = model.load_state_dict(sd, strict=False)
+    assert not [k for k in missing if "rotary" not in k], missing
+    return model
+
+
+@pytest.mark.parametrize("name", PACKED_FIXTURES)
+def test_gptqmodel_fixture_weights_logits_and_tokens(name):
+    path = os.path.join(ROOT, name)
+    model = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
+    report = model.mixgemm_report
+    assert not report.ignored and not report.skipped and not report.inexact
+    qls = _quant_linears(model)
+    want = _packed_producer_weights(path)
+    assert sorted(want) == sorted(qls) and len(qls) == 14
+    # each layer as the format reads it (before from_pretrained folds act-order permutations into gate / up)
+    from mixgemm.checkpoints import formats
+    from mixgemm.checkpoints.safetensors_source import SafetensorsSource
+    from mixgemm.formats.weight import dequantize_weight
+
+    with open(os.path.join(path, "config.json")) as f:
+        qc = json.load(f)["quantization_config"]
+    source = SafetensorsSource(path)
+    for n in want:
+        conv = formats.find(qc).convert_linear(source, n, qc)
+        got = dequantize_weight(conv.weight, torch.float32)
+        if conv.input_perm is not None:  # the layer holds its columns sorted by group
+            got = torch.empty_like(got).index_copy_(1, conv.input_perm.long(), got)
+        assert torch.equal(got, want[n]), n
+    if name.startswith("gptqmodel-awq"):  # GPTQModel's default AWQ: zero_point false, loaded symmetric
+        assert all(ql.config.mode == "sym" for ql in qls.values())
+    twin = _float_twin(path, want)
+    with torch.no_grad():
+        got, ref = model(IDS).logits, twin(IDS).logits
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
+        assert torch.equal(model.generate(IDS, max_new_tokens=6, do_sample=False),
+                           twin.generate(IDS, max_new_tokens=6, do_sample=False))
+
