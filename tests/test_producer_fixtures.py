@@ -218,3 +218,18 @@ def test_gptqmodel_fixture_weights_logits_and_tokens(name):
         assert torch.equal(model.generate(IDS, max_new_tokens=6, do_sample=False),
                            twin.generate(IDS, max_new_tokens=6, do_sample=False))
 
+
+
+@pytest.mark.parametrize("name", ["gptqmodel-gptq-sym-g32", "llmcompressor-w4a16-asym-g32"])
+def test_cpu_default_dtype_is_bfloat16_and_float32_on_request(name):
+    """fp16 checkpoints on the CPU: bfloat16 by default (torch's int4 / int8 kernels), float32 when asked."""
+    path = os.path.join(ROOT, name)
+    model = mixgemm.from_pretrained(path, progress=False)
+    assert {p.dtype for p in model.parameters() if p.is_floating_point()} == {torch.bfloat16}
+    ql = model.model.layers[0].mlp.down_proj
+    x = torch.randn(3, ql.in_features, dtype=torch.bfloat16)
+    assert mixgemm.explain(x, ql.quantized_weight()).entry.name == "cpu_torch_kernels"
+    with torch.no_grad():
+        assert model(IDS).logits.dtype == torch.bfloat16
+    exact = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
+    assert {p.dtype for p in exact.parameters() if p.is_floating_point()} == {torch.float32}

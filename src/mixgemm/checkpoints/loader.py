@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mixgemm.checkpoints import skeleton
+from mixgemm.checkpoints import native, skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
 from mixgemm.checkpoints.conversions import (
     RenamedSource,
@@ -292,6 +292,10 @@ def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, 
             raise ValueError(f"{path}: quantization_config quant_method {qc.get('quant_method')!r} is not a format "
                              f"mixgemm reads (registered: {formats.names()})")
         report = LoadReport(source=fmt.name)
+        if dtype is None and torch.device(device).type == "cpu" and fmt.name != native.QUANT_METHOD:
+            # GPTQ / AWQ / compressed-tensors store fp16 embeddings and norms; on the CPU fp16 runs neither torch's
+            # fast int4 / int8 kernels (bfloat16) nor the exact float32 path
+            dtype = torch.bfloat16
         stored_names = fmt.quantized_linears(source, qc)
         # under the model's names (conversions.py): renamed layers, and experts stored per expert and projection
         # (GPTQ / AWQ / compressed-tensors MoE checkpoints) fused into the model's per-expert layers
@@ -476,7 +480,9 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
 
     path: a checkpoint directory, or a .gguf file. gguf_file: the GGUF file's name inside ``path`` (as
     transformers takes it). device: where the model is built (default CPU). dtype: the dtype of the tensors that
-    stay float (embeddings, norms, biases, Linears left float; default: the checkpoint's, float32 for GGUF).
+    stay float (embeddings, norms, biases, Linears left float), which the model computes in; default: the
+    checkpoint's, float32 for GGUF, and bfloat16 for other producers' quantized checkpoints (GPTQ, AWQ,
+    compressed-tensors) on the CPU, where torch's int4 / int8 kernels run (float32 on request: exact).
     quantization_config: W4A16 / W8A16 / W8A8 / W4A8 to quantize a float checkpoint (or a GGUF file's float
     Linears) while loading; filter_fn(module, name) -> bool limits which Linears are quantized. compact (default
     True): each QuantLinear keeps its codes in one resident layout on an sm_90 GPU, now or once the model is moved
