@@ -44,7 +44,9 @@ class LoadReport:
     mixgemm.nn.norms), ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
     kernel computes on CUDA), ``sibling_groups`` (the layers reading one tensor that compiled one-row calls run as
     one launch, mixgemm.nn.siblings) and ``experts_joined`` (the experts modules whose decoding runs routed, their
-    layouts joined at load: mixgemm.nn.experts.join_experts)."""
+    layouts joined at load: mixgemm.nn.experts.join_experts). ``dequantized``: {tensor: what} for GGUF tensors
+    stored quantized that the model holds as float (embeddings; Linears excluded or tied), with their bytes in the
+    file and in the model (a re-saved model stores them as float)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)
@@ -56,6 +58,7 @@ class LoadReport:
     norm_kernels: list[str] = field(default_factory=list)
     sibling_groups: list[list[str]] = field(default_factory=list)
     experts_joined: list[str] = field(default_factory=list)
+    dequantized: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"from_pretrained ({self.source}): {len(self.quantized)} QuantLinear ({len(self.inexact)} "
@@ -65,6 +68,7 @@ class LoadReport:
                  + (f", {len(self.perm_at_norms)} act-order layers fed gathered by their norm under torch.compile"
                     if self.perm_at_norms else "")]
         lines += [f"  re-quantized {n}: {why}" for n, why in self.inexact.items()]
+        lines += [f"  dequantized {n}: {what}" for n, what in self.dequantized.items()]
         lines += [f"  float {n}: {why}" for n, why in self.skipped.items()]
         return "\n".join(lines)
 
@@ -423,7 +427,9 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
                 if excluded or tied.get(key):
                     why = "excluded by filter_fn" if excluded else "weight is shared (tied) with another module"
                     report.skipped[layer] = f"{why}; dequantized to {dtype}"
-                    skeleton.put_tensor(model, key, gguf_file.float_tensor(tensor, processor).to(dtype).to(device))
+                    value = gguf_file.float_tensor(tensor, processor).to(dtype)
+                    report.dequantized[key] = _dequantized_note(tensor, value)
+                    skeleton.put_tensor(model, key, value.to(device))
                 else:  # types without a QuantLinear format raise here, naming the tensor and its type
                     qw, exact = gguf_file.quantized_weight(tensor, processor, requantize_bits)
                     lin = linears[layer]
@@ -434,6 +440,8 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
                         report.inexact[layer] = f"GGUF {qtype} re-quantized to {qw.bits}-bit group {qw.group_size}"
             else:
                 value = gguf_file.float_tensor(tensor, processor).to(dtype)
+                if qtype not in FLOAT_TYPES:
+                    report.dequantized[key] = _dequantized_note(tensor, value)
                 if layer in linears and attr == "weight":
                     float_linears.append(layer)
                 skeleton.put_tensor(model, key, value.to(device))
@@ -453,6 +461,11 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
         if layer not in report.quantized and layer not in report.skipped and tied.get(f"{layer}.weight"):
             report.skipped[layer] = "weight is shared (tied) with another module"
     return model, report
+
+
+def _dequantized_note(tensor, value: torch.Tensor) -> str:
+    return (f"GGUF {tensor.tensor_type.name}, {int(tensor.n_bytes)} bytes in the file, "
+            f"{value.numel() * value.element_size()} as {value.dtype} in the model")
 
 
 def _quantize_float_linear(model, layer, config, filter_fn, report) -> None:
