@@ -76,20 +76,24 @@ def _per_token_int8_inputs(model: nn.Module, skip=("lm_head",)) -> None:
             mod.register_forward_pre_hook(hook)
 
 
-def _quant_linears(model):
-    return {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+def _load_exact(path, producer_weights):
+    """mixgemm.from_pretrained in float32, every Linear a QuantLinear (lm_head aside: the producers leave it float),
+    nothing skipped, ignored or re-quantized: (model, {name: QuantLinear}, producer_weights(path) for the same
+    layers)."""
+    model = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
+    report = model.mixgemm_report
+    assert not report.ignored and not report.skipped and not report.inexact
+    qls = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert len(qls) == 14  # 7 Linears x 2 layers
+    want = producer_weights(path)
+    assert sorted(want) == sorted(qls)
+    return model, qls, want
 
 
 @pytest.mark.parametrize("name", CT_FIXTURES)
 def test_compressed_tensors_fixture_weights_equal_the_producers(name):
     path = os.path.join(ROOT, name)
-    model = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
-    report = model.mixgemm_report
-    assert not report.ignored and not report.skipped and not report.inexact
-    qls = _quant_linears(model)
-    assert len(qls) == 14  # 7 Linears x 2 layers; lm_head stays float (ignored by the recipe)
-    want = _producer_weights(path)
-    assert sorted(want) == sorted(qls)
+    _, qls, want = _load_exact(path, _producer_weights)
     for n, ql in qls.items():
         assert torch.equal(ql.dequantize(torch.float32), want[n]), n
         if name.endswith("w8a8"):
@@ -189,12 +193,7 @@ def _float_twin(path, weights):
 @pytest.mark.parametrize("name", PACKED_FIXTURES)
 def test_gptqmodel_fixture_weights_logits_and_tokens(name):
     path = os.path.join(ROOT, name)
-    model = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
-    report = model.mixgemm_report
-    assert not report.ignored and not report.skipped and not report.inexact
-    qls = _quant_linears(model)
-    want = _packed_producer_weights(path)
-    assert sorted(want) == sorted(qls) and len(qls) == 14
+    model, qls, want = _load_exact(path, _packed_producer_weights)
     # each layer as the format reads it (before from_pretrained folds act-order permutations into gate / up)
     from mixgemm.checkpoints import formats
     from mixgemm.checkpoints.safetensors_source import SafetensorsSource
