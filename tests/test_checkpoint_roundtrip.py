@@ -93,6 +93,30 @@ def test_import_mixgemm_registers_without_importing_transformers(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "QuantLinear"
 
 
+def test_start_up_hook_loads_a_checkpoint_without_import_mixgemm(tmp_path):
+    """An installed mixgemm's mixgemm-hf.pth (setup.py puts it in site-packages) registers the format at start-up:
+    AutoModelForCausalLM reads a mixgemm checkpoint into QuantLinears in a process that never imports mixgemm, and
+    its logits equal the saved model's. site.addsitedir runs the .pth as start-up runs site-packages' ones."""
+    model = _quantized(mixgemm.W8A16()).eval()
+    model.save_pretrained(tmp_path)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(mixgemm.__file__)))
+    assert os.path.isfile(os.path.join(src, "mixgemm-hf.pth"))
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
+    code = ("import site, sys\n"
+            f"site.addsitedir({src!r})\n"
+            "assert 'mixgemm' not in sys.modules and 'torch' not in sys.modules\n"
+            "import torch\nfrom transformers import AutoModelForCausalLM\n"
+            f"m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, dtype=torch.float32)\n"
+            f"torch.save(m(torch.tensor({ids.tolist()})).logits, {str(tmp_path / 'logits.pt')!r})\n"
+            "print(type(m.model.layers[0].mlp.down_proj).__name__)\n")
+    env = {**os.environ, "PYTHONPATH": src}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "QuantLinear"
+    with torch.no_grad():
+        assert torch.equal(torch.load(tmp_path / "logits.pt"), model(ids).logits)
+
+
 def test_float_checkpoint_quantized_on_load(tmp_path):
     model = random_llama(llama_config(**SHAPES))
     model.save_pretrained(tmp_path)

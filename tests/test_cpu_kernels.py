@@ -60,6 +60,31 @@ def test_int8_kernel_matches_reference(group, mode, n, torch_gen, rel_err):
     _check(cpu_linear(x, qw, b, "relu"), x, qw, b, "relu", rel_err)
 
 
+@pytest.mark.parametrize("n,group", [(48, 32), (37, 32), (48, -1)])  # nibbles, int8 per group, int8 per channel
+@pytest.mark.parametrize("mode", ["offset", "zero_point"])
+def test_int8_kernels_on_5_bit_codes_are_as_accurate_as_on_8_bit_ones(n, group, mode, torch_gen, rel_err):
+    """GGUF Q5_1 / Q5_K weights are 8-bit codes in [0, 31] (offset mode, w = q d + m): the kernels centre the codes
+    on their range, so neither the bfloat16 output nor the bfloat16 scales carry a 128 s term the offsets cancel."""
+    from mixgemm.formats.weight import from_codes
+
+    k = 256
+    ng = 1 if group == -1 else k // group
+    codes = torch.randint(0, 32, (n, k), generator=torch_gen).to(torch.uint8)
+    d = (torch.rand(n, ng, generator=torch_gen) * 3e-3 + 1e-3).to(torch.float16)
+    cfg = QuantConfig(bits=8, group_size=group, mode=mode, scale_dtype=torch.float16)
+    if mode == "offset":
+        m = (-(torch.rand(n, ng, generator=torch_gen) * 16 + 8) * d.float()).to(torch.float16)
+        qw = from_codes(codes, d, cfg, offsets=m)
+    else:
+        qw = from_codes(codes, d, cfg, zeros=torch.randint(8, 24, (n, ng), generator=torch_gen).to(torch.uint8))
+    x = torch.randn(5, k, generator=torch_gen).to(torch.bfloat16)
+    b = torch.randn(n, generator=torch_gen).to(torch.bfloat16) * 0.01
+    assert cpu_can_run(x, qw)[0]
+    y = cpu_linear(x, qw, b, None)
+    want = ref.matmul(x, qw, b, None, out_dtype=torch.float64)
+    assert rel_err(y, want) < 6e-3
+
+
 @pytest.mark.parametrize("m", [0, 1, 3, 17, 129])
 @pytest.mark.parametrize("bits,group", [(4, 128), (8, -1), (8, 64)])
 def test_kernel_rows(m, bits, group, torch_gen, rel_err):

@@ -185,3 +185,19 @@ def test_moe_expert_width_read_from_the_file(tmp_path):
     want = torch.from_numpy(gguf.quants.dequantize(down.data, down.tensor_type).copy()).reshape(4, 64, 256)
     got = torch.stack([q.dequantize(torch.float32) for q in ours.model.layers[0].mlp.experts.down_proj])
     assert torch.equal(got, want)
+
+
+def test_quantized_embedding_held_as_float_is_reported_with_its_size(tmp_path):
+    """A Q8_0 token embedding becomes the model's float Embedding (no quantized embedding type): the report states
+    it and the size it takes in the file and in the model, which is what a re-saved model stores."""
+    import gguf
+
+    f = write_tiny_llama(str(tmp_path), types={"token_embd": "Q8_0"}, name="q8emb.gguf")
+    m = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, dtype=torch.bfloat16)
+    emb = m.model.embed_tokens.weight
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0]
+    file_bytes = emb.numel() // block * size
+    assert m.mixgemm_report.dequantized == {
+        "model.embed_tokens.weight": f"GGUF Q8_0, {file_bytes} bytes in the file, {emb.numel() * 2} as torch.bfloat16 "
+                                     "in the model"}
+    assert "dequantized model.embed_tokens.weight: GGUF Q8_0" in str(m.mixgemm_report)

@@ -19,6 +19,8 @@ from mixgemm.nn.linear import QuantLinear
 from quantformat_fixtures import (
     DictSource,
     act_order_g_idx,
+    awq_dequant,
+    awq_pack_rows,
     awq_tensors,
     gptq_pack,
     gptq_tensors,
@@ -107,6 +109,13 @@ def test_gptq_bad_inputs_are_clear(torch_gen):
     assert all(torch.equal(t[key], v) for key, v in before.items())  # inputs are not modified
 
 
+def test_gptq_transposed_qweight_is_named(torch_gen):
+    t, _ = gptq_tensors(64, 128, 4, 32, torch_gen)
+    bad = {**t, "layer.qweight": t["layer.qweight"].T.contiguous()}
+    with pytest.raises(ValueError, match=r"layer.qweight: shape \(64, 16\) is not \[K \* 4 / 32, N\].*transposed"):
+        GPTQ.convert_linear(DictSource(bad), "layer", _gptq_config(4, 32))
+
+
 def test_gptq_v1_wrapped_zero_is_reported(torch_gen):
     """AutoGPTQ's v1 pack stores z - 1; a zero of 0 wraps and decodes to 2**bits, which mixgemm cannot hold."""
     n, k = 8, 64
@@ -130,6 +139,23 @@ def test_awq_layer_dequantizes_exactly(group_size, n, torch_gen):
                                              "group_size": group_size, "zero_point": True})
     assert conv.weight.mode == "zero_point" and conv.input_perm is None
     _check_exact(conv, want, torch_gen)
+
+
+def test_awq_zero_point_false_loads_sym_when_zeros_are_the_midpoint(torch_gen):
+    """GPTQModel's default AWQ export: zero_point false, every stored zero 8."""
+    n, k, g = 40, 256, 64
+    codes = random_codes(n, k, 4, torch_gen)
+    scales = random_scales((k // g, n), torch.float16, torch_gen)
+    qweight, qzeros = awq_pack_rows(codes.T), awq_pack_rows(torch.full((k // g, n), 8))
+    t = {"layer.qweight": qweight, "layer.qzeros": qzeros, "layer.scales": scales}
+    qc = {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": g, "zero_point": False}
+    conv = AWQ.convert_linear(DictSource(t), "layer", qc)
+    assert conv.weight.mode == "sym"
+    _check_exact(conv, awq_dequant(qweight, qzeros, scales, g), torch_gen)
+    zeros = torch.full((k // g, n), 8)
+    zeros[1, 3] = 7
+    with pytest.raises(ValueError, match=r"layer.qzeros: the config says zero_point=false.*7 .. 8, not all 8"):
+        AWQ.convert_linear(DictSource({**t, "layer.qzeros": awq_pack_rows(zeros)}), "layer", qc)
 
 
 def test_awq_bad_inputs_are_clear(torch_gen):
@@ -163,7 +189,7 @@ def ct_tensors(n, k, bits, symmetric, strategy, group_size, dtype, gen, prefix="
     scale, zp = calculate_qparams(wg.amin(-1), wg.amax(-1), args)
     sd = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp}, scheme)
     want = PackedQuantizationCompressor.decompress(dict(sd), scheme)["weight"]
-    return {f"{prefix}.{key}": v for key, v in sd.items()}, want, scheme.model_dump()
+    return {f"{prefix}.{key}": v for key, v in sd.items()}, want, scheme.model_dump(mode="json")
 
 
 def _ct_config(scheme: dict, **kw) -> dict:
@@ -220,9 +246,9 @@ def test_compressed_tensors_scheme_matching_and_bad_inputs(torch_gen):
         with pytest.raises(ValueError, match=r"format 'int-quantized'"):
             COMPRESSED_TENSORS.convert_linear(src, "model.q_proj", _ct_config({**scheme, "format": group_fmt},
                                                                               format=top_fmt))
-    with pytest.raises(ValueError, match=r"activation quantization"):
+    with pytest.raises(ValueError, match=r"model.q_proj: compressed-tensors scheme .*A8 int tensor static.*static"):
         COMPRESSED_TENSORS.convert_linear(src, "model.q_proj", _ct_config(
-            {**scheme, "input_activations": {"num_bits": 8, "strategy": "token", "dynamic": True}}))
+            {**scheme, "input_activations": {"num_bits": 8, "strategy": "tensor", "dynamic": False}}))
     with pytest.raises(ValueError, match=r"model.q_proj.weight_packed.*2-bit"):
         COMPRESSED_TENSORS.convert_linear(src, "model.q_proj", _ct_config(
             {**scheme, "weights": {**scheme["weights"], "num_bits": 2}}))
@@ -238,3 +264,58 @@ def test_compressed_tensors_scheme_matching_and_bad_inputs(torch_gen):
     with pytest.raises(ValueError, match=r"model.q_proj.weight_packed: expected 8 rows"):
         COMPRESSED_TENSORS.convert_linear(DictSource({**t, "model.q_proj.weight_shape": torch.tensor([8, 128])}),
                                           "model.q_proj", _ct_config(scheme))
+
+
+def _int_quantized(n, k, gen, symmetric=True, strategy="channel", group_size=None, prefix="layer"):
+    """A layer compressed by compressed-tensors' own IntQuantizationCompressor (llm-compressor's W8A8 format) and
+    its scheme, with the library's own fp32 decompression."""
+    from compressed_tensors.compressors import IntQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = QuantizationArgs(num_bits=8, symmetric=symmetric, strategy=strategy, group_size=group_size)
+    acts = QuantizationArgs(num_bits=8, symmetric=True, strategy="token", dynamic=True)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args, input_activations=acts, format="int-quantized")
+    w = torch.randn(n, k, generator=gen).to(torch.float16)
+    g = group_size or k
+    wg = w.reshape(n, k // g, g)
+    scale, zp = calculate_qparams(wg.amin(-1), wg.amax(-1), args)
+    sd = IntQuantizationCompressor.compress({"weight": w, "weight_scale": scale, "weight_zero_point": zp}, scheme)
+    exact = {key: v.float() if v.is_floating_point() else v for key, v in sd.items()}
+    want = IntQuantizationCompressor.decompress(exact, scheme)["weight"]
+    return {f"{prefix}.{key}": v for key, v in sd.items()}, want, scheme.model_dump(mode="json")
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("strategy,group_size", [("channel", None), ("group", 64)])
+def test_compressed_tensors_int_quantized_w8a8_is_exact_and_per_token(symmetric, strategy, group_size, torch_gen):
+    t, want, scheme = _int_quantized(40, 128, torch_gen, symmetric, strategy, group_size)
+    src = DictSource(t)
+    assert COMPRESSED_TENSORS.quantized_linears(src, {}) == ["layer"]
+    conv = COMPRESSED_TENSORS.convert_linear(src, "layer", _ct_config(scheme, format="int-quantized"))
+    assert (conv.act_mode, conv.act_block, conv.weight.config.bits) == ("sym", "token", 8)
+    assert conv.weight.mode == ("sym" if symmetric else "zero_point")
+    assert torch.equal(_layer(conv).dequantize(torch.float32), want.float())
+
+
+def test_compressed_tensors_schemes_mixgemm_cannot_hold_are_refused_by_name(torch_gen):
+    t, _, scheme = _int_quantized(16, 128, torch_gen)
+    src = DictSource(t)
+    static = {**scheme, "input_activations": {**scheme["input_activations"], "dynamic": False, "strategy": "tensor"}}
+    with pytest.raises(ValueError, match=r"layer: compressed-tensors scheme \(format 'int-quantized', W8 int channel, "
+                                         r"A8 int tensor static\): static"):
+        COMPRESSED_TENSORS.convert_linear(src, "layer", _ct_config(static))
+    fp8 = {**scheme, "format": "float-quantized", "weights": {**scheme["weights"], "type": "float"}}
+    fp8_src = DictSource({**t, "layer.weight": t["layer.weight"].view(torch.float8_e4m3fn)})
+    assert COMPRESSED_TENSORS.quantized_linears(fp8_src, {}) == ["layer"]  # found, so never loaded as a float weight
+    with pytest.raises(ValueError, match=r"layer: compressed-tensors scheme \(format 'float-quantized'.*not supported"):
+        COMPRESSED_TENSORS.convert_linear(fp8_src, "layer", _ct_config(fp8))
+    block = {**scheme, "weights": {**scheme["weights"], "strategy": "block", "block_structure": [32, 32]}}
+    with pytest.raises(ValueError, match=r"layer.weight_scale: strategy 'block' is not supported"):
+        COMPRESSED_TENSORS.convert_linear(src, "layer", _ct_config(block))
+    with pytest.raises(ValueError, match=r"layer.weight: expected int8 codes"):
+        COMPRESSED_TENSORS.convert_linear(DictSource({**t, "layer.weight": t["layer.weight"].float()}), "layer",
+                                          _ct_config(scheme))
+    out = {**scheme, "output_activations": {"num_bits": 8, "dynamic": True, "strategy": "token"}}
+    with pytest.raises(ValueError, match=r"output activation quantization"):
+        COMPRESSED_TENSORS.convert_linear(src, "layer", _ct_config(out))

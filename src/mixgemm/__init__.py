@@ -9,7 +9,7 @@ parallel),
 (overrides of that choice), ``resident_bytes`` (weight memory), ``compact_`` (one resident layout per weight).
 """
 
-from mixgemm._hf_hook import install as _install_hf_hook
+from _mixgemm_hf_hook import install as _install_hf_hook
 from mixgemm.formats import (
     QuantConfig,
     QuantizedActivation,

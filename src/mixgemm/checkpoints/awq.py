@@ -6,8 +6,10 @@ packed along N with AutoAWQ's interleaved order: field i of word j holds output 
 n]) * s[k // group, n].
 
 Lossless: codes, zero points and scales are taken over unchanged (mode "zero_point", or "sym" when every zero
-is 8). Not held: bits other than 4, group sizes other than 32 / 64 / 128 / 256 / per-channel, the GEMV /
-Marlin packings, and ``zero_point: false``, each a ValueError naming the tensor.
+is 8). ``zero_point: false`` (symmetric, GPTQModel's default AWQ export, which stores every zero as the midpoint
+8) loads as mode "sym"; stored zeros other than 8 under it are a ValueError. Not held: bits other than 4, group
+sizes other than 32 / 64 / 128 / 256 / per-channel, the GEMV / Marlin packings, each a ValueError naming the
+tensor.
 """
 
 from __future__ import annotations
@@ -37,8 +39,7 @@ class AWQFormat(PackedInt32Format):
         bits = check_bits(qc.get("bits", qc.get("w_bit", 4)), f"{prefix}.qweight (AWQ bits)")
         if bits != 4:
             raise ValueError(f"{prefix}.qweight: AWQ GEMM packing is 4-bit only, the config says {bits}")
-        if not qc.get("zero_point", True):
-            raise ValueError(f"{prefix}: AWQ with zero_point=false is not supported (the GEMM packing stores zeros)")
+        symmetric = not qc.get("zero_point", True)
         group_size = int(qc.get("group_size", qc.get("q_group_size", 128)))
 
         qweight = check_int32(source.get(prefix + ".qweight"), prefix + ".qweight")
@@ -56,6 +57,9 @@ class AWQFormat(PackedInt32Format):
         zeros = unpack_int32(qzeros, bits, n, 1, prefix + ".qzeros", order=AWQ_ORDER).T  # [N, G]
         if tuple(zeros.shape) != (n, ng):
             raise ValueError(f"{prefix}.qzeros: expected shape {(ng, -(-n // 8))}, got {tuple(qzeros.shape)}")
+        if symmetric and not bool((zeros == 1 << (bits - 1)).all()):
+            raise ValueError(f"{prefix}.qzeros: the config says zero_point=false (symmetric), but the stored zeros "
+                             f"are {int(zeros.min())} .. {int(zeros.max())}, not all {1 << (bits - 1)}")
         weight = to_quantized_weight(codes, scales.T, zeros, bits, group_size, prefix)
         bias = source.get(prefix + ".bias") if prefix + ".bias" in set(source.keys()) else None
         return ConvertedLinear(weight=weight, bias=bias)

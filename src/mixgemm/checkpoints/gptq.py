@@ -50,6 +50,10 @@ class GPTQFormat(PackedInt32Format):
         qzeros = check_int32(source.get(prefix + ".qzeros"), prefix + ".qzeros")
         scales = source.get(prefix + ".scales")
         keys = set(source.keys())
+        if scales.dim() == 2 and qweight.shape[1] != scales.shape[1]:
+            raise ValueError(f"{prefix}.qweight: shape {tuple(qweight.shape)} is not [K * {bits} / 32, N] for the "
+                             f"N = {scales.shape[1]} of {prefix}.scales {tuple(scales.shape)}"
+                             + (" (it looks transposed)" if qweight.shape[0] == scales.shape[1] else ""))
         n = qweight.shape[1]
         k = qweight.shape[0] * 32 // bits
         g_idx = source.get(prefix + ".g_idx") if prefix + ".g_idx" in keys else None

@@ -3,8 +3,9 @@
 rebuilds its QuantLinear layers (``quant_method: "mixgemm"``).
 
 ``register()`` adds ``MixgemmConfig`` and ``MixgemmHfQuantizer`` to transformers' registries
-(``register_quantization_config`` / ``register_quantizer``). ``import mixgemm`` arranges for it to run when
-transformers' quantizer registry is imported (mixgemm._hf_hook), so importing mixgemm never imports transformers.
+(``register_quantization_config`` / ``register_quantizer``). The ``mixgemm-hf.pth`` start-up hook of an installed
+mixgemm, and ``import mixgemm``, arrange for it to run when transformers' quantizer registry is imported
+(_mixgemm_hf_hook), so neither imports transformers.
 """
 
 from __future__ import annotations

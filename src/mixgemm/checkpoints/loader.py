@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mixgemm.checkpoints import skeleton
+from mixgemm.checkpoints import native, skeleton
 from mixgemm.checkpoints.base import ConvertedLinear
 from mixgemm.checkpoints.conversions import (
     RenamedSource,
@@ -44,7 +44,9 @@ class LoadReport:
     mixgemm.nn.norms), ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
     kernel computes on CUDA), ``sibling_groups`` (the layers reading one tensor that compiled one-row calls run as
     one launch, mixgemm.nn.siblings) and ``experts_joined`` (the experts modules whose decoding runs routed, their
-    layouts joined at load: mixgemm.nn.experts.join_experts)."""
+    layouts joined at load: mixgemm.nn.experts.join_experts). ``dequantized``: {tensor: what} for GGUF tensors
+    stored quantized that the model holds as float (embeddings; Linears excluded or tied), with their bytes in the
+    file and in the model (a re-saved model stores them as float)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)
@@ -56,6 +58,7 @@ class LoadReport:
     norm_kernels: list[str] = field(default_factory=list)
     sibling_groups: list[list[str]] = field(default_factory=list)
     experts_joined: list[str] = field(default_factory=list)
+    dequantized: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"from_pretrained ({self.source}): {len(self.quantized)} QuantLinear ({len(self.inexact)} "
@@ -65,6 +68,7 @@ class LoadReport:
                  + (f", {len(self.perm_at_norms)} act-order layers fed gathered by their norm under torch.compile"
                     if self.perm_at_norms else "")]
         lines += [f"  re-quantized {n}: {why}" for n, why in self.inexact.items()]
+        lines += [f"  dequantized {n}: {what}" for n, what in self.dequantized.items()]
         lines += [f"  float {n}: {why}" for n, why in self.skipped.items()]
         return "\n".join(lines)
 
@@ -138,43 +142,145 @@ def _fill_rest(model, source, device, dtype, report, bar) -> None:
         value = source.get(key)
         if tuple(value.shape) != tuple(t.shape):
             raise ValueError(f"tensor {key!r} has shape {tuple(value.shape)}, the model expects {tuple(t.shape)}")
+        if t.is_floating_point() and not value.is_floating_point():
+            raise ValueError(f"tensor {key!r} is {value.dtype} in the checkpoint, the model expects a float tensor "
+                             f"(quantized codes of a layer its quantization_config does not describe?)")
         skeleton.put_tensor(model, key, _cast(value, dtype if t.is_floating_point() else None, device))
         bar.update(1)
 
 
-def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> None:
-    """Float checkpoint: each Linear read, quantized on ``device`` and dropped, one at a time."""
-    from mixgemm.quantize_api import _why_not, quantize_linear
+# A float weight goes to the device this many elements at a time, each slice quantized once it is there: the float
+# layer never exists whole on the device and its quantization's temporaries stay a few slices' size.
+CHUNK_ELEMENTS = 1 << 23
+SLICES_IN_FLIGHT = 3  # pinned slices staged ahead of the one being copied to the device
 
-    cfg = config.weight_config()
+
+def _slice_rows(k: int) -> int:
+    return max(128, CHUNK_ELEMENTS // max(k, 1) // 128 * 128)
+
+
+def quantize_streamed(weight: torch.Tensor, config, device, name: str):
+    """The QuantizedWeight of a float ``weight`` [N, K] (on the CPU) in ``config``'s format, quantized on ``device``
+    in slices of rows (row groups are independent, so the result equals quantizing it whole)."""
+    rows = _slice_rows(weight.shape[1])
+    return _quantize_slices([weight[r:r + rows].to(device) for r in range(0, weight.shape[0], rows)], config, name)
+
+
+def _quantize_slices(slices, config, name: str):
+    from mixgemm.quantize_api import scheme_weight
+
+    return fuse_rows([ConvertedLinear(scheme_weight(s, config)) for s in slices], name).weight
+
+
+class _SliceCopier:
+    """Copies the float weights of ``layers`` [(name, in_features, out_features)] to ``device`` slice by slice.
+    ``layer()`` gives the next layer's (name, why, slices): why (a reason it is not quantized, e.g. not floating
+    point) or None with an iterator of its slices on the device. On a GPU a thread copies each memory-mapped slice
+    into one of SLICES_IN_FLIGHT pinned buffers ahead of the caller, whose copies to the device are then
+    asynchronous and overlap the quantization of the slices before them."""
+
+    def __init__(self, source, layers, device, cfg):
+        import queue
+        import threading
+
+        self.queue = queue.Queue()
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.free = queue.Queue()
+        self.buffers, self.copied = [], []
+        if self.cuda:
+            nbytes = CHUNK_ELEMENTS * 4 + max((k for _, k, _ in layers), default=0) * 4 * 128
+            for i in range(SLICES_IN_FLIGHT):
+                self.buffers.append(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
+                self.copied.append(None)
+                self.free.put(i)
+        self.thread = threading.Thread(target=self._run, args=(source, layers, cfg), daemon=True)
+        self.thread.start()
+
+    def _run(self, source, layers, cfg):
+        from mixgemm.quantize_api import _why_not_weight
+
+        try:
+            for name, k, n in layers:
+                weight = source.get(f"{name}.weight")  # memory-mapped: read as it is copied
+                why = _why_not_weight(weight, k, cfg, set())
+                if why is None and tuple(weight.shape) != (n, k):
+                    why = f"the checkpoint's weight is {tuple(weight.shape)}, the model expects {(n, k)}"
+                rows = _slice_rows(k)
+                self.queue.put((name, why, 0 if why else -(-n // rows)))
+                for r in range(0, 0 if why else n, rows):
+                    part = weight[r:r + rows]
+                    if not self.cuda:
+                        self.queue.put((None, part))
+                        continue
+                    i = self.free.get()
+                    if self.copied[i] is not None:
+                        self.copied[i].synchronize()  # its last copy to the device has read it
+                    staged = self.buffers[i][:part.numel() * part.element_size()].view(part.dtype).view(part.shape)
+                    staged.copy_(part)
+                    self.queue.put((i, staged))
+        except BaseException as e:  # handed to the caller
+            self.queue.put(e)
+
+    def _get(self):
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def _slices(self, count):
+        for _ in range(count):
+            i, staged = self._get()
+            if i is None:
+                yield staged.to(self.device)
+                continue
+            t = staged.to(self.device, non_blocking=True)
+            self.copied[i] = torch.cuda.Event()
+            self.copied[i].record()
+            self.free.put(i)
+            yield t
+
+    def layer(self):
+        name, why, count = self._get()
+        return name, why, self._slices(count)
+
+
+def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> None:
+    """Float checkpoint: each Linear's weight copied to ``device`` in slices on a thread (_SliceCopier) while the
+    slices before it are quantized, so the float model never exists on the device and the copies and the
+    quantization overlap."""
+    from mixgemm.nn.linear import QuantLinear
+
     tied = _tied_names(model)
     keys = source.keys()
+    todo = []
     for name, lin in _linears(model).items():
-        wkey = f"{name}.weight"
         if filter_fn is not None and not filter_fn(lin, name):
             report.skipped[name] = "excluded by filter_fn"
-            continue
-        if tied.get(wkey):
+        elif tied.get(f"{name}.weight"):
             report.skipped[name] = "weight is shared (tied) with another module; quantizing it would untie it"
-            continue
-        if wkey not in keys:
-            continue  # _fill_rest reports it
-        real = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None, device="meta")
-        real.weight = nn.Parameter(source.get(wkey).to(device), requires_grad=False)
-        if lin.bias is not None:
-            real.bias = nn.Parameter(source.get(f"{name}.bias").to(device), requires_grad=False)
-        why = _why_not(real, cfg, set())
+        elif f"{name}.weight" in keys:  # (else _fill_rest reports it)
+            todo.append((name, lin))
+    copier = _SliceCopier(source, [(n, lin.in_features, lin.out_features) for n, lin in todo], device,
+                          config.weight_config())
+    for name, lin in todo:
+        _, why, slices = copier.layer()
         if why is None:
             try:
-                ql = quantize_linear(real, config)
+                qw = _quantize_slices(slices, config, name)  # each slice quantized as it arrives
             except ValueError as e:
                 why = str(e)
+                for _ in slices:  # the rest of this layer's slices off the queue
+                    pass
         if why is not None:
             report.skipped[name] = why
             continue
+        bias = source.get(f"{name}.bias").to(device) if lin.bias is not None else None
+        ql = QuantLinear.from_quantized(qw, bias, act_mode=config.act_mode, act_block=config.act_block)
         skeleton.put_module(model, name, ql)
         report.quantized.append(name)
         bar.update(1 + (lin.bias is not None))
+    copier.thread.join()
 
 
 def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress, trust_remote_code):
@@ -190,6 +296,10 @@ def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, 
             raise ValueError(f"{path}: quantization_config quant_method {qc.get('quant_method')!r} is not a format "
                              f"mixgemm reads (registered: {formats.names()})")
         report = LoadReport(source=fmt.name)
+        if dtype is None and torch.device(device).type == "cpu" and fmt.name != native.QUANT_METHOD:
+            # GPTQ / AWQ / compressed-tensors store fp16 embeddings and norms; on the CPU fp16 runs neither torch's
+            # fast int4 / int8 kernels (bfloat16) nor the exact float32 path
+            dtype = torch.bfloat16
         stored_names = fmt.quantized_linears(source, qc)
         # under the model's names (conversions.py): renamed layers, and experts stored per expert and projection
         # (GPTQ / AWQ / compressed-tensors MoE checkpoints) fused into the model's per-expert layers
@@ -317,7 +427,9 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
                 if excluded or tied.get(key):
                     why = "excluded by filter_fn" if excluded else "weight is shared (tied) with another module"
                     report.skipped[layer] = f"{why}; dequantized to {dtype}"
-                    skeleton.put_tensor(model, key, gguf_file.float_tensor(tensor, processor).to(dtype).to(device))
+                    value = gguf_file.float_tensor(tensor, processor).to(dtype)
+                    report.dequantized[key] = _dequantized_note(tensor, value)
+                    skeleton.put_tensor(model, key, value.to(device))
                 else:  # types without a QuantLinear format raise here, naming the tensor and its type
                     qw, exact = gguf_file.quantized_weight(tensor, processor, requantize_bits)
                     lin = linears[layer]
@@ -328,6 +440,8 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
                         report.inexact[layer] = f"GGUF {qtype} re-quantized to {qw.bits}-bit group {qw.group_size}"
             else:
                 value = gguf_file.float_tensor(tensor, processor).to(dtype)
+                if qtype not in FLOAT_TYPES:
+                    report.dequantized[key] = _dequantized_note(tensor, value)
                 if layer in linears and attr == "weight":
                     float_linears.append(layer)
                 skeleton.put_tensor(model, key, value.to(device))
@@ -347,6 +461,11 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
         if layer not in report.quantized and layer not in report.skipped and tied.get(f"{layer}.weight"):
             report.skipped[layer] = "weight is shared (tied) with another module"
     return model, report
+
+
+def _dequantized_note(tensor, value: torch.Tensor) -> str:
+    return (f"GGUF {tensor.tensor_type.name}, {int(tensor.n_bytes)} bytes in the file, "
+            f"{value.numel() * value.element_size()} as {value.dtype} in the model")
 
 
 def _quantize_float_linear(model, layer, config, filter_fn, report) -> None:
@@ -374,7 +493,9 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
 
     path: a checkpoint directory, or a .gguf file. gguf_file: the GGUF file's name inside ``path`` (as
     transformers takes it). device: where the model is built (default CPU). dtype: the dtype of the tensors that
-    stay float (embeddings, norms, biases, Linears left float; default: the checkpoint's, float32 for GGUF).
+    stay float (embeddings, norms, biases, Linears left float), which the model computes in; default: the
+    checkpoint's, float32 for GGUF, and bfloat16 for other producers' quantized checkpoints (GPTQ, AWQ,
+    compressed-tensors) on the CPU, where torch's int4 / int8 kernels run (float32 on request: exact).
     quantization_config: W4A16 / W8A16 / W8A8 / W4A8 to quantize a float checkpoint (or a GGUF file's float
     Linears) while loading; filter_fn(module, name) -> bool limits which Linears are quantized. compact (default
     True): each QuantLinear keeps its codes in one resident layout on an sm_90 GPU, now or once the model is moved

@@ -67,8 +67,9 @@ class Int4CpuLayout:
 
 @dataclass(frozen=True)
 class Int8CpuLayout:
-    """codes: int8 [G, N, group] (c = q - 128, one contiguous matrix per weight group); unit: bfloat16 [N] ones
-    (the kernel's per-row scale); scales: float32 [G, N]; offsets: float32 [G, N] (m') or None for "sym"."""
+    """codes: int8 [G, N, group] (c = q - q0, one contiguous matrix per weight group); unit: bfloat16 [N] ones
+    (the kernel's per-row scale); scales: float32 [G, N]; offsets: float32 [G, N] (m') or None for "sym" weights
+    centred at 128."""
 
     codes: torch.Tensor
     unit: torch.Tensor
@@ -98,17 +99,35 @@ def build_int4_layout(qw: QuantizedWeight) -> Int4CpuLayout:
     return Int4CpuLayout(packed, scales_and_zeros, kg, _offsets(qw))
 
 
+# centres 16 h + l of the nibble route: the kernel's zero (8 - h) 16 s or (8 - l) s is then a power of two times the
+# bfloat16 scale, exact in bfloat16
+_NIBBLE_CENTRES = (0, 4, 6, 7, 8)
+
+
+def _code_range(qw: QuantizedWeight) -> tuple[int, int]:
+    q = qw.codes()
+    return int(q.min()), int(q.max())
+
+
 def build_int8_nibbles_layout(qw: QuantizedWeight) -> Int4CpuLayout:
-    """A grouped 8-bit weight as the 4-bit weight [N, 2K] of its high and low nibbles (module docstring)."""
+    """A grouped 8-bit weight as the 4-bit weight [N, 2K] of its high and low nibbles (module docstring), centred
+    on the codes' range: (q - q0) s with q0 = 16 h + l is (q_hi - h) 16 s + (q_lo - l) s, which the kernel computes
+    as (q_hi - 8) 16 s + (8 - h) 16 s and (q_lo - 8) s + (8 - l) s (its zeros exact in bfloat16), and (q0 - 128) s
+    joins m'. Centring keeps the kernel's bfloat16 output and its rounded scales away from a large constant term:
+    codes of 5 bits (GGUF Q5_*) centred at 128 lost several % of the output to it."""
     kg = _kernel_group(qw.group_size)
     if qw.bits != 8 or kg is None or qw.out_features % INT4_N_MULTIPLE:
         raise ValueError(f"no CPU nibble layout for bits={qw.bits}, group={qw.group_size}, N={qw.out_features}")
+    lo, hi = _code_range(qw)
+    h, l = min(((h, l) for h in _NIBBLE_CENTRES for l in _NIBBLE_CENTRES),
+               key=lambda hl: abs(16 * hl[0] + hl[1] - (lo + hi) / 2))
     q = qw.codes().to(torch.int32)
     packed = torch._convert_weight_to_int4pack_for_cpu(torch.cat((q >> 4, q & 15), dim=1), 1)
     s = qw.scales.to(torch.bfloat16)  # 16 s is then exact in bfloat16 too
     s2 = torch.cat((s * 16, s), dim=1).repeat_interleave(qw.group_size // kg, dim=1).T  # [2K / kg, N]
-    scales_and_zeros = torch.stack((s2, torch.zeros_like(s2)), dim=-1).contiguous()
-    m = qw.centered_params_float64()[1].T + 8 * s.double().T  # (q - 128) s + m' = ... + 8 s + m'
+    z2 = torch.cat((s * (16 * (8 - h)), s * (8 - l)), dim=1).repeat_interleave(qw.group_size // kg, dim=1).T
+    scales_and_zeros = torch.stack((s2, z2), dim=-1).contiguous()
+    m = qw.centered_params_float64()[1].T + (16 * h + l - 128) * qw.scales.double().T  # w = (q - q0) s + m
     return Int4CpuLayout(packed, scales_and_zeros, kg, m.float().contiguous(), nibbles=True)
 
 
@@ -117,12 +136,20 @@ def _nibbles_fit(qw: QuantizedWeight) -> bool:
 
 
 def build_int8_layout(qw: QuantizedWeight) -> Int8CpuLayout:
-    """Signed int8 codes per weight group and float32 scales (see the module docstring)."""
+    """Signed int8 codes c = q - q0 per weight group and float32 scales (see the module docstring); q0 is 128, or the
+    middle of the codes' range when that keeps every c in int8 (as the nibble layout, for the same reason), the
+    (q0 - 128) s joining m'."""
     n, k = qw.shape
     ng, g = qw.num_groups, qw.group_size
-    c = (qw.codes().to(torch.int16) - qw.config.sym_bias).to(torch.int8)
+    lo, hi = _code_range(qw)
+    q0 = min(max((lo + hi + 1) // 2, hi - 127), lo + 128)
+    c = (qw.codes().to(torch.int16) - q0).to(torch.int8)
     codes = c.view(n, ng, g).transpose(0, 1).contiguous()
-    return Int8CpuLayout(codes, torch.ones(n, dtype=torch.bfloat16), qw.scales.float().T.contiguous(), _offsets(qw))
+    offsets = _offsets(qw)
+    if q0 != qw.config.sym_bias:
+        m = qw.centered_params_float64()[1] + (q0 - qw.config.sym_bias) * qw.scales.double()
+        offsets = m.float().T.contiguous()
+    return Int8CpuLayout(codes, torch.ones(n, dtype=torch.bfloat16), qw.scales.float().T.contiguous(), offsets)
 
 
 def cpu_can_run(x: torch.Tensor, qw: QuantizedWeight) -> tuple[bool, str]:

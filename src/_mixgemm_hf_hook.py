@@ -1,9 +1,13 @@
-"""Registers mixgemm's checkpoint format with transformers without importing transformers.
+"""Registers mixgemm's checkpoint format with transformers without importing transformers (or mixgemm).
 
 transformers keeps its quantization registries in ``transformers.quantizers.auto``, imported only when a model
-with a quantization_config is loaded. ``install()`` (called by ``import mixgemm``) registers at once if that
-module is already imported; otherwise it puts a finder on ``sys.meta_path`` that runs the registration right after
-the module executes. ``import mixgemm`` therefore costs nothing when transformers is not used.
+with a quantization_config is loaded. ``install()`` registers at once if that module is already imported;
+otherwise it puts a finder on ``sys.meta_path`` that runs the registration right after the module executes.
+
+It runs at interpreter start-up from ``mixgemm-hf.pth`` (which an installed mixgemm wheel puts in site-packages,
+setup.py), so that ``AutoModelForCausalLM.from_pretrained`` of a mixgemm checkpoint loads its QuantLinear layers
+whatever was imported before, and again on ``import mixgemm`` (for source checkouts without the .pth). This is a
+top-level module, not part of the mixgemm package, so that start-up imports neither mixgemm nor torch.
 """
 
 from __future__ import annotations

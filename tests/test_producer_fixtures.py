@@ -1,0 +1,234 @@
+"""Checkpoints written by the producers themselves (tests/fixtures/producers/, tools/fixtures/
+make_producer_checkpoints.py; each directory's README names the producer, version and command), loaded through
+mixgemm.from_pretrained and, after ``import mixgemm``, AutoModelForCausalLM.from_pretrained.
+
+Weights: every QuantLinear's fp32 dequantization equals the producer's own decompression (compressed-tensors'
+compressor for the layer's format) run on the stored tensors with the scales upcast to float32 (the exact products
+mixgemm holds), which rounds to what transformers' ``dequantize=True`` load holds in fp16. Logits: against
+transformers' dequantized load of the same files with those exact weights, to float32 rounding, and the same
+greedy tokens; for W8A8 (dynamic per-token int8 activations) that twin's Linears take their input through the same
+per-token int8 quantizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import mixgemm
+from mixgemm.formats.activation import quantize_activation
+from mixgemm.nn.linear import QuantLinear
+
+ROOT = os.path.join(os.path.dirname(__file__), "fixtures", "producers")
+CT_FIXTURES = ["llmcompressor-w8a8", "llmcompressor-w4a16-asym-g32"]
+PACKED_FIXTURES = ["gptqmodel-gptq-sym-g32", "gptqmodel-gptq-asym-actorder-g32", "gptqmodel-awq-gemm-g32"]
+IDS = torch.tensor([[1, 17, 200, 45, 3, 99, 128, 7, 250, 31, 64, 5]])
+
+
+def _producer_weights(path) -> dict[str, torch.Tensor]:
+    """{layer: fp32 weight} by compressed-tensors' own decompression of each layer, fp32 scales."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+    from safetensors import safe_open
+
+    with open(os.path.join(path, "config.json")) as f:
+        (group,) = json.load(f)["quantization_config"]["config_groups"].values()
+    scheme = QuantizationScheme.model_validate(group)
+    compressor = BaseCompressor.get_value_from_registry(group["format"])
+    out = {}
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+        for prefix in sorted({k.rsplit(".", 1)[0] for k in names if k.endswith(".weight_scale")}):
+            sd = {k[len(prefix) + 1:]: f.get_tensor(k) for k in names if k.startswith(prefix + ".")}
+            sd = {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
+            out[prefix] = compressor.decompress(sd, scheme)["weight"]
+    return out
+
+
+def _transformers_dequantized(path):
+    """transformers' load with compressed-tensors' decompression, then the exact fp32 producer weights (checked to
+    round to transformers' fp16 ones)."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
+    for name, w in _producer_weights(path).items():
+        lin = model.get_submodule(name)
+        assert torch.equal(w.half().float(), lin.weight.data), name
+        lin.weight.data = w
+    return model
+
+
+def _per_token_int8_inputs(model: nn.Module, skip=("lm_head",)) -> None:
+    """Each Linear (but ``skip``) takes its input through mixgemm's per-token sym int8 quantizer: the float twin of
+    a W8A8 per-token model."""
+    def hook(_, args):
+        x = args[0]
+        flat = x.reshape(-1, x.shape[-1])
+        return (quantize_activation(flat, -1, "sym").dequantize().to(x.dtype).reshape(x.shape),)
+
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and name not in skip:
+            mod.register_forward_pre_hook(hook)
+
+
+def _load_exact(path, producer_weights):
+    """mixgemm.from_pretrained in float32, every Linear a QuantLinear (lm_head aside: the producers leave it float),
+    nothing skipped, ignored or re-quantized: (model, {name: QuantLinear}, producer_weights(path) for the same
+    layers)."""
+    model = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
+    report = model.mixgemm_report
+    assert not report.ignored and not report.skipped and not report.inexact
+    qls = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert len(qls) == 14  # 7 Linears x 2 layers
+    want = producer_weights(path)
+    assert sorted(want) == sorted(qls)
+    return model, qls, want
+
+
+@pytest.mark.parametrize("name", CT_FIXTURES)
+def test_compressed_tensors_fixture_weights_equal_the_producers(name):
+    path = os.path.join(ROOT, name)
+    _, qls, want = _load_exact(path, _producer_weights)
+    for n, ql in qls.items():
+        assert torch.equal(ql.dequantize(torch.float32), want[n]), n
+        if name.endswith("w8a8"):
+            assert (ql.act_mode, ql.act_block, ql.config.bits) == ("sym", "token", 8), n
+        else:
+            assert ql.act_mode is None and ql.config.mode == "zero_point" and ql.config.group_size == 32, n
+
+
+@pytest.mark.parametrize("name", CT_FIXTURES)
+def test_compressed_tensors_fixture_logits(name):
+    path = os.path.join(ROOT, name)
+    model = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
+    twin = _transformers_dequantized(path)
+    if name.endswith("w8a8"):
+        _per_token_int8_inputs(twin)
+    with torch.no_grad():
+        got, want = model(IDS).logits, twin(IDS).logits
+    scale = want.abs().max().item()
+    if name.endswith("w8a8"):
+        # the layers agree to fp32 rounding on one input, but an activation a float32 rounding from a code boundary
+        # rounds to the neighbouring int8 code in one of the two (one code step: absmax / 127 of that token)
+        assert (got - want).abs().max() < 0.03 * scale
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * scale)
+    with torch.no_grad():
+        a = model.generate(IDS, max_new_tokens=6, do_sample=False)
+        b = twin.generate(IDS, max_new_tokens=6, do_sample=False)
+    assert torch.equal(a, b)
+
+
+def test_w8a8_fixture_through_automodel_is_never_a_float_model_with_int_weights():
+    """transformers' own compressed-tensors load (after import mixgemm) runs, and agrees with mixgemm's."""
+    from transformers import AutoModelForCausalLM
+
+    path = os.path.join(ROOT, "llmcompressor-w8a8")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    mg = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
+    with torch.no_grad():
+        got, want = model(IDS).logits, mg(IDS).logits
+    # two int8 activation quantizers (compressed-tensors' absmax / 127.5, mixgemm's absmax / 127)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+
+
+def test_int8_codes_without_their_scales_never_load_as_a_float_weight(tmp_path):
+    """A W8A8 layer whose weight_scale is missing is not recognised as quantized: its int8 codes must not be put
+    into a float nn.Linear (the failure before int-quantized was read: a forward raising a dtype mismatch)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = os.path.join(ROOT, "llmcompressor-w8a8")
+    shutil.copy(os.path.join(src, "config.json"), tmp_path)
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    del sd["model.layers.1.mlp.up_proj.weight_scale"]
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"'model.layers.1.mlp.up_proj.weight' is torch.int8 in the checkpoint"):
+        mixgemm.from_pretrained(str(tmp_path), progress=False)
+
+
+def _packed_producer_weights(path) -> dict[str, torch.Tensor]:
+    """{layer: fp32 weight} of a GPTQ / AWQ checkpoint by the libraries' own dequantization formulas
+    (quantformat_fixtures: GPTQ's torch path, AutoAWQ's dequantize_gemm), the scales upcast to float32."""
+    from safetensors import safe_open
+
+    from quantformat_fixtures import awq_dequant, gptq_dequant
+
+    with open(os.path.join(path, "config.json")) as f:
+        qc = json.load(f)["quantization_config"]
+    out = {}
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+        for prefix in sorted(k[: -len(".qweight")] for k in names if k.endswith(".qweight")):
+            t = {k[len(prefix) + 1:]: f.get_tensor(k) for k in names if k.startswith(prefix + ".")}
+            if qc["quant_method"] == "awq":
+                out[prefix] = awq_dequant(t["qweight"], t["qzeros"], t["scales"].float(), qc["group_size"])
+            else:
+                out[prefix] = gptq_dequant(t["qweight"], t["qzeros"], t["scales"].float(), t["g_idx"], qc["bits"],
+                                           v1=qc.get("checkpoint_format", "gptq") == "gptq")
+    return out
+
+
+def _float_twin(path, weights):
+    """transformers' Llama of the checkpoint's config with its float tensors and ``weights`` (fp32)."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    sd = {k: v.float() for k, v in load_file(os.path.join(path, "model.safetensors")).items() if v.is_floating_point()}
+    sd.update({f"{k}.weight": w for k, w in weights.items()})
+    missing, _ = model.load_state_dict(sd, strict=False)
+    assert not [k for k in missing if "rotary" not in k], missing
+    return model
+
+
+@pytest.mark.parametrize("name", PACKED_FIXTURES)
+def test_gptqmodel_fixture_weights_logits_and_tokens(name):
+    path = os.path.join(ROOT, name)
+    model, qls, want = _load_exact(path, _packed_producer_weights)
+    # each layer as the format reads it (before from_pretrained folds act-order permutations into gate / up)
+    from mixgemm.checkpoints import formats
+    from mixgemm.checkpoints.safetensors_source import SafetensorsSource
+    from mixgemm.formats.weight import dequantize_weight
+
+    with open(os.path.join(path, "config.json")) as f:
+        qc = json.load(f)["quantization_config"]
+    source = SafetensorsSource(path)
+    for n in want:
+        conv = formats.find(qc).convert_linear(source, n, qc)
+        got = dequantize_weight(conv.weight, torch.float32)
+        if conv.input_perm is not None:  # the layer holds its columns sorted by group
+            got = torch.empty_like(got).index_copy_(1, conv.input_perm.long(), got)
+        assert torch.equal(got, want[n]), n
+    if name.startswith("gptqmodel-awq"):  # GPTQModel's default AWQ: zero_point false, loaded symmetric
+        assert all(ql.config.mode == "sym" for ql in qls.values())
+    twin = _float_twin(path, want)
+    with torch.no_grad():
+        got, ref = model(IDS).logits, twin(IDS).logits
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
+        assert torch.equal(model.generate(IDS, max_new_tokens=6, do_sample=False),
+                           twin.generate(IDS, max_new_tokens=6, do_sample=False))
+
+
+
+@pytest.mark.parametrize("name", ["gptqmodel-gptq-sym-g32", "llmcompressor-w4a16-asym-g32"])
+def test_cpu_default_dtype_is_bfloat16_and_float32_on_request(name):
+    """fp16 checkpoints on the CPU: bfloat16 by default (torch's int4 / int8 kernels), float32 when asked."""
+    path = os.path.join(ROOT, name)
+    model = mixgemm.from_pretrained(path, progress=False)
+    assert {p.dtype for p in model.parameters() if p.is_floating_point()} == {torch.bfloat16}
+    ql = model.model.layers[0].mlp.down_proj
+    x = torch.randn(3, ql.in_features, dtype=torch.bfloat16)
+    assert mixgemm.explain(x, ql.quantized_weight()).entry.name == "cpu_torch_kernels"
+    with torch.no_grad():
+        assert model(IDS).logits.dtype == torch.bfloat16
+    exact = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
+    assert {p.dtype for p in exact.parameters() if p.is_floating_point()} == {torch.float32}
