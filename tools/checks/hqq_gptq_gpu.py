@@ -66,18 +66,18 @@ def kernel_cases(shapes: list[tuple[int, int]]) -> list[KernelCase]:
 def case_layer(case: KernelCase, device, seed: int = 0) -> QuantLinear:
     """A QuantLinear (bias included) of the case's method on a random weight [n, k] (group 128 when k allows, else
     32), quantized on ``device``."""
-    g = torch.Generator().manual_seed(seed)
-    w = (torch.randn(case.n, case.k, generator=g) * 0.02).to(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    randn = lambda *shape: torch.randn(*shape, generator=g, device=device)
+    w = randn(case.n, case.k) * 0.02
     cfg = QuantConfig(bits=4, group_size=128 if case.k % 128 == 0 else 32, mode=case.mode)
     perm = None
     if case.source == "hqq":
         qw = hqq_quantize_weight(w, cfg)
     else:
-        mix = torch.randn(case.k, case.k, generator=g) / case.k**0.5
-        x = (torch.randn(4 * case.k, case.k, generator=g) @ mix).to(device)
+        x = randn(2 * case.k, case.k) @ (randn(case.k, case.k) / case.k**0.5)
         res = gptq_quantize_weight(w, 2 * x.T @ x, cfg, GPTQParams(act_order="act-order" in case.source))
         qw, perm = res.weight, res.perm
-    bias = (torch.randn(case.n, generator=g) * 0.1).to(device)
+    bias = randn(case.n) * 0.1
     return QuantLinear.from_quantized(qw, bias, input_perm=perm)
 
 
@@ -102,7 +102,8 @@ def check_kernels(device, shapes, ms=(1, 16, 256), dtypes=(torch.float16, torch.
             variants.append(("compact", compacted))
         for dtype in dtypes:
             for m in ms:
-                x = torch.randn(m, case.k, generator=torch.Generator().manual_seed(m)).to(device=device, dtype=dtype)
+                x = torch.randn(m, case.k, generator=torch.Generator(device=device).manual_seed(m), device=device
+                                ).to(dtype)
                 xs = x if layer.input_perm is None else x[..., layer.input_perm]
                 want = ref_matmul(xs, qw, layer.bias, out_dtype=torch.float64)
                 for name, mod in variants:
