@@ -7,7 +7,7 @@ package's ``optimize_weights_proximal_legacy``: with an auxiliary error variable
 
 * w_e = shrink_p(w - w_r, beta): the proximal step of the lp-norm (generalized soft thresholding), and
 * the closed-form least-squares update of the group's parameter against the target w - w_e:
-  z = mean(q - (w - w_e) / s) for modes with a zero point ("zero_point", "offset"; as published s stays fixed),
+  z = mean(q - (w - w_e) / s) for modes with a zero point ("zero_point", "offset"; s fixed, as published),
   s = <c, w - w_e> / <c, c> with c = q - 2**(bits-1) for "sym" (no zero point: the scale is the free parameter),
 
 with beta growing by kappa each step, a fixed number of steps, stopping early once the mean absolute error of the
