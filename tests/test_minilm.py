@@ -7,13 +7,19 @@ Floors come from measurement (``PYTHONPATH=src python tests/test_minilm.py`` pri
 0.01 below it (torch 2.13 CPU, transformers 5.23, 16 sentences):
 
 =====================  ===========  ==========  ====================
-format (symmetric)     mean cosine  min cosine  floors (mean, min)
+format (sym or said)   mean cosine  min cosine  floors (mean, min)
 =====================  ===========  ==========  ====================
 W8A16 per-channel      0.99965      0.99952     0.999, 0.998
 W4A16 group 32         0.96091      0.94877     0.95,  0.93
 W4A16 group 64         0.95205      0.93884     0.94,  0.92
 W4A16 group 128        0.94137      0.92113     0.93,  0.91
+g128 zero point        0.96051      0.95139     0.95,  0.94
+g128 HQQ               0.95878      0.94419     0.95,  0.93
+g128 zero point HQQ    0.96616      0.95558     0.956, 0.945
 =====================  ===========  ==========  ====================
+
+HQQ (``method="hqq"``, mixgemm.quantize.hqq) wins back 0.017 of sym's 0.059 and 0.006 of zero point's 0.039; the
+issue's bar for it (0.97) is not reached by any data-free setting measured (docs/design.md, "Choosing the codes").
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ CASES = {
     "W4A16 g32": (mixgemm.W4A16(group_size=32), 0.95, 0.93),
     "W4A16 g64": (mixgemm.W4A16(group_size=64), 0.94, 0.92),
     "W4A16 g128": (mixgemm.W4A16(group_size=128), 0.93, 0.91),
+    "W4A16 g128 zero point": (mixgemm.W4A16(group_size=128, mode="zero_point"), 0.95, 0.94),
+    "W4A16 g128 HQQ": (mixgemm.W4A16(group_size=128, method="hqq"), 0.95, 0.93),
+    "W4A16 g128 zero point HQQ": (mixgemm.W4A16(group_size=128, mode="zero_point", method="hqq"), 0.956, 0.945),
 }
 ACCEPTANCE_W8_MEAN = 0.995  # the issue's acceptance bar (the floor above is stricter)
 
@@ -99,6 +108,11 @@ def test_minilm_embedding_cosine(name, measured):
     assert mean >= floor_mean and low >= floor_min, (name, mean, low)
     if name.startswith("W8"):
         assert mean >= ACCEPTANCE_W8_MEAN
+
+
+def test_hqq_beats_round_to_nearest(measured):
+    assert measured["W4A16 g128 HQQ"][0] > measured["W4A16 g128"][0] + 0.01
+    assert measured["W4A16 g128 zero point HQQ"][0] > measured["W4A16 g128 zero point"][0]
 
 
 def test_minilm_quantized_is_not_the_float_model(measured):

@@ -6,7 +6,8 @@ GGUF, GPTQ, AWQ, compressed-tensors, mixgemm's own format; mixgemm.checkpoints; 
 compiled act-order models, ``use_inductor_norms`` to leave a model's norms to inductor), ``distributed`` (tensor
 parallel),
 ``bench`` (the scoreboard); ``explain`` / ``explain_conv`` (which kernel runs a call and why), ``kernel_options``
-(overrides of that choice), ``resident_bytes`` (weight memory), ``compact_`` (one resident layout per weight).
+(overrides of that choice), ``resident_bytes`` (weight memory), ``compact_`` (one resident layout per weight),
+``evaluate_perplexity`` (stride-window perplexity of a causal LM).
 """
 
 from _mixgemm_hf_hook import install as _install_hf_hook
@@ -34,7 +35,8 @@ _LAZY = {"quantize_": "mixgemm.quantize_api", "compact_": "mixgemm.quantize_api"
          "gather_act_order_at_norms": "mixgemm.nn.norms",
          "use_inductor_norms": "mixgemm.nn.norms",
          "explain": "mixgemm.kernels.explain", "explain_conv": "mixgemm.kernels.explain",
-         "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.registry"}
+         "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.registry",
+         "evaluate_perplexity": "mixgemm.evaluate"}
 
 
 # subpackages reachable as attributes (mixgemm.distributed.tensor_parallel_ after a plain import mixgemm), imported on

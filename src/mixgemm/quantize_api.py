@@ -28,7 +28,7 @@ per-group fold: ~1.9x fp16 cuBLAS in prefill on an H100 against ~1.5x (``int_sca
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -40,13 +40,23 @@ from mixgemm.formats.weight import QuantConfig, QuantizedWeight, quantize_weight
 from mixgemm.nn.conv import QuantConv2d
 from mixgemm.nn.experts import experts_shape, holds_fused_experts, quantize_experts_, why_not_experts
 from mixgemm.nn.linear import QuantLinear
+from mixgemm.quantize.hqq import hqq_quantize_weight
+
+METHODS = ("rtn", "hqq", "gptq")
 
 
 @dataclass(frozen=True)
 class _Precision:
+    """``method``: how the codes are chosen: "rtn" (round to nearest, default), "hqq" (half-quadratic optimization of
+    each group's parameters, no data: mixgemm.quantize.hqq) or "gptq" (quantize_'s ``calibration`` data, layer by
+    layer: mixgemm.quantize.gptq); all three write the same format. ``act_order`` (GPTQ only): columns taken in
+    decreasing Hessian diagonal, stored with the layer's input permutation (weight-only configs)."""
+
     group_size: int = 128
     mode: str = "sym"
     scale_dtype: torch.dtype = torch.float16
+    method: str = field(default="rtn", kw_only=True)
+    act_order: bool = field(default=False, kw_only=True)
     bits = 4
     act_mode = None
     act_block = "group"
@@ -60,7 +70,8 @@ class _Precision:
         g = "per-channel" if self.group_size in (-1, None) else f"g{self.group_size}"
         act = "" if self.act_mode is None else f", act {self.act_mode}" + (" per token" if self.act_block == "token"
                                                                              else "")
-        return f"{type(self).__name__} {g} {self.mode}{act}"
+        how = "" if self.method == "rtn" else f", {self.method}" + (" act-order" if self.act_order else "")
+        return f"{type(self).__name__} {g} {self.mode}{act}{how}"
 
     @property
     def activation_quantized(self) -> bool:
@@ -68,6 +79,15 @@ class _Precision:
 
     def __post_init__(self):
         self.weight_config()  # validate early
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if not isinstance(self.act_order, bool):
+            raise TypeError(f"act_order must be a bool, got {type(self.act_order).__name__}")
+        if self.act_order and self.method != "gptq":
+            raise ValueError(f"act_order=True orders GPTQ's columns: it needs method='gptq', got {self.method!r}")
+        if self.act_order and self.act_mode is not None:
+            raise ValueError(f"{type(self).__name__} cannot hold act_order=True: input permutations run in "
+                             "weight-only layers (W4A16 / W8A16)")
 
 
 @dataclass(frozen=True)
@@ -121,12 +141,16 @@ class W4A8(_Precision):
         if self.int_scales and (self.mode != "sym" or self.group_size in (-1, None)):
             raise ValueError(f"W4A8(int_scales=True) takes mode 'sym' with groups, got mode={self.mode!r} "
                              f"group_size={self.group_size}")
+        if self.int_scales and self.method != "rtn":
+            raise ValueError(f"W4A8(int_scales=True) cannot hold method={self.method!r}: integer group scales are "
+                             "chosen by their own rule (mixgemm.formats.int_scales); use int_scales=False")
 
     @property
     def uses_int_scales(self) -> bool:
         if self.int_scales is not None:
             return self.int_scales
-        return self.act_block == "token" and self.mode == "sym" and self.group_size not in (-1, None)
+        return (self.act_block == "token" and self.mode == "sym" and self.group_size not in (-1, None)
+                and self.method == "rtn")
 
     @property
     def name(self) -> str:
@@ -148,11 +172,14 @@ class QuantizeReport:
     norm_kernels: list[str] = field(default_factory=list)
     sibling_groups: list[list[str]] = field(default_factory=list)
     experts_joined: list[str] = field(default_factory=list)
+    rounded: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"quantize_ {self.config}: {len(self.replaced)} replaced, {len(self.skipped)} skipped, "
                  f"{len(self.excluded)} excluded by filter_fn"]
         lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
+        lines += [f"  rounded to nearest {name}: {why}" for name, why in self.rounded.items()]
         return "\n".join(lines)
 
 
@@ -207,7 +234,8 @@ def _is_sharded(linear: nn.Module) -> bool:
 
 
 def quantize_(model: nn.Module, config: _Precision,
-              filter_fn: Callable[[nn.Module, str], bool] | None = None, compact: bool = True) -> QuantizeReport:
+              filter_fn: Callable[[nn.Module, str], bool] | None = None, compact: bool = True,
+              calibration=None, progress: bool = True) -> QuantizeReport:
     """Replace, in place, every nn.Linear of ``model`` (for which ``filter_fn(module, name)`` is True, when
     given) by a QuantLinear in ``config``'s format (W4A16 / W8A16 / W8A8 / W4A8), quantized on the layer's
     device, every nn.Conv2d by a QuantConv2d (weight-only configs; blocks along Ci within each tap), and the
@@ -226,11 +254,26 @@ def quantize_(model: nn.Module, config: _Precision,
     times). ``state_dict()`` still writes the plain format. compact=False keeps the plain codes and builds each
     kernel's layout beside them as calls need it: the fastest kernel per M at up to three times the memory
     (docs/design.md, Models, says where that is faster).
+
+    ``config.method`` chooses the codes (the same format either way): "rtn" rounds to nearest, "hqq" optimizes each
+    group's parameters without data (mixgemm.quantize.hqq), "gptq" runs GPTQ block by block over ``calibration``
+    (an iterable of token-id batches: tensors [B, T], lists, or tokenizer outputs; mixgemm.quantize.sequential), with
+    a tqdm bar unless ``progress=False``. Convolutions (and, under "gptq", fused experts) are rounded to nearest and
+    listed in ``report.rounded``.
     """
     if not isinstance(config, _Precision):
         raise TypeError(f"config must be W4A16, W8A16, W8A8 or W4A8, got {type(config).__name__}")
     cfg = config.weight_config()
+    batches = None
+    if config.method == "gptq":
+        from mixgemm.quantize.sequential import calibration_batches
+
+        device = next(iter(model.parameters()), torch.empty(0)).device
+        batches = calibration_batches(calibration, device)
+    elif calibration is not None:
+        raise ValueError(f"calibration is only read by method='gptq'; this config has method={config.method!r}")
     report = QuantizeReport(config=config)
+    gptq_names: list[str] = []
     counts: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         counts[id(p)] = counts.get(id(p), 0) + 1
@@ -251,9 +294,16 @@ def quantize_(model: nn.Module, config: _Precision,
 
             mod, reshard = sharded_linear_source(mod, name)
         why = _why_not_conv(mod, config, tied) if conv else _why_not(mod, cfg, tied)
+        if why is None and batches is not None and reshard is not None:
+            why = "a tensor-parallel shard: GPTQ runs on whole layers; quantize_ before sharding"
         if why is not None:
             report.skipped[name] = why
             continue
+        if batches is not None and not conv:
+            gptq_names.append(name)  # quantized below, block by block over the calibration data
+            continue
+        if conv and config.method != "rtn":
+            report.rounded[name] = f"method {config.method!r} applies to Linear layers; convolutions round to nearest"
         try:
             q = QuantConv2d.from_conv(mod, cfg) if conv else quantize_linear(mod, config)
         except ValueError as e:  # quantize_weight's input checks: NaN / Inf weights, scales out of range
@@ -267,7 +317,16 @@ def quantize_(model: nn.Module, config: _Precision,
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, q)
         report.replaced.append(name)
-    quantize_experts(model, config, filter_fn, tied, compact, report.replaced, report.skipped, report.excluded)
+    if gptq_names:
+        _gptq_(model, config, gptq_names, batches, compact, progress, report)
+    experts_config = config
+    if batches is not None:
+        experts_config = replace(config, method="rtn", act_order=False)
+        for name, mod in model.named_modules():
+            if name and holds_fused_experts(mod):
+                report.rounded[name] = "GPTQ runs on Linear layers; fused experts round to nearest"
+    quantize_experts(model, experts_config, filter_fn, tied, compact, report.replaced, report.skipped,
+                     report.excluded)
     if report.replaced:
         from mixgemm.checkpoints.native import attach_quantization_config
         from mixgemm.nn.experts import join_experts
@@ -279,6 +338,38 @@ def quantize_(model: nn.Module, config: _Precision,
         report.sibling_groups = join_siblings(model)
         report.experts_joined = join_experts(model)
     return report
+
+
+def _gptq_(model: nn.Module, config: _Precision, names: list[str], batches: list, compact: bool, progress: bool,
+           report: QuantizeReport) -> None:
+    """quantize_'s GPTQ: the selected float Linears ``names``, block by block over the calibration ``batches``;
+    Linears no batch reached are rounded to nearest. Act-order layers are arranged as from_pretrained arranges
+    them (mixgemm.nn.norms.arrange_act_order) before any compaction."""
+    from mixgemm.quantize.gptq import GPTQParams
+    from mixgemm.quantize.sequential import gptq_quantize_model
+
+    def make(qw, bias, perm):
+        return QuantLinear.from_quantized(qw, bias, act_mode=config.act_mode, act_block=config.act_block,
+                                          input_perm=perm)
+
+    run = gptq_quantize_model(model, names, config.weight_config(), batches, GPTQParams(act_order=config.act_order),
+                              make, progress)
+    report.seconds = run.seconds
+    rtn = replace(config, method="rtn", act_order=False)
+    for name in run.unreached:
+        lin = model.get_submodule(name)
+        parent, _, child = name.rpartition(".")
+        q = quantize_linear(lin, rtn)
+        q.train(lin.training)
+        setattr(model.get_submodule(parent), child, q)
+        report.rounded[name] = "no calibration input reached this layer"
+    if config.act_order:
+        from mixgemm.nn.norms import arrange_act_order
+
+        arrange_act_order(model)
+    for name in names:
+        model.get_submodule(name).set_auto_compact(compact)
+        report.replaced.append(name)
 
 
 def quantize_experts(model: nn.Module, config: _Precision, filter_fn, tied: set, compact: bool,
@@ -329,6 +420,11 @@ def scheme_weight(weight: torch.Tensor, config: _Precision) -> QuantizedWeight:
     cfg = config.weight_config()
     if getattr(config, "uses_int_scales", False):
         return quantize_weight_int_scales(weight, cfg.group_size, cfg.scale_dtype)
+    if config.method == "hqq":
+        return hqq_quantize_weight(weight, cfg)
+    if config.method == "gptq":
+        raise ValueError("method='gptq' needs calibration data: quantize the float model with "
+                         "mixgemm.quantize_(model, config, calibration=batches)")
     return quantize_weight(weight, cfg)
 
 

@@ -497,7 +497,8 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     checkpoint's, float32 for GGUF, and bfloat16 for other producers' quantized checkpoints (GPTQ, AWQ,
     compressed-tensors) on the CPU, where torch's int4 / int8 kernels run (float32 on request: exact).
     quantization_config: W4A16 / W8A16 / W8A8 / W4A8 to quantize a float checkpoint (or a GGUF file's float
-    Linears) while loading; filter_fn(module, name) -> bool limits which Linears are quantized. compact (default
+    Linears) while loading, each layer on ``device`` as it is read (``method="hqq"`` optimizes its codes there);
+    filter_fn(module, name) -> bool limits which Linears are quantized. compact (default
     True): each QuantLinear keeps its codes in one resident layout on an sm_90 GPU, now or once the model is moved
     there (as quantize_'s ``compact``). gguf_requantize_bits (8 or 4): the width GGUF types without an exact
     mixgemm form (Q6_K, Q2_K, Q3_K, IQ*, TQ*, MXFP4, NVFP4) are re-quantized to: 8 (default) stays within half an
@@ -522,6 +523,10 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
         if not isinstance(quantization_config, _Precision):
             raise TypeError(f"quantization_config must be mixgemm.W4A16, W8A16, W8A8 or W4A8, got "
                             f"{type(quantization_config).__name__}")
+        if quantization_config.method == "gptq":
+            raise ValueError("quantization_config with method='gptq' needs calibration data and the float model "
+                             "whole: load it with transformers, then mixgemm.quantize_(model, config, "
+                             "calibration=batches); from_pretrained quantizes while loading with 'rtn' or 'hqq'")
     device = _device(device)
     if gguf_file is not None or str(path).endswith(".gguf"):
         directory, name = _gguf_location(path, gguf_file)
