@@ -37,8 +37,9 @@ EVAL_TOKENS, WINDOW = 1024, 512
 CALIBRATION = (8, 256)  # batches x tokens
 CONFIG = dict(group_size=64, mode="zero_point")
 # measured closures (docs/design.md): 1024 tokens, GPTQ on 16 x 512 tokens: HQQ 0.025, GPTQ 0.48; 20000 tokens, this
-# file's calibration: HQQ -0.157, GPTQ 0.396. The issue asks 0.30 and 0.50, which these weights do not give; HQQ is
-# only held to stay near round to nearest (HQQ_MAX_RATIO), not to close the gap.
+# file's calibration: HQQ -0.157, GPTQ 0.396; 20000 tokens, GPTQ act-order on 56 x 512 tokens (--calibration 56 512
+# --act-order, too slow for CI): GPTQ 0.611, the issue's 0.50 met. HQQ does not give the issue's 0.30 on these
+# weights; it is only held to stay near round to nearest (HQQ_MAX_RATIO), not to close the gap.
 FLOORS = {"gptq": 0.35}
 ISSUE_BARS = {"hqq": 0.30, "gptq": 0.50}  # closures the issue asks for (the 20000-token run prints them)
 HQQ_MAX_RATIO = 1.1
