@@ -129,10 +129,9 @@ def _initial(w: torch.Tensor, config: QuantConfig, searches: int) -> tuple[torch
         lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
         if config.mode == "zero_point":
             lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
-    best_s, best_z = _range_params(lo, hi, 1.0, qmax, config.mode, bias)
     if searches <= 1:
-        return best_s, best_z
-    best_err = None
+        return _range_params(lo, hi, 1.0, qmax, config.mode, bias)
+    best_err = best_s = best_z = None
     for ratio in torch.linspace(1.0, 0.5, searches).tolist():
         s, z = _range_params(lo, hi, ratio, qmax, config.mode, bias)
         q = (w * _inverse(s) + z).round_().clamp_(0, qmax)

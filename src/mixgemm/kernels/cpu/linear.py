@@ -104,8 +104,7 @@ def build_int4_layout(qw: QuantizedWeight) -> Int4CpuLayout:
 _NIBBLE_CENTRES = (0, 4, 6, 7, 8)
 
 
-def _code_range(qw: QuantizedWeight) -> tuple[int, int]:
-    q = qw.codes()
+def _code_range(q: torch.Tensor) -> tuple[int, int]:
     return int(q.min()), int(q.max())
 
 
@@ -118,10 +117,11 @@ def build_int8_nibbles_layout(qw: QuantizedWeight) -> Int4CpuLayout:
     kg = _kernel_group(qw.group_size)
     if qw.bits != 8 or kg is None or qw.out_features % INT4_N_MULTIPLE:
         raise ValueError(f"no CPU nibble layout for bits={qw.bits}, group={qw.group_size}, N={qw.out_features}")
-    lo, hi = _code_range(qw)
+    q = qw.codes()
+    lo, hi = _code_range(q)
     h, l = min(((h, l) for h in _NIBBLE_CENTRES for l in _NIBBLE_CENTRES),
                key=lambda hl: abs(16 * hl[0] + hl[1] - (lo + hi) / 2))
-    q = qw.codes().to(torch.int32)
+    q = q.to(torch.int32)
     packed = torch._convert_weight_to_int4pack_for_cpu(torch.cat((q >> 4, q & 15), dim=1), 1)
     s = qw.scales.to(torch.bfloat16)  # 16 s is then exact in bfloat16 too
     s2 = torch.cat((s * 16, s), dim=1).repeat_interleave(qw.group_size // kg, dim=1).T  # [2K / kg, N]
@@ -141,9 +141,10 @@ def build_int8_layout(qw: QuantizedWeight) -> Int8CpuLayout:
     (q0 - 128) s joining m'."""
     n, k = qw.shape
     ng, g = qw.num_groups, qw.group_size
-    lo, hi = _code_range(qw)
+    q = qw.codes()
+    lo, hi = _code_range(q)
     q0 = min(max((lo + hi + 1) // 2, hi - 127), lo + 128)
-    c = (qw.codes().to(torch.int16) - q0).to(torch.int8)
+    c = (q.to(torch.int16) - q0).to(torch.int8)
     codes = c.view(n, ng, g).transpose(0, 1).contiguous()
     offsets = _offsets(qw)
     if q0 != qw.config.sym_bias:
