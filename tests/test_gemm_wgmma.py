@@ -44,6 +44,20 @@ def test_layout_roundtrip(bits, gs, n, k):
     assert lay.params.shape[:3] == (-(-n // 128), qw.num_groups, 8)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_layout_built_in_row_blocks_equals_whole(bits, monkeypatch):
+    """build_wgmma_v1 repacks BUILD_ROWS rows at a time; blocks of 128 rows and a short last block (N = 300) give
+    the layout of one block over the whole weight."""
+    import mixgemm.formats.layouts_wgmma as lw
+
+    qw = _qw(300, 192, bits, 64, "zero_point", seed=3)
+    whole = build_wgmma_v1(qw)
+    monkeypatch.setattr(lw, "BUILD_ROWS", 128)
+    blocks = build_wgmma_v1(qw)
+    assert torch.equal(blocks.weight, whole.weight) and torch.equal(blocks.params, whole.params)
+    assert torch.equal(unpack_wgmma_v1(blocks), qw.codes())
+
+
 def _a_pairs(words: list[int], bits: int, s: int):
     """The four A-register pairs of step s as mma_frag.cuh extracts them (lop3 masks / prmt selectors)."""
     if bits == 4:

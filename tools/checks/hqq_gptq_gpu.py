@@ -248,9 +248,13 @@ def main(argv=None) -> int:
            "smoke": args.smoke}
     t = time.perf_counter()
     res["kernels"] = check_kernels(device, shapes, dtypes=dtypes)
-    print(f"kernels: {len(res['kernels'])} calls checked in {time.perf_counter() - t:.1f} s", flush=True)
+    bad = [r for r in res["kernels"] if not r["ok"]]
+    print(f"kernels: {len(res['kernels'])} calls checked in {time.perf_counter() - t:.1f} s, {len(bad)} failed "
+          f"{bad[:3]}", flush=True)
+    (out / "hqq_gptq_gpu.json").write_text(json.dumps(res, indent=1))  # each part kept as it ends
     res["hqq"] = time_hqq(name, device, dtype)
     print(f"hqq: {res['hqq']}", flush=True)
+    (out / "hqq_gptq_gpu.json").write_text(json.dumps(res, indent=1))
     res["gptq"] = time_gptq(name, args.gptq_layers, samples, seqlen, batch, device, dtype)
     print(f"gptq: {res['gptq']}", flush=True)
     (out / "hqq_gptq_gpu.json").write_text(json.dumps(res, indent=1))

@@ -160,8 +160,42 @@ def write_checkpoint(directory: str, shape: dict, layers: int, device: str) -> d
     return dict(bytes=total, largest_linear_bytes=2 * max(v * h, i * h))
 
 
+def _phase_timeline(cuda: bool) -> list[dict]:
+    """Wraps from_pretrained's phases (mixgemm.checkpoints.loader's steps, each synchronized) so that the load
+    records [{phase, seconds, allocated, peak}] in order: where the time and the peak memory of a load go."""
+    import mixgemm.quantize_api as api
+    from mixgemm.checkpoints import loader, skeleton
+
+    timeline: list[dict] = []
+
+    def wrap(owner, name):
+        fn = getattr(owner, name)
+
+        def timed(*a, **k):
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            if cuda:
+                torch.cuda.synchronize()
+            timeline.append(dict(phase=name, seconds=round(time.perf_counter() - t, 3),
+                                 allocated=torch.cuda.memory_allocated() if cuda else 0,
+                                 peak=torch.cuda.max_memory_allocated() if cuda else 0))
+            return out
+
+        setattr(owner, name, timed)
+
+    for owner, name in ((skeleton, "build"), (loader, "_quantize_on_load"), (loader, "_quantize_experts_on_load"),
+                        (loader, "_fill_rest"), (skeleton, "finish"), (loader, "arrange_act_order"),
+                        (loader, "norm_kernels_at_norms"), (api, "auto_compact_"), (loader, "join_siblings"),
+                        (loader, "join_experts"), (loader._SliceCopier, "_run")):
+        wrap(owner, name)
+    return timeline
+
+
 def load_child(which: str, ckpt: str, device: str) -> dict:
-    """One load in this process: seconds, peak and final allocated GPU bytes (run in a fresh subprocess)."""
+    """One load in this process: seconds, peak and final allocated GPU bytes (run in a fresh subprocess); for
+    mixgemm also the timeline of its phases (_phase_timeline)."""
     from transformers import AutoModelForCausalLM
 
     import mixgemm
@@ -170,6 +204,7 @@ def load_child(which: str, ckpt: str, device: str) -> dict:
     if cuda:
         torch.zeros(1, device=device)  # the CUDA context outside the timing
         torch.cuda.reset_peak_memory_stats()
+    timeline = _phase_timeline(cuda) if which == "mixgemm" else None
     t0 = time.perf_counter()
     if which == "transformers":
         model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float16, device_map=device)
@@ -180,7 +215,8 @@ def load_child(which: str, ckpt: str, device: str) -> dict:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     out = dict(which=which, seconds=seconds,
-               model_bytes=sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]))
+               model_bytes=sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]),
+               timeline=timeline)
     if cuda:
         out.update(peak=torch.cuda.max_memory_allocated(), allocated=torch.cuda.memory_allocated())
     return out
@@ -207,7 +243,8 @@ def check_load(args, device: str, rows: list[dict]) -> None:
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results.append(r)
         rows.append(dict(part="load", what=f"{which} load", value=f"{r['seconds']:.2f} s, peak "
-                         f"{r.get('peak', 0) / 2**30:.2f} GiB, model {r['model_bytes'] / 2**30:.2f} GiB", ok=None))
+                         f"{r.get('peak', 0) / 2**30:.2f} GiB, model {r['model_bytes'] / 2**30:.2f} GiB", ok=None,
+                         detail=r["timeline"]))
     best = {w: min(r["seconds"] for r in results if r["which"] == w) for w in ("transformers", "mixgemm")}
     ratio = best["mixgemm"] / best["transformers"]
     rows.append(dict(part="load", what=f"mixgemm / transformers best time (bar {TIME_RATIO_BAR})",
@@ -255,6 +292,10 @@ def main(argv=None) -> int:
     print(json.dumps(env))
     print("\n".join(lines))
     for r in rows:
+        if r["part"] == "load" and r.get("detail") and isinstance(r["detail"], list):
+            print(f"--- {r['what']} phases: " + "; ".join(
+                f"{p['phase']} {p['seconds']} s ({p['allocated'] / 2**30:.2f} / peak {p['peak'] / 2**30:.2f} GiB)"
+                for p in r["detail"]))
         if r["ok"] is False and r.get("detail"):
             print(f"--- {r['part']} {r['what']}:\n{r['detail']}")
     return 1 if any(r["ok"] is False for r in rows) else 0

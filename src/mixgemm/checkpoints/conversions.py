@@ -226,6 +226,10 @@ class RenamedSource:
     def get(self, key: str) -> torch.Tensor:
         return self.source.get(self.conv.renamed.get(key, key))
 
+    def extent(self, key: str):
+        extent = getattr(self.source, "extent", None)
+        return None if extent is None else extent(self.conv.renamed.get(key, key))
+
 
 __all__ = ["Conversions", "NameMapping", "RenamedSource", "common_format", "fuse_rows", "fused_expert_tensor",
            "name_mapping", "read_conversions", "split_quantized"]

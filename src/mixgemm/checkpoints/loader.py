@@ -152,7 +152,10 @@ def _fill_rest(model, source, device, dtype, report, bar) -> None:
 # A float weight goes to the device this many elements at a time, each slice quantized once it is there: the float
 # layer never exists whole on the device and its quantization's temporaries stay a few slices' size.
 CHUNK_ELEMENTS = 1 << 23
-SLICES_IN_FLIGHT = 3  # pinned slices staged ahead of the one being copied to the device
+# Slices read from the checkpoint's files at once: one thread moves a few GB/s from the page cache into pinned memory,
+# the copy to the device several times that.
+READ_THREADS = 4
+SLICES_IN_FLIGHT = READ_THREADS + 2  # pinned slices being read or waiting for their copy to the device
 
 
 def _slice_rows(k: int) -> int:
@@ -172,53 +175,89 @@ def _quantize_slices(slices, config, name: str):
     return fuse_rows([ConvertedLinear(scheme_weight(s, config)) for s in slices], name).weight
 
 
+def _read_into(fd: int, buffer: torch.Tensor, offset: int, path: str) -> None:
+    """``buffer``'s bytes (uint8, CPU) read from file ``fd`` at ``offset``."""
+    view = memoryview(buffer.numpy())
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise OSError(f"{path}: the file ends at byte {offset + done}, inside a tensor its header places there")
+        done += got
+
+
 class _SliceCopier:
     """Copies the float weights of ``layers`` [(name, in_features, out_features)] to ``device`` slice by slice.
     ``layer()`` gives the next layer's (name, why, slices): why (a reason it is not quantized, e.g. not floating
-    point) or None with an iterator of its slices on the device. On a GPU a thread copies each memory-mapped slice
-    into one of SLICES_IN_FLIGHT pinned buffers ahead of the caller, whose copies to the device are then
-    asynchronous and overlap the quantization of the slices before them."""
+    point) or None with an iterator of its slices on the device. On a GPU a thread hands each slice to one of
+    SLICES_IN_FLIGHT pinned buffers ahead of the caller: READ_THREADS threads read the slices whose bytes the source
+    locates in its files (``source.extent``) straight into them, others are copied from the memory map; the
+    caller's copies to the device are then asynchronous and overlap the quantization of the slices before them."""
 
     def __init__(self, source, layers, device, cfg):
         import queue
         import threading
+        from concurrent.futures import ThreadPoolExecutor
 
         self.queue = queue.Queue()
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.free = queue.Queue()
         self.buffers, self.copied = [], []
+        self.files: dict[str, int] = {}
+        self.readers = None
+        self.stopping = False
         if self.cuda:
             nbytes = CHUNK_ELEMENTS * 4 + max((k for _, k, _ in layers), default=0) * 4 * 128
             for i in range(SLICES_IN_FLIGHT):
                 self.buffers.append(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
                 self.copied.append(None)
                 self.free.put(i)
+            if hasattr(os, "preadv") and hasattr(source, "extent"):
+                self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="mixgemm-read")
         self.thread = threading.Thread(target=self._run, args=(source, layers, cfg), daemon=True)
         self.thread.start()
+
+    def _fd(self, path: str) -> int:
+        if path not in self.files:
+            self.files[path] = os.open(path, os.O_RDONLY)
+        return self.files[path]
 
     def _run(self, source, layers, cfg):
         from mixgemm.quantize_api import _why_not_weight
 
         try:
             for name, k, n in layers:
-                weight = source.get(f"{name}.weight")  # memory-mapped: read as it is copied
+                key = f"{name}.weight"
+                extent = source.extent(key) if self.readers is not None else None
+                # located bytes need no tensor (a stand-in of the shape and dtype, no memory); others are
+                # memory-mapped, read as they are copied
+                weight = (torch.empty((), dtype=extent.dtype).expand(extent.shape) if extent is not None
+                          else source.get(key))
                 why = _why_not_weight(weight, k, cfg, set())
                 if why is None and tuple(weight.shape) != (n, k):
                     why = f"the checkpoint's weight is {tuple(weight.shape)}, the model expects {(n, k)}"
                 rows = _slice_rows(k)
                 self.queue.put((name, why, 0 if why else -(-n // rows)))
                 for r in range(0, 0 if why else n, rows):
+                    if self.stopping:
+                        return
                     part = weight[r:r + rows]
                     if not self.cuda:
-                        self.queue.put((None, part))
+                        self.queue.put((None, part, None))
                         continue
                     i = self.free.get()
                     if self.copied[i] is not None:
                         self.copied[i].synchronize()  # its last copy to the device has read it
-                    staged = self.buffers[i][:part.numel() * part.element_size()].view(part.dtype).view(part.shape)
-                    staged.copy_(part)
-                    self.queue.put((i, staged))
+                    raw = self.buffers[i][:part.numel() * part.element_size()]
+                    staged = raw.view(part.dtype).view(part.shape)
+                    if extent is None:
+                        staged.copy_(part)
+                        self.queue.put((i, staged, None))
+                    else:
+                        read = self.readers.submit(_read_into, self._fd(extent.path), raw,
+                                                   extent.offset + r * k * part.element_size(), extent.path)
+                        self.queue.put((i, staged, read))
         except BaseException as e:  # handed to the caller
             self.queue.put(e)
 
@@ -230,10 +269,12 @@ class _SliceCopier:
 
     def _slices(self, count):
         for _ in range(count):
-            i, staged = self._get()
+            i, staged, read = self._get()
             if i is None:
                 yield staged.to(self.device)
                 continue
+            if read is not None:
+                read.result()
             t = staged.to(self.device, non_blocking=True)
             self.copied[i] = torch.cuda.Event()
             self.copied[i].record()
@@ -244,13 +285,25 @@ class _SliceCopier:
         name, why, count = self._get()
         return name, why, self._slices(count)
 
+    def close(self, stop: bool = False) -> None:
+        """Waits for the thread and the reads, and closes the files. stop: the caller gave up (an error), so the
+        thread stops at its next slice (every buffer handed back, so it is not left waiting for one)."""
+        if stop:
+            self.stopping = True
+            for i in range(len(self.buffers)):
+                self.free.put(i)
+        self.thread.join()
+        if self.readers is not None:
+            self.readers.shutdown(wait=True)
+        for fd in self.files.values():
+            os.close(fd)
+        self.files.clear()
+
 
 def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> None:
     """Float checkpoint: each Linear's weight copied to ``device`` in slices on a thread (_SliceCopier) while the
     slices before it are quantized, so the float model never exists on the device and the copies and the
     quantization overlap."""
-    from mixgemm.nn.linear import QuantLinear
-
     tied = _tied_names(model)
     keys = source.keys()
     todo = []
@@ -263,6 +316,17 @@ def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> 
             todo.append((name, lin))
     copier = _SliceCopier(source, [(n, lin.in_features, lin.out_features) for n, lin in todo], device,
                           config.weight_config())
+    try:
+        _quantize_layers(model, source, config, todo, copier, device, report, bar)
+    except BaseException:
+        copier.close(stop=True)
+        raise
+    copier.close()
+
+
+def _quantize_layers(model, source, config, todo, copier, device, report, bar) -> None:
+    from mixgemm.nn.linear import QuantLinear
+
     for name, lin in todo:
         _, why, slices = copier.layer()
         if why is None:
@@ -280,7 +344,6 @@ def _quantize_on_load(model, source, config, filter_fn, device, report, bar) -> 
         skeleton.put_module(model, name, ql)
         report.quantized.append(name)
         bar.update(1 + (lin.bias is not None))
-    copier.thread.join()
 
 
 def _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress, trust_remote_code):

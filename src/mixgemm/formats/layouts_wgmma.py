@@ -98,24 +98,40 @@ def _tile_codes(codes: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, int,
     np_ = -(-n // (ROWS * GROUP_TILES)) * ROWS * GROUP_TILES
     kp = -(-k // K_TILE) * K_TILE
     full = torch.zeros(np_, kp, dtype=torch.uint8, device=codes.device)
-    full[:n, :k] = codes
+    full[:codes.shape[0], :k] = codes
     return full.reshape(np_ // ROWS, ROWS, kp // K_TILE, K_TILE).permute(0, 2, 1, 3), np_, kp
 
 
+# Rows repacked at a time (a multiple of 128): the repacking's temporaries stay a few bytes per weight of one block,
+# not of the whole weight (a 128k-vocabulary lm_head would otherwise hold ~10 bytes per weight on the device at once).
+BUILD_ROWS = 4096
+
+
 def build_wgmma_v1(qw: QuantizedWeight) -> WgmmaLayout:
-    """Repack ``qw`` for the wgmma GEMM (on qw's device). The plain tensors are not modified."""
+    """Repack ``qw`` for the wgmma GEMM (on qw's device), BUILD_ROWS rows at a time. The plain tensors are not
+    modified."""
+    from mixgemm.formats.packing import unpack_codes
+
     n, k = qw.shape
     bits = qw.bits
-    tiles, np_, kp = _tile_codes(qw.codes(), n, k)  # [Nt, Kt, 16, 64]
-    rows, ks = _slot_index(bits)
-    slots = tiles[:, :, rows.to(qw.device), ks.to(qw.device)].to(torch.int32)  # [Nt, Kt, 32, 32]
-    if bits == 4:
-        slots = slots.reshape(*slots.shape[:3], 16, 2)
-        packed = (slots[..., 0] | (slots[..., 1] << 4)).to(torch.uint8)  # [Nt, Kt, 32 lanes, 16 B]
-    else:  # lane bytes 0..15 -> uint4 0, 16..31 -> uint4 1; uint4 u of all lanes is contiguous
-        packed = slots.to(torch.uint8).reshape(*slots.shape[:3], 2, 16).transpose(2, 3)
-    nt8 = np_ // (ROWS * GROUP_TILES)
-    weight = packed.reshape(nt8, GROUP_TILES, kp // K_TILE, -1).transpose(1, 2).contiguous()
+    np_ = -(-n // (ROWS * GROUP_TILES)) * ROWS * GROUP_TILES
+    kp = -(-k // K_TILE) * K_TILE
+    rows, ks = (t.to(qw.device) for t in _slot_index(bits))
+    tile_bytes = ROWS * K_TILE * bits // 8
+    weight = torch.empty(np_ // (ROWS * GROUP_TILES), kp // K_TILE, GROUP_TILES, tile_bytes, dtype=torch.uint8,
+                         device=qw.device)
+    plain = qw.packed()
+    for r0 in range(0, np_, BUILD_ROWS):
+        r1 = min(r0 + BUILD_ROWS, np_)
+        tiles, _, _ = _tile_codes(unpack_codes(plain[r0:min(r1, n)], bits, k), r1 - r0, k)  # [Nt, Kt, 16, 64]
+        slots = tiles[:, :, rows, ks]  # [Nt, Kt, 32 lanes, 32], uint8 codes
+        if bits == 4:
+            slots = slots.reshape(*slots.shape[:3], 16, 2)
+            packed = slots[..., 0] | (slots[..., 1] << 4)  # [Nt, Kt, 32 lanes, 16 B]
+        else:  # lane bytes 0..15 -> uint4 0, 16..31 -> uint4 1; uint4 u of all lanes is contiguous
+            packed = slots.reshape(*slots.shape[:3], 2, 16).transpose(2, 3)
+        weight[r0 // (ROWS * GROUP_TILES):r1 // (ROWS * GROUP_TILES)] = (
+            packed.reshape(-1, GROUP_TILES, kp // K_TILE, tile_bytes).transpose(1, 2))
     params, ng, g, gk = wgmma_params(qw)
     return WgmmaLayout(weight=weight, params=params, n=n, k=k, k_padded=kp, bits=bits, mode=qw.mode,
                        group_size=g, num_groups=ng, gk=gk)
