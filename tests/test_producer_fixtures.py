@@ -25,7 +25,8 @@ from mixgemm.nn.linear import QuantLinear
 
 ROOT = os.path.join(os.path.dirname(__file__), "fixtures", "producers")
 CT_FIXTURES = ["llmcompressor-w8a8", "llmcompressor-w4a16-asym-g32"]
-PACKED_FIXTURES = ["gptqmodel-gptq-sym-g32", "gptqmodel-gptq-asym-actorder-g32", "gptqmodel-awq-gemm-g32"]
+PACKED_FIXTURES = ["gptqmodel-gptq-sym-g32", "gptqmodel-gptq-asym-actorder-g32", "gptqmodel-awq-gemm-g32",
+                   "autoawq-gemm-g32", "autoawq-gemm-g128"]
 IDS = torch.tensor([[1, 17, 200, 45, 3, 99, 128, 7, 250, 31, 64, 5]])
 
 
@@ -84,7 +85,7 @@ def _load_exact(path, producer_weights):
     report = model.mixgemm_report
     assert not report.ignored and not report.skipped and not report.inexact
     qls = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
-    assert len(qls) == 14  # 7 Linears x 2 layers
+    assert len(qls) == 7 * model.config.num_hidden_layers
     want = producer_weights(path)
     assert sorted(want) == sorted(qls)
     return model, qls, want
@@ -191,7 +192,7 @@ def _float_twin(path, weights):
 
 
 @pytest.mark.parametrize("name", PACKED_FIXTURES)
-def test_gptqmodel_fixture_weights_logits_and_tokens(name):
+def test_packed_fixture_weights_logits_and_tokens(name):
     path = os.path.join(ROOT, name)
     model, qls, want = _load_exact(path, _packed_producer_weights)
     # each layer as the format reads it (before from_pretrained folds act-order permutations into gate / up)
@@ -210,6 +211,8 @@ def test_gptqmodel_fixture_weights_logits_and_tokens(name):
         assert torch.equal(got, want[n]), n
     if name.startswith("gptqmodel-awq"):  # GPTQModel's default AWQ: zero_point false, loaded symmetric
         assert all(ql.config.mode == "sym" for ql in qls.values())
+    if name.startswith("autoawq"):  # AutoAWQ: zero_point true
+        assert all(ql.config.mode == "zero_point" and ql.config.group_size == qc["group_size"] for ql in qls.values())
     twin = _float_twin(path, want)
     with torch.no_grad():
         got, ref = model(IDS).logits, twin(IDS).logits
