@@ -80,6 +80,14 @@ class TinyWriter:
         self.w.close()
 
 
+def within_half_step(got, want, scales, slack: float = 1e-3, floor: float = 1e-7) -> bool:
+    """Every weight of ``got`` within half a quantization step of ``want`` (tensors [N, K]), the step being
+    ``scales`` [N, K / 32] per group of 32 (a type re-quantized to groups of 32), ``slack`` and ``floor`` for the
+    rounding of the scale itself."""
+    step = scales.double().repeat_interleave(32, dim=1)
+    return bool(((got.double() - want.double()).abs() <= step / 2 * (1 + slack) + floor).all())
+
+
 TINY = dict(vocab=320, hidden=256, ffn=512, heads=4, kv_heads=2, layers=1)
 DEFAULT_TYPES = {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q6_K", "attn_output": "Q8_0", "ffn_gate": "Q4_0",
                  "ffn_up": "Q4_1", "ffn_down": "Q5_0", "output": "Q5_1", "token_embd": "Q8_0"}

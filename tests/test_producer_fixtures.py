@@ -7,7 +7,9 @@ compressor for the layer's format) run on the stored tensors with the scales upc
 mixgemm holds), which rounds to what transformers' ``dequantize=True`` load holds in fp16. Logits: against
 transformers' dequantized load of the same files with those exact weights, to float32 rounding, and the same
 greedy tokens; for W8A8 (dynamic per-token int8 activations) that twin's Linears take their input through the same
-per-token int8 quantizer.
+per-token int8 quantizer. GPTQ / AWQ (GPTQModel, AutoAWQ): the libraries' dequantization formulas, the twin a float
+Llama holding those weights (transformers' own GPTQ / AWQ load needs gptqmodel). GGUF (llama.cpp): gguf's
+dequantization of GGUFReader's tensors, the twin transformers' ``gguf_file=`` load.
 """
 
 from __future__ import annotations
@@ -20,12 +22,18 @@ import torch
 from torch import nn
 
 import mixgemm
+from gguf_fixtures import within_half_step
 from mixgemm.formats.activation import quantize_activation
 from mixgemm.nn.linear import QuantLinear
 
 ROOT = os.path.join(os.path.dirname(__file__), "fixtures", "producers")
 CT_FIXTURES = ["llmcompressor-w8a8", "llmcompressor-w4a16-asym-g32"]
-PACKED_FIXTURES = ["gptqmodel-gptq-sym-g32", "gptqmodel-gptq-asym-actorder-g32", "gptqmodel-awq-gemm-g32"]
+# llama.cpp's files and the GGUF types each holds (its K_M mixes put Q6_K on attn_v, ffn_down and the output)
+GGUF_FIXTURES = {"llamacpp-q4-0": {"Q4_0", "Q6_K"}, "llamacpp-q4-k-m": {"Q4_K", "Q6_K"},
+                 "llamacpp-q5-k-m": {"Q5_K", "Q6_K"}, "llamacpp-q8-0": {"Q8_0"}}
+GGUF_EXACT = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K"}  # the rest load re-quantized to 8-bit
+PACKED_FIXTURES = ["gptqmodel-gptq-sym-g32", "gptqmodel-gptq-asym-actorder-g32", "gptqmodel-awq-gemm-g32",
+                   "autoawq-gemm-g32", "autoawq-gemm-g128"]
 IDS = torch.tensor([[1, 17, 200, 45, 3, 99, 128, 7, 250, 31, 64, 5]])
 
 
@@ -84,7 +92,7 @@ def _load_exact(path, producer_weights):
     report = model.mixgemm_report
     assert not report.ignored and not report.skipped and not report.inexact
     qls = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
-    assert len(qls) == 14  # 7 Linears x 2 layers
+    assert len(qls) == 7 * model.config.num_hidden_layers
     want = producer_weights(path)
     assert sorted(want) == sorted(qls)
     return model, qls, want
@@ -191,7 +199,7 @@ def _float_twin(path, weights):
 
 
 @pytest.mark.parametrize("name", PACKED_FIXTURES)
-def test_gptqmodel_fixture_weights_logits_and_tokens(name):
+def test_packed_fixture_weights_logits_and_tokens(name):
     path = os.path.join(ROOT, name)
     model, qls, want = _load_exact(path, _packed_producer_weights)
     # each layer as the format reads it (before from_pretrained folds act-order permutations into gate / up)
@@ -210,12 +218,23 @@ def test_gptqmodel_fixture_weights_logits_and_tokens(name):
         assert torch.equal(got, want[n]), n
     if name.startswith("gptqmodel-awq"):  # GPTQModel's default AWQ: zero_point false, loaded symmetric
         assert all(ql.config.mode == "sym" for ql in qls.values())
-    twin = _float_twin(path, want)
+    if name.startswith("autoawq"):  # AutoAWQ: zero_point true
+        assert all(ql.config.mode == "zero_point" and ql.config.group_size == qc["group_size"] for ql in qls.values())
+    _assert_same_logits_and_tokens(model, _float_twin(path, want))
+
+
+def _greedy(model, ids):
     with torch.no_grad():
-        got, ref = model(IDS).logits, twin(IDS).logits
-        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
-        assert torch.equal(model.generate(IDS, max_new_tokens=6, do_sample=False),
-                           twin.generate(IDS, max_new_tokens=6, do_sample=False))
+        return model.generate(ids, max_new_tokens=6, do_sample=False)
+
+
+def _assert_same_logits_and_tokens(model, twin) -> None:
+    """Logits of ``model`` and its float ``twin`` (the same fp32 weights) to float32 rounding, greedy tokens equal."""
+    ids = IDS % model.config.vocab_size
+    with torch.no_grad():
+        got, ref = model(ids).logits, twin(ids).logits
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5 * ref.abs().max().item())
+    assert torch.equal(_greedy(model, ids), _greedy(twin, ids))
 
 
 
@@ -232,3 +251,63 @@ def test_cpu_default_dtype_is_bfloat16_and_float32_on_request(name):
         assert model(IDS).logits.dtype == torch.bfloat16
     exact = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
     assert {p.dtype for p in exact.parameters() if p.is_floating_point()} == {torch.float32}
+
+
+def _gguf_producer_weights(path, config) -> dict[str, tuple[str, torch.Tensor]]:
+    """{module: (GGUF type, fp32 weight)} of every quantized tensor, by gguf's dequantization of what GGUFReader
+    reads, named through gguf's tensor-name table; q / k rows back in transformers' order (llama.cpp's converter
+    interleaves the two rotary halves of each head: LlamaModel.permute, undone here)."""
+    import gguf
+
+    table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    by_gguf_name = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    heads = {"q_proj": config.num_attention_heads, "k_proj": config.num_key_value_heads}
+    out = {}
+    for hf_name in ["model.embed_tokens", "lm_head"] + [
+            f"model.layers.{i}.{m}" for i in range(config.num_hidden_layers) for m in
+            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj")]:
+        t = by_gguf_name[table.get_name(hf_name) + ".weight"]
+        w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())  # [rows, cols]
+        if (h := heads.get(hf_name.rsplit(".", 1)[-1])) is not None:
+            rows, cols = w.shape
+            w = w.reshape(h, rows // h // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+        out[hf_name] = (t.tensor_type.name, w)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_FIXTURES))
+def test_llamacpp_fixture_weights_logits_and_tokens(name, rel_err):
+    """Exact GGUF types equal gguf's dequantization, Q6_K within half a step of it (re-quantized to 8-bit, listed in
+    the report); logits and greedy tokens against transformers' own gguf_file= load (which holds gguf's
+    dequantization) with those re-quantized layers put in, logits within 2% of its unchanged load."""
+    from transformers import AutoModelForCausalLM
+
+    path = os.path.join(ROOT, name)
+    (file,) = [f for f in os.listdir(path) if f.endswith(".gguf")]
+    model = mixgemm.from_pretrained(path, gguf_file=file, dtype=torch.float32, progress=False)
+    twin = AutoModelForCausalLM.from_pretrained(path, gguf_file=file, dtype=torch.float32).eval()
+    want = _gguf_producer_weights(os.path.join(path, file), model.config)
+    assert {qtype for qtype, _ in want.values()} == GGUF_FIXTURES[name]
+    report = model.mixgemm_report
+    assert not report.ignored and not report.skipped
+    assert report.inexact == {n: f"GGUF {qtype} re-quantized to 8-bit group 32" for n, (qtype, _) in want.items()
+                              if qtype not in GGUF_EXACT and n != "model.embed_tokens"}
+    assert torch.equal(model.model.embed_tokens.weight, want.pop("model.embed_tokens")[1])
+    qls = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert sorted(qls) == sorted(want)
+    ids = IDS % model.config.vocab_size
+    with torch.no_grad():
+        plain = twin(ids).logits  # transformers' own load, before the re-quantized layers go in
+    for n, (_, w) in want.items():
+        assert torch.equal(twin.get_submodule(n).weight, w), n  # transformers' load: gguf's dequantization
+        got = qls[n].dequantize(torch.float32)
+        if n in report.inexact:
+            assert within_half_step(got, w, qls[n].scales), n
+            twin.get_submodule(n).weight.data = got
+        else:
+            assert torch.equal(got, w), n
+    _assert_same_logits_and_tokens(model, twin)
+    if report.inexact:  # Q6_K within half an int8 step: 1.0% of transformers' logits measured (greedy tokens of
+        # these random models then part at a near tie: 2.997 / 2.968 against 2.989 / 2.997 for Q4_K_M)
+        assert rel_err(model(ids).logits.detach(), plain) < 2e-2
