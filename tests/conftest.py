@@ -82,3 +82,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line saying why tests were skipped (on a CPU machine: almost all are the GPU tests), by reason."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        top = sorted(reasons.items(), key=lambda kv: -kv[1])
+        shown = "; ".join(f"{n} {why}" for why, n in top[:3])
+        more = f"; {sum(n for _, n in top[3:])} for {len(top) - 3} other reasons" if len(top) > 3 else ""
+        terminalreporter.write_line(f"skipped {sum(reasons.values())}: {shown}{more}")
