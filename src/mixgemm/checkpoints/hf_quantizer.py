@@ -74,9 +74,10 @@ class MixgemmHfQuantizer(HfQuantizer):
             if ql.bias is not None:  # the float bias loads in the model's dtype, as nn.Linear's would
                 ql.bias = nn.Parameter(ql.bias.to(linear.weight.dtype), requires_grad=False)
             skeleton.put_module(model, name, ql)
-        for key, t in (skeleton.expected_keys(model).items() if stored is not None else ()):
-            if key in stored and isinstance(t, torch.Tensor):
-                skeleton.check_float(key, stored[key], t)
+        if stored is not None:  # the tensors left float (norms, embeddings, unlisted Linears) stored as floats
+            for key, t in skeleton.expected_keys(model).items():
+                if key in stored and isinstance(t, torch.Tensor):
+                    skeleton.check_float(key, stored[key], t)
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):

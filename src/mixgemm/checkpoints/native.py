@@ -14,7 +14,8 @@ carries a ``quantization_config``:
 
 ``quantization_config(model)`` builds that dict from a model (quantize_ and from_pretrained set it on
 ``model.config``); ``MixgemmFormat`` reads the layers back, checking every tensor's dtype and shape and the
-stored format tensor against the config, so that a mismatch names the tensor instead of loading a wrong model.
+stored format tensor against the config, so that a mismatch names the tensor instead of loading a wrong model;
+``check_stored_layer`` does the same from the safetensors headers for transformers' loader (hf_quantizer).
 """
 
 from __future__ import annotations
