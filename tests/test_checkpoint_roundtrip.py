@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -158,19 +160,67 @@ def test_config_format_mismatch_names_the_tensor(tmp_path):
         mixgemm.from_pretrained(str(tmp_path), progress=False)
 
 
-def test_tensor_shape_mismatch_names_the_tensor(tmp_path):
-    _saved(tmp_path)
-    path = str(tmp_path / "model.safetensors")
-    tensors = safetensors_torch.load_file(path)
-    key = "model.layers.0.mlp.up_proj.scales"
-    tensors[key] = tensors[key][:, :-1].contiguous()
-    safetensors_torch.save_file(tensors, path, metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-        mixgemm.from_pretrained(str(tmp_path), progress=False)
-    del tensors[key]
-    safetensors_torch.save_file(tensors, path, metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-        mixgemm.from_pretrained(str(tmp_path), progress=False)
+@pytest.fixture(scope="module")
+def zero_point_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("zp")
+    _quantized(mixgemm.W4A16(group_size=32, mode="zero_point")).save_pretrained(path)
+    return path
+
+
+def _edited(src, out, edit):
+    """A copy of checkpoint ``src`` in ``out`` whose tensors ``edit`` changed."""
+    out.mkdir()
+    shutil.copy(src / "config.json", out)
+    tensors = safetensors_torch.load_file(str(src / "model.safetensors"))
+    edit(tensors)
+    safetensors_torch.save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def _refused_by_both_loaders(path, match):
+    """transformers' loader (the registered quantizer) and mixgemm's refuse the checkpoint before any forward."""
+    with pytest.raises(ValueError, match=match):
+        transformers.AutoModelForCausalLM.from_pretrained(path)
+    with pytest.raises(ValueError, match=match):
+        mixgemm.from_pretrained(str(path), progress=False)
+
+
+def _set(key, change):
+    return lambda tensors: tensors.__setitem__(key, change(tensors[key]).contiguous())
+
+
+LAYER = "model.layers.1.mlp.up_proj"
+BAD_LAYER_TENSORS = {  # case -> (edit, what the error says)
+    "qweight missing": (lambda t: t.pop(f"{LAYER}.qweight"), rf"no tensor '{LAYER}\.qweight'"),
+    "zeros missing": (lambda t: t.pop(f"{LAYER}.zeros"), rf"no tensor '{LAYER}\.zeros'"),
+    "bias missing": (lambda t: t.pop("model.layers.0.self_attn.v_proj.bias"),
+                     r"no tensor 'model\.layers\.0\.self_attn\.v_proj\.bias'"),
+    "qweight float16": (_set(f"{LAYER}.qweight", torch.Tensor.half),
+                        rf"'{LAYER}\.qweight' is torch\.float16 \(256, 64\).*needs torch\.uint8 \(256, 64\)"),
+    "qweight int32": (_set(f"{LAYER}.qweight", torch.Tensor.int), rf"'{LAYER}\.qweight' is torch\.int32 .*uint8"),
+    "scales int32": (_set(f"{LAYER}.scales", torch.Tensor.int), rf"'{LAYER}\.scales' is torch\.int32 .*float16"),
+    "scales shape": (_set(f"{LAYER}.scales", lambda x: x[:, :-1]),
+                     rf"'{LAYER}\.scales' is torch\.float16 \(256, 3\).*needs torch\.float16 \(256, 4\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LAYER_TENSORS))
+def test_missing_or_mistyped_layer_tensor_names_it(case, zero_point_checkpoint, tmp_path):
+    """Through transformers' loader too: a missing tensor would load as uninitialized memory, an integer one as it is
+    (transformers casts only float tensors), a float one cast to the codes' dtype."""
+    edit, match = BAD_LAYER_TENSORS[case]
+    _refused_by_both_loaders(_edited(zero_point_checkpoint, tmp_path / "bad", edit), match)
+
+
+def test_integer_float_tensor_is_an_error_at_load(tmp_path):
+    """A float Linear of a mixgemm checkpoint stored as integers: transformers' loader kept the int32 weight and the
+    forward failed in F.linear."""
+    model = random_llama(llama_config(**SHAPES))
+    mixgemm.quantize_(model, mixgemm.W4A16(group_size=32), filter_fn=lambda m, n: "down_proj" not in n)
+    model.save_pretrained(tmp_path / "q")
+    key = "model.layers.1.mlp.down_proj.weight"
+    path = _edited(tmp_path / "q", tmp_path / "bad", _set(key, lambda w: (w * 100).int()))
+    _refused_by_both_loaders(path, rf"'{re.escape(key)}' is torch\.int32 in the checkpoint, the model expects a float")
 
 
 def test_unknown_quant_method_is_an_error(tmp_path):

@@ -46,12 +46,19 @@ class MixgemmHfQuantizer(HfQuantizer):
             raise ValueError("MixgemmConfig describes a saved mixgemm checkpoint; to quantize a float checkpoint "
                              "while loading use mixgemm.from_pretrained(path, quantization_config=mixgemm.W4A16())")
 
-    def _process_model_before_weight_loading(self, model, **kwargs):
+    def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
+        import torch
         from torch import nn
 
         from mixgemm.checkpoints import skeleton
+        from mixgemm.checkpoints.safetensors_source import stored_tensors
         from mixgemm.nn.experts import prepare_skeleton
 
+        # transformers would load a missing tensor as "newly initialized" memory and an integer one as it is (it
+        # casts only float tensors): the checkpoint's headers are checked against the model first
+        stored = None
+        if checkpoint_files and all(str(f).endswith(".safetensors") for f in checkpoint_files):
+            stored = stored_tensors(checkpoint_files)
         prepare_skeleton(model, self.quantization_config.layers)  # fused experts: per-expert layer placeholders
         for name, fmt in self.quantization_config.layers.items():
             try:
@@ -62,9 +69,15 @@ class MixgemmHfQuantizer(HfQuantizer):
                 raise ValueError(f"the mixgemm quantization_config lists {name!r}, which is a "
                                  f"{type(linear).__name__}, not a Linear")
             ql = native.empty_quant_linear(fmt, linear.in_features, linear.out_features, name=name)
+            if stored is not None:
+                native.check_stored_layer(ql, name, stored)
             if ql.bias is not None:  # the float bias loads in the model's dtype, as nn.Linear's would
                 ql.bias = nn.Parameter(ql.bias.to(linear.weight.dtype), requires_grad=False)
             skeleton.put_module(model, name, ql)
+        if stored is not None:  # the tensors left float (norms, embeddings, unlisted Linears) stored as floats
+            for key, t in skeleton.expected_keys(model).items():
+                if key in stored and isinstance(t, torch.Tensor):
+                    skeleton.check_float(key, stored[key], t)
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):

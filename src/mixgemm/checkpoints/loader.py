@@ -142,9 +142,7 @@ def _fill_rest(model, source, device, dtype, report, bar) -> None:
         value = source.get(key)
         if tuple(value.shape) != tuple(t.shape):
             raise ValueError(f"tensor {key!r} has shape {tuple(value.shape)}, the model expects {tuple(t.shape)}")
-        if t.is_floating_point() and not value.is_floating_point():
-            raise ValueError(f"tensor {key!r} is {value.dtype} in the checkpoint, the model expects a float tensor "
-                             f"(quantized codes of a layer its quantization_config does not describe?)")
+        skeleton.check_float(key, value, t)
         skeleton.put_tensor(model, key, _cast(value, dtype if t.is_floating_point() else None, device))
         bar.update(1)
 

@@ -14,7 +14,8 @@ carries a ``quantization_config``:
 
 ``quantization_config(model)`` builds that dict from a model (quantize_ and from_pretrained set it on
 ``model.config``); ``MixgemmFormat`` reads the layers back, checking every tensor's dtype and shape and the
-stored format tensor against the config, so that a mismatch names the tensor instead of loading a wrong model.
+stored format tensor against the config, so that a mismatch names the tensor instead of loading a wrong model;
+``check_stored_layer`` does the same from the safetensors headers for transformers' loader (hf_quantizer).
 """
 
 from __future__ import annotations
@@ -109,11 +110,28 @@ def empty_quant_linear(fmt: dict, in_features: int, out_features: int, device="m
     return ql
 
 
-def _expect(t: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
-    if t.dtype != dtype or tuple(t.shape) != tuple(shape):
+def _expect(t, name: str, dtype: torch.dtype | None, shape: tuple):
+    """``t`` (a tensor, or a StoredTensor of the checkpoint's header) when it has ``dtype`` (None: any float dtype)
+    and ``shape``; else a ValueError naming the tensor."""
+    dtype_ok = t.is_floating_point() if dtype is None else t.dtype == dtype
+    if not dtype_ok or tuple(t.shape) != tuple(shape):
         raise ValueError(f"tensor {name!r} is {t.dtype} {tuple(t.shape)}, but the quantization_config's format "
-                         f"needs {dtype} {tuple(shape)}: the checkpoint and its config.json disagree")
+                         f"needs {dtype or 'a float dtype'} {tuple(shape)}: the checkpoint and its config.json "
+                         "disagree")
     return t
+
+
+def check_stored_layer(layer: nn.Module, prefix: str, stored: dict) -> None:
+    """A ValueError naming the first tensor that QuantLinear ``layer``, saved under ``prefix``, needs and the
+    checkpoint (``stored``: name -> StoredTensor, from its headers) lacks or holds in another dtype or shape. The
+    float bias may have any float dtype (it loads in the model's); buffers the format leaves empty are not needed."""
+    for key, want in layer.state_dict().items():
+        name = f"{prefix}.{key}"
+        if want.numel() == 0:
+            continue
+        if name not in stored:
+            raise ValueError(f"the checkpoint has no tensor {name!r}, which its quantization_config's format needs")
+        _expect(stored[name], name, None if key == "bias" else want.dtype, want.shape)
 
 
 class MixgemmFormat:
@@ -151,10 +169,7 @@ class MixgemmFormat:
             offsets = _expect(source.get(f"{prefix}.offsets"), f"{prefix}.offsets", c.scale_dtype, (n, ng))
         bias = None
         if fmt["bias"]:
-            bias = source.get(f"{prefix}.bias")
-            if not bias.is_floating_point() or tuple(bias.shape) != (n,):
-                raise ValueError(f"tensor {prefix + '.bias'!r} is {bias.dtype} {tuple(bias.shape)}, expected float "
-                                 f"({n},)")
+            bias = _expect(source.get(f"{prefix}.bias"), f"{prefix}.bias", None, (n,))
         perm_name = f"{prefix}.input_perm"
         stored = source.keys()
         perm = source.get(perm_name) if perm_name in stored else None
@@ -166,5 +181,5 @@ class MixgemmFormat:
                                act_block=fmt["act_block"])
 
 
-__all__ = ["QUANT_METHOD", "MixgemmFormat", "attach_quantization_config", "check_config", "empty_quant_linear",
-           "keep_module_names", "layer_format", "quantization_config"]
+__all__ = ["QUANT_METHOD", "MixgemmFormat", "attach_quantization_config", "check_config", "check_stored_layer",
+           "empty_quant_linear", "keep_module_names", "layer_format", "quantization_config"]

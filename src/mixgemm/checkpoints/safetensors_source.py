@@ -16,8 +16,42 @@ SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
-# safetensors' dtype names of the tensors whose bytes can be read straight into a buffer (extent)
-_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+# the dtype names of safetensors' headers that this torch has
+_ALL_DTYPES = {name: getattr(torch, attr) for name, attr in (
+    ("BOOL", "bool"), ("U8", "uint8"), ("I8", "int8"), ("U16", "uint16"), ("I16", "int16"), ("U32", "uint32"),
+    ("I32", "int32"), ("U64", "uint64"), ("I64", "int64"), ("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"),
+    ("F8_E8M0", "float8_e8m0fnu"), ("F16", "float16"), ("BF16", "bfloat16"), ("F32", "float32"),
+    ("F64", "float64"), ("C64", "complex64")) if hasattr(torch, attr)}
+# those of the tensors whose bytes can be read straight into a buffer (extent)
+_DTYPES = {name: _ALL_DTYPES[name] for name in ("F16", "BF16", "F32", "F64")}
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """A checkpoint tensor as its file's header describes it (no data read)."""
+
+    dtype: torch.dtype | str  # safetensors' own name where torch has none
+    shape: tuple[int, ...]
+
+    def is_floating_point(self) -> bool:
+        return isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point
+
+
+def _header(path: str) -> tuple[int, dict]:
+    """The header's length and its tensors (name -> dtype, shape, data_offsets) of safetensors file ``path``."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read safetensors file {path}: {e} (truncated or not a safetensors file?)") from None
+    return n, {k: v for k, v in header.items() if k != "__metadata__"}
+
+
+def stored_tensors(paths) -> dict[str, StoredTensor]:
+    """Every tensor of the safetensors files ``paths`` (a checkpoint's shards) by name, from their headers."""
+    return {key: StoredTensor(_ALL_DTYPES.get(v["dtype"], v["dtype"]), tuple(v["shape"]))
+            for path in paths for key, v in _header(path)[1].items()}
 
 
 @dataclass(frozen=True)
@@ -75,10 +109,7 @@ class SafetensorsSource:
     def _read_header(self, path: str) -> None:
         # safe_open checks the header; a file cut inside the data would only fail when that tensor is read
         # (or be mapped past its end), so check the data extent from the header now.
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
-        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        n, tensors = _header(path)
         end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
         if 8 + n + end > os.path.getsize(path):
             raise ValueError(f"safetensors file {path} is truncated: its header needs {8 + n + end} bytes, the file "
@@ -106,4 +137,4 @@ class SafetensorsSource:
                              f"{e}") from None
 
 
-__all__ = ["Extent", "SafetensorsSource"]
+__all__ = ["Extent", "SafetensorsSource", "StoredTensor", "stored_tensors"]

@@ -64,6 +64,14 @@ def expected_keys(model: nn.Module) -> dict[str, torch.Tensor]:
     return dict(model.state_dict(keep_vars=True))
 
 
+def check_float(key: str, stored, expected: torch.Tensor) -> None:
+    """A ValueError when the model's float tensor ``key`` is stored (a tensor, or a StoredTensor of the checkpoint's
+    header) as something else: integer codes never fill a float tensor."""
+    if expected.is_floating_point() and not stored.is_floating_point():
+        raise ValueError(f"tensor {key!r} is {stored.dtype} in the checkpoint, the model expects a float tensor "
+                         f"(quantized codes of a layer its quantization_config does not describe?)")
+
+
 def finish(model: nn.Module, device) -> None:
     """Non-persistent buffers rebuilt on ``device``, tied weights tied, and no tensor left on the meta device."""
     for name, module in model.named_modules():
@@ -83,4 +91,4 @@ def finish(model: nn.Module, device) -> None:
         raise ValueError(f"the checkpoint has no values for {len(left)} tensors of the model, e.g. {left[:5]}")
 
 
-__all__ = ["build", "expected_keys", "finish", "put_module", "put_tensor", "tied_parameters"]
+__all__ = ["build", "check_float", "expected_keys", "finish", "put_module", "put_tensor", "tied_parameters"]
