@@ -217,9 +217,27 @@ def load_config_file(path: str) -> ModelConfig:
     return from_hf_config(cfg, _config_name(path, cfg), path)
 
 
+MODEL_TYPES_HINT = "python -c 'from transformers import CONFIG_MAPPING; print(*CONFIG_MAPPING.keys())'"
+
+
+def from_model_type(model_type: str) -> ModelConfig | None:
+    """The layers of a transformers architecture at its config class's defaults (AutoConfig.for_model, e.g.
+    'mistral', 'qwen3', 'phi3'); None when transformers knows no such model type."""
+    try:
+        from transformers import CONFIG_MAPPING, AutoConfig
+    except ImportError:  # pragma: no cover - transformers is a test dependency
+        return None
+    if model_type not in CONFIG_MAPPING:
+        return None
+    config = AutoConfig.for_model(model_type)
+    cfg = {**config.to_dict(), "source": f"transformers {type(config).__name__}() defaults"}
+    return from_hf_config(cfg, model_type, f"--model {model_type} ({type(config).__name__} defaults)")
+
+
 def resolve(specs: list[str]) -> list[ModelConfig]:
     """Models named by specs (comma- or space-separated): 'all' (the committed list), names of the list
-    (case-insensitive), and/or paths to a config.json or a folder holding one. Duplicates dropped."""
+    (case-insensitive), paths to a config.json or a folder holding one, and/or transformers model types (their
+    config class's defaults). Duplicates dropped."""
     known = catalog()
     out: list[ModelConfig] = []
     for item in (p.strip() for s in specs for p in s.split(",")):
@@ -231,9 +249,11 @@ def resolve(specs: list[str]) -> list[ModelConfig]:
             found = [known[item.lower()]]
         elif os.path.exists(item):
             found = [load_config_file(item)]
+        elif (by_type := from_model_type(item)) is not None:
+            found = [by_type]
         else:
-            raise ValueError(f"--model {item!r}: not a config.json, a folder with one, '{ALL}', or a model of the "
-                             f"list ({', '.join(known)})")
+            raise ValueError(f"--model {item!r}: not a config.json, a folder with one, '{ALL}', a model of the list "
+                             f"(--list-models) or a transformers model type ({MODEL_TYPES_HINT} lists them)")
         out += [m for m in found if m not in out]
     return out
 
