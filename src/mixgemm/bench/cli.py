@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         by_shape, model_suite = drawn.by_shape(), f"random-{seed}"
         extra_meta["random"] = {"count": count, "seed": seed}
         print(f"mixgemm bench: --random {count} --seed {seed} (the same seed draws the same shapes): "
-              + ", ".join(f"{k}x{n}" for k, n in by_shape))
+              + " ".join(f"{k}x{n}" for k, n in by_shape))
     dtype = DTYPES[args.dtype]
     cuda = torch.cuda.is_available()
     device = "cuda" if (args.device == "cuda" or (args.device == "auto" and cuda)) else "cpu"
@@ -468,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot and not any(p.endswith(".png") for p in paths):
         print("mixgemm bench: --plot needs matplotlib (pip install matplotlib); no PNG written",
               file=sys.stderr)
-    print(f"\nwrote {', '.join(paths)} in {time.time() - t0:.0f} s")
+    again = f" (--random {count} --seed {seed} draws these shapes again)" if count else ""
+    print(f"\nwrote {', '.join(paths)} in {time.time() - t0:.0f} s{again}")
     bad = [r for r in data["results"] if r["status"] == "wrong"]
     if bad:
         print(f"mixgemm bench: {len(bad)} case(s) gave WRONG results (see the table): "

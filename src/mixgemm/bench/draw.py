@@ -38,10 +38,11 @@ ATTEMPTS_PER_SHAPE = 1000  # draws allowed per shape before giving up (distinct 
 
 @dataclass(frozen=True)
 class Draw:
-    """The result of a draw: the seed and the layers (one per distinct K x N, each from its own drawn model)."""
+    """The result of a draw: the seed, the layers (distinct K x N) and the drawn model of each layer (same order)."""
 
     seed: int
     layers: list[Layer]
+    models: list[ModelConfig]
 
     def by_shape(self) -> dict[tuple[int, int], list[Layer]]:
         return group_by_shape(self.layers)
@@ -114,6 +115,7 @@ def draw_layers(count: int, seed: int) -> Draw:
         raise ValueError(f"count must be a positive integer, got {count!r}")
     rng = random.Random(check_seed(seed))
     layers: list[Layer] = []
+    drawn: list[ModelConfig] = []
     seen: set[tuple[int, int]] = set()
     for _ in range(count * ATTEMPTS_PER_SHAPE):
         if len(layers) == count:
@@ -124,7 +126,8 @@ def draw_layers(count: int, seed: int) -> Draw:
             continue
         layer = rng.choices(candidates, weights=[LAYER_WEIGHTS.get(_kind(lay), 1) for lay in candidates])[0]
         layers.append(layer)
+        drawn.append(model)
         seen.add(layer.shape)
     if len(layers) < count:
         raise ValueError(f"drew only {len(layers)} distinct layer shapes of {count} asked for")
-    return Draw(seed=seed, layers=layers)
+    return Draw(seed=seed, layers=layers, models=drawn)
