@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="presets (protocol, llama3-8b, llama3-70b) and/or KxN; default: protocol")
     p.add_argument("--model", nargs="+", default=None,
                    help="a model's layer shapes: a Hugging Face config.json (or its folder), a model of the "
-                        "committed list (e.g. llama-3-8b, qwen2.5-7b; see --list-models) or 'all'; default M: "
+                        "committed list (e.g. llama-3-8b, qwen2.5-7b; see --list-models), 'all', or a transformers "
+                        "model type (e.g. mistral: its config class's defaults); default M: "
                         + ",".join(map(str, MODEL_M)) + "; the report adds the acceptance view")
     p.add_argument("--list-models", action="store_true", help="list the committed models and their layer shapes")
     p.add_argument("--random", default=None, metavar="N",

@@ -1,7 +1,8 @@
 """Linear-layer shapes of a transformer from its Hugging Face config.json (`mixgemm bench --model`).
 
 The committed list (model_shapes.json, package data) holds the published config numbers of the models the
-acceptance runs use; a config.json of any other decoder works the same way. A layer is nn.Linear(K=in_features,
+acceptance runs use; a config.json of any other decoder works the same way, and so does a transformers model type
+(the defaults of its config class). A layer is nn.Linear(K=in_features,
 N=out_features). Per model: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj and the fused projections
 serving engines build from them ("qkv (fused)" with N = (heads + 2 kv_heads) * head_dim, "gate_up (fused)" with
 N = 2 * intermediate). Architectures that store the fused projections themselves (Phi-3: qkv_proj, gate_up_proj)
