@@ -144,3 +144,13 @@ def test_cli_model_type_names_its_file_and_layers(tmp_path, capsys):
     # Gemma2Config(): hidden 2304, 8 heads of 256 (query width 2048), 4 key/value heads, intermediate 9216
     assert data["layers"]["2304x9216"] == "gate_proj, up_proj" and data["layers"]["2048x2304"] == "o_proj"
     assert data["layers"]["2304x4096"] == "qkv (fused)"
+
+
+def test_the_acceptance_view_of_a_draw_names_its_seed():
+    from mixgemm.bench import accept
+
+    data = {"meta": {"gpu": "Test GPU", "device": "cuda", "random": {"count": 40, "seed": 123}}, "results": [],
+            "baseline": "fp16 cuBLAS"}
+    assert "Fresh draw, seed 123 (`mixgemm bench --random 40 --seed 123`): 0 shapes" in accept.to_markdown(data)
+    del data["meta"]["random"]
+    assert "Fresh draw" not in accept.to_markdown(data)
