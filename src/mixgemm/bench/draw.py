@@ -4,17 +4,20 @@ A shape is drawn the way a new model would bring it: first the model (hidden siz
 key/value heads, MLP width, sometimes mixture-of-experts), then one of its linear layers as `models.linear_layers`
 derives them (fused QKV, o_proj, fused gate+up, down_proj, and less often the unfused q / k / v / gate / up and the
 experts'). Layers are nn.Linear(K=in_features, N=out_features). Every K and N is a multiple of 64 in [512, 32768]:
-a model whose drawn layer falls outside is drawn again (never clamped, which would make shapes no model has). The
-same seed gives the same list; the N shapes are distinct.
+the layer is drawn among those of its model that are (never clamped, which would make shapes no model has), and a
+model with none, or only shapes drawn already, gives way to another. The same seed gives the same list; the N
+shapes are distinct.
 
 The model distribution (the published configs of Llama, Mistral, Qwen, Gemma, Phi, DeepSeek and Mixtral span it):
 
-* hidden size h: log-uniform, 70% over 2048..12288 (the 1B-70B models), 30% over 512..16384; a multiple of 64
-  below 1024, of 128 below 4096, of 256 above;
-* head_dim 128 (70%), 64 (20%) or 256 (10%); query width = h, or (20%, as Gemma / Qwen3) 0.5-2x h in whole heads;
-* key/value heads: a power of two dividing the query heads (8 the most common) or all of them (multi-head, 20%);
-* MLP width 2.6-5.4x h rounded to a multiple of 64-512; 20% of the models are mixtures of experts whose experts are
-  0.25-1x h wide (DeepSeek, Qwen-MoE: 0.3-0.7x), or 3-4x h (Mixtral's).
+* hidden size h: log-uniform, 70% over 2048..12288 (the 1B-70B models), 30% over 512..16384;
+* head_dim 128 (70%), 64 (20%) or 256 (10%, from h = 2048); key/value heads 1, 2, 4, 8 or 16 (8 the most common);
+* query heads a multiple of the key/value heads: h / head_dim of them, h rounded to whole groups (80%), or a query
+  width 0.5-2x h (Gemma, Qwen3; h then a multiple of 64 below 1024, 128 below 4096, 256 above); one model in five
+  is multi-head (as many key/value heads as query heads);
+* MLP width 2.6-5.4x h rounded to a multiple of 64-512; 20% of the models are mixtures of experts: 70% of them with
+  routed experts 0.25-1x h wide (DeepSeek, Qwen-MoE) and a shared expert 0-4x that, 30% Mixtral's 8 or 16 experts
+  3-4x h wide.
 """
 
 from __future__ import annotations
