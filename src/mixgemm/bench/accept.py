@@ -272,9 +272,13 @@ def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | 
     details False: the verdicts and the medians only (the README's block)."""
     bars = bars or Bars()
     lines_ = evaluate(data, bars, read_ceiling_pct)
+    drawn = data["meta"].get("random")
+    draw = (f"Fresh draw, seed {drawn['seed']} (`mixgemm bench --random {drawn['count']} --seed {drawn['seed']}`): "
+            if drawn else "")
+    cs = Cases(data)
     out = ([f"## Acceptance view: {data['meta'].get('gpu')}", ""] if title else []) + [
-           f"{len(Cases(data).shapes)} shapes; M measured: {', '.join(map(str, Cases(data).ms))}. Sizes in MiB of "
-           "int4 codes; % of floor = floor / time (docs/benchmarking.md); ratios = fp16 cuBLAS time / time, same run.",
+           f"{draw}{len(cs.shapes)} shapes; M measured: {', '.join(map(str, cs.ms))}. Sizes in MiB of int4 codes; "
+           "% of floor = floor / time (docs/benchmarking.md); ratios = fp16 cuBLAS time / time, same run.",
            "", "| line | bar | verdict | cases | failures | missing |", "|---|---|---|---|---|---|"]
     for ln in lines_:
         out.append(f"| {ln.name} | {ln.bar} | **{ln.verdict}** | {ln.checked} | {len(ln.failures)} | "

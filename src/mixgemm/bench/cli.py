@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from mixgemm.bench import accept, merge, models, output, protocol
+from mixgemm.bench import accept, draw, merge, models, output, protocol
 from mixgemm.bench.conv import CONV_BATCHES, CONV_PRESET, conv_methods
 from mixgemm.bench.methods import BASELINE_CPU, all_methods, select
 from mixgemm.bench.reference_numbers import compare_markdown, protocol_plan
@@ -63,6 +63,18 @@ def parse_shapes(items: list[str]) -> list[tuple[int, int]]:
             shapes = [(k, n)]
         out += [s for s in shapes if s not in out]
     return out
+
+
+def parse_int(text: str, what: str, minimum: int, maximum: int | None = None) -> int:
+    """One integer option given as text, in [minimum, maximum]: a bad value is a one-line error naming the option."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not an integer") from None
+    if v < minimum or (maximum is not None and v > maximum):
+        raise ValueError(f"{what}: {v} must be " + (f"in [{minimum}, {maximum}]" if maximum is not None
+                                                    else f"at least {minimum}"))
+    return v
 
 
 def parse_ints(items: list[str], what: str) -> list[int]:
@@ -122,9 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="presets (protocol, llama3-8b, llama3-70b) and/or KxN; default: protocol")
     p.add_argument("--model", nargs="+", default=None,
                    help="a model's layer shapes: a Hugging Face config.json (or its folder), a model of the "
-                        "committed list (e.g. llama-3-8b, qwen2.5-7b; see --list-models) or 'all'; default M: "
+                        "committed list (e.g. llama-3-8b, qwen2.5-7b; see --list-models), 'all', or a transformers "
+                        "model type (e.g. mistral: its config class's defaults); default M: "
                         + ",".join(map(str, MODEL_M)) + "; the report adds the acceptance view")
     p.add_argument("--list-models", action="store_true", help="list the committed models and their layer shapes")
+    p.add_argument("--random", default=None, metavar="N",
+                   help="N layer shapes drawn fresh from the distribution of real transformer layers (drawn models' "
+                        "fused QKV, o, gate+up, down...; K and N multiples of 64 in 512..32768), timed and judged "
+                        "as --model's; --seed S draws the same shapes again, without it the seed is new and printed")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="start no new shape after S seconds; the shapes left out are listed (rerun with --merge)")
     p.add_argument("--merge", action="store_true",
@@ -175,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", action="store_true", help="also write <suite>.csv (one row per case)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
                    help="auto: CUDA when available, else the CPU path")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", default=None, metavar="S",
+                   help=f"0..{draw.MAX_SEED}: the seed of --random's draw and of the weights and activations "
+                        "(default: new for --random, else 0)")
     p.add_argument("--max-mem-gb", type=float, default=20.0, help="cap on the memory of one layer's C copies")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -263,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--bits: mixgemm supports 4 and 8, got {bits}")
         shapes = parse_shapes(args.shapes) if args.shapes else None
         ms = parse_ints(args.ms, "-m") if args.ms else None
+        count = parse_int(args.random, "--random", 1) if args.random is not None else None
+        seed = parse_int(args.seed, "--seed", 0, draw.MAX_SEED) if args.seed is not None else None
         chosen_models = models.resolve(args.model) if args.model else None
         if args.time_budget is not None and args.time_budget <= 0:
             raise ValueError(f"--time-budget: {args.time_budget} must be positive")
@@ -278,16 +299,28 @@ def main(argv: list[str] | None = None) -> int:
             layers = ", ".join(f"{lay.name} {lay.k}x{lay.n}" for lay in models.linear_layers(m))
             print(f"{m.name:<14} {m.source:<36} {layers}")
         return 0
-    if chosen_models and shapes:
-        print("mixgemm bench: error: --model and --shapes both choose the shapes; give one", file=sys.stderr)
+    choosers = [opt for opt, given in (("--model", chosen_models), ("--shapes", shapes), ("--random", count),
+                                       ("--conv", args.conv)) if given]
+    if len(choosers) > 1:
+        print(f"mixgemm bench: error: {' and '.join(choosers)} both choose the shapes; give one", file=sys.stderr)
         return 2
     if args.call_overhead:
         return _call_overhead(args, shapes, ms)
+    # the layer shapes of a --model or --random run (timed and judged alike), by (K, N)
     by_shape = models.model_layers(chosen_models) if chosen_models else {}
     model_suite = None
     if chosen_models:
         every = any(p.strip().lower() == models.ALL for s in args.model for p in s.split(","))
         model_suite = models.suite_for(chosen_models, every)
+    extra_meta = {}
+    if count:
+        if seed is None:
+            seed = draw.new_seed()
+        drawn = draw.draw_layers(count, seed)
+        by_shape, model_suite = drawn.by_shape(), f"random-{seed}"
+        extra_meta["random"] = {"count": count, "seed": seed}
+        print(f"mixgemm bench: --random {count} --seed {seed} (the same seed draws the same shapes): "
+              + " ".join(f"{k}x{n}" for k, n in by_shape))
     dtype = DTYPES[args.dtype]
     cuda = torch.cuda.is_available()
     device = "cuda" if (args.device == "cuda" or (args.device == "auto" and cuda)) else "cpu"
@@ -303,14 +336,14 @@ def main(argv: list[str] | None = None) -> int:
         spec = "default," + BASELINE_CPU  # fp32 activations: put fp32 cuBLAS beside them
     # the methods the acceptance view reads, as far as --bits / --group-size give them
     accept_names = ",".join(n for n in accept.METHODS if any(m.name == n for m in meths_all))
-    if spec is None and chosen_models:
+    if spec is None and by_shape:
         spec = "default," + accept_names  # the peers and every method the acceptance view needs
     elif spec == "accept":
         spec = accept_names
     try:
         if spec and spec.startswith("default,"):
             # a model run has many shapes: leave out the methods too slow to set up for each (as --quick does)
-            slow_out = args.quick or bool(chosen_models)
+            slow_out = args.quick or bool(by_shape)
             chosen = select(meths_all, None, device, slow_out) + select(meths_all, spec[8:], device)
             chosen = list(dict.fromkeys(chosen))
         else:
@@ -329,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:<{width}}{'runs here' if not why else 'not here: ' + why}   {m.description}")
         return 0
 
-    if device == "cpu" and chosen_models:
+    if device == "cpu" and by_shape:
         small = [s for s in by_shape if s[0] * s[1] <= CPU_MODEL_MAX_WEIGHTS]
         plan = [(s, ms or CPU_PLAN[0][1]) for s in small]
         print(f"mixgemm bench: no CUDA GPU{' used' if cuda else ' found'}: timing mixgemm's CPU fallback (float32, "
@@ -340,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             print("mixgemm bench: nothing to run on the CPU", file=sys.stderr)
             return 2
         dtype = torch.float32
-    elif chosen_models:
+    elif by_shape:
         plan = [(s, ms or MODEL_M) for s in by_shape]
     elif device == "cpu":
         plan = [((k, n), ms or CPU_PLAN[0][1]) for k, n in (shapes or [CPU_PLAN[0][0]])]
@@ -374,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     suite = args.suite or suite_name(args, device, shapes, ms, model_suite)
     prefix = os.path.join(args.out, protocol.gpu_dir(name), suite)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    labels = {f"{k}x{n}": models.shape_label(lays, len(chosen_models) > 1) for (k, n), lays in by_shape.items()}
+    with_model = bool(count) or len(chosen_models or ()) > 1
+    labels = {f"{k}x{n}": models.shape_label(lays, with_model) for (k, n), lays in by_shape.items()}
     try:
         previous = merge.load(prefix + ".json", name) if args.merge else None
     except ValueError as e:
@@ -397,9 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     deadline = t0 + args.time_budget if args.time_budget else None
     cfg = SweepConfig(plan=plan, methods=chosen, device=device, dtype=dtype, group_size=args.group_size,
-                      seed=args.seed, quick=quick, max_bytes=int(args.max_mem_gb * 2**30),
+                      seed=seed or 0, quick=quick, max_bytes=int(args.max_mem_gb * 2**30),
                       warmup_ms=10 if quick else 25, rep_ms=40 if quick else 100, deadline=deadline,
-                      rounds=args.rounds, extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:]})
+                      rounds=args.rounds,
+                      extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:], **extra_meta})
     total = sum(len(m) for _, m in plan) * len(chosen)
     if device == "cuda" and total:
         est = estimate_seconds(plan, len(chosen), cfg.warmup_ms, cfg.rep_ms)
@@ -422,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     cmp = compare_markdown(data)
     if cmp:
         print("\n" + cmp)
-    if chosen_models and device == "cuda":
+    if by_shape and device == "cuda":
         pct = read_ceiling_pct(args.read_ceiling_pct, previous)
         data["accept"] = {"read_ceiling_pct": pct}
         print("\n" + accept.to_markdown(data, read_ceiling_pct=pct))
@@ -434,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot and not any(p.endswith(".png") for p in paths):
         print("mixgemm bench: --plot needs matplotlib (pip install matplotlib); no PNG written",
               file=sys.stderr)
-    print(f"\nwrote {', '.join(paths)} in {time.time() - t0:.0f} s")
+    again = f" (--random {count} --seed {seed} draws these shapes again)" if count else ""
+    print(f"\nwrote {', '.join(paths)} in {time.time() - t0:.0f} s{again}")
     bad = [r for r in data["results"] if r["status"] == "wrong"]
     if bad:
         print(f"mixgemm bench: {len(bad)} case(s) gave WRONG results (see the table): "

@@ -1,7 +1,8 @@
 """Linear-layer shapes of a transformer from its Hugging Face config.json (`mixgemm bench --model`).
 
 The committed list (model_shapes.json, package data) holds the published config numbers of the models the
-acceptance runs use; a config.json of any other decoder works the same way. A layer is nn.Linear(K=in_features,
+acceptance runs use; a config.json of any other decoder works the same way, and so does a transformers model type
+(the defaults of its config class). A layer is nn.Linear(K=in_features,
 N=out_features). Per model: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj and the fused projections
 serving engines build from them ("qkv (fused)" with N = (heads + 2 kv_heads) * head_dim, "gate_up (fused)" with
 N = 2 * intermediate). Architectures that store the fused projections themselves (Phi-3: qkv_proj, gate_up_proj)
@@ -217,9 +218,27 @@ def load_config_file(path: str) -> ModelConfig:
     return from_hf_config(cfg, _config_name(path, cfg), path)
 
 
+MODEL_TYPES_HINT = "python -c 'from transformers import CONFIG_MAPPING; print(*CONFIG_MAPPING.keys())'"
+
+
+def from_model_type(model_type: str) -> ModelConfig | None:
+    """The layers of a transformers architecture at its config class's defaults (AutoConfig.for_model, e.g.
+    'mistral', 'qwen3', 'phi3'); None when transformers knows no such model type."""
+    try:
+        from transformers import CONFIG_MAPPING, AutoConfig
+    except ImportError:  # pragma: no cover - transformers is a test dependency
+        return None
+    if model_type not in CONFIG_MAPPING:
+        return None
+    config = AutoConfig.for_model(model_type)
+    cfg = {**config.to_dict(), "source": f"transformers {type(config).__name__}() defaults"}
+    return from_hf_config(cfg, model_type, f"--model {model_type} ({type(config).__name__} defaults)")
+
+
 def resolve(specs: list[str]) -> list[ModelConfig]:
     """Models named by specs (comma- or space-separated): 'all' (the committed list), names of the list
-    (case-insensitive), and/or paths to a config.json or a folder holding one. Duplicates dropped."""
+    (case-insensitive), paths to a config.json or a folder holding one, and/or transformers model types (their
+    config class's defaults). Duplicates dropped."""
     known = catalog()
     out: list[ModelConfig] = []
     for item in (p.strip() for s in specs for p in s.split(",")):
@@ -231,9 +250,11 @@ def resolve(specs: list[str]) -> list[ModelConfig]:
             found = [known[item.lower()]]
         elif os.path.exists(item):
             found = [load_config_file(item)]
+        elif (by_type := from_model_type(item)) is not None:
+            found = [by_type]
         else:
-            raise ValueError(f"--model {item!r}: not a config.json, a folder with one, '{ALL}', or a model of the "
-                             f"list ({', '.join(known)})")
+            raise ValueError(f"--model {item!r}: not a config.json, a folder with one, '{ALL}', a model of the list "
+                             f"(--list-models) or a transformers model type ({MODEL_TYPES_HINT} lists them)")
         out += [m for m in found if m not in out]
     return out
 

@@ -95,8 +95,10 @@ def header_line(data: dict) -> str:
     m = data["meta"]
     clocks = m.get("clocks_after") or m.get("clocks") or {}
     clk = f", SM clock {clocks.get('clocks.sm')}/{clocks.get('clocks.max.sm')} MHz" if clocks else ""
+    drawn = m.get("random")
+    draw = f"; fresh draw of {drawn['count']} layer shapes, seed {drawn['seed']}" if drawn else ""
     return (f"{m.get('gpu')} (driver {m.get('driver', '-')}{clk}), torch {m.get('torch')}, "
-            f"triton {m.get('triton')}, CUDA {m.get('cuda', '-')}, {m.get('date_utc')}")
+            f"triton {m.get('triton')}, CUDA {m.get('cuda', '-')}, {m.get('date_utc')}{draw}")
 
 
 def pivot_markdown(data: dict, speedups: bool = True) -> str:
