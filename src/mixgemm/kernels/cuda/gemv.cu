@@ -84,15 +84,16 @@
 // contiguous bytes of x of its own chunk, so each 16-byte global load of a warp touches 16 different
 // 128-byte lines (16 L1 wavefronts for 512 bytes); from the piece-major copy the same warp load is 512
 // contiguous bytes (4 wavefronts). Needs K * 2 bytes of dynamic shared memory (the host only sets it
-// when that fits). Off by default: on H200 it helped some R = 2 configs (up to 8%) but cost registers
-// (80 -> 97) at R = 4 and never beat the R = 4 defaults (v6).
+// when that fits). Act-order calls take it (gemv.py perm_config: the gather then reads shared memory); plain ones
+// do not: on H200 it helped some R = 2 configs (up to 8%) but cost registers (80 -> 97) at R = 4 and never beat the
+// R = 4 tiles.
 #ifndef GEMV_XS
 #define GEMV_XS 0
 #endif
 // 1: lighter per-chunk bookkeeping for fp16 activations with fp16 zero points: (1024 + z) and
 // -(64 + z) built in f16x2 from the raw fp16 z (exact: small integers), and the two f16x2 partial
 // chains added in f16x2 before the one conversion to fp32 (5 fewer instructions per row and chunk).
-// Off by default: within +-3% of 0 on H200 (v6).
+// Set where a tuning table measured it (tuning.gemv_m1); elsewhere within +-3% of 0 on H200.
 #ifndef GEMV_LITE
 #define GEMV_LITE 0
 #endif
