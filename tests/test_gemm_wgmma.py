@@ -179,11 +179,6 @@ COMPILE_CASES = [
     dict(WG_BITS=4, WG_ACT=1, WG_SCL=2, WG_MODE=2, WG_BM=40, WG_NWG=2, WG_STAGES=4, WG_KT=2, WG_SK=2),
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=0, WG_BM=64, WG_NWG=2, WG_STAGES=3, WG_KT=4, WG_FOLD=1, WG_GT=2,
          WG_SK=2, WG_TSTORE=1, WG_PDL=1),
-    # the diagnostic stage removal (WG_DIAG, tools only): no stores, no wgmma, no dequantization
-    dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_TSTORE=1,
-         WG_DIAG=1),
-    dict(WG_BITS=8, WG_ACT=1, WG_SCL=0, WG_MODE=0, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_PC=1,
-         WG_DIAG=6),
     # ... staging the TMA stores in pieces beside a 5-stage ring (WG_TS_CHUNK)
     dict(WG_BITS=4, WG_ACT=0, WG_SCL=0, WG_MODE=1, WG_BM=256, WG_NWG=2, WG_STAGES=5, WG_INFLIGHT=2, WG_SK=2,
          WG_TSTORE=1, WG_TS_CHUNK=16, WG_TS_BOX=128),

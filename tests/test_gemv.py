@@ -111,13 +111,6 @@ def test_nvrtc_compiles_mma_instantiations(arch):
         cfg = {**choose_mma_config(2, 4096, 64, 132, bits), "WG": wg, "RT": rt, "EARLY": 1, "PF": i % 2}
         cfg["KS"] = min(cfg["KS"], 32 // rt)  # (the k-slice reduction's 1 KiB per slice and tile: <= 32 KiB)
         keys.add(tuple(sorted(mma_defines_for(bits, i % 2, 0, i % 3, 1 + i % 2, cfg).items())))
-    # the diagnostic access order on wgmma_v1 (tools/bench/wg_simt_diag.py --ms) compiles, and is off the key when off
-    for bits, rt in itertools.product(BITS, (1, 2)):
-        cfg = {**choose_mma_config(2, 4096, 64, 132, bits), "WG": 1, "RT": rt, "EARLY": 1, "DIAG": 8}
-        key = tuple(sorted(mma_defines_for(bits, 0, 0, 0, 2, cfg).items()))
-        assert dict(key)["MMA_DIAG"] == 8
-        keys.add(key)
-    assert "MMA_DIAG" not in mma_defines_for(4, 0, 0, 0, 2, {**choose_mma_config(2, 4096, 64, 132, 4), "WG": 1})
     for key in sorted(keys):
         cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
@@ -134,13 +127,6 @@ def test_nvrtc_compiles_wg_simt_instantiations(arch):
         key = tuple(sorted(simt_defines_for(bits, act, 0, mode, {**tiles[i % 3], "G32": g32}).items()))
         cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
-    # the diagnostic stage removals (tools/bench/wg_simt_diag.py) compile too, and stay out of the key when off
-    for bits, diag in itertools.product(BITS, (1, 4, 8, 9)):
-        key = tuple(sorted(simt_defines_for(bits, 0, 0, 1, {**tiles[1], "DIAG": diag}).items()))
-        assert dict(key)["SIMT_DIAG"] == diag
-        cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
-        assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
-    assert "SIMT_DIAG" not in simt_defines_for(4, 0, 0, 0, {**tiles[0], "DIAG": 0})
     # a register cap for more resident blocks (MINB), compiled and in the key only when set
     for bits in BITS:
         key = tuple(sorted(simt_defines_for(bits, 1, 0, 1, {**tiles[1], "MINB": 2}).items()))
@@ -1000,38 +986,9 @@ def test_gemv_pdl_dependent_chain(kernel_kind):
         assert_pdl_chain_matches(chain, x0)
 
 
-# L2-prefetch / persistent-grid variants of the CUDA-core kernel (R, U, KS, BPF, PST, MINB): BPF 1
-# prefetches a block's own tile, BPF 2 also its next tile; PST launches fewer blocks than tiles so
-# each block loops (N = 12345: ~772 tiles of 16 rows against <= 3 x 132 resident blocks, last tile
-# partial).
-L2_VARIANTS = [(4, 2, 2, 1, 0, 0), (4, 2, 2, 2, 1, 0), (2, 2, 2, 0, 1, 3), (4, 1, 8, 2, 1, 0), (4, 2, 2, 2, 1, 3)]
 # x in shared memory (XS) and light bookkeeping (LITE): (R, U, KS, XS, LITE, MINB)
 XS_VARIANTS = [(4, 2, 2, 1, 1, 0), (4, 2, 2, 1, 1, 3), (4, 1, 8, 1, 0, 0), (2, 2, 2, 0, 1, 0), (2, 1, 8, 1, 1, 0),
                (4, 1, 2, 1, 1, 3)]
-
-
-@needs_nvrtc
-@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-def test_nvrtc_compiles_l2_variants(arch):
-    for r, u, ks, bpf, pst, minb in L2_VARIANTS:
-        for bits, mode, act in ((4, 1, 0), (8, 0, 2)):
-            cfg = {"R": r, "U": u, "RG": 8 // ks, "KS": ks, "PF": 0, "BPF": bpf, "PST": pst, "MINB": minb}
-            key = tuple(sorted(defines_for(bits, act, 0, mode, 1, cfg).items()))
-            cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
-            assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", L2_VARIANTS)
-@pytest.mark.parametrize("bits,group,mode", [(4, 128, "zero_point"), (4, 64, "sym"), (4, 32, "offset"),
-                                             (8, -1, "sym"), (8, 128, "zero_point")])
-def test_gemv_l2_prefetch_persistent(variant, bits, group, mode):
-    r, u, ks, bpf, pst, minb = variant
-    qw, gen = _make(12345, 512, bits, group, mode, torch.float16, 10)
-    cfg = {"R": r, "U": u, "KS": ks, "PF": 0, "BPF": bpf, "PST": pst, "MINB": minb}
-    with kernel_options(force=FORCE["simt"], configs={"cuda_gemv": cfg}):
-        for m, act in ((1, torch.float16), (3, torch.float16), (1, torch.float32), (2, torch.bfloat16)):
-            _check(torch.randn(m, 512, generator=gen, device="cuda").to(act), qw)
 
 
 @needs_nvrtc

@@ -148,7 +148,6 @@ def main():
     ap.add_argument("--sweep-m16", action="store_true", help="tensor-core kernel at M=16: U x KS x DEFER")
     ap.add_argument("--sweep-lowreg", action="store_true", help="CUDA-core W4 M=1: low-register tiles")
     ap.add_argument("--sweep-defer", action="store_true", help="mma kernel: scaling scheme x tiles, M = 1 and 16")
-    ap.add_argument("--sweep-l2", action="store_true", help="W4 M=1: L2 prefetch / persistent variants")
     ap.add_argument("--sweep-xs", action="store_true", help="W4 M=1: x in shared memory / light bookkeeping")
     ap.add_argument("--sweep-wide", action="store_true",
                     help="W4 M=1 (--sweep-mode, --sweep-shapes): register tiles R x U x KS and bulk-copy rings")
@@ -167,15 +166,6 @@ def main():
         sweep(bw, sweep_shapes, [(4, 128, args.sweep_mode)], cfgs)
         w8 = [(2, 1, 4, 0), (2, 1, 8, 0), (2, 1, 4, 1), (2, 1, 8, 1), (2, 2, 4, 1), (2, 2, 8, 1)]
         sweep(bw, sweep_shapes, [(8, -1, "sym")], w8)
-    if args.sweep_l2:
-        # (R, U, KS, PF, BPF, PST, MINB): BPF L2 prefetch mode, PST persistent grid waves, MINB launch bounds
-        cfgs = [(4, 2, 2, 0, 0, 0, 0), (4, 1, 8, 0, 0, 0, 0), (2, 2, 2, 0, 0, 0, 0), (4, 2, 4, 0, 0, 0, 0),
-                (4, 2, 2, 0, 1, 0, 0), (4, 1, 8, 0, 1, 0, 0), (2, 2, 2, 0, 1, 0, 0), (4, 1, 2, 0, 1, 0, 0),
-                (4, 2, 4, 0, 1, 0, 0), (2, 1, 4, 0, 1, 0, 0), (4, 2, 1, 0, 1, 0, 0),
-                (4, 2, 2, 0, 2, 1, 0), (4, 2, 2, 0, 2, 1, 3), (4, 1, 8, 0, 2, 1, 0), (2, 2, 2, 0, 2, 1, 0),
-                (4, 2, 2, 0, 2, 2, 3), (4, 2, 2, 0, 0, 1, 3), (4, 2, 2, 0, 1, 1, 3)]
-        sweep(bw, SHAPES[1:], [(4, 128, "zero_point")], cfgs,
-              names=["R", "U", "KS", "PF", "BPF", "PST", "MINB"], show=len(cfgs))
     best = {}
     if args.sweep_xs:
         # (R, U, KS, PF, XS, LITE, MINB)

@@ -101,8 +101,6 @@ def main():
     ap.add_argument("--grid", action="store_true", help="at M <= 2 the whole (RT, U, KS, PF) grid (grid_configs)")
     ap.add_argument("--mma", default="0", help="A8_MMA values each tile is timed with (0 dp4a, 1 tensor cores), e.g. "
                     "0,1")
-    ap.add_argument("--diags", default="", help="also the rule's tile with these A8_DIAG bits (gemv_a8_wg.cu: 1 no "
-                    "prologue, 2 no PDL wait, 4 no math; wrong results, timing only), e.g. 1,2,4,7")
     ap.add_argument("--json", default=None, help="also write every timed config here")
     args = ap.parse_args()
     dump = []
@@ -142,16 +140,8 @@ def main():
                     err = err_of(x, plain[0], "sym", y, block=block)
                     res.append((t, cfg, err))
                     print(f"  {shape:>11} M{m:<2} {name:>20} {cfg}: {t:7.2f} us err {err:.1e}", flush=True)
-                diag = {}
-                for d in (int(v) for v in args.diags.split(",") if v):
-                    diag[d], _ = time_a8_calls(x, compact, block, {"force": ENTRY, "configs": {ENTRY: {**rule,
-                                                                                                   "DIAG": d}}},
-                                               args.rep)
-                if diag:
-                    print(f"  {shape:>11} M{m:<2} {name:>20} rule {rule}: diag us "
-                          + ", ".join(f"{d}: {t:.2f}" for d, t in diag.items()), flush=True)
                 dump.append({"K": k, "N": n, "format": name, "M": m, "plain": t_plain, "now": t_now, "gemm": t_gemm,
-                             "rule": rule, "res": [{"cfg": c, "us": t} for t, c, _ in res], "diag": diag})
+                             "rule": rule, "res": [{"cfg": c, "us": t} for t, c, _ in res]})
                 if not res:
                     continue
                 t_wg, _, err_wg = res[0]

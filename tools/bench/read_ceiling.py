@@ -6,11 +6,10 @@ beside it mixgemm.matmul at M = 1 (W4 g128 sym) on the same layer. The best prob
 that size: the decode acceptance measures the GEMV against the copy floor, and this says how much of the gap a
 kernel could close at all.
 
---diag also times the GEMV with one stage left out at a time (gemv.cu GEMV_DIAG: no math, no x reads, no PDL wait) and
-on the probe's tile patterns; --tiles times only the GEMV on given tiles (R,U,KS,RG,PF[,KEY=V...], e.g.
-4,1,4,2,0,BULK=4,BPS=1), beside the dispatcher's tile with PF 0 and 1.
+--tiles times only the GEMV on given tiles (R,U,KS,RG,PF[,KEY=V...], e.g. 4,1,4,2,0,BULK=4,BPS=1), beside the
+dispatcher's tile with PF 0 and 1.
 
-Usage: PYTHONPATH=src python -m tools.bench.read_ceiling [--shapes 4096x4096 5120x7168 ...] [--diag] [--out r.json]
+Usage: PYTHONPATH=src python -m tools.bench.read_ceiling [--shapes 4096x4096 5120x7168 ...] [--out r.json]
        PYTHONPATH=src python -m tools.bench.read_ceiling --shapes 5120x7168 --tiles 4,1,1,8,1 2,2,4,2,0
 """
 
@@ -132,29 +131,6 @@ def gemv_time(k: int, n: int, dev) -> tuple[float, str]:
     return protocol.graph_time_us([lambda q=q: mixgemm.matmul(x, q) for q in qws], warmup_ms=10, rep_ms=60), choice
 
 
-DIAGS = {0: "full", 1: "no math, no x", 2: "no x", 4: "no PDL wait", 6: "no x, no wait"}
-PROBE_TILES = [
-    dict(R=8, U=1, RG=1, KS=4),
-    dict(R=4, U=2, RG=1, KS=4),
-    dict(R=2, U=2, RG=1, KS=4),
-    dict(R=4, U=2, RG=1, KS=8),
-    dict(R=2, U=2, RG=1, KS=8),
-]
-
-
-def gemv_diag(k: int, n: int, dev) -> dict:
-    """The CUDA-core GEMV (W4 g128 sym, M = 1) on the dispatcher's tile with one stage left out at a time (gemv.cu
-    GEMV_DIAG), and on the read probe's best tile patterns: times in us."""
-    base, t = _gemv_timer(*_layer(k, n, dev))
-    out = {f"rule {label}": t({**base, "DIAG": d}) for d, label in DIAGS.items()}
-    for tile in PROBE_TILES:
-        name = "R{R} U{U} RG{RG} KS{KS}".format(**tile)
-        out[f"{name} full"] = t({**tile, "PF": 0})
-        out[f"{name} no math"] = t({**tile, "PF": 0, "DIAG": 1})
-    out["rule"] = str(base)
-    return out
-
-
 def gemv_tiles(k: int, n: int, dev, tiles: list[str]) -> dict:
     """The CUDA-core GEMV (W4 g128 sym, M = 1) on the dispatcher's tile, that tile with PF 1, and each "R,U,KS,RG,PF"
     tile: times in us."""
@@ -180,7 +156,6 @@ def main() -> int:
         default=None,
         help="time the GEMV on these R,U,KS,RG,PF[,KEY=V...] tiles (and the rule's, with PF 0 and 1); no probe",
     )
-    ap.add_argument("--diag", action="store_true", help="also the GEMV with one stage left out (gemv.cu GEMV_DIAG)")
     args = ap.parse_args()
     _load_probe_source()
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -244,15 +219,6 @@ def main() -> int:
                 t_nopdl, _ = gemv_time(k, n, dev)
             torch.cuda.empty_cache()
             row.update(gemv_us=t, gemv_pct=100 * floor_us / t, gemv_choice=choice, gemv_nopdl_us=t_nopdl)
-        if args.diag:
-            row["diag"] = gemv_diag(k, n, dev)
-            torch.cuda.empty_cache()
-            print(
-                "   diag (% of floor): "
-                + ", ".join(f"{lb} {100 * floor_us / v:.0f}" for lb, v in row["diag"].items() if lb != "rule")
-                + f"; rule {row['diag']['rule']}",
-                flush=True,
-            )
         rows.append(row)
         print(
             f"{shape:>11} {nbytes / 2**20:6.1f} MiB floor {floor_us:6.2f} us | best read {res[best]:6.2f} us "

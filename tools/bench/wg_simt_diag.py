@@ -1,16 +1,10 @@
-"""What reading the compacted layout costs at M = 1: the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) against the
-plain codes' GEMV (gemv.cu), each whole and with one stage left out (DIAG bits; wrong results, timing only). At M > 1
-(--ms): the tensor-core GEMV on wgmma_v1 (gemv_mma.cu) whole and with MMA_DIAG 8 (the access order of a layout whose
-row tiles keep their k-tiles together) against the plain weight's dispatch.
-
-Per layer and format: the plain weight's dispatch, then its CUDA-core GEMV's tile with GEMV_DIAG 1 (no math) and 4 (no
-PDL wait); the compacted weight's dispatch, then its tile with SIMT_DIAG 1, 4, 8 (the weights addressed as if each row
-tile kept its k-tiles together) and 9 (both). Times per the benchmark protocol (one CUDA graph of C calls over distinct
-copies > 3x L2, median per call, the best of --rounds timings).
+"""What reading the compacted layout costs at M = 1: the dispatch on a compacted weight (wgmma_v1: the CUDA-core GEMV
+gemv_wg_simt.cu, or the tensor-core GEMV gemv_mma.cu at M > 1, --ms) against the same weight's plain codes (gemv.cu),
+per layer and format; --variant also times the compacted M = 1 tile with other config keys. Times per the benchmark
+protocol (one CUDA graph of C calls over distinct copies > 3x L2, median per call, the best of --rounds timings).
 
     PYTHONPATH=src python -m tools.bench.wg_simt_diag [--shapes 4096x14336 8192x28672] [--formats w8,w4s] [--out DIR]
-        [--variant RT=2,U=1,PF=1,KS=32] [--dtype bfloat16]   (the compacted M = 1 tile also with these keys, whole
-        and with no math)
+        [--ms 1,2,16] [--variant RT=2,U=1,PF=1,KS=32] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -28,8 +22,6 @@ from mixgemm.ops.custom_ops import compact_weight
 
 FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym"), "w4s32": (4, 32, "sym"),
            "w4o32": (4, 32, "offset")}
-PLAIN_DIAGS = (1, 4)
-COMPACT_DIAGS = (1, 4, 8, 9)
 
 
 def weight(k: int, n: int, fmt: str, compact: bool, seed: int | None = None):
@@ -57,28 +49,20 @@ def time_us(x: torch.Tensor, weights: list, rounds: int, entry: str | None = Non
             "us": us}
 
 
-def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, keep: set | None = None,
-            variants: tuple = (), dtype: torch.dtype = torch.float16) -> list[dict]:
+def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, variants: tuple = (),
+            dtype: torch.dtype = torch.float16) -> list[dict]:
+    """The plain and the compacted weight's dispatch on one layer, then the compacted M = 1 CUDA-core tile with each
+    variant's keys."""
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     rows = []
-    for compact, diags in ((False, PLAIN_DIAGS), (True, COMPACT_DIAGS)):
+    for compact in (False, True):
         weights = layer(k, n, fmt, compact, l2)
         base = time_us(x, weights, rounds)
-        rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": 0, **base})
-        if compact and base["kernel"] == "cuda_gemv_mma" and not base["config"].get("SIMT"):
-            diags = (8,)  # the tensor-core GEMV on wgmma_v1: its access-order stage only
-        elif m > 1 or not (base["kernel"] == "cuda_gemv" or base["config"].get("SIMT")):
-            diags = ()  # only the CUDA-core GEMVs have the other DIAG stages
-        diags = tuple(d for d in diags if keep is None or d in keep)
-        for d in diags:
-            rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": d,
-                         **time_us(x, weights, rounds, base["kernel"], {**base["config"], "DIAG": d})})
+        rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "variant": {}, **base})
         if compact and base["config"].get("SIMT"):
-            for extra in variants:  # the compacted tile with other keys (e.g. KS 32, U 1), whole and with no math
-                for d in (0, 1):
-                    cfg = {**base["config"], **extra, **({"DIAG": d} if d else {})}
-                    rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "diag": d,
-                                 **time_us(x, weights, rounds, base["kernel"], cfg)})
+            for extra in variants:  # the compacted tile with other keys (e.g. KS 32, U 1)
+                rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "variant": extra,
+                             **time_us(x, weights, rounds, base["kernel"], {**base["config"], **extra})})
         del weights
         torch.cuda.empty_cache()
     return rows
@@ -91,7 +75,6 @@ def main(argv=None) -> None:
     ap.add_argument("--formats", default="w8,w4s", help=f"comma-separated, of {sorted(FORMATS)}")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ms", default="1", help="comma-separated M values")
-    ap.add_argument("--diags", default="", help="comma-separated DIAG values at M = 1 (default: all)")
     ap.add_argument("--variant", action="append", default=[],
                     help="KEY=V[,KEY=V]: the compacted M = 1 tile also with these keys (e.g. KS=32,U=1), repeatable")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"), help="activation dtype")
@@ -99,16 +82,15 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     variants = tuple({kv.split("=")[0]: int(kv.split("=")[1]) for kv in v.split(",")} for v in args.variant)
     l2 = protocol.l2_bytes()
-    keep = {int(v) for v in args.diags.split(",")} if args.diags else None
     rows = []
     for fmt in args.formats.split(","):
         for shape in args.shapes:
             k, n = (int(v) for v in shape.lower().split("x"))
             for m in (int(v) for v in args.ms.split(",")):
-                for r in measure(k, n, fmt, args.rounds, l2, m, keep, variants, getattr(torch, args.dtype)):
+                for r in measure(k, n, fmt, args.rounds, l2, m, variants, getattr(torch, args.dtype)):
                     rows.append(r)
                     kind = "compact" if r["compact"] else "plain"
-                    print(f"{k}x{n} M {m} {fmt} {kind:7s} diag {r['diag']}: {r['us']:8.2f} us  {r['kernel']} "
+                    print(f"{k}x{n} M {m} {fmt} {kind:7s} {r['variant'] or ''}: {r['us']:8.2f} us  {r['kernel']} "
                           f"{r['config']}", flush=True)
     path = os.path.join(args.out, "wg_simt_diag.json")
     with open(path, "w") as f:

@@ -435,8 +435,8 @@ def _gemv_candidates(p: Problem) -> list[dict]:
     from mixgemm.tuning.gemv_steps import step_costs
 
     base = _gemv_config(p)
-    if any(base.get(k, 0) for k in ("BULK", "PST", "BPF")) or base["RG"] * base["KS"] != WARPS:
-        return []  # a hand-tuned special tile (bulk ring, persistent grid): not varied
+    if base.get("BULK", 0) or base["RG"] * base["KS"] != WARPS:
+        return []  # a hand-tuned special tile (bulk ring): not varied
     # the choose_config space: KS a power of two <= 8 with RG = 8 warps / KS; at M = 1 R 2 or 4, U 1, 2 or 4 and
     # register double buffering (PF: the next step's weights in flight during this step's math)
     out = [{**base, "KS": ks, "RG": WARPS // ks} for ks in _pow2_neighbours(base["KS"], 1, WARPS)]

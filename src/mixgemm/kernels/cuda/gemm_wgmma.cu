@@ -230,20 +230,12 @@
 #ifndef WG_MINB
 #define WG_MINB 1
 #endif
-// WG_DIAG (tools only: results are wrong with any bit set): leave out one stage to see what a tile's time is made of.
-// 1: no output store (the epilogue's stores are compiled, never run); 2: no wgmma (the A fragments are built and
-// xor-ed into the accumulators, no MMA is queued); 4: no dequantization (the raw weight words are the A fragments,
-// no group parameters decoded)
-#ifndef WG_DIAG
-#define WG_DIAG 0
-#endif
 
 using namespace mg;
 
 namespace mgw {
 
 constexpr int BITS = WG_BITS, ACT = WG_ACT, SCL = WG_SCL, MODE = WG_MODE;
-constexpr int DIAG = WG_DIAG;
 constexpr int BM = WG_BM, NWG = WG_NWG, STAGES = WG_STAGES;
 constexpr bool G2 = WG_G2 != 0;
 constexpr int WARPS = 4 * NWG;
@@ -678,7 +670,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
         w[TB / 128 - 4] = v1.x, w[TB / 128 - 3] = v1.y, w[TB / 128 - 2] = v1.z, w[TB / 128 - 1] = v1.w;
       }
     }
-    if (!PC && !(DIAG & 4)) {
+    if (!PC) {
       const int grp = ((kt0 + i) * 64) >> gk;  // warp-uniform
       // (int8 decodes every tile: with the cached constants the fp16 int8 sym / offset kernels returned wrong
       // results on an H200 -- zero_point, bf16 and int4 were right; not understood, see docs/design.md)
@@ -696,10 +688,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int b = G2 ? s / 2 : 0;
-      if (DIAG & 4) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) afr_t[s][r] = w[(4 * s + r) % (TB / 128)];
-      } else if (BITS == 4) {
+      if (BITS == 4) {
         a_frag_step<4, ACT, MODE, SCALED>(w, s, q[b][0], q[b][1], z[b][0], z[b][1], afr_t[s]);
       } else {
         const u32 wu[4] = {w[4 * (s / 2)], w[4 * (s / 2) + 1], w[4 * (s / 2) + 2], w[4 * (s / 2) + 3]};
@@ -721,10 +710,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     wg_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s)  // + 32 bytes per k16 step
-      if (DIAG & 2)  // keep the fragments live (else the dequantization is dead code) at 4 xor per k16 step
-        acc[s] = __uint_as_float(__float_as_uint(acc[s]) ^ afr_t[s][0] ^ afr_t[s][1] ^ afr_t[s][2] ^ afr_t[s][3]);
-      else
-        Wgmma<BM, ACT>::mma(FOLD ? tacc[B] : acc, afr_t[s], desc + 2 * s, FIRST && s == 0 ? 0 : 1);
+      Wgmma<BM, ACT>::mma(FOLD ? tacc[B] : acc, afr_t[s], desc + 2 * s, FIRST && s == 0 ? 0 : 1);
     wg_commit();
     wg_wait<INFL>();  // the wgmma of k-tile i - INFL is done: its A registers may be reused
   };
@@ -780,7 +766,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
       if (last) __threadfence();
       return last;
     };
-    bool store = !(DIAG & 1) || N < 0;  // (N < 0, never true, keeps the stores and what feeds them compiled)
+    bool store = true;
     int jlo = 0, jhi = BM / 8;  // WG_SPLIT 2: the band of accumulator rows (8 activation rows each) this CTA stores
     if (CSPLIT) {
       // each CTA stores a band of jb accumulator rows (8 activation rows each), the cluster's sums

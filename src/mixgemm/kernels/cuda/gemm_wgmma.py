@@ -64,7 +64,7 @@ KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
-               "CLUSTER", "SERIAL", "PDL", "WS", "TAIL", "TAIL_WAIT", "DIAG")
+               "CLUSTER", "SERIAL", "PDL", "WS", "TAIL", "TAIL_WAIT")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
 # the k-slices a TAIL's partial wave may take (the weight-only split from wgmma_waves.tail_split, the int8 GEMM's from
 # gemm_wgmma_a8.tail_split_rule): past 4, each further slice's reduction costs more than the steps it saves
@@ -521,8 +521,6 @@ def _prepare_launch(qw: QuantizedWeight | None, m: int, x_dtype: torch.dtype, x_
     minb = int(cfg.get("MINB", 2 if sk == 1 and bm <= 64 and not fold and not ws_req else 1))
     if minb != 1:
         defs["WG_MINB"] = minb
-    if cfg.get("DIAG"):
-        defs["WG_DIAG"] = int(cfg["DIAG"])  # diagnostic stage removal (gemm_wgmma.cu); wrong results, tools only
     if inflight != 1:
         defs["WG_INFLIGHT"] = inflight
     if ktile != 1:

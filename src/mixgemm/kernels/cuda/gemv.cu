@@ -75,18 +75,6 @@
 #ifndef GEMV_LW
 #define GEMV_LW 32
 #endif
-// L2 prefetch (gemv_common.cuh prefetch_l2_warp): 0 none; 1 each row group prefetches its own R rows
-// (weights + params) when it starts a tile; 2 also the rows of the block's next tile (persistent grid).
-// Experimental, off by default: 4-30% slower than 0 on H200 (docs/design.md v5).
-#ifndef GEMV_BPF
-#define GEMV_BPF 0
-#endif
-// 1: persistent grid (the host launches fewer blocks than tiles; each block loops over tiles). A
-// compile-time switch because the tile loop costs ~20 registers per thread (80 -> 101 at R4 U2).
-// Experimental, off by default: slower on H200 (v5).
-#ifndef GEMV_PST
-#define GEMV_PST 0
-#endif
 // __launch_bounds__ minimum resident blocks per SM (0: none), caps the registers per thread.
 #ifndef GEMV_MINB
 #define GEMV_MINB 0
@@ -96,15 +84,16 @@
 // contiguous bytes of x of its own chunk, so each 16-byte global load of a warp touches 16 different
 // 128-byte lines (16 L1 wavefronts for 512 bytes); from the piece-major copy the same warp load is 512
 // contiguous bytes (4 wavefronts). Needs K * 2 bytes of dynamic shared memory (the host only sets it
-// when that fits). Off by default: on H200 it helped some R = 2 configs (up to 8%) but cost registers
-// (80 -> 97) at R = 4 and never beat the R = 4 defaults (v6).
+// when that fits). Act-order calls take it (gemv.py perm_config: the gather then reads shared memory); plain ones
+// do not: on H200 it helped some R = 2 configs (up to 8%) but cost registers (80 -> 97) at R = 4 and never beat the
+// R = 4 tiles.
 #ifndef GEMV_XS
 #define GEMV_XS 0
 #endif
 // 1: lighter per-chunk bookkeeping for fp16 activations with fp16 zero points: (1024 + z) and
 // -(64 + z) built in f16x2 from the raw fp16 z (exact: small integers), and the two f16x2 partial
 // chains added in f16x2 before the one conversion to fp32 (5 fewer instructions per row and chunk).
-// Off by default: within +-3% of 0 on H200 (v6).
+// Set where a tuning table measured it (tuning.gemv_m1); elsewhere within +-3% of 0 on H200.
 #ifndef GEMV_LITE
 #define GEMV_LITE 0
 #endif
@@ -153,14 +142,6 @@
 // gathers its own pieces from global memory.
 #ifndef GEMV_PERM
 #define GEMV_PERM 0
-#endif
-
-// Diagnostic only (tools/bench/read_ceiling.py --diag; never a shipped config): leave out one stage to see what it
-// costs. Bits: 1 no dequantization or math (the weight words are xor-folded, x is not read), 2 x not read (a
-// constant in registers instead), 4 no griddepcontrol.wait (x is read without waiting for the previous kernel: only
-// correct when nothing before writes x). Results are wrong with any bit set.
-#ifndef GEMV_DIAG
-#define GEMV_DIAG 0
 #endif
 
 #define GEMV_CTHREADS (32 * GEMV_RG * GEMV_KS)  // compute warps
@@ -215,7 +196,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   const int prow_bytes = G * P::PB;  // one row's parameters (GEMV_BPAR: a multiple of 16)
   char* const pbuf = (char*)(dsm + GEMV_BULK * RG * R * KS * 32 * U);
 #if GEMV_XS
-  static_assert(ACT == 0 && M == 1 && !GEMV_PF && !GEMV_PST, "GEMV_XS: fp16 x, M = 1, PF and PST off");
+  static_assert(ACT == 0 && M == 1 && !GEMV_PF, "GEMV_XS: fp16 x, M = 1, PF off");
   // [XV][Kc]: x piece v of chunk c at v * Kc + c
   uint4* const xsm = (uint4*)(pbuf + (GEMV_BPAR ? 2 * RG * R * prow_bytes : 0));
   // batches of 4 loads per thread in flight before their stores (one L2 round trip per batch); the caller syncs
@@ -280,7 +261,6 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // Piece v of chunk c of x row m from global memory (rows >= Mr read row Mr - 1 and are never stored). Act-order
   // (GEMV_PERM) gathers it through the indices pk of that piece, loaded once by the caller for all M rows.
   auto x_piece = [&](int m, int c, int v, const int (&pk)[PER]) -> uint4 {
-    if constexpr ((GEMV_DIAG & 2) != 0) return make_uint4(0x3c003c00u ^ c, 0x3c003c00u, 0x3c003c00u ^ v, 0x3c003c00u);
     const uint4* row = X + (size_t)min(m, Mr - 1) * ldx4;
     if constexpr (GEMV_PERM) return gather_x((const char*)row, pk);
     else return ld_x(row + (size_t)c * XV + v);
@@ -293,14 +273,6 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   // used, and the steady-state loop has no bounds checks, so the UU chunk bodies interleave (ILP).
   auto compute = [&](const auto& wv, const auto& pv, int c0) {
     constexpr int UU = sizeof(wv) / sizeof(wv[0]);
-    if constexpr ((GEMV_DIAG & 1) != 0) {
-#pragma unroll
-      for (int u = 0; u < UU; ++u)
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          acc[0][r] += as_f32((wv[u][r].x ^ wv[u][r].y ^ wv[u][r].z ^ wv[u][r].w) & 0x3f7fffffu) + pv[u][r].scale();
-      return;
-    }
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
       const int c = c0 + u * STRIDE;
@@ -464,11 +436,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
       }
     }
   };
-  // Row tiles of RG * R * HW rows; the grid may be smaller than the tile count (persistent grid: each
-  // block loops over tiles blockIdx.x, + gridDim.x, ...; no block launch per tile, no tail of
-  // freshly launched blocks).
   constexpr int TROWS = RG * R * HW;  // rows per tile
-  const int ntiles = (N + TROWS - 1) / TROWS;
   // The KS partial sums of each row of a tile (red: [KS][M][TROWS], written by warp_sums_to_smem and
   // synchronized by the caller) summed and stored by the compute threads.
   auto store_tile = [&](int tile, const float (*red)[M][TROWS]) {
@@ -483,7 +451,10 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     }
   };
 #if GEMV_BULK
-  static_assert(!GEMV_PF && !GEMV_BPF && !GEMV_PST, "GEMV_BULK: PF, BPF and PST off");
+  static_assert(!GEMV_PF, "GEMV_BULK: PF off");
+  // the grid may be smaller than the tile count (persistent grid: each block loops over tiles blockIdx.x,
+  // + gridDim.x, ...; no block launch per tile, no tail of freshly launched blocks)
+  const int ntiles = (N + TROWS - 1) / TROWS;
   using namespace mgw;
   constexpr int S = GEMV_BULK;     // ring stages
   constexpr int SC = STRIDE * U;   // chunks per row and stage: one U step of every k-slice warp
@@ -618,21 +589,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     store_tile(tile, red[tl & 1]);
   }
 #else
-  auto prefetch_rows = [&](int tile) {  // this warp's R x HW rows of `tile` into L2 (ks == 0 warps)
-    const int r0 = (tile * RG + rg) * R * HW;
-    if (GEMV_BPF == 0 || ks != 0 || tile >= ntiles || r0 >= N) return;
-    const int nr = min(R * HW, N - r0);
-    prefetch_l2_warp(W + (size_t)r0 * Kc, (unsigned long long)nr * Kc * 16, lane);
-    prefetch_l2_warp(params + (size_t)r0 * G * P::PB, (unsigned long long)nr * G * P::PB, lane);
-  };
-#if GEMV_PST
-  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-#else
-  {
   const int tile = blockIdx.x;
-#endif
-  if (GEMV_BPF == 1 || (GEMV_BPF == 2 && tile == (int)blockIdx.x)) prefetch_rows(tile);
-  if (GEMV_BPF == 2) prefetch_rows(tile + gridDim.x);  // next tile's bytes arrive while this one runs
   const int row0 = (tile * RG + rg) * R * HW + hset * R;
 
   const uint4* wrow[R];
@@ -666,7 +623,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
     // math, so every warp keeps loads in flight while it computes (latency hidden without needing
     // more resident warps). Ping-pong written out twice so no buffer is copied.
     load(wA, pA, c0);
-    if ((GEMV_DIAG & 4) == 0) pdl_wait();  // x is read from here on (see gemv_common.cuh)
+    pdl_wait();  // x is read from here on (see gemv_common.cuh)
     while (true) {
       int c1 = c0 + U * STRIDE;
       bool more = c1 + (U - 1) * STRIDE < Kc;
@@ -689,7 +646,7 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
 #if GEMV_XS
     copy_perm_async();
 #endif
-    if ((GEMV_DIAG & 4) == 0) pdl_wait();
+    pdl_wait();
 #if GEMV_XS
     stage_x();
     __syncthreads();
@@ -712,9 +669,5 @@ mixgemm_gemv(const uint4* __restrict__ W,      // [N, Kc] uint4
   warp_sums_to_smem<M, R, TROWS, LW>(acc, red[ks], rg, lane);
   __syncthreads();
   store_tile(tile, red);
-#if GEMV_PST
-  if (tile + (int)gridDim.x < ntiles) __syncthreads();  // red[] is rewritten by the next tile
-#endif
-  }
 #endif  // GEMV_BULK
 }

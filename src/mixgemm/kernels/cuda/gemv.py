@@ -78,7 +78,7 @@ DEFAULT_LITE = 0
 
 
 # Config keys that only appear when set (defines_for adds their macros only then, so default compile keys stay put).
-OPTIONAL_KEYS = ("BPF", "PST", "MINB", "XS", "LITE", "BULK", "BPAR", "BPS", "DIAG", "ZSUM", "LW")
+OPTIONAL_KEYS = ("MINB", "XS", "LITE", "BULK", "BPAR", "BPS", "ZSUM", "LW")
 OPTIONAL_DEFAULTS = {"LW": 32}  # the value an optional key has when absent (0 for the others)
 
 
@@ -217,8 +217,6 @@ def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict
         d["MMA_WG"] = 1
         if cfg.get("G32", 0):
             d["MMA_G32"] = 1
-        if cfg.get("DIAG", 0):
-            d["MMA_DIAG"] = cfg["DIAG"]  # diagnostic access order (gemv_mma.cu); wrong results, tools only
     return d
 
 
@@ -417,8 +415,8 @@ def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dic
     """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1): RT 16-row tiles per warp, U k-tiles
     per step, RG row groups x KS k-slices per block, PF register double buffering, G32 two groups per 64-k tile, PACK
     a zero point's or offset's 16-bit parameter pair held in one register (dropped where the format has no pair: sym,
-    fp32 scales), MINB the blocks per SM its registers must allow, DIAG a diagnostic stage removal (tools only: wrong
-    results). PACK, MINB and DIAG only appear in the key when set, so the other compile keys are unchanged."""
+    fp32 scales), MINB the blocks per SM its registers must allow. PACK and MINB only appear in the key when set, so
+    the other compile keys are unchanged."""
     d = {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode, "SIMT_G32": cfg.get("G32", 0),
          "SIMT_RT": cfg.get("RT", 1), "SIMT_U": cfg["U"], "SIMT_RG": cfg["RG"], "SIMT_KS": cfg["KS"],
          "SIMT_PF": cfg.get("PF", 0)}
@@ -426,8 +424,6 @@ def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dic
         d["SIMT_PACK"] = 1
     if cfg.get("MINB", 0):
         d["SIMT_MINB"] = cfg["MINB"]
-    if cfg.get("DIAG", 0):
-        d["SIMT_DIAG"] = cfg["DIAG"]  # diagnostic stage removal (gemv_wg_simt.cu); wrong results, tools only
     return d
 
 
@@ -474,19 +470,15 @@ def stages_perm(cfg: dict, m: int, x_dtype: torch.dtype, bits: int, k: int) -> b
 
 
 def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> dict:
-    """NVRTC -D macros of one gemv.cu instantiation. The optional cfg keys BPF (L2 prefetch mode), PST
-    (persistent grid: PST x resident blocks per SM, compiled with the tile loop) and MINB (launch-bounds
-    minimum blocks per SM) only appear in the key when set, so default compile keys are unchanged."""
+    """NVRTC -D macros of one gemv.cu instantiation. The optional cfg keys (MINB: launch-bounds minimum blocks per
+    SM, XS, LITE, PERM, ZSUM, BULK, BPAR, LW, ROWS) only appear in the key when set, so default compile keys are
+    unchanged."""
     d = {"GEMV_BITS": bits, "GEMV_ACT": act, "GEMV_SCL": scl, "GEMV_MODE": mode, "GEMV_M": m,
          "GEMV_R": cfg["R"], "GEMV_U": cfg["U"], "GEMV_RG": cfg["RG"], "GEMV_KS": cfg["KS"],
          "GEMV_PF": cfg.get("PF", 0)}
-    if cfg.get("BPF", 0):
-        d["GEMV_BPF"] = cfg["BPF"]
-    if cfg.get("PST", 0):
-        d["GEMV_PST"] = 1
     if cfg.get("MINB", 0):
         d["GEMV_MINB"] = cfg["MINB"]
-    if cfg.get("XS", 0) and m == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0):
+    if cfg.get("XS", 0) and m == 1 and act == 0 and not cfg.get("PF", 0):
         d["GEMV_XS"] = 1  # (gemv() also drops XS when K * 2 bytes exceed XS_MAX_BYTES)
     if cfg.get("LITE", 0):
         d["GEMV_LITE"] = 1
@@ -500,8 +492,6 @@ def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> 
             d["GEMV_BPAR"] = 1
     if cfg.get("LW", 32) != 32:
         d["GEMV_LW"] = cfg["LW"]  # lanes per weight row (gemv.cu GEMV_LW; register path)
-    if cfg.get("DIAG", 0):
-        d["GEMV_DIAG"] = cfg["DIAG"]  # diagnostic stage removal (gemv.cu); wrong results, tools only
     if cfg.get("ROWS", 0):
         d["GEMV_ROWS"] = 1  # int8 codes and parameters in rows_v1 (gemv.cu GEMV_ROWS)
     return d
@@ -566,10 +556,9 @@ def x_smem_bytes(cfg: dict, kp: int) -> int:
 
 
 def _xs_ok(cfg: dict, mb: int, act: int, kp: int) -> bool:
-    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF / PST, when x (_x_bytes) fits
+    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF, when x (_x_bytes) fits
     XS_MAX_BYTES; PERM's indices come on top of that (up to 2 * XS_MAX_BYTES in all)."""
-    return (mb == 1 and act == 0 and not cfg.get("PF", 0) and not cfg.get("PST", 0)
-            and _x_bytes(cfg, kp) <= XS_MAX_BYTES)
+    return mb == 1 and act == 0 and not cfg.get("PF", 0) and _x_bytes(cfg, kp) <= XS_MAX_BYTES
 
 
 def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
@@ -1037,8 +1026,6 @@ def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.d
         # BPS caps the blocks per SM, leaving room for the next PDL kernel's blocks to start their rings
         per_sm = nvrtc.resident_blocks(fn, block[0], smem)
         tiles = min(tiles, min(per_sm, cfg.get("BPS", 0) or per_sm) * props.multi_processor_count)
-    if cfg.get("PST", 0):  # persistent grid: PST x (resident blocks per SM) x SMs blocks loop over the tiles
-        tiles = min(tiles, cfg["PST"] * nvrtc.resident_blocks(fn, block[0]) * props.multi_processor_count)
     args = _common_args(lay, n) + [
         ctypes.c_int(lay.chunks_per_row),
         ctypes.c_int(lay.num_groups),

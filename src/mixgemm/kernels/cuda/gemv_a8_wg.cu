@@ -65,12 +65,6 @@
 #define A8_MMA 0
 #endif
 
-// Diagnostic only (never a shipped config; results are wrong with any bit set): 1 no prologue (x not read or
-// quantized), 2 no griddepcontrol.wait, 4 no math (the weight words are xor-folded): what each stage costs.
-#ifndef A8_DIAG
-#define A8_DIAG 0
-#endif
-
 #define A8_THREADS (32 * A8_RG * A8_KS)
 
 #include "a8_prologue.cuh"  // (after A8_XT)
@@ -168,17 +162,6 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
     }
   };
 
-  // A8_DIAG 4 (no math): every weight word of a work item folded into one value, so that all its loads stay live
-  auto fold_words = [](const uint4 (&wv)[U][RT][PC]) {
-    int v = 0;
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int p = 0; p < PC; ++p) v ^= (int)(wv[u][r][p].x ^ wv[u][r][p].y ^ wv[u][r][p].z ^ wv[u][r][p].w);
-    return v;
-  };
 #if A8_MMA
   // Tensor-core math: per 32 k one mma.m16n8k32 per row tile and 8 tokens (NN column tiles), where dp4a takes
   // 4 M instructions a lane; at M = 1..2 on a layer small enough that its math follows the PDL wait undivided (the
@@ -206,11 +189,6 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
     return v;
   };
   auto compute = [&](const uint4 (&wv)[U][RT][PC], const float (&sb)[U][RT][2], int s) {
-    if (A8_DIAG & 4) {
-      cm[0][0][0][0] ^= fold_words(wv);
-      acc[0][0][0] += (float)cm[0][0][0][0];
-      return;
-    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = s * U + u;
@@ -270,11 +248,6 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
   float acc[M][RT][2];
   int ia[M][RT][2];  // the int32 dot: grouped, of one k-tile (folded into acc after it); per channel, over all of K
   auto compute = [&](const uint4 (&wv)[U][RT][PC], const float (&sb)[U][RT][2], int s) {
-    if (A8_DIAG & 4) {
-      ia[0][0][0] ^= fold_words(wv);
-      acc[0][0][0] += (float)ia[0][0][0];
-      return;
-    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = s * U + u;
@@ -340,9 +313,8 @@ mixgemm_gemv_a8_wg(const uint4* __restrict__ W,     // wgmma_a8_v1 weight
   float sA_[U][RT][2];
   const bool live0 = bt < ntiles && first_tile(bt) < tiles16;
   if (live0 && nsteps > 0) load(wA, sA_, bt, ks);  // first weight loads fly during the prologue
-  if (!(A8_DIAG & 2)) pdl_wait();  // x, bias and y belong to other kernels: nothing touches them before this
-  if (A8_DIAG & 1) {
-  } else if (G > 0 && !A8_AT) {
+  pdl_wait();  // x, bias and y belong to other kernels: nothing touches them before this
+  if (G > 0 && !A8_AT) {
     prologue_grouped<false, M, (G > 0 ? G : 128), 32, NT, WgPlace, false>(sm, X, ldx, K, Mr);
   } else {
     prologue_channel<false, M, 32, NT, G, A8_OPC, WgPlace, false>(sm, X, ldx, K, Mr, pcr, &pcs);

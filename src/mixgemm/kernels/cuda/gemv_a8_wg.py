@@ -187,8 +187,7 @@ def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool
     opc = row_chunks(lay.k, shape.kp, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
             "A8_AT": int(per_token and not lay.per_channel), "A8_RT": cfg["RT"], "A8_U": cfg["U"],
-            "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"], "A8_OPC": opc, "A8_MMA": cfg.get("MMA", 0),
-            **({"A8_DIAG": cfg["DIAG"]} if cfg.get("DIAG") else {})}  # diagnostic stage removal: tools only
+            "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"], "A8_OPC": opc, "A8_MMA": cfg.get("MMA", 0)}
 
 
 def smem_needed(qw: QuantizedWeight, m: int) -> int:

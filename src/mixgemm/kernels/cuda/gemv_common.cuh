@@ -134,31 +134,6 @@ __device__ __forceinline__ uint4 gather_x(const char* xrow, const int (&idx)[PER
   return r;
 }
 
-// L2 prefetch of a contiguous byte range, issued by one whole warp (every lane must call it).
-// Why (hypothesis): the warps of a GEMV only keep U * R 16-byte loads per lane in flight and then stall
-// on the math, so HBM might see too few outstanding bytes; a prefetch into L2 asks for a block's whole
-// tile at once, costs no registers, and turns the warps' own loads into L2 hits. Measured slower on
-// H200 (gemv.cu GEMV_BPF, docs/design.md v5); kept for experiments.
-// [p, p + bytes) must lie inside one allocation; p is rounded down and the end up to 16 bytes (the
-// CUDA allocators hand out >= 256-byte granules, so the rounding stays inside mapped memory).
-__device__ __forceinline__ void prefetch_l2_warp(const void* p, unsigned long long bytes, int lane) {
-  if (bytes == 0) return;
-  unsigned long long a = (unsigned long long)p;
-  const unsigned long long end = (a + bytes + 15) & ~15ull;
-  a &= ~15ull;
-#if __CUDA_ARCH__ >= 900
-  // sm_90: one TMA bulk prefetch (cp.async.bulk.prefetch.L2) per <= 64 KiB piece, spread over lanes
-  for (unsigned long long o = a + (unsigned long long)lane * 65536ull; o < end; o += 32ull * 65536ull) {
-    const unsigned int n = (unsigned int)min(65536ull, end - o);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(o), "r"(n) : "memory");
-  }
-#else
-  // sm_80: one prefetch.global.L2 per 128-byte line, lanes striding over the lines
-  for (unsigned long long o = (a & ~127ull) + (unsigned long long)lane * 128ull; o < end; o += 32ull * 128ull)
-    asm volatile("prefetch.global.L2 [%0];" :: "l"(o));
-#endif
-}
-
 // CUDA-core GEMV epilogue, first half: each group of LW lanes sums its lanes' partials acc[m][r] (the group's lanes
 // split K) and its first lane writes them to red_ks[m][(rg * 32 / LW + lane / LW) * R + r], this warp's k-slice of the
 // block's shared reduction buffer (LW 32: one group, rows rg * R + r).

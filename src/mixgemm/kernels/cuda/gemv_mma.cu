@@ -94,11 +94,6 @@
 #ifndef MMA_ROWS
 #define MMA_ROWS 0
 #endif
-// Diagnostic only (never a shipped config; results are wrong when set): 8 with MMA_WG, the weights addressed as if the
-// row tiles kept their k-tiles together ([N / 16][Kt] tiles instead of [N / 128][Kt][8]): what the access order costs
-#ifndef MMA_DIAG
-#define MMA_DIAG 0
-#endif
 // RT 16-row tiles per warp: one staging of x and one set of B fragments serve RT tiles' mma (at M = 16 the x
 // traffic through shared memory / L1 is 4x the int4 weight bytes of a tile, the limit of the MMA_WG ring otherwise)
 #ifndef MMA_RT
@@ -184,9 +179,8 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   constexpr int NP = WG && MMA_G32 ? 2 : 1;    // parameter sets per tile (groups of 32 in a 64-k tile)
   constexpr int XV = WG ? 1 : KL * 2 / 16;     // uint4 of activations per lane, tile and B block (gemv_mma_v1)
   constexpr int XR = 8 * MB;                   // activation rows a tile's B fragments cover
-  constexpr bool D8 = WG && (MMA_DIAG & 8) != 0;
   // uint4 from one k-tile of a row tile to the next
-  constexpr size_t TSTEP = D8 ? 32 * LU : WG ? 8 * 32 * LU : ROWS ? 4 : 32;
+  constexpr size_t TSTEP = WG ? 8 * 32 * LU : ROWS ? 4 : 32;
   constexpr int GSTR = WG || ROWS ? 128 : 1;   // parameter entries from one group of a row to the next
   const size_t lstep = ROWS ? (size_t)8 * Kt * 4 : 32;  // uint4 from a lane's load l to l + 1 (ROWS: row g + 8)
   constexpr float ZBIAS = BITS == 4 ? 8.f : 128.f;
@@ -205,8 +199,7 @@ mixgemm_gemv_mma(const uint4* __restrict__ W,      // gemv_mma_v1: [Nt][Kt][32] 
   for (int r = 0; r < RT; ++r) {
     const int ntc = min(nt0 + r, Nt - 1);  // tiles past the last one redo it and are never stored
     // (rows_v1 pads its rows to a multiple of 16: row g + 8 of the last tile exists)
-    wt[r] = D8     ? W + (size_t)ntc * Kt * 32 * LU + lane
-            : WG   ? W + ((size_t)(ntc >> 3) * Kt * 8 + (ntc & 7)) * 32 * LU + lane
+    wt[r] = WG     ? W + ((size_t)(ntc >> 3) * Kt * 8 + (ntc & 7)) * 32 * LU + lane
             : ROWS ? W + (size_t)(ntc * 16 + g) * Kt * 4 + t
                    : W + (size_t)ntc * Kt * 32 + lane;
     prow0[r] = WG || ROWS ? params + ((size_t)(ntc >> 3) * G * 128 + (ntc & 7) * 16 + g) * P::PB

@@ -60,13 +60,6 @@
 #define SIMT_MINB 0  // blocks per SM the registers must allow (__launch_bounds__' second argument; 0: no cap)
 #endif
 
-// Diagnostic only (never a shipped config; results are wrong with any bit set): 1 no dequantization or math (the
-// weight words are xor-folded, x is not read), 4 no griddepcontrol.wait, 8 the weights addressed as if the row tiles
-// kept their k-tiles together ([N / 16][Kt] tiles instead of [N / 128][Kt][8]): what the access order costs.
-#ifndef SIMT_DIAG
-#define SIMT_DIAG 0
-#endif
-
 #define SIMT_THREADS (32 * SIMT_RG * SIMT_KS)
 
 using namespace mg;
@@ -145,11 +138,8 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   // a warp past the last tile redoes the last RT-aligned tiles and never stores; the RT tiles of a warp share one
   // group of 8, which the layout pads with zero rows, so none needs a clamp
   const int nt0 = min((int)(row_block * RG + rg) * RT, (Nt - 1) / RT * RT);
-  const uint4* const wt = (SIMT_DIAG & 8) ? W + (size_t)nt0 * Kt * 32 * LU + lane
-                                           : W + ((size_t)(nt0 >> 3) * Kt * 8 + (nt0 & 7)) * 32 * LU + lane;
-  // uint4 from one k-tile of a row tile to the next, and from one row tile to the next at the same k-tile
-  constexpr size_t KSTEP = (SIMT_DIAG & 8) ? 32 * LU : TSTEP;
-  const size_t rstep = (SIMT_DIAG & 8) ? (size_t)Kt * 32 * LU : 32 * LU;
+  const uint4* const wt = W + ((size_t)(nt0 >> 3) * Kt * 8 + (nt0 & 7)) * 32 * LU + lane;
+  constexpr size_t RSTEP = 32 * LU;  // uint4 from one row tile to the next at the same k-tile
   const char* const prow = params + ((size_t)(nt0 >> 3) * G * 128 + (nt0 & 7) * 16 + g) * P::PB;  // row g of tile 0
   const u32* const xw32 = (const u32*)X + lane;
 
@@ -166,7 +156,7 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int l = 0; l < LU; ++l) wv[u][r][l] = ld_stream(wt + (size_t)kt * KSTEP + r * rstep + l * 32);
+        for (int l = 0; l < LU; ++l) wv[u][r][l] = ld_stream(wt + (size_t)kt * TSTEP + r * RSTEP + l * 32);
 #pragma unroll
       for (int h = 0; h < NP; ++h) {
         const int grp = min((kt * 64 + 32 * h) >> gk, G - 1) * 128;  // parameter entries of this group
@@ -183,22 +173,10 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
     constexpr int UU = sizeof(xv) / sizeof(xv[0]);
 #pragma unroll
     for (int u = 0; u < UU; ++u)
-      if constexpr ((SIMT_DIAG & 1) != 0) xv[u] = 0u;
-      else asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(xv[u]) : "l"(xw32 + (size_t)(kt0 + u * KS) * 32));
+      asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(xv[u]) : "l"(xw32 + (size_t)(kt0 + u * KS) * 32));
   };
   auto compute = [&](const auto& wv, const auto& p0, const auto& p1, const auto& xv) {
     constexpr int UU = sizeof(xv) / sizeof(xv[0]);
-    if constexpr ((SIMT_DIAG & 1) != 0) {
-#pragma unroll
-      for (int u = 0; u < UU; ++u)
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int l = 0; l < LU; ++l)
-            acc[r][l & 1] += as_f32((wv[u][r][l].x ^ wv[u][r][l].y ^ wv[u][r][l].z ^ wv[u][r][l].w) & 0x3f7fffffu) +
-                             p0[u][r][0].scale() + p1[u][r][0].scale();
-      return;
-    }
 #pragma unroll
     for (int u = 0; u < UU; ++u) {
       u32 xu = xv[u];
@@ -283,7 +261,7 @@ mixgemm_gemv_wg_simt(const uint4* __restrict__ W,      // wgmma_v1 codes
   u32 xA[U], xB[U];
   const bool full = kt0 + (U - 1) * KS < Kt;
   if (full) load_w(wA, a0, a1, kt0);  // the first step's constant bytes in flight before the wait
-  if (!ROUTED && (SIMT_DIAG & 4) == 0) pdl_wait();  // x, bias and y only from here on (gemv_common.cuh)
+  if (!ROUTED) pdl_wait();  // x, bias and y only from here on (gemv_common.cuh)
   if (full) {
     load_x(xA, kt0);
     if (SIMT_PF) {

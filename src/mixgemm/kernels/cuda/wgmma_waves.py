@@ -57,9 +57,9 @@ class StoreBound:
     """When a launch of one CTA per output tile is bound by its output stores (the ``persistent`` part of a GPU's
     ``wgmma_waves`` section). The CTAs of a wave run in step, so each wave's tiles reach their epilogue together and
     write their outputs at the copy bandwidth while no SM computes: measured on the H100 (W4 g128, N = 9728, M =
-    16384, tools/bench/wgmma.py with gemm_wgmma.cu's WG_DIAG 1), leaving the stores out took a wave from 14.3 to
-    12.0 us at K = 896 and from 5.3 to 2.5 us at K = 128 -- 2.3-2.7 us, about one wave's 8.7 MB of output at 3 TB/s
-    (2.9 us).
+    16384, tools/bench/wgmma.py on a build of gemm_wgmma.cu without the stores), leaving the stores out took a wave
+    from 14.3 to 12.0 us at K = 896 and from 5.3 to 2.5 us at K = 128 -- 2.3-2.7 us, about one wave's 8.7 MB of
+    output at 3 TB/s (2.9 us).
     Persistent whole tiles (SK 2) keep those stores in flight under the next tile's main loop, but their loop costs
     a little more per step (no hardware balancing of the SMs), so they pay only where the stores are a large share of
     a wave: where ``store_share`` x the wave's main loop (steps x the tile's step_us) is at most the wave's output
