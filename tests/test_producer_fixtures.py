@@ -8,7 +8,8 @@ mixgemm holds), which rounds to what transformers' ``dequantize=True`` load hold
 transformers' dequantized load of the same files with those exact weights, to float32 rounding, and the same
 greedy tokens; for W8A8 (dynamic per-token int8 activations) that twin's Linears take their input through the same
 per-token int8 quantizer. GPTQ / AWQ (GPTQModel, AutoAWQ): the libraries' dequantization formulas, the twin a float
-Llama holding those weights (transformers' own GPTQ / AWQ load needs gptqmodel). GGUF (llama.cpp): gguf's
+Llama holding those weights; through AutoModelForCausalLM too, whose GPTQ / AWQ loaders (they need gptqmodel,
+not installed here) mixgemm's PackedFormatHfQuantizer stands in for. GGUF (llama.cpp): gguf's
 dequantization of GGUFReader's tensors, the twin transformers' ``gguf_file=`` load.
 """
 
@@ -221,6 +222,49 @@ def test_packed_fixture_weights_logits_and_tokens(name):
     if name.startswith("autoawq"):  # AutoAWQ: zero_point true
         assert all(ql.config.mode == "zero_point" and ql.config.group_size == qc["group_size"] for ql in qls.values())
     _assert_same_logits_and_tokens(model, _float_twin(path, want))
+
+
+@pytest.mark.parametrize("name", PACKED_FIXTURES)
+def test_packed_fixture_through_automodel_runs_mixgemm_layers(name):
+    """After ``import mixgemm``, transformers' own AutoModelForCausalLM.from_pretrained of a GPTQ / AWQ checkpoint
+    (no GPTQ / AWQ package installed) builds mixgemm's QuantLinears: each layer's weight the producer's
+    dequantization, logits and greedy tokens those of the float twin."""
+    from transformers import AutoModelForCausalLM
+
+    from mixgemm.nn.linear import QuantLinear
+
+    path = os.path.join(ROOT, name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    want = _packed_producer_weights(path)
+    qls = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert sorted(qls) == sorted(want)
+    ref = mixgemm.from_pretrained(path, dtype=torch.float32, progress=False)
+    ref_qls = {n: m for n, m in ref.named_modules() if isinstance(m, QuantLinear)}
+    for n, ql in qls.items():  # as mixgemm.from_pretrained holds them (act-order folded alike)
+        assert torch.equal(ql.dequantize(torch.float32), ref_qls[n].dequantize(torch.float32)), n
+    _assert_same_logits_and_tokens(model, _float_twin(path, want))
+
+
+def test_gptq_and_awq_stay_transformers_where_their_loader_runs(monkeypatch):
+    """transformers' own GPTQ / AWQ loaders run wherever they can (gptqmodel installed); mixgemm's takes over only
+    where they would raise ImportError."""
+    from transformers import AwqConfig, GPTQConfig
+    from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING, AutoHfQuantizer
+
+    from mixgemm.checkpoints import hf_quantizer
+
+    configs = {"gptq": GPTQConfig(bits=4, group_size=32), "awq": AwqConfig(bits=4, group_size=32)}
+    for method, config in configs.items():
+        assert "mixgemm" not in AUTO_QUANTIZER_MAPPING[method].original.__module__  # transformers' own kept
+        monkeypatch.setattr(hf_quantizer, "_theirs_usable", lambda: False)
+        assert type(AutoHfQuantizer.from_config(config, pre_quantized=True)) is hf_quantizer.PackedFormatHfQuantizer
+
+        class Theirs:  # (transformers' own needs gptqmodel and optimum to be built: a stand-in)
+            def __init__(self, quantization_config, **kwargs):
+                self.quantization_config = quantization_config
+
+        monkeypatch.setattr(hf_quantizer, "_theirs_usable", lambda: True)
+        assert type(hf_quantizer._chooser(Theirs)(config, pre_quantized=True)) is Theirs
 
 
 def _greedy(model, ids):
