@@ -221,9 +221,10 @@ def _theirs_usable() -> bool:
 
 def _chooser(theirs: type) -> type:
     """What AUTO_QUANTIZER_MAPPING holds for a packed method: called as a quantizer class, it builds transformers'
-    own (``theirs``) where that can run, else PackedFormatHfQuantizer."""
+    own (``theirs``) where that can run, else PackedFormatHfQuantizer. A subclass of ``theirs``, so that whatever
+    transformers reads off the mapping's class (not an instance) is still transformers' own."""
 
-    class PackedFormatChooser:
+    class PackedFormatChooser(theirs):
         original = theirs
 
         def __new__(cls, quantization_config, **kwargs):
