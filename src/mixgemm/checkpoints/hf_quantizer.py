@@ -41,10 +41,28 @@ class MixgemmConfig(QuantizationConfigMixin):
                 "layers": self.layers}
 
 
-class MixgemmHfQuantizer(HfQuantizer):
-    """Loads mixgemm checkpoints: the skeleton's listed Linears become empty QuantLinear before the weights load."""
+class _LoadingQuantizer(HfQuantizer):
+    """What the quantizers here share: they load saved checkpoints (no calibration) for inference."""
 
     requires_calibration = False
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+
+def _stored(checkpoint_files) -> dict | None:
+    """The checkpoint's tensors (name -> StoredTensor) from its safetensors headers, or None when it has other
+    files (transformers passes the shards it will read as ``checkpoint_files``)."""
+    from mixgemm.checkpoints.safetensors_source import stored_tensors
+
+    if checkpoint_files and all(str(f).endswith(".safetensors") for f in checkpoint_files):
+        return stored_tensors(checkpoint_files)
+    return None
+
+
+class MixgemmHfQuantizer(_LoadingQuantizer):
+    """Loads mixgemm checkpoints: the skeleton's listed Linears become empty QuantLinear before the weights load."""
 
     def validate_environment(self, *args, **kwargs):
         if not self.pre_quantized:
@@ -52,18 +70,12 @@ class MixgemmHfQuantizer(HfQuantizer):
                              "while loading use mixgemm.from_pretrained(path, quantization_config=mixgemm.W4A16())")
 
     def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
-        import torch
-        from torch import nn
-
         from mixgemm.checkpoints import skeleton
-        from mixgemm.checkpoints.safetensors_source import stored_tensors
         from mixgemm.nn.experts import prepare_skeleton
 
         # transformers would load a missing tensor as "newly initialized" memory and an integer one as it is (it
         # casts only float tensors): the checkpoint's headers are checked against the model first
-        stored = None
-        if checkpoint_files and all(str(f).endswith(".safetensors") for f in checkpoint_files):
-            stored = stored_tensors(checkpoint_files)
+        stored = _stored(checkpoint_files)
         prepare_skeleton(model, self.quantization_config.layers)  # fused experts: per-expert layer placeholders
         for name, fmt in self.quantization_config.layers.items():
             try:
@@ -92,10 +104,6 @@ class MixgemmHfQuantizer(HfQuantizer):
     def is_serializable(self, *args, **kwargs) -> bool:
         return True
 
-    @property
-    def is_trainable(self) -> bool:
-        return False
-
 
 def _as_from_pretrained(model):
     """What mixgemm.from_pretrained does to a loaded model's QuantLinears, done to one transformers loaded."""
@@ -117,7 +125,7 @@ class _PackedTensors(nn.Module):
     def __init__(self, linear: nn.Linear, tensors: dict):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.bias = None if linear.bias is None else linear.bias  # the Linear's float bias loads as it would
+        self.bias = linear.bias  # the Linear's float bias loads as it would
         for attr, t in tensors.items():
             if attr != "bias":
                 self.register_buffer(attr, torch.empty(t.shape, dtype=t.dtype, device="meta"))
@@ -136,13 +144,11 @@ class _DictSource:
         return self.tensors[key]
 
 
-class PackedFormatHfQuantizer(HfQuantizer):
+class PackedFormatHfQuantizer(_LoadingQuantizer):
     """Loads GPTQ and AWQ checkpoints (transformers' "gptq" and "awq" quant methods) onto mixgemm's QuantLinear,
     after ``import mixgemm``, with no GPTQ / AWQ package installed: each quantized Linear holds the checkpoint's
     tensors while transformers loads them, then becomes the QuantLinear mixgemm.from_pretrained would make
     (mixgemm.checkpoints.gptq / awq convert them, exactly)."""
-
-    requires_calibration = False
 
     def validate_environment(self, *args, **kwargs):
         if not self.pre_quantized:
@@ -156,17 +162,23 @@ class PackedFormatHfQuantizer(HfQuantizer):
         qc["quant_method"] = getattr(method, "value", method)  # transformers' QuantizationMethod enum
         return qc
 
-    def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
-        from mixgemm.checkpoints import formats, skeleton
-        from mixgemm.checkpoints.safetensors_source import stored_tensors
+    def _format(self):
+        """(the quantization_config as a dict, mixgemm's reader of its format)."""
+        from mixgemm.checkpoints import formats
 
         qc = self._qc()
         fmt = formats.find(qc)
         if fmt is None:
             raise ValueError(f"quant_method {qc.get('quant_method')!r} is not a format mixgemm reads")
-        if not checkpoint_files or not all(str(f).endswith(".safetensors") for f in checkpoint_files):
+        return qc, fmt
+
+    def _process_model_before_weight_loading(self, model, checkpoint_files=None, **kwargs):
+        from mixgemm.checkpoints import skeleton
+
+        qc, fmt = self._format()
+        stored = _stored(checkpoint_files)
+        if stored is None:
             raise ValueError(f"mixgemm reads {fmt.name} checkpoints stored as safetensors; got {checkpoint_files}")
-        stored = stored_tensors(checkpoint_files)
         for name in fmt.quantized_linears(_DictSource(stored), qc):
             try:
                 linear = model.get_submodule(name)
@@ -184,11 +196,10 @@ class PackedFormatHfQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
-        from mixgemm.checkpoints import formats, skeleton
+        from mixgemm.checkpoints import skeleton
         from mixgemm.checkpoints.loader import quant_linear
 
-        qc = self._qc()
-        fmt = formats.find(qc)
+        qc, fmt = self._format()
         for name, held in [(n, m) for n, m in model.named_modules() if isinstance(m, _PackedTensors)]:
             tensors = {f"{name}.{k}": v for k, v in held.named_buffers(recurse=False)}
             if held.bias is not None:
@@ -199,10 +210,6 @@ class PackedFormatHfQuantizer(HfQuantizer):
         return _as_from_pretrained(model)
 
     def is_serializable(self, *args, **kwargs) -> bool:
-        return False
-
-    @property
-    def is_trainable(self) -> bool:
         return False
 
 

@@ -110,10 +110,10 @@ class SafetensorsSource:
         # safe_open checks the header; a file cut inside the data would only fail when that tensor is read
         # (or be mapped past its end), so check the data extent from the header now.
         n, tensors = _header(path)
-        end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
-        if 8 + n + end > os.path.getsize(path):
+        end, size = max((v["data_offsets"][1] for v in tensors.values()), default=0), os.path.getsize(path)
+        if 8 + n + end > size:
             raise ValueError(f"safetensors file {path} is truncated: its header needs {8 + n + end} bytes, the file "
-                             f"has {os.path.getsize(path)}")
+                             f"has {size}")
         for key, v in tensors.items():
             if v.get("dtype") in _DTYPES:
                 self._extents[key] = Extent(path, 8 + n + v["data_offsets"][0], _DTYPES[v["dtype"]],
