@@ -45,7 +45,8 @@ def _reasons(choice) -> dict:
 def test_every_entry_is_listed_once_in_order():
     names = [e.name for op in ("linear", "linear_a8", "conv") for e in entries(op)]
     assert len(names) == len(set(names)) == len(entry_names())
-    assert [e.name for e in entries("linear")] == ["cuda_gemv_mma", "cuda_gemv", "cuda_wgmma", "triton_gemm"]
+    assert [e.name for e in entries("linear")] == ["cuda_gemv_mma", "cuda_gemv", "dequant_cublas", "cuda_wgmma",
+                                                   "triton_gemm"]
     assert [e.name for e in entries("linear_a8")] == ["cuda_gemv_a8", "cuda_gemv_a8_wg", "cuda_wgmma_a8", "triton_a8"]
     for name in ("cuda_gemv_mma", "cuda_gemv", "cuda_wgmma", "cuda_gemv_a8", "cuda_gemv_a8_wg", "cuda_wgmma_a8",
                  "triton_a8"):
@@ -329,7 +330,8 @@ def test_conv_entries_reasons():
     assert c.kernel == "conv_as_matmul"
     assert _reasons(c)["cuda_conv_wgmma"] == "needs a CUDA device"
     assert _reasons(c)["triton_dwconv"].startswith("not depthwise")
-    assert "off (opt in" in _reasons(c)["dequant_cudnn"]
+    assert "activation dtype torch.float32" in _reasons(c)["dequant_cudnn"]
+    assert choice(64, 32, 1, 1, cl.half()).declined[0] == ("dequant_cudnn", "needs a CUDA device")
     c = choice(64, 32, 1, 1, torch.randn(1, 64, 3, 3))
     assert c.kernel == "triton_conv_igemm" and "not channels_last" in _reasons(c)["conv_as_matmul"]
     c = choice(3, 16, 1, 3, torch.randn(1, 3, 5, 5), pad=1, bits=8)

@@ -1,10 +1,11 @@
 """Convolution with a block-quantized kernel: the registry's entries, in the order the dispatcher tries them.
 
+* ``dequant_cudnn``: fp16 / bf16 on CUDA: the weight dequantized (one Triton kernel, a transient [Co, Kh*Kw*Ci_g]
+  buffer) and cuDNN, where a race on the layer's first eager call (mixgemm.kernels.race) measured it faster than the
+  entry below that would run it; ``kernel_options(conv_dequant_min_m=...)`` replaces the race by a threshold on
+  M = B*Ho*Wo (A / B runs). Until a layer has raced (e.g. inside a CUDA-graph capture) the quantized kernel runs.
 * ``cuda_dwconv`` / ``triton_dwconv``: depthwise (Ci / groups == 1): the CUDA direct conv for fp16 / bf16
   channels_last inputs with channel multiplier 1 (kernels/cuda/dwconv.cu says why), else the Triton kernel.
-* ``dequant_cudnn``: opt-in (``kernel_options(conv_dequant_min_m=...)``): fp16 / bf16 with M = B*Ho*Wo >= that
-  many output pixels dequantizes the weight once (one Triton kernel, a transient [Co, Kh*Kw*Ci_g] buffer) and runs
-  cuDNN -- large batches are activation-bound; mixgemm otherwise never materializes a float weight.
 * ``cuda_conv_wgmma``: sm_90, fp16 / bf16 channels_last, Ci % 64 == 0, groups 1: the wgmma implicit GEMM (im2col
   TMA loads into the weight-only GEMM's pipeline), unless the GPU's conv sweep measured the layer faster below.
 * ``triton_conv_smallk``: at most SMALLK_MAX_CI input channels per group and a padded K <= 256 (the 3-channel stems):
@@ -20,13 +21,27 @@ in x's memory format (the paths that produce their own output ignore it).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.kernels import race
 from mixgemm.kernels.conv_geometry import conv_output_size, out_format  # noqa: F401  (re-exported)
 from mixgemm.kernels.linear import triton_ok
 from mixgemm.kernels.options import current_options
-from mixgemm.kernels.registry import OK, ConvShape, KernelEntry, Problem, device_info, no, prefer_not, register
+from mixgemm.kernels.registry import (
+    OK,
+    ConvShape,
+    KernelEntry,
+    Problem,
+    choose,
+    device_info,
+    no,
+    prefer_not,
+    register,
+)
+from mixgemm.tuning import races
 
 
 def conv_problem(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
@@ -55,14 +70,51 @@ def _dw_cuda_can_run(p: Problem):
 
 
 def _dequant_can_run(p: Problem):
-    lim = current_options().conv_dequant_min_m
-    if lim is None:
-        return prefer_not("off (opt in with kernel_options(conv_dequant_min_m=...))")
     if p.x_dtype not in (torch.float16, torch.bfloat16):
         return no(f"activation dtype {p.x_dtype} (takes float16 / bfloat16)")
-    if p.m < lim:
-        return prefer_not(f"M={p.m} below conv_dequant_min_m={lim}")
+    lim = current_options().conv_dequant_min_m
+    if lim is not None:  # an explicit threshold (A / B runs)
+        return OK if p.m >= lim else prefer_not(f"M={p.m} below conv_dequant_min_m={lim}")
+    if not p.device.is_cuda:
+        return no("needs a CUDA device")
+    key = _race_key(p)
+    res = races.result(key)
+    if res is None:
+        if p.conv.x is None or p.conv.weight is None or not race.can_time(p.conv.x.device):
+            return prefer_not("not measured yet (the first eager call of this layer races it against the quantized "
+                              "kernel)")
+        res = _race(p)
+        races.record(key, res)
+    if res.winner != DEQUANT:
+        return prefer_not(f"slower than {res.winner}: {res.note()}")
     return OK
+
+
+def _race_key(p: Problem) -> tuple:
+    """The race's key: the exact layer (weight, geometry, input shape and memory format), format, dtype and GPU."""
+    c = p.conv
+    return ("conv", p.device.name, p.device.index, tuple(c.weight.shape), p.bits, p.group_size, p.mode, c.groups,
+            c.stride, c.padding, c.dilation, tuple(c.x.shape), p.x_dtype, c.channels_last_out)
+
+
+def _race(p: Problem):
+    c = p.conv
+    opts = current_options()
+    rival = choose(p, replace(opts, disable=opts.disable | {DEQUANT}))
+    x, w = c.x, c.weight
+    ho, wo = conv_output_size(x.shape[2], x.shape[3], w.kernel_size, c.stride, c.padding, c.dilation)
+    out = torch.empty((x.shape[0], w.out_channels, ho, wo), device=x.device, dtype=x.dtype,
+                      memory_format=out_format(x))
+    inf = float("inf")
+    args = (c.stride, c.padding, c.dilation, c.groups, -inf, inf, None)
+
+    def rival_run():
+        return rival.entry.run(x, w, None, out, *args, rival.config)
+
+    def dequant_run():
+        return _run_dequant(x, w, None, out, *args, None)
+
+    return race.race((rival.entry.name, rival_run), (DEQUANT, dequant_run), p.m, x.device)
 
 
 def _wgmma_can_run(p: Problem):
@@ -196,10 +248,21 @@ def _none(p: Problem) -> None:
     return None
 
 
+def _dequant_config(p: Problem):
+    from mixgemm.tuning.buckets import SourcedConfig
+
+    res = races.result(_race_key(p)) if p.device.is_cuda and p.conv.x is not None else None
+    return SourcedConfig({}, res.note()) if res is not None else None
+
+
+DEQUANT = "dequant_cudnn"
+
+
 ENTRIES = (
+    KernelEntry(DEQUANT, "conv", _dequant_can_run, _dequant_config, _run_dequant,
+                doc="weight dequantized + cuDNN, where a race measured it faster"),
     KernelEntry("cuda_dwconv", "conv", _dw_cuda_can_run, _none, _run_dw_cuda, doc="CUDA depthwise conv"),
     KernelEntry("triton_dwconv", "conv", _depthwise, _none, _run_dw, doc="Triton depthwise conv"),
-    KernelEntry("dequant_cudnn", "conv", _dequant_can_run, _none, _run_dequant, doc="weight dequantized + cuDNN"),
     KernelEntry("cuda_conv_wgmma", "conv", _wgmma_can_run, _wgmma_config, _run_wgmma, doc="wgmma implicit GEMM"),
     KernelEntry("triton_conv_smallk", "conv", _smallk_can_run, _none, _run_smallk, doc="whole-K tile, few channels"),
     KernelEntry("conv_as_matmul", "conv", _matmul_can_run, _none, _run_matmul, doc="1x1 conv as mixgemm.matmul"),

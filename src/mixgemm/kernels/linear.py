@@ -6,6 +6,8 @@
 * ``cuda_gemv``: the CUDA-core GEMV (kernels/cuda/gemv.cu), M <= 16, any activation dtype.
   Both GEMVs serve M up to the GPU table's crossover (mixgemm.tuning.gemv_max_m), which depends on whether the wgmma
   GEMM or the Triton GEMM takes over above it.
+* ``dequant_cublas`` (mixgemm.kernels.dequant_matmul): M >= 512 on sm_90, the weight dequantized into a transient
+  float buffer and cuBLAS, where a race on the layer's first eager call measured it faster than the entry below.
 * ``cuda_wgmma``: the Hopper wgmma GEMM (kernels/cuda/gemm_wgmma.cu), sm_90, fp16 / bf16, any M.
 * ``triton_gemm``: the Triton tensor-core GEMM, any M, any GPU and activation dtype.
 
@@ -25,6 +27,8 @@ import torch
 
 import mixgemm.tuning as tuning
 from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.kernels.dequant_matmul import ENTRY as DEQUANT_CUBLAS
+from mixgemm.kernels.layouts import GEMV_MMA_V1, GEMV_V2, ROWS_V1, WGMMA_V1
 from mixgemm.kernels.options import current_options
 from mixgemm.kernels.registry import (
     OK,
@@ -749,14 +753,6 @@ def _gemm_perm(p: Problem, config: dict | None) -> str:
     return "the GEMMs read x in tiles without a gather; the separate gather is small next to a prefill GEMM"
 
 
-GEMV_MMA_V1 = Layout.lazy("gemv_mma_v1", "mixgemm.formats.layouts", "build_gemv_mma_v1")
-GEMV_V2 = Layout.lazy("gemv_v2", "mixgemm.formats.layouts", "build_gemv_v2")
-WGMMA_V1 = Layout.lazy("wgmma_v1", "mixgemm.formats.layouts_wgmma", "build_wgmma_v1")
-# the opt-in resident layout of int8 weights (compact_("rows_v1")): the two GEMVs and the wgmma GEMM read it (config
-# ROWS, set by _on_rows for such a weight; each kernel's host code reads rows_v1 whenever the weight keeps it)
-ROWS_V1 = Layout.lazy("rows_v1", "mixgemm.formats.layouts_rows", "build_rows_v1")
-
-
 def _on_rows(fn):
     """An entry's config (or complete) function that adds ROWS 1 for a weight kept in rows_v1: the same tiles as on the
     plain codes / wgmma_v1, read in rows_v1 (gemv.cu GEMV_ROWS, gemv_mma.cu MMA_ROWS, gemm_wgmma.cu WG_ROWS)."""
@@ -798,6 +794,7 @@ ENTRIES = (
     KernelEntry("cuda_gemv", "linear", _gemv_can_run, _on_rows(_gemv_config), _run_gemv, GEMV_V2,
                 "CUDA-core GEMV, M <= 16", _on_rows(_gemv_complete), _gemv_candidates, _gemv_perm,
                 prepare=_prepare_gemv, layout_for=_rows_or(GEMV_V2), reads_any=(GEMV_V2.name, ROWS_V1.name)),
+    DEQUANT_CUBLAS,
     KernelEntry("cuda_wgmma", "linear", _wgmma_can_run, _on_rows(_wgmma_config), _run_wgmma, WGMMA_V1,
                 "Hopper wgmma GEMM, any M", _on_rows(_wgmma_complete), candidates=_wgmma_candidates,
                 input_perm=_gemm_perm, prepare=_prepare_wgmma, layout_for=_rows_or(WGMMA_V1),

@@ -31,9 +31,10 @@ from types import MappingProxyType
 class KernelOptions:
     """force: entry names preferred over the op's ordered list (one per op at most); disable: entry names never
     picked; configs: entry name -> the config it is handed instead of its own choice; conv_dequant_min_m: the conv's
-    opt-in "dequantize once + cuDNN" path from this many output pixels (None: off); act_order_gather: where an
-    act-order layer's input permutation is applied (ACT_ORDER_GATHER); pdl: programmatic dependent launch on sm_90+
-    for the kernels that use it (the GEMVs, the wgmma GEMMs; default from MIXGEMM_PDL, "0" turns it off)."""
+    "dequantize + cuDNN" path from this many output pixels instead of its race (None: the race decides);
+    act_order_gather: where an act-order layer's input permutation is applied (ACT_ORDER_GATHER); pdl: programmatic
+    dependent launch on sm_90+ for the kernels that use it (the GEMVs, the wgmma GEMMs; default from MIXGEMM_PDL,
+    "0" turns it off)."""
 
     force: frozenset = frozenset()
     disable: frozenset = frozenset()

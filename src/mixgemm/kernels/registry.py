@@ -425,8 +425,9 @@ def kernel_options(force: str | Iterable[str] | None = None, disable: str | Iter
     """Within the block, mixgemm's dispatchers honour these overrides, added to the enclosing block's (see
     mixgemm.kernels.options): ``force`` entry names (one per op) preferred over the op's list, also past their tuning
     declines; ``disable`` entry names never picked; ``configs`` {entry name: config} handed to that entry instead of
-    its own choice (completed by the entry where partial); ``conv_dequant_min_m`` the opt-in dequantize + cuDNN conv
-    from that many output pixels (None: off); ``act_order_gather`` where act-order layers gather x ("auto",
+    its own choice (completed by the entry where partial); ``conv_dequant_min_m`` the dequantize + cuDNN conv
+    from that many output pixels instead of its race (None: the race decides, mixgemm.kernels.conv);
+    ``act_order_gather`` where act-order layers gather x ("auto",
     "kernel", "caller": mixgemm.kernels.options.ACT_ORDER_GATHER); ``pdl`` programmatic dependent launch on / off.
     Unknown entry names raise ValueError."""
     known = entry_names()

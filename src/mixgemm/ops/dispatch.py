@@ -24,7 +24,8 @@ from mixgemm.ops.kept_launches import PreparedTable
 GEMV_MAX_M = 16  # the GEMVs' own limit (mixgemm.kernels.linear.GEMV_MAX_M)
 MAX_PLANS = 256
 _PLANS_ATTR = "_mixgemm_plans"
-_OLD_NAMES = {"cuda_gemv": "gemv", "cuda_gemv_mma": "gemv", "cuda_wgmma": "wgmma", "triton_gemm": "gemm"}
+_OLD_NAMES = {"dequant_cublas": "cublas", "cuda_gemv": "gemv", "cuda_gemv_mma": "gemv", "cuda_wgmma": "wgmma",
+              "triton_gemm": "gemm"}
 
 
 def plans_of(qw: QuantizedWeight) -> dict:
@@ -154,8 +155,8 @@ def run_linear(choice: Choice, x2d: torch.Tensor, qw: QuantizedWeight, bias: tor
 
 def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.device,
                 x_dtype: torch.dtype = torch.float16) -> str:
-    """The kernel family that runs an [M, K] x [N, K] problem with qw's weight format: "gemv", "wgmma" or "gemm"
-    (Triton); mixgemm.explain gives the entry, its config and the reasons."""
+    """The kernel family that runs an [M, K] x [N, K] problem with qw's weight format: "gemv", "wgmma", "gemm" (Triton)
+    or "cublas" (dequantized + cuBLAS); mixgemm.explain gives the entry, its config and the reasons."""
     from mixgemm.kernels.linear import linear_problem
     from mixgemm.kernels.registry import NoKernel
 
