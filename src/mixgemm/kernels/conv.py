@@ -93,8 +93,10 @@ def _dequant_can_run(p: Problem):
 def _race_key(p: Problem) -> tuple:
     """The race's key: the exact layer (weight, geometry, input shape and memory format), format, dtype and GPU."""
     c = p.conv
-    return ("conv", p.device.name, p.device.index, tuple(c.weight.shape), p.bits, p.group_size, p.mode, c.groups,
-            c.stride, c.padding, c.dilation, tuple(c.x.shape), p.x_dtype, c.channels_last_out)
+    w = c.weight
+    return ("conv", p.device.name, p.device.index, w.out_channels, w.in_channels_per_group, tuple(w.kernel_size),
+            p.bits, p.group_size, p.mode, c.groups, c.stride, c.padding, c.dilation, tuple(c.x.shape), p.x_dtype,
+            c.channels_last_out)
 
 
 def _race(p: Problem):

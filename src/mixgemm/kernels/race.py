@@ -1,7 +1,8 @@
 """Timing two routes of one problem on the GPU (the results live in mixgemm.tuning.races).
 
-A race runs each contender WARMUP times, then REPS times between CUDA events, and takes the median. It runs only
-where timing is possible and harmless: on a CUDA device, outside CUDA-graph capture and torch.compile tracing.
+A race runs each contender WARMUP times, captures REPS calls in a CUDA graph and times ROUNDS replays between CUDA
+events (the median per call). It runs only where timing is possible and harmless: on a CUDA device, outside CUDA-graph
+capture and torch.compile tracing.
 A route must beat the incumbent by ``margin`` (noise; the incumbent is the quantized kernel, which holds less memory).
 """
 
@@ -14,7 +15,8 @@ import torch
 from mixgemm.tuning.races import RaceResult
 
 WARMUP = 2
-REPS = 7
+REPS = 5
+ROUNDS = 5
 
 
 def can_time(device: torch.device) -> bool:
@@ -27,18 +29,29 @@ def can_time(device: torch.device) -> bool:
 
 
 def time_us(fn: Callable[[], object], device: torch.device) -> float:
-    """Median microseconds of fn() on the current stream of ``device``."""
+    """Median microseconds of one fn() call, from CUDA-graph replays of REPS calls (eager timing would measure the
+    host's launch path, not the GPU's work: a small layer's kernels finish before Python issues the next)."""
     with torch.cuda.device(device):
-        for _ in range(WARMUP):
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(REPS):
+                fn()
+        graph.replay()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS)]
         for s, e in zip(starts, ends, strict=True):
             s.record()
-            fn()
+            graph.replay()
             e.record()
         ends[-1].synchronize()
-        times = sorted(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends, strict=True))
+        times = sorted(s.elapsed_time(e) * 1e3 / REPS for s, e in zip(starts, ends, strict=True))
+        del graph
     return times[len(times) // 2]
 
 
