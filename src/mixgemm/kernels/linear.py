@@ -253,7 +253,8 @@ def _gemv_mma_config(p: Problem) -> dict:
                                         f"takes {regs} (NVRTC, {_arch(p)}), one block past one wave")
     if p.resident == ROWS_V1.name and p.m > 1 and cfg.get("MINB", 0) < 2:
         # rows_v1 keeps x in registers (gemv_mma.cu MMA_ROWS): 70-96 of them leave one 16-warp block per SM; capped at
-        # two blocks a SM it took 0.75-0.92x the time at M 2..16 (H100; docs/kernels/cuda_gemv_mma.md, Open items, rows_v1)
+        # two blocks a SM it took 0.75-0.92x the time at M 2..16 (H100; docs/kernels/cuda_gemv_mma.md, Open items,
+        # rows_v1)
         cfg = tuning.SourcedConfig({**cfg, "MINB": 2}, "rows_v1: registers capped for two blocks per SM (MINB 2)")
     return _past_crossover_note(p, cfg)
 

@@ -177,7 +177,8 @@ def choose_mma_config(mb: int, n: int, kt: int, num_sms: int, bits: int = 4) -> 
 
 
 # Warps per SM the tensor-core GEMV's k-split aims for, per weight bit width. Source: the H100 sweep of (KS, U) on the
-# 80 model-list layers at M = 1, 8 and 16 (docs/kernels/cuda_gemv_mma.md, tensor-core GEMV). Against the earlier rule (30 warps per
+# 80 model-list layers at M = 1, 8 and 16 (docs/kernels/cuda_gemv_mma.md, tensor-core GEMV). Against the earlier rule
+# (30 warps per
 # SM, U 2), int4 with 16 and the U rule above: geometric mean of the time over the layers 0.986 / 0.983 / 0.975 at
 # M = 1 / 8 / 16 (sym; zero point 0.989 / 0.989 / 0.973), 3584x4608, 5120x5120 and 27648x5120 15-20% faster, no
 # layer slower. int8's k-tiles cover half the K of int4's: 24 with U 1 at M = 16 gave 0.997 at M = 1 and 0.97 at
@@ -622,8 +623,8 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
 def int8_k_slices(cfg: dict, k: int) -> dict:
     """cfg with no more k-slices than the layer has 64-k tiles: the k-split rule counts int8 in 32-k units (the unit of
     the configs it was measured with), but wgmma_v1's tiles are 64 k, so K = 896 (14 tiles) got 16 slices and two warps
-    of each block did nothing (KS 16 -> 8 at K = 896 took 0.65-1.01x the time on the H100: docs/kernels/cuda_gemv_mma.md, the
-    tensor-core GEMV section)."""
+    of each block did nothing (KS 16 -> 8 at K = 896 took 0.65-1.01x the time on the H100:
+    docs/kernels/cuda_gemv_mma.md, the tensor-core GEMV section)."""
     kt64, ks = -(-k // 64), cfg["KS"]
     while ks > max(1, kt64):
         ks //= 2
@@ -831,7 +832,8 @@ def rt2_fills_waves(nt: int, rg: int, num_sms: int) -> bool:
 
 # int4 sym on wgmma_v1 at the 16-row M bucket, where a GPU's table says it was measured (tuning: gemv_mma_wg_16row).
 # Source: H200, M = 16 and 9, the compacted layers that run the tensor-core GEMV (21 of the model list, 8 others),
-# each tile forced beside the dispatcher's (tools/bench/wg_16row.py; docs/kernels/cuda_gemv_mma.md, tensor-core GEMV section). At the
+# each tile forced beside the dispatcher's (tools/bench/wg_16row.py; docs/kernels/cuda_gemv_mma.md, tensor-core GEMV
+# section). At the
 # k-split's cap with more than one block per SM the rule took RT 2 at KS 16; KS 8 at RT 1 and U 2, with the registers
 # bounded for two 8-warp blocks a SM (MINB 2: the GPUs' NVRTC 13.0 then takes 94 registers where it takes 64 without),
 # took 0.90-1.01x its time at M = 16 (17 layers; 4096x4096 6.99 -> 6.31 us) and 0.89-0.98x at M = 9 (13). Below the
