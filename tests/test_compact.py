@@ -316,7 +316,7 @@ def test_compact_cuda_every_m(bits, group, mode, dtype):
     assert held <= mixgemm.resident_bytes(q)["total"] * 1.01 + 4096, (held, mixgemm.resident_bytes(q))
     # one copy of the codes: within 1.10x the packed size; the plain scales / zeros / offsets stay beside the layout's
     # own (state_dict and the CPU path read them), which passes 10% only where they are over 9% of the packed size
-    # (int4 g32: 1.14x; docs/design.md, open items)
+    # (int4 g32: 1.14x; docs/architecture.md, open items)
     params = packed - q.qweight.numel()
     assert held <= 1.10 * packed or (params > 0.09 * packed and held <= 1.10 * packed + params), held / packed
     assert all(torch.equal(v.cpu(), sd[k]) for k, v in q.state_dict().items())

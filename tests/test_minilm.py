@@ -22,7 +22,7 @@ g128 offset HQQ        0.96477      0.95295     0.955, 0.943
 
 HQQ (``method="hqq"``, mixgemm.quantize.hqq) wins back 0.017 of sym's 0.059, 0.006 of zero point's 0.039 and 0.017
 of offset's 0.052 (offset's float zero is the published HQQ's form); the issue's bar for it (0.97) is not reached by
-any data-free setting measured (docs/design.md, "Choosing the codes").
+any data-free setting measured (docs/architecture.md, "Choosing the codes").
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def test_tables_carry_a_sourced_small_m_model(table):
         assert min(c.launch_us, c.step_us, c.split_us, c.shared_step_us) > 0
         assert set(cost.clusters[bits]) == {s for s in cost.splits if s > 1}
     assert _small_m_cost("default") is None  # not measured there
-    assert load_table("h100").get("gemv_min_wave_fill") is None  # measured, not kept (design.md)
+    assert load_table("h100").get("gemv_min_wave_fill") is None  # measured, not kept (docs/kernels/cuda_wgmma.md)
 
 
 def test_parse_rejects_an_incomplete_section():

@@ -253,7 +253,7 @@ def quantize_(model: nn.Module, config: _Precision,
     holds its weights once, about 1.0-1.06x their packed size, instead of once per kernel family (two to three
     times). ``state_dict()`` still writes the plain format. compact=False keeps the plain codes and builds each
     kernel's layout beside them as calls need it: the fastest kernel per M at up to three times the memory
-    (docs/design.md, Models, says where that is faster).
+    (docs/architecture.md, Models, says where that is faster).
 
     ``config.method`` chooses the codes (the same format either way): "rtn" rounds to nearest, "hqq" optimizes each
     group's parameters without data (mixgemm.quantize.hqq), "gptq" runs GPTQ block by block over ``calibration``

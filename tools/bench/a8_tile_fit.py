@@ -11,7 +11,7 @@ Usage: PYTHONPATH=src python -m tools.bench.a8_tile_fit SWEEP.json... [--sms 132
        [--tail-round 0.15] [--source TEXT] [--cases]
 
 The sweep times GEMMs without TAIL, so the scores here leave it out; margin and tail_round were set on whole calls
-(mixgemm bench before / after, docs/design.md).
+(mixgemm bench before / after, docs/kernels/cuda_wgmma_a8.md).
 """
 
 from __future__ import annotations

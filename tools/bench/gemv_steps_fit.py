@@ -54,7 +54,7 @@ class Layer:
 def _tile(cfg: dict, zsum_ok: bool = False) -> LaneTile | None:
     """The LaneTile of a swept config, None for tiles outside the model's space (PF, bulk ring, KS 7 ...) and, unless
     zsum_ok, for ZSUM tiles, which the model's tiles never run (a zero-point sweep took ZSUM from the layer's bucket
-    entry; on the model's tiles it took 1.077x their time, H100: docs/design.md)."""
+    entry; on the model's tiles it took 1.077x their time, H100: docs/kernels/cuda_gemv.md)."""
     if any(cfg.get(key, 0) for key in ("PF", "XS", "LITE", "BULK", "MINB")):
         return None
     if cfg.get("ZSUM", 0) and not zsum_ok:

@@ -7,7 +7,8 @@
 # (PYTHONPATH=src, nothing is installed from the network). Optional wheels in .whl/ (e.g. gemlite, a
 # pure-Python peer: `pip wheel --no-deps --no-build-isolation -w .whl gemlite`) are installed offline into
 # a private folder first. Output: env.txt, tests.log, bench.log and the quick benchmark's results/<gpu>/quick.{json,md,png}
-# (the layout of benchmarks/results: copy results/<gpu> there and run `python -m mixgemm report --write` to publish).
+# (the layout of benchmarks/results: copy results/<gpu> there and run
+# `python -m mixgemm report --write --readme docs/benchmarking.md` to publish).
 # Exit status: 0 when the tests pass and the benchmark found no wrong result.
 # Time: the tests are capped at 600 s (16 processes sharing one on-disk cubin cache; a fresh H100 machine needs about
 # 9-10 minutes for the whole GPU suite, most of it compiling) and the benchmark at 240 s; override with

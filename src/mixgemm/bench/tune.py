@@ -350,7 +350,8 @@ def alternatives(problem, entry) -> list:
 
 
 # an alternative whose own config runs within this factor of the chosen entry's best has its candidates timed too: the
-# small-M tile family's variants ran up to 1.42x faster than the wgmma GEMM's own small-M tile (docs/design.md)
+# small-M tile family's variants ran up to 1.42x faster than the wgmma GEMM's own small-M tile
+# (docs/kernels/cuda_wgmma.md)
 EXPLORE_WITHIN = 1.5
 
 

@@ -8,7 +8,7 @@ comes out already gathered:
 ``act(gate_P(x)) * up_P(x) == (act(gate(x)) * up(x))[..., P]``. Reordering those rows once at load is exact (no
 arithmetic changes, only where each row sits), and down then runs as a plain layer. Why down: its K (the
 intermediate size) is the largest of a decoder block, so its per-block gather of x and the permutation cost the
-most (docs/design.md, act-order).
+most (docs/architecture.md, act-order).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``rows_v1``: one int8 layout that the CUDA-core GEMV, the tensor-core GEMV and the wgmma GEMM all read (opt-in:
 ``QuantLinear.compact_("rows_v1")``; compacted int8 weight-only layers keep wgmma_v1 by default).
 
-Status (H100, docs/design.md Open items): M = 1 runs the CUDA-core GEMV at the plain codes' speed and the GEMM at
+Status (H100, docs/architecture.md Open items): M = 1 runs the CUDA-core GEMV at the plain codes' speed and the GEMM at
 M >= 512 is level with wgmma_v1, but the tensor-core GEMV at M = 2..16 takes 1.3-1.4x its time on wgmma_v1 (its
 16-row x 64-byte loads against wgmma_v1's 512 contiguous bytes per warp load), so it is not the default.
 
@@ -16,7 +16,7 @@ M >= 512 is level with wgmma_v1, but the tensor-core GEMV at M = 2..16 takes 1.3
   compile time); and the tensor-core GEMV lets lane t take all four words of chunk t, putting chunk t's k in the mma's
   k slots of lane t (the mma's k order is free as long as A and B agree), so its x is one contiguous piece per lane.
   Why rows and not wgmma_v1's 16-row tiles: at one activation row the GEMV reads fastest with a few rows per block
-  over all of K (docs/design.md, the int8 M = 1 gap on wgmma_v1).
+  over all of K (docs/architecture.md, the int8 M = 1 gap on wgmma_v1).
 * ``params``: wgmma_v1's, [N_pad / 128, G, 8, 16, PW] (N_pad = N rounded up to 128, padded rows zero): the GEMM
   streams one 128-row block's groups with one bulk copy; the GEMVs address them the same way.
 """

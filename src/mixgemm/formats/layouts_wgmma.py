@@ -15,7 +15,7 @@ the activations come from shared memory in plain order).
 * int8: 1024 bytes per tile: uint4 u (u = 0, 1) of lane l at byte 512 u + 16 l; its words 2j and 2j + 1
   (step s = 2 u + j) are the bytes (W[g][k0], W[g][k0+1], W[g][k1], W[g][k1+1]) and the same of row g + 8.
 * Tile order: [N_pad / 128][K_pad / 64][8 row tiles] -- the 8 row tiles a CTA reads for one k-tile are one contiguous
-  4 KiB (int4) block instead of 8 pieces 64 KiB apart (DRAM page locality; measured in docs/design.md).
+  4 KiB (int4) block instead of 8 pieces 64 KiB apart (DRAM page locality; measured in docs/architecture.md).
 * params: [N_pad / 128, G, 8, 16, PW] in the scale dtype (PW = 1 for sym, 2 = (scale, z) for zero_point,
   (scale, m) for offset): one warp's 16 rows of one group are 16 * PW * 2..4 contiguous bytes, so the
   kernel streams them into shared memory with the weights (cp.async, 16-byte pieces). Padded rows: zeros.

@@ -240,7 +240,7 @@ def _gemv_mma_config(p: Problem) -> dict:
                                                      f"cores, tuning.COMPACT_M1_SIMT_DTYPES; {why}")
     if on_wg and not MMA_ON_WGMMA[p.bits]:
         # a compacted weight keeps only the GEMM's wgmma_v1: the x ring on it (gemv_mma.cu MMA_WG; for int4 RT 2 where
-        # kernels.cuda.gemv.mma_row_tiles says, docs/design.md)
+        # kernels.cuda.gemv.mma_row_tiles says, docs/kernels/cuda_gemv_mma.md)
         why = "the weight keeps only wgmma_v1 (compacted)"
         if p.m == 1 and p.x_dtype in tuning.COMPACT_M1_SIMT_DTYPES and _in_gemv_mma_m1(p):
             why += f"; M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
@@ -257,7 +257,8 @@ def _gemv_mma_config(p: Problem) -> dict:
                                         f"takes {regs} (NVRTC, {_arch(p)}), one block past one wave")
     if p.resident == ROWS_V1.name and p.m > 1 and cfg.get("MINB", 0) < 2:
         # rows_v1 keeps x in registers (gemv_mma.cu MMA_ROWS): 70-96 of them leave one 16-warp block per SM; capped at
-        # two blocks a SM it took 0.75-0.92x the time at M 2..16 (H100; docs/design.md, Open items, rows_v1)
+        # two blocks a SM it took 0.75-0.92x the time at M 2..16 (H100; docs/kernels/cuda_gemv_mma.md, Open items,
+        # rows_v1)
         cfg = tuning.SourcedConfig({**cfg, "MINB": 2}, "rows_v1: registers capped for two blocks per SM (MINB 2)")
     return _past_crossover_note(p, cfg)
 

@@ -15,7 +15,7 @@ share one input permutation their input gathered once.
   compiler keeps the model's norm (act-order norms gather through the op's torch composite). A norm of another
   formula (Gemma's 1 + weight) keeps its own output, gathered after it by ``torch.ops.mixgemm.gather_columns`` for
   act-order layers. H100, W4 g128, batch 1, compiled with CUDA graphs (tools.checks.actorder_model): act-order
-  models as loaded run at the plain model's tokens/s (see docs/design.md for the figures).
+  models as loaded run at the plain model's tokens/s (see docs/architecture.md for the figures).
 
 Under torch.compile both happen in a forward hook on the norm (``torch.compiler.is_compiling()``, also in
 ``QuantLinear.gathers_input()``). In eager mode the norm's forward itself is mixgemm's kernel on CUDA

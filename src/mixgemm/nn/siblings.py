@@ -14,8 +14,8 @@ Under torch.compile (``torch.compiler.is_compiling()``), the first layer called 
 product through a hidden QuantLinear over the joined layout (the same op, dispatcher and call plans) and returns its
 columns; the others, called with the same traced tensor, return theirs (a one-row output's column slice is
 contiguous). In eager mode each layer runs by itself on its slice: there decoding is host-bound, and the joined call's
-bookkeeping cost about what the saved calls did (docs/design.md). More rows, autograd and another input run layer by
-layer too.
+bookkeeping cost about what the saved calls did (docs/architecture.md). More rows, autograd and another input run layer
+by layer too.
 
 The join is made when the last member is compacted on the GPU (quantize_, from_pretrained, a move, a reload) and
 dropped when a member's weight tensors are replaced or assigned (QuantLinear._weight_changes, __setattr__), so a

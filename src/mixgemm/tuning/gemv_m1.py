@@ -375,7 +375,8 @@ class WgSimtTile(NamedTuple):
 # the 80 layers, in the same run: W4 sym on >= 16 MiB layers 1.082x -> 1.019x the grid's best per layer (zero point
 # 1.093x -> 1.014x, W8 1.051x -> 1.010x); us rule -> tile (plain-codes GEMV): W4 36864x4608 sym 50.8 -> 39.3 (39.7),
 # 27648x5120 sym 40.0 -> 32.5 (32.4), 5120x35840 zero point 54.8 -> 41.9 (44.0), 8192x10240 zero point 25.0 -> 19.4
-# (21.0). Timed again against the plain codes in mixgemm bench (docs/design.md, tensor-core GEMV section).
+# (21.0). Timed again against the plain codes in mixgemm bench (docs/kernels/cuda_gemv_mma.md, tensor-core GEMV
+# section).
 # An entry with a BPS serves only the layers of its bucket whose blocks fit on the SMs at once, as on the layers it was
 # kept for; the others take the rule (the selection weighs both ways per tile: every layer, or those in one round of
 # the blocks an SM holds, registers from the tile's cubin). The k24/n28 int4 entry (RT 4 U 2 KS 8, BPS 2): 4096x14336

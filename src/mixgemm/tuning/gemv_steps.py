@@ -63,7 +63,7 @@ def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
 # warps in bf16 (kernels.linear._compact_m1_simt_tile); offset weights at larger groups and int8 with a zero point
 # keep the rule. Before / after with the zero-point and bf16 costs (tools/bench/dispatch_ab.py,
 # compacted, M = 1): H100 0.976x the time on 48 changed model-list cases, 0.924x on 35 cases of 24 other layer shapes;
-# H200 0.950x / 0.887x; with the groups-of-32 families (H100) 0.963x on 40 / 0.897x on 20 (docs/design.md).
+# H200 0.950x / 0.887x; with the groups-of-32 families (H100) 0.963x on 40 / 0.897x on 20 (docs/kernels/cuda_gemv.md).
 _WG_SOURCE = ("tools/bench/wg_simt_fit.py over tools/bench/gemv_dispatch.py --simt-only sweeps on the {gpu} (M = 1, "
               "{act} activations; 20 model-list and 12 other layers), {fmt}")
 

@@ -82,13 +82,13 @@ def im2col_tensor_map(x: torch.Tensor, kernel_size, stride, padding, dilation, b
 
 def default_conv_config(m: int, co: int, k: int, sms: int = 132) -> dict:
     """Tiles for a layer the measured table does not hold (deterministic), from the H200 sweeps
-    (docs/design.md): the path is latency-bound per CTA, so shallow rings with a register cap that lets
+    (docs/kernels/cuda_conv_wgmma.md): the path is latency-bound per CTA, so shallow rings with a register cap that lets
     2-3 CTAs share an SM win at large M (one CTA's epilogue and pipeline fill overlap another's main loop); at large M
     with 128 x 128 tiles for at most half the SMs and a long K, the K halves of each tile run as a 2-CTA cluster
     (split-K without a workspace); small M with a long K runs stream-K over 16-pixel tiles with 4 k-tiles per stage (a
     stage's fixed cost spread over more bytes), short K one 64-pixel tile per CTA. Batch-1 deep layers (M <= 256, K >=
     1024) run 8 K slices of each 56-pixel tile as one cluster, with the producer warp when a slice holds several
-    stages: H100, stage-3/4 layers 1.3-2.4x cuDNN where stream-K was 0.76-1.2x (docs/design.md)."""
+    stages: H100, stage-3/4 layers 1.3-2.4x cuDNN where stream-K was 0.76-1.2x (docs/kernels/cuda_conv_wgmma.md)."""
     if m <= 256 and k >= 16 * CHANNELS_PER_TILE:
         cfg = {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1}
         if k > 32 * CHANNELS_PER_TILE:  # more than one 4-k-tile stage per slice

@@ -67,7 +67,7 @@ def dwconv_supported(x: torch.Tensor, qw, groups: int, out: torch.Tensor | None 
 def default_config(c: int, runs_per_tw1: int, wo: int, taps: int, sms: int) -> DwCudaConfig:
     """tw: the longest window (4..32, below 2 x WO) that still gives the GPU sms x 256 threads (thin grids at batch 1
     take short windows); cb: 16 channels per block (32 with the 32-pixel window), or the largest power of two that
-    divides C. Measured on the H200 (docs/design.md; ConvNeXt 7x7, batch 32 / 1, us):
+    divides C. Measured on the H200 (docs/kernels/cuda_dwconv.md; ConvNeXt 7x7, batch 32 / 1, us):
     96 @ 56 b32 32x32 63.2 (16x16 69.1, 32x16 69.2); 384 @ 14 b32 16x16 21.0; 96 @ 56 b1 4x16 6.9;
     384 @ 14 b1 4x16 6.0."""
     tw = 32

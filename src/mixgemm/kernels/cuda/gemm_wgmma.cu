@@ -4,7 +4,7 @@
 // registers (wgmma may take A from registers, never B), the activations are the B operand in shared memory.
 // Why not Triton: Triton 3.6 waits for every register-A wgmma before the next dequantization
 // (warp_group_dot_wait pendings = 0), so dequantization and tensor cores never overlap inside a warpgroup;
-// measured 0.54-0.71x of fp16 cuBLAS at M >= 256 on H200 (docs/design.md). Here each warpgroup
+// measured 0.54-0.71x of fp16 cuBLAS at M >= 256 on H200 (docs/kernels/cuda_wgmma.md). Here each warpgroup
 // dequantizes tile i while its wgmma of tile i - 1 runs (wait_group 1), and the A registers are
 // double-buffered for it (two named arrays, the loop unrolled by two).
 //
@@ -72,13 +72,13 @@
 // Why: the cp.async loader cost ~30% of the executed instructions at M = 4096 and ~25% at M = 32 (address / bounds
 // arithmetic per 16-byte piece, ncu); an earlier TMA loader with one bulk copy per
 // warp, k-tile and parameter block (17 copies per k-tile at NWG 2) was 8-18% slower than this one at every M and
-// slower than cp.async below M = 256 (H200, docs/design.md).
+// slower than cp.async below M = 256 (H200, docs/kernels/cuda_wgmma.md).
 // WG_ROWS 1: int8 weights in rows_v1 (mixgemm/formats/layouts_rows.py: row-major codes, k permuted inside each 16 so
 // that word t of a 16-byte chunk is lane t's A-fragment word of that k16 step) instead of wgmma_v1. A stage's weights
 // are one TMA box per k-tile (64 k x the CTA's rows, 64-byte swizzle, rows past N read as zeros) and each lane takes
 // its words with ldmatrix (x4: rows g / g + 8 of two k16 steps, the order the wgmma_v1 loads give). Why: the CUDA-core
 // GEMV reads those rows as it reads the plain codes, so one copy of the codes can serve every M (opt-in: the
-// tensor-core GEMV on rows_v1 is still slower than on wgmma_v1, docs/design.md). Needs WG_TMA 1; no convolution or
+// tensor-core GEMV on rows_v1 is still slower than on wgmma_v1, docs/kernels/cuda_wgmma.md). Needs WG_TMA 1; no convolution or
 // grouped experts.
 #ifndef WG_ROWS
 #define WG_ROWS 0
@@ -101,7 +101,7 @@
 // WG_KT: 64-k tiles per pipeline stage (1, 2, 4). Why: every stage pays a fixed cost (the CTA barrier, the copy
 // wait and proxy fence, the loader's bookkeeping) that at small M is as large as the stage's math and memory time
 // (int4, M = 32: the loop with its loads and math removed still took 31 of 70 us; diagnostics in
-// docs/design.md); more tiles per stage spread it over more bytes.
+// docs/kernels/cuda_wgmma.md); more tiles per stage spread it over more bytes.
 #ifndef WG_KT
 #define WG_KT 1
 #endif
@@ -112,7 +112,7 @@
 // them arrives last (an atomic count of its stages): the others leave fp32 partials in a workspace. Never waits on
 // another CTA. Why: with one CTA per output tile, 224 tiles on 132 SMs x 2 CTAs (8192x28672, M <= 64) leave 40
 // SMs at half load, and K-long layers have too few tiles (28672x8192: 64), where split-K pays a zeroed workspace,
-// atomics and a second kernel. Measured (H200, W4 g128, docs/design.md): 28672x8192
+// atomics and a second kernel. Measured (H200, W4 g128, docs/kernels/cuda_wgmma.md): 28672x8192
 // M = 16 / 32 / 64 68.6 / 73.2 / 89.1 -> 55.5 / 60.7 / 76.8 us, 8192x28672 M = 16 / 32 -3%; slower at large M (the
 // BM 256 partials cost more than the 3.4-wave tail) and on 4096x14336 (as many warps per SM did not help there).
 // WG_SK 2: persistent whole tiles. The same persistent grid and tile loop, but CTA c runs output tiles c, c + grid,
@@ -673,7 +673,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
     if (!PC) {
       const int grp = ((kt0 + i) * 64) >> gk;  // warp-uniform
       // (int8 decodes every tile: with the cached constants the fp16 int8 sym / offset kernels returned wrong
-      // results on an H200 -- zero_point, bf16 and int4 were right; not understood, see docs/design.md)
+      // results on an H200 -- zero_point, bf16 and int4 were right; not understood, see docs/kernels/cuda_wgmma.md)
       if (G2 || BITS == 8 || grp != cur_grp) {
         if (BULK) {  // the stage holds whole 8-tile blocks of its groups, from the group of its first k-tile
           const int gi = grp - (((kt0 + i - j) * 64) >> gk);
@@ -872,7 +872,7 @@ mixgemm_gemm_wgmma(const char* __restrict__ W,      // wgmma_v1 weight tiles [Nt
 
   if (PDL) {
     // the first stages' weights go out before the wait; then the loader rewinds and queues their activations
-    // (measured the same: stage 0's weights only, or an L2 prefetch of them -- docs/design.md)
+    // (measured the same: stage 0's weights only, or an L2 prefetch of them -- docs/kernels/cuda_wgmma.md)
     const u32 st0 = st_issue;
     const int slot0 = slot_issue, sk0 = ld_sk, tile0 = ld_tile, m00 = ld_m0, rt0 = ld_rt;
 #pragma unroll

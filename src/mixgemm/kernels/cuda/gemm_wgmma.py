@@ -99,7 +99,7 @@ def default_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         bm *= 2
     if m >= 2048:
         bm = 256
-    # measured on H200 (docs/design.md): TMA loader from M = 256 (BM 256), cp.async below
+    # measured on H200 (docs/kernels/cuda_wgmma.md): TMA loader from M = 256 (BM 256), cp.async below
     cfg = {"BM": bm, "NWG": 2, "STAGES": 5 if bm == 256 else 4, "INFLIGHT": 2 if bm == 256 else 1,
            "TMA": int(bm == 256), "GROUP_M": 8}
     if bm == 256:
@@ -369,7 +369,7 @@ def tail_rows(m: int, n: int, cfg: dict, sms: int) -> tuple[int, int]:
     second launch's weight pointers start.
 
     TAIL 2..8 forces that split; "auto" takes split 2 where the partial wave's tiles fill at most half the SMs, as
-    their halves then all run at once: measured on the H100 (docs/design.md), split 2 turned 4096 x
+    their halves then all run at once: measured on the H100 (docs/kernels/cuda_wgmma.md), split 2 turned 4096 x
     14336 M = 1024 (3.4 waves) from 197 into 178 us, and lost 4-11% where the partial wave was 0.6-0.8 full (the halves
     then need two rounds) as did splits 3 and 4 (their cluster reduction costs more than the rounds they save)."""
     split = cfg.get("TAIL", 0)

@@ -7,7 +7,7 @@
 // accumulate per block).
 // Why CUDA and not Triton: Triton 3.6 waits for each wgmma before the per-group fold (its int32 result must leave the
 // tensor core) and cannot specialize warps by hand; the Triton kernel measured 0.73-0.84x of fp16 cuBLAS for W4A8 g128
-// at M >= 2048 on H200 (docs/design.md) against the 1.5x target.
+// at M >= 2048 on H200 (docs/kernels/cuda_wgmma_a8.md) against the 1.5x target.
 //
 // CTA = NWG consumer warpgroups x 64 weight rows (a warp: one 16-row tile) times BM tokens (the wgmma N), plus (A8_WS)
 // one producer warpgroup. K in 128-k tiles (128 activation bytes per token = one swizzle row), KT of them per stage of
@@ -18,7 +18,7 @@
 // the warpgroups run free of each other. NWG 2: the producer warpgroup gives its registers to the consumers
 // (setmaxnreg 40 / 232). Measured against A8_WS 0 (thread 0 refills a stage two stages after it was read, a CTA
 // barrier per stage), H200, 8192x28672, M = 4096: W4 g128 2829 -> 2351 us, W4 per-channel 1608 -> 1571 us.
-// Also measured and not kept (the same runs, docs/design.md): the warpgroups queueing their
+// Also measured and not kept (the same runs, docs/kernels/cuda_wgmma_a8.md): the warpgroups queueing their
 // k-tiles' wgmmas in strict turn (named barriers) 2361 us; the tensor pipe held by one warpgroup at a time, the other
 // folding meanwhile, 2626 us.
 // Groups of 128 (A8_GT 1) or 256 (2) k, or per-channel (A8_GT 0: one int32 sum over all of K, converted once in the
@@ -77,7 +77,7 @@
 // integer multiple m (1..16) of one step per channel, so each k-tile's codes become the int8 c * m in registers
 // (|c m| <= 128) and one int32 sum runs over all of K, as per-channel weights: no fold at all, sW = step in the
 // epilogue. Why: the fold (I2FP + FFMA per accumulator element and group) is a quarter of the grouped kernel's energy
-// at the H100's power cap (docs/design.md); the dequantization is 7 instructions per 8 codes
+// at the H100's power cap (docs/kernels/cuda_wgmma_a8.md); the dequantization is 7 instructions per 8 codes
 // of a tile shared by BM tokens. Exact while K * 128 * 127 < 2^31 (the host checks K).
 #ifndef A8_QS
 #define A8_QS 0
@@ -101,7 +101,7 @@
 // mbarrier in both CTAs). Why: the activation tile (BM x 128 bytes per k-tile, 16 KB at BM 128) is twice the int4
 // weight tile, so the CTAs of one token tile re-reading it from L2 are most of the L2 -> SM traffic; the cluster
 // reads it once per pair (24.5 -> 16.5 KB per CTA and k-tile at BM 128, NWG 2, int4). Measured (GEMM only, W4 g128
-// per-token, same-run medians of 3, docs/design.md): 28672x8192 M = 2048 / 4096 H100
+// per-token, same-run medians of 3, docs/kernels/cuda_wgmma_a8.md): 28672x8192 M = 2048 / 4096 H100
 // 925 -> 877 / 1857 -> 1742 us, H200 914 -> 882 / 1878 -> 1796 us; 8192x28672 (K = 8192) -1..+2%: the host's default
 // takes MC 2 for K >= 16384. The first build, whose remote arrivals carried .release.cluster, ran 1.9x slower.
 #ifndef A8_MC

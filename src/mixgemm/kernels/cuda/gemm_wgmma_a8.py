@@ -258,7 +258,7 @@ def default_config(m: int, n: int, k: int, group_size: int, bits: int = 4, qs: b
         bm *= 2
     stages = ring_stages(bm, nwg, bits, kt, group_size == k, 3, 4)
     # NP 1: folding a group while the warpgroup's own next wgmmas run (NP 2) measured 23-28% slower, also with the
-    # four wgmmas issued back to back (docs/design.md)
+    # four wgmmas issued back to back (docs/kernels/cuda_wgmma_a8.md)
     cfg = {"BM": bm, "NWG": nwg, "STAGES": stages, "KT": kt, "NP": 1, "CVT": 0, "GROUP_M": 8}
     # MC 2 (activation tile multicast over 2-CTA clusters) where it measured faster: long K at large M (GEMM only,
     # W4 g128 per-token, same-run medians: 28672x8192 M = 2048 / 4096 H100 925 -> 877 / 1857 -> 1742 us,

@@ -116,7 +116,7 @@
 // over row tiles, so the ring runs on across tiles). Why: with registers as the only load buffer, a warp has
 // no load in flight while it does its math, and the register-fed kernel plateaued at 82.5% of the copy
 // floor on H100 28672x8192 W4 while a no-math read of the same bytes in the same pattern reached 93-97%
-// (docs/design.md). The ring keeps S stages of bytes in flight during the math.
+// (docs/kernels/cuda_gemv.md). The ring keeps S stages of bytes in flight during the math.
 #ifndef GEMV_BULK
 #define GEMV_BULK 0
 #endif

@@ -71,7 +71,7 @@ SIMT_SOURCE = "gemv_wg_simt.cu"
 SIMT_KERNEL = "mixgemm_gemv_wg_simt"
 
 
-# GEMV_XS / GEMV_LITE (gemv.cu) for fp16 activations: off by default. Measured on H200 (docs/design.md):
+# GEMV_XS / GEMV_LITE (gemv.cu) for fp16 activations: off by default. Measured on H200 (docs/kernels/cuda_gemv.md):
 # XS only helped R = 2 configs and never beat the R = 4 defaults; LITE within noise.
 DEFAULT_XS = 0
 DEFAULT_LITE = 0
@@ -177,7 +177,8 @@ def choose_mma_config(mb: int, n: int, kt: int, num_sms: int, bits: int = 4) -> 
 
 
 # Warps per SM the tensor-core GEMV's k-split aims for, per weight bit width. Source: the H100 sweep of (KS, U) on the
-# 80 model-list layers at M = 1, 8 and 16 (docs/design.md, tensor-core GEMV). Against the earlier rule (30 warps per
+# 80 model-list layers at M = 1, 8 and 16 (docs/kernels/cuda_gemv_mma.md, tensor-core GEMV). Against the earlier rule
+# (30 warps per
 # SM, U 2), int4 with 16 and the U rule above: geometric mean of the time over the layers 0.986 / 0.983 / 0.975 at
 # M = 1 / 8 / 16 (sym; zero point 0.989 / 0.989 / 0.973), 3584x4608, 5120x5120 and 27648x5120 15-20% faster, no
 # layer slower. int8's k-tiles cover half the K of int4's: 24 with U 1 at M = 16 gave 0.997 at M = 1 and 0.97 at
@@ -622,8 +623,8 @@ def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int,
 def int8_k_slices(cfg: dict, k: int) -> dict:
     """cfg with no more k-slices than the layer has 64-k tiles: the k-split rule counts int8 in 32-k units (the unit of
     the configs it was measured with), but wgmma_v1's tiles are 64 k, so K = 896 (14 tiles) got 16 slices and two warps
-    of each block did nothing (KS 16 -> 8 at K = 896 took 0.65-1.01x the time on the H100: docs/design.md, the
-    tensor-core GEMV section)."""
+    of each block did nothing (KS 16 -> 8 at K = 896 took 0.65-1.01x the time on the H100:
+    docs/kernels/cuda_gemv_mma.md, the tensor-core GEMV section)."""
     kt64, ks = -(-k // 64), cfg["KS"]
     while ks > max(1, kt64):
         ks //= 2
@@ -752,7 +753,7 @@ MMA_WG_RT2_MIN_WAVE_EFFICIENCY = 0.8
 # (74 registers where fp16's build has 64), the 15 model-list layers past one wave at the cap (H100, both configs
 # forced, M = 9 and 16): MINB 2 / RT 2 0.70x the time of the uncapped build by geometric mean (0.62-0.79x; 18944x3584
 # M = 16 36.8 -> 23.0 us, 4096x4096 9.2 -> 7.3; fp16's own call 21.6 / 6.8), RT 2 on K = 2048 / 2304 (2048x2304 5.1 ->
-# 3.8). docs/design.md.
+# 3.8). docs/kernels/cuda_gemv_mma.md.
 MMA_MINB2_MIN_STEPS = 3
 MMA_MINB2_MAX_REGISTERS = 74
 # That RT 1 build: the k-split at its cap, one row group, two k-tiles a step, the first step before the PDL wait,
@@ -831,7 +832,8 @@ def rt2_fills_waves(nt: int, rg: int, num_sms: int) -> bool:
 
 # int4 sym on wgmma_v1 at the 16-row M bucket, where a GPU's table says it was measured (tuning: gemv_mma_wg_16row).
 # Source: H200, M = 16 and 9, the compacted layers that run the tensor-core GEMV (21 of the model list, 8 others),
-# each tile forced beside the dispatcher's (tools/bench/wg_16row.py; docs/design.md, tensor-core GEMV section). At the
+# each tile forced beside the dispatcher's (tools/bench/wg_16row.py; docs/kernels/cuda_gemv_mma.md, tensor-core GEMV
+# section). At the
 # k-split's cap with more than one block per SM the rule took RT 2 at KS 16; KS 8 at RT 1 and U 2, with the registers
 # bounded for two 8-warp blocks a SM (MINB 2: the GPUs' NVRTC 13.0 then takes 94 registers where it takes 64 without),
 # took 0.90-1.01x its time at M = 16 (17 layers; 4096x4096 6.99 -> 6.31 us) and 0.89-0.98x at M = 9 (13). Below the
@@ -909,7 +911,7 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int,
 # activations 0.88 / 0.86 / 0.88x; int4 g128 1.02-1.10x (sym 1.06 / 1.10 / 1.10x, up to 1.6x on small layers). After
 # the ring's copy addresses became per-lane constants (14 layers, M = 2 / 8 / 16, gemv_dispatch.py --compact-only):
 # int4 sym 1.00 / 1.00 / 1.06x, zero point 0.94 / 0.96 / 1.03x, up to 1.21x at M = 16 and 1.31x on small layers at
-# M = 8, so int4 keeps its own layout (docs/design.md).
+# M = 8, so int4 keeps its own layout (docs/kernels/cuda_gemv_mma.md).
 MMA_ON_WGMMA = {4: 0, 8: 1}
 
 

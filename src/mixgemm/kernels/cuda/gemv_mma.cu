@@ -89,7 +89,7 @@
 // chunk t's k 2s, 2s + 1, 2s + 8, 2s + 9, so its B fragment is words s and s + 4 of its own 16 contiguous k of x
 // (two uint4 per x row, as gemv_mma_v1's pieces), no ring. Why: the wgmma GEMM and the CUDA-core GEMV read the same
 // rows, so an int8 weight kept in rows_v1 holds one copy of its codes (opt-in: a warp load here is 16 rows x 64
-// bytes, slower than wgmma_v1's 512 contiguous bytes, docs/design.md). Parameters as wgmma_v1's. A step spans all 64 k
+// bytes, slower than wgmma_v1's 512 contiguous bytes, docs/kernels/cuda_gemv_mma.md). Parameters as wgmma_v1's. A step spans all 64 k
 // of the tile: MMA_DEFER needs groups of at least 64 (the host checks).
 #ifndef MMA_ROWS
 #define MMA_ROWS 0

@@ -35,7 +35,7 @@ from mixgemm.formats.activation import ACT_MODES
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # Long-block policy: blocks up to MAX_TILE_BLOCK elements are held whole in registers (one read of x);
 # longer ones take the two-pass row kernel with ROW_CH-element chunks and ROW_WARPS warps.
-# Tuned by tools/bench/int8.py (act-quant variants), see docs/design.md.
+# Tuned by tools/bench/int8.py (act-quant variants), see docs/kernels/triton_a8.md.
 LONG_BLOCK = {"MAX_TILE_BLOCK": 4096, "ROW_CH": 8192, "ROW_WARPS": 8}
 
 

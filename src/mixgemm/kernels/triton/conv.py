@@ -31,7 +31,7 @@ one program loads a contiguous [BLOCK_N] vector per group; per-channel sym / zer
 exact integers q - z and the scale multiplies the accumulator once. The K loop carries (kh, kw, channel block,
 group) as counters instead of dividing the step index (run-time integer division is ~25 instructions on sm_90).
 Instruction counts of the sm_90 loop body per K step (triton 3.6, cuobjdump -sass, 128x128x64 tile, 4 warps):
-W8 per-channel 734 -> 362, W4 g128 895 -> 538 (docs/design.md).
+W8 per-channel 734 -> 362, W4 g128 895 -> 538 (docs/kernels/triton_conv_igemm.md).
 """
 
 from __future__ import annotations
@@ -539,7 +539,7 @@ def pick_config(
     Small M (<= 256, the weight-bound regime): swap_ab (dequantized weights as wgmma's register operand, M as
     the MMA's N dimension so 16..64 rows waste nothing), BLOCK_M the power of two >= M (16..64), BLOCK_N 64 or
     128 and split-K to fill the SMs -- the choices the Triton GEMM's H200 sweep made for M <= 64
-    (src/mixgemm/configs/h200.json). Not yet swept for conv itself (see docs/design.md).
+    (src/mixgemm/configs/h200.json). Not yet swept for conv itself (see docs/kernels/triton_conv_igemm.md).
     """
     bk, tap_loop = pick_block_k(ci_g, group_size, per_channel, k)
     sms = _num_sms(device)
@@ -552,7 +552,7 @@ def pick_config(
         return ConvConfig(bm, bn, bk, split, 4, 4 if bm <= 32 else 3, swap_ab=True), tap_loop
     bn = 128 if n >= 128 else _pow2_at_least(n, 16)
     bm = 128 if m >= 4096 else 64
-    # 4 warps even for 128 x 128 tiles: measured on the H200 (docs/design.md), 8 warps
+    # 4 warps even for 128 x 128 tiles: measured on the H200 (docs/kernels/triton_conv_igemm.md), 8 warps
     # were 15-40% slower on every batch-32 layer (more CTAs per SM hide the in-register dequantization better)
     split = auto_split(m, n, k, bm, bn, bk, groups, sms)
     return ConvConfig(bm, bn, bk, split, 4, 3 if bk == 64 else 4), tap_loop

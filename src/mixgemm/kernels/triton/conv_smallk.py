@@ -151,7 +151,7 @@ def _smallk_conv_kernel(
 
 def default_smallk_config(device, m: int, co: int) -> SmallKConfig:
     """Tiles from the problem size (deterministic). Measured on the H200, ResNet-50 stem (tools/bench/conv_wgmma.py
-    CONV_SWEEP=smallk, docs/design.md): 128 x 64 tiles at 2 programs per SM won at batch 32
+    CONV_SWEEP=smallk, docs/kernels/triton_conv_smallk.md): 128 x 64 tiles at 2 programs per SM won at batch 32
     (4 warps: 68 us; 8 warps 91, 64-pixel tiles 83, 256-pixel 80) and at batch 1 (8 warps: 7.6 us, although its 98
     tiles leave SMs idle; 64-pixel tiles 8.0, 32-pixel 13.3)."""
     bn = 64 if co >= 64 else _pow2_at_least(co, 16)

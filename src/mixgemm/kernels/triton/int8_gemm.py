@@ -317,7 +317,7 @@ def _num_sms(device) -> int:
     return _NUM_SMS[idx]
 
 
-# Chosen from the sweeps in tools/bench/int8.py (H200, triton 3.6; see docs/design.md).
+# Chosen from the sweeps in tools/bench/int8.py (H200, triton 3.6; see docs/kernels/triton_a8.md).
 SMALL_M_CTAS_PER_SM = 6
 
 
