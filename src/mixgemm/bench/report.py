@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     readme = args.readme
     if readme is None:
-        beside = Path(results_dir).resolve().parents[1] / "README.md"
-        readme = str(beside) if args.results is None and beside.is_file() else "README.md"
+        beside = Path(results_dir).resolve().parents[1] / "docs" / "benchmarking.md"
+        readme = str(beside) if args.results is None and beside.is_file() else "docs/benchmarking.md"
     try:
         results = load_results(results_dir, args.suite)
         image_dir = os.path.relpath(results_dir, os.path.dirname(os.path.abspath(readme)) or ".")
