@@ -399,3 +399,51 @@ def test_a_merged_run_keeps_the_read_ceiling_of_its_file():
     assert read_ceiling_pct(None, stored) == 89.0  # --merge without --read-ceiling-pct: the file's own bar
     assert read_ceiling_pct(92.0, stored) == 92.0  # given: it wins
     assert read_ceiling_pct(None, None) is None and read_ceiling_pct(None, {"accept": None}) is None
+
+
+def _with_ceilings(data, times):
+    """data with the read ceiling's M = 1 cases: {(K, N): ceiling time in us} (the methods take 10 us)."""
+    for (k, n), t in times.items():
+        for meth in accept.WEIGHT_ONLY:
+            data["results"].append({**_case(k, n, 1, accept.ceiling_name(meth), t), "family": "ceiling"})
+    return data
+
+
+def test_acceptance_against_the_read_ceiling_measured_in_the_run():
+    # with the ceiling measured, M = 1 is judged against it (90% / 80%), not against the copy floor
+    data = _with_ceilings(_synthetic(big_w4_pct=50.0, small_w8_pct=50.0), {(8192, 8192): 9.2, (4096, 4096): 8.1})
+    line = accept.evaluate(data)[0]
+    assert line.name == "M = 1, % of the read ceiling" and line.verdict == "PASS" and line.checked == 6
+    data = _with_ceilings(_synthetic(), {(8192, 8192): 8.9, (4096, 4096): 8.1})
+    line = accept.evaluate(data)[0]
+    assert line.verdict == "FAIL" and len(line.failures) == 3
+    assert line.failures[0] == "8192x8192 (32.0 MiB) mixgemm W4A16 g128: 89.0% < 90.0%"
+    data = _with_ceilings(_synthetic(), {(8192, 8192): 9.5})  # the 8 MiB layer's ceiling not measured
+    line = accept.evaluate(data)[0]
+    assert line.verdict == "INCOMPLETE" and any("read ceiling" in m for m in line.missing)
+    assert "read ceiling mixgemm W4A16 g128" in accept.METHODS
+
+
+def test_read_ceiling_methods_and_bytes():
+    from mixgemm.bench import read_ceiling
+    from mixgemm.bench.methods import Context, all_methods
+
+    assert read_ceiling.format_bytes(4096, 1024, 4, 128, "sym") == 1024 * 2048 + 1024 * 32 * 2
+    assert read_ceiling.format_bytes(4096, 1024, 4, 128, "zero_point") == 1024 * 2048 + 1024 * 32 * 3
+    assert read_ceiling.format_bytes(4100, 10, 8, -1, "sym") == 41000 + 20
+    names = [m.name for m in all_methods([4, 8], 128)]
+    ceilings = [m for m in all_methods([4, 8], 128) if m.family == "ceiling"]
+    assert {m.name for m in ceilings} == set(accept.CEILINGS) and set(accept.CEILINGS) <= set(names)
+    assert all(m.unavailable(Context(torch.device("cpu"))) == "needs a CUDA GPU" for m in ceilings)
+    assert ceilings[0].applies(16, 4096, 4096, None) == "the read ceiling is measured at M = 1"
+    assert ceilings[0].applies(1, 4096, 4096, None) is None
+
+
+def test_read_probe_compiles():
+    from mixgemm.bench.read_ceiling import PATTERNS, PROBE
+    from mixgemm.kernels.cuda import nvrtc
+
+    if not nvrtc.nvrtc_available():
+        pytest.skip("NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
+    for p in PATTERNS:
+        assert len(nvrtc.compile_cubin(PROBE, tuple(sorted(p.defines().items())), "sm_90")) > 1000

@@ -1,10 +1,10 @@
 """How fast can this GPU read a layer's weight bytes, and how close does the M = 1 GEMV come?
 
-A no-math read probe (read_ceiling.cu) in several access patterns, timed as the protocol times a GEMV (one CUDA
-graph of C calls over distinct copies > 3x L2, PDL launches, median per call), for the int4 sizes of model layers;
-beside it mixgemm.matmul at M = 1 (W4 g128 sym) on the same layer. The best probe per size is the read ceiling of
-that size: the decode acceptance measures the GEMV against the copy floor, and this says how much of the gap a
-kernel could close at all.
+A no-math read probe (src/mixgemm/kernels/cuda/read_probe.cu) in several access patterns, timed as the protocol
+times a GEMV (one CUDA graph of C calls over distinct copies > 3x L2, PDL launches, median per call), for the int4
+sizes of model layers; beside it mixgemm.matmul at M = 1 (W4 g128 sym) on the same layer. The best probe per size is
+the read ceiling of that size; `mixgemm bench` times a few of these patterns beside every decode kernel
+(mixgemm.bench.read_ceiling), this tool sweeps them all.
 
 --tiles times only the GEMV on given tiles (R,U,KS,RG,PF[,KEY=V...], e.g. 4,1,4,2,0,BULK=4,BPS=1), beside the
 dispatcher's tile with PF 0 and 1.
@@ -19,7 +19,6 @@ import argparse
 import ctypes
 import itertools
 import json
-import os
 import statistics
 from pathlib import Path
 
@@ -28,8 +27,7 @@ import torch
 from mixgemm.bench import protocol
 from mixgemm.kernels.cuda import nvrtc
 
-HERE = Path(__file__).resolve().parent
-PROBE = "read_ceiling.cu"
+PROBE = "read_probe.cu"  # beside the kernels: mixgemm bench times it too (mixgemm.bench.read_ceiling)
 SHAPES = [
     "4096x4096",
     "5120x5120",
@@ -43,18 +41,6 @@ SHAPES = [
     "5120x27648",
     "8192x28672",
 ]
-
-
-def _load_probe_source():
-    """NVRTC reads kernel sources beside its module; the probe lives here, so its text is served by name."""
-    original = nvrtc.read_source
-    text = (HERE / PROBE).read_text()
-
-    def read_source(name: str) -> str:
-        return text if name == PROBE else original(name)
-
-    nvrtc.read_source = read_source
-    os.environ[nvrtc.CUBIN_CACHE_ENV] = "0"  # the disk cache keys on the kernel folder's sources only
 
 
 def probe_configs(sms: int):
@@ -157,7 +143,6 @@ def main() -> int:
         help="time the GEMV on these R,U,KS,RG,PF[,KEY=V...] tiles (and the rule's, with PF 0 and 1); no probe",
     )
     args = ap.parse_args()
-    _load_probe_source()
     dev = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(dev)
     bw = protocol.copy_bandwidth()

@@ -561,7 +561,9 @@ def _a8_applies(bits: int, g: int):
 
 
 def all_methods(bits_list: list[int], group_size: int) -> list[Method]:
-    return mixgemm_methods(bits_list, group_size) + list(REGISTRY)
+    from mixgemm.bench import read_ceiling
+
+    return mixgemm_methods(bits_list, group_size) + list(REGISTRY) + read_ceiling.methods()
 
 
 def select(methods: list[Method], spec: str | None, device: str, quick: bool = False) -> list[Method]:

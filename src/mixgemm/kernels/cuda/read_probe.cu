@@ -1,6 +1,6 @@
-// No-math read probe (tools/bench/read_ceiling.py): how fast can the GPU read a layer's weight bytes, timed like a
-// GEMV (CUDA graph over rotating copies), in a given access pattern? Not shipped; compiled by the tool through NVRTC
-// with gemv_common.cuh on the include path.
+// No-math read probe: how fast can the GPU read a layer's weight bytes, timed as a GEMV is (CUDA graph over rotating
+// copies), in a given access pattern? Not a kernel of any op: `mixgemm bench` times it beside the decode kernels as
+// their read ceiling (mixgemm.bench.read_ceiling), tools/bench/read_ceiling.py sweeps its patterns.
 //   RC_MODE 0: persistent flat grid-stride, each thread RC_U 16-byte loads per step
 //   RC_MODE 1: the GEMV's tile pattern, one block per RC_R rows, RC_KS warps interleaving 32-chunk slices
 //   RC_MODE 2: persistent, each block streams one contiguous span (the bytes split evenly over the grid)
