@@ -39,6 +39,7 @@ from mixgemm.formats.weight import (
     compact_placeholder,
     dequantize_weight,
     is_compact_placeholder,
+    narrow_group_reason,
     quantize_weight,
 )
 from mixgemm.ops.custom_ops import cache_weight, compact_weight, drop_cached, weight_from_tensors
@@ -291,6 +292,9 @@ class QuantLinear(nn.Module):
                 return f"rows_v1 holds int8 weights, the layer is int{self.config.bits}"
         elif layout != want:
             return f"a {'weight-only' if self.act_mode is None else 'int8-activation'} layer's kernels read {want}"
+        narrow = narrow_group_reason(*self.config.groups(self.in_features))
+        if narrow and self.act_mode is None:
+            return f"{layout} (a CUDA kernels' layout): {narrow}"
         dev = self.qweight.device
         if dev.type == "meta":
             return "the layer is on the meta device (no values)"
