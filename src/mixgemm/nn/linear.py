@@ -103,6 +103,9 @@ class QuantLinear(nn.Module):
         config = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scale_dtype)
         _, ng = config.groups(in_features)
         check_act(act_mode, act_block, optional=True)
+        if act_mode is not None and narrow_group_reason(group_size, ng):
+            raise ValueError(f"act_mode={act_mode!r} with group_size={group_size}: groups of {group_size} are for "
+                             "weight-only layers; the int8-activation kernels take groups of 32 or more")
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.config = config
