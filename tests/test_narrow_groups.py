@@ -50,6 +50,8 @@ def test_cpu_matmul_against_the_reference(mode, n, rel_err):
     """mixgemm.matmul on the CPU (torch's kernels in bfloat16 where they take it, the dequantizing fallback
     otherwise), K a multiple of 16 but not of 32, M 1 / 3 / 17, with bias and activation; inputs not modified."""
     _, qw = _weight(n, 80, mode, seed=n)
+    route = mixgemm.explain(torch.empty(1, 80, dtype=torch.bfloat16), qw).entry.name
+    assert route == ("cpu_torch_kernels" if n % 16 == 0 else "cpu_dequant")  # (torch's int4 layout: N % 16 == 0)
     g = torch.Generator().manual_seed(1)
     b = torch.randn(n, generator=g) * 0.1
     for m in (1, 3, 17):
