@@ -36,9 +36,9 @@ rounding float32 / float16 activations to bfloat16 would lose more than their dt
 
 Layouts, built once per weight and cached on it (QuantizedWeight.layout): the int4 layout is uint8 [N, K / 2],
 the same size as the codes, plus 4 bytes (bf16 scale and zero) per kernel group and 4 bytes (float32 m') per
-group for the asymmetric modes; the int8 layouts (int8 [G, N, group], or the nibbles in the int4 layout) are the
-size of the codes, plus 4 to 12 bytes per group (scales, m'). The plain tensors stay, so the CPU layout doubles
-the codes' memory.
+group for the asymmetric modes; the int8 layouts (int8 [G, N, group], or the nibbles in the int4 layout, paired or
+not) are the size of the codes, plus 4 to 12 bytes per group (scales, m'). The plain tensors stay, so the CPU layout
+doubles the codes' memory.
 """
 
 from __future__ import annotations
