@@ -121,3 +121,28 @@ def test_convolutions_refuse_them():
         QuantConv2d(32, 8, 3, bits=8, group_size=16)
     with pytest.raises(ValueError, match="group_size=16 is for linear weights"):
         QuantConv2d.from_conv(nn.Conv2d(32, 8, 3), bits=8, group_size=16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["sym", "offset"])
+def test_gpu_layer_runs_the_triton_gemm(mode, rel_err):
+    """A group-16 QuantLinear on the GPU (sm_90: auto-compaction declines it) runs the Triton GEMM at every M, within
+    the kernel tests' bound of the float64 reference; a forced CUDA kernel is an error naming groups of 16."""
+    from mixgemm.kernels.registry import NoKernel
+
+    _, qw = _weight(1001, 1040, mode, seed=3)
+    layer = QuantLinear.from_quantized(qw.to("cuda"))
+    layer.set_auto_compact(True)
+    assert layer.compact is None
+    g = torch.Generator().manual_seed(2)
+    for m in (1, 3, 17, 129):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            x = torch.randn(m, 1040, generator=g).to("cuda", dtype)
+            assert mixgemm.explain(x, layer.quantized_weight()).kernel == "triton_gemm"
+            with torch.no_grad():
+                y = layer(x)
+            assert rel_err(y, ref_matmul(x, layer.quantized_weight(), out_dtype=torch.float64)) <= TOL[dtype]
+    x = torch.randn(1, 1040, device="cuda", dtype=torch.float16)
+    for name in ("cuda_gemv_mma", "cuda_gemv", "cuda_wgmma"):
+        with mixgemm.kernel_options(force=name), pytest.raises(NoKernel, match="groups of 16"):
+            mixgemm.matmul(x, qw.to("cuda"))

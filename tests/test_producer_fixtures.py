@@ -341,3 +341,36 @@ def test_llamacpp_fixture_weights_logits_and_tokens(name):
         assert torch.equal(qls[n].dequantize(torch.float32), w), n
         assert qls[n].config.group_size == (16 if qtype == "Q6_K" else 32), n
     _assert_same_logits_and_tokens(model, twin)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llamacpp-q4-k-m", "llamacpp-q5-k-m"])
+def test_gpu_llamacpp_k_m_fixtures(name, rel_err):
+    """On the GPU: the Q6_K layers (8-bit groups of 16) run the Triton GEMM, the CUDA kernels declining them, each
+    within the kernel tests' bound of the float64 reference at M = 1 / 12 in fp16 / bf16 / fp32; in float32 the
+    model's logits agree with transformers' own load on the GPU and its greedy tokens are the same."""
+    from transformers import AutoModelForCausalLM
+
+    from mixgemm.reference.matmul import matmul as ref_matmul
+
+    path = os.path.join(ROOT, name)
+    (file,) = [f for f in os.listdir(path) if f.endswith(".gguf")]
+    model = mixgemm.from_pretrained(path, gguf_file=file, dtype=torch.float32, device="cuda", progress=False)
+    twin = AutoModelForCausalLM.from_pretrained(path, gguf_file=file, dtype=torch.float32).eval().to("cuda")
+    assert not model.mixgemm_report.inexact
+    narrow = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.config.group_size == 16}
+    assert narrow  # llama.cpp's K_M mixes: Q6_K on attn_v / ffn_down
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
+    g = torch.Generator().manual_seed(0)
+    for n, ql in narrow.items():
+        qw = ql.quantized_weight()
+        for dtype, m in ((torch.float16, 1), (torch.bfloat16, 12), (torch.float32, 12), (torch.float16, 12)):
+            x = torch.randn(m, ql.in_features, generator=g).to("cuda", dtype)
+            assert mixgemm.explain(x, qw).kernel == "triton_gemm", n
+            y = mixgemm.matmul(x, qw)
+            assert rel_err(y, ref_matmul(x, qw, out_dtype=torch.float64)) <= tol[dtype], (n, dtype, m)
+    ids = (IDS % model.config.vocab_size).to("cuda")
+    with torch.no_grad():
+        got, ref = model(ids).logits, twin(ids).logits
+    torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-4 * ref.abs().max().item())
+    assert torch.equal(_greedy(model, ids), _greedy(twin, ids))
