@@ -140,10 +140,12 @@ def test_moe_experts_of_inexact_or_float_types(tmp_path, rel_err):
     from mixgemm.nn.experts import QuantizedExperts
 
     d = str(tmp_path)
-    f = write_tiny_qwen3_moe(d, types={"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q6_K"},
+    f = write_tiny_qwen3_moe(d, types={"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q6_K", "ffn_down_exps": "Q6_K"},
                              name="k.gguf", hidden=256)
     ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
     assert not ours.mixgemm_report.inexact  # Q4_K, and Q6_K in 8-bit groups of 16: exact
+    gate_up0 = ours.model.layers[0].mlp.experts.gate_up_proj[0]  # Q4_K gate rows beside Q6_K up rows: groups of 16
+    assert (gate_up0.bits, gate_up0.config.group_size, gate_up0.mode) == (8, 16, "offset")
     ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
     gate_up, down = _experts_weights(ours.model.layers[0].mlp.experts)
     assert torch.equal(gate_up, ref.model.layers[0].mlp.experts.gate_up_proj.detach())

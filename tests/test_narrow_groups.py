@@ -147,3 +147,18 @@ def test_gpu_layer_runs_the_triton_gemm(mode, rel_err):
     for name in ("cuda_gemv_mma", "cuda_gemv") + (("cuda_wgmma",) if hopper else ()):
         with mixgemm.kernel_options(force=name), pytest.raises(NoKernel, match="groups of 16"):
             mixgemm.matmul(x, qw.to("cuda"))
+
+
+def test_fused_parts_of_groups_of_16_and_32_meet_exactly():
+    """A fused layer whose parts are a group-16 weight and a 4-bit group-32 one (a GGUF expert's Q6_K beside a Q4_K):
+    both as 8-bit offset groups of 16, exactly; other differing group sizes stay an error."""
+    from mixgemm.checkpoints.conversions import common_format
+
+    _, narrow = _weight(8, 64, "sym")
+    wide = quantize_weight(torch.randn(8, 64), bits=4, group_size=32, mode="offset", scale_dtype=torch.float32)
+    out = common_format([narrow, wide], "layer")
+    assert {(w.bits, w.group_size, w.mode) for w in out} == {(8, 16, "offset")}
+    for got, want in zip(out, (narrow, wide), strict=True):
+        assert torch.equal(dequantize_weight(got), dequantize_weight(want))
+    with pytest.raises(ValueError, match="different group sizes"):
+        common_format([wide, quantize_weight(torch.randn(8, 64), bits=4, group_size=64)], "layer")
