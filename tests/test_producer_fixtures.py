@@ -348,7 +348,9 @@ def test_llamacpp_fixture_weights_logits_and_tokens(name):
 def test_gpu_llamacpp_k_m_fixtures(name, rel_err):
     """On the GPU: the Q6_K layers (8-bit groups of 16) run the Triton GEMM, the CUDA kernels declining them, each
     within the kernel tests' bound of the float64 reference at M = 1 / 12 in fp16 / bf16 / fp32; in float32 the
-    model's logits agree with transformers' own load on the GPU and its greedy tokens are the same."""
+    model's logits agree with transformers' own load on the GPU and its greedy tokens are the same; loaded in fp16
+    with its default compaction (the other layers keep wgmma_v1 on sm_90, the Q6_K ones their plain codes), its
+    logits within fp16 rounding of that load's."""
     from transformers import AutoModelForCausalLM
 
     from mixgemm.reference.matmul import matmul as ref_matmul
@@ -356,7 +358,8 @@ def test_gpu_llamacpp_k_m_fixtures(name, rel_err):
     pytest.importorskip("gguf")  # transformers' gguf_file= load reads the file with it
     path = os.path.join(ROOT, name)
     (file,) = [f for f in os.listdir(path) if f.endswith(".gguf")]
-    model = mixgemm.from_pretrained(path, gguf_file=file, dtype=torch.float32, device="cuda", progress=False)
+    model = mixgemm.from_pretrained(path, gguf_file=file, dtype=torch.float32, device="cuda", progress=False,
+                                    compact=False)
     twin = AutoModelForCausalLM.from_pretrained(path, gguf_file=file, dtype=torch.float32).eval().to("cuda")
     assert not model.mixgemm_report.inexact
     narrow = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.config.group_size == 16}
@@ -375,3 +378,9 @@ def test_gpu_llamacpp_k_m_fixtures(name, rel_err):
         got, ref = model(ids).logits, twin(ids).logits
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-4 * ref.abs().max().item())
     assert torch.equal(_greedy(model, ids), _greedy(twin, ids))
+    half = mixgemm.from_pretrained(path, gguf_file=file, dtype=torch.float16, device="cuda", progress=False)
+    for n, ql in half.named_modules():
+        if isinstance(ql, QuantLinear):
+            assert (ql.compact is None) == (ql.config.group_size == 16), n
+    with torch.no_grad():
+        assert rel_err(half(ids).logits, ref) < 1e-2
