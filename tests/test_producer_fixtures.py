@@ -379,8 +379,9 @@ def test_gpu_llamacpp_k_m_fixtures(name, rel_err):
     torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-4 * ref.abs().max().item())
     assert torch.equal(_greedy(model, ids), _greedy(twin, ids))
     half = mixgemm.from_pretrained(path, gguf_file=file, dtype=torch.float16, device="cuda", progress=False)
+    hopper = torch.cuda.get_device_capability()[0] == 9  # (auto-compaction's GPUs)
     for n, ql in half.named_modules():
         if isinstance(ql, QuantLinear):
-            assert (ql.compact is None) == (ql.config.group_size == 16), n
+            assert (ql.compact is None) == (ql.config.group_size == 16 or not hopper), n
     with torch.no_grad():
         assert rel_err(half(ids).logits, ref) < 1e-2
