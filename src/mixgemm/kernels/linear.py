@@ -84,8 +84,8 @@ def _gemv_common(p: Problem, dtypes) -> str | None:
         return f"{p.bits}-bit weights"
     if not 1 <= p.m <= GEMV_MAX_M:
         return f"M={p.m} outside the GEMV's 1..{GEMV_MAX_M}"
-    if narrow_group_reason(p.group_size, p.num_groups):
-        return narrow_group_reason(p.group_size, p.num_groups)
+    if narrow := narrow_group_reason(p.group_size, p.num_groups):
+        return narrow
     if not nvrtc_ok():
         return "NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable"
     return None
@@ -539,8 +539,8 @@ def _wgmma_can_run(p: Problem):
         return no(f"activation dtype {p.x_dtype} (takes float16 / bfloat16)")
     if p.bits not in (4, 8):
         return no(f"{p.bits}-bit weights")
-    if narrow_group_reason(p.group_size, p.num_groups):
-        return no(narrow_group_reason(p.group_size, p.num_groups))
+    if narrow := narrow_group_reason(p.group_size, p.num_groups):
+        return no(narrow)
     if not nvrtc_ok():
         return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
     return OK
