@@ -302,3 +302,37 @@ def test_gpu_split_k_and_strided_x(rel_err):
 
 def test_quantconfig_sanity():
     assert QuantConfig(bits=8, group_size=-1).group_size == -1
+
+
+@INTERP
+@pytest.mark.parametrize("m", [1, 3, 17, 129])
+def test_interp_groups_of_16(m, rel_err):
+    """8-bit groups of 16 (GGUF Q6_K / Q3_K / Q2_K held exactly): K a multiple of 16 but not of 32, odd N, sym and
+    offset, fp16 / fp32 (the interpreter has no bf16: the gpu test takes it), fp32 scales; KS 16 (a group per field)
+    and 32 / 64 (groups narrower than a field: parameters per element)."""
+    cases = [("sym", torch.float16, 16), ("offset", torch.float32, 16), ("offset", torch.float16, 32),
+             ("sym", torch.float32, 64)]
+    for i, (mode, dtype, ks) in enumerate(cases):
+        qw, x, b, act = _case(m, 37, 80, 8, 16, mode, dtype, "cpu", seed=m + i, scale_dtype=torch.float32)
+        _check(qw, x, b, act, rel_err, dict(SMALL, KS=ks, BM=16 if m < 17 else 64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 129, 1000])
+@pytest.mark.parametrize("mode", ["sym", "offset"])
+def test_gpu_groups_of_16(m, mode, rel_err):
+    """8-bit groups of 16 on the GPU: the CUDA kernels decline them, the dispatcher (mixgemm.matmul) runs the Triton
+    GEMM; fp16 / bf16 / fp32, odd N, K a multiple of 16 but not of 32; the table's config and KS 32 / 64."""
+    import mixgemm
+    from mixgemm.ops.matmul import matmul
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        qw, x, b, act = _case(m, 1001, 1040, 8, 16, mode, dtype, "cuda", seed=m, scale_dtype=torch.float32)
+        _check(qw, x, b, act, rel_err)
+        assert mixgemm.explain(x, qw).kernel == "triton_gemm"
+        y = matmul(x, qw, b, act)
+        assert rel_err(y, ref_matmul(x, qw, b, act, out_dtype=torch.float64)) <= TOL[dtype]
+    for ks in (32, 64):
+        qw, x, b, act = _case(m, 1001, 1040, 8, 16, mode, torch.bfloat16, "cuda", seed=ks)
+        _check(qw, x, b, act, rel_err, dict(KS=ks, BM=16, BN=64, KCH=1, SPLIT_K=1, GROUP_M=1, num_warps=4,
+                                            num_stages=2))

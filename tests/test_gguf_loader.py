@@ -28,13 +28,11 @@ def test_every_type_matches_transformers_dequantization(tiny):
     _, _, ours, ref = tiny
     layers = {n: m for n, m in ours.named_modules() if isinstance(m, QuantLinear)}
     assert len(layers) == 8  # 7 per layer + the untied lm_head (Q5_1)
-    assert list(ours.mixgemm_report.inexact) == ["model.layers.0.self_attn.v_proj"]  # Q6_K
+    assert not ours.mixgemm_report.inexact  # (Q6_K in 8-bit groups of 16)
+    assert ours.model.layers[0].self_attn.v_proj.config.group_size == 16
     for name, mod in layers.items():
         got, want = mod.dequantize(torch.float32), ref.get_submodule(name).weight.detach()
-        if name in ours.mixgemm_report.inexact:
-            assert 0 < float((got - want).abs().max() / want.abs().max()) < 0.01
-        else:
-            assert torch.equal(got, want), name  # incl. q / k (Q4_K / Q5_K) after transformers' row permutation
+        assert torch.equal(got, want), name  # incl. q / k (Q4_K / Q5_K) after transformers' row permutation
     for name, p in ref.named_parameters():
         if "norm" in name or "embed" in name:
             assert torch.equal(ours.get_parameter(name), p), name
@@ -45,7 +43,7 @@ def test_logits_match(tiny, rel_err):
     ids = torch.randint(0, 320, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a, b = ours(ids).logits, ref(ids).logits
-    assert rel_err(a, b) < 1e-2  # only the Q6_K layer differs (re-quantized)
+    assert rel_err(a, b) < 1e-5  # every layer exact (Q6_K in groups of 16): float32 rounding
 
 
 def test_file_path_form_and_dtype(tiny):
@@ -56,17 +54,24 @@ def test_file_path_form_and_dtype(tiny):
 
 
 def test_low_bit_types_requantized_at_the_width_asked(tmp_path):
-    """Q2_K / IQ4_XS Linears load re-quantized (8-bit by default, 4-bit offset with gguf_requantize_bits=4), each
-    listed in the report with its width, within half a step of transformers' dequantization."""
-    f = write_tiny_llama(str(tmp_path), types={"ffn_up": "Q2_K", "attn_output": "IQ4_XS"}, name="low.gguf")
+    """IQ4_XS Linears load re-quantized (8-bit by default, 4-bit offset with gguf_requantize_bits=4), each listed in
+    the report with its width, within half a step of transformers' dequantization; Q2_K / Q3_K exact in 8-bit groups
+    of 16 by default, re-quantized with gguf_requantize_bits=4 (the file's size class)."""
+    f = write_tiny_llama(str(tmp_path), types={"ffn_up": "Q2_K", "ffn_gate": "Q3_K", "attn_output": "IQ4_XS"},
+                         name="low.gguf")
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=f, dtype=torch.float32).eval()
     for bits in (8, 4):
         m = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, gguf_requantize_bits=bits)
-        for name, qtype in (("model.layers.0.mlp.up_proj", "Q2_K"), ("model.layers.0.self_attn.o_proj", "IQ4_XS")):
+        for name, qtype in (("model.layers.0.mlp.up_proj", "Q2_K"), ("model.layers.0.mlp.gate_proj", "Q3_K"),
+                            ("model.layers.0.self_attn.o_proj", "IQ4_XS")):
             layer = m.get_submodule(name)
             assert isinstance(layer, QuantLinear) and layer.bits == bits, (name, bits)
-            assert m.mixgemm_report.inexact[name] == f"GGUF {qtype} re-quantized to {bits}-bit group 32"
             got, want = layer.dequantize(torch.float64), ref.get_submodule(name).weight.detach()
+            if bits == 8 and qtype != "IQ4_XS":
+                assert name not in m.mixgemm_report.inexact and layer.config.group_size == 16
+                assert torch.equal(got.float(), want), name
+                continue
+            assert m.mixgemm_report.inexact[name] == f"GGUF {qtype} re-quantized to {bits}-bit group 32"
             assert within_half_step(got, want, layer.scales), (name, bits)
     with pytest.raises(ValueError, match="gguf_requantize_bits must be 8 or 4"):
         mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, gguf_requantize_bits=2)
@@ -135,14 +140,18 @@ def test_moe_experts_of_inexact_or_float_types(tmp_path, rel_err):
     from mixgemm.nn.experts import QuantizedExperts
 
     d = str(tmp_path)
-    f = write_tiny_qwen3_moe(d, types={"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q6_K"},
+    f = write_tiny_qwen3_moe(d, types={"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q6_K", "ffn_down_exps": "Q6_K"},
                              name="k.gguf", hidden=256)
     ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
-    assert ours.mixgemm_report.inexact["model.layers.0.mlp.experts.down_proj.2"].startswith("GGUF Q6_K re-quantized")
-    assert "model.layers.0.mlp.experts.gate_up_proj.2" not in ours.mixgemm_report.inexact  # Q4_K: exact
+    assert not ours.mixgemm_report.inexact  # Q4_K, and Q6_K in 8-bit groups of 16: exact
+    gate_up0 = ours.model.layers[0].mlp.experts.gate_up_proj[0]  # Q4_K gate rows beside Q6_K up rows: groups of 16
+    assert (gate_up0.bits, gate_up0.config.group_size, gate_up0.mode) == (8, 16, "offset")
     ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-    gate_up = _experts_weights(ours.model.layers[0].mlp.experts)[0]
+    gate_up, down = _experts_weights(ours.model.layers[0].mlp.experts)
     assert torch.equal(gate_up, ref.model.layers[0].mlp.experts.gate_up_proj.detach())
+    assert torch.equal(down, ref.model.layers[0].mlp.experts.down_proj.detach())
+    four = mixgemm.from_pretrained(d, gguf_file=f, progress=False, gguf_requantize_bits=4)
+    assert four.mixgemm_report.inexact["model.layers.0.mlp.experts.down_proj.2"].startswith("GGUF Q6_K re-quantized")
 
     f = write_tiny_qwen3_moe(d, types={"ffn_gate_exps": "F16", "ffn_up_exps": "F16", "ffn_down_exps": "F32"},
                              name="f.gguf")

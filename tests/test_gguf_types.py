@@ -8,7 +8,7 @@ import torch
 
 from gguf_fixtures import random_blocks, within_half_step
 from mixgemm.formats.weight import dequantize_weight
-from mixgemm.ggml.gguf_types import REQUANTIZED, ROUTES, to_quantized_weight
+from mixgemm.ggml.gguf_types import REQUANTIZED, ROUTES, route_of, to_quantized_weight
 
 gguf = pytest.importorskip("gguf")
 EXACT = [t for t, r in ROUTES.items() if r.exact]
@@ -25,7 +25,8 @@ def test_exact_types_equal_gguf(qtype_name, shape, rng):
     raw = random_blocks(qtype_name, n, k, rng)
     qw = to_quantized_weight(raw, gguf.GGMLQuantizationType[qtype_name], (n, k), "w")
     route = ROUTES[qtype_name]
-    assert (qw.bits, qw.mode, qw.scales.dtype, qw.group_size) == (route.bits, route.mode, route.scale_dtype, 32)
+    group = 16 if qtype_name in ("Q6_K", "Q3_K", "Q2_K") else 32  # sub-blocks of 16: 8-bit groups of 16
+    assert (qw.bits, qw.mode, qw.scales.dtype, qw.group_size) == (route.bits, route.mode, route.scale_dtype, group)
     got, want = dequantize_weight(qw, torch.float32), _oracle(raw, qtype_name, n, k)
     assert want.abs().max() > 0
     # sym types may differ only in the sign of a zero ((q - 8) * d with d < 0 gives -0.0 in gguf)
@@ -35,6 +36,7 @@ def test_exact_types_equal_gguf(qtype_name, shape, rng):
 
 
 KNOWN = [t for t in REQUANTIZED if hasattr(gguf.GGMLQuantizationType, t)]  # (an older gguf knows fewer)
+SUB16 = ["Q6_K", "Q3_K", "Q2_K"]  # exact in groups of 16, re-quantized with requantize_bits=4
 
 
 def _requantized(qtype_name, rng, bits):
@@ -42,13 +44,13 @@ def _requantized(qtype_name, rng, bits):
     raw = random_blocks(qtype_name, n, k, rng)
     qw = to_quantized_weight(raw, gguf.GGMLQuantizationType[qtype_name], (n, k), "w", requantize_bits=bits)
     got, want = dequantize_weight(qw, torch.float64), _oracle(raw, qtype_name, n, k).double()
-    assert float(want.abs().max()) > 0 and not ROUTES[qtype_name].exact
+    assert float(want.abs().max()) > 0 and not route_of(qtype_name, bits).exact
     return qw, got, want
 
 
 @pytest.mark.parametrize("qtype_name", KNOWN)
 def test_requantized_types_within_half_an_int8_step(qtype_name, rng):
-    """Types without an exact form (sub-blocks of 16, codebooks, fp4, ternary) become 8-bit sym groups of 32 with
+    """Types without an exact form (codebooks, fp4, ternary) become 8-bit sym groups of 32 with
     float32 scales by default: every weight within half an int8 step of gguf's own dequantization."""
     qw, got, want = _requantized(qtype_name, rng, 8)
     assert (qw.bits, qw.mode, qw.scales.dtype, qw.group_size) == (8, "sym", torch.float32, 32)
@@ -56,7 +58,7 @@ def test_requantized_types_within_half_an_int8_step(qtype_name, rng):
     assert float((got - want).abs().mean() / want.abs().mean()) < 0.01
 
 
-@pytest.mark.parametrize("qtype_name", KNOWN)
+@pytest.mark.parametrize("qtype_name", KNOWN + SUB16)
 def test_requantized_to_4_bit_on_request(qtype_name, rng):
     """requantize_bits=4 (a low-bit file kept in its size class): 4-bit offset groups of 32, fp16 scales / offsets,
     every weight within half a step; the mean error the module docstring states (random blocks: <= 13%)."""
@@ -82,11 +84,17 @@ def test_type_without_a_route_names_tensor_and_type():
 
 
 @pytest.mark.parametrize("qtype_name", ["Q3_K", "Q6_K"])
-def test_requantized_non_finite_weights_are_errors(qtype_name, rng):
+def test_non_finite_weights_are_errors(qtype_name, rng):
     raw = random_blocks(qtype_name, 4, 256, rng)
     raw[1, -2:] = np.array([np.inf], dtype=np.float16).view(np.uint8)  # row 1's super-block d
-    with pytest.raises(ValueError, match=rf"'w'.*{qtype_name}.*non-finite weight \(row 1"):
+    with pytest.raises(ValueError, match=r"'w'.*row 1.*non-finite d"):
         to_quantized_weight(raw, gguf.GGMLQuantizationType[qtype_name], (4, 256), "w")
+    with pytest.raises(ValueError, match=rf"'w'.*{qtype_name}.*non-finite weight \(row 1"):  # re-quantized
+        to_quantized_weight(raw, gguf.GGMLQuantizationType[qtype_name], (4, 256), "w", requantize_bits=4)
+    q2 = random_blocks("Q2_K", 4, 256, rng)
+    q2[2, 82:84] = np.array([np.nan], dtype=np.float16).view(np.uint8)  # row 2's dmin
+    with pytest.raises(ValueError, match=r"'w'.*row 2.*non-finite dmin"):
+        to_quantized_weight(q2, gguf.GGMLQuantizationType.Q2_K, (4, 256), "w")
 
 
 def test_truncated_bytes_and_bad_scales_are_errors(rng):

@@ -574,3 +574,28 @@ def test_plans_keep_a_prepared_launch_and_calls_use_it(torch_gen):
     dispatch.run_linear(replace(plan, perm_in_kernel=False), x, qw, None, 0.0, 0.0, perm)
     assert torch.equal(launched[-1][0], x[:, perm]) and launched[-1][1] is None
     plans.clear()
+
+
+@pytest.mark.parametrize("device", [H100, H200])
+def test_groups_of_16_decline_the_cuda_kernels(device):
+    """8-bit groups of 16 (GGUF Q6_K / Q3_K / Q2_K): every CUDA entry, weight-only and int8-activation, declines them
+    with the reason, whatever M and activation dtype; the Triton GEMM takes them; the int8-activation path has no
+    kernel for them (the Triton int8 GEMM's K step is wider than a group) and says so."""
+    qw = _qw(1000, 1040, bits=8, group_size=16, mode="offset")
+    for m in (1, 3, 16, 17, 129):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            c = _explain(m, qw, dtype, device=device)
+            assert c.kernel == "triton_gemm"
+            for name in ("cuda_gemv_mma", "cuda_gemv", "cuda_wgmma"):
+                why = _reasons(c)[name]
+                assert "groups of 16" in why or (m > 16 and name != "cuda_wgmma") or (
+                    dtype == torch.float32 and "activation dtype" in why), (name, why)
+    c = _explain(4, qw, device=device)
+    assert all("groups of 16" in why for _, why in c.declined)
+    assert "groups of 16" in _reasons(_explain(64, qw, device=device))["cuda_wgmma"]
+    with pytest.raises(NoKernel, match=r"cuda_gemv_a8: groups of 16.*triton_a8: groups of 16"):
+        _explain(4, qw, act_mode="sym", device=device)
+    with pytest.raises(NoKernel, match=r"triton_a8: groups of 16"):
+        _explain(200, qw, act_mode="asym", device=device)
+    # per-channel over K = 16 (one group) is not a group of 16: the CUDA kernels keep it
+    assert _explain(1, _qw(64, 16, bits=8, group_size=16), device=device).kernel.startswith("cuda_gemv")

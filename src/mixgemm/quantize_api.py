@@ -16,8 +16,9 @@ W4A8       int4 weights, int8 activations     same; K must be a multiple of 64 (
 On the CPU the A16 formats run PyTorch's own int4 / int8 CPU kernels on bfloat16 activations and a blockwise
 dequantized float32 GEMM otherwise (mixgemm.kernels.cpu); the A8 ones run the reference (quantize_activation +
 block_int_gemm in float64). ``group_size`` is 32, 64, 128, 256 or -1
-(per-channel); ``mode`` is "sym", "zero_point" or "offset" (mixgemm.formats.weight). The activation
-formats quantize each token per block of the weight's group size (``act_mode`` "sym" or "asym"), or with
+(per-channel), or 16 for W8A16 (the groups GGUF's Q6_K / Q3_K / Q2_K load into; the Triton GEMM runs them on a
+GPU); ``mode`` is "sym", "zero_point" or "offset" (mixgemm.formats.weight). The activation formats quantize each
+token per block of the weight's group size (``act_mode`` "sym" or "asym"), or with
 ``act_block="token"`` once per token over the whole row (e.g. ``W4A8(act_block="token")``: int4 group-128 weights
 with per-token int8 activations, torchao's "8da4w"). With per-token activations W4A8 quantizes the weights with
 integer group scales by default (``int_scales``: mixgemm.formats.int_scales, each group scale an integer multiple
@@ -36,7 +37,7 @@ from torch import nn
 from mixgemm._checks import ACT_DTYPES
 from mixgemm.formats.activation import check_act
 from mixgemm.formats.int_scales import quantize_weight_int_scales
-from mixgemm.formats.weight import QuantConfig, QuantizedWeight, quantize_weight
+from mixgemm.formats.weight import NARROW_GROUP, QuantConfig, QuantizedWeight, quantize_weight
 from mixgemm.nn.conv import QuantConv2d
 from mixgemm.nn.experts import experts_shape, holds_fused_experts, quantize_experts_, why_not_experts
 from mixgemm.nn.linear import QuantLinear
@@ -119,6 +120,9 @@ class W8A8(_Precision):
     def __post_init__(self):
         super().__post_init__()
         check_act(self.act_mode, self.act_block)
+        if self.group_size == NARROW_GROUP:
+            raise ValueError(f"W8A8 cannot hold group_size={NARROW_GROUP}: groups of {NARROW_GROUP} are for "
+                             "weight-only 8-bit layers (W8A16); the int8-activation kernels take groups of 32 or more")
 
 
 @dataclass(frozen=True)

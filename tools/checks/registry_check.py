@@ -1,6 +1,7 @@
 """GPU check of the kernel registry round (issue 39): QuantLinear.forward time against nn.Linear, eager against eager
 and under torch.compile without CUDA graphs against nn.Linear compiled the same way, at M = 1 / 16 / 512 on a
-2048x2048 layer for W4A16, W8A16, W8A8 and W4A8(act_block="token"); the chosen kernel of each (mixgemm.explain);
+2048x2048 layer for W4A16, W8A16, W8A8, W4A8(act_block="token") and W8A16 in groups of 16 (GGUF Q2_K's form: the
+Triton GEMM); the chosen kernel of each (mixgemm.explain);
 results equal to the custom op; M = 0.
 
     PYTHONPATH=src python -m tools.checks.registry_check --out DIR
@@ -23,7 +24,8 @@ import mixgemm
 from mixgemm.bench.protocol import synced_call_us
 
 SCHEMES = {"W4A16": lambda: mixgemm.W4A16(), "W8A16": lambda: mixgemm.W8A16(), "W8A8": lambda: mixgemm.W8A8(),
-           "W4A8": lambda: mixgemm.W4A8(act_block="token")}
+           "W4A8": lambda: mixgemm.W4A8(act_block="token"),
+           "W8A16 g16": lambda: mixgemm.W8A16(group_size=16, mode="offset", scale_dtype=torch.float32)}
 MS = (1, 16, 512)
 N = K = 2048
 

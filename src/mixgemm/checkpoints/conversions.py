@@ -184,22 +184,27 @@ def common_format(weights: list, layer: str) -> list:
     """``weights`` in one format, exactly: unchanged where their formats agree; else each as offset weights (w = q s +
     m, which holds sym and zero-point weights too) of the widest bit width, with scales and offsets in the one scale
     dtype they share, else float32 -- where every m = -z s rounds to it exactly (a llama.cpp file may store an
-    expert's gate as Q4_0 and its up as Q4_1). ValueError where the group sizes differ or an offset would round."""
-    from mixgemm.formats.weight import QuantConfig, from_codes
+    expert's gate as Q4_0 and its up as Q4_1); parts in groups of 16 (GGUF Q6_K / Q3_K / Q2_K) beside wider groups
+    in 8-bit groups of 16, each wider group's parameters repeated. ValueError where the group sizes differ otherwise
+    or an offset would round."""
+    from mixgemm.formats.weight import NARROW_GROUP, QuantConfig, from_codes
 
     configs = {w.config for w in weights}
     if len(configs) == 1:
         return weights
-    if len({w.group_size for w in weights}) > 1:
-        raise ValueError(f"{layer!r}: its parts in the checkpoint have different group sizes ({sorted(configs)}): "
-                         f"they cannot be one layer")
+    groups = {w.group_size for w in weights}
+    group = min(groups)
+    if len(groups) > 1 and (group != NARROW_GROUP or any(g % group for g in groups)):
+        raise ValueError(f"{layer!r}: its parts in the checkpoint have different group sizes "
+                         f"({sorted(map(str, configs))}): they cannot be one layer")
     bits = max(w.bits for w in weights)
     dtypes = {w.scales.dtype for w in weights}
     for dtype in ([*dtypes, torch.float32] if len(dtypes) == 1 else [torch.float32]):
-        config = QuantConfig(bits=bits, group_size=weights[0].config.group_size, mode="offset", scale_dtype=dtype)
+        config = QuantConfig(bits=bits, group_size=group if len(groups) > 1 else weights[0].config.group_size,
+                             mode="offset", scale_dtype=dtype)
         out = []
         for w in weights:
-            s64, m64 = w.group_params_float64()
+            s64, m64 = (p.repeat_interleave(w.group_size // group, dim=1) for p in w.group_params_float64())
             scales, offsets = s64.to(dtype), m64.to(dtype)
             if not (torch.equal(scales.double(), s64) and torch.equal(offsets.double(), m64)):
                 break

@@ -138,7 +138,7 @@ def quantized_weight(tensor, processor, requantize_bits: int = 8,
     """A quantized GGUF Linear weight as a QuantizedWeight in transformers' row order, and whether it is exact
     (requantize_bits: the width of the types re-quantized, mixgemm.ggml.gguf_types). ``expert``: expert e's weight
     of a 3-D experts tensor [E, out, in] (its slice of the blocks), else the tensor is the 2-D weight."""
-    from mixgemm.ggml.gguf_types import ROUTES, to_quantized_weight
+    from mixgemm.ggml.gguf_types import route_of, to_quantized_weight
 
     shape, data, name = torch_shape(tensor), tensor.data, tensor.name
     if expert is not None and len(shape) == 3:
@@ -147,7 +147,8 @@ def quantized_weight(tensor, processor, requantize_bits: int = 8,
         raise ValueError(f"GGUF tensor {tensor.name!r} has shape {torch_shape(tensor)}; a Linear weight is 2-D"
                          + (", an experts tensor 3-D" if expert is not None else ""))
     qw = to_quantized_weight(data, tensor.tensor_type, shape, name, requantize_bits)
-    return permute_rows(qw, row_order(processor, tensor.name, shape[0])), ROUTES[tensor.tensor_type.name].exact
+    exact = route_of(tensor.tensor_type.name, requantize_bits).exact
+    return permute_rows(qw, row_order(processor, tensor.name, shape[0])), exact
 
 
 def split(path: str, gguf_file: str | None) -> tuple[str, str]:

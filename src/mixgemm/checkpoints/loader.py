@@ -562,9 +562,10 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     filter_fn(module, name) -> bool limits which Linears are quantized. compact (default
     True): each QuantLinear keeps its codes in one resident layout on an sm_90 GPU, now or once the model is moved
     there (as quantize_'s ``compact``). gguf_requantize_bits (8 or 4): the width GGUF types without an exact
-    mixgemm form (Q6_K, Q2_K, Q3_K, IQ*, TQ*, MXFP4, NVFP4) are re-quantized to: 8 (default) stays within half an
-    int8 step of the file's weights at 9 bits a weight, 4 keeps a low-bit file's size class (5 bits a weight, a few
-    % more error; mixgemm.ggml.gguf_types). Other keyword arguments go to ``AutoConfig.from_pretrained``.
+    mixgemm form (IQ*, TQ*, MXFP4, NVFP4) are re-quantized to: 8 (default) stays within half an int8 step of the
+    file's weights at 9 bits a weight, 4 keeps a low-bit file's size class (5 bits a weight, a few % more error; it
+    also re-quantizes Q6_K, Q3_K and Q2_K, which 8 holds exactly in 8-bit groups of 16 at 10-12 bits a weight;
+    mixgemm.ggml.gguf_types). Other keyword arguments go to ``AutoConfig.from_pretrained``.
 
     The model is in eval mode; ``model.mixgemm_report`` (a LoadReport) lists what was quantized and what not, and
     ``model.config.quantization_config`` describes every QuantLinear, so ``model.save_pretrained`` writes a

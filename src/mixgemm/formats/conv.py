@@ -13,12 +13,20 @@ from dataclasses import dataclass
 import torch
 
 from mixgemm.formats.weight import (
+    NARROW_GROUP,
     PER_CHANNEL,
     QuantConfig,
     QuantizedWeight,
     dequantize_weight,
     quantize_weight,
 )
+
+
+def check_conv_config(config: QuantConfig) -> None:
+    """ValueError for a format no conv kernel takes: groups of 16 (GGUF's sub-blocks, linear weights only)."""
+    if config.group_size == NARROW_GROUP:
+        raise ValueError(f"group_size={NARROW_GROUP} is for linear weights (GGUF's 16-weight sub-blocks); conv "
+                         "weights take group_size 32, 64, 128, 256 or -1")
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,7 @@ def quantize_conv_weight(weight: torch.Tensor, config: QuantConfig | None = None
     if weight.dim() != 4:
         raise ValueError(f"conv weight must be 4-D [Co, Ci/groups, Kh, Kw], got shape {tuple(weight.shape)}")
     config = config if config is not None else QuantConfig(**kwargs)
+    check_conv_config(config)
     co, ci_g, kh, kw = weight.shape
     if config.group_size != PER_CHANNEL and ci_g % config.group_size:
         raise ValueError(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from mixgemm.formats.packing import pack_codes, unpack_codes
-from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
+from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight, narrow_group_reason
 
 INT4_PERM = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble p of a 32-bit word holds element INT4_PERM[p]
 
@@ -66,6 +66,9 @@ def build_gemv_v2(qw: QuantizedWeight) -> GemvLayout:
     bits = qw.bits
     chunk = 32 if bits == 4 else 16
     g, ng = qw.config.groups(k)
+    why = narrow_group_reason(g, ng)
+    if why:
+        raise ValueError(f"no gemv_v2 layout: {why}")
     kp = -(-k // chunk) * chunk
     plain = qw.qweight
     if kp == k and plain.is_contiguous() and plain.data_ptr() % 16 == 0:

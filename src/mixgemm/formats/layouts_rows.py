@@ -29,7 +29,7 @@ import torch
 
 from mixgemm.formats.layouts import KernelLayout
 from mixgemm.formats.layouts_wgmma import K_TILE, wgmma_params
-from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.formats.weight import QuantizedWeight, narrow_group_reason
 
 ROWS_LAYOUT = "rows_v1"  # its name (QuantizedWeight.resident of a weight that keeps only it)
 CHUNK = 16
@@ -68,7 +68,7 @@ def rows_supported(qw: QuantizedWeight) -> str | None:
     """Why ``qw`` cannot take rows_v1, or None."""
     if qw.bits != 8:
         return f"rows_v1 holds int8 weights, this one is int{qw.bits}"
-    return None
+    return narrow_group_reason(qw.group_size, qw.num_groups)
 
 
 def build_rows_v1(qw: QuantizedWeight) -> RowsLayout:

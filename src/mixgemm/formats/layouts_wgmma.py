@@ -32,7 +32,7 @@ from typing import ClassVar
 import torch
 
 from mixgemm.formats.layouts import INT4_PERM, KernelLayout
-from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
+from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight, narrow_group_reason
 
 K_TILE = 64
 ROWS = 16
@@ -112,6 +112,9 @@ def build_wgmma_v1(qw: QuantizedWeight) -> WgmmaLayout:
     modified."""
     from mixgemm.formats.packing import unpack_codes
 
+    why = narrow_group_reason(qw.group_size, qw.num_groups)
+    if why:
+        raise ValueError(f"no wgmma_v1 layout: {why}")
     n, k = qw.shape
     bits = qw.bits
     np_ = -(-n // (ROWS * GROUP_TILES)) * ROWS * GROUP_TILES

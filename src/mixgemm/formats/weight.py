@@ -45,8 +45,21 @@ from mixgemm.formats.packing import pack_codes, unpack_codes
 
 MODES = ("sym", "zero_point", "offset")
 GROUP_SIZES = (32, 64, 128, 256)
+# groups of 16, 8-bit weights only: GGUF's Q6_K / Q3_K / Q2_K scale sub-blocks of 16 weights, held exactly
+# (mixgemm.ggml.gguf_types). Not in GROUP_SIZES, whose sizes every kernel family takes: the CUDA kernels decline
+# groups of 16 (their k tiles hold whole groups of 32 or more); the Triton GEMM and the CPU paths run them.
+NARROW_GROUP = 16
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 PER_CHANNEL = -1
+
+
+def narrow_group_reason(group_size: int, num_groups: int) -> str | None:
+    """Why a CUDA kernel (or its layout) cannot take a weight of ``group_size`` (the effective group) split into
+    ``num_groups`` groups, or None: groups of NARROW_GROUP, whose k tiles hold whole groups of 32 or more."""
+    if group_size == NARROW_GROUP and num_groups > 1:
+        return (f"groups of {NARROW_GROUP} (8-bit, GGUF's Q6_K / Q3_K / Q2_K sub-blocks): the CUDA kernels' k tiles "
+                "take groups of 32 or more; the Triton GEMM and the CPU paths run them")
+    return None
 
 
 def _is_int(v) -> bool:
@@ -57,7 +70,8 @@ def _is_int(v) -> bool:
 class QuantConfig:
     """How to quantize a weight.
 
-    bits: 4 or 8. group_size: 32, 64, 128, 256, or -1 (None accepted) for per-channel (one group = all K).
+    bits: 4 or 8. group_size: 32, 64, 128, 256, or -1 (None accepted) for per-channel (one group = all K); 16 for
+    8-bit weights (NARROW_GROUP).
     mode: "sym", "zero_point" or "offset" (see the module docstring). scale_dtype: dtype of s and m.
     """
 
@@ -78,11 +92,15 @@ class QuantConfig:
         if not _is_int(self.bits) or self.bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {self.bits!r}")
         if not _is_int(self.group_size) or (
-            self.group_size != PER_CHANNEL and self.group_size not in GROUP_SIZES
+            self.group_size not in (PER_CHANNEL, NARROW_GROUP) and self.group_size not in GROUP_SIZES
         ):
             raise ValueError(
-                f"group_size must be one of {GROUP_SIZES} or -1 (per-channel), got {self.group_size!r}"
+                f"group_size must be one of {GROUP_SIZES}, -1 (per-channel) or {NARROW_GROUP} (8-bit only), got "
+                f"{self.group_size!r}"
             )
+        if self.group_size == NARROW_GROUP and self.bits != 8:
+            raise ValueError(f"group_size={NARROW_GROUP} is for 8-bit weights only (GGUF's 16-weight sub-blocks), "
+                             f"got bits={self.bits}: {self.bits}-bit weights take {GROUP_SIZES} or -1")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.scale_dtype not in SCALE_DTYPES:

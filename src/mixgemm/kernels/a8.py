@@ -85,6 +85,8 @@ def _gemv_a8_can_run(p: Problem):
         return no(f"activation dtype {p.x_dtype}, {p.bits}-bit weights, act_mode {p.act_mode!r}")
     if not 1 <= p.m <= gemv_a8.MAX_M:
         return no(f"M={p.m} outside the kernel's 1..{gemv_a8.MAX_M}")
+    if p.group_size < 32 and not p.per_channel:
+        return no(f"groups of {p.group_size}: the int8-activation kernels take groups of 32 or more")
     if not nvrtc_ok():
         return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
     if p.per_channel and p.k > 65536:
@@ -422,6 +424,8 @@ def _triton_a8_can_run(p: Problem):
         return no("needs a CUDA device (or TRITON_INTERPRET=1)")
     if not (triton_ok("mixgemm.kernels.triton.int8_gemm") and triton_ok("mixgemm.kernels.triton.int8_layout")):
         return no("Triton unavailable")
+    if p.group_size < 32 and not p.per_channel:
+        return no(f"groups of {p.group_size}: the int8-activation kernels take groups of 32 or more")
     if p.bits == 4:
         from mixgemm.kernels.triton.int8_layout import pick_half
 

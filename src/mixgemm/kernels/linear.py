@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 
 import mixgemm.tuning as tuning
-from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.formats.weight import QuantizedWeight, narrow_group_reason
 from mixgemm.kernels.dequant_matmul import ENTRY as DEQUANT_CUBLAS
 from mixgemm.kernels.layouts import GEMV_MMA_V1, GEMV_V2, ROWS_V1, WGMMA_V1
 from mixgemm.kernels.options import current_options
@@ -88,6 +88,8 @@ def _gemv_common(p: Problem, dtypes) -> str | None:
         return f"{p.bits}-bit weights"
     if not 1 <= p.m <= GEMV_MAX_M:
         return f"M={p.m} outside the GEMV's 1..{GEMV_MAX_M}"
+    if narrow := narrow_group_reason(p.group_size, p.num_groups):
+        return narrow
     if not nvrtc_ok():
         return "NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable"
     return None
@@ -542,6 +544,8 @@ def _wgmma_can_run(p: Problem):
         return no(f"activation dtype {p.x_dtype} (takes float16 / bfloat16)")
     if p.bits not in (4, 8):
         return no(f"{p.bits}-bit weights")
+    if narrow := narrow_group_reason(p.group_size, p.num_groups):
+        return no(narrow)
     if not nvrtc_ok():
         return no("NVRTC (cuda-bindings / nvidia-cuda-nvrtc) unavailable")
     return OK

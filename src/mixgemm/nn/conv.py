@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from mixgemm.epilogue import clamp_bounds
-from mixgemm.formats.conv import QuantizedConvWeight, quantize_conv_weight
+from mixgemm.formats.conv import QuantizedConvWeight, check_conv_config, quantize_conv_weight
 from mixgemm.formats.weight import GROUP_SIZES, PER_CHANNEL, QuantConfig, QuantizedWeight
 from mixgemm.ops.conv import _pair, conv2d
 
@@ -37,6 +37,7 @@ _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.floa
 
 def fit_conv_config(config: QuantConfig, weight_shape, strict: bool = False) -> QuantConfig:
     """The config actually used for a conv kernel of shape [Co, Ci_g, Kh, Kw] (see the module docstring)."""
+    check_conv_config(config)
     co, ci_g, kh, kw = weight_shape
     cfg = config
     if cfg.group_size != PER_CHANNEL and ci_g % cfg.group_size:
@@ -107,6 +108,7 @@ class QuantConv2d(nn.Module):
         ci_g = in_channels // groups
         kh, kw = self.kernel_size
         self.qconfig = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scale_dtype)
+        check_conv_config(self.qconfig)
         _, ng = self.qconfig.groups(kh * kw * ci_g)  # validates the format against K
         kbytes = kh * kw * ci_g * bits // 8
         self.register_buffer("qweight", torch.zeros(out_channels, kbytes, dtype=torch.uint8, device=device))

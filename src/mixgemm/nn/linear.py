@@ -39,6 +39,7 @@ from mixgemm.formats.weight import (
     compact_placeholder,
     dequantize_weight,
     is_compact_placeholder,
+    narrow_group_reason,
     quantize_weight,
 )
 from mixgemm.ops.custom_ops import cache_weight, compact_weight, drop_cached, weight_from_tensors
@@ -102,6 +103,9 @@ class QuantLinear(nn.Module):
         config = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scale_dtype)
         _, ng = config.groups(in_features)
         check_act(act_mode, act_block, optional=True)
+        if act_mode is not None and narrow_group_reason(group_size, ng):
+            raise ValueError(f"act_mode={act_mode!r} with group_size={group_size}: groups of {group_size} are for "
+                             "weight-only layers; the int8-activation kernels take groups of 32 or more")
         self.in_features = int(in_features)
         self.out_features = int(out_features)
         self.config = config
@@ -291,6 +295,9 @@ class QuantLinear(nn.Module):
                 return f"rows_v1 holds int8 weights, the layer is int{self.config.bits}"
         elif layout != want:
             return f"a {'weight-only' if self.act_mode is None else 'int8-activation'} layer's kernels read {want}"
+        narrow = narrow_group_reason(*self.config.groups(self.in_features))
+        if narrow and self.act_mode is None:
+            return f"{layout} (a CUDA kernels' layout): {narrow}"
         dev = self.qweight.device
         if dev.type == "meta":
             return "the layer is on the meta device (no values)"

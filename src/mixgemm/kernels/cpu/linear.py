@@ -19,6 +19,10 @@ Routes (neither dequantizes the whole weight per call):
   c = q - 128 and unit scales; the real scales s (and m') are applied after, in float32, so they are used exactly.
   K must be a multiple of 32: torch 2.13's kernel read past the end of rows of other lengths (wrong results and
   crashes, measured with K = 33 on an AVX2 CPU).
+* 8 bits, groups of 16 (GGUF's Q6_K / Q3_K / Q2_K): the int4 kernel's groups of 32 each take one weight group's high
+  and low nibbles of q - d against [16 x, x] of that group (16 x exact in bfloat16), scale s and zero 0: the group
+  sums s x (16 h + l - 136) = s x (q - q0), q0 = d + 136 with d putting q0 at the middle of the codes' range (where
+  q - d stays in 0..255), (q0 - 128) s joining m'. One call, N a multiple of 16.
 * 8 bits, grouped: each code split into two nibbles, q = 16 q_hi + q_lo, so that
   (q - 128) s = (q_hi - 8) (16 s) + (q_lo - 8) s + 8 s: a 4-bit weight [N, 2K] (the high nibbles, then the low
   ones, with scales 16 s and s) times [x, x], through the int4 kernel in one call (8 s joins m'). Where N is not a
@@ -32,9 +36,9 @@ rounding float32 / float16 activations to bfloat16 would lose more than their dt
 
 Layouts, built once per weight and cached on it (QuantizedWeight.layout): the int4 layout is uint8 [N, K / 2],
 the same size as the codes, plus 4 bytes (bf16 scale and zero) per kernel group and 4 bytes (float32 m') per
-group for the asymmetric modes; the int8 layouts (int8 [G, N, group], or the nibbles in the int4 layout) are the
-size of the codes, plus 4 to 12 bytes per group (scales, m'). The plain tensors stay, so the CPU layout doubles
-the codes' memory.
+group for the asymmetric modes; the int8 layouts (int8 [G, N, group], or the nibbles in the int4 layout, paired or
+not) are the size of the codes, plus 4 to 12 bytes per group (scales, m'). The plain tensors stay, so the CPU layout
+doubles the codes' memory.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from mixgemm.epilogue import clamp_bounds
-from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.formats.weight import NARROW_GROUP, QuantizedWeight
 
 KERNEL_GROUPS = (256, 128, 64, 32)  # group sizes _weight_int4pack_mm_for_cpu accepts, largest first
 INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
@@ -56,13 +60,15 @@ class Int4CpuLayout:
     """packed: uint8 [N, K' / 2] (torch's CPU int4 layout); scales_and_zeros: bfloat16 [K' / kernel_group, N, 2]
     holding (s, 0); kernel_group: the kernel's group size; offsets: float32 [G, N], the m' of
     w = (q - 8) s + m' per weight group, or None for "sym". nibbles: True for an 8-bit weight split into two
-    nibbles (K' = 2K, multiplied by [x, x]), False for a 4-bit weight (K' = K)."""
+    nibbles (K' = 2K, multiplied by [x, x]), False for a 4-bit weight (K' = K). paired: an 8-bit weight of groups of
+    16 whose two nibbles share a kernel group (K' = 2K, multiplied by [16 x, x] per group)."""
 
     packed: torch.Tensor
     scales_and_zeros: torch.Tensor
     kernel_group: int
     offsets: torch.Tensor | None
     nibbles: bool = False
+    paired: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,30 @@ def build_int8_nibbles_layout(qw: QuantizedWeight) -> Int4CpuLayout:
     return Int4CpuLayout(packed, scales_and_zeros, kg, m.float().contiguous(), nibbles=True)
 
 
+def build_int8_paired_layout(qw: QuantizedWeight) -> Int4CpuLayout:
+    """An 8-bit weight of groups of 16 as the 4-bit weight [N, 2K] of each group's high then low nibbles, one kernel
+    group of 32 per weight group (module docstring): the nibbles of q - d (in 0..255), so that the kernel's zero-free
+    group sums s x (q - q0) for q0 = d + 136 at the middle of the codes' range where it fits."""
+    if qw.bits != 8 or qw.group_size != NARROW_GROUP or qw.out_features % INT4_N_MULTIPLE:
+        raise ValueError(f"no CPU paired layout for bits={qw.bits}, group={qw.group_size}, N={qw.out_features}")
+    n, k = qw.shape
+    q = qw.codes().to(torch.int32)
+    lo, hi = _code_range(q)
+    d = min(max((lo + hi + 1) // 2 - 136, hi - 255), lo)
+    qd = (q - d).view(n, qw.num_groups, 1, NARROW_GROUP)
+    packed = torch._convert_weight_to_int4pack_for_cpu(torch.cat((qd >> 4, qd & 15), dim=2).view(n, 2 * k), 1)
+    s = qw.scales.to(torch.bfloat16).T  # [G, N]
+    scales_and_zeros = torch.stack((s, torch.zeros_like(s)), dim=-1).contiguous()
+    m = qw.centered_params_float64()[1].T + (d + 136 - 128) * qw.scales.double().T  # w = (q - q0) s + m
+    return Int4CpuLayout(packed, scales_and_zeros, 2 * NARROW_GROUP, m.float().contiguous(), paired=True)
+
+
+def _paired_x(x2: torch.Tensor) -> torch.Tensor:
+    """[16 x, x] per group of 16 of x2 [M, K] (the paired layout's activations): [M, 2K]."""
+    xg = x2.view(x2.shape[0], -1, 1, NARROW_GROUP)
+    return torch.cat((xg * 16, xg), dim=2).view(x2.shape[0], -1)
+
+
 def _nibbles_fit(qw: QuantizedWeight) -> bool:
     return qw.num_groups > 1 and _kernel_group(qw.group_size) is not None and qw.out_features % INT4_N_MULTIPLE == 0
 
@@ -171,6 +201,13 @@ def cpu_can_run(x: torch.Tensor, qw: QuantizedWeight) -> tuple[bool, str]:
         if qw.out_features % INT4_N_MULTIPLE:
             return False, f"N={qw.out_features} is not a multiple of {INT4_N_MULTIPLE} (torch's CPU int4 layout)"
         return True, f"torch._weight_int4pack_mm_for_cpu, bfloat16, kernel group {kg}"
+    if qw.group_size == NARROW_GROUP:
+        if not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+            return False, "this torch build has no _weight_int4pack_mm_for_cpu"
+        if qw.out_features % INT4_N_MULTIPLE:
+            return False, f"N={qw.out_features} is not a multiple of {INT4_N_MULTIPLE} (torch's CPU int4 layout)"
+        return True, ("torch._weight_int4pack_mm_for_cpu on each group of 16's two nibbles against [16 x, x], "
+                      "bfloat16, kernel group 32")
     if not hasattr(torch, "_weight_int8pack_mm"):
         return False, "this torch build has no _weight_int8pack_mm"
     if qw.group_size % INT8_K_MULTIPLE:
@@ -200,10 +237,14 @@ def cpu_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
     x2 = x.reshape(-1, k).contiguous()
     if x2.shape[0] == 0:
         return x.new_zeros(*lead, n)
-    if qw.bits == 4 or _nibbles_fit(qw):
-        lay = (qw.layout("cpu_int4", build_int4_layout) if qw.bits == 4
-               else qw.layout("cpu_int8_nibbles", build_int8_nibbles_layout))
-        xk = torch.cat((x2, x2), dim=1) if lay.nibbles else x2
+    if qw.bits == 4 or qw.group_size == NARROW_GROUP or _nibbles_fit(qw):
+        if qw.bits == 4:
+            lay = qw.layout("cpu_int4", build_int4_layout)
+        elif qw.group_size == NARROW_GROUP:
+            lay = qw.layout("cpu_int8_paired", build_int8_paired_layout)
+        else:
+            lay = qw.layout("cpu_int8_nibbles", build_int8_nibbles_layout)
+        xk = _paired_x(x2) if lay.paired else torch.cat((x2, x2), dim=1) if lay.nibbles else x2
         y = torch._weight_int4pack_mm_for_cpu(xk, lay.packed, lay.kernel_group, lay.scales_and_zeros)
         if lay.offsets is None and bias is None and activation is None:
             return y.reshape(*lead, n)
@@ -226,4 +267,4 @@ def cpu_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
 
 
 __all__ = ["Int4CpuLayout", "Int8CpuLayout", "build_int4_layout", "build_int8_layout", "build_int8_nibbles_layout",
-           "cpu_can_run", "cpu_linear"]
+           "build_int8_paired_layout", "cpu_can_run", "cpu_linear"]

@@ -4,7 +4,7 @@
 
 * x2d: float16 / bfloat16 / float32 [M, K], unit stride along K (any row stride), on a CUDA device (or on
   the CPU under TRITON_INTERPRET=1). Any M >= 1.
-* qw: QuantizedWeight [N, K] on the same device: int4 / int8, any group size (32..256, per-channel),
+* qw: QuantizedWeight [N, K] on the same device: int4 / int8, any group size (32..256, per-channel; 16 for int8),
   mode "sym" / "zero_point" / "offset", any scale dtype. Its ``triton_gemm_v1_ks<KS>`` layout (layout.py) is
   built on first use and cached on the weight.
 * bias: None or float [N]. lo, hi: output clamp bounds (floats, may be +-inf).
