@@ -119,6 +119,8 @@ def test_registry_hard_declines():
     assert "below DEQUANT_MIN_M" in dict(_explain(256, qw).declined)["dequant_cublas"]
     assert "sm_90" in dict(_explain(4096, qw, device=A100).declined)["dequant_cublas"]
     assert "activation dtype torch.float32" in dict(_explain(4096, qw, dtype=torch.float32).declined)["dequant_cublas"]
+    narrow = _qw(256, 256, 8, 16, "sym")
+    assert "cannot hold groups of 16" in dict(_explain(4096, narrow).declined)["dequant_cublas"]
 
 
 # ------------------------------------------------------------------------------------------------ GPU

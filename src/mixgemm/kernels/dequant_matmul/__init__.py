@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import torch
 
+from mixgemm.formats.weight import narrow_group_reason
 from mixgemm.kernels import race
 from mixgemm.kernels.layouts import WGMMA_V1
 from mixgemm.kernels.options import current_options
@@ -47,6 +48,8 @@ def _static_reason(p: Problem) -> str | None:
         return f"activation dtype {p.x_dtype} (takes float16 / bfloat16)"
     if p.bits not in (4, 8):
         return f"{p.bits}-bit weights"
+    if narrow := narrow_group_reason(p.group_size, p.num_groups):
+        return f"reads wgmma_v1, which cannot hold {narrow.split(':')[0]}"
     if p.m < DEQUANT_MIN_M:
         return f"M={p.m} below DEQUANT_MIN_M={DEQUANT_MIN_M} (the dequantize pass alone outweighs the GEMM)"
     if not _triton_ok():
