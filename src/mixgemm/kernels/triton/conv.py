@@ -822,9 +822,11 @@ def _dequant_matrix_kernel(
     OUT_DTYPE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    ONE_GROUP: tl.constexpr,
 ):
     """out[n, k] = W[n, k] in OUT_DTYPE ([CO, K] row-major): the same unpack / magic-number math as the conv
-    kernel, with a per-element group index (tile-size independent)."""
+    kernel. ONE_GROUP (BLOCK_K divides the group): one parameter vector per tile, broadcast along k (a per-element
+    gather of the parameters would read four times the bytes the tile writes); else a group index per element."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -836,11 +838,18 @@ def _dequant_matrix_kernel(
         mask=mask_n[:, None] & (offs_w[None, :] < WROW),
         other=0,
     )
-    pidx = (offs_k // GS)[None, :] * CO + offs_n[:, None]
     pm = mask_n[:, None] & (offs_k[None, :] < K)
-    s, p = group_params(
-        tl.load(s_ptr + pidx, mask=pm, other=0.0), tl.load(m_ptr + pidx, mask=pm, other=0.0), BITS, ZERO_MODE, OUT_DTYPE
-    )
+    if ONE_GROUP:
+        pidx = (k0 // GS) * CO + offs_n
+        s, p = group_params(tl.load(s_ptr + pidx, mask=mask_n, other=0.0),
+                            tl.load(m_ptr + pidx, mask=mask_n, other=0.0), BITS, ZERO_MODE, OUT_DTYPE)
+        s, p = s[:, None], p[:, None]
+    else:
+        pidx = (offs_k // GS)[None, :] * CO + offs_n[:, None]
+        s, p = group_params(
+            tl.load(s_ptr + pidx, mask=pm, other=0.0), tl.load(m_ptr + pidx, mask=pm, other=0.0), BITS, ZERO_MODE,
+            OUT_DTYPE
+        )
     w = _dequantize_words(words, BITS, BLOCK_K, ZERO_MODE, s, p, OUT_DTYPE, True)
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w, mask=pm)
 
@@ -851,7 +860,7 @@ def dequantize_matrix(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     Values equal the conv kernel's in-register dequantization (for fp16: w = (q - z) * s rounded once)."""
     lay = conv_layout(qw)
     out = torch.empty((lay.n, lay.k), device=lay.weight.device, dtype=dtype)
-    bn, bk = 32, 64
+    bn, bk = 64, 64
     _dequant_matrix_kernel[(triton.cdiv(lay.n, bn), triton.cdiv(lay.k, bk))](
         lay.weight,
         lay.scale,
@@ -866,6 +875,7 @@ def dequantize_matrix(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
         OUT_DTYPE=_TL_DTYPES[dtype],
         BLOCK_N=bn,
         BLOCK_K=bk,
+        ONE_GROUP=lay.group_size % bk == 0,
         num_warps=4,
     )
     return out
