@@ -46,9 +46,11 @@ from mixgemm.ops.eager import eager_applies, eager_forward, fast_call
 from mixgemm.ops.kept_launches import forget
 
 _MODE_ID = {m: i for i, m in enumerate(MODES)}
-# (act_mode, act_block) -> the id in the format tensor; ids 0-2 are the version-1 ones (per weight group)
-_ACT_ID = {(None, "group"): 0, **{(m, "group"): i + 1 for i, m in enumerate(ACT_MODES)},
-           **{(m, "token"): i + 1 + len(ACT_MODES) for i, m in enumerate(ACT_MODES)}}
+# (act_mode, act_block) -> the id in the format tensor, fixed as saved files hold them; ids 0-2 are the version-1
+# ones (per weight group)
+_ACT_ID = {(None, "group"): 0, ("sym", "group"): 1, ("asym", "group"): 2, ("sym", "token"): 3, ("asym", "token"): 4,
+           ("sym_full", "group"): 5, ("sym_full", "token"): 6}
+assert {m for m, _ in _ACT_ID} == {None, *ACT_MODES}
 _DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
@@ -68,8 +70,8 @@ class QuantLinear(nn.Module):
     Buffers: qweight uint8 [N, K * bits // 8]; scales [N, G] (scale dtype); zeros uint8 [N, G] for mode
     "zero_point", else empty; offsets [N, G] for mode "offset", else empty; input_perm int64 [K] for act-order
     layers (``act_order=True``; the stored weight's columns are in that order), else None. bias: a Parameter [N]
-    (requires_grad=False) or None. ``act_mode`` None (weight-only) or "sym" / "asym" (int8 activations
-    per token and per weight group, or per token over the whole row with ``act_block="token"``).
+    (requires_grad=False) or None. ``act_mode`` None (weight-only) or "sym" / "asym" / "sym_full" (int8 activations,
+    mixgemm.formats.activation's schemes, per token and per weight group, or per token over the whole row with ``act_block="token"``).
 
     ``.to(dtype)`` / ``.half()`` convert the bias like nn.Linear does but never the scales and offsets:
     re-rounding them would change the quantized weight.
