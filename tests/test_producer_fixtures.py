@@ -369,3 +369,15 @@ def test_llamacpp_fixture_weights_logits_and_tokens(name, rel_err):
     if report.inexact:  # Q6_K within half an int8 step: 1.0% of transformers' logits measured (greedy tokens of
         # these random models then part at a near tie: 2.997 / 2.968 against 2.989 / 2.997 for Q4_K_M)
         assert rel_err(model(ids).logits.detach(), plain) < 2e-2
+
+
+def test_w8a8_fixture_saved_by_mixgemm_keeps_its_activation_mode(tmp_path):
+    """Re-saved in mixgemm's own format, the compressed-tensors W8A8 layers reload with compressed-tensors' activation
+    scheme ("sym_full" per token) and the same logits."""
+    model = mixgemm.from_pretrained(os.path.join(ROOT, "llmcompressor-w8a8"), dtype=torch.float32, progress=False)
+    model.save_pretrained(tmp_path)
+    back = mixgemm.from_pretrained(str(tmp_path), dtype=torch.float32, progress=False)
+    qls = [m for m in back.modules() if isinstance(m, QuantLinear)]
+    assert qls and all((m.act_mode, m.act_block) == ("sym_full", "token") for m in qls)
+    with torch.no_grad():
+        assert torch.equal(back(IDS).logits, model(IDS).logits)
