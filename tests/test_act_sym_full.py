@@ -134,23 +134,28 @@ def test_triton_a8_gemm_sym_full(m):
 
 
 def test_nvrtc_compiles_the_sym_full_quantizers():
+    """The CUDA quantizers with A8_SF: the row quantizer, the fused GEMV's prologue (gemv_a8.cu) and the one on the
+    int8 GEMM's layout (gemv_a8_wg.cu), for each activation dtype."""
+    from mixgemm.formats.layouts_a8 import get_a8gemv_layout
     from mixgemm.kernels.cuda import gemv_a8 as ga
+    from mixgemm.kernels.cuda import gemv_a8_wg as gw
     from mixgemm.kernels.cuda import nvrtc
 
     if not nvrtc.nvrtc_available():
         pytest.skip("cuda-bindings / libnvrtc not installed")
-    for xt in (0, 1, 2):
-        defines = {"A8_ACTQ": 7, "A8_XT": xt, "A8_SF": 1}
-        assert len(nvrtc.compile_cubin(ga.SOURCE, tuple(sorted(defines.items())), "sm_90"))
-    from mixgemm.formats.layouts_a8 import get_a8gemv_layout
-
     qw = quantize_weight(torch.randn(64, 256) * 0.05, bits=8, group_size=-1, mode="sym")
     lay = get_a8gemv_layout(qw)
     cfg = ga.choose_config(1, 64, 1, 132, 8, 0)
+    wg = {"A8_BITS": 8, "A8_M": 1, "A8_G": 0, "A8_AT": 0, "A8_RT": 1, "A8_U": 2, "A8_RG": 4, "A8_KS": 2, "A8_PF": 1,
+          "A8_OPC": 0, "A8_MMA": 0}
     for xt in (0, 1, 2):
-        defines = ga.defines_for(lay, xt, 1, cfg, per_token=True, act_mode="sym_full")
-        assert defines["A8_SF"] == 1
-        assert len(nvrtc.compile_cubin(ga.SOURCE, tuple(sorted(defines.items())), "sm_80"))
+        rows = {"A8_ACTQ": 7, "A8_XT": xt, **ga.mode_defines("sym_full")}
+        fused = ga.defines_for(lay, xt, 1, cfg, per_token=True, act_mode="sym_full")
+        assert rows["A8_SF"] == fused["A8_SF"] == 1
+        assert "A8_SF" not in ga.defines_for(lay, xt, 1, cfg, per_token=True)  # sym keeps its compile keys
+        for source, defines, arch in ((ga.SOURCE, rows, "sm_90"), (ga.SOURCE, fused, "sm_80"),
+                                      (gw.SOURCE, {**wg, "A8_XT": xt, "A8_SF": 1}, "sm_90")):
+            assert len(nvrtc.compile_cubin(source, tuple(sorted(defines.items())), arch)), (source, xt)
 
 
 def test_saved_and_reloaded_layer_keeps_the_mode(tmp_path):

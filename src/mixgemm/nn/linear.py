@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 import mixgemm.ops.custom_ops  # noqa: F401  (registers torch.ops.mixgemm.*)
-from mixgemm.formats.activation import ACT_MODES, check_act
+from mixgemm.formats.activation import ACT_MODES, SYMMETRIC_ACT_MODES, check_act
 from mixgemm.formats.weight import (
     MODES,
     PER_CHANNEL,
@@ -302,8 +302,9 @@ class QuantLinear(nn.Module):
         if self.act_mode is not None:
             from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
 
-            if self.act_mode != "sym":
-                return f"act_mode {self.act_mode!r}: the int8 GEMM that reads {layout} takes sym activations"
+            if self.act_mode not in SYMMETRIC_ACT_MODES:
+                return (f"act_mode {self.act_mode!r}: the int8 GEMM that reads {layout} takes symmetric activations "
+                        f"{SYMMETRIC_ACT_MODES}")
             if not a8_layout_supported(self.quantized_weight()):
                 return (f"{layout} holds sym int4 / int8 weights with group 128, 256 or per-channel, the layer is "
                         f"{self.config.mode} group {self.config.group_size}")

@@ -143,7 +143,7 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     if choice.kernel == "cuda_gemv_a8_wg":
         from mixgemm.kernels.cuda.gemv_a8_wg import prepare_gemv_a8_wg
 
-        launch = prepare_gemv_a8_wg(qweight, m, x.dtype, dev, out.dtype, blk == k, cfg)
+        launch = prepare_gemv_a8_wg(qweight, m, x.dtype, dev, out.dtype, blk == k, cfg, act_mode)
         return lambda: launch(x2, bias, lo, hi, out)
     if choice.kernel == "cuda_wgmma_a8":
         from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
@@ -153,7 +153,7 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
         qbufs = _act_bufs(m, k, k // blk, dev)
 
         def run_wgmma():
-            aq, sa, _, _ = act_quant(x2, blk, "sym", out=qbufs)
+            aq, sa, _, _ = act_quant(x2, blk, act_mode, out=qbufs)
             return gemm_wgmma_a8(aq, sa, qweight, bias, lo, hi, out.dtype, config=cfg, out=out)
 
         return run_wgmma
