@@ -177,3 +177,72 @@ def test_saved_and_reloaded_layer_keeps_the_mode(tmp_path):
     x = torch.randn(5, 64)
     with torch.no_grad():
         assert torch.equal(back(x), layer(x))
+
+
+# ------------------------------------------------------------------------------------------------------------ GPU
+GPU_ENTRIES = ("cuda_gemv_a8", "cuda_gemv_a8_wg", "cuda_wgmma_a8", "triton_a8")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k", [(1, 4104), (3, 8192), (17, 4096), (3, 333), (17, 67)])
+def test_gpu_quantizers_equal_the_reference(dtype, m, k):
+    """The Triton quantizer and (K % 8 == 0) the CUDA row quantizer on the GPU: codes, scales and sums bit for bit."""
+    from mixgemm.kernels.cuda.gemv_a8 import act_quant_rows
+    from mixgemm.kernels.triton.act_quant import act_quant
+
+    x = _x(m, k, dtype, m * k)
+    r = quantize_activation(x, -1, "sym_full")
+    got = [act_quant(x.cuda(), -1, "sym_full")]
+    if k % 8 == 0:
+        got.append(act_quant_rows(x.cuda(), "sym_full"))
+    for q, s, o, sm in got:
+        assert torch.equal(q.cpu(), r.q)
+        assert torch.equal(s.cpu(), r.scales)
+        assert torch.equal(o.cpu(), r.offsets)
+        assert torch.equal(sm.cpu(), r.sums)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry", GPU_ENTRIES)
+@pytest.mark.parametrize("bits,group", [(8, -1), (4, 128)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gpu_entries_quantize_sym_full(entry, bits, group, dtype, m):
+    """Each int8 entry of the registry, forced, on per-token "sym_full" activations (the compressed-tensors W8A8 layer:
+    int8 per-channel weights; and int4 group 128) against the block reference of the reference's codes, both through
+    the call plan (out dtype = x's) and the entry's run (float32 out); and "sym" codes would be off by far more."""
+    from mixgemm.kernels.registry import kernel_options
+    from mixgemm.ops.int8 import a8_choice, matmul_a8
+    from mixgemm.reference.block_gemm import block_int_gemm
+
+    g = torch.Generator().manual_seed(bits * 100 + m)
+    n, k = 1000, 4096
+    qw = quantize_weight(torch.randn(n, k, generator=g) * 0.02, bits=bits, group_size=group, mode="sym")
+    x = (torch.randn(m, k, generator=g) * torch.linspace(0.1, 3, k)).to(dtype)
+    ref = block_int_gemm(quantize_activation(x, -1, "sym_full"), qw)
+    far = block_int_gemm(quantize_activation(x, -1, "sym"), qw)
+    xc, qg = x.cuda(), qw.to("cuda")
+    with kernel_options(force=entry):
+        assert a8_choice(m, qg, dtype, xc.device, "sym_full", True).kernel == entry
+        for out_dtype in (dtype, torch.float32):
+            y = matmul_a8(xc, qg, "sym_full", out_dtype=out_dtype, act_block="token").double().cpu()
+            tol = 1e-5 if out_dtype == torch.float32 else (4e-3 if dtype == torch.bfloat16 else 1e-3)
+            err = (y - ref).abs().max() / ref.abs().max()
+            assert err <= tol, (entry, out_dtype, float(err))
+    assert (far - ref).abs().max() / ref.abs().max() > 5e-3  # every tolerance above tells the two schemes apart
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_in_launch_quantizer_is_sym_only():
+    """The wgmma GEMM's in-launch quantizer (config FQ) is compiled for "sym": a sym_full call's config never asks
+    for it, so the quantizer of the mode runs in its own launch."""
+    from mixgemm.kernels.registry import kernel_options
+    from mixgemm.ops.int8 import a8_choice
+
+    qw = quantize_weight(torch.randn(512, 4096) * 0.02, bits=8, group_size=-1, mode="sym").to("cuda")
+    with kernel_options(force="cuda_wgmma_a8"):
+        for m in (1, 64, 512):
+            choice = a8_choice(m, qw, torch.float16, torch.device("cuda"), "sym_full", True)
+            assert choice.kernel == "cuda_wgmma_a8" and not choice.config.get("FQ", 0), m
+            assert not getattr(choice.launch, "quantizes", False), m

@@ -3,9 +3,9 @@
 * ``cuda_gemv_a8``: the fused CUDA GEMV (kernels/cuda/gemv_a8.cu: activation quantization in its prologue, dp4a),
   one launch, M <= mixgemm.tuning.A8_GEMV_MAX_M.
 * ``cuda_gemv_a8_wg``: the same fused GEMV on the int8 GEMM's ``wgmma_a8_v1`` (kernels/cuda/gemv_a8_wg.cu), sym /
-  sym_full activations x sym weights, M <= mixgemm.tuning.A8_WG_GEMV_MAX_M (per-block activation scales over int4 codes: to
-  A8_WG_GEMV_BLOCK_SCALES_MAX_M on layers of up to A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS): every such M of a weight that
-  keeps only that layout (compacted), and on sm_90 the M above cuda_gemv_a8's range for plain weights.
+  sym_full activations x sym weights, M <= mixgemm.tuning.A8_WG_GEMV_MAX_M (per-block activation scales over int4
+  codes: to A8_WG_GEMV_BLOCK_SCALES_MAX_M on layers of up to A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS): every such M of a
+  weight that keeps only that layout (compacted), and on sm_90 the M above cuda_gemv_a8's range for plain weights.
 * ``cuda_wgmma_a8``: the Hopper int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) after the activation quantizer, or
   with per-token scales quantizing in its own launch (config FQ, ``quantizing_pays``; outside CUDA-graph capture; "sym"
   activations only: "sym_full" ones take the quantizer's launch), sym / sym_full activations x sym weights with a

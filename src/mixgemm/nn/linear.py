@@ -71,7 +71,8 @@ class QuantLinear(nn.Module):
     "zero_point", else empty; offsets [N, G] for mode "offset", else empty; input_perm int64 [K] for act-order
     layers (``act_order=True``; the stored weight's columns are in that order), else None. bias: a Parameter [N]
     (requires_grad=False) or None. ``act_mode`` None (weight-only) or "sym" / "asym" / "sym_full" (int8 activations,
-    mixgemm.formats.activation's schemes, per token and per weight group, or per token over the whole row with ``act_block="token"``).
+    mixgemm.formats.activation's schemes, per token and per weight group, or per token over the whole row with
+    ``act_block="token"``).
 
     ``.to(dtype)`` / ``.half()`` convert the bias like nn.Linear does but never the scales and offsets:
     re-rounding them would change the quantized weight.

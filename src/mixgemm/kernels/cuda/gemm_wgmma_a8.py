@@ -71,8 +71,8 @@ _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 def wgmma_a8_supported(aq: torch.Tensor, qw: QuantizedWeight, act_mode: str) -> bool:
     """True when this kernel runs the problem: an sm_90 GPU, symmetric activations ("sym" / "sym_full"), a
     ``wgmma_a8_v1`` weight, K % 16 == 0."""
-    if (aq.device.type != "cuda" or act_mode not in SYMMETRIC_ACT_MODES or not a8_layout_supported(qw) or aq.shape[-1] % 16
-            or not nvrtc.nvrtc_available()):
+    if (aq.device.type != "cuda" or act_mode not in SYMMETRIC_ACT_MODES or not a8_layout_supported(qw)
+            or aq.shape[-1] % 16 or not nvrtc.nvrtc_available()):
         return False
     return torch.cuda.get_device_capability(aq.device) == (9, 0)
 

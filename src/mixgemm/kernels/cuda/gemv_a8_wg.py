@@ -245,7 +245,8 @@ def gemv_a8_wg(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
                out_dtype: torch.dtype, out: torch.Tensor | None = None, per_token: bool = False,
                config: dict | None = None, act_mode: str = "sym") -> torch.Tensor:
     """clamp(Qa(x2d) @ W.T + bias, lo, hi) -> [M, N] out_dtype with act_mode "sym" / "sym_full" activations (per token
-    and weight group, or per token), reading qw's wgmma_a8_v1 (built on first use). x2d: fp16 / bf16 / fp32 [M, K] CUDA, 1 <= M <= 16."""
+    and weight group, or per token), reading qw's wgmma_a8_v1 (built on first use). x2d: fp16 / bf16 / fp32 [M, K]
+    CUDA, 1 <= M <= 16."""
     from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
 
     if not x2d.is_cuda or x2d.dim() != 2:
