@@ -123,7 +123,7 @@ def test_triton_a8_gemm_sym_full(m):
     from mixgemm.reference.block_gemm import block_int_gemm
 
     g = torch.Generator().manual_seed(m)
-    for bits, group, k in ((8, -1, 96), (4, 64, 128)):
+    for bits, group, k in ((8, -1, 333), (4, 64, 128)):
         qw = quantize_weight(torch.randn(40, k, generator=g) * 0.05, bits=bits, group_size=group, mode="sym")
         x = torch.randn(m, k, generator=g) * 2
         ref = block_int_gemm(quantize_activation(x, -1, "sym_full"), qw)
@@ -241,8 +241,11 @@ def test_gpu_wgmma_in_launch_quantizer_is_sym_only():
     from mixgemm.ops.int8 import a8_choice
 
     qw = quantize_weight(torch.randn(512, 4096) * 0.02, bits=8, group_size=-1, mode="sym").to("cuda")
+    dev = torch.device("cuda")
     with kernel_options(force="cuda_wgmma_a8"):
         for m in (1, 64, 512):
-            choice = a8_choice(m, qw, torch.float16, torch.device("cuda"), "sym_full", True)
+            choice = a8_choice(m, qw, torch.float16, dev, "sym_full", True)
             assert choice.kernel == "cuda_wgmma_a8" and not choice.config.get("FQ", 0), m
             assert not getattr(choice.launch, "quantizes", False), m
+        # where "sym" quantizes in the GEMM's launch
+        assert any(a8_choice(m, qw, torch.float16, dev, "sym", True).config.get("FQ", 0) for m in (1, 64, 512))
