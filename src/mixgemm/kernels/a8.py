@@ -138,7 +138,7 @@ def _gemv_a8_wg_can_run(p: Problem):
     if not p.device.is_cuda:
         return no("needs a CUDA device")
     if p.act_mode not in SYMMETRIC_ACT_MODES:
-        return no(f"act_mode {p.act_mode!r} (takes symmetric activations: {SYMMETRIC_ACT_MODES})")
+        return no(f"act_mode {p.act_mode!r} (takes sym activations: {SYMMETRIC_ACT_MODES})")
     if p.x_dtype not in _XT:
         return no(f"activation dtype {p.x_dtype}")
     if not a8_layout_supported(p.qw):
@@ -211,7 +211,7 @@ def _wgmma_a8_can_run(p: Problem):
     if not p.device.is_cuda:
         return no("needs a CUDA device")
     if p.act_mode not in SYMMETRIC_ACT_MODES:
-        return no(f"act_mode {p.act_mode!r} (takes symmetric activations: {SYMMETRIC_ACT_MODES})")
+        return no(f"act_mode {p.act_mode!r} (takes sym activations: {SYMMETRIC_ACT_MODES})")
     if p.act_mode == "sym_full" and p.k > SYM_FULL_MAX_K:
         return no(f"act_mode 'sym_full' at K={p.k} > {SYM_FULL_MAX_K} (codes of -128: int32 range of the sums)")
     if not a8_layout_supported(p.qw):

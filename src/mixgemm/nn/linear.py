@@ -304,7 +304,7 @@ class QuantLinear(nn.Module):
             from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
 
             if self.act_mode not in SYMMETRIC_ACT_MODES:
-                return (f"act_mode {self.act_mode!r}: the int8 GEMM that reads {layout} takes symmetric activations "
+                return (f"act_mode {self.act_mode!r}: the int8 GEMM that reads {layout} takes sym activations "
                         f"{SYMMETRIC_ACT_MODES}")
             if not a8_layout_supported(self.quantized_weight()):
                 return (f"{layout} holds sym int4 / int8 weights with group 128, 256 or per-channel, the layer is "
