@@ -226,7 +226,7 @@ def test_clamp_bounds_unhashable():
 def test_quantize_activation_errors():
     x = torch.randn(4, 64)
     with pytest.raises(ValueError,
-                       match=r"activation quantization mode must be one of \('sym', 'asym'\), got 'int8'"):
+                       match=r"activation quantization mode must be one of \('sym', 'asym', 'sym_full'\), got 'int8'"):
         quantize_activation(x, 32, "int8")
     with pytest.raises(ValueError, match=r"activations must be 2-D \[M, K\], got shape \(64,\)"):
         quantize_activation(x[0], 32)

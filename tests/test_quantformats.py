@@ -293,7 +293,7 @@ def test_compressed_tensors_int_quantized_w8a8_is_exact_and_per_token(symmetric,
     src = DictSource(t)
     assert COMPRESSED_TENSORS.quantized_linears(src, {}) == ["layer"]
     conv = COMPRESSED_TENSORS.convert_linear(src, "layer", _ct_config(scheme, format="int-quantized"))
-    assert (conv.act_mode, conv.act_block, conv.weight.config.bits) == ("sym", "token", 8)
+    assert (conv.act_mode, conv.act_block, conv.weight.config.bits) == ("sym_full", "token", 8)
     assert conv.weight.mode == ("sym" if symmetric else "zero_point")
     assert torch.equal(_layer(conv).dequantize(torch.float32), want.float())
 

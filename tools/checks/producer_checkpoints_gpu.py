@@ -7,7 +7,8 @@
    the input it received in the model (prefill and decode), against mixgemm.reference.matmul of that input quantized
    per token and the same weight codes in float64, within the kernel tests' fp16 bound; greedy tokens against the
    dequantized twin (the same model with every QuantLinear an fp32 nn.Linear of its dequantized weight that takes
-   its input through mixgemm's per-token int8 quantizer, on the CPU in float32), and its logits' distance reported.
+   its input through the layer's per-token int8 quantizer, "sym_full", on the CPU in float32), and its logits'
+   distance reported.
 2. load: a random-weight Llama-2-7B-shaped fp16 safetensors checkpoint (``--layers`` of 32, default all) written to
    ``--ckpt-dir``; then, each in a fresh subprocess, transformers' own float load (device_map="cuda", fp16) and
    mixgemm.from_pretrained(..., device="cuda", quantization_config=W4A16 g128), each twice (the page cache warm
@@ -45,7 +46,7 @@ TIME_RATIO_BAR = 1.2
 
 def _dequantized_twin(model: nn.Module) -> nn.Module:
     """fp32 CPU copy of ``model`` whose QuantLinears are nn.Linear of their dequantized weights, each taking its input
-    through mixgemm's per-token sym int8 quantizer when the layer quantizes activations."""
+    through the layer's per-token int8 quantizer (its act_mode) when the layer quantizes activations."""
     from mixgemm.formats.activation import quantize_activation
     from mixgemm.nn.linear import QuantLinear
 
@@ -116,7 +117,7 @@ def check_w8a8(device: str, rows: list[dict]) -> None:
             kernels[f"{n} M={m}"] = mixgemm.explain(x, ql.quantized_weight(), ql.act_mode, ql.act_block).entry.name
     formats = {(ql.act_mode, ql.act_block, ql.config.bits) for ql in qls.values()}
     not_a8 = {k: v for k, v in kernels.items() if "a8" not in v}
-    ok_fmt = formats == {("sym", "token", 8)} and len(qls) == 14
+    ok_fmt = formats == {("sym_full", "token", 8)} and len(qls) == 14
     rows.append(dict(part="w8a8", what="14 QuantLinear, W8A8 per token", value=str(sorted(formats)), ok=ok_fmt))
     rows.append(dict(part="w8a8", what="explain: every layer an int8-activation kernel",
                      value=", ".join(sorted(set(kernels.values()))),
@@ -146,7 +147,7 @@ def check_w8a8(device: str, rows: list[dict]) -> None:
                      "prefill (M = 12) and decode (M = 1): max abs diff / max abs output", value=f"{worst:.2e} "
                      f"({where})", ok=worst <= LAYER_TOL[dtype]))
     # informational: the twin's fp32 activations and the model's fp16 ones put a few tokens' int8 codes one code
-    # apart (one step: absmax / 127 of a token), and the differences grow through the layers
+    # apart (one step: absmax / 127.5 of a token), and the differences grow through the layers
     rows.append(dict(part="w8a8", what="logits vs fp32 dequantized twin (max abs diff / max abs logit)",
                      value=f"{err:.4f}", ok=None))
     rows.append(dict(part="w8a8", what="greedy 8 tokens equal", value=str(torch.equal(a, b)), ok=torch.equal(a, b)))

@@ -12,9 +12,10 @@ i.e. (q - z) * s with z = zp + 2**(bits-1). ``int-quantized`` stores the signed 
 ``weight`` [N, K], with ``weight_scale`` / ``weight_zero_point`` (signed, [N, G]) as above.
 
 Activations: a scheme's ``input_activations`` of dynamic per-token int8 (strategy "token", what llm-compressor
-writes for W8A8) load as QuantLinear's per-token int8 activations (``act_block="token"``, act_mode "sym" or
-"asym"); static activation scales, other strategies, float activations and ``output_activations`` are a
-ValueError naming the scheme.
+writes for W8A8) load as QuantLinear's per-token int8 activations (``act_block="token"``): symmetric ones as act_mode
+"sym_full", compressed-tensors' own scheme (absmax / 127.5, codes in [-128, 127], mixgemm.formats.activation), so the
+codes are those transformers' load of the file computes; asymmetric ones as "asym". Static activation scales, other
+strategies, float activations and ``output_activations`` are a ValueError naming the scheme.
 
 The scheme of a layer is the ``config_groups`` entry whose ``targets`` match its name (an exact name, a
 ``re:`` regex, or the class name "Linear"); the most specific match wins.
@@ -85,7 +86,7 @@ def _describe(scheme: dict, fmt) -> str:
 
 
 def _activation_mode(scheme: dict, what: str) -> str | None:
-    """QuantLinear's act_mode for the scheme's activations: None (weight-only), or "sym" / "asym" for dynamic
+    """QuantLinear's act_mode for the scheme's activations: None (weight-only), or "sym_full" / "asym" for dynamic
     per-token int8; anything else a ValueError naming the scheme."""
     if scheme.get("output_activations"):
         raise ValueError(f"{what}: output activation quantization is not supported")
@@ -100,7 +101,7 @@ def _activation_mode(scheme: dict, what: str) -> str | None:
                          "activations per token at run time (dynamic: true)")
     if a.get("strategy") != "token":
         raise ValueError(f"{what}: activation strategy {a.get('strategy')!r} is not supported (token only)")
-    return "sym" if a.get("symmetric", True) else "asym"
+    return "sym_full" if a.get("symmetric", True) else "asym"
 
 
 def _group_size(args: dict, strategy: str, k: int, prefix: str, what: str) -> tuple[int, int]:

@@ -1,14 +1,23 @@
-"""Activation quantization references (per token, per block along K): symmetric (llama.cpp q8_1) and
-asymmetric (min/max with an offset).
+"""Activation quantization references (per token, per block along K): symmetric (llama.cpp q8_1), symmetric over
+the whole int8 range (compressed-tensors) and asymmetric (min/max with an offset).
 
-Two schemes, both producing int8 codes and, per (token, block), the sum of the codes so that the
+Three schemes, all producing int8 codes and, per (token, block), the sum of the codes so that the
 block-wise integer GEMM can fold the offset terms without another pass:
 
-* ``"sym"`` (q8_1): d = absmax / 127, q = round(x / d) in [-127, 127], x ~= q * d.
+* ``"sym"`` (llama.cpp's q8_1, vLLM's dynamic int8 quantizer, mixgemm's own quantize_): d = absmax / 127,
+  q = round(x * (1 / d)) in [-127, 127], x ~= q * d. Computed in float32.
+* ``"sym_full"`` (compressed-tensors' symmetric int8, what llm-compressor's W8A8 checkpoints run with; transformers'
+  compressed-tensors forward, compressed_tensors.quantization.utils.calculate_qparams and
+  lifecycle.forward_helpers._quantize_dequantize): d = absmax / ((q_max - q_min) / 2) = absmax / 127.5,
+  q = round(clamp(x / d, -128, 127)) in [-128, 127], x ~= q * d; d and x / d each rounded to the activation's dtype
+  (compressed-tensors computes them in it), round half to even. A block of zeros has codes 0 (compressed-tensors
+  puts the dtype's eps in its scale; the codes and their products are the same).
 * ``"asym"`` (min/max): s = (max - min) / 255, o = max - 127 * s, q = round((x - o) / s) in
   [-128, 127], x ~= q * s + o. A constant block (max == min) gets s = 1 and o = max, so q = 0.
 
-Everything is computed in float32 (the precision the fused GPU kernel uses) from the input cast to float32.
+Everything is computed in float32 (the precision the fused GPU kernels use) from the input cast to float32; for
+"sym_full" a float32 quotient rounded to fp16 / bf16 is that dtype's own correctly rounded quotient (float32 carries
+more than 2p + 2 bits of a p-bit type's significand, so the double rounding is innocuous).
 """
 
 from __future__ import annotations
@@ -17,7 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-ACT_MODES = ("sym", "asym")
+ACT_MODES = ("sym", "asym", "sym_full")
+# The modes the integer GEMM runs with a zero offset (codes times scale only)
+SYMMETRIC_ACT_MODES = ("sym", "sym_full")
 # How activation blocks relate to the weight's groups (mixgemm.ops.int8.matmul_a8's ``act_block``): "group" = one
 # scale per token and weight group (block-wise integer GEMM), "token" = one scale per token over the whole row
 # (the usual dynamic W8A8 / W4A8 activation quantization, e.g. torchao's int8 dynamic activations).
@@ -108,6 +119,9 @@ def quantize_activation(x: torch.Tensor, block_size: int = -1, mode: str = "sym"
         inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
         q = torch.round(xb * inv[..., None]).clamp(-127, 127)
         o = torch.zeros_like(d)
+    elif mode == "sym_full":
+        d, q = _sym_full(xb, x.dtype)
+        o = torch.zeros_like(d)
     else:
         lo, hi = xb.amin(-1), xb.amax(-1)
         d = (hi - lo) / torch.full_like(hi, 255.0)
@@ -123,3 +137,13 @@ def quantize_activation(x: torch.Tensor, block_size: int = -1, mode: str = "sym"
         block_size=b,
         mode=mode,
     )
+
+
+def _sym_full(xb: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales, codes) of "sym_full" for float32 blocks xb [M, G, B] of an activation in ``dtype``."""
+    amax = xb.abs().amax(-1)
+    d = (amax / torch.full_like(amax, 127.5)).to(dtype).float()
+    pos = d > 0
+    y = (xb / torch.where(pos, d, torch.ones_like(d))[..., None]).to(dtype).float()
+    q = torch.where(pos[..., None], torch.round(y.clamp(-128, 127)), torch.zeros_like(y))
+    return d, q

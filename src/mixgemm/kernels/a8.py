@@ -2,20 +2,23 @@
 
 * ``cuda_gemv_a8``: the fused CUDA GEMV (kernels/cuda/gemv_a8.cu: activation quantization in its prologue, dp4a),
   one launch, M <= mixgemm.tuning.A8_GEMV_MAX_M.
-* ``cuda_gemv_a8_wg``: the same fused GEMV on the int8 GEMM's ``wgmma_a8_v1`` (kernels/cuda/gemv_a8_wg.cu), sym x
-  sym, M <= mixgemm.tuning.A8_WG_GEMV_MAX_M (per-block activation scales over int4 codes: to
-  A8_WG_GEMV_BLOCK_SCALES_MAX_M on layers of up to A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS): every such M of a weight that
-  keeps only that layout (compacted), and on sm_90 the M above cuda_gemv_a8's range for plain weights.
+* ``cuda_gemv_a8_wg``: the same fused GEMV on the int8 GEMM's ``wgmma_a8_v1`` (kernels/cuda/gemv_a8_wg.cu), sym /
+  sym_full activations x sym weights, M <= mixgemm.tuning.A8_WG_GEMV_MAX_M (per-block activation scales over int4
+  codes: to A8_WG_GEMV_BLOCK_SCALES_MAX_M on layers of up to A8_WG_GEMV_BLOCK_SCALES_MAX_WEIGHTS): every such M of a
+  weight that keeps only that layout (compacted), and on sm_90 the M above cuda_gemv_a8's range for plain weights.
 * ``cuda_wgmma_a8``: the Hopper int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) after the activation quantizer, or
-  with per-token scales quantizing in its own launch (config FQ, ``quantizing_pays``; outside CUDA-graph capture),
-  sym x sym with a ``wgmma_a8_v1`` weight, in mixgemm.tuning.A8_WGMMA_SMALL_M (per-block activation scales: where
+  with per-token scales quantizing in its own launch (config FQ, ``quantizing_pays``; outside CUDA-graph capture; "sym"
+  activations only: "sym_full" ones take the quantizer's launch), sym / sym_full activations x sym weights with a
+  ``wgmma_a8_v1`` weight, in mixgemm.tuning.A8_WGMMA_SMALL_M (per-block activation scales: where
   its CTAs fill their waves, A8_WGMMA_BLOCK_SCALES_*) and from M = mixgemm.tuning.A8_WGMMA_MIN_M (int8 per-channel
   weights go back to the Triton kernel from A8_W8_PER_CHANNEL_TRITON_FROM_M outside the BM 256 / MC 2 region); at
   M <= 64 its tile is M rounded up to 16 tokens with a cluster split-K where the CTAs leave SMs idle.
 * ``triton_a8``: the Triton int8 tensor-core kernel after the activation quantizer, any M.
 
 Run contract: ``run(x2d, qw, bias, lo, hi, config, problem, out_dtype) -> [M, N]`` (problem carries act_mode and
-per_token; x2d [M, K], M >= 1).
+per_token; x2d [M, K], M >= 1). Every entry quantizes the activations in the problem's act_mode
+(mixgemm.formats.activation) or declines it in can_run; the integer GEMMs take the codes and scales of either
+symmetric mode alike.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import functools
 import torch
 
 import mixgemm.tuning as tuning
-from mixgemm.formats.activation import QuantizedActivation
+from mixgemm.formats.activation import ACT_MODES, SYMMETRIC_ACT_MODES, QuantizedActivation
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.linear import _wave_cost, nvrtc_ok, triton_device_ok, triton_ok
 from mixgemm.kernels.registry import (
@@ -41,6 +44,8 @@ from mixgemm.kernels.registry import (
 )
 
 _XT = (torch.float16, torch.bfloat16, torch.float32)
+# "sym_full" codes reach -128: an int32 sum of K products of two int8 codes holds K * 128 * 128 for K below this
+SYM_FULL_MAX_K = (2**31 - 1) // (128 * 128)
 
 
 def a8_problem(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device | DeviceInfo, act_mode: str,
@@ -81,7 +86,7 @@ def _gemv_a8_can_run(p: Problem):
 
     if not p.device.is_cuda:
         return no("needs a CUDA device")
-    if p.x_dtype not in _XT or p.bits not in (4, 8) or p.act_mode not in ("sym", "asym"):
+    if p.x_dtype not in _XT or p.bits not in (4, 8) or p.act_mode not in ACT_MODES:
         return no(f"activation dtype {p.x_dtype}, {p.bits}-bit weights, act_mode {p.act_mode!r}")
     if not 1 <= p.m <= gemv_a8.MAX_M:
         return no(f"M={p.m} outside the kernel's 1..{gemv_a8.MAX_M}")
@@ -134,8 +139,8 @@ def _gemv_a8_wg_can_run(p: Problem):
 
     if not p.device.is_cuda:
         return no("needs a CUDA device")
-    if p.act_mode != "sym":
-        return no(f"act_mode {p.act_mode!r} (takes sym activations)")
+    if p.act_mode not in SYMMETRIC_ACT_MODES:
+        return no(f"act_mode {p.act_mode!r} (takes sym activations: {SYMMETRIC_ACT_MODES})")
     if p.x_dtype not in _XT:
         return no(f"activation dtype {p.x_dtype}")
     if not a8_layout_supported(p.qw):
@@ -191,13 +196,14 @@ def _prepare_gemv_a8_wg(p: Problem, qw, config):
     from mixgemm.kernels.cuda.gemv_a8_wg import prepare_gemv_a8_wg
 
     return prepare_gemv_a8_wg(qw, p.m, p.x_dtype, torch.device("cuda", p.device.index), p.x_dtype, p.per_token,
-                              config)
+                              config, p.act_mode)
 
 
 def _run_gemv_a8_wg(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
     from mixgemm.kernels.cuda.gemv_a8_wg import prepare_gemv_a8_wg
 
-    return prepare_gemv_a8_wg(qw, p.m, x2d.dtype, x2d.device, out_dtype, p.per_token, config)(x2d, bias, lo, hi)
+    return prepare_gemv_a8_wg(qw, p.m, x2d.dtype, x2d.device, out_dtype, p.per_token, config, p.act_mode)(
+        x2d, bias, lo, hi)
 
 
 # ---------------------------------------------------------------------------------------------- wgmma GEMM
@@ -206,8 +212,10 @@ def _wgmma_a8_can_run(p: Problem):
 
     if not p.device.is_cuda:
         return no("needs a CUDA device")
-    if p.act_mode != "sym":
-        return no(f"act_mode {p.act_mode!r} (takes sym activations)")
+    if p.act_mode not in SYMMETRIC_ACT_MODES:
+        return no(f"act_mode {p.act_mode!r} (takes sym activations: {SYMMETRIC_ACT_MODES})")
+    if p.act_mode == "sym_full" and p.k > SYM_FULL_MAX_K:
+        return no(f"act_mode 'sym_full' at K={p.k} > {SYM_FULL_MAX_K} (codes of -128: int32 range of the sums)")
     if not a8_layout_supported(p.qw):
         return no(f"the wgmma_a8_v1 layout takes sym int4 / int8 weights with group 128, 256 or per-channel, got "
                   f"mode={p.mode!r} bits={p.bits} group={p.group_size}")
@@ -291,7 +299,8 @@ def _wgmma_a8_config(p: Problem) -> dict:
 
     lay, qs = _wgmma_a8_layout(p)
     cfg = default_config(p.m, p.n, p.k, lay.group_size, lay.bits, qs=qs)
-    fq = int(p.per_token and quantizing_pays(p.m, p.n, p.k))
+    # (the in-launch quantizer is compiled for "sym" only: other modes quantize in a launch of their own)
+    fq = int(p.per_token and p.act_mode == "sym" and quantizing_pays(p.m, p.n, p.k))
     slots = _cluster_slots(p)
     costs = _token_tile_costs(p.device.table["name"])
     if costs is not None and not fq:
@@ -358,7 +367,7 @@ def quantizing_pays(m: int, n: int, k: int) -> bool:
 def _run_wgmma_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
 
-    aq, sa, _, _ = act_quant(x2d, p.k if p.per_token else p.group_size, "sym")
+    aq, sa, _, _ = act_quant(x2d, p.k if p.per_token else p.group_size, p.act_mode)
     return gemm_wgmma_a8(aq, sa, qw, bias, lo, hi, out_dtype, config=config)
 
 
@@ -370,14 +379,14 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
     from mixgemm.kernels.cuda.stream_buffers import SCRATCH_LOCK, quantizer_counters, stream_scratch
 
     dev = torch.device("cuda", p.device.index if p.device.index is not None else torch.cuda.current_device())
-    k, per_token = p.k, p.per_token
+    k, per_token, act_mode = p.k, p.per_token, p.act_mode
     m, n, x_dtype, block = p.m, p.n, p.x_dtype, k if per_token else p.group_size
     index = dev.index
     rows = OutputRows(x_dtype, n, True, dev)
     # FQ 1 (per-token scales, where the tile allows): the GEMM that quantizes x itself, one launch for the eager call;
     # under CUDA-graph capture, whose replays pay no host time, the two launches (their GPU time is the lower one).
-    # Where the tile does not allow it, the launch prepared is the plain GEMM itself.
-    fq = per_token and config is not None and config.get("FQ", 0)
+    # Where the tile does not allow it, the launch prepared is the plain GEMM itself. Its quantizer is "sym"'s only.
+    fq = per_token and act_mode == "sym" and config is not None and config.get("FQ", 0)
     gemm = prepare_wgmma_a8(qw, m, k, per_token, rows, config, quantize_from=x_dtype if fq else None)
     quantizing = None
     if gemm.quantizes:
@@ -385,7 +394,7 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
     rows_quantizer = None
     if per_token and k % 8 == 0 and k <= 8 * gemv_a8.ACTQ_NT * gemv_a8.ACTQ_MAX_CPT:
         # prepared, the one-pass row kernel costs no more host time than the GEMM launch at any K
-        rows_quantizer = gemv_a8.prepare_act_quant_rows(m, k, x_dtype, dev, "sym")
+        rows_quantizer = gemv_a8.prepare_act_quant_rows(m, k, x_dtype, dev, act_mode)
     scales_at = m * k  # a multiple of 16 (K % 16 == 0): the scales' float32 [M] start aligned
     quantizing_bytes = scratch_bytes(m, k)
 
@@ -411,7 +420,7 @@ def _prepare_wgmma_a8(p: Problem, qw, config):
                 rows_quantizer.launch_into(x2d, base, k, base + scales_at, base + scales_at + 4 * m,
                                            base + scales_at + 4 * m, stream)
                 return gemm.launch_from(base, base + scales_at, bias, lo, hi, y, stream)
-        aq, sa, _, _ = act_quant(x2d, block, "sym")
+        aq, sa, _, _ = act_quant(x2d, block, act_mode)
         return gemm(aq, sa, bias, lo, hi, y)
 
     launch.quantizes = quantizing is not None  # (outside graph capture)

@@ -36,9 +36,9 @@ def _device(x: torch.Tensor, device) -> DeviceInfo | None:
 
 def explain(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None = None, act_block: str = "group",
             device: DeviceInfo | torch.device | str | None = None, act_order: bool = False) -> Choice:
-    """The kernel mixgemm.matmul (act_mode None) or mixgemm.ops.int8.matmul_a8 (act_mode "sym" / "asym", act_block
-    "group" / "token") runs for x [..., K] and qweight on x's device -- or on ``device`` (a DeviceInfo describes a
-    GPU that is not here) -- with its config and the declined entries' reasons. str(result) prints it.
+    """The kernel mixgemm.matmul (act_mode None) or mixgemm.ops.int8.matmul_a8 (act_mode "sym" / "asym" / "sym_full",
+    act_block "group" / "token") runs for x [..., K] and qweight on x's device -- or on ``device`` (a DeviceInfo
+    describes a GPU that is not here) -- with its config and the declined entries' reasons. str(result) prints it.
     act_order: the call of an act-order weight-only layer (QuantLinear with input_perm): the choice then says whether
     the kernel gathers x through the permutation itself (``perm_in_kernel``, ``perm_note``).
     Under kernel_options, the options' choice."""

@@ -108,7 +108,7 @@ class Problem:
     group_size: int  # the effective group (K for per-channel)
     num_groups: int
     mode: str
-    act_mode: str | None = None  # linear_a8: "sym" | "asym"
+    act_mode: str | None = None  # linear_a8: one of formats.activation.ACT_MODES
     per_token: bool = False  # linear_a8: one activation scale per token (act_block "token", or per-channel weights)
     conv: ConvShape | None = None
     act_order: bool = False  # linear: the layer multiplies x[..., input_perm] (GPTQ desc_act)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 import mixgemm.ops.custom_ops  # noqa: F401  (registers torch.ops.mixgemm.*)
-from mixgemm.formats.activation import ACT_MODES, check_act
+from mixgemm.formats.activation import ACT_MODES, SYMMETRIC_ACT_MODES, check_act
 from mixgemm.formats.weight import (
     MODES,
     PER_CHANNEL,
@@ -47,9 +47,11 @@ from mixgemm.ops.eager import eager_applies, eager_forward, fast_call
 from mixgemm.ops.kept_launches import forget
 
 _MODE_ID = {m: i for i, m in enumerate(MODES)}
-# (act_mode, act_block) -> the id in the format tensor; ids 0-2 are the version-1 ones (per weight group)
-_ACT_ID = {(None, "group"): 0, **{(m, "group"): i + 1 for i, m in enumerate(ACT_MODES)},
-           **{(m, "token"): i + 1 + len(ACT_MODES) for i, m in enumerate(ACT_MODES)}}
+# (act_mode, act_block) -> the id in the format tensor, fixed as saved files hold them; ids 0-2 are the version-1
+# ones (per weight group)
+_ACT_ID = {(None, "group"): 0, ("sym", "group"): 1, ("asym", "group"): 2, ("sym", "token"): 3, ("asym", "token"): 4,
+           ("sym_full", "group"): 5, ("sym_full", "token"): 6}
+assert {m for m, _ in _ACT_ID} == {None, *ACT_MODES}
 _DTYPE_ID = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
@@ -69,8 +71,9 @@ class QuantLinear(nn.Module):
     Buffers: qweight uint8 [N, K * bits // 8]; scales [N, G] (scale dtype); zeros uint8 [N, G] for mode
     "zero_point", else empty; offsets [N, G] for mode "offset", else empty; input_perm int64 [K] for act-order
     layers (``act_order=True``; the stored weight's columns are in that order), else None. bias: a Parameter [N]
-    (requires_grad=False) or None. ``act_mode`` None (weight-only) or "sym" / "asym" (int8 activations
-    per token and per weight group, or per token over the whole row with ``act_block="token"``).
+    (requires_grad=False) or None. ``act_mode`` None (weight-only) or "sym" / "asym" / "sym_full" (int8 activations,
+    mixgemm.formats.activation's schemes, per token and per weight group, or per token over the whole row with
+    ``act_block="token"``).
 
     ``.to(dtype)`` / ``.half()`` convert the bias like nn.Linear does but never the scales and offsets:
     re-rounding them would change the quantized weight.
@@ -307,8 +310,9 @@ class QuantLinear(nn.Module):
         if self.act_mode is not None:
             from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
 
-            if self.act_mode != "sym":
-                return f"act_mode {self.act_mode!r}: the int8 GEMM that reads {layout} takes sym activations"
+            if self.act_mode not in SYMMETRIC_ACT_MODES:
+                return (f"act_mode {self.act_mode!r}: the int8 GEMM that reads {layout} takes sym activations "
+                        f"{SYMMETRIC_ACT_MODES}")
             if not a8_layout_supported(self.quantized_weight()):
                 return (f"{layout} holds sym int4 / int8 weights with group 128, 256 or per-channel, the layer is "
                         f"{self.config.mode} group {self.config.group_size}")

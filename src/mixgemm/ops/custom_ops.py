@@ -10,7 +10,7 @@ Ops (all take plain tensors; a weight is its plain interchange tensors, see mixg
   instead of x; the GEMVs gather it while reading x (no separate kernel, mixgemm.ops.dispatch.run_linear).
 * ``torch.ops.mixgemm.linear_wxa8(x, qweight, scales, zeros, offsets, bias, bits, group_size, mode, N, K,
   act_mode, lo, hi)``: the same with the activations quantized to int8 per token and per block (block =
-  the weight's group size; ``act_mode`` "sym" or "asym"), i.e. W8A8 / W4A8, through
+  the weight's group size; ``act_mode`` one of formats.activation.ACT_MODES), i.e. W8A8 / W4A8, through
   mixgemm.ops.int8.matmul_a8: the int8 tensor-core Triton kernels on CUDA, the float64 reference
   (quantize_activation + block_int_gemm) on the CPU. Layers the kernel cannot take (4-bit with K not a
   multiple of 64 / 128) run the reference on CUDA too, with a warning.

@@ -1,8 +1,8 @@
 """Activation-quantized matmuls on the int8 tensor cores (public API).
 
 * :func:`matmul_a8` -- y = act(x @ W.T + bias) with x quantized on the fly per token and per weight group
-  (int8, "sym" = q8_1 or "asym" = min / max with an offset; or with ``act_block="token"`` one scale per token over the
-  whole row), W a QuantizedWeight (4 or 8 bits, any mode, group
+  (int8, "sym" = q8_1, "sym_full" = compressed-tensors' or "asym" = min / max with an offset; or with
+  ``act_block="token"`` one scale per token over the whole row), W a QuantizedWeight (4 or 8 bits, any mode, group
   32..256 or per-channel). Two launches: the fused activation quantizer, then the integer GEMM (int32 per
   K-block folded into fp32 with sA*sB and the offset terms inside the K loop). On CUDA, small M takes the
   fused CUDA GEMV (mixgemm.kernels.cuda.gemv_a8: ONE launch, the activation quantization in its prologue,
@@ -55,7 +55,8 @@ def matmul_a8(
     """y = act(Qa(x) @ W.T + bias), activations quantized to int8 per token and per block.
 
     x: float16 / bfloat16 / float32 [..., K] (on qweight's device). qweight: QuantizedWeight [N, K], 4 or
-    8 bits, mode sym / zero_point / offset, group 32..256 or per-channel. act_mode: "sym" | "asym".
+    8 bits, mode sym / zero_point / offset, group 32..256 or per-channel. act_mode: "sym" | "asym" | "sym_full"
+    (formats.activation).
     act_block: "group" (one activation scale per token and weight group, the default) or "token" (one per token
     over the whole row; the int32 products are still folded per weight group). The same for per-channel weights.
     bias: float [N] or None. activation: None | "relu" | "relu6". out_dtype: default x.dtype.
@@ -143,7 +144,7 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     if choice.kernel == "cuda_gemv_a8_wg":
         from mixgemm.kernels.cuda.gemv_a8_wg import prepare_gemv_a8_wg
 
-        launch = prepare_gemv_a8_wg(qweight, m, x.dtype, dev, out.dtype, blk == k, cfg)
+        launch = prepare_gemv_a8_wg(qweight, m, x.dtype, dev, out.dtype, blk == k, cfg, act_mode)
         return lambda: launch(x2, bias, lo, hi, out)
     if choice.kernel == "cuda_wgmma_a8":
         from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
@@ -153,7 +154,7 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
         qbufs = _act_bufs(m, k, k // blk, dev)
 
         def run_wgmma():
-            aq, sa, _, _ = act_quant(x2, blk, "sym", out=qbufs)
+            aq, sa, _, _ = act_quant(x2, blk, act_mode, out=qbufs)
             return gemm_wgmma_a8(aq, sa, qweight, bias, lo, hi, out.dtype, config=cfg, out=out)
 
         return run_wgmma

@@ -3,12 +3,16 @@
 // Exactly the float32 ops of mixgemm.formats.activation (IEEE div / mul / sub intrinsics: NVRTC would contract a*b+c
 // into FMA otherwise; rounding by + 1.5*2^23 = round half to even like torch.round, see quant8), so the codes, sums
 // and scales of every kernel equal the reference's bit for bit. The includer defines A8_XT, the activation dtype
-// (0 fp16, 1 bf16, 2 fp32), first.
+// (0 fp16, 1 bf16, 2 fp32), first, and A8_SF 1 where the symmetric mode is "sym_full" (compressed-tensors' scheme:
+// d = amax / 127.5 and x / d each rounded to A8_XT, codes round(clamp(x / d, -128, 127))) instead of "sym" (q8_1).
 #pragma once
 #include "gemv_common.cuh"
 
 #ifndef A8_XT
 #define A8_XT 0
+#endif
+#ifndef A8_SF
+#define A8_SF 0
 #endif
 
 namespace actq {
@@ -61,14 +65,27 @@ __device__ __forceinline__ void range8(const float v[8], float& a, float& b) {
   }
 }
 
+// A float32 (finite) rounded to nearest even in the activation dtype, as float32 (the float32 quotient rounded so is
+// the dtype's own correctly rounded quotient: float32 holds more than 2p + 2 bits of its significand).
+__device__ __forceinline__ float to_xt(float v) {
+  if (A8_XT == 2) return v;
+  const u16 h = to_out16<A8_XT == 2 ? 0 : A8_XT>(v);
+  return A8_XT == 0 ? h_to_f32(h) : bf_to_f32(h);
+}
+
 // Block parameters from the reduced range, exactly as formats/activation.py (float32, IEEE-rounded ops).
-// sym: d = amax / 127, inv = 1 / d (0 if d == 0). asym: d = (hi - lo) / 255, o = hi - 127 d (o = hi,
-// d = 1 for a constant block).
+// sym: d = amax / 127, inv = 1 / d (0 if d == 0). sym_full (A8_SF): d = to_xt(amax / 127.5), inv = the divisor (d,
+// or 1 where d == 0). asym: d = (hi - lo) / 255, o = hi - 127 d (o = hi, d = 1 for a constant block).
 template <bool ASYM>
 __device__ __forceinline__ void block_params(float a, float b, float& d, float& inv, float& o) {
   if (!ASYM) {
-    d = __fdiv_rn(a, 127.f);
-    inv = d > 0.f ? __fdiv_rn(1.f, d) : 0.f;
+    if (A8_SF) {
+      d = to_xt(__fdiv_rn(a, 127.5f));
+      inv = d > 0.f ? d : 1.f;
+    } else {
+      d = __fdiv_rn(a, 127.f);
+      inv = d > 0.f ? __fdiv_rn(1.f, d) : 0.f;
+    }
     o = 0.f;
   } else {  // a = hi, b = lo
     const float dd = __fdiv_rn(__fsub_rn(a, b), 255.f);
@@ -82,7 +99,7 @@ __device__ __forceinline__ void block_params(float a, float b, float& d, float& 
 // 8 codes -> 2 words (byte j = code j) and their sum. Rounding: y + 1.5*2^23 (fp32 ulp 1 there) rounds
 // half to even to an integer, exactly torch.round for |y| < 2^22, and its low byte IS the two's-complement
 // code (bits = 0x4B400000 + q): no cvt (1/4 rate), one prmt per 2 codes. sym needs no clamp: |x| <= amax
-// gives |x * inv| <= 127 (1 + 3 * 2^-24) < 127.5. asym clamps y to [-128, 127] first (same result as
+// gives |x * inv| <= 127 (1 + 3 * 2^-24) < 127.5. asym and sym_full clamp y to [-128, 127] first (same result as
 // clamping the rounded value: the bounds are integers). MASKED (asym, per-channel tail): NaN pads -> 0.
 // SPLIT (int4 weights): w0 = the codes of k 0, 2, 4, 6 and w1 = those of k 1, 3, 5, 7, the weight bytes' nibble pairs.
 template <bool ASYM, bool MASKED, bool SPLIT = false>
@@ -92,7 +109,9 @@ __device__ __forceinline__ int quant8(const float v[8], float d, float inv, floa
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float y;
-    if (!ASYM) {
+    if (!ASYM && A8_SF) {
+      y = d > 0.f ? fminf(fmaxf(to_xt(__fdiv_rn(v[j], inv)), -128.f), 127.f) : 0.f;
+    } else if (!ASYM) {
       y = __fmul_rn(v[j], inv);
     } else {
       y = __fdiv_rn(__fsub_rn(v[j], o), d);

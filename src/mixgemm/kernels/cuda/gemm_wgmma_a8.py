@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mixgemm.formats.activation import SYMMETRIC_ACT_MODES
 from mixgemm.formats.layouts_wgmma_a8 import WgmmaA8Layout, a8_layout_supported, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import gemm_wgmma, nvrtc
@@ -68,9 +69,10 @@ _BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 
 
 def wgmma_a8_supported(aq: torch.Tensor, qw: QuantizedWeight, act_mode: str) -> bool:
-    """True when this kernel runs the problem: an sm_90 GPU, sym activations, a ``wgmma_a8_v1`` weight, K % 16 == 0."""
-    if (aq.device.type != "cuda" or act_mode != "sym" or not a8_layout_supported(qw) or aq.shape[-1] % 16
-            or not nvrtc.nvrtc_available()):
+    """True when this kernel runs the problem: an sm_90 GPU, symmetric activations ("sym" / "sym_full"), a
+    ``wgmma_a8_v1`` weight, K % 16 == 0."""
+    if (aq.device.type != "cuda" or act_mode not in SYMMETRIC_ACT_MODES or not a8_layout_supported(qw)
+            or aq.shape[-1] % 16 or not nvrtc.nvrtc_available()):
         return False
     return torch.cuda.get_device_capability(aq.device) == (9, 0)
 

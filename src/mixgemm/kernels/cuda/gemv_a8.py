@@ -9,7 +9,8 @@ per unit folded into fp32.
 * x2d: float16 / bfloat16 / float32 [M, K] CUDA, 1 <= M <= 16 (a 16-byte-aligned copy is made when its rows
   are not unit-stride / 16-byte aligned).
 * qw: QuantizedWeight [N, K] on the same device, 4 or 8 bits, any mode, group 32..256 or per-channel.
-* act_mode: "sym" | "asym". per_token: one activation scale per token over the whole row (act_block "token")
+* act_mode: "sym" | "asym" | "sym_full" (mixgemm.formats.activation; "sym_full" compiles the kernel with A8_SF).
+  per_token: one activation scale per token over the whole row (act_block "token")
   instead of one per token and weight group (same thing for per-channel weights).
 * bias: None or fp16 / bf16 / fp32 [N]. lo, hi: output clamp.
 * out_dtype: float16 / bfloat16 / float32. ``out``: optional preallocated [M, N] output.
@@ -26,6 +27,7 @@ import math
 import torch
 
 from mixgemm import tuning
+from mixgemm.formats.activation import ACT_MODES
 from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
@@ -114,14 +116,23 @@ def row_chunks(k: int, kp: int, xt: int, threads: int, row_wide: bool) -> int:
     return opc if opc * (2 if xt == 2 else 1) <= OPC_MAX else 0
 
 
-def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict, per_token: bool = False) -> dict:
+def mode_defines(act_mode: str) -> dict:
+    """The -D macros an activation mode adds (act_quant.cuh): A8_SF 1 for "sym_full", none for "sym" / "asym" (a
+    runtime argument picks between those two)."""
+    if act_mode not in ACT_MODES:
+        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
+    return {"A8_SF": 1} if act_mode == "sym_full" else {}
+
+
+def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict, per_token: bool = False,
+                act_mode: str = "sym") -> dict:
     """NVRTC -D macros of one gemv_a8.cu instantiation (cfg: choose_config's dict; "OP" 0 turns the one-pass
     prologue off)."""
     threads = 32 * cfg["RG"] * cfg["KS"]
     opc = one_pass_chunks(lay, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
             "A8_U": lay.u, "A8_R": cfg["R"], "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg.get("PF", 0),
-            "A8_AT": int(per_token and not lay.per_channel), "A8_OPC": opc}
+            "A8_AT": int(per_token and not lay.per_channel), "A8_OPC": opc, **mode_defines(act_mode)}
 
 
 def persistent_grid(ntiles: int, fn, threads: int, smem: int, num_sms: int, mode: str | int | None = None) -> int:
@@ -164,8 +175,7 @@ def gemv_a8(x2d: torch.Tensor, qw: QuantizedWeight, act_mode: str, bias: torch.T
         raise TypeError(f"gemv_a8: out_dtype {out_dtype} not supported")
     if not 1 <= m <= MAX_M:
         raise ValueError(f"gemv_a8 handles 1 <= M <= {MAX_M}, got M={m}")
-    if act_mode not in ("sym", "asym"):
-        raise ValueError(f"act_mode must be 'sym' or 'asym', got {act_mode!r}")
+    mode_defines(act_mode)  # (a ValueError naming a bad one)
     if qw.device != x2d.device:
         raise ValueError(f"device mismatch: x on {x2d.device}, weight on {qw.device}")
     if out is None:
@@ -193,7 +203,7 @@ def prepare_gemv_a8(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torc
         raise ValueError(f"gemv_a8: M={m}, K={k} needs {smem} bytes of shared memory (use the Triton path)")
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cfg = complete_config(config) if config is not None else config_for(lay, m, n, k, num_sms)
-    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x_dtype], mb, cfg, per_token), dev)
+    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x_dtype], mb, cfg, per_token, act_mode), dev)
     nvrtc.allow_dynamic_smem(fn, smem)
     threads = 32 * cfg["RG"] * cfg["KS"]
     ntiles = -(-n // (cfg["RG"] * cfg["R"]))
@@ -295,8 +305,7 @@ def act_quant_rows(x: torch.Tensor, mode: str = "sym", out=None):
     mixgemm.formats.activation.quantize_activation(x, -1, mode) and to the Triton act_quant.
     Returns (q int8 [M, K], scales f32 [M, 1], offsets f32 [M, 1], sums int32 [M, 1]); ``out``: optional
     preallocated 4-tuple. Needs act_quant_rows_supported(x, -1)."""
-    if mode not in ("sym", "asym"):
-        raise ValueError(f"activation quantization mode must be 'sym' or 'asym', got {mode!r}")
+    mode_defines(mode)  # (a ValueError naming a bad one)
     if not act_quant_rows_supported(x, -1, 0):
         raise ValueError("act_quant_rows: needs a CUDA fp16/bf16/fp32 x [M, K], K % 8 == 0, "
                          f"K <= {8 * ACTQ_NT * ACTQ_MAX_CPT}, 16-byte aligned unit-stride rows")
@@ -310,8 +319,8 @@ def prepare_act_quant_rows(m: int, k: int, x_dtype: torch.dtype, dev: torch.devi
     default: kernel_options' pdl on sm_90."""
     nt = actq_threads(k)
     cpt = -(-(k // 8) // nt)
-    fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows", {"A8_ACTQ": cpt, "A8_XT": _XT[x_dtype], "AQ_NT": nt},
-                            dev)
+    fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows",
+                            {"A8_ACTQ": cpt, "A8_XT": _XT[x_dtype], "AQ_NT": nt, **mode_defines(mode)}, dev)
     args = [ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_void_p(0),
             ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_int(1 if mode == "asym" else 0)]
     if pdl is None:

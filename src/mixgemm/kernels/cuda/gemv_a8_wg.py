@@ -6,9 +6,10 @@ one-launch design as gemv_a8 (every block quantizes x into shared memory, exactl
 mixgemm.formats.activation.quantize_activation, then streams the weights with dp4a, or mma.sync where all of a tile's
 math follows the PDL wait), reading the GEMM's bytes.
 
-``prepare_gemv_a8_wg(qw, m, x_dtype, dev, out_dtype, per_token, config)(x2d, bias, lo, hi)`` =
+``prepare_gemv_a8_wg(qw, m, x_dtype, dev, out_dtype, per_token, config, act_mode)(x2d, bias, lo, hi)`` =
 clamp(Qa(x2d) @ W.T + bias, lo, hi) [M, N]; qw: sym int4 / int8, group 128 / 256 or per channel (what
-``wgmma_a8_v1`` holds); activations sym, per token and weight group, or per token (per_token).
+``wgmma_a8_v1`` holds); activations "sym" or "sym_full" (gemv_a8.mode_defines), per token and weight group, or per
+token (per_token).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from mixgemm.formats.layouts_wgmma_a8 import K_TILE, WgmmaA8Layout, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv_a8 import GemvA8Launch, m_bucket, persistent_grid, row_chunks
+from mixgemm.kernels.cuda.gemv_a8 import GemvA8Launch, m_bucket, mode_defines, persistent_grid, row_chunks
 from mixgemm.kernels.cuda.launch import pdl_on
 
 SOURCE = "gemv_a8_wg.cu"
@@ -181,13 +182,14 @@ def config_for(lay: WgmmaA8Layout, m: int, num_sms: int, per_token: bool = False
     return choose_config(m_bucket(m), lay.n, lay.k_padded // K_TILE, num_sms, lay.bits, per_token)
 
 
-def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool) -> dict:
+def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool, act_mode: str = "sym") -> dict:
     threads = 32 * cfg["RG"] * cfg["KS"]
     shape = WgGemvShape.of_layout(lay, cfg["U"])
     opc = row_chunks(lay.k, shape.kp, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
             "A8_AT": int(per_token and not lay.per_channel), "A8_RT": cfg["RT"], "A8_U": cfg["U"],
-            "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"], "A8_OPC": opc, "A8_MMA": cfg.get("MMA", 0)}
+            "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"], "A8_OPC": opc, "A8_MMA": cfg.get("MMA", 0),
+            **mode_defines(act_mode)}
 
 
 def smem_needed(qw: QuantizedWeight, m: int) -> int:
@@ -197,9 +199,12 @@ def smem_needed(qw: QuantizedWeight, m: int) -> int:
 
 
 def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device,
-                       out_dtype: torch.dtype, per_token: bool, config: dict | None) -> GemvA8Launch:
+                       out_dtype: torch.dtype, per_token: bool, config: dict | None,
+                       act_mode: str = "sym") -> GemvA8Launch:
     """The GEMV's launch for M rows of x_dtype, built once (layout, compiled kernel, grid, parameters); called like
-    gemv_a8's (x2d, bias, lo, hi[, out])."""
+    gemv_a8's (x2d, bias, lo, hi[, out]). act_mode: "sym" or "sym_full" (its symmetric activation modes)."""
+    if act_mode not in ("sym", "sym_full"):
+        raise ValueError(f"gemv_a8_wg takes act_mode 'sym' or 'sym_full', got {act_mode!r}")
     if not 1 <= m <= MAX_M:
         raise ValueError(f"gemv_a8_wg handles 1 <= M <= {MAX_M}, got M={m}")
     fresh = not qw.has_layout(LAYOUT)  # its build kernels write the weights read before pdl_wait: no PDL first
@@ -212,7 +217,7 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
                          f"{reduction_bytes(mb, cfg)} bytes of static shared memory, over {STATIC_SMEM - 1024}")
     shape = WgGemvShape.of_layout(lay, cfg["U"])
     smem = shape.smem_bytes(mb)
-    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x_dtype], mb, cfg, per_token), dev)
+    fn = nvrtc.get_function(SOURCE, KERNEL, defines_for(lay, _XT[x_dtype], mb, cfg, per_token, act_mode), dev)
     nvrtc.allow_dynamic_smem(fn, smem)
     threads = 32 * cfg["RG"] * cfg["KS"]
     ntiles = _cdiv(_cdiv(lay.n, ROW_TILE), cfg["RG"] * cfg["RT"])
@@ -238,9 +243,10 @@ def prepare_gemv_a8_wg(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: t
 @torch.compiler.disable
 def gemv_a8_wg(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
                out_dtype: torch.dtype, out: torch.Tensor | None = None, per_token: bool = False,
-               config: dict | None = None) -> torch.Tensor:
-    """clamp(Qa(x2d) @ W.T + bias, lo, hi) -> [M, N] out_dtype with sym activations (per token and weight group, or
-    per token), reading qw's wgmma_a8_v1 (built on first use). x2d: fp16 / bf16 / fp32 [M, K] CUDA, 1 <= M <= 16."""
+               config: dict | None = None, act_mode: str = "sym") -> torch.Tensor:
+    """clamp(Qa(x2d) @ W.T + bias, lo, hi) -> [M, N] out_dtype with act_mode "sym" / "sym_full" activations (per token
+    and weight group, or per token), reading qw's wgmma_a8_v1 (built on first use). x2d: fp16 / bf16 / fp32 [M, K]
+    CUDA, 1 <= M <= 16."""
     from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported
 
     if not x2d.is_cuda or x2d.dim() != 2:
@@ -260,5 +266,5 @@ def gemv_a8_wg(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None
         out = torch.empty(m, qw.out_features, dtype=out_dtype, device=x2d.device)
     if qw.out_features == 0:
         return out
-    return prepare_gemv_a8_wg(qw, m, x2d.dtype, x2d.device, out_dtype, per_token, config)(
+    return prepare_gemv_a8_wg(qw, m, x2d.dtype, x2d.device, out_dtype, per_token, config, act_mode)(
         x2d, None if bias is None else bias.contiguous(), lo, hi, out)

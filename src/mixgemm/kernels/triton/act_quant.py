@@ -9,7 +9,8 @@ Produces, for x [M, K] (fp16 / bf16 / fp32, unit stride along K) and a block siz
 
 exactly as :func:`mixgemm.formats.activation.quantize_activation` (codes and sums bit-identical, scales and
 offsets the same float32 values): every float op is a single IEEE-rounded float32 op in the same order as
-the reference. On the GPU that needs care, hence the helpers below:
+the reference ("sym_full" rounds its scale and quotients to the activation's dtype, _to_xt, as the reference
+does). On the GPU that needs care, hence the helpers below:
 
 * ``a / b`` in Triton lowers to the approximate ``div.full.f32``; we call ``div_rn`` (IEEE) instead.
 * NVPTX contracts ``a * b + c`` into one FMA (one rounding instead of two); ``mul_rn`` is never contracted.
@@ -31,6 +32,10 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from mixgemm.formats.activation import ACT_MODES
+
+# The kernels' MODE (formats.activation's schemes) and XT (the activation dtype "sym_full" rounds to)
+_MODE = {"sym": 0, "asym": 1, "sym_full": 2}
+_XT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # Long-block policy: blocks up to MAX_TILE_BLOCK elements are held whole in registers (one read of x);
@@ -64,9 +69,44 @@ def _rint(y, GPU: tl.constexpr):
 
 
 @triton.jit
-def _quant_tile(x, mask, SYM: tl.constexpr, GPU: tl.constexpr):
+def _to_xt(v, XT: tl.constexpr, GPU: tl.constexpr):
+    """float32 v (finite) rounded to nearest even in the activation dtype XT (0 fp16, 1 bf16, 2 fp32), as float32."""
+    if XT == 0:
+        return v.to(tl.float16, fp_downcast_rounding="rtne").to(tl.float32)
+    elif XT == 1:
+        if GPU:
+            return v.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+        else:  # the interpreter's float32 -> bfloat16 truncates: round the bits (half to even) instead
+            b = v.to(tl.uint32, bitcast=True)
+            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+            return b.to(tl.float32, bitcast=True)
+    else:
+        return v
+
+
+@triton.jit
+def _full_scale(amax, XT: tl.constexpr, GPU: tl.constexpr):
+    """"sym_full": d = amax / 127.5 in the activation dtype, and the divisor x / d takes (1 where d == 0)."""
+    d = _to_xt(_div(amax, 127.5, GPU), XT, GPU)
+    return d, tl.where(d > 0, d, 1.0)
+
+
+@triton.jit
+def _full_codes(x, d, div, XT: tl.constexpr, GPU: tl.constexpr):
+    """"sym_full" codes: round(clamp(x / d, -128, 127)), x / d in the activation dtype; 0 where d == 0."""
+    q = _rint(tl.minimum(tl.maximum(_to_xt(_div(x, div, GPU), XT, GPU), -128.0), 127.0), GPU)
+    return tl.where(d > 0, q, 0.0)
+
+
+@triton.jit
+def _quant_tile(x, mask, MODE: tl.constexpr, XT: tl.constexpr, GPU: tl.constexpr):
     """x: float32 [R, B] tile of R whole blocks (masked entries ignored). Returns (q int8, d, o, sum)."""
-    if SYM:
+    if MODE == 2:
+        amax = tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1)
+        d, div = _full_scale(amax, XT, GPU)
+        q = _full_codes(x, d[:, None], div[:, None], XT, GPU)
+        o = tl.zeros_like(d)
+    elif MODE == 0:
         amax = tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1)
         d = _div(amax, 127.0, GPU)
         pos = d > 0
@@ -91,7 +131,7 @@ def _quant_tile(x, mask, SYM: tl.constexpr, GPU: tl.constexpr):
 @triton.jit
 def _act_quant_tile_kernel(x_ptr, q_ptr, s_ptr, o_ptr, sum_ptr, K, G, stride_xm, stride_qm,
                            B: tl.constexpr, BP: tl.constexpr, R: tl.constexpr,
-                           SYM: tl.constexpr, GPU: tl.constexpr):
+                           MODE: tl.constexpr, XT: tl.constexpr, GPU: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
     g0 = tl.program_id(1) * R
     rg = g0 + tl.arange(0, R)
@@ -99,7 +139,7 @@ def _act_quant_tile_kernel(x_ptr, q_ptr, s_ptr, o_ptr, sum_ptr, K, G, stride_xm,
     cols = rg[:, None] * B + rb[None, :]
     mask = (rg[:, None] < G) & (rb[None, :] < B)
     x = tl.load(x_ptr + m * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
-    q, d, o, s = _quant_tile(x, mask, SYM, GPU)
+    q, d, o, s = _quant_tile(x, mask, MODE, XT, GPU)
     tl.store(q_ptr + m * stride_qm + cols, q, mask=mask)
     gm = rg < G
     tl.store(s_ptr + m * G + rg, d, mask=gm)
@@ -109,7 +149,7 @@ def _act_quant_tile_kernel(x_ptr, q_ptr, s_ptr, o_ptr, sum_ptr, K, G, stride_xm,
 
 @triton.jit
 def _act_quant_row_kernel(x_ptr, q_ptr, s_ptr, o_ptr, sum_ptr, K, G, B, stride_xm, stride_qm,
-                          CH: tl.constexpr, SYM: tl.constexpr, GPU: tl.constexpr):
+                          CH: tl.constexpr, MODE: tl.constexpr, XT: tl.constexpr, GPU: tl.constexpr):
     """One (row, block) per program for long blocks: pass 1 finds the range, pass 2 writes codes + sum."""
     m = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
@@ -121,13 +161,16 @@ def _act_quant_row_kernel(x_ptr, q_ptr, s_ptr, o_ptr, sum_ptr, K, G, B, stride_x
     for k0 in range(0, B, CH):
         msk = (k0 + rc) < B
         x = tl.load(x_ptr + m * stride_xm + base + k0 + rc, mask=msk, other=0.0).to(tl.float32)
-        if SYM:
+        if MODE != 1:
             amax = tl.maximum(amax, tl.where(msk, tl.abs(x), 0.0))
         else:
             lo = tl.minimum(lo, tl.where(msk, x, float("inf")))
             hi = tl.maximum(hi, tl.where(msk, x, -float("inf")))
     # max / min are exact, so the chunked reduction equals the reference's whole-block amax / amin.
-    if SYM:
+    if MODE == 2:
+        d, inv = _full_scale(tl.max(amax, axis=0), XT, GPU)  # (inv: the divisor)
+        o = d * 0.0
+    elif MODE == 0:
         d = _div(tl.max(amax, axis=0), 127.0, GPU)
         inv = tl.where(d > 0, _div(1.0, tl.where(d > 0, d, 1.0), GPU), 0.0)
         o = d * 0.0
@@ -142,7 +185,9 @@ def _act_quant_row_kernel(x_ptr, q_ptr, s_ptr, o_ptr, sum_ptr, K, G, B, stride_x
     for k0 in range(0, B, CH):
         msk = (k0 + rc) < B
         x = tl.load(x_ptr + m * stride_xm + base + k0 + rc, mask=msk, other=0.0).to(tl.float32)
-        if SYM:
+        if MODE == 2:
+            q = _full_codes(x, d, inv, XT, GPU)
+        elif MODE == 0:
             q = _rint(_mul(x, inv, GPU), GPU)
             q = tl.minimum(tl.maximum(q, -127.0), 127.0)
         else:
@@ -158,7 +203,7 @@ def _act_quant_row_kernel(x_ptr, q_ptr, s_ptr, o_ptr, sum_ptr, K, G, B, stride_x
 
 def act_quant(x: torch.Tensor, block_size: int = -1, mode: str = "sym", out=None):
     """Quantize x [M, K] (fp16 / bf16 / fp32, CUDA or interpreter, unit stride along K) per token and per
-    block of ``block_size`` along K (-1: whole K). mode: "sym" (q8_1) or "asym" (min / max with an offset).
+    block of ``block_size`` along K (-1: whole K). mode: one of formats.activation.ACT_MODES.
 
     Returns (q int8 [M, K], scales f32 [M, G], offsets f32 [M, G], sums int32 [M, G]); equal to
     mixgemm.formats.activation.quantize_activation. ``out``: optional preallocated 4-tuple of the same.
@@ -185,7 +230,7 @@ def act_quant(x: torch.Tensor, block_size: int = -1, mode: str = "sym", out=None
     q, s, o, sm = out
     if m == 0:
         return out
-    sym = mode == "sym"
+    mode_id, xt = _MODE[mode], _XT[x.dtype]
     gpu = not _INTERPRET
     bp = triton.next_power_of_2(b)
     if bp <= LONG_BLOCK["MAX_TILE_BLOCK"]:
@@ -194,9 +239,9 @@ def act_quant(x: torch.Tensor, block_size: int = -1, mode: str = "sym", out=None
         nw = min(16, max(4, r * bp // 512))  # <= 64 elements per thread
         _act_quant_tile_kernel[(m, triton.cdiv(g, r))](
             x, q, s, o, sm, k, g, x.stride(0), q.stride(0),
-            B=b, BP=bp, R=r, SYM=sym, GPU=gpu, num_warps=nw)
+            B=b, BP=bp, R=r, MODE=mode_id, XT=xt, GPU=gpu, num_warps=nw)
     else:
         _act_quant_row_kernel[(m, g)](x, q, s, o, sm, k, g, b, x.stride(0), q.stride(0),
-                                      CH=LONG_BLOCK["ROW_CH"], SYM=sym, GPU=gpu,
+                                      CH=LONG_BLOCK["ROW_CH"], MODE=mode_id, XT=xt, GPU=gpu,
                                       num_warps=LONG_BLOCK["ROW_WARPS"])
     return out
