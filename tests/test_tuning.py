@@ -345,7 +345,7 @@ def test_cached_choice_of_a_later_entry_lists_the_earlier_ones(tmp_path):
     c = choose(p)
     assert c.kernel == "cuda_wgmma" and c.config == cfg
     assert dict(c.declined) == {n: "the tuning cache chose cuda_wgmma for this bucket"
-                                for n in ("cuda_gemv_mma", "cuda_gemv")}
+                                for n in ("cuda_gemv_mma", "cuda_gemv", "dequant_cublas")}
 
 
 def test_choice_entry_needs_an_entry_name(tmp_path):

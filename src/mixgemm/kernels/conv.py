@@ -102,7 +102,7 @@ def _race_key(p: Problem) -> tuple:
 def _race(p: Problem):
     c = p.conv
     opts = current_options()
-    rival = choose(p, replace(opts, disable=opts.disable | {DEQUANT}))
+    rival = choose(p, replace(opts, force=opts.force - {DEQUANT}, disable=opts.disable | {DEQUANT}))
     x, w = c.x, c.weight
     ho, wo = conv_output_size(x.shape[2], x.shape[3], w.kernel_size, c.stride, c.padding, c.dilation)
     out = torch.empty((x.shape[0], w.out_channels, ho, wo), device=x.device, dtype=x.dtype,

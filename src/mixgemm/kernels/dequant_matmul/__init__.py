@@ -85,7 +85,7 @@ def can_run(p: Problem):
 
 def _race(p: Problem, dev: torch.device) -> races.RaceResult:
     opts = current_options()
-    rival = choose(p, replace(opts, disable=opts.disable | {NAME}))
+    rival = choose(p, replace(opts, force=opts.force - {NAME}, disable=opts.disable | {NAME}))
     qw = p.qw
     x = torch.randn(p.m, p.k, dtype=p.x_dtype, device=dev)
     inf = float("inf")
@@ -129,6 +129,10 @@ def _perm(p: Problem, config) -> str:
     return "cuBLAS reads x as it is; the caller's gather is small next to a prefill GEMM"
 
 
+def _candidates(p: Problem) -> list[dict]:
+    return []  # no config to vary: `mixgemm tune` times the route itself (a bucket's choice of entry)
+
+
 ENTRY = KernelEntry(NAME, "linear", can_run, config, run, WGMMA_V1,
                     "dequantize to a transient float buffer + cuBLAS, where a race measured it faster",
-                    input_perm=_perm, reads_any=(WGMMA_V1.name,))
+                    candidates=_candidates, input_perm=_perm, reads_any=(WGMMA_V1.name,))
