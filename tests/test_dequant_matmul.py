@@ -169,3 +169,24 @@ def test_gpu_conv_race_picks_and_matches():
     c = mixgemm.explain_conv(x, qw, 1, 1)
     why = c.config_source if c.kernel == "dequant_cudnn" else dict(c.declined)["dequant_cudnn"]
     assert "measured at M=3600" in why
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_forced_float_routes_before_any_race():
+    """Forcing a float route on a layer that has not raced runs its race against the rival without re-entering
+    itself, then the forced route."""
+    from mixgemm.formats.conv import quantize_conv_weight
+
+    qw = _qw(512, 1024, 4, 128, "sym").to("cuda")
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.float16)
+    with mixgemm.kernel_options(force="dequant_cublas"):
+        y = mixgemm.matmul(x, qw)
+        assert mixgemm.explain(x, qw).kernel == "dequant_cublas"
+    ref = x.double() @ dequantize_weight(qw, torch.float64).t()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-3
+    cw = quantize_conv_weight(torch.randn(64, 64, 3, 3), QuantConfig(bits=8, group_size=-1)).to("cuda")
+    xc = torch.randn(2, 64, 16, 16, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    with mixgemm.kernel_options(force="dequant_cudnn"):
+        mixgemm.conv2d(xc, cw, None, 1, 1)
+        assert mixgemm.explain_conv(xc, cw, 1, 1).kernel == "dequant_cudnn"
