@@ -80,7 +80,7 @@ def test_conv_spec_geometry_matches_torch():
         assert torch.equal(s.conv(x, w), y)
     assert CONV_PRESET[0].out_hw == 112 and CONV_PRESET[0].padding == 3  # the tools' square accessors
     with pytest.raises(ValueError, match="pads 0 x 3"):
-        specs[0].padding
+        _ = specs[0].padding
     with pytest.raises(ValueError, match="groups=4 must divide"):
         ConvSpec("bad", 6, 8, 3, 1, 8, groups=4)
     with pytest.raises(ValueError, match="give no output"):
