@@ -158,7 +158,8 @@ def test_cli_conv_models_on_the_cpu(tmp_path, capsys):
     assert by[("1x1 8-16 @1x1", W4_ZP)]["note"] == "W4 per-channel zero_point"
     refused = by[("3x3 dw 96-96 @7x7", W4_ZP)]
     assert refused["status"] == "refused" and "4-bit" in refused["note"]
-    assert "| refused |" in (tmp_path / "cpu" / "conv-models.md").read_text()
+    md = (tmp_path / "cpu" / "conv-models.md").read_text()
+    assert "| refused |" in md and "mobilenet_v3_small:" in md  # who uses the layer
     capsys.readouterr()
     assert bench_main(args + ["--merge"]) == 0  # every case held: nothing runs again
     assert "nothing left to run" in capsys.readouterr().err
@@ -188,7 +189,8 @@ def test_conv_acceptance_view():
     for r in res:
         if r["status"] == "ok":
             r["speedup"] = times[(r["layer"], r["batch"])][base] / r["time_us"]
-    data = {"meta": {"gpu": "test GPU"}, "baseline": base, "results": res}
+            r["weight_floor_us"] = {W4_ZP: 1.25, W8: 2.5}.get(r["method"])
+    data = {"meta": {"gpu": "test GPU"}, "baseline": base, "results": res, "layers": {"a": "resnet50:conv1"}}
     every, median = accept.conv_evaluate(data)
     assert every.verdict == "FAIL" and every.checked == 5
     assert every.failures[0].startswith("b B=1 mixgemm conv W4A16 zp: refused: 4-bit")
@@ -201,3 +203,6 @@ def test_conv_acceptance_view():
     md = accept.conv_to_markdown(data)
     assert "| every layer and batch |" in md and "**FAIL**" in md and "refused: 4-bit" in md
     assert f"| {W4_ZP} | 1 | 1 | 1.50 | 1.50 | 0 | 1 |" in md
+    assert ("| a | resnet50:conv1 | 1 | 30.0 | 20.0 (1.50x) | 25.0 (1.20x) | 21.0 (1.43x) | 20.0 (1.50x) | "
+            "1.25 / 2.50 |") in md
+    assert "| b |  | 1 | 10.0 | refused | 10.0 (1.00x) | refused | 9.0 (1.11x) | - / 2.50 |" in md

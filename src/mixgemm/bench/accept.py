@@ -407,6 +407,34 @@ def race_misses(data: dict, bars: ConvBars | None = None) -> list[str]:
     return [text for _, text in sorted(out, reverse=True)]
 
 
+def conv_layer_table(data: dict) -> str:
+    """Markdown: per conv layer and batch its users, the float conv's time and each mixgemm method's time (ratio), and
+    the weight floors of W4 and W8 (the time to read the weights each stores, alone, at the copy bandwidth)."""
+    from mixgemm.bench.conv import W4_ZP, W4_ZP_DEQUANT, W8, W8_DEQUANT
+
+    cases = _conv_cases(data)
+    base = data.get("baseline")
+    meths = (W4_ZP, W8, W4_ZP_DEQUANT, W8_DEQUANT)
+    users = data.get("layers") or {}
+    head = ["layer", "used by", "B", f"{base} us", *meths, "weight floor W4 / W8 us"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for lay, b in dict.fromkeys((lay, b) for lay, b, _ in cases):
+        cells = []
+        for meth in meths:
+            r = cases.get((lay, b, meth))
+            if r is None:
+                cells.append("")
+            elif r["status"] == "ok":
+                cells.append(f"{r['time_us']:.1f}" + (f" ({r['speedup']:.2f}x)" if r.get("speedup") else ""))
+            else:
+                cells.append(r["status"])
+        floors = [_ok(cases.get((lay, b, m)), "weight_floor_us") for m in (W4_ZP, W8)]
+        lines.append("| " + " | ".join([lay, users.get(lay, ""), str(b),
+                                         _fmt(_ok(cases.get((lay, b, base)), "time_us"), ".1f"), *cells,
+                                         " / ".join(_fmt(v, ".2f") for v in floors)]) + " |")
+    return "\n".join(lines)
+
+
 def conv_to_markdown(data: dict, bars: ConvBars | None = None, max_items: int = 25) -> str:
     """The conv acceptance view: the verdicts, the failures (slowest first), a summary per method and batch and the
     cases where the dispatch lost to the dequantize + cuDNN route it races."""
@@ -441,4 +469,5 @@ def conv_to_markdown(data: dict, bars: ConvBars | None = None, max_items: int = 
     out += [f"- {x}" for x in misses[:max_items]]
     if len(misses) > max_items:
         out.append(f"- ... and {len(misses) - max_items} more")
+    out += ["", conv_layer_table(data)]
     return "\n".join(out) + "\n"

@@ -250,9 +250,9 @@ def estimate_seconds(plan: list[tuple], n_methods: int, warmup_ms: float = 25, r
     return total
 
 
-def _conv_models_plan(filters: list[str], batches: list[int] | None, device: str) -> list[tuple]:
+def _conv_models_plan(filters: list[str], batches: list[int] | None, device: str) -> tuple[list[tuple], dict]:
     """--conv-models' plan: the data file's layers (those matching a filter) at the batches (default CONV_BATCHES; on
-    a CPU batch 1 and only layers up to CPU_CONV_MAX_MACS)."""
+    a CPU batch 1 and only layers up to CPU_CONV_MAX_MACS); and who uses each layer, by name."""
     layers = conv_models.conv_layers(filters or None)
     if not layers:
         raise ValueError(f"--conv-filter {','.join(filters)}: no layer of {conv_models.DATA_FILE} matches")
@@ -263,8 +263,9 @@ def _conv_models_plan(filters: list[str], batches: list[int] | None, device: str
               "No floors or acceptance view: they need a CUDA GPU.", file=sys.stderr)
         if not small:
             raise ValueError("no layer small enough for the CPU; --conv-filter others")
-        return [(lay.spec, batches or [1]) for lay in small]
-    return [(lay.spec, batches or CONV_BATCHES) for lay in layers]
+        layers = small
+    plan = [(lay.spec, batches or ([1] if device == "cpu" else CONV_BATCHES)) for lay in layers]
+    return plan, {lay.spec.name: lay.label for lay in layers}
 
 
 def _call_overhead(args: argparse.Namespace, shapes, ms) -> int:
@@ -404,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.conv_models:
         try:
-            plan = _conv_models_plan(conv_filter, ms, device)
+            plan, conv_labels = _conv_models_plan(conv_filter, ms, device)
         except ValueError as e:
             print(f"mixgemm bench: error: {e}", file=sys.stderr)
             return 2
@@ -462,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
     with_model = bool(count) or len(chosen_models or ()) > 1
     labels = {f"{k}x{n}": models.shape_label(lays, with_model) for (k, n), lays in by_shape.items()}
+    if args.conv_models:
+        labels = conv_labels  # a conv layer's users, by its name
     try:
         previous = merge.load(prefix + ".json", name) if args.merge else None
     except ValueError as e:
@@ -489,7 +492,10 @@ def main(argv: list[str] | None = None) -> int:
                       rounds=args.rounds,
                       extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:], **extra_meta})
     total = sum(len(m) for _, m in plan) * len(chosen)
-    if device == "cuda" and total:
+    if device == "cuda" and total and args.conv_models:
+        print(f"mixgemm bench: {len(plan)} conv layer(s), {total} cases (a few seconds a layer; --time-budget S stops "
+              "starting layers after S seconds, --merge continues)", file=sys.stderr)
+    elif device == "cuda" and total:
         est = estimate_seconds(plan, len(chosen), cfg.warmup_ms, cfg.rep_ms)
         print(f"mixgemm bench: {len(plan)} shape(s), {total} cases: roughly {est / 60:.0f} min on an H100 (more "
               "when slow peers run at large M, or kernels compile)", file=sys.stderr)

@@ -212,9 +212,9 @@ def models_config(bits: int, shape: tuple, ctx: Context):
         raise Refused(str(e)) from None
 
 
-def _prep_mixgemm_conv(bits: int, config_of, force: str | None = None):
-    """mixgemm.conv2d with the weight quantized as config_of(bits, weight shape, ctx) says; force: a conv registry
-    entry the calls run under mixgemm.kernel_options(force=...)."""
+def _prep_mixgemm_conv(bits: int, config_of, dequant_cudnn: bool = False):
+    """mixgemm.conv2d with the weight quantized as config_of(bits, weight shape, ctx) says; dequant_cudnn: every call
+    forced onto the dequantize + cuDNN route."""
 
     def prepare(w: torch.Tensor, ctx: Context) -> Prepared:
         import mixgemm
@@ -236,11 +236,13 @@ def _prep_mixgemm_conv(bits: int, config_of, force: str | None = None):
         first = fresh(False)
 
         def make(qc):
-            if force is None:
+            if not dequant_cudnn:
                 return lambda x: conv2d(x, qc, None, *geo)
 
             def forced(x):
-                with mixgemm.kernel_options(force=force):
+                # conv_dequant_min_m=0: the route taken without its race (a race under force would time the route
+                # against itself: mixgemm.kernels.conv._race keeps the options' force)
+                with mixgemm.kernel_options(force=DEQUANT_ENTRY, conv_dequant_min_m=0):
                     return conv2d(x, qc, None, *geo)
 
             return forced
@@ -302,9 +304,9 @@ def conv_models_methods(dtype: torch.dtype = torch.float16, device: str = "cuda"
                            "multiple), as dispatched"),
         Method(W8, "mixgemm", _prep_mixgemm_conv(8, models_config), _CONV_MODULES, kind="conv", cpu=True,
                description="mixgemm.conv2d, W8 sym per-channel, as dispatched"),
-        Method(W4_ZP_DEQUANT, "mixgemm", _prep_mixgemm_conv(4, models_config, DEQUANT_ENTRY), _gpu, kind="conv",
+        Method(W4_ZP_DEQUANT, "mixgemm", _prep_mixgemm_conv(4, models_config, dequant_cudnn=True), _gpu, kind="conv",
                description=f"{W4_ZP} under kernel_options(force='{DEQUANT_ENTRY}'): the weight dequantized, cuDNN"),
-        Method(W8_DEQUANT, "mixgemm", _prep_mixgemm_conv(8, models_config, DEQUANT_ENTRY), _gpu, kind="conv",
+        Method(W8_DEQUANT, "mixgemm", _prep_mixgemm_conv(8, models_config, dequant_cudnn=True), _gpu, kind="conv",
                description=f"{W8} under kernel_options(force='{DEQUANT_ENTRY}'): the weight dequantized, cuDNN"),
         _float_method(dtype, device),
     ]

@@ -26,6 +26,14 @@ class ConvLayer:
     models: tuple[str, ...]
     used_by: tuple[str, ...]  # the first few model:module names
 
+    @property
+    def label(self) -> str:
+        """Who uses the layer, short: 'resnet50:layer1.0.conv2 (+2 models, 9 calls)'."""
+        more = len(self.models) - 1
+        extra = ([f"+{more} model{'s' * (more > 1)}"] if more else []) + ([f"{self.uses} calls"] if self.uses > 1
+                                                                            else [])
+        return self.used_by[0] + (f" ({', '.join(extra)})" if extra else "")
+
     def matches(self, needle: str) -> bool:
         """needle (case-insensitive) in the layer's name, one of its models or one of its module names."""
         n = needle.lower()

@@ -123,13 +123,15 @@ def pivot_markdown(data: dict, speedups: bool = True) -> str:
         if r.get("w4_floor_us") is not None:
             w4[_case(r)] = r["w4_floor_us"]
     gpu = on_gpu(data)
-    names = data.get("layers") or {}  # a --model run: the model layers of each K x N
-    head = ["K x N"] + (["layer"] if names else []) + ["M"] + (["W4 floor"] if gpu else []) + meths
+    names = data.get("layers") or {}  # a --model run: the model layers of each K x N; --conv-models: a layer's users
+    conv = any(r.get("layer") for r in data["results"])
+    head = ["K x N"] + ([("used by" if conv else "layer")] if names else []) + ["M"] + (["W4 floor"] if gpu else []) + \
+        meths
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     batch = {(r["K"], r["N"], r["M"], r["layer"]): r["batch"] for r in data["results"] if r.get("layer")}
     for k, n, m, lay in cases:
         kn, mm = (f"{lay} ({k}x{n})", f"B={batch[(k, n, m, lay)]} ({m})") if lay else (f"{k}x{n}", str(m))
-        row = [kn] + ([names.get(f"{k}x{n}", "")] if names else []) + [mm] + \
+        row = [kn] + ([names.get(lay or f"{k}x{n}", "")] if names else []) + [mm] + \
             ([_fmt_us(w4.get((k, n, m, lay)))] if gpu else [])
         for meth in meths:
             r = by.get((k, n, m, lay, meth))
