@@ -266,6 +266,28 @@ def shape_table(data: dict, bars: Bars | None = None) -> str:
     return "\n".join(lines)
 
 
+def _capped(items: list[str], max_items: int, what: str = "") -> list[str]:
+    """Markdown bullets of the first max_items items and how many more there are."""
+    out = [f"- {what}{x}" for x in items[:max_items]]
+    if len(items) > max_items:
+        out.append(f"- {what}... and {len(items) - max_items} more")
+    return out
+
+
+def lines_markdown(lines_: list[Line], max_items: int = 12, details: bool = True) -> list[str]:
+    """The verdict table of acceptance lines and, with details, each line's notes, failures and missing cases."""
+    out = ["| line | bar | verdict | cases | failures | missing |", "|---|---|---|---|---|---|"]
+    for ln in lines_:
+        out.append(f"| {ln.name} | {ln.bar} | **{ln.verdict}** | {ln.checked} | {len(ln.failures)} | "
+                   f"{len(ln.missing)} |")
+    for ln in lines_ if details else ():
+        if ln.failures or ln.missing or ln.notes:
+            out += ["", f"**{ln.name}** ({ln.verdict})"]
+            for what, items in (("", ln.notes), ("fail: ", ln.failures), ("missing: ", ln.missing)):
+                out += _capped(items, max_items, what)
+    return out
+
+
 def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | None = None,
                 max_items: int = 12, title: bool = True, details: bool = True) -> str:
     """The acceptance view: the verdict of each line (with its failures), the medians and the per-shape table;
@@ -279,17 +301,7 @@ def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | 
     out = ([f"## Acceptance view: {data['meta'].get('gpu')}", ""] if title else []) + [
            f"{draw}{len(cs.shapes)} shapes; M measured: {', '.join(map(str, cs.ms))}. Sizes in MiB of int4 codes; "
            "% of floor = floor / time (docs/benchmarking.md); ratios = fp16 cuBLAS time / time, same run.",
-           "", "| line | bar | verdict | cases | failures | missing |", "|---|---|---|---|---|---|"]
-    for ln in lines_:
-        out.append(f"| {ln.name} | {ln.bar} | **{ln.verdict}** | {ln.checked} | {len(ln.failures)} | "
-                   f"{len(ln.missing)} |")
-    for ln in lines_ if details else ():
-        if ln.failures or ln.missing or ln.notes:
-            out += ["", f"**{ln.name}** ({ln.verdict})"]
-            for what, items in (("", ln.notes), ("fail: ", ln.failures), ("missing: ", ln.missing)):
-                out += [f"- {what}{x}" for x in items[:max_items]]
-                if len(items) > max_items:
-                    out.append(f"- {what}... and {len(items) - max_items} more")
+           ""] + lines_markdown(lines_, max_items, details)
     dec = decode_medians(Cases(data), bars)
     if dec:
         out += ["", f"Decode, medians over the shapes (% of floor at M = 1; M = 16 time over M = 1 on >= "
@@ -444,18 +456,8 @@ def conv_to_markdown(data: dict, bars: ConvBars | None = None, max_items: int = 
     n_layers = len({lay for lay, _, _ in cases})
     out = [f"## Conv acceptance view: {data['meta'].get('gpu')}", "",
            f"{n_layers} conv layers; batches {', '.join(map(str, sorted({b for _, b, _ in cases})))}; ratios = "
-           f"{data.get('baseline')} time / time, same run (CUDA graph over layer copies, docs/benchmarking.md).", "",
-           "| line | bar | verdict | cases | failures | missing |", "|---|---|---|---|---|---|"]
-    for ln in lines_:
-        out.append(f"| {ln.name} | {ln.bar} | **{ln.verdict}** | {ln.checked} | {len(ln.failures)} | "
-                   f"{len(ln.missing)} |")
-    for ln in lines_:
-        if ln.failures or ln.missing or ln.notes:
-            out += ["", f"**{ln.name}** ({ln.verdict})"]
-            for what, items in (("", ln.notes), ("fail: ", ln.failures), ("missing: ", ln.missing)):
-                out += [f"- {what}{x}" for x in items[:max_items]]
-                if len(items) > max_items:
-                    out.append(f"- {what}... and {len(items) - max_items} more")
+           f"{data.get('baseline')} time / time, same run (CUDA graph over layer copies, docs/benchmarking.md).",
+           "", *lines_markdown(lines_, max_items)]
     summary = conv_summary(data, bars)
     if summary:
         out += ["", f"Per method and batch (ratio to {data.get('baseline')}):", "",
@@ -466,8 +468,6 @@ def conv_to_markdown(data: dict, bars: ConvBars | None = None, max_items: int = 
     misses = race_misses(data, bars)
     out += ["", f"Dispatch slower than the forced dequantize + cuDNN route by more than {bars.race_slack}x: "
                 f"{len(misses)} case(s)"]
-    out += [f"- {x}" for x in misses[:max_items]]
-    if len(misses) > max_items:
-        out.append(f"- ... and {len(misses) - max_items} more")
+    out += _capped(misses, max_items)
     out += ["", conv_layer_table(data)]
     return "\n".join(out) + "\n"
