@@ -304,6 +304,28 @@ def shape_table(data: dict, bars: Bars | None = None) -> str:
     return "\n".join(lines)
 
 
+def _capped(items: list[str], max_items: int, what: str = "") -> list[str]:
+    """Markdown bullets of the first max_items items and how many more there are."""
+    out = [f"- {what}{x}" for x in items[:max_items]]
+    if len(items) > max_items:
+        out.append(f"- {what}... and {len(items) - max_items} more")
+    return out
+
+
+def lines_markdown(lines_: list[Line], max_items: int = 12, details: bool = True) -> list[str]:
+    """The verdict table of acceptance lines and, with details, each line's notes, failures and missing cases."""
+    out = ["| line | bar | verdict | cases | failures | missing |", "|---|---|---|---|---|---|"]
+    for ln in lines_:
+        out.append(f"| {ln.name} | {ln.bar} | **{ln.verdict}** | {ln.checked} | {len(ln.failures)} | "
+                   f"{len(ln.missing)} |")
+    for ln in lines_ if details else ():
+        if ln.failures or ln.missing or ln.notes:
+            out += ["", f"**{ln.name}** ({ln.verdict})"]
+            for what, items in (("", ln.notes), ("fail: ", ln.failures), ("missing: ", ln.missing)):
+                out += _capped(items, max_items, what)
+    return out
+
+
 def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | None = None,
                 max_items: int = 12, title: bool = True, details: bool = True) -> str:
     """The acceptance view: the verdict of each line (with its failures), the medians and the per-shape table;
@@ -317,17 +339,7 @@ def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | 
     out = ([f"## Acceptance view: {data['meta'].get('gpu')}", ""] if title else []) + [
            f"{draw}{len(cs.shapes)} shapes; M measured: {', '.join(map(str, cs.ms))}. Sizes in MiB of int4 codes; "
            "% of floor = floor / time (docs/benchmarking.md); ratios = fp16 cuBLAS time / time, same run.",
-           "", "| line | bar | verdict | cases | failures | missing |", "|---|---|---|---|---|---|"]
-    for ln in lines_:
-        out.append(f"| {ln.name} | {ln.bar} | **{ln.verdict}** | {ln.checked} | {len(ln.failures)} | "
-                   f"{len(ln.missing)} |")
-    for ln in lines_ if details else ():
-        if ln.failures or ln.missing or ln.notes:
-            out += ["", f"**{ln.name}** ({ln.verdict})"]
-            for what, items in (("", ln.notes), ("fail: ", ln.failures), ("missing: ", ln.missing)):
-                out += [f"- {what}{x}" for x in items[:max_items]]
-                if len(items) > max_items:
-                    out.append(f"- {what}... and {len(items) - max_items} more")
+           ""] + lines_markdown(lines_, max_items, details)
     dec = decode_medians(Cases(data), bars)
     if dec:
         out += ["", f"Decode, medians over the shapes (% of floor at M = 1; M = 16 time over M = 1 on >= "
@@ -347,4 +359,153 @@ def to_markdown(data: dict, bars: Bars | None = None, read_ceiling_pct: float | 
                 out.append(f"| {meth} | " + " | ".join(_fmt(table.get((meth, m)), ".2f") for m in ms) + " |")
     if details:
         out += ["", shape_table(data, bars)]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------- conv layers
+@dataclass(frozen=True)
+class ConvBars:
+    """issue 109's conv acceptance: W4 / W8 against cuDNN in the run's dtype."""
+
+    per_layer: float = 0.95  # every layer and batch
+    median: float = 1.1  # the median over the layers at median_batch
+    median_batch: int = 1
+    race_slack: float = 1.05  # dispatched slower than the forced dequantize + cuDNN route by more: listed
+
+
+def _conv_cases(data: dict) -> dict[tuple[str, int, str], dict]:
+    return {(r["layer"], r["batch"], r["method"]): r for r in data["results"] if r.get("kind") == "conv"}
+
+
+def conv_evaluate(data: dict, bars: ConvBars | None = None) -> list[Line]:
+    """The conv acceptance lines of a --conv-models run: every (layer, batch) of W4 zp and W8 >= bars.per_layer x the
+    float conv (a refused, wrong or failed case fails it), and the median over the layers at bars.median_batch >=
+    bars.median x for each of the two."""
+    from mixgemm.bench.conv import W4_ZP, W8
+
+    bars = bars or ConvBars()
+    cases = _conv_cases(data)
+    layers = list(dict.fromkeys(lay for lay, _, _ in cases))
+    batches = sorted({b for _, b, _ in cases})
+    base = data.get("baseline") or "the float conv"
+    every = Line("every layer and batch", f"{W4_ZP} and {W8} >= {bars.per_layer}x {base}")
+    median = Line(f"median at batch {bars.median_batch}", f"each >= {bars.median}x {base} (median over the layers)")
+    worst: list[tuple[float, str]] = []
+    for meth in (W4_ZP, W8):
+        for lay in layers:
+            for b in batches:
+                r = cases.get((lay, b, meth))
+                where = f"{lay} B={b} {meth}"
+                if r is None:
+                    every.missing.append(f"{where}: not measured")
+                elif r["status"] == "refused":
+                    every.failures.append(f"{where}: refused: {r.get('note') or ''}")
+                elif r["status"] != "ok" or r.get("speedup") is None:
+                    what = (r.get("note") or "no baseline time")[:80]
+                    (every.failures if r["status"] in ("wrong", "error") else every.missing).append(
+                        f"{where}: {r['status']} ({what})")
+                else:
+                    every.checked += 1
+                    if r["speedup"] < bars.per_layer:
+                        worst.append((r["speedup"], f"{where}: {r['speedup']:.2f}x"))
+        vals = [r["speedup"] for lay in layers if (r := cases.get((lay, bars.median_batch, meth)))
+                and r["status"] == "ok" and r.get("speedup") is not None]
+        if not vals:
+            median.missing.append(f"{meth}: nothing measured at batch {bars.median_batch}")
+            continue
+        median.checked += 1
+        med = statistics.median(vals)
+        median.notes.append(f"{meth}: {med:.2f}x over {len(vals)} layers")
+        if med < bars.median:
+            median.failures.append(f"{meth}: median {med:.2f}x < {bars.median}x")
+    every.failures += [text for _, text in sorted(worst)]  # slowest first
+    for lay in data.get("meta", {}).get("not_run", []):
+        every.missing.append(f"{lay}: not run (--time-budget; rerun with --merge)")
+    return [every, median]
+
+
+def conv_summary(data: dict, bars: ConvBars | None = None) -> list[tuple]:
+    """(method, batch, layers measured, min, median speedup over the float conv, layers under bars.per_layer,
+    refused) per mixgemm method and batch."""
+    bars = bars or ConvBars()
+    cases = _conv_cases(data)
+    out = []
+    meths = list(dict.fromkeys(m for _, _, m in cases if m not in (data.get("baseline"),)))
+    for meth in meths:
+        for b in sorted({b for _, b, _ in cases}):
+            rs = [r for (_, bb, m), r in cases.items() if m == meth and bb == b]
+            ok = [r["speedup"] for r in rs if r["status"] == "ok" and r.get("speedup") is not None]
+            out.append((meth, b, len(ok), min(ok) if ok else None, statistics.median(ok) if ok else None,
+                        sum(v < bars.per_layer for v in ok), sum(r["status"] == "refused" for r in rs)))
+    return out
+
+
+def race_misses(data: dict, bars: ConvBars | None = None) -> list[str]:
+    """Cases where mixgemm's dispatch (which races the dequantize + cuDNN route on a layer's first call) was slower
+    than that route forced by more than bars.race_slack."""
+    from mixgemm.bench.conv import W4_ZP, W4_ZP_DEQUANT, W8, W8_DEQUANT
+
+    bars = bars or ConvBars()
+    cases = _conv_cases(data)
+    out = []
+    for (lay, b, meth), r in cases.items():
+        forced = {W4_ZP: W4_ZP_DEQUANT, W8: W8_DEQUANT}.get(meth)
+        f = cases.get((lay, b, forced)) if forced else None
+        t, tf = _ok(r, "time_us"), _ok(f, "time_us")
+        if t and tf and t > bars.race_slack * tf:
+            out.append((t / tf, f"{lay} B={b} {meth}: {t:.1f} us, forced dequant+cuDNN {tf:.1f} us ({t / tf:.2f}x)"))
+    return [text for _, text in sorted(out, reverse=True)]
+
+
+def conv_layer_table(data: dict) -> str:
+    """Markdown: per conv layer and batch its users, the float conv's time and each mixgemm method's time (ratio), and
+    the weight floors of W4 and W8 (the time to read the weights each stores, alone, at the copy bandwidth)."""
+    from mixgemm.bench.conv import W4_ZP, W4_ZP_DEQUANT, W8, W8_DEQUANT
+
+    cases = _conv_cases(data)
+    base = data.get("baseline")
+    meths = (W4_ZP, W8, W4_ZP_DEQUANT, W8_DEQUANT)
+    users = data.get("layers") or {}
+    head = ["layer", "used by", "B", f"{base} us", *meths, "weight floor W4 / W8 us"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for lay, b in dict.fromkeys((lay, b) for lay, b, _ in cases):
+        cells = []
+        for meth in meths:
+            r = cases.get((lay, b, meth))
+            if r is None:
+                cells.append("")
+            elif r["status"] == "ok":
+                cells.append(f"{r['time_us']:.1f}" + (f" ({r['speedup']:.2f}x)" if r.get("speedup") else ""))
+            else:
+                cells.append(r["status"])
+        floors = [_ok(cases.get((lay, b, m)), "weight_floor_us") for m in (W4_ZP, W8)]
+        lines.append("| " + " | ".join([lay, users.get(lay, ""), str(b),
+                                         _fmt(_ok(cases.get((lay, b, base)), "time_us"), ".1f"), *cells,
+                                         " / ".join(_fmt(v, ".2f") for v in floors)]) + " |")
+    return "\n".join(lines)
+
+
+def conv_to_markdown(data: dict, bars: ConvBars | None = None, max_items: int = 25) -> str:
+    """The conv acceptance view: the verdicts, the failures (slowest first), a summary per method and batch and the
+    cases where the dispatch lost to the dequantize + cuDNN route it races."""
+    bars = bars or ConvBars()
+    lines_ = conv_evaluate(data, bars)
+    cases = _conv_cases(data)
+    n_layers = len({lay for lay, _, _ in cases})
+    out = [f"## Conv acceptance view: {data['meta'].get('gpu')}", "",
+           f"{n_layers} conv layers; batches {', '.join(map(str, sorted({b for _, b, _ in cases})))}; ratios = "
+           f"{data.get('baseline')} time / time, same run (CUDA graph over layer copies, docs/benchmarking.md).",
+           "", *lines_markdown(lines_, max_items)]
+    summary = conv_summary(data, bars)
+    if summary:
+        out += ["", f"Per method and batch (ratio to {data.get('baseline')}):", "",
+                f"| method | batch | layers | min | median | under {bars.per_layer}x | refused |",
+                "|---|---|---|---|---|---|---|"]
+        for meth, b, n, lo, med, under, refused in summary:
+            out.append(f"| {meth} | {b} | {n} | {_fmt(lo, '.2f')} | {_fmt(med, '.2f')} | {under} | {refused} |")
+    misses = race_misses(data, bars)
+    out += ["", f"Dispatch slower than the forced dequantize + cuDNN route by more than {bars.race_slack}x: "
+                f"{len(misses)} case(s)"]
+    out += _capped(misses, max_items)
+    out += ["", conv_layer_table(data)]
     return "\n".join(out) + "\n"

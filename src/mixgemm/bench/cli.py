@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from mixgemm.bench import accept, draw, merge, models, output, protocol
-from mixgemm.bench.conv import CONV_BATCHES, CONV_PRESET, conv_methods
-from mixgemm.bench.methods import BASELINE_CPU, all_methods, select
+from mixgemm.bench import accept, conv_models, draw, merge, models, output, protocol
+from mixgemm.bench.conv import CONV_BATCHES, CONV_PRESET, conv_methods, conv_models_methods
+from mixgemm.bench.methods import BASELINE_CPU, _dtype_name, all_methods, select
 from mixgemm.bench.reference_numbers import compare_markdown, protocol_plan
 from mixgemm.bench.runner import SweepConfig, run_sweep
 
@@ -35,6 +35,8 @@ PRESETS: dict[str, list[tuple[int, int]]] = {
 QUICK_PLAN = [((4096, 4096), [1, 16, 256, 4096]), ((8192, 28672), [1, 4, 16, 64, 256])]
 # the CPU fallback is eager PyTorch: one small layer keeps a CPU run to seconds
 CPU_PLAN = [((1024, 2048), [1, 16])]
+# --conv-models on a CPU: only layers up to this many multiply-adds at batch 1 (mixgemm's CPU conv is eager PyTorch)
+CPU_CONV_MAX_MACS = 1 << 26
 # --model on a CPU: only layers up to this many weights (the big ones take minutes per case in eager PyTorch)
 CPU_MODEL_MAX_WEIGHTS = 1 << 22
 # --model: decode (1, 16) and the GEMM range of the acceptance (256-16384, 2048 for the int8-activation line)
@@ -175,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="conv layers instead of matmuls: mixgemm.conv2d W4/W8 vs cuDNN fp16 (ResNet-50 stages and a "
                         "ConvNeXt 7x7 depthwise block; -m gives the batch sizes, default "
                         + " ".join(map(str, CONV_BATCHES)) + ")")
+    p.add_argument("--conv-models", action="store_true",
+                   help="every distinct Conv2d of torchvision's classification, segmentation and detection models and "
+                        "diffusers' UNet / VAE (the committed conv_layers.json): mixgemm.conv2d W4 zero point g32 "
+                        "(per-channel where Ci/groups is no multiple of 32) and W8 per-channel, as dispatched and with "
+                        "the dequantize + cuDNN route forced, against cuDNN in --dtype; -m gives the batch sizes, "
+                        "default " + " ".join(map(str, CONV_BATCHES)) + "; the report adds the acceptance view")
+    p.add_argument("--conv-filter", nargs="+", default=None, metavar="TEXT",
+                   help="--conv-models: only these layers: a model (resnet50) or family (EfficientNet) name, or "
+                        "text in a layer's name or its models' module names (7x7, 'dw', unet); comma- or "
+                        "space-separated, any of them")
     p.add_argument("--call-overhead", action="store_true",
                    help="host time of one QuantLinear call (W4A16, W8A16, W8A8, W4A8 per token) against nn.Linear, "
                         "eager and under torch.compile without CUDA graphs (--shapes: one KxN, default 2048x2048; "
@@ -204,6 +216,9 @@ def suite_name(args: argparse.Namespace, device: str, shapes, ms, model_suite: s
     """The default file name of a run: what it measured."""
     if model_suite:
         return model_suite
+    if args.conv_models:
+        tag = _dtype_name(DTYPES[args.dtype])
+        return "conv-models" + ("" if device == "cpu" or tag == "fp16" else "-" + tag)
     if device == "cpu":
         return "cpu"
     if args.conv:
@@ -233,6 +248,24 @@ def estimate_seconds(plan: list[tuple], n_methods: int, warmup_ms: float = 25, r
             window = (warmup_ms + rep_ms) / 1e3 + 6 * copies * call
             total += n_methods * (2 * window + 0.15)
     return total
+
+
+def _conv_models_plan(filters: list[str], batches: list[int] | None, device: str) -> tuple[list[tuple], dict]:
+    """--conv-models' plan: the data file's layers (those matching a filter) at the batches (default CONV_BATCHES; on
+    a CPU batch 1 and only layers up to CPU_CONV_MAX_MACS); and who uses each layer, by name."""
+    layers = conv_models.conv_layers(filters or None)
+    if not layers:
+        raise ValueError(f"--conv-filter {','.join(filters)}: no layer of {conv_models.DATA_FILE} matches")
+    if device == "cpu":
+        small = [lay for lay in layers if conv_models.macs(lay.spec, 1) <= CPU_CONV_MAX_MACS]
+        print(f"mixgemm bench: no CUDA GPU used: timing mixgemm's CPU conv (float32, eager wall clock) on the "
+              f"{len(small)} of {len(layers)} layers with at most {CPU_CONV_MAX_MACS:,} multiply-adds at batch 1. "
+              "No floors or acceptance view: they need a CUDA GPU.", file=sys.stderr)
+        if not small:
+            raise ValueError("no layer small enough for the CPU; --conv-filter others")
+        layers = small
+    plan = [(lay.spec, batches or ([1] if device == "cpu" else CONV_BATCHES)) for lay in layers]
+    return plan, {lay.spec.name: lay.label for lay in layers}
 
 
 def _call_overhead(args: argparse.Namespace, shapes, ms) -> int:
@@ -289,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--time-budget: {args.time_budget} must be positive")
         if args.rounds < 1:
             raise ValueError(f"--rounds: {args.rounds} must be at least 1")
+        conv_filter = [p.strip() for s in args.conv_filter or [] for p in s.split(",") if p.strip()]
+        if conv_filter and not args.conv_models:
+            raise ValueError("--conv-filter chooses layers of --conv-models; give --conv-models too")
     except ValueError as e:
         print(f"mixgemm bench: error: {e}", file=sys.stderr)
         return 2
@@ -300,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:<14} {m.source:<36} {layers}")
         return 0
     choosers = [opt for opt, given in (("--model", chosen_models), ("--shapes", shapes), ("--random", count),
-                                       ("--conv", args.conv)) if given]
+                                       ("--conv", args.conv), ("--conv-models", args.conv_models)) if given]
     if len(choosers) > 1:
         print(f"mixgemm bench: error: {' and '.join(choosers)} both choose the shapes; give one", file=sys.stderr)
         return 2
@@ -327,12 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" and not cuda:
         print("mixgemm bench: error: --device cuda but no CUDA GPU is available", file=sys.stderr)
         return 2
-    meths_all = conv_methods() if args.conv else all_methods(bits, args.group_size)
+    if args.conv_models:
+        meths_all = conv_models_methods(torch.float32 if device == "cpu" else dtype, device)
+    elif args.conv:
+        meths_all = conv_methods(dtype, device)
+    else:
+        meths_all = all_methods(bits, args.group_size)
     if args.conv and device == "cpu":
         print("mixgemm bench: error: --conv times GPU kernels against cuDNN; no CUDA GPU here", file=sys.stderr)
         return 2
     spec = args.methods
-    if spec is None and device == "cuda" and dtype == torch.float32:
+    if spec is None and device == "cuda" and dtype == torch.float32 and not (args.conv or args.conv_models):
         spec = "default," + BASELINE_CPU  # fp32 activations: put fp32 cuBLAS beside them
     # the methods the acceptance view reads, as far as --bits / --group-size give them
     accept_names = ",".join(n for n in accept.METHODS if any(m.name == n for m in meths_all))
@@ -362,7 +403,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:<{width}}{'runs here' if not why else 'not here: ' + why}   {m.description}")
         return 0
 
-    if device == "cpu" and by_shape:
+    if args.conv_models:
+        try:
+            plan, conv_labels = _conv_models_plan(conv_filter, ms, device)
+        except ValueError as e:
+            print(f"mixgemm bench: error: {e}", file=sys.stderr)
+            return 2
+        if device == "cpu":
+            dtype = torch.float32
+        else:
+            torch.backends.cudnn.benchmark = True  # the peer as users run it: cuDNN's fastest algorithm per layer
+    elif device == "cpu" and by_shape:
         small = [s for s in by_shape if s[0] * s[1] <= CPU_MODEL_MAX_WEIGHTS]
         plan = [(s, ms or CPU_PLAN[0][1]) for s in small]
         print(f"mixgemm bench: no CUDA GPU{' used' if cuda else ' found'}: timing mixgemm's CPU fallback (float32, "
@@ -388,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = torch.float32
     elif args.conv:
         plan = [(spec, ms or CONV_BATCHES) for spec in CONV_PRESET]
+        torch.backends.cudnn.benchmark = True
     elif shapes or ms:
         plan = [(s, ms or PROTOCOL_M) for s in (shapes or PRESETS["protocol"])]
     elif args.protocol_rows:
@@ -397,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         plan = [(s, PROTOCOL_M) for s in PRESETS["protocol"]]
     for shape, _ in plan:
-        k = shape[0] if isinstance(shape, tuple) else 2
+        if not isinstance(shape, tuple):  # conv layers: their methods choose the group size per layer
+            continue
+        k = shape[0]
         if k % 2 or (4 in bits and args.group_size != -1 and k % args.group_size):
             print(f"mixgemm bench: note: K={k} does not fit group size {args.group_size}; "
                   "affected methods report an error for it", file=sys.stderr)
@@ -409,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
     with_model = bool(count) or len(chosen_models or ()) > 1
     labels = {f"{k}x{n}": models.shape_label(lays, with_model) for (k, n), lays in by_shape.items()}
+    if args.conv_models:
+        labels = conv_labels  # a conv layer's users, by its name
     try:
         previous = merge.load(prefix + ".json", name) if args.merge else None
     except ValueError as e:
@@ -436,7 +492,10 @@ def main(argv: list[str] | None = None) -> int:
                       rounds=args.rounds,
                       extra_meta={"argv": list(argv) if argv is not None else sys.argv[1:], **extra_meta})
     total = sum(len(m) for _, m in plan) * len(chosen)
-    if device == "cuda" and total:
+    if device == "cuda" and total and args.conv_models:
+        print(f"mixgemm bench: {len(plan)} conv layer(s), {total} cases (a few seconds a layer; --time-budget S stops "
+              "starting layers after S seconds, --merge continues)", file=sys.stderr)
+    elif device == "cuda" and total:
         est = estimate_seconds(plan, len(chosen), cfg.warmup_ms, cfg.rep_ms)
         print(f"mixgemm bench: {len(plan)} shape(s), {total} cases: roughly {est / 60:.0f} min on an H100 (more "
               "when slow peers run at large M, or kernels compile)", file=sys.stderr)
@@ -461,6 +520,9 @@ def main(argv: list[str] | None = None) -> int:
         pct = read_ceiling_pct(args.read_ceiling_pct, previous)
         data["accept"] = {"read_ceiling_pct": pct}
         print("\n" + accept.to_markdown(data, read_ceiling_pct=pct))
+    if args.conv_models and device == "cuda":
+        data["accept_conv"] = {}
+        print("\n" + accept.conv_to_markdown(data))
     paths = output.write_all(data, prefix, args.plot, csv_too=args.csv)
     if data["meta"].get("not_run"):
         left = data["meta"]["not_run"]

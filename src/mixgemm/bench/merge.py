@@ -33,22 +33,29 @@ def load(path: str, gpu: str) -> dict | None:
 
 
 def _key(r: dict) -> tuple:
-    return (r["K"], r["N"], r["M"], r["method"])
+    return (r.get("layer"), r["K"], r["N"], r["M"], r["method"])
+
+
+def _plan_key(shape, m: int) -> tuple:
+    """(layer, K, N, M) of a plan entry's case at M: a (K, N) shape's, or a conv layer's name and implicit GEMM."""
+    if isinstance(shape, tuple):
+        return (None, *shape, m)
+    mm, k, n = shape.gemm_dims(m)
+    return (shape.name, k, n, mm)
 
 
 def remaining(plan: list[tuple], methods: list[str], previous: dict) -> tuple[list[tuple], list[tuple]]:
     """(the plan less what previous already holds, the shapes left out whole). A matmul shape keeps the M values at
     which some method's case is not held (all methods run again there, so the speedups compare timings of one run);
-    a shape with none left is left out. A case counts as held when it was measured, does not apply (n/a) or its
-    method cannot run on this machine; an M with a WRONG or error case runs again."""
-    held = {_key(r) for r in previous["results"] if r.get("status") in ("ok", "n/a")}
+    a shape with none left is left out; a conv layer (ConvSpec) likewise by batch. A case counts as held when it was
+    measured, does not apply (n/a), its format cannot hold the layer (refused) or its method cannot run on this
+    machine; an M with a WRONG or error case runs again."""
+    held = {_key(r) for r in previous["results"] if r.get("status") in ("ok", "n/a", "refused")}
     skip_methods = set(previous.get("unavailable") or {})
     todo, done = [], []
     for shape, ms in plan:
-        if not isinstance(shape, tuple):
-            todo.append((shape, ms))
-            continue
-        left = [m for m in ms if not all((*shape, m, meth) in held or meth in skip_methods for meth in methods)]
+        left = [m for m in ms
+                if not all((*_plan_key(shape, m), meth) in held or meth in skip_methods for meth in methods)]
         if left:
             todo.append((shape, left))
         else:

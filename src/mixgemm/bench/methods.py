@@ -37,6 +37,11 @@ ACT_QUANT_TOL = 3e-2  # per-token int8 activations: ~0.9% rms error on Gaussian 
 GEMLITE_FP16_TOL = 5e-3
 
 
+class Refused(ValueError):
+    """Raised by a method's prepare when its format cannot hold the layer (e.g. 4-bit codes with an odd number of
+    weights per output channel): the sweep reports the cases as ``refused`` with the reason, not as errors."""
+
+
 @dataclass
 class Context:
     device: torch.device

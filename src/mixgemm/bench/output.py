@@ -63,7 +63,12 @@ def _cell(r: dict | None) -> str:
         return ""
     if r["status"] == "ok":
         return _fmt_us(r["time_us"])
-    return {"wrong": "WRONG", "error": "error", "n/a": "n/a"}.get(r["status"], r["status"])
+    return {"wrong": "WRONG", "error": "error", "n/a": "n/a", "refused": "refused"}.get(r["status"], r["status"])
+
+
+def _case(r: dict) -> tuple:
+    """(K, N, M, layer): conv layers of one implicit-GEMM size differ by their layer name."""
+    return (r["K"], r["N"], r["M"], r.get("layer") or "")
 
 
 def method_order(data: dict) -> list[str]:
@@ -105,29 +110,31 @@ def pivot_markdown(data: dict, speedups: bool = True) -> str:
     """The protocol-style table: one row per (K x N, M), one column per method; times in microseconds
     (CUDA graph over rotating copies; eager on the CPU), '(1.23x)' = speedup over the baseline."""
     meths = method_order(data)
-    by = {(r["K"], r["N"], r["M"], r["method"]): r for r in data["results"]}
+    # a case: (K, N, M, layer); conv layers of one implicit-GEMM size differ by their layer
+    by = {(*_case(r), r["method"]): r for r in data["results"]}
     cases = []
     for r in data["results"]:
-        key = (r["K"], r["N"], r["M"])
+        key = _case(r)
         if key not in cases:
             cases.append(key)
     cases.sort()
     w4 = {}
     for r in data["results"]:
         if r.get("w4_floor_us") is not None:
-            w4[(r["K"], r["N"], r["M"])] = r["w4_floor_us"]
+            w4[_case(r)] = r["w4_floor_us"]
     gpu = on_gpu(data)
-    names = data.get("layers") or {}  # a --model run: the model layers of each K x N
-    head = ["K x N"] + (["layer"] if names else []) + ["M"] + (["W4 floor"] if gpu else []) + meths
+    names = data.get("layers") or {}  # a --model run: the model layers of each K x N; --conv-models: a layer's users
+    conv = any(r.get("layer") for r in data["results"])
+    head = ["K x N"] + ([("used by" if conv else "layer")] if names else []) + ["M"] + (["W4 floor"] if gpu else []) + \
+        meths
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    layer = {(r["K"], r["N"], r["M"]): (r["layer"], r["batch"]) for r in data["results"] if r.get("layer")}
-    for k, n, m in cases:
-        lab = layer.get((k, n, m))
-        kn, mm = (f"{lab[0]} ({k}x{n})", f"B={lab[1]} ({m})") if lab else (f"{k}x{n}", str(m))
-        row = [kn] + ([names.get(f"{k}x{n}", "")] if names else []) + [mm] + \
-            ([_fmt_us(w4.get((k, n, m)))] if gpu else [])
+    batch = {(r["K"], r["N"], r["M"], r["layer"]): r["batch"] for r in data["results"] if r.get("layer")}
+    for k, n, m, lay in cases:
+        kn, mm = (f"{lay} ({k}x{n})", f"B={batch[(k, n, m, lay)]} ({m})") if lay else (f"{k}x{n}", str(m))
+        row = [kn] + ([names.get(lay or f"{k}x{n}", "")] if names else []) + [mm] + \
+            ([_fmt_us(w4.get((k, n, m, lay)))] if gpu else [])
         for meth in meths:
-            r = by.get((k, n, m, meth))
+            r = by.get((k, n, m, lay, meth))
             cell = _cell(r)
             ok = r is not None and r["status"] == "ok" and r.get("speedup")
             if speedups and ok and meth != data.get("baseline"):
@@ -144,7 +151,7 @@ def long_markdown(data: dict) -> str:
         ["speedup", "rel err", "note"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     order = {m: i for i, m in enumerate(method_order(data))}
-    rows = sorted(data["results"], key=lambda r: (r["K"], r["N"], r["M"], order.get(r["method"], 99)))
+    rows = sorted(data["results"], key=lambda r: (*_case(r), order.get(r["method"], 99)))
     for r in rows:
         ok = r["status"] == "ok"
         floor = [_fmt_us(r.get("floor_us")), f"{r['pct_floor']:.0f}%" if ok and r.get("pct_floor") else ""]
@@ -180,6 +187,10 @@ def to_markdown(data: dict) -> str:
         from mixgemm.bench import accept
 
         out += ["", accept.to_markdown(data, read_ceiling_pct=data["accept"].get("read_ceiling_pct")).rstrip()]
+    if data.get("accept_conv") is not None and on_gpu(data):
+        from mixgemm.bench import accept
+
+        out += ["", accept.conv_to_markdown(data).rstrip()]
     if data["meta"].get("not_run"):
         out += ["", "## Not run (time budget)", "", ", ".join(data["meta"]["not_run"])]
     if data.get("unavailable"):
@@ -191,17 +202,20 @@ def terminal_table(data: dict) -> str:
     """Plain-text table for the terminal: one row per case and method."""
     gpu = on_gpu(data)
     floor_head = f"{'floor us':>10}{'%floor':>8}" if gpu else ""
-    head = (f"{'K x N':>12} {'M':>6}  {'method':<22}{'graph us':>10}{'eager us':>10}{floor_head}"
+    mw = min(40, max([22] + [len(r["method"]) + 1 for r in data["results"]]))
+    head = (f"{'K x N':>12} {'M':>6}  {'method':<{mw}}{'graph us':>10}{'eager us':>10}{floor_head}"
             f"{'speedup':>8}  status")
     lines = [header_line(data), ceilings_line(data), head, "-" * len(head)]
     order = {m: i for i, m in enumerate(method_order(data))}
-    rows = sorted(data["results"], key=lambda r: (r["K"], r["N"], r["M"], order.get(r["method"], 99)))
+    rows = sorted(data["results"], key=lambda r: (*_case(r), order.get(r["method"], 99)))
     names = data.get("layers") or {}
     last = None
     for r in rows:
-        key = (r["K"], r["N"], r["M"])
+        key = _case(r)
         if last is not None and key != last:
             lines.append("")
+        if r.get("layer") and key != last:
+            lines.append(f"{r['layer']} B={r['batch']}")
         kn = f"{r['K']}x{r['N']}"
         if names.get(kn) and (last is None or key[:2] != last[:2]):
             lines.append(f"{kn}: {names[kn]}")
@@ -213,7 +227,7 @@ def terminal_table(data: dict) -> str:
         floor = (f"{_fmt_us(r.get('floor_us')):>10}"
                  f"{(format(r['pct_floor'], '.0f') + '%') if ok and r.get('pct_floor') else '':>8}") if gpu else ""
         lines.append(
-            f"{r['K']:>5}x{r['N']:<6} {r['M']:>6}  {r['method'][:22]:<22}"
+            f"{r['K']:>5}x{r['N']:<6} {r['M']:>6}  {r['method'][:mw - 1]:<{mw}}"
             f"{_fmt_us(r.get('graph_us')) if ok else '':>10}{_fmt_us(r.get('eager_us')) if ok else '':>10}"
             f"{floor}{format(r['speedup'], '.2f') if ok and r.get('speedup') else '':>8}  {status}")
     if data.get("unavailable"):

@@ -8,6 +8,7 @@ these statuses:
 * ``ok``: the output matched the reference within the method's tolerance, then was timed.
 * ``wrong``: the output did not match; it is reported with its error and NOT timed.
 * ``error``: the method raised (message in ``note``); ``n/a``: the case does not apply (``note`` says why);
+  ``refused``: the method's format cannot hold the layer (its prepare raised methods.Refused; ``note`` says why);
   ``unavailable``: the method cannot run on this machine (import failed, no GPU...).
 """
 
@@ -24,8 +25,8 @@ from functools import partial
 import torch
 
 from mixgemm.bench import floors, protocol
-from mixgemm.bench.conv import CONV_BASELINE, ConvSpec
-from mixgemm.bench.methods import BASELINE_CPU, BASELINE_GPU, Context, Method
+from mixgemm.bench.conv import CONV_BASELINE, CONV_BASELINES, ConvSpec
+from mixgemm.bench.methods import BASELINE_CPU, BASELINE_GPU, Context, Method, Refused
 
 CHECK_ROWS = 256  # rows checked at each end of the output when M > 2 * CHECK_ROWS (bounds reference memory)
 
@@ -154,8 +155,10 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
                 prep = mth.prepare(w, ctx)
                 _sync(device)
             except Exception as e:
+                refused = isinstance(e, Refused)
                 for m in todo:
-                    results.append({**base, **_dims(shape, m), "status": "error", "note": "prepare: " + _short(e)})
+                    results.append({**base, **_dims(shape, m), "status": "refused" if refused else "error",
+                                    "note": str(e) if refused else "prepare: " + _short(e)})
                     if progress:
                         progress(f"{label} {mth.name}")
                 _free(device)
@@ -204,12 +207,14 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
                 w4 = floors.floor_of(w4_bytes, 0, ceil["copy_bw"], None)
                 rec.update({"bytes": nbytes, "flops": flops, "floor_us": fl.us, "floor_mem_us": fl.mem_us,
                             "floor_compute_us": fl.compute_us, "bound": fl.bound, "w4_floor_us": w4.us})
+                if conv:  # the time to read the weights this method stores, alone (a conv's activations often dominate)
+                    rec["weight_floor_us"] = floors.floor_of(wbytes, 0, ceil["copy_bw"], None).us
                 if not (err <= prep.tol):  # NaN counts as wrong
                     results.append({**rec, "status": "wrong",
                                     "note": f"rel err {err:.3g} > tol {prep.tol:.3g}: not timed"})
                     continue
                 try:
-                    _time_case(rec, prep, layers, x_in, wbytes, cfg, l2)
+                    _time_case(rec, prep, layers, x_in, _copy_bytes(rec), cfg, l2)
                     rec["status"] = "ok"
                     timed[(mth.name, m)] = rec
                 except Exception as e:
@@ -250,16 +255,23 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
             meta["clocks_after"] = after
     listed = [{"name": m.name, "family": m.family, "description": m.description} for m in cfg.methods]
     if cfg.plan and all(isinstance(s, ConvSpec) for s, _ in cfg.plan):
-        baseline = CONV_BASELINE
+        baseline = next((m.name for m in cfg.methods if m.name in CONV_BASELINES), CONV_BASELINE)
     return {"meta": meta, "ceilings": ceil, "baseline": baseline, "results": results,
             "unavailable": unavailable, "methods": listed}
 
 
-def _time_case(rec: dict, prep, layers: list, x_in: torch.Tensor, wbytes: int, cfg: SweepConfig, l2: int) -> None:
+def _copy_bytes(rec: dict) -> int:
+    """The bytes one call's copy counts toward the protocol's C copies > 3x L2: a matmul's weights; a conv layer's
+    weights, input and output (its activations usually outweigh its weights and are as large at every copy)."""
+    return rec["bytes"] if rec.get("layer") else rec["weight_bytes"]
+
+
+def _time_case(rec: dict, prep, layers: list, x_in: torch.Tensor, copy_bytes: int, cfg: SweepConfig,
+               l2: int) -> None:
     """Time one checked case per the protocol into rec (graph_us / eager_us, copies), adding layer copies to
     ``layers`` as needed; each time is also appended to rec's ``*_rounds`` list (medians taken when rounds > 1)."""
     if cfg.device == "cuda":
-        copy_bytes = max(wbytes, 1)
+        copy_bytes = max(copy_bytes, 1)
         c = protocol.copies_for(copy_bytes, l2, cfg.min_copies, cfg.max_bytes)
         while len(layers) < c:
             layers.append(prep.new_copy())
@@ -300,7 +312,7 @@ def _time_again(mth: Method, shape, again: list[tuple[int, dict]], w, ctx: Conte
             _sync(device)
             del warm
             prep.before_call()
-            _time_case(rec, prep, layers, x_in, rec["weight_bytes"], cfg, l2)
+            _time_case(rec, prep, layers, x_in, _copy_bytes(rec), cfg, l2)
             _free(device)
     except Exception as e:
         for _, rec in again:
@@ -309,22 +321,28 @@ def _time_again(mth: Method, shape, again: list[tuple[int, dict]], w, ctx: Conte
     _free(device)
 
 
+def case_key(r: dict) -> tuple:
+    """What a case measures, less the method: (kind, layer, K, N, M); conv layers of one implicit-GEMM size differ by
+    their layer (stride, padding, dilation, input size)."""
+    return (r["kind"], r.get("layer"), r["K"], r["N"], r["M"])
+
+
 def derive(results: list[dict], baseline: str, device: str) -> None:
     """The derived columns of each case, in place: time_us (graph when there is one), % of floor and the speedup
     over the baseline measured on the same case (K, N, M)."""
     base_t = {}
-    base_name = {"matmul": baseline, "conv": CONV_BASELINE}
     for r in results:
         r["time_us"] = r.get("graph_us") if r.get("graph_us") is not None else r.get("eager_us")
-        if r["method"] == base_name[r["kind"]] and r["status"] == "ok":
-            base_t[(r["kind"], r["K"], r["N"], r["M"])] = r
+        is_base = r["method"] in CONV_BASELINES if r["kind"] == "conv" else r["method"] == baseline
+        if is_base and r["status"] == "ok":
+            base_t[case_key(r)] = r
     for r in results:
         if r["status"] != "ok":
             continue
         # % of the memory/compute floor means something only for the GPU kernels timed under the protocol; a CPU
         # run is eager wall clock with warm caches, so it gets no % of floor
         r["pct_floor"] = floors.pct_of_floor(r["floor_us"], r["time_us"]) if device == "cuda" else None
-        b = base_t.get((r["kind"], r["K"], r["N"], r["M"]))
+        b = base_t.get(case_key(r))
         r["speedup"] = b["time_us"] / r["time_us"] if b and r["time_us"] else None
         r["speedup_eager"] = (b["eager_us"] / r["eager_us"]
                               if b and r.get("eager_us") and b.get("eager_us") else None)
