@@ -107,7 +107,7 @@ def _prep_mixgemm_conv(bits: int):
 
         spec: ConvSpec = ctx.notes["conv_spec"]
         # W8: per-channel; W4: --group-size, or what QuantConv2d.from_conv would use for this layer (the largest
-        # group dividing Ci/groups, else per-channel; 8 bits where K is odd: the 7x7 depthwise and the stem)
+        # group dividing Ci/groups, else per-channel)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             qcfg = fit_conv_config(QuantConfig(bits=bits, group_size=-1 if bits == 8 else ctx.group_size, mode="sym"),
