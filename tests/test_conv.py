@@ -182,8 +182,6 @@ def test_errors():
         conv2d(x, qw, stride=1.5)
     with pytest.raises(ValueError, match="group_size"):
         quantize_conv_weight(torch.randn(8, 48, 3, 3), bits=8, group_size=32)
-    with pytest.raises(ValueError, match="even"):  # depthwise 7x7 with 4 bits: K = 49 codes cannot pack
-        quantize_conv_weight(torch.randn(8, 1, 7, 7), bits=4, group_size=-1)
 
 
 def test_quantconv2d_module(rel_err):
@@ -304,13 +302,8 @@ DW_CUDA_GEOMS = {
 _DW_FORMATS = [(8, "sym"), (8, "zero_point"), (8, "offset"), (4, "sym"), (4, "zero_point"), (4, "offset")]
 
 
-def _taps(k) -> int:
-    return k * k if isinstance(k, int) else k[0] * k[1]
-
-
-# int4 packs two codes per byte along K = the taps: only kernels with an even number of taps have an int4 format
-DW_CUDA_CASES = [(name, bits, mode) for name in sorted(DW_CUDA_GEOMS) for bits, mode in _DW_FORMATS
-                 if bits == 8 or _taps(DW_CUDA_GEOMS[name][4]) % 2 == 0]
+# every geometry in every format (int4 with an odd number of taps: each row's last byte holds one padding nibble)
+DW_CUDA_CASES = [(name, bits, mode) for name in sorted(DW_CUDA_GEOMS) for bits, mode in _DW_FORMATS]
 
 
 @pytest.mark.gpu
