@@ -147,8 +147,11 @@ def test_native_checkpoint_round_trip_and_wrong_width(tmp_path):
     tensors = st.load_file(str(tmp_path / "ok" / "model.safetensors"))
     tensors[f"{name}.qweight"] = tensors[f"{name}.qweight"][:, :64].contiguous()  # K / 2 bytes: one code short
     st.save_file(tensors, str(tmp_path / "bad" / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=rf"'{name}\.qweight' is torch\.uint8 \(64, 64\).*torch\.uint8 \(64, 65\)"):
+    wrong = rf"'{name}\.qweight' is torch\.uint8 \(64, 64\).*torch\.uint8 \(64, 65\)"
+    with pytest.raises(ValueError, match=wrong):
         mixgemm.from_pretrained(str(tmp_path / "bad"), progress=False)
+    with pytest.raises(ValueError, match=wrong):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "bad")
 
 
 @pytest.mark.parametrize("world", [3, 7])
@@ -163,6 +166,30 @@ def test_row_parallel_shards_of_odd_k(world):
     assert torch.equal(torch.cat([s.codes() for s in shards], dim=1), qw.codes())
     assert torch.equal(torch.cat([dequantize_weight(s, torch.float64) for s in shards], dim=1),
                        dequantize_weight(qw, torch.float64))
+
+
+@pytest.mark.usefixtures("isolated_tuning")
+def test_which_cuda_entries_take_odd_k(monkeypatch):
+    """On a described H200 (no GPU needed): every weight-only linear entry and the fused int8-activation GEMVs take a
+    4-bit odd-K weight; the int8 GEMMs decline it with the reason (K % 16, the int8_v1 layout's K % 64)."""
+    from described_gpus import H200
+    from mixgemm.kernels import a8 as a8_entries
+    from mixgemm.kernels.a8 import a8_problem
+    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.registry import entries
+
+    monkeypatch.setattr(a8_entries, "nvrtc_ok", lambda: True)
+    _, qw = _qw(203, 49, "sym")
+    for m in (1, 600):
+        p = linear_problem(m, qw, torch.float16, H200)
+        for e in entries("linear"):
+            d = e.can_run(p)
+            assert d.ok or d.soft or f"M={m}" in d.reason, (e.name, m, d)  # (only M ranges decline hard)
+    p = a8_problem(1, qw, torch.float16, H200, "sym", True)
+    reasons = {e.name: e.can_run(p) for e in entries("linear_a8")}
+    assert reasons["cuda_gemv_a8"].ok and (reasons["cuda_gemv_a8_wg"].ok or reasons["cuda_gemv_a8_wg"].soft)
+    assert not reasons["cuda_wgmma_a8"].ok and "K=49 not a multiple of 16" in reasons["cuda_wgmma_a8"].reason
+    assert not reasons["triton_a8"].ok and "K % 64 == 0, got K=49" in reasons["triton_a8"].reason
 
 
 # --------------------------------------------------------------------------------------------- convs
@@ -282,11 +309,32 @@ def test_gpu_linear_entries(name, mode, rel_err):
         for i, m in enumerate(ms):
             for dtype in dtypes:
                 x = (torch.randn(m, k, generator=g) * (1 + 3 * (i % 2))).to("cuda", dtype)
-                with mixgemm.kernel_options(force=entry, configs={entry: cfg}):
+                with mixgemm.kernel_options(force=entry, configs={entry: cfg} if cfg else {}):
                     assert mixgemm.explain(x, qw).kernel == entry
                     y = mixgemm.matmul(x, qw, bias.to("cuda", dtype), "relu6")
                 ref = ref_matmul(x, qw, bias.to("cuda", dtype), "relu6", out_dtype=torch.float64)
                 assert rel_err(y, ref) <= TOL[dtype], (name, mode, k, m, dtype, rel_err(y, ref))
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_compacted_layer_keeps_the_plain_format(rel_err):
+    """A QuantLinear of 1001 input features on the GPU keeps one resident layout (auto-compaction), runs every M against
+    the reference, and its state dict still holds the plain [N, 501] codes, equal to the original."""
+    lin = torch.nn.Linear(1001, 203)
+    layer = QuantLinear.from_linear(lin, mixgemm.QuantConfig(bits=4, group_size=-1, mode="offset"))
+    plain = layer.qweight.clone()
+    layer = layer.to("cuda", torch.float16)
+    layer.set_auto_compact(True)
+    assert layer.compact is not None
+    g = torch.Generator().manual_seed(0)
+    for m in (1, 5, 17, 600):
+        x = torch.randn(m, 1001, generator=g).to("cuda", torch.float16)
+        with torch.no_grad():
+            y = layer(x)
+        ref = ref_matmul(x, layer.quantized_weight(), layer.bias, out_dtype=torch.float64)
+        assert rel_err(y, ref) <= TOL[torch.float16], (m, rel_err(y, ref))
+    assert torch.equal(layer.state_dict()["qweight"].cpu(), plain)
 
 
 @pytest.mark.gpu
@@ -313,9 +361,14 @@ def test_gpu_a8_entries(mode, rel_err):
                         y = matmul_a8(x, qw, act, act_block="token")
                     ref = block_int_gemm(quantize_activation(x.float().cpu(), -1, act), qw.to("cpu"))
                     assert rel_err(y, ref) <= TOL[dtype], (entry, mode, k, m, act, dtype, rel_err(y, ref))
-                for entry, why in (("cuda_wgmma_a8", "not a multiple of 16"), ("triton_a8", "4-bit int8_v1 layout")):
-                    with mixgemm.kernel_options(force=entry), pytest.raises(NoKernel, match=why):
+                # (the int8 GEMM checks for sym activations and weights before K)
+                gemm_why = (f"K={k} not a multiple of 16" if act == "sym" == mode else
+                            "act_mode 'asym'" if act == "asym" else "the wgmma_a8_v1 layout takes sym")
+                for entry, why in (("cuda_wgmma_a8", gemm_why),
+                                   ("triton_a8", f"4-bit int8_v1 layout needs K % 64 == 0, got K={k}")):
+                    with mixgemm.kernel_options(force=entry), pytest.raises(NoKernel) as declined:
                         mixgemm.explain(x, qw, act_mode=act, act_block="token")
+                    assert why in str(declined.value), (entry, str(declined.value))
 
 
 @pytest.mark.gpu
