@@ -238,7 +238,7 @@ def _check_conv(x, qw, bias, stride, padding, dilation, groups, act, rel_err, pa
 
 # (b, ci, h, w, co, k, stride, padding, dilation, groups, paths): every geometry has an odd K at 4 bits
 CONV_GEOMS = {
-    "dw7x7": (2, 24, 9, 7, 24, 7, 1, 3, 1, 24, ("dw", "igemm", "dequant")),  # K = 49
+    "dw7x7": (1, 24, 9, 7, 24, 7, 1, 3, 1, 24, ("dw", "igemm", "dequant")),  # K = 49
     "dw3x3_mult2_s2": (1, 16, 9, 8, 32, 3, 2, 1, 1, 16, ("dw", "igemm", "dequant")),  # K = 9
     "dw1x7": (1, 16, 6, 11, 16, (1, 7), 1, (0, 3), 1, 16, ("dw", "igemm", "dequant")),  # K = 7
     "grouped1x7_ci3": (1, 12, 6, 11, 8, (1, 7), 1, (0, 3), 1, 4, ("igemm", "dequant")),  # K = 21
