@@ -140,8 +140,7 @@ def test_smallk_tiles_and_formats(channels_last, bits, mode, rel_err):
     several output tiles per program, a partial last tile), every zero mode, dilation, and the runs of both layouts."""
     from mixgemm.kernels.triton.conv_smallk import SmallKConfig
 
-    ci = 3 if bits == 8 else 4  # 4-bit codes pack in pairs: K = 49 Ci must be even
-    x, qw, bias = make_conv_case(2, ci, 15, 13, 40, 7, 1, torch.float16, channels_last, bits, -1, mode, seed=bits)
+    x, qw, bias = make_conv_case(2, 3, 15, 13, 40, 7, 1, torch.float16, channels_last, bits, -1, mode, seed=bits)
     for cfg in (SmallKConfig(16, 16, 4, 1, 1), SmallKConfig(32, 32, 4, 2, 1), SmallKConfig(64, 64, 4, 2, 2)):
         _check(x, qw, bias, 2, 3, 1, 1, "relu6", rel_err, config=cfg)
     x, qw, bias = make_conv_case(1, 4, 11, 9, 24, (3, 5), 1, torch.float16, channels_last, bits, -1, mode, seed=5)
@@ -183,8 +182,6 @@ def test_errors():
         conv2d(x, qw, stride=1.5)
     with pytest.raises(ValueError, match="group_size"):
         quantize_conv_weight(torch.randn(8, 48, 3, 3), bits=8, group_size=32)
-    with pytest.raises(ValueError, match="even"):  # depthwise 7x7 with 4 bits: K = 49 codes cannot pack
-        quantize_conv_weight(torch.randn(8, 1, 7, 7), bits=4, group_size=-1)
 
 
 def test_quantconv2d_module(rel_err):
@@ -209,13 +206,13 @@ def test_quantconv2d_module(rel_err):
     q3 = QuantConv2d(64, 32, 3, 2, 1, bits=8, group_size=64).to(DEV)
     with pytest.raises((ValueError, RuntimeError)):
         q3.load_state_dict(q.state_dict())
-    # odd K with 4 bits -> 8 bits (warned), strict refuses
+    # depthwise: the group shrinks to per-channel (warned; strict refuses), an odd K stays 4-bit
     dw = torch.nn.Conv2d(16, 16, 7, padding=3, groups=16)
-    with pytest.warns(UserWarning, match="8 bits"):
+    with pytest.warns(UserWarning, match="group_size=-1"):
         qd = QuantConv2d.from_conv(dw, bits=4, group_size=128)
-    assert qd.qconfig.bits == 8 and qd.qconfig.group_size == -1
-    with pytest.raises(ValueError):
-        QuantConv2d.from_conv(dw, bits=4, group_size=-1, strict=True)
+    assert qd.qconfig.bits == 4 and qd.qconfig.group_size == -1 and qd.qweight.shape == (16, 25)
+    with pytest.raises(ValueError, match="does not divide"):
+        QuantConv2d.from_conv(dw, bits=4, group_size=128, strict=True)
     with pytest.raises(ValueError, match="padding_mode"):
         QuantConv2d(4, 4, 3, padding_mode="reflect")
 
@@ -305,13 +302,8 @@ DW_CUDA_GEOMS = {
 _DW_FORMATS = [(8, "sym"), (8, "zero_point"), (8, "offset"), (4, "sym"), (4, "zero_point"), (4, "offset")]
 
 
-def _taps(k) -> int:
-    return k * k if isinstance(k, int) else k[0] * k[1]
-
-
-# int4 packs two codes per byte along K = the taps: only kernels with an even number of taps have an int4 format
-DW_CUDA_CASES = [(name, bits, mode) for name in sorted(DW_CUDA_GEOMS) for bits, mode in _DW_FORMATS
-                 if bits == 8 or _taps(DW_CUDA_GEOMS[name][4]) % 2 == 0]
+# every geometry in every format (int4 with an odd number of taps: each row's last byte holds one padding nibble)
+DW_CUDA_CASES = [(name, bits, mode) for name in sorted(DW_CUDA_GEOMS) for bits, mode in _DW_FORMATS]
 
 
 @pytest.mark.gpu

@@ -116,9 +116,8 @@ def test_bad_splits_name_the_layer_and_sizes():
         check_split((100, 512), cfg, 0, 3, "q_proj")
     with pytest.raises(ValueError, match=r"o_proj: row-parallel.*K=1000.*not divisible by 3"):
         check_split((64, 1000), QuantConfig(bits=8, group_size=-1), 1, 3, "o_proj")
-    with pytest.raises(ValueError, match=r"w: row-parallel.*K=6.*K=3 per rank.*even"):
-        check_split((16, 6), QuantConfig(bits=4, group_size=-1), 1, 2, "w")
-    check_split((16, 6), QuantConfig(bits=8, group_size=-1), 1, 2, "w")  # int8 per-channel: any K split is exact
+    for bits in (4, 8):  # per-channel: any K split is exact (int4 shards of odd K are repacked)
+        assert check_split((16, 6), QuantConfig(bits=bits, group_size=-1), 1, 2, "w") == 3
     assert check_split((8, 96), cfg, 0, 1) == 8 and check_split((8, 96), cfg, 1, 1) == 96  # one rank: no split
     qw = quantize_weight(_weight(64, 256), bits=4, group_size=64)
     for rank, world in ((2, 2), (-1, 2), (0, 0)):

@@ -78,8 +78,7 @@ def test_quantlinear_empty(scheme):
 @pytest.mark.parametrize("groups,ci", [(1, 8), (8, 8), (2, 64)])
 def test_conv_batch0(groups, ci):
     co = 16
-    bits = 8 if ci == groups else 4  # depthwise: K = 9 taps, an odd K packs only at 8 bits
-    cw = quantize_conv_weight(torch.randn(co, ci // groups, 3, 3), QuantConfig(bits=bits, group_size=-1))
+    cw = quantize_conv_weight(torch.randn(co, ci // groups, 3, 3), QuantConfig(bits=4, group_size=-1))
     for fmt in (torch.contiguous_format, torch.channels_last):
         x = torch.randn(0, ci, 6, 6).to(memory_format=fmt)
         y = mixgemm.conv2d(x, cw, padding=1, groups=groups)

@@ -216,7 +216,7 @@ def _why_not_weight(w: torch.Tensor, in_features: int, cfg: QuantConfig, tied: s
 
 def _why_not_conv(mod: nn.Conv2d, config: _Precision, tied: set) -> str | None:
     """Why a Conv2d cannot be quantized with this config, or None. (QuantConv2d.from_conv adapts the group
-    size to Ci/groups, and stores 4-bit kernels with an odd Kh*Kw*Ci_g as 8 bits, each with a warning.)"""
+    size to Ci/groups, with a warning.)"""
     if config.act_mode is not None:
         return "no activation-quantized convolution yet: use a weight-only config (W4A16 / W8A16) for convs"
     if id(mod.weight) in tied:
@@ -246,7 +246,7 @@ def quantize_(model: nn.Module, config: _Precision,
     experts of transformers' fused mixture-of-experts modules (Mixtral, Qwen-MoE, DeepSeek, GPT-OSS, ...: 3-D
     expert weights, which are not Linears) by one QuantLinear per expert and projection (mixgemm.nn.experts;
     ``filter_fn`` sees the experts module, the report lists ``<experts>.gate_up_proj.<e>`` ...).
-    Layers it cannot handle (K not divisible by the group size, odd K for 4 bits, tied weights,
+    Layers it cannot handle (K not divisible by the group size, tied weights,
     meta / non-float / float64 / non-finite weights) are left as they are and listed in the returned report.
     A Linear already sharded by mixgemm.distributed (tensor parallel, its weight a DTensor) is quantized from its
     full weight and sharded the same way, so quantizing before or after sharding gives the same model (call it on

@@ -178,8 +178,7 @@ def _prep_float(w: torch.Tensor, ctx: Context) -> Prepared:
 
 def preset_config(bits: int, shape: tuple, ctx: Context):
     """--conv's formats: W8 per-channel; W4 sym at --group-size, or what QuantConv2d.from_conv would use for this
-    layer (the largest group dividing Ci/groups, else per-channel; 8 bits where K is odd: the 7x7 depthwise and the
-    stem)."""
+    layer (the largest group dividing Ci/groups, else per-channel)."""
     import warnings
 
     from mixgemm.formats.weight import QuantConfig

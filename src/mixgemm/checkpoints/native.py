@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from mixgemm.checkpoints.base import ConvertedLinear, TensorSource
+from mixgemm.formats.packing import packed_width
 from mixgemm.formats.weight import QuantConfig, QuantizedWeight
 
 QUANT_METHOD = "mixgemm"
@@ -158,7 +159,8 @@ class MixgemmFormat:
             raise ValueError(f"tensor {prefix + '._extra_state'!r} stores format {state.tolist()}, but the "
                              f"quantization_config says {fmt} (format tensor {want.tolist()})")
         _, ng = c.groups(k)
-        qweight = _expect(source.get(f"{prefix}.qweight"), f"{prefix}.qweight", torch.uint8, (n, k * c.bits // 8))
+        qweight = _expect(source.get(f"{prefix}.qweight"), f"{prefix}.qweight", torch.uint8,
+                          (n, packed_width(k, c.bits)))
         scales = _expect(source.get(f"{prefix}.scales"), f"{prefix}.scales", c.scale_dtype, (n, ng))
         zeros = offsets = None
         if c.mode == "zero_point":

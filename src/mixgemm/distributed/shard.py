@@ -16,9 +16,9 @@ process, and every rank reaches the same verdict (a bad split raises on all rank
   go with it whole; where it does not, a weight-only layer (``regroup``) is re-grouped, exactly, into the largest
   group size of GROUP_SIZES that divides both the group size and K / world, each new group repeating its old
   group's scale, zero point and offset (K = 11008 in groups of 128 at TP 4: 2752 per rank, 43 groups of 64); an
-  activation-quantized layer's groups are its activation blocks too, so it is refused instead; int4 codes split on
-  byte boundaries (two codes per byte). A per-channel weight (group -1: one
-  group spanning K) splits anywhere on a byte boundary: each shard keeps the channel's scale (and zero / offset)
+  activation-quantized layer's groups are its activation blocks too, so it is refused instead. A per-channel weight
+  (group -1: one group spanning K) splits anywhere (an odd K per rank at 4 bits is repacked, its rows ending in a
+  padding nibble, mixgemm.formats.packing): each shard keeps the channel's scale (and zero / offset)
   for its slice, and w = (q - z) s is still exact element by element. Integer group scales (W4A8,
   mixgemm.formats.int_scales) stay integer multiples of their row's step in any subset of the groups.
   The partial products of the shards are summed by an all-reduce, so the bias must be added once: rank 0 keeps
@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import torch
 
+from mixgemm.formats.packing import pack_codes
 from mixgemm.formats.weight import GROUP_SIZES, PER_CHANNEL, QuantConfig, QuantizedWeight
 from mixgemm.nn.linear import QuantLinear
 
@@ -96,9 +97,6 @@ def check_split(shape: tuple[int, int], config: QuantConfig, dim: int, world: in
         raise ValueError(f"{layer}: row-parallel split of [N={n}, K={k}] over {world} ranks gives K={local} per rank, "
                          f"not a multiple of the group size {g}: a group (its scale, zero point / offset) would be "
                          f"cut in two ({why})")
-    if (local * config.bits) % 8:
-        raise ValueError(f"{layer}: row-parallel split of [N={n}, K={k}] over {world} ranks gives K={local} per rank: "
-                         f"{config.bits}-bit codes packed two per byte need an even K per rank")
     return local
 
 
@@ -162,11 +160,15 @@ def shard_quantized_weight(qw: QuantizedWeight, dim: int, rank: int, world: int,
                        zeros=_take_rows(qw.zeros, n, parts, rank, rows),
                        offsets=_take_rows(qw.offsets, n, parts, rank, rows), shape=(local, k))
     per_byte = 8 // qw.bits
+    if local % per_byte:  # an odd K per rank at 4 bits: its codes start or end inside a byte, repacked
+        qweight = pack_codes(qw.codes()[:, a:b].contiguous(), qw.bits)
+    else:
+        qweight = _take(qw.packed(), 1, a // per_byte, b // per_byte)
     if qw.config.group_size == PER_CHANNEL:  # one group spans K: every shard keeps the channel's parameters
         ga, gb = 0, 1
     else:
         ga, gb = a // qw.config.group_size, b // qw.config.group_size
-    return replace(qw, _layouts={}, resident=None, qweight=_take(qw.packed(), 1, a // per_byte, b // per_byte),
+    return replace(qw, _layouts={}, resident=None, qweight=qweight,
                    scales=_take(qw.scales, 1, ga, gb), zeros=_take(qw.zeros, 1, ga, gb),
                    offsets=_take(qw.offsets, 1, ga, gb), shape=(n, local))
 

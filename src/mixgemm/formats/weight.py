@@ -15,11 +15,12 @@ mode              dequantized value            stored per group
 ``"offset"``      w = q * s + m                s, m (q4_1 style: m is the block minimum)
 ================  ===========================  ======================================
 
-Byte-level packing (``QuantizedWeight.qweight``, uint8 [N, K * bits // 8]):
+Byte-level packing (``QuantizedWeight.qweight``, uint8 [N, ceil(K * bits / 8)]):
 
 * 8 bits: byte k of row n is q[n, k].
 * 4 bits: byte j of row n holds q[n, 2j] in its low nibble (bits 0-3) and q[n, 2j+1] in its high
-  nibble (bits 4-7).
+  nibble (bits 4-7). An odd K (per-channel weights of 7x7 / 3x3 depthwise convs, odd in_features) ends each row in
+  a byte whose high nibble is a padding code no reader uses (mixgemm.formats.packing.PAD_CODE_4BIT).
 
 That plain layout is the interchange format (save, load, convert). Kernels read their own layouts,
 made from it by explicit functions in :mod:`mixgemm.formats.layouts`.
@@ -124,8 +125,6 @@ class QuantConfig:
         g = k if self.group_size == PER_CHANNEL else self.group_size
         if k <= 0 or k % g != 0:
             raise ValueError(f"K={k} is not divisible by group_size={g}")
-        if self.bits == 4 and k % 2 != 0:
-            raise ValueError(f"K={k} must be even for 4-bit packing (two codes per byte)")
         return g, k // g
 
 
@@ -133,7 +132,7 @@ class QuantConfig:
 class QuantizedWeight:
     """A block-quantized weight W [N, K] in the plain interchange layout.
 
-    qweight: uint8 [N, K * bits // 8], packed as the module docstring says.
+    qweight: uint8 [N, packed_width(K, bits)] (ceil(K * bits / 8)), packed as the module docstring says.
     scales:  scale_dtype [N, K // group_size].
     zeros:   uint8 [N, K // group_size] for mode "zero_point", else None.
     offsets: scale_dtype [N, K // group_size] for mode "offset", else None.
@@ -208,7 +207,7 @@ class QuantizedWeight:
         return self.qweight.device
 
     def packed(self) -> torch.Tensor:
-        """The plain packed codes uint8 [N, K * bits // 8]: ``qweight`` itself, or for a weight that keeps only a
+        """The plain packed codes uint8 [N, ceil(K * bits / 8)]: ``qweight`` itself, or for a weight that keeps only a
         resident layout, a fresh copy rebuilt from it (the layout is not modified)."""
         if self.resident is None:
             return self.qweight

@@ -1,7 +1,7 @@
 """QuantConv2d: a drop-in, inference-only replacement for torch.nn.Conv2d with block-quantized weights.
 
 The weight is stored as the buffers of a QuantizedConvWeight (plain interchange packing, see
-mixgemm.formats.conv): ``qweight`` uint8 [Co, Kh*Kw*Ci_g*bits/8], ``scales`` [Co, G], ``zeros`` uint8
+mixgemm.formats.conv): ``qweight`` uint8 [Co, ceil(Kh*Kw*Ci_g*bits/8)], ``scales`` [Co, G], ``zeros`` uint8
 [Co, G] (mode "zero_point") and ``offsets`` [Co, G] (mode "offset"), plus ``bias`` [Co] or None. The
 quantization config (bits, group size, mode, scale dtype), the kernel geometry and the fused activation
 travel in the state dict's extra state, so ``load_state_dict`` refuses a checkpoint of another format.
@@ -14,9 +14,9 @@ Formats the conv layout cannot hold, and what ``from_conv`` does about them (``s
 * group_size must divide Ci/groups (one block inside one (kh, kw) tap): the largest supported group size
   below the requested one that divides it is used, else per-channel (-1). Depthwise (Ci/groups = 1) is
   therefore always per-channel.
-* 4 bits need an even K = Kh*Kw*Ci/groups (two codes per byte; no padding in the format): odd K (7x7 or 3x3
-  depthwise, the 3-channel 7x7 stem: K = 147) is stored with 8 bits. Those layers are a tiny share of a
-  network's weight bytes.
+
+An odd K = Kh*Kw*Ci/groups at 4 bits (7x7 or 3x3 depthwise, the 3-channel 7x7 stem: K = 147) is held as it is: each
+row's last byte carries one padding nibble (mixgemm.formats.packing).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torch import nn
 
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight, check_conv_config, quantize_conv_weight
+from mixgemm.formats.packing import packed_width
 from mixgemm.formats.weight import GROUP_SIZES, PER_CHANNEL, QuantConfig, QuantizedWeight
 from mixgemm.ops.conv import _pair, conv2d
 
@@ -50,13 +51,6 @@ def fit_conv_config(config: QuantConfig, weight_shape, strict: bool = False) -> 
             raise ValueError(msg + "; use group_size=-1 or a divisor of Ci/groups")
         warnings.warn(f"{msg}; using group_size={new}", stacklevel=3)
         cfg = replace(cfg, group_size=new)
-    k = kh * kw * ci_g
-    if cfg.bits == 4 and k % 2:
-        msg = f"conv weight {tuple(weight_shape)}: 4-bit packing needs an even Kh*Kw*Ci/groups, got {k}"
-        if strict:
-            raise ValueError(msg + "; use bits=8")
-        warnings.warn(msg + "; storing this layer with 8 bits", stacklevel=3)
-        cfg = replace(cfg, bits=8)
     return cfg
 
 
@@ -110,7 +104,7 @@ class QuantConv2d(nn.Module):
         self.qconfig = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scale_dtype)
         check_conv_config(self.qconfig)
         _, ng = self.qconfig.groups(kh * kw * ci_g)  # validates the format against K
-        kbytes = kh * kw * ci_g * bits // 8
+        kbytes = packed_width(kh * kw * ci_g, bits)
         self.register_buffer("qweight", torch.zeros(out_channels, kbytes, dtype=torch.uint8, device=device))
         self.register_buffer("scales", torch.zeros(out_channels, ng, dtype=scale_dtype, device=device))
         self.register_buffer(

@@ -31,6 +31,7 @@ from torch import nn
 
 import mixgemm.ops.custom_ops  # noqa: F401  (registers torch.ops.mixgemm.*)
 from mixgemm.formats.activation import ACT_MODES, SYMMETRIC_ACT_MODES, check_act
+from mixgemm.formats.packing import packed_width
 from mixgemm.formats.weight import (
     MODES,
     PER_CHANNEL,
@@ -68,7 +69,7 @@ class QuantLinear(nn.Module):
     Build it with ``QuantLinear.from_linear(linear, QuantConfig(...))``, ``QuantLinear.from_quantized(qw,
     bias)``, or empty with the constructor (then ``load_state_dict``).
 
-    Buffers: qweight uint8 [N, K * bits // 8]; scales [N, G] (scale dtype); zeros uint8 [N, G] for mode
+    Buffers: qweight uint8 [N, ceil(K * bits / 8)]; scales [N, G] (scale dtype); zeros uint8 [N, G] for mode
     "zero_point", else empty; offsets [N, G] for mode "offset", else empty; input_perm int64 [K] for act-order
     layers (``act_order=True``; the stored weight's columns are in that order), else None. bias: a Parameter [N]
     (requires_grad=False) or None. ``act_mode`` None (weight-only) or "sym" / "asym" / "sym_full" (int8 activations,
@@ -115,7 +116,8 @@ class QuantLinear(nn.Module):
         self.act_mode = act_mode
         self.act_block = act_block if act_mode is not None else "group"
         n = self.out_features
-        self.register_buffer("qweight", torch.zeros(n, in_features * bits // 8, dtype=torch.uint8, device=device))
+        self.register_buffer("qweight", torch.zeros(n, packed_width(in_features, bits), dtype=torch.uint8,
+                                                  device=device))
         self.register_buffer("scales", torch.zeros(n, ng, dtype=scale_dtype, device=device))
         self.register_buffer("zeros", torch.zeros((n, ng) if mode == "zero_point" else (0,), dtype=torch.uint8,
                                                   device=device))

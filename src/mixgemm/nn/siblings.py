@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from mixgemm.formats.layouts_wgmma import GROUP_TILES, ROWS, WgmmaLayout
+from mixgemm.formats.packing import packed_width
 from mixgemm.formats.weight import QuantizedWeight, stand_in
 from mixgemm.nn.linear import SIBLINGS_ATTR, QuantLinear
 from mixgemm.ops.custom_ops import cache_weight, drop_cached
@@ -154,7 +155,7 @@ def _hidden_layer(members: list[QuantLinear], qw0: QuantizedWeight, layout: Wgmm
         return stand_in((n, parts[0].shape[1]), dtype, dev)
 
     b = hidden._buffers
-    b["qweight"] = stand_in((n, k * c.bits // 8), torch.uint8, dev)
+    b["qweight"] = stand_in((n, packed_width(k, c.bits)), torch.uint8, dev)
     b["scales"] = joined("scales", c.scale_dtype)
     b["zeros"] = joined("zeros", torch.uint8)
     b["offsets"] = joined("offsets", c.scale_dtype)

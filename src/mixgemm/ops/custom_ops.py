@@ -26,7 +26,7 @@ Ops (all take plain tensors; a weight is its plain interchange tensors, see mixg
   transformers' RMSNorm (of a + b, returned too), gathered through ``perm`` when given, in one kernel on CUDA. The
   norms feeding mixgemm layers run them under torch.compile (mixgemm.nn.norms).
 
-Argument conventions: qweight uint8 [N, K * bits // 8]; scales [N, G] (its dtype is the scale dtype);
+Argument conventions: qweight uint8 [N, ceil(K * bits / 8)]; scales [N, G] (its dtype is the scale dtype);
 zeros uint8 [N, G] for mode "zero_point", otherwise None (an empty tensor is accepted and ignored); offsets [N, G] for
 mode "offset", otherwise None (or empty); bias [N] or None. Why None: under torch.compile every tensor a module
 hands an op is guarded on each call (about a microsecond per tensor in the TorchDynamo cache lookup, ~900 layers in
@@ -65,6 +65,7 @@ from torch import Tensor
 
 from mixgemm.epilogue import ACTIVATIONS, clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.formats.packing import packed_width
 from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight, is_compact_placeholder
 from mixgemm.ops.compiled_calls import install_if_inductor
 from mixgemm.ops.kept_launches import forget, keep, kept, run_kept, version_of, weight_token
@@ -107,8 +108,10 @@ def weight_from_tensors(qweight: Tensor, scales: Tensor, zeros: Tensor | None, o
         return _resident_weight(qweight, hit, scales, zeros, offsets, fmt)
     config = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scales.dtype)
     _, ng = config.groups(k)
-    if qweight.dtype != torch.uint8 or tuple(qweight.shape) != (n, k * bits // 8):
-        raise ValueError(f"qweight must be uint8 [{n}, {k * bits // 8}], got {qweight.dtype} {tuple(qweight.shape)}")
+    width = packed_width(k, bits)
+    if qweight.dtype != torch.uint8 or tuple(qweight.shape) != (n, width):
+        raise ValueError(f"qweight must be uint8 [{n}, {width}] (ceil(K * bits / 8)), got {qweight.dtype} "
+                         f"{tuple(qweight.shape)}")
     if tuple(scales.shape) != (n, ng):
         raise ValueError(f"scales must be [{n}, {ng}], got {tuple(scales.shape)}")
     need_z, need_m = mode == "zero_point", mode == "offset"
