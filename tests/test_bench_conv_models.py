@@ -141,8 +141,19 @@ def test_hook_code_enumerates_a_plain_module(tmp_path):
         assert tuple(y.shape[2:]) == s.out_size, s.name
 
 
-def test_cli_conv_models_on_the_cpu(tmp_path, capsys):
-    # a 1x1 layer (W4 per-channel: Ci = 8) and a 3x3 depthwise one, which 4-bit cannot hold (K = 9): refused
+def test_cli_conv_models_on_the_cpu(tmp_path, capsys, monkeypatch):
+    # a 1x1 layer (W4 per-channel: Ci = 8) and a 3x3 depthwise one, which 4-bit holds (K = 9, a padded nibble); a
+    # format that cannot hold a layer gives a refused row: here the W4 depthwise, through fit_conv_config
+    import mixgemm.nn.conv as nn_conv
+
+    fit = nn_conv.fit_conv_config
+
+    def refusing(cfg, shape, **kw):
+        if cfg.bits == 4 and shape[1] == 1:
+            raise ValueError("4-bit depthwise refused (test)")
+        return fit(cfg, shape, **kw)
+
+    monkeypatch.setattr(nn_conv, "fit_conv_config", refusing)
     layers = "1x1 8-16 @1x1,3x3 dw 96-96 @7x7"
     args = ["--conv-models", "--conv-filter", layers, "--device", "cpu", "--out", str(tmp_path), "--no-progress"]
     assert bench_main(args) == 0
