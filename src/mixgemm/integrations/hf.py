@@ -258,12 +258,16 @@ def compiled_step(model, mode: str | None = None, fullgraph: bool = True, backen
     return step
 
 
+class SlidingCacheError(ValueError):
+    """A compiled decode step was handed a cache whose layers slide."""
+
+
 def check_compilable_cache(model, cache) -> None:
-    """ValueError naming the architecture where ``cache`` has layers that slide (a compiled decode step would
-    recompile at every token on them)."""
+    """SlidingCacheError (a ValueError) naming the architecture where ``cache`` has layers that slide (a compiled
+    decode step would recompile at every token on them)."""
     sliding = sliding_layers(cache)
     if sliding:
-        raise ValueError(
+        raise SlidingCacheError(
             f"a compiled decode step cannot run {model.config.model_type}'s sliding-window cache layers {sliding} "
             f"(window {sliding_window(model)} tokens, shorter than the cache): each step would recompile. Use a "
             f"cache of at most the window (mixgemm.integrations.hf.static_cache), the eager step (decode_step), or "
