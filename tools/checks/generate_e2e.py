@@ -515,7 +515,7 @@ def table(results: dict) -> str:
     for r in results["speed"]:
         for mode, m in r.get("modes", {}).items():
             if "not_run" in m:
-                lines.append(f"| {r['model']} | {mode} | not run: {m["not_run"][:150]} |  |  |  |  |  |")
+                lines.append(f"| {r['model']} | {mode} | not run: {m['not_run'][:150]} |  |  |  |  |  |")
             if "ratio" not in m:
                 continue
             f, q = m["fp16"], m["w4a16"]
