@@ -39,10 +39,11 @@ whose layers reading one tensor run one by one (mixgemm.nn.siblings.separate_sib
 --zero-point a W4A16 g128 zero-point copy, what GPTQ / AWQ checkpoints load as (tag w4a16_zp).
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
-replaced every Linear (but a tied lm_head), every generation has N new tokens (every request of generate_batch too), the quantized model's first-step logits (last prompt token)
-are finite and have cosine > 0.99 (W8A8: 0.95, its activations are quantized too) with its dequantized float twin's
-(mixgemm.integrations.hf.dequantized_copy). The speed and memory targets, the greedy agreement and cosine > 0.9 against the fp16
-model are reported, enforced only with --strict.
+replaced every Linear (but a tied lm_head), every generation has N new tokens (every request of generate_batch too),
+the quantized model's first-step logits (last prompt token) are finite and have cosine > 0.99 (W8A8: 0.95, its
+activations are quantized too) with its dequantized float twin's (mixgemm.integrations.hf.dequantized_copy). The speed
+and memory targets, the greedy agreement and cosine > 0.9 against the fp16 model are reported, enforced only with
+--strict.
 
     PYTHONPATH=src python -m tools.checks.generate_e2e --out DIR [--models qwen2-7b,llama3-8b] [--new-tokens 64]
         [--modes generate,static,continuous,compiled | --skip-compiled] [--layers L] [--strict]
@@ -222,7 +223,7 @@ def greedy_agreement(model, twin, ids, n: int) -> dict:
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                   pad_token_id=0)
     got, want = (m.generate(ids, **kwargs)[0, ids.shape[1]:].tolist() for m in (model, twin))
-    differ = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+    differ = [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b]
     return {"tokens": n, "equal": got == want, "first_difference": differ[0] if differ else None,
             "quantized": got, "dequantized": want}
 
