@@ -307,7 +307,7 @@ def generate_batch_once(model, requests: list[list[int]], s: Settings) -> float:
     logger.addHandler(handler)
     try:
         t0 = time.perf_counter()
-        out = model.generate_batch(inputs=requests, generation_config=cfg, **kwargs)
+        out = model.generate_batch(inputs=requests, generation_config=cfg, progress_bar=False, **kwargs)
         sync(s)
         sec = time.perf_counter() - t0
     finally:
