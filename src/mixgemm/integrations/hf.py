@@ -1,5 +1,6 @@
-"""Hugging Face transformers helpers: Llama / Qwen2 configs with random weights, the dequantized-float twin of a
-quantized model, and a greedy decode loop over a static KV cache (eager or torch.compile'd).
+"""Hugging Face transformers helpers: configs of published models (Llama, Qwen2 / Qwen3, Mistral, Gemma-2, Phi-3 and
+mixture-of-experts ones) with random weights, the dequantized-float twin of a quantized model, and a greedy decode loop
+over a static KV cache (eager or torch.compile'd; a compiled step refuses a cache that slides).
 
 Needs ``transformers`` (imported lazily, so that mixgemm itself does not depend on it).
 """
@@ -112,8 +113,8 @@ TINY_TWINS = {"llama3-8b": "tiny-llama", "qwen2-7b": "tiny-qwen2", "qwen3-30b-a3
 
 
 def model_config(name: str = "tiny-llama", **overrides):
-    """A transformers config (LlamaConfig or Qwen2Config, ARCHITECTURES) with ``name``'s shapes (MODELS), fields
-    overridable."""
+    """A transformers config of ``name``'s architecture (ARCHITECTURES: model types, "llama" where absent) with its
+    shapes (MODELS), fields overridable."""
     from transformers import AutoConfig
 
     if name not in MODELS:
