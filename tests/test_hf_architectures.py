@@ -93,3 +93,12 @@ def test_compiled_step_compiles_once_on_a_sliding_window_model():
     got, _ = greedy_decode(model, ids, 3, step_fn=compiled_step(model, backend="eager"))
     assert got.tolist() == want.tolist()
     assert counters["stats"]["unique_graphs"] == 1  # two steps, one graph: no recompile per position
+
+
+def test_decode_benchmark_refuses_a_run_past_the_window():
+    from mixgemm.bench.e2e import decode_tokens_per_s
+    from mixgemm.integrations.hf import SlidingCacheError
+
+    model = random_model(model_config("tiny-phi3"), seed=0)  # window 5: a prompt of 4 + 3 steps slides
+    with pytest.raises(SlidingCacheError, match=r"phi3's sliding-window cache layers \[0, 1\] \(window 5"):
+        decode_tokens_per_s(model, 1, 4, 1, 1, model.config.vocab_size, 0, None, "eager")

@@ -319,6 +319,15 @@ def generate_batch_once(model, requests: list[list[int]], s: Settings) -> float:
     return sec
 
 
+@torch.no_grad()
+def warm_kernels(model, s: Settings) -> None:
+    """Forward passes of the token counts continuous batching runs the layers at (one decoding token, one per
+    request, a prompt), eager and without a cache."""
+    for m in (1, s.cb_requests, s.cb_prompt_len):
+        model(torch.zeros(1, m, dtype=torch.long, device=s.device), use_cache=False)
+    sync(s)
+
+
 class FloatModelFails(RuntimeError):
     """transformers fails on the float model itself in this mode (e.g. continuous batching on DeepSeek-V2's MLA):
     nothing of mixgemm's to measure."""
@@ -329,6 +338,8 @@ def time_continuous(models: dict, s: Settings) -> dict[str, dict]:
     requests: a warm-up call each (which captures transformers' CUDA graphs), then s.repeats rounds in turns."""
     float_model = models["fp16"]
     requests = cb_requests(float_model.config.vocab_size, s)
+    for model in models.values():  # the kernels compile (and build their layouts) before transformers captures graphs
+        warm_kernels(model, s)
     try:
         out = {"fp16": {"warmup_s": generate_batch_once(float_model, requests, s), "runs_s": []}}
     except RuntimeError as e:
