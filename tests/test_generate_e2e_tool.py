@@ -157,3 +157,12 @@ def test_generate_e2e_tool_counts_short_continuous_requests_as_failures(tmp_path
                        "--out", str(tmp_path)])
     res = json.loads((tmp_path / "generate_e2e.json").read_text())
     assert rc == 1 and any("new tokens" in f and "asked 4" in f for f in res["failures"]), res["failures"]
+
+
+def test_generate_e2e_tool_time_budget(tmp_path):
+    """--time-budget: no model starts once it is spent; each is recorded as not run, which is no failure."""
+    rc = _tool().main(["--smoke", "--models", "qwen2-7b,gemma2-9b", "--skip-memory", "--time-budget", "1e-9",
+                       "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "generate_e2e.json").read_text())
+    assert rc == 0 and res["speed"] == [] and not res["failures"]
+    assert res["not_run"] == [f"{m}: time budget (--time-budget) spent" for m in ("qwen2-7b", "gemma2-9b")]

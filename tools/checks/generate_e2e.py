@@ -51,7 +51,8 @@ and memory targets, the greedy agreement and cosine > 0.9 against the fp16 model
 
 Prints a table, writes DIR/generate_e2e.json (rewritten after every measurement: a run cut short keeps what it had).
 Runtime is mostly compilation: "static" and "compiled" each compile the whole model once per precision (tens of
-seconds each for a 7-8B model); --skip-compiled, --modes or one model per call keep a run short. GPU memory at its peak:
+seconds each for a 7-8B model); --skip-compiled, --modes, --layers or fewer models per call keep a run short, and
+--time-budget S starts no model or mode after S seconds (each recorded as not run). GPU memory at its peak:
 the fp16 model, the quantized copy and, for the first-step check, its dequantized fp16 twin (about 38 GB for an 8B
 model).
 """
@@ -120,6 +121,10 @@ class Settings:
     cb_prompt_len: int = 128
     cb_new_tokens: int = 128
     greedy_tokens: int = GREEDY_TOKENS
+    deadline: float = 0.0  # time.perf_counter() after which no model or mode starts (0: none; --time-budget)
+
+    def out_of_time(self) -> bool:
+        return bool(self.deadline) and time.perf_counter() > self.deadline
 
     @property
     def cuda(self) -> bool:
@@ -407,6 +412,10 @@ def speed(res: dict, modes, s: Settings, log):
         f"{f['cosine_dequantized']:.5f} vs the dequantized twin; greedy tokens equal to the twin's for "
         f"{g['first_difference'] if g['first_difference'] is not None else g['tokens']} of {g['tokens']}")
     for mode in modes:
+        if s.out_of_time():
+            res["modes"][mode] = {"not_run": "time budget (--time-budget) spent"}
+            log(f"{name} {mode}: not run (time budget)")
+            continue
         try:
             r = run_mode(mode, models, ids, s)
         except (SlidingCacheError, FloatModelFails) as e:  # a refusal, or transformers' own limit: recorded as such
@@ -598,6 +607,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cb-new-tokens", type=int, default=128, help="continuous mode: new tokens per request")
     ap.add_argument("--greedy-tokens", type=int, default=GREEDY_TOKENS,
                     help="greedy tokens the quantized model must share with its dequantized twin")
+    ap.add_argument("--time-budget", type=float, default=0,
+                    help="seconds after which no model or mode starts (recorded as not run; 0: no budget)")
     ap.add_argument("--smoke", action="store_true",
                     help="the whole run on the CPU at tiny sizes: --device cpu --tiny, 3 new tokens of a 5-token "
                          "prompt, 3 continuous requests of 8 + 4 tokens, 4 greedy tokens, memory M = 1, 16")
@@ -618,7 +629,8 @@ def main(argv=None) -> int:
                               plain=args.plain, separate=args.separate, zero_point=args.zero_point,
                               compiled_repeats=args.compiled_repeats, layers=args.layers,
                               cb_requests=args.cb_requests, cb_prompt_len=args.cb_prompt_len,
-                              cb_new_tokens=args.cb_new_tokens, greedy_tokens=args.greedy_tokens)
+                              cb_new_tokens=args.cb_new_tokens, greedy_tokens=args.greedy_tokens,
+                              deadline=time.perf_counter() + args.time_budget if args.time_budget else 0.0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -655,6 +667,10 @@ def main(argv=None) -> int:
 
     if modes:
         for name in models:
+            if s.out_of_time():
+                results["not_run"] = [*results.get("not_run", []), f"{name}: time budget (--time-budget) spent"]
+                log(f"{name}: not run (time budget)")
+                continue
             results["speed"].append(res := {"model": name})
             phase(f"speed {name}", speed, res, modes, s, log_and_save)
     formats = [f for f in args.memory_formats.split(",") if f]
@@ -673,6 +689,8 @@ def main(argv=None) -> int:
     results["failures"], results["missed_targets"] = bad, missed
     save()
     print(table(results))
+    for line in results.get("not_run", []):
+        print(f"not run: {line}")
     for line in missed:
         print(f"target missed: {line}")
     for line in bad:
