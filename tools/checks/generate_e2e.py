@@ -121,6 +121,7 @@ class Settings:
     cb_prompt_len: int = 128
     cb_new_tokens: int = 128
     greedy_tokens: int = GREEDY_TOKENS
+    cb_attention: str = ""  # continuous mode: an attn_implementation set on both models for it ("": the models' own)
     deadline: float = 0.0  # time.perf_counter() after which no model or mode starts (0: none; --time-budget)
 
     def out_of_time(self) -> bool:
@@ -310,6 +311,9 @@ def generate_batch_once(model, requests: list[list[int]], s: Settings) -> float:
     handler = Collect(level=logging.ERROR)
     logger = logging.getLogger("ContinuousBatchingLogger")
     logger.addHandler(handler)
+    own_attention = model.config._attn_implementation
+    if s.cb_attention:
+        model.set_attn_implementation(s.cb_attention)
     try:
         t0 = time.perf_counter()
         out = model.generate_batch(inputs=requests, generation_config=cfg, progress_bar=False, **kwargs)
@@ -317,6 +321,8 @@ def generate_batch_once(model, requests: list[list[int]], s: Settings) -> float:
         sec = time.perf_counter() - t0
     finally:
         logger.removeHandler(handler)
+        if s.cb_attention:
+            model.set_attn_implementation(own_attention)
     short = {rid: len(o.generated_tokens) for rid, o in out.items() if len(o.generated_tokens) != s.cb_new_tokens}
     if len(out) != len(requests) or short:
         raise RuntimeError(f"generate_batch finished {len(out)} of {len(requests)} requests, new tokens "
@@ -605,6 +611,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cb-requests", type=int, default=32, help="continuous mode: requests per generate_batch")
     ap.add_argument("--cb-prompt-len", type=int, default=128, help="continuous mode: prompt tokens per request")
     ap.add_argument("--cb-new-tokens", type=int, default=128, help="continuous mode: new tokens per request")
+    ap.add_argument("--cb-attention", default="",
+                    help="continuous mode: an attn_implementation for both models (e.g. flash_attention_2, "
+                         "paged|sdpa); default: the models' own, which transformers switches to a flash one where "
+                         "installed")
     ap.add_argument("--greedy-tokens", type=int, default=GREEDY_TOKENS,
                     help="greedy tokens the quantized model must share with its dequantized twin")
     ap.add_argument("--time-budget", type=float, default=0,
@@ -630,6 +640,7 @@ def main(argv=None) -> int:
                               compiled_repeats=args.compiled_repeats, layers=args.layers,
                               cb_requests=args.cb_requests, cb_prompt_len=args.cb_prompt_len,
                               cb_new_tokens=args.cb_new_tokens, greedy_tokens=args.greedy_tokens,
+                              cb_attention=args.cb_attention,
                               deadline=time.perf_counter() + args.time_budget if args.time_budget else 0.0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
