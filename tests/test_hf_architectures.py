@@ -35,8 +35,8 @@ def _quantized(name: str):
 
 
 @torch.no_grad()
-def _generate(model, ids, cache_implementation):
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
+def _generate(model, ids, cache_implementation, new=NEW):
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                          do_sample=False, pad_token_id=0, cache_implementation=cache_implementation,
                          output_logits=True, return_dict_in_generate=True)
     return out.sequences[0, ids.shape[1]:], torch.stack(out.logits)
@@ -87,7 +87,10 @@ def test_compiled_step_compiles_once_on_a_sliding_window_model():
 
     model = _quantized("tiny-mistral")
     ids = torch.randint(0, model.config.vocab_size, (1, 1), generator=torch.Generator().manual_seed(3))
-    want, _ = greedy_decode(model, ids, 3)  # a cache of 1 + 3 tokens: the window
+    want, want_logits = greedy_decode(model, ids, 3)  # a cache of 1 + 3 tokens: the window, its layers not sliding
+    tokens, logits = _generate(model, ids, "static", new=3)  # transformers' own sliding layers
+    assert want[0].tolist() == tokens.tolist()
+    torch.testing.assert_close(torch.stack(want_logits)[:, 0], logits[:, 0], rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()
     counters.clear()
     got, _ = greedy_decode(model, ids, 3, step_fn=compiled_step(model, backend="eager"))
