@@ -389,6 +389,7 @@ def speed(res: dict, modes, s: Settings, log):
     res["modes"] = {m: {} for m in modes}
     models = {"fp16": build(name, s)}
     res["architecture"] = models["fp16"].config.model_type
+    res["decoder_layers"] = models["fp16"].config.num_hidden_layers
     res["moe"] = moe = is_moe(models["fp16"].config)
     res["dtype"] = str(next(models["fp16"].parameters()).dtype).removeprefix("torch.")
     # MoE models: the experts implementation transformers runs the float experts with (the quantized ones run
@@ -559,15 +560,16 @@ def table(results: dict) -> str:
             lines.append(f"| {r['model']} | {mode} | {f['tokens_per_s']:.1f} | {gb(f['weight_gb'])} | "
                          f"{q['tokens_per_s']:.1f} | {gb(q['weight_gb'])} | {m['ratio']:.2f} | "
                          f">= {m['target']} {'ok' if m['meets'] else 'MISS'} |")
-    lines += ["", "| model | architecture | dtype | layers quantized | greedy tokens = dequantized twin's | "
-              "first-step cosine fp16 / dequantized |", "|---|---|---|---|---|---|"]
+    lines += ["", "| model | architecture | decoder layers | dtype | layers quantized | greedy tokens = dequantized "
+              "twin's | first-step cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
     for r in results["speed"]:
         f = r.get("first_step")
         if f is None:
             continue
         g = f["greedy"]
         same = "yes" if g["equal"] else f"no (token {g['first_difference']})"
-        lines.append(f"| {r['model']} | {r['architecture']} | {r['dtype']} | {r['quantize']['replaced']} | "
+        lines.append(f"| {r['model']} | {r['architecture']} | {r['decoder_layers']} | {r['dtype']} | "
+                     f"{r['quantize']['replaced']} | "
                      f"{same}, {g['tokens']} tokens | {f['cosine']:.4f} / {f['cosine_dequantized']:.5f} |")
     lines += ["", "| model | format | packed MB | resident / packed | cuda-held / packed | allocated after sweep GB |"
               " cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
