@@ -107,9 +107,9 @@ ARCHITECTURES = {"qwen2-7b": "qwen2", "qwen2.5-1.5b": "qwen2", "tiny-qwen2": "qw
                  "tiny-qwen1.5-moe": "qwen2_moe", "deepseek-v2-lite": "deepseek_v2", "tiny-deepseek-v2": "deepseek_v2"}
 # the tiny CPU twin of each full-size model
 TINY_TWINS = {"llama3-8b": "tiny-llama", "qwen2-7b": "tiny-qwen2", "qwen3-30b-a3b": "tiny-qwen3-moe",
-              "mixtral-8x7b": "tiny-mixtral", **{n: f"tiny-{n.rsplit('-', 1)[0]}" for n in (
-                  "mistral-7b", "mistral-nemo-12b", "gemma2-9b", "phi3-mini", "qwen3-8b", "qwen1.5-moe-a2.7b",
-                  "deepseek-v2-lite")}}
+              "mixtral-8x7b": "tiny-mixtral", "mistral-7b": "tiny-mistral", "mistral-nemo-12b": "tiny-mistral-nemo",
+              "gemma2-9b": "tiny-gemma2", "phi3-mini": "tiny-phi3", "qwen3-8b": "tiny-qwen3",
+              "qwen1.5-moe-a2.7b": "tiny-qwen1.5-moe", "deepseek-v2-lite": "tiny-deepseek-v2"}
 
 
 def model_config(name: str = "tiny-llama", **overrides):
