@@ -44,7 +44,7 @@ def test_qwen2_config_and_random_model():
 
 
 def test_generate_e2e_tool_on_cpu(tmp_path):
-    rc = _tool().main([*ARGS, "--out", str(tmp_path), "--memory-ms", "1,16"])
+    rc = _tool().main([*ARGS, "--out", str(tmp_path), "--memory-ms", "1,16", "--modes", "generate,static,compiled"])
     res = json.loads((tmp_path / "generate_e2e.json").read_text())
     assert rc == 0 and not res["errors"] and not res["failures"]
     (speed,) = res["speed"]
@@ -56,6 +56,8 @@ def test_generate_e2e_tool_on_cpu(tmp_path):
         if mode != "compiled":  # the generate modes time the two models in turns
             assert len(m["fp16"]["runs_s"]) == len(m["w4a16"]["runs_s"]) == 1
     assert speed["first_step"]["cosine_dequantized"] > 0.99 and speed["quantize"]["replaced"] == 2 * 7 + 1
+    greedy = speed["first_step"]["greedy"]
+    assert greedy["equal"] and greedy["quantized"] == greedy["dequantized"] and len(greedy["quantized"]) == 16
     assert [r["format"].split()[0] for r in res["memory"]] == ["W4A16", "W8A8"]
     for r in res["memory"]:
         # the CPU path builds no kernel layouts: resident = the plain buffers = the packed size
@@ -118,3 +120,49 @@ def test_generate_e2e_tool_memory_of_a_compacted_model(tmp_path):
     (r,) = res["memory"]
     assert r["compact"] and r["format"].endswith("compact_") and r["quantize"]["compacted"] == r["quantize"]["replaced"]
     assert set(r["resident"]["layouts"]) == {"wgmma_v1"} and r["resident"]["plain_held"] < r["packed_bytes"]
+
+
+def test_generate_e2e_tool_continuous_batching_and_sliding_window(tmp_path):
+    """--smoke on Mistral (sliding window 4 at tiny size): transformers' generate_batch times both models over every
+    request's new tokens; the compiled decode step refuses the cache that slides (recorded, not a failure); the
+    greedy tokens equal the dequantized twin's."""
+    rc = _tool().main(["--smoke", "--models", "mistral-7b", "--modes", "continuous,compiled", "--skip-memory",
+                       "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "generate_e2e.json").read_text())
+    assert rc == 0 and not res["errors"] and not res["failures"], res["errors"]
+    (speed,) = res["speed"]
+    cb = speed["modes"]["continuous"]
+    assert cb["w4a16"]["requests"] == 3 and cb["fp16"]["tokens_per_s"] > 0 and cb["w4a16"]["tokens_per_s"] > 0
+    assert cb["target"] == 1.5
+    assert cb["ratio"] == pytest.approx(cb["w4a16"]["tokens_per_s"] / cb["fp16"]["tokens_per_s"])
+    assert "mistral's sliding-window cache layers" in speed["modes"]["compiled"]["not_run"]
+    assert speed["architecture"] == "mistral" and speed["first_step"]["greedy"]["equal"]
+
+
+def test_generate_e2e_tool_counts_short_continuous_requests_as_failures(tmp_path, monkeypatch):
+    """A quantized model whose generate_batch returns fewer tokens than asked fails the run (the float one ran)."""
+    from transformers import GenerationMixin
+
+    real = GenerationMixin.generate_batch
+
+    def short(self, *a, **kw):
+        out = real(self, *a, **kw)
+        if any(isinstance(m, QuantLinear) for m in self.modules()):
+            for o in out.values():
+                o.generated_tokens = o.generated_tokens[:-1]
+        return out
+
+    monkeypatch.setattr(GenerationMixin, "generate_batch", short)
+    rc = _tool().main(["--smoke", "--models", "qwen2-7b", "--modes", "continuous", "--skip-memory",
+                       "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "generate_e2e.json").read_text())
+    assert rc == 1 and any("new tokens" in f and "asked 4" in f for f in res["failures"]), res["failures"]
+
+
+def test_generate_e2e_tool_time_budget(tmp_path):
+    """--time-budget: no model starts once it is spent; each is recorded as not run, which is no failure."""
+    rc = _tool().main(["--smoke", "--models", "qwen2-7b,gemma2-9b", "--skip-memory", "--time-budget", "1e-9",
+                       "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "generate_e2e.json").read_text())
+    assert rc == 0 and res["speed"] == [] and not res["failures"]
+    assert res["not_run"] == [f"{m}: time budget (--time-budget) spent" for m in ("qwen2-7b", "gemma2-9b")]

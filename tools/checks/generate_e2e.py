@@ -1,20 +1,30 @@
-"""End-to-end generation speed and weight memory of 7-8B Hugging Face models (random weights, real shapes), fp16
+"""End-to-end generation speed and weight memory of Hugging Face models (random weights, published shapes), fp16
 against mixgemm.quantize_, batch 1.
 
-Speed, per model (--models: "qwen2-7b", "llama3-8b"; mixgemm.integrations.hf): the fp16 model and a copy of it
-quantized with W4A16(group_size=128), both resident:
+Speed, per model (--models, mixgemm.integrations.hf.MODELS: issue 108's architectures "llama3-8b", "qwen2-7b",
+"mistral-7b" (sliding window), "mistral-nemo-12b", "gemma2-9b" (hybrid sliding cache, softcapping, tied lm_head, which
+stays float), "phi3-mini", "qwen3-8b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite" (MLA), and "qwen3-30b-a3b",
+"mixtral-8x7b"): the float model and a copy of it quantized with W4A16(group_size=128), both resident:
 * "generate": ``model.generate(ids, max_new_tokens=N, min_new_tokens=N, do_sample=False)`` with its default cache;
 * "static": the same with ``cache_implementation="static"`` (on a GPU transformers then compiles the decode
   forward itself, mode "reduce-overhead": CUDA graphs);
+* "continuous": transformers' continuous batching, ``model.generate_batch`` (paged attention) of --cb-requests
+  random prompts of --cb-prompt-len tokens to --cb-new-tokens greedy tokens each (32 x 128 + 128), transformers'
+  default settings for both models (CUDA graphs, async batching, flash attention where installed); tokens/s = all
+  requests' new tokens / wall time. Where transformers fails on the float model itself (DeepSeek-V2's MLA keys and
+  values of two widths in its paged cache), the mode is recorded "not_run" with transformers' error;
 * "compiled": mixgemm.bench.e2e.decode_tokens_per_s, the decode step under torch.compile(fullgraph=True) with CUDA
-  graphs over a static cache.
+  graphs over a static cache (mixgemm.integrations.hf.static_cache: sliding layers hold the whole run when it fits
+  the window; a run longer than the window is refused, recorded "not_run").
 A random prompt of --prompt-len tokens; each generate mode is warmed up once per model (which compiles, where it
 compiles), then the two models take turns for --repeats rounds (median; tokens/s = N / wall time, the prefill
 included, as a user sees it; eager decoding is host-bound, and the host's speed drifts between rounds). Each row
 carries the GB of the model's weights (its tensors, and for the quantized model the kernel layouts its calls built).
-With --dtype bfloat16 both models are bf16 (as transformers loads most checkpoints); the rows and ratios keep the
-tag "fp16" for the unquantized model. Ratios quantized / fp16; targets (issue 39): >= 1.0x for both generate modes,
->= 2.2x compiled.
+With --dtype bfloat16 both models are bf16 (as transformers loads most checkpoints), with the default --dtype auto the
+mixture-of-experts models are; the rows and ratios keep the tag "fp16" for the unquantized model. Ratios quantized /
+float; targets (issue 108, dense / MoE): generate >= 1.1x, static >= 2.4x / 1.8x, continuous >= 1.5x, compiled
+>= 2.2x (issue 39); and the quantized model's first --greedy-tokens (16) greedy tokens (``generate``, default cache)
+equal to its dequantized twin's. --layers L builds each model with its first L decoder layers (a GPU run in minutes).
 
 Memory, for the first model: rebuilt, quantized (W4A16 g128, then W8A8; --memory-formats), then forward passes of M
 = 1, 8, 16, 256, 4096 tokens (batch 1, no cache: every layer sees each M and builds the kernel layouts it needs).
@@ -29,18 +39,20 @@ whose layers reading one tensor run one by one (mixgemm.nn.siblings.separate_sib
 --zero-point a W4A16 g128 zero-point copy, what GPTQ / AWQ checkpoints load as (tag w4a16_zp).
 
 Checks (exit 1): no error in any phase or mode (a failed one is recorded and the rest still run), quantize_
-replaced every Linear, every generation has N new tokens, the quantized model's first-step logits (last prompt token)
-are finite and have cosine > 0.99 (W8A8: 0.95, its activations are quantized too) with its dequantized float twin's
-(mixgemm.integrations.hf.dequantized_copy). The speed and memory targets and cosine > 0.9 against the fp16 model are
-reported, enforced only with --strict.
+replaced every Linear (but a tied lm_head), every generation has N new tokens (every request of generate_batch too),
+the quantized model's first-step logits (last prompt token) are finite and have cosine > 0.99 (W8A8: 0.95, its
+activations are quantized too) with its dequantized float twin's (mixgemm.integrations.hf.dequantized_copy). The speed
+and memory targets, the greedy agreement and cosine > 0.9 against the fp16 model are reported, enforced only with
+--strict.
 
     PYTHONPATH=src python -m tools.checks.generate_e2e --out DIR [--models qwen2-7b,llama3-8b] [--new-tokens 64]
-        [--modes generate,static,compiled | --skip-compiled] [--strict]
-    PYTHONPATH=src python -m tools.checks.generate_e2e --out DIR --device cpu --tiny     (the logic, tiny shapes)
+        [--modes generate,static,continuous,compiled | --skip-compiled] [--layers L] [--strict]
+    PYTHONPATH=src python -m tools.checks.generate_e2e --out DIR --smoke    (the logic on the CPU, tiny shapes)
 
 Prints a table, writes DIR/generate_e2e.json (rewritten after every measurement: a run cut short keeps what it had).
 Runtime is mostly compilation: "static" and "compiled" each compile the whole model once per precision (tens of
-seconds each for a 7-8B model); --skip-compiled, --modes or one model per call keep a run short. GPU memory at its peak:
+seconds each for a 7-8B model); --skip-compiled, --modes, --layers or fewer models per call keep a run short, and
+--time-budget S starts no model or mode after S seconds (each recorded as not run). GPU memory at its peak:
 the fp16 model, the quantized copy and, for the first-step check, its dequantized fp16 twin (about 38 GB for an 8B
 model).
 """
@@ -61,12 +73,15 @@ from pathlib import Path
 import torch
 
 import mixgemm
+from mixgemm.integrations.hf import TINY_TWINS, SlidingCacheError
 from mixgemm.nn.linear import QuantLinear
 
-MODES = ("generate", "static", "compiled")
+MODES = ("generate", "static", "continuous", "compiled")
 # the memory sweep's formats (W4A16 with the usual group of 128; the int8 ones per channel)
 MEMORY_FORMATS = {"W4A16": lambda: mixgemm.W4A16(group_size=128), "W8A16": mixgemm.W8A16, "W8A8": mixgemm.W8A8}
-TARGETS = {"generate": 1.0, "static": 1.0, "compiled": 2.2}
+# quantized / float tokens/s per mode, dense and MoE models (issue 108; "compiled": issue 39)
+TARGETS = {"generate": (1.1, 1.1), "static": (2.4, 1.8), "continuous": (1.5, 1.5), "compiled": (2.2, 2.2)}
+GREEDY_TOKENS = 16  # greedy tokens of the quantized model that must equal its dequantized twin's
 MEMORY_MS = (1, 8, 16, 256, 4096)
 COMPACT = "+compact"  # a memory format ending in it: quantize_(compact=False), then mixgemm.compact_
 PLAIN = "+plain"  # a memory format ending in it: quantize_(compact=False), the plain codes and kernel layouts kept
@@ -80,8 +95,7 @@ MIN_COSINE_DEQUANTIZED = {"weight-only": 0.99, "activation-quantized": 0.95}
 MIN_COSINE_FP16 = 0.9
 PACKED_BUFFERS = ("qweight", "scales", "zeros", "offsets", "input_perm")
 # --tiny: the same architectures at CPU sizes; hidden 128 so that every K holds a group of 128
-TINY_NAMES = {"qwen2-7b": "tiny-qwen2", "llama3-8b": "tiny-llama", "qwen3-30b-a3b": "tiny-qwen3-moe",
-              "mixtral-8x7b": "tiny-mixtral"}
+TINY_NAMES = TINY_TWINS
 TINY_OVERRIDES = dict(hidden_size=128, intermediate_size=256)
 
 
@@ -102,6 +116,16 @@ class Settings:
     separate: bool = False  # speed: also a copy whose sibling layers (q / k / v, gate / up) run one by one
     zero_point: bool = False  # speed: also a W4A16 g128 zero-point copy (GPTQ / AWQ checkpoints' format)
     layers: int = 0  # the models' first `layers` decoder layers only (0: all; MoE models whose fp16 copy is too big)
+    moe_dtype: torch.dtype | None = None  # --dtype auto: MoE models in this dtype (bf16), the rest in ``dtype``
+    cb_requests: int = 32  # continuous mode: requests, each of cb_prompt_len random tokens and cb_new_tokens new ones
+    cb_prompt_len: int = 128
+    cb_new_tokens: int = 128
+    greedy_tokens: int = GREEDY_TOKENS
+    cb_attention: str = ""  # continuous mode: an attn_implementation set on both models for it ("": the models' own)
+    deadline: float = 0.0  # time.perf_counter() after which no model or mode starts (0: none; --time-budget)
+
+    def out_of_time(self) -> bool:
+        return bool(self.deadline) and time.perf_counter() > self.deadline
 
     @property
     def cuda(self) -> bool:
@@ -119,7 +143,10 @@ def settings_from(ap: argparse.ArgumentParser, args: argparse.Namespace, modes: 
         ap.error(f"unknown model / mode {unknown}; models: {sorted(TINY_NAMES)}, modes: {known_modes}")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda needs a CUDA GPU (use --device cpu --tiny for the logic)")
-    dtype = getattr(torch, getattr(args, "dtype", "float16")) if args.device == "cuda" else torch.float32
+    name = getattr(args, "dtype", "float16")
+    dtype = getattr(torch, "float16" if name == "auto" else name) if args.device == "cuda" else torch.float32
+    if name == "auto" and args.device == "cuda":
+        extra["moe_dtype"] = torch.bfloat16
     return models, Settings(device=args.device, dtype=dtype,
                             tiny=args.tiny, new_tokens=args.new_tokens, prompt_len=args.prompt_len,
                             repeats=args.repeats, warmup=args.warmup, seed=args.seed, **extra)
@@ -142,7 +169,12 @@ def build(name: str, s: Settings):
 
     cut = {"num_hidden_layers": s.layers} if s.layers else {}
     cfg = model_config(TINY_NAMES[name], **TINY_OVERRIDES, **cut) if s.tiny else model_config(name, **cut)
-    return random_model(cfg, dtype=s.dtype, device=s.device, seed=s.seed)
+    dtype = s.moe_dtype if s.moe_dtype is not None and is_moe(cfg) else s.dtype
+    return random_model(cfg, dtype=dtype, device=s.device, seed=s.seed)
+
+
+def is_moe(config) -> bool:
+    return any(getattr(config, f, None) for f in ("num_experts", "n_routed_experts", "num_local_experts"))
 
 
 def prompt(model, s: Settings) -> torch.Tensor:
@@ -156,34 +188,50 @@ def last_logits(model, ids) -> torch.Tensor:
 
 
 def quantize(model, config, compact: bool = True) -> dict:
-    """quantize_ in place; every Linear must be replaced (else the comparison would not be the one asked for)."""
+    """quantize_ in place; every Linear must be replaced (else the comparison would not be the one asked for), but an
+    lm_head tied to the embeddings (Gemma-2), which quantize_ leaves float as it does for a user."""
     t0 = time.perf_counter()
     report = mixgemm.quantize_(model, config, compact=compact)
     if hasattr(model, "_compiled_call"):  # transformers' compiled forward (static-cache generate) saw the fp16 layers
         del model._compiled_call
-    if report.skipped:
-        raise RuntimeError(f"quantize_ {config.name} left layers unquantized: {report.skipped}")
-    return {"replaced": len(report.replaced), "quantize_s": time.perf_counter() - t0}
+    untied = {name: why for name, why in report.skipped.items() if "tied" not in why}
+    if untied:
+        raise RuntimeError(f"quantize_ {config.name} left layers unquantized: {untied}")
+    return {"replaced": len(report.replaced), "quantize_s": time.perf_counter() - t0,
+            "tied_float": sorted(report.skipped)}
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
 
 
-def first_step(model, ids, fp16_logits: torch.Tensor, config, s: Settings) -> dict:
+def first_step(model, ids, fp16_logits: torch.Tensor, config, s: Settings, greedy_tokens: int = 0) -> dict:
     """The quantized model's logits of the last prompt token against the fp16 model's (quantization error and all)
-    and against its dequantized float twin's (the same weights: what the kernels must reproduce)."""
+    and against its dequantized float twin's (the same weights: what the kernels must reproduce); with
+    ``greedy_tokens``, also both models' greedy tokens of a default-cache ``generate`` ("greedy")."""
     from mixgemm.integrations.hf import dequantized_copy
 
     got = last_logits(model, ids)
     twin = dequantized_copy(model)
     want = last_logits(twin, ids)
+    greedy = greedy_agreement(model, twin, ids, greedy_tokens) if greedy_tokens else None
     del twin
     free_memory(s)
     kind = "activation-quantized" if config.activation_quantized else "weight-only"
     return {"cosine": cosine(fp16_logits, got), "cosine_dequantized": cosine(want, got),
-            "min_cosine_dequantized": MIN_COSINE_DEQUANTIZED[kind],
+            "min_cosine_dequantized": MIN_COSINE_DEQUANTIZED[kind], "greedy": greedy,
             "finite": bool(torch.isfinite(got).all()), "argmax_equal": int(fp16_logits.argmax()) == int(got.argmax())}
+
+
+@torch.no_grad()
+def greedy_agreement(model, twin, ids, n: int) -> dict:
+    """The first ``n`` greedy tokens of ``model`` and of its dequantized ``twin`` (``generate``, default cache)."""
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                  pad_token_id=0)
+    got, want = (m.generate(ids, **kwargs)[0, ids.shape[1]:].tolist() for m in (model, twin))
+    differ = [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b]
+    return {"tokens": n, "equal": got == want, "first_difference": differ[0] if differ else None,
+            "quantized": got, "dequantized": want}
 
 
 @torch.no_grad()
@@ -230,12 +278,103 @@ def time_compiled(model, s: Settings) -> dict:
     return {**r, "mode": mode, "backend": backend}
 
 
+def cb_requests(vocab: int, s: Settings) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(s.seed + 3)
+    return torch.randint(0, vocab, (s.cb_requests, s.cb_prompt_len), generator=gen).tolist()
+
+
+@torch.no_grad()
+def generate_batch_once(model, requests: list[list[int]], s: Settings) -> float:
+    """Seconds of one transformers continuous-batching ``generate_batch`` (paged attention) of ``requests``, each
+    to s.cb_new_tokens greedy tokens, with transformers' default settings (on a GPU: CUDA graphs, async batching,
+    a flash attention where one is installed, the cache sized from the free memory); the CPU smoke sizes the cache
+    for the requests (transformers sizes it from the host's memory there, which takes a minute)."""
+    import logging
+
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=s.cb_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    kwargs = {}
+    if not s.cuda:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        page = 16
+        blocks = len(requests) * -(-(s.cb_prompt_len + s.cb_new_tokens) // page) + 2
+        kwargs = dict(warmup=False, continuous_batching_config=ContinuousBatchingConfig(
+            page_size=page, num_blocks=blocks, max_batch_tokens=4 * page))
+    errors = []  # the batching loop logs its errors and returns the requests unfinished
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            errors.append(record.getMessage())
+
+    handler = Collect(level=logging.ERROR)
+    logger = logging.getLogger("ContinuousBatchingLogger")
+    logger.addHandler(handler)
+    own_attention = model.config._attn_implementation
+    if s.cb_attention:
+        model.set_attn_implementation(s.cb_attention)
+    try:
+        t0 = time.perf_counter()
+        out = model.generate_batch(inputs=requests, generation_config=cfg, progress_bar=False, **kwargs)
+        sync(s)
+        sec = time.perf_counter() - t0
+    finally:
+        logger.removeHandler(handler)
+        if s.cb_attention:
+            model.set_attn_implementation(own_attention)
+    short = {rid: len(o.generated_tokens) for rid, o in out.items() if len(o.generated_tokens) != s.cb_new_tokens}
+    if len(out) != len(requests) or short:
+        raise RuntimeError(f"generate_batch finished {len(out)} of {len(requests)} requests, new tokens "
+                           f"{short or '-'} (asked {s.cb_new_tokens}); transformers logged: {errors[:3]}")
+    return sec
+
+
+@torch.no_grad()
+def warm_kernels(model, s: Settings) -> None:
+    """Forward passes of the token counts continuous batching runs the layers at (one decoding token, one per
+    request, a prompt), eager and without a cache."""
+    for m in (1, s.cb_requests, s.cb_prompt_len):
+        model(torch.zeros(1, m, dtype=torch.long, device=s.device), use_cache=False)
+    sync(s)
+
+
+class FloatModelFails(RuntimeError):
+    """transformers fails on the float model itself in this mode (e.g. continuous batching on DeepSeek-V2's MLA):
+    nothing of mixgemm's to measure."""
+
+
+def time_continuous(models: dict, s: Settings) -> dict[str, dict]:
+    """tokens/s (every request's new tokens over the wall time) of each model's ``generate_batch`` of the same
+    requests: a warm-up call each (which captures transformers' CUDA graphs), then s.repeats rounds in turns."""
+    float_model = models["fp16"]
+    requests = cb_requests(float_model.config.vocab_size, s)
+    for model in models.values():  # the kernels compile (and build their layouts) before transformers captures graphs
+        warm_kernels(model, s)
+    try:
+        out = {"fp16": {"warmup_s": generate_batch_once(float_model, requests, s), "runs_s": []}}
+    except RuntimeError as e:
+        raise FloatModelFails(f"transformers' continuous batching fails on the float {float_model.config.model_type} "
+                              f"model itself: {e}") from e
+    out.update({tag: {"warmup_s": generate_batch_once(model, requests, s), "runs_s": []}
+                for tag, model in models.items() if tag != "fp16"})
+    for _ in range(s.repeats):
+        for tag, model in models.items():
+            out[tag]["runs_s"].append(generate_batch_once(model, requests, s))
+    for tag in models:
+        sec = statistics.median(out[tag]["runs_s"])
+        out[tag].update(tokens_per_s=len(requests) * s.cb_new_tokens / sec, s=sec, requests=len(requests))
+    return out
+
+
 def run_mode(mode: str, models: dict, ids, s: Settings) -> dict[str, dict]:
-    """Each model's tokens/s in ``mode``: the generate modes in turns (time_generate), "compiled" one model after
-    the other (each compiles afresh); with the weight GB each model holds."""
+    """Each model's tokens/s in ``mode``: the generate modes in turns (time_generate, time_continuous), "compiled"
+    one model after the other (each compiles afresh); with the weight GB each model holds."""
     free_memory(s)
     if mode == "compiled":
         out = {tag: time_compiled(model, s) for tag, model in models.items()}
+    elif mode == "continuous":
+        out = time_continuous(models, s)
     else:
         out = time_generate(models, ids, s, static=mode == "static")
     for tag, model in models.items():
@@ -249,6 +388,10 @@ def speed(res: dict, modes, s: Settings, log):
     name = res["model"]
     res["modes"] = {m: {} for m in modes}
     models = {"fp16": build(name, s)}
+    res["architecture"] = models["fp16"].config.model_type
+    res["decoder_layers"] = models["fp16"].config.num_hidden_layers
+    res["moe"] = moe = is_moe(models["fp16"].config)
+    res["dtype"] = str(next(models["fp16"].parameters()).dtype).removeprefix("torch.")
     # MoE models: the experts implementation transformers runs the float experts with (the quantized ones run
     # mixgemm.nn.experts' per-expert layers)
     res["experts_implementation"] = getattr(models["fp16"].config, "_experts_implementation", None)
@@ -270,20 +413,31 @@ def speed(res: dict, modes, s: Settings, log):
         models["w4a16_zp"] = copy.deepcopy(models["fp16"])
         quantize(models["w4a16_zp"], mixgemm.W4A16(group_size=128, mode="zero_point"))
     free_memory(s)
-    f = res["first_step"] = first_step(models["w4a16"], ids, ref, config, s)
+    f = res["first_step"] = first_step(models["w4a16"], ids, ref, config, s, s.greedy_tokens)
+    g = f["greedy"]
     log(f"{name}: W4A16 g128 first-step logits cosine {f['cosine']:.4f} vs fp16, "
-        f"{f['cosine_dequantized']:.5f} vs the dequantized twin")
+        f"{f['cosine_dequantized']:.5f} vs the dequantized twin; greedy tokens equal to the twin's for "
+        f"{g['first_difference'] if g['first_difference'] is not None else g['tokens']} of {g['tokens']}")
     for mode in modes:
+        if s.out_of_time():
+            res["modes"][mode] = {"not_run": "time budget (--time-budget) spent"}
+            log(f"{name} {mode}: not run (time budget)")
+            continue
         try:
             r = run_mode(mode, models, ids, s)
+        except (SlidingCacheError, FloatModelFails) as e:  # a refusal, or transformers' own limit: recorded as such
+            res["modes"][mode] = {"not_run": str(e)}
+            log(f"{name} {mode}: not run: {e}")
+            free_memory(s)
+            continue
         except Exception:  # one mode failing (a compile error, say) leaves the others to run
             res.setdefault("errors", {})[mode] = err = traceback.format_exc()
             log(f"{name} {mode}: ERROR\n{err}")
             free_memory(s)
             continue
         m = res["modes"][mode]
-        m.update(r, ratio=r["w4a16"]["tokens_per_s"] / r["fp16"]["tokens_per_s"], target=TARGETS[mode])
-        m["meets"] = m["ratio"] >= TARGETS[mode]
+        m.update(r, ratio=r["w4a16"]["tokens_per_s"] / r["fp16"]["tokens_per_s"], target=TARGETS[mode][moe])
+        m["meets"] = m["ratio"] >= m["target"]
         how = " (transformers compiled the decode forward)" if r["w4a16"].get("auto_compiled") else ""
         for tag in r:
             log(f"{name} {tag:5s} {mode:8s}: {r[tag]['tokens_per_s']:8.1f} tok/s  weights "
@@ -384,6 +538,9 @@ def misses(results: dict) -> list[str]:
             f"{MEMORY_TARGET}x packed" for r in results["memory"] if r.get("meets") is False]
     out += [f"{what}: first-step logits cosine {f['cosine']:.4f} vs fp16 <= {MIN_COSINE_FP16}"
             for what, f in first_steps(results) if not f["cosine"] > MIN_COSINE_FP16]
+    out += [f"{what}: greedy tokens differ from the dequantized twin's at token {f['greedy']['first_difference']} "
+            f"of {f['greedy']['tokens']}" for what, f in first_steps(results) if f.get("greedy")
+            and not f["greedy"]["equal"]]
     return out
 
 
@@ -395,12 +552,25 @@ def table(results: dict) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for r in results["speed"]:
         for mode, m in r.get("modes", {}).items():
+            if "not_run" in m:
+                lines.append(f"| {r['model']} | {mode} | not run: {m['not_run'][:150]} |  |  |  |  |  |")
             if "ratio" not in m:
                 continue
             f, q = m["fp16"], m["w4a16"]
             lines.append(f"| {r['model']} | {mode} | {f['tokens_per_s']:.1f} | {gb(f['weight_gb'])} | "
                          f"{q['tokens_per_s']:.1f} | {gb(q['weight_gb'])} | {m['ratio']:.2f} | "
                          f">= {m['target']} {'ok' if m['meets'] else 'MISS'} |")
+    lines += ["", "| model | architecture | decoder layers | dtype | layers quantized | greedy tokens = dequantized "
+              "twin's | first-step cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
+    for r in results["speed"]:
+        f = r.get("first_step")
+        if f is None:
+            continue
+        g = f["greedy"]
+        same = "yes" if g["equal"] else f"no (token {g['first_difference']})"
+        lines.append(f"| {r['model']} | {r['architecture']} | {r['decoder_layers']} | {r['dtype']} | "
+                     f"{r['quantize']['replaced']} | "
+                     f"{same}, {g['tokens']} tokens | {f['cosine']:.4f} / {f['cosine_dequantized']:.5f} |")
     lines += ["", "| model | format | packed MB | resident / packed | cuda-held / packed | allocated after sweep GB |"
               " cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
     for r in results["memory"]:
@@ -437,8 +607,23 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=0,
                     help="build the models with only their first N decoder layers (0: all), e.g. an MoE model whose "
                          "fp16 copy, quantized copy and dequantized twin would not fit the GPU together")
-    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"],
-                    help="the models' float dtype on the GPU (the rows tagged fp16 are the unquantized model in it)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float16", "bfloat16"],
+                    help="the models' float dtype on the GPU (the rows tagged fp16 are the unquantized model in it); "
+                         "auto: float16, mixture-of-experts models bfloat16")
+    ap.add_argument("--cb-requests", type=int, default=32, help="continuous mode: requests per generate_batch")
+    ap.add_argument("--cb-prompt-len", type=int, default=128, help="continuous mode: prompt tokens per request")
+    ap.add_argument("--cb-new-tokens", type=int, default=128, help="continuous mode: new tokens per request")
+    ap.add_argument("--cb-attention", default="",
+                    help="continuous mode: an attn_implementation for both models (e.g. flash_attention_2, "
+                         "paged|sdpa); default: the models' own, which transformers switches to a flash one where "
+                         "installed")
+    ap.add_argument("--greedy-tokens", type=int, default=GREEDY_TOKENS,
+                    help="greedy tokens the quantized model must share with its dequantized twin")
+    ap.add_argument("--time-budget", type=float, default=0,
+                    help="seconds after which no model or mode starts (recorded as not run; 0: no budget)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the whole run on the CPU at tiny sizes: --device cpu --tiny, 3 new tokens of a 5-token "
+                         "prompt, 3 continuous requests of 8 + 4 tokens, 4 greedy tokens, memory M = 1, 16")
     ap.add_argument("--plain", action="store_true",
                     help="also time a quantize_(compact=False) copy of the W4A16 model (the plain codes and each "
                          "kernel's layout, against the default one resident layout per weight)")
@@ -447,10 +632,18 @@ def main(argv=None) -> int:
     ap.add_argument("--zero-point", action="store_true",
                     help="also time a W4A16 g128 zero-point copy (the format GPTQ / AWQ checkpoints load as)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.device, args.tiny, args.new_tokens, args.prompt_len, args.warmup = "cpu", True, 3, 5, 1
+        args.cb_requests, args.cb_prompt_len, args.cb_new_tokens, args.greedy_tokens = 3, 8, 4, 4
+        args.memory_ms = "1,16"
     modes = [m for m in args.modes.split(",") if m and not (args.skip_compiled and m == "compiled")]
     models, s = settings_from(ap, args, modes, MODES, memory_ms=tuple(int(m) for m in args.memory_ms.split(",")),
                               plain=args.plain, separate=args.separate, zero_point=args.zero_point,
-                              compiled_repeats=args.compiled_repeats, layers=args.layers)
+                              compiled_repeats=args.compiled_repeats, layers=args.layers,
+                              cb_requests=args.cb_requests, cb_prompt_len=args.cb_prompt_len,
+                              cb_new_tokens=args.cb_new_tokens, greedy_tokens=args.greedy_tokens,
+                              cb_attention=args.cb_attention,
+                              deadline=time.perf_counter() + args.time_budget if args.time_budget else 0.0)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -487,6 +680,10 @@ def main(argv=None) -> int:
 
     if modes:
         for name in models:
+            if s.out_of_time():
+                results["not_run"] = [*results.get("not_run", []), f"{name}: time budget (--time-budget) spent"]
+                log(f"{name}: not run (time budget)")
+                continue
             results["speed"].append(res := {"model": name})
             phase(f"speed {name}", speed, res, modes, s, log_and_save)
     formats = [f for f in args.memory_formats.split(",") if f]
@@ -505,6 +702,8 @@ def main(argv=None) -> int:
     results["failures"], results["missed_targets"] = bad, missed
     save()
     print(table(results))
+    for line in results.get("not_run", []):
+        print(f"not run: {line}")
     for line in missed:
         print(f"target missed: {line}")
     for line in bad:

@@ -27,7 +27,7 @@ def decode_tokens_per_s(model, batch: int, prompt_len: int, warmup: int, steps: 
     loop's in "runs_tokens_per_s"); with ``kernel_steps`` (CUDA), also the GPU kernels of
     that many more steps under torch.profiler (mixgemm.bench.kernel_profile): "kernels" (per step, largest first) and
     "gpu_us_per_step"."""
-    from mixgemm.integrations.hf import decode_step, static_cache
+    from mixgemm.integrations.hf import check_compilable_cache, decode_step, static_cache
 
     torch._dynamo.reset()  # a fresh compile per (model, batch): stays clear of the recompile limit
     dev = next(model.parameters()).device
@@ -36,6 +36,7 @@ def decode_tokens_per_s(model, batch: int, prompt_len: int, warmup: int, steps: 
     profiled = kernel_steps + 1 if kernel_steps and dev.type == "cuda" else 0  # (+ its compile step)
     # (the cache holds every token a step writes: it counts them, so a step past its end fails on the GPU)
     cache = static_cache(model, batch, prompt_len + 1 + warmup + steps * repeats + profiled)
+    check_compilable_cache(model, cache)  # (a sliding window shorter than the run: refused before any work)
     eager = decode_step(model)
     t0 = time.perf_counter()
     with torch.no_grad():

@@ -1,5 +1,6 @@
-"""Hugging Face transformers helpers: Llama / Qwen2 configs with random weights, the dequantized-float twin of a
-quantized model, and a greedy decode loop over a static KV cache (eager or torch.compile'd).
+"""Hugging Face transformers helpers: configs of published models (Llama, Qwen2 / Qwen3, Mistral, Gemma-2, Phi-3 and
+mixture-of-experts ones) with random weights, the dequantized-float twin of a quantized model, and a greedy decode loop
+over a static KV cache (eager or torch.compile'd; a compiled step refuses a cache that slides).
 
 Needs ``transformers`` (imported lazily, so that mixgemm itself does not depend on it).
 """
@@ -39,17 +40,81 @@ MIXTRAL_8X7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                     num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
                     max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
 TINY_MOE = dict(TINY, num_experts=4, num_local_experts=4, moe_intermediate_size=128, num_experts_per_tok=2)
+# The other architectures of issue 108's list, their published config.json sizes. Mistral-7B-v0.1 (sliding window
+# 4096); Mistral-Nemo-Base-2407 (head_dim 128 != hidden / heads; no sliding window); Gemma-2-9B (sliding window on
+# every other layer, attention and final logit softcapping, embeddings tied to the lm_head); Phi-3-mini-4k (fused
+# qkv_proj / gate_up_proj, sliding window 2047); Qwen3-8B (q / k norms); Qwen1.5-MoE-A2.7B (60 experts of width 1408,
+# 4 per token, a gated shared expert of width 5632); DeepSeek-V2-Lite (MLA: kv_lora_rank 512, no q_lora; 64 routed
+# experts of width 1408, 6 per token, 2 shared; layer 0 dense; its yarn rope scaling left out: no size changes).
+MISTRAL_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+                  rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=4096, tie_word_embeddings=False)
+MISTRAL_NEMO_12B = dict(vocab_size=131072, hidden_size=5120, intermediate_size=14336, num_hidden_layers=40,
+                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=1024000,
+                        rope_theta=1000000.0, rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False)
+GEMMA2_9B = dict(vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256,
+                 max_position_embeddings=8192, rope_theta=10000.0, rms_norm_eps=1e-6, sliding_window=4096,
+                 attn_logit_softcapping=50.0, final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh",
+                 tie_word_embeddings=True)
+PHI3_MINI = dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                 original_max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=2047,
+                 tie_word_embeddings=False)
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+QWEN1_5_MOE_A2_7B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=1408,
+                         shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                         norm_topk_prob=False, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+                         max_position_embeddings=8192, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                         tie_word_embeddings=False)
+DEEPSEEK_V2_LITE = dict(vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+                        num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, n_routed_experts=64,
+                        n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1, kv_lora_rank=512,
+                        q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, head_dim=64,
+                        topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0,
+                        max_position_embeddings=163840, rope_theta=10000.0, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False)
+# Their tiny CPU twins: every in_features a multiple of 128 (W4A16 g128 fits), windows short enough to slide
+TINY_128 = dict(TINY, hidden_size=128, intermediate_size=256, head_dim=32)
+TINY_ARCHS = {
+    "tiny-mistral": dict(TINY_128, sliding_window=4),
+    "tiny-mistral-nemo": dict(TINY_128, head_dim=64, sliding_window=None),  # heads x head_dim != hidden
+    "tiny-gemma2": dict(TINY_128, query_pre_attn_scalar=32, sliding_window=4, attn_logit_softcapping=50.0,
+                        final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
+    "tiny-phi3": dict(TINY_128, num_key_value_heads=4, sliding_window=5, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2),
+    "tiny-qwen3": TINY_128,
+    "tiny-qwen1.5-moe": dict(TINY_128, moe_intermediate_size=128, shared_expert_intermediate_size=256, num_experts=4,
+                             num_experts_per_tok=2, norm_topk_prob=False),
+    "tiny-deepseek-v2": dict(TINY_128, num_key_value_heads=4, moe_intermediate_size=128, n_routed_experts=4,
+                             n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=128,
+                             q_lora_rank=None, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, head_dim=16,
+                             topk_method="greedy", norm_topk_prob=False),
+}
 MODELS = {"llama3-8b": LLAMA3_8B, "tiny-llama": TINY, "qwen2-7b": QWEN2_7B, "qwen2.5-1.5b": QWEN2_5_1_5B,
           "tiny-qwen2": TINY, "qwen3-30b-a3b": QWEN3_30B_A3B, "mixtral-8x7b": MIXTRAL_8X7B,
-          "tiny-qwen3-moe": TINY_MOE, "tiny-mixtral": TINY_MOE}
+          "tiny-qwen3-moe": TINY_MOE, "tiny-mixtral": TINY_MOE, "mistral-7b": MISTRAL_7B,
+          "mistral-nemo-12b": MISTRAL_NEMO_12B, "gemma2-9b": GEMMA2_9B, "phi3-mini": PHI3_MINI, "qwen3-8b": QWEN3_8B,
+          "qwen1.5-moe-a2.7b": QWEN1_5_MOE_A2_7B, "deepseek-v2-lite": DEEPSEEK_V2_LITE, **TINY_ARCHS}
 # transformers model_type of each entry (the rest are "llama")
 ARCHITECTURES = {"qwen2-7b": "qwen2", "qwen2.5-1.5b": "qwen2", "tiny-qwen2": "qwen2", "qwen3-30b-a3b": "qwen3_moe",
-                 "tiny-qwen3-moe": "qwen3_moe", "mixtral-8x7b": "mixtral", "tiny-mixtral": "mixtral"}
+                 "tiny-qwen3-moe": "qwen3_moe", "mixtral-8x7b": "mixtral", "tiny-mixtral": "mixtral",
+                 "mistral-7b": "mistral", "tiny-mistral": "mistral", "mistral-nemo-12b": "mistral",
+                 "tiny-mistral-nemo": "mistral", "gemma2-9b": "gemma2", "tiny-gemma2": "gemma2", "phi3-mini": "phi3",
+                 "tiny-phi3": "phi3", "qwen3-8b": "qwen3", "tiny-qwen3": "qwen3", "qwen1.5-moe-a2.7b": "qwen2_moe",
+                 "tiny-qwen1.5-moe": "qwen2_moe", "deepseek-v2-lite": "deepseek_v2", "tiny-deepseek-v2": "deepseek_v2"}
+# the tiny CPU twin of each full-size model
+TINY_TWINS = {"llama3-8b": "tiny-llama", "qwen2-7b": "tiny-qwen2", "qwen3-30b-a3b": "tiny-qwen3-moe",
+              "mixtral-8x7b": "tiny-mixtral", "mistral-7b": "tiny-mistral", "mistral-nemo-12b": "tiny-mistral-nemo",
+              "gemma2-9b": "tiny-gemma2", "phi3-mini": "tiny-phi3", "qwen3-8b": "tiny-qwen3",
+              "qwen1.5-moe-a2.7b": "tiny-qwen1.5-moe", "deepseek-v2-lite": "tiny-deepseek-v2"}
 
 
 def model_config(name: str = "tiny-llama", **overrides):
-    """A transformers config (LlamaConfig or Qwen2Config, ARCHITECTURES) with ``name``'s shapes (MODELS), fields
-    overridable."""
+    """A transformers config of ``name``'s architecture (ARCHITECTURES: model types, "llama" where absent) with its
+    shapes (MODELS), fields overridable."""
     from transformers import AutoConfig
 
     if name not in MODELS:
@@ -112,10 +177,36 @@ def dequantized_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.M
     return twin
 
 
-def static_cache(model, batch: int, max_len: int):
-    from transformers import StaticCache
+def sliding_window(model) -> int | None:
+    """The attention window of ``model``'s sliding layers (Mistral, Gemma-2, Phi-3...), None without one."""
+    cfg = model.config.get_text_config()
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if not window or (types is not None and "sliding_attention" not in types) or getattr(
+            cfg, "use_sliding_window", True) is False:
+        return None
+    return int(window)
 
-    return StaticCache(config=model.config, max_cache_len=max_len)
+
+def static_cache(model, batch: int, max_len: int):
+    """transformers' StaticCache of ``max_len`` tokens for ``model``. Where every token fits the sliding window
+    (max_len <= the window), the sliding layers are plain static layers: they hold the same keys, and their update
+    reads no Python counter (a sliding layer's position count, which a compiled step would recompile on at every
+    token)."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    cache = StaticCache(config=model.config, max_cache_len=max_len)
+    window = sliding_window(model)
+    if window is not None and max_len <= window:
+        cache.layers = [StaticLayer(max_cache_len=max_len) if getattr(layer, "is_sliding", False) else layer
+                        for layer in cache.layers]
+    return cache
+
+
+def sliding_layers(cache) -> list[int]:
+    """The indices of ``cache``'s layers that slide (keep the last window tokens only)."""
+    return [i for i, layer in enumerate(getattr(cache, "layers", ())) if getattr(layer, "is_sliding", False)]
 
 
 @torch.no_grad()
@@ -153,8 +244,32 @@ def decode_step(model):
     return step
 
 
-def compiled_step(model, mode: str | None = None, fullgraph: bool = True):
+def compiled_step(model, mode: str | None = None, fullgraph: bool = True, backend: str = "inductor"):
     """decode_step(model) under torch.compile(fullgraph=True, dynamic=False); ``mode="reduce-overhead"``
     adds CUDA graphs on a GPU. Run one eager decode step first on a GPU, so that the kernels compile and
-    their weight layouts are built outside the graphs' memory pool."""
-    return torch.compile(decode_step(model), fullgraph=fullgraph, dynamic=False, mode=mode)
+    their weight layouts are built outside the graphs' memory pool. The cache it is called with must not slide
+    (static_cache with max_len <= the model's sliding window): a sliding layer counts positions in a Python int, on
+    which every step would compile afresh; the step refuses such a cache (ValueError)."""
+    compiled = torch.compile(decode_step(model), fullgraph=fullgraph, dynamic=False, mode=mode, backend=backend)
+
+    def step(tok, pos, cache):
+        check_compilable_cache(model, cache)
+        return compiled(tok, pos, cache)
+
+    return step
+
+
+class SlidingCacheError(ValueError):
+    """A compiled decode step was handed a cache whose layers slide."""
+
+
+def check_compilable_cache(model, cache) -> None:
+    """SlidingCacheError (a ValueError) naming the architecture where ``cache`` has layers that slide (a compiled
+    decode step would recompile at every token on them)."""
+    sliding = sliding_layers(cache)
+    if sliding:
+        raise SlidingCacheError(
+            f"a compiled decode step cannot run {model.config.model_type}'s sliding-window cache layers {sliding} "
+            f"(window {sliding_window(model)} tokens, shorter than the cache): each step would recompile. Use a "
+            f"cache of at most the window (mixgemm.integrations.hf.static_cache), the eager step (decode_step), or "
+            f"model.generate(cache_implementation='static')")
