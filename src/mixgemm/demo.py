@@ -16,8 +16,8 @@ import torch
 
 from mixgemm import reference
 from mixgemm.formats import QuantConfig, dequantize_weight, quantize_weight
-from mixgemm.kernels.explain import explain
 from mixgemm.ops import matmul
+from mixgemm.ops.explain import explain
 
 FORMATS = {
     "W4A16 g128 sym": QuantConfig(bits=4, group_size=128, mode="sym"),
