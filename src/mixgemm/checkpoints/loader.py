@@ -39,7 +39,7 @@ class LoadReport:
     """What from_pretrained did: ``source`` (the format read), ``quantized`` (layer names, with ``inexact``
     the ones whose weights are a re-quantization, e.g. GGUF Q6_K), ``skipped`` ({name: why} for Linears left float),
     ``ignored`` (checkpoint tensors that the model has no place for), ``perm_folded`` (act-order down
-    projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm) and
+    projections whose input permutation went into their MLP's gate / up rows, mixgemm.nn.fold_perm) and
     ``perm_at_norms`` (act-order layers whose input the norm before them gathers under torch.compile,
     mixgemm.nn.norms), ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
     kernel computes on CUDA), ``sibling_groups`` (the layers reading one tensor that compiled one-row calls run as
