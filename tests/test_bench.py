@@ -95,6 +95,9 @@ def test_method_selection():
             "torch._int_mm", "gemlite W4 g128", "gemlite A8W8"} <= set(names)
     cpu = [m.name for m in select(meths, None, "cpu")]
     assert cpu == ["mixgemm W4A16 g128", "mixgemm W8A16 per-channel", BASELINE_CPU]
+    # the CPU defaults take torch's linear in the activation dtype as the baseline (like with like)
+    assert [m.name for m in select(meths, None, "cpu", dtype=torch.bfloat16)][-1] == "bf16 torch"
+    assert [m.name for m in select(meths, None, "cpu", dtype=torch.float16)][-1] == "fp16 torch"
     gpu_quick = [m.name for m in select(meths, None, "cuda", quick=True)]
     assert "gemlite W8" not in gpu_quick and "gemlite W8" in [m.name for m in select(meths, None, "cuda")]
     assert [m.name for m in select(meths, "tinygemm W4 g128", "cuda")] == ["tinygemm W4 g128"]
@@ -133,7 +136,7 @@ def test_compact_method_times_the_resident_layout_only():
 def cpu_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
     rc = mixgemm_main(["bench", "--device", "cpu", "--shapes", "256x384", "-m", "1", "3", "--out", str(d),
-                       "--csv", "--no-progress"])
+                       "--csv", "--no-progress", "--dtype", "fp32"])
     return rc, str(d / "cpu" / "cpu")  # OUT/<gpu folder>/<suite>: a CPU run is cpu/cpu
 
 
@@ -166,6 +169,31 @@ def test_cli_cpu_path_writes_json_csv_md(cpu_run, capsys):
     md = Path(prefix + ".md").read_text()
     assert "| K x N | M | mixgemm" in md and "256x384" in md
     assert "W4 floor" not in md and "% floor" not in md  # GPU-only columns are left out of a CPU run
+
+
+def test_cli_cpu_honours_dtype_and_defaults_to_bf16(tmp_path, capsys):
+    """A CPU run's activations are --dtype's (bf16 when not given: torch's int4 / int8 CPU kernels take it), beside
+    torch's linear in that same dtype; no speed-up prints as 0.00x."""
+    for flag, dtype, baseline in ((["--dtype", "bf16"], "bfloat16", "bf16 torch"), ([], "bfloat16", "bf16 torch"),
+                                  (["--dtype", "fp16"], "float16", "fp16 torch")):
+        d = tmp_path / (flag[-1] if flag else "default")
+        assert mixgemm_main(["bench", "--quick", "--device", "cpu", "--shapes", "256x384", "-m", "1", "--out", str(d),
+                             "--no-progress", *flag]) == 0
+        out, err = capsys.readouterr()
+        data = json.loads((d / "cpu" / "cpu.json").read_text())
+        assert data["meta"]["dtype"] == dtype and data["baseline"] == baseline
+        assert {r["method"] for r in data["results"]} == {"mixgemm W4A16 g128", "mixgemm W8A16 per-channel", baseline}
+        assert all(r["status"] == "ok" and r["speedup"] > 0 for r in data["results"])
+        w4 = next(r for r in data["results"] if r["method"] == "mixgemm W4A16 g128")
+        assert w4["bytes"] == w4["weight_bytes"] + (256 + 384) * 2  # 16-bit x in, y out
+        assert f"{dtype} activations" in err and "0.00x" not in out
+        rows = [ln.split() for ln in out.splitlines() if ln.rstrip().endswith(" ok")]
+        assert len(rows) == 3 and all(float(row[-2]) > 0 for row in rows)  # the terminal table's speed-up column
+
+
+def test_ratio_text_never_reads_zero():
+    assert [output.ratio_text(r) for r in (2.345, 1.0, 0.1, 0.0612, 0.0011, 0.000123)] == \
+        ["2.35", "1.00", "0.10", "0.061", "0.0011", "0.00012"]
 
 
 def test_cli_cpu_default_plan_says_which_shapes_and_writes_no_csv(tmp_path, capsys, monkeypatch):

@@ -68,6 +68,14 @@ def test_geometries(name, channels_last, rel_err):
         _check(x, qw, bias, s, p, d, g, "relu" if channels_last else None, rel_err, path=path)
 
 
+@pytest.mark.parametrize("mode", ["sym", "zero_point"])
+def test_one_by_one_conv_as_matmul(mode, rel_err):
+    """Path "matmul" (the conv_as_matmul entry): the 1x1 conv as mixgemm.matmul on its [B*H*W, Ci] view, the GEMM
+    mixgemm.ops.conv hands to the kernels layer (kernels.conv.use_gemm)."""
+    x, qw, bias = make_conv_case(2, 64, 5, 3, 48, 1, 1, torch.float16, True, 4, 32, mode, seed=7)
+    _check(x, qw, bias, 1, 0, 1, 1, "relu", rel_err, path="matmul")
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("gs", [32, 64, 128, 256, -1])
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from mixgemm.kernels.cuda import gemv, gemv_steps
-from mixgemm.kernels.cuda.gemv_steps import LaneTile, StepCosts, cheapest_tile, lane_tiles, resident_blocks, tile_shape
+from mixgemm.kernels.cuda.gemv_steps import LaneTile, cheapest_tile, lane_tiles, resident_blocks, tile_shape
 from mixgemm.tuning import gemv_steps as steps_table
+from mixgemm.tuning.gemv_steps import StepCosts
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -235,7 +236,8 @@ def test_wg_simt_model_counts_rounds_from_registers():
     """A tile's rounds are its blocks over the SMs' resident slots from the build's registers: RT 4 U 2 PF 0 KS 8 (97
     registers, 2 blocks of 8 warps a SM) takes 4096x14336 (224 blocks) in one round of 132 SMs and 3584x18944 (296) in
     two; the KS term adds per doubling of the k-slices."""
-    from mixgemm.kernels.cuda.gemv_steps import StepCosts, WgSimtStepTile, wg_simt_tile_shape
+    from mixgemm.kernels.cuda.gemv_steps import WgSimtStepTile, wg_simt_tile_shape
+    from mixgemm.tuning.gemv_steps import StepCosts
 
     t = WgSimtStepTile(4, 2, 0, 8, 1)
     assert wg_simt_tile_shape(t, 14336, 4096, 4, "sym", 132).rounds == 1

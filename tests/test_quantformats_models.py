@@ -242,7 +242,7 @@ class _NotGated(nn.Module):
 def test_fold_leaves_other_mlps_and_the_input_tensors_alone():
     from transformers.models.llama.modeling_llama import LlamaMLP
 
-    from mixgemm.checkpoints.fold_perm import GATED_MLPS, fold_mlp_input_perms, gated_mlp_form
+    from mixgemm.nn.fold_perm import GATED_MLPS, fold_mlp_input_perms, gated_mlp_form
 
     gen = torch.Generator().manual_seed(3)
     cfg = QuantConfig(bits=4, group_size=32, mode="zero_point")
@@ -270,7 +270,7 @@ def test_fold_into_a_fused_gate_up_projection():
     from transformers import Phi3Config
     from transformers.models.phi3.modeling_phi3 import Phi3MLP
 
-    from mixgemm.checkpoints.fold_perm import GATED_MLPS, fold_mlp_input_perms, gated_mlp_form
+    from mixgemm.nn.fold_perm import GATED_MLPS, fold_mlp_input_perms, gated_mlp_form
 
     gen = torch.Generator().manual_seed(4)
     cfg = QuantConfig(bits=4, group_size=32, mode="sym")

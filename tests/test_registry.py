@@ -13,7 +13,8 @@ import torch
 
 import mixgemm
 from described_gpus import A100, H100, H200
-from mixgemm import QuantConfig, quantize_conv_weight, quantize_weight
+from mixgemm import QuantConfig, quantize_conv_weight
+from mixgemm.formats.weight import from_codes
 from mixgemm.kernels import a8 as a8_entries
 from mixgemm.kernels import linear as linear_entries
 from mixgemm.kernels.registry import NoKernel, entries, entry, entry_names
@@ -30,8 +31,16 @@ def _nvrtc_present(monkeypatch):
 
 
 def _qw(n, k, bits=4, group_size=128, mode="sym", seed=0):
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
-    return quantize_weight(w, QuantConfig(bits=bits, group_size=group_size, mode=mode))
+    """A weight of this shape and format, from random codes and group parameters: the registry's choices read only
+    the shape and the format, and quantizing a random float weight of the large layers was most of this file's
+    time."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = QuantConfig(bits=bits, group_size=group_size, mode=mode)
+    _, ng = cfg.groups(k)
+    draw = lambda hi, shape: torch.randint(0, hi + 1, shape, generator=gen, dtype=torch.uint8)
+    params = {"zeros": draw(cfg.qmax, (n, ng))} if mode == "zero_point" else \
+        {"offsets": -0.1 * torch.rand(n, ng, generator=gen)} if mode == "offset" else {}
+    return from_codes(draw(cfg.qmax, (n, k)), 1e-3 + 0.01 * torch.rand(n, ng, generator=gen), cfg, **params)
 
 
 def _explain(m, qw, dtype=torch.float16, device=H100, **kw):

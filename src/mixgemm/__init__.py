@@ -34,8 +34,8 @@ _LAZY = {"quantize_": "mixgemm.quantize_api", "compact_": "mixgemm.quantize_api"
          "from_pretrained": "mixgemm.checkpoints.loader",
          "gather_act_order_at_norms": "mixgemm.nn.norms",
          "use_inductor_norms": "mixgemm.nn.norms",
-         "explain": "mixgemm.kernels.explain", "explain_conv": "mixgemm.kernels.explain",
-         "resident_bytes": "mixgemm.kernels.explain", "kernel_options": "mixgemm.kernels.registry",
+         "explain": "mixgemm.ops.explain", "explain_conv": "mixgemm.ops.explain",
+         "resident_bytes": "mixgemm.ops.explain", "kernel_options": "mixgemm.kernels.registry",
          "evaluate_perplexity": "mixgemm.evaluate"}
 
 

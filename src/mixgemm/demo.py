@@ -4,20 +4,22 @@ On any machine: quantizes a random layer (std 0.02, like a real projection) in s
 reports bytes, compression against fp16, weight error and output error of y = x @ W.T against the
 float layer. With a CUDA GPU it also runs mixgemm's kernels, checks them against the float64
 reference and times them beside fp16 cuBLAS; without one it says so and does the same with bfloat16 activations on
-the CPU path (PyTorch's int4 CPU kernels) beside a bfloat16 torch linear.
+the CPU path (PyTorch's int4 CPU kernels) beside a bfloat16 torch linear. The timing takes several rounds (--rounds)
+and prints the median and the range, of each time and of the speed-up.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
 
 from mixgemm import reference
 from mixgemm.formats import QuantConfig, dequantize_weight, quantize_weight
-from mixgemm.kernels.explain import explain
 from mixgemm.ops import matmul
+from mixgemm.ops.explain import explain
 
 FORMATS = {
     "W4A16 g128 sym": QuantConfig(bits=4, group_size=128, mode="sym"),
@@ -44,6 +46,26 @@ def _time_ms(fn, device: torch.device, reps: int) -> float:
     return (time.perf_counter() - t) / reps * 1e3
 
 
+def time_rounds(fns: dict, device: torch.device, rounds: int, reps: int = 3) -> dict[str, list[float]]:
+    """{name: [ms of each round]}: every round times each function in turn (so a busy machine slows them alike)."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(_time_ms(fn, device, reps))
+    return times
+
+
+def spread_line(times: dict[str, list[float]], quant: str, base: str) -> str:
+    """Median time of each and their range over the rounds, and the speed-up (median, range) of quant over base
+    round by round."""
+    def us(ts):
+        return f"{statistics.median(ts) * 1e3:.1f} us ({min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f})"
+
+    ratios = [b / q for q, b in zip(times[quant], times[base], strict=True)]
+    return (f"time over {len(ratios)} rounds, median (min-max): mixgemm {us(times[quant])}, {base} "
+            f"{us(times[base])}; speed-up {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)")
+
+
 def parse_shape(text: str) -> tuple[int, int]:
     k, n = (int(v) for v in text.lower().split("x"))
     return k, n
@@ -54,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="4096x14336", help="K x N of the layer (default: Llama-3-8B up-proj)")
     p.add_argument("-m", "--tokens", type=int, default=1, help="rows M of the activation (default 1: decode)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=5, help="timing rounds (default 5): the median and the spread")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
 
     k, n = parse_shape(args.shape)
     cuda = torch.cuda.is_available()
@@ -86,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     err = _rel(y, reference.matmul(xd, qw, out_dtype=torch.float64))
     kernel = explain(xd, qw).kernel
     print(f"\nmixgemm.matmul (W4A16 g128, {dtype}, kernel {kernel}) vs float64 reference: rel err {err:.2e}")
-    t_q = _time_ms(lambda: matmul(xd, qw), device, reps=3)
     wf = w.to(dtype)
-    t_f = _time_ms(lambda: torch.nn.functional.linear(xd, wf), device, reps=3)
     label = "fp16 cuBLAS" if cuda else "bfloat16 torch linear"
-    print(f"time: mixgemm {t_q * 1e3:.1f} us, {label} {t_f * 1e3:.1f} us ({t_f / t_q:.2f}x)")
+    times = time_rounds({"mixgemm": lambda: matmul(xd, qw), label: lambda: torch.nn.functional.linear(xd, wf)},
+                        device, args.rounds)
+    print(spread_line(times, "mixgemm", label))
     if not cuda:
         print("(CPU timings: PyTorch's CPU kernels, not mixgemm's GPU kernels; run `python -m mixgemm bench` on a CUDA "
               "GPU for the scoreboard)")

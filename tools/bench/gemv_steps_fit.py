@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass, replace
 
 from mixgemm.kernels.cuda.gemv import chunks_per_row
-from mixgemm.kernels.cuda.gemv_steps import LaneTile, StepCosts, cheapest_tile, lane_tiles, tile_shape
-from mixgemm.tuning.gemv_steps import step_family
+from mixgemm.kernels.cuda.gemv_steps import LaneTile, cheapest_tile, lane_tiles, tile_shape
+from mixgemm.tuning.gemv_steps import StepCosts, step_family
 from tools.bench.gemv_tables import FORMATS, geomean
 
 SPACE = frozenset(lane_tiles(10 ** 6))  # every tile of the model's space (a row long enough for all of them)

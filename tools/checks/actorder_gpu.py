@@ -12,7 +12,7 @@ M = 1 fp16 the block gathers x once into shared memory; gemv_mma.cu MMA_PERM: ea
 mixgemm.kernels.linear's rules say so. The table also times the act-order stack with every gather left to the separate
 PDL gather kernel (gather_x.cu) and with every GEMV gathering itself (per lane where x is not staged;
 kernel_options(act_order_gather="caller" / "kernel")), each layer kind alone those ways, the stack with down's
-permutation folded into gate / up (mixgemm.checkpoints.fold_perm: down then runs plain) with in-kernel and with
+permutation folded into gate / up (mixgemm.nn.fold_perm: down then runs plain) with in-kernel and with
 separate gathers, and the folded stack with one gather per shared input (the PDL gather op, gather_columns: what a
 compiled model's norms run when mixgemm's norm kernel cannot write their output gathered itself,
 mixgemm.nn.norms; the stack has no norms, tools.checks.actorder_model times whole models), and prints
@@ -230,7 +230,7 @@ def main() -> int:
                         if label == "act_order":
                             graphs[f"{name}:plain"], _ = graph_of(lambda t, nm=name: [b[nm](t) for b in plain], xl)
         # as mixgemm.from_pretrained loads it: down's permutation folded into gate / up's output rows
-        # (mixgemm.checkpoints.fold_perm; exact), so down runs as a plain layer
+        # (mixgemm.nn.fold_perm; exact), so down runs as a plain layer
         folded = [{**o, "down": p["down"]} for o, p in zip(ordered, plain, strict=True)]
         graphs["act_order_as_loaded"], outs["act_order_as_loaded"] = graph_of(lambda t: stack_forward(folded, t), x)
         with mixgemm.kernel_options(act_order_gather="caller"):

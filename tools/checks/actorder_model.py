@@ -7,7 +7,7 @@ input tensor: q / k / v share one, gate / up share one, o and down each their ow
 zeros, so the arithmetic per layer is unchanged; lm_head, which GPTQ checkpoints keep float, stays plain), in deep
 copies made before any call:
 * "act-order, in-kernel": every layer gathers x in its kernel (no folds);
-* "act-order, folded only": down's permutation folded into gate / up's rows (mixgemm.checkpoints.fold_perm), the
+* "act-order, folded only": down's permutation folded into gate / up's rows (mixgemm.nn.fold_perm), the
   other layers gathering in their kernels;
 * "act-order, as loaded": as mixgemm.from_pretrained leaves it (mixgemm.nn.norms.arrange_act_order):
   folded, and q / k / v's and gate / up's shared permutation applied once by the norm that feeds them under
@@ -47,8 +47,8 @@ from pathlib import Path
 import torch
 
 import mixgemm
-from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
 from mixgemm.checkpoints.packed_int32 import act_order_perm
+from mixgemm.nn.fold_perm import fold_mlp_input_perms
 from mixgemm.nn.linear import QuantLinear
 from mixgemm.nn.norms import arrange_act_order, use_inductor_norms
 from tools.checks.generate_e2e import (

@@ -159,8 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "layers' decode bar becomes min(85%%, 92%% of it)")
     p.add_argument("-m", "--m", nargs="+", default=None, dest="ms",
                    help="M values (tokens), e.g. 1 16 256 or 1,16,256; default: the protocol's list")
-    p.add_argument("--dtype", default="fp16", choices=sorted(DTYPES),
-                   help="activation dtype of mixgemm's methods")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
+                   help="activation dtype of mixgemm's methods (default: fp16 on a GPU; bf16 on the CPU, whose "
+                        "int4 / int8 kernels take bf16; a CPU run's baseline is torch's linear in the same dtype)")
     p.add_argument("--bits", nargs="+", default=["4", "8"], help="mixgemm weight bits to run (4 and/or 8)")
     p.add_argument("--group-size", type=int, default=128,
                    help="mixgemm W4 group size (32/64/128/256, -1 per-channel)")
@@ -357,9 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         extra_meta["random"] = {"count": count, "seed": seed}
         print(f"mixgemm bench: --random {count} --seed {seed} (the same seed draws the same shapes): "
               + " ".join(f"{k}x{n}" for k, n in by_shape))
-    dtype = DTYPES[args.dtype]
     cuda = torch.cuda.is_available()
     device = "cuda" if (args.device == "cuda" or (args.device == "auto" and cuda)) else "cpu"
+    dtype = DTYPES[args.dtype or ("fp16" if device == "cuda" else "bf16")]
+    dtype_name = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
     if device == "cuda" and not cuda:
         print("mixgemm bench: error: --device cuda but no CUDA GPU is available", file=sys.stderr)
         return 2
@@ -385,10 +387,10 @@ def main(argv: list[str] | None = None) -> int:
         if spec and spec.startswith("default,"):
             # a model run has many shapes: leave out the methods too slow to set up for each (as --quick does)
             slow_out = args.quick or bool(by_shape)
-            chosen = select(meths_all, None, device, slow_out) + select(meths_all, spec[8:], device)
+            chosen = select(meths_all, None, device, slow_out, dtype) + select(meths_all, spec[8:], device)
             chosen = list(dict.fromkeys(chosen))
         else:
-            chosen = select(meths_all, spec, device, args.quick)
+            chosen = select(meths_all, spec, device, args.quick, dtype)
     except ValueError as e:
         print(f"mixgemm bench: error: {e}", file=sys.stderr)
         return 2
@@ -416,14 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     elif device == "cpu" and by_shape:
         small = [s for s in by_shape if s[0] * s[1] <= CPU_MODEL_MAX_WEIGHTS]
         plan = [(s, ms or CPU_PLAN[0][1]) for s in small]
-        print(f"mixgemm bench: no CUDA GPU{' used' if cuda else ' found'}: timing mixgemm's CPU fallback (float32, "
-              f"eager wall clock) on the {len(small)} of {len(by_shape)} layer shapes with at most "
+        print(f"mixgemm bench: no CUDA GPU{' used' if cuda else ' found'}: timing mixgemm's CPU fallback "
+              f"({dtype_name}, eager wall clock) on the {len(small)} of {len(by_shape)} layer shapes with at most "
               f"{CPU_MODEL_MAX_WEIGHTS:,} weights (larger ones take minutes per case in eager PyTorch). No floors: "
               "the acceptance view needs a CUDA GPU.", file=sys.stderr)
         if not plan:
             print("mixgemm bench: nothing to run on the CPU", file=sys.stderr)
             return 2
-        dtype = torch.float32
     elif by_shape:
         plan = [(s, ms or MODEL_M) for s in by_shape]
     elif device == "cpu":
@@ -433,10 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                "one small layer, not the GPU plan: the CPU fallback is eager PyTorch and the GPU shapes would take "
                "minutes per case (--shapes / -m choose others)")
         print(f"mixgemm bench: no CUDA GPU{' used' if cuda else ' found'}, so this run times mixgemm's CPU "
-              f"fallback (float32, eager wall clock, warm caches) beside float32 torch.nn.functional.linear on "
-              f"{what}: {why}. No floors or % of floor: they describe the GPU kernels. Run on a CUDA GPU for the "
-              "scoreboard.", file=sys.stderr)
-        dtype = torch.float32
+              f"fallback ({dtype_name} activations, eager wall clock, warm caches) beside {dtype_name} "
+              f"torch.nn.functional.linear on {what}: {why}. No floors or % of floor: they describe the GPU kernels. "
+              "Run on a CUDA GPU for the scoreboard.", file=sys.stderr)
     elif args.conv:
         plan = [(spec, ms or CONV_BATCHES) for spec in CONV_PRESET]
         torch.backends.cudnn.benchmark = True

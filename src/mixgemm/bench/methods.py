@@ -363,7 +363,7 @@ def _prep_mixgemm_weight_only(bits: int, group_size: int | None, mode: str = "sy
         def before_call():
             first._layouts.read.clear()
 
-        dtype = ctx.dtype if ctx.device.type == "cuda" else torch.float32
+        dtype = ctx.dtype
         return Prepared(
             layer=make(first), new_copy=lambda: make(clone()), x_map=lambda x: x.to(dtype),
             reference=_ref_from_weight(w64), tol=TOL[dtype], weight_bytes=weight_bytes,
@@ -454,6 +454,8 @@ def mixgemm_weight_only_name(bits: int, group_size: int, mode: str = "sym") -> s
 
 BASELINE_GPU = "fp16 cuBLAS"
 BASELINE_CPU = "fp32 torch"
+# a CPU run's baseline: torch.nn.functional.linear in the activation dtype of mixgemm's methods (like with like)
+CPU_BASELINES = {torch.float32: BASELINE_CPU, torch.bfloat16: "bf16 torch", torch.float16: "fp16 torch"}
 
 REGISTRY: list[Method] = [
     Method(BASELINE_GPU, "peer", _prep_linear(torch.float16), _mm_unavailable,
@@ -461,7 +463,11 @@ REGISTRY: list[Method] = [
     Method("bf16 cuBLAS", "peer", _prep_linear(torch.bfloat16), _mm_unavailable,
            description="F.linear, bf16 weights and activations"),
     Method(BASELINE_CPU, "peer", _prep_linear(torch.float32), cpu=True, default=False,
-           description="F.linear in float32 (the CPU baseline; on a GPU with --dtype fp32)"),
+           description="F.linear in float32 (the CPU baseline at --dtype fp32; on a GPU with --dtype fp32)"),
+    Method(CPU_BASELINES[torch.bfloat16], "peer", _prep_linear(torch.bfloat16), cpu=True, default=False,
+           description="F.linear in bfloat16 (the CPU baseline at --dtype bf16)"),
+    Method(CPU_BASELINES[torch.float16], "peer", _prep_linear(torch.float16), cpu=True, default=False,
+           description="F.linear in float16 (the CPU baseline at --dtype fp16)"),
     Method("tinygemm W4 g128", "peer", _prep_tinygemm, _tinygemm_unavailable, _tinygemm_applies,
            description="torch._weight_int4pack_mm, bf16 activations, group 128, inner_k_tiles 8"),
     Method("tinygemm W4 g128 ikt4", "peer", lambda w, ctx: _prep_tinygemm(w, ctx, 4), _tinygemm_unavailable,
@@ -571,13 +577,14 @@ def all_methods(bits_list: list[int], group_size: int) -> list[Method]:
     return mixgemm_methods(bits_list, group_size) + list(REGISTRY) + read_ceiling.methods()
 
 
-def select(methods: list[Method], spec: str | None, device: str, quick: bool = False) -> list[Method]:
+def select(methods: list[Method], spec: str | None, device: str, quick: bool = False,
+           dtype: torch.dtype = torch.float32) -> list[Method]:
     """Methods named by spec (comma list; each item an exact name or a case-insensitive substring;
     'all' for every method; None for the defaults, less the slow ones with quick). On the CPU only CPU
-    methods run."""
+    methods run, and the defaults add the CPU baseline of ``dtype`` (the activation dtype)."""
     if spec in (None, "", "default"):
         chosen = [m for m in methods
-                  if (m.default and (m.quick or not quick)) or (device == "cpu" and m.name == BASELINE_CPU)]
+                  if (m.default and (m.quick or not quick)) or (device == "cpu" and m.name == CPU_BASELINES[dtype])]
     elif spec == "all":
         chosen = list(methods)
     else:

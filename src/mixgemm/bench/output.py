@@ -106,6 +106,12 @@ def header_line(data: dict) -> str:
             f"triton {m.get('triton')}, CUDA {m.get('cuda', '-')}, {m.get('date_utc')}{draw}")
 
 
+def ratio_text(ratio: float) -> str:
+    """A speedup as printed: two decimals, and two significant digits below 0.1 (a slower method never reads
+    0.00x)."""
+    return f"{ratio:.2f}" if ratio >= 0.095 else f"{ratio:.2g}"
+
+
 def pivot_markdown(data: dict, speedups: bool = True) -> str:
     """The protocol-style table: one row per (K x N, M), one column per method; times in microseconds
     (CUDA graph over rotating copies; eager on the CPU), '(1.23x)' = speedup over the baseline."""
@@ -138,7 +144,7 @@ def pivot_markdown(data: dict, speedups: bool = True) -> str:
             cell = _cell(r)
             ok = r is not None and r["status"] == "ok" and r.get("speedup")
             if speedups and ok and meth != data.get("baseline"):
-                cell += f" ({r['speedup']:.2f}x)"
+                cell += f" ({ratio_text(r['speedup'])}x)"
             row.append(cell)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -161,7 +167,7 @@ def long_markdown(data: dict) -> str:
             _fmt_us(r.get("graph_us")) if ok else r["status"].upper(),
             _fmt_us(r.get("eager_us")) if ok else "",
             *(floor if gpu else []),
-            f"{r['speedup']:.2f}" if ok and r.get("speedup") else "",
+            ratio_text(r["speedup"]) if ok and r.get("speedup") else "",
             f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else "",
             (r.get("note") or "").replace("|", "/"),
         ]) + " |")
@@ -229,7 +235,7 @@ def terminal_table(data: dict) -> str:
         lines.append(
             f"{r['K']:>5}x{r['N']:<6} {r['M']:>6}  {r['method'][:mw - 1]:<{mw}}"
             f"{_fmt_us(r.get('graph_us')) if ok else '':>10}{_fmt_us(r.get('eager_us')) if ok else '':>10}"
-            f"{floor}{format(r['speedup'], '.2f') if ok and r.get('speedup') else '':>8}  {status}")
+            f"{floor}{ratio_text(r['speedup']) if ok and r.get('speedup') else '':>8}  {status}")
     if data.get("unavailable"):
         lines.append("")
         lines += [f"not run: {k}: {v}" for k, v in data["unavailable"].items()]

@@ -25,6 +25,8 @@ from functools import partial
 
 import torch
 
+from mixgemm.tuning.cache import gpu_slug as gpu_slug  # the tuning cache names its files with it
+
 MIN_COPIES = 3  # the protocol asks for at least 2-3 copies even when one copy already exceeds 3x L2
 DEFAULT_MAX_BYTES = 20 * 2**30  # cap on the memory the C copies of one layer may take
 
@@ -237,15 +239,6 @@ def machine_info(device: str = "cuda") -> dict:
         info["driver"] = smi.pop("driver_version", None)
         info["clocks"] = smi
     return info
-
-
-def gpu_slug(name: str) -> str:
-    """A file-name-safe short name: 'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
-    s = name.lower().replace("nvidia", "").strip()
-    out = "".join(ch if ch.isalnum() else "-" for ch in s)
-    while "--" in out:
-        out = out.replace("--", "-")
-    return out.strip("-") or "gpu"
 
 
 def gpu_dir(name: str) -> str:

@@ -26,7 +26,7 @@ import torch
 
 from mixgemm.bench import floors, protocol
 from mixgemm.bench.conv import CONV_BASELINE, CONV_BASELINES, ConvSpec
-from mixgemm.bench.methods import BASELINE_CPU, BASELINE_GPU, Context, Method, Refused
+from mixgemm.bench.methods import BASELINE_GPU, CPU_BASELINES, Context, Method, Refused
 
 CHECK_ROWS = 256  # rows checked at each end of the output when M > 2 * CHECK_ROWS (bounds reference memory)
 
@@ -117,7 +117,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
     ceil = protocol.ceilings(quick=cfg.quick, device=device)
     l2 = protocol.l2_bytes() if device == "cuda" else 0
     ctx = Context(torch.device(device), cfg.dtype, cfg.group_size)
-    baseline = BASELINE_GPU if device == "cuda" else BASELINE_CPU
+    baseline = BASELINE_GPU if device == "cuda" else CPU_BASELINES[cfg.dtype]
     results: list[dict] = []
     unavailable: dict[str, str] = {}
     methods = []

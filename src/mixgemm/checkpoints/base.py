@@ -5,7 +5,7 @@ linear layer into a ``ConvertedLinear``: a QuantizedWeight in mixgemm's plain in
 equal to the checkpoint's own dequantization wherever mixgemm's formats can hold it, plus the bias and,
 for act-order checkpoints, the permutation of the input features that makes the groups contiguous.
 The loader builds the model skeleton, asks ``formats.find`` which format a ``quantization_config``
-names, and calls ``convert_linear`` once per quantized layer.
+names, and calls ``convert_linear`` once per quantized layer; ``quant_linear`` makes the QuantLinear of each.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from mixgemm.formats.weight import QuantizedWeight
 
@@ -60,3 +61,34 @@ class CheckpointFormat(Protocol):
 
     def convert_linear(self, source: TensorSource, prefix: str, quantization_config: dict) -> ConvertedLinear:
         """The layer at ``prefix`` as a ConvertedLinear; a ValueError naming the tensor when it cannot be held."""
+
+
+def cast_to(t: torch.Tensor, dtype, device) -> torch.Tensor:
+    """t on ``device``, in ``dtype`` when given and t is floating point."""
+    if dtype is not None and t.is_floating_point():
+        t = t.to(dtype)
+    return t.to(device)
+
+
+def quant_linear(conv: ConvertedLinear, linear: nn.Module, name: str, device, dtype=None):
+    """The QuantLinear of one converted layer, on ``device`` (bias in ``dtype`` when given), checked against the
+    skeleton's Linear."""
+    from mixgemm.nn.linear import QuantLinear
+
+    want = (linear.out_features, linear.in_features)
+    if tuple(conv.weight.shape) != want:
+        raise ValueError(f"layer {name!r}: the checkpoint's weight is {tuple(conv.weight.shape)} [out, in], the model "
+                         f"expects {want}")
+    has_bias = getattr(linear, "bias", None) is not None
+    if (conv.bias is not None) != has_bias:
+        raise ValueError(f"layer {name!r}: the checkpoint {'has' if conv.bias is not None else 'lacks'} a bias, the "
+                         f"model {'has' if has_bias else 'has none'}")
+    bias = conv.bias
+    if bias is not None and bias.device.type != "meta":
+        bias = cast_to(bias, dtype, device)
+    ql = QuantLinear.from_quantized(conv.weight.to(device), bias, act_mode=conv.act_mode, act_block=conv.act_block)
+    if conv.input_perm is not None:
+        if not hasattr(ql, "input_perm"):
+            raise ValueError(f"layer {name!r} needs an input permutation (act-order), which this QuantLinear lacks")
+        ql.input_perm = conv.input_perm.to(device=device, dtype=torch.int64)
+    return ql

@@ -18,7 +18,7 @@ import re
 import torch
 
 from mixgemm.checkpoints import gguf_file, skeleton
-from mixgemm.checkpoints.base import ConvertedLinear
+from mixgemm.checkpoints.base import ConvertedLinear, quant_linear
 from mixgemm.checkpoints.conversions import fuse_rows
 from mixgemm.nn.experts import experts_shape, holds_fused_experts, prepare_skeleton
 
@@ -73,7 +73,6 @@ class GgufExperts:
     def load(self, name: str, processor, quantization_config, filter_fn, device, dtype, requantize_bits: int,
              report) -> None:
         """Put the experts module ``name`` into the model (module docstring), recording it in ``report``."""
-        from mixgemm.checkpoints.loader import quant_linear
         from mixgemm.ggml.gguf_types import FLOAT_TYPES
 
         mod = self.model.get_submodule(name)

@@ -197,7 +197,7 @@ class PackedFormatHfQuantizer(_LoadingQuantizer):
 
     def _process_model_after_weight_loading(self, model, **kwargs):
         from mixgemm.checkpoints import skeleton
-        from mixgemm.checkpoints.loader import quant_linear
+        from mixgemm.checkpoints.base import quant_linear
 
         qc, fmt = self._format()
         for name, held in [(n, m) for n, m in model.named_modules() if isinstance(m, _PackedTensors)]:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from mixgemm.checkpoints import native, skeleton
-from mixgemm.checkpoints.base import ConvertedLinear
+from mixgemm.checkpoints.base import ConvertedLinear, cast_to, quant_linear
 from mixgemm.checkpoints.conversions import (
     RenamedSource,
     fuse_rows,
@@ -39,7 +39,7 @@ class LoadReport:
     """What from_pretrained did: ``source`` (the format read), ``quantized`` (layer names, with ``inexact``
     the ones whose weights are a re-quantization, e.g. GGUF Q6_K), ``skipped`` ({name: why} for Linears left float),
     ``ignored`` (checkpoint tensors that the model has no place for), ``perm_folded`` (act-order down
-    projections whose input permutation went into their MLP's gate / up rows, mixgemm.checkpoints.fold_perm) and
+    projections whose input permutation went into their MLP's gate / up rows, mixgemm.nn.fold_perm) and
     ``perm_at_norms`` (act-order layers whose input the norm before them gathers under torch.compile,
     mixgemm.nn.norms), ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
     kernel computes on CUDA), ``sibling_groups`` (the layers reading one tensor that compiled one-row calls run as
@@ -83,36 +83,6 @@ def _device(device) -> torch.device:
     return torch.device("cpu" if device is None else device)
 
 
-def _cast(t: torch.Tensor, dtype, device) -> torch.Tensor:
-    if dtype is not None and t.is_floating_point():
-        t = t.to(dtype)
-    return t.to(device)
-
-
-def quant_linear(conv: ConvertedLinear, linear: nn.Module, name: str, device, dtype=None):
-    """The QuantLinear of one converted layer, on ``device`` (bias in ``dtype`` when given), checked against the
-    skeleton's Linear."""
-    from mixgemm.nn.linear import QuantLinear
-
-    want = (linear.out_features, linear.in_features)
-    if tuple(conv.weight.shape) != want:
-        raise ValueError(f"layer {name!r}: the checkpoint's weight is {tuple(conv.weight.shape)} [out, in], the model "
-                         f"expects {want}")
-    has_bias = getattr(linear, "bias", None) is not None
-    if (conv.bias is not None) != has_bias:
-        raise ValueError(f"layer {name!r}: the checkpoint {'has' if conv.bias is not None else 'lacks'} a bias, the "
-                         f"model {'has' if has_bias else 'has none'}")
-    bias = conv.bias
-    if bias is not None and bias.device.type != "meta":
-        bias = _cast(bias, dtype, device)
-    ql = QuantLinear.from_quantized(conv.weight.to(device), bias, act_mode=conv.act_mode, act_block=conv.act_block)
-    if conv.input_perm is not None:
-        if not hasattr(ql, "input_perm"):
-            raise ValueError(f"layer {name!r} needs an input permutation (act-order), which this QuantLinear lacks")
-        ql.input_perm = conv.input_perm.to(device=device, dtype=torch.int64)
-    return ql
-
-
 def _linears(model: nn.Module) -> dict[str, nn.Linear]:
     from mixgemm.nn.linear import QuantLinear
 
@@ -143,7 +113,7 @@ def _fill_rest(model, source, device, dtype, report, bar) -> None:
         if tuple(value.shape) != tuple(t.shape):
             raise ValueError(f"tensor {key!r} has shape {tuple(value.shape)}, the model expects {tuple(t.shape)}")
         skeleton.check_float(key, value, t)
-        skeleton.put_tensor(model, key, _cast(value, dtype if t.is_floating_point() else None, device))
+        skeleton.put_tensor(model, key, cast_to(value, dtype if t.is_floating_point() else None, device))
         bar.update(1)
 
 

@@ -230,13 +230,24 @@ def _run_smallk(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi
     return smallk_conv2d(x, qweight, bias, out, stride, padding, dilation, lo, hi, config)
 
 
-def _run_matmul(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, activation, config):
-    from mixgemm.ops.matmul import matmul  # the shared GEMM dispatch (its own registry entries)
+# The GEMM a 1x1 conv runs through: mixgemm.matmul (its own registry entries and cached plans), in the ops layer
+# above this one; mixgemm.ops.conv hands it in when imported (importing mixgemm imports it): kernels never import ops.
+_gemm = None
 
+
+def use_gemm(matmul) -> None:
+    """Install ``matmul(x2d, qweight, bias, activation)``, the GEMM the conv_as_matmul entry runs."""
+    global _gemm
+    _gemm = matmul
+
+
+def _run_matmul(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, activation, config):
+    if _gemm is None:
+        raise RuntimeError("conv_as_matmul has no GEMM: mixgemm.ops.conv installs mixgemm.matmul (use_gemm)")
     b, _, h, w = x.shape
     co = qweight.out_channels
     # 1x1 conv on channels_last == GEMM on the [B*H*W, Ci] view (no copy); W is the [Co, Ci] matrix.
-    y = matmul(x.permute(0, 2, 3, 1).reshape(b * h * w, x.shape[1]), qweight.matrix, bias, activation)
+    y = _gemm(x.permute(0, 2, 3, 1).reshape(b * h * w, x.shape[1]), qweight.matrix, bias, activation)
     return y.reshape(b, h, w, co).permute(0, 3, 1, 2)
 
 

@@ -367,9 +367,9 @@ def use_inductor_norms(model: nn.Module) -> list[str]:
 
 def arrange_act_order(model: nn.Module) -> tuple[list[str], list[str]]:
     """What mixgemm.from_pretrained (and the transformers quantizer) do to a model's act-order layers, both exact:
-    fold gated MLPs' down permutations into gate / up (mixgemm.checkpoints.fold_perm), then let the norms feed the
+    fold gated MLPs' down permutations into gate / up (mixgemm.nn.fold_perm), then let the norms feed the
     layers that share their output gathered under torch.compile. Returns (folded down projections, layers fed
     gathered by a norm)."""
-    from mixgemm.checkpoints.fold_perm import fold_mlp_input_perms
+    from mixgemm.nn.fold_perm import fold_mlp_input_perms
 
     return fold_mlp_input_perms(model), gather_act_order_at_norms(model)

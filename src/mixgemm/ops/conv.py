@@ -13,10 +13,13 @@ import torch
 from mixgemm import reference
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.kernels.conv import use_gemm
 from mixgemm.kernels.conv_geometry import conv_output_size
 from mixgemm.kernels.conv_geometry import out_format as _out_format
+from mixgemm.ops.matmul import matmul
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+use_gemm(matmul)  # a 1x1 conv's registry entry (conv_as_matmul) runs the GEMM through mixgemm.matmul
 
 
 def _pair(v, name: str) -> tuple[int, int]:

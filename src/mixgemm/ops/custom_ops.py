@@ -67,7 +67,7 @@ from mixgemm.epilogue import ACTIVATIONS, clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.formats.packing import packed_width
 from mixgemm.formats.weight import PER_CHANNEL, QuantConfig, QuantizedWeight, is_compact_placeholder
-from mixgemm.ops.compiled_calls import install_if_inductor
+from mixgemm.ops.direct_codegen import install_if_inductor
 from mixgemm.ops.kept_launches import forget, keep, kept, run_kept, version_of, weight_token
 
 _CACHE_ATTR = "_mixgemm_qw"

@@ -181,6 +181,17 @@ def find(entries, bucket: ShapeBucket) -> BucketEntry | None:
     return None
 
 
+def _grid_cells(region: Region) -> set[tuple[int, int]]:
+    """The (k, n) cells of GRID that ``region`` holds (what Region.contains says of each, walked per box along its k
+    and n ranges: the tables are checked at import)."""
+    cells = set()
+    for box in region.boxes:
+        ns = [n for n in GRID if n in box.n]
+        for k in (k for k in GRID if k in box.k):
+            cells.update((k, n) for n in ns if n - k in box.aspect and n + k in box.size)
+    return cells
+
+
 def check_partition(entries, where: str, complete: bool) -> None:
     """Raise ValueError unless the entries' regions are disjoint on the grid (and, when ``complete``, cover it), and
     each entry's measured layer lies in its own region."""
@@ -188,10 +199,14 @@ def check_partition(entries, where: str, complete: bool) -> None:
         if e.measured is not None and not e.region.contains(ShapeBucket.of(*e.measured)):
             raise ValueError(f"{where}: the entry measured on K {e.measured[0]} x N {e.measured[1]} does not cover "
                              f"that layer's bucket (region {e.region.describe()})")
+    covering: dict[tuple[int, int], list] = {}
+    for e in entries:
+        for cell in _grid_cells(e.region):
+            covering.setdefault(cell, []).append(e)
     for k in GRID:
         for n in GRID:
             b = ShapeBucket(k, n)
-            hits = [e for e in entries if e.region.contains(b)]
+            hits = covering.get((k, n), [])
             if len(hits) > 1:
                 raise ValueError(f"{where}: {b.describe()} is in {len(hits)} entries: "
                                  + "; ".join(e.region.describe() for e in hits))

@@ -1,7 +1,7 @@
 """The per-GPU tuning cache that `mixgemm tune` writes and the registry reads (mixgemm.kernels.registry).
 
 Where: ``$MIXGEMM_TUNING_CACHE`` when set, else ``~/.cache/mixgemm/tuning/<gpu-slug>.json`` (the slug of the GPU's
-name, mixgemm.bench.protocol.gpu_slug). Read once per process (:func:`reload` reads it again; plans a weight has
+name, :func:`gpu_slug`). Read once per process (:func:`reload` reads it again; plans a weight has
 already made keep their config).
 
 Keys are buckets, never exact shapes: a problem falls into the bucket of (op, weight format, activation dtype, entry
@@ -39,6 +39,15 @@ CHOICE = "@entry"  # the entry part of a choice entry's key: which registry entr
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
+def gpu_slug(name: str) -> str:
+    """A file-name-safe short name: 'NVIDIA H100 80GB HBM3' -> 'h100-80gb-hbm3'."""
+    s = name.lower().replace("nvidia", "").strip()
+    out = "".join(ch if ch.isalnum() else "-" for ch in s)
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out.strip("-") or "gpu"
+
+
 def format_key(bits: int, group_size: int, num_groups: int, mode: str) -> str:
     """``w4g128-sym`` / ``w8pc-zero_point``: the weight format a bucket is measured with."""
     grouping = "pc" if num_groups == 1 else f"g{group_size}"
@@ -68,8 +77,6 @@ def _path(env: str | None, home: str | None, gpu_name: str) -> str:
     # cached on what it reads: the registry asks on every choice of a tunable entry
     if env:
         return env
-    from mixgemm.bench.protocol import gpu_slug
-
     return os.path.join(os.path.expanduser("~"), ".cache", "mixgemm", "tuning", f"{gpu_slug(gpu_name)}.json")
 
 

@@ -17,7 +17,27 @@ the model runs them, without ZSUM.
 
 from __future__ import annotations
 
-from mixgemm.kernels.cuda.gemv_steps import StepCosts
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Fitted costs of one GPU and weight family: ``step`` {tile class: time of one step}, ``round`` a round's fixed
+    part, ``per_log2_ks`` what each doubling of the k-slices adds to a round (their partial sums meet in shared
+    memory; 0 for the plain codes' model, whose fit did not need it), in the same arbitrary unit (only their ratios
+    choose), and where they came from."""
+
+    step: dict
+    round: float
+    source: str
+    per_log2_ks: float = 0.0
+
+    def cost(self, shape, tile) -> float:
+        """The modelled time of ``tile`` (its ``step_class`` and ``KS``) over ``shape`` (its ``rounds`` and ``steps``,
+        mixgemm.kernels.cuda.gemv_steps.tile_shape / wg_simt_tile_shape)."""
+        fixed = self.round + self.per_log2_ks * math.log2(tile.KS)
+        return shape.rounds * (shape.steps * self.step[tile.step_class] + fixed)
 
 _SOURCE = ("tools/bench/gemv_steps_fit.py over tools/bench/gemv_dispatch.py --lw-grid sweeps on the H100 (M = 1, fp16 "
            "activations; 80 model-list layers and 37 layers of other models)")

@@ -17,8 +17,9 @@ outside the measured list falls to whatever rule is left.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from mixgemm.tuning.gemv_steps import StepCosts
 
 WARPS = 8  # warps per block (gemv.WARPS)
 LANE_WIDTHS = (32, 16, 8)  # the lane widths the model chooses from (gemv.cu GEMV_LW; 4 is legal, never measured to win)
@@ -106,23 +107,6 @@ def tile_shape(tile: LaneTile, n: int, kc: int, bits: int, mode: str, num_sms: i
     per_round = resident_blocks(regs) * num_sms
     per_lane = -(-kc // tile.lanes_per_row)
     return TileShape(-(-blocks // per_round), -(-per_lane // tile.U))
-
-
-@dataclass(frozen=True)
-class StepCosts:
-    """Fitted costs of one GPU and weight family: ``step`` {tile class: time of one step}, ``round`` a round's fixed
-    part, ``per_log2_ks`` what each doubling of the k-slices adds to a round (their partial sums meet in shared
-    memory; 0 for the plain codes' model, whose fit did not need it), in the same arbitrary unit (only their ratios
-    choose), and where they came from."""
-
-    step: dict
-    round: float
-    source: str
-    per_log2_ks: float = 0.0
-
-    def cost(self, shape: TileShape, tile) -> float:
-        fixed = self.round + self.per_log2_ks * math.log2(tile.KS)
-        return shape.rounds * (shape.steps * self.step[tile.step_class] + fixed)
 
 
 def ranked_tiles(n: int, kc: int, bits: int, mode: str, num_sms: int, costs: StepCosts) -> list[LaneTile]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mixgemm.kernels.cuda.driver import make_primary_context_current
 from mixgemm.kernels.options import current_options
 
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
@@ -89,8 +90,6 @@ def _in_context(call, *args) -> int:
     made the device's primary context current) make it current and call once more. Returns the CUresult."""
     err = call(*args)
     if err == CUDA_ERROR_INVALID_CONTEXT:
-        from mixgemm.kernels.cuda.nvrtc import make_primary_context_current
-
         make_primary_context_current(torch.cuda.current_device())
         err = call(*args)
     return err

@@ -26,6 +26,10 @@ import tempfile
 import threading
 from pathlib import Path
 
+from mixgemm.kernels.cuda.driver import check as _check
+from mixgemm.kernels.cuda.driver import driver_api as _driver  # conv_wgmma / gemm_wgmma and tools call nvrtc._driver
+from mixgemm.kernels.cuda.driver import make_primary_context_current
+
 HERE = Path(__file__).resolve().parent
 _lock = threading.Lock()
 _modules: dict = {}  # (device index, source, defines, arch) -> (module, function)
@@ -44,22 +48,6 @@ def _nvrtc():
             "(pip install 'mixgemm[gpu]')"
         ) from e
     return nvrtc
-
-
-def _driver():
-    from cuda.bindings import driver
-
-    return driver
-
-
-def _check(result, what: str):
-    """cuda-bindings calls return (err, *values); raise on error, return the values."""
-    err, *vals = result
-    if int(err) != 0:
-        raise RuntimeError(f"{what} failed: {err!r}")
-    if not vals:
-        return None
-    return vals[0] if len(vals) == 1 else tuple(vals)
 
 
 @functools.cache
@@ -156,16 +144,6 @@ def _compile(source_name: str, defines: tuple[tuple[str, int], ...], arch: str) 
         return bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-
-
-_inited = False
-
-
-def _init_driver():
-    global _inited
-    if not _inited:
-        _check(_driver().cuInit(0), "cuInit")
-        _inited = True
 
 
 def get_function(source_name: str, kernel_name: str, defines: dict, device, arch_suffix: str = ""):
@@ -319,14 +297,6 @@ def prepare_launch(fn, device, grid: tuple[int, int, int], block: tuple[int, int
     idx = device.index if device.index is not None else torch.cuda.current_device()
     return PreparedLaunch(int(fn), idx, tuple(grid), tuple(block), shared_bytes, Params(args), pdl,
                           None if cluster is None else tuple(cluster), first_without_pdl)
-
-
-def make_primary_context_current(idx: int) -> None:
-    """Make device idx's primary context (the one PyTorch uses) current on this thread."""
-    drv = _driver()
-    _init_driver()
-    ctx = _check(drv.cuDevicePrimaryCtxRetain(_check(drv.cuDeviceGet(idx), "cuDeviceGet")), "cuDevicePrimaryCtxRetain")
-    _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 def max_active_clusters(fn, grid: tuple[int, int, int], block: tuple[int, int, int], shared_bytes: int,
