@@ -218,7 +218,7 @@ def suite_name(args: argparse.Namespace, device: str, shapes, ms, model_suite: s
     if model_suite:
         return model_suite
     if args.conv_models:
-        tag = _dtype_name(DTYPES[args.dtype])
+        tag = _dtype_name(DTYPES[args.dtype or "fp16"])
         return "conv-models" + ("" if device == "cpu" or tag == "fp16" else "-" + tag)
     if device == "cpu":
         return "cpu"

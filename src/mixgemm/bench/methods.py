@@ -24,10 +24,17 @@ import dataclasses
 import importlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from mixgemm.bench.method_types import (  # noqa: F401  (re-exported: the methods' interface)
+    Context,
+    Method,
+    Prepared,
+    Refused,
+    mixgemm_weight_only_name,
+)
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 2e-3}
 ACT_QUANT_TOL = 3e-2  # per-token int8 activations: ~0.9% rms error on Gaussian rows, 3x margin
@@ -35,48 +42,6 @@ ACT_QUANT_TOL = 3e-2  # per-token int8 activations: ~0.9% rms error on Gaussian 
 # rounding per split: measured 2.4e-3 on the H200 at M = 1 (K = 4096, 8192). This tolerance is for that peer
 # only (mixgemm's methods keep 2e-3); a broken kernel is off by O(1), so the check still catches one.
 GEMLITE_FP16_TOL = 5e-3
-
-
-class Refused(ValueError):
-    """Raised by a method's prepare when its format cannot hold the layer (e.g. 4-bit codes with an odd number of
-    weights per output channel): the sweep reports the cases as ``refused`` with the reason, not as errors."""
-
-
-@dataclass
-class Context:
-    device: torch.device
-    dtype: torch.dtype = torch.float16  # activation dtype of mixgemm's weight-only methods
-    group_size: int = 128  # W4 group size of mixgemm's weight-only method
-    notes: dict = field(default_factory=dict)  # method name -> note gathered while preparing
-
-
-@dataclass
-class Prepared:
-    layer: Callable[[torch.Tensor], torch.Tensor]
-    new_copy: Callable[[], Callable[[torch.Tensor], torch.Tensor]]
-    x_map: Callable[[torch.Tensor], torch.Tensor]
-    reference: Callable[[torch.Tensor], torch.Tensor]
-    tol: float
-    weight_bytes: Callable[[], int]
-    act_bytes: int  # bytes per activation element read by the call
-    out_bytes: int  # bytes per output element written
-    compute: str = "fp16"  # which ceiling bounds the compute floor: "fp16", "int8" or "fp32"
-    before_call: Callable[[], None] = lambda: None  # reset per-call bookkeeping (layout tracking)
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str
-    family: str  # "mixgemm" or "peer"
-    prepare: Callable[[torch.Tensor, Context], Prepared]
-    unavailable: Callable[[Context], str | None] = lambda ctx: None
-    applies: Callable[[int, int, int, Context], str | None] = lambda m, k, n, ctx: None
-    cpu: bool = False  # runs on the CPU path too
-    default: bool = True  # part of the default method set
-    quick: bool = True  # part of --quick's default set (False: slow to set up, e.g. autotunes)
-    kind: str = "matmul"  # "matmul" (cases K x N, M) or "conv" (cases ConvSpec, batch)
-    description: str = ""
 
 
 def tensor_bytes(obj) -> int:
@@ -445,11 +410,6 @@ def _module_unavailable(*modules: str):
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
-
-
-def mixgemm_weight_only_name(bits: int, group_size: int, mode: str = "sym") -> str:
-    g = "per-channel" if group_size == -1 else f"g{group_size}"
-    return f"mixgemm W{bits}A16 {g}" + ("" if mode == "sym" else " " + mode.replace("_", "-"))
 
 
 BASELINE_GPU = "fp16 cuBLAS"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.bench.methods import Context, Method, Prepared, mixgemm_weight_only_name
+from mixgemm.bench.method_types import Context, Method, Prepared, mixgemm_weight_only_name
 
 PROBE = "read_probe.cu"
 PREFIX = "read ceiling "
