@@ -21,8 +21,6 @@ in x's memory format (the paths that produce their own output ignore it).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from mixgemm.formats.conv import QuantizedConvWeight
@@ -35,13 +33,11 @@ from mixgemm.kernels.registry import (
     ConvShape,
     KernelEntry,
     Problem,
-    choose,
     device_info,
     no,
     prefer_not,
     register,
 )
-from mixgemm.tuning import races
 
 
 def conv_problem(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
@@ -77,17 +73,7 @@ def _dequant_can_run(p: Problem):
         return OK if p.m >= lim else prefer_not(f"M={p.m} below conv_dequant_min_m={lim}")
     if not p.device.is_cuda:
         return no("needs a CUDA device")
-    key = _race_key(p)
-    res = races.result(key)
-    if res is None:
-        if p.conv.x is None or p.conv.weight is None or not race.can_time(p.conv.x.device):
-            return prefer_not("not measured yet (the first eager call of this layer races it against the quantized "
-                              "kernel)")
-        res = _race(p)
-        races.record(key, res)
-    if res.winner != DEQUANT:
-        return prefer_not(f"slower than {res.winner}: {res.note()}")
-    return OK
+    return race.decision(p, DEQUANT, _race_key(p), p.conv.x.device, True, _routes(p))
 
 
 def _race_key(p: Problem) -> tuple:
@@ -99,24 +85,27 @@ def _race_key(p: Problem) -> tuple:
             c.channels_last_out)
 
 
-def _race(p: Problem):
-    c = p.conv
-    opts = current_options()
-    rival = choose(p, replace(opts, force=opts.force - {DEQUANT}, disable=opts.disable | {DEQUANT}))
-    x, w = c.x, c.weight
-    ho, wo = conv_output_size(x.shape[2], x.shape[3], w.kernel_size, c.stride, c.padding, c.dilation)
-    out = torch.empty((x.shape[0], w.out_channels, ho, wo), device=x.device, dtype=x.dtype,
-                      memory_format=out_format(x))
-    inf = float("inf")
-    args = (c.stride, c.padding, c.dilation, c.groups, -inf, inf, None)
+def _routes(p: Problem):
+    """The race's two calls on the call's own input: the rival entry's and the dequantize + cuDNN route."""
 
-    def rival_run():
-        return rival.entry.run(x, w, None, out, *args, rival.config)
+    def routes(rival):
+        c = p.conv
+        x, w = c.x, c.weight
+        ho, wo = conv_output_size(x.shape[2], x.shape[3], w.kernel_size, c.stride, c.padding, c.dilation)
+        out = torch.empty((x.shape[0], w.out_channels, ho, wo), device=x.device, dtype=x.dtype,
+                          memory_format=out_format(x))
+        inf = float("inf")
+        args = (c.stride, c.padding, c.dilation, c.groups, -inf, inf, None)
 
-    def dequant_run():
-        return _run_dequant(x, w, None, out, *args, None)
+        def rival_call():
+            return rival.entry.run(x, w, None, out, *args, rival.config)
 
-    return race.race((rival.entry.name, rival_run), (DEQUANT, dequant_run), p.m, x.device)
+        def own_call():
+            return _run_dequant(x, w, None, out, *args, None)
+
+        return rival_call, own_call
+
+    return routes
 
 
 def _wgmma_can_run(p: Problem):
@@ -262,10 +251,7 @@ def _none(p: Problem) -> None:
 
 
 def _dequant_config(p: Problem):
-    from mixgemm.tuning.buckets import SourcedConfig
-
-    res = races.result(_race_key(p)) if p.device.is_cuda and p.conv.x is not None else None
-    return SourcedConfig({}, res.note()) if res is not None else None
+    return race.measured_config(_race_key(p)) if p.device.is_cuda and p.conv.x is not None else None
 
 
 DEQUANT = "dequant_cudnn"

@@ -4,14 +4,21 @@ A race runs each contender WARMUP times, captures REPS calls in a CUDA graph and
 events (the median per call). It runs only where timing is possible and harmless: on a CUDA device, outside CUDA-graph
 capture and torch.compile tracing.
 A route must beat the incumbent by ``margin`` (noise; the incumbent is the quantized kernel, which holds less memory).
+:func:`decision` is what a raced entry's can_run returns (dequant_cublas, dequant_cudnn): the recorded result, or a
+race against the entry the registry would pick without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
+from mixgemm.kernels.options import current_options
+from mixgemm.kernels.registry import OK, Choice, Decision, Problem, choose, prefer_not
+from mixgemm.tuning import races
+from mixgemm.tuning.buckets import SourcedConfig
 from mixgemm.tuning.races import RaceResult
 
 WARMUP = 2
@@ -61,3 +68,28 @@ def race(incumbent: tuple[str, Callable[[], object]], challenger: tuple[str, Cal
     times = {name: timer(fn, device) for name, fn in (incumbent, challenger)}
     wins = times[incumbent[0]] > margin * times[challenger[0]]
     return RaceResult(times_us=times, winner=challenger[0] if wins else incumbent[0], m=m)
+
+
+def decision(p: Problem, name: str, key: tuple, device: torch.device, can_race: bool,
+             routes: Callable[[Choice], tuple[Callable[[], object], Callable[[], object]]]) -> Decision:
+    """Entry ``name``'s decision for p from its race under ``key``: OK where it won, else a soft decline with the times.
+    With no result yet, a race runs now where ``can_race`` and timing is possible (:func:`can_time`): routes(rival)
+    gives (the rival's call, this entry's call), the rival being the registry's choice without ``name``; otherwise a
+    soft decline (the quantized kernel runs)."""
+    res = races.result(key)
+    if res is None:
+        if not (can_race and can_time(device)):
+            return prefer_not("not measured yet (the first eager call of this layer races it against the quantized "
+                              "kernel)")
+        opts = current_options()
+        rival = choose(p, replace(opts, force=opts.force - {name}, disable=opts.disable | {name}))
+        rival_call, own_call = routes(rival)
+        res = race((rival.entry.name, rival_call), (name, own_call), p.m, device)
+        races.record(key, res)
+    return OK if res.winner == name else prefer_not(f"slower than {res.winner}: {res.note()}")
+
+
+def measured_config(key: tuple) -> SourcedConfig | None:
+    """A raced entry's config: none to hand its kernel, with the race's times as its source (explain prints them)."""
+    res = races.result(key)
+    return None if res is None else SourcedConfig({}, res.note())

@@ -12,17 +12,14 @@ against the entry the registry would pick otherwise (mixgemm.kernels.race) and k
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import torch
 
 from mixgemm.formats.weight import narrow_group_reason
 from mixgemm.kernels import race
 from mixgemm.kernels.layouts import WGMMA_V1
-from mixgemm.kernels.options import current_options
-from mixgemm.kernels.registry import OK, KernelEntry, Problem, choose, no, prefer_not
-from mixgemm.tuning import races
-from mixgemm.tuning.buckets import SourcedConfig, m_bucket
+from mixgemm.kernels.registry import KernelEntry, Problem, no
+from mixgemm.tuning.buckets import m_bucket
 
 NAME = "dequant_cublas"
 # Below this M the dequantize pass (2.5-3 bytes per weight written and read back by cuBLAS) costs more than the whole
@@ -70,32 +67,30 @@ def can_run(p: Problem):
     why = _static_reason(p)
     if why is not None:
         return no(why)
-    res = races.result(race_key(p))
-    if res is None:
-        dev = torch.device("cuda", p.device.index)
-        if p.qw is None or tuple(p.qw.shape) != (p.n, p.k) or not race.can_time(dev):
-            return prefer_not("not measured yet (the first eager call of this layer at this M bucket races it "
-                              "against the quantized kernel)")
-        res = _race(p, dev)
-        races.record(race_key(p), res)
-    if res.winner != NAME:
-        return prefer_not(f"slower than {res.winner}: {res.note()}")
-    return OK
+    return race.decision(p, NAME, race_key(p), torch.device("cuda", p.device.index),
+                         p.qw is not None and tuple(p.qw.shape) == (p.n, p.k), _routes(p))
 
 
-def _race(p: Problem, dev: torch.device) -> races.RaceResult:
-    opts = current_options()
-    rival = choose(p, replace(opts, force=opts.force - {NAME}, disable=opts.disable | {NAME}))
-    qw = p.qw
-    x = torch.randn(p.m, p.k, dtype=p.x_dtype, device=dev)
-    inf = float("inf")
-    return race.race((rival.entry.name, lambda: rival.entry.run(x, qw, None, -inf, inf, rival.config)),
-                     (NAME, lambda: run(x, qw, None, -inf, inf, None)), p.m, dev)
+def _routes(p: Problem):
+    """The race's two calls on a random x of p's shape: the rival entry's and this one's."""
+
+    def routes(rival):
+        qw, inf = p.qw, float("inf")
+        x = torch.randn(p.m, p.k, dtype=p.x_dtype, device=qw.device)
+
+        def rival_call():
+            return rival.entry.run(x, qw, None, -inf, inf, rival.config)
+
+        def own_call():
+            return run(x, qw, None, -inf, inf, None)
+
+        return rival_call, own_call
+
+    return routes
 
 
 def config(p: Problem):
-    res = races.result(race_key(p))
-    return SourcedConfig({}, res.note()) if res is not None else None
+    return race.measured_config(race_key(p))
 
 
 def row_block(n: int, k: int, element_size: int) -> int:
