@@ -30,7 +30,7 @@ import torch
 import mixgemm.tuning as tuning
 from mixgemm.formats.activation import ACT_MODES, SYMMETRIC_ACT_MODES, QuantizedActivation
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.linear import _wave_cost, nvrtc_ok, triton_device_ok, triton_ok
+from mixgemm.kernels.linear import _wave_cost, nvrtc_ok, triton_device_ok
 from mixgemm.kernels.registry import (
     OK,
     DeviceInfo,
@@ -41,6 +41,7 @@ from mixgemm.kernels.registry import (
     no,
     prefer_not,
     register,
+    triton_ok,
 )
 
 _XT = (torch.float16, torch.bfloat16, torch.float32)

@@ -26,7 +26,6 @@ import torch
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.kernels import race
 from mixgemm.kernels.conv_geometry import conv_output_size, out_format  # noqa: F401  (re-exported)
-from mixgemm.kernels.linear import triton_ok
 from mixgemm.kernels.options import current_options
 from mixgemm.kernels.registry import (
     OK,
@@ -37,6 +36,7 @@ from mixgemm.kernels.registry import (
     no,
     prefer_not,
     register,
+    triton_ok,
 )
 
 

@@ -40,6 +40,7 @@ from mixgemm.kernels.registry import (
     no,
     prefer_not,
     register,
+    triton_ok,
 )
 
 GEMV_MAX_M = 16  # the GEMVs' own limit; the tuning table may lower it per bit width
@@ -61,17 +62,6 @@ def nvrtc_ok() -> bool:
     from mixgemm.kernels.cuda import nvrtc
 
     return nvrtc.nvrtc_available()
-
-
-@functools.cache
-def triton_ok(module: str) -> bool:
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
 
 
 def triton_device_ok(p: Problem) -> bool:

@@ -256,6 +256,19 @@ class Choice:
         return "\n".join(lines)
 
 
+@functools.cache
+def triton_ok(module: str) -> bool:
+    """True when the Triton kernel module ``module`` imports (Triton installed and the module compiles its decorators):
+    what an entry's can_run checks before naming Triton unavailable."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 class NoKernel(ValueError):
     """No entry of the op takes the problem; the message lists every entry's reason."""
 

@@ -11,14 +11,12 @@ against the entry the registry would pick otherwise (mixgemm.kernels.race) and k
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from mixgemm.formats.weight import narrow_group_reason
 from mixgemm.kernels import race
 from mixgemm.kernels.layouts import WGMMA_V1
-from mixgemm.kernels.registry import KernelEntry, Problem, no
+from mixgemm.kernels.registry import KernelEntry, Problem, no, triton_ok
 from mixgemm.tuning.buckets import m_bucket
 
 NAME = "dequant_cublas"
@@ -49,18 +47,9 @@ def _static_reason(p: Problem) -> str | None:
         return f"reads wgmma_v1, which cannot hold {narrow.split(':')[0]}"
     if p.m < DEQUANT_MIN_M:
         return f"M={p.m} below DEQUANT_MIN_M={DEQUANT_MIN_M} (the dequantize pass alone outweighs the GEMM)"
-    if not _triton_ok():
+    if not triton_ok("mixgemm.kernels.dequant_matmul.wgmma_v1_dequant"):
         return "Triton unavailable"
     return None
-
-
-@functools.cache
-def _triton_ok() -> bool:
-    try:
-        import mixgemm.kernels.dequant_matmul.wgmma_v1_dequant  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def can_run(p: Problem):
