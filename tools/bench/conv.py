@@ -30,6 +30,7 @@ from mixgemm import quantize_conv_weight
 from mixgemm.bench.protocol import capture_graph
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.weight import QuantConfig
+from mixgemm.integrations.hf import dequantized_copy
 from mixgemm.nn.conv import QuantConv2d, fit_conv_config, swap_conv2d
 from mixgemm.ops.conv import conv_output_size, cuda_conv2d, pick_path
 
@@ -370,33 +371,6 @@ def quantize_model(net: nn.Module, bits: int, group_size: int = 128) -> tuple[nn
             swap_conv2d(net, QuantConfig(bits=bits, group_size=group_size))
             how.append(f"swap_conv2d ({left} convs)")
     return net, " + ".join(how)
-
-
-def dequantized_copy(qnet: nn.Module) -> nn.Module:
-    """The same network with every QuantConv2d replaced by an nn.Conv2d holding its dequantized weights."""
-    import copy
-
-    net = copy.deepcopy(qnet)
-    for _fqn, mod in list(net.named_modules()):
-        for name, ch in list(mod.named_children()):
-            if isinstance(ch, QuantConv2d):
-                conv = nn.Conv2d(
-                    ch.in_channels,
-                    ch.out_channels,
-                    ch.kernel_size,
-                    ch.stride,
-                    ch.padding,
-                    ch.dilation,
-                    ch.groups,
-                    ch.bias is not None,
-                ).to(ch.qweight.device)
-                with torch.no_grad():
-                    conv.weight.copy_(ch.dequantized_weight(torch.float32))
-                    if ch.bias is not None:
-                        conv.bias.copy_(ch.bias)
-                act = {"relu": nn.ReLU(), "relu6": nn.ReLU6()}.get(ch.activation)  # a fused activation: after it
-                setattr(mod, name, conv if act is None else nn.Sequential(conv, act))
-    return net
 
 
 @torch.no_grad()

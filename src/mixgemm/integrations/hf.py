@@ -1,6 +1,6 @@
 """Hugging Face transformers helpers: configs of published models (Llama, Qwen2 / Qwen3, Mistral, Gemma-2, Phi-3 and
-mixture-of-experts ones) with random weights, the dequantized-float twin of a quantized model, and a greedy decode loop
-over a static KV cache (eager or torch.compile'd; a compiled step refuses a cache that slides).
+mixture-of-experts ones) with random weights, the dequantized-float twin of a quantized model (convolutions too), and a
+greedy decode loop over a static KV cache (eager or torch.compile'd; a compiled step refuses a cache that slides).
 
 Needs ``transformers`` (imported lazily, so that mixgemm itself does not depend on it).
 """
@@ -12,6 +12,7 @@ import copy
 import torch
 from torch import nn
 
+from mixgemm.nn.conv import QuantConv2d
 from mixgemm.nn.experts import QuantizedExperts, dequantize_experts_
 from mixgemm.nn.linear import QuantLinear
 
@@ -144,19 +145,25 @@ random_llama = random_model  # the name the Llama-only helpers had
 
 
 def dequantized_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
-    """A deep copy of ``model`` in which every QuantLinear is an nn.Linear holding its dequantized weight
-    (in ``dtype``, default: the dtype of the model's other float parameters, e.g. its embeddings): the float
-    model that the quantized one must reproduce."""
-    # the kernel-layout caches hang on the qweight buffers (mixgemm.ops.custom_ops): leave them out of the copy
+    """A deep copy of ``model`` in which every QuantLinear is an nn.Linear and every QuantConv2d an nn.Conv2d (followed
+    by its fused ReLU / ReLU6) holding its dequantized weight (in ``dtype``, default: the dtype of the model's other
+    float parameters, e.g. its embeddings or norms): the float model that the quantized one must reproduce."""
+    # the kernel-layout caches hang on the qweight buffers (mixgemm.ops.custom_ops) and on QuantConv2d: leave them out
+    # of the copy
     stash = {}
     for m in model.modules():
-        if isinstance(m, QuantLinear) and "_mixgemm_qw" in m.qweight.__dict__:
-            stash[m] = m.qweight.__dict__.pop("_mixgemm_qw")
+        if isinstance(m, (QuantLinear, QuantConv2d)) and "_mixgemm_qw" in m.qweight.__dict__:
+            stash[m.qweight] = m.qweight.__dict__.pop("_mixgemm_qw")
+    conv_caches = {m: m._qw_cache for m in model.modules() if isinstance(m, QuantConv2d)}
+    for m in conv_caches:
+        m._qw_cache = None
     try:
         twin = copy.deepcopy(model)
     finally:
-        for m, v in stash.items():
-            m.qweight._mixgemm_qw = v
+        for t, v in stash.items():
+            t._mixgemm_qw = v
+        for m, v in conv_caches.items():
+            m._qw_cache = v
     if dtype is None:
         quant = {id(p) for m in twin.modules() if isinstance(m, QuantLinear) for p in m.parameters()}
         floats = [p.dtype for p in twin.parameters() if p.is_floating_point() and id(p) not in quant]
@@ -165,15 +172,22 @@ def dequantized_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.M
         if isinstance(mod, QuantizedExperts):
             dequantize_experts_(mod, dtype)
     for name, mod in list(twin.named_modules()):
-        if not isinstance(mod, QuantLinear):
+        if isinstance(mod, QuantLinear):
+            fl = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, device="meta")
+            fl.weight = nn.Parameter(mod.dequantize(dtype), requires_grad=False)
+        elif isinstance(mod, QuantConv2d):
+            fl = nn.Conv2d(mod.in_channels, mod.out_channels, mod.kernel_size, mod.stride, mod.padding, mod.dilation,
+                           mod.groups, mod.bias is not None, device="meta")
+            fl.weight = nn.Parameter(mod.dequantized_weight(dtype), requires_grad=False)
+        else:
             continue
-        dt = dtype
-        lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, device="meta")
-        lin.weight = nn.Parameter(mod.dequantize(dt), requires_grad=False)
         if mod.bias is not None:
-            lin.bias = nn.Parameter(mod.bias.detach().to(dt), requires_grad=False)
+            fl.bias = nn.Parameter(mod.bias.detach().to(dtype), requires_grad=False)
+        act = getattr(mod, "activation", None)
+        if act is not None:  # a fused activation: the float layer, then the activation
+            fl = nn.Sequential(fl, {"relu": nn.ReLU(), "relu6": nn.ReLU6()}[act])
         parent, _, child = name.rpartition(".")
-        setattr(twin.get_submodule(parent), child, lin)
+        setattr(twin.get_submodule(parent), child, fl)
     return twin
 
 

@@ -6,8 +6,10 @@ mixgemm.formats.conv): ``qweight`` uint8 [Co, ceil(Kh*Kw*Ci_g*bits/8)], ``scales
 quantization config (bits, group size, mode, scale dtype), the kernel geometry and the fused activation
 travel in the state dict's extra state, so ``load_state_dict`` refuses a checkpoint of another format.
 
-Forward: ``mixgemm.conv2d`` (Triton implicit GEMM on CUDA, the float64 reference on the CPU). The input may
-be NCHW or channels_last, float16 / bfloat16 / float32; the output keeps its layout and dtype.
+Forward: ``mixgemm.conv2d`` (the conv registry's kernels on CUDA, the float64 reference on the CPU); under
+torch.compile the custom op ``torch.ops.mixgemm.conv2d_wxa16``, which runs the same and which the compiler and CUDA
+graphs see as one node. The input may be NCHW or channels_last, float16 / bfloat16 / float32; the output keeps its
+layout and dtype.
 
 Formats the conv layout cannot hold, and what ``from_conv`` does about them (``strict=False``, the default;
 ``strict=True`` raises instead), each with a warning naming the layer's shape:
@@ -27,6 +29,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+import mixgemm.ops.custom_ops  # noqa: F401  (registers torch.ops.mixgemm.conv2d_wxa16, forward's compiled call)
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight, check_conv_config, quantize_conv_weight
 from mixgemm.formats.packing import packed_width
@@ -240,6 +243,16 @@ class QuantConv2d(nn.Module):
         return self.quantized_weight().dequantize(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # one opaque node (torch.ops.mixgemm.conv2d_wxa16): the dispatch, its races and the NVRTC launches are not
+            # traceable, and CUDA graphs capture the op whole. The op finds the kernel layouts cached on qweight.
+            b = self._buffers
+            lo, hi = clamp_bounds(self.activation)
+            c, (kh, kw) = self.qconfig, self.kernel_size
+            shape = [self.out_channels, self.in_channels // self.groups, kh, kw]
+            return torch.ops.mixgemm.conv2d_wxa16(
+                x, b["qweight"], b["scales"], b["zeros"], b["offsets"], self.bias, c.bits, c.group_size, c.mode, shape,
+                list(self.stride), list(self.padding), list(self.dilation), self.groups, lo, hi)
         return conv2d(
             x,
             self.quantized_weight(),
