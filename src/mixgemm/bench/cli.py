@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from mixgemm.bench import accept, conv_models, draw, merge, models, output, protocol
+from mixgemm.bench import accept, conv_models, conv_networks, draw, merge, models, output, protocol
 from mixgemm.bench.conv import CONV_BATCHES, CONV_PRESET, conv_methods, conv_models_methods
 from mixgemm.bench.methods import BASELINE_CPU, _dtype_name, all_methods, select
 from mixgemm.bench.reference_numbers import compare_markdown, protocol_plan
@@ -188,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--conv-models: only these layers: a model (resnet50) or family (EfficientNet) name, or "
                         "text in a layer's name or its models' module names (7x7, 'dw', unet); comma- or "
                         "space-separated, any of them")
+    conv_networks.add_arguments(p)
     p.add_argument("--call-overhead", action="store_true",
                    help="host time of one QuantLinear call (W4A16, W8A16, W8A8, W4A8 per token) against nn.Linear, "
                         "eager and under torch.compile without CUDA graphs (--shapes: one KxN, default 2048x2048; "
@@ -337,10 +338,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:<14} {m.source:<36} {layers}")
         return 0
     choosers = [opt for opt, given in (("--model", chosen_models), ("--shapes", shapes), ("--random", count),
-                                       ("--conv", args.conv), ("--conv-models", args.conv_models)) if given]
+                                       ("--conv", args.conv), ("--conv-models", args.conv_models),
+                                       ("--conv-networks", args.conv_networks is not None)) if given]
     if len(choosers) > 1:
         print(f"mixgemm bench: error: {' and '.join(choosers)} both choose the shapes; give one", file=sys.stderr)
         return 2
+    if args.conv_networks is not None:
+        return conv_networks.main(args, ms, bits, DTYPES[args.dtype or "fp16"])
     if args.call_overhead:
         return _call_overhead(args, shapes, ms)
     # the layer shapes of a --model or --random run (timed and judged alike), by (K, N)
