@@ -94,7 +94,7 @@ def to_device(net: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Mo
 
 # ------------------------------------------------------------------------------------------- what the network is
 def quantize_copy(net: nn.Module, bits: int, w4_mode: str) -> tuple[nn.Module, dict]:
-    """A quantized deep copy of the float32 ``net`` and what quantize_ did: format, layers replaced and skipped, the
+    """A quantized deep copy of ``net`` and what quantize_ did: format, layers replaced and skipped, the
     group sizes the convs got."""
     from mixgemm.nn.conv import QuantConv2d
     from mixgemm.nn.linear import QuantLinear
@@ -257,21 +257,19 @@ def run_network(case: NetworkCase, plan: Plan, budget: Budget, record: dict, sav
     t0 = time.time()
     torch.manual_seed(0)
     with torch.device(dev):
-        net = case.make(plan.smoke)
+        net = to_device(case.make(plan.smoke), dt, dev)  # quantized as users do: the model as it runs
     record.update(source=case.source, input_hw=hw, build_s=round(time.time() - t0, 1))
-    nets: dict[str, nn.Module] = {}
+    nets: dict[str, nn.Module] = {FLOAT: net}
     record["quantize"], record["agreement"], record["bytes"], record["routes"] = {}, {}, {}, {}
     for bits in plan.bits:
         name = f"W{bits}"
         t1 = time.time()
         q, info = quantize_copy(net, bits, plan.w4_mode)
-        q = to_device(q, dt, dev)
         info["seconds"] = round(time.time() - t1, 1)
         record["quantize"][name] = info
         record["agreement"][name] = agreement(q, plan, case, hw)
         nets[name] = q
         save()
-    nets = {FLOAT: to_device(net, dt, dev), **nets}
     record["bytes"][FLOAT] = {"model": model_bytes(nets[FLOAT])}
     rows = record["throughput"] = []
     inputs = {b: case.inputs(nets[FLOAT], b, hw, dt, dev) for b in plan.batches}
@@ -324,12 +322,18 @@ def _compiled_case(net: nn.Module, variant: str, batch: int, inp: tuple, plan: P
     if why:
         row["status"] = why
         return row
+    from torch._dynamo.utils import counters
+
     args, kwargs = inp
     try:
         want = first_tensor(net(*args, **kwargs)).clone()
         compiled = torch.compile(net, mode=plan.compile_mode, dynamic=False)
         fn = lambda: compiled(*args, **kwargs)  # noqa: E731
+        graphs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
         row["compile_s"] = round(warm(fn, plan.device, 3), 1)
+        # graphs: more than one means graph breaks; cudagraph skips: graphs inductor left out of CUDA graphs
+        row["graphs"] = counters["stats"]["unique_graphs"] - graphs
+        row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips
         row["vs_eager_rel_err"] = rel_err(first_tensor(fn()), want)
         row["ms"] = time_ms(fn, plan.device, plan.min_time_s)
         row["images_per_s"] = batch * 1e3 / row["ms"]
@@ -482,6 +486,21 @@ def routes_markdown(data: dict) -> list[str]:
     return lines
 
 
+def compiled_markdown(data: dict) -> list[str]:
+    rows = [(net, r) for net, rec in data["networks"].items() for r in rec.get("throughput", [])
+            if r["mode"] == "compiled" and r["status"] == "ok"]
+    if not rows:
+        return []
+    lines = ["## Compiled", "", "Warm-up (compile, CUDA-graph recording), graphs traced (more than one: graph breaks), "
+             "graphs left out of CUDA graphs, and the compiled output against the eager one.", "",
+             "| network | variant | batch | warm-up s | graphs | cudagraph skips | vs eager |",
+             "|---|---|---|---|---|---|---|"]
+    for net, r in rows:
+        lines.append(f"| {net} | {r['variant']} | {r['batch']} | {r['compile_s']} | {r['graphs']} | "
+                     f"{r['cudagraph_skips']} | {r['vs_eager_rel_err']:.2e} |")
+    return lines + [""]
+
+
 def to_markdown(data: dict) -> str:
     m = data["meta"]
     p = m["plan"]
@@ -491,8 +510,8 @@ def to_markdown(data: dict) -> str:
             + ("; SMOKE run (tiny inputs and configs: no acceptance)" if p["smoke"] else "")
             + f"; wall {m.get('wall_s')} s.", ""]
     stopped = [f"- {n}: {r['status']}" for n, r in data["networks"].items() if r.get("status")]
-    body = throughput_markdown(data) + [""] + bytes_markdown(data) + [""] + agreement_markdown(data) + [""] \
-        + routes_markdown(data)
+    body = throughput_markdown(data) + [""] + compiled_markdown(data) + bytes_markdown(data) + [""] \
+        + agreement_markdown(data) + [""] + routes_markdown(data)
     return "\n".join(head + (["Networks not measured:", *stopped, ""] if stopped else []) + body) + "\n"
 
 
