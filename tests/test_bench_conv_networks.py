@@ -64,6 +64,21 @@ def test_cpu_run_writes_the_tables(tmp_path):
     assert "| small | W4A16 g32 sym | 0.0 |" in md and "cpu_reference 3" in md and "SMOKE run" in md
 
 
+def test_compiled_case_traces_the_quantized_network_whole(monkeypatch):
+    """The compiled row (torch.compile's eager backend standing in for inductor on the CPU): one graph, no graph break
+    at the QuantConv2d / QuantLinear layers, the compiled output the eager one."""
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, mode=None, dynamic=None: real(m, backend="eager", dynamic=dynamic))
+    torch._dynamo.reset()
+    q, _ = cn.quantize_copy(_Small().eval(), 4, "sym")
+    plan = _plan(compile_mode="reduce-overhead")
+    row = cn.timed_case(q, "W4", "compiled", 2, SMALL.inputs(q, 2, 8, torch.float32, plan.device), plan,
+                        cn.Budget(plan, 0.0))
+    torch._dynamo.reset()
+    assert row["status"] == "ok" and row["images_per_s"] > 0, row
+    assert row["graphs"] == 1 and row["cudagraph_skips"] == 0 and row["vs_eager_rel_err"] < 1e-6
+
+
 def _row(variant, mode, batch, ips, status="ok"):
     return {"variant": variant, "mode": mode, "batch": batch, "ms": None, "images_per_s": ips, "status": status}
 

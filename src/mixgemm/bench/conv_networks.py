@@ -275,7 +275,7 @@ def run_network(case: NetworkCase, plan: Plan, budget: Budget, record: dict, sav
     inputs = {b: case.inputs(nets[FLOAT], b, hw, dt, dev) for b in plan.batches}
     for b in plan.batches:  # eager, every variant; each quantized variant's routes at this batch
         for v, n in nets.items():
-            rows.append(_eager_case(n, v, b, inputs[b], plan, budget))
+            rows.append(timed_case(n, v, "eager", b, inputs[b], plan, budget))
             if v != FLOAT and rows[-1]["status"] == "ok":
                 record["routes"].setdefault(v, {})[f"b{b}"] = routes(n, *inputs[b])
             save()
@@ -286,61 +286,50 @@ def run_network(case: NetworkCase, plan: Plan, budget: Budget, record: dict, sav
     if plan.compile_mode:
         for b in sorted(plan.batches, reverse=True):  # batch 32 first: its bar holds for every network
             for v, n in nets.items():
-                rows.append(_compiled_case(n, v, b, inputs[b], plan, budget))
+                rows.append(timed_case(n, v, "compiled", b, inputs[b], plan, budget))
                 save()
                 torch._dynamo.reset()
     record["wall_s"] = round(time.time() - t0, 1)
 
 
-def _row(variant: str, mode: str, batch: int) -> dict:
-    return {"variant": variant, "mode": mode, "batch": batch, "ms": None, "images_per_s": None, "status": "ok"}
-
-
 @torch.no_grad()
-def _eager_case(net: nn.Module, variant: str, batch: int, inp: tuple, plan: Plan, budget: Budget) -> dict:
-    row = _row(variant, "eager", batch)
+def timed_case(net: nn.Module, variant: str, mode: str, batch: int, inp: tuple, plan: Plan, budget: Budget) -> dict:
+    """One row of the throughput table: ``net`` eager or compiled (plan.compile_mode) at this batch; a failure or a
+    spent budget is the row's status, not the end of the run."""
+    row = {"variant": variant, "mode": mode, "batch": batch, "ms": None, "images_per_s": None, "status": "ok"}
     why = budget.why_stop()
     if why:
         row["status"] = why
         return row
     args, kwargs = inp
-    fn = lambda: net(*args, **kwargs)  # noqa: E731
     try:
-        row["warm_s"] = round(warm(fn, plan.device, 2), 2)
-        row["ms"] = time_ms(fn, plan.device, plan.min_time_s)
-        row["images_per_s"] = batch * 1e3 / row["ms"]
-    except Exception as e:  # a failing variant is a row of the table, not the end of the run
-        row["status"] = f"error: {type(e).__name__}: {str(e)[:300]}"
-    _progress(row)
-    return row
-
-
-@torch.no_grad()
-def _compiled_case(net: nn.Module, variant: str, batch: int, inp: tuple, plan: Plan, budget: Budget) -> dict:
-    row = _row(variant, "compiled", batch)
-    why = budget.why_stop()
-    if why:
-        row["status"] = why
-        return row
-    from torch._dynamo.utils import counters
-
-    args, kwargs = inp
-    try:
-        want = first_tensor(net(*args, **kwargs)).clone()
-        compiled = torch.compile(net, mode=plan.compile_mode, dynamic=False)
-        fn = lambda: compiled(*args, **kwargs)  # noqa: E731
-        graphs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
-        row["compile_s"] = round(warm(fn, plan.device, 3), 1)
-        # graphs: more than one means graph breaks; cudagraph skips: graphs inductor left out of CUDA graphs
-        row["graphs"] = counters["stats"]["unique_graphs"] - graphs
-        row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips
-        row["vs_eager_rel_err"] = rel_err(first_tensor(fn()), want)
+        if mode == "eager":
+            fn = lambda: net(*args, **kwargs)  # noqa: E731
+            row["warm_s"] = round(warm(fn, plan.device, 2), 2)
+        else:
+            fn = _compiled(net, args, kwargs, plan, row)
         row["ms"] = time_ms(fn, plan.device, plan.min_time_s)
         row["images_per_s"] = batch * 1e3 / row["ms"]
     except Exception as e:
         row["status"] = f"error: {type(e).__name__}: {str(e)[:300]}"
     _progress(row)
     return row
+
+
+def _compiled(net: nn.Module, args: tuple, kwargs: dict, plan: Plan, row: dict):
+    """The compiled call of ``net``, warm (compiled, CUDA graphs recorded); row gets the warm-up seconds, the graphs
+    traced (more than one: graph breaks), the graphs inductor left out of CUDA graphs and the error against eager."""
+    from torch._dynamo.utils import counters
+
+    want = first_tensor(net(*args, **kwargs)).clone()
+    compiled = torch.compile(net, mode=plan.compile_mode, dynamic=False)
+    fn = lambda: compiled(*args, **kwargs)  # noqa: E731
+    graphs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
+    row["compile_s"] = round(warm(fn, plan.device, 3), 1)
+    row["graphs"] = counters["stats"]["unique_graphs"] - graphs
+    row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - skips
+    row["vs_eager_rel_err"] = rel_err(first_tensor(fn()), want)
+    return fn
 
 
 def _progress(row: dict) -> None:
