@@ -98,6 +98,12 @@ def test_throughput_table_judges_every_quantized_variant_against_its_bar():
     assert cn.bar_of("unet2d_condition", "compiled", 1) == 1.2 and cn.bar_of("efficientnet_b0", "compiled", 32) == 1.0
 
 
+def test_case_order_puts_the_acceptance_first():
+    assert cn.case_order(_plan(batches=[1, 32], compile_mode="reduce-overhead")) == [
+        ("eager", 1), ("compiled", 32), ("compiled", 1), ("eager", 32)]
+    assert cn.case_order(_plan(batches=[2, 1])) == [("eager", 1), ("eager", 2)]
+
+
 def test_time_budget_cuts_and_says_so(tmp_path):
     data, _ = cn.run(_plan(time_budget_s=1e-9), str(tmp_path))
     assert data["networks"]["small"]["status"] == "cut: the run's --time-budget was spent"

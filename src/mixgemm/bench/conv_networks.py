@@ -273,23 +273,35 @@ def run_network(case: NetworkCase, plan: Plan, budget: Budget, record: dict, sav
     record["bytes"][FLOAT] = {"model": model_bytes(nets[FLOAT])}
     rows = record["throughput"] = []
     inputs = {b: case.inputs(nets[FLOAT], b, hw, dt, dev) for b in plan.batches}
-    for b in plan.batches:  # eager, every variant; each quantized variant's routes at this batch
+    for i, (mode, b) in enumerate(case_order(plan)):
         for v, n in nets.items():
-            rows.append(timed_case(n, v, "eager", b, inputs[b], plan, budget))
-            if v != FLOAT and rows[-1]["status"] == "ok":
-                record["routes"].setdefault(v, {})[f"b{b}"] = routes(n, *inputs[b])
+            if v != FLOAT and f"b{b}" not in record["routes"].get(v, {}) and not budget.why_stop():
+                record["routes"].setdefault(v, {})[f"b{b}"] = _routes_or_error(n, inputs[b])
+            rows.append(timed_case(n, v, mode, b, inputs[b], plan, budget))
             save()
-    for v, n in nets.items():
-        if v != FLOAT:
-            record["bytes"][v] = {**layer_bytes(n), "model": model_bytes(n)}
-    save()
-    if plan.compile_mode:
-        for b in sorted(plan.batches, reverse=True):  # batch 32 first: its bar holds for every network
-            for v, n in nets.items():
-                rows.append(timed_case(n, v, "compiled", b, inputs[b], plan, budget))
-                save()
+            if mode == "compiled":
                 torch._dynamo.reset()
+        if i == 0:  # the layouts the first calls built
+            for v, n in nets.items():
+                record["bytes"][v] = {**(layer_bytes(n) if v != FLOAT else {}), "model": model_bytes(n)}
+            save()
     record["wall_s"] = round(time.time() - t0, 1)
+
+
+def case_order(plan: Plan) -> list[tuple[str, int]]:
+    """(mode, batch) in the order a run measures them, the acceptance's first where a budget may cut the rest: eager
+    at the smallest batch (its first calls build the kernel layouts), compiled from the largest batch down, then eager
+    at the other batches."""
+    first = min(plan.batches)
+    compiled = [("compiled", b) for b in sorted(plan.batches, reverse=True)] if plan.compile_mode else []
+    return [("eager", first), *compiled, *[("eager", b) for b in plan.batches if b != first]]
+
+
+def _routes_or_error(net: nn.Module, inp: tuple) -> dict:
+    try:
+        return routes(net, *inp)
+    except Exception as e:  # (the timed rows say whether the network itself runs)
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
 
 
 @torch.no_grad()
@@ -411,7 +423,7 @@ def throughput_markdown(data: dict) -> list[str]:
              "|---|---|---|" + "---|" * (len(variants) + 2)]
     for net, rec in data["networks"].items():
         rows = rec.get("throughput", [])
-        keys = dict.fromkeys((r["mode"], r["batch"]) for r in rows)
+        keys = sorted(dict.fromkeys((r["mode"], r["batch"]) for r in rows), key=lambda k: (k[1], k[0] != "eager"))
         for mode, batch in keys:
             by = {r["variant"]: r for r in rows if (r["mode"], r["batch"]) == (mode, batch)}
             base = by.get(FLOAT)
@@ -469,6 +481,9 @@ def routes_markdown(data: dict) -> list[str]:
     for net, rec in data["networks"].items():
         for v, by_batch in rec.get("routes", {}).items():
             for b, r in by_batch.items():
+                if "error" in r:
+                    lines.append(f"| {net} | {v} | {b[1:]} | {r['error'][:120]} | |")
+                    continue
                 conv = ", ".join(f"{k} {n}" for k, n in r.get("conv", {}).items()) or "-"
                 lin = ", ".join(f"{k} {n}" for k, n in r.get("linear", {}).items()) or "-"
                 lines.append(f"| {net} | {v} | {b[1:]} | {conv} | {lin} |")
