@@ -54,6 +54,8 @@ def test_cpu_run_writes_the_tables(tmp_path):
         by = rec["bytes"][v]
         assert by["fp16"] == 2 * (32 * 3 * 9 + 32 * 9 + 64 * 32 + 64 * 10)
         assert by["packed"] < by["fp16"] / (3 if v == "W4" else 1.8)
+        # the model: the same biases and norms as the float32 network, the weights packed
+        assert by["model"] - by["packed"] == rec["bytes"]["float"]["model"] - 2 * by["fp16"]
     assert rec["quantize"]["W4"]["groups"] == {"conv g32": 1, "conv per-channel": 2, "linear g32": 1}
     rows = rec["throughput"]
     assert [(r["variant"], r["batch"]) for r in rows] == [(v, b) for b in (1, 2) for v in ("float", "W4", "W8")]
