@@ -17,7 +17,8 @@ where Ci/groups allows and goes per-channel otherwise) and W8 (``W8A16()``, per-
 
 Acceptance (issue 109): compiled, batch 32 >= 1.0x the fp16 network's images/s; batch 1 >= 1.2x on ResNet-50 and the
 UNet; W4 weights >= 3.5x smaller than fp16. Results go to OUT/<gpu>/conv-networks.{json,md}, rewritten after every
-measurement, so a run cut short leaves its table. A network's cases after its time budget are listed as cut.
+measurement, so a run cut short leaves its table. A network's cases after its time budget are listed as cut; they run
+in the acceptance's order (case_order).
 """
 
 from __future__ import annotations
