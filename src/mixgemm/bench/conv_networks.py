@@ -296,10 +296,12 @@ def run_network(case: NetworkCase, plan: Plan, budget: Budget, record: dict, sav
 
 def case_order(plan: Plan) -> list[tuple[str, int]]:
     """(mode, batch) in the order a run measures them, the acceptance's first where a budget may cut the rest: eager
-    at the smallest batch (its first calls build the kernel layouts), on a GPU the eager network captured in one CUDA
-    graph (cheap, no compile), compiled from the largest batch down, then eager at the other batches."""
+    at the smallest batch (its first calls build the kernel layouts), on a GPU (not a smoke run) the eager network
+    captured in one CUDA graph (cheap, no compile), compiled from the largest batch down, then eager at the other
+    batches."""
     first, down = min(plan.batches), sorted(plan.batches, reverse=True)
-    graphs = [("graph", b) for b in [first, *[b for b in down if b != first]]] if plan.device.type == "cuda" else []
+    on_gpu = plan.device.type == "cuda" and not plan.smoke
+    graphs = [("graph", b) for b in [first, *[b for b in down if b != first]]] if on_gpu else []
     compiled = [("compiled", b) for b in down] if plan.compile_mode else []
     return [("eager", first), *graphs, *compiled, *[("eager", b) for b in plan.batches if b != first]]
 
