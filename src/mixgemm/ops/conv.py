@@ -8,6 +8,8 @@ CPU inputs run the float64 reference (mixgemm.reference.conv2d).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from mixgemm import reference
@@ -16,6 +18,9 @@ from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.kernels.conv import use_gemm
 from mixgemm.kernels.conv_geometry import conv_output_size
 from mixgemm.kernels.conv_geometry import out_format as _out_format
+from mixgemm.kernels.options import current_options
+from mixgemm.kernels.registry import KernelEntry
+from mixgemm.ops.dispatch import MAX_PLANS, plans_of
 from mixgemm.ops.matmul import matmul
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -111,6 +116,45 @@ def conv_choice(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, p
     return choose(conv_problem(x, qweight, m, stride, padding, groups, dilation))
 
 
+@dataclass(frozen=True)
+class ConvPlan:
+    """A layer's cached choice for one input signature: the entry and the config it is handed."""
+
+    entry: KernelEntry
+    config: object
+
+
+def _plan_key(x: torch.Tensor, stride, padding, groups, dilation) -> tuple:
+    # the input's strides carry its memory format; the geometry is in the key because a weight object may serve
+    # calls of several geometries (functional mixgemm.conv2d)
+    return ("conv", tuple(x.shape), x.stride(), x.dtype, x.get_device(), tuple(stride), tuple(padding), groups,
+            tuple(dilation))
+
+
+def planned_conv_choice(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
+                        dilation) -> ConvPlan:
+    """The registry's choice for this call, made once per input signature and kept on the weight's plan table
+    (mixgemm.ops.dispatch.plans_of): the registry's can_run walk, its tuning lookups and the float route's race
+    decision cost far more host time than a small conv's launch. Not kept under non-default kernel options or
+    during CUDA-graph capture. The
+    plan holds neither x nor the weight (ConvShape does: a reference cycle, and x kept alive)."""
+    opts = current_options()
+    # a choice made while a CUDA graph is being captured may be provisional (the float route's race cannot run then)
+    if not opts.is_default or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        c = conv_choice(x, qweight, m, stride, padding, groups, dilation)
+        return ConvPlan(c.entry, c.config)
+    plans = plans_of(qweight.matrix)
+    key = _plan_key(x, stride, padding, groups, dilation)
+    hit = plans.get(key)
+    if hit is None:
+        c = conv_choice(x, qweight, m, stride, padding, groups, dilation)
+        hit = ConvPlan(c.entry, c.config)
+        if len(plans) >= MAX_PLANS:
+            plans.clear()
+        plans[key] = hit
+    return hit
+
+
 def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
               dilation=(1, 1)) -> str:
     """ "dequant" (weight dequantized once + cuDNN), "wgmma" (the Hopper wgmma implicit GEMM), "matmul" (1x1 as a
@@ -149,8 +193,8 @@ def cuda_conv2d(
         path = ("smallk" if isinstance(config, SmallKConfig) else "dw_cuda" if isinstance(config, DwCudaConfig)
                 else "dw" if depthwise else "igemm")
     if path is None:
-        choice = conv_choice(x, qweight, b * ho * wo, stride, padding, groups, dilation)
-        ent, config = choice.entry, choice.config
+        plan = planned_conv_choice(x, qweight, b * ho * wo, stride, padding, groups, dilation)
+        ent, config = plan.entry, plan.config
     elif path in BY_PATH:
         ent = entry(BY_PATH[path])
     else:
