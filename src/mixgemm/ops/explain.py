@@ -42,7 +42,7 @@ def explain(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None = No
     act_order: the call of an act-order weight-only layer (QuantLinear with input_perm): the choice then says whether
     the kernel gathers x through the permutation itself (``perm_in_kernel``, ``perm_note``).
     Under kernel_options, the options' choice."""
-    from mixgemm.kernels.a8 import a8_problem
+    from mixgemm.kernels.int8_activations import a8_problem
     from mixgemm.kernels.linear import linear_problem
 
     dev = _device(x, device)

@@ -2,9 +2,9 @@
 
 Users need no CUDA toolkit: only the pip packages ``cuda-bindings`` and ``nvidia-cuda-nvrtc``.
 Kernel sources live beside this file (``*.cu``, named by file name) or in a kernel's folder (named by their path under
-mixgemm/kernels, e.g. ``cuda_gemv_a8/gemv_a8.cu``); the shared headers stay beside this file. Each compile key is a set of ``-D`` macros, compiled
-once per (source, macros, architecture) to a cubin, and loaded once per device into the primary
-context that PyTorch uses. Launches go on a given stream (normally ``torch.cuda.current_stream()``),
+mixgemm/kernels, e.g. ``cuda_gemv_a8/gemv_a8.cu``); the shared headers stay beside this file. Each compile key is a
+set of ``-D`` macros, compiled once per (source, macros, architecture) to a cubin, and loaded once per device into the
+primary context that PyTorch uses. Launches go on a given stream (normally ``torch.cuda.current_stream()``),
 take no host synchronization and allocate nothing, so they can be captured in CUDA graphs.
 
 Reusable by any mixgemm CUDA kernel: ``compile_cubin`` (also works without a GPU, for CPU-side
@@ -106,7 +106,8 @@ def compile_cubin(source_name: str, defines: tuple[tuple[str, int], ...], arch: 
     NvrtcError with NVRTC's log on failure. Needs no GPU.
     """
     d = cubin_cache_dir()
-    path = d / f"{Path(source_name).name}.{arch}.{_cubin_key(source_name, defines, arch)}.cubin" if d is not None else None
+    name = Path(source_name).name
+    path = d / f"{name}.{arch}.{_cubin_key(source_name, defines, arch)}.cubin" if d is not None else None
     if path is not None and path.is_file():
         try:
             return path.read_bytes()

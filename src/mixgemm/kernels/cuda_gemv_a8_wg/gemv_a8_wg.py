@@ -8,8 +8,8 @@ math follows the PDL wait), reading the GEMM's bytes.
 
 ``prepare_gemv_a8_wg(qw, m, x_dtype, dev, out_dtype, per_token, config, act_mode)(x2d, bias, lo, hi)`` =
 clamp(Qa(x2d) @ W.T + bias, lo, hi) [M, N]; qw: sym int4 / int8, group 128 / 256 or per channel (what
-``wgmma_a8_v1`` holds); activations "sym" or "sym_full" (gemv_a8.mode_defines), per token and weight group, or per
-token (per_token).
+``wgmma_a8_v1`` holds); activations "sym" or "sym_full" (act_quant_rows.mode_defines), per token and weight group,
+or per token (per_token).
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import torch
 from mixgemm.formats.layouts_wgmma_a8 import K_TILE, WgmmaA8Layout, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv_a8 import GemvA8Launch, m_bucket, mode_defines, persistent_grid, row_chunks
+from mixgemm.kernels.cuda.act_quant_rows import mode_defines
 from mixgemm.kernels.cuda.launch import pdl_on
+from mixgemm.kernels.cuda_gemv_a8.gemv_a8 import GemvA8Launch, m_bucket, persistent_grid, row_chunks
 
-SOURCE = "gemv_a8_wg.cu"
+SOURCE = "cuda_gemv_a8_wg/gemv_a8_wg.cu"
 KERNEL = "mixgemm_gemv_a8_wg"
 LAYOUT = "wgmma_a8_v1"
 MAX_M = 16

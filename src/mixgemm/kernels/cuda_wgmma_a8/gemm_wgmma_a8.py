@@ -55,7 +55,7 @@ from mixgemm.kernels.cuda.gemm_wgmma import _MAP_PLACEHOLDER, SMEM_LIMIT, Tensor
 from mixgemm.kernels.cuda.launch import pdl_on
 from mixgemm.tuning import source_of
 
-SOURCE = "gemm_wgmma_a8.cu"
+SOURCE = "cuda_wgmma_a8/gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
 CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL", "QS", "FQ",

@@ -3,7 +3,7 @@
 y = conv2d(x, W) with x quantized per output-pixel-independent *input pixel* and per block of ``ABLK`` input
 channels (mixgemm.kernels.triton.act_quant on the channels_last [B*H*W, Ci] view: x[p, c] ~= qa * sA + oA of
 its (pixel, block)), and W block-quantized (INT4 / INT8, any mode), rewritten as w = c * sW + mW with the signed
-code c = q - 2**(bits-1) (the int8_v1 convention, mixgemm.kernels.triton.int8_layout).
+code c = q - 2**(bits-1) (the int8_v1 convention, mixgemm.kernels.triton_a8.layout).
 
 GEMM view as in kernels/triton/conv.py (m = output pixel, n = output channel, k = (kh*Kw + kw)*Ci_g + ci). The
 K loop walks *fold blocks* of L channels inside one tap; L divides both the activation block and the weight
