@@ -15,7 +15,7 @@ import torch
 from conv_cases import assert_conv_matches, make_conv_case
 from mixgemm import quantize_conv_weight, reference
 from mixgemm.epilogue import clamp_bounds
-from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma, conv_wgmma_supported, default_conv_config
+from mixgemm.kernels.cuda_conv_wgmma.conv_wgmma import conv_wgmma, conv_wgmma_supported, default_conv_config
 from mixgemm.ops.conv import cuda_conv2d
 
 GPU_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)

@@ -66,7 +66,7 @@ def test_quantized_weight_and_every_layout_hold_the_codes(mode, k):
     from mixgemm.formats.layouts_wgmma import build_wgmma_v1, unpack_wgmma_v1
     from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1, unpack_wgmma_a8_v1
     from mixgemm.kernels.cuda_gemv_a8.layout import build_a8gemv_v2
-    from mixgemm.kernels.triton.conv import build_conv_layout
+    from mixgemm.kernels.triton.conv_common import build_conv_layout
 
     w, qw = _qw(19, k, mode, seed=k)
     assert qw.qweight.shape == (19, (k + 1) // 2) and qw.codes().shape == (19, k)
@@ -378,7 +378,7 @@ def test_gpu_a8_entries(mode, rel_err):
 def test_gpu_conv_paths(name, dtype, rel_err):
     """Every conv kernel that takes the geometry (the CUDA depthwise conv too, channels_last) on 4-bit odd-K weights,
     every mode; the wgmma implicit GEMM declines (Ci % 64)."""
-    from mixgemm.kernels.conv import conv_problem
+    from mixgemm.kernels.conv_geometry import conv_problem
     from mixgemm.kernels.registry import entry
 
     b, ci, h, w, co, k, s, p, d, g, paths = CONV_GEOMS[name]

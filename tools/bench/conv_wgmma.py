@@ -41,10 +41,10 @@ from mixgemm import kernel_options, quantize_conv_weight
 from mixgemm.bench.conv import CONV_PRESET
 from mixgemm.bench.protocol import graph_time_us, l2_bytes
 from mixgemm.kernels.cuda import gemm_wgmma as G
-from mixgemm.kernels.cuda.dwconv import DwCudaConfig
-from mixgemm.kernels.triton import conv_smallk
-from mixgemm.kernels.triton.conv import DwConfig
-from mixgemm.kernels.triton.conv_smallk import SmallKConfig
+from mixgemm.kernels.cuda_dwconv.dwconv import DwCudaConfig
+from mixgemm.kernels.triton_conv_smallk import conv_smallk
+from mixgemm.kernels.triton_conv_smallk.conv_smallk import SmallKConfig
+from mixgemm.kernels.triton_dwconv.dwconv import DwConfig
 from mixgemm.ops.conv import cuda_conv2d
 from mixgemm.tuning import conv_table
 from tools.checks.conv_gpu_check import _inputs, _rel, qconfig
@@ -274,7 +274,7 @@ def fmt_row(r) -> str:
 def emit_table(paths: list[str]) -> None:
     """Print conv_table entries (key: wgmma config, or None where the Triton kernel / 1x1 matmul measured faster)
     from sweep JSON files (CONV_SWEEP=table); a later file's row replaces an earlier one's for the same key."""
-    from mixgemm.kernels.cuda.conv_wgmma import default_conv_config
+    from mixgemm.kernels.cuda_conv_wgmma.conv_wgmma import default_conv_config
 
     rows = {}
     for path in paths:

@@ -58,7 +58,7 @@ def explain(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None = No
 def explain_conv(x: torch.Tensor, qweight: QuantizedConvWeight, stride=1, padding=0, dilation=1,
                  groups: int = 1) -> Choice:
     """The conv analogue of explain for mixgemm.conv2d(x, qweight, ...) on x's device."""
-    from mixgemm.kernels.conv import conv_output_size, conv_problem
+    from mixgemm.kernels.conv_geometry import conv_output_size, conv_problem
     from mixgemm.ops.conv import check_conv_inputs
 
     stride, padding, dilation = check_conv_inputs(x, qweight, None, stride, padding, dilation, groups)

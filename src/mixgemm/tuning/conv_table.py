@@ -1,7 +1,7 @@
 """Measured tile choices for the implicit-GEMM conv kernels, per GPU: no run-time autotuning.
 
 ``lookup`` returns the fastest entry of the device sweep (tools/checks/conv_gpu_check.py) for a layer's bucket, or
-None (then kernels.triton.conv.pick_config's heuristic decides). The tables below are written with the key of the
+None (then triton_conv_igemm.igemm.pick_config's heuristic decides). The tables below are written with the key of the
 layer each entry was measured on (``conv_key(...)`` = "w{bits}{pc|g<group>}|{kh}x{kw}/{stride}|{ci_g}-{co_g}|M{m}",
 M the power of two >= B*Ho*Wo; the sweeps print entries in that form), but lookups go by bucket (``bucket_of``): the
 channel counts become their half-octave classes (mixgemm.tuning.buckets.half_octave, about +-19% around the measured

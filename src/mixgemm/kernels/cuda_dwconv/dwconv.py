@@ -22,7 +22,7 @@ import torch
 
 from mixgemm.kernels.cuda import nvrtc
 
-SOURCE = "dwconv.cu"
+SOURCE = "cuda_dwconv/dwconv.cu"
 KERNEL = "mixgemm_dwconv"
 THREADS = 128
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
@@ -81,7 +81,7 @@ def default_config(c: int, runs_per_tw1: int, wo: int, taps: int, sms: int) -> D
 
 def dwconv_cuda(x, qw, bias, out, stride, padding, dilation, lo: float, hi: float,
                 config: DwCudaConfig | None = None) -> torch.Tensor:
-    from mixgemm.kernels.triton.conv import conv_layout
+    from mixgemm.kernels.triton.conv_common import conv_layout
 
     lay = conv_layout(qw.matrix)
     b, c, h, w = x.shape

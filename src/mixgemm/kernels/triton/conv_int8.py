@@ -32,7 +32,7 @@ import triton.language as tl
 
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.triton.conv import conv_epilogue, out_pixels
+from mixgemm.kernels.triton.conv_common import conv_epilogue, out_pixels
 
 LAYOUT_NAME = "conv_a8_v1"
 

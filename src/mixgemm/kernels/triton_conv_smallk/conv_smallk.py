@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from mixgemm.formats.conv import QuantizedConvWeight
-from mixgemm.kernels.triton.conv import (
+from mixgemm.kernels.triton.conv_common import (
     _TL_DTYPES,
     _dot_prec,
     _num_sms,
