@@ -1,4 +1,4 @@
-"""The wgmma implicit-GEMM conv (kernels/cuda/conv_wgmma.py) vs cuDNN fp16 and the Triton conv, per layer.
+"""The wgmma implicit-GEMM conv (kernels/cuda_conv_wgmma/conv_wgmma.py) vs cuDNN fp16 and the Triton conv, per layer.
 
 Every ResNet-50 layer of mixgemm.bench.conv.CONV_PRESET that the path takes (Ci % 64 == 0, groups 1) at batch 1 and
 32, W8A16 per-channel and W4A16 g128 (g64 where Ci = 64): cuDNN fp16 channels_last, what mixgemm.conv2d picks without
@@ -8,7 +8,7 @@ each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized w
 
   PYTHONPATH=src python -m tools.bench.conv_wgmma [--batches 1 32] [--bits 8 4] [--json out.json] [--budget-s S]
   CONV_SWEEP=dw: the depthwise kernel, default and candidate tiles.
-  CONV_SWEEP=smallk: the small-K kernel (kernels/triton/conv_smallk.py) with candidate tiles, on every layer whose
+  CONV_SWEEP=smallk: the small-K kernel (triton_conv_smallk/conv_smallk.py) with candidate tiles, on every layer whose
   padded K fits it, beside the dispatch without it.
   CONV_SWEEP=longk: split-K and stream-K tiles on the few-tile, long-K layers (use with --only / --batches 32).
   CONV_SWEEP=persist: the dispatch beside persistent whole-tile configs (SK 2, stores in flight under the next tile).

@@ -419,7 +419,7 @@ A8_W8_PER_CHANNEL_TRITON_FROM_M = 4096
 # 0.90-0.98x up to 4096x4096, 1.01-1.04x on the two large layers; M = 512 0.99-1.00x on 2048x2048, 1.02-1.21x from
 # 4096x4096 (its quantizer blocks hold SMs that the GEMM's blocks then wait for); M = 2048 1.02-1.22x. So the one
 # launch up to this M on any layer, and beyond it while the product has at most A8_QUANTIZING_MAX_MACS
-# multiply-adds (2048x2048 at M = 512); outside CUDA-graph capture only (kernels/a8.py: a captured call would need its
+# multiply-adds (2048x2048 at M = 512); outside CUDA-graph capture only (cuda_wgmma_a8: a captured call would need its
 # counters zeroed by a memset node of the graph's own, which costs what the one launch saves).
 A8_QUANTIZING_MAX_M = 64
 A8_QUANTIZING_MAX_MACS = 1 << 31

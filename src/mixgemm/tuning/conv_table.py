@@ -158,7 +158,7 @@ _H200: dict[str, tuple] = {
 
 TABLES: dict[str, dict[str, tuple]] = {"h200": _H200}
 
-# The Hopper wgmma implicit GEMM (kernels/cuda/conv_wgmma.py), same keys. Value: the fastest wgmma tile of the
+# The Hopper wgmma implicit GEMM (cuda_conv_wgmma/conv_wgmma.py), same keys. Value: the fastest wgmma tile of the
 # sweeps (source: tools/bench/conv_wgmma.py, three device runs) when it beat
 # what the table above picks (the Triton implicit GEMM or the 1x1 matmul) in the same run, else None (measured and
 # slower: the table above decides). A layer missing here takes the wgmma path with conv_wgmma.default_conv_config.

@@ -27,7 +27,7 @@
   without the per-group fold -- codes times multiples as int8 in registers, one int32 sum over K; 0: the fold), FQ (a
   call plan with per-token scales: 1 quantizes the activations in the GEMM's own launch, ``launch_quantizing``,
   where the tile has the producer warpgroup and MC 1; the default where the call is bound by host time, see
-  kernels/a8.py; 0: the row quantizer's launch, then the GEMM), SPLIT (1, or 2..8: split-K over a thread-block
+  kernels/cuda_wgmma_a8; 0: the row quantizer's launch, then the GEMM), SPLIT (1, or 2..8: split-K over a thread-block
   cluster of that many CTAs per output tile, each a slice of K, the sums met in distributed shared memory; MC 1,
   per-element stores; ``split_slices`` gives the slices, ``split_k_rule`` the default's choice), TAIL (0, "auto" or
   2..8: the tiles of whole waves in one launch and the weight rows of the partial last wave in a second, cluster

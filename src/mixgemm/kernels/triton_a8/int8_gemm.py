@@ -2,7 +2,7 @@
 
 C[m, n] = sum over K-blocks i of  sA sB Cq_i + sA mB sum(qA_i) + oA sB sum(cB_i) + g oA mB
 
-with A = qA sA + oA per (token, block), B = cB sB + mB per (channel, block) (int8_layout's signed codes).
+with A = qA sA + oA per (token, block), B = cB sB + mB per (channel, block) (int8_v1's signed codes, layout.py).
 One kernel: int8 x int8 -> int32 ``tl.dot`` inside each K-block, folded into an fp32 accumulator with
 sA*sB and the offset terms inside the K loop (the seeds' GEMM-launch + atomic dequant per block is the
 reference, mixgemm.reference.block_int_gemm, not the design). The weight-side constants (s, m, and
