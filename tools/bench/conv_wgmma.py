@@ -211,7 +211,8 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
     if SWEEP == "dw":  # depthwise: the default and candidate tiles
         variants = [("auto", None, None)] + [(f"dw:{c.block_m}x{c.block_c}w{c.num_warps}", "dw", c)
                                              for c in DW_CANDIDATES]
-        variants += [(f"dwcuda:{c.tw}x{c.cb}", "dw_cuda", c) for c in DW_CUDA_CANDIDATES if spec.ci % c.cb == 0]
+        variants += [(f"dwcuda:{c.pixels_per_thread}x{c.channels_per_block}", "dw_cuda", c) for c in DW_CUDA_CANDIDATES
+                     if spec.ci % c.channels_per_block == 0]
     elif SWEEP == "smallk":  # the small-K kernel (default and candidate tiles) beside what the dispatch ran before it
         before = ("triton", "igemm", None) if spec.ci <= conv_smallk.SMALLK_MAX_CI else ("auto", None, None)
         variants = [before, ("smallk:default", "smallk", None)]

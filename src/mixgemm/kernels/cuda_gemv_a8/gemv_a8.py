@@ -29,6 +29,7 @@ from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.act_quant_rows import mode_defines
 from mixgemm.kernels.cuda.launch import new_rows, pdl_on
+from mixgemm.kernels.cuda_gemv_a8.gemv_a8_config import GemvA8Config
 from mixgemm.kernels.cuda_gemv_a8.layout import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
 from mixgemm.tuning.gemv_m1 import a8_m1_entry
@@ -80,6 +81,7 @@ def complete_config(cfg: dict) -> dict:
     """A given tile config (R and KS; NW warps per block, default 8; PF, default 0; OP, default 1; GRID: None =
     persistent -- min(tiles, resident blocks x SMs), balanced --, "tiles" = one block per tile, or an int factor of
     SMs) with RG = NW / KS filled in."""
+    GemvA8Config.of(cfg)  # (a ValueError naming a key the kernel does not have)
     nw = cfg.get("NW", WARPS)
     return {**cfg, "NW": nw, "RG": cfg.get("RG", nw // cfg["KS"]), "PF": cfg.get("PF", 0), "OP": cfg.get("OP", 1)}
 
@@ -111,13 +113,13 @@ def row_chunks(k: int, kp: int, xt: int, threads: int, row_wide: bool) -> int:
 
 def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict, per_token: bool = False,
                 act_mode: str = "sym") -> dict:
-    """NVRTC -D macros of one gemv_a8.cu instantiation (cfg: choose_config's dict; "OP" 0 turns the one-pass
-    prologue off)."""
+    """NVRTC -D macros of one gemv_a8.cu instantiation: the layout's and the problem's, and the config's own
+    (cfg: choose_config's dict, read as a GemvA8Config; "OP" 0 turns the one-pass prologue off)."""
     threads = 32 * cfg["RG"] * cfg["KS"]
     opc = one_pass_chunks(lay, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
-            "A8_U": lay.u, "A8_R": cfg["R"], "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg.get("PF", 0),
-            "A8_AT": int(per_token and not lay.per_channel), "A8_OPC": opc, **mode_defines(act_mode)}
+            "A8_U": lay.u, **GemvA8Config.of(cfg).defines(), "A8_AT": int(per_token and not lay.per_channel),
+            "A8_OPC": opc, **mode_defines(act_mode)}
 
 
 def persistent_grid(ntiles: int, fn, threads: int, smem: int, num_sms: int, mode: str | int | None = None) -> int:

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.kernels.kernel_config import KernelConfig, knob
 from mixgemm.kernels.triton.conv_common import (
     _TL_DTYPES,
     _dot_prec,
@@ -311,14 +312,18 @@ def _splitk_reduce_kernel(
 
 # --------------------------------------------------------------------------------------------- launch
 @dataclass(frozen=True)
-class ConvConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    swap_ab: bool = False
+class ConvConfig(KernelConfig):
+    """The implicit GEMM's tile (Triton constexprs and launch settings: no -D macros); the conv sweep's table entries
+    list the fields in this order."""
+
+    block_m: int = knob("BM", "output pixels per program")
+    block_n: int = knob("BN", "output channels per program")
+    block_k: int = knob("BK", "K per step: 16, 32 or 64, dividing the group (one scale per step)")
+    split_k: int = knob("SPLIT_K", "K splits, their fp32 partial sums reduced by _splitk_reduce_kernel", default=1)
+    num_warps: int = knob("num_warps", "warps per program", default=4)
+    num_stages: int = knob("num_stages", "software pipeline stages of the K loop", default=3)
+    swap_ab: bool = knob("SWAP_AB", "the dequantized weights as the MMA's register operand and M as its N (small M)",
+                         default=False)
 
 
 def pick_block_k(ci_g: int, group_size: int, per_channel: bool, k: int) -> tuple[int, bool]:

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.kernels.kernel_config import KernelConfig, knob
 from mixgemm.kernels.triton.conv_common import _pow2_at_least, conv_epilogue, conv_layout, out_pixels
 
 
@@ -97,12 +98,12 @@ def _dwconv_kernel(
 
 
 @dataclass(frozen=True)
-class DwConfig:
-    """Tiles of the depthwise kernel: output pixels x channels per program."""
+class DwConfig(KernelConfig):
+    """Tiles of the depthwise kernel: output pixels x channels per program (Triton constexprs: no -D macros)."""
 
-    block_m: int
-    block_c: int
-    num_warps: int = 4
+    block_m: int = knob("BM", "output pixels per program (<= 32 measured fastest)")
+    block_c: int = knob("BC", "channels per program (the contiguous channels_last run)")
+    num_warps: int = knob("num_warps", "warps per program", default=4)
 
 
 def dw_conv2d(
