@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from mixgemm.formats.activation import QuantizedActivation
+from mixgemm.formats.activation import SYMMETRIC_ACT_MODES, QuantizedActivation
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.linear import nvrtc_ok, triton_device_ok  # noqa: F401  (the entries call them through here)
 from mixgemm.kernels.registry import DeviceInfo, Problem, device_info
@@ -50,6 +50,16 @@ def per_group_params(q: torch.Tensor, sa: torch.Tensor, oa: torch.Tensor, sums: 
     take per-token scales directly)."""
     r = QuantizedActivation(q, sa, oa, sums, q.shape[1], act_mode).regroup(group)
     return r.scales, r.offsets, r.sums
+
+
+def symmetric_cuda_reason(p: Problem) -> str | None:
+    """Why an entry of the symmetric int8 kernels (cuda_wgmma_a8, cuda_gemv_a8_wg) cannot run p for its device or its
+    activation mode (None when it can)."""
+    if not p.device.is_cuda:
+        return "needs a CUDA device"
+    if p.act_mode not in SYMMETRIC_ACT_MODES:
+        return f"act_mode {p.act_mode!r} (takes sym activations: {SYMMETRIC_ACT_MODES})"
+    return None
 
 
 def wgmma_a8_reason(p: Problem) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 import mixgemm.tuning as tuning
-from mixgemm.formats.activation import SYMMETRIC_ACT_MODES
 from mixgemm.kernels import int8_activations as shared
 from mixgemm.kernels.layouts import WGMMA_A8_V1
 from mixgemm.kernels.registry import OK, KernelEntry, Problem, no, prefer_not
@@ -21,10 +20,8 @@ NAME = "cuda_gemv_a8_wg"
 def can_run(p: Problem):
     from mixgemm.kernels.cuda_gemv_a8_wg import gemv_a8_wg
 
-    if not p.device.is_cuda:
-        return no("needs a CUDA device")
-    if p.act_mode not in SYMMETRIC_ACT_MODES:
-        return no(f"act_mode {p.act_mode!r} (takes sym activations: {SYMMETRIC_ACT_MODES})")
+    if why := shared.symmetric_cuda_reason(p):
+        return no(why)
     if p.x_dtype not in shared.X_DTYPES:
         return no(f"activation dtype {p.x_dtype}")
     if why := shared.wgmma_a8_reason(p):

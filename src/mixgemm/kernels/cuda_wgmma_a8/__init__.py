@@ -15,7 +15,6 @@ import functools
 import torch
 
 import mixgemm.tuning as tuning
-from mixgemm.formats.activation import SYMMETRIC_ACT_MODES
 from mixgemm.kernels import int8_activations as shared
 from mixgemm.kernels.layouts import WGMMA_A8_V1
 from mixgemm.kernels.linear import _wave_cost
@@ -25,10 +24,8 @@ NAME = "cuda_wgmma_a8"
 
 
 def can_run(p: Problem):
-    if not p.device.is_cuda:
-        return no("needs a CUDA device")
-    if p.act_mode not in SYMMETRIC_ACT_MODES:
-        return no(f"act_mode {p.act_mode!r} (takes sym activations: {SYMMETRIC_ACT_MODES})")
+    if why := shared.symmetric_cuda_reason(p):
+        return no(why)
     if p.act_mode == "sym_full" and p.k > shared.SYM_FULL_MAX_K:
         return no(f"act_mode 'sym_full' at K={p.k} > {shared.SYM_FULL_MAX_K} (codes of -128: int32 range of the sums)")
     if why := shared.wgmma_a8_reason(p):
