@@ -105,3 +105,21 @@ def test_entry_configs_use_named_keys():
         p = a8_problem(m, qw, torch.float16, H200, "sym", True)
         for cfg in (config(p), *candidates(p)):
             WgmmaA8Config.of(cfg)
+
+
+def test_kernel_options_config_with_an_unknown_key_is_an_error(monkeypatch):
+    """A config forced through kernel_options names the key the kernel does not have (it was ignored before)."""
+    import mixgemm
+    from described_gpus import H200
+    from mixgemm.formats.weight import quantize_weight
+    from mixgemm.kernels import int8_activations
+
+    monkeypatch.setattr(int8_activations, "nvrtc_ok", lambda: True)
+    qw = quantize_weight(torch.randn(256, 512, generator=torch.Generator().manual_seed(1)) * 0.05, bits=4,
+                         group_size=128, mode="sym")
+    x = torch.randn(1, 512)
+    with mixgemm.kernel_options(configs={"cuda_gemv_a8": {"R": 2, "KS": 1}}):
+        assert mixgemm.explain(x, qw, act_mode="sym", device=H200).config["R"] == 2
+    with mixgemm.kernel_options(configs={"cuda_gemv_a8": {"R": 2, "KS": 1, "ROWS": 4}}):
+        with pytest.raises(ValueError, match="unknown config key 'ROWS'"):
+            mixgemm.explain(x, qw, act_mode="sym", device=H200)
