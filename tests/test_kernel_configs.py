@@ -120,6 +120,6 @@ def test_kernel_options_config_with_an_unknown_key_is_an_error(monkeypatch):
     x = torch.randn(1, 512)
     with mixgemm.kernel_options(configs={"cuda_gemv_a8": {"R": 2, "KS": 1}}):
         assert mixgemm.explain(x, qw, act_mode="sym", device=H200).config["R"] == 2
-    with mixgemm.kernel_options(configs={"cuda_gemv_a8": {"R": 2, "KS": 1, "ROWS": 4}}):
-        with pytest.raises(ValueError, match="unknown config key 'ROWS'"):
-            mixgemm.explain(x, qw, act_mode="sym", device=H200)
+    with (mixgemm.kernel_options(configs={"cuda_gemv_a8": {"R": 2, "KS": 1, "ROWS": 4}}),
+          pytest.raises(ValueError, match="unknown config key 'ROWS'")):
+        mixgemm.explain(x, qw, act_mode="sym", device=H200)
