@@ -1,4 +1,4 @@
-"""Implicit-GEMM convolution on the Hopper wgmma kernel (kernels/cuda/conv_wgmma.py, gemm_wgmma.cu WG_CONV).
+"""Implicit-GEMM convolution on the Hopper wgmma kernel (kernels/cuda_conv_wgmma/conv_wgmma.py, gemm_wgmma.cu WG_CONV).
 
 CPU: which convolutions the path takes (conv_wgmma_supported), its default tiles, its errors; the NVRTC compile
 checks of the WG_CONV builds are in test_gemm_wgmma.py. GPU (sm_90, marked gpu): every format (int4 / int8, every
