@@ -15,12 +15,13 @@ from mixgemm.kernels.cuda_dwconv.dwconv import DwCudaConfig
 from mixgemm.kernels.cuda_gemv_a8.gemv_a8_config import GemvA8Config
 from mixgemm.kernels.cuda_gemv_a8_wg.gemv_a8_wg_config import GemvA8WgConfig
 from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8_config import WgmmaA8Config
+from mixgemm.kernels.triton_a8.int8_gemm_config import Int8GemmConfig
 from mixgemm.kernels.triton_conv_igemm.igemm import ConvConfig
 from mixgemm.kernels.triton_conv_smallk.conv_smallk import SmallKConfig
 from mixgemm.kernels.triton_dwconv.dwconv import DwConfig
 
 KERNELS = Path(__file__).resolve().parents[1] / "src" / "mixgemm" / "kernels"
-ALL = (GemvA8Config, GemvA8WgConfig, WgmmaA8Config, DwCudaConfig, ConvConfig, DwConfig, SmallKConfig)
+ALL = (GemvA8Config, GemvA8WgConfig, WgmmaA8Config, Int8GemmConfig, DwCudaConfig, ConvConfig, DwConfig, SmallKConfig)
 SOURCES = {GemvA8Config: "cuda_gemv_a8/gemv_a8.cu", GemvA8WgConfig: "cuda_gemv_a8_wg/gemv_a8_wg.cu",
            WgmmaA8Config: "cuda_wgmma_a8/gemm_wgmma_a8.cu", DwCudaConfig: "cuda_dwconv/dwconv.cu"}
 
@@ -78,6 +79,7 @@ def test_tuning_data_and_rules_use_named_keys():
     from mixgemm.kernels.cuda_gemv_a8 import gemv_a8
     from mixgemm.kernels.cuda_gemv_a8_wg import gemv_a8_wg
     from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config
+    from mixgemm.kernels.triton_a8.int8_gemm import pick_config
     from mixgemm.tuning.gemv_m1 import A8_M1
 
     for entries in A8_M1.values():
@@ -90,6 +92,7 @@ def test_tuning_data_and_rules_use_named_keys():
     for m in (1, 16, 64, 256, 2048):
         for bits, group in ((4, 128), (8, 8192)):
             WgmmaA8Config.of(default_config(m, 4096, 8192, group, bits))
+            Int8GemmConfig.of(pick_config(m, 4096, 8192, bits, group, group == 8192, 64 if bits == 4 else 0))
 
 
 def test_entry_configs_use_named_keys():

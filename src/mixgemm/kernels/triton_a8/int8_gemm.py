@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from mixgemm.kernels.triton.act_quant import _mul, _rint
+from mixgemm.kernels.triton_a8.int8_gemm_config import Int8GemmConfig
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -366,6 +367,7 @@ def a8_gemm(aq, sa, oa, suma, lay, act_asym: bool, bias, lo: float, hi: float, o
         raise ValueError(f"shape mismatch: activations K={k}, weight K={lay.k}")
     per_channel = lay.num_groups == 1
     cfg = dict(config) if config else pick_config(m, n, k, lay.bits, lay.group_size, per_channel, lay.half)
+    Int8GemmConfig.of(cfg)  # (an error naming a key the kernel does not have)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=aq.device)
     if m == 0:
