@@ -136,10 +136,11 @@ def test_triton_a8_gemm_sym_full(m):
 def test_nvrtc_compiles_the_sym_full_quantizers():
     """The CUDA quantizers with A8_SF: the row quantizer, the fused GEMV's prologue (gemv_a8.cu) and the one on the
     int8 GEMM's layout (gemv_a8_wg.cu), for each activation dtype."""
-    from mixgemm.formats.layouts_a8 import get_a8gemv_layout
-    from mixgemm.kernels.cuda import gemv_a8 as ga
-    from mixgemm.kernels.cuda import gemv_a8_wg as gw
+    from mixgemm.kernels.cuda import act_quant_rows as aq
     from mixgemm.kernels.cuda import nvrtc
+    from mixgemm.kernels.cuda_gemv_a8 import gemv_a8 as ga
+    from mixgemm.kernels.cuda_gemv_a8.layout import get_a8gemv_layout
+    from mixgemm.kernels.cuda_gemv_a8_wg import gemv_a8_wg as gw
 
     if not nvrtc.nvrtc_available():
         pytest.skip("cuda-bindings / libnvrtc not installed")
@@ -149,11 +150,11 @@ def test_nvrtc_compiles_the_sym_full_quantizers():
     wg = {"A8_BITS": 8, "A8_M": 1, "A8_G": 0, "A8_AT": 0, "A8_RT": 1, "A8_U": 2, "A8_RG": 4, "A8_KS": 2, "A8_PF": 1,
           "A8_OPC": 0, "A8_MMA": 0}
     for xt in (0, 1, 2):
-        rows = {"A8_ACTQ": 7, "A8_XT": xt, **ga.mode_defines("sym_full")}
+        rows = {"A8_ACTQ": 7, "A8_XT": xt, **aq.mode_defines("sym_full")}
         fused = ga.defines_for(lay, xt, 1, cfg, per_token=True, act_mode="sym_full")
         assert rows["A8_SF"] == fused["A8_SF"] == 1
         assert "A8_SF" not in ga.defines_for(lay, xt, 1, cfg, per_token=True)  # sym keeps its compile keys
-        for source, defines, arch in ((ga.SOURCE, rows, "sm_90"), (ga.SOURCE, fused, "sm_80"),
+        for source, defines, arch in ((aq.SOURCE, rows, "sm_90"), (ga.SOURCE, fused, "sm_80"),
                                       (gw.SOURCE, {**wg, "A8_XT": xt, "A8_SF": 1}, "sm_90")):
             assert len(nvrtc.compile_cubin(source, tuple(sorted(defines.items())), arch)), (source, xt)
 
@@ -188,7 +189,7 @@ GPU_ENTRIES = ("cuda_gemv_a8", "cuda_gemv_a8_wg", "cuda_wgmma_a8", "triton_a8")
 @pytest.mark.parametrize("m,k", [(1, 4104), (3, 8192), (17, 4096), (3, 333), (17, 67)])
 def test_gpu_quantizers_equal_the_reference(dtype, m, k):
     """The Triton quantizer and (K % 8 == 0) the CUDA row quantizer on the GPU: codes, scales and sums bit for bit."""
-    from mixgemm.kernels.cuda.gemv_a8 import act_quant_rows
+    from mixgemm.kernels.cuda.act_quant_rows import act_quant_rows
     from mixgemm.kernels.triton.act_quant import act_quant
 
     x = _x(m, k, dtype, m * k)

@@ -139,7 +139,8 @@ def test_gemv_crossover_gives_the_old_limit_on_measured_layers(gpu):
 def _kernels():
     """The GEMV modules, imported late: gemv_a8 imports Triton kernels, which read TRITON_INTERPRET when imported
     (other test modules set it when collected)."""
-    from mixgemm.kernels.cuda import gemv, gemv_a8
+    from mixgemm.kernels.cuda import gemv
+    from mixgemm.kernels.cuda_gemv_a8 import gemv_a8
 
     return gemv, gemv_a8
 

@@ -71,7 +71,7 @@ def test_geometries(name, channels_last, rel_err):
 @pytest.mark.parametrize("mode", ["sym", "zero_point"])
 def test_one_by_one_conv_as_matmul(mode, rel_err):
     """Path "matmul" (the conv_as_matmul entry): the 1x1 conv as mixgemm.matmul on its [B*H*W, Ci] view, the GEMM
-    mixgemm.ops.conv hands to the kernels layer (kernels.conv.use_gemm)."""
+    mixgemm.ops.conv hands to the kernels layer (kernels.conv_as_matmul.use_gemm)."""
     x, qw, bias = make_conv_case(2, 64, 5, 3, 48, 1, 1, torch.float16, True, 4, 32, mode, seed=7)
     _check(x, qw, bias, 1, 0, 1, 1, "relu", rel_err, path="matmul")
 
@@ -101,7 +101,7 @@ def test_dtypes(dtype, channels_last, rel_err):
 def test_dequantize_matrix(bits, mode, gs):
     """The dequantize + cuDNN path's weights equal the format's dequantization (rounded once)."""
     from mixgemm.formats.weight import dequantize_weight
-    from mixgemm.kernels.triton.conv import dequantize_matrix
+    from mixgemm.kernels.dequant_cudnn.dequant import dequantize_matrix
 
     g = torch.Generator().manual_seed(11)
     qw = quantize_conv_weight(torch.randn(40, 64, 3, 3, generator=g) * 0.02, bits=bits, group_size=gs, mode=mode)
@@ -118,7 +118,7 @@ def test_dequantize_matrix(bits, mode, gs):
 
 
 def test_split_k_and_tiles(rel_err):
-    from mixgemm.kernels.triton.conv import ConvConfig
+    from mixgemm.kernels.triton_conv_igemm.igemm import ConvConfig
 
     x, qw, bias = make_conv_case(1, 64, 5, 3, 40, 3, 1, torch.float16, True, 4, 32, "sym", seed=5)
     for cfg in (
@@ -146,7 +146,7 @@ def test_split_k_and_tiles(rel_err):
 def test_smallk_tiles_and_formats(channels_last, bits, mode, rel_err):
     """The small-K stem kernel: tiles smaller than Co and than the output (several N programs, a persistent loop of
     several output tiles per program, a partial last tile), every zero mode, dilation, and the runs of both layouts."""
-    from mixgemm.kernels.triton.conv_smallk import SmallKConfig
+    from mixgemm.kernels.triton_conv_smallk.conv_smallk import SmallKConfig
 
     x, qw, bias = make_conv_case(2, 3, 15, 13, 40, 7, 1, torch.float16, channels_last, bits, -1, mode, seed=bits)
     for cfg in (SmallKConfig(16, 16, 4, 1, 1), SmallKConfig(32, 32, 4, 2, 1), SmallKConfig(64, 64, 4, 2, 2)):
@@ -330,7 +330,7 @@ def test_gpu_dw_cuda(name, dtype, bits, mode, rel_err):
 
 @pytest.mark.gpu
 def test_gpu_dw_cuda_configs_and_fallbacks(rel_err):
-    from mixgemm.kernels.cuda.dwconv import DwCudaConfig
+    from mixgemm.kernels.cuda_dwconv.dwconv import DwCudaConfig
     from mixgemm.ops.conv import pick_path
 
     x, qw, bias = make_conv_case(2, 48, 7, 23, 48, 7, 48, torch.float16, True, 8, -1, "zero_point", seed=7)
@@ -363,12 +363,13 @@ def nvrtc_ok() -> bool:
 def test_dw_cuda_compiles(arch):
     """The CUDA depthwise kernel compiles for the geometries the GPU tests and ConvNeXt use (CPU-side check)."""
     from mixgemm.kernels.cuda import nvrtc
+    from mixgemm.kernels.cuda_dwconv.dwconv import SOURCE
 
     for kh, kw, sw, dw, tw, cb, act, bits, aff in ((7, 7, 1, 1, 16, 32, 0, 8, 0), (7, 7, 1, 1, 4, 64, 1, 4, 1),
                                                     (3, 3, 2, 1, 8, 16, 0, 4, 0), (3, 5, 1, 2, 3, 2, 1, 8, 1)):
         defs = dict(DW_KH=kh, DW_KW=kw, DW_SW=sw, DW_DW=dw, DW_TW=tw, DW_CB=cb, DW_ACT=act, DW_BITS=bits,
                     DW_AFFINE=aff)
-        cubin = nvrtc.compile_cubin("dwconv.cu", tuple(sorted(defs.items())), arch)
+        cubin = nvrtc.compile_cubin(SOURCE, tuple(sorted(defs.items())), arch)
         assert cubin[:4] == b"\x7fELF", defs
 
 

@@ -1,4 +1,4 @@
-"""Implicit-GEMM convolution on the Hopper wgmma kernel (kernels/cuda/conv_wgmma.py, gemm_wgmma.cu WG_CONV).
+"""Implicit-GEMM convolution on the Hopper wgmma kernel (kernels/cuda_conv_wgmma/conv_wgmma.py, gemm_wgmma.cu WG_CONV).
 
 CPU: which convolutions the path takes (conv_wgmma_supported), its default tiles, its errors; the NVRTC compile
 checks of the WG_CONV builds are in test_gemm_wgmma.py. GPU (sm_90, marked gpu): every format (int4 / int8, every
@@ -15,7 +15,7 @@ import torch
 from conv_cases import assert_conv_matches, make_conv_case
 from mixgemm import quantize_conv_weight, reference
 from mixgemm.epilogue import clamp_bounds
-from mixgemm.kernels.cuda.conv_wgmma import conv_wgmma, conv_wgmma_supported, default_conv_config
+from mixgemm.kernels.cuda_conv_wgmma.conv_wgmma import conv_wgmma, conv_wgmma_supported, default_conv_config
 from mixgemm.ops.conv import cuda_conv2d
 
 GPU_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)

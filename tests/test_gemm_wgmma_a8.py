@@ -1,4 +1,4 @@
-"""The int8 wgmma GEMM (W4A8 / W8A8 sym x sym, kernels/cuda/gemm_wgmma_a8.cu) and its wgmma_a8_v1 layout.
+"""The int8 wgmma GEMM (W4A8 / W8A8 sym x sym, kernels/cuda_wgmma_a8/gemm_wgmma_a8.cu) and its wgmma_a8_v1 layout.
 
 CPU: the layout round trip, its refusals, NVRTC compile checks of the kernel for sm_90a. GPU (sm_90): the kernel
 against a float64 GEMM of the same quantized operands (the activation codes and scales the kernel reads, the
@@ -16,6 +16,7 @@ from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.layouts_wgmma_a8 import a8_layout_supported, build_wgmma_a8_v1, unpack_wgmma_a8_v1
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import SOURCE
 
 
 def _gen(seed):
@@ -111,14 +112,16 @@ COMPILE_CASES = [
 @pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
 @pytest.mark.parametrize("defs", COMPILE_CASES, ids=lambda d: "-".join(f"{v}" for v in d.values()))
 def test_nvrtc_compiles_sm90a(defs):
-    cubin = nvrtc.compile_cubin("gemm_wgmma_a8.cu", tuple(sorted(defs.items())), "sm_90a")
+    cubin = nvrtc.compile_cubin(SOURCE, tuple(sorted(defs.items())), "sm_90a")
     assert len(cubin) > 1000
 
 
 def test_quantizing_default_rule():
     """The default config quantizes in the launch (FQ 1) for per-token calls up to A8_QUANTIZING_MAX_M rows and for
     small products beyond (tuning.A8_QUANTIZING_*), never for per-group activation scales."""
-    from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem, quantizing_pays
+    from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+    from mixgemm.kernels.cuda_wgmma_a8 import quantizing_pays
+    from mixgemm.kernels.int8_activations import a8_problem
     from mixgemm.tuning import A8_QUANTIZING_MAX_M
 
     cpu = torch.device("cpu")
@@ -139,7 +142,7 @@ def test_quantizer_split_covers_the_rows(m, k, warps, gemm_blocks):
     """The in-launch quantizer's split: at most one block per SM the GEMM leaves free (at least a quarter of them),
     rows held in the registers it allows, every row taken (blocks x rows per block, in turns), one round wherever the
     registers allow it."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import quantizer_split
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import quantizer_split
 
     sms, max_units = 132, 16
     slots = max(sms - gemm_blocks, sms // 4)
@@ -173,7 +176,7 @@ def _run(m, n, k, bits, gs, out_dtype=torch.float16, config=None, seed=0, bias=T
     """(kernel output, float64 reference on the same quantized operands); per_token: one activation scale per token
     (act_quant block = K) over the grouped weight."""
     from mixgemm.epilogue import clamp_bounds
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import gemm_wgmma_a8
     from mixgemm.kernels.triton.act_quant import act_quant
 
     qw = _qw(n, k, bits, gs, seed, "cuda", int_scales=int_scales)
@@ -233,7 +236,7 @@ def test_gpu_tile_options(cfg, bits, gs):
         with pytest.raises(ValueError, match="bad int8 wgmma tile"):
             _run(64, 136, 1024, bits, gs, torch.float16, config=cfg)
         return
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, stage_bytes
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import SMEM_LIMIT, stage_bytes
 
     if cfg["STAGES"] * stage_bytes(cfg["BM"], cfg["NWG"], bits, cfg["KT"], gs == -1) + 1024 > SMEM_LIMIT:
         with pytest.raises(ValueError, match="bytes of shared memory"):
@@ -269,7 +272,7 @@ def test_gpu_int_scales(gs, m):
     """QS (int4 with integer group scales, per-token activations: codes x multiples as int8 in registers, no fold)
     against the float64 reference for every output dtype; the same weight with QS 0 (the fold) agrees; per-group
     activation scales over it take the fold."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config
 
     n, k = 1000, 1152 if gs == 128 else 1536
     for out_dtype, tol in _TOL.items():
@@ -286,7 +289,7 @@ def test_gpu_int_scales(gs, m):
 def test_default_config_int_scales():
     """QS (no fold) takes BM 256 / KT 2 / 2 stages where they make QS_BM256_MIN_TILES CTAs, with MC 2 where the CTA
     column tiles pair up and K is long or M large; elsewhere the grouped default."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config
 
     for k, n in ((28672, 8192), (8192, 28672)):
         cfg = default_config(2048, n, k, 128, 4, qs=True)
@@ -328,7 +331,7 @@ def test_gpu_tma_store_epilogue(bits, gs, per_token, out_dtype):
     """TSTORE 1 (each warpgroup's tile staged in the drained ring, one TMA store) is bit-equal to the per-element
     stores (TSTORE 0), with M and N tails, bias and relu6, and within tolerance of the reference; an output whose rows
     the TMA cannot address (N = 100: 200-byte rows) takes the per-element stores."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config
 
     k = 1024
     for m, n, cfg in ((129, 264, None), (77, 1000, dict(BM=48, NWG=2, STAGES=3, KT=2, NP=1, CVT=0)),
@@ -349,7 +352,7 @@ def test_gpu_cluster_multicast(bits, gs, per_token):
     """MC 2 (two CTAs of the same tokens as a cluster, each loading half of the activation box and multicasting it)
     is bit-equal to MC 1: M tails where the box's second half holds some tokens (M = 200), none (M = 150 and M = 3:
     that half is skipped by both CTAs), a last CTA pair with rows past N (N = 1000), both epilogues, NWG 1 and 2."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config
 
     k = 2048 if gs != 256 else 1536
     for m, n, cfg in ((200, 1024, None), (150, 1000, None), (3, 1024, None), (300, 512, dict(TSTORE=0)),
@@ -368,7 +371,7 @@ def test_gpu_cluster_multicast(bits, gs, per_token):
 def test_default_config_cluster_multicast():
     """default_config takes MC 2 (activation multicast over 2-CTA clusters) at long K and large M, where it measured
     faster, and only when the CTA column tiles pair up."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import MC_MIN_K, MC_MIN_M, default_config
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import MC_MIN_K, MC_MIN_M, default_config
 
     assert default_config(2048, 8192, 28672, 128)["MC"] == 2
     assert default_config(16384, 8192, 28672, 28672, 8).get("MC") == 2
@@ -381,7 +384,7 @@ def test_default_config_int8_per_channel_wide():
     """int8 per-channel weights in w8_wide_region (K >= W8_WIDE_MIN_K, M >= 2048, pairing column tiles) take BM 256
     tokens per CTA with a 2-stage ring (fits the shared memory) and MC 2; grouped or int4 weights, shorter K and
     smaller M keep BM 128."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import (
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import (
         SMEM_LIMIT,
         W8_WIDE_MIN_K,
         default_config,
@@ -414,8 +417,8 @@ def test_gpu_pdl_chain(mc, tail):
     PDL-off chain bit for bit. TAIL 2: each GEMM is two chained launches (A8_CHAIN: the tail loads without waiting
     for the first launch and waits for it only before exiting), so the quantizer after them must still see every
     column of both."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, gemm_wgmma_a8, tail_rows
-    from mixgemm.kernels.cuda.gemv_a8 import act_quant_rows
+    from mixgemm.kernels.cuda.act_quant_rows import act_quant_rows
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config, gemm_wgmma_a8, tail_rows
     from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
     k = n = 8192
@@ -439,7 +442,9 @@ def _quantizing_launch(qw, m, x_dtype, fq=1):
     """The call plan's prepared launch for M rows (the registry's cuda_wgmma_a8 entry, per-token scales), its default
     config with FQ (1: the GEMM quantizes x in its own launch outside graph capture, wherever the tile allows; 0:
     never)."""
-    from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
+    from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+    from mixgemm.kernels.cuda_wgmma_a8 import prepare as _prepare_wgmma_a8
+    from mixgemm.kernels.int8_activations import a8_problem
 
     p = a8_problem(m, qw, x_dtype, torch.device("cuda"), "sym", True)
     return _prepare_wgmma_a8(p, qw, dict(_wgmma_a8_config(p), FQ=fq))
@@ -487,7 +492,7 @@ def test_gpu_quantizing_launch(bits, gs, m):
 def test_gpu_quantizing_launch_splits(m, k):
     """The quantizer's other splits: a whole block per row of a long K; several rows per block, blocks taking rows in
     turns (more rows than one round); x whose rows are not 16-byte aligned (copied first)."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import quantizer_split
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import quantizer_split
     from mixgemm.kernels.registry import device_info
 
     n = 264
@@ -535,7 +540,7 @@ def test_gpu_quantizing_launch_chain():
 def test_gpu_int8_per_channel_long_k_default():
     """The default tile at long K and large M (int8 per-channel: BM 256, two stages, MC 2) against the float64
     reference and bit for bit against BM 128."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config
 
     m, n, k = 2048, 250, 16384
     assert default_config(m, n, k, k, 8)["BM"] == 256
@@ -560,7 +565,7 @@ def test_gpu_int_scales_through_matmul_a8():
     """matmul_a8 with act_block "token" over an integer-scale weight, at a size where default_config takes BM 256
     (QS), against the float64 reference on the same quantized operands, and the runner bit-equal to it."""
     from mixgemm.formats.activation import quantize_activation
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config
     from mixgemm.ops import int8 as ops
 
     m, n, k = 300, 14336, 1024
@@ -607,7 +612,7 @@ def test_gpu_dispatch_through_matmul_a8(bits, gs):
 def test_gpu_int8_per_channel_dispatch():
     """int8 per-channel: the CUDA kernel for 128 <= M < A8_W8_PER_CHANNEL_TRITON_FROM_M, the Triton kernel above, except
     where its BM 256 / MC 2 tiles apply (w8_wide_region), where the CUDA kernel keeps every M."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import MC_MIN_M, W8_WIDE_MIN_K
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import MC_MIN_M, W8_WIDE_MIN_K
     from mixgemm.ops import int8 as ops
     from mixgemm.tuning import A8_W8_PER_CHANNEL_TRITON_FROM_M
 
@@ -629,7 +634,7 @@ def test_gpu_int8_per_channel_dispatch():
 @needs_sm90
 @pytest.mark.gpu
 def test_gpu_errors():
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import gemm_wgmma_a8
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import gemm_wgmma_a8
 
     qw = _qw(64, 256, 4, 128, 0, "cuda")
     aq = torch.randint(-127, 128, (5, 256), dtype=torch.int8, device="cuda")
@@ -681,7 +686,7 @@ def test_gpu_cluster_split_k(bits, gs, per_token, int_scales):
     storing a band of the tile's tokens): int32 sums (per-channel, integer group scales) bit-equal to SPLIT 1, fp32
     folds within the tolerance; M tails inside a band and across bands (M = 1, 3, 17, 64, 100), N off the tiles, a
     last slice shorter than the others, splits 2..8; a split that would leave a slice empty is refused."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, split_slices
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config, split_slices
 
     exact = gs == -1 or int_scales
     k = 4224 if gs != 256 else 4352  # 33 / 34 k-tiles: S 4 takes 10, 10, 10 and 3 / 4; S 8 would leave one empty
@@ -714,7 +719,9 @@ def test_gpu_cluster_split_k_quantizing_launch(bits, gs, m):
     GEMM's): equal to the two-launch path bit for bit and to the float64 GEMM within the tolerance."""
     from mixgemm.epilogue import clamp_bounds
     from mixgemm.formats.activation import quantize_activation
-    from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
+    from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+    from mixgemm.kernels.cuda_wgmma_a8 import prepare as _prepare_wgmma_a8
+    from mixgemm.kernels.int8_activations import a8_problem
 
     n, k = 1000, 4096
     qw = _qw(n, k, bits, gs, m, "cuda")
@@ -736,7 +743,7 @@ def test_gpu_cluster_split_k_quantizing_launch(bits, gs, m):
 
 def test_split_slices():
     """k-tiles per SPLIT slice: whole stages, every slice non-empty, the slices covering K."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import split_slices
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import split_slices
 
     for kt_total in range(1, 80):
         for split in range(1, 9):
@@ -753,7 +760,7 @@ def test_split_k_rule():
     measured fastest (tools/bench/wgmma_a8.py --splits, tools/bench/a8_small_m.py): only where the CTAs leave SMs
     idle, the fewest k-tiles per slice among the splits whose clusters all fit at once, and per-channel weights split
     only where a CTA streams at least the given bytes."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, split_k_rule
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config, split_k_rule
 
     slots = {2: 66, 3: 39, 4: 30}
     one_mib = 1 << 20
@@ -779,7 +786,7 @@ def test_tail_rows():
     """TAIL: whole waves of tiles over weight rows [0, n0), the partial last wave's rows as split-K clusters; split 2
     where that wave fills at most half the SMs (the weight-only GEMM's rule), n0 in whole MC pairs of column tiles,
     nothing with SPLIT or TAIL 0, a forced split as given."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, tail_rows
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config, tail_rows
 
     cfg = dict(default_config(2048, 4608, 4096, 4096, 8), TAIL="auto")  # BM 256, MC 2: 8 x 36 tiles on 132 SMs
     assert (cfg["BM"], cfg["MC"]) == (256, 2)
@@ -804,7 +811,7 @@ def test_gpu_tail_launch(bits, gs, int_scales, mc, tail):
     columns) against one launch: bit-equal where the sums are int32 over K (per channel, integer group scales; the
     split adds them exactly), within the fp16 tolerance with the per-group fp32 fold; bias, clamp, an N past the last
     128-row block, eager and through the functional call; inputs untouched."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import tail_rows
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import tail_rows
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     k, m = 1024, 512
@@ -831,8 +838,9 @@ def test_tail_default_rule(monkeypatch):
     test_token_tile_against_tail.)"""
     import dataclasses
 
-    from mixgemm.kernels import a8
-    from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
+    from mixgemm.kernels import cuda_wgmma_a8 as a8
+    from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+    from mixgemm.kernels.int8_activations import a8_problem
 
     monkeypatch.setattr(a8, "_token_tile_costs", lambda name: None)
     from mixgemm.tuning import A8_TAIL_MIN_K
@@ -860,7 +868,8 @@ def test_token_tile_against_tail():
     split 4 ways) stays, where counting that wave as a whole round had sent it to BM 160 (measured 1.17x the time)."""
     import dataclasses
 
-    from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
+    from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+    from mixgemm.kernels.int8_activations import a8_problem
 
 
     def cfg(m, k, n):
@@ -880,7 +889,9 @@ def test_token_tile_not_with_the_quantizer_in_the_launch():
     512x4096 at M = 1024 (2^31 multiply-adds): BM 128 makes 256 CTAs, two rounds, which BM 256 would halve."""
     import dataclasses
 
-    from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem, quantizing_pays
+    from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+    from mixgemm.kernels.cuda_wgmma_a8 import quantizing_pays
+    from mixgemm.kernels.int8_activations import a8_problem
 
     assert quantizing_pays(1024, 4096, 512) and not quantizing_pays(1024, 4096, 1024)
     qw = _qw(256, 512, 8, -1)
@@ -893,7 +904,7 @@ def test_token_tile_not_with_the_quantizer_in_the_launch():
 
 def test_tail_split_rule_without_a_wave_model():
     """Without the table's cluster residency, split 2 where the partial wave's pairs fill at most half the SMs."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import default_config, tail_split_rule
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import default_config, tail_split_rule
 
     cfg = default_config(2048, 4608, 8192, 8192, 8)
     assert tail_split_rule(2048, 4608, cfg, 132, None) == 2  # 32 tail tiles
@@ -903,7 +914,7 @@ def test_tail_split_rule_without_a_wave_model():
 
 def _h100_token_costs():
     import mixgemm.tuning as tuning
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import TokenTileCosts
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import TokenTileCosts
 
     return TokenTileCosts.parse(tuning.load_table("h100")["a8_tiles"], "h100.json a8_tiles")
 
@@ -913,7 +924,7 @@ def test_token_tile_from_the_wave_count():
     2048: BM 256 makes 288 CTAs, 3 rounds on 132 SMs), keep one that fills them (4096x4096: 256 CTAs, 2 rounds), and
     hand back a config whose stages fit the shared memory; below from_m, for the folding tiles, and for tiles the
     costs do not list, default_config's config stays."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, default_config, stage_bytes, token_tile
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import SMEM_LIMIT, default_config, stage_bytes, token_tile
 
     costs = _h100_token_costs()
     for bits, qs, gs in ((4, True, 128), (8, False, 4096)):
@@ -947,7 +958,7 @@ def test_token_tile_from_the_wave_count():
 
 
 def test_token_tile_costs_refuse_bad_sections():
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import TokenTileCosts
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import TokenTileCosts
 
     good = {"from_m": 1024, "margin": 1.05, "tail_round": 0.1, "round_us": {"w4 qs": {"mc1": {"128": 4.0, "256": 6.7}}},
             "source": "x"}
@@ -978,7 +989,7 @@ def test_token_tile_on_the_h200_reads_its_own_table():
     rounds of a tile half as long) as the H100's do."""
     import mixgemm
     import mixgemm.tuning as tuning
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import TokenTileCosts
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import TokenTileCosts
 
     costs = TokenTileCosts.parse(tuning.load_table("h200")["a8_tiles"], "h200.json a8_tiles")
     assert costs.from_m <= 384 and costs.source
@@ -998,7 +1009,7 @@ def test_token_tile_on_the_h200_reads_its_own_table():
 def test_gpu_token_tiles(bm, fmt, mc):
     """The BMs a8_tiles ranks (multiples of 16 past 128, stages as token_tile sets them), per channel int8 and QS
     int4, with and without the activation multicast, on M that leaves a partial token tile and N a partial row tile."""
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import ring_stages
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import ring_stages
 
     bits, gs, qs = (8, -1, False) if fmt == "w8 per channel" else (4, 128, True)
     stages = ring_stages(bm, 2, bits, 2, gs == -1, 2, 4)

@@ -1,4 +1,4 @@
-"""Fused activation-quantized GEMV (mixgemm.kernels.cuda.gemv_a8, W4A8 / W8A8, M <= 16).
+"""Fused activation-quantized GEMV (mixgemm.kernels.cuda_gemv_a8.gemv_a8, W4A8 / W8A8, M <= 16).
 
 CPU: the a8gemv_v2 layout is the weight's own buffer (a padded copy where K is no whole number of chunks), a Python
 emulation of the kernel's unit-wise integer math (the lanes' chunk order, the int4 even / odd nibble split, the
@@ -19,11 +19,12 @@ import torch
 import mixgemm
 from mixgemm import tuning
 from mixgemm.formats.activation import quantize_activation
-from mixgemm.formats.layouts_a8 import CHUNK_K, build_a8gemv_v2, get_a8gemv_layout, pick_u
 from mixgemm.formats.packing import unpack_codes
 from mixgemm.formats.weight import quantize_weight
-from mixgemm.kernels.cuda import gemv_a8 as ga
+from mixgemm.kernels.cuda import act_quant_rows as aq
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda_gemv_a8 import gemv_a8 as ga
+from mixgemm.kernels.cuda_gemv_a8.layout import CHUNK_K, build_a8gemv_v2, get_a8gemv_layout, pick_u
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.reference.block_gemm import block_int_gemm
 from mixgemm.tuning import A8_GEMV_MAX_M, gemv_m1
@@ -412,7 +413,7 @@ def test_matmul_a8_dispatches_small_m():
 
 def test_act_quant_rows_supported_rules():
     x = torch.zeros(2, 8192)  # CPU: never
-    assert not ga.act_quant_rows_supported(x, -1)
+    assert not aq.act_quant_rows_supported(x, -1)
 
 
 @needs_nvrtc
@@ -420,18 +421,18 @@ def test_act_quant_rows_supported_rules():
 def test_nvrtc_compiles_act_quant_rows(arch):
     for xt in (0, 1, 2):
         for cpt in (2, 7, 16):
-            assert len(nvrtc.compile_cubin(ga.SOURCE, tuple(sorted({"A8_ACTQ": cpt, "A8_XT": xt}.items())), arch))
+            assert len(nvrtc.compile_cubin(aq.SOURCE, tuple(sorted({"A8_ACTQ": cpt, "A8_XT": xt}.items())), arch))
 
 
 def test_act_quant_rows_threads():
     """Threads per row: a power of two in 32..ACTQ_NT giving each thread about ACTQ_UNITS 8-element units, and never
     more units than the registers hold (ACTQ_MAX_CPT) up to the longest row supported."""
-    assert ga.actq_threads(4096) == min(ga.ACTQ_NT, 512 // tuning.A8_ACTQ_UNITS)
-    for k in (8, 2048, 4096, 4104, 5120, 8192, 12344, 28672, 8 * ga.ACTQ_NT * ga.ACTQ_MAX_CPT):
-        nt = ga.actq_threads(k)
-        assert 32 <= nt <= ga.ACTQ_NT and nt & (nt - 1) == 0
+    assert aq.actq_threads(4096) == min(aq.ACTQ_NT, 512 // tuning.A8_ACTQ_UNITS)
+    for k in (8, 2048, 4096, 4104, 5120, 8192, 12344, 28672, 8 * aq.ACTQ_NT * aq.ACTQ_MAX_CPT):
+        nt = aq.actq_threads(k)
+        assert 32 <= nt <= aq.ACTQ_NT and nt & (nt - 1) == 0
         cpt = -(-(k // 8) // nt)
-        assert cpt <= ga.ACTQ_MAX_CPT and (cpt <= tuning.A8_ACTQ_UNITS or nt == ga.ACTQ_NT)
+        assert cpt <= aq.ACTQ_MAX_CPT and (cpt <= tuning.A8_ACTQ_UNITS or nt == aq.ACTQ_NT)
 
 
 @pytest.mark.gpu
@@ -451,8 +452,8 @@ def test_act_quant_rows_exact(k, mode, dt, units, monkeypatch):
     x[3] = 0.0  # an all-zero row: d = 0 (sym) / a constant row (asym)
     x[5, :] = 1.5
     xc = x.cuda()
-    assert ga.act_quant_rows_supported(xc, -1)
-    q, s, o, sm = ga.act_quant_rows(xc, mode)
+    assert aq.act_quant_rows_supported(xc, -1)
+    q, s, o, sm = aq.act_quant_rows(xc, mode)
     ref = quantize_activation(x.float(), -1, mode)
     assert torch.equal(q.cpu(), ref.q)
     assert torch.equal(sm.cpu(), ref.sums)

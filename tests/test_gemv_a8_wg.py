@@ -1,5 +1,5 @@
-"""Fused activation-quantizing GEMV on the int8 GEMM's layout (mixgemm.kernels.cuda.gemv_a8_wg, W4A8 / W8A8 sym x sym,
-M <= 16), the decode kernel of a compacted int8-activation weight.
+"""Fused activation-quantizing GEMV on the int8 GEMM's layout (mixgemm.kernels.cuda_gemv_a8_wg.gemv_a8_wg, W4A8 /
+W8A8 sym x sym, M <= 16), the decode kernel of a compacted int8-activation weight.
 
 CPU: a Python emulation of the kernel's integer math on the wgmma_a8_v1 bytes (each lane's words, the x codes where
 the prologue puts them, the int4 bytes as 16 c, the per-k-tile fold) equals the float64 reference; NVRTC compiles the
@@ -22,9 +22,9 @@ from mixgemm import QuantConfig
 from mixgemm.formats.activation import quantize_activation
 from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
 from mixgemm.formats.weight import quantize_weight
-from mixgemm.kernels import a8 as a8_entries
-from mixgemm.kernels.cuda import gemv_a8_wg as gw
+from mixgemm.kernels import int8_activations as a8_entries
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda_gemv_a8_wg import gemv_a8_wg as gw
 from mixgemm.reference.block_gemm import block_int_gemm
 from mixgemm.tuning import A8_GEMV_MAX_M, A8_WG_GEMV_BLOCK_SCALES_MAX_M, A8_WG_GEMV_MAX_M
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py

@@ -34,7 +34,7 @@ def _gen(seed):
 
 
 def test_half_split_roundtrip():
-    from mixgemm.kernels.triton.int8_layout import half_split_pack, half_split_unpack
+    from mixgemm.kernels.triton_a8.layout import half_split_pack, half_split_unpack
 
     g = _gen(1)
     for h in (32, 64):
@@ -47,7 +47,7 @@ def test_half_split_roundtrip():
 def test_layout_represents_weight(bits, mode):
     """c * s + m of the layout equals the plain dequantized weight (float64), and csum is exact."""
     from mixgemm.formats.weight import dequantize_weight
-    from mixgemm.kernels.triton.int8_layout import build_int8_layout, half_split_unpack
+    from mixgemm.kernels.triton_a8.layout import build_int8_layout, half_split_unpack
 
     w = torch.randn(24, 256, generator=_gen(2)) * 0.02
     qw = quantize_weight(w, bits=bits, group_size=64, mode=mode)
@@ -145,8 +145,8 @@ def test_a8_gemm_odd_shapes_and_epilogue(m, activation):
 def test_a8_integer_parts_exact():
     """The kernel's int32 block products equal the integer reference exactly: with unit scales and zero
     offsets the fp32 output is the integer sum itself (|sum| < 2**24 is exact in fp32)."""
-    from mixgemm.kernels.triton.int8_gemm import a8_gemm
-    from mixgemm.kernels.triton.int8_layout import build_int8_layout
+    from mixgemm.kernels.triton_a8.int8_gemm import a8_gemm
+    from mixgemm.kernels.triton_a8.layout import build_int8_layout
 
     for bits in (8, 4):
         x, qw, _ = _case(bits, 64, "sym", 5, 24, 256, seed=7)

@@ -63,10 +63,10 @@ def test_quantized_weight_and_every_layout_hold_the_codes(mode, k):
     """Quantization within half a step, from_codes, and the codes every kernel layout builder holds (read back by its
     own unpack) equal the plain codes: each builds from the true K, the padding nibble never enters."""
     from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2, unpack_gemv_mma_v1, unpack_gemv_v2
-    from mixgemm.formats.layouts_a8 import build_a8gemv_v2
     from mixgemm.formats.layouts_wgmma import build_wgmma_v1, unpack_wgmma_v1
     from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1, unpack_wgmma_a8_v1
-    from mixgemm.kernels.triton.conv import build_conv_layout
+    from mixgemm.kernels.cuda_gemv_a8.layout import build_a8gemv_v2
+    from mixgemm.kernels.triton.conv_common import build_conv_layout
 
     w, qw = _qw(19, k, mode, seed=k)
     assert qw.qweight.shape == (19, (k + 1) // 2) and qw.codes().shape == (19, k)
@@ -173,8 +173,8 @@ def test_which_cuda_entries_take_odd_k(monkeypatch):
     """On a described H200 (no GPU needed): every weight-only linear entry and the fused int8-activation GEMVs take a
     4-bit odd-K weight; the int8 GEMMs decline it with the reason (K % 16, the int8_v1 layout's K % 64)."""
     from described_gpus import H200
-    from mixgemm.kernels import a8 as a8_entries
-    from mixgemm.kernels.a8 import a8_problem
+    from mixgemm.kernels import int8_activations as a8_entries
+    from mixgemm.kernels.int8_activations import a8_problem
     from mixgemm.kernels.linear import linear_problem
     from mixgemm.kernels.registry import entries
 
@@ -378,7 +378,7 @@ def test_gpu_a8_entries(mode, rel_err):
 def test_gpu_conv_paths(name, dtype, rel_err):
     """Every conv kernel that takes the geometry (the CUDA depthwise conv too, channels_last) on 4-bit odd-K weights,
     every mode; the wgmma implicit GEMM declines (Ci % 64)."""
-    from mixgemm.kernels.conv import conv_problem
+    from mixgemm.kernels.conv_geometry import conv_problem
     from mixgemm.kernels.registry import entry
 
     b, ci, h, w, co, k, s, p, d, g, paths = CONV_GEOMS[name]

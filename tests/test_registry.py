@@ -15,7 +15,7 @@ import mixgemm
 from described_gpus import A100, H100, H200
 from mixgemm import QuantConfig, quantize_conv_weight
 from mixgemm.formats.weight import from_codes
-from mixgemm.kernels import a8 as a8_entries
+from mixgemm.kernels import int8_activations as a8_entries
 from mixgemm.kernels import linear as linear_entries
 from mixgemm.kernels.registry import NoKernel, entries, entry, entry_names
 

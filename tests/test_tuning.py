@@ -598,7 +598,7 @@ def test_tune_formats_include_the_zero_point_forms():
 
 def _a8_problem(m, n, k, bits, fmt_kw, per_token=True):
     from mixgemm.formats.int_scales import quantize_weight_int_scales
-    from mixgemm.kernels.a8 import a8_problem
+    from mixgemm.kernels.int8_activations import a8_problem
 
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(1))
     qw = (quantize_weight_int_scales(w, group_size=128, scale_dtype=torch.float16) if fmt_kw == "int-scales"
@@ -617,7 +617,7 @@ def test_int8_gemm_candidates(m, n, k, bits, fmt_kw):
     the folding tiles), TAIL's splits where a partial wave follows a whole one, split-K at small M; never the
     default, no repeats, each a complete config of the entry."""
     from mixgemm.kernels.a8 import ENTRIES
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import SMEM_LIMIT, stage_bytes
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import SMEM_LIMIT, stage_bytes
 
     entry = next(e for e in ENTRIES if e.name == "cuda_wgmma_a8")
     p = _a8_problem(m, n, k, bits, fmt_kw, per_token=fmt_kw == "int-scales" or bits == 8)

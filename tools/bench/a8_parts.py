@@ -16,10 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from mixgemm import tuning
-from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
-from mixgemm.kernels.cuda import gemv_a8
+from mixgemm.kernels.cuda import act_quant_rows
 from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
-from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8
+from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+from mixgemm.kernels.cuda_wgmma_a8 import prepare as _prepare_wgmma_a8
+from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import prepare_wgmma_a8
+from mixgemm.kernels.int8_activations import a8_problem
 from tools.bench.int8 import (
     add_case_args,
     cases,
@@ -39,7 +41,7 @@ def measure(k: int, n: int, m: int, fmt: str, rounds: int) -> dict:
     p = a8_problem(m, qw, torch.float16, dev, "sym", True)
     cfg = dict(_wgmma_a8_config(p), FQ=0)
     plans = [_prepare_wgmma_a8(a8_problem(m, q, torch.float16, dev, "sym", True), q, cfg) for q in qws]
-    rows = gemv_a8.prepare_act_quant_rows(m, k, torch.float16, dev, "sym")
+    rows = act_quant_rows.prepare_act_quant_rows(m, k, torch.float16, dev, "sym")
     scratch = torch.empty(m * k + 8 * m + 16, dtype=torch.uint8, device=dev)
     base, sc = scratch.data_ptr(), scratch.data_ptr() + m * k
     gemms = [prepare_wgmma_a8(q, m, k, True, OutputRows(torch.float16, n, True, dev), cfg) for q in qws]
@@ -67,14 +69,15 @@ def main():
     a = ap.parse_args()
     units = [int(u) for u in a.actq_units.split(",")] if a.actq_units else [tuning.A8_ACTQ_UNITS]
     pdls = [bool(int(v)) for v in a.actq_pdl.split(",")] if a.actq_pdl else [None]
-    default_prepare = gemv_a8.prepare_act_quant_rows
+    default_prepare = act_quant_rows.prepare_act_quant_rows
     rows = []
     print(f"{'K x N':>12} {'M':>5} {'format':>9} units {'fp16':>8} {'whole':>8} {'quant':>7} {'gemm':>8}  "
           "whole x fp16, gemm x fp16, (whole - gemm) / whole")
     for shape, k, n, m, fmt in cases(a):
         for u, pdl in [(u, pdl) for u in units for pdl in pdls]:
             tuning.A8_ACTQ_UNITS = u
-            gemv_a8.prepare_act_quant_rows = functools.partial(default_prepare, pdl=pdl)  # (the plan calls it so)
+            # (the plan calls it so)
+            act_quant_rows.prepare_act_quant_rows = functools.partial(default_prepare, pdl=pdl)
             r = measure(k, n, m, fmt, a.rounds)
             r.update(actq_units=u, actq_pdl=pdl)
             rows.append(r)

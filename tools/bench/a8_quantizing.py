@@ -13,7 +13,9 @@ import argparse
 
 import torch
 
-from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
+from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+from mixgemm.kernels.cuda_wgmma_a8 import prepare as _prepare_wgmma_a8
+from mixgemm.kernels.int8_activations import a8_problem
 from tools.bench.int8 import (
     add_case_args,
     cases,
@@ -32,7 +34,7 @@ def launches(qw, m: int, fq: int):
     quantizes in its launch, called directly with scratch and counters of its own (the plan's launch takes the two
     launches under graph capture, which this timing uses)."""
     from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
-    from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8, scratch_bytes
+    from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import prepare_wgmma_a8, scratch_bytes
 
     dev = torch.device("cuda", torch.cuda.current_device())
     p = a8_problem(m, qw, torch.float16, dev, "sym", True)

@@ -22,7 +22,8 @@ import torch
 
 from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.weight import quantize_weight
-from mixgemm.kernels.a8 import _wgmma_a8_config, a8_problem
+from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+from mixgemm.kernels.int8_activations import a8_problem
 from tools.bench.gemv_a8_wg import time_a8_calls
 from tools.bench.int8 import clone_qw, copies_for
 

@@ -15,8 +15,10 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
-from mixgemm.kernels.cuda.gemm_wgmma_a8 import tail_rows
+from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
+from mixgemm.kernels.cuda_wgmma_a8 import prepare as _prepare_wgmma_a8
+from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import tail_rows
+from mixgemm.kernels.int8_activations import a8_problem
 from tools.bench.int8 import (
     add_case_args,
     cases,

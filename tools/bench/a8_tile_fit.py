@@ -1,5 +1,5 @@
-"""Fit a GPU's ``a8_tiles`` section (mixgemm.kernels.cuda.gemm_wgmma_a8.TokenTileCosts) from BM sweeps of the int8
-wgmma GEMM, and report how its choice does.
+"""Fit a GPU's ``a8_tiles`` section (mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8.TokenTileCosts) from BM sweeps of
+the int8 wgmma GEMM, and report how its choice does.
 
 Input: JSON files of ``python -m tools.bench.wgmma_a8 --formats w8pc,w4g128qt --bm-grid 256,...,128 --ms 1024,...
 --out F`` (GEMM only, one row per layer, M and format, every BM timed). Each (cost family, MC, BM) gets the geometric
@@ -23,7 +23,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from mixgemm.kernels.cuda.gemm_wgmma_a8 import TokenTileCosts, column_tiles, default_config, token_tile
+from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import TokenTileCosts, column_tiles, default_config, token_tile
 
 
 def family(row: dict) -> str | None:

@@ -188,7 +188,8 @@ def bench_case(
 
 def sweep_configs(case: dict, batch: int):
     """A few tile candidates around the heuristic, for --sweep (swap_ab: weight as the wgmma register operand)."""
-    from mixgemm.kernels.triton.conv import ConvConfig, DwConfig, auto_split
+    from mixgemm.kernels.triton_conv_igemm.igemm import ConvConfig, auto_split
+    from mixgemm.kernels.triton_dwconv.dwconv import DwConfig
 
     co, ci, k, s, hw, g = (case[n] for n in ("co", "ci", "k", "stride", "hw", "groups"))
     ci_g = ci // g

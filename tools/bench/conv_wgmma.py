@@ -1,4 +1,4 @@
-"""The wgmma implicit-GEMM conv (kernels/cuda/conv_wgmma.py) vs cuDNN fp16 and the Triton conv, per layer.
+"""The wgmma implicit-GEMM conv (kernels/cuda_conv_wgmma/conv_wgmma.py) vs cuDNN fp16 and the Triton conv, per layer.
 
 Every ResNet-50 layer of mixgemm.bench.conv.CONV_PRESET that the path takes (Ci % 64 == 0, groups 1) at batch 1 and
 32, W8A16 per-channel and W4A16 g128 (g64 where Ci = 64): cuDNN fp16 channels_last, what mixgemm.conv2d picks without
@@ -8,7 +8,7 @@ each variant is checked against F.conv2d in fp32 (TF32 off) on the dequantized w
 
   PYTHONPATH=src python -m tools.bench.conv_wgmma [--batches 1 32] [--bits 8 4] [--json out.json] [--budget-s S]
   CONV_SWEEP=dw: the depthwise kernel, default and candidate tiles.
-  CONV_SWEEP=smallk: the small-K kernel (kernels/triton/conv_smallk.py) with candidate tiles, on every layer whose
+  CONV_SWEEP=smallk: the small-K kernel (triton_conv_smallk/conv_smallk.py) with candidate tiles, on every layer whose
   padded K fits it, beside the dispatch without it.
   CONV_SWEEP=longk: split-K and stream-K tiles on the few-tile, long-K layers (use with --only / --batches 32).
   CONV_SWEEP=persist: the dispatch beside persistent whole-tile configs (SK 2, stores in flight under the next tile).
@@ -41,10 +41,10 @@ from mixgemm import kernel_options, quantize_conv_weight
 from mixgemm.bench.conv import CONV_PRESET
 from mixgemm.bench.protocol import graph_time_us, l2_bytes
 from mixgemm.kernels.cuda import gemm_wgmma as G
-from mixgemm.kernels.cuda.dwconv import DwCudaConfig
-from mixgemm.kernels.triton import conv_smallk
-from mixgemm.kernels.triton.conv import DwConfig
-from mixgemm.kernels.triton.conv_smallk import SmallKConfig
+from mixgemm.kernels.cuda_dwconv.dwconv import DwCudaConfig
+from mixgemm.kernels.triton_conv_smallk import conv_smallk
+from mixgemm.kernels.triton_conv_smallk.conv_smallk import SmallKConfig
+from mixgemm.kernels.triton_dwconv.dwconv import DwConfig
 from mixgemm.ops.conv import cuda_conv2d
 from mixgemm.tuning import conv_table
 from tools.checks.conv_gpu_check import _inputs, _rel, qconfig
@@ -211,7 +211,8 @@ def run_layer(spec, batch: int, bits: int, l2: int) -> dict:
     if SWEEP == "dw":  # depthwise: the default and candidate tiles
         variants = [("auto", None, None)] + [(f"dw:{c.block_m}x{c.block_c}w{c.num_warps}", "dw", c)
                                              for c in DW_CANDIDATES]
-        variants += [(f"dwcuda:{c.tw}x{c.cb}", "dw_cuda", c) for c in DW_CUDA_CANDIDATES if spec.ci % c.cb == 0]
+        variants += [(f"dwcuda:{c.pixels_per_thread}x{c.channels_per_block}", "dw_cuda", c) for c in DW_CUDA_CANDIDATES
+                     if spec.ci % c.channels_per_block == 0]
     elif SWEEP == "smallk":  # the small-K kernel (default and candidate tiles) beside what the dispatch ran before it
         before = ("triton", "igemm", None) if spec.ci <= conv_smallk.SMALLK_MAX_CI else ("auto", None, None)
         variants = [before, ("smallk:default", "smallk", None)]
@@ -274,7 +275,7 @@ def fmt_row(r) -> str:
 def emit_table(paths: list[str]) -> None:
     """Print conv_table entries (key: wgmma config, or None where the Triton kernel / 1x1 matmul measured faster)
     from sweep JSON files (CONV_SWEEP=table); a later file's row replaces an earlier one's for the same key."""
-    from mixgemm.kernels.cuda.conv_wgmma import default_conv_config
+    from mixgemm.kernels.cuda_conv_wgmma.conv_wgmma import default_conv_config
 
     rows = {}
     for path in paths:

@@ -1,4 +1,4 @@
-"""Benchmark of the fused activation-quantized CUDA GEMV (mixgemm.kernels.cuda.gemv_a8) against the Triton
+"""Benchmark of the fused activation-quantized CUDA GEMV (mixgemm.kernels.cuda_gemv_a8.gemv_a8) against the Triton
 W4A8 / W8A8 path (act-quant launch + GEMM) and fp16 cuBLAS, benchmark protocol (CUDA graph over C layer
 copies > 3x L2, median / C). Activation quantization is inside every mixgemm time.
 
@@ -23,7 +23,6 @@ import mixgemm
 from mixgemm.bench.protocol import graph_time_us
 from mixgemm.formats.activation import quantize_activation
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
-from mixgemm.kernels.cuda import gemv_a8 as ga
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.int8 import make_a8_runner
 from mixgemm.tuning.gemv_m1 import a8_m1_entry
@@ -161,13 +160,14 @@ def row_w8_large(k, n, m, bw, rep=100):
     """W8A8 per-channel at large M: the one-pass CUDA row quantizer against the two-pass Triton one, alone (time and
     bit-equality), and the dispatch end to end (it always quantizes with the CUDA row kernel where that applies; the
     end-to-end run with the Triton quantizer has no switch any more)."""
+    from mixgemm.kernels.cuda import act_quant_rows as aq
     from mixgemm.kernels.triton.act_quant import act_quant
 
     qw0, x, qws, _ = make_case(k, n, m, 8, -1, seed=k + m)
-    a1 = ga.act_quant_rows(x, "sym")
+    a1 = aq.act_quant_rows(x, "sym")
     a2 = act_quant(x, -1, "sym")
     exact = all(torch.equal(u, v) for u, v in zip(a1, a2, strict=True))
-    t_rows = do_bench(lambda: ga.act_quant_rows(x, "sym", out=a1), warmup=10, rep=50, return_mode="median") * 1e3
+    t_rows = do_bench(lambda: aq.act_quant_rows(x, "sym", out=a1), warmup=10, rep=50, return_mode="median") * 1e3
     t_tri = do_bench(lambda: act_quant(x, -1, "sym", out=a2), warmup=10, rep=50, return_mode="median") * 1e3
     kernel = mixgemm.explain(x, qw0, act_mode="sym").kernel
     y = make_a8_runner(x, qw0, "sym")()

@@ -25,7 +25,7 @@ import mixgemm
 from mixgemm.bench.protocol import graph_time_us
 from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.weight import compact_placeholder, quantize_weight
-from mixgemm.kernels.cuda import gemv_a8_wg as gw
+from mixgemm.kernels.cuda_gemv_a8_wg import gemv_a8_wg as gw
 from mixgemm.ops.custom_ops import compact_weight
 from mixgemm.ops.int8 import make_a8_runner
 from tools.bench.gemv_a8 import err_of

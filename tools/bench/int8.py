@@ -31,10 +31,10 @@ from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.activation import act_block_size, quantize_activation
 from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
-from mixgemm.kernels.a8 import act_quant as _act_quant
+from mixgemm.kernels.int8_activations import act_quant as _act_quant
 from mixgemm.kernels.triton.act_quant import act_quant
-from mixgemm.kernels.triton.int8_gemm import a8_gemm
-from mixgemm.kernels.triton.int8_layout import get_int8_layout
+from mixgemm.kernels.triton_a8.int8_gemm import a8_gemm
+from mixgemm.kernels.triton_a8.layout import get_int8_layout
 from mixgemm.ops.int8 import make_a8_runner
 
 ACCEPT_SHAPES = [(8192, 28672), (28672, 8192)]  # K x N
@@ -314,29 +314,29 @@ def C(bm, bn, bk, w, s, gm=8, tma=False):
 
 
 def actq_rows_sweep(bw):
-    """Per-token quantization of x [M, K] fp16 by gemv_a8.act_quant_rows at each block size: time and bandwidth
+    """Per-token quantization of x [M, K] fp16 by act_quant_rows.act_quant_rows at each block size: time and bandwidth
     (bytes = 2 MK read + MK written), beside the copy bandwidth."""
-    from mixgemm.kernels.cuda import gemv_a8 as ga
+    from mixgemm.kernels.cuda import act_quant_rows as aq
 
-    nt0 = ga.ACTQ_NT
+    nt0 = aq.ACTQ_NT
     try:
         for k in (8192, 28672):
             for m in (2048, 4096):
                 x = torch.randn(m, k, device="cuda", dtype=torch.float16)
                 ref = None
                 for nt in (256, 512, 1024):
-                    ga.ACTQ_NT = nt
-                    q = ga.act_quant_rows(x, "sym")
+                    aq.ACTQ_NT = nt
+                    q = aq.act_quant_rows(x, "sym")
                     if ref is None:
                         ref = q
                     same = all(torch.equal(a, b) for a, b in zip(q, ref, strict=True))
-                    t = do_bench(lambda q=q, x=x: ga.act_quant_rows(x, "sym", out=q), warmup=10, rep=50,
+                    t = do_bench(lambda q=q, x=x: aq.act_quant_rows(x, "sym", out=q), warmup=10, rep=50,
                                  return_mode="median") * 1e-3
                     print(f"actq rows K={k} M={m} NT={nt}: {t * 1e6:.1f} us, {3 * m * k / t / 1e12:.2f} TB/s "
                           f"({3 * m * k / t / bw:.0%} of copy), identical {same}", flush=True)
                 del x, ref
     finally:
-        ga.ACTQ_NT = nt0
+        aq.ACTQ_NT = nt0
 
 
 def main():

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from mixgemm.bench.protocol import capture_graph
-from mixgemm.kernels.triton.int8_layout import get_int8_layout
+from mixgemm.kernels.triton_a8.layout import get_int8_layout
 from tools.bench.int8 import a8_runner, clone_qw, copies_for, lay_bytes, make_weight, w8_cuda_options
 
 

@@ -1,6 +1,6 @@
-"""Tile sweep of the int8 wgmma GEMM (kernels/cuda/gemm_wgmma_a8.cu) beside the Triton int8 GEMM it replaces and
-fp16 cuBLAS, GEMM only (activations quantized once before timing), protocol graph timing (tools.bench.int8's helpers:
-C layer copies > 3x L2 in one CUDA graph, median / C). Every config is checked against the float64 reference
+"""Tile sweep of the int8 wgmma GEMM (kernels/cuda_wgmma_a8/gemm_wgmma_a8.cu) beside the Triton int8 GEMM it replaces
+and fp16 cuBLAS, GEMM only (activations quantized once before timing), protocol graph timing (tools.bench.int8's
+helpers: C layer copies > 3x L2 in one CUDA graph, median / C). Every config is checked against the float64 reference
 (64 rows) before it is timed.
 
 Usage: PYTHONPATH=src python -m tools.bench.wgmma_a8 [--shapes 8192x28672,...] [--ms 2048,4096]
@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
-from mixgemm.kernels.a8 import per_group_params
-from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, QS_MAX_K, default_config, gemm_wgmma_a8, ring_stages
+from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import LAYOUT, QS_MAX_K, default_config, gemm_wgmma_a8, ring_stages
+from mixgemm.kernels.int8_activations import per_group_params
 from mixgemm.kernels.triton.act_quant import act_quant
-from mixgemm.kernels.triton.int8_gemm import a8_gemm
-from mixgemm.kernels.triton.int8_layout import get_int8_layout
+from mixgemm.kernels.triton_a8.int8_gemm import a8_gemm
+from mixgemm.kernels.triton_a8.layout import get_int8_layout
 from tools.bench.int8 import check, clone_qw, copies_for, graph_time, make_weight
 from tools.bench.launch_spy import prepared_launches
 

@@ -40,8 +40,9 @@ from mixgemm import quantize_conv_weight
 from mixgemm.bench.conv import CONV_BATCHES, CONV_PRESET, ConvSpec
 from mixgemm.bench.protocol import graph_time_us, l2_bytes
 from mixgemm.formats.weight import QuantConfig
-from mixgemm.kernels.triton.conv import ConvConfig, DwConfig, _bk_fits, default_config
 from mixgemm.kernels.triton.conv_int8 import fold_length
+from mixgemm.kernels.triton_conv_igemm.igemm import ConvConfig, _bk_fits, default_config
+from mixgemm.kernels.triton_dwconv.dwconv import DwConfig
 from mixgemm.nn.conv import fit_conv_config
 from mixgemm.ops.conv import cuda_conv2d, cuda_conv2d_a8, pick_path
 from mixgemm.tuning import conv_table

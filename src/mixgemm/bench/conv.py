@@ -267,7 +267,7 @@ def _gpu(ctx: Context) -> str | None:
     return None if ctx.device.type == "cuda" else "needs a CUDA GPU"
 
 
-_CONV_MODULES = _module_unavailable("mixgemm.ops.conv", "mixgemm.kernels.triton.conv")
+_CONV_MODULES = _module_unavailable("mixgemm.ops.conv", "mixgemm.kernels.triton_conv_igemm.igemm")
 DEQUANT_ENTRY = "dequant_cudnn"
 W4_ZP = "mixgemm conv W4A16 zp"
 W8 = "mixgemm conv W8A16"

@@ -472,13 +472,13 @@ def mixgemm_methods(bits_list: list[int], group_size: int) -> list[Method]:
         g = group_size if bits == 4 else -1
         gname = "per-channel" if g == -1 else f"g{g}"
         out.append(Method(f"mixgemm W{bits}A8 {gname}", "mixgemm", _prep_mixgemm_a8(bits, g),
-                          _module_unavailable("mixgemm.ops.int8", "mixgemm.kernels.triton.int8_gemm",
+                          _module_unavailable("mixgemm.ops.int8", "mixgemm.kernels.triton_a8.int8_gemm",
                                               "mixgemm.kernels.triton.act_quant"),
                           applies=_a8_applies(bits, g),
                           description=f"mixgemm.ops.int8.matmul_a8, W{bits} sym, int8 activations (sym) per token"))
         if g != -1:  # one activation scale per token over the grouped weight (torchao's 8da4w); same thing per-channel
             out.append(Method(f"mixgemm W{bits}A8 {gname} act per-token", "mixgemm", _prep_mixgemm_a8(bits, g, "token"),
-                              _module_unavailable("mixgemm.ops.int8", "mixgemm.kernels.triton.int8_gemm",
+                              _module_unavailable("mixgemm.ops.int8", "mixgemm.kernels.triton_a8.int8_gemm",
                                                   "mixgemm.kernels.triton.act_quant"),
                               applies=_a8_applies(bits, g), default=False,
                               description=f"mixgemm.ops.int8.matmul_a8(act_block='token'), W{bits} sym {gname}, "
@@ -486,7 +486,7 @@ def mixgemm_methods(bits_list: list[int], group_size: int) -> list[Method]:
         if g != -1 and bits == 4:  # the same with integer group scales: the int8 GEMM runs without the per-group fold
             out.append(Method(f"mixgemm W4A8 {gname} int-scales act per-token", "mixgemm",
                               _prep_mixgemm_a8(4, g, "token", int_scales=True),
-                              _module_unavailable("mixgemm.ops.int8", "mixgemm.kernels.triton.int8_gemm",
+                              _module_unavailable("mixgemm.ops.int8", "mixgemm.kernels.triton_a8.int8_gemm",
                                                   "mixgemm.kernels.triton.act_quant"),
                               applies=_a8_applies(4, g), default=False,
                               description=f"mixgemm.ops.int8.matmul_a8(act_block='token'), W4 sym {gname} with "

@@ -5,7 +5,7 @@ reference reads it as it is), whose scales factor exactly as ``s[n, g] = step[n]
 ``m`` in 1..16 (the two-level "progressive" group scales of QServe's W4A8). Then ``c * m`` (c = q - 8 in -8..7) is an
 int8 in -128..112, so an integer kernel can dequantize each group's codes to int8 in registers and accumulate one int32
 sum over all of K, scaled once by ``step * sA`` in its epilogue: no per-group fold of the partial sums
-(kernels/cuda/gemm_wgmma_a8.cu ``A8_QS``).
+(kernels/cuda_wgmma_a8/gemm_wgmma_a8.cu ``A8_QS``).
 
 The price is the resolution of the group scales: a group's scale is a multiple of step = max_g s[n, g] / 16 (rounded
 up to a value whose 16 multiples the scale dtype holds exactly), and each group takes whichever of the two multiples

@@ -1,4 +1,4 @@
-"""``wgmma_a8_v1``: the weight layout of the int8 wgmma GEMM (mixgemm/kernels/cuda/gemm_wgmma_a8.cu).
+"""``wgmma_a8_v1``: the weight layout of the int8 wgmma GEMM (mixgemm/kernels/cuda_wgmma_a8/gemm_wgmma_a8.cu).
 
 The GEMM computes out.T = C @ xq.T on the int8 tensor cores with the signed weight codes c = q - sym_bias as the
 wgmma A operand *in registers* and the int8 activation codes as B in shared memory. Each warp owns 16 weight rows;

@@ -1,8 +1,17 @@
-"""A convolution's output size and memory format (shared by the conv dispatcher and the conv kernels)."""
+"""The conv op's Problem, a convolution's output size and memory format (shared by the conv dispatcher and the conv
+entries).
+
+Run contract of the op: ``run(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, activation, config)``
+with the arguments checked (mixgemm.ops.conv.check_conv_inputs), M >= 1, and ``out`` the preallocated
+[B, Co, Ho, Wo] output in x's memory format (the paths that produce their own output ignore it).
+"""
 
 from __future__ import annotations
 
 import torch
+
+from mixgemm.formats.conv import QuantizedConvWeight
+from mixgemm.kernels.registry import ConvShape, Problem, device_info
 
 
 def conv_output_size(h: int, w: int, kernel_size, stride, padding, dilation) -> tuple[int, int]:
@@ -15,3 +24,13 @@ def out_format(x: torch.Tensor) -> torch.memory_format:
     if x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] > 1:
         return torch.channels_last
     return torch.contiguous_format
+
+
+def conv_problem(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
+                 dilation=(1, 1)) -> Problem:
+    q = qweight.matrix
+    g, ng = q.config.groups(q.in_features)
+    shape = ConvShape(qweight.in_channels_per_group, groups, tuple(qweight.kernel_size), tuple(stride),
+                      tuple(padding), tuple(dilation), out_format(x) == torch.channels_last, x=x, weight=qweight)
+    return Problem("conv", m, qweight.out_channels, q.in_features, x.dtype, device_info(x.device), q.bits, g, ng,
+                   q.mode, conv=shape, qw=q)

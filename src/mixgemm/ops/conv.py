@@ -15,7 +15,7 @@ import torch
 from mixgemm import reference
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight
-from mixgemm.kernels.conv import use_gemm
+from mixgemm.kernels.conv_as_matmul import use_gemm
 from mixgemm.kernels.conv_geometry import conv_output_size
 from mixgemm.kernels.conv_geometry import out_format as _out_format
 from mixgemm.kernels.options import current_options
@@ -110,7 +110,7 @@ def conv2d(
 
 def conv_choice(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups, dilation=(1, 1)):
     """The registry's choice (mixgemm.kernels.conv) for this convolution: entry, config, declined entries."""
-    from mixgemm.kernels.conv import conv_problem
+    from mixgemm.kernels.conv_geometry import conv_problem
     from mixgemm.kernels.registry import choose
 
     return choose(conv_problem(x, qweight, m, stride, padding, groups, dilation))
@@ -170,7 +170,7 @@ def cuda_conv2d(
     x, qweight, bias, stride, padding, dilation, groups, lo, hi, activation=None, config=None, path: str | None = None
 ):
     """The CUDA conv (also runs on CPU tensors under TRITON_INTERPRET=1, for tests). Arguments already checked.
-    config: a kernels.triton.conv ConvConfig (implicit GEMM) or DwConfig (depthwise) forcing that kernel's
+    config: a triton_conv_igemm ConvConfig (implicit GEMM) or triton_dwconv DwConfig (depthwise) forcing that kernel's
     tiles, a conv_smallk.SmallKConfig (path "smallk"), a cuda.dwconv.DwCudaConfig (path "dw_cuda"), or a dict of wgmma
     tiles (path "wgmma"); path: force "igemm" / "dw" / "dw_cuda" / "smallk" / "matmul" / "dequant" / "wgmma" (default:
     pick_path)."""
@@ -186,8 +186,8 @@ def cuda_conv2d(
     if b * ho * wo == 0 or co == 0:  # empty batch / output: no path choice (its tables index by M) and no launch
         return torch.empty((b, co, ho, wo), device=x.device, dtype=x.dtype, memory_format=fmt)
     if path is None and config is not None:  # a kernel config names its kernel
-        from mixgemm.kernels.cuda.dwconv import DwCudaConfig
-        from mixgemm.kernels.triton.conv_smallk import SmallKConfig
+        from mixgemm.kernels.cuda_dwconv.dwconv import DwCudaConfig
+        from mixgemm.kernels.triton_conv_smallk.conv_smallk import SmallKConfig
 
         depthwise = qweight.in_channels_per_group == 1 and groups > 1
         path = ("smallk" if isinstance(config, SmallKConfig) else "dw_cuda" if isinstance(config, DwCudaConfig)

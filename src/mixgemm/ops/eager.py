@@ -107,7 +107,7 @@ def eager_forward(mod, x: torch.Tensor) -> torch.Tensor | None:
     def make_problem():
         check_matmul_inputs(x, qw, bias)
         check_act(act_mode, mod.act_block)
-        from mixgemm.kernels.a8 import a8_problem
+        from mixgemm.kernels.int8_activations import a8_problem
 
         return a8_problem(m, qw, x.dtype, x.device, act_mode, per_token)
 

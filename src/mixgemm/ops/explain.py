@@ -42,7 +42,7 @@ def explain(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None = No
     act_order: the call of an act-order weight-only layer (QuantLinear with input_perm): the choice then says whether
     the kernel gathers x through the permutation itself (``perm_in_kernel``, ``perm_note``).
     Under kernel_options, the options' choice."""
-    from mixgemm.kernels.a8 import a8_problem
+    from mixgemm.kernels.int8_activations import a8_problem
     from mixgemm.kernels.linear import linear_problem
 
     dev = _device(x, device)
@@ -58,7 +58,7 @@ def explain(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None = No
 def explain_conv(x: torch.Tensor, qweight: QuantizedConvWeight, stride=1, padding=0, dilation=1,
                  groups: int = 1) -> Choice:
     """The conv analogue of explain for mixgemm.conv2d(x, qweight, ...) on x's device."""
-    from mixgemm.kernels.conv import conv_output_size, conv_problem
+    from mixgemm.kernels.conv_geometry import conv_output_size, conv_problem
     from mixgemm.ops.conv import check_conv_inputs
 
     stride, padding, dilation = check_conv_inputs(x, qweight, None, stride, padding, dilation, groups)

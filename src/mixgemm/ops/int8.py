@@ -5,7 +5,7 @@
   ``act_block="token"`` one scale per token over the whole row), W a QuantizedWeight (4 or 8 bits, any mode, group
   32..256 or per-channel). Two launches: the fused activation quantizer, then the integer GEMM (int32 per
   K-block folded into fp32 with sA*sB and the offset terms inside the K loop). On CUDA, small M takes the
-  fused CUDA GEMV (mixgemm.kernels.cuda.gemv_a8: ONE launch, the activation quantization in its prologue,
+  fused CUDA GEMV (mixgemm.kernels.cuda_gemv_a8.gemv_a8: ONE launch, the activation quantization in its prologue,
   dp4a products) when it supports the case, large M the Hopper int8 wgmma GEMM, else the Triton kernel: the
   registry's entries, mixgemm.kernels.a8.
 * :func:`int8_static_gemm` -- static per-tensor INT8 x INT8 -> INT8 (MNN ConvInt8 semantics),
@@ -28,7 +28,7 @@ from mixgemm._checks import check_matmul_inputs
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.activation import act_block_size, check_act, quantize_activation
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.a8 import act_quant, per_group_params
+from mixgemm.kernels.int8_activations import act_quant, per_group_params
 from mixgemm.reference import int8_static as _sref
 from mixgemm.reference.block_gemm import block_int_gemm
 
@@ -95,7 +95,7 @@ def a8_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.d
               per_token: bool, config: dict | None = None):
     """The registry's choice for an int8-activation linear (cached on qw); an explicit ``config`` is a Triton
     kernel config, so it forces that entry."""
-    from mixgemm.kernels.a8 import a8_problem
+    from mixgemm.kernels.int8_activations import a8_problem
     from mixgemm.kernels.registry import choose, device_info, kernel_options
     from mixgemm.ops.dispatch import cached_choice, device_key
 
@@ -121,8 +121,8 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     """For `mixgemm bench`: a zero-argument callable running activation quantization + GEMM on x [M, K]
     (CUDA), with the weight layout and the output / scratch buffers allocated once (CUDA-graph capturable).
     Returns the same tensor (overwritten) on every call."""
-    from mixgemm.kernels.triton.int8_gemm import a8_gemm
-    from mixgemm.kernels.triton.int8_layout import get_int8_layout
+    from mixgemm.kernels.triton_a8.int8_gemm import a8_gemm
+    from mixgemm.kernels.triton_a8.layout import get_int8_layout
 
     check_matmul_inputs(x, qweight, bias)
     check_act(act_mode, act_block)
@@ -137,18 +137,18 @@ def make_a8_runner(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str = "s
     cfg, dev = choice.config, x.device
     out = torch.empty((m, qweight.out_features), dtype=out_dtype or x.dtype, device=dev)
     if choice.kernel == "cuda_gemv_a8":
-        from mixgemm.kernels.cuda.gemv_a8 import gemv_a8
+        from mixgemm.kernels.cuda_gemv_a8.gemv_a8 import gemv_a8
 
         return lambda: gemv_a8(x2, qweight, act_mode, bias, lo, hi, out.dtype, out=out, per_token=blk == k,
                                config=cfg)
     if choice.kernel == "cuda_gemv_a8_wg":
-        from mixgemm.kernels.cuda.gemv_a8_wg import prepare_gemv_a8_wg
+        from mixgemm.kernels.cuda_gemv_a8_wg.gemv_a8_wg import prepare_gemv_a8_wg
 
         launch = prepare_gemv_a8_wg(qweight, m, x.dtype, dev, out.dtype, blk == k, cfg, act_mode)
         return lambda: launch(x2, bias, lo, hi, out)
     if choice.kernel == "cuda_wgmma_a8":
         from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1
-        from mixgemm.kernels.cuda.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8
+        from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import LAYOUT, gemm_wgmma_a8
 
         qweight.layout(LAYOUT, build_wgmma_a8_v1)
         qbufs = _act_bufs(m, k, k // blk, dev)
@@ -193,7 +193,7 @@ class Int8Static:
 
     def layout(self):
         if self._lay is None:
-            from mixgemm.kernels.triton.int8_layout import Int8Layout
+            from mixgemm.kernels.triton_a8.layout import Int8Layout
 
             n, k = self.w_q.shape
             f = torch.zeros((1, n), dtype=torch.float32, device=self.w_q.device)
@@ -213,7 +213,7 @@ class Int8Static:
             w_scale, x_scale, x_zero, out_scale, out_zero = self.args
             return _sref.int8_static_gemm(x_q, self.w_q, w_scale, x_scale, x_zero, out_scale, out_zero,
                                           self.bias, self.activation, self.clamp)
-        from mixgemm.kernels.triton.int8_gemm import static_int8_gemm
+        from mixgemm.kernels.triton_a8.int8_gemm import static_int8_gemm
 
         xq = x_q if x_q.stride(1) == 1 else x_q.contiguous()
         return static_int8_gemm(xq, self.layout(), self.fused_bias, self.mq, self.args[4], self.lo, self.hi,

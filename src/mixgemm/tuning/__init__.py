@@ -74,11 +74,12 @@ default.json). Its fields:
   them and cluster split-K by the wave count; the table's tile stays unless another is estimated ``margin`` x faster.
   Its optional ``token_tiles`` part ({"from_m", "margin", "tail_us", "round_us": {"int4" / "int8": {BM: {"fixed_us",
   "step_us"}}}, "source"}, wgmma_waves.TokenTiles) sizes a BM 256 one-launch choice's BM from its rounds.
-* ``a8_tiles`` (optional): the int8 wgmma GEMM's token tile model (mixgemm.kernels.cuda.gemm_wgmma_a8.TokenTileCosts):
-  {"from_m", "margin", "tail_round", "round_us": {family: {"mc1" / "mc2": {BM: us}}}, "source"}, families ``w4 qs``
-  (int4 with integer group scales, per-token activations) and ``w8 per channel``: the time one round of CTAs of each
-  BM takes per 1024 k. From ``from_m`` the int8-activation entry takes the BM of fewest rounds x round time where it is
-  estimated ``margin`` x faster than default_config's (gemm_wgmma_a8.token_tile).
+* ``a8_tiles`` (optional): the int8 wgmma GEMM's token tile model
+  (mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8.TokenTileCosts): {"from_m", "margin", "tail_round", "round_us": {family:
+  {"mc1" / "mc2": {BM: us}}}, "source"}, families ``w4 qs`` (int4 with integer group scales, per-token activations) and
+  ``w8 per channel``: the time one round of CTAs of each BM takes per 1024 k. From ``from_m`` the int8-activation entry
+  takes the BM of fewest rounds x round time where it is estimated ``margin`` x faster than default_config's
+  (gemm_wgmma_a8.token_tile).
 * ``routed_experts`` (optional): {"grouped_from_rows", "source"}: past a few tokens a quantized MoE layer runs its
   slots through the grouped tensor-core GEMM where they number at least ``grouped_from_rows`` per expert they reach,
   else through the routed GEMV (mixgemm.nn.experts.path). Without it calls past the few tokens take the per-expert
@@ -345,8 +346,8 @@ COMPACT_M1_SIMT_DTYPES = (torch.float16, torch.bfloat16)
 # Triton kernel's 16-row mma tile: M = 2 won on both LLM shapes, M = 4 lost on 28672x8192 and for W8 per-channel,
 # M = 16 was 3.5x slower (the dp4a work grows with M, the tensor-core tile's does not).
 A8_GEMV_MAX_M = 2
-# The same fused GEMV on the int8 GEMM's layout (kernels/cuda/gemv_a8_wg.cu; the only copy a compacted W8A8 / W4A8
-# weight keeps) up to this M; above, the GEMMs. Source: tools/bench/gemv_a8_wg.py (H100, 6 layers of 2048x2048 to
+# The same fused GEMV on the int8 GEMM's layout (kernels/cuda_gemv_a8_wg/gemv_a8_wg.cu; the only copy a compacted W8A8 /
+# W4A8 weight keeps) up to this M; above, the GEMMs. Source: tools/bench/gemv_a8_wg.py (H100, 6 layers of 2048x2048 to
 # 28672x8192, W4A8 g128 per-block and per-token, W8A8 per channel): at M = 4 0.52-0.97x the time of what the plain
 # weight ran (the Triton / CUDA int8 GEMM), one case of 18 1.04x; at M = 16 1.4-2.5x (the dp4a work grows with M).
 A8_WG_GEMV_MAX_M = 4
@@ -418,7 +419,7 @@ A8_W8_PER_CHANNEL_TRITON_FROM_M = 4096
 # 0.90-0.98x up to 4096x4096, 1.01-1.04x on the two large layers; M = 512 0.99-1.00x on 2048x2048, 1.02-1.21x from
 # 4096x4096 (its quantizer blocks hold SMs that the GEMM's blocks then wait for); M = 2048 1.02-1.22x. So the one
 # launch up to this M on any layer, and beyond it while the product has at most A8_QUANTIZING_MAX_MACS
-# multiply-adds (2048x2048 at M = 512); outside CUDA-graph capture only (kernels/a8.py: a captured call would need its
+# multiply-adds (2048x2048 at M = 512); outside CUDA-graph capture only (cuda_wgmma_a8: a captured call would need its
 # counters zeroed by a memset node of the graph's own, which costs what the one launch saves).
 A8_QUANTIZING_MAX_M = 64
 A8_QUANTIZING_MAX_MACS = 1 << 31
@@ -432,7 +433,7 @@ A8_QUANTIZING_MAX_MACS = 1 << 31
 # 5120x7168): a split slice there is too short for its pipeline fill and the second launch's wait for the first.
 # Chained, K 4096-5120 still measured 0.96-1.04x one launch (split 3 / 4 up to 1.41x), so the bound stays.
 A8_TAIL_MIN_K = 8192
-# The per-token row quantizer (kernels/cuda/gemv_a8.py act_quant_rows): 8-element units per thread its row block
+# The per-token row quantizer (kernels/cuda_gemv_a8/gemv_a8.py act_quant_rows): 8-element units per thread its row block
 # aims at. One block per row, so fewer threads per row put more rows (more bytes) in flight per SM; the quantizer is
 # latency-bound per wave of blocks. H100, tools/bench/a8_parts.py (protocol
 # graph timing, medians of 3, per-token, W8 per channel): the quantizer alone at K = 4096 M = 2048 / 4096 10.8 / 25.5

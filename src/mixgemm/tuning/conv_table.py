@@ -1,7 +1,7 @@
 """Measured tile choices for the implicit-GEMM conv kernels, per GPU: no run-time autotuning.
 
 ``lookup`` returns the fastest entry of the device sweep (tools/checks/conv_gpu_check.py) for a layer's bucket, or
-None (then kernels.triton.conv.pick_config's heuristic decides). The tables below are written with the key of the
+None (then triton_conv_igemm.igemm.pick_config's heuristic decides). The tables below are written with the key of the
 layer each entry was measured on (``conv_key(...)`` = "w{bits}{pc|g<group>}|{kh}x{kw}/{stride}|{ci_g}-{co_g}|M{m}",
 M the power of two >= B*Ho*Wo; the sweeps print entries in that form), but lookups go by bucket (``bucket_of``): the
 channel counts become their half-octave classes (mixgemm.tuning.buckets.half_octave, about +-19% around the measured
@@ -158,7 +158,7 @@ _H200: dict[str, tuple] = {
 
 TABLES: dict[str, dict[str, tuple]] = {"h200": _H200}
 
-# The Hopper wgmma implicit GEMM (kernels/cuda/conv_wgmma.py), same keys. Value: the fastest wgmma tile of the
+# The Hopper wgmma implicit GEMM (cuda_conv_wgmma/conv_wgmma.py), same keys. Value: the fastest wgmma tile of the
 # sweeps (source: tools/bench/conv_wgmma.py, three device runs) when it beat
 # what the table above picks (the Triton implicit GEMM or the 1x1 matmul) in the same run, else None (measured and
 # slower: the table above decides). A layer missing here takes the wgmma path with conv_wgmma.default_conv_config.

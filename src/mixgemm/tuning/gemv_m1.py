@@ -328,7 +328,7 @@ def m1_entry(gpu_name: str, mode: str, bits: int, k: int, n: int) -> BucketEntry
     return find(tuned_m1(gpu_name, mode).get(bits, ()), ShapeBucket.of(k, n))
 
 
-# The fused activation-quantizing GEMV (W4A8 / W8A8, kernels/cuda/gemv_a8.cu) at M = 1, fp16 output (source:
+# The fused activation-quantizing GEMV (W4A8 / W8A8, kernels/cuda_gemv_a8/gemv_a8.cu) at M = 1, fp16 output (source:
 # tools/bench/gemv_a8.py --sweep, H200; one-pass prologue with PDL). Times and fractions of the HBM floor: W4 K 8192 x
 # N 28672 36.1-36.4 us (81%); W4 K 28672 x N 8192 38.1-38.2 us with per-token, 39.0 us with per-group activations
 # (77% / 75%); W8 per-channel K 8192 x N 28672 64.4 us (86%), K 28672 x N 8192 68.0 us (82%).

@@ -1,5 +1,6 @@
 // Per-token / per-block int8 quantization of activations, shared by the kernels that quantize x themselves
-// (gemv_a8.cu: the fused GEMV's prologue and the long-row quantizer; gemm_wgmma_a8.cu: the GEMM's quantizer blocks).
+// (the fused GEMVs' prologue, a8_prologue.cuh; the long-row quantizer, act_quant_rows.cu; gemm_wgmma_a8.cu: the GEMM's
+// quantizer blocks).
 // Exactly the float32 ops of mixgemm.formats.activation (IEEE div / mul / sub intrinsics: NVRTC would contract a*b+c
 // into FMA otherwise; rounding by + 1.5*2^23 = round half to even like torch.round, see quant8), so the codes, sums
 // and scales of every kernel equal the reference's bit for bit. The includer defines A8_XT, the activation dtype

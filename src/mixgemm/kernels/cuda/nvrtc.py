@@ -1,9 +1,10 @@
 """Run-time compilation (NVRTC) and launching (CUDA driver API) of mixgemm's CUDA C++ kernels.
 
 Users need no CUDA toolkit: only the pip packages ``cuda-bindings`` and ``nvidia-cuda-nvrtc``.
-Kernel sources live beside this file (``*.cu``); each compile key is a set of ``-D`` macros, compiled
-once per (source, macros, architecture) to a cubin, and loaded once per device into the primary
-context that PyTorch uses. Launches go on a given stream (normally ``torch.cuda.current_stream()``),
+Kernel sources live beside this file (``*.cu``, named by file name) or in a kernel's folder (named by their path under
+mixgemm/kernels, e.g. ``cuda_gemv_a8/gemv_a8.cu``); the shared headers stay beside this file. Each compile key is a
+set of ``-D`` macros, compiled once per (source, macros, architecture) to a cubin, and loaded once per device into the
+primary context that PyTorch uses. Launches go on a given stream (normally ``torch.cuda.current_stream()``),
 take no host synchronization and allocate nothing, so they can be captured in CUDA graphs.
 
 Reusable by any mixgemm CUDA kernel: ``compile_cubin`` (also works without a GPU, for CPU-side
@@ -31,6 +32,7 @@ from mixgemm.kernels.cuda.driver import driver_api as _driver  # conv_wgmma / ge
 from mixgemm.kernels.cuda.driver import make_primary_context_current
 
 HERE = Path(__file__).resolve().parent
+KERNELS = HERE.parent  # a kernel folder's source is named by its path under mixgemm/kernels
 _lock = threading.Lock()
 _modules: dict = {}  # (device index, source, defines, arch) -> (module, function)
 
@@ -50,10 +52,15 @@ def _nvrtc():
     return nvrtc
 
 
+def source_path(name: str) -> Path:
+    """The file of kernel source ``name``: a file name beside this module, or a path under mixgemm/kernels."""
+    return KERNELS / name if "/" in name else HERE / name
+
+
 @functools.cache
 def read_source(name: str) -> str:
-    """Text of the kernel source ``name`` beside this module."""
-    return (HERE / name).read_text()
+    """Text of the kernel source ``name`` (:func:`source_path`)."""
+    return source_path(name).read_text()
 
 
 def arch_of(device) -> str:
@@ -78,10 +85,10 @@ def cubin_cache_dir() -> Path | None:
 
 @functools.cache
 def _sources_digest() -> str:
-    """Hash of every kernel source and header beside this module (a kernel's includes are among them)."""
+    """Hash of every kernel source and header under mixgemm/kernels (a kernel's includes are among them)."""
     h = hashlib.sha256()
-    for f in sorted(HERE.glob("*.cu*")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in sorted(KERNELS.rglob("*.cu*")):
+        h.update(f.relative_to(KERNELS).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
 
@@ -99,7 +106,8 @@ def compile_cubin(source_name: str, defines: tuple[tuple[str, int], ...], arch: 
     NvrtcError with NVRTC's log on failure. Needs no GPU.
     """
     d = cubin_cache_dir()
-    path = d / f"{source_name}.{arch}.{_cubin_key(source_name, defines, arch)}.cubin" if d is not None else None
+    name = Path(source_name).name
+    path = d / f"{name}.{arch}.{_cubin_key(source_name, defines, arch)}.cubin" if d is not None else None
     if path is not None and path.is_file():
         try:
             return path.read_bytes()
@@ -123,7 +131,8 @@ def _compile(source_name: str, defines: tuple[tuple[str, int], ...], arch: str) 
     src = read_source(source_name).encode()
     prog = _check(nvrtc.nvrtcCreateProgram(src, source_name.encode(), 0, [], []), "nvrtcCreateProgram")
     # No --use_fast_math: the kernels' fp32 math must round exactly as written.
-    opts = [f"--gpu-architecture={arch}", "-default-device", "--std=c++17", "-lineinfo", f"-I{HERE}"]
+    opts = [f"--gpu-architecture={arch}", "-default-device", "--std=c++17", "-lineinfo", f"-I{HERE}",
+            f"-I{source_path(source_name).parent}"]
     opts += [f"-D{k}={v}" for k, v in defines]
     opts = [o.encode() for o in opts]
     try:

@@ -3,9 +3,9 @@
 y = conv2d(x, W) with x quantized per output-pixel-independent *input pixel* and per block of ``ABLK`` input
 channels (mixgemm.kernels.triton.act_quant on the channels_last [B*H*W, Ci] view: x[p, c] ~= qa * sA + oA of
 its (pixel, block)), and W block-quantized (INT4 / INT8, any mode), rewritten as w = c * sW + mW with the signed
-code c = q - 2**(bits-1) (the int8_v1 convention, mixgemm.kernels.triton.int8_layout).
+code c = q - 2**(bits-1) (the int8_v1 convention, mixgemm.kernels.triton_a8.layout).
 
-GEMM view as in kernels/triton/conv.py (m = output pixel, n = output channel, k = (kh*Kw + kw)*Ci_g + ci). The
+GEMM view as in triton_conv_igemm/igemm.py (m = output pixel, n = output channel, k = (kh*Kw + kw)*Ci_g + ci). The
 K loop walks *fold blocks* of L channels inside one tap; L divides both the activation block and the weight
 group (when the group lies inside a tap), so within a fold block sA, oA (per pixel) and sW, mW (per channel)
 are constants and the block's contribution is exact integer work plus one float fold:
@@ -32,7 +32,7 @@ import triton.language as tl
 
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.triton.conv import conv_epilogue, out_pixels
+from mixgemm.kernels.triton.conv_common import conv_epilogue, out_pixels
 
 LAYOUT_NAME = "conv_a8_v1"
 
@@ -76,7 +76,7 @@ def _signed_codes(w_ptr, n_glob, mask_n, k0, WROW, BITS: tl.constexpr, BLOCK_K: 
     """Signed weight codes c = q - 2**(BITS-1) of W[n_glob, k0 : k0 + BLOCK_K] as int8 [BLOCK_N, BLOCK_K].
 
     w_ptr: the plain packing as bytes (WROW per row). 4 bits: byte j holds k = 2j (bits 0-3) and 2j + 1
-    (bits 4-7); tl.join keeps both codes of a byte in one thread (as in kernels/triton/conv.py _weight_tile)."""
+    (bits 4-7); tl.join keeps both codes of a byte in one thread (as in triton_conv_igemm/igemm.py's _weight_tile)."""
     rows = w_ptr + n_glob[:, None].to(tl.int64) * WROW
     if BITS == 8:
         offs = k0 + tl.arange(0, BLOCK_K)

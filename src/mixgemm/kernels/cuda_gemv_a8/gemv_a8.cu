@@ -12,7 +12,7 @@
 // codes, block sums and scales equal quantize_activation bit for bit. Codes go to shared memory in the order the
 // lanes read the weight chunks (below), block scales / offsets / per-chunk sums beside them.
 //
-// Weight layout "a8gemv_v2" (mixgemm/formats/layouts_a8.py): rows of Kw uint4 chunks of CH k (CH = 32 k for int4,
+// Weight layout "a8gemv_v2" (layout.py beside this file): rows of Kw uint4 chunks of CH k (CH = 32 k for int4,
 // 16 k for int8), unsigned codes q in the plain byte order. A step is 32 lanes x U chunks; at (step s, u) lane l
 // reads position (s*U + u)*32 + l of the row (a warp load is 512 contiguous bytes), and its U chunks of the step are
 // one "unit", folded into fp32 together (one int32 dot, one weight scale).
@@ -60,9 +60,6 @@
 #ifndef A8_AT  // 1 (grouped weights): one activation scale per token over the whole row (act_block "token"),
 #define A8_AT 0  // quantized like per-channel, then written per group (scale repeated, code sums per group)
 #endif
-#ifndef A8_ACTQ  // > 0: compile only the long-row activation quantizer (A8_ACTQ units of 8 k per thread)
-#define A8_ACTQ 0
-#endif
 #ifndef A8_PF  // 1: register double buffering of the weight loads across steps and tiles
 #define A8_PF 0
 #endif
@@ -93,7 +90,6 @@ struct ChunkPlace {
   }
 };
 
-#if !A8_ACTQ
 extern "C" __global__ void __launch_bounds__(A8_THREADS)
 mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kw] uint4, layout a8gemv_v2
                 const float* __restrict__ sdot,     // [N, Gp]
@@ -278,41 +274,3 @@ mixgemm_gemv_a8(const uint4* __restrict__ W,        // [N, Kw] uint4, layout a8g
     __syncthreads();  // red[] is rewritten by the next tile
   }
 }
-#endif  // !A8_ACTQ
-
-#if A8_ACTQ
-// ---------------------------------------------------------------------------------------------------------
-// Stand-alone per-token quantization of LONG blocks (one block = a whole row of K, K % 8 == 0), for the
-// large-M W8A8 path: one CUDA block per row holds the row in registers (A8_ACTQ 16-byte units per thread),
-// so x is read from HBM once (the Triton row kernel reads it twice). Same float32 ops as
-// formats/activation.py (block_params / quant8 above): codes, sums, scales and offsets are bit-identical.
-#ifndef AQ_NT
-#define AQ_NT 512
-#endif
-extern "C" __global__ void __launch_bounds__(AQ_NT)
-mixgemm_act_quant_rows(const void* __restrict__ X, int ldx,   // [M, ldx] activations, rows 16-byte aligned
-                       signed char* __restrict__ Q, int ldq,  // [M, ldq] int8 codes (ldq % 8 == 0)
-                       float* __restrict__ S, float* __restrict__ O, int* __restrict__ SUM,  // [M]
-                       int K, int asym) {                     // K % 8 == 0, K <= 8 * A8_ACTQ * AQ_NT
-  constexpr int NT = AQ_NT, CPT = A8_ACTQ;
-  // the next kernel, if launched with PDL (the int8 wgmma GEMM, A8_PDL), may start once every row block runs: it
-  // loads its first weights during this grid's last wave and waits (griddepcontrol.wait) before reading the codes
-  pdl_launch_dependents();
-  // launched with PDL itself, this grid's blocks are queued during the previous kernel (its launch latency hidden);
-  // x, the codes and the scales belong to other kernels, so nothing is read or written before the wait
-  pdl_wait();
-  __shared__ float ra[NT / 32], rc[NT / 32];
-  __shared__ int rs[NT / 32];
-  const size_t m = blockIdx.x;
-  const int K8 = K / 8;
-  uint4 raw[CPT][XV];
-#pragma unroll
-  for (int i = 0; i < CPT; ++i) {  // all loads first: CPT x 16 bytes in flight per thread
-    const int u = threadIdx.x + i * NT;
-    if (u < K8) load8_raw(X, m * ldx, u * 8, raw[i]);
-  }
-  auto sync = [] { __syncthreads(); };
-  if (asym) actq_row<true, CPT, NT>(raw, Q, S, O, SUM, m, ldq, K8, threadIdx.x, ra, rc, rs, sync);
-  else actq_row<false, CPT, NT>(raw, Q, S, O, SUM, m, ldq, K8, threadIdx.x, ra, rc, rs, sync);
-}
-#endif  // A8_ACTQ

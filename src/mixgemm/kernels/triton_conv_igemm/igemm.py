@@ -1,4 +1,4 @@
-"""Triton implicit-GEMM convolution with a block-quantized INT4/INT8 kernel.
+"""``triton_conv_igemm``'s kernel: Triton implicit-GEMM convolution with a block-quantized INT4/INT8 kernel.
 
 GEMM view (per conv group g): out[m, n] = sum_k A[m, k] * W[n, k] with
   m = (b * Ho + oh) * Wo + ow            (output pixel),
@@ -16,8 +16,7 @@ Two K-loop shapes (constexpr TAP_LOOP):
 * flat: any Ci_g (the 3-channel stem, Ci_g = 24, ...), per-channel quantization only (a group of 32+ codes
   that divides Ci_g always allows TAP_LOOP). Tap / channel are decoded per element.
 
-Depthwise (Ci_g == 1) has no GEMM worth the name (N = 1 per group): ``_dwconv_kernel`` is a direct
-CUDA-core kernel over [pixels, channels] tiles, run-time loops over the kernel taps.
+Depthwise convolutions run mixgemm.kernels.triton_dwconv instead (no GEMM worth the name: N = 1 per group).
 
 Split-K (SPLIT_K > 1): when the output tiles alone cannot fill the GPU (batch 1, deep layers), each split
 writes fp32 partial sums to a workspace and ``_splitk_reduce_kernel`` sums them and applies the epilogue
@@ -43,122 +42,21 @@ import triton
 import triton.language as tl
 
 from mixgemm.formats.conv import QuantizedConvWeight
-from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.triton.dequant import MODE_IDS, codes_to_values, group_params
-
-LAYOUT_NAME = "conv_triton_v1"
-
-
-# --------------------------------------------------------------------------------------------- layout
-@dataclass(frozen=True)
-class ConvLayout:
-    """``conv_triton_v1``: the plain packed codes as int32 words ([Co, KW], see _word_rows) and the
-    per-group parameters as float32 [G, Co] (transposed so a program's BLOCK_N channels of one group are
-    contiguous): w[n, k] = (q[n, k] - shift[g, n]) * scale[g, n] (sym: shift = 2**(bits-1), zero_point: z), or
-    q[n, k] * scale[g, n] + shift[g, n] for mode "offset" (``affine``); g = k // group_size."""
-
-    weight: torch.Tensor
-    scale: torch.Tensor
-    shift: torch.Tensor
-    n: int
-    k: int
-    bits: int
-    group_size: int
-    num_groups: int
-    affine: bool  # mode "offset": shift is m (w = q * s + m); otherwise shift is the zero point z
-    zero_mode: int  # mixgemm.kernels.triton.dequant.MODE_IDS
-
-    @property
-    def scale_in_tile(self) -> bool:
-        """False for per-channel sym / zero_point weights: the kernels' tiles then hold the exact integers q - z and
-        the scale multiplies the fp32 accumulator once at the end (one multiply per output instead of per weight)."""
-        return not (self.num_groups == 1 and self.zero_mode != MODE_IDS["offset"])
-
-
-def build_conv_layout(qw: QuantizedWeight) -> ConvLayout:
-    s = qw.scales.double()
-    if qw.mode == "offset":
-        sh = qw.offsets.double()  # w = q * s + m
-    else:
-        sh = qw.zero_points().double()  # w = (q - z) * s, z an integer (exact in any float dtype)
-    return ConvLayout(
-        weight=_word_rows(qw.qweight),
-        scale=s.t().float().contiguous(),
-        shift=sh.t().float().contiguous(),
-        n=qw.shape[0],
-        k=qw.shape[1],
-        bits=qw.bits,
-        group_size=qw.group_size,
-        num_groups=qw.num_groups,
-        affine=qw.mode == "offset",
-        zero_mode=MODE_IDS[qw.mode],
-    )
-
-
-def _word_rows(qweight: torch.Tensor) -> torch.Tensor:
-    """The packed codes as int32 words [Co, KW] (little-endian: word i holds k = E*i .. E*i + E - 1, E = 32 / bits,
-    code f of the word at bits f*bits: the order the shared dequant primitive unpacks). Rows are padded with zero
-    bytes to a multiple of 4 bytes only when needed (no copy otherwise: a view of the plain packing)."""
-    q = qweight.contiguous()
-    n, kb = q.shape
-    if kb % 4 or q.data_ptr() % 16:
-        pad = torch.zeros(n, (kb + 15) // 16 * 16, dtype=torch.uint8, device=q.device)
-        pad[:, :kb] = q
-        q = pad
-    return q.view(torch.int32)
-
-
-def conv_layout(qw: QuantizedWeight) -> ConvLayout:
-    return qw.layout(LAYOUT_NAME, build_conv_layout)
+from mixgemm.kernels.kernel_config import KernelConfig, knob
+from mixgemm.kernels.triton.conv_common import (
+    _TL_DTYPES,
+    _dot_prec,
+    _gpu_name,
+    _num_sms,
+    _pow2_at_least,
+    conv_epilogue,
+    conv_layout,
+    out_pixels,
+)
+from mixgemm.kernels.triton.dequant import codes_to_values, group_params
 
 
 # --------------------------------------------------------------------------------------------- kernels
-@triton.jit
-def _dequantize_words(
-    words,
-    BITS: tl.constexpr,
-    BK: tl.constexpr,
-    ZERO_MODE: tl.constexpr,
-    s,
-    p,
-    OUT_DTYPE: tl.constexpr,
-    SCALE: tl.constexpr,
-):
-    """int32 word tile [BN, BK * BITS // 32] (code f of a word at bits f*BITS = k offset f) -> [BN, BK] weights.
-
-    Only the unpack is this kernel's own; codes become values in the shared
-    mixgemm.kernels.triton.dequant.codes_to_values (same group_params contract, same magic numbers).
-    * unpack: each word's E codes land next to each other in one thread's registers (3-D broadcast +
-      reshape), so one dot covers all BK.
-    * ``bitcast(q | MAGIC_BITS)`` is exactly MAGIC + q in the compute dtype (0x6400 = fp16 1024.0, ulp 1):
-      no int->float conversion instructions (1/4 rate on sm_90); ``- (MAGIC + z)`` is the exact q - z.
-    """
-    E: tl.constexpr = 32 // BITS
-    shifts = tl.arange(0, E) * BITS
-    q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1), (words.shape[0], BK))
-    return codes_to_values(q, BITS, ZERO_MODE, s, p, OUT_DTYPE, SCALE)
-
-
-@triton.jit
-def out_pixels(offs_m, HO, WO):
-    """Output pixel m of the [B*HO*WO] GEMM row space -> (batch, oh, ow) (shared by every conv kernel)."""
-    ow = offs_m % WO
-    t = offs_m // WO
-    return t // HO, t % HO, ow
-
-
-@triton.jit
-def conv_epilogue(acc, out_ptr, bias_ptr, offs_n, mask_n, bb, oh, ow, mask_m, sob, soc, soh, sow, lo, hi,
-                   HAS_BIAS: tl.constexpr):
-    """+ bias[offs_n], clamp to [lo, hi], store the [BLOCK_M, BLOCK_N] tile (rows: output pixels (bb, oh, ow),
-    columns: output channels offs_n) into out with its NCHW or channels_last strides."""
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    acc = tl.minimum(tl.maximum(acc, lo), hi)
-    o_ptrs = out_ptr + (bb.to(tl.int64) * sob + oh * soh + ow * sow)[:, None] + offs_n[None, :].to(tl.int64) * soc
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-
-
 @triton.jit
 def _weight_tile(
     w_ptr,
@@ -206,6 +104,8 @@ def _weight_tile(
 
 
 # Geometry (kernel size, stride, padding, dilation, split count) is a run-time argument: one compiled
+
+
 # variant serves every layer with the same tiles and format (a ResNet needs a handful of compiles, not one
 # per layer); the per-step scalar arithmetic it costs is negligible next to the tile work.
 @triton.jit(do_not_specialize=["M", "B", "H", "W", "HO", "WO", "SH", "SW", "PH", "PW", "DH", "DW", "SPLIT_K"])
@@ -410,109 +310,20 @@ def _splitk_reduce_kernel(
                    HAS_BIAS)
 
 
-@triton.jit(do_not_specialize=["M", "H", "W", "HO", "WO"])
-def _dwconv_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    m_ptr,
-    bias_ptr,
-    out_ptr,
-    M,
-    H,
-    W,
-    HO,
-    WO,
-    CO,
-    CO_G,
-    KB,
-    sxb,
-    sxc,
-    sxh,
-    sxw,
-    sob,
-    soc,
-    soh,
-    sow,
-    lo,
-    hi,
-    KH: tl.constexpr,
-    KW: tl.constexpr,
-    SH: tl.constexpr,
-    SW: tl.constexpr,
-    PH: tl.constexpr,
-    PW: tl.constexpr,
-    DH: tl.constexpr,
-    DW: tl.constexpr,
-    AFFINE: tl.constexpr,
-    BITS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    """Depthwise (Ci_g = 1, per-channel weights): out[m, c] = sum_taps x[m @ tap, c // CO_G] * w[c, tap]."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask_m = offs_m < M
-    mask_c = offs_c < CO
-    bb, oh, ow = out_pixels(offs_m, HO, WO)
-    ih0 = oh * SH - PH
-    iw0 = ow * SW - PW
-    cin = offs_c // CO_G
-    # 1-D row / column offsets, combined into a 2-D pointer tile only at each load: a [BLOCK_M, BLOCK_C] tile of
-    # 64-bit pointers kept live across the tap loop cost 2 registers per element and made ptxas spill
-    row0 = bb.to(tl.int64) * sxb
-    col = cin.to(tl.int64) * sxc
-    sc = tl.load(s_ptr + offs_c, mask=mask_c, other=0.0)
-    sh = tl.load(m_ptr + offs_c, mask=mask_c, other=0.0)
-    wrow = w_ptr + offs_c.to(tl.int64) * KB
-    acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
-    # run-time tap loops (not unrolled). With the 49 taps of a 7x7 unrolled, the sm_90 build (triton 3.6,
-    # cuobjdump -res-usage) spilled 5-11 KB per thread for the 64x64 / 128x32 / 64x32 tiles -- the tiles that ran
-    # 25-40x slower on the H200 -- and used 255 registers for 32x128; run-time loops: 118 registers, no spill
-    # (32x128), i.e. 4 CTAs per SM to hide the load latency. The loop overhead is a few scalar ops per tap.
-    for kh in range(KH):
-        ih = ih0 + kh * DH
-        okh = mask_m & (ih >= 0) & (ih < H)
-        for kw in range(KW):
-            iw = iw0 + kw * DW
-            ok = okh & (iw >= 0) & (iw < W)
-            tap = kh * KW + kw
-            if BITS == 8:
-                q = tl.load(wrow + tap, mask=mask_c, other=0).to(tl.float32)
-            else:
-                byt = tl.load(wrow + tap // 2, mask=mask_c, other=0)
-                q = ((byt >> (4 * (tap % 2))) & 0xF).to(tl.float32)
-            wv = q * sc + sh if AFFINE else (q - sh) * sc
-            xv = tl.load(x_ptr + (row0 + ih * sxh + iw * sxw)[:, None] + col[None, :],
-                         mask=ok[:, None] & mask_c[None, :], other=0.0)
-            acc += xv.to(tl.float32) * wv[None, :]
-    conv_epilogue(acc, out_ptr, bias_ptr, offs_c, mask_c, bb, oh, ow, mask_m, sob, soc, soh, sow, lo, hi, HAS_BIAS)
-
-
 # --------------------------------------------------------------------------------------------- launch
 @dataclass(frozen=True)
-class ConvConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    swap_ab: bool = False
+class ConvConfig(KernelConfig):
+    """The implicit GEMM's tile (Triton constexprs and launch settings: no -D macros); the conv sweep's table entries
+    list the fields in this order."""
 
-
-def _num_sms(device) -> int:
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _pow2_at_least(v: int, lo: int) -> int:
-    p = lo
-    while p < v:
-        p *= 2
-    return p
+    block_m: int = knob("BM", "output pixels per program")
+    block_n: int = knob("BN", "output channels per program")
+    block_k: int = knob("BK", "K per step: 16, 32 or 64, dividing the group (one scale per step)")
+    split_k: int = knob("SPLIT_K", "K splits, their fp32 partial sums reduced by _splitk_reduce_kernel", default=1)
+    num_warps: int = knob("num_warps", "warps per program", default=4)
+    num_stages: int = knob("num_stages", "software pipeline stages of the K loop", default=3)
+    swap_ab: bool = knob("SWAP_AB", "the dequantized weights as the MMA's register operand and M as its N (small M)",
+                         default=False)
 
 
 def pick_block_k(ci_g: int, group_size: int, per_channel: bool, k: int) -> tuple[int, bool]:
@@ -558,18 +369,6 @@ def pick_config(
     return ConvConfig(bm, bn, bk, split, 4, 3 if bk == 64 else 4), tap_loop
 
 
-_GPU_NAMES: dict[int, str] = {}
-
-
-def _gpu_name(device) -> str:
-    if device.type != "cuda":
-        return "cpu"
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _GPU_NAMES:
-        _GPU_NAMES[idx] = torch.cuda.get_device_name(idx)
-    return _GPU_NAMES[idx]
-
-
 def tuned_choice(device, qw: QuantizedConvWeight, stride, groups: int, m: int) -> tuple[str, ConvConfig | None] | None:
     """The measured (path, config) for this layer on this GPU from conv_table (None: not measured here).
     path "igemm" comes with its ConvConfig, "matmul" (1x1 through the shared GEMM) with None."""
@@ -580,13 +379,6 @@ def tuned_choice(device, qw: QuantizedConvWeight, stride, groups: int, m: int) -
         return None
     path, cfg = hit
     return path, (None if cfg is None else ConvConfig(*cfg))
-
-
-def tuned_wgmma_choice(device, qw: QuantizedConvWeight, stride, m: int) -> tuple[bool, dict | None]:
-    """(measured, config) of the wgmma conv for this layer on this GPU (conv_table.lookup_wgmma; groups 1)."""
-    from mixgemm.tuning import conv_table
-
-    return conv_table.lookup_wgmma(_gpu_name(device), conv_table.layer_key(qw, stride, 1, m))
 
 
 def default_config(device, qw: QuantizedConvWeight, stride, groups: int, m: int) -> tuple[ConvConfig, bool]:
@@ -610,23 +402,6 @@ def auto_split(m: int, n: int, k: int, bm: int, bn: int, bk: int, groups: int, s
     if tiles >= sms or steps < 8:
         return 1
     return max(1, min(triton.cdiv(2 * sms, tiles), steps // 4, 16))
-
-
-@dataclass(frozen=True)
-class DwConfig:
-    """Tiles of the depthwise kernel: output pixels x channels per program."""
-
-    block_m: int
-    block_c: int
-    num_warps: int = 4
-
-
-_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
-
-
-def _dot_prec(dtype: torch.dtype) -> str:
-    # fp32 activations: exact fp32 products (no silent TF32 rounding); fp16/bf16 ignore this flag.
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def igemm_conv2d(
@@ -735,147 +510,4 @@ def igemm_conv2d(
             BLOCK_N=rbn,
             num_warps=4,
         )
-    return out
-
-
-def dw_conv2d(
-    x: torch.Tensor,
-    qw: QuantizedConvWeight,
-    bias: torch.Tensor | None,
-    out: torch.Tensor,
-    stride,
-    padding,
-    dilation,
-    groups: int,
-    lo: float,
-    hi: float,
-    block_m: int | None = None,
-    block_c: int | None = None,
-    num_warps: int = 4,
-) -> torch.Tensor:
-    """Depthwise conv (Ci_g == 1, per-channel weights) into ``out``."""
-    lay = conv_layout(qw.matrix)
-    if lay.num_groups != 1:
-        raise ValueError("depthwise conv needs per-channel quantization (group_size=-1)")
-    b, _, h, w = x.shape
-    _, co, ho, wo = out.shape
-    kh, kw = qw.kernel_size
-    m = b * ho * wo
-    # tiles of <= 32 pixels x 128 channels: measured on the H200 (ConvNeXt 7x7 dw at batch 32),
-    # every tile with 64+ pixels (64x64, 128x32, 128x64, 256x32) ran 25-40x slower than 32x128 / 16x128 (146 vs
-    # 4300-5800 us): keep the pixel tile short and the (contiguous, channels_last) channel run long
-    block_c = block_c or min(128, _pow2_at_least(co, 16))
-    # 16 pixels up to 4096 of them (batch 1): ConvNeXt 7x7 dw at batch 1, 96 @ 56 / 384 @ 14 channels, 16.7 -> 15.3 /
-    # 16.4 -> 15.2 us (H200, CONV_SWEEP=dw); at batch 32 (6272+ pixels) 32 stays faster (34.6 vs 39.8 us)
-    block_m = block_m or (32 if m > 4096 else 16)
-    bias_t = bias if bias is not None else lay.scale
-    _dwconv_kernel[(triton.cdiv(m, block_m), triton.cdiv(co, block_c))](
-        x,
-        lay.weight.view(torch.uint8),
-        lay.scale,
-        lay.shift,
-        bias_t,
-        out,
-        m,
-        h,
-        w,
-        ho,
-        wo,
-        co,
-        co // groups,
-        lay.weight.shape[1] * 4,
-        *x.stride(),
-        *out.stride(),
-        lo,
-        hi,
-        KH=kh,
-        KW=kw,
-        SH=stride[0],
-        SW=stride[1],
-        PH=padding[0],
-        PW=padding[1],
-        DH=dilation[0],
-        DW=dilation[1],
-        AFFINE=lay.affine,
-        BITS=lay.bits,
-        HAS_BIAS=bias is not None,
-        BLOCK_M=block_m,
-        BLOCK_C=block_c,
-        num_warps=num_warps,
-    )
-    return out
-
-
-# --------------------------------------------------------------------------------------------- dequantize
-@triton.jit
-def _dequant_matrix_kernel(
-    w_ptr,
-    s_ptr,
-    m_ptr,
-    out_ptr,
-    CO,
-    K,
-    WROW,
-    GS,
-    BITS: tl.constexpr,
-    ZERO_MODE: tl.constexpr,
-    OUT_DTYPE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    ONE_GROUP: tl.constexpr,
-):
-    """out[n, k] = W[n, k] in OUT_DTYPE ([CO, K] row-major): the same unpack / magic-number math as the conv
-    kernel. ONE_GROUP (BLOCK_K divides the group): one parameter vector per tile, broadcast along k (a per-element
-    gather of the parameters would read four times the bytes the tile writes); else a group index per element."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k0 = tl.program_id(1) * BLOCK_K
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    mask_n = offs_n < CO
-    NW: tl.constexpr = BLOCK_K * BITS // 32
-    offs_w = k0 * BITS // 32 + tl.arange(0, NW)
-    words = tl.load(
-        w_ptr + offs_n[:, None].to(tl.int64) * WROW + offs_w[None, :],
-        mask=mask_n[:, None] & (offs_w[None, :] < WROW),
-        other=0,
-    )
-    pm = mask_n[:, None] & (offs_k[None, :] < K)
-    if ONE_GROUP:
-        pidx = (k0 // GS) * CO + offs_n
-        s, p = group_params(tl.load(s_ptr + pidx, mask=mask_n, other=0.0),
-                            tl.load(m_ptr + pidx, mask=mask_n, other=0.0), BITS, ZERO_MODE, OUT_DTYPE)
-        s, p = s[:, None], p[:, None]
-    else:
-        pidx = (offs_k // GS)[None, :] * CO + offs_n[:, None]
-        s, p = group_params(
-            tl.load(s_ptr + pidx, mask=pm, other=0.0), tl.load(m_ptr + pidx, mask=pm, other=0.0), BITS, ZERO_MODE,
-            OUT_DTYPE
-        )
-    w = _dequantize_words(words, BITS, BLOCK_K, ZERO_MODE, s, p, OUT_DTYPE, True)
-    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :], w, mask=pm)
-
-
-def dequantize_matrix(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
-    """The weight matrix [N, K] in ``dtype`` (fp16 / bf16 / fp32), one kernel launch, from the cached layout.
-
-    Values equal the conv kernel's in-register dequantization (for fp16: w = (q - z) * s rounded once)."""
-    lay = conv_layout(qw)
-    out = torch.empty((lay.n, lay.k), device=lay.weight.device, dtype=dtype)
-    bn, bk = 64, 64
-    _dequant_matrix_kernel[(triton.cdiv(lay.n, bn), triton.cdiv(lay.k, bk))](
-        lay.weight,
-        lay.scale,
-        lay.shift,
-        out,
-        lay.n,
-        lay.k,
-        lay.weight.shape[1],
-        lay.group_size,
-        BITS=lay.bits,
-        ZERO_MODE=lay.zero_mode,
-        OUT_DTYPE=_TL_DTYPES[dtype],
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        ONE_GROUP=lay.group_size % bk == 0,
-        num_warps=4,
-    )
     return out

@@ -2,7 +2,7 @@
 
 C[m, n] = sum over K-blocks i of  sA sB Cq_i + sA mB sum(qA_i) + oA sB sum(cB_i) + g oA mB
 
-with A = qA sA + oA per (token, block), B = cB sB + mB per (channel, block) (int8_layout's signed codes).
+with A = qA sA + oA per (token, block), B = cB sB + mB per (channel, block) (int8_v1's signed codes, layout.py).
 One kernel: int8 x int8 -> int32 ``tl.dot`` inside each K-block, folded into an fp32 accumulator with
 sA*sB and the offset terms inside the K loop (the seeds' GEMM-launch + atomic dequant per block is the
 reference, mixgemm.reference.block_int_gemm, not the design). The weight-side constants (s, m, and
@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from mixgemm.kernels.triton.act_quant import _mul, _rint
+from mixgemm.kernels.triton_a8.int8_gemm_config import Int8GemmConfig
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -366,6 +367,7 @@ def a8_gemm(aq, sa, oa, suma, lay, act_asym: bool, bias, lo: float, hi: float, o
         raise ValueError(f"shape mismatch: activations K={k}, weight K={lay.k}")
     per_channel = lay.num_groups == 1
     cfg = dict(config) if config else pick_config(m, n, k, lay.bits, lay.group_size, per_channel, lay.half)
+    Int8GemmConfig.of(cfg)  # (an error naming a key the kernel does not have)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=aq.device)
     if m == 0:

@@ -3,8 +3,8 @@
 ``gemv_a8(x2d, qw, act_mode, bias, lo, hi, out_dtype)`` = clamp(Qa(x2d) @ W.T + bias, lo, hi) in ONE launch:
 every block quantizes the activations it needs (per token, per weight group, exactly
 mixgemm.formats.activation.quantize_activation) into shared memory, then streams the weights
-(layout a8gemv_v2, mixgemm.formats.layouts_a8: per channel the weight's own codes buffer) with int32 dp4a products
-per unit folded into fp32.
+(layout a8gemv_v2, mixgemm.kernels.cuda_gemv_a8.layout: per channel the weight's own codes buffer) with int32 dp4a
+products per unit folded into fp32.
 
 * x2d: float16 / bfloat16 / float32 [M, K] CUDA, 1 <= M <= 16 (a 16-byte-aligned copy is made when its rows
   are not unit-stride / 16-byte aligned).
@@ -21,21 +21,20 @@ than the output, so it is CUDA-graph capturable after the first call (compilatio
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 
 import torch
 
-from mixgemm import tuning
-from mixgemm.formats.activation import ACT_MODES
-from mixgemm.formats.layouts_a8 import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.act_quant_rows import mode_defines
 from mixgemm.kernels.cuda.launch import new_rows, pdl_on
+from mixgemm.kernels.cuda_gemv_a8.gemv_a8_config import GemvA8Config
+from mixgemm.kernels.cuda_gemv_a8.layout import LAYOUT_NAME, A8GemvLayout, get_a8gemv_layout
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
 from mixgemm.tuning.gemv_m1 import a8_m1_entry
 
-SOURCE = "gemv_a8.cu"
+SOURCE = "cuda_gemv_a8/gemv_a8.cu"
 KERNEL = "mixgemm_gemv_a8"
 MAX_M = 16  # what the kernel handles
 # Programmatic dependent launch on sm_90+ (as the W4A16 GEMV, kernels/cuda/gemv.py; off under
@@ -62,11 +61,6 @@ def _smem_limit(dev) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", 0) or 99 * 1024)
 
 
-@functools.cache
-def _nvrtc_ok() -> bool:
-    return nvrtc.nvrtc_available()
-
-
 def choose_config(mb: int, n: int, steps: int, num_sms: int, bits: int = 4, k: int = 0) -> dict:
     """R rows per warp (by M bucket), KS warps along K per block (split K inside the block while the row
     tiles alone give fewer than ~32 warps per SM: decode shapes with small N), NW warps per block, PF
@@ -87,6 +81,7 @@ def complete_config(cfg: dict) -> dict:
     """A given tile config (R and KS; NW warps per block, default 8; PF, default 0; OP, default 1; GRID: None =
     persistent -- min(tiles, resident blocks x SMs), balanced --, "tiles" = one block per tile, or an int factor of
     SMs) with RG = NW / KS filled in."""
+    GemvA8Config.of(cfg)  # (a ValueError naming a key the kernel does not have)
     nw = cfg.get("NW", WARPS)
     return {**cfg, "NW": nw, "RG": cfg.get("RG", nw // cfg["KS"]), "PF": cfg.get("PF", 0), "OP": cfg.get("OP", 1)}
 
@@ -116,23 +111,15 @@ def row_chunks(k: int, kp: int, xt: int, threads: int, row_wide: bool) -> int:
     return opc if opc * (2 if xt == 2 else 1) <= OPC_MAX else 0
 
 
-def mode_defines(act_mode: str) -> dict:
-    """The -D macros an activation mode adds (act_quant.cuh): A8_SF 1 for "sym_full", none for "sym" / "asym" (a
-    runtime argument picks between those two)."""
-    if act_mode not in ACT_MODES:
-        raise ValueError(f"act_mode must be one of {ACT_MODES}, got {act_mode!r}")
-    return {"A8_SF": 1} if act_mode == "sym_full" else {}
-
-
 def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict, per_token: bool = False,
                 act_mode: str = "sym") -> dict:
-    """NVRTC -D macros of one gemv_a8.cu instantiation (cfg: choose_config's dict; "OP" 0 turns the one-pass
-    prologue off)."""
+    """NVRTC -D macros of one gemv_a8.cu instantiation: the layout's and the problem's, and the config's own
+    (cfg: choose_config's dict, read as a GemvA8Config; "OP" 0 turns the one-pass prologue off)."""
     threads = 32 * cfg["RG"] * cfg["KS"]
     opc = one_pass_chunks(lay, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
-            "A8_U": lay.u, "A8_R": cfg["R"], "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg.get("PF", 0),
-            "A8_AT": int(per_token and not lay.per_channel), "A8_OPC": opc, **mode_defines(act_mode)}
+            "A8_U": lay.u, **GemvA8Config.of(cfg).defines(), "A8_AT": int(per_token and not lay.per_channel),
+            "A8_OPC": opc, **mode_defines(act_mode)}
 
 
 def persistent_grid(ntiles: int, fn, threads: int, smem: int, num_sms: int, mode: str | int | None = None) -> int:
@@ -272,90 +259,3 @@ class GemvA8Launch:
             nvrtc.set_bias_clamp(v, i + 5, bias, lo, hi)
             self.launch()
         return out
-
-
-# ------------------------------------------------------------------ long-row activation quantization
-
-ACTQ_NT = 512  # threads per row block (at most: shorter rows take fewer, actq_threads)
-ACTQ_MAX_CPT = 16  # 16-byte units per thread held in registers (K <= 8 * 512 * 16 = 65536)
-ACTQ_MIN_K = 4096  # shorter blocks: the Triton tile kernel already reads x once (act_quant_rows_supported)
-
-
-def actq_threads(k: int) -> int:
-    """Threads per row for K: tuning.A8_ACTQ_UNITS 8-element units each up to ACTQ_NT threads (a power of two >= 32),
-    then more per thread."""
-    return min(ACTQ_NT, max(32, 1 << (-(-k // (8 * tuning.A8_ACTQ_UNITS)) - 1).bit_length()))
-
-
-def act_quant_rows_supported(x: torch.Tensor, block_size: int, min_k: int = ACTQ_MIN_K) -> bool:
-    """True when :func:`act_quant_rows` handles x [M, K] with one block per row (block_size -1 or K). min_k: below it
-    the Triton tile kernel is as fast (a call plan, whose launch is prepared, takes the row kernel from any K)."""
-    if not (x.is_cuda and x.dim() == 2 and x.dtype in _XT and _nvrtc_ok()):
-        return False
-    m, k = x.shape
-    es = x.element_size()
-    return (block_size in (-1, k) and min_k < k <= 8 * ACTQ_NT * ACTQ_MAX_CPT and k % 8 == 0 and m >= 1
-            and x.stride(1) == 1 and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0)
-
-
-@torch.compiler.disable
-def act_quant_rows(x: torch.Tensor, mode: str = "sym", out=None):
-    """Per-token quantization of x [M, K] (fp16 / bf16 / fp32 CUDA, one block = the whole row) in one pass:
-    one CUDA block per row keeps the row in registers (x read once). Equal, bit for bit, to
-    mixgemm.formats.activation.quantize_activation(x, -1, mode) and to the Triton act_quant.
-    Returns (q int8 [M, K], scales f32 [M, 1], offsets f32 [M, 1], sums int32 [M, 1]); ``out``: optional
-    preallocated 4-tuple. Needs act_quant_rows_supported(x, -1)."""
-    mode_defines(mode)  # (a ValueError naming a bad one)
-    if not act_quant_rows_supported(x, -1, 0):
-        raise ValueError("act_quant_rows: needs a CUDA fp16/bf16/fp32 x [M, K], K % 8 == 0, "
-                         f"K <= {8 * ACTQ_NT * ACTQ_MAX_CPT}, 16-byte aligned unit-stride rows")
-    return prepare_act_quant_rows(x.shape[0], x.shape[1], x.dtype, x.device, mode)(x, out)
-
-
-def prepare_act_quant_rows(m: int, k: int, x_dtype: torch.dtype, dev: torch.device, mode: str,
-                           pdl: bool | None = None) -> ActQuantRowsLaunch:
-    """act_quant_rows' launch for M rows of K, built once (a call plan's first step). pdl: launched with programmatic
-    dependent launch (its blocks queued during the previous kernel; the kernel waits before touching memory);
-    default: kernel_options' pdl on sm_90."""
-    nt = actq_threads(k)
-    cpt = -(-(k // 8) // nt)
-    fn = nvrtc.get_function(SOURCE, "mixgemm_act_quant_rows",
-                            {"A8_ACTQ": cpt, "A8_XT": _XT[x_dtype], "AQ_NT": nt, **mode_defines(mode)}, dev)
-    args = [ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_void_p(0),
-            ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(k), ctypes.c_int(1 if mode == "asym" else 0)]
-    if pdl is None:
-        pdl = pdl_on(dev)
-    return ActQuantRowsLaunch(nvrtc.prepare_launch(fn, dev, (m, 1, 1), (nt, 1, 1), args, pdl=pdl), m, k, dev)
-
-
-class ActQuantRowsLaunch:
-    """The per-token quantizer prepared for M rows of K: a call makes (or takes) the four outputs, writes the
-    pointers, launches on the current stream."""
-
-    __slots__ = ("launch", "m", "k", "device", "_vals", "_lock")
-
-    def __init__(self, launch, m: int, k: int, device: torch.device):
-        self.launch, self.m, self.k, self.device = launch, m, k, device
-        self._vals, self._lock = launch.params.values, launch.params.lock
-
-    def __call__(self, x: torch.Tensor, out=None):
-        m, k, dev = self.m, self.k, self.device
-        if out is None:
-            f32 = torch.float32
-            out = (torch.empty((m, k), dtype=torch.int8, device=dev), torch.empty((m, 1), dtype=f32, device=dev),
-                   torch.empty((m, 1), dtype=f32, device=dev), torch.empty((m, 1), dtype=torch.int32, device=dev))
-        q, s, o, sm = out
-        self.launch_into(x, q.data_ptr(), q.stride(0), s.data_ptr(), o.data_ptr(), sm.data_ptr())
-        return out
-
-    def launch_into(self, x: torch.Tensor, q_ptr: int, ldq: int, s_ptr: int, o_ptr: int, sums_ptr: int,
-                    stream: int | None = None) -> None:
-        """Quantize x into the given device addresses (codes [M, ldq] int8, scales / offsets float32 [M], sums int32
-        [M]) on ``stream`` (default: the current one): a caller that consumes them at once keeps them in one
-        allocation of its own."""
-        v = self._vals
-        with self._lock:  # (launch.Params: written and launched by one thread at a time)
-            v[0].value, v[1].value = x.data_ptr(), x.stride(0)
-            v[2].value, v[3].value = q_ptr, ldq
-            v[4].value, v[5].value, v[6].value = s_ptr, o_ptr, sums_ptr
-            self.launch(stream)

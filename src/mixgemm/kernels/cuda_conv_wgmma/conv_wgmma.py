@@ -108,7 +108,7 @@ def default_conv_config(m: int, co: int, k: int, sms: int = 132) -> dict:
 
 
 def conv_config(m: int, co: int, k: int, tuned: dict | None) -> dict:
-    """The tile config of a layer: the conv sweep's entry (``tuned``, from kernels.triton.conv.tuned_wgmma_choice)
+    """The tile config of a layer: the conv sweep's entry (``tuned``, from triton.conv_common.tuned_wgmma_choice)
     on the base keys, else default_conv_config."""
     return default_conv_config(m, co, k) if tuned is None else {**_BASE, **tuned}
 
@@ -134,7 +134,7 @@ def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor
     if bias is not None and bias.dtype not in G._BIAS:
         bias = bias.to(torch.float32)  # a copy: the kernel reads fp16 / bf16 / fp32 bias
     if config is None:
-        from mixgemm.kernels.triton.conv import tuned_wgmma_choice
+        from mixgemm.kernels.triton.conv_common import tuned_wgmma_choice
 
         config = conv_config(m, co, qweight.matrix.in_features, tuned_wgmma_choice(x.device, qweight, stride, m)[1])
 

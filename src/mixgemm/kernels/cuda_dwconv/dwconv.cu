@@ -1,7 +1,7 @@
 // Depthwise conv2d with per-channel int8 / int4 weights on fp16 / bf16 channels_last activations: a direct
 // convolution on the CUDA cores (dwconv.py is the host side; mixgemm.ops.conv dispatches to it).
 //
-// Why not the Triton kernel (kernels/triton/conv.py, _dwconv_kernel): it loads, converts and multiplies one
+// Why not the Triton kernel (kernels/triton_dwconv/dwconv.py, _dwconv_kernel): it loads, converts and multiplies one
 // [pixels, channels] tile per tap, i.e. 49 loads and 49 fp16 -> fp32 conversions per output of a 7x7, and it took
 // 124 us / 36 us for ConvNeXt's 7x7 96 @ 56 / 384 @ 14 at batch 32 on the H200 against cuDNN's 71 / 23 us
 // (0.57x / 0.64x; its tile sweeps found nothing faster).

@@ -8,8 +8,8 @@ math follows the PDL wait), reading the GEMM's bytes.
 
 ``prepare_gemv_a8_wg(qw, m, x_dtype, dev, out_dtype, per_token, config, act_mode)(x2d, bias, lo, hi)`` =
 clamp(Qa(x2d) @ W.T + bias, lo, hi) [M, N]; qw: sym int4 / int8, group 128 / 256 or per channel (what
-``wgmma_a8_v1`` holds); activations "sym" or "sym_full" (gemv_a8.mode_defines), per token and weight group, or per
-token (per_token).
+``wgmma_a8_v1`` holds); activations "sym" or "sym_full" (act_quant_rows.mode_defines), per token and weight group,
+or per token (per_token).
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ import torch
 from mixgemm.formats.layouts_wgmma_a8 import K_TILE, WgmmaA8Layout, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv_a8 import GemvA8Launch, m_bucket, mode_defines, persistent_grid, row_chunks
+from mixgemm.kernels.cuda.act_quant_rows import mode_defines
 from mixgemm.kernels.cuda.launch import pdl_on
+from mixgemm.kernels.cuda_gemv_a8.gemv_a8 import GemvA8Launch, m_bucket, persistent_grid, row_chunks
+from mixgemm.kernels.cuda_gemv_a8_wg.gemv_a8_wg_config import GemvA8WgConfig
 
-SOURCE = "gemv_a8_wg.cu"
+SOURCE = "cuda_gemv_a8_wg/gemv_a8_wg.cu"
 KERNEL = "mixgemm_gemv_a8_wg"
 LAYOUT = "wgmma_a8_v1"
 MAX_M = 16
@@ -166,6 +168,7 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
 def complete_config(cfg: dict) -> dict:
     """A given config (RT, U, KS; RG default 8 / KS or 1; PF default 1; OP default 1; MMA default 0; GRID as gemv_a8)
     completed and checked."""
+    GemvA8WgConfig.of(cfg)  # (a ValueError naming a key the kernel does not have)
     out = {"U": 1, "PF": 1, "OP": 1, "MMA": 0, **cfg}
     out.setdefault("RG", max(1, 8 // out["KS"]))
     if 8 % out["RT"] or out["U"] not in (1, 2) or out["RG"] * out["KS"] > MAX_WARPS or out["MMA"] not in (0, 1):
@@ -187,8 +190,7 @@ def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool
     shape = WgGemvShape.of_layout(lay, cfg["U"])
     opc = row_chunks(lay.k, shape.kp, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
-            "A8_AT": int(per_token and not lay.per_channel), "A8_RT": cfg["RT"], "A8_U": cfg["U"],
-            "A8_RG": cfg["RG"], "A8_KS": cfg["KS"], "A8_PF": cfg["PF"], "A8_OPC": opc, "A8_MMA": cfg.get("MMA", 0),
+            "A8_AT": int(per_token and not lay.per_channel), **GemvA8WgConfig.of(cfg).defines(), "A8_OPC": opc,
             **mode_defines(act_mode)}
 
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.kernel_config import KernelConfig, knob
 
-SOURCE = "dwconv.cu"
+SOURCE = "cuda_dwconv/dwconv.cu"
 KERNEL = "mixgemm_dwconv"
 THREADS = 128
 _ACT = {torch.float16: 0, torch.bfloat16: 1}
@@ -31,11 +32,15 @@ _SMEM_LIMIT = 48 * 1024
 
 
 @dataclass(frozen=True)
-class DwCudaConfig:
-    """tw: output pixels per thread along W (the sliding window's length); cb: channels per block (even, <= 256)."""
+class DwCudaConfig(KernelConfig):
+    """The CUDA depthwise conv's tile (dwconv.cu)."""
 
-    tw: int
-    cb: int
+    pixels_per_thread: int = knob("TW", "output pixels per thread along W: the sliding window's length, 1..32", "DW_TW")
+    channels_per_block: int = knob("CB", "channels per block: even, dividing 256, <= 256", "DW_CB")
+
+    derived = {"DW_KH": "kernel height", "DW_KW": "kernel width", "DW_SW": "stride along W",
+               "DW_DW": "dilation along W", "DW_ACT": "activation dtype: 0 fp16, 1 bf16", "DW_BITS": "weight bits",
+               "DW_AFFINE": "1: mode 'offset' (w = q * s + m), 0: w = (q - z) * s"}
 
 
 def _even(*vals: int) -> bool:
@@ -81,7 +86,7 @@ def default_config(c: int, runs_per_tw1: int, wo: int, taps: int, sms: int) -> D
 
 def dwconv_cuda(x, qw, bias, out, stride, padding, dilation, lo: float, hi: float,
                 config: DwCudaConfig | None = None) -> torch.Tensor:
-    from mixgemm.kernels.triton.conv import conv_layout
+    from mixgemm.kernels.triton.conv_common import conv_layout
 
     lay = conv_layout(qw.matrix)
     b, c, h, w = x.shape
@@ -89,19 +94,18 @@ def dwconv_cuda(x, qw, bias, out, stride, padding, dilation, lo: float, hi: floa
     kh, kw = qw.kernel_size
     props = torch.cuda.get_device_properties(x.device)
     cfg = config or default_config(c, b * ho * wo, wo, kh * kw, props.multi_processor_count)
-    if cfg.cb % 2 or not 2 <= cfg.cb <= 2 * THREADS or (2 * THREADS) % cfg.cb or kh * kw * cfg.cb * 4 > _SMEM_LIMIT:
-        raise ValueError(f"dwconv_cuda: bad channel block cb={cfg.cb} for a {kh}x{kw} kernel")
-    if not 1 <= cfg.tw <= 32:
-        raise ValueError(f"dwconv_cuda: window tw={cfg.tw} must be in 1..32")
-    defs = {
-        "DW_KH": kh, "DW_KW": kw, "DW_SW": stride[1], "DW_DW": dilation[1], "DW_TW": cfg.tw, "DW_CB": cfg.cb,
-        "DW_ACT": _ACT[x.dtype], "DW_BITS": lay.bits, "DW_AFFINE": int(lay.affine),
-    }
+    tw, cb = cfg.pixels_per_thread, cfg.channels_per_block
+    if cb % 2 or not 2 <= cb <= 2 * THREADS or (2 * THREADS) % cb or kh * kw * cb * 4 > _SMEM_LIMIT:
+        raise ValueError(f"dwconv_cuda: bad channel block cb={cb} for a {kh}x{kw} kernel")
+    if not 1 <= tw <= 32:
+        raise ValueError(f"dwconv_cuda: window tw={tw} must be in 1..32")
+    defs = {"DW_KH": kh, "DW_KW": kw, "DW_SW": stride[1], "DW_DW": dilation[1], **cfg.defines(),
+            "DW_ACT": _ACT[x.dtype], "DW_BITS": lay.bits, "DW_AFFINE": int(lay.affine)}
     fn = nvrtc.get_function(SOURCE, KERNEL, defs, x.device)
-    runs_w = -(-wo // cfg.tw)  # windows per output row: a run never crosses rows
+    runs_w = -(-wo // tw)  # windows per output row: a run never crosses rows
     runs = b * ho * runs_w
-    per_block = THREADS // (cfg.cb // 2)
-    cblocks = -(-c // cfg.cb)
+    per_block = THREADS // (cb // 2)
+    cblocks = -(-c // cb)
     if cblocks >= 65536 or h * w * c >= 2**31:
         raise ValueError(f"dwconv_cuda: {c} channels of {h}x{w} pixels are too many for one image")
     # the blocks loop over their runs (grid stride): two waves of resident blocks, so each block's weight prologue

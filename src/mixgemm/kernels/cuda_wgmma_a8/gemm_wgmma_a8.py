@@ -27,7 +27,7 @@
   without the per-group fold -- codes times multiples as int8 in registers, one int32 sum over K; 0: the fold), FQ (a
   call plan with per-token scales: 1 quantizes the activations in the GEMM's own launch, ``launch_quantizing``,
   where the tile has the producer warpgroup and MC 1; the default where the call is bound by host time, see
-  kernels/a8.py; 0: the row quantizer's launch, then the GEMM), SPLIT (1, or 2..8: split-K over a thread-block
+  kernels/cuda_wgmma_a8; 0: the row quantizer's launch, then the GEMM), SPLIT (1, or 2..8: split-K over a thread-block
   cluster of that many CTAs per output tile, each a slice of K, the sums met in distributed shared memory; MC 1,
   per-element stores; ``split_slices`` gives the slices, ``split_k_rule`` the default's choice), TAIL (0, "auto" or
   2..8: the tiles of whole waves in one launch and the weight rows of the partial last wave in a second, cluster
@@ -53,13 +53,12 @@ from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import gemm_wgmma, nvrtc
 from mixgemm.kernels.cuda.gemm_wgmma import _MAP_PLACEHOLDER, SMEM_LIMIT, TensorMapParam, encode_tensor_map
 from mixgemm.kernels.cuda.launch import pdl_on
+from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8_config import WgmmaA8Config
 from mixgemm.tuning import source_of
 
-SOURCE = "gemm_wgmma_a8.cu"
+SOURCE = "cuda_wgmma_a8/gemm_wgmma_a8.cu"
 KERNEL = "mixgemm_gemm_wgmma_a8"
 LAYOUT = "wgmma_a8_v1"
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "KT", "NP", "CVT", "GROUP_M", "MINB", "WS", "TSTORE", "MC", "PDL", "QS", "FQ",
-               "SPLIT", "TAIL", "TAIL_WAIT")
 QS_MAX_K = (2**31 - 1) // (128 * 127)  # A8_QS: one int32 sum of K products |c m a| <= 128 * 127
 _OUT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 _XT = _OUT  # A8_XT: the activation dtype the in-launch quantizer reads (same codes)
@@ -432,6 +431,7 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
     qs_ok = bool(sa_per_token and lay.num_groups > 1) and qs_layout(lay)
     cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits, qs=qs_ok)
+    WgmmaA8Config.of(cfg)  # (a ValueError naming a key the kernel does not have)
     tail = cfg.pop("TAIL", 0)
     tail_wait = int(cfg.pop("TAIL_WAIT", 0))
     if tail_wait not in (0, 1):
@@ -464,17 +464,18 @@ def _prepare_rows(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token:
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
     at = int(sa_per_token and lay.num_groups > 1)  # per-token activation scales over grouped weights
     qs_ok = bool(at) and qs_layout(lay)
-    bm, nwg, stages, kt = (int(cfg.get(key, d)) for key, d in (("BM", 128), ("NWG", 2), ("STAGES", 4), ("KT", 2)))
-    np_, cvt, group_m = int(cfg.get("NP", 1)), int(cfg.get("CVT", 0)), int(cfg.get("GROUP_M", 8))
-    minb = int(cfg.get("MINB", 1))
-    ws = int(cfg.get("WS", int(nwg == 1 or (nwg == 2 and minb == 1))))
-    mc = int(cfg.get("MC", 1))
-    pdl_req = int(cfg.get("PDL", ws))
+    c = WgmmaA8Config.of(cfg)
+    bm, nwg, stages, kt = int(c.block_m), int(c.warpgroups), int(c.stages), int(c.k_tiles_per_stage)
+    np_, cvt, group_m = int(c.partials), int(c.cvt_magic), int(c.group_m)
+    minb = int(c.min_blocks)
+    ws = int(c.producer_warpgroup if c.producer_warpgroup is not None else (nwg == 1 or (nwg == 2 and minb == 1)))
+    mc = int(c.multicast)
+    pdl_req = int(c.pdl if c.pdl is not None else ws)
     gt = 0 if lay.per_channel else lay.group_size // 128
-    qs_req = int(cfg.get("QS", 1))
+    qs_req = int(c.int_scales)
     qs = qs_req == 1 and qs_ok
-    fq_req = int(cfg.get("FQ", 1))
-    ksplit = int(cfg.get("SPLIT", 1))
+    fq_req = int(c.quantize_in_launch)
+    ksplit = int(c.split)
     if (bm % 16 or not 16 <= bm <= 256 or nwg not in (1, 2, 4) or minb not in (1, 2, 3) or kt not in (1, 2, 4)
             or stages < (2 if ws else 3) or np_ not in (1, 2) or cvt not in (0, 1) or group_m < 1
             or kt % (np_ * max(gt, 1))
@@ -518,9 +519,8 @@ def _prepare_rows(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token:
     # One scale per token ([M, 1]: per-channel weights, or AT) is read as SA[m] in the epilogue only, so a contiguous
     # column goes in as it is (no transpose kernel between the quantizer and the GEMM)
     ldsa = -(-m // 4) * 4
-    defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], "A8_BM": bm, "A8_NWG": nwg, "A8_STAGES": stages,
-            "A8_KT": kt, "A8_GT": gt, "A8_NP": np_, "A8_CVT": cvt, "A8_GROUP_M": group_m, "A8_MINB": minb,
-            "A8_WS": ws, "A8_AT": at, "A8_MC": mc, "A8_QS": int(qs)}
+    defs = {"A8_BITS": lay.bits, "A8_OUT": _OUT[out_dtype], **c.defines(), "A8_GT": gt, "A8_WS": ws, "A8_AT": at,
+            "A8_QS": int(qs)}
     if ksplit > 1:
         defs["A8_SPLIT"] = ksplit
     if split is not None:
@@ -531,7 +531,7 @@ def _prepare_rows(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token:
         if chain and split is None:
             defs["A8_CHAIN"] = chain
     ymap = None
-    if int(cfg.get("TSTORE", 1)) and ksplit == 1 and out.tstore_fits(bm, nwg, ring):
+    if int(c.tma_store) and ksplit == 1 and out.tstore_fits(bm, nwg, ring):
         # 64 output columns (128 bytes) x BM rows; the address is written per call
         ymap = TensorMapParam(encode_tensor_map(_MAP_PLACEHOLDER, m, n, out.row_stride, out_dtype, 64, bm))
         defs["A8_TSTORE"] = 1

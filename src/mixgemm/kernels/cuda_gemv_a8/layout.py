@@ -1,7 +1,7 @@
 """Layout "a8gemv_v2": a QuantizedWeight as the fused activation-quantized GEMV (W4A8 / W8A8, M <= 16) reads it.
 
 Built once per weight by :func:`build_a8gemv_v2` and cached with ``qw.layout("a8gemv_v2", build_a8gemv_v2)``.
-The kernel (mixgemm/kernels/cuda/gemv_a8.cu) reads, per output row n:
+The kernel (gemv_a8.cu beside this file) reads, per output row n:
 
 * ``weight``: uint8 [N, Kw * 16]: 16-byte chunks of CH k (32 for int4, 16 for int8) in the plain byte order
   (mixgemm.formats.packing: unsigned codes q, int4 low nibble first). A step of the kernel is 32 lanes x U chunks; at
@@ -24,7 +24,7 @@ The kernel (mixgemm/kernels/cuda/gemv_a8.cu) reads, per output row n:
 
 c = q - 8 (int4) or q - 128 (int8) is the signed code of that rewrite; the kernel multiplies the unsigned q and
 subtracts the bias times the unit's activation code sum. The params equal those of the Triton layout int8_v1
-(mixgemm/kernels/triton/int8_layout.py).
+(mixgemm/kernels/triton_a8/layout.py).
 """
 
 from __future__ import annotations

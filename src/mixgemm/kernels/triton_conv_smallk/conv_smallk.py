@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from mixgemm.formats.conv import QuantizedConvWeight
-from mixgemm.kernels.triton.conv import (
+from mixgemm.kernels.kernel_config import KernelConfig, knob
+from mixgemm.kernels.triton.conv_common import (
     _TL_DTYPES,
     _dot_prec,
     _num_sms,
@@ -50,12 +51,14 @@ MAX_K_PAD = 256  # the whole padded K of one tile: [BLOCK_M, 256] activations + 
 
 
 @dataclass(frozen=True)
-class SmallKConfig:
-    block_m: int = 128
-    block_n: int = 64
-    num_warps: int = 8
-    num_stages: int = 2
-    programs_per_sm: int = 2
+class SmallKConfig(KernelConfig):
+    """The whole-K kernel's tile (Triton constexprs and launch settings: no -D macros)."""
+
+    block_m: int = knob("BM", "output pixels per program", default=128)
+    block_n: int = knob("BN", "output channels per program", default=64)
+    num_warps: int = knob("num_warps", "warps per program", default=8)
+    num_stages: int = knob("num_stages", "software pipeline stages of the pixel loop", default=2)
+    programs_per_sm: int = knob("PPS", "programs per SM of the persistent grid (over the pixel tiles)", default=2)
 
 
 def run_shape(x: torch.Tensor, ci_g: int, kh: int, kw: int) -> tuple[bool, int, int]:
