@@ -81,7 +81,7 @@ def default_config(c: int, runs_per_tw1: int, wo: int, taps: int, sms: int) -> D
     cb = 32 if tw == 32 else 16
     while cb > 2 and (c % cb or taps * cb * 4 > _SMEM_LIMIT):
         cb //= 2
-    return DwCudaConfig(tw=tw, cb=cb)
+    return DwCudaConfig(pixels_per_thread=tw, channels_per_block=cb)
 
 
 def dwconv_cuda(x, qw, bias, out, stride, padding, dilation, lo: float, hi: float,
