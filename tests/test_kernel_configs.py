@@ -73,6 +73,16 @@ def test_of_reads_keys_and_names_unknown_ones():
     assert ConvConfig(*(64, 128, 32, 2, 4, 3, True)).as_dict()["SWAP_AB"] is True
 
 
+def test_default_tiles_are_their_configs():
+    """The rules that pick a tile on the GPU build their config type (they run only there: a CPU check of the
+    construction)."""
+    from mixgemm.kernels.cuda_dwconv.dwconv import default_config
+
+    for c, runs, wo, taps in ((96, 8 * 56 * 56, 56, 49), (384, 14 * 14, 14, 49), (6, 30, 30, 9)):
+        cfg = default_config(c, runs, wo, taps, 132)
+        assert isinstance(cfg, DwCudaConfig) and cfg.channels_per_block % 2 == 0 and 1 <= cfg.pixels_per_thread <= 32
+
+
 def test_tuning_data_and_rules_use_named_keys():
     """The measured M = 1 tiles and the rules' configs (what explain prints, the tuning cache stores and
     kernel_options(configs=...) takes) only use keys of the kernels' configs."""
