@@ -11,8 +11,9 @@ An entry (:class:`KernelEntry`) says
 * ``config(problem) -> dict | None``: the config it is handed (from mixgemm.tuning or the kernel's rule);
 * ``run``: the launch, with the op's own argument list (mixgemm.kernels.linear / a8 / conv say which);
 * ``prepare(problem, qw, config)`` (optional): the launch built once for a call plan -- compiled kernel, grid and
-  parameters with the weight's pointers in place -- returned as ``launch(x2d, bias, lo, hi) -> y``, which a cached
-  plan (mixgemm.ops.dispatch) calls instead of ``run``;
+  parameters with the weight's pointers in place -- returned as ``launch(x2d, bias, lo, hi) -> y`` (a conv entry:
+  qw the QuantizedConvWeight, ``launch(x, bias, lo, hi) -> y``), which a cached plan (mixgemm.ops.dispatch,
+  mixgemm.ops.conv) calls instead of ``run``;
 * ``complete``: how a config forced through kernel_options is completed (e.g. a partial tile);
 * ``candidates(problem) -> list[dict]`` (tunable entries only): a small set of legal configs beside the default,
   which `mixgemm tune` times (mixgemm.tuning.cache holds what it measured faster; the config step uses it);

@@ -118,17 +118,20 @@ def conv_choice(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, p
 
 @dataclass(frozen=True)
 class ConvPlan:
-    """A layer's cached choice for one input signature: the entry and the config it is handed."""
+    """A layer's cached choice for one input signature: the entry, the config it is handed, and the entry's prepared
+    launch where it makes one (KernelEntry.prepare: launch(x, bias, lo, hi) -> y)."""
 
     entry: KernelEntry
     config: object
+    launch: object = None
 
 
 def _plan_key(x: torch.Tensor, stride, padding, groups, dilation) -> tuple:
     # the input's strides carry its memory format; the geometry is in the key because a weight object may serve
     # calls of several geometries (functional mixgemm.conv2d)
-    return ("conv", tuple(x.shape), x.stride(), x.dtype, x.get_device(), tuple(stride), tuple(padding), groups,
-            tuple(dilation))
+    # (and its address modulo 16: the TMA and vector kernels' alignment conditions)
+    return ("conv", tuple(x.shape), x.stride(), x.data_ptr() % 16, x.dtype, x.get_device(), tuple(stride),
+            tuple(padding), groups, tuple(dilation))
 
 
 def planned_conv_choice(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
@@ -148,7 +151,8 @@ def planned_conv_choice(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, s
     hit = plans.get(key)
     if hit is None:
         c = conv_choice(x, qweight, m, stride, padding, groups, dilation)
-        hit = ConvPlan(c.entry, c.config)
+        launch = c.entry.prepare(c.problem, qweight, c.config) if c.entry.prepare is not None and x.is_cuda else None
+        hit = ConvPlan(c.entry, c.config, launch)
         if len(plans) >= MAX_PLANS:
             plans.clear()
         plans[key] = hit
@@ -194,6 +198,8 @@ def cuda_conv2d(
                 else "dw" if depthwise else "igemm")
     if path is None:
         plan = planned_conv_choice(x, qweight, b * ho * wo, stride, padding, groups, dilation)
+        if plan.launch is not None:
+            return plan.launch(x, bias, lo, hi)
         ent, config = plan.entry, plan.config
     elif path in BY_PATH:
         ent = entry(BY_PATH[path])

@@ -51,4 +51,11 @@ def run(x, qweight, bias, out, stride, padding, dilation, groups, lo, hi, activa
     return conv_wgmma(x, qweight, bias, stride, padding, dilation, lo, hi, config)
 
 
-ENTRY = KernelEntry(NAME, "conv", can_run, config, run, doc="wgmma implicit GEMM")
+def prepare(p: Problem, qweight, config):
+    from mixgemm.kernels.cuda_conv_wgmma.conv_wgmma import prepare_conv_wgmma
+
+    c = p.conv
+    return prepare_conv_wgmma(c.x, qweight, c.stride, c.padding, c.dilation, config)
+
+
+ENTRY = KernelEntry(NAME, "conv", can_run, config, run, doc="wgmma implicit GEMM", prepare=prepare)

@@ -113,10 +113,12 @@ def conv_config(m: int, co: int, k: int, tuned: dict | None) -> dict:
     return default_conv_config(m, co, k) if tuned is None else {**_BASE, **tuned}
 
 
-def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor | None, stride, padding, dilation,
-               lo: float, hi: float, config: dict | None = None, fit: bool = True) -> torch.Tensor:
-    """clamp(conv2d(x, dequant(qweight), bias) , lo, hi), channels_last out (see the module docstring).
-    stride / padding / dilation: (h, w) int pairs, already validated (mixgemm.ops.conv.check_conv_inputs)."""
+def prepare_conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, stride, padding, dilation,
+                       config: dict | None = None, fit: bool = True):
+    """conv_wgmma prepared for inputs of x's shape, strides and dtype at any 16-byte aligned address:
+    ``launch(x, bias, lo, hi) -> out``. The tile choice, the tensor maps and the kernel parameters are made here once;
+    a call writes the input, output and bias addresses (the im2col map's through cuTensorMapReplaceAddress) and
+    launches. Made per call, they took about 0.4 ms of host time, a hundred times a small layer's GPU time."""
     if not conv_wgmma_supported(x, qweight, stride, padding, dilation, 1):
         raise ValueError("conv_wgmma needs an sm_90 GPU, fp16 / bf16 channels_last input with Ci % 64 == 0, "
                          "groups 1, stride <= 8 and padding / dilation within the im2col map's corner range")
@@ -125,21 +127,38 @@ def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor
     ho, wo = conv_output_size(h, w, (kh, kw), stride, padding, dilation)
     co = qweight.out_channels
     m = b * ho * wo
-    y = torch.empty(m, co, dtype=x.dtype, device=x.device)
-    out = y.view(b, ho, wo, co).permute(0, 3, 1, 2)  # NCHW shape, channels_last strides
-    if m == 0 or co == 0:
+    parts = []
+    if m and co:
+        geo = G.ConvGeometry(ci // CHANNELS_PER_TILE, kw, wo, ho * wo, stride[1], stride[0], padding[1], padding[0],
+                             dilation[1], dilation[0])
+        if config is None:
+            from mixgemm.kernels.triton.conv_common import tuned_wgmma_choice
+
+            config = conv_config(m, co, qweight.matrix.in_features,
+                                 tuned_wgmma_choice(x.device, qweight, stride, m)[1])
+
+        def make_map(bm: int):
+            return im2col_tensor_map(x, (kh, kw), tuple(stride), tuple(padding), tuple(dilation), bm)
+
+        # the output is a fresh caching-allocator block: 16-byte aligned, rows of Co elements
+        rows = G.OutputRows(x.dtype, co, True, x.device)
+        parts = G._prepare_parts(qweight.matrix, m, co, x.dtype, x.stride(0), x.shape[1], (geo, make_map), rows,
+                                 config, fit, torch.cuda.get_device_properties(x.device))
+
+    def launch(xc: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float) -> torch.Tensor:
+        y = torch.empty(m, co, dtype=xc.dtype, device=xc.device)
+        out = y.view(b, ho, wo, co).permute(0, 3, 1, 2)  # NCHW shape, channels_last strides
+        if bias is not None:  # (copies: the kernel reads a contiguous fp16 / bf16 / fp32 bias)
+            bias = (bias if bias.dtype in G._BIAS else bias.to(torch.float32)).contiguous()
+        for part in parts:
+            part(xc, y, bias, lo, hi)
         return out
-    geo = G.ConvGeometry(ci // CHANNELS_PER_TILE, kw, wo, ho * wo, stride[1], stride[0], padding[1], padding[0],
-                         dilation[1], dilation[0])
-    if bias is not None and bias.dtype not in G._BIAS:
-        bias = bias.to(torch.float32)  # a copy: the kernel reads fp16 / bf16 / fp32 bias
-    if config is None:
-        from mixgemm.kernels.triton.conv_common import tuned_wgmma_choice
 
-        config = conv_config(m, co, qweight.matrix.in_features, tuned_wgmma_choice(x.device, qweight, stride, m)[1])
+    return launch
 
-    def make_map(bm: int):
-        return im2col_tensor_map(x, (kh, kw), tuple(stride), tuple(padding), tuple(dilation), bm)
 
-    G.run(qweight.matrix, x, (geo, make_map), y, bias, lo, hi, config, fit)
-    return out
+def conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, bias: torch.Tensor | None, stride, padding, dilation,
+               lo: float, hi: float, config: dict | None = None, fit: bool = True) -> torch.Tensor:
+    """clamp(conv2d(x, dequant(qweight), bias) , lo, hi), channels_last out (see the module docstring).
+    stride / padding / dilation: (h, w) int pairs, already validated (mixgemm.ops.conv.check_conv_inputs)."""
+    return prepare_conv_wgmma(x, qweight, stride, padding, dilation, config, fit)(x, bias, lo, hi)
