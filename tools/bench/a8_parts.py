@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from mixgemm import tuning
 from mixgemm.kernels.a8 import _prepare_wgmma_a8, _wgmma_a8_config, a8_problem
 from mixgemm.kernels.cuda import gemv_a8
-from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
 from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import OutputRows
 from tools.bench.int8 import (
     add_case_args,
     cases,

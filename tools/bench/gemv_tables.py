@@ -23,7 +23,8 @@ def suggest(paths: list[str], min_gain: float = 0.05, num_sms: int = 132) -> lis
     several qualify), with MAXB the most blocks per SM (of ``num_sms``) of those layers (kernels.cuda.gemv.
     m1_tile_serves). Returns [(fmt, bucket key, (K, N) of a measured layer, tile, [(K, N, default us, tile us),
     ...])]."""
-    from mixgemm.kernels.cuda.gemv import WARPS, blocks_per_sm
+    from mixgemm.kernels.cuda.gemv_launch import WARPS
+    from mixgemm.kernels.cuda_gemv.host import blocks_per_sm
     from mixgemm.tuning.buckets import ShapeBucket
 
     by_bucket: dict = {}
@@ -75,7 +76,7 @@ def _simt_layers(paths: list[str], num_sms: int, fmts: tuple[str, ...] = (), shi
     """[(bits, bucket key, K, N, fmt, {tile: us}, baseline tile)] of the M = 1 cases (of the formats ``fmts``, all
     when empty) of --simt-only sweep files that timed the baseline's tile: the rule's, or with ``shipped`` what
     kernels.cuda.gemv.wg_simt_config picks now on the swept GPU (the tables of tuning.gemv_m1)."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config, wg_simt_rule
     from mixgemm.tuning.buckets import ShapeBucket
 
     out = []
@@ -104,8 +105,8 @@ def simt_resident_blocks(tile: tuple, bits: int, modes: tuple[int, ...] = (0, 1)
     (nvrtc.cubin_registers, no GPU needed), allocated per warp in units of 256 of the SM's 65536, at most 64 warps
     and 32 blocks."""
     from mixgemm.kernels.cuda import nvrtc
-    from mixgemm.kernels.cuda.gemv import SIMT_SOURCE, simt_defines_for
-    from mixgemm.kernels.cuda.gemv_steps import resident_blocks
+    from mixgemm.kernels.cuda_gemv.gemv_steps import resident_blocks
+    from mixgemm.kernels.cuda_gemv_mma.host import SIMT_SOURCE, simt_defines_for
 
     rt, u, pf, ks, rg = tile[:5]
     cfg = {"RT": rt, "U": u, "PF": pf, "KS": ks, "RG": rg, "PACK": tile[5] if len(tile) > 5 else 0}
@@ -118,7 +119,7 @@ def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sm
                 resident=simt_resident_blocks) -> dict:
     """{(bits, bucket key): (tile, blocks per SM it serves up to (BPS), [the cases it serves])} by suggest_simt's
     selection."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_serves
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_serves
 
     by_bucket: dict = {}
     for c in cases:
@@ -146,7 +147,7 @@ def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sm
 def _simt_pick(table: dict, case: tuple, num_sms: int = 132) -> tuple:
     """The tile a table gives a case (bits, bucket, K, N, fmt, grid, rule): its bucket's, where the layer's blocks
     per SM are within the entry's BPS (kernels.cuda.gemv.wg_simt_config), else the rule's."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_serves
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_serves
 
     hit = table.get(case[:2])
     if hit is None or not wg_simt_serves(case[3], hit[0][0], hit[0][4], hit[1], num_sms):

@@ -21,7 +21,7 @@ import math
 import statistics
 
 from mixgemm import tuning
-from mixgemm.kernels.cuda import wgmma_waves as W
+from mixgemm.kernels.cuda_wgmma import wgmma_waves as W
 from mixgemm.tuning.buckets import ShapeBucket, pow2_at_least
 
 COEF_KEYS = ("launch_us", "step_us", "split_us", "shared_step_us")

@@ -15,7 +15,7 @@ import json
 import math
 import statistics
 
-from mixgemm.kernels.cuda import wgmma_waves as W
+from mixgemm.kernels.cuda_wgmma import wgmma_waves as W
 from tools.bench.wgmma import GRID_TILES
 
 FIT_WEIGHT = W.WeightBytes(bits=4, scale_bytes=2, mode="zero_point", group32=False)  # the grid's w4g128 weights

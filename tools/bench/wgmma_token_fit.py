@@ -21,8 +21,8 @@ import statistics
 
 import numpy as np
 
-from mixgemm.kernels.cuda.gemm_wgmma import K_TILE, output_tiles
-from mixgemm.kernels.cuda.wgmma_waves import TokenTiles, token_tile
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import K_TILE, output_tiles
+from mixgemm.kernels.cuda_wgmma.wgmma_waves import TokenTiles, token_tile
 from tools.bench.wgmma import GRID_TILES
 
 

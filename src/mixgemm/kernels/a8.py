@@ -30,7 +30,8 @@ import torch
 import mixgemm.tuning as tuning
 from mixgemm.formats.activation import ACT_MODES, SYMMETRIC_ACT_MODES, QuantizedActivation
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.linear import _wave_cost, nvrtc_ok, triton_device_ok
+from mixgemm.kernels.cuda_wgmma import wave_cost as _wave_cost
+from mixgemm.kernels.linear_common import nvrtc_ok, triton_device_ok
 from mixgemm.kernels.registry import (
     OK,
     DeviceInfo,
@@ -248,7 +249,7 @@ def _small_m_decline(p: Problem) -> str | None:
     if not p.per_token:
         if p.m < tuning.A8_WGMMA_BLOCK_SCALES_FROM_M:
             from mixgemm.kernels.cuda.gemm_wgmma_a8 import column_tiles
-            from mixgemm.kernels.cuda.gemv import wave_efficiency
+            from mixgemm.kernels.cuda.gemv_launch import wave_efficiency
 
             tiles = column_tiles(p.n, 2)  # (below, split-K fills the SMs: gemm_wgmma_a8.split_k_rule)
             eff = wave_efficiency(tiles, p.device.sm_count)
@@ -334,8 +335,8 @@ def _wgmma_a8_candidates(p: Problem) -> list[dict]:
     16 with the stages that fit; for the folding tiles, which keep BM <= 128, BM 64 / 128) and, where a partial wave
     follows a whole one, one launch and every TAIL split; at small M (one token tile) the cluster split-K factors;
     MC 1 / 2 where the column tiles pair up."""
-    from mixgemm.kernels.cuda import gemm_wgmma
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import SPLIT_MAX_M, column_tiles, ring_stages, tail_rows, token_tile_kind
+    from mixgemm.kernels.cuda_wgmma import gemm_wgmma
 
     lay, qs = _wgmma_a8_layout(p)
     base = dict(_wgmma_a8_config(p))
@@ -374,10 +375,10 @@ def _run_wgmma_a8(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
 
 def _prepare_wgmma_a8(p: Problem, qw, config):
     from mixgemm.kernels.cuda import gemv_a8
-    from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
     from mixgemm.kernels.cuda.gemm_wgmma_a8 import prepare_wgmma_a8, scratch_bytes
     from mixgemm.kernels.cuda.launch import new_rows
     from mixgemm.kernels.cuda.stream_buffers import SCRATCH_LOCK, quantizer_counters, stream_scratch
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import OutputRows
 
     dev = torch.device("cuda", p.device.index if p.device.index is not None else torch.cuda.current_device())
     k, per_token, act_mode = p.k, p.per_token, p.act_mode

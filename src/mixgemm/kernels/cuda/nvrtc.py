@@ -1,7 +1,9 @@
 """Run-time compilation (NVRTC) and launching (CUDA driver API) of mixgemm's CUDA C++ kernels.
 
 Users need no CUDA toolkit: only the pip packages ``cuda-bindings`` and ``nvidia-cuda-nvrtc``.
-Kernel sources live beside this file (``*.cu``); each compile key is a set of ``-D`` macros, compiled
+Kernel sources live in their kernel's folder (``mixgemm/kernels/<entry>/*.cu``, named ``"<entry>/<file>.cu"``) or,
+for the shared ones and the headers every kernel includes, beside this file (``*.cu`` / ``*.cuh``, named by file
+name alone); each compile key is a set of ``-D`` macros, compiled
 once per (source, macros, architecture) to a cubin, and loaded once per device into the primary
 context that PyTorch uses. Launches go on a given stream (normally ``torch.cuda.current_stream()``),
 take no host synchronization and allocate nothing, so they can be captured in CUDA graphs.
@@ -30,7 +32,8 @@ from mixgemm.kernels.cuda.driver import check as _check
 from mixgemm.kernels.cuda.driver import driver_api as _driver  # conv_wgmma / gemm_wgmma and tools call nvrtc._driver
 from mixgemm.kernels.cuda.driver import make_primary_context_current
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent  # the shared sources and headers (-I: every kernel includes from here)
+KERNELS = HERE.parent  # a kernel folder's source is named "<folder>/<file>.cu" from here
 _lock = threading.Lock()
 _modules: dict = {}  # (device index, source, defines, arch) -> (module, function)
 
@@ -52,8 +55,9 @@ def _nvrtc():
 
 @functools.cache
 def read_source(name: str) -> str:
-    """Text of the kernel source ``name`` beside this module."""
-    return (HERE / name).read_text()
+    """Text of the kernel source ``name``: "<kernel folder>/<file>.cu" under mixgemm/kernels, or a file name beside this
+    module."""
+    return (KERNELS / name if "/" in name else HERE / name).read_text()
 
 
 def arch_of(device) -> str:
@@ -78,10 +82,11 @@ def cubin_cache_dir() -> Path | None:
 
 @functools.cache
 def _sources_digest() -> str:
-    """Hash of every kernel source and header beside this module (a kernel's includes are among them)."""
+    """Hash of every kernel source and header, in the kernel folders and beside this module (a kernel's includes are
+    among them)."""
     h = hashlib.sha256()
-    for f in sorted(HERE.glob("*.cu*")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in sorted(KERNELS.glob("*/*.cu*")):
+        h.update(f.relative_to(KERNELS).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
 
@@ -99,7 +104,8 @@ def compile_cubin(source_name: str, defines: tuple[tuple[str, int], ...], arch: 
     NvrtcError with NVRTC's log on failure. Needs no GPU.
     """
     d = cubin_cache_dir()
-    path = d / f"{source_name}.{arch}.{_cubin_key(source_name, defines, arch)}.cubin" if d is not None else None
+    key = _cubin_key(source_name, defines, arch)
+    path = d / f"{source_name.replace('/', '.')}.{arch}.{key}.cubin" if d is not None else None
     if path is not None and path.is_file():
         try:
             return path.read_bytes()

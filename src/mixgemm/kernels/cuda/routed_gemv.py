@@ -26,18 +26,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mixgemm.formats.layouts_wgmma import WgmmaLayout
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv import (
-    _ACT,
-    _MODE,
-    _SCL,
-    SIMT_KERNEL,
-    SIMT_SOURCE,
-    simt_defines_for,
-    wg_simt_config,
-)
+from mixgemm.kernels.cuda.gemv_launch import _ACT, _MODE, _SCL
 from mixgemm.kernels.cuda.launch import LaunchCache, new_rows, pdl_on
+from mixgemm.kernels.cuda_gemv_mma.host import SIMT_KERNEL, SIMT_SOURCE, simt_defines_for, wg_simt_config
+from mixgemm.kernels.cuda_wgmma.layout import WgmmaLayout
 
 # the per-call parameters' positions in the kernel's parameter list (_args)
 _X, _XSTRIDE, _Y, _YSTRIDE, _ROUTE = 2, 3, 4, 5, 16

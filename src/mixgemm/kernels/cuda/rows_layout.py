@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.formats.layouts import KernelLayout
-from mixgemm.formats.layouts_wgmma import K_TILE, wgmma_params
+from mixgemm.formats.layouts import K_TILE, KernelLayout
 from mixgemm.formats.weight import QuantizedWeight, narrow_group_reason
+from mixgemm.kernels.cuda_wgmma.layout import wgmma_params
 
 ROWS_LAYOUT = "rows_v1"  # its name (QuantizedWeight.resident of a weight that keeps only it)
 CHUNK = 16

@@ -52,14 +52,15 @@ from dataclasses import astuple, dataclass
 import torch
 
 from mixgemm._checks import check_matmul_inputs
-from mixgemm.formats.layouts_rows import ROWS_LAYOUT, RowsLayout, build_rows_v1
-from mixgemm.formats.layouts_wgmma import K_TILE, WgmmaLayout, build_wgmma_v1
+from mixgemm.formats.layouts import K_TILE
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import launch as cuda_launch
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.rows_layout import ROWS_LAYOUT, RowsLayout, build_rows_v1
 from mixgemm.kernels.cuda.stream_buffers import tile_counters
+from mixgemm.kernels.cuda_wgmma.layout import WgmmaLayout, build_wgmma_v1
 
-SOURCE = "gemm_wgmma.cu"
+SOURCE = "cuda_wgmma/gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mixgemm.formats.layouts_wgmma import GROUP_TILES, K_TILE, ROWS, WgmmaLayout, _slot_index
+from mixgemm.formats.layouts import GROUP_TILES, K_TILE, ROWS
+from mixgemm.kernels.cuda_wgmma.layout import WgmmaLayout, _slot_index
 
 _MODES = {"sym": 0, "zero_point": 1, "offset": 2}
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.triton.dequant import MODE_IDS, dequantize, group_params
-from mixgemm.kernels.triton.layout import N_ALIGN, TritonGemmLayout, chunk_k, get_layout
+from mixgemm.kernels.triton_gemm.layout import N_ALIGN, TritonGemmLayout, chunk_k, get_layout
 
 CONFIG_KEYS = ("KS", "BM", "BN", "KCH", "SPLIT_K", "GROUP_M", "num_warps", "num_stages")
 DEFAULT_KS = 16
