@@ -138,7 +138,8 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
                                       (4, 896, 18944), (4, 5120, 5120), (8, 5120, 5120)])
 def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
     """A compacted fp16 or bf16 M = 1 call runs the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) outside the table's
-    gemv_mma_m1 buckets: one step a k-slice where its warps fit one round (kernels.cuda.gemv.wg_simt_one_step: 2048 x
+    gemv_mma_m1 buckets: one step a k-slice where its warps fit one round
+    (kernels.cuda_gemv_mma.host.wg_simt_one_step: 2048 x
     2048 and 1024 x 2048 int8), else at its measured bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the step-cost
     model's (a power-of-two k-split leaving each slice >= 2 steps; bf16 x with its own costs); M > 1 and uncompacted
     weights are not affected."""

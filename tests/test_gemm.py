@@ -1,4 +1,4 @@
-"""Tests of the Triton tensor-core GEMM (mixgemm.kernels.triton.gemm), its layout and the dispatcher.
+"""Tests of the Triton tensor-core GEMM (mixgemm.kernels.triton_gemm.gemm), its layout and the dispatcher.
 
 On a machine without CUDA the kernel runs under the Triton CPU interpreter (TRITON_INTERPRET=1, set
 here before the kernel module is imported; no bf16 there, small shapes). On a GPU the `gpu` tests run

@@ -1,4 +1,4 @@
-"""The Hopper wgmma GEMM (kernels/cuda/gemm_wgmma.cu) and its wgmma_v1 layout.
+"""The Hopper wgmma GEMM (kernels/cuda_wgmma/gemm_wgmma.cu) and its wgmma_v1 layout.
 
 CPU: the layout decoded the way the kernel's lop3 / prmt steps read it (independent of the packing code),
 NVRTC compile checks for sm_90a, the generated wgmma wrappers up to date. GPU (sm_90): every format, group

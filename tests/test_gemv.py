@@ -1,4 +1,4 @@
-"""CUDA GEMV (mixgemm.kernels.cuda.gemv): CPU checks (NVRTC compiles, gemv_v2 layout round trips) and
+"""CUDA GEMV (mixgemm.kernels.cuda_gemv.host): CPU checks (NVRTC compiles, gemv_v2 layout round trips) and
 GPU checks of every format combination against the float64 reference."""
 
 from __future__ import annotations
@@ -368,7 +368,8 @@ def test_nvrtc_error_is_clear():
 
 
 def test_mma_row_tiles_rule():
-    """kernels.cuda.gemv.mma_row_tiles: EARLY / RT 2 by layout, mode, M bucket, k-split cap and blocks per SM; int8 and
+    """kernels.cuda_gemv_mma.host.mma_row_tiles: EARLY / RT 2 by layout, mode, M bucket, k-split cap and blocks per
+    SM; int8 and
     every config's k-slice reduction within 32 KiB (KS x RG x RT <= 32)."""
     def pick(m, k, n, mode="sym", wg=None, bits=4):
         cfg = mma_config(m, n, k, bits, 128, 132, mode, wg)
@@ -500,7 +501,8 @@ def test_wg_16row_tiles_rule():
 
 
 def test_mma_pf_pack_rule():
-    """kernels.cuda.gemv.mma_pf_pack: double buffering with the zero point / offset pair in one register (PF + PACK)
+    """kernels.cuda_gemv_mma.host.mma_pf_pack: double buffering with the zero point / offset pair in one register (PF
+    + PACK)
     for int4 weights with such a pair, on the measured regions: 16-warp blocks at one per SM with EARLY, M 9..16
     grids of at most 24 warps per SM with deferred scaling, wgmma_v1 at M 2..8 from 32 warps per SM with two full steps
     a slice; never with two row tiles a warp. Sym weights take PF alone on their own regions."""

@@ -230,7 +230,7 @@ def test_simt_generalization_leaves_each_shape_out(tmp_path):
 def test_suggest_simt_limits_a_tile_to_the_rounds_it_was_kept_for(tmp_path):
     """A tile that wins where a layer's blocks fit on the SMs at once but loses where they need a second round serves
     only the layers that fit (BPS = the blocks an SM holds); the others keep the rule, in the table
-    (simt_generalization's pick) as in kernels.cuda.gemv.wg_simt_config."""
+    (simt_generalization's pick) as in kernels.cuda_gemv_mma.host.wg_simt_config."""
     from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_blocks_per_sm, wg_simt_rule
     from tools.bench.gemv_tables import _simt_layers, _simt_pick, _simt_table
 

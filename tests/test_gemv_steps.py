@@ -1,4 +1,5 @@
-"""The CUDA-core GEMV's step-cost model (kernels/cuda/gemv_steps.py) and its fit (tools/bench/gemv_steps_fit.py)."""
+"""The CUDA-core GEMV's step-cost model (kernels/cuda_gemv/gemv_steps.py) and its fit
+(tools/bench/gemv_steps_fit.py)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""rows_v1, the resident layout of compacted int8 weight-only layers (formats/layouts_rows.py): the layout and its
+"""rows_v1, the resident layout of compacted int8 weight-only layers (kernels/cuda/rows_layout.py): the layout and its
 read-back on the CPU, its builds of the three kernels that read it (NVRTC), and on an sm_90 GPU each of them forced on
 a compacted weight against the float64 reference."""
 

@@ -1,4 +1,5 @@
-"""The wgmma GEMM at small M (mixgemm.kernels.cuda.wgmma_waves small-M split model, a table's ``wgmma_small_m``) and
+"""The wgmma GEMM at small M (mixgemm.kernels.cuda_wgmma.wgmma_waves small-M split model, a table's ``wgmma_small_m``)
+and
 the GEMVs' wave-fill rule that hands it M 9..16 (``gemv_min_wave_fill``), checked on the CPU against a described
 H200 and H100 (no GPU needed); the GPU test runs the chosen configs against the float64 reference."""
 

@@ -555,7 +555,8 @@ def test_compacted_m1_candidates_try_one_step_and_the_rule():
 
 def test_small_m_candidates_flip_double_buffering():
     """At M 2..16 the tensor-core GEMV's candidates include its default with double buffering flipped, for zero-point /
-    offset weights together with the packed parameter pair (kernels.cuda.gemv.mma_pf_pack); sym weights never pack."""
+    offset weights together with the packed parameter pair (kernels.cuda_gemv_mma.host.mma_pf_pack); sym weights never
+    pack."""
     from mixgemm.kernels.cuda_gemv_mma import candidates as _gemv_mma_candidates
 
     for mode in ("zero_point", "offset", "sym"):

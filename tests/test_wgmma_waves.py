@@ -1,4 +1,5 @@
-"""The wgmma GEMM's wave model (mixgemm.kernels.cuda.wgmma_waves): tile and cluster split from the wave count, checked
+"""The wgmma GEMM's wave model (mixgemm.kernels.cuda_wgmma.wgmma_waves): tile and cluster split from the wave count,
+checked
 on the CPU against a described H100 (no GPU needed)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Protocol-style timing of the CUDA GEMV (mixgemm.kernels.cuda.gemv) against fp16 cuBLAS and tinygemm.
+"""Protocol-style timing of the CUDA GEMV (mixgemm.kernels.cuda_gemv.host) against fp16 cuBLAS and tinygemm.
 
 Method (docs/benchmarking.md): C copies of each layer exceeding 3x L2, one CUDA graph calling
 the C layers back to back on the same activation, median replay time (triton.testing.do_bench) / C.

@@ -59,11 +59,12 @@ def mma_grid(base: dict, kt: int) -> list[dict]:
 
 
 def mma_variants(base: dict) -> list[dict]:
-    """The tensor-core GEMV's M > 1 variants around the default ``base`` (kernels.cuda.gemv.mma_row_tiles): without
+    """The tensor-core GEMV's M > 1 variants around the default ``base`` (kernels.cuda_gemv_mma.host.mma_row_tiles):
+    without
     EARLY and RT, with EARLY (the first step's weights before the PDL wait), and EARLY with two row tiles per warp
     (RT 2) at the same KS, less ``base`` itself and those whose k-slice reduction does not fit
-    (kernels.cuda.gemv.mma_reduction_fits)."""
-    # (explicit 0 / 1: a forced config is laid over the default, kernels.cuda.gemv.mma_override)
+    (kernels.cuda_gemv_mma.host.mma_reduction_fits)."""
+    # (explicit 0 / 1: a forced config is laid over the default, kernels.cuda_gemv_mma.host.mma_override)
     out = [{**base, "EARLY": 0, "RT": 1}, {**base, "EARLY": 1, "RT": 1}, {**base, "EARLY": 1, "RT": 2}]
     same = {**base, "EARLY": base.get("EARLY", 0), "RT": base.get("RT", 1)}
     return [c for c in out if c != same and mma_reduction_fits(c)]
@@ -73,9 +74,9 @@ def mma_variants(base: dict) -> list[dict]:
 # 512 bytes per lane in flight (PF counts twice)
 def wg_simt_grid(kt64: int, pack: bool = False, mode: str = "sym") -> list[dict]:
     """M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): the step-cost model's tile space
-    (kernels.cuda.gemv_steps.wg_simt_tiles) for kt64 64-k tiles, each as the dispatcher runs it for ``mode``
-    (kernels.cuda.gemv.wg_simt_packs: zero point / offset with PACK where PF is on). pack: each zero-point / offset tile
-    also with the other PACK."""
+    (kernels.cuda_gemv.gemv_steps.wg_simt_tiles) for kt64 64-k tiles, each as the dispatcher runs it for ``mode``
+    (kernels.cuda_gemv_mma.host.wg_simt_packs: zero point / offset with PACK where PF is on). pack: each zero-point /
+    offset tile also with the other PACK."""
     out = [wg_simt_packs(t.config(), mode) for t in wg_simt_tiles(kt64)]
     if not pack or mode == "sym":
         return out
@@ -158,7 +159,7 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     tensor-core GEMV with mma_variants too.
     small_m_tiles (M > 1): the tensor-core GEMV's defaults on both layouts (cuda_gemv_mma, cuda_gemv_mma/compact)
     against the wgmma GEMM's config without the table's small-M tile family (first) and the family's 16 tiles
-    (kernels.linear.small_m_family_candidates).
+    (kernels.cuda_wgmma.small_m_family_candidates).
     mma_pack (M > 1, with compact_only or the default families): each tensor-core GEMV family's default also with PF
     and PACK on and off (mma_pack_variants) instead of its other variants.
     lw_grid (M = 1): the CUDA-core GEMV's default against lane_grid only.

@@ -1,4 +1,4 @@
-"""Fit the CUDA-core GEMV's step-cost model (kernels/cuda/gemv_steps.py) to lanes-per-row sweeps, and say how it
+"""Fit the CUDA-core GEMV's step-cost model (kernels/cuda_gemv/gemv_steps.py) to lanes-per-row sweeps, and say how it
 carries to layers it was not fitted on. No GPU.
 
     python -m tools.bench.gemv_steps_fit --train LIST.json [--test OFF.json] [--sms 132]

@@ -1,4 +1,4 @@
-"""Fit the step-cost model of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_steps.py: WgSimtStepTile,
+"""Fit the step-cost model of the CUDA-core GEMV on wgmma_v1 (kernels/cuda_gemv/gemv_steps.py: WgSimtStepTile,
 cheapest_wg_simt_tile) to --simt-only sweeps, and say how it carries to layers left out of the fit. No GPU for the fit.
 
     python -m tools.bench.wg_simt_fit SWEEP.json ... [--sms 132]  (costs per family, in-sample and leave-one-out)

@@ -1,4 +1,4 @@
-"""Fit the token tiles of a GPU's ``wgmma_waves`` section (mixgemm.kernels.cuda.wgmma_waves.TokenTiles) from BM
+"""Fit the token tiles of a GPU's ``wgmma_waves`` section (mixgemm.kernels.cuda_wgmma.wgmma_waves.TokenTiles) from BM
 sweeps of the weight-only wgmma GEMM, and report how the choice does.
 
 Input: JSON files of ``python -m tools.bench.wgmma --table --bm-grid 256,240,...,128 --no-triton --formats w4g128

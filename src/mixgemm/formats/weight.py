@@ -298,8 +298,8 @@ class ResidentLayout:
 
 
 RESIDENT_LAYOUTS: dict[str, ResidentLayout] = {
-    "wgmma_v1": ResidentLayout("mixgemm.formats.layouts_wgmma", "build_wgmma_v1", "unpack_wgmma_v1"),
-    "rows_v1": ResidentLayout("mixgemm.formats.layouts_rows", "build_rows_v1", "unpack_rows_v1"),
+    "wgmma_v1": ResidentLayout("mixgemm.kernels.cuda_wgmma.layout", "build_wgmma_v1", "unpack_wgmma_v1"),
+    "rows_v1": ResidentLayout("mixgemm.kernels.cuda.rows_layout", "build_rows_v1", "unpack_rows_v1"),
     "wgmma_a8_v1": ResidentLayout("mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1", "unpack_wgmma_a8_v1",
                                   signed=True),
 }

@@ -75,8 +75,8 @@ def _small_m_family_takes(p: Problem) -> tuple[int, str] | None:
 def _gemv_underfills(p: Problem) -> str | None:
     """Why the wgmma GEMM takes this M from the GEMVs (the table's gemv_min_wave_fill): at M in its range, on a layer
     of at least ``min_weight_bytes``, the tensor-core GEMV's blocks fill under ``min_fill`` of their waves
-    (kernels.cuda.gemv.mma_wave_fill), where the GEMM's small-M cluster split fills the GPU; None where the rule does
-    not apply (a wgmma_from_m region decides there itself)."""
+    (kernels.cuda_gemv_mma.host.mma_wave_fill), where the GEMM's small-M cluster split fills the GPU; None where
+    the rule does not apply (a wgmma_from_m region decides there itself)."""
     rule = p.device.table.get("gemv_min_wave_fill")
     if rule is None or not rule["m"][0] <= p.m <= rule["m"][1] or p.x_dtype not in common.HALF:
         return None

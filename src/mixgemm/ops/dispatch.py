@@ -21,7 +21,7 @@ from mixgemm.kernels.options import current_options
 from mixgemm.kernels.registry import Choice, choose, device_info
 from mixgemm.ops.kept_launches import PreparedTable
 
-GEMV_MAX_M = 16  # the GEMVs' own limit (mixgemm.kernels.linear.GEMV_MAX_M)
+GEMV_MAX_M = 16  # the GEMVs' own limit (mixgemm.kernels.linear_common.GEMV_MAX_M)
 MAX_PLANS = 256
 _PLANS_ATTR = "_mixgemm_plans"
 _OLD_NAMES = {"dequant_cublas": "cublas", "cuda_gemv": "gemv", "cuda_gemv_mma": "gemv", "cuda_wgmma": "wgmma",

@@ -66,7 +66,7 @@ def candidates(p: Problem) -> list[dict]:
         kc = chunks_per_row(p.bits, p.k)
         out += [{**base, "LW": lw} for lw in (32, 16, 8) if lw != base.get("LW", 32) and kc >= lw * base["KS"]]
         if p.x_dtype == torch.float16:
-            # the step-cost model's cheapest tiles (kernels/cuda/gemv_steps.py): where its ranking is close, or the
+            # the step-cost model's cheapest tiles (kernels/cuda_gemv/gemv_steps.py): where its ranking is close, or the
             # layer sits in a measured bucket, the GPU decides
             extra = {key: base[key] for key in ("XS", "LITE") if key in base}
             for t in step_ranked_tiles(p.n, kc, p.bits, p.mode, p.device.sm_count,

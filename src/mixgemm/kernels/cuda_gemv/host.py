@@ -102,7 +102,8 @@ def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int
         where = f"gemv_m1 {'H100' if 'H100' in gpu_name else 'H200'} W{bits}, {hit.where(ShapeBucket.of(k, n))}"
         return SourcedConfig(_with_optional_keys(cfg, t._asdict()), where)
     if m == 1 and act == 0:
-        # no measured bucket: the tile of least modelled cost (kernels/cuda/gemv_steps.py: rounds of resident blocks
+        # no measured bucket: the tile of least modelled cost (kernels/cuda_gemv/gemv_steps.py: rounds of resident
+        # blocks
         # x steps a lane waits for, with the step costs fitted per family in tuning.gemv_steps)
         costs = step_costs(gpu_name, bits, mode)
         tile = cheapest_tile(n, kc, bits, mode, num_sms, costs)

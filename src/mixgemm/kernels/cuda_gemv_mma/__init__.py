@@ -56,12 +56,12 @@ def choose_config(p: Problem) -> dict:
     simt = _compact_m1_simt_tile(p) if on_wg else None
     if simt is not None:
         # the CUDA-core GEMV on the same bytes (gemv_wg_simt.cu; tuning.COMPACT_M1_SIMT_DTYPES)
-        why = getattr(simt, "source", "the rule of kernels.cuda.gemv.wg_simt_config")
+        why = getattr(simt, "source", "the rule of kernels.cuda_gemv_mma.host.wg_simt_config")
         return tuning.SourcedConfig({**cfg, **simt}, f"the weight keeps only wgmma_v1 (compacted): M = 1 on CUDA "
                                                      f"cores, tuning.COMPACT_M1_SIMT_DTYPES; {why}")
     if on_wg and not MMA_ON_WGMMA[p.bits]:
         # a compacted weight keeps only the GEMM's wgmma_v1: the x ring on it (gemv_mma.cu MMA_WG; for int4 RT 2 where
-        # kernels.cuda.gemv.mma_row_tiles says, docs/kernels/cuda_gemv_mma.md)
+        # kernels.cuda_gemv_mma.host.mma_row_tiles says, docs/kernels/cuda_gemv_mma.md)
         why = "the weight keeps only wgmma_v1 (compacted)"
         if p.m == 1 and p.x_dtype in tuning.COMPACT_M1_SIMT_DTYPES and _in_gemv_mma_m1(p):
             why += f"; M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets"
@@ -87,19 +87,20 @@ def choose_config(p: Problem) -> dict:
 
 def _pair_packs(p: Problem) -> bool:
     """Whether the weight's groups carry a 16-bit zero point / offset beside an fp16 / bf16 scale (the tensor-core
-    GEMV's PACK applies: kernels.cuda.gemv.mma_pf_pack)."""
+    GEMV's PACK applies: kernels.cuda_gemv_mma.host.mma_pf_pack)."""
     from mixgemm.kernels.cuda.gemv_launch import weight_pair_packs
 
     return weight_pair_packs(p.mode, common.scale_dtype(p))
 
 
 def _one_wave_max_spill(p: Problem) -> float:
-    """The table's gemv_one_wave_k_split bound (kernels.cuda.gemv.one_wave_k_split), 0 where it has none."""
+    """The table's gemv_one_wave_k_split bound (kernels.cuda_gemv_mma.host.one_wave_k_split), 0 where it has none."""
     return float(p.device.table.get("gemv_one_wave_k_split", {}).get("max_spill", 0.0))
 
 
 def _wg_16row(p: Problem) -> bool:
-    """Whether the table measured the wgmma_v1 16-row tiles (kernels.cuda.gemv.wg_16row_tiles: gemv_mma_wg_16row)."""
+    """Whether the table measured the wgmma_v1 16-row tiles (kernels.cuda_gemv_mma.host.wg_16row_tiles:
+    gemv_mma_wg_16row)."""
     return "gemv_mma_wg_16row" in p.device.table
 
 
@@ -108,7 +109,8 @@ def _compact_m1_simt_tile(p: Problem) -> dict | None:
     the tensor-core GEMV: for the activation dtypes of tuning.COMPACT_M1_SIMT_DTYPES (not act-order, whose gather that
     kernel does not read), except on the small layers where the GPU's table sends the plain codes' fp16 M = 1 call to
     the tensor-core GEMV (gemv_mma_m1): its 16-way k-split wins there on wgmma_v1 too (tuning.COMPACT_M1_SIMT_DTYPES
-    says where measured), unless the CUDA-core GEMV's one-step tile applies (kernels.cuda.gemv.wg_simt_one_step, which
+    says where measured), unless the CUDA-core GEMV's one-step tile applies
+    (kernels.cuda_gemv_mma.host.wg_simt_one_step, which
     beat both there); and in bf16, for a tile not of the step-cost model (which counts the bf16 build's registers),
     not where the tile's bf16 build keeps at most WG_SIMT_BF16_MIN_WARP_SHARE of its fp16 build's resident warps: the
     step-cost model's tile for bf16 x there, the tensor-core GEMV where the family has no bf16 costs. H100, against
@@ -131,7 +133,8 @@ def _compact_m1_simt_tile(p: Problem) -> dict | None:
 
 
 def _bf16_keeps_warps(p: Problem, tile: dict) -> bool:
-    """Whether the CUDA-core GEMV's ``tile`` keeps more than kernels.cuda.gemv.WG_SIMT_BF16_MIN_WARP_SHARE of its fp16
+    """Whether the CUDA-core GEMV's ``tile`` keeps more than kernels.cuda_gemv_mma.host.WG_SIMT_BF16_MIN_WARP_SHARE of
+    its fp16
     build's resident warps with bf16 x (its registers; else the tensor cores take the bf16 call)."""
     from mixgemm.kernels.cuda.gemv_launch import _SCL
     from mixgemm.kernels.cuda_gemv_mma.host import WG_SIMT_BF16_MIN_WARP_SHARE, wg_simt_bf16_warp_share
@@ -157,7 +160,8 @@ def _wg_simt_one_step(p: Problem):
 
 
 def _wg_simt_config(p: Problem, one_step: bool = True) -> dict:
-    """The CUDA-core GEMV on wgmma_v1's M = 1 tile for this problem (kernels.cuda.gemv.wg_simt_config, its one-step
+    """The CUDA-core GEMV on wgmma_v1's M = 1 tile for this problem (kernels.cuda_gemv_mma.host.wg_simt_config, its
+    one-step
     rule asking the registers of this activation / scale dtype's build; one_step False: the table's or rule's tile)."""
     from mixgemm.kernels.cuda.gemv_launch import _SCL
     from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config

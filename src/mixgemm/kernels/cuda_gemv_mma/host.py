@@ -207,7 +207,8 @@ def wg_simt_one_step(n: int, k: int, bits: int, num_sms: int, mode: str = "sym",
     per_sm = resident_blocks(wg_simt_registers(bits, act, scl, mode, tuple(sorted(cfg.items())), arch), ks) * ks
     if nt * ks > per_sm * num_sms:
         return None
-    return SourcedConfig(cfg, f"one step a k-slice (kernels.cuda.gemv.wg_simt_one_step): {nt * ks} warps within one "
+    return SourcedConfig(cfg, "one step a k-slice (kernels.cuda_gemv_mma.host.wg_simt_one_step): "
+                              f"{nt * ks} warps within one "
                               f"round of {per_sm} a SM x {num_sms} SMs, {-(-kt // ks)} k-tiles a slice")
 
 

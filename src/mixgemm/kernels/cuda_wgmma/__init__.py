@@ -107,7 +107,7 @@ def choose_config(p: Problem, small_m_family: bool = True) -> dict:
     small = small_m_cost(p.device.table["name"])
     if small is not None and p.qw is not None and _table_tile_idles_sms(p, cfg, small):
         # small M where the table's tile leaves SMs idle: the BM 16 tile with the cluster split the model ranks first
-        # (kernels/cuda/wgmma_waves.py)
+        # (kernels/cuda_wgmma/wgmma_waves.py)
         from mixgemm.kernels.cuda_wgmma.wgmma_waves import WeightBytes, choose_small_m
 
         w = WeightBytes(p.bits, p.qw.scales.element_size(), p.mode, p.group_size == 32)
@@ -118,7 +118,8 @@ def choose_config(p: Problem, small_m_family: bool = True) -> dict:
         return default_config(p.m, p.n, p.k, p.device.sm_count)
     cost = wave_cost(p.device.table["name"])
     if cost is not None and p.qw is not None:
-        # the table's tile against smaller tiles and cluster splits, from the wave count (kernels/cuda/wgmma_waves.py)
+        # the table's tile against smaller tiles and cluster splits, from the wave count
+        # (kernels/cuda_wgmma/wgmma_waves.py)
         from mixgemm.kernels.cuda_wgmma.wgmma_waves import WeightBytes, choose
 
         w = WeightBytes(p.bits, p.qw.scales.element_size(), p.mode, p.group_size == 32)

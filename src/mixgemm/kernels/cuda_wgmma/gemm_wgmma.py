@@ -5,7 +5,7 @@
 * x2d: float16 / bfloat16 [M, K] on an sm_90 GPU, unit stride along K (a zero-padded aligned copy is made
   when rows are not 16-byte aligned or K % 8 != 0). Any M >= 1.
 * qw: QuantizedWeight [N, K] on the same device: int4 / int8, group 32..256 or per-channel, any mode, any
-  scale dtype. Its ``wgmma_v1`` layout (mixgemm.formats.layouts_wgmma) is built on first use and cached.
+  scale dtype. Its ``wgmma_v1`` layout (mixgemm.kernels.cuda_wgmma.layout) is built on first use and cached.
 * bias: None or float16 / bfloat16 / float32 [N]. lo, hi: output clamp (may be +-inf).
 * config: None (``default_config``) or a dict: BM (activation rows per CTA = the wgmma N: 8..256, multiple
   of 8), NWG (warpgroups = 64 weight rows each), STAGES (ring depth, >= 2 + INFLIGHT), INFLIGHT (wgmma groups in

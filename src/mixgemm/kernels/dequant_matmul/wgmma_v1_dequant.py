@@ -1,4 +1,4 @@
-"""One Triton kernel: a weight's ``wgmma_v1`` layout (mixgemm.formats.layouts_wgmma) -> its float matrix [N, K].
+"""One Triton kernel: a weight's ``wgmma_v1`` layout (mixgemm.kernels.cuda_wgmma.layout) -> its float matrix [N, K].
 
 The layout is the one a Hopper weight keeps resident (the wgmma GEMM's, which the GEMVs also read), so the
 dequantize + cuBLAS route needs no second copy of the codes. Each program expands one 128-row block of one 64-k tile

@@ -25,7 +25,7 @@ def can_run(p: Problem):
         return no("needs a CUDA device (or TRITON_INTERPRET=1)")
     if p.bits not in (4, 8):
         return no(f"{p.bits}-bit weights")
-    if not triton_ok("mixgemm.kernels.triton.gemm"):
+    if not triton_ok("mixgemm.kernels.triton_gemm.gemm"):
         return no("Triton unavailable")
     return OK
 
