@@ -165,8 +165,8 @@ def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97
     3584x18944). Per (bits, bucket), of the (tile, BPS) pairs that take <= ``max_geomean`` the time of the rule
     (kernels.cuda_gemv_mma.host.wg_simt_rule) by geometric mean and at most ``max_worst`` on every layer they serve, the
     one with the smallest geometric mean over the bucket's layers of the time it gives (the tile's or the rule's) over
-    each layer's best (the int4 modes together: one entry serves both); no entry where none qualifies. ``fmts`` keeps only
-    those formats' cases (the zero-point table: ("w4z",)); ``shipped`` measures against today's pick
+    each layer's best (the int4 modes together: one entry serves both); no entry where none qualifies. ``fmts`` keeps
+    only those formats' cases (the zero-point table: ("w4z",)); ``shipped`` measures against today's pick
     (_simt_layers) instead of the rule, for a table looked up before the shipped ones.
     Returns [(bits, bucket key, (K, N) of a layer it serves, (RT, U, PF, KS, RG, BPS[, PACK]), [(K, N, fmt, rule us,
     tile us), ...] of the layers it serves)]."""
