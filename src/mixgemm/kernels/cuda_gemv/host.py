@@ -26,6 +26,7 @@ from mixgemm.kernels.cuda.gemv_launch import (
 )
 from mixgemm.kernels.cuda.launch import pdl_on
 from mixgemm.kernels.cuda.rows_layout import ROWS_LAYOUT, RowsLayout, build_rows_v1
+from mixgemm.kernels.cuda_gemv.config import GemvConfig
 from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_tile
 from mixgemm.kernels.cuda_gemv.layout import GemvLayout, build_gemv_v2
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
@@ -137,31 +138,8 @@ def stages_perm(cfg: dict, m: int, x_dtype: torch.dtype, bits: int, k: int) -> b
 
 
 def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> dict:
-    """NVRTC -D macros of one gemv.cu instantiation. The optional cfg keys (MINB: launch-bounds minimum blocks per
-    SM, XS, LITE, PERM, ZSUM, BULK, BPAR, LW, ROWS) only appear in the key when set, so default compile keys are
-    unchanged."""
-    d = {"GEMV_BITS": bits, "GEMV_ACT": act, "GEMV_SCL": scl, "GEMV_MODE": mode, "GEMV_M": m,
-         "GEMV_R": cfg["R"], "GEMV_U": cfg["U"], "GEMV_RG": cfg["RG"], "GEMV_KS": cfg["KS"],
-         "GEMV_PF": cfg.get("PF", 0)}
-    if cfg.get("MINB", 0):
-        d["GEMV_MINB"] = cfg["MINB"]
-    if cfg.get("XS", 0) and m == 1 and act == 0 and not cfg.get("PF", 0):
-        d["GEMV_XS"] = 1  # (gemv() also drops XS when K * 2 bytes exceed XS_MAX_BYTES)
-    if cfg.get("LITE", 0):
-        d["GEMV_LITE"] = 1
-    if cfg.get("PERM", 0):
-        d["GEMV_PERM"] = 1
-    if cfg.get("ZSUM", 0):
-        d["GEMV_ZSUM"] = 1  # zero points through the x sum (gemv.cu GEMV_ZSUM; zero_point, fp16 x)
-    if cfg.get("BULK", 0):
-        d["GEMV_BULK"] = cfg["BULK"]
-        if cfg.get("BPAR", 0):
-            d["GEMV_BPAR"] = 1
-    if cfg.get("LW", 32) != 32:
-        d["GEMV_LW"] = cfg["LW"]  # lanes per weight row (gemv.cu GEMV_LW; register path)
-    if cfg.get("ROWS", 0):
-        d["GEMV_ROWS"] = 1  # int8 codes and parameters in rows_v1 (gemv.cu GEMV_ROWS)
-    return d
+    """NVRTC -D macros of one gemv.cu instantiation (config.GemvConfig.build_defines)."""
+    return GemvConfig.from_dict(cfg).build_defines(bits, act, scl, mode, m)
 
 
 LANE_WIDTHS = (32, 16, 8, 4)  # gemv.cu GEMV_LW: lanes per weight row

@@ -30,6 +30,7 @@ from mixgemm.kernels.cuda.gemv_launch import (
 from mixgemm.kernels.cuda.launch import pdl_on
 from mixgemm.kernels.cuda.rows_layout import ROWS_LAYOUT, build_rows_v1
 from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile, resident_blocks
+from mixgemm.kernels.cuda_gemv_mma.config import GemvMmaConfig
 from mixgemm.kernels.cuda_gemv_mma.layout import build_gemv_mma_v1
 from mixgemm.kernels.cuda_wgmma.layout import build_wgmma_v1
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
@@ -91,27 +92,8 @@ def defer_ok(group_size: int, k_tile: int) -> bool:
 
 
 def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict) -> dict:
-    d = {"MMA_BITS": bits, "MMA_ACT": act, "MMA_SCL": scl, "MMA_MODE": mode, "MMA_MB": mb,
-         "MMA_U": cfg["U"], "MMA_RG": cfg["RG"], "MMA_KS": cfg["KS"], "MMA_PF": cfg.get("PF", 0)}
-    if cfg.get("DEFER", 0):  # only in the key when set: DEFER 0 keeps the earlier compile keys
-        d["MMA_DEFER"] = cfg["DEFER"]
-    if cfg.get("PERM", 0):
-        d["MMA_PERM"] = 1
-    if cfg.get("EARLY", 0):
-        d["MMA_EARLY"] = 1
-    if cfg.get("RT", 1) > 1:
-        d["MMA_RT"] = cfg["RT"]
-    if cfg.get("MINB", 0) > 1:  # blocks per SM the registers must allow (gemv_mma.cu MMA_MINB)
-        d["MMA_MINB"] = cfg["MINB"]
-    if cfg.get("PACK", 0) and param_pair_packs(mode, scl):
-        d["MMA_PACK"] = 1
-    if cfg.get("ROWS", 0):  # an int8 weight kept in rows_v1 (opt-in)
-        d["MMA_ROWS"] = 1
-    elif cfg.get("WG", 0):  # only in the key when set: the gemv_mma_v1 instantiations keep their compile keys
-        d["MMA_WG"] = 1
-        if cfg.get("G32", 0):
-            d["MMA_G32"] = 1
-    return d
+    """NVRTC -D macros of one gemv_mma.cu instantiation (config.GemvMmaConfig.build_defines)."""
+    return GemvMmaConfig.from_dict(cfg).build_defines(bits, act, scl, mode, mb, param_pair_packs(mode, scl))
 
 
 # The rule of the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at M = 1: from WG_SIMT_BIG_BYTES of codes two row tiles
@@ -307,19 +289,9 @@ def wg_simt_rounds(n: int, rt: int, rg: int, ks: int, num_sms: int) -> int:
 
 
 def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dict:
-    """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1): RT 16-row tiles per warp, U k-tiles
-    per step, RG row groups x KS k-slices per block, PF register double buffering, G32 two groups per 64-k tile, PACK
-    a zero point's or offset's 16-bit parameter pair held in one register (dropped where the format has no pair: sym,
-    fp32 scales), MINB the blocks per SM its registers must allow. PACK and MINB only appear in the key when set, so
-    the other compile keys are unchanged."""
-    d = {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode, "SIMT_G32": cfg.get("G32", 0),
-         "SIMT_RT": cfg.get("RT", 1), "SIMT_U": cfg["U"], "SIMT_RG": cfg["RG"], "SIMT_KS": cfg["KS"],
-         "SIMT_PF": cfg.get("PF", 0)}
-    if cfg.get("PACK", 0) and param_pair_packs(mode, scl):
-        d["SIMT_PACK"] = 1
-    if cfg.get("MINB", 0):
-        d["SIMT_MINB"] = cfg["MINB"]
-    return d
+    """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1: config.GemvMmaConfig.
+    build_simt_defines)."""
+    return GemvMmaConfig.from_dict(cfg).build_simt_defines(bits, act, scl, mode, param_pair_packs(mode, scl))
 
 
 def mma_x_smem_bytes(cfg: dict, mb: int) -> int:

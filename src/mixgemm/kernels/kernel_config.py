@@ -1,0 +1,65 @@
+"""Typed kernel configs: each kernel's config is a frozen dataclass whose fields say what they are, each documented
+once (``knob``'s ``doc``), each with its short key (the alias the tuning JSON, the Python tuning tables and
+``kernel_options(configs=...)`` use: ``R``, ``KS``, ``BM``...) and the compile-time define it becomes.
+
+Configs still travel between the registry, tuning and the host code as dicts of short keys (what the JSON holds and
+``mixgemm.explain`` prints); :meth:`KernelConfig.from_dict` reads one (short keys or field names; an unknown key is a
+ValueError naming it) and :meth:`KernelConfig.to_dict` writes one back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+
+
+def knob(key: str, doc: str, default=0, define: str | None = None, always: bool = False):
+    """A config field: its short ``key``, what it is (``doc``), its ``default`` and the -D macro it sets (``define``,
+    None where it is read by the host code only). ``always``: the key is written by to_dict even at its default (the
+    tile's core keys, which every config of the kernel carries)."""
+    return field(default=default, metadata={"key": key, "doc": doc, "define": define, "always": always})
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Base of the kernels' typed configs (see the module docstring)."""
+
+    @classmethod
+    def keys(cls) -> dict[str, str]:
+        """{short key: field name} of every field."""
+        return {f.metadata["key"]: f.name for f in fields(cls)}
+
+    @classmethod
+    def defines(cls) -> dict[str, str]:
+        """{-D macro: field name} of every field that sets one."""
+        return {f.metadata["define"]: f.name for f in fields(cls) if f.metadata["define"]}
+
+    @classmethod
+    def glossary(cls) -> str:
+        """One line per field: short key, field name, define and what it is."""
+        return "\n".join(f"{f.metadata['key']:>8} {f.name} ({f.metadata['define'] or 'host'}): {f.metadata['doc']}"
+                         for f in fields(cls))
+
+    @classmethod
+    def from_dict(cls, config: Mapping):
+        """The typed config of a dict of short keys (or field names); keys it does not set take the field's default."""
+        if not isinstance(config, Mapping):
+            raise TypeError(f"{cls.__name__}: a config is a dict of short keys, got {type(config).__name__}")
+        by_key = cls.keys()
+        names = set(by_key.values())
+        values = {}
+        for key, value in config.items():
+            name = by_key.get(key, key if key in names else None)
+            if name is None:
+                raise ValueError(f"{cls.__name__}: unknown config key {key!r}; its keys: {sorted(by_key)}")
+            values[name] = value
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        """The short-key dict of this config: the core keys always, the others where they differ from their default."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.metadata["always"] or (f.default is MISSING or v != f.default):
+                out[f.metadata["key"]] = v
+        return out
