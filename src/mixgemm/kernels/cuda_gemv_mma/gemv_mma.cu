@@ -33,7 +33,7 @@
 // Groups of 32 (MMA_G32) put two parameter sets in a tile: steps 0-1 and 2-3 are scaled apart.
 // The default for int8 weights (twice the bytes per lane and tile of gemv_mma_v1's 32-k tiles: faster there); int4
 // stays on gemv_mma_v1, where this path is still slower at M = 16 (3-6% by geometric mean over 14 model layers, up to
-// 21%; kernels/cuda_gemv/host.py MMA_ON_WGMMA). M = 1 on wgmma_v1 runs on CUDA cores (gemv_wg_simt.cu). The ring's cost is
+// 21%; kernels/cuda_gemv_mma/host.py MMA_ON_WGMMA). M = 1 on wgmma_v1 runs on CUDA cores (gemv_wg_simt.cu). The ring's cost is
 // its instructions, not shared-memory bandwidth (ncu): B fragments by warp shuffles (a 4 x 4 word transpose over a
 // row's lanes) measured the same, and x gathered once per call into B-fragment order by one more launch was slower.
 

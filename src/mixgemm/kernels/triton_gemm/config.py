@@ -10,8 +10,8 @@ from mixgemm.kernels.kernel_config import KernelConfig, knob
 
 @dataclass(frozen=True)
 class TritonGemmConfig(KernelConfig):
-    rows_per_block: int = knob("BM", "activation rows per program", 64, always=True)
-    cols_per_block: int = knob("BN", "weight rows (output columns) per program", 64, always=True)
+    rows_per_block: int | None = knob("BM", "activation rows per program", None, always=True)
+    cols_per_block: int | None = knob("BN", "weight rows (output columns) per program", None, always=True)
     k_per_step: int = knob("KS", "k per inner step (the layout's chunk: triton_gemm_v1_ks<KS>)", 16)
     k_chunks: int = knob("KCH", "layout chunks per inner step", 1)
     group_m: int = knob("GROUP_M", "m-tiles rastered together", 1)
