@@ -124,3 +124,29 @@ def test_defines_are_the_compile_keys():
     assert m.build_simt_defines(4, 1, 0, 1, pair_packs=True) == {
         "SIMT_BITS": 4, "SIMT_ACT": 1, "SIMT_SCL": 0, "SIMT_MODE": 1, "SIMT_G32": 1, "SIMT_RT": 2, "SIMT_U": 2,
         "SIMT_RG": 1, "SIMT_KS": 16, "SIMT_PF": 0, "SIMT_PACK": 1, "SIMT_MINB": 1}
+
+
+def test_kernel_options_configs_take_field_names(isolated_tuning):
+    """kernel_options(configs=...) takes a config by its short keys or by field names (the same config handed to the
+    kernel), and names an unknown key."""
+    import torch
+
+    import mixgemm
+    from described_gpus import H100
+    from mixgemm import quantize_weight
+
+    qw = quantize_weight(torch.randn(256, 512), bits=4, group_size=128)
+    x = torch.empty(1, 512, dtype=torch.float16)
+    short = {"R": 2, "U": 1, "KS": 4, "LITE": 1}
+    named = {"rows_per_warp": 2, "chunks_in_flight": 1, "k_slices": 4, "lite": 1}
+    with mixgemm.kernel_options(force="cuda_gemv", configs={"cuda_gemv": short}):
+        a = mixgemm.explain(x, qw, device=H100)
+    with mixgemm.kernel_options(force="cuda_gemv", configs={"cuda_gemv": named}):
+        b = mixgemm.explain(x, qw, device=H100)
+    assert a.config == b.config and a.config["R"] == 2 and a.config["LITE"] == 1
+    with mixgemm.kernel_options(force="cuda_wgmma", configs={"cuda_wgmma": {"rows_per_cta": 64, "stages": 3}}):
+        c = mixgemm.explain(torch.empty(64, 512, dtype=torch.float16), qw, device=H100)
+    assert c.config == {"BM": 64, "STAGES": 3}
+    with mixgemm.kernel_options(force="cuda_gemv", configs={"cuda_gemv": {**short, "ROWZ": 1}}):
+        with pytest.raises(ValueError, match="'ROWZ'"):
+            mixgemm.explain(x, qw, device=H100)

@@ -4,7 +4,9 @@ once (``knob``'s ``doc``), each with its short key (the alias the tuning JSON, t
 
 Configs still travel between the registry, tuning and the host code as dicts of short keys (what the JSON holds and
 ``mixgemm.explain`` prints); :meth:`KernelConfig.from_dict` reads one (short keys or field names; an unknown key is a
-ValueError naming it) and :meth:`KernelConfig.to_dict` writes one back.
+ValueError naming it) and :meth:`KernelConfig.to_dict` writes one back. A config forced through
+``kernel_options(configs=...)`` may name its keys by field (``{"cuda_gemv": {"rows_per_warp": 4, ...}}``): the entry's
+``complete`` turns them into the short keys (:meth:`KernelConfig.short_keys`).
 """
 
 from __future__ import annotations
@@ -55,11 +57,19 @@ class KernelConfig:
             values[name] = value
         return cls(**values)
 
+    @classmethod
+    def short_keys(cls, config: Mapping) -> dict:
+        """``config`` with every field name replaced by its short key, in its order and with its values (a forced
+        config of kernel_options may use either); an unknown key is a ValueError naming it."""
+        cls.from_dict({k: v for k, v in config.items() if v is not None})  # (checks the keys)
+        by_name = {f.name: f.metadata["key"] for f in fields(cls)}
+        return {by_name.get(k, k): v for k, v in config.items()}
+
     def to_dict(self) -> dict:
         """The short-key dict of this config: the core keys always, the others where they differ from their default."""
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.metadata["always"] or (f.default is MISSING or v != f.default):
+            if v is not None and (f.metadata["always"] or f.default is MISSING or v != f.default):
                 out[f.metadata["key"]] = v
         return out

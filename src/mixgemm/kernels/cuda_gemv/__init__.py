@@ -37,9 +37,10 @@ def choose_config(p: Problem) -> dict:
 
 
 def complete(p: Problem, forced: dict) -> dict:
+    from mixgemm.kernels.cuda_gemv.config import GemvConfig
     from mixgemm.kernels.cuda_gemv.host import simt_override
 
-    return simt_override(forced)
+    return simt_override(GemvConfig.short_keys(forced))
 
 
 def candidates(p: Problem) -> list[dict]:

@@ -181,9 +181,10 @@ def _in_gemv_mma_m1(p: Problem) -> bool:
 
 
 def complete(p: Problem, forced: dict) -> dict:
+    from mixgemm.kernels.cuda_gemv_mma.config import GemvMmaConfig
     from mixgemm.kernels.cuda_gemv_mma.host import mma_override
 
-    return mma_override(choose_config(p), forced)
+    return mma_override(choose_config(p), GemvMmaConfig.short_keys(forced))
 
 
 def candidates(p: Problem) -> list[dict]:

@@ -202,7 +202,9 @@ def prepare(p: Problem, qw, config):
 
 
 def complete(p: Problem, forced: dict) -> dict:
-    return forced
+    from mixgemm.kernels.cuda_wgmma.config import WgmmaConfig
+
+    return WgmmaConfig.short_keys(forced)
 
 
 ENTRY = KernelEntry("cuda_wgmma", "linear", can_run, common.on_rows(choose_config), run, WGMMA_V1,

@@ -57,6 +57,12 @@ def candidates(p: Problem) -> list[dict]:
     return out + [c for c in common.one_axis_variants(base, axes, lambda c: tile_error(c) is None) if c not in out]
 
 
+def complete(p: Problem, forced: dict) -> dict:
+    from mixgemm.kernels.triton_gemm.config import TritonGemmConfig
+
+    return TritonGemmConfig.short_keys(forced)
+
+
 def run(x2d, qw, bias, lo, hi, config):
     from mixgemm.kernels.triton_gemm.gemm import gemm
 
@@ -64,4 +70,4 @@ def run(x2d, qw, bias, lo, hi, config):
 
 
 ENTRY = KernelEntry("triton_gemm", "linear", can_run, choose_config, run, TRITON_GEMM_V1,
-                    "Triton tensor-core GEMM, any M", candidates=candidates, input_perm=common.gemm_perm)
+                    "Triton tensor-core GEMM, any M", complete, candidates, common.gemm_perm)
