@@ -147,6 +147,6 @@ def test_kernel_options_configs_take_field_names(isolated_tuning):
     with mixgemm.kernel_options(force="cuda_wgmma", configs={"cuda_wgmma": {"rows_per_cta": 64, "stages": 3}}):
         c = mixgemm.explain(torch.empty(64, 512, dtype=torch.float16), qw, device=H100)
     assert c.config == {"BM": 64, "STAGES": 3}
-    with mixgemm.kernel_options(force="cuda_gemv", configs={"cuda_gemv": {**short, "ROWZ": 1}}):
-        with pytest.raises(ValueError, match="'ROWZ'"):
-            mixgemm.explain(x, qw, device=H100)
+    with (mixgemm.kernel_options(force="cuda_gemv", configs={"cuda_gemv": {**short, "ROWZ": 1}}),
+          pytest.raises(ValueError, match="'ROWZ'")):
+        mixgemm.explain(x, qw, device=H100)
