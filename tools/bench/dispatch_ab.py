@@ -74,8 +74,12 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms:
     import torch
 
     from mixgemm.formats.weight import quantize_weight
-    from mixgemm.kernels import linear
     from mixgemm.kernels.registry import DeviceInfo, choose
+
+    try:
+        from mixgemm.kernels.linear_common import linear_problem
+    except ImportError:  # a tree from before the kernel folders (the A side of an A / B comparison)
+        from mixgemm.kernels.linear import linear_problem
 
     dev = DeviceInfo("cuda", 0, (9, 0), sms, gpu_name, 227 * 1024)
     out = {}
@@ -86,7 +90,7 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms:
                                  scale_dtype=getattr(torch, sd))
             for m in ms:
                 for dt in dtypes:
-                    base = linear.linear_problem(m, qw, getattr(torch, dt), dev)
+                    base = linear_problem(m, qw, getattr(torch, dt), dev)
                     for k, n in shapes:
                         if group > 0 and k % group:
                             continue
