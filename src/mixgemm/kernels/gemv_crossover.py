@@ -12,9 +12,7 @@ from mixgemm.kernels import cuda_wgmma
 from mixgemm.kernels import linear_common as common
 from mixgemm.kernels.layouts import WGMMA_V1
 from mixgemm.kernels.options import current_options
-from mixgemm.kernels.registry import (
-    Problem,
-)
+from mixgemm.kernels.registry import Problem
 
 
 # ------------------------------------------------------------------------------------------------------ GEMVs

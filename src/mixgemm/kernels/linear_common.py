@@ -11,12 +11,7 @@ import torch
 import mixgemm.tuning as tuning
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.layouts import ROWS_V1
-from mixgemm.kernels.registry import (
-    DeviceInfo,
-    Layout,
-    Problem,
-    device_info,
-)
+from mixgemm.kernels.registry import DeviceInfo, Layout, Problem, device_info
 
 GEMV_MAX_M = 16  # the GEMVs' own limit; the tuning table may lower it per bit width
 HALF = (torch.float16, torch.bfloat16)

@@ -17,14 +17,7 @@ from mixgemm.kernels import gemv_crossover as crossover
 from mixgemm.kernels import linear_common as common
 from mixgemm.kernels.layouts import GEMV_MMA_V1, ROWS_V1, WGMMA_V1
 from mixgemm.kernels.options import current_options
-from mixgemm.kernels.registry import (
-    OK,
-    KernelEntry,
-    Layout,
-    Problem,
-    no,
-    prefer_not,
-)
+from mixgemm.kernels.registry import OK, KernelEntry, Layout, Problem, no, prefer_not
 
 
 def can_run(p: Problem):

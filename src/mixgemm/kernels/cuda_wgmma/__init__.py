@@ -16,12 +16,7 @@ import mixgemm.tuning as tuning
 from mixgemm.formats.weight import narrow_group_reason
 from mixgemm.kernels import linear_common as common
 from mixgemm.kernels.layouts import ROWS_V1, WGMMA_V1
-from mixgemm.kernels.registry import (
-    OK,
-    KernelEntry,
-    Problem,
-    no,
-)
+from mixgemm.kernels.registry import OK, KernelEntry, Problem, no
 
 
 # ------------------------------------------------------------------------------------------------ wgmma GEMM

@@ -10,13 +10,7 @@ from __future__ import annotations
 import mixgemm.tuning as tuning
 from mixgemm.kernels import linear_common as common
 from mixgemm.kernels.layouts import TRITON_GEMM_V1
-from mixgemm.kernels.registry import (
-    OK,
-    KernelEntry,
-    Problem,
-    no,
-    triton_ok,
-)
+from mixgemm.kernels.registry import OK, KernelEntry, Problem, no, triton_ok
 
 
 # ----------------------------------------------------------------------------------------------- Triton GEMM
