@@ -39,8 +39,6 @@ SOURCE = "cuda_wgmma/gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
-               "CLUSTER", "SERIAL", "PDL", "WS", "TAIL", "TAIL_WAIT")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
 # the k-slices a TAIL's partial wave may take (the weight-only split from wgmma_waves.tail_split, the int8 GEMM's from
 # gemm_wgmma_a8.tail_split_rule): past 4, each further slice's reduction costs more than the steps it saves

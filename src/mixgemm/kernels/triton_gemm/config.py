@@ -12,8 +12,8 @@ from mixgemm.kernels.kernel_config import KernelConfig, knob
 class TritonGemmConfig(KernelConfig):
     rows_per_block: int | None = knob("BM", "activation rows per program", None, always=True)
     cols_per_block: int | None = knob("BN", "weight rows (output columns) per program", None, always=True)
-    k_per_step: int = knob("KS", "k per inner step (the layout's chunk: triton_gemm_v1_ks<KS>)", 16)
-    k_chunks: int = knob("KCH", "layout chunks per inner step", 1)
+    chunk_words: int = knob("KS", "32-bit words per chunk row of the layout (triton_gemm_v1_ks<KS>)", 16)
+    chunks_per_k_tile: int = knob("KCH", "layout chunks per K tile (the inner step)", 1)
     group_m: int = knob("GROUP_M", "m-tiles rastered together", 1)
     split_k: int | str = knob("SPLIT_K", "split-K factor, or \"auto\" (the rule's)", 1)
     num_warps: int = knob("num_warps", "warps per program (Triton launch option)", 4)
