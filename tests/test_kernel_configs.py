@@ -86,10 +86,14 @@ def test_every_tuning_table_key_is_a_field(section, cls):
 
 
 def test_the_python_tuning_tables_keys_are_fields():
-    """The GEMVs' measured M = 1 tiles (tuning.gemv_m1) carry the configs' short keys (MAXB / BPS: where the tile
-    serves, read by the rule, not the kernel)."""
-    assert set(gemv_m1.M1Tile._fields) - {"MAXB"} <= set(gemv_config.GemvConfig.keys())
-    assert set(gemv_m1.WgSimtTile._fields) - {"BPS"} <= set(mma_config.GemvMmaConfig.keys())
+    """The GEMVs' measured M = 1 tiles (tuning.gemv_m1) carry the configs' short keys, and read as configs."""
+    assert set(gemv_m1.M1Tile._fields) <= set(gemv_config.GemvConfig.keys())
+    assert set(gemv_m1.WgSimtTile._fields) <= set(mma_config.GemvMmaConfig.keys())
+    for tables, cls in ((gemv_m1.TABLES, gemv_config.GemvConfig),):
+        for by_bits in tables.values():
+            for entries in by_bits.values():
+                for e in entries:
+                    assert cls.from_dict(e.value._asdict()).rows_per_warp == e.value.R
 
 
 def test_unknown_keys_and_round_trips():

@@ -35,6 +35,8 @@ class GemvConfig(KernelConfig):
                             "GEMV_BPAR")
     bulk_blocks_per_sm: int = knob("BPS", "with BULK: the most blocks per SM of the persistent grid (0: as many as "
                                           "fit)", 0)
+    max_blocks_per_sm: int = knob("MAXB", "a measured tile's bound: the most blocks per SM (rounded up) of a layer it "
+                                          "serves (0: any; read by the tile rule, not the kernel)", 0)
     zero_by_x_sum: int = knob("ZSUM", "zero points through the x sum (zero_point weights, fp16 x)", 0, "GEMV_ZSUM")
     lanes_per_row: int = knob("LW", "lanes per weight row: 32, or 16 / 8 / 4 (a warp works on 32 / LW row sets)", 32,
                               "GEMV_LW")

@@ -41,6 +41,8 @@ class GemvMmaConfig(KernelConfig):
                             "MMA_WG")
     two_groups_per_tile: int = knob("G32", "with WG: groups of 32, two parameter sets per 64-k tile (set by the "
                                            "host)", 0, "MMA_G32")
+    serves_blocks_per_sm: int = knob("BPS", "a measured SIMT tile's bound: the blocks per SM up to which it serves its "
+                                             "bucket (0: any; read by the tile rule, not the kernel)", 0)
     cuda_cores: int = knob("SIMT", "with WG at M = 1: CUDA-core math on wgmma_v1 (gemv_wg_simt.cu)", 0)
     gathers_x: int = knob("PERM", "act-order: the kernel reads x through the layer's permutation (set by the host)",
                           0, "MMA_PERM")
