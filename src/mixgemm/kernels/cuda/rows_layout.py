@@ -52,7 +52,8 @@ class RowsLayout(KernelLayout):
     def row_bytes(self) -> int:
         return self.k_padded
 
-    # the CUDA-core GEMV's view (formats/layouts.py GemvLayout): 16-byte chunks of 16 k, chunk c in group c >> gshift
+    # the CUDA-core GEMV's view (kernels/cuda_gemv/layout.py GemvLayout): 16-byte chunks of 16 k, chunk c in group
+    # c >> gshift
     chunk = CHUNK
 
     @property
