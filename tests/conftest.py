@@ -65,10 +65,10 @@ def torch_gen() -> torch.Generator:
 def isolated_tuning(monkeypatch, tmp_path):
     """Registry tests without a GPU or the user's tuning: NVRTC reported available, the tuning cache at
     tmp_path / "tuning.json" (absent until a test writes it), reloaded before and after."""
-    from mixgemm.kernels import linear as linear_entries
+    from mixgemm.kernels import linear_common
     from mixgemm.tuning import cache as tcache
 
-    monkeypatch.setattr(linear_entries, "nvrtc_ok", lambda: True)
+    monkeypatch.setattr(linear_common, "nvrtc_ok", lambda: True)
     monkeypatch.setenv(tcache.ENV, str(tmp_path / "tuning.json"))
     tcache.reload()
     yield

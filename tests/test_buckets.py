@@ -26,7 +26,10 @@ import mixgemm
 import mixgemm.tuning as tuning
 from described_gpus import H100, H200
 from mixgemm import QuantConfig, quantize_weight
-from mixgemm.kernels import linear as linear_entries
+from mixgemm.kernels import linear_common
+from mixgemm.kernels.cuda import gemv_launch
+from mixgemm.kernels.cuda_gemv import host as gemv_host
+from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
 from mixgemm.kernels.registry import choose
 from mixgemm.tuning import buckets, conv_table, gemv_m1
 from mixgemm.tuning import cache as tcache
@@ -139,19 +142,18 @@ def test_gemv_crossover_gives_the_old_limit_on_measured_layers(gpu):
 def _kernels():
     """The GEMV modules, imported late: gemv_a8 imports Triton kernels, which read TRITON_INTERPRET when imported
     (other test modules set it when collected)."""
-    from mixgemm.kernels.cuda import gemv
     from mixgemm.kernels.cuda_gemv_a8 import gemv_a8
 
-    return gemv, gemv_a8
+    return gemv_host, gemv_a8
 
 
 def _old_m1_config(tile: list) -> dict:
     gemv, _ = _kernels()
     t = gemv_m1.M1Tile(*tile)
-    cfg = {"R": t.R, "U": t.U, "RG": t.RG or gemv.WARPS // t.KS, "KS": t.KS, "PF": t.PF,
-           "XS": gemv.DEFAULT_XS, "LITE": gemv.DEFAULT_LITE}
-    return {**cfg, **{key: getattr(t, key) for key in gemv.OPTIONAL_KEYS
-                      if getattr(t, key, 0) != gemv.OPTIONAL_DEFAULTS.get(key, 0)}}
+    cfg = {"R": t.R, "U": t.U, "RG": t.RG or gemv_launch.WARPS // t.KS, "KS": t.KS, "PF": t.PF,
+           "XS": gemv_host.DEFAULT_XS, "LITE": gemv_host.DEFAULT_LITE}
+    return {**cfg, **{key: getattr(t, key) for key in gemv_host.OPTIONAL_KEYS
+                      if getattr(t, key, 0) != gemv_host.OPTIONAL_DEFAULTS.get(key, 0)}}
 
 
 # Old tiles a later measurement replaced: (GPU, weight mode, old key) -> the tile that replaced it. The H100's second
@@ -173,7 +175,7 @@ def test_gemv_m1_tiles_unchanged_on_measured_layers(gpu, mode):
     short = "H100" if "H100" in gpu else "H200"
     for key, tile in table.items():
         bits, n, k = (int(v) for v in key.split(","))
-        cfg = gemv.choose_config(1, n, gemv.chunks_per_row(bits, k), 132, 0, bits, k, gpu, mode)
+        cfg = gemv_host.choose_config(1, n, gemv_launch.chunks_per_row(bits, k), 132, 0, bits, k, gpu, mode)
         if (k, n) in STEP_MODEL_SERVES.get((short, mode == "sym"), {}).get(bits, ()):
             # the entry left the tables for the step-cost model, which was no slower on this layer (gemv_steps_fit)
             assert "step-cost model" in cfg.source, (gpu, mode, key)
@@ -183,9 +185,11 @@ def test_gemv_m1_tiles_unchanged_on_measured_layers(gpu, mode):
         # (a replacing tile may have been measured on another layer of the bucket)
         assert "gemv_m1" in cfg.source and (newer or f"K {k} x N {n}" in cfg.source)
         # other M, other activations: the rule, as before
-        assert not hasattr(gemv.choose_config(2, n, gemv.chunks_per_row(bits, k), 132, 0, bits, k, gpu, mode),
+        assert not hasattr(gemv_host.choose_config(2, n, gemv_launch.chunks_per_row(bits, k), 132, 0, bits, k,
+                                                   gpu, mode),
                            "source")
-        assert not hasattr(gemv.choose_config(1, n, gemv.chunks_per_row(bits, k), 132, 1, bits, k, gpu, mode),
+        assert not hasattr(gemv_host.choose_config(1, n, gemv_launch.chunks_per_row(bits, k), 132, 1, bits, k,
+                                                   gpu, mode),
                            "source")
 
 
@@ -296,25 +300,25 @@ def _legal(p, choice) -> str | None:
     gemv, _ = _kernels()
     cfg, k = choice.config, p.k
     if choice.kernel == "cuda_wgmma":
-        from mixgemm.kernels.cuda.gemm_wgmma import K_TILE, tile_error
+        from mixgemm.kernels.cuda_wgmma.gemm_wgmma import K_TILE, tile_error
 
         return _tile_or_split_error(cfg, tile_error, "SPLIT", math.ceil(k / K_TILE), "k-tiles")
     if choice.kernel == "triton_gemm":
-        from mixgemm.kernels.triton.gemm import DEFAULT_KS, chunk_k, tile_error
+        from mixgemm.kernels.triton_gemm.gemm import DEFAULT_KS, chunk_k, tile_error
 
         steps = math.ceil(k / (chunk_k(p.bits, cfg.get("KS", DEFAULT_KS)) * cfg.get("KCH", 1)))
         return _tile_or_split_error(cfg, tile_error, "SPLIT_K", steps, "k-chunks")
     if choice.kernel == "cuda_gemv":
         if not all(isinstance(cfg[key], int) and cfg[key] >= 1 for key in ("R", "U", "KS", "RG")):
             return "R, U, KS, RG must be positive"
-        kc = gemv.chunks_per_row(p.bits, k)
+        kc = gemv_launch.chunks_per_row(p.bits, k)
         # the tail loop takes partial U steps; a whole k-slice warp without a chunk would only idle (a k-slice's lane
         # group is LW lanes)
         if cfg["KS"] > 1 and kc <= cfg.get("LW", 32) * (cfg["KS"] - 1):
             return f"KS {cfg['KS']} k-slices of {cfg.get('LW', 32)} lanes for {kc} chunks per row"
         return None
     if choice.kernel == "cuda_gemv_mma":
-        kt = gemv.mma_k_tiles(p.bits, k)
+        kt = gemv_mma_host.mma_k_tiles(p.bits, k)
         return None if kt >= cfg["KS"] else f"KS {cfg['KS']} for {kt} k-tiles"
     return f"unexpected kernel {choice.kernel}"
 
@@ -331,7 +335,7 @@ def test_model_shapes_get_legal_configs(dev):
     for (k, n) in layers:
         for f, qw in small.items():
             for dt in (torch.float16, torch.float32) if f == FORMATS[0] else (torch.float16,):
-                base = linear_entries.linear_problem(16, qw, dt, dev)
+                base = linear_common.linear_problem(16, qw, dt, dev)
                 g = k if f[1] == -1 else f[1]
                 for m in (1, 16, 256, 4096):
                     p = replace(base, m=m, n=n, k=k, group_size=g, num_groups=1 if f[1] == -1 else -(-k // g))
@@ -345,7 +349,7 @@ def test_model_shapes_get_legal_configs(dev):
 # ----------------------------------------------------------------------------------------------------- explain
 def test_explain_names_the_bucket_and_the_source():
     qw = quantize_weight(torch.randn(512, 256), QuantConfig(bits=4, group_size=128))
-    p = linear_entries.linear_problem(32, qw, torch.float16, H100)
+    p = linear_common.linear_problem(32, qw, torch.float16, H100)
     c = choose(replace(p, k=5120, n=13824))  # a Llama-2-13B up-projection: the bucket region of the 4096 x 14336 entry
     assert c.kernel == "cuda_wgmma"
     text = str(c)
@@ -363,7 +367,7 @@ def test_tuning_cache_entries_are_bucket_keyed_and_explained(tmp_path):
     """A `mixgemm tune` entry is stored under the layer's bucket key (no exact shape in it) and explain names the key
     and the layer it was measured on; a neighbouring layer in the bucket takes it."""
     qw = quantize_weight(torch.randn(512, 256), QuantConfig(bits=4, group_size=128))
-    p = replace(linear_entries.linear_problem(16, qw, torch.float16, H100), k=4096, n=14336)
+    p = replace(linear_common.linear_problem(16, qw, torch.float16, H100), k=4096, n=14336)
     key = tcache.bucket_key(p, "cuda_wgmma")
     assert key.endswith("/k24/n28/m16") and "4096" not in key and "14336" not in key
     tuned = {**choose(p).config, "STAGES": 3}

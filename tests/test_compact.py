@@ -13,8 +13,8 @@ from torch import nn
 import mixgemm
 import mixgemm.reference as ref
 from described_gpus import H100
-from mixgemm.formats.layouts import build_gemv_mma_v1
 from mixgemm.formats.weight import QuantConfig
+from mixgemm.kernels.cuda_gemv_mma.layout import build_gemv_mma_v1
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.nn import QuantLinear
 from mixgemm.ops.custom_ops import weight_from_tensors
@@ -138,7 +138,8 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
                                       (4, 896, 18944), (4, 5120, 5120), (8, 5120, 5120)])
 def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
     """A compacted fp16 or bf16 M = 1 call runs the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) outside the table's
-    gemv_mma_m1 buckets: one step a k-slice where its warps fit one round (kernels.cuda.gemv.wg_simt_one_step: 2048 x
+    gemv_mma_m1 buckets: one step a k-slice where its warps fit one round
+    (kernels.cuda_gemv_mma.host.wg_simt_one_step: 2048 x
     2048 and 1024 x 2048 int8), else at its measured bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the step-cost
     model's (a power-of-two k-split leaving each slice >= 2 steps; bf16 x with its own costs); M > 1 and uncompacted
     weights are not affected."""
@@ -454,7 +455,7 @@ def test_compact_bf16_m1_keeps_the_tensor_cores_where_its_registers_halve_the_wa
     WG_SIMT_BF16_MIN_WARP_SHARE of the fp16 build's resident warps: then the tensor-core GEMV, saying why; fp16 is
     never asked, nor is a tile of the bf16 step-cost model (zero point), which counted the bf16 build's registers."""
     from mixgemm.formats.weight import compact_placeholder
-    from mixgemm.kernels.cuda import gemv
+    from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
     from mixgemm.ops.custom_ops import compact_weight
 
     qw = mixgemm.quantize_weight(torch.randn(4096, 4096) * 0.02, bits=4, group_size=128, mode="offset")
@@ -463,7 +464,8 @@ def test_compact_bf16_m1_keeps_the_tensor_cores_where_its_registers_halve_the_wa
     zp = compact_weight(zp, compact_placeholder(zp.qweight))
     # its 16-warp tile: two blocks a SM at <= 64 registers, one above
     for fp16_regs, bf16_regs, simt in ((64, 64, 1), (64, 76, 0), (48, 64, 1)):
-        monkeypatch.setattr(gemv, "wg_simt_registers", lambda bits, act, scl, mode, items, arch="sm_90", f=fp16_regs,
+        monkeypatch.setattr(gemv_mma_host, "wg_simt_registers", lambda bits, act, scl, mode, items,
+                            arch="sm_90", f=fp16_regs,
                             b=bf16_regs: b if act else f)
         for dtype, want in ((torch.bfloat16, simt), (torch.float16, 1)):
             c = mixgemm.explain(torch.empty(1, 4096, dtype=dtype), cw, device=H100)
@@ -479,14 +481,15 @@ def test_compact_bf16_m1_models_where_the_measured_tile_halves_its_warps(monkeyp
     WG_SIMT_BF16_MIN_WARP_SHARE of its resident warps in bf16, a family with bf16 step costs (int4 sym) takes the
     model's tile for bf16 x instead of the tensor-core GEMV, saying why."""
     from mixgemm.formats.weight import compact_placeholder
-    from mixgemm.kernels.cuda import gemv
-    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
     from mixgemm.ops.custom_ops import compact_weight
     from mixgemm.tuning.gemv_steps import WG_SIMT
 
     qw = mixgemm.quantize_weight(torch.randn(14336, 4096) * 0.02, bits=4, group_size=128)
     cw = compact_weight(qw, compact_placeholder(qw.qweight))
-    monkeypatch.setattr(gemv, "wg_simt_registers", lambda bits, act, scl, mode, items, arch="sm_90": 128 if act else 64)
+    monkeypatch.setattr(gemv_mma_host, "wg_simt_registers", lambda bits, act, scl, mode, items,
+                        arch="sm_90": 128 if act else 64)
     fp16 = mixgemm.explain(torch.empty(1, 4096, dtype=torch.float16), cw, device=H100)
     assert "k24/n28" in fp16.config_source
     c = mixgemm.explain(torch.empty(1, 4096, dtype=torch.bfloat16), cw, device=H100)

@@ -7,10 +7,10 @@ import torch
 from tests.described_gpus import A100, H200
 
 import mixgemm
-from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantConfig, dequantize_weight, quantize_weight
 from mixgemm.kernels import dequant_matmul, race
-from mixgemm.kernels.linear import linear_problem
+from mixgemm.kernels.cuda_wgmma.layout import build_wgmma_v1
+from mixgemm.kernels.linear_common import linear_problem
 from mixgemm.tuning import races
 
 

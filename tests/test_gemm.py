@@ -1,4 +1,4 @@
-"""Tests of the Triton tensor-core GEMM (mixgemm.kernels.triton.gemm), its layout and the dispatcher.
+"""Tests of the Triton tensor-core GEMM (mixgemm.kernels.triton_gemm.gemm), its layout and the dispatcher.
 
 On a machine without CUDA the kernel runs under the Triton CPU interpreter (TRITON_INTERPRET=1, set
 here before the kernel module is imported; no bf16 there, small shapes). On a GPU the `gpu` tests run
@@ -14,8 +14,8 @@ HAS_CUDA = torch.cuda.is_available()
 
 from mixgemm import tuning as cfgmod  # noqa: E402
 from mixgemm.formats.weight import QuantConfig, quantize_weight  # noqa: E402
-from mixgemm.kernels.triton.gemm import default_config, gemm  # noqa: E402
-from mixgemm.kernels.triton.layout import build_triton_gemm_v1, pack_words  # noqa: E402
+from mixgemm.kernels.triton_gemm.gemm import default_config, gemm  # noqa: E402
+from mixgemm.kernels.triton_gemm.layout import build_triton_gemm_v1, pack_words  # noqa: E402
 from mixgemm.reference.matmul import matmul as ref_matmul  # noqa: E402
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
@@ -169,7 +169,7 @@ def test_config_lookup_is_deterministic():
     """The registry's Triton GEMM entry on a device without a table (the CPU interpreter): the kernel's rule."""
     from dataclasses import replace
 
-    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.linear_common import linear_problem
     from mixgemm.kernels.registry import entry
 
     qw = quantize_weight(torch.randn(64, 256) * 0.02, bits=4, group_size=128)

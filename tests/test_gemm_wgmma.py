@@ -1,4 +1,4 @@
-"""The Hopper wgmma GEMM (kernels/cuda/gemm_wgmma.cu) and its wgmma_v1 layout.
+"""The Hopper wgmma GEMM (kernels/cuda_wgmma/gemm_wgmma.cu) and its wgmma_v1 layout.
 
 CPU: the layout decoded the way the kernel's lop3 / prmt steps read it (independent of the packing code),
 NVRTC compile checks for sm_90a, the generated wgmma wrappers up to date. GPU (sm_90): every format, group
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mixgemm.formats.layouts_wgmma import build_wgmma_v1, unpack_wgmma_v1
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda_wgmma.layout import build_wgmma_v1, unpack_wgmma_v1
 from mixgemm.reference.matmul import matmul as ref_matmul
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def test_layout_roundtrip(bits, gs, n, k):
 def test_layout_built_in_row_blocks_equals_whole(bits, monkeypatch):
     """build_wgmma_v1 repacks BUILD_ROWS rows at a time; blocks of 128 rows and a short last block (N = 300) give
     the layout of one block over the whole weight."""
-    import mixgemm.formats.layouts_wgmma as lw
+    import mixgemm.kernels.cuda_wgmma.layout as lw
 
     qw = _qw(300, 192, bits, 64, "zero_point", seed=3)
     whole = build_wgmma_v1(qw)
@@ -200,7 +200,7 @@ COMPILE_CASES = [
 @pytest.mark.skipif(not nvrtc.nvrtc_available(), reason="NVRTC (cuda-bindings + nvidia-cuda-nvrtc) not installed")
 @pytest.mark.parametrize("defs", COMPILE_CASES, ids=lambda d: "-".join(f"{v}" for v in d.values()))
 def test_nvrtc_compiles_sm90a(defs):
-    cubin = nvrtc.compile_cubin("gemm_wgmma.cu", tuple(sorted(defs.items())), "sm_90a")
+    cubin = nvrtc.compile_cubin("cuda_wgmma/gemm_wgmma.cu", tuple(sorted(defs.items())), "sm_90a")
     assert len(cubin) > 1000
 
 
@@ -218,7 +218,7 @@ needs_sm90 = pytest.mark.skipif(not _gpu_ok(), reason="needs an sm_90 GPU")
 
 def _run(m, n, k, bits, gs, mode, dtype, config=None, act="relu6", bias=True, seed=0, scale_dtype=torch.float16,
          x=None):
-    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import gemm_wgmma
 
     qw = _qw(n, k, bits, gs, mode, "cuda", seed, scale_dtype)
     g = torch.Generator().manual_seed(seed + 1)
@@ -337,7 +337,7 @@ def test_tail_rows():
     """TAIL: the first launch takes the weight rows whose tiles fill whole waves (rounded down to the layout's 128-row
     block); off without TAIL, with SK / SPLIT, below one wave, or with no partial wave left. "auto" splits the rest in
     two where its tiles fill at most half the SMs."""
-    from mixgemm.kernels.cuda.gemm_wgmma import default_config, tail_rows
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import default_config, tail_rows
 
     cfg = dict(BM=256, NWG=2, TAIL=2)
     # 4096 x 14336 at M = 1024: 112 x 4 tiles = 3.4 waves of 132 -> 99 x 4 = 396 tiles in whole waves
@@ -375,7 +375,7 @@ def test_tail_rows():
 def test_tail_launch(m, n, k, cfg, fmt):
     """TAIL: whole waves of tiles over the first weight rows, then the rest as a cluster split-K launch from a row
     offset into the layout, the output columns, and the bias -- against the reference, with and without bias."""
-    from mixgemm.kernels.cuda.gemm_wgmma import tail_rows
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import tail_rows
 
     bits, gs, mode, dtype = fmt
     k = k if gs == -1 else -(-k // gs) * gs
@@ -403,8 +403,8 @@ def test_serial_split(m, n, k, cfg, fmt):
     slice order and stores (bias, clamp, row scales; FOLD where it applies). The tile counters are left zero for the
     next launch: a second call with other operands and a third with the first again are right, and the third is
     bit-identical to the first (the sum order does not depend on which slice finishes last)."""
-    from mixgemm.kernels.cuda import gemm_wgmma as G
     from mixgemm.kernels.cuda import stream_buffers
+    from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
 
     bits, gs, mode, dtype = fmt
     k = k if gs == -1 else -(-k // gs) * gs
@@ -427,8 +427,8 @@ def test_serial_split_in_cuda_graphs_takes_capture_counters():
     """CUDA graphs of serial split-K launches (three layers, each called twice) take their tile counters from the
     capture arena, one slice per capture (kernels/cuda/stream_buffers.graph_counters: no zeroing node per call); two
     graphs replayed in turn, several times, are bit-identical to eager calls, and leave their counters zero."""
-    from mixgemm.kernels.cuda import gemm_wgmma as G
     from mixgemm.kernels.cuda import stream_buffers as sb
+    from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
 
     cfg = dict(BM=16, NWG=2, STAGES=4, KT=4, SPLIT=4, SERIAL=1, FOLD=1)
     qws = [_qw(1000, 4608, 4, 128, "sym", "cuda", s) for s in range(3)]
@@ -500,7 +500,7 @@ def test_stream_k(m, n, k, cfg, fmt):
 def test_persistent_whole_tiles(m, n, k, cfg, fmt):
     """SK 2: a CTA runs every grid-th output tile whole and its TMA stores stay in flight under the next tile. The
     same sums in the same order as one CTA per tile, so the output is bit-equal to that; and within tolerance."""
-    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import gemm_wgmma
 
     bits, gs, mode, dtype = fmt
     k = k if gs == -1 else -(-k // gs) * gs
@@ -530,7 +530,7 @@ def test_persistent_whole_tiles(m, n, k, cfg, fmt):
 def test_producer_warp(m, n, k, cfg, fmt):
     """WS 1: one more warp only loads, each slot refilled once every consumer warp released it on an mbarrier (no CTA
     barrier per stage). The same wgmmas in the same order: bit-equal to WS 0, and within tolerance."""
-    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import gemm_wgmma
 
     bits, gs, mode, dtype = fmt
     k = k if gs == -1 else -(-k // gs) * gs
@@ -613,7 +613,7 @@ def test_h100_small_m_entries(entry, fmt):
 def test_tma_store_epilogue(m, n, k, cfg, fmt):
     # TSTORE 1 (stmatrix into the freed ring + one TMA store per warpgroup) against TSTORE 0 (one store per element):
     # the same fp32 values through the same bias / clamp / rounding, so equal bit for bit, and both right
-    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import gemm_wgmma
 
     bits, gs, mode, dtype, act = fmt
     qw = _qw(n, k, bits, gs, mode, "cuda", 3)
@@ -635,7 +635,7 @@ def test_tma_store_epilogue(m, n, k, cfg, fmt):
 def test_clamp_keeps_nan(dtype, act):
     # the TMA-store epilogue clamps the rounded 16-bit pairs with NaN-propagating min / max: a NaN in x must reach
     # its output row through relu / relu6 (as torch.clamp), exactly as the per-element epilogue's compares do
-    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import gemm_wgmma
 
     qw = _qw(256, 256, 4, 128, "sym", "cuda", 5)
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(6)).to("cuda", dtype)
@@ -655,7 +655,7 @@ def test_clamp_keeps_nan(dtype, act):
 def test_tma_store_applies_only_to_addressable_outputs():
     # rows of N = 100 fp16 values are 200 bytes apart (not a multiple of 16): the TMA cannot address them, so the
     # per-element epilogue runs, and for BM = 8; BM = 40 (its last 8-row block goes through stmatrix .x2) does not
-    from mixgemm.kernels.cuda.gemm_wgmma import tstore_fits
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import tstore_fits
 
     y = torch.empty(64, 100, device="cuda", dtype=torch.float16)
     assert not tstore_fits(y, 64, 2, 1 << 20)
@@ -681,7 +681,7 @@ def test_m_and_k_tails_zero_filled():
 @needs_sm90
 def test_misaligned_and_odd_k():
     # x a view with a 2-byte offset (not 16-byte aligned) and K % 8 != 0: the padded-copy path
-    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import gemm_wgmma
 
     qw = _qw(96, 100, 8, -1, "sym", "cuda")
     base = torch.randn(5, 101, device="cuda", dtype=torch.float16)
@@ -703,7 +703,7 @@ def test_scale_dtypes(scale_dtype):
 @pytest.mark.gpu
 @needs_sm90
 def test_bad_inputs():
-    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import gemm_wgmma
 
     qw = _qw(64, 128, 4, 64, "sym", "cuda")
     inf = float("inf")
@@ -775,7 +775,7 @@ def test_dispatch_crossover_follows_table(bits, gs):
 @needs_sm90
 def test_tma_loader_is_used():
     """The default loader is TMA: building the activation tensor map must not fall back to cp.async here."""
-    from mixgemm.kernels.cuda import gemm_wgmma as G
+    from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
 
     _run(40, 256, 512, 4, 128, "zero_point", torch.float16, config=dict(BM=64, NWG=2, STAGES=4, TMA=1))
     assert not G._warned, f"tensor map fell back to cp.async: {G._warned}"
@@ -807,7 +807,7 @@ def test_pdl_dependent_chain(cfg):
     no GEMM read its activations, bias or workspace, or wrote its output, before the producer had finished. Stream-K
     and the workspace split-K add partials in a run-dependent order: within the fp16 tolerance instead. The layouts
     are built before the chain (the first launch after a build runs without PDL)."""
-    from mixgemm.kernels.cuda import gemm_wgmma as G
+    from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
     from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
     k = 1024
@@ -840,7 +840,7 @@ def test_pdl_chain_tail(tail_wait):
     the first and waits for it only before exiting, so the next GEMM must still see every column of both launches
     and the tail must not read x before its producer finished: bit-equal to the PDL-off chain, eager and in a CUDA
     graph, and within the fp16 tolerance of one launch per GEMM (the split adds its fp32 halves in another order)."""
-    from mixgemm.kernels.cuda import gemm_wgmma as G
+    from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
     from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
 
     k = n = 3840  # 30 column tiles x 5 m-tiles of BM 64: a partial second wave on an H100 (132 SMs) or H100 PCIe
@@ -870,7 +870,7 @@ def test_pdl_chain_tail(tail_wait):
 def test_sk2_staging_pieces():
     """SK 2's staging buffer: the whole tile where it fits beside the ring, else the largest even divisor of BM / 8
     that does, else the whole tile (the ring is cut to fit); every piece size the kernel accepts."""
-    from mixgemm.kernels.cuda.gemm_wgmma import SMEM_LIMIT, staging_chunk
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import SMEM_LIMIT, staging_chunk
 
     assert staging_chunk(128, 2, 3 * 20 * 1024) == 16  # 32 KiB beside 60 KiB of ring
     ring = 5 * 37888  # BM 256 NWG 2 W4 g128 zero point, 5 stages

@@ -1,4 +1,4 @@
-"""CUDA GEMV (mixgemm.kernels.cuda.gemv): CPU checks (NVRTC compiles, gemv_v2 layout round trips) and
+"""CUDA GEMV (mixgemm.kernels.cuda_gemv.host): CPU checks (NVRTC compiles, gemv_v2 layout round trips) and
 GPU checks of every format combination against the float64 reference."""
 
 from __future__ import annotations
@@ -13,21 +13,20 @@ import torch
 import mixgemm
 import mixgemm.reference as ref
 from described_gpus import H100, H200
-from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2, unpack_gemv_mma_v1, unpack_gemv_v2
 from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv import (
-    choose_config,
+from mixgemm.kernels.cuda.gemv_launch import m_bucket, wave_efficiency
+from mixgemm.kernels.cuda_gemv.gemv_steps import lane_tiles
+from mixgemm.kernels.cuda_gemv.host import choose_config, defines_for
+from mixgemm.kernels.cuda_gemv.layout import build_gemv_v2, unpack_gemv_v2
+from mixgemm.kernels.cuda_gemv_mma.host import (
     choose_mma_config,
-    defines_for,
-    m_bucket,
     mma_config,
     mma_defines_for,
     mma_pf_pack,
     simt_defines_for,
-    wave_efficiency,
 )
-from mixgemm.kernels.cuda.gemv_steps import lane_tiles
+from mixgemm.kernels.cuda_gemv_mma.layout import build_gemv_mma_v1, unpack_gemv_mma_v1
 from mixgemm.kernels.registry import kernel_options
 from mixgemm.tuning import gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
@@ -78,7 +77,7 @@ def test_nvrtc_compiles_every_instantiation(arch):
                 cfg = {**tile._asdict(), "BPAR": 1}
                 keys.add(tuple(sorted(defines_for((4, 8)[i % 2], act, act, (i + act) % 3, mb, cfg).items())))
     for key in sorted(keys):
-        cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
+        cubin = nvrtc.compile_cubin("cuda_gemv/gemv.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
     # NVRTC writes its (here 1-byte) log into a buffer we pass: it must not have been a shared bytes object.
     # b" " * 1 is CPython's cached 1-byte b" "; a corrupted one broke torch.save in the same process.
@@ -112,7 +111,7 @@ def test_nvrtc_compiles_mma_instantiations(arch):
         cfg["KS"] = min(cfg["KS"], 32 // rt)  # (the k-slice reduction's 1 KiB per slice and tile: <= 32 KiB)
         keys.add(tuple(sorted(mma_defines_for(bits, i % 2, 0, i % 3, 1 + i % 2, cfg).items())))
     for key in sorted(keys):
-        cubin = nvrtc.compile_cubin("gemv_mma.cu", key, arch)
+        cubin = nvrtc.compile_cubin("cuda_gemv_mma/gemv_mma.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
 
 
@@ -125,19 +124,19 @@ def test_nvrtc_compiles_wg_simt_instantiations(arch):
              {"RT": 8, "U": 1, "KS": 16, "RG": 1})
     for i, (bits, act, mode, g32) in enumerate(itertools.product(BITS, (0, 1), (0, 1, 2), (0, 1))):
         key = tuple(sorted(simt_defines_for(bits, act, 0, mode, {**tiles[i % 3], "G32": g32}).items()))
-        cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
+        cubin = nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
     # a register cap for more resident blocks (MINB), compiled and in the key only when set
     for bits in BITS:
         key = tuple(sorted(simt_defines_for(bits, 1, 0, 1, {**tiles[1], "MINB": 2}).items()))
         assert dict(key)["SIMT_MINB"] == 2
-        cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
+        cubin = nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
     assert "SIMT_MINB" not in simt_defines_for(4, 0, 0, 0, tiles[0])
     # the routed experts' build (mixgemm.kernels.cuda.routed_gemv)
     for i, (bits, mode) in enumerate(itertools.product(BITS, (0, 1, 2))):
         key = tuple(sorted({**simt_defines_for(bits, i % 2, 0, mode, tiles[i % 3]), "SIMT_ROUTED": 1}.items()))
-        cubin = nvrtc.compile_cubin("gemv_wg_simt.cu", key, arch)
+        cubin = nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
 
 
@@ -150,7 +149,8 @@ def test_wg_simt_packed_params_instantiations():
 
     def regs(bits, act, mode, cfg, scl=0):
         key = tuple(sorted(simt_defines_for(bits, act, scl, mode, cfg).items()))
-        return nvrtc.cubin_registers(nvrtc.compile_cubin("gemv_wg_simt.cu", key, "sm_90"))["mixgemm_gemv_wg_simt"]
+        return nvrtc.cubin_registers(nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key,
+                                                         "sm_90"))["mixgemm_gemv_wg_simt"]
 
     for bits in BITS:
         assert regs(bits, 0, 1, {**heavy, "PACK": 1}) < regs(bits, 0, 1, heavy)
@@ -172,7 +172,8 @@ def test_gemv_mma_packed_params_instantiations():
                "G32": int(wg and i % 4 == 1)}
         d = mma_defines_for(bits, act, 0, mode, 1 + i % 2, cfg)
         assert d["MMA_PACK"] == 1
-        regs = nvrtc.cubin_registers(nvrtc.compile_cubin("gemv_mma.cu", tuple(sorted(d.items())), "sm_90"))
+        regs = nvrtc.cubin_registers(nvrtc.compile_cubin("cuda_gemv_mma/gemv_mma.cu", tuple(sorted(d.items())),
+                                                         "sm_90"))
         assert 16 <= regs["mixgemm_gemv_mma"] <= 255, d
     assert "MMA_PACK" not in mma_defines_for(4, 0, 0, 0, 2, base)
     assert "MMA_PACK" not in mma_defines_for(4, 0, 2, 1, 2, base)
@@ -185,7 +186,7 @@ def test_cubin_registers_reads_the_register_count():
     the driver's count."""
     def regs(cfg):
         key = tuple(sorted(simt_defines_for(4, 0, 0, 0, cfg).items()))
-        return nvrtc.cubin_registers(nvrtc.compile_cubin("gemv_wg_simt.cu", key, "sm_90"))
+        return nvrtc.cubin_registers(nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key, "sm_90"))
 
     small, big = regs({"RT": 1, "U": 1, "KS": 4, "RG": 1}), regs({"RT": 4, "U": 2, "KS": 8, "RG": 1, "PF": 1})
     assert list(small) == list(big) == ["mixgemm_gemv_wg_simt"]
@@ -197,7 +198,7 @@ def test_cubin_registers_reads_the_register_count():
 @pytest.mark.gpu
 def test_cubin_registers_match_the_driver():
     """What nvrtc.cubin_registers reads from the cubin is what the driver reports for the loaded kernel."""
-    from mixgemm.kernels.cuda.gemv import SIMT_KERNEL, SIMT_SOURCE
+    from mixgemm.kernels.cuda_gemv_mma.host import SIMT_KERNEL, SIMT_SOURCE
 
     major, minor = torch.cuda.get_device_capability()
     for bits, mode, cfg in ((4, 0, {"RT": 1, "U": 1, "KS": 4, "RG": 1}), (4, 1, {"RT": 4, "U": 2, "KS": 8, "RG": 1}),
@@ -212,8 +213,8 @@ def test_wg_simt_config_keeps_a_tile_to_its_rounds():
     """The H100's k24/n28 int4 tile (4 row tiles a warp, BPS 2) serves 4096x14336 (224 blocks: 2 per SM) and not
     3584x18944 (296: 3 per SM, a second round of resident blocks), which takes the step-cost model's tile (sym) or the
     rule (zero point) and says why."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_packs, wg_simt_rule
-    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT
 
     name = "NVIDIA H100 80GB HBM3"
@@ -235,8 +236,8 @@ def test_wg_simt_config_models_layers_no_bucket_serves():
     with its GPU's costs for its family (the H200's on an H200, the H100's on another GPU): int4 sym and zero point
     (PACK where PF is on, as the costs were timed), int8 sym; offset weights and int8 with a zero point keep the rule
     (no fitted costs)."""
-    from mixgemm.kernels.cuda.gemv import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
-    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv_mma.host import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT, wg_simt_step_costs
 
     for gpu, costs in (("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), ("some GPU", "H100")):
@@ -264,8 +265,8 @@ def test_wg_simt_config_models_groups_of_32_with_their_own_family():
     offset (q4_1 / Q4_K) take their own fitted costs and the G32 builds' registers where no bucket serves (the H200 the
     H100's: no H200 fit); a groups-of-32 family without costs (int8, q8_0; bf16 x) takes its larger groups' family,
     registers and costs; offset at larger groups keeps the rule."""
-    from mixgemm.kernels.cuda.gemv import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
-    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv_mma.host import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT, wg_simt_step_costs
 
     h100 = "NVIDIA H100 80GB HBM3"
@@ -290,8 +291,8 @@ def test_wg_simt_config_bf16_models_with_its_own_costs():
     """bf16 x: a bucket measured with fp16 x serves it as it serves fp16 (the H100's k24/n28 int4 tile on 4096x14336);
     where none serves, the tile of least modelled cost with the bf16 costs and the bf16 build's registers (its own
     tile, not fp16's where they differ); a family without bf16 costs (offset) the rule."""
-    from mixgemm.kernels.cuda.gemv import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
-    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv_mma.host import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT
 
     h100 = "NVIDIA H100 80GB HBM3"
@@ -313,8 +314,8 @@ def test_wg_simt_config_zero_point_packs_and_has_its_own_table():
     table's tile or the step-cost model's, with the parameter pair in one register (PACK) exactly where the tile double
     buffers (PF); offset weights the same without a table or costs of their own (the rule); sym weights never carry
     PACK; a GPU without tables takes the model with the H100's costs, packed as PF says."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_packs, wg_simt_rule
-    from mixgemm.kernels.cuda.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT
 
     name = "NVIDIA H100 80GB HBM3"
@@ -363,11 +364,12 @@ def test_gemv_mma_layout_round_trip(bits, group, mode, n, k, torch_gen):
 @needs_nvrtc
 def test_nvrtc_error_is_clear():
     with pytest.raises(nvrtc.NvrtcError, match="GEMV_BITS"):
-        nvrtc.compile_cubin("gemv.cu", (("GEMV_BITS", "x+"),), "sm_90")
+        nvrtc.compile_cubin("cuda_gemv/gemv.cu", (("GEMV_BITS", "x+"),), "sm_90")
 
 
 def test_mma_row_tiles_rule():
-    """kernels.cuda.gemv.mma_row_tiles: EARLY / RT 2 by layout, mode, M bucket, k-split cap and blocks per SM; int8 and
+    """kernels.cuda_gemv_mma.host.mma_row_tiles: EARLY / RT 2 by layout, mode, M bucket, k-split cap and blocks per
+    SM; int8 and
     every config's k-slice reduction within 32 KiB (KS x RG x RT <= 32)."""
     def pick(m, k, n, mode="sym", wg=None, bits=4):
         cfg = mma_config(m, n, k, bits, 128, 132, mode, wg)
@@ -416,10 +418,10 @@ def test_mma_cap_rule_follows_the_registers(monkeypatch):
     """At the k-split's cap on gemv_mma_v1 past one wave, the 16-row bucket's RT 1 build decides by its registers
     (mma_cap_registers): EARLY alone in two blocks per SM (<= 64), capped to two (MINB 2) where that spills little and
     the slices are long, else RT 2; fp16 x never asks a different question than before (its builds' counts)."""
-    from mixgemm.kernels.cuda import gemv
+    from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
 
     for regs, long_k, short_k in ((64, (1, 1, 0), (1, 1, 0)), (74, (1, 1, 2), (1, 2, 0)), (90, (1, 2, 0), (1, 2, 0))):
-        monkeypatch.setattr(gemv, "mma_cap_registers", lambda mode, act, scl, arch="sm_90", r=regs: r)
+        monkeypatch.setattr(gemv_mma_host, "mma_cap_registers", lambda mode, act, scl, arch="sm_90", r=regs: r)
         for (k, n), want in (((4096, 4096), long_k), ((2048, 2560), short_k)):
             cfg = mma_config(16, n, k, 4, 128, 132, "sym", x_dtype=torch.bfloat16)
             assert (cfg.get("EARLY", 0), cfg.get("RT", 1), cfg.get("MINB", 0)) == want, (regs, k, n, cfg)
@@ -431,26 +433,27 @@ def test_mma_cap_rule_follows_the_registers(monkeypatch):
 
 def test_explain_says_why_the_registers_are_capped(monkeypatch):
     """mixgemm.explain's config source names the capped registers' count and the target it was compiled for."""
-    from mixgemm.kernels import linear as linear_entries
-    from mixgemm.kernels.cuda import gemv
+    from mixgemm.kernels import linear_common
+    from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
     from mixgemm.kernels.registry import choose
 
-    monkeypatch.setattr(gemv, "mma_cap_registers", lambda mode, act, scl, arch="sm_90": 74)
+    monkeypatch.setattr(gemv_mma_host, "mma_cap_registers", lambda mode, act, scl, arch="sm_90": 74)
     qw = quantize_weight(torch.randn(4096, 4096), bits=4, group_size=128, scale_dtype=torch.bfloat16)
-    c = choose(linear_entries.linear_problem(16, qw, torch.bfloat16, H100))
+    c = choose(linear_common.linear_problem(16, qw, torch.bfloat16, H100))
     assert c.config["MINB"] == 2 and "takes 74 (NVRTC, sm_90)" in c.config_source
 
 
 def test_mma_cap_registers_from_the_compiler():
     """mma_cap_registers reads the NVRTC cubin of the build it names (no GPU): the fp16 counts the rule was measured
     with (sym 64: two blocks per SM; zero point and offset more), and 64 for fp32 x, which that kernel does not take."""
-    from mixgemm.kernels.cuda import gemv, nvrtc
+    from mixgemm.kernels.cuda import nvrtc
+    from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
 
     if not nvrtc.nvrtc_available():
         pytest.skip("no NVRTC")
-    assert gemv.mma_cap_registers("sym", 0, 0) <= 64 < gemv.mma_cap_registers("zero_point", 0, 0)
-    assert gemv.mma_cap_registers("offset", 0, 0) > gemv.MMA_MINB2_MAX_REGISTERS
-    assert gemv.mma_cap_registers("sym", 2, 0) == 64
+    assert gemv_mma_host.mma_cap_registers("sym", 0, 0) <= 64 < gemv_mma_host.mma_cap_registers("zero_point", 0, 0)
+    assert gemv_mma_host.mma_cap_registers("offset", 0, 0) > gemv_mma_host.MMA_MINB2_MAX_REGISTERS
+    assert gemv_mma_host.mma_cap_registers("sym", 2, 0) == 64
 
 
 def test_wg_16row_tiles_rule():
@@ -460,15 +463,15 @@ def test_wg_16row_tiles_rule():
     elsewhere: one block per SM, past one wave, short K, zero point, bf16 x, M <= 8, the plain codes, and the H100 (no
     section). The GEMV / GEMM crossover of the wave fill (gemv_min_wave_fill) still reads the RT rule's tiles, so no
     layer changes kernel (4608x8192 and 5120x7168 at M = 16 stay on the GEMV)."""
-    from mixgemm.kernels import linear
-    from mixgemm.kernels.cuda.gemv import WG_16ROW_CAP, mma_config
+    from mixgemm.kernels import cuda_gemv_mma, linear_common
+    from mixgemm.kernels.cuda_gemv_mma.host import WG_16ROW_CAP, mma_config
     from mixgemm.kernels.registry import choose
 
     def cfg(k, n, m=16, mode="sym", gpu=H200, resident="wgmma_v1", act=torch.float16):
         qw = quantize_weight(torch.randn(128, 256), bits=4, group_size=128, mode=mode)
-        p = replace(linear.linear_problem(m, qw, act, gpu), n=n, k=k, num_groups=-(-k // 128),
+        p = replace(linear_common.linear_problem(m, qw, act, gpu), n=n, k=k, num_groups=-(-k // 128),
                     resident=resident)
-        return dict(linear._gemv_mma_config(p))
+        return dict(cuda_gemv_mma.choose_config(p))
 
     assert "gemv_mma_wg_16row" in H200.table and "gemv_mma_wg_16row" not in H100.table
     for k, n in ((4096, 4096), (2048, 2304), (14336, 4096)):  # at the cap, 144..256 row tiles
@@ -483,7 +486,7 @@ def test_wg_16row_tiles_rule():
     assert cfg(4096, 14336).get("RT", 1) == 1  # 448 RT 2 blocks where 396 fit
     for k, n in ((4608, 8192), (5120, 7168)):  # >= 16 MiB: the crossover's fill is the RT rule's tiles'
         qw = quantize_weight(torch.randn(n, k), bits=4, group_size=128)
-        p = replace(linear.linear_problem(16, qw, torch.float16, H200), resident="wgmma_v1")
+        p = replace(linear_common.linear_problem(16, qw, torch.float16, H200), resident="wgmma_v1")
         assert choose(p).kernel == "cuda_gemv_mma", (k, n)
     assert (cfg(3200, 8640)["RT"], cfg(3200, 8640)["U"]) == (2, 1)  # the wide rule's RT 2 stands
     assert cfg(896, 4864).get("RT", 1) == 1 and not cfg(896, 4864).get("EARLY", 0)  # 14 k-tiles: short slices
@@ -498,7 +501,8 @@ def test_wg_16row_tiles_rule():
 
 
 def test_mma_pf_pack_rule():
-    """kernels.cuda.gemv.mma_pf_pack: double buffering with the zero point / offset pair in one register (PF + PACK)
+    """kernels.cuda_gemv_mma.host.mma_pf_pack: double buffering with the zero point / offset pair in one register (PF
+    + PACK)
     for int4 weights with such a pair, on the measured regions: 16-warp blocks at one per SM with EARLY, M 9..16
     grids of at most 24 warps per SM with deferred scaling, wgmma_v1 at M 2..8 from 32 warps per SM with two full steps
     a slice; never with two row tiles a warp. Sym weights take PF alone on their own regions."""
@@ -665,9 +669,9 @@ def test_gemv_layout_round_trip(bits, group, mode, k, torch_gen):
 def _gemv_up_to_m16(monkeypatch):
     """These tests run the GEMV at every M up to 16 through mixgemm.matmul; the shipped GPU table hands M above its
     gemv_max_m (H200: 8 for int4, 1 for int8) to the wgmma GEMM, so the dispatch limit is lifted to 16 here."""
-    import mixgemm.kernels.linear as linear
+    from mixgemm.kernels import gemv_crossover
 
-    monkeypatch.setattr(linear, "_gemv_limit", lambda problem: (16, None))
+    monkeypatch.setattr(gemv_crossover, "_gemv_limit", lambda problem: (16, None))
 
 def _make(n, k, bits, group, mode, scale_dtype, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -791,7 +795,7 @@ def test_wg_simt_rule_wave_guard():
     round of the SMs' resident slots and RT 2's fit in one (N 4352-4864 on 132 SMs; N 4096 on 114); RT 1 where its
     blocks fit (N 4096 on 132 SMs) or smaller blocks hold more of them (KS 8 from N 5120); int8 and layers of >= 16
     MiB keep their tiles."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_rounds, wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_rounds, wg_simt_rule
 
     for n, sms, rt in ((4096, 132, 1), (4224, 132, 1), (4352, 132, 2), (4608, 132, 2), (4864, 132, 2), (5120, 132, 1),
                        (4096, 114, 2)):
@@ -944,7 +948,7 @@ def test_gemv_bias_dtypes(bias_dtype, kernel):
 
 @pytest.mark.gpu
 def test_gemv_cuda_graph_and_stream(kernel):
-    from mixgemm.kernels.cuda.gemv import gemv
+    from mixgemm.kernels.cuda.gemv_direct import gemv
 
     qw, gen = _make(256, 1024, 4, 128, "zero_point", torch.float16, 8)
     x = torch.randn(1, 1024, generator=gen, device="cuda").half()
@@ -970,7 +974,7 @@ def test_gemv_pdl_dependent_chain(kernel_kind):
     or a torch elementwise op), eagerly and replayed from a CUDA graph; results equal the PDL-off run bit for
     bit (the kernels are deterministic), so no GEMV read its x before the producer had finished."""
     with kernel_options(force=FORCE[kernel_kind]):
-        from mixgemm.kernels.cuda.gemv import gemv
+        from mixgemm.kernels.cuda.gemv_direct import gemv
 
         qa, gen = _make(2048, 2048, 4, 128, "zero_point", torch.float16, 21)
         qb, _ = _make(2048, 2048, 8, -1, "sym", torch.float16, 22)
@@ -998,7 +1002,7 @@ def test_nvrtc_compiles_xs_variants(arch):
         for bits, mode, scl in ((4, 1, 0), (8, 0, 0), (4, 2, 1), (8, 1, 2)):
             cfg = {"R": r, "U": u, "RG": 8 // ks, "KS": ks, "PF": 0, "XS": xs, "LITE": lite, "MINB": minb}
             key = tuple(sorted(defines_for(bits, 0, scl, mode, 1, cfg).items()))
-            cubin = nvrtc.compile_cubin("gemv.cu", key, arch)
+            cubin = nvrtc.compile_cubin("cuda_gemv/gemv.cu", key, arch)
             assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
 
 
@@ -1089,7 +1093,7 @@ WG_SIMT_ZP_ENTRIES = sorted({(gpu, bits, e.measured[0], e.value) for gpu, table 
 def test_wg_simt_zero_point_entries_on_their_measured_k(gpu, bits, k, tile):
     """Each zero-point tile as wg_simt_config hands it over (forced, so on any GPU), PACK as the entry says, at the K
     it was measured on and 3 groups shorter, odd N, on a compacted weight's layout."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_packs
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_packs
 
     base = {"WG": 1, "SIMT": 1, "RT": tile.RT, "U": tile.U, "PF": tile.PF, "KS": tile.KS, "RG": tile.RG}
     cfg = wg_simt_packs(base, "zero_point", tile.PACK)
@@ -1125,7 +1129,7 @@ LW_TILES = [(16, 4, 2, 1, 0, {}), (16, 4, 1, 2, 0, {"ZSUM": 1}), (8, 2, 2, 2, 1,
 
 def test_lane_groups_tile_rows():
     """tile_rows counts the 32 / LW lane groups of each warp, and LW is checked."""
-    from mixgemm.kernels.cuda.gemv import tile_rows
+    from mixgemm.kernels.cuda_gemv.host import tile_rows
 
     assert tile_rows({"R": 4, "RG": 8, "KS": 1}) == 32 and tile_rows({"R": 4, "RG": 8, "KS": 1, "LW": 8}) == 128
     with pytest.raises(ValueError, match="LW"):
@@ -1138,7 +1142,8 @@ def test_m1_entries_keep_to_their_blocks_per_sm():
     """A measured M = 1 tile with MAXB serves its bucket's layers up to that many blocks per SM (rounded up) and hands
     larger ones to the rule: the H100 sym k24/n27 tile (R 2 U 1 KS 1, 16 rows a block, kept at 6 blocks per SM on
     4096x11008 / 4096x12288) serves 4096x12288 (768 blocks) but not 4096x13696 (856: 7 per SM)."""
-    from mixgemm.kernels.cuda.gemv import chunks_per_row, m1_tile_serves
+    from mixgemm.kernels.cuda.gemv_launch import chunks_per_row
+    from mixgemm.kernels.cuda_gemv.host import m1_tile_serves
 
     h100 = "NVIDIA H100 80GB HBM3"
     tile = gemv_m1.M1Tile(2, 1, 1, MAXB=6)
@@ -1159,7 +1164,7 @@ def test_nvrtc_compiles_lane_groups():
         for act, mode, mb in ((0, 1, 1), (1, 2, 4)):
             key = tuple(sorted(defines_for(4, act, 0, mode, mb, cfg).items()))
             assert ("GEMV_LW", lw) in key
-            assert nvrtc.compile_cubin("gemv.cu", key, arch)[:4] == b"\x7fELF"
+            assert nvrtc.compile_cubin("cuda_gemv/gemv.cu", key, arch)[:4] == b"\x7fELF"
 
 
 @pytest.mark.gpu
@@ -1225,7 +1230,7 @@ def test_bulk_config_needs_sm90_room_and_whole_param_rows():
     units (the bulk copy's granule) and the config does not say BPAR 0."""
     from types import SimpleNamespace
 
-    from mixgemm.kernels.cuda.gemv import BULK_MAX_BYTES, _bulk_config, bulk_smem_bytes
+    from mixgemm.kernels.cuda_gemv.host import BULK_MAX_BYTES, _bulk_config, bulk_smem_bytes
 
     hopper, ampere = SimpleNamespace(major=9), SimpleNamespace(major=8)
     tile = {"R": 8, "U": 1, "KS": 7, "RG": 1, "BULK": 2}
@@ -1261,7 +1266,7 @@ def test_gemv_bulk_ring(tile, bits, group, mode, scale_dtype):
 
 @pytest.mark.gpu
 def test_gemv_rejects_bad_input():
-    from mixgemm.kernels.cuda.gemv import gemv
+    from mixgemm.kernels.cuda.gemv_direct import gemv
 
     qw, gen = _make(16, 64, 4, 32, "sym", torch.float16, 9)
     with pytest.raises(ValueError, match="M <= 16"):

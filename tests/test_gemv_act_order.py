@@ -19,9 +19,11 @@ import torch.nn.functional as F
 
 import mixgemm.reference as ref
 from mixgemm.formats.weight import dequantize_weight, quantize_weight
-from mixgemm.kernels.cuda import gemv as gemv_mod
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv import choose_config, choose_mma_config, defines_for, mma_defines_for
+from mixgemm.kernels.cuda_gemv import host as gemv_host
+from mixgemm.kernels.cuda_gemv.host import choose_config, defines_for
+from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
+from mixgemm.kernels.cuda_gemv_mma.host import choose_mma_config, mma_defines_for
 from mixgemm.ops.dispatch import PERM_PAD, kernel_perm
 from mixgemm.tuning import gemv_m1
 
@@ -46,12 +48,13 @@ MMA_VARIANTS = [(4, 0, 0, 1, 1, {**choose_mma_config(1, 4096, 64, 132), "DEFER":
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 def test_nvrtc_compiles_gathering_variants(arch):
     simt = SIMT_VARIANTS + ([BULK_VARIANT] if arch == "sm_90a" else [])
-    keys = [("gemv.cu", defines_for(b, a, s, mo, mb, {**cfg, "PERM": 1})) for b, a, s, mo, mb, cfg in simt]
-    keys += [("gemv_mma.cu", mma_defines_for(b, a, s, mo, mb, {**cfg, "PERM": 1})) for b, a, s, mo, mb, cfg in
+    keys = [("cuda_gemv/gemv.cu", defines_for(b, a, s, mo, mb, {**cfg, "PERM": 1})) for b, a, s, mo, mb, cfg in simt]
+    keys += [("cuda_gemv_mma/gemv_mma.cu", mma_defines_for(b, a, s, mo, mb, {**cfg, "PERM": 1})) for b, a, s,
+             mo, mb, cfg in
              MMA_VARIANTS]
     for source, defs in keys:
         assert defs.get("GEMV_PERM", defs.get("MMA_PERM")) == 1
-        if source == "gemv.cu" and defs["GEMV_M"] == 1 and defs["GEMV_ACT"] == 0 and not defs["GEMV_PF"]:
+        if source == "cuda_gemv/gemv.cu" and defs["GEMV_M"] == 1 and defs["GEMV_ACT"] == 0 and not defs["GEMV_PF"]:
             assert defs.get("GEMV_XS") == 1  # the gather-into-shared-memory path is compiled, not only per-lane
         cubin = nvrtc.compile_cubin(source, tuple(sorted(defs.items())), arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", defs
@@ -67,14 +70,15 @@ def test_nvrtc_compiles_the_gather_kernel(arch, es):
 
 def test_perm_config_stages_x_where_it_can():
     cfg = {"R": 4, "U": 1, "RG": 4, "KS": 2, "PF": 0}
-    assert gemv_mod.perm_config(cfg, 1, 0, 4096) == {**cfg, "PERM": 1, "XS": 1}
-    assert gemv_mod.perm_config(cfg, 2, 0, 4096) == {**cfg, "PERM": 1}  # M bucket 2: per-lane gathers
-    assert gemv_mod.perm_config(cfg, 1, 1, 4096) == {**cfg, "PERM": 1}  # bf16 x
-    assert gemv_mod.perm_config({**cfg, "PF": 1}, 1, 0, 4096) == {**cfg, "PF": 1, "PERM": 1}
-    assert gemv_mod.perm_config(cfg, 1, 0, 16384) == {**cfg, "PERM": 1, "XS": 1}
-    assert gemv_mod.perm_config(cfg, 1, 0, 16384 + 32) == {**cfg, "PERM": 1}  # x twice exceeds 64 KiB
+    assert gemv_host.perm_config(cfg, 1, 0, 4096) == {**cfg, "PERM": 1, "XS": 1}
+    assert gemv_host.perm_config(cfg, 2, 0, 4096) == {**cfg, "PERM": 1}  # M bucket 2: per-lane gathers
+    assert gemv_host.perm_config(cfg, 1, 1, 4096) == {**cfg, "PERM": 1}  # bf16 x
+    assert gemv_host.perm_config({**cfg, "PF": 1}, 1, 0, 4096) == {**cfg, "PF": 1, "PERM": 1}
+    assert gemv_host.perm_config(cfg, 1, 0, 16384) == {**cfg, "PERM": 1, "XS": 1}
+    assert gemv_host.perm_config(cfg, 1, 0, 16384 + 32) == {**cfg, "PERM": 1}  # x twice exceeds 64 KiB
     # x as it is, x gathered, and the int32 indices
-    assert gemv_mod.x_smem_bytes({**cfg, "PERM": 1, "XS": 1}, 4096) == 4 * gemv_mod.x_smem_bytes({**cfg, "XS": 1}, 4096)
+    xs = gemv_host.x_smem_bytes
+    assert xs({**cfg, "PERM": 1, "XS": 1}, 4096) == 4 * xs({**cfg, "XS": 1}, 4096)
 
 
 def test_kernel_perm_is_int32_identity_padded_and_cached(torch_gen):
@@ -103,10 +107,10 @@ KERNELS = ["simt", "simt_pf", "mma", "mma_wg"]
 
 def _config(kernel: str, m: int, n: int, k: int, qw, dtype):
     if kernel.startswith("mma"):
-        return {**gemv_mod.mma_config(m, n, k, qw.bits, qw.group_size, 132), "WG": int(kernel == "mma_wg")}
+        return {**gemv_mma_host.mma_config(m, n, k, qw.bits, qw.group_size, 132), "WG": int(kernel == "mma_wg")}
     if kernel == "simt_pf":
         return {"R": 2, "U": 2, "RG": 4, "KS": 2, "PF": 1}
-    return gemv_mod.simt_config(m, n, k, qw.bits, dtype, qw.mode, 132, torch.cuda.get_device_name())
+    return gemv_host.simt_config(m, n, k, qw.bits, dtype, qw.mode, 132, torch.cuda.get_device_name())
 
 
 @pytest.mark.gpu
@@ -120,7 +124,7 @@ def test_gathering_gemv_equals_the_kernel_on_permuted_x(kernel, bits, group, mod
     bias = torch.randn(n, generator=gen, device="cuda").half()
     perm = torch.randperm(k, generator=gen, device="cuda")
     kp = kernel_perm(perm)
-    run = gemv_mod.gemv_mma if kernel.startswith("mma") else gemv_mod.gemv_simt
+    run = gemv_mma_host.gemv_mma if kernel.startswith("mma") else gemv_host.gemv_simt
     dtypes = (torch.float16, torch.bfloat16) + (() if kernel.startswith("mma") else (torch.float32,))
     for dtype in dtypes:
         for m in (1, 3, 16):
@@ -178,9 +182,9 @@ def test_gathering_gemv_rejects_a_bad_perm():
     x = torch.randn(1, 512, generator=gen, device="cuda").half()
     cfg = _config("simt", 1, 64, 512, qw, torch.float16)
     with pytest.raises(ValueError, match="int32"):
-        gemv_mod.gemv_simt(x, qw, None, -math.inf, math.inf, cfg, torch.randperm(512, device="cuda"))
+        gemv_host.gemv_simt(x, qw, None, -math.inf, math.inf, cfg, torch.randperm(512, device="cuda"))
     with pytest.raises(ValueError, match=">= 512 entries"):
-        gemv_mod.gemv_simt(x, qw, None, -math.inf, math.inf, cfg, torch.arange(256, dtype=torch.int32, device="cuda"))
+        gemv_host.gemv_simt(x, qw, None, -math.inf, math.inf, cfg, torch.arange(256, dtype=torch.int32, device="cuda"))
 
 
 @pytest.mark.gpu

@@ -53,15 +53,15 @@ def test_split_rt_grid_configs_are_legal(isolated_tuning):
     import torch
 
     from mixgemm.formats.weight import quantize_weight
-    from mixgemm.kernels import linear as entries
-    from mixgemm.kernels.cuda.gemm_wgmma import tile_error
-    from mixgemm.kernels.cuda.gemv import mma_k_tiles, mma_reduction_fits
+    from mixgemm.kernels import cuda_gemv_mma, linear_common
+    from mixgemm.kernels.cuda_gemv_mma.host import mma_k_tiles, mma_reduction_fits
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import tile_error
     from tools.bench.gemv_dispatch import candidates, split_rt_grid
 
     for bits, group, k, n in ((4, 128, 1024, 4608), (8, -1, 384, 2048)):
         qw = quantize_weight(torch.randn(n, k) * 0.02, bits=bits, group_size=group, mode="sym")
-        p = entries.linear_problem(16, qw, torch.float16, H200)
-        mma = entries._gemv_mma_config(p)
+        p = linear_common.linear_problem(16, qw, torch.float16, H200)
+        mma = cuda_gemv_mma.choose_config(p)
         gemv, gemm = split_rt_grid(p, mma, mma_k_tiles(bits, k))
         assert gemv and all(mma_reduction_fits(c) and mma_k_tiles(bits, k) >= 2 * c["KS"] for c in gemv)
         assert {c["RT"] for c in gemv} <= {2, 4}
@@ -76,24 +76,25 @@ def test_small_m_tiles_times_both_gemv_layouts_against_the_small_m_family(isolat
     import torch
 
     from mixgemm.formats.weight import quantize_weight
-    from mixgemm.kernels import linear as entries
-    from mixgemm.kernels.cuda.gemm_wgmma import tile_error
+    from mixgemm.kernels import cuda_gemv_mma, cuda_wgmma, linear_common
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import tile_error
     from tools.bench.gemv_dispatch import candidates
 
     qw = quantize_weight(torch.randn(4608, 1024) * 0.02, bits=4, group_size=128, mode="zero_point")
-    p = entries.linear_problem(16, qw, torch.float16, H200)
+    p = linear_common.linear_problem(16, qw, torch.float16, H200)
     labels = candidates(p, 16, 4, 1024, small_m_tiles=True)
     assert list(labels) == ["cuda_gemv_mma", "cuda_gemv_mma/compact", "cuda_wgmma"]
-    assert labels["cuda_gemv_mma"] == [entries._gemv_mma_config(p)] and labels["cuda_gemv_mma/compact"][0]["WG"] == 1
+    assert labels["cuda_gemv_mma"] == [cuda_gemv_mma.choose_config(p)] and labels["cuda_gemv_mma/compact"][0]["WG"] == 1
     family = labels["cuda_wgmma"][1:]
     assert len(family) == 16 and all(tile_error(c) is None and c["SK"] == 0 for c in family)
     assert {(c["NWG"], c["KT"], c["SPLIT"]) for c in family} == {(w, t, s) for w in (1, 2) for t in (2, 4)
                                                                   for s in (1, 2, 4, 8)}
-    assert "cuda_gemv_mma/compact" not in candidates(entries.linear_problem(1, qw, torch.float16, H200), 1, 4, 1024,
+    assert "cuda_gemv_mma/compact" not in candidates(linear_common.linear_problem(1, qw, torch.float16, H200),
+                                                     1, 4, 1024,
                                                       small_m_tiles=True)
     # the baseline GEMM config is the one without the table's family, also in a bucket the family takes (H100)
-    wide = dataclasses.replace(entries.linear_problem(16, qw, torch.float16, H100), k=4096, n=14336)
-    assert "wgmma_small_m_family" in entries._wgmma_config(wide).source
+    wide = dataclasses.replace(linear_common.linear_problem(16, qw, torch.float16, H100), k=4096, n=14336)
+    assert "wgmma_small_m_family" in cuda_wgmma.choose_config(wide).source
     first = candidates(wide, 16, 4, 4096, small_m_tiles=True)["cuda_wgmma"][0]
     assert "wgmma_small_m_family" not in getattr(first, "source", "")
 
@@ -104,15 +105,15 @@ def test_crossover_times_the_gemv_on_wgmma_v1_against_the_gemm(isolated_tuning):
     import torch
 
     from mixgemm.formats.weight import quantize_weight
-    from mixgemm.kernels import linear as entries
+    from mixgemm.kernels import cuda_wgmma, linear_common
     from tools.bench.gemv_dispatch import candidates
 
     qw = quantize_weight(torch.randn(256, 1024) * 0.02, bits=8, group_size=-1, mode="sym")
-    p = dataclasses.replace(entries.linear_problem(4, qw, torch.float16, H100), k=3584, n=18944)
+    p = dataclasses.replace(linear_common.linear_problem(4, qw, torch.float16, H100), k=3584, n=18944)
     labels = candidates(p, 4, 8, 3584, crossover=True)
     assert list(labels) == ["cuda_gemv_mma/compact", "cuda_wgmma"]
     assert [len(v) for v in labels.values()] == [1, 1] and labels["cuda_gemv_mma/compact"][0]["WG"] == 1
-    assert labels["cuda_wgmma"][0] == entries._wgmma_config(dataclasses.replace(p, resident="wgmma_v1"))
+    assert labels["cuda_wgmma"][0] == cuda_wgmma.choose_config(dataclasses.replace(p, resident="wgmma_v1"))
     assert "cuda_gemv" in candidates(dataclasses.replace(p, m=1), 1, 8, 3584, crossover=True)
 
 
@@ -122,15 +123,15 @@ def test_mma_pack_times_each_layouts_default_with_pf_and_pack(isolated_tuning):
     import torch
 
     from mixgemm.formats.weight import quantize_weight
-    from mixgemm.kernels import linear as entries
+    from mixgemm.kernels import cuda_gemv_mma, linear_common
     from tools.bench.gemv_dispatch import candidates
 
     qw = quantize_weight(torch.randn(4608, 1024) * 0.02, bits=4, group_size=128, mode="zero_point")
-    p = entries.linear_problem(16, qw, torch.float16, H100)
+    p = linear_common.linear_problem(16, qw, torch.float16, H100)
     labels = candidates(p, 16, 4, 1024, compact_only=True, mma_pack=True)
     assert list(labels) == ["cuda_gemv_mma", "cuda_gemv_mma/compact"]
-    defaults = {"cuda_gemv_mma": entries._gemv_mma_config(p),
-                "cuda_gemv_mma/compact": entries._gemv_mma_config(dataclasses.replace(p, resident="wgmma_v1"))}
+    defaults = {"cuda_gemv_mma": cuda_gemv_mma.choose_config(p),
+                "cuda_gemv_mma/compact": cuda_gemv_mma.choose_config(dataclasses.replace(p, resident="wgmma_v1"))}
     for label, cfgs in labels.items():
         base = cfgs[0]
         assert base == dict(defaults[label]) and base.get("WG", 0) == (label != "cuda_gemv_mma")
@@ -138,7 +139,7 @@ def test_mma_pack_times_each_layouts_default_with_pf_and_pack(isolated_tuning):
         assert len(cfgs) == 4 and combos == {(0, 0), (0, 1), (1, 0), (1, 1)}
         assert all({**c, "PF": 0, "PACK": 0} == {**base, "PF": 0, "PACK": 0} for c in cfgs)
     assert list(candidates(p, 16, 4, 1024, mma_pack=True)) == ["cuda_gemv_mma"]
-    m1 = entries.linear_problem(1, qw, torch.float16, H100)
+    m1 = linear_common.linear_problem(1, qw, torch.float16, H100)
     assert "cuda_gemv" in candidates(m1, 1, 4, 1024, compact_only=True, mma_pack=True)
 
 
@@ -156,7 +157,7 @@ def ONE_BLOCK(tile, bits):  # noqa: N802 - a stand-in for simt_resident_blocks (
 def test_suggest_simt_keeps_a_tile_that_beats_the_rule_across_its_bucket(tmp_path):
     """A bucket gets the tile that is fastest over its layers (both int4 modes together) where it takes <= 0.97x the
     rule's time by geometric mean and at most 1.05x on each layer; a bucket where the rule is as fast gets none."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_rule
 
     def rule(k, n, bits):
         c = wg_simt_rule(n, k, bits, 132)
@@ -183,7 +184,7 @@ def test_suggest_simt_keeps_a_tile_that_beats_the_rule_across_its_bucket(tmp_pat
 def test_suggest_simt_takes_the_fastest_tile_that_qualifies(tmp_path):
     """Where the fastest tile over the bucket's layers loses > 5% to the rule on one of them, the next fastest that
     beats the rule on every layer is kept instead of no entry."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_rule
 
     c = wg_simt_rule(4096, 4096, 4, 132)
     rule = (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
@@ -203,7 +204,7 @@ def test_suggest_simt_takes_the_fastest_tile_that_qualifies(tmp_path):
 def test_simt_generalization_leaves_each_shape_out(tmp_path):
     """A bucket measured on two shapes keeps its tile when either is left out (held out = in sample); a bucket of one
     shape has no table without it, so its held-out choice is the rule."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_rule
 
     def rule(k, n):
         c = wg_simt_rule(n, k, 4, 132)
@@ -229,8 +230,8 @@ def test_simt_generalization_leaves_each_shape_out(tmp_path):
 def test_suggest_simt_limits_a_tile_to_the_rounds_it_was_kept_for(tmp_path):
     """A tile that wins where a layer's blocks fit on the SMs at once but loses where they need a second round serves
     only the layers that fit (BPS = the blocks an SM holds); the others keep the rule, in the table
-    (simt_generalization's pick) as in kernels.cuda.gemv.wg_simt_config."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_blocks_per_sm, wg_simt_rule
+    (simt_generalization's pick) as in kernels.cuda_gemv_mma.host.wg_simt_config."""
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_blocks_per_sm, wg_simt_rule
     from tools.bench.gemv_tables import _simt_layers, _simt_pick, _simt_table
 
     def rule(k, n):
@@ -260,7 +261,7 @@ def test_suggest_simt_zero_point_table_against_todays_pick(tmp_path):
     """--simt-formats w4z --simt-shipped: only the zero-point cases, measured against what wg_simt_config picks today
     on the swept GPU (here none of the tables: the rule, packed as its PF says), tiles with PACK in the grid; the entry
     says PACK explicitly (0 as well: its default would follow PF), and the sym cases of the file are not read."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_config
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config
     from tools.bench.gemv_tables import _simt_tile
 
     def today(k, n):

@@ -1,11 +1,14 @@
-"""The CUDA-core GEMV's step-cost model (kernels/cuda/gemv_steps.py) and its fit (tools/bench/gemv_steps_fit.py)."""
+"""The CUDA-core GEMV's step-cost model (kernels/cuda_gemv/gemv_steps.py) and its fit
+(tools/bench/gemv_steps_fit.py)."""
 
 import json
 
 import pytest
 
-from mixgemm.kernels.cuda import gemv, gemv_steps
-from mixgemm.kernels.cuda.gemv_steps import LaneTile, cheapest_tile, lane_tiles, resident_blocks, tile_shape
+from mixgemm.kernels.cuda import gemv_launch
+from mixgemm.kernels.cuda_gemv import gemv_steps
+from mixgemm.kernels.cuda_gemv import host as gemv_host
+from mixgemm.kernels.cuda_gemv.gemv_steps import LaneTile, cheapest_tile, lane_tiles, resident_blocks, tile_shape
 from mixgemm.tuning import gemv_steps as steps_table
 from mixgemm.tuning.gemv_steps import StepCosts
 
@@ -13,13 +16,13 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def test_lane_tiles_fit_the_row_and_match_the_kernel_rows():
-    """Every tile gives each lane group of each k-slice a chunk, and its rows per block are gemv.tile_rows'."""
+    """Every tile gives each lane group of each k-slice a chunk, and its rows per block are gemv_host.tile_rows'."""
     for kc in (8, 28, 112, 128, 896):
         tiles = lane_tiles(kc)
         assert tiles and all(kc >= t.LW * t.KS or (t.LW, t.KS) == (32, 1) for t in tiles)
         for t in tiles:
-            assert t.rows_per_block == gemv.tile_rows(t.config())
-            assert t.config()["RG"] * t.KS == gemv.WARPS
+            assert t.rows_per_block == gemv_host.tile_rows(t.config())
+            assert t.config()["RG"] * t.KS == gemv_launch.WARPS
     assert LaneTile(2, 1, 8, 16) in lane_tiles(128) and LaneTile(2, 1, 8, 32) not in lane_tiles(128)
     # LW appears only where it is not 32 (gemv's optional keys)
     assert "LW" not in LaneTile(2, 1, 1, 32).config() and LaneTile(2, 1, 1, 16).config()["LW"] == 16
@@ -41,8 +44,8 @@ def test_register_table_matches_the_cubins(family):
     for (r, u), regs in gemv_steps.REGISTERS[family].items():
         for lw, ks in ((32, 2), (16, 8)):
             cfg = LaneTile(r, u, ks, lw).config()
-            d = gemv.defines_for(bits, 0, 0, gemv._MODE[mode], 1, cfg)
-            got = max(nvrtc.cubin_registers(nvrtc.compile_cubin(gemv.SOURCE, tuple(sorted(d.items())), "sm_90"))
+            d = gemv_host.defines_for(bits, 0, 0, gemv_launch._MODE[mode], 1, cfg)
+            got = max(nvrtc.cubin_registers(nvrtc.compile_cubin(gemv_host.SOURCE, tuple(sorted(d.items())), "sm_90"))
                       .values())
             assert resident_blocks(got) == resident_blocks(regs), (family, r, u, lw, ks, got, regs)
 
@@ -77,18 +80,18 @@ def test_choose_config_takes_the_model_where_no_bucket_serves():
     """M = 1 fp16 layers outside the measured buckets take the model's tile (its source says so); the buckets keep
     their layers; other activation dtypes and M keep the rule; every GPU takes the H100's costs."""
     k, n = 2560, 6912  # no H100 bucket for W4 sym
-    kc = gemv.chunks_per_row(4, k)
+    kc = gemv_launch.chunks_per_row(4, k)
     for gpu in (H100, "NVIDIA H200", "NVIDIA A100-SXM4-80GB"):
-        cfg = gemv.choose_config(1, n, kc, 132, 0, 4, k, gpu, "sym")
+        cfg = gemv_host.choose_config(1, n, kc, 132, 0, 4, k, gpu, "sym")
         want = cheapest_tile(n, kc, 4, "sym", 132, steps_table.step_costs(gpu, 4, "sym"))
         if "gemv_m1" in cfg.source:
             continue  # (the H200's buckets)
         assert "step-cost model" in cfg.source
         assert (cfg["R"], cfg["U"], cfg["KS"], cfg.get("LW", 32)) == (want.R, want.U, want.KS, want.LW)
-    served = gemv.choose_config(1, 4096, gemv.chunks_per_row(4, 4096), 132, 0, 4, 4096, H100, "sym")
+    served = gemv_host.choose_config(1, 4096, gemv_launch.chunks_per_row(4, 4096), 132, 0, 4, 4096, H100, "sym")
     assert "gemv_m1" in served.source  # the protocol layer keeps its measured bucket
-    assert not hasattr(gemv.choose_config(1, n, kc, 132, 1, 4, k, H100, "sym"), "source")  # bf16: the rule
-    assert not hasattr(gemv.choose_config(2, n, kc, 132, 0, 4, k, H100, "sym"), "source")  # M = 2: the rule
+    assert not hasattr(gemv_host.choose_config(1, n, kc, 132, 1, 4, k, H100, "sym"), "source")  # bf16: the rule
+    assert not hasattr(gemv_host.choose_config(2, n, kc, 132, 0, 4, k, H100, "sym"), "source")  # M = 2: the rule
     assert steps_table.step_family(4, "offset") == steps_table.step_family(4, "zero_point") == "w4 params"
     assert steps_table.step_family(8, "zero_point") == "w8"
 
@@ -98,7 +101,7 @@ def _sweep(costs: StepCosts, layers, fmt: str) -> dict:
     bits = 8 if fmt == "w8" else 4
     res = []
     for k, n in layers:
-        kc = gemv.chunks_per_row(bits, k)
+        kc = gemv_launch.chunks_per_row(bits, k)
         rows = [{"cfg": t.config(), "us": costs.cost(tile_shape(t, n, kc, bits, "sym", 132), t), "default": i == 0}
                 for i, t in enumerate(lane_tiles(kc))]
         res.append({"K": k, "N": n, "fmt": fmt, "M": 1, "default_entry": "cuda_gemv", "rows": {"cuda_gemv": rows}})
@@ -132,9 +135,9 @@ def test_buckets_the_model_serves_leave_the_tables():
             assert set(shapes) <= measured and not set(shapes) & kept
             assert len(kept) == len(measured - set(shapes))
     k, n = 5120, 5120  # zero point: its entry left the table, the model takes it; sym keeps its entry
-    kc = gemv.chunks_per_row(4, k)
-    assert "step-cost model" in gemv.choose_config(1, n, kc, 132, 0, 4, k, H100, "zero_point").source
-    assert "gemv_m1" in gemv.choose_config(1, n, kc, 132, 0, 4, k, H100, "sym").source
+    kc = gemv_launch.chunks_per_row(4, k)
+    assert "step-cost model" in gemv_host.choose_config(1, n, kc, 132, 0, 4, k, H100, "zero_point").source
+    assert "gemv_m1" in gemv_host.choose_config(1, n, kc, 132, 0, 4, k, H100, "sym").source
 
 
 def test_prune_takes_a_protocol_entry_only_where_the_model_is_no_slower_there():
@@ -149,7 +152,7 @@ def test_prune_takes_a_protocol_entry_only_where_the_model_is_no_slower_there():
     assert entry.measured == (4096, 4096)
     t = entry.value
     tile = LaneTile(t.R, t.U, t.KS, t.LW)
-    pick = cheapest_tile(4096, gemv.chunks_per_row(8, 4096), 8, "sym", 132, step_costs("H100", 8, "sym"))
+    pick = cheapest_tile(4096, gemv_launch.chunks_per_row(8, 4096), 8, "sym", 132, step_costs("H100", 8, "sym"))
     assert pick != tile
 
     def pruned(model_us: float) -> bool:
@@ -188,7 +191,7 @@ def test_wg_simt_model_covers_its_tile_space():
     the H100's or fewer: it takes the H100's where it has none) and a cost per class; the cheapest tile fits its K (two
     steps' worth of k-tiles a slice), and a layer too short for any tile or a family without register counts gets
     None."""
-    from mixgemm.kernels.cuda import gemv_steps as steps
+    from mixgemm.kernels.cuda_gemv import gemv_steps as steps
     from mixgemm.tuning.gemv_steps import WG_SIMT, wg_simt_family, wg_simt_step_costs
 
     space = steps.wg_simt_tiles(1 << 12)
@@ -214,8 +217,8 @@ def test_wg_simt_model_covers_its_tile_space():
 def test_wg_simt_registers_match_this_nvrtc_where_it_is_the_gpus():
     """Where this machine's NVRTC is the GPUs' version (13.0), its cubins give WG_SIMT_REGISTERS' counts, zero point
     with PACK where PF is on and bf16 x included (a sample of the tile space; the table is that compiler's)."""
-    from mixgemm.kernels.cuda import gemv_steps as steps
     from mixgemm.kernels.cuda import nvrtc
+    from mixgemm.kernels.cuda_gemv import gemv_steps as steps
 
     if not nvrtc.nvrtc_available():
         pytest.skip("no NVRTC here")
@@ -223,7 +226,7 @@ def test_wg_simt_registers_match_this_nvrtc_where_it_is_the_gpus():
 
     if tuple(raw.nvrtcVersion()[1:]) != (13, 0):
         pytest.skip("the table is NVRTC 13.0's; register counts differ between its versions")
-    from mixgemm.kernels.cuda.gemv import wg_simt_packs, wg_simt_registers
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_packs, wg_simt_registers
 
     for bits, mode, act, g32 in steps.WG_SIMT_REGISTERS:
         for t in steps.wg_simt_tiles(1 << 12)[::9]:
@@ -236,7 +239,7 @@ def test_wg_simt_model_counts_rounds_from_registers():
     """A tile's rounds are its blocks over the SMs' resident slots from the build's registers: RT 4 U 2 PF 0 KS 8 (97
     registers, 2 blocks of 8 warps a SM) takes 4096x14336 (224 blocks) in one round of 132 SMs and 3584x18944 (296) in
     two; the KS term adds per doubling of the k-slices."""
-    from mixgemm.kernels.cuda.gemv_steps import WgSimtStepTile, wg_simt_tile_shape
+    from mixgemm.kernels.cuda_gemv.gemv_steps import WgSimtStepTile, wg_simt_tile_shape
     from mixgemm.tuning.gemv_steps import StepCosts
 
     t = WgSimtStepTile(4, 2, 0, 8, 1)

@@ -65,7 +65,7 @@ def test_a_tensor_map_parameter_keeps_its_memory():
     (the conv's im2col map was freed before its launch when it did not) and stay 64-byte aligned."""
     import gc
 
-    from mixgemm.kernels.cuda.gemm_wgmma import TensorMapParam
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import TensorMapParam
 
     class FakeMap:  # what cuda-bindings' CUtensorMap offers: the address of its 128 bytes
         def __init__(self):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import torch
 
-from mixgemm.kernels.cuda.gemv import GemvLaunch
+from mixgemm.kernels.cuda.gemv_launch import GemvLaunch
 from mixgemm.kernels.cuda.launch import Params
 
 K, N, CALLS = 64, 8, 200

@@ -91,9 +91,10 @@ def test_layer_state_dict_and_checkpoint_round_trip(tmp_path):
 
 
 def test_cuda_layouts_compaction_and_int8_activations_refuse_them():
-    from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2
-    from mixgemm.formats.layouts_rows import build_rows_v1
-    from mixgemm.formats.layouts_wgmma import build_wgmma_v1
+    from mixgemm.kernels.cuda.rows_layout import build_rows_v1
+    from mixgemm.kernels.cuda_gemv.layout import build_gemv_v2
+    from mixgemm.kernels.cuda_gemv_mma.layout import build_gemv_mma_v1
+    from mixgemm.kernels.cuda_wgmma.layout import build_wgmma_v1
 
     _, qw = _weight(32, 64, "sym")
     for build in (build_gemv_v2, build_gemv_mma_v1, build_wgmma_v1, build_rows_v1):

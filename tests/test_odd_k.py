@@ -62,10 +62,11 @@ def test_packing_holds_exactly_k_codes(k):
 def test_quantized_weight_and_every_layout_hold_the_codes(mode, k):
     """Quantization within half a step, from_codes, and the codes every kernel layout builder holds (read back by its
     own unpack) equal the plain codes: each builds from the true K, the padding nibble never enters."""
-    from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2, unpack_gemv_mma_v1, unpack_gemv_v2
-    from mixgemm.formats.layouts_wgmma import build_wgmma_v1, unpack_wgmma_v1
     from mixgemm.formats.layouts_wgmma_a8 import build_wgmma_a8_v1, unpack_wgmma_a8_v1
+    from mixgemm.kernels.cuda_gemv.layout import build_gemv_v2, unpack_gemv_v2
     from mixgemm.kernels.cuda_gemv_a8.layout import build_a8gemv_v2
+    from mixgemm.kernels.cuda_gemv_mma.layout import build_gemv_mma_v1, unpack_gemv_mma_v1
+    from mixgemm.kernels.cuda_wgmma.layout import build_wgmma_v1, unpack_wgmma_v1
     from mixgemm.kernels.triton.conv_common import build_conv_layout
 
     w, qw = _qw(19, k, mode, seed=k)
@@ -175,7 +176,7 @@ def test_which_cuda_entries_take_odd_k(monkeypatch):
     from described_gpus import H200
     from mixgemm.kernels import int8_activations as a8_entries
     from mixgemm.kernels.int8_activations import a8_problem
-    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.linear_common import linear_problem
     from mixgemm.kernels.registry import entries
 
     monkeypatch.setattr(a8_entries, "nvrtc_ok", lambda: True)
@@ -268,7 +269,7 @@ def test_interp_conv_paths(name, rel_err):
 def test_interp_triton_gemm(mode, k, rel_err):
     """The Triton GEMM on odd K (its layout pads K to two chunks with zero codes, x masked past K): M = 1, 3, 17, fp16
     and fp32, bias and relu6."""
-    from mixgemm.kernels.triton.gemm import gemm
+    from mixgemm.kernels.triton_gemm.gemm import gemm
 
     _, qw = _qw(40, k, mode, seed=k)
     g = torch.Generator().manual_seed(k + 3)

@@ -16,7 +16,7 @@ from described_gpus import A100, H100, H200
 from mixgemm import QuantConfig, quantize_conv_weight
 from mixgemm.formats.weight import from_codes
 from mixgemm.kernels import int8_activations as a8_entries
-from mixgemm.kernels import linear as linear_entries
+from mixgemm.kernels import linear_common
 from mixgemm.kernels.registry import NoKernel, entries, entry, entry_names
 
 # CPU tensors through the Triton entries need the interpreter (tests/conftest.py sets it when there is no GPU)
@@ -26,7 +26,7 @@ needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") i
 
 @pytest.fixture(autouse=True)
 def _nvrtc_present(monkeypatch):
-    monkeypatch.setattr(linear_entries, "nvrtc_ok", lambda: True)
+    monkeypatch.setattr(linear_common, "nvrtc_ok", lambda: True)
     monkeypatch.setattr(a8_entries, "nvrtc_ok", lambda: True)
 
 
@@ -95,7 +95,7 @@ def _choose(m, k, n, bits=4, group_size=128, dtype=torch.float16, device=H100):
     from mixgemm.kernels.registry import choose
 
     qw = _qw(64, 256, bits=bits, group_size=group_size)
-    return choose(replace(linear_entries.linear_problem(m, qw, dtype, device), n=n, k=k))
+    return choose(replace(linear_common.linear_problem(m, qw, dtype, device), n=n, k=k))
 
 
 def test_gemv_over_wgmma_crossover():
@@ -467,7 +467,8 @@ def test_weight_cache_fast_path():
 
 
 def test_resident_bytes():
-    from mixgemm.formats.layouts import build_gemv_mma_v1, build_gemv_v2
+    from mixgemm.kernels.cuda_gemv.layout import build_gemv_v2
+    from mixgemm.kernels.cuda_gemv_mma.layout import build_gemv_mma_v1
 
     qw = _qw(64, 40, group_size=-1, mode="zero_point")  # K = 40 is no whole number of chunks: a padded copy
     r = mixgemm.resident_bytes(qw)

@@ -1,4 +1,4 @@
-"""rows_v1, the resident layout of compacted int8 weight-only layers (formats/layouts_rows.py): the layout and its
+"""rows_v1, the resident layout of compacted int8 weight-only layers (kernels/cuda/rows_layout.py): the layout and its
 read-back on the CPU, its builds of the three kernels that read it (NVRTC), and on an sm_90 GPU each of them forced on
 a compacted weight against the float64 reference."""
 
@@ -12,10 +12,10 @@ import torch
 import mixgemm
 import mixgemm.reference as ref
 from described_gpus import H100
-from mixgemm.formats.layouts_rows import ROWS_PERM, build_rows_v1, unpack_rows_v1
-from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantConfig, compact_placeholder, quantize_weight
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.rows_layout import ROWS_PERM, build_rows_v1, unpack_rows_v1
+from mixgemm.kernels.cuda_wgmma.layout import build_wgmma_v1
 from mixgemm.ops.custom_ops import compact_weight
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
@@ -89,18 +89,18 @@ def test_tensor_core_gemv_on_rows_caps_its_registers():
     so; M = 1 and the wgmma_v1 weight keep their configs."""
     import dataclasses
 
-    from mixgemm.kernels import linear as entries
+    from mixgemm.kernels import linear_common
     from mixgemm.kernels.registry import entry
 
     qw = _qw(4096, 1024, -1, "sym")
     for m in (2, 8, 16):
-        p = dataclasses.replace(entries.linear_problem(m, qw, torch.float16, H100), resident="rows_v1", k=4096)
+        p = dataclasses.replace(linear_common.linear_problem(m, qw, torch.float16, H100), resident="rows_v1", k=4096)
         cfg = entry("cuda_gemv_mma").config(p)
         assert cfg["ROWS"] == 1 and cfg["WG"] == 0 and cfg["MINB"] == 2, cfg
         assert "MINB 2" in cfg.source
         wg = entry("cuda_gemv_mma").config(dataclasses.replace(p, resident="wgmma_v1"))
         assert wg.get("MINB", 0) < 2 and "ROWS" not in wg
-    one = dataclasses.replace(entries.linear_problem(1, qw, torch.float16, H100), resident="rows_v1", k=4096)
+    one = dataclasses.replace(linear_common.linear_problem(1, qw, torch.float16, H100), resident="rows_v1", k=4096)
     assert entry("cuda_gemv_mma").config(one).get("MINB", 0) < 2
 
 
@@ -108,7 +108,8 @@ def test_tensor_core_gemv_on_rows_caps_its_registers():
 def test_nvrtc_compiles_rows_builds():
     """The CUDA-core GEMV (every activation dtype, scale dtype and mode; a lane-group tile and the bulk ring) and the
     tensor-core GEMV (deferred scaling or not, row tiles, double buffering, act-order, packed pairs) on rows_v1."""
-    from mixgemm.kernels.cuda.gemv import choose_mma_config, defines_for, mma_defines_for
+    from mixgemm.kernels.cuda_gemv.host import defines_for
+    from mixgemm.kernels.cuda_gemv_mma.host import choose_mma_config, mma_defines_for
 
     keys = set()
     tiles = ({"R": 4, "U": 2, "RG": 4, "KS": 2, "PF": 1}, {"R": 2, "U": 1, "RG": 8, "KS": 1, "LW": 16},
@@ -116,13 +117,13 @@ def test_nvrtc_compiles_rows_builds():
     for i, (act, scl, mode) in enumerate(itertools.product((0, 1, 2), (0, 1), (0, 1, 2))):
         d = defines_for(8, act, scl, mode, (1, 4)[i % 2], {**tiles[i % 3], "ROWS": 1})
         assert d["GEMV_ROWS"] == 1
-        keys.add(("gemv.cu", tuple(sorted(d.items()))))
+        keys.add(("cuda_gemv/gemv.cu", tuple(sorted(d.items()))))
     for i, (act, mode, mb) in enumerate(itertools.product((0, 1), (0, 1, 2), (1, 2))):
         cfg = {**choose_mma_config(mb, 4096, 64, 132, 8), "ROWS": 1, "WG": 1}
         extra = ({"DEFER": 0, "MINB": 2}, {"DEFER": 1, "RT": 2, "PF": 1, "EARLY": 1}, {"PERM": 1, "PACK": 1})[i % 3]
         d = mma_defines_for(8, act, 0, mode, mb, {**cfg, **extra})
         assert d["MMA_ROWS"] == 1 and "MMA_WG" not in d
-        keys.add(("gemv_mma.cu", tuple(sorted(d.items()))))
+        keys.add(("cuda_gemv_mma/gemv_mma.cu", tuple(sorted(d.items()))))
     for src, key in sorted(keys):
         cubin = nvrtc.compile_cubin(src, key, "sm_90")
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", (src, key)

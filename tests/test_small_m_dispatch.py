@@ -1,4 +1,5 @@
-"""The wgmma GEMM at small M (mixgemm.kernels.cuda.wgmma_waves small-M split model, a table's ``wgmma_small_m``) and
+"""The wgmma GEMM at small M (mixgemm.kernels.cuda_wgmma.wgmma_waves small-M split model, a table's ``wgmma_small_m``)
+and
 the GEMVs' wave-fill rule that hands it M 9..16 (``gemv_min_wave_fill``), checked on the CPU against a described
 H200 and H100 (no GPU needed); the GPU test runs the chosen configs against the float64 reference."""
 
@@ -12,10 +13,10 @@ import torch
 import mixgemm
 from described_gpus import H100, H200
 from mixgemm.formats.weight import QuantConfig, QuantizedWeight, quantize_weight
-from mixgemm.kernels.cuda import gemv as G
-from mixgemm.kernels.cuda import wgmma_waves as W
-from mixgemm.kernels.cuda.gemm_wgmma import output_tiles, tile_error
-from mixgemm.kernels.linear import _small_m_cost
+from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
+from mixgemm.kernels.cuda_wgmma import small_m_cost as _small_m_cost
+from mixgemm.kernels.cuda_wgmma import wgmma_waves as W
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import output_tiles, tile_error
 from mixgemm.kernels.registry import DeviceInfo
 from mixgemm.reference.matmul import matmul as ref_matmul
 from mixgemm.tuning import load_table
@@ -105,11 +106,12 @@ def test_every_slice_keeps_two_stages():
 
 def test_gemv_wave_fill():
     cfg = {"KS": 16, "RG": 1, "U": 1}
-    assert G.mma_wave_fill(cfg, 4608, 132) == (288, pytest.approx(288 / 528))  # 2 blocks of 16 warps per SM
-    assert G.mma_wave_fill(cfg, 4096, 132) == (256, pytest.approx(256 / 264))
-    assert G.mma_wave_fill({**cfg, "RT": 2}, 4608, 132) == (144, pytest.approx(144 / 264))  # 1 block at RT 2
-    assert G.mma_wave_fill({"KS": 8, "RG": 1}, 5120, 132) == (320, pytest.approx(320 / 528))
-    assert G.MMA_WG_BLOCKS_PER_SM == {1: 4, 2: 3}
+    assert gemv_mma_host.mma_wave_fill(cfg, 4608, 132) == (288, pytest.approx(288 / 528))  # 2 blocks of 16 warps per SM
+    assert gemv_mma_host.mma_wave_fill(cfg, 4096, 132) == (256, pytest.approx(256 / 264))
+    # 1 block at RT 2
+    assert gemv_mma_host.mma_wave_fill({**cfg, "RT": 2}, 4608, 132) == (144, pytest.approx(144 / 264))
+    assert gemv_mma_host.mma_wave_fill({"KS": 8, "RG": 1}, 5120, 132) == (320, pytest.approx(320 / 528))
+    assert gemv_mma_host.MMA_WG_BLOCKS_PER_SM == {1: 4, 2: 3}
 
 
 @pytest.mark.usefixtures("isolated_tuning")
@@ -268,14 +270,18 @@ def test_small_m_dispatch_matches_the_reference(m, bits, gs, mode, n, k, dtype):
 def test_int8_k_slices_stop_at_the_layers_64_k_tiles():
     """int8 on wgmma_v1 at M 2..8: no more k-slices than the layer has 64-k tiles (K = 896: 14 tiles, so 8 slices, not
     the 16 the rule's 32-k units give); other K, M = 1 / 16, int4 and gemv_mma_v1 keep the rule's split."""
-    assert G.int8_k_slices({"KS": 16, "RG": 1, "U": 2, "PF": 1}, 896) == {"KS": 8, "RG": 1, "U": 2, "PF": 1}
-    assert G.int8_k_slices({"KS": 16, "RG": 1, "U": 2}, 960)["KS"] == 8  # 15 tiles
-    assert G.int8_k_slices({"KS": 4, "RG": 2, "U": 2}, 192) == {"KS": 2, "RG": 4, "U": 2}  # 3 tiles
-    assert G.int8_k_slices({"KS": 16, "RG": 1, "U": 2}, 1024)["KS"] == 16  # 16 tiles: one a slice
+    assert gemv_mma_host.int8_k_slices({"KS": 16, "RG": 1, "U": 2, "PF": 1}, 896) == {"KS": 8, "RG": 1, "U": 2, "PF": 1}
+    assert gemv_mma_host.int8_k_slices({"KS": 16, "RG": 1, "U": 2}, 960)["KS"] == 8  # 15 tiles
+    assert gemv_mma_host.int8_k_slices({"KS": 4, "RG": 2, "U": 2}, 192) == {"KS": 2, "RG": 4, "U": 2}  # 3 tiles
+    assert gemv_mma_host.int8_k_slices({"KS": 16, "RG": 1, "U": 2}, 1024)["KS"] == 16  # 16 tiles: one a slice
     for m, ks in ((1, 16), (2, 8), (8, 8), (16, 16)):
-        assert G.mma_config(m, 4864, 896, 8, -1, 132, wg=1)["KS"] == ks, m
-    assert G.mma_config(2, 4864, 896, 8, -1, 132, wg=0)["KS"] == 16  # gemv_mma_v1's own 32-k tiles: 28 of them
-    assert G.mma_config(2, 4864, 896, 4, 128, 132)["KS"] == G.choose_mma_config(1, 4864, 14, 132, 4)["KS"]
+        assert gemv_mma_host.mma_config(m, 4864, 896, 8, -1, 132,
+                                        wg=1)["KS"] == ks, m
+    # gemv_mma_v1's own 32-k tiles: 28 of them
+    assert gemv_mma_host.mma_config(2, 4864, 896, 8, -1, 132,
+                                    wg=0)["KS"] == 16
+    host = gemv_mma_host
+    assert host.mma_config(2, 4864, 896, 4, 128, 132)["KS"] == host.choose_mma_config(1, 4864, 14, 132, 4)["KS"]
     assert _explain(896, 4864, 2, 8, device=H100).config["KS"] == 8  # through the registry, both GPUs
     assert _explain(896, 128, 8, 8).config["KS"] == 8
 
@@ -285,15 +291,15 @@ def test_one_wave_k_split_at_m_2_to_8():
     """KS 16 -> 8 at M 2..8 where KS 16's blocks spill into a second wave of at most half the slots (int8, N
     4224..6336)."""
     base = {"KS": 16, "RG": 1, "U": 2}
-    assert G.one_wave_k_split(base, 4608, 132, 1.5)["KS"] == 8  # 288 blocks: 1.09 waves -> 0.55
-    assert G.one_wave_k_split(base, 4096, 132, 1.5)["KS"] == 16  # 256 blocks: one wave
-    assert G.one_wave_k_split(base, 7168, 132, 1.5)["KS"] == 16  # 448 blocks: 1.7 waves
-    assert G.one_wave_k_split({**base, "RT": 2}, 4608, 132, 1.5)["RT"] == 2  # only RT 1 grids
+    assert gemv_mma_host.one_wave_k_split(base, 4608, 132, 1.5)["KS"] == 8  # 288 blocks: 1.09 waves -> 0.55
+    assert gemv_mma_host.one_wave_k_split(base, 4096, 132, 1.5)["KS"] == 16  # 256 blocks: one wave
+    assert gemv_mma_host.one_wave_k_split(base, 7168, 132, 1.5)["KS"] == 16  # 448 blocks: 1.7 waves
+    assert gemv_mma_host.one_wave_k_split({**base, "RT": 2}, 4608, 132, 1.5)["RT"] == 2  # only RT 1 grids
     spill = float(load_table("h200")["gemv_one_wave_k_split"]["max_spill"])
     for m, ks in ((1, 16), (2, 8), (8, 8), (9, 16), (16, 16)):
-        assert G.mma_config(m, 4608, 4096, 8, -1, 132, one_wave_max_spill=spill)["KS"] == ks
-    assert G.mma_config(8, 4096, 4096, 8, -1, 132, one_wave_max_spill=spill)["KS"] == 16
-    assert G.mma_config(8, 4608, 4096, 8, -1, 132)["KS"] == 16  # off without a table's bound
-    assert G.mma_waves({"KS": 8, "RG": 1}, 4608, 132) == (288, pytest.approx(288 / 528))
+        assert gemv_mma_host.mma_config(m, 4608, 4096, 8, -1, 132, one_wave_max_spill=spill)["KS"] == ks
+    assert gemv_mma_host.mma_config(8, 4096, 4096, 8, -1, 132, one_wave_max_spill=spill)["KS"] == 16
+    assert gemv_mma_host.mma_config(8, 4608, 4096, 8, -1, 132)["KS"] == 16  # off without a table's bound
+    assert gemv_mma_host.mma_waves({"KS": 8, "RG": 1}, 4608, 132) == (288, pytest.approx(288 / 528))
     assert _explain(4096, 4608, 8, 8).config["KS"] == 8  # through the registry on the H200
     assert _explain(4096, 4608, 8, 8, device=H100).config["KS"] == 16  # the H100 was not measured

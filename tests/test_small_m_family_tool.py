@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mixgemm.kernels.cuda import wgmma_waves as W
+from mixgemm.kernels.cuda_wgmma import wgmma_waves as W
 from mixgemm.tuning import load_table
 from tools.bench import small_m_family as T
 

@@ -19,7 +19,7 @@ import mixgemm.__main__
 from described_gpus import A100, H100
 from mixgemm import QuantConfig, quantize_weight
 from mixgemm.bench import tune
-from mixgemm.kernels import linear as linear_entries
+from mixgemm.kernels import cuda_gemv, cuda_gemv_mma, cuda_wgmma, linear_common
 from mixgemm.kernels.registry import choose, entries
 from mixgemm.tuning import cache as tcache
 
@@ -32,7 +32,7 @@ def _qw(n, k, bits=4, group_size=128, mode="sym", seed=0):
 
 
 def _problem(m, qw, dtype=torch.float16, device=H100):
-    return linear_entries.linear_problem(m, qw, dtype, device)
+    return linear_common.linear_problem(m, qw, dtype, device)
 
 
 # ------------------------------------------------------------------------------------------------ buckets
@@ -189,7 +189,7 @@ def test_cache_read_once_until_reload(tmp_path):
 
 # ------------------------------------------------------------------------------------------- candidates
 def wgmma_tile_error(cfg):
-    from mixgemm.kernels.cuda.gemm_wgmma import tile_error
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import tile_error
 
     return tile_error(cfg)
 
@@ -197,7 +197,7 @@ def wgmma_tile_error(cfg):
 def triton_tile_error(cfg):
     # imported late: the Triton module reads TRITON_INTERPRET when imported, which other test modules set when
     # collected
-    from mixgemm.kernels.triton.gemm import tile_error
+    from mixgemm.kernels.triton_gemm.gemm import tile_error
 
     return tile_error(cfg)
 
@@ -209,7 +209,7 @@ def test_candidates_are_small_legal_and_not_the_default():
         e = choose(p).entry
         cands = e.candidates(p)
         default = e.config(p)
-        family = [c for c in linear_entries.small_m_family_candidates(p) if c != default]
+        family = [c for c in cuda_wgmma.small_m_family_candidates(p) if c != default]
         if e.name == "cuda_wgmma" and m <= 16:  # the small-M tile family is tried on top of the neighbours
             assert all(c in cands for c in family if wgmma_tile_error(c) is None)
             cands = [c for c in cands if c not in family]
@@ -499,22 +499,22 @@ def test_zero_point_gemv_candidates_try_the_x_sum_form():
     """At M = 1 with fp16 x a zero-point weight's CUDA-core GEMV candidates include each tile with its zero points
     through the x sum (ZSUM, gemv.cu GEMV_ZSUM), whose registers change which tile fits; sym weights have no such
     variant, nor bf16 x (the form is fp16 only)."""
-    from mixgemm.kernels.linear import _gemv_candidates
+    from mixgemm.kernels.cuda_gemv import candidates as _gemv_candidates
 
     for mode, dtype, expect in (("zero_point", torch.float16, True), ("sym", torch.float16, False),
                                 ("zero_point", torch.bfloat16, False)):
         qw = quantize_weight(torch.randn(6144, 4096), bits=4, group_size=128, mode=mode)
-        cands = _gemv_candidates(linear_entries.linear_problem(1, qw, dtype, H100))
+        cands = _gemv_candidates(linear_common.linear_problem(1, qw, dtype, H100))
         with_sum = [c for c in cands if c.get("ZSUM")]
         assert bool(with_sum) == expect, (mode, dtype)
         if expect:  # every tile without it (and without PF's second buffer) also appears with it (the lane-width
             # variants, the default's only, and the step-cost model's tiles, LW 32 or not, come as they are)
-            from mixgemm.kernels.cuda.gemv import chunks_per_row
-            from mixgemm.kernels.cuda.gemv_steps import ranked_tiles
+            from mixgemm.kernels.cuda.gemv_launch import chunks_per_row
+            from mixgemm.kernels.cuda_gemv.gemv_steps import ranked_tiles
             from mixgemm.tuning.gemv_steps import step_costs
 
             tiles = ranked_tiles(6144, chunks_per_row(4, 4096), 4, mode, 132, step_costs(H100.name, 4, mode))
-            model = [(t.R, t.U, t.KS, t.LW) for t in tiles[:linear_entries.STEP_MODEL_CANDIDATES]]
+            model = [(t.R, t.U, t.KS, t.LW) for t in tiles[:cuda_gemv.STEP_MODEL_CANDIDATES]]
             assert sum((c["R"], c["U"], c["KS"], c.get("LW", 32)) in model for c in cands) >= 3
             assert all({**c, "ZSUM": 1} in with_sum for c in cands if not c.get("ZSUM") and not c["PF"]
                        and "LW" not in c and (c["R"], c["U"], c["KS"], c.get("LW", 32)) not in model)
@@ -526,12 +526,12 @@ def test_compacted_zero_point_m1_candidates_try_the_other_packing():
     SIMT_PACK); sym weights have no such variant."""
     from dataclasses import replace
 
-    from mixgemm.kernels.linear import _gemv_mma_candidates
+    from mixgemm.kernels.cuda_gemv_mma import candidates as _gemv_mma_candidates
 
     for mode in ("zero_point", "offset", "sym"):
         qw = quantize_weight(torch.randn(14336, 4096), bits=4, group_size=128, mode=mode)
-        p = replace(linear_entries.linear_problem(1, qw, torch.float16, H100), resident="wgmma_v1")
-        simt = [c for c in [linear_entries._gemv_mma_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
+        p = replace(linear_common.linear_problem(1, qw, torch.float16, H100), resident="wgmma_v1")
+        simt = [c for c in [cuda_gemv_mma.choose_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
         packs = {c.get("PACK") for c in simt}
         assert packs == ({None} if mode == "sym" else {0, 1}), (mode, simt)
 
@@ -541,27 +541,28 @@ def test_compacted_m1_candidates_try_one_step_and_the_rule():
     whichever the dispatcher took (the one-step rule's round of resident warps is a model)."""
     from dataclasses import replace
 
-    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_one_step_tile
-    from mixgemm.kernels.linear import _gemv_mma_candidates
+    from mixgemm.kernels.cuda_gemv_mma import candidates as _gemv_mma_candidates
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config, wg_simt_one_step_tile
 
     for k, n in ((2048, 2048), (4096, 4096)):  # one step applies / its warps need a second round
         qw = quantize_weight(torch.randn(n, k), bits=4, group_size=128)
-        p = replace(linear_entries.linear_problem(1, qw, torch.float16, H100), resident="wgmma_v1")
+        p = replace(linear_common.linear_problem(1, qw, torch.float16, H100), resident="wgmma_v1")
         tiles = [{key: c.get(key) for key in ("U", "PF", "KS", "RG", "RT")}
-                 for c in [linear_entries._gemv_mma_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
+                 for c in [cuda_gemv_mma.choose_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
         for want in (wg_simt_one_step_tile(k), wg_simt_config(n, k, 4, 132, H100.name, one_step=False)):
             assert {key: want.get(key) for key in ("U", "PF", "KS", "RG", "RT")} in tiles, (k, n, want, tiles)
 
 
 def test_small_m_candidates_flip_double_buffering():
     """At M 2..16 the tensor-core GEMV's candidates include its default with double buffering flipped, for zero-point /
-    offset weights together with the packed parameter pair (kernels.cuda.gemv.mma_pf_pack); sym weights never pack."""
-    from mixgemm.kernels.linear import _gemv_mma_candidates
+    offset weights together with the packed parameter pair (kernels.cuda_gemv_mma.host.mma_pf_pack); sym weights never
+    pack."""
+    from mixgemm.kernels.cuda_gemv_mma import candidates as _gemv_mma_candidates
 
     for mode in ("zero_point", "offset", "sym"):
         qw = quantize_weight(torch.randn(1024, 2048), bits=4, group_size=128, mode=mode)
-        p = linear_entries.linear_problem(8, qw, torch.float16, H100)
-        base = dict(linear_entries._gemv_mma_config(p))
+        p = linear_common.linear_problem(8, qw, torch.float16, H100)
+        base = dict(cuda_gemv_mma.choose_config(p))
         cands = _gemv_mma_candidates(p)
         # (1024 rows at KS 16: one block per SM, so the rule double buffers; the candidate is the default without)
         assert base["PF"] == 1 and base.get("PACK", 0) == (mode != "sym")
@@ -572,16 +573,16 @@ def test_small_m_candidates_flip_double_buffering():
 def test_sixteen_warp_candidates_flip_the_register_cap():
     """At the 16-row M bucket a 16-warp tensor-core config's candidates include it with the registers capped for two
     blocks per SM (MINB 2) or not, whichever the rule did not pick (the rule asks this machine's compiler)."""
-    from mixgemm.kernels.linear import _gemv_mma_candidates
+    from mixgemm.kernels.cuda_gemv_mma import candidates as _gemv_mma_candidates
 
     qw = quantize_weight(torch.randn(4096, 4096), bits=4, group_size=128)
     for m in (9, 16):
-        p = linear_entries.linear_problem(m, qw, torch.bfloat16, H100)
-        base = dict(linear_entries._gemv_mma_config(p))
+        p = linear_common.linear_problem(m, qw, torch.bfloat16, H100)
+        base = dict(cuda_gemv_mma.choose_config(p))
         assert base["KS"] * base["RG"] == 16
         flipped = {**base, "MINB": 0 if base.get("MINB", 0) > 1 else 2}
         assert flipped in _gemv_mma_candidates(p)
-    p = linear_entries.linear_problem(8, qw, torch.bfloat16, H100)  # (M <= 8: not offered)
+    p = linear_common.linear_problem(8, qw, torch.bfloat16, H100)  # (M <= 8: not offered)
     assert not any("MINB" in c for c in _gemv_mma_candidates(p))
 
 
@@ -591,7 +592,7 @@ def test_tune_formats_include_the_zero_point_forms():
     assert tune.parse_formats("w4a16-zp, W8A16-ZP") == ["W4A16-ZP", "W8A16-ZP"]
     zp, sym = tune.WEIGHT_ONLY["W4A16-ZP"].weight_config(), tune.WEIGHT_ONLY["W4A16"].weight_config()
     assert (zp.mode, zp.bits, zp.group_size) == ("zero_point", 4, 128) and sym.mode == "sym"
-    keys = {tcache.bucket_key(linear_entries.linear_problem(1, quantize_weight(torch.randn(256, 512), c), torch.float16,
+    keys = {tcache.bucket_key(linear_common.linear_problem(1, quantize_weight(torch.randn(256, 512), c), torch.float16,
                                                             H100), "cuda_gemv") for c in (zp, sym)}
     assert len(keys) == 2
 

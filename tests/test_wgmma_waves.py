@@ -1,4 +1,5 @@
-"""The wgmma GEMM's wave model (mixgemm.kernels.cuda.wgmma_waves): tile and cluster split from the wave count, checked
+"""The wgmma GEMM's wave model (mixgemm.kernels.cuda_wgmma.wgmma_waves): tile and cluster split from the wave count,
+checked
 on the CPU against a described H100 (no GPU needed)."""
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import torch
 import mixgemm
 from described_gpus import H100, H200
 from mixgemm.formats.weight import QuantConfig, QuantizedWeight
-from mixgemm.kernels.cuda import wgmma_waves as W
-from mixgemm.kernels.cuda.gemm_wgmma import tile_error
-from mixgemm.kernels.linear import _wave_cost
+from mixgemm.kernels.cuda_wgmma import wave_cost as _wave_cost
+from mixgemm.kernels.cuda_wgmma import wgmma_waves as W
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import tile_error
 from mixgemm.kernels.registry import DeviceInfo
 from mixgemm.tuning import load_table
 
@@ -94,7 +95,8 @@ def test_many_wave_problems_keep_the_table_tile(k, n, m):
 def test_tune_candidates_try_every_tail_split():
     """Where a partial last wave follows a whole one, mixgemm tune also times one launch and every TAIL split beside
     the model's pick (tuning can only improve on it); without one, no TAIL variants."""
-    from mixgemm.kernels.linear import _wgmma_candidates, linear_problem
+    from mixgemm.kernels.cuda_wgmma import candidates as _wgmma_candidates
+    from mixgemm.kernels.linear_common import linear_problem
 
     p = linear_problem(1024, _layer(5120, 13824), torch.float16, H100)  # 160 tiles: 28 past one wave
     got = {c.get("TAIL") for c in _wgmma_candidates(p) if c.get("SPLIT") == 1 and c.get("BM") == 256}
@@ -297,7 +299,8 @@ def test_token_tiles_section_is_checked(change, match):
 
 
 def test_tune_candidates_take_the_token_tiles():
-    from mixgemm.kernels.linear import _wgmma_candidates, linear_problem
+    from mixgemm.kernels.cuda_wgmma import candidates as _wgmma_candidates
+    from mixgemm.kernels.linear_common import linear_problem
 
     p = linear_problem(1024, _layer(4864, 896), torch.float16, H100)
     bms = {c["BM"] for c in _wgmma_candidates(p) if c.get("NWG") == 2 and c.get("SPLIT") == 1}

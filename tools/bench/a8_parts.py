@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from mixgemm import tuning
 from mixgemm.kernels.cuda import act_quant_rows
-from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import OutputRows
 from mixgemm.kernels.cuda_wgmma_a8 import config as _wgmma_a8_config
 from mixgemm.kernels.cuda_wgmma_a8 import prepare as _prepare_wgmma_a8
 from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import prepare_wgmma_a8

@@ -33,7 +33,7 @@ def launches(qw, m: int, fq: int):
     """FQ 0: the plan's two launches (row quantizer, GEMM) as a callable of (x, bias, lo, hi). FQ 1: the GEMM that
     quantizes in its launch, called directly with scratch and counters of its own (the plan's launch takes the two
     launches under graph capture, which this timing uses)."""
-    from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import OutputRows
     from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import prepare_wgmma_a8, scratch_bytes
 
     dev = torch.device("cuda", torch.cuda.current_device())

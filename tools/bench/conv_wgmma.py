@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from mixgemm import kernel_options, quantize_conv_weight
 from mixgemm.bench.conv import CONV_PRESET
 from mixgemm.bench.protocol import graph_time_us, l2_bytes
-from mixgemm.kernels.cuda import gemm_wgmma as G
 from mixgemm.kernels.cuda_dwconv.dwconv import DwCudaConfig
+from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
 from mixgemm.kernels.triton_conv_smallk import conv_smallk
 from mixgemm.kernels.triton_conv_smallk.conv_smallk import SmallKConfig
 from mixgemm.kernels.triton_dwconv.dwconv import DwConfig

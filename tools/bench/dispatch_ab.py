@@ -13,7 +13,8 @@ the tensor-core GEMV's) differs between two package trees, each timed with both 
 --scale-dtypes, on the plain codes or (--resident wgmma_v1) on compacted weights, once with this tree's package and
 once with OLD_SRC's (a `git archive REV src | tar -x -C DIR` copy: DIR/src), and writes the cases whose GEMV config
 changed ({"old": cfg, "new": cfg} with the kernel, M, dtypes and layout); cases where the kernel itself changed are
-listed, not timed. Rules that read the compiler's register counts (kernels.cuda.gemv.mma_cap_registers) answer for
+listed, not timed. Rules that read the compiler's register counts (kernels.cuda_gemv_mma.host.mma_cap_registers)
+answer for
 the NVRTC of the machine --diff runs on: run it where the GPU's NVRTC is. --time times each case's configs forced on
 its kernel, every optional key explicit (a forced tensor-core config is laid over the dispatcher's own, so a key one
 config leaves out would take the new rule's value), over weight copies past 3x L2 (compacted where the case's layout
@@ -33,7 +34,7 @@ import sys
 from tools.bench.gemv_tables import FORMATS, geomean
 
 KERNELS = ("cuda_gemv", "cuda_gemv_mma")  # the GEMVs whose configs a case compares
-# a tensor-core config's optional keys at their "off" values (kernels.cuda.gemv.mma_defines_for; SIMT 0: the
+# a tensor-core config's optional keys at their "off" values (kernels.cuda_gemv_mma.host.mma_defines_for; SIMT 0: the
 # tensor cores, not the CUDA-core GEMV on wgmma_v1 that a compacted M = 1 call's config routes to), so that a forced
 # config is the whole config whichever keys the dispatcher's own sets
 MMA_NEUTRAL = {"EARLY": 0, "RT": 1, "MINB": 0, "PF": 0, "PACK": 0, "PERM": 0, "G32": 0, "SIMT": 0}
@@ -73,8 +74,12 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms:
     import torch
 
     from mixgemm.formats.weight import quantize_weight
-    from mixgemm.kernels import linear
     from mixgemm.kernels.registry import DeviceInfo, choose
+
+    try:
+        from mixgemm.kernels.linear_common import linear_problem
+    except ImportError:  # a tree from before the kernel folders (the A side of an A / B comparison)
+        from mixgemm.kernels.linear_common import linear_problem
 
     dev = DeviceInfo("cuda", 0, (9, 0), sms, gpu_name, 227 * 1024)
     out = {}
@@ -85,7 +90,7 @@ def dispatch(shapes: list[tuple[int, int]], fmts: list[str], gpu_name: str, sms:
                                  scale_dtype=getattr(torch, sd))
             for m in ms:
                 for dt in dtypes:
-                    base = linear.linear_problem(m, qw, getattr(torch, dt), dev)
+                    base = linear_problem(m, qw, getattr(torch, dt), dev)
                     for k, n in shapes:
                         if group > 0 and k % group:
                             continue
@@ -161,7 +166,7 @@ def diff(old: dict, new: dict) -> tuple[list[dict], list[str]]:
 
 def forced(kernel: str, cfg: dict) -> dict:
     """The config to force: a tensor-core one with every optional key explicit (MMA_NEUTRAL under it); a CUDA-core one
-    as it is (kernels.cuda.gemv.simt_override completes it from defaults, never from the dispatcher's own)."""
+    as it is (kernels.cuda_gemv.host.simt_override completes it from defaults, never from the dispatcher's own)."""
     return {**MMA_NEUTRAL, **cfg} if kernel == "cuda_gemv_mma" else cfg
 
 

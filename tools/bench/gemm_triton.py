@@ -28,8 +28,8 @@ from triton.testing import do_bench
 from mixgemm.bench import protocol
 from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.weight import quantize_weight
-from mixgemm.kernels.triton.gemm import auto_split, gemm
-from mixgemm.kernels.triton.layout import get_layout, layout_name
+from mixgemm.kernels.triton_gemm.gemm import auto_split, gemm
+from mixgemm.kernels.triton_gemm.layout import get_layout, layout_name
 from tools.bench.kernel_choice import entry_config
 
 INF = float("inf")
@@ -241,7 +241,7 @@ def run_final(args):
 
 def run_cross(args):
     """GEMV vs GEMM at small M (the dispatch crossover), next to fp16 cuBLAS."""
-    from mixgemm.kernels.cuda.gemv import gemv
+    from mixgemm.kernels.cuda.gemv_direct import gemv
 
     e = env()
     print(json.dumps(e), flush=True)

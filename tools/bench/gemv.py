@@ -1,4 +1,4 @@
-"""Protocol-style timing of the CUDA GEMV (mixgemm.kernels.cuda.gemv) against fp16 cuBLAS and tinygemm.
+"""Protocol-style timing of the CUDA GEMV (mixgemm.kernels.cuda_gemv.host) against fp16 cuBLAS and tinygemm.
 
 Method (docs/benchmarking.md): C copies of each layer exceeding 3x L2, one CUDA graph calling
 the C layers back to back on the same activation, median replay time (triton.testing.do_bench) / C.
@@ -21,7 +21,7 @@ import mixgemm.reference as ref
 from mixgemm.bench import protocol
 from mixgemm.bench.protocol import eager_time_us, graph_time_us
 from mixgemm.formats.weight import quantize_weight
-from mixgemm.kernels.cuda.gemv import gemv
+from mixgemm.kernels.cuda.gemv_direct import gemv
 from tools.bench.kernel_choice import gemv_options
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (28672, 8192)]  # K x N

@@ -44,16 +44,10 @@ import mixgemm
 from mixgemm.bench import protocol
 from mixgemm.bench.models import catalog, model_layers
 from mixgemm.formats.weight import quantize_weight
-from mixgemm.kernels import linear as entries
-from mixgemm.kernels.cuda.gemv import (
-    _MODE,
-    WG_LAYOUT,
-    chunks_per_row,
-    mma_k_tiles,
-    mma_reduction_fits,
-    wg_simt_packs,
-)
-from mixgemm.kernels.cuda.gemv_steps import lane_tiles, wg_simt_tiles
+from mixgemm.kernels import cuda_gemv, cuda_gemv_mma, cuda_wgmma, linear_common
+from mixgemm.kernels.cuda.gemv_launch import _MODE, chunks_per_row
+from mixgemm.kernels.cuda_gemv.gemv_steps import lane_tiles, wg_simt_tiles
+from mixgemm.kernels.cuda_gemv_mma.host import WG_LAYOUT, mma_k_tiles, mma_reduction_fits, wg_simt_packs
 from mixgemm.kernels.registry import device_info
 from tools.bench.gemv_tables import FORMATS, simt_generalization, simt_resident_blocks, suggest, suggest_simt
 
@@ -65,11 +59,12 @@ def mma_grid(base: dict, kt: int) -> list[dict]:
 
 
 def mma_variants(base: dict) -> list[dict]:
-    """The tensor-core GEMV's M > 1 variants around the default ``base`` (kernels.cuda.gemv.mma_row_tiles): without
+    """The tensor-core GEMV's M > 1 variants around the default ``base`` (kernels.cuda_gemv_mma.host.mma_row_tiles):
+    without
     EARLY and RT, with EARLY (the first step's weights before the PDL wait), and EARLY with two row tiles per warp
     (RT 2) at the same KS, less ``base`` itself and those whose k-slice reduction does not fit
-    (kernels.cuda.gemv.mma_reduction_fits)."""
-    # (explicit 0 / 1: a forced config is laid over the default, kernels.cuda.gemv.mma_override)
+    (kernels.cuda_gemv_mma.host.mma_reduction_fits)."""
+    # (explicit 0 / 1: a forced config is laid over the default, kernels.cuda_gemv_mma.host.mma_override)
     out = [{**base, "EARLY": 0, "RT": 1}, {**base, "EARLY": 1, "RT": 1}, {**base, "EARLY": 1, "RT": 2}]
     same = {**base, "EARLY": base.get("EARLY", 0), "RT": base.get("RT", 1)}
     return [c for c in out if c != same and mma_reduction_fits(c)]
@@ -79,9 +74,9 @@ def mma_variants(base: dict) -> list[dict]:
 # 512 bytes per lane in flight (PF counts twice)
 def wg_simt_grid(kt64: int, pack: bool = False, mode: str = "sym") -> list[dict]:
     """M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): the step-cost model's tile space
-    (kernels.cuda.gemv_steps.wg_simt_tiles) for kt64 64-k tiles, each as the dispatcher runs it for ``mode``
-    (kernels.cuda.gemv.wg_simt_packs: zero point / offset with PACK where PF is on). pack: each zero-point / offset tile
-    also with the other PACK."""
+    (kernels.cuda_gemv.gemv_steps.wg_simt_tiles) for kt64 64-k tiles, each as the dispatcher runs it for ``mode``
+    (kernels.cuda_gemv_mma.host.wg_simt_packs: zero point / offset with PACK where PF is on). pack: each zero-point /
+    offset tile also with the other PACK."""
     out = [wg_simt_packs(t.config(), mode) for t in wg_simt_tiles(kt64)]
     if not pack or mode == "sym":
         return out
@@ -95,7 +90,8 @@ def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int,
     from concurrent.futures import ProcessPoolExecutor
 
     from mixgemm.kernels.cuda import nvrtc
-    from mixgemm.kernels.cuda.gemv import _ACT, simt_defines_for
+    from mixgemm.kernels.cuda.gemv_launch import _ACT
+    from mixgemm.kernels.cuda_gemv_mma.host import simt_defines_for
 
     keys = set()
     for fmt in fmts:
@@ -105,7 +101,8 @@ def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int,
                 d = simt_defines_for(bits, _ACT[dtype], 0, _MODE[mode], {**cfg, "G32": int(group == 32)})
                 keys.add(tuple(sorted(d.items())))
     with ProcessPoolExecutor(os.cpu_count()) as pool:
-        list(pool.map(nvrtc.compile_cubin, ["gemv_wg_simt.cu"] * len(keys), sorted(keys), [arch] * len(keys)))
+        list(pool.map(nvrtc.compile_cubin, ["cuda_gemv_mma/gemv_wg_simt.cu"] * len(keys), sorted(keys),
+                      [arch] * len(keys)))
 
 
 def split_rt_grid(p, mma: dict, kt: int) -> tuple[list[dict], list[dict]]:
@@ -120,7 +117,7 @@ def split_rt_grid(p, mma: dict, kt: int) -> tuple[list[dict], list[dict]]:
                 c = {**mma, "EARLY": 1, "RT": rt, "KS": ks, "RG": 1, "U": u}
                 if kt >= 2 * ks and mma_reduction_fits(c):
                     gemv.append(c)
-    base = entries._wgmma_config(p)
+    base = cuda_wgmma.choose_config(p)
     gemm = [{**base, "NWG": nwg, "SK": 0, "SERIAL": 0, "SPLIT": s, "CLUSTER": 1} for nwg in (2, 1) for s in (2, 3, 4)]
     return gemv, gemm
 
@@ -162,27 +159,30 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
     tensor-core GEMV with mma_variants too.
     small_m_tiles (M > 1): the tensor-core GEMV's defaults on both layouts (cuda_gemv_mma, cuda_gemv_mma/compact)
     against the wgmma GEMM's config without the table's small-M tile family (first) and the family's 16 tiles
-    (kernels.linear.small_m_family_candidates).
+    (kernels.cuda_wgmma.small_m_family_candidates).
     mma_pack (M > 1, with compact_only or the default families): each tensor-core GEMV family's default also with PF
     and PACK on and off (mma_pack_variants) instead of its other variants.
     lw_grid (M = 1): the CUDA-core GEMV's default against lane_grid only.
     crossover (M > 1): the tensor-core GEMV's default on wgmma_v1 against the wgmma GEMM's default."""
     if crossover and m > 1:
         pr = dataclasses.replace(p, resident=WG_LAYOUT)
-        return {"cuda_gemv_mma/compact": [dict(entries._gemv_mma_config(pr))],
-                "cuda_wgmma": [entries._wgmma_config(pr)]}
+        return {"cuda_gemv_mma/compact": [dict(cuda_gemv_mma.choose_config(pr))],
+                "cuda_wgmma": [cuda_wgmma.choose_config(pr)]}
     if mma_pack and m > 1:
-        out = {"cuda_gemv_mma": [entries._gemv_mma_config(p)]}
+        out = {"cuda_gemv_mma": [cuda_gemv_mma.choose_config(p)]}
         if compact_only:
-            out["cuda_gemv_mma/compact"] = [dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
+            out["cuda_gemv_mma/compact"] = [dict(cuda_gemv_mma.choose_config(dataclasses.replace(p,
+                                                                                                 resident=WG_LAYOUT)))]
         return {label: [c[0], *mma_pack_variants(c[0])] for label, c in out.items()}
-    simt, mma = entries._gemv_config(p), entries._gemv_mma_config(p)
+    simt, mma = cuda_gemv.choose_config(p), cuda_gemv_mma.choose_config(p)
     if small_m_tiles and m > 1:
-        on_wg = entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT))
-        return {"cuda_gemv_mma": [mma], "cuda_gemv_mma/compact": [dict(on_wg)],
-                "cuda_wgmma": [entries._wgmma_config(p, small_m_family=False), *entries.small_m_family_candidates(p)]}
+        on_wg = cuda_gemv_mma.choose_config(dataclasses.replace(p, resident=WG_LAYOUT))
+        return {"cuda_gemv_mma": [mma],
+                "cuda_gemv_mma/compact": [dict(on_wg)],
+                "cuda_wgmma": [cuda_wgmma.choose_config(p, small_m_family=False),
+                               *cuda_wgmma.small_m_family_candidates(p)]}
     if compact_only:
-        on_wg = [dict(entries._gemv_mma_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
+        on_wg = [dict(cuda_gemv_mma.choose_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
         if m == 1:
             on_wg.append({**mma, "WG": 1})
             out = {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)], "cuda_gemv_mma/compact": on_wg}
@@ -197,23 +197,23 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
             pr = dataclasses.replace(p, resident=WG_LAYOUT)
             more_gemv, more_gemm = split_rt_grid(pr, on_wg[0], mma_k_tiles(bits, k))
             out["cuda_gemv_mma/compact"] += [c for c in more_gemv if c not in out["cuda_gemv_mma/compact"]]
-            out["cuda_wgmma"] = [entries._wgmma_config(pr), *more_gemm, *entries.small_m_family_candidates(pr)]
+            out["cuda_wgmma"] = [cuda_wgmma.choose_config(pr), *more_gemm, *cuda_wgmma.small_m_family_candidates(pr)]
         return out
     if m == 1 and lw_grid:
-        base = entries._gemv_config(p)
+        base = cuda_gemv.choose_config(p)
         return {"cuda_gemv": [base, *lane_grid(base, chunks_per_row(bits, k))]}
     if m == 1 and simt_only:
         return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64), simt_pack, p.mode)}
     if m == 1:
         grid = [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma] if mma_grid_m1 else []
-        out = {"cuda_gemv": [simt, *entries._gemv_candidates(p)], "cuda_gemv_mma": [mma, *grid]}
+        out = {"cuda_gemv": [simt, *cuda_gemv.candidates(p)], "cuda_gemv_mma": [mma, *grid]}
         if simt_grid:
             out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(-(-k // 64), mode=p.mode)
         return out
-    near = entries._gemv_mma_candidates(p)
+    near = cuda_gemv_mma.candidates(p)
     if mma_grid_all:
         near += [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma and c not in near]
-    wg = [entries._wgmma_config(p)]
+    wg = [cuda_wgmma.choose_config(p)]
     if split_rt:
         more_gemv, more_gemm = split_rt_grid(p, mma, mma_k_tiles(bits, k))
         near += [c for c in more_gemv if c != mma and c not in near]
@@ -256,7 +256,7 @@ def measure_layer(k: int, n: int, fmt: str, ms: list[int], di, l2: int, dtype: t
     out = []
     for m in ms:
         x = torch.randn(m, k, device=dev, dtype=dtype)
-        p = entries.linear_problem(m, q0, dtype, di)
+        p = linear_common.linear_problem(m, q0, dtype, di)
         rows = {}
 
         def time_us(entry: str, cfg: dict, x: torch.Tensor = x) -> float:

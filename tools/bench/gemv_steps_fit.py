@@ -1,4 +1,4 @@
-"""Fit the CUDA-core GEMV's step-cost model (kernels/cuda/gemv_steps.py) to lanes-per-row sweeps, and say how it
+"""Fit the CUDA-core GEMV's step-cost model (kernels/cuda_gemv/gemv_steps.py) to lanes-per-row sweeps, and say how it
 carries to layers it was not fitted on. No GPU.
 
     python -m tools.bench.gemv_steps_fit --train LIST.json [--test OFF.json] [--sms 132]
@@ -20,8 +20,8 @@ import json
 import math
 from dataclasses import dataclass, replace
 
-from mixgemm.kernels.cuda.gemv import chunks_per_row
-from mixgemm.kernels.cuda.gemv_steps import LaneTile, cheapest_tile, lane_tiles, tile_shape
+from mixgemm.kernels.cuda.gemv_launch import chunks_per_row
+from mixgemm.kernels.cuda_gemv.gemv_steps import LaneTile, cheapest_tile, lane_tiles, tile_shape
 from mixgemm.tuning.gemv_steps import StepCosts, step_family
 from tools.bench.gemv_tables import FORMATS, geomean
 
@@ -159,7 +159,8 @@ def prune(layers: list[Layer], num_sms: int, gpu: str = "H100", worst: float = 1
     ``protocol_worst`` on that layer itself (the protocol shapes are what the project's before / after compares).
     Entries whose tile, or whose layers' model tiles, the sweeps did not time stay."""
     from mixgemm.bench.cli import PRESETS
-    from mixgemm.kernels.cuda.gemv import chunks_per_row, m1_tile_serves
+    from mixgemm.kernels.cuda.gemv_launch import chunks_per_row
+    from mixgemm.kernels.cuda_gemv.host import m1_tile_serves
     from mixgemm.tuning import gemv_m1
     from mixgemm.tuning.buckets import ShapeBucket, find
     from mixgemm.tuning.gemv_steps import step_costs

@@ -20,10 +20,11 @@ def suggest(paths: list[str], min_gain: float = 0.05, num_sms: int = 132) -> lis
     """Bucket entries for the M = 1 tile tables (mixgemm.tuning.gemv_m1) from sweep files: per (format, bucket), the
     CUDA-core GEMV tile that was at least ``min_gain`` faster than the default on every measured layer of the bucket
     that the CUDA-core GEMV serves (the sweep's ``default_entry``; the fastest by the geometric mean of its ratios where
-    several qualify), with MAXB the most blocks per SM (of ``num_sms``) of those layers (kernels.cuda.gemv.
+    several qualify), with MAXB the most blocks per SM (of ``num_sms``) of those layers (kernels.cuda_gemv.host.
     m1_tile_serves). Returns [(fmt, bucket key, (K, N) of a measured layer, tile, [(K, N, default us, tile us),
     ...])]."""
-    from mixgemm.kernels.cuda.gemv import WARPS, blocks_per_sm
+    from mixgemm.kernels.cuda.gemv_launch import WARPS
+    from mixgemm.kernels.cuda_gemv.host import blocks_per_sm
     from mixgemm.tuning.buckets import ShapeBucket
 
     by_bucket: dict = {}
@@ -74,8 +75,8 @@ def _simt_tile(c: dict) -> tuple:
 def _simt_layers(paths: list[str], num_sms: int, fmts: tuple[str, ...] = (), shipped: bool = False) -> list[tuple]:
     """[(bits, bucket key, K, N, fmt, {tile: us}, baseline tile)] of the M = 1 cases (of the formats ``fmts``, all
     when empty) of --simt-only sweep files that timed the baseline's tile: the rule's, or with ``shipped`` what
-    kernels.cuda.gemv.wg_simt_config picks now on the swept GPU (the tables of tuning.gemv_m1)."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_config, wg_simt_rule
+    kernels.cuda_gemv_mma.host.wg_simt_config picks now on the swept GPU (the tables of tuning.gemv_m1)."""
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config, wg_simt_rule
     from mixgemm.tuning.buckets import ShapeBucket
 
     out = []
@@ -104,8 +105,8 @@ def simt_resident_blocks(tile: tuple, bits: int, modes: tuple[int, ...] = (0, 1)
     (nvrtc.cubin_registers, no GPU needed), allocated per warp in units of 256 of the SM's 65536, at most 64 warps
     and 32 blocks."""
     from mixgemm.kernels.cuda import nvrtc
-    from mixgemm.kernels.cuda.gemv import SIMT_SOURCE, simt_defines_for
-    from mixgemm.kernels.cuda.gemv_steps import resident_blocks
+    from mixgemm.kernels.cuda_gemv.gemv_steps import resident_blocks
+    from mixgemm.kernels.cuda_gemv_mma.host import SIMT_SOURCE, simt_defines_for
 
     rt, u, pf, ks, rg = tile[:5]
     cfg = {"RT": rt, "U": u, "PF": pf, "KS": ks, "RG": rg, "PACK": tile[5] if len(tile) > 5 else 0}
@@ -118,7 +119,7 @@ def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sm
                 resident=simt_resident_blocks) -> dict:
     """{(bits, bucket key): (tile, blocks per SM it serves up to (BPS), [the cases it serves])} by suggest_simt's
     selection."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_serves
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_serves
 
     by_bucket: dict = {}
     for c in cases:
@@ -145,8 +146,8 @@ def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sm
 
 def _simt_pick(table: dict, case: tuple, num_sms: int = 132) -> tuple:
     """The tile a table gives a case (bits, bucket, K, N, fmt, grid, rule): its bucket's, where the layer's blocks
-    per SM are within the entry's BPS (kernels.cuda.gemv.wg_simt_config), else the rule's."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_serves
+    per SM are within the entry's BPS (kernels.cuda_gemv_mma.host.wg_simt_config), else the rule's."""
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_serves
 
     hit = table.get(case[:2])
     if hit is None or not wg_simt_serves(case[3], hit[0][0], hit[0][4], hit[1], num_sms):
@@ -162,10 +163,10 @@ def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97
     all fit on the SMs at once (BPS = the blocks an SM holds, ``resident``: simt_resident_blocks), the others taking
     the rule: a tile that wins in one round loses where a layer needs a second (4096x14336's RT 4 tile on
     3584x18944). Per (bits, bucket), of the (tile, BPS) pairs that take <= ``max_geomean`` the time of the rule
-    (kernels.cuda.gemv.wg_simt_rule) by geometric mean and at most ``max_worst`` on every layer they serve, the one with
-    the smallest geometric mean over the bucket's layers of the time it gives (the tile's or the rule's) over each
-    layer's best (the int4 modes together: one entry serves both); no entry where none qualifies. ``fmts`` keeps only
-    those formats' cases (the zero-point table: ("w4z",)); ``shipped`` measures against today's pick
+    (kernels.cuda_gemv_mma.host.wg_simt_rule) by geometric mean and at most ``max_worst`` on every layer they serve, the
+    one with the smallest geometric mean over the bucket's layers of the time it gives (the tile's or the rule's) over
+    each layer's best (the int4 modes together: one entry serves both); no entry where none qualifies. ``fmts`` keeps
+    only those formats' cases (the zero-point table: ("w4z",)); ``shipped`` measures against today's pick
     (_simt_layers) instead of the rule, for a table looked up before the shipped ones.
     Returns [(bits, bucket key, (K, N) of a layer it serves, (RT, U, PF, KS, RG, BPS[, PACK]), [(K, N, fmt, rule us,
     tile us), ...] of the layers it serves)]."""
@@ -173,7 +174,7 @@ def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97
     table = _simt_table(_simt_layers(paths, num_sms, fmts, shipped), max_geomean, max_worst, num_sms, resident)
     for (bits, bucket), (best, bps, layers) in table.items():
         k, n = min((c[2], c[3]) for c in layers)
-        # PACK explicit for a zero-point table (its default follows PF: kernels.cuda.gemv.wg_simt_packs)
+        # PACK explicit for a zero-point table (its default follows PF: kernels.cuda_gemv_mma.host.wg_simt_packs)
         pack = (best[5] if len(best) > 5 else 0,) if fmts and all(FORMATS[f][2] == "zero_point" for f in fmts) \
             else best[5:]
         out.append((bits, bucket, (k, n), (*best[:5], bps, *pack),

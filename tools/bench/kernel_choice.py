@@ -14,7 +14,8 @@ GEMV_ENTRIES = {"simt": "cuda_gemv", "mma": "cuda_gemv_mma"}
 
 
 def gemv_options(kind: str, cfg: dict | None = None):
-    """kernel_options under which mixgemm.kernels.cuda.gemv.gemv runs the ``kind`` kernel ("simt" / "mma") with the
+    """kernel_options under which mixgemm.kernels.cuda.gemv_direct.gemv runs the ``kind`` kernel ("simt" / "mma") with
+    the
     tile config ``cfg`` when given (completed as the entry completes a forced config: gemv.simt_override needs R, U
     and KS; gemv.mma_override lays the keys given over the kernel's own config)."""
     if kind not in GEMV_ENTRIES:

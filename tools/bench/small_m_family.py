@@ -5,7 +5,7 @@ GEMM without the family on every measured layer.
     PYTHONPATH=src python -m tools.bench.gemv_dispatch --small-m-tiles --formats w4s,w4z --ms 16 --out $OUT  # GPU
     PYTHONPATH=src:. python -m tools.bench.small_m_family SWEEP.json --table h100 [--ctas 2=3,1=4]          # anywhere
 
-The model (kernels/cuda/wgmma_waves.py, small M) is linear in its four constants, so each variant's are the
+The model (kernels/cuda_wgmma/wgmma_waves.py, small M) is linear in its four constants, so each variant's are the
 non-negative least squares fit of its timings (relative error) over the sweep's layers and cluster splits; the CTAs
 one SM holds per NWG come from --ctas (the driver's count where measured), the clusters held at once are the table's
 wgmma_small_m counts scaled by them. Printed: each variant's constants and rms log error, how the family's pick
@@ -21,7 +21,7 @@ import math
 import statistics
 
 from mixgemm import tuning
-from mixgemm.kernels.cuda import wgmma_waves as W
+from mixgemm.kernels.cuda_wgmma import wgmma_waves as W
 from mixgemm.tuning.buckets import ShapeBucket, pow2_at_least
 
 COEF_KEYS = ("launch_us", "step_us", "split_us", "shared_step_us")

@@ -1,5 +1,6 @@
 """The tensor-core GEMV's tiles on wgmma_v1 at the 16-row M bucket (M 9..16; the measurement behind a table's
-gemv_mma_wg_16row section, kernels.cuda.gemv.wg_16row_tiles): per layer, the plain weight's dispatch, the compacted
+gemv_mma_wg_16row section, kernels.cuda_gemv_mma.host.wg_16row_tiles): per layer, the plain weight's dispatch, the
+compacted
 weight's dispatch and a grid of (RT, KS, U, MINB) tiles with EARLY forced on the compacted weight, each checked
 against the float64 reference; benchmark protocol (one CUDA graph over layer copies > 3x L2, median per call, the
 best of two timings). Layers the compacted dispatch does not send to the tensor-core GEMV are skipped.

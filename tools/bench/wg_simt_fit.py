@@ -1,4 +1,4 @@
-"""Fit the step-cost model of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_steps.py: WgSimtStepTile,
+"""Fit the step-cost model of the CUDA-core GEMV on wgmma_v1 (kernels/cuda_gemv/gemv_steps.py: WgSimtStepTile,
 cheapest_wg_simt_tile) to --simt-only sweeps, and say how it carries to layers left out of the fit. No GPU for the fit.
 
     python -m tools.bench.wg_simt_fit SWEEP.json ... [--sms 132]  (costs per family, in-sample and leave-one-out)
@@ -22,8 +22,8 @@ from dataclasses import fields
 
 import torch
 
-from mixgemm.kernels.cuda.gemv import _ACT, wg_simt_packs
-from mixgemm.kernels.cuda.gemv_steps import (
+from mixgemm.kernels.cuda.gemv_launch import _ACT
+from mixgemm.kernels.cuda_gemv.gemv_steps import (
     WG_SIMT_CLASSES,
     WG_SIMT_REGISTERS,
     StepCosts,
@@ -31,6 +31,7 @@ from mixgemm.kernels.cuda.gemv_steps import (
     wg_simt_tile_shape,
     wg_simt_tiles,
 )
+from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_packs
 from tools.bench.gemv_steps_fit import descend
 from tools.bench.gemv_tables import FORMATS, geomean
 
@@ -92,7 +93,7 @@ def registers(path: str) -> None:
     """Each tile's registers for every (bits, mode, act, g32) of gemv_steps.WG_SIMT_REGISTERS (fp16 scales), as the tile
     runs (zero point / offset: PACK where PF is on), from this machine's NVRTC, keyed "bits mode act g32 RT U PF KS
     RG"."""
-    from mixgemm.kernels.cuda.gemv import wg_simt_registers
+    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_registers
 
     out = {}
     for bits, mode, act, g32 in WG_SIMT_REGISTERS:

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from mixgemm.bench.protocol import ceilings, copies_for, graph_time_us
 from mixgemm.formats.weight import quantize_weight
-from mixgemm.kernels.cuda.gemm_wgmma import default_config, gemm_wgmma
-from mixgemm.kernels.triton.gemm import gemm as triton_gemm
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import default_config, gemm_wgmma
+from mixgemm.kernels.triton_gemm.gemm import gemm as triton_gemm
 from mixgemm.reference.matmul import matmul as ref_matmul
 from tools.bench.kernel_choice import entry_config
 from tools.bench.launch_spy import prepared_launches
@@ -115,7 +115,7 @@ def cluster_slots() -> dict:
     """{split: clusters of that many CTAs the GPU holds at once} for each GRID_TILES tile (cuOccupancyMaxActiveClusters
     of the launch the GEMM prepares): the wave size of a cluster split-K launch, which the GPCs' SM counts make
     smaller than SMs / split."""
-    from mixgemm.kernels.cuda.gemm_wgmma import prepare_wgmma
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import prepare_wgmma
 
     qw = quantize_weight(torch.randn(4096, 4096, device=DEV) * 0.02, bits=4, group_size=128, mode="zero_point")
     out = {}
@@ -135,7 +135,7 @@ def occupancy(cfgs: list[dict], formats: list[str], m: int) -> list[dict]:
     thread, CTAs per SM (cuOccupancyMaxActiveBlocksPerMultiprocessor) and, for a cluster split, the clusters held at
     once (cuOccupancyMaxActiveClusters): the residency a wave count of small-M tiles needs."""
     from mixgemm.kernels.cuda import nvrtc
-    from mixgemm.kernels.cuda.gemm_wgmma import prepare_wgmma
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import prepare_wgmma
 
     out = []
     with prepared_launches() as seen:
@@ -224,7 +224,7 @@ def main(argv=None) -> int:
                     [lambda q=q, x=x, c=tcfg: triton_gemm(x, q, None, -INF, INF, c) for q in qws], 10, 60)
                 tg = None  # the CUDA GEMV at the same M: the dispatcher's GEMV / GEMM crossover
                 if m <= 16:
-                    from mixgemm.kernels.cuda.gemv import gemv
+                    from mixgemm.kernels.cuda.gemv_direct import gemv
 
                     tg = graph_time_us([lambda q=q, x=x: gemv(x, q, None, -INF, INF) for q in qws], 10, 60)
                 cfgs = candidates(m, props.multi_processor_count) if a.sweep else [default_config(m, n, k)]
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
                       f"{e:.0e} {100 * floor_us / t:4.0f}% {cfg}" + (f" gemv {tg:.1f}" if tg else ""), flush=True)
             del qws
             torch.cuda.empty_cache()
-    from mixgemm.kernels.cuda import gemm_wgmma as G
+    from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
 
     if G._warned:
         print("WARNING: TMA unavailable, cp.async loader used:", G._warned[0])

@@ -1,4 +1,5 @@
-"""Fit the wgmma wave model's constants (mixgemm.kernels.cuda.wgmma_waves) to a grid run and print the table section.
+"""Fit the wgmma wave model's constants (mixgemm.kernels.cuda_wgmma.wgmma_waves) to a grid run and print the table
+section.
 
     PYTHONPATH=src python -m tools.bench.wgmma --table --grid --no-triton --formats w4g128 --ms 256,512,1024,2048 \
         --shapes ... --out grid.json                       # on the GPU (also measures the cluster slots)
@@ -15,7 +16,7 @@ import json
 import math
 import statistics
 
-from mixgemm.kernels.cuda import wgmma_waves as W
+from mixgemm.kernels.cuda_wgmma import wgmma_waves as W
 from tools.bench.wgmma import GRID_TILES
 
 FIT_WEIGHT = W.WeightBytes(bits=4, scale_bytes=2, mode="zero_point", group32=False)  # the grid's w4g128 weights

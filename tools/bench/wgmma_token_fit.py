@@ -1,4 +1,4 @@
-"""Fit the token tiles of a GPU's ``wgmma_waves`` section (mixgemm.kernels.cuda.wgmma_waves.TokenTiles) from BM
+"""Fit the token tiles of a GPU's ``wgmma_waves`` section (mixgemm.kernels.cuda_wgmma.wgmma_waves.TokenTiles) from BM
 sweeps of the weight-only wgmma GEMM, and report how the choice does.
 
 Input: JSON files of ``python -m tools.bench.wgmma --table --bm-grid 256,240,...,128 --no-triton --formats w4g128
@@ -21,8 +21,8 @@ import statistics
 
 import numpy as np
 
-from mixgemm.kernels.cuda.gemm_wgmma import K_TILE, output_tiles
-from mixgemm.kernels.cuda.wgmma_waves import TokenTiles, token_tile
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import K_TILE, output_tiles
+from mixgemm.kernels.cuda_wgmma.wgmma_waves import TokenTiles, token_tile
 from tools.bench.wgmma import GRID_TILES
 
 

@@ -18,8 +18,7 @@ import torch
 
 import mixgemm
 import mixgemm.reference as ref
-from mixgemm.kernels.cuda import gemv as G
-from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda import gemv_direct, nvrtc
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.int8 import a8_choice
 from tools.bench.int8 import a8_runner, check, w8_cuda_options
@@ -51,7 +50,7 @@ def gemv_case(kind, cfg, macros, m=1):
     x = torch.randn(m, 4096, device=DEV, dtype=torch.float16)
     COMPILED.clear()
     with gemv_options(kind, cfg):
-        y = G.gemv(x, qw, None, -INF, INF)
+        y = gemv_direct.gemv(x, qw, None, -INF, INF)
     got = {key: COMPILED[-1].get(key) for key in macros}
     err = rel(y, ref.matmul(x, qw, out_dtype=torch.float64))
     return dict(ok=got == macros and err < 1e-2, macros=got, want=macros, err=err)
@@ -120,8 +119,8 @@ def main() -> int:
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
     nvrtc.get_function = _record(nvrtc.get_function)
-    from mixgemm.kernels.cuda.gemm_wgmma import gemm_wgmma
-    from mixgemm.kernels.triton.gemm import gemm
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import gemm_wgmma
+    from mixgemm.kernels.triton_gemm.gemm import gemm
 
     cases = {
         "gemv simt R2 U1 KS4": lambda: gemv_case("simt", {"R": 2, "U": 1, "KS": 4},

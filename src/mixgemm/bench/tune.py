@@ -241,7 +241,7 @@ def _measure(job: Job, layer: LayerCopies):
     from mixgemm.bench.methods import TOL
     from mixgemm.formats import quantize_activation
     from mixgemm.kernels.int8_activations import a8_problem
-    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.linear_common import linear_problem
     from mixgemm.kernels.registry import choose
 
     dev = torch.device("cuda")

@@ -33,8 +33,7 @@ from typing import ClassVar
 import torch
 
 from mixgemm.formats.int_scales import int_group_scales
-from mixgemm.formats.layouts import KernelLayout, lane_slot_index
-from mixgemm.formats.layouts_wgmma import WgmmaTiles
+from mixgemm.formats.layouts import KernelLayout, WgmmaTiles, lane_slot_index
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 
 K_TILE = 128

@@ -297,12 +297,19 @@ class ResidentLayout:
         return (c + (1 << (layout.bits - 1))).to(torch.uint8) if self.signed else c
 
 
+# the layouts a weight may keep as its only copy; the weight-only linear kernels' own (wgmma_v1, rows_v1) are
+# registered by mixgemm.kernels.layouts, the map of their layouts (register_resident: formats import no kernel)
 RESIDENT_LAYOUTS: dict[str, ResidentLayout] = {
-    "wgmma_v1": ResidentLayout("mixgemm.formats.layouts_wgmma", "build_wgmma_v1", "unpack_wgmma_v1"),
-    "rows_v1": ResidentLayout("mixgemm.formats.layouts_rows", "build_rows_v1", "unpack_rows_v1"),
     "wgmma_a8_v1": ResidentLayout("mixgemm.formats.layouts_wgmma_a8", "build_wgmma_a8_v1", "unpack_wgmma_a8_v1",
                                   signed=True),
 }
+
+
+def register_resident(name: str, layout: ResidentLayout) -> None:
+    """Add ``name`` to the layouts a weight may keep as its only copy of the codes (RESIDENT_LAYOUTS)."""
+    if RESIDENT_LAYOUTS.get(name, layout) != layout:
+        raise ValueError(f"resident layout {name!r} is already registered as {RESIDENT_LAYOUTS[name]}")
+    RESIDENT_LAYOUTS[name] = layout
 
 
 def stand_in(shape: tuple[int, int], dtype: torch.dtype, device) -> torch.Tensor:

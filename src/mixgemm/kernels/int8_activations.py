@@ -13,7 +13,7 @@ import torch
 
 from mixgemm.formats.activation import SYMMETRIC_ACT_MODES, QuantizedActivation
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.linear import nvrtc_ok, triton_device_ok  # noqa: F401  (the entries call them through here)
+from mixgemm.kernels.linear_common import nvrtc_ok, triton_device_ok  # noqa: F401  (the entries call them through here)
 from mixgemm.kernels.registry import DeviceInfo, Problem, device_info
 
 X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -325,7 +325,7 @@ class QuantLinear(nn.Module):
 
     def compact_(self, layout: str | None = None) -> QuantLinear:
         """Keep the weight's codes only in ``layout`` (None: the Hopper GEMM's, wgmma_v1 for weight-only layers,
-        wgmma_a8_v1 for int8-activation ones; int8 weight-only layers may ask for rows_v1, formats/layouts_rows.py):
+        wgmma_a8_v1 for int8-activation ones; int8 weight-only layers may ask for rows_v1, kernels/cuda/rows_layout.py):
         it is built now, the plain codes' memory is released (``qweight`` becomes a placeholder of its shape without
         the bytes), the kernel layouts built so far are dropped, and from then on only kernels reading that layout run
         the layer (mixgemm.explain says which). About 1.0-1.06x the packed size on the GPU at any M, where a layer that

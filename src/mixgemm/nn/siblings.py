@@ -33,9 +33,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from mixgemm.formats.layouts_wgmma import GROUP_TILES, ROWS, WgmmaLayout
+from mixgemm.formats.layouts import GROUP_TILES, ROWS
 from mixgemm.formats.packing import packed_width
 from mixgemm.formats.weight import QuantizedWeight, stand_in
+from mixgemm.kernels.cuda_wgmma.layout import WgmmaLayout
 from mixgemm.nn.linear import SIBLINGS_ATTR, QuantLinear
 from mixgemm.ops.custom_ops import cache_weight, drop_cached
 from mixgemm.ops.dispatch import plans_of

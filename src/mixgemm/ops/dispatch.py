@@ -21,7 +21,7 @@ from mixgemm.kernels.options import current_options
 from mixgemm.kernels.registry import Choice, choose, device_info
 from mixgemm.ops.kept_launches import PreparedTable
 
-GEMV_MAX_M = 16  # the GEMVs' own limit (mixgemm.kernels.linear.GEMV_MAX_M)
+GEMV_MAX_M = 16  # the GEMVs' own limit (mixgemm.kernels.linear_common.GEMV_MAX_M)
 MAX_PLANS = 256
 _PLANS_ATTR = "_mixgemm_plans"
 _OLD_NAMES = {"dequant_cublas": "cublas", "cuda_gemv": "gemv", "cuda_gemv_mma": "gemv", "cuda_wgmma": "wgmma",
@@ -82,7 +82,7 @@ def linear_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: tor
                   act_order: bool = False) -> Choice:
     """The registry's choice (entry + config) for a weight-only linear of M rows, cached on qw (act-order layers
     share their weight object with plain views of it: act_order is part of the key)."""
-    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.linear_common import linear_problem
 
     return cached_choice(qw, linear_key(m, x_dtype, device, act_order),
                          lambda: linear_problem(m, qw, x_dtype, device_info(device), act_order))
@@ -157,7 +157,7 @@ def pick_kernel(m: int, n: int, k: int, qw: QuantizedWeight, device: torch.devic
                 x_dtype: torch.dtype = torch.float16) -> str:
     """The kernel family that runs an [M, K] x [N, K] problem with qw's weight format: "gemv", "wgmma", "gemm" (Triton)
     or "cublas" (dequantized + cuBLAS); mixgemm.explain gives the entry, its config and the reasons."""
-    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.linear_common import linear_problem
     from mixgemm.kernels.registry import NoKernel
 
     # n, k may describe another layer than qw's shape: qw gives the format (bits, group, mode)
@@ -191,7 +191,7 @@ def cuda_matmul(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None,
         return x.new_empty((*shape[:-1], n))
 
     def make_problem():
-        from mixgemm.kernels.linear import linear_problem
+        from mixgemm.kernels.linear_common import linear_problem
 
         check_matmul_inputs(x, qw, bias)
         return linear_problem(m, qw, x.dtype, device_info(x.device), input_perm is not None)

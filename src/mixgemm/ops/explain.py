@@ -43,7 +43,7 @@ def explain(x: torch.Tensor, qweight: QuantizedWeight, act_mode: str | None = No
     the kernel gathers x through the permutation itself (``perm_in_kernel``, ``perm_note``).
     Under kernel_options, the options' choice."""
     from mixgemm.kernels.int8_activations import a8_problem
-    from mixgemm.kernels.linear import linear_problem
+    from mixgemm.kernels.linear_common import linear_problem
 
     dev = _device(x, device)
     if dev is None:

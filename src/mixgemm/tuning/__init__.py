@@ -26,25 +26,28 @@ default.json). Its fields:
   fill less than ``f`` of their last wave, or need more than one wave on a layer with K <= ``k``
   (its small-M tiles then idle SMs or re-stream short rows, while the tensor-core GEMV's k-split fills the GPU);
   with ``"single_wave_max_k": k1`` also wherever the tiles fit in one wave on a layer with K <= k1.
-  Applied by the registry's crossover (mixgemm.kernels.linear.gemv_limit); ``wgmma_from_m`` regions win over it.
+  Applied by the registry's crossover (mixgemm.kernels.gemv_crossover.gemv_limit); ``wgmma_from_m`` regions win over it.
 * ``gemv_min_wave_fill`` (optional): {"m": [lo, hi], "min_fill": f, "min_weight_bytes": b, "source"}: at M lo..hi,
   on layers of at least b bytes of codes, the wgmma GEMM takes over from the GEMVs where the tensor-core GEMV's blocks
-  fill less than ``f`` of their waves (mixgemm.kernels.cuda.gemv.mma_wave_fill); ``wgmma_from_m`` regions decide
-  their own layers. Applied by the registry's crossover (mixgemm.kernels.linear.gemv_limit).
+  fill less than ``f`` of their waves (mixgemm.kernels.cuda_gemv_mma.host.mma_wave_fill); ``wgmma_from_m`` regions
+  decide
+  their own layers. Applied by the registry's crossover (mixgemm.kernels.gemv_crossover.gemv_limit).
 * ``gemv_one_wave_k_split`` (optional): {"max_spill": w, "source"}: at M 2..8 the tensor-core GEMV takes KS 8 instead
   of the k-split rule's 16 where KS 16's blocks take 1 to w waves and KS 8's fit in one
-  (mixgemm.kernels.cuda.gemv.one_wave_k_split).
+  (mixgemm.kernels.cuda_gemv_mma.host.one_wave_k_split).
 * ``gemv_mma_wg_16row`` (optional): {"source"}: int4 sym weights on wgmma_v1 (compacted) at M 9..16 take the tensor-core
-  GEMV tiles of mixgemm.kernels.cuda.gemv.wg_16row_tiles (KS 8 with two blocks' registers at the k-split's cap, RT 2
+  GEMV tiles of mixgemm.kernels.cuda_gemv_mma.host.wg_16row_tiles (KS 8 with two blocks' registers at the k-split's
+  cap, RT 2
   with U 2 below it where its blocks fit one wave) instead of the RT rule's.
-* ``wgmma_small_m`` (optional): the wgmma GEMM's small-M split model (mixgemm.kernels.cuda.wgmma_waves.SmallMCost):
+* ``wgmma_small_m`` (optional): the wgmma GEMM's small-M split model
+(mixgemm.kernels.cuda_wgmma.wgmma_waves.SmallMCost):
   the tile, the M range, the cluster splits it ranks, CTAs per SM and clusters held at once per bit width (the
   driver's occupancy counts), the fitted constants per bit width and ``source``. In its M range, where the ``wgmma``
   section's tile makes fewer output tiles than ``max_table_tiles_per_sm`` (default 1) x SMs and is neither serial
   split-K nor (with ``keep_stream_k``, the default) stream-K, the wgmma entry takes the tile with the split the model
   ranks first.
 * ``wgmma_small_m_family`` (optional, with ``wgmma_small_m``): {"m": [lo, hi], "tiles": [...], "buckets": [...],
-  "source"} (mixgemm.kernels.cuda.wgmma_waves.SmallMFamily): variants of the small-M tile (NWG, KT), each with its
+  "source"} (mixgemm.kernels.cuda_wgmma.wgmma_waves.SmallMFamily): variants of the small-M tile (NWG, KT), each with its
   CTAs per SM, clusters held at once and fitted constants per bit width (the ``wgmma_small_m`` model's), and entries
   {"bits", "region", "source"}: at M lo..hi a layer of that bit width in a region goes to the wgmma GEMM (ahead of
   the GEMVs, gemv_over_wgmma and gemv_min_wave_fill) with the variant and cluster split the models rank first
@@ -65,10 +68,10 @@ default.json). Its fields:
   follows the k-tiles per CTA; N is left to the configs' "auto" split, computed from the N tiles against the SMs.
   The ``'*'`` entry takes the smaller layers and, in a weight key without measured down-projections, the tall ones,
   as the old "nearest measured shape within a factor of 4, else '*'" rule did for every protocol shape.
-* ``wgmma``: the same structure for the Hopper wgmma GEMM (mixgemm.kernels.cuda.gemm_wgmma; keys BM, NWG,
+* ``wgmma``: the same structure for the Hopper wgmma GEMM (mixgemm.kernels.cuda_wgmma.gemm_wgmma; keys BM, NWG,
   STAGES, INFLIGHT, SPLIT, GROUP_M...), which serves fp16 / bf16 activations on sm_90 past the GEMV.
 * ``gemm_source`` / ``wgmma_source``: the benchmarks behind the sections (each entry's source points there).
-* ``wgmma_waves`` (optional): the wgmma GEMM's wave model (mixgemm.kernels.cuda.wgmma_waves): candidate tiles with
+* ``wgmma_waves`` (optional): the wgmma GEMM's wave model (mixgemm.kernels.cuda_wgmma.wgmma_waves): candidate tiles with
   their measured step times, the launch and cluster-reduction costs, the clusters of each split the GPU holds at once,
   ``from_m``, ``margin`` and ``source``. From ``from_m`` the wgmma entry ranks the ``wgmma`` section's tile against
   them and cluster split-K by the wave count; the table's tile stays unless another is estimated ``margin`` x faster.
@@ -321,7 +324,8 @@ MMA_GATHER_MAX_M = 1
 # ------------------------------------------------------------------ compacted weights: M = 1 on wgmma_v1
 # A compacted layer (QuantLinear.compact_) keeps its codes only in wgmma_v1, so its M = 1 call runs either the
 # tensor-core GEMV on that layout (gemv_mma.cu MMA_WG) or the CUDA-core GEMV on it (gemv_wg_simt.cu, tiles from
-# kernels.cuda.gemv.wg_simt_config). Source: tools/bench/gemv_dispatch.py --compact-only over the 80 layers of the model
+# kernels.cuda_gemv_mma.host.wg_simt_config). Source: tools/bench/gemv_dispatch.py --compact-only over the 80 layers
+# of the model
 # list (H100, fp16, W4 g128 sym / zero point, W8 per channel): the CUDA-core GEMV was the faster of the two on 174 of
 # 240 (layer, format) cases and by geometric mean in every size class (time against the plain codes' GEMV, CUDA-core /
 # tensor-core: W4 sym < 4 MiB 0.83 / 0.92, 4-16 MiB 0.96 / 1.18, >= 16 MiB 1.02 / 1.10; W8 4-16 MiB 1.07 / 1.32, >= 16
@@ -330,7 +334,8 @@ MMA_GATHER_MAX_M = 1
 # (H100, us, CUDA-core / tensor-core on wgmma_v1 / the plain codes' dispatch), int4 on wgmma_v1 0.68-1.03x the
 # CUDA-core GEMV's time on the 11 layers in those buckets (1536x2048 sym 3.36 / 2.19 / 2.00, 896x4864 3.51 / 2.49 /
 # 2.17, 3584x2048 zero point 4.10 / 3.75 / 3.67; 2304x1024 sym 2.85 / 2.93 / 2.56 the one loss), 0.75-1.67x outside
-# them; where the CUDA-core GEMV's one-step tile applies (kernels.cuda.gemv.wg_simt_one_step) it beat both there
+# them; where the CUDA-core GEMV's one-step tile applies (kernels.cuda_gemv_mma.host.wg_simt_one_step) it beat both
+# there
 # too, so those layers take it. bf16 x runs the same fp16 math there (exact fp16 under a power of two per k-tile,
 # gemv_wg_simt.cu) and takes the same tiles: before / after (tools/bench/dispatch_ab.py, both configs forced, the 80
 # layers, W4 g128 sym and W8 per channel, compacted; the tensor-core GEMV bf16 took before against this), H100
@@ -387,7 +392,7 @@ A8_WGMMA_SMALL_M = (A8_GEMV_MAX_M + 1, 64)
 A8_SPLIT_PER_CHANNEL_MIN_CTA_BYTES = 3 << 19
 # Per-block activation scales (act_block "group") take the CUDA int8 GEMM from this M, and below it (from M = 3) unless
 # its CTAs (64 x NWG rows each, one per SM) spill past one wave and fill under A8_WGMMA_BLOCK_SCALES_MIN_WAVE_EFFICIENCY
-# of their waves (mixgemm.kernels.cuda.gemv.wave_efficiency; under one wave the split-K fills the SMs): there the
+# of their waves (mixgemm.kernels.cuda.gemv_launch.wave_efficiency; under one wave the split-K fills the SMs): there the
 # Triton kernel. Source: H200, tools/bench/a8_small_m.py (whole
 # calls, W4A8 g128, M = 5 / 16) with the BM 16 tile and cluster split-K: the CUDA GEMM took 0.71-0.88x the Triton
 # kernel's time on 8192x28672 (224 CTAs: 0.85 of two waves), 14336x4096 and 4096x14336 (112: 0.85 of one), but

@@ -5,7 +5,7 @@ fastest (R, U, KS, ...) of each sweep; on the H100 also tools/bench/gemv_dispatc
 list (the neighbours of the rule's tile, kept where >= 5% faster). Each entry covers the half-octave bucket of the
 layer it was measured on (mixgemm.tuning.buckets: K and N each within about +-19% of the measured sizes) for its
 weight bit width; layers in other buckets (and in the buckets STEP_MODEL_SERVES lists, per GPU) use the
-step-cost model (mixgemm.tuning.gemv_steps) at fp16, else the rule in mixgemm.kernels.cuda.gemv.choose_config. A
+step-cost model (mixgemm.tuning.gemv_steps) at fp16, else the rule in mixgemm.kernels.cuda_gemv.host.choose_config. A
 tile is legal for any K (the k-slices stride over the row's chunks, partial steps in the tail loop); choose_config
 uses it where K gives each k-slice a full step or as many chunks as on the measured layer.
 """
@@ -24,7 +24,7 @@ class M1Tile(NamedTuple):
     loaded into registers; sm_90 only, persistent grid; gemv.cu GEMV_BULK), ZSUM zero points through the x sum
     (zero_point weights; gemv.cu GEMV_ZSUM), LW lanes per weight row (32, 16 or 8: a warp works on 32 / LW row sets
     at once; gemv.cu GEMV_LW), MAXB the most blocks per SM (rounded up) of a layer the entry serves, as on the layers
-    it was kept for (0: any; kernels.cuda.gemv.choose_config)."""
+    it was kept for (0: any; kernels.cuda_gemv.host.choose_config)."""
 
     R: int
     U: int
@@ -352,11 +352,14 @@ def a8_m1_entry(bits: int, k: int, n: int) -> BucketEntry | None:
 
 
 class WgSimtTile(NamedTuple):
-    """One measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 (kernels/cuda/gemv_wg_simt.cu, fp16 activations): RT
+    """One measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 (kernels/cuda_gemv_mma/gemv_wg_simt.cu, fp16
+    activations): RT
     16-row tiles per warp, U 64-k tiles in flight per step, PF register double buffering, KS k-slices, RG row groups
     per block; BPS: the blocks per SM up to which it serves its bucket (0: any), as many rounds of the blocks an SM
-    holds as on the layers it was kept for (kernels.cuda.gemv.wg_simt_config); PACK: a zero point's 16-bit parameter
-    pair held in one register (gemv_wg_simt.cu SIMT_PACK), None: as PF says (kernels.cuda.gemv.wg_simt_packs)."""
+    holds as on the layers it was kept for (kernels.cuda_gemv_mma.host.wg_simt_config); PACK: a zero point's 16-bit
+    parameter
+    pair held in one register (gemv_wg_simt.cu SIMT_PACK), None: as PF says
+    (kernels.cuda_gemv_mma.host.wg_simt_packs)."""
 
     RT: int
     U: int
@@ -371,7 +374,8 @@ class WgSimtTile(NamedTuple):
 # (RT, U, PF) x KS x block grid of gemv_wg_simt.cu, W4 g128 sym and zero point, W8 per channel; 2026-11-26), the
 # entries printed by its --suggest-simt. Kept
 # where the bucket's fastest common tile (geometric mean over its layers and, for W4, both modes) took <= 0.97x the
-# time of the rule in kernels.cuda.gemv.wg_simt_config by geometric mean and at most 1.05x on any of its layers. Over
+# time of the rule in kernels.cuda_gemv_mma.host.wg_simt_config by geometric mean and at most 1.05x on any of its
+# layers. Over
 # the 80 layers, in the same run: W4 sym on >= 16 MiB layers 1.082x -> 1.019x the grid's best per layer (zero point
 # 1.093x -> 1.014x, W8 1.051x -> 1.010x); us rule -> tile (plain-codes GEMV): W4 36864x4608 sym 50.8 -> 39.3 (39.7),
 # 27648x5120 sym 40.0 -> 32.5 (32.4), 5120x35840 zero point 54.8 -> 41.9 (44.0), 8192x10240 zero point 25.0 -> 19.4
@@ -455,7 +459,8 @@ WG_SIMT_M1 = {"H100": H100_WG_SIMT, "H200": H200_WG_SIMT}
 # activations, tools/bench/gemv_dispatch.py --simt-only --simt-pack --formats w4z over the 80 model-list layers (each
 # tile of the grid with and without PACK, 2026-11-26), the entries printed by --suggest-simt --simt-formats w4z
 # --simt-shipped --simt-worst 1.02: kept where the bucket's fastest common tile took <= 0.97x the time of the pick
-# without this table (the tables above or the rule, PACK as PF says: kernels.cuda.gemv.wg_simt_packs) by geometric
+# without this table (the tables above or the rule, PACK as PF says: kernels.cuda_gemv_mma.host.wg_simt_packs) by
+# geometric
 # mean and at most 1.02x on each of its layers. 13 buckets; us, that pick -> the tile, same run: 4096x28672 28.26 ->
 # 25.83, 3584x28672 25.64 -> 23.33, 17920x5120 23.52 -> 22.87, 5120x15360 19.70 -> 18.94, 3072x16384 12.00 -> 11.62,
 # 4608x8192 9.67 -> 9.20, 896x4864 3.65 -> 3.35. The tuple's last field is PACK.

@@ -1,4 +1,4 @@
-"""The CUDA-core GEMV's step costs (kernels/cuda/gemv_steps.py): its M = 1 rule for layers no gemv_m1 bucket serves
+"""The CUDA-core GEMV's step costs (kernels/cuda_gemv/gemv_steps.py): its M = 1 rule for layers no gemv_m1 bucket serves
 (the buckets gemv_m1.STEP_MODEL_SERVES lists among them).
 
 Each family's costs are the time of one step of a tile class {(R, U, LW): c} and a round's fixed part, in one
@@ -35,7 +35,7 @@ class StepCosts:
 
     def cost(self, shape, tile) -> float:
         """The modelled time of ``tile`` (its ``step_class`` and ``KS``) over ``shape`` (its ``rounds`` and ``steps``,
-        mixgemm.kernels.cuda.gemv_steps.tile_shape / wg_simt_tile_shape)."""
+        mixgemm.kernels.cuda_gemv.gemv_steps.tile_shape / wg_simt_tile_shape)."""
         fixed = self.round + self.per_log2_ks * math.log2(tile.KS)
         return shape.rounds * (shape.steps * self.step[tile.step_class] + fixed)
 
@@ -67,7 +67,8 @@ def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
     return H100[step_family(bits, mode)]
 
 
-# The CUDA-core GEMV on wgmma_v1 (a compacted weight's M = 1 call; kernels/cuda/gemv_steps.py, WgSimtStepTile): step
+# The CUDA-core GEMV on wgmma_v1 (a compacted weight's M = 1 call; kernels/cuda_gemv/gemv_steps.py, WgSimtStepTile):
+# step
 # costs by tile class (RT, U, PF), a round's fixed part and its part per doubling of KS, per GPU and family (bits, mode,
 # activation dtype, groups of 32), fitted by tools/bench/wg_simt_fit.py to tools/bench/gemv_dispatch.py --simt-only
 # sweeps (M = 1, the whole grid of 49-57 tiles, each as the dispatcher runs it) of 32 layers: 20 of the model list and
@@ -78,9 +79,12 @@ def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
 # 1.022x; bf16 x (fp16 scales) W4 sym 1.011x / 1.034x, zero point 1.009x / 1.011x, W8 1.015x / 1.009x (the rule
 # 1.078x); GGUF's groups of 32, fp16 x, H100 only (the H200 takes these): W4 sym (q4_0) 1.017x, offset (q4_1 / Q4_K)
 # 1.028x. int8 at groups of 32 (q8_0) was fitted and not kept (1.055x held out, one layer 2.1x); it and bf16 x at
-# groups of 32 take their larger groups' family (kernels.cuda.gemv.wg_simt_modelled). They serve where no measured
-# bucket does (kernels.cuda.gemv.wg_simt_config), and bf16 calls whose fp16-measured tile keeps at most half its
-# warps in bf16 (kernels.linear._compact_m1_simt_tile); offset weights at larger groups and int8 with a zero point
+# groups of 32 take their larger groups' family (kernels.cuda_gemv_mma.host.wg_simt_modelled). They serve where no
+# measured
+# bucket does (kernels.cuda_gemv_mma.host.wg_simt_config), and bf16 calls whose fp16-measured tile keeps at most half
+# its
+# warps in bf16 (kernels.cuda_gemv_mma._compact_m1_simt_tile); offset weights at larger groups and int8 with a zero
+# point
 # keep the rule. Before / after with the zero-point and bf16 costs (tools/bench/dispatch_ab.py,
 # compacted, M = 1): H100 0.976x the time on 48 changed model-list cases, 0.924x on 35 cases of 24 other layer shapes;
 # H200 0.950x / 0.887x; with the groups-of-32 families (H100) 0.963x on 40 / 0.897x on 20 (docs/kernels/cuda_gemv.md).

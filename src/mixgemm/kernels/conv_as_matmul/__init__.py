@@ -16,7 +16,7 @@ def can_run(p: Problem):
         return no("not a 1x1 / stride 1 / no padding / groups 1 convolution")
     if not c.channels_last_out:
         return no("input not channels_last (the [B*H*W, Ci] view needs it)")
-    if not triton_ok("mixgemm.kernels.triton.gemm"):
+    if not triton_ok("mixgemm.kernels.triton_gemm.gemm"):
         return no("Triton unavailable")
     if p.device.is_cuda:
         from mixgemm.kernels.triton_conv_igemm.igemm import tuned_choice

@@ -26,8 +26,8 @@ import math
 import torch
 
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemm_wgmma import Grouped, OutputRows, _prepare_launch, _prepare_x
 from mixgemm.kernels.cuda.launch import LaunchCache
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import Grouped, OutputRows, _prepare_launch, _prepare_x
 
 
 def reached_experts(slots: int, num_experts: int) -> float:

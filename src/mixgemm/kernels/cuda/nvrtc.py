@@ -1,10 +1,11 @@
 """Run-time compilation (NVRTC) and launching (CUDA driver API) of mixgemm's CUDA C++ kernels.
 
 Users need no CUDA toolkit: only the pip packages ``cuda-bindings`` and ``nvidia-cuda-nvrtc``.
-Kernel sources live beside this file (``*.cu``, named by file name) or in a kernel's folder (named by their path under
-mixgemm/kernels, e.g. ``cuda_gemv_a8/gemv_a8.cu``); the shared headers stay beside this file. Each compile key is a
-set of ``-D`` macros, compiled once per (source, macros, architecture) to a cubin, and loaded once per device into the
-primary context that PyTorch uses. Launches go on a given stream (normally ``torch.cuda.current_stream()``),
+Kernel sources live in their kernel's folder (``mixgemm/kernels/<entry>/*.cu``, named ``"<entry>/<file>.cu"``) or,
+for the shared ones and the headers every kernel includes, beside this file (``*.cu`` / ``*.cuh``, named by file
+name alone); each compile key is a set of ``-D`` macros, compiled
+once per (source, macros, architecture) to a cubin, and loaded once per device into the primary
+context that PyTorch uses. Launches go on a given stream (normally ``torch.cuda.current_stream()``),
 take no host synchronization and allocate nothing, so they can be captured in CUDA graphs.
 
 Reusable by any mixgemm CUDA kernel: ``compile_cubin`` (also works without a GPU, for CPU-side
@@ -31,8 +32,8 @@ from mixgemm.kernels.cuda.driver import check as _check
 from mixgemm.kernels.cuda.driver import driver_api as _driver  # conv_wgmma / gemm_wgmma and tools call nvrtc._driver
 from mixgemm.kernels.cuda.driver import make_primary_context_current
 
-HERE = Path(__file__).resolve().parent
-KERNELS = HERE.parent  # a kernel folder's source is named by its path under mixgemm/kernels
+HERE = Path(__file__).resolve().parent  # the shared sources and headers (-I: every kernel includes from here)
+KERNELS = HERE.parent  # a kernel folder's source is named "<folder>/<file>.cu" from here
 _lock = threading.Lock()
 _modules: dict = {}  # (device index, source, defines, arch) -> (module, function)
 
@@ -106,8 +107,8 @@ def compile_cubin(source_name: str, defines: tuple[tuple[str, int], ...], arch: 
     NvrtcError with NVRTC's log on failure. Needs no GPU.
     """
     d = cubin_cache_dir()
-    name = Path(source_name).name
-    path = d / f"{name}.{arch}.{_cubin_key(source_name, defines, arch)}.cubin" if d is not None else None
+    key = _cubin_key(source_name, defines, arch)
+    path = d / f"{source_name.replace('/', '.')}.{arch}.{key}.cubin" if d is not None else None
     if path is not None and path.is_file():
         try:
             return path.read_bytes()

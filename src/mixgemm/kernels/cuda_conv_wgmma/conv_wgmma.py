@@ -24,8 +24,8 @@ import torch
 
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.kernels.conv_geometry import conv_output_size
-from mixgemm.kernels.cuda import gemm_wgmma as G
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
 
 CHANNELS_PER_TILE = 64  # one 64-k tile = 64 channels of one tap = one 128-byte swizzled row per pixel
 _CORNER = (-128, 127)  # im2col bounding-box corner range of a 4-D tensor map

@@ -16,7 +16,7 @@ call compiled the kernel for this geometry).
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
 import torch
 
@@ -35,8 +35,10 @@ _SMEM_LIMIT = 48 * 1024
 class DwCudaConfig(KernelConfig):
     """The CUDA depthwise conv's tile (dwconv.cu)."""
 
-    pixels_per_thread: int = knob("TW", "output pixels per thread along W: the sliding window's length, 1..32", "DW_TW")
-    channels_per_block: int = knob("CB", "channels per block: even, dividing 256, <= 256", "DW_CB")
+    pixels_per_thread: int = knob("TW", "output pixels per thread along W: the sliding window's length, 1..32",
+                                  define="DW_TW", default=MISSING)
+    channels_per_block: int = knob("CB", "channels per block: even, dividing 256, <= 256",
+                                   define="DW_CB", default=MISSING)
 
     derived = {"DW_KH": "kernel height", "DW_KW": "kernel width", "DW_SW": "stride along W",
                "DW_DW": "dilation along W", "DW_ACT": "activation dtype: 0 fp16, 1 bf16", "DW_BITS": "weight bits",

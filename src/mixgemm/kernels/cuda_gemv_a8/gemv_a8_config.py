@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any
 
 from mixgemm.kernels.kernel_config import KernelConfig, knob
@@ -21,15 +21,18 @@ A8_PROBLEM_DEFINES = {
 
 @dataclass(frozen=True)
 class GemvA8Config(KernelConfig):
-    rows_per_warp: int = knob("R", "weight rows each warp computes (registers: M x R x 3 accumulators)", "A8_R")
+    rows_per_warp: int = knob("R", "weight rows each warp computes (registers: M x R x 3 accumulators)",
+                              define="A8_R", default=MISSING)
     k_slices: int = knob("KS", "warps along K per block (split-K inside the block, reduced in shared memory)",
-                         "A8_KS")
-    row_groups: int | None = knob("RG", "warps along N per block (default: NW / KS)", "A8_RG", None)
-    warps: int = knob("NW", "warps per block (RG x KS)", None, 8)
-    prefetch: int = knob("PF", "1: register double buffering of the weight loads across steps and tiles", "A8_PF", 0)
-    one_pass: int = knob("OP", "1: the one-pass prologue where the row fits (A8_OPC), 0: two passes over x", None, 1)
+                         define="A8_KS", default=MISSING)
+    row_groups: int | None = knob("RG", "warps along N per block (default: NW / KS)", define="A8_RG", default=None)
+    warps: int = knob("NW", "warps per block (RG x KS)", define=None, default=8)
+    prefetch: int = knob("PF", "1: register double buffering of the weight loads across steps and tiles",
+                         define="A8_PF", default=0)
+    one_pass: int = knob("OP", "1: the one-pass prologue where the row fits (A8_OPC), 0: two passes over x",
+                         define=None, default=1)
     grid: Any = knob("GRID", "blocks: None persistent (resident blocks x SMs, balanced), 'tiles' one per row tile, or "
-                     "an int: that many blocks per SM", None, None)
+                     "an int: that many blocks per SM", define=None, default=None)
 
     derived = {**A8_PROBLEM_DEFINES,
                "A8_U": "chunks per lane and step (a property of the a8gemv_v2 layout, layout.pick_u)"}

@@ -16,8 +16,8 @@ import torch
 
 import mixgemm.tuning as tuning
 from mixgemm.kernels import int8_activations as shared
+from mixgemm.kernels.cuda_wgmma import wave_cost as _wave_cost
 from mixgemm.kernels.layouts import WGMMA_A8_V1
-from mixgemm.kernels.linear import _wave_cost
 from mixgemm.kernels.registry import OK, KernelEntry, Problem, no, prefer_not
 
 NAME = "cuda_wgmma_a8"
@@ -57,7 +57,7 @@ def _small_m_decline(p: Problem) -> str | None:
     activation scales, tuning.A8_WGMMA_SMALL_M for per-token ones), None if not."""
     if not p.per_token:
         if p.m < tuning.A8_WGMMA_BLOCK_SCALES_FROM_M:
-            from mixgemm.kernels.cuda.gemv import wave_efficiency
+            from mixgemm.kernels.cuda.gemv_launch import wave_efficiency
             from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import column_tiles
 
             tiles = column_tiles(p.n, 2)  # (below, split-K fills the SMs: gemm_wgmma_a8.split_k_rule)
@@ -144,7 +144,7 @@ def candidates(p: Problem) -> list[dict]:
     16 with the stages that fit; for the folding tiles, which keep BM <= 128, BM 64 / 128) and, where a partial wave
     follows a whole one, one launch and every TAIL split; at small M (one token tile) the cluster split-K factors;
     MC 1 / 2 where the column tiles pair up."""
-    from mixgemm.kernels.cuda import gemm_wgmma
+    from mixgemm.kernels.cuda_wgmma import gemm_wgmma
     from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import (
         SPLIT_MAX_M,
         column_tiles,
@@ -190,9 +190,9 @@ def run(x2d, qw, bias, lo, hi, config, p: Problem, out_dtype):
 
 def prepare(p: Problem, qw, config):
     from mixgemm.kernels.cuda import act_quant_rows
-    from mixgemm.kernels.cuda.gemm_wgmma import OutputRows
     from mixgemm.kernels.cuda.launch import new_rows
     from mixgemm.kernels.cuda.stream_buffers import SCRATCH_LOCK, quantizer_counters, stream_scratch
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import OutputRows
     from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8 import prepare_wgmma_a8, scratch_bytes
 
     dev = torch.device("cuda", p.device.index if p.device.index is not None else torch.cuda.current_device())

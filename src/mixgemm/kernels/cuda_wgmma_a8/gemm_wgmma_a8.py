@@ -50,9 +50,10 @@ import torch
 from mixgemm.formats.activation import SYMMETRIC_ACT_MODES
 from mixgemm.formats.layouts_wgmma_a8 import WgmmaA8Layout, a8_layout_supported, build_wgmma_a8_v1
 from mixgemm.formats.weight import QuantizedWeight
-from mixgemm.kernels.cuda import gemm_wgmma, nvrtc
-from mixgemm.kernels.cuda.gemm_wgmma import _MAP_PLACEHOLDER, SMEM_LIMIT, TensorMapParam, encode_tensor_map
+from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.launch import pdl_on
+from mixgemm.kernels.cuda_wgmma import gemm_wgmma
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import _MAP_PLACEHOLDER, SMEM_LIMIT, TensorMapParam, encode_tensor_map
 from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8_config import WgmmaA8Config
 from mixgemm.tuning import source_of
 

@@ -1,4 +1,4 @@
-"""One Triton kernel: a weight's ``wgmma_v1`` layout (mixgemm.formats.layouts_wgmma) -> its float matrix [N, K].
+"""One Triton kernel: a weight's ``wgmma_v1`` layout (mixgemm.kernels.cuda_wgmma.layout) -> its float matrix [N, K].
 
 The layout is the one a Hopper weight keeps resident (the wgmma GEMM's, which the GEMVs also read), so the
 dequantize + cuBLAS route needs no second copy of the codes. Each program expands one 128-row block of one 64-k tile
@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from mixgemm.formats.layouts_wgmma import GROUP_TILES, K_TILE, ROWS, WgmmaLayout, _slot_index
+from mixgemm.formats.layouts import GROUP_TILES, K_TILE, ROWS
+from mixgemm.kernels.cuda_wgmma.layout import WgmmaLayout, _slot_index
 
 _MODES = {"sym": 0, "zero_point": 1, "offset": 2}
 _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}

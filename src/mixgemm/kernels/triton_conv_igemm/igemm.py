@@ -35,7 +35,7 @@ W8 per-channel 734 -> 362, W4 g128 895 -> 538 (docs/kernels/triton_conv_igemm.md
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
 import torch
 import triton
@@ -316,9 +316,9 @@ class ConvConfig(KernelConfig):
     """The implicit GEMM's tile (Triton constexprs and launch settings: no -D macros); the conv sweep's table entries
     list the fields in this order."""
 
-    block_m: int = knob("BM", "output pixels per program")
-    block_n: int = knob("BN", "output channels per program")
-    block_k: int = knob("BK", "K per step: 16, 32 or 64, dividing the group (one scale per step)")
+    block_m: int = knob("BM", "output pixels per program", default=MISSING)
+    block_n: int = knob("BN", "output channels per program", default=MISSING)
+    block_k: int = knob("BK", "K per step: 16, 32 or 64, dividing the group (one scale per step)", default=MISSING)
     split_k: int = knob("SPLIT_K", "K splits, their fp32 partial sums reduced by _splitk_reduce_kernel", default=1)
     num_warps: int = knob("num_warps", "warps per program", default=4)
     num_stages: int = knob("num_stages", "software pipeline stages of the K loop", default=3)

@@ -6,7 +6,7 @@ kernel. Depthwise has no GEMM worth the name (N = 1 per group): ``_dwconv_kernel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
 import torch
 import triton
@@ -101,8 +101,8 @@ def _dwconv_kernel(
 class DwConfig(KernelConfig):
     """Tiles of the depthwise kernel: output pixels x channels per program (Triton constexprs: no -D macros)."""
 
-    block_m: int = knob("BM", "output pixels per program (<= 32 measured fastest)")
-    block_c: int = knob("BC", "channels per program (the contiguous channels_last run)")
+    block_m: int = knob("BM", "output pixels per program (<= 32 measured fastest)", default=MISSING)
+    block_c: int = knob("BC", "channels per program (the contiguous channels_last run)", default=MISSING)
     num_warps: int = knob("num_warps", "warps per program", default=4)
 
 

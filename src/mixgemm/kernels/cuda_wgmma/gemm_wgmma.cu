@@ -9,7 +9,7 @@
 // double-buffered for it (two named arrays, the loop unrolled by two).
 //
 // CTA = NWG warpgroups x 64 weight rows (each warp owns one 16-row tile of the wgmma_v1 layout,
-// formats/layouts_wgmma.py) times BM activation rows (the wgmma N). K loop in 64-k tiles, KT of them per stage of a
+// kernels/cuda_wgmma/layout.py) times BM activation rows (the wgmma N). K loop in 64-k tiles, KT of them per stage of a
 // STAGES-deep ring (cp.async or TMA): per tile the BM x 64 activation atom (128-byte swizzled, the layout the wgmma
 // descriptor reads without bank conflicts), every warp's 512 / 1024 weight bytes and its 16 rows' group
 // parameters -- so no register holds a load in flight. A stage is refilled LAG + 1 stages after it was read: LAG

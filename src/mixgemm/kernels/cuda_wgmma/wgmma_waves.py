@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mixgemm.kernels.cuda.gemm_wgmma import (
+from mixgemm.kernels.cuda_wgmma.gemm_wgmma import (
     CLUSTER_MAX,
     K_TILE,
     TAIL_SPLITS,

@@ -9,7 +9,7 @@
 //
 // "Swap AB": A (16 x 16, row) = a 16-row tile of dequantized weights, B (16 x 8, col) = 8 activation
 // rows, C (16 x 8, fp32) = y^T. Lane (g = lane / 4, t = lane % 4) holds A rows g and g + 8.
-// Weight layout "gemv_mma_v1" (mixgemm/formats/layouts.py): tiles of 16 rows x KT k (KT = 64 int4,
+// Weight layout "gemv_mma_v1" (mixgemm/kernels/cuda_gemv_mma/layout.py): tiles of 16 rows x KT k (KT = 64 int4,
 // 32 int8), each tile 512 bytes = one uint4 per lane, tiles ordered [N / 16][Kp / KT]. Lane (g, t) of
 // a tile covers k = KL * t .. KL * t + KL - 1 (KL = KT / 4) of rows g and g + 8, so its activations are
 // one contiguous 2 * KL-byte piece of each x row. The mma k order is permuted (same for A and B, so the
@@ -33,8 +33,8 @@
 // Groups of 32 (MMA_G32) put two parameter sets in a tile: steps 0-1 and 2-3 are scaled apart.
 // The default for int8 weights (twice the bytes per lane and tile of gemv_mma_v1's 32-k tiles: faster there); int4
 // stays on gemv_mma_v1, where this path is still slower at M = 16 (3-6% by geometric mean over 14 model layers, up to
-// 21%; kernels/cuda/gemv.py MMA_ON_WGMMA). M = 1 on wgmma_v1 runs on CUDA cores (gemv_wg_simt.cu). The ring's cost is
-// its instructions, not shared-memory bandwidth (ncu): B fragments by warp shuffles (a 4 x 4 word transpose over a
+// 21%; kernels/cuda_gemv_mma/host.py MMA_ON_WGMMA). M = 1 on wgmma_v1 runs on CUDA cores (gemv_wg_simt.cu). The
+// ring's cost is its instructions, not shared-memory bandwidth (ncu): B fragments by warp shuffles (a 4 x 4 word transpose over a
 // row's lanes) measured the same, and x gathered once per call into B-fragment order by one more launch was slower.
 
 #include "mma_frag.cuh"

@@ -9,8 +9,8 @@
   built on first use and cached on the weight.
 * bias: None or float [N]. lo, hi: output clamp bounds (floats, may be +-inf).
 * config: None (the kernel's own rule, default_config; the dispatcher hands the per-GPU table's config from
-  mixgemm.tuning, which mixgemm.explain shows) or a dict with KS (layout: words per chunk row), BM, BN, KCH (chunks
-  per K tile), SPLIT_K, GROUP_M, num_warps, num_stages.
+  mixgemm.tuning, which mixgemm.explain shows) or a dict of short keys, each defined and documented in config.py
+  (``TritonGemmConfig``: KS, BM, BN, KCH, SPLIT_K, GROUP_M, num_warps, num_stages).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. No host synchronization (CUDA-graph capturable once
   compiled); allocations: the output, plus an fp32 [M, N] workspace when SPLIT_K > 1.
 
@@ -40,9 +40,8 @@ import triton.language as tl
 
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.triton.dequant import MODE_IDS, dequantize, group_params
-from mixgemm.kernels.triton.layout import N_ALIGN, TritonGemmLayout, chunk_k, get_layout
+from mixgemm.kernels.triton_gemm.layout import N_ALIGN, TritonGemmLayout, chunk_k, get_layout
 
-CONFIG_KEYS = ("KS", "BM", "BN", "KCH", "SPLIT_K", "GROUP_M", "num_warps", "num_stages")
 DEFAULT_KS = 16
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

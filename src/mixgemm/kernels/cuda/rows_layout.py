@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.formats.layouts import KernelLayout
-from mixgemm.formats.layouts_wgmma import K_TILE, wgmma_params
+from mixgemm.formats.layouts import K_TILE, KernelLayout
 from mixgemm.formats.weight import QuantizedWeight, narrow_group_reason
+from mixgemm.kernels.cuda_wgmma.layout import wgmma_params
 
 ROWS_LAYOUT = "rows_v1"  # its name (QuantizedWeight.resident of a weight that keeps only it)
 CHUNK = 16
@@ -52,7 +52,8 @@ class RowsLayout(KernelLayout):
     def row_bytes(self) -> int:
         return self.k_padded
 
-    # the CUDA-core GEMV's view (formats/layouts.py GemvLayout): 16-byte chunks of 16 k, chunk c in group c >> gshift
+    # the CUDA-core GEMV's view (kernels/cuda_gemv/layout.py GemvLayout): 16-byte chunks of 16 k, chunk c in group
+    # c >> gshift
     chunk = CHUNK
 
     @property

@@ -27,35 +27,14 @@ the kernel zero-fills x past K; padded rows are never stored).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from mixgemm.formats.layouts import INT4_PERM, KernelLayout
+from mixgemm.formats.layouts import GROUP_TILES, INT4_PERM, K_TILE, ROWS, KernelLayout, WgmmaTiles
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight, narrow_group_reason
 
-K_TILE = 64
-ROWS = 16
-GROUP_TILES = 8  # row tiles stored together per k-tile
 # (row half h, k offset) of the elements e0..e7 of one int4 word: pair 0 at k0, pair 1 at k0 + 8
 _E_INT4 = ((0, 0), (0, 1), (1, 0), (1, 1), (0, 8), (0, 9), (1, 8), (1, 9))
-
-
-class WgmmaTiles:
-    """Tile counts of the wgmma layouts (wgmma_v1, wgmma_a8_v1): 16-row tiles, TILE_K k per k-tile."""
-
-    TILE_K: ClassVar[int] = K_TILE
-    n: int
-    k_padded: int
-
-    @property
-    def k_tiles(self) -> int:
-        return self.k_padded // self.TILE_K
-
-    @property
-    def row_tiles(self) -> int:
-        """16-row tiles holding real rows (the storage pads to a multiple of 8 of them)."""
-        return -(-self.n // ROWS)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The ``triton_gemm_v1_ks<KS>`` kernel layouts of a QuantizedWeight, read by mixgemm.kernels.triton.gemm.
+"""The ``triton_gemm_v1_ks<KS>`` kernel layouts of a QuantizedWeight, read by mixgemm.kernels.triton_gemm.gemm.
 
 Built once per weight from the plain interchange layout and cached with ``get_layout(qw, ks)``
 (``qw.layout(layout_name(ks), ...)``).

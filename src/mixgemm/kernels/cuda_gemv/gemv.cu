@@ -9,7 +9,7 @@
 // Compiled at run time by NVRTC (mixgemm/kernels/cuda/nvrtc.py); needs no CUDA header (raw PTX and
 // 32-bit words only), so only libnvrtc is required. The template arguments arrive as -D macros.
 //
-// Weight layout ("gemv_v2", mixgemm/formats/layouts.py): the plain packing, so the layout is the weight's own
+// Weight layout ("gemv_v2", mixgemm/kernels/cuda_gemv/layout.py): the plain packing, so the layout is the weight's own
 // buffer (no second copy). Row n is Kp * BITS / 8 bytes, 16-byte aligned; chunk c of a row = one uint4 = CH
 // consecutive k (CH = 32 for int4, 16 for int8).
 //   int8: byte j of a 32-bit word holds k = 4 * word + j.

@@ -1,19 +1,9 @@
-"""Weight-only GEMV for decode (M = 1..16): CUDA C++ / inline PTX kernel (gemv.cu) compiled by NVRTC.
-
-``gemv(x2d, qw, bias, lo, hi)`` computes ``clamp(x2d @ dequant(qw).T + bias, lo, hi)``:
-
-* x2d: float16 / bfloat16 / float32 [M, K] on a CUDA device, 1 <= M <= 16, any strides (a zero-padded
-  aligned copy is made when rows are not 16-byte aligned, not unit-stride, or K is not a multiple of
-  the kernel's chunk -- only possible for per-channel weights).
-* qw: QuantizedWeight [N, K] on the same device, int4 or int8, any group size, any mode, any scale dtype.
-  Its ``gemv_v2`` layout (mixgemm.formats.layouts) is the weight's own packed buffer (built on first use, cached).
-* bias: None or float16 / bfloat16 / float32 [N]. lo, hi: output clamp (floats, may be +-inf).
-* perm (``gemv_simt`` / ``gemv_mma``): None, or an act-order layer's input permutation as int32 [>= Kp] padded
-  with the identity (mixgemm.ops.dispatch.kernel_perm): the kernel then multiplies x2d[:, perm[k]] where it reads
-  x2d[:, k] (GEMV_PERM / MMA_PERM), with no separate gather.
-* Returns [M, N] in x2d.dtype. Launched on torch.cuda.current_stream(); no host synchronization and
-  no allocation other than the output (and the padded copy above), so it is CUDA-graph capturable
-  once the kernel for a shape class has been compiled (first call).
+"""The tensor-core weight-only GEMV's host code (gemv_mma.cu, compiled by NVRTC), M = 1..16, float16 / bfloat16
+activations: its config rule (``mma_config``), its compile-time defines and its launch (``prepare_mma`` /
+``gemv_mma``). It reads its own ``gemv_mma_v1`` layout (layout.py), the wgmma GEMM's ``wgmma_v1`` with config WG
+(the int8 default, and for a compacted weight), or rows_v1 for a weight kept there. With WG and config SIMT at M = 1
+the same entry runs CUDA-core math on wgmma_v1 (gemv_wg_simt.cu; ``wg_simt_config``). The call contract is
+mixgemm.kernels.cuda.gemv_launch's.
 """
 
 from __future__ import annotations
@@ -24,77 +14,36 @@ import math
 
 import torch
 
-from mixgemm.formats.layouts import GemvLayout, build_gemv_mma_v1, build_gemv_v2
-from mixgemm.formats.layouts_rows import ROWS_LAYOUT, RowsLayout, build_rows_v1
-from mixgemm.formats.layouts_wgmma import build_wgmma_v1
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.gemv_steps import cheapest_tile, cheapest_wg_simt_tile, resident_blocks
-from mixgemm.kernels.cuda.launch import new_rows, pdl_on
-from mixgemm.kernels.options import current_options
+from mixgemm.kernels.cuda.gemv_launch import (
+    _ACT,
+    _MODE,
+    _SCL,
+    WARPS,
+    GemvLaunch,
+    _common_args,
+    _prepare_and_run,
+    param_pair_packs,
+    wave_efficiency,
+)
+from mixgemm.kernels.cuda.launch import pdl_on
+from mixgemm.kernels.cuda.rows_layout import ROWS_LAYOUT, build_rows_v1
+from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile, resident_blocks
+from mixgemm.kernels.cuda_gemv_mma.config import GemvMmaConfig
+from mixgemm.kernels.cuda_gemv_mma.layout import build_gemv_mma_v1
+from mixgemm.kernels.cuda_wgmma.layout import build_wgmma_v1
 from mixgemm.tuning.buckets import ShapeBucket, SourcedConfig
-from mixgemm.tuning.gemv_m1 import m1_entry, wg_simt_m1_entry
-from mixgemm.tuning.gemv_steps import step_costs, wg_simt_step_costs
+from mixgemm.tuning.gemv_m1 import wg_simt_m1_entry
+from mixgemm.tuning.gemv_steps import wg_simt_step_costs
 
-GEMV_MAX_M = 16
-# Programmatic dependent launch on sm_90+ (gemv_common.cuh explains the kernel side). Not used for the first
-# launch after a weight's layout was built in this call: its build kernels write the weights the GEMV
-# reads before its griddepcontrol.wait. Off under kernel_options(pdl=False) (and MIXGEMM_PDL=0).
-LAYOUT = "gemv_v2"
-SOURCE = "gemv.cu"
-KERNEL = "mixgemm_gemv"
-WARPS = 8
-
-_ACT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
-_SCL = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
-_MODE = {"sym": 0, "zero_point": 1, "offset": 2}
-_BIAS = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
-
-
-def gemv_supported(m: int, x_dtype: torch.dtype, qw: QuantizedWeight) -> bool:
-    """True when this kernel handles the problem (the dispatcher's pre-check)."""
-    return 1 <= m <= GEMV_MAX_M and x_dtype in _ACT and qw.bits in (4, 8)
-
-
-def m_bucket(m: int) -> int:
-    """The compiled M (1, 2, 4, 8 or 16) that serves m rows: fewer kernel variants to compile; rows
-    past m are computed on clamped inputs and never stored."""
-    return 1 << (m - 1).bit_length()
-
-
-MMA_SOURCE = "gemv_mma.cu"
+MMA_SOURCE = "cuda_gemv_mma/gemv_mma.cu"
 MMA_KERNEL = "mixgemm_gemv_mma"
 MMA_LAYOUT = "gemv_mma_v1"
 WG_LAYOUT = "wgmma_v1"  # config WG 1 (the int8 default): the wgmma GEMM's own layout, no copy of the GEMV's own
 # config SIMT 1 (with WG, M = 1): CUDA-core math on wgmma_v1 (gemv_wg_simt.cu), the tensor-core GEMV's parameter list
-SIMT_SOURCE = "gemv_wg_simt.cu"
+SIMT_SOURCE = "cuda_gemv_mma/gemv_wg_simt.cu"
 SIMT_KERNEL = "mixgemm_gemv_wg_simt"
-
-
-# GEMV_XS / GEMV_LITE (gemv.cu) for fp16 activations: off by default. Measured on H200 (docs/kernels/cuda_gemv.md):
-# XS only helped R = 2 configs and never beat the R = 4 defaults; LITE within noise.
-DEFAULT_XS = 0
-DEFAULT_LITE = 0
-
-
-# Config keys that only appear when set (defines_for adds their macros only then, so default compile keys stay put).
-OPTIONAL_KEYS = ("MINB", "XS", "LITE", "BULK", "BPAR", "BPS", "ZSUM", "LW")
-OPTIONAL_DEFAULTS = {"LW": 32}  # the value an optional key has when absent (0 for the others)
-
-
-def _with_optional_keys(cfg: dict, src: dict) -> dict:
-    """cfg plus the OPTIONAL_KEYS that src (a tuning override or a tuned tile's fields) sets to a value other than its
-    default (OPTIONAL_DEFAULTS, else 0)."""
-    return {**cfg, **{key: src[key] for key in OPTIONAL_KEYS
-                      if src.get(key, OPTIONAL_DEFAULTS.get(key, 0)) != OPTIONAL_DEFAULTS.get(key, 0)}}
-
-
-def simt_override(forced: dict) -> dict:
-    """A forced CUDA-core tile (kernel_options(configs={"cuda_gemv": {...}})): R, U and KS given, RG (default 8 warps
-    / KS) and PF (default 0) completed, and the OPTIONAL_KEYS it sets."""
-    r, u, ks = forced["R"], forced["U"], forced["KS"]
-    cfg = {"R": r, "U": u, "RG": forced.get("RG", WARPS // ks), "KS": ks, "PF": forced.get("PF", 0)}
-    return _with_optional_keys(cfg, forced)
 
 
 def mma_override(base: dict, forced: dict) -> dict:
@@ -104,61 +53,6 @@ def mma_override(base: dict, forced: dict) -> dict:
     if "KS" in forced and "RG" not in forced:
         cfg["RG"] = max(1, WARPS // cfg["KS"])
     return cfg
-
-
-def m1_tile_serves(tile, n: int, num_sms: int) -> bool:
-    """Whether a measured M = 1 tile (tuning.gemv_m1.M1Tile) serves a layer of N rows: its blocks per SM, rounded up,
-    at most the entry's MAXB (0: any). Why: past the blocks an SM holds at once a tile runs a second round of blocks,
-    and a tile kept for one round lost there (H100, W4 sym, 4096x11008 / 4096x12288's R 2 U 1 KS 1 tile at 6 blocks
-    per SM 0.875x the rule's time, on 4096x13696 at 7 blocks per SM 1.085x)."""
-    return not tile.MAXB or blocks_per_sm(n, {"R": tile.R, "RG": tile.RG or WARPS // tile.KS, "LW": tile.LW},
-                                          num_sms) <= tile.MAXB
-
-
-def choose_config(m: int, n: int, kc: int, num_sms: int, act: int = 0, bits: int = 4, k: int = 0,
-                  gpu_name: str = "", mode: str = "") -> dict:
-    """Tile choice from the problem size only (deterministic, no autotuning): the measured tile of the layer's
-    bucket at M = 1 with fp16 activations (mixgemm.tuning.gemv_m1; k = 0: none), else at M = 1 with fp16 activations
-    the tile of least modelled cost (gemv_steps.cheapest_tile, costs from mixgemm.tuning.gemv_steps), else the rule
-    below.
-
-    R rows per warp (one activation load serves R weight rows), U chunks in flight per lane and row,
-    KS k-slices per row (split-K inside the block, when N / R alone cannot fill the GPU); a block is
-    8 warps = (8 / KS) row groups x KS k-slices. m is the compiled M bucket, act the activation code.
-    PF (register double buffering) measured slower on H200 (register pressure): off by default.
-    """
-    # fp16 activations: x staged in shared memory (XS, dropped by gemv() where it does not apply) and
-    # the lighter per-chunk bookkeeping (LITE), when DEFAULT_XS / DEFAULT_LITE turn them on (gemv.cu)
-    extra = {"XS": DEFAULT_XS, "LITE": DEFAULT_LITE} if act == 0 else {}
-    mode = mode or "sym"  # (no mode given: a sym weight, for the bucket lookup and the model alike)
-    hit = m1_entry(gpu_name, mode, bits, k, n) if m == 1 and act == 0 and k > 0 else None
-    # the measured tile of the layer's bucket (mixgemm.tuning.gemv_m1), where each of its k-slices gets at least one
-    # full step of U chunks per lane (LW lanes a row) or as many chunks as on the layer it was measured on (a shorter K
-    # in the bucket takes the rule), and its blocks per SM stay within the entry's MAXB (m1_tile_serves)
-    if (hit is not None and kc >= min(hit.value.LW * hit.value.U * hit.value.KS, chunks_per_row(bits, hit.measured[0]))
-            and m1_tile_serves(hit.value, n, num_sms)):
-        t = hit.value
-        cfg = {"R": t.R, "U": t.U, "RG": t.RG or WARPS // t.KS, "KS": t.KS, "PF": t.PF, **extra}
-        where = f"gemv_m1 {'H100' if 'H100' in gpu_name else 'H200'} W{bits}, {hit.where(ShapeBucket.of(k, n))}"
-        return SourcedConfig(_with_optional_keys(cfg, t._asdict()), where)
-    if m == 1 and act == 0:
-        # no measured bucket: the tile of least modelled cost (kernels/cuda/gemv_steps.py: rounds of resident blocks
-        # x steps a lane waits for, with the step costs fitted per family in tuning.gemv_steps)
-        costs = step_costs(gpu_name, bits, mode)
-        tile = cheapest_tile(n, kc, bits, mode, num_sms, costs)
-        if tile is not None:
-            return SourcedConfig({**tile.config(), **extra}, f"gemv step-cost model ({costs.source})")
-    if m == 1:
-        r = (4 if n >= 8192 else 2) if act == 0 else 2
-        u = 2
-    else:
-        r, u = 2, 1
-    rows = -(-n // r)
-    ks = 1
-    # ~62 warps per SM over the grid (about two waves), each lane keeping >= one full U step
-    while ks < WARPS and rows * ks < num_sms * 62 and kc >= 32 * u * ks * 2:
-        ks *= 2
-    return {"R": r, "U": u, "RG": WARPS // ks, "KS": ks, "PF": 0, **extra}
 
 
 def choose_mma_config(mb: int, n: int, kt: int, num_sms: int, bits: int = 4) -> dict:
@@ -198,27 +92,8 @@ def defer_ok(group_size: int, k_tile: int) -> bool:
 
 
 def mma_defines_for(bits: int, act: int, scl: int, mode: int, mb: int, cfg: dict) -> dict:
-    d = {"MMA_BITS": bits, "MMA_ACT": act, "MMA_SCL": scl, "MMA_MODE": mode, "MMA_MB": mb,
-         "MMA_U": cfg["U"], "MMA_RG": cfg["RG"], "MMA_KS": cfg["KS"], "MMA_PF": cfg.get("PF", 0)}
-    if cfg.get("DEFER", 0):  # only in the key when set: DEFER 0 keeps the earlier compile keys
-        d["MMA_DEFER"] = cfg["DEFER"]
-    if cfg.get("PERM", 0):
-        d["MMA_PERM"] = 1
-    if cfg.get("EARLY", 0):
-        d["MMA_EARLY"] = 1
-    if cfg.get("RT", 1) > 1:
-        d["MMA_RT"] = cfg["RT"]
-    if cfg.get("MINB", 0) > 1:  # blocks per SM the registers must allow (gemv_mma.cu MMA_MINB)
-        d["MMA_MINB"] = cfg["MINB"]
-    if cfg.get("PACK", 0) and param_pair_packs(mode, scl):
-        d["MMA_PACK"] = 1
-    if cfg.get("ROWS", 0):  # an int8 weight kept in rows_v1 (opt-in)
-        d["MMA_ROWS"] = 1
-    elif cfg.get("WG", 0):  # only in the key when set: the gemv_mma_v1 instantiations keep their compile keys
-        d["MMA_WG"] = 1
-        if cfg.get("G32", 0):
-            d["MMA_G32"] = 1
-    return d
+    """NVRTC -D macros of one gemv_mma.cu instantiation (config.GemvMmaConfig.build_defines)."""
+    return GemvMmaConfig.from_dict(cfg).build_defines(bits, act, scl, mode, mb, param_pair_packs(mode, scl))
 
 
 # The rule of the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) at M = 1: from WG_SIMT_BIG_BYTES of codes two row tiles
@@ -314,7 +189,8 @@ def wg_simt_one_step(n: int, k: int, bits: int, num_sms: int, mode: str = "sym",
     per_sm = resident_blocks(wg_simt_registers(bits, act, scl, mode, tuple(sorted(cfg.items())), arch), ks) * ks
     if nt * ks > per_sm * num_sms:
         return None
-    return SourcedConfig(cfg, f"one step a k-slice (kernels.cuda.gemv.wg_simt_one_step): {nt * ks} warps within one "
+    return SourcedConfig(cfg, "one step a k-slice (kernels.cuda_gemv_mma.host.wg_simt_one_step): "
+                              f"{nt * ks} warps within one "
                               f"round of {per_sm} a SM x {num_sms} SMs, {-(-kt // ks)} k-tiles a slice")
 
 
@@ -413,30 +289,9 @@ def wg_simt_rounds(n: int, rt: int, rg: int, ks: int, num_sms: int) -> int:
 
 
 def simt_defines_for(bits: int, act: int, scl: int, mode: int, cfg: dict) -> dict:
-    """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1): RT 16-row tiles per warp, U k-tiles
-    per step, RG row groups x KS k-slices per block, PF register double buffering, G32 two groups per 64-k tile, PACK
-    a zero point's or offset's 16-bit parameter pair held in one register (dropped where the format has no pair: sym,
-    fp32 scales), MINB the blocks per SM its registers must allow. PACK and MINB only appear in the key when set, so
-    the other compile keys are unchanged."""
-    d = {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode, "SIMT_G32": cfg.get("G32", 0),
-         "SIMT_RT": cfg.get("RT", 1), "SIMT_U": cfg["U"], "SIMT_RG": cfg["RG"], "SIMT_KS": cfg["KS"],
-         "SIMT_PF": cfg.get("PF", 0)}
-    if cfg.get("PACK", 0) and param_pair_packs(mode, scl):
-        d["SIMT_PACK"] = 1
-    if cfg.get("MINB", 0):
-        d["SIMT_MINB"] = cfg["MINB"]
-    return d
-
-
-def param_pair_packs(mode: int, scl: int) -> bool:
-    """Whether a GEMV config's PACK applies (gemv_wg_simt.cu SIMT_PACK, gemv_mma.cu MMA_PACK): a second 16-bit
-    parameter per group (zero point or offset beside an fp16 / bf16 scale)."""
-    return mode != _MODE["sym"] and scl != _SCL[torch.float32]
-
-
-def weight_pair_packs(mode: str, scale_dtype: torch.dtype) -> bool:
-    """param_pair_packs for a weight's mode name and scale dtype (mma_config's ``pair_packs``)."""
-    return param_pair_packs(_MODE[mode], _SCL[scale_dtype])
+    """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1: config.GemvMmaConfig.
+    build_simt_defines)."""
+    return GemvMmaConfig.from_dict(cfg).build_simt_defines(bits, act, scl, mode, param_pair_packs(mode, scl))
 
 
 def mma_x_smem_bytes(cfg: dict, mb: int) -> int:
@@ -447,151 +302,11 @@ def mma_x_smem_bytes(cfg: dict, mb: int) -> int:
     return cfg["RG"] * cfg["KS"] * (2 if cfg.get("PF", 0) else 1) * cfg["U"] * 8 * mb * 64 * 2
 
 
-def use_mma(x_dtype: torch.dtype, m: int) -> bool:
-    """Tensor cores for bf16 activations and for fp16 at M >= 2 (measured on H200: at M = 1 the fp16
-    CUDA-core kernel with 4 rows per warp was faster, at M = 16 the mma kernel 7.5x faster); fp32
-    activations stay on exact fp32 CUDA-core math."""
-    if x_dtype == torch.float32:
-        return False
-    return x_dtype == torch.bfloat16 or m >= 2
-
-
-def perm_config(cfg: dict, mb: int, act: int, kp: int) -> dict:
-    """cfg for an act-order call: PERM on, and x staged in shared memory (XS) where it can be: the block then gathers
-    x through the permutation once, from shared memory, instead of every lane its pieces from global memory."""
-    cfg = {**cfg, "PERM": 1}
-    return {**cfg, "XS": 1} if _xs_ok(cfg, mb, act, kp) else cfg
-
-
-def stages_perm(cfg: dict, m: int, x_dtype: torch.dtype, bits: int, k: int) -> bool:
-    """True when an act-order call of the CUDA-core GEMV with this config gathers x into shared memory (perm_config
-    sets XS), False when its lanes would gather from global memory."""
-    kp = chunks_per_row(bits, k) * (32 if bits == 4 else 16)
-    return bool(perm_config(cfg, m_bucket(m), _ACT[x_dtype], kp).get("XS", 0))
-
-
-def defines_for(bits: int, act: int, scl: int, mode: int, m: int, cfg: dict) -> dict:
-    """NVRTC -D macros of one gemv.cu instantiation. The optional cfg keys (MINB: launch-bounds minimum blocks per
-    SM, XS, LITE, PERM, ZSUM, BULK, BPAR, LW, ROWS) only appear in the key when set, so default compile keys are
-    unchanged."""
-    d = {"GEMV_BITS": bits, "GEMV_ACT": act, "GEMV_SCL": scl, "GEMV_MODE": mode, "GEMV_M": m,
-         "GEMV_R": cfg["R"], "GEMV_U": cfg["U"], "GEMV_RG": cfg["RG"], "GEMV_KS": cfg["KS"],
-         "GEMV_PF": cfg.get("PF", 0)}
-    if cfg.get("MINB", 0):
-        d["GEMV_MINB"] = cfg["MINB"]
-    if cfg.get("XS", 0) and m == 1 and act == 0 and not cfg.get("PF", 0):
-        d["GEMV_XS"] = 1  # (gemv() also drops XS when K * 2 bytes exceed XS_MAX_BYTES)
-    if cfg.get("LITE", 0):
-        d["GEMV_LITE"] = 1
-    if cfg.get("PERM", 0):
-        d["GEMV_PERM"] = 1
-    if cfg.get("ZSUM", 0):
-        d["GEMV_ZSUM"] = 1  # zero points through the x sum (gemv.cu GEMV_ZSUM; zero_point, fp16 x)
-    if cfg.get("BULK", 0):
-        d["GEMV_BULK"] = cfg["BULK"]
-        if cfg.get("BPAR", 0):
-            d["GEMV_BPAR"] = 1
-    if cfg.get("LW", 32) != 32:
-        d["GEMV_LW"] = cfg["LW"]  # lanes per weight row (gemv.cu GEMV_LW; register path)
-    if cfg.get("ROWS", 0):
-        d["GEMV_ROWS"] = 1  # int8 codes and parameters in rows_v1 (gemv.cu GEMV_ROWS)
-    return d
-
-
-LANE_WIDTHS = (32, 16, 8, 4)  # gemv.cu GEMV_LW: lanes per weight row
-
-
-def tile_rows(cfg: dict) -> int:
-    """Weight rows of one block of the CUDA-core GEMV: RG row groups x R rows per lane group x the warp's 32 / LW lane
-    groups (gemv.cu GEMV_LW)."""
-    lw = cfg.get("LW", 32)
-    if lw not in LANE_WIDTHS or (lw != 32 and cfg.get("BULK", 0)):
-        raise ValueError(f"CUDA-core GEMV config {cfg}: LW (lanes per row) must be one of {LANE_WIDTHS}, and 32 with "
-                         "BULK")
-    return cfg["RG"] * cfg["R"] * (32 // lw)
-
-
-def blocks_per_sm(n: int, cfg: dict, num_sms: int) -> int:
-    """Blocks per SM (rounded up) of the CUDA-core GEMV with tile ``cfg`` (one block per tile_rows rows) over N rows."""
-    blocks = -(-n // tile_rows(cfg))
-    return -(-blocks // num_sms)
-
-
-def bulk_smem_bytes(cfg: dict, param_row_bytes: int = 0) -> int:
-    """Dynamic shared memory of a GEMV_BULK ring: BULK stages x (RG x R rows) x (KS x 32 x U chunks of 16 bytes), plus
-    with BPAR two tiles' parameters (RG x R rows of param_row_bytes each)."""
-    rows = cfg["RG"] * cfg["R"]
-    ring = cfg["BULK"] * rows * cfg["KS"] * 32 * cfg["U"] * 16
-    return ring + (2 * rows * param_row_bytes if cfg.get("BPAR", 0) else 0)
-
-
-def _bulk_config(cfg: dict, props, param_row_bytes: int, x_smem: int) -> dict:
-    """cfg with BULK dropped where it cannot run (before sm_90, or a ring too big for one block) and BPAR (the
-    parameters by bulk copy) set where each row's parameters are a whole number of 16-byte units, unless the
-    config says BPAR 0."""
-    if not cfg.get("BULK", 0):
-        return cfg
-    cfg = {**cfg, "BPAR": int(cfg.get("BPAR", 1) and param_row_bytes % 16 == 0)}
-    if props.major < 9 or bulk_smem_bytes(cfg, param_row_bytes) + x_smem > BULK_MAX_BYTES:
-        return {**cfg, "BULK": 0, "BPAR": 0}
-    return cfg
-
-
-# The bulk-copy ring must fit one block's dynamic shared memory on sm_90 (227 KiB) with room for the static part.
-BULK_MAX_BYTES = 224 * 1024
-
-
-# x staged in shared memory (GEMV_XS) only up to this many bytes per block (K <= 32768 at fp16), so
-# that three 256-thread blocks still fit on an SM next to L1.
-XS_MAX_BYTES = 64 * 1024
-
-
-def _x_bytes(cfg: dict, kp: int) -> int:
-    """x in fp16 (K * 2 bytes), twice with PERM (as it is, then gathered)."""
-    return kp * 2 * (2 if cfg.get("PERM", 0) else 1)
-
-
-def x_smem_bytes(cfg: dict, kp: int) -> int:
-    """Dynamic shared memory of GEMV_XS: x (_x_bytes), and with PERM the int32 indices (K * 4 bytes)."""
-    return _x_bytes(cfg, kp) + (kp * 4 if cfg.get("PERM", 0) else 0)
-
-
-def _xs_ok(cfg: dict, mb: int, act: int, kp: int) -> bool:
-    """GEMV_XS applies to fp16 activations at the M = 1 bucket, without PF, when x (_x_bytes) fits
-    XS_MAX_BYTES; PERM's indices come on top of that (up to 2 * XS_MAX_BYTES in all)."""
-    return mb == 1 and act == 0 and not cfg.get("PF", 0) and _x_bytes(cfg, kp) <= XS_MAX_BYTES
-
-
-def _prepare_x(x2d: torch.Tensor, lay) -> torch.Tensor:
-    """x2d itself when the kernel can read it (unit stride along K, 16-byte aligned rows, K == Kp),
-    else a zero-padded aligned copy [M, Kp] (the caller's tensor is never modified)."""
-    es = x2d.element_size()
-    ok = (x2d.stride(1) == 1 and lay.k_padded == lay.k and (x2d.stride(0) * es) % 16 == 0
-          and x2d.data_ptr() % 16 == 0)
-    if ok:
-        return x2d
-    xp = torch.zeros(x2d.shape[0], lay.k_padded, dtype=x2d.dtype, device=x2d.device)
-    xp[:, : lay.k] = x2d
-    return xp
-
-
-def chunks_per_row(bits: int, k: int) -> int:
-    """16-byte chunks per row of the gemv_v2 layout (K padded to a whole chunk: 32 k at 4 bits, 16 at 8)."""
-    chunk = 32 if bits == 4 else 16
-    return -(-k // chunk)
-
-
 def mma_k_tiles(bits: int, k: int) -> int:
     """k units per row the config rule counts: gemv_mma_v1's k-tiles (64 k at 4 bits, 32 at 8; int8 on wgmma_v1 reads
     64-k tiles, two units each, with the configs the rule was measured with)."""
     kt = 64 if bits == 4 else 32
     return -(-k // kt)
-
-
-def simt_config(m: int, n: int, k: int, bits: int, x_dtype: torch.dtype, mode: str, num_sms: int,
-                gpu_name: str) -> dict:
-    """The CUDA-core GEMV's config for this problem (choose_config on the compiled M bucket)."""
-    return choose_config(m_bucket(m), n, chunks_per_row(bits, k), num_sms, _ACT[x_dtype], bits, k, gpu_name, mode)
 
 
 def mma_config(m: int, n: int, k: int, bits: int, group_size: int, num_sms: int, mode: str = "sym",
@@ -783,12 +498,6 @@ def mma_reduction_fits(cfg: dict) -> bool:
     return cfg["KS"] * cfg["RG"] * cfg.get("RT", 1) <= MMA_REDUCTION_TILES
 
 
-def wave_efficiency(blocks: int, per_wave: int) -> float:
-    """The share of the block slots a grid fills over the waves it takes: waves over whole waves (1.0 = full waves)."""
-    waves = blocks / per_wave
-    return waves / math.ceil(waves)
-
-
 def _mma_grid(cfg: dict, n: int, num_sms: int) -> tuple[int, int]:
     """(blocks, block slots per wave) of a tensor-core GEMV config's grid over N output rows: its blocks of KS x RG
     warps against the slots MMA_RESIDENT_WARPS leaves per SM (RT > 2, never a rule's choice, counted as RT 2)."""
@@ -915,131 +624,6 @@ def mma_row_tiles(cfg: dict, m: int, n: int, bits: int, mode: str, num_sms: int,
 MMA_ON_WGMMA = {4: 0, 8: 1}
 
 
-def _check_perm(perm: torch.Tensor | None, x2d: torch.Tensor, lay) -> None:
-    """An act-order call's kernel permutation: int32 on x's device, contiguous, covering the layout's padded K."""
-    if perm is None:
-        return
-    if perm.dtype != torch.int32 or perm.device != x2d.device or not perm.is_contiguous() or perm.dim() != 1:
-        raise ValueError(f"gemv: perm must be a contiguous int32 [Kp] tensor on {x2d.device} (see "
-                         f"ops.dispatch.kernel_perm), got {perm.dtype} {tuple(perm.shape)} on {perm.device}")
-    if perm.numel() < lay.k_padded or perm.data_ptr() % 16:
-        raise ValueError(f"gemv: perm must hold >= {lay.k_padded} entries (K padded to the layout) and be 16-byte "
-                         f"aligned, got {perm.numel()}")
-
-
-def _check_gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None):
-    if not x2d.is_cuda:
-        raise ValueError(f"gemv needs CUDA tensors, x is on {x2d.device}")
-    if x2d.dim() != 2:
-        raise ValueError(f"gemv takes x as 2-D [M, K], got shape {tuple(x2d.shape)}")
-    m, k = x2d.shape
-    if k != qw.in_features:
-        raise ValueError(f"shape mismatch: x has K={k}, weight expects K={qw.in_features}")
-    if x2d.dtype not in _ACT:
-        raise TypeError(f"gemv: activation dtype {x2d.dtype} not supported (float16, bfloat16, float32)")
-    if m > GEMV_MAX_M:
-        raise ValueError(f"gemv handles M <= {GEMV_MAX_M}, got M={m}")
-    if qw.device != x2d.device:
-        raise ValueError(f"device mismatch: x on {x2d.device}, weight on {qw.device}")
-    if bias is not None:
-        if bias.dtype not in _BIAS:
-            raise TypeError(f"bias dtype {bias.dtype} not supported (float16, bfloat16, float32)")
-        bias = bias.contiguous()
-    return bias
-
-
-@torch.compiler.disable
-def gemv(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
-         perm: torch.Tensor | None = None) -> torch.Tensor:
-    """clamp(x2d @ dequant(qw).T + bias, lo, hi) -> [M, N] in x2d.dtype (see the module docstring): the tensor-core
-    kernel where use_mma says so, else the CUDA-core one, each with its own config rule; perm: see the module
-    docstring."""
-    bias = _check_gemv(x2d, qw, bias)
-    m, k = x2d.shape
-    n = qw.out_features
-    if m == 0 or n == 0:
-        return torch.empty(m, n, dtype=x2d.dtype, device=x2d.device)
-    props = torch.cuda.get_device_properties(x2d.device)
-    opts = current_options()  # kernel_options: force "cuda_gemv_mma" / "cuda_gemv", or a config for either
-    forced_mma = "cuda_gemv_mma" in opts.force or ("cuda_gemv" not in opts.force and use_mma(x2d.dtype, m))
-    if x2d.dtype != torch.float32 and forced_mma:
-        cfg = mma_config(m, n, k, qw.bits, qw.group_size, props.multi_processor_count, qw.mode,
-                         pair_packs=weight_pair_packs(qw.mode, qw.scales.dtype), x_dtype=x2d.dtype,
-                         scale_dtype=qw.scales.dtype, arch=nvrtc.arch_of(x2d.device))
-        forced = opts.configs.get("cuda_gemv_mma")
-        return gemv_mma(x2d, qw, bias, lo, hi, cfg if forced is None else mma_override(cfg, forced), perm)
-    forced = opts.configs.get("cuda_gemv")
-    cfg = simt_override(forced) if forced is not None else simt_config(m, n, k, qw.bits, x2d.dtype, qw.mode,
-                                                                          props.multi_processor_count, props.name)
-    return gemv_simt(x2d, qw, bias, lo, hi, cfg, perm)
-
-
-@torch.compiler.disable
-def gemv_simt(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
-              cfg: dict, perm: torch.Tensor | None = None) -> torch.Tensor:
-    """The CUDA-core GEMV with the tile config ``cfg`` (simt_config's keys); XS and BULK are dropped where they
-    cannot run. perm: an act-order layer's kernel permutation (module docstring), applied while x is read."""
-    return _prepare_and_run(prepare_simt, x2d, qw, bias, lo, hi, cfg, perm)
-
-
-def _prepare_and_run(prepare, x2d, qw, bias, lo, hi, cfg, perm):
-    """One unplanned GEMV call: the inputs checked, the launch prepared (prepare_simt / prepare_mma), then run."""
-    bias = _check_gemv(x2d, qw, bias)
-    m = x2d.shape[0]
-    if m == 0 or qw.out_features == 0:
-        return torch.empty(m, qw.out_features, dtype=x2d.dtype, device=x2d.device)
-    launch = prepare(qw, m, x2d.dtype, x2d.device, cfg, perm is not None)
-    _check_perm(perm, x2d, launch.layout)
-    return launch(x2d, bias, lo, hi, perm)
-
-
-def prepare_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.device, cfg: dict,
-                 act_order: bool = False) -> GemvLaunch:
-    """The CUDA-core GEMV's launch for M rows of x_dtype with the tile config ``cfg``, built once (layout, compiled
-    kernel, grid, parameters); call it with x2d, bias, lo, hi (and an act_order layer's kernel permutation)."""
-    n = qw.out_features
-    props = torch.cuda.get_device_properties(dev)
-    rows = qw.resident == ROWS_LAYOUT  # an int8 weight kept in rows_v1 (GEMV_ROWS)
-    name, build = (ROWS_LAYOUT, build_rows_v1) if rows else (LAYOUT, build_gemv_v2)
-    fresh = not qw.has_layout(name)
-    lay: GemvLayout | RowsLayout = qw.layout(name, build)
-    if act_order:
-        cfg = perm_config(cfg, m_bucket(m), _ACT[x_dtype], lay.k_padded)
-    if cfg.get("XS", 0) and not _xs_ok(cfg, m_bucket(m), _ACT[x_dtype], lay.k_padded):
-        cfg = {**cfg, "XS": 0}
-    x_smem = x_smem_bytes(cfg, lay.k_padded) if cfg.get("XS", 0) else 0
-    if rows:  # one row's parameters: contiguous only per channel (rows_v1 keeps wgmma_v1's order, groups 128 apart)
-        param_row_bytes = lay.num_groups * lay.params.shape[-1] * lay.params.element_size()
-    else:
-        param_row_bytes = lay.params.stride(0) * lay.params.element_size()  # [N, G] or [N, G, 2], contiguous
-    cfg = _bulk_config(cfg, props, param_row_bytes, x_smem)
-    if rows:
-        cfg = {**cfg, "ROWS": 1, "BPAR": cfg.get("BPAR", 0) if lay.num_groups == 1 else 0}
-    defs = defines_for(qw.bits, _ACT[x_dtype], _SCL[qw.scales.dtype], _MODE[qw.mode], m_bucket(m), cfg)
-    fn = nvrtc.get_function(SOURCE, KERNEL, defs, dev)
-    rows_per_block = tile_rows(cfg)
-    block = (32 * cfg["RG"] * cfg["KS"] + (32 if cfg.get("BULK", 0) else 0), 1, 1)  # + the bulk producer warp
-    tiles = -(-n // rows_per_block)
-    # dynamic shared memory: the bulk ring, then x when it is staged there (x_smem_bytes: fp16, M = 1)
-    smem = (bulk_smem_bytes(cfg, param_row_bytes) if cfg.get("BULK", 0) else 0) + x_smem
-    if smem:
-        nvrtc.allow_dynamic_smem(fn, smem)
-    if cfg.get("BULK", 0):  # persistent grid of as many blocks as fit, each looping over tiles through its ring
-        # BPS caps the blocks per SM, leaving room for the next PDL kernel's blocks to start their rings
-        per_sm = nvrtc.resident_blocks(fn, block[0], smem)
-        tiles = min(tiles, min(per_sm, cfg.get("BPS", 0) or per_sm) * props.multi_processor_count)
-    args = _common_args(lay, n) + [
-        ctypes.c_int(lay.chunks_per_row),
-        ctypes.c_int(lay.num_groups),
-        ctypes.c_int(lay.gshift),
-        ctypes.c_int(m),
-        ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
-    ]
-    pdl = pdl_on(dev)
-    return GemvLaunch(nvrtc.prepare_launch(fn, dev, (tiles, 1, 1), block, args, smem, pdl=pdl, first_without_pdl=fresh),
-                      lay, m, n, x_dtype, dev)
-
-
 @torch.compiler.disable
 def gemv_mma(x2d: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None, lo: float, hi: float,
              cfg: dict, perm: torch.Tensor | None = None) -> torch.Tensor:
@@ -1097,64 +681,3 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     pdl = pdl_on(dev)
     return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, smem, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
-
-
-# the per-call parameters of both GEMV kernels: their positions in _common_args, and the permutation (last)
-_X, _XSTRIDE, _Y, _YSTRIDE, _EPILOGUE, _PERM = 2, 3, 4, 5, 6, -1
-
-
-def _common_args(lay, n: int) -> list:
-    """The leading kernel parameters both GEMV kernels share, in their order: weight, params, then x, x row stride
-    (16-byte units), y, y row stride, bias, bias dtype code, clamp lo / hi (written per call by GemvLaunch), N."""
-    return [
-        ctypes.c_void_p(lay.weight.data_ptr()),
-        ctypes.c_void_p(lay.params.data_ptr()),
-        ctypes.c_void_p(0), ctypes.c_int(0), ctypes.c_void_p(0), ctypes.c_int(0),
-        *nvrtc.bias_clamp_args(None, -math.inf, math.inf),
-        ctypes.c_int(n),
-    ]
-
-
-class GemvLaunch:
-    """A GEMV launch prepared for one weight, M and activation dtype (a call plan's launch): a call makes the output,
-    writes the x / y / bias / clamp parameters and launches on the current stream. It holds the layout, so the
-    weight pointers in its parameters stay valid as long as it lives."""
-
-    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "_vals", "_lock", "_kp")
-
-    # x may come zero-padded to at least the layout's padded K (mixgemm.kernels.cuda.gather_x writes it so)
-    reads_padded_x = True
-    # x may be a contiguous [..., K] of any rank (its M rows K apart); y then gets x's leading shape
-    takes_rows = True
-
-    def __init__(self, launch, layout, m: int, n: int, dtype: torch.dtype, device: torch.device):
-        self.launch, self.layout, self.m, self.n, self.dtype, self.device = launch, layout, m, n, dtype, device
-        self._vals, self._lock = launch.params.values, launch.params.lock
-        self._kp = layout.k_padded
-
-    def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
-                 perm: torch.Tensor | None = None) -> torch.Tensor:
-        """clamp(x2d @ dequant(W).T + bias, lo, hi) for x2d [M, K] (unit stride along K) of the prepared M and
-        dtype, or x2d [M, >= Kp] zero-padded past K (read as it is), or a contiguous [..., K] of M rows (y [..., N]);
-        perm: the kernel permutation of a launch prepared for an act-order layer (None otherwise)."""
-        es = x2d.element_size()
-        # the row stride: a contiguous [..., K]'s rows are K apart (its size-1 dims may carry any stride)
-        ld = x2d.stride(0) if x2d.dim() == 2 else x2d.shape[-1]
-        if x2d.shape[-1] >= self._kp and x2d.data_ptr() % 16 == 0 and (ld * es) % 16 == 0:
-            xk = x2d
-        else:
-            xk = _prepare_x(x2d.reshape(-1, x2d.shape[-1]), self.layout)
-            ld = xk.stride(0)
-        # (positional sizes: torch.empty parses them faster than a tuple, a few tenths of a microsecond a call)
-        y = (new_rows(self.m, self.n, self.dtype, self.device) if x2d.dim() == 2
-             else torch.empty(*x2d.shape[:-1], self.n, dtype=self.dtype, device=self.device))
-        v = self._vals
-        with self._lock:  # (launch.Params: written and launched by one thread at a time)
-            v[_X].value = xk.data_ptr()
-            v[_XSTRIDE].value = ld * es // 16
-            v[_Y].value = y.data_ptr()
-            v[_YSTRIDE].value = self.n
-            nvrtc.set_bias_clamp(v, _EPILOGUE, bias, lo, hi)
-            v[_PERM].value = 0 if perm is None else perm.data_ptr()
-            self.launch()
-        return y

@@ -5,36 +5,11 @@
 * x2d: float16 / bfloat16 [M, K] on an sm_90 GPU, unit stride along K (a zero-padded aligned copy is made
   when rows are not 16-byte aligned or K % 8 != 0). Any M >= 1.
 * qw: QuantizedWeight [N, K] on the same device: int4 / int8, group 32..256 or per-channel, any mode, any
-  scale dtype. Its ``wgmma_v1`` layout (mixgemm.formats.layouts_wgmma) is built on first use and cached.
+  scale dtype. Its ``wgmma_v1`` layout (mixgemm.kernels.cuda_wgmma.layout) is built on first use and cached.
 * bias: None or float16 / bfloat16 / float32 [N]. lo, hi: output clamp (may be +-inf).
-* config: None (``default_config``) or a dict: BM (activation rows per CTA = the wgmma N: 8..256, multiple
-  of 8), NWG (warpgroups = 64 weight rows each), STAGES (ring depth, >= 2 + INFLIGHT), INFLIGHT (wgmma groups in
-  flight, 1 or 2), KT (64-k tiles per stage: 1, 2, 4), SPLIT (split-K factor or "auto"), GROUP_M (m-tiles
-  rastered together), TMA (1, the default: one thread loads each stage with TMA and bulk copies, NWG 1, 2 or 4;
-  0: per-thread cp.async), SK (1: stream-K -- a persistent grid of as many CTAs as fit at once splits the (tile,
-  k-stage) work evenly, CTAs that share a tile combine fp32 partials; 2: persistent whole tiles -- the same grid, each
-  CTA runs every grid-th output tile start to finish, and with TSTORE its TMA stores stay in flight under the next
-  tile (a staging buffer past the ring: NWG x BM x 128 bytes, or a piece of it staged and stored in turn where the
-  whole would cut the ring's stages, ``staging_chunk``); SK needs TMA 1 and ignores SPLIT), FOLD (1: grouped
-  sym / zero_point weights enter the wgmma as exact integers q - z and each group's fp32 partial is scaled into the
-  accumulator; applies to groups of 64 with KT 2 or 4 and groups of 128 with KT 4, ignored otherwise), MINB (CTAs per
-  SM the register allocation must allow; default 2 for SK 1 tiles of BM <= 64 without FOLD, else 1), TSTORE (1, the
-  default: the epilogue writes each warpgroup's output tile with one TMA store from shared memory where it applies
-  -- TMA 1, no SK 1 / workspace split-K, 16-byte aligned output rows; 0: one store per element), CLUSTER (1: the
-  SPLIT <= 8 k-slices of an output tile run as one thread-block cluster and add their fp32 partials through
-  distributed shared memory, each CTA storing a band of about BM / SPLIT rows (with TSTORE whole 16-row pairs, so the
-  last bands may be shorter) with the full epilogue; 0, the default: an fp32 workspace and a second kernel), SERIAL
-  (1, without CLUSTER: serial split-K -- each slice writes its fp32 partial tile to a workspace and the slice that
-  finishes last adds them in slice order and stores the tile with the full epilogue, in the same kernel; 0, the
-  default: the zeroed workspace of atomics and a second kernel), PDL (programmatic dependent launch, sm_90,
-  TMA 1: the first stages' weights are loaded before griddepcontrol.wait, everything else after it; never on the
-  first launch after the layout was built, whose build kernels write those weights. Default 1, but 0 with SK: a
-  persistent grid fills every SM slot, and stream-K measured 0.4-4 us slower with it; MIXGEMM_PDL=0 turns it off
-  everywhere), WS (TMA 1: one more warp only loads, refilling each slot once its consumers released it on an mbarrier;
-  no CTA barrier per stage; needs MINB 1; default 0), TAIL (2..8 or "auto", not with SK or SPLIT: the tiles of whole
-  waves run as one launch over the first weight rows, and the rows of the last partial wave as a second, CLUSTER
-  split-K launch of TAIL slices per tile, which finishes in about 1 / TAIL of a tile's time; "auto": split 2 where the
-  partial wave fills at most half the SMs, else one launch (`tail_rows`); default 0).
+* config: None (``default_config``) or a dict of short keys, each defined and documented in config.py
+  (``WgmmaConfig``: BM, NWG, STAGES, INFLIGHT, KT, SPLIT, GROUP_M, TMA, SK, FOLD, MINB, TSTORE, CLUSTER, SERIAL,
+  PDL, WS, TAIL, TAIL_WAIT, ROWS).
 * Returns [M, N] in x2d.dtype; fp32 accumulation. Launched on the current stream; no host synchronization;
   allocations: the output, plus an fp32 [M, N] workspace when SPLIT > 1 without CLUSTER or SERIAL, with SERIAL an
   fp32 [tiles, SPLIT] partial-tile workspace (and a per-device, per-stream int32 counter per tile, allocated zeroed
@@ -52,19 +27,18 @@ from dataclasses import astuple, dataclass
 import torch
 
 from mixgemm._checks import check_matmul_inputs
-from mixgemm.formats.layouts_rows import ROWS_LAYOUT, RowsLayout, build_rows_v1
-from mixgemm.formats.layouts_wgmma import K_TILE, WgmmaLayout, build_wgmma_v1
+from mixgemm.formats.layouts import K_TILE
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import launch as cuda_launch
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda.rows_layout import ROWS_LAYOUT, RowsLayout, build_rows_v1
 from mixgemm.kernels.cuda.stream_buffers import tile_counters
+from mixgemm.kernels.cuda_wgmma.layout import WgmmaLayout, build_wgmma_v1
 
-SOURCE = "gemm_wgmma.cu"
+SOURCE = "cuda_wgmma/gemm_wgmma.cu"
 KERNEL = "mixgemm_gemm_wgmma"
 LAYOUT = "wgmma_v1"
 SMEM_LIMIT = 227 * 1024  # opt-in shared memory per block on sm_90
-CONFIG_KEYS = ("BM", "NWG", "STAGES", "SPLIT", "GROUP_M", "INFLIGHT", "TMA", "MINB", "KT", "SK", "FOLD", "TSTORE",
-               "CLUSTER", "SERIAL", "PDL", "WS", "TAIL", "TAIL_WAIT")
 CLUSTER_MAX = 8  # portable thread-block cluster size (CLUSTER: split-K slices per cluster)
 # the k-slices a TAIL's partial wave may take (the weight-only split from wgmma_waves.tail_split, the int8 GEMM's from
 # gemm_wgmma_a8.tail_split_rule): past 4, each further slice's reduction costs more than the steps it saves
