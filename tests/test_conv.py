@@ -386,3 +386,27 @@ def _load_bench():
 def test_gpu_resnet50_end_to_end(bits, rel_err):
     res = _load_bench().resnet50_check(bits=bits, batch=2)
     assert res["rel_err"] <= 1e-2, res
+
+
+def test_conv_plan_is_made_once_per_input_signature(monkeypatch):
+    """An eager conv walks the registry once per layer and input signature (shape, strides, alignment, dtype,
+    geometry) and keeps the choice on the weight; another signature, or a kernel_options block, chooses afresh."""
+    import mixgemm
+    from mixgemm.ops import conv as conv_ops
+
+    calls = []
+    real = conv_ops.conv_choice
+    monkeypatch.setattr(conv_ops, "conv_choice", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    g = torch.Generator().manual_seed(3)
+    qw = quantize_conv_weight(torch.randn(16, 32, 3, 3, generator=g), bits=4, group_size=32, mode="sym")
+    x = torch.randn(2, 32, 10, 10, generator=g)
+    first = conv_ops.planned_conv_choice(x, qw, 2 * 8 * 8, (1, 1), (0, 0), 1, (1, 1))
+    again = conv_ops.planned_conv_choice(x.clone(), qw, 2 * 8 * 8, (1, 1), (0, 0), 1, (1, 1))
+    assert again is first and len(calls) == 1
+    conv_ops.planned_conv_choice(x[:1], qw, 8 * 8, (1, 1), (0, 0), 1, (1, 1))  # another batch
+    conv_ops.planned_conv_choice(x, qw, 2 * 4 * 4, (2, 2), (0, 0), 1, (1, 1))  # another stride
+    conv_ops.planned_conv_choice(x.contiguous(memory_format=torch.channels_last), qw, 128, (1, 1), (0, 0), 1, (1, 1))
+    assert len(calls) == 4
+    with mixgemm.kernel_options(disable={"cuda_dwconv"}):
+        conv_ops.planned_conv_choice(x, qw, 2 * 8 * 8, (1, 1), (0, 0), 1, (1, 1))
+    assert len(calls) == 5
