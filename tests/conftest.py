@@ -10,6 +10,15 @@
   `mixgemm tune` wrote on this machine (tests/test_tuning.py points it at its own files).
 * ``isolated_tuning``: NVRTC reported available and the tuning cache at the test's tmp_path / "tuning.json", for
   registry tests (``pytestmark = pytest.mark.usefixtures("isolated_tuning")``).
+* Under pytest-xdist each worker runs torch on its share of the cores (cores // workers threads, at least 1): two
+  workers of two threads each on 2 cores spend their time switching and spinning, not computing.
+* ``@pytest.mark.slow(seconds=S)`` tests run first, longest (S: about how many CPU seconds the test, or its
+  module's fixture, takes on one core) first, the rest as collected: under xdist the longest ones start at once
+  instead of bounding the run's end; ``@pytest.mark.xdist_group(name)`` keeps a module
+  whose module-scoped fixture is expensive on one worker (scripts/test.sh runs ``--dist loadgroup``), so the
+  fixture is built once, not once per worker.
+* The run ends with one line saying how many tests were skipped and why (on a CPU machine almost all are the GPU
+  tests).
 """
 
 from __future__ import annotations
@@ -27,6 +36,11 @@ from hypothesis import settings
 # compiled-mode Triton on CPU tensors, in whichever test files happen to be collected after it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))  # the processes a test starts
 
 # No example database: keeps .hypothesis/ out of the working tree; examples come from the seeds in each test.
 settings.register_profile("mixgemm", database=None, deadline=None)
@@ -75,25 +89,39 @@ def isolated_tuning(monkeypatch, tmp_path):
     tcache.reload()
 
 
+NO_GPU = "needs a CUDA GPU"
+
+
+def _slow_seconds(item) -> float:
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.kwargs.get("seconds", 1))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: -_slow_seconds(item))  # stable: the rest stay in collection order
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip = pytest.mark.skip(reason=NO_GPU)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line saying why tests were skipped (on a CPU machine: almost all are the GPU tests), by reason."""
+    """One line saying why tests were skipped: the GPU tests first (no CUDA device), then the other reasons."""
     reasons: dict[str, int] = {}
     for report in terminalreporter.stats.get("skipped", []):
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
         reason = reason.removeprefix("Skipped: ")
         reasons[reason] = reasons.get(reason, 0) + 1
-    if reasons:
-        top = sorted(reasons.items(), key=lambda kv: -kv[1])
+    if not reasons:
+        return
+    gpu = reasons.pop(NO_GPU, 0)
+    parts = [f"{gpu} GPU tests skipped: no CUDA device (torch.cuda.is_available() is False)"] if gpu else []
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])
+    if top:
         shown = "; ".join(f"{n} {why}" for why, n in top[:3])
         more = f"; {sum(n for _, n in top[3:])} for {len(top) - 3} other reasons" if len(top) > 3 else ""
-        terminalreporter.write_line(f"skipped {sum(reasons.values())}: {shown}{more}")
+        parts.append(f"{sum(reasons.values())} other skips: {shown}{more}")
+    terminalreporter.write_line("; ".join(parts))

@@ -153,6 +153,7 @@ TINY = {"_name_or_path": "org/tiny", "hidden_size": 128, "intermediate_size": 25
         "num_key_value_heads": 2}
 
 
+@pytest.mark.slow(seconds=22)
 def test_cli_model_on_cpu_names_the_layers(tmp_path, capsys):
     cfg = _write(tmp_path, TINY, "tiny")
     out = tmp_path / "out"
@@ -185,6 +186,7 @@ def test_cli_model_on_cpu_names_the_layers(tmp_path, capsys):
     assert len(merged["meta"]["runs"]) == 2 and merged["layers"] == data["layers"]
 
 
+@pytest.mark.slow(seconds=26)
 def test_cli_fold_puts_a_part_measured_apart_into_the_file(tmp_path, capsys):
     """--fold: a run on another machine (its own OUT) re-measured some cases; folding its file into the committed one
     replaces those cases, keeps the rest, drops from "not run" the shapes the file holds, and renders the Markdown."""

@@ -43,6 +43,7 @@ def test_qwen2_config_and_random_model():
         model_config("qwen3")
 
 
+@pytest.mark.slow(seconds=15)
 def test_generate_e2e_tool_on_cpu(tmp_path):
     rc = _tool().main([*ARGS, "--out", str(tmp_path), "--memory-ms", "1,16", "--modes", "generate,static,compiled"])
     res = json.loads((tmp_path / "generate_e2e.json").read_text())
