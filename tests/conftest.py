@@ -12,11 +12,11 @@
   registry tests (``pytestmark = pytest.mark.usefixtures("isolated_tuning")``).
 * Under pytest-xdist each worker runs torch on its share of the cores (cores // workers threads, at least 1): two
   workers of two threads each on 2 cores spend their time switching and spinning, not computing.
-* ``@pytest.mark.slow(seconds=S)`` tests run first, longest (S: about how many CPU seconds the test, or its
-  module's fixture, takes on one core) first, the rest as collected: under xdist the longest ones start at once
-  instead of bounding the run's end; ``@pytest.mark.xdist_group(name)`` keeps a module
-  whose module-scoped fixture is expensive on one worker (scripts/test.sh runs ``--dist loadgroup``), so the
-  fixture is built once, not once per worker.
+* Modules marked ``pytestmark = pytest.mark.slow(seconds=S)`` (S: about how many CPU seconds the module takes on
+  one core, its fixtures and the processes it starts included) run first, longest first, the rest as collected.
+  scripts/test.sh hands out whole modules (``--dist loadfile``: a module-scoped fixture is built once, not once per
+  worker) in this order (``--no-loadscope-reorder``), so the longest modules start at once instead of bounding the
+  run's end.
 * The run ends with one line saying how many tests were skipped and why (on a CPU machine almost all are the GPU
   tests).
 """

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tools.checks import actorder_model
 
 
-@pytest.mark.slow(seconds=12)
 def test_actorder_model_tool_on_cpu(tmp_path):
     rc = actorder_model.main(["--device", "cpu", "--tiny", "--new-tokens", "3", "--prompt-len", "5", "--repeats", "1",
                               "--warmup", "1", "--out", str(tmp_path)])

@@ -26,6 +26,8 @@ from mixgemm.bench.methods import (
 )
 from mixgemm.bench.runner import SweepConfig, rel_err, run_sweep
 
+pytestmark = pytest.mark.slow(seconds=33)
+
 H200_COPY_BW = 4.23e12  # the protocol table's measured copy bandwidth
 
 
@@ -140,7 +142,6 @@ def cpu_run(tmp_path_factory):
     return rc, str(d / "cpu" / "cpu")  # OUT/<gpu folder>/<suite>: a CPU run is cpu/cpu
 
 
-@pytest.mark.xdist_group("bench_cpu_run")  # the module-scoped run, once
 def test_cli_cpu_path_writes_json_csv_md(cpu_run, capsys):
     rc, prefix = cpu_run
     assert rc == 0
@@ -279,7 +280,6 @@ def test_a8_reference_matches_mixgemm_block_int_gemm_oracle():
 
 
 # ------------------------------------------------------------------------------------------------ report
-@pytest.mark.xdist_group("bench_cpu_run")  # the module-scoped run, once
 def test_report_renders_and_rewrites_marked_block(cpu_run, tmp_path):
     _, prefix = cpu_run
     data = json.loads(Path(prefix + ".json").read_text())
@@ -324,7 +324,6 @@ def test_report_finds_results_outside_the_checkout(tmp_path, monkeypatch, capsys
     assert "no such folder" in capsys.readouterr().err
 
 
-@pytest.mark.xdist_group("bench_cpu_run")  # the module-scoped run, once
 def test_plot_when_matplotlib_present(cpu_run, tmp_path):
     pytest.importorskip("matplotlib")
     _, prefix = cpu_run

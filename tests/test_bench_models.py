@@ -15,6 +15,8 @@ from mixgemm.bench import accept, merge, models
 from mixgemm.bench.methods import BASELINE_CPU, BASELINE_GPU, all_methods, select
 from mixgemm.bench.runner import SweepConfig, run_sweep
 
+pytestmark = pytest.mark.slow(seconds=50)
+
 ISSUE_MODELS = ["llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b",
                 "mixtral-8x7b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b",
                 "qwen2.5-32b", "qwen2.5-72b", "phi-3-mini", "phi-3-medium", "gemma-2-2b", "gemma-2-9b",
@@ -153,7 +155,6 @@ TINY = {"_name_or_path": "org/tiny", "hidden_size": 128, "intermediate_size": 25
         "num_key_value_heads": 2}
 
 
-@pytest.mark.slow(seconds=22)
 def test_cli_model_on_cpu_names_the_layers(tmp_path, capsys):
     cfg = _write(tmp_path, TINY, "tiny")
     out = tmp_path / "out"
@@ -186,7 +187,6 @@ def test_cli_model_on_cpu_names_the_layers(tmp_path, capsys):
     assert len(merged["meta"]["runs"]) == 2 and merged["layers"] == data["layers"]
 
 
-@pytest.mark.slow(seconds=26)
 def test_cli_fold_puts_a_part_measured_apart_into_the_file(tmp_path, capsys):
     """--fold: a run on another machine (its own OUT) re-measured some cases; folding its file into the committed one
     replaces those cases, keeps the rest, drops from "not run" the shapes the file holds, and renders the Markdown."""

