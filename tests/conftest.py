@@ -108,20 +108,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line saying why tests were skipped: the GPU tests first (no CUDA device), then the other reasons."""
+    """One line saying why tests were skipped: the GPU tests first (those whose reason names a GPU or CUDA), by
+    reason, then the other reasons."""
     reasons: dict[str, int] = {}
     for report in terminalreporter.stats.get("skipped", []):
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
         reason = reason.removeprefix("Skipped: ")
         reasons[reason] = reasons.get(reason, 0) + 1
-    if not reasons:
-        return
-    gpu = reasons.pop(NO_GPU, 0)
-    parts = [f"{gpu} GPU tests skipped: no CUDA device (torch.cuda.is_available() is False)"] if gpu else []
-    top = sorted(reasons.items(), key=lambda kv: -kv[1])
-    if top:
-        shown = "; ".join(f"{n} {why}" for why, n in top[:3])
-        more = f"; {sum(n for _, n in top[3:])} for {len(top) - 3} other reasons" if len(top) > 3 else ""
-        parts.append(f"{sum(reasons.values())} other skips: {shown}{more}")
-    terminalreporter.write_line("; ".join(parts))
+    by_count = lambda d: "; ".join(f"{n} {why}" for why, n in sorted(d.items(), key=lambda kv: -kv[1]))
+    gpu = {why: n for why, n in reasons.items() if "GPU" in why or "CUDA" in why}
+    other = {why: n for why, n in reasons.items() if why not in gpu}
+    parts = []
+    if gpu:
+        where = "no CUDA device" if not torch.cuda.is_available() else "not for this GPU"
+        parts.append(f"{sum(gpu.values())} GPU tests skipped: {where} ({by_count(gpu)})")
+    if other:
+        parts.append(f"{sum(other.values())} other tests skipped ({by_count(other)})")
+    if parts:
+        terminalreporter.write_line("; ".join(parts))
