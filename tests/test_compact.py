@@ -20,6 +20,8 @@ from mixgemm.nn import QuantLinear
 from mixgemm.ops.custom_ops import weight_from_tensors
 from mixgemm.tuning import A8_WG_GEMV_MAX_M
 
+pytestmark = pytest.mark.slow(seconds=24)
+
 FORMATS = [(4, 32, "sym"), (4, 128, "zero_point"), (4, -1, "offset"), (8, -1, "sym"), (8, 64, "zero_point"),
            (8, 128, "offset")]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}

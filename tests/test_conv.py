@@ -22,6 +22,8 @@ from mixgemm.epilogue import clamp_bounds
 from mixgemm.nn.conv import QuantConv2d, swap_conv2d
 from mixgemm.ops.conv import conv2d, cuda_conv2d
 
+pytestmark = pytest.mark.slow(seconds=36)
+
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
 

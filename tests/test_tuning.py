@@ -23,7 +23,7 @@ from mixgemm.kernels import cuda_gemv, cuda_gemv_mma, cuda_wgmma, linear_common
 from mixgemm.kernels.registry import choose, entries
 from mixgemm.tuning import cache as tcache
 
-pytestmark = pytest.mark.usefixtures("isolated_tuning")  # (conftest.py)
+pytestmark = [pytest.mark.usefixtures("isolated_tuning"), pytest.mark.slow(seconds=47)]  # (conftest.py)
 
 
 def _qw(n, k, bits=4, group_size=128, mode="sym", seed=0):
