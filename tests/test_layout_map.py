@@ -24,3 +24,23 @@ def test_resident_layouts_registered_by_the_map_round_trip():
     for name in ("wgmma_v1", "rows_v1"):
         lay = RESIDENT_LAYOUTS[name].build(qw)
         assert torch.equal(RESIDENT_LAYOUTS[name].codes(lay), qw.codes()), name
+
+
+def test_layouts_hold_a_zero_group_for_every_padded_k():
+    """Groups of 32 with K % 64 == 32: the 64-k tiles' padded half reads a group of its own, which every layout read
+    in 64-k tiles holds, zero (before, the kernels read the next rows' or unallocated parameters there: a non-finite
+    value times the padded zero activations broke ConvNeXt-T's 96-channel Linears)."""
+    from mixgemm.kernels.cuda_gemv_mma.layout import build_gemv_mma_v1
+    from mixgemm.kernels.cuda_wgmma.layout import build_wgmma_v1
+
+    for bits, mode in ((4, "sym"), (4, "zero_point"), (8, "offset")):
+        qw = quantize_weight(torch.randn(136, 96), bits=bits, group_size=32, mode=mode)
+        wg = build_wgmma_v1(qw)
+        assert wg.num_groups == 4 and wg.params.shape[1] == 4
+        assert torch.equal(wg.params[:, 3], torch.zeros_like(wg.params[:, 3]))
+        assert torch.equal(wg.params[:, :3].float().abs().sum(), wg.params.float().abs().sum())
+        if bits == 4:
+            mma = build_gemv_mma_v1(qw)
+            assert mma.num_groups == 4 and mma.params.shape[:2] == (136, 4)
+            assert torch.equal(mma.params[:, :3], qw.layout("gemv_v2", None).params)
+            assert not mma.params[:, 3].any()

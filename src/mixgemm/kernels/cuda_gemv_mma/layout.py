@@ -79,9 +79,15 @@ def build_gemv_mma_v1(qw: QuantizedWeight) -> GemvMmaLayout:
     else:
         packed = slots.to(torch.uint8)
     gk = 31 if qw.config.group_size == PER_CHANNEL else qw.group_size.bit_length() - 1
-    return GemvMmaLayout(weight=packed.contiguous(), params=base.params, n=n, k=k, k_padded=kp, bits=bits,
-                         mode=qw.mode, group_size=base.group_size, num_groups=base.num_groups, k_tile=kt_,
-                         gk=gk)
+    params, ng = base.params, base.num_groups
+    if qw.config.group_size != PER_CHANNEL and ng * base.group_size < kp:
+        # groups of 32 where K % 64 == 32: the padded half of the last k-tile reads a group of its own, which must
+        # exist and be finite (zero), not the next row's; a copy of the parameters with it
+        ng = kp // base.group_size
+        params = torch.zeros(n, ng, *params.shape[2:], dtype=params.dtype, device=params.device)
+        params[:, :base.num_groups] = base.params
+    return GemvMmaLayout(weight=packed.contiguous(), params=params, n=n, k=k, k_padded=kp, bits=bits,
+                         mode=qw.mode, group_size=base.group_size, num_groups=ng, k_tile=kt_, gk=gk)
 
 
 def unpack_gemv_mma_v1(layout: GemvMmaLayout) -> torch.Tensor:

@@ -120,8 +120,8 @@ def build_wgmma_v1(qw: QuantizedWeight) -> WgmmaLayout:
 
 
 def wgmma_params(qw: QuantizedWeight) -> tuple[torch.Tensor, int, int, int]:
-    """(params [N_pad / 128, G, 8, 16, PW] in the scale dtype, padded rows zero; G; the group size; gk) -- the
-    parameter order of wgmma_v1 and rows_v1 (module docstring)."""
+    """(params [N_pad / 128, G, 8, 16, PW] in the scale dtype, padded rows and groups zero; G, the groups of the
+    padded K; the group size; gk) -- the parameter order of wgmma_v1 and rows_v1 (module docstring)."""
     n, k = qw.shape
     np_ = -(-n // (ROWS * GROUP_TILES)) * ROWS * GROUP_TILES
     g, ng = qw.config.groups(k)
@@ -132,11 +132,14 @@ def wgmma_params(qw: QuantizedWeight) -> tuple[torch.Tensor, int, int, int]:
     else:
         p = torch.stack([qw.scales, qw.offsets.to(qw.scales.dtype)], dim=-1)
     pw = p.shape[-1]
-    params = torch.zeros(np_, ng, pw, dtype=qw.scales.dtype, device=qw.device)
-    params[:n] = p
-    params = params.reshape(np_ // (ROWS * GROUP_TILES), GROUP_TILES, ROWS, ng, pw).permute(0, 3, 1, 2, 4).contiguous()
+    # groups past K up to the padded K (groups of 32 where K % 64 == 32): the kernels read a group's parameters for
+    # every k of a 64-k tile, and the padded half's must exist and be finite (zero), not the next rows' or unallocated
+    ng_read = max(ng, -(-k // K_TILE) * K_TILE // g) if qw.config.group_size != PER_CHANNEL else ng
+    params = torch.zeros(np_, ng_read, pw, dtype=qw.scales.dtype, device=qw.device)
+    params[:n, :ng] = p
+    params = params.reshape(np_ // (ROWS * GROUP_TILES), GROUP_TILES, ROWS, ng_read, pw).permute(0, 3, 1, 2, 4)
     gk = 31 if qw.config.group_size == PER_CHANNEL else qw.group_size.bit_length() - 1
-    return params, ng, g, gk
+    return params.contiguous(), ng_read, g, gk
 
 
 def unpack_wgmma_v1(layout: WgmmaLayout) -> torch.Tensor:
