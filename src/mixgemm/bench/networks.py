@@ -64,8 +64,9 @@ def calibrate_batch_norms(net: nn.Module, hw: int) -> nn.Module:
             m.momentum = None  # a cumulative average over the calibration batches
         net.train()
         gen = torch.Generator().manual_seed(0)
+        device = next(net.parameters()).device  # (a default device may have built it elsewhere)
         for _ in range(CALIBRATION_STEPS):
-            net(torch.randn(CALIBRATION_BATCH, 3, hw, hw, generator=gen))
+            net(torch.randn(CALIBRATION_BATCH, 3, hw, hw, generator=gen, device="cpu").to(device))
     return net.eval()
 
 
