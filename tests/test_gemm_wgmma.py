@@ -41,7 +41,10 @@ def test_layout_roundtrip(bits, gs, n, k):
     lay = build_wgmma_v1(qw)
     assert torch.equal(unpack_wgmma_v1(lay), qw.codes())
     assert lay.weight.shape == (-(-n // 128), -(-k // 64), 8, 512 if bits == 4 else 1024)
-    assert lay.params.shape[:3] == (-(-n // 128), qw.num_groups, 8)
+    # groups of the padded K: the padded half of a last 64-k tile reads a group of its own, zero
+    groups = qw.num_groups if gs == -1 else max(qw.num_groups, -(-k // 64) * 64 // gs)
+    assert lay.params.shape[:3] == (-(-n // 128), groups, 8) and lay.num_groups == groups
+    assert not lay.params[:, qw.num_groups:].any()
 
 
 @pytest.mark.parametrize("bits", [4, 8])
