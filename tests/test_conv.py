@@ -412,3 +412,15 @@ def test_conv_plan_is_made_once_per_input_signature(monkeypatch):
     with mixgemm.kernel_options(disable={"cuda_dwconv"}):
         conv_ops.planned_conv_choice(x, qw, 2 * 8 * 8, (1, 1), (0, 0), 1, (1, 1))
     assert len(calls) == 5
+
+
+def test_eager_and_compiled_calls_share_one_weight_object():
+    """QuantConv2d's eager path and its custom op (what torch.compile calls) find the same QuantizedWeight, so the
+    kernel layouts and call plans are built once, not again by the op inside a CUDA-graph warm-up."""
+    from mixgemm.ops.custom_ops import weight_from_tensors
+
+    m = QuantConv2d.from_conv(torch.nn.Conv2d(64, 32, 3, padding=1), bits=4, group_size=32, mode="zero_point")
+    c, b = m.qconfig, m._buffers
+    qm = weight_from_tensors(b["qweight"], b["scales"], b["zeros"], None, c.bits, c.group_size, c.mode, 32, 9 * 64)
+    assert m.quantized_weight().matrix is qm
+    assert m.quantized_weight() is m.quantized_weight()

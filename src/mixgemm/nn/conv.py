@@ -33,7 +33,7 @@ import mixgemm.ops.custom_ops  # noqa: F401  (registers torch.ops.mixgemm.conv2d
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.conv import QuantizedConvWeight, check_conv_config, quantize_conv_weight
 from mixgemm.formats.packing import packed_width
-from mixgemm.formats.weight import GROUP_SIZES, PER_CHANNEL, QuantConfig, QuantizedWeight
+from mixgemm.formats.weight import GROUP_SIZES, PER_CHANNEL, QuantConfig
 from mixgemm.ops.conv import _pair, conv2d
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -216,26 +216,19 @@ class QuantConv2d(nn.Module):
         self._qw_cache = None
 
     def quantized_weight(self) -> QuantizedConvWeight:
-        """The buffers as a QuantizedConvWeight (a view, cached so kernel layouts are built once)."""
-        key = (
-            self.qweight.data_ptr(),
-            self.qweight.device,
-            self.scales.data_ptr(),
-            self.qweight._version,
-            self.scales._version,
-        )
-        if self._qw_cache is None or self._qw_cache[0] != key:
-            kh, kw = self.kernel_size
-            ci_g = self.in_channels // self.groups
-            qm = QuantizedWeight(
-                self.qweight,
-                self.scales,
-                self.zeros,
-                self.offsets,
-                self.qconfig,
-                (self.out_channels, kh * kw * ci_g),
-            )
-            self._qw_cache = (key, QuantizedConvWeight(qm, self.kernel_size, ci_g))
+        """The buffers as a QuantizedConvWeight: a view around the QuantizedWeight cached on the qweight tensor
+        (mixgemm.ops.custom_ops.weight_from_tensors), the same object the compiled op finds, so the eager and compiled
+        calls share one set of kernel layouts and call plans (the op building its own during a CUDA-graph warm-up
+        would allocate them in the graph's pool)."""
+        from mixgemm.ops.custom_ops import weight_from_tensors
+
+        b, c = self._buffers, self.qconfig
+        kh, kw = self.kernel_size
+        ci_g = self.in_channels // self.groups
+        qm = weight_from_tensors(b["qweight"], b["scales"], b["zeros"], b["offsets"], c.bits, c.group_size, c.mode,
+                                 self.out_channels, kh * kw * ci_g)
+        if self._qw_cache is None or self._qw_cache[0] is not qm:
+            self._qw_cache = (qm, QuantizedConvWeight(qm, self.kernel_size, ci_g))
         return self._qw_cache[1]
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
