@@ -20,7 +20,7 @@ from mixgemm.kernels.conv_geometry import conv_output_size
 from mixgemm.kernels.conv_geometry import out_format as _out_format
 from mixgemm.kernels.options import current_options
 from mixgemm.kernels.registry import KernelEntry
-from mixgemm.ops.dispatch import MAX_PLANS, plans_of
+from mixgemm.ops.dispatch import kept_plan
 from mixgemm.ops.matmul import matmul
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -137,26 +137,20 @@ def _plan_key(x: torch.Tensor, stride, padding, groups, dilation) -> tuple:
 def planned_conv_choice(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,
                         dilation) -> ConvPlan:
     """The registry's choice for this call, made once per input signature and kept on the weight's plan table
-    (mixgemm.ops.dispatch.plans_of): the registry's can_run walk, its tuning lookups and the float route's race
+    (mixgemm.ops.dispatch.kept_plan): the registry's can_run walk, its tuning lookups and the float route's race
     decision cost far more host time than a small conv's launch. Not kept under non-default kernel options or
-    during CUDA-graph capture. The
-    plan holds neither x nor the weight (ConvShape does: a reference cycle, and x kept alive)."""
-    opts = current_options()
-    # a choice made while a CUDA graph is being captured may be provisional (the float route's race cannot run then)
-    if not opts.is_default or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+    during CUDA-graph capture. The plan holds neither x nor the weight (ConvShape does: a reference cycle, and x
+    kept alive)."""
+    if not current_options().is_default:
         c = conv_choice(x, qweight, m, stride, padding, groups, dilation)
         return ConvPlan(c.entry, c.config)
-    plans = plans_of(qweight.matrix)
-    key = _plan_key(x, stride, padding, groups, dilation)
-    hit = plans.get(key)
-    if hit is None:
+
+    def make() -> ConvPlan:
         c = conv_choice(x, qweight, m, stride, padding, groups, dilation)
         launch = c.entry.prepare(c.problem, qweight, c.config) if c.entry.prepare is not None and x.is_cuda else None
-        hit = ConvPlan(c.entry, c.config, launch)
-        if len(plans) >= MAX_PLANS:
-            plans.clear()
-        plans[key] = hit
-    return hit
+        return ConvPlan(c.entry, c.config, launch)
+
+    return kept_plan(qweight.matrix, _plan_key(x, stride, padding, groups, dilation), make)
 
 
 def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, padding, groups,

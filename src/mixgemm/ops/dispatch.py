@@ -56,26 +56,39 @@ def plan_launch(qw: QuantizedWeight, x: torch.Tensor) -> object | None:
     return None if plan is None else plan.launch
 
 
-def cached_choice(qw: QuantizedWeight, key: tuple, make_problem) -> Choice:
-    """The plan under ``key`` on qw, chosen by the registry for make_problem() on a miss; no caching under
-    non-default kernel options."""
-    opts = current_options()
-    if not opts.is_default:
-        return choose(make_problem(), opts)
+def kept_plan(qw: QuantizedWeight, key: tuple, make):
+    """The plan under ``key`` on qw's plan table, made by make() on a miss and kept there -- except while a CUDA graph
+    is being captured: a choice made then may be provisional (a raced entry cannot race during capture and declines
+    until it has), so the next call outside the capture chooses again. The caller keeps no plan under non-default
+    kernel options."""
     plans = plans_of(qw)
     hit = plans.get(key)
     if hit is None:
+        hit = make()
+        if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            if len(plans) >= MAX_PLANS:
+                plans.clear()
+            plans[key] = hit
+    return hit
+
+
+def cached_choice(qw: QuantizedWeight, key: tuple, make_problem) -> Choice:
+    """The plan under ``key`` on qw, chosen by the registry for make_problem() on a miss (kept_plan); no caching
+    under non-default kernel options."""
+    opts = current_options()
+    if not opts.is_default:
+        return choose(make_problem(), opts)
+
+    def make() -> Choice:
         hit = choose(make_problem(), opts)
         launch = None
         if hit.entry.prepare is not None and hit.problem.device.is_cuda:
             launch = hit.entry.prepare(hit.problem, qw, hit.config)
         # the plan must not hold the weight it is cached on (a reference cycle would keep freed models alive
         # until the next garbage collection); its launch holds only the layout tensors the kernel reads
-        hit = replace(hit, problem=replace(hit.problem, qw=None), launch=launch)
-        if len(plans) >= MAX_PLANS:
-            plans.clear()
-        plans[key] = hit
-    return hit
+        return replace(hit, problem=replace(hit.problem, qw=None), launch=launch)
+
+    return kept_plan(qw, key, make)
 
 
 def linear_choice(m: int, qw: QuantizedWeight, x_dtype: torch.dtype, device: torch.device,
