@@ -62,13 +62,13 @@ def test_every_source_macro_is_named(cls):
 
 
 def test_of_reads_keys_and_names_unknown_ones():
-    c = GemvA8Config.of({"R": 2, "KS": 1, "NW": 8, "PF": 0, "RG": 8})
+    c = GemvA8Config.from_dict({"R": 2, "KS": 1, "NW": 8, "PF": 0, "RG": 8})
     assert (c.rows_per_warp, c.k_slices, c.warps, c.row_groups) == (2, 1, 8, 8)
     assert c.defines() == {"A8_R": 2, "A8_KS": 1, "A8_RG": 8, "A8_PF": 0}
-    assert GemvA8Config.of(c.as_dict()) == c
-    assert GemvA8Config.of({"rows_per_warp": 2, "k_slices": 1}) == GemvA8Config.of({"R": 2, "KS": 1})
+    assert GemvA8Config.from_dict(c.as_dict()) == c
+    assert GemvA8Config.from_dict({"rows_per_warp": 2, "k_slices": 1}) == GemvA8Config.from_dict({"R": 2, "KS": 1})
     with pytest.raises(ValueError, match="unknown config key 'XS'.*R \\(rows_per_warp\\)"):
-        GemvA8Config.of({"R": 2, "KS": 1, "XS": 1})
+        GemvA8Config.from_dict({"R": 2, "KS": 1, "XS": 1})
     assert DwCudaConfig(8, 32).defines() == {"DW_TW": 8, "DW_CB": 32}
     assert ConvConfig(*(64, 128, 32, 2, 4, 3, True)).as_dict()["SWAP_AB"] is True
 
@@ -94,15 +94,15 @@ def test_tuning_data_and_rules_use_named_keys():
 
     for entries in A8_M1.values():
         for e in entries:
-            GemvA8Config.of(e.value)
+            GemvA8Config.from_dict(e.value)
     for mb in (1, 2, 4, 8, 16):
-        GemvA8Config.of(gemv_a8.choose_config(mb, 4096, 8, 132, 4, 4096))
+        GemvA8Config.from_dict(gemv_a8.choose_config(mb, 4096, 8, 132, 4, 4096))
         for bits, per_token in ((4, False), (4, True), (8, True)):
-            GemvA8WgConfig.of(gemv_a8_wg.choose_config(mb, 4096, 32, 132, bits, per_token))
+            GemvA8WgConfig.from_dict(gemv_a8_wg.choose_config(mb, 4096, 32, 132, bits, per_token))
     for m in (1, 16, 64, 256, 2048):
         for bits, group in ((4, 128), (8, 8192)):
-            WgmmaA8Config.of(default_config(m, 4096, 8192, group, bits))
-            Int8GemmConfig.of(pick_config(m, 4096, 8192, bits, group, group == 8192, 64 if bits == 4 else 0))
+            WgmmaA8Config.from_dict(default_config(m, 4096, 8192, group, bits))
+            Int8GemmConfig.from_dict(pick_config(m, 4096, 8192, bits, group, group == 8192, 64 if bits == 4 else 0))
 
 
 def test_entry_configs_use_named_keys():
@@ -117,7 +117,7 @@ def test_entry_configs_use_named_keys():
     for m in (16, 512):
         p = a8_problem(m, qw, torch.float16, H200, "sym", True)
         for cfg in (config(p), *candidates(p)):
-            WgmmaA8Config.of(cfg)
+            WgmmaA8Config.from_dict(cfg)
 
 
 def test_kernel_options_config_with_an_unknown_key_is_an_error(monkeypatch):

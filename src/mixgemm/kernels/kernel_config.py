@@ -72,8 +72,6 @@ class KernelConfig:
             values[name] = value
         return cls(**values)
 
-    of = from_dict
-
     @classmethod
     def short_keys(cls, config: Mapping) -> dict:
         """``config`` with every field name replaced by its short key, in its order and with its values (a forced

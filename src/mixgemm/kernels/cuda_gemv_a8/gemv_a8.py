@@ -81,7 +81,7 @@ def complete_config(cfg: dict) -> dict:
     """A given tile config (R and KS; NW warps per block, default 8; PF, default 0; OP, default 1; GRID: None =
     persistent -- min(tiles, resident blocks x SMs), balanced --, "tiles" = one block per tile, or an int factor of
     SMs) with RG = NW / KS filled in."""
-    GemvA8Config.of(cfg)  # (a ValueError naming a key the kernel does not have)
+    GemvA8Config.from_dict(cfg)  # (a ValueError naming a key the kernel does not have)
     nw = cfg.get("NW", WARPS)
     return {**cfg, "NW": nw, "RG": cfg.get("RG", nw // cfg["KS"]), "PF": cfg.get("PF", 0), "OP": cfg.get("OP", 1)}
 
@@ -118,7 +118,7 @@ def defines_for(lay: A8GemvLayout, xt: int, mb: int, cfg: dict, per_token: bool 
     threads = 32 * cfg["RG"] * cfg["KS"]
     opc = one_pass_chunks(lay, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
-            "A8_U": lay.u, **GemvA8Config.of(cfg).defines(), "A8_AT": int(per_token and not lay.per_channel),
+            "A8_U": lay.u, **GemvA8Config.from_dict(cfg).defines(), "A8_AT": int(per_token and not lay.per_channel),
             "A8_OPC": opc, **mode_defines(act_mode)}
 
 

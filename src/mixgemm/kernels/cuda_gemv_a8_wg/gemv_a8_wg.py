@@ -168,7 +168,7 @@ def choose_config(mb: int, n: int, k_tiles: int, num_sms: int, bits: int = 4, pe
 def complete_config(cfg: dict) -> dict:
     """A given config (RT, U, KS; RG default 8 / KS or 1; PF default 1; OP default 1; MMA default 0; GRID as gemv_a8)
     completed and checked."""
-    GemvA8WgConfig.of(cfg)  # (a ValueError naming a key the kernel does not have)
+    GemvA8WgConfig.from_dict(cfg)  # (a ValueError naming a key the kernel does not have)
     out = {"U": 1, "PF": 1, "OP": 1, "MMA": 0, **cfg}
     out.setdefault("RG", max(1, 8 // out["KS"]))
     if 8 % out["RT"] or out["U"] not in (1, 2) or out["RG"] * out["KS"] > MAX_WARPS or out["MMA"] not in (0, 1):
@@ -190,7 +190,7 @@ def defines_for(lay: WgmmaA8Layout, xt: int, mb: int, cfg: dict, per_token: bool
     shape = WgGemvShape.of_layout(lay, cfg["U"])
     opc = row_chunks(lay.k, shape.kp, xt, threads, per_token or lay.per_channel) if cfg.get("OP", 1) else 0
     return {"A8_BITS": lay.bits, "A8_XT": xt, "A8_M": mb, "A8_G": 0 if lay.per_channel else lay.group_size,
-            "A8_AT": int(per_token and not lay.per_channel), **GemvA8WgConfig.of(cfg).defines(), "A8_OPC": opc,
+            "A8_AT": int(per_token and not lay.per_channel), **GemvA8WgConfig.from_dict(cfg).defines(), "A8_OPC": opc,
             **mode_defines(act_mode)}
 
 

@@ -432,7 +432,7 @@ def prepare_wgmma_a8(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_tok
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
     qs_ok = bool(sa_per_token and lay.num_groups > 1) and qs_layout(lay)
     cfg = dict(config) if config is not None else default_config(m, n, k, lay.group_size, lay.bits, qs=qs_ok)
-    WgmmaA8Config.of(cfg)  # (a ValueError naming a key the kernel does not have)
+    WgmmaA8Config.from_dict(cfg)  # (a ValueError naming a key the kernel does not have)
     tail = cfg.pop("TAIL", 0)
     tail_wait = int(cfg.pop("TAIL_WAIT", 0))
     if tail_wait not in (0, 1):
@@ -465,7 +465,7 @@ def _prepare_rows(qw: QuantizedWeight, m: int, aq_row_stride: int, sa_per_token:
     lay: WgmmaA8Layout = qw.layout(LAYOUT, build_wgmma_a8_v1)
     at = int(sa_per_token and lay.num_groups > 1)  # per-token activation scales over grouped weights
     qs_ok = bool(at) and qs_layout(lay)
-    c = WgmmaA8Config.of(cfg)
+    c = WgmmaA8Config.from_dict(cfg)
     bm, nwg, stages, kt = int(c.block_m), int(c.warpgroups), int(c.stages), int(c.k_tiles_per_stage)
     np_, cvt, group_m = int(c.partials), int(c.cvt_magic), int(c.group_m)
     minb = int(c.min_blocks)

@@ -367,7 +367,7 @@ def a8_gemm(aq, sa, oa, suma, lay, act_asym: bool, bias, lo: float, hi: float, o
         raise ValueError(f"shape mismatch: activations K={k}, weight K={lay.k}")
     per_channel = lay.num_groups == 1
     cfg = dict(config) if config else pick_config(m, n, k, lay.bits, lay.group_size, per_channel, lay.half)
-    Int8GemmConfig.of(cfg)  # (an error naming a key the kernel does not have)
+    Int8GemmConfig.from_dict(cfg)  # (an error naming a key the kernel does not have)
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=aq.device)
     if m == 0:
