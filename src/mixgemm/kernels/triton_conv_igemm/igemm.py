@@ -104,8 +104,6 @@ def _weight_tile(
 
 
 # Geometry (kernel size, stride, padding, dilation, split count) is a run-time argument: one compiled
-
-
 # variant serves every layer with the same tiles and format (a ResNet needs a handful of compiles, not one
 # per layer); the per-step scalar arithmetic it costs is negligible next to the tile work.
 @triton.jit(do_not_specialize=["M", "B", "H", "W", "HO", "WO", "SH", "SW", "PH", "PW", "DH", "DW", "SPLIT_K"])
