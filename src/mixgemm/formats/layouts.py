@@ -11,6 +11,8 @@ from typing import ClassVar
 
 import torch
 
+from mixgemm.formats.weight import PER_CHANNEL
+
 INT4_PERM = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble p of a 32-bit word holds element INT4_PERM[p]
 
 
@@ -43,6 +45,14 @@ def lane_slot_index(slots) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 K_TILE = 64
+
+
+def groups_read(group_size: int, num_groups: int, k_padded: int) -> int:
+    """The parameter groups a layout read in k-tiles must hold: every group of the padded K. Groups of 32 where
+    K % 64 == 32 leave the padded half of the last 64-k tile a group of its own, which must exist and be finite (zero:
+    the kernels multiply it by the zero-filled activations there), not the next rows' or unallocated parameters.
+    Per channel: the one group."""
+    return num_groups if group_size == PER_CHANNEL else max(num_groups, k_padded // group_size)
 ROWS = 16
 GROUP_TILES = 8  # row tiles stored together per k-tile
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.formats.layouts import INT4_PERM, KernelLayout, lane_slot_index
+from mixgemm.formats.layouts import INT4_PERM, KernelLayout, groups_read, lane_slot_index
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight
 from mixgemm.kernels.cuda_gemv.layout import build_gemv_v2
 
@@ -79,11 +79,8 @@ def build_gemv_mma_v1(qw: QuantizedWeight) -> GemvMmaLayout:
     else:
         packed = slots.to(torch.uint8)
     gk = 31 if qw.config.group_size == PER_CHANNEL else qw.group_size.bit_length() - 1
-    params, ng = base.params, base.num_groups
-    if qw.config.group_size != PER_CHANNEL and ng * base.group_size < kp:
-        # groups of 32 where K % 64 == 32: the padded half of the last k-tile reads a group of its own, which must
-        # exist and be finite (zero), not the next row's; a copy of the parameters with it
-        ng = kp // base.group_size
+    params, ng = base.params, groups_read(qw.config.group_size, base.num_groups, kp)
+    if ng > base.num_groups:  # a copy of the shared parameters with the padded K's zero group
         params = torch.zeros(n, ng, *params.shape[2:], dtype=params.dtype, device=params.device)
         params[:, :base.num_groups] = base.params
     return GemvMmaLayout(weight=packed.contiguous(), params=params, n=n, k=k, k_padded=kp, bits=bits,

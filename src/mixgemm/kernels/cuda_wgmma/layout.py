@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.formats.layouts import GROUP_TILES, INT4_PERM, K_TILE, ROWS, KernelLayout, WgmmaTiles
+from mixgemm.formats.layouts import GROUP_TILES, INT4_PERM, K_TILE, ROWS, KernelLayout, WgmmaTiles, groups_read
 from mixgemm.formats.weight import PER_CHANNEL, QuantizedWeight, narrow_group_reason
 
 # (row half h, k offset) of the elements e0..e7 of one int4 word: pair 0 at k0, pair 1 at k0 + 8
@@ -132,9 +132,7 @@ def wgmma_params(qw: QuantizedWeight) -> tuple[torch.Tensor, int, int, int]:
     else:
         p = torch.stack([qw.scales, qw.offsets.to(qw.scales.dtype)], dim=-1)
     pw = p.shape[-1]
-    # groups past K up to the padded K (groups of 32 where K % 64 == 32): the kernels read a group's parameters for
-    # every k of a 64-k tile, and the padded half's must exist and be finite (zero), not the next rows' or unallocated
-    ng_read = max(ng, -(-k // K_TILE) * K_TILE // g) if qw.config.group_size != PER_CHANNEL else ng
+    ng_read = groups_read(qw.config.group_size, ng, -(-k // K_TILE) * K_TILE)
     params = torch.zeros(np_, ng_read, pw, dtype=qw.scales.dtype, device=qw.device)
     params[:n, :ng] = p
     params = params.reshape(np_ // (ROWS * GROUP_TILES), GROUP_TILES, ROWS, ng_read, pw).permute(0, 3, 1, 2, 4)
