@@ -297,9 +297,20 @@ def test_compact_cuda_every_m(bits, group, mode, dtype):
     q = _layer(2048, 1000, bits, group, mode, gen).to("cuda", dtype)
     qw_plain = q.quantized_weight()
     sd = {k: v.cpu() for k, v in q.state_dict().items()}
-    # the reference's float64 product on the GPU: its cuBLAS workspace (tens of MB, kept per stream) is made before the
-    # baseline, so that only what the layer holds is counted
-    ref.matmul(torch.randn(3, 2048, generator=gen).to("cuda", dtype), qw_plain, None, None, out_dtype=torch.float64)
+    # cuBLAS's workspaces (tens of MB, kept per stream for the process) are made before the baseline, so that only
+    # what the layer holds is counted: the float64 reference's, and the float products' of the layer's dtype on the
+    # current stream and on the races' stream (a race times dequantize-then-cuBLAS at M = 1000 there)
+    from mixgemm.kernels.race import race_stream
+
+    x, w = torch.randn(1000, 2048, generator=gen).to("cuda", dtype), torch.randn(1000, 2048, device="cuda", dtype=dtype)
+    ref.matmul(x, qw_plain, q.bias, None, out_dtype=torch.float64)
+    for stream in (torch.cuda.current_stream(), race_stream(x.device)):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch.mm(x, w.t())
+            torch.addmm(q.bias, x, w.t())
+        torch.cuda.current_stream().wait_stream(stream)
+    del x, w
     torch.cuda.synchronize()
     base = _requested_bytes()
     packed = qw_plain.nbytes()

@@ -35,18 +35,32 @@ def can_time(device: torch.device) -> bool:
     return not torch.cuda.is_current_stream_capturing()
 
 
+# One side stream per device for every race's warm-up and capture: cuBLAS keeps a workspace (tens of MB) per stream
+# it ran on for the life of the process, so a fresh stream per race (torch hands out up to 32 per device) would leave
+# one behind each time; with one stream the races hold one, once.
+_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def race_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream the races on ``device`` warm up and capture on."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _STREAMS:
+        _STREAMS[index] = torch.cuda.Stream(device=index)
+    return _STREAMS[index]
+
+
 def time_us(fn: Callable[[], object], device: torch.device) -> float:
     """Median microseconds of one fn() call, from CUDA-graph replays of REPS calls (eager timing would measure the
     host's launch path, not the GPU's work: a small layer's kernels finish before Python issues the next)."""
     with torch.cuda.device(device):
-        side = torch.cuda.Stream()
+        side = race_stream(device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP):
                 fn()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=side):
             for _ in range(REPS):
                 fn()
         graph.replay()

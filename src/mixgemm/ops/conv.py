@@ -158,7 +158,7 @@ def pick_path(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, pad
     """ "dequant" (weight dequantized once + cuDNN), "wgmma" (the Hopper wgmma implicit GEMM), "matmul" (1x1 as a
     GEMM), "dw" / "dw_cuda" (depthwise kernels: Triton / CUDA), "smallk" (whole-K tile for a few input channels) or
     "igemm" (Triton implicit GEMM): the path name of the registry's choice. Deterministic in the shapes and
-    dtypes."""
+    dtypes, except "dequant" on the GPU, which a timed race against the quantized kernel decides."""
     from mixgemm.kernels.conv import PATH_NAMES
 
     return PATH_NAMES[conv_choice(x, qweight, m, stride, padding, groups, dilation).kernel]
