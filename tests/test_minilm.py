@@ -14,15 +14,17 @@ W4A16 group 32         0.96091      0.94877     0.95,  0.93
 W4A16 group 64         0.95205      0.93884     0.94,  0.92
 W4A16 group 128        0.94137      0.92113     0.93,  0.91
 g128 zero point        0.96051      0.95139     0.95,  0.94
-g128 HQQ               0.95878      0.94419     0.95,  0.93
-g128 zero point HQQ    0.96616      0.95558     0.956, 0.945
+g128 HQQ               0.96002      0.94950     0.95,  0.93
+g128 zero point HQQ    0.96608      0.95858     0.956, 0.945
 g128 offset            0.94818      0.93234     0.94,  0.92
-g128 offset HQQ        0.96477      0.95295     0.955, 0.943
+g128 offset HQQ        0.97081      0.96167     0.97,  0.95
+offset HQQ unweighted  0.96477      0.95295     0.955, 0.943
 =====================  ===========  ==========  ====================
 
-HQQ (``method="hqq"``, mixgemm.quantize.hqq) wins back 0.017 of sym's 0.059, 0.006 of zero point's 0.039 and 0.017
-of offset's 0.052 (offset's float zero is the published HQQ's form); the issue's bar for it (0.97) is not reached by
-any data-free setting measured (docs/architecture.md, "Choosing the codes").
+HQQ (``method="hqq"``, mixgemm.quantize.hqq) with quantize_'s input weighting (each input channel's error weighed by
+its mean square over random tokens, mixgemm.quantize.input_moments; no data) wins back 0.019 of sym's 0.059, 0.006
+of zero point's 0.039 and 0.023 of offset's 0.052; offset (a float zero, the published HQQ's form) meets the issue's
+bar, 0.97 (ACCEPTANCE_HQQ_MEAN). Unweighted, as published (``hqq_weighting="none"``), it stays at 0.965.
 """
 
 from __future__ import annotations
@@ -63,9 +65,12 @@ CASES = {
     "W4A16 g128 HQQ": (mixgemm.W4A16(group_size=128, method="hqq"), 0.95, 0.93),
     "W4A16 g128 zero point HQQ": (mixgemm.W4A16(group_size=128, mode="zero_point", method="hqq"), 0.956, 0.945),
     "W4A16 g128 offset": (mixgemm.W4A16(group_size=128, mode="offset"), 0.94, 0.92),
-    "W4A16 g128 offset HQQ": (mixgemm.W4A16(group_size=128, mode="offset", method="hqq"), 0.955, 0.943),
+    "W4A16 g128 offset HQQ": (mixgemm.W4A16(group_size=128, mode="offset", method="hqq"), 0.97, 0.95),
+    "W4A16 g128 offset HQQ unweighted": (mixgemm.W4A16(group_size=128, mode="offset", method="hqq",
+                                                       hqq_weighting="none"), 0.955, 0.943),
 }
 ACCEPTANCE_W8_MEAN = 0.995  # the issue's acceptance bar (the floor above is stricter)
+ACCEPTANCE_HQQ_MEAN = 0.97  # the issue's bar for HQQ at W4 g128 (its floor above)
 pytestmark = pytest.mark.slow(seconds=16)  # the module-scoped `measured`: every case quantized once
 
 
@@ -114,12 +119,16 @@ def test_minilm_embedding_cosine(name, measured):
     assert mean >= floor_mean and low >= floor_min, (name, mean, low)
     if name.startswith("W8"):
         assert mean >= ACCEPTANCE_W8_MEAN
+    if name == "W4A16 g128 offset HQQ":
+        assert mean >= ACCEPTANCE_HQQ_MEAN
 
 
 def test_hqq_beats_round_to_nearest(measured):
     assert measured["W4A16 g128 HQQ"][0] > measured["W4A16 g128"][0] + 0.01
     assert measured["W4A16 g128 zero point HQQ"][0] > measured["W4A16 g128 zero point"][0]
     assert measured["W4A16 g128 offset HQQ"][0] > measured["W4A16 g128 offset"][0] + 0.01
+    # the input weighting is what reaches the bar
+    assert measured["W4A16 g128 offset HQQ"][0] > measured["W4A16 g128 offset HQQ unweighted"][0] + 0.003
 
 
 def test_minilm_quantized_is_not_the_float_model(measured):

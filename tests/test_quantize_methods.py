@@ -195,11 +195,16 @@ def test_bad_input(tiny):
     for kw, exc, match in cases:
         with pytest.raises(exc, match=match):
             mixgemm.quantize_(model, gptq, progress=False, **kw)
-    with pytest.raises(ValueError, match="calibration is only read by method='gptq'"):
-        mixgemm.quantize_(model, mixgemm.W4A16(method="hqq"), calibration=_calibration())
+    with pytest.raises(ValueError, match="calibration is read by method='gptq' and 'hqq'; this config has "
+                                         "method='rtn'"):
+        mixgemm.quantize_(model, mixgemm.W4A16(), calibration=_calibration())
+    with pytest.raises(ValueError, match="calibration is empty"):
+        mixgemm.quantize_(model, mixgemm.W4A16(method="hqq"), calibration=[])
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # nothing was quantized
     with pytest.raises(ValueError, match=r"method must be one of \('rtn', 'hqq', 'gptq'\), got 'awq'"):
         mixgemm.W4A16(method="awq")
+    with pytest.raises(ValueError, match=r"hqq_weighting must be one of \('inputs', 'none'\), got 'x'"):
+        mixgemm.W4A16(method="hqq", hqq_weighting="x")
     with pytest.raises(ValueError, match="act_order=True .* needs method='gptq'"):
         mixgemm.W4A16(method="hqq", act_order=True)
     with pytest.raises(ValueError, match="W4A8 cannot hold act_order=True"):
@@ -213,11 +218,73 @@ def test_bad_input(tiny):
         quantize_weight_tensor(torch.randn(8, 128), None, gptq)
 
 
+def test_hqq_input_weighting_lowers_the_output_error(torch_gen):
+    """Weighed by its inputs' mean squares, HQQ trades weight error on quiet channels for less on loud ones: less
+    error in the layer's output on inputs of those statistics (held out), more in the weight."""
+    w, x = _weight(torch_gen), _inputs(torch_gen)
+    held = _inputs(torch_gen)
+    for mode in MODES:
+        cfg = QuantConfig(group_size=128, mode=mode)
+        plain, weighted = hqq_quantize_weight(w, cfg), hqq_quantize_weight(w, cfg, importance=x.square().mean(0))
+        out_err = lambda qw: float((held @ (w - dequantize_weight(qw)).T).square().mean())
+        w_err = lambda qw: float((w - dequantize_weight(qw)).square().mean())
+        assert out_err(weighted) < 0.8 * out_err(plain), (mode, out_err(weighted), out_err(plain))
+        assert w_err(weighted) > w_err(plain), mode
+    # equal weights are no weights; one weight per input channel, finite and >= 0
+    cfg = QuantConfig(group_size=128, mode="zero_point")
+    assert torch.equal(hqq_quantize_weight(w, cfg, importance=torch.full((256,), 3.0)).codes(),
+                       hqq_quantize_weight(w, cfg).codes())
+    for bad, match in [(torch.ones(255), r"shape \(256,\)"), (-torch.ones(256), ">= 0"),
+                       (torch.full((256,), float("nan")), "finite")]:
+        with pytest.raises(ValueError, match=match):
+            hqq_quantize_weight(w, cfg, importance=bad)
+
+
+def test_quantize_hqq_weighs_each_linear_by_its_inputs(tiny):
+    """quantize_'s HQQ runs random tokens (fixed seed) through the float model and weighs each Linear by its
+    inputs' mean squares: the codes are hqq_quantize_weight's with those moments; calibration batches take the
+    random tokens' place; hqq_weighting="none" and a model that takes no token ids quantize unweighted. The model's
+    mode and the float layers it reads are not modified."""
+    import copy
+
+    from mixgemm.quantize.input_moments import input_second_moments, random_token_batches
+
+    config = mixgemm.W4A16(group_size=32, mode="zero_point", method="hqq")
+    names = [n for n, m in tiny.named_modules() if type(m) is torch.nn.Linear]
+    groups, why = random_token_batches(tiny)
+    assert tiny.config.max_position_embeddings == 256  # the longest length, 1024, is capped there
+    assert why is None and [g[0]["input_ids"].shape[1] for g in groups] == [16, 64, 256]
+    for calibration in (None, _calibration()):
+        model = copy.deepcopy(tiny).train()
+        source = groups if calibration is None else [[{"input_ids": ids} for ids in calibration]]
+        moments = input_second_moments(tiny, {n: tiny.get_submodule(n) for n in names}, source)
+        assert sorted(moments) == sorted(names)
+        report = mixgemm.quantize_(model, config, calibration=calibration, progress=False)
+        assert model.training and len(report.replaced) == 22
+        assert report.hqq_inputs.startswith("random tokens" if calibration is None else "calibration (3 batches)")
+        for name in names:
+            want = hqq_quantize_weight(tiny.get_submodule(name).weight.detach(), config.weight_config(),
+                                       importance=moments[name])
+            assert torch.equal(model.get_submodule(name).quantized_weight().codes(), want.codes()), name
+    model = copy.deepcopy(tiny)
+    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=32, mode="zero_point", method="hqq",
+                                                    hqq_weighting="none"), progress=False)
+    assert report.hqq_inputs == "none (hqq_weighting='none')"
+    name = names[0]
+    want = hqq_quantize_weight(tiny.get_submodule(name).weight.detach(), config.weight_config())
+    assert torch.equal(model.get_submodule(name).quantized_weight().codes(), want.codes())
+    seq = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    report = mixgemm.quantize_(seq, config, progress=False)
+    assert report.hqq_inputs == "none (the model has no config.vocab_size to draw random tokens from)"
+    assert "HQQ's input weighting: none" in str(report)
+
+
 def test_from_pretrained_quantizes_with_hqq_while_loading(tiny, tmp_path):
     tiny.save_pretrained(str(tmp_path))
     config = mixgemm.W4A16(group_size=64, mode="zero_point", method="hqq")
     model = mixgemm.from_pretrained(str(tmp_path), quantization_config=config, progress=False)
     assert len(model.mixgemm_report.quantized) == 22 and not model.mixgemm_report.skipped
+    assert model.mixgemm_report.hqq_inputs.startswith("none: each layer is quantized as it is read")
     for name in model.mixgemm_report.quantized:
         want = hqq_quantize_weight(tiny.get_submodule(name).weight.detach(), config.weight_config())
         got = model.get_submodule(name).quantized_weight()

@@ -42,8 +42,16 @@ from mixgemm.nn.conv import QuantConv2d
 from mixgemm.nn.experts import experts_shape, holds_fused_experts, quantize_experts_, why_not_experts
 from mixgemm.nn.linear import QuantLinear
 from mixgemm.quantize.hqq import hqq_quantize_weight
+from mixgemm.quantize.input_moments import (
+    RANDOM_SEED,
+    RANDOM_TOKENS_PER_LENGTH,
+    input_second_moments,
+    random_token_batches,
+)
+from mixgemm.quantize.sequential import calibration_batches
 
 METHODS = ("rtn", "hqq", "gptq")
+HQQ_WEIGHTINGS = ("inputs", "none")
 
 
 @dataclass(frozen=True)
@@ -51,13 +59,17 @@ class _Precision:
     """``method``: how the codes are chosen: "rtn" (round to nearest, default), "hqq" (half-quadratic optimization of
     each group's parameters, no data: mixgemm.quantize.hqq) or "gptq" (quantize_'s ``calibration`` data, layer by
     layer: mixgemm.quantize.gptq); all three write the same format. ``act_order`` (GPTQ only): columns taken in
-    decreasing Hessian diagonal, stored with the layer's input permutation (weight-only configs)."""
+    decreasing Hessian diagonal, stored with the layer's input permutation (weight-only configs). ``hqq_weighting``
+    (HQQ only): "inputs" (default) weighs each input channel's error by its mean squared activation, measured by
+    quantize_ on random tokens (or on ``calibration`` when given: mixgemm.quantize.input_moments); "none" minimizes
+    the weight's own error, as published."""
 
     group_size: int = 128
     mode: str = "sym"
     scale_dtype: torch.dtype = torch.float16
     method: str = field(default="rtn", kw_only=True)
     act_order: bool = field(default=False, kw_only=True)
+    hqq_weighting: str = field(default="inputs", kw_only=True)
     bits = 4
     act_mode = None
     act_block = "group"
@@ -82,6 +94,8 @@ class _Precision:
         self.weight_config()  # validate early
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.hqq_weighting not in HQQ_WEIGHTINGS:
+            raise ValueError(f"hqq_weighting must be one of {HQQ_WEIGHTINGS}, got {self.hqq_weighting!r}")
         if not isinstance(self.act_order, bool):
             raise TypeError(f"act_order must be a bool, got {type(self.act_order).__name__}")
         if self.act_order and self.method != "gptq":
@@ -164,7 +178,8 @@ class W4A8(_Precision):
 @dataclass
 class QuantizeReport:
     """What quantize_ did: ``replaced`` (names), ``skipped`` ({name: why}), ``excluded`` (filter_fn said no),
-    ``norm_kernels`` (the norms feeding only the new layers, computed by mixgemm's norm kernel on CUDA:
+    ``hqq_inputs`` (method "hqq": where its input weighting came from, or why it had none), ``norm_kernels``
+    (the norms feeding only the new layers, computed by mixgemm's norm kernel on CUDA:
     mixgemm.nn.norms.norm_kernels_at_norms), ``sibling_groups`` (the new layers reading one tensor, which compiled
     one-row calls run as one launch: mixgemm.nn.siblings.join_siblings), ``experts_joined`` (the experts modules
     whose decoding runs routed, their layouts joined now: mixgemm.nn.experts.join_experts)."""
@@ -178,12 +193,15 @@ class QuantizeReport:
     experts_joined: list[str] = field(default_factory=list)
     rounded: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    hqq_inputs: str = ""
 
     def __str__(self) -> str:
         lines = [f"quantize_ {self.config}: {len(self.replaced)} replaced, {len(self.skipped)} skipped, "
                  f"{len(self.excluded)} excluded by filter_fn"]
         lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
         lines += [f"  rounded to nearest {name}: {why}" for name, why in self.rounded.items()]
+        if self.hqq_inputs:
+            lines.append(f"  HQQ's input weighting: {self.hqq_inputs}")
         return "\n".join(lines)
 
 
@@ -269,14 +287,16 @@ def quantize_(model: nn.Module, config: _Precision,
         raise TypeError(f"config must be W4A16, W8A16, W8A8 or W4A8, got {type(config).__name__}")
     cfg = config.weight_config()
     batches = None
-    if config.method == "gptq":
-        from mixgemm.quantize.sequential import calibration_batches
-
+    if config.method == "gptq" or (calibration is not None and config.method == "hqq"):
         device = next(iter(model.parameters()), torch.empty(0)).device
         batches = calibration_batches(calibration, device)
     elif calibration is not None:
-        raise ValueError(f"calibration is only read by method='gptq'; this config has method={config.method!r}")
+        raise ValueError(f"calibration is read by method='gptq' and 'hqq'; this config has method={config.method!r}")
     report = QuantizeReport(config=config)
+    importance: dict[str, torch.Tensor] = {}
+    if config.method == "hqq":
+        importance, report.hqq_inputs = _hqq_importance(model, config, batches)
+        batches = None  # read: HQQ quantizes layer by layer below
     gptq_names: list[str] = []
     counts: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
@@ -309,7 +329,7 @@ def quantize_(model: nn.Module, config: _Precision,
         if conv and config.method != "rtn":
             report.rounded[name] = f"method {config.method!r} applies to Linear layers; convolutions round to nearest"
         try:
-            q = QuantConv2d.from_conv(mod, cfg) if conv else quantize_linear(mod, config)
+            q = QuantConv2d.from_conv(mod, cfg) if conv else quantize_linear(mod, config, importance.get(name))
         except ValueError as e:  # quantize_weight's input checks: NaN / Inf weights, scales out of range
             report.skipped[name] = str(e)
             continue
@@ -412,31 +432,62 @@ def quantize_experts_module(name: str, mod: nn.Module, config: _Precision, filte
             replaced.append(f"{name}.{proj}.{e}")
 
 
-def quantize_weight_tensor(weight: torch.Tensor, bias: torch.Tensor | None, config: _Precision) -> QuantLinear:
-    """A QuantLinear in ``config``'s format of a float weight [out, in] (and bias); neither is modified."""
-    return QuantLinear.from_quantized(scheme_weight(weight, config), bias, act_mode=config.act_mode,
+def quantize_weight_tensor(weight: torch.Tensor, bias: torch.Tensor | None, config: _Precision,
+                           importance: torch.Tensor | None = None) -> QuantLinear:
+    """A QuantLinear in ``config``'s format of a float weight [out, in] (and bias); neither is modified.
+    ``importance``: HQQ's input weighting (scheme_weight)."""
+    return QuantLinear.from_quantized(scheme_weight(weight, config, importance), bias, act_mode=config.act_mode,
                                       act_block=config.act_block)
 
 
-def scheme_weight(weight: torch.Tensor, config: _Precision) -> QuantizedWeight:
+def scheme_weight(weight: torch.Tensor, config: _Precision, importance: torch.Tensor | None = None
+                  ) -> QuantizedWeight:
     """``weight`` [N, K] quantized in ``config``'s format: integer group scales where the config uses them, else
-    quantize_weight with its weight_config. The weight is not modified."""
+    quantize_weight with its weight_config (method "hqq": HQQ, its error weighted by ``importance`` [K], the mean
+    squared input of each channel, when given). The weight is not modified."""
     cfg = config.weight_config()
     if getattr(config, "uses_int_scales", False):
         return quantize_weight_int_scales(weight, cfg.group_size, cfg.scale_dtype)
     if config.method == "hqq":
-        return hqq_quantize_weight(weight, cfg)
+        return hqq_quantize_weight(weight, cfg, importance=importance)
     if config.method == "gptq":
         raise ValueError("method='gptq' needs calibration data: quantize the float model with "
                          "mixgemm.quantize_(model, config, calibration=batches)")
     return quantize_weight(weight, cfg)
 
 
-def quantize_linear(linear: nn.Linear, config: _Precision) -> QuantLinear:
+def quantize_linear(linear: nn.Linear, config: _Precision, importance: torch.Tensor | None = None) -> QuantLinear:
     """One nn.Linear as a QuantLinear in ``config``'s format (integer group scales where the config uses them),
-    quantized on the layer's device; the nn.Linear is not modified. ValueError from quantize_weight's checks."""
+    quantized on the layer's device; the nn.Linear is not modified. ValueError from quantize_weight's checks.
+    ``importance``: HQQ's input weighting (scheme_weight)."""
     return quantize_weight_tensor(linear.weight.detach(), None if linear.bias is None else linear.bias.detach(),
-                                  config)
+                                  config, importance)
+
+
+def _hqq_importance(model: nn.Module, config: _Precision, batches: list | None) -> tuple[dict[str, torch.Tensor], str]:
+    """HQQ's input weighting for quantize_: {Linear name: E[x_k^2]} of the model's float Linears over ``batches``
+    (calibration) or random tokens, and what it came from (or why there is none). Tensor-parallel shards get none:
+    their inputs on one rank are part of what the whole weight reads."""
+    if config.hqq_weighting == "none":
+        return {}, "none (hqq_weighting='none')"
+    linears = {name: mod for name, mod in model.named_modules()
+               if name and type(mod) is nn.Linear and not _is_sharded(mod)}
+    if not linears:
+        return {}, "none (no float Linear to weigh)"
+    if batches is not None:
+        groups, source = [batches], f"calibration ({len(batches)} batches)"
+    else:
+        groups, why = random_token_batches(model)
+        if not groups:
+            return {}, f"none ({why})"
+        lengths = ", ".join(str(g[0]["input_ids"].shape[1]) for g in groups)
+        source = f"random tokens (seed {RANDOM_SEED}, {RANDOM_TOKENS_PER_LENGTH} at each context length of {lengths})"
+    try:
+        moments = input_second_moments(model, linears, groups)
+    except (TypeError, ValueError, RuntimeError, IndexError) as e:  # a model random ids cannot drive
+        return {}, f"none (the model did not run on them: {type(e).__name__}: {str(e)[:200]})"
+    missing = len(linears) - len(moments)
+    return moments, source + (f"; {missing} Linears no input reached are unweighted" if missing else "")
 
 
 __all__ = ["W4A8", "W4A16", "W8A8", "W8A16", "QuantizeReport", "quantize_", "quantize_linear", "quantize_weight_tensor"]

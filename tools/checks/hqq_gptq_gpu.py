@@ -165,6 +165,7 @@ def time_hqq(name: str, device, dtype) -> dict:
     _sync(device)
     out["hqq_quantize_s"] = time.perf_counter() - t
     out["replaced"] = len(report.replaced)
+    out["hqq_inputs"] = report.hqq_inputs
     del model
     return out
 
@@ -209,7 +210,7 @@ def markdown(res: dict) -> str:
               f"| round to nearest, {h['linears']} weights | {h['rtn_weights_s']:.2f} |",
               f"| HQQ optimizer, {h['linears']} weights | {h['hqq_weights_s']:.2f} |",
               f"| quantize_(W4A16(method='hqq')), whole model | {h['hqq_quantize_s']:.2f} (limit {HQQ_LIMIT_S:.0f}) |",
-              ""]
+              "", f"HQQ's input weighting: {h.get('hqq_inputs', '')}", ""]
     q = res["gptq"]
     lines += ["| GPTQ phase | s |", "| --- | --- |", f"| build model ({q['layers_run']} layers) | {q['build_s']:.1f} |"]
     lines += [f"| {k} | {v:.2f} |" for k, v in q["phases_s"].items()]

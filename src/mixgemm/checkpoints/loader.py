@@ -46,7 +46,8 @@ class LoadReport:
     one launch, mixgemm.nn.siblings) and ``experts_joined`` (the experts modules whose decoding runs routed, their
     layouts joined at load: mixgemm.nn.experts.join_experts). ``dequantized``: {tensor: what} for GGUF tensors
     stored quantized that the model holds as float (embeddings; Linears excluded or tied), with their bytes in the
-    file and in the model (a re-saved model stores them as float)."""
+    file and in the model (a re-saved model stores them as float). ``hqq_inputs``: with a quantization_config of
+    method "hqq", what weighed its inputs (none while loading: mixgemm.quantize_ on a float model weighs them)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)
@@ -59,6 +60,7 @@ class LoadReport:
     sibling_groups: list[list[str]] = field(default_factory=list)
     experts_joined: list[str] = field(default_factory=list)
     dequantized: dict[str, str] = field(default_factory=dict)
+    hqq_inputs: str = ""
 
     def __str__(self) -> str:
         lines = [f"from_pretrained ({self.source}): {len(self.quantized)} QuantLinear ({len(self.inexact)} "
@@ -70,6 +72,8 @@ class LoadReport:
         lines += [f"  re-quantized {n}: {why}" for n, why in self.inexact.items()]
         lines += [f"  dequantized {n}: {what}" for n, what in self.dequantized.items()]
         lines += [f"  float {n}: {why}" for n, why in self.skipped.items()]
+        if self.hqq_inputs:
+            lines.append(f"  HQQ's input weighting: {self.hqq_inputs}")
         return "\n".join(lines)
 
 
@@ -517,6 +521,12 @@ def _quantize_float_linear(model, layer, config, filter_fn, report) -> None:
     report.skipped[layer] = why
 
 
+# HQQ while loading weighs no inputs: the model runs on random tokens only once it is whole and float, and loading
+# keeps one float layer at a time
+HQQ_WHILE_LOADING = ("none: each layer is quantized as it is read, before the model could run; for HQQ weighted by "
+                     "the inputs, load the float model and call mixgemm.quantize_")
+
+
 def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype: torch.dtype | None = None,
                     quantization_config=None, filter_fn=None, progress: bool = True, trust_remote_code: bool = False,
                     compact: bool = True, gguf_requantize_bits: int = 8, **kwargs) -> nn.Module:
@@ -528,7 +538,8 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     checkpoint's, float32 for GGUF, and bfloat16 for other producers' quantized checkpoints (GPTQ, AWQ,
     compressed-tensors) on the CPU, where torch's int4 / int8 kernels run (float32 on request: exact).
     quantization_config: W4A16 / W8A16 / W8A8 / W4A8 to quantize a float checkpoint (or a GGUF file's float
-    Linears) while loading, each layer on ``device`` as it is read (``method="hqq"`` optimizes its codes there);
+    Linears) while loading, each layer on ``device`` as it is read (``method="hqq"`` optimizes its codes there,
+    without the input weighting quantize_ adds: ``model.mixgemm_report.hqq_inputs``);
     filter_fn(module, name) -> bool limits which Linears are quantized. compact (default
     True): each QuantLinear keeps its codes in one resident layout on an sm_90 GPU, now or once the model is moved
     there (as quantize_'s ``compact``). gguf_requantize_bits (8 or 4): the width GGUF types without an exact
@@ -580,6 +591,8 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
         model, report = _load_safetensors(path, config, qc, quantization_config, filter_fn, device, dtype, progress,
                                           trust_remote_code)
     skeleton.finish(model, device)
+    if quantization_config is not None and quantization_config.method == "hqq":
+        report.hqq_inputs = HQQ_WHILE_LOADING
     report.perm_folded, report.perm_at_norms = arrange_act_order(model)
     report.norm_kernels = norm_kernels_at_norms(model)
     if report.ignored:

@@ -12,13 +12,19 @@ package's ``optimize_weights_proximal_legacy``: with an auxiliary error variable
 
 with beta growing by kappa each step, a fixed number of steps, stopping early once the mean absolute error of the
 whole weight stops improving. Two departures from the published loop, both measured better on real weights
-(all-MiniLM-L6-v2 at W4 g128, tests/test_hqq_gptq_models.py) and both switchable (HQQParams): modes with a zero
+(all-MiniLM-L6-v2 at W4 g128, tests/test_minilm.py) and both switchable (HQQParams): modes with a zero
 point fit the scale together with the zero point (the 2 x 2 least squares, ``fit_scale``), and the loop starts from
 the best of a few ranges shrunk from the group's full range (``range_search``) rather than the full range itself.
 Each group keeps the parameters of its own best step (the published loop returns the last, which can be the step
 after the best). Mode "zero_point" stores integer zero points: z is rounded (and clamped to the code range) at every
 step, so the loop optimizes over the values it can store. The final codes are recomputed from the stored
 (scale-dtype) parameters, so the weight is exactly what the returned format holds.
+
+``importance`` (E[x_k^2] per input channel, mixgemm.quantize.input_moments) weighs every part of the objective by
+channel: the error norm is sum_k imp_k |e_k|^p (the shrink's penalty per element becomes beta / imp_k), the fits are
+weighted least squares, the range search and the best step compare weighted errors. The loop then minimizes the
+error of the layer's output on inputs of those statistics instead of the weight's own error; weights all equal
+change nothing.
 
 Everything is batched over all groups of the weight at once in float32, on the weight's device.
 """
@@ -30,6 +36,9 @@ from dataclasses import dataclass
 import torch
 
 from mixgemm.formats.weight import QuantConfig, QuantizedWeight, _check_weight, from_codes
+
+# the least weight of an input channel, relative to the mean (importance weighting)
+IMPORTANCE_FLOOR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ class HQQParams:
                 raise ValueError(f"{name} must be a non-negative int, got {v!r}")
 
 
-def _shrink(x: torch.Tensor, beta: float, p: float) -> torch.Tensor:
+def _shrink(x: torch.Tensor, beta: float | torch.Tensor, p: float) -> torch.Tensor:
     """The proximal operator of the lp-norm (generalized soft thresholding) at penalty weight beta."""
     a = x.abs()
     if p == 1:
@@ -73,15 +82,17 @@ def _inverse(s: torch.Tensor) -> torch.Tensor:
 
 
 def _optimize(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, qmax: int, params: HQQParams, sym: bool,
-              round_zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The half-quadratic loop over w [N, G, g] from s, z [N, G, 1]: the (s, z) of each group's best step."""
+              round_zero: bool, imp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The half-quadratic loop over w [N, G, g] from s, z [N, G, 1]: the (s, z) of each group's best step. ``imp``
+    [1, G, g] (or None: all 1) weighs each input channel's error in the norm, the shrink and the fits."""
     best_s, best_z = s, z
     best_err = torch.full_like(s, float("inf"))
     beta, last = params.beta, float("inf")
     for step in range(params.iters + 1):
         q = (w * _inverse(s) + z).round_().clamp_(0, qmax)
         wr = (q - z) * s
-        err = (w - wr).abs().mean(-1, keepdim=True)
+        err = (w - wr).abs()
+        err = (err if imp is None else err * imp).mean(-1, keepdim=True)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_s, best_z = torch.where(better, s, best_s), torch.where(better, z, best_z)
@@ -89,17 +100,20 @@ def _optimize(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, qmax: int, para
         if step == params.iters or (params.early_stop and total >= last):
             break
         last = total
-        target = w - _shrink(w - wr, beta, params.lp_norm)
+        # the proximal step of sum(imp |e|^p): the penalty weight of each element is beta / imp
+        target = w - _shrink(w - wr, beta if imp is None else beta / imp, params.lp_norm)
         if sym:
             c = q - z
-            num, den = (c * target).sum(-1, keepdim=True), (c * c).sum(-1, keepdim=True)
+            ci = c if imp is None else c * imp
+            num, den = (ci * target).sum(-1, keepdim=True), (ci * c).sum(-1, keepdim=True)
             s = torch.where((den > 0) & (num > 0), num / den.clamp(min=1e-30), s)
         elif params.fit_scale:  # least squares of target ~ s q + m over both, then z = -m / s
-            s, z = _fit_scale_and_zero(q, target, s, z)
+            s, z = _fit_scale_and_zero(q, target, s, z, imp)
             if round_zero:
                 z = z.round().clamp(0, qmax)
         else:
-            z = (q - target * _inverse(s)).mean(-1, keepdim=True)
+            r = q - target * _inverse(s)
+            z = r.mean(-1, keepdim=True) if imp is None else (r * imp).sum(-1, keepdim=True) / imp.sum(-1, keepdim=True)
             if round_zero:
                 z = z.round().clamp(0, qmax)
         beta *= params.kappa
@@ -119,9 +133,10 @@ def _range_params(lo: torch.Tensor, hi: torch.Tensor, ratio: float, qmax: int, m
     return s, (z.round().clamp(0, qmax) if mode == "zero_point" else z)
 
 
-def _initial(w: torch.Tensor, config: QuantConfig, searches: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _initial(w: torch.Tensor, config: QuantConfig, searches: int, imp: torch.Tensor | None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The starting (s, z) [N, G, 1]: the full range, or of ``searches`` ranges from full to half, each group's
-    of least squared error."""
+    of least (``imp``-weighted) squared error."""
     qmax, bias = config.qmax, config.sym_bias
     if config.mode == "sym":
         lo, hi = None, w.abs().amax(-1, keepdim=True)
@@ -135,7 +150,8 @@ def _initial(w: torch.Tensor, config: QuantConfig, searches: int) -> tuple[torch
     for ratio in torch.linspace(1.0, 0.5, searches).tolist():
         s, z = _range_params(lo, hi, ratio, qmax, config.mode, bias)
         q = (w * _inverse(s) + z).round_().clamp_(0, qmax)
-        err = ((q - z) * s - w).square_().sum(-1, keepdim=True)
+        err = ((q - z) * s - w).square_()
+        err = (err if imp is None else err * imp).sum(-1, keepdim=True)
         if best_err is None:
             best_err, best_s, best_z = err, s, z
             continue
@@ -145,13 +161,14 @@ def _initial(w: torch.Tensor, config: QuantConfig, searches: int) -> tuple[torch
     return best_s, best_z
 
 
-def _fit_scale_and_zero(q: torch.Tensor, target: torch.Tensor, s: torch.Tensor, z: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each group's (s, z) minimizing ||s q + m - target||^2 (m = -z s) in closed form (the 2 x 2 normal
+def _fit_scale_and_zero(q: torch.Tensor, target: torch.Tensor, s: torch.Tensor, z: torch.Tensor,
+                        imp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's (s, z) minimizing sum(imp (s q + m - target)^2) (m = -z s) in closed form (the 2 x 2 normal
     equations); groups whose fit is degenerate or gives s <= 0 keep theirs."""
-    g = q.shape[-1]
-    sq, st = q.sum(-1, keepdim=True), target.sum(-1, keepdim=True)
-    sqq, sqt = (q * q).sum(-1, keepdim=True), (q * target).sum(-1, keepdim=True)
+    qi = q if imp is None else q * imp
+    g = q.new_full((), q.shape[-1]) if imp is None else imp.sum(-1, keepdim=True)
+    sq, st = qi.sum(-1, keepdim=True), (target if imp is None else target * imp).sum(-1, keepdim=True)
+    sqq, sqt = (qi * q).sum(-1, keepdim=True), (qi * target).sum(-1, keepdim=True)
     det = g * sqq - sq * sq
     s_new = (g * sqt - sq * st) / det.clamp(min=1e-30)
     ok = (det > 0) & (s_new > 0)
@@ -166,18 +183,39 @@ def _stored(x: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
     return y
 
 
-def hqq_quantize_weight(weight: torch.Tensor, config: QuantConfig, params: HQQParams | None = None
-                        ) -> QuantizedWeight:
+def _channel_weights(importance: torch.Tensor | None, k: int, ng: int, g: int, device) -> torch.Tensor | None:
+    """``importance`` [K] (each input channel's mean squared activation) as the optimizer's weights [1, G, g],
+    normalized to mean 1 so that the penalty schedule keeps its scale; None stays None."""
+    if importance is None:
+        return None
+    imp = torch.as_tensor(importance).detach().to(device=device, dtype=torch.float32)
+    if imp.shape != (k,):
+        raise ValueError(f"importance must have one value per input channel, shape ({k},); got {tuple(imp.shape)}")
+    if not bool(torch.isfinite(imp).all()) or bool((imp < 0).any()):
+        raise ValueError("importance must be finite and >= 0")
+    mean = float(imp.mean())
+    if mean <= 0:
+        return None
+    # a channel no input ever reached still counts a little: its weight must not be left to chance
+    return (imp / mean).clamp_(min=IMPORTANCE_FLOOR).reshape(1, ng, g)
+
+
+def hqq_quantize_weight(weight: torch.Tensor, config: QuantConfig, params: HQQParams | None = None,
+                        importance: torch.Tensor | None = None) -> QuantizedWeight:
     """``weight`` [N, K] (float, finite; not modified) in ``config``'s plain format with HQQ-optimized group
-    parameters, on the weight's device. Same format as mixgemm.quantize_weight: every kernel reads it."""
+    parameters, on the weight's device. Same format as mixgemm.quantize_weight: every kernel reads it.
+    ``importance`` [K] (optional): each input channel's mean squared activation E[x_k^2]; the optimizer then
+    minimizes the error of the layer's output, sum_k E[x_k^2] |w_k - w_r,k|^p, rather than of the weight."""
     params = HQQParams() if params is None else params
     _check_weight(weight)
     n, k = weight.shape
     g, ng = config.groups(k)
     w = weight.detach().float().reshape(n, ng, g)
     qmax = config.qmax
-    s, z = _initial(w, config, params.range_search)
-    s, z = _optimize(w, s, z, qmax, params, sym=config.mode == "sym", round_zero=config.mode == "zero_point")
+    imp = _channel_weights(importance, k, ng, g, w.device)
+    s, z = _initial(w, config, params.range_search, imp)
+    s, z = _optimize(w, s, z, qmax, params, sym=config.mode == "sym", round_zero=config.mode == "zero_point",
+                     imp=imp)
     s = _stored(s, config.scale_dtype, "scale")
     m = None
     if config.mode == "offset":  # w = q s + m with m = -z s (a constant group, s = 0: m is its value)

@@ -107,7 +107,7 @@ class _Hessian:
         self.h.addmm_(x.t(), x)
 
 
-def _run_model(model: nn.Module, batch: dict) -> None:
+def run_model(model: nn.Module, batch: dict) -> None:
     try:
         model(**batch, use_cache=False)
     except TypeError as e:
@@ -196,7 +196,7 @@ def gptq_quantize_model(model: nn.Module, names: list[str], config, batches: lis
                 try:
                     for batch in batches:
                         with contextlib.suppress(_Stop):
-                            _run_model(model, batch)
+                            run_model(model, batch)
                 finally:
                     handle.remove()
             for b, block_name in enumerate(tqdm(blocks, desc="mixgemm: GPTQ", unit="layer", disable=not progress)):
@@ -222,7 +222,7 @@ def gptq_quantize_model(model: nn.Module, names: list[str], config, batches: lis
             with _Timer(run.seconds, "hessians", device):
                 try:
                     for batch in batches:
-                        _run_model(model, batch)
+                        run_model(model, batch)
                 finally:
                     for h in handles:
                         h.remove()
