@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 from mixgemm.kernels.kernel_config import KernelConfig, knob
 
-# macros the problem sets, not the config: weight bits, activation / scale dtype codes, mode code, compiled M
-PROBLEM_DEFINES = {"GEMV_BITS": "weight bits", "GEMV_ACT": "activation dtype code (fp16 0, bf16 1, fp32 2)",
-                   "GEMV_SCL": "scale dtype code", "GEMV_MODE": "sym 0, zero_point 1, offset 2",
-                   "GEMV_M": "the compiled M bucket (1, 2, 4, 8, 16)"}
-
 
 @dataclass(frozen=True)
 class GemvConfig(KernelConfig):
+    # macros the problem (or another build) sets, not the config
+    derived = {"GEMV_BITS": "weight bits", "GEMV_ACT": "activation dtype code (fp16 0, bf16 1, fp32 2)",
+               "GEMV_SCL": "scale dtype code", "GEMV_MODE": "sym 0, zero_point 1, offset 2",
+               "GEMV_M": "the compiled M bucket (1, 2, 4, 8, 16)"}
+
     rows_per_warp: int | None = knob("R", "weight rows each lane group works on at once (registers per row)",
                                      None, "GEMV_R", always=True)
     chunks_in_flight: int | None = knob("U", "16-byte chunks of a row each lane loads per step (the step's unroll)",

@@ -7,17 +7,17 @@ from dataclasses import dataclass
 
 from mixgemm.kernels.kernel_config import KernelConfig, knob
 
-# macros the problem (or the experts' routed GEMV) sets, not the config
-PROBLEM_DEFINES = {"MMA_BITS": "weight bits", "MMA_ACT": "activation dtype code (fp16 0, bf16 1)",
-                   "MMA_SCL": "scale dtype code", "MMA_MODE": "sym 0, zero_point 1, offset 2",
-                   "MMA_MB": "mma n-blocks of 8 x rows (1: M <= 8, 2: M <= 16)",
-                   "SIMT_BITS": "weight bits", "SIMT_ACT": "activation dtype code", "SIMT_SCL": "scale dtype code",
-                   "SIMT_MODE": "sym 0, zero_point 1, offset 2",
-                   "SIMT_ROUTED": "the experts' routed GEMV build (kernels/cuda/routed_gemv.py), not this entry's"}
-
 
 @dataclass(frozen=True)
 class GemvMmaConfig(KernelConfig):
+    # macros the problem (or another build) sets, not the config
+    derived = {"MMA_BITS": "weight bits", "MMA_ACT": "activation dtype code (fp16 0, bf16 1)",
+               "MMA_SCL": "scale dtype code", "MMA_MODE": "sym 0, zero_point 1, offset 2",
+               "MMA_MB": "mma n-blocks of 8 x rows (1: M <= 8, 2: M <= 16)",
+               "SIMT_BITS": "weight bits", "SIMT_ACT": "activation dtype code", "SIMT_SCL": "scale dtype code",
+               "SIMT_MODE": "sym 0, zero_point 1, offset 2",
+               "SIMT_ROUTED": "the experts' routed GEMV build (kernels/cuda/routed_gemv.py), not this entry's"}
+
     k_tiles_in_flight: int | None = knob("U", "k-tiles each warp loads per step (the step's unroll)", None, "MMA_U",
                                          always=True)
     row_groups: int | None = knob("RG", "warps of a block along N, each on its own 16-row tiles", None, "MMA_RG",

@@ -38,18 +38,18 @@ from dataclasses import dataclass
 
 from mixgemm.kernels.kernel_config import KernelConfig, knob
 
-# macros the problem, the host's derivations or another caller (the conv, the experts' grouped GEMM) set
-PROBLEM_DEFINES = {"WG_BITS": "weight bits", "WG_ACT": "activation dtype code (fp16 0, bf16 1)",
-                   "WG_SCL": "scale dtype code", "WG_MODE": "sym 0, zero_point 1, offset 2",
-                   "WG_G2": "groups of 32: two parameter sets per 64-k tile", "WG_PC": "per-channel weights",
-                   "WG_GT": "with FOLD: 64-k tiles per group", "WG_CONV": "the wgmma convolution's activation loads",
-                   "WG_GROUPED": "the experts' grouped launch (kernels/cuda/grouped_gemm.py)",
-                   "WG_CHAIN": "a TAIL pair's role (the tail's CTAs start as the first launch's free their SMs)",
-                   "WG_TS_BOX": "with TSTORE: rows per TMA store box", "WG_TS_CHUNK": "SK 2's TMA-store staging piece"}
-
 
 @dataclass(frozen=True)
 class WgmmaConfig(KernelConfig):
+    # macros the problem (or another build) sets, not the config
+    derived = {"WG_BITS": "weight bits", "WG_ACT": "activation dtype code (fp16 0, bf16 1)",
+               "WG_SCL": "scale dtype code", "WG_MODE": "sym 0, zero_point 1, offset 2",
+               "WG_G2": "groups of 32: two parameter sets per 64-k tile", "WG_PC": "per-channel weights",
+               "WG_GT": "with FOLD: 64-k tiles per group", "WG_CONV": "the wgmma convolution's activation loads",
+               "WG_GROUPED": "the experts' grouped launch (kernels/cuda/grouped_gemm.py)",
+               "WG_CHAIN": "a TAIL pair's role (the tail's CTAs start as the first launch's free their SMs)",
+               "WG_TS_BOX": "with TSTORE: rows per TMA store box", "WG_TS_CHUNK": "SK 2's TMA-store staging piece"}
+
     rows_per_cta: int | None = knob("BM", "activation rows per CTA (the wgmma's N): 8..256, a multiple of 8", None,
                                     "WG_BM", always=True)
     warpgroups: int = knob("NWG", "warpgroups per CTA, 64 weight rows each", 2, "WG_NWG")
