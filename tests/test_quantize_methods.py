@@ -200,6 +200,8 @@ def test_bad_input(tiny):
         mixgemm.quantize_(model, mixgemm.W4A16(), calibration=_calibration())
     with pytest.raises(ValueError, match="calibration is empty"):
         mixgemm.quantize_(model, mixgemm.W4A16(method="hqq"), calibration=[])
+    with pytest.raises(ValueError, match="hqq_weighting='none' turns off"):
+        mixgemm.quantize_(model, mixgemm.W4A16(method="hqq", hqq_weighting="none"), calibration=_calibration())
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())  # nothing was quantized
     with pytest.raises(ValueError, match=r"method must be one of \('rtn', 'hqq', 'gptq'\), got 'awq'"):
         mixgemm.W4A16(method="awq")

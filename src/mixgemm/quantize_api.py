@@ -278,7 +278,9 @@ def quantize_(model: nn.Module, config: _Precision,
     (docs/architecture.md, Models, says where that is faster).
 
     ``config.method`` chooses the codes (the same format either way): "rtn" rounds to nearest, "hqq" optimizes each
-    group's parameters without data (mixgemm.quantize.hqq), "gptq" runs GPTQ block by block over ``calibration``
+    group's parameters without data (mixgemm.quantize.hqq), each input channel's error weighed by its mean square
+    over random tokens run through the float model (over ``calibration`` when given; ``report.hqq_inputs`` says
+    which, or why none), "gptq" runs GPTQ block by block over ``calibration``
     (an iterable of token-id batches: tensors [B, T], lists, or tokenizer outputs; mixgemm.quantize.sequential), with
     a tqdm bar unless ``progress=False``. Convolutions (and, under "gptq", fused experts) are rounded to nearest and
     listed in ``report.rounded``.
@@ -292,6 +294,8 @@ def quantize_(model: nn.Module, config: _Precision,
         batches = calibration_batches(calibration, device)
     elif calibration is not None:
         raise ValueError(f"calibration is read by method='gptq' and 'hqq'; this config has method={config.method!r}")
+    if calibration is not None and config.method == "hqq" and config.hqq_weighting == "none":
+        raise ValueError("calibration weighs HQQ's inputs, which hqq_weighting='none' turns off: drop one of them")
     report = QuantizeReport(config=config)
     importance: dict[str, torch.Tensor] = {}
     if config.method == "hqq":
