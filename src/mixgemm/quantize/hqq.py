@@ -82,17 +82,16 @@ def _inverse(s: torch.Tensor) -> torch.Tensor:
 
 
 def _optimize(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, qmax: int, params: HQQParams, sym: bool,
-              round_zero: bool, imp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+              round_zero: bool, imp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The half-quadratic loop over w [N, G, g] from s, z [N, G, 1]: the (s, z) of each group's best step. ``imp``
-    [1, G, g] (or None: all 1) weighs each input channel's error in the norm, the shrink and the fits."""
+    [1, G, g] weighs each input channel's error in the norm, the shrink and the fits."""
     best_s, best_z = s, z
     best_err = torch.full_like(s, float("inf"))
     beta, last = params.beta, float("inf")
     for step in range(params.iters + 1):
         q = (w * _inverse(s) + z).round_().clamp_(0, qmax)
         wr = (q - z) * s
-        err = (w - wr).abs()
-        err = (err if imp is None else err * imp).mean(-1, keepdim=True)
+        err = ((w - wr).abs() * imp).mean(-1, keepdim=True)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_s, best_z = torch.where(better, s, best_s), torch.where(better, z, best_z)
@@ -101,10 +100,10 @@ def _optimize(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, qmax: int, para
             break
         last = total
         # the proximal step of sum(imp |e|^p): the penalty weight of each element is beta / imp
-        target = w - _shrink(w - wr, beta if imp is None else beta / imp, params.lp_norm)
+        target = w - _shrink(w - wr, beta / imp, params.lp_norm)
         if sym:
             c = q - z
-            ci = c if imp is None else c * imp
+            ci = c * imp
             num, den = (ci * target).sum(-1, keepdim=True), (ci * c).sum(-1, keepdim=True)
             s = torch.where((den > 0) & (num > 0), num / den.clamp(min=1e-30), s)
         elif params.fit_scale:  # least squares of target ~ s q + m over both, then z = -m / s
@@ -113,7 +112,7 @@ def _optimize(w: torch.Tensor, s: torch.Tensor, z: torch.Tensor, qmax: int, para
                 z = z.round().clamp(0, qmax)
         else:
             r = q - target * _inverse(s)
-            z = r.mean(-1, keepdim=True) if imp is None else (r * imp).sum(-1, keepdim=True) / imp.sum(-1, keepdim=True)
+            z = (r * imp).sum(-1, keepdim=True) / imp.sum(-1, keepdim=True)
             if round_zero:
                 z = z.round().clamp(0, qmax)
         beta *= params.kappa
@@ -133,7 +132,7 @@ def _range_params(lo: torch.Tensor, hi: torch.Tensor, ratio: float, qmax: int, m
     return s, (z.round().clamp(0, qmax) if mode == "zero_point" else z)
 
 
-def _initial(w: torch.Tensor, config: QuantConfig, searches: int, imp: torch.Tensor | None
+def _initial(w: torch.Tensor, config: QuantConfig, searches: int, imp: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """The starting (s, z) [N, G, 1]: the full range, or of ``searches`` ranges from full to half, each group's
     of least (``imp``-weighted) squared error."""
@@ -150,8 +149,7 @@ def _initial(w: torch.Tensor, config: QuantConfig, searches: int, imp: torch.Ten
     for ratio in torch.linspace(1.0, 0.5, searches).tolist():
         s, z = _range_params(lo, hi, ratio, qmax, config.mode, bias)
         q = (w * _inverse(s) + z).round_().clamp_(0, qmax)
-        err = ((q - z) * s - w).square_()
-        err = (err if imp is None else err * imp).sum(-1, keepdim=True)
+        err = (((q - z) * s - w).square_() * imp).sum(-1, keepdim=True)
         if best_err is None:
             best_err, best_s, best_z = err, s, z
             continue
@@ -162,12 +160,12 @@ def _initial(w: torch.Tensor, config: QuantConfig, searches: int, imp: torch.Ten
 
 
 def _fit_scale_and_zero(q: torch.Tensor, target: torch.Tensor, s: torch.Tensor, z: torch.Tensor,
-                        imp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                        imp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each group's (s, z) minimizing sum(imp (s q + m - target)^2) (m = -z s) in closed form (the 2 x 2 normal
     equations); groups whose fit is degenerate or gives s <= 0 keep theirs."""
-    qi = q if imp is None else q * imp
-    g = q.new_full((), q.shape[-1]) if imp is None else imp.sum(-1, keepdim=True)
-    sq, st = qi.sum(-1, keepdim=True), (target if imp is None else target * imp).sum(-1, keepdim=True)
+    qi = q * imp
+    g = imp.sum(-1, keepdim=True)
+    sq, st = qi.sum(-1, keepdim=True), (target * imp).sum(-1, keepdim=True)
     sqq, sqt = (qi * q).sum(-1, keepdim=True), (qi * target).sum(-1, keepdim=True)
     det = g * sqq - sq * sq
     s_new = (g * sqt - sq * st) / det.clamp(min=1e-30)
@@ -183,11 +181,13 @@ def _stored(x: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
     return y
 
 
-def _channel_weights(importance: torch.Tensor | None, k: int, ng: int, g: int, device) -> torch.Tensor | None:
+def _channel_weights(importance: torch.Tensor | None, k: int, ng: int, g: int, device) -> torch.Tensor:
     """``importance`` [K] (each input channel's mean squared activation) as the optimizer's weights [1, G, g],
-    normalized to mean 1 so that the penalty schedule keeps its scale; None stays None."""
+    normalized to mean 1 so that the penalty schedule keeps its scale; all 1 without importance (or where it is all
+    zero): the weight's own error."""
+    ones = torch.ones(1, ng, g, device=device)
     if importance is None:
-        return None
+        return ones
     imp = torch.as_tensor(importance).detach().to(device=device, dtype=torch.float32)
     if imp.shape != (k,):
         raise ValueError(f"importance must have one value per input channel, shape ({k},); got {tuple(imp.shape)}")
@@ -195,7 +195,7 @@ def _channel_weights(importance: torch.Tensor | None, k: int, ng: int, g: int, d
         raise ValueError("importance must be finite and >= 0")
     mean = float(imp.mean())
     if mean <= 0:
-        return None
+        return ones
     # a channel no input ever reached still counts a little: its weight must not be left to chance
     return (imp / mean).clamp_(min=IMPORTANCE_FLOOR).reshape(1, ng, g)
 
