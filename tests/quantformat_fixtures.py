@@ -86,7 +86,7 @@ def gptq_tensors(n, k, bits, group_size, gen, *, sym=False, v1=True, act_order=F
                  prefix="layer", bias=False):
     """A random GPTQ layer: (tensors dict, reference float weight [N, K])."""
     g = k if group_size == -1 else group_size
-    ng = k // g
+    ng = -(-k // g)  # AutoGPTQ: ceil(K / group) scale rows, the last group partial
     codes = random_codes(n, k, bits, gen)
     if sym:
         zeros = torch.full((n, ng), 1 << (bits - 1), dtype=torch.int64)

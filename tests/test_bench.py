@@ -53,8 +53,9 @@ def test_weight_bytes_and_floor_arithmetic():
     assert floors.floor_of(10**9, 10**6, 1e12, None).bound == "memory"
     assert floors.pct_of_floor(5.0, 10.0) == pytest.approx(50.0)
     assert floors.pct_of_floor(5.0, None) is None
-    with pytest.raises(ValueError, match="not divisible"):
-        floors.quant_weight_bytes(100, 10, 4, 64)
+    assert floors.quant_weight_bytes(100, 10, 4, 64) == 10 * 50 + 10 * 2 * 4  # a group of 64 and a partial one
+    with pytest.raises(ValueError, match="group_size must be positive or -1, got 0"):
+        floors.quant_weight_bytes(100, 10, 4, 0)
     with pytest.raises(ValueError, match="bandwidth"):
         floors.floor_of(1, 1, 0.0, None)
 

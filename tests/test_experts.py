@@ -243,11 +243,15 @@ def test_float_checkpoint_experts_excluded_by_filter_stay_float(tmp_path):
 
 
 def test_experts_that_cannot_be_quantized_are_reported():
-    model = tiny_model("qwen3_moe", moe_intermediate_size=80)  # down_proj's K = 80: not a multiple of 64
-    report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=64))
+    # down_proj's K = 80: a group of 64 and a partial one, which int8 activations do not take
+    model = tiny_model("qwen3_moe", moe_intermediate_size=80)
+    report = mixgemm.quantize_(model, mixgemm.W8A8(group_size=64))
     skipped = {n: why for n, why in report.skipped.items() if n.endswith("experts")}
-    assert len(skipped) == 2 and all("down_proj" in why for why in skipped.values())
+    assert len(skipped) == 2 and all("down_proj: K=80 ends in a partial group" in why for why in skipped.values())
     assert not [m for m in model.modules() if isinstance(m, QuantizedExperts)]
+    model = tiny_model("qwen3_moe", moe_intermediate_size=80)
+    assert not mixgemm.quantize_(model, mixgemm.W4A16(group_size=64)).skipped  # weight-only: the partial group holds
+    assert len([m for m in model.modules() if isinstance(m, QuantizedExperts)]) == 2
 
     model = tiny_model("mixtral")
     for m in experts_modules(model):
@@ -485,7 +489,9 @@ def test_tile_table_kernel_compiles():
 
 _FORMATS = {"w4_sym": lambda: mixgemm.W4A16(group_size=32),
             "w4_zp": lambda: mixgemm.W4A16(group_size=32, mode="zero_point"),
-            "w4_offset": lambda: mixgemm.W4A16(group_size=32, mode="offset"), "w8": mixgemm.W8A16}
+            "w4_offset": lambda: mixgemm.W4A16(group_size=32, mode="offset"), "w8": mixgemm.W8A16,
+            # K = 96 in groups of 64: a partial last group of 32
+            "w4_g64_partial": lambda: mixgemm.W4A16(group_size=64, mode="zero_point")}
 
 
 def _quantized_experts_on_cuda(arch: str, fmt: str, dtype: torch.dtype):
@@ -522,7 +528,7 @@ def _assert_call_matches_float64(mod, ref, x, idx, w, dtype, label) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "mixtral"])
-@pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w4_offset", "w8"])
+@pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w4_offset", "w8", "w4_g64_partial"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_routed_decoding_on_cuda_matches_float64(arch, fmt, dtype):
     """The routed GEMV (one launch a projection, the routing read on the GPU) against the float64 product: K not a
@@ -541,7 +547,7 @@ def test_routed_decoding_on_cuda_matches_float64(arch, fmt, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "mixtral"])
-@pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w4_offset", "w8"])
+@pytest.mark.parametrize("fmt", ["w4_sym", "w4_zp", "w4_offset", "w8", "w4_g64_partial"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("forced", ["routed", "grouped"])
 def test_calls_of_many_tokens_match_float64(arch, fmt, dtype, forced, monkeypatch):

@@ -50,10 +50,16 @@ def test_generate_matches_dequantized_float_model(cfg):
 
 
 def test_quantize_reports_unfit_layers():
+    """Weight-only, K = 64 is one partial group of 128; int8 activations need whole groups, so those layers stay
+    float with the reason."""
     model = random_llama(llama_config())
-    rep = mixgemm.quantize_(model, mixgemm.W4A16(group_size=128))  # K = 64 does not hold a group of 128
+    rep = mixgemm.quantize_(model, mixgemm.W4A16(group_size=128))
+    assert len(rep.replaced) == 15 and not rep.skipped
+    model = random_llama(llama_config())
+    rep = mixgemm.quantize_(model, mixgemm.W8A8(group_size=128))
     assert rep.replaced == ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]  # K = 128
-    assert len(rep.skipped) == 13 and all("not divisible by group_size=128" in w for w in rep.skipped.values())
+    assert len(rep.skipped) == 13 and all("K=64 ends in a partial group of 64 (group size 128): int8 activations "
+                                          "need whole groups" in w for w in rep.skipped.values())
 
 
 def test_static_cache_compiled_decode_equals_eager():

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from mixgemm._checks import ACT_DTYPES
-from mixgemm.formats.activation import check_act
+from mixgemm.formats.activation import act_block_size, check_act
 from mixgemm.formats.int_scales import quantize_weight_int_scales
 from mixgemm.formats.weight import NARROW_GROUP, QuantConfig, QuantizedWeight, quantize_weight
 from mixgemm.nn.conv import QuantConv2d
@@ -211,12 +211,14 @@ _FLOAT_DTYPE_REASON = ("weight dtype {dtype}: mixgemm layers take float16 / bflo
                        "convert the model (e.g. model.float()) before quantize_")
 
 
-def _why_not(linear: nn.Linear, cfg: QuantConfig, tied: set[int]) -> str | None:
-    return _why_not_weight(linear.weight, linear.in_features, cfg, tied)
+def _why_not(linear: nn.Linear, cfg: QuantConfig, tied: set[int], act_mode: str | None) -> str | None:
+    return _why_not_weight(linear.weight, linear.in_features, cfg, tied, act_mode)
 
 
-def _why_not_weight(w: torch.Tensor, in_features: int, cfg: QuantConfig, tied: set[int]) -> str | None:
-    """Why a float weight with ``in_features`` columns cannot be quantized in ``cfg``, or None."""
+def _why_not_weight(w: torch.Tensor, in_features: int, cfg: QuantConfig, tied: set[int],
+                    act_mode: str | None = None) -> str | None:
+    """Why a float weight with ``in_features`` columns cannot be quantized in ``cfg`` (with int8 activations in
+    ``act_mode``, or weight-only for None), or None."""
     if id(w) in tied:
         return "weight is shared (tied) with another module; quantizing it would untie it"
     if w.device.type == "meta":
@@ -227,6 +229,8 @@ def _why_not_weight(w: torch.Tensor, in_features: int, cfg: QuantConfig, tied: s
         return _FLOAT_DTYPE_REASON.format(dtype=w.dtype)
     try:
         cfg.groups(in_features)
+        if act_mode is not None:
+            act_block_size(in_features, cfg.group_size, "group")
     except ValueError as e:
         return str(e)
     return None
@@ -321,7 +325,7 @@ def quantize_(model: nn.Module, config: _Precision,
             from mixgemm.distributed.styles import sharded_linear_source
 
             mod, reshard = sharded_linear_source(mod, name)
-        why = _why_not_conv(mod, config, tied) if conv else _why_not(mod, cfg, tied)
+        why = _why_not_conv(mod, config, tied) if conv else _why_not(mod, cfg, tied, config.act_mode)
         if why is None and batches is not None and reshard is not None:
             why = "a tensor-parallel shard: GPTQ runs on whole layers; quantize_ before sharding"
         if why is not None:
@@ -420,7 +424,7 @@ def quantize_experts_module(name: str, mod: nn.Module, config: _Precision, filte
     cfg = config.weight_config()
     shape = experts_shape(mod)
     why = shape if isinstance(shape, str) else why_not_experts(
-        mod, shape, lambda w, k: _why_not_weight(w, k, cfg, tied))
+        mod, shape, lambda w, k: _why_not_weight(w, k, cfg, tied, config.act_mode))
     if why is None:
         try:
             quantize_experts_(mod, shape, lambda w, b: quantize_weight_tensor(w, b, config))

@@ -452,13 +452,6 @@ def main(argv: list[str] | None = None) -> int:
         plan = QUICK_PLAN
     else:
         plan = [(s, PROTOCOL_M) for s in PRESETS["protocol"]]
-    for shape, _ in plan:
-        if not isinstance(shape, tuple):  # conv layers: their methods choose the group size per layer
-            continue
-        k = shape[0]
-        if k % 2 or (4 in bits and args.group_size != -1 and k % args.group_size):
-            print(f"mixgemm bench: note: K={k} does not fit group size {args.group_size}; "
-                  "affected methods report an error for it", file=sys.stderr)
 
     quick = args.quick
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"

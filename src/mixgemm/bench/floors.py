@@ -20,15 +20,16 @@ def matmul_flops(m: int, k: int, n: int) -> int:
 def quant_weight_bytes(k: int, n: int, bits: int, group_size: int, param_bytes_per_group: int = 4) -> int:
     """Bytes of a block-quantized [N, K] weight: packed codes + per-group parameters.
 
-    group_size -1 means per-channel (one group = all K). param_bytes_per_group: 4 for an fp16 scale
-    and an fp16 zero (the protocol's W4 floor), 2 for a symmetric fp16 scale alone.
+    group_size -1 means per-channel (one group = all K); a partial last group counts as one.
+    param_bytes_per_group: 4 for an fp16 scale and an fp16 zero (the protocol's W4 floor), 2 for a symmetric fp16
+    scale alone.
     """
     if bits not in (1, 2, 4, 8, 16):
         raise ValueError(f"bits must be 1, 2, 4, 8 or 16, got {bits}")
     g = k if group_size == -1 else group_size
-    if g <= 0 or k % g:
-        raise ValueError(f"K={k} is not divisible by group_size={group_size}")
-    return n * k * bits // 8 + n * (k // g) * param_bytes_per_group
+    if g <= 0:
+        raise ValueError(f"group_size must be positive or -1, got {group_size}")
+    return -(-n * k * bits // 8) + n * -(-k // g) * param_bytes_per_group  # (a partial last group is a group)
 
 
 def case_bytes(m: int, k: int, n: int, weight_bytes: int, act_bytes: int = 2, out_bytes: int = 2) -> int:

@@ -510,7 +510,7 @@ def _quantize_float_linear(model, layer, config, filter_fn, report) -> None:
     if filter_fn is not None and not filter_fn(lin, layer):
         report.skipped[layer] = "excluded by filter_fn"
         return
-    why = _why_not(lin, config.weight_config(), set())
+    why = _why_not(lin, config.weight_config(), set(), config.act_mode)
     if why is None:
         try:
             skeleton.put_module(model, layer, quantize_linear(lin, config))

@@ -81,9 +81,7 @@ def group_count(k: int, group_size: int, name: str) -> tuple[int, int]:
         raise ValueError(f"{name}: group size {group_size} cannot be held by mixgemm "
                          f"(supported: {GROUP_SIZES} or -1 per-channel)")
     g = k if group_size == PER_CHANNEL else group_size
-    if k % g:
-        raise ValueError(f"{name}: K={k} is not a multiple of the group size {g}")
-    return g, k // g
+    return g, -(-k // g)  # a partial last group where g does not divide K (GPTQ's ceil(K / group_size) rows)
 
 
 def act_order_perm(g_idx: torch.Tensor, group_size: int, name: str) -> torch.Tensor | None:
@@ -101,10 +99,12 @@ def act_order_perm(g_idx: torch.Tensor, group_size: int, name: str) -> torch.Ten
         return None
     perm = torch.sort(g_idx, stable=True).indices
     if not torch.equal(g_idx[perm], expected):
-        counts = torch.bincount(g_idx.clamp(min=0), minlength=k // group_size)
-        bad = int((counts != group_size).nonzero()[0]) if (counts != group_size).any() else -1
+        ng = -(-k // group_size)
+        want = torch.bincount(expected, minlength=ng)  # group_size each, a partial last group's remainder
+        counts = torch.bincount(g_idx.clamp(min=0), minlength=ng)[:ng]
+        bad = int((counts != want).nonzero()[0]) if (counts != want).any() else -1
         raise ValueError(f"{name}: act-order groups must each hold exactly {group_size} input features "
-                         f"(groups 0 .. {k // group_size - 1}); group {bad} has "
+                         f"(groups 0 .. {ng - 1}, the last one the rest of K); group {bad} has "
                          f"{int(counts[bad]) if bad >= 0 else '?'} (or a group index is out of range)")
     return perm
 

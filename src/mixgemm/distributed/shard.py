@@ -128,9 +128,10 @@ def regrouped(qw: QuantizedWeight, group: int) -> QuantizedWeight:
     """``qw`` in groups of ``group`` (a divisor of its group size): the same codes, each group's scale, zero point
     and offset repeated over the new groups it spans: the same weight, exactly. A new QuantizedWeight."""
     times = qw.config.group_size // group
+    ng = -(-qw.in_features // group)  # (a partial last group spans fewer new groups)
 
     def rep(t):
-        return None if t is None else t.repeat_interleave(times, dim=1)
+        return None if t is None else t.repeat_interleave(times, dim=1)[:, :ng].contiguous()
 
     return replace(qw, _layouts={}, resident=None, qweight=qw.packed(), scales=rep(qw.scales), zeros=rep(qw.zeros),
                    offsets=rep(qw.offsets), config=replace(qw.config, group_size=group))

@@ -46,7 +46,11 @@ def check_act(act_mode: str | None, act_block: str = "group", optional: bool = F
 
 def act_block_size(k: int, group_size: int, act_block: str) -> int:
     """The activation quantization block along K for a weight with ``group_size`` (-1: per-channel): the weight's
-    group (K for per-channel weights), or K for "token"."""
+    group (K for per-channel weights), or K for "token". The int8-activation format takes whole groups: a weight
+    whose K ends in a partial group is an error."""
+    if group_size != -1 and k % group_size:
+        raise ValueError(f"K={k} ends in a partial group of {k % group_size} (group size {group_size}): int8 "
+                         "activations need whole groups (a group size that divides K, or per-channel)")
     return k if act_block == "token" or group_size == -1 else group_size
 
 

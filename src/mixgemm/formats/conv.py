@@ -22,11 +22,18 @@ from mixgemm.formats.weight import (
 )
 
 
-def check_conv_config(config: QuantConfig) -> None:
-    """ValueError for a format no conv kernel takes: groups of 16 (GGUF's sub-blocks, linear weights only)."""
+def check_conv_config(config: QuantConfig, in_channels_per_group: int | None = None) -> None:
+    """ValueError for a format no conv kernel takes: groups of 16 (GGUF's sub-blocks, linear weights only), and
+    groups that do not divide the input channels per group (a block must lie inside one (kh, kw) tap)."""
     if config.group_size == NARROW_GROUP:
         raise ValueError(f"group_size={NARROW_GROUP} is for linear weights (GGUF's 16-weight sub-blocks); conv "
                          "weights take group_size 32, 64, 128, 256 or -1")
+    ci_g = in_channels_per_group
+    if ci_g is not None and config.group_size != PER_CHANNEL and ci_g % config.group_size:
+        raise ValueError(
+            f"group_size={config.group_size} must divide the input channels per group ({ci_g}) so that "
+            "each block lies inside one (kh, kw) tap; use group_size=-1 (per-channel) otherwise"
+        )
 
 
 @dataclass(frozen=True)
@@ -56,12 +63,7 @@ def quantize_conv_weight(weight: torch.Tensor, config: QuantConfig | None = None
     if weight.dim() != 4:
         raise ValueError(f"conv weight must be 4-D [Co, Ci/groups, Kh, Kw], got shape {tuple(weight.shape)}")
     config = config if config is not None else QuantConfig(**kwargs)
-    check_conv_config(config)
     co, ci_g, kh, kw = weight.shape
-    if config.group_size != PER_CHANNEL and ci_g % config.group_size:
-        raise ValueError(
-            f"group_size={config.group_size} must divide the input channels per group ({ci_g}) so that "
-            "each block lies inside one (kh, kw) tap; use group_size=-1 (per-channel) otherwise"
-        )
+    check_conv_config(config, ci_g)
     matrix = weight.permute(0, 2, 3, 1).reshape(co, kh * kw * ci_g)
     return QuantizedConvWeight(quantize_weight(matrix, config), (kh, kw), ci_g)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.formats.weight import QuantConfig, QuantizedWeight, _check_weight, from_codes
+from mixgemm.formats.weight import QuantConfig, QuantizedWeight, _check_weight, from_codes, pad_to_groups
 
 MAX_MULT = 16  # c * m >= -8 * 16 = -128 and <= 7 * 16 = 112: an int8
 _SIGNIFICAND = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24}
@@ -57,7 +57,7 @@ def quantize_weight_int_scales(weight: torch.Tensor, group_size: int = 128,
     _check_weight(weight)
     n, k = weight.shape
     g, ng = config.groups(k)
-    w = weight.detach().double().reshape(n, ng, g)
+    w = pad_to_groups(weight.detach().double(), g, ng, value=0.0).reshape(n, ng, g)  # zeros: no error, no range
     s_opt = w.abs().amax(-1) / 7  # [N, G]: the plain sym scale
     smax = s_opt.amax(-1)
     # 16 multiples of the step must be exact in the scale dtype: m <= 15 takes 4 significant bits, 16 none
@@ -81,7 +81,7 @@ def quantize_weight_int_scales(weight: torch.Tensor, group_size: int = 128,
     if not bool((scales.double() == step[:, None] * m).all()):
         raise ValueError(f"integer group scales: a step * multiple does not fit {scale_dtype} exactly (weights too "
                          "small or too large for it); use scale_dtype=torch.float32")
-    codes = (c + 8).to(torch.uint8).reshape(n, k)
+    codes = (c + 8).to(torch.uint8).reshape(n, ng * g)[:, :k]
     return from_codes(codes, scales, config)
 
 

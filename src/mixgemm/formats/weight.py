@@ -22,6 +22,11 @@ Byte-level packing (``QuantizedWeight.qweight``, uint8 [N, ceil(K * bits / 8)]):
   nibble (bits 4-7). An odd K (per-channel weights of 7x7 / 3x3 depthwise convs, odd in_features) ends each row in
   a byte whose high nibble is a padding code no reader uses (mixgemm.formats.packing.PAD_CODE_4BIT).
 
+A K that the group size does not divide ends each row in a *partial group*: group G - 1 (G = ceil(K / group_size))
+covers the last K - (G - 1) * group_size k only, and its parameters come from those k alone (GPTQ's ``g_idx = k //
+group_size`` grouping). Kernel layouts that tile K pad that group to the tile with codes no output reads (the
+activations are zero there).
+
 That plain layout is the interchange format (save, load, convert). Kernels read their own layouts,
 made from it by explicit functions in :mod:`mixgemm.formats.layouts`.
 
@@ -121,11 +126,12 @@ class QuantConfig:
         return 1 << (self.bits - 1)
 
     def groups(self, k: int) -> tuple[int, int]:
-        """(group size, number of groups) for a reduction length k; checks divisibility."""
+        """(group size, number of groups) for a reduction length k: ceil(k / group size) groups, the last one partial
+        where the group size does not divide k (see the module docstring)."""
+        if not _is_int(k) or k <= 0:
+            raise ValueError(f"K must be a positive integer, got {k!r}")
         g = k if self.group_size == PER_CHANNEL else self.group_size
-        if k <= 0 or k % g != 0:
-            raise ValueError(f"K={k} is not divisible by group_size={g}")
-        return g, k // g
+        return g, -(-k // g)
 
 
 @dataclass(frozen=True)
@@ -133,9 +139,9 @@ class QuantizedWeight:
     """A block-quantized weight W [N, K] in the plain interchange layout.
 
     qweight: uint8 [N, packed_width(K, bits)] (ceil(K * bits / 8)), packed as the module docstring says.
-    scales:  scale_dtype [N, K // group_size].
-    zeros:   uint8 [N, K // group_size] for mode "zero_point", else None.
-    offsets: scale_dtype [N, K // group_size] for mode "offset", else None.
+    scales:  scale_dtype [N, G], G = ceil(K / group_size).
+    zeros:   uint8 [N, G] for mode "zero_point", else None.
+    offsets: scale_dtype [N, G] for mode "offset", else None.
     config:  the QuantConfig; config.group_size may be -1 (per-channel): use ``group_size``.
     shape:   (N, K).
     """
@@ -253,8 +259,8 @@ class QuantizedWeight:
         g, ng = self.config.groups(k)
         s, m = self.centered_params_float64()
         c = self.codes().to(torch.int32) - self.config.sym_bias
-        csum = c.reshape(n, ng, g).sum(-1, dtype=torch.int32)
-        return csum, s * csum.double() + g * m
+        csum = pad_to_groups(c, g, ng, value=0).reshape(n, ng, g).sum(-1, dtype=torch.int32)
+        return csum, s * csum.double() + group_lengths(k, g, ng, m.device).double() * m
 
     def to(self, device) -> QuantizedWeight:
         """This weight on ``device`` in the plain layout (a resident-only weight gets its plain codes back)."""
@@ -330,6 +336,30 @@ def is_compact_placeholder(t: torch.Tensor) -> bool:
     return t.dim() == 2 and t.stride() == (0, 0)
 
 
+def pad_to_groups(t: torch.Tensor, g: int, ng: int, value=None) -> torch.Tensor:
+    """t [..., K] widened to [..., ng * g] along its last dim (a partial last group filled up): with ``value``, or by
+    repeating each row's last element (which leaves every group's min, max and absmax as they are). t itself when K
+    already is ng * g."""
+    k = t.shape[-1]
+    if k == ng * g:
+        return t
+    pad = ng * g - k
+    fill = t[..., -1:].expand(*t.shape[:-1], pad) if value is None else t.new_full((*t.shape[:-1], pad), value)
+    return torch.cat([t, fill], dim=-1)
+
+
+def per_k(params: torch.Tensor, g: int, k: int) -> torch.Tensor:
+    """Group parameters [..., G] spread over the k they cover: [..., K] (the partial last group's too)."""
+    return params.repeat_interleave(g, dim=-1)[..., :k]
+
+
+def group_lengths(k: int, g: int, ng: int, device=None) -> torch.Tensor:
+    """int64 [ng]: the number of k each group covers (g, except a partial last group's K - (ng - 1) g)."""
+    lengths = torch.full((ng,), g, dtype=torch.int64, device=device)
+    lengths[-1] = k - (ng - 1) * g
+    return lengths
+
+
 def _check_weight(weight: torch.Tensor) -> None:
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
@@ -381,7 +411,7 @@ def quantize_weight(weight: torch.Tensor, config: QuantConfig | None = None, **k
     _check_weight(weight)
     n, k = weight.shape
     g, ng = config.groups(k)
-    w = weight.detach().double().reshape(n, ng, g)
+    w = pad_to_groups(weight.detach().double(), g, ng).reshape(n, ng, g)
     qmax = config.qmax
     zeros = offsets = None
     if config.mode == "sym":
@@ -407,7 +437,7 @@ def quantize_weight(weight: torch.Tensor, config: QuantConfig | None = None, **k
         inv = torch.where(sd > 0, 1.0 / sd, torch.zeros_like(sd))
         q = torch.round((w - md[..., None]) * inv[..., None])
         offsets = m
-    q = q.clamp(0, qmax).to(torch.uint8).reshape(n, k)
+    q = q.clamp(0, qmax).to(torch.uint8).reshape(n, ng * g)[:, :k]
     return QuantizedWeight(
         qweight=pack_codes(q, config.bits),
         scales=s.contiguous(),
@@ -422,9 +452,8 @@ def dequantize_weight(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -
     """Float weight [N, K] of the given dtype, computed exactly in float64 then cast."""
     n, k = qw.shape
     s, m = qw.group_params_float64()
-    q = qw.codes().double().reshape(n, qw.num_groups, qw.group_size)
-    w = q * s[..., None] + m[..., None]
-    return w.reshape(n, k).to(dtype)
+    g = qw.group_size
+    return (qw.codes().double() * per_k(s, g, k) + per_k(m, g, k)).to(dtype)
 
 
 def from_codes(

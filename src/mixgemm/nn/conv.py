@@ -105,8 +105,8 @@ class QuantConv2d(nn.Module):
         ci_g = in_channels // groups
         kh, kw = self.kernel_size
         self.qconfig = QuantConfig(bits=bits, group_size=group_size, mode=mode, scale_dtype=scale_dtype)
-        check_conv_config(self.qconfig)
-        _, ng = self.qconfig.groups(kh * kw * ci_g)  # validates the format against K
+        check_conv_config(self.qconfig, ci_g)
+        _, ng = self.qconfig.groups(kh * kw * ci_g)
         kbytes = packed_width(kh * kw * ci_g, bits)
         self.register_buffer("qweight", torch.zeros(out_channels, kbytes, dtype=torch.uint8, device=device))
         self.register_buffer("scales", torch.zeros(out_channels, ng, dtype=scale_dtype, device=device))

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mixgemm.formats.weight import QuantConfig, QuantizedWeight, _check_weight, from_codes
+from mixgemm.formats.weight import QuantConfig, QuantizedWeight, _check_weight, from_codes, pad_to_groups
 
 # the least weight of an input channel, relative to the mean (importance weighting)
 IMPORTANCE_FLOOR = 1e-3
@@ -185,7 +185,9 @@ def _channel_weights(importance: torch.Tensor | None, k: int, ng: int, g: int, d
     """``importance`` [K] (each input channel's mean squared activation) as the optimizer's weights [1, G, g],
     normalized to mean 1 so that the penalty schedule keeps its scale; all 1 without importance (or where it is all
     zero): the weight's own error."""
-    ones = torch.ones(1, ng, g, device=device)
+    # a partial last group's padding (copies of the row's last weight) counts as little as a channel never reached
+    pad = lambda t: pad_to_groups(t, g, ng, value=IMPORTANCE_FLOOR).reshape(1, ng, g)
+    ones = pad(torch.ones(k, device=device))
     if importance is None:
         return ones
     imp = torch.as_tensor(importance).detach().to(device=device, dtype=torch.float32)
@@ -197,7 +199,7 @@ def _channel_weights(importance: torch.Tensor | None, k: int, ng: int, g: int, d
     if mean <= 0:
         return ones
     # a channel no input ever reached still counts a little: its weight must not be left to chance
-    return (imp / mean).clamp_(min=IMPORTANCE_FLOOR).reshape(1, ng, g)
+    return pad((imp / mean).clamp_(min=IMPORTANCE_FLOOR))
 
 
 def hqq_quantize_weight(weight: torch.Tensor, config: QuantConfig, params: HQQParams | None = None,
@@ -210,7 +212,7 @@ def hqq_quantize_weight(weight: torch.Tensor, config: QuantConfig, params: HQQPa
     _check_weight(weight)
     n, k = weight.shape
     g, ng = config.groups(k)
-    w = weight.detach().float().reshape(n, ng, g)
+    w = pad_to_groups(weight.detach().float(), g, ng).reshape(n, ng, g)
     qmax = config.qmax
     imp = _channel_weights(importance, k, ng, g, w.device)
     s, z = _initial(w, config, params.range_search, imp)
@@ -223,7 +225,7 @@ def hqq_quantize_weight(weight: torch.Tensor, config: QuantConfig, params: HQQPa
     # the codes of the stored parameters, as the kernels read them
     inv = _inverse(s.float())
     codes = ((w - m.float()) * inv if m is not None else w * inv + z).round_().clamp_(0, qmax)
-    return from_codes(codes.to(torch.uint8).reshape(n, k), s.reshape(n, ng), config,
+    return from_codes(codes.to(torch.uint8).reshape(n, ng * g)[:, :k], s.reshape(n, ng), config,
                       zeros=z.reshape(n, ng).to(torch.uint8) if config.mode == "zero_point" else None,
                       offsets=m.reshape(n, ng) if config.mode == "offset" else None)
 

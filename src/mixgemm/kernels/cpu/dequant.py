@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.packing import unpack_codes
-from mixgemm.formats.weight import QuantizedWeight
+from mixgemm.formats.weight import QuantizedWeight, per_k
 
 BLOCK_ELEMS = 1 << 22
 
@@ -35,7 +35,7 @@ def dequant_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | No
     float32."""
     lo, hi = clamp_bounds(activation)
     n, k = qw.shape
-    ng, g = qw.num_groups, qw.group_size
+    g = qw.group_size
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).float()
     s, m = _float32_params(qw)
@@ -44,8 +44,8 @@ def dequant_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | No
     packed = qw.packed()  # (a compacted weight's codes rebuilt from its resident layout)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        q = unpack_codes(packed[r0:r1], qw.bits, k).float().view(r1 - r0, ng, g)
-        w = torch.addcmul(m[r0:r1, :, None], q, s[r0:r1, :, None]).view(r1 - r0, k)
+        q = unpack_codes(packed[r0:r1], qw.bits, k).float()
+        w = torch.addcmul(per_k(m[r0:r1], g, k), q, per_k(s[r0:r1], g, k))
         y[:, r0:r1] = F.linear(x2, w)
     if bias is not None:
         y += bias.float()

@@ -189,6 +189,9 @@ def cpu_can_run(x: torch.Tensor, qw: QuantizedWeight) -> tuple[bool, str]:
         return False, f"x on {x.device}, weight on {qw.device}: the CPU kernels take CPU tensors"
     if qw.resident is not None:
         return False, f"the weight keeps only its {qw.resident} layout (compacted); torch's kernels need their own"
+    if qw.in_features % qw.group_size:
+        return False, (f"K={qw.in_features} ends in a partial group of {qw.in_features % qw.group_size} (group size "
+                       f"{qw.group_size}): torch's CPU int4 / int8 kernels take whole groups")
     if x.dtype != torch.bfloat16:
         return False, (f"{x.dtype} activations: torch's CPU int4/int8 kernels are fast in bfloat16 only (their "
                        "float32 / float16 paths are scalar loops on CPUs without AVX-512)")

@@ -58,9 +58,8 @@ def build_gemv_v2(qw: QuantizedWeight) -> GemvLayout:
         weight = plain  # the plain packing is this layout: the weight's own buffer, no second copy
     else:
         codes = qw.codes()
-        if kp != k:  # only per-channel weights reach here (group sizes are multiples of 32)
-            assert qw.config.group_size == PER_CHANNEL
-            zc = qw.zero_points()[:, :1].to(torch.uint8) if qw.mode != "offset" else 0
+        if kp != k:  # per-channel, or a partial last group: its zero code (offset: code 0, x is 0 there)
+            zc = qw.zero_points()[:, -1:].to(torch.uint8) if qw.mode != "offset" else 0
             pad = torch.zeros(n, kp - k, dtype=torch.uint8, device=codes.device) + zc
             codes = torch.cat([codes, pad], dim=1)
         weight = pack_codes(codes, bits).contiguous()
