@@ -88,19 +88,26 @@ def test_quantized_weight_and_every_layout_hold_the_codes(mode, k):
         assert torch.equal((unpack_wgmma_a8_v1(build_wgmma_a8_v1(qw)) + 8).to(torch.uint8), codes)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("k", ODD_K)
-def test_cpu_matmul_against_the_reference(mode, k, rel_err):
-    _, qw = _qw(24, k, mode, seed=k + 1)
+def check_cpu_matmul(qw, rel_err):
+    """mixgemm.matmul on the CPU at M = 0, 1, 3, 17 in fp16 / bf16 / fp32 with a bias and relu, against the float64
+    reference of the same codes; x is not modified."""
+    n, k = qw.shape
     g = torch.Generator().manual_seed(2)
-    b = torch.randn(24, generator=g) * 0.1
+    b = torch.randn(n, generator=g) * 0.1
+    assert mixgemm.matmul(torch.randn(0, k), qw).shape == (0, n)
     for m in (1, 3, 17):
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             x = torch.randn(m, k, generator=g).to(dtype)
             x0 = x.clone()
             y = mixgemm.matmul(x, qw, b.to(dtype), "relu")
-            assert torch.equal(x, x0) and y.dtype == dtype and y.shape == (m, 24)
+            assert torch.equal(x, x0) and y.dtype == dtype and y.shape == (m, n)
             assert rel_err(y, ref_matmul(x, qw, b.to(dtype), "relu", out_dtype=torch.float64)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("k", ODD_K)
+def test_cpu_matmul_against_the_reference(mode, k, rel_err):
+    check_cpu_matmul(_qw(24, k, mode, seed=k + 1)[1], rel_err)
 
 
 def test_quant_linear_state_dict_and_width_errors():
@@ -136,13 +143,7 @@ def test_native_checkpoint_round_trip_and_wrong_width(tmp_path):
     report = mixgemm.quantize_(model, mixgemm.W4A16(group_size=-1, mode="offset"))
     name = "model.layers.0.mlp.down_proj"
     assert name in report.replaced and model.get_submodule(name).qweight.shape == (64, 65)
-    model.save_pretrained(tmp_path / "ok")
-    ids = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(0))
-    for loaded in (mixgemm.from_pretrained(str(tmp_path / "ok"), progress=False),
-                   AutoModelForCausalLM.from_pretrained(tmp_path / "ok")):
-        assert torch.equal(loaded.get_submodule(name).qweight, model.get_submodule(name).qweight)
-        with torch.no_grad():
-            assert torch.equal(loaded(ids).logits, model(ids).logits)
+    check_round_trip(model, name, tmp_path / "ok")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text((tmp_path / "ok" / "config.json").read_text())
     tensors = st.load_file(str(tmp_path / "ok" / "model.safetensors"))
@@ -153,6 +154,20 @@ def test_native_checkpoint_round_trip_and_wrong_width(tmp_path):
         mixgemm.from_pretrained(str(tmp_path / "bad"), progress=False)
     with pytest.raises(ValueError, match=wrong):
         AutoModelForCausalLM.from_pretrained(tmp_path / "bad")
+
+
+def check_round_trip(model, name: str, folder) -> None:
+    """model saves to ``folder`` and loads back (mixgemm.from_pretrained and transformers) with layer ``name``'s codes
+    and parameters and the model's logits equal."""
+    from transformers import AutoModelForCausalLM
+
+    model.save_pretrained(folder)
+    ids = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(0))
+    for loaded in (mixgemm.from_pretrained(str(folder), progress=False), AutoModelForCausalLM.from_pretrained(folder)):
+        for t in ("qweight", "scales"):
+            assert torch.equal(getattr(loaded.get_submodule(name), t), getattr(model.get_submodule(name), t))
+        with torch.no_grad():
+            assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
 @pytest.mark.parametrize("world", [3, 7])
@@ -263,25 +278,30 @@ def test_interp_conv_paths(name, rel_err):
                 _check_conv(x, qw, bias, s, p, d, g, "relu" if i else None, rel_err, path)
 
 
-@INTERP
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("k", ODD_K)
-def test_interp_triton_gemm(mode, k, rel_err):
-    """The Triton GEMM on odd K (its layout pads K to two chunks with zero codes, x masked past K): M = 1, 3, 17, fp16
-    and fp32, bias and relu6."""
+def check_triton_gemm(qw, rel_err, seed):
+    """The Triton GEMM (one small tile config) at M = 1, 3 and 17 (split K) in fp16 and fp32 with a bias and relu6,
+    against the float64 reference of the same codes; x is not modified."""
     from mixgemm.kernels.triton_gemm.gemm import gemm
 
-    _, qw = _qw(40, k, mode, seed=k)
-    g = torch.Generator().manual_seed(k + 3)
-    b = torch.randn(40, generator=g) * 0.1
+    n, k = qw.shape
+    g = torch.Generator().manual_seed(seed + 3)
+    b = torch.randn(n, generator=g) * 0.1
     lo, hi = clamp_bounds("relu6")
     for i, m in enumerate((1, 3, 17)):
-        dtype = (torch.float16, torch.float32)[(i + k) % 2]
+        dtype = (torch.float16, torch.float32)[(i + seed) % 2]
         x = torch.randn(m, k, generator=g).to(dtype)
         x0 = x.clone()
         y = gemm(x, qw, b.to(dtype), lo, hi, dict(BM=16, BN=32, KCH=1, SPLIT_K=1 + (m == 17), GROUP_M=2))
         assert torch.equal(x, x0) and y.dtype == dtype
         assert rel_err(y, ref_matmul(x, qw, b.to(dtype), "relu6", out_dtype=torch.float64)) <= TOL[dtype]
+
+
+@INTERP
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("k", ODD_K)
+def test_interp_triton_gemm(mode, k, rel_err):
+    """The Triton GEMM on odd K (its layout pads K to two chunks with zero codes, x masked past K)."""
+    check_triton_gemm(_qw(40, k, mode, seed=k)[1], rel_err, k)
 
 
 # ----------------------------------------------------------------------------------------------- GPU
@@ -302,19 +322,25 @@ LINEAR_ENTRIES = {
 @pytest.mark.parametrize("name", sorted(LINEAR_ENTRIES))
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_linear_entries(name, mode, rel_err):
-    entry, cfg, dtypes, ms = LINEAR_ENTRIES[name]
     for k in (49, 129, 1001):
-        _, qw = _qw(203, k, mode, seed=k, device="cuda")
-        g = torch.Generator().manual_seed(k)
-        bias = torch.randn(203, generator=g) * 0.1
-        for i, m in enumerate(ms):
-            for dtype in dtypes:
-                x = (torch.randn(m, k, generator=g) * (1 + 3 * (i % 2))).to("cuda", dtype)
-                with mixgemm.kernel_options(force=entry, configs={entry: cfg} if cfg else {}):
-                    assert mixgemm.explain(x, qw).kernel == entry
-                    y = mixgemm.matmul(x, qw, bias.to("cuda", dtype), "relu6")
-                ref = ref_matmul(x, qw, bias.to("cuda", dtype), "relu6", out_dtype=torch.float64)
-                assert rel_err(y, ref) <= TOL[dtype], (name, mode, k, m, dtype, rel_err(y, ref))
+        check_forced_entry(name, _qw(203, k, mode, seed=k, device="cuda")[1], rel_err, k)
+
+
+def check_forced_entry(name: str, qw, rel_err, seed: int) -> None:
+    """LINEAR_ENTRIES[name] forced on the CUDA weight qw at its Ms and activation dtypes, with a bias and relu6,
+    against the float64 reference of the same codes."""
+    entry, cfg, dtypes, ms = LINEAR_ENTRIES[name]
+    n, k = qw.shape
+    g = torch.Generator().manual_seed(seed)
+    bias = torch.randn(n, generator=g) * 0.1
+    for i, m in enumerate(ms):
+        for dtype in dtypes:
+            x = (torch.randn(m, k, generator=g) * (1 + 3 * (i % 2))).to("cuda", dtype)
+            with mixgemm.kernel_options(force=entry, configs={entry: cfg} if cfg else {}):
+                assert mixgemm.explain(x, qw).kernel == entry
+                y = mixgemm.matmul(x, qw, bias.to("cuda", dtype), "relu6")
+            ref = ref_matmul(x, qw, bias.to("cuda", dtype), "relu6", out_dtype=torch.float64)
+            assert rel_err(y, ref) <= TOL[dtype], (name, qw, m, dtype, rel_err(y, ref))
 
 
 @pytest.mark.gpu

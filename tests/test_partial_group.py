@@ -17,7 +17,16 @@ import mixgemm
 from mixgemm.formats.weight import MODES, dequantize_weight, from_codes, per_k, quantize_weight
 from mixgemm.nn.linear import QuantLinear
 from mixgemm.reference.matmul import matmul as ref_matmul
-from test_odd_k import INTERP, LINEAR_ENTRIES, TOL, needs_sm90
+from test_odd_k import (
+    INTERP,
+    LINEAR_ENTRIES,
+    TOL,
+    check_cpu_matmul,
+    check_forced_entry,
+    check_round_trip,
+    check_triton_gemm,
+    needs_sm90,
+)
 
 # (K, group size): 7.5 groups of 128, 3.125 of 64, an odd K over 7.8 groups of 128, 2.5 of 32, one partial group
 PARTIAL = ((960, 128), (200, 64), (1001, 128), (80, 32), (96, 128))
@@ -86,17 +95,7 @@ def test_every_layout_holds_the_codes_and_finite_parameters(k, group, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("k, group", PARTIAL)
 def test_cpu_matmul_against_the_reference(k, group, mode, rel_err):
-    qw = _qw(24, k, group, mode, seed=k + 1)
-    g = torch.Generator().manual_seed(2)
-    b = torch.randn(24, generator=g) * 0.1
-    assert mixgemm.matmul(torch.randn(0, k), qw).shape == (0, 24)
-    for m in (1, 3, 17):
-        for dtype in (torch.float16, torch.bfloat16, torch.float32):
-            x = torch.randn(m, k, generator=g).to(dtype)
-            x0 = x.clone()
-            y = mixgemm.matmul(x, qw, b.to(dtype), "relu")
-            assert torch.equal(x, x0) and y.dtype == dtype and y.shape == (m, 24)
-            assert rel_err(y, ref_matmul(x, qw, b.to(dtype), "relu", out_dtype=torch.float64)) <= TOL[dtype]
+    check_cpu_matmul(_qw(24, k, group, mode, seed=k + 1), rel_err)
 
 
 def test_hqq_gptq_and_integer_scales_quantize_partial_groups():
@@ -133,8 +132,6 @@ def test_hqq_gptq_and_integer_scales_quantize_partial_groups():
 def test_quantize_state_dict_and_checkpoint_round_trip(tmp_path):
     """A model whose down_proj has K = 200 in groups of 64 is quantized whole, saves and loads back bit for bit
     (mixgemm's format, through mixgemm.from_pretrained and transformers)."""
-    from transformers import AutoModelForCausalLM
-
     from mixgemm.integrations.hf import llama_config, random_llama
 
     model = random_llama(llama_config(hidden_size=64, intermediate_size=200))
@@ -142,13 +139,7 @@ def test_quantize_state_dict_and_checkpoint_round_trip(tmp_path):
     name = "model.layers.0.mlp.down_proj"
     assert name in report.replaced and not report.skipped
     assert model.get_submodule(name).scales.shape == (64, 4)
-    model.save_pretrained(tmp_path / "ok")
-    ids = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(0))
-    for loaded in (mixgemm.from_pretrained(str(tmp_path / "ok"), progress=False),
-                   AutoModelForCausalLM.from_pretrained(tmp_path / "ok")):
-        assert torch.equal(loaded.get_submodule(name).scales, model.get_submodule(name).scales)
-        with torch.no_grad():
-            assert torch.equal(loaded(ids).logits, model(ids).logits)
+    check_round_trip(model, name, tmp_path / "ok")
     fresh = QuantLinear(200, 64, group_size=64, mode="zero_point", bias=False)
     fresh.load_state_dict(model.get_submodule(name).state_dict())
     x = torch.randn(3, 200)
@@ -209,20 +200,7 @@ def test_convolutions_keep_whole_groups():
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("k, group", PARTIAL)
 def test_interp_triton_gemm(k, group, mode, rel_err):
-    from mixgemm.epilogue import clamp_bounds
-    from mixgemm.kernels.triton_gemm.gemm import gemm
-
-    qw = _qw(40, k, group, mode, seed=k)
-    g = torch.Generator().manual_seed(k + 3)
-    b = torch.randn(40, generator=g) * 0.1
-    lo, hi = clamp_bounds("relu6")
-    for i, m in enumerate((1, 3, 17)):
-        dtype = (torch.float16, torch.float32)[(i + k) % 2]
-        x = torch.randn(m, k, generator=g).to(dtype)
-        x0 = x.clone()
-        y = gemm(x, qw, b.to(dtype), lo, hi, dict(BM=16, BN=32, KCH=1, SPLIT_K=1 + (m == 17), GROUP_M=2))
-        assert torch.equal(x, x0) and y.dtype == dtype
-        assert rel_err(y, ref_matmul(x, qw, b.to(dtype), "relu6", out_dtype=torch.float64)) <= TOL[dtype]
+    check_triton_gemm(_qw(40, k, group, mode, seed=k), rel_err, k)
 
 
 # ----------------------------------------------------------------------------------------------- GPU
@@ -233,20 +211,8 @@ def test_interp_triton_gemm(k, group, mode, rel_err):
 def test_gpu_linear_entries(name, mode, rel_err):
     """Every weight-only linear entry that takes a partial group, forced: 4 bits on three K (7.5 groups of 128, an odd
     K over 7.8 groups of 128, 2.5 groups of 32), 8 bits on one (3.1 groups of 64)."""
-    entry, cfg, dtypes, ms = LINEAR_ENTRIES[name]
     for bits, k, group in ((4, 960, 128), (4, 1001, 128), (4, 80, 32), (8, 200, 64)):
-        qw = _qw(203, k, group, mode, bits=bits, seed=k, device="cuda")
-        g = torch.Generator().manual_seed(k)
-        bias = torch.randn(203, generator=g) * 0.1
-        for i, m in enumerate(ms):
-            for dtype in dtypes:
-                x = (torch.randn(m, k, generator=g) * (1 + 3 * (i % 2))).to("cuda", dtype)
-                with mixgemm.kernel_options(force=entry, configs={entry: cfg} if cfg else {}):
-                    assert mixgemm.explain(x, qw).kernel == entry
-                    y = mixgemm.matmul(x, qw, bias.to("cuda", dtype), "relu6")
-                ref = ref_matmul(x, qw, bias.to("cuda", dtype), "relu6", out_dtype=torch.float64)
-                err = rel_err(y, ref)
-                assert err <= TOL[dtype], (name, mode, bits, k, group, m, dtype, err)
+        check_forced_entry(name, _qw(203, k, group, mode, bits=bits, seed=k, device="cuda"), rel_err, k)
 
 
 @pytest.mark.gpu
