@@ -115,15 +115,15 @@ def test_compact_follows_in_place_parameter_updates(torch_gen):
 
 
 def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
-    """On a Hopper GPU (described) every M runs from wgmma_v1: the tensor-core GEMV on it up to the GEMM crossover,
-    the wgmma GEMM above; the entries that read other layouts say why they decline; fp32 activations, which only such
-    entries take, get an error naming the layout."""
+    """On a Hopper GPU (described) every M runs from wgmma_v1: the CUDA-core GEMV on it at M = 1, the tensor-core GEMV
+    on it up to the GEMM crossover, the wgmma GEMM above; the entries that read other layouts say why they decline; fp32
+    activations, which only such entries take, get an error naming the layout."""
     q = _layer(4096, 4096, 4, 128, "sym", torch_gen, bias=False)  # M = 1 fp16 takes the CUDA-core GEMV otherwise
     qw = q.quantized_weight()
     assert mixgemm.explain(torch.empty(1, 4096, dtype=torch.float16), qw, device=H100).kernel == "cuda_gemv"
     q.compact_()
     qw = q.quantized_weight()
-    for m, kernel in ((1, "cuda_gemv_mma"), (8, "cuda_gemv_mma"), (16, "cuda_gemv_mma"), (4096, "cuda_wgmma")):
+    for m, kernel in ((1, "cuda_gemv_wg_simt"), (8, "cuda_gemv_mma"), (16, "cuda_gemv_mma"), (4096, "cuda_wgmma")):
         for dtype in (torch.float16, torch.bfloat16):
             c = mixgemm.explain(torch.empty(m, 4096, dtype=dtype), qw, device=H100)
             assert (c.kernel, c.layout) == (kernel, "wgmma_v1"), (m, dtype, str(c))
@@ -131,7 +131,7 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
     assert c.kernel == "cuda_wgmma"
     with pytest.raises(NoKernel, match="keeps only its wgmma_v1 layout"):
         mixgemm.explain(torch.empty(1, 4096), qw, device=H100)
-    with mixgemm.kernel_options(disable="cuda_gemv_mma"):
+    with mixgemm.kernel_options(disable=("cuda_gemv_wg_simt", "cuda_gemv_mma")):
         c = mixgemm.explain(torch.empty(1, 4096, dtype=torch.float16), qw, device=H100)
         assert c.kernel == "cuda_wgmma" and "reads gemv_v2; this weight keeps only" in dict(c.declined)["cuda_gemv"]
 
@@ -140,19 +140,18 @@ def test_compact_dispatch_reads_only_the_resident_layout(torch_gen):
                                       (4, 896, 18944), (4, 5120, 5120), (8, 5120, 5120)])
 def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
     """A compacted fp16 or bf16 M = 1 call runs the CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu) outside the table's
-    gemv_mma_m1 buckets: one step a k-slice where its warps fit one round
-    (kernels.cuda_gemv_mma.host.wg_simt_one_step: 2048 x
-    2048 and 1024 x 2048 int8), else at its measured bucket's tile (tuning.gemv_m1.H100_WG_SIMT) or the step-cost
-    model's (a power-of-two k-split leaving each slice >= 2 steps; bf16 x with its own costs); M > 1 and uncompacted
-    weights are not affected."""
+    gemv_mma_m1 buckets (cuda_gemv_wg_simt): one step a k-slice where its warps fit one round
+    (kernels.cuda_gemv_wg_simt.host.wg_simt_one_step: 2048 x 2048 and 1024 x 2048 int8), else at its measured bucket's
+    tile (tuning.gemv_m1.H100_WG_SIMT) or the step-cost model's (a power-of-two k-split leaving each slice >= 2 steps;
+    bf16 x with its own costs); M > 1 and uncompacted weights are not affected."""
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.ops.custom_ops import compact_weight
 
     qw = mixgemm.quantize_weight(torch.randn(n, k) * 0.02, bits=bits, group_size=128 if bits == 4 else -1)
-    assert mixgemm.explain(torch.empty(1, k, dtype=torch.float16), qw, device=H100).config.get("SIMT", 0) == 0
+    assert mixgemm.explain(torch.empty(1, k, dtype=torch.float16), qw, device=H100).kernel != "cuda_gemv_wg_simt"
     cw = compact_weight(qw, compact_placeholder(qw.qweight))
     c = mixgemm.explain(torch.empty(1, k, dtype=torch.float16), cw, device=H100)
-    assert (c.kernel, c.layout, c.config.get("SIMT", 0)) == ("cuda_gemv_mma", "wgmma_v1", 1), str(c)
+    assert (c.kernel, c.layout) == ("cuda_gemv_wg_simt", "wgmma_v1"), str(c)
     ks, u = c.config["KS"], c.config["U"]
     one_step = "one step a k-slice" in c.config_source
     assert one_step == ((bits, k, n) in ((8, 2048, 2048), (8, 1024, 2048))), c.config_source
@@ -166,9 +165,9 @@ def test_compact_m1_takes_cuda_core_gemv_on_wgmma_v1(bits, k, n):
     if one_step or measured:  # the same tile (one step: its registers fit one round in bf16 too)
         assert bf16.config == c.config
     else:  # the step-cost model's tile with the bf16 costs
-        assert bf16.config.get("SIMT", 0) == 1 and "step-cost model" in bf16.config_source, bf16.config_source
+        assert bf16.kernel == "cuda_gemv_wg_simt" and "step-cost model" in bf16.config_source, bf16.config_source
         assert "bf16 activations" in bf16.config_source
-    assert mixgemm.explain(torch.empty(4, k, dtype=torch.float16), cw, device=H100).config.get("SIMT", 0) == 0
+    assert mixgemm.explain(torch.empty(4, k, dtype=torch.float16), cw, device=H100).kernel == "cuda_gemv_mma"
 
 
 @pytest.mark.parametrize("k,n", [(2304, 2560), (3072, 4096)])
@@ -186,10 +185,10 @@ def test_compact_m1_small_layers_take_the_tensor_core_gemv(k, n):
     assert (plain.kernel, plain.config.get("WG", 0)) == ("cuda_gemv_mma", 0)
     cw = compact_weight(qw, compact_placeholder(qw.qweight))
     c = mixgemm.explain(torch.empty(1, k, dtype=torch.float16), cw, device=H100)
-    assert (c.kernel, c.layout, c.config.get("SIMT", 0), c.config["WG"]) == ("cuda_gemv_mma", "wgmma_v1", 0, 1), str(c)
-    assert c.config["KS"] == plain.config["KS"] and "gemv_mma_m1 buckets" in c.config_source
+    assert (c.kernel, c.layout, c.config["WG"]) == ("cuda_gemv_mma", "wgmma_v1", 1), str(c)
+    assert c.config["KS"] == plain.config["KS"] and "gemv_mma_m1 buckets" in dict(c.declined)["cuda_gemv_wg_simt"]
     bf16 = mixgemm.explain(torch.empty(1, k, dtype=torch.bfloat16), cw, device=H100)  # bf16 as fp16
-    assert bf16.config.get("SIMT", 0) == 0 and "gemv_mma_m1 buckets" in bf16.config_source
+    assert bf16.kernel == "cuda_gemv_mma" and "gemv_mma_m1 buckets" in dict(bf16.declined)["cuda_gemv_wg_simt"]
 
 
 @pytest.mark.parametrize("k,n", [(2048, 2048), (1536, 2048), (896, 4864), (896, 128)])
@@ -205,8 +204,8 @@ def test_compact_m1_small_layers_take_one_step_a_slice(k, n, dtype):
     cw = compact_weight(qw, compact_placeholder(qw.qweight))
     c = mixgemm.explain(torch.empty(1, k, dtype=dtype), cw, device=H100)
     cfg, kt = c.config, -(-k // 64)
-    tile = (c.kernel, cfg["SIMT"], cfg["U"], cfg["PF"], cfg["RT"], cfg["RG"])
-    assert tile == ("cuda_gemv_mma", 1, 2, 0, 1, 1), str(c)
+    tile = (c.kernel, cfg["U"], cfg["PF"], cfg["RT"], cfg["RG"])
+    assert tile == ("cuda_gemv_wg_simt", 2, 0, 1, 1), str(c)
     assert cfg["KS"] >= kt / 2 > cfg["KS"] / 2 or cfg["KS"] == 2, cfg
     assert "one step a k-slice" in c.config_source and f"{-(-n // 16) * cfg['KS']} warps" in c.config_source
 
@@ -468,7 +467,7 @@ def test_compact_bf16_m1_keeps_the_tensor_cores_where_its_registers_halve_the_wa
     WG_SIMT_BF16_MIN_WARP_SHARE of the fp16 build's resident warps: then the tensor-core GEMV, saying why; fp16 is
     never asked, nor is a tile of the bf16 step-cost model (zero point), which counted the bf16 build's registers."""
     from mixgemm.formats.weight import compact_placeholder
-    from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
+    from mixgemm.kernels.cuda_gemv_wg_simt import host as wg_simt_host
     from mixgemm.ops.custom_ops import compact_weight
 
     qw = mixgemm.quantize_weight(torch.randn(4096, 4096) * 0.02, bits=4, group_size=128, mode="offset")
@@ -477,16 +476,15 @@ def test_compact_bf16_m1_keeps_the_tensor_cores_where_its_registers_halve_the_wa
     zp = compact_weight(zp, compact_placeholder(zp.qweight))
     # its 16-warp tile: two blocks a SM at <= 64 registers, one above
     for fp16_regs, bf16_regs, simt in ((64, 64, 1), (64, 76, 0), (48, 64, 1)):
-        monkeypatch.setattr(gemv_mma_host, "wg_simt_registers", lambda bits, act, scl, mode, items,
-                            arch="sm_90", f=fp16_regs,
-                            b=bf16_regs: b if act else f)
+        monkeypatch.setattr(wg_simt_host, "wg_simt_registers", lambda bits, act, scl, mode, items, arch="sm_90",
+                            f=fp16_regs, b=bf16_regs: b if act else f)
         for dtype, want in ((torch.bfloat16, simt), (torch.float16, 1)):
             c = mixgemm.explain(torch.empty(1, 4096, dtype=dtype), cw, device=H100)
-            assert c.config.get("SIMT", 0) == want, (bf16_regs, dtype, c)
+            assert c.kernel == ("cuda_gemv_wg_simt" if want else "cuda_gemv_mma"), (bf16_regs, dtype, c)
             if not want:
-                assert "WG_SIMT_BF16_MIN_WARP_SHARE" in c.config_source, c.config_source
+                assert "WG_SIMT_BF16_MIN_WARP_SHARE" in dict(c.declined)["cuda_gemv_wg_simt"], c
         c = mixgemm.explain(torch.empty(1, 4096, dtype=torch.bfloat16), zp, device=H100)
-        assert c.config.get("SIMT", 0) == 1 and "step-cost model" in c.config_source, c
+        assert c.kernel == "cuda_gemv_wg_simt" and "step-cost model" in c.config_source, c
 
 
 def test_compact_bf16_m1_models_where_the_measured_tile_halves_its_warps(monkeypatch):
@@ -495,19 +493,19 @@ def test_compact_bf16_m1_models_where_the_measured_tile_halves_its_warps(monkeyp
     model's tile for bf16 x instead of the tensor-core GEMV, saying why."""
     from mixgemm.formats.weight import compact_placeholder
     from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
-    from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
+    from mixgemm.kernels.cuda_gemv_wg_simt import host as wg_simt_host
     from mixgemm.ops.custom_ops import compact_weight
     from mixgemm.tuning.gemv_steps import WG_SIMT
 
     qw = mixgemm.quantize_weight(torch.randn(14336, 4096) * 0.02, bits=4, group_size=128)
     cw = compact_weight(qw, compact_placeholder(qw.qweight))
-    monkeypatch.setattr(gemv_mma_host, "wg_simt_registers", lambda bits, act, scl, mode, items,
+    monkeypatch.setattr(wg_simt_host, "wg_simt_registers", lambda bits, act, scl, mode, items,
                         arch="sm_90": 128 if act else 64)
     fp16 = mixgemm.explain(torch.empty(1, 4096, dtype=torch.float16), cw, device=H100)
     assert "k24/n28" in fp16.config_source
     c = mixgemm.explain(torch.empty(1, 4096, dtype=torch.bfloat16), cw, device=H100)
     want = cheapest_wg_simt_tile(14336, 4096, 4, "sym", H100.sm_count, WG_SIMT["H100"]["w4 sym bf16"], 1).config()
-    assert c.config.get("SIMT", 0) == 1 and {k: c.config[k] for k in want} == want, c
+    assert c.kernel == "cuda_gemv_wg_simt" and c.config == want, c
     assert "WG_SIMT_BF16_MIN_WARP_SHARE" in c.config_source and "step-cost model" in c.config_source
 
 
@@ -521,4 +519,4 @@ def test_compact_m1_groups_of_32_take_their_step_costs():
         qw = mixgemm.quantize_weight(torch.randn(18944, 3584) * 0.02, bits=4, group_size=32, mode=mode)
         cw = compact_weight(qw, compact_placeholder(qw.qweight))
         c = mixgemm.explain(torch.empty(1, 3584, dtype=torch.float16), cw, device=H100)
-        assert c.config.get("SIMT", 0) == 1 and "step-cost model" in c.config_source and name in c.config_source, c
+        assert c.kernel == "cuda_gemv_wg_simt" and "step-cost model" in c.config_source and name in c.config_source, c

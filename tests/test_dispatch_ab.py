@@ -39,8 +39,9 @@ def test_summary_reports_geomean_worst_and_protocol():
 
 
 def test_keys_of_m_and_dtypes_and_a_tensor_core_case():
-    """M and the dtypes enter the keys where not 1 / fp16 and come back from them; a tensor-core GEMV case is forced
-    with every optional key explicit (its forced config is laid over the dispatcher's own)."""
+    """M and the dtypes enter the keys where not 1 / fp16 and come back from them; a tensor-core GEMV case (and a
+    wgmma_v1 CUDA-core one) is forced with every optional key explicit (its forced config is laid over the
+    dispatcher's own)."""
     key = dispatch_ab.problem_key(4096, 4096, "w4s", 16, "bfloat16", "bfloat16")
     assert key == "4096x4096 w4s M=16 x=bfloat16 s=bfloat16" and dispatch_ab.problem_key(8, 16, "w8") == "8x16 w8"
     assert dispatch_ab.parse_key(key) == {"K": 4096, "N": 4096, "fmt": "w4s", "M": 16, "dtype": "bfloat16",
@@ -57,8 +58,8 @@ def test_keys_of_m_and_dtypes_and_a_tensor_core_case():
     assert case["kernel"] == "cuda_gemv_mma" and case["M"] == 16 and case["dtype"] == "bfloat16"
     assert dispatch_ab.forced("cuda_gemv_mma", {"KS": 16})["MINB"] == 0
     assert dispatch_ab.forced("cuda_gemv_mma", {"KS": 16, "MINB": 2})["MINB"] == 2
-    # a tensor-core config forced where the dispatcher's own is the CUDA-core GEMV on wgmma_v1 stays tensor-core
-    assert dispatch_ab.forced("cuda_gemv_mma", {"KS": 16})["SIMT"] == 0
-    assert dispatch_ab.forced("cuda_gemv_mma", {"KS": 16, "SIMT": 1})["SIMT"] == 1
+    # a wgmma_v1 CUDA-core tile: its optional keys explicit too
+    assert dispatch_ab.forced("cuda_gemv_wg_simt", {"KS": 16}) == {"KS": 16, "MINB": 0, "PACK": 0}
+    assert dispatch_ab.forced("cuda_gemv_wg_simt", {"KS": 16, "PACK": 1})["PACK"] == 1
     assert dispatch_ab.forced("cuda_gemv", {"R": 2}) == {"R": 2}
     assert dispatch_ab.label({**case, "us": {}}) == "w4s M=16 x=bfloat16"

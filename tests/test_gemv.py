@@ -24,9 +24,9 @@ from mixgemm.kernels.cuda_gemv_mma.host import (
     mma_config,
     mma_defines_for,
     mma_pf_pack,
-    simt_defines_for,
 )
 from mixgemm.kernels.cuda_gemv_mma.layout import build_gemv_mma_v1, unpack_gemv_mma_v1
+from mixgemm.kernels.cuda_gemv_wg_simt.host import simt_defines_for
 from mixgemm.kernels.registry import kernel_options
 from mixgemm.tuning import gemv_m1
 from pdl_chain import assert_pdl_chain_matches  # tests/pdl_chain.py
@@ -124,19 +124,19 @@ def test_nvrtc_compiles_wg_simt_instantiations(arch):
              {"RT": 8, "U": 1, "KS": 16, "RG": 1})
     for i, (bits, act, mode, g32) in enumerate(itertools.product(BITS, (0, 1), (0, 1, 2), (0, 1))):
         key = tuple(sorted(simt_defines_for(bits, act, 0, mode, {**tiles[i % 3], "G32": g32}).items()))
-        cubin = nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key, arch)
+        cubin = nvrtc.compile_cubin("cuda_gemv_wg_simt/gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
     # a register cap for more resident blocks (MINB), compiled and in the key only when set
     for bits in BITS:
         key = tuple(sorted(simt_defines_for(bits, 1, 0, 1, {**tiles[1], "MINB": 2}).items()))
         assert dict(key)["SIMT_MINB"] == 2
-        cubin = nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key, arch)
+        cubin = nvrtc.compile_cubin("cuda_gemv_wg_simt/gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
     assert "SIMT_MINB" not in simt_defines_for(4, 0, 0, 0, tiles[0])
     # the routed experts' build (mixgemm.kernels.cuda.routed_gemv)
     for i, (bits, mode) in enumerate(itertools.product(BITS, (0, 1, 2))):
         key = tuple(sorted({**simt_defines_for(bits, i % 2, 0, mode, tiles[i % 3]), "SIMT_ROUTED": 1}.items()))
-        cubin = nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key, arch)
+        cubin = nvrtc.compile_cubin("cuda_gemv_wg_simt/gemv_wg_simt.cu", key, arch)
         assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF", key
 
 
@@ -149,7 +149,7 @@ def test_wg_simt_packed_params_instantiations():
 
     def regs(bits, act, mode, cfg, scl=0):
         key = tuple(sorted(simt_defines_for(bits, act, scl, mode, cfg).items()))
-        return nvrtc.cubin_registers(nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key,
+        return nvrtc.cubin_registers(nvrtc.compile_cubin("cuda_gemv_wg_simt/gemv_wg_simt.cu", key,
                                                          "sm_90"))["mixgemm_gemv_wg_simt"]
 
     for bits in BITS:
@@ -186,7 +186,7 @@ def test_cubin_registers_reads_the_register_count():
     the driver's count."""
     def regs(cfg):
         key = tuple(sorted(simt_defines_for(4, 0, 0, 0, cfg).items()))
-        return nvrtc.cubin_registers(nvrtc.compile_cubin("cuda_gemv_mma/gemv_wg_simt.cu", key, "sm_90"))
+        return nvrtc.cubin_registers(nvrtc.compile_cubin("cuda_gemv_wg_simt/gemv_wg_simt.cu", key, "sm_90"))
 
     small, big = regs({"RT": 1, "U": 1, "KS": 4, "RG": 1}), regs({"RT": 4, "U": 2, "KS": 8, "RG": 1, "PF": 1})
     assert list(small) == list(big) == ["mixgemm_gemv_wg_simt"]
@@ -198,7 +198,7 @@ def test_cubin_registers_reads_the_register_count():
 @pytest.mark.gpu
 def test_cubin_registers_match_the_driver():
     """What nvrtc.cubin_registers reads from the cubin is what the driver reports for the loaded kernel."""
-    from mixgemm.kernels.cuda_gemv_mma.host import SIMT_KERNEL, SIMT_SOURCE
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import SIMT_KERNEL, SIMT_SOURCE
 
     major, minor = torch.cuda.get_device_capability()
     for bits, mode, cfg in ((4, 0, {"RT": 1, "U": 1, "KS": 4, "RG": 1}), (4, 1, {"RT": 4, "U": 2, "KS": 8, "RG": 1}),
@@ -214,7 +214,7 @@ def test_wg_simt_config_keeps_a_tile_to_its_rounds():
     3584x18944 (296: 3 per SM, a second round of resident blocks), which takes the step-cost model's tile (sym) or the
     rule (zero point) and says why."""
     from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT
 
     name = "NVIDIA H100 80GB HBM3"
@@ -237,7 +237,7 @@ def test_wg_simt_config_models_layers_no_bucket_serves():
     (PACK where PF is on, as the costs were timed), int8 sym; offset weights and int8 with a zero point keep the rule
     (no fitted costs)."""
     from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
-    from mixgemm.kernels.cuda_gemv_mma.host import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT, wg_simt_step_costs
 
     for gpu, costs in (("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H200", "H200"), ("some GPU", "H100")):
@@ -266,7 +266,7 @@ def test_wg_simt_config_models_groups_of_32_with_their_own_family():
     H100's: no H200 fit); a groups-of-32 family without costs (int8, q8_0; bf16 x) takes its larger groups' family,
     registers and costs; offset at larger groups keeps the rule."""
     from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
-    from mixgemm.kernels.cuda_gemv_mma.host import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT, wg_simt_step_costs
 
     h100 = "NVIDIA H100 80GB HBM3"
@@ -292,7 +292,7 @@ def test_wg_simt_config_bf16_models_with_its_own_costs():
     where none serves, the tile of least modelled cost with the bf16 costs and the bf16 build's registers (its own
     tile, not fp16's where they differ); a family without bf16 costs (offset) the rule."""
     from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
-    from mixgemm.kernels.cuda_gemv_mma.host import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import ModelledConfig, wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT
 
     h100 = "NVIDIA H100 80GB HBM3"
@@ -315,7 +315,7 @@ def test_wg_simt_config_zero_point_packs_and_has_its_own_table():
     buffers (PF); offset weights the same without a table or costs of their own (the rule); sym weights never carry
     PACK; a GPU without tables takes the model with the H100's costs, packed as PF says."""
     from mixgemm.kernels.cuda_gemv.gemv_steps import cheapest_wg_simt_tile
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config, wg_simt_packs, wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_config, wg_simt_packs, wg_simt_rule
     from mixgemm.tuning.gemv_steps import WG_SIMT
 
     name = "NVIDIA H100 80GB HBM3"
@@ -692,13 +692,13 @@ def _check(x, qw, bias=None, activation=None):
     return err
 
 
-# the GEMV entries a kernel kind forces (fp32 activations take the CUDA-core kernel either way)
+# the GEMV entries a kernel kind forces (fp32 activations take the CUDA-core kernel either way); wg_simt: the CUDA-core
+# GEMV on wgmma_v1 at M = 1, the tensor-core GEMV on that layout at M > 1
 FORCE = {"mma": ("cuda_gemv_mma", "cuda_gemv"), "mma_wg": ("cuda_gemv_mma", "cuda_gemv"),
-         "wg_simt": ("cuda_gemv_mma", "cuda_gemv"), "simt": "cuda_gemv"}
-# the tensor-core kernel on each layout, whichever is the bit width's default: gemv_mma_v1 (WG 0) and wgmma_v1 (WG 1);
-# wg_simt: its CUDA-core math on wgmma_v1 at M = 1 (MMA_SIMT; the tensor cores at M > 1)
+         "wg_simt": ("cuda_gemv_wg_simt", "cuda_gemv_mma", "cuda_gemv"), "simt": "cuda_gemv"}
+# the tensor-core kernel on each layout, whichever is the bit width's default: gemv_mma_v1 (WG 0) and wgmma_v1 (WG 1)
 CONFIGS = {"mma": {"cuda_gemv_mma": {"WG": 0}}, "mma_wg": {"cuda_gemv_mma": {"WG": 1}},
-           "wg_simt": {"cuda_gemv_mma": {"WG": 1, "SIMT": 1}}}
+           "wg_simt": {"cuda_gemv_mma": {"WG": 1}}}
 
 
 @pytest.fixture(params=["mma", "mma_wg", "wg_simt", "simt"])
@@ -799,7 +799,7 @@ def test_wg_simt_rule_wave_guard():
     round of the SMs' resident slots and RT 2's fit in one (N 4352-4864 on 132 SMs; N 4096 on 114); RT 1 where its
     blocks fit (N 4096 on 132 SMs) or smaller blocks hold more of them (KS 8 from N 5120); int8 and layers of >= 16
     MiB keep their tiles."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_rounds, wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_rounds, wg_simt_rule
 
     for n, sms, rt in ((4096, 132, 1), (4224, 132, 1), (4352, 132, 2), (4608, 132, 2), (4864, 132, 2), (5120, 132, 1),
                        (4096, 114, 2)):
@@ -820,9 +820,9 @@ def test_gemv_simt_on_wgmma_v1(ks, u, rt, pf, bits, mode, act):
     """The M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu) over every group size, k-splits that leave slices with a
     partial step or none, row tiles per warp past the last tile (N 211: 14 tiles), double buffering, odd N, bias +
     relu6, and activations with a large common offset (x + 3) on a long K."""
-    cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf}
-    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
-        _check_every_group(bits, mode, act, (1,), (1,), 13, "SIMT")
+    cfg = {"KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf}
+    with kernel_options(force="cuda_gemv_wg_simt", configs={"cuda_gemv_wg_simt": cfg}):
+        _check_every_group(bits, mode, act, (1,), (1,), 13, f"'KS': {ks}")
 
 
 @pytest.mark.gpu
@@ -832,10 +832,10 @@ def test_gemv_simt_bf16_range(bits, mode):
     """bf16 x on the M = 1 CUDA-core math on wgmma_v1 (exact fp16 under a power of two per k-tile): magnitudes far
     outside fp16's range (2^-120 .. 2^100), k-tiles 2^80 apart in one row (the small ones below what the result
     keeps), a tile spanning 2^-30 of its maximum, all-zero tiles, and inf / nan propagating."""
-    cfg = {"WG": 1, "SIMT": 1, "KS": 4, "RG": 2, "U": 2, "RT": 2, "PF": 1}
+    cfg = {"KS": 4, "RG": 2, "U": 2, "RT": 2, "PF": 1}
     qw, gen = _make(211, 1024, bits, 128, mode, torch.float16, 91)
     x = torch.randn(1, 1024, generator=gen, device="cuda", dtype=torch.float64)
-    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
+    with kernel_options(force="cuda_gemv_wg_simt", configs={"cuda_gemv_wg_simt": cfg}):
         for p in (-120, -40, 0, 17, 100):
             _check((x * 2.0 ** p).to(torch.bfloat16), qw)
         tiles = x.view(1, 16, 64) * (2.0 ** torch.tensor([40, -40] * 8, device="cuda", dtype=torch.float64))[:, None]
@@ -862,8 +862,8 @@ def test_gemv_simt_packed_params(ks, u, rt, pf, bits, mode, act):
     """The M = 1 CUDA-core math on wgmma_v1 with each (row, group)'s scale and zero point / offset held in one register
     (PACK): the same cases as the unpacked tiles (every group size, per channel, partial k-slices, rows past the last
     tile, bias + relu6, x + 3 on a long K)."""
-    cfg = {"WG": 1, "SIMT": 1, "KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "PACK": 1}
-    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
+    cfg = {"KS": ks, "RG": max(1, 8 // ks), "U": u, "RT": rt, "PF": pf, "PACK": 1}
+    with kernel_options(force="cuda_gemv_wg_simt", configs={"cuda_gemv_wg_simt": cfg}):
         _check_every_group(bits, mode, act, (1,), (1,), 17, "'PACK': 1")
 
 
@@ -1097,11 +1097,11 @@ WG_SIMT_ZP_ENTRIES = sorted({(gpu, bits, e.measured[0], e.value) for gpu, table 
 def test_wg_simt_zero_point_entries_on_their_measured_k(gpu, bits, k, tile):
     """Each zero-point tile as wg_simt_config hands it over (forced, so on any GPU), PACK as the entry says, at the K
     it was measured on and 3 groups shorter, odd N, on a compacted weight's layout."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_packs
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_packs
 
-    base = {"WG": 1, "SIMT": 1, "RT": tile.RT, "U": tile.U, "PF": tile.PF, "KS": tile.KS, "RG": tile.RG}
+    base = {"RT": tile.RT, "U": tile.U, "PF": tile.PF, "KS": tile.KS, "RG": tile.RG}
     cfg = wg_simt_packs(base, "zero_point", tile.PACK)
-    with kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": cfg}):
+    with kernel_options(force="cuda_gemv_wg_simt", configs={"cuda_gemv_wg_simt": cfg}):
         for kk in (k, k - 384):
             qw, gen = _make(203, kk, bits, 128, "zero_point", torch.float16, 19)
             _check(torch.randn(1, kk, generator=gen, device="cuda").half(), qw)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from described_gpus import H100, H200
-from tools.bench.gemv_tables import simt_generalization, suggest, suggest_simt
+from tools.bench.gemv_tables import SIMT_GRID, simt_generalization, suggest, suggest_simt
 
 BASE = {"R": 4, "U": 1, "KS": 2, "RG": 4, "PF": 0}
 FAST = {**BASE, "R": 2}
@@ -143,11 +143,33 @@ def test_mma_pack_times_each_layouts_default_with_pf_and_pack(isolated_tuning):
     assert "cuda_gemv" in candidates(m1, 1, 4, 1024, compact_only=True, mma_pack=True)
 
 
+def test_compact_only_m1_times_both_kernels_on_wgmma_v1(isolated_tuning):
+    """--compact-only at M = 1: the compacted weight's CUDA-core GEMV on wgmma_v1 (its own entry), the tensor-core GEMV
+    on wgmma_v1 (the compacted weight's config and the plain codes' tile there), and with --wg-simt both kernels'
+    grids; every CUDA-core tile a config of its entry."""
+    import torch
+
+    from mixgemm.formats.weight import quantize_weight
+    from mixgemm.kernels import cuda_gemv_wg_simt, linear_common
+    from mixgemm.kernels.cuda_gemv_wg_simt.config import GemvWgSimtConfig
+    from tools.bench.gemv_dispatch import candidates
+
+    qw = quantize_weight(torch.randn(4096, 1024) * 0.02, bits=4, group_size=128, mode="zero_point")
+    p = linear_common.linear_problem(1, qw, torch.float16, H100)
+    labels = candidates(p, 1, 4, 1024, compact_only=True, simt_grid=True)
+    assert list(labels) == ["cuda_gemv", "cuda_gemv_mma", "cuda_gemv_wg_simt", "cuda_gemv_mma/compact", SIMT_GRID]
+    assert labels["cuda_gemv_wg_simt"] == [
+        dict(cuda_gemv_wg_simt.choose_config(dataclasses.replace(p, resident="wgmma_v1")))]
+    assert all(c["WG"] == 1 for c in labels["cuda_gemv_mma/compact"])
+    for c in labels["cuda_gemv_wg_simt"] + labels[SIMT_GRID]:
+        GemvWgSimtConfig.from_dict(c)
+
+
 def _simt_layer(k, n, fmt, times):
-    rows = [{"cfg": {"WG": 1, "SIMT": 1, "RT": t[0], "U": t[1], "PF": t[2], "KS": t[3], "RG": t[4]}, "us": us,
-             "default": False} for t, us in times]
+    rows = [{"cfg": {"RT": t[0], "U": t[1], "PF": t[2], "KS": t[3], "RG": t[4]}, "us": us, "default": False}
+            for t, us in times]
     return {"K": k, "N": n, "fmt": fmt, "M": 1, "default_entry": "cuda_gemv",
-            "rows": {"cuda_gemv": [{"cfg": {}, "us": 1.0, "default": True}], "cuda_gemv_mma/wg_simt": rows}}
+            "rows": {"cuda_gemv": [{"cfg": {}, "us": 1.0, "default": True}], SIMT_GRID: rows}}
 
 
 def ONE_BLOCK(tile, bits):  # noqa: N802 - a stand-in for simt_resident_blocks (which compiles the tile)
@@ -157,7 +179,7 @@ def ONE_BLOCK(tile, bits):  # noqa: N802 - a stand-in for simt_resident_blocks (
 def test_suggest_simt_keeps_a_tile_that_beats_the_rule_across_its_bucket(tmp_path):
     """A bucket gets the tile that is fastest over its layers (both int4 modes together) where it takes <= 0.97x the
     rule's time by geometric mean and at most 1.05x on each layer; a bucket where the rule is as fast gets none."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_rule
 
     def rule(k, n, bits):
         c = wg_simt_rule(n, k, bits, 132)
@@ -184,7 +206,7 @@ def test_suggest_simt_keeps_a_tile_that_beats_the_rule_across_its_bucket(tmp_pat
 def test_suggest_simt_takes_the_fastest_tile_that_qualifies(tmp_path):
     """Where the fastest tile over the bucket's layers loses > 5% to the rule on one of them, the next fastest that
     beats the rule on every layer is kept instead of no entry."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_rule
 
     c = wg_simt_rule(4096, 4096, 4, 132)
     rule = (c["RT"], c["U"], c["PF"], c["KS"], c["RG"])
@@ -204,7 +226,7 @@ def test_suggest_simt_takes_the_fastest_tile_that_qualifies(tmp_path):
 def test_simt_generalization_leaves_each_shape_out(tmp_path):
     """A bucket measured on two shapes keeps its tile when either is left out (held out = in sample); a bucket of one
     shape has no table without it, so its held-out choice is the rule."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_rule
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_rule
 
     def rule(k, n):
         c = wg_simt_rule(n, k, 4, 132)
@@ -230,8 +252,8 @@ def test_simt_generalization_leaves_each_shape_out(tmp_path):
 def test_suggest_simt_limits_a_tile_to_the_rounds_it_was_kept_for(tmp_path):
     """A tile that wins where a layer's blocks fit on the SMs at once but loses where they need a second round serves
     only the layers that fit (BPS = the blocks an SM holds); the others keep the rule, in the table
-    (simt_generalization's pick) as in kernels.cuda_gemv_mma.host.wg_simt_config."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_blocks_per_sm, wg_simt_rule
+    (simt_generalization's pick) as in kernels.cuda_gemv_wg_simt.host.wg_simt_config."""
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_blocks_per_sm, wg_simt_rule
     from tools.bench.gemv_tables import _simt_layers, _simt_pick, _simt_table
 
     def rule(k, n):
@@ -261,7 +283,7 @@ def test_suggest_simt_zero_point_table_against_todays_pick(tmp_path):
     """--simt-formats w4z --simt-shipped: only the zero-point cases, measured against what wg_simt_config picks today
     on the swept GPU (here none of the tables: the rule, packed as its PF says), tiles with PACK in the grid; the entry
     says PACK explicitly (0 as well: its default would follow PF), and the sym cases of the file are not read."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_config
     from tools.bench.gemv_tables import _simt_tile
 
     def today(k, n):
@@ -269,7 +291,7 @@ def test_suggest_simt_zero_point_table_against_todays_pick(tmp_path):
 
     def layer(k, n, fmt, times):
         out = _simt_layer(k, n, fmt, [(t[:5], us) for t, us in times])
-        for row, (t, _) in zip(out["rows"]["cuda_gemv_mma/wg_simt"], times, strict=True):
+        for row, (t, _) in zip(out["rows"][SIMT_GRID], times, strict=True):
             if len(t) > 5 and t[5]:
                 row["cfg"]["PACK"] = 1
         return out

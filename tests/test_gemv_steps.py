@@ -226,7 +226,7 @@ def test_wg_simt_registers_match_this_nvrtc_where_it_is_the_gpus():
 
     if tuple(raw.nvrtcVersion()[1:]) != (13, 0):
         pytest.skip("the table is NVRTC 13.0's; register counts differ between its versions")
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_packs, wg_simt_registers
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_packs, wg_simt_registers
 
     for bits, mode, act, g32 in steps.WG_SIMT_REGISTERS:
         for t in steps.wg_simt_tiles(1 << 12)[::9]:

@@ -19,6 +19,7 @@ from mixgemm.kernels.cuda_gemv import config as gemv_config
 from mixgemm.kernels.cuda_gemv_a8.gemv_a8_config import GemvA8Config
 from mixgemm.kernels.cuda_gemv_a8_wg.gemv_a8_wg_config import GemvA8WgConfig
 from mixgemm.kernels.cuda_gemv_mma import config as mma_config
+from mixgemm.kernels.cuda_gemv_wg_simt.config import GemvWgSimtConfig
 from mixgemm.kernels.cuda_wgmma import config as wgmma_config
 from mixgemm.kernels.cuda_wgmma_a8.gemm_wgmma_a8_config import WgmmaA8Config
 from mixgemm.kernels.triton_a8.int8_gemm_config import Int8GemmConfig
@@ -30,14 +31,14 @@ from mixgemm.tuning import gemv_m1
 
 KERNELS = Path(gemv_config.__file__).resolve().parents[1]
 TABLES = sorted((KERNELS.parent / "tuning").glob("*.json"))
-ALL = (gemv_config.GemvConfig, mma_config.GemvMmaConfig, wgmma_config.WgmmaConfig, TritonGemmConfig, GemvA8Config,
-       GemvA8WgConfig, WgmmaA8Config, Int8GemmConfig, DwCudaConfig, ConvConfig, DwConfig, SmallKConfig)
+ALL = (gemv_config.GemvConfig, mma_config.GemvMmaConfig, GemvWgSimtConfig, wgmma_config.WgmmaConfig, TritonGemmConfig,
+       GemvA8Config, GemvA8WgConfig, WgmmaA8Config, Int8GemmConfig, DwCudaConfig, ConvConfig, DwConfig, SmallKConfig)
 # each CUDA source, the config whose fields it reads, and the macro prefix of that config's family in it (None: every
 # macro the source and its headers read)
 SOURCES = [
     ("cuda_gemv/gemv.cu", gemv_config.GemvConfig, "GEMV_"),
     ("cuda_gemv_mma/gemv_mma.cu", mma_config.GemvMmaConfig, "MMA_"),
-    ("cuda_gemv_mma/gemv_wg_simt.cu", mma_config.GemvMmaConfig, "SIMT_"),
+    ("cuda_gemv_wg_simt/gemv_wg_simt.cu", GemvWgSimtConfig, "SIMT_"),
     ("cuda_wgmma/gemm_wgmma.cu", wgmma_config.WgmmaConfig, "WG_"),
     ("cuda_gemv_a8/gemv_a8.cu", GemvA8Config, None),
     ("cuda_gemv_a8_wg/gemv_a8_wg.cu", GemvA8WgConfig, None),
@@ -60,10 +61,8 @@ def _macros(path: Path, seen: set | None = None) -> set[str]:
     return found
 
 
-def _field_macros(cls, source: str) -> set[str]:
-    """The macros ``cls``'s fields set in ``source`` (gemv_wg_simt.cu: the same fields under SIMT_ names)."""
-    if source.endswith("gemv_wg_simt.cu"):
-        return set(mma_config.SIMT_DEFINES)
+def _field_macros(cls) -> set[str]:
+    """The macros ``cls``'s fields set."""
     return {f.metadata["define"] for f in dataclasses.fields(cls) if f.metadata["define"]}
 
 
@@ -85,7 +84,7 @@ def test_fields_named_and_documented_once(cls):
 def test_every_source_macro_is_named(source, cls, prefix):
     read = {m for m in _macros(KERNELS / source) if prefix is None or m.startswith(prefix)}
     assert read, source
-    named = _field_macros(cls, source) | set(cls.derived)
+    named = _field_macros(cls) | set(cls.derived)
     assert read - named == set(), f"{source} reads macros no field or derived entry names: {sorted(read - named)}"
 
 
@@ -93,11 +92,8 @@ def test_every_source_macro_is_named(source, cls, prefix):
 def test_every_define_and_derived_entry_is_read(cls):
     """What a config emits or names, some source of its kernel reads."""
     read = set().union(*(_macros(KERNELS / s) for s, c, _ in SOURCES if c is cls))
-    fields = {f.metadata["define"] for f in dataclasses.fields(cls) if f.metadata["define"]}
-    assert fields - read == set(), f"{cls.__name__}: defines no source reads"
+    assert _field_macros(cls) - read == set(), f"{cls.__name__}: defines no source reads"
     assert set(cls.derived) - read == set(), f"{cls.__name__}: derived entries no source reads"
-    if cls is mma_config.GemvMmaConfig:
-        assert set(mma_config.SIMT_DEFINES.values()) <= {f.name for f in dataclasses.fields(cls)}
 
 
 def _table_configs(section: str):
@@ -134,7 +130,7 @@ def test_every_tuning_table_key_is_a_field(section, cls):
 def test_the_python_tuning_tables_keys_are_fields():
     """The GEMVs' measured M = 1 tiles (tuning.gemv_m1) carry the configs' short keys, and read as configs."""
     assert set(gemv_m1.M1Tile._fields) <= set(gemv_config.GemvConfig.keys())
-    assert set(gemv_m1.WgSimtTile._fields) <= set(mma_config.GemvMmaConfig.keys())
+    assert set(gemv_m1.WgSimtTile._fields) <= set(GemvWgSimtConfig.keys())
     for tables, cls in ((gemv_m1.TABLES, gemv_config.GemvConfig),):
         for by_bits in tables.values():
             for entries in by_bits.values():
@@ -166,14 +162,18 @@ def test_defines_are_the_compile_keys():
                                               "GEMV_XS": 1, "GEMV_BULK": 2, "GEMV_BPAR": 1}
     assert "GEMV_XS" not in g.build_defines(4, 1, 0, 1, 1)  # bf16 x: no staged x
     m = mma_config.GemvMmaConfig.from_dict({"U": 2, "RG": 1, "KS": 16, "PF": 0, "RT": 2, "WG": 1, "G32": 1, "PACK": 1,
-                                            "MINB": 1, "SIMT": 0})
+                                            "MINB": 1})
     assert m.build_defines(4, 0, 0, 1, 1, pair_packs=True) == {
         "MMA_BITS": 4, "MMA_ACT": 0, "MMA_SCL": 0, "MMA_MODE": 1, "MMA_MB": 1, "MMA_U": 2, "MMA_RG": 1, "MMA_KS": 16,
         "MMA_PF": 0, "MMA_RT": 2, "MMA_PACK": 1, "MMA_WG": 1, "MMA_G32": 1}
     assert "MMA_PACK" not in m.build_defines(4, 0, 0, 0, 1, pair_packs=False)
-    assert m.build_simt_defines(4, 1, 0, 1, pair_packs=True) == {
+    w = GemvWgSimtConfig.from_dict({"U": 2, "RG": 1, "KS": 16, "PF": 0, "RT": 2, "G32": 1, "PACK": 1, "MINB": 1})
+    assert w.build_defines(4, 1, 0, 1, pair_packs=True) == {
         "SIMT_BITS": 4, "SIMT_ACT": 1, "SIMT_SCL": 0, "SIMT_MODE": 1, "SIMT_G32": 1, "SIMT_RT": 2, "SIMT_U": 2,
         "SIMT_RG": 1, "SIMT_KS": 16, "SIMT_PF": 0, "SIMT_PACK": 1, "SIMT_MINB": 1}
+    assert "SIMT_PACK" not in w.build_defines(4, 1, 0, 0, pair_packs=False)
+    with pytest.raises(ValueError, match="key KS missing"):
+        GemvWgSimtConfig.from_dict({"U": 2, "RG": 1}).build_defines(4, 0, 0, 0, False)
 
 
 def test_kernel_options_configs_take_field_names(isolated_tuning):
@@ -244,6 +244,25 @@ def test_tuning_data_and_rules_use_named_keys():
         for bits, group in ((4, 128), (8, 8192)):
             WgmmaA8Config.from_dict(default_config(m, 4096, 8192, group, bits))
             Int8GemmConfig.from_dict(pick_config(m, 4096, 8192, bits, group, group == 8192, 64 if bits == 4 else 0))
+
+
+def test_wg_simt_tiles_use_named_keys():
+    """The CUDA-core GEMV on wgmma_v1's tiles (the measured buckets, the step-cost model, the rule, the one-step tile)
+    read as its config."""
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_config, wg_simt_one_step_tile, wg_simt_rule
+    from mixgemm.tuning.gemv_m1 import WG_SIMT_M1, WG_SIMT_M1_ZP
+
+    for tables in (WG_SIMT_M1, WG_SIMT_M1_ZP):
+        for by_bits in tables.values():
+            for entries in by_bits.values():
+                for e in entries:
+                    assert GemvWgSimtConfig.from_dict(e.value._asdict()).serves_blocks_per_sm == e.value.BPS
+    for n, k in ((4096, 4096), (14336, 4096), (28672, 8192)):
+        for gpu, mode in (("NVIDIA H100 80GB HBM3", "zero_point"), ("NVIDIA H200", "sym"), ("some GPU", "offset")):
+            for cfg in (wg_simt_config(n, k, 4, 132, gpu, mode, one_step=False), wg_simt_rule(n, k, 8, 132),
+                        wg_simt_one_step_tile(k, mode)):
+                typed = GemvWgSimtConfig.from_dict(cfg)
+                assert GemvWgSimtConfig.from_dict(typed.to_dict()) == typed, cfg
 
 
 def test_entry_configs_use_named_keys():

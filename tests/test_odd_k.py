@@ -309,7 +309,7 @@ def test_interp_triton_gemm(mode, k, rel_err):
 LINEAR_ENTRIES = {
     "gemv_mma": ("cuda_gemv_mma", {"WG": 0}, (torch.float16, torch.bfloat16), (1, 3, 16)),
     "gemv_mma_wg": ("cuda_gemv_mma", {"WG": 1}, (torch.float16, torch.bfloat16), (1, 3, 16)),
-    "wg_simt": ("cuda_gemv_mma", {"WG": 1, "SIMT": 1}, (torch.float16, torch.bfloat16), (1,)),
+    "wg_simt": ("cuda_gemv_wg_simt", {}, (torch.float16, torch.bfloat16), (1,)),
     "gemv_simt": ("cuda_gemv", {}, (torch.float16, torch.bfloat16, torch.float32), (1, 3, 16)),
     "wgmma": ("cuda_wgmma", {}, (torch.float16, torch.bfloat16), (1, 17, 130)),
     "dequant_cublas": ("dequant_cublas", {}, (torch.float16, torch.bfloat16), (600,)),

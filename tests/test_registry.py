@@ -54,11 +54,11 @@ def _reasons(choice) -> dict:
 def test_every_entry_is_listed_once_in_order():
     names = [e.name for op in ("linear", "linear_a8", "conv") for e in entries(op)]
     assert len(names) == len(set(names)) == len(entry_names())
-    assert [e.name for e in entries("linear")] == ["cuda_gemv_mma", "cuda_gemv", "dequant_cublas", "cuda_wgmma",
-                                                   "triton_gemm"]
+    assert [e.name for e in entries("linear")] == ["cuda_gemv_wg_simt", "cuda_gemv_mma", "cuda_gemv", "dequant_cublas",
+                                                   "cuda_wgmma", "triton_gemm"]
     assert [e.name for e in entries("linear_a8")] == ["cuda_gemv_a8", "cuda_gemv_a8_wg", "cuda_wgmma_a8", "triton_a8"]
-    for name in ("cuda_gemv_mma", "cuda_gemv", "cuda_wgmma", "cuda_gemv_a8", "cuda_gemv_a8_wg", "cuda_wgmma_a8",
-                 "triton_a8"):
+    for name in ("cuda_gemv_wg_simt", "cuda_gemv_mma", "cuda_gemv", "cuda_wgmma", "cuda_gemv_a8", "cuda_gemv_a8_wg",
+                 "cuda_wgmma_a8", "triton_a8"):
         assert entry(name).layout is not None and entry(name).layout.name  # the layout each reads, for accounting
 
 
@@ -69,7 +69,8 @@ def test_linear_entries_reasons():
     assert c.kernel == "cuda_gemv"
     assert "fp16 at M = 1 outside the h100 table's gemv_mma_m1" in _reasons(c)["cuda_gemv_mma"]
     c = _explain(1, qw)  # a small layer inside them: the tensor-core GEMV's 16-way k-split
-    assert c.kernel == "cuda_gemv_mma" and c.config["KS"] == 16 and not c.declined
+    assert c.kernel == "cuda_gemv_mma" and c.config["KS"] == 16 and list(_reasons(c)) == ["cuda_gemv_wg_simt"]
+    assert "keeps its plain codes" in _reasons(c)["cuda_gemv_wg_simt"]  # a compacted weight's kernel
     assert _explain(1, qw, device=A100).kernel == "cuda_gemv"  # no such buckets in the default table
     assert _explain(1, _qw(2048, 2048, bits=8, group_size=-1)).kernel == "cuda_gemv"  # W4 buckets only
     assert _explain(1, qw, torch.bfloat16).kernel == "cuda_gemv_mma"
@@ -414,9 +415,12 @@ def test_choice_says_which_layout_it_reads():
     assert (_explain(16, w4).layout, _explain(16, w8).layout) == ("gemv_mma_v1", "wgmma_v1")
     assert _explain(4096, w4).layout == "wgmma_v1" and _explain(4096, w4, device=A100).layout == "triton_gemm_v1_ks16"
     assert str(_explain(16, w8)).splitlines()[0].endswith(", reads layout wgmma_v1")
-    with mixgemm.kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": {"WG": 1, "SIMT": 1}}):
+    with mixgemm.kernel_options(force="cuda_gemv_mma", configs={"cuda_gemv_mma": {"WG": 1}}):
         c = _explain(1, _qw(4096, 4096))
-        assert (c.kernel, c.layout, c.config["SIMT"]) == ("cuda_gemv_mma", "wgmma_v1", 1)
+        assert (c.kernel, c.layout, c.config["WG"]) == ("cuda_gemv_mma", "wgmma_v1", 1)
+    with mixgemm.kernel_options(force="cuda_gemv_wg_simt"):  # the CUDA-core GEMV on wgmma_v1, on a plain weight too
+        c = _explain(1, _qw(4096, 4096))
+        assert (c.kernel, c.layout) == ("cuda_gemv_wg_simt", "wgmma_v1") and "WG" not in c.config
     assert mixgemm.explain(torch.randn(2, 256), _qw(64, 256)).layout is None  # the CPU fallback declares none
 
 

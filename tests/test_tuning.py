@@ -345,7 +345,7 @@ def test_cached_choice_of_a_later_entry_lists_the_earlier_ones(tmp_path):
     c = choose(p)
     assert c.kernel == "cuda_wgmma" and c.config == cfg
     assert dict(c.declined) == {n: "the tuning cache chose cuda_wgmma for this bucket"
-                                for n in ("cuda_gemv_mma", "cuda_gemv", "dequant_cublas")}
+                                for n in ("cuda_gemv_wg_simt", "cuda_gemv_mma", "cuda_gemv", "dequant_cublas")}
 
 
 def test_choice_entry_needs_an_entry_name(tmp_path):
@@ -358,8 +358,9 @@ def test_choice_entry_needs_an_entry_name(tmp_path):
 
 def test_alternatives_are_the_soft_declines_and_the_entries_passed_over():
     p = _problem(1, _qw(4096, 4096))  # fp16 M = 1: the tensor-core GEMV declines softly (tables), the GEMMs can run
-    assert choose(p).kernel == "cuda_gemv"
-    assert [e.name for e in tune.alternatives(p, choose(p).entry)] == ["cuda_gemv_mma", "cuda_wgmma", "triton_gemm"]
+    assert choose(p).kernel == "cuda_gemv"  # (and the CUDA-core GEMV on wgmma_v1 on plain codes)
+    assert [e.name for e in tune.alternatives(p, choose(p).entry)] == ["cuda_gemv_wg_simt", "cuda_gemv_mma",
+                                                                       "cuda_wgmma", "triton_gemm"]
     wide = replace(_problem(16, _qw(128, 256)), n=14336, k=4096)  # past the int4 crossover: the GEMVs
     assert choose(wide).kernel == "cuda_wgmma"
     assert [e.name for e in tune.alternatives(wide, choose(wide).entry)] == ["cuda_gemv_mma", "cuda_gemv",
@@ -521,36 +522,35 @@ def test_zero_point_gemv_candidates_try_the_x_sum_form():
 
 
 def test_compacted_zero_point_m1_candidates_try_the_other_packing():
-    """A compacted (wgmma_v1) weight's M = 1 candidates include the CUDA-core GEMV on that layout at its tile and, for
-    zero-point and offset weights, the same tile with the parameter pair packed the other way (PACK, gemv_wg_simt.cu
-    SIMT_PACK); sym weights have no such variant."""
+    """A compacted (wgmma_v1) weight's M = 1 call runs the CUDA-core GEMV on that layout (cuda_gemv_wg_simt): its
+    candidates hold, for zero-point and offset weights, its tile with the parameter pair packed the other way (PACK,
+    gemv_wg_simt.cu SIMT_PACK); sym weights have no such variant."""
     from dataclasses import replace
 
-    from mixgemm.kernels.cuda_gemv_mma import candidates as _gemv_mma_candidates
+    from mixgemm.kernels import cuda_gemv_wg_simt
 
     for mode in ("zero_point", "offset", "sym"):
         qw = quantize_weight(torch.randn(14336, 4096), bits=4, group_size=128, mode=mode)
         p = replace(linear_common.linear_problem(1, qw, torch.float16, H100), resident="wgmma_v1")
-        simt = [c for c in [cuda_gemv_mma.choose_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
-        packs = {c.get("PACK") for c in simt}
-        assert packs == ({None} if mode == "sym" else {0, 1}), (mode, simt)
+        tiles = [cuda_gemv_wg_simt.choose_config(p), *cuda_gemv_wg_simt.candidates(p)]
+        packs = {c.get("PACK") for c in tiles}
+        assert packs == ({None} if mode == "sym" else {0, 1}), (mode, tiles)
 
 
 def test_compacted_m1_candidates_try_one_step_and_the_rule():
-    """A compacted weight's M = 1 candidates hold both the CUDA-core GEMV's one-step tile and its table's / rule's,
-    whichever the dispatcher took (the one-step rule's round of resident warps is a model)."""
+    """A compacted weight's M = 1 candidates hold both the CUDA-core GEMV on wgmma_v1's one-step tile and its table's /
+    rule's, whichever the dispatcher took (the one-step rule's round of resident warps is a model)."""
     from dataclasses import replace
 
-    from mixgemm.kernels.cuda_gemv_mma import candidates as _gemv_mma_candidates
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config, wg_simt_one_step_tile
+    from mixgemm.kernels import cuda_gemv_wg_simt
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_config, wg_simt_one_step_tile
 
     for k, n in ((2048, 2048), (4096, 4096)):  # one step applies / its warps need a second round
         qw = quantize_weight(torch.randn(n, k), bits=4, group_size=128)
         p = replace(linear_common.linear_problem(1, qw, torch.float16, H100), resident="wgmma_v1")
-        tiles = [{key: c.get(key) for key in ("U", "PF", "KS", "RG", "RT")}
-                 for c in [cuda_gemv_mma.choose_config(p), *_gemv_mma_candidates(p)] if c.get("SIMT")]
+        tiles = [dict(c) for c in [cuda_gemv_wg_simt.choose_config(p), *cuda_gemv_wg_simt.candidates(p)]]
         for want in (wg_simt_one_step_tile(k), wg_simt_config(n, k, 4, 132, H100.name, one_step=False)):
-            assert {key: want.get(key) for key in ("U", "PF", "KS", "RG", "RT")} in tiles, (k, n, want, tiles)
+            assert dict(want) in tiles, (k, n, want, tiles)
 
 
 def test_small_m_candidates_flip_double_buffering():

@@ -1,6 +1,6 @@
-"""Before / after of a dispatch change as the GPU sees it: the problems whose GEMV config (the CUDA-core GEMV's tile or
-the tensor-core GEMV's) differs between two package trees, each timed with both configs forced in interleaved rounds
-(benchmark protocol graph timing).
+"""Before / after of a dispatch change as the GPU sees it: the problems whose GEMV config (the CUDA-core GEMV's tile,
+the tensor-core GEMV's or the CUDA-core GEMV on wgmma_v1's) differs between two package trees, each timed with both
+configs forced in interleaved rounds (benchmark protocol graph timing).
 
     python -m tools.bench.dispatch_ab --diff OLD_SRC --gpu-name "NVIDIA H200" --out cases.json   # no GPU
         [--ms 1,9,16] [--dtypes float16,bfloat16] [--scale-dtypes float16,bfloat16] [--formats w4s,w4z,w8]
@@ -13,11 +13,11 @@ the tensor-core GEMV's) differs between two package trees, each timed with both 
 --scale-dtypes, on the plain codes or (--resident wgmma_v1) on compacted weights, once with this tree's package and
 once with OLD_SRC's (a `git archive REV src | tar -x -C DIR` copy: DIR/src), and writes the cases whose GEMV config
 changed ({"old": cfg, "new": cfg} with the kernel, M, dtypes and layout); cases where the kernel itself changed are
-listed, not timed. Rules that read the compiler's register counts (kernels.cuda_gemv_mma.host.mma_cap_registers)
-answer for
-the NVRTC of the machine --diff runs on: run it where the GPU's NVRTC is. --time times each case's configs forced on
-its kernel, every optional key explicit (a forced tensor-core config is laid over the dispatcher's own, so a key one
-config leaves out would take the new rule's value), over weight copies past 3x L2 (compacted where the case's layout
+listed, not timed. Rules that read the compiler's register counts (kernels.cuda_gemv_mma.host.mma_cap_registers,
+kernels.cuda_gemv_wg_simt.host.wg_simt_registers) answer for the NVRTC of the machine --diff runs on: run it where the
+GPU's NVRTC is. --time times each case's configs forced on its kernel, every optional key explicit (a forced
+tensor-core or wgmma_v1 CUDA-core config is laid over the dispatcher's own, so a key one config leaves out would take
+the new rule's value), over weight copies past 3x L2 (compacted where the case's layout
 says), the configs in turn each round, and keeps each config's fastest round (the rounds are there to catch a slow
 first timing, not to average noise away). --summary prints the geometric mean of new / old by format, M, dtypes and
 layout, on and off the model list, the worst cases and the protocol shapes.
@@ -33,11 +33,12 @@ import sys
 
 from tools.bench.gemv_tables import FORMATS, geomean
 
-KERNELS = ("cuda_gemv", "cuda_gemv_mma")  # the GEMVs whose configs a case compares
-# a tensor-core config's optional keys at their "off" values (kernels.cuda_gemv_mma.host.mma_defines_for; SIMT 0: the
-# tensor cores, not the CUDA-core GEMV on wgmma_v1 that a compacted M = 1 call's config routes to), so that a forced
-# config is the whole config whichever keys the dispatcher's own sets
-MMA_NEUTRAL = {"EARLY": 0, "RT": 1, "MINB": 0, "PF": 0, "PACK": 0, "PERM": 0, "G32": 0, "SIMT": 0}
+KERNELS = ("cuda_gemv", "cuda_gemv_mma", "cuda_gemv_wg_simt")  # the GEMVs whose configs a case compares
+# the optional keys of a tensor-core config (kernels.cuda_gemv_mma.host.mma_defines_for) and of a CUDA-core GEMV on
+# wgmma_v1 one (kernels.cuda_gemv_wg_simt.host.simt_defines_for) at their "off" values, so that a forced config is the
+# whole config whichever keys the dispatcher's own sets
+NEUTRAL = {"cuda_gemv_mma": {"EARLY": 0, "RT": 1, "MINB": 0, "PF": 0, "PACK": 0, "PERM": 0, "G32": 0},
+           "cuda_gemv_wg_simt": {"MINB": 0, "PACK": 0}}
 
 
 def problem_key(k: int, n: int, fmt: str, m: int = 1, dtype: str = "float16", scale_dtype: str = "float16",
@@ -165,9 +166,10 @@ def diff(old: dict, new: dict) -> tuple[list[dict], list[str]]:
 
 
 def forced(kernel: str, cfg: dict) -> dict:
-    """The config to force: a tensor-core one with every optional key explicit (MMA_NEUTRAL under it); a CUDA-core one
-    as it is (kernels.cuda_gemv.host.simt_override completes it from defaults, never from the dispatcher's own)."""
-    return {**MMA_NEUTRAL, **cfg} if kernel == "cuda_gemv_mma" else cfg
+    """The config to force: a tensor-core or wgmma_v1 CUDA-core one with every optional key explicit (NEUTRAL under
+    it); a CUDA-core one on the plain codes as it is (kernels.cuda_gemv.host.simt_override completes it from defaults,
+    never from the dispatcher's own)."""
+    return {**NEUTRAL.get(kernel, {}), **cfg}
 
 
 def time_cases(cases: list[dict], rounds: int) -> list[dict]:

@@ -9,8 +9,9 @@ graph timing over rotating layer copies (mixgemm.bench.protocol):
 * M > 1: the CUDA-core GEMV's default, the tensor-core GEMV's default and candidates, and the wgmma GEMM's default;
 * with --crossover, at M > 1 only the two choices a compacted weight's dispatch has: the tensor-core GEMV's default
   on wgmma_v1 (``cuda_gemv_mma/compact``) against the wgmma GEMM's default (the tables' gemv_max_m / gemv_over_wgmma);
-* with --wg-simt, at M = 1 also the CUDA-core math on wgmma_v1 (gemv_wg_simt.cu) over its (RT, U, PF, KS, RG) grid,
-  under the label ``cuda_gemv_mma/wg_simt``; --simt-only times only that grid and the CUDA-core GEMV's default.
+* with --wg-simt, at M = 1 also the CUDA-core GEMV on wgmma_v1 (cuda_gemv_wg_simt: gemv_wg_simt.cu) over its (RT, U,
+  PF, KS, RG) grid, under the label ``cuda_gemv_wg_simt/grid``; --simt-only times only that grid and the CUDA-core
+  GEMV's default.
 
 Each row says which entry the dispatcher picks today (``default_entry``). The JSON ({"gpu", "res": [{K, N, fmt, M,
 default_entry, rows: {entry: [{cfg, us, default}]}}]}) is what choose_mma_config's MMA_WARPS_PER_SM and the
@@ -44,12 +45,20 @@ import mixgemm
 from mixgemm.bench import protocol
 from mixgemm.bench.models import catalog, model_layers
 from mixgemm.formats.weight import quantize_weight
-from mixgemm.kernels import cuda_gemv, cuda_gemv_mma, cuda_wgmma, linear_common
+from mixgemm.kernels import cuda_gemv, cuda_gemv_mma, cuda_gemv_wg_simt, cuda_wgmma, linear_common
 from mixgemm.kernels.cuda.gemv_launch import _MODE, chunks_per_row
 from mixgemm.kernels.cuda_gemv.gemv_steps import lane_tiles, wg_simt_tiles
-from mixgemm.kernels.cuda_gemv_mma.host import WG_LAYOUT, mma_k_tiles, mma_reduction_fits, wg_simt_packs
+from mixgemm.kernels.cuda_gemv_mma.host import WG_LAYOUT, mma_k_tiles, mma_reduction_fits
+from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_packs
 from mixgemm.kernels.registry import device_info
-from tools.bench.gemv_tables import FORMATS, simt_generalization, simt_resident_blocks, suggest, suggest_simt
+from tools.bench.gemv_tables import (
+    FORMATS,
+    SIMT_GRID,
+    simt_generalization,
+    simt_resident_blocks,
+    suggest,
+    suggest_simt,
+)
 
 
 def mma_grid(base: dict, kt: int) -> list[dict]:
@@ -60,9 +69,8 @@ def mma_grid(base: dict, kt: int) -> list[dict]:
 
 def mma_variants(base: dict) -> list[dict]:
     """The tensor-core GEMV's M > 1 variants around the default ``base`` (kernels.cuda_gemv_mma.host.mma_row_tiles):
-    without
-    EARLY and RT, with EARLY (the first step's weights before the PDL wait), and EARLY with two row tiles per warp
-    (RT 2) at the same KS, less ``base`` itself and those whose k-slice reduction does not fit
+    without EARLY and RT, with EARLY (the first step's weights before the PDL wait), and EARLY with two row tiles per
+    warp (RT 2) at the same KS, less ``base`` itself and those whose k-slice reduction does not fit
     (kernels.cuda_gemv_mma.host.mma_reduction_fits)."""
     # (explicit 0 / 1: a forced config is laid over the default, kernels.cuda_gemv_mma.host.mma_override)
     out = [{**base, "EARLY": 0, "RT": 1}, {**base, "EARLY": 1, "RT": 1}, {**base, "EARLY": 1, "RT": 2}]
@@ -73,10 +81,10 @@ def mma_variants(base: dict) -> list[dict]:
 # (RT row tiles per warp, U k-tiles per step, PF double buffering) of the M = 1 CUDA-core math on wgmma_v1: 1-8 tiles of
 # 512 bytes per lane in flight (PF counts twice)
 def wg_simt_grid(kt64: int, pack: bool = False, mode: str = "sym") -> list[dict]:
-    """M = 1 CUDA-core math on wgmma_v1 (gemv_wg_simt.cu): the step-cost model's tile space
+    """M = 1 CUDA-core GEMV on wgmma_v1 (gemv_wg_simt.cu): the step-cost model's tile space
     (kernels.cuda_gemv.gemv_steps.wg_simt_tiles) for kt64 64-k tiles, each as the dispatcher runs it for ``mode``
-    (kernels.cuda_gemv_mma.host.wg_simt_packs: zero point / offset with PACK where PF is on). pack: each zero-point /
-    offset tile also with the other PACK."""
+    (kernels.cuda_gemv_wg_simt.host.wg_simt_packs: zero point / offset with PACK where PF is on). pack: each
+    zero-point / offset tile also with the other PACK."""
     out = [wg_simt_packs(t.config(), mode) for t in wg_simt_tiles(kt64)]
     if not pack or mode == "sym":
         return out
@@ -91,7 +99,7 @@ def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int,
 
     from mixgemm.kernels.cuda import nvrtc
     from mixgemm.kernels.cuda.gemv_launch import _ACT
-    from mixgemm.kernels.cuda_gemv_mma.host import simt_defines_for
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import SIMT_SOURCE, simt_defines_for
 
     keys = set()
     for fmt in fmts:
@@ -101,8 +109,7 @@ def precompile_simt(fmts: list[str], dtype: torch.dtype, shapes: list[tuple[int,
                 d = simt_defines_for(bits, _ACT[dtype], 0, _MODE[mode], {**cfg, "G32": int(group == 32)})
                 keys.add(tuple(sorted(d.items())))
     with ProcessPoolExecutor(os.cpu_count()) as pool:
-        list(pool.map(nvrtc.compile_cubin, ["cuda_gemv_mma/gemv_wg_simt.cu"] * len(keys), sorted(keys),
-                      [arch] * len(keys)))
+        list(pool.map(nvrtc.compile_cubin, [SIMT_SOURCE] * len(keys), sorted(keys), [arch] * len(keys)))
 
 
 def split_rt_grid(p, mma: dict, kt: int) -> tuple[list[dict], list[dict]]:
@@ -150,13 +157,14 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
                small_m_tiles: bool = False, simt_pack: bool = False, mma_pack: bool = False,
                lw_grid: bool = False, crossover: bool = False) -> dict[str, list[dict]]:
     """{label: [config, ...]} to time for one problem, the entry's default first; a label is the entry's name, or
-    name/variant for another config family of the same entry (cuda_gemv_mma/wg_simt: gemv_wg_simt.cu).
+    name/variant for another config family of the same entry (SIMT_GRID: cuda_gemv_wg_simt's tile grid).
     simt_only (M = 1): the CUDA-core GEMV's default on the plain codes against the wgmma_v1 CUDA-core grid (with
     simt_pack each tile also with PACK).
     compact_only: today's defaults on the plain codes against the small-M choices on wgmma_v1 (the layout a
-    compacted weight keeps), cuda_gemv_mma/compact: [the compacted weight's own config (M = 1: the CUDA-core GEMV on
-    wgmma_v1 at fp16), then at M = 1 the tensor-core GEMV, at M > 1 mma_variants]; at M > 1 the plain codes'
-    tensor-core GEMV with mma_variants too.
+    compacted weight keeps): at M = 1 cuda_gemv_wg_simt's config for a compacted weight, and cuda_gemv_mma/compact:
+    [the tensor-core GEMV's config for a compacted weight, the plain codes' tile on wgmma_v1]; at M > 1
+    cuda_gemv_mma/compact: [the compacted weight's own config, mma_variants], and the plain codes' tensor-core GEMV
+    with mma_variants too.
     small_m_tiles (M > 1): the tensor-core GEMV's defaults on both layouts (cuda_gemv_mma, cuda_gemv_mma/compact)
     against the wgmma GEMM's config without the table's small-M tile family (first) and the family's 16 tiles
     (kernels.cuda_wgmma.small_m_family_candidates).
@@ -182,14 +190,17 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
                 "cuda_wgmma": [cuda_wgmma.choose_config(p, small_m_family=False),
                                *cuda_wgmma.small_m_family_candidates(p)]}
     if compact_only:
-        on_wg = [dict(cuda_gemv_mma.choose_config(dataclasses.replace(p, resident=WG_LAYOUT)))]
+        pr = dataclasses.replace(p, resident=WG_LAYOUT)
+        on_wg = [dict(cuda_gemv_mma.choose_config(pr))]
         if m == 1:
-            on_wg.append({**mma, "WG": 1})
-            out = {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)], "cuda_gemv_mma/compact": on_wg}
+            if {**mma, "WG": 1} not in on_wg:
+                on_wg.append({**mma, "WG": 1})
+            out = {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)],
+                   "cuda_gemv_wg_simt": [dict(cuda_gemv_wg_simt.choose_config(pr))], "cuda_gemv_mma/compact": on_wg}
             if simt_grid:  # both kernels' grids on wgmma_v1: the tensor-core GEMV's (KS, U) and the CUDA-core tiles
                 kt64 = -(-k // 64)
                 out["cuda_gemv_mma/compact"] += [c for c in mma_grid(on_wg[-1], kt64) if c not in on_wg]
-                out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(kt64, mode=p.mode)
+                out[SIMT_GRID] = wg_simt_grid(kt64, mode=p.mode)
             return out
         out = {"cuda_gemv": [simt], "cuda_gemv_mma": [mma, *mma_variants(mma)],
                "cuda_gemv_mma/compact": on_wg + mma_variants(on_wg[0])}
@@ -203,12 +214,12 @@ def candidates(p, m: int, bits: int, k: int, mma_grid_m1: bool = True,
         base = cuda_gemv.choose_config(p)
         return {"cuda_gemv": [base, *lane_grid(base, chunks_per_row(bits, k))]}
     if m == 1 and simt_only:
-        return {"cuda_gemv": [simt], "cuda_gemv_mma/wg_simt": wg_simt_grid(-(-k // 64), simt_pack, p.mode)}
+        return {"cuda_gemv": [simt], SIMT_GRID: wg_simt_grid(-(-k // 64), simt_pack, p.mode)}
     if m == 1:
         grid = [c for c in mma_grid(mma, mma_k_tiles(bits, k)) if c != mma] if mma_grid_m1 else []
         out = {"cuda_gemv": [simt, *cuda_gemv.candidates(p)], "cuda_gemv_mma": [mma, *grid]}
         if simt_grid:
-            out["cuda_gemv_mma/wg_simt"] = wg_simt_grid(-(-k // 64), mode=p.mode)
+            out[SIMT_GRID] = wg_simt_grid(-(-k // 64), mode=p.mode)
         return out
     near = cuda_gemv_mma.candidates(p)
     if mma_grid_all:
@@ -304,7 +315,7 @@ def main() -> None:
                     help="M > 1: the tensor-core GEMV's default on wgmma_v1 against the wgmma GEMM's default only")
     ap.add_argument("--min-n", type=int, default=0, help="only layers with at least this many output features")
     ap.add_argument("--wg-simt", action="store_true",
-                    help="M = 1: also time the CUDA-core math on wgmma_v1 (MMA_SIMT) over its (KS, U) grid")
+                    help="M = 1: also time the CUDA-core GEMV on wgmma_v1 (cuda_gemv_wg_simt) over its tile grid")
     ap.add_argument("--simt-only", action="store_true",
                     help="M = 1: only the CUDA-core GEMV's default against the wgmma_v1 CUDA-core grid (--wg-simt)")
     ap.add_argument("--compact-only", action="store_true",

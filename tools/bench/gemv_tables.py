@@ -14,6 +14,8 @@ import statistics
 # and offset per 32), w8s32 q8_0
 FORMATS = {"w4s": (4, 128, "sym"), "w4z": (4, 128, "zero_point"), "w8": (8, -1, "sym"),
            "w4s32": (4, 32, "sym"), "w4o32": (4, 32, "offset"), "w8s32": (8, 32, "sym")}
+# a sweep's label of the CUDA-core GEMV on wgmma_v1's tile grid (gemv_dispatch.py --wg-simt / --simt-only)
+SIMT_GRID = "cuda_gemv_wg_simt/grid"
 
 
 def suggest(paths: list[str], min_gain: float = 0.05, num_sms: int = 132) -> list[tuple]:
@@ -75,8 +77,8 @@ def _simt_tile(c: dict) -> tuple:
 def _simt_layers(paths: list[str], num_sms: int, fmts: tuple[str, ...] = (), shipped: bool = False) -> list[tuple]:
     """[(bits, bucket key, K, N, fmt, {tile: us}, baseline tile)] of the M = 1 cases (of the formats ``fmts``, all
     when empty) of --simt-only sweep files that timed the baseline's tile: the rule's, or with ``shipped`` what
-    kernels.cuda_gemv_mma.host.wg_simt_config picks now on the swept GPU (the tables of tuning.gemv_m1)."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_config, wg_simt_rule
+    kernels.cuda_gemv_wg_simt.host.wg_simt_config picks now on the swept GPU (the tables of tuning.gemv_m1)."""
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_config, wg_simt_rule
     from mixgemm.tuning.buckets import ShapeBucket
 
     out = []
@@ -84,8 +86,7 @@ def _simt_layers(paths: list[str], num_sms: int, fmts: tuple[str, ...] = (), shi
         with open(path) as f:
             data = json.load(f)
         for r in data["res"]:
-            grid = {_simt_tile(c["cfg"]): c["us"] for c in r.get("rows", {}).get("cuda_gemv_mma/wg_simt", [])
-                    if c["us"]}
+            grid = {_simt_tile(c["cfg"]): c["us"] for c in r.get("rows", {}).get(SIMT_GRID, []) if c["us"]}
             if r.get("M") != 1 or not grid or (fmts and r["fmt"] not in fmts):
                 continue
             bits, _, mode = FORMATS[r["fmt"]]
@@ -106,7 +107,7 @@ def simt_resident_blocks(tile: tuple, bits: int, modes: tuple[int, ...] = (0, 1)
     and 32 blocks."""
     from mixgemm.kernels.cuda import nvrtc
     from mixgemm.kernels.cuda_gemv.gemv_steps import resident_blocks
-    from mixgemm.kernels.cuda_gemv_mma.host import SIMT_SOURCE, simt_defines_for
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import SIMT_SOURCE, simt_defines_for
 
     rt, u, pf, ks, rg = tile[:5]
     cfg = {"RT": rt, "U": u, "PF": pf, "KS": ks, "RG": rg, "PACK": tile[5] if len(tile) > 5 else 0}
@@ -119,7 +120,7 @@ def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sm
                 resident=simt_resident_blocks) -> dict:
     """{(bits, bucket key): (tile, blocks per SM it serves up to (BPS), [the cases it serves])} by suggest_simt's
     selection."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_serves
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_serves
 
     by_bucket: dict = {}
     for c in cases:
@@ -146,8 +147,8 @@ def _simt_table(cases: list[tuple], max_geomean: float, max_worst: float, num_sm
 
 def _simt_pick(table: dict, case: tuple, num_sms: int = 132) -> tuple:
     """The tile a table gives a case (bits, bucket, K, N, fmt, grid, rule): its bucket's, where the layer's blocks
-    per SM are within the entry's BPS (kernels.cuda_gemv_mma.host.wg_simt_config), else the rule's."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_serves
+    per SM are within the entry's BPS (kernels.cuda_gemv_wg_simt.host.wg_simt_config), else the rule's."""
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_serves
 
     hit = table.get(case[:2])
     if hit is None or not wg_simt_serves(case[3], hit[0][0], hit[0][4], hit[1], num_sms):
@@ -163,18 +164,18 @@ def suggest_simt(paths: list[str], num_sms: int = 132, max_geomean: float = 0.97
     all fit on the SMs at once (BPS = the blocks an SM holds, ``resident``: simt_resident_blocks), the others taking
     the rule: a tile that wins in one round loses where a layer needs a second (4096x14336's RT 4 tile on
     3584x18944). Per (bits, bucket), of the (tile, BPS) pairs that take <= ``max_geomean`` the time of the rule
-    (kernels.cuda_gemv_mma.host.wg_simt_rule) by geometric mean and at most ``max_worst`` on every layer they serve, the
-    one with the smallest geometric mean over the bucket's layers of the time it gives (the tile's or the rule's) over
-    each layer's best (the int4 modes together: one entry serves both); no entry where none qualifies. ``fmts`` keeps
-    only those formats' cases (the zero-point table: ("w4z",)); ``shipped`` measures against today's pick
-    (_simt_layers) instead of the rule, for a table looked up before the shipped ones.
+    (kernels.cuda_gemv_wg_simt.host.wg_simt_rule) by geometric mean and at most ``max_worst`` on every layer they
+    serve, the one with the smallest geometric mean over the bucket's layers of the time it gives (the tile's or the
+    rule's) over each layer's best (the int4 modes together: one entry serves both); no entry where none qualifies.
+    ``fmts`` keeps only those formats' cases (the zero-point table: ("w4z",)); ``shipped`` measures against today's
+    pick (_simt_layers) instead of the rule, for a table looked up before the shipped ones.
     Returns [(bits, bucket key, (K, N) of a layer it serves, (RT, U, PF, KS, RG, BPS[, PACK]), [(K, N, fmt, rule us,
     tile us), ...] of the layers it serves)]."""
     out = []
     table = _simt_table(_simt_layers(paths, num_sms, fmts, shipped), max_geomean, max_worst, num_sms, resident)
     for (bits, bucket), (best, bps, layers) in table.items():
         k, n = min((c[2], c[3]) for c in layers)
-        # PACK explicit for a zero-point table (its default follows PF: kernels.cuda_gemv_mma.host.wg_simt_packs)
+        # PACK explicit for a zero-point table (its default follows PF: kernels.cuda_gemv_wg_simt.host.wg_simt_packs)
         pack = (best[5] if len(best) > 5 else 0,) if fmts and all(FORMATS[f][2] == "zero_point" for f in fmts) \
             else best[5:]
         out.append((bits, bucket, (k, n), (*best[:5], bps, *pack),

@@ -1,7 +1,8 @@
 """What reading the compacted layout costs at M = 1: the dispatch on a compacted weight (wgmma_v1: the CUDA-core GEMV
-gemv_wg_simt.cu, or the tensor-core GEMV gemv_mma.cu at M > 1, --ms) against the same weight's plain codes (gemv.cu),
-per layer and format; --variant also times the compacted M = 1 tile with other config keys. Times per the benchmark
-protocol (one CUDA graph of C calls over distinct copies > 3x L2, median per call, the best of --rounds timings).
+cuda_gemv_wg_simt, or the tensor-core GEMV cuda_gemv_mma at M > 1, --ms) against the same weight's plain codes
+(gemv.cu), per layer and format; --variant also times the compacted M = 1 tile with other config keys. Times per the
+benchmark protocol (one CUDA graph of C calls over distinct copies > 3x L2, median per call, the best of --rounds
+timings).
 
     PYTHONPATH=src python -m tools.bench.wg_simt_diag [--shapes 4096x14336 8192x28672] [--formats w8,w4s] [--out DIR]
         [--ms 1,2,16] [--variant RT=2,U=1,PF=1,KS=32] [--dtype bfloat16]
@@ -59,7 +60,7 @@ def measure(k: int, n: int, fmt: str, rounds: int, l2: int, m: int = 1, variants
         weights = layer(k, n, fmt, compact, l2)
         base = time_us(x, weights, rounds)
         rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "variant": {}, **base})
-        if compact and base["config"].get("SIMT"):
+        if compact and base["kernel"] == "cuda_gemv_wg_simt":
             for extra in variants:  # the compacted tile with other keys (e.g. KS 32, U 1)
                 rows.append({"K": k, "N": n, "M": m, "fmt": fmt, "compact": compact, "variant": extra,
                              **time_us(x, weights, rounds, base["kernel"], {**base["config"], **extra})})

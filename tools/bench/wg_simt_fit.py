@@ -31,9 +31,9 @@ from mixgemm.kernels.cuda_gemv.gemv_steps import (
     wg_simt_tile_shape,
     wg_simt_tiles,
 )
-from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_packs
+from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_packs
 from tools.bench.gemv_steps_fit import descend
-from tools.bench.gemv_tables import FORMATS, geomean
+from tools.bench.gemv_tables import FORMATS, SIMT_GRID, geomean
 
 KEYS = tuple(f.name for f in fields(WgSimtStepTile))
 MULTIPLIERS = (0.3, 0.6, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.6, 3.0)
@@ -57,7 +57,7 @@ def layers_of(path: str, num_sms: int) -> list[dict]:
         if (bits, mode, act, g32) not in WG_SIMT_REGISTERS:
             continue
         times = {}
-        for rec in r["rows"].get("cuda_gemv_mma/wg_simt", []):
+        for rec in r["rows"].get(SIMT_GRID, []):
             tile = WgSimtStepTile(*(rec["cfg"][k] for k in KEYS))
             if rec["us"] is not None and rec["cfg"].get("PACK", 0) == wg_simt_packs(tile.config(), mode).get("PACK", 0):
                 times[tile] = rec["us"]
@@ -93,7 +93,7 @@ def registers(path: str) -> None:
     """Each tile's registers for every (bits, mode, act, g32) of gemv_steps.WG_SIMT_REGISTERS (fp16 scales), as the tile
     runs (zero point / offset: PACK where PF is on), from this machine's NVRTC, keyed "bits mode act g32 RT U PF KS
     RG"."""
-    from mixgemm.kernels.cuda_gemv_mma.host import wg_simt_registers
+    from mixgemm.kernels.cuda_gemv_wg_simt.host import wg_simt_registers
 
     out = {}
     for bits, mode, act, g32 in WG_SIMT_REGISTERS:

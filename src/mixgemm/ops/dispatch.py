@@ -24,8 +24,8 @@ from mixgemm.ops.kept_launches import PreparedTable
 GEMV_MAX_M = 16  # the GEMVs' own limit (mixgemm.kernels.linear_common.GEMV_MAX_M)
 MAX_PLANS = 256
 _PLANS_ATTR = "_mixgemm_plans"
-_OLD_NAMES = {"dequant_cublas": "cublas", "cuda_gemv": "gemv", "cuda_gemv_mma": "gemv", "cuda_wgmma": "wgmma",
-              "triton_gemm": "gemm"}
+_OLD_NAMES = {"dequant_cublas": "cublas", "cuda_gemv": "gemv", "cuda_gemv_mma": "gemv", "cuda_gemv_wg_simt": "gemv",
+              "cuda_wgmma": "wgmma", "triton_gemm": "gemm"}
 
 
 def plans_of(qw: QuantizedWeight) -> dict:

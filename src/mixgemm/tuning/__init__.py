@@ -323,26 +323,24 @@ MMA_GATHER_MAX_M = 1
 
 # ------------------------------------------------------------------ compacted weights: M = 1 on wgmma_v1
 # A compacted layer (QuantLinear.compact_) keeps its codes only in wgmma_v1, so its M = 1 call runs either the
-# tensor-core GEMV on that layout (gemv_mma.cu MMA_WG) or the CUDA-core GEMV on it (gemv_wg_simt.cu, tiles from
-# kernels.cuda_gemv_mma.host.wg_simt_config). Source: tools/bench/gemv_dispatch.py --compact-only over the 80 layers
-# of the model
-# list (H100, fp16, W4 g128 sym / zero point, W8 per channel): the CUDA-core GEMV was the faster of the two on 174 of
-# 240 (layer, format) cases and by geometric mean in every size class (time against the plain codes' GEMV, CUDA-core /
-# tensor-core: W4 sym < 4 MiB 0.83 / 0.92, 4-16 MiB 0.96 / 1.18, >= 16 MiB 1.02 / 1.10; W8 4-16 MiB 1.07 / 1.32, >= 16
-# MiB 1.04 / 1.08). Except on the small layers of the table's gemv_mma_m1 buckets (where the plain codes take the
-# tensor-core GEMV at fp16 M = 1): the same tool on the 19 layers under 8M weights after the CUDA-core GEMV's tiles
-# (H100, us, CUDA-core / tensor-core on wgmma_v1 / the plain codes' dispatch), int4 on wgmma_v1 0.68-1.03x the
-# CUDA-core GEMV's time on the 11 layers in those buckets (1536x2048 sym 3.36 / 2.19 / 2.00, 896x4864 3.51 / 2.49 /
-# 2.17, 3584x2048 zero point 4.10 / 3.75 / 3.67; 2304x1024 sym 2.85 / 2.93 / 2.56 the one loss), 0.75-1.67x outside
-# them; where the CUDA-core GEMV's one-step tile applies (kernels.cuda_gemv_mma.host.wg_simt_one_step) it beat both
-# there
-# too, so those layers take it. bf16 x runs the same fp16 math there (exact fp16 under a power of two per k-tile,
-# gemv_wg_simt.cu) and takes the same tiles: before / after (tools/bench/dispatch_ab.py, both configs forced, the 80
-# layers, W4 g128 sym and W8 per channel, compacted; the tensor-core GEMV bf16 took before against this), H100
-# 0.80-0.92x the time by geometric mean per format and size class for W4, 0.64-0.94x for W8 (0.43-1.05x per layer;
-# 36864x4608 W4 47.5 -> 39.9 us), H200 0.78-0.87x / 0.63-0.92x (0.41-1.06x), the worst the large W8 layers
-# (4096x14336, 3584x14336 1.04-1.06x); fp16's own call and the bf16 one level (1.00-1.03x). The activation dtypes at
-# which a compacted M = 1 call takes the CUDA-core GEMV:
+# tensor-core GEMV on that layout (cuda_gemv_mma: gemv_mma.cu MMA_WG) or the CUDA-core GEMV on it (cuda_gemv_wg_simt:
+# gemv_wg_simt.cu, tiles from kernels.cuda_gemv_wg_simt.host.wg_simt_config). Source: tools/bench/gemv_dispatch.py
+# --compact-only over the 80 layers of the model list (H100, fp16, W4 g128 sym / zero point, W8 per channel): the
+# CUDA-core GEMV was the faster of the two on 174 of 240 (layer, format) cases and by geometric mean in every size class
+# (time against the plain codes' GEMV, CUDA-core / tensor-core: W4 sym < 4 MiB 0.83 / 0.92, 4-16 MiB 0.96 / 1.18, >= 16
+# MiB 1.02 / 1.10; W8 4-16 MiB 1.07 / 1.32, >= 16 MiB 1.04 / 1.08). Except on the small layers of the table's
+# gemv_mma_m1 buckets (where the plain codes take the tensor-core GEMV at fp16 M = 1): the same tool on the 19 layers
+# under 8M weights after the CUDA-core GEMV's tiles (H100, us, CUDA-core / tensor-core on wgmma_v1 / the plain codes'
+# dispatch), int4 on wgmma_v1 0.68-1.03x the CUDA-core GEMV's time on the 11 layers in those buckets (1536x2048 sym 3.36
+# / 2.19 / 2.00, 896x4864 3.51 / 2.49 / 2.17, 3584x2048 zero point 4.10 / 3.75 / 3.67; 2304x1024 sym 2.85 / 2.93 / 2.56
+# the one loss), 0.75-1.67x outside them; where the CUDA-core GEMV's one-step tile applies
+# (kernels.cuda_gemv_wg_simt.host.wg_simt_one_step) it beat both there too, so those layers take it. bf16 x runs the
+# same fp16 math there (exact fp16 under a power of two per k-tile, gemv_wg_simt.cu) and takes the same tiles: before /
+# after (tools/bench/dispatch_ab.py, both configs forced, the 80 layers, W4 g128 sym and W8 per channel, compacted; the
+# tensor-core GEMV bf16 took before against this), H100 0.80-0.92x the time by geometric mean per format and size class
+# for W4, 0.64-0.94x for W8 (0.43-1.05x per layer; 36864x4608 W4 47.5 -> 39.9 us), H200 0.78-0.87x / 0.63-0.92x
+# (0.41-1.06x), the worst the large W8 layers (4096x14336, 3584x14336 1.04-1.06x); fp16's own call and the bf16 one
+# level (1.00-1.03x). The activation dtypes at which a compacted M = 1 call takes the CUDA-core GEMV:
 COMPACT_M1_SIMT_DTYPES = (torch.float16, torch.bfloat16)
 
 

@@ -352,14 +352,12 @@ def a8_m1_entry(bits: int, k: int, n: int) -> BucketEntry | None:
 
 
 class WgSimtTile(NamedTuple):
-    """One measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 (kernels/cuda_gemv_mma/gemv_wg_simt.cu, fp16
-    activations): RT
-    16-row tiles per warp, U 64-k tiles in flight per step, PF register double buffering, KS k-slices, RG row groups
-    per block; BPS: the blocks per SM up to which it serves its bucket (0: any), as many rounds of the blocks an SM
-    holds as on the layers it was kept for (kernels.cuda_gemv_mma.host.wg_simt_config); PACK: a zero point's 16-bit
-    parameter
-    pair held in one register (gemv_wg_simt.cu SIMT_PACK), None: as PF says
-    (kernels.cuda_gemv_mma.host.wg_simt_packs)."""
+    """One measured M = 1 tile of the CUDA-core GEMV on wgmma_v1 (kernels/cuda_gemv_wg_simt/gemv_wg_simt.cu, fp16
+    activations): RT 16-row tiles per warp, U 64-k tiles in flight per step, PF register double buffering, KS
+    k-slices, RG row groups per block; BPS: the blocks per SM up to which it serves its bucket (0: any), as many rounds
+    of the blocks an SM holds as on the layers it was kept for (kernels.cuda_gemv_wg_simt.host.wg_simt_config); PACK: a
+    zero point's 16-bit parameter pair held in one register (gemv_wg_simt.cu SIMT_PACK), None: as PF says
+    (kernels.cuda_gemv_wg_simt.host.wg_simt_packs)."""
 
     RT: int
     U: int
@@ -371,16 +369,14 @@ class WgSimtTile(NamedTuple):
 
 
 # H100, M = 1, fp16 activations: tools/bench/gemv_dispatch.py --simt-only over the 80 layers of the model list (the
-# (RT, U, PF) x KS x block grid of gemv_wg_simt.cu, W4 g128 sym and zero point, W8 per channel; 2026-11-26), the
-# entries printed by its --suggest-simt. Kept
-# where the bucket's fastest common tile (geometric mean over its layers and, for W4, both modes) took <= 0.97x the
-# time of the rule in kernels.cuda_gemv_mma.host.wg_simt_config by geometric mean and at most 1.05x on any of its
-# layers. Over
-# the 80 layers, in the same run: W4 sym on >= 16 MiB layers 1.082x -> 1.019x the grid's best per layer (zero point
-# 1.093x -> 1.014x, W8 1.051x -> 1.010x); us rule -> tile (plain-codes GEMV): W4 36864x4608 sym 50.8 -> 39.3 (39.7),
-# 27648x5120 sym 40.0 -> 32.5 (32.4), 5120x35840 zero point 54.8 -> 41.9 (44.0), 8192x10240 zero point 25.0 -> 19.4
-# (21.0). Timed again against the plain codes in mixgemm bench (docs/kernels/cuda_gemv_mma.md, tensor-core GEMV
-# section).
+# (RT, U, PF) x KS x block grid of gemv_wg_simt.cu, W4 g128 sym and zero point, W8 per channel; 2026-11-26), the entries
+# printed by its --suggest-simt. Kept where the bucket's fastest common tile (geometric mean over its layers and, for
+# W4, both modes) took <= 0.97x the time of the rule in kernels.cuda_gemv_wg_simt.host.wg_simt_config by geometric mean
+# and at most 1.05x on any of its layers. Over the 80 layers, in the same run: W4 sym on >= 16 MiB layers 1.082x ->
+# 1.019x the grid's best per layer (zero point 1.093x -> 1.014x, W8 1.051x -> 1.010x); us rule -> tile (plain-codes
+# GEMV): W4 36864x4608 sym 50.8 -> 39.3 (39.7), 27648x5120 sym 40.0 -> 32.5 (32.4), 5120x35840 zero point 54.8 -> 41.9
+# (44.0), 8192x10240 zero point 25.0 -> 19.4 (21.0). Timed again against the plain codes in mixgemm bench
+# (docs/kernels/cuda_gemv_mma.md, tensor-core GEMV section).
 # An entry with a BPS serves only the layers of its bucket whose blocks fit on the SMs at once, as on the layers it was
 # kept for; the others take the rule (the selection weighs both ways per tile: every layer, or those in one round of
 # the blocks an SM holds, registers from the tile's cubin). The k24/n28 int4 entry (RT 4 U 2 KS 8, BPS 2): 4096x14336
@@ -459,11 +455,10 @@ WG_SIMT_M1 = {"H100": H100_WG_SIMT, "H200": H200_WG_SIMT}
 # activations, tools/bench/gemv_dispatch.py --simt-only --simt-pack --formats w4z over the 80 model-list layers (each
 # tile of the grid with and without PACK, 2026-11-26), the entries printed by --suggest-simt --simt-formats w4z
 # --simt-shipped --simt-worst 1.02: kept where the bucket's fastest common tile took <= 0.97x the time of the pick
-# without this table (the tables above or the rule, PACK as PF says: kernels.cuda_gemv_mma.host.wg_simt_packs) by
-# geometric
-# mean and at most 1.02x on each of its layers. 13 buckets; us, that pick -> the tile, same run: 4096x28672 28.26 ->
-# 25.83, 3584x28672 25.64 -> 23.33, 17920x5120 23.52 -> 22.87, 5120x15360 19.70 -> 18.94, 3072x16384 12.00 -> 11.62,
-# 4608x8192 9.67 -> 9.20, 896x4864 3.65 -> 3.35. The tuple's last field is PACK.
+# without this table (the tables above or the rule, PACK as PF says: kernels.cuda_gemv_wg_simt.host.wg_simt_packs) by
+# geometric mean and at most 1.02x on each of its layers. 13 buckets; us, that pick -> the tile, same run: 4096x28672
+# 28.26 -> 25.83, 3584x28672 25.64 -> 23.33, 17920x5120 23.52 -> 22.87, 5120x15360 19.70 -> 18.94, 3072x16384 12.00 ->
+# 11.62, 4608x8192 9.67 -> 9.20, 896x4864 3.65 -> 3.35. The tuple's last field is PACK.
 _WG_SIMT_ZP_SOURCE = ("tools/bench/gemv_dispatch.py --simt-only --simt-pack --formats w4z on the H100, the 80 "
                       "model-list layers (M = 1, fp16 activations; gemv_wg_simt.cu grid with and without PACK)")
 H100_WG_SIMT_ZP = _entries(_WG_SIMT_ZP_SOURCE, [

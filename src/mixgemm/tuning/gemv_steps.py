@@ -68,26 +68,21 @@ def step_costs(gpu_name: str, bits: int, mode: str) -> StepCosts:
 
 
 # The CUDA-core GEMV on wgmma_v1 (a compacted weight's M = 1 call; kernels/cuda_gemv/gemv_steps.py, WgSimtStepTile):
-# step
-# costs by tile class (RT, U, PF), a round's fixed part and its part per doubling of KS, per GPU and family (bits, mode,
-# activation dtype, groups of 32), fitted by tools/bench/wg_simt_fit.py to tools/bench/gemv_dispatch.py --simt-only
-# sweeps (M = 1, the whole grid of 49-57 tiles, each as the dispatcher runs it) of 32 layers: 20 of the model list and
-# 12 of other models (Mistral-Nemo, Llama-3.2, Yi-34B, Falcon-7B, Command-R, Phi-3-small shapes), each GPU's own
-# sweep. Each layer
-# left out of the fit in turn, the costs fitted on the others chose, by geometric mean, this many times the fastest
-# tile's time (H100 / H200): fp16 W4 g128 sym 1.014x / -, W8 per channel 1.028x / -, W4 g128 zero point 1.021x /
-# 1.022x; bf16 x (fp16 scales) W4 sym 1.011x / 1.034x, zero point 1.009x / 1.011x, W8 1.015x / 1.009x (the rule
-# 1.078x); GGUF's groups of 32, fp16 x, H100 only (the H200 takes these): W4 sym (q4_0) 1.017x, offset (q4_1 / Q4_K)
-# 1.028x. int8 at groups of 32 (q8_0) was fitted and not kept (1.055x held out, one layer 2.1x); it and bf16 x at
-# groups of 32 take their larger groups' family (kernels.cuda_gemv_mma.host.wg_simt_modelled). They serve where no
-# measured
-# bucket does (kernels.cuda_gemv_mma.host.wg_simt_config), and bf16 calls whose fp16-measured tile keeps at most half
-# its
-# warps in bf16 (kernels.cuda_gemv_mma._compact_m1_simt_tile); offset weights at larger groups and int8 with a zero
-# point
-# keep the rule. Before / after with the zero-point and bf16 costs (tools/bench/dispatch_ab.py,
-# compacted, M = 1): H100 0.976x the time on 48 changed model-list cases, 0.924x on 35 cases of 24 other layer shapes;
-# H200 0.950x / 0.887x; with the groups-of-32 families (H100) 0.963x on 40 / 0.897x on 20 (docs/kernels/cuda_gemv.md).
+# step costs by tile class (RT, U, PF), a round's fixed part and its part per doubling of KS, per GPU and family (bits,
+# mode, activation dtype, groups of 32), fitted by tools/bench/wg_simt_fit.py to tools/bench/gemv_dispatch.py
+# --simt-only sweeps (M = 1, the whole grid of 49-57 tiles, each as the dispatcher runs it) of 32 layers: 20 of the
+# model list and 12 of other models (Mistral-Nemo, Llama-3.2, Yi-34B, Falcon-7B, Command-R, Phi-3-small shapes), each
+# GPU's own sweep. Each layer left out of the fit in turn, the costs fitted on the others chose, by geometric mean, this
+# many times the fastest tile's time (H100 / H200): fp16 W4 g128 sym 1.014x / -, W8 per channel 1.028x / -, W4 g128 zero
+# point 1.021x / 1.022x; bf16 x (fp16 scales) W4 sym 1.011x / 1.034x, zero point 1.009x / 1.011x, W8 1.015x / 1.009x
+# (the rule 1.078x); GGUF's groups of 32, fp16 x, H100 only (the H200 takes these): W4 sym (q4_0) 1.017x, offset (q4_1 /
+# Q4_K) 1.028x. int8 at groups of 32 (q8_0) was fitted and not kept (1.055x held out, one layer 2.1x); it and bf16 x at
+# groups of 32 take their larger groups' family (kernels.cuda_gemv_wg_simt.host.wg_simt_modelled). They serve where no
+# measured bucket does (kernels.cuda_gemv_wg_simt.host.wg_simt_config), and bf16 calls whose fp16-measured tile keeps at
+# most half its warps in bf16 (kernels.cuda_gemv_wg_simt._compact_tile); offset weights at larger groups and int8 with a
+# zero point keep the rule. Before / after with the zero-point and bf16 costs (tools/bench/dispatch_ab.py, compacted,
+# M = 1): H100 0.976x the time on 48 changed model-list cases, 0.924x on 35 cases of 24 other layer shapes; H200 0.950x
+# / 0.887x; with the groups-of-32 families (H100) 0.963x on 40 / 0.897x on 20 (docs/kernels/cuda_gemv.md).
 _WG_SOURCE = ("tools/bench/wg_simt_fit.py over tools/bench/gemv_dispatch.py --simt-only sweeps on the {gpu} (M = 1, "
               "{act} activations; 20 model-list and 12 other layers), {fmt}")
 

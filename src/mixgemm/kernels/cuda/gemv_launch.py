@@ -1,11 +1,12 @@
-"""What the host code of both weight-only GEMVs (mixgemm.kernels.cuda_gemv: the CUDA-core gemv.cu, and
-mixgemm.kernels.cuda_gemv_mma: the tensor-core gemv_mma.cu and gemv_wg_simt.cu) shares: the launch object, the
-leading kernel parameters, the input checks and the dtype / mode codes.
+"""What the host code of the weight-only GEMVs (mixgemm.kernels.cuda_gemv: the CUDA-core gemv.cu;
+mixgemm.kernels.cuda_gemv_mma: the tensor-core gemv_mma.cu; mixgemm.kernels.cuda_gemv_wg_simt: the CUDA-core
+gemv_wg_simt.cu on wgmma_v1) shares: the launch object, the leading kernel parameters, the input checks and the dtype /
+mode codes.
 
-Each GEMV (``gemv_simt`` / ``gemv_mma``) computes ``clamp(x2d @ dequant(qw).T + bias, lo, hi)``:
+Each GEMV (``gemv_simt`` / ``gemv_mma`` / ``gemv_wg_simt``) computes ``clamp(x2d @ dequant(qw).T + bias, lo, hi)``:
 
-* x2d: float16 / bfloat16 / float32 [M, K] on a CUDA device, 1 <= M <= 16, any strides (a zero-padded
-  aligned copy is made when rows are not 16-byte aligned, not unit-stride, or K is not a multiple of
+* x2d: float16 / bfloat16 / float32 [M, K] on a CUDA device, 1 <= M <= 16 (gemv_wg_simt: M = 1), any strides (a
+  zero-padded aligned copy is made when rows are not 16-byte aligned, not unit-stride, or K is not a multiple of
   the kernel's chunk -- only possible for per-channel weights).
 * qw: QuantizedWeight [N, K] on the same device, int4 or int8, any group size, any mode, any scale dtype.
   Each kernel reads its own layout of it (built on first use, cached).

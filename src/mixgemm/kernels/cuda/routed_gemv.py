@@ -10,9 +10,8 @@ a tile of rows (so that slots of one expert, adjacent where the caller sorts the
 Why: a decoding MoE layer otherwise runs each routed expert's projections as layers of their own, which needs the
 routing on the host (a synchronisation per layer, and no CUDA graph) and two launches per routed expert -- 16 for
 Qwen3-MoE's top 8 --, where an eager decode step is bound by its host time. Here it is two launches a layer and no
-host round trip. The tile is the M = 1 tile (kernels.cuda_gemv_mma.host.wg_simt_config) of an S x N-row layer: the
-launch
-puts S x N rows on the SMs, as one layer of that height would.
+host round trip. The tile is the M = 1 tile (kernels.cuda_gemv_wg_simt.host.wg_simt_config) of an S x N-row layer:
+the launch puts S x N rows on the SMs, as one layer of that height would.
 
 x: float16 / bfloat16 [R, K] (R * x_div == S) on an sm_90 GPU; returns [S, N] in x.dtype on the current stream,
 capturable in a CUDA graph once compiled (no host synchronisation; the only allocation is the output, and a padded
@@ -30,7 +29,7 @@ import torch
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda.gemv_launch import _ACT, _MODE, _SCL
 from mixgemm.kernels.cuda.launch import LaunchCache, new_rows, pdl_on
-from mixgemm.kernels.cuda_gemv_mma.host import SIMT_KERNEL, SIMT_SOURCE, simt_defines_for, wg_simt_config
+from mixgemm.kernels.cuda_gemv_wg_simt.host import SIMT_KERNEL, SIMT_SOURCE, simt_defines_for, wg_simt_config
 from mixgemm.kernels.cuda_wgmma.layout import WgmmaLayout
 
 # the per-call parameters' positions in the kernel's parameter list (_args)

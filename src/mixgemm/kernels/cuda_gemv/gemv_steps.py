@@ -130,14 +130,15 @@ WG_SIMT_CLASSES = ((1, 1, 0), (1, 1, 1), (1, 2, 0), (1, 2, 1), (2, 1, 1), (2, 2,
 WG_SIMT_K_SLICES = (2, 4, 8, 16, 32)
 
 # Registers per thread of each gemv_wg_simt.cu build of the tile space at M = 1 with fp16 scales (NVRTC 13.0, sm_90, the
-# GPUs' compiler), by (bits, mode, activation: 0 fp16 / 1 bf16, groups of 32: 0 / 1, SIMT_G32) and (RT, U, PF, KS,
-# RG); zero point and offset with PACK where PF is on, as the dispatcher runs them (gemv.wg_simt_packs). Within one
-# (RT, U, PF) class they differ by up to 20 with KS and RG, which moves the resident blocks the rounds count (the model
-# fitted with each build's own count chose 1.010x / 1.017x the fastest tile's time on the H100 sweep, with each
-# class's largest count 1.016x / 1.027x); bf16 x (the exact-fp16 conversion) moves 6-17 of the 57 tiles' resident
-# warps, groups of 32 (GGUF blocks) 28-36 against groups of 128, bf16 scales at most 2 (not kept: the model counts
-# fp16 scales' builds). tests/test_gemv_steps.py checks the table covers the space and, where this machine's NVRTC is
-# 13.0, matches it. Source: tools/bench/wg_simt_fit.py --registers (any machine with NVRTC 13.0; no GPU).
+# GPUs' compiler), by (bits, mode, activation: 0 fp16 / 1 bf16, groups of 32: 0 / 1, SIMT_G32) and (RT, U, PF, KS, RG);
+# zero point and offset with PACK where PF is on, as the dispatcher runs them
+# (kernels.cuda_gemv_wg_simt.host.wg_simt_packs). Within one (RT, U, PF) class they differ by up to 20 with KS and RG,
+# which moves the resident blocks the rounds count (the model fitted with each build's own count chose 1.010x / 1.017x
+# the fastest tile's time on the H100 sweep, with each class's largest count 1.016x / 1.027x); bf16 x (the exact-fp16
+# conversion) moves 6-17 of the 57 tiles' resident warps, groups of 32 (GGUF blocks) 28-36 against groups of 128, bf16
+# scales at most 2 (not kept: the model counts fp16 scales' builds). tests/test_gemv_steps.py checks the table covers
+# the space and, where this machine's NVRTC is 13.0, matches it. Source: tools/bench/wg_simt_fit.py --registers (any
+# machine with NVRTC 13.0; no GPU).
 WG_SIMT_REGISTERS = {
     (4, "sym", 0, 0): {
         (1, 1, 0, 2, 2): 45, (1, 1, 0, 2, 4): 45, (1, 1, 0, 4, 1): 40, (1, 1, 0, 4, 2): 45, (1, 1, 0, 8, 1): 40,
@@ -280,7 +281,7 @@ class WgSimtStepTile:
     RG: int
 
     def config(self) -> dict:
-        return {"WG": 1, "SIMT": 1, "RT": self.RT, "U": self.U, "PF": self.PF, "KS": self.KS, "RG": self.RG}
+        return {"RT": self.RT, "U": self.U, "PF": self.PF, "KS": self.KS, "RG": self.RG}
 
     @property
     def step_class(self) -> tuple[int, int, int]:

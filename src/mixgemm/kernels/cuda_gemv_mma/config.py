@@ -1,5 +1,4 @@
-"""The tensor-core GEMV's config (gemv_mma.cu, and with WG and SIMT at M = 1 gemv_wg_simt.cu): what each short key
-means and the MMA_* / SIMT_* macro it sets."""
+"""The tensor-core GEMV's config (gemv_mma.cu): what each short key means and the MMA_* macro it sets."""
 
 from __future__ import annotations
 
@@ -13,10 +12,7 @@ class GemvMmaConfig(KernelConfig):
     # macros the problem (or another build) sets, not the config
     derived = {"MMA_BITS": "weight bits", "MMA_ACT": "activation dtype code (fp16 0, bf16 1)",
                "MMA_SCL": "scale dtype code", "MMA_MODE": "sym 0, zero_point 1, offset 2",
-               "MMA_MB": "mma n-blocks of 8 x rows (1: M <= 8, 2: M <= 16)",
-               "SIMT_BITS": "weight bits", "SIMT_ACT": "activation dtype code", "SIMT_SCL": "scale dtype code",
-               "SIMT_MODE": "sym 0, zero_point 1, offset 2",
-               "SIMT_ROUTED": "the experts' routed GEMV build (kernels/cuda/routed_gemv.py), not this entry's"}
+               "MMA_MB": "mma n-blocks of 8 x rows (1: M <= 8, 2: M <= 16)"}
 
     k_tiles_in_flight: int | None = knob("U", "k-tiles each warp loads per step (the step's unroll)", None, "MMA_U",
                                          always=True)
@@ -41,9 +37,6 @@ class GemvMmaConfig(KernelConfig):
                             "MMA_WG")
     two_groups_per_tile: int = knob("G32", "with WG: groups of 32, two parameter sets per 64-k tile (set by the "
                                            "host)", 0, "MMA_G32")
-    serves_blocks_per_sm: int = knob("BPS", "a measured SIMT tile's bound: the blocks per SM up to which it serves its "
-                                             "bucket (0: any; read by the tile rule, not the kernel)", 0)
-    cuda_cores: int = knob("SIMT", "with WG at M = 1: CUDA-core math on wgmma_v1 (gemv_wg_simt.cu)", 0)
     gathers_x: int = knob("PERM", "act-order: the kernel reads x through the layer's permutation (set by the host)",
                           0, "MMA_PERM")
     reads_rows_v1: int = knob("ROWS", "int8 codes and parameters read from rows_v1 (a weight kept there)", 0,
@@ -81,23 +74,3 @@ class GemvMmaConfig(KernelConfig):
             if self.two_groups_per_tile:
                 d["MMA_G32"] = 1
         return d
-
-    def build_simt_defines(self, bits: int, act: int, scl: int, mode: int, pair_packs: bool) -> dict:
-        """NVRTC -D macros of one gemv_wg_simt.cu instantiation (M = 1 on wgmma_v1); PACK and MINB only appear when
-        set."""
-        self._check()
-        d = {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode,
-             "SIMT_G32": self.two_groups_per_tile, "SIMT_RT": self.row_tiles_per_warp,
-             "SIMT_U": self.k_tiles_in_flight, "SIMT_RG": self.row_groups, "SIMT_KS": self.k_slices,
-             "SIMT_PF": self.prefetch}
-        if self.packed_params and pair_packs:
-            d["SIMT_PACK"] = 1
-        if self.min_blocks_per_sm:
-            d["SIMT_MINB"] = self.min_blocks_per_sm
-        return d
-
-
-# the keys each source reads, for the glossary test: gemv_wg_simt.cu's SIMT_<key> macros name the same fields
-SIMT_DEFINES = {"SIMT_G32": "two_groups_per_tile", "SIMT_RT": "row_tiles_per_warp", "SIMT_U": "k_tiles_in_flight",
-                "SIMT_RG": "row_groups", "SIMT_KS": "k_slices", "SIMT_PF": "prefetch", "SIMT_PACK": "packed_params",
-                "SIMT_MINB": "min_blocks_per_sm"}
