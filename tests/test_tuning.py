@@ -162,6 +162,25 @@ def test_cached_config_is_used_explained_and_overridden(tmp_path):
         assert c.kernel == "triton_gemm" and c.config_source.startswith("h100 table, gemm w4g")
 
 
+def test_a_stale_cached_config_is_skipped_with_a_warning(tmp_path):
+    """A cache an older mixgemm wrote, whose config an entry no longer takes (cuda_gemv_mma's former SIMT key), is
+    skipped with one warning naming the file: the entry's own config runs, as a cached entry choice's does."""
+    qw = _qw(4096, 4096)
+    p = _problem(2, qw)
+    own = choose(p)
+    assert own.kernel == "cuda_gemv_mma"
+    stale = {**own.config, "SIMT": 1}
+    _write_cache(tmp_path / "tuning.json", H100.name, {tcache.bucket_key(p, "cuda_gemv_mma"): stale})
+    with pytest.warns(RuntimeWarning, match=r"ignoring the tuning cache's cuda_gemv_mma config at .*tuning.json.*"
+                                            r"unknown config key 'SIMT'"):
+        c = choose(p)
+    assert c.kernel == "cuda_gemv_mma" and c.config == own.config and "tuning cache" not in c.config_source
+    p1 = _problem(1, qw)
+    _write_choice(tmp_path / "tuning.json", H100.name, p1, "cuda_gemv_mma", stale)
+    with pytest.warns(RuntimeWarning, match="unknown config key 'SIMT'"):
+        assert choose(p1).kernel == "cuda_gemv"  # the stale choice is skipped: the list's own pick
+
+
 def test_cache_of_another_gpu_is_ignored(tmp_path):
     qw = _qw(2048, 2048)
     p = _problem(64, qw)

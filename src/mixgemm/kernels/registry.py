@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -377,8 +378,8 @@ def _cached_choice(problem: Problem, lst, opts: KernelOptions) -> Choice | None:
     source = "kernel_options(configs=...)" if forced is not None else f"tuning cache {where}"
     cfg = dict(forced if forced is not None else cfg)
     if e.complete is not None:
-        cfg = e.complete(problem, cfg)
-    if resident_reason(e, problem, cfg) is not None:
+        cfg = e.complete(problem, cfg) if forced is not None else _complete_cached(e, problem, cfg, where)
+    if cfg is None or resident_reason(e, problem, cfg) is not None:
         return None
     declined = tuple((x.name, f"the tuning cache chose {name} for this bucket") for x in lst[:lst.index(e)])
     return Choice(e, cfg, declined, problem, source, *_perm_fields(e, problem, cfg))
@@ -415,12 +416,30 @@ def _config(e: KernelEntry, problem: Problem, opts: KernelOptions) -> tuple[dict
     if forced is None and e.candidates is not None:
         hit = cache.lookup(problem, e.name)
         if hit is not None:
-            forced, path = hit
-            source = f"tuning cache {path}"
+            cfg = _complete_cached(e, problem, *hit) if e.complete is not None else dict(hit[0])
+            if cfg is not None:
+                return cfg, f"tuning cache {hit[1]}"
     if forced is None:
         cfg = e.config(problem)  # a tuning-table config carries its bucket and source (mixgemm.tuning.buckets)
         return (None if cfg is None else dict(cfg)), getattr(cfg, "source", "")
     return (e.complete(problem, dict(forced)) if e.complete is not None else dict(forced)), source
+
+
+_STALE_WARNED: set = set()
+
+
+def _complete_cached(e: KernelEntry, problem: Problem, config: dict, where: str) -> dict | None:
+    """A tuning cache's config completed by its entry, or None (with one warning a cache entry) where the entry no
+    longer takes it: a cache written by an older mixgemm whose kernel configs have changed since is skipped, never an
+    error in the user's call."""
+    try:
+        return e.complete(problem, dict(config))
+    except (ValueError, TypeError) as err:
+        if where not in _STALE_WARNED:
+            _STALE_WARNED.add(where)
+            warnings.warn(f"mixgemm: ignoring the tuning cache's {e.name} config at {where}: {err} (written by an "
+                          "older mixgemm? run `mixgemm tune` again)", RuntimeWarning, stacklevel=3)
+        return None
 
 
 def _names(v: str | Iterable[str] | None) -> frozenset:
