@@ -707,7 +707,7 @@ def test_gguf_moe_file_decodes_routed_on_cuda(tmp_path):
     from gguf_fixtures import write_tiny_qwen3_moe
 
     f = write_tiny_qwen3_moe(str(tmp_path))
-    cpu = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+    cpu = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, dtype=torch.float32)
     gpu = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, device="cuda", dtype=torch.float16, progress=False)
     ids = torch.randint(0, 320, (1, 6), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():

@@ -19,7 +19,7 @@ pytest.importorskip("accelerate")  # transformers' GGUF loading needs it
 def tiny(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("gguf"))
     f = write_tiny_llama(d)
-    ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
+    ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False, dtype=torch.float32)
     ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
     return d, f, ours, ref
 
@@ -61,7 +61,8 @@ def test_low_bit_types_requantized_at_the_width_asked(tmp_path):
                          name="low.gguf")
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=f, dtype=torch.float32).eval()
     for bits in (8, 4):
-        m = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, gguf_requantize_bits=bits)
+        m = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, dtype=torch.float32,
+                                    gguf_requantize_bits=bits)
         for name, qtype in (("model.layers.0.mlp.up_proj", "Q2_K"), ("model.layers.0.mlp.gate_proj", "Q3_K"),
                             ("model.layers.0.self_attn.o_proj", "IQ4_XS")):
             layer = m.get_submodule(name)
@@ -74,14 +75,14 @@ def test_low_bit_types_requantized_at_the_width_asked(tmp_path):
             assert m.mixgemm_report.inexact[name] == f"GGUF {qtype} re-quantized to {bits}-bit group 32"
             assert within_half_step(got, want, layer.scales), (name, bits)
     with pytest.raises(ValueError, match="gguf_requantize_bits must be 8 or 4"):
-        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, gguf_requantize_bits=2)
+        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, dtype=torch.float32, gguf_requantize_bits=2)
 
 
 def test_float_linears_stay_float_or_quantize_on_load(tmp_path):
     f = write_tiny_llama(str(tmp_path), types={"output": "F32"}, name="f32out.gguf")
-    m = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+    m = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, dtype=torch.float32)
     assert type(m.lm_head) is torch.nn.Linear and "lm_head" in m.mixgemm_report.skipped
-    q = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False,
+    q = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, dtype=torch.float32,
                                 quantization_config=mixgemm.W8A16(group_size=32))
     assert isinstance(q.lm_head, QuantLinear) and q.lm_head.bits == 8
     ref = mixgemm.QuantLinear.from_linear(m.lm_head, mixgemm.W8A16(group_size=32).weight_config())
@@ -94,7 +95,7 @@ def test_truncated_gguf_is_an_error_naming_the_file(tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="cut.gguf"):
-        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_moe_experts_load_quantized_and_match_transformers(tiny_moe, rel_err):
     from mixgemm.nn.experts import QuantizedExperts
 
     d, f, ref = tiny_moe
-    ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
+    ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False, dtype=torch.float32)
     report = ours.mixgemm_report
     assert report.ignored == [] and report.inexact == {}
     for i, layer in enumerate(ours.model.layers):
@@ -142,7 +143,7 @@ def test_moe_experts_of_inexact_or_float_types(tmp_path, rel_err):
     d = str(tmp_path)
     f = write_tiny_qwen3_moe(d, types={"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q6_K", "ffn_down_exps": "Q6_K"},
                              name="k.gguf", hidden=256)
-    ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
+    ours = mixgemm.from_pretrained(d, gguf_file=f, progress=False, dtype=torch.float32)
     assert not ours.mixgemm_report.inexact  # Q4_K, and Q6_K in 8-bit groups of 16: exact
     gate_up0 = ours.model.layers[0].mlp.experts.gate_up_proj[0]  # Q4_K gate rows beside Q6_K up rows: groups of 16
     assert (gate_up0.bits, gate_up0.config.group_size, gate_up0.mode) == (8, 16, "offset")
@@ -150,13 +151,13 @@ def test_moe_experts_of_inexact_or_float_types(tmp_path, rel_err):
     gate_up, down = _experts_weights(ours.model.layers[0].mlp.experts)
     assert torch.equal(gate_up, ref.model.layers[0].mlp.experts.gate_up_proj.detach())
     assert torch.equal(down, ref.model.layers[0].mlp.experts.down_proj.detach())
-    four = mixgemm.from_pretrained(d, gguf_file=f, progress=False, gguf_requantize_bits=4)
+    four = mixgemm.from_pretrained(d, gguf_file=f, progress=False, dtype=torch.float32, gguf_requantize_bits=4)
     assert four.mixgemm_report.inexact["model.layers.0.mlp.experts.down_proj.2"].startswith("GGUF Q6_K re-quantized")
 
     f = write_tiny_qwen3_moe(d, types={"ffn_gate_exps": "F16", "ffn_up_exps": "F16", "ffn_down_exps": "F32"},
                              name="f.gguf")
     ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-    plain = mixgemm.from_pretrained(d, gguf_file=f, progress=False)
+    plain = mixgemm.from_pretrained(d, gguf_file=f, progress=False, dtype=torch.float32)
     experts = plain.model.layers[1].mlp.experts
     assert not isinstance(experts, QuantizedExperts)
     assert "stored as float" in plain.mixgemm_report.skipped["model.layers.1.mlp.experts"]
@@ -175,7 +176,7 @@ def test_moe_file_missing_an_expert_tensor_is_an_error(tmp_path):
 
     f = write_tiny_qwen3_moe(str(tmp_path), drop=("blk.1.ffn_up_exps.weight",), name="cut.gguf")
     with pytest.raises(ValueError, match=r"lacks expert tensors of \['model.layers.1.mlp.experts.gate_up_proj'"):
-        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+        mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, dtype=torch.float32)
 
 
 def test_moe_expert_width_read_from_the_file(tmp_path):
@@ -186,7 +187,7 @@ def test_moe_expert_width_read_from_the_file(tmp_path):
     from gguf_fixtures import write_tiny_qwen3_moe
 
     f = write_tiny_qwen3_moe(str(tmp_path), expert_ffn=256, name="w256.gguf")
-    ours = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False)
+    ours = mixgemm.from_pretrained(str(tmp_path), gguf_file=f, progress=False, dtype=torch.float32)
     assert ours.config.moe_intermediate_size == 256
     reader = gguf.GGUFReader(str(tmp_path / f))
     down = next(t for t in reader.tensors if t.name == "blk.0.ffn_down_exps.weight")

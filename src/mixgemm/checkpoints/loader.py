@@ -437,7 +437,10 @@ def _load_gguf(directory, file_name, quantization_config, filter_fn, device, dty
     names = gguf_file.name_map(model, processor, arch)
     linears = _linears(model)
     tied = _tied_names(model)
-    dtype = torch.float32 if dtype is None else dtype
+    if dtype is None:
+        # on the CPU torch's int4 / int8 kernels run bfloat16 activations (float32 takes the dequantize-per-call path,
+        # several times slower than a float model); on a GPU float32 as the file's float tensors are
+        dtype = torch.bfloat16 if torch.device(device).type == "cpu" else torch.float32
     report = LoadReport(source=f"GGUF {file_name}")
     float_linears = []
     experts = gguf_experts.GgufExperts(model, names)
@@ -534,9 +537,10 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
 
     path: a checkpoint directory, or a .gguf file. gguf_file: the GGUF file's name inside ``path`` (as
     transformers takes it). device: where the model is built (default CPU). dtype: the dtype of the tensors that
-    stay float (embeddings, norms, biases, Linears left float), which the model computes in; default: the
-    checkpoint's, float32 for GGUF, and bfloat16 for other producers' quantized checkpoints (GPTQ, AWQ,
-    compressed-tensors) on the CPU, where torch's int4 / int8 kernels run (float32 on request: exact).
+    stay float (embeddings, norms, biases, Linears left float), which the model computes in; default: bfloat16 on
+    the CPU for GGUF and for other producers' quantized checkpoints (GPTQ, AWQ, compressed-tensors), where torch's
+    int4 / int8 kernels run (float32 on request: exact, several times slower); else the checkpoint's (float32 for
+    GGUF).
     quantization_config: W4A16 / W8A16 / W8A8 / W4A8 to quantize a float checkpoint (or a GGUF file's float
     Linears) while loading, each layer on ``device`` as it is read (``method="hqq"`` optimizes its codes there,
     without the input weighting quantize_ adds: ``model.mixgemm_report.hqq_inputs``);
