@@ -142,13 +142,14 @@ def test_compacted_m1_tiles_as_before(case):
 
 @pytest.mark.parametrize("case", LAUNCHES, ids=lambda c: "-".join(map(str, c[0])))
 def test_launches_as_before(case, monkeypatch):
-    """The prepared launch of the chosen tile: the same source's kernel, defines, grid and block as before."""
+    """The prepared launch of the chosen tile: the same source's kernel, defines, grid and block as before, and the
+    GEMVs' parameter list ending in k-tiles, groups, log2 group, M = 1 and no permutation."""
     problem, grid, threads, defines = case
     p = _problem(*problem)
     got = {}
 
     def prepare_launch(fn, dev, grid, block, args, smem=0, pdl=False, first_without_pdl=False):
-        got.update(fn=fn, grid=grid, block=block, smem=smem)
+        got.update(fn=fn, grid=grid, block=block, smem=smem, args=[a.value for a in args])
         return SimpleNamespace(params=SimpleNamespace(values=[], lock=None))
 
     monkeypatch.setattr(nvrtc, "get_function", lambda src, kernel, defs, dev: (src, kernel, defs))
@@ -164,6 +165,7 @@ def test_launches_as_before(case, monkeypatch):
     want = {f"SIMT_{k}": int(v) for k, v in (kv.split("=") for kv in defines.split())}
     assert got["fn"] == ("cuda_gemv_wg_simt/gemv_wg_simt.cu", "mixgemm_gemv_wg_simt", want)
     assert (got["grid"], got["block"], got["smem"]) == ((grid, 1, 1), (threads, 1, 1), 0)
+    assert len(got["args"]) == 16 and got["args"][-5:] == [kt, p.num_groups, 7, 1, None]
 
 
 def test_can_run_rules():

@@ -140,6 +140,13 @@ def _common_args(lay, n: int) -> list:
     ]
 
 
+def k_tile_args(lay, n: int, m: int) -> list:
+    """The whole parameter list of the GEMVs on k-tiled layouts (gemv_mma.cu, gemv_wg_simt.cu): _common_args, then
+    k-tiles, groups, log2 group, M and the kernel permutation (none when prepared; an act-order call writes it)."""
+    return _common_args(lay, n) + [ctypes.c_int(lay.k_tiles), ctypes.c_int(lay.num_groups), ctypes.c_int(lay.gk),
+                                   ctypes.c_int(m), ctypes.c_void_p(0)]
+
+
 class GemvLaunch:
     """A GEMV launch prepared for one weight, M and activation dtype (a call plan's launch): a call makes the output,
     writes the x / y / bias / clamp parameters and launches on the current stream. It holds the layout, so the

@@ -7,7 +7,6 @@ mixgemm.kernels.cuda.gemv_launch's.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 
 import torch
@@ -20,8 +19,8 @@ from mixgemm.kernels.cuda.gemv_launch import (
     _SCL,
     WARPS,
     GemvLaunch,
-    _common_args,
     _prepare_and_run,
+    k_tile_args,
     param_pair_packs,
     wave_efficiency,
 )
@@ -459,13 +458,7 @@ def prepare_mma(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torch.de
     nt = -(-n // 16)
     grid = (-(-nt // (cfg["RG"] * cfg.get("RT", 1))), 1, 1)
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
-    args = _common_args(lay, n) + [
-        ctypes.c_int(lay.k_tiles),
-        ctypes.c_int(lay.num_groups),
-        ctypes.c_int(lay.gk),
-        ctypes.c_int(m),
-        ctypes.c_void_p(0),  # the kernel permutation (per call; act-order only)
-    ]
+    args = k_tile_args(lay, n, m)
     pdl = pdl_on(dev)
     return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, smem, pdl=pdl, first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)

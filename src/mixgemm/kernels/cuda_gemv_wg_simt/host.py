@@ -7,7 +7,6 @@ one row of x without a permutation.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 
@@ -20,8 +19,8 @@ from mixgemm.kernels.cuda.gemv_launch import (
     _MODE,
     _SCL,
     GemvLaunch,
-    _common_args,
     _prepare_and_run,
+    k_tile_args,
     param_pair_packs,
 )
 from mixgemm.kernels.cuda.launch import pdl_on
@@ -256,12 +255,6 @@ def prepare_wg_simt(qw: QuantizedWeight, m: int, x_dtype: torch.dtype, dev: torc
     fn = nvrtc.get_function(SIMT_SOURCE, SIMT_KERNEL, defines, dev)
     grid = (-(-n // (16 * cfg["RG"] * cfg.get("RT", 1))), 1, 1)
     block = (32 * cfg["RG"] * cfg["KS"], 1, 1)
-    args = _common_args(lay, n) + [
-        ctypes.c_int(lay.k_tiles),
-        ctypes.c_int(lay.num_groups),
-        ctypes.c_int(lay.gk),
-        ctypes.c_int(m),
-        ctypes.c_void_p(0),  # the kernel permutation slot of the GEMVs' parameter list (none here)
-    ]
+    args = k_tile_args(lay, n, m)
     return GemvLaunch(nvrtc.prepare_launch(fn, dev, grid, block, args, 0, pdl=pdl_on(dev), first_without_pdl=fresh),
                       lay, m, n, x_dtype, dev)
