@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mixgemm.formats.weight import partial_group
+
 ACT_MODES = ("sym", "asym", "sym_full")
 # The modes the integer GEMM runs with a zero offset (codes times scale only)
 SYMMETRIC_ACT_MODES = ("sym", "sym_full")
@@ -48,9 +50,9 @@ def act_block_size(k: int, group_size: int, act_block: str) -> int:
     """The activation quantization block along K for a weight with ``group_size`` (-1: per-channel): the weight's
     group (K for per-channel weights), or K for "token". The int8-activation format takes whole groups: a weight
     whose K ends in a partial group is an error."""
-    if group_size != -1 and k % group_size:
-        raise ValueError(f"K={k} ends in a partial group of {k % group_size} (group size {group_size}): int8 "
-                         "activations need whole groups (a group size that divides K, or per-channel)")
+    if partial := partial_group(k, group_size):
+        raise ValueError(f"{partial}: int8 activations need whole groups (a group size that divides K, or "
+                         "per-channel)")
     return k if act_block == "token" or group_size == -1 else group_size
 
 

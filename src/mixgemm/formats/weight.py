@@ -348,9 +348,22 @@ def pad_to_groups(t: torch.Tensor, g: int, ng: int, value=None) -> torch.Tensor:
     return torch.cat([t, fill], dim=-1)
 
 
-def per_k(params: torch.Tensor, g: int, k: int) -> torch.Tensor:
-    """Group parameters [..., G] spread over the k they cover: [..., K] (the partial last group's too)."""
-    return params.repeat_interleave(g, dim=-1)[..., :k]
+def scale_and_shift(q: torch.Tensor, s: torch.Tensor, m: torch.Tensor, g: int) -> torch.Tensor:
+    """q * s + m with each group's parameters: q [R, K] float, s and m [R, G] -> [R, K] in q's dtype, the parameters
+    broadcast over each group's k (no per-k copy of them; a partial last group is padded for the product and cut
+    after it)."""
+    r, k = q.shape
+    ng = s.shape[-1]
+    w = torch.addcmul(m[..., None], pad_to_groups(q, g, ng, value=0).view(r, ng, g), s[..., None]).view(r, ng * g)
+    return w if ng * g == k else w[:, :k].contiguous()
+
+
+def partial_group(k: int, group_size: int) -> str | None:
+    """"K=... ends in a partial group of ... (group size ...)" where ``group_size`` (-1: per-channel) does not divide
+    k, else None: what the paths that take whole groups only say before their reason."""
+    if group_size == PER_CHANNEL or k % group_size == 0:
+        return None
+    return f"K={k} ends in a partial group of {k % group_size} (group size {group_size})"
 
 
 def group_lengths(k: int, g: int, ng: int, device=None) -> torch.Tensor:
@@ -450,10 +463,8 @@ def quantize_weight(weight: torch.Tensor, config: QuantConfig | None = None, **k
 
 def dequantize_weight(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Float weight [N, K] of the given dtype, computed exactly in float64 then cast."""
-    n, k = qw.shape
     s, m = qw.group_params_float64()
-    g = qw.group_size
-    return (qw.codes().double() * per_k(s, g, k) + per_k(m, g, k)).to(dtype)
+    return scale_and_shift(qw.codes().double(), s, m, qw.group_size).to(dtype)
 
 
 def from_codes(

@@ -16,6 +16,12 @@ from mixgemm.kernels.registry import Problem
 
 
 # ------------------------------------------------------------------------------------------------------ GEMVs
+def in_gemv_mma_m1(p: Problem) -> bool:
+    """Whether the GPU's table sends the plain codes' fp16 M = 1 call on this layer to the tensor-core GEMV
+    (gemv_mma_m1 buckets: cuda_gemv_mma takes it there, cuda_gemv_wg_simt leaves it to it on wgmma_v1 too)."""
+    return tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is not None
+
+
 def gemv_reason(p: Problem, dtypes) -> str | None:
     if not p.device.is_cuda:
         return "needs a CUDA device"

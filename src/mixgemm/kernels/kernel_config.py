@@ -46,6 +46,13 @@ class KernelConfig:
         return {f.metadata["define"]: int(getattr(self, f.name)) for f in fields(self)
                 if f.metadata["define"] and getattr(self, f.name) is not None}
 
+    def check_core_keys(self, what: str) -> None:
+        """ValueError naming the first core key (a field without a default value, None) this config leaves unset;
+        ``what`` names the kernel in the message."""
+        for f in fields(self):
+            if getattr(self, f.name) is None:
+                raise ValueError(f"{what} config: key {f.metadata['key']} missing")
+
     def as_dict(self) -> dict:
         """{short key: value} of every field (to_dict leaves out the fields at their defaults)."""
         return {f.metadata["key"]: getattr(self, f.name) for f in fields(self)}

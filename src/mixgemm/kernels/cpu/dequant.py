@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.formats.packing import unpack_codes
-from mixgemm.formats.weight import QuantizedWeight, per_k
+from mixgemm.formats.weight import QuantizedWeight, scale_and_shift
 
 BLOCK_ELEMS = 1 << 22
 
@@ -44,8 +44,7 @@ def dequant_linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | No
     packed = qw.packed()  # (a compacted weight's codes rebuilt from its resident layout)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        q = unpack_codes(packed[r0:r1], qw.bits, k).float()
-        w = torch.addcmul(per_k(m[r0:r1], g, k), q, per_k(s[r0:r1], g, k))
+        w = scale_and_shift(unpack_codes(packed[r0:r1], qw.bits, k).float(), s[r0:r1], m[r0:r1], g)
         y[:, r0:r1] = F.linear(x2, w)
     if bias is not None:
         y += bias.float()

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from mixgemm.epilogue import clamp_bounds
-from mixgemm.formats.weight import NARROW_GROUP, QuantizedWeight
+from mixgemm.formats.weight import NARROW_GROUP, QuantizedWeight, partial_group
 
 KERNEL_GROUPS = (256, 128, 64, 32)  # group sizes _weight_int4pack_mm_for_cpu accepts, largest first
 INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu: "expect N to be dividable by 16"
@@ -189,9 +189,8 @@ def cpu_can_run(x: torch.Tensor, qw: QuantizedWeight) -> tuple[bool, str]:
         return False, f"x on {x.device}, weight on {qw.device}: the CPU kernels take CPU tensors"
     if qw.resident is not None:
         return False, f"the weight keeps only its {qw.resident} layout (compacted); torch's kernels need their own"
-    if qw.in_features % qw.group_size:
-        return False, (f"K={qw.in_features} ends in a partial group of {qw.in_features % qw.group_size} (group size "
-                       f"{qw.group_size}): torch's CPU int4 / int8 kernels take whole groups")
+    if partial := partial_group(qw.in_features, qw.group_size):
+        return False, f"{partial}: torch's CPU int4 / int8 kernels take whole groups"
     if x.dtype != torch.bfloat16:
         return False, (f"{x.dtype} activations: torch's CPU int4/int8 kernels are fast in bfloat16 only (their "
                        "float32 / float16 paths are scalar loops on CPUs without AVX-512)")

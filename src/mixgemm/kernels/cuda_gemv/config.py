@@ -48,9 +48,7 @@ class GemvConfig(KernelConfig):
     def build_defines(self, bits: int, act: int, scl: int, mode: int, m: int) -> dict:
         """NVRTC -D macros of one gemv.cu instantiation. The optional keys (MINB, XS, LITE, PERM, ZSUM, BULK, BPAR,
         LW, ROWS) only appear when set, so default compile keys are unchanged."""
-        for key in ("R", "U", "RG", "KS"):
-            if getattr(self, self.keys()[key]) is None:
-                raise ValueError(f"CUDA-core GEMV config: key {key} missing")
+        self.check_core_keys("CUDA-core GEMV")
         d = {"GEMV_BITS": bits, "GEMV_ACT": act, "GEMV_SCL": scl, "GEMV_MODE": mode, "GEMV_M": m,
              "GEMV_R": self.rows_per_warp, "GEMV_U": self.chunks_in_flight, "GEMV_RG": self.row_groups,
              "GEMV_KS": self.k_slices, "GEMV_PF": self.prefetch}

@@ -28,7 +28,7 @@ def can_run(p: Problem):
         return prefer_not(why)
     if p.resident == WGMMA_V1.name:
         return OK  # a compacted weight: the CUDA-core GEMV on plain codes is not there to prefer
-    if p.x_dtype == torch.float16 and p.m == 1 and not _in_gemv_mma_m1(p):
+    if p.x_dtype == torch.float16 and p.m == 1 and not crossover.in_gemv_mma_m1(p):
         return prefer_not(f"fp16 at M = 1 outside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets "
                           "for this bit width: the CUDA-core GEMV measured faster")
     if (p.x_dtype == torch.bfloat16 and p.m == 1
@@ -83,10 +83,6 @@ def _wg_16row(p: Problem) -> bool:
     gemv_mma_wg_16row)."""
     return "gemv_mma_wg_16row" in p.device.table
 
-
-def _in_gemv_mma_m1(p: Problem) -> bool:
-    """Whether the GPU's table sends the plain codes' fp16 M = 1 call on this layer to the tensor-core GEMV."""
-    return tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is not None
 
 
 def complete(p: Problem, forced: dict) -> dict:

@@ -42,16 +42,11 @@ class GemvMmaConfig(KernelConfig):
     reads_rows_v1: int = knob("ROWS", "int8 codes and parameters read from rows_v1 (a weight kept there)", 0,
                               "MMA_ROWS")
 
-    def _check(self) -> None:
-        for key in ("U", "RG", "KS"):
-            if getattr(self, self.keys()[key]) is None:
-                raise ValueError(f"tensor-core GEMV config: key {key} missing")
-
     def build_defines(self, bits: int, act: int, scl: int, mode: int, mb: int, pair_packs: bool) -> dict:
         """NVRTC -D macros of one gemv_mma.cu instantiation; pair_packs: the format has a 16-bit parameter pair
         (PACK applies). DEFER, PERM, EARLY, RT > 1, MINB > 1, PACK, ROWS and WG only appear when set, so the earlier
         compile keys stay."""
-        self._check()
+        self.check_core_keys("tensor-core GEMV")
         d = {"MMA_BITS": bits, "MMA_ACT": act, "MMA_SCL": scl, "MMA_MODE": mode, "MMA_MB": mb,
              "MMA_U": self.k_tiles_in_flight, "MMA_RG": self.row_groups, "MMA_KS": self.k_slices,
              "MMA_PF": self.prefetch}

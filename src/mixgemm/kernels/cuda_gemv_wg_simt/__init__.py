@@ -55,7 +55,7 @@ def _compact_tile(p: Problem) -> tuple[dict | None, str]:
     from mixgemm.kernels.cuda_gemv_wg_simt.host import ModelledConfig, wg_simt_modelled
 
     one = _wg_simt_one_step(p)
-    if one is None and _in_gemv_mma_m1(p):
+    if one is None and crossover.in_gemv_mma_m1(p):
         return None, (f"M = 1 inside the {p.device.table.get('name', '?')} table's gemv_mma_m1 buckets: the "
                       "tensor-core GEMV's k-split measured faster there, on wgmma_v1 too")
     tile = one if one is not None else _wg_simt_config(p, one_step=False)
@@ -110,10 +110,6 @@ def _g32(p: Problem) -> int:
     """1 for groups of 32 (two parameter sets per 64-k tile: the G32 build), else 0."""
     return int(p.group_size == 32)
 
-
-def _in_gemv_mma_m1(p: Problem) -> bool:
-    """Whether the GPU's table sends the plain codes' fp16 M = 1 call on this layer to the tensor-core GEMV."""
-    return tuning.gemv_mma_m1_entry(p.device.table, p.bits, p.k, p.n) is not None
 
 
 def complete(p: Problem, forced: dict) -> dict:

@@ -36,9 +36,7 @@ class GemvWgSimtConfig(KernelConfig):
     def build_defines(self, bits: int, act: int, scl: int, mode: int, pair_packs: bool) -> dict:
         """NVRTC -D macros of one gemv_wg_simt.cu instantiation; pair_packs: the format has a 16-bit parameter pair
         (PACK applies). PACK and MINB only appear when set, so the earlier compile keys stay."""
-        for key in ("U", "RG", "KS"):
-            if getattr(self, self.keys()[key]) is None:
-                raise ValueError(f"CUDA-core GEMV on wgmma_v1 config: key {key} missing")
+        self.check_core_keys("CUDA-core GEMV on wgmma_v1")
         d = {"SIMT_BITS": bits, "SIMT_ACT": act, "SIMT_SCL": scl, "SIMT_MODE": mode,
              "SIMT_G32": self.two_groups_per_tile, "SIMT_RT": self.row_tiles_per_warp,
              "SIMT_U": self.k_tiles_in_flight, "SIMT_RG": self.row_groups, "SIMT_KS": self.k_slices,
