@@ -328,6 +328,70 @@ def test_a8_entries_reasons():
         _explain(64, _qw(64, 192, group_size=64), act_mode="sym")
 
 
+def test_one_by_one_conv_takes_its_race():
+    """A 1x1 conv's GEMM route (conv_as_matmul) runs where the layer's race measured it faster than the implicit GEMM
+    below it; unraced, the entry below runs; a layer this GPU's conv sweep measured keeps the sweep's path."""
+    from dataclasses import replace
+
+    from mixgemm.kernels.conv_as_matmul import NAME
+    from mixgemm.kernels.conv_geometry import conv_problem, conv_race_key
+    from mixgemm.kernels.registry import choose
+    from mixgemm.tuning import races
+
+    qw = quantize_conv_weight(torch.randn(96, 160, 1, 1), QuantConfig(bits=4, group_size=32, mode="zero_point"))
+    x = torch.randn(1, 160, 7, 9, dtype=torch.float16).to(memory_format=torch.channels_last)
+    p = replace(conv_problem(x, qw, 63, (1, 1), (0, 0), 1), device=H200)
+    races.forget()
+    try:
+        c = choose(p)
+        assert c.kernel != NAME and "not measured yet" in _reasons(c)[NAME]
+        rival = c.kernel
+        key = conv_race_key(p, NAME)
+        races.record(key, races.RaceResult({rival: 9.0, NAME: 6.0}, NAME, p.m))
+        c = choose(p)
+        assert c.kernel == NAME and f"{NAME} 6.0 us, {rival} 9.0 us" in c.config_source
+        races.record(key, races.RaceResult({rival: 6.0, NAME: 6.1}, rival, p.m))
+        c = choose(p)
+        assert c.kernel == rival and f"slower than {rival}" in _reasons(c)[NAME]
+        other = replace(conv_problem(x[:, :, :5], qw, 45, (1, 1), (0, 0), 1), device=H200)
+        assert "not measured yet" in _reasons(choose(other))[NAME]  # another input shape: its own race
+    finally:
+        races.forget()
+
+
+def test_nested_races_race_downwards(monkeypatch):
+    """dequant_cudnn races against the registry's choice without it, which is conv_as_matmul's own race against the
+    entries below both: each race's rival is chosen with the racing entries above it disabled (no loop back up)."""
+    from dataclasses import replace
+
+    from mixgemm.kernels import race
+    from mixgemm.kernels.conv_geometry import conv_problem
+    from mixgemm.kernels.registry import choose
+    from mixgemm.tuning import races
+
+    held = []
+
+    def fake_race(incumbent, challenger, m, device, margin=1.03, timer=None):
+        held.append((incumbent[0], challenger[0]))
+        winner = challenger[0] if challenger[0] == "conv_as_matmul" else incumbent[0]
+        return races.RaceResult({incumbent[0]: 2.0, challenger[0]: 1.0}, winner, m)
+
+    monkeypatch.setattr(race, "can_time", lambda device: True)
+    monkeypatch.setattr(race, "race", fake_race)
+    qw = quantize_conv_weight(torch.randn(96, 160, 1, 1), QuantConfig(bits=8, group_size=-1))
+    x = torch.randn(1, 160, 7, 9, dtype=torch.float16).to(memory_format=torch.channels_last)
+    p = replace(conv_problem(x, qw, 63, (1, 1), (0, 0), 1), device=H200)
+    races.forget()
+    try:
+        c = choose(p)
+        below = held[0][0]
+        assert held == [(below, "conv_as_matmul"), ("conv_as_matmul", "dequant_cudnn")]
+        assert below not in ("dequant_cudnn", "conv_as_matmul") and c.kernel == "conv_as_matmul"
+        assert choose(p).kernel == "conv_as_matmul" and len(held) == 2  # kept: no second race
+    finally:
+        races.forget()
+
+
 def test_conv_entries_reasons():
     from mixgemm.ops.conv import conv_choice
 
@@ -338,12 +402,12 @@ def test_conv_entries_reasons():
     cl = torch.randn(1, 64, 3, 3).to(memory_format=torch.channels_last)
     c = choice(64, 32, 1, 1, cl)
     assert c.kernel == "conv_as_matmul"
-    assert _reasons(c)["cuda_conv_wgmma"] == "needs a CUDA device"
     assert _reasons(c)["triton_dwconv"].startswith("not depthwise")
     assert "activation dtype torch.float32" in _reasons(c)["dequant_cudnn"]
     assert choice(64, 32, 1, 1, cl.half()).declined[0] == ("dequant_cudnn", "needs a CUDA device")
     c = choice(64, 32, 1, 1, torch.randn(1, 64, 3, 3))
     assert c.kernel == "triton_conv_igemm" and "not channels_last" in _reasons(c)["conv_as_matmul"]
+    assert _reasons(c)["cuda_conv_wgmma"] == "needs a CUDA device"
     c = choice(3, 16, 1, 3, torch.randn(1, 3, 5, 5), pad=1, bits=8)
     assert c.kernel == "triton_conv_smallk"
     c = choice(16, 16, 16, 3, torch.randn(1, 16, 5, 5), pad=1, bits=8)

@@ -4,9 +4,10 @@ are mixgemm.kernels.conv_geometry, the layout and helpers the conv kernels share
 
 * ``dequant_cudnn``: the weight dequantized + cuDNN, where a race measured it faster than the entry below.
 * ``cuda_dwconv`` / ``triton_dwconv``: depthwise (Ci / groups == 1): the CUDA direct conv, else the Triton kernel.
+* ``conv_as_matmul``: 1x1 / stride 1 / no padding / groups 1 on channels_last: mixgemm.matmul on the [B*H*W, Ci] view,
+  where the conv sweep or a race measured it faster than the entry below.
 * ``cuda_conv_wgmma``: the sm_90 wgmma implicit GEMM, unless the conv sweep measured the layer faster below.
 * ``triton_conv_smallk``: a few input channels (the 3-channel stems): the whole K in one tile.
-* ``conv_as_matmul``: 1x1 / stride 1 / no padding / groups 1 on channels_last: mixgemm.matmul on the [B*H*W, Ci] view.
 * ``triton_conv_igemm``: the Triton implicit GEMM, any stride / padding / dilation / groups.
 """
 
@@ -21,7 +22,7 @@ from mixgemm.kernels.triton_conv_igemm import ENTRY as TRITON_CONV_IGEMM
 from mixgemm.kernels.triton_conv_smallk import ENTRY as TRITON_CONV_SMALLK
 from mixgemm.kernels.triton_dwconv import ENTRY as TRITON_DWCONV
 
-ENTRIES = (DEQUANT_CUDNN, CUDA_DWCONV, TRITON_DWCONV, CUDA_CONV_WGMMA, TRITON_CONV_SMALLK, CONV_AS_MATMUL,
+ENTRIES = (DEQUANT_CUDNN, CUDA_DWCONV, TRITON_DWCONV, CONV_AS_MATMUL, CUDA_CONV_WGMMA, TRITON_CONV_SMALLK,
            TRITON_CONV_IGEMM)
 # the short path names mixgemm.ops.conv's pick_path / cuda_conv2d(path=...) use
 PATH_NAMES = {"cuda_dwconv": "dw_cuda", "triton_dwconv": "dw", "dequant_cudnn": "dequant",

@@ -34,3 +34,37 @@ def conv_problem(x: torch.Tensor, qweight: QuantizedConvWeight, m: int, stride, 
                       tuple(padding), tuple(dilation), out_format(x) == torch.channels_last, x=x, weight=qweight)
     return Problem("conv", m, qweight.out_channels, q.in_features, x.dtype, device_info(x.device), q.bits, g, ng,
                    q.mode, conv=shape, qw=q)
+
+
+def conv_race_key(p: Problem, route: str) -> tuple:
+    """The key of ``route``'s race on a conv layer: the route, the exact layer (weight, geometry, input shape and memory
+    format), format, dtype and GPU."""
+    c = p.conv
+    w = c.weight
+    return (route, p.device.name, p.device.index, w.out_channels, w.in_channels_per_group, tuple(w.kernel_size),
+            p.bits, p.group_size, p.mode, c.groups, c.stride, c.padding, c.dilation, tuple(c.x.shape), p.x_dtype,
+            c.channels_last_out)
+
+
+def conv_race_routes(p: Problem, own_run):
+    """A conv race's two calls on the call's own input (mixgemm.kernels.race.decision's routes): the rival entry's,
+    and ``own_run``'s (a conv entry's run)."""
+
+    def routes(rival):
+        c = p.conv
+        x, w = c.x, c.weight
+        ho, wo = conv_output_size(x.shape[2], x.shape[3], w.kernel_size, c.stride, c.padding, c.dilation)
+        out = torch.empty((x.shape[0], w.out_channels, ho, wo), device=x.device, dtype=x.dtype,
+                          memory_format=out_format(x))
+        inf = float("inf")
+        args = (c.stride, c.padding, c.dilation, c.groups, -inf, inf, None)
+
+        def rival_call():
+            return rival.entry.run(x, w, None, out, *args, rival.config)
+
+        def own_call():
+            return own_run(x, w, None, out, *args, None)
+
+        return rival_call, own_call
+
+    return routes

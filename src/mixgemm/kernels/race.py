@@ -15,15 +15,16 @@ from dataclasses import replace
 
 import torch
 
-from mixgemm.kernels.options import current_options
+from mixgemm.kernels.options import current_options, pop_options, push_options
 from mixgemm.kernels.registry import OK, Choice, Decision, Problem, choose, prefer_not
 from mixgemm.tuning import races
 from mixgemm.tuning.buckets import SourcedConfig
 from mixgemm.tuning.races import RaceResult
 
 WARMUP = 2
-REPS = 5
-ROUNDS = 5
+# a race decides a layer for the rest of the process: enough calls and rounds that a 3 us layer's median holds still
+REPS = 8
+ROUNDS = 7
 
 
 def can_time(device: torch.device) -> bool:
@@ -96,9 +97,16 @@ def decision(p: Problem, name: str, key: tuple, device: torch.device, can_race: 
             return prefer_not("not measured yet (the first eager call of this layer races it against the quantized "
                               "kernel)")
         opts = current_options()
-        rival = choose(p, replace(opts, force=opts.force - {name}, disable=opts.disable | {name}))
-        rival_call, own_call = routes(rival)
-        res = race((rival.entry.name, rival_call), (name, own_call), p.m, device)
+        without = replace(opts, force=opts.force - {name}, disable=opts.disable | {name})
+        # current while the rival is chosen and timed: a raced entry below (conv_as_matmul under dequant_cudnn) then
+        # races against the entries below itself, not back against this one
+        token = push_options(without)
+        try:
+            rival = choose(p, without)
+            rival_call, own_call = routes(rival)
+            res = race((rival.entry.name, rival_call), (name, own_call), p.m, device)
+        finally:
+            pop_options(token)
         races.record(key, res)
     return OK if res.winner == name else prefer_not(f"slower than {res.winner}: {res.note()}")
 

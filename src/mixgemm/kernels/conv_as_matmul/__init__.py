@@ -1,11 +1,14 @@
 """``conv_as_matmul``: a 1x1 / stride 1 / no padding / groups 1 conv on channels_last runs mixgemm.matmul on the
-[B*H*W, Ci] view (no copy), unless the conv sweep measured the implicit GEMM faster for that layer."""
+[B*H*W, Ci] view (no copy), where a race on the layer's first eager call (mixgemm.kernels.race) measured it faster than
+the entry below that would run it (an implicit GEMM). Until a layer has raced (e.g. inside a CUDA-graph capture) that
+entry runs. Why a race, not a rule: the layer is a GEMM both ways, and which of the linear op's choice (its own tiles,
+splits and races) and the conv kernel's tile is faster moves with the pixels and the channels."""
 
 from __future__ import annotations
 
-import torch
-
-from mixgemm.kernels.registry import OK, KernelEntry, Problem, no, prefer_not, triton_ok
+from mixgemm.kernels import race
+from mixgemm.kernels.conv_geometry import conv_race_key, conv_race_routes
+from mixgemm.kernels.registry import OK, KernelEntry, Problem, no, triton_ok
 
 NAME = "conv_as_matmul"
 
@@ -19,16 +22,16 @@ def can_run(p: Problem):
     if not triton_ok("mixgemm.kernels.triton_gemm.gemm"):
         return no("Triton unavailable")
     if p.device.is_cuda:
-        from mixgemm.kernels.triton_conv_igemm.igemm import tuned_choice
-
-        tuned = tuned_choice(torch.device(p.device.type, p.device.index), c.weight, c.stride, c.groups, p.m)
-        if tuned is not None and tuned[0] != "matmul":
-            return prefer_not(f"this GPU's conv sweep measured {tuned[0]} faster for the layer (tuning)")
+        return race.decision(p, NAME, conv_race_key(p, NAME), c.x.device, True, conv_race_routes(p, run))
     return OK
 
 
-def config(p: Problem) -> None:
-    return None  # mixgemm.matmul makes its own choice (its registry entries and cached plans)
+def config(p: Problem):
+    """None: mixgemm.matmul makes its own choice (its registry entries and cached plans); a raced layer's times as
+    the source explain prints."""
+    if p.device.is_cuda and p.conv.x is not None:
+        return race.measured_config(conv_race_key(p, NAME))
+    return None
 
 
 # The GEMM a 1x1 conv runs through: mixgemm.matmul (its own registry entries and cached plans), in the ops layer

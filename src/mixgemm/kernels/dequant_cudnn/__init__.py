@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from mixgemm.kernels import race
-from mixgemm.kernels.conv_geometry import conv_output_size, out_format
+from mixgemm.kernels.conv_geometry import conv_race_key, conv_race_routes, out_format
 from mixgemm.kernels.options import current_options
 from mixgemm.kernels.registry import OK, KernelEntry, Problem, no, prefer_not
 
@@ -26,39 +26,12 @@ def can_run(p: Problem):
         return OK if p.m >= lim else prefer_not(f"M={p.m} below conv_dequant_min_m={lim}")
     if not p.device.is_cuda:
         return no("needs a CUDA device")
-    return race.decision(p, NAME, race_key(p), p.conv.x.device, True, _routes(p))
+    return race.decision(p, NAME, race_key(p), p.conv.x.device, True, conv_race_routes(p, run))
 
 
 def race_key(p: Problem) -> tuple:
-    """The race's key: the exact layer (weight, geometry, input shape and memory format), format, dtype and GPU."""
-    c = p.conv
-    w = c.weight
-    return ("conv", p.device.name, p.device.index, w.out_channels, w.in_channels_per_group, tuple(w.kernel_size),
-            p.bits, p.group_size, p.mode, c.groups, c.stride, c.padding, c.dilation, tuple(c.x.shape), p.x_dtype,
-            c.channels_last_out)
-
-
-def _routes(p: Problem):
-    """The race's two calls on the call's own input: the rival entry's and the dequantize + cuDNN route."""
-
-    def routes(rival):
-        c = p.conv
-        x, w = c.x, c.weight
-        ho, wo = conv_output_size(x.shape[2], x.shape[3], w.kernel_size, c.stride, c.padding, c.dilation)
-        out = torch.empty((x.shape[0], w.out_channels, ho, wo), device=x.device, dtype=x.dtype,
-                          memory_format=out_format(x))
-        inf = float("inf")
-        args = (c.stride, c.padding, c.dilation, c.groups, -inf, inf, None)
-
-        def rival_call():
-            return rival.entry.run(x, w, None, out, *args, rival.config)
-
-        def own_call():
-            return run(x, w, None, out, *args, None)
-
-        return rival_call, own_call
-
-    return routes
+    """The race's key (conv_geometry.conv_race_key): the exact layer, format, dtype and GPU."""
+    return conv_race_key(p, NAME)
 
 
 def config(p: Problem):
