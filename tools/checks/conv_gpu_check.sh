@@ -2,7 +2,7 @@
 # The conv path in ONE device call: conv GPU tests, ResNet-50 (quantize_, W8A16 / W4A16) vs dequantized float,
 # conv layer timing (ResNet-50 stages + ConvNeXt 7x7 dw, batch 1 and 32) vs cuDNN fp16 channels_last + tile sweep.
 #   OUT=/tmp/x bash tools/checks/conv_gpu_check.sh        (logs, bench.json, resnet.json, conv_table_<gpu>.json in $OUT)
-# Phase A (parallel, GPU shared, nothing timed): pytest groups of tests/test_conv.py (+ test_conv_int8.py if present)
+# Phase A (parallel, GPU shared, nothing timed): pytest groups of tests/kernels/test_conv.py (+ test_conv_int8.py if present)
 #   and compile warm-up workers (fill Triton's cache so the timed process does not compile serially).
 # Phase B (alone on the GPU): ResNet-50. Phase C (alone): conv timing. Stage limits: A_T, R_T, B_T (s).
 set -u
@@ -16,7 +16,7 @@ python -c "import torch, triton; print('torch', torch.__version__, 'triton', tri
 A_T=${A_T:-110}; R_T=${R_T:-45}; B_T=${B_T:-120}; NW=${NW:-10}
 
 # ---- phase A
-TESTS="tests/test_conv.py"; [ -f tests/test_conv_int8.py ] && TESTS="$TESTS tests/test_conv_int8.py"
+TESTS="tests/kernels/test_conv.py"; [ -f tests/kernels/test_conv_int8.py ] && TESTS="$TESTS tests/kernels/test_conv_int8.py"
 i=0; PIDS=""
 for K in "gpu_layers" "geometries" "formats" "not gpu_layers and not geometries and not formats and not end_to_end"; do
   timeout "$A_T" python -m pytest -q -p no:cacheprovider $TESTS -k "$K" > "$OUT/pytest_$i.log" 2>&1 &

@@ -1,7 +1,7 @@
 """Several GPU steps in one call of a lent machine, each under its own time cap, inside one total budget.
 
     PYTHONPATH=src python -m tools.checks.device_batch --out $OUT --budget 560 \
-        "tests:240:python -m tools.checks.par_pytest 16 -m gpu tests/test_compact.py" \
+        "tests:240:python -m tools.checks.par_pytest 16 -m gpu tests/nn/test_compact.py" \
         "overhead:150:python -m mixgemm bench --call-overhead --out {res}"
 
 A step is NAME:CAP_SECONDS:COMMAND (a bash command line, run from the repository root with PYTHONPATH=src; ``{res}``

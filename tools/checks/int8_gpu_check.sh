@@ -5,7 +5,7 @@
 #   bash tools/checks/int8_gpu_check.sh OUTDIR [STEPS]
 #   STEPS: any of tests,ab,accept,acceptqs,nopdl,acceptall,acceptw8,power (default: all)
 #
-# tests: tests/test_gemm_wgmma_a8.py, tests/test_int8.py and the quantizer / PDL cases of tests/test_gemv_a8.py
+# tests: tests/kernels/test_gemm_wgmma_a8.py, tests/kernels/test_int8.py and the quantizer / PDL cases of tests/kernels/test_gemv_a8.py
 # (-m gpu, 8 processes, INT8_TEST_S seconds, 240); ab: tools/bench/wgmma_a8.py --repeat 3 on the acceptance shapes,
 # GEMM only, configs in INT8_AB_CFGS (JSON list; default: the default tile with MC 1 and MC 2, PDL off);
 # accept: tools.bench.int8 --accept --token --repeat R (W4A8 g128 per-token rows); acceptqs: the same rows with int4
@@ -41,8 +41,8 @@ has() { [[ ",$STEPS," == *",$1,"* ]]; }
 if has tests; then
   step tests
   t0=$(date +%s)
-  timeout -k 10 "${INT8_TEST_S:-240}" "$PY" -m tools.checks.par_pytest 8 -m gpu tests/test_gemm_wgmma_a8.py tests/test_int8.py \
-    tests/test_gemv_a8.py -k "not test_gemv_a8.py or act_quant_rows or pdl" > "$OUT/int8_tests.log" 2>&1
+  timeout -k 10 "${INT8_TEST_S:-240}" "$PY" -m tools.checks.par_pytest 8 -m gpu tests/kernels/test_gemm_wgmma_a8.py tests/kernels/test_int8.py \
+    tests/kernels/test_gemv_a8.py -k "not test_gemv_a8.py or act_quant_rows or pdl" > "$OUT/int8_tests.log" 2>&1
   rc=$?
   echo "== tests rc=$rc in $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|error" "$OUT/int8_tests.log" | tail -n 12
 fi

@@ -1,8 +1,8 @@
-"""QuantLinear and the HF integration on one GPU, in one call: the GPU tests of tests/test_nn.py and
-tests/test_hf_llama.py (QuantLinear vs reference, CUDA-graph capture, Llama-3-8B-shape compiled decode == eager),
-the end-to-end decode benchmark (mixgemm.bench.e2e.run_e2e, llama3-8b, batch 1 / 4 / 16), then, if time remains, the
-compiled == eager decode check on the full 32-layer model. Stops starting new work at --budget seconds; logs go to
-$OUT.
+"""QuantLinear and the HF integration on one GPU, in one call: the GPU tests of tests/nn/test_nn.py and
+tests/integrations/test_hf_llama.py (QuantLinear vs reference, CUDA-graph capture, Llama-3-8B-shape compiled decode ==
+eager), the end-to-end decode benchmark (mixgemm.bench.e2e.run_e2e, llama3-8b, batch 1 / 4 / 16), then, if time
+remains, the compiled == eager decode check on the full 32-layer model. Stops starting new work at --budget seconds;
+logs go to $OUT.
 
     PYTHONPATH=src python -m tools.checks.nn_gpu_check --budget 270
 """
@@ -68,7 +68,7 @@ def main() -> int:
     if not args.skip_tests:
         r = subprocess.run(["timeout", str(int(args.test_timeout)), sys.executable, "-m", "pytest", "-q", "-m", "gpu",
                             "-p", "no:cacheprovider", "-rA",
-                            "--durations=6", "tests/test_hf_llama.py", "tests/test_nn.py"],
+                            "--durations=6", "tests/integrations/test_hf_llama.py", "tests/nn/test_nn.py"],
                            capture_output=True, text=True, env=env)
         with open(os.path.join(OUT, "pytest_gpu.log"), "w") as f:
             f.write(r.stdout + r.stderr)

@@ -1,7 +1,7 @@
 """llama.cpp's reference quantizers (quantize_row_*_ref) and dequantizers, vectorized in numpy.
 
 The arithmetic follows ggml-quants.c step by step in float32 so that the bytes are identical to llama.cpp's
-reference implementation and to the ``gguf`` Python package (tests/test_ggml.py checks this):
+reference implementation and to the ``gguf`` Python package (tests/ggml/test_ggml.py checks this):
 
 * q4_0: max = the element of largest magnitude (the first one on ties; +0 for an all-zero block),
   d = max / -8, id = 1 / d (0 if d == 0), code = min(15, trunc(x * id + 8.5)). The codes span

@@ -28,7 +28,7 @@ class KernelConfig:
     """Base of the kernels' typed configs (see the module docstring)."""
 
     # macros the kernel's source reads that the problem or the layout sets, not the config: {macro: what it is}
-    # (with the fields' own macros, every #ifndef of the source is named: tests/test_kernel_configs.py)
+    # (with the fields' own macros, every #ifndef of the source is named: tests/kernels/test_kernel_configs.py)
     derived: ClassVar[Mapping[str, str]] = {}
 
     @classmethod

@@ -12,7 +12,7 @@ package's ``optimize_weights_proximal_legacy``: with an auxiliary error variable
 
 with beta growing by kappa each step, a fixed number of steps, stopping early once the mean absolute error of the
 whole weight stops improving. Two departures from the published loop, both measured better on real weights
-(all-MiniLM-L6-v2 at W4 g128, tests/test_minilm.py) and both switchable (HQQParams): modes with a zero
+(all-MiniLM-L6-v2 at W4 g128, tests/checkpoints/test_minilm.py) and both switchable (HQQParams): modes with a zero
 point fit the scale together with the zero point (the 2 x 2 least squares, ``fit_scale``), and the loop starts from
 the best of a few ranges shrunk from the group's full range (``range_search``) rather than the full range itself.
 Each group keeps the parameters of its own best step (the published loop returns the last, which can be the step

@@ -29,7 +29,8 @@ UNROLLS = (1, 2)
 
 # Registers per thread of gemv.cu at M = 1 with fp16 activations (NVRTC 13.0, sm_90, no PF / XS / ZSUM: the model's
 # tiles run without ZSUM), by (bits, mode) and (R, U); LW and KS do not change them (over the whole lane grid LW and KS
-# moved them by one register at most). tests/test_gemv_steps.py checks the resident blocks they give against the cubins.
+# moved them by one register at most). tests/kernels/test_gemv_steps.py checks the resident blocks they give against
+# the cubins.
 REGISTERS = {
     (4, "sym"): {(2, 1): 40, (2, 2): 48, (4, 1): 64, (4, 2): 75},
     (4, "zero_point"): {(2, 1): 48, (2, 2): 59, (4, 1): 73, (4, 2): 101},
@@ -136,9 +137,9 @@ WG_SIMT_K_SLICES = (2, 4, 8, 16, 32)
 # which moves the resident blocks the rounds count (the model fitted with each build's own count chose 1.010x / 1.017x
 # the fastest tile's time on the H100 sweep, with each class's largest count 1.016x / 1.027x); bf16 x (the exact-fp16
 # conversion) moves 6-17 of the 57 tiles' resident warps, groups of 32 (GGUF blocks) 28-36 against groups of 128, bf16
-# scales at most 2 (not kept: the model counts fp16 scales' builds). tests/test_gemv_steps.py checks the table covers
-# the space and, where this machine's NVRTC is 13.0, matches it. Source: tools/bench/wg_simt_fit.py --registers (any
-# machine with NVRTC 13.0; no GPU).
+# scales at most 2 (not kept: the model counts fp16 scales' builds). tests/kernels/test_gemv_steps.py checks the table
+# covers the space and, where this machine's NVRTC is 13.0, matches it. Source: tools/bench/wg_simt_fit.py --registers
+# (any machine with NVRTC 13.0; no GPU).
 WG_SIMT_REGISTERS = {
     (4, "sym", 0, 0): {
         (1, 1, 0, 2, 2): 45, (1, 1, 0, 2, 4): 45, (1, 1, 0, 4, 1): 40, (1, 1, 0, 4, 2): 45, (1, 1, 0, 8, 1): 40,

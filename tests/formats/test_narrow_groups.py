@@ -1,7 +1,7 @@
 """8-bit weights in groups of 16 (mixgemm.formats.weight.NARROW_GROUP: GGUF's Q6_K / Q3_K / Q2_K held exactly): the
 format, the CPU paths against the float64 reference, the layers' state dict and checkpoint round trip, and the clear
 refusals where no kernel takes them (4-bit, the CUDA layouts and compaction, int8 activations, convolutions). The
-Triton GEMM runs them (tests/test_gemm.py), the CUDA entries decline them (tests/test_registry.py)."""
+Triton GEMM runs them (tests/kernels/test_gemm.py), the CUDA entries decline them (tests/kernels/test_registry.py)."""
 
 from __future__ import annotations
 

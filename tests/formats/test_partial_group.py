@@ -12,11 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import mixgemm
-from mixgemm.formats.weight import MODES, dequantize_weight, from_codes, quantize_weight
-from mixgemm.nn.linear import QuantLinear
-from mixgemm.reference.matmul import matmul as ref_matmul
 from test_odd_k import (
     INTERP,
     LINEAR_ENTRIES,
@@ -27,6 +22,11 @@ from test_odd_k import (
     check_triton_gemm,
     needs_sm90,
 )
+
+import mixgemm
+from mixgemm.formats.weight import MODES, dequantize_weight, from_codes, quantize_weight
+from mixgemm.nn.linear import QuantLinear
+from mixgemm.reference.matmul import matmul as ref_matmul
 
 # (K, group size): 7.5 groups of 128, 3.125 of 64, an odd K over 7.8 groups of 128, 2.5 of 32, one partial group
 PARTIAL = ((960, 128), (200, 64), (1001, 128), (80, 32), (96, 128))

@@ -2,9 +2,10 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from repo_paths import ROOT
+
+README = ROOT / "README.md"
 
 
 def _python_block_after(heading: str) -> str:

@@ -8,7 +8,7 @@ perplexity is measured (mixgemm.evaluate_perplexity, windows of 512 tokens) on t
 method is the share of round to nearest's perplexity gap to the float model that it wins back:
 (ppl_rtn - ppl_method) / (ppl_rtn - ppl_float).
 
-This test scores the first EVAL_TOKENS tokens of Genesis; ``PYTHONPATH=src python tests/test_hqq_gptq_models.py
+This test scores the first EVAL_TOKENS tokens of Genesis; ``PYTHONPATH=src python tests/quantize/test_hqq_gptq_models.py
 --tokens 20000`` measures a longer slice and prints the table (docs/architecture.md, "Choosing the codes", says how the
 methods work).
 Floors: measured (torch 2.13 CPU), less a margin.
@@ -20,18 +20,15 @@ import argparse
 import copy
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-import mixgemm
-
-sys.path.insert(0, str(Path(__file__).parent))
 import kjv_text  # noqa: E402
-from test_smollm2 import FILE, smollm2_dir  # noqa: E402
+import mixgemm
+from smollm2_file import FILE, smollm2_dir  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")

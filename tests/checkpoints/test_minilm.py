@@ -3,7 +3,7 @@ it) with its Linear layers quantized by mixgemm.quantize_; the sentence embeddin
 L2-normalized, as the model's sentence-transformers config says) are compared with the float model's by cosine
 similarity over a fixed set of sentences.
 
-Floors come from measurement (``PYTHONPATH=src python tests/test_minilm.py`` prints the table), set about
+Floors come from measurement (``PYTHONPATH=src python tests/checkpoints/test_minilm.py`` prints the table), set about
 0.01 below it (torch 2.13 CPU, transformers 5.23, 16 sentences):
 
 =====================  ===========  ==========  ====================

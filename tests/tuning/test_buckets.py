@@ -33,12 +33,13 @@ from mixgemm.kernels.cuda_gemv_mma import host as gemv_mma_host
 from mixgemm.kernels.registry import choose
 from mixgemm.tuning import buckets, conv_table, gemv_m1
 from mixgemm.tuning import cache as tcache
+from repo_paths import TESTS
 
 GPU_NAMES = {"h100": H100.name, "h200": H200.name}
 PROTOCOL = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672), (28672, 8192)]  # K x N
 PROTOCOL_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384]
 
-with open(os.path.join(os.path.dirname(__file__), "data", "tuning_before_buckets.json")) as _f:
+with open(TESTS / "data" / "tuning_before_buckets.json") as _f:
     OLD = json.load(_f)
 
 

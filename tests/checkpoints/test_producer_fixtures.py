@@ -24,8 +24,9 @@ from torch import nn
 
 import mixgemm
 from mixgemm.nn.linear import QuantLinear
+from repo_paths import TESTS
 
-ROOT = os.path.join(os.path.dirname(__file__), "fixtures", "producers")
+ROOT = str(TESTS / "fixtures" / "producers")
 CT_FIXTURES = ["llmcompressor-w8a8", "llmcompressor-w4a16-asym-g32"]
 # llama.cpp's files and the GGUF types each holds (its K_M mixes put Q6_K on attn_v, ffn_down and the output)
 GGUF_FIXTURES = {"llamacpp-q4-0": {"Q4_0", "Q6_K"}, "llamacpp-q4-k-m": {"Q4_K", "Q6_K"},

@@ -10,11 +10,9 @@ before its PDL wait, unaligned and odd widths (the composite), CUDA-graph replay
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from test_norm_feeds import TINY, logits, tiny_model, with_act_order  # noqa: E402
 from torch import nn
 
 import mixgemm  # noqa: F401  (registers torch.ops.mixgemm)
@@ -25,9 +23,6 @@ from mixgemm.nn.norms import (
     norm_kernels_at_norms,
     rms_norm_eps,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_norm_feeds import TINY, logits, tiny_model, with_act_order  # noqa: E402
 
 TINY_VOCAB = TINY["vocab_size"]
 

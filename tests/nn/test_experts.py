@@ -639,7 +639,7 @@ def write_quantized_moe(arch, case_name, tmp_path, share_gate_up=True):
 
     from safetensors.torch import load_file, save_file
 
-    from test_quantformats_models import CASES, WRITERS
+    from quantformat_checkpoints import CASES, WRITERS
 
     case = next(c for c in CASES if c.name == case_name)
     hidden = 128  # every K holds a group of 128

@@ -21,7 +21,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+from repo_paths import ROOT
+
+SRC = ROOT / "src"
 
 LAYERS = {
     "formats": ("formats", "reference", "ggml", "quantize", "epilogue", "_checks"),
@@ -90,7 +92,7 @@ def _package(module: str) -> str:
 def _rank(module: str) -> int:
     package = _package(module)
     if package not in RANK:
-        raise AssertionError(f"{module}: package {package!r} has no layer in tests/test_layering.py's LAYERS")
+        raise AssertionError(f"{module}: package {package!r} has no layer in tests/api/test_layering.py's LAYERS")
     return RANK[package]
 
 

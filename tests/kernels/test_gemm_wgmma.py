@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +18,8 @@ from mixgemm.formats.weight import quantize_weight
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.kernels.cuda_wgmma.layout import build_wgmma_v1, unpack_wgmma_v1
 from mixgemm.reference.matmul import matmul as ref_matmul
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 ACTS = {None: (-float("inf"), float("inf")), "relu": (0.0, float("inf")), "relu6": (0.0, 6.0)}
 

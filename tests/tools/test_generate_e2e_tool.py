@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import pathlib
 import sys
 
 import pytest
 
 from mixgemm.integrations.hf import llama_config, model_config, random_model
 from mixgemm.nn import QuantLinear
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.slow(seconds=28)
 
-TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "checks" / "generate_e2e.py"
+TOOL = ROOT / "tools" / "checks" / "generate_e2e.py"
 ARGS = ["--device", "cpu", "--tiny", "--models", "qwen2-7b", "--new-tokens", "3", "--prompt-len", "5",
         "--warmup", "1"]
 

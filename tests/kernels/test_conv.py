@@ -11,7 +11,6 @@ convolution, on odd spatial sizes.
 from __future__ import annotations
 
 import importlib.util
-import pathlib
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from mixgemm import quantize_conv_weight, reference
 from mixgemm.epilogue import clamp_bounds
 from mixgemm.nn.conv import QuantConv2d, swap_conv2d
 from mixgemm.ops.conv import conv2d, cuda_conv2d
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.slow(seconds=36)
 
@@ -387,7 +387,7 @@ def test_dw_cuda_compiles(arch):
 
 
 def _load_bench():
-    path = pathlib.Path(__file__).resolve().parents[1] / "tools" / "bench" / "conv.py"
+    path = ROOT / "tools" / "bench" / "conv.py"
     spec = importlib.util.spec_from_file_location("tools_bench_conv", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from mixgemm.bench import accept, conv_models
 from mixgemm.bench.cli import main as bench_main
 from mixgemm.bench.conv import CONV_PRESET, W4_ZP, W4_ZP_DEQUANT, W8, W8_DEQUANT, ConvSpec
+from repo_paths import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 FAMILIES = {"ResNet", "ResNeXt", "Wide-ResNet", "VGG", "DenseNet", "Inception-v3", "GoogLeNet", "MobileNetV2",
             "MobileNetV3", "EfficientNet", "EfficientNetV2", "RegNet", "ConvNeXt", "ShuffleNet", "SqueezeNet",
             "MNASNet", "FCN", "DeepLabV3", "RetinaNet", "FasterRCNN", "UNet2DConditionModel", "AutoencoderKL"}
