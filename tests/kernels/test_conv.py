@@ -100,14 +100,16 @@ def test_dtypes(dtype, channels_last, rel_err):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("mode", ["sym", "zero_point", "offset"])
-@pytest.mark.parametrize("gs", [32, -1])
-def test_dequantize_matrix(bits, mode, gs):
-    """The dequantize + cuDNN path's weights equal the format's dequantization (rounded once)."""
+@pytest.mark.parametrize("gs,ci", [(32, 64), (64, 64), (32, 96), (-1, 64), (-1, 3)])
+def test_dequantize_matrix(bits, mode, gs, ci):
+    """The dequantize + cuDNN path's weights equal the format's dequantization (rounded once): groups within a tile
+    (g32), a tile per group (g64), a last tile of one group (Ci 96: K = 864), per channel (one group a row) with K a
+    multiple of the tile and not (the 3-channel stem: K = 27)."""
     from mixgemm.formats.weight import dequantize_weight
     from mixgemm.kernels.dequant_cudnn.dequant import dequantize_matrix
 
     g = torch.Generator().manual_seed(11)
-    qw = quantize_conv_weight(torch.randn(40, 64, 3, 3, generator=g) * 0.02, bits=bits, group_size=gs, mode=mode)
+    qw = quantize_conv_weight(torch.randn(40, ci, 3, 3, generator=g) * 0.02, bits=bits, group_size=gs, mode=mode)
     for dtype in (torch.float16, torch.float32):
         got = dequantize_matrix(qw.matrix.to(DEV), dtype).cpu()
         want = dequantize_weight(qw.matrix, dtype)

@@ -56,10 +56,13 @@ def _dequant_matrix_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     ONE_GROUP: tl.constexpr,
+    TILE_GROUPS: tl.constexpr,
 ):
     """out[n, k] = W[n, k] in OUT_DTYPE ([CO, K] row-major): the same unpack / magic-number math as the conv
-    kernel. ONE_GROUP (BLOCK_K divides the group): one parameter vector per tile, broadcast along k (a per-element
-    gather of the parameters would read four times the bytes the tile writes); else a group index per element."""
+    kernel. The parameters are read once per (row, group) of the tile and broadcast along k: ONE_GROUP (the tile
+    inside one group) one vector, TILE_GROUPS > 0 (the tile holds that many whole groups: g32 in a 64-k tile) one
+    [BLOCK_N, TILE_GROUPS] block; else a group index per element. Why: a per-element gather of the parameters reads
+    four times the bytes the tile writes (H200, a 3x3 1280-1280 W4 g32 weight: 15.7 us for 14.7 M weights)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -77,6 +80,15 @@ def _dequant_matrix_kernel(
         s, p = group_params(tl.load(s_ptr + pidx, mask=mask_n, other=0.0),
                             tl.load(m_ptr + pidx, mask=mask_n, other=0.0), BITS, ZERO_MODE, OUT_DTYPE)
         s, p = s[:, None], p[:, None]
+    elif TILE_GROUPS > 0:
+        offs_g = k0 // GS + tl.arange(0, TILE_GROUPS)
+        pidx = offs_g[None, :] * CO + offs_n[:, None]
+        gm = mask_n[:, None] & (offs_g[None, :] * GS < K)
+        s, p = group_params(tl.load(s_ptr + pidx, mask=gm, other=0.0), tl.load(m_ptr + pidx, mask=gm, other=0.0),
+                            BITS, ZERO_MODE, OUT_DTYPE)
+        per: tl.constexpr = BLOCK_K // TILE_GROUPS
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, TILE_GROUPS, per)), (BLOCK_N, BLOCK_K))
+        p = tl.reshape(tl.broadcast_to(p[:, :, None], (BLOCK_N, TILE_GROUPS, per)), (BLOCK_N, BLOCK_K))
     else:
         pidx = (offs_k // GS)[None, :] * CO + offs_n[:, None]
         s, p = group_params(
@@ -94,6 +106,8 @@ def dequantize_matrix(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     lay = conv_layout(qw)
     out = torch.empty((lay.n, lay.k), device=lay.weight.device, dtype=dtype)
     bn, bk = 64, 64
+    gs = lay.group_size
+    tile_groups = bk // gs if gs < bk and bk % gs == 0 else 0
     _dequant_matrix_kernel[(triton.cdiv(lay.n, bn), triton.cdiv(lay.k, bk))](
         lay.weight,
         lay.scale,
@@ -108,7 +122,8 @@ def dequantize_matrix(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
         OUT_DTYPE=_TL_DTYPES[dtype],
         BLOCK_N=bn,
         BLOCK_K=bk,
-        ONE_GROUP=lay.group_size % bk == 0,
+        ONE_GROUP=gs % bk == 0 or gs >= lay.k,
+        TILE_GROUPS=tile_groups,
         num_warps=4,
     )
     return out
