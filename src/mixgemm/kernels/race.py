@@ -3,9 +3,10 @@
 A race runs each contender WARMUP times, captures REPS calls in a CUDA graph and times ROUNDS replays between CUDA
 events (the median per call). It runs only where timing is possible and harmless: on a CUDA device, outside CUDA-graph
 capture and torch.compile tracing.
-A route must beat the incumbent by ``margin`` (noise; the incumbent is the quantized kernel, which holds less memory).
-:func:`decision` is what a raced entry's can_run returns (dequant_cublas, dequant_cudnn): the recorded result, or a
-race against the entry the registry would pick without it.
+A route must beat the incumbent by ``margin`` (noise; the incumbent is the entry that runs unraced, for the float
+routes the quantized kernel, which holds less memory).
+:func:`decision` is what a raced entry's can_run returns (dequant_cublas, dequant_cudnn, conv_as_matmul): the recorded
+result, or a race against the entry the registry would pick without it.
 """
 
 from __future__ import annotations
