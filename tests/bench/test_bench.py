@@ -162,6 +162,7 @@ def test_cli_cpu_path_writes_json_csv_md(cpu_run, capsys):
         assert r["pct_floor"] is None  # a % of the GPU floor means nothing for eager CPU wall clock
     w4 = next(r for r in res if r["method"] == "mixgemm W4A16 g128" and r["M"] == 1)
     assert w4["weight_bytes"] == 384 * 128 + 384 * 2 * 2  # codes + fp16 scales (sym: no zeros)
+    assert w4["note"] == "cpu_dequant"  # the entry the layer ran (float32 x: the dequantizing CPU path)
     assert w4["bytes"] == w4["weight_bytes"] + 256 * 4 + 384 * 4  # float32 x in, y out on the CPU
     base = [r for r in res if r["method"] == BASELINE_CPU]
     assert all(r["speedup"] == pytest.approx(1.0) for r in base)

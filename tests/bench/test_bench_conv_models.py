@@ -166,7 +166,8 @@ def test_cli_conv_models_on_the_cpu(tmp_path, capsys, monkeypatch):
         assert by[(lay, base)]["status"] == "ok" and by[(lay, W8)]["status"] == "ok"
         assert by[(lay, W8)]["speedup"] > 0 and by[(lay, W8)]["rel_err"] <= by[(lay, W8)]["tol"]
     assert by[("1x1 8-16 @1x1", W4_ZP)]["status"] == "ok"
-    assert by[("1x1 8-16 @1x1", W4_ZP)]["note"] == "W4 per-channel zero_point"
+    # the format, then the entry the layer ran (asked after its first call)
+    assert by[("1x1 8-16 @1x1", W4_ZP)]["note"] == "W4 per-channel zero_point, cpu_reference"
     refused = by[("3x3 dw 96-96 @7x7", W4_ZP)]
     assert refused["status"] == "refused" and "4-bit" in refused["note"]
     md = (tmp_path / "cpu" / "conv-models.md").read_text()

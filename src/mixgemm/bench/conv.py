@@ -258,6 +258,7 @@ def _prep_mixgemm_conv(bits: int, config_of, dequant_cudnn: bool = False):
             act_bytes=ctx.dtype.itemsize, out_bytes=ctx.dtype.itemsize,
             compute="fp32" if ctx.dtype == torch.float32 else "fp16",
             before_call=first.matrix._layouts.read.clear, note=f"W{qcfg.bits} {gname}{mode}",
+            chosen=None if dequant_cudnn else lambda x: mixgemm.explain_conv(x, first, *geo).kernel,
         )
 
     return prepare

@@ -36,6 +36,8 @@ class Prepared:
     compute: str = "fp16"  # which ceiling bounds the compute floor: "fp16", "int8" or "fp32"
     before_call: Callable[[], None] = lambda: None  # reset per-call bookkeeping (layout tracking)
     note: str = ""
+    # the registry entry the layer runs on x, asked after its first call (its races run): added to the case's note
+    chosen: Callable[[torch.Tensor], str] | None = None
 
 
 @dataclass(frozen=True)

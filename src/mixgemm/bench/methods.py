@@ -334,6 +334,7 @@ def _prep_mixgemm_weight_only(bits: int, group_size: int | None, mode: str = "sy
             reference=_ref_from_weight(w64), tol=TOL[dtype], weight_bytes=weight_bytes,
             act_bytes=torch.finfo(dtype).bits // 8, out_bytes=torch.finfo(dtype).bits // 8,
             compute="fp32" if dtype == torch.float32 else "fp16", before_call=before_call,
+            chosen=lambda x: mixgemm.explain(x, first).kernel,
         )
 
     # (the layout a compacted weight keeps, and this method's prepare for such a weight: _compact_methods)
@@ -349,6 +350,7 @@ def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group"
     methods."""
 
     def prepare(w: torch.Tensor, ctx: Context) -> Prepared:
+        import mixgemm
         from mixgemm.formats import dequantize_weight, quantize_activation, quantize_weight
         from mixgemm.formats.int_scales import quantize_weight_int_scales
         from mixgemm.ops.int8 import matmul_a8
@@ -387,6 +389,7 @@ def _prep_mixgemm_a8(bits: int, group_size: int | None, act_block: str = "group"
             tol=TOL[dtype], weight_bytes=weight_bytes, act_bytes=es, out_bytes=es, compute="int8",
             before_call=first._layouts.read.clear,
             note=f"int8 activations per token{' and group' if act_block == 'group' else ''}, made in the call",
+            chosen=lambda x: mixgemm.explain(x, first, act_mode="sym", act_block=act_block).kernel,
         )
 
     prepare.resident_variant = ("wgmma_a8_v1",

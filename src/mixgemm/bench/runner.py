@@ -182,6 +182,8 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
                     warm = prep.layer(x_in)
                     _sync(device)
                     del warm
+                    if prep.chosen is not None:
+                        rec["note"] = ", ".join(s for s in (prep.note, prep.chosen(x_in)) if s)
                     prep.before_call()
                     y = prep.layer(x_in)
                     _sync(device)
