@@ -222,9 +222,20 @@ def test_wrong_result_is_reported_not_timed():
     def prep_raises(w, ctx):
         raise RuntimeError("kernel exploded")
 
+    def prep_unexplained(w: torch.Tensor, ctx: Context) -> Prepared:  # right, but its entry cannot be asked
+
+        def chosen(x):
+            raise ValueError("no such entry")
+
+        return Prepared(layer=lambda x: F.linear(x, w), new_copy=lambda: (lambda x: F.linear(x, w)),
+                        x_map=lambda x: x, reference=lambda x: x.double() @ w.double().T, tol=2e-3,
+                        weight_bytes=lambda: w.numel() * 4, act_bytes=4, out_bytes=4, compute="fp32",
+                        note="fp32", chosen=chosen)
+
     meths = [m for m in all_methods([4], 128) if m.name == BASELINE_CPU]
     meths += [Method("deliberately wrong", "peer", prep_wrong, cpu=True),
               Method("raises", "peer", prep_raises, cpu=True),
+              Method("unexplained", "peer", prep_unexplained, cpu=True),
               Method("absent", "peer", prep_raises, unavailable=lambda ctx: "not installed", cpu=True),
               Method("partial", "peer", prep_wrong, applies=lambda m, k, n, ctx: "M too small" if m < 2 else None,
                      cpu=True)]
@@ -236,6 +247,8 @@ def test_wrong_result_is_reported_not_timed():
         assert "not timed" in r["note"]
         assert by[("raises", m)]["status"] == "error" and "kernel exploded" in by[("raises", m)]["note"]
         assert by[(BASELINE_CPU, m)]["status"] == "ok"
+        r = by[("unexplained", m)]  # timed: the entry is a note, not the case's outcome
+        assert r["status"] == "ok" and r["note"] == "fp32, entry unknown: ValueError: no such entry"
     assert by[("partial", 1)]["status"] == "n/a" and by[("partial", 4)]["status"] == "wrong"
     assert data["unavailable"] == {"absent": "not installed"}
     assert not any(r["method"] == "absent" for r in data["results"])

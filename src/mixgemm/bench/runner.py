@@ -26,7 +26,7 @@ import torch
 
 from mixgemm.bench import floors, protocol
 from mixgemm.bench.conv import CONV_BASELINE, CONV_BASELINES, ConvSpec
-from mixgemm.bench.methods import BASELINE_GPU, CPU_BASELINES, Context, Method, Refused
+from mixgemm.bench.methods import BASELINE_GPU, CPU_BASELINES, Context, Method, Prepared, Refused
 
 CHECK_ROWS = 256  # rows checked at each end of the output when M > 2 * CHECK_ROWS (bounds reference memory)
 
@@ -85,6 +85,15 @@ def _check_rows(m: int, device) -> torch.Tensor | None:
     if m <= 2 * CHECK_ROWS:
         return None
     return torch.cat([torch.arange(CHECK_ROWS), torch.arange(m - CHECK_ROWS, m)]).to(device)
+
+
+def _chosen(prep: Prepared, x: torch.Tensor) -> str:
+    """The entry the layer runs on x (Prepared.chosen), or why that could not be asked: a note, never the case's
+    failure."""
+    try:
+        return prep.chosen(x)
+    except Exception as e:
+        return "entry unknown: " + _short(e)
 
 
 def _short(e: BaseException, limit: int = 300) -> str:
@@ -183,7 +192,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] | None = None,
                     _sync(device)
                     del warm
                     if prep.chosen is not None:
-                        rec["note"] = ", ".join(s for s in (prep.note, prep.chosen(x_in)) if s)
+                        rec["note"] = ", ".join(s for s in (prep.note, _chosen(prep, x_in)) if s)
                     prep.before_call()
                     y = prep.layer(x_in)
                     _sync(device)
