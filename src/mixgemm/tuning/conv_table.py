@@ -10,7 +10,9 @@ that lands in the same M bucket (e.g. 24..32 at a given spatial size), reuses th
 kernel size and stride are categories and stay exact. The measured keys of one table fall into distinct buckets
 (checked on import; ResNet-50's channel counts are powers of two, each its own class).
 Value: (path, config) where path is "igemm" or "matmul" (1x1 convs: the shared Triton GEMM), config a
-tuple (block_m, block_n, block_k, split_k, num_warps, num_stages, swap_ab) for "igemm", None for "matmul".
+tuple (block_m, block_n, block_k, split_k, num_warps, num_stages, swap_ab) for "igemm", None for "matmul". The
+"matmul" rows are the sweep's record only: conv_as_matmul races each 1x1 layer instead (mixgemm.kernels.race), and
+an "igemm" row only gives the Triton implicit GEMM its tile.
 Only GPUs whose name contains a table's key use it (an H100 table is not applied to other GPUs).
 """
 
