@@ -107,7 +107,8 @@ def dequantize_matrix(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty((lay.n, lay.k), device=lay.weight.device, dtype=dtype)
     bn, bk = 64, 64
     gs = lay.group_size
-    tile_groups = bk // gs if gs < bk and bk % gs == 0 else 0
+    one_group = gs % bk == 0 or gs >= lay.k  # every tile inside one group (per channel: one group a row)
+    tile_groups = bk // gs if not one_group and bk % gs == 0 else 0
     _dequant_matrix_kernel[(triton.cdiv(lay.n, bn), triton.cdiv(lay.k, bk))](
         lay.weight,
         lay.scale,
@@ -122,7 +123,7 @@ def dequantize_matrix(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
         OUT_DTYPE=_TL_DTYPES[dtype],
         BLOCK_N=bn,
         BLOCK_K=bk,
-        ONE_GROUP=gs % bk == 0 or gs >= lay.k,
+        ONE_GROUP=one_group,
         TILE_GROUPS=tile_groups,
         num_warps=4,
     )
