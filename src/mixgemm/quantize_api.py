@@ -178,11 +178,12 @@ class W4A8(_Precision):
 @dataclass
 class QuantizeReport:
     """What quantize_ did: ``replaced`` (names), ``skipped`` ({name: why}), ``excluded`` (filter_fn said no),
-    ``hqq_inputs`` (method "hqq": where its input weighting came from, or why it had none), ``norm_kernels``
-    (the norms feeding only the new layers, computed by mixgemm's norm kernel on CUDA:
-    mixgemm.nn.norms.norm_kernels_at_norms), ``sibling_groups`` (the new layers reading one tensor, which compiled
-    one-row calls run as one launch: mixgemm.nn.siblings.join_siblings), ``experts_joined`` (the experts modules
-    whose decoding runs routed, their layouts joined now: mixgemm.nn.experts.join_experts)."""
+    ``hqq_inputs`` (method "hqq": where its input weighting came from, or why it had none), ``norm_kernels`` (the
+    norms computed by mixgemm's norm kernel on CUDA: those feeding only the new layers, eager and compiled, and the
+    model's other RMSNorms in eager mode: mixgemm.nn.norms.norm_kernels), ``sibling_groups`` (the new layers reading
+    one tensor, which compiled one-row calls run as one launch: mixgemm.nn.siblings.join_siblings),
+    ``experts_joined`` (the experts modules whose decoding runs routed, their layouts joined now:
+    mixgemm.nn.experts.join_experts)."""
 
     config: object
     replaced: list[str] = field(default_factory=list)
@@ -362,11 +363,11 @@ def quantize_(model: nn.Module, config: _Precision,
     if report.replaced:
         from mixgemm.checkpoints.native import attach_quantization_config
         from mixgemm.nn.experts import join_experts
-        from mixgemm.nn.norms import norm_kernels_at_norms
+        from mixgemm.nn.norms import norm_kernels
         from mixgemm.nn.siblings import join_siblings
 
         attach_quantization_config(model)  # transformers models: save_pretrained records every layer's format
-        report.norm_kernels = norm_kernels_at_norms(model)
+        report.norm_kernels = norm_kernels(model)
         report.sibling_groups = join_siblings(model)
         report.experts_joined = join_experts(model)
     return report

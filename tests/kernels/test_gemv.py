@@ -727,6 +727,20 @@ def test_gemv_every_format(bits, mode, group, act, kernel):
             _check(x * 4, qw, bias, "relu6")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["mma", "wg_simt", "simt"])
+def test_gemv_epilogue_follows_each_call(kind):
+    """A prepared GEMV launch writes its bias / clamp parameters only when a call asks for other ones than the last
+    (kernels/cuda/gemv_launch.GemvLaunch): one weight and M, calls alternating none, bias + relu6, none, relu, bias,
+    none, each against the reference."""
+    qw, gen = _make(211, 768, 4, 128, "zero_point", torch.float16, 5)
+    bias = torch.randn(211, generator=gen, device="cuda").half() * 0.1
+    x = torch.randn(1, 768, generator=gen, device="cuda").half() * 4
+    with kernel_options(force=FORCE[kind], configs=CONFIGS.get(kind, {})):
+        for b, activation in ((None, None), (bias, "relu6"), (None, None), (None, "relu"), (bias, None), (None, None)):
+            _check(x, qw, b, activation)
+
+
 def _check_every_group(bits, mode, act, ms, long_ms, seed, config_has=None):
     """The kernel the caller's kernel_options select, over every group size with odd N (211: 14 row tiles) at each M of
     ``ms`` (plain, and x 4 with bias + relu6), then x + 3 (a large common offset) on a long K (14336) at each M of

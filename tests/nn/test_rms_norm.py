@@ -18,7 +18,9 @@ from torch import nn
 import mixgemm  # noqa: F401  (registers torch.ops.mixgemm)
 from mixgemm.kernels.cuda import nvrtc
 from mixgemm.nn.norms import (
+    EAGER_NORM_ATTR,
     RMS_EPS_ATTR,
+    eager_norm_kernels,
     gather_act_order_at_norms,
     norm_kernels_at_norms,
     rms_norm_eps,
@@ -181,8 +183,9 @@ def test_compiled_model_runs_the_fused_norms(monkeypatch):
 @pytest.mark.parametrize("es,bf16", [(2, 0), (2, 1), (4, 0)])
 @pytest.mark.parametrize("add", [0, 1])
 @pytest.mark.parametrize("gather", [0, 1])
-def test_nvrtc_compiles_the_kernel(arch, es, bf16, add, gather):
-    defs = {"RN_ES": es, "RN_BF16": bf16, "RN_ADD": add, "RN_PERM": gather, "RN_PRE": 2}
+@pytest.mark.parametrize("unit", [0, 1])
+def test_nvrtc_compiles_the_kernel(arch, es, bf16, add, gather, unit):
+    defs = {"RN_ES": es, "RN_BF16": bf16, "RN_ADD": add, "RN_PERM": gather, "RN_PRE": 2, "RN_UNIT": unit}
     cubin = nvrtc.compile_cubin("rms_norm.cu", tuple(sorted(defs.items())), arch)
     assert len(cubin) > 1000 and cubin[:4] == b"\x7fELF"
 
@@ -274,9 +277,11 @@ def test_compiled_llama_on_the_gpu(dtype, act_order):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("arch,norms", [("llama", 4), ("qwen2", 4), ("gemma2", 0)])
 def test_plain_models_hand_their_norms_to_the_kernel(arch, norms, device):
-    """quantize_ gives the norms feeding only QuantLinears the hook (transformers' RMSNorm formula only); compiled on
-    CUDA, each such norm is one mixgemm.rms_norm without a permutation (on the CPU the compiler keeps its own), nothing
-    gathers, and the logits keep within float32 rounding; use_inductor_norms takes it back."""
+    """quantize_ gives the norms feeding only QuantLinears the hook (transformers' RMSNorm formula only), and every
+    other RMSNorm (the final norm; Gemma-2's four a layer, 1 + weight) the kernel in eager mode only; eager on CUDA the
+    logits keep within float32 rounding of the norms' own forwards; compiled on CUDA, each hooked norm is one
+    mixgemm.rms_norm without a permutation (on the CPU the compiler keeps its own), nothing gathers; use_inductor_norms
+    takes it all back."""
     from mixgemm.nn.norms import use_inductor_norms
 
     model = tiny_model(arch).to(device)
@@ -288,9 +293,12 @@ def test_plain_models_hand_their_norms_to_the_kernel(arch, norms, device):
 
     found = [n for n, m in model.named_modules() if hasattr(m, RMS_EPS_ATTR)]
     assert len(found) == norms and all(n.endswith("layernorm") for n in found)
-    assert norm_kernels_at_norms(model) == []  # quantize_ did it already: a second pass finds nothing to do
+    # every other RMSNorm computes the kernel in eager mode only (no hook: the compiler keeps its own forward)
+    taken = [n for n, m in model.named_modules() if hasattr(m, RMS_EPS_ATTR) or EAGER_NORM_ATTR in vars(m)]
+    assert "model.norm" in taken and len(taken) == (9 if arch == "gemma2" else norms + 1)
+    assert norm_kernels_at_norms(model) == [] and eager_norm_kernels(model) == []  # quantize_ did it already
     eager = run(model)  # on CUDA the norms' eager forward is the kernel (EagerNormForward), on the CPU their own
-    own = {name: vars(model.get_submodule(name)).pop("forward") for name in found}
+    own = {name: vars(model.get_submodule(name)).pop("forward") for name in taken}
     want = run(model)
     for name, forward in own.items():
         model.get_submodule(name).forward = forward
@@ -315,7 +323,7 @@ def test_plain_models_hand_their_norms_to_the_kernel(arch, norms, device):
             torch._dynamo.reset()
         assert [sum(c) for c in zip(*seen, strict=True)] == [expect, 0], seen
         assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
-        assert use_inductor_norms(model) == (found if first else [])  # taken back after the first round
+        assert use_inductor_norms(model) == (taken if first else [])  # taken back after the first round
     assert not any(m._forward_hooks or "forward" in vars(m) for m in model.modules())
     assert torch.equal(run(model), want)
 
@@ -332,6 +340,40 @@ def test_act_order_and_plain_norms_together():
     assert len(hooked) == 4 and all(hasattr(m, RMS_EPS_ATTR) for m in hooked)
     assert len(use_inductor_norms(model)) == 4
     assert all(m._forward_hooks and not hasattr(m, RMS_EPS_ATTR) for m in hooked)
+
+
+def test_eager_norm_kernels_take_every_other_rms_norm():
+    """eager_norm_kernels (in quantize_) gives the RMSNorms that feed no mixgemm layer alone the eager kernel: Gemma-2's
+    four a layer and its final norm (1 + weight: unit_offset_rms_norm, equal to transformers' bit for bit), Qwen3's
+    per-head q / k norms; a LayerNorm or a norm of another formula keeps its forward; on the CPU the logits are the
+    norms' own; use_inductor_norms takes them back."""
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+
+    from mixgemm.nn.norms import use_inductor_norms
+    from mixgemm.reference.norm import unit_offset_rms_norm
+
+    gemma = Gemma2RMSNorm(96, eps=1e-6)
+    with torch.no_grad():
+        gemma.weight.copy_(torch.randn(96, generator=torch.Generator().manual_seed(3)) * 0.1)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = (torch.randn(5, 96, generator=torch.Generator().manual_seed(4)) * 3).to(dtype)
+        assert torch.equal(unit_offset_rms_norm(x, gemma.weight.to(dtype), 1e-6), gemma.to(dtype)(x))
+    assert rms_norm_eps(gemma, 96) is None and rms_norm_eps(gemma, 96, unit=True) == 1e-6
+    expect = {"gemma2": [f"model.layers.{i}.{n}" for i in range(2) for n in (
+                  "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm")] + ["model.norm"],
+              "qwen3": [f"model.layers.{i}.self_attn.{n}" for i in range(2) for n in ("q_norm", "k_norm")]
+              + ["model.norm"]}
+    for arch, names in expect.items():
+        model = tiny_model(arch)
+        got = {n: vars(m)[EAGER_NORM_ATTR] for n, m in model.named_modules() if EAGER_NORM_ATTR in vars(m)}
+        assert list(got) == names and all(unit == (arch == "gemma2") for _, unit in got.values()), got
+        want = logits(model)
+        assert [n for n in use_inductor_norms(model) if n in got] == names
+        assert torch.equal(logits(model), want)
+    plain = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), _llama_norm(64))
+    plain[2].forward = lambda h: type(plain[2]).forward(plain[2], h)  # an instance-level forward of its own
+    assert eager_norm_kernels(plain) == []
 
 
 def test_eager_norm_forward_keeps_the_module_formula_elsewhere():
@@ -368,26 +410,63 @@ def test_eager_norm_forward_keeps_the_module_formula_elsewhere():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("k", [64, 3584, 4096 + 8])
+def test_eager_kernel_computes_gemmas_formula(dtype, k, rel_err):
+    """A Gemma-2 RMSNorm (1 + weight, rounded once) given the eager kernel (eager_norm_kernels): rows 1, 3, 17, 129
+    within the dtype's tolerance of a float64 norm of that formula, and of the module's own forward."""
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+
+    gen = torch.Generator(device="cuda").manual_seed(k)
+    holder = nn.Sequential(Gemma2RMSNorm(k, eps=1e-6)).to("cuda", dtype)
+    norm = holder[0]
+    with torch.no_grad():
+        norm.weight.copy_((torch.randn(k, generator=gen, device="cuda") * 0.3).to(dtype))
+    assert eager_norm_kernels(holder) == ["0"] and vars(norm)[EAGER_NORM_ATTR] == (1e-6, True)
+    for m in (1, 3, 17, 129):
+        x = (torch.randn(m, k, generator=gen, device="cuda") * 3).to(dtype)
+        with torch.no_grad():
+            y = norm(x)
+            own = type(norm).forward(norm, x)
+        want = (1 + norm.weight.double()) * _float64_norm(x, torch.ones_like(norm.weight), 1e-6)
+        assert y.dtype == dtype and rel_err(y, want) < TOL[dtype] and rel_err(own, want) < TOL[dtype], m
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_eager_norm_forward_is_the_kernel_on_the_gpu(dtype, rel_err, monkeypatch):
     """Eager on CUDA a hooked norm is one launch of mixgemm's kernel (rows 1, 3, 17, 129 and a batch), within the
-    dtype's tolerance of a float64 norm; an input it does not take (autograd, 0 rows) runs the module's forward."""
+    dtype's tolerance of a float64 norm, a repeated shape through the launch the norm kept (KeptNorm), also after its
+    weight is written in place or swapped; an input it does not take (autograd, 0 rows) runs the module's forward."""
     import mixgemm.kernels.cuda.rms_norm as rn
+    from mixgemm.nn.norms import KEPT_NORM_ATTR
 
     model = tiny_model("llama").to("cuda", dtype)
     norm = next(m for m in model.modules() if hasattr(m, RMS_EPS_ATTR))
     k = norm.weight.numel()
     launches = []
-    real = rn.rms_norm_rows
-    monkeypatch.setattr(rn, "rms_norm_rows", lambda *a: launches.append(a[0].shape) or real(*a))
+    for name in ("__call__", "rows"):
+        real = getattr(rn.NormLaunch, name)
+        monkeypatch.setattr(rn.NormLaunch, name,
+                            lambda self, *a, _real=real, _name=name: launches.append(_name) or _real(self, *a))
     gen = torch.Generator(device="cuda").manual_seed(2)
     for shape in ((1, k), (3, k), (17, k), (129, k), (2, 5, k)):
-        x = (torch.randn(shape, generator=gen, device="cuda") * 3).to(dtype)
-        before = x.clone()
-        with torch.no_grad():
-            y = norm(x)
-        assert y.shape == x.shape and y.dtype == dtype and torch.equal(x, before)
-        assert rel_err(y, _float64_norm(x, norm.weight, norm.variance_epsilon)) < TOL[dtype], shape
-    assert len(launches) == 5
+        for _ in range(2):  # the second call: the kept launch
+            x = (torch.randn(shape, generator=gen, device="cuda") * 3).to(dtype)
+            before = x.clone()
+            with torch.no_grad():
+                y = norm(x)
+            assert y.shape == x.shape and y.dtype == dtype and torch.equal(x, before)
+            assert rel_err(y, _float64_norm(x, norm.weight, norm.variance_epsilon)) < TOL[dtype], shape
+        assert norm.__dict__[KEPT_NORM_ATTR].key[0] == x.shape
+    assert launches == ["rows"] * 10
+    with torch.no_grad():
+        norm.weight.mul_(0.5)  # in place: the kept launch no longer applies (its check), the result follows it
+        assert rel_err(norm(x), _float64_norm(x, norm.weight, norm.variance_epsilon)) < TOL[dtype]
+        norm.weight.data = norm.weight.data * 3  # another tensor's memory
+        assert rel_err(norm(x), _float64_norm(x, norm.weight, norm.variance_epsilon)) < TOL[dtype]
+        strided = torch.randn(2, 5, 2 * k, device="cuda", dtype=dtype)[..., :k]  # the kept shape, not contiguous
+        assert rel_err(norm(strided), _float64_norm(strided, norm.weight, norm.variance_epsilon)) < TOL[dtype]
+    assert launches == ["rows"] * 12 + ["__call__"]
     x = torch.randn(2, k, device="cuda", dtype=dtype, requires_grad=True)
     assert torch.equal(norm(x), type(norm).forward(norm, x)) and norm(x[:0]).shape == (0, k)
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -398,4 +477,4 @@ def test_eager_norm_forward_is_the_kernel_on_the_gpu(dtype, rel_err, monkeypatch
         assert torch.equal(norm(TwoTensor(x, x)).a, type(norm).forward(norm, x))  # a subclass: no data pointer
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             assert norm(mode.from_tensor(x)).shape == (2, k)
-    assert len(launches) == 5
+    assert len(launches) == 13

@@ -49,6 +49,9 @@ def test_generate_e2e_tool_on_cpu(tmp_path):
     rc = _tool().main([*ARGS, "--out", str(tmp_path), "--memory-ms", "1,16", "--modes", "generate,static,compiled"])
     res = json.loads((tmp_path / "generate_e2e.json").read_text())
     assert rc == 0 and not res["errors"] and not res["failures"]
+    page = (tmp_path / "generate_e2e.md").read_text()  # the results page: the command, then the tables
+    assert page.startswith("# Generation") and "--modes generate,static,compiled" in page
+    assert "| qwen2-7b | generate |" in page and "| model | format | packed MB" in page
     (speed,) = res["speed"]
     assert set(speed["modes"]) == {"generate", "static", "compiled"}
     for mode, m in speed["modes"].items():

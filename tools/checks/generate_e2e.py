@@ -49,7 +49,8 @@ and memory targets, the greedy agreement and cosine > 0.9 against the fp16 model
         [--modes generate,static,continuous,compiled | --skip-compiled] [--layers L] [--strict]
     PYTHONPATH=src python -m tools.checks.generate_e2e --out DIR --smoke    (the logic on the CPU, tiny shapes)
 
-Prints a table, writes DIR/generate_e2e.json (rewritten after every measurement: a run cut short keeps what it had).
+Prints a table, writes DIR/generate_e2e.json (rewritten after every measurement: a run cut short keeps what it had)
+and, at the end, DIR/generate_e2e.md (the results page: benchmarks/results/<gpu>/generate.md).
 Runtime is mostly compilation: "static" and "compiled" each compile the whole model once per precision (tens of
 seconds each for a 7-8B model); --skip-compiled, --modes, --layers or fewer models per call keep a run short, and
 --time-budget S starts no model or mode after S seconds (each recorded as not run). GPU memory at its peak:
@@ -571,8 +572,9 @@ def table(results: dict) -> str:
         lines.append(f"| {r['model']} | {r['architecture']} | {r['decoder_layers']} | {r['dtype']} | "
                      f"{r['quantize']['replaced']} | "
                      f"{same}, {g['tokens']} tokens | {f['cosine']:.4f} / {f['cosine_dequantized']:.5f} |")
-    lines += ["", "| model | format | packed MB | resident / packed | cuda-held / packed | allocated after sweep GB |"
-              " cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
+    if any("meets" in r for r in results["memory"]):
+        lines += ["", "| model | format | packed MB | resident / packed | cuda-held / packed | allocated after sweep "
+                  "GB | cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
     for r in results["memory"]:
         if "meets" not in r:
             continue
@@ -581,6 +583,20 @@ def table(results: dict) -> str:
                      f"{cuda} | {gb(r.get('allocated_after_sweep_gb'))} | {r['first_step']['cosine']:.4f} / "
                      f"{r['first_step']['cosine_dequantized']:.5f} |")
     return "\n".join(lines)
+
+
+def markdown(results: dict) -> str:
+    """The run as a results page: what ran it, then table()."""
+    st = results["settings"]
+    head = (f"# Generation, quantized against float: {results['gpu']}\n\n"
+            f"`python -m tools.checks.generate_e2e --models {','.join(st['models'])} --modes {','.join(st['modes'])} "
+            f"--new-tokens {st['new_tokens']} --repeats {st['repeats']}` (torch {results['torch']}, transformers "
+            f"{results.get('transformers', '-')}): random weights at the published sizes, batch 1, a "
+            f"{st['prompt_len']}-token prompt, tokens/s of `model.generate` as a user times it (prefill included), "
+            f"median of {st['repeats']} rounds in which the two models take turns. Quantized: "
+            "`mixgemm.quantize_(model, W4A16(group_size=128))`; MoE models in bfloat16 (the float column then holds "
+            "bf16). Ratio: quantized / float tokens/s; targets: issue 108.\n\n")
+    return head + table(results) + "\n"
 
 
 def main(argv=None) -> int:
@@ -701,6 +717,7 @@ def main(argv=None) -> int:
     bad, missed = failures(results), misses(results)
     results["failures"], results["missed_targets"] = bad, missed
     save()
+    (out / "generate_e2e.md").write_text(markdown(results))
     print(table(results))
     for line in results.get("not_run", []):
         print(f"not run: {line}")

@@ -1,4 +1,4 @@
-"""Where the host time of an eager ``model.generate`` goes, fp16 against mixgemm.quantize_ (W4A16 g128), on a 7-8B
+"""Where the host time of an eager ``model.generate`` goes, fp16 against mixgemm.quantize_ (W4A16 g128), on a
 Hugging Face model's shapes (random weights; --layers keeps fewer decoder layers, the shapes unchanged).
 
 Eager decoding is host-bound: a quantized model decodes as fast as the fp16 one only if its Python and launch time per
@@ -24,7 +24,7 @@ import pstats
 import torch
 
 import mixgemm
-from mixgemm.integrations.hf import model_config, random_model
+from mixgemm.integrations.hf import TINY_TWINS, model_config, random_model
 from tools.checks.generate_e2e import Settings, generate_once, prompt, time_generate
 
 
@@ -41,19 +41,22 @@ def own_times(model, ids, s: Settings) -> dict[str, tuple[float, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="qwen2-7b", choices=["qwen2-7b", "llama3-8b"])
+    ap.add_argument("--model", default="qwen2-7b", choices=sorted(TINY_TWINS))
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--plain", action="store_true", help="also a quantize_(compact=False) copy")
     ap.add_argument("--own-norms", action="store_true", help="also a copy on the model's own norms")
+    ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"],
+                    help="both models' dtype (bfloat16: as the MoE models are compared)")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("times CUDA decoding and needs a CUDA GPU")
     over = {} if args.layers is None else {"num_hidden_layers": args.layers}
-    fp16 = random_model(model_config(args.model, **over), dtype=torch.float16, device="cuda")
+    dtype = getattr(torch, args.dtype)
+    fp16 = random_model(model_config(args.model, **over), dtype=dtype, device="cuda")
     models = {"fp16": fp16}
     variants = [("w4a16", True)] + ([("w4a16_plain", False)] if args.plain else [])
     for tag, compact in variants:
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         mixgemm.quantize_(q, mixgemm.W4A16(group_size=128))
         use_inductor_norms(q)
         models["w4a16_own_norms"] = q
-    s = Settings(device="cuda", dtype=torch.float16, tiny=False, new_tokens=args.new_tokens, prompt_len=32,
+    s = Settings(device="cuda", dtype=dtype, tiny=False, new_tokens=args.new_tokens, prompt_len=32,
                  repeats=args.repeats, warmup=0, seed=0)
     ids = prompt(fp16, s)
     times = time_generate(models, ids, s, static=False)  # warmed up once, then the models in turns

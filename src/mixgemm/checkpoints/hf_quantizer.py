@@ -107,12 +107,12 @@ class MixgemmHfQuantizer(_LoadingQuantizer):
 
 def _as_from_pretrained(model):
     """What mixgemm.from_pretrained does to a loaded model's QuantLinears, done to one transformers loaded."""
-    from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
+    from mixgemm.nn.norms import arrange_act_order, norm_kernels
     from mixgemm.nn.siblings import join_siblings
     from mixgemm.quantize_api import auto_compact_
 
     arrange_act_order(model)  # act-order layers as mixgemm.from_pretrained leaves them (exact)
-    norm_kernels_at_norms(model)  # the other norms feeding mixgemm layers: its norm kernel on CUDA
+    norm_kernels(model)  # the other norms: mixgemm's norm kernel on CUDA (those feeding mixgemm layers compiled too)
     auto_compact_(model)  # one resident layout per weight on an sm_90 GPU, as mixgemm.from_pretrained
     join_siblings(model)  # q / k / v and gate / up as one launch in compiled one-row calls
     return model

@@ -30,24 +30,25 @@ from mixgemm.checkpoints.conversions import (
     split_quantized,
 )
 from mixgemm.nn.experts import holds_fused_experts, join_experts, prepare_skeleton
-from mixgemm.nn.norms import arrange_act_order, norm_kernels_at_norms
+from mixgemm.nn.norms import arrange_act_order, norm_kernels
 from mixgemm.nn.siblings import join_siblings
 
 
 @dataclass
 class LoadReport:
-    """What from_pretrained did: ``source`` (the format read), ``quantized`` (layer names, with ``inexact``
-    the ones whose weights are a re-quantization, e.g. GGUF Q6_K), ``skipped`` ({name: why} for Linears left float),
-    ``ignored`` (checkpoint tensors that the model has no place for), ``perm_folded`` (act-order down
-    projections whose input permutation went into their MLP's gate / up rows, mixgemm.nn.fold_perm) and
-    ``perm_at_norms`` (act-order layers whose input the norm before them gathers under torch.compile,
-    mixgemm.nn.norms), ``norm_kernels`` (the other norms feeding QuantLinears that mixgemm's norm
-    kernel computes on CUDA), ``sibling_groups`` (the layers reading one tensor that compiled one-row calls run as
-    one launch, mixgemm.nn.siblings) and ``experts_joined`` (the experts modules whose decoding runs routed, their
-    layouts joined at load: mixgemm.nn.experts.join_experts). ``dequantized``: {tensor: what} for GGUF tensors
-    stored quantized that the model holds as float (embeddings; Linears excluded or tied), with their bytes in the
-    file and in the model (a re-saved model stores them as float). ``hqq_inputs``: with a quantization_config of
-    method "hqq", what weighed its inputs (none while loading: mixgemm.quantize_ on a float model weighs them)."""
+    """What from_pretrained did: ``source`` (the format read), ``quantized`` (layer names, with ``inexact`` the ones
+    whose weights are a re-quantization, e.g. GGUF Q6_K), ``skipped`` ({name: why} for Linears left float),
+    ``ignored`` (checkpoint tensors that the model has no place for), ``perm_folded`` (act-order down projections
+    whose input permutation went into their MLP's gate / up rows, mixgemm.nn.fold_perm) and ``perm_at_norms``
+    (act-order layers whose input the norm before them gathers under torch.compile, mixgemm.nn.norms),
+    ``norm_kernels`` (the other norms that mixgemm's norm kernel computes on CUDA: those feeding QuantLinears, and
+    in eager mode the model's other RMSNorms), ``sibling_groups`` (the layers reading one tensor that compiled
+    one-row calls run as one launch, mixgemm.nn.siblings) and ``experts_joined`` (the experts modules whose decoding
+    runs routed, their layouts joined at load: mixgemm.nn.experts.join_experts). ``dequantized``: {tensor: what} for
+    GGUF tensors stored quantized that the model holds as float (embeddings; Linears excluded or tied), with their
+    bytes in the file and in the model (a re-saved model stores them as float). ``hqq_inputs``: with a
+    quantization_config of method "hqq", what weighed its inputs (none while loading: mixgemm.quantize_ on a float
+    model weighs them)."""
 
     source: str
     quantized: list[str] = field(default_factory=list)
@@ -598,7 +599,7 @@ def from_pretrained(path: str, gguf_file: str | None = None, device=None, dtype:
     if quantization_config is not None and quantization_config.method == "hqq":
         report.hqq_inputs = HQQ_WHILE_LOADING
     report.perm_folded, report.perm_at_norms = arrange_act_order(model)
-    report.norm_kernels = norm_kernels_at_norms(model)
+    report.norm_kernels = norm_kernels(model)
     if report.ignored:
         warnings.warn(f"from_pretrained: {len(report.ignored)} checkpoint tensors have no place in the model and were "
                       f"ignored, e.g. {report.ignored[:5]}", stacklevel=2)

@@ -65,6 +65,11 @@ def current_options() -> KernelOptions:
     return _current.get()
 
 
+def default_options_active() -> bool:
+    """current_options().is_default in one call: a kept launch's per-call check (mixgemm.ops.eager)."""
+    return _current.get() is _DEFAULT
+
+
 def push_options(new: KernelOptions):
     """Make ``new`` current; returns the token for pop_options (mixgemm.kernels.registry.kernel_options uses these)."""
     return _current.set(new)

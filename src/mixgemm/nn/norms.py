@@ -21,9 +21,11 @@ Under torch.compile both happen in a forward hook on the norm (``torch.compiler.
 ``QuantLinear.gathers_input()``). In eager mode the norm's forward itself is mixgemm's kernel on CUDA
 (``EagerNormForward``, an instance-level forward): eager decoding is host-bound, and transformers' RMSNorm is eight
 launches (cast, pow, mean, add, rsqrt, mul, cast, mul) where the kernel is one. Its output is not gathered there (a
-gather launch would be host time; act-order layers gather in their kernels).
-quantize_, mixgemm.from_pretrained and the transformers quantizer apply it (norm_kernels_at_norms;
-``arrange_act_order``); use_inductor_norms undoes the norm kernel.
+gather launch would be host time; act-order layers gather in their kernels). For the same reason every other RMSNorm
+of the model (the final norm, per-head q / k norms, Gemma's norms of weight 1 + w) gets that eager forward too, without
+the hook (eager_norm_kernels), and a norm keeps the launch of its last call for the next one of that shape (KeptNorm).
+quantize_, mixgemm.from_pretrained and the transformers quantizer apply it (norm_kernels; ``arrange_act_order``);
+use_inductor_norms undoes the norm kernel.
 
 Which layers a norm feeds is read from the forward sources (``ast``), not from module names: in the parent's
 forward, ``v = self.<norm>(...)`` must be used exactly once before ``v`` is reassigned, as an argument of a call to
@@ -46,14 +48,20 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch._C import _len_torch_dispatch_stack as _dispatch_modes
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from mixgemm.kernels.options import default_options_active
 from mixgemm.nn.linear import QuantLinear
 from mixgemm.ops.dispatch import flat_rows, kernel_perm
+from mixgemm.ops.kept_launches import version_of
 
 PERM_BUFFER = "mixgemm_output_perm"
 RMS_EPS_ATTR = "mixgemm_rms_eps"  # set on a norm that mixgemm's norm kernel computes (eager and compiled, on CUDA)
 HOOK_ATTR = "_mixgemm_norm_hook"  # True on a norm that has the forward hook (installed once)
+# (eps, unit) on a norm that mixgemm's norm kernel computes in eager mode only (eager_norm_kernels: a norm feeding
+# something other than mixgemm layers; unit: Gemma's formula, 1 + weight)
+EAGER_NORM_ATTR = "mixgemm_eager_norm"
 
 
 @dataclass(frozen=True)
@@ -178,10 +186,11 @@ def _norm_hook(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor | 
 
 
 class EagerNormForward:
-    """The instance-level forward of a norm that computes transformers' RMSNorm (RMS_EPS_ATTR set): outside
-    torch.compile, a CUDA input in the weight's dtype with nothing for autograd to record runs mixgemm's norm kernel
-    (one launch, the module's output ungathered); anything else, and every call under torch.compile (where the forward
-    hook hands the norm to the kernel), the module's class forward."""
+    """The instance-level forward of a norm that computes transformers' RMSNorm (RMS_EPS_ATTR set) or, in eager mode
+    only, one of the formulas eager_norm_kernels finds (EAGER_NORM_ATTR): outside torch.compile, a CUDA input in the
+    weight's dtype with nothing for autograd to record runs mixgemm's norm kernel (one launch, the module's output
+    ungathered; a repeated input shape through the launch the norm kept, KeptNorm); anything else, and every call under
+    torch.compile (where the forward hook, if any, hands the norm to the kernel), the module's class forward."""
 
     __slots__ = ("norm",)
 
@@ -197,9 +206,42 @@ class EagerNormForward:
         return type(norm).forward(norm, *args, **kwargs)
 
 
+@dataclass(frozen=True, slots=True)
+class KeptNorm:
+    """The norm kernel's launch an eager norm ran its last call through, for the next call of that input shape: an
+    eager decode step calls each norm once with the same shape, and is bound by the host time of its calls."""
+
+    key: tuple  # x's shape, dtype, device index
+    launch: object  # mixgemm.kernels.cuda.rms_norm.NormLaunch
+    weight: torch.Tensor
+    weight_ptr: int
+    weight_version: int
+
+    # not carried by a deep copy or a pickle of the norm (the launch holds ctypes parameters): a copy keeps its own
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return type(None), ()
+
+
+KEPT_NORM_ATTR = "_mixgemm_kept_norm"
+
+
 def _eager_rms_norm(norm: nn.Module, x) -> torch.Tensor | None:
     """norm(x) by mixgemm's norm kernel, or None where it does not take x (the caller runs the module's forward)."""
-    eps = norm.__dict__.get(RMS_EPS_ATTR)
+    kept = norm.__dict__.get(KEPT_NORM_ATTR)
+    if kept is not None and type(x) is torch.Tensor and kept.key == (x.shape, x.dtype, x.get_device()):
+        # what can change between two calls of one shape: the weight, x's layout, autograd, modes and options
+        weight = norm._parameters.get("weight")
+        if weight is kept.weight and weight.data_ptr() == kept.weight_ptr and weight._version == kept.weight_version \
+                and x.is_contiguous() and x.data_ptr() % 16 == 0 and not _dispatch_modes() \
+                and default_options_active() and not torch.jit.is_tracing() \
+                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+            return kept.launch.rows(x, weight)
+    eps, unit = norm.__dict__.get(RMS_EPS_ATTR), False
+    if eps is None:
+        eps, unit = norm.__dict__.get(EAGER_NORM_ATTR, (None, False))
     weight = norm._parameters.get("weight")
     # plain tensors only, outside dispatch modes and tracers: a tensor subclass (DTensor, fake tensors) has no data
     # pointer the kernel could read, and a tracer would not see the launch
@@ -208,13 +250,18 @@ def _eager_rms_norm(norm: nn.Module, x) -> torch.Tensor | None:
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) \
             or _get_current_dispatch_mode() is not None or torch.jit.is_tracing():
         return None
-    from mixgemm.kernels.cuda.rms_norm import rms_norm_rows, unsupported_reason
+    from mixgemm.kernels.cuda.rms_norm import norm_launch, unsupported_reason
 
     k = x.shape[-1]
     x2d = flat_rows(x, k)[1]
     if unsupported_reason(x2d, weight, None) is not None:
         return None
-    return rms_norm_rows(x2d, None, weight, eps, None)[1].view(x.shape)
+    launch = norm_launch(x2d.shape[0], k, False, False, x.dtype, x.device, eps, unit)
+    if x.is_contiguous() and default_options_active() and version_of(weight) >= 0:
+        norm.__dict__[KEPT_NORM_ATTR] = KeptNorm((x.shape, x.dtype, x.get_device()), launch, weight,
+                                                  weight.data_ptr(), weight._version)
+        return launch.rows(x, weight)
+    return launch(x2d, None, weight, None)[1].view(x.shape)
 
 
 def _hook_norm(norm: nn.Module, eps: float | None) -> None:
@@ -225,6 +272,7 @@ def _hook_norm(norm: nn.Module, eps: float | None) -> None:
         from mixgemm.ops import fuse_norm_add  # (imports torch._inductor: only when there is a norm for it)
 
         setattr(norm, RMS_EPS_ATTR, eps)
+        norm.__dict__.pop(KEPT_NORM_ATTR, None)
         fuse_norm_add.install()
         if "forward" not in vars(norm):
             norm.forward = EagerNormForward(norm)
@@ -232,12 +280,12 @@ def _hook_norm(norm: nn.Module, eps: float | None) -> None:
     setattr(norm, HOOK_ATTR, True)
 
 
-def rms_norm_eps(norm: nn.Module, k: int) -> float | None:
+def rms_norm_eps(norm: nn.Module, k: int, unit: bool = False) -> float | None:
     """The epsilon of ``norm`` when it computes mixgemm.reference.rms_norm with its ``weight`` [k] (transformers'
-    Llama / Qwen2 / Mistral RMSNorm and their copies), else None. Checked on a random row on the norm's device, not
-    by class name: a norm with another formula (Gemma's 1 + weight, a LayerNorm) or a weight on the meta device keeps
-    the plain gather."""
-    from mixgemm.reference.norm import rms_norm
+    Llama / Qwen2 / Mistral RMSNorm and their copies; with ``unit``, unit_offset_rms_norm: Gemma's), else None.
+    Checked on a random row on the norm's device, not by class name: a norm with another formula (Gemma's 1 + weight
+    without ``unit``, a LayerNorm) or a weight on the meta device keeps the plain gather."""
+    from mixgemm.reference.norm import rms_norm, unit_offset_rms_norm
 
     weight = norm._parameters.get("weight")
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
@@ -251,7 +299,7 @@ def rms_norm_eps(norm: nn.Module, k: int) -> float | None:
             got = norm(x)
         except Exception:  # a norm that cannot take a plain [rows, K] input is not this formula
             return None
-        want = rms_norm(x, weight, eps)
+        want = (unit_offset_rms_norm if unit else rms_norm)(x, weight, eps)
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
         return None
     tol = 4 * torch.finfo(want.dtype).eps
@@ -346,15 +394,55 @@ def norm_kernels_at_norms(model: nn.Module) -> list[str]:
     return done
 
 
+def eager_norm_kernels(model: nn.Module) -> list[str]:
+    """Let mixgemm's norm kernel compute, in eager mode on CUDA, every other RMSNorm of the model (transformers' formula
+    or Gemma's, 1 + weight): the norms norm_kernels_at_norms leaves (feeding a residual add, per-head q / k norms, the
+    final norm) through an instance-level forward (EagerNormForward), without the forward hook, so torch.compile traces
+    their own forward. Why: an eager decode step is bound by its host time, and transformers' RMSNorm is eight
+    launches (Gemma-2 has four per layer). Returns the norms' names; the model computes the same outputs (the mean
+    summed in another order). A norm whose weight is not [K] of floats, or that already has an instance-level forward,
+    is left alone."""
+    done = []
+    for name, norm in model.named_modules():
+        weight = norm._parameters.get("weight") if not isinstance(norm, QuantLinear) else None
+        if weight is None or weight.dim() != 1 or "forward" in vars(norm) or HOOK_ATTR in vars(norm) \
+                or any(True for _ in norm.children()):
+            continue
+        k = weight.numel()
+        for unit in (False, True):
+            eps = rms_norm_eps(norm, k, unit)
+            if eps is not None:
+                setattr(norm, EAGER_NORM_ATTR, (eps, unit))
+                norm.forward = EagerNormForward(norm)
+                done.append(name)
+                break
+    return done
+
+
+def norm_kernels(model: nn.Module) -> list[str]:
+    """What quantize_, mixgemm.from_pretrained and the transformers quantizer give a model's norms:
+    norm_kernels_at_norms (the norms feeding only mixgemm layers: eager and compiled), then eager_norm_kernels (the
+    model's other RMSNorms: eager). Returns the norms' names."""
+    return norm_kernels_at_norms(model) + eager_norm_kernels(model)
+
+
 def use_inductor_norms(model: nn.Module) -> list[str]:
     """Undo what norm_kernels_at_norms and gather_act_order_at_norms give the norms' computation: eager mode and
     torch.compile then run each norm as the model's source has it (the norms gathering for act-order layers gather
     its output with gather_columns). For A/B runs, or to rule mixgemm's norm kernel out. Returns the norms' names."""
     done = []
     for name, norm in model.named_modules():
+        if EAGER_NORM_ATTR in vars(norm):  # (eager_norm_kernels: no hook)
+            delattr(norm, EAGER_NORM_ATTR)
+            norm.__dict__.pop(KEPT_NORM_ATTR, None)
+            if isinstance(vars(norm).get("forward"), EagerNormForward):
+                del norm.forward
+            done.append(name)
+            continue
         if getattr(norm, RMS_EPS_ATTR, None) is None:
             continue
         delattr(norm, RMS_EPS_ATTR)
+        norm.__dict__.pop(KEPT_NORM_ATTR, None)
         if isinstance(vars(norm).get("forward"), EagerNormForward):
             del norm.forward
         if PERM_BUFFER not in norm._buffers:  # nothing left for the hook to do

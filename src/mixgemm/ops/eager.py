@@ -17,14 +17,16 @@ checks that can change between calls.
 from __future__ import annotations
 
 import torch
+from torch._C import _len_torch_dispatch_stack as _dispatch_modes
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from mixgemm._checks import check_matmul_inputs
 from mixgemm.formats.activation import act_block_size, check_act
+from mixgemm.kernels.options import default_options_active
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.custom_ops import mode_params, weight_from_tensors
 from mixgemm.ops.dispatch import cached_choice, cuda_matmul, flat_rows, plan_launch
-from mixgemm.ops.kept_launches import keep, kept, run_kept, weight_token
+from mixgemm.ops.kept_launches import KEPT_ATTR, holds_weight, keep, weight_token
 from mixgemm.ops.matmul import matmul
 
 _INF = float("inf")
@@ -37,21 +39,35 @@ def _token(mod) -> tuple:
 
 def fast_call(mod, x: torch.Tensor) -> torch.Tensor | None:
     """QuantLinear ``mod``'s output for x through the launch it kept for x's shape, dtype and device, or None when
-    there is none or it does not apply now (a compiler or dispatch mode, autograd to record, other kernel options, a
-    changed weight, a strided x)."""
-    # is_compiling first: under torch.compile it is a constant, and nothing after it is traced (the kept launches and
-    # the kernel options' context variable are eager-only state)
-    if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
+    there is none or it does not apply now (a dispatch mode, autograd to record, other kernel options, a changed
+    weight, a strided x, a bias that is not an [N] vector on x's device: the full path then checks and names the
+    problem). The caller checked that no compiler is tracing (under torch.compile nothing here is traced: the kept
+    launches and the kernel options' context variable are eager-only state).
+
+    Every eager decode step makes a few hundred of these calls and is bound by their host time, so the checks are
+    written out here rather than in helpers (each Python frame is a fraction of a microsecond, and a slow host
+    multiplies it)."""
+    if type(x) is not torch.Tensor:
         return None
-    hit = kept(mod.__dict__, (x.shape, x.dtype, x.get_device()))
-    if hit is None or _get_current_dispatch_mode() is not None:
+    launches = mod.__dict__.get(KEPT_ATTR)
+    if not launches:
+        return None
+    hit = launches.get((x.shape, x.dtype, x.get_device()))
+    if hit is None or _dispatch_modes() or not default_options_active():
         return None
     bias = mod._parameters["bias"]
     if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
         return None
-    if hit.token != _token(mod):
+    b = mod._buffers
+    mode = mod.config.mode
+    third = b["zeros"] if mode == "zero_point" else b["offsets"] if mode == "offset" else None
+    if not holds_weight(hit.token, b["qweight"], b["scales"], third) or not x.is_contiguous():
         return None
-    return run_kept(hit, x, bias)
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != hit.n or bias.get_device() != x.get_device()):
+        return None
+    if hit.takes_rows or x.dim() == 2:
+        return hit.launch(x, bias, hit.lo, hit.hi)
+    return hit.launch(x.view(-1, x.shape[-1]), bias, hit.lo, hit.hi).view(*x.shape[:-1], hit.n)
 
 
 def _keep(mod, x: torch.Tensor, launch, n: int) -> None:

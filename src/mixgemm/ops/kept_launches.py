@@ -21,7 +21,7 @@ import torch
 from mixgemm.kernels.options import current_options
 
 MAX_KEPT = 256  # prefill lengths vary: a bounded table, emptied when full
-_ATTR = "_mixgemm_launches"
+KEPT_ATTR = "_mixgemm_launches"  # the owner's __dict__ entry holding its PreparedTable
 
 
 class PreparedTable(dict):
@@ -66,15 +66,29 @@ def weight_token(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tenso
             -1 if offsets is None else offsets.data_ptr(), version_of(offsets))
 
 
+def holds_weight(token: tuple, qweight: torch.Tensor, scales: torch.Tensor, third: torch.Tensor | None) -> bool:
+    """token == weight_token(qweight, scales, ...) for the tensors a mode reads (third: its zeros or offsets, None for
+    sym), without building the token: the eager path's per-call check (one frame where weight_token takes five)."""
+    if qweight.data_ptr() != token[0] or scales.data_ptr() != token[2]:
+        return False
+    # (a version of -1: an inference tensor, which has no counter to compare)
+    if (token[1] >= 0 and qweight._version != token[1]) or (token[3] >= 0 and scales._version != token[3]):
+        return False
+    if third is None:
+        return token[4] == -1 and token[6] == -1
+    at = 4 if token[4] != -1 else 6
+    return third.data_ptr() == token[at] and (token[at + 1] < 0 or third._version == token[at + 1])
+
+
 def forget(owner: dict) -> None:
     """Drop the launches ``owner`` keeps (its weight moved: they point at the old device's layouts)."""
-    owner.pop(_ATTR, None)
+    owner.pop(KEPT_ATTR, None)
 
 
 def kept(owner: dict, key) -> Kept | None:
     """The launch ``owner`` (an object's __dict__) keeps under ``key``, if any and the kernel options are the
     default ones."""
-    launches = owner.get(_ATTR)
+    launches = owner.get(KEPT_ATTR)
     if not launches:
         return None
     hit = launches.get(key)
@@ -98,9 +112,9 @@ def keep(owner: dict, key, token: tuple, launch, n: int, lo: float, hi: float, x
     options are the default ones."""
     if launch is None or not x.is_contiguous() or not current_options().is_default:
         return
-    launches = owner.get(_ATTR)
+    launches = owner.get(KEPT_ATTR)
     if launches is None:
-        launches = owner[_ATTR] = PreparedTable()
+        launches = owner[KEPT_ATTR] = PreparedTable()
     elif len(launches) >= MAX_KEPT or next(iter(launches.values())).token != token:
         # full, or kept for weight tensors that have changed since: their launches would hold the old layouts alive
         launches.clear()

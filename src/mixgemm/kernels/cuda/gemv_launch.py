@@ -27,7 +27,7 @@ import torch
 
 from mixgemm.formats.weight import QuantizedWeight
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.launch import new_rows
+from mixgemm.kernels.cuda.launch import new_rows, new_rows_like
 
 GEMV_MAX_M = 16
 WARPS = 8
@@ -152,7 +152,7 @@ class GemvLaunch:
     writes the x / y / bias / clamp parameters and launches on the current stream. It holds the layout, so the
     weight pointers in its parameters stay valid as long as it lives."""
 
-    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "_vals", "_lock", "_kp")
+    __slots__ = ("launch", "layout", "m", "n", "dtype", "device", "_vals", "_lock", "_kp", "_es", "_epilogue")
 
     # x may come zero-padded to at least the layout's padded K (mixgemm.kernels.cuda.gather_x writes it so)
     reads_padded_x = True
@@ -163,30 +163,35 @@ class GemvLaunch:
         self.launch, self.layout, self.m, self.n, self.dtype, self.device = launch, layout, m, n, dtype, device
         self._vals, self._lock = launch.params.values, launch.params.lock
         self._kp = layout.k_padded
+        self._es = dtype.itemsize
+        # the (lo, hi) the parameters hold for a call without bias, or None after a call with one: a repeated call
+        # writes no epilogue (prepare wrote none: no bias, no clamp)
+        self._epilogue = (-math.inf, math.inf)
 
     def __call__(self, x2d: torch.Tensor, bias: torch.Tensor | None, lo: float, hi: float,
                  perm: torch.Tensor | None = None) -> torch.Tensor:
         """clamp(x2d @ dequant(W).T + bias, lo, hi) for x2d [M, K] (unit stride along K) of the prepared M and
         dtype, or x2d [M, >= Kp] zero-padded past K (read as it is), or a contiguous [..., K] of M rows (y [..., N]);
         perm: the kernel permutation of a launch prepared for an act-order layer (None otherwise)."""
-        es = x2d.element_size()
+        es = self._es
         # the row stride: a contiguous [..., K]'s rows are K apart (its size-1 dims may carry any stride)
-        ld = x2d.stride(0) if x2d.dim() == 2 else x2d.shape[-1]
-        if x2d.shape[-1] >= self._kp and x2d.data_ptr() % 16 == 0 and (ld * es) % 16 == 0:
-            xk = x2d
-        else:
+        two_d = x2d.dim() == 2
+        ld = x2d.stride(0) if two_d else x2d.shape[-1]
+        xp = x2d.data_ptr()
+        if x2d.shape[-1] < self._kp or xp % 16 or (ld * es) % 16:
             xk = _prepare_x(x2d.reshape(-1, x2d.shape[-1]), self.layout)
-            ld = xk.stride(0)
-        # (positional sizes: torch.empty parses them faster than a tuple, a few tenths of a microsecond a call)
-        y = (new_rows(self.m, self.n, self.dtype, self.device) if x2d.dim() == 2
-             else torch.empty(*x2d.shape[:-1], self.n, dtype=self.dtype, device=self.device))
+            ld, xp = xk.stride(0), xk.data_ptr()
+        y = new_rows(self.m, self.n, self.dtype, self.device) if two_d else \
+            new_rows_like(x2d.shape[:-1], self.n, self.dtype, self.device)
         v = self._vals
         with self._lock:  # (launch.Params: written and launched by one thread at a time)
-            v[_X].value = xk.data_ptr()
+            v[_X].value = xp
             v[_XSTRIDE].value = ld * es // 16
             v[_Y].value = y.data_ptr()
             v[_YSTRIDE].value = self.n
-            nvrtc.set_bias_clamp(v, _EPILOGUE, bias, lo, hi)
+            if bias is not None or self._epilogue != (lo, hi):
+                nvrtc.set_bias_clamp(v, _EPILOGUE, bias, lo, hi)
+                self._epilogue = None if bias is not None else (lo, hi)
             v[_PERM].value = 0 if perm is None else perm.data_ptr()
             self.launch()
         return y

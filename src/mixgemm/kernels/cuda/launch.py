@@ -168,12 +168,31 @@ def new_rows(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.
     prepared launch's host time is what an eager decode step or a compiled graph without CUDA graphs pays per layer.
     The fast allocator takes the current device, so it is used only when that is ``device``."""
     global _empty_strided_cuda
-    if _empty_strided_cuda is not None and torch._C._cuda_getDevice() == device.index:
+    if _empty_strided_cuda is not None and device.type == "cuda" and torch._C._cuda_getDevice() == device.index:
         try:
             return _empty_strided_cuda((m, n), (n, 1), dtype)
         except TypeError:  # a private function: another signature in this PyTorch, so torch.empty from now on
             _empty_strided_cuda = None
     return torch.empty(m, n, dtype=dtype, device=device)
+
+
+def new_rows_like(lead: torch.Size, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """new_rows for an output of shape (*lead, n), contiguous: a [batch, tokens, K] input's output comes out in its
+    shape with no view (transformers' layers call with 3-D inputs, once per layer and decode step)."""
+    global _empty_strided_cuda
+    if _empty_strided_cuda is not None and device.type == "cuda" and torch._C._cuda_getDevice() == device.index:
+        if len(lead) == 2:  # [batch, tokens]: the usual case, spelled out
+            size, stride = (lead[0], lead[1], n), (lead[1] * n, n, 1)
+        else:
+            size, inner = (*lead, n), [1]
+            for d in reversed(size[1:]):
+                inner.append(inner[-1] * d)
+            stride = tuple(reversed(inner))
+        try:
+            return _empty_strided_cuda(size, stride, dtype)
+        except TypeError:
+            _empty_strided_cuda = None
+    return torch.empty(*lead, n, dtype=dtype, device=device)
 
 
 class Params:

@@ -10,7 +10,9 @@
 // With RN_ADD it also does the residual add before the norm (h = a + b, written out for the residual stream; the
 // inductor pass mixgemm.ops.fuse_norm_add hands it over), so the step runs no more kernels than inductor's own.
 // Arithmetic as transformers' RMSNorm: h in fp32, mean of squares, * rsqrt(mean + eps), rounded to the input dtype,
-// times the weight and rounded (the product of two 16-bit floats is exact in fp32, so this is the 16-bit multiply).
+// times the weight and rounded (the product of two 16-bit floats is exact in fp32, so this is the 16-bit multiply);
+// RN_UNIT as Gemma's: the normalized row times (1 + weight), all in fp32, rounded once.
+// Eager mode also runs it for the model's other norms of either formula (one launch where transformers' is eight).
 // The add rounds a + b computed in fp32, as torch's elementwise add does.
 // One block per row: the row of h goes to shared memory (in the input dtype: exact) with coalesced 16-byte loads; the
 // output is read from there (gathered with RN_PERM) and stored coalesced.
@@ -27,6 +29,9 @@
 #endif
 #ifndef RN_PERM  // 1: the output is gathered through perm; 0: in order (perm unused)
 #define RN_PERM 1
+#endif
+#ifndef RN_UNIT  // 1: Gemma's formula, h * rsqrt(mean + eps) * (1 + weight) in fp32, rounded once
+#define RN_UNIT 0
 #endif
 #ifndef RN_PRE  // 16-byte output pieces per thread whose indices and weights are read before the PDL wait
 #define RN_PRE 2
@@ -79,14 +84,15 @@ __device__ __forceinline__ void load_piece_consts(const int* perm, const elem_t*
   for (int j = 0; j < PER; ++j) idx[j] = p * PER + j;
 #endif
 #pragma unroll
-  for (int j = 0; j < PER; ++j) w[j] = to_f(W[idx[j]]);
+  for (int j = 0; j < PER; ++j) w[j] = RN_UNIT ? 1.f + to_f(W[idx[j]]) : to_f(W[idx[j]]);
 }
 
 __device__ __forceinline__ uint4 norm_piece(const elem_t* hs, const int (&idx)[PER], const float (&w)[PER],
                                             float rstd) {
   Piece out;
 #pragma unroll
-  for (int j = 0; j < PER; ++j) out.e[j] = from_f(w[j] * to_f(from_f(to_f(hs[idx[j]]) * rstd)));
+  for (int j = 0; j < PER; ++j)
+    out.e[j] = RN_UNIT ? from_f(to_f(hs[idx[j]]) * rstd * w[j]) : from_f(w[j] * to_f(from_f(to_f(hs[idx[j]]) * rstd)));
   return out.v;
 }
 

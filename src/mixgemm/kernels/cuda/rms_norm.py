@@ -9,7 +9,7 @@ import ctypes
 import torch
 
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda.launch import LaunchCache, pdl_on
+from mixgemm.kernels.cuda.launch import LaunchCache, new_rows, new_rows_like, pdl_on
 from mixgemm.kernels.options import current_options
 
 SOURCE, KERNEL = "rms_norm.cu", "mixgemm_rms_norm"
@@ -48,9 +48,11 @@ class NormLaunch:
     __slots__ = ("launch", "m", "k", "add", "dtype", "device", "_vals", "_lock")
 
     def __init__(self, m: int, k: int, add: bool, gather: bool, dtype: torch.dtype, device: torch.device,
-                 eps: float):
+                 eps: float, unit: bool = False):
         es, bf16 = _DTYPES[dtype]
         defines = {"RN_ES": es, "RN_BF16": bf16, "RN_ADD": int(add), "RN_PERM": int(gather), "RN_PRE": PRE}
+        if unit:
+            defines["RN_UNIT"] = 1
         fn = nvrtc.get_function(SOURCE, KERNEL, defines, device)
         pieces = k * es // 16
         threads = min(1024, max(64, -(-pieces // 32) * 32))
@@ -65,8 +67,8 @@ class NormLaunch:
     def __call__(self, a: torch.Tensor, b: torch.Tensor | None, weight: torch.Tensor,
                  perm: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
         v = self._vals
-        y = torch.empty((self.m, self.k), dtype=self.dtype, device=self.device)
-        h = torch.empty_like(y) if self.add else None
+        y = new_rows(self.m, self.k, self.dtype, self.device)
+        h = new_rows(self.m, self.k, self.dtype, self.device) if self.add else None
         with self._lock:  # (launch.Params: written and launched by one thread at a time)
             v[_A].value, v[_LDA].value = a.data_ptr(), a.stride(0)
             if self.add:
@@ -78,8 +80,21 @@ class NormLaunch:
             self.launch()
         return h, y
 
+    def rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """norm(x) for a contiguous x [..., K] of the prepared M rows, 16-byte aligned (a launch prepared without the
+        add and the gather), in x's shape: the path of an eager norm's repeated call (mixgemm.nn.norms)."""
+        v = self._vals
+        y = new_rows_like(x.shape[:-1], self.k, self.dtype, self.device)
+        with self._lock:
+            v[_A].value, v[_LDA].value = x.data_ptr(), self.k
+            v[_W].value = weight.data_ptr()
+            v[_PERM].value = 0
+            v[_Y].value, v[_LDY].value = y.data_ptr(), self.k
+            self.launch()
+        return y
 
-_launches = LaunchCache()  # by (M, K, add, gather, dtype, device, eps, PDL)
+
+_launches = LaunchCache()  # by (M, K, add, gather, dtype, device, eps, formula, PDL)
 
 
 def rms_norm_rows(a: torch.Tensor, b: torch.Tensor | None, weight: torch.Tensor, eps: float,
@@ -88,6 +103,12 @@ def rms_norm_rows(a: torch.Tensor, b: torch.Tensor | None, weight: torch.Tensor,
     gathered through ``perm`` (a kernel permutation, mixgemm.ops.dispatch.kernel_perm) when given. The caller checked
     unsupported_reason for a (and b, which must match a's shape, dtype and alignment)."""
     m, k = a.shape
-    key = (m, k, b is not None, perm is not None, a.dtype, a.device.index, float(eps), current_options().pdl)
-    launch = _launches.get(key, lambda: NormLaunch(m, k, b is not None, perm is not None, a.dtype, a.device, eps))
-    return launch(a, b, weight, perm)
+    return norm_launch(m, k, b is not None, perm is not None, a.dtype, a.device, eps)(a, b, weight, perm)
+
+
+def norm_launch(m: int, k: int, add: bool, gather: bool, dtype: torch.dtype, device: torch.device,
+                eps: float, unit: bool = False) -> NormLaunch:
+    """The kernel prepared for M rows of K, with or without the add and the gather, transformers' formula or (unit)
+    Gemma's (shared by every norm of that key: a call writes all the pointers it reads)."""
+    key = (m, k, add, gather, dtype, device.index, float(eps), unit, current_options().pdl)
+    return _launches.get(key, lambda: NormLaunch(m, k, add, gather, dtype, device, eps, unit))
