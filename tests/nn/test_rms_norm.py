@@ -338,7 +338,8 @@ def test_act_order_and_plain_norms_together():
     assert norm_kernels_at_norms(model) == []
     hooked = [m for m in model.modules() if PERM_BUFFER in m._buffers]
     assert len(hooked) == 4 and all(hasattr(m, RMS_EPS_ATTR) for m in hooked)
-    assert len(use_inductor_norms(model)) == 4
+    taken = use_inductor_norms(model)  # the four hooked norms, and the final norm's eager kernel
+    assert len(taken) == 5 and taken[-1] == "model.norm"
     assert all(m._forward_hooks and not hasattr(m, RMS_EPS_ATTR) for m in hooked)
 
 
