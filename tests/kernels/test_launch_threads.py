@@ -65,3 +65,25 @@ def test_concurrent_calls_of_one_launch_read_their_own_parameters():
     # every launch saw the x of the thread that made it (and an output of that thread's calls)
     assert all(x == xs[tid] for tid, x, _ in fake.seen)
     assert all(y in outs[tid] for tid, _, y in fake.seen)
+
+
+def test_outputs_take_the_callers_shape_contiguous(monkeypatch):
+    """launch.new_rows_like: a launch's output for x [..., K] is (*lead, N) with contiguous strides, from inductor's
+    allocator on the current CUDA device (a stand-in here, on the CPU), for leading shapes of rank 0 to 3."""
+    import mixgemm.kernels.cuda.launch as launch
+
+    made = []
+
+    def allocate(size, stride, dtype):
+        made.append((size, stride))
+        return torch.empty_strided(size, stride, dtype=dtype)
+
+    monkeypatch.setattr(launch, "_empty_strided_cuda", allocate)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    for lead in ((), (7,), (2, 3), (2, 3, 4)):
+        y = launch.new_rows_like(torch.Size(lead), 5, torch.float16, torch.device("cuda", 0))
+        want = torch.empty(*lead, 5)
+        assert y.shape == want.shape and y.stride() == want.stride() and y.dtype == torch.float16
+        assert made[-1] == (tuple(want.shape), want.stride())
+    assert launch.new_rows_like(torch.Size((2, 3)), 5, torch.float16, torch.device("cpu")).shape == (2, 3, 5)
+    assert len(made) == 4  # (the CPU device: torch.empty)

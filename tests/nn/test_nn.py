@@ -460,6 +460,27 @@ def test_kept_launch_applies_only_while_nothing_changed(torch_gen):
     assert "_mixgemm_launches" not in q.__dict__
 
 
+def test_kept_launch_of_inference_tensors(torch_gen):
+    """Weights made under torch.inference_mode have no version counter: the kept launch's check compares their
+    pointers only (kept_launches.holds_weight), and a swapped tensor still turns it off."""
+    from mixgemm.ops.eager import _token, fast_call
+    from mixgemm.ops.kept_launches import keep
+
+    with torch.inference_mode():
+        q = QuantLinear.from_linear(_linear(64, 48, False, torch_gen), bits=4, group_size=32, mode="offset")
+        x = torch.randn(1, 64, generator=torch_gen)
+    assert _token(q)[1] == -1  # (version_of: an inference tensor)
+
+    def launch(x2d, bias, lo, hi):
+        return torch.full((x2d.shape[0], 48), 3.0)
+
+    keep(q.__dict__, (x.shape, x.dtype, x.get_device()), _token(q), launch, 48, -math.inf, math.inf, x)
+    with torch.no_grad():
+        assert torch.equal(fast_call(q, x), torch.full((1, 48), 3.0))
+        q.offsets = q.offsets.clone()  # another tensor: the full path
+        assert fast_call(q, x) is None
+
+
 # ------------------------------------------------------------------------------------------ GPU
 
 @pytest.mark.gpu
