@@ -26,7 +26,7 @@ from mixgemm.kernels.options import default_options_active
 from mixgemm.kernels.registry import NoKernel
 from mixgemm.ops.custom_ops import mode_params, weight_from_tensors
 from mixgemm.ops.dispatch import cached_choice, cuda_matmul, flat_rows, plan_launch
-from mixgemm.ops.kept_launches import KEPT_ATTR, holds_weight, keep, weight_token
+from mixgemm.ops.kept_launches import KEPT_ATTR, holds_weight, keep, run_kept, weight_token
 from mixgemm.ops.matmul import matmul
 
 _INF = float("inf")
@@ -44,9 +44,9 @@ def fast_call(mod, x: torch.Tensor) -> torch.Tensor | None:
     problem). The caller checked that no compiler is tracing (under torch.compile nothing here is traced: the kept
     launches and the kernel options' context variable are eager-only state).
 
-    Every eager decode step makes a few hundred of these calls and is bound by their host time, so the checks are
-    written out here rather than in helpers (each Python frame is a fraction of a microsecond, and a slow host
-    multiplies it)."""
+    Every eager decode step makes a few hundred of these calls and is bound by their host time, so the lookups are
+    written out here and the weight is compared in place (kept_launches.holds_weight), not through a built token (each
+    Python frame is a fraction of a microsecond, and a slow host multiplies it)."""
     if type(x) is not torch.Tensor:
         return None
     launches = mod.__dict__.get(KEPT_ATTR)
@@ -59,15 +59,9 @@ def fast_call(mod, x: torch.Tensor) -> torch.Tensor | None:
     if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
         return None
     b = mod._buffers
-    mode = mod.config.mode
-    third = b["zeros"] if mode == "zero_point" else b["offsets"] if mode == "offset" else None
-    if not holds_weight(hit.token, b["qweight"], b["scales"], third) or not x.is_contiguous():
+    if not holds_weight(hit.token, b["qweight"], b["scales"], *mode_params(mod.config.mode, b["zeros"], b["offsets"])):
         return None
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != hit.n or bias.get_device() != x.get_device()):
-        return None
-    if hit.takes_rows or x.dim() == 2:
-        return hit.launch(x, bias, hit.lo, hit.hi)
-    return hit.launch(x.view(-1, x.shape[-1]), bias, hit.lo, hit.hi).view(*x.shape[:-1], hit.n)
+    return run_kept(hit, x, bias)
 
 
 def _keep(mod, x: torch.Tensor, launch, n: int) -> None:

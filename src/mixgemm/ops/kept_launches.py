@@ -66,18 +66,23 @@ def weight_token(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tenso
             -1 if offsets is None else offsets.data_ptr(), version_of(offsets))
 
 
-def holds_weight(token: tuple, qweight: torch.Tensor, scales: torch.Tensor, third: torch.Tensor | None) -> bool:
-    """token == weight_token(qweight, scales, ...) for the tensors a mode reads (third: its zeros or offsets, None for
-    sym), without building the token: the eager path's per-call check (one frame where weight_token takes five)."""
-    if qweight.data_ptr() != token[0] or scales.data_ptr() != token[2]:
+def holds_weight(token: tuple, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                 offsets: torch.Tensor | None) -> bool:
+    """Whether ``token`` (weight_token of the same arguments when kept) still holds for these tensors, compared in
+    place rather than by building the token: the eager path's per-call check (one frame where weight_token takes
+    five). An inference tensor (version -1 in the token: it has no counter) is compared by its pointer."""
+    q_ptr, q_ver, s_ptr, s_ver, z_ptr, z_ver, o_ptr, o_ver = token
+    if qweight.data_ptr() != q_ptr or scales.data_ptr() != s_ptr \
+            or (q_ver >= 0 and qweight._version != q_ver) or (s_ver >= 0 and scales._version != s_ver):
         return False
-    # (a version of -1: an inference tensor, which has no counter to compare)
-    if (token[1] >= 0 and qweight._version != token[1]) or (token[3] >= 0 and scales._version != token[3]):
+    if zeros is None:
+        if z_ptr != -1:
+            return False
+    elif zeros.data_ptr() != z_ptr or (z_ver >= 0 and zeros._version != z_ver):
         return False
-    if third is None:
-        return token[4] == -1 and token[6] == -1
-    at = 4 if token[4] != -1 else 6
-    return third.data_ptr() == token[at] and (token[at + 1] < 0 or third._version == token[at + 1])
+    if offsets is None:
+        return o_ptr == -1
+    return offsets.data_ptr() == o_ptr and (o_ver < 0 or offsets._version == o_ver)
 
 
 def forget(owner: dict) -> None:

@@ -163,36 +163,33 @@ def pdl_on(device) -> bool:
     return current_options().pdl and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def new_rows(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """torch.empty(m, n, dtype=dtype, device=device) for a launch's output, on the fastest path PyTorch offers: a
-    prepared launch's host time is what an eager decode step or a compiled graph without CUDA graphs pays per layer.
-    The fast allocator takes the current device, so it is used only when that is ``device``."""
+def _new_strided(size: tuple, stride: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialized contiguous tensor of ``size`` (``stride``: its contiguous strides) on ``device``: from the
+    allocator inductor's generated code calls where ``device`` is the current CUDA device, else torch.empty."""
     global _empty_strided_cuda
     if _empty_strided_cuda is not None and device.type == "cuda" and torch._C._cuda_getDevice() == device.index:
         try:
-            return _empty_strided_cuda((m, n), (n, 1), dtype)
+            return _empty_strided_cuda(size, stride, dtype)
         except TypeError:  # a private function: another signature in this PyTorch, so torch.empty from now on
             _empty_strided_cuda = None
-    return torch.empty(m, n, dtype=dtype, device=device)
+    return torch.empty(size, dtype=dtype, device=device)
+
+
+def new_rows(m: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.empty(m, n, dtype=dtype, device=device) for a launch's output, on the fastest path PyTorch offers: a
+    prepared launch's host time is what an eager decode step or a compiled graph without CUDA graphs pays per layer."""
+    return _new_strided((m, n), (n, 1), dtype, device)
 
 
 def new_rows_like(lead: torch.Size, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """new_rows for an output of shape (*lead, n), contiguous: a [batch, tokens, K] input's output comes out in its
     shape with no view (transformers' layers call with 3-D inputs, once per layer and decode step)."""
-    global _empty_strided_cuda
-    if _empty_strided_cuda is not None and device.type == "cuda" and torch._C._cuda_getDevice() == device.index:
-        if len(lead) == 2:  # [batch, tokens]: the usual case, spelled out
-            size, stride = (lead[0], lead[1], n), (lead[1] * n, n, 1)
-        else:
-            size, inner = (*lead, n), [1]
-            for d in reversed(size[1:]):
-                inner.append(inner[-1] * d)
-            stride = tuple(reversed(inner))
-        try:
-            return _empty_strided_cuda(size, stride, dtype)
-        except TypeError:
-            _empty_strided_cuda = None
-    return torch.empty(*lead, n, dtype=dtype, device=device)
+    if len(lead) == 2:  # [batch, tokens]: the usual case, spelled out
+        return _new_strided((lead[0], lead[1], n), (lead[1] * n, n, 1), dtype, device)
+    size, inner = (*lead, n), [1]
+    for d in reversed(size[1:]):
+        inner.append(inner[-1] * d)
+    return _new_strided(size, tuple(reversed(inner)), dtype, device)
 
 
 class Params:
