@@ -63,6 +63,9 @@ def test_generate_e2e_tool_on_cpu(tmp_path):
     assert speed["first_step"]["cosine_dequantized"] > 0.99 and speed["quantize"]["replaced"] == 2 * 7 + 1
     greedy = speed["first_step"]["greedy"]
     assert greedy["equal"] and greedy["quantized"] == greedy["dequantized"] and len(greedy["quantized"]) == 16
+    # the exact twin (float32 on the CPU too) gives the same tokens, with a top-2 margin at each step
+    assert greedy["exact_equal"] and greedy["exact"] == greedy["quantized"] and len(greedy["exact_margins"]) == 16
+    assert greedy["exact_first_difference"] is None and all(m >= 0 for m in greedy["exact_margins"])
     assert [r["format"].split()[0] for r in res["memory"]] == ["W4A16", "W8A8"]
     for r in res["memory"]:
         # the CPU path builds no kernel layouts: resident = the plain buffers = the packed size
@@ -171,3 +174,22 @@ def test_generate_e2e_tool_time_budget(tmp_path):
     res = json.loads((tmp_path / "generate_e2e.json").read_text())
     assert rc == 0 and res["speed"] == [] and not res["failures"]
     assert res["not_run"] == [f"{m}: time budget (--time-budget) spent" for m in ("qwen2-7b", "gemma2-9b")]
+
+
+def test_generate_e2e_tool_kernel_kinds_and_greedy_line():
+    """GPU kernels sorted by what they compute (attention before the linear names a fused attention also carries;
+    mixgemm's own prefix is no linear layer), and the greedy line judged against the exact twin."""
+    tool = _tool()
+    kinds = {"cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7": "attention",
+             "nvjet_sm90_hsh_128x64_64x8_4x1_v_bz_TNT": "linear", "mixgemm_gemm_wgmma": "linear",
+             "mixgemm_splitk_finish": "linear", "mixgemm_gemv_m1": "linear", "mixgemm_rms_norm": "other",
+             "void at::native::elementwise_kernel<128, 4>": "other"}
+    assert {name: tool.kernel_kind(name) for name in kinds} == kinds
+    g = {"tokens": 16, "equal": False, "first_difference": 6, "exact_equal": True, "exact_first_difference": None,
+         "twin_exact_first_difference": 6, "exact_margins": [1.0] * 6 + [0.004] + [1.0] * 9}
+    assert tool.greedy_meets(g)
+    assert tool.greedy_text(g) == ("greedy tokens equal to the dequantized twin's for 6 of 16, to the exact (float32) "
+                                   "twin's for 16 of 16 (the twin's own: 6 of 16); exact twin's top-2 margin at "
+                                   "token 6: 0.004 std")
+    assert not tool.greedy_meets({**g, "exact_equal": False, "exact_first_difference": 9})
+    assert not tool.greedy_meets({"tokens": 16, "equal": False, "first_difference": 3, "exact": "not run: oom"})

@@ -9,10 +9,15 @@ stays float), "phi3-mini", "qwen3-8b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite" (
 * "static": the same with ``cache_implementation="static"`` (on a GPU transformers then compiles the decode
   forward itself, mode "reduce-overhead": CUDA graphs);
 * "continuous": transformers' continuous batching, ``model.generate_batch`` (paged attention) of --cb-requests
-  random prompts of --cb-prompt-len tokens to --cb-new-tokens greedy tokens each (32 x 128 + 128), transformers'
-  default settings for both models (CUDA graphs, async batching, flash attention where installed); tokens/s = all
-  requests' new tokens / wall time. Where transformers fails on the float model itself (DeepSeek-V2's MLA keys and
-  values of two widths in its paged cache), the mode is recorded "not_run" with transformers' error;
+  random prompts of --cb-prompt-len tokens to --cb-new-tokens greedy tokens each (32 x 128 + 128), with the fastest
+  settings transformers offers, the same for both models: its CUDA graphs on (without a flash attention installed
+  transformers leaves them off, 3.5x slower on an H200), flash attention where installed, one persistent manager per
+  model (its warm-up call captures the graphs) with a paged cache sized for the requests, and fresh prompts each
+  round (no prefix-cache hits); tokens/s = all requests' new tokens / wall time. On a GPU, one more call per model
+  runs under torch.profiler: the GPU time of its linear layers, attention and the rest, and so the ratio the quantized
+  model would reach if its linear layers cost nothing ("linear_ceiling": float wall / (float wall - float linear
+  time)). Where transformers fails on the float model itself (DeepSeek-V2's MLA keys and values of two widths in its
+  paged cache), the mode is recorded "not_run" with transformers' error;
 * "compiled": mixgemm.bench.e2e.decode_tokens_per_s, the decode step under torch.compile(fullgraph=True) with CUDA
   graphs over a static cache (mixgemm.integrations.hf.static_cache: sliding layers hold the whole run when it fits
   the window; a run longer than the window is refused, recorded "not_run").
@@ -24,7 +29,8 @@ With --dtype bfloat16 both models are bf16 (as transformers loads most checkpoin
 mixture-of-experts models are; the rows and ratios keep the tag "fp16" for the unquantized model. Ratios quantized /
 float; targets (issue 108, dense / MoE): generate >= 1.1x, static >= 2.4x / 1.8x, continuous >= 1.5x, compiled
 >= 2.2x (issue 39); and the quantized model's first --greedy-tokens (16) greedy tokens (``generate``, default cache)
-equal to its dequantized twin's. --layers L builds each model with its first L decoder layers (a GPU run in minutes).
+equal to its exact twin's (the dequantized weights in float32; the fp16 twin's own tokens and the exact twin's top-2
+margins are reported beside). --layers L builds each model with its first L decoder layers (a GPU run in minutes).
 
 Memory, for the first model: rebuilt, quantized (W4A16 g128, then W8A8; --memory-formats), then forward passes of M
 = 1, 8, 16, 256, 4096 tokens (batch 1, no cache: every layer sees each M and builds the kernel layouts it needs).
@@ -82,7 +88,7 @@ MODES = ("generate", "static", "continuous", "compiled")
 MEMORY_FORMATS = {"W4A16": lambda: mixgemm.W4A16(group_size=128), "W8A16": mixgemm.W8A16, "W8A8": mixgemm.W8A8}
 # quantized / float tokens/s per mode, dense and MoE models (issue 108; "compiled": issue 39)
 TARGETS = {"generate": (1.1, 1.1), "static": (2.4, 1.8), "continuous": (1.5, 1.5), "compiled": (2.2, 2.2)}
-GREEDY_TOKENS = 16  # greedy tokens of the quantized model that must equal its dequantized twin's
+GREEDY_TOKENS = 16  # greedy tokens of the quantized model that must equal its exact (float32) dequantized twin's
 MEMORY_MS = (1, 8, 16, 256, 4096)
 COMPACT = "+compact"  # a memory format ending in it: quantize_(compact=False), then mixgemm.compact_
 PLAIN = "+plain"  # a memory format ending in it: quantize_(compact=False), the plain codes and kernel layouts kept
@@ -209,7 +215,8 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 def first_step(model, ids, fp16_logits: torch.Tensor, config, s: Settings, greedy_tokens: int = 0) -> dict:
     """The quantized model's logits of the last prompt token against the fp16 model's (quantization error and all)
     and against its dequantized float twin's (the same weights: what the kernels must reproduce); with
-    ``greedy_tokens``, also both models' greedy tokens of a default-cache ``generate`` ("greedy")."""
+    ``greedy_tokens``, also the greedy tokens of a default-cache ``generate`` of the quantized model, the twin and
+    the exact (float32) twin ("greedy", greedy_agreement)."""
     from mixgemm.integrations.hf import dequantized_copy
 
     got = last_logits(model, ids)
@@ -224,15 +231,36 @@ def first_step(model, ids, fp16_logits: torch.Tensor, config, s: Settings, greed
             "finite": bool(torch.isfinite(got).all()), "argmax_equal": int(fp16_logits.argmax()) == int(got.argmax())}
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+
+
 @torch.no_grad()
 def greedy_agreement(model, twin, ids, n: int) -> dict:
-    """The first ``n`` greedy tokens of ``model`` and of its dequantized ``twin`` (``generate``, default cache)."""
+    """The first ``n`` greedy tokens (``generate``, default cache) of ``model``, of its dequantized ``twin`` and of
+    the exact twin: ``twin`` turned to float32 with transformers' own norms (the same dequantized weights, computed
+    without fp16 / bf16 rounding: what a float64 reference is to a kernel test). On random weights the logits are
+    nearly flat, so the twin's own rounding can flip a near tie; the exact twin's top-2 logit margin at each step
+    (over the logits' standard deviation, "exact_margins") shows how near. ``twin`` is converted in place; where
+    its float32 copy does not fit the GPU, the exact comparison is recorded as not run."""
+    from mixgemm.nn.norms import use_inductor_norms
+
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                   pad_token_id=0)
     got, want = (m.generate(ids, **kwargs)[0, ids.shape[1]:].tolist() for m in (model, twin))
-    differ = [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b]
-    return {"tokens": n, "equal": got == want, "first_difference": differ[0] if differ else None,
-            "quantized": got, "dequantized": want}
+    out = {"tokens": n, "equal": got == want, "first_difference": first_difference(got, want),
+           "quantized": got, "dequantized": want}
+    try:
+        use_inductor_norms(twin)
+        twin.float()
+        run = twin.generate(ids, **kwargs, output_logits=True, return_dict_in_generate=True)
+    except torch.cuda.OutOfMemoryError as e:
+        return {**out, "exact": f"not run: the float32 twin does not fit ({str(e).splitlines()[0][:120]})"}
+    exact = run.sequences[0, ids.shape[1]:].tolist()
+    top2 = [torch.topk(step[0].float(), 2).values for step in run.logits]
+    margins = [float((t[0] - t[1]) / step[0].float().std()) for t, step in zip(top2, run.logits, strict=True)]
+    return {**out, "exact": exact, "exact_equal": got == exact, "exact_first_difference": first_difference(got, exact),
+            "twin_exact_first_difference": first_difference(want, exact), "exact_margins": margins}
 
 
 @torch.no_grad()
@@ -279,30 +307,42 @@ def time_compiled(model, s: Settings) -> dict:
     return {**r, "mode": mode, "backend": backend}
 
 
-def cb_requests(vocab: int, s: Settings) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(s.seed + 3)
+def cb_requests(vocab: int, s: Settings, round_: int) -> list[list[int]]:
+    """The requests of one round (fresh prompts each round, the same for both models)."""
+    gen = torch.Generator().manual_seed(s.seed + 3 + 1000 * round_)
     return torch.randint(0, vocab, (s.cb_requests, s.cb_prompt_len), generator=gen).tolist()
+
+
+def cb_config(n_requests: int, s: Settings):
+    """The continuous-batching settings, the same for both models: a paged cache sized for the requests (transformers
+    would take 90% of the free memory for each model's persistent manager, and the second model's graph capture would
+    run out of memory; twice what the requests need), on a GPU transformers' CUDA graphs on, the rest its defaults;
+    the CPU smoke's batches small."""
+    import dataclasses
+
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    # (the field of a block's tokens: page_size in recent transformers, block_size before)
+    page_field = "page_size" if "page_size" in {f.name for f in dataclasses.fields(ContinuousBatchingConfig)} \
+        else "block_size"
+    page = 256 if s.cuda else 16
+    # every request's blocks twice over: the scheduler never waits for a free block
+    blocks = 2 * n_requests * -(-(s.cb_prompt_len + s.cb_new_tokens) // page) + 2
+    if s.cuda:
+        return ContinuousBatchingConfig(use_cuda_graph=True, num_blocks=blocks, **{page_field: page})
+    return ContinuousBatchingConfig(num_blocks=blocks, max_batch_tokens=4 * page, **{page_field: page})
 
 
 @torch.no_grad()
 def generate_batch_once(model, requests: list[list[int]], s: Settings) -> float:
     """Seconds of one transformers continuous-batching ``generate_batch`` (paged attention) of ``requests``, each
-    to s.cb_new_tokens greedy tokens, with transformers' default settings (on a GPU: CUDA graphs, async batching,
-    a flash attention where one is installed, the cache sized from the free memory); the CPU smoke sizes the cache
-    for the requests (transformers sizes it from the host's memory there, which takes a minute)."""
+    to s.cb_new_tokens greedy tokens (cb_config), on the model's persistent manager (the first call creates it and
+    captures its CUDA graphs; close_manager ends it)."""
     import logging
 
     from transformers import GenerationConfig
 
     cfg = GenerationConfig(max_new_tokens=s.cb_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    kwargs = {}
-    if not s.cuda:
-        from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-        page = 16
-        blocks = len(requests) * -(-(s.cb_prompt_len + s.cb_new_tokens) // page) + 2
-        kwargs = dict(warmup=False, continuous_batching_config=ContinuousBatchingConfig(
-            page_size=page, num_blocks=blocks, max_batch_tokens=4 * page))
     errors = []  # the batching loop logs its errors and returns the requests unfinished
 
     class Collect(logging.Handler):
@@ -317,7 +357,9 @@ def generate_batch_once(model, requests: list[list[int]], s: Settings) -> float:
         model.set_attn_implementation(s.cb_attention)
     try:
         t0 = time.perf_counter()
-        out = model.generate_batch(inputs=requests, generation_config=cfg, progress_bar=False, **kwargs)
+        out = model.generate_batch(inputs=requests, generation_config=cfg, progress_bar=False,
+                                   continuous_batching_config=cb_config(len(requests), s), persistent_manager=True,
+                                   warmup=s.cuda)
         sync(s)
         sec = time.perf_counter() - t0
     finally:
@@ -345,26 +387,76 @@ class FloatModelFails(RuntimeError):
     nothing of mixgemm's to measure."""
 
 
+def close_manager(model) -> None:
+    if hasattr(model, "_cached_continuous_batching_manager"):
+        model.destroy_cached_continuous_batching_manager()
+
+
+# GPU kernels by what they compute, from their names (a kernel's name is all the profiler gives): attention first
+# (cuDNN's fused attention names its wgmma), then the linear layers (cuBLAS' nvjet / cutlass / gemm, mixgemm's
+# GEMV / GEMM and split-k finish); the rest (elementwise, norms, copies, sampling) is "other"
+ATTENTION_KERNELS = ("sdpa", "attn", "attention", "fmha", "flash")
+LINEAR_KERNELS = ("nvjet", "gemm", "gemv", "cublas", "cutlass", "xmma", "splitk")
+
+
+def kernel_kind(name: str) -> str:
+    n = name.lower().replace("mixgemm_", "")
+    if any(k in n for k in ATTENTION_KERNELS):
+        return "attention"
+    return "linear" if any(k in n for k in LINEAR_KERNELS) else "other"
+
+
+def gpu_time_by_kind(events) -> dict[str, float]:
+    """Milliseconds of GPU kernel time per kernel_kind of a profiler's key_averages()."""
+    ms = {"linear": 0.0, "attention": 0.0, "other": 0.0}
+    for e in events:
+        if str(e.device_type).endswith("CUDA") and e.self_device_time_total > 0:
+            ms[kernel_kind(e.key)] += e.self_device_time_total / 1e3
+    return ms
+
+
+def profiled_batch(model, requests, s: Settings) -> dict:
+    """One generate_batch under torch.profiler (GPU activity only): its GPU milliseconds per kernel kind."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sec = generate_batch_once(model, requests, s)
+    return {"profiled_wall_s": sec, "gpu_ms": gpu_time_by_kind(prof.key_averages())}
+
+
 def time_continuous(models: dict, s: Settings) -> dict[str, dict]:
-    """tokens/s (every request's new tokens over the wall time) of each model's ``generate_batch`` of the same
-    requests: a warm-up call each (which captures transformers' CUDA graphs), then s.repeats rounds in turns."""
+    """tokens/s (every request's new tokens over the wall time) of each model's ``generate_batch``: a warm-up call
+    each (which captures transformers' CUDA graphs), then s.repeats rounds in turns, each round's requests fresh;
+    on a GPU one profiled call more per model (profiled_batch)."""
     float_model = models["fp16"]
-    requests = cb_requests(float_model.config.vocab_size, s)
+    vocab = float_model.config.vocab_size
     for model in models.values():  # the kernels compile (and build their layouts) before transformers captures graphs
         warm_kernels(model, s)
     try:
-        out = {"fp16": {"warmup_s": generate_batch_once(float_model, requests, s), "runs_s": []}}
-    except RuntimeError as e:
-        raise FloatModelFails(f"transformers' continuous batching fails on the float {float_model.config.model_type} "
-                              f"model itself: {e}") from e
-    out.update({tag: {"warmup_s": generate_batch_once(model, requests, s), "runs_s": []}
-                for tag, model in models.items() if tag != "fp16"})
-    for _ in range(s.repeats):
-        for tag, model in models.items():
-            out[tag]["runs_s"].append(generate_batch_once(model, requests, s))
+        try:
+            out = {"fp16": {"warmup_s": generate_batch_once(float_model, cb_requests(vocab, s, 0), s), "runs_s": []}}
+        except RuntimeError as e:
+            raise FloatModelFails(f"transformers' continuous batching fails on the float "
+                                  f"{float_model.config.model_type} model itself: {e}") from e
+        out.update({tag: {"warmup_s": generate_batch_once(model, cb_requests(vocab, s, 0), s), "runs_s": []}
+                    for tag, model in models.items() if tag != "fp16"})
+        for r in range(s.repeats):
+            requests = cb_requests(vocab, s, r + 1)
+            for tag, model in models.items():
+                out[tag]["runs_s"].append(generate_batch_once(model, requests, s))
+        if s.cuda:
+            requests = cb_requests(vocab, s, s.repeats + 1)
+            for tag, model in models.items():
+                out[tag].update(profiled_batch(model, requests, s))
+    finally:
+        for model in models.values():
+            close_manager(model)
     for tag in models:
         sec = statistics.median(out[tag]["runs_s"])
-        out[tag].update(tokens_per_s=len(requests) * s.cb_new_tokens / sec, s=sec, requests=len(requests))
+        out[tag].update(tokens_per_s=s.cb_requests * s.cb_new_tokens / sec, s=sec, requests=s.cb_requests)
+    if "gpu_ms" in out["fp16"]:
+        wall, linear = out["fp16"]["s"], out["fp16"]["gpu_ms"]["linear"] / 1e3
+        out["fp16"]["linear_ceiling"] = wall / max(wall - linear, 1e-9)
     return out
 
 
@@ -415,10 +507,8 @@ def speed(res: dict, modes, s: Settings, log):
         quantize(models["w4a16_zp"], mixgemm.W4A16(group_size=128, mode="zero_point"))
     free_memory(s)
     f = res["first_step"] = first_step(models["w4a16"], ids, ref, config, s, s.greedy_tokens)
-    g = f["greedy"]
     log(f"{name}: W4A16 g128 first-step logits cosine {f['cosine']:.4f} vs fp16, "
-        f"{f['cosine_dequantized']:.5f} vs the dequantized twin; greedy tokens equal to the twin's for "
-        f"{g['first_difference'] if g['first_difference'] is not None else g['tokens']} of {g['tokens']}")
+        f"{f['cosine_dequantized']:.5f} vs the dequantized twin; {greedy_text(f['greedy'])}")
     for mode in modes:
         if s.out_of_time():
             res["modes"][mode] = {"not_run": "time budget (--time-budget) spent"}
@@ -539,10 +629,35 @@ def misses(results: dict) -> list[str]:
             f"{MEMORY_TARGET}x packed" for r in results["memory"] if r.get("meets") is False]
     out += [f"{what}: first-step logits cosine {f['cosine']:.4f} vs fp16 <= {MIN_COSINE_FP16}"
             for what, f in first_steps(results) if not f["cosine"] > MIN_COSINE_FP16]
-    out += [f"{what}: greedy tokens differ from the dequantized twin's at token {f['greedy']['first_difference']} "
-            f"of {f['greedy']['tokens']}" for what, f in first_steps(results) if f.get("greedy")
-            and not f["greedy"]["equal"]]
+    out += [f"{what}: {greedy_text(f['greedy'])}" for what, f in first_steps(results)
+            if f.get("greedy") and not greedy_meets(f["greedy"])]
     return out
+
+
+def greedy_meets(g: dict) -> bool:
+    """The greedy line: the quantized model's tokens equal the exact (float32) twin's, where it ran; else the
+    twin's."""
+    return g["exact_equal"] if "exact_equal" in g else g["equal"]
+
+
+def same_for(first_difference: int | None, n: int) -> str:
+    return f"{n} of {n}" if first_difference is None else f"{first_difference} of {n}"
+
+
+def greedy_text(g: dict) -> str:
+    """Tokens the quantized model shares with the dequantized twin and with the exact twin, and how many the twin
+    shares with the exact one; with the exact twin's top-2 margin where the first of them parts."""
+    n = g["tokens"]
+    text = f"greedy tokens equal to the dequantized twin's for {same_for(g['first_difference'], n)}"
+    if "exact_equal" not in g:
+        return text + (f"; exact twin {g['exact']}" if "exact" in g else "")
+    text += (f", to the exact (float32) twin's for {same_for(g['exact_first_difference'], n)} (the twin's own: "
+             f"{same_for(g['twin_exact_first_difference'], n)})")
+    parts = [i for i in (g["first_difference"], g["exact_first_difference"], g["twin_exact_first_difference"])
+             if i is not None]
+    if parts:
+        text += f"; exact twin's top-2 margin at token {min(parts)}: {g['exact_margins'][min(parts)]:.2g} std"
+    return text
 
 
 def table(results: dict) -> str:
@@ -561,17 +676,36 @@ def table(results: dict) -> str:
             lines.append(f"| {r['model']} | {mode} | {f['tokens_per_s']:.1f} | {gb(f['weight_gb'])} | "
                          f"{q['tokens_per_s']:.1f} | {gb(q['weight_gb'])} | {m['ratio']:.2f} | "
                          f">= {m['target']} {'ok' if m['meets'] else 'MISS'} |")
-    lines += ["", "| model | architecture | decoder layers | dtype | layers quantized | greedy tokens = dequantized "
-              "twin's | first-step cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
+    cb = [(r["model"], r["modes"]["continuous"]) for r in results["speed"]
+          if "linear_ceiling" in r.get("modes", {}).get("continuous", {}).get("fp16", {})]
+    if cb:
+        lines += ["", "| model | continuous: float wall s | float GPU ms: linear / attention / other | W4A16 GPU ms: "
+                  "linear / attention / other | ratio if the quantized linear layers cost nothing |",
+                  "|---|---|---|---|---|"]
+    for name, m in cb:
+        f, q = m["fp16"], m["w4a16"]
+        fms, qms = (" / ".join(f"{t['gpu_ms'][k]:.0f}" for k in ("linear", "attention", "other")) for t in (f, q))
+        lines.append(f"| {name} | {f['s']:.2f} | {fms} | {qms} | {f['linear_ceiling']:.2f} |")
+    lines += ["", "| model | architecture | decoder layers | dtype | layers quantized | greedy tokens equal: W4A16 / "
+              "twin, W4A16 / exact twin, twin / exact twin | exact twin's top-2 margin where one parts | first-step "
+              "cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|---|"]
     for r in results["speed"]:
         f = r.get("first_step")
-        if f is None:
+        if f is None or not f.get("greedy"):
             continue
-        g = f["greedy"]
-        same = "yes" if g["equal"] else f"no (token {g['first_difference']})"
+        g, n = f["greedy"], f["greedy"]["tokens"]
+        if "exact_equal" in g:
+            same = ", ".join(same_for(g[k], n) for k in ("first_difference", "exact_first_difference",
+                                                          "twin_exact_first_difference"))
+            parts = [i for i in (g["first_difference"], g["exact_first_difference"], g["twin_exact_first_difference"])
+                     if i is not None]
+            margin = f"{g['exact_margins'][min(parts)]:.2g} std (token {min(parts)})" if parts else "-"
+        else:
+            exact = g.get("exact", "not measured")[:80]
+            same, margin = f"{same_for(g['first_difference'], n)}, exact twin {exact}", "-"
         lines.append(f"| {r['model']} | {r['architecture']} | {r['decoder_layers']} | {r['dtype']} | "
-                     f"{r['quantize']['replaced']} | "
-                     f"{same}, {g['tokens']} tokens | {f['cosine']:.4f} / {f['cosine_dequantized']:.5f} |")
+                     f"{r['quantize']['replaced']} | {same} | {margin} | "
+                     f"{f['cosine']:.4f} / {f['cosine_dequantized']:.5f} |")
     if any("meets" in r for r in results["memory"]):
         lines += ["", "| model | format | packed MB | resident / packed | cuda-held / packed | allocated after sweep "
                   "GB | cosine fp16 / dequantized |", "|---|---|---|---|---|---|---|"]
@@ -588,14 +722,23 @@ def table(results: dict) -> str:
 def markdown(results: dict) -> str:
     """The run as a results page: what ran it, then table()."""
     st = results["settings"]
+    modes = st["modes"]
+    generate = [m for m in modes if m != "continuous"]
     head = (f"# Generation, quantized against float: {results['gpu']}\n\n"
-            f"`python -m tools.checks.generate_e2e --models {','.join(st['models'])} --modes {','.join(st['modes'])} "
+            f"`python -m tools.checks.generate_e2e --models {','.join(st['models'])} --modes {','.join(modes)} "
             f"--new-tokens {st['new_tokens']} --repeats {st['repeats']}` (torch {results['torch']}, transformers "
-            f"{results.get('transformers', '-')}): random weights at the published sizes, batch 1, a "
-            f"{st['prompt_len']}-token prompt, tokens/s of `model.generate` as a user times it (prefill included), "
-            f"median of {st['repeats']} rounds in which the two models take turns. Quantized: "
+            f"{results.get('transformers', '-')}): random weights at the published sizes. Quantized: "
             "`mixgemm.quantize_(model, W4A16(group_size=128))`; MoE models in bfloat16 (the float column then holds "
-            "bf16). Ratio: quantized / float tokens/s; targets: issue 108.\n\n")
+            "bf16). Ratio: quantized / float tokens/s, median of "
+            f"{st['repeats']} rounds in which the two models take turns; targets: issue 108."
+            + (f" {', '.join(generate)}: batch 1, a {st['prompt_len']}-token prompt, tokens/s of `model.generate` as "
+               "a user times it (prefill included)." if generate else "")
+            + (f" Continuous: `generate_batch` of {st['cb_requests']} requests of {st['cb_prompt_len']} + "
+               f"{st['cb_new_tokens']} tokens, transformers' CUDA graphs on, a persistent manager per model, fresh "
+               "prompts each round; the GPU split comes from one more call per model under torch.profiler."
+               if "continuous" in modes else "")
+            + " Greedy tokens: `generate` (default cache) of the quantized model, its dequantized twin and the exact "
+            "(float32) twin.\n\n")
     return head + table(results) + "\n"
 
 
