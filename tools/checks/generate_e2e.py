@@ -316,8 +316,9 @@ def cb_requests(vocab: int, s: Settings, round_: int) -> list[list[int]]:
 def cb_config(n_requests: int, s: Settings):
     """The continuous-batching settings, the same for both models: a paged cache sized for the requests (transformers
     would take 90% of the free memory for each model's persistent manager, and the second model's graph capture would
-    run out of memory; twice what the requests need), on a GPU transformers' CUDA graphs on, the rest its defaults;
-    the CPU smoke's batches small."""
+    run out of memory; twice what the requests need) and batches of up to every prompt's tokens (transformers sizes
+    them from the free memory too, which on the CPU takes minutes); on a GPU transformers' CUDA graphs on, the rest
+    its defaults; the CPU smoke's batches small."""
     import dataclasses
 
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -328,8 +329,9 @@ def cb_config(n_requests: int, s: Settings):
     page = 256 if s.cuda else 16
     # every request's blocks twice over: the scheduler never waits for a free block
     blocks = 2 * n_requests * -(-(s.cb_prompt_len + s.cb_new_tokens) // page) + 2
-    if s.cuda:
-        return ContinuousBatchingConfig(use_cuda_graph=True, num_blocks=blocks, **{page_field: page})
+    if s.cuda:  # every prompt prefills in one step (as transformers' own sizing did on an H200: 8192 tokens)
+        return ContinuousBatchingConfig(use_cuda_graph=True, num_blocks=blocks,
+                                        max_batch_tokens=n_requests * s.cb_prompt_len, **{page_field: page})
     return ContinuousBatchingConfig(num_blocks=blocks, max_batch_tokens=4 * page, **{page_field: page})
 
 
