@@ -434,13 +434,14 @@ def time_continuous(models: dict, s: Settings) -> dict[str, dict]:
     vocab = float_model.config.vocab_size
     for model in models.values():  # the kernels compile (and build their layouts) before transformers captures graphs
         warm_kernels(model, s)
+    warmup = cb_requests(vocab, s, 0)
     try:
         try:
-            out = {"fp16": {"warmup_s": generate_batch_once(float_model, cb_requests(vocab, s, 0), s), "runs_s": []}}
+            out = {"fp16": {"warmup_s": generate_batch_once(float_model, warmup, s), "runs_s": []}}
         except RuntimeError as e:
             raise FloatModelFails(f"transformers' continuous batching fails on the float "
                                   f"{float_model.config.model_type} model itself: {e}") from e
-        out.update({tag: {"warmup_s": generate_batch_once(model, cb_requests(vocab, s, 0), s), "runs_s": []}
+        out.update({tag: {"warmup_s": generate_batch_once(model, warmup, s), "runs_s": []}
                     for tag, model in models.items() if tag != "fp16"})
         for r in range(s.repeats):
             requests = cb_requests(vocab, s, r + 1)
@@ -655,11 +656,17 @@ def greedy_text(g: dict) -> str:
         return text + (f"; exact twin {g['exact']}" if "exact" in g else "")
     text += (f", to the exact (float32) twin's for {same_for(g['exact_first_difference'], n)} (the twin's own: "
              f"{same_for(g['twin_exact_first_difference'], n)})")
+    i = first_parting(g)
+    if i is not None:
+        text += f"; exact twin's top-2 margin at token {i}: {g['exact_margins'][i]:.2g} std"
+    return text
+
+
+def first_parting(g: dict) -> int | None:
+    """The first token at which any two of the quantized model's, the twin's and the exact twin's sequences part."""
     parts = [i for i in (g["first_difference"], g["exact_first_difference"], g["twin_exact_first_difference"])
              if i is not None]
-    if parts:
-        text += f"; exact twin's top-2 margin at token {min(parts)}: {g['exact_margins'][min(parts)]:.2g} std"
-    return text
+    return min(parts) if parts else None
 
 
 def table(results: dict) -> str:
@@ -699,9 +706,8 @@ def table(results: dict) -> str:
         if "exact_equal" in g:
             same = ", ".join(same_for(g[k], n) for k in ("first_difference", "exact_first_difference",
                                                           "twin_exact_first_difference"))
-            parts = [i for i in (g["first_difference"], g["exact_first_difference"], g["twin_exact_first_difference"])
-                     if i is not None]
-            margin = f"{g['exact_margins'][min(parts)]:.2g} std (token {min(parts)})" if parts else "-"
+            i = first_parting(g)
+            margin = "-" if i is None else f"{g['exact_margins'][i]:.2g} std (token {i})"
         else:
             exact = g.get("exact", "not measured")[:80]
             same, margin = f"{same_for(g['first_difference'], n)}, exact twin {exact}", "-"

@@ -426,25 +426,29 @@ def norm_kernels(model: nn.Module) -> list[str]:
     return norm_kernels_at_norms(model) + eager_norm_kernels(model)
 
 
+def _drop_eager_forward(norm: nn.Module) -> None:
+    """The norm's class forward again in eager mode: no instance-level EagerNormForward, no kept launch."""
+    norm.__dict__.pop(KEPT_NORM_ATTR, None)
+    if isinstance(vars(norm).get("forward"), EagerNormForward):
+        del norm.forward
+
+
 def use_inductor_norms(model: nn.Module) -> list[str]:
-    """Undo what norm_kernels_at_norms and gather_act_order_at_norms give the norms' computation: eager mode and
-    torch.compile then run each norm as the model's source has it (the norms gathering for act-order layers gather
-    its output with gather_columns). For A/B runs, or to rule mixgemm's norm kernel out. Returns the norms' names."""
+    """Undo what norm_kernels (norm_kernels_at_norms, eager_norm_kernels) and gather_act_order_at_norms give the
+    norms' computation: eager mode and torch.compile then run each norm as the model's source has it (the norms
+    gathering for act-order layers gather its output with gather_columns). For A/B runs, or to rule mixgemm's norm
+    kernel out. Returns the norms' names."""
     done = []
     for name, norm in model.named_modules():
         if EAGER_NORM_ATTR in vars(norm):  # (eager_norm_kernels: no hook)
             delattr(norm, EAGER_NORM_ATTR)
-            norm.__dict__.pop(KEPT_NORM_ATTR, None)
-            if isinstance(vars(norm).get("forward"), EagerNormForward):
-                del norm.forward
+            _drop_eager_forward(norm)
             done.append(name)
             continue
         if getattr(norm, RMS_EPS_ATTR, None) is None:
             continue
         delattr(norm, RMS_EPS_ATTR)
-        norm.__dict__.pop(KEPT_NORM_ATTR, None)
-        if isinstance(vars(norm).get("forward"), EagerNormForward):
-            del norm.forward
+        _drop_eager_forward(norm)
         if PERM_BUFFER not in norm._buffers:  # nothing left for the hook to do
             for key in [k for k, hook in norm._forward_hooks.items() if hook is _norm_hook]:
                 del norm._forward_hooks[key]
