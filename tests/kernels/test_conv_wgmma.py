@@ -75,6 +75,68 @@ def test_default_config():
     assert "CLUSTER" not in default_conv_config(1568, 512, 512)  # short K: no split
 
 
+def _h200_waves():
+    from mixgemm.kernels.cuda_conv_wgmma.conv_waves import _table_waves
+
+    return _table_waves("h200")
+
+
+def test_wave_model_picks_by_the_wave_count():
+    """The H200 table's conv_waves: a UNet batch-1 layer (M 256, N 1280, K 11520: the small-M tile would make 800
+    CTAs, six waves) takes 128 x 128 tiles split 4 ways as clusters (80 CTAs); a ResNet stage-4 batch-1 layer (M 49,
+    N 512) keeps the small-M tile; outside the model's range (M > 1024, K < 1024) the rules decide as before."""
+    waves = _h200_waves()
+    unet = default_conv_config(256, 1280, 11520, 132, waves)
+    assert (unet["BM"], unet["NWG"], unet["SPLIT"], unet["CLUSTER"]) == (128, 2, 4, 1)
+    assert default_conv_config(256, 1280, 11520) == {**default_conv_config(49, 512, 4608), "WS": 1}  # the old rule
+    assert default_conv_config(49, 512, 4608, 132, waves) == default_conv_config(49, 512, 4608)
+    assert default_conv_config(1568, 512, 4608, 132, waves) == default_conv_config(1568, 512, 4608)
+    assert default_conv_config(196, 1024, 256, 132, waves) == default_conv_config(196, 1024, 256)
+
+
+def test_wave_model_tiles_are_legal():
+    """Every tile the model may pick is one the launcher accepts, with at least two k-tiles a slice and at most
+    MAX_WAVES waves of CTAs; an estimate grows with the waves."""
+    from mixgemm.kernels.cuda_conv_wgmma import conv_waves as CW
+    from mixgemm.kernels.cuda_wgmma.gemm_wgmma import tile_error
+
+    for m, n, k in ((1, 160, 3840), (49, 2048, 1024), (256, 1280, 23040), (784, 256, 2304), (1024, 64, 1152)):
+        cands = CW.candidates(m, n, k, 132)
+        assert cands
+        for c in cands:
+            assert tile_error({"TMA": 1, "GROUP_M": 8, **c}) is None, c
+            ctas = -(-m // c["BM"]) * -(-n // (64 * c["NWG"])) * c.get("SPLIT", 1)
+            assert CW.MIN_CTAS <= ctas <= CW.MAX_WAVES * 132 and -(-k // 64) >= 2 * c.get("SPLIT", 1)
+    waves = _h200_waves()
+    tile = {"BM": 128, "NWG": 2, "KT": 2}
+    assert waves.estimate_us(128, 128 * 132, 4096, tile, 132) < waves.estimate_us(128, 128 * 133, 4096, tile, 132)
+
+
+def test_wave_model_section_errors():
+    from mixgemm.kernels.cuda_conv_wgmma.conv_waves import ConvWaves
+
+    good = {"launch_us": 1, "k_tile_floor_us": 0.2, "macs_per_us": 4e6, "stage_us": 0.2, "reduce_us": 0.004,
+            "max_m": 1024, "min_k": 1024, "source": "a sweep"}
+    assert ConvWaves.parse(good, "t").max_m == 1024
+    with pytest.raises(ValueError, match="source"):
+        ConvWaves.parse({k: v for k, v in good.items() if k != "source"}, "t.json conv_waves")
+    with pytest.raises(ValueError, match="needs launch_us"):
+        ConvWaves.parse({k: v for k, v in good.items() if k != "stage_us"}, "t.json conv_waves")
+    with pytest.raises(ValueError, match=">= 0"):
+        ConvWaves.parse({**good, "macs_per_us": 0}, "t.json conv_waves")
+
+
+def test_pixel_strides_of_a_one_pixel_map():
+    """A 1 x 1 input (a squeeze-excitation conv) reports stride 1 for its size-1 dimensions; the im2col map gets the
+    packed layout's strides (TMA refuses strides that are not multiples of 16 bytes)."""
+    from mixgemm.kernels.cuda_conv_wgmma.conv_wgmma import pixel_strides
+
+    x = torch.randn(1, 3840, 1, 1).half().contiguous(memory_format=torch.channels_last)
+    assert x.stride() == (3840, 1, 1, 1) and pixel_strides(x) == (3840, 3840, 3840)
+    y = torch.randn(2, 64, 5, 3).contiguous(memory_format=torch.channels_last)
+    assert pixel_strides(y) == (y.stride(3), y.stride(2), y.stride(0))
+
+
 def test_table_entries_are_valid_wgmma_tiles():
     """Every measured entry is a tile the launcher accepts (same checks as gemm_wgmma.run, without a GPU)."""
     from mixgemm.tuning.conv_table import WGMMA_TABLES
@@ -226,6 +288,38 @@ def test_resnet_layers_default_tiles(layer, dtype, batch, rel_err):
     x, qw, bias = make_conv_case(batch, ci, hw, hw, co, k, 1, dtype, True, 4, 128 if ci >= 128 else 64,
                                  "zero_point", seed=ci + co + k)
     _check(x, qw, bias, s, k // 2, 1, "relu", rel_err)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("layer", [(3840, 160, 1, 1), (256, 64, 1, 2), (128, 320, 1, 3)])
+def test_one_pixel_inputs(layer, rel_err):
+    """1 x 1 inputs (squeeze-excitation convs; PyTorch gives their size-1 dimensions stride 1): the dispatch's pick
+    and the small-M tile run them."""
+    ci, co, hw, batch = layer
+    x, qw, bias = make_conv_case(batch, ci, hw, hw, co, 1, 1, torch.float16, True, 4, 64, "zero_point", seed=ci)
+    _check(x, qw, bias, 1, 0, 1, None, rel_err, path=None)
+    _check(x, qw, bias, 1, 0, 1, None, rel_err, config={"TMA": 1, "GROUP_M": 8, "BM": 56, "NWG": 1, "STAGES": 3,
+                                                         "KT": 4, "SPLIT": 8, "CLUSTER": 1, "WS": 1})
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("layer", [(1280, 1280, 3, 1, 16), (640, 1280, 3, 1, 16), (384, 768, 2, 2, 28),
+                                   (256, 256, 3, 1, 28), (1024, 1024, 3, 1, 7)])
+@pytest.mark.parametrize("fmt", [(4, 32, "zero_point"), (8, -1, "sym")])
+def test_wave_model_tiles(layer, fmt, rel_err):
+    """Batch-1 layers (M <= 1024, K >= 1024) on the tile the H200 table's wave model picks (forced: on another GPU
+    too), a diffusion UNet's among them."""
+    from mixgemm.kernels.conv_geometry import conv_output_size
+
+    ci, co, k, s, hw = layer
+    bits, gs, mode = fmt
+    x, qw, bias = make_conv_case(1, ci, hw, hw, co, k, 1, torch.float16, True, bits, gs, mode, seed=ci + co)
+    pad = (k // 2) if k % 2 else 0
+    ho, wo = conv_output_size(hw, hw, (k, k), (s, s), (pad, pad), (1, 1))
+    cfg = default_conv_config(ho * wo, co, ci * k * k, 132, _h200_waves())
+    _check(x, qw, bias, s, pad, 1, "relu", rel_err, config=cfg)
 
 
 @pytest.mark.gpu

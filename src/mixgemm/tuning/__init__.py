@@ -83,6 +83,10 @@ default.json). Its fields:
   ``w8 per channel``: the time one round of CTAs of each BM takes per 1024 k. From ``from_m`` the int8-activation entry
   takes the BM of fewest rounds x round time where it is estimated ``margin`` x faster than default_config's
   (gemm_wgmma_a8.token_tile).
+* ``conv_waves`` (optional): the implicit-GEMM conv's wave model (mixgemm.kernels.cuda_conv_wgmma.conv_waves):
+  {"launch_us", "k_tile_floor_us", "macs_per_us", "stage_us", "reduce_us", "max_m", "min_k", "source"}. A conv layer
+  the conv sweep does not hold, with at most ``max_m`` output pixels and K of at least ``min_k``, takes the tile and
+  cluster split the model ranks first.
 * ``routed_experts`` (optional): {"grouped_from_rows", "source"}: past a few tokens a quantized MoE layer runs its
   slots through the grouped tensor-core GEMM where they number at least ``grouped_from_rows`` per expert they reach,
   else through the routed GEMV (mixgemm.nn.experts.path). Without it calls past the few tokens take the per-expert

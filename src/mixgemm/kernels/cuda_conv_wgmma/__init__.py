@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from mixgemm.kernels.cuda_conv_wgmma.conv_waves import conv_waves_of
 from mixgemm.kernels.registry import OK, KernelEntry, Problem, no, prefer_not
 
 NAME = "cuda_conv_wgmma"
@@ -38,7 +39,7 @@ def config(p: Problem) -> dict:
     from mixgemm.tuning.buckets import SourcedConfig
 
     tuned = _tuned(p)[1]
-    cfg = conv_config(p.m, p.n, p.k, tuned)
+    cfg = conv_config(p.m, p.n, p.k, tuned, p.device.sm_count, conv_waves_of(p.device))
     if tuned is None:
         return cfg
     key = conv_table.layer_key(p.conv.weight, p.conv.stride, 1, p.m)

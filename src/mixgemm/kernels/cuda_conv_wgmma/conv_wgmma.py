@@ -25,6 +25,7 @@ import torch
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.kernels.conv_geometry import conv_output_size
 from mixgemm.kernels.cuda import nvrtc
+from mixgemm.kernels.cuda_conv_wgmma.conv_waves import ConvWaves, conv_waves_of
 from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
 
 CHANNELS_PER_TILE = 64  # one 64-k tile = 64 channels of one tap = one 128-byte swizzled row per pixel
@@ -50,6 +51,14 @@ def conv_wgmma_supported(x: torch.Tensor, qweight: QuantizedConvWeight, stride, 
     return torch.cuda.get_device_capability(x.device) == (9, 0)
 
 
+def pixel_strides(x: torch.Tensor) -> tuple[int, int, int]:
+    """Elements between w, h and n neighbours of a packed channels_last x (conv_wgmma_supported checked it). PyTorch
+    reports any stride for a dimension of size 1 (a 1 x 1 squeeze-excitation input: (C, 1, 1, 1)), which TMA refuses
+    (strides must be multiples of 16 bytes): the packed layout's strides are given instead."""
+    _, c, h, w = x.shape
+    return c, w * c, h * w * c
+
+
 def im2col_tensor_map(x: torch.Tensor, kernel_size, stride, padding, dilation, box_pixels: int):
     """im2col TMA descriptor of the channels_last input x for boxes of 64 channels x box_pixels output pixels (128-byte
     swizzle, zero fill outside the tensor). Bounding box of the filter's top-left corner: [-pad, dim + pad - (K - 1)
@@ -62,7 +71,7 @@ def im2col_tensor_map(x: torch.Tensor, kernel_size, stride, padding, dilation, b
         dt = getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{G._TMAP_DTYPES[x.dtype]}")
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
         dims = [drv.cuuint64_t(v) for v in (c, w, h, b)]  # innermost first: (c, w, h, n)
-        strides = [drv.cuuint64_t(x.stride(i) * es) for i in (3, 2, 0)]  # bytes between w, h and n neighbours
+        strides = [drv.cuuint64_t(v * es) for v in pixel_strides(x)]  # bytes between w, h and n neighbours
         err, tm = drv.cuTensorMapEncodeIm2col(
             dt, 4, x.data_ptr(), dims, strides, [-pw, -ph], [pw - (kw - 1) * dw, ph - (kh - 1) * dh],
             CHANNELS_PER_TILE, box_pixels, [drv.cuuint32_t(v) for v in (1, sw, sh, 1)],
@@ -80,15 +89,20 @@ def im2col_tensor_map(x: torch.Tensor, kernel_size, stride, padding, dilation, b
     return G.cached_tensor_map(key, encode)
 
 
-def default_conv_config(m: int, co: int, k: int, sms: int = 132) -> dict:
-    """Tiles for a layer the measured table does not hold (deterministic), from the H200 sweeps
-    (docs/kernels/cuda_conv_wgmma.md): the path is latency-bound per CTA, so shallow rings with a register cap that lets
-    2-3 CTAs share an SM win at large M (one CTA's epilogue and pipeline fill overlap another's main loop); at large M
-    with 128 x 128 tiles for at most half the SMs and a long K, the K halves of each tile run as a 2-CTA cluster
-    (split-K without a workspace); small M with a long K runs stream-K over 16-pixel tiles with 4 k-tiles per stage (a
-    stage's fixed cost spread over more bytes), short K one 64-pixel tile per CTA. Batch-1 deep layers (M <= 256, K >=
-    1024) run 8 K slices of each 56-pixel tile as one cluster, with the producer warp when a slice holds several
-    stages: H100, stage-3/4 layers 1.3-2.4x cuDNN where stream-K was 0.76-1.2x (docs/kernels/cuda_conv_wgmma.md)."""
+def default_conv_config(m: int, co: int, k: int, sms: int = 132, waves: ConvWaves | None = None) -> dict:
+    """Tiles for a layer the measured table does not hold (deterministic). Where the GPU's table has a wave model
+    (``waves``, conv_waves.py) that covers the layer (small M, long K), the tile and cluster split it ranks first.
+    Otherwise rules from the H200 sweeps (docs/kernels/cuda_conv_wgmma.md): the path is latency-bound per CTA, so
+    shallow rings with a register cap that lets 2-3 CTAs share an SM win at large M (one CTA's epilogue and pipeline
+    fill overlap another's main loop); at large M with 128 x 128 tiles for at most half the SMs and a long K, the K
+    halves of each tile run as a 2-CTA cluster (split-K without a workspace); small M with a long K runs stream-K over
+    16-pixel tiles with 4 k-tiles per stage (a stage's fixed cost spread over more bytes), short K one 64-pixel tile
+    per CTA. Batch-1 deep layers (M <= 256, K >= 1024) run 8 K slices of each 56-pixel tile as one cluster, with the
+    producer warp when a slice holds several stages."""
+    if waves is not None and waves.covers(m, k):
+        chosen = waves.choose(m, co, k, sms)
+        if chosen is not None:
+            return {**_BASE, **chosen}
     if m <= 256 and k >= 16 * CHANNELS_PER_TILE:
         cfg = {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1}
         if k > 32 * CHANNELS_PER_TILE:  # more than one 4-k-tile stage per slice
@@ -107,10 +121,10 @@ def default_conv_config(m: int, co: int, k: int, sms: int = 132) -> dict:
     return {**_BASE, **cfg}
 
 
-def conv_config(m: int, co: int, k: int, tuned: dict | None) -> dict:
+def conv_config(m: int, co: int, k: int, tuned: dict | None, sms: int = 132, waves: ConvWaves | None = None) -> dict:
     """The tile config of a layer: the conv sweep's entry (``tuned``, from triton.conv_common.tuned_wgmma_choice)
-    on the base keys, else default_conv_config."""
-    return default_conv_config(m, co, k) if tuned is None else {**_BASE, **tuned}
+    on the base keys, else default_conv_config (with the GPU's SM count and wave model)."""
+    return default_conv_config(m, co, k, sms, waves) if tuned is None else {**_BASE, **tuned}
 
 
 def prepare_conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, stride, padding, dilation,
@@ -132,10 +146,12 @@ def prepare_conv_wgmma(x: torch.Tensor, qweight: QuantizedConvWeight, stride, pa
         geo = G.ConvGeometry(ci // CHANNELS_PER_TILE, kw, wo, ho * wo, stride[1], stride[0], padding[1], padding[0],
                              dilation[1], dilation[0])
         if config is None:
+            from mixgemm.kernels.registry import device_info
             from mixgemm.kernels.triton.conv_common import tuned_wgmma_choice
 
-            config = conv_config(m, co, qweight.matrix.in_features,
-                                 tuned_wgmma_choice(x.device, qweight, stride, m)[1])
+            info = device_info(x.device)
+            config = conv_config(m, co, qweight.matrix.in_features, tuned_wgmma_choice(x.device, qweight, stride, m)[1],
+                                 info.sm_count, conv_waves_of(info))
 
         def make_map(bm: int):
             return im2col_tensor_map(x, (kh, kw), tuple(stride), tuple(padding), tuple(dilation), bm)
