@@ -37,6 +37,7 @@ import datetime  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from functools import partial  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -172,6 +173,24 @@ def symm_mem_times(mesh, hidden: int, tokens: tuple[int, ...] = (1, 16), calls: 
     return rows
 
 
+def one_shot_times(mesh, hidden: int, tokens: tuple[int, ...] = (1, 4, 16), calls: int = 50) -> list:
+    """GPU time of one one-shot sum (mixgemm.distributed.collectives.one_shot_sums) of a [tokens, hidden] fp16 tensor,
+    ``calls`` back to back in a CUDA graph (graph_us), as sum_times times NCCL's."""
+    from mixgemm.distributed.collectives import one_shot_sums
+
+    group = mesh.get_group()
+    one = one_shot_sums(group, torch.device("cuda", torch.cuda.current_device()))
+    if one is None:
+        return []
+    rows = []
+    for m in tokens:
+        bufs = [torch.randn(m, hidden, dtype=torch.float16, device="cuda") for _ in range(calls)]
+        for b in bufs[:2]:
+            one(b)  # (compiled and its launch prepared before the capture)
+        rows.append({"tokens": m, "hidden": hidden, "us": graph_us([partial(one, b) for b in bufs], group)})
+    return rows
+
+
 def step_kernels(kernels: list[dict], layers: int) -> dict:
     """From one compiled step's kernels: GEMV and all-reduce (NCCL) GPU time per step and per decoder layer."""
     def total(pred) -> tuple[float, float]:
@@ -179,20 +198,24 @@ def step_kernels(kernels: list[dict], layers: int) -> dict:
         return sum(k["us_per_step"] for k in rows), sum(k["calls_per_step"] for k in rows)
 
     gemv_us, gemv_calls = total(lambda n: "gemv" in n)
-    comm_us, comm_calls = total(lambda n: "nccl" in n or "allreduce" in n or "all_reduce" in n)
+    comm_us, comm_calls = total(lambda n: "nccl" in n or "allreduce" in n or "all_reduce" in n or "rank_sum" in n)
     return {"gemv_us_per_step": gemv_us, "gemv_calls_per_step": gemv_calls, "allreduce_us_per_step": comm_us,
             "allreduce_calls_per_step": comm_calls, "gemv_us_per_layer": gemv_us / layers,
             "allreduce_us_per_layer": comm_us / layers, "top": kernels[:12]}
 
 
-def measure(model, args, dev, vocab: int, mode, backend: str, smoke: bool) -> tuple[dict, list]:
+def measure(model, args, dev, vocab: int, mode, backend: str, smoke: bool, light: bool = False) -> tuple[dict, list]:
+    """The decode measures of ``model`` as it is now (TP 1, or TP N with the sums as they are set); ``light``: compiled
+    batch 1 (with its kernel profile) and eager only, no greedy tokens."""
     from mixgemm.bench.e2e import decode_tokens_per_s
 
     prompt = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(1)).to(dev)
     out: dict = {}
-    out["tokens"], logits = greedy(model, prompt, args.tokens, mode, backend)
+    logits = None
+    if not light:
+        out["tokens"], logits = greedy(model, prompt, args.tokens, mode, backend)
     steps = 4 if smoke else args.steps
-    for batch in args.batches:
+    for batch in [1] if light else args.batches:
         r = decode_tokens_per_s(model, batch, args.prompt, 2 if smoke else args.warmup, steps, vocab, 0, mode,
                                 backend, kernel_steps=0 if smoke or batch != 1 else 3)
         if "kernels" in r:
@@ -200,7 +223,44 @@ def measure(model, args, dev, vocab: int, mode, backend: str, smoke: bool) -> tu
         out[f"compiled batch {batch}"] = r
     out["eager batch 1"] = {"ms_per_step": eager_ms_per_step(model, vocab, args.prompt, 4 if smoke else 20)}
     out["eager batch 1"]["tokens_per_s"] = 1e3 / out["eager batch 1"]["ms_per_step"]
+    out["eager profile"] = eager_profile(model, vocab, args.prompt)
+    brief = {k: round(v["tokens_per_s"], 1) for k, v in out.items() if isinstance(v, dict) and "tokens_per_s" in v}
+    print(f"[rank {dist.get_rank()}] {time.strftime('%H:%M:%S')} {'light ' if light else ''}measure: {brief}",
+          flush=True)
     return out, logits
+
+
+def eager_profile(model, vocab: int, prompt_len: int, steps: int = 3) -> dict:
+    """Where an eager step's host time goes: torch.profiler over ``steps`` eager decode steps (after 3 warm-ups), the
+    ops and CUDA runtime calls by their own CPU time per step (largest first), and the wall time per step under the
+    profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mixgemm.integrations.hf import decode_step, static_cache
+
+    dev = next(model.parameters()).device
+    ids = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(4)).to(dev)
+    cache = static_cache(model, 1, prompt_len + steps + 4)
+    step = decode_step(model)
+    with torch.no_grad():
+        tok = model(ids, past_key_values=cache, cache_position=torch.arange(prompt_len, device=dev),
+                    use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+        pos = torch.arange(prompt_len, prompt_len + steps + 3, device=dev)
+        for i in range(3):
+            tok = step(tok, pos[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+        sync(dev)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            for i in range(3, 3 + steps):
+                tok = step(tok, pos[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+            sync(dev)
+            wall = (time.perf_counter() - t0) * 1e3 / steps
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    return {"ms_per_step_profiled": wall,
+            "top_self_cpu": [{"name": e.key, "calls_per_step": e.count / steps,
+                              "self_cpu_us_per_step": e.self_cpu_time_total / steps,
+                              "cpu_us_per_step": e.cpu_time_total / steps} for e in rows[:25]]}
 
 
 def compare(ref_tokens: list, ref_logits: list, tokens: list, logits: list) -> dict:
@@ -215,14 +275,19 @@ def markdown(res: dict) -> str:
     w = res["world"]
     lines = [f"# TP {w} against TP 1: {res['model']} shapes, {res['layers']} layers ({res['gpu']}, torch "
              f"{res['torch']})", "", "| measure | TP 1 | TP " + str(w) + " | TP N / TP 1 |", "|---|---|---|---|"]
-    for key in [k for k in res["tpn"] if k.startswith(("compiled", "eager"))]:
+    for key in [k for k in res["tpn"] if k.startswith(("compiled", "eager")) and "profile" not in k]:
         a, b = res["tp1"][key]["tokens_per_s"], res["tpn"][key]["tokens_per_s"]
         lines.append(f"| {key} tokens/s | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+    for key in [k for k in res.get("tpn_nccl", {}) if k.startswith(("compiled", "eager")) and "profile" not in k]:
+        a, b = res["tp1"][key]["tokens_per_s"], res["tpn_nccl"][key]["tokens_per_s"]
+        lines.append(f"| {key} tokens/s, sums through NCCL | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+    if res.get("one_shot_refused"):
+        lines.append(f"\none-shot sums not used: {res['one_shot_refused']}")
     if "prefill" in res:
         a, b = res["prefill"]["tp1_ms"], res["prefill"]["tpn_ms"]
         lines.append(f"| W8A8 prefill 2048 ms | {a:.2f} | {b:.2f} | {a / b:.2f}x |")
-    for tag in ("tp1", "tpn"):
-        split = res[tag]["compiled batch 1"].get("split")
+    for tag in ("tp1", "tpn", "tpn_nccl"):
+        split = res.get(tag, {}).get("compiled batch 1", {}).get("split")
         if split:
             lines.append(f"\n{tag.upper()} one compiled batch-1 step (torch.profiler): GEMV "
                          f"{split['gemv_us_per_step']:.1f} us/step ({split['gemv_us_per_layer']:.1f} us/layer), "
@@ -232,6 +297,16 @@ def markdown(res: dict) -> str:
     for row in res.get("sum_times", []):
         lines.append(f"\nall-reduce of [{row['tokens']}, {row['hidden']}] fp16 alone in a CUDA graph: "
                      f"{row['us']:.2f} us")
+    for row in res.get("one_shot_times", []):
+        lines.append(f"\none-shot sum (mixgemm rank_sum) of [{row['tokens']}, {row['hidden']}] fp16 alone in a CUDA "
+                     f"graph: {row['us']:.2f} us")
+    for tag in ("tp1", "tpn", "tpn_nccl"):
+        prof = res.get(tag, {}).get("eager profile")
+        if prof:
+            top = ", ".join(f"{r['name']} {r['self_cpu_us_per_step']:.0f} us ({r['calls_per_step']:.0f}x)"
+                            for r in prof["top_self_cpu"][:8])
+            lines.append(f"\n{tag.upper()} eager step under torch.profiler: {prof['ms_per_step_profiled']:.2f} ms; "
+                         f"own CPU time per step: {top}")
     for row in res.get("symm_mem_times", []):
         lines.append(f"\nsymmetric-memory all-reduce of [{row['tokens']}, {row['hidden']}] fp16 in a CUDA graph: "
                      + ", ".join(f"{k} {v:.2f} us" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
@@ -279,6 +354,7 @@ def main() -> int:
 
     import mixgemm
     from mixgemm.distributed import tensor_parallel_
+    from mixgemm.distributed.collectives import use_one_shot_sums, why_no_one_shot
 
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
@@ -310,10 +386,16 @@ def main() -> int:
     dist.broadcast_object_list(ref, src=0)
     report = tensor_parallel_(model, mesh)
     res["sharded"] = len(report.sharded)
+    res["one_shot_refused"] = why_no_one_shot(mesh.get_group(), dev)
     res["tpn"], logits = measure(model, args, dev, vocab, mode, backend, smoke)
     res["correct"] = compare(*ref[0], res["tpn"]["tokens"], logits)
+    if not smoke and res["one_shot_refused"] is None:  # A/B: the same shards, the sums through NCCL
+        use_one_shot_sums(False)
+        res["tpn_nccl"], _ = measure(model, args, dev, vocab, mode, backend, smoke, light=True)
+        use_one_shot_sums(True)
     if not smoke:
         res["sum_times"] = sum_times(mesh, shapes["hidden_size"])
+        res["one_shot_times"] = one_shot_times(mesh, shapes["hidden_size"])
         from mixgemm.bench.protocol import ceilings
 
         rows = layer_times(model, ceilings(quick=True)["copy_bw"])

@@ -40,7 +40,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwise
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.parallel import RowwiseParallel as _TorchRowwise
 
-from mixgemm.distributed.collectives import gather_columns, sum_over_ranks
+from mixgemm.distributed.collectives import gather_columns, one_shot_sums, sum_over_ranks
 from mixgemm.distributed.shard import COLWISE, ROWWISE, shard_quant_linear
 from mixgemm.nn.experts import ExpertList, QuantizedExperts
 from mixgemm.nn.linear import QuantLinear
@@ -139,6 +139,7 @@ class _Placement:
     needed: tuple  # the input layout the shard reads (a DTensor input is redistributed to it)
     gather: bool = False  # column parallel: the output shards gathered (output_layouts Replicate)
     columns: int = 0  # gathered: the layer's N (an uneven split's padding rows past it are dropped)
+    one_shot: object = None  # row parallel: the group's one-shot sum (collectives.one_shot_sums), None for NCCL
 
 
 def _plain_input(module, x):
@@ -173,7 +174,7 @@ class RowwiseQuantLinear(QuantLinear):
         if isinstance(x, DTensor):
             x = _plain_input(self, x)
         p = self.__dict__["_tp"]
-        return sum_over_ranks(super().forward(x), p.group)
+        return sum_over_ranks(super().forward(x), p.group, p.one_shot)
 
 
 def gathers_output(style) -> bool:
@@ -203,8 +204,9 @@ def _apply_quant(style, module: QuantLinear, device_mesh: DeviceMesh, dim: int, 
     needed, local_out = ((Replicate(),), (Shard(-1),)) if dim == COLWISE else ((Shard(-1),), (Partial(),))
     plain = _plain_class(style, dim, needed)
     if plain is not None:
-        module.__dict__["_tp"] = _Placement(device_mesh.get_group(), device_mesh.size(), device_mesh, needed,
-                                            gather, columns)
+        group = device_mesh.get_group()
+        one_shot = one_shot_sums(group, module.scales.device) if plain is RowwiseQuantLinear else None
+        module.__dict__["_tp"] = _Placement(group, device_mesh.size(), device_mesh, needed, gather, columns, one_shot)
         module.__class__ = plain
         return module
     module.register_forward_pre_hook(partial(_local_input, style.input_layouts, needed, device_mesh))
@@ -292,11 +294,13 @@ def quantized_experts(module: nn.Module, style: str) -> QuantizedExperts:
 def _summed_over_ranks(module: nn.Module, device_mesh: DeviceMesh) -> None:
     """The module's output is each rank's partial sum: summed over the ranks (one all-reduce on the plain tensor, as
     RowwiseQuantLinear's)."""
-    module.register_forward_hook(partial(_sum_hook, device_mesh.get_group()))
+    group = device_mesh.get_group()
+    device = next(t.device for t in (*module.buffers(), *module.parameters()))
+    module.register_forward_hook(partial(_sum_hook, group, one_shot_sums(group, device)))
 
 
-def _sum_hook(group, module, inputs, out):
-    return sum_over_ranks(out, group)
+def _sum_hook(group, one_shot, module, inputs, out):
+    return sum_over_ranks(out, group, one_shot)
 
 
 class LocalExpertsParallel(ParallelStyle):
