@@ -37,36 +37,9 @@
 #define RN_PRE 2
 #endif
 
-#if RN_ES == 4
-typedef float elem_t;
-__device__ __forceinline__ float to_f(elem_t v) { return v; }
-__device__ __forceinline__ elem_t from_f(float f) { return f; }
-#else
-typedef u16 elem_t;
-__device__ __forceinline__ float to_f(elem_t v) {
-#if RN_BF16
-  return mg::bf_to_f32(v);
-#else
-  return mg::h_to_f32(v);
-#endif
-}
-__device__ __forceinline__ elem_t from_f(float f) {
-  u16 h;
-#if RN_BF16
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-#else
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-#endif
-  return h;
-}
-#endif
-
-constexpr int PER = 16 / RN_ES;  // elements per 16-byte piece
-
-union Piece {
-  uint4 v;
-  elem_t e[PER];
-};
+#define ELEM_ES RN_ES
+#define ELEM_BF16 RN_BF16
+#include "elem16.cuh"
 
 __device__ __forceinline__ uint4 ld_row(const elem_t* p) {  // written by the kernels before this one: after the wait
   uint4 v;

@@ -32,36 +32,9 @@
 #define RS_MAX_WORLD 8
 #define RS_THREADS 256
 
-#if RS_ES == 4
-typedef float elem_t;
-__device__ __forceinline__ float to_f(elem_t v) { return v; }
-__device__ __forceinline__ elem_t from_f(float f) { return f; }
-#else
-typedef u16 elem_t;
-__device__ __forceinline__ float to_f(elem_t v) {
-#if RS_BF16
-  return mg::bf_to_f32(v);
-#else
-  return mg::h_to_f32(v);
-#endif
-}
-__device__ __forceinline__ elem_t from_f(float f) {
-  u16 h;
-#if RS_BF16
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-#else
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-#endif
-  return h;
-}
-#endif
-
-constexpr int PER = 16 / RS_ES;  // elements per 16-byte piece
-
-union Piece {
-  uint4 v;
-  elem_t e[PER];
-};
+#define ELEM_ES RS_ES
+#define ELEM_BF16 RS_BF16
+#include "elem16.cuh"
 
 struct Ranks {  // every rank's staging buffer and flags, mapped in this process (by value: no pointer chase)
   u64 buffer[RS_MAX_WORLD];
