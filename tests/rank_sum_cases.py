@@ -85,9 +85,10 @@ def _expected(xs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def gpu_worker(rank: int, world: int, results: dict) -> None:
-    from mixgemm.distributed.collectives import one_shot_sums, sum_over_ranks, why_no_one_shot
+    from mixgemm.distributed.collectives import one_shot_sums, sum_over_ranks, use_one_shot_sums, why_no_one_shot
     from mixgemm.kernels.rank_sum import unsupported_reason
 
+    use_one_shot_sums(True)
     results["cuda"] = True
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)

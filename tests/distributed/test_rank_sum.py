@@ -34,6 +34,17 @@ def test_what_the_kernel_takes():
     assert "spans" in rank_sum.group_reason(torch.device("cuda", 0), 16)
 
 
+def test_off_until_asked():
+    from mixgemm.distributed import collectives
+
+    assert collectives.one_shot_enabled() is False  # NCCL until measured on GPUs (collectives._enabled)
+    collectives.use_one_shot_sums(True)
+    try:
+        assert collectives.one_shot_enabled()
+    finally:
+        collectives.use_one_shot_sums(False)
+
+
 @pytest.mark.slow(seconds=20)
 def test_ranks_agree_on_the_path(tmp_path):
     ranks = rank_sum_cases.spawn(rank_sum_cases.agreement_worker, 2, str(tmp_path))

@@ -384,6 +384,7 @@ def main() -> int:
         res["tp1"], logits = measure(model, args, dev, vocab, mode, backend, smoke)
         ref = [(res["tp1"]["tokens"], logits)]
     dist.broadcast_object_list(ref, src=0)
+    use_one_shot_sums(True)  # (before sharding: the group's workspace is made then)
     report = tensor_parallel_(model, mesh)
     res["sharded"] = len(report.sharded)
     res["one_shot_refused"] = why_no_one_shot(mesh.get_group(), dev)
@@ -392,7 +393,6 @@ def main() -> int:
     if not smoke and res["one_shot_refused"] is None:  # A/B: the same shards, the sums through NCCL
         use_one_shot_sums(False)
         res["tpn_nccl"], _ = measure(model, args, dev, vocab, mode, backend, smoke, light=True)
-        use_one_shot_sums(True)
     if not smoke:
         res["sum_times"] = sum_times(mesh, shapes["hidden_size"])
         res["one_shot_times"] = one_shot_times(mesh, shapes["hidden_size"])

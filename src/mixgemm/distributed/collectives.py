@@ -3,9 +3,10 @@
 * ``sum_over_ranks``: a row-parallel layer's (or an experts module's) partial outputs summed over the ranks;
 * ``gather_columns``: a column-parallel layer's output shards joined along the last dimension (a gathered lm_head).
 
-A sum goes through mixgemm's one-shot kernel (mixgemm.kernels.rank_sum: one launch on the caller's stream, a flag
-round trip and one read of the other ranks' pieces over NVLink) where the group has one (``one_shot_sums``: CUDA
-ranks that share symmetric memory, all of them agreeing) and the message fits it (a decode step's); eager it is
+With ``use_one_shot_sums(True)`` (off by default: not yet measured on a multi-GPU machine), a sum goes through
+mixgemm's one-shot kernel (mixgemm.kernels.rank_sum: one launch on the caller's stream, a flag round trip and one
+read of the other ranks' pieces over NVLink) where the group has one (``one_shot_sums``: CUDA ranks that share
+symmetric memory, all of them agreeing) and the message fits it (a decode step's); eager it is
 called directly, under torch.compile as the op ``mixgemm::rank_sum``, which the CUDA graph of
 ``mode="reduce-overhead"`` captures. Otherwise, and for the gather: eager one ``torch.distributed`` call in place
 (all_reduce / all_gather_single), under torch.compile torch's functional collective (``_functional_collectives``).
@@ -71,14 +72,21 @@ def _rank_sum_fake(y: Tensor, key: int) -> Tensor:
     return torch.empty_like(y, memory_format=torch.contiguous_format)
 
 
-_enabled = True
+# Off until the kernel is measured against NCCL on a multi-GPU machine (tools/checks/tp_decode_bench: the A/B and the
+# GPU test tests/distributed/test_rank_sum.py); until then a sharded model sums through NCCL unless asked
+_enabled = False
 
 
 def use_one_shot_sums(enabled: bool) -> None:
-    """Sum through the one-shot kernel where a group has one (True, the default) or always through NCCL (False): for
-    A/B runs; every rank alike, before the next step is traced or run (a compiled step re-traces on the change)."""
+    """Sum through the one-shot kernel where a group has one (True) or through NCCL (False, the default). Every rank
+    alike. Called before tensor_parallel_ (the group's one-shot workspace is made while the model is sharded, only
+    when enabled); switching later changes the path of the next eager call, and a compiled step re-traces."""
     global _enabled
     _enabled = bool(enabled)
+
+
+def one_shot_enabled() -> bool:
+    return _enabled
 
 
 def sum_over_ranks(y: torch.Tensor, group, one_shot: rank_sum.RankSum | None = None) -> torch.Tensor:
@@ -106,4 +114,5 @@ def gather_columns(y: torch.Tensor, group, world: int) -> torch.Tensor:
     return stacked.view(world, rows.shape[0], n).transpose(0, 1).reshape(*lead, world * n)
 
 
-__all__ = ["gather_columns", "one_shot_sums", "sum_over_ranks", "use_one_shot_sums", "why_no_one_shot"]
+__all__ = ["gather_columns", "one_shot_enabled", "one_shot_sums", "sum_over_ranks", "use_one_shot_sums",
+           "why_no_one_shot"]

@@ -40,7 +40,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel as _TorchColwise
 from torch.distributed.tensor.parallel import ParallelStyle
 from torch.distributed.tensor.parallel import RowwiseParallel as _TorchRowwise
 
-from mixgemm.distributed.collectives import gather_columns, one_shot_sums, sum_over_ranks
+from mixgemm.distributed.collectives import gather_columns, one_shot_enabled, one_shot_sums, sum_over_ranks
 from mixgemm.distributed.shard import COLWISE, ROWWISE, shard_quant_linear
 from mixgemm.nn.experts import ExpertList, QuantizedExperts
 from mixgemm.nn.linear import QuantLinear
@@ -205,7 +205,8 @@ def _apply_quant(style, module: QuantLinear, device_mesh: DeviceMesh, dim: int, 
     plain = _plain_class(style, dim, needed)
     if plain is not None:
         group = device_mesh.get_group()
-        one_shot = one_shot_sums(group, module.scales.device) if plain is RowwiseQuantLinear else None
+        one_shot = (one_shot_sums(group, module.scales.device) if plain is RowwiseQuantLinear and one_shot_enabled()
+                    else None)
         module.__dict__["_tp"] = _Placement(group, device_mesh.size(), device_mesh, needed, gather, columns, one_shot)
         module.__class__ = plain
         return module
@@ -296,7 +297,8 @@ def _summed_over_ranks(module: nn.Module, device_mesh: DeviceMesh) -> None:
     RowwiseQuantLinear's)."""
     group = device_mesh.get_group()
     device = next(t.device for t in (*module.buffers(), *module.parameters()))
-    module.register_forward_hook(partial(_sum_hook, group, one_shot_sums(group, device)))
+    one_shot = one_shot_sums(group, device) if one_shot_enabled() else None
+    module.register_forward_hook(partial(_sum_hook, group, one_shot))
 
 
 def _sum_hook(group, one_shot, module, inputs, out):
