@@ -88,7 +88,8 @@ def test_wave_model_picks_by_the_wave_count():
     waves = _h200_waves()
     unet = default_conv_config(256, 1280, 11520, 132, waves)
     assert (unet["BM"], unet["NWG"], unet["SPLIT"], unet["CLUSTER"]) == (128, 2, 4, 1)
-    assert default_conv_config(256, 1280, 11520) == {**default_conv_config(49, 512, 4608), "WS": 1}  # the old rule
+    old = default_conv_config(256, 1280, 11520)  # without a model (another GPU's table): the small-M tile
+    assert (old["BM"], old["NWG"], old["SPLIT"]) == (56, 1, 8)
     assert default_conv_config(49, 512, 4608, 132, waves) == default_conv_config(49, 512, 4608)
     assert default_conv_config(1568, 512, 4608, 132, waves) == default_conv_config(1568, 512, 4608)
     assert default_conv_config(196, 1024, 256, 132, waves) == default_conv_config(196, 1024, 256)
