@@ -22,15 +22,22 @@ import math
 from dataclasses import dataclass
 
 import mixgemm.tuning as tuning
+from mixgemm.formats.layouts import K_TILE
 
-K_TILE = 64  # the k of one wgmma k-tile (64 channels of one tap)
 PIXEL_TILES = (64, 128, 256)  # BM of the grid (the wgmma N)
-SPLITS = (1, 2, 4, 8)  # cluster split-K factors (a cluster holds at most 8 CTAs)
+SPLITS = (1, 2, 4, 8)  # cluster split-K factors (gemm_wgmma.CLUSTER_MAX: a cluster holds at most 8 CTAs)
 MIN_CTAS = 16  # fewer CTAs than this leave the GPU idle whatever the tile (outside the measured grid)
 MAX_WAVES = 4  # more CTAs than this many waves: outside the measured grid
-# the small-M tile kept from the rule before the model (8 K slices of one 56-pixel tile, 4 k-tiles a stage): the
-# model ranks it with the others
-SMALL_M_TILE = {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1}
+
+
+def small_m_tile(k: int) -> dict:
+    """The batch-1 tile of the rules (conv_wgmma.default_conv_config), which the model ranks with the grid: 8 K
+    slices of one 56-pixel tile as one cluster, 4 k-tiles a stage, with the producer warp when a slice holds more
+    than one stage (it keeps the ring full)."""
+    cfg = {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1}
+    if k > 32 * K_TILE:
+        cfg["WS"] = 1
+    return cfg
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,7 @@ class ConvWaves:
 def candidates(m: int, n: int, k: int, sms: int) -> list[dict]:
     """The tiles the model ranks, in the order ties keep: the small-M tile, then the grid; each with at least two
     k-tiles per K slice and MIN_CTAS .. MAX_WAVES waves of CTAs."""
-    grid = [SMALL_M_TILE] + [
+    grid = [small_m_tile(k)] + [
         {"BM": bm, "NWG": nwg, "STAGES": 4, "KT": 2 if bm <= 128 else 1, **({"SPLIT": s, "CLUSTER": 1} if s > 1
                                                                             else {})}
         for bm in PIXEL_TILES for nwg in (1, 2) for s in SPLITS]
@@ -91,9 +98,7 @@ def candidates(m: int, n: int, k: int, sms: int) -> list[dict]:
         ctas = math.ceil(m / cfg["BM"]) * math.ceil(n / (64 * nwg)) * split
         if (nwg == 2 and n <= 64) or math.ceil(k / K_TILE) < 2 * split or not MIN_CTAS <= ctas <= MAX_WAVES * sms:
             continue
-        if cfg is SMALL_M_TILE and k > 32 * K_TILE:
-            cfg = {**cfg, "WS": 1}  # more than one 4-k-tile stage a slice: the producer warp keeps the ring full
-        out.append(dict(cfg))
+        out.append(cfg)
     return out
 
 

@@ -25,7 +25,7 @@ import torch
 from mixgemm.formats.conv import QuantizedConvWeight
 from mixgemm.kernels.conv_geometry import conv_output_size
 from mixgemm.kernels.cuda import nvrtc
-from mixgemm.kernels.cuda_conv_wgmma.conv_waves import ConvWaves, conv_waves_of
+from mixgemm.kernels.cuda_conv_wgmma.conv_waves import ConvWaves, conv_waves_of, small_m_tile
 from mixgemm.kernels.cuda_wgmma import gemm_wgmma as G
 
 CHANNELS_PER_TILE = 64  # one 64-k tile = 64 channels of one tap = one 128-byte swizzled row per pixel
@@ -104,9 +104,7 @@ def default_conv_config(m: int, co: int, k: int, sms: int = 132, waves: ConvWave
         if chosen is not None:
             return {**_BASE, **chosen}
     if m <= 256 and k >= 16 * CHANNELS_PER_TILE:
-        cfg = {"BM": 56, "NWG": 1, "STAGES": 3, "KT": 4, "SPLIT": 8, "CLUSTER": 1}
-        if k > 32 * CHANNELS_PER_TILE:  # more than one 4-k-tile stage per slice
-            cfg["WS"] = 1
+        cfg = small_m_tile(k)
     elif m >= 1024 and co > 64 and 2 * math.ceil(m / 128) * math.ceil(co / 128) <= sms and k >= 16 * CHANNELS_PER_TILE:
         cfg = {"BM": 128, "NWG": 2, "STAGES": 4, "KT": 2, "SPLIT": 2, "CLUSTER": 1}
     elif m >= 1024:
