@@ -37,7 +37,6 @@ import datetime  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from functools import partial  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -100,25 +99,38 @@ def greedy(model, prompt: torch.Tensor, tokens: int, mode: str | None, backend: 
     return out_tokens, out_logits
 
 
-def eager_ms_per_step(model, vocab: int, prompt_len: int, steps: int, warmup: int = 3) -> float:
-    """Eager decode, batch 1: ms per step (the next token fed back, so steps serialize; wall time over the loop)."""
+def _eager_decode(model, vocab: int, prompt_len: int, warmup: int, steps: int, seed: int):
+    """Eager decode at batch 1 made ready: the prefill and ``warmup`` steps done (synchronized); the returned call runs
+    the next ``steps`` steps, each fed the token before it (so they serialize), and synchronizes."""
     from mixgemm.integrations.hf import decode_step, static_cache
 
     dev = next(model.parameters()).device
-    ids = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(2)).to(dev)
+    ids = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(seed)).to(dev)
     cache = static_cache(model, 1, prompt_len + warmup + steps + 1)
     step = decode_step(model)
+    pos = torch.arange(prompt_len, prompt_len + warmup + steps, device=dev)
     with torch.no_grad():
         tok = model(ids, past_key_values=cache, cache_position=torch.arange(prompt_len, device=dev),
                     use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-        pos = torch.arange(prompt_len, prompt_len + warmup + steps, device=dev)
         for i in range(warmup):
             tok = step(tok, pos[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
+    sync(dev)
+
+    def run() -> None:
+        t = tok
+        with torch.no_grad():
+            for i in range(warmup, warmup + steps):
+                t = step(t, pos[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
         sync(dev)
-        t0 = time.perf_counter()
-        for i in range(warmup, warmup + steps):
-            tok = step(tok, pos[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
-        sync(dev)
+
+    return run
+
+
+def eager_ms_per_step(model, vocab: int, prompt_len: int, steps: int, warmup: int = 3) -> float:
+    """Eager decode, batch 1: ms per step (the next token fed back, so steps serialize; wall time over the loop)."""
+    run = _eager_decode(model, vocab, prompt_len, warmup, steps, seed=2)
+    t0 = time.perf_counter()
+    run()
     return (time.perf_counter() - t0) * 1e3 / steps
 
 
@@ -173,22 +185,12 @@ def symm_mem_times(mesh, hidden: int, tokens: tuple[int, ...] = (1, 16), calls: 
     return rows
 
 
-def one_shot_times(mesh, hidden: int, tokens: tuple[int, ...] = (1, 4, 16), calls: int = 50) -> list:
-    """GPU time of one one-shot sum (mixgemm.distributed.collectives.one_shot_sums) of a [tokens, hidden] fp16 tensor,
-    ``calls`` back to back in a CUDA graph (graph_us), as sum_times times NCCL's."""
+def one_shot_times(mesh, hidden: int, tokens: tuple[int, ...] = (1, 4, 16)) -> list:
+    """sum_times of the one-shot sum (mixgemm.distributed.collectives.one_shot_sums) instead of NCCL's all-reduce."""
     from mixgemm.distributed.collectives import one_shot_sums
 
-    group = mesh.get_group()
-    one = one_shot_sums(group, torch.device("cuda", torch.cuda.current_device()))
-    if one is None:
-        return []
-    rows = []
-    for m in tokens:
-        bufs = [torch.randn(m, hidden, dtype=torch.float16, device="cuda") for _ in range(calls)]
-        for b in bufs[:2]:
-            one(b)  # (compiled and its launch prepared before the capture)
-        rows.append({"tokens": m, "hidden": hidden, "us": graph_us([partial(one, b) for b in bufs], group)})
-    return rows
+    one = one_shot_sums(mesh.get_group(), torch.device("cuda", torch.cuda.current_device()))
+    return [] if one is None else sum_times(mesh, hidden, tokens, sum_of=one)
 
 
 def step_kernels(kernels: list[dict], layers: int) -> dict:
@@ -236,26 +238,13 @@ def eager_profile(model, vocab: int, prompt_len: int, steps: int = 3) -> dict:
     profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    from mixgemm.integrations.hf import decode_step, static_cache
-
-    dev = next(model.parameters()).device
-    ids = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(4)).to(dev)
-    cache = static_cache(model, 1, prompt_len + steps + 4)
-    step = decode_step(model)
-    with torch.no_grad():
-        tok = model(ids, past_key_values=cache, cache_position=torch.arange(prompt_len, device=dev),
-                    use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-        pos = torch.arange(prompt_len, prompt_len + steps + 3, device=dev)
-        for i in range(3):
-            tok = step(tok, pos[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
-        sync(dev)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-        with profile(activities=activities) as prof:
-            t0 = time.perf_counter()
-            for i in range(3, 3 + steps):
-                tok = step(tok, pos[i:i + 1], cache)[:, -1].argmax(-1, keepdim=True)
-            sync(dev)
-            wall = (time.perf_counter() - t0) * 1e3 / steps
+    run = _eager_decode(model, vocab, prompt_len, 3, steps, seed=4)
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        run()
+        wall = (time.perf_counter() - t0) * 1e3 / steps
     rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     return {"ms_per_step_profiled": wall,
             "top_self_cpu": [{"name": e.key, "calls_per_step": e.count / steps,
