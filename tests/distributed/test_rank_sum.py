@@ -11,11 +11,11 @@ from mixgemm.kernels import rank_sum
 from mixgemm.kernels.cuda import nvrtc
 
 
-@pytest.mark.parametrize("es, bf16", [(2, 0), (2, 1), (4, 0)])
-def test_nvrtc_compiles_the_kernel(es, bf16):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_nvrtc_compiles_the_kernel(dtype):
     if not nvrtc.nvrtc_available():
         pytest.skip("NVRTC is not installed")
-    defines = {"RS_ES": es, "RS_BF16": bf16, "RS_BLOCKS": rank_sum.host.BLOCKS}
+    defines = rank_sum.host.defines(dtype)
     cubin = nvrtc.compile_cubin(rank_sum.host.SOURCE, tuple(sorted(defines.items())), "sm_90")
     assert cubin[:4] == b"\x7fELF"
 

@@ -65,6 +65,12 @@ def group_reason(device: torch.device, world: int) -> str | None:
     return None
 
 
+def defines(dtype: torch.dtype) -> dict:
+    """rank_sum.cu's -D macros for sums of ``dtype``: the element type and the sizes the host's structures share."""
+    es, bf16 = _ES[dtype]
+    return {"RS_ES": es, "RS_BF16": bf16, "RS_BLOCKS": BLOCKS, "RS_THREADS": THREADS, "RS_MAX_WORLD": MAX_WORLD}
+
+
 _keys = itertools.count()
 
 
@@ -98,8 +104,7 @@ class RankSum:
 
     def _launch(self, pieces: int, dtype: torch.dtype):
         def make():
-            es, bf16 = _ES[dtype]
-            fn = nvrtc.get_function(SOURCE, KERNEL, {"RS_ES": es, "RS_BF16": bf16, "RS_BLOCKS": BLOCKS}, self.device)
+            fn = nvrtc.get_function(SOURCE, KERNEL, defines(dtype), self.device)
             args = [ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(pieces), self.ranks,
                     ctypes.c_void_p(self.epochs.data_ptr()), ctypes.c_int(self.rank), ctypes.c_int(self.world),
                     ctypes.c_longlong(CAPACITY), ctypes.c_longlong(TIMEOUT_S * 10**9)]

@@ -29,8 +29,12 @@
 #ifndef RS_BLOCKS  // blocks per call (the host's BLOCKS): the flags' rows
 #define RS_BLOCKS 32
 #endif
+#ifndef RS_MAX_WORLD  // ranks a sum can span: the Ranks arrays (the host's MAX_WORLD, whose struct matches)
 #define RS_MAX_WORLD 8
+#endif
+#ifndef RS_THREADS  // threads per block (the host's THREADS)
 #define RS_THREADS 256
+#endif
 
 #define ELEM_ES RS_ES
 #define ELEM_BF16 RS_BF16
